@@ -1,0 +1,1 @@
+"""fcd_secure.cli"""

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One entry point for the README's two commands.
+#   bash scripts/bootstrap.sh run  [fcd run options]   set up .venv/, then run the main job (DKT-Synth, 10 sites)
+#   bash scripts/bootstrap.sh test [pytest options]    set up .venv/, then run the test suite
+# Set-up is idempotent: it reinstalls only when pyproject.toml changed since the last install.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+venv="$root/.venv"
+py=${PYTHON:-python3}
+
+export FLWR_TELEMETRY_ENABLED=0
+export FLWR_DISABLE_UPDATE_CHECK=1
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+if [ ! -x "$venv/bin/python" ]; then
+  echo "[setup] creating $venv"
+  "$py" -m venv "$venv"
+fi
+stamp="$venv/.fcd-installed"
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "[setup] installing torch (CPU build) and fcd_secure into .venv (first run takes a few minutes)"
+  # torch first and pinned: the CPU wheel lies on disk here; a bare 'torch' would pull a multi-GB CUDA build.
+  "$venv/bin/pip" install -q "torch==2.13.0"
+  "$venv/bin/pip" install -q -e ".[test]"
+  echo "$want" > "$stamp"
+fi
+
+cmd=${1:-run}
+shift || true
+case "$cmd" in
+  run)  exec "$venv/bin/fcd" run "$@" ;;
+  test) exec "$venv/bin/python" -m pytest "$@" ;;
+  setup) echo "[setup] done: $venv/bin/fcd" ;;
+  *) echo "usage: bash scripts/bootstrap.sh {run|test|setup} [args...]" >&2; exit 2 ;;
+esac
