@@ -1,0 +1,73 @@
+"""The ``[dp]`` table of a run configuration: optional record-level DP-SGD on every site.
+
+DESIGN.md "What the product is": sites may train with DP-SGD (Opacus) and each keeps its own budget. The
+choices fixed here follow ../shared/research/dp-anchors.md:
+
+* Poisson sampling (§3.2): Opacus' accountants assume it; shuffled fixed-size batches would need a different
+  (much larger) ε, so turning it off is refused rather than silently mis-reported.
+* ``grad_sample_mode="hooks"`` (§1.4): the fastest exact mode on CPU and the only one that survives empty Poisson
+  batches and ``wrap_model=False``.
+* PRV accountant by default (§3.1: tightest valid one in Opacus); RDP as the conservative alternative. GDP is
+  not offered: Opacus itself warns it can underestimate.
+* δ defaults to a power of ten ≤ 1/(10·n_site) (Opacus FAQ rule of thumb, tightened by 10×).
+* Batch-coupled losses (DESIGN trap 4, dp-anchors §2): the MMD balancing term L_align couples samples of a
+  batch, which breaks per-sample clipping. Under DP it is either ``"off"`` or replaced by the ``"paired"``
+  per-sample form (distance between one trajectory's factual and intervened representation).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+AccountantName = Literal["prv", "rdp"]
+BatchTermUnderDP = Literal["off", "paired"]
+
+
+class DPConfig(BaseModel):
+    """Record-level DP-SGD settings shared by all sites of a run (the ``[dp]`` table).
+
+    ``epsilon`` is each site's lifetime cap: the ledger of a site's dataset never goes above it, across rounds,
+    restarts and new runs on the same data.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(False, description="Train every site's local step with DP-SGD (Opacus).")
+    epsilon: float = Field(8.0, gt=0, le=100, description="Lifetime ε cap of each site's dataset.")
+    delta: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="δ of the (ε, δ) guarantee; default: the largest power of ten ≤ 1/(10·n_site).",
+    )
+    clip: float = Field(1.0, gt=0, description="Per-sample L2 clipping norm C.")
+    accountant: AccountantName = Field("prv", description="Opacus accountant: 'prv' (tightest) or 'rdp'.")
+    poisson: bool = Field(True, description="Poisson sampling; required for the reported ε to be valid.")
+    grad_sample_mode: Literal["hooks"] = Field("hooks", description="Opacus per-sample gradient mode.")
+    batch_terms: BatchTermUnderDP = Field(
+        "off",
+        description="What happens to the batch-coupled MMD term L_align under DP: 'off' or 'paired' (per-sample).",
+    )
+
+    @model_validator(mode="after")
+    def _poisson_only(self) -> "DPConfig":
+        if not self.poisson:
+            # Reporting a Poisson-subsampled ε for shuffled batches under-states the loss (dp-anchors §3.2).
+            raise ValueError("dp.poisson = false is not supported: the accountants assume Poisson sampling")
+        return self
+
+    def resolve_delta(self, n_site: int) -> float:
+        """δ for a site of ``n_site`` trajectories; refuses a δ that could release a whole record (δ ≥ 1/n)."""
+        if n_site < 1:
+            raise ValueError(f"dp: a site needs at least one trajectory, got n_site={n_site}")
+        if self.delta is None:
+            return 10.0 ** math.floor(math.log10(1.0 / (10.0 * n_site)))
+        if self.delta >= 1.0 / n_site:
+            raise ValueError(
+                f"dp.delta = {self.delta:g} is ≥ 1/n_site = {1.0 / n_site:g}: such a δ allows releasing a record; "
+                f"use δ ≤ 1/(10·n_site) = {1.0 / (10 * n_site):g}"
+            )
+        return float(self.delta)
