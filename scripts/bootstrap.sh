@@ -22,8 +22,12 @@ want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "[setup] installing torch (CPU build) and fcd_secure into .venv (first run takes a few minutes)"
   # torch first and pinned: the CPU wheel lies on disk here; a bare 'torch' would pull a multi-GB CUDA build.
-  "$venv/bin/pip" install -q "torch==2.13.0"
-  "$venv/bin/pip" install -q -e ".[test]"
+  log="$venv/setup.log"
+  if ! { "$venv/bin/pip" install "torch==2.13.0" && "$venv/bin/pip" install -e ".[test]"; } >"$log" 2>&1; then
+    grep -v "^WARNING: Location" "$log" | tail -n 30 >&2
+    echo "[setup] FAILED: full log in $log" >&2
+    exit 1
+  fi
   echo "$want" > "$stamp"
 fi
 
