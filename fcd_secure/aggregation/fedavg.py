@@ -1,0 +1,74 @@
+"""Sample-size-weighted FedAvg of the synchronised parameters (paper Table II, "Aggregation").
+
+DSS (paper §III, "Decoupled synchronisation"): each sampled site i returns its locally trained Θc_i and its
+sample count n_i; the server sets ``Θc ← Σ_i n_i Θc_i / Σ_i n_i``. Θs_i never reaches this module in DSS mode;
+in the "w/o DSS" ablation the same helpers average every parameter (part ``"full"``).
+
+Pure numpy, no Flower import: the plain flow and the tests call it directly; secure aggregation computes the
+same weighted sum inside masked vectors (``fcd_secure.aggregation.secagg``) and only divides at the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+Arrays = Mapping[str, np.ndarray]
+
+
+class AggregationError(ValueError):
+    """Updates that cannot be averaged (no update, mismatched names or shapes, bad weights)."""
+
+
+def check_same_layout(updates: Sequence[Arrays], reference: Arrays | None = None) -> list[str]:
+    """Names (sorted) shared by every update; raise naming the first key or shape that differs."""
+    if not updates:
+        raise AggregationError("no updates to aggregate")
+    ref = reference if reference is not None else updates[0]
+    names = sorted(ref)
+    for k, upd in enumerate(updates):
+        if sorted(upd) != names:
+            missing = sorted(set(names) - set(upd))
+            extra = sorted(set(upd) - set(names))
+            raise AggregationError(f"update {k}: parameter names differ (missing {missing[:3]}, unexpected {extra[:3]})")
+        for name in names:
+            if np.shape(upd[name]) != np.shape(ref[name]):
+                raise AggregationError(
+                    f"update {k}: parameter {name!r} has shape {np.shape(upd[name])}, expected {np.shape(ref[name])}"
+                )
+    return names
+
+
+def weighted_sum(updates: Sequence[Arrays], weights: Sequence[float]) -> dict[str, np.ndarray]:
+    """``Σ_i w_i · θ_i`` per parameter, accumulated in float64 (order-independent up to float64 rounding)."""
+    if len(updates) != len(weights):
+        raise AggregationError(f"{len(updates)} updates but {len(weights)} weights")
+    names = check_same_layout(updates)
+    w = np.asarray(weights, dtype=np.float64)
+    if not np.all(np.isfinite(w)) or np.any(w < 0):
+        raise AggregationError(f"weights must be finite and non-negative, got {w.tolist()}")
+    out: dict[str, np.ndarray] = {}
+    for name in names:
+        acc = np.zeros(np.shape(updates[0][name]), dtype=np.float64)
+        for wi, upd in zip(w, updates):
+            arr = np.asarray(upd[name], dtype=np.float64)
+            if not np.all(np.isfinite(arr)):
+                raise AggregationError(f"parameter {name!r} holds NaN or inf in one update")
+            acc += wi * arr
+        out[name] = acc
+    return out
+
+
+def finalize(total: Arrays, n_total: float, like: Arrays) -> dict[str, np.ndarray]:
+    """Divide a weighted sum by the total weight and cast back to the dtypes of ``like``."""
+    if not np.isfinite(n_total) or n_total <= 0:
+        raise AggregationError(f"total sample weight must be positive, got {n_total}")
+    return {name: (np.asarray(total[name], dtype=np.float64) / n_total).astype(np.asarray(like[name]).dtype) for name in like}
+
+
+def fedavg(updates: Sequence[Arrays], n_samples: Sequence[float]) -> tuple[dict[str, np.ndarray], float]:
+    """Sample-size-weighted FedAvg: returns ``(Σ n_i θ_i / Σ n_i, Σ n_i)`` with the dtypes of the first update."""
+    total = weighted_sum(updates, n_samples)
+    n_total = float(np.sum(np.asarray(n_samples, dtype=np.float64)))
+    return finalize(total, n_total, updates[0]), n_total

@@ -1,0 +1,208 @@
+"""The configuration of one run (``fcd run``, ``fcd ablate``, ``fcd deploy``), composed of each layer's section.
+
+One pydantic model, loaded from / written to TOML or JSON, so that a run folder holds the exact resolved config
+and a typo names its field. Sections:
+
+* ``data``: which dataset, preset, number of sites, Dirichlet α (paper Table II: α = 10), test fraction.
+* ``federation``: rounds, sites per round (Table II: 5 of 10), local epochs (Table II: 1), synchronisation mode
+  (``dss`` = only Θc, the paper's method; ``full`` = every parameter, the "w/o DSS" ablation of Table III),
+  secure aggregation on/off, timeouts, evaluation cadence.
+* ``model``: ``fcd_secure.model.config.ModelConfig`` (loss weights, switches: ``use_dis = false`` is "w/o L_dis").
+* ``dp``: ``fcd_secure.privacy.config.DPConfig``.
+* ``evaluation``: Monte-Carlo samples for do-simulation and the rows evaluated per site.
+
+Presets (``tiny`` for tests, ``default`` for the README run on 2 cores, ``paper`` for Table II at full length)
+set the data preset, the number of rounds and a model size; explicit options override them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import tomli_w
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from fcd_secure.model.config import ModelConfig
+from fcd_secure.privacy.config import DPConfig
+
+Preset = Literal["tiny", "default", "paper"]
+DEFAULT_DATASET = "dkt_synth"
+
+
+class ConfigError(ValueError):
+    """A configuration file or value that cannot be used; the message names the file and field."""
+
+
+class DataSection(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    dataset: str = Field(DEFAULT_DATASET, description="dkt_synth | statics2011 | diabetes130 | obd | spec")
+    preset: Preset = Field("default", description="dataset size preset of the loader")
+    n_sites: int = Field(10, ge=1, le=1000, description="number of sites (paper Table II: 10)")
+    alpha: float = Field(10.0, gt=0, description="Dirichlet concentration of the non-IID split (Table II: 10)")
+    test_fraction: float = Field(0.2, gt=0, lt=1)
+    data_dir: str | None = Field(None, description="real datasets root (default ../shared/data)")
+    spec: str | None = Field(None, description="user data: path of the spec file (with dataset = 'spec')")
+    table: str | None = Field(None, description="user data: path of the table the spec describes")
+
+    @model_validator(mode="after")
+    def _spec_pair(self) -> "DataSection":
+        if self.dataset == "spec" and not (self.spec and self.table):
+            raise ValueError("data.dataset = 'spec' needs both data.spec and data.table")
+        return self
+
+
+class FederationSection(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rounds: int = Field(20, ge=1, le=100_000, description="global communication rounds")
+    clients_per_round: int = Field(5, ge=1, description="sites sampled per round (Table II: 5 of 10)")
+    local_epochs: int = Field(1, ge=1, description="local epochs per round (Table II: 1)")
+    sync: Literal["dss", "full"] = Field("dss", description="'dss': only Θc leaves a site; 'full': every parameter (w/o DSS)")
+    secure_aggregation: bool = Field(False, description="pairwise-masked secure aggregation of Θc")
+    round_timeout_s: float = Field(600.0, gt=0, description="how long the server waits for a round's replies")
+    min_replies: int = Field(1, ge=1, description="a round with fewer successful replies is aborted")
+    eval_every: int = Field(5, ge=0, description="federated PEHE evaluation every N rounds (0: only at the end)")
+    poll_s: float = Field(0.02, gt=0, le=5, description="server pull interval")
+    node_wait_s: float = Field(120.0, gt=0, description="how long the server waits for all sites to connect")
+    crash_after_round: int | None = Field(
+        None, description="testing only: the server raises once this round's replies are in, before its checkpoint"
+    )
+
+
+class EvaluationSection(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    n_samples: int = Field(8, ge=1, description="Monte-Carlo rollouts per trajectory in do-simulation")
+    quick_n_samples: int = Field(2, ge=1, description="rollouts for the cheap PEHE evaluations during training")
+    max_rows: int | None = Field(None, ge=1, description="evaluate at most this many test trajectories per site")
+    quick_max_rows: int | None = Field(64, ge=1, description="rows per site for the cheap PEHE evaluations")
+
+
+class RunConfig(BaseModel):
+    """Everything that determines a run's numbers (with the seed)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seed: int = Field(0, description="one seed for data split, initialisation, sampling and training")
+    preset: Preset = "default"
+    data: DataSection = Field(default_factory=DataSection)
+    federation: FederationSection = Field(default_factory=FederationSection)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    dp: DPConfig = Field(default_factory=DPConfig)
+    evaluation: EvaluationSection = Field(default_factory=EvaluationSection)
+    state_dir: str | None = Field(None, description="root of per-site state and the server checkpoint")
+    out: str | None = Field(None, description="run folder")
+
+    @model_validator(mode="after")
+    def _check(self) -> "RunConfig":
+        fed, n = self.federation, self.data.n_sites
+        if fed.clients_per_round > n:
+            raise ValueError(f"federation.clients_per_round ({fed.clients_per_round}) > data.n_sites ({n})")
+        if fed.min_replies > fed.clients_per_round:
+            raise ValueError(
+                f"federation.min_replies ({fed.min_replies}) > federation.clients_per_round ({fed.clients_per_round})"
+            )
+        return self
+
+    # -- identity ------------------------------------------------------------------------------------
+    def training_hash(self) -> str:
+        """Hash of everything that changes the trained numbers (not paths, rounds or evaluation settings):
+        a checkpoint may only be resumed by a run with the same training hash."""
+        d = self.model_dump(mode="json")
+        for k in ("out", "state_dir"):
+            d.pop(k, None)
+        d.pop("evaluation", None)
+        for k in ("rounds", "round_timeout_s", "eval_every", "poll_s", "node_wait_s", "crash_after_round"):
+            d["federation"].pop(k, None)
+        d["data"].pop("data_dir", None)
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+
+    # -- I/O -----------------------------------------------------------------------------------------
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunConfig":
+        return cls.model_validate_json(text)
+
+    def to_toml(self) -> str:
+        return tomli_w.dumps(_drop_none(self.model_dump(mode="json")))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "RunConfig":
+        """Load a TOML or JSON config file; errors name the file and the field."""
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+        try:
+            raw = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+        except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'TOML'} ({exc})") from None
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as exc:
+            raise ConfigError(f"{path}: {_first_error(exc)}") from None
+
+
+def _drop_none(d: Any) -> Any:
+    if isinstance(d, dict):
+        return {k: _drop_none(v) for k, v in d.items() if v is not None}
+    return d
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    return f"field {loc}: {err['msg']}"
+
+
+#: Per-preset defaults. ``default`` is sized for ≤ 5 minutes wall on 2 cores, evaluation included.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {
+        "data": {"preset": "tiny"},
+        "federation": {"rounds": 2, "eval_every": 1},
+        "model": {"hidden": 16, "mlp_hidden": 16, "k_causal": 4, "k_site": 2, "diffusion_steps": 10,
+                  "sampler_steps": 2, "time_emb": 8, "cf_horizon": 2, "cf_sampler_steps": 1, "batch_size": 32},
+        "evaluation": {"n_samples": 2, "quick_n_samples": 1, "max_rows": 32, "quick_max_rows": 16},
+    },
+    "default": {
+        "data": {"preset": "default"},
+        "federation": {"rounds": 20, "eval_every": 5},
+        "model": {},
+        "evaluation": {"n_samples": 8, "quick_n_samples": 2, "max_rows": None, "quick_max_rows": 64},
+    },
+    "paper": {
+        "data": {"preset": "paper"},
+        "federation": {"rounds": 100, "eval_every": 10},
+        "model": {},
+        "evaluation": {"n_samples": 16, "quick_n_samples": 4, "max_rows": None, "quick_max_rows": 128},
+    },
+}
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def build_config(preset: str = "default", overrides: dict[str, Any] | None = None, base: RunConfig | None = None) -> RunConfig:
+    """A ``RunConfig`` from a preset plus nested overrides (``{"federation": {"rounds": 3}}``)."""
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    raw = base.model_dump(mode="json") if base is not None else {}
+    raw = _merge(raw, PRESETS[preset])
+    raw["preset"] = preset
+    raw = _merge(raw, overrides or {})
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_first_error(exc)) from None

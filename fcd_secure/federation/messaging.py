@@ -1,0 +1,153 @@
+"""The server's only door to the sites: ``Comm`` wraps Flower's Grid and counts every byte (paper Table II).
+
+Paper Table II states communication as "uplink/downlink = selected clients × synchronised parameter size". We
+measure it instead, from the serialized Flower messages: every request the server pushes (downlink) and every
+reply it pulls (uplink) is decomposed into Flower's content-addressed objects and their ``deflate()`` bytes are
+summed (../shared/research/flower-runtime.md §3). Two figures are kept per message:
+
+* ``payload_bytes``: the serialized ``RecordDict`` content (records, arrays, chunks). Deterministic for a seed,
+  and what the paper's formula approximates; the headline figure.
+* ``message_bytes``: the whole message object tree including metadata (varies by a few bytes with the random
+  node ids and timestamps); HTTP framing (~600 B per message) and heartbeats are not included.
+
+``Comm.send`` never raises for a site's failure: error replies come back as error messages, late or silent sites
+are simply absent from the result, so an aggregation flow decides what a missing site means.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+
+from flwr.app import Message, RecordDict
+from flwr.serverapp import Grid
+from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+
+
+def serialized_bytes(obj) -> int:
+    """Bytes of every Flower object under ``obj`` once serialized (``sum(len(o.deflate()))``)."""
+    if obj is None:
+        return 0
+    return int(sum(len(o.deflate()) for o in get_all_nested_objects(obj).values()))
+
+
+def message_sizes(msg: Message) -> tuple[int, int]:
+    """``(payload_bytes, message_bytes)`` of one message; an error reply has no payload."""
+    payload = serialized_bytes(msg.content) if msg.has_content() else 0
+    try:
+        whole = serialized_bytes(msg)
+    except Exception:  # an error reply without content may not inflate on some runtimes; count its payload only
+        whole = payload
+    return payload, whole
+
+
+@dataclass(frozen=True)
+class TrafficRecord:
+    """One message on the wire, as the server saw it."""
+
+    round: int
+    action: str
+    node_id: int
+    site_id: str
+    direction: str  # "down" (server -> site, request) or "up" (site -> server, reply)
+    payload_bytes: int
+    message_bytes: int
+    ok: bool
+
+
+class TrafficLedger:
+    """Per-site, per-round, per-action byte counts of every request and reply (item 7 of the issue)."""
+
+    def __init__(self) -> None:
+        self.records: list[TrafficRecord] = []
+
+    def add(self, rec: TrafficRecord) -> None:
+        self.records.append(rec)
+
+    def total(self, direction: str, *, round: int | None = None, action: str | None = None, field: str = "payload_bytes") -> int:
+        return int(
+            sum(
+                getattr(r, field)
+                for r in self.records
+                if r.direction == direction
+                and (round is None or r.round == round)
+                and (action is None or r.action == action)
+            )
+        )
+
+    def per_round(self, direction: str, *, action_prefix: str = "train") -> dict[int, int]:
+        """Bytes per round for actions starting with ``action_prefix`` (training traffic, evaluation excluded)."""
+        out: dict[int, int] = {}
+        for r in self.records:
+            if r.direction == direction and r.action.startswith(action_prefix):
+                out[r.round] = out.get(r.round, 0) + r.payload_bytes
+        return out
+
+    def to_rows(self) -> list[dict]:
+        return [asdict(r) for r in self.records]
+
+
+class Comm:
+    """Push/pull over a Flower ``Grid`` with a short poll, recording exact bytes of every message.
+
+    ``site_of`` maps Flower node ids (random per run, never used as identity) to stable site ids, filled in by the
+    server after the hello exchange; accounting is keyed by site id.
+    """
+
+    def __init__(self, grid: Grid, *, poll_s: float = 0.02, ledger: TrafficLedger | None = None) -> None:
+        self.grid = grid
+        self.poll_s = poll_s
+        self.ledger = ledger if ledger is not None else TrafficLedger()
+        self.site_of: dict[int, str] = {}
+        self.round = 0
+
+    def _site(self, node_id: int) -> str:
+        return self.site_of.get(node_id, f"node:{node_id}")
+
+    def send(
+        self,
+        node_ids: Iterable[int],
+        message_type: str,
+        contents: Mapping[int, RecordDict] | RecordDict,
+        timeout_s: float,
+        *,
+        round: int | None = None,
+    ) -> dict[int, Message]:
+        """Send one request per node and wait for replies until all are in or ``timeout_s`` passes.
+
+        ``contents`` is one ``RecordDict`` for all nodes or a per-node mapping. Returns ``{node_id: reply}`` for
+        the nodes that replied in time (error replies included: check ``reply.has_error()``); missing nodes are
+        absent.
+        """
+        rnd = self.round if round is None else int(round)
+        node_ids = [int(n) for n in node_ids]
+        msgs: list[Message] = []
+        for nid in node_ids:
+            if isinstance(contents, RecordDict):
+                content = RecordDict(dict(contents.items()))  # a fresh container per message, records shared
+            else:
+                content = contents[nid]
+            msg = Message(content, nid, message_type, group_id=str(rnd))
+            payload, whole = message_sizes(msg)
+            self.ledger.add(TrafficRecord(rnd, message_type, nid, self._site(nid), "down", payload, whole, True))
+            msgs.append(msg)
+        if not msgs:
+            return {}
+        pushed = list(self.grid.push_messages(msgs))
+        waiting = {mid: nid for mid, nid in zip(pushed, node_ids) if mid}
+        replies: dict[int, Message] = {}
+        deadline = time.monotonic() + float(timeout_s)
+        while waiting and time.monotonic() < deadline:
+            for reply in self.grid.pull_messages(list(waiting)):
+                mid = reply.metadata.reply_to_message_id
+                nid = waiting.pop(mid, None)
+                if nid is None:
+                    continue  # a reply to something we no longer wait for
+                payload, whole = message_sizes(reply)
+                ok = not reply.has_error()
+                self.ledger.add(TrafficRecord(rnd, message_type, nid, self._site(nid), "up", payload, whole, ok))
+                replies[nid] = reply
+            if waiting:
+                time.sleep(self.poll_s)
+        return replies
