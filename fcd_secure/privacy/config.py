@@ -11,8 +11,11 @@ choices fixed here follow ../shared/research/dp-anchors.md:
   not offered: Opacus itself warns it can underestimate.
 * δ defaults to a power of ten ≤ 1/(10·n_site) (Opacus FAQ rule of thumb, tightened by 10×).
 * Batch-coupled losses (DESIGN trap 4, dp-anchors §2): the MMD balancing term L_align couples samples of a
-  batch, which breaks per-sample clipping. Under DP it is either ``"off"`` or replaced by the ``"paired"``
-  per-sample form (distance between one trajectory's factual and intervened representation).
+  batch, which breaks per-sample clipping. Under DP it is either ``"off"`` or replaced by a per-sample kernel
+  distance to a fixed, data-free ``"reference"`` set (the model's ``ModelConfig.align_under_dp``).
+* Noise seed: a known seed would let whoever knows it regenerate and subtract the Gaussian noise. By default the
+  noise generator is seeded from a secret kept in the site's state directory together with the run seed and the
+  round, so a site re-running with the same state and seed reproduces its numbers and nobody else can.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 AccountantName = Literal["prv", "rdp"]
-BatchTermUnderDP = Literal["off", "paired"]
+AlignUnderDP = Literal["off", "reference"]
+NoiseSeed = Literal["site_secret", "run_seed"]
 
 
 class DPConfig(BaseModel):
@@ -46,10 +50,20 @@ class DPConfig(BaseModel):
     clip: float = Field(1.0, gt=0, description="Per-sample L2 clipping norm C.")
     accountant: AccountantName = Field("prv", description="Opacus accountant: 'prv' (tightest) or 'rdp'.")
     poisson: bool = Field(True, description="Poisson sampling; required for the reported ε to be valid.")
+    max_noise_multiplier: float = Field(
+        10.0,
+        gt=0,
+        description="Refuse a planned use that would need a larger σ (what is left of the budget is too small).",
+    )
     grad_sample_mode: Literal["hooks"] = Field("hooks", description="Opacus per-sample gradient mode.")
-    batch_terms: BatchTermUnderDP = Field(
+    align_under_dp: AlignUnderDP = Field(
         "off",
-        description="What happens to the batch-coupled MMD term L_align under DP: 'off' or 'paired' (per-sample).",
+        description="The batch-coupled MMD term L_align under DP: 'off', or 'reference' (per-sample, fixed reference).",
+    )
+    noise_seed: NoiseSeed = Field(
+        "site_secret",
+        description="Seed of the Gaussian noise: a site-local secret mixed with the run seed, or the run seed alone "
+        "(reproducible by anyone who knows it: tests and benchmarks only).",
     )
 
     @model_validator(mode="after")

@@ -1,0 +1,306 @@
+"""The one entry point of DP-SGD on a site: ``DPSite`` (the counterpart of Opacus' ``PrivacyEngine``).
+
+A site's local training under DP (issue 6, dp-anchors §3.2) is, every round::
+
+    site = DPSite(state_dir, dataset_fingerprint(ds), dp_cfg, n_site, planned_rounds, local_epochs, batch_size)
+    res = site.reserve_round()                 # write-ahead; BudgetExceeded -> the site refuses the round
+    model, opt, loader = site.make_private(model, opt, loader, seed=seed)
+    ...  # train: every batch -> one loss.backward() of the per-sample losses, one opt.step()
+    site.commit(res)                           # the steps actually taken; hooks removed
+    eps, delta = site.spent()
+
+* σ is planned **once** for the planned use (rounds × local epochs × ⌈N/B⌉ steps) and stored in the ledger, so
+  every round of the plan — in this process, after a restart, in a fresh ``DPSite`` — uses the same σ through
+  ``make_private(noise_multiplier=σ)``. ``make_private_with_epsilon`` is never called: it re-plans from zero each
+  time and overspends (ε = 8 → 25 after 20 rounds, dp-anchors §3.2).
+* A new plan (a new run with other settings, or a run after the previous plan's steps are used up) is planned
+  against the remaining budget: the whole history stays in the composition, so nothing resets.
+* A step guard on the DP optimizer refuses any step beyond the reservation before the parameters move; the
+  ledger is closed with the number of steps the guard counted and the Opacus accountant is checked against it.
+* Poisson sampling with Opacus' q = 1/len(loader) (checked against the plan), ``grad_sample_mode="hooks"``,
+  ``wrap_model=False`` so the model keeps its own methods (``encode``, ``simulate``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from fcd_secure.privacy.config import DPConfig
+from fcd_secure.privacy.ledger import (
+    BudgetExceeded,
+    Ledger,
+    LedgerError,
+    PlanRecord,
+    dataset_fingerprint,
+    ledger_path,
+)
+from fcd_secure.privacy.planner import epsilon, plan_noise_multiplier, sample_rate, steps_per_epoch
+
+__all__ = ["DPSite", "Reservation", "BudgetExceeded", "LedgerError", "dataset_fingerprint"]
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A round's reserved steps (ledger segment ``seq``) and the ε the whole history would reach with them."""
+
+    seq: int
+    steps: int
+    sigma: float
+    q: float
+    epsilon_projected: float
+    round_id: int | None = None
+
+
+class _StepGuard:
+    """Wraps the accountant's step hook: counts DP steps and refuses one beyond the reservation.
+
+    Opacus calls the hook after clipping and noising but before ``original_optimizer.step()``; raising here
+    therefore stops the parameter update of the step that would overspend.
+    """
+
+    def __init__(self, inner: Any, limit: int) -> None:
+        self.inner, self.limit, self.count = inner, limit, 0
+
+    def __call__(self, optim: Any) -> None:
+        if self.count >= self.limit:
+            raise BudgetExceeded(
+                f"DP step {self.count + 1} refused: the round reserved {self.limit} steps in the privacy ledger"
+            )
+        self.count += 1
+        self.inner(optim)
+
+
+class DPSite:
+    """Per-site DP-SGD: the plan, the write-ahead ledger and Opacus' ``make_private`` for each round.
+
+    Parameters mirror the planned use: ``planned_rounds`` rounds of ``local_epochs`` epochs of Poisson batches
+    of expected size ``batch_size`` from ``n_site`` trajectories. The ledger lives in
+    ``<state_dir>/privacy/ledger-<fingerprint>.json``; ``state_dir`` must be the site's persistent state (it must
+    outlive a run, or a new run would start a new budget).
+    """
+
+    def __init__(
+        self,
+        state_dir: str | Path,
+        dataset_fingerprint: str,
+        dp_cfg: DPConfig,
+        n_site: int,
+        planned_rounds: int,
+        local_epochs: int,
+        batch_size: int,
+        *,
+        run_id: str | None = None,
+    ) -> None:
+        if not dp_cfg.enabled:
+            raise ValueError("DPSite needs dp.enabled = true")
+        if planned_rounds < 1 or local_epochs < 1:
+            raise ValueError(f"dp: planned_rounds and local_epochs must be ≥ 1, got {planned_rounds}, {local_epochs}")
+        self.cfg = dp_cfg
+        self.state_dir = Path(state_dir)
+        self.fingerprint = dataset_fingerprint
+        self.n_site = int(n_site)
+        self.batch_size = int(batch_size)
+        self.run_id = run_id
+        self.delta = dp_cfg.resolve_delta(self.n_site)
+        self.sample_rate = sample_rate(self.n_site, self.batch_size)
+        self.steps_per_round = int(local_epochs) * steps_per_epoch(self.n_site, self.batch_size)
+        self.ledger = Ledger(ledger_path(self.state_dir, dataset_fingerprint))
+        self.ledger.open_or_create(
+            fingerprint=dataset_fingerprint,
+            n_site=self.n_site,
+            delta=self.delta,
+            epsilon_cap=dp_cfg.epsilon,
+            clip=dp_cfg.clip,
+            accountant=dp_cfg.accountant,
+        )
+        #: why every round will be refused (the budget left cannot pay for the planned use), or None
+        self.refusal: str | None = None
+        self.plan = self._plan(planned_rounds, local_epochs)
+        self._open: dict[int, tuple[Any, _StepGuard, Any]] = {}
+        self._mine: list[int] = []  # reservations made by this instance, not yet given to make_private
+
+    # -- planning ------------------------------------------------------------------------------------
+    @property
+    def noise_multiplier(self) -> float:
+        """σ of this site's plan (Gaussian std / C per step), fixed for the whole planned use."""
+        return self.plan.sigma
+
+    def _plan(self, planned_rounds: int, local_epochs: int) -> PlanRecord:
+        """Reuse the current plan when it describes this use and has steps left; else plan the remaining budget."""
+        want = dict(
+            q=self.sample_rate,
+            batch_size=self.batch_size,
+            steps_per_round=self.steps_per_round,
+            planned_rounds=int(planned_rounds),
+            local_epochs=int(local_epochs),
+        )
+        state = self.ledger.load()
+        if state.plans:
+            last = state.plans[-1]
+            used = sum(s.reserved_steps for s in state.segments if s.plan_id == last.plan_id)
+            same = all(getattr(last, k) == v for k, v in want.items())
+            if same and used < last.planned_steps:
+                return last
+        try:
+            sigma = plan_noise_multiplier(
+                epsilon_cap=state.epsilon_cap,
+                delta=state.delta,
+                q=self.sample_rate,
+                planned_steps=self.steps_per_round * int(planned_rounds),
+                accountant=state.accountant,
+                history=state.history(),
+                sigma_max=self.cfg.max_noise_multiplier,
+            )
+        except ValueError as exc:
+            # What is left of the budget cannot pay for this use at a useful σ. No plan is recorded; every
+            # reservation is refused with the reason (fail closed, and say why instead of training on noise).
+            self.refusal = f"{exc} (ledger {self.ledger.path})"
+            return PlanRecord(plan_id=0, sigma=self.cfg.max_noise_multiplier, created_at=0.0, **want)
+        return self.ledger.add_plan(dict(sigma=sigma, **want))
+
+    # -- one round -----------------------------------------------------------------------------------
+    def reserve_round(self, steps: int | None = None, *, round_id: int | None = None) -> Reservation:
+        """Write-ahead: record ``steps`` (default: one round of the plan) before any private data is read.
+
+        Raises ``BudgetExceeded`` if the projected ε of the whole history would exceed the cap; the caller turns
+        it into an error reply (the server counts the site as failed for that round and goes on).
+        """
+        steps = self.steps_per_round if steps is None else int(steps)
+        if self.refusal is not None:
+            raise BudgetExceeded(f"privacy budget exhausted: {self.refusal}")
+        seg = self.ledger.reserve(
+            plan_id=self.plan.plan_id,
+            sigma=self.plan.sigma,
+            q=self.sample_rate,
+            steps=steps,
+            round_id=round_id,
+            run_id=self.run_id,
+        )
+        self._mine.append(seg.seq)
+        return Reservation(seg.seq, steps, seg.sigma, seg.q, seg.epsilon_projected, round_id)
+
+    def _noise_generator(self, seed: int, seq: int) -> torch.Generator:
+        if self.cfg.noise_seed == "run_seed":
+            material = f"run|{seed}|{seq}".encode()
+        else:
+            material = self._site_secret() + f"|{seed}|{seq}".encode()
+        g = torch.Generator()
+        g.manual_seed(int.from_bytes(hashlib.sha256(material).digest()[:8], "little"))
+        return g
+
+    def _site_secret(self) -> bytes:
+        """32 random bytes kept beside the ledger; they make the noise unpredictable to anyone but the site."""
+        path = self.ledger.path.parent / "noise_secret.bin"
+        with self.ledger.locked():
+            if not path.exists():
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(secrets.token_bytes(32))
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            data = path.read_bytes()
+        if len(data) != 32:
+            raise LedgerError(f"{path}: noise secret must be 32 bytes, found {len(data)}")
+        return data
+
+    def make_private(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader, *, seed: int = 0
+    ) -> tuple[torch.nn.Module, Any, DataLoader]:
+        """Opacus ``make_private(noise_multiplier=σ)`` for the open reservation; returns (model, DP optimizer, loader).
+
+        ``loader`` is an ordinary (non-Poisson) loader over the site's ``n_site`` trajectories with batch size
+        ``batch_size``; Opacus replaces it by Poisson sampling with q = 1/len(loader), which must equal the planned
+        q. The model is returned unwrapped (``wrap_model=False``) with per-sample hooks attached until ``commit``.
+        Training must call ``loss.backward()`` on the mean of per-sample losses exactly once per optimizer step and
+        must run the forward on empty Poisson batches too (a skipped noisy step would reveal the empty batch).
+        """
+        from opacus import PrivacyEngine
+
+        if not self._mine:
+            raise BudgetExceeded("make_private without a reservation: call reserve_round() first")
+        seq = self._mine[-1]
+        res_steps = self.ledger.load().segments[seq - 1].reserved_steps
+        n = len(loader.dataset)  # type: ignore[arg-type]
+        if n != self.n_site:
+            raise ValueError(f"dp: the loader holds {n} trajectories, the plan was made for n_site={self.n_site}")
+        if 1.0 / len(loader) != self.sample_rate:
+            raise ValueError(
+                f"dp: Opacus would sample at q=1/{len(loader)}, the plan accounts q={self.sample_rate:g} "
+                f"(batch_size {self.batch_size}); build the loader with batch_size={self.batch_size}"
+            )
+        if loader.generator is None:
+            # Poisson draws from the global RNG would not be reproducible per seed
+            g = torch.Generator()
+            g.manual_seed(int.from_bytes(hashlib.sha256(f"poisson|{seed}|{seq}".encode()).digest()[:8], "little"))
+            loader = DataLoader(loader.dataset, batch_size=loader.batch_size, collate_fn=loader.collate_fn, generator=g)
+        # Opacus' input-less first layer makes torch warn on every backward; harmless (dp-anchors §1.3).
+        warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
+        with warnings.catch_warnings():
+            # "Secure RNG turned off" is a documented limitation (the report lists it), not news every round.
+            warnings.filterwarnings("ignore", message=".*[Ss]ecure RNG.*")
+            engine = PrivacyEngine(accountant=self.cfg.accountant, secure_mode=False)
+            hooks, dp_opt, dp_loader = engine.make_private(
+                module=model,
+                optimizer=optimizer,
+                data_loader=loader,
+                noise_multiplier=self.plan.sigma,
+                max_grad_norm=self.cfg.clip,
+                poisson_sampling=True,
+                grad_sample_mode=self.cfg.grad_sample_mode,
+                wrap_model=False,
+                noise_generator=self._noise_generator(seed, seq),
+                loss_reduction="mean",
+            )
+        guard = _StepGuard(dp_opt.step_hook, res_steps)
+        dp_opt.attach_step_hook(guard)
+        self._open[seq] = (hooks, guard, engine)
+        self._mine.remove(seq)
+        return model, dp_opt, dp_loader
+
+    def commit(self, reservation: Reservation) -> float:
+        """Close the reservation with the steps actually taken, remove the hooks; returns ε spent so far.
+
+        Safe to call after a failed round: the guard's count is exact, so only steps that ran are charged.
+        A reservation never passed to ``make_private`` is committed with 0 steps.
+        """
+        hooks, guard, engine = self._open.pop(reservation.seq, (None, None, None))
+        if reservation.seq in self._mine:
+            self._mine.remove(reservation.seq)
+        taken = 0
+        if guard is not None:
+            taken = guard.count
+            hist = [tuple(h) for h in engine.accountant.history]
+            expect = [(reservation.sigma, reservation.q, taken)] if taken else []
+            if hist != expect:
+                raise LedgerError(
+                    f"Opacus accounted {hist} but the ledger reserved {[(reservation.sigma, reservation.q)]} "
+                    f"for {taken} steps; the reservation stays charged in full"
+                )
+            hooks.cleanup()
+        self.ledger.commit(reservation.seq, taken)
+        return self.spent()[0]
+
+    # -- reading -------------------------------------------------------------------------------------
+    def spent(self) -> tuple[float, float]:
+        """(ε, δ) of everything this dataset's ledger holds, open reservations counted in full."""
+        state = self.ledger.load()
+        return state.epsilon(), state.delta
+
+    def remaining(self) -> float:
+        state = self.ledger.load()
+        return max(0.0, state.epsilon_cap - state.epsilon())
+
+    def projected(self, steps: int | None = None) -> float:
+        """ε the history would reach with one more round (what ``reserve_round`` checks against the cap)."""
+        state = self.ledger.load()
+        steps = self.steps_per_round if steps is None else int(steps)
+        return epsilon(state.history() + [(self.plan.sigma, self.sample_rate, steps)], state.delta, state.accountant)

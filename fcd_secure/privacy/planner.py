@@ -1,0 +1,123 @@
+"""Privacy accounting arithmetic: ε of a DP-SGD history and σ planned once for a site's whole use.
+
+Accounting model (dp-anchors §3.1): every DP-SGD step is a Poisson-subsampled Gaussian mechanism with rate q and
+noise multiplier σ; a site's history is the list of segments ``(σ, q, steps)`` over *all* rounds and runs on its
+dataset, composed sequentially. Opacus' accountants take exactly that list, so the ledger (``ledger.py``) stores
+it and this module turns it into ε.
+
+Why σ is planned once (issue 6, dp-anchors §3.2): ``make_private_with_epsilon`` re-derives σ "from zero" every
+round and ignores what was spent before — a cap of ε = 8 ends near ε = 25 after 20 rounds. Here σ is the smallest
+noise multiplier such that the *existing* history plus the whole planned use stays under the cap, and it is then
+fixed for that plan.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterable, Sequence
+
+from opacus.accountants import create_accountant
+
+#: above this σ a plan is pointless (the update is noise); planning gives up and the ledger refuses instead.
+SIGMA_MAX = 1000.0
+#: PRV's ε error bar (Opacus' default); PRV returns the upper end of the interval (Gopi et al. 2021).
+PRV_EPS_ERROR = 0.01
+
+Segment = tuple[float, float, int]
+
+
+def opacus_history(segments: Iterable[Sequence[float]]) -> list[Segment]:
+    """Segments in Opacus' accountant format, consecutive equal (σ, q) merged as Opacus itself does."""
+    out: list[Segment] = []
+    for sigma, q, steps in segments:
+        sigma, q, steps = float(sigma), float(q), int(steps)
+        if steps <= 0:
+            continue
+        if out and out[-1][0] == sigma and out[-1][1] == q:
+            out[-1] = (sigma, q, out[-1][2] + steps)
+        else:
+            out.append((sigma, q, steps))
+    return out
+
+
+def epsilon(segments: Iterable[Sequence[float]], delta: float, accountant: str = "prv") -> float:
+    """ε at ``delta`` of a DP-SGD history (add/remove-one adjacency, Poisson sampling); 0 for no steps."""
+    history = opacus_history(segments)
+    if not history:
+        return 0.0
+    acc = create_accountant(accountant)
+    acc.history = history
+    with warnings.catch_warnings():
+        # PRV bounds its domain with RDP internally and warns about the optimal order; harmless (dp-anchors §1.3).
+        warnings.simplefilter("ignore")
+        if accountant == "prv":
+            return float(acc.get_epsilon(delta, eps_error=PRV_EPS_ERROR))
+        return float(acc.get_epsilon(delta))
+
+
+def epsilon_curve(segments: Sequence[Sequence[float]], delta: float, accountant: str = "prv") -> list[float]:
+    """ε after each segment in turn (the ε-over-rounds curve of the report)."""
+    return [epsilon(segments[: i + 1], delta, accountant) for i in range(len(segments))]
+
+
+def sample_rate(n_site: int, batch_size: int) -> float:
+    """Poisson rate q exactly as Opacus computes it: ``1 / len(DataLoader(ds, batch_size))``.
+
+    Opacus derives q from the loader's length, not from B/N; planning with B/N would account a different q than
+    the one the optimizer's hook records when N is not a multiple of B.
+    """
+    if n_site < 1 or batch_size < 1:
+        raise ValueError(f"dp: need n_site ≥ 1 and batch_size ≥ 1, got n_site={n_site}, batch_size={batch_size}")
+    return 1.0 / math.ceil(n_site / batch_size)
+
+
+def steps_per_epoch(n_site: int, batch_size: int) -> int:
+    """Poisson draws in one local epoch: ``len(loader)``, each an independent DP-SGD step."""
+    return math.ceil(n_site / batch_size)
+
+
+def plan_noise_multiplier(
+    *,
+    epsilon_cap: float,
+    delta: float,
+    q: float,
+    planned_steps: int,
+    accountant: str = "prv",
+    history: Sequence[Sequence[float]] = (),
+    tolerance: float = 0.01,
+    sigma_max: float = SIGMA_MAX,
+) -> float:
+    """Smallest σ (to ``tolerance`` in ε) such that ``history + [(σ, q, planned_steps)]`` has ε ≤ ``epsilon_cap``.
+
+    With an empty history this is Opacus' ``get_noise_multiplier(..., steps=planned_steps)``; with a history it
+    plans the rest of the budget without ever re-starting the count. Raises ``ValueError`` if even σ = ``sigma_max``
+    cannot fit (the budget is spent): the caller must refuse rather than train.
+    """
+    if planned_steps < 1:
+        raise ValueError(f"dp: planned_steps must be ≥ 1, got {planned_steps}")
+    base = list(history)
+
+    def eps_at(sigma: float) -> float:
+        return epsilon(base + [(sigma, q, planned_steps)], delta, accountant)
+
+    if epsilon(base, delta, accountant) >= epsilon_cap:
+        raise ValueError(f"the budget is already spent (ε cap {epsilon_cap:g})")
+    if eps_at(sigma_max) > epsilon_cap:
+        raise ValueError(
+            f"no noise multiplier ≤ {sigma_max:g} keeps ε ≤ {epsilon_cap:g} for {planned_steps} more steps "
+            f"(ε spent so far {epsilon(base, delta, accountant):.3f})"
+        )
+    lo, hi = 0.0, min(1.0, sigma_max)
+    while eps_at(hi) > epsilon_cap:
+        lo, hi = hi, min(2 * hi, sigma_max)
+    # bisection on σ; stop when the ε at the upper end is within tolerance below the cap
+    for _ in range(60):
+        if epsilon_cap - eps_at(hi) <= tolerance or hi - lo < 1e-4:
+            break
+        mid = (lo + hi) / 2
+        if mid > 0 and eps_at(mid) <= epsilon_cap:
+            hi = mid
+        else:
+            lo = mid
+    return float(hi)
