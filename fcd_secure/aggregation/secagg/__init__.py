@@ -1,1 +1,45 @@
-"""Pairwise-masked secure aggregation (Bonawitz et al., CCS 2017). Pure Python over bytes and numpy: no Flower import."""
+"""Pairwise-masked secure aggregation of Θc (Bonawitz et al., CCS 2017, double masking, active model).
+
+Pure Python over bytes and numpy: no Flower import anywhere in this package (``federation/secure_flow.py``
+only carries its messages). Modules:
+
+- :mod:`.config`    site-pinned :class:`SecAggPolicy` (min sites, threshold rule, modulus, clip, deadlines)
+- :mod:`.encoding`  vector layout from the Θc manifest, fixed point with clipping, decode to weighted FedAvg
+- :mod:`.keys`      X25519 + HKDF-SHA256 with bound info, Ed25519 site identity
+- :mod:`.masks`     AES-128-CTR keystream masks over uint32 words, chunked into a reused buffer
+- :mod:`.shamir`    t-of-n sharing of 32-byte secrets (pycryptodome, GF(2^128) halves)
+- :mod:`.messages`  strict versioned byte encodings; parsers raise :class:`ProtocolError`
+- :mod:`.client`, :mod:`.server`  the two state machines
+"""
+
+from .client import ClientStage, ReplayGuard, SecAggClient
+from .config import SecAggPolicy, StageDeadlines
+from .encoding import Aggregate, VectorLayout, decode, encode, plaintext_weighted_mean, quantisation_bound, theta_hash
+from .errors import AbortRound, EncodingError, PolicyError, ProtocolError, SecAggError
+from .keys import ed25519_keypair, ed25519_public
+from .server import RoundReport, SecAggServer, ServerStage
+
+__all__ = [
+    "AbortRound",
+    "Aggregate",
+    "ClientStage",
+    "EncodingError",
+    "PolicyError",
+    "ProtocolError",
+    "ReplayGuard",
+    "RoundReport",
+    "SecAggClient",
+    "SecAggError",
+    "SecAggPolicy",
+    "SecAggServer",
+    "ServerStage",
+    "StageDeadlines",
+    "VectorLayout",
+    "decode",
+    "ed25519_keypair",
+    "ed25519_public",
+    "encode",
+    "plaintext_weighted_mean",
+    "quantisation_bound",
+    "theta_hash",
+]

@@ -1,0 +1,378 @@
+"""The site's side of the double-masking protocol (Bonawitz et al., CCS 2017 §4, Fig. 6, active model).
+
+One :class:`SecAggClient` per site and round. It is a state machine driven by :meth:`SecAggClient.handle`:
+each server request (bytes) yields one response (bytes) or raises. Stages::
+
+    ROUND_PARAMS        -> ADVERTISE      check policy (P3, P6, P10), fresh X25519 pairs, sign them (P2)
+    KEY_LIST            -> SHARE_KEYS     verify every key against the *configured* roster (P2), Shamir-share
+                                          s_sk and the self-mask seed b, AES-GCM each share to its peer
+    SHARES_RELAY        -> MASKED_INPUT   decrypt the peers' shares, y = x + PRG(b) + Σ ±PRG(s_uv)
+    CONSISTENCY_REQUEST -> CONSISTENCY    sign U3 with the hash of the global Θc this site received (P12)
+    UNMASK_REQUEST      -> UNMASK         verify >= t signatures on *its own* U3 and model hash, refuse
+                                          overlapping alive/dropped lists (P1), reveal b-shares of the
+                                          alive and s-shares of the dropped, once (never both for one site)
+
+After an :class:`~.errors.AbortRound` or a :class:`~.errors.PolicyError` the client is dead for the round
+and reveals nothing more. The state survives between Flower invocations through :meth:`export` /
+:meth:`restore` (it holds secrets: keep it in the node's memory state, never log it, P18).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from collections.abc import Mapping
+from enum import Enum
+from pathlib import Path
+
+import numpy as np
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from . import keys, shamir
+from .config import SecAggPolicy
+from .encoding import VectorLayout
+from .errors import AbortRound, PolicyError, ProtocolError
+from .masks import MaskStream, pair_sign
+from .messages import (
+    Advertise,
+    Ciphertexts,
+    KeyList,
+    MaskedInput,
+    MsgType,
+    RoundParams,
+    ShareKind,
+    Signed,
+    SiteList,
+    Unmask,
+    UnmaskRequest,
+    advertise_transcript,
+    consistency_transcript,
+    parse_share_plaintext,
+    peek_header,
+    share_aad,
+    share_plaintext,
+)
+
+NONCE_BYTES = 12
+
+
+class ClientStage(str, Enum):
+    READY = "ready"
+    ADVERTISED = "advertised"
+    SHARED = "shared"
+    MASKED = "masked"
+    SIGNED = "signed"
+    DONE = "done"
+    ABORTED = "aborted"
+
+
+class ReplayGuard:
+    """Monotonic round counter per session (P5): a site takes part in each (session, round) once, in order.
+
+    With a ``path`` the counter persists (JSON) in the site state so a restarted site still refuses old rounds.
+    """
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = Path(path) if path is not None else None
+        self._last: dict[str, int] = {}
+        if self.path is not None and self.path.exists():
+            try:
+                raw = json.loads(self.path.read_text())
+                self._last = {str(k): int(v) for k, v in raw.items()}
+            except (ValueError, TypeError, AttributeError) as exc:
+                raise ProtocolError(f"{self.path}: replay counter is unreadable ({exc})") from exc
+
+    def claim(self, session_id: bytes, round_id: int) -> None:
+        key = session_id.hex()
+        last = self._last.get(key)
+        if last is not None and round_id <= last:
+            raise AbortRound(f"round {round_id} of this session was already used (last {last}): replay refused (P5)")
+        self._last[key] = round_id
+        if self.path is not None:
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self._last))
+            tmp.replace(self.path)
+
+
+def _b64(b: bytes) -> str:
+    return base64.b64encode(b).decode()
+
+
+def _unb64(s: str) -> bytes:
+    return base64.b64decode(s.encode())
+
+
+class SecAggClient:
+    """One site in one secure-aggregation round. See the module docstring."""
+
+    def __init__(
+        self,
+        site_id: str,
+        identity_key: bytes,
+        roster: Mapping[str, bytes],
+        policy: SecAggPolicy,
+        layout: VectorLayout,
+        replay_guard: ReplayGuard | None = None,
+    ) -> None:
+        if site_id not in roster:
+            raise PolicyError(f"site {site_id!r} is not in its own configured roster")
+        if keys.ed25519_public(identity_key) != roster[site_id]:
+            raise PolicyError(f"site {site_id!r}: identity key does not match the roster entry")
+        self.site_id = site_id
+        self._identity = identity_key
+        self.roster = dict(roster)
+        self.policy = policy
+        self.layout = layout
+        self.guard = replay_guard if replay_guard is not None else ReplayGuard()
+        self.stage = ClientStage.READY
+        self._x: np.ndarray | None = None
+        self._global_hash: bytes | None = None
+        self._params: RoundParams | None = None
+        self._params_digest = b""
+        self._c_sk = self._s_sk = b""
+        self._keys: dict[str, tuple[bytes, bytes]] = {}  # U1: site -> (c_pk, s_pk)
+        self._b_seed = b""
+        self._own_shares: tuple[bytes, bytes] = (b"", b"")  # (s-share, b-share) of this site's own secrets
+        self._held: dict[str, tuple[bytes, bytes]] = {}  # U2 peer -> (s-share, b-share) it gave us
+        self._u2: tuple[str, ...] = ()
+        self._u3: tuple[str, ...] = ()
+
+    # -- input -------------------------------------------------------------------------------------------------
+    def set_input(self, vector: np.ndarray, global_hash: bytes) -> None:
+        """The encoded plaintext vector (:func:`.encoding.encode`) and the hash of the global Θc received."""
+        if vector.dtype != np.uint32 or vector.shape != (self.layout.length,):
+            raise ProtocolError(f"input must be uint32 of length {self.layout.length}")
+        if len(global_hash) != 32:
+            raise ProtocolError("global model hash must be 32 bytes")
+        self._x = np.ascontiguousarray(vector)
+        self._global_hash = bytes(global_hash)
+
+    # -- dispatch -----------------------------------------------------------------------------------------------
+    def handle(self, request: bytes) -> bytes:
+        if self.stage in (ClientStage.ABORTED, ClientStage.DONE):
+            raise AbortRound(f"site {self.site_id}: round is {self.stage.value}; nothing more is revealed")
+        try:
+            h = peek_header(request)
+            if self._params is not None and (h.session_id != self._params.session_id or h.round_id != self._params.round_id):
+                raise AbortRound("request belongs to another session or round (replay refused, P5)")
+            expected = {
+                ClientStage.READY: (MsgType.ROUND_PARAMS, self._advertise),
+                ClientStage.ADVERTISED: (MsgType.KEY_LIST, self._share_keys),
+                ClientStage.SHARED: (MsgType.SHARES_RELAY, self._masked_input),
+                ClientStage.MASKED: (MsgType.CONSISTENCY_REQUEST, self._consistency),
+                ClientStage.SIGNED: (MsgType.UNMASK_REQUEST, self._unmask),
+            }[self.stage]
+            if h.type != expected[0]:
+                raise ProtocolError(f"site {self.site_id} in stage {self.stage.value} got {h.type.name}, expected {expected[0].name}")
+            return expected[1](request)
+        except Exception:
+            self._abort()
+            raise
+
+    def _abort(self) -> None:
+        self.stage = ClientStage.ABORTED
+        # forget every secret of the round: an aborted site must not be talked into revealing anything later
+        self._c_sk = self._s_sk = self._b_seed = b""
+        self._held.clear()
+        self._own_shares = (b"", b"")
+        self._x = None
+
+    # -- stage 0 ----------------------------------------------------------------------------------------------
+    def _advertise(self, request: bytes) -> bytes:
+        p = RoundParams.parse(request)
+        n = len(p.selected)
+        self.policy.check_round(
+            n_sites=n, threshold=p.threshold, modulus_bits=p.modulus_bits, clip=p.clip, scale_bits=p.scale_bits,
+            max_weight=p.max_weight,
+        )
+        if self.site_id not in p.selected:
+            raise ProtocolError(f"site {self.site_id} is not among the selected sites")
+        unknown = [s for s in p.selected if s not in self.roster]
+        if unknown:
+            raise AbortRound(f"selected site {unknown[0]!r} is not in the configured roster (P2)")
+        if p.layout_digest != self.layout.digest or p.vector_len != self.layout.length:
+            raise AbortRound("the server's vector layout differs from this site's manifest (P15)")
+        if self._x is None or self._global_hash is None:
+            raise ProtocolError(f"site {self.site_id} has no trained update for this round")
+        self.guard.claim(p.session_id, p.round_id)
+        self._params = p
+        self._params_digest = p.digest
+        self._c_sk, c_pk = keys.x25519_keypair()
+        self._s_sk, s_pk = keys.x25519_keypair()
+        sig = keys.sign(self._identity, advertise_transcript(p.session_id, p.round_id, self.site_id, c_pk, s_pk, self._params_digest))
+        self.stage = ClientStage.ADVERTISED
+        return Advertise(p.session_id, p.round_id, self.site_id, c_pk, s_pk, sig).to_bytes()
+
+    # -- stage 1 ----------------------------------------------------------------------------------------------
+    def _share_keys(self, request: bytes) -> bytes:
+        p = self._p
+        kl = KeyList.parse(request)
+        u1 = [e.site_id for e in kl.entries]
+        if len(u1) < p.threshold:
+            raise AbortRound(f"only {len(u1)} sites advertised keys, threshold is {p.threshold}")
+        seen_keys: set[bytes] = set()
+        for e in kl.entries:
+            if e.site_id not in p.selected:
+                raise AbortRound(f"key list names {e.site_id!r}, which was not selected for the round")
+            tr = advertise_transcript(p.session_id, p.round_id, e.site_id, e.c_pk, e.s_pk, self._params_digest)
+            if not keys.verify(self.roster[e.site_id], e.signature, tr):
+                raise AbortRound(f"public keys of {e.site_id!r} are not signed by its roster identity key (P2)")
+            if e.c_pk in seen_keys or e.s_pk in seen_keys or e.c_pk == e.s_pk:
+                raise AbortRound("a public key is repeated in the key list")
+            seen_keys |= {e.c_pk, e.s_pk}
+            self._keys[e.site_id] = (e.c_pk, e.s_pk)
+        mine = self._keys.get(self.site_id)
+        if mine is None or mine != (keys.x25519_public(self._c_sk), keys.x25519_public(self._s_sk)):
+            raise AbortRound("the key list does not carry this site's own keys unchanged (P2)")
+        self._b_seed = os.urandom(32)
+        n = len(p.selected)
+        index = {s: i + 1 for i, s in enumerate(p.selected)}
+        s_shares = dict(shamir.split(self._s_sk, p.threshold, n))
+        b_shares = dict(shamir.split(self._b_seed, p.threshold, n))
+        me = index[self.site_id]
+        self._own_shares = (s_shares[me], b_shares[me])
+        items = []
+        for v in u1:
+            if v == self.site_id:
+                continue
+            k = keys.pair_key(keys.x25519_agree(self._c_sk, self._keys[v][0]), p.session_id, p.round_id, self.site_id, v, "share-enc", 32)
+            nonce = os.urandom(NONCE_BYTES)
+            pt = share_plaintext(self.site_id, v, s_shares[index[v]], b_shares[index[v]])
+            items.append((v, nonce + AESGCM(k).encrypt(nonce, pt, share_aad(p.session_id, p.round_id, self.site_id, v))))
+        self.stage = ClientStage.SHARED
+        return Ciphertexts(MsgType.SHARE_KEYS, p.session_id, p.round_id, self.site_id, tuple(items)).to_bytes()
+
+    # -- stage 2 ----------------------------------------------------------------------------------------------
+    def _masked_input(self, request: bytes) -> bytes:
+        p = self._p
+        relay = Ciphertexts.parse(request, MsgType.SHARES_RELAY)
+        if relay.site_id != self.site_id:
+            raise AbortRound("shares relayed for another site")
+        u2 = sorted({src for src, _ in relay.items} | {self.site_id})
+        if len(u2) < p.threshold:
+            raise AbortRound(f"only {len(u2)} sites shared keys, threshold is {p.threshold}")
+        for src, ct in relay.items:
+            if src == self.site_id or src not in self._keys:
+                raise AbortRound(f"relayed share from {src!r}, which is not in the signed key list")
+            if len(ct) <= NONCE_BYTES:
+                raise ProtocolError(f"share ciphertext from {src!r} is too short")
+            k = keys.pair_key(keys.x25519_agree(self._c_sk, self._keys[src][0]), p.session_id, p.round_id, self.site_id, src, "share-enc", 32)
+            try:
+                pt = AESGCM(k).decrypt(ct[:NONCE_BYTES], ct[NONCE_BYTES:], share_aad(p.session_id, p.round_id, src, self.site_id))
+            except InvalidTag as exc:
+                raise AbortRound(f"share from {src!r} fails authentication (tampered or replayed, P5)") from exc
+            s_src, s_dst, s_share, b_share = parse_share_plaintext(pt)
+            if (s_src, s_dst) != (src, self.site_id):
+                raise AbortRound(f"share from {src!r} names the wrong sender or receiver")
+            self._held[src] = (s_share, b_share)
+        self._u2 = tuple(u2)
+        assert self._x is not None
+        y = self._x.copy()
+        stream = MaskStream()
+        stream.apply(y, self_mask_key(self._b_seed, p.session_id, p.round_id, self.site_id), 1)
+        for v in u2:
+            if v == self.site_id:
+                continue
+            secret = keys.x25519_agree(self._s_sk, self._keys[v][1])
+            stream.apply(y, keys.pair_key(secret, p.session_id, p.round_id, self.site_id, v, "mask"), pair_sign(self.site_id, v))
+        self._x = None  # the plaintext is not needed any more
+        self.stage = ClientStage.MASKED
+        return MaskedInput(p.session_id, p.round_id, self.site_id, y).to_bytes()
+
+    # -- stage 3 ----------------------------------------------------------------------------------------------
+    def _consistency(self, request: bytes) -> bytes:
+        p = self._p
+        req = SiteList.parse(request)
+        u3 = tuple(sorted(req.sites))
+        if self.site_id not in u3:
+            raise AbortRound("this site's masked input is not among the survivors")
+        extra = [s for s in u3 if s not in self._u2]
+        if extra:
+            raise AbortRound(f"survivor {extra[0]!r} never shared keys (U3 must be within U2)")
+        if len(u3) < p.threshold:
+            raise AbortRound(f"only {len(u3)} survivors, threshold is {p.threshold}")
+        self._u3 = u3
+        assert self._global_hash is not None
+        sig = keys.sign(self._identity, consistency_transcript(p.session_id, p.round_id, self._params_digest, u3, self._global_hash))
+        self.stage = ClientStage.SIGNED
+        return Signed(p.session_id, p.round_id, self.site_id, sig).to_bytes()
+
+    # -- stage 4 ----------------------------------------------------------------------------------------------
+    def _unmask(self, request: bytes) -> bytes:
+        p = self._p
+        req = UnmaskRequest.parse(request)
+        alive, dropped = set(req.alive), set(req.dropped)
+        both = alive & dropped
+        if both:
+            raise AbortRound(f"site {sorted(both)[0]!r} is listed as both alive and dropped (P1)")
+        if alive != set(self._u3):
+            raise AbortRound("the alive list differs from the survivors this site signed (P1)")
+        if dropped != set(self._u2) - set(self._u3):
+            raise AbortRound("the dropped list differs from this site's view of who shared keys (P1)")
+        assert self._global_hash is not None
+        tr = consistency_transcript(p.session_id, p.round_id, self._params_digest, self._u3, self._global_hash)
+        for signer, sig in req.signatures:
+            if signer not in alive:
+                raise AbortRound(f"signature from {signer!r}, which is not a survivor")
+            if not keys.verify(self.roster[signer], sig, tr):
+                raise AbortRound(f"{signer!r} signed a different survivor set or global model (P1, P12)")
+        if len(req.signatures) < p.threshold:
+            raise AbortRound(f"only {len(req.signatures)} consistency signatures, threshold is {p.threshold}")
+        out: list[tuple[str, ShareKind, bytes]] = []
+        for v in sorted(alive):
+            b = self._own_shares[1] if v == self.site_id else self._held[v][1]
+            out.append((v, ShareKind.SELF_MASK_SEED, b))
+        for v in sorted(dropped):
+            out.append((v, ShareKind.MASK_KEY, self._held[v][0]))
+        self.stage = ClientStage.DONE
+        self._c_sk = self._s_sk = self._b_seed = b""
+        self._held.clear()
+        return Unmask(p.session_id, p.round_id, self.site_id, tuple(out)).to_bytes()
+
+    @property
+    def _p(self) -> RoundParams:
+        if self._params is None:
+            raise ProtocolError("round parameters not received yet")
+        return self._params
+
+    # -- persistence between Flower invocations --------------------------------------------------------------
+    def export(self) -> bytes:
+        """Serialise the round state (includes secrets: keep it in node memory state only, never log it)."""
+        d = {
+            "stage": self.stage.value,
+            "x": _b64(self._x.tobytes()) if self._x is not None else None,
+            "global_hash": _b64(self._global_hash) if self._global_hash else None,
+            "params": _b64(self._params.to_bytes()) if self._params else None,
+            "c_sk": _b64(self._c_sk),
+            "s_sk": _b64(self._s_sk),
+            "b": _b64(self._b_seed),
+            "keys": {k: [_b64(a), _b64(b)] for k, (a, b) in self._keys.items()},
+            "own": [_b64(self._own_shares[0]), _b64(self._own_shares[1])],
+            "held": {k: [_b64(a), _b64(b)] for k, (a, b) in self._held.items()},
+            "u2": list(self._u2),
+            "u3": list(self._u3),
+        }
+        return json.dumps(d).encode()
+
+    def restore(self, blob: bytes) -> None:
+        try:
+            d = json.loads(blob)
+            self.stage = ClientStage(d["stage"])
+            self._x = np.frombuffer(_unb64(d["x"]), dtype=np.uint32).copy() if d["x"] else None
+            self._global_hash = _unb64(d["global_hash"]) if d["global_hash"] else None
+            self._params = RoundParams.parse(_unb64(d["params"])) if d["params"] else None
+            self._params_digest = self._params.digest if self._params else b""
+            self._c_sk, self._s_sk, self._b_seed = _unb64(d["c_sk"]), _unb64(d["s_sk"]), _unb64(d["b"])
+            self._keys = {k: (_unb64(a), _unb64(b)) for k, (a, b) in d["keys"].items()}
+            self._own_shares = (_unb64(d["own"][0]), _unb64(d["own"][1]))
+            self._held = {k: (_unb64(a), _unb64(b)) for k, (a, b) in d["held"].items()}
+            self._u2, self._u3 = tuple(d["u2"]), tuple(d["u3"])
+        except (KeyError, ValueError, TypeError) as exc:
+            raise ProtocolError(f"stored client state is unreadable ({type(exc).__name__})") from exc
+
+
+def self_mask_key(seed: bytes, session_id: bytes, round_id: int, site_id: str) -> bytes:
+    """AES key of the self-mask PRG(b_u), bound to session, round and owner."""
+    return keys.hkdf(seed, keys.kdf_info(session_id, round_id, site_id, site_id, "self-mask"), 16)

@@ -1,0 +1,241 @@
+"""The vector a site masks: layout from the Θc manifest, fixed point with clipping (DESIGN P6, P7, P14, P15).
+
+Word layout of one site's vector (all uint32, arithmetic mod 2**32, two's complement for negatives)::
+
+    [0]            n_i                 the sample count: FedAvg's weight rides *inside* the masked vector (P7)
+    [1]            clipped_i           how many of this site's values were clipped; only the sum is revealed (P14)
+    [2 : 2+m]      w_i * metric_k      optional site metrics, weighted like Θc, revealed only as a weighted mean
+    [2+m : ]       w_i * clip(Θc)      Θc flattened in manifest order, w_i = n_i / max_weight
+
+each real value ``v`` becomes ``round(v * 2**scale_bits)``. The unmasked sum therefore gives
+Σ n_i, Σ clipped_i and Σ w_i·x_i, and the server divides: the sample-size-weighted FedAvg of the paper's
+DSS (Fed-CausalDiff §III-D, "aggregate Θc with sample-size-weighted FedAvg") without any per-site number
+in clear. Only tensors whose manifest part is ``theta_c`` and that are on the allowed list may enter (P15).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .config import SecAggPolicy
+from .errors import EncodingError
+
+HEADER_WORDS = 2
+SHARED_PART = "theta_c"
+
+
+def _entry_fields(entry: Any) -> tuple[str, tuple[int, ...], str]:
+    if isinstance(entry, Mapping):
+        return str(entry["name"]), tuple(int(s) for s in entry["shape"]), str(entry.get("part", SHARED_PART))
+    if isinstance(entry, tuple | list) and len(entry) in (2, 3):
+        part = entry[2] if len(entry) == 3 else SHARED_PART
+        return str(entry[0]), tuple(int(s) for s in entry[1]), str(part)
+    return str(entry.name), tuple(int(s) for s in entry.shape), str(getattr(entry, "part", SHARED_PART))
+
+
+@dataclass(frozen=True)
+class VectorLayout:
+    """Which tensors (names, shapes) and metrics enter the vector, in what order. Built from the manifest."""
+
+    tensors: tuple[tuple[str, tuple[int, ...]], ...]
+    metrics: tuple[str, ...] = ()
+    private_names: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_manifest(
+        cls, manifest: Any, allowed_names: Iterable[str] | None = None, metrics: Iterable[str] = ()
+    ) -> "VectorLayout":
+        """``manifest``: an object with ``entries`` (name, shape, part) or an iterable of such entries.
+
+        Entries of part ``theta_s`` are remembered only so that offering one is refused by name (P15).
+        ``allowed_names`` further restricts the shared tensors; naming a Θs tensor there is refused too.
+        """
+        entries = getattr(manifest, "entries", manifest)
+        if isinstance(entries, Mapping):
+            entries = list(entries.values())
+        shared: list[tuple[str, tuple[int, ...]]] = []
+        private: set[str] = set()
+        for e in entries:
+            name, shape, part = _entry_fields(e)
+            if part == SHARED_PART:
+                shared.append((name, shape))
+            else:
+                private.add(name)
+        if allowed_names is not None:
+            allowed = list(allowed_names)
+            bad = [n for n in allowed if n in private]
+            if bad:
+                raise EncodingError(f"tensor {bad[0]!r} is site-private (theta_s) and may never be aggregated (P15)")
+            known = {n for n, _ in shared}
+            unknown = [n for n in allowed if n not in known]
+            if unknown:
+                raise EncodingError(f"allowed tensor {unknown[0]!r} is not a theta_c entry of the manifest")
+            keep = set(allowed)
+            shared = [(n, s) for n, s in shared if n in keep]
+        if not shared:
+            raise EncodingError("the layout has no theta_c tensor")
+        return cls(tuple(shared), tuple(metrics), frozenset(private))
+
+    @property
+    def n_params(self) -> int:
+        return int(sum(math.prod(s) for _, s in self.tensors))
+
+    @property
+    def offset(self) -> int:
+        return HEADER_WORDS + len(self.metrics)
+
+    @property
+    def length(self) -> int:
+        return self.offset + self.n_params
+
+    @property
+    def digest(self) -> bytes:
+        """SHA-256 of the canonical layout: every party must agree on it before masking."""
+        desc = {"tensors": [[n, list(s)] for n, s in self.tensors], "metrics": list(self.metrics), "v": 1}
+        return hashlib.sha256(json.dumps(desc, separators=(",", ":")).encode()).digest()
+
+    def flatten(self, arrays: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Θc in manifest order as float64; refuses private, unknown, missing, misshapen or non-finite input."""
+        names = {n for n, _ in self.tensors}
+        for name in arrays:
+            if name in self.private_names:
+                raise EncodingError(f"tensor {name!r} is site-private (theta_s) and may never be aggregated (P15)")
+            if name not in names:
+                raise EncodingError(f"tensor {name!r} is not a shared (theta_c) tensor of this layout (P15)")
+        parts = []
+        for name, shape in self.tensors:
+            if name not in arrays:
+                raise EncodingError(f"tensor {name!r} is missing from the update")
+            a = np.asarray(arrays[name])
+            if tuple(a.shape) != shape:
+                raise EncodingError(f"tensor {name!r} has shape {tuple(a.shape)}, the manifest says {shape}")
+            if not np.issubdtype(a.dtype, np.floating):
+                raise EncodingError(f"tensor {name!r} has dtype {a.dtype}, expected a float type")
+            if not np.isfinite(a).all():
+                raise EncodingError(f"tensor {name!r} holds NaN or inf")
+            parts.append(a.reshape(-1).astype(np.float64, copy=False))
+        return np.concatenate(parts)
+
+    def unflatten(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        pos = 0
+        for name, shape in self.tensors:
+            k = math.prod(shape)
+            out[name] = flat[pos : pos + k].reshape(shape).astype(np.float32)
+            pos += k
+        return out
+
+
+def theta_hash(layout: VectorLayout, arrays: Mapping[str, np.ndarray]) -> bytes:
+    """SHA-256 of the global Θc a site received (layout order, float32 bytes); signed in the consistency
+    round so that different models sent to different sites abort the round (P12)."""
+    h = hashlib.sha256(layout.digest)
+    for name, shape in layout.tensors:
+        a = np.ascontiguousarray(np.asarray(arrays[name], dtype=np.float32).reshape(shape))
+        h.update(name.encode() + b"\0" + a.tobytes())
+    return h.digest()
+
+
+def _to_words(q: np.ndarray) -> np.ndarray:
+    # int64 -> uint32 two's complement: the natural wrap of uint32 addition does the modular sum
+    return (q & 0xFFFFFFFF).astype(np.uint32)
+
+
+def _to_signed(words: np.ndarray) -> np.ndarray:
+    v = words.astype(np.int64)
+    v[v >= 1 << 31] -= 1 << 32
+    return v
+
+
+def encode(
+    layout: VectorLayout,
+    policy: SecAggPolicy,
+    arrays: Mapping[str, np.ndarray],
+    n_samples: int,
+    metrics: Mapping[str, float] | None = None,
+) -> np.ndarray:
+    """One site's plaintext vector (uint32, ``layout.length`` words). See the module docstring."""
+    if isinstance(n_samples, bool) or not isinstance(n_samples, int | np.integer):
+        raise EncodingError(f"n_samples must be an integer, got {type(n_samples).__name__}")
+    n = int(n_samples)
+    if not 1 <= n <= policy.max_weight:
+        raise EncodingError(
+            f"n_samples={n} is outside [1, max_weight={policy.max_weight}]; raise [secagg] max_weight in the site config"
+        )
+    metrics = dict(metrics or {})
+    if set(metrics) != set(layout.metrics):
+        raise EncodingError(f"metrics {sorted(metrics)} do not match the layout's {list(layout.metrics)}")
+    flat = layout.flatten(arrays)
+    mvals = np.array([float(metrics[k]) for k in layout.metrics], dtype=np.float64)
+    if not np.isfinite(mvals).all():
+        raise EncodingError("a metric is NaN or inf")
+    values = np.concatenate([mvals, flat])
+    clipped = int(np.count_nonzero(np.abs(values) > policy.clip))
+    w = n / policy.max_weight
+    q = np.rint(np.clip(values, -policy.clip, policy.clip) * (w * policy.scale)).astype(np.int64)
+    out = np.empty(layout.length, dtype=np.uint32)
+    out[0] = n
+    out[1] = clipped
+    out[HEADER_WORDS:] = _to_words(q)
+    return out
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """What the server learns: the weighted means and totals, nothing per site."""
+
+    theta_c: dict[str, np.ndarray]
+    n_total: int
+    n_sites: int
+    clipped_fraction: float
+    metrics: dict[str, float]
+    #: max |decoded − exact weighted mean of the clipped inputs|, per coordinate
+    quantisation_bound: float
+
+
+def decode(layout: VectorLayout, policy: SecAggPolicy, total: np.ndarray, n_sites: int) -> Aggregate:
+    """Turn the unmasked modular sum of ``n_sites`` vectors into the weighted FedAvg."""
+    if total.shape != (layout.length,):
+        raise EncodingError(f"sum has {total.shape} words, layout needs {layout.length}")
+    v = _to_signed(total)
+    n_total = int(v[0])
+    if n_total <= 0:
+        raise EncodingError(f"decoded total weight {n_total} is not positive (wrong masks or overflow)")
+    factor = policy.max_weight / (policy.scale * n_total)
+    vals = v[HEADER_WORDS:].astype(np.float64) * factor
+    m = len(layout.metrics)
+    return Aggregate(
+        theta_c=layout.unflatten(vals[m:]),
+        n_total=n_total,
+        n_sites=n_sites,
+        clipped_fraction=float(v[1]) / float(n_sites * (layout.n_params + m)),
+        metrics={k: float(vals[i]) for i, k in enumerate(layout.metrics)},
+        quantisation_bound=quantisation_bound(policy, n_sites, n_total),
+    )
+
+
+def quantisation_bound(policy: SecAggPolicy, n_sites: int, n_total: int) -> float:
+    """Each site rounds once (error <= 1/2 step); dividing by Σ w_i scales it: n/2 · max_weight / (scale · Σn).
+
+    Plus the float32 rounding of the decoded value (|v| <= clip, relative error 2**-24).
+    """
+    return n_sites * 0.5 * policy.max_weight / (policy.scale * n_total) + policy.clip * 2.0**-23
+
+
+def plaintext_weighted_mean(
+    policy: SecAggPolicy, updates: list[tuple[Mapping[str, np.ndarray], int]]
+) -> dict[str, np.ndarray]:
+    """Reference: Σ n_i clip(x_i) / Σ n_i in float64 (what secure aggregation approximates)."""
+    n_total = sum(n for _, n in updates)
+    out: dict[str, np.ndarray] = {}
+    for name in updates[0][0]:
+        acc = sum(np.clip(np.asarray(u[name], np.float64), -policy.clip, policy.clip) * n for u, n in updates)
+        out[name] = acc / n_total
+    return out

@@ -1,0 +1,56 @@
+"""Pseudorandom masks over uint32 words (Bonawitz et al., CCS 2017 §4, "PRG"; DESIGN P4, P16).
+
+A mask is the AES-128-CTR keystream of a 128-bit key taken straight from HKDF (:mod:`.keys`), read as
+little-endian uint32 words: every word is uniform on Z_{2^32}, with no seed folding, no Mersenne Twister and
+no ``numpy.random`` anywhere on this path. Each key is used for one stream only (the HKDF info binds
+session, round, pair and purpose), so the all-zero nonce is safe.
+
+The keystream is produced in chunks into one reused buffer and added into (or subtracted from) the
+accumulator in place: allocation, not AES, dominates otherwise (research note §5.1).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+CHUNK_WORDS = 1 << 18  # 1 MiB of keystream per step
+_ZERO_NONCE = bytes(16)
+
+
+class MaskStream:
+    """Reusable scratch space for expanding masks. Not thread-safe; one per party."""
+
+    def __init__(self, chunk_words: int = CHUNK_WORDS) -> None:
+        self._zeros = bytes(4 * chunk_words)
+        self._buf = bytearray(4 * chunk_words + 15)  # update_into needs len(data) + block_size - 1
+        self._words = np.frombuffer(self._buf, dtype="<u4", count=chunk_words)
+        self._chunk = chunk_words
+
+    def apply(self, acc: np.ndarray, key: bytes, sign: int = 1) -> None:
+        """acc += sign * PRG(key) (mod 2**32), in place. ``acc`` is a contiguous uint32 vector."""
+        if acc.dtype != np.uint32 or not acc.flags.c_contiguous or acc.ndim != 1:
+            raise TypeError("mask accumulator must be a 1-d contiguous uint32 array")
+        if len(key) != 16:
+            raise ValueError("mask key must be 16 bytes (AES-128)")
+        if sign not in (1, -1):
+            raise ValueError("sign must be +1 or -1")
+        enc = Cipher(algorithms.AES(key), modes.CTR(_ZERO_NONCE)).encryptor()
+        op = np.add if sign == 1 else np.subtract
+        d = acc.shape[0]
+        for start in range(0, d, self._chunk):
+            m = min(self._chunk, d - start)
+            enc.update_into(memoryview(self._zeros)[: 4 * m], self._buf)
+            seg = acc[start : start + m]
+            op(seg, self._words[:m], out=seg)
+
+    def expand(self, key: bytes, length: int) -> np.ndarray:
+        """The mask itself as a fresh uint32 array (tests and known-answer vectors)."""
+        out = np.zeros(length, dtype=np.uint32)
+        self.apply(out, key, 1)
+        return out
+
+
+def pair_sign(me: str, peer: str) -> int:
+    """Δ of Bonawitz et al.: the smaller id adds the pairwise mask, the larger subtracts it."""
+    return 1 if me < peer else -1

@@ -1,0 +1,275 @@
+"""The server's side of the double-masking protocol (Bonawitz et al., CCS 2017 §4, Fig. 6).
+
+:class:`SecAggServer` is a state machine over bytes: :meth:`start` gives the stage-0 requests, the carrier
+delivers each site's reply to :meth:`collect`, and :meth:`advance` closes the stage, fixes the set of
+survivors (U1 ⊇ U2 ⊇ U3 ⊇ U4 ⊇ U5) and returns the next stage's requests. A site that does not answer a
+stage before its deadline, or answers with a malformed message, is a dropout from then on (P8, P17).
+Fewer than ``threshold`` survivors at any stage raise :class:`~.errors.AbortRound`: the round is aborted and
+the global model stays as it was. After the unmask stage :meth:`finish` reconstructs the self-mask seeds of
+the alive sites and the mask keys of the dropped ones and returns the weighted FedAvg (:class:`.encoding.Aggregate`).
+
+A masked vector arriving after the stage closed is refused (P9); even if the server kept it, the honest
+sites have revealed only the *mask key* of a site they consider dropped, never its self-mask seed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+
+from . import keys, shamir
+from .client import self_mask_key
+from .config import SecAggPolicy
+from .encoding import Aggregate, VectorLayout, decode
+from .errors import AbortRound, ProtocolError
+from .masks import MaskStream, pair_sign
+from .messages import (
+    Advertise,
+    Ciphertexts,
+    KeyList,
+    MaskedInput,
+    MsgType,
+    RoundParams,
+    ShareKind,
+    Signed,
+    SiteList,
+    Unmask,
+    UnmaskRequest,
+    advertise_transcript,
+    consistency_transcript,
+    peek_header,
+)
+
+
+def stage_name(stage: "ServerStage") -> str:
+    return stage.value
+
+
+class ServerStage(str, Enum):
+    ADVERTISE_KEYS = "advertise_keys"
+    SHARE_KEYS = "share_keys"
+    MASKED_INPUT = "masked_input"
+    CONSISTENCY = "consistency"
+    UNMASK = "unmask"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+
+_EXPECT = {
+    ServerStage.ADVERTISE_KEYS: MsgType.ADVERTISE,
+    ServerStage.SHARE_KEYS: MsgType.SHARE_KEYS,
+    ServerStage.MASKED_INPUT: MsgType.MASKED_INPUT,
+    ServerStage.CONSISTENCY: MsgType.CONSISTENCY,
+    ServerStage.UNMASK: MsgType.UNMASK,
+}
+_NEXT = {
+    ServerStage.ADVERTISE_KEYS: ServerStage.SHARE_KEYS,
+    ServerStage.SHARE_KEYS: ServerStage.MASKED_INPUT,
+    ServerStage.MASKED_INPUT: ServerStage.CONSISTENCY,
+    ServerStage.CONSISTENCY: ServerStage.UNMASK,
+}
+
+
+@dataclass
+class RoundReport:
+    """Who took part in which stage; ``failures`` maps a site to why it was dropped."""
+
+    selected: tuple[str, ...]
+    survivors: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
+
+
+class SecAggServer:
+    """One secure-aggregation round on the server. ``selected`` is U0; ``roster`` (site -> Ed25519 public
+    key) lets the server drop a site with a bad signature early; sites check signatures themselves anyway."""
+
+    def __init__(
+        self,
+        policy: SecAggPolicy,
+        layout: VectorLayout,
+        selected: list[str] | tuple[str, ...],
+        round_id: int,
+        session_id: bytes | None = None,
+        threshold: int | None = None,
+        roster: Mapping[str, bytes] | None = None,
+    ) -> None:
+        sel = tuple(sorted(selected))
+        if len(set(sel)) != len(sel):
+            raise ValueError("selected sites must be distinct")
+        n = len(sel)
+        t = policy.min_threshold(n) if threshold is None else threshold
+        # the server refuses to even propose what the sites would refuse (same checks, earlier and clearer)
+        policy.check_round(n_sites=n, threshold=t, modulus_bits=policy.modulus_bits, clip=policy.clip,
+                           scale_bits=policy.scale_bits, max_weight=policy.max_weight)
+        self.policy = policy
+        self.layout = layout
+        self.roster = dict(roster) if roster is not None else None
+        self.params = RoundParams(
+            session_id=session_id if session_id is not None else os.urandom(16),
+            round_id=round_id,
+            selected=sel,
+            threshold=t,
+            modulus_bits=policy.modulus_bits,
+            clip=policy.clip,
+            scale_bits=policy.scale_bits,
+            max_weight=policy.max_weight,
+            layout_digest=layout.digest,
+            vector_len=layout.length,
+        )
+        self._digest = self.params.digest
+        self.stage = ServerStage.ADVERTISE_KEYS
+        self.report = RoundReport(sel)
+        self._alive: tuple[str, ...] = sel  # sites expected to answer the current stage
+        self._inbox: dict[str, object] = {}
+        self._adverts: dict[str, Advertise] = {}
+        self._cts: dict[str, dict[str, bytes]] = {}  # sender -> receiver -> ciphertext
+        self._u2: tuple[str, ...] = ()
+        self._u3: tuple[str, ...] = ()
+        self._sum: np.ndarray | None = None
+        self._sigs: dict[str, bytes] = {}
+        self._unmask: dict[str, Unmask] = {}
+
+    @property
+    def threshold(self) -> int:
+        return self.params.threshold
+
+    @property
+    def expected(self) -> tuple[str, ...]:
+        """Sites that are asked in the current stage."""
+        return self._alive
+
+    def start(self) -> dict[str, bytes]:
+        req = self.params.to_bytes()
+        return {s: req for s in self.params.selected}
+
+    # -- receiving ----------------------------------------------------------------------------------------------
+    def collect(self, site_id: str, data: bytes) -> None:
+        """Take one site's reply for the current stage. A bad reply makes the site a dropout and raises
+        :class:`ProtocolError`; a reply for a closed stage (a late vector, P9) is refused the same way."""
+        try:
+            self._collect(site_id, data)
+        except ProtocolError as exc:
+            self._drop(site_id, str(exc))
+            raise
+
+    def _collect(self, site_id: str, data: bytes) -> None:
+        if self.stage not in _EXPECT:
+            raise ProtocolError(f"round is {self.stage.value}; reply from {site_id!r} refused")
+        h = peek_header(data)
+        if h.session_id != self.params.session_id or h.round_id != self.params.round_id:
+            raise ProtocolError(f"reply from {site_id!r} belongs to another session or round (replay, P5)")
+        if h.type != _EXPECT[self.stage]:
+            raise ProtocolError(f"reply from {site_id!r} is {h.type.name} but the stage is {self.stage.value} (late? P9)")
+        if site_id not in self._alive:
+            raise ProtocolError(f"{site_id!r} is not expected in stage {self.stage.value}")
+        if site_id in self._inbox:
+            raise ProtocolError(f"second reply from {site_id!r} in stage {self.stage.value}")
+        if self.stage is ServerStage.ADVERTISE_KEYS:
+            msg: object = Advertise.parse(data)
+            assert isinstance(msg, Advertise)
+            if self.roster is not None:
+                tr = advertise_transcript(h.session_id, h.round_id, site_id, msg.c_pk, msg.s_pk, self._digest)
+                if site_id not in self.roster or not keys.verify(self.roster[site_id], msg.signature, tr):
+                    raise ProtocolError(f"advertised keys of {site_id!r} do not verify against the roster")
+        elif self.stage is ServerStage.SHARE_KEYS:
+            msg = Ciphertexts.parse(data, MsgType.SHARE_KEYS)
+            assert isinstance(msg, Ciphertexts)
+            others = set(self._alive) - {site_id}
+            if {p for p, _ in msg.items} != others:
+                raise ProtocolError(f"{site_id!r} did not send exactly one share to every other site")
+        elif self.stage is ServerStage.MASKED_INPUT:
+            msg = MaskedInput.parse(data, expect_len=self.layout.length)
+        elif self.stage is ServerStage.CONSISTENCY:
+            msg = Signed.parse(data)
+        else:
+            msg = Unmask.parse(data)
+        if getattr(msg, "site_id") != site_id:
+            raise ProtocolError(f"reply from {site_id!r} claims to come from {getattr(msg, 'site_id')!r}")
+        self._inbox[site_id] = msg
+
+    def _drop(self, site_id: str, why: str) -> None:
+        self.report.failures.setdefault(site_id, why)
+
+    # -- closing a stage ------------------------------------------------------------------------------------------
+    def advance(self) -> dict[str, bytes]:
+        """Close the current stage; return the next stage's request per surviving site (empty after unmask)."""
+        if self.stage not in _EXPECT:
+            raise ProtocolError(f"round is already {self.stage.value}")
+        got = tuple(s for s in self._alive if s in self._inbox)
+        for s in self._alive:
+            if s not in self._inbox:
+                self._drop(s, f"no reply in stage {self.stage.value} (late or gone)")
+        self.report.survivors[self.stage.value] = got
+        if len(got) < self.threshold:
+            self.stage = ServerStage.ABORTED
+            raise AbortRound(f"only {len(got)} sites answered stage {stage_name(self.stage)}; threshold is {self.threshold}")
+        inbox, self._inbox = self._inbox, {}
+        stage = self.stage
+        self._alive = got
+        p = self.params
+        if stage is ServerStage.ADVERTISE_KEYS:
+            self._adverts = {s: inbox[s] for s in got}  # type: ignore[misc]
+            req = KeyList(p.session_id, p.round_id, tuple(self._adverts[s] for s in got)).to_bytes()
+            out = {s: req for s in got}
+        elif stage is ServerStage.SHARE_KEYS:
+            self._u2 = got
+            self._cts = {s: dict(inbox[s].items) for s in got}  # type: ignore[attr-defined]
+            out = {
+                v: Ciphertexts(MsgType.SHARES_RELAY, p.session_id, p.round_id, v,
+                               tuple((u, self._cts[u][v]) for u in got if u != v)).to_bytes()
+                for v in got
+            }
+        elif stage is ServerStage.MASKED_INPUT:
+            self._u3 = got
+            total = np.zeros(self.layout.length, dtype=np.uint32)
+            for s in got:
+                np.add(total, inbox[s].vector, out=total)  # type: ignore[attr-defined]
+            self._sum = total
+            req = SiteList(p.session_id, p.round_id, got).to_bytes()
+            out = {s: req for s in got}
+        elif stage is ServerStage.CONSISTENCY:
+            self._sigs = {s: inbox[s].signature for s in got}  # type: ignore[attr-defined]
+            dropped = tuple(s for s in self._u2 if s not in self._u3)
+            req = UnmaskRequest(p.session_id, p.round_id, self._u3, dropped, tuple(self._sigs.items())).to_bytes()
+            out = {s: req for s in got}
+        else:
+            self._unmask = {s: inbox[s] for s in got}  # type: ignore[misc]
+            out = {}
+        self.stage = _NEXT.get(stage, ServerStage.FINISHED)
+        return out
+
+    # -- result ---------------------------------------------------------------------------------------------------
+    def finish(self) -> Aggregate:
+        """Remove every mask and decode; raises :class:`AbortRound` if reconstruction is impossible."""
+        if self.stage is not ServerStage.FINISHED or self._sum is None:
+            raise ProtocolError(f"finish() needs a completed unmask stage, round is {self.stage.value}")
+        p = self.params
+        index = {s: i + 1 for i, s in enumerate(p.selected)}
+        dropped = [s for s in self._u2 if s not in self._u3]
+        b_shares: dict[str, list[tuple[int, bytes]]] = {s: [] for s in self._u3}
+        s_shares: dict[str, list[tuple[int, bytes]]] = {s: [] for s in dropped}
+        for responder, msg in self._unmask.items():
+            for owner, kind, share in msg.shares:
+                if kind is ShareKind.SELF_MASK_SEED and owner in b_shares:
+                    b_shares[owner].append((index[responder], share))
+                elif kind is ShareKind.MASK_KEY and owner in s_shares:
+                    s_shares[owner].append((index[responder], share))
+        total = self._sum.copy()
+        stream = MaskStream()
+        for u in self._u3:
+            b = shamir.combine(b_shares[u], p.threshold)
+            stream.apply(total, self_mask_key(b, p.session_id, p.round_id, u), -1)
+        for v in dropped:
+            s_sk = shamir.combine(s_shares[v], p.threshold)
+            if keys.x25519_public(s_sk) != self._adverts[v].s_pk:
+                self.stage = ServerStage.ABORTED
+                raise AbortRound(f"reconstructed mask key of {v!r} does not match its advertised key (bad shares)")
+            for u in self._u3:
+                secret = keys.x25519_agree(s_sk, self._adverts[u].s_pk)
+                # u added pair_sign(u, v)·PRG(s_uv); take it away
+                stream.apply(total, keys.pair_key(secret, p.session_id, p.round_id, u, v, "mask"), -pair_sign(u, v))
+        return decode(self.layout, self.policy, total, len(self._u3))
