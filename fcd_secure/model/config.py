@@ -1,0 +1,126 @@
+"""``ModelConfig``: every knob of the Fed-CausalDiff network and its local objective (paper §III-B, §III-C).
+
+One pydantic model so that a run's TOML/YAML section validates with field names in the error, and so that an
+ablation is a config diff (switch a loss off, change the transition kind) rather than a code path.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class ModelConfig(BaseModel):
+    """Dimensions, diffusion schedule, loss weights and switches of Fed-CausalDiff.
+
+    Loss weights follow the paper's local objective (§III-C)::
+
+        L = L_recon + λ_diff·L_diff + λ1·L_align + λ2·L_dis + λ3·L_cf
+
+    and each term has a ``use_*`` switch for ablations (w/o L_dis, w/o L_cf, ...).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # -- dimensions --------------------------------------------------------------------------------------
+    k_causal: int = Field(8, ge=1, description="dim of K^(c), the shared causal latent")
+    k_site: int = Field(4, ge=1, description="dim of K^(s), the site-local confounding latent")
+    hidden: int = Field(64, ge=2, description="GRU trunk width")
+    action_emb: int = Field(8, ge=1, description="embedding size of the categorical action T_t")
+    mlp_hidden: int = Field(64, ge=2, description="width of the ε-nets, decoder and heads")
+    time_emb: int = Field(16, ge=2, description="sinusoidal embedding size of the diffusion step n")
+
+    outcome: Literal["binary", "gaussian"] = Field("binary", description="Bernoulli logits or Gaussian mean for Y_t")
+
+    # -- Phase B: transition -----------------------------------------------------------------------------
+    transition: Literal["diffusion", "deterministic"] = Field(
+        "diffusion",
+        description="'diffusion' is Fed-CausalDiff (eq. 1); 'deterministic' is the GRU g-formula baseline",
+    )
+    diffusion_steps: int = Field(50, ge=2, description="N, number of forward-noising steps")
+    schedule: Literal["linear", "cosine"] = "cosine"
+    beta_start: float = Field(1e-4, gt=0, lt=1)
+    beta_end: float = Field(0.02, gt=0, lt=1)
+    diff_samples: int = Field(2, ge=1, description="diffusion steps n drawn per (patient, t); kept as a [B, L, K, F] axis")
+
+    # -- loss weights and switches -----------------------------------------------------------------------
+    lambda_diff: float = Field(1.0, ge=0)
+    lambda_align: float = Field(0.05, ge=0, description="λ1")
+    lambda_dis: float = Field(0.1, ge=0, description="λ2")
+    lambda_cf: float = Field(1.0, ge=0, description="λ3")
+    use_recon: bool = True
+    use_diff: bool = True
+    use_align: bool = True
+    use_dis: bool = True
+    use_cf: bool = True
+
+    cf_horizon: int = Field(3, ge=1, description="rollout length R of L_cf")
+    cf_sampler_steps: int = Field(2, ge=1, description="DDIM steps per transition inside L_cf (differentiable)")
+    align_bandwidth: float = Field(1.0, gt=0, description="RBF bandwidth of the MMD in L_align")
+    align_max_points: int = Field(256, ge=4, description="valid steps subsampled per batch for the batch MMD")
+    dis_parallel_target: Literal["action", "site"] = Field(
+        "action",
+        description=(
+            "what the parallel head on K^(s) predicts: the logged action (the site's behaviour policy, the nuisance a "
+            "site can see alone) or the site label (only informative when several sites train together)"
+        ),
+    )
+    grl_scale: float = Field(1.0, ge=0, description="gradient-reversal factor in front of the shared site discriminator")
+
+    # -- optimisation ------------------------------------------------------------------------------------
+    lr: float = Field(2e-3, gt=0)
+    batch_size: int = Field(64, ge=1)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float | None = Field(1.0, gt=0, description="global-norm clip outside DP (DP clips per sample)")
+    seed: int = Field(0, description="parameter-initialisation seed (every site builds the same initial Θc)")
+
+    # -- DP-SGD ------------------------------------------------------------------------------------------
+    dp_mode: bool = Field(
+        False, description="train under per-sample DP-SGD: batch-coupled terms are off or replaced (DESIGN trap 4)"
+    )
+    align_under_dp: Literal["off", "reference"] = Field(
+        "off",
+        description="under dp_mode: drop L_align, or use a per-sample kernel distance to a fixed data-free reference",
+    )
+
+    # -- do-simulation -----------------------------------------------------------------------------------
+    sampler: Literal["ddpm", "ddim"] = Field("ddim", description="sampler used by do-simulation")
+    sampler_steps: int = Field(10, ge=1, description="DDIM steps (DDPM always uses all N)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "ModelConfig":
+        if self.schedule == "linear" and self.beta_end <= self.beta_start:
+            raise ValueError(f"beta_end ({self.beta_end}) must exceed beta_start ({self.beta_start})")
+        if self.sampler_steps > self.diffusion_steps:
+            raise ValueError(f"sampler_steps ({self.sampler_steps}) > diffusion_steps ({self.diffusion_steps})")
+        if self.cf_sampler_steps > self.diffusion_steps:
+            raise ValueError(f"cf_sampler_steps ({self.cf_sampler_steps}) > diffusion_steps ({self.diffusion_steps})")
+        return self
+
+    # -- what the privacy report reads -------------------------------------------------------------------
+    @property
+    def k(self) -> int:
+        return self.k_causal + self.k_site
+
+    @property
+    def align_form(self) -> Literal["batch_mmd", "reference", "off"]:
+        """How L_align is computed in this configuration.
+
+        ``batch_mmd`` couples samples of a batch and is therefore never used under DP-SGD: one record would move
+        every other record's clipped gradient (dp-anchors §2). Under ``dp_mode`` it is ``off`` or ``reference``.
+        """
+        if not self.use_align or self.lambda_align == 0:
+            return "off"
+        if self.dp_mode:
+            return self.align_under_dp
+        return "batch_mmd"
+
+    @property
+    def batch_coupled_terms(self) -> list[str]:
+        """Loss terms whose per-sample gradient depends on other samples (empty means DP-SGD-safe)."""
+        return ["align"] if self.align_form == "batch_mmd" else []
+
+    @property
+    def per_sample_safe(self) -> bool:
+        return not self.batch_coupled_terms

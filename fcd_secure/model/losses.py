@@ -1,0 +1,191 @@
+"""The terms of the Fed-CausalDiff local objective (paper §III-C)::
+
+    L = L_recon + λ_diff·L_diff + λ1·L_align + λ2·L_dis + λ3·L_cf
+
+Every per-sample term returns a vector ``[B]``: the masked mean over that trajectory's valid steps. Nothing is
+reduced across the batch here except in the batch MMD, which is the only batch-coupled term and is never used
+under DP-SGD (``ModelConfig.align_form``; dp-anchors §2). Per-sample randomness (diffusion steps, noise) is drawn
+per row inside these functions, which is what Opacus' per-sample clipping needs (dp-anchors §1.2).
+
+``batch`` is the tuple the loaders yield: ``(X[B,dx], A[B,L,da], T[B,L], Y[B,L], M[B,L], site[B])``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from fcd_secure.model.config import ModelConfig
+from fcd_secure.model.networks import FedCausalDiff
+
+Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def masked_mean(v: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """Per-row mean of ``v`` over steps where ``m`` = 1 (rows with no such step give 0). Shapes [B, L] → [B]."""
+    return (v * m).sum(1) / m.sum(1).clamp(min=1.0)
+
+
+def outcome_nll(model: FedCausalDiff, K: torch.Tensor, A: torch.Tensor, T: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
+    """−log P_φ(Y_t | K_t, A_t, T_t) per step: Bernoulli(logit) or N(mean, σ²) with learned log σ."""
+    out = model.decode(K, A, T)
+    if model.cfg.outcome == "binary":
+        return F.binary_cross_entropy_with_logits(out[..., 0], Y, reduction="none")
+    mean, log_sigma = out[..., 0], out[..., 1].clamp(-5.0, 5.0)
+    return 0.5 * ((Y - mean) * torch.exp(-log_sigma)) ** 2 + log_sigma
+
+
+def l_recon(model: FedCausalDiff, K: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """L_recon = E_t[−log P_φ(Y_t | K_t, A_t, T_t)] over valid steps (Phase A + C, "trajectory reconstruction").
+
+    Our reading: the encoder's K_t (history before T_t) must let the decoder reproduce the factual outcome; the
+    next-step inputs are not reconstructed separately (K_{t+1} is the diffusion's target, which covers it).
+    """
+    _, A, T, Y, M, _ = batch
+    return masked_mean(outcome_nll(model, K, A, T, Y), M)
+
+
+def l_diff(model: FedCausalDiff, K: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """L_diff = E_{t,n,ε} ‖ε − (ε_c(K^(n)_{t+1}, n, K_t, A_t, T_t) + ε_s(K^(n)_{t+1}, n, K_t, A_t))‖² (eq. 1).
+
+    Over pairs (t, t+1) that are both valid; ``cfg.diff_samples`` diffusion steps n per pair, kept as an extra
+    axis ``[B, L−1, S, k]`` (never folded into the batch axis, which would make Opacus count each copy as a person,
+    dp-anchors §1.3). Target and condition are the encoder's K, detached: the score networks follow the encoder
+    (latent-diffusion convention) instead of pulling it toward an easy-to-denoise collapse.
+
+    For the deterministic g-formula baseline the same slot holds ‖K_{t+1} − f(K_t, A_t, T_t)‖².
+    """
+    _, A, T, _, M, _ = batch
+    cfg = model.cfg
+    B, L, k = K.shape
+    if L < 2:
+        return K.sum((1, 2)) * 0.0
+    pair = M[:, :-1] * M[:, 1:]
+    Kt, Kn = K[:, :-1].detach(), K[:, 1:].detach()
+    if cfg.transition == "deterministic":
+        pred = model.transition(Kt, A[:, :-1], T[:, :-1])
+        return masked_mean(((pred - Kn) ** 2).mean(-1), pair)
+    S = cfg.diff_samples
+    shp = (B, L - 1, S)
+    n = torch.randint(0, cfg.diffusion_steps, shp)
+    eps = torch.randn(*shp, k)
+    x_n = model.schedule.q_sample(Kn.unsqueeze(2).expand(*shp, k), n, eps)
+    pred = model.eps(
+        x_n,
+        n,
+        Kt.unsqueeze(2).expand(*shp, k),
+        A[:, :-1].unsqueeze(2).expand(*shp, A.shape[-1]),
+        T[:, :-1].unsqueeze(2).expand(*shp),
+    )
+    return masked_mean(((pred - eps) ** 2).mean((-1, -2)), pair)
+
+
+def _rbf(a: torch.Tensor, b: torch.Tensor, bw: float) -> torch.Tensor:
+    return torch.exp(-torch.cdist(a, b) ** 2 / (2 * bw * bw))
+
+
+def mmd2(a: torch.Tensor, b: torch.Tensor, bw: float) -> torch.Tensor:
+    """Biased (V-statistic) squared MMD with an RBF kernel."""
+    return _rbf(a, a, bw).mean() + _rbf(b, b, bw).mean() - 2 * _rbf(a, b, bw).mean()
+
+
+def reference_points(k: int, n: int = 64, seed: int = 1234) -> torch.Tensor:
+    """A fixed, data-free reference set for the DP form of L_align (drawn from N(0, 0.5²) and clipped to the tanh box)."""
+    g = torch.Generator().manual_seed(seed)
+    return (0.5 * torch.randn(n, k, generator=g)).clamp(-0.99, 0.99)
+
+
+def l_align_batch(model: FedCausalDiff, Kc: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """L_align (batch form) = Σ_a w_a · MMD²({K^(c)_t : T_t = a}, {K^(c)_t : T_t ≠ a}), a scalar.
+
+    Our reading of "MMD between factual and interventional representation distributions": the representation
+    K^(c)_t, formed before the decision, should look the same in the steps that received action a and in those that
+    did not (balancing, as CRN does adversarially), so that the shared transition and decoder extrapolate to
+    interventions. w_a is a's share of the subsampled valid steps (``cfg.align_max_points`` of them). This term
+    COUPLES SAMPLES and must not be used under DP-SGD.
+    """
+    _, _, T, _, M, _ = batch
+    cfg = model.cfg
+    idx = torch.nonzero(M.reshape(-1) > 0).squeeze(1)
+    if idx.numel() < 4:
+        return Kc.sum() * 0.0
+    if idx.numel() > cfg.align_max_points:
+        idx = idx[torch.randperm(idx.numel())[: cfg.align_max_points]]
+    pts = Kc.reshape(-1, Kc.shape[-1])[idx]
+    acts = T.reshape(-1)[idx]
+    total = Kc.sum() * 0.0
+    for a in torch.unique(acts).tolist():
+        sel = acts == a
+        n_a = int(sel.sum())
+        if n_a < 2 or n_a > idx.numel() - 2:
+            continue
+        total = total + (n_a / idx.numel()) * mmd2(pts[sel], pts[~sel], cfg.align_bandwidth)
+    return total
+
+
+def l_align_reference(model: FedCausalDiff, Kc: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """L_align (DP form), per sample: E_t[k(K^(c)_t, K^(c)_t) − (2/|R|) Σ_r k(K^(c)_t, r)] against a fixed set R.
+
+    The per-sample half of MMD²(P_Kc, R): every group (treated or not) is pulled toward the same data-free
+    reference, an indirect alignment whose gradient for one record depends on that record only.
+    """
+    _, _, _, _, M, _ = batch
+    cfg = model.cfg
+    R = reference_points(Kc.shape[-1])
+    k_ref = torch.exp(-((Kc.unsqueeze(-2) - R) ** 2).sum(-1) / (2 * cfg.align_bandwidth**2)).mean(-1)
+    return masked_mean(1.0 - 2.0 * k_ref, M)
+
+
+def l_dis(model: FedCausalDiff, Kc: torch.Tensor, Ks: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """L_dis = CE(D_c(GRL(K^(c)_t)), site) + CE(D_s(K^(s)_t), target), per sample.
+
+    * D_c is the site discriminator in Θc behind the gradient-reversal layer: D_c learns to tell sites apart and
+      the reversed gradient pushes K^(c) to hide the site. It MUST be shared (DESIGN trap 2): a site only ever sees
+      its own label, so a site-local classifier would learn a constant and give K^(c) no signal; aggregated over
+      sites by DSS it becomes a multi-site classifier.
+    * D_s is the parallel head on K^(s) (Θs, no reversal): it makes K^(s) carry the nuisance. By default it
+      predicts the logged action T_t — the site's behaviour policy, which the hidden site-local confounder drives
+      and which a site can learn alone; ``dis_parallel_target='site'`` predicts the site label instead (useful only
+      when sites are pooled, for the same reason as above).
+    """
+    _, _, T, _, M, site = batch
+    cfg = model.cfg
+    B, L = T.shape
+    site_t = site.view(B, 1).expand(B, L)
+    ce_c = F.cross_entropy(model.site_logits(Kc).transpose(1, 2), site_t, reduction="none")
+    target = T if cfg.dis_parallel_target == "action" else site_t
+    ce_s = F.cross_entropy(model.parallel_logits(Ks).transpose(1, 2), target, reduction="none")
+    return masked_mean(ce_c + ce_s, M)
+
+
+def l_cf(model: FedCausalDiff, K: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """L_cf = E_t (1/R) Σ_{r=1..R} −log P_φ(Y_{t+r} | K̂_{t+r}, A_{t+r}, T_{t+r}), K̂_t = K_t,
+    K̂_{t+r} = transition(K̂_{t+r−1}, A_{t+r−1}, do(T_{t+r−1} = logged)).
+
+    DESIGN trap 3's reading of counterfactual consistency: when the simulated actions equal the logged ones, a
+    multi-step rollout of the transition (not the encoder) must reproduce the logged outcomes — Y(a) = Y when
+    a = the factual action. (The paper's literal wording is trivially zero for a left-to-right encoder.) The rollout
+    uses the differentiable DDIM sampler with ``cfg.cf_sampler_steps`` steps, so gradients reach ε_c, ε_s, the
+    decoder and the encoder's starting K_t. All start steps t run in parallel on the [B, L, k] grid.
+    """
+    _, A, T, Y, M, _ = batch
+    cfg = model.cfg
+    B, L, k = K.shape
+    R = cfg.cf_horizon
+    if L < 2:
+        return K.sum((1, 2)) * 0.0
+    Lp = L - 1  # start steps t = 0 .. L-2
+
+    def pad(x: torch.Tensor) -> torch.Tensor:
+        z = torch.zeros((B, R) + tuple(x.shape[2:]), dtype=x.dtype)
+        return torch.cat([x, z], 1)
+
+    Ap, Tp, Yp, Mp = pad(A), pad(T), pad(Y), pad(M)
+    Kh = K[:, :Lp]
+    total = torch.zeros(B)
+    for r in range(1, R + 1):
+        Kh = model.transition(Kh, Ap[:, r - 1 : r - 1 + Lp], Tp[:, r - 1 : r - 1 + Lp], sampler="ddim", steps=cfg.cf_sampler_steps)
+        m = Mp[:, r : r + Lp] * M[:, :Lp]
+        nll = outcome_nll(model, Kh, Ap[:, r : r + Lp], Tp[:, r : r + Lp], Yp[:, r : r + Lp])
+        total = total + masked_mean(nll, m)
+    return total / R

@@ -1,0 +1,191 @@
+"""The Fed-CausalDiff network: Phase A encoder, Phase B score networks, Phase C decoder, and the L_dis heads
+(paper §III-A/B, Fig. 1; DESIGN.md "The method" and traps 1–2).
+
+Parameter names (state_dict names) are the identity the whole system uses: the manifest, DSS, secure aggregation,
+the egress gate and the audit all key on them. They must not depend on the process, the DP mode or the dataset
+beyond its dims, hence:
+
+* the trunk is always ``opacus.layers.DPGRU`` (its parameter names equal ``nn.GRU``'s, and it runs under Opacus'
+  per-sample hooks without a module swap that would rename things);
+* padding is handled with the mask M, never with ``pack_padded_sequence`` (``enforce_sorted=False`` misaligns
+  Opacus' per-sample rows, dp-anchors §1.5). The GRU is causal and valid steps form a prefix, so outputs at
+  valid steps never see padding.
+
+Module → partition (``manifest.py`` reads :data:`THETA_S_MODULES`):
+
+=================  ========  ==================================================================================
+module             part      role
+=================  ========  ==================================================================================
+action_emb         Θc        embedding of T (used by encoder input, ε_c and decoder)
+trunk              Θc        DPGRU over (X, A_t, T_{t-1}, Y_{t-1}) — shared so K^(c) has one coordinate system
+head_c             Θc        h_t → K^(c)_t
+head_s             Θs        h_t → K^(s)_t (site-local confounding latent)
+eps_c              Θc        ε_c(K^(n)_{t+1}, n, K_t, A_t, T_t)
+eps_s              Θs        ε_s(K^(n)_{t+1}, n, K_t, A_t)  — no T_t: confounding is not an effect of the action
+decoder            Θc        P_φ(Y_t | K_t, A_t, T_t)
+site_disc          Θc        site classifier behind the gradient-reversal layer on K^(c) (shared: trap 2)
+parallel_head      Θs        the parallel head on K^(s) (L_dis)
+=================  ========  ==================================================================================
+"""
+
+from __future__ import annotations
+
+import torch
+from opacus.layers import DPGRU
+from torch import nn
+
+from fcd_secure.model.config import ModelConfig
+from fcd_secure.model.samplers import ddim_sample, ddpm_sample
+from fcd_secure.model.schedule import NoiseSchedule, timestep_embedding
+
+#: Top-level modules whose parameters are site-local (Θs). Everything else is Θc.
+THETA_S_MODULES: tuple[str, ...] = ("head_s", "eps_s", "parallel_head")
+
+
+def mlp(d_in: int, d_out: int, hidden: int, depth: int = 2) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    d = d_in
+    for _ in range(depth):
+        layers += [nn.Linear(d, hidden), nn.SiLU()]
+        d = hidden
+    layers.append(nn.Linear(d, d_out))
+    return nn.Sequential(*layers)
+
+
+class _GradReverse(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scale: float) -> torch.Tensor:  # type: ignore[override]
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):  # type: ignore[override]
+        return -ctx.scale * g, None
+
+
+def grad_reverse(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """Identity forward, −scale·grad backward (Ganin & Lempitsky 2015). Parameter-free, per-sample safe."""
+    return _GradReverse.apply(x, scale)
+
+
+class FedCausalDiff(nn.Module):
+    """Fed-CausalDiff: K_t = [K^(c)_t, K^(s)_t]; K_{t+1} ~ p_Θ(·|K_t, A_t, do(T_t)); Y_t ~ P_φ(·|K_t, A_t, T_t).
+
+    Build with :meth:`from_dims`. The methods below are the pieces the losses and the simulator compose; they
+    call sub-modules directly so that Opacus' per-sample hooks (registered on the leaf layers) see every use.
+    """
+
+    def __init__(self, cfg: ModelConfig, dx: int, da: int, n_actions: int, n_sites: int) -> None:
+        super().__init__()
+        if min(dx, da) < 0 or n_actions < 1 or n_sites < 1:
+            raise ValueError(f"bad dims dx={dx} da={da} n_actions={n_actions} n_sites={n_sites}")
+        self.cfg = cfg
+        self.dx, self.da, self.n_actions, self.n_sites = dx, da, n_actions, n_sites
+        k, kc, ks, H, E = cfg.k, cfg.k_causal, cfg.k_site, cfg.mlp_hidden, cfg.action_emb
+        # index n_actions is the "no previous action" token at t = 0
+        self.action_emb = nn.Embedding(n_actions + 1, E)
+        self.trunk = DPGRU(dx + da + E + 2, cfg.hidden, batch_first=True)
+        self.head_c = nn.Linear(cfg.hidden, kc)
+        self.head_s = mlp(cfg.hidden, ks, H, depth=1)
+        temb = cfg.time_emb if cfg.transition == "diffusion" else 0
+        self.eps_c = mlp(k + temb + k + da + E, k, H)
+        self.eps_s = mlp(k + temb + k + da, k, H)
+        self.decoder = mlp(k + da + E, 2 if cfg.outcome == "gaussian" else 1, H)
+        self.site_disc = mlp(kc, n_sites, H, depth=1)
+        n_par = n_actions if cfg.dis_parallel_target == "action" else n_sites
+        self.parallel_head = mlp(ks, n_par, H, depth=1)
+        self.schedule = NoiseSchedule.from_config(cfg)
+
+    @classmethod
+    def from_dims(cls, cfg: ModelConfig, dx: int, da: int, n_actions: int, n_sites: int) -> "FedCausalDiff":
+        """Build with parameters initialised from ``cfg.seed`` (same seed → same initial Θc at every site)."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed)
+            return cls(cfg, dx, da, n_actions, n_sites)
+
+    @property
+    def dims(self) -> dict[str, int]:
+        return {"dx": self.dx, "da": self.da, "n_actions": self.n_actions, "n_sites": self.n_sites}
+
+    # -- Phase A ---------------------------------------------------------------------------------------------
+    def encoder_inputs(self, X: torch.Tensor, A: torch.Tensor, T: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
+        """Step-t input: [X, A_t, emb(T_{t−1}), Y_{t−1}, 1{t=0}] so that K_t summarises history before T_t, Y_t."""
+        B, L = T.shape
+        prev_t = torch.cat([torch.full((B, 1), self.n_actions, dtype=torch.long, device=T.device), T[:, :-1]], 1)
+        prev_y = torch.cat([torch.zeros(B, 1, device=Y.device), Y[:, :-1]], 1)
+        first = torch.zeros(B, L, device=Y.device)
+        first[:, 0] = 1.0
+        return torch.cat(
+            [X.unsqueeze(1).expand(B, L, X.shape[-1]), A, self.action_emb(prev_t), prev_y.unsqueeze(-1), first.unsqueeze(-1)],
+            dim=-1,
+        )
+
+    def encode(self, X: torch.Tensor, A: torch.Tensor, T: torch.Tensor, Y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(K^(c), K^(s)), each [B, L, ·] in (−1, 1). K_t depends on (X, A_≤t, T_<t, Y_<t) only."""
+        h, _ = self.trunk(self.encoder_inputs(X, A, T, Y))
+        return torch.tanh(self.head_c(h)), torch.tanh(self.head_s(h))
+
+    # -- Phase B ---------------------------------------------------------------------------------------------
+    def eps(self, x_n: torch.Tensor, n: torch.Tensor, K: torch.Tensor, A: torch.Tensor, T: torch.Tensor) -> torch.Tensor:
+        """ε_c(K^(n)_{t+1}, n, K_t, A_t, T_t; Θc) + ε_s(K^(n)_{t+1}, n, K_t, A_t; Θs) — the summed score of eq. (1).
+
+        For ``transition='deterministic'`` (g-formula baseline) the same nets, without x_n's noise or n, output
+        K_{t+1} directly.
+        """
+        parts = [x_n]
+        if self.cfg.transition == "diffusion":
+            parts.append(timestep_embedding(n, self.cfg.time_emb, self.cfg.diffusion_steps))
+        common = torch.cat(parts + [K, A], dim=-1)
+        return self.eps_c(torch.cat([common, self.action_emb(T)], -1)) + self.eps_s(common)
+
+    def transition(
+        self,
+        K: torch.Tensor,
+        A: torch.Tensor,
+        T: torch.Tensor,
+        sampler: str | None = None,
+        steps: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Draw K_{t+1} ~ p_Θ(·|K_t, A_t, do(T_t)) by running a reverse sampler (or the deterministic map)."""
+        if self.cfg.transition == "deterministic":
+            return torch.tanh(self.eps(torch.zeros_like(K), torch.zeros(K.shape[:-1], dtype=torch.long), K, A, T))
+        sampler = sampler or self.cfg.sampler
+        steps = steps or self.cfg.sampler_steps
+
+        def eps_fn(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+            return self.eps(x, n, K, A, T)
+
+        if sampler == "ddpm":
+            return ddpm_sample(eps_fn, self.schedule, tuple(K.shape), generator)
+        if sampler == "ddim":
+            return ddim_sample(eps_fn, self.schedule, tuple(K.shape), steps, generator)
+        raise ValueError(f"unknown sampler {sampler!r}; expected 'ddpm' or 'ddim'")
+
+    # -- Phase C ---------------------------------------------------------------------------------------------
+    def decode(self, K: torch.Tensor, A: torch.Tensor, T: torch.Tensor) -> torch.Tensor:
+        """Decoder output [..., 1] (Bernoulli logit) or [..., 2] (Gaussian mean, log σ)."""
+        return self.decoder(torch.cat([K, A, self.action_emb(T)], dim=-1))
+
+    def outcome_mean(self, K: torch.Tensor, A: torch.Tensor, T: torch.Tensor) -> torch.Tensor:
+        """E[Y_t | K_t, A_t, T_t]: a probability for binary Y, the Gaussian mean otherwise."""
+        out = self.decode(K, A, T)
+        return torch.sigmoid(out[..., 0]) if self.cfg.outcome == "binary" else out[..., 0]
+
+    # -- L_dis heads -----------------------------------------------------------------------------------------
+    def site_logits(self, Kc: torch.Tensor) -> torch.Tensor:
+        """Shared site discriminator on K^(c) behind a GRL: minimising its loss maximises site confusion in K^(c)."""
+        return self.site_disc(grad_reverse(Kc, self.cfg.grl_scale))
+
+    def parallel_logits(self, Ks: torch.Tensor) -> torch.Tensor:
+        return self.parallel_head(Ks)
+
+
+def unwrap(model: nn.Module) -> FedCausalDiff:
+    """The bare model behind an Opacus ``GradSampleModule`` (or the model itself)."""
+    m = model
+    while not isinstance(m, FedCausalDiff) and hasattr(m, "_module"):
+        m = m._module  # type: ignore[assignment]
+    if not isinstance(m, FedCausalDiff):
+        raise TypeError(f"expected a FedCausalDiff (possibly wrapped by Opacus), got {type(model).__name__}")
+    return m
