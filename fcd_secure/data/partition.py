@@ -1,0 +1,161 @@
+"""Sites from a pooled dataset: the Dirichlet non-IID split of paper §IV-A (N = 10 clients, α = 10; Table II),
+and the per-site train/test split.
+
+Rule of :func:`dirichlet_partition` (label skew, Hsu et al. 2019 style):
+
+1. every trajectory gets a discrete *key* (:func:`trajectory_key`): by default a bucket of its outcome rate
+   (quintile edges of the per-trajectory mean of Y over valid steps; duplicate edges merge, so a rare outcome
+   yields fewer buckets); ``key="action"`` uses its dominant action (the 9 most common dominant actions, the rest
+   pooled as one class); an int array of length n can be passed directly;
+2. for each key class, site shares ``p ~ Dirichlet(α·1_N)`` are drawn and the class's shuffled trajectories are cut
+   in those proportions;
+3. no site may be small: each site gets at least ``min_size`` trajectories (default
+   ``max(2, ⌊0.1·n/N⌋)``, i.e. a tenth of a fair share, and never fewer than the 2 a train/test split needs); a
+   short site takes random trajectories from the currently largest site until it has enough.
+
+Everything is drawn from ``numpy.random.default_rng`` seeded with ``seed``: the same seed gives the same split.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from fcd_secure.data.preprocess import take
+from fcd_secure.data.schema import SiteDataset
+from fcd_secure.data.spec import DataError
+
+_SALT_PARTITION = 0x5EED_0001
+_SALT_SPLIT = 0x5EED_0002
+
+
+def outcome_rate(ds: SiteDataset) -> np.ndarray:
+    """Per-trajectory mean outcome over valid steps, shape [n]."""
+    return (ds.Y * ds.M).sum(axis=1) / np.maximum(ds.M.sum(axis=1), 1.0)
+
+
+def dominant_action(ds: SiteDataset) -> np.ndarray:
+    """Per-trajectory most frequent valid action (ties: the smaller id), shape [n]."""
+    rows, steps = np.nonzero(ds.M > 0)
+    df = pd.DataFrame({"r": rows, "t": ds.T[rows, steps]})
+    counts = df.groupby(["r", "t"]).size().reset_index(name="c")
+    counts = counts.sort_values(["r", "c", "t"], ascending=[True, False, True], kind="stable")
+    first = counts.drop_duplicates("r")
+    out = np.zeros(ds.n, dtype=np.int64)
+    out[first["r"].to_numpy()] = first["t"].to_numpy()
+    return out
+
+
+def trajectory_key(ds: SiteDataset, key: str | np.ndarray | None = None) -> np.ndarray:
+    """Discrete class per trajectory for the label-skew split (see the module docstring), int64 [n]."""
+    if key is None or (isinstance(key, str) and key == "outcome"):
+        rate = outcome_rate(ds)
+        edges = np.unique(np.quantile(rate, [0.2, 0.4, 0.6, 0.8]))
+        return np.searchsorted(edges, rate, side="right").astype(np.int64)
+    if isinstance(key, str) and key == "action":
+        dom = dominant_action(ds)
+        vals, counts = np.unique(dom, return_counts=True)
+        top = vals[np.argsort(-counts, kind="stable")[:9]]
+        return np.where(np.isin(dom, top), dom, -1).astype(np.int64)
+    if isinstance(key, str):
+        raise DataError(f"unknown partition key {key!r}: use 'outcome', 'action' or an int array", field="key")
+    arr = np.asarray(key)
+    if arr.shape != (ds.n,):
+        raise DataError(f"partition key has shape {arr.shape}, expected ({ds.n},)", field="key")
+    return pd.factorize(arr, sort=True)[0].astype(np.int64)
+
+
+def dirichlet_assignment(
+    key: np.ndarray, n_sites: int, alpha: float, seed: int, min_size: int | None = None
+) -> np.ndarray:
+    """Site index per trajectory (int64 [n]) under the rule in the module docstring."""
+    n = len(key)
+    if n_sites < 1:
+        raise DataError(f"n_sites must be >= 1, got {n_sites}", field="n_sites")
+    if not alpha > 0:
+        raise DataError(f"alpha must be > 0, got {alpha}", field="alpha")
+    if min_size is None:
+        min_size = max(2, int(0.1 * n / n_sites))
+    if n < n_sites * min_size:
+        raise DataError(
+            f"{n} trajectories cannot fill {n_sites} sites with at least {min_size} each; use fewer sites",
+            field="n_sites",
+        )
+    rng = np.random.default_rng([_SALT_PARTITION, int(seed)])
+    site = np.empty(n, dtype=np.int64)
+    for c in np.unique(key):
+        idx = rng.permutation(np.flatnonzero(key == c))
+        p = rng.dirichlet(np.full(n_sites, float(alpha)))
+        cuts = np.floor(np.cumsum(p)[:-1] * len(idx)).astype(np.int64)
+        for s, part in enumerate(np.split(idx, cuts)):
+            site[part] = s
+    sizes = np.bincount(site, minlength=n_sites)
+    while sizes.min() < min_size:
+        short = int(np.argmin(sizes))
+        donor = int(np.argmax(sizes))
+        k = min(min_size - sizes[short], sizes[donor] - min_size)
+        moved = rng.choice(np.flatnonzero(site == donor), size=k, replace=False)
+        site[moved] = short
+        sizes = np.bincount(site, minlength=n_sites)
+    return site
+
+
+def dirichlet_partition(
+    ds: SiteDataset,
+    n_sites: int,
+    alpha: float,
+    seed: int,
+    key: str | np.ndarray | None = None,
+    min_size: int | None = None,
+) -> list[SiteDataset]:
+    """Split ``ds`` into ``n_sites`` non-empty sites with a seeded Dirichlet(α) label skew (paper: α = 10, N = 10).
+
+    Sites are returned in index order, named ``<name>/site<i>``, with ``meta['site_index']`` and ``meta['n_sites']``.
+    Sizes sum to ``ds.n``; no trajectory is duplicated or lost.
+    """
+    site = dirichlet_assignment(trajectory_key(ds, key), n_sites, alpha, seed, min_size)
+    out = []
+    for s in range(n_sites):
+        part = take(ds, np.flatnonzero(site == s), name=f"{ds.name}/site{s}")
+        part.meta.update(site_index=s, n_sites=n_sites, partition={"alpha": alpha, "seed": seed,
+                                                                     "key": key if isinstance(key, str) or key is None else "array"})
+        out.append(part)
+    return out
+
+
+def train_test_split(ds: SiteDataset, test_fraction: float, seed: int) -> tuple[SiteDataset, SiteDataset]:
+    """Seeded split into (train, test) with about ``test_fraction`` of the trajectories in test.
+
+    Trajectories of one entity (chunks of one student/patient, ``meta['entity']``) stay on the same side, so the
+    test set holds unseen entities. Both sides get at least one trajectory (the dataset needs at least 2).
+    """
+    if not 0.0 < test_fraction < 1.0:
+        raise DataError(f"test_fraction must be in (0, 1), got {test_fraction}", field="test_fraction")
+    if ds.n < 2:
+        raise DataError(f"{ds.name}: {ds.n} trajectory cannot be split into train and test")
+    rng = np.random.default_rng([_SALT_SPLIT, int(seed)])
+    ent = ds.meta.get("entity")
+    groups = (
+        pd.factorize(np.asarray(ent))[0]
+        if isinstance(ent, np.ndarray) and ent.shape == (ds.n,)
+        else np.arange(ds.n)
+    )
+    if groups.max() == 0:  # one entity only: fall back to splitting its trajectories
+        groups = np.arange(ds.n)
+    target = min(max(1, int(round(test_fraction * ds.n))), ds.n - 1)
+    sizes = np.bincount(groups)
+    test_groups: list[int] = []
+    count = 0
+    for g in rng.permutation(len(sizes)):
+        if count >= target:
+            break
+        if count + sizes[g] <= target or not test_groups:
+            if count + sizes[g] >= ds.n:  # never put everything in test
+                continue
+            test_groups.append(int(g))
+            count += int(sizes[g])
+    is_test = np.isin(groups, test_groups)
+    return (
+        take(ds, np.flatnonzero(~is_test), name=f"{ds.name}/train"),
+        take(ds, np.flatnonzero(is_test), name=f"{ds.name}/test"),
+    )
