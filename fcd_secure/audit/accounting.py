@@ -1,0 +1,184 @@
+"""What a Flower message weighs and what it carries, computed the same way on the site and at the server.
+
+The audit reconciles two independent records of every uplink (the site's ledger and the server's), so both sides
+must measure a message by one definition. We use Flower's own content addressing (flwr 1.42
+``supercore.inflatable``; ../shared/research/flower-runtime.md §3): a message is a Merkle DAG
+``Message -> RecordDict -> records -> Array -> ArrayChunk``, every node serialised by ``deflate()`` and named by
+``object_id = sha256(deflate())``.
+
+* ``payload_bytes``: ``sum(len(o.deflate()))`` over the content tree (the ``RecordDict`` and everything below it).
+  Deterministic, identical on both ends, and equal to ``fcd_secure.federation.messaging``'s ``payload_bytes``.
+* ``payload_sha256``: the ``RecordDict``'s ``object_id``. Because each object's header lists its children's ids,
+  this one hash commits to every byte of the content.
+* ``message_bytes`` / ``message_id``: the whole tree including the message header (metadata). The SuperLink stamps
+  ``delivered_at`` on a reply when the server pulls it, so the server recomputes both with that field cleared
+  (:func:`as_sent`), which restores the bytes the site sent.
+
+This is the object bytes Flower uploads (minus objects the SuperLink already holds); HTTP framing and heartbeats
+are outside it and must be corroborated by network counters (ops-anchors §2.6 item 7).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+
+#: Element sizes are taken from numpy so that verify can recompute tensor bytes from a manifest alone.
+__all__ = [
+    "MessageFacts",
+    "TensorFact",
+    "as_sent",
+    "describe_message",
+    "message_bytes",
+    "payload_bytes",
+    "tree_bytes",
+]
+
+
+def tree_bytes(obj) -> int:
+    """Serialized bytes of every Flower object under ``obj`` (``sum(len(o.deflate()))``, deduplicated by id)."""
+    if obj is None:
+        return 0
+    return int(sum(len(o.deflate()) for o in get_all_nested_objects(obj).values()))
+
+
+def payload_bytes(msg: Message) -> int:
+    """Bytes of the message content tree; 0 for an error reply."""
+    return tree_bytes(msg.content) if msg.has_content() else 0
+
+
+def message_bytes(msg: Message) -> int:
+    """Bytes of the whole message tree (header with metadata, plus content)."""
+    return tree_bytes(msg)
+
+
+def as_sent(msg: Message) -> Message:
+    """A shallow copy of a received reply with the fields the SuperLink adds on delivery cleared.
+
+    ``message_id`` is already excluded from ``deflate()``; ``delivered_at`` is not, so it is reset to ``""``, the
+    value it had when the site's gate measured the reply.
+    """
+    meta = copy.copy(msg.metadata)
+    meta.__dict__ = dict(msg.metadata.__dict__)
+    meta.delivered_at = ""
+    content = msg.content if msg.has_content() else None
+    error = msg.error if msg.has_error() else None
+    return Message(metadata=meta, content=content, error=error)
+
+
+@dataclass(frozen=True)
+class TensorFact:
+    """One array in a message: where it sits, its manifest-facing description and its data bytes."""
+
+    record: str
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+
+    def to_json(self) -> dict:
+        return {"record": self.record, "name": self.name, "shape": list(self.shape), "dtype": self.dtype, "nbytes": self.nbytes}
+
+
+@dataclass
+class MessageFacts:
+    """Everything the ledgers record about one message: sizes, hashes and the names (never the values) inside."""
+
+    message_type: str
+    round: int | None
+    reply_to: str
+    node_id: int
+    run_id: int
+    message_id: str
+    payload_sha256: str | None
+    payload_bytes: int
+    message_bytes: int
+    is_error: bool
+    tensors: list[TensorFact] = field(default_factory=list)
+    metrics: list[str] = field(default_factory=list)
+    #: ``record/key -> (type, length)`` for ConfigRecord values: protocol fields are recorded by size only.
+    config_fields: list[dict] = field(default_factory=list)
+    records: list[str] = field(default_factory=list)
+
+
+def round_of(msg: Message) -> int | None:
+    """The federated round a message belongs to: Flower's ``group_id`` (the federation sets ``str(round)``)."""
+    gid = msg.metadata.group_id
+    try:
+        return int(gid)
+    except (TypeError, ValueError):
+        return None
+
+
+def _array_dtype(arr: Array) -> str:
+    return str(np.dtype(arr.dtype).name) if arr.dtype else "unknown"
+
+
+def _config_value_fact(value) -> tuple[str, int]:
+    if isinstance(value, bytes):
+        return "bytes", len(value)
+    if isinstance(value, str):
+        return "str", len(value.encode("utf-8"))
+    if isinstance(value, bool):
+        return "bool", 1
+    if isinstance(value, int):
+        return "int", 8
+    if isinstance(value, float):
+        return "float", 8
+    if isinstance(value, list):
+        inner = {type(v).__name__ for v in value}
+        kind = f"list[{'|'.join(sorted(inner)) or 'empty'}]"
+        size = sum(_config_value_fact(v)[1] for v in value)
+        return kind, size
+    return type(value).__name__, 0
+
+
+def describe_message(msg: Message, *, sent: bool = True) -> MessageFacts:
+    """Measure and describe ``msg``. With ``sent=False`` the message was received and is measured as sent."""
+    measured = msg if sent else as_sent(msg)
+    tensors: list[TensorFact] = []
+    metrics: list[str] = []
+    config_fields: list[dict] = []
+    records: list[str] = []
+    digest = None
+    if measured.has_content():
+        content: RecordDict = measured.content
+        digest = content.object_id
+        for rname, record in content.items():
+            records.append(str(rname))
+            if isinstance(record, ArrayRecord):
+                for key, arr in record.items():
+                    shape = tuple(int(s) for s in arr.shape)
+                    dtype = _array_dtype(arr)
+                    n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+                    try:
+                        item = np.dtype(dtype).itemsize
+                    except TypeError:
+                        item = 0
+                    tensors.append(TensorFact(str(rname), str(key), shape, dtype, n * item))
+            elif isinstance(record, MetricRecord):
+                metrics.extend(f"{rname}/{k}" for k in record.keys())
+            elif isinstance(record, ConfigRecord):
+                for key, value in record.items():
+                    kind, size = _config_value_fact(value)
+                    config_fields.append({"record": str(rname), "key": str(key), "type": kind, "len": size})
+    return MessageFacts(
+        message_type=str(measured.metadata.message_type),
+        round=round_of(measured),
+        reply_to=str(measured.metadata.reply_to_message_id),
+        node_id=int(measured.metadata.src_node_id),
+        run_id=int(measured.metadata.run_id),
+        message_id=measured.object_id,
+        payload_sha256=digest,
+        payload_bytes=payload_bytes(measured),
+        message_bytes=message_bytes(measured),
+        is_error=measured.has_error(),
+        tensors=tensors,
+        metrics=metrics,
+        config_fields=config_fields,
+        records=records,
+    )

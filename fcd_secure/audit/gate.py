@@ -1,0 +1,373 @@
+"""The egress gate: the one place on a site that decides what may leave, and writes down what did.
+
+Paper §III-B (decoupled synchronisation): "clients update (Θc, Θs_i) locally but only transmit Θc to the server".
+DESIGN.md trap 5: logged propensities never leave a site. The gate enforces both on every reply, as the outermost
+ClientApp mod (flwr 1.42: the first mod in ``ClientApp(mods=[...])`` wraps everything, custom actions included;
+../shared/research/flower-runtime.md §3), so nothing a handler or an inner mod builds can pass around it.
+
+A reply may carry only (a positive manifest, ops-anchors §3.5):
+
+* ArrayRecords whose arrays are Θc tensors by manifest name, with the manifest's shape and dtype;
+* MetricRecords whose keys are allow-listed aggregate metrics, scalar values only;
+* ConfigRecords only in secure-aggregation protocol messages (``train.secagg_<stage>``: opaque bytes, ints,
+  short strings; never floats) or under keys the site allow-lists.
+
+It refuses, and records the refusal, anything that names a Θs parameter or a propensity (any record, array, metric
+or config key), any tensor or bytes field whose bytes equal or contain a current Θs tensor's bytes (a renamed or
+re-keyed copy) or the site's propensity array, and anything not on the list. A refused reply is replaced by an
+error reply the gate builds itself with a fixed reason naming only the rule; exceptions from the handler become
+the same kind of generic error, so no exception text can carry data out.
+
+Every reply that leaves (content, refusal error or generic error) is measured by
+:func:`fcd_secure.audit.accounting.describe_message` (exact serialized object bytes, Flower's content hash) and
+written to the site ledger *before* it is returned; if the ledger cannot be written, only a generic error leaves.
+At the first message of a new round the gate signs a checkpoint closing the previous round(s); the federation's
+final receipts message closes the last one.
+
+Limits, stated honestly: inside secure aggregation the masked vector is opaque, so keeping Θs out of it is the
+secure-aggregation module's job (DESIGN P15); a Θs tensor transformed (cast, scaled, permuted) is not recognised by
+bytes, only by name and by the manifest's shape/dtype rules; Θs tensors whose elements are all equal carry one
+number and are skipped by the bytes rule (they would collide with any constant Θc tensor, e.g. a zero bias).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
+from pydantic import BaseModel, ConfigDict, Field
+
+from fcd_secure.audit.accounting import MessageFacts, describe_message, round_of
+from fcd_secure.audit.ledger import RECEIPTS_RECORD, SiteLedger, receipts_from_record
+
+log = logging.getLogger("fcd_secure.audit.gate")
+
+#: Error code of every reply the gate builds. Reasons come from a closed vocabulary (``REFUSAL_RULES``).
+GATE_ERROR_CODE = 0x7E6
+GENERIC_ERROR_REASON = "site error (details stay on the site)"
+SECAGG_PREFIX = "train.secagg_"
+#: Message type of the dedicated receipts downlink the ServerApp sends after the last round.
+RECEIPTS_MESSAGE_TYPE = "query.audit_receipts"
+
+REFUSAL_RULES = {
+    "theta_s_name": "a Θs parameter name",
+    "theta_s_bytes": "a tensor or field whose bytes equal or contain a Θs tensor",
+    "propensity": "a propensity field or array",
+    "unlisted_tensor": "a tensor that is not a Θc tensor of the manifest",
+    "layout_mismatch": "a Θc tensor with another shape or dtype than the manifest",
+    "metric_not_allowed": "a metric that is not allow-listed, or not a scalar",
+    "config_not_allowed": "a config field outside the secure-aggregation protocol and the allow-list",
+    "unsupported_record": "a record type the gate does not know",
+}
+
+#: Key names that denote propensities (DESIGN trap 5). Matched against every record, array, metric and config key.
+PROPENSITY_NAME = re.compile(r"(?i)(^|[/._-])(p|ps|pscore|pscores)$|propens|behaviou?r_?prob|logging_?prob|action_?prob")
+
+
+class GatePolicy(BaseModel):
+    """Site-owned egress policy. Everything not listed here or in the manifest's Θc part is refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    allowed_metrics: frozenset[str] = Field(
+        default=frozenset(),
+        description="aggregate metric names allowed in MetricRecords, as 'key' or 'record/key'",
+    )
+    allowed_config_keys: frozenset[str] = Field(
+        default=frozenset(),
+        description="config keys allowed outside secure-aggregation messages, as 'key' or 'record/key'",
+    )
+    secagg_prefix: str = SECAGG_PREFIX
+    max_config_str_len: int = Field(default=128, description="longest str value in a protocol ConfigRecord")
+    min_private_tensor_bytes: int = Field(
+        default=16, description="Θs/propensity tensors shorter than this are matched by name only (too little to fingerprint)"
+    )
+
+
+@dataclass
+class ManifestView:
+    """The part of the model manifest the gate needs (duck-typed on ``fcd_secure.model.manifest.Manifest``)."""
+
+    layout_hash: str
+    theta_c: dict[str, tuple[tuple[int, ...], str]]
+    theta_s: dict[str, tuple[tuple[int, ...], str]]
+
+    @classmethod
+    def of(cls, manifest: Any) -> "ManifestView":
+        if isinstance(manifest, ManifestView):
+            return manifest
+        entries = manifest["entries"] if isinstance(manifest, Mapping) else manifest.entries
+        layout = manifest["layout_hash"] if isinstance(manifest, Mapping) else manifest.layout_hash
+        c, s = {}, {}
+        for e in entries:
+            get = e.get if isinstance(e, Mapping) else (lambda k, _e=e: getattr(_e, k))
+            part = str(get("part"))
+            spec = (tuple(int(x) for x in get("shape")), _dtype_name(get("dtype")))
+            if part == "theta_c":
+                c[str(get("name"))] = spec
+            elif part == "theta_s":
+                s[str(get("name"))] = spec
+            else:
+                raise ValueError(f"manifest entry {get('name')!r}: part must be theta_c or theta_s, got {part!r}")
+        return cls(layout_hash=str(layout), theta_c=c, theta_s=s)
+
+    def to_json(self) -> dict:
+        return {
+            "layout_hash": self.layout_hash,
+            "theta_c": [{"name": n, "shape": list(s), "dtype": d} for n, (s, d) in sorted(self.theta_c.items())],
+            "theta_s": [{"name": n, "shape": list(s), "dtype": d} for n, (s, d) in sorted(self.theta_s.items())],
+        }
+
+
+def _dtype_name(dtype: Any) -> str:
+    text = str(dtype)
+    if text.startswith("torch."):
+        text = text[len("torch."):]
+    try:
+        return np.dtype(text).name
+    except TypeError:
+        return text
+
+
+@dataclass
+class SiteAuditContext:
+    """What the gate needs from a site, produced per message by the federation's ``get_site(context)``.
+
+    ``theta_s`` and ``propensities`` are callables so the gate reads the *current* arrays at check time, keeps only
+    their fingerprints for the duration of one check, and holds no copy afterwards.
+    """
+
+    site_id: str
+    manifest: Any
+    theta_s: Callable[[], Mapping[str, np.ndarray]]
+    ledger: SiteLedger
+    policy: GatePolicy = field(default_factory=GatePolicy)
+    propensities: Callable[[], np.ndarray | None] = lambda: None
+    privacy_ledger_hash: Callable[[], str | None] = lambda: None
+    server_public_key: bytes | None = None
+
+
+class Refusal(Exception):
+    """Internal: raised by a check; carries the rule id and where it fired (stays on the site)."""
+
+    def __init__(self, rule: str, record: str, key: str | None = None) -> None:
+        super().__init__(rule)
+        self.rule, self.record, self.key = rule, record, key
+
+    def to_json(self) -> dict:
+        return {"rule": self.rule, "record": self.record, "key": self.key}
+
+
+# -- fingerprints of the private arrays ----------------------------------------------------------------------------
+@dataclass
+class _Private:
+    """Byte strings that must not leave: exact hashes and (for containment checks) the bytes themselves."""
+
+    kind: str  # "theta_s" or "propensity"
+    blobs: list[bytes]
+    hashes: set[str]
+
+
+def _private_blobs(ctx: SiteAuditContext) -> list[_Private]:
+    """Fingerprints of the current Θs tensors and the propensity array. Constant or tiny arrays are skipped."""
+    out: list[_Private] = []
+    min_len = ctx.policy.min_private_tensor_bytes
+    th: list[bytes] = []
+    for arr in (ctx.theta_s() or {}).values():
+        a = np.ascontiguousarray(np.asarray(arr))
+        if a.size < 2 or a.nbytes < min_len or np.all(a.reshape(-1) == a.reshape(-1)[0]):
+            continue
+        th.append(a.tobytes())
+    out.append(_Private("theta_s", th, {hashlib.sha256(b).hexdigest() for b in th}))
+    p = ctx.propensities()
+    pb: list[bytes] = []
+    if p is not None:
+        a = np.ascontiguousarray(np.asarray(p))
+        for cand in (a, a.astype(np.float64), a.astype(np.float32)):
+            if cand.nbytes >= min_len and not np.all(cand.reshape(-1) == cand.reshape(-1)[0]):
+                pb.append(np.ascontiguousarray(cand).tobytes())
+    out.append(_Private("propensity", pb, {hashlib.sha256(b).hexdigest() for b in pb}))
+    return out
+
+
+def _check_bytes(data: bytes, private: list[_Private], record: str, key: str) -> None:
+    if not data:
+        return
+    h = hashlib.sha256(data).hexdigest()
+    for group in private:
+        rule = "theta_s_bytes" if group.kind == "theta_s" else "propensity"
+        if h in group.hashes:
+            raise Refusal(rule, record, key)
+        for blob in group.blobs:
+            # containment catches a private tensor concatenated into a larger array or protocol field
+            if len(blob) <= len(data) and blob in data:
+                raise Refusal(rule, record, key)
+
+
+def _check_name(name: str, theta_s_names: set[str], record: str, key: str | None) -> None:
+    if name in theta_s_names or name.split("/")[-1] in theta_s_names:
+        raise Refusal("theta_s_name", record, key)
+    if PROPENSITY_NAME.search(name):
+        raise Refusal("propensity", record, key)
+
+
+def _allowed(name: str, record: str, allow: Iterable[str]) -> bool:
+    allow = set(allow)
+    return name in allow or f"{record}/{name}" in allow
+
+
+def check_content(content: RecordDict, message_type: str, ctx: SiteAuditContext, manifest: ManifestView) -> None:
+    """Raise :class:`Refusal` if ``content`` may not leave the site; return quietly otherwise."""
+    policy = ctx.policy
+    s_names = set(manifest.theta_s)
+    private = _private_blobs(ctx)
+    secagg = message_type.startswith(policy.secagg_prefix)
+    for rname, record in content.items():
+        rname = str(rname)
+        _check_name(rname, s_names, rname, None)
+        if isinstance(record, ArrayRecord):
+            for key, arr in record.items():
+                key = str(key)
+                _check_name(key, s_names, rname, key)
+                data = np.ascontiguousarray(arr.numpy()).tobytes()
+                _check_bytes(data, private, rname, key)
+                spec = manifest.theta_c.get(key)
+                if spec is None:
+                    raise Refusal("unlisted_tensor", rname, key)
+                if tuple(int(x) for x in arr.shape) != spec[0] or _dtype_name(arr.dtype) != spec[1]:
+                    raise Refusal("layout_mismatch", rname, key)
+        elif isinstance(record, MetricRecord):
+            for key, value in record.items():
+                key = str(key)
+                _check_name(key, s_names, rname, key)
+                if isinstance(value, list) or not _allowed(key, rname, policy.allowed_metrics):
+                    raise Refusal("metric_not_allowed", rname, key)
+        elif isinstance(record, ConfigRecord):
+            for key, value in record.items():
+                key = str(key)
+                _check_name(key, s_names, rname, key)
+                if not (secagg or _allowed(key, rname, policy.allowed_config_keys)):
+                    raise Refusal("config_not_allowed", rname, key)
+                values = value if isinstance(value, list) else [value]
+                for v in values:
+                    if isinstance(v, bytes):
+                        _check_bytes(v, private, rname, key)
+                    elif isinstance(v, str):
+                        if len(v) > policy.max_config_str_len:
+                            raise Refusal("config_not_allowed", rname, key)
+                        _check_name(v, s_names, rname, key)
+                    elif isinstance(v, float):
+                        # floats in protocol fields would be a clear-text channel for values; the protocol is ints/bytes
+                        raise Refusal("config_not_allowed", rname, key)
+        else:
+            raise Refusal("unsupported_record", rname, None)
+
+
+# -- the mod -------------------------------------------------------------------------------------------------------
+def _error_reply(msg: Message, reason: str) -> Message:
+    return Message(Error(code=GATE_ERROR_CODE, reason=reason), reply_to=msg)
+
+
+def _take_receipts(msg: Message, ctx: SiteAuditContext) -> int:
+    """Store receipts the server attached to a downlink and remove them before the handler sees the message."""
+    if not msg.has_content() or RECEIPTS_RECORD not in msg.content:
+        return 0
+    record = msg.content[RECEIPTS_RECORD]
+    del msg.content[RECEIPTS_RECORD]
+    n = 0
+    for receipt in receipts_from_record(record):
+        if ctx.ledger.store_receipt(receipt, server_public_key=ctx.server_public_key):
+            n += 1
+    return n
+
+
+def _close_rounds(ctx: SiteAuditContext, before: int | None) -> None:
+    """Checkpoint every round with uploads that is older than ``before`` (all of them when ``before`` is None)."""
+    for r in ctx.ledger.rounds_open():
+        if before is None or r < before:
+            ctx.ledger.checkpoint(r)
+
+
+def make_egress_gate(get_site: Callable[[Context], SiteAuditContext]) -> Callable[[Message, Context, Callable], Message]:
+    """The egress gate mod. Put it first in ``ClientApp(mods=[...])`` (outermost).
+
+    ``get_site(context)`` returns the :class:`SiteAuditContext` of the site that runs this message.
+    """
+
+    def egress_gate(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
+        try:
+            ctx = get_site(context)
+            manifest = ManifestView.of(ctx.manifest)
+            ctx.ledger.record_manifest(manifest.to_json())
+            rnd = round_of(msg)
+            _take_receipts(msg, ctx)
+            if msg.metadata.message_type == RECEIPTS_MESSAGE_TYPE:
+                # the dedicated receipts message after the last round: store, close every open round, ack empty
+                _close_rounds(ctx, None)
+                reply = Message(RecordDict(), reply_to=msg)
+                _record(ctx, reply, "sent", manifest)
+                return reply
+            if rnd is not None:
+                _close_rounds(ctx, rnd)
+        except Exception as exc:  # noqa: BLE001 - fail closed: without a working ledger nothing with content leaves
+            log.error("egress gate could not prepare (%s); replying with a generic error", type(exc).__name__)
+            return _error_reply(msg, GENERIC_ERROR_REASON)
+
+        try:
+            reply = call_next(msg, context)
+        except Exception as exc:  # noqa: BLE001 - exception text must never leave the site
+            log.warning("handler for %s raised %s; replying with a generic error", msg.metadata.message_type, type(exc).__name__)
+            reply = None
+
+        try:
+            if reply is None or not isinstance(reply, Message):
+                out = _error_reply(msg, GENERIC_ERROR_REASON)
+                _record(ctx, out, "error", manifest)
+                return out
+            if reply.has_error():
+                # an inner mod's error reason may hold text from an exception; only the code passes
+                out = Message(Error(code=int(reply.error.code), reason=GENERIC_ERROR_REASON), reply_to=msg)
+                _record(ctx, out, "error", manifest)
+                return out
+            try:
+                check_content(reply.content, reply.metadata.message_type, ctx, manifest)
+            except Refusal as refusal:
+                withheld = describe_message(reply)
+                out = _error_reply(msg, f"egress refused by the site gate: {refusal.rule}")
+                _record(ctx, out, "refused", manifest, refusal=refusal.to_json(), withheld=withheld)
+                log.warning("egress gate refused a %s reply (rule %s)", reply.metadata.message_type, refusal.rule)
+                return out
+            _record(ctx, reply, "sent", manifest)
+            return reply
+        except Exception as exc:  # noqa: BLE001
+            log.error("egress gate failed while checking or recording (%s); replying with a generic error", type(exc).__name__)
+            return _error_reply(msg, GENERIC_ERROR_REASON)
+
+    egress_gate.__name__ = "egress_gate"
+    return egress_gate
+
+
+def _record(
+    ctx: SiteAuditContext,
+    out: Message,
+    status: str,
+    manifest: ManifestView,
+    *,
+    refusal: dict | None = None,
+    withheld: MessageFacts | None = None,
+) -> dict:
+    facts = describe_message(out)
+    return ctx.ledger.record_upload(
+        facts,
+        status=status,
+        layout_hash=manifest.layout_hash,
+        privacy_ledger_hash=ctx.privacy_ledger_hash(),
+        refusal=refusal,
+        withheld=withheld,
+    )

@@ -1,0 +1,106 @@
+"""Render a verification result for people (Markdown) and for tools (one JSON envelope).
+
+The envelope follows the NVFLARE 2.9 CLI contract adopted for ``fcd`` (ops-anchors §5):
+``{schema_version, status, exit_code, error_code, message, hint, data}``, with exit codes 0 compliant, 1 violation,
+2 usage error, 6 evidence tampered or inconsistent, so a pipeline can tell "failed" from "forged".
+"""
+
+from __future__ import annotations
+
+from fcd_secure.audit.verify import EXIT_OK, EXIT_TAMPERED, EXIT_USAGE, EXIT_VIOLATION, VerifyResult
+
+SCHEMA_VERSION = "1"
+
+_ERROR = {
+    EXIT_OK: (None, "ledgers verified: chain, signatures and receipts intact; nothing but Θc and allow-listed aggregates left", None),
+    EXIT_VIOLATION: (
+        "EGRESS_VIOLATION",
+        "the evidence is intact but records an upload that breaks the egress policy",
+        "see data.findings (severity 'violation'): the entry seq names the upload",
+    ),
+    EXIT_TAMPERED: (
+        "EVIDENCE_TAMPERED",
+        "the evidence is tampered with or inconsistent",
+        "see data.findings (severity 'tampered'): each names the ledger file, entry seq and line",
+    ),
+}
+
+
+def envelope(result: VerifyResult) -> dict:
+    code = result.exit_code
+    error_code, message, hint = _ERROR[code]
+    first = next((f for f in result.findings if f.severity in ("tampered", "violation")), None)
+    if first is not None:
+        message = f"{message}: {first.ledger}: {first.message}"
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "status": result.status,
+        "exit_code": code,
+        "error_code": error_code,
+        "message": message,
+        "hint": hint,
+        "data": result.to_json(),
+    }
+
+
+def usage_envelope(message: str, hint: str | None = None) -> dict:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "status": "error",
+        "exit_code": EXIT_USAGE,
+        "error_code": "USAGE",
+        "message": message,
+        "hint": hint,
+        "data": None,
+    }
+
+
+def _fmt(n: int) -> str:
+    return f"{int(n):,}"
+
+
+def markdown(result: VerifyResult) -> str:
+    """The auditor's report: verdict, findings, ledgers, uplink bytes per site and round, totals."""
+    env = envelope(result)
+    out = [f"# Audit verification: {result.root}", ""]
+    out.append(f"**Verdict: {result.status.upper()}** (exit {result.exit_code}). {env['message']}")
+    out.append("")
+    serious = [f for f in result.findings if f.severity != "note"]
+    notes = [f for f in result.findings if f.severity == "note"]
+    out += ["## Findings", ""]
+    if not serious:
+        out.append("None.")
+    else:
+        out += ["| severity | ledger | seq | line | finding |", "|---|---|---|---|---|"]
+        for f in serious:
+            out.append(f"| {f.severity} | {f.ledger} | {'' if f.seq is None else f.seq} | {'' if f.line is None else f.line} | {f.message} |")
+    for f in notes:
+        out.append(f"- note: {f.ledger}: {f.message}")
+    out += ["", "## Ledgers", "", "| ledger | role | writer | key | pinned | entries | sent | refused | errors | receipts | unreceipted | checkpoints |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for s in result.ledgers:
+        key = (s.key_fingerprint or "?")[:23]
+        out.append(
+            f"| {s.path} | {s.role} | {s.writer_id} | {key}… | {'yes' if s.key_pinned else 'no'} | {s.lines} | {s.uploads_sent} | "
+            f"{s.uploads_refused} | {s.uploads_error} | {s.receipts} | {s.unreceipted} | {s.checkpoints} |"
+        )
+    out += ["", "## Uplink bytes per site and round", "", "| site | round | messages | payload bytes | message bytes |", "|---|---|---|---|---|"]
+    data = result.to_json()
+    for row in data["per_round"]:
+        rnd = "-" if row["round"] is None else row["round"]
+        out.append(f"| {row['site_id']} | {rnd} | {row['messages']} | {_fmt(row['payload_bytes'])} | {_fmt(row['message_bytes'])} |")
+    out += ["", "## Totals", "", "| site | messages | payload bytes | message bytes |", "|---|---|---|---|"]
+    for site, v in sorted(data["per_site"].items(), key=lambda kv: str(kv[0])):
+        out.append(f"| {site} | {v['messages']} | {_fmt(v['payload_bytes'])} | {_fmt(v['message_bytes'])} |")
+    t = data["totals"]
+    out.append(f"| **all sites** | {t['messages']} | {_fmt(t['payload_bytes'])} | {_fmt(t['message_bytes'])} |")
+    if data["server_totals"].get("messages"):
+        st = data["server_totals"]
+        out.append(f"| server received | {st['messages']} | {_fmt(st['payload_bytes'])} | {_fmt(st['message_bytes'])} |")
+    out += [
+        "",
+        "Payload bytes: Flower's serialized content objects (identical at both ends). Message bytes add the message "
+        "header. HTTP framing, TLS and heartbeats are outside the ledger; corroborate with network counters.",
+        "",
+    ]
+    return "\n".join(out)
