@@ -1,0 +1,339 @@
+"""Evaluation metrics of the paper (§IV-C "Metrics", Table III and Table IV), in numpy.
+
+Definitions (research note ``causal-anchors.md`` §5; cfrnet ``cfr/evaluation.py`` convention):
+
+* **PEHE** = √( (1/|S|) Σ_{s∈S} (τ̂_s − τ_s)² ) — the *square root* of the mean squared individual-effect error
+  (Hill 2011 defines ε_PEHE without the root; Shalit et al. and the paper's tables use the root).
+  For sequences, ``s`` indexes (unit i, anchor t₀) pairs for one horizon; the caller flattens them.
+* **ATE absolute error** = | mean τ̂ − mean τ |.  By Cauchy–Schwarz ATE error ≤ PEHE on the same set.
+* **Policy value absolute error** = | V̂(π) − V(π) |.
+* **Factual AUC** (paper ref. [33]): rank-based ROC AUC of the model's one-step-ahead probability of the factual
+  outcome, pooled over valid steps (M = 1).
+* **MMD**: biased (V-statistic) maximum mean discrepancy between two samples — the evaluation-side numpy twin of
+  the model's differentiable L_align (paper §III, "representation balancing").
+
+Federated evaluation: only aggregates may leave a site, so PEHE / ATE error have additive sufficient statistics
+(:class:`EffectStats`) that a server merges into the *exact* pooled numbers, and factual AUC has a binned
+histogram form (:class:`AUCStats`) that merges exactly for scores on the bin grid.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "pehe",
+    "ate_error",
+    "value_error",
+    "rmse",
+    "factual_auc",
+    "mmd",
+    "EffectStats",
+    "AUCStats",
+    "Summary",
+    "summarise",
+]
+
+
+# -- input helpers ---------------------------------------------------------------------------------------------
+
+
+def _as_float(name: str, x: object) -> np.ndarray:
+    arr = np.asarray(x, dtype=np.float64)
+    if arr.size == 0:
+        raise ValueError(f"{name} is empty")
+    return arr
+
+
+def _paired(name_a: str, a: object, name_b: str, b: object, mask: object | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Flatten two same-shaped arrays, keep entries where ``mask`` is nonzero, and refuse NaN/inf there."""
+    a_ = _as_float(name_a, a)
+    b_ = _as_float(name_b, b)
+    if a_.shape != b_.shape:
+        raise ValueError(f"{name_a} has shape {a_.shape}, {name_b} has shape {b_.shape}; they must match")
+    if mask is not None:
+        m = np.asarray(mask)
+        if m.shape != a_.shape:
+            raise ValueError(f"mask has shape {m.shape}, {name_a} has shape {a_.shape}; they must match")
+        keep = m.astype(bool)
+        a_, b_ = a_[keep], b_[keep]
+    else:
+        a_, b_ = a_.ravel(), b_.ravel()
+    if a_.size == 0:
+        raise ValueError("no entries left after applying the mask")
+    for name, arr in ((name_a, a_), (name_b, b_)):
+        if not np.isfinite(arr).all():
+            idx = int(np.argwhere(~np.isfinite(arr))[0][0])
+            raise ValueError(f"{name} holds NaN or inf (first at kept entry {idx})")
+    return a_, b_
+
+
+# -- effect metrics --------------------------------------------------------------------------------------------
+
+
+def pehe(tau_hat: object, tau: object, mask: object | None = None) -> float:
+    """√PEHE = √( mean_s (τ̂_s − τ_s)² ) over the entries kept by ``mask`` (cfrnet convention, paper Table III)."""
+    th, t = _paired("tau_hat", tau_hat, "tau", tau, mask)
+    return float(np.sqrt(np.mean((th - t) ** 2)))
+
+
+def ate_error(tau_hat: object, tau: object, mask: object | None = None) -> float:
+    """|ATE error| = | mean τ̂ − mean τ | over the entries kept by ``mask`` (paper Table III, "ATE")."""
+    th, t = _paired("tau_hat", tau_hat, "tau", tau, mask)
+    return float(abs(th.mean() - t.mean()))
+
+
+def value_error(v_hat: float, v: float) -> float:
+    """|V̂(π) − V(π)|, the policy-value absolute error of Table III. NaN in gives NaN out (no support stays visible)."""
+    return float(abs(float(v_hat) - float(v)))
+
+
+def rmse(y_hat: object, y: object, mask: object | None = None) -> float:
+    """√( mean (ŷ − y)² ) over the entries kept by ``mask`` (TSTR-RMSE of Table IV uses it on probabilities)."""
+    yh, yy = _paired("y_hat", y_hat, "y", y, mask)
+    return float(np.sqrt(np.mean((yh - yy) ** 2)))
+
+
+@dataclass(frozen=True)
+class EffectStats:
+    """Additive sufficient statistics of PEHE and ATE error for one site (or any union of sites).
+
+    ``n`` = |S|, ``sse`` = Σ (τ̂ − τ)², ``sum_hat`` = Σ τ̂, ``sum_true`` = Σ τ. Merging adds them, so a server that
+    receives one ``EffectStats`` per site computes the *exact* pooled PEHE and ATE error of the union without
+    seeing any individual effect: PEHE = √(sse / n), ATE error = |sum_hat − sum_true| / n.
+    """
+
+    n: int
+    sse: float
+    sum_hat: float
+    sum_true: float
+
+    @classmethod
+    def from_arrays(cls, tau_hat: object, tau: object, mask: object | None = None) -> "EffectStats":
+        th, t = _paired("tau_hat", tau_hat, "tau", tau, mask)
+        return cls(n=int(th.size), sse=float(np.sum((th - t) ** 2)), sum_hat=float(th.sum()), sum_true=float(t.sum()))
+
+    @classmethod
+    def empty(cls) -> "EffectStats":
+        return cls(n=0, sse=0.0, sum_hat=0.0, sum_true=0.0)
+
+    def merge(self, other: "EffectStats") -> "EffectStats":
+        return EffectStats(
+            n=self.n + other.n,
+            sse=self.sse + other.sse,
+            sum_hat=self.sum_hat + other.sum_hat,
+            sum_true=self.sum_true + other.sum_true,
+        )
+
+    __add__ = merge
+
+    @classmethod
+    def merge_all(cls, parts: Iterable["EffectStats"]) -> "EffectStats":
+        out = cls.empty()
+        for p in parts:
+            out = out.merge(p)
+        return out
+
+    def pehe(self) -> float:
+        if self.n == 0:
+            raise ValueError("EffectStats.pehe: no effects recorded (n = 0)")
+        return math.sqrt(max(self.sse, 0.0) / self.n)
+
+    def ate_error(self) -> float:
+        if self.n == 0:
+            raise ValueError("EffectStats.ate_error: no effects recorded (n = 0)")
+        return abs(self.sum_hat - self.sum_true) / self.n
+
+    def to_dict(self) -> dict[str, float]:
+        return {"n": self.n, "sse": self.sse, "sum_hat": self.sum_hat, "sum_true": self.sum_true}
+
+
+# -- factual AUC -----------------------------------------------------------------------------------------------
+
+
+def _average_ranks(x: np.ndarray) -> np.ndarray:
+    """1-based ranks with ties given their average rank (the Mann–Whitney convention)."""
+    order = np.argsort(x, kind="mergesort")
+    xs = x[order]
+    # boundaries of runs of equal values
+    change = np.flatnonzero(np.diff(xs)) + 1
+    starts = np.concatenate(([0], change))
+    ends = np.concatenate((change, [xs.size]))
+    avg = (starts + ends + 1) / 2.0  # mean of 1-based ranks start+1 .. end
+    ranks_sorted = np.repeat(avg, ends - starts)
+    ranks = np.empty_like(ranks_sorted)
+    ranks[order] = ranks_sorted
+    return ranks
+
+
+def factual_auc(y_true: object, p_hat: object, mask: object | None = None) -> float:
+    """ROC AUC of scores ``p_hat`` for binary ``y_true`` over entries kept by ``mask`` (paper "Factual AUC").
+
+    Rank form of the Mann–Whitney statistic: AUC = (Σ_{i: y=1} rank_i − n₁(n₁+1)/2) / (n₁ n₀) with average ranks for
+    ties, i.e. P(p⁺ > p⁻) + ½ P(p⁺ = p⁻). Raises ``ValueError`` if the labels are not 0/1 or one class is absent.
+    """
+    y, p = _paired("y_true", y_true, "p_hat", p_hat, mask)
+    if not np.isin(y, (0.0, 1.0)).all():
+        bad = float(y[~np.isin(y, (0.0, 1.0))][0])
+        raise ValueError(f"factual_auc: y_true must be 0/1, found {bad}")
+    pos = y == 1.0
+    n1 = int(pos.sum())
+    n0 = int(y.size - n1)
+    if n1 == 0 or n0 == 0:
+        raise ValueError(
+            f"factual_auc: AUC is undefined with a single class ({n1} positives, {n0} negatives among kept entries)"
+        )
+    ranks = _average_ranks(p)
+    return float((ranks[pos].sum() - n1 * (n1 + 1) / 2.0) / (n1 * n0))
+
+
+@dataclass(frozen=True)
+class AUCStats:
+    """Per-site histogram of scores by class, mergeable across sites (federated factual AUC).
+
+    Scores in [0, 1] are binned into ``bins`` equal cells; ``pos[k]`` / ``neg[k]`` count positives / negatives in
+    cell k. The AUC of the merged histograms counts pairs in different cells exactly and pairs in the same cell as
+    ties (½). It therefore equals :func:`factual_auc` on the pooled data whenever no two distinct scores share a
+    cell (e.g. scores already rounded to the grid) and is otherwise within the within-cell tie mass of it.
+    Only class counts per score cell leave a site, never a (score, label) pair.
+    """
+
+    pos: np.ndarray
+    neg: np.ndarray
+
+    @classmethod
+    def from_scores(cls, y_true: object, p_hat: object, mask: object | None = None, bins: int = 1000) -> "AUCStats":
+        if bins < 1:
+            raise ValueError(f"AUCStats: bins must be >= 1, got {bins}")
+        y, p = _paired("y_true", y_true, "p_hat", p_hat, mask)
+        if not np.isin(y, (0.0, 1.0)).all():
+            raise ValueError("AUCStats: y_true must be 0/1")
+        if (p < 0).any() or (p > 1).any():
+            raise ValueError("AUCStats: p_hat must lie in [0, 1] (probabilities)")
+        cell = np.minimum((p * bins).astype(np.int64), bins - 1)
+        pos = np.bincount(cell[y == 1.0], minlength=bins).astype(np.int64)
+        neg = np.bincount(cell[y == 0.0], minlength=bins).astype(np.int64)
+        return cls(pos=pos, neg=neg)
+
+    def merge(self, other: "AUCStats") -> "AUCStats":
+        if self.pos.shape != other.pos.shape:
+            raise ValueError(f"AUCStats.merge: bin counts differ ({self.pos.size} vs {other.pos.size})")
+        return AUCStats(pos=self.pos + other.pos, neg=self.neg + other.neg)
+
+    __add__ = merge
+
+    def auc(self) -> float:
+        n1, n0 = int(self.pos.sum()), int(self.neg.sum())
+        if n1 == 0 or n0 == 0:
+            raise ValueError(f"AUCStats.auc: AUC is undefined with a single class ({n1} positives, {n0} negatives)")
+        neg_below = np.concatenate(([0], np.cumsum(self.neg)[:-1]))
+        pairs = float(np.sum(self.pos * (neg_below + 0.5 * self.neg)))
+        return pairs / (n1 * n0)
+
+
+# -- MMD -------------------------------------------------------------------------------------------------------
+
+
+def _sq_dists(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    d = (a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2.0 * (a @ b.T)
+    return np.maximum(d, 0.0)
+
+
+def mmd(
+    x: object,
+    y: object,
+    kernel: str = "rbf",
+    bandwidth: float | Sequence[float] | None = None,
+    squared: bool = False,
+) -> float:
+    """Biased (V-statistic) MMD between samples ``x`` [n, d] and ``y`` [m, d].
+
+    MMD²_b = mean k(x, x') + mean k(y, y') − 2 mean k(x, y) (Gretton et al. 2012, eq. 5), which is ≥ 0 and exactly
+    0 for identical samples. ``kernel="rbf"``: k(u, v) = Σ_h exp(−‖u − v‖² / (2 h²)) / |H| over bandwidths H
+    (``None`` = median heuristic on the pooled sample); ``kernel="linear"``: k(u, v) = uᵀv, so MMD² = ‖x̄ − ȳ‖².
+    Returns MMD (the root) unless ``squared``. 1-d inputs are treated as [n, 1].
+    """
+    xa = _as_float("x", x)
+    ya = _as_float("y", y)
+    xa = xa[:, None] if xa.ndim == 1 else xa
+    ya = ya[:, None] if ya.ndim == 1 else ya
+    if xa.ndim != 2 or ya.ndim != 2 or xa.shape[1] != ya.shape[1]:
+        raise ValueError(f"mmd: x and y must be [n, d] with the same d, got {xa.shape} and {ya.shape}")
+    if not (np.isfinite(xa).all() and np.isfinite(ya).all()):
+        raise ValueError("mmd: x or y holds NaN or inf")
+    if kernel == "linear":
+        diff = xa.mean(0) - ya.mean(0)
+        m2 = float(diff @ diff)
+    elif kernel == "rbf":
+        dxx, dyy, dxy = _sq_dists(xa, xa), _sq_dists(ya, ya), _sq_dists(xa, ya)
+        if bandwidth is None:
+            pooled = np.concatenate([dxx.ravel(), dyy.ravel(), dxy.ravel()])
+            med = float(np.median(pooled[pooled > 0])) if (pooled > 0).any() else 1.0
+            hs: list[float] = [math.sqrt(med / 2.0)]  # so that 2h² = median squared distance
+        else:
+            hs = [float(bandwidth)] if np.isscalar(bandwidth) else [float(h) for h in bandwidth]  # type: ignore[union-attr]
+        if any(h <= 0 or not math.isfinite(h) for h in hs):
+            raise ValueError(f"mmd: bandwidths must be positive and finite, got {hs}")
+
+        def k(d: np.ndarray) -> np.ndarray:
+            return sum(np.exp(-d / (2.0 * h * h)) for h in hs) / len(hs)
+
+        m2 = float(k(dxx).mean() + k(dyy).mean() - 2.0 * k(dxy).mean())
+    else:
+        raise ValueError(f"mmd: unknown kernel {kernel!r} (use 'rbf' or 'linear')")
+    m2 = max(m2, 0.0)  # rounding can give −1e-17 for near-identical samples
+    return m2 if squared else math.sqrt(m2)
+
+
+# -- summaries over seeds --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Summary:
+    """mean ± s.d. over seeds. ``std`` is the sample s.d. (ddof = 1; 0 for one seed). NaN seeds are counted in
+    ``n_nan`` and left out of mean/std, so an unsupported OPE value in one seed stays visible instead of vanishing."""
+
+    mean: float
+    std: float
+    n: int
+    n_nan: int = 0
+
+    def __str__(self) -> str:
+        if self.n == 0:
+            return "nan"
+        s = f"{self.mean:.3f}±{self.std:.3f}"
+        return s + (f" ({self.n_nan} NaN)" if self.n_nan else "")
+
+    def to_dict(self) -> dict[str, float]:
+        return {"mean": self.mean, "std": self.std, "n": self.n, "n_nan": self.n_nan}
+
+
+def _summary(values: Sequence[float]) -> Summary:
+    arr = np.asarray([float(v) for v in values], dtype=np.float64)
+    ok = arr[np.isfinite(arr)]
+    n_nan = int(arr.size - ok.size)
+    if ok.size == 0:
+        return Summary(mean=float("nan"), std=float("nan"), n=0, n_nan=n_nan)
+    std = float(ok.std(ddof=1)) if ok.size > 1 else 0.0
+    return Summary(mean=float(ok.mean()), std=std, n=int(ok.size), n_nan=n_nan)
+
+
+def summarise(seeds_results: Sequence[float] | Sequence[Mapping[str, float]]) -> Summary | dict[str, Summary]:
+    """Mean ± s.d. over seeds (the "0.057±0.01" cells of Table III).
+
+    ``[0.05, 0.06, ...]`` → one :class:`Summary`; ``[{"pehe": .05, "ate": .04}, ...]`` → ``{"pehe": Summary, ...}``
+    over the keys present in every seed (a key missing in some seed is an error, not a silent drop).
+    """
+    if len(seeds_results) == 0:
+        raise ValueError("summarise: no seed results")
+    if isinstance(seeds_results[0], Mapping):
+        keys = list(seeds_results[0].keys())  # type: ignore[union-attr]
+        for i, r in enumerate(seeds_results):
+            if not isinstance(r, Mapping) or set(r.keys()) != set(keys):
+                raise ValueError(f"summarise: seed {i} has keys {sorted(getattr(r, 'keys', lambda: [])())}, expected {sorted(keys)}")
+        return {k: _summary([r[k] for r in seeds_results]) for k in keys}  # type: ignore[index]
+    return _summary(seeds_results)  # type: ignore[arg-type]

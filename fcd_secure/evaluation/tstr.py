@@ -1,0 +1,186 @@
+"""Train-on-synthetic, test-on-real (TSTR) utility (paper §IV-C "Metrics", Table IV; research note §4).
+
+One *fixed* predictor g is used for every generator, so that TSTR numbers compare generators and not tuning
+effort (RCGAN's protocol, Esteban et al. 2017, paper ref. [32]); TRTR (train-real-test-real) with the same g is the
+ceiling and callers print it next to TSTR.
+
+The predictor, :class:`StepPredictor`, predicts the outcome Y_t of every valid step (M = 1) from features known at
+decision time t:
+
+* X (static covariates), A_t (time-varying context), the action T_t as a one-hot over min(n_actions, 32) buckets
+  (ids beyond 32 are hashed into the buckets with a fixed multiplicative hash, so no embedding has to be learned);
+* Y_{t−1} (0 at t = 0), the running mean of Y_{<t} (0 at t = 0), a first-step indicator and the position t.
+
+Continuous features are standardised with the *training* set's mean and s.d. If the real test outcomes are binary,
+g is an L2-regularised logistic regression (soft labels in [0, 1] are allowed for training, so a generator may emit
+probabilities) fitted by a fixed number of damped Newton (IRLS) steps; otherwise g is ridge regression in closed
+form. No randomness is involved: the same data give the same numbers.
+
+Reported: ``auc`` (rank AUC of the predicted probability on real binary Y, pooled over valid steps; NaN for
+continuous Y) and ``rmse`` (√ mean (ŷ − y)² over valid steps — the probability RMSE for binary Y).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from fcd_secure.data.schema import SiteDataset
+from fcd_secure.evaluation.metrics import factual_auc, rmse
+
+__all__ = ["StepPredictor", "step_features", "tstr", "trtr", "utility_report"]
+
+_MAX_ACTION_BUCKETS = 32
+_RIDGE = 1e-4  # on the mean loss over standardised features: enough to keep separable data finite
+_NEWTON_STEPS = 30
+
+
+def _action_buckets(n_actions: int) -> int:
+    return min(n_actions, _MAX_ACTION_BUCKETS)
+
+
+def step_features(ds: SiteDataset) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-step design matrix of the valid steps of ``ds``.
+
+    Returns ``(F_cont [rows, k], F_onehot [rows, B], y [rows])`` with rows ordered by (trajectory, step).
+    """
+    n, L = ds.n, ds.L
+    valid = ds.M > 0
+    Y = ds.Y.astype(np.float64) * valid
+    prev = np.zeros_like(Y)
+    prev[:, 1:] = Y[:, :-1]
+    cum = np.cumsum(Y, axis=1)
+    past_sum = np.zeros_like(Y)
+    past_sum[:, 1:] = cum[:, :-1]
+    t_idx = np.broadcast_to(np.arange(L, dtype=np.float64), (n, L))
+    past_mean = np.divide(past_sum, t_idx, out=np.zeros_like(Y), where=t_idx > 0)
+    first = (t_idx == 0).astype(np.float64)
+
+    rows_i, rows_t = np.nonzero(valid)
+    X = ds.X.astype(np.float64)[rows_i]
+    A = ds.A.astype(np.float64)[rows_i, rows_t]
+    hist = np.stack([prev[rows_i, rows_t], past_mean[rows_i, rows_t], first[rows_i, rows_t], t_idx[rows_i, rows_t]], axis=1)
+    F_cont = np.concatenate([X, A, hist], axis=1)
+
+    B = _action_buckets(ds.n_actions)
+    T = ds.T[rows_i, rows_t].astype(np.uint64)
+    if ds.n_actions > _MAX_ACTION_BUCKETS:
+        # Knuth's multiplicative hash: a fixed, seed-free map of many action ids onto B buckets
+        T = (T * np.uint64(2654435761)) % np.uint64(2**32)
+    bucket = (T % np.uint64(B)).astype(np.int64)
+    F_oh = np.zeros((rows_i.size, B))
+    F_oh[np.arange(rows_i.size), bucket] = 1.0
+    return F_cont, F_oh, Y[rows_i, rows_t]
+
+
+@dataclass
+class StepPredictor:
+    """The fixed TSTR predictor g (module docstring). ``binary`` picks logistic (True) or ridge (False)."""
+
+    binary: bool
+    mean_: np.ndarray | None = None
+    std_: np.ndarray | None = None
+    coef_: np.ndarray | None = None
+
+    def _design(self, ds: SiteDataset, fit: bool) -> tuple[np.ndarray, np.ndarray]:
+        F_cont, F_oh, y = step_features(ds)
+        if fit:
+            self.mean_ = F_cont.mean(axis=0)
+            sd = F_cont.std(axis=0)
+            self.std_ = np.where(sd > 1e-12, sd, 1.0)
+        Z = (F_cont - self.mean_) / self.std_
+        return np.concatenate([np.ones((Z.shape[0], 1)), Z, F_oh], axis=1), y
+
+    def fit(self, ds: SiteDataset) -> "StepPredictor":
+        D, y = self._design(ds, fit=True)
+        d = D.shape[1]
+        reg = np.full(d, _RIDGE)
+        reg[0] = 0.0  # the intercept is not shrunk
+        m = D.shape[0]
+        if not self.binary:
+            A = D.T @ D / m + np.diag(reg)
+            self.coef_ = np.linalg.solve(A, D.T @ y / m)
+            return self
+        if (y < 0).any() or (y > 1).any():
+            raise ValueError(f"{ds.name}: training outcomes Y must lie in [0, 1] for the binary TSTR task")
+        beta = np.zeros(d)
+
+        def loss(b: np.ndarray) -> float:
+            z = D @ b
+            # mean cross-entropy with soft labels, log(1 + e^z) computed stably
+            return float(np.mean(np.logaddexp(0.0, z) - y * z) + 0.5 * np.sum(reg * b * b))
+
+        cur = loss(beta)
+        for _ in range(_NEWTON_STEPS):
+            p = 1.0 / (1.0 + np.exp(-(D @ beta)))
+            grad = D.T @ (p - y) / m + reg * beta
+            H = (D * (p * (1 - p))[:, None]).T @ D / m + np.diag(reg) + 1e-10 * np.eye(d)
+            step = np.linalg.solve(H, grad)
+            # damped Newton: halve until the loss does not increase (deterministic, bounded)
+            t = 1.0
+            for _ in range(30):
+                cand = beta - t * step
+                new = loss(cand)
+                if new <= cur:
+                    break
+                t *= 0.5
+            else:
+                break
+            beta, improved = cand, cur - new
+            cur = new
+            if improved < 1e-12:
+                break
+        self.coef_ = beta
+        return self
+
+    def predict(self, ds: SiteDataset) -> tuple[np.ndarray, np.ndarray]:
+        """Predictions ŷ and targets y for the valid steps of ``ds`` (probabilities if ``binary``)."""
+        if self.coef_ is None:
+            raise RuntimeError("StepPredictor.predict called before fit")
+        D, y = self._design(ds, fit=False)
+        if D.shape[1] != self.coef_.size:
+            raise ValueError(f"{ds.name}: feature layout differs from the training set ({D.shape[1]} vs {self.coef_.size} columns)")
+        z = D @ self.coef_
+        return (1.0 / (1.0 + np.exp(-z)) if self.binary else z), y
+
+
+def _check_layout(train: SiteDataset, test: SiteDataset) -> None:
+    for field in ("dx", "da", "n_actions"):
+        a, b = getattr(train, field), getattr(test, field)
+        if a != b:
+            raise ValueError(f"TSTR: {field} of {train.name} ({a}) differs from {field} of {test.name} ({b})")
+
+
+def _is_binary(ds: SiteDataset) -> bool:
+    return bool(np.isin(ds.Y[ds.M > 0], (0.0, 1.0)).all())
+
+
+def _train_test(train: SiteDataset, test: SiteDataset) -> dict[str, float]:
+    _check_layout(train, test)
+    binary = _is_binary(test)
+    g = StepPredictor(binary=binary).fit(train)
+    y_hat, y = g.predict(test)
+    out = {"auc": float("nan"), "rmse": rmse(y_hat, y), "n_train": int(train.M.sum()), "n_test": int(y.size)}
+    if binary:
+        if np.unique(y).size < 2:
+            warnings.warn(f"TSTR: {test.name} has a single outcome class on its valid steps; AUC is NaN", stacklevel=3)
+        else:
+            out["auc"] = factual_auc(y, y_hat)
+    return out
+
+
+def tstr(synthetic: SiteDataset, real_test: SiteDataset) -> dict[str, float]:
+    """Train g on ``synthetic`` trajectories, test on ``real_test``: ``{"auc", "rmse", "n_train", "n_test"}``."""
+    return _train_test(synthetic, real_test)
+
+
+def trtr(real_train: SiteDataset, real_test: SiteDataset) -> dict[str, float]:
+    """The TRTR ceiling: the same g trained on real training trajectories, tested on ``real_test``."""
+    return _train_test(real_train, real_test)
+
+
+def utility_report(synthetic: SiteDataset, real_train: SiteDataset, real_test: SiteDataset) -> dict[str, dict[str, float]]:
+    """``{"tstr": tstr(synthetic, real_test), "trtr": trtr(real_train, real_test)}`` for side-by-side printing."""
+    return {"tstr": tstr(synthetic, real_test), "trtr": trtr(real_train, real_test)}
