@@ -1,7 +1,105 @@
-"""`fcd privacy` sub-commands."""
+"""`fcd privacy` sub-commands: the privacy budget report and a σ planner (thin: parse, call, print)."""
 
 from __future__ import annotations
 
-import typer
+import json
+from pathlib import Path
+from typing import Annotated, Optional
 
-app = typer.Typer(no_args_is_help=True, add_completion=False)
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from fcd_secure.privacy.ledger import LedgerError
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="Privacy budget ledgers and reports (DP-SGD).")
+_err = Console(stderr=True)
+
+
+@app.command("report")
+def report(
+    path: Annotated[
+        Path,
+        typer.Argument(
+            help="A run folder (its summary.json may name the state root), a sites' state root, one site's state "
+            "directory, or a ledger file (<site>/privacy/ledger-<fingerprint>.json).",
+        ),
+    ],
+    out: Annotated[
+        Optional[Path],
+        typer.Option("--out", help="Folder for privacy_report.{json,md} and privacy_epsilon.png (default: PATH)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the JSON report to stdout.")] = False,
+    no_files: Annotated[bool, typer.Option("--no-files", help="Print only; write no report files.")] = False,
+) -> None:
+    """Per-site and consortium privacy report: ε spent / cap / remaining at δ, σ, C, q, steps, rounds, the ledger's
+    segments, the accountant and library versions, what is covered and what is not; with an ε-over-rounds plot.
+
+    ε is recomputed from each site's write-ahead ledger, never taken from a cached number.
+    """
+    from fcd_secure.privacy.report import build_report, write_report
+
+    try:
+        rep = build_report(path)
+    except (FileNotFoundError, LedgerError) as exc:
+        _err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    written = {}
+    if not no_files:
+        target = out if out is not None else (path if path.is_dir() else path.parent)
+        written = write_report(rep, target)
+    if as_json:
+        typer.echo(json.dumps(rep, indent=2))
+        return
+    table = Table(title="Privacy budget (record level: one trajectory, add/remove adjacency)")
+    for col in ("site", "dataset", "ε spent", "cap", "remaining", "δ", "σ", "C", "q", "rounds", "steps", "acct"):
+        table.add_column(col)
+    for s in rep["sites"]:
+        m = s["mechanism"]
+        table.add_row(
+            s["site"], s["dataset_fingerprint"][:8], f"{s['epsilon_spent']:.3f}", f"{s['epsilon_cap']:g}",
+            f"{s['epsilon_remaining']:.3f}", f"{s['delta']:.3g}", ", ".join(f"{x:.3g}" for x in m["noise_multipliers"]),
+            f"{m['clip_C']:g}", ", ".join(f"{x:.3g}" for x in m["sample_rate_q"]), str(m["rounds"]),
+            str(m["total_steps"]), s["accountant"],
+        )
+    con = Console()
+    con.print(table)
+    c = rep["consortium"]
+    con.print(f"Consortium: ε = {c['epsilon']:.3f}, δ = {c['delta']:.3g} (parallel composition over {c['sites']} sites)")
+    for kind, p in written.items():
+        con.print(f"{kind}: {p}")
+
+
+@app.command("plan")
+def plan(
+    n_site: Annotated[int, typer.Option("--n-site", min=1, help="Trajectories at the site.")],
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Expected Poisson batch size.")] = 64,
+    rounds: Annotated[int, typer.Option("--rounds", min=1, help="Planned federated rounds.")] = 20,
+    local_epochs: Annotated[int, typer.Option("--local-epochs", min=1, help="Local epochs per round.")] = 1,
+    epsilon: Annotated[float, typer.Option("--epsilon", min=0.01, help="Lifetime ε cap.")] = 8.0,
+    delta: Annotated[Optional[float], typer.Option("--delta", help="δ (default: power of ten ≤ 1/(10·n)).")] = None,
+    accountant: Annotated[str, typer.Option("--accountant", help="prv or rdp.")] = "prv",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """The noise multiplier σ a site would use for a planned use (rounds × local epochs × ⌈N/B⌉ steps)."""
+    from pydantic import ValidationError
+
+    from fcd_secure.privacy.config import DPConfig
+    from fcd_secure.privacy.planner import plan_noise_multiplier, sample_rate, steps_per_epoch
+
+    try:
+        cfg = DPConfig(enabled=True, epsilon=epsilon, delta=delta, accountant=accountant)  # type: ignore[arg-type]
+        d = cfg.resolve_delta(n_site)
+        q = sample_rate(n_site, batch_size)
+        steps = rounds * local_epochs * steps_per_epoch(n_site, batch_size)
+        sigma = plan_noise_multiplier(epsilon_cap=epsilon, delta=d, q=q, planned_steps=steps, accountant=accountant)
+    except (ValidationError, ValueError) as exc:
+        _err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    out = {"sigma": sigma, "q": q, "steps": steps, "delta": d, "epsilon_cap": epsilon, "accountant": accountant}
+    if as_json:
+        typer.echo(json.dumps(out, indent=2))
+    else:
+        Console().print(
+            f"σ = {sigma:.4f} for ε ≤ {epsilon:g} at δ = {d:.3g} over {steps} Poisson steps (q = {q:.4g}, {accountant})"
+        )

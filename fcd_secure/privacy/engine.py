@@ -121,6 +121,8 @@ class DPSite:
             epsilon_cap=dp_cfg.epsilon,
             clip=dp_cfg.clip,
             accountant=dp_cfg.accountant,
+            align_under_dp=dp_cfg.align_under_dp,
+            noise_seed=dp_cfg.noise_seed,
         )
         #: why every round will be refused (the budget left cannot pay for the planned use), or None
         self.refusal: str | None = None

@@ -116,6 +116,9 @@ class LedgerState(BaseModel):
     epsilon_cap: float = Field(gt=0)
     clip: float = Field(gt=0)
     accountant: Literal["prv", "rdp"]
+    #: what the batch-coupled L_align became under DP in the latest run ("off" | "reference"), for the report
+    align_under_dp: str | None = None
+    noise_seed: str | None = None
     plans: list[PlanRecord] = Field(default_factory=list)
     segments: list[SegmentRecord] = Field(default_factory=list)
 
@@ -193,7 +196,16 @@ class Ledger:
 
     # -- operations ----------------------------------------------------------------------------------
     def open_or_create(
-        self, *, fingerprint: str, n_site: int, delta: float, epsilon_cap: float, clip: float, accountant: str
+        self,
+        *,
+        fingerprint: str,
+        n_site: int,
+        delta: float,
+        epsilon_cap: float,
+        clip: float,
+        accountant: str,
+        align_under_dp: str | None = None,
+        noise_seed: str | None = None,
     ) -> LedgerState:
         """Load the ledger, or create it on first use; check a later run's settings against it.
 
@@ -209,6 +221,8 @@ class Ledger:
                     epsilon_cap=epsilon_cap,
                     clip=clip,
                     accountant=accountant,  # type: ignore[arg-type]
+                    align_under_dp=align_under_dp,
+                    noise_seed=noise_seed,
                 )
                 self._save(state)
                 return state
@@ -235,6 +249,9 @@ class Ledger:
                 # C and the accountant may change between runs: segments carry (σ, q, steps) and σ is relative to
                 # the C of its round, so the composition stays valid. The latest values are what the report shows.
                 state.clip, state.accountant = clip, accountant  # type: ignore[assignment]
+                changed = True
+            if (align_under_dp, noise_seed) != (state.align_under_dp, state.noise_seed):
+                state.align_under_dp, state.noise_seed = align_under_dp, noise_seed
                 changed = True
             if changed:
                 self._save(state)

@@ -1,0 +1,294 @@
+"""The privacy budget report: per site and for the consortium, from the ledgers on disk (issue 6 item 3).
+
+Contents follow TF-Privacy's ``compute_dp_sgd_privacy_statement`` and Ponomareva et al. 2023 ("How to DP-fy ML")
+§5.3 as summarised in dp-anchors §5: the DP setting, the unit of privacy and adjacency, the mechanism (σ, C, q,
+steps, rounds), the accountant with its δ and library versions, the ledger's segments, and — as plainly — what
+the guarantee does *not* cover.
+
+Everything is recomputed from the ledger segments (never from a cached ε), so the report is exactly as trustworthy
+as the write-ahead ledger. The consortium statement uses parallel composition: every trajectory belongs to one
+site's dataset, so the record-level guarantee of the consortium is the worst site's (max ε, max δ).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from fcd_secure.privacy.ledger import Ledger, LedgerError, LedgerState
+from fcd_secure.privacy.planner import epsilon, epsilon_curve
+
+UNIT = (
+    "one trajectory: one row (X, A_1:L, T_1:L, Y_1:L, M_1:L) of a site's training data. A person with several "
+    "trajectories at a site is protected only up to group privacy (about k·ε for k trajectories)."
+)
+ADJACENCY = "add/remove one trajectory (Opacus' accounting), Poisson subsampling of every batch"
+SETTING = (
+    "DP-SGD (Opacus) run locally at each site; the site is the trusted curator of its data. The server, the other "
+    "sites and every reader of the released parameters are untrusted for record privacy. Secure aggregation adds "
+    "confidentiality of each site's update but no ε: aggregation is post-processing."
+)
+COVERED = [
+    "every Θc (shared parameters) a site released, in every round: all checkpoints, not only the final model",
+    "the site-local Θs, trained by the same DP optimizer (every parameter that influences a release is DP-trained)",
+    "every run on the same dataset: the ledger is keyed by the dataset's fingerprint and composes all of them",
+]
+NOT_COVERED_ALWAYS = [
+    "aggregate metrics and counts sent to the server (training losses, num-examples / the site's size N)",
+    "preprocessing statistics fitted on the site's data (normalisation, vocabularies, truncation, feature choice)",
+    "hyperparameter tuning or model selection on private data (Papernot & Steinke 2022)",
+    "site-level facts: that a site takes part, its size, its data distribution relative to other sites",
+    "noise drawn from torch's non-cryptographic PRNG: Opacus' secure_mode needs torchcsprng, which has no release "
+    "for torch 2.x, so floating-point and RNG-state attacks are not mitigated",
+    "off-policy estimates computed on the site from logged propensities, and evaluation on the site's test split",
+]
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for pkg in ("opacus", "torch", "flwr", "fcd_secure"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+def find_ledgers(path: str | Path) -> list[Path]:
+    """Ledger files under a run folder, a state root, a site directory, or the ledger file itself.
+
+    A run folder's ``summary.json`` may name the state root it used (``state_root``/``state_dir``); ledgers live
+    in the sites' persistent state, not in the run folder, so that a new run cannot start a new budget.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such run or site directory")
+    if path.is_file():
+        if not path.name.startswith("ledger-") or path.suffix != ".json":
+            raise LedgerError(f"{path}: not a privacy ledger (expected privacy/ledger-<fingerprint>.json)")
+        return [path]
+    roots = [path]
+    summary = path / "summary.json"
+    if summary.exists():
+        try:
+            data = json.loads(summary.read_text())
+        except json.JSONDecodeError as exc:
+            raise LedgerError(f"{summary}: unreadable run summary ({exc})") from exc
+        for key in ("state_root", "state_dir"):
+            val = data.get(key) if isinstance(data, dict) else None
+            if isinstance(val, str):
+                p = Path(val) if Path(val).is_absolute() else (path / val)
+                if p.exists():
+                    roots.append(p)
+    found: set[Path] = set()
+    for root in roots:
+        found.update(p.resolve() for p in root.rglob("ledger-*.json") if p.parent.name == "privacy")
+    return sorted(found)
+
+
+def site_label(ledger_file: Path) -> str:
+    """The site's directory name (``<state_root>/<site_id>/privacy/ledger-….json``)."""
+    return ledger_file.parent.parent.name
+
+
+def site_report(ledger_file: str | Path) -> dict[str, Any]:
+    """The JSON report of one site's ledger. ε is recomputed from the segments with the ledger's accountant."""
+    ledger_file = Path(ledger_file)
+    state: LedgerState = Ledger(ledger_file).load()
+    history = state.history()
+    eps = epsilon(history, state.delta, state.accountant)
+    eps_rdp = epsilon(history, state.delta, "rdp") if state.accountant != "rdp" else eps
+    curve = epsilon_curve(history, state.delta, state.accountant)
+    segments = []
+    for seg, eps_after in zip(state.segments, curve):
+        segments.append(
+            {
+                "seq": seg.seq,
+                "round": seg.round,
+                "run_id": seg.run_id,
+                "plan_id": seg.plan_id,
+                "sigma": seg.sigma,
+                "q": seg.q,
+                "steps": seg.steps if seg.status == "committed" else seg.reserved_steps,
+                "reserved_steps": seg.reserved_steps,
+                "status": seg.status,
+                "epsilon_after": eps_after,
+            }
+        )
+    open_res = [s["seq"] for s in segments if s["status"] == "reserved"]
+    align = state.align_under_dp
+    disabled = []
+    if align == "off":
+        disabled.append("the batch-coupled MMD balancing term L_align was OFF under DP (it couples records of a batch)")
+    elif align == "reference":
+        disabled.append(
+            "the batch-coupled MMD term L_align was REPLACED by a per-sample kernel distance to a fixed, data-free "
+            "reference set (not the paper's distributional MMD)"
+        )
+    batch = max(1, round(state.n_site * (state.plans[-1].q if state.plans else 0)))
+    return {
+        "site": site_label(ledger_file),
+        "ledger": str(ledger_file),
+        "dataset_fingerprint": state.fingerprint[:16],
+        "setting": SETTING,
+        "unit_of_privacy": UNIT,
+        "adjacency": ADJACENCY,
+        "n_site": state.n_site,
+        "delta": state.delta,
+        "epsilon_spent": eps,
+        "epsilon_cap": state.epsilon_cap,
+        "epsilon_remaining": max(0.0, state.epsilon_cap - eps),
+        "epsilon_rdp_bound": eps_rdp,
+        "accountant": state.accountant,
+        "accountant_note": (
+            "PRV (Gopi et al. 2021), upper end of the ε interval, eps_error 0.01"
+            if state.accountant == "prv"
+            else "RDP (Mironov 2017), Opacus' default orders"
+        ),
+        "libraries": _versions(),
+        "mechanism": {
+            "algorithm": "DP-SGD / DP-Adam with flat per-sample clipping, Opacus grad_sample_mode='hooks'",
+            "clip_C": state.clip,
+            "noise_multipliers": sorted({s["sigma"] for s in segments}) or [p.sigma for p in state.plans[-1:]],
+            "poisson_sampling": True,
+            "sample_rate_q": sorted({s["q"] for s in segments}) or [p.q for p in state.plans[-1:]],
+            "expected_batch_size": batch,
+            "steps_per_round": state.plans[-1].steps_per_round if state.plans else None,
+            "rounds": len([s for s in segments if s["steps"] > 0]),
+            "total_steps": sum(s["steps"] for s in segments),
+            "noise_seed": state.noise_seed,
+        },
+        "plans": [p.model_dump() for p in state.plans],
+        "segments": segments,
+        "open_reservations": open_res,
+        "covered": COVERED,
+        "not_covered": NOT_COVERED_ALWAYS + disabled,
+        "batch_terms_under_dp": align,
+    }
+
+
+def consortium_report(sites: list[dict[str, Any]]) -> dict[str, Any]:
+    """Parallel composition across disjoint site datasets: the consortium's record-level (ε, δ) is the worst site's."""
+    if not sites:
+        return {"sites": 0}
+    worst = max(sites, key=lambda s: s["epsilon_spent"])
+    return {
+        "sites": len(sites),
+        "epsilon": worst["epsilon_spent"],
+        "delta": max(s["delta"] for s in sites),
+        "worst_site": worst["site"],
+        "composition": (
+            "parallel: each trajectory is in exactly one site's dataset, so the consortium's record-level guarantee "
+            "is (max ε, max δ) over sites. A person with trajectories at k sites composes sequentially (up to the "
+            "sum of those sites' ε)."
+        ),
+        "epsilon_sum_over_sites": sum(s["epsilon_spent"] for s in sites),
+    }
+
+
+def build_report(path: str | Path) -> dict[str, Any]:
+    """The whole report for a run folder, state root, site directory or ledger file."""
+    ledgers = find_ledgers(path)
+    if not ledgers:
+        raise LedgerError(f"{path}: no privacy ledger found (expected <site>/privacy/ledger-<fingerprint>.json)")
+    sites = [site_report(p) for p in ledgers]
+    return {"source": str(Path(path)), "sites": sites, "consortium": consortium_report(sites)}
+
+
+def plot_epsilon(report: dict[str, Any], out: Path) -> None:
+    """ε over the ledger's rounds (segments) for each site, with its cap."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    for i, s in enumerate(report["sites"]):
+        xs = [0] + [seg["seq"] for seg in s["segments"]]
+        ys = [0.0] + [seg["epsilon_after"] for seg in s["segments"]]
+        line = ax.plot(xs, ys, marker="o", ms=3, label=f"{s['site']} ({s['dataset_fingerprint'][:8]})")[0]
+        ax.axhline(s["epsilon_cap"], color=line.get_color(), ls="--", lw=0.8)
+    ax.set_xlabel("ledger segment (one reserved round)")
+    ax.set_ylabel(f"ε spent (δ per site, {report['sites'][0]['accountant']})")
+    ax.set_title("Privacy budget over rounds (dashed: cap)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def render_markdown(report: dict[str, Any], plot_name: str | None) -> str:
+    c = report["consortium"]
+    lines = [
+        "# Privacy budget report",
+        "",
+        f"Source: `{report['source']}`",
+        "",
+        "## Consortium",
+        "",
+        f"- Record-level guarantee: **(ε = {c['epsilon']:.3f}, δ = {c['delta']:.3g})** over {c['sites']} site(s); "
+        f"worst site `{c['worst_site']}`.",
+        f"- Composition: {c['composition']}",
+        "",
+    ]
+    if plot_name:
+        lines += [f"![ε over rounds]({plot_name})", ""]
+    for s in report["sites"]:
+        m = s["mechanism"]
+        lines += [
+            f"## Site `{s['site']}` (dataset {s['dataset_fingerprint']})",
+            "",
+            f"- **ε spent {s['epsilon_spent']:.3f}** of cap {s['epsilon_cap']:g} (remaining "
+            f"{s['epsilon_remaining']:.3f}) at **δ = {s['delta']:.3g}**; RDP bound {s['epsilon_rdp_bound']:.3f}.",
+            f"- Accountant: {s['accountant']} — {s['accountant_note']}.",
+            f"- Libraries: " + ", ".join(f"{k} {v}" for k, v in s["libraries"].items()) + ".",
+            f"- Setting: {s['setting']}",
+            f"- Unit of privacy: {s['unit_of_privacy']}",
+            f"- Adjacency: {s['adjacency']}.",
+            f"- Mechanism: {m['algorithm']}; clip C = {m['clip_C']:g}; σ = "
+            + ", ".join(f"{x:.4g}" for x in m["noise_multipliers"])
+            + f"; Poisson q = "
+            + ", ".join(f"{x:.4g}" for x in m["sample_rate_q"])
+            + f" (expected batch {m['expected_batch_size']} of N = {s['n_site']}); {m['steps_per_round']} steps per "
+            f"round; {m['rounds']} rounds; {m['total_steps']} steps in all; noise seed: {m['noise_seed']}.",
+        ]
+        if s["open_reservations"]:
+            lines.append(
+                f"- Open reservations (charged in full; a round that never closed): {s['open_reservations']}."
+            )
+        lines += [
+            "",
+            "| seq | round | run | plan | σ | q | steps | status | ε after |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for seg in s["segments"]:
+            lines.append(
+                f"| {seg['seq']} | {seg['round']} | {seg['run_id'] or ''} | {seg['plan_id']} | {seg['sigma']:.4g} | "
+                f"{seg['q']:.4g} | {seg['steps']} | {seg['status']} | {seg['epsilon_after']:.3f} |"
+            )
+        lines += ["", "Covered:", ""] + [f"- {x}" for x in s["covered"]]
+        lines += ["", "**Not covered:**", ""] + [f"- {x}" for x in s["not_covered"]] + [""]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(report: dict[str, Any], out_dir: str | Path) -> dict[str, Path]:
+    """Write ``privacy_report.json``, ``privacy_report.md`` and ``privacy_epsilon.png`` into ``out_dir``, all or none.
+
+    Files are written to a temporary folder beside ``out_dir`` first and moved in only when all three exist.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    names = {"json": "privacy_report.json", "markdown": "privacy_report.md", "plot": "privacy_epsilon.png"}
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".privacy_report.") as tmp:
+        t = Path(tmp)
+        (t / names["json"]).write_text(json.dumps(report, indent=2) + "\n")
+        plot_epsilon(report, t / names["plot"])
+        (t / names["markdown"]).write_text(render_markdown(report, names["plot"]))
+        for name in names.values():
+            os.replace(t / name, out_dir / name)
+    return {k: out_dir / v for k, v in names.items()}
