@@ -1,0 +1,38 @@
+"""The figure helpers write real PNG files (Agg backend) and refuse bad input without writing anything."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fcd_secure.evaluation.plots import plot_metric_vs_round, plot_utility_vs_uplink
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_metric_vs_round_writes_png(tmp_path):
+    out = plot_metric_vs_round(
+        [1, 2, 3, 4],
+        {"Fed-CausalDiff": [0.2, 0.12, 0.08, 0.06], "w/o DSS": [0.25, 0.2, math.nan, 0.09]},
+        tmp_path / "fig" / "pehe.png",
+        ylabel="PEHE",
+    )
+    assert out == tmp_path / "fig" / "pehe.png"
+    data = out.read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 2000
+
+
+def test_utility_vs_uplink_writes_png(tmp_path):
+    out = plot_utility_vs_uplink([("Fed-CausalDiff", 12.5, 0.61), ("full sync", 30.0, 0.6)], tmp_path / "uplink.png")
+    assert out.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_bad_input_writes_nothing(tmp_path):
+    with pytest.raises(ValueError, match="'a' has 2 values for 3 rounds"):
+        plot_metric_vs_round([1, 2, 3], {"a": [0.1, 0.2]}, tmp_path / "x.png")
+    with pytest.raises(ValueError, match=r"\.png"):
+        plot_metric_vs_round([1], {"a": [0.1]}, tmp_path / "x.pdf")
+    with pytest.raises(ValueError, match="invalid uplink_mb"):
+        plot_utility_vs_uplink([("a", -1.0, 0.5)], tmp_path / "y.png")
+    assert list(tmp_path.iterdir()) == []
