@@ -45,7 +45,7 @@ from fcd_secure.privacy.ledger import (
 )
 from fcd_secure.privacy.planner import epsilon, plan_noise_multiplier, sample_rate, steps_per_epoch
 
-__all__ = ["DPSite", "Reservation", "BudgetExceeded", "LedgerError", "dataset_fingerprint"]
+__all__ = ["DPSite", "Reservation", "BudgetExceeded", "LedgerError", "dataset_fingerprint", "train_round_private"]
 
 
 @dataclass(frozen=True)
@@ -306,3 +306,47 @@ class DPSite:
         state = self.ledger.load()
         steps = self.steps_per_round if steps is None else int(steps)
         return epsilon(state.history() + [(self.plan.sigma, self.sample_rate, steps)], state.delta, state.accountant)
+
+
+def train_round_private(
+    site: DPSite,
+    model: torch.nn.Module,
+    ds: Any,
+    model_cfg: Any,
+    site_index: int | None,
+    n_sites: int,
+    *,
+    epochs: int,
+    seed: int,
+    optimizer: torch.optim.Optimizer | None = None,
+    round_id: int | None = None,
+) -> dict[str, float]:
+    """One DP round of local training: reserve → ``make_private`` → ``model.training.train_local`` → commit.
+
+    ``model_cfg`` is switched to ``dp_mode`` with the configured ``align_under_dp`` (DESIGN trap 4: no
+    batch-coupled term reaches DP-SGD). Raises ``BudgetExceeded`` before touching the data if the round does not
+    fit the budget. Returns train_local's metrics plus ``dp_epsilon``, ``dp_delta``, ``dp_sigma``, ``dp_steps``.
+    The reservation is committed even if training fails, with the steps that actually ran.
+    """
+    from fcd_secure.model.training import make_loader, make_optimizer, train_local
+
+    if ds.n != site.n_site:
+        raise ValueError(f"dp: dataset {ds.name} has {ds.n} trajectories, the site's plan has n_site={site.n_site}")
+    cfg = model_cfg.model_copy(update={"dp_mode": True, "align_under_dp": site.cfg.align_under_dp})
+    if not cfg.per_sample_safe:
+        raise ValueError(f"dp: batch-coupled loss terms {cfg.batch_coupled_terms} cannot run under DP-SGD")
+    reservation = site.reserve_round(epochs * steps_per_epoch(site.n_site, site.batch_size), round_id=round_id)
+    steps_taken = 0
+    try:
+        opt = optimizer if optimizer is not None else make_optimizer(model, cfg)
+        loader = make_loader(ds, site.batch_size, seed, site_index, poisson=False)
+        model, dp_opt, dp_loader = site.make_private(model, opt, loader, seed=seed)
+        metrics = train_local(
+            model, ds, cfg, site_index, n_sites, epochs=epochs, seed=seed, optimizer=dp_opt, loader=dp_loader
+        )
+        steps_taken = int(metrics.get("steps", 0))
+    finally:
+        site.commit(reservation)
+    eps, delta = site.spent()
+    metrics.update(dp_epsilon=eps, dp_delta=delta, dp_sigma=site.noise_multiplier, dp_steps=float(steps_taken))
+    return metrics
