@@ -32,7 +32,9 @@ number and are skipped by the bytes rule (they would collide with any constant Î
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
+import inspect
 import logging
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -77,11 +79,22 @@ class GatePolicy(BaseModel):
 
     allowed_metrics: frozenset[str] = Field(
         default=frozenset(),
-        description="aggregate metric names allowed in MetricRecords, as 'key' or 'record/key'",
+        description="aggregate scalar metrics allowed in MetricRecords, as 'key' or 'record/key' (fnmatch patterns)",
+    )
+    allowed_metric_lists: frozenset[str] = Field(
+        default=frozenset(),
+        description="metrics that may be lists of numbers (aggregate histograms), same form as allowed_metrics",
     )
     allowed_config_keys: frozenset[str] = Field(
         default=frozenset(),
-        description="config keys allowed outside secure-aggregation messages, as 'key' or 'record/key'",
+        description="config keys allowed outside secure-aggregation messages, as 'key' or 'record/key' (fnmatch patterns)",
+    )
+    allow_theta_s_upload: bool = Field(
+        default=False,
+        description=(
+            "research only: let Î˜s pass (the paper's 'w/o DSS' full-synchronisation ablation). The uploads are "
+            "recorded as they are, so `fcd audit verify` reports them as violations"
+        ),
     )
     secagg_prefix: str = SECAGG_PREFIX
     max_config_str_len: int = Field(default=128, description="longest str value in a protocol ConfigRecord")
@@ -218,15 +231,16 @@ def _check_name(name: str, theta_s_names: set[str], record: str, key: str | None
 
 
 def _allowed(name: str, record: str, allow: Iterable[str]) -> bool:
-    allow = set(allow)
-    return name in allow or f"{record}/{name}" in allow
+    full = f"{record}/{name}"
+    return any(fnmatch.fnmatchcase(name, pat) or fnmatch.fnmatchcase(full, pat) for pat in allow)
 
 
 def check_content(content: RecordDict, message_type: str, ctx: SiteAuditContext, manifest: ManifestView) -> None:
     """Raise :class:`Refusal` if ``content`` may not leave the site; return quietly otherwise."""
     policy = ctx.policy
-    s_names = set(manifest.theta_s)
-    private = _private_blobs(ctx)
+    s_names = set() if policy.allow_theta_s_upload else set(manifest.theta_s)
+    private = [p for p in _private_blobs(ctx) if not (policy.allow_theta_s_upload and p.kind == "theta_s")]
+    layout = {**manifest.theta_c, **manifest.theta_s} if policy.allow_theta_s_upload else manifest.theta_c
     secagg = message_type.startswith(policy.secagg_prefix)
     for rname, record in content.items():
         rname = str(rname)
@@ -237,7 +251,7 @@ def check_content(content: RecordDict, message_type: str, ctx: SiteAuditContext,
                 _check_name(key, s_names, rname, key)
                 data = np.ascontiguousarray(arr.numpy()).tobytes()
                 _check_bytes(data, private, rname, key)
-                spec = manifest.theta_c.get(key)
+                spec = layout.get(key)
                 if spec is None:
                     raise Refusal("unlisted_tensor", rname, key)
                 if tuple(int(x) for x in arr.shape) != spec[0] or _dtype_name(arr.dtype) != spec[1]:
@@ -246,23 +260,28 @@ def check_content(content: RecordDict, message_type: str, ctx: SiteAuditContext,
             for key, value in record.items():
                 key = str(key)
                 _check_name(key, s_names, rname, key)
-                if isinstance(value, list) or not _allowed(key, rname, policy.allowed_metrics):
+                if isinstance(value, list):
+                    if not _allowed(key, rname, policy.allowed_metric_lists):
+                        raise Refusal("metric_not_allowed", rname, key)
+                elif not _allowed(key, rname, policy.allowed_metrics):
                     raise Refusal("metric_not_allowed", rname, key)
         elif isinstance(record, ConfigRecord):
             for key, value in record.items():
                 key = str(key)
                 _check_name(key, s_names, rname, key)
-                if not (secagg or _allowed(key, rname, policy.allowed_config_keys)):
-                    raise Refusal("config_not_allowed", rname, key)
                 values = value if isinstance(value, list) else [value]
+                # private content first, so the ledger records the most specific reason for a refusal
                 for v in values:
                     if isinstance(v, bytes):
                         _check_bytes(v, private, rname, key)
                     elif isinstance(v, str):
-                        if len(v) > policy.max_config_str_len:
-                            raise Refusal("config_not_allowed", rname, key)
                         _check_name(v, s_names, rname, key)
-                    elif isinstance(v, float):
+                if not (secagg or _allowed(key, rname, policy.allowed_config_keys)):
+                    raise Refusal("config_not_allowed", rname, key)
+                for v in values:
+                    if isinstance(v, str) and len(v) > policy.max_config_str_len:
+                        raise Refusal("config_not_allowed", rname, key)
+                    if isinstance(v, float):
                         # floats in protocol fields would be a clear-text channel for values; the protocol is ints/bytes
                         raise Refusal("config_not_allowed", rname, key)
         else:
@@ -294,15 +313,20 @@ def _close_rounds(ctx: SiteAuditContext, before: int | None) -> None:
             ctx.ledger.checkpoint(r)
 
 
-def make_egress_gate(get_site: Callable[[Context], SiteAuditContext]) -> Callable[[Message, Context, Callable], Message]:
+def make_egress_gate(get_site: Callable[..., SiteAuditContext]) -> Callable[[Message, Context, Callable], Message]:
     """The egress gate mod. Put it first in ``ClientApp(mods=[...])`` (outermost).
 
-    ``get_site(context)`` returns the :class:`SiteAuditContext` of the site that runs this message.
+    ``get_site(context)`` (or ``get_site(msg, context)``) returns the :class:`SiteAuditContext` of the site that runs
+    this message.
     """
+    try:
+        takes_msg = len(inspect.signature(get_site).parameters) >= 2
+    except (TypeError, ValueError):
+        takes_msg = False
 
     def egress_gate(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
         try:
-            ctx = get_site(context)
+            ctx = get_site(msg, context) if takes_msg else get_site(context)
             manifest = ManifestView.of(ctx.manifest)
             ctx.ledger.record_manifest(manifest.to_json())
             rnd = round_of(msg)

@@ -1,0 +1,221 @@
+"""The egress gate on real Flower messages: what passes, what is refused and recorded, what never leaves."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
+from test_audit_support import MANIFEST, POLICY, Site, instruction
+
+from fcd_secure.audit.accounting import describe_message
+from fcd_secure.audit.gate import GATE_ERROR_CODE, GENERIC_ERROR_REASON, GatePolicy, make_egress_gate
+from fcd_secure.audit.verify import verify_path
+
+
+def _uploads(site: Site) -> list[dict]:
+    return [l for l in site.ledger.lines() if l["kind"] == "upload"]
+
+
+def test_clean_reply_passes_and_is_recorded_with_exact_bytes(tmp_path):
+    site = Site(tmp_path)
+    reply = site.send(instruction("train", 1))
+    assert reply.has_content() and not reply.has_error()
+    (entry,) = _uploads(site)
+    facts = describe_message(reply)
+    assert entry["status"] == "sent"
+    assert entry["payload_bytes"] == facts.payload_bytes > 0
+    assert entry["message_bytes"] == facts.message_bytes
+    assert entry["message_id"] == reply.object_id
+    assert entry["payload_sha256"] == reply.content.object_id
+    assert entry["round"] == 1 and entry["action"] == "train"
+    assert entry["layout_hash"] == MANIFEST["layout_hash"]
+    assert entry["privacy_ledger_hash"] == "ab" * 32
+    assert {(t["name"], tuple(t["shape"])) for t in entry["tensors"]} == {
+        ("trunk.weight", (6, 4)), ("trunk.bias", (6,)), ("decoder.weight", (3, 6))
+    }
+    assert sorted(entry["metrics"]) == ["metrics/loss", "num/n"]
+
+
+def _plant_theta_s_by_name(site):
+    def m(content):
+        content["update"]["eps_s.weight"] = Array(site.theta_s["eps_s.weight"])
+    return m
+
+
+def _plant_renamed_copy(site):
+    # a Θs tensor of the same shape as a Θc tensor, sent under the Θc name
+    def m(content):
+        content["update"]["trunk.weight"] = Array(site.theta_s["eps_s.weight"].copy())
+    return m
+
+
+def _plant_renamed_unlisted(site):
+    def m(content):
+        content["extra"] = ArrayRecord({"aux": Array(site.theta_s["ks_head.bias"].copy())})
+    return m
+
+
+def _plant_embedded(site):
+    # Θs bytes hidden inside a larger tensor of a legitimate Θc name and shape
+    def m(content):
+        w = np.random.default_rng(5).standard_normal((3, 6)).astype(np.float32)
+        w.reshape(-1)[2:7] = site.theta_s["ks_head.bias"]
+        content["update"]["decoder.weight"] = Array(w)
+    return m
+
+
+def _plant_propensity_named(site):
+    def m(content):
+        content["extra"] = ArrayRecord({"propensity": Array(site.P.copy())})
+    return m
+
+
+def _plant_propensity_disguised(site):
+    # the propensity array under an innocent name: caught by its bytes
+    def m(content):
+        content["extra"] = ArrayRecord({"trunk.bias": Array(site.P.copy())})
+    return m
+
+
+def _plant_propensity_in_protocol_bytes(site):
+    def m(content):
+        content["cfg"] = ConfigRecord({"blob": b"hdr" + site.P.tobytes()})
+    return m
+
+
+LEAKS = [
+    (_plant_theta_s_by_name, "theta_s_name"),
+    (_plant_renamed_copy, "theta_s_bytes"),
+    (_plant_renamed_unlisted, "theta_s_bytes"),
+    (_plant_embedded, "theta_s_bytes"),
+    (_plant_propensity_named, "propensity"),
+    (_plant_propensity_disguised, "propensity"),
+    (_plant_propensity_in_protocol_bytes, "propensity"),
+]
+
+
+@pytest.mark.parametrize("plant,rule", LEAKS, ids=[p.__name__[7:] for p, _ in LEAKS])
+def test_planted_leak_is_refused_and_recorded(tmp_path, plant, rule):
+    site = Site(tmp_path)
+    reply = site.send(instruction("train", 1), site.train_handler(plant(site)))
+    # nothing of the content leaves: an error reply the gate built, with a reason from its closed vocabulary
+    assert reply.has_error() and not reply.has_content()
+    assert reply.error.code == GATE_ERROR_CODE
+    assert reply.error.reason == f"egress refused by the site gate: {rule}"
+    (entry,) = _uploads(site)
+    assert entry["status"] == "refused" and entry["refusal"]["rule"] == rule
+    assert entry["payload_bytes"] == 0 and entry["is_error"]
+    assert entry["message_bytes"] == describe_message(reply).message_bytes
+    assert entry["withheld"]["payload_bytes"] > 0  # what was refused, by size and names only
+    # the refusal held, so the evidence is clean (exit 0) and lists the refusal
+    res = verify_path(tmp_path / site.site_id, site_keys=[site.ledger.fingerprint])
+    assert res.exit_code == 0, [f.message for f in res.findings]
+    assert res.ledgers[0].uploads_refused == 1
+
+
+def test_exception_text_never_leaves(tmp_path):
+    site = Site(tmp_path)
+
+    def handler(msg, ctx):
+        raise KeyError("patient_id=12345 age=71")
+
+    reply = site.send(instruction("train", 1), handler)
+    assert reply.has_error() and reply.error.reason == GENERIC_ERROR_REASON
+    assert "12345" not in repr(reply.error) and "KeyError" not in reply.error.reason
+    (entry,) = _uploads(site)
+    assert entry["status"] == "error"
+    assert "12345" not in (tmp_path / site.site_id / "audit" / "site_ledger.jsonl").read_text()
+
+
+def test_inner_error_reason_is_replaced(tmp_path):
+    site = Site(tmp_path)
+    reply = site.send(instruction("train", 1), lambda m, c: Message(Error(code=2, reason="ValueError: row 17 of /data/x.csv"), reply_to=m))
+    assert reply.has_error() and reply.error.code == 2 and reply.error.reason == GENERIC_ERROR_REASON
+
+
+@pytest.mark.parametrize(
+    "mutate,rule",
+    [
+        (lambda c: c.__setitem__("metrics", MetricRecord({"loss": 0.2, "grad_norm_site": 3.0})), "metric_not_allowed"),
+        (lambda c: c.__setitem__("metrics", MetricRecord({"loss": [0.1, 0.2, 0.3]})), "metric_not_allowed"),
+        (lambda c: c.__setitem__("note", ConfigRecord({"text": "hello"})), "config_not_allowed"),
+        (lambda c: c["update"].__setitem__("trunk.bias", Array(np.zeros(7, np.float32) + 0.5)), "layout_mismatch"),
+        (lambda c: c["update"].__setitem__("trunk.bias", Array(np.arange(6, dtype=np.float64))), "layout_mismatch"),
+        (lambda c: c["update"].__setitem__("brand_new.weight", Array(np.arange(4, dtype=np.float32))), "unlisted_tensor"),
+    ],
+    ids=["unlisted-metric", "list-metric", "config-outside-protocol", "wrong-shape", "wrong-dtype", "unlisted-tensor"],
+)
+def test_allow_list_refuses_everything_else(tmp_path, mutate, rule):
+    site = Site(tmp_path)
+    reply = site.send(instruction("train", 1), site.train_handler(mutate))
+    assert reply.has_error() and reply.error.reason.endswith(rule)
+
+
+def test_secure_aggregation_fields_pass_but_not_floats_or_private_bytes(tmp_path):
+    site = Site(tmp_path)
+    masked = np.random.default_rng(1).integers(0, 2**32, size=40, dtype=np.uint64).astype(np.uint32).tobytes()
+
+    def reply_with(fields):
+        return lambda m, c: Message(RecordDict({"secagg": ConfigRecord(fields)}), reply_to=m)
+
+    ok = site.send(instruction("train.secagg_masked", 1), reply_with({"masked": masked, "stage": "masked", "shares": [b"a" * 48, b"b" * 48]}))
+    assert ok.has_content()
+    bad_float = site.send(instruction("train.secagg_masked", 1), reply_with({"weight": 20.0}))
+    assert bad_float.has_error() and bad_float.error.reason.endswith("config_not_allowed")
+    leak = site.send(instruction("train.secagg_masked", 1), reply_with({"masked": masked + site.theta_s["eps_s.weight"].tobytes()}))
+    assert leak.has_error() and leak.error.reason.endswith("theta_s_bytes")
+    statuses = [l["status"] for l in site.ledger.lines() if l["kind"] == "upload"]
+    assert statuses == ["sent", "refused", "refused"]
+
+
+def test_constant_private_tensor_does_not_block_a_constant_shared_one(tmp_path):
+    # a zero Θs bias and a zero Θc bias have equal bytes; they carry no data, so the bytes rule must not fire
+    site = Site(tmp_path)
+    site.theta_s["ks_head.bias"] = np.zeros(5, np.float32)
+    site.theta_s["eps_s.weight"] = np.zeros((6, 4), np.float32)
+    reply = site.send(instruction("train", 1), site.train_handler(lambda c: c["update"].__setitem__("trunk.weight", Array(np.zeros((6, 4), np.float32)))))
+    assert reply.has_content()
+
+
+def test_gate_fails_closed_when_the_site_cannot_be_resolved(tmp_path):
+    def get_site(ctx):
+        raise RuntimeError("no state dir /secret/path")
+
+    gate = make_egress_gate(get_site)
+    site = Site(tmp_path)
+    msg = instruction("train", 1)
+    reply = gate(msg, None, site.train_handler())
+    assert reply.has_error() and reply.error.reason == GENERIC_ERROR_REASON
+
+
+def test_receipts_are_taken_from_the_downlink_and_rounds_are_checkpointed(tmp_path):
+    from test_audit_support import Server
+
+    site, server = Site(tmp_path), Server(tmp_path)
+    seen = []
+
+    def handler(msg, ctx):
+        seen.append(sorted(msg.content.keys()))
+        return site.train_handler()(msg, ctx)
+
+    r1 = site.send(server.downlink("train", 1, 11), handler)
+    server.receive(r1, site.site_id)
+    site.send(server.downlink("train", 2, 11), handler)
+    assert seen == [["config"], ["config"]]  # the handler never sees the receipts record
+    kinds = [(l["kind"], l.get("round")) for l in site.ledger.lines()]
+    assert ("checkpoint", 1) in kinds
+    receipt = next(l for l in site.ledger.lines() if l["kind"] == "receipt")
+    first_upload = next(l for l in site.ledger.lines() if l["kind"] == "upload")
+    assert receipt["for_seq"] == first_upload["seq"]
+    assert receipt["receipt"]["payload_bytes"] == first_upload["payload_bytes"]
+    assert receipt["receipt"]["message_id"] == first_upload["message_id"]
+
+
+def test_theta_s_upload_passes_only_under_the_ablation_policy_and_verify_flags_it(tmp_path):
+    policy = GatePolicy(allowed_metrics=POLICY.allowed_metrics, allow_theta_s_upload=True)
+    site = Site(tmp_path, policy=policy)
+    reply = site.send(instruction("train", 1), site.train_handler(_plant_theta_s_by_name(site)))
+    assert reply.has_content()
+    res = verify_path(tmp_path / site.site_id)
+    assert res.exit_code == 1
+    assert any("eps_s.weight" in f.message and "Θs" in f.message for f in res.findings)
