@@ -510,7 +510,9 @@ def share_plaintext(src: str, dst: str, s_share: bytes, b_share: bytes) -> bytes
 
 
 def parse_share_plaintext(data: bytes) -> tuple[str, str, bytes, bytes]:
-    r = _R(data, 0)
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise ProtocolError(f"share plaintext must be bytes, got {type(data).__name__}")
+    r = _R(bytes(data), 0)
     out = (r.text("share sender"), r.text("share receiver"), r.take(SHARE_BYTES, "s-share"), r.take(SHARE_BYTES, "b-share"))
     r.end()
     return out
