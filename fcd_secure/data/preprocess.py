@@ -293,7 +293,8 @@ def build_dataset(spec: DatasetSpec, df: pd.DataFrame, file: str | Path = "<tabl
     ent_s = df[spec.entity]
     if ent_s.isna().any():
         raise fail("entity id is missing", spec.entity, _first_bad(ent_s.isna().to_numpy()))
-    ent_codes, ent_names = pd.factorize(ent_s, sort=False)
+    # trajectories come out in entity-id order, whatever the row order of the file
+    ent_codes, ent_names = pd.factorize(ent_s, sort=True)
     time = pd.to_numeric(df[spec.time], errors="coerce").to_numpy(dtype=np.float64)
     bad = ~np.isfinite(time)
     if bad.any():
