@@ -17,6 +17,7 @@ from fcd_secure.evaluation.ope import (
     SupportWarning,
     combine,
     estimate_on_site,
+    target_probs,
 )
 
 # --------------------------------------------------------------------------------------------------------------
@@ -289,3 +290,20 @@ def test_estimate_on_site_uses_logged_propensities():
     assert res.value == direct.value
     with pytest.raises(ValueError, match="site-7.*propensities"):
         estimate_on_site(IPW(), ds.without_propensities(), pi=data["pi"])
+
+
+def test_target_probs_of_a_real_policy_and_always_support():
+    from fcd_secure.data.policy import default_policies
+
+    T = np.array([[1, 1, 1], [1, 0, 1], [2, 1, 0]], dtype=np.int64)
+    M = np.array([[1, 1, 1], [1, 1, 1], [1, 1, 0]], dtype=np.float32)
+    ds = SiteDataset(
+        X=np.zeros((3, 1), np.float32), A=np.zeros((3, 3, 1), np.float32), T=T,
+        Y=np.array([[1, 0, 1], [0, 1, 1], [1, 1, 0]], np.float32), M=M,
+        P=np.full((3, 3), 0.5, np.float32), n_actions=3, name="toy",
+    )
+    by_name = {p.name: p for p in default_policies()}
+    always = target_probs(by_name["always"], ds, anchors=(0, 1))
+    np.testing.assert_array_equal(always, [[1, 1, 1], [1, 0, 1], [0, 1, 0]])  # action 2 is outside the anchors
+    res = estimate_on_site(IPW(normalise="none"), ds, pi=always)
+    assert res.n_consistent == 1 and res.value == pytest.approx((2.0 * 8) / 3)  # only row 0 follows "always"

@@ -45,7 +45,7 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal, Protocol
 
 import numpy as np
 
@@ -64,9 +64,18 @@ __all__ = [
     "ESTIMATORS",
     "combine",
     "estimate_on_site",
+    "target_probs",
 ]
 
 Normalise = Literal["per_step", "horizon", "none"]
+
+
+class _PolicyLike(Protocol):
+    """What :func:`target_probs` needs of ``fcd_secure.data.policy.Policy``."""
+
+    def prob(
+        self, t: int, y_hist: np.ndarray, lengths: np.ndarray, a_off: int, a_on: int, logged: np.ndarray
+    ) -> np.ndarray: ...
 
 
 class SupportWarning(UserWarning):
@@ -441,3 +450,15 @@ def estimate_on_site(
     if "mu" in estimator.needs and ds.P is None:
         raise ValueError(f"{ds.name}: {estimator.name} needs logged propensities, but the site's P is None")
     return estimator.estimate(ds.Y, ds.M, mu=ds.P, pi=pi, q_hat=q_hat, v_hat=v_hat)
+
+
+def target_probs(policy: _PolicyLike, ds: "SiteDataset", anchors: tuple[int, int]) -> np.ndarray:
+    """π(logged a_t | logged history) for every step of ``ds``: float64 [n, L], 0 on padding.
+
+    For the deterministic anchor policies (Never / Always / Early-on / Late-on) this is 1 where the logged action is
+    the one the policy would take, else 0 — including every logged action outside the anchor pair {a_off, a_on}.
+    """
+    a_off, a_on = anchors
+    lengths = ds.lengths
+    cols = [policy.prob(t, ds.Y[:, :t], lengths, a_off, a_on, ds.T[:, t]) for t in range(ds.L)]
+    return np.stack(cols, axis=1).astype(np.float64) * (ds.M > 0)
