@@ -1,0 +1,89 @@
+"""`fcd audit verify`: exit codes reach the shell, one JSON envelope on --json, a Markdown report otherwise."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_audit_support import fingerprints, run_rounds
+from typer.testing import CliRunner
+
+from fcd_secure.cli.main import app
+
+runner = CliRunner()
+
+
+@pytest.fixture()
+def run(tmp_path):
+    sites, server = run_rounds(tmp_path, n_sites=2, rounds=2)
+    return tmp_path, sites, server
+
+
+def _invoke(*args):
+    return runner.invoke(app, ["audit", "verify", *map(str, args)])
+
+
+def test_compliant_run_json_envelope(run):
+    root, sites, server = run
+    site_fp, server_fp = fingerprints(sites, server)
+    args = [root, "--json", "--server-key", server_fp[0]]
+    for fp in site_fp:
+        args += ["--site-key", fp]
+    res = _invoke(*args)
+    assert res.exit_code == 0, res.output
+    env = json.loads(res.stdout)
+    assert set(env) == {"schema_version", "status", "exit_code", "error_code", "message", "hint", "data"}
+    assert env["status"] == "compliant" and env["exit_code"] == 0 and env["error_code"] is None
+    data = env["data"]
+    assert data["totals"]["payload_bytes"] == data["server_totals"]["payload_bytes"] > 0
+    assert {r["site_id"] for r in data["per_round"]} == {"site-00", "site-01"}
+    assert all(l["key_pinned"] for l in data["ledgers"])
+
+
+def test_markdown_report_lists_sites_rounds_and_totals(run):
+    root, _, _ = run
+    res = _invoke(root, "--plain")
+    assert res.exit_code == 0, res.output
+    out = res.stdout
+    assert "**Verdict: COMPLIANT**" in out
+    assert "| site-00 | 1 |" in out and "| site-01 | 2 |" in out
+    assert "**all sites**" in out and "server received" in out
+
+
+def test_tampered_exit_6_names_the_entry(run):
+    root, _, _ = run
+    path = root / "site-01" / "audit" / "site_ledger.jsonl"
+    lines = path.read_text().splitlines()
+    del lines[3]
+    path.write_text("\n".join(lines) + "\n")
+    res = _invoke(root, "--json")
+    assert res.exit_code == 6
+    env = json.loads(res.stdout)
+    assert env["status"] == "tampered" and env["error_code"] == "EVIDENCE_TAMPERED"
+    assert "site-01" in env["message"] and "seq 4" in env["message"]
+
+
+def test_usage_errors_exit_2(tmp_path, run):
+    root, _, _ = run
+    res = _invoke(tmp_path / "missing", "--json")
+    assert res.exit_code == 2
+    assert json.loads(res.stdout)["error_code"] == "USAGE"
+    res = _invoke(root, "--site-key", "not-a-fingerprint")
+    assert res.exit_code == 2
+
+
+def test_exit_code_reaches_the_shell(run):
+    """The installed entry point, in a fresh process: a tampered ledger exits 6, not 1 (ops-anchors §5)."""
+    root, _, _ = run
+    path = root / "site-00" / "audit" / "site_ledger.jsonl"
+    raw = path.read_text()
+    path.write_text(raw.replace('"round":1', '"round":2', 1))
+    fcd = Path(sys.executable).parent / "fcd"
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
+    proc = subprocess.run([str(fcd), "audit", "verify", str(root), "--json"], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 6, proc.stderr
+    assert json.loads(proc.stdout)["status"] == "tampered"

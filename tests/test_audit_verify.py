@@ -1,0 +1,252 @@
+"""Offline verification: a clean federation verifies; every kind of tampering is caught and named (exit 6);
+a policy breach recorded in an intact ledger is a violation (exit 1)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from test_audit_support import MANIFEST, fingerprints, instruction, raw_key, run_rounds
+
+from fcd_secure.audit.accounting import describe_message
+from fcd_secure.audit.ledger import SITE_LEDGER_FILE, ServerLedger, SiteLedger, canonical, sign_receipt
+from fcd_secure.audit.verify import UsageError, verify_path
+
+
+@pytest.fixture()
+def run(tmp_path):
+    sites, server = run_rounds(tmp_path, n_sites=2, rounds=3)
+    return tmp_path, sites, server
+
+
+def _ledger_file(root, site_id="site-00"):
+    return root / site_id / "audit" / SITE_LEDGER_FILE
+
+
+def _lines(path):
+    return path.read_text().splitlines()
+
+
+def _write(path, lines):
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _tampered(res):
+    return [f for f in res.findings if f.severity == "tampered"]
+
+
+def test_clean_run_verifies_and_totals_reconcile(run):
+    root, sites, server = run
+    site_fp, server_fp = fingerprints(sites, server)
+    res = verify_path(root, site_keys=site_fp, server_keys=server_fp)
+    assert res.exit_code == 0, [f.message for f in res.findings]
+    totals = res.totals()
+    # the sites' records and the server's agree byte for byte
+    assert totals["payload_bytes"] == res.server_totals["payload_bytes"] > 0
+    assert totals["message_bytes"] == res.server_totals["message_bytes"]
+    assert totals["messages"] == res.server_totals["messages"] == 2 * 3 + 2
+    per_round = {(k[0], k[1]): v for k, v in res.per_round.items()}
+    assert set(per_round) >= {(f"site-0{i}", r) for i in range(2) for r in (1, 2, 3)}
+    # a train upload = Θc data (from the manifest) + bounded overhead
+    theta_c = sum(int(np.prod(e["shape"])) * 4 for e in MANIFEST["entries"] if e["part"] == "theta_c")
+    assert theta_c < per_round[("site-00", 1)]["payload_bytes"] < theta_c + 4096
+    # every upload but the last ack got its receipt; 3 checkpoints per site
+    for s in res.ledgers:
+        if s.role == "site":
+            assert s.receipts == 3 and s.unreceipted == 1 and s.checkpoints == 3
+
+
+def test_unpinned_or_wrong_key_is_reported(run):
+    root, sites, server = run
+    res = verify_path(root)
+    assert res.exit_code == 0 and any(f.severity == "note" and "not pinned" in f.message for f in res.findings)
+    other = SiteLedger.open(root / "elsewhere", raw_key(), "x").fingerprint
+    res = verify_path(root, site_keys=[other], server_keys=[server.ledger.fingerprint])
+    assert res.exit_code == 6
+    assert any("not among the pinned" in f.message for f in _tampered(res))
+
+
+def test_malformed_fingerprint_and_missing_path_are_usage_errors(run, tmp_path):
+    root, _, _ = run
+    with pytest.raises(UsageError):
+        verify_path(root, site_keys=["SHA256:abc"])
+    with pytest.raises(UsageError):
+        verify_path(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError):
+        verify_path(tmp_path / "empty")
+
+
+def test_flipping_one_byte_is_caught_and_named(run):
+    root, sites, server = run
+    path = _ledger_file(root)
+    lines = _lines(path)
+    target = next(i for i, l in enumerate(lines) if json.loads(l)["kind"] == "upload")
+    entry = json.loads(lines[target])
+    # an edit that keeps valid JSON: one digit of the recorded payload size
+    old = f'"payload_bytes":{entry["payload_bytes"]}'
+    new = f'"payload_bytes":{entry["payload_bytes"] - 1}'
+    lines[target] = lines[target].replace(old, new)
+    _write(path, lines)
+    res = verify_path(root)
+    assert res.exit_code == 6
+    assert any(f.seq == entry["seq"] and "edited" in f.message for f in _tampered(res))
+
+
+def test_random_byte_flip_that_breaks_json_names_the_line(run):
+    root, _, _ = run
+    path = _ledger_file(root)
+    raw = bytearray(path.read_bytes())
+    pos = raw.index(b'"kind":"upload"') + 2
+    raw[pos] ^= 0x01
+    path.write_bytes(bytes(raw))
+    res = verify_path(root)
+    assert res.exit_code == 6
+    assert _tampered(res)
+
+
+def test_deleting_an_entry_is_caught(run):
+    root, _, _ = run
+    path = _ledger_file(root)
+    lines = _lines(path)
+    victim = 4
+    seq_after = json.loads(lines[victim + 1])["seq"]
+    del lines[victim]
+    _write(path, lines)
+    res = verify_path(root)
+    assert res.exit_code == 6
+    assert any(f.seq == seq_after and "prev_hash" in f.message for f in _tampered(res))
+
+
+def test_deleting_the_last_upload_is_caught_by_the_server_ledger(run):
+    root, _, _ = run
+    path = _ledger_file(root)
+    lines = _lines(path)
+    last_upload = max(i for i, l in enumerate(lines) if json.loads(l)["kind"] == "upload")
+    _write(path, lines[:last_upload])  # truncate: the chain itself stays valid
+    res = verify_path(root)
+    assert res.exit_code == 6
+    assert any("no site ledger records" in f.message for f in _tampered(res))
+
+
+def test_inserting_an_entry_is_caught(run):
+    root, _, _ = run
+    path = _ledger_file(root)
+    lines = _lines(path)
+    lines.insert(5, lines[3])  # a replayed (validly signed) entry
+    _write(path, lines)
+    res = verify_path(root)
+    assert res.exit_code == 6
+    assert any(f.line == 6 for f in _tampered(res))
+
+
+def test_reordering_entries_is_caught(run):
+    root, _, _ = run
+    path = _ledger_file(root)
+    lines = _lines(path)
+    lines[3], lines[4] = lines[4], lines[3]
+    _write(path, lines)
+    res = verify_path(root)
+    assert res.exit_code == 6
+    seqs = {f.seq for f in _tampered(res)}
+    assert json.loads(lines[3])["seq"] in seqs
+
+
+def test_receipt_that_does_not_match_is_caught(tmp_path):
+    """A validly signed receipt for other bytes than the site recorded: the two records do not reconcile."""
+    from test_audit_support import Site
+
+    site = Site(tmp_path)
+    server_key = raw_key()
+    reply = site.send(instruction("train", 1))
+    f = describe_message(reply, sent=False)
+    forged = sign_receipt(
+        server_key, run_id=f.run_id, node_id=f.node_id, round=f.round, message_type=f.message_type, reply_to=f.reply_to,
+        message_id=f.message_id, payload_bytes=f.payload_bytes + 1000, message_bytes=f.message_bytes,
+        payload_sha256=f.payload_sha256, server_seq=5, server_entry_hash="0" * 64, time="2026-01-01T00:00:00+00:00",
+    )
+    site.ledger.store_receipt(forged, server_public_key=None)
+    res = verify_path(tmp_path / site.site_id)
+    assert res.exit_code == 6
+    (finding,) = _tampered(res)
+    assert "payload_bytes" in finding.message and "receipt" in finding.message
+
+
+def test_receipt_with_a_bad_signature_is_caught(run):
+    root, _, _ = run
+    path = _ledger_file(root)
+    lines = _lines(path)
+    idx = next(i for i, l in enumerate(lines) if json.loads(l)["kind"] == "receipt")
+    rec = json.loads(lines[idx])["receipt"]
+    rec["payload_bytes"] += 1  # the server never signed this
+    entry = json.loads(lines[idx])
+    entry["receipt"] = rec
+    lines[idx] = canonical(entry).decode()
+    _write(path, lines)
+    res = verify_path(root)
+    assert res.exit_code == 6
+    assert any(f.seq == entry["seq"] for f in _tampered(res))
+
+
+def test_server_ledger_tampering_is_caught(run):
+    root, _, server = run
+    path = server.ledger.path
+    lines = _lines(path)
+    del lines[2]
+    _write(path, lines)
+    res = verify_path(root)
+    assert res.exit_code == 6
+    assert any("server_ledger" in f.ledger for f in _tampered(res))
+
+
+def test_an_intact_ledger_recording_a_breach_is_a_violation(tmp_path):
+    """If the gate were bypassed, the signed entry itself shows the breach: exit 1, naming the entry."""
+    from fcd_secure.audit.gate import ManifestView
+    from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+
+    ledger = SiteLedger.open(tmp_path / "s", raw_key(), "s")
+    ledger.record_manifest(ManifestView.of(MANIFEST).to_json())
+    msg = instruction("train", 1)
+    rng = np.random.default_rng(0)
+    bad = Message(RecordDict({"update": ArrayRecord({"eps_s.weight": Array(rng.standard_normal((6, 4)).astype(np.float32))}),
+                              "num": MetricRecord({"propensity_mean": 0.4})}), reply_to=msg)
+    line = ledger.record_upload(describe_message(bad), status="sent", layout_hash=MANIFEST["layout_hash"], privacy_ledger_hash=None)
+    res = verify_path(tmp_path / "s")
+    assert res.exit_code == 1
+    msgs = [f.message for f in res.findings if f.severity == "violation" and f.seq == line["seq"]]
+    assert any("Θs" in m for m in msgs) and any("propensity" in m for m in msgs)
+
+
+def test_bytes_beyond_the_layout_are_a_violation(tmp_path):
+    from fcd_secure.audit.gate import ManifestView
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+
+    ledger = SiteLedger.open(tmp_path / "s", raw_key(), "s")
+    ledger.record_manifest(ManifestView.of(MANIFEST).to_json())
+    msg = instruction("train", 1)
+    ok = Message(RecordDict({"update": ArrayRecord({"trunk.bias": Array(np.ones(6, np.float32))})}), reply_to=msg)
+    facts = describe_message(ok)
+    facts.payload_bytes += 50_000  # an upload far heavier than what it declares
+    line = ledger.record_upload(facts, status="sent", layout_hash=MANIFEST["layout_hash"], privacy_ledger_hash=None)
+    res = verify_path(tmp_path / "s")
+    assert res.exit_code == 1
+    assert any(f.seq == line["seq"] and "undeclared" in f.message for f in res.findings)
+
+
+def test_ledger_refuses_a_second_key(tmp_path):
+    from fcd_secure.audit.ledger import LedgerError
+
+    SiteLedger.open(tmp_path, raw_key(), "s")
+    with pytest.raises(LedgerError):
+        SiteLedger.open(tmp_path, raw_key(), "s")
+
+
+def test_no_private_key_material_in_ledgers(run):
+    root, sites, server = run
+    text = "".join(p.read_text() for p in root.rglob("*.jsonl"))
+    for k in [s.key for s in sites] + [server.key]:
+        assert k.hex() not in text
+        import base64
+
+        assert base64.b64encode(k).decode() not in text
