@@ -13,6 +13,7 @@ fixed for that plan.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Iterable, Sequence
@@ -46,8 +47,14 @@ def epsilon(segments: Iterable[Sequence[float]], delta: float, accountant: str =
     history = opacus_history(segments)
     if not history:
         return 0.0
+    return _epsilon(tuple(history), float(delta), accountant)
+
+
+@functools.lru_cache(maxsize=4096)
+def _epsilon(history: tuple[Segment, ...], delta: float, accountant: str) -> float:
+    # pure function of its arguments; planning and reports ask for the same histories many times
     acc = create_accountant(accountant)
-    acc.history = history
+    acc.history = list(history)
     with warnings.catch_warnings():
         # PRV bounds its domain with RDP internally and warns about the optimal order; harmless (dp-anchors §1.3).
         warnings.simplefilter("ignore")
@@ -113,7 +120,7 @@ def plan_noise_multiplier(
         lo, hi = hi, min(2 * hi, sigma_max)
     # bisection on σ; stop when the ε at the upper end is within tolerance below the cap
     for _ in range(60):
-        if epsilon_cap - eps_at(hi) <= tolerance or hi - lo < 1e-4:
+        if epsilon_cap - eps_at(hi) <= tolerance or hi - lo < 1e-3 * hi:
             break
         mid = (lo + hi) / 2
         if mid > 0 and eps_at(mid) <= epsilon_cap:

@@ -1,0 +1,200 @@
+"""The per-site privacy ledger: planning once, write-ahead refusal at the cap, no reset on restart or new run."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from fcd_secure.privacy.config import DPConfig
+from fcd_secure.privacy.engine import DPSite
+from fcd_secure.privacy.ledger import BudgetExceeded, Ledger, LedgerError, dataset_fingerprint, ledger_path
+from fcd_secure.privacy.planner import epsilon, plan_noise_multiplier, sample_rate
+from tests.test_privacy_grads import tiny_site
+
+FP = "0123456789abcdef" * 4
+N, B = 60, 12  # q = 1/5, 5 steps per epoch
+
+
+def cfg(**kw) -> DPConfig:
+    base = dict(enabled=True, epsilon=3.0, delta=1e-3, accountant="rdp", noise_seed="run_seed")
+    base.update(kw)
+    return DPConfig(**base)
+
+
+def one_round(site: DPSite, model: nn.Module, opt: torch.optim.Optimizer, seed: int = 0, round_id=None) -> float:
+    """A real DP-SGD round on a linear model through the site's reservation and Opacus."""
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(N, 4, generator=g), torch.randn(N, 1, generator=g))
+    res = site.reserve_round(round_id=round_id)
+    m, o, dl = site.make_private(model, opt, DataLoader(data, batch_size=B), seed=seed)
+    for xb, yb in dl:
+        o.zero_grad()
+        ((m(xb) - yb) ** 2).mean().backward()
+        o.step()
+    return site.commit(res)
+
+
+def new_site(tmp_path, c: DPConfig | None = None, rounds: int = 3, fp: str = FP) -> DPSite:
+    return DPSite(tmp_path, fp, c or cfg(), N, planned_rounds=rounds, local_epochs=1, batch_size=B)
+
+
+def test_plan_once_meets_cap_and_make_private_with_epsilon_style_replanning_would_overspend():
+    q, steps = 1 / 8, 8
+    sigma = plan_noise_multiplier(epsilon_cap=3.0, delta=1e-3, q=q, planned_steps=5 * steps, accountant="rdp")
+    planned = epsilon([(sigma, q, 5 * steps)], 1e-3, "rdp")
+    assert 2.95 <= planned <= 3.0
+    # the trap: σ re-derived "from zero" for one round, five times over
+    sigma_1 = plan_noise_multiplier(epsilon_cap=3.0, delta=1e-3, q=q, planned_steps=steps, accountant="rdp")
+    assert epsilon([(sigma_1, q, 5 * steps)], 1e-3, "rdp") > 1.5 * 3.0
+    # planning the rest of a budget composes with the history instead of restarting it
+    hist = [(sigma, q, 3 * steps)]
+    sigma_rest = plan_noise_multiplier(epsilon_cap=3.0, delta=1e-3, q=q, planned_steps=4 * steps, history=hist, accountant="rdp")
+    assert sigma_rest > sigma
+    assert epsilon(hist + [(sigma_rest, q, 4 * steps)], 1e-3, "rdp") <= 3.0
+
+
+def test_sample_rate_is_opacus_q():
+    assert sample_rate(60, 12) == 1 / 5
+    assert sample_rate(61, 12) == 1 / 6  # Opacus: 1/len(loader), not B/N
+    assert len(DataLoader(TensorDataset(torch.zeros(61)), batch_size=12)) == 6
+
+
+def test_refuses_at_the_cap_and_never_trains_past_it(tmp_path):
+    site = new_site(tmp_path)
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    eps = [one_round(site, model, opt, seed=r, round_id=r) for r in range(3)]
+    assert eps == sorted(eps) and eps[-1] <= 3.0 and eps[-1] > 2.5
+    before = json.loads(site.ledger.path.read_text())
+    weights = model.weight.detach().clone()
+    with pytest.raises(BudgetExceeded, match="exhausted"):
+        site.reserve_round(round_id=3)
+    # the refused round left no trace and the budget is untouched
+    assert json.loads(site.ledger.path.read_text()) == before
+    assert torch.equal(model.weight, weights)
+    assert site.spent()[0] == pytest.approx(eps[-1])
+    with pytest.raises(BudgetExceeded, match="reservation"):
+        site.make_private(model, opt, DataLoader(TensorDataset(torch.zeros(N, 4), torch.zeros(N, 1)), batch_size=B))
+
+
+def test_restart_and_new_run_on_same_data_do_not_reset_the_budget(tmp_path):
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    first = new_site(tmp_path)
+    one_round(first, model, opt, round_id=1)
+    spent_1 = first.spent()[0]
+    # a restart mid-plan (fresh object, same state dir and data): the same σ, the budget carries on
+    restarted = new_site(tmp_path)
+    assert restarted.noise_multiplier == first.noise_multiplier
+    assert restarted.spent()[0] == pytest.approx(spent_1)
+    one_round(restarted, model, opt, round_id=2)
+    one_round(restarted, model, opt, round_id=3)
+    spent_3 = restarted.spent()[0]
+    assert spent_3 > spent_1
+    # a new run with the same plan after it is used up: it cannot restart the count
+    again = new_site(tmp_path)
+    assert again.spent()[0] == pytest.approx(spent_3)
+    with pytest.raises(BudgetExceeded):
+        again.reserve_round(round_id=1)
+    # a new run with a longer plan gets a σ for what is left (larger), never a fresh budget
+    longer = DPSite(tmp_path, FP, cfg(epsilon=3.0, max_noise_multiplier=1000), N, planned_rounds=2, local_epochs=1, batch_size=B)
+    assert longer.noise_multiplier > first.noise_multiplier
+    one_round(longer, model, opt)
+    assert spent_3 < longer.spent()[0] <= 3.0
+    # a different dataset has its own ledger
+    other = new_site(tmp_path, fp="f" * 64)
+    assert other.spent()[0] == 0.0
+
+
+def test_crash_mid_round_is_charged_in_full(tmp_path):
+    site = new_site(tmp_path)
+    res = site.reserve_round(round_id=1)  # write-ahead, then the process dies before commit
+    after = new_site(tmp_path)
+    q = sample_rate(N, B)
+    assert after.spent()[0] == pytest.approx(epsilon([(site.noise_multiplier, q, res.steps)], 1e-3, "rdp"))
+    state = Ledger(site.ledger.path).load()
+    assert [s.status for s in state.segments] == ["reserved"]
+
+
+def test_step_guard_stops_steps_beyond_the_reservation(tmp_path):
+    site = new_site(tmp_path)
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    data = TensorDataset(torch.randn(N, 4), torch.randn(N, 1))
+    res = site.reserve_round(steps=2)
+    m, o, dl = site.make_private(model, opt, DataLoader(data, batch_size=B), seed=0)
+    it = iter(dl)
+    for _ in range(2):
+        xb, yb = next(it)
+        o.zero_grad()
+        ((m(xb) - yb) ** 2).mean().backward()
+        o.step()
+    frozen = model.weight.detach().clone()
+    xb, yb = next(it)
+    o.zero_grad()
+    ((m(xb) - yb) ** 2).mean().backward()
+    with pytest.raises(BudgetExceeded, match="reserved 2 steps"):
+        o.step()
+    assert torch.equal(model.weight, frozen)
+    site.commit(res)
+    seg = Ledger(site.ledger.path).load().segments[0]
+    assert (seg.status, seg.steps) == ("committed", 2)
+
+
+def test_loader_must_match_the_planned_q(tmp_path):
+    site = new_site(tmp_path)
+    site.reserve_round()
+    model = nn.Linear(4, 1)
+    bad = DataLoader(TensorDataset(torch.zeros(N, 4), torch.zeros(N, 1)), batch_size=B + 3)
+    with pytest.raises(ValueError, match="batch_size=12"):
+        site.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), bad)
+
+
+def test_ledger_fails_closed(tmp_path):
+    site = new_site(tmp_path)
+    path = site.ledger.path
+    site.reserve_round()
+    # raising the cap or changing δ of an existing budget is refused
+    with pytest.raises(LedgerError, match="never raised"):
+        new_site(tmp_path, cfg(epsilon=5.0))
+    with pytest.raises(LedgerError, match="δ"):
+        new_site(tmp_path, cfg(delta=1e-4))
+    lowered = new_site(tmp_path, cfg(epsilon=2.0))
+    assert Ledger(path).load().epsilon_cap == 2.0
+    assert lowered.remaining() < 2.0
+    # a deleted segment, a corrupt file: refuse, never "no history"
+    raw = json.loads(path.read_text())
+    raw["segments"] = raw["segments"][1:] + raw["segments"][:0]
+    raw["segments"].append({**json.loads(path.read_text())["segments"][0], "seq": 2})
+    path.write_text(json.dumps(raw))
+    with pytest.raises(LedgerError, match="not 1..n"):
+        new_site(tmp_path)
+    path.write_text("{not json")
+    with pytest.raises(LedgerError, match="unreadable"):
+        new_site(tmp_path)
+
+
+def test_delta_default_and_bounds():
+    assert DPConfig(enabled=True).resolve_delta(2048) == pytest.approx(1e-5)
+    assert DPConfig(enabled=True).resolve_delta(60) <= 1 / (10 * 60)
+    with pytest.raises(ValueError, match="delta"):
+        DPConfig(enabled=True, delta=0.05).resolve_delta(60)
+    with pytest.raises(ValueError, match="poisson"):
+        DPConfig(enabled=True, poisson=False)
+
+
+def test_fingerprint_keys_the_records_not_the_name(tmp_path):
+    ds = tiny_site(n=8)
+    fp = dataset_fingerprint(ds)
+    assert dataset_fingerprint(replace(ds, name="renamed", meta={"x": 1})) == fp
+    Y = ds.Y.copy()
+    Y[3, 0] = 1.0 - Y[3, 0]
+    assert dataset_fingerprint(replace(ds, Y=Y)) != fp
+    assert ledger_path(tmp_path, fp).name == f"ledger-{fp[:32]}.json"
+    assert np.array_equal(ds.Y, tiny_site(n=8).Y)
