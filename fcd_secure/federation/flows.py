@@ -15,11 +15,12 @@ aggregation, so the ServerApp has one code path and calls ``flow.run_round(...)`
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from fcd_secure.aggregation.fedavg import AggregationError, fedavg
 
@@ -61,7 +62,7 @@ class AggregationFlow(Protocol):
 
 def arrays_to_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
     """Arrays keyed by manifest name, in name order (so the serialized bytes do not depend on dict order)."""
-    return ArrayRecord({name: np.ascontiguousarray(arrays[name]) for name in sorted(arrays)})
+    return ArrayRecord({name: Array(np.ascontiguousarray(arrays[name])) for name in sorted(arrays)})
 
 
 def record_to_arrays(rec: ArrayRecord) -> dict[str, np.ndarray]:
@@ -124,11 +125,12 @@ class PlainFedAvgFlow:
         except AggregationError as exc:
             return RoundOutcome(None, None, participants, failures, {"aborted": str(exc)})
         theta = {k: v.astype(global_theta_c[k].dtype) for k, v in theta.items()}
-        train_loss = [m.get("loss") for m in site_metrics.values() if m.get("loss") is not None]
         metrics = {"n_total": n_total}
-        if train_loss:
-            w = [site_metrics[s].get("n", 1.0) for s in site_metrics if site_metrics[s].get("loss") is not None]
-            metrics["train_loss"] = float(np.average(train_loss, weights=w))
+        with_loss = [m for m in site_metrics.values() if m.get("total") is not None]
+        if with_loss:  # the sample-weighted mean local objective L (paper §III-C) of this round's sites
+            metrics["train_loss"] = float(
+                np.average([m["total"] for m in with_loss], weights=[m.get("n", 1.0) for m in with_loss])
+            )
         return RoundOutcome(theta, n_total, participants, failures, metrics)
 
 
@@ -138,9 +140,9 @@ class SecureAggregationUnavailable(RuntimeError):
 
 def _secure_flow_module():
     try:
-        from fcd_secure.federation import secure_flow  # noqa: PLC0415  (optional until the secure flow lands)
-    except ImportError as exc:
-        if "secure_flow" not in str(exc):
+        secure_flow = importlib.import_module("fcd_secure.federation.secure_flow")
+    except ModuleNotFoundError as exc:
+        if exc.name != "fcd_secure.federation.secure_flow":
             raise
         raise SecureAggregationUnavailable(
             "secure aggregation is not available yet (fcd_secure/federation/secure_flow.py is missing); "

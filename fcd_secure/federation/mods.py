@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 
 from flwr.app import Context, Error, Message
@@ -29,6 +30,9 @@ def guard_mod(msg: Message, context: Context, call_next: Callable[[Message, Cont
     except Exception as exc:  # noqa: BLE001 - the point is to catch everything
         # Only the type name is logged, and only locally: the message itself may hold record values.
         log.warning("handler for %s failed with %s (reply: generic error)", msg.metadata.message_type, type(exc).__name__)
+        if os.environ.get("FCD_SITE_DEBUG") == "1":
+            # opt-in, for an operator at the site console: the traceback goes to the local log only
+            log.exception("site-local traceback")
         return Message(Error(code=GUARD_ERROR_CODE, reason=GUARD_ERROR_REASON), reply_to=msg)
 
 

@@ -1,0 +1,152 @@
+"""The one place where the federation layer calls the model, data and evaluation layers.
+
+Everything the ServerApp / ClientApp / ablations need from below goes through these functions, so the contracts
+between layers (docs/architecture.md) are visible in one file:
+
+* data: ``load_site_data`` (``fcd_secure.data.registry.load_federated`` / ``load_spec_federated``), cached per
+  process because a site answers many messages and the split is a pure function of the config and seed;
+* model: ``build_model``, ``manifest_of``, ``get_params`` / ``set_params`` (manifest names, parts
+  ``theta_c`` / ``theta_s`` / ``full``), ``train_local``, ``make_optimizer``;
+* evaluation: ``effects`` / ``policy_values`` / ``factual`` helpers used by ``federation.evaluation``.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fcd_secure.config import RunConfig
+from fcd_secure.data.schema import SiteDataset
+
+#: Part names of the manifest (docs/architecture.md "model → federation").
+THETA_C, THETA_S, FULL = "theta_c", "theta_s", "full"
+
+
+@dataclass(frozen=True)
+class SiteData:
+    """One site's view of the federated data set: its own splits plus the shared (non-private) description."""
+
+    train: SiteDataset
+    test: SiteDataset
+    site_index: int
+    n_sites: int
+    anchors: tuple[int, int]
+    oracle: Any | None
+    description: dict
+
+
+def default_data_dir() -> Path:
+    """``../shared/data`` relative to the project root (the README's layout)."""
+    return Path(__file__).resolve().parents[2].parent / "shared" / "data"
+
+
+@functools.lru_cache(maxsize=4)
+def _load_federated_cached(key: str, cfg_json: str):
+    cfg = RunConfig.from_json(cfg_json)
+    d = cfg.data
+    from fcd_secure.data import registry  # noqa: PLC0415
+
+    if d.dataset == "spec":
+        return registry.load_spec_federated(
+            d.spec, d.table, n_sites=d.n_sites, alpha=d.alpha, seed=cfg.seed, test_fraction=d.test_fraction
+        )
+    return registry.load_federated(
+        d.dataset,
+        n_sites=d.n_sites,
+        alpha=d.alpha,
+        seed=cfg.seed,
+        preset=d.preset,
+        data_dir=d.data_dir or str(default_data_dir()),
+        test_fraction=d.test_fraction,
+    )
+
+
+def data_key(cfg: RunConfig) -> str:
+    d = cfg.data
+    return repr((d.dataset, d.preset, d.n_sites, d.alpha, d.test_fraction, d.data_dir, d.spec, d.table, cfg.seed))
+
+
+def load_federated(cfg: RunConfig):
+    """The whole ``FederatedData`` of a run (simulation and ablations; a deployed site only keeps its own part)."""
+    only_data = cfg.model_copy(update={"federation": cfg.federation.model_copy(), "out": None, "state_dir": None})
+    return _load_federated_cached(data_key(cfg), only_data.to_json())
+
+
+def load_site_data(cfg: RunConfig, site_index: int) -> SiteData:
+    fd = load_federated(cfg)
+    n_sites = len(fd.train)
+    if not 0 <= site_index < n_sites:
+        raise ValueError(f"site index {site_index} is outside the {n_sites} sites of {cfg.data.dataset!r}")
+    return SiteData(
+        train=fd.train[site_index],
+        test=fd.test[site_index],
+        site_index=site_index,
+        n_sites=n_sites,
+        anchors=tuple(fd.anchors),
+        oracle=fd.oracle,
+        description=dict(fd.description or {}),
+    )
+
+
+# -- model ---------------------------------------------------------------------------------------------------
+
+
+def model_config(cfg: RunConfig):
+    """The ModelConfig of a run; its init seed is the run seed so that every site builds the same initial Θc."""
+    return cfg.model.model_copy(update={"seed": cfg.seed})
+
+
+def build_model(cfg: RunConfig, dims: dict[str, int]):
+    from fcd_secure.model.networks import FedCausalDiff  # noqa: PLC0415
+
+    return FedCausalDiff.from_dims(model_config(cfg), dims["dx"], dims["da"], dims["n_actions"], dims["n_sites"])
+
+
+def dims_of(ds: SiteDataset, n_sites: int) -> dict[str, int]:
+    return {"dx": ds.dx, "da": ds.da, "n_actions": int(ds.n_actions), "n_sites": int(n_sites), "L": ds.L}
+
+
+def manifest_of(model):
+    from fcd_secure.model.manifest import build_manifest  # noqa: PLC0415
+
+    return build_manifest(model)
+
+
+def get_params(model, part: str) -> dict[str, np.ndarray]:
+    from fcd_secure.model.manifest import get_params as _get  # noqa: PLC0415
+
+    return {k: np.asarray(v) for k, v in _get(model, part).items()}
+
+
+def set_params(model, part: str, arrays: dict[str, np.ndarray]) -> None:
+    from fcd_secure.model.manifest import set_params as _set  # noqa: PLC0415
+
+    _set(model, part, arrays)
+
+
+def make_optimizer(model, cfg: RunConfig):
+    from fcd_secure.model.training import make_optimizer as _make  # noqa: PLC0415
+
+    return _make(model, model_config(cfg))
+
+
+def train_local(model, ds: SiteDataset, cfg: RunConfig, site_index: int | None, n_sites: int, epochs: int, seed: int, optimizer) -> dict:
+    """One site's local step (paper §III-C local objective). Propensities are dropped: the model never sees P.
+
+    ``site_index=None`` trains on a pooled dataset whose ``meta['site']`` holds per-row site labels.
+    """
+    from fcd_secure.model.training import train_local as _train  # noqa: PLC0415
+
+    return dict(
+        _train(model, ds.without_propensities(), model_config(cfg), site_index, n_sites, epochs=epochs, seed=seed, optimizer=optimizer)
+    )
+
+
+def round_seed(seed: int, server_round: int, site_index: int, salt: int = 0) -> int:
+    """A per-(run, round, site) seed: independent streams, reproducible, never shared between sites."""
+    ss = np.random.SeedSequence([int(seed) & 0xFFFFFFFF, int(server_round), int(site_index), int(salt)])
+    return int(ss.generate_state(1, dtype=np.uint32)[0])

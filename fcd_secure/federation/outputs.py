@@ -1,0 +1,173 @@
+"""The run folder: everything a run leaves behind, written once the federation has finished.
+
+``<out>/``
+  ``config.toml`` and ``config.json``   the resolved run configuration
+  ``theta_c.npz``                       the final global synchronised parameters, keyed by manifest names
+  ``manifest.json``                     the Θc / Θs partition the run used
+  ``rounds.csv`` / ``rounds.json``      per-round metrics (sites, bytes, loss, PEHE every few rounds)
+  ``traffic.csv``                       every message: round, action, site, direction, payload / message bytes
+  ``summary.json``                      final metrics, bytes, rounds, wall time, seed, versions
+  ``pehe_vs_round.png``                 paper Fig. 3 (oracle PEHE vs round; DKT-Synth only)
+  ``utility_vs_uplink.png``             paper Fig. 4 (utility vs cumulative uplink MB)
+
+Files are written to a temporary sibling folder and moved into place at the end, so a failed write never leaves a
+half-finished run folder.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from fcd_secure.config import RunConfig
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (np.floating, float)):
+        v = float(x)
+        return v if math.isfinite(v) else None  # JSON has no NaN; None reads as "not available"
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, np.ndarray):
+        return _jsonable(x.tolist())
+    return x
+
+
+def versions() -> dict[str, str]:
+    import flwr  # noqa: PLC0415
+    import torch  # noqa: PLC0415
+
+    import fcd_secure  # noqa: PLC0415
+
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+    def v(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "unknown"
+
+    return {
+        "fcd_secure": v("fcd_secure"),
+        "flwr": getattr(flwr, "__version__", v("flwr")),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "opacus": v("opacus"),
+        "python": platform.python_version(),
+    }
+
+
+def build_summary(cfg: RunConfig, result, engine: str) -> dict[str, Any]:
+    """``summary.json`` content from a ``FederationResult``."""
+    hist = result.history
+    up = int(sum(r["uplink_bytes"] for r in hist))
+    down = int(sum(r["downlink_bytes"] for r in hist))
+    formula = int(sum(r["uplink_formula_bytes"] for r in hist))
+    m = result.manifest
+    fe = dict(result.final_eval)
+    summary = {
+        "dataset": cfg.data.dataset,
+        "preset": cfg.preset,
+        "engine": engine,
+        "seed": cfg.seed,
+        "rounds": len(hist),
+        "n_sites": cfg.data.n_sites,
+        "clients_per_round": cfg.federation.clients_per_round,
+        "sync": cfg.federation.sync,
+        "secure_aggregation": cfg.federation.secure_aggregation,
+        "synchronised_part": result.part,
+        "params": {"theta_c": m.size("theta_c"), "theta_s": m.size("theta_s"), "full": m.size("full")},
+        "uplink_bytes": up,
+        "downlink_bytes": down,
+        "uplink_mb": up / 1e6,
+        "uplink_formula_bytes": formula,
+        "uplink_formula": "Σ_rounds participating sites × synchronised parameter bytes (paper Table II)",
+        "pehe": fe.get("pehe"),
+        "ate_error": fe.get("ate_error"),
+        "factual_auc": fe.get("factual_auc"),
+        "value_error_mean": fe.get("value_error_mean"),
+        "policies": fe.get("policies", {}),
+        "failed_sites_final_eval": fe.get("failed_sites", []),
+        "wall_s": result.wall_s,
+        "resumed_from_round": result.resumed_from,
+        "layout_hash": m.layout_hash,
+        "versions": versions(),
+    }
+    return _jsonable(summary)
+
+
+def write_run_folder(out: str | Path, cfg: RunConfig, result, engine: str = "flower") -> Path:
+    """Write the run folder atomically (temp folder + rename); returns its path."""
+    from fcd_secure.federation.flows import arrays_to_record  # noqa: F401,PLC0415
+    from fcd_secure.federation.state import npz_bytes  # noqa: PLC0415
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        (tmp / "config.toml").write_text(cfg.to_toml())
+        (tmp / "config.json").write_text(cfg.model_dump_json(indent=2))
+        (tmp / "theta_c.npz").write_bytes(npz_bytes(result.theta))
+        (tmp / "manifest.json").write_text(result.manifest.to_json())
+        rounds = pd.DataFrame(result.history)
+        rounds.to_csv(tmp / "rounds.csv", index=False)
+        (tmp / "rounds.json").write_text(json.dumps(_jsonable(result.history), indent=1))
+        pd.DataFrame(result.traffic_rows).to_csv(tmp / "traffic.csv", index=False)
+        summary = build_summary(cfg, result, engine)
+        (tmp / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False))
+        _plots(tmp, result.history, summary)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _plots(folder: Path, history: list[dict], summary: dict) -> None:
+    """Paper Figs. 3 and 4 for this run (one method); skipped quietly when the metric was never evaluated."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    pts = [(r["round"], r["pehe"]) for r in history if r.get("pehe") is not None]
+    label = f"Fed-CausalDiff ({summary['sync']})"
+    if pts:
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+        ax.set_xlabel("global communication round")
+        ax.set_ylabel("oracle PEHE (lower is better)")
+        ax.set_title(f"{summary['dataset']}: PEHE vs round (paper Fig. 3)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(folder / "pehe_vs_round.png", dpi=120)
+        plt.close(fig)
+    key, name = ("pehe", "PEHE (lower is better)") if pts else ("factual_auc", "factual AUC")
+    pts2 = [(r["cum_uplink_bytes"] / 1e6, r.get(key)) for r in history if r.get(key) is not None]
+    if pts2:
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        ax.plot([p[0] for p in pts2], [p[1] for p in pts2], marker="o", label=label)
+        ax.set_xlabel("cumulative uplink (MB)")
+        ax.set_ylabel(name)
+        ax.set_title(f"{summary['dataset']}: utility vs uplink (paper Fig. 4)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(folder / "utility_vs_uplink.png", dpi=120)
+        plt.close(fig)

@@ -1,0 +1,232 @@
+"""The server side of the Flower app: DSS rounds (paper §III, Table II) on the Message API.
+
+``run_federation(grid, cfg)`` is the one code path of every engine (simulation, deployment) and every mode
+(plain / secure aggregation, DSS / full sync):
+
+1. wait for the sites, ``query.hello`` each one (site id, site index, dims, manifest layout hash);
+2. build the initial global parameters from the run seed (every site builds the same initialisation);
+3. resume from ``<state_dir>/_server/checkpoint.npz`` if present (same training hash required);
+4. per round: sample k of N sites (seeded, ``ClientSampler``), ``flow.run_round`` (the aggregation seam,
+   ``flows.make_flow``), a cheap federated PEHE every ``eval_every`` rounds, checkpoint;
+5. a full federated evaluation, then the run folder (``federation.outputs``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from fcd_secure.config import RunConfig
+from fcd_secure.federation import learner
+from fcd_secure.federation.client_app import REC_HELLO, config_from_context
+from fcd_secure.federation.flows import make_flow
+from fcd_secure.federation.learner import FULL, THETA_C
+from fcd_secure.federation.messaging import Comm
+from fcd_secure.federation.sampler import ClientSampler
+from fcd_secure.federation.state import ServerCheckpoint, StateError
+
+ProgressHook = Callable[[str, dict], None]
+
+
+class FederationError(RuntimeError):
+    """The federation cannot proceed (sites missing, inconsistent sites, checkpoint mismatch)."""
+
+
+class SimulatedCrash(RuntimeError):
+    """Raised by ``federation.crash_after_round`` (tests of resume after a server crash)."""
+
+
+@dataclass
+class SiteInfo:
+    node_id: int
+    site_id: str
+    site_index: int
+    layout_hash: str
+    dims: dict[str, int]
+
+
+@dataclass
+class FederationResult:
+    theta: dict[str, np.ndarray]
+    part: str
+    history: list[dict]
+    final_eval: dict
+    manifest: object
+    sites: list[SiteInfo]
+    traffic_rows: list[dict]
+    wall_s: float
+    resumed_from: int
+    extra: dict = field(default_factory=dict)
+
+
+def wait_for_nodes(grid: Grid, n: int, timeout_s: float) -> list[int]:
+    """Node ids once ``n`` nodes are connected (under run_simulation the list starts empty)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        nodes = sorted(int(x) for x in grid.get_node_ids())
+        if len(nodes) >= n:
+            return nodes
+        if time.monotonic() > deadline:
+            raise FederationError(f"only {len(nodes)} of {n} sites connected within {timeout_s:.0f} s")
+        time.sleep(0.1)
+
+
+def hello(comm: Comm, node_ids: list[int], timeout_s: float, n_sites: int) -> list[SiteInfo]:
+    """Identify every connected site; returns them ordered by site index (0..n_sites-1, each exactly once)."""
+    from flwr.app import ConfigRecord, RecordDict  # noqa: PLC0415
+
+    replies = comm.send(node_ids, "query.hello", RecordDict({"hello": ConfigRecord({})}), timeout_s)
+    infos: list[SiteInfo] = []
+    for nid in node_ids:
+        rep = replies.get(nid)
+        if rep is None or rep.has_error():
+            raise FederationError(f"a site (node {nid}) did not answer hello ({'error' if rep else 'timeout'})")
+        h = rep.content[REC_HELLO]
+        dims = {k[len("dim-"):]: int(v) for k, v in h.items() if k.startswith("dim-")}
+        infos.append(SiteInfo(nid, str(h["site-id"]), int(h["site-index"]), str(h["layout-hash"]), dims))
+    infos.sort(key=lambda s: s.site_index)
+    if [s.site_index for s in infos] != list(range(n_sites)):
+        raise FederationError(f"site indices must be 0..{n_sites - 1} exactly once, got {[s.site_index for s in infos]}")
+    if len({s.site_id for s in infos}) != len(infos):
+        raise FederationError(f"duplicate site ids: {[s.site_id for s in infos]}")
+    for s in infos[1:]:
+        if s.layout_hash != infos[0].layout_hash or s.dims != infos[0].dims:
+            raise FederationError(
+                f"{s.site_id} has a different model layout or data dims from {infos[0].site_id} "
+                f"({s.dims} vs {infos[0].dims}); all sites must share one schema"
+            )
+    for s in infos:
+        comm.site_of[s.node_id] = s.site_id
+    return infos
+
+
+def run_federation(grid: Grid, cfg: RunConfig, progress: ProgressHook | None = None) -> FederationResult:
+    from fcd_secure.federation.evaluation import evaluate_federated  # noqa: PLC0415
+
+    t0 = time.perf_counter()
+    fed = cfg.federation
+    n_sites = cfg.data.n_sites
+    say = progress or (lambda _event, _info: None)
+    comm = Comm(grid, poll_s=fed.poll_s)
+    nodes = wait_for_nodes(grid, n_sites, fed.node_wait_s)
+    sites = hello(comm, nodes[:n_sites] if len(nodes) == n_sites else nodes, fed.round_timeout_s, n_sites)
+    order = [s.node_id for s in sites]
+    say("connected", {"sites": [s.site_id for s in sites]})
+
+    model = learner.build_model(cfg, sites[0].dims)
+    manifest = learner.manifest_of(model)
+    if manifest.layout_hash != sites[0].layout_hash:
+        raise FederationError("the server's model layout differs from the sites' (different code or config)")
+    part = THETA_C if fed.sync == "dss" else FULL
+    theta = learner.get_params(model, part)
+    sampler = ClientSampler(cfg.seed, n_sites, fed.clients_per_round)
+    history: list[dict] = []
+    start = 1
+    ckpt = ServerCheckpoint(cfg.state_dir) if cfg.state_dir else None
+    if ckpt is not None and ckpt.exists():
+        done, theta_ck, sampler_state, h, extra = ckpt.load()
+        if h != cfg.training_hash():
+            raise StateError(
+                f"{ckpt.path}: checkpoint belongs to a different training configuration; use a fresh state directory"
+            )
+        if sorted(theta_ck) != sorted(theta):
+            raise StateError(f"{ckpt.path}: checkpoint parameters do not match the model manifest")
+        theta = {k: theta_ck[k].astype(theta[k].dtype) for k in theta}
+        sampler.set_state(sampler_state)
+        history = list(extra.get("history", []))
+        start = done + 1
+        say("resumed", {"round": done})
+    resumed_from = start - 1
+
+    flow = make_flow(cfg)
+    sync_bytes = int(manifest.nbytes(part))
+    cum_up = int(sum(r["uplink_bytes"] for r in history))
+    cum_down = int(sum(r["downlink_bytes"] for r in history))
+    for rnd in range(start, fed.rounds + 1):
+        comm.round = rnd
+        chosen = sampler.sample()
+        node_ids = [order[i] for i in chosen]
+        t_round = time.perf_counter()
+        n_rec = len(comm.ledger.records)
+        outcome = flow.run_round(comm, node_ids, rnd, theta, {"part": part, "local-epochs": fed.local_epochs})
+        if fed.crash_after_round is not None and rnd == fed.crash_after_round:
+            raise SimulatedCrash(f"simulated server crash after round {rnd} (before its checkpoint)")
+        if outcome.theta_c is not None:
+            theta = outcome.theta_c
+        recs = comm.ledger.records[n_rec:]
+        up = sum(r.payload_bytes for r in recs if r.direction == "up")
+        down = sum(r.payload_bytes for r in recs if r.direction == "down")
+        cum_up += up
+        cum_down += down
+        row = {
+            "round": rnd,
+            "sites": " ".join(sites[i].site_id for i in chosen),
+            "participants": len(outcome.participants),
+            "failures": len(outcome.failures),
+            "aborted": outcome.theta_c is None,
+            "n_total": outcome.n_total,
+            "train_loss": outcome.metrics.get("train_loss"),
+            "uplink_bytes": int(up),
+            "downlink_bytes": int(down),
+            "uplink_message_bytes": int(sum(r.message_bytes for r in recs if r.direction == "up")),
+            "uplink_formula_bytes": int(len(outcome.participants) * sync_bytes),
+            "cum_uplink_bytes": int(cum_up),
+            "cum_downlink_bytes": int(cum_down),
+            "round_s": round(time.perf_counter() - t_round, 3),
+            "pehe": None,
+            "ate_error": None,
+        }
+        if fed.eval_every and (rnd % fed.eval_every == 0 or rnd == fed.rounds):
+            quick = evaluate_federated(comm, order, theta, cfg, part, quick=True, sites=sites)
+            row["pehe"] = quick.get("pehe")
+            row["ate_error"] = quick.get("ate_error")
+            row["factual_auc"] = quick.get("factual_auc")
+        history.append(row)
+        if ckpt is not None:
+            ckpt.save(rnd, theta, sampler.get_state(), cfg.training_hash(), extra={"history": history})
+        say("round", row)
+
+    say("evaluating", {})
+    final_eval = evaluate_federated(comm, order, theta, cfg, part, quick=False, sites=sites)
+    return FederationResult(
+        theta=theta,
+        part=part,
+        history=history,
+        final_eval=final_eval,
+        manifest=manifest,
+        sites=sites,
+        traffic_rows=comm.ledger.to_rows(),
+        wall_s=time.perf_counter() - t0,
+        resumed_from=resumed_from,
+    )
+
+
+def make_server_app(cfg: RunConfig | None = None, progress: ProgressHook | None = None, sink: dict | None = None) -> ServerApp:
+    """A ServerApp bound to ``cfg`` (simulation) or reading ``fcd-config`` from the run config (deployment).
+
+    The run folder is written inside the ServerApp, so both engines produce the same files; ``sink`` (if given)
+    also receives the ``FederationResult`` for in-process callers.
+    """
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        from fcd_secure.federation.outputs import write_run_folder  # noqa: PLC0415
+
+        run_cfg = config_from_context(context, cfg)
+        result = run_federation(grid, run_cfg, progress)
+        if run_cfg.out:
+            write_run_folder(run_cfg.out, run_cfg, result)
+        if sink is not None:
+            sink["result"] = result
+
+    return app
+
+
+#: Deployment entry point (``serverapp = "fcd_secure.federation.server_app:app"``).
+app = make_server_app(None)

@@ -1,0 +1,70 @@
+"""Run the Flower app on Flower's simulation engine, in-process (the ``fcd run`` default).
+
+``flwr.simulation.run_simulation`` is deprecated in 1.42 but is the only fully in-process path
+(../shared/research/flower-runtime.md §0.4, §1a). Settings that matter on a 2-core machine: one Ray actor
+(``client_resources.num_cpus = 2``), no dashboard, quiet logs, telemetry off. The ServerApp and ClientApp are the
+same objects the deployment engine loads; only the config travels in their closures here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+from fcd_secure.config import RunConfig
+
+
+def quiet_flower_env() -> None:
+    """Telemetry off (Flower posts events off-machine by default), no update check, errors-only logs."""
+    os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
+    os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
+    os.environ.setdefault("FLWR_LOG_LEVEL", "ERROR")
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    logging.getLogger("flwr").setLevel(logging.ERROR)
+
+
+def backend_config(num_cpus: int = 2) -> dict:
+    return {
+        "client_resources": {"num_cpus": num_cpus, "num_gpus": 0.0},
+        "init_args": {
+            "num_cpus": num_cpus,
+            "logging_level": "ERROR",
+            "log_to_driver": False,
+            "include_dashboard": False,
+        },
+    }
+
+
+def run_simulated(cfg: RunConfig, progress=None, num_cpus: int | None = None):
+    """Run the whole federation of ``cfg`` on the simulation engine; returns the ``FederationResult``.
+
+    ``cfg.state_dir`` defaults to ``<out>/state`` (or a temp dir when there is no out folder).
+    """
+    quiet_flower_env()
+    from flwr.simulation import run_simulation  # noqa: PLC0415
+
+    from fcd_secure.federation.client_app import make_client_app  # noqa: PLC0415
+    from fcd_secure.federation.server_app import make_server_app  # noqa: PLC0415
+
+    logging.getLogger("flwr").setLevel(logging.ERROR)  # flwr sets DEBUG on its logger when imported
+
+    if cfg.state_dir is None:
+        root = Path(cfg.out).with_name(Path(cfg.out).name + ".state") if cfg.out else Path(tempfile.mkdtemp(prefix="fcd-state-"))
+        cfg = cfg.model_copy(update={"state_dir": str(root)})
+    Path(cfg.state_dir).mkdir(parents=True, exist_ok=True)
+    sink: dict = {}
+    n_cpu = num_cpus or max(1, min(2, os.cpu_count() or 1))
+    run_simulation(
+        server_app=make_server_app(cfg, progress, sink),
+        client_app=make_client_app(cfg),
+        num_supernodes=cfg.data.n_sites,
+        backend_config=backend_config(n_cpu),
+    )
+    if "result" not in sink:
+        raise RuntimeError("the simulation ended without a result (see the log above)")
+    return sink["result"]

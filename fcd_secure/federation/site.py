@@ -1,0 +1,174 @@
+"""``SiteRuntime``: everything one site does, independent of Flower's process model.
+
+A site is identified by its *site id* (``node_config["site-id"]`` in deployment, ``site-<partition-id>`` in
+simulation), never by Flower's random node id. Its private state lives on disk (``federation.state``) and is
+loaded for every message, because in deployment every message runs in a fresh ``flwr-clientapp`` process and in
+simulation one Ray actor serves every site (../shared/research/flower-runtime.md §5: module globals leak across
+simulated nodes; ``Context.state`` is lost on restart). The only process-wide cache is the loaded data split,
+which is a pure function of the run config.
+
+Paper §III "Decoupled synchronisation": ``train_round`` loads Θs_i from disk, sets the global Θc, trains one local
+epoch on the site's own data and returns only Θc (or every parameter in the "w/o DSS" ablation). Θs_i, the
+optimiser and RNG state are committed to disk atomically before the reply leaves.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+
+from fcd_secure.config import RunConfig
+from fcd_secure.federation import learner
+from fcd_secure.federation.learner import FULL, THETA_C, THETA_S, SiteData
+from fcd_secure.federation.state import SiteState, StateError
+
+
+def default_site_id(site_index: int) -> str:
+    return f"site-{int(site_index):02d}"
+
+
+class SiteRuntime:
+    """One site: identity, data, model, on-disk state. Built per message; cheap apart from the model build."""
+
+    def __init__(self, cfg: RunConfig, site_id: str, site_index: int, state_root: str) -> None:
+        self.cfg = cfg
+        self.site_id = site_id
+        self.site_index = int(site_index)
+        self.state = SiteState(state_root, site_id)
+        self._data: SiteData | None = None
+        self._model = None
+        self._manifest = None
+
+    # -- construction from a Flower Context --------------------------------------------------------------
+    @classmethod
+    def from_context(cls, context, cfg: RunConfig) -> "SiteRuntime":
+        """Site identity from ``node_config``: ``site-id`` / ``site-index`` (deployment) or ``partition-id``."""
+        nc = dict(context.node_config)
+        if "site-index" in nc:
+            index = int(nc["site-index"])
+        elif "partition-id" in nc:
+            index = int(nc["partition-id"])
+        else:
+            raise StateError("node_config has neither 'site-index' nor 'partition-id': cannot tell which site this is")
+        site_id = str(nc.get("site-id") or default_site_id(index))
+        state_root = str(nc.get("state-dir") or cfg.state_dir or "")
+        if not state_root:
+            raise StateError("no state directory: set node_config 'state-dir' or the run's state_dir")
+        return cls(cfg, site_id, index, state_root)
+
+    # -- lazily built parts ------------------------------------------------------------------------------
+    @property
+    def data(self) -> SiteData:
+        if self._data is None:
+            self._data = learner.load_site_data(self.cfg, self.site_index)
+        return self._data
+
+    @property
+    def dataset_train(self):
+        return self.data.train
+
+    @property
+    def dataset_test(self):
+        return self.data.test
+
+    @property
+    def dims(self) -> dict[str, int]:
+        return learner.dims_of(self.data.train, self.data.n_sites)
+
+    @property
+    def model(self):
+        if self._model is None:
+            self._model = learner.build_model(self.cfg, self.dims)
+        return self._model
+
+    @property
+    def manifest(self):
+        if self._manifest is None:
+            self._manifest = learner.manifest_of(self.model)
+        return self._manifest
+
+    @property
+    def layout_hash(self) -> str:
+        return str(self.manifest.layout_hash)
+
+    def identity_private_key(self) -> bytes:
+        """Raw Ed25519 private key of this site (created on first use, kept in the site state directory)."""
+        return self.state.identity_private_key()
+
+    # -- training ----------------------------------------------------------------------------------------
+    def train_round(self, global_theta: dict[str, np.ndarray], round_config: dict[str, Any]) -> tuple[dict[str, np.ndarray], int, dict]:
+        """Train one round from the global parameters; returns ``(synchronised params, n_train, metrics)``.
+
+        ``round_config``: ``server-round`` (int), ``part`` ("theta_c" for DSS, "full" for the w/o-DSS ablation),
+        ``local-epochs``. The returned arrays are exactly the manifest entries of ``part``.
+        """
+        import torch  # noqa: PLC0415
+
+        server_round = int(round_config["server-round"])
+        part = str(round_config.get("part", THETA_C))
+        if part not in (THETA_C, FULL):
+            raise ValueError(f"round config 'part' must be {THETA_C!r} or {FULL!r}, got {part!r}")
+        epochs = int(round_config.get("local-epochs", self.cfg.federation.local_epochs))
+        self.state.check_layout(self.layout_hash)
+        snap = self.state.begin_round(server_round)
+
+        model = self.model
+        if snap is not None:
+            learner.set_params(model, THETA_S, snap.theta_s)
+        self._check_incoming(global_theta, part)
+        learner.set_params(model, part, global_theta)
+        optimizer = learner.make_optimizer(model, self.cfg)
+        if snap is not None and snap.optimizer_state is not None:
+            optimizer.load_state_dict(torch.load(io.BytesIO(snap.optimizer_state), weights_only=True))
+        if snap is not None and snap.rng_state is not None:
+            torch.set_rng_state(torch.load(io.BytesIO(snap.rng_state), weights_only=True))
+
+        seed = learner.round_seed(self.cfg.seed, server_round, self.site_index)
+        metrics = learner.train_local(
+            model, self.data.train, self.cfg, self.site_index, self.data.n_sites, epochs=epochs, seed=seed, optimizer=optimizer
+        )
+        out = learner.get_params(model, part)
+        theta_s = learner.get_params(model, THETA_S)
+        for name, arr in out.items():
+            if not np.all(np.isfinite(arr)):
+                raise FloatingPointError(f"local training produced a non-finite parameter ({name})")
+        opt_buf, rng_buf = io.BytesIO(), io.BytesIO()
+        torch.save(optimizer.state_dict(), opt_buf)
+        torch.save(torch.get_rng_state(), rng_buf)
+        self.state.commit(server_round, self.layout_hash, theta_s, opt_buf.getvalue(), rng_buf.getvalue())
+        n = int(self.data.train.n)
+        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float, np.floating, np.integer))}
+        clean["n"] = float(n)
+        return out, n, clean
+
+    def _check_incoming(self, arrays: dict[str, np.ndarray], part: str) -> None:
+        """The global parameters must be exactly the manifest entries of ``part`` (names and shapes)."""
+        expect = {e.name: tuple(e.shape) for e in self.manifest.entries if part == FULL or e.part == part}
+        if sorted(arrays) != sorted(expect):
+            missing = sorted(set(expect) - set(arrays))[:3]
+            extra = sorted(set(arrays) - set(expect))[:3]
+            raise ValueError(f"global parameters do not match the manifest (missing {missing}, unexpected {extra})")
+        for name, shape in expect.items():
+            if tuple(np.shape(arrays[name])) != shape:
+                raise ValueError(f"global parameter {name} has shape {np.shape(arrays[name])}, manifest says {shape}")
+
+    # -- evaluation ----------------------------------------------------------------------------------------
+    def load_for_eval(self, global_theta: dict[str, np.ndarray], part: str = THETA_C):
+        """The site's model with the given global parameters and its own latest Θs (nothing is written)."""
+        model = self.model
+        snap = self.state.load()
+        if snap is not None:
+            learner.set_params(model, THETA_S, snap.theta_s)
+        self._check_incoming(global_theta, part)
+        # "w/o DSS" (part = full) synchronises Θs too, so the global one replaces the local copy here
+        learner.set_params(model, part, global_theta)
+        return model
+
+    def evaluate(self, global_theta: dict[str, np.ndarray], eval_config: dict[str, Any]) -> dict[str, float]:
+        """Aggregate-only evaluation metrics of this site (see ``federation.evaluation.site_metrics``)."""
+        from fcd_secure.federation.evaluation import site_metrics  # noqa: PLC0415
+
+        model = self.load_for_eval(global_theta, str(eval_config.get("part", THETA_C)))
+        return site_metrics(model, self.data, self.cfg, eval_config)
