@@ -19,27 +19,9 @@ from fcd_secure.data.dkt_synth import (
 )
 from fcd_secure.data.dkt_synth.oracle import ORACLE_CARD, ORACLE_WEIGHTS, roc_auc, sha256_file
 from fcd_secure.data.dkt_synth.world import fresh_uniforms
+from fcd_secure.data.policy import anchor_actions, default_policies
 
 torch.set_num_threads(1)
-
-
-class StandIn:
-    """Local stand-in with the fcd_secure.data.policy contract: actions(t, y_hist, lengths, a_off, a_on)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def actions(self, t, y_hist, lengths, a_off, a_on):
-        assert y_hist.shape == (len(lengths), t)
-        if self.name == "never":
-            on = np.zeros(len(lengths), dtype=bool)
-        elif self.name == "always":
-            on = np.ones(len(lengths), dtype=bool)
-        elif self.name == "early_on":
-            on = t < lengths / 2
-        else:
-            on = t >= lengths / 2
-        return np.where(on, a_on, a_off).astype(np.int64)
 
 
 class LoggedReplay:
@@ -123,6 +105,7 @@ def test_world_layout_and_contract(tiny):
     a_off, a_on = tiny.anchors
     assert counts[a_off] == counts.max() and counts[a_on] == np.sort(counts)[-2] and a_off != a_on
     assert counts[a_on] / len(T) > 0.15
+    assert anchor_actions(tiny.train) == tiny.anchors  # the data layer's rule agrees
     # site sizes vary (Dirichlet) but none is empty
     sizes = np.array([tr.n + te.n for tr, te in zip(tiny.train, tiny.test)])
     assert sizes.min() >= 2 and sizes.max() > sizes.min()
@@ -217,14 +200,16 @@ def test_policy_values_crn_replay_and_site_consistency(tiny):
     M = np.arange(tiny.L)[None, :] < tiny.lengths[ids][:, None]
     assert np.array_equal(replay.seen[:, : tiny.L - 1][M[:, :-1]], Y[:, :-1][M[:, :-1]])
     assert 0 < per[0] < 1
-    values = {n: tiny.true_policy_value(StandIn(n)) for n in ("never", "always", "early_on", "late_on")}
+    policies = {p.name: p for p in default_policies()}
+    assert set(policies) == {"never", "always", "early_on", "late_on"}
+    values = {n: tiny.true_policy_value(p) for n, p in policies.items()}
     for v, se in values.values():
         assert 0 < v < 1 and 0 < se < 0.02
     assert abs(values["always"][0] - values["never"][0]) > 3 * (values["always"][1] + values["never"][1])
     # per-site values, weighted by site size, add up to the pooled value (noise is keyed per student)
-    pooled = tiny.true_policy_value(StandIn("early_on"))[0]
+    pooled = values["early_on"][0]
     sizes = np.array([d.n for d in tiny.test])
-    by_site = np.array([tiny.true_policy_value(StandIn("early_on"), site=s)[0] for s in range(tiny.n_sites)])
+    by_site = np.array([tiny.true_policy_value(policies["early_on"], site=s)[0] for s in range(tiny.n_sites)])
     assert (by_site * sizes).sum() / sizes.sum() == pytest.approx(pooled, abs=1e-12)
 
 

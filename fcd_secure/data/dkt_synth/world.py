@@ -26,8 +26,9 @@ Logging policy (time-varying confounding, strength γ)
 -----------------------------------------------------
 ``π_b(a | H_t, θ_i, u_i, s) = (1 − K ε) · softmax_a(ℓ_t(a)) + ε`` with
 ``ℓ_t(a) = base_a + b_{s,a} + γ · d_a · r_it`` where ``d_a`` is the item's standardised difficulty (from the
-oracle's reference population), ``r_it = u_i + logit(mean_a m_t(a)) − logit(m_ref)`` the student's "readiness"
-(hidden motivation plus current hidden mastery ``m_t(a) = σ(z_t[a] + βθ θ_i)``), ``base_a`` a boost for two
+oracle's reference population), ``r_it = c · tanh(r̃_it / c)`` with ``r̃_it = u_i + logit(mean_a m_t(a)) − logit(m_ref)``
+the student's bounded "readiness" (hidden motivation plus current hidden mastery ``m_t(a) = σ(z_t[a] + βθ θ_i)``;
+the cap ``c`` keeps every anchor a few per cent of support, so IPW stays usable), ``base_a`` a boost for two
 designated items (so that the anchors carry 15-30 % of the log each) and ``b_{s,a}`` a site-specific logging bias.
 Ready students are given harder items: because the same ``u_i`` and mastery raise ``Y``, the naive contrast between
 items is confounded. The tutor also never assigns an item the student already masters
@@ -62,10 +63,12 @@ Split = Literal["train", "test"]
 PRESETS: dict[str, dict[str, Any]] = {
     # tests: generation + ground truth in about a second
     "tiny": dict(n_students=300, max_len=12, anchor_step=2, horizon=4, n_rollouts=8),
-    # the main federated run (10 sites): ~2,400 training sequences of <= 30 steps
-    "default": dict(n_students=3000, max_len=30, anchor_step=5, horizon=5, n_rollouts=32),
+    # the main federated run (10 sites): ~2,400 training sequences of <= 30 steps. Horizon 10: practising the
+    # harder anchor costs correctness now and pays later (per-step effect ~ -0.10, 0.0, +0.04, ... +0.12), so a
+    # 10-step window gives a clearly non-zero ATE (~0.06) whose sign a one-step model gets wrong.
+    "default": dict(n_students=3000, max_len=30, anchor_step=5, horizon=10, n_rollouts=32),
     # paper Table I: 20,000 sequences, L = 50
-    "paper": dict(n_students=20000, max_len=50, anchor_step=10, horizon=5, n_rollouts=32),
+    "paper": dict(n_students=20000, max_len=50, anchor_step=10, horizon=10, n_rollouts=32),
 }
 
 
@@ -88,12 +91,12 @@ class DKTSynthConfig(BaseModel):
     mastery_cutoff: float = Field(0.97, gt=0, le=1, description="the tutor skips items mastered beyond this")
     beta_theta: float = Field(0.8, description="weight of ability in the outcome logit")
     beta_u: float = Field(1.0, description="weight of the hidden confounder in the outcome logit")
-    boost_hard: float = Field(3.9, description="base logit of the designated harder item (an anchor candidate)")
-    boost_easy: float = Field(3.6, description="base logit of the designated easier item (an anchor candidate)")
+    boost_hard: float = Field(3.5, description="base logit of the designated harder item (an anchor candidate)")
+    boost_easy: float = Field(3.9, description="base logit of the designated easier item (an anchor candidate)")
     site_item_bias_sd: float = Field(0.2, ge=0)
     site_anchor_tilt_sd: float = Field(0.4, ge=0, description="site-specific tilt between the two designated items")
     anchor_step: int = Field(5, ge=0, description="t0 of true_effects")
-    horizon: int = Field(5, ge=1, description="steps averaged by true_effects")
+    horizon: int = Field(10, ge=1, description="steps averaged by true_effects")
     n_rollouts: int = Field(32, ge=1)
     oracle_path: str | None = Field(None, description="weights file (default: the shipped, checksummed oracle)")
 
@@ -488,13 +491,32 @@ class DKTSynthWorld:
                 state = self.oracle.step(state, T[:, t], Y[:, t])
         return out
 
-    def describe(self, n_rollouts: int | None = None) -> dict[str, Any]:
-        """Sizes, anchors and their logged shares, γ, ε, zero-support counts, naive vs IPW vs true contrasts, true ATE."""
+    def true_policy_values(
+        self, policies: list[PolicyLike] | None = None, split: Split = "test", n_rollouts: int | None = None
+    ) -> dict[str, dict[str, float]]:
+        """``{name: {"value", "se"}}`` for the given policies (default: Never / Always / Early-on / Late-on)."""
+        if policies is None:
+            from fcd_secure.data.policy import default_policies
+
+            policies = default_policies()
+        out = {}
+        for pol in policies:
+            v, se = self.true_policy_value(pol, None, split, n_rollouts)
+            out[str(getattr(pol, "name", type(pol).__name__))] = {"value": v, "se": se}
+        return out
+
+    def describe(self, n_rollouts: int | None = None, policy_values: bool = False) -> dict[str, Any]:
+        """Sizes, anchors and their logged shares, γ, ε, naive vs IPW vs true contrasts, true ATE (and policy values)."""
         a_off, a_on = self.anchors
         ids = self.student_ids(None, "train")
         valid = np.arange(self.L)[None, :] < self.lengths[ids][:, None]
         T = self.T_all[ids]
         tau = self.true_effects(None, "test", n_rollouts=n_rollouts)
+        by_site = []
+        for ds in self.train:
+            tv = ds.T[ds.M > 0]
+            by_site.append({"a_off": float((tv == a_off).mean()), "a_on": float((tv == a_on).mean())})
+        extra = {"true_policy_values_test": self.true_policy_values(n_rollouts=n_rollouts)} if policy_values else {}
         return {
             "preset": self.cfg.preset,
             "seed": self.cfg.seed,
@@ -506,6 +528,7 @@ class DKTSynthWorld:
             "n_actions": self.n_actions,
             "anchors": {"a_off": a_off, "a_on": a_on},
             "anchor_share_train": {"a_off": float((T[valid] == a_off).mean()), "a_on": float((T[valid] == a_on).mean())},
+            "anchor_share_train_by_site": by_site,
             "gamma": self.cfg.gamma,
             "epsilon": self.cfg.epsilon,
             "min_logged_propensity": float(self.P_all[ids][valid].min()),
@@ -516,6 +539,7 @@ class DKTSynthWorld:
             "true_ate_test": float(np.mean(tau)),
             "true_effect_sd_test": float(np.std(tau)),
             "oracle_test_auc": self.oracle_card.get("test_auc"),
+            **extra,
         }
 
 
