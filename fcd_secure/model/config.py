@@ -31,6 +31,13 @@ class ModelConfig(BaseModel):
     mlp_hidden: int = Field(64, ge=2, description="width of the ε-nets, decoder and heads")
     time_emb: int = Field(16, ge=2, description="sinusoidal embedding size of the diffusion step n")
 
+    decoder_head: Literal["per_action", "embedding"] = Field(
+        "per_action",
+        description=(
+            "'per_action': one read-out per action from (K_t, A_t), the taken action's gathered (DKT-style, extrapolates "
+            "linearly to states where an action was never logged); 'embedding': an MLP over (K_t, A_t, emb(T_t))"
+        ),
+    )
     outcome: Literal["binary", "gaussian"] = Field("binary", description="Bernoulli logits or Gaussian mean for Y_t")
 
     # -- Phase B: transition -----------------------------------------------------------------------------

@@ -90,7 +90,12 @@ class FedCausalDiff(nn.Module):
         temb = cfg.time_emb if cfg.transition == "diffusion" else 0
         self.eps_c = mlp(k + temb + k + da + E, k, H)
         self.eps_s = mlp(k + temb + k + da, k, H)
-        self.decoder = mlp(k + da + E, 2 if cfg.outcome == "gaussian" else 1, H)
+        self.n_out = 2 if cfg.outcome == "gaussian" else 1
+        if cfg.decoder_head == "per_action":
+            # DKT-style read-out: one output per action from (K_t, A_t), the taken one gathered
+            self.decoder = mlp(k + da, n_actions * self.n_out, H)
+        else:
+            self.decoder = mlp(k + da + E, self.n_out, H)
         self.site_disc = mlp(kc, n_sites, H, depth=1)
         n_par = n_actions if cfg.dis_parallel_target == "action" else n_sites
         self.parallel_head = mlp(ks, n_par, H, depth=1)
@@ -165,6 +170,11 @@ class FedCausalDiff(nn.Module):
     # -- Phase C ---------------------------------------------------------------------------------------------
     def decode(self, K: torch.Tensor, A: torch.Tensor, T: torch.Tensor) -> torch.Tensor:
         """Decoder output [..., 1] (Bernoulli logit) or [..., 2] (Gaussian mean, log σ)."""
+        if self.cfg.decoder_head == "per_action":
+            out = self.decoder(torch.cat([K, A], dim=-1))
+            out = out.view(*out.shape[:-1], self.n_actions, self.n_out)
+            idx = T.unsqueeze(-1).unsqueeze(-1).expand(*T.shape, 1, self.n_out)
+            return out.gather(-2, idx).squeeze(-2)
         return self.decoder(torch.cat([K, A, self.action_emb(T)], dim=-1))
 
     def outcome_mean(self, K: torch.Tensor, A: torch.Tensor, T: torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,8 @@ def site_labels(ds: SiteDataset, site_index: int | None) -> np.ndarray:
     if site is None:
         raise ValueError(f"{ds.name}: no site_index given and meta['site'] is missing (pool sites with schema.concat)")
     site = np.asarray(site, dtype=np.int64)
+    if site.ndim == 0:  # a single site's dataset carries its index as a scalar
+        return np.full(ds.n, int(site), dtype=np.int64)
     if site.shape != (ds.n,):
         raise ValueError(f"{ds.name}: meta['site'] has shape {site.shape}, expected ({ds.n},)")
     return site
