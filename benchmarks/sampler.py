@@ -1,0 +1,107 @@
+"""Sampler benchmark: rollouts per second and PEHE for ancestral DDPM vs few-step DDIM, side by side.
+
+One Fed-CausalDiff is trained centrally on DKT-Synth (fixed seed), then the same effect query (always-a_on minus
+always-a_off from the anchor step over the horizon, every test trajectory, ``--samples`` futures each) is answered
+with each sampler setting. A "rollout" is one simulated future of one trajectory over the whole horizon.
+
+    .venv/bin/python benchmarks/sampler.py                 # DKT-Synth default, rich table
+    .venv/bin/python benchmarks/sampler.py --quick --json  # tiny preset, one JSON object
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+
+import json  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import typer  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+err = Console(stderr=True)
+
+
+def machine() -> dict:
+    import flwr
+
+    return {
+        "cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
+        "torch": torch.__version__, "flwr": flwr.__version__, "numpy": np.__version__, "threads": torch.get_num_threads(),
+        "argv": " ".join(sys.argv),
+    }
+
+
+def main(
+    quick: bool = typer.Option(False, "--quick", help="Tiny preset, 1 epoch, few steps: checks the script runs."),
+    seed: int = typer.Option(0, "--seed"),
+    epochs: int = typer.Option(0, "--epochs", help="Training epochs (0: the preset's centralised default)."),
+    samples: int = typer.Option(8, "--samples", min=1, help="Futures per test trajectory."),
+    repeats: int = typer.Option(3, "--repeats", min=1, help="Timed repeats per setting (median reported)."),
+    ddim_steps: str = typer.Option("1,2,5,10,25", "--ddim-steps", help="Comma-separated DDIM step counts."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout; progress on stderr."),
+) -> None:
+    torch.set_num_threads(1)
+    from fcd_secure.data.dkt_synth import DKTSynthConfig, generate
+    from fcd_secure.data.schema import concat
+    from fcd_secure.evaluation.metrics import ate_error, pehe
+    from fcd_secure.model import FedCausalDiff, ModelConfig, estimate_effects, train_local
+    from fcd_secure.model.reference import DEFAULT_EPOCHS
+    from fcd_secure.model.training import make_optimizer
+
+    preset = "tiny" if quick else "default"
+    n_ep = epochs or (1 if quick else DEFAULT_EPOCHS[preset])
+    cfg = ModelConfig(seed=seed)
+    steps = [int(s) for s in ddim_steps.split(",") if s.strip()]
+    steps = [s for s in steps if 1 <= s <= cfg.diffusion_steps]
+    w = generate(DKTSynthConfig.from_preset(preset, seed=seed))
+    train, test = concat(w.train), concat(w.test)
+    err.print(f"[dim]training Fed-CausalDiff on DKT-Synth {preset} ({train.n} trajectories, {n_ep} epochs)[/]")
+    model = FedCausalDiff.from_dims(cfg, train.dx, train.da, train.n_actions, len(w.train))
+    opt = make_optimizer(model, cfg)
+    for ep in range(n_ep):
+        train_local(model, train, cfg, None, len(w.train), epochs=1, seed=seed * 1000 + ep, optimizer=opt)
+    tau = w.true_effects(None, "test")
+    settings = [("ddpm", cfg.diffusion_steps)] + [("ddim", s) for s in steps]
+    results = []
+    for sampler, n_steps in settings:
+        kw = dict(sampler=sampler, steps=n_steps)
+        estimate_effects(model, test.subset(np.arange(min(8, test.n))), w.anchors, w.anchor_step, w.horizon, 1, seed, **kw)
+        times, eff = [], None
+        for _ in range(1 if sampler == "ddpm" and not quick else repeats):
+            t0 = time.perf_counter()
+            eff = estimate_effects(model, test, w.anchors, w.anchor_step, w.horizon, samples, seed, **kw)
+            times.append(time.perf_counter() - t0)
+        med = statistics.median(times)
+        rollouts = 2 * test.n * samples  # two arms
+        results.append({
+            "sampler": sampler, "steps": n_steps, "seconds": med, "seconds_min": min(times), "seconds_max": max(times),
+            "rollouts_per_second": rollouts / med, "pehe": pehe(eff, tau), "ate_error": ate_error(eff, tau),
+        })
+        err.print(f"[dim]{sampler} {n_steps}: {rollouts / med:.0f} rollouts/s, PEHE {results[-1]['pehe']:.4f}[/]")
+    params = {"preset": preset, "seed": seed, "epochs": n_ep, "samples": samples, "n_test": test.n,
+              "horizon": int(w.horizon), "diffusion_steps": cfg.diffusion_steps, "repeats": repeats}
+    if as_json:
+        print(json.dumps({"machine": machine(), "params": params, "results": results}))
+        return
+    out = Console()
+    out.print(f"[dim]machine: {machine()}[/]")
+    t = Table(title=f"Do-simulation samplers on DKT-Synth {preset} ({test.n} test trajectories × {samples} futures × 2 arms, "
+                    f"horizon {w.horizon})")
+    for c in ("sampler", "steps / transition", "seconds (median)", "rollouts / second", "PEHE", "|ATE err|"):
+        t.add_column(c, justify="left" if c == "sampler" else "right")
+    for r in results:
+        t.add_row(r["sampler"], str(r["steps"]), f"{r['seconds']:.2f}", f"{r['rollouts_per_second']:.0f}",
+                  f"{r['pehe']:.4f}", f"{r['ate_error']:.4f}")
+    out.print(t)
+
+
+if __name__ == "__main__":
+    typer.run(main)
