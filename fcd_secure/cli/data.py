@@ -93,8 +93,10 @@ def _fmt_pair(ours: Any, paper: Any) -> str:
 
 @app.command("describe")
 def describe(
-    dataset: str = typer.Option("all", "--dataset", "-d", help="dkt-synth, statics2011, assistments2009, diabetes130, "
-                                "obd, or all."),
+    dataset: list[str] = typer.Option(
+        ["all"], "--dataset", "-d",
+        help="dkt-synth, statics2011, assistments2009, diabetes130, obd, or all (repeat the option for several).",
+    ),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Folder holding the datasets "
                                             "(default: ../shared/data next to the project, or $FCD_DATA_DIR)."),
     n_sites: int = typer.Option(10, "--n-sites", min=1, help="Sites of the Dirichlet split (paper: 10)."),
@@ -110,10 +112,12 @@ def describe(
     """
     from fcd_secure.data.registry import DATASETS, load_federated
 
-    names = list(DATASETS) if dataset.lower() == "all" else [dataset.lower()]
-    if names[0] not in DATASETS:
-        _err.print(f"[bold red]error:[/] unknown dataset {dataset!r}; choose one of all, {', '.join(DATASETS)}")
-        raise typer.Exit(code=2)
+    wanted = [d.lower() for d in dataset]
+    names = list(DATASETS) if "all" in wanted else list(dict.fromkeys(wanted))
+    for name in names:
+        if name not in DATASETS:
+            _err.print(f"[bold red]error:[/] unknown dataset {name!r}; choose one of all, {', '.join(DATASETS)}")
+            raise typer.Exit(code=2)
     results: dict[str, Any] = {}
     failed = False
     with _err.status("loading datasets") if not as_json else nullcontext():
@@ -134,12 +138,12 @@ def describe(
 
 def _print_tables(results: dict[str, Any]) -> None:
     t = Table(title="Datasets (ours / paper Table I)")
-    for col in ("dataset", "sequences", "Lmax", "dx", "da", "|T|", "used", "outcome rate", "anchors a_off / a_on",
-                "top-5 share"):
-        t.add_column(col, justify="left" if col in ("dataset", "anchors a_off / a_on") else "right")
+    for col in ("dataset", "sequences", "Lmax", "dx", "da", "|T|", "used", "Y rate", "anchors", "anchor share",
+                "top-5"):
+        t.add_column(col, justify="left" if col == "dataset" else "right")
     for name, d in results.items():
         if "error" in d:
-            t.add_row(name, f"[red]{d['error']}[/]", *[""] * 8)
+            t.add_row(name, f"[red]{d['error']}[/]", *[""] * 9)
             continue
         p = d.get("table_i") or {}
         an = d["anchors"]
@@ -152,7 +156,8 @@ def _print_tables(results: dict[str, Any]) -> None:
             _fmt_pair(d["n_actions"], p.get("n_actions")),
             str(d["actions_used"]),
             f"{d['outcome_rate']:.3f}",
-            f"{an['a_off']} ({an['share_off']:.1%}) / {an['a_on']} ({an['share_on']:.1%})",
+            f"{an['a_off']} / {an['a_on']}",
+            f"{an['share_off']:.1%} / {an['share_on']:.1%}",
             f"{sum(a['share'] for a in d['top_actions']):.1%}",
         )
     _out.print(t)

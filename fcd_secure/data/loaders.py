@@ -257,7 +257,8 @@ def load_diabetes130(data_dir: str | Path | None = None, max_len: int = 20) -> S
     Weight (97 % missing) is not used.
     """
     d = _dir(data_dir, "diabetes_130")
-    df = pd.read_csv(_need(d / "diabetic_data.csv.gz"), keep_default_na=False, dtype=str)
+    # keep_default_na=False: "None" is a real level of max_glu_serum/A1Cresult ("not measured"), not a missing value
+    df = pd.read_csv(_need(d / "diabetic_data.csv.gz"), keep_default_na=False)
     need = ["encounter_id", "patient_nbr", "race", "gender", "age", "readmitted", "insulin", "metformin",
             *_COUNTS, "diag_1", "diag_2", "diag_3"]
     for c in need:
@@ -278,11 +279,13 @@ def load_diabetes130(data_dir: str | Path | None = None, max_len: int = 20) -> S
     xe.add(race == "?", "race__missing")
     xe.add(df["gender"].to_numpy() == "Female", "female")
     xe.add(~np.isin(df["gender"].to_numpy(), ["Female", "Male"]), "gender_unknown")
-    age_lo = pd.to_numeric(df["age"].str.extract(r"\[(\d+)-")[0], errors="coerce").to_numpy()
-    if np.isnan(age_lo).any():
-        r = int(np.flatnonzero(np.isnan(age_lo))[0])
-        raise DataError("age bucket does not parse", file=d / "diabetic_data.csv.gz", column="age", row=r)
-    xe.add(age_lo + 5.0, "age_years", "continuous")
+    buckets = {f"[{10 * i}-{10 * (i + 1)})": 10.0 * i + 5.0 for i in range(10)}
+    age = df["age"].map(buckets).to_numpy(dtype=np.float64)
+    if np.isnan(age).any():
+        r = int(np.flatnonzero(np.isnan(age))[0])
+        raise DataError(f"age bucket {df['age'].iloc[r]!r} does not parse", file=d / "diabetic_data.csv.gz",
+                        column="age", row=r)
+    xe.add(age, "age_years", "continuous")
 
     # A
     ae = EncodedColumns()
@@ -294,7 +297,7 @@ def load_diabetes130(data_dir: str | Path | None = None, max_len: int = 20) -> S
         ae.add(ids, col, "categorical", cardinality=card)
         ae.levels[col] = levels
     for col in _COUNTS:
-        ae.add(pd.to_numeric(df[col]).to_numpy(dtype=np.float64), col, "continuous")
+        ae.add(df[col].to_numpy(dtype=np.float64), col, "continuous")
     for col, levels in (("max_glu_serum", ["None", "Norm", ">200", ">300"]), ("A1Cresult", ["None", "Norm", ">7", ">8"])):
         v = df[col].to_numpy()
         for lev in levels:

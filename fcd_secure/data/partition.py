@@ -123,26 +123,19 @@ def dirichlet_partition(
     return out
 
 
-def train_test_split(ds: SiteDataset, test_fraction: float, seed: int) -> tuple[SiteDataset, SiteDataset]:
-    """Seeded split into (train, test) with about ``test_fraction`` of the trajectories in test.
-
-    Trajectories of one entity (chunks of one student/patient, ``meta['entity']``) stay on the same side, so the
-    test set holds unseen entities. Both sides get at least one trajectory (the dataset needs at least 2).
-    """
+def split_indices(
+    n: int, test_fraction: float, seed: int, entity: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(train rows, test rows) of :func:`train_test_split`, sorted; ``entity`` [n] keeps an entity on one side."""
     if not 0.0 < test_fraction < 1.0:
         raise DataError(f"test_fraction must be in (0, 1), got {test_fraction}", field="test_fraction")
-    if ds.n < 2:
-        raise DataError(f"{ds.name}: {ds.n} trajectory cannot be split into train and test")
+    if n < 2:
+        raise DataError(f"{n} trajectory cannot be split into train and test")
     rng = np.random.default_rng([_SALT_SPLIT, int(seed)])
-    ent = ds.meta.get("entity")
-    groups = (
-        pd.factorize(np.asarray(ent))[0]
-        if isinstance(ent, np.ndarray) and ent.shape == (ds.n,)
-        else np.arange(ds.n)
-    )
+    groups = pd.factorize(np.asarray(entity))[0] if entity is not None and len(entity) == n else np.arange(n)
     if groups.max() == 0:  # one entity only: fall back to splitting its trajectories
-        groups = np.arange(ds.n)
-    target = min(max(1, int(round(test_fraction * ds.n))), ds.n - 1)
+        groups = np.arange(n)
+    target = min(max(1, int(round(test_fraction * n))), n - 1)
     sizes = np.bincount(groups)
     test_groups: list[int] = []
     count = 0
@@ -150,12 +143,24 @@ def train_test_split(ds: SiteDataset, test_fraction: float, seed: int) -> tuple[
         if count >= target:
             break
         if count + sizes[g] <= target or not test_groups:
-            if count + sizes[g] >= ds.n:  # never put everything in test
+            if count + sizes[g] >= n:  # never put everything in test
                 continue
             test_groups.append(int(g))
             count += int(sizes[g])
     is_test = np.isin(groups, test_groups)
-    return (
-        take(ds, np.flatnonzero(~is_test), name=f"{ds.name}/train"),
-        take(ds, np.flatnonzero(is_test), name=f"{ds.name}/test"),
-    )
+    return np.flatnonzero(~is_test), np.flatnonzero(is_test)
+
+
+def train_test_split(ds: SiteDataset, test_fraction: float, seed: int) -> tuple[SiteDataset, SiteDataset]:
+    """Seeded split into (train, test) with about ``test_fraction`` of the trajectories in test.
+
+    Trajectories of one entity (chunks of one student/patient, ``meta['entity']``) stay on the same side, so the
+    test set holds unseen entities. Both sides get at least one trajectory (the dataset needs at least 2).
+    """
+    ent = ds.meta.get("entity")
+    ent = ent if isinstance(ent, np.ndarray) and ent.shape == (ds.n,) else None
+    try:
+        tr, te = split_indices(ds.n, test_fraction, seed, ent)
+    except DataError as exc:
+        raise DataError(f"{ds.name}: {exc.message}", field=exc.field) from None
+    return take(ds, tr, name=f"{ds.name}/train"), take(ds, te, name=f"{ds.name}/test")

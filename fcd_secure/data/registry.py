@@ -29,7 +29,7 @@ from fcd_secure.data.loaders import (
     load_open_bandit,
     load_statics2011,
 )
-from fcd_secure.data.partition import dirichlet_partition, train_test_split
+from fcd_secure.data.partition import dirichlet_assignment, split_indices, trajectory_key
 from fcd_secure.data.policy import anchor_actions
 from fcd_secure.data.preprocess import Standardizer, dataset_from_files, take
 from fcd_secure.data.schema import SiteDataset
@@ -114,29 +114,36 @@ def _subsample(ds: SiteDataset, preset: str, seed: int) -> SiteDataset:
 
 def _sites_to_federated(
     name: str,
-    sites: list[SiteDataset],
+    pooled: SiteDataset,
+    site_of: np.ndarray,
+    n_sites: int,
     test_fraction: float,
     seed: int,
     extra: dict[str, Any],
+    site_names: list[str] | None = None,
 ) -> FederatedData:
+    """Cut ``pooled`` into per-site train/test sets (one copy of the arrays each), z-score with training stats."""
+    entity = pooled.meta.get("entity")
     train, test = [], []
-    for i, s in enumerate(sites):
-        tr, te = train_test_split(s, test_fraction, seed=int(seed) * 1_000_003 + i)
-        train.append(tr)
-        test.append(te)
+    for i in range(n_sites):
+        idx = np.flatnonzero(site_of == i)
+        # same rule and seeds as partition.train_test_split(site, test_fraction, seed * 1_000_003 + i)
+        tr, te = split_indices(len(idx), test_fraction, int(seed) * 1_000_003 + i,
+                               None if entity is None else entity[idx])
+        site_meta = {"site_index": i, "n_sites": n_sites}
+        if site_names is not None:
+            site_meta["site_name"] = site_names[i]
+        for rows, out, split in ((idx[tr], train, "train"), (idx[te], test, "test")):
+            part = take(pooled, rows, name=f"{name}/site{i}/{split}")
+            part.meta.update(site_meta, split=split)
+            out.append(part)
     std = Standardizer.fit(train)
-    train = [_rename(std.apply(d), f"{name}/site{i}/train") for i, d in enumerate(train)]
-    test = [_rename(std.apply(d), f"{name}/site{i}/test") for i, d in enumerate(test)]
+    train = [std.apply(d, copy=False) for d in train]
+    test = [std.apply(d, copy=False) for d in test]
     fd = FederatedData(name=name, train=train, test=test, anchors=anchor_actions(train))
-    fd.description = describe_federated(fd, **extra)
+    fd.description = describe_federated(fd, pooled=pooled, **extra)
     fd.description["standardization"] = std.model_dump()
     return fd
-
-
-def _rename(ds: SiteDataset, name: str) -> SiteDataset:
-    from dataclasses import replace
-
-    return replace(ds, name=name)
 
 
 def load_federated(
@@ -158,9 +165,10 @@ def load_federated(
     if key == "dkt-synth":
         return _load_dkt_synth(n_sites, alpha, seed, preset, test_fraction)
     pooled = _subsample(_LOADERS[key](data_dir), preset, seed)
-    sites = dirichlet_partition(pooled, n_sites, alpha, seed)
-    extra = {"alpha": alpha, "seed": seed, "preset": preset, "test_fraction": test_fraction, "pooled": pooled}
-    return _sites_to_federated(key, sites, test_fraction, seed, extra)
+    # the rule of partition.dirichlet_partition, applied as indices so the big arrays are copied only once
+    site_of = dirichlet_assignment(trajectory_key(pooled), n_sites, alpha, seed)
+    extra = {"alpha": alpha, "seed": seed, "preset": preset, "test_fraction": test_fraction}
+    return _sites_to_federated(key, pooled, site_of, n_sites, test_fraction, seed, extra)
 
 
 def _load_dkt_synth(n_sites: int, alpha: float, seed: int, preset: str, test_fraction: float) -> FederatedData:
@@ -197,25 +205,22 @@ def load_spec_federated(
     :class:`DataError` naming the file and the column/row or spec field.
     """
     spec, pooled = dataset_from_files(spec_path, table_path)
+    names: list[str] | None = None
     if spec.site:
         site_of = pooled.meta["site"]
-        names = pooled.meta["site_names"]
-        sites = []
+        names = list(pooled.meta["site_names"])
         for i, s_name in enumerate(names):
-            idx = np.flatnonzero(site_of == i)
-            if len(idx) < 2:
+            k = int((site_of == i).sum())
+            if k < 2:
                 raise DataError(
-                    f"site '{s_name}' has {len(idx)} trajectory; a site needs at least 2 (train and test)",
+                    f"site '{s_name}' has {k} trajectory; a site needs at least 2 (train and test)",
                     file=table_path, column=spec.site,
                 )
-            part = take(pooled, idx, name=f"{spec.name}/{s_name}")
-            part.meta.update(site_index=i, n_sites=len(names), site_name=s_name)
-            sites.append(part)
+        n_sites = len(names)
     else:
-        sites = dirichlet_partition(pooled, n_sites, alpha, seed)
-    extra = {"alpha": None if spec.site else alpha, "seed": seed, "preset": "spec", "test_fraction": test_fraction,
-             "pooled": pooled}
-    return _sites_to_federated(spec.name, sites, test_fraction, seed, extra)
+        site_of = dirichlet_assignment(trajectory_key(pooled), n_sites, alpha, seed)
+    extra = {"alpha": None if spec.site else alpha, "seed": seed, "preset": "spec", "test_fraction": test_fraction}
+    return _sites_to_federated(spec.name, pooled, site_of, n_sites, test_fraction, seed, extra, site_names=names)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,133 @@
+"""load_federated / load_spec_federated and `fcd data describe --json`."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from fcd_secure.cli.data import app
+from fcd_secure.data.registry import DATASETS, PAPER_TABLE_I, load_federated, load_spec_federated
+from fcd_secure.data.spec import DataError
+
+runner = CliRunner()
+REAL = ["statics2011", "assistments2009", "diabetes130", "obd"]
+
+
+def test_load_federated_real_sites_split_and_scaling(shared_data):
+    fd = load_federated("statics2011", n_sites=5, alpha=10.0, seed=1, data_dir=shared_data)
+    assert fd.n_sites == 5 and len(fd.test) == 5 and fd.oracle is None
+    assert sum(d.n for d in fd.train + fd.test) == 1127
+    for tr, te in zip(fd.train, fd.test):
+        assert tr.n > 0 and te.n > 0
+        assert set(tr.meta["entity"].tolist()).isdisjoint(te.meta["entity"].tolist())
+    # continuous X z-scored with the pooled *training* statistics; test reuses them
+    cont = fd.train[0].meta["x_continuous"]
+    Xtr = np.concatenate([d.X[:, cont] for d in fd.train])
+    np.testing.assert_allclose(Xtr.mean(0), 0, atol=1e-4)
+    np.testing.assert_allclose(Xtr.std(0), 1, atol=1e-3)
+    assert fd.test[0].meta["standardization"] == fd.train[0].meta["standardization"]
+    a_off, a_on = fd.anchors
+    assert a_off != a_on and 0 <= min(a_off, a_on) and max(a_off, a_on) < 1224
+    again = load_federated("statics2011", n_sites=5, alpha=10.0, seed=1, data_dir=shared_data)
+    for a, b in zip(fd.train, again.train):
+        np.testing.assert_array_equal(a.X, b.X)
+        np.testing.assert_array_equal(a.T, b.T)
+    other = load_federated("statics2011", n_sites=5, alpha=10.0, seed=2, data_dir=shared_data)
+    assert [d.n for d in other.train] != [d.n for d in fd.train] or any(
+        not np.array_equal(a.T, b.T) for a, b in zip(fd.train, other.train)
+    )
+
+
+def test_preset_tiny_subsamples(shared_data):
+    fd = load_federated("assistments2009", n_sites=3, preset="tiny", data_dir=shared_data)
+    assert sum(d.n for d in fd.train + fd.test) == 300
+
+
+def test_unknown_dataset_and_preset(shared_data):
+    with pytest.raises(DataError, match="unknown dataset"):
+        load_federated("mnist")
+    with pytest.raises(DataError, match="unknown preset"):
+        load_federated("obd", preset="huge", data_dir=shared_data)
+
+
+def test_describe_json_covers_every_dataset(shared_data):
+    # --dataset all is the default; preset tiny: 300 trajectories per real dataset, DKT-Synth's tiny world
+    res = runner.invoke(app, ["describe", "--json", "--preset", "tiny", "--data-dir", str(shared_data)])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert sorted(out) == sorted(DATASETS)
+    for name in DATASETS:
+        d = out[name]
+        assert d["n_sites"] == 10 and len(d["sites"]) == 10 and d["sequences"] == 300
+        assert all(s["train"] > 0 and s["test"] > 0 for s in d["sites"])
+        assert d["n_actions"] >= d["actions_used"] >= 2
+        assert 0 < d["outcome_rate"] < 1
+        assert d["anchors"]["share_off"] >= d["anchors"]["share_on"] > 0
+        assert d["table_i"] == PAPER_TABLE_I.get(name)
+    assert out["diabetes130"]["n_actions"] == 32 and "n_actions" in out["diabetes130"]["differs_from_table_i"]
+    assert out["statics2011"]["n_actions"] == 1224 and out["statics2011"]["Lmax"] == 200
+    assert out["obd"]["has_propensity"] is True and out["diabetes130"]["has_propensity"] is False
+    assert out["dkt-synth"]["n_actions"] == 50 and out["dkt-synth"]["has_propensity"] is True
+
+
+def test_describe_unknown_dataset_is_usage_error():
+    res = runner.invoke(app, ["describe", "-d", "mnist"])
+    assert res.exit_code == 2
+
+
+def test_describe_bad_data_dir_exits_1(tmp_path):
+    res = runner.invoke(app, ["describe", "-d", "obd", "--json", "--data-dir", str(tmp_path)])
+    assert res.exit_code == 1
+    assert "open_bandit_dataset" in json.loads(res.stdout)["obd"]["error"]
+
+
+def test_spec_federated_sites_from_column(long_case):
+    spec, table = long_case()
+    fd = load_spec_federated(spec, table, seed=0, test_fraction=0.25)
+    assert fd.n_sites == 3
+    assert [d.name for d in fd.train] == ["toy/site0/train", "toy/site1/train", "toy/site2/train"]
+    assert sum(d.n for d in fd.train + fd.test) == 12
+    assert fd.description["has_propensity"] is True
+
+
+def test_spec_federated_dirichlet_without_site_column(long_case):
+    from conftest import GOOD_SPEC, make_long_table
+
+    df = make_long_table(n_entities=60)
+    spec, table = long_case(df, GOOD_SPEC.replace('site = "hospital"\n', ""))
+    a = load_spec_federated(spec, table, n_sites=4, alpha=10.0, seed=0)
+    b = load_spec_federated(spec, table, n_sites=4, alpha=10.0, seed=0)
+    assert a.n_sites == 4 and [d.n for d in a.train] == [d.n for d in b.train]
+    assert sum(d.n for d in a.train + a.test) == 60
+
+
+def test_dkt_synth_branch():
+    pytest.importorskip("fcd_secure.data.dkt_synth.world")
+    try:
+        from fcd_secure.data.dkt_synth import DKTSynthConfig, generate  # noqa: F401
+    except ImportError:
+        pytest.skip("fcd_secure.data.dkt_synth does not export DKTSynthConfig/generate yet")
+    fd = load_federated("dkt-synth", n_sites=3, alpha=10.0, seed=0, preset="tiny")
+    assert fd.oracle is not None and fd.n_sites == 3 and len(fd.test) == 3
+    assert fd.anchors == tuple(fd.oracle.anchors)
+    assert fd.description["table_i"] == PAPER_TABLE_I["dkt-synth"]
+    assert "dkt-synth" in DATASETS
+
+
+def test_registry_split_equals_partition_then_train_test_split(long_case):
+    from conftest import GOOD_SPEC, make_long_table
+
+    from fcd_secure.data.partition import dirichlet_partition, train_test_split
+    from fcd_secure.data.preprocess import dataset_from_files
+
+    spec, table = long_case(make_long_table(n_entities=80), GOOD_SPEC.replace('site = "hospital"\n', ""))
+    fd = load_spec_federated(spec, table, n_sites=4, alpha=1.0, seed=5, test_fraction=0.3)
+    _, pooled = dataset_from_files(spec, table)
+    for i, site in enumerate(dirichlet_partition(pooled, 4, 1.0, seed=5)):
+        tr, te = train_test_split(site, 0.3, seed=5 * 1_000_003 + i)
+        np.testing.assert_array_equal(tr.meta["entity"], fd.train[i].meta["entity"])
+        np.testing.assert_array_equal(te.meta["entity"], fd.test[i].meta["entity"])
+        np.testing.assert_array_equal(te.T, fd.test[i].T)
