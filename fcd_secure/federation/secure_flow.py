@@ -55,7 +55,7 @@ from fcd_secure.aggregation.secagg import (
     theta_hash,
 )
 from fcd_secure.aggregation.secagg.client import ReplayGuard
-from fcd_secure.aggregation.secagg.harness import STAGES
+from fcd_secure.aggregation.secagg.server import STAGES
 from fcd_secure.federation.flows import (
     REC_CONFIG,
     REC_GLOBAL,

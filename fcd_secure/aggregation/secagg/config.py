@@ -49,12 +49,15 @@ class SecAggPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     min_sites: int = Field(3, ge=3, description="fewest sites in a secure round (P10: n=2 leaks by subtraction)")
-    max_sites: int = Field(64, ge=3, description="most sites in one round; bounds the overflow check")
+    max_sites: int = Field(31, ge=3, description="most sites in one round; bounds the overflow check")
     threshold_rule: Literal["majority", "two_thirds"] = "majority"
     modulus_bits: Literal[32] = Field(32, description="arithmetic mod 2**32 over uint32 words (4 B/parameter)")
     clip: float = Field(8.0, gt=0, le=2.0**20, description="each Θc value is clipped to [-clip, clip]")
-    scale_bits: int = Field(22, ge=1, le=30, description="fixed-point scale 2**scale_bits")
-    max_weight: int = Field(1 << 20, ge=1, description="largest sample count a site may weigh with")
+    scale_bits: int = Field(23, ge=1, le=30, description="fixed-point scale 2**scale_bits")
+    max_weight: int = Field(
+        1 << 15, ge=1, description="largest sample count a site may weigh with (a larger site must raise it, and "
+        "every site must pin the same value); precision per value is about n_sites * max_weight / (2**scale_bits * Σn)"
+    )
     deadlines: StageDeadlines = Field(default_factory=StageDeadlines)
 
     @model_validator(mode="after")

@@ -17,9 +17,7 @@ from .client import SecAggClient
 from .config import SecAggPolicy
 from .encoding import Aggregate, VectorLayout, encode, theta_hash
 from .errors import SecAggError
-from .server import SecAggServer
-
-STAGES = ("advertise_keys", "share_keys", "masked_input", "consistency", "unmask")
+from .server import STAGES, SecAggServer
 
 #: rewrite(stage, site, request) -> request: how a test plays a lying server
 Rewrite = Callable[[str, str, bytes], bytes]

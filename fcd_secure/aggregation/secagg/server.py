@@ -45,8 +45,8 @@ from .messages import (
 )
 
 
-def stage_name(stage: "ServerStage") -> str:
-    return stage.value
+#: The five protocol stages in order (Bonawitz et al. rounds 0-4); a carrier sends one request per stage.
+STAGES = ("advertise_keys", "share_keys", "masked_input", "consistency", "unmask")
 
 
 class ServerStage(str, Enum):
@@ -205,8 +205,9 @@ class SecAggServer:
                 self._drop(s, f"no reply in stage {self.stage.value} (late or gone)")
         self.report.survivors[self.stage.value] = got
         if len(got) < self.threshold:
+            closing = self.stage.value
             self.stage = ServerStage.ABORTED
-            raise AbortRound(f"only {len(got)} sites answered stage {stage_name(self.stage)}; threshold is {self.threshold}")
+            raise AbortRound(f"only {len(got)} sites answered stage {closing}; threshold is {self.threshold}")
         inbox, self._inbox = self._inbox, {}
         stage = self.stage
         self._alive = got
