@@ -249,3 +249,19 @@ def load_spec_text(text: str):
     from fcd_secure.data.spec import DatasetSpec
 
     return DatasetSpec.model_validate(tomllib.loads(text))
+
+
+def test_header_only_table_is_rejected(long_case, tmp_path):
+    spec, table = long_case(make_long_table().iloc[:0])
+    _assert_rejected(_validate(spec, table, tmp_path / "o.npz"), tmp_path / "o.npz", "no rows", str(table))
+
+
+def test_parquet_table_errors_name_row_without_csv_line(long_case, tmp_path):
+    df = make_long_table()
+    df.loc[2, "y"] = 3
+    spec, table = long_case(df, suffix=".parquet")
+    res = _validate(spec, table, tmp_path / "o.npz", "--json")
+    assert res.exit_code == 1
+    err = json.loads(res.stdout)
+    assert (err["column"], err["row"], err["line"]) == ("y", 2, None)
+    assert not (tmp_path / "o.npz").exists()

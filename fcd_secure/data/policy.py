@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 import fcd_secure
 from fcd_secure.data.schema import SiteDataset
-from fcd_secure.data.spec import DataError
+from fcd_secure.data.spec import DataError, field_path
 
 POLICY_DIR = Path(fcd_secure.__file__).resolve().parents[1] / "policies"
 DEFAULT_POLICY_NAMES = ("never", "always", "early_on", "late_on")
@@ -141,13 +141,6 @@ def anchor_actions(ds: SiteDataset | list[SiteDataset]) -> tuple[int, int]:
     return int(order[0]), int(order[1])
 
 
-def _field_path(loc: tuple) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "<root>"
-
-
 def load_policy(path: str | Path) -> Policy:
     """Read one policy TOML file; :class:`DataError` names the file and the bad field (e.g. ``rule.start``)."""
     path = Path(path)
@@ -165,7 +158,7 @@ def load_policy(path: str | Path) -> Policy:
         loc = tuple(p for i, p in enumerate(first["loc"]) if not (i == 1 and first["loc"][0] == "rule"
                                                                   and p in ("constant", "window", "threshold")))
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise DataError(f"{first['msg']}{more}", file=path, field=_field_path(loc)) from None
+        raise DataError(f"{first['msg']}{more}", file=path, field=field_path(loc)) from None
 
 
 def load_policies(folder: str | Path) -> list[Policy]:

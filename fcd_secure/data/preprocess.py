@@ -221,8 +221,7 @@ def _encode_column(
             )
         as_str = s.astype("string")
         levels = sorted(str(v) for v in as_str.dropna().unique())
-        lookup = {v: i for i, v in enumerate(levels)}
-        codes = np.array([lookup[str(v)] if not m else -1 for v, m in zip(as_str, missing)], dtype=np.int64)
+        codes = pd.Categorical(as_str, categories=levels).codes.astype(np.int64)  # -1 where missing
         enc.levels[col.name] = levels
         if len(levels) <= spec.one_hot_max:
             enc.add_one_hot(codes, levels, col.name)

@@ -158,7 +158,8 @@ class DatasetSpec(BaseModel):
         return out
 
 
-def _field_path(loc: tuple) -> str:
+def field_path(loc: tuple) -> str:
+    """A pydantic error location as the user writes it in the file: ``static[1].kind``."""
     out = ""
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
@@ -191,6 +192,6 @@ def load_spec(path: str | Path) -> DatasetSpec:
         return DatasetSpec.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
-        field = _field_path(tuple(first["loc"]))
+        field = field_path(tuple(first["loc"]))
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         raise DataError(f"{first['msg']}{more}", file=path, field=field) from None
