@@ -115,16 +115,42 @@ def plan_noise_multiplier(
             f"no noise multiplier ≤ {sigma_max:g} keeps ε ≤ {epsilon_cap:g} for {planned_steps} more steps "
             f"(ε spent so far {epsilon(base, delta, accountant):.3f})"
         )
-    lo, hi = 0.0, min(1.0, sigma_max)
-    while eps_at(hi) > epsilon_cap:
-        lo, hi = hi, min(2 * hi, sigma_max)
-    # bisection on σ; stop when the ε at the upper end is within tolerance below the cap
+    # bracket [lo, hi] with ε(lo) > cap ≥ ε(hi), moving by factors of two from σ = 1
+    hi = min(1.0, sigma_max)
+    e_hi = eps_at(hi)
+    if e_hi > epsilon_cap:
+        while e_hi > epsilon_cap:
+            lo, e_lo = hi, e_hi
+            hi = min(2 * hi, sigma_max)
+            e_hi = eps_at(hi)
+    else:
+        lo, e_lo = hi, e_hi
+        while e_lo <= epsilon_cap:
+            if epsilon_cap - e_lo <= tolerance:
+                return float(lo)
+            hi, e_hi = lo, e_lo
+            lo = lo / 2
+            e_lo = eps_at(lo)
+    # Illinois (regula falsi) on log σ: ε(σ) is smooth and monotone, so this needs a handful of evaluations
+    # where plain bisection needs a dozen (each one a full PRV/RDP computation).
+    side = 0
     for _ in range(60):
-        if epsilon_cap - eps_at(hi) <= tolerance or hi - lo < 1e-3 * hi:
+        if epsilon_cap - e_hi <= tolerance or hi - lo < 1e-4 * hi:
             break
-        mid = (lo + hi) / 2
-        if mid > 0 and eps_at(mid) <= epsilon_cap:
-            hi = mid
+        la, lb = math.log(lo), math.log(hi)
+        fa, fb = e_lo - epsilon_cap, e_hi - epsilon_cap
+        x = lb - fb * (lb - la) / (fb - fa) if math.isfinite(fa) and fb != fa else (la + lb) / 2
+        x = min(max(x, la + 0.01 * (lb - la)), lb - 0.01 * (lb - la))
+        mid = math.exp(x)
+        e_mid = eps_at(mid)
+        if e_mid <= epsilon_cap:
+            hi, e_hi = mid, e_mid
+            if side == 1:
+                e_lo = epsilon_cap + (e_lo - epsilon_cap) / 2
+            side = 1
         else:
-            lo = mid
+            lo, e_lo = mid, e_mid
+            if side == -1:
+                e_hi = epsilon_cap + (e_hi - epsilon_cap) / 2
+            side = -1
     return float(hi)
