@@ -102,7 +102,11 @@ def describe(
     n_sites: int = typer.Option(10, "--n-sites", min=1, help="Sites of the Dirichlet split (paper: 10)."),
     alpha: float = typer.Option(10.0, "--alpha", min=1e-6, help="Dirichlet concentration (paper: 10)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the split (same seed, same sites)."),
-    preset: str = typer.Option("default", "--preset", help="default | small | tiny (| paper for dkt-synth)."),
+    preset: str = typer.Option(
+        "default", "--preset",
+        help="Size: tiny (300 trajectories per real dataset) | small (2,000) | default | paper (both: all). "
+        "DKT-Synth: tiny | default | paper.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object: {dataset: description}."),
 ) -> None:
     """Per dataset and per site: sequences, Lmax, dx, da, |T|, action support and anchors, outcome rate.

@@ -117,8 +117,8 @@ def dirichlet_partition(
     out = []
     for s in range(n_sites):
         part = take(ds, np.flatnonzero(site == s), name=f"{ds.name}/site{s}")
-        part.meta.update(site_index=s, n_sites=n_sites, partition={"alpha": alpha, "seed": seed,
-                                                                     "key": key if isinstance(key, str) or key is None else "array"})
+        key_name = key if isinstance(key, str) or key is None else "array"
+        part.meta.update(site_index=s, n_sites=n_sites, partition={"alpha": alpha, "seed": seed, "key": key_name})
         out.append(part)
     return out
 
