@@ -100,6 +100,8 @@ class MessageFacts:
     is_error: bool
     tensors: list[TensorFact] = field(default_factory=list)
     metrics: list[str] = field(default_factory=list)
+    #: numbers carried by list-valued metrics (aggregate histograms), ``record/key -> count``; scalars are omitted
+    metric_lists: dict[str, int] = field(default_factory=dict)
     #: ``record/key -> (type, length)`` for ConfigRecord values: protocol fields are recorded by size only.
     config_fields: list[dict] = field(default_factory=list)
     records: list[str] = field(default_factory=list)
@@ -142,6 +144,7 @@ def describe_message(msg: Message, *, sent: bool = True) -> MessageFacts:
     measured = msg if sent else as_sent(msg)
     tensors: list[TensorFact] = []
     metrics: list[str] = []
+    metric_lists: dict[str, int] = {}
     config_fields: list[dict] = []
     records: list[str] = []
     digest = None
@@ -161,7 +164,10 @@ def describe_message(msg: Message, *, sent: bool = True) -> MessageFacts:
                         item = 0
                     tensors.append(TensorFact(str(rname), str(key), shape, dtype, n * item))
             elif isinstance(record, MetricRecord):
-                metrics.extend(f"{rname}/{k}" for k in record.keys())
+                for k, v in record.items():
+                    metrics.append(f"{rname}/{k}")
+                    if isinstance(v, list):
+                        metric_lists[f"{rname}/{k}"] = len(v)
             elif isinstance(record, ConfigRecord):
                 for key, value in record.items():
                     kind, size = _config_value_fact(value)
@@ -179,6 +185,7 @@ def describe_message(msg: Message, *, sent: bool = True) -> MessageFacts:
         is_error=measured.has_error(),
         tensors=tensors,
         metrics=metrics,
+        metric_lists=metric_lists,
         config_fields=config_fields,
         records=records,
     )

@@ -358,6 +358,7 @@ def facts_json(facts: MessageFacts) -> dict:
         "records": facts.records,
         "tensors": [t.to_json() for t in facts.tensors],
         "metrics": facts.metrics,
+        "metric_lists": facts.metric_lists,
         "config_fields": facts.config_fields,
         "is_error": facts.is_error,
     }
@@ -392,7 +393,7 @@ class SiteLedger(_ChainedLog):
             body["refusal"] = refusal
         if withheld is not None:
             w = facts_json(withheld)
-            body["withheld"] = {k: w[k] for k in ("payload_sha256", "payload_bytes", "records", "tensors", "metrics", "config_fields")}
+            body["withheld"] = {k: w[k] for k in ("payload_sha256", "payload_bytes", "records", "tensors", "metrics", "metric_lists", "config_fields")}
         return self.append(body)
 
     def store_receipt(self, receipt: dict, *, server_public_key: bytes | None) -> dict:

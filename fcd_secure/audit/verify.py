@@ -241,6 +241,8 @@ def _overhead_bound(entry: dict) -> int:
         b += 512 + 2 * len(str(t.get("name", ""))) + 16 * len(t.get("shape", [])) + 256 * chunks
     for m in entry.get("metrics", []):
         b += 64 + len(str(m))
+    for n in (entry.get("metric_lists") or {}).values():
+        b += 8 * int(n)  # list metrics: up to 8 bytes per number
     for c in entry.get("config_fields", []):
         b += 64 + len(str(c.get("key", ""))) + 2 * int(c.get("len", 0))
     return b

@@ -1,0 +1,88 @@
+"""The egress gate bound to a federation site (``fcd_secure.federation.site.SiteRuntime``), for ``client_mods``.
+
+``fcd_secure.federation.mods.client_mods(get_runtime)`` calls :func:`make_egress_gate_mod` and puts the result
+first (outermost). This module only adapts a site runtime to :class:`~fcd_secure.audit.gate.SiteAuditContext`;
+the rules live in :mod:`fcd_secure.audit.gate`. Duck-typed on the runtime (``site_id``, ``manifest``, ``state``
+with ``load()``/``slot()``/``dir``, ``identity_private_key()``, ``dataset_train``) so that audit does not import
+the federation layer above it.
+
+Without a runtime getter the gate still runs and fails closed: every reply becomes a generic error, because a site
+whose egress cannot be checked must not send anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from flwr.app import Context, Message
+
+from fcd_secure.audit.gate import GatePolicy, SiteAuditContext, make_egress_gate
+from fcd_secure.audit.ledger import SITE_LEDGER_FILE, SiteLedger
+
+#: What the federation's own messages may carry besides Θc (client_app.py, flows.py, evaluation.py).
+FEDERATION_POLICY = GatePolicy(
+    allowed_metrics=frozenset({"num/n", "metrics/*", "eval/*"}),
+    allowed_metric_lists=frozenset({"eval/*"}),
+    allowed_config_keys=frozenset({"hello/site-id", "hello/site-index", "hello/layout-hash", "hello/dim-*"}),
+)
+
+
+class NoSiteRuntime(RuntimeError):
+    """The gate was built without a way to find the site: nothing may leave."""
+
+
+def privacy_ledger_hash(state_dir: Path) -> str | None:
+    """sha256 over the site's DP ledger files (``<state_dir>/privacy/ledger-*.json``), binding the two ledgers."""
+    files = sorted(Path(state_dir).glob("privacy/ledger-*.json"))
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def site_audit_context(rt, policy: GatePolicy = FEDERATION_POLICY, server_public_key: bytes | None = None) -> SiteAuditContext:
+    """A :class:`SiteAuditContext` for one federation site runtime."""
+    ledger = SiteLedger(rt.state.slot(SITE_LEDGER_FILE), rt.identity_private_key(), writer_id=rt.site_id)
+
+    def theta_s() -> dict[str, np.ndarray]:
+        # the handler commits Θs to disk before its reply leaves, so the last snapshot is the current Θs
+        snap = rt.state.load()
+        return {} if snap is None else dict(snap.theta_s)
+
+    def propensities():
+        ds = rt.dataset_train
+        return None if ds is None else ds.P
+
+    return SiteAuditContext(
+        site_id=rt.site_id,
+        manifest=rt.manifest,
+        theta_s=theta_s,
+        ledger=ledger,
+        policy=policy,
+        propensities=propensities,
+        privacy_ledger_hash=lambda: privacy_ledger_hash(rt.state.dir),
+        server_public_key=server_public_key,
+    )
+
+
+def make_egress_gate_mod(runtime_getter: Callable[[Message, Context], object] | None, policy: GatePolicy | None = None):
+    """The outermost ClientApp mod for a federation site; ``runtime_getter(msg, context) -> SiteRuntime``."""
+
+    def get_site(msg: Message, context: Context) -> SiteAuditContext:
+        if runtime_getter is None:
+            raise NoSiteRuntime("egress gate built without a site runtime getter")
+        rt = runtime_getter(msg, context)
+        pol = policy
+        if pol is None:
+            # The w/o-DSS ablation (paper Table III) uploads every parameter. Only the site's own run config can
+            # allow that, never a request from the server; the uploads are recorded and verify reports them.
+            sync = getattr(getattr(getattr(rt, "cfg", None), "federation", None), "sync", "dss")
+            pol = FEDERATION_POLICY.model_copy(update={"allow_theta_s_upload": sync == "full"})
+        return site_audit_context(rt, pol)
+
+    return make_egress_gate(get_site)
