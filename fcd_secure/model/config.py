@@ -94,6 +94,13 @@ class ModelConfig(BaseModel):
     # -- do-simulation -----------------------------------------------------------------------------------
     sampler: Literal["ddpm", "ddim"] = Field("ddim", description="sampler used by do-simulation")
     sampler_steps: int = Field(10, ge=1, description="DDIM steps (DDPM always uses all N)")
+    rollout: Literal["latent", "encoder"] = Field(
+        "latent",
+        description=(
+            "'latent' (the paper): K_{t+1} drawn by the diffusion transition; 'encoder': the simulated (T_t, Y_t) are "
+            "fed back through the encoder (a Monte-Carlo g-formula that does not use the transition)"
+        ),
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":

@@ -130,6 +130,24 @@ class FedCausalDiff(nn.Module):
         h, _ = self.trunk(self.encoder_inputs(X, A, T, Y))
         return torch.tanh(self.head_c(h)), torch.tanh(self.head_s(h))
 
+    def encode_prefix(
+        self, X: torch.Tensor, A: torch.Tensor, T: torch.Tensor, Y: torch.Tensor, t: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(K_t [B, k], GRU state h_t [1, B, hidden]) from the logged history before step t."""
+        h, _ = self.trunk(self.encoder_inputs(X, A, T, Y)[:, : t + 1])
+        ht = h[:, -1]
+        return torch.cat([torch.tanh(self.head_c(ht)), torch.tanh(self.head_s(ht))], -1), ht.unsqueeze(0)
+
+    def encode_step(
+        self, state: torch.Tensor, X: torch.Tensor, A_next: torch.Tensor, a: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Advance the encoder by one simulated step (T_t = a, Y_t = y) → (K_{t+1}, h_{t+1}). Used by the
+        ``rollout='encoder'`` do-simulation (simulated outcomes fed back through the encoder)."""
+        inp = torch.cat([X, A_next, self.action_emb(a), y.unsqueeze(-1), torch.zeros_like(y).unsqueeze(-1)], -1)
+        h, _ = self.trunk(inp.unsqueeze(1), state)
+        ht = h[:, -1]
+        return torch.cat([torch.tanh(self.head_c(ht)), torch.tanh(self.head_s(ht))], -1), ht.unsqueeze(0)
+
     # -- Phase B ---------------------------------------------------------------------------------------------
     def eps(self, x_n: torch.Tensor, n: torch.Tensor, K: torch.Tensor, A: torch.Tensor, T: torch.Tensor) -> torch.Tensor:
         """ε_c(K^(n)_{t+1}, n, K_t, A_t, T_t; Θc) + ε_s(K^(n)_{t+1}, n, K_t, A_t; Θs) — the summed score of eq. (1).

@@ -104,9 +104,17 @@ def simulate(
     sampler: str | None = None,
     steps: int | None = None,
     chunk_rows: int = 512,
+    rollout: str | None = None,
 ) -> SimResult:
-    """Roll out ``plan`` for every trajectory of ``ds`` from ``start_t`` for ``horizon`` steps, ``n_samples`` times."""
+    """Roll out ``plan`` for every trajectory of ``ds`` from ``start_t`` for ``horizon`` steps, ``n_samples`` times.
+
+    ``rollout`` (default ``cfg.rollout``): 'latent' steps K with the diffusion transition (module docstring);
+    'encoder' feeds the simulated (a_t, Y_t) back through the encoder instead (kept for comparison).
+    """
     core = unwrap(model)
+    rollout = rollout or core.cfg.rollout
+    if rollout not in ("latent", "encoder"):
+        raise ValueError(f"unknown rollout {rollout!r}; expected 'latent' or 'encoder'")
     was_training = core.training
     core.eval()
     n, L = ds.n, ds.L
@@ -135,8 +143,10 @@ def simulate(
         A = torch.as_tensor(ds.A[rows], dtype=torch.float32)
         T = torch.as_tensor(ds.T[rows], dtype=torch.long)
         Y = torch.as_tensor(ds.Y[rows], dtype=torch.float32)
-        Kc, Ks = core.encode(X, A, T, Y)
-        K = torch.cat([Kc, Ks], -1)[:, start_t].repeat_interleave(S, 0)  # [b*S, k], patient-major
+        K, state = core.encode_prefix(X, A, T, Y, start_t)
+        K = K.repeat_interleave(S, 0)  # [b*S, k], patient-major
+        state = state.repeat_interleave(S, 1)
+        X_rep = X.repeat_interleave(S, 0)
         A_rep = A.repeat_interleave(S, 0)
         rows_rep = np.repeat(rows, S)
         lengths = np.repeat(lengths_all[rows], S)
@@ -162,8 +172,10 @@ def simulate(
             ys[rows, :, h] = y.view(b, S).numpy()
             acts[rows, :, h] = a.reshape(b, S)
             y_hist = np.concatenate([y_hist, (y if sample_y else p).numpy()[:, None]], axis=1)
-            if h < H - 1:
+            if h < H - 1 and rollout == "latent":
                 K = core.transition(K, A_rep[:, t], at, sampler=sampler, steps=steps, generator=g)
+            elif h < H - 1:
+                K, state = core.encode_step(state, X_rep, A_rep[:, t + 1], at, y)
     mask = ds.M[:, start_t : start_t + H].astype(np.float32)
     denom = np.maximum(mask.sum(1), 1.0)
     vpp = ((probs * mask[:, None, :]).sum(2) / denom[:, None]).mean(1)
@@ -175,7 +187,7 @@ def simulate(
         name=name, start_t=start_t, horizon=H, probs=probs, y=ys, actions=acts, mask=mask,
         value_per_patient=vpp, value=value, se=se, ci95=(value - 1.96 * se, value + 1.96 * se),
         meta={"sampler": sampler or core.cfg.sampler, "steps": steps or core.cfg.sampler_steps,
-              "transition": core.cfg.transition, "seed": seed},
+              "transition": core.cfg.transition, "rollout": rollout, "seed": seed},
     )
 
 
