@@ -30,7 +30,7 @@ from fcd_secure.model.config import ModelConfig
 from fcd_secure.privacy.config import DPConfig
 
 Preset = Literal["tiny", "default", "paper"]
-DEFAULT_DATASET = "dkt_synth"
+DEFAULT_DATASET = "dkt-synth"
 
 
 class ConfigError(ValueError):
@@ -40,7 +40,7 @@ class ConfigError(ValueError):
 class DataSection(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    dataset: str = Field(DEFAULT_DATASET, description="dkt_synth | statics2011 | diabetes130 | obd | spec")
+    dataset: str = Field(DEFAULT_DATASET, description="dkt-synth | statics2011 | assistments2009 | diabetes130 | obd | spec")
     preset: Preset = Field("default", description="dataset size preset of the loader")
     n_sites: int = Field(10, ge=1, le=1000, description="number of sites (paper Table II: 10)")
     alpha: float = Field(10.0, gt=0, description="Dirichlet concentration of the non-IID split (Table II: 10)")

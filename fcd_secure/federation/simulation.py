@@ -40,6 +40,16 @@ def backend_config(num_cpus: int = 2) -> dict:
     }
 
 
+def provision_simulated_roster(cfg: RunConfig) -> None:
+    """Secure mode needs each site's identity key pinned in a roster that sites read from configuration, never
+    from the server (DESIGN P2). In a simulation all sites share one state root, so the operator's provisioning
+    step is done here: keys are created in each site's state directory and the roster is written beside them."""
+    from fcd_secure.federation.flows import _secure_flow_module  # noqa: PLC0415
+    from fcd_secure.federation.site import default_site_id  # noqa: PLC0415
+
+    _secure_flow_module().provision_roster(cfg.state_dir, [default_site_id(i) for i in range(cfg.data.n_sites)])
+
+
 def run_simulated(cfg: RunConfig, progress=None, num_cpus: int | None = None):
     """Run the whole federation of ``cfg`` on the simulation engine; returns the ``FederationResult``.
 
@@ -57,6 +67,8 @@ def run_simulated(cfg: RunConfig, progress=None, num_cpus: int | None = None):
         root = Path(cfg.out).with_name(Path(cfg.out).name + ".state") if cfg.out else Path(tempfile.mkdtemp(prefix="fcd-state-"))
         cfg = cfg.model_copy(update={"state_dir": str(root)})
     Path(cfg.state_dir).mkdir(parents=True, exist_ok=True)
+    if cfg.federation.secure_aggregation:
+        provision_simulated_roster(cfg)
     sink: dict = {}
     n_cpu = num_cpus or max(1, min(2, os.cpu_count() or 1))
     run_simulation(
