@@ -103,3 +103,14 @@ def test_split_of_two_and_bad_fraction():
     assert (tr.n, te.n) == (1, 1)
     with pytest.raises(DataError, match="test_fraction"):
         train_test_split(_pooled(n=10), 1.0, seed=0)
+
+
+def test_outcome_key_with_a_rare_outcome_still_has_two_classes():
+    ds = _pooled(n=200)
+    Y = np.zeros_like(ds.Y)
+    Y[:15, 0] = 1  # 7.5% of trajectories ever have Y = 1: every quintile edge is 0
+    from dataclasses import replace
+
+    key = trajectory_key(replace(ds, Y=Y))
+    assert sorted(np.unique(key).tolist()) == [0, 1]
+    np.testing.assert_array_equal(key, (Y.sum(axis=1) > 0).astype(int))

@@ -51,7 +51,9 @@ def trajectory_key(ds: SiteDataset, key: str | np.ndarray | None = None) -> np.n
     if key is None or (isinstance(key, str) and key == "outcome"):
         rate = outcome_rate(ds)
         edges = np.unique(np.quantile(rate, [0.2, 0.4, 0.6, 0.8]))
-        return np.searchsorted(edges, rate, side="right").astype(np.int64)
+        # side="left": a rate equal to an edge joins the lower bucket, so a rare binary outcome (most rates 0,
+        # every edge 0) still yields two classes, "never" and "at least once"
+        return np.searchsorted(edges, rate, side="left").astype(np.int64)
     if isinstance(key, str) and key == "action":
         dom = dominant_action(ds)
         vals, counts = np.unique(dom, return_counts=True)
