@@ -1,0 +1,202 @@
+"""DP-SGD benchmark: step time with and without DP-SGD on the same model, and utility at ε ∈ {1, 4, 8, ∞}.
+
+Issue 6 item 5 / DESIGN "Numbers": "DP: step time with and without DP-SGD; ε per site after a run".
+
+1. Step time. One FedCausalDiff (the DKT-Synth preset's dims), one fixed batch of B trajectories, Adam. Runners are
+   interleaved in shuffled order and reported as medians (wall and CPU), because the machine is shared:
+     * ``nodp``        — the objective without DP (batch-MMD L_align on), global-norm clipping;
+     * ``nodp_dpobj``  — the same objective the DP run uses (L_align off / per-sample), no Opacus;
+     * ``dp``          — Opacus hooks mode through ``DPSite.make_private``: per-sample grads, clip C, noise σ.
+   The target is ``dp`` ≤ 3 × ``nodp_dpobj`` (same loss, so the ratio is the price of DP-SGD itself).
+2. Utility. The pooled DKT-Synth training split as one site (record-level DP over all its trajectories), trained
+   ``--epochs`` epochs at each ε through ``train_round_private`` (σ planned once for all epochs, Poisson, PRV),
+   and ε = ∞ with ordinary training; scored like the centralised reference (PEHE, |ATE err|, mean |value err|
+   over never / always / early_on / late_on) against the oracle's ground truth.
+
+Run: ``.venv/bin/python benchmarks/dp.py [--preset default] [--epochs 4] [--json]``. Prints figures; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def step_times(preset: str, batch_size: int, rounds: int, seed: int) -> dict:
+    from fcd_secure.data.dkt_synth import DKTSynthConfig, generate
+    from fcd_secure.data.schema import concat
+    from fcd_secure.model.config import ModelConfig
+    from fcd_secure.model.networks import FedCausalDiff
+    from fcd_secure.model.training import batch_loss, dataset_tensors, make_optimizer
+    from fcd_secure.privacy.config import DPConfig
+    from fcd_secure.privacy.engine import DPSite
+    from fcd_secure.privacy.ledger import dataset_fingerprint
+
+    w = generate(DKTSynthConfig.from_preset(preset, seed=seed))
+    train = concat(w.train, "pooled/train")
+    n_sites = len(w.train)
+    sub = train.subset(np.arange(batch_size))
+    sub.meta["site"] = np.asarray(train.meta["site"])[:batch_size]  # subset() shares meta; keep labels per row
+    batch = dataset_tensors(sub, None)
+    cfg = ModelConfig(seed=seed)
+    cfg_dp = cfg.model_copy(update={"dp_mode": True})
+    base = FedCausalDiff.from_dims(cfg, train.dx, train.da, train.n_actions, n_sites)
+
+    def plain(c: ModelConfig):
+        m = copy.deepcopy(base)
+        opt = make_optimizer(m, c)
+
+        def step() -> None:
+            opt.zero_grad(set_to_none=True)
+            loss, _ = batch_loss(m, batch, c, n_sites)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(m.parameters(), c.grad_clip or 1.0)
+            opt.step()
+
+        return step
+
+    tmp = tempfile.mkdtemp(prefix="fcd_dp_bench_")
+    dp_cfg = DPConfig(enabled=True, epsilon=8.0, max_noise_multiplier=1e3)
+    site = DPSite(tmp, dataset_fingerprint(sub), dp_cfg, sub.n, planned_rounds=1, local_epochs=1, batch_size=batch_size)
+    m_dp = copy.deepcopy(base)
+    site.reserve_round(steps=1)  # q = 1: one reserved step is all the loader has; the guard is lifted below
+    from torch.utils.data import DataLoader, TensorDataset
+
+    _, dp_opt, _ = site.make_private(m_dp, make_optimizer(m_dp, cfg_dp), DataLoader(TensorDataset(*batch), batch_size=batch_size))
+    dp_opt.step_hook = lambda _o: None  # timing only: the steps below are never released or accounted
+
+    def dp_step() -> None:
+        dp_opt.zero_grad(set_to_none=True)
+        loss, _ = batch_loss(m_dp, batch, cfg_dp, n_sites)
+        loss.backward()
+        dp_opt.step()
+
+    runners = {"nodp": plain(cfg), "nodp_dpobj": plain(cfg_dp), "dp": dp_step}
+    wall = {k: [] for k in runners}
+    cpu = {k: [] for k in runners}
+    keys = list(runners)
+    rng = random.Random(seed)
+    for r in range(rounds + 2):
+        rng.shuffle(keys)
+        for k in keys:
+            c0, t0 = time.process_time(), time.perf_counter()
+            runners[k]()
+            if r >= 2:  # two warm-up rounds
+                wall[k].append(time.perf_counter() - t0)
+                cpu[k].append(time.process_time() - c0)
+    med = {k: statistics.median(v) for k, v in wall.items()}
+    cmed = {k: statistics.median(v) for k, v in cpu.items()}
+    return {
+        "preset": preset, "batch_size": batch_size, "L": train.L, "rounds": rounds,
+        "threads": torch.get_num_threads(),
+        "wall_median_s": med, "cpu_median_s": cmed,
+        "ratio_dp_vs_nodp_same_objective": med["dp"] / med["nodp_dpobj"],
+        "ratio_dp_vs_nodp_paper_objective": med["dp"] / med["nodp"],
+        "cpu_ratio_dp_vs_nodp_same_objective": cmed["dp"] / cmed["nodp_dpobj"],
+    }
+
+
+def utility(preset: str, epochs: int, eps_list: list[float], seed: int, batch_size: int, say) -> dict:
+    from fcd_secure.data.dkt_synth import DKTSynthConfig, generate
+    from fcd_secure.data.policy import default_policies
+    from fcd_secure.data.schema import concat
+    from fcd_secure.evaluation.metrics import ate_error, pehe, value_error
+    from fcd_secure.model.config import ModelConfig
+    from fcd_secure.model.networks import FedCausalDiff
+    from fcd_secure.model.simulate import estimate_effects, simulate_policy
+    from fcd_secure.model.training import make_optimizer, train_local
+    from fcd_secure.privacy.config import DPConfig
+    from fcd_secure.privacy.engine import DPSite, train_round_private
+    from fcd_secure.privacy.ledger import dataset_fingerprint
+
+    w = generate(DKTSynthConfig.from_preset(preset, seed=seed))
+    train, test = concat(w.train, "pooled/train"), concat(w.test, "pooled/test")
+    n_sites = len(w.train)
+    anchors = tuple(int(a) for a in w.anchors)
+    policies = default_policies()
+    tau = np.asarray(w.true_effects(None, "test"), dtype=np.float64)
+    true_values = {p.name: float(w.true_policy_value(p, None, "test")[0]) for p in policies}
+    cfg = ModelConfig(seed=seed, batch_size=batch_size)
+    rows = []
+    for eps in eps_list:
+        t0 = time.perf_counter()
+        model = FedCausalDiff.from_dims(cfg, train.dx, train.da, train.n_actions, n_sites)
+        info: dict = {"epsilon_cap": eps}
+        if np.isinf(eps):
+            opt = make_optimizer(model, cfg)
+            for ep in range(epochs):
+                fit = train_local(model, train, cfg, None, n_sites, epochs=1, seed=seed * 1000 + ep, optimizer=opt)
+        else:
+            dp = DPConfig(enabled=True, epsilon=eps)
+            state = tempfile.mkdtemp(prefix="fcd_dp_bench_")
+            site = DPSite(state, dataset_fingerprint(train), dp, train.n, planned_rounds=epochs, local_epochs=1,
+                          batch_size=batch_size)
+            opt = make_optimizer(model, cfg.model_copy(update={"dp_mode": True}))
+            for ep in range(epochs):
+                fit = train_round_private(site, model, train, cfg, None, n_sites, epochs=1, seed=seed * 1000 + ep,
+                                          optimizer=opt, round_id=ep + 1)
+            spent, delta = site.spent()
+            info.update(sigma=site.noise_multiplier, q=site.sample_rate, delta=delta, epsilon_spent=spent,
+                        steps=epochs * site.steps_per_round)
+        t1 = time.perf_counter()
+        eff = estimate_effects(model, test, anchors, w.anchor_step, w.horizon, 16, seed)
+        values = {p.name: simulate_policy(model, test, p, anchors, 8, seed).value for p in policies}
+        verr = {k: value_error(values[k], true_values[k]) for k in true_values}
+        info.update(
+            pehe=pehe(eff, tau), ate_error=ate_error(eff, tau), mean_value_error=float(np.mean(list(verr.values()))),
+            value_error=verr, last_loss=fit.get("total"), train_s=t1 - t0, sim_s=time.perf_counter() - t1,
+        )
+        say(f"ε={eps}: PEHE {info['pehe']:.4f}  |ATE err| {info['ate_error']:.4f}  mean |value err| "
+            f"{info['mean_value_error']:.4f}  (train {info['train_s']:.0f}s)")
+        rows.append(info)
+    return {"preset": preset, "epochs": epochs, "n_train": train.n, "batch_size": batch_size, "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="default", help="DKT-Synth preset (tiny, default, paper)")
+    ap.add_argument("--epochs", type=int, default=4, help="training epochs per ε (same for every ε)")
+    ap.add_argument("--eps", default="1,4,8,inf", help="comma-separated ε caps; 'inf' = no DP")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--timing-rounds", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--skip-utility", action="store_true")
+    ap.add_argument("--skip-timing", action="store_true")
+    ap.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    ap.add_argument("--out", type=Path, help="also write the JSON here")
+    a = ap.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    say = (lambda m: print(m, file=sys.stderr, flush=True)) if a.json else (lambda m: print(m, flush=True))
+    out: dict = {}
+    if not a.skip_timing:
+        t = step_times(a.preset, a.batch_size, a.timing_rounds, a.seed)
+        out["step_time"] = t
+        say("step time (median of interleaved rounds, B={batch_size}, L={L}, {threads} thread(s)):".format(**t))
+        for k in ("nodp", "nodp_dpobj", "dp"):
+            say(f"  {k:11s} wall {t['wall_median_s'][k] * 1e3:7.1f} ms   cpu {t['cpu_median_s'][k] * 1e3:7.1f} ms")
+        say(f"  DP / non-DP (same objective): {t['ratio_dp_vs_nodp_same_objective']:.2f}x wall, "
+            f"{t['cpu_ratio_dp_vs_nodp_same_objective']:.2f}x cpu   (target ≤ 3x)")
+        say(f"  DP / non-DP (paper objective with batch MMD): {t['ratio_dp_vs_nodp_paper_objective']:.2f}x wall")
+    if not a.skip_utility:
+        eps_list = [float(x) for x in a.eps.split(",")]
+        out["utility"] = utility(a.preset, a.epochs, eps_list, a.seed, a.batch_size, say)
+    if a.json:
+        print(json.dumps(out, indent=2, default=float))
+    if a.out:
+        a.out.write_text(json.dumps(out, indent=2, default=float))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
