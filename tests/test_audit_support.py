@@ -14,7 +14,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, Metadata, MetricRecord, RecordDict
 
 from fcd_secure.audit.gate import GatePolicy, SiteAuditContext, make_egress_gate
-from fcd_secure.audit.ledger import RECEIPTS_RECORD, ServerLedger, SiteLedger, receipts_to_record
+from fcd_secure.audit.gate import RECEIPTS_MESSAGE_TYPE
+from fcd_secure.audit.ledger import SiteLedger
+from fcd_secure.audit.server import ServerAudit, load_or_create_identity_key
 
 MANIFEST = {
     "layout_hash": "f" * 64,
@@ -97,20 +99,25 @@ class Site:
 
 
 class Server:
+    """The server side as the ServerApp wires it: :class:`ServerAudit` records replies and returns receipts."""
+
     def __init__(self, root: Path) -> None:
-        self.key = raw_key()
-        self.ledger = ServerLedger.open(root / "server", self.key)
-        self.pending: dict[int, list[dict]] = {}
+        self.key = load_or_create_identity_key(root / "server" / "identity_ed25519.key")
+        self.audit = ServerAudit(root / "server", self.key)
+        self.ledger = self.audit.ledger
+        self._final: dict | None = None
 
     def receive(self, reply: Message, site_id: str) -> dict:
-        receipt = self.ledger.accept(reply, site_id)
-        self.pending.setdefault(reply.metadata.src_node_id, []).append(receipt)
-        return receipt
+        return self.audit.on_reply(reply, site_id)
 
     def downlink(self, message_type: str, round: int, node_id: int) -> Message:
-        content = RecordDict({"config": ConfigRecord({"server-round": round})})
-        if self.pending.get(node_id):
-            content[RECEIPTS_RECORD] = receipts_to_record(self.pending.pop(node_id))
+        if message_type == RECEIPTS_MESSAGE_TYPE:
+            # the ServerApp sends the closing message to every owed node at once; final_contents pops them all
+            if self._final is None:
+                self._final = self.audit.final_contents()
+            content = self._final.get(node_id, RecordDict())
+        else:
+            content = self.audit.attach(node_id, RecordDict({"config": ConfigRecord({"server-round": round})}))
         return instruction(message_type, round, node_id, content=content)
 
 
@@ -124,8 +131,9 @@ def run_rounds(root: Path, n_sites: int = 2, rounds: int = 3) -> tuple[list[Site
             reply = s.send(server.downlink("train", r, 100 + i))
             assert reply.has_content()
             server.receive(reply, s.site_id)
+        server.audit.checkpoint(r)
     for i, s in enumerate(sites):
-        ack = s.send(server.downlink("query.audit_receipts", rounds, 100 + i), handler=lambda m, c: None)
+        ack = s.send(server.downlink(RECEIPTS_MESSAGE_TYPE, rounds, 100 + i), handler=lambda m, c: None)
         assert ack.has_content()
         server.receive(ack, s.site_id)
     return sites, server

@@ -10,7 +10,7 @@ import pytest
 from test_audit_support import MANIFEST, fingerprints, instruction, raw_key, run_rounds
 
 from fcd_secure.audit.accounting import describe_message
-from fcd_secure.audit.ledger import SITE_LEDGER_FILE, ServerLedger, SiteLedger, canonical, sign_receipt
+from fcd_secure.audit.ledger import SITE_LEDGER_FILE, SiteLedger, canonical, sign_receipt
 from fcd_secure.audit.verify import UsageError, verify_path
 
 
@@ -55,6 +55,8 @@ def test_clean_run_verifies_and_totals_reconcile(run):
     for s in res.ledgers:
         if s.role == "site":
             assert s.receipts == 3 and s.unreceipted == 1 and s.checkpoints == 3
+        else:
+            assert s.checkpoints == 3
 
 
 def test_unpinned_or_wrong_key_is_reported(run):
