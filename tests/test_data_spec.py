@@ -265,3 +265,26 @@ def test_parquet_table_errors_name_row_without_csv_line(long_case, tmp_path):
     err = json.loads(res.stdout)
     assert (err["column"], err["row"], err["line"]) == ("y", 2, None)
     assert not (tmp_path / "o.npz").exists()
+
+
+def test_installed_fcd_command_exit_codes(long_case, tmp_path):
+    """The real entry point (`fcd data validate`, registered by cli/main.py) exits 1 on bad data and writes nothing.
+
+    One subprocess only: the console script imports every CLI module (torch, Flower), seconds of CPU each time."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    fcd = Path(sys.executable).with_name("fcd")
+    if not fcd.exists():
+        pytest.skip("the fcd console script is not installed in this environment")
+    df = make_long_table()
+    df.loc[6, "p"] = 2.0
+    spec, table = long_case(df)
+    env = {"FLWR_TELEMETRY_ENABLED": "0", "PATH": "/usr/bin:/bin"}
+    out = tmp_path / "never.npz"
+    bad = subprocess.run([str(fcd), "data", "validate", "--spec", str(spec), str(table), "--out", str(out)],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert bad.returncode == 1
+    assert "column 'p'" in bad.stderr and "row 6" in bad.stderr
+    assert not out.exists()
