@@ -243,3 +243,13 @@ def test_config_errors_name_the_field():
         DKTSynthConfig.from_preset("huge")
     with pytest.raises(ValidationError):
         DKTSynthConfig.from_preset("tiny", no_such_field=1)
+
+
+def test_chunked_batches_give_the_same_truth(tiny, monkeypatch):
+    import fcd_secure.data.dkt_synth.world as world_mod
+
+    early = [p for p in default_policies() if p.name == "early_on"][0]
+    whole_tau, whole_v = tiny.true_effects(None, "test"), tiny.policy_value_per_rollout(early)
+    monkeypatch.setattr(world_mod, "MAX_BATCH_ROWS", 40)  # many small LSTM batches
+    assert np.allclose(tiny.true_effects(None, "test"), whole_tau, atol=1e-12)
+    assert np.allclose(tiny.policy_value_per_rollout(early), whole_v, atol=1e-12)

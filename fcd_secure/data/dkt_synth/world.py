@@ -29,7 +29,7 @@ Logging policy (time-varying confounding, strength γ)
 oracle's reference population), ``r_it = c · tanh(r̃_it / c)`` with ``r̃_it = u_i + logit(mean_a m_t(a)) − logit(m_ref)``
 the student's bounded "readiness" (hidden motivation plus current hidden mastery ``m_t(a) = σ(z_t[a] + βθ θ_i)``;
 the cap ``c`` keeps every anchor a few per cent of support, so IPW stays usable), ``base_a`` a boost for two
-designated items (so that the anchors carry 15-30 % of the log each) and ``b_{s,a}`` a site-specific logging bias.
+designated items (so that the two anchors carry roughly 15-35 % of the logged steps each) and ``b_{s,a}`` a site-specific logging bias.
 Ready students are given harder items: because the same ``u_i`` and mastery raise ``Y``, the naive contrast between
 items is confounded. The tutor also never assigns an item the student already masters
 (``m_t(a) ≥ mastery_cutoff``): with ``ε = 0`` this gives true zero-propensity cases (DESIGN trap 5, research note
@@ -48,7 +48,7 @@ Replaying the logged actions with ``U`` reproduces the logged outcomes exactly (
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import numpy as np
@@ -132,9 +132,6 @@ class PolicyLike(Protocol):
 
 
 # -- noise -------------------------------------------------------------------------------------------------
-_M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
-
-
 def _splitmix64(x: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
         x = x + np.uint64(0x9E3779B97F4A7C15)
@@ -222,7 +219,6 @@ class DKTSynthWorld:
     site_params: dict[str, np.ndarray]
     designated: tuple[int, int]
     profile: dict[str, np.ndarray]
-    _ids: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)
 
     n_actions: int = N_ITEMS
 
@@ -285,7 +281,10 @@ class DKTSynthWorld:
         ids = self.student_ids(site, split, rows)
         if not 0 <= t < self.L:
             raise ValueError(f"t must be in [0, {self.L}), got {t}")
-        a_arr = np.broadcast_to(np.asarray(a, dtype=np.int64), ids.shape)
+        a_arr = np.asarray(a, dtype=np.int64)
+        if a_arr.ndim not in (0, 1) or (a_arr.ndim == 1 and a_arr.shape != ids.shape):
+            raise ValueError(f"a must be one action or one per row ({len(ids)}), got shape {a_arr.shape}")
+        a_arr = np.broadcast_to(a_arr, ids.shape)
         if ((a_arr < 0) | (a_arr >= N_ITEMS)).any():
             raise ValueError(f"action out of range [0, {N_ITEMS})")
         state = self._factual_state(ids, t)
@@ -318,13 +317,21 @@ class DKTSynthWorld:
             raise ValueError(f"plan must be [H] or [n={len(ids)}, H] with start + H <= L={self.L}")
         if ((plan < 0) | (plan >= N_ITEMS)).any():
             raise ValueError(f"plan holds actions outside [0, {N_ITEMS})")
-        n = len(ids)
+        out = np.concatenate(
+            [self._regime_chunk(c, start, plan[k], R) for k, c in _chunks(ids, R)], axis=0
+        )
+        steps = np.arange(start, start + H)
+        valid = steps[None, :] < self.lengths[ids][:, None]
+        return np.where(valid, out, np.nan)
+
+    def _regime_chunk(self, ids: np.ndarray, start: int, plan: np.ndarray, R: int) -> np.ndarray:
+        n, H = plan.shape
         steps = np.arange(start, start + H)
         noise = np.empty((n, R, H))
         noise[:, 0, :] = self.U[ids][:, start : start + H]
         if R > 1:
             noise[:, 1:, :] = fresh_uniforms(self.cfg.seed, ids, np.arange(1, R), steps)
-        # batch layout: row b = r * n + i (rollout-major), so repeat_interleave-free tiling works
+        # batch layout: row b = r * n + i (rollout-major)
         h0, c0 = self._factual_state(ids, start)
         state = (h0.repeat(R, 1), c0.repeat(R, 1))
         off = self._offset(ids).repeat(R)
@@ -338,8 +345,7 @@ class DKTSynthWorld:
                 out[:, h] = p.reshape(R, n).mean(0).numpy()
                 y = (noise_b[:, h] < p).long()
                 state = self.oracle.step(state, a, y)
-        valid = steps[None, :] < self.lengths[ids][:, None]
-        return np.where(valid, out, np.nan)
+        return out
 
     def true_effects(
         self,
@@ -384,8 +390,14 @@ class DKTSynthWorld:
     def policy_value_per_rollout(
         self, policy: PolicyLike, site: int | None = None, split: Split = "test", n_rollouts: int | None = None
     ) -> np.ndarray:
+        """V(π) computed separately on each rollout, shape [R] (rows are laid out rollout-major: b = r * n + i)."""
         ids = self.student_ids(site, split)
         R = int(n_rollouts or self.cfg.n_rollouts)
+        v = np.concatenate([self._policy_chunk(policy, c, R) for _, c in _chunks(ids, R)], axis=1)
+        return v.mean(axis=1)
+
+    def _policy_chunk(self, policy: PolicyLike, ids: np.ndarray, R: int) -> np.ndarray:
+        """Per-student values [R, n] of one chunk of students."""
         n, L = len(ids), self.L
         noise = np.empty((n, R, L))
         noise[:, 0, :] = self.U[ids]
@@ -403,14 +415,13 @@ class DKTSynthWorld:
                 a_np = np.asarray(policy.actions(t, y_hist[:, :t], lengths_b, a_off, a_on), dtype=np.int64)
                 if a_np.shape != (R * n,) or ((a_np < 0) | (a_np >= N_ITEMS)).any():
                     raise ValueError(f"policy {getattr(policy, 'name', policy)!r} returned bad actions at t={t}")
-                a = torch.from_numpy(a_np)
+                a = torch.from_numpy(np.array(a_np))
                 p = torch.sigmoid(self.oracle.logits(state).gather(1, a[:, None])[:, 0] + off)
                 total += np.where(t < lengths_b, p.numpy(), 0.0)
                 y = (noise_b[:, t] < p).long()
                 y_hist[:, t] = y.numpy()
                 state = self.oracle.step(state, a, y)
-        v = (total / lengths_b).reshape(R, n)
-        return v.mean(axis=1)
+        return (total / lengths_b).reshape(R, n)
 
     def replay_logged(self, site: int, split: Split) -> np.ndarray:
         """Outcomes from re-simulating the logged actions with the stored noise U ([n, L], 0 on padding)."""
@@ -541,6 +552,18 @@ class DKTSynthWorld:
             "oracle_test_auc": self.oracle_card.get("test_auc"),
             **extra,
         }
+
+
+#: rows (students x rollouts) per LSTM batch: large enough to vectorise, small enough to stay in cache/RAM
+MAX_BATCH_ROWS = 16384
+
+
+def _chunks(ids: np.ndarray, R: int):
+    """(slice, ids[slice]) pieces so that len(piece) * R <= MAX_BATCH_ROWS. Noise is keyed per student, so
+    chunking never changes a student's numbers."""
+    step = max(1, MAX_BATCH_ROWS // max(R, 1))
+    for s in range(0, len(ids), step):
+        yield slice(s, s + step), ids[s : s + step]
 
 
 def _nanmean_rows(a: np.ndarray) -> np.ndarray:
