@@ -176,12 +176,12 @@ def _load_dkt_synth(n_sites: int, alpha: float, seed: int, preset: str, test_fra
         from fcd_secure.data.dkt_synth import DKTSynthConfig, generate
     except ImportError as exc:  # the oracle package is written by another helper; say so plainly
         raise DataError(f"the DKT-Synth generator is not available: {exc}", field="dataset") from None
-    if hasattr(DKTSynthConfig, "from_preset"):
+    try:
         cfg = DKTSynthConfig.from_preset(
             preset, n_sites=n_sites, dirichlet_alpha=alpha, seed=seed, test_fraction=test_fraction
         )
-    else:  # the contract of issue 2
-        cfg = DKTSynthConfig(preset=preset, n_sites=n_sites, alpha=alpha, seed=seed)
+    except ValueError as exc:  # unknown preset or an impossible size: the config's own message says which
+        raise DataError(f"DKT-Synth: {exc}", field="preset") from None
     world = generate(cfg)
     fd = FederatedData(
         name="dkt-synth", train=list(world.train), test=list(world.test), anchors=tuple(world.anchors), oracle=world
