@@ -165,7 +165,7 @@ LAYOUT = VectorLayout.from_manifest([("a", (7,), "theta_c"), ("b", (2, 3), "thet
 )
 @settings(max_examples=60, deadline=None)
 def test_encode_decode_round_trip_within_the_quantisation_bound(sites):
-    policy = SecAggPolicy(max_weight=1000)
+    policy = SecAggPolicy(clip=8.0, scale_bits=22, max_weight=1000)
     total = np.zeros(LAYOUT.length, dtype=np.uint32)
     updates = []
     for vals, n, loss in sites:
@@ -186,7 +186,7 @@ def test_encode_decode_round_trip_within_the_quantisation_bound(sites):
 
 
 def test_clipped_fraction_is_reported_through_the_aggregate():
-    policy = SecAggPolicy(max_weight=10)
+    policy = SecAggPolicy(clip=8.0, scale_bits=22, max_weight=10)
     big = {"a": np.full(7, 100.0, np.float32), "b": np.zeros((2, 3), np.float32)}
     small = {"a": np.zeros(7, np.float32), "b": np.zeros((2, 3), np.float32)}
     total = encode(LAYOUT, policy, big, 5, {"loss": 0.0}) + encode(LAYOUT, policy, small, 5, {"loss": 0.0})

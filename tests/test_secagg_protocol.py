@@ -297,7 +297,7 @@ def test_same_input_in_two_rounds_gives_uncorrelated_masked_vectors():
 
 # -- P7: nothing about one site in clear ----------------------------------------------------------------------------------
 def test_no_plaintext_counts_or_metrics_in_any_uplink():
-    policy = SecAggPolicy(max_weight=100_000)
+    policy = SecAggPolicy(clip=8.0, scale_bits=22, max_weight=100_000)
     layout = VectorLayout.from_manifest([("w", (300,), "theta_c")], metrics=["loss"])
     from fcd_secure.aggregation.secagg.harness import make_identities
 

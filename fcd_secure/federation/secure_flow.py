@@ -77,8 +77,10 @@ REC_SECAGG = "secagg"
 STATE_KEY = "secagg"
 ROSTER_FILE = "secagg_roster.json"
 REPLAY_SLOT = "secagg_rounds.json"
-#: the one site metric that travels, weighted and masked, inside the vector (never in clear, P7)
+#: the one site metric that travels, weighted and masked, inside the vector (never in clear, P7); it is divided
+#: by METRIC_RANGE before encoding so that losses up to METRIC_RANGE * clip fit the clip range of Θc updates
 METRICS = ("train_loss",)
+METRIC_RANGE = 64.0
 
 
 class SecureAggregationConfigError(RuntimeError):
@@ -258,18 +260,27 @@ class SecureAggregationFlow:
             return aborted(str(exc), [node_of[s] for s in server.report.survivors.get("masked_input", ())])
         report["server_s"] = round(time.perf_counter() - t0, 3)
         participants = [node_of[s] for s in server.report.survivors["masked_input"]]
-        theta = {k: agg.theta_c[k].astype(np.asarray(global_theta_c[k]).dtype) for k in global_theta_c}
+        # the vector held Σ w_i (Θc_i − Θc_global) / Σ w_i: the weighted FedAvg is the global plus that mean update
+        theta = {
+            k: (np.asarray(global_theta_c[k], np.float64) + agg.theta_c[k]).astype(np.asarray(global_theta_c[k]).dtype)
+            for k in global_theta_c
+        }
         metrics = {
             "n_total": float(agg.n_total),
-            "train_loss": agg.metrics.get("train_loss"),
+            "train_loss": agg.metrics["train_loss"] * METRIC_RANGE,
             "clipped_fraction": agg.clipped_fraction,
-            "quantisation_bound": agg.quantisation_bound,
+            # per value: the fixed-point bound plus one float32 ulp of the result (both FedAvgs round to float32)
+            "quantisation_bound": agg.quantisation_bound + _max_abs(theta) * 2.0**-23,
             "secagg": dict(report),
         }
         if agg.clipped_fraction > 0:
             log.warning("secure round %d: %.4g of the aggregated values were clipped to ±%g", rnd, agg.clipped_fraction, pol.clip)
         failures = [n for n in node_ids if n not in participants]
         return RoundOutcome(theta, float(agg.n_total), participants, failures, metrics)
+
+
+def _max_abs(arrays: dict[str, np.ndarray]) -> float:
+    return max((float(np.abs(a).max()) for a in arrays.values() if np.size(a)), default=0.0)
 
 
 # -- client side ---------------------------------------------------------------------------------------------------
@@ -326,7 +337,9 @@ def _train_handler(get_runtime: Callable) -> Callable[[Message, Context], Messag
         layout = layout_of(rt.manifest)
         theta, n, metrics = rt.train_round(global_theta, round_config)
         loss = metrics.get("loss", metrics.get("total", 0.0))
-        vector = encode(layout, policy, theta, int(n), {"train_loss": float(loss)})
+        # the update, not the parameters, enters the vector: its values are small, so the fixed-point grid is fine
+        update = {k: np.asarray(v, np.float64) - np.asarray(global_theta[k], np.float64) for k, v in theta.items()}
+        vector = encode(layout, policy, update, int(n), {"train_loss": float(loss) / METRIC_RANGE})
         _state_set(
             context,
             client=None,

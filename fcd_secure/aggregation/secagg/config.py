@@ -4,7 +4,8 @@ The *site* decides what it will accept; the server only proposes round parameter
 round whose parameters are weaker than its :class:`SecAggPolicy` (a server asking for threshold 1, a smaller
 modulus, a wider clip range or fewer than three sites gets a :class:`~.errors.PolicyError`).
 
-Fixed point (see :mod:`.encoding`): a site multiplies its clipped Θc by its weight ``w = n_i / max_weight``
+Fixed point (see :mod:`.encoding`): a site multiplies its clipped input (the carrier sends the *update*
+Θc_i − Θc_global, so the clip range bounds one round's change, not the parameters) by its weight ``w = n_i / max_weight``
 (so ``0 < w <= 1``), scales by ``2**scale_bits`` and rounds; each encoded word is a signed integer of
 magnitude at most ``B = clip * 2**scale_bits`` carried mod ``2**modulus_bits``. The sum over ``n`` sites
 decodes without wrap-around iff ``n * B < 2**(modulus_bits - 1)``; that is checked when a round is configured
@@ -52,8 +53,8 @@ class SecAggPolicy(BaseModel):
     max_sites: int = Field(31, ge=3, description="most sites in one round; bounds the overflow check")
     threshold_rule: Literal["majority", "two_thirds"] = "majority"
     modulus_bits: Literal[32] = Field(32, description="arithmetic mod 2**32 over uint32 words (4 B/parameter)")
-    clip: float = Field(8.0, gt=0, le=2.0**20, description="each Θc value is clipped to [-clip, clip]")
-    scale_bits: int = Field(23, ge=1, le=30, description="fixed-point scale 2**scale_bits")
+    clip: float = Field(1.0, gt=0, le=2.0**20, description="each value entering the vector (a Θc update) is clipped to [-clip, clip]")
+    scale_bits: int = Field(26, ge=1, le=30, description="fixed-point scale 2**scale_bits")
     max_weight: int = Field(
         1 << 15, ge=1, description="largest sample count a site may weigh with (a larger site must raise it, and "
         "every site must pin the same value); precision per value is about n_sites * max_weight / (2**scale_bits * Σn)"

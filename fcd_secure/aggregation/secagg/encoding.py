@@ -123,12 +123,12 @@ class VectorLayout:
             parts.append(a.reshape(-1).astype(np.float64, copy=False))
         return np.concatenate(parts)
 
-    def unflatten(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+    def unflatten(self, flat: np.ndarray, dtype: Any = np.float64) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
         pos = 0
         for name, shape in self.tensors:
             k = math.prod(shape)
-            out[name] = flat[pos : pos + k].reshape(shape).astype(np.float32)
+            out[name] = flat[pos : pos + k].reshape(shape).astype(dtype)
             pos += k
         return out
 
@@ -191,7 +191,7 @@ def encode(
 class Aggregate:
     """What the server learns: the weighted means and totals, nothing per site."""
 
-    theta_c: dict[str, np.ndarray]
+    theta_c: dict[str, np.ndarray]  # float64
     n_total: int
     n_sites: int
     clipped_fraction: float
@@ -224,9 +224,9 @@ def decode(layout: VectorLayout, policy: SecAggPolicy, total: np.ndarray, n_site
 def quantisation_bound(policy: SecAggPolicy, n_sites: int, n_total: int) -> float:
     """Each site rounds once (error <= 1/2 step); dividing by Σ w_i scales it: n/2 · max_weight / (scale · Σn).
 
-    Plus the float32 rounding of the decoded value (|v| <= clip, relative error 2**-24).
+    The decoded values are float64; a caller that casts to float32 adds up to one float32 ulp of the result.
     """
-    return n_sites * 0.5 * policy.max_weight / (policy.scale * n_total) + policy.clip * 2.0**-23
+    return n_sites * 0.5 * policy.max_weight / (policy.scale * n_total)
 
 
 def plaintext_weighted_mean(
