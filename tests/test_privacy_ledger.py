@@ -112,6 +112,22 @@ def test_restart_and_new_run_on_same_data_do_not_reset_the_budget(tmp_path):
     assert other.spent()[0] == 0.0
 
 
+def test_a_new_run_with_a_fresh_state_dir_keeps_the_budget_in_the_ledger_dir(tmp_path):
+    """``fcd run`` makes a state folder per run; the ledger folder is what carries the budget across runs."""
+    c = cfg(ledger_dir=str(tmp_path / "ledgers"))
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    run1 = DPSite(tmp_path / "run1" / "site-00", FP, c, N, planned_rounds=3, local_epochs=1, batch_size=B)
+    for r in range(3):
+        one_round(run1, model, opt, round_id=r)
+    run2 = DPSite(tmp_path / "run2" / "site-03", FP, c, N, planned_rounds=3, local_epochs=1, batch_size=B)
+    assert run2.ledger.path == run1.ledger.path == tmp_path / "ledgers" / f"ledger-{FP[:32]}.json"
+    assert run2.spent() == run1.spent()
+    with pytest.raises(BudgetExceeded):
+        run2.reserve_round()
+    assert Ledger(run2.ledger.path).load().sites == ["site-00", "site-03"]
+
+
 def test_crash_mid_round_is_charged_in_full(tmp_path):
     site = new_site(tmp_path)
     res = site.reserve_round(round_id=1)  # write-ahead, then the process dies before commit

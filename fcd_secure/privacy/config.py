@@ -50,6 +50,11 @@ class DPConfig(BaseModel):
     clip: float = Field(1.0, gt=0, description="Per-sample L2 clipping norm C.")
     accountant: AccountantName = Field("prv", description="Opacus accountant: 'prv' (tightest) or 'rdp'.")
     poisson: bool = Field(True, description="Poisson sampling; required for the reported ε to be valid.")
+    ledger_dir: str | None = Field(
+        None,
+        description="Persistent folder of the per-dataset privacy ledgers (keyed by dataset fingerprint). Default: "
+        "each site's state directory, which must then outlive runs, or a new run would start a new budget.",
+    )
     max_noise_multiplier: float = Field(
         10.0,
         gt=0,

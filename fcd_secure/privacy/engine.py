@@ -84,8 +84,9 @@ class DPSite:
 
     Parameters mirror the planned use: ``planned_rounds`` rounds of ``local_epochs`` epochs of Poisson batches
     of expected size ``batch_size`` from ``n_site`` trajectories. The ledger lives in
-    ``<state_dir>/privacy/ledger-<fingerprint>.json``; ``state_dir`` must be the site's persistent state (it must
-    outlive a run, or a new run would start a new budget).
+    ``<state_dir>/privacy/ledger-<fingerprint>.json``, or ``<dp_cfg.ledger_dir>/ledger-<fingerprint>.json`` when a
+    persistent ledger folder is configured. Either must outlive a run, or a new run would start a new budget.
+    ``state_dir``'s name is recorded as the site's label.
     """
 
     def __init__(
@@ -113,7 +114,7 @@ class DPSite:
         self.delta = dp_cfg.resolve_delta(self.n_site)
         self.sample_rate = sample_rate(self.n_site, self.batch_size)
         self.steps_per_round = int(local_epochs) * steps_per_epoch(self.n_site, self.batch_size)
-        self.ledger = Ledger(ledger_path(self.state_dir, dataset_fingerprint))
+        self.ledger = Ledger(ledger_path(self.state_dir, dataset_fingerprint, dp_cfg.ledger_dir))
         self.ledger.open_or_create(
             fingerprint=dataset_fingerprint,
             n_site=self.n_site,
@@ -123,6 +124,7 @@ class DPSite:
             accountant=dp_cfg.accountant,
             align_under_dp=dp_cfg.align_under_dp,
             noise_seed=dp_cfg.noise_seed,
+            site=self.state_dir.name or None,
         )
         #: why every round will be refused (the budget left cannot pay for the planned use), or None
         self.refusal: str | None = None
@@ -200,8 +202,9 @@ class DPSite:
         return g
 
     def _site_secret(self) -> bytes:
-        """32 random bytes kept beside the ledger; they make the noise unpredictable to anyone but the site."""
-        path = self.ledger.path.parent / "noise_secret.bin"
+        """32 random bytes in the site's state; they make the noise unpredictable to anyone but the site."""
+        path = self.state_dir / "privacy" / "noise_secret.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
         with self.ledger.locked():
             if not path.exists():
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

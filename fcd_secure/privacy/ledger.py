@@ -59,10 +59,13 @@ def dataset_fingerprint(ds: SiteDataset) -> str:
     return h.hexdigest()
 
 
-def ledger_path(state_dir: str | Path, fingerprint: str) -> Path:
-    """Where the ledger of a dataset lives inside a site's state directory."""
+def ledger_path(state_dir: str | Path, fingerprint: str, ledger_dir: str | Path | None = None) -> Path:
+    """Where the ledger of a dataset lives: ``<ledger_dir>/ledger-<fp>.json`` when a persistent ledger folder is
+    configured (shared by all sites of a machine, keyed only by the data), else ``<state_dir>/privacy/…``."""
     if not fingerprint or any(c not in "0123456789abcdef" for c in fingerprint):
         raise ValueError(f"dataset fingerprint must be lowercase hex, got {fingerprint!r}")
+    if ledger_dir is not None:
+        return Path(ledger_dir) / f"ledger-{fingerprint[:32]}.json"
     return Path(state_dir) / "privacy" / f"ledger-{fingerprint[:32]}.json"
 
 
@@ -119,6 +122,8 @@ class LedgerState(BaseModel):
     #: what the batch-coupled L_align became under DP in the latest run ("off" | "reference"), for the report
     align_under_dp: str | None = None
     noise_seed: str | None = None
+    #: site ids that trained on this dataset (labels for the report; the key is the fingerprint)
+    sites: list[str] = Field(default_factory=list)
     plans: list[PlanRecord] = Field(default_factory=list)
     segments: list[SegmentRecord] = Field(default_factory=list)
 
@@ -206,6 +211,7 @@ class Ledger:
         accountant: str,
         align_under_dp: str | None = None,
         noise_seed: str | None = None,
+        site: str | None = None,
     ) -> LedgerState:
         """Load the ledger, or create it on first use; check a later run's settings against it.
 
@@ -223,6 +229,7 @@ class Ledger:
                     accountant=accountant,  # type: ignore[arg-type]
                     align_under_dp=align_under_dp,
                     noise_seed=noise_seed,
+                    sites=[site] if site else [],
                 )
                 self._save(state)
                 return state
@@ -252,6 +259,9 @@ class Ledger:
                 changed = True
             if (align_under_dp, noise_seed) != (state.align_under_dp, state.noise_seed):
                 state.align_under_dp, state.noise_seed = align_under_dp, noise_seed
+                changed = True
+            if site and site not in state.sites:
+                state.sites.append(site)
                 changed = True
             if changed:
                 self._save(state)

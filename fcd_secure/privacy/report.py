@@ -72,27 +72,46 @@ def find_ledgers(path: str | Path) -> list[Path]:
         if not path.name.startswith("ledger-") or path.suffix != ".json":
             raise LedgerError(f"{path}: not a privacy ledger (expected privacy/ledger-<fingerprint>.json)")
         return [path]
-    roots = [path]
-    summary = path / "summary.json"
-    if summary.exists():
+    roots, flat = [path], []
+    for name in ("summary.json", "config.json"):
+        f = path / name
+        if not f.exists():
+            continue
         try:
-            data = json.loads(summary.read_text())
+            data = json.loads(f.read_text())
         except json.JSONDecodeError as exc:
-            raise LedgerError(f"{summary}: unreadable run summary ({exc})") from exc
+            raise LedgerError(f"{f}: unreadable run file ({exc})") from exc
+        if not isinstance(data, dict):
+            continue
         for key in ("state_root", "state_dir"):
-            val = data.get(key) if isinstance(data, dict) else None
-            if isinstance(val, str):
-                p = Path(val) if Path(val).is_absolute() else (path / val)
-                if p.exists():
-                    roots.append(p)
+            if isinstance(data.get(key), str):
+                roots.append(_resolve(path, data[key]))
+        dp = data.get("dp")
+        if isinstance(dp, dict) and isinstance(dp.get("ledger_dir"), str):
+            flat.append(_resolve(path, dp["ledger_dir"]))
     found: set[Path] = set()
     for root in roots:
-        found.update(p.resolve() for p in root.rglob("ledger-*.json") if p.parent.name == "privacy")
+        if root.exists():
+            found.update(p.resolve() for p in root.rglob("ledger-*.json") if p.parent.name == "privacy")
+    for root in flat:
+        if root.exists():
+            found.update(p.resolve() for p in root.glob("ledger-*.json"))
+    if not found and path.name != "privacy":
+        found.update(p.resolve() for p in path.glob("ledger-*.json"))  # a ledger_dir given directly
     return sorted(found)
 
 
-def site_label(ledger_file: Path) -> str:
-    """The site's directory name (``<state_root>/<site_id>/privacy/ledger-….json``)."""
+def _resolve(base: Path, value: str) -> Path:
+    p = Path(value)
+    if p.is_absolute() or p.exists():
+        return p
+    return base / p
+
+
+def site_label(ledger_file: Path, state: LedgerState | None = None) -> str:
+    """The site ids recorded in the ledger, else the site's directory (``<state_root>/<site_id>/privacy/…``)."""
+    if state is not None and state.sites:
+        return ",".join(state.sites)
     return ledger_file.parent.parent.name
 
 
@@ -132,7 +151,7 @@ def site_report(ledger_file: str | Path) -> dict[str, Any]:
         )
     batch = max(1, round(state.n_site * (state.plans[-1].q if state.plans else 0)))
     return {
-        "site": site_label(ledger_file),
+        "site": site_label(ledger_file, state),
         "ledger": str(ledger_file),
         "dataset_fingerprint": state.fingerprint[:16],
         "setting": SETTING,
