@@ -87,3 +87,19 @@ def test_exit_code_reaches_the_shell(run):
     proc = subprocess.run([str(fcd), "audit", "verify", str(root), "--json"], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 6, proc.stderr
     assert json.loads(proc.stdout)["status"] == "tampered"
+
+
+def test_fingerprints_lists_every_writer_and_no_key_material(run):
+    root, sites, server = run
+    res = _invoke_cmd("fingerprints", root, "--json")
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)["data"]
+    assert {r["key_fingerprint"] for r in rows} == {s.ledger.fingerprint for s in sites} | {server.ledger.fingerprint}
+    assert {r["role"] for r in rows} == {"site", "server"}
+    for s in sites:
+        assert s.key.hex() not in res.stdout
+    assert _invoke_cmd("fingerprints", root / "nope").exit_code == 2
+
+
+def _invoke_cmd(cmd, *args):
+    return runner.invoke(app, ["audit", cmd, *map(str, args)])

@@ -465,6 +465,10 @@ def verify_path(path: str | Path, *, site_keys: list[str] | None = None, server_
             elif kind == "checkpoint":
                 summ.checkpoints += 1
         summ.unreceipted = len(set(uploads) - receipted)
+        rounds = {u.get("round") for u in uploads.values() if u.get("round") is not None}
+        closed = {l.get("round") for l in ch.lines if l.get("kind") == "checkpoint"}
+        for r in sorted(rounds - closed):
+            res.findings.append(Finding("note", lab, None, None, f"round {r} has no signed checkpoint yet (the run ended before its closing message)"))
         res.ledgers.append(summ)
 
     if site_paths and server_paths:
@@ -477,6 +481,29 @@ def verify_path(path: str | Path, *, site_keys: list[str] | None = None, server_
         if not s.key_pinned:
             res.findings.append(Finding("note", s.path, None, None, f"{s.role} key {s.key_fingerprint} was not pinned: signatures prove one writer, not which"))
     return res
+
+
+def ledger_identities(path: str | Path) -> list[dict]:
+    """``{ledger, role, writer_id, key_fingerprint}`` of every ledger under ``path``, from each ``open`` entry.
+
+    For the operator's provisioning step (export the fingerprint to the auditor out of band), not for auditing:
+    a fingerprint read from the evidence itself proves nothing about who wrote it.
+    """
+    root = Path(path)
+    if not root.exists():
+        raise UsageError(f"{root}: no such file or directory")
+    sites, servers = _discover(root)
+    if not sites and not servers:
+        raise UsageError(f"{root}: no {SITE_LEDGER_FILE} or {SERVER_LEDGER_FILE} found")
+    out = []
+    for p in servers + sites:
+        first = next(iter(read_lines(p)), None)
+        try:
+            head = json.loads(first[1]) if first else {}
+        except ValueError:
+            head = {}
+        out.append({"ledger": str(p), "role": head.get("role"), "writer_id": head.get("writer_id"), "key_fingerprint": head.get("key_fingerprint")})
+    return out
 
 
 def dumps(obj) -> str:

@@ -60,3 +60,34 @@ def verify(
         else:
             Console().print(Markdown(text))
     raise typer.Exit(result.exit_code)
+
+
+@app.command("fingerprints")
+def fingerprints(
+    path: Path = typer.Argument(..., metavar="RUN_OR_SITE_DIR", help="A run directory, a site directory or one ledger file."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope on stdout."),
+) -> None:
+    """List the key fingerprint of every site and server ledger, for the operator to hand to the auditor out of
+    band at installation (the auditor then pins them with ``verify --site-key/--server-key``). Never prints keys."""
+    from fcd_secure.audit.report import SCHEMA_VERSION, usage_envelope  # noqa: PLC0415
+    from fcd_secure.audit.verify import EXIT_USAGE, UsageError, ledger_identities  # noqa: PLC0415
+
+    try:
+        rows = ledger_identities(path)
+    except UsageError as exc:
+        if as_json:
+            typer.echo(json.dumps(usage_envelope(str(exc))))
+        else:
+            Console(stderr=True).print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(EXIT_USAGE) from None
+    if as_json:
+        env = {"schema_version": SCHEMA_VERSION, "status": "ok", "exit_code": 0, "error_code": None,
+               "message": f"{len(rows)} ledger(s)", "hint": None, "data": rows}
+        typer.echo(json.dumps(env))
+        return
+    from rich.table import Table  # noqa: PLC0415
+
+    table = Table("role", "writer", "key fingerprint", "ledger")
+    for r in rows:
+        table.add_row(str(r["role"]), str(r["writer_id"]), str(r["key_fingerprint"]), r["ledger"])
+    Console().print(table)
