@@ -253,3 +253,17 @@ def test_chunked_batches_give_the_same_truth(tiny, monkeypatch):
     monkeypatch.setattr(world_mod, "MAX_BATCH_ROWS", 40)  # many small LSTM batches
     assert np.allclose(tiny.true_effects(None, "test"), whole_tau, atol=1e-12)
     assert np.allclose(tiny.policy_value_per_rollout(early), whole_v, atol=1e-12)
+
+
+def test_describe_reports_support_confounding_and_truth(tiny):
+    d = tiny.describe(policy_values=True)
+    json.dumps(d)  # plain JSON-able numbers for `--json` output
+    assert d["anchors"] == {"a_off": tiny.anchors[0], "a_on": tiny.anchors[1]}
+    assert sum(d["n_train"]) + sum(d["n_test"]) == tiny.cfg.n_students and len(d["n_train"]) == tiny.n_sites
+    assert d["anchor_share_train"]["a_off"] >= d["anchor_share_train"]["a_on"] > 0.15
+    assert d["anchor_propensity_train"]["a_on"]["p01"] >= tiny.cfg.epsilon
+    assert d["anchor_propensity_train"]["a_on"]["zero_cells"] == 0
+    assert d["true_ate_test"] == pytest.approx(float(np.mean(tiny.true_effects(None, "test"))), abs=1e-12)
+    assert set(d["true_policy_values_test"]) == {"never", "always", "early_on", "late_on"}
+    c = d["one_step_contrast_train"]
+    assert abs(c["naive"] - c["true"]) > 0.2  # even the tiny preset is visibly confounded

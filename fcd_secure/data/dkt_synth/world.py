@@ -458,7 +458,8 @@ class DKTSynthWorld:
         state = self.oracle.init_state(len(ids))
         with torch.no_grad():
             for t in range(self.L):
-                pi = behaviour_probs(self.cfg, self.oracle.logits(state), theta, u, const, d, self.site_params["logit_ref"])
+                z = self.oracle.logits(state)
+                pi = behaviour_probs(self.cfg, z, theta, u, const, d, self.site_params["logit_ref"])
                 out[:, t, :] = pi[:, idx].numpy()
                 state = self.oracle.step(state, T[:, t], Y[:, t])
         valid = np.arange(self.L)[None, :] < self.lengths[ids][:, None]
@@ -528,6 +529,15 @@ class DKTSynthWorld:
             tv = ds.T[ds.M > 0]
             by_site.append({"a_off": float((tv == a_off).mean()), "a_on": float((tv == a_on).mean())})
         extra = {"true_policy_values_test": self.true_policy_values(n_rollouts=n_rollouts)} if policy_values else {}
+        pi = self.logging_propensities(None, "train")
+        support = {
+            name: {
+                "p01": float(np.nanquantile(pi[..., k], 0.01)),
+                "median": float(np.nanmedian(pi[..., k])),
+                "zero_cells": int((pi[..., k] == 0).sum()),
+            }
+            for k, name in enumerate(("a_off", "a_on"))
+        }
         return {
             "preset": self.cfg.preset,
             "seed": self.cfg.seed,
@@ -540,6 +550,7 @@ class DKTSynthWorld:
             "anchors": {"a_off": a_off, "a_on": a_on},
             "anchor_share_train": {"a_off": float((T[valid] == a_off).mean()), "a_on": float((T[valid] == a_on).mean())},
             "anchor_share_train_by_site": by_site,
+            "anchor_propensity_train": support,
             "gamma": self.cfg.gamma,
             "epsilon": self.cfg.epsilon,
             "min_logged_propensity": float(self.P_all[ids][valid].min()),
