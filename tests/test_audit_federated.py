@@ -57,6 +57,8 @@ def test_default_run_ledgers_verify_clean_and_match_communication_accounting(fed
     assert ledger_per_site == dict(comm_per_site)
     assert res.totals()["payload_bytes"] == sum(r["payload_bytes"] for r in up) > 0
     assert res.totals()["messages"] == len(up)
+    # whole messages too: the engine's message id and delivery stamp are not serialised, so both ends agree
+    assert res.totals()["message_bytes"] == sum(r["message_bytes"] for r in up)
     # every training upload carried exactly the Θc layout of the run's manifest, nothing of Θs
     theta_c = {e.name for e in result.manifest.entries if e.part == "theta_c"}
     train = [e for e in entries if e["kind"] == "upload" and e["action"] == "train"]

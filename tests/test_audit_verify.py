@@ -162,7 +162,7 @@ def test_receipt_that_does_not_match_is_caught(tmp_path):
     site = Site(tmp_path)
     server_key = raw_key()
     reply = site.send(instruction("train", 1))
-    f = describe_message(reply, sent=False)
+    f = describe_message(reply)
     forged = sign_receipt(
         server_key, run_id=f.run_id, node_id=f.node_id, round=f.round, message_type=f.message_type, reply_to=f.reply_to,
         message_id=f.message_id, payload_bytes=f.payload_bytes + 1000, message_bytes=f.message_bytes,

@@ -10,9 +10,10 @@ must measure a message by one definition. We use Flower's own content addressing
   Deterministic, identical on both ends, and equal to ``fcd_secure.federation.messaging``'s ``payload_bytes``.
 * ``payload_sha256``: the ``RecordDict``'s ``object_id``. Because each object's header lists its children's ids,
   this one hash commits to every byte of the content.
-* ``message_bytes`` / ``message_id``: the whole tree including the message header (metadata). The SuperLink stamps
-  ``delivered_at`` on a reply when the server pulls it, so the server recomputes both with that field cleared
-  (:func:`as_sent`), which restores the bytes the site sent.
+* ``message_bytes`` / ``message_id``: the whole tree including the message header (metadata). Neither the
+  ``message_id`` the engine assigns nor the ``delivered_at`` stamp the SuperLink adds is serialised by
+  ``deflate()``, so the server recomputes exactly what the site measured (``tests/test_audit_accounting.py``);
+  in deployment Flower itself sets ``message_id = object_id``.
 
 This is the object bytes Flower uploads (minus objects the SuperLink already holds); HTTP framing and heartbeats
 are outside it and must be corroborated by network counters (ops-anchors §2.6 item 7).
@@ -20,7 +21,6 @@ are outside it and must be corroborated by network counters (ops-anchors §2.6 i
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,7 +31,6 @@ from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 __all__ = [
     "MessageFacts",
     "TensorFact",
-    "as_sent",
     "describe_message",
     "message_bytes",
     "payload_bytes",
@@ -54,20 +53,6 @@ def payload_bytes(msg: Message) -> int:
 def message_bytes(msg: Message) -> int:
     """Bytes of the whole message tree (header with metadata, plus content)."""
     return tree_bytes(msg)
-
-
-def as_sent(msg: Message) -> Message:
-    """A shallow copy of a received reply with the fields the SuperLink adds on delivery cleared.
-
-    ``message_id`` is already excluded from ``deflate()``; ``delivered_at`` is not, so it is reset to ``""``, the
-    value it had when the site's gate measured the reply.
-    """
-    meta = copy.copy(msg.metadata)
-    meta.__dict__ = dict(msg.metadata.__dict__)
-    meta.delivered_at = ""
-    content = msg.content if msg.has_content() else None
-    error = msg.error if msg.has_error() else None
-    return Message(metadata=meta, content=content, error=error)
 
 
 @dataclass(frozen=True)
@@ -139,9 +124,9 @@ def _config_value_fact(value) -> tuple[str, int]:
     return type(value).__name__, 0
 
 
-def describe_message(msg: Message, *, sent: bool = True) -> MessageFacts:
-    """Measure and describe ``msg``. With ``sent=False`` the message was received and is measured as sent."""
-    measured = msg if sent else as_sent(msg)
+def describe_message(msg: Message) -> MessageFacts:
+    """Measure and describe ``msg`` (the same figures on the sending site and the receiving server)."""
+    measured = msg
     tensors: list[TensorFact] = []
     metrics: list[str] = []
     metric_lists: dict[str, int] = {}

@@ -441,7 +441,7 @@ class ServerLedger(_ChainedLog):
     def accept(self, reply, site_id: str | None = None, *, facts: MessageFacts | None = None) -> dict:
         from fcd_secure.audit.accounting import describe_message
 
-        f = facts if facts is not None else describe_message(reply, sent=False)
+        f = facts if facts is not None else describe_message(reply)
         body = {"kind": "received", "site_id": site_id, **facts_json(f)}
         line = self.append(body)
         return sign_receipt(
