@@ -219,3 +219,28 @@ def test_theta_s_upload_passes_only_under_the_ablation_policy_and_verify_flags_i
     res = verify_path(tmp_path / site.site_id)
     assert res.exit_code == 1
     assert any("eps_s.weight" in f.message and "Θs" in f.message for f in res.findings)
+
+
+def test_federation_gate_without_a_runtime_sends_nothing(tmp_path):
+    from fcd_secure.audit.egress import make_egress_gate_mod
+
+    gate = make_egress_gate_mod(None)
+    site = Site(tmp_path)
+    reply = gate(instruction("train", 1), None, site.train_handler())
+    assert reply.has_error() and reply.error.reason == GENERIC_ERROR_REASON
+
+
+def test_privacy_ledger_hash_binds_the_dp_ledger_state(tmp_path):
+    from fcd_secure.audit.egress import privacy_ledger_hash
+
+    assert privacy_ledger_hash(tmp_path) is None
+    (tmp_path / "privacy").mkdir()
+    (tmp_path / "privacy" / "ledger-abc.json").write_text('{"eps": 0.5}')
+    h1 = privacy_ledger_hash(tmp_path)
+    (tmp_path / "privacy" / "ledger-abc.json").write_text('{"eps": 0.7}')
+    h2 = privacy_ledger_hash(tmp_path)
+    assert h1 and h2 and h1 != h2
+    shared = tmp_path / "dp-ledgers"
+    shared.mkdir()
+    (shared / "ledger-def.json").write_text("{}")
+    assert privacy_ledger_hash(tmp_path, shared) not in (None, h2)

@@ -34,9 +34,15 @@ class NoSiteRuntime(RuntimeError):
     """The gate was built without a way to find the site: nothing may leave."""
 
 
-def privacy_ledger_hash(state_dir: Path) -> str | None:
-    """sha256 over the site's DP ledger files (``<state_dir>/privacy/ledger-*.json``), binding the two ledgers."""
+def privacy_ledger_hash(state_dir: Path, ledger_dir: str | Path | None = None) -> str | None:
+    """sha256 over the site's DP ledger files, binding the privacy ledger's state to every upload entry.
+
+    ``<state_dir>/privacy/ledger-*.json``, or ``<ledger_dir>/ledger-*.json`` when the run keeps DP ledgers in a
+    persistent folder (``[dp] ledger_dir``); ``None`` when the site trains without DP.
+    """
     files = sorted(Path(state_dir).glob("privacy/ledger-*.json"))
+    if ledger_dir:
+        files += sorted(Path(ledger_dir).glob("ledger-*.json"))
     if not files:
         return None
     h = hashlib.sha256()
@@ -65,7 +71,7 @@ def site_audit_context(rt, policy: GatePolicy = FEDERATION_POLICY, server_public
         ledger=ledger,
         policy=policy,
         propensities=propensities,
-        privacy_ledger_hash=lambda: privacy_ledger_hash(rt.state.dir),
+        privacy_ledger_hash=lambda: privacy_ledger_hash(rt.state.dir, getattr(getattr(getattr(rt, "cfg", None), "dp", None), "ledger_dir", None)),
         server_public_key=server_public_key,
     )
 
