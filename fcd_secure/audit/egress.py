@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from flwr.app import Context, Message
 
-from fcd_secure.audit.gate import GatePolicy, SiteAuditContext, make_egress_gate
+from fcd_secure.audit.gate import RECEIPTS_MESSAGE_TYPE, GatePolicy, SiteAuditContext, make_egress_gate
 from fcd_secure.audit.ledger import SITE_LEDGER_FILE, SiteLedger
 
 #: What the federation's own messages may carry besides Θc (client_app.py, flows.py, evaluation.py).
@@ -74,6 +74,23 @@ def site_audit_context(rt, policy: GatePolicy = FEDERATION_POLICY, server_public
         privacy_ledger_hash=lambda: privacy_ledger_hash(rt.state.dir, getattr(getattr(getattr(rt, "cfg", None), "dp", None), "ledger_dir", None)),
         server_public_key=server_public_key,
     )
+
+
+def register_receipts_action(app) -> None:
+    """Register the ``query.audit_receipts`` action on a ``ClientApp``.
+
+    Flower dispatches only registered message types, and builds its own error reply (with exception text, outside
+    every mod) for anything else, so the closing receipts message needs a registered handler. The gate answers
+    that message itself and never calls it; without a gate the handler refuses, so nothing is acknowledged
+    that no ledger recorded.
+    """
+    category, action = RECEIPTS_MESSAGE_TYPE.split(".")
+    if category != "query":  # pragma: no cover - guards a change of the constant
+        raise ValueError(RECEIPTS_MESSAGE_TYPE)
+
+    @app.query(action)
+    def audit_receipts(msg: Message, context: Context) -> Message:
+        raise NoSiteRuntime("audit receipts reached a ClientApp without the egress gate")
 
 
 def make_egress_gate_mod(runtime_getter: Callable[[Message, Context], object] | None, policy: GatePolicy | None = None):

@@ -474,9 +474,13 @@ def verify_path(path: str | Path, *, site_keys: list[str] | None = None, server_
     if site_paths and server_paths:
         for mid, (lab, seq, ln) in server_seen.items():
             if mid not in site_mids:
+                why = "(an upload was hidden or a site entry deleted)"
+                if server_by_mid[mid].get("is_error"):
+                    why = ("(an error reply the site's gate never saw: the Flower runtime builds these before dispatch, "
+                           "e.g. for an unregistered message type, and they carry exception text)")
                 res.findings.append(Finding("tampered", lab, seq, ln,
-                    f"entry seq {seq} (line {ln}): the server received message {str(mid)[:16]} which no site ledger records "
-                    "(an upload was hidden or a site entry deleted)"))
+                    f"entry seq {seq} (line {ln}): the server received message {str(mid)[:16]} from node "
+                    f"{server_by_mid[mid].get('node_id')} which no site ledger records {why}"))
     for s in res.ledgers:
         if not s.key_pinned:
             res.findings.append(Finding("note", s.path, None, None, f"{s.role} key {s.key_fingerprint} was not pinned: signatures prove one writer, not which"))
