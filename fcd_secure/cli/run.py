@@ -195,7 +195,7 @@ def register(app: typer.Typer) -> None:
         sync: Optional[str] = typer.Option(None, "--sync", help="dss (only Θc leaves a site; the paper's method) | full (every parameter; w/o-DSS ablation)."),
         eval_every: Optional[int] = typer.Option(None, "--eval-every", min=0, help="Cheap federated PEHE every N rounds (0: only at the end)."),
         config_file: Optional[Path] = typer.Option(None, "--config", exists=True, dir_okay=False, help="A run config (TOML/JSON, e.g. a run folder's config.toml); options override it."),
-        state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="Per-site state + server checkpoint (default <out>.state). Reuse it to resume a killed run."),
+        state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="Per-site state, server checkpoint, audit ledgers (default <out>/state). Reuse it to resume a killed run."),
         out: Optional[Path] = typer.Option(None, "--out", help="Run folder (default runs/<timestamp>-<dataset>-seed<seed>/)."),
         as_json: bool = typer.Option(False, "--json", help="Print summary.json on stdout instead of the table."),
     ) -> None:

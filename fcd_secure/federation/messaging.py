@@ -95,8 +95,10 @@ class Comm:
     server after the hello exchange; accounting is keyed by site id.
     """
 
-    def __init__(self, grid: Grid, *, poll_s: float = 0.02, ledger: TrafficLedger | None = None) -> None:
+    def __init__(self, grid: Grid, *, poll_s: float = 0.02, ledger: TrafficLedger | None = None, audit=None) -> None:
         self.grid = grid
+        #: ``fcd_secure.audit.server.ServerAudit`` (or None): receipts ride on downlinks, every reply is recorded
+        self.audit = audit
         self.poll_s = poll_s
         self.ledger = ledger if ledger is not None else TrafficLedger()
         self.site_of: dict[int, str] = {}
@@ -128,6 +130,8 @@ class Comm:
                 content = RecordDict(dict(contents.items()))  # a fresh container per message, records shared
             else:
                 content = contents[nid]
+            if self.audit is not None:
+                content = self.audit.attach(nid, content)
             msg = Message(content, nid, message_type, group_id=str(rnd))
             payload, whole = message_sizes(msg)
             self.ledger.add(TrafficRecord(rnd, message_type, nid, self._site(nid), "down", payload, whole, True))
@@ -146,6 +150,8 @@ class Comm:
                     continue  # a reply to something we no longer wait for
                 payload, whole = message_sizes(reply)
                 ok = not reply.has_error()
+                if self.audit is not None:
+                    self.audit.on_reply(reply, self._site(nid))
                 self.ledger.add(TrafficRecord(rnd, message_type, nid, self._site(nid), "up", payload, whole, ok))
                 replies[nid] = reply
             if waiting:

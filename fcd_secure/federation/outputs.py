@@ -10,18 +10,16 @@
   ``pehe_vs_round.png``                 paper Fig. 3 (oracle PEHE vs round; DKT-Synth only)
   ``utility_vs_uplink.png``             paper Fig. 4 (utility vs cumulative uplink MB)
 
-Files are written to a temporary sibling folder and moved into place at the end, so a failed write never leaves a
-half-finished run folder.
+  ``state/``                            per-site state, server checkpoint and audit ledgers (simulation default)
+
+Each file is written atomically and ``summary.json`` last: a folder without it is an unfinished run.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import platform
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -109,32 +107,32 @@ def build_summary(cfg: RunConfig, result, engine: str) -> dict[str, Any]:
     return _jsonable(summary)
 
 
+def _atomic_text(path: Path, text: str | bytes) -> None:
+    from fcd_secure.federation.state import atomic_write_bytes  # noqa: PLC0415
+
+    atomic_write_bytes(path, text.encode() if isinstance(text, str) else text)
+
+
 def write_run_folder(out: str | Path, cfg: RunConfig, result, engine: str = "flower") -> Path:
-    """Write the run folder atomically (temp folder + rename); returns its path."""
-    from fcd_secure.federation.flows import arrays_to_record  # noqa: F401,PLC0415
+    """Write the run folder: each file atomically, ``summary.json`` last (its presence means the folder is
+    complete; the run's ``state/`` may live in the same folder, so the folder itself is never replaced)."""
     from fcd_secure.federation.state import npz_bytes  # noqa: PLC0415
 
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        (tmp / "config.toml").write_text(cfg.to_toml())
-        (tmp / "config.json").write_text(cfg.model_dump_json(indent=2))
-        (tmp / "theta_c.npz").write_bytes(npz_bytes(result.theta))
-        (tmp / "manifest.json").write_text(result.manifest.to_json())
-        rounds = pd.DataFrame(result.history)
-        rounds.to_csv(tmp / "rounds.csv", index=False)
-        (tmp / "rounds.json").write_text(json.dumps(_jsonable(result.history), indent=1))
-        pd.DataFrame(result.traffic_rows).to_csv(tmp / "traffic.csv", index=False)
-        summary = build_summary(cfg, result, engine)
-        (tmp / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False))
-        _plots(tmp, result.history, summary)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    out.mkdir(parents=True, exist_ok=True)
+    summary_path = out / "summary.json"
+    if summary_path.exists():
+        summary_path.unlink()  # the old summary would vouch for a mix of old and new files
+    _atomic_text(out / "config.toml", cfg.to_toml())
+    _atomic_text(out / "config.json", cfg.model_dump_json(indent=2))
+    _atomic_text(out / "theta_c.npz", npz_bytes(result.theta))
+    _atomic_text(out / "manifest.json", result.manifest.to_json())
+    _atomic_text(out / "rounds.csv", pd.DataFrame(result.history).to_csv(index=False))
+    _atomic_text(out / "rounds.json", json.dumps(_jsonable(result.history), indent=1))
+    _atomic_text(out / "traffic.csv", pd.DataFrame(result.traffic_rows).to_csv(index=False))
+    summary = build_summary(cfg, result, engine)
+    _plots(out, result.history, summary)
+    _atomic_text(summary_path, json.dumps(summary, indent=2, ensure_ascii=False))
     return out
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 from flwr.app import Context
@@ -28,7 +29,7 @@ from fcd_secure.federation.flows import make_flow
 from fcd_secure.federation.learner import FULL, THETA_C
 from fcd_secure.federation.messaging import Comm
 from fcd_secure.federation.sampler import ClientSampler
-from fcd_secure.federation.state import ServerCheckpoint, StateError
+from fcd_secure.federation.state import SERVER_DIR, ServerCheckpoint, StateError
 
 ProgressHook = Callable[[str, dict], None]
 
@@ -105,6 +106,18 @@ def hello(comm: Comm, node_ids: list[int], timeout_s: float, n_sites: int) -> li
     return infos
 
 
+def _server_audit(cfg: RunConfig):
+    """The server half of the audit (server ledger + receipts), kept under ``<state_dir>/_server/audit``."""
+    if not cfg.state_dir:
+        return None
+    try:
+        from fcd_secure.audit.server import ServerAudit, load_or_create_identity_key  # noqa: PLC0415
+    except ModuleNotFoundError:
+        return None
+    root = Path(cfg.state_dir) / SERVER_DIR
+    return ServerAudit(root / "audit", load_or_create_identity_key(root / "identity_ed25519.key"))
+
+
 def run_federation(grid: Grid, cfg: RunConfig, progress: ProgressHook | None = None) -> FederationResult:
     from fcd_secure.federation.evaluation import evaluate_federated  # noqa: PLC0415
 
@@ -112,7 +125,7 @@ def run_federation(grid: Grid, cfg: RunConfig, progress: ProgressHook | None = N
     fed = cfg.federation
     n_sites = cfg.data.n_sites
     say = progress or (lambda _event, _info: None)
-    comm = Comm(grid, poll_s=fed.poll_s)
+    comm = Comm(grid, poll_s=fed.poll_s, audit=_server_audit(cfg))
     nodes = wait_for_nodes(grid, n_sites, fed.node_wait_s)
     sites = hello(comm, nodes[:n_sites] if len(nodes) == n_sites else nodes, fed.round_timeout_s, n_sites)
     order = [s.node_id for s in sites]
@@ -193,6 +206,11 @@ def run_federation(grid: Grid, cfg: RunConfig, progress: ProgressHook | None = N
 
     say("evaluating", {})
     final_eval = evaluate_federated(comm, order, theta, cfg, part, quick=False, sites=sites)
+    if comm.audit is not None:  # close the sites' ledgers: the receipts still owed, in one last message each
+        from fcd_secure.audit.server import RECEIPTS_MESSAGE_TYPE  # noqa: PLC0415
+
+        comm.round = fed.rounds + 1
+        comm.send(comm.audit.owed_nodes(), RECEIPTS_MESSAGE_TYPE, comm.audit.final_contents(), fed.round_timeout_s)
     return FederationResult(
         theta=theta,
         part=part,

@@ -64,7 +64,7 @@ def run_simulated(cfg: RunConfig, progress=None, num_cpus: int | None = None):
     logging.getLogger("flwr").setLevel(logging.ERROR)  # flwr sets DEBUG on its logger when imported
 
     if cfg.state_dir is None:
-        root = Path(cfg.out).with_name(Path(cfg.out).name + ".state") if cfg.out else Path(tempfile.mkdtemp(prefix="fcd-state-"))
+        root = Path(cfg.out) / "state" if cfg.out else Path(tempfile.mkdtemp(prefix="fcd-state-"))
         cfg = cfg.model_copy(update={"state_dir": str(root)})
     Path(cfg.state_dir).mkdir(parents=True, exist_ok=True)
     if cfg.federation.secure_aggregation:
