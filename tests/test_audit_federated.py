@@ -67,6 +67,15 @@ def test_default_run_ledgers_verify_clean_and_match_communication_accounting(fed
         assert entry["status"] == "sent"
         assert {t["name"] for t in entry["tensors"]} == theta_c
 
+    if list(state.rglob("server_ledger.jsonl")):
+        # the server's own ledger and its receipts reconcile with the sites', byte for byte
+        assert res.server_totals["payload_bytes"] == res.totals()["payload_bytes"]
+        assert res.server_totals["message_bytes"] == res.totals()["message_bytes"]
+        for summary in res.ledgers:
+            if summary.role == "site":
+                assert summary.receipts == summary.uploads_sent + summary.uploads_refused + summary.uploads_error - 1
+                assert summary.unreceipted == 1  # only the acknowledgement of the closing receipts message
+
     cli = CliRunner().invoke(app, ["audit", "verify", str(state), "--json"])
     assert cli.exit_code == 0, cli.output
     assert json.loads(cli.stdout)["data"]["totals"]["payload_bytes"] == res.totals()["payload_bytes"]
