@@ -143,6 +143,23 @@ def test_shamir_any_t_shares_reconstruct_and_fewer_do_not(t, n):
     assert shamir.combine(fake, t) != secret
 
 
+def test_shamir_is_interoperable_with_pycryptodome_both_ways():
+    from Crypto.Protocol.SecretSharing import Shamir, _Element
+
+    rng = np.random.default_rng(7)
+    for _ in range(30):  # the field arithmetic itself, against pycryptodome's element type
+        a, b = (int.from_bytes(rng.bytes(16), "big") for _ in range(2))
+        assert shamir.gf_mul(a, b) == int(_Element(a) * _Element(b))
+        assert shamir.gf_mul(a, shamir.gf_inv(a)) == 1
+    secret = bytes(rng.bytes(32))
+    ours = shamir.split(secret, 4, 7)
+    assert Shamir.combine([(i, s[:16]) for i, s in ours[2:6]]) == secret[:16]
+    assert Shamir.combine([(i, s[16:]) for i, s in ours[1:5]]) == secret[16:]
+    lo, hi = Shamir.split(4, 7, secret[:16]), Shamir.split(4, 7, secret[16:])
+    theirs = [(i, a + b) for (i, a), (_, b) in zip(lo, hi)]
+    assert shamir.combine(theirs[3:], 4) == secret
+
+
 def test_shamir_refuses_other_secret_lengths():
     with pytest.raises(ValueError):
         shamir.split(b"x" * 31, 2, 3)

@@ -101,15 +101,17 @@ class VectorLayout:
         desc = {"tensors": [[n, list(s)] for n, s in self.tensors], "metrics": list(self.metrics), "v": 1}
         return hashlib.sha256(json.dumps(desc, separators=(",", ":")).encode()).digest()
 
-    def flatten(self, arrays: Mapping[str, np.ndarray]) -> np.ndarray:
-        """Θc in manifest order as float64; refuses private, unknown, missing, misshapen or non-finite input."""
+    def flatten(self, arrays: Mapping[str, np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
+        """Θc in manifest order as float64 (written into ``out`` if given); refuses private, unknown, missing,
+        misshapen or non-finite input, naming the tensor."""
         names = {n for n, _ in self.tensors}
         for name in arrays:
             if name in self.private_names:
                 raise EncodingError(f"tensor {name!r} is site-private (theta_s) and may never be aggregated (P15)")
             if name not in names:
                 raise EncodingError(f"tensor {name!r} is not a shared (theta_c) tensor of this layout (P15)")
-        parts = []
+        flat = np.empty(self.n_params, dtype=np.float64) if out is None else out
+        pos = 0
         for name, shape in self.tensors:
             if name not in arrays:
                 raise EncodingError(f"tensor {name!r} is missing from the update")
@@ -118,10 +120,16 @@ class VectorLayout:
                 raise EncodingError(f"tensor {name!r} has shape {tuple(a.shape)}, the manifest says {shape}")
             if not np.issubdtype(a.dtype, np.floating):
                 raise EncodingError(f"tensor {name!r} has dtype {a.dtype}, expected a float type")
-            if not np.isfinite(a).all():
-                raise EncodingError(f"tensor {name!r} holds NaN or inf")
-            parts.append(a.reshape(-1).astype(np.float64, copy=False))
-        return np.concatenate(parts)
+            k = a.size
+            flat[pos : pos + k] = a.reshape(-1)
+            pos += k
+        if not np.isfinite(flat).all():
+            bad = int(np.flatnonzero(~np.isfinite(flat))[0])
+            for name, shape in self.tensors:
+                if bad < math.prod(shape):
+                    raise EncodingError(f"tensor {name!r} holds NaN or inf")
+                bad -= math.prod(shape)
+        return flat
 
     def unflatten(self, flat: np.ndarray, dtype: Any = np.float64) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
@@ -143,15 +151,8 @@ def theta_hash(layout: VectorLayout, arrays: Mapping[str, np.ndarray]) -> bytes:
     return h.digest()
 
 
-def _to_words(q: np.ndarray) -> np.ndarray:
-    # int64 -> uint32 two's complement: the natural wrap of uint32 addition does the modular sum
-    return (q & 0xFFFFFFFF).astype(np.uint32)
-
-
 def _to_signed(words: np.ndarray) -> np.ndarray:
-    v = words.astype(np.int64)
-    v[v >= 1 << 31] -= 1 << 32
-    return v
+    return words.view(np.int32).astype(np.int64)  # the modular sum read as a two's-complement integer
 
 
 def encode(
@@ -172,18 +173,23 @@ def encode(
     metrics = dict(metrics or {})
     if set(metrics) != set(layout.metrics):
         raise EncodingError(f"metrics {sorted(metrics)} do not match the layout's {list(layout.metrics)}")
-    flat = layout.flatten(arrays)
     mvals = np.array([float(metrics[k]) for k in layout.metrics], dtype=np.float64)
     if not np.isfinite(mvals).all():
         raise EncodingError("a metric is NaN or inf")
-    values = np.concatenate([mvals, flat])
-    clipped = int(np.count_nonzero(np.abs(values) > policy.clip))
-    w = n / policy.max_weight
-    q = np.rint(np.clip(values, -policy.clip, policy.clip) * (w * policy.scale)).astype(np.int64)
+    # one float64 work buffer, transformed in place (the vector can be 1e7 values; each pass costs)
+    values = np.empty(layout.length - HEADER_WORDS, dtype=np.float64)
+    values[: len(mvals)] = mvals
+    layout.flatten(arrays, out=values[len(mvals) :])
+    clipped = int(np.count_nonzero(values > policy.clip)) + int(np.count_nonzero(values < -policy.clip))
+    np.clip(values, -policy.clip, policy.clip, out=values)
+    np.multiply(values, (n / policy.max_weight) * policy.scale, out=values)
+    np.rint(values, out=values)
     out = np.empty(layout.length, dtype=np.uint32)
     out[0] = n
     out[1] = clipped
-    out[HEADER_WORDS:] = _to_words(q)
+    # |value| <= clip * 2**scale_bits < 2**31 (policy validation), so int32 holds it; its bits are the
+    # two's-complement word mod 2**32
+    out[HEADER_WORDS:] = values.astype(np.int32).view(np.uint32)
     return out
 
 

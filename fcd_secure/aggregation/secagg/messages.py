@@ -357,7 +357,7 @@ class MaskedInput:
         w.text(self.site_id)
         v = np.ascontiguousarray(self.vector, dtype="<u4")
         w.u64(v.shape[0])
-        w.parts.append(v.tobytes())
+        w.parts.append(memoryview(v).cast("B"))  # joined once by done(), not copied twice
         return w.done()
 
     @classmethod
@@ -369,9 +369,13 @@ class MaskedInput:
             raise ProtocolError(f"vector of {n} words exceeds {MAX_VECTOR_WORDS}")
         if expect_len is not None and n != expect_len:
             raise ProtocolError(f"vector has {n} words, the round needs {expect_len}")
-        raw = r.take(4 * n, "vector")
+        if r.pos + 4 * n > len(r.data):
+            raise ProtocolError("message truncated while reading vector")
+        # a read-only view on the received bytes: no copy of a vector that may be tens of MB
+        vec = np.frombuffer(r.data, dtype="<u4", count=n, offset=r.pos)
+        r.pos += 4 * n
         r.end()
-        return cls(h.session_id, h.round_id, site, np.frombuffer(raw, dtype="<u4").astype(np.uint32))
+        return cls(h.session_id, h.round_id, site, vec)
 
 
 @dataclass(frozen=True)
