@@ -231,3 +231,64 @@ def test_tiny_run_secure_equals_plain_fedavg_within_the_quantisation_bound(tmp_p
     moved = max(float(np.abs(plain.theta_c[k] - sink["global"][k]).max()) for k in plain.theta_c)
     assert moved > 10 * bound  # the round really trained: the comparison is not between two copies of the start
     assert secure.metrics["train_loss"] == pytest.approx(plain.metrics["train_loss"], rel=1e-3)
+
+
+# -- configuration of the carrier (no simulation needed) ------------------------------------------------------------
+def test_roster_provisioning_is_idempotent_and_loads_back(tmp_path):
+    from fcd_secure.aggregation.secagg.keys import ed25519_public
+    from fcd_secure.federation.secure_flow import ROSTER_FILE, load_roster, provision_roster
+    from fcd_secure.federation.state import SiteState
+
+    sites = ["site-00", "site-01", "site-02"]
+    first = provision_roster(tmp_path, sites)
+    again = provision_roster(tmp_path, sites)
+    assert first == again == load_roster(tmp_path / ROSTER_FILE)
+    for s in sites:  # the roster pins exactly the key each site keeps in its own state
+        assert first[s] == ed25519_public(SiteState(tmp_path, s).identity_private_key())
+
+
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("not json", "not valid JSON"),
+        ('{"sites": {}}', "non-empty"),
+        ('{"sites": {"site-00": "zz"}}', "'site-00' is not hex"),
+        ('{"sites": {"site-00": "abcd"}}', "32-byte"),
+    ],
+)
+def test_bad_roster_files_are_refused_naming_file_and_entry(tmp_path, text, match):
+    from fcd_secure.federation.secure_flow import SecureAggregationConfigError, load_roster
+
+    p = tmp_path / "roster.json"
+    p.write_text(text)
+    with pytest.raises(SecureAggregationConfigError, match=match) as err:
+        load_roster(p)
+    assert str(p) in str(err.value)
+    with pytest.raises(SecureAggregationConfigError, match="cannot read"):
+        load_roster(tmp_path / "missing.json")
+
+
+def test_site_policy_file_is_validated(tmp_path):
+    from fcd_secure.federation.secure_flow import SecureAggregationConfigError, load_policy
+
+    good = tmp_path / "policy.toml"
+    good.write_text("[secagg]\nmin_sites = 4\nthreshold_rule = 'two_thirds'\n")
+    pol = load_policy(good)
+    assert pol.min_sites == 4 and pol.min_threshold(9) == 7
+    bad = tmp_path / "weak.toml"
+    bad.write_text("min_sites = 2\n")
+    with pytest.raises(SecureAggregationConfigError, match="weak.toml"):
+        load_policy(bad)
+
+
+def test_secure_flow_refuses_theta_s_sync_and_too_few_sites_per_round():
+    from fcd_secure.config import build_config
+    from fcd_secure.federation.secure_flow import SecureAggregationConfigError, SecureAggregationFlow
+
+    with pytest.raises(SecureAggregationConfigError, match="P15"):
+        SecureAggregationFlow.from_config(build_config("tiny", {"federation": {"sync": "full", "secure_aggregation": True}}))
+    with pytest.raises(SecureAggregationConfigError, match="P10"):
+        SecureAggregationFlow.from_config(
+            build_config("tiny", {"data": {"n_sites": 4}, "federation": {"clients_per_round": 2, "secure_aggregation": True}})
+        )
+    assert SecureAggregationFlow.from_config(build_config("tiny", {"federation": {"secure_aggregation": True}})).policy.min_sites == 3
