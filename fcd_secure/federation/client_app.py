@@ -6,6 +6,7 @@ Actions (message types):
   server can build the initial global Θc; no counts, no data.
 * ``train``: plain DSS round (``flows.PlainFedAvgFlow``): global Θc in, locally trained Θc + sample count out.
 * ``query.evaluate``: federated evaluation; only aggregate sums leave (``federation.evaluation``).
+* ``query.audit_receipts``: the server's closing receipts (answered by the audit egress gate itself);
 * the secure-aggregation actions of ``fcd_secure.federation.secure_flow`` (registered by its
   ``register_client_actions`` when secure mode is on; see ``_register_secure_actions``).
 
@@ -101,6 +102,7 @@ def make_client_app(cfg: RunConfig | None = None) -> ClientApp:
         return Message(RecordDict({REC_EVAL: MetricRecord({k: _metric(v) for k, v in sums.items()})}), reply_to=msg)
 
     _register_secure_actions(app, get_runtime, cfg)
+    _register_audit_actions(app)
     return app
 
 
@@ -117,6 +119,17 @@ def _register_secure_actions(app: ClientApp, get_runtime: Callable[[Message, Con
             raise
         return
     secure_flow.register_client_actions(app, get_runtime)
+
+
+def _register_audit_actions(app: ClientApp) -> None:
+    """The closing ``query.audit_receipts`` message needs a registered type (the egress gate answers it)."""
+    try:
+        egress = importlib.import_module("fcd_secure.audit.egress")
+    except ModuleNotFoundError as exc:
+        if exc.name != "fcd_secure.audit.egress":
+            raise
+        return
+    egress.register_receipts_action(app)
 
 
 #: Deployment entry point (``clientapp = "fcd_secure.federation.client_app:app"``).

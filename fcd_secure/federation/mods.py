@@ -4,12 +4,13 @@
   ``str(exception)`` and, under simulation, the full traceback (../shared/research/flower-runtime.md §0.9): a
   ``KeyError`` on a patient id would leave the site. The guard replaces every exception by a generic error
   reply with a fixed reason; nothing about the exception leaves.
-* the audit egress gate (``fcd_secure.audit``) must be outermost so that it sees exactly what leaves; it is
-  added here when that module provides it.
+* the audit egress gate (``fcd_secure.audit.egress.make_egress_gate_mod``) is outermost so that it sees exactly
+  what leaves (it also turns exceptions into generic errors and records every reply in the site ledger).
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from collections.abc import Callable
@@ -49,8 +50,10 @@ def client_mods(runtime_getter: Callable | None = None) -> list:
 def _egress_gate(runtime_getter: Callable | None):
     """The audit helper's egress gate mod, if ``fcd_secure.audit.egress`` provides ``egress_gate_mod``."""
     try:
-        from fcd_secure.audit import egress  # noqa: PLC0415  (optional until the audit layer lands)
-    except ImportError:
+        egress = importlib.import_module("fcd_secure.audit.egress")
+    except ModuleNotFoundError as exc:
+        if exc.name != "fcd_secure.audit.egress":
+            raise
         return None
     factory = getattr(egress, "make_egress_gate_mod", None)
     if factory is not None:
