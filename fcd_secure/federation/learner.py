@@ -150,3 +150,30 @@ def round_seed(seed: int, server_round: int, site_index: int, salt: int = 0) -> 
     """A per-(run, round, site) seed: independent streams, reproducible, never shared between sites."""
     ss = np.random.SeedSequence([int(seed) & 0xFFFFFFFF, int(server_round), int(site_index), int(salt)])
     return int(ss.generate_state(1, dtype=np.uint32)[0])
+
+
+def train_local_dp(
+    model, ds: SiteDataset, cfg: RunConfig, site_index: int, n_sites: int, epochs: int, seed: int, optimizer,
+    state_dir, server_round: int,
+) -> dict:
+    """The same local step under DP-SGD (``fcd_secure.privacy``): the site's write-ahead privacy ledger lives in its
+    state directory; a round that does not fit the site's budget raises ``BudgetExceeded`` before any data is
+    touched (the site then answers with an error and is counted as a failure for that round).
+
+    σ is planned for ``federation.rounds`` rounds of ``local_epochs`` (every round, as if the site were sampled
+    each time: conservative under 5-of-10 sampling, whose amplification is not claimed).
+    """
+    from fcd_secure.privacy.engine import DPSite, train_round_private  # noqa: PLC0415
+    from fcd_secure.privacy.ledger import dataset_fingerprint  # noqa: PLC0415
+
+    ds = ds.without_propensities()
+    mc = model_config(cfg)
+    site = DPSite(
+        state_dir, dataset_fingerprint(ds), cfg.dp, ds.n, cfg.federation.rounds, epochs, mc.batch_size,
+        run_id=cfg.training_hash()[:16],
+    )
+    return dict(
+        train_round_private(
+            site, model, ds, mc, site_index, n_sites, epochs=epochs, seed=seed, optimizer=optimizer, round_id=server_round
+        )
+    )
