@@ -67,15 +67,25 @@ def test_default_run_ledgers_verify_clean_and_match_communication_accounting(fed
         assert entry["status"] == "sent"
         assert {t["name"] for t in entry["tensors"]} == theta_c
 
-    if list(state.rglob("server_ledger.jsonl")):
-        # the server's own ledger and its receipts reconcile with the sites', byte for byte
-        assert res.server_totals["payload_bytes"] == res.totals()["payload_bytes"]
-        assert res.server_totals["message_bytes"] == res.totals()["message_bytes"]
-        for summary in res.ledgers:
-            if summary.role == "site":
-                assert summary.receipts == summary.uploads_sent + summary.uploads_refused + summary.uploads_error - 1
-                assert summary.unreceipted == 1  # only the acknowledgement of the closing receipts message
+    assert len(list(state.rglob("server_ledger.jsonl"))) == 1
+    # the server's own ledger and its receipts reconcile with the sites', byte for byte
+    assert res.server_totals["payload_bytes"] == res.totals()["payload_bytes"]
+    assert res.server_totals["message_bytes"] == res.totals()["message_bytes"]
+    for summary in res.ledgers:
+        if summary.role == "site":
+            assert summary.receipts == summary.uploads_sent + summary.uploads_refused + summary.uploads_error - 1
+            assert summary.unreceipted == 1  # only the acknowledgement of the closing receipts message
 
-    cli = CliRunner().invoke(app, ["audit", "verify", str(state), "--json"])
+    # pinned to the identity keys the sites and the server hold (read from the key files, not from the evidence)
+    from fcd_secure.audit.ledger import fingerprint, public_key_bytes
+
+    pins = []
+    for key_file in sorted(state.rglob("identity_ed25519.key")):
+        flag = "--server-key" if key_file.parent.name == "_server" else "--site-key"
+        pins += [flag, fingerprint(public_key_bytes(key_file.read_bytes()))]
+    assert pins.count("--server-key") == 1 and pins.count("--site-key") == 2
+    cli = CliRunner().invoke(app, ["audit", "verify", str(state), "--json", *pins])
     assert cli.exit_code == 0, cli.output
-    assert json.loads(cli.stdout)["data"]["totals"]["payload_bytes"] == res.totals()["payload_bytes"]
+    env = json.loads(cli.stdout)
+    assert env["data"]["totals"]["payload_bytes"] == res.totals()["payload_bytes"]
+    assert all(l["key_pinned"] for l in env["data"]["ledgers"])

@@ -264,7 +264,7 @@ def test_receipts_action_is_answered_by_the_gate_inside_a_real_clientapp(tmp_pat
     ack = app(server.downlink(RECEIPTS_MESSAGE_TYPE, 1, 11), context(11))
     assert ack.has_content() and not ack.has_error()
     kinds = [l["kind"] for l in site.ledger.lines()]
-    assert kinds[-3:] == ["receipt", "checkpoint", "upload"]
+    assert kinds[-3:] == ["receipt", "upload", "checkpoint"]
     bare = ClientApp()
     register_receipts_action(bare)
     with pytest.raises(Exception):

@@ -103,7 +103,7 @@ class Server:
 
     def __init__(self, root: Path) -> None:
         self.key = load_or_create_identity_key(root / "server" / "identity_ed25519.key")
-        self.audit = ServerAudit(root / "server", self.key)
+        self.audit = ServerAudit(root / "server" / "audit", self.key)
         self.ledger = self.audit.ledger
         self._final: dict | None = None
 
@@ -131,11 +131,11 @@ def run_rounds(root: Path, n_sites: int = 2, rounds: int = 3) -> tuple[list[Site
             reply = s.send(server.downlink("train", r, 100 + i))
             assert reply.has_content()
             server.receive(reply, s.site_id)
-        server.audit.checkpoint(r)
     for i, s in enumerate(sites):
         ack = s.send(server.downlink(RECEIPTS_MESSAGE_TYPE, rounds, 100 + i), handler=lambda m, c: None)
         assert ack.has_content()
         server.receive(ack, s.site_id)
+    server.audit.close()
     return sites, server
 
 

@@ -333,9 +333,9 @@ def make_egress_gate(get_site: Callable[..., SiteAuditContext]) -> Callable[[Mes
             _take_receipts(msg, ctx)
             if msg.metadata.message_type == RECEIPTS_MESSAGE_TYPE:
                 # the dedicated receipts message after the last round: store, close every open round, ack empty
-                _close_rounds(ctx, None)
                 reply = Message(RecordDict(), reply_to=msg)
                 _record(ctx, reply, "sent", manifest)
+                _close_rounds(ctx, None)  # after the ack's own entry, so every upload is under a checkpoint
                 return reply
             if rnd is not None:
                 _close_rounds(ctx, rnd)

@@ -8,7 +8,9 @@ site cannot hide an upload (the server holds a receipt and its own ledger entry)
   ``content["fcd.audit.receipts"]``; the site's gate strips and stores them before any handler sees the message;
 * ``audit.on_reply(reply, site_id)`` on every reply pulled (content, refusals and errors alike);
 * after the last round, one ``query.audit_receipts`` message per node with pending receipts
-  (:meth:`ServerAudit.final_contents`); the gate answers it itself and signs the last checkpoint.
+  (:meth:`ServerAudit.final_contents`); the gate answers it itself and signs the site's last checkpoint; then
+  :meth:`ServerAudit.close` signs the server's last checkpoint (earlier rounds are closed automatically when a
+  reply of a later round arrives).
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.app import ConfigRecord, Message, RecordDict
 
+from fcd_secure.audit.accounting import round_of
 from fcd_secure.audit.gate import RECEIPTS_MESSAGE_TYPE
-from fcd_secure.audit.ledger import RECEIPTS_RECORD, ServerLedger, receipts_to_record
+from fcd_secure.audit.ledger import RECEIPTS_RECORD, SERVER_LEDGER_FILE, ServerLedger, receipts_to_record
 
 __all__ = ["RECEIPTS_MESSAGE_TYPE", "ServerAudit", "load_or_create_identity_key"]
 
@@ -48,8 +51,10 @@ class ServerAudit:
     """Server ledger plus the receipts still owed to each node."""
 
     def __init__(self, ledger_dir: str | Path, identity_key: bytes, server_id: str = "server") -> None:
-        self.ledger = ServerLedger.open(ledger_dir, identity_key, server_id)
+        """``ledger_dir``: the folder that holds ``server_ledger.jsonl`` (e.g. ``<state_dir>/_server/audit``)."""
+        self.ledger = ServerLedger(Path(ledger_dir) / SERVER_LEDGER_FILE, identity_key, writer_id=server_id)
         self._pending: dict[int, list[dict]] = {}
+        self._open_rounds: set[int] = set()
 
     @property
     def fingerprint(self) -> str:
@@ -57,6 +62,12 @@ class ServerAudit:
 
     def on_reply(self, reply: Message, site_id: str | None = None) -> dict:
         """Record one received reply in the server ledger; queue and return its signed receipt."""
+        rnd = round_of(reply)
+        if rnd is not None:
+            # a reply of a later round means every earlier round is over: sign its checkpoint (as the site gate does)
+            for r in sorted(x for x in self._open_rounds if x < rnd):
+                self.checkpoint(r)
+            self._open_rounds.add(rnd)
         receipt = self.ledger.accept(reply, site_id)
         self._pending.setdefault(int(reply.metadata.src_node_id), []).append(receipt)
         return receipt
@@ -78,4 +89,11 @@ class ServerAudit:
         return {n: self.attach(n, RecordDict({"config": ConfigRecord({"final": True})})) for n in self.owed_nodes()}
 
     def checkpoint(self, round: int) -> dict | None:
+        """Sign the checkpoint closing ``round`` (idempotent)."""
+        self._open_rounds.discard(round)
         return self.ledger.checkpoint(round)
+
+    def close(self) -> None:
+        """Sign the checkpoints of every round still open. Call once the closing receipts message is answered."""
+        for r in sorted(self._open_rounds):
+            self.checkpoint(r)

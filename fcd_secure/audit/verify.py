@@ -414,6 +414,10 @@ def verify_path(path: str | Path, *, site_keys: list[str] | None = None, server_
                 summ.message_bytes += int(l.get("message_bytes", 0))
             elif l.get("kind") == "checkpoint":
                 summ.checkpoints += 1
+        rounds = {l.get("round") for l in ch.lines if l.get("kind") == "received" and l.get("round") is not None}
+        closed = {l.get("round") for l in ch.lines if l.get("kind") == "checkpoint"}
+        for r in sorted(rounds - closed):
+            res.findings.append(Finding("note", label(sp), None, None, f"round {r} has no signed checkpoint yet"))
         res.ledgers.append(summ)
     res.server_totals = {
         "messages": len(server_by_mid),
