@@ -222,7 +222,7 @@ def test_an_intact_ledger_recording_a_breach_is_a_violation(tmp_path):
 
 def test_bytes_beyond_the_layout_are_a_violation(tmp_path):
     from fcd_secure.audit.gate import ManifestView
-    from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+    from flwr.app import Array, ArrayRecord, Message, RecordDict
 
     ledger = SiteLedger.open(tmp_path / "s", raw_key(), "s")
     ledger.record_manifest(ManifestView.of(MANIFEST).to_json())
