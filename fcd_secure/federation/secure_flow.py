@@ -45,7 +45,6 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from fcd_secure.aggregation.secagg import (
-    AbortRound,
     SecAggClient,
     SecAggError,
     SecAggPolicy,
@@ -256,7 +255,7 @@ class SecureAggregationFlow:
                 requests = server.advance()
                 report[stage] = len(server.report.survivors.get(stage, ()))
             agg = server.finish()
-        except AbortRound as exc:
+        except SecAggError as exc:  # too few survivors, or shares that do not reconstruct: abort, keep the global
             return aborted(str(exc), [node_of[s] for s in server.report.survivors.get("masked_input", ())])
         report["server_s"] = round(time.perf_counter() - t0, 3)
         participants = [node_of[s] for s in server.report.survivors["masked_input"]]
@@ -301,10 +300,14 @@ def site_roster(rt: Any, context: Context) -> dict[str, bytes]:
 
 
 def site_policy(rt: Any, context: Context) -> SecAggPolicy:
+    """The site's own policy: ``node_config["secagg-policy"]`` (a file on the site), else the run config's
+    ``secagg`` section only when that config is the site's own (simulation: it travels in the app's closure),
+    never when it arrived from the server (deployment: run config key ``fcd-config``), else the safe defaults."""
     nc = dict(context.node_config) if context.node_config else {}
     if nc.get("secagg-policy"):
         return load_policy(str(nc["secagg-policy"]))
-    return _config_policy(getattr(rt, "cfg", None))
+    from_server = bool(context.run_config and context.run_config.get("fcd-config"))
+    return SecAggPolicy() if from_server else _config_policy(getattr(rt, "cfg", None))
 
 
 def _state_get(context: Context, key: str) -> Any:
