@@ -291,4 +291,8 @@ def test_secure_flow_refuses_theta_s_sync_and_too_few_sites_per_round():
         SecureAggregationFlow.from_config(
             build_config("tiny", {"data": {"n_sites": 4}, "federation": {"clients_per_round": 2, "secure_aggregation": True}})
         )
+    with pytest.raises(SecureAggregationConfigError, match="P6"):
+        SecureAggregationFlow.from_config(
+            build_config("tiny", {"data": {"n_sites": 80}, "federation": {"clients_per_round": 40, "secure_aggregation": True}})
+        )
     assert SecureAggregationFlow.from_config(build_config("tiny", {"federation": {"secure_aggregation": True}})).policy.min_sites == 3

@@ -1,6 +1,6 @@
 """The Flower carrier of pairwise-masked secure aggregation (Bonawitz et al., CCS 2017; DESIGN.md P1–P18).
 
-Paper §III "Decoupled synchronisation": each sampled site trains (Θc, Θs_i) locally and only Θc is aggregated
+Paper §III-B (DSS) and Table II: each sampled site trains (Θc, Θs_i) locally and only Θc is aggregated
 with sample-size-weighted FedAvg. Here the server learns only the weighted sum: ``SecureAggregationFlow``
 implements the ``AggregationFlow`` seam of ``federation.flows`` over six custom ClientApp actions
 
@@ -186,6 +186,12 @@ class SecureAggregationFlow:
             raise SecureAggregationConfigError(
                 f"federation.clients_per_round = {fed.clients_per_round} is below the secure-aggregation minimum of "
                 f"{policy.min_sites} sites (P10); sample more sites or use --no-secure-aggregation"
+            )
+        if fed.clients_per_round > min(policy.max_sites, policy.max_overflow_sites()):
+            raise SecureAggregationConfigError(
+                f"federation.clients_per_round = {fed.clients_per_round} is above what one secure round can sum without "
+                f"overflow or beyond the policy's max_sites ({min(policy.max_sites, policy.max_overflow_sites())}, P6); "
+                "sample fewer sites per round or lower secagg clip / scale_bits"
             )
         return cls(policy)
 

@@ -9,7 +9,7 @@ Word layout of one site's vector (all uint32, arithmetic mod 2**32, two's comple
 
 each real value ``v`` becomes ``round(v * 2**scale_bits)``. The unmasked sum therefore gives
 Σ n_i, Σ clipped_i and Σ w_i·x_i, and the server divides: the sample-size-weighted FedAvg of the paper's
-DSS (Fed-CausalDiff §III-D, "aggregate Θc with sample-size-weighted FedAvg") without any per-site number
+DSS (Fed-CausalDiff §III-B: "the server aggregates Θc (FedAvg)"; Table II: sample-size weighted) without any per-site number
 in clear. Only tensors whose manifest part is ``theta_c`` and that are on the allowed list may enter (P15).
 """
 
