@@ -269,3 +269,35 @@ def test_receipts_action_is_answered_by_the_gate_inside_a_real_clientapp(tmp_pat
     register_receipts_action(bare)
     with pytest.raises(Exception):
         bare(server.downlink(RECEIPTS_MESSAGE_TYPE, 1, 11), context(11))
+
+
+def _plant_propensity_rows(site):
+    # three trajectories' propensities, not the whole array, inside a legitimate Θc tensor
+    def m(content):
+        w = np.random.default_rng(9).standard_normal((6, 4)).astype(np.float32)
+        w.reshape(-1)[1:9] = site.P[7]
+        content["update"]["trunk.weight"] = Array(w)
+    return m
+
+
+def _plant_theta_s_row_in_protocol(site):
+    def m(content):
+        content["cfg"] = ConfigRecord({"blob": b"\x01\x02\x03" + site.theta_s["eps_s.weight"][2].tobytes() + b"tail"})
+    return m
+
+
+@pytest.mark.parametrize(
+    "plant,rule,mtype",
+    [(_plant_propensity_rows, "propensity", "train"), (_plant_theta_s_row_in_protocol, "theta_s_bytes", "train.secagg_masked")],
+    ids=["propensity-row-in-theta-c", "theta-s-row-at-odd-offset"],
+)
+def test_a_single_private_row_is_found_anywhere(tmp_path, plant, rule, mtype):
+    site = Site(tmp_path)
+    reply = site.send(instruction(mtype, 1), site.train_handler(plant(site)))
+    assert reply.has_error() and reply.error.reason.endswith(rule)
+
+
+def test_row_scan_has_no_false_positive_on_fresh_parameters(tmp_path):
+    site = Site(tmp_path)
+    for r in range(1, 6):
+        assert site.send(instruction("train", r)).has_content()

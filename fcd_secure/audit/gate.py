@@ -24,15 +24,21 @@ written to the site ledger *before* it is returned; if the ledger cannot be writ
 At the first message of a new round the gate signs a checkpoint closing the previous round(s); the federation's
 final receipts message closes the last one.
 
+The bytes rule finds a whole Θs tensor or the propensity array (float32 or float64) at any byte offset of any array
+or bytes field, and also any single row of them (a slice of a Θs matrix, one trajectory's propensities): a
+vectorised rolling hash over every window, confirmed byte for byte.
+
 Limits, stated honestly: inside secure aggregation the masked vector is opaque, so keeping Θs out of it is the
-secure-aggregation module's job (DESIGN P15); a Θs tensor transformed (cast, scaled, permuted) is not recognised by
-bytes, only by name and by the manifest's shape/dtype rules; Θs tensors whose elements are all equal carry one
-number and are skipped by the bytes rule (they would collide with any constant Θc tensor, e.g. a zero bias).
+secure-aggregation module's job (DESIGN P15); a Θs tensor transformed (cast to another dtype, scaled, permuted) or
+cut into pieces shorter than a row is not recognised by bytes, only by name and by the manifest's shape/dtype
+rules; constant tensors and rows (all elements equal) carry one number and are skipped by the bytes rule (they
+would collide with any constant Θc tensor, e.g. a zero bias); payloads above 16 MiB get the whole-tensor check only.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
 import inspect
 import logging
@@ -138,14 +144,20 @@ class ManifestView:
         }
 
 
-def _dtype_name(dtype: Any) -> str:
-    text = str(dtype)
-    if text.startswith("torch."):
-        text = text[len("torch."):]
+@functools.lru_cache(maxsize=256)
+def _dtype_name_of(text: str) -> str:
     try:
         return np.dtype(text).name
     except TypeError:
         return text
+
+
+def _dtype_name(dtype: Any) -> str:
+    """Canonical dtype name ("float32") of a numpy/torch dtype or its string."""
+    text = str(dtype)
+    if text.startswith("torch."):
+        text = text[len("torch."):]
+    return _dtype_name_of(text)
 
 
 @dataclass
@@ -178,41 +190,128 @@ class Refusal(Exception):
 
 
 # -- fingerprints of the private arrays ----------------------------------------------------------------------------
+#: Odd multiplier of the rolling hash (any odd constant is invertible modulo 2**64).
+_R = np.uint64(0x9E3779B97F4A7C15)
+_R_INV = np.uint64(pow(int(_R), -1, 2**64))
+_BITMAP_SIZE = 1 << 20
+_BITMAP_MASK = np.uint64(_BITMAP_SIZE - 1)
+#: Payloads above this size are checked for whole private tensors only (the row scan holds ~24 B per payload byte).
+MAX_ROW_SCAN_BYTES = 16 * 1024 * 1024
+
+
+def _powers(base: np.uint64, n: int) -> np.ndarray:
+    out = np.empty(n, dtype=np.uint64)
+    out[0] = 1
+    if n > 1:
+        out[1:] = base
+        np.cumprod(out[1:], out=out[1:])  # wraps modulo 2**64, which is the ring the hash lives in
+    return out
+
+
+class _Windows:
+    """Rolling hashes of every window of one payload: prefix sums once, any window length in O(n)."""
+
+    def __init__(self, data: bytes) -> None:
+        buf = np.frombuffer(data, dtype=np.uint8)
+        self.n = buf.size
+        with np.errstate(over="ignore"):
+            self.prefix = np.concatenate(([np.uint64(0)], np.cumsum(buf.astype(np.uint64) * _powers(_R, self.n), dtype=np.uint64)))
+        self.inv = _powers(_R_INV, self.n)
+
+    def hashes(self, length: int) -> np.ndarray:
+        """Position-normalised hash of the window starting at each offset (equal windows hash equal)."""
+        m = self.n - length + 1
+        with np.errstate(over="ignore"):
+            return (self.prefix[length:] - self.prefix[:m]) * self.inv[:m]
+
+
+def _row_hashes(rows: np.ndarray) -> np.ndarray:
+    """The same hash for each row of a ``[k, length]`` uint8 matrix, vectorised."""
+    with np.errstate(over="ignore"):
+        return (rows.astype(np.uint64) * _powers(_R, rows.shape[1])).sum(axis=1, dtype=np.uint64)
+
+
 @dataclass
 class _Private:
-    """Byte strings that must not leave: exact hashes and (for containment checks) the bytes themselves."""
+    """What must not leave, by kind (``theta_s`` / ``propensity``): whole arrays (exact hash and containment at any
+    byte offset) and rows (found at any byte offset by a rolling hash, then confirmed byte for byte)."""
 
-    kind: str  # "theta_s" or "propensity"
+    kind: str
     blobs: list[bytes]
     hashes: set[str]
+    #: row length -> (sorted row hashes, row bytes matrix in the same order, bitmap prefilter of the hashes)
+    rows: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+    def add_rows(self, arr: np.ndarray, min_len: int) -> None:
+        if arr.ndim < 2:
+            return
+        flat = arr.reshape(arr.shape[0], -1)
+        if flat.shape[1] < 2 or flat[0].nbytes < min_len:
+            return
+        # constant rows carry one number and would match any constant tensor (a zero bias): skipped
+        keep = ~np.all(flat == flat[:, :1], axis=1)
+        if not keep.any():
+            return
+        raw = np.ascontiguousarray(flat[keep]).view(np.uint8).reshape(int(keep.sum()), -1)
+        hashes = _row_hashes(raw)
+        length = raw.shape[1]
+        if length in self.rows:
+            old_h, old_raw, _ = self.rows[length]
+            hashes, raw = np.concatenate([old_h, hashes]), np.concatenate([old_raw, raw])
+        order = np.argsort(hashes, kind="stable")
+        bitmap = np.zeros(_BITMAP_SIZE, dtype=bool)
+        bitmap[(hashes & _BITMAP_MASK).astype(np.intp)] = True
+        self.rows[length] = (hashes[order], raw[order], bitmap)
+
+    def find_row(self, data: bytes, windows: "_Windows | None") -> bool:
+        if not self.rows or windows is None:
+            return False
+        for length, (keys, raw, bitmap) in self.rows.items():
+            if length > windows.n:
+                continue
+            hashes = windows.hashes(length)
+            # a bitmap of the low hash bits rules out almost every window with one gather; the rest are looked up
+            cand = np.flatnonzero(bitmap[(hashes & _BITMAP_MASK).astype(np.intp)])
+            for pos in cand:
+                j = int(np.searchsorted(keys, hashes[pos]))
+                while j < keys.size and keys[j] == hashes[pos]:  # confirm byte for byte (hash collisions are possible)
+                    if data[pos : pos + length] == raw[j].tobytes():
+                        return True
+                    j += 1
+        return False
 
 
 def _private_blobs(ctx: SiteAuditContext) -> list[_Private]:
     """Fingerprints of the current Θs tensors and the propensity array. Constant or tiny arrays are skipped."""
-    out: list[_Private] = []
     min_len = ctx.policy.min_private_tensor_bytes
-    th: list[bytes] = []
+
+    def usable(a: np.ndarray) -> bool:
+        return a.size >= 2 and a.nbytes >= min_len and not np.all(a.reshape(-1) == a.reshape(-1)[0])
+
+    theta = _Private("theta_s", [], set())
     for arr in (ctx.theta_s() or {}).values():
         a = np.ascontiguousarray(np.asarray(arr))
-        if a.size < 2 or a.nbytes < min_len or np.all(a.reshape(-1) == a.reshape(-1)[0]):
-            continue
-        th.append(a.tobytes())
-    out.append(_Private("theta_s", th, {hashlib.sha256(b).hexdigest() for b in th}))
+        if usable(a):
+            theta.blobs.append(a.tobytes())
+            theta.add_rows(a, min_len)
+    prop = _Private("propensity", [], set())
     p = ctx.propensities()
-    pb: list[bytes] = []
     if p is not None:
         a = np.ascontiguousarray(np.asarray(p))
-        for cand in (a, a.astype(np.float64), a.astype(np.float32)):
-            if cand.nbytes >= min_len and not np.all(cand.reshape(-1) == cand.reshape(-1)[0]):
-                pb.append(np.ascontiguousarray(cand).tobytes())
-    out.append(_Private("propensity", pb, {hashlib.sha256(b).hexdigest() for b in pb}))
-    return out
+        for cand in {a.dtype: a, np.dtype(np.float32): a.astype(np.float32), np.dtype(np.float64): a.astype(np.float64)}.values():
+            if usable(cand):
+                prop.blobs.append(np.ascontiguousarray(cand).tobytes())
+                prop.add_rows(cand, min_len)
+    for group in (theta, prop):
+        group.hashes = {hashlib.sha256(b).hexdigest() for b in group.blobs}
+    return [theta, prop]
 
 
 def _check_bytes(data: bytes, private: list[_Private], record: str, key: str) -> None:
     if not data:
         return
     h = hashlib.sha256(data).hexdigest()
+    windows = _Windows(data) if len(data) <= MAX_ROW_SCAN_BYTES and any(g.rows for g in private) else None
     for group in private:
         rule = "theta_s_bytes" if group.kind == "theta_s" else "propensity"
         if h in group.hashes:
@@ -221,6 +320,8 @@ def _check_bytes(data: bytes, private: list[_Private], record: str, key: str) ->
             # containment catches a private tensor concatenated into a larger array or protocol field
             if len(blob) <= len(data) and blob in data:
                 raise Refusal(rule, record, key)
+        if group.find_row(data, windows):  # one row (a patient's propensities, a slice of a Θs matrix) is enough
+            raise Refusal(rule, record, key)
 
 
 def _check_name(name: str, theta_s_names: set[str], record: str, key: str | None) -> None:
