@@ -16,7 +16,16 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help="Privacy budg
 _err = Console(stderr=True)
 
 
-@app.command("report")
+_REPORT_HELP = (
+    "Per-site and consortium privacy report: ε spent / cap / remaining at δ, σ, C, q, steps, rounds, the ledger's "
+    "segments, the accountant and library versions, what is covered and what is not; with an ε-over-rounds plot.\n\n"
+    "PATH is a run folder (its config.json names the state folder and any dp.ledger_dir), a sites' state root, one "
+    "site's state directory, a ledger folder, or one ledger file. ε is recomputed from each site's write-ahead "
+    "ledger, never taken from a cached number. Exit code 2 when no ledger is found."
+)
+
+
+@app.command("report", help=_REPORT_HELP)
 def report(
     path: Annotated[
         Path,
@@ -32,11 +41,7 @@ def report(
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON report to stdout.")] = False,
     no_files: Annotated[bool, typer.Option("--no-files", help="Print only; write no report files.")] = False,
 ) -> None:
-    """Per-site and consortium privacy report: ε spent / cap / remaining at δ, σ, C, q, steps, rounds, the ledger's
-    segments, the accountant and library versions, what is covered and what is not; with an ε-over-rounds plot.
-
-    ε is recomputed from each site's write-ahead ledger, never taken from a cached number.
-    """
+    """The privacy budget report (help text: ``_REPORT_HELP``)."""
     from fcd_secure.privacy.report import build_report, write_report
 
     try:
@@ -81,7 +86,8 @@ def plan(
     accountant: Annotated[str, typer.Option("--accountant", help="prv or rdp.")] = "prv",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """The noise multiplier σ a site would use for a planned use (rounds × local epochs × ⌈N/B⌉ steps)."""
+    """The noise multiplier σ a site would use for a planned use (rounds × local epochs × ⌈N/B⌉ Poisson steps),
+    planned once for the whole use as the sites do (never per round)."""
     from pydantic import ValidationError
 
     from fcd_secure.privacy.config import DPConfig
