@@ -125,3 +125,27 @@ def test_cli_plan_matches_the_planner():
     out = json.loads(res.output)
     assert (out["q"], out["steps"], out["delta"]) == (1 / 32, 640, 1e-5)
     assert out["sigma"] == pytest.approx(0.8508, abs=0.005)  # dp-anchors §3.2, cross-checked with dp-accounting
+
+
+def test_an_empty_poisson_batch_still_takes_a_noisy_accounted_step(tmp_path):
+    """Skipping the noise when Poisson sampling draws nobody would reveal the empty batch (add/remove adjacency)."""
+    from fcd_secure.model.training import batch_loss, dataset_tensors, make_loader, make_optimizer
+
+    ds = tiny_site(n=8, L=3)
+    cfg = tiny_cfg()
+    model = FedCausalDiff.from_dims(cfg, ds.dx, ds.da, ds.n_actions, N_SITES)
+    dp = DPConfig(enabled=True, epsilon=8.0, delta=1e-2, accountant="rdp", noise_seed="run_seed")
+    site = DPSite(tmp_path, dataset_fingerprint(ds), dp, ds.n, planned_rounds=1, local_epochs=1, batch_size=4)
+    res = site.reserve_round()
+    model, opt, _ = site.make_private(model, make_optimizer(model, cfg), make_loader(ds, 4, 0, 0), seed=0)
+    empty = tuple(t[:0] for t in dataset_tensors(ds, 0))
+    before = [p.detach().clone() for p in model.parameters()]
+    opt.zero_grad()
+    loss, _ = batch_loss(model, empty, cfg, N_SITES)
+    loss.backward()
+    opt.step()
+    moved = [not torch.equal(p, b) for p, b in zip(model.parameters(), before)]
+    assert all(moved), "every parameter must receive Gaussian noise on an empty batch"
+    site.commit(res)
+    seg = site.ledger.load().segments[0]
+    assert (seg.status, seg.steps) == ("committed", 1)
