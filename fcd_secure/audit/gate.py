@@ -42,7 +42,9 @@ import functools
 import hashlib
 import inspect
 import logging
+import os
 import re
+import traceback
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -442,6 +444,7 @@ def make_egress_gate(get_site: Callable[..., SiteAuditContext]) -> Callable[[Mes
                 _close_rounds(ctx, rnd)
         except Exception as exc:  # noqa: BLE001 - fail closed: without a working ledger nothing with content leaves
             log.error("egress gate could not prepare (%s); replying with a generic error", type(exc).__name__)
+            _debug_trace()
             return _error_reply(msg, GENERIC_ERROR_REASON)
 
         try:
@@ -472,10 +475,17 @@ def make_egress_gate(get_site: Callable[..., SiteAuditContext]) -> Callable[[Mes
             return reply
         except Exception as exc:  # noqa: BLE001
             log.error("egress gate failed while checking or recording (%s); replying with a generic error", type(exc).__name__)
+            _debug_trace()
             return _error_reply(msg, GENERIC_ERROR_REASON)
 
     egress_gate.__name__ = "egress_gate"
     return egress_gate
+
+
+def _debug_trace() -> None:
+    """With ``FCD_AUDIT_DEBUG=1`` only: the traceback goes to the site's own log (it may quote data; never sent)."""
+    if os.environ.get("FCD_AUDIT_DEBUG") == "1":
+        log.error("egress gate traceback (local only):\n%s", traceback.format_exc())
 
 
 def _record(
