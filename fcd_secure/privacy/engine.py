@@ -192,11 +192,16 @@ class DPSite:
         self._mine.append(seg.seq)
         return Reservation(seg.seq, steps, seg.sigma, seg.q, seg.epsilon_projected, round_id)
 
-    def _noise_generator(self, seed: int, seq: int) -> torch.Generator:
-        if self.cfg.noise_seed == "run_seed":
-            material = f"run|{seed}|{seq}".encode()
-        else:
-            material = self._site_secret() + f"|{seed}|{seq}".encode()
+    def _generator(self, purpose: str, seed: int, seq: int) -> torch.Generator:
+        """The RNG of the Gaussian noise or of the Poisson draws of one round.
+
+        Both must be unpredictable to the adversary: known noise can be subtracted, and knowing which records a
+        step sampled voids the amplification by subsampling that the accountant credits. With the default
+        ``noise_seed = "site_secret"`` the seed mixes a secret that never leaves the site with the run seed and
+        the ledger segment, so a site re-running with the same state reproduces its numbers and no one else can.
+        """
+        head = b"run" if self.cfg.noise_seed == "run_seed" else self._site_secret()
+        material = head + f"|{purpose}|{seed}|{seq}".encode()
         g = torch.Generator()
         g.manual_seed(int.from_bytes(hashlib.sha256(material).digest()[:8], "little"))
         return g
@@ -242,11 +247,14 @@ class DPSite:
                 f"dp: Opacus would sample at q=1/{len(loader)}, the plan accounts q={self.sample_rate:g} "
                 f"(batch_size {self.batch_size}); build the loader with batch_size={self.batch_size}"
             )
-        if loader.generator is None:
-            # Poisson draws from the global RNG would not be reproducible per seed
-            g = torch.Generator()
-            g.manual_seed(int.from_bytes(hashlib.sha256(f"poisson|{seed}|{seq}".encode()).digest()[:8], "little"))
-            loader = DataLoader(loader.dataset, batch_size=loader.batch_size, collate_fn=loader.collate_fn, generator=g)
+        # Opacus draws the Poisson batches with the loader's generator: give it the round's private one (the
+        # caller's loader may be seeded from the public run seed, or use the global RNG).
+        loader = DataLoader(
+            loader.dataset,
+            batch_size=loader.batch_size,
+            collate_fn=loader.collate_fn,
+            generator=self._generator("poisson", seed, seq),
+        )
         # Opacus' input-less first layer makes torch warn on every backward; harmless (dp-anchors §1.3).
         warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
         with warnings.catch_warnings():
@@ -262,7 +270,7 @@ class DPSite:
                 poisson_sampling=True,
                 grad_sample_mode=self.cfg.grad_sample_mode,
                 wrap_model=False,
-                noise_generator=self._noise_generator(seed, seq),
+                noise_generator=self._generator("noise", seed, seq),
                 loss_reduction="mean",
             )
         guard = _StepGuard(dp_opt.step_hook, res_steps)

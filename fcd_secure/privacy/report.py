@@ -149,6 +149,11 @@ def site_report(ledger_file: str | Path) -> dict[str, Any]:
             "the batch-coupled MMD term L_align was REPLACED by a per-sample kernel distance to a fixed, data-free "
             "reference set (not the paper's distributional MMD)"
         )
+    if state.noise_seed == "run_seed":
+        disabled.append(
+            "NO GUARANTEE against anyone who knows the run seed: noise and Poisson draws were seeded from it "
+            "(dp.noise_seed = 'run_seed', meant for tests and benchmarks), so the noise can be regenerated"
+        )
     batch = max(1, round(state.n_site * (state.plans[-1].q if state.plans else 0)))
     return {
         "site": site_label(ledger_file, state),
