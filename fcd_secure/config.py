@@ -68,6 +68,11 @@ class FederationSection(BaseModel):
     min_replies: int = Field(1, ge=1, description="a round with fewer successful replies is aborted")
     eval_every: int = Field(5, ge=0, description="federated PEHE evaluation every N rounds (0: only at the end)")
     poll_s: float = Field(0.02, gt=0, le=5, description="server pull interval")
+    site_threads: int = Field(
+        1, ge=1, le=64,
+        description="torch CPU threads per site process (Ray sets OMP_NUM_THREADS to the actor's CPUs; for these small "
+        "models extra threads mostly spin, and under contention burn CPU)",
+    )
     node_wait_s: float = Field(120.0, gt=0, description="how long the server waits for all sites to connect")
     crash_after_round: int | None = Field(
         None, description="testing only: the server raises once this round's replies are in, before its checkpoint"
@@ -117,7 +122,7 @@ class RunConfig(BaseModel):
         for k in ("out", "state_dir"):
             d.pop(k, None)
         d.pop("evaluation", None)
-        for k in ("rounds", "round_timeout_s", "eval_every", "poll_s", "node_wait_s", "crash_after_round"):
+        for k in ("rounds", "round_timeout_s", "eval_every", "poll_s", "node_wait_s", "crash_after_round", "site_threads"):
             d["federation"].pop(k, None)
         d["data"].pop("data_dir", None)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()

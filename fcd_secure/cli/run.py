@@ -293,7 +293,7 @@ def register(app: typer.Typer) -> None:
         rounds: Optional[int] = typer.Option(None, "--rounds", min=1, help="Rounds (preset default)."),
         clients_per_round: Optional[int] = typer.Option(None, "--clients-per-round", min=1, help="Sites per round (default all)."),
         seed: int = typer.Option(0, "--seed", help="Seed."),
-        port: int = typer.Option(9100, "--port", help="SuperLink port (Fleet + Control APIs; keep it private)."),
+        port: int = typer.Option(0, "--port", help="SuperLink port (Fleet + Control APIs; keep it private); 0 picks a free one."),
         workdir: Optional[Path] = typer.Option(None, "--workdir", help="Folder for FLWR_HOMEs, logs, app project, site states (default: a temp dir)."),
         out: Optional[Path] = typer.Option(None, "--out", help="Run folder."),
         secure: Optional[bool] = typer.Option(False, "--secure-aggregation/--no-secure-aggregation", help="Secure aggregation of Θc."),

@@ -33,6 +33,10 @@ class SiteRuntime:
     """One site: identity, data, model, on-disk state. Built per message; cheap apart from the model build."""
 
     def __init__(self, cfg: RunConfig, site_id: str, site_index: int, state_root: str) -> None:
+        import torch  # noqa: PLC0415
+
+        if torch.get_num_threads() != cfg.federation.site_threads:
+            torch.set_num_threads(cfg.federation.site_threads)
         self.cfg = cfg
         self.site_id = site_id
         self.site_index = int(site_index)
