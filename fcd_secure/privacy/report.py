@@ -149,6 +149,11 @@ def site_report(ledger_file: str | Path) -> dict[str, Any]:
             "the batch-coupled MMD term L_align was REPLACED by a per-sample kernel distance to a fixed, data-free "
             "reference set (not the paper's distributional MMD)"
         )
+    if ledger_file.parent.name == "privacy":
+        disabled.append(
+            "runs that used another state folder: this ledger lives in a site's state directory (dp.ledger_dir unset), "
+            "so a run started with a different --state-dir kept a separate budget for the same data"
+        )
     if state.noise_seed == "run_seed":
         disabled.append(
             "NO GUARANTEE against anyone who knows the run seed: noise and Poisson draws were seeded from it "
