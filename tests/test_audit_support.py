@@ -105,6 +105,7 @@ class Server:
         self.key = load_or_create_identity_key(root / "server" / "identity_ed25519.key")
         self.audit = ServerAudit(root / "server" / "audit", self.key)
         self.ledger = self.audit.ledger
+        self.audit.record_manifest(MANIFEST)
         self._final: dict | None = None
 
     def receive(self, reply: Message, site_id: str) -> dict:

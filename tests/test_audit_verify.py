@@ -252,3 +252,20 @@ def test_no_private_key_material_in_ledgers(run):
         import base64
 
         assert base64.b64encode(k).decode() not in text
+
+
+def test_a_site_manifest_that_differs_from_the_servers_is_caught(tmp_path):
+    """A site that records a manifest of its own making (Θs renamed into Θc) disagrees with the server's."""
+    from test_audit_support import Server, Site
+
+    from fcd_secure.audit.gate import ManifestView
+
+    server = Server(tmp_path)
+    forged = {"layout_hash": "e" * 64, "entries": [dict(e, part="theta_c") for e in MANIFEST["entries"]]}
+    site = Site(tmp_path)
+    site.ctx.manifest = forged
+    server.receive(site.send(server.downlink("train", 1, 11)), site.site_id)
+    res = verify_path(tmp_path)
+    assert res.exit_code == 6
+    assert any("not the one the server ran with" in f.message for f in _tampered(res))
+    assert ManifestView.of(forged).theta_s == {}

@@ -88,6 +88,13 @@ class ServerAudit:
         """Per node, the content of the closing ``query.audit_receipts`` message (receipts owed so far)."""
         return {n: self.attach(n, RecordDict({"config": ConfigRecord({"final": True})})) for n in self.owed_nodes()}
 
+    def record_manifest(self, manifest) -> dict | None:
+        """Record the Θc/Θs layout the server runs with, so an auditor can check each site declared the same one
+        (a site cannot hide a Θs name by recording a manifest of its own making)."""
+        from fcd_secure.audit.gate import ManifestView  # noqa: PLC0415
+
+        return self.ledger.record_manifest(ManifestView.of(manifest).to_json())
+
     def checkpoint(self, round: int) -> dict | None:
         """Sign the checkpoint closing ``round`` (idempotent)."""
         self._open_rounds.discard(round)

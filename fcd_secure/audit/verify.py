@@ -402,6 +402,7 @@ def verify_path(path: str | Path, *, site_keys: list[str] | None = None, server_
     # server first: its entries are the other side of every reconciliation
     server_by_mid: dict[str, dict] = {}
     server_seen: dict[str, tuple[str, int, int]] = {}
+    server_manifests: dict[str, dict] = {}
     for sp in server_paths:
         ch = _check_chain(sp, label(sp), pin_server, res.findings)
         summ = LedgerSummary(label(sp), ch.role or "server", ch.writer_id, fingerprint(ch.public_key) if ch.public_key else None,
@@ -414,6 +415,8 @@ def verify_path(path: str | Path, *, site_keys: list[str] | None = None, server_
                 summ.message_bytes += int(l.get("message_bytes", 0))
             elif l.get("kind") == "checkpoint":
                 summ.checkpoints += 1
+            elif l.get("kind") == "manifest":
+                server_manifests[l.get("layout_hash")] = l
         rounds = {l.get("round") for l in ch.lines if l.get("kind") == "received" and l.get("round") is not None}
         closed = {l.get("round") for l in ch.lines if l.get("kind") == "checkpoint"}
         for r in sorted(rounds - closed):
@@ -438,6 +441,12 @@ def verify_path(path: str | Path, *, site_keys: list[str] | None = None, server_
             kind = l.get("kind")
             if kind == "manifest":
                 manifest = l
+                if server_manifests:
+                    srv_m = server_manifests.get(l.get("layout_hash"))
+                    if srv_m is None or any(srv_m.get(k) != l.get(k) for k in ("theta_c", "theta_s")):
+                        res.findings.append(Finding("tampered", lab, l.get("seq"), ln,
+                            f"entry seq {l.get('seq')} (line {ln}): the site's manifest (layout {str(l.get('layout_hash'))[:12]}) "
+                            "is not the one the server ran with"))
             elif kind == "upload":
                 uploads[l.get("seq")] = l
                 _check_upload(l, manifest, lab, ln, res.findings)
