@@ -149,3 +149,19 @@ def test_an_empty_poisson_batch_still_takes_a_noisy_accounted_step(tmp_path):
     site.commit(res)
     seg = site.ledger.load().segments[0]
     assert (seg.status, seg.steps) == ("committed", 1)
+
+
+def test_ablation_without_l_dis_trains_under_dp_and_leaves_the_unused_heads_alone(tmp_path):
+    """Opacus refuses parameters without per-sample gradients; the heads L_dis would train are frozen instead."""
+    ds = tiny_site(n=12, L=3)
+    cfg = tiny_cfg(use_dis=False)
+    model = FedCausalDiff.from_dims(cfg, ds.dx, ds.da, ds.n_actions, N_SITES)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    dp = DPConfig(enabled=True, epsilon=8.0, delta=1e-2, accountant="rdp", noise_seed="run_seed")
+    site = DPSite(tmp_path, dataset_fingerprint(ds), dp, ds.n, planned_rounds=1, local_epochs=1, batch_size=4)
+    out = train_round_private(site, model, ds, cfg, 0, N_SITES, epochs=1, seed=0)
+    assert out["dp_steps"] == 3.0
+    for name, p in model.named_parameters():
+        assert p.requires_grad, f"{name} left frozen after the round"
+        unchanged = torch.equal(p, before[name])
+        assert unchanged == name.startswith(("site_disc.", "parallel_head.")), name

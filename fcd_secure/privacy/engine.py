@@ -348,7 +348,10 @@ def train_round_private(
         raise ValueError(f"dp: batch-coupled loss terms {cfg.batch_coupled_terms} cannot run under DP-SGD")
     reservation = site.reserve_round(epochs * steps_per_epoch(site.n_site, site.batch_size), round_id=round_id)
     steps_taken = 0
+    frozen = _unused_parameters(model, ds, cfg, site_index, n_sites)
     try:
+        for p in frozen:
+            p.requires_grad_(False)
         opt = optimizer if optimizer is not None else make_optimizer(model, cfg)
         loader = make_loader(ds, site.batch_size, seed, site_index, poisson=False)
         model, dp_opt, dp_loader = site.make_private(model, opt, loader, seed=seed)
@@ -358,6 +361,25 @@ def train_round_private(
         steps_taken = int(metrics.get("steps", 0))
     finally:
         site.commit(reservation)
+        for p in frozen:
+            p.requires_grad_(True)
     eps, delta = site.spent()
     metrics.update(dp_epsilon=eps, dp_delta=delta, dp_sigma=site.noise_multiplier, dp_steps=float(steps_taken))
     return metrics
+
+
+def _unused_parameters(model: torch.nn.Module, ds: Any, cfg: Any, site_index: int | None, n_sites: int) -> list:
+    """Parameters the configured loss never reaches (e.g. the L_dis heads in the w/o-L_dis ablation).
+
+    Opacus refuses a step when a trainable parameter got no per-sample gradient, so these are frozen for the round
+    (they are not updated, so releasing them costs nothing). Found with an *empty* batch: only the configuration
+    decides which parameters the loss reaches, and no record is read.
+    """
+    from fcd_secure.model.training import batch_loss, dataset_tensors
+
+    empty = tuple(t[:0] for t in dataset_tensors(ds, site_index))
+    params = [p for p in model.parameters() if p.requires_grad]
+    with torch.random.fork_rng(devices=[]):
+        loss, _ = batch_loss(model, empty, cfg, n_sites)
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+    return [p for p, g in zip(params, grads) if g is None]
