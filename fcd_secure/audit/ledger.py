@@ -227,6 +227,22 @@ def _last_line(path: Path) -> dict | None:
         return json.loads(buf.strip()) if buf.strip() else None
 
 
+class _FileLock:
+    """Exclusive ``flock`` on ``<ledger>.lock`` for one read-tail-then-append step."""
+
+    def __init__(self, path: Path) -> None:
+        self.lock_path = path.with_suffix(path.suffix + ".lock")
+
+    def __enter__(self) -> "_FileLock":
+        self.fh = open(self.lock_path, "a+")
+        fcntl.flock(self.fh, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        fcntl.flock(self.fh, fcntl.LOCK_UN)
+        self.fh.close()
+
+
 class _ChainedLog:
     """One writer's append-only, hash-chained, signed JSONL file.
 
@@ -263,21 +279,8 @@ class _ChainedLog:
                     raise LedgerError(f"{self.path}: ledger was opened with a different identity key; refusing to append")
 
     # -- low level
-    class _Lock:
-        def __init__(self, path: Path) -> None:
-            self.lock_path = path.with_suffix(path.suffix + ".lock")
-
-        def __enter__(self):
-            self.fh = open(self.lock_path, "a+")
-            fcntl.flock(self.fh, fcntl.LOCK_EX)
-            return self
-
-        def __exit__(self, *exc):
-            fcntl.flock(self.fh, fcntl.LOCK_UN)
-            self.fh.close()
-
-    def _locked(self) -> "_ChainedLog._Lock":
-        return self._Lock(self.path)
+    def _locked(self) -> "_FileLock":
+        return _FileLock(self.path)
 
     def _iter_raw(self) -> Iterator[dict]:
         if not self.path.exists():
