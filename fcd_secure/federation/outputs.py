@@ -156,7 +156,9 @@ def _plots(folder: Path, history: list[dict], summary: dict) -> None:
         fig.tight_layout()
         fig.savefig(folder / "pehe_vs_round.png", dpi=120)
         plt.close(fig)
-    key, name = ("pehe", "PEHE (lower is better)") if pts else ("factual_auc", "factual AUC")
+    # Fig. 4 plots downstream AUC against cumulative uplink; without an AUC (non-binary outcomes) PEHE stands in
+    has_auc = any(r.get("factual_auc") is not None for r in history)
+    key, name = ("factual_auc", "factual AUC (higher is better)") if has_auc else ("pehe", "PEHE (lower is better)")
     pts2 = [(r["cum_uplink_bytes"] / 1e6, r.get(key)) for r in history if r.get(key) is not None]
     if pts2:
         fig, ax = plt.subplots(figsize=(5, 3.5))
