@@ -219,9 +219,12 @@ def test_tiny_run_secure_equals_plain_fedavg_within_the_quantisation_bound(tmp_p
 
     run_simulation(server_app=server, client_app=make_client_app(cfg), num_supernodes=cfg.data.n_sites,
                    backend_config=backend_config(2))
+    assert {"plain", "secure"} <= set(sink), "the ServerApp did not finish (see the captured log)"
     plain, secure = sink["plain"], sink["secure"]
-    assert plain.theta_c is not None and secure.theta_c is not None, secure.metrics
-    assert sorted(plain.participants) == sorted(secure.participants) and len(secure.participants) == cfg.federation.clients_per_round
+    assert plain.theta_c is not None, plain.metrics
+    assert secure.theta_c is not None, secure.metrics
+    assert sorted(plain.participants) == sorted(secure.participants), (plain.failures, secure.failures, secure.metrics)
+    assert len(secure.participants) == cfg.federation.clients_per_round, secure.metrics
     assert secure.n_total == plain.n_total
     assert secure.metrics["clipped_fraction"] == 0.0
     bound = secure.metrics["quantisation_bound"]
