@@ -66,7 +66,7 @@ def run_plain(vecs, counts) -> dict:
 
 
 # -- ours -----------------------------------------------------------------------------------------------------------
-def run_ours(vecs, counts, policy: SecAggPolicy | None = None) -> dict:
+def run_ours(vecs, counts, policy: SecAggPolicy | None = None, drop_at_masking: int = 0) -> dict:
     d, n = vecs[0].size, len(vecs)
     policy = policy or SecAggPolicy(max_weight=8192, max_sites=max(31, n))
     layout = VectorLayout.from_manifest([("theta", (d,), "theta_c")])
@@ -82,7 +82,8 @@ def run_ours(vecs, counts, policy: SecAggPolicy | None = None) -> dict:
         clients[s] = cl
     server = SecAggServer(policy, layout, sites, round_id=1)
     log = RoundLog()
-    agg = run_round(server, clients, log=log)
+    dropped = set(sites[n - drop_at_masking :]) if drop_at_masking else set()
+    agg = run_round(server, clients, drop={"masked_input": dropped}, log=log)
     client_s = float(np.mean([log.client_seconds[s] + encode_s[s] for s in sites]))
     up = float(np.mean([sum(len(m) for m in log.uplink[s]) for s in sites])) / d
     return {"client_s": client_s, "server_s": log.server_seconds, "uplink_B_per_param": up, "result": agg.theta_c["theta"],
@@ -239,6 +240,17 @@ def main(argv: list[str] | None = None) -> int:
         r = best_of(lambda v, c: run_ours(v, c, policy), vecs, counts, args.repeats)
         rows.append(fmt_row(d_scale, n, "ours-scaling", r, reference(vecs, counts)))
         print(f"{n:>4} {r['client_s']:>9.4f} {r['server_s']:>9.4f} {r['uplink_B_per_param']:>8.3f}", flush=True)
+    d_drop, n_drop = (100_000, 10)
+    print(f"\ndropout recovery, d = {d_drop}, n = {n_drop}: sites silent at the masked-input stage")
+    print(f"{'dropped':>7} {'client s':>9} {'server s':>9} {'max err':>9}")
+    vecs, counts = make_inputs(d_drop, n_drop, args.seed)
+    for k in (0, 1, 3):
+        ref = reference(vecs[: n_drop - k], counts[: n_drop - k])
+        r = best_of(lambda v, c, k=k: run_ours(v, c, drop_at_masking=k), vecs, counts, args.repeats)
+        err = float(np.abs(r["result"] - ref).max())
+        rows.append({"d": d_drop, "n": n_drop, "method": f"ours-drop{k}", "client_s": r["client_s"], "server_s": r["server_s"],
+                     "uplink_B_per_param": r["uplink_B_per_param"], "max_abs_err": err})
+        print(f"{k:>7} {r['client_s']:>9.4f} {r['server_s']:>9.4f} {err:>9.2e}", flush=True)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)
