@@ -135,6 +135,8 @@ def run_federation(grid: Grid, cfg: RunConfig, progress: ProgressHook | None = N
     manifest = learner.manifest_of(model)
     if manifest.layout_hash != sites[0].layout_hash:
         raise FederationError("the server's model layout differs from the sites' (different code or config)")
+    if comm.audit is not None:  # the layout the server runs with, for the auditor to compare with each site's
+        comm.audit.record_manifest(manifest)
     part = THETA_C if fed.sync == "dss" else FULL
     theta = learner.get_params(model, part)
     sampler = ClientSampler(cfg.seed, n_sites, fed.clients_per_round)
@@ -202,6 +204,8 @@ def run_federation(grid: Grid, cfg: RunConfig, progress: ProgressHook | None = N
         history.append(row)
         if ckpt is not None:
             ckpt.save(rnd, theta, sampler.get_state(), cfg.training_hash(), extra={"history": history})
+        if comm.audit is not None:
+            comm.audit.checkpoint(rnd)  # signs the server ledger's checkpoint closing this round
         say("round", row)
 
     say("evaluating", {})
@@ -211,6 +215,7 @@ def run_federation(grid: Grid, cfg: RunConfig, progress: ProgressHook | None = N
 
         comm.round = fed.rounds + 1
         comm.send(comm.audit.owed_nodes(), RECEIPTS_MESSAGE_TYPE, comm.audit.final_contents(), fed.round_timeout_s)
+        comm.audit.close()
     return FederationResult(
         theta=theta,
         part=part,
