@@ -160,6 +160,25 @@ class _Progress:
             self.progress.update(self.task, description="federated evaluation", info="")
 
 
+def _check_flow(cfg) -> None:
+    """Build the aggregation flow once before any engine starts, so that a secure-mode misconfiguration (flow
+    missing, too few sites per round for the threshold) is a clear error, not a failure inside the ServerApp."""
+    from fcd_secure.federation.flows import make_flow  # noqa: PLC0415
+
+    try:
+        make_flow(cfg)
+    except ValueError:
+        raise
+    except Exception as exc:  # the secure flow's own config errors
+        if type(exc).__name__.endswith("ConfigError") or type(exc).__name__ == "SecureAggregationUnavailable":
+            raise _FlowError(str(exc)) from None
+        raise
+
+
+class _FlowError(ValueError):
+    """The aggregation flow refuses this configuration."""
+
+
 def _common_errors():
     from pydantic import ValidationError  # noqa: PLC0415
 
@@ -168,7 +187,7 @@ def _common_errors():
     from fcd_secure.federation.flows import SecureAggregationUnavailable  # noqa: PLC0415
     from fcd_secure.federation.state import StateError  # noqa: PLC0415
 
-    errs: list[type[BaseException]] = [ConfigError, SchemaError, StateError, SecureAggregationUnavailable, ValidationError, FileNotFoundError]
+    errs: list[type[BaseException]] = [_FlowError, ConfigError, SchemaError, StateError, SecureAggregationUnavailable, ValidationError, FileNotFoundError]
     try:
         from fcd_secure.data.spec import DataError  # noqa: PLC0415
 
@@ -214,10 +233,7 @@ def register(app: typer.Typer) -> None:
                 seed=seed, dataset=dataset, spec=spec, data_dir=data_dir, secure=secure, sync=sync,
                 eval_every=eval_every, state_dir=state_dir, out=out,
             )
-            if cfg.federation.secure_aggregation:
-                from fcd_secure.federation.flows import _secure_flow_module  # noqa: PLC0415
-
-                _secure_flow_module()  # fail before starting Ray if the secure flow is missing
+            _check_flow(cfg)
         except _common_errors() as exc:
             _fail(console, str(exc))
         torch.set_num_threads(1)  # the sites share the machine's cores through one Ray actor
@@ -315,6 +331,10 @@ def register(app: typer.Typer) -> None:
                 clients_per_round=clients_per_round or sites, seed=seed, dataset=None, spec=None, data_dir=None,
                 secure=secure, sync=None, eval_every=0, state_dir=None, out=out,
             )
+        except _common_errors() as exc:
+            _fail(console, str(exc))
+        try:
+            _check_flow(cfg)
         except _common_errors() as exc:
             _fail(console, str(exc))
         cfg = cfg.model_copy(update={"out": str(Path(cfg.out).resolve())})
