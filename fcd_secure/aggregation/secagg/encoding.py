@@ -136,7 +136,7 @@ class VectorLayout:
         pos = 0
         for name, shape in self.tensors:
             k = math.prod(shape)
-            out[name] = flat[pos : pos + k].reshape(shape).astype(dtype)
+            out[name] = flat[pos : pos + k].reshape(shape).astype(dtype, copy=False)
             pos += k
         return out
 
@@ -152,7 +152,7 @@ def theta_hash(layout: VectorLayout, arrays: Mapping[str, np.ndarray]) -> bytes:
 
 
 def _to_signed(words: np.ndarray) -> np.ndarray:
-    return words.view(np.int32).astype(np.int64)  # the modular sum read as a two's-complement integer
+    return np.ascontiguousarray(words, dtype=np.uint32).view(np.int32)  # the modular sum as two's complement
 
 
 def encode(
@@ -215,7 +215,7 @@ def decode(layout: VectorLayout, policy: SecAggPolicy, total: np.ndarray, n_site
     if n_total <= 0:
         raise EncodingError(f"decoded total weight {n_total} is not positive (wrong masks or overflow)")
     factor = policy.max_weight / (policy.scale * n_total)
-    vals = v[HEADER_WORDS:].astype(np.float64) * factor
+    vals = v[HEADER_WORDS:] * factor  # int32 words times a float64: one pass to float64
     m = len(layout.metrics)
     return Aggregate(
         theta_c=layout.unflatten(vals[m:]),
