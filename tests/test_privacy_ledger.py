@@ -223,3 +223,41 @@ def test_fingerprint_keys_the_records_not_the_name(tmp_path):
     assert dataset_fingerprint(replace(ds, Y=Y)) != fp
     assert ledger_path(tmp_path, fp).name == f"ledger-{fp[:32]}.json"
     assert np.array_equal(ds.Y, tiny_site(n=8).Y)
+
+
+def test_any_sequence_of_rounds_restarts_and_crashes_stays_within_the_cap(tmp_path_factory):
+    """Property: whatever the order of reservations, commits, crashes (no commit) and restarts, the ledger's ε
+    never exceeds the cap, never decreases, and a refused reservation leaves the file unchanged."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    ops = st.lists(st.sampled_from(["round", "crash", "restart", "short"]), min_size=1, max_size=12)
+
+    @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(ops)
+    def run(seq):
+        d = tmp_path_factory.mktemp("prop")
+        site = new_site(d, rounds=4)
+        model = nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        last = 0.0
+        for op in seq:
+            if op == "restart":
+                site = new_site(d, rounds=4)
+                continue
+            before = site.ledger.path.read_text()
+            try:
+                if op == "round":
+                    one_round(site, model, opt)  # a real DP-SGD round: reserve, train 5 steps, commit
+                else:
+                    res = site.reserve_round(steps=2 if op == "short" else None)
+                    if op == "short":
+                        site.commit(res)  # closed without training: charged 0 steps
+            except BudgetExceeded:
+                assert site.ledger.path.read_text() == before
+                continue
+            eps = site.spent()[0]
+            assert last - 1e-9 <= eps <= 3.0
+            last = eps
+
+    run()
