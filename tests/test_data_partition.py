@@ -114,3 +114,37 @@ def test_outcome_key_with_a_rare_outcome_still_has_two_classes():
     key = trajectory_key(replace(ds, Y=Y))
     assert sorted(np.unique(key).tolist()) == [0, 1]
     np.testing.assert_array_equal(key, (Y.sum(axis=1) > 0).astype(int))
+
+
+def _entity_sites(sites):
+    """{entity: set of site indices holding one of its trajectories}."""
+    out: dict[int, set[int]] = {}
+    for i, s in enumerate(sites):
+        for e in s.meta["entity"].tolist():
+            out.setdefault(int(e), set()).add(i)
+    return out
+
+
+@pytest.mark.parametrize("key", [None, "action"])
+def test_chunks_of_one_entity_share_a_site_and_never_cross_train_test(key):
+    # 100 entities whose long histories were cut into 4 chunks each (overflow="chunk"), rows of an entity spread out
+    entity = np.tile(np.arange(100), 4)
+    ds = _pooled(n=400, entity=entity)
+    sites = dirichlet_partition(ds, 10, 10.0, seed=0, key=key)
+    where = _entity_sites(sites)
+    assert sorted(where) == list(range(100))
+    assert all(len(s) == 1 for s in where.values()), {e: s for e, s in where.items() if len(s) > 1}
+    assert sum(s.n for s in sites) == 400 and min(s.n for s in sites) >= 2 * 4
+    train_e, test_e = set(), set()
+    for i, site in enumerate(sites):
+        tr, te = train_test_split(site, 0.2, seed=i)
+        assert tr.n > 0 and te.n > 0
+        train_e |= set(tr.meta["entity"].tolist())
+        test_e |= set(te.meta["entity"].tolist())
+    assert test_e and train_e.isdisjoint(test_e)
+
+
+def test_entity_partition_counts_entities_for_min_size():
+    entity = np.repeat(np.arange(15), 10)  # 150 trajectories, but only 15 entities: 10 sites of >= 2 cannot exist
+    with pytest.raises(DataError, match="15 entities cannot fill 10 sites"):
+        dirichlet_partition(_pooled(n=150, entity=entity), 10, 10.0, seed=0)

@@ -13,6 +13,13 @@ Rule of :func:`dirichlet_partition` (label skew, Hsu et al. 2019 style):
    ``max(2, ⌊0.1·n/N⌋)``, i.e. a tenth of a fair share, and never fewer than the 2 a train/test split needs); a
    short site takes random trajectories from the currently largest site until it has enough.
 
+Sites are drawn **per entity** (:func:`site_assignment`): when ``meta['entity']`` says which trajectories are chunks
+of one student/patient (long histories cut with ``overflow="chunk"``), the rule above runs on entities — an entity's
+key is the key of its first trajectory, ``n`` and ``min_size`` count entities — and every chunk gets its entity's
+site. Drawing chunks independently would put one person in several sites, and then the per-site train/test split
+(which keeps an entity on one side *within* a site) would still let a test person's other chunks sit in another
+site's training set.
+
 Everything is drawn from ``numpy.random.default_rng`` seeded with ``seed``: the same seed gives the same split.
 """
 
@@ -68,9 +75,12 @@ def trajectory_key(ds: SiteDataset, key: str | np.ndarray | None = None) -> np.n
 
 
 def dirichlet_assignment(
-    key: np.ndarray, n_sites: int, alpha: float, seed: int, min_size: int | None = None
+    key: np.ndarray, n_sites: int, alpha: float, seed: int, min_size: int | None = None, unit: str = "trajectories"
 ) -> np.ndarray:
-    """Site index per trajectory (int64 [n]) under the rule in the module docstring."""
+    """Site index per item (int64 [n]) under the rule in the module docstring; ``unit`` names the items in errors.
+
+    Callers with chunked entities use :func:`site_assignment`, which calls this once per entity.
+    """
     n = len(key)
     if n_sites < 1:
         raise DataError(f"n_sites must be >= 1, got {n_sites}", field="n_sites")
@@ -80,7 +90,7 @@ def dirichlet_assignment(
         min_size = max(2, int(0.1 * n / n_sites))
     if n < n_sites * min_size:
         raise DataError(
-            f"{n} trajectories cannot fill {n_sites} sites with at least {min_size} each; use fewer sites",
+            f"{n} {unit} cannot fill {n_sites} sites with at least {min_size} each; use fewer sites",
             field="n_sites",
         )
     rng = np.random.default_rng([_SALT_PARTITION, int(seed)])
@@ -102,6 +112,38 @@ def dirichlet_assignment(
     return site
 
 
+def _entity_codes(ds: SiteDataset) -> np.ndarray | None:
+    """Entity index per trajectory (0..E-1, first-appearance order), or None when ``meta['entity']`` is absent."""
+    ent = ds.meta.get("entity")
+    if ent is None:
+        return None
+    ent = np.asarray(ent)
+    if ent.shape != (ds.n,):
+        raise DataError(f"{ds.name}: meta['entity'] has shape {ent.shape}, expected ({ds.n},)", field="entity")
+    return pd.factorize(ent, sort=False)[0].astype(np.int64)
+
+
+def site_assignment(
+    ds: SiteDataset,
+    n_sites: int,
+    alpha: float,
+    seed: int,
+    key: str | np.ndarray | None = None,
+    min_size: int | None = None,
+) -> np.ndarray:
+    """Site index per trajectory (int64 [n]) with every entity's trajectories on one site (module docstring).
+
+    Without ``meta['entity']`` each trajectory is its own entity. With it, the Dirichlet rule draws one site per
+    entity (key = the key of the entity's first trajectory; ``min_size`` counts entities) and each chunk inherits it.
+    """
+    traj_key = trajectory_key(ds, key)
+    codes = _entity_codes(ds)
+    if codes is None:
+        return dirichlet_assignment(traj_key, n_sites, alpha, seed, min_size)
+    key_e = pd.Series(traj_key).groupby(codes, sort=True).first().to_numpy().astype(np.int64)
+    return dirichlet_assignment(key_e, n_sites, alpha, seed, min_size, unit="entities")[codes]
+
+
 def dirichlet_partition(
     ds: SiteDataset,
     n_sites: int,
@@ -113,9 +155,10 @@ def dirichlet_partition(
     """Split ``ds`` into ``n_sites`` non-empty sites with a seeded Dirichlet(α) label skew (paper: α = 10, N = 10).
 
     Sites are returned in index order, named ``<name>/site<i>``, with ``meta['site_index']`` and ``meta['n_sites']``.
-    Sizes sum to ``ds.n``; no trajectory is duplicated or lost.
+    Sizes sum to ``ds.n``; no trajectory is duplicated or lost; all chunks of one entity (``meta['entity']``) are in
+    the same site (:func:`site_assignment`).
     """
-    site = dirichlet_assignment(trajectory_key(ds, key), n_sites, alpha, seed, min_size)
+    site = site_assignment(ds, n_sites, alpha, seed, key, min_size)
     out = []
     for s in range(n_sites):
         part = take(ds, np.flatnonzero(site == s), name=f"{ds.name}/site{s}")

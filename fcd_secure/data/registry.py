@@ -1,14 +1,16 @@
 """One entry point from a dataset name to federated sites: ``load_federated`` (paper §IV-A and Table II).
 
 For the real datasets: load the pooled dataset (:mod:`fcd_secure.data.loaders`), split it into ``n_sites`` sites with
-the Dirichlet(α) rule (:mod:`fcd_secure.data.partition`), split each site into train/test (entities kept whole),
+the Dirichlet(α) rule drawn per entity, so all chunks of one student/patient share a site
+(:func:`~fcd_secure.data.partition.site_assignment`), split each site into train/test (entities kept whole),
 z-score continuous columns with statistics of the *training* sites only (:class:`~fcd_secure.data.preprocess.Standardizer`;
 the same statistics are applied to test), and choose the anchor actions on the training sites
 (:func:`~fcd_secure.data.policy.anchor_actions`).
 
-In this simulation the z-score statistics are pooled over the training sites; in a deployment they are agreed
-beforehand (or summed under secure aggregation), since a site's own mean/std would shift every site's features
-differently. The statistics are in ``description['standardization']`` and in each dataset's meta.
+In this simulation the z-score statistics are pooled over the raw training rows of all sites; a deployment needs
+per-site or securely aggregated statistics (agreed beforehand, or per-site sums and sums of squares added under
+secure aggregation), since no party may see another site's rows and a site's own mean/std alone would shift every
+site's features differently. The statistics are in ``description['standardization']`` and in each dataset's meta.
 
 For ``"dkt-synth"`` the DKT-Synth oracle world (:mod:`fcd_secure.data.dkt_synth`) makes the sites itself and
 carries the ground truth (``FederatedData.oracle``).
@@ -29,7 +31,7 @@ from fcd_secure.data.loaders import (
     load_open_bandit,
     load_statics2011,
 )
-from fcd_secure.data.partition import dirichlet_assignment, split_indices, trajectory_key
+from fcd_secure.data.partition import site_assignment, split_indices
 from fcd_secure.data.policy import anchor_actions
 from fcd_secure.data.preprocess import Standardizer, dataset_from_files, take
 from fcd_secure.data.schema import SiteDataset
@@ -112,6 +114,12 @@ def _subsample(ds: SiteDataset, preset: str, seed: int) -> SiteDataset:
     return out
 
 
+_STANDARDIZATION_NOTE = (
+    "z-score statistics are pooled over the raw training rows of all sites (simulation only); a deployment needs "
+    "per-site or securely aggregated statistics"
+)
+
+
 def _sites_to_federated(
     name: str,
     pooled: SiteDataset,
@@ -122,7 +130,13 @@ def _sites_to_federated(
     extra: dict[str, Any],
     site_names: list[str] | None = None,
 ) -> FederatedData:
-    """Cut ``pooled`` into per-site train/test sets (one copy of the arrays each), z-score with training stats."""
+    """Cut ``pooled`` into per-site train/test sets (one copy of the arrays each), z-score with training stats.
+
+    The z-score statistics are fitted on the raw training rows of *all* sites pooled (``Standardizer.fit(train)``).
+    That is only possible in this simulation, where one process holds every site: a deployment must use
+    statistics agreed per site beforehand or aggregated securely (per-site sums and sums of squares added under
+    secure aggregation), never raw rows sent to one place. ``description['notes']`` says so as well.
+    """
     entity = pooled.meta.get("entity")
     train, test = [], []
     for i in range(n_sites):
@@ -143,6 +157,7 @@ def _sites_to_federated(
     fd = FederatedData(name=name, train=train, test=test, anchors=anchor_actions(train))
     fd.description = describe_federated(fd, pooled=pooled, **extra)
     fd.description["standardization"] = std.model_dump()
+    fd.description["notes"].append(_STANDARDIZATION_NOTE)
     return fd
 
 
@@ -160,13 +175,19 @@ def load_federated(
     ``preset`` for real data: "default"/"paper" keep everything, "small" a seeded subsample of 2,000 trajectories,
     "tiny" 300 (for tests). For "dkt-synth" it names the DKT-Synth preset ("tiny", "default", "paper").
     Same arguments → same numbers.
+
+    Every chunk of one student/patient (``meta['entity']``) lands on the same site and on the same side of that
+    site's train/test split, so no test entity is seen in training anywhere. Continuous columns are z-scored with
+    statistics pooled over all training sites' raw rows: fine in simulation; a deployment needs per-site or securely
+    aggregated statistics (see :func:`_sites_to_federated`).
     """
     key = _check_name(name)
     if key == "dkt-synth":
         return _load_dkt_synth(n_sites, alpha, seed, preset, test_fraction)
     pooled = _subsample(_LOADERS[key](data_dir), preset, seed)
-    # the rule of partition.dirichlet_partition, applied as indices so the big arrays are copied only once
-    site_of = dirichlet_assignment(trajectory_key(pooled), n_sites, alpha, seed)
+    # the rule of partition.dirichlet_partition (one site per entity, chunks follow their entity), applied as
+    # indices so the big arrays are copied only once
+    site_of = site_assignment(pooled, n_sites, alpha, seed)
     extra = {"alpha": alpha, "seed": seed, "preset": preset, "test_fraction": test_fraction}
     return _sites_to_federated(key, pooled, site_of, n_sites, test_fraction, seed, extra)
 
@@ -218,7 +239,7 @@ def load_spec_federated(
                 )
         n_sites = len(names)
     else:
-        site_of = dirichlet_assignment(trajectory_key(pooled), n_sites, alpha, seed)
+        site_of = site_assignment(pooled, n_sites, alpha, seed)
     extra = {"alpha": None if spec.site else alpha, "seed": seed, "preset": "spec", "test_fraction": test_fraction}
     return _sites_to_federated(spec.name, pooled, site_of, n_sites, test_fraction, seed, extra, site_names=names)
 
