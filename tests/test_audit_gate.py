@@ -127,10 +127,60 @@ def test_exception_text_never_leaves(tmp_path):
     assert "12345" not in (tmp_path / site.site_id / "audit" / "site_ledger.jsonl").read_text()
 
 
-def test_inner_error_reason_is_replaced(tmp_path):
+def test_inner_error_reason_and_code_are_replaced(tmp_path):
+    """An inner error's reason may quote an exception and its code is a 64-bit value the handler picks (a covert
+    channel): both are replaced; the original code stays in the site's own ledger entry."""
     site = Site(tmp_path)
-    reply = site.send(instruction("train", 1), lambda m, c: Message(Error(code=2, reason="ValueError: row 17 of /data/x.csv"), reply_to=m))
-    assert reply.has_error() and reply.error.code == 2 and reply.error.reason == GENERIC_ERROR_REASON
+    covert = 0x1234_5678_9ABC_DEF0  # e.g. eight bytes of a Θs tensor
+    reply = site.send(instruction("train", 1), lambda m, c: Message(Error(code=covert, reason="ValueError: row 17 of /data/x.csv"), reply_to=m))
+    assert reply.has_error() and reply.error.reason == GENERIC_ERROR_REASON
+    assert reply.error.code == GATE_ERROR_CODE
+    (entry,) = _uploads(site)
+    assert entry["status"] == "error" and entry["handler_error_code"] == covert
+    assert entry["message_bytes"] == describe_message(reply).message_bytes
+
+
+def _relabel_as_secagg(msg, reply):
+    reply.metadata.message_type = "train.secagg_masked"  # flwr 1.42: Metadata.message_type has a setter
+
+
+def _relabel_round(msg, reply):
+    reply.metadata.group_id = "99"
+
+
+def _answer_another_message(msg, reply):
+    return Message(reply.content, reply_to=instruction("train.secagg_masked", 1))
+
+
+@pytest.mark.parametrize(
+    "forge,field",
+    [(_relabel_as_secagg, "message_type"), (_relabel_round, "group_id"), (_answer_another_message, "message_type")],
+    ids=["relabelled-type", "relabelled-round", "reply-to-another-message"],
+)
+def test_a_reply_that_does_not_answer_its_instruction_is_refused(tmp_path, forge, field):
+    """A handler relabels its ``train`` reply so the gate would treat it as a secure-aggregation message, whose
+    ConfigRecord bytes pass: the gate checks that the reply answers the instruction and classifies by the latter."""
+    site = Site(tmp_path)
+    hidden = np.random.default_rng(3).integers(0, 255, size=64, dtype=np.uint8).tobytes()  # arbitrary bytes
+
+    def handler(msg, ctx):
+        reply = Message(RecordDict({"secagg": ConfigRecord({"masked": hidden, "stage": 1})}), reply_to=msg)
+        return forge(msg, reply) or reply
+
+    reply = site.send(instruction("train", 1), handler)
+    assert reply.has_error() and not reply.has_content()
+    assert reply.error.code == GATE_ERROR_CODE and reply.error.reason.endswith("not_a_reply")
+    (entry,) = _uploads(site)
+    assert entry["status"] == "refused" and entry["refusal"] == {"rule": "not_a_reply", "record": "metadata", "key": field}
+    assert entry["action"] == "train" and entry["payload_bytes"] == 0
+    assert entry["withheld"]["config_fields"][0]["key"] == "masked"
+
+
+def test_config_bytes_in_a_plain_train_reply_are_refused_even_if_labelled_correctly(tmp_path):
+    """Classification follows the instruction: the same protocol-looking bytes in an answer to ``train`` are refused."""
+    site = Site(tmp_path)
+    reply = site.send(instruction("train", 1), lambda m, c: Message(RecordDict({"secagg": ConfigRecord({"masked": b"x" * 32})}), reply_to=m))
+    assert reply.has_error() and reply.error.reason.endswith("config_not_allowed")
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,14 @@ It refuses, and records the refusal, anything that names a Θs parameter or a pr
 or config key), any tensor or bytes field whose bytes equal or contain a current Θs tensor's bytes (a renamed or
 re-keyed copy) or the site's propensity array, and anything not on the list. A refused reply is replaced by an
 error reply the gate builds itself with a fixed reason naming only the rule; exceptions from the handler become
-the same kind of generic error, so no exception text can carry data out.
+the same kind of generic error, so no exception text can carry data out. Error replies a handler or an inner mod
+builds are replaced too, code included: every error that leaves carries ``GATE_ERROR_CODE`` (the handler's own code,
+a 64-bit value of its choosing, is kept in the local ledger entry only).
+
+A reply must answer the instruction it is for: its type, ``reply_to_message_id``, run, round (``group_id``) and
+destination must be what ``Message(content, reply_to=msg)`` sets (flwr 1.42 lets a handler relabel ``message_type``
+and ``group_id`` through setters); anything else is refused (rule ``not_a_reply``). What may pass is decided by the
+*instruction's* type, never by the reply's own label.
 
 Every reply that leaves (content, refusal error or generic error) is measured by
 :func:`fcd_secure.audit.accounting.describe_message` (exact serialized object bytes, Flower's content hash) and
@@ -74,7 +81,19 @@ REFUSAL_RULES = {
     "metric_not_allowed": "a metric that is not allow-listed, or not a scalar",
     "config_not_allowed": "a config field outside the secure-aggregation protocol and the allow-list",
     "unsupported_record": "a record type the gate does not know",
+    "not_a_reply": "a reply that does not answer the message it was built for (type, id, run, round or destination)",
 }
+
+#: Reply metadata that must equal what ``Message(content, reply_to=msg)`` sets (flwr 1.42 ``Message.__init__``):
+#: ``(reply field, instruction field)``. ``message_type``, ``group_id`` and ``dst_node_id`` have setters in flwr
+#: 1.42, so a handler or an inner mod can relabel a reply (e.g. as ``train.secagg_*`` to pass ConfigRecord bytes).
+REPLY_BINDING = (
+    ("message_type", "message_type"),
+    ("reply_to_message_id", "message_id"),
+    ("run_id", "run_id"),
+    ("group_id", "group_id"),
+    ("dst_node_id", "src_node_id"),
+)
 
 #: Key names that denote propensities (DESIGN trap 5). Matched against every record, array, metric and config key.
 PROPENSITY_NAME = re.compile(r"(?i)(^|[/._-])(p|ps|pscore|pscores)$|propens|behaviou?r_?prob|logging_?prob|action_?prob")
@@ -338,8 +357,19 @@ def _allowed(name: str, record: str, allow: Iterable[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, pat) or fnmatch.fnmatchcase(full, pat) for pat in allow)
 
 
+def check_reply_binding(reply: Message, msg: Message) -> None:
+    """Raise :class:`Refusal` unless ``reply`` answers ``msg`` exactly as ``Message(content, reply_to=msg)`` would."""
+    for reply_field, msg_field in REPLY_BINDING:
+        if getattr(reply.metadata, reply_field) != getattr(msg.metadata, msg_field):
+            raise Refusal("not_a_reply", "metadata", reply_field)
+
+
 def check_content(content: RecordDict, message_type: str, ctx: SiteAuditContext, manifest: ManifestView) -> None:
-    """Raise :class:`Refusal` if ``content`` may not leave the site; return quietly otherwise."""
+    """Raise :class:`Refusal` if ``content`` may not leave the site; return quietly otherwise.
+
+    ``message_type`` must be the type of the *instruction* being answered (never the reply's own label): it decides
+    whether secure-aggregation protocol fields are allowed.
+    """
     policy = ctx.policy
     s_names = set() if policy.allow_theta_s_upload else set(manifest.theta_s)
     private = [p for p in _private_blobs(ctx) if not (policy.allow_theta_s_upload and p.kind == "theta_s")]
@@ -459,12 +489,15 @@ def make_egress_gate(get_site: Callable[..., SiteAuditContext]) -> Callable[[Mes
                 _record(ctx, out, "error", manifest)
                 return out
             if reply.has_error():
-                # an inner mod's error reason may hold text from an exception; only the code passes
-                out = Message(Error(code=int(reply.error.code), reason=GENERIC_ERROR_REASON), reply_to=msg)
-                _record(ctx, out, "error", manifest)
+                # the handler's code and reason are both its choice (a 64-bit integer is a covert channel, the
+                # reason may quote an exception): a fixed code and reason leave, the original code stays local
+                out = _error_reply(msg, GENERIC_ERROR_REASON)
+                _record(ctx, out, "error", manifest, handler_error_code=_int_or_none(reply.error.code))
                 return out
             try:
-                check_content(reply.content, reply.metadata.message_type, ctx, manifest)
+                check_reply_binding(reply, msg)
+                # classified by the instruction's type: a reply's own label is writable by whoever built it
+                check_content(reply.content, msg.metadata.message_type, ctx, manifest)
             except Refusal as refusal:
                 withheld = describe_message(reply)
                 out = _error_reply(msg, f"egress refused by the site gate: {refusal.rule}")
@@ -496,6 +529,7 @@ def _record(
     *,
     refusal: dict | None = None,
     withheld: MessageFacts | None = None,
+    handler_error_code: int | None = None,
 ) -> dict:
     facts = describe_message(out)
     return ctx.ledger.record_upload(
@@ -505,4 +539,12 @@ def _record(
         privacy_ledger_hash=ctx.privacy_ledger_hash(),
         refusal=refusal,
         withheld=withheld,
+        handler_error_code=handler_error_code,
     )
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None

@@ -385,10 +385,12 @@ class SiteLedger(_ChainedLog):
         privacy_ledger_hash: str | None,
         refusal: dict | None = None,
         withheld: MessageFacts | None = None,
+        handler_error_code: int | None = None,
     ) -> dict:
         """One reply at the gate. ``status``: ``sent`` (left as built), ``refused`` (content withheld, an error
         reply left instead; ``withheld`` describes the refused content by names and sizes), ``error`` (the handler
-        failed; a generic error reply left)."""
+        failed; a generic error reply left; ``handler_error_code`` is the code the handler chose, kept here only,
+        since the reply that left carries the gate's fixed code)."""
         body = {"kind": "upload", "site_id": self.writer_id, "status": status, **facts_json(facts)}
         body["layout_hash"] = layout_hash
         body["privacy_ledger_hash"] = privacy_ledger_hash
@@ -397,6 +399,8 @@ class SiteLedger(_ChainedLog):
         if withheld is not None:
             w = facts_json(withheld)
             body["withheld"] = {k: w[k] for k in ("payload_sha256", "payload_bytes", "records", "tensors", "metrics", "metric_lists", "config_fields")}
+        if handler_error_code is not None:
+            body["handler_error_code"] = int(handler_error_code)
         return self.append(body)
 
     def store_receipt(self, receipt: dict, *, server_public_key: bytes | None) -> dict:
