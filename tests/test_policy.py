@@ -109,3 +109,23 @@ def test_anchor_actions_are_two_best_supported_over_valid_steps():
     assert anchor_actions([ds, other]) == (4, 2)  # pooled over sites
     with pytest.raises(DataError, match="fewer than two actions"):
         anchor_actions(_ds([[1, 1, 1]]))
+
+
+def test_threshold_reads_the_last_lookback_outcomes_of_a_shorter_history(tmp_path):
+    (tmp_path / "thr.toml").write_text(
+        'name = "struggling"\n[rule]\nkind = "threshold"\nvalue = 0.75\nwhen = "below"\nlookback = 2\n'
+    )
+    thr = load_policy(tmp_path / "thr.toml")
+    Y = np.array([[1, 1, 1, 0, 1, 1], [1, 1, 1, 1, 0, 0]], dtype=float)
+    lengths = np.array([6, 6])
+    t = 5
+    # full history: mean of steps 3-4 -> row 0: (0 + 1)/2 = 0.5 < 0.75 (on); row 1: (1 + 0)/2 = 0.5 (on)
+    full = thr.on(t, Y[:, :t], lengths)
+    assert full.tolist() == [True, True]
+    # a rollout that started at step 3 carries only Y[:, 3:5]; the decision must be the same, not "off" (NaN mean)
+    assert thr.on(t, Y[:, 3:t], lengths).tolist() == full.tolist()
+    # one column of history (start_t = 4): the mean of what there is
+    assert thr.on(t, Y[:, 4:t], lengths).tolist() == [False, True]
+    # only the last `lookback` columns count: older failures do not
+    assert thr.on(3, np.array([[0.0, 1.0, 1.0]]), np.array([6])).tolist() == [False]
+    assert thr.actions(t, Y[:, 3:t], lengths, A_OFF, A_ON).tolist() == [A_ON, A_ON]

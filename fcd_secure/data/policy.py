@@ -9,8 +9,9 @@ each file is one :class:`Policy` with a ``rule`` table:
 - ``kind = "window"``: on for ``start <= t < stop``; with ``unit = "fraction"`` the bounds are fractions of each
   trajectory's valid length (Early-on: ``[0, 0.5)``, i.e. ``t < length/2``; Late-on: ``[0.5, 1]``), with
   ``unit = "step"`` they are step indices (a switch at step k is ``start = k``);
-- ``kind = "threshold"``: on when the mean of the last ``lookback`` simulated/observed outcomes is ``below`` (or
-  ``above``) ``value``; ``initial`` decides the steps with no history yet.
+- ``kind = "threshold"``: on when the mean of the last ``lookback`` simulated/observed outcomes (the last columns
+  of the history passed in, most recent last) is ``below`` (or ``above``) ``value``; ``initial`` decides the steps
+  with no history yet.
 
 Runtime contract (other layers code against it): ``Policy.actions(t, y_hist, lengths, a_off, a_on) -> int64 [B]``,
 ``Policy.on(t, y_hist, lengths) -> bool [B]``, ``Policy.prob(...)``; ``load_policy``, ``load_policies``,
@@ -88,7 +89,10 @@ class Policy(BaseModel):
     def on(self, t: int, y_hist: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """Whether the policy takes a_on at step ``t``: bool [B].
 
-        ``y_hist`` is [B, t] (outcomes simulated or observed before t), ``lengths`` [B] the valid length of each
+        ``y_hist`` is [B, h]: the outcomes (simulated or observed) of the steps *before* ``t``, oldest first and the
+        most recent (step t−1) last. It may be the whole history (h = t) or only its recent part (h < t, e.g. a
+        rollout that started at some ``start_t`` and carries only what it simulated): the threshold rule reads its
+        last ``lookback`` columns, never absolute step indices. ``lengths`` [B] is the valid length of each
         trajectory (steps at or beyond it are padding; the value there is defined but irrelevant).
         """
         lengths = np.asarray(lengths)
@@ -103,7 +107,9 @@ class Policy(BaseModel):
         y_hist = np.asarray(y_hist, dtype=np.float64).reshape(B, -1)
         if t == 0 or y_hist.shape[1] == 0:
             return np.full(B, r.initial, dtype=bool)
-        recent = y_hist[:, max(0, t - r.lookback):t].mean(axis=1)
+        # the last `lookback` columns, not y_hist[:, t-lookback:t]: a history shorter than t (a rollout from start_t)
+        # would make that slice empty, its mean NaN and the rule silently "off"
+        recent = y_hist[:, -r.lookback:].mean(axis=1)
         return recent < r.value if r.when == "below" else recent > r.value
 
     def actions(self, t: int, y_hist: np.ndarray, lengths: np.ndarray, a_off: int, a_on: int) -> np.ndarray:
