@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fcd_secure.data.schema import SiteDataset
-from fcd_secure.evaluation.tstr import StepPredictor, trtr, tstr, utility_report
+from fcd_secure.evaluation.tstr import StepPredictor, action_bucket, step_features, trtr, tstr, utility_report
 
 
 def _make(seed: int, n: int = 300, L: int = 10, sign: float = 1.0, n_actions: int = 2, continuous=False, soft=False):
@@ -74,6 +74,24 @@ def test_many_actions_are_hashed_into_fixed_buckets():
     assert g.coef_.size == 1 + (2 + 1 + 4) + 32  # intercept, [X, A, history], 32 action buckets
     p, y = g.predict(ds)
     assert p.shape == y.shape and ((p > 0) & (p < 1)).all()
+
+
+def test_action_hash_spreads_ids_that_are_32_apart():
+    # ids 0, 32, 64, ..., 480: the low bits of id * 2654435761 are a permutation of id mod 32, so a low-bit hash
+    # sends all 16 to one bucket; the top bits must spread them
+    n = 16
+    ds = SiteDataset(
+        X=np.zeros((n, 1), np.float32), A=np.zeros((n, 1, 1), np.float32), T=(np.arange(n) * 32)[:, None],
+        Y=(np.arange(n) % 2).astype(np.float32)[:, None], M=np.ones((n, 1), np.float32), n_actions=500, name="ids",
+    )
+    _, F_oh, _ = step_features(ds)
+    assert F_oh.shape == (16, 32) and (F_oh.sum(axis=1) == 1).all()
+    assert np.unique(F_oh.argmax(axis=1)).size >= 8
+    # every bucket is used by the 500 ids, none by more than a few more than its fair share (500/32 ~ 16)
+    counts = np.bincount(action_bucket(np.arange(500), 500), minlength=32)
+    assert counts.size == 32 and counts.min() >= 12 and counts.max() <= 20
+    # up to 32 actions the id is its own bucket
+    np.testing.assert_array_equal(action_bucket(np.arange(32), 32), np.arange(32))
 
 
 def test_layout_mismatch_is_named():

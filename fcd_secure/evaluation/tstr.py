@@ -8,7 +8,8 @@ The predictor, :class:`StepPredictor`, predicts the outcome Y_t of every valid s
 decision time t:
 
 * X (static covariates), A_t (time-varying context), the action T_t as a one-hot over min(n_actions, 32) buckets
-  (ids beyond 32 are hashed into the buckets with a fixed multiplicative hash, so no embedding has to be learned);
+  (with more than 32 actions, ids are hashed into the buckets with Knuth's fixed multiplicative hash, top bits;
+  :func:`action_bucket`), so no embedding has to be learned;
 * Y_{t−1} (0 at t = 0), the running mean of Y_{<t} (0 at t = 0), a first-step indicator and the position t.
 
 Continuous features are standardised with the *training* set's mean and s.d. If the real test outcomes are binary,
@@ -30,15 +31,31 @@ import numpy as np
 from fcd_secure.data.schema import SiteDataset
 from fcd_secure.evaluation.metrics import factual_auc, rmse
 
-__all__ = ["StepPredictor", "step_features", "tstr", "trtr", "utility_report"]
+__all__ = ["StepPredictor", "action_bucket", "step_features", "tstr", "trtr", "utility_report"]
 
-_MAX_ACTION_BUCKETS = 32
+_BUCKET_BITS = 5
+_MAX_ACTION_BUCKETS = 1 << _BUCKET_BITS  # 32; a power of two, so the hash's top bits index a bucket
+_KNUTH = 2654435761  # ⌊2^32/φ⌋, odd
 _RIDGE = 1e-4  # on the mean loss over standardised features: enough to keep separable data finite
 _NEWTON_STEPS = 30
 
 
 def _action_buckets(n_actions: int) -> int:
     return min(n_actions, _MAX_ACTION_BUCKETS)
+
+
+def action_bucket(T: np.ndarray, n_actions: int) -> np.ndarray:
+    """Bucket of each action id (int64, same shape): the id itself when ``n_actions <= 32``, else a hash into 32.
+
+    The hash is Knuth's multiplicative one, fixed and seed-free: the *top* 5 bits of ``(id · 2654435761) mod 2^32``.
+    Its low bits would not do: with an odd multiplier they are a permutation of ``id mod 32``, so ids 32 apart (0,
+    32, 64, ...) would always share a bucket, which is no hashing at all.
+    """
+    T = np.asarray(T)
+    if n_actions <= _MAX_ACTION_BUCKETS:
+        return T.astype(np.int64)
+    h = (T.astype(np.uint64) * np.uint64(_KNUTH)) % np.uint64(2**32)
+    return (h >> np.uint64(32 - _BUCKET_BITS)).astype(np.int64)
 
 
 def step_features(ds: SiteDataset) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -65,11 +82,7 @@ def step_features(ds: SiteDataset) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     F_cont = np.concatenate([X, A, hist], axis=1)
 
     B = _action_buckets(ds.n_actions)
-    T = ds.T[rows_i, rows_t].astype(np.uint64)
-    if ds.n_actions > _MAX_ACTION_BUCKETS:
-        # Knuth's multiplicative hash: a fixed, seed-free map of many action ids onto B buckets
-        T = (T * np.uint64(2654435761)) % np.uint64(2**32)
-    bucket = (T % np.uint64(B)).astype(np.int64)
+    bucket = action_bucket(ds.T[rows_i, rows_t], ds.n_actions)
     F_oh = np.zeros((rows_i.size, B))
     F_oh[np.arange(rows_i.size), bucket] = 1.0
     return F_cont, F_oh, Y[rows_i, rows_t]
