@@ -118,6 +118,35 @@ def test_diabetes130_encoding_of_one_patient(diabetes, shared_data):
     assert diabetes.X[i, x.index("female")] == float(first["gender"] == "Female")
 
 
+_LAYOUT = ("dataset", "x_names", "a_names", "x_continuous", "a_continuous", "x_categorical", "a_categorical",
+           "levels", "action_names", "outcome_name", "notes")
+
+
+def _check_levels(ds):
+    """meta has build_dataset's layout, and every integer-id column of X and A has its levels (id k = levels[k-1])."""
+    assert all(k in ds.meta for k in _LAYOUT), [k for k in _LAYOUT if k not in ds.meta]
+    for side in ("x", "a"):
+        names = ds.meta[f"{side}_names"]
+        for j, card in ds.meta[f"{side}_categorical"].items():
+            assert len(ds.meta["levels"][names[int(j)]]) == card - 1, names[int(j)]
+
+
+def test_encoded_loaders_store_x_and_a_levels(diabetes, shared_data, long_case):
+    from fcd_secure.data.preprocess import dataset_from_files
+
+    _, built = dataset_from_files(*long_case())
+    assert set(_LAYOUT) <= set(built.meta)
+    _check_levels(diabetes)
+    lv = diabetes.meta["levels"]
+    # X levels (race, one-hot) next to A levels (one-hot and integer-id columns)
+    assert lv["race"] == ["Caucasian", "AfricanAmerican", "Hispanic", "Asian", "Other"]
+    assert {"payer_code", "medical_specialty", "admission_type_id", "A1Cresult", "diag_1"} <= set(lv)
+    obd = load_open_bandit(shared_data, behavior="random")
+    _check_levels(obd)
+    assert {f"user_feature_{i}" for i in range(4)} <= set(obd.meta["levels"])
+    assert obd.meta["behavior"] == "random" and obd.meta["outcome_name"] == "click"
+
+
 def test_missing_data_dir_is_a_clear_error(tmp_path):
     with pytest.raises(DataError, match="statics2011"):
         load_statics2011(tmp_path)

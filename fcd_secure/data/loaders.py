@@ -50,6 +50,36 @@ def _need(path: Path) -> Path:
     return path
 
 
+def _encoded_meta(
+    dataset: str,
+    xe: EncodedColumns,
+    ae: EncodedColumns,
+    *,
+    action_names: list[str],
+    outcome_name: str,
+    info: dict,
+    notes: list[str],
+    **extra: object,
+) -> dict:
+    """``meta`` of a loader that encodes X and A with :class:`EncodedColumns`, in the layout of
+    :func:`~fcd_secure.data.preprocess.build_dataset`: names, roles and the levels of X *and* A (keyed by column)."""
+    return {
+        "dataset": dataset,
+        "x_names": xe.names,
+        "a_names": ae.names,
+        "x_continuous": xe.continuous,
+        "a_continuous": ae.continuous,
+        "x_categorical": xe.categorical,
+        "a_categorical": ae.categorical,
+        "levels": {**xe.levels, **ae.levels},
+        "action_names": action_names,
+        "outcome_name": outcome_name,
+        **extra,
+        **info,
+        "notes": notes,
+    }
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # knowledge tracing (Statics2011, ASSISTments 2009)
 # ---------------------------------------------------------------------------------------------------------------
@@ -277,6 +307,7 @@ def load_diabetes130(data_dir: str | Path | None = None, max_len: int = 20) -> S
     for r in races:
         xe.add(race == r, f"race={r}")
     xe.add(race == "?", "race__missing")
+    xe.levels["race"] = races
     xe.add(df["gender"].to_numpy() == "Female", "female")
     xe.add(~np.isin(df["gender"].to_numpy(), ["Female", "Male"]), "gender_unknown")
     buckets = {f"[{10 * i}-{10 * (i + 1)})": 10.0 * i + 5.0 for i in range(10)}
@@ -292,6 +323,7 @@ def load_diabetes130(data_dir: str | Path | None = None, max_len: int = 20) -> S
     adm = pd.to_numeric(df["admission_type_id"], errors="coerce").fillna(0).astype(int).to_numpy()
     for k in range(1, 9):
         ae.add(adm == k, f"admission_type={k}")
+    ae.levels["admission_type_id"] = [str(k) for k in range(1, 9)]
     for col in ["discharge_disposition_id", "admission_source_id", "payer_code", "medical_specialty"]:
         ids, card, levels = _int_id(df[col])
         ae.add(ids, col, "categorical", cardinality=card)
@@ -302,9 +334,11 @@ def load_diabetes130(data_dir: str | Path | None = None, max_len: int = 20) -> S
         v = df[col].to_numpy()
         for lev in levels:
             ae.add(v == lev, f"{col}={lev}")
+        ae.levels[col] = levels
     for col in ["diag_1", "diag_2", "diag_3"]:
         g = _icd9_group(df[col])
         ae.add_one_hot(g, _DIAG_GROUPS, col)
+        ae.levels[col] = _DIAG_GROUPS
         ae.add(g < 0, f"{col}__missing")
     for group, meds in _CO_MEDS.items():
         on = np.zeros(N, dtype=bool)
@@ -335,26 +369,16 @@ def load_diabetes130(data_dir: str | Path | None = None, max_len: int = 20) -> S
     Y = (df["readmitted"].to_numpy() == "<30").astype(np.float32)
 
     arrays, info = pack(entity, max_len, overflow="chunk", A=ae.matrix(N), T=T, Y=Y, X=xe.matrix(N))
-    meta = {
-        "dataset": "diabetes130",
-        "x_names": xe.names,
-        "a_names": ae.names,
-        "x_continuous": xe.continuous,
-        "a_continuous": ae.continuous,
-        "x_categorical": xe.categorical,
-        "a_categorical": ae.categorical,
-        "levels": ae.levels,
-        "action_names": action_names,
-        "outcome_name": "readmitted within 30 days",
-        **info,
-        "notes": [
+    meta = _encoded_meta(
+        "diabetes130", xe, ae, action_names=action_names, outcome_name="readmitted within 30 days", info=info,
+        notes=[
             "entity = patient_nbr; encounters ordered by encounter_id (assumed chronological; the release has no dates)",
             f"patients with more than {max_len} encounters are cut into consecutive chunks",
             "T = insulin state x metformin state x any sulfonylurea (32 ids); Table I reports |T| = 145",
             "Y = readmitted '<30'; no hospital id, so sites come from the Dirichlet split",
             "weight (97% missing) is not used",
         ],
-    }
+    )
     return make_dataset(arrays, len(action_names), "diabetes130", meta)
 
 
@@ -407,6 +431,7 @@ def load_open_bandit(
     for c in ufeat:
         ids, card, levels = _int_id(df[c], missing_value=None)
         xe.add(ids, c, "categorical", cardinality=card)
+        xe.levels[c] = levels
         codes.append(ids)
     xe.add(df["_bts"].to_numpy(), "bts_log")
     ts = pd.to_datetime(df["timestamp"], utc=True)
@@ -421,6 +446,7 @@ def load_open_bandit(
     pos = df["position"].to_numpy()
     for k in (1, 2, 3):
         ae.add(pos == k, f"position={k}")
+    ae.levels["position"] = ["1", "2", "3"]
     hour = (ts.iloc[order].dt.hour.to_numpy() + ts.iloc[order].dt.minute.to_numpy() / 60.0) / 24.0
     ae.add(np.sin(2 * np.pi * hour), "hour_sin")
     ae.add(np.cos(2 * np.pi * hour), "hour_cos")
@@ -436,25 +462,16 @@ def load_open_bandit(
         T=df["item_id"].to_numpy(dtype=np.int64), Y=df["click"].to_numpy(dtype=np.float32), X=Xr,
         P=df["propensity_score"].to_numpy(dtype=np.float32),
     )
-    meta = {
-        "dataset": "obd",
-        "x_names": xe.names,
-        "a_names": ae.names,
-        "x_continuous": xe.continuous,
-        "a_continuous": ae.continuous,
-        "x_categorical": xe.categorical,
-        "a_categorical": ae.categorical,
-        "action_names": [f"item {i}" for i in range(80)],
-        "outcome_name": "click",
-        "behavior": behavior,
-        **info,
-        "notes": [
+    meta = _encoded_meta(
+        "obd", xe, ae, action_names=[f"item {i}" for i in range(80)], outcome_name="click", info=info,
+        behavior=behavior,
+        notes=[
             "OBD has no user id: trajectories are pseudo-users = (logging policy, 4 user-feature hashes), sorted by "
             f"timestamp, cut into chunks of {max_len}",
             "P = logged propensity of the shown item (random: 1/80; bts: varies)",
             "T = item id (80 items); Table I reports |T| = 8089",
         ],
-    }
+    )
     return make_dataset(arrays, 80, "obd", meta)
 
 
