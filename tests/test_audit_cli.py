@@ -44,9 +44,40 @@ def test_compliant_run_json_envelope(run):
     assert all(l["key_pinned"] for l in data["ledgers"])
 
 
+def _pins(sites, server):
+    site_fp, server_fp = fingerprints(sites, server)
+    return [a for fp in site_fp for a in ("--site-key", fp)] + ["--server-key", server_fp[0]]
+
+
+def test_unpinned_exit_3_unverified_and_allow_unpinned(run):
+    """Without pins the evidence is not tied to its writers: never 'compliant', a distinct exit code."""
+    root, sites, server = run
+    res = _invoke(root, "--json")
+    assert res.exit_code == 3, res.output
+    env = json.loads(res.stdout)
+    assert env["status"] == "unverified" and env["exit_code"] == 3 and env["error_code"] == "IDENTITY_NOT_PINNED"
+    assert "UNVERIFIED" in env["message"] and "--site-key" in env["hint"]
+    res = _invoke(root, "--json", "--allow-unpinned")
+    assert res.exit_code == 0
+    env = json.loads(res.stdout)
+    assert env["status"] == "unverified" and "--allow-unpinned" in env["message"]
+    res = _invoke(root, "--plain", "--allow-unpinned")
+    assert "**Verdict: UNVERIFIED** (exit 0)" in res.stdout
+    # pinning every writer turns the same evidence compliant
+    res = _invoke(root, "--json", *_pins(sites, server))
+    assert res.exit_code == 0 and json.loads(res.stdout)["status"] == "compliant"
+
+
+def test_help_documents_every_exit_code():
+    res = runner.invoke(app, ["audit", "verify", "--help"], terminal_width=200)
+    assert res.exit_code == 0
+    for line in ("0  compliant", "1  violation", "2  usage", "3  unverified", "6  tampered", "--allow-unpinned"):
+        assert line in res.stdout, line
+
+
 def test_markdown_report_lists_sites_rounds_and_totals(run):
-    root, _, _ = run
-    res = _invoke(root, "--plain")
+    root, sites, server = run
+    res = _invoke(root, "--plain", *_pins(sites, server))
     assert res.exit_code == 0, res.output
     out = res.stdout
     assert "**Verdict: COMPLIANT**" in out

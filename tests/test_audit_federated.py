@@ -42,9 +42,17 @@ def test_default_run_ledgers_verify_clean_and_match_communication_accounting(fed
     from fcd_secure.audit.verify import verify_path
     from fcd_secure.cli.main import app
 
+    from fcd_secure.audit.ledger import fingerprint, public_key_bytes
+
     state, result = federated_run
-    res = verify_path(state)
-    assert res.exit_code == 0, [f.message for f in res.findings if f.severity != "note"]
+    # pinned to the identity keys the sites and the server hold (read from the key files, not from the evidence)
+    site_pins, server_pins = [], []
+    for key_file in sorted(state.rglob("identity_ed25519.key")):
+        (server_pins if key_file.parent.name == "_server" else site_pins).append(fingerprint(public_key_bytes(key_file.read_bytes())))
+    assert len(server_pins) == 1 and len(site_pins) == 2
+    res = verify_path(state, site_keys=site_pins, server_keys=server_pins)
+    assert res.exit_code == 0 and res.status == "compliant", [f.message for f in res.findings if f.severity != "note"]
+    assert verify_path(state).exit_code == 3  # the same evidence, unpinned: unverified
 
     up = [r for r in result.traffic_rows if r["direction"] == "up"]
     entries = [json.loads(l) for p in state.rglob("site_ledger.jsonl") for l in p.read_text().splitlines()]
@@ -76,14 +84,7 @@ def test_default_run_ledgers_verify_clean_and_match_communication_accounting(fed
             assert summary.receipts == summary.uploads_sent + summary.uploads_refused + summary.uploads_error - 1
             assert summary.unreceipted == 1  # only the acknowledgement of the closing receipts message
 
-    # pinned to the identity keys the sites and the server hold (read from the key files, not from the evidence)
-    from fcd_secure.audit.ledger import fingerprint, public_key_bytes
-
-    pins = []
-    for key_file in sorted(state.rglob("identity_ed25519.key")):
-        flag = "--server-key" if key_file.parent.name == "_server" else "--site-key"
-        pins += [flag, fingerprint(public_key_bytes(key_file.read_bytes()))]
-    assert pins.count("--server-key") == 1 and pins.count("--site-key") == 2
+    pins = [a for fp in site_pins for a in ("--site-key", fp)] + ["--server-key", server_pins[0]]
     cli = CliRunner().invoke(app, ["audit", "verify", str(state), "--json", *pins])
     assert cli.exit_code == 0, cli.output
     env = json.loads(cli.stdout)

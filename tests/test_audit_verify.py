@@ -40,7 +40,7 @@ def test_clean_run_verifies_and_totals_reconcile(run):
     root, sites, server = run
     site_fp, server_fp = fingerprints(sites, server)
     res = verify_path(root, site_keys=site_fp, server_keys=server_fp)
-    assert res.exit_code == 0, [f.message for f in res.findings]
+    assert res.exit_code == 0 and res.status == "compliant", [f.message for f in res.findings]
     totals = res.totals()
     # the sites' records and the server's agree byte for byte
     assert totals["payload_bytes"] == res.server_totals["payload_bytes"] > 0
@@ -59,10 +59,62 @@ def test_clean_run_verifies_and_totals_reconcile(run):
             assert s.checkpoints == 3
 
 
-def test_unpinned_or_wrong_key_is_reported(run):
+def _resign(path, key):
+    """Rebuild a ledger's chain under another key: new open entry, every hash, signature and checkpoint recomputed.
+
+    What anyone holding the file (and no pinned fingerprint to answer to) can do."""
+    from fcd_secure.audit.ledger import GENESIS, fingerprint, line_hash, merkle_root, public_key_bytes, sign_hash
+    from fcd_secure.audit.ledger import _private_key
+
+    sk = _private_key(key)
+    out, prev = [], GENESIS
+    for text in _lines(path):
+        obj = {k: v for k, v in json.loads(text).items() if k not in ("hash", "sig")}
+        if obj["kind"] == "open":
+            obj["public_key"] = public_key_bytes(key).hex()
+            obj["key_fingerprint"] = fingerprint(public_key_bytes(key))
+        if obj["kind"] == "checkpoint":
+            hashes = [o["hash"] for o in out]
+            obj["head"], obj["merkle_root"] = hashes[-1], merkle_root(hashes)
+        obj["prev_hash"] = prev
+        obj["hash"] = line_hash(obj)
+        obj["sig"] = sign_hash(sk, obj["hash"])
+        out.append(obj)
+        prev = obj["hash"]
+    _write(path, [canonical(o).decode() for o in out])
+
+
+def test_unpinned_is_never_compliant(run):
     root, sites, server = run
+    site_fp, server_fp = fingerprints(sites, server)
     res = verify_path(root)
-    assert res.exit_code == 0 and any(f.severity == "note" and "not pinned" in f.message for f in res.findings)
+    assert res.status == "unverified" and res.exit_code == 3
+    unverified = [f for f in res.findings if f.severity == "unverified"]
+    assert {f.ledger for f in unverified} == {s.path for s in res.ledgers}
+    # pinning only the sites still leaves the server (and the receipts it signed) unverified
+    res = verify_path(root, site_keys=site_fp)
+    assert res.exit_code == 3 and [f.ledger for f in res.findings if f.severity == "unverified"] == ["server/audit/server_ledger.jsonl"]
+    # --allow-unpinned: exit 0, the verdict stays unverified
+    res = verify_path(root, allow_unpinned=True)
+    assert res.status == "unverified" and res.exit_code == 0
+
+
+def test_a_chain_re_signed_with_a_fresh_key_is_unverified_or_tampered(run):
+    """Forged evidence (edited, then re-signed end to end with a fresh key) checks internally; only pins expose it."""
+    root, sites, server = run
+    site_fp, server_fp = fingerprints(sites, server)
+    path = _ledger_file(root)
+    _resign(path, raw_key())
+    res = verify_path(root)
+    assert not _tampered(res), [f.message for f in _tampered(res)]
+    assert res.status == "unverified" and res.exit_code == 3  # was 0 "compliant" before pins were required
+    res = verify_path(root, site_keys=site_fp, server_keys=server_fp)
+    assert res.exit_code == 6
+    assert any(f.ledger == "site-00/audit/site_ledger.jsonl" and "not among the pinned" in f.message for f in _tampered(res))
+
+
+def test_wrong_pinned_key_is_tampered(run):
+    root, sites, server = run
     other = SiteLedger.open(root / "elsewhere", raw_key(), "x").fingerprint
     res = verify_path(root, site_keys=[other], server_keys=[server.ledger.fingerprint])
     assert res.exit_code == 6
@@ -269,3 +321,65 @@ def test_a_site_manifest_that_differs_from_the_servers_is_caught(tmp_path):
     assert res.exit_code == 6
     assert any("not the one the server ran with" in f.message for f in _tampered(res))
     assert ManifestView.of(forged).theta_s == {}
+
+
+def test_a_site_upload_missing_from_the_server_ledger_is_tampered(run):
+    """The server cuts its ledger's tail (a valid chain, just shorter) to hide uploads it received: the site's
+    uploads that the server ledger no longer records are named, site entry seq and line."""
+    root, sites, server = run
+    site_fp, server_fp = fingerprints(sites, server)
+    path = server.ledger.path
+    lines = _lines(path)
+    cut = next(i for i, l in enumerate(lines) if json.loads(l).get("action") == "query.audit_receipts")
+    _write(path, lines[:cut])
+    site_lines = _lines(_ledger_file(root))
+    ack_line = next(i for i, l in enumerate(site_lines, 1) if json.loads(l).get("action") == "query.audit_receipts")
+    ack_seq = json.loads(site_lines[ack_line - 1])["seq"]
+    res = verify_path(root, site_keys=site_fp, server_keys=server_fp)
+    assert res.exit_code == 6
+    hidden = [f for f in _tampered(res) if f.ledger == "site-00/audit/site_ledger.jsonl"]
+    assert [(f.seq, f.line) for f in hidden] == [(ack_seq, ack_line)]
+    assert "no server ledger records" in hidden[0].message and f"seq {ack_seq} (line {ack_line})" in hidden[0].message
+
+
+def test_a_receipt_signed_by_the_site_itself_is_tampered(run):
+    """With the server ledger present but its key unpinned, a site forges a receipt for an upload under a key of
+    its own, copying the server entry's seq and hash: the receipt key must be the server ledger's key."""
+    root, sites, server = run
+    site_fp, _ = fingerprints(sites, server)
+    site = sites[0]
+    ack = [l for l in site.ledger.lines() if l["kind"] == "upload"][-1]
+    srv = next(l for l in server.ledger.lines() if l.get("message_id") == ack["message_id"])
+    forged = sign_receipt(
+        raw_key(), run_id=ack["run_id"], node_id=ack["node_id"], round=ack["round"], message_type=ack["action"],
+        reply_to=ack["reply_to"], message_id=ack["message_id"], payload_bytes=ack["payload_bytes"],
+        message_bytes=ack["message_bytes"], payload_sha256=ack["payload_sha256"], server_seq=srv["seq"],
+        server_entry_hash=srv["hash"], time=srv["time"],
+    )
+    line = site.ledger.store_receipt(forged, server_public_key=None)
+    res = verify_path(root, site_keys=site_fp)
+    assert res.exit_code == 6
+    (finding,) = _tampered(res)
+    assert finding.seq == line["seq"] and "not the key of the server ledger" in finding.message
+    # the site's directory alone (no server ledger, server unpinned): its receipts are unanchored, never compliant
+    res = verify_path(root / site.site_id, site_keys=[site.ledger.fingerprint])
+    assert res.exit_code == 3
+    assert any(f.severity == "unverified" and "receipt" in f.message for f in res.findings)
+
+
+def test_swapped_ledger_roles_are_tampered(run, tmp_path_factory):
+    root, sites, server = run
+    site_path, server_path = _ledger_file(root), server.ledger.path
+    site_text, server_text = site_path.read_text(), server_path.read_text()
+    site_path.write_text(server_text)
+    server_path.write_text(site_text)
+    res = verify_path(root)
+    assert res.exit_code == 6
+    roles = {f.ledger for f in _tampered(res) if "opens with role" in f.message}
+    assert roles == {"site-00/audit/site_ledger.jsonl", "server/audit/server_ledger.jsonl"}
+    # one file on its own: the server's ledger presented as a site ledger
+    alone = tmp_path_factory.mktemp("alone") / SITE_LEDGER_FILE
+    alone.write_text(server_text)
+    res = verify_path(alone)
+    assert res.exit_code == 6
+    assert any(f.seq == 0 and "opens with role 'server'" in f.message for f in _tampered(res))

@@ -2,36 +2,46 @@
 
 The envelope follows the NVFLARE 2.9 CLI contract adopted for ``fcd`` (ops-anchors §5):
 ``{schema_version, status, exit_code, error_code, message, hint, data}``, with exit codes 0 compliant, 1 violation,
-2 usage error, 6 evidence tampered or inconsistent, so a pipeline can tell "failed" from "forged".
+2 usage error, 3 unverified (identity not pinned), 6 evidence tampered or inconsistent, so a pipeline can tell
+"failed" from "forged" from "not tied to a known identity".
 """
 
 from __future__ import annotations
 
-from fcd_secure.audit.verify import EXIT_OK, EXIT_TAMPERED, EXIT_USAGE, EXIT_VIOLATION, VerifyResult
+from fcd_secure.audit.verify import EXIT_USAGE, VerifyResult
 
 SCHEMA_VERSION = "1"
 
 _ERROR = {
-    EXIT_OK: (None, "ledgers verified: chain, signatures and receipts intact; nothing but Θc and allow-listed aggregates left", None),
-    EXIT_VIOLATION: (
+    "compliant": (None, "ledgers verified: chain, signatures and receipts intact; nothing but Θc and allow-listed aggregates left", None),
+    "violation": (
         "EGRESS_VIOLATION",
         "the evidence is intact but records an upload that breaks the egress policy",
         "see data.findings (severity 'violation'): the entry seq names the upload",
     ),
-    EXIT_TAMPERED: (
+    "tampered": (
         "EVIDENCE_TAMPERED",
         "the evidence is tampered with or inconsistent",
         "see data.findings (severity 'tampered'): each names the ledger file, entry seq and line",
+    ),
+    "unverified": (
+        "IDENTITY_NOT_PINNED",
+        "UNVERIFIED: chains, receipts and policy check, but no pinned key ties the ledgers to their writers "
+        "(a chain re-signed with a fresh key would pass the same); this is not a compliance verdict",
+        "pin every writer: --site-key/--server-key with the fingerprints exported out of band at provisioning "
+        "(`fcd audit fingerprints` on the operator's side); see data.findings (severity 'unverified')",
     ),
 }
 
 
 def envelope(result: VerifyResult) -> dict:
     code = result.exit_code
-    error_code, message, hint = _ERROR[code]
-    first = next((f for f in result.findings if f.severity in ("tampered", "violation")), None)
+    error_code, message, hint = _ERROR[result.status]
+    first = next((f for f in result.findings if f.severity == result.status), None)
     if first is not None:
         message = f"{message}: {first.ledger}: {first.message}"
+    if result.status == "unverified" and code == 0:
+        message = f"{message} [exit 0 only because --allow-unpinned was given]"
     return {
         "schema_version": SCHEMA_VERSION,
         "status": result.status,

@@ -1,16 +1,27 @@
 """Offline verification of site and server ledgers, for auditors (``fcd audit verify``).
 
-Given a run directory (or one site's directory) and the key fingerprints the auditor pinned out of band, decide:
+Given a run directory (or one site's directory) and the key fingerprints the auditor pinned out of band, decide
+(first match wins; the exit code is what ``fcd audit verify`` returns):
 
-* **tampered or inconsistent** (exit 6): a line that does not parse, a hash, ``prev_hash``, ``seq`` or signature that
-  does not check, a ledger signed by a key that is not pinned, a checkpoint that disagrees with the chain before it,
-  a receipt whose signature or fields do not match the entry it acknowledges (or that acknowledges an upload the
-  site never recorded), a server ledger entry with no matching site upload, or a site upload and the server's
+* **tampered** (exit 6, evidence tampered or inconsistent): a line that does not parse, a hash, ``prev_hash``,
+  ``seq`` or signature that does not check, a ledger signed by a key that is not pinned, a ledger whose ``open``
+  entry names the other role (``site_ledger.jsonl`` must be written by a site, ``server_ledger.jsonl`` by the
+  server), a checkpoint that disagrees with the chain before it, a receipt whose signature or fields do not match the
+  entry it acknowledges (or that acknowledges an upload the site never recorded, or is signed by a key that is neither
+  the server ledger's nor a pinned server key), a server ledger entry with no matching site upload, a site upload
+  the server ledger present has no record of (a deleted server ledger tail), or a site upload and the server's
   record of it that differ in bytes or hash;
 * **violation** (exit 1): an upload that left the site naming a Θs parameter or a propensity, a tensor that is not a
   Θc tensor of the manifest in force (or has another shape/dtype), or whose bytes exceed the Θc layout plus the
   protocol overhead bound, or a refusal whose error reply still carried content;
-* **compliant** (exit 0) otherwise.
+* **unverified** (exit 3, identity not pinned): every check above passed, but some ledger's key (or the key that
+  signed a site's receipts) was not pinned with ``--site-key`` / ``--server-key``. Unpinned signatures prove only
+  that one key wrote a whole chain: a chain rebuilt and re-signed with a fresh key checks just as well, so this is
+  never "compliant". ``allow_unpinned=True`` (``--allow-unpinned``) turns the exit code to 0; the verdict stays
+  "unverified";
+* **compliant** (exit 0) otherwise: intact, consistent, within policy, and tied to pinned identities.
+
+Exit 2 (usage error: missing path, malformed fingerprint, no ledger found) is raised as :class:`UsageError`.
 
 It also totals uplink bytes per site and per round (paper Table II "uplink = selected clients × synchronised
 parameter size", here measured). The negative proof "Θs never left" is over what passed through the gate: network
@@ -41,7 +52,11 @@ from fcd_secure.audit.ledger import (
     signature_ok,
 )
 
-EXIT_OK, EXIT_VIOLATION, EXIT_USAGE, EXIT_TAMPERED = 0, 1, 2, 6
+EXIT_OK, EXIT_VIOLATION, EXIT_USAGE, EXIT_UNPINNED, EXIT_TAMPERED = 0, 1, 2, 3, 6
+#: verdict -> exit code (``unverified`` exits 0 only under ``allow_unpinned``)
+EXIT_CODES = {"compliant": EXIT_OK, "violation": EXIT_VIOLATION, "unverified": EXIT_UNPINNED, "tampered": EXIT_TAMPERED}
+#: which file must hold which writer's ledger
+EXPECTED_ROLE = {SITE_LEDGER_FILE: "site", SERVER_LEDGER_FILE: "server"}
 
 #: Fields a receipt must agree on with the site's upload entry: the byte-for-byte reconciliation.
 RECONCILED_FIELDS = ("run_id", "node_id", "round", "reply_to", "message_id", "payload_bytes", "message_bytes", "payload_sha256")
@@ -54,7 +69,7 @@ class UsageError(ValueError):
 
 @dataclass
 class Finding:
-    severity: str  # "tampered" | "violation" | "note"
+    severity: str  # "tampered" | "violation" | "unverified" | "note"
     ledger: str
     seq: int | None
     line: int | None
@@ -90,18 +105,21 @@ class VerifyResult:
     #: (site_id, round) -> {"messages", "payload_bytes", "message_bytes"}; uplink that left the sites
     per_round: dict = field(default_factory=dict)
     server_totals: dict = field(default_factory=dict)
-
-    @property
-    def exit_code(self) -> int:
-        if any(f.severity == "tampered" for f in self.findings):
-            return EXIT_TAMPERED
-        if any(f.severity == "violation" for f in self.findings):
-            return EXIT_VIOLATION
-        return EXIT_OK
+    #: exit 0 instead of 3 when the only shortfall is unpinned identities (the verdict stays "unverified")
+    allow_unpinned: bool = False
 
     @property
     def status(self) -> str:
-        return {EXIT_OK: "compliant", EXIT_VIOLATION: "violation", EXIT_TAMPERED: "tampered"}[self.exit_code]
+        for severity in ("tampered", "violation", "unverified"):
+            if any(f.severity == severity for f in self.findings):
+                return severity
+        return "compliant"
+
+    @property
+    def exit_code(self) -> int:
+        if self.status == "unverified" and self.allow_unpinned:
+            return EXIT_OK
+        return EXIT_CODES[self.status]
 
     def totals(self) -> dict:
         return {
@@ -145,8 +163,8 @@ class _Chain:
     ok: bool
 
 
-def _check_chain(path: Path, label: str, pinned: set[str] | None, findings: list[Finding]) -> _Chain:
-    """Parse and check one ledger file: JSON, seq, prev_hash, hash, signatures, pinned key, checkpoints."""
+def _check_chain(path: Path, label: str, pinned: set[str] | None, findings: list[Finding], expected_role: str) -> _Chain:
+    """Parse and check one ledger file: JSON, writer role, seq, prev_hash, hash, signatures, pinned key, checkpoints."""
 
     def bad(seq, line, msg):
         findings.append(Finding("tampered", label, seq, line, msg))
@@ -179,6 +197,11 @@ def _check_chain(path: Path, label: str, pinned: set[str] | None, findings: list
                 except ValueError:
                     public_key = None
                 role, writer = obj.get("role"), obj.get("writer_id")
+                if role != expected_role:
+                    # a site ledger passed off as the server's (or the reverse) would reconcile with itself
+                    bad(seq, ln, f"{where}: the ledger opens with role {role!r}, but {path.name} must be written by the "
+                                 f"{expected_role} (ledgers swapped or renamed?)")
+                    ok = False
                 if public_key is None or obj.get("key_fingerprint") != fingerprint(public_key):
                     bad(seq, ln, f"{where}: the key fingerprint does not match the public key")
                     ok = False
@@ -326,7 +349,12 @@ def _check_upload(entry: dict, manifest: dict | None, label: str, ln: int, findi
 
 # -- receipts and reconciliation -----------------------------------------------------------------------------------
 def _check_receipt(rec_line: dict, ln: int, uploads: dict[int, dict], label: str, server_keys: set[str] | None,
-                   server_lines: dict[str, dict], findings: list[Finding]) -> None:
+                   server_lines: dict[str, dict], server_ledger_keys: set[str] | None, findings: list[Finding]) -> bool:
+    """Check one stored receipt; return whether its signing key is anchored (pinned, or the server ledger's key).
+
+    The key written inside the receipt proves nothing by itself (a site could sign receipts with a key of its own):
+    it must be a pinned server key when pins are given, and the key of a server ledger under the path when one is.
+    """
     seq = rec_line.get("seq")
     receipt = rec_line.get("receipt") or {}
     where = f"receipt entry seq {seq} (line {ln})"
@@ -340,25 +368,34 @@ def _check_receipt(rec_line: dict, ln: int, uploads: dict[int, dict], label: str
         pub = b""
     if len(pub) != 32 or not receipt_signature_ok(receipt, pub):
         bad("the server's signature on the receipt does not verify")
-        return
-    if server_keys is not None and fingerprint(pub) not in server_keys:
-        bad(f"receipt signed by server key {fingerprint(pub)}, which is not pinned")
+        return True
+    anchored = False
+    if server_keys is not None:
+        anchored = True
+        if fingerprint(pub) not in server_keys:
+            bad(f"receipt signed by server key {fingerprint(pub)}, which is not pinned")
+    if server_ledger_keys is not None:
+        anchored = True
+        if fingerprint(pub) not in server_ledger_keys:
+            bad(f"receipt signed by key {fingerprint(pub)}, which is not the key of the server ledger "
+                f"({', '.join(sorted(server_ledger_keys)) or 'no valid key'}): a receipt the server did not issue")
     for_seq = rec_line.get("for_seq")
     entry = uploads.get(for_seq) if for_seq is not None else None
     if entry is None:
         bad(f"acknowledges message {str(receipt.get('message_id'))[:16]} for which the site has no upload entry")
-        return
+        return anchored
     for k in RECONCILED_FIELDS:
         if receipt.get(k) != entry.get(k):
             bad(f"does not match upload entry seq {for_seq}: {k} is {receipt.get(k)!r} in the receipt, {entry.get(k)!r} in the ledger")
-            return
+            return anchored
     if receipt.get("message_type") != entry.get("action"):
         bad(f"does not match upload entry seq {for_seq}: message type")
-        return
-    if server_lines:
+        return anchored
+    if server_ledger_keys is not None:
         srv = server_lines.get(receipt.get("message_id"))
         if srv is None or srv.get("hash") != receipt.get("server_entry_hash") or srv.get("seq") != receipt.get("server_seq"):
             bad(f"names server ledger entry {receipt.get('server_seq')}, which the server ledger does not hold")
+    return anchored
 
 
 def _discover(root: Path) -> tuple[list[Path], list[Path]]:
@@ -371,11 +408,18 @@ def _discover(root: Path) -> tuple[list[Path], list[Path]]:
     return sites, servers
 
 
-def verify_path(path: str | Path, *, site_keys: list[str] | None = None, server_keys: list[str] | None = None) -> VerifyResult:
+def verify_path(
+    path: str | Path,
+    *,
+    site_keys: list[str] | None = None,
+    server_keys: list[str] | None = None,
+    allow_unpinned: bool = False,
+) -> VerifyResult:
     """Verify every ledger under ``path`` (a run directory, a site directory or one ledger file).
 
-    ``site_keys`` / ``server_keys``: pinned fingerprints (``SHA256:<hex>``); ``None`` or empty means not pinned
-    (signatures then prove only that one key wrote the whole chain, which the report says).
+    ``site_keys`` / ``server_keys``: pinned fingerprints (``SHA256:<hex>``); ``None`` or empty means not pinned:
+    signatures then prove only that one key wrote the whole chain, so the verdict is at best "unverified" (exit 3,
+    or 0 with ``allow_unpinned``), never "compliant".
     Raises :class:`UsageError` for a missing path, a malformed fingerprint or a directory without ledgers.
     """
     root = Path(path)
@@ -390,7 +434,7 @@ def verify_path(path: str | Path, *, site_keys: list[str] | None = None, server_
     if not site_paths and not server_paths:
         raise UsageError(f"{root}: no {SITE_LEDGER_FILE} or {SERVER_LEDGER_FILE} found")
 
-    res = VerifyResult(root=str(root))
+    res = VerifyResult(root=str(root), allow_unpinned=allow_unpinned)
     base = root if root.is_dir() else root.parent
 
     def label(p: Path) -> str:
@@ -403,8 +447,11 @@ def verify_path(path: str | Path, *, site_keys: list[str] | None = None, server_
     server_by_mid: dict[str, dict] = {}
     server_seen: dict[str, tuple[str, int, int]] = {}
     server_manifests: dict[str, dict] = {}
+    server_ledger_keys: set[str] | None = set() if server_paths else None
     for sp in server_paths:
-        ch = _check_chain(sp, label(sp), pin_server, res.findings)
+        ch = _check_chain(sp, label(sp), pin_server, res.findings, EXPECTED_ROLE[SERVER_LEDGER_FILE])
+        if ch.public_key is not None:
+            server_ledger_keys.add(fingerprint(ch.public_key))
         summ = LedgerSummary(label(sp), ch.role or "server", ch.writer_id, fingerprint(ch.public_key) if ch.public_key else None,
                              pin_server is not None, len(ch.lines))
         for l, ln in zip(ch.lines, ch.line_no):
@@ -431,12 +478,13 @@ def verify_path(path: str | Path, *, site_keys: list[str] | None = None, server_
     site_mids: set[str] = set()
     for p in site_paths:
         lab = label(p)
-        ch = _check_chain(p, lab, pin_site, res.findings)
+        ch = _check_chain(p, lab, pin_site, res.findings, EXPECTED_ROLE[SITE_LEDGER_FILE])
         summ = LedgerSummary(lab, ch.role or "site", ch.writer_id, fingerprint(ch.public_key) if ch.public_key else None,
                              pin_site is not None, len(ch.lines))
         manifest = None
         uploads: dict[int, dict] = {}
         receipted: set[int] = set()
+        unanchored_receipts = 0
         for l, ln in zip(ch.lines, ch.line_no):
             kind = l.get("kind")
             if kind == "manifest":
@@ -464,7 +512,14 @@ def verify_path(path: str | Path, *, site_keys: list[str] | None = None, server_
                 mid = l.get("message_id")
                 site_mids.add(mid)
                 srv = server_by_mid.get(mid)
-                if srv is not None:
+                if srv is None and server_paths:
+                    # every reply that leaves the gate (content, refusal or error) reaches the server's ledger; one
+                    # missing means that ledger lost its record (e.g. its tail was cut to hide an upload)
+                    res.findings.append(Finding("tampered", lab, l.get("seq"), ln,
+                        f"entry seq {l.get('seq')} (line {ln}): the site sent message {str(mid)[:16]} ({st}, "
+                        f"{int(l.get('payload_bytes', 0))} payload bytes) in round {l.get('round')}, which no server ledger "
+                        "records (server ledger entries deleted, or a reply the server never pulled)"))
+                elif srv is not None:
                     for k in RECONCILED_FIELDS:
                         if srv.get(k) != l.get(k):
                             res.findings.append(Finding("tampered", lab, l.get("seq"), ln,
@@ -474,10 +529,15 @@ def verify_path(path: str | Path, *, site_keys: list[str] | None = None, server_
                 summ.receipts += 1
                 if l.get("for_seq") is not None:
                     receipted.add(l.get("for_seq"))
-                _check_receipt(l, ln, uploads, lab, pin_server, server_by_mid, res.findings)
+                if not _check_receipt(l, ln, uploads, lab, pin_server, server_by_mid, server_ledger_keys, res.findings):
+                    unanchored_receipts += 1
             elif kind == "checkpoint":
                 summ.checkpoints += 1
         summ.unreceipted = len(set(uploads) - receipted)
+        if unanchored_receipts:
+            res.findings.append(Finding("unverified", lab, None, None,
+                f"{unanchored_receipts} receipt(s) are signed by a key that is neither pinned (--server-key) nor the key "
+                "of a server ledger under this path: they could have been signed by anyone"))
         rounds = {u.get("round") for u in uploads.values() if u.get("round") is not None}
         closed = {l.get("round") for l in ch.lines if l.get("kind") == "checkpoint"}
         for r in sorted(rounds - closed):
@@ -496,7 +556,10 @@ def verify_path(path: str | Path, *, site_keys: list[str] | None = None, server_
                     f"{server_by_mid[mid].get('node_id')} which no site ledger records {why}"))
     for s in res.ledgers:
         if not s.key_pinned:
-            res.findings.append(Finding("note", s.path, None, None, f"{s.role} key {s.key_fingerprint} was not pinned: signatures prove one writer, not which"))
+            flag = "--server-key" if s.role == "server" else "--site-key"
+            res.findings.append(Finding("unverified", s.path, None, None,
+                f"{s.role} key {s.key_fingerprint} was not pinned ({flag}): the signatures prove one writer, not which; "
+                "a ledger rebuilt and re-signed with a fresh key would verify the same"))
     return res
 
 

@@ -1,4 +1,18 @@
-"""`fcd audit` sub-commands: offline verification of site and server uplink ledgers (for auditors)."""
+"""`fcd audit` sub-commands: offline verification of site and server uplink ledgers (for auditors).
+
+``fcd audit verify`` exit codes (the verdicts are defined in :mod:`fcd_secure.audit.verify`):
+
+====  =============  ==========================================================================================
+code  status         meaning
+====  =============  ==========================================================================================
+0     compliant      chains, signatures, receipts and policy check, and every writer's key is pinned
+1     violation      the evidence is intact but records an upload that breaks the egress policy
+2     error          usage error: missing path, malformed fingerprint, no ledger found
+3     unverified     every check passed but some writer's key (or the receipts' key) was not pinned with
+                     --site-key/--server-key: not a compliance verdict (``--allow-unpinned`` exits 0 instead)
+6     tampered       evidence tampered with or inconsistent (each finding names the ledger, entry seq and line)
+====  =============  ==========================================================================================
+"""
 
 from __future__ import annotations
 
@@ -29,6 +43,12 @@ def verify(
     server_key: Optional[list[str]] = typer.Option(
         None, "--server-key", metavar="FINGERPRINT", help="Pinned server key fingerprint (SHA256:<hex>); repeatable."
     ),
+    allow_unpinned: bool = typer.Option(
+        False,
+        "--allow-unpinned",
+        help="Exit 0 instead of 3 when the only shortfall is unpinned keys (the verdict stays UNVERIFIED; for "
+        "smoke tests, never for an audit).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope on stdout instead of the Markdown report."),
     plain: bool = typer.Option(False, "--plain", help="Print the Markdown source instead of rendering it."),
 ) -> None:
@@ -36,14 +56,24 @@ def verify(
     a Θs parameter or a propensity, and that bytes match the Θc layout plus protocol overhead. Prints uplink bytes
     per site and round.
 
-    Exit codes: 0 compliant, 1 violation found, 2 usage error, 6 evidence tampered or inconsistent.
+    A compliant verdict needs every writer pinned: --site-key for each site ledger, --server-key for the server
+    ledger and the receipts. Without pins the signatures only show that one key wrote each chain (a chain re-signed
+    with a fresh key passes the same), so the verdict is UNVERIFIED.
+
+    \b
+    Exit codes:
+      0  compliant   intact, consistent, within policy, all keys pinned
+      1  violation   intact evidence of an upload that breaks the egress policy
+      2  usage       missing path, malformed fingerprint, no ledger found
+      3  unverified  checks pass, a key is not pinned (0: --allow-unpinned)
+      6  tampered    evidence tampered with or inconsistent
     """
     from fcd_secure.audit.report import envelope, markdown, usage_envelope  # noqa: PLC0415 (keep --help fast)
     from fcd_secure.audit.verify import EXIT_USAGE, UsageError, verify_path  # noqa: PLC0415
 
     err = Console(stderr=True)
     try:
-        result = verify_path(path, site_keys=site_key, server_keys=server_key)
+        result = verify_path(path, site_keys=site_key, server_keys=server_key, allow_unpinned=allow_unpinned)
     except UsageError as exc:
         hint = "give a run directory, a site directory or a *_ledger.jsonl file; fingerprints look like SHA256:<64 hex>"
         if as_json:
