@@ -297,3 +297,19 @@ def test_encoder_rollout_replays_the_encoder_and_runs():
             torch.testing.assert_close(K, torch.cat([Kc, Ks], -1)[:, t])
     r = simulate(m, ds, 1, n_samples=2, seed=0, start_t=1, horizon=4, rollout="encoder")
     assert r.probs.shape == (10, 2, 4) and np.isfinite(r.probs).all() and r.meta["rollout"] == "encoder"
+
+
+@pytest.mark.parametrize("to_encoder", [False, True])
+def test_cf_gradient_reaches_encoder_only_when_asked(to_encoder):
+    from fcd_secure.model.losses import l_cf
+
+    ds = make_ds()
+    cfg = TINY.model_copy(update={"cf_grad_to_encoder": to_encoder})
+    m = model_for(ds, cfg)
+    batch = next(iter(make_loader(ds, 16, 0, site_index=0)))
+    Kc, Ks = m.encode(*batch[:4])
+    l_cf(m, torch.cat([Kc, Ks], -1), batch).mean().backward()
+    trunk_grad = m.trunk.weight_ih_l0.grad
+    assert m.eps_c[0].weight.grad is not None and m.eps_c[0].weight.grad.abs().sum() > 0
+    assert m.decoder[0].weight.grad.abs().sum() > 0
+    assert (trunk_grad is not None and trunk_grad.abs().sum() > 0) == to_encoder

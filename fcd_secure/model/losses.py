@@ -144,9 +144,11 @@ def l_dis(model: FedCausalDiff, Kc: torch.Tensor, Ks: torch.Tensor, batch: Batch
       its own label, so a site-local classifier would learn a constant and give K^(c) no signal; aggregated over
       sites by DSS it becomes a multi-site classifier.
     * D_s is the parallel head on K^(s) (Θs, no reversal): it makes K^(s) carry the nuisance. By default it
-      predicts the logged action T_t — the site's behaviour policy, which the hidden site-local confounder drives
-      and which a site can learn alone; ``dis_parallel_target='site'`` predicts the site label instead (useful only
-      when sites are pooled, for the same reason as above).
+      predicts the site label (the paper's wording); being site-local, under federation it only ever sees its own
+      label and its loss goes to zero — harmless, and the pooled (centralised) run gets the full signal.
+      ``dis_parallel_target='action'`` predicts the logged action T_t instead (the site's behaviour policy, driven
+      by the hidden site-local confounder, learnable by a site alone); on DKT-Synth at λ2 = 0.1 it drove K^(s)
+      into tanh saturation, so it is an option, not the default.
     """
     _, _, T, _, M, site = batch
     cfg = model.cfg
@@ -165,8 +167,8 @@ def l_cf(model: FedCausalDiff, K: torch.Tensor, batch: Batch) -> torch.Tensor:
     DESIGN trap 3's reading of counterfactual consistency: when the simulated actions equal the logged ones, a
     multi-step rollout of the transition (not the encoder) must reproduce the logged outcomes — Y(a) = Y when
     a = the factual action. (The paper's literal wording is trivially zero for a left-to-right encoder.) The rollout
-    uses the differentiable DDIM sampler with ``cfg.cf_sampler_steps`` steps, so gradients reach ε_c, ε_s, the
-    decoder and the encoder's starting K_t. All start steps t run in parallel on the [B, L, k] grid.
+    uses the differentiable DDIM sampler with ``cfg.cf_sampler_steps`` steps, so gradients reach ε_c, ε_s and the
+    decoder (and the encoder's starting K_t when ``cfg.cf_grad_to_encoder``). All start steps t run in parallel on the [B, L, k] grid.
     """
     _, A, T, Y, M, _ = batch
     cfg = model.cfg
@@ -181,7 +183,9 @@ def l_cf(model: FedCausalDiff, K: torch.Tensor, batch: Batch) -> torch.Tensor:
         return torch.cat([x, z], 1)
 
     Ap, Tp, Yp, Mp = pad(A), pad(T), pad(Y), pad(M)
-    Kh = K[:, :Lp]
+    # by default the rollout starts from a detached K_t: L_cf then trains the transition and decoder to be
+    # consistent with the encoder, instead of letting the encoder flatten K into something trivially predictable
+    Kh = K[:, :Lp] if cfg.cf_grad_to_encoder else K[:, :Lp].detach()
     total = torch.zeros(B)
     for r in range(1, R + 1):
         Kh = model.transition(Kh, Ap[:, r - 1 : r - 1 + Lp], Tp[:, r - 1 : r - 1 + Lp], sampler="ddim", steps=cfg.cf_sampler_steps)
