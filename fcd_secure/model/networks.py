@@ -22,7 +22,7 @@ head_c             Θc        h_t → K^(c)_t
 head_s             Θs        h_t → K^(s)_t (site-local confounding latent)
 eps_c              Θc        ε_c(K^(n)_{t+1}, n, K_t, A_t, T_t)
 eps_s              Θs        ε_s(K^(n)_{t+1}, n, K_t, A_t)  — no T_t: confounding is not an effect of the action
-decoder            Θc        P_φ(Y_t | K_t, A_t, T_t)
+decoder            Θc        P_φ(Y_t | K_t, A_t, T_t) — by default one read-out per action, the taken one gathered
 site_disc          Θc        site classifier behind the gradient-reversal layer on K^(c) (shared: trap 2)
 parallel_head      Θs        the parallel head on K^(s) (L_dis)
 =================  ========  ==================================================================================

@@ -9,7 +9,8 @@ How a rollout works (the paper's reading, in latent space):
    gives E[Y_t | K_t, A_t, a_t] (and a sampled Y_t); the diffusion transition draws K_{t+1} ~ p_Θ(·|K_t, A_t, a_t).
 
 Simulated outcomes are NOT fed back through the encoder: the transition carries the state, which is what the
-paper's model is for (and what makes its stochasticity matter). The exogenous context A_t is taken from the logged
+paper's model is for (and what makes its stochasticity matter). ``rollout='encoder'`` does feed (a_t, Y_t) back
+through the GRU instead — a Monte-Carlo g-formula kept for comparison; on DKT-Synth it was the worse of the two. The exogenous context A_t is taken from the logged
 trajectory. Each patient is simulated ``n_samples`` times; randomness comes from one generator seeded by ``seed``
 and the row chunk, and is drawn in the same order whatever the policy, so two policies (or two arms of an effect)
 share their random numbers (common random numbers, DESIGN trap 6).
