@@ -123,6 +123,36 @@ def test_describe_bad_data_dir_exits_1(tmp_path):
     assert "open_bandit_dataset" in json.loads(res.stdout)["obd"]["error"]
 
 
+@pytest.fixture
+def broken_oracle(tmp_path, monkeypatch):
+    """Point DKT-Synth at a real copy of the oracle weights whose recorded SHA-256 is wrong (or at no file)."""
+    oracle = pytest.importorskip("fcd_secure.data.dkt_synth.oracle")
+    weights = tmp_path / "dkt_oracle.pt"
+    weights.write_bytes(oracle.ORACLE_WEIGHTS.read_bytes())
+    (tmp_path / "dkt_oracle.pt.sha256").write_text("0" * 64 + "  dkt_oracle.pt\n")
+
+    def use(kind: str):
+        monkeypatch.setattr(oracle, "ORACLE_WEIGHTS", weights if kind == "checksum" else tmp_path / "missing.pt")
+
+    return use
+
+
+@pytest.mark.parametrize("kind, needle", [("checksum", "SHA-256 mismatch"), ("missing", "not found")])
+def test_describe_reports_a_bad_oracle_and_still_describes_the_rest(shared_data, broken_oracle, kind, needle):
+    broken_oracle(kind)
+    args = ["describe", "-d", "dkt-synth", "-d", "statics2011", "--preset", "tiny", "--data-dir", str(shared_data)]
+    res = runner.invoke(app, [*args, "--json"])
+    assert res.exit_code == 1, res.output
+    assert not isinstance(res.exception, (RuntimeError, OSError)), res.exception
+    out = json.loads(res.stdout)
+    assert needle in out["dkt-synth"]["error"]
+    assert "error" not in out["statics2011"] and out["statics2011"]["sequences"] == 300
+    # the table view: the error in the dataset's row, the other dataset's per-site table still printed
+    res = runner.invoke(app, args)
+    assert res.exit_code == 1 and "dkt-synth failed: " in res.stdout and needle in res.stdout
+    assert "statics2011: 10 sites" in res.stdout
+
+
 def test_spec_federated_sites_from_column(long_case):
     spec, table = long_case()
     fd = load_spec_federated(spec, table, seed=0, test_fraction=0.25)

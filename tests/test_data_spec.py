@@ -49,6 +49,20 @@ def test_valid_table_summary_and_roundtrip(long_case, tmp_path):
     np.testing.assert_array_equal(ds.meta["entity"], ref.meta["entity"])
 
 
+def test_unwritable_out_folder_is_a_clear_error_and_writes_nothing(long_case, tmp_path):
+    spec, table = long_case()
+    out = tmp_path / "no_such_folder" / "toy.npz"
+    res = _validate(spec, table, out, "--json")
+    _assert_rejected(res, out, "cannot write the dataset", str(out))
+    body = json.loads(res.stdout)
+    assert body["ok"] is False and body["file"] == str(out)
+    assert not out.parent.exists() and not list(tmp_path.rglob("*.npz*"))
+    # human output: the same message on stderr, exit 1, no traceback
+    res = _validate(spec, table, out)
+    _assert_rejected(res, out, "cannot write the dataset")
+    assert res.exception is None or isinstance(res.exception, SystemExit)
+
+
 def test_human_summary_exit_0(long_case):
     spec, table = long_case()
     res = runner.invoke(app, ["validate", "--spec", str(spec), str(table)])

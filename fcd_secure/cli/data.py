@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from fcd_secure.data.spec import DataError
@@ -49,7 +50,10 @@ def validate(
         if out is not None:
             if out.suffix != ".npz":
                 raise DataError("output must end in .npz", file=out)
-            save_npz(ds, out)
+            try:
+                save_npz(ds, out)  # atomic: a temporary file renamed into place, removed on failure
+            except OSError as exc:  # e.g. the --out folder does not exist, or is not writable
+                raise DataError(f"cannot write the dataset: {exc.strerror or exc}", file=out) from None
     except DataError as exc:
         _fail(exc, as_json)
         return
@@ -112,7 +116,8 @@ def describe(
     """Per dataset and per site: sequences, Lmax, dx, da, |T|, action support and anchors, outcome rate.
 
     For the paper's four datasets Table I's numbers are shown beside ours (ours / paper; yellow where they differ).
-    Exit 1 if a dataset cannot be loaded (its entry carries the error).
+    A dataset that cannot be loaded (missing files, a DKT oracle whose checksum does not match) gets its error in
+    its entry and the others are still described; the exit code is then 1.
     """
     from fcd_secure.data.registry import DATASETS, load_federated
 
@@ -129,9 +134,12 @@ def describe(
             try:
                 fd = load_federated(name, n_sites=n_sites, alpha=alpha, seed=seed, preset=preset, data_dir=data_dir)
                 results[name] = fd.description
-            except (DataError, ValueError) as exc:
+            # one dataset's failure (bad data dir, a corrupt or missing DKT oracle: OracleChecksumError is a
+            # RuntimeError, a missing weights file an OSError) is reported in its entry; the others still load
+            except (DataError, ValueError, RuntimeError, OSError) as exc:
                 failed = True
-                results[name] = {"name": name, "error": str(exc)}
+                msg = str(exc) if isinstance(exc, DataError) else f"{type(exc).__name__}: {exc}"
+                results[name] = {"name": name, "error": msg}
     if as_json:
         print(json.dumps(results, default=float))
     else:
@@ -147,7 +155,7 @@ def _print_tables(results: dict[str, Any]) -> None:
         t.add_column(col, justify="left" if col == "dataset" else "right")
     for name, d in results.items():
         if "error" in d:
-            t.add_row(name, f"[red]{d['error']}[/]", *[""] * 9)
+            t.add_row(name, "[red]failed[/]", *[""] * 9)  # the message is printed in full below the table
             continue
         p = d.get("table_i") or {}
         an = d["anchors"]
@@ -165,6 +173,10 @@ def _print_tables(results: dict[str, Any]) -> None:
             f"{sum(a['share'] for a in d['top_actions']):.1%}",
         )
     _out.print(t)
+    for name, d in results.items():
+        if "error" in d:
+            # escape: messages such as "[Errno 2] ..." must not be read as rich markup
+            _out.print(f"[bold red]{name} failed:[/] {escape(d['error'])}", soft_wrap=True, highlight=False)
     for name, d in results.items():
         if "error" in d:
             continue
