@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fcd_secure.config import RunConfig

@@ -211,8 +211,6 @@ def evaluate_federated(
     comm: "Comm", node_ids: list[int], theta: dict[str, np.ndarray], cfg: RunConfig, part: str, *, quick: bool, sites=None
 ) -> dict[str, Any]:
     """Ask every site to evaluate ``theta`` (+ its own Θs) and merge the sums; failed sites are listed, not fatal."""
-    from flwr.app import MetricRecord  # noqa: F401,PLC0415
-
     ev = cfg.evaluation
     conf = {
         "quick": quick,
