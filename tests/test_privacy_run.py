@@ -25,13 +25,17 @@ def _run_has_dp_options() -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _run_has_dp_options(), reason="fcd run has no --dp-epsilon yet (wiring: see the privacy report to the lead)")
 def test_fcd_run_tiny_with_dp_and_secure_aggregation(tmp_path):
     os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
     out = tmp_path / "run"
+    if _run_has_dp_options():
+        dp_args = ["--dp-epsilon", "8"]
+    else:  # the same run through the config's [dp] table
+        (tmp_path / "dp.toml").write_text("[dp]\nenabled = true\nepsilon = 8.0\n")
+        dp_args = ["--config", str(tmp_path / "dp.toml")]
     res = CliRunner().invoke(
         app,
-        ["run", "--preset", "tiny", "--dp-epsilon", "8", "--sites", "4", "--clients-per-round", "3",
+        ["run", "--preset", "tiny", *dp_args, "--sites", "4", "--clients-per-round", "3",
          "--eval-every", "0", "--secure-aggregation", "--out", str(out), "--json"],
     )
     assert res.exit_code == 0, res.output[-3000:]

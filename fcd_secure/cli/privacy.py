@@ -68,6 +68,8 @@ def report(
             str(m["total_steps"]), s["accountant"],
         )
     con = Console()
+    if not con.is_terminal:  # piped or captured: rich would squeeze the table into 80 columns
+        con = Console(width=160)
     con.print(table)
     c = rep["consortium"]
     con.print(f"Consortium: ε = {c['epsilon']:.3f}, δ = {c['delta']:.3g} (parallel composition over {c['sites']} sites)")
