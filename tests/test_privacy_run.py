@@ -7,7 +7,6 @@ carry DP-trained updates; the report read from the run folder equals the account
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import typer
@@ -25,8 +24,8 @@ def _run_has_dp_options() -> bool:
 
 
 @pytest.mark.slow
-def test_fcd_run_tiny_with_dp_and_secure_aggregation(tmp_path):
-    os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
+def test_fcd_run_tiny_with_dp_and_secure_aggregation(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLWR_TELEMETRY_ENABLED", "0")
     out = tmp_path / "run"
     if _run_has_dp_options():
         dp_args = ["--dp-epsilon", "8"]
