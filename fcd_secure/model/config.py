@@ -64,7 +64,11 @@ class ModelConfig(BaseModel):
 
     cf_horizon: int = Field(3, ge=1, description="rollout length R of L_cf")
     cf_grad_to_encoder: bool = Field(
-        False, description="let L_cf's gradient reach the encoder through the rollout's starting K_t"
+        True,
+        description=(
+            "let L_cf's gradient reach the encoder through the rollout's starting K_t (shapes K so that the transition "
+            "can carry it; on DKT-Synth default this cut PEHE from 0.147/0.207 to 0.096/0.135 on seeds 0/1)"
+        ),
     )
     cf_sampler_steps: int = Field(2, ge=1, description="DDIM steps per transition inside L_cf (differentiable)")
     align_bandwidth: float = Field(1.0, gt=0, description="RBF bandwidth of the MMD in L_align")

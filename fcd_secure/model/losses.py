@@ -183,8 +183,8 @@ def l_cf(model: FedCausalDiff, K: torch.Tensor, batch: Batch) -> torch.Tensor:
         return torch.cat([x, z], 1)
 
     Ap, Tp, Yp, Mp = pad(A), pad(T), pad(Y), pad(M)
-    # by default the rollout starts from a detached K_t: L_cf then trains the transition and decoder to be
-    # consistent with the encoder, instead of letting the encoder flatten K into something trivially predictable
+    # by default the gradient also shapes the encoder's K_t so that the transition can carry it forward; the
+    # detached variant only fits the transition and decoder to a fixed encoder (worse effects on DKT-Synth)
     Kh = K[:, :Lp] if cfg.cf_grad_to_encoder else K[:, :Lp].detach()
     total = torch.zeros(B)
     for r in range(1, R + 1):
