@@ -82,6 +82,7 @@ def build_summary(cfg: RunConfig, result, engine: str) -> dict[str, Any]:
         "engine": engine,
         "seed": cfg.seed,
         "rounds": len(hist),
+        "rounds_aborted": int(sum(1 for r in hist if r.get("aborted"))),
         "n_sites": cfg.data.n_sites,
         "clients_per_round": cfg.federation.clients_per_round,
         "sync": cfg.federation.sync,

@@ -208,6 +208,14 @@ def run_federation(grid: Grid, cfg: RunConfig, progress: ProgressHook | None = N
             comm.audit.checkpoint(rnd)  # signs the server ledger's checkpoint closing this round
         say("round", row)
 
+    ran = [r for r in history if r["round"] >= start]
+    if ran and all(r["aborted"] for r in ran):
+        # a "result" from an untrained model would look like a finished run; refuse it
+        raise FederationError(
+            f"every round of this run was aborted ({len(ran)} rounds; last: {ran[-1]['failures']} of "
+            f"{ran[-1]['failures'] + ran[-1]['participants']} sites failed). The sites' own logs say why "
+            "(set FCD_SITE_DEBUG=1 for site-local tracebacks)"
+        )
     say("evaluating", {})
     final_eval = evaluate_federated(comm, order, theta, cfg, part, quick=False, sites=sites)
     if comm.audit is not None:  # close the sites' ledgers: the receipts still owed, in one last message each
