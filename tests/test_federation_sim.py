@@ -140,3 +140,18 @@ def test_dss_uplink_is_smaller_than_full_sync_by_the_theta_s_share(cli_run, tmp_
     assert full.history[0]["uplink_formula_bytes"] == K * m.nbytes("full")
     summary = json.loads((tmp_path / "full" / "summary.json").read_text())
     assert summary["synchronised_part"] == "full"
+
+
+def test_dp_sgd_seam_charges_only_the_sampled_sites(tmp_path):
+    from fcd_secure.federation.simulation import run_simulated
+
+    res = run_simulated(tiny_cfg(federation={"rounds": 1}, dp={"enabled": True, "epsilon": 8.0}, out=str(tmp_path / "dp")))
+    assert not res.history[0]["aborted"] and res.history[0]["participants"] == K
+    state = tmp_path / "dp" / "state"
+    sampled = set(res.history[0]["sites"].split())
+    for i in range(SITES):
+        site = f"site-{i:02d}"
+        ledgers = list((state / site / "privacy").glob("ledger-*.json"))
+        assert bool(ledgers) == (site in sampled), site  # a site that did not train spent nothing
+        if ledgers:
+            assert json.loads(ledgers[0].read_text())  # the write-ahead ledger is valid JSON
