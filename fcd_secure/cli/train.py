@@ -54,7 +54,7 @@ def train(
     sites: int = typer.Option(10, "--sites", min=1, help="Number of DKT-Synth sites (pooled here)."),
     samples: int = typer.Option(16, "--samples", min=1, help="Simulated futures per test trajectory for effects."),
     sampler: str = typer.Option("ddim", "--sampler", help="Reverse sampler for do-simulation: ddim or ddpm."),
-    steps: int = typer.Option(10, "--steps", min=1, help="DDIM steps per transition (DDPM uses all N)."),
+    steps: int = typer.Option(25, "--steps", min=1, help="DDIM steps per transition (DDPM uses all N)."),
     methods: str = typer.Option(
         "fed_causaldiff,gformula,naive", "--methods", help="Comma-separated subset of fed_causaldiff,gformula,naive."
     ),
