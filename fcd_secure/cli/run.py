@@ -45,6 +45,10 @@ def resolve_config(
     eval_every: Optional[int],
     state_dir: Optional[Path],
     out: Optional[Path],
+    dp_epsilon: Optional[float] = None,
+    dp_delta: Optional[float] = None,
+    dp_clip: Optional[float] = None,
+    dp_ledger_dir: Optional[Path] = None,
 ):
     """Preset (or config file) + command-line overrides -> a validated ``RunConfig``."""
     from fcd_secure.config import RunConfig, build_config  # noqa: PLC0415
@@ -76,6 +80,17 @@ def resolve_config(
         over["federation"]["eval_every"] = eval_every
     if state_dir is not None:
         over["state_dir"] = str(state_dir)
+    dp: dict[str, Any] = {}
+    if dp_epsilon is not None:  # DP-SGD on every site with this lifetime cap (issue 6)
+        dp.update(enabled=True, epsilon=dp_epsilon)
+    if dp_delta is not None:
+        dp["delta"] = dp_delta
+    if dp_clip is not None:
+        dp["clip"] = dp_clip
+    if dp_ledger_dir is not None:
+        dp["ledger_dir"] = str(dp_ledger_dir)
+    if dp:
+        over["dp"] = dp
     cfg = build_config(preset, over, base=base)
     if out is None:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
@@ -217,6 +232,10 @@ def register(app: typer.Typer) -> None:
         state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="Per-site state, server checkpoint, audit ledgers (default <out>/state). Reuse it to resume a killed run."),
         out: Optional[Path] = typer.Option(None, "--out", help="Run folder (default runs/<timestamp>-<dataset>-seed<seed>/)."),
         as_json: bool = typer.Option(False, "--json", help="Print summary.json on stdout instead of the table."),
+        dp_epsilon: Optional[float] = typer.Option(None, "--dp-epsilon", min=0.01, help="DP-SGD (Opacus) on every site, with this lifetime ε cap per site dataset; a round that would exceed it is refused."),
+        dp_delta: Optional[float] = typer.Option(None, "--dp-delta", help="DP δ (default: a power of ten ≤ 1/(10·n_site))."),
+        dp_clip: Optional[float] = typer.Option(None, "--dp-clip", min=1e-6, help="DP-SGD per-sample clipping norm C (default 1.0)."),
+        dp_ledger_dir: Optional[Path] = typer.Option(None, "--dp-ledger-dir", help="Persistent privacy-ledger folder, so a new run on the same data cannot reset the budget (default: inside --state-dir)."),
     ) -> None:
         """Train Fed-CausalDiff across N sites with decoupled synchronisation (only Θc leaves a site) on Flower's
         simulation engine, evaluate it federatedly, and write a run folder (config, theta_c.npz, per-round metrics,
@@ -232,6 +251,7 @@ def register(app: typer.Typer) -> None:
                 preset=preset, config_file=config_file, rounds=rounds, sites=sites, clients_per_round=clients_per_round,
                 seed=seed, dataset=dataset, spec=spec, data_dir=data_dir, secure=secure, sync=sync,
                 eval_every=eval_every, state_dir=state_dir, out=out,
+                dp_epsilon=dp_epsilon, dp_delta=dp_delta, dp_clip=dp_clip, dp_ledger_dir=dp_ledger_dir,
             )
             _check_flow(cfg)
         except _common_errors() as exc:
