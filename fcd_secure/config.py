@@ -86,6 +86,12 @@ class EvaluationSection(BaseModel):
     quick_n_samples: int = Field(2, ge=1, description="rollouts for the cheap PEHE evaluations during training")
     max_rows: int | None = Field(None, ge=1, description="evaluate at most this many test trajectories per site")
     quick_max_rows: int | None = Field(64, ge=1, description="rows per site for the cheap PEHE evaluations")
+    ope_horizon: int | None = Field(
+        2,
+        ge=1,
+        description="also report IPW/SNIPW/DR over the first H steps (keys '<est>_h<H>'): deterministic policies "
+        "rarely match a whole logged trajectory, so full-horizon estimates are often NaN (no support)",
+    )
 
 
 class RunConfig(BaseModel):

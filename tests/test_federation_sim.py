@@ -59,6 +59,13 @@ def test_run_folder_is_complete_and_summary_parses(cli_run):
     for key in ("pehe", "ate_error", "value_error_mean", "factual_auc"):
         assert summary[key] is not None and np.isfinite(summary[key]), key
     assert set(summary["policies"]) == {"never", "always", "early_on", "late_on"}
+    # off-policy estimates: full-horizon and first-H-steps forms; a NaN always comes with its support warning
+    for pol in summary["policies"].values():
+        for est in ("ipw", "snipw", "dr", "ipw_h2", "snipw_h2", "dr_h2"):
+            r = pol[est]
+            assert (r["value"] is None) == (r["warning"] is not None), (est, r)
+            assert r["n_consistent"] >= 0
+    assert any(p["dr_h2"]["n_consistent"] > 0 and p["dr_h2"]["value"] is not None for p in summary["policies"].values())
     assert summary["versions"]["flwr"] == "1.42.0"
     rounds = pd.read_csv(out / "rounds.csv")
     assert list(rounds["round"]) == [1, 2, 3] and (rounds["participants"] == K).all()

@@ -122,9 +122,10 @@ def summary_table(summary: dict, title: str = "Fed-CausalDiff") -> Table:
         parts = [f"sim {fmt(d.get('value_sim'))}"]
         if d.get("value_true") is not None:
             parts.append(f"true {fmt(d['value_true'])}")
-        if "dr" in d:
-            dr = d["dr"]
-            parts.append(f"DR {fmt(dr.get('value'))} (ESS {fmt(dr.get('ess'))})")
+        for est in sorted((e for e in d if e.startswith("dr")), key=len):  # dr (full horizon), dr_h<H> (truncated)
+            dr = d[est]
+            label = "DR" if est == "dr" else f"DR first {est.split('_h')[1]} steps"
+            parts.append(f"{label} {fmt(dr.get('value'))} (ESS {fmt(dr.get('ess'))})")
         t.add_row(escape(f"value[{name}]"), ", ".join(parts))
     t.add_row("rounds", fmt(summary.get("rounds")))
     t.add_row("uplink MB (measured, serialized messages)", f"{summary['uplink_bytes'] / 1e6:.3f}")

@@ -7,7 +7,9 @@ What a site sends (``site_metrics``), all sums over its own test trajectories, s
   (paper Table III);
 * ``policy.<name>.*``: Σ simulated value, Σ true value (oracle), n → |policy value error| (Table III "Value");
 * ``ope.<name>.<estimator>.*``: the ``OPEResult`` sums of IPW, SNIPW and per-decision DR computed on the site from
-  its own logged propensities (which never leave; DESIGN trap 5) and the ESS ingredients Σw, Σw²;
+  its own logged propensities (which never leave; DESIGN trap 5) and the ESS ingredients Σw, Σw²; once over the full
+  horizon and once over the first ``evaluation.ope_horizon`` steps (``<estimator>_h<H>``), where a deterministic
+  policy still has logged support;
 * ``auc.pos`` / ``auc.neg``: a 100-cell histogram of the model's one-step probability of the factual outcome by
   class (``AUCStats``) → factual AUC (paper §IV-C).
 
@@ -35,7 +37,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from fcd_secure.federation.messaging import Comm
 
 AUC_BINS = 100
-OPE_NAMES = ("ipw", "snipw", "dr")
 #: A fixed evaluation seed stream (salt) so that every evaluation of a run uses the same random numbers.
 EVAL_SALT = 0xE7A1
 
@@ -117,21 +118,25 @@ def site_metrics(model, data: "SiteData", cfg: RunConfig, eval_config: dict[str,
                 [pol.prob(t, sub.Y[:, :t], lengths, a_off, a_on, sub.T[:, t]) for t in range(sub.L)], axis=1
             )
             step_v = np.asarray(sim.probs, dtype=np.float64).mean(1)  # [n, H] expected outcome under π
-            v_hat = np.zeros((sub.n, sub.L))
             H = min(step_v.shape[1], sub.L)
             contrib = step_v[:, :H] * sub.M[:, :H]
-            v_hat[:, :H] = np.cumsum(contrib[:, ::-1], axis=1)[:, ::-1]  # return-to-go Σ_{t'≥t}
-            for name, est in (("ipw", IPW()), ("snipw", SNIPW()), ("dr", PerDecisionDR())):
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")  # support warnings are reported through the merged result
-                    r = estimate_on_site(est, sub, pi=pi, q_hat=v_hat, v_hat=v_hat)
-                key = f"ope.{pol.name}.{name}"
-                out[f"{key}.n"] = float(r.n)
-                out[f"{key}.sum_value"] = float(r.sum_value)
-                out[f"{key}.sum_weight"] = float(r.sum_weight)
-                out[f"{key}.sum_weight_sq"] = float(r.sum_weight_sq)
-                out[f"{key}.n_consistent"] = float(r.n_consistent)
-                out[f"{key}.finite"] = 1.0 if math.isfinite(r.sum_value) else 0.0
+            h_ope = cfg.evaluation.ope_horizon
+            # the full horizon, and a truncated one where deterministic policies still have logged support
+            for suffix, hor in (("", None),) + (((f"_h{h_ope}", h_ope),) if h_ope and h_ope < sub.L else ()):
+                Hh = H if hor is None else min(H, hor)
+                v_hat = np.zeros((sub.n, sub.L))
+                v_hat[:, :Hh] = np.cumsum(contrib[:, :Hh][:, ::-1], axis=1)[:, ::-1]  # return-to-go Σ_{t≤t'<Hh}
+                for name, cls in (("ipw", IPW), ("snipw", SNIPW), ("dr", PerDecisionDR)):
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")  # support warnings are reported through the merged result
+                        r = estimate_on_site(cls(horizon=hor), sub, pi=pi, q_hat=v_hat, v_hat=v_hat)
+                    key = f"ope.{pol.name}.{name}{suffix}"
+                    out[f"{key}.n"] = float(r.n)
+                    out[f"{key}.sum_value"] = float(r.sum_value)
+                    out[f"{key}.sum_weight"] = float(r.sum_weight)
+                    out[f"{key}.sum_weight_sq"] = float(r.sum_weight_sq)
+                    out[f"{key}.n_consistent"] = float(r.n_consistent)
+                    out[f"{key}.finite"] = 1.0 if math.isfinite(r.sum_value) else 0.0
     return out
 
 
@@ -179,12 +184,13 @@ def merge_site_metrics(parts: list[dict[str, Any]]) -> dict[str, Any]:
         if s["_counts"].get(f"policy.{name}.true_sum") == len(parts):
             d["value_true"] = s[f"policy.{name}.true_sum"] / n
             d["value_error"] = abs(d["value_sim"] - d["value_true"])
-        for est in OPE_NAMES:
+        ests = sorted({k.split(".")[2] for k in s if k.startswith(f"ope.{name}.")}, key=lambda e: (len(e), e))
+        for est in ests:  # ipw, snipw, dr, then their truncated-horizon forms (ipw_h2, ...)
             key = f"ope.{name}.{est}"
             if f"{key}.n" not in s:
                 continue
             summed = OPEResult(
-                estimator=est,
+                estimator=est.split("_h")[0],  # the estimator class; '_h<H>' only names the truncated horizon
                 value=float("nan"),
                 n=int(s[f"{key}.n"]),
                 ess=float("nan"),
