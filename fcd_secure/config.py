@@ -59,7 +59,7 @@ class DataSection(BaseModel):
 class FederationSection(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    rounds: int = Field(20, ge=1, le=100_000, description="global communication rounds")
+    rounds: int = Field(40, ge=1, le=100_000, description="global communication rounds")
     clients_per_round: int = Field(5, ge=1, description="sites sampled per round (Table II: 5 of 10)")
     local_epochs: int = Field(1, ge=1, description="local epochs per round (Table II: 1)")
     sync: Literal["dss", "full"] = Field("dss", description="'dss': only Θc leaves a site; 'full': every parameter (w/o DSS)")
@@ -185,7 +185,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     "default": {
         "data": {"preset": "default"},
-        "federation": {"rounds": 20, "eval_every": 5},
+        "federation": {"rounds": 40, "eval_every": 5},
         "model": {},
         "evaluation": {"n_samples": 8, "quick_n_samples": 2, "max_rows": None, "quick_max_rows": 64},
     },
