@@ -280,7 +280,27 @@ def test_a_site_takes_part_in_each_round_once_and_in_order(tmp_path):
         ReplayGuard(tmp_path / "rounds.json").claim(b"S" * 16, 3)  # persisted across restarts
     with pytest.raises(AbortRound):
         guard.claim(b"S" * 16, 2)
-    guard.claim(b"T" * 16, 1)  # another session has its own counter
+    # a fresh session chosen by the server cannot reuse a spent round: otherwise the same update could enter two
+    # protocol runs with different survivors and the difference of the two sums would isolate one site's update
+    with pytest.raises(AbortRound, match="P5"):
+        guard.claim(b"T" * 16, 3)
+    with pytest.raises(AbortRound, match="P5"):
+        guard.claim(b"T" * 16, 1)
+    guard.claim(b"T" * 16, 4)  # a newer round in a new session is fine
+    assert ReplayGuard(tmp_path / "rounds.json").last_round() == 4
+    # the Flower carrier asks this before training: a spent round is never re-trained into a second copy
+    with pytest.raises(AbortRound, match="P5"):
+        ReplayGuard(tmp_path / "rounds.json").check_fresh(4)
+    ReplayGuard(tmp_path / "rounds.json").check_fresh(5)
+
+
+def test_an_update_runs_only_under_the_round_it_was_trained_for():
+    t = toy_round(n_sites=3, d=50, seed=21)
+    site, client = next(iter(t.clients.items()))
+    vec = client._x.copy()
+    client.set_input(vec, client._global_hash, round_id=t.server.params.round_id + 1)
+    with pytest.raises(AbortRound, match="trained for round"):
+        client.handle(t.server.start()[site])
 
 
 def test_same_input_in_two_rounds_gives_uncorrelated_masked_vectors():

@@ -344,6 +344,9 @@ def _train_handler(get_runtime: Callable) -> Callable[[Message, Context], Messag
         global_theta = record_to_arrays(msg.content[REC_GLOBAL])
         policy = site_policy(rt, context)
         layout = layout_of(rt.manifest)
+        # a round whose protocol already started here is spent: re-training it would hand the server a second copy
+        # of the same update to difference against (P5; see ReplayGuard)
+        ReplayGuard(rt.state.slot(REPLAY_SLOT)).check_fresh(int(round_config["server-round"]))
         theta, n, metrics = rt.train_round(global_theta, round_config)
         loss = metrics.get("loss", metrics.get("total", 0.0))
         # the update, not the parameters, enters the vector: its values are small, so the fixed-point grid is fine
@@ -383,7 +386,7 @@ def _stage_handler(stage: str, get_runtime: Callable) -> Callable[[Message, Cont
                 vector, gh = _state_get(context, "vector"), _state_get(context, "global_hash")
                 if vector is None or gh is None:
                     raise SecureAggregationConfigError(f"site {rt.site_id} has no trained update for this round")
-                client.set_input(np.frombuffer(vector, dtype=np.uint32).copy(), gh)
+                client.set_input(np.frombuffer(vector, dtype=np.uint32).copy(), gh, _state_get(context, "round"))
             else:
                 blob = _state_get(context, "client")
                 if blob is None:

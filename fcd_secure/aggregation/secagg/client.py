@@ -69,10 +69,19 @@ class ClientStage(str, Enum):
 
 
 class ReplayGuard:
-    """Monotonic round counter per session (P5): a site takes part in each (session, round) once, in order.
+    """Monotonic round counters (P5): a site takes part in each round once, in order — per session AND across
+    sessions.
 
-    With a ``path`` the counter persists (JSON) in the site state so a restarted site still refuses old rounds.
+    The cross-session counter matters because the server chooses ``session_id``: without it a server could run the
+    same trained update through two protocol runs with different survivor sets (a fresh session, or the same round
+    replayed after a "restart") and subtract the two sums to isolate one site's update. A round whose protocol started
+    is therefore spent, even if it aborted; the federation moves on to the next round.
+
+    With a ``path`` the counters persist (JSON, fsynced) in the site state so a restarted site still refuses old rounds.
     """
+
+    #: key of the counter shared by every session
+    ANY = "_any"
 
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = Path(path) if path is not None else None
@@ -84,15 +93,30 @@ class ReplayGuard:
             except (ValueError, TypeError, AttributeError) as exc:
                 raise ProtocolError(f"{self.path}: replay counter is unreadable ({exc})") from exc
 
+    def last_round(self) -> int | None:
+        """The highest round this site has taken part in, in any session (None: none yet)."""
+        return self._last.get(self.ANY)
+
+    def check_fresh(self, round_id: int) -> None:
+        """Refuse a round that is not newer than every round already claimed, in any session."""
+        last = self.last_round()
+        if last is not None and round_id <= last:
+            raise AbortRound(f"round {round_id} is not newer than round {last} already used: replay refused (P5)")
+
     def claim(self, session_id: bytes, round_id: int) -> None:
         key = session_id.hex()
         last = self._last.get(key)
         if last is not None and round_id <= last:
             raise AbortRound(f"round {round_id} of this session was already used (last {last}): replay refused (P5)")
+        self.check_fresh(round_id)
         self._last[key] = round_id
+        self._last[self.ANY] = round_id
         if self.path is not None:
             tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(self._last))
+            with open(tmp, "w") as fh:
+                fh.write(json.dumps(self._last))
+                fh.flush()
+                os.fsync(fh.fileno())
             tmp.replace(self.path)
 
 
@@ -129,6 +153,7 @@ class SecAggClient:
         self.stage = ClientStage.READY
         self._x: np.ndarray | None = None
         self._global_hash: bytes | None = None
+        self._input_round: int | None = None
         self._params: RoundParams | None = None
         self._params_digest = b""
         self._c_sk = self._s_sk = b""
@@ -140,14 +165,17 @@ class SecAggClient:
         self._u3: tuple[str, ...] = ()
 
     # -- input -------------------------------------------------------------------------------------------------
-    def set_input(self, vector: np.ndarray, global_hash: bytes) -> None:
-        """The encoded plaintext vector (:func:`.encoding.encode`) and the hash of the global Θc received."""
+    def set_input(self, vector: np.ndarray, global_hash: bytes, round_id: int | None = None) -> None:
+        """The encoded plaintext vector (:func:`.encoding.encode`), the hash of the global Θc received and, when known,
+        the round the vector was trained for: the protocol then runs only under that round id (P5), so one update can
+        never enter two protocol runs under different round ids."""
         if vector.dtype != np.uint32 or vector.shape != (self.layout.length,):
             raise ProtocolError(f"input must be uint32 of length {self.layout.length}")
         if len(global_hash) != 32:
             raise ProtocolError("global model hash must be 32 bytes")
         self._x = np.ascontiguousarray(vector)
         self._global_hash = bytes(global_hash)
+        self._input_round = None if round_id is None else int(round_id)
 
     # -- dispatch -----------------------------------------------------------------------------------------------
     def handle(self, request: bytes) -> bytes:
@@ -196,6 +224,8 @@ class SecAggClient:
             raise AbortRound("the server's vector layout differs from this site's manifest (P15)")
         if self._x is None or self._global_hash is None:
             raise ProtocolError(f"site {self.site_id} has no trained update for this round")
+        if self._input_round is not None and p.round_id != self._input_round:
+            raise AbortRound(f"the update was trained for round {self._input_round}, not round {p.round_id} (P5)")
         self.guard.claim(p.session_id, p.round_id)
         self._params = p
         self._params_digest = p.digest
