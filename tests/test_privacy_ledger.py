@@ -261,3 +261,13 @@ def test_any_sequence_of_rounds_restarts_and_crashes_stays_within_the_cap(tmp_pa
             last = eps
 
     run()
+
+
+def test_two_datasets_in_one_state_folder_never_share_a_noise_stream(tmp_path):
+    # ledger segments restart at 1 for every dataset, so the noise seed must also bind the dataset fingerprint
+    a = new_site(tmp_path, fp="a" * 64)
+    b = new_site(tmp_path, fp="b" * 64)
+    for purpose in ("noise", "poisson"):
+        ga, gb = a._generator(purpose, 0, 1), b._generator(purpose, 0, 1)
+        assert ga.initial_seed() != gb.initial_seed()
+    assert a._generator("noise", 0, 1).initial_seed() == new_site(tmp_path, fp="a" * 64)._generator("noise", 0, 1).initial_seed()

@@ -201,7 +201,9 @@ class DPSite:
         the ledger segment, so a site re-running with the same state reproduces its numbers and no one else can.
         """
         head = b"run" if self.cfg.noise_seed == "run_seed" else self._site_secret()
-        material = head + f"|{purpose}|{seed}|{seq}".encode()
+        # the dataset fingerprint too: ledger segments restart at 1 per dataset, and two datasets trained from one
+        # state folder with the same run seed must not share a noise stream
+        material = head + f"|{self.fingerprint}|{purpose}|{seed}|{seq}".encode()
         g = torch.Generator()
         g.manual_seed(int.from_bytes(hashlib.sha256(material).digest()[:8], "little"))
         return g
