@@ -92,3 +92,14 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"real datasets not present at {SHARED_DATA}")
     return SHARED_DATA
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread for tiny-model tests: they gain nothing from two, and CI has two cores to share."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -23,13 +23,7 @@ N_SITES = 3
 
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One torch thread: the tiny model gains nothing from two, and the cores are shared (house rule)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def tiny_site(n: int = 6, L: int = 4, seed: int = 0) -> SiteDataset:
     rng = np.random.default_rng(seed)

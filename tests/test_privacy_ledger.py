@@ -22,13 +22,7 @@ N, B = 60, 12  # q = 1/5, 5 steps per epoch
 
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One torch thread: the tiny model gains nothing from two, and the cores are shared (house rule)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def cfg(**kw) -> DPConfig:
     base = dict(enabled=True, epsilon=3.0, delta=1e-3, accountant="rdp", noise_seed="run_seed")

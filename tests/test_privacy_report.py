@@ -22,13 +22,7 @@ N_SITES = 2
 
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One torch thread: the tiny model gains nothing from two, and the cores are shared (house rule)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def train_site(state_dir, ds, dp: DPConfig, rounds: int, seed: int = 0) -> tuple[FedCausalDiff, list[dict]]:
     cfg = tiny_cfg(dp_mode=False)
