@@ -281,7 +281,7 @@ def test_federation_gate_without_a_runtime_sends_nothing(tmp_path):
 
 
 def test_privacy_ledger_hash_binds_the_dp_ledger_state(tmp_path):
-    from fcd_secure.audit.egress import privacy_ledger_hash
+    from fcd_secure.privacy.ledger import privacy_ledger_hash
 
     assert privacy_ledger_hash(tmp_path) is None
     (tmp_path / "privacy").mkdir()

@@ -12,7 +12,6 @@ whose egress cannot be checked must not send anything.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from flwr.app import Context, Message
 
 from fcd_secure.audit.gate import RECEIPTS_MESSAGE_TYPE, GatePolicy, SiteAuditContext, make_egress_gate
 from fcd_secure.audit.ledger import SITE_LEDGER_FILE, SiteLedger
+from fcd_secure.privacy.ledger import privacy_ledger_hash
 
 #: What the federation's own messages may carry besides Θc (client_app.py, flows.py, evaluation.py).
 FEDERATION_POLICY = GatePolicy(
@@ -32,23 +32,6 @@ FEDERATION_POLICY = GatePolicy(
 
 class NoSiteRuntime(RuntimeError):
     """The gate was built without a way to find the site: nothing may leave."""
-
-
-def privacy_ledger_hash(state_dir: Path, ledger_dir: str | Path | None = None) -> str | None:
-    """sha256 over the site's DP ledger files, binding the privacy ledger's state to every upload entry.
-
-    ``<state_dir>/privacy/ledger-*.json``, or ``<ledger_dir>/ledger-*.json`` when the run keeps DP ledgers in a
-    persistent folder (``[dp] ledger_dir``); ``None`` when the site trains without DP.
-    """
-    files = sorted(Path(state_dir).glob("privacy/ledger-*.json"))
-    if ledger_dir:
-        files += sorted(Path(ledger_dir).glob("ledger-*.json"))
-    if not files:
-        return None
-    h = hashlib.sha256()
-    for f in files:
-        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
-    return h.hexdigest()
 
 
 def site_audit_context(rt, policy: GatePolicy = FEDERATION_POLICY, server_public_key: bytes | None = None) -> SiteAuditContext:

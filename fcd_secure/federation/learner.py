@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,11 +38,6 @@ class SiteData:
     description: dict
 
 
-def default_data_dir() -> Path:
-    """``../shared/data`` relative to the project root (the README's layout)."""
-    return Path(__file__).resolve().parents[2].parent / "shared" / "data"
-
-
 @functools.lru_cache(maxsize=4)
 def _load_federated_cached(key: str, cfg_json: str):
     cfg = RunConfig.from_json(cfg_json)
@@ -60,7 +54,7 @@ def _load_federated_cached(key: str, cfg_json: str):
         alpha=d.alpha,
         seed=cfg.seed,
         preset=d.preset,
-        data_dir=d.data_dir or str(default_data_dir()),
+        data_dir=d.data_dir,  # None: the data layer's default (``$FCD_DATA_DIR``, then ../shared/data)
         test_fraction=d.test_fraction,
     )
 

@@ -4,13 +4,13 @@ objective, the Θc/Θs manifest, local training and do-simulation.
 Public API (other layers import from here or from the named module):
 
 * ``ModelConfig`` (config.py); ``FedCausalDiff.from_dims(cfg, dx, da, n_actions, n_sites)`` (networks.py)
-* ``build_manifest``, ``get_params``, ``set_params`` (manifest.py)
+* ``build_manifest``, ``get_params``, ``set_params`` (manifest.py; the contract itself is ``fcd_secure.manifest``)
 * ``make_loader``, ``batch_loss``, ``train_local`` (training.py)
 * ``simulate``, ``simulate_policy``, ``estimate_effects``, ``SimResult`` (simulate.py)
 """
 
 from fcd_secure.model.config import ModelConfig
-from fcd_secure.model.manifest import Manifest, ManifestError, build_manifest, get_params, set_params
+from fcd_secure.model.manifest import build_manifest, get_params, set_params
 from fcd_secure.model.networks import FedCausalDiff, unwrap
 from fcd_secure.model.simulate import SimResult, estimate_effects, simulate, simulate_policy
 from fcd_secure.model.training import batch_loss, make_loader, train_local
@@ -19,8 +19,6 @@ __all__ = [
     "ModelConfig",
     "FedCausalDiff",
     "unwrap",
-    "Manifest",
-    "ManifestError",
     "build_manifest",
     "get_params",
     "set_params",

@@ -326,3 +326,20 @@ class Ledger:
             seg.committed_at = time.time()
             self._save(state)
             return seg
+
+
+def privacy_ledger_hash(state_dir: Path, ledger_dir: str | Path | None = None) -> str | None:
+    """sha256 over the site's DP ledger files, binding the privacy ledger's state to every upload entry.
+
+    ``<state_dir>/privacy/ledger-*.json``, or ``<ledger_dir>/ledger-*.json`` when the run keeps DP ledgers in a
+    persistent folder (``[dp] ledger_dir``); ``None`` when the site trains without DP.
+    """
+    files = sorted(Path(state_dir).glob("privacy/ledger-*.json"))
+    if ledger_dir:
+        files += sorted(Path(ledger_dir).glob("ledger-*.json"))
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()

@@ -1,0 +1,133 @@
+"""Private file I/O every layer shares: atomic writes, inter-process locks, secrets created once with mode 0600.
+
+Bottom of the package (no project imports). Three promises the rest of the code relies on:
+
+* :func:`atomic_write_bytes` / :func:`atomic_write_text`: a reader (or a process killed mid-write) sees the old
+  file or the new one, never half of one (temp file in the same folder, ``fsync``, ``os.replace``, ``fsync`` of
+  the folder);
+* :func:`file_lock`: one exclusive inter-process lock per protected file (``filelock``), for read-modify-write
+  cycles of ledgers shared by several processes (Flower runs a site's ClientApp in a Ray actor or a fresh
+  process per message);
+* :func:`load_or_create_secret`: key material is created from the OS CSPRNG with ``O_EXCL`` and mode 0600, and a
+  file of the wrong size is an error, never silently replaced.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import secrets
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from filelock import FileLock
+
+__all__ = [
+    "SecretFileError",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "file_lock",
+    "fsync_dir",
+    "load_or_create_secret",
+    "npz_bytes",
+    "read_npz",
+]
+
+
+class SecretFileError(RuntimeError):
+    """A key or secret file exists but cannot be used (wrong size, unreadable)."""
+
+
+def fsync_dir(folder: str | os.PathLike[str]) -> None:
+    """Make a rename inside ``folder`` durable."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems refuse fsync on a directory; the rename itself is still atomic
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, mode: int | None = None) -> Path:
+    """Write ``data`` to ``path`` atomically; ``mode`` (e.g. ``0o600``) is set before the file becomes visible."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(path.parent)
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str, *, mode: int | None = None) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"), mode=mode)
+
+
+@contextmanager
+def file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Exclusive inter-process lock guarding ``path`` (held on the sibling ``<path>.lock``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock"):
+        yield
+
+
+def load_or_create_secret(
+    path: str | os.PathLike[str], nbytes: int = 32, *, make: Callable[[], bytes] | None = None
+) -> bytes:
+    """The secret at ``path``, created on first use (mode 0600, ``O_EXCL``) by ``make()`` or ``nbytes`` random bytes.
+
+    Raises:
+        SecretFileError: the file exists with another size than ``nbytes``, or cannot be read.
+    """
+    path = Path(path)
+    with file_lock(path):
+        if not path.exists():
+            data = make() if make is not None else secrets.token_bytes(nbytes)
+            if len(data) != nbytes:
+                raise SecretFileError(f"{path}: generated secret has {len(data)} bytes, expected {nbytes}")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            fsync_dir(path.parent)
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise SecretFileError(f"{path}: cannot read ({exc.strerror})") from None
+    if len(data) != nbytes:
+        raise SecretFileError(f"{path}: expected {nbytes} bytes, found {len(data)}")
+    return data
+
+
+def npz_bytes(arrays: dict) -> bytes:
+    """``np.savez`` of ``arrays`` into bytes (for :func:`atomic_write_bytes`)."""
+    import numpy as np  # noqa: PLC0415 - numpy is only needed by the callers that write arrays
+
+    buf = io.BytesIO()
+    np.savez(buf, **{k: np.asarray(v) for k, v in arrays.items()})
+    return buf.getvalue()
+
+
+def read_npz(path: str | os.PathLike[str]) -> dict:
+    """Every array of an ``.npz`` file (no pickles); ``OSError``/``ValueError`` propagate to the caller."""
+    import numpy as np  # noqa: PLC0415
+
+    with np.load(Path(path), allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
