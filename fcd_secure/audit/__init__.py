@@ -12,3 +12,35 @@ is transmitted).
 Flower is imported by the gate and the accounting (audit sits above model/ and data/, beside aggregation/ and
 privacy/, and never imports the federation layer above it).
 """
+
+from fcd_secure.audit.accounting import describe_message, message_bytes, payload_bytes, tree_bytes
+from fcd_secure.audit.gate import (
+    GATE_ERROR_CODE,
+    GENERIC_ERROR_REASON,
+    RECEIPTS_MESSAGE_TYPE,
+    GatePolicy,
+    SiteAuditContext,
+    make_egress_gate,
+)
+from fcd_secure.audit.ledger import SERVER_LEDGER_FILE, SITE_LEDGER_FILE, ServerLedger, SiteLedger
+from fcd_secure.audit.server import ServerAudit, load_or_create_identity_key
+
+#: What the layers above use; import these names from ``fcd_secure.audit``.
+__all__ = [
+    "GATE_ERROR_CODE",
+    "GENERIC_ERROR_REASON",
+    "RECEIPTS_MESSAGE_TYPE",
+    "SERVER_LEDGER_FILE",
+    "SITE_LEDGER_FILE",
+    "GatePolicy",
+    "ServerAudit",
+    "ServerLedger",
+    "SiteAuditContext",
+    "SiteLedger",
+    "describe_message",
+    "load_or_create_identity_key",
+    "make_egress_gate",
+    "message_bytes",
+    "payload_bytes",
+    "tree_bytes",
+]
