@@ -382,3 +382,28 @@ def test_swapped_ledger_roles_are_tampered(run, tmp_path_factory):
     res = verify_path(alone)
     assert res.exit_code == 6
     assert any(f.seq == 0 and "opens with role 'server'" in f.message for f in _tampered(res))
+
+
+def test_a_signed_line_that_is_not_a_ledger_entry_is_tampered(run):
+    """Verify reads every line into its typed entry, strictly: a line whose field has another JSON type (here a
+    payload size written as a string) is not evidence of anything, even when its hash and signature check."""
+    root, _, _ = run
+    path = _ledger_file(root)
+    lines = _lines(path)
+    idx = next(i for i, l in enumerate(lines) if json.loads(l)["kind"] == "upload")
+    entry = json.loads(lines[idx])
+    entry["payload_bytes"] = str(entry["payload_bytes"])
+    lines[idx] = canonical(entry).decode()
+    _write(path, lines)
+    key = raw_key()
+    _resign(path, key)  # a chain that checks end to end, under a fresh key
+    res = verify_path(root)
+    assert res.exit_code == 6
+    finding = _tampered(res)[0]  # the first finding names the line; what depended on it is reported after it
+    assert finding.ledger == "site-00/audit/site_ledger.jsonl" and finding.seq == entry["seq"]
+    assert "not a well-formed 'upload' entry" in finding.message and "payload_bytes" in finding.message
+    # the writer refuses to append to a ledger it cannot read as entries (fail closed)
+    from fcd_secure.audit.ledger import LedgerError
+
+    with pytest.raises(LedgerError, match=f"line {idx + 1} is not a ledger line"):
+        SiteLedger(path, key, writer_id="site-00").entries()

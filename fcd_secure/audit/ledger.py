@@ -43,6 +43,7 @@ from fcd_secure.audit.entries import (
     ReceivedLine,
     RefusalRecord,
     UploadLine,
+    Withheld,
     parse_line,
 )
 from fcd_secure.audit.receipts import receipt_signature_ok, sign_receipt
@@ -129,11 +130,8 @@ class _ChainedLog:
         with file_lock(self.path):
             first = next(iter(self._entries()), None)
             if first is None:
-                self._append_locked(
-                    OpenLine,
-                    {"role": self.role, "writer_id": self.writer_id, "public_key": self.public_key.hex(), "key_fingerprint": self.fingerprint},
-                    None,
-                )
+                opened = {"role": self.role, "writer_id": self.writer_id, "public_key": self.public_key.hex()}
+                self._append_locked(OpenLine, {**opened, "key_fingerprint": self.fingerprint}, None)
             elif not isinstance(first, OpenLine) or first.public_key != self.public_key.hex():
                 raise LedgerError(f"{self.path}: ledger was opened with a different identity key; refusing to append")
 
@@ -215,16 +213,22 @@ class _ChainedLog:
             entries = self.entries()
             if any(isinstance(e, CheckpointLine) and e.round == round for e in entries):
                 return None
-            return self._append_locked(CheckpointLine, checkpoint_fields(entries, round), entries[-1] if entries else None)
+            fields = checkpoint_fields([e.hash for e in entries], entries, round)
+            return self._append_locked(CheckpointLine, fields, entries[-1] if entries else None)
 
 
-def checkpoint_fields(entries: list[LedgerLine], round: int) -> dict[str, Any]:
-    """What a checkpoint of ``round`` after ``entries`` must say: the one rule the writer and verify share."""
+def checkpoint_fields(hashes: list[str], entries: list[LedgerLine], round: int) -> dict[str, Any]:
+    """What a checkpoint of ``round`` must say: the one rule the writer and verify share.
+
+    Args:
+        hashes: the hash of every line before the checkpoint, in order.
+        entries: the lines before it (their messages of ``round`` are counted).
+        round: the round the checkpoint closes.
+    """
     in_round = [e for e in entries if isinstance(e, MessageLine) and e.round == round]
-    hashes = [e.hash for e in entries]
     return {
         "round": round,
-        "size": len(entries),
+        "size": len(hashes),
         "head": hashes[-1] if hashes else GENESIS,
         "merkle_root": merkle_root(hashes),
         "messages": len(in_round),
@@ -274,7 +278,7 @@ class SiteLedger(_ChainedLog):
         fields |= {"layout_hash": layout_hash, "privacy_ledger_hash": privacy_ledger_hash, "refusal": refusal}
         if withheld is not None:
             w = MessageLine.fields_of(withheld)
-            fields["withheld"] = {k: w[k] for k in ("payload_sha256", "payload_bytes", "records", "tensors", "metrics", "metric_lists", "config_fields")}
+            fields["withheld"] = {k: w[k] for k in Withheld.model_fields}
         if handler_error_code is not None:
             fields["handler_error_code"] = int(handler_error_code)
         return self.append(UploadLine, fields)

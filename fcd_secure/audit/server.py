@@ -71,6 +71,7 @@ class ServerAudit:
         return out
 
     def owed_nodes(self) -> list[int]:
+        """Nodes the server still owes receipts (the addressees of the closing receipts message)."""
         return sorted(n for n, r in self._pending.items() if r)
 
     def final_contents(self) -> dict[int, RecordDict]:

@@ -107,7 +107,8 @@ def sign_hash(key: Ed25519PrivateKey, digest_hex: str) -> str:
 def signature_ok(public_key: bytes, digest_hex: str, sig_b64: str) -> bool:
     """Whether ``sig_b64`` is ``public_key``'s signature over the digest (malformed input is ``False``)."""
     try:
-        Ed25519PublicKey.from_public_bytes(bytes(public_key)).verify(base64.b64decode(sig_b64, validate=True), bytes.fromhex(digest_hex))
+        key = Ed25519PublicKey.from_public_bytes(bytes(public_key))
+        key.verify(base64.b64decode(sig_b64, validate=True), bytes.fromhex(digest_hex))
         return True
     except (InvalidSignature, ValueError, TypeError):
         return False

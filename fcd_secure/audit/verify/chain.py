@@ -92,6 +92,7 @@ def read_chain(path: Path, label: str, pinned: set[str] | None, expected_role: s
         res.add("tampered", label, seq if isinstance(seq, int) else None, line, msg)
 
     chain = Chain(path, label)
+    hashes: list[object] = []  # of every line that is a JSON object: what a checkpoint commits to
     prev: str | None = GENESIS
     for idx, (ln, text) in enumerate(read_lines(path)):
         try:
@@ -120,6 +121,7 @@ def read_chain(path: Path, label: str, pinned: set[str] | None, expected_role: s
             bad(seq, ln, f"{where}: signature does not verify against the ledger's key")
         chain.size += 1
         prev = obj.get("hash")
+        hashes.append(prev)
         try:
             entry = parse_line(text)
         except ValidationError as exc:
@@ -128,7 +130,8 @@ def read_chain(path: Path, label: str, pinned: set[str] | None, expected_role: s
             bad(seq, ln, f"{where}: not a well-formed {obj.get('kind')!r} entry ({loc}: {first['msg']})")
             continue
         if isinstance(entry, CheckpointLine):
-            _check_checkpoint(entry, [loc.entry for loc in chain.entries], where, lambda m: bad(seq, ln, m))
+            before = [loc.entry for loc in chain.entries]
+            _check_checkpoint(entry, hashes[:-1], before, where, lambda m: bad(seq, ln, m))
         chain.entries.append(Located(entry, ln))
     if chain.size == 0:
         bad(None, None, "the ledger is empty")
@@ -155,12 +158,12 @@ def _check_open(obj: dict, path: Path, where: str, pinned: set[str] | None, expe
         bad(f"{where}: signed by key {fingerprint(chain.public_key)}, which is not among the pinned fingerprints")
 
 
-def _check_checkpoint(cp: CheckpointLine, before: list[LedgerLine], where: str, bad) -> None:
+def _check_checkpoint(cp: CheckpointLine, hashes: list[object], before: list[LedgerLine], where: str, bad) -> None:
     """A checkpoint must say what :func:`checkpoint_fields` says of the lines before it."""
-    if not all(_is_digest(e.hash) for e in before):
+    if not all(isinstance(h, str) and _is_digest(h) for h in hashes):
         bad(f"{where}: checkpoint of round {cp.round} disagrees with the chain (merkle_root)")
         return
-    for k, v in checkpoint_fields(before, cp.round).items():
+    for k, v in checkpoint_fields(hashes, before, cp.round).items():  # type: ignore[arg-type]
         if getattr(cp, k) != v:
             bad(f"{where}: checkpoint of round {cp.round} disagrees with the chain ({k})")
             return

@@ -75,7 +75,9 @@ def _uploads(server: ServerScan, site: SiteScan, res: VerifyResult) -> None:
                 break
 
 
-def _receipt(server: ServerScan, site: SiteScan, checked: CheckedReceipt, server_pins: set[str] | None, res: VerifyResult) -> bool:
+def _receipt(
+    server: ServerScan, site: SiteScan, checked: CheckedReceipt, server_pins: set[str] | None, res: VerifyResult
+) -> bool:
     """Check a validly signed receipt against the server's identity and ledger; return whether its key is anchored.
 
     The key written inside the receipt proves nothing by itself (a site could sign receipts with a key of its own):

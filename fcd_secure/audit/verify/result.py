@@ -79,6 +79,7 @@ class VerifyResult:
 
     @property
     def status(self) -> str:
+        """The verdict: the most serious finding's severity (tampered > violation > unverified), else compliant."""
         for severity in ("tampered", "violation", "unverified"):
             if any(f.severity == severity for f in self.findings):
                 return severity
@@ -86,11 +87,13 @@ class VerifyResult:
 
     @property
     def exit_code(self) -> int:
+        """The verdict's exit code (0 for ``unverified`` under ``allow_unpinned``)."""
         if self.status == "unverified" and self.allow_unpinned:
             return EXIT_OK
         return EXIT_CODES[self.status]
 
     def totals(self) -> dict[str, int]:
+        """Messages, payload bytes and message bytes that left all sites."""
         out = _zero()
         for v in self.per_round.values():
             for k in out:
@@ -98,6 +101,7 @@ class VerifyResult:
         return out
 
     def per_site(self) -> dict[str | None, dict[str, int]]:
+        """Messages, payload bytes and message bytes that left each site."""
         out: dict[str | None, dict[str, int]] = defaultdict(_zero)
         for (site, _), v in self.per_round.items():
             for k in v:
@@ -105,6 +109,7 @@ class VerifyResult:
         return dict(out)
 
     def to_json(self) -> dict[str, Any]:
+        """Everything above as JSON (the ``data`` of the CLI envelope)."""
         return {
             "root": self.root,
             "verdict": self.status,

@@ -200,7 +200,8 @@ def _check_receipt(loc: Located[ReceiptLine], uploads: dict[int, UploadLine], la
         return CheckedReceipt(loc, signed=True, matched=False)
     for k in RECONCILED_FIELDS:
         if getattr(rec, k) != getattr(upload, k):
-            bad(f"does not match upload entry seq {for_seq}: {k} is {getattr(rec, k)!r} in the receipt, {getattr(upload, k)!r} in the ledger")
+            bad(f"does not match upload entry seq {for_seq}: {k} is {getattr(rec, k)!r} in the receipt, "
+                f"{getattr(upload, k)!r} in the ledger")
             return CheckedReceipt(loc, signed=True, matched=False)
     if rec.message_type != upload.action:
         bad(f"does not match upload entry seq {for_seq}: message type")
