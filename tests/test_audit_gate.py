@@ -8,7 +8,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRec
 from test_audit_support import MANIFEST, POLICY, Site, instruction
 
 from fcd_secure.audit.accounting import describe_message
-from fcd_secure.audit.gate import GATE_ERROR_CODE, GENERIC_ERROR_REASON, GatePolicy, make_egress_gate
+from fcd_secure.audit import GATE_ERROR_CODE, GENERIC_ERROR_REASON, GatePolicy, make_egress_gate
 from fcd_secure.audit.verify import verify_path
 
 
@@ -28,7 +28,7 @@ def test_clean_reply_passes_and_is_recorded_with_exact_bytes(tmp_path):
     assert entry["message_id"] == reply.object_id
     assert entry["payload_sha256"] == reply.content.object_id
     assert entry["round"] == 1 and entry["action"] == "train"
-    assert entry["layout_hash"] == MANIFEST["layout_hash"]
+    assert entry["layout_hash"] == MANIFEST.layout_hash
     assert entry["privacy_ledger_hash"] == "ab" * 32
     assert {(t["name"], tuple(t["shape"])) for t in entry["tensors"]} == {
         ("trunk.weight", (6, 4)), ("trunk.bias", (6,)), ("decoder.weight", (3, 6))
@@ -303,7 +303,7 @@ def test_receipts_action_is_answered_by_the_gate_inside_a_real_clientapp(tmp_pat
     from test_audit_support import Server, context
 
     from fcd_secure.audit.egress import register_receipts_action
-    from fcd_secure.audit.gate import RECEIPTS_MESSAGE_TYPE
+    from fcd_secure.audit import RECEIPTS_MESSAGE_TYPE
 
     site, server = Site(tmp_path), Server(tmp_path)
     app = ClientApp(mods=[site.gate])

@@ -13,21 +13,26 @@ from cryptography.hazmat.primitives import serialization as ser
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, Metadata, MetricRecord, RecordDict
 
-from fcd_secure.audit.gate import GatePolicy, SiteAuditContext, make_egress_gate
-from fcd_secure.audit.gate import RECEIPTS_MESSAGE_TYPE
-from fcd_secure.audit.ledger import SiteLedger
-from fcd_secure.audit.server import ServerAudit, load_or_create_identity_key
+from fcd_secure.audit import (
+    RECEIPTS_MESSAGE_TYPE,
+    GatePolicy,
+    ServerAudit,
+    SiteAuditContext,
+    SiteLedger,
+    load_or_create_identity_key,
+    make_egress_gate,
+)
+from fcd_secure.manifest import Manifest, ManifestEntry
 
-MANIFEST = {
-    "layout_hash": "f" * 64,
-    "entries": [
-        {"name": "trunk.weight", "shape": [6, 4], "dtype": "float32", "part": "theta_c"},
-        {"name": "trunk.bias", "shape": [6], "dtype": "float32", "part": "theta_c"},
-        {"name": "decoder.weight", "shape": [3, 6], "dtype": "float32", "part": "theta_c"},
-        {"name": "eps_s.weight", "shape": [6, 4], "dtype": "float32", "part": "theta_s"},
-        {"name": "ks_head.bias", "shape": [5], "dtype": "float32", "part": "theta_s"},
-    ],
-}
+MANIFEST = Manifest.from_entries(
+    [
+        ManifestEntry(name="trunk.weight", shape=(6, 4), dtype="float32", part="theta_c"),
+        ManifestEntry(name="trunk.bias", shape=(6,), dtype="float32", part="theta_c"),
+        ManifestEntry(name="decoder.weight", shape=(3, 6), dtype="float32", part="theta_c"),
+        ManifestEntry(name="eps_s.weight", shape=(6, 4), dtype="float32", part="theta_s"),
+        ManifestEntry(name="ks_head.bias", shape=(5,), dtype="float32", part="theta_s"),
+    ]
+)
 POLICY = GatePolicy(allowed_metrics=frozenset({"num/n", "metrics/loss"}))
 
 
@@ -62,7 +67,7 @@ class Site:
         self.rng = np.random.default_rng(seed)
         self.key = raw_key()
         self.site_id = site_id
-        self.theta_s = {e["name"]: self.rng.standard_normal(e["shape"]).astype(np.float32) for e in MANIFEST["entries"] if e["part"] == "theta_s"}
+        self.theta_s = {e.name: self.rng.standard_normal(e.shape).astype(np.float32) for e in MANIFEST.entries if e.part == "theta_s"}
         self.P = self.rng.uniform(0.05, 1.0, size=(20, 8)).astype(np.float32)
         self.ledger = SiteLedger.open(root / site_id, self.key, site_id)
         self.ctx = SiteAuditContext(
@@ -77,7 +82,7 @@ class Site:
         self.gate = make_egress_gate(lambda c: self.ctx)
 
     def theta_c(self) -> dict[str, np.ndarray]:
-        return {e["name"]: self.rng.standard_normal(e["shape"]).astype(np.float32) for e in MANIFEST["entries"] if e["part"] == "theta_c"}
+        return {e.name: self.rng.standard_normal(e.shape).astype(np.float32) for e in MANIFEST.entries if e.part == "theta_c"}
 
     def train_handler(self, mutate=None):
         """A handler returning Θc + sample count + loss, optionally mutated to plant a leak."""

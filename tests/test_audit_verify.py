@@ -10,7 +10,9 @@ import pytest
 from test_audit_support import MANIFEST, fingerprints, instruction, raw_key, run_rounds
 
 from fcd_secure.audit.accounting import describe_message
-from fcd_secure.audit.ledger import SITE_LEDGER_FILE, SiteLedger, canonical, sign_receipt
+from fcd_secure.audit.ledger import SITE_LEDGER_FILE, SiteLedger
+from fcd_secure.audit.receipts import sign_receipt
+from fcd_secure.audit.signing import canonical
 from fcd_secure.audit.verify import UsageError, verify_path
 
 
@@ -49,7 +51,7 @@ def test_clean_run_verifies_and_totals_reconcile(run):
     per_round = {(k[0], k[1]): v for k, v in res.per_round.items()}
     assert set(per_round) >= {(f"site-0{i}", r) for i in range(2) for r in (1, 2, 3)}
     # a train upload = Θc data (from the manifest) + bounded overhead
-    theta_c = sum(int(np.prod(e["shape"])) * 4 for e in MANIFEST["entries"] if e["part"] == "theta_c")
+    theta_c = sum(int(np.prod(e.shape)) * 4 for e in MANIFEST.entries if e.part == "theta_c")
     assert theta_c < per_round[("site-00", 1)]["payload_bytes"] < theta_c + 4096
     # every upload but the last ack got its receipt; 3 checkpoints per site
     for s in res.ledgers:
@@ -63,10 +65,9 @@ def _resign(path, key):
     """Rebuild a ledger's chain under another key: new open entry, every hash, signature and checkpoint recomputed.
 
     What anyone holding the file (and no pinned fingerprint to answer to) can do."""
-    from fcd_secure.audit.ledger import GENESIS, fingerprint, line_hash, merkle_root, public_key_bytes, sign_hash
-    from fcd_secure.audit.ledger import _private_key
+    from fcd_secure.audit.signing import GENESIS, fingerprint, line_hash, merkle_root, private_key, public_key_bytes, sign_hash
 
-    sk = _private_key(key)
+    sk = private_key(key)
     out, prev = [], GENESIS
     for text in _lines(path):
         obj = {k: v for k, v in json.loads(text).items() if k not in ("hash", "sig")}
@@ -256,36 +257,34 @@ def test_server_ledger_tampering_is_caught(run):
 
 def test_an_intact_ledger_recording_a_breach_is_a_violation(tmp_path):
     """If the gate were bypassed, the signed entry itself shows the breach: exit 1, naming the entry."""
-    from fcd_secure.audit.gate import ManifestView
     from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
     ledger = SiteLedger.open(tmp_path / "s", raw_key(), "s")
-    ledger.record_manifest(ManifestView.of(MANIFEST).to_json())
+    ledger.record_manifest(MANIFEST)
     msg = instruction("train", 1)
     rng = np.random.default_rng(0)
     bad = Message(RecordDict({"update": ArrayRecord({"eps_s.weight": Array(rng.standard_normal((6, 4)).astype(np.float32))}),
                               "num": MetricRecord({"propensity_mean": 0.4})}), reply_to=msg)
-    line = ledger.record_upload(describe_message(bad), status="sent", layout_hash=MANIFEST["layout_hash"], privacy_ledger_hash=None)
+    line = ledger.record_upload(describe_message(bad), status="sent", layout_hash=MANIFEST.layout_hash, privacy_ledger_hash=None)
     res = verify_path(tmp_path / "s")
     assert res.exit_code == 1
-    msgs = [f.message for f in res.findings if f.severity == "violation" and f.seq == line["seq"]]
+    msgs = [f.message for f in res.findings if f.severity == "violation" and f.seq == line.seq]
     assert any("Θs" in m for m in msgs) and any("propensity" in m for m in msgs)
 
 
 def test_bytes_beyond_the_layout_are_a_violation(tmp_path):
-    from fcd_secure.audit.gate import ManifestView
     from flwr.app import Array, ArrayRecord, Message, RecordDict
 
     ledger = SiteLedger.open(tmp_path / "s", raw_key(), "s")
-    ledger.record_manifest(ManifestView.of(MANIFEST).to_json())
+    ledger.record_manifest(MANIFEST)
     msg = instruction("train", 1)
     ok = Message(RecordDict({"update": ArrayRecord({"trunk.bias": Array(np.ones(6, np.float32))})}), reply_to=msg)
     facts = describe_message(ok)
     facts.payload_bytes += 50_000  # an upload far heavier than what it declares
-    line = ledger.record_upload(facts, status="sent", layout_hash=MANIFEST["layout_hash"], privacy_ledger_hash=None)
+    line = ledger.record_upload(facts, status="sent", layout_hash=MANIFEST.layout_hash, privacy_ledger_hash=None)
     res = verify_path(tmp_path / "s")
     assert res.exit_code == 1
-    assert any(f.seq == line["seq"] and "undeclared" in f.message for f in res.findings)
+    assert any(f.seq == line.seq and "undeclared" in f.message for f in res.findings)
 
 
 def test_ledger_refuses_a_second_key(tmp_path):
@@ -310,17 +309,17 @@ def test_a_site_manifest_that_differs_from_the_servers_is_caught(tmp_path):
     """A site that records a manifest of its own making (Θs renamed into Θc) disagrees with the server's."""
     from test_audit_support import Server, Site
 
-    from fcd_secure.audit.gate import ManifestView
+    from fcd_secure.manifest import Manifest
 
     server = Server(tmp_path)
-    forged = {"layout_hash": "e" * 64, "entries": [dict(e, part="theta_c") for e in MANIFEST["entries"]]}
+    forged = Manifest.from_entries(e.model_copy(update={"part": "theta_c"}) for e in MANIFEST.entries)
     site = Site(tmp_path)
     site.ctx.manifest = forged
     server.receive(site.send(server.downlink("train", 1, 11)), site.site_id)
     res = verify_path(tmp_path)
     assert res.exit_code == 6
     assert any("not the one the server ran with" in f.message for f in _tampered(res))
-    assert ManifestView.of(forged).theta_s == {}
+    assert forged.specs("theta_s") == {}
 
 
 def test_a_site_upload_missing_from_the_server_ledger_is_tampered(run):
@@ -360,7 +359,7 @@ def test_a_receipt_signed_by_the_site_itself_is_tampered(run):
     res = verify_path(root, site_keys=site_fp)
     assert res.exit_code == 6
     (finding,) = _tampered(res)
-    assert finding.seq == line["seq"] and "not the key of the server ledger" in finding.message
+    assert finding.seq == line.seq and "not the key of the server ledger" in finding.message
     # the site's directory alone (no server ledger, server unpinned): its receipts are unanchored, never compliant
     res = verify_path(root / site.site_id, site_keys=[site.ledger.fingerprint])
     assert res.exit_code == 3
@@ -383,3 +382,28 @@ def test_swapped_ledger_roles_are_tampered(run, tmp_path_factory):
     res = verify_path(alone)
     assert res.exit_code == 6
     assert any(f.seq == 0 and "opens with role 'server'" in f.message for f in _tampered(res))
+
+
+def test_a_signed_line_that_is_not_a_ledger_entry_is_tampered(run):
+    """Verify reads every line into its typed entry, strictly: a line whose field has another JSON type (here a
+    payload size written as a string) is not evidence of anything, even when its hash and signature check."""
+    root, _, _ = run
+    path = _ledger_file(root)
+    lines = _lines(path)
+    idx = next(i for i, l in enumerate(lines) if json.loads(l)["kind"] == "upload")
+    entry = json.loads(lines[idx])
+    entry["payload_bytes"] = str(entry["payload_bytes"])
+    lines[idx] = canonical(entry).decode()
+    _write(path, lines)
+    key = raw_key()
+    _resign(path, key)  # a chain that checks end to end, under a fresh key
+    res = verify_path(root)
+    assert res.exit_code == 6
+    finding = _tampered(res)[0]  # the first finding names the line; what depended on it is reported after it
+    assert finding.ledger == "site-00/audit/site_ledger.jsonl" and finding.seq == entry["seq"]
+    assert "not a well-formed 'upload' entry" in finding.message and "payload_bytes" in finding.message
+    # the writer refuses to append to a ledger it cannot read as entries (fail closed)
+    from fcd_secure.audit.ledger import LedgerError
+
+    with pytest.raises(LedgerError, match=f"line {idx + 1} is not a ledger line"):
+        SiteLedger(path, key, writer_id="site-00").entries()

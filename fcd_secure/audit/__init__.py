@@ -1,16 +1,18 @@
-"""fcd_secure.audit: prove afterwards what left each site (DESIGN.md "What the product is"; paper §III-B: only Θc
-is transmitted).
+"""fcd_secure.audit: prove afterwards what left each site (paper §III-B: only Θc is transmitted).
 
 * :mod:`~fcd_secure.audit.gate`: the egress gate, the outermost ClientApp mod of every site
-  (``make_egress_gate(get_site)``); :mod:`~fcd_secure.audit.egress` binds it to a federation site runtime.
-* :mod:`~fcd_secure.audit.accounting`: one definition of a message's bytes and hashes, used at both ends.
-* :mod:`~fcd_secure.audit.ledger`: signed, hash-chained JSONL ledgers (site and server), checkpoints, receipts.
+  (``make_egress_gate(get_site)``); its rules are :mod:`~fcd_secure.audit.rules`, its byte scanner
+  :mod:`~fcd_secure.audit.scanner`.
+* :mod:`~fcd_secure.audit.accounting`: the one definition of a message's bytes and hashes, used at both ends.
+* :mod:`~fcd_secure.audit.ledger`: signed, hash-chained JSONL ledgers (site and server) of the typed lines in
+  :mod:`~fcd_secure.audit.entries`, signed as :mod:`~fcd_secure.audit.signing` says; server receipts
+  (:mod:`~fcd_secure.audit.receipts`).
 * :mod:`~fcd_secure.audit.server`: ``ServerAudit``, the server's ledger and the receipts it returns to sites.
 * :mod:`~fcd_secure.audit.verify` / :mod:`~fcd_secure.audit.report`: offline verification for auditors
   (``fcd audit verify``).
 
-Flower is imported by the gate and the accounting (audit sits above model/ and data/, beside aggregation/ and
-privacy/, and never imports the federation layer above it).
+Audit sits above model/ and data/, beside aggregation/ and privacy/, reads the Θc/Θs contract
+(:mod:`fcd_secure.manifest`), and never imports the federation layer above it.
 """
 
 from fcd_secure.audit.accounting import describe_message, message_bytes, payload_bytes, tree_bytes
@@ -23,7 +25,8 @@ from fcd_secure.audit.gate import (
     make_egress_gate,
 )
 from fcd_secure.audit.ledger import SERVER_LEDGER_FILE, SITE_LEDGER_FILE, ServerLedger, SiteLedger
-from fcd_secure.audit.server import ServerAudit, load_or_create_identity_key
+from fcd_secure.audit.server import ServerAudit
+from fcd_secure.audit.signing import load_or_create_identity_key
 
 #: What the layers above use; import these names from ``fcd_secure.audit``.
 __all__ = [

@@ -1,13 +1,14 @@
 """What a Flower message weighs and what it carries, computed the same way on the site and at the server.
 
 The audit reconciles two independent records of every uplink (the site's ledger and the server's), so both sides
-must measure a message by one definition. We use Flower's own content addressing (flwr 1.42
-``supercore.inflatable``; ../shared/research/flower-runtime.md §3): a message is a Merkle DAG
+must measure a message by one definition, and the federation's traffic accounting
+(``fcd_secure.federation.messaging``) counts with the same functions. We use Flower's own content addressing (flwr
+1.42 ``flwr.supercore.inflatable``): a message is a Merkle DAG
 ``Message -> RecordDict -> records -> Array -> ArrayChunk``, every node serialised by ``deflate()`` and named by
 ``object_id = sha256(deflate())``.
 
 * ``payload_bytes``: ``sum(len(o.deflate()))`` over the content tree (the ``RecordDict`` and everything below it).
-  Deterministic, identical on both ends, and equal to ``fcd_secure.federation.messaging``'s ``payload_bytes``.
+  Deterministic and identical on both ends.
 * ``payload_sha256``: the ``RecordDict``'s ``object_id``. Because each object's header lists its children's ids,
   this one hash commits to every byte of the content.
 * ``message_bytes`` / ``message_id``: the whole tree including the message header (metadata). Neither the
@@ -16,7 +17,7 @@ must measure a message by one definition. We use Flower's own content addressing
   in deployment Flower itself sets ``message_id = object_id``.
 
 This is the object bytes Flower uploads (minus objects the SuperLink already holds); HTTP framing and heartbeats
-are outside it and must be corroborated by network counters (ops-anchors §2.6 item 7).
+are outside it and must be corroborated by network counters.
 """
 
 from __future__ import annotations

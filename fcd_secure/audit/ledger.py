@@ -1,369 +1,239 @@
 """Signed, hash-chained, append-only ledgers of what left each site and what the server received.
 
-Why a ledger written by the site can be trusted (ops-anchors §2.6): (a) every line carries ``prev_hash``, the hash of
-the line before, so no line can be edited, removed, inserted or moved without breaking the chain; (b) every line is
-signed with the writer's Ed25519 identity key, whose fingerprint the auditor pins out of band, so the chain cannot be
-rebuilt by anyone else; (c) a signed checkpoint at the end of each round commits to the chain head and a Merkle
-root, like CloudTrail's digests; (d) the server, the party with the opposite incentive, signs a receipt for every
-upload it receives and keeps its own ledger, so neither side can hide or invent an upload: the two records must
-reconcile byte for byte (``payload_bytes``, ``payload_sha256``, ``message_id``).
+Why a ledger written by the site can be trusted: (a) every line carries ``prev_hash``, the hash of the line before,
+so no line can be edited, removed, inserted or moved without breaking the chain (Schneier & Kelsey 1999, "Secure
+audit logs to support computer forensics"); (b) every line is signed with the writer's Ed25519 identity key, whose
+fingerprint the auditor pins out of band, so nobody else can rebuild the chain; (c) a signed checkpoint at the end
+of each round commits to the chain head and an RFC 6962 Merkle root, like AWS CloudTrail's signed digest files;
+(d) the server, the party with the opposite incentive, signs a receipt for every upload it receives
+(:mod:`~fcd_secure.audit.receipts`) and keeps its own ledger, so neither side can hide or invent an upload: the two
+records must reconcile byte for byte (``payload_bytes``, ``payload_sha256``, ``message_id``).
 
 What the ledgers guard is the paper's decoupled synchronisation (§III-A: Θ = Θc ∪ {Θs_i}; §III-B: "clients ...
-only transmit Θc to the server"): a ledger entry names the tensors of every upload, so "no Θs parameter and no
+only transmit Θc to the server"): an upload line names the tensors of every reply, so "no Θs parameter and no
 propensity ever left" becomes a fact an auditor checks offline (:mod:`fcd_secure.audit.verify`).
 
-File format: one JSON object per line (``site_ledger.jsonl`` / ``server_ledger.jsonl``), canonical JSON (sorted
-keys, no spaces, ASCII). ``hash = sha256(canonical(line without hash and sig))``; ``sig = Ed25519(hash bytes)``.
-Line kinds: ``open`` (writer identity, public key), ``manifest`` (the Θc/Θs layout in force), ``upload`` (site:
-one reply that left, or was refused, at the gate), ``receipt`` (site: the server's signed receipt, stored beside the
-entry it acknowledges), ``received`` (server: one reply received), ``checkpoint`` (end of a round). Only public
+File format: one JSON line per entry (``site_ledger.jsonl`` / ``server_ledger.jsonl``), the typed lines of
+:mod:`~fcd_secure.audit.entries` in the canonical form of :func:`~fcd_secure.audit.signing.canonical`. Only public
 keys and fingerprints are ever written; private keys never touch a ledger or a log.
 """
 
 from __future__ import annotations
 
-import base64
-import fcntl
-import hashlib
 import json
 import os
 from collections.abc import Iterator
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from flwr.app import Message
+from pydantic import ValidationError
 
-from fcd_secure.audit.accounting import MessageFacts
+from fcd_secure._io import file_lock
+from fcd_secure.audit.accounting import MessageFacts, describe_message
+from fcd_secure.audit.entries import (
+    CheckpointLine,
+    LedgerLine,
+    ManifestLine,
+    MessageLine,
+    OpenLine,
+    Receipt,
+    ReceiptLine,
+    ReceivedLine,
+    RefusalRecord,
+    UploadLine,
+    Withheld,
+    parse_line,
+)
+from fcd_secure.audit.receipts import receipt_signature_ok, sign_receipt
+from fcd_secure.audit.signing import (
+    GENESIS,
+    LedgerError,
+    canonical,
+    fingerprint,
+    line_hash,
+    merkle_root,
+    private_key,
+    public_key_bytes,
+    sign_hash,
+    utc_now,
+)
+from fcd_secure.manifest import Manifest
 
-SCHEMA = 1
-GENESIS = "0" * 64
+__all__ = [
+    "GENESIS",
+    "SERVER_LEDGER_FILE",
+    "SITE_LEDGER_FILE",
+    "LedgerError",
+    "ServerLedger",
+    "SiteLedger",
+    "fingerprint",
+    "public_key_bytes",
+    "read_lines",
+]
+
 SITE_LEDGER_FILE = "site_ledger.jsonl"
 SERVER_LEDGER_FILE = "server_ledger.jsonl"
-#: ConfigRecord key under which the server returns receipts to a site in a downlink message.
-RECEIPTS_RECORD = "fcd.audit.receipts"
-RECEIPT_VERSION = 1
+
+L = TypeVar("L", bound=LedgerLine)
 
 
-class LedgerError(RuntimeError):
-    """A ledger cannot be written (wrong key for an existing ledger, unreadable file, ...)."""
-
-
-# -- keys ----------------------------------------------------------------------------------------------------------
-def _private_key(raw: bytes | Ed25519PrivateKey) -> Ed25519PrivateKey:
-    if isinstance(raw, Ed25519PrivateKey):
-        return raw
-    if not isinstance(raw, (bytes, bytearray)) or len(raw) != 32:
-        raise LedgerError("an Ed25519 identity key must be 32 raw bytes")
-    return Ed25519PrivateKey.from_private_bytes(bytes(raw))
-
-
-def public_key_bytes(key: bytes | Ed25519PrivateKey) -> bytes:
-    """Raw 32-byte public key of a raw private key."""
-    return _private_key(key).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-
-
-def fingerprint(public_key: bytes) -> str:
-    """``SHA256:<hex>`` of the raw public key: what an auditor pins out of band (NVFLARE ``--fingerprint`` style)."""
-    return "SHA256:" + hashlib.sha256(bytes(public_key)).hexdigest()
-
-
-def normalise_fingerprint(text: str) -> str:
-    """Accept ``SHA256:<hex>`` or bare hex (any case); raise ``ValueError`` otherwise."""
-    t = text.strip()
-    if t.upper().startswith("SHA256:"):
-        t = t[7:]
-    t = t.lower()
-    if len(t) != 64 or any(c not in "0123456789abcdef" for c in t):
-        raise ValueError(f"not a key fingerprint: {text!r} (expected SHA256:<64 hex digits>)")
-    return "SHA256:" + t
-
-
-# -- canonical form, hashing, signing ------------------------------------------------------------------------------
-def canonical(obj: Any) -> bytes:
-    """The one byte form that is hashed and signed."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
-
-
-def line_hash(line: dict) -> str:
-    body = {k: v for k, v in line.items() if k not in ("hash", "sig")}
-    return hashlib.sha256(canonical(body)).hexdigest()
-
-
-def sign_hash(key: Ed25519PrivateKey, digest_hex: str) -> str:
-    return base64.b64encode(key.sign(bytes.fromhex(digest_hex))).decode("ascii")
-
-
-def signature_ok(public_key: bytes, digest_hex: str, sig_b64: str) -> bool:
-    try:
-        Ed25519PublicKey.from_public_bytes(bytes(public_key)).verify(base64.b64decode(sig_b64, validate=True), bytes.fromhex(digest_hex))
-        return True
-    except (InvalidSignature, ValueError, TypeError):
-        return False
-
-
-def merkle_root(hashes: list[str]) -> str:
-    """RFC 6962 Merkle tree hash over entry hashes (leaf = sha256(0x00||h), node = sha256(0x01||l||r))."""
-    if not hashes:
-        return hashlib.sha256(b"").hexdigest()
-    level = [hashlib.sha256(b"\x00" + bytes.fromhex(h)).digest() for h in hashes]
-    while len(level) > 1:
-        nxt = []
-        for i in range(0, len(level) - 1, 2):
-            nxt.append(hashlib.sha256(b"\x01" + level[i] + level[i + 1]).digest())
-        if len(level) % 2:
-            nxt.append(level[-1])
-        level = nxt
-    return level[0].hex()
-
-
-def utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
-
-
-# -- receipts ------------------------------------------------------------------------------------------------------
-def receipt_body(
-    *,
-    run_id: int,
-    node_id: int,
-    round: int | None,
-    message_type: str,
-    reply_to: str,
-    message_id: str,
-    payload_bytes: int,
-    message_bytes: int,
-    payload_sha256: str | None,
-    server_seq: int,
-    server_entry_hash: str,
-    server_key_fingerprint: str,
-    server_public_key: str,
-    time: str,
-) -> dict:
-    return {
-        "v": RECEIPT_VERSION,
-        "run_id": int(run_id),
-        "node_id": int(node_id),
-        "round": round,
-        "message_type": message_type,
-        "reply_to": reply_to,
-        "message_id": message_id,
-        "payload_bytes": int(payload_bytes),
-        "message_bytes": int(message_bytes),
-        "payload_sha256": payload_sha256,
-        "server_seq": int(server_seq),
-        "server_entry_hash": server_entry_hash,
-        "server_key": server_key_fingerprint,
-        "server_public_key": server_public_key,
-        "time": time,
-    }
-
-
-def sign_receipt(server_key: bytes | Ed25519PrivateKey, **fields: Any) -> dict:
-    """A receipt signed by the server: ``receipt_body(**fields)`` plus ``sig`` over its canonical sha256.
-
-    ``fields``: run_id, node_id, round, message_type, reply_to, message_id, payload_bytes, message_bytes,
-    payload_sha256, server_seq, server_entry_hash, time (the fingerprint is filled in from ``server_key``).
-    """
-    key = _private_key(server_key)
-    fields = dict(fields)
-    fields["server_key_fingerprint"] = fingerprint(public_key_bytes(key))
-    fields["server_public_key"] = public_key_bytes(key).hex()
-    body = receipt_body(**fields)
-    digest = hashlib.sha256(canonical(body)).hexdigest()
-    return {**body, "sig": sign_hash(key, digest)}
-
-
-def receipt_signature_ok(receipt: dict, server_public_key: bytes) -> bool:
-    """True if ``receipt`` is signed by ``server_public_key`` and names that key."""
-    body = {k: v for k, v in receipt.items() if k != "sig"}
-    if body.get("server_key") != fingerprint(server_public_key) or body.get("server_public_key") != bytes(server_public_key).hex():
-        return False
-    return signature_ok(server_public_key, hashlib.sha256(canonical(body)).hexdigest(), str(receipt.get("sig", "")))
-
-
-def receipts_to_record(receipts: list[dict]):
-    """Pack receipts into a ConfigRecord for a downlink message (``content[RECEIPTS_RECORD]``)."""
-    from flwr.app import ConfigRecord
-
-    return ConfigRecord({"receipts": [canonical(r) for r in receipts]})
-
-
-def receipts_from_record(record) -> list[dict]:
-    raw = record.get("receipts", []) if record is not None else []
-    if isinstance(raw, bytes):
-        raw = [raw]
-    return [json.loads(bytes(r).decode("ascii")) for r in raw]
-
-
-# -- the append-only file ------------------------------------------------------------------------------------------
 def read_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """``(line_number, text)`` of every non-empty line, 1-based."""
+    """``(line_number, text)`` of every non-empty line of a ledger file, 1-based."""
     with open(path, "r", encoding="utf-8", errors="surrogateescape") as fh:
         for i, text in enumerate(fh, start=1):
             if text.strip():
                 yield i, text.rstrip("\n")
 
 
-def _last_line(path: Path) -> dict | None:
-    """The last JSON line of ``path`` without reading the whole file."""
+def _last_text(path: Path) -> bytes | None:
+    """The last non-empty line of ``path``, read from the end (ledgers grow; appends must not re-read them)."""
     if not path.exists() or path.stat().st_size == 0:
         return None
     with open(path, "rb") as fh:
-        fh.seek(0, os.SEEK_END)
-        end = fh.tell()
-        block = 4096
+        pos = fh.seek(0, os.SEEK_END)
         buf = b""
-        pos = end
         while pos > 0:
-            step = min(block, pos)
+            step = min(4096, pos)
             pos -= step
             fh.seek(pos)
             buf = fh.read(step) + buf
             stripped = buf.rstrip(b"\n")
             if b"\n" in stripped:
-                return json.loads(stripped.rsplit(b"\n", 1)[1])
-        return json.loads(buf.strip()) if buf.strip() else None
-
-
-class _FileLock:
-    """Exclusive ``flock`` on ``<ledger>.lock`` for one read-tail-then-append step."""
-
-    def __init__(self, path: Path) -> None:
-        self.lock_path = path.with_suffix(path.suffix + ".lock")
-
-    def __enter__(self) -> "_FileLock":
-        self.fh = open(self.lock_path, "a+")
-        fcntl.flock(self.fh, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        fcntl.flock(self.fh, fcntl.LOCK_UN)
-        self.fh.close()
+                return stripped.rsplit(b"\n", 1)[1]
+        return buf.strip() or None
 
 
 class _ChainedLog:
     """One writer's append-only, hash-chained, signed JSONL file.
 
-    Every append re-reads the tail under an exclusive ``flock`` so that a ledger shared by processes (the ClientApp
-    runs in a Ray actor or a fresh subprocess per message) never forks.
+    Every append re-reads the tail under an exclusive inter-process lock (:func:`fcd_secure._io.file_lock`), so that
+    a ledger shared by processes (Flower runs the ClientApp in a Ray actor or a fresh process per message) never
+    forks.
     """
 
     role = "log"
 
     def __init__(self, path: str | Path, signing_key: bytes | Ed25519PrivateKey, *, writer_id: str) -> None:
+        """Open (or start) the ledger at ``path`` for the holder of ``signing_key``.
+
+        Raises:
+            LedgerError: the ledger exists and was opened with another key, or cannot be read.
+        """
         self.path = Path(path)
-        self._key = _private_key(signing_key)
+        self._key = private_key(signing_key)
         self.public_key = public_key_bytes(self._key)
         self.fingerprint = fingerprint(self.public_key)
         self.writer_id = str(writer_id)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._locked():
-            last = _last_line(self.path)
-            if last is None:
-                self._append_locked(
-                    {
-                        "kind": "open",
-                        "schema": SCHEMA,
-                        "role": self.role,
-                        "writer_id": self.writer_id,
-                        "public_key": self.public_key.hex(),
-                        "key_fingerprint": self.fingerprint,
-                    },
-                    None,
-                )
-            else:
-                first = next(iter(self._iter_raw()), None)
-                if first is None or first.get("public_key") != self.public_key.hex():
-                    raise LedgerError(f"{self.path}: ledger was opened with a different identity key; refusing to append")
+        with file_lock(self.path):
+            first = next(iter(self._entries()), None)
+            if first is None:
+                opened = {"role": self.role, "writer_id": self.writer_id, "public_key": self.public_key.hex()}
+                self._append_locked(OpenLine, {**opened, "key_fingerprint": self.fingerprint}, None)
+            elif not isinstance(first, OpenLine) or first.public_key != self.public_key.hex():
+                raise LedgerError(f"{self.path}: ledger was opened with a different identity key; refusing to append")
 
-    # -- low level
-    def _locked(self) -> "_FileLock":
-        return _FileLock(self.path)
+    # -- reading
+    def lines(self) -> list[dict[str, Any]]:
+        """Every line as the JSON object on disk."""
+        if not self.path.exists():
+            return []
+        return [json.loads(text) for _, text in read_lines(self.path)]
 
-    def _iter_raw(self) -> Iterator[dict]:
+    def entries(self) -> list[LedgerLine]:
+        """Every line, typed.
+
+        Raises:
+            LedgerError: a line is not a ledger line (the file was edited or is corrupt).
+        """
+        return list(self._entries())
+
+    def _entries(self) -> Iterator[LedgerLine]:
         if not self.path.exists():
             return
-        for _, text in read_lines(self.path):
-            yield json.loads(text)
+        for ln, text in read_lines(self.path):
+            yield self._parse(text, ln)
 
-    def _append_locked(self, body: dict, last: dict | None) -> dict:
-        line = dict(body)
-        line["seq"] = 0 if last is None else int(last["seq"]) + 1
-        line["prev_hash"] = GENESIS if last is None else last["hash"]
-        line.setdefault("time", utc_now())
-        line["hash"] = line_hash(line)
-        line["sig"] = sign_hash(self._key, line["hash"])
-        data = canonical(line) + b"\n"
+    def _parse(self, text: str | bytes, ln: int | None) -> LedgerLine:
+        try:
+            return parse_line(text)
+        except ValidationError:
+            where = f"line {ln}" if ln is not None else "the last line"
+            raise LedgerError(f"{self.path}: {where} is not a ledger line (edited or corrupt); refusing to append") from None
+
+    def _last(self) -> LedgerLine | None:
+        text = _last_text(self.path)
+        return None if text is None else self._parse(text, None)
+
+    # -- writing
+    def _append_locked(self, cls: type[L], fields: dict[str, Any], last: LedgerLine | None) -> L:
+        """Seal ``fields`` as the next line of kind ``cls`` (seq, prev_hash, time, hash, sig) and append it."""
+        draft = cls(
+            **fields,
+            seq=0 if last is None else last.seq + 1,
+            prev_hash=GENESIS if last is None else last.hash,
+            time=utc_now(),
+            hash="",
+            sig="",
+        )
+        obj = draft.to_json()
+        digest = line_hash(obj)
+        obj["hash"], obj["sig"] = digest, sign_hash(self._key, digest)
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
-            os.write(fd, data)
+            os.write(fd, canonical(obj) + b"\n")
             os.fsync(fd)
         finally:
             os.close(fd)
-        return line
+        return draft.model_copy(update={"hash": obj["hash"], "sig": obj["sig"]})
 
-    def append(self, body: dict) -> dict:
-        """Append one line (``seq``, ``prev_hash``, ``time``, ``hash``, ``sig`` are filled in) and return it."""
-        with self._locked():
-            return self._append_locked(body, _last_line(self.path))
+    def append(self, cls: type[L], fields: dict[str, Any]) -> L:
+        """Append one line of kind ``cls`` with ``fields`` (the chain fields are filled in) and return it."""
+        with file_lock(self.path):
+            return self._append_locked(cls, fields, self._last())
 
-    def lines(self) -> list[dict]:
-        return list(self._iter_raw())
-
-    # -- shared line kinds
-    def record_manifest(self, manifest_json: dict) -> dict | None:
-        """Write a ``manifest`` line unless the same layout is already the one in force."""
-        with self._locked():
-            current = None
-            for line in self._iter_raw():
-                if line.get("kind") == "manifest":
-                    current = line.get("layout_hash")
-            if current == manifest_json.get("layout_hash"):
+    # -- line kinds both roles write
+    def record_manifest(self, manifest: Manifest) -> ManifestLine | None:
+        """Write a ``manifest`` line unless ``manifest``'s layout is already the one in force."""
+        with file_lock(self.path):
+            entries = self.entries()
+            current = next((e.layout_hash for e in reversed(entries) if isinstance(e, ManifestLine)), None)
+            if current == manifest.layout_hash:
                 return None
-            return self._append_locked({"kind": "manifest", **manifest_json}, _last_line(self.path))
+            return self._append_locked(ManifestLine, ManifestLine.fields_of(manifest), entries[-1] if entries else None)
 
-    def checkpoint(self, round: int) -> dict | None:
-        """Signed checkpoint closing ``round``: chain size, head, Merkle root, uploads and bytes of the round.
+    def checkpoint(self, round: int) -> CheckpointLine | None:
+        """Signed checkpoint closing ``round``: chain size, head, Merkle root, messages and bytes of the round.
 
         Idempotent: a second call for a round already closed writes nothing and returns ``None``.
         """
-        with self._locked():
-            lines = list(self._iter_raw())
-            if any(l.get("kind") == "checkpoint" and l.get("round") == round for l in lines):
+        with file_lock(self.path):
+            entries = self.entries()
+            if any(isinstance(e, CheckpointLine) and e.round == round for e in entries):
                 return None
-            in_round = [l for l in lines if l.get("kind") in ("upload", "received") and l.get("round") == round]
-            body = {
-                "kind": "checkpoint",
-                "round": round,
-                "size": len(lines),
-                "head": lines[-1]["hash"] if lines else GENESIS,
-                "merkle_root": merkle_root([l["hash"] for l in lines]),
-                "messages": len(in_round),
-                "payload_bytes": int(sum(int(l.get("payload_bytes", 0)) for l in in_round)),
-                "message_bytes": int(sum(int(l.get("message_bytes", 0)) for l in in_round)),
-            }
-            return self._append_locked(body, lines[-1] if lines else None)
+            fields = checkpoint_fields([e.hash for e in entries], entries, round)
+            return self._append_locked(CheckpointLine, fields, entries[-1] if entries else None)
 
 
-def facts_json(facts: MessageFacts) -> dict:
+def checkpoint_fields(hashes: list[str], entries: list[LedgerLine], round: int) -> dict[str, Any]:
+    """What a checkpoint of ``round`` must say: the one rule the writer and verify share.
+
+    Args:
+        hashes: the hash of every line before the checkpoint, in order.
+        entries: the lines before it (their messages of ``round`` are counted).
+        round: the round the checkpoint closes.
+    """
+    in_round = [e for e in entries if isinstance(e, MessageLine) and e.round == round]
     return {
-        "run_id": facts.run_id,
-        "node_id": facts.node_id,
-        "round": facts.round,
-        "action": facts.message_type,
-        "reply_to": facts.reply_to,
-        "message_id": facts.message_id,
-        "payload_sha256": facts.payload_sha256,
-        "payload_bytes": facts.payload_bytes,
-        "message_bytes": facts.message_bytes,
-        "records": facts.records,
-        "tensors": [t.to_json() for t in facts.tensors],
-        "metrics": facts.metrics,
-        "metric_lists": facts.metric_lists,
-        "config_fields": facts.config_fields,
-        "is_error": facts.is_error,
+        "round": round,
+        "size": len(hashes),
+        "head": hashes[-1] if hashes else GENESIS,
+        "merkle_root": merkle_root(hashes),
+        "messages": len(in_round),
+        "payload_bytes": sum(e.payload_bytes for e in in_round),
+        "message_bytes": sum(e.message_bytes for e in in_round),
     }
 
 
@@ -374,6 +244,7 @@ class SiteLedger(_ChainedLog):
 
     @classmethod
     def open(cls, state_dir: str | Path, identity_key: bytes, site_id: str) -> "SiteLedger":
+        """The ledger of ``site_id`` under ``<state_dir>/audit/``."""
         return cls(Path(state_dir) / "audit" / SITE_LEDGER_FILE, identity_key, writer_id=site_id)
 
     def record_upload(
@@ -383,74 +254,80 @@ class SiteLedger(_ChainedLog):
         status: str,
         layout_hash: str | None,
         privacy_ledger_hash: str | None,
-        refusal: dict | None = None,
+        refusal: RefusalRecord | None = None,
         withheld: MessageFacts | None = None,
         handler_error_code: int | None = None,
-    ) -> dict:
-        """One reply at the gate. ``status``: ``sent`` (left as built), ``refused`` (content withheld, an error
-        reply left instead; ``withheld`` describes the refused content by names and sizes), ``error`` (the handler
-        failed; a generic error reply left; ``handler_error_code`` is the code the handler chose, kept here only,
-        since the reply that left carries the gate's fixed code)."""
-        body = {"kind": "upload", "site_id": self.writer_id, "status": status, **facts_json(facts)}
-        body["layout_hash"] = layout_hash
-        body["privacy_ledger_hash"] = privacy_ledger_hash
-        if refusal is not None:
-            body["refusal"] = refusal
-        if withheld is not None:
-            w = facts_json(withheld)
-            body["withheld"] = {k: w[k] for k in ("payload_sha256", "payload_bytes", "records", "tensors", "metrics", "metric_lists", "config_fields")}
-        if handler_error_code is not None:
-            body["handler_error_code"] = int(handler_error_code)
-        return self.append(body)
+    ) -> UploadLine:
+        """Record one reply at the gate.
 
-    def store_receipt(self, receipt: dict, *, server_public_key: bytes | None) -> dict:
-        """Store a server receipt beside the upload entry it acknowledges (matched by ``message_id``).
+        Args:
+            facts: :func:`~fcd_secure.audit.accounting.describe_message` of the reply that left.
+            status: ``sent`` (left as built), ``refused`` (content withheld, an error reply left instead) or
+                ``error`` (the handler failed; a generic error reply left).
+            layout_hash: the manifest in force.
+            privacy_ledger_hash: :func:`fcd_secure.privacy.ledger.privacy_ledger_hash` of the site, or ``None``.
+            refusal: the rule that refused the reply.
+            withheld: the refused content, recorded by names and sizes only.
+            handler_error_code: the code the handler chose for its error reply, kept here only (the reply that
+                left carries the gate's fixed code).
 
-        The receipt is kept verbatim (the auditor re-checks the server's signature); ``for_seq`` names the entry, or
-        is ``None`` when the site has no such upload (itself evidence of an inconsistency, kept, never dropped).
+        Returns:
+            The line written.
         """
-        with self._locked():
-            lines = list(self._iter_raw())
-            for_seq = None
-            for l in lines:
-                if l.get("kind") == "upload" and l.get("message_id") == receipt.get("message_id"):
-                    for_seq = l["seq"]
-            if any(l.get("kind") == "receipt" and l.get("receipt", {}).get("sig") == receipt.get("sig") for l in lines):
-                return {}
+        fields = {"site_id": self.writer_id, "status": status, **MessageLine.fields_of(facts)}
+        fields |= {"layout_hash": layout_hash, "privacy_ledger_hash": privacy_ledger_hash, "refusal": refusal}
+        if withheld is not None:
+            w = MessageLine.fields_of(withheld)
+            fields["withheld"] = {k: w[k] for k in Withheld.model_fields}
+        if handler_error_code is not None:
+            fields["handler_error_code"] = int(handler_error_code)
+        return self.append(UploadLine, fields)
+
+    def store_receipt(self, receipt: Receipt, *, server_public_key: bytes | None) -> ReceiptLine | None:
+        """Store a server receipt beside the upload line it acknowledges (matched by ``message_id``).
+
+        The receipt is kept verbatim (the auditor re-checks the server's signature); ``for_seq`` names the upload
+        line, or is ``None`` when the site has no such upload (itself evidence of an inconsistency, kept, never
+        dropped).
+
+        Returns:
+            The line written, or ``None`` when this receipt is already stored.
+        """
+        with file_lock(self.path):
+            entries = self.entries()
+            if any(isinstance(e, ReceiptLine) and e.receipt.sig == receipt.sig for e in entries):
+                return None
+            uploads = [e.seq for e in entries if isinstance(e, UploadLine) and e.message_id == receipt.message_id]
             sig_ok = None if server_public_key is None else receipt_signature_ok(receipt, server_public_key)
-            body = {"kind": "receipt", "for_seq": for_seq, "receipt": receipt, "signature_checked_on_arrival": sig_ok}
-            return self._append_locked(body, lines[-1] if lines else None)
+            fields = {"for_seq": uploads[-1] if uploads else None, "receipt": receipt, "signature_checked_on_arrival": sig_ok}
+            return self._append_locked(ReceiptLine, fields, entries[-1] if entries else None)
 
     def rounds_open(self) -> list[int]:
         """Rounds with uploads but no checkpoint yet."""
-        seen, closed = set(), set()
-        for l in self._iter_raw():
-            if l.get("kind") == "upload" and l.get("round") is not None:
-                seen.add(int(l["round"]))
-            if l.get("kind") == "checkpoint":
-                closed.add(int(l["round"]))
+        entries = self.entries()
+        seen = {e.round for e in entries if isinstance(e, UploadLine) and e.round is not None}
+        closed = {e.round for e in entries if isinstance(e, CheckpointLine)}
         return sorted(seen - closed)
 
 
 class ServerLedger(_ChainedLog):
     """The server's ledger of every reply it received, signed with the server identity key.
 
-    ``accept(reply, site_id)`` records the reply and returns the signed receipt the ServerApp hands back to the site
-    in its next downlink (``content[RECEIPTS_RECORD] = receipts_to_record([...])``).
+    :meth:`accept` records a reply and returns the signed receipt the ServerApp hands back to the site in its next
+    downlink.
     """
 
     role = "server"
 
     @classmethod
     def open(cls, run_dir: str | Path, identity_key: bytes, server_id: str = "server") -> "ServerLedger":
+        """The server ledger under ``<run_dir>/audit/``."""
         return cls(Path(run_dir) / "audit" / SERVER_LEDGER_FILE, identity_key, writer_id=server_id)
 
-    def accept(self, reply, site_id: str | None = None, *, facts: MessageFacts | None = None) -> dict:
-        from fcd_secure.audit.accounting import describe_message
-
+    def accept(self, reply: Message, site_id: str | None = None, *, facts: MessageFacts | None = None) -> Receipt:
+        """Record ``reply`` (measured unless ``facts`` are given) and return its signed receipt."""
         f = facts if facts is not None else describe_message(reply)
-        body = {"kind": "received", "site_id": site_id, **facts_json(f)}
-        line = self.append(body)
+        line = self.append(ReceivedLine, {"site_id": site_id, **MessageLine.fields_of(f)})
         return sign_receipt(
             self._key,
             run_id=f.run_id,
@@ -462,7 +339,7 @@ class ServerLedger(_ChainedLog):
             payload_bytes=f.payload_bytes,
             message_bytes=f.message_bytes,
             payload_sha256=f.payload_sha256,
-            server_seq=line["seq"],
-            server_entry_hash=line["hash"],
-            time=line["time"],
+            server_seq=line.seq,
+            server_entry_hash=line.hash,
+            time=line.time,
         )

@@ -1,6 +1,6 @@
 """Render a verification result for people (Markdown) and for tools (one JSON envelope).
 
-The envelope follows the NVFLARE 2.9 CLI contract adopted for ``fcd`` (ops-anchors §5):
+The envelope follows the NVFLARE 2.9 CLI output contract (``nvflare/tool/cli_output.py``), adopted for ``fcd``:
 ``{schema_version, status, exit_code, error_code, message, hint, data}``, with exit codes 0 compliant, 1 violation,
 2 usage error, 3 unverified (identity not pinned), 6 evidence tampered or inconsistent, so a pipeline can tell
 "failed" from "forged" from "not tied to a known identity".
@@ -35,6 +35,7 @@ _ERROR = {
 
 
 def envelope(result: VerifyResult) -> dict:
+    """The one JSON document ``fcd audit verify --json`` prints: verdict, exit code, error code, message, hint, data."""
     code = result.exit_code
     error_code, message, hint = _ERROR[result.status]
     first = next((f for f in result.findings if f.severity == result.status), None)
@@ -54,6 +55,7 @@ def envelope(result: VerifyResult) -> dict:
 
 
 def usage_envelope(message: str, hint: str | None = None) -> dict:
+    """The JSON envelope of a usage error (exit 2)."""
     return {
         "schema_version": SCHEMA_VERSION,
         "status": "error",

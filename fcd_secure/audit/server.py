@@ -1,8 +1,9 @@
 """The server's half of the audit: record every reply received, sign a receipt for it, hand receipts back.
 
-ops-anchors §2.6 item 4: the server, whose incentive is the opposite of the site's, countersigns each upload, so a
-site cannot hide an upload (the server holds a receipt and its own ledger entry) and the server cannot invent one
-(the site has no entry). The ServerApp wires :class:`ServerAudit` into its message loop:
+The server, whose incentive is the opposite of the site's, countersigns each upload
+(:mod:`~fcd_secure.audit.receipts`), so a site cannot hide an upload (the server holds a receipt and its own ledger
+line) and the server cannot invent one (the site has no line). The ServerApp wires :class:`ServerAudit` into its
+message loop:
 
 * ``content = audit.attach(node_id, content)`` on every downlink: pending receipts for that node ride along in
   ``content["fcd.audit.receipts"]``; the site's gate strips and stores them before any handler sees the message;
@@ -15,52 +16,40 @@ site cannot hide an upload (the server holds a receipt and its own ledger entry)
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.app import ConfigRecord, Message, RecordDict
 
 from fcd_secure.audit.accounting import round_of
-from fcd_secure.audit.gate import RECEIPTS_MESSAGE_TYPE
-from fcd_secure.audit.ledger import RECEIPTS_RECORD, SERVER_LEDGER_FILE, ServerLedger, receipts_to_record
+from fcd_secure.audit.entries import CheckpointLine, ManifestLine, Receipt
+from fcd_secure.audit.ledger import SERVER_LEDGER_FILE, ServerLedger
+from fcd_secure.audit.receipts import RECEIPTS_MESSAGE_TYPE, RECEIPTS_RECORD, receipts_to_record
+from fcd_secure.audit.signing import load_or_create_identity_key
+from fcd_secure.manifest import Manifest
 
 __all__ = ["RECEIPTS_MESSAGE_TYPE", "ServerAudit", "load_or_create_identity_key"]
-
-
-def load_or_create_identity_key(path: str | Path) -> bytes:
-    """Raw 32-byte Ed25519 key at ``path`` (mode 0600), created from the OS CSPRNG on first use."""
-    p = Path(path)
-    if p.exists():
-        raw = p.read_bytes()
-        if len(raw) != 32:
-            raise ValueError(f"{p}: an identity key must be 32 raw bytes, found {len(raw)}")
-        return raw
-    p.parent.mkdir(parents=True, exist_ok=True)
-    raw = Ed25519PrivateKey.generate().private_bytes(
-        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
-    )
-    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(raw)
-    return raw
 
 
 class ServerAudit:
     """Server ledger plus the receipts still owed to each node."""
 
     def __init__(self, ledger_dir: str | Path, identity_key: bytes, server_id: str = "server") -> None:
-        """``ledger_dir``: the folder that holds ``server_ledger.jsonl`` (e.g. ``<state_dir>/_server/audit``)."""
+        """Open the server ledger.
+
+        Args:
+            ledger_dir: the folder that holds ``server_ledger.jsonl`` (e.g. ``<state_dir>/_server/audit``).
+            identity_key: the server's raw 32-byte Ed25519 key (:func:`load_or_create_identity_key`).
+            server_id: the writer id recorded in the ledger's ``open`` line.
+        """
         self.ledger = ServerLedger(Path(ledger_dir) / SERVER_LEDGER_FILE, identity_key, writer_id=server_id)
-        self._pending: dict[int, list[dict]] = {}
+        self._pending: dict[int, list[Receipt]] = {}
         self._open_rounds: set[int] = set()
 
     @property
     def fingerprint(self) -> str:
         return self.ledger.fingerprint
 
-    def on_reply(self, reply: Message, site_id: str | None = None) -> dict:
+    def on_reply(self, reply: Message, site_id: str | None = None) -> Receipt:
         """Record one received reply in the server ledger; queue and return its signed receipt."""
         rnd = round_of(reply)
         if rnd is not None:
@@ -82,20 +71,19 @@ class ServerAudit:
         return out
 
     def owed_nodes(self) -> list[int]:
+        """Nodes the server still owes receipts (the addressees of the closing receipts message)."""
         return sorted(n for n, r in self._pending.items() if r)
 
     def final_contents(self) -> dict[int, RecordDict]:
         """Per node, the content of the closing ``query.audit_receipts`` message (receipts owed so far)."""
         return {n: self.attach(n, RecordDict({"config": ConfigRecord({"final": True})})) for n in self.owed_nodes()}
 
-    def record_manifest(self, manifest) -> dict | None:
+    def record_manifest(self, manifest: Manifest) -> ManifestLine | None:
         """Record the Θc/Θs layout the server runs with, so an auditor can check each site declared the same one
         (a site cannot hide a Θs name by recording a manifest of its own making)."""
-        from fcd_secure.audit.gate import ManifestView  # noqa: PLC0415
+        return self.ledger.record_manifest(manifest)
 
-        return self.ledger.record_manifest(ManifestView.of(manifest).to_json())
-
-    def checkpoint(self, round: int) -> dict | None:
+    def checkpoint(self, round: int) -> CheckpointLine | None:
         """Sign the checkpoint closing ``round`` (idempotent)."""
         self._open_rounds.discard(round)
         return self.ledger.checkpoint(round)

@@ -1,7 +1,7 @@
 """fcd_secure.privacy — optional record-level DP-SGD on each site, its write-ahead budget ledger, and the report.
 
-DESIGN.md "Sites may train with DP-SGD (Opacus); each site keeps its own privacy budget and refuses to overspend";
-../shared/research/dp-anchors.md for the Opacus 1.6 traps and the accounting pattern. One concept per module:
+Each site may train with DP-SGD (Abadi et al. 2016; Opacus 1.6) under its own lifetime budget and refuses a round
+that would overspend it. One concept per module:
 
 * ``config.DPConfig``   — the ``[dp]`` table (ε cap, δ rule, C, accountant, Poisson, hooks, L_align under DP).
 * ``planner``           — ε of a history of ``(σ, q, steps)`` segments; σ planned once for a whole planned use.

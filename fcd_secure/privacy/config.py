@@ -1,18 +1,20 @@
 """The ``[dp]`` table of a run configuration: optional record-level DP-SGD on every site.
 
-DESIGN.md "What the product is": sites may train with DP-SGD (Opacus) and each keeps its own budget. The
-choices fixed here follow ../shared/research/dp-anchors.md:
+Sites may train with DP-SGD (Opacus 1.6) and each keeps its own budget. The choices fixed here:
 
-* Poisson sampling (§3.2): Opacus' accountants assume it; shuffled fixed-size batches would need a different
-  (much larger) ε, so turning it off is refused rather than silently mis-reported.
-* ``grad_sample_mode="hooks"`` (§1.4): the fastest exact mode on CPU and the only one that survives empty Poisson
-  batches and ``wrap_model=False``.
-* PRV accountant by default (§3.1: tightest valid one in Opacus); RDP as the conservative alternative. GDP is
-  not offered: Opacus itself warns it can underestimate.
-* δ defaults to a power of ten ≤ 1/(10·n_site) (Opacus FAQ rule of thumb, tightened by 10×).
-* Batch-coupled losses (DESIGN trap 4, dp-anchors §2): the MMD balancing term L_align couples samples of a
-  batch, which breaks per-sample clipping. Under DP it is either ``"off"`` or replaced by a per-sample kernel
-  distance to a fixed, data-free ``"reference"`` set (the model's ``ModelConfig.align_under_dp``).
+* Poisson sampling: Opacus' accountants assume it; shuffled fixed-size batches would need a different (much
+  larger) ε (Chua et al., "Scalable DP-SGD: Shuffling vs. Poisson Subsampling", NeurIPS 2024), so turning it off is
+  refused rather than silently mis-reported.
+* ``grad_sample_mode="hooks"``: exact per-sample gradients, the fastest mode on CPU for this model, and the one
+  that handles empty Poisson batches and ``wrap_model=False``.
+* PRV accountant by default (Gopi et al. 2021, the tightest in Opacus); RDP (Mironov 2017) as the conservative
+  alternative. GDP is not offered: Opacus itself warns it can underestimate.
+* δ defaults to a power of ten ≤ 1/(10·n_site) (the Opacus FAQ's rule of thumb δ < 1/N, tightened by 10×).
+* Batch-coupled losses: the MMD balancing term L_align (paper §III-A) couples samples of a batch, so one record
+  moves every other record's gradient and per-sample clipping no longer bounds its influence (the Opacus
+  grad-sample README excludes batch-coupled computations; Kong et al. 2023, arXiv 2310.03104). Under DP it is
+  either ``"off"`` or replaced by a per-sample kernel distance to a fixed, data-free ``"reference"`` set (the
+  model's ``ModelConfig.align_under_dp``).
 * Noise seed: a known seed would let whoever knows it regenerate and subtract the Gaussian noise. By default the
   noise generator is seeded from a secret kept in the site's state directory together with the run seed and the
   round, so a site re-running with the same state and seed reproduces its numbers and nobody else can.
@@ -74,7 +76,7 @@ class DPConfig(BaseModel):
     @model_validator(mode="after")
     def _poisson_only(self) -> "DPConfig":
         if not self.poisson:
-            # Reporting a Poisson-subsampled ε for shuffled batches under-states the loss (dp-anchors §3.2).
+            # Reporting a Poisson-subsampled ε for shuffled batches under-states the loss (Chua et al. 2024).
             raise ValueError("dp.poisson = false is not supported: the accountants assume Poisson sampling")
         return self
 

@@ -1,6 +1,6 @@
 """The one entry point of DP-SGD on a site: ``DPSite`` (the counterpart of Opacus' ``PrivacyEngine``).
 
-A site's local training under DP (issue 6, dp-anchors §3.2) is, every round::
+A site's local training under DP is, every round::
 
     site = DPSite(state_dir, dataset_fingerprint(ds), dp_cfg, n_site, planned_rounds, local_epochs, batch_size)
     res = site.reserve_round()                 # write-ahead; BudgetExceeded -> the site refuses the round
@@ -11,8 +11,9 @@ A site's local training under DP (issue 6, dp-anchors §3.2) is, every round::
 
 * σ is planned **once** for the planned use (rounds × local epochs × ⌈N/B⌉ steps) and stored in the ledger, so
   every round of the plan — in this process, after a restart, in a fresh ``DPSite`` — uses the same σ through
-  ``make_private(noise_multiplier=σ)``. ``make_private_with_epsilon`` is never called: it re-plans from zero each
-  time and overspends (ε = 8 → 25 after 20 rounds, dp-anchors §3.2).
+  ``make_private(noise_multiplier=σ)``. ``make_private_with_epsilon`` is never called: Opacus 1.6 derives its σ
+  assuming a zero starting point (it only warns when the accountant already holds history), so calling it every
+  round overspends (a cap of ε = 8 ends near ε = 25 after 20 rounds of one epoch each, at q = 1/32).
 * A new plan (a new run with other settings, or a run after the previous plan's steps are used up) is planned
   against the remaining budget: the whole history stays in the composition, so nothing resets.
 * A step guard on the DP optimizer refuses any step beyond the reservation before the parameters move; the
@@ -24,8 +25,6 @@ A site's local training under DP (issue 6, dp-anchors §3.2) is, every round::
 from __future__ import annotations
 
 import hashlib
-import os
-import secrets
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from fcd_secure._io import SecretFileError, load_or_create_secret
 from fcd_secure.privacy.config import DPConfig
 from fcd_secure.privacy.ledger import (
     BudgetExceeded,
@@ -209,20 +209,16 @@ class DPSite:
         return g
 
     def _site_secret(self) -> bytes:
-        """32 random bytes in the site's state; they make the noise unpredictable to anyone but the site."""
-        path = self.state_dir / "privacy" / "noise_secret.bin"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with self.ledger.locked():
-            if not path.exists():
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                with os.fdopen(fd, "wb") as fh:
-                    fh.write(secrets.token_bytes(32))
-                    fh.flush()
-                    os.fsync(fh.fileno())
-            data = path.read_bytes()
-        if len(data) != 32:
-            raise LedgerError(f"{path}: noise secret must be 32 bytes, found {len(data)}")
-        return data
+        """32 random bytes in the site's state (mode 0600); they make the noise unpredictable to anyone but the site.
+
+        Raises:
+            LedgerError: the secret file exists with another size, or cannot be read (the site must not train with
+                a noise seed it cannot trust).
+        """
+        try:
+            return load_or_create_secret(self.state_dir / "privacy" / "noise_secret.bin", 32)
+        except SecretFileError as exc:
+            raise LedgerError(str(exc)) from None
 
     def make_private(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader, *, seed: int = 0
@@ -257,7 +253,8 @@ class DPSite:
             collate_fn=loader.collate_fn,
             generator=self._generator("poisson", seed, seq),
         )
-        # Opacus' input-less first layer makes torch warn on every backward; harmless (dp-anchors §1.3).
+        # torch warns on every backward that a full backward hook fires on a first layer whose input needs no
+        # gradient (Opacus' hooks); the per-sample gradients are unaffected.
         warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
         with warnings.catch_warnings():
             # "Secure RNG turned off" is a documented limitation (the report lists it), not news every round.
@@ -311,6 +308,7 @@ class DPSite:
         return state.epsilon(), state.delta
 
     def remaining(self) -> float:
+        """ε left under the cap (0 when spent)."""
         state = self.ledger.load()
         return max(0.0, state.epsilon_cap - state.epsilon())
 
@@ -336,10 +334,29 @@ def train_round_private(
 ) -> dict[str, float]:
     """One DP round of local training: reserve → ``make_private`` → ``model.training.train_local`` → commit.
 
-    ``model_cfg`` is switched to ``dp_mode`` with the configured ``align_under_dp`` (DESIGN trap 4: no
-    batch-coupled term reaches DP-SGD). Raises ``BudgetExceeded`` before touching the data if the round does not
-    fit the budget. Returns train_local's metrics plus ``dp_epsilon``, ``dp_delta``, ``dp_sigma``, ``dp_steps``.
-    The reservation is committed even if training fails, with the steps that actually ran.
+    ``model_cfg`` is switched to ``dp_mode`` with the configured ``align_under_dp``, so no batch-coupled loss term
+    reaches DP-SGD (per-sample clipping bounds one record's influence only if each loss term depends on one record;
+    Opacus does not inspect losses). The reservation is committed even if training fails, with the steps that
+    actually ran.
+
+    Args:
+        site: the site's :class:`DPSite` (plan and ledger).
+        model: the site's model; returned unwrapped, with its parameters trained in place.
+        ds: the site's training dataset (``site.n_site`` trajectories).
+        model_cfg: the model configuration (``fcd_secure.model.config.ModelConfig``).
+        site_index: the site's index for the site discriminator, or ``None``.
+        n_sites: number of sites of the federation.
+        epochs: local epochs of this round.
+        seed: the run seed (mixed with the site secret for the noise and Poisson draws).
+        optimizer: the optimizer to make private (default: the model's own).
+        round_id: the federated round, recorded in the ledger.
+
+    Returns:
+        ``train_local``'s metrics plus ``dp_epsilon``, ``dp_delta``, ``dp_sigma`` and ``dp_steps``.
+
+    Raises:
+        BudgetExceeded: before touching the data, if the round does not fit the budget.
+        ValueError: the dataset does not match the plan, or the configuration has batch-coupled loss terms.
     """
     from fcd_secure.model.training import make_loader, make_optimizer, train_local
 

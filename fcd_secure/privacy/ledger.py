@@ -1,10 +1,12 @@
 """A site's privacy ledger on disk: write-ahead, keyed by the dataset's fingerprint, fails closed.
 
-Issue 6 item 2 and dp-anchors §3.2:
+The ε of DP-SGD composes over every step ever taken on a dataset (Abadi et al. 2016, "Deep Learning with
+Differential Privacy"), across rounds, restarts and runs, so the history must outlive every process:
 
 * **Keyed by the data, not by the process.** The file is ``<state_dir>/privacy/ledger-<fingerprint>.json`` where the
   fingerprint hashes the site's training arrays (``dataset_fingerprint``). Flower's ``node_id`` changes between
-  runs and ``Context.state`` lives only for one run; a ledger keyed by either silently restarts at ε = 0.
+  runs and ``Context.state`` lives only for one run (Flower docs, "Design stateful ClientApps"); a ledger keyed by
+  either silently restarts at ε = 0.
 * **Write-ahead.** A round's steps are reserved (appended and fsync'ed) *before* any private data is touched;
   a crash mid-round therefore over-counts, never under-counts. The reservation is refused if the projected ε of
   the whole history would exceed the cap.
@@ -17,10 +19,8 @@ The history is a list of segments ``(σ, q, steps)`` (Opacus' accountant format)
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
-import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,6 +30,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from fcd_secure._io import atomic_write_text, file_lock
 from fcd_secure.data.schema import SiteDataset
 from fcd_secure.privacy.planner import epsilon
 
@@ -136,7 +137,7 @@ class LedgerState(BaseModel):
 
 
 class Ledger:
-    """Read-modify-write access to one ledger file, serialised by an ``flock`` on a sibling lock file.
+    """Read-modify-write access to one ledger file, serialised by :func:`fcd_secure._io.file_lock`.
 
     Several processes may hold a ``Ledger`` on the same file (Flower simulation actors, a restarted site); every
     change re-reads the file under the lock, so none can reserve against a stale history.
@@ -174,30 +175,14 @@ class Ledger:
         return state
 
     def _save(self, state: LedgerState) -> None:
-        # atomic replace after fsync: a reader sees the old file or the new one, never half of one
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(f".tmp{os.getpid()}")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(state.model_dump_json(indent=1))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        # a reader (or a crash) sees the old file or the new one, never half of one
+        atomic_write_text(self.path, state.model_dump_json(indent=1))
 
     @contextmanager
     def locked(self) -> Iterator[None]:
         """Exclusive lock for a read-modify-write cycle."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_suffix(".lock"), "a+") as lock:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+        with file_lock(self.path):
+            yield
 
     # -- operations ----------------------------------------------------------------------------------
     def open_or_create(
@@ -268,6 +253,7 @@ class Ledger:
             return state
 
     def add_plan(self, plan: dict[str, Any]) -> PlanRecord:
+        """Append a plan (the :class:`PlanRecord` fields but ``plan_id`` and ``created_at``) and return it."""
         with self.locked():
             state = self.load()
             record = PlanRecord(plan_id=len(state.plans) + 1, created_at=time.time(), **plan)

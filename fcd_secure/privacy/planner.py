@@ -1,14 +1,14 @@
 """Privacy accounting arithmetic: ε of a DP-SGD history and σ planned once for a site's whole use.
 
-Accounting model (dp-anchors §3.1): every DP-SGD step is a Poisson-subsampled Gaussian mechanism with rate q and
-noise multiplier σ; a site's history is the list of segments ``(σ, q, steps)`` over *all* rounds and runs on its
-dataset, composed sequentially. Opacus' accountants take exactly that list, so the ledger (``ledger.py``) stores
-it and this module turns it into ε.
+Accounting model (Abadi et al. 2016; Opacus 1.6 accountants): every DP-SGD step is a Poisson-subsampled Gaussian
+mechanism with rate q and noise multiplier σ; a site's history is the list of segments ``(σ, q, steps)`` over *all*
+rounds and runs on its dataset, composed sequentially. Opacus' accountants take exactly that list, so the ledger
+(``ledger.py``) stores it and this module turns it into ε.
 
-Why σ is planned once (issue 6, dp-anchors §3.2): ``make_private_with_epsilon`` re-derives σ "from zero" every
-round and ignores what was spent before — a cap of ε = 8 ends near ε = 25 after 20 rounds. Here σ is the smallest
-noise multiplier such that the *existing* history plus the whole planned use stays under the cap, and it is then
-fixed for that plan.
+Why σ is planned once: Opacus' ``make_private_with_epsilon`` derives σ assuming a zero starting point and ignores
+what was spent before, so calling it every round overspends (a cap of ε = 8 ends near ε = 25 after 20 rounds).
+Here σ is the smallest noise multiplier such that the *existing* history plus the whole planned use stays under
+the cap, and it is then fixed for that plan.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def _epsilon(history: tuple[Segment, ...], delta: float, accountant: str) -> flo
     acc = create_accountant(accountant)
     acc.history = list(history)
     with warnings.catch_warnings():
-        # PRV bounds its domain with RDP internally and warns about the optimal order; harmless (dp-anchors §1.3).
+        # PRV bounds its domain with RDP internally and warns about the optimal RDP order; the ε it returns is PRV's.
         warnings.simplefilter("ignore")
         if accountant == "prv":
             return float(acc.get_epsilon(delta, eps_error=PRV_EPS_ERROR))

@@ -1,7 +1,7 @@
-"""The privacy budget report: per site and for the consortium, from the ledgers on disk (issue 6 item 3).
+"""The privacy budget report: per site and for the consortium, from the ledgers on disk.
 
-Contents follow TF-Privacy's ``compute_dp_sgd_privacy_statement`` and Ponomareva et al. 2023 ("How to DP-fy ML")
-§5.3 as summarised in dp-anchors §5: the DP setting, the unit of privacy and adjacency, the mechanism (σ, C, q,
+Contents follow TF-Privacy's ``compute_dp_sgd_privacy_statement`` and Ponomareva et al. 2023 ("How to DP-fy ML",
+arXiv 2303.00654) §5.3: the DP setting, the unit of privacy and adjacency, the mechanism (σ, C, q,
 steps, rounds), the accountant with its δ and library versions, the ledger's segments, and — as plainly — what
 the guarantee does *not* cover.
 
@@ -12,14 +12,14 @@ site's dataset, so the record-level guarantee of the consortium is the worst sit
 
 from __future__ import annotations
 
+import io
 import json
-import os
 import platform
-import tempfile
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from fcd_secure._io import atomic_write_bytes, atomic_write_text
 from fcd_secure.privacy.ledger import Ledger, LedgerError, LedgerState
 from fcd_secure.privacy.planner import epsilon, epsilon_curve
 
@@ -229,8 +229,8 @@ def build_report(path: str | Path) -> dict[str, Any]:
     return {"source": str(Path(path)), "sites": sites, "consortium": consortium_report(sites)}
 
 
-def plot_epsilon(report: dict[str, Any], out: Path) -> None:
-    """ε over the ledger's rounds (segments) for each site, with its cap."""
+def plot_epsilon(report: dict[str, Any]) -> bytes:
+    """PNG of ε over the ledger's rounds (segments) for each site, with its cap."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -247,11 +247,14 @@ def plot_epsilon(report: dict[str, Any], out: Path) -> None:
     ax.set_title("Privacy budget over rounds (dashed: cap)")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
     plt.close(fig)
+    return buf.getvalue()
 
 
 def render_markdown(report: dict[str, Any], plot_name: str | None) -> str:
+    """The report for people: consortium statement, then per site the guarantee, mechanism, segments and coverage."""
     c = report["consortium"]
     lines = [
         "# Privacy budget report",
@@ -306,18 +309,19 @@ def render_markdown(report: dict[str, Any], plot_name: str | None) -> str:
 
 
 def write_report(report: dict[str, Any], out_dir: str | Path) -> dict[str, Path]:
-    """Write ``privacy_report.json``, ``privacy_report.md`` and ``privacy_epsilon.png`` into ``out_dir``, all or none.
+    """Write ``privacy_report.json``, ``privacy_report.md`` and ``privacy_epsilon.png`` into ``out_dir``.
 
-    Files are written to a temporary folder beside ``out_dir`` first and moved in only when all three exist.
+    All three are rendered before any is written (a failure leaves the folder as it was), then each file is replaced
+    atomically (:func:`fcd_secure._io.atomic_write_bytes`): a reader sees a previous report file or the new one.
+
+    Returns:
+        The path of each file, keyed ``json``, ``markdown`` and ``plot``.
     """
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     names = {"json": "privacy_report.json", "markdown": "privacy_report.md", "plot": "privacy_epsilon.png"}
-    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".privacy_report.") as tmp:
-        t = Path(tmp)
-        (t / names["json"]).write_text(json.dumps(report, indent=2) + "\n")
-        plot_epsilon(report, t / names["plot"])
-        (t / names["markdown"]).write_text(render_markdown(report, names["plot"]))
-        for name in names.values():
-            os.replace(t / name, out_dir / name)
+    png = plot_epsilon(report)
+    texts = {"json": json.dumps(report, indent=2) + "\n", "markdown": render_markdown(report, names["plot"])}
+    for kind, text in texts.items():
+        atomic_write_text(out_dir / names[kind], text, mode=0o644)
+    atomic_write_bytes(out_dir / names["plot"], png, mode=0o644)
     return {k: out_dir / v for k, v in names.items()}

@@ -1,0 +1,286 @@
+"""The typed lines of the audit ledgers: what :mod:`~fcd_secure.audit.ledger` writes and :mod:`~fcd_secure.audit.verify`
+reads.
+
+One JSON object per line, in the canonical form of :func:`fcd_secure.audit.signing.canonical`. Every line carries the
+chain fields of :class:`LedgerLine` (``seq``, ``prev_hash``, ``time``, ``hash``, ``sig``) and a ``kind``:
+
+* ``open`` (:class:`OpenLine`): the writer's role, id and public key; always line 0;
+* ``manifest`` (:class:`ManifestLine`): the Θc/Θs layout in force (paper §III-A, Θ = Θc ∪ {Θs_i});
+* ``upload`` (:class:`UploadLine`, site): one reply that left the site's egress gate, or was refused there;
+* ``receipt`` (:class:`ReceiptLine`, site): the server's signed :class:`Receipt` for an upload, stored verbatim;
+* ``received`` (:class:`ReceivedLine`, server): one reply the server received;
+* ``checkpoint`` (:class:`CheckpointLine`): the signed close of a round (chain size, head, RFC 6962 Merkle root).
+
+Reading is strict (:func:`parse_line`): a line whose fields have other names or JSON types than these models is not
+a ledger line, whatever its signature says.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from fcd_secure.manifest import THETA_C, THETA_S, Manifest, ManifestEntry
+
+if TYPE_CHECKING:
+    from fcd_secure.audit.accounting import MessageFacts
+
+#: Version of the line format, written in every ``open`` line.
+SCHEMA = 1
+#: Version of the receipt body.
+RECEIPT_VERSION = 1
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# -- parts of lines ------------------------------------------------------------------------------------------------
+class TensorSpec(_Record):
+    """One tensor of a manifest line: name, shape and numpy dtype name."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+class TensorRecord(_Record):
+    """One array of a message: the record that holds it, its key, shape, dtype and data bytes."""
+
+    record: str
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+
+
+class ConfigField(_Record):
+    """One ConfigRecord value of a message, by size only (protocol fields are opaque)."""
+
+    record: str
+    key: str
+    type: str
+    len: int
+
+
+class RefusalRecord(_Record):
+    """Which gate rule refused a reply, and where in the content it fired (kept on the site)."""
+
+    rule: str
+    record: str
+    key: str | None
+
+
+class Withheld(_Record):
+    """What a refused reply would have carried, by names and sizes only."""
+
+    payload_sha256: str | None
+    payload_bytes: int
+    records: tuple[str, ...]
+    tensors: tuple[TensorRecord, ...]
+    metrics: tuple[str, ...]
+    metric_lists: dict[str, int]
+    config_fields: tuple[ConfigField, ...]
+
+
+class Receipt(_Record):
+    """The server's signature over what it received: the byte-for-byte other half of a site's upload line.
+
+    ``sig`` is the server's Ed25519 signature over :func:`~fcd_secure.audit.signing.line_hash` of the other fields;
+    ``server_key`` / ``server_public_key`` name the key that signed (neither proves anything until pinned).
+    """
+
+    v: int = RECEIPT_VERSION
+    run_id: int
+    node_id: int
+    round: int | None
+    message_type: str
+    reply_to: str
+    message_id: str
+    payload_bytes: int
+    message_bytes: int
+    payload_sha256: str | None
+    server_seq: int
+    server_entry_hash: str
+    server_key: str
+    server_public_key: str
+    time: str
+    sig: str
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+# -- lines ---------------------------------------------------------------------------------------------------------
+class LedgerLine(_Record):
+    """Fields every line has: its kind and its place in the signed hash chain.
+
+    ``hash = sha256(canonical(line without hash and sig))``; ``sig = Ed25519(hash bytes)``; ``prev_hash`` is the
+    previous line's ``hash`` (:data:`~fcd_secure.audit.signing.GENESIS` for line 0).
+    """
+
+    kind: str
+    seq: int
+    prev_hash: str
+    time: str
+    hash: str
+    sig: str
+
+    #: optional fields a line leaves out when they are ``None`` (the line is hashed exactly as written)
+    omit_if_none: ClassVar[tuple[str, ...]] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object of the line, as written to disk."""
+        out = self.model_dump(mode="json")
+        for key in self.omit_if_none:
+            if out.get(key) is None:
+                out.pop(key, None)
+        return out
+
+
+class OpenLine(LedgerLine):
+    """Line 0: who writes this ledger (``site`` or ``server``) and with which public key."""
+
+    kind: Literal["open"] = "open"
+    schema_: int = Field(SCHEMA, alias="schema")
+    role: str
+    writer_id: str
+    public_key: str
+    key_fingerprint: str
+
+    model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
+
+
+class ManifestLine(LedgerLine):
+    """The Θc/Θs layout in force from this line on; each part sorted by name."""
+
+    kind: Literal["manifest"] = "manifest"
+    layout_hash: str
+    theta_c: tuple[TensorSpec, ...]
+    theta_s: tuple[TensorSpec, ...]
+
+    @staticmethod
+    def fields_of(manifest: Manifest) -> dict[str, Any]:
+        """The line's content for ``manifest``: the one place a manifest becomes ledger JSON."""
+
+        def part(side: str) -> list[dict[str, Any]]:
+            return [{"name": n, "shape": list(shape), "dtype": d} for n, (shape, d) in sorted(manifest.specs(side).items())]
+
+        return {"layout_hash": manifest.layout_hash, "theta_c": part(THETA_C), "theta_s": part(THETA_S)}
+
+    def to_manifest(self) -> Manifest:
+        """The :class:`~fcd_secure.manifest.Manifest` this line records (its ``layout_hash`` as written)."""
+        entries = [ManifestEntry(name=t.name, shape=t.shape, dtype=t.dtype, part=THETA_C) for t in self.theta_c]
+        entries += [ManifestEntry(name=t.name, shape=t.shape, dtype=t.dtype, part=THETA_S) for t in self.theta_s]
+        return Manifest(entries=tuple(entries), layout_hash=self.layout_hash)
+
+
+class MessageLine(LedgerLine):
+    """What both ends record about one message: sizes, hashes and the names (never the values) inside.
+
+    ``payload_bytes`` / ``message_bytes`` / ``payload_sha256`` / ``message_id`` are
+    :func:`fcd_secure.audit.accounting.describe_message`'s figures, so the site's and the server's lines reconcile.
+    """
+
+    run_id: int
+    node_id: int
+    round: int | None
+    action: str
+    reply_to: str
+    message_id: str
+    payload_sha256: str | None
+    payload_bytes: int
+    message_bytes: int
+    records: tuple[str, ...]
+    tensors: tuple[TensorRecord, ...]
+    metrics: tuple[str, ...]
+    metric_lists: dict[str, int]
+    config_fields: tuple[ConfigField, ...]
+    is_error: bool
+
+    @staticmethod
+    def fields_of(facts: MessageFacts) -> dict[str, Any]:
+        """The message fields of a line for ``facts``."""
+        return {
+            "run_id": facts.run_id,
+            "node_id": facts.node_id,
+            "round": facts.round,
+            "action": facts.message_type,
+            "reply_to": facts.reply_to,
+            "message_id": facts.message_id,
+            "payload_sha256": facts.payload_sha256,
+            "payload_bytes": facts.payload_bytes,
+            "message_bytes": facts.message_bytes,
+            "records": facts.records,
+            "tensors": [t.to_json() for t in facts.tensors],
+            "metrics": facts.metrics,
+            "metric_lists": facts.metric_lists,
+            "config_fields": facts.config_fields,
+            "is_error": facts.is_error,
+        }
+
+
+class UploadLine(MessageLine):
+    """One reply at the site's egress gate.
+
+    ``status``: ``sent`` (left as built), ``refused`` (content withheld, an error reply left instead; ``refusal``
+    names the rule and ``withheld`` the content by names and sizes), ``error`` (the handler failed; a generic error
+    left; ``handler_error_code`` is the code the handler chose, kept here only).
+    """
+
+    kind: Literal["upload"] = "upload"
+    site_id: str
+    #: any string on disk; verify reports a status other than sent/refused/error as a violation
+    status: str
+    layout_hash: str | None
+    privacy_ledger_hash: str | None
+    refusal: RefusalRecord | None = None
+    withheld: Withheld | None = None
+    handler_error_code: int | None = None
+
+    omit_if_none: ClassVar[tuple[str, ...]] = ("refusal", "withheld", "handler_error_code")
+
+
+class ReceivedLine(MessageLine):
+    """One reply the server received (content, refusal or error alike)."""
+
+    kind: Literal["received"] = "received"
+    site_id: str | None
+
+
+class ReceiptLine(LedgerLine):
+    """A server receipt stored beside the upload it acknowledges (``for_seq``; ``None`` when the site has none)."""
+
+    kind: Literal["receipt"] = "receipt"
+    for_seq: int | None
+    receipt: Receipt
+    signature_checked_on_arrival: bool | None
+
+
+class CheckpointLine(LedgerLine):
+    """The signed close of ``round``: chain size and head before it, Merkle root, and the round's messages."""
+
+    kind: Literal["checkpoint"] = "checkpoint"
+    round: int
+    size: int
+    head: str
+    merkle_root: str
+    messages: int
+    payload_bytes: int
+    message_bytes: int
+
+
+AnyLine = Annotated[
+    Union[OpenLine, ManifestLine, UploadLine, ReceiptLine, ReceivedLine, CheckpointLine], Field(discriminator="kind")
+]
+_LINE: TypeAdapter[LedgerLine] = TypeAdapter(AnyLine)
+
+
+def parse_line(text: str | bytes) -> LedgerLine:
+    """The typed line of one JSON text, strictly (no type coercion, no unknown fields).
+
+    Raises:
+        pydantic.ValidationError: the text is not JSON, or not a line of a known kind.
+    """
+    return _LINE.validate_json(text, strict=True)

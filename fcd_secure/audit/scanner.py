@@ -1,0 +1,165 @@
+"""Finding a site's private arrays inside bytes that are about to leave: whole tensors and single rows, at any offset.
+
+What must not leave a site (paper §III-B: only Θc is transmitted; logged propensities are the behaviour policy's
+per-patient probabilities, needed only by the site's own off-policy estimates):
+
+* a current Θs tensor, or the propensity array (as stored, as float32 and as float64), whole: by sha256 of the
+  payload and by containment at any byte offset;
+* any single row of them (one slice of a Θs matrix, one trajectory's propensities): a polynomial rolling hash over
+  every window of the payload (Karp & Rabin 1987), prefiltered by a bitmap of the low hash bits and confirmed byte
+  for byte, vectorised with numpy in O(payload) per row length.
+
+Limits: a transformed copy (cast, scaled, permuted) or pieces shorter than a row are not recognised by bytes;
+constant tensors and rows (all elements equal) carry one number and are skipped (they would collide with any
+constant Θc tensor, e.g. a zero bias); payloads above :data:`MAX_ROW_SCAN_BYTES` get the whole-tensor check only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+PrivateKind = Literal["theta_s", "propensity"]
+
+#: Odd multiplier of the rolling hash (any odd constant is invertible modulo 2**64).
+_R = np.uint64(0x9E3779B97F4A7C15)
+_R_INV = np.uint64(pow(int(_R), -1, 2**64))
+_BITMAP_SIZE = 1 << 20
+_BITMAP_MASK = np.uint64(_BITMAP_SIZE - 1)
+#: Payloads above this size are checked for whole private tensors only (the row scan holds ~24 B per payload byte).
+MAX_ROW_SCAN_BYTES = 16 * 1024 * 1024
+
+
+def _powers(base: np.uint64, n: int) -> np.ndarray:
+    out = np.empty(n, dtype=np.uint64)
+    out[0] = 1
+    if n > 1:
+        out[1:] = base
+        np.cumprod(out[1:], out=out[1:])  # wraps modulo 2**64, which is the ring the hash lives in
+    return out
+
+
+class Windows:
+    """Rolling hashes of every window of one payload: prefix sums once, any window length in O(n)."""
+
+    def __init__(self, data: bytes) -> None:
+        buf = np.frombuffer(data, dtype=np.uint8)
+        self.n = buf.size
+        with np.errstate(over="ignore"):
+            self.prefix = np.concatenate(([np.uint64(0)], np.cumsum(buf.astype(np.uint64) * _powers(_R, self.n), dtype=np.uint64)))
+        self.inv = _powers(_R_INV, self.n)
+
+    def hashes(self, length: int) -> np.ndarray:
+        """Position-normalised hash of the window starting at each offset (equal windows hash equal)."""
+        m = self.n - length + 1
+        with np.errstate(over="ignore"):
+            return (self.prefix[length:] - self.prefix[:m]) * self.inv[:m]
+
+
+def _row_hashes(rows: np.ndarray) -> np.ndarray:
+    """The same hash for each row of a ``[k, length]`` uint8 matrix, vectorised."""
+    with np.errstate(over="ignore"):
+        return (rows.astype(np.uint64) * _powers(_R, rows.shape[1])).sum(axis=1, dtype=np.uint64)
+
+
+@dataclass
+class PrivateArrays:
+    """Fingerprints of one kind of private array: whole arrays (exact hash and containment) and their rows."""
+
+    kind: PrivateKind
+    blobs: list[bytes] = field(default_factory=list)
+    hashes: set[str] = field(default_factory=set)
+    #: row length -> (sorted row hashes, row bytes matrix in the same order, bitmap prefilter of the hashes)
+    rows: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+    def add(self, arr: np.ndarray, min_len: int) -> None:
+        """Fingerprint ``arr`` and its rows, unless it is too small or constant to fingerprint."""
+        a = np.ascontiguousarray(arr)
+        if a.size < 2 or a.nbytes < min_len or np.all(a.reshape(-1) == a.reshape(-1)[0]):
+            return
+        blob = a.tobytes()
+        self.blobs.append(blob)
+        self.hashes.add(hashlib.sha256(blob).hexdigest())
+        self._add_rows(a, min_len)
+
+    def _add_rows(self, arr: np.ndarray, min_len: int) -> None:
+        if arr.ndim < 2:
+            return
+        flat = arr.reshape(arr.shape[0], -1)
+        if flat.shape[1] < 2 or flat[0].nbytes < min_len:
+            return
+        keep = ~np.all(flat == flat[:, :1], axis=1)  # constant rows carry one number: skipped
+        if not keep.any():
+            return
+        raw = np.ascontiguousarray(flat[keep]).view(np.uint8).reshape(int(keep.sum()), -1)
+        hashes = _row_hashes(raw)
+        length = raw.shape[1]
+        if length in self.rows:
+            old_h, old_raw, _ = self.rows[length]
+            hashes, raw = np.concatenate([old_h, hashes]), np.concatenate([old_raw, raw])
+        order = np.argsort(hashes, kind="stable")
+        bitmap = np.zeros(_BITMAP_SIZE, dtype=bool)
+        bitmap[(hashes & _BITMAP_MASK).astype(np.intp)] = True
+        self.rows[length] = (hashes[order], raw[order], bitmap)
+
+    def found_in(self, data: bytes, digest: str, windows: Windows | None) -> bool:
+        """Whether ``data`` (with sha256 ``digest``) is, contains, or contains a row of one of these arrays."""
+        if digest in self.hashes:
+            return True
+        if any(len(blob) <= len(data) and blob in data for blob in self.blobs):
+            return True
+        return self._row_in(data, windows)
+
+    def _row_in(self, data: bytes, windows: Windows | None) -> bool:
+        if not self.rows or windows is None:
+            return False
+        for length, (keys, raw, bitmap) in self.rows.items():
+            if length > windows.n:
+                continue
+            hashes = windows.hashes(length)
+            # one gather against the bitmap rules out almost every window; the rest are looked up
+            for pos in np.flatnonzero(bitmap[(hashes & _BITMAP_MASK).astype(np.intp)]):
+                j = int(np.searchsorted(keys, hashes[pos]))
+                while j < keys.size and keys[j] == hashes[pos]:  # confirm byte for byte (hashes can collide)
+                    if data[pos : pos + length] == raw[j].tobytes():
+                        return True
+                    j += 1
+        return False
+
+
+def fingerprint_private(
+    theta_s: Mapping[str, np.ndarray] | None, propensities: np.ndarray | None, min_len: int
+) -> list[PrivateArrays]:
+    """Fingerprints of the current Θs tensors and of the propensity array (as stored, float32 and float64).
+
+    Args:
+        theta_s: the site's current Θs tensors by name.
+        propensities: the site's logged propensities, or ``None``.
+        min_len: arrays (and rows) shorter than this many bytes are too little to fingerprint.
+    """
+    theta = PrivateArrays("theta_s")
+    for arr in (theta_s or {}).values():
+        theta.add(np.asarray(arr), min_len)
+    prop = PrivateArrays("propensity")
+    if propensities is not None:
+        a = np.ascontiguousarray(np.asarray(propensities))
+        for cand in {a.dtype: a, np.dtype(np.float32): a.astype(np.float32), np.dtype(np.float64): a.astype(np.float64)}.values():
+            prop.add(cand, min_len)
+    return [theta, prop]
+
+
+def find_private(data: bytes, private: Iterable[PrivateArrays]) -> PrivateKind | None:
+    """The kind of the first private array found in ``data`` (whole, contained, or one row), else ``None``."""
+    private = list(private)
+    if not data:
+        return None
+    digest = hashlib.sha256(data).hexdigest()
+    windows = Windows(data) if len(data) <= MAX_ROW_SCAN_BYTES and any(g.rows for g in private) else None
+    for group in private:
+        if group.found_in(data, digest, windows):
+            return group.kind
+    return None

@@ -1,0 +1,164 @@
+"""Offline verification of site and server ledgers, for auditors (``fcd audit verify``).
+
+Given a run directory (or one site's directory, or one ledger file) and the key fingerprints the auditor pinned out
+of band, verification runs in three steps: scan the server ledger(s) (:mod:`.server_side`), scan every site ledger
+(:mod:`.site_side`), reconcile the two (:mod:`.reconcile`); each ledger's chain is read by :mod:`.chain`. The verdict
+is the first that applies (its exit code is what ``fcd audit verify`` returns):
+
+* **tampered** (exit 6, evidence tampered or inconsistent): a line that does not parse or is not a well-formed
+  entry, a hash, ``prev_hash``, ``seq`` or signature that does not check, a ledger signed by a key that is not
+  pinned, a ledger whose ``open`` entry names the other role (``site_ledger.jsonl`` must be written by a site,
+  ``server_ledger.jsonl`` by the server), a checkpoint that disagrees with the chain before it, a receipt whose
+  signature or fields do not match the entry it acknowledges (or that acknowledges an upload the site never
+  recorded, or is signed by a key that is neither the server ledger's nor a pinned server key), a server ledger
+  entry with no matching site upload, a site upload the server ledger present has no record of (a deleted server
+  ledger tail), or a site upload and the server's record of it that differ in bytes or hash;
+* **violation** (exit 1): an upload that left the site naming a Θs parameter or a propensity, a tensor that is not a
+  Θc tensor of the manifest in force (or has another shape/dtype), or whose bytes exceed the Θc layout plus the
+  protocol overhead bound, or a refusal whose error reply still carried content;
+* **unverified** (exit 3, identity not pinned): every check above passed, but some ledger's key (or the key that
+  signed a site's receipts) was not pinned with ``--site-key`` / ``--server-key``. Unpinned signatures prove only
+  that one key wrote a whole chain: a chain rebuilt and re-signed with a fresh key checks just as well, so this is
+  never "compliant". ``allow_unpinned=True`` (``--allow-unpinned``) turns the exit code to 0; the verdict stays
+  "unverified";
+* **compliant** (exit 0) otherwise: intact, consistent, within policy, and tied to pinned identities.
+
+Exit 2 (usage error: missing path, malformed fingerprint, no ledger found) is raised as :class:`UsageError`.
+
+It also totals uplink bytes per site and per round (paper Table II "uplink = selected clients × synchronised
+parameter size", here measured). The negative proof "Θs never left" covers what passed through the gate: network
+counters must corroborate that there was no other path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from fcd_secure.audit.entries import OpenLine, parse_line
+from fcd_secure.audit.ledger import SERVER_LEDGER_FILE, SITE_LEDGER_FILE, read_lines
+from fcd_secure.audit.signing import normalise_fingerprint
+from fcd_secure.audit.verify.chain import discover
+from fcd_secure.audit.verify.reconcile import reconcile
+from fcd_secure.audit.verify.result import (
+    EXIT_CODES,
+    EXIT_OK,
+    EXIT_TAMPERED,
+    EXIT_UNPINNED,
+    EXIT_USAGE,
+    EXIT_VIOLATION,
+    Finding,
+    LedgerSummary,
+    UsageError,
+    VerifyResult,
+)
+from fcd_secure.audit.verify.server_side import scan_server
+from fcd_secure.audit.verify.site_side import scan_site
+
+__all__ = [
+    "EXIT_CODES",
+    "EXIT_OK",
+    "EXIT_TAMPERED",
+    "EXIT_UNPINNED",
+    "EXIT_USAGE",
+    "EXIT_VIOLATION",
+    "Finding",
+    "LedgerSummary",
+    "UsageError",
+    "VerifyResult",
+    "ledger_identities",
+    "verify_path",
+]
+
+
+def _pins(keys: list[str] | None) -> set[str] | None:
+    return {normalise_fingerprint(k) for k in keys} if keys else None
+
+
+def _ledgers_under(root: Path) -> tuple[list[Path], list[Path]]:
+    if not root.exists():
+        raise UsageError(f"{root}: no such file or directory")
+    sites, servers = discover(root)
+    if not sites and not servers:
+        raise UsageError(f"{root}: no {SITE_LEDGER_FILE} or {SERVER_LEDGER_FILE} found")
+    return sites, servers
+
+
+def verify_path(
+    path: str | Path,
+    *,
+    site_keys: list[str] | None = None,
+    server_keys: list[str] | None = None,
+    allow_unpinned: bool = False,
+) -> VerifyResult:
+    """Verify every ledger under ``path``.
+
+    Args:
+        path: a run directory, a site directory or one ledger file.
+        site_keys: pinned site fingerprints (``SHA256:<hex>``); ``None`` or empty means not pinned.
+        server_keys: pinned server fingerprints; ``None`` or empty means not pinned. Without pins the signatures
+            prove only that one key wrote each chain, so the verdict is at best "unverified".
+        allow_unpinned: exit 0 instead of 3 when unpinned keys are the only shortfall (the verdict stays
+            "unverified").
+
+    Returns:
+        The findings, per-ledger summaries, uplink totals and the verdict with its exit code.
+
+    Raises:
+        UsageError: a missing path, a malformed fingerprint or a directory without ledgers.
+    """
+    root = Path(path)
+    if not root.exists():
+        raise UsageError(f"{root}: no such file or directory")
+    try:
+        pin_site, pin_server = _pins(site_keys), _pins(server_keys)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    site_paths, server_paths = _ledgers_under(root)
+    res = VerifyResult(root=str(root), allow_unpinned=allow_unpinned)
+    base = root if root.is_dir() else root.parent
+
+    def label(p: Path) -> str:
+        try:
+            return str(p.relative_to(base))
+        except ValueError:
+            return str(p)
+
+    server = scan_server(server_paths, label, pin_server, res)
+    sites = [scan_site(p, label(p), pin_site, res) for p in site_paths]
+    reconcile(server, sites, pin_server, res)
+    for s in res.ledgers:
+        if not s.key_pinned:
+            flag = "--server-key" if s.role == "server" else "--site-key"
+            res.add("unverified", s.path, None, None,
+                    f"{s.role} key {s.key_fingerprint} was not pinned ({flag}): the signatures prove one writer, not "
+                    "which; a ledger rebuilt and re-signed with a fresh key would verify the same")
+    return res
+
+
+def ledger_identities(path: str | Path) -> list[dict[str, str | None]]:
+    """``{ledger, role, writer_id, key_fingerprint}`` of every ledger under ``path``, from each ``open`` line.
+
+    For the operator's provisioning step (export the fingerprint to the auditor out of band), not for auditing:
+    a fingerprint read from the evidence itself proves nothing about who wrote it.
+
+    Raises:
+        UsageError: a missing path or a directory without ledgers.
+    """
+    sites, servers = _ledgers_under(Path(path))
+    out = []
+    for p in servers + sites:
+        first = next(iter(read_lines(p)), None)
+        try:
+            head = parse_line(first[1]) if first else None
+        except ValidationError:
+            head = None
+        opened = head if isinstance(head, OpenLine) else None
+        out.append({
+            "ledger": str(p),
+            "role": opened.role if opened else None,
+            "writer_id": opened.writer_id if opened else None,
+            "key_fingerprint": opened.key_fingerprint if opened else None,
+        })
+    return out
