@@ -22,6 +22,7 @@ from fcd_secure.audit import (
     load_or_create_identity_key,
     make_egress_gate,
 )
+from fcd_secure.audit.history import ThetaSHistory
 from fcd_secure.manifest import Manifest, ManifestEntry
 
 MANIFEST = Manifest.from_entries(
@@ -78,6 +79,7 @@ class Site:
             policy=policy,
             propensities=lambda: self.P,
             privacy_ledger_hash=lambda: "ab" * 32,
+            theta_s_history=ThetaSHistory(root / site_id / "theta_s_history.npz"),
         )
         self.gate = make_egress_gate(lambda c: self.ctx)
 

@@ -18,16 +18,12 @@ from pathlib import Path
 import numpy as np
 from flwr.app import Context, Message
 
+from fcd_secure.audit.allowlist import FEDERATION_POLICY, federation_gate_policy
 from fcd_secure.audit.gate import RECEIPTS_MESSAGE_TYPE, GatePolicy, SiteAuditContext, make_egress_gate
+from fcd_secure.audit.history import THETA_S_HISTORY_FILE, ThetaSHistory
 from fcd_secure.audit.ledger import SITE_LEDGER_FILE, SiteLedger
+from fcd_secure.privacy.anchor import read_anchors
 from fcd_secure.privacy.ledger import privacy_ledger_hash
-
-#: What the federation's own messages may carry besides Θc (client_app.py, flows.py, evaluation.py).
-FEDERATION_POLICY = GatePolicy(
-    allowed_metrics=frozenset({"num/n", "metrics/*", "eval/*"}),
-    allowed_metric_lists=frozenset({"eval/*"}),
-    allowed_config_keys=frozenset({"hello/site-id", "hello/site-index", "hello/layout-hash", "hello/dim-*"}),
-)
 
 
 class NoSiteRuntime(RuntimeError):
@@ -56,6 +52,8 @@ def site_audit_context(rt, policy: GatePolicy = FEDERATION_POLICY, server_public
         propensities=propensities,
         privacy_ledger_hash=lambda: privacy_ledger_hash(rt.state.dir, getattr(getattr(getattr(rt, "cfg", None), "dp", None), "ledger_dir", None)),
         server_public_key=server_public_key,
+        theta_s_history=ThetaSHistory(rt.state.slot(THETA_S_HISTORY_FILE)),
+        privacy_anchors=lambda: read_anchors(rt.state.dir),
     )
 
 
@@ -87,8 +85,10 @@ def make_egress_gate_mod(runtime_getter: Callable[[Message, Context], object] | 
         if pol is None:
             # The w/o-DSS ablation (paper Table III) uploads every parameter. Only the site's own run config can
             # allow that, never a request from the server; the uploads are recorded and verify reports them.
-            sync = getattr(getattr(getattr(rt, "cfg", None), "federation", None), "sync", "dss")
-            pol = FEDERATION_POLICY.model_copy(update={"allow_theta_s_upload": sync == "full"})
+            cfg = getattr(rt, "cfg", None)
+            sync = getattr(getattr(cfg, "federation", None), "sync", "dss")
+            horizon = getattr(getattr(cfg, "evaluation", None), "ope_horizon", None)
+            pol = federation_gate_policy(ope_horizons=(horizon,) if horizon else (), allow_theta_s_upload=sync == "full")
         return site_audit_context(rt, pol)
 
     return make_egress_gate(get_site)
