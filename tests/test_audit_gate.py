@@ -96,8 +96,10 @@ LEAKS = [
 
 @pytest.mark.parametrize("plant,rule", LEAKS, ids=[p.__name__[7:] for p, _ in LEAKS])
 def test_planted_leak_is_refused_and_recorded(tmp_path, plant, rule):
-    site = Site(tmp_path)
-    reply = site.send(instruction("train", 1), site.train_handler(plant(site)))
+    from test_audit_support import Server, close_run
+
+    site, server = Site(tmp_path), Server(tmp_path)
+    reply = site.send(server.downlink("train", 1, 11), site.train_handler(plant(site)))
     # nothing of the content leaves: an error reply the gate built, with a reason from its closed vocabulary
     assert reply.has_error() and not reply.has_content()
     assert reply.error.code == GATE_ERROR_CODE
@@ -108,9 +110,14 @@ def test_planted_leak_is_refused_and_recorded(tmp_path, plant, rule):
     assert entry["message_bytes"] == describe_message(reply).message_bytes
     assert entry["withheld"]["payload_bytes"] > 0  # what was refused, by size and names only
     # the refusal held, so the evidence is clean (exit 0) and lists the refusal
-    res = verify_path(tmp_path / site.site_id, site_keys=[site.ledger.fingerprint])
+    server.receive(reply, site.site_id)
+    close_run([site], server, 1, [11])
+    res = verify_path(tmp_path, site_keys=[site.ledger.fingerprint], server_keys=[server.ledger.fingerprint])
     assert res.exit_code == 0, [f.message for f in res.findings]
-    assert res.ledgers[0].uploads_refused == 1
+    assert next(s for s in res.ledgers if s.role == "site").uploads_refused == 1
+    # the site's folder alone is partial evidence: nothing there can show a cut or re-signed ledger
+    alone = verify_path(tmp_path / site.site_id, site_keys=[site.ledger.fingerprint], server_keys=[server.ledger.fingerprint])
+    assert alone.status == "partial" and alone.exit_code == 4
 
 
 def test_exception_text_never_leaves(tmp_path):
