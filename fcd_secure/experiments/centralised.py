@@ -118,8 +118,10 @@ def run_centralised(
             **metrics, "train_seconds": t1 - t0, "eval_seconds": time.perf_counter() - t1, "last_epoch": fit,
         }
         if progress is not None:
-            progress(f"{name}: PEHE {metrics.get('pehe')}  |ATE err| {metrics.get('ate_error')}  "
-                     f"mean |value err| {metrics.get('value_error_mean')}")
+            shown = {k: ("n/a" if metrics.get(k) is None else f"{metrics[k]:.4f}")
+                     for k in ("pehe", "ate_error", "value_error_mean")}
+            progress(f"{name}: PEHE {shown['pehe']}  |ATE err| {shown['ate_error']}  "
+                     f"mean |value err| {shown['value_error_mean']}")
     return out
 
 
