@@ -46,25 +46,10 @@ def _rows(n: int, max_rows: int | None) -> np.ndarray:
 
 
 def factual_probs(model, ds) -> np.ndarray:
-    """The model's E[Y_t | history before t, A_t, logged T_t], shape [n, L] (one-step-ahead, factual)."""
-    import torch  # noqa: PLC0415
+    """The model's E[Y_t | history before t, A_t, logged T_t], shape [n, L] (``Simulator.factual_probs``)."""
+    from fcd_secure.model.baselines import as_simulator  # noqa: PLC0415
 
-    from fcd_secure.model.networks import unwrap  # noqa: PLC0415
-
-    core = unwrap(model)
-    was = core.training
-    core.eval()
-    try:
-        with torch.no_grad():
-            X = torch.as_tensor(ds.X, dtype=torch.float32)
-            A = torch.as_tensor(ds.A, dtype=torch.float32)
-            T = torch.as_tensor(ds.T, dtype=torch.long)
-            Y = torch.as_tensor(ds.Y, dtype=torch.float32)
-            kc, ks = core.encode(X, A, T, Y)
-            p = core.outcome_mean(torch.cat([kc, ks], -1), A, T)
-    finally:
-        core.train(was)
-    return p.numpy().astype(np.float64)
+    return as_simulator(model).factual_probs(ds)
 
 
 def site_metrics(model, data: "SiteData", cfg: RunConfig, eval_config: dict[str, Any]) -> dict[str, Any]:

@@ -139,36 +139,19 @@ def write_run_folder(out: str | Path, cfg: RunConfig, result, engine: str = "flo
 
 def _plots(folder: Path, history: list[dict], summary: dict) -> None:
     """Paper Figs. 3 and 4 for this run (one method); skipped quietly when the metric was never evaluated."""
-    import matplotlib  # noqa: PLC0415
+    from fcd_secure.evaluation.plots import plot_metric_vs_round, plot_utility_vs_uplink  # noqa: PLC0415
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    pts = [(r["round"], r["pehe"]) for r in history if r.get("pehe") is not None]
     label = f"Fed-CausalDiff ({summary['sync']})"
+    pts = [(r["round"], r["pehe"]) for r in history if r.get("pehe") is not None]
     if pts:
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
-        ax.set_xlabel("global communication round")
-        ax.set_ylabel("oracle PEHE (lower is better)")
-        ax.set_title(f"{summary['dataset']}: PEHE vs round (paper Fig. 3)")
-        ax.grid(alpha=0.3)
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(folder / "pehe_vs_round.png", dpi=120)
-        plt.close(fig)
+        plot_metric_vs_round([p[0] for p in pts], {label: [p[1] for p in pts]}, folder / "pehe_vs_round.png",
+                             ylabel="oracle PEHE (lower is better)",
+                             title=f"{summary['dataset']}: PEHE vs round (paper Fig. 3)")
     # Fig. 4 plots downstream AUC against cumulative uplink; without an AUC (non-binary outcomes) PEHE stands in
     has_auc = any(r.get("factual_auc") is not None for r in history)
     key, name = ("factual_auc", "factual AUC (higher is better)") if has_auc else ("pehe", "PEHE (lower is better)")
     pts2 = [(r["cum_uplink_bytes"] / 1e6, r.get(key)) for r in history if r.get(key) is not None]
     if pts2:
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        ax.plot([p[0] for p in pts2], [p[1] for p in pts2], marker="o", label=label)
-        ax.set_xlabel("cumulative uplink (MB)")
-        ax.set_ylabel(name)
-        ax.set_title(f"{summary['dataset']}: utility vs uplink (paper Fig. 4)")
-        ax.grid(alpha=0.3)
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(folder / "utility_vs_uplink.png", dpi=120)
-        plt.close(fig)
+        plot_utility_vs_uplink([(label, [p[0] for p in pts2], [p[1] for p in pts2])], folder / "utility_vs_uplink.png",
+                               ylabel=name, title=f"{summary['dataset']}: utility vs uplink (paper Fig. 4)",
+                               xlabel="cumulative uplink (MB)")
