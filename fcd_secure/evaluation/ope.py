@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 import numpy as np
 
 if TYPE_CHECKING:  # only for annotations; evaluation depends on data, never the reverse
-    from fcd_secure.data.policy import Policy
+    from fcd_secure.data.policy import PolicyLike
     from fcd_secure.data.schema import SiteDataset
 
 __all__ = [
@@ -482,7 +482,7 @@ def estimate_on_site(
     return estimator.estimate(ds.Y, ds.M, mu=ds.P, pi=pi, q_hat=q_hat, v_hat=v_hat)
 
 
-def target_probs(policy: "Policy", ds: "SiteDataset", anchors: tuple[int, int]) -> np.ndarray:
+def target_probs(policy: "PolicyLike", ds: "SiteDataset", anchors: tuple[int, int]) -> np.ndarray:
     """π(logged a_t | logged history) for every step of ``ds``: float64 [n, L], 0 on padding.
 
     For the deterministic anchor policies (Never / Always / Early-on / Late-on) this is 1 where the logged action is

@@ -31,7 +31,7 @@ from fcd_secure.model.config import ModelConfig
 from fcd_secure.model.manifest import build_manifest, get_params, set_params
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fcd_secure.data.policy import Policy
+    from fcd_secure.data.policy import PolicyLike
 
 __all__ = [
     "Plan", "PlanFn", "SimResult", "Simulator", "check_window", "contrast_effects", "effect_window_mask", "plan_fn",
@@ -39,7 +39,7 @@ __all__ = [
 
 #: A plan: a policy (``.name`` and ``.actions(t, y_hist, lengths, a_off, a_on)``), a constant action, actions
 #: ``[H]`` or ``[n, H]``, or ``fn(t, y_hist, lengths) -> int64[B]``.
-Plan = Union["Policy", int, np.ndarray, Callable[[int, np.ndarray, np.ndarray], np.ndarray]]
+Plan = Union["PolicyLike", int, np.ndarray, Callable[[int, np.ndarray, np.ndarray], np.ndarray]]
 #: A plan normalised by :func:`plan_fn`: ``fn(h, t, y_hist, lengths, rows) -> int64[B]``.
 PlanFn = Callable[[int, int, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
