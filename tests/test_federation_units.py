@@ -17,7 +17,8 @@ from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 from fcd_secure.aggregation.fedavg import AggregationError, fedavg  # noqa: E402
 from fcd_secure.audit import message_bytes, payload_bytes, tree_bytes  # noqa: E402
 from fcd_secure.config import ConfigError, RunConfig, build_config  # noqa: E402
-from fcd_secure.federation.mods import GUARD_ERROR_REASON, client_mods, guard_mod  # noqa: E402
+from fcd_secure.federation.guard import GUARD_ERROR_REASON, guard_mod  # noqa: E402
+from fcd_secure.federation.mods import client_mods  # noqa: E402
 from fcd_secure.federation.records import arrays_to_record, record_to_arrays  # noqa: E402
 from fcd_secure.federation.sampler import ClientSampler  # noqa: E402
 from fcd_secure.federation.state import ServerCheckpoint, SiteState, StateError  # noqa: E402

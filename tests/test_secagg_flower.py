@@ -34,7 +34,7 @@ def _build(root: str, delays: dict, sink: dict, deadlines: dict, rounds: int):
 
     from fcd_secure.aggregation.secagg import SecAggPolicy, StageDeadlines
     from fcd_secure.federation.messaging import Comm
-    from fcd_secure.federation.mods import guard_mod
+    from fcd_secure.federation.guard import guard_mod
     from fcd_secure.federation.secure_flow import SecureAggregationFlow
     from fcd_secure.federation.secure_site import register_secure_actions
     from fcd_secure.federation.state import SiteState

@@ -15,7 +15,8 @@ module                 role
 ``secure_site``        the sites' ``train.secagg_*`` actions
 ``secure_setup``       secure-aggregation provisioning: roster, site policy, vector layout
 ``egress``             the audit egress gate bound to a site runtime (outermost ClientApp mod)
-``mods``               ``client_mods``: [egress gate, guard]; the guard lets no exception text leave
+``mods``               ``client_mods``: [egress gate, guard], the mods of every site's ClientApp
+``guard``              ``guard_mod``: no exception text or traceback leaves a site
 ``messaging``          ``Comm``: push/pull with a short poll; exact serialized bytes of every message
 ``site``               ``SiteRuntime``: a site's identity, data, model and on-disk state; ``train_round``
 ``state``              per-site state directory (Θs, optimiser, RNG, identity key; atomic) and the server checkpoint

@@ -28,13 +28,15 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
-from fcd_secure.config import RunConfig
 from fcd_secure.federation.messaging import Comm
+
+if TYPE_CHECKING:  # pragma: no cover - fcd_secure.config pulls in torch; the record names must not
+    from fcd_secure.config import RunConfig
 
 log = logging.getLogger("fcd_secure.federation")
 
@@ -96,6 +98,8 @@ def config_from_context(context: Context, fallback: RunConfig | None) -> RunConf
     Raises:
         RuntimeError: neither is there.
     """
+    from fcd_secure.config import RunConfig  # noqa: PLC0415 - see the TYPE_CHECKING import above
+
     raw = context.run_config.get(RUN_CONFIG_KEY) if context.run_config else None
     if raw:
         return RunConfig.from_json(str(raw))

@@ -21,16 +21,19 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flwr.app import Context
 
 from fcd_secure._io import atomic_write_text
 from fcd_secure.aggregation.secagg import SecAggPolicy, VectorLayout
 from fcd_secure.aggregation.secagg.keys import ed25519_public
-from fcd_secure.config import RunConfig
 from fcd_secure.federation.records import config_came_from_server
 from fcd_secure.federation.state import SiteState
 from fcd_secure.manifest import Manifest
+
+if TYPE_CHECKING:  # pragma: no cover - fcd_secure.config pulls in torch; a site's secure actions need not
+    from fcd_secure.config import RunConfig
 
 ROSTER_FILE = "secagg_roster.json"
 ROSTER_NODE_CONFIG = "secagg-roster"

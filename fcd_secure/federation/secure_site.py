@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, RecordDict
@@ -20,7 +20,6 @@ from flwr.clientapp import ClientApp
 
 from fcd_secure.aggregation.secagg import ReplayGuard, SecAggClient, encode, theta_hash
 from fcd_secure.aggregation.secagg.server import STAGES
-from fcd_secure.config import RunConfig
 from fcd_secure.federation.records import (
     REC_CONFIG,
     REC_GLOBAL,
@@ -39,6 +38,9 @@ from fcd_secure.federation.secure_setup import (
 )
 from fcd_secure.federation.state import SiteState
 from fcd_secure.manifest import Manifest
+
+if TYPE_CHECKING:  # pragma: no cover - fcd_secure.config pulls in torch; a site's secure actions need not
+    from fcd_secure.config import RunConfig
 
 #: ``Context.state`` record that carries one round's protocol state between messages.
 STATE_KEY = "secagg"
