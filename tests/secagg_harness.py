@@ -19,7 +19,7 @@ from fcd_secure.aggregation.secagg.config import SecAggPolicy
 from fcd_secure.aggregation.secagg.encoding import Aggregate, VectorLayout, encode, theta_hash
 from fcd_secure.aggregation.secagg.errors import SecAggError
 from fcd_secure.aggregation.secagg.server import STAGES, SecAggServer
-from fcd_secure.manifest import Manifest, ManifestEntry
+from fcd_secure.manifest import THETA_C, THETA_S, Manifest, ManifestEntry
 
 __all__ = ["STAGES", "RoundLog", "ToyRound", "make_clients", "make_identities", "run_round", "toy_manifest", "toy_round"]
 
@@ -147,7 +147,7 @@ def toy_round(
 ) -> ToyRound:
     """n sites with seeded random Θc updates (one tensor ``w`` of d values plus a Θs tensor in the manifest)."""
     policy = policy or SecAggPolicy(max_weight=1000)
-    manifest = toy_manifest([("w", (d,), "theta_c"), ("bias", (3,), "theta_c"), ("site_head", (4,), "theta_s")])
+    manifest = toy_manifest([("w", (d,), THETA_C), ("bias", (3,), THETA_C), ("site_head", (4,), THETA_S)])
     layout = VectorLayout.from_manifest(manifest)
     rng = np.random.default_rng(seed)
     sites = [f"site{i:02d}" for i in range(n_sites)]

@@ -299,6 +299,7 @@ def test_secure_flow_refuses_theta_s_sync_and_too_few_sites_per_round():
     from fcd_secure.federation.flows import check_flow, make_flow
     from fcd_secure.federation.secure_flow import SecureAggregationFlow
     from fcd_secure.federation.secure_setup import SecureAggregationConfigError
+    from fcd_secure.manifest import THETA_C, THETA_S
     from secagg_harness import toy_manifest
 
     with pytest.raises(SecureAggregationConfigError, match="P15"):
@@ -311,7 +312,7 @@ def test_secure_flow_refuses_theta_s_sync_and_too_few_sites_per_round():
         check_flow(
             build_config("tiny", {"data": {"n_sites": 80}, "federation": {"clients_per_round": 40, "secure_aggregation": True}})
         )
-    manifest = toy_manifest([("w", (3,), "theta_c"), ("s", (2,), "theta_s")])
+    manifest = toy_manifest([("w", (3,), THETA_C), ("s", (2,), THETA_S)])
     flow = make_flow(build_config("tiny", {"federation": {"secure_aggregation": True}}), manifest)
     assert isinstance(flow, SecureAggregationFlow) and flow.policy.min_sites == 3
     assert [name for name, _ in flow.layout.tensors] == ["w"] and flow.layout.private_names == {"s"}
