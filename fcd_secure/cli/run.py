@@ -18,12 +18,6 @@ from rich.table import Table
 PRESET_HELP = "tiny (tests, seconds) | default (README run, ≤ 5 min on 2 cores) | paper (Table II length)"
 
 
-def _secure_available() -> bool:
-    import importlib.util  # noqa: PLC0415
-
-    return importlib.util.find_spec("fcd_secure.federation.secure_flow") is not None
-
-
 def _fail(console: Console, msg: str, code: int = 2) -> None:
     console.print(f"[red]error:[/red] {msg}")
     raise typer.Exit(code)
@@ -50,7 +44,10 @@ def resolve_config(
     dp_clip: Optional[float] = None,
     dp_ledger_dir: Optional[Path] = None,
 ):
-    """Preset (or config file) + command-line overrides -> a validated ``RunConfig``."""
+    """Preset (or config file) + command-line overrides -> a validated ``RunConfig``.
+
+    Secure aggregation is on unless ``secure`` is ``False`` or the config file turns it off.
+    """
     from fcd_secure.config import RunConfig, build_config  # noqa: PLC0415
 
     base = RunConfig.load(config_file) if config_file else None
@@ -72,7 +69,7 @@ def resolve_config(
     if data_dir is not None:
         over["data"]["data_dir"] = str(data_dir)
     if secure is None:
-        secure = _secure_available() if base is None else base.federation.secure_aggregation
+        secure = True if base is None else base.federation.secure_aggregation
     over["federation"]["secure_aggregation"] = bool(secure)
     if sync is not None:
         over["federation"]["sync"] = sync
@@ -81,7 +78,7 @@ def resolve_config(
     if state_dir is not None:
         over["state_dir"] = str(state_dir)
     dp: dict[str, Any] = {}
-    if dp_epsilon is not None:  # DP-SGD on every site with this lifetime cap (issue 6)
+    if dp_epsilon is not None:  # DP-SGD on every site with this lifetime cap
         dp.update(enabled=True, epsilon=dp_epsilon)
     if dp_delta is not None:
         dp["delta"] = dp_delta
@@ -176,41 +173,17 @@ class _Progress:
             self.progress.update(self.task, description="federated evaluation", info="")
 
 
-def _check_flow(cfg) -> None:
-    """Build the aggregation flow once before any engine starts, so that a secure-mode misconfiguration (flow
-    missing, too few sites per round for the threshold) is a clear error, not a failure inside the ServerApp."""
-    from fcd_secure.federation.flows import make_flow  # noqa: PLC0415
-
-    try:
-        make_flow(cfg)
-    except ValueError:
-        raise
-    except Exception as exc:  # the secure flow's own config errors
-        if type(exc).__name__.endswith("ConfigError") or type(exc).__name__ == "SecureAggregationUnavailable":
-            raise _FlowError(str(exc)) from None
-        raise
-
-
-class _FlowError(ValueError):
-    """The aggregation flow refuses this configuration."""
-
-
-def _common_errors():
+def _common_errors() -> tuple[type[BaseException], ...]:
+    """The errors that mean bad input (exit 2): config, data, state, or a flow that refuses the configuration."""
     from pydantic import ValidationError  # noqa: PLC0415
 
     from fcd_secure.config import ConfigError  # noqa: PLC0415
     from fcd_secure.data.schema import SchemaError  # noqa: PLC0415
-    from fcd_secure.federation.flows import SecureAggregationUnavailable  # noqa: PLC0415
+    from fcd_secure.data.spec import DataError  # noqa: PLC0415
+    from fcd_secure.federation.secure_setup import SecureAggregationConfigError  # noqa: PLC0415
     from fcd_secure.federation.state import StateError  # noqa: PLC0415
 
-    errs: list[type[BaseException]] = [_FlowError, ConfigError, SchemaError, StateError, SecureAggregationUnavailable, ValidationError, FileNotFoundError]
-    try:
-        from fcd_secure.data.spec import DataError  # noqa: PLC0415
-
-        errs.append(DataError)
-    except ImportError:  # pragma: no cover
-        pass
-    return tuple(errs)
+    return (ConfigError, SchemaError, DataError, StateError, SecureAggregationConfigError, ValidationError, FileNotFoundError)
 
 
 def register(app: typer.Typer) -> None:
@@ -226,7 +199,7 @@ def register(app: typer.Typer) -> None:
         dataset: Optional[str] = typer.Option(None, "--dataset", help="dkt-synth (default; oracle metrics) | statics2011 | assistments2009 | diabetes130 | obd (OPE estimates, factual AUC)."),
         spec: Optional[tuple[Path, Path]] = typer.Option(None, "--spec", metavar="SPEC TABLE", help="Your own data: a dataset spec file and the table it describes."),
         data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Real datasets root (default ../shared/data)."),
-        secure: Optional[bool] = typer.Option(None, "--secure-aggregation/--no-secure-aggregation", help="Pairwise-masked secure aggregation of Θc (default: on when available) or plain FedAvg.", show_default=False),
+        secure: Optional[bool] = typer.Option(None, "--secure-aggregation/--no-secure-aggregation", help="Pairwise-masked secure aggregation of Θc (default: on) or plain FedAvg.", show_default=False),
         sync: Optional[str] = typer.Option(None, "--sync", help="dss (only Θc leaves a site; the paper's method) | full (every parameter; w/o-DSS ablation)."),
         eval_every: Optional[int] = typer.Option(None, "--eval-every", min=0, help="Cheap federated PEHE every N rounds (0: only at the end)."),
         config_file: Optional[Path] = typer.Option(None, "--config", exists=True, dir_okay=False, help="A run config (TOML/JSON, e.g. a run folder's config.toml); options override it."),
@@ -246,6 +219,8 @@ def register(app: typer.Typer) -> None:
         """
         import torch  # noqa: PLC0415
 
+        from fcd_secure.federation.flows import check_flow  # noqa: PLC0415
+
         console = Console(stderr=as_json)
         try:
             cfg = resolve_config(
@@ -254,7 +229,7 @@ def register(app: typer.Typer) -> None:
                 eval_every=eval_every, state_dir=state_dir, out=out,
                 dp_epsilon=dp_epsilon, dp_delta=dp_delta, dp_clip=dp_clip, dp_ledger_dir=dp_ledger_dir,
             )
-            _check_flow(cfg)
+            check_flow(cfg)  # a secure-mode misconfiguration is a clear error before any engine starts
         except _common_errors() as exc:
             _fail(console, str(exc))
         torch.set_num_threads(1)  # the sites share the machine's cores through one Ray actor
@@ -298,6 +273,7 @@ def register(app: typer.Typer) -> None:
         state directory), then `flwr run`. Every process is stopped by PID at the end (unless --keep).
         """
         from fcd_secure.federation.deployment import LocalDeployment  # noqa: PLC0415
+        from fcd_secure.federation.flows import check_flow  # noqa: PLC0415
 
         console = Console(stderr=as_json)
         try:
@@ -309,7 +285,7 @@ def register(app: typer.Typer) -> None:
         except _common_errors() as exc:
             _fail(console, str(exc))
         try:
-            _check_flow(cfg)
+            check_flow(cfg)
         except _common_errors() as exc:
             _fail(console, str(exc))
         cfg = cfg.model_copy(update={"out": str(Path(cfg.out).resolve())})

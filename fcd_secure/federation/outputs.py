@@ -26,7 +26,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from fcd_secure._io import atomic_write_bytes, atomic_write_text, npz_bytes
 from fcd_secure.config import RunConfig
+from fcd_secure.manifest import FULL, THETA_C, THETA_S
 
 
 def _jsonable(x: Any) -> Any:
@@ -88,7 +90,7 @@ def build_summary(cfg: RunConfig, result, engine: str) -> dict[str, Any]:
         "sync": cfg.federation.sync,
         "secure_aggregation": cfg.federation.secure_aggregation,
         "synchronised_part": result.part,
-        "params": {"theta_c": m.size("theta_c"), "theta_s": m.size("theta_s"), "full": m.size("full")},
+        "params": {part: m.size(part) for part in (THETA_C, THETA_S, FULL)},
         "uplink_bytes": up,
         "downlink_bytes": down,
         "uplink_mb": up / 1e6,
@@ -108,32 +110,34 @@ def build_summary(cfg: RunConfig, result, engine: str) -> dict[str, Any]:
     return _jsonable(summary)
 
 
-def _atomic_text(path: Path, text: str | bytes) -> None:
-    from fcd_secure.federation.state import atomic_write_bytes  # noqa: PLC0415
-
-    atomic_write_bytes(path, text.encode() if isinstance(text, str) else text)
-
-
 def write_run_folder(out: str | Path, cfg: RunConfig, result, engine: str = "flower") -> Path:
     """Write the run folder: each file atomically, ``summary.json`` last (its presence means the folder is
-    complete; the run's ``state/`` may live in the same folder, so the folder itself is never replaced)."""
-    from fcd_secure.federation.state import npz_bytes  # noqa: PLC0415
+    complete; the run's ``state/`` may live in the same folder, so the folder itself is never replaced).
 
+    Args:
+        out: the run folder.
+        cfg: the resolved run config.
+        result: the ``server_app.FederationResult``.
+        engine: recorded in ``summary.json``.
+
+    Returns:
+        The run folder.
+    """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     summary_path = out / "summary.json"
     if summary_path.exists():
         summary_path.unlink()  # the old summary would vouch for a mix of old and new files
-    _atomic_text(out / "config.toml", cfg.to_toml())
-    _atomic_text(out / "config.json", cfg.model_dump_json(indent=2))
-    _atomic_text(out / "theta_c.npz", npz_bytes(result.theta))
-    _atomic_text(out / "manifest.json", result.manifest.to_json())
-    _atomic_text(out / "rounds.csv", pd.DataFrame(result.history).to_csv(index=False))
-    _atomic_text(out / "rounds.json", json.dumps(_jsonable(result.history), indent=1))
-    _atomic_text(out / "traffic.csv", pd.DataFrame(result.traffic_rows).to_csv(index=False))
+    atomic_write_text(out / "config.toml", cfg.to_toml())
+    atomic_write_text(out / "config.json", cfg.model_dump_json(indent=2))
+    atomic_write_bytes(out / "theta_c.npz", npz_bytes(result.theta))
+    atomic_write_text(out / "manifest.json", result.manifest.to_json())
+    atomic_write_text(out / "rounds.csv", pd.DataFrame(result.history).to_csv(index=False))
+    atomic_write_text(out / "rounds.json", json.dumps(_jsonable(result.history), indent=1))
+    atomic_write_text(out / "traffic.csv", pd.DataFrame(result.traffic_rows).to_csv(index=False))
     summary = build_summary(cfg, result, engine)
     _plots(out, result.history, summary)
-    _atomic_text(summary_path, json.dumps(summary, indent=2, ensure_ascii=False))
+    atomic_write_text(summary_path, json.dumps(summary, indent=2, ensure_ascii=False))
     return out
 
 
