@@ -271,15 +271,6 @@ def test_theta_s_upload_passes_only_under_the_ablation_policy_and_verify_flags_i
     assert any("eps_s.weight" in f.message and "Θs" in f.message for f in res.findings)
 
 
-def test_federation_gate_without_a_runtime_sends_nothing(tmp_path):
-    from fcd_secure.audit.egress import make_egress_gate_mod
-
-    gate = make_egress_gate_mod(None)
-    site = Site(tmp_path)
-    reply = gate(instruction("train", 1), None, site.train_handler())
-    assert reply.has_error() and reply.error.reason == GENERIC_ERROR_REASON
-
-
 def test_privacy_ledger_hash_binds_the_dp_ledger_state(tmp_path):
     from fcd_secure.privacy.ledger import privacy_ledger_hash
 
@@ -294,31 +285,6 @@ def test_privacy_ledger_hash_binds_the_dp_ledger_state(tmp_path):
     shared.mkdir()
     (shared / "ledger-def.json").write_text("{}")
     assert privacy_ledger_hash(tmp_path, shared) not in (None, h2)
-
-
-def test_receipts_action_is_answered_by_the_gate_inside_a_real_clientapp(tmp_path):
-    """A real ClientApp with the gate outermost: the closing receipts message is answered by the gate (the
-    registered handler is never reached) and the last round gets its signed checkpoint."""
-    from flwr.clientapp import ClientApp
-    from test_audit_support import Server, context
-
-    from fcd_secure.audit.egress import register_receipts_action
-    from fcd_secure.audit import RECEIPTS_MESSAGE_TYPE
-
-    site, server = Site(tmp_path), Server(tmp_path)
-    app = ClientApp(mods=[site.gate])
-    app.train()(site.train_handler())
-    register_receipts_action(app)
-    reply = app(server.downlink("train", 1, 11), context(11))
-    server.receive(reply, site.site_id)
-    ack = app(server.downlink(RECEIPTS_MESSAGE_TYPE, 1, 11), context(11))
-    assert ack.has_content() and not ack.has_error()
-    kinds = [l["kind"] for l in site.ledger.lines()]
-    assert kinds[-3:] == ["receipt", "upload", "checkpoint"]
-    bare = ClientApp()
-    register_receipts_action(bare)
-    with pytest.raises(Exception):
-        bare(server.downlink(RECEIPTS_MESSAGE_TYPE, 1, 11), context(11))
 
 
 def _plant_propensity_rows(site):
