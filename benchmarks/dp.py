@@ -1,6 +1,6 @@
 """DP-SGD benchmark: step time with and without DP-SGD on the same model, and utility at ε ∈ {1, 4, 8, ∞}.
 
-Issue 6 item 5 / DESIGN "Numbers": "DP: step time with and without DP-SGD; ε per site after a run".
+DESIGN "Numbers": "DP: step time with and without DP-SGD; ε per site after a run".
 
 1. Step time. One FedCausalDiff (the DKT-Synth preset's dims), one fixed batch of B trajectories, Adam. Runners are
    interleaved in shuffled order and reported as medians (wall and CPU), because the machine is shared:
@@ -10,8 +10,9 @@ Issue 6 item 5 / DESIGN "Numbers": "DP: step time with and without DP-SGD; ε pe
    The target is ``dp`` ≤ 3 × ``nodp_dpobj`` (same loss, so the ratio is the price of DP-SGD itself).
 2. Utility. The pooled DKT-Synth training split as one site (record-level DP over all its trajectories), trained
    ``--epochs`` epochs at each ε through ``train_round_private`` (σ planned once for all epochs, Poisson, PRV),
-   and ε = ∞ with ordinary training; scored like the centralised reference (PEHE, |ATE err|, mean |value err|
-   over never / always / early_on / late_on) against the oracle's ground truth.
+   and ε = ∞ with ordinary training, with the centralised reference's seed rule and scored by its evaluation
+   (``fcd_secure.experiments``: PEHE, |ATE err|, mean |value err| over never / always / early_on / late_on, factual
+   AUC) against the oracle's ground truth.
 
 Run: ``.venv/bin/python benchmarks/dp.py [--preset default] [--epochs 4] [--json]``. Prints figures; asserts nothing.
 """
@@ -35,9 +36,10 @@ import torch
 def step_times(preset: str, batch_size: int, rounds: int, seed: int) -> dict:
     from fcd_secure.data.dkt_synth import DKTSynthConfig, generate
     from fcd_secure.data.schema import concat
+    from fcd_secure.model.batch import dataset_tensors
     from fcd_secure.model.config import ModelConfig
     from fcd_secure.model.networks import FedCausalDiff
-    from fcd_secure.model.training import batch_loss, dataset_tensors, make_optimizer
+    from fcd_secure.model.training import batch_loss, make_optimizer
     from fcd_secure.privacy.config import DPConfig
     from fcd_secure.privacy.engine import DPSite
     from fcd_secure.privacy.ledger import dataset_fingerprint
@@ -107,58 +109,53 @@ def step_times(preset: str, batch_size: int, rounds: int, seed: int) -> dict:
 
 
 def utility(preset: str, epochs: int, eps_list: list[str], seed: int, batch_size: int, say) -> dict:
-    from fcd_secure.data.dkt_synth import DKTSynthConfig, generate
-    from fcd_secure.data.policy import default_policies
+    from fcd_secure.config import build_config
     from fcd_secure.data.schema import concat
-    from fcd_secure.evaluation.metrics import ate_error, pehe, value_error
-    from fcd_secure.model.config import ModelConfig
-    from fcd_secure.model.networks import FedCausalDiff
-    from fcd_secure.model.simulate import estimate_effects, simulate_policy
-    from fcd_secure.model.training import make_optimizer, train_local
+    from fcd_secure.experiments.centralised import POOLED_SITE
+    from fcd_secure.experiments.evaluate import evaluate_on_sites
+    from fcd_secure.federation import learner
+    from fcd_secure.model.baselines import FedCausalDiffSimulator
     from fcd_secure.privacy.config import DPConfig
     from fcd_secure.privacy.engine import DPSite, train_round_private
     from fcd_secure.privacy.ledger import dataset_fingerprint
 
-    w = generate(DKTSynthConfig.from_preset(preset, seed=seed))
-    train, test = concat(w.train, "pooled/train"), concat(w.test, "pooled/test")
-    n_sites = len(w.train)
-    anchors = tuple(int(a) for a in w.anchors)
-    policies = default_policies()
-    tau = np.asarray(w.true_effects(None, "test"), dtype=np.float64)
-    true_values = {p.name: float(w.true_policy_value(p, None, "test")[0]) for p in policies}
-    cfg = ModelConfig(seed=seed, batch_size=batch_size)
+    run_cfg = build_config(preset, {"seed": seed, "model": {"batch_size": batch_size}})
+    fd = learner.load_federated(run_cfg)
+    train = concat(list(fd.train), "pooled/train")
+    n_sites = len(fd.train)
+    cfg = learner.model_config(run_cfg)
     rows = []
     for token in eps_list:
         t0 = time.perf_counter()
-        model = FedCausalDiff.from_dims(cfg, train.dx, train.da, train.n_actions, n_sites)
         # "inf": ordinary training with the paper's objective; "inf-dpobj": no noise, no clipping, but the objective
         # DP uses (batch-coupled L_align off), which separates the cost of the objective from the cost of noise
         eps = float("inf") if token.startswith("inf") else float(token)
         info: dict = {"epsilon_cap": eps, "setting": token}
+        c = cfg.model_copy(update={"dp_mode": token != "inf"})
+        sim = FedCausalDiffSimulator.from_dims(c, train.dx, train.da, train.n_actions, n_sites)
+        # the centralised reference's seed rule (fcd_secure.experiments.centralised), for every ε alike
+        seeds = [learner.round_seed(seed, ep + 1, POOLED_SITE) for ep in range(epochs)]
         if np.isinf(eps):
-            c = cfg.model_copy(update={"dp_mode": token == "inf-dpobj"})
-            opt = make_optimizer(model, c)
-            for ep in range(epochs):
-                fit = train_local(model, train, c, None, n_sites, epochs=1, seed=seed * 1000 + ep, optimizer=opt)
+            for s in seeds:
+                fit = sim.train_site(train, None, n_sites, epochs=1, seed=s)
         else:
             dp = DPConfig(enabled=True, epsilon=eps)
             state = tempfile.mkdtemp(prefix="fcd_dp_bench_")
             site = DPSite(state, dataset_fingerprint(train), dp, train.n, planned_rounds=epochs, local_epochs=1,
                           batch_size=batch_size)
-            opt = make_optimizer(model, cfg.model_copy(update={"dp_mode": True}))
-            for ep in range(epochs):
-                fit = train_round_private(site, model, train, cfg, None, n_sites, epochs=1, seed=seed * 1000 + ep,
-                                          optimizer=opt, round_id=ep + 1)
+            for ep, s in enumerate(seeds):
+                fit = train_round_private(site, sim.module, train, cfg, None, n_sites, epochs=1, seed=s,
+                                          optimizer=sim.optimizer, round_id=ep + 1)
             spent, delta = site.spent()
             info.update(sigma=site.noise_multiplier, q=site.sample_rate, delta=delta, epsilon_spent=spent,
                         steps=epochs * site.steps_per_round)
         t1 = time.perf_counter()
-        eff = estimate_effects(model, test, anchors, w.anchor_step, w.horizon, 16, seed)
-        values = {p.name: simulate_policy(model, test, p, anchors, 8, seed).value for p in policies}
-        verr = {k: value_error(values[k], true_values[k]) for k in true_values}
+        m = evaluate_on_sites(run_cfg, [sim] * n_sites)  # scored exactly like the centralised reference
         info.update(
-            pehe=pehe(eff, tau), ate_error=ate_error(eff, tau), mean_value_error=float(np.mean(list(verr.values()))),
-            value_error=verr, last_loss=fit.get("total"), train_s=t1 - t0, sim_s=time.perf_counter() - t1,
+            pehe=m.get("pehe"), ate_error=m.get("ate_error"), mean_value_error=m.get("value_error_mean"),
+            value_error={k: d.get("value_error") for k, d in m.get("policies", {}).items()},
+            factual_auc=m.get("factual_auc"), last_loss=fit.get("total"), train_s=t1 - t0,
+            sim_s=time.perf_counter() - t1,
         )
         say(f"ε={token}: PEHE {info['pehe']:.4f}  |ATE err| {info['ate_error']:.4f}  mean |value err| "
             f"{info['mean_value_error']:.4f}  (train {info['train_s']:.0f}s)")

@@ -35,18 +35,13 @@ def main() -> None:
 
     torch.set_num_threads(1)
     from fcd_secure.config import build_config
-    from fcd_secure.federation.flows import SecureAggregationUnavailable, _secure_flow_module
     from fcd_secure.federation.simulation import run_simulated
 
     preset = "tiny" if args.quick else args.preset
     rounds = 3 if args.quick else args.rounds
     configs = [("DSS plain FedAvg", {"sync": "dss", "secure_aggregation": False}),
+               ("DSS secure aggregation", {"sync": "dss", "secure_aggregation": True}),
                ("full sync (w/o DSS)", {"sync": "full", "secure_aggregation": False})]
-    try:
-        _secure_flow_module()
-        configs.insert(1, ("DSS secure aggregation", {"sync": "dss", "secure_aggregation": True}))
-    except SecureAggregationUnavailable:
-        pass
     rows = []
     for label, fed in configs:
         over = {"seed": args.seed, "federation": {**fed, "eval_every": 0, **({"rounds": rounds} if rounds else {})}}

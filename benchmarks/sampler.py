@@ -1,6 +1,7 @@
 """Sampler benchmark: rollouts per second and PEHE for ancestral DDPM vs few-step DDIM, side by side.
 
-One Fed-CausalDiff is trained centrally on DKT-Synth (fixed seed), then the same effect query (always-a_on minus
+One Fed-CausalDiff is trained centrally on DKT-Synth (the centralised reference of ``fcd_secure.experiments``:
+same epoch and seed rules as ``fcd train --centralised``), then the same effect query (always-a_on minus
 always-a_off from the anchor step over the horizon, every test trajectory, ``--samples`` futures each) is answered
 with each sampler setting. A "rollout" is one simulated future of one trajectory over the whole horizon.
 
@@ -42,32 +43,33 @@ def machine() -> dict:
 def main(
     quick: bool = typer.Option(False, "--quick", help="Tiny preset, 1 epoch, few steps: checks the script runs."),
     seed: int = typer.Option(0, "--seed"),
-    epochs: int = typer.Option(0, "--epochs", help="Training epochs (0: the preset's centralised default)."),
+    epochs: int = typer.Option(0, "--epochs", help="Training epochs (0: the centralised reference's matched epochs)."),
     samples: int = typer.Option(8, "--samples", min=1, help="Futures per test trajectory."),
     repeats: int = typer.Option(3, "--repeats", min=1, help="Timed repeats per setting (median reported)."),
     ddim_steps: str = typer.Option("1,2,5,10,25", "--ddim-steps", help="Comma-separated DDIM step counts."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout; progress on stderr."),
 ) -> None:
     torch.set_num_threads(1)
-    from fcd_secure.data.dkt_synth import DKTSynthConfig, generate
+    from fcd_secure.config import build_config
     from fcd_secure.data.schema import concat
     from fcd_secure.evaluation.metrics import ate_error, pehe
-    from fcd_secure.model import FedCausalDiff, ModelConfig, estimate_effects, train_local
-    from fcd_secure.model.reference import DEFAULT_EPOCHS
-    from fcd_secure.model.training import make_optimizer
+    from fcd_secure.experiments.centralised import matched_epochs, train_centralised
+    from fcd_secure.federation import learner
+    from fcd_secure.model import estimate_effects
+    from fcd_secure.model.baselines import FedCausalDiffSimulator
 
     preset = "tiny" if quick else "default"
-    n_ep = epochs or (1 if quick else DEFAULT_EPOCHS[preset])
-    cfg = ModelConfig(seed=seed)
+    run_cfg = build_config(preset, {"seed": seed})
+    n_ep = epochs or (1 if quick else matched_epochs(run_cfg))
+    cfg = learner.model_config(run_cfg)
     steps = [int(s) for s in ddim_steps.split(",") if s.strip()]
     steps = [s for s in steps if 1 <= s <= cfg.diffusion_steps]
-    w = generate(DKTSynthConfig.from_preset(preset, seed=seed))
-    train, test = concat(w.train), concat(w.test)
+    fd = learner.load_federated(run_cfg)
+    w = fd.oracle
+    train, test = concat(list(fd.train)), concat(list(fd.test))
     err.print(f"[dim]training Fed-CausalDiff on DKT-Synth {preset} ({train.n} trajectories, {n_ep} epochs)[/]")
-    model = FedCausalDiff.from_dims(cfg, train.dx, train.da, train.n_actions, len(w.train))
-    opt = make_optimizer(model, cfg)
-    for ep in range(n_ep):
-        train_local(model, train, cfg, None, len(w.train), epochs=1, seed=seed * 1000 + ep, optimizer=opt)
+    sim, _ = train_centralised(FedCausalDiffSimulator, run_cfg, n_ep)
+    model = sim.module
     tau = w.true_effects(None, "test")
     settings = [("ddpm", cfg.diffusion_steps)] + [("ddim", s) for s in steps]
     results = []

@@ -28,16 +28,21 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 logging.getLogger("flwr").setLevel(logging.ERROR)
+# the in-memory round driver is a test helper, not part of the installed package
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from secagg_harness import RoundLog, make_identities, run_round, toy_manifest  # noqa: E402
 
 from fcd_secure.aggregation.fedavg import fedavg  # noqa: E402
 from fcd_secure.aggregation.secagg import SecAggPolicy, SecAggServer, VectorLayout, encode  # noqa: E402
-from fcd_secure.aggregation.secagg.harness import RoundLog, make_identities, run_round  # noqa: E402
 from fcd_secure.aggregation.secagg.client import SecAggClient  # noqa: E402
+from fcd_secure.manifest import THETA_C  # noqa: E402
 
 
 def make_inputs(d: int, n: int, seed: int) -> tuple[list[np.ndarray], list[int]]:
@@ -69,7 +74,7 @@ def run_plain(vecs, counts) -> dict:
 def run_ours(vecs, counts, policy: SecAggPolicy | None = None, drop_at_masking: int = 0) -> dict:
     d, n = vecs[0].size, len(vecs)
     policy = policy or SecAggPolicy(max_weight=8192, max_sites=max(31, n))
-    layout = VectorLayout.from_manifest([("theta", (d,), "theta_c")])
+    layout = VectorLayout.from_manifest(toy_manifest([("theta", (d,), THETA_C)]))
     sites = [f"site-{i:03d}" for i in range(n)]
     ids, roster = make_identities(sites)
     clients, encode_s = {}, {}

@@ -9,6 +9,9 @@ and a typo names its field. Sections:
   secure aggregation on/off, timeouts, evaluation cadence.
 * ``model``: ``fcd_secure.model.config.ModelConfig`` (loss weights, switches: ``use_dis = false`` is "w/o L_dis").
 * ``dp``: ``fcd_secure.privacy.config.DPConfig``.
+* ``secagg``: ``fcd_secure.aggregation.secagg.SecAggPolicy``, the secure-aggregation parameters the server proposes
+  (minimum sites, threshold rule, clip range, fixed-point scale, stage deadlines). In simulation the sites enforce
+  this same section; a deployed site enforces its own policy file, never the server's config.
 * ``evaluation``: Monte-Carlo samples for do-simulation and the rows evaluated per site.
 
 Presets (``tiny`` for tests, ``default`` for the README run on 2 cores, ``paper`` for Table II at full length)
@@ -26,6 +29,7 @@ from typing import Any, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from fcd_secure.aggregation.secagg.config import SecAggPolicy
 from fcd_secure.model.config import ModelConfig
 from fcd_secure.privacy.config import DPConfig
 
@@ -105,6 +109,7 @@ class RunConfig(BaseModel):
     federation: FederationSection = Field(default_factory=FederationSection)
     model: ModelConfig = Field(default_factory=ModelConfig)
     dp: DPConfig = Field(default_factory=DPConfig)
+    secagg: SecAggPolicy = Field(default_factory=SecAggPolicy)
     evaluation: EvaluationSection = Field(default_factory=EvaluationSection)
     state_dir: str | None = Field(None, description="root of per-site state and the server checkpoint")
     out: str | None = Field(None, description="run folder")
@@ -131,7 +136,17 @@ class RunConfig(BaseModel):
         for k in ("rounds", "round_timeout_s", "eval_every", "poll_s", "node_wait_s", "crash_after_round", "site_threads"):
             d["federation"].pop(k, None)
         d["data"].pop("data_dir", None)
+        d["secagg"].pop("deadlines", None)  # when a late site is dropped, like round_timeout_s
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+
+    def state_root(self) -> Path | None:
+        """Where the run keeps per-site state, the server checkpoint and the audit ledgers: ``state_dir``, else
+        ``<out>/state``, else ``None``."""
+        if self.state_dir:
+            return Path(self.state_dir)
+        if self.out:
+            return Path(self.out) / "state"
+        return None
 
     # -- I/O -----------------------------------------------------------------------------------------
     def to_json(self) -> str:

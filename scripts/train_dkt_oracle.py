@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fcd_secure._io import atomic_write_bytes, atomic_write_text
 from fcd_secure.data.dkt_synth.oracle import (
     N_ITEMS,
     ORACLE_DIR,
@@ -61,7 +63,7 @@ def predict(model: DKTOracle, seqs, batch_size: int = 256) -> tuple[np.ndarray, 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data-dir", default=None, help="folder holding assistments2009/ (default ../shared/data)")
+    ap.add_argument("--data-dir", default=None, help="folder holding assistments2009/ (default: $FCD_DATA_DIR, then ../shared/data)")
     ap.add_argument("--out-dir", default=str(ORACLE_DIR), help="where the weights, .sha256 and card go")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--epochs", type=int, default=20)
@@ -126,9 +128,14 @@ def main(argv: list[str] | None = None) -> int:
         "arch": {"n_items": N_ITEMS, "emb_dim": args.emb_dim, "hidden": args.hidden},
         "state_dict": {k: v.contiguous() for k, v in state.items()},
     }
-    torch.save(payload, weights)
+    # torch names the archive inside the file after the file it writes, so save under the final name first (the
+    # bytes, hence the recorded SHA-256, match a direct torch.save), then publish atomically
+    with tempfile.TemporaryDirectory() as tmp:
+        staged = Path(tmp) / weights.name
+        torch.save(payload, staged)
+        atomic_write_bytes(weights, staged.read_bytes())
     digest = sha256_file(weights)
-    (out / "dkt_oracle.pt.sha256").write_text(f"{digest}  dkt_oracle.pt\n", encoding="ascii")
+    atomic_write_text(out / "dkt_oracle.pt.sha256", f"{digest}  dkt_oracle.pt\n")
     card = {
         "name": "DKT-Synth oracle",
         "data": "ASSISTments 2009 skill builder, DKVMN assist2009_updated (../shared/data/assistments2009)",
@@ -153,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         "train_seconds": round(time.time() - t_start, 1),
         "torch": torch.__version__,
     }
-    (out / "dkt_oracle.json").write_text(json.dumps(card, indent=2) + "\n")
+    atomic_write_text(out / "dkt_oracle.json", json.dumps(card, indent=2) + "\n")
     print(json.dumps({k: card[k] for k in ("test_auc", "valid_auc", "best_epoch", "weights_sha256")}))
     return 0
 

@@ -281,15 +281,6 @@ def test_theta_s_upload_passes_only_under_the_ablation_policy_and_verify_flags_i
     assert any("eps_s.weight" in f.message and "Θs" in f.message for f in res.findings)
 
 
-def test_federation_gate_without_a_runtime_sends_nothing(tmp_path):
-    from fcd_secure.audit.egress import make_egress_gate_mod
-
-    gate = make_egress_gate_mod(None)
-    site = Site(tmp_path)
-    reply = gate(instruction("train", 1), None, site.train_handler())
-    assert reply.has_error() and reply.error.reason == GENERIC_ERROR_REASON
-
-
 def test_privacy_ledger_hash_binds_the_dp_ledger_state(tmp_path):
     from fcd_secure.privacy.ledger import privacy_ledger_hash
 
@@ -306,31 +297,34 @@ def test_privacy_ledger_hash_binds_the_dp_ledger_state(tmp_path):
     assert privacy_ledger_hash(tmp_path, shared) not in (None, h2)
 
 
-def test_receipts_action_is_answered_by_the_gate_inside_a_real_clientapp(tmp_path):
-    """A real ClientApp with the gate outermost: the closing receipts message is answered by the gate (the
-    registered handler is never reached) and the last round gets its signed checkpoint."""
-    from flwr.clientapp import ClientApp
-    from test_audit_support import Server, context
+def test_each_chain_head_goes_to_the_server_and_its_countersignature_comes_back(tmp_path):
+    """The gate sends the site's newest checkpoint with the next reply; the server countersigns it in its ledger and
+    returns the countersignature with the receipts; the closing message's ack carries the last round's head."""
+    from test_audit_support import Server
 
-    from fcd_secure.audit.egress import register_receipts_action
     from fcd_secure.audit import RECEIPTS_MESSAGE_TYPE
 
     site, server = Site(tmp_path), Server(tmp_path)
-    app = ClientApp(mods=[site.gate])
-    app.train()(site.train_handler())
-    register_receipts_action(app)
-    reply = app(server.downlink("train", 1, 11), context(11))
-    server.receive(reply, site.site_id)
-    ack = app(server.downlink(RECEIPTS_MESSAGE_TYPE, 1, 11), context(11))
-    assert ack.has_content() and not ack.has_error()
+    server.receive(site.send(server.downlink("train", 1, 11)), site.site_id)
+    r2 = site.send(server.downlink("train", 2, 11))  # round 1 is closed first, its head rides on this reply
+    checkpoint_1 = next(l for l in site.ledger.lines() if l["kind"] == "checkpoint")
+    assert "fcd.audit.head" in r2.content
+    server.receive(r2, site.site_id)
+    signed = [l for l in server.ledger.lines() if l["kind"] == "countersign"]
+    assert [l["checkpoint"]["hash"] for l in signed] == [checkpoint_1["hash"]]
+    assert signed[0]["writer_id"] == site.site_id and signed[0]["site_key_fingerprint"] == site.ledger.fingerprint
+    site.send(server.downlink("query.evaluate", 2, 11))  # the countersignature comes back with the receipts
+    stored = [l for l in site.ledger.lines() if l["kind"] == "countersignature"]
+    assert [l["countersign"]["hash"] for l in stored] == [signed[0]["hash"]]
+    assert stored[0]["signature_checked_on_arrival"] is True
+    assert site.ledger.pending_head() is None  # countersigned: nothing more to send until the next checkpoint
+    ack = site.send(server.downlink(RECEIPTS_MESSAGE_TYPE, 2, 11), handler=lambda m, c: None)
     kinds = [l["kind"] for l in site.ledger.lines()]
     # the last round is closed before the ack, which carries that checkpoint for the server to countersign
-    assert kinds[-3:] == ["receipt", "checkpoint", "upload"]
-    assert "fcd.audit.head" in ack.content
-    bare = ClientApp()
-    register_receipts_action(bare)
-    with pytest.raises(Exception):
-        bare(server.downlink(RECEIPTS_MESSAGE_TYPE, 1, 11), context(11))
+    assert kinds[-2:] == ["checkpoint", "upload"] and "fcd.audit.head" in ack.content
+    server.receive(ack, site.site_id)
+    last = server.ledger.lines()[-1]
+    assert last["kind"] == "countersign" and last["checkpoint"]["round"] == 2
 
 
 def _plant_propensity_rows(site):
@@ -370,11 +364,12 @@ import struct  # noqa: E402
 
 from fcd_secure.audit.allowlist import HELLO_DIMS, eval_metric_names, federation_gate_policy  # noqa: E402
 from fcd_secure.audit.rules import GatePolicy as _Policy  # noqa: E402
+from fcd_secure.data.policy import DEFAULT_POLICY_NAMES  # noqa: E402
 from test_audit_support import MANIFEST as _M  # noqa: E402
 
-FED = federation_gate_policy(ope_horizons=(2,))
+FED = federation_gate_policy(policy_names=DEFAULT_POLICY_NAMES, ope_horizons=(2,))
 FED_WITH_LOSS = FED.model_copy(update={"allowed_metrics": FED.allowed_metrics | {"metrics/loss"}})
-EVAL_NAMES = [n for n in eval_metric_names(("never", "always", "early_on", "late_on"), ope_horizons=(2,))]
+EVAL_NAMES = eval_metric_names(DEFAULT_POLICY_NAMES, ope_horizons=(2,))
 
 
 def _informative(values: np.ndarray) -> float:

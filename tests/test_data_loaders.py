@@ -1,5 +1,5 @@
-"""Loaders of the real datasets in ../shared/data: shapes, dtypes, no NaN, counts that match PROVENANCE.md,
-propensities in (0, 1] for OBD, |T| reported."""
+"""Loaders of the real datasets in ../shared/data: shapes, dtypes, no NaN, counts that match the data folder's
+PROVENANCE.md, propensities in (0, 1] for OBD, |T| reported."""
 
 from __future__ import annotations
 
@@ -9,12 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fcd_secure.data.loaders import (
-    load_assistments2009,
-    load_diabetes130,
-    load_open_bandit,
-    load_statics2011,
-)
+from fcd_secure.data.sources.assistments2009 import load_assistments2009
+from fcd_secure.data.sources.diabetes130 import load_diabetes130
+from fcd_secure.data.sources.obd import load_open_bandit
+from fcd_secure.data.sources.statics2011 import load_statics2011
 from fcd_secure.data.spec import DataError
 
 

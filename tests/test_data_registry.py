@@ -9,7 +9,15 @@ import pytest
 from typer.testing import CliRunner
 
 from fcd_secure.cli.data import app
-from fcd_secure.data.registry import DATASETS, PAPER_TABLE_I, load_federated, load_spec_federated
+from fcd_secure.data.registry import (
+    DATASETS,
+    PAPER_TABLE_I,
+    get_source,
+    load_federated,
+    load_pooled,
+    load_spec_federated,
+)
+from fcd_secure.data.sources import SOURCES
 from fcd_secure.data.spec import DataError
 
 runner = CliRunner()
@@ -83,6 +91,20 @@ def test_preset_tiny_subsamples(shared_data):
     assert sum(d.n for d in fd.train + fd.test) == 300
 
 
+def test_one_source_per_dataset_declares_name_table_and_presets():
+    assert DATASETS == tuple(src.name for src in SOURCES) == ("dkt-synth", "statics2011", "assistments2009",
+                                                              "diabetes130", "obd")
+    assert set(PAPER_TABLE_I) == {"dkt-synth", "statics2011", "diabetes130", "obd"}  # ASSISTments is not in Table I
+    for src in SOURCES:
+        assert get_source(src.name.upper()) is src and "tiny" in src.presets and "default" in src.presets
+        assert src.table_i is None or set(src.table_i) == {"sequences", "Lmax", "dx", "da", "n_actions"}
+    with pytest.raises(DataError, match="no pooled file"):
+        load_pooled("dkt-synth")
+    with pytest.raises(DataError, match="unknown preset") as exc:
+        load_federated("dkt-synth", preset="huge")
+    assert exc.value.field == "preset"
+
+
 def test_unknown_dataset_and_preset(shared_data):
     with pytest.raises(DataError, match="unknown dataset"):
         load_federated("mnist")
@@ -126,7 +148,8 @@ def test_describe_bad_data_dir_exits_1(tmp_path):
 @pytest.fixture
 def broken_oracle(tmp_path, monkeypatch):
     """Point DKT-Synth at a real copy of the oracle weights whose recorded SHA-256 is wrong (or at no file)."""
-    oracle = pytest.importorskip("fcd_secure.data.dkt_synth.oracle")
+    from fcd_secure.data.dkt_synth import oracle
+
     weights = tmp_path / "dkt_oracle.pt"
     weights.write_bytes(oracle.ORACLE_WEIGHTS.read_bytes())
     (tmp_path / "dkt_oracle.pt.sha256").write_text("0" * 64 + "  dkt_oracle.pt\n")
@@ -174,11 +197,6 @@ def test_spec_federated_dirichlet_without_site_column(long_case):
 
 
 def test_dkt_synth_branch():
-    pytest.importorskip("fcd_secure.data.dkt_synth.world")
-    try:
-        from fcd_secure.data.dkt_synth import DKTSynthConfig, generate  # noqa: F401
-    except ImportError:
-        pytest.skip("fcd_secure.data.dkt_synth does not export DKTSynthConfig/generate yet")
     fd = load_federated("dkt-synth", n_sites=3, alpha=10.0, seed=0, preset="tiny")
     assert fd.oracle is not None and fd.n_sites == 3 and len(fd.test) == 3
     assert fd.anchors == tuple(fd.oracle.anchors)

@@ -11,7 +11,7 @@ from conftest import GOOD_SPEC, make_long_table
 from typer.testing import CliRunner
 
 from fcd_secure.cli.data import app
-from fcd_secure.data.loaders import load_npz
+from fcd_secure.data.npz import load_npz
 from fcd_secure.data.preprocess import Standardizer, build_dataset, dataset_from_files
 from fcd_secure.data.spec import DataError, load_spec
 

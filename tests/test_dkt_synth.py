@@ -18,7 +18,8 @@ from fcd_secure.data.dkt_synth import (
     load_oracle,
 )
 from fcd_secure.data.dkt_synth.oracle import ORACLE_CARD, ORACLE_WEIGHTS, roc_auc, sha256_file
-from fcd_secure.data.dkt_synth.world import fresh_uniforms
+from fcd_secure.data.dkt_synth.noise import fresh_uniforms
+from fcd_secure.data.partition import dirichlet_assignment, site_splits
 from fcd_secure.data.policy import anchor_actions, default_policies
 
 torch.set_num_threads(1)
@@ -109,6 +110,18 @@ def test_world_layout_and_contract(tiny):
     # site sizes vary (Dirichlet) but none is empty
     sizes = np.array([tr.n + te.n for tr, te in zip(tiny.train, tiny.test)])
     assert sizes.min() >= 2 and sizes.max() > sizes.min()
+
+
+def test_sites_splits_and_anchors_follow_the_projects_rules(tiny):
+    """One Dirichlet rule, one per-site train/test rule, one anchor rule for every dataset (no private copies)."""
+    cfg = tiny.cfg
+    site_of = dirichlet_assignment(np.zeros(cfg.n_students, dtype=np.int64), cfg.n_sites, cfg.dirichlet_alpha, cfg.seed)
+    assert np.array_equal(tiny.site_of, site_of)
+    assert np.bincount(site_of).min() >= max(2, int(0.1 * cfg.n_students / cfg.n_sites))  # the project's minimum
+    for s, (tr, te) in enumerate(site_splits(site_of, cfg.n_sites, cfg.test_fraction, cfg.seed)):
+        assert np.array_equal(tiny.train[s].meta["student_ids"], tr)
+        assert np.array_equal(tiny.test[s].meta["student_ids"], te)
+    assert tiny.anchors == anchor_actions(tiny.train)
 
 
 def test_replay_of_logged_actions_reproduces_logged_outcomes_exactly(tiny):
@@ -246,11 +259,11 @@ def test_config_errors_name_the_field():
 
 
 def test_chunked_batches_give_the_same_truth(tiny, monkeypatch):
-    import fcd_secure.data.dkt_synth.world as world_mod
+    import fcd_secure.data.dkt_synth.truth as truth_mod
 
     early = [p for p in default_policies() if p.name == "early_on"][0]
     whole_tau, whole_v = tiny.true_effects(None, "test"), tiny.policy_value_per_rollout(early)
-    monkeypatch.setattr(world_mod, "MAX_BATCH_ROWS", 40)  # many small LSTM batches
+    monkeypatch.setattr(truth_mod, "MAX_BATCH_ROWS", 40)  # many small LSTM batches
     assert np.allclose(tiny.true_effects(None, "test"), whole_tau, atol=1e-12)
     assert np.allclose(tiny.policy_value_per_rollout(early), whole_v, atol=1e-12)
 

@@ -36,3 +36,18 @@ def test_bad_input_writes_nothing(tmp_path):
     with pytest.raises(ValueError, match="invalid uplink_mb"):
         plot_utility_vs_uplink([("a", -1.0, 0.5)], tmp_path / "y.png")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_utility_vs_uplink_draws_curves_and_checks_them(tmp_path):
+    out = plot_utility_vs_uplink(
+        [("Fed-CausalDiff (dss)", [0.5, 1.0, 1.5], [0.55, 0.6, 0.62]), ("centralised", 0.0, 0.64)],
+        tmp_path / "curve.png", ylabel="factual AUC", xlabel="cumulative uplink (MB)",
+    )
+    assert out.read_bytes().startswith(PNG_MAGIC)
+    with pytest.raises(ValueError, match="3 uplinks for 2 values"):
+        plot_utility_vs_uplink([("a", [0.1, 0.2, 0.3], [0.5, 0.6])], tmp_path / "z.png")
+    with pytest.raises(ValueError, match="invalid uplink_mb"):
+        plot_utility_vs_uplink([("a", [0.1, math.inf], [0.5, 0.6])], tmp_path / "z.png")
+    with pytest.raises(ValueError, match="no uplink_mb"):
+        plot_utility_vs_uplink([("a", [], [])], tmp_path / "z.png")
+    assert not (tmp_path / "z.png").exists()

@@ -20,6 +20,7 @@ from typer.testing import CliRunner  # noqa: E402
 from fcd_secure.cli.main import app as fcd_app  # noqa: E402
 from fcd_secure.config import build_config  # noqa: E402
 from fcd_secure.federation.state import SiteState  # noqa: E402
+from fcd_secure.manifest import FULL, THETA_C, THETA_S  # noqa: E402
 
 SITES, K, ROUNDS, SEED = 4, 2, 3, 0
 FILES = ("config.toml", "config.json", "theta_c.npz", "manifest.json", "rounds.csv", "rounds.json", "traffic.csv",
@@ -71,7 +72,7 @@ def test_run_folder_is_complete_and_summary_parses(cli_run):
     assert list(rounds["round"]) == [1, 2, 3] and (rounds["participants"] == K).all()
     assert rounds["pehe"].notna().tolist() == [False, True, True]  # every 2 rounds and at the end
     manifest = json.loads((out / "manifest.json").read_text())
-    theta_c_names = {e["name"] for e in manifest["entries"] if e["part"] == "theta_c"}
+    theta_c_names = {e["name"] for e in manifest["entries"] if e["part"] == THETA_C}
     assert set(load_theta(out / "theta_c.npz")) == theta_c_names  # Θc only, keyed by manifest names
 
 
@@ -137,16 +138,16 @@ def test_dss_uplink_is_smaller_than_full_sync_by_the_theta_s_share(cli_run, tmp_
     dss_up = int(dss_rounds.loc[0, "uplink_bytes"])  # round 1 of the DSS run: same seed, same sampled sites
     full_up = int(full.history[0]["uplink_bytes"])
     m = full.manifest
-    theta_s_bytes = m.nbytes("theta_s")
+    theta_s_bytes = m.nbytes(THETA_S)
     assert full.history[0]["sites"] == dss_rounds.loc[0, "sites"]
     assert dss_up < full_up
     extra_per_site = (full_up - dss_up) / K
     # the difference is Θs: its raw bytes plus Flower's per-array framing (a few hundred bytes per tensor)
-    n_theta_s = len(m.names("theta_s"))
+    n_theta_s = len(m.names(THETA_S))
     assert theta_s_bytes <= extra_per_site <= theta_s_bytes + 600 * n_theta_s
-    assert full.history[0]["uplink_formula_bytes"] == K * m.nbytes("full")
+    assert full.history[0]["uplink_formula_bytes"] == K * m.nbytes(FULL)
     summary = json.loads((tmp_path / "full" / "summary.json").read_text())
-    assert summary["synchronised_part"] == "full"
+    assert summary["synchronised_part"] == FULL
 
 
 def test_dp_sgd_seam_charges_only_the_sampled_sites(tmp_path):

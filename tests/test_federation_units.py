@@ -15,10 +15,11 @@ from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from fcd_secure.aggregation.fedavg import AggregationError, fedavg  # noqa: E402
+from fcd_secure.audit import message_bytes, payload_bytes, tree_bytes  # noqa: E402
 from fcd_secure.config import ConfigError, RunConfig, build_config  # noqa: E402
-from fcd_secure.federation.flows import arrays_to_record, record_to_arrays  # noqa: E402
-from fcd_secure.federation.messaging import message_sizes, serialized_bytes  # noqa: E402
-from fcd_secure.federation.mods import GUARD_ERROR_REASON, client_mods, guard_mod  # noqa: E402
+from fcd_secure.federation.guard import GUARD_ERROR_REASON, guard_mod  # noqa: E402
+from fcd_secure.federation.mods import client_mods  # noqa: E402
+from fcd_secure.federation.records import arrays_to_record, record_to_arrays  # noqa: E402
 from fcd_secure.federation.sampler import ClientSampler  # noqa: E402
 from fcd_secure.federation.state import ServerCheckpoint, SiteState, StateError  # noqa: E402
 
@@ -114,6 +115,30 @@ def test_config_roundtrip_and_errors_name_the_field(tmp_path):
         build_config("tiny", {"data": {"n_sites": 3}})
 
 
+def test_config_has_a_secagg_section_written_to_config_toml(tmp_path):
+    from fcd_secure.aggregation.secagg import SecAggPolicy
+
+    cfg = build_config("tiny")
+    assert cfg.secagg == SecAggPolicy()  # the defaults of the policy itself
+    assert "[secagg]" in cfg.to_toml() and "[secagg.deadlines]" in cfg.to_toml()
+    p = tmp_path / "c.toml"
+    p.write_text(cfg.to_toml().replace("min_sites = 3", "min_sites = 4"))
+    again = RunConfig.load(p)
+    assert again.secagg.min_sites == 4
+    assert again.training_hash() != cfg.training_hash()  # the policy changes the aggregated numbers
+    later = build_config("tiny", {"secagg": {"deadlines": {"unmask": 5.0}}})
+    assert later.training_hash() == cfg.training_hash()  # a deadline only decides who is late
+    p.write_text("[secagg]\nmin_sites = 2\n")
+    with pytest.raises(ConfigError, match=r"c.toml: field secagg.min_sites"):
+        RunConfig.load(p)
+
+
+def test_state_root_is_the_state_dir_else_under_the_run_folder(tmp_path):
+    assert build_config("tiny", {"state_dir": str(tmp_path / "s")}).state_root() == tmp_path / "s"
+    assert build_config("tiny", {"out": str(tmp_path / "run")}).state_root() == tmp_path / "run" / "state"
+    assert build_config("tiny").state_root() is None
+
+
 # -- guard mod -------------------------------------------------------------------------------------------------
 @pytest.fixture()
 def task_identity():
@@ -152,7 +177,8 @@ def test_guard_mod_hides_exception_text(task_identity):
     bare.train()(boom)
     with pytest.raises(KeyError, match="12345"):
         _call(bare, "train")
-    assert client_mods(None)[-1] is guard_mod  # innermost: the audit egress gate (when present) wraps it
+    mods = client_mods(None)
+    assert len(mods) == 2 and mods[-1] is guard_mod  # innermost: the audit egress gate wraps it
 
 
 # -- accounting ------------------------------------------------------------------------------------------------
@@ -161,9 +187,9 @@ def test_byte_accounting_counts_serialized_arrays(task_identity):
     big = {"w": np.zeros(10_010, np.float32)}
     m_small = Message(RecordDict({"u": arrays_to_record(small)}), 1, "train")
     m_big = Message(RecordDict({"u": arrays_to_record(big)}), 1, "train")
-    ps, ws = message_sizes(m_small)
-    pb, wb = message_sizes(m_big)
+    ps, ws = payload_bytes(m_small), message_bytes(m_small)
+    pb, wb = payload_bytes(m_big), message_bytes(m_big)
     assert 40_000 <= pb - ps <= 40_016  # the extra float32 payload (+ a longer shape in the npy header)
     assert ws > ps and wb > pb  # the whole message adds its metadata
-    assert serialized_bytes(m_big.content) == pb
+    assert tree_bytes(m_big.content) == pb
     assert json.dumps(record_to_arrays(arrays_to_record(small))["w"].tolist()) == json.dumps([0.0] * 10)

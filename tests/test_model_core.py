@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from fcd_secure.data.schema import SiteDataset
+from fcd_secure.manifest import ManifestError
 from fcd_secure.model import (
+    Batch,
     FedCausalDiff,
-    ManifestError,
     ModelConfig,
     batch_loss,
     build_manifest,
@@ -22,7 +23,7 @@ from fcd_secure.model import (
     simulate,
     train_local,
 )
-from fcd_secure.model.baselines import NaiveOutcomeModel, estimate_effects_naive, gformula_config, train_naive
+from fcd_secure.model.baselines import GFormulaSimulator, NaiveSimulator
 from fcd_secure.model.networks import THETA_S_MODULES
 from fcd_secure.model.samplers import ddim_sample, ddpm_sample
 from fcd_secure.model.schedule import NoiseSchedule
@@ -155,12 +156,12 @@ def test_dp_mode_drops_batch_coupled_terms():
     # per-sample safety of the reference form: one row's loss does not depend on the others
     ds = make_ds()
     m = model_for(ds, ref)
-    batch = next(iter(make_loader(ds, 16, 0, site_index=0)))
+    batch = Batch.of(next(iter(make_loader(ds, 16, 0, site_index=0))))
     from fcd_secure.model.losses import l_align_reference
 
     Kc, _ = m.encode(*batch[:4])
     full = l_align_reference(m, Kc, batch)
-    one = l_align_reference(m, Kc[:1], tuple(b[:1] for b in batch))
+    one = l_align_reference(m, Kc[:1], Batch.of([b[:1] for b in batch]))
     torch.testing.assert_close(full[:1], one)
 
 
@@ -271,16 +272,17 @@ def test_simulation_outputs_and_plans():
 
 def test_baselines_train_and_estimate():
     ds = make_ds(n=48)
-    gm = model_for(ds, gformula_config(TINY))
-    out = train_local(gm, ds, gformula_config(TINY), site_index=0, n_sites=3, epochs=1, seed=0)
+    gf = GFormulaSimulator.from_dims(TINY, ds.dx, ds.da, ds.n_actions, 3)
+    assert gf.config.transition == "deterministic"
+    out = gf.train_site(ds, 0, 3, epochs=1, seed=0)
     assert np.isfinite(out["diff"])
-    eff_g = estimate_effects(gm, ds, (0, 1), anchor_step=1, horizon=3, n_samples=2, seed=0)
+    eff_g = gf.estimate_effects(ds, (0, 1), anchor_step=1, horizon=3, n_samples=2, seed=0)
     assert eff_g.shape == (ds.n,) and np.isfinite(eff_g).all()
-    naive = NaiveOutcomeModel(ds.dx, ds.da, ds.n_actions, hidden=16)
-    first = train_naive(naive, ds, epochs=1, seed=0)
-    last = train_naive(naive, ds, epochs=15, seed=1)
+    naive = NaiveSimulator.from_dims(ModelConfig(mlp_hidden=16), ds.dx, ds.da, ds.n_actions, 3)
+    first = naive.train_site(ds, 0, 3, epochs=1, seed=0)
+    last = naive.train_site(ds, 0, 3, epochs=15, seed=1)
     assert last["nll"] < first["nll"]
-    eff = estimate_effects_naive(naive, ds, (0, 1), anchor_step=1, horizon=3, n_samples=4, seed=0)
+    eff = naive.estimate_effects(ds, (0, 1), anchor_step=1, horizon=3, n_samples=4, seed=0)
     # the data's true immediate effect of action 1 vs 0 is positive (+1.2 logits); a fitted model must see it
     assert eff.shape == (ds.n,) and eff.mean() > 0
 
@@ -306,7 +308,7 @@ def test_cf_gradient_reaches_encoder_only_when_asked(to_encoder):
     ds = make_ds()
     cfg = TINY.model_copy(update={"cf_grad_to_encoder": to_encoder})
     m = model_for(ds, cfg)
-    batch = next(iter(make_loader(ds, 16, 0, site_index=0)))
+    batch = Batch.of(next(iter(make_loader(ds, 16, 0, site_index=0))))
     Kc, Ks = m.encode(*batch[:4])
     l_cf(m, torch.cat([Kc, Ks], -1), batch).mean().backward()
     trunk_grad = m.trunk.weight_ih_l0.grad

@@ -6,7 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fcd_secure.data.policy import POLICY_DIR, anchor_actions, default_policies, load_policies, load_policy
+from fcd_secure.data.policy import (
+    POLICY_DIR,
+    PolicyLike,
+    anchor_actions,
+    default_policies,
+    load_policies,
+    load_policy,
+)
 from fcd_secure.data.schema import SiteDataset
 from fcd_secure.data.spec import DataError
 
@@ -129,3 +136,14 @@ def test_threshold_reads_the_last_lookback_outcomes_of_a_shorter_history(tmp_pat
     # only the last `lookback` columns count: older failures do not
     assert thr.on(3, np.array([[0.0, 1.0, 1.0]]), np.array([6])).tolist() == [False]
     assert thr.actions(t, Y[:, 3:t], lengths, A_OFF, A_ON).tolist() == [A_ON, A_ON]
+
+
+def test_policies_are_the_one_policy_protocol():
+    class OnlyActions:
+        name = "x"
+
+        def actions(self, t, y_hist, lengths, a_off, a_on):
+            return np.full(len(lengths), a_off)
+
+    assert all(isinstance(p, PolicyLike) for p in default_policies())
+    assert not isinstance(OnlyActions(), PolicyLike)  # an OPE estimator also needs prob()

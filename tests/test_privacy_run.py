@@ -1,7 +1,7 @@
 """DP-SGD composes with secure aggregation in one real ``fcd run --preset tiny --dp-epsilon 8`` (Flower simulation).
 
-Issue 6 item 4, last point. Every participating site trains through its write-ahead ledger; the masked vectors
-carry DP-trained updates; the report read from the run folder equals the accountant on the ledgers.
+Every participating site trains through its write-ahead ledger; the masked vectors carry DP-trained updates; the
+report read from the run folder equals the accountant on the ledgers.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from fcd_secure.cli.main import app
@@ -17,25 +16,15 @@ from fcd_secure.privacy.ledger import Ledger
 from fcd_secure.privacy.planner import epsilon
 
 
-def _run_has_dp_options() -> bool:
-    cmd = typer.main.get_command(app)
-    run = cmd.commands.get("run")  # type: ignore[attr-defined]
-    return run is not None and any("--dp-epsilon" in p.opts for p in run.params)
-
-
 @pytest.mark.slow
 def test_fcd_run_tiny_with_dp_and_secure_aggregation(tmp_path, monkeypatch):
     monkeypatch.setenv("FLWR_TELEMETRY_ENABLED", "0")
     out = tmp_path / "run"
-    if _run_has_dp_options():
-        dp_args = ["--dp-epsilon", "8"]
-    else:  # the same run through the config's [dp] table
-        (tmp_path / "dp.toml").write_text("[dp]\nenabled = true\nepsilon = 8.0\n")
-        dp_args = ["--config", str(tmp_path / "dp.toml")]
+    # secure aggregation is the default: no flag needed
     res = CliRunner().invoke(
         app,
-        ["run", "--preset", "tiny", *dp_args, "--sites", "4", "--clients-per-round", "3",
-         "--eval-every", "0", "--secure-aggregation", "--out", str(out), "--json"],
+        ["run", "--preset", "tiny", "--dp-epsilon", "8", "--sites", "4", "--clients-per-round", "3",
+         "--eval-every", "0", "--out", str(out), "--json"],
     )
     assert res.exit_code == 0, res.output[-3000:]
     summary = json.loads((out / "summary.json").read_text())

@@ -34,9 +34,16 @@ def _build(root: str, delays: dict, sink: dict, deadlines: dict, rounds: int):
 
     from fcd_secure.aggregation.secagg import SecAggPolicy, StageDeadlines
     from fcd_secure.federation.messaging import Comm
-    from fcd_secure.federation.mods import guard_mod
-    from fcd_secure.federation.secure_flow import SecureAggregationFlow, register_client_actions
+    from fcd_secure.federation.guard import guard_mod
+    from fcd_secure.federation.secure_flow import SecureAggregationFlow
+    from fcd_secure.federation.secure_site import register_secure_actions
     from fcd_secure.federation.state import SiteState
+    from fcd_secure.manifest import THETA_C, THETA_S, Manifest, ManifestEntry
+
+    manifest = Manifest.from_entries(
+        ManifestEntry(name=n, shape=s, dtype="float32", part=p)
+        for n, s, p in (("w", (D,), THETA_C), ("b", (2, 3), THETA_C), ("private_head", (4,), THETA_S))
+    )
 
     class ToySite:
         def __init__(self, index: int) -> None:
@@ -44,7 +51,7 @@ def _build(root: str, delays: dict, sink: dict, deadlines: dict, rounds: int):
             self.site_id = f"site-{index:02d}"
             self.state = SiteState(root, self.site_id)
             self.cfg = None
-            self.manifest = [("w", (D,), "theta_c"), ("b", (2, 3), "theta_c"), ("private_head", (4,), "theta_s")]
+            self.manifest = manifest
 
         def train_round(self, global_theta, round_config):
             theta, n, loss = _toy_update(self.site_index, int(round_config["server-round"]), global_theta)
@@ -68,7 +75,7 @@ def _build(root: str, delays: dict, sink: dict, deadlines: dict, rounds: int):
     def hello(msg: Message, context: Context) -> Message:
         return Message(RecordDict({"hello": ConfigRecord({"site-id": get_runtime(msg, context).site_id})}), reply_to=msg)
 
-    register_client_actions(client, get_runtime)
+    register_secure_actions(client, get_runtime)
 
     class RecordingComm(Comm):
         def send(self, node_ids, message_type, contents, timeout_s, *, round=None):
@@ -90,11 +97,11 @@ def _build(root: str, delays: dict, sink: dict, deadlines: dict, rounds: int):
         replies = comm.send(nodes, "query.hello", RecordDict({"hello": ConfigRecord({})}), 60)
         for nid, rep in replies.items():
             comm.site_of[nid] = str(rep.content["hello"]["site-id"])
-        flow = SecureAggregationFlow(SecAggPolicy(deadlines=StageDeadlines(**deadlines)))
+        flow = SecureAggregationFlow(manifest, SecAggPolicy(deadlines=StageDeadlines(**deadlines)))
         theta = {"w": np.zeros(D, np.float32), "b": np.zeros((2, 3), np.float32)}
         for rnd in range(1, rounds + 1):
             comm.round = rnd
-            outcome = flow.run_round(comm, nodes, rnd, theta, {"part": "theta_c"})
+            outcome = flow.run_round(comm, nodes, rnd, theta, {"part": THETA_C})
             sink[rnd] = (dict(theta), outcome, {comm.site_of[n] for n in outcome.participants})
             if outcome.theta_c is not None:
                 theta = outcome.theta_c
@@ -105,7 +112,7 @@ def _build(root: str, delays: dict, sink: dict, deadlines: dict, rounds: int):
 @pytest.mark.slow
 def test_secure_flow_on_flower_simulation(tmp_path):
     from fcd_secure.aggregation.secagg import SecAggPolicy, plaintext_weighted_mean
-    from fcd_secure.federation.secure_flow import provision_roster
+    from fcd_secure.federation.secure_setup import provision_roster
     from fcd_secure.federation.simulation import quiet_flower_env
 
     quiet_flower_env()
@@ -182,13 +189,15 @@ def test_tiny_run_secure_equals_plain_fedavg_within_the_quantisation_bound(tmp_p
     from fcd_secure.config import build_config
     from fcd_secure.federation import learner
     from fcd_secure.federation.client_app import make_client_app
-    from fcd_secure.federation.flows import PlainFedAvgFlow
     from fcd_secure.federation.messaging import Comm
+    from fcd_secure.federation.plain_flow import PlainFedAvgFlow
     from fcd_secure.federation.sampler import ClientSampler
-    from fcd_secure.federation.secure_flow import SecureAggregationFlow, provision_roster
+    from fcd_secure.federation.secure_flow import SecureAggregationFlow
+    from fcd_secure.federation.secure_setup import provision_roster
     from fcd_secure.federation.server_app import hello, wait_for_nodes
     from fcd_secure.federation.simulation import backend_config, quiet_flower_env
     from fcd_secure.federation.site import default_site_id
+    from fcd_secure.manifest import THETA_C
 
     torch.set_num_threads(1)
     quiet_flower_env()
@@ -209,12 +218,13 @@ def test_tiny_run_secure_equals_plain_fedavg_within_the_quantisation_bound(tmp_p
         nodes = wait_for_nodes(grid, cfg.data.n_sites, fed.node_wait_s)
         sites = hello(comm, nodes, fed.round_timeout_s, cfg.data.n_sites)
         model = learner.build_model(cfg, sites[0].dims)
-        theta = learner.get_params(model, learner.THETA_C)
+        theta = learner.get_params(model, THETA_C)
         chosen = ClientSampler(cfg.seed, cfg.data.n_sites, fed.clients_per_round).sample()
         node_ids = [sites[i].node_id for i in chosen]
-        round_config = {"part": learner.THETA_C, "local-epochs": fed.local_epochs}
+        round_config = {"part": THETA_C, "local-epochs": fed.local_epochs}
         sink["plain"] = PlainFedAvgFlow(timeout_s=fed.round_timeout_s).run_round(comm, node_ids, 1, theta, round_config)
-        sink["secure"] = SecureAggregationFlow.from_config(cfg).run_round(comm, node_ids, 1, theta, round_config)
+        secure = SecureAggregationFlow.from_config(cfg, learner.manifest_of(model))
+        sink["secure"] = secure.run_round(comm, node_ids, 1, theta, round_config)
         sink["global"] = theta
 
     run_simulation(server_app=server, client_app=make_client_app(cfg), num_supernodes=cfg.data.n_sites,
@@ -239,7 +249,7 @@ def test_tiny_run_secure_equals_plain_fedavg_within_the_quantisation_bound(tmp_p
 # -- configuration of the carrier (no simulation needed) ------------------------------------------------------------
 def test_roster_provisioning_is_idempotent_and_loads_back(tmp_path):
     from fcd_secure.aggregation.secagg.keys import ed25519_public
-    from fcd_secure.federation.secure_flow import ROSTER_FILE, load_roster, provision_roster
+    from fcd_secure.federation.secure_setup import ROSTER_FILE, load_roster, provision_roster
     from fcd_secure.federation.state import SiteState
 
     sites = ["site-00", "site-01", "site-02"]
@@ -260,7 +270,7 @@ def test_roster_provisioning_is_idempotent_and_loads_back(tmp_path):
     ],
 )
 def test_bad_roster_files_are_refused_naming_file_and_entry(tmp_path, text, match):
-    from fcd_secure.federation.secure_flow import SecureAggregationConfigError, load_roster
+    from fcd_secure.federation.secure_setup import SecureAggregationConfigError, load_roster
 
     p = tmp_path / "roster.json"
     p.write_text(text)
@@ -272,7 +282,7 @@ def test_bad_roster_files_are_refused_naming_file_and_entry(tmp_path, text, matc
 
 
 def test_site_policy_file_is_validated(tmp_path):
-    from fcd_secure.federation.secure_flow import SecureAggregationConfigError, load_policy
+    from fcd_secure.federation.secure_setup import SecureAggregationConfigError, load_policy
 
     good = tmp_path / "policy.toml"
     good.write_text("[secagg]\nmin_sites = 4\nthreshold_rule = 'two_thirds'\n")
@@ -286,16 +296,55 @@ def test_site_policy_file_is_validated(tmp_path):
 
 def test_secure_flow_refuses_theta_s_sync_and_too_few_sites_per_round():
     from fcd_secure.config import build_config
-    from fcd_secure.federation.secure_flow import SecureAggregationConfigError, SecureAggregationFlow
+    from fcd_secure.federation.flows import check_flow, make_flow
+    from fcd_secure.federation.secure_flow import SecureAggregationFlow
+    from fcd_secure.federation.secure_setup import SecureAggregationConfigError
+    from fcd_secure.manifest import THETA_C, THETA_S
+    from secagg_harness import toy_manifest
 
     with pytest.raises(SecureAggregationConfigError, match="P15"):
-        SecureAggregationFlow.from_config(build_config("tiny", {"federation": {"sync": "full", "secure_aggregation": True}}))
+        check_flow(build_config("tiny", {"federation": {"sync": "full", "secure_aggregation": True}}))
     with pytest.raises(SecureAggregationConfigError, match="P10"):
-        SecureAggregationFlow.from_config(
+        check_flow(
             build_config("tiny", {"data": {"n_sites": 4}, "federation": {"clients_per_round": 2, "secure_aggregation": True}})
         )
     with pytest.raises(SecureAggregationConfigError, match="P6"):
-        SecureAggregationFlow.from_config(
+        check_flow(
             build_config("tiny", {"data": {"n_sites": 80}, "federation": {"clients_per_round": 40, "secure_aggregation": True}})
         )
-    assert SecureAggregationFlow.from_config(build_config("tiny", {"federation": {"secure_aggregation": True}})).policy.min_sites == 3
+    manifest = toy_manifest([("w", (3,), THETA_C), ("s", (2,), THETA_S)])
+    flow = make_flow(build_config("tiny", {"federation": {"secure_aggregation": True}}), manifest)
+    assert isinstance(flow, SecureAggregationFlow) and flow.policy.min_sites == 3
+    assert [name for name, _ in flow.layout.tensors] == ["w"] and flow.layout.private_names == {"s"}
+    # the policy the server proposes is the run config's [secagg] section
+    cfg = build_config("tiny", {"data": {"n_sites": 8}, "federation": {"clients_per_round": 4, "secure_aggregation": True},
+                                "secagg": {"min_sites": 4, "clip": 0.5}})
+    assert make_flow(cfg, manifest).policy == cfg.secagg
+    with pytest.raises(SecureAggregationConfigError, match="P10"):
+        check_flow(cfg.model_copy(update={"federation": cfg.federation.model_copy(update={"clients_per_round": 3})}))
+
+
+def test_site_policy_comes_from_the_site_never_from_the_server(tmp_path):
+    from flwr.app import Context, RecordDict
+
+    from fcd_secure.aggregation.secagg import SecAggPolicy
+    from fcd_secure.config import build_config
+    from fcd_secure.federation.records import RUN_CONFIG_KEY
+    from fcd_secure.federation.secure_setup import site_policy
+
+    own = build_config("tiny", {"secagg": {"min_sites": 4}})
+
+    def ctx(node_config=None, run_config=None):
+        return Context(run_id=1, node_id=1, node_config=node_config or {}, state=RecordDict(), run_config=run_config or {})
+
+    # simulation: the site's own run config (the app's closure) carries its [secagg] section
+    assert site_policy(ctx(), own).min_sites == 4
+    # deployment: a config that arrived from the server never sets the policy it is checked against
+    weak_from_server = build_config("tiny", {"secagg": {"clip": 64.0, "scale_bits": 20}})
+    got = site_policy(ctx(run_config={RUN_CONFIG_KEY: weak_from_server.to_json()}), weak_from_server)
+    assert got == SecAggPolicy()
+    # a policy file on the site wins over both
+    f = tmp_path / "policy.toml"
+    f.write_text("[secagg]\nmin_sites = 5\n")
+    assert site_policy(ctx(node_config={"secagg-policy": str(f)}, run_config={RUN_CONFIG_KEY: own.to_json()}), own).min_sites == 5
+    assert site_policy(ctx(), None) == SecAggPolicy()

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 from fcd_secure.aggregation.secagg import SecAggError
 from fcd_secure.aggregation.secagg.errors import ProtocolError
-from fcd_secure.aggregation.secagg.harness import STAGES, RoundLog, run_round, toy_round
 from fcd_secure.aggregation.secagg.messages import (
     Advertise,
     Ciphertexts,
@@ -28,6 +27,7 @@ from fcd_secure.aggregation.secagg.messages import (
     peek_header,
     share_plaintext,
 )
+from secagg_harness import STAGES, RoundLog, run_round, toy_round
 
 PARSERS = {
     MsgType.ROUND_PARAMS: RoundParams.parse,

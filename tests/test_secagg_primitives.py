@@ -17,6 +17,8 @@ from fcd_secure.aggregation.secagg import keys, masks, shamir
 from fcd_secure.aggregation.secagg.config import SecAggPolicy, StageDeadlines
 from fcd_secure.aggregation.secagg.encoding import VectorLayout, decode, encode, plaintext_weighted_mean
 from fcd_secure.aggregation.secagg.errors import EncodingError, PolicyError
+from fcd_secure.manifest import THETA_C, THETA_S
+from secagg_harness import toy_manifest
 
 PKG = pathlib.Path(secagg.__file__).parent
 
@@ -71,7 +73,6 @@ def test_mask_does_not_depend_on_numpy_global_random_state():
 
 
 def test_no_numpy_or_python_random_and_no_flower_in_the_protocol_package():
-    # harness.py only draws toy inputs for tests and benchmarks; it is not on any mask or key path
     for path in PKG.glob("*.py"):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
@@ -80,7 +81,7 @@ def test_no_numpy_or_python_random_and_no_flower_in_the_protocol_package():
                 for m in mods:
                     assert not m.startswith("flwr"), f"{path.name} imports Flower"
                     assert m.split(".")[0] != "random", f"{path.name} imports random"
-            if isinstance(node, ast.Attribute) and node.attr == "random" and path.name != "harness.py":
+            if isinstance(node, ast.Attribute) and node.attr == "random":
                 assert not (isinstance(node.value, ast.Name) and node.value.id in ("np", "numpy")), (
                     f"{path.name}:{node.lineno} uses numpy.random"
                 )
@@ -166,7 +167,9 @@ def test_shamir_refuses_other_secret_lengths():
 
 
 # -- fixed point (P6, P14) ----------------------------------------------------------------------------------------
-LAYOUT = VectorLayout.from_manifest([("a", (7,), "theta_c"), ("b", (2, 3), "theta_c"), ("s", (4,), "theta_s")], metrics=["loss"])
+LAYOUT = VectorLayout.from_manifest(
+    toy_manifest([("a", (7,), THETA_C), ("b", (2, 3), THETA_C), ("s", (4,), THETA_S)]), metrics=["loss"]
+)
 
 
 @given(
@@ -220,7 +223,7 @@ def _overflow_policy() -> SecAggPolicy:
 def test_overflow_bound_exactly_at_the_limit_decodes_and_one_past_is_refused():
     policy = _overflow_policy()
     assert policy.max_overflow_sites() == 7
-    layout = VectorLayout.from_manifest([("a", (4,), "theta_c")])
+    layout = VectorLayout.from_manifest(toy_manifest([("a", (4,), THETA_C)]))
     extreme = {"a": np.array([1.0, -1.0, 1.0, -1.0], np.float32)}
     total = np.zeros(layout.length, np.uint32)
     for _ in range(7):
@@ -262,16 +265,16 @@ def test_theta_s_name_offered_to_the_vector_is_refused():
         encode(LAYOUT, policy, update, 1, {"loss": 0.0})
     with pytest.raises(EncodingError, match="not a shared"):
         encode(LAYOUT, policy, {"a": update["a"], "b": update["b"], "unknown": np.zeros(1, np.float32)}, 1, {"loss": 0.0})
-    manifest = [("a", (7,), "theta_c"), ("s", (4,), "theta_s")]
+    manifest = toy_manifest([("a", (7,), THETA_C), ("s", (4,), THETA_S)])
     with pytest.raises(EncodingError, match="site-private"):
         VectorLayout.from_manifest(manifest, allowed_names=["a", "s"])
     assert VectorLayout.from_manifest(manifest, allowed_names=["a"]).n_params == 7
 
 
 def test_layout_digest_changes_with_names_shapes_and_order():
-    a = VectorLayout.from_manifest([("x", (2,), "theta_c"), ("y", (3,), "theta_c")])
-    b = VectorLayout.from_manifest([("y", (3,), "theta_c"), ("x", (2,), "theta_c")])
-    c = VectorLayout.from_manifest([("x", (3,), "theta_c"), ("y", (2,), "theta_c")])
+    a = VectorLayout.from_manifest(toy_manifest([("x", (2,), THETA_C), ("y", (3,), THETA_C)]))
+    b = VectorLayout.from_manifest(toy_manifest([("y", (3,), THETA_C), ("x", (2,), THETA_C)]))
+    c = VectorLayout.from_manifest(toy_manifest([("x", (3,), THETA_C), ("y", (2,), THETA_C)]))
     assert len({a.digest, b.digest, c.digest}) == 3
 
 

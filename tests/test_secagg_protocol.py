@@ -26,7 +26,7 @@ from fcd_secure.aggregation.secagg import (
 from fcd_secure.aggregation.secagg import keys, masks
 from fcd_secure.aggregation.secagg.client import ReplayGuard, self_mask_key
 from fcd_secure.aggregation.secagg.encoding import VectorLayout, encode
-from fcd_secure.aggregation.secagg.harness import STAGES, RoundLog, make_clients, run_round, toy_round
+
 from fcd_secure.aggregation.secagg.messages import (
     Ciphertexts,
     KeyList,
@@ -39,6 +39,8 @@ from fcd_secure.aggregation.secagg.messages import (
     UnmaskRequest,
     peek_header,
 )
+from fcd_secure.manifest import THETA_C
+from secagg_harness import STAGES, RoundLog, make_clients, make_identities, run_round, toy_manifest, toy_round
 
 
 def _max_err(agg, ref):
@@ -318,8 +320,7 @@ def test_same_input_in_two_rounds_gives_uncorrelated_masked_vectors():
 # -- P7: nothing about one site in clear ----------------------------------------------------------------------------------
 def test_no_plaintext_counts_or_metrics_in_any_uplink():
     policy = SecAggPolicy(clip=8.0, scale_bits=22, max_weight=100_000)
-    layout = VectorLayout.from_manifest([("w", (300,), "theta_c")], metrics=["loss"])
-    from fcd_secure.aggregation.secagg.harness import make_identities
+    layout = VectorLayout.from_manifest(toy_manifest([("w", (300,), THETA_C)]), metrics=["loss"])
 
     sites = ["a", "b", "c", "d"]
     counts = {"a": 70001, "b": 70002, "c": 70003, "d": 70004}

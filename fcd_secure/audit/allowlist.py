@@ -7,8 +7,9 @@ their total) with the DP figures, the evaluation sums of ``federation.evaluation
 IPW / SNIPW / per-decision DR sums per policy and estimator, over the full and a truncated horizon, and the AUC
 histograms of length ``auc_bins``), and the ``query.hello`` identity and dimensions.
 
-Record names are the federation's wire vocabulary (``fcd_secure.federation.records``), passed in by the binding:
-the audit layer does not import the layer above it.
+Record names are the federation's wire vocabulary (``fcd_secure.federation.records``) and the policy names are the
+data layer's (``fcd_secure.data.policy.DEFAULT_POLICY_NAMES``): the binding passes both in, since the audit layer
+imports neither the layer above it nor the data layer.
 """
 
 from __future__ import annotations
@@ -17,11 +18,10 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from fcd_secure.audit.rules import ConfigFieldRule, GatePolicy
-from fcd_secure.data.policy import DEFAULT_POLICY_NAMES
 
 __all__ = [
+    "AUC_BINS",
     "EVAL_ESTIMATORS",
-    "FEDERATION_POLICY",
     "HELLO_DIMS",
     "TRAIN_METRICS",
     "eval_metric_names",
@@ -62,7 +62,7 @@ def eval_metric_names(
 
 def federation_gate_policy(
     *,
-    policy_names: Sequence[str] = DEFAULT_POLICY_NAMES,
+    policy_names: Sequence[str],
     estimators: Sequence[str] = EVAL_ESTIMATORS,
     ope_horizons: Sequence[int] = (),
     auc_bins: int = AUC_BINS,
@@ -77,7 +77,7 @@ def federation_gate_policy(
     """The federation's egress policy: exact names, list caps and config types.
 
     Args:
-        policy_names: the treatment policies evaluated (``data.policy.default_policies()`` names).
+        policy_names: the treatment policies evaluated (``data.policy.DEFAULT_POLICY_NAMES``).
         estimators: the off-policy estimators reported per policy.
         ope_horizons: truncated horizons H also reported (``evaluation.ope_horizon``), as ``<estimator>_h<H>``.
         auc_bins: cells of each AUC histogram (its list cap).
@@ -102,8 +102,3 @@ def federation_gate_policy(
         **{f"{rec_hello}/dim-{d}": ConfigFieldRule(type="int", max_abs=2**24) for d in dims},
     }
     return GatePolicy(allowed_metrics=frozenset(scalars), allowed_metric_lists=lists, allowed_config_keys=config, **policy)
-
-
-#: The policy of a federation run with the default evaluation (the paper's four policies, IPW/SNIPW/DR over the full
-#: horizon and the first 2 steps, ``evaluation.ope_horizon = 2``).
-FEDERATION_POLICY = federation_gate_policy(ope_horizons=(2,))

@@ -31,12 +31,13 @@ import os
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from flwr.app import Context, Error, Message, RecordDict
 
 from fcd_secure.audit.accounting import MessageFacts, describe_message, round_of
-from fcd_secure.audit.entries import RefusalRecord, UploadLine
+from fcd_secure.audit.entries import PrivacyAnchorRecord, RefusalRecord, UploadLine
 from fcd_secure.audit.history import ThetaSHistory
 from fcd_secure.audit.ledger import SiteLedger
 from fcd_secure.audit.receipts import (
@@ -49,7 +50,6 @@ from fcd_secure.audit.receipts import (
 )
 from fcd_secure.audit.rules import GatePolicy, Refusal, check_content, check_reply_binding
 from fcd_secure.manifest import Manifest
-from fcd_secure.privacy.anchor import PrivacyAnchor
 
 __all__ = [
     "GATE_ERROR_CODE",
@@ -85,8 +85,9 @@ class SiteAuditContext:
         server_public_key: the server's Ed25519 key, if the site pins it (receipts are then checked on arrival).
         theta_s_history: where the gate keeps the Θs versions of earlier rounds (e.g.
             ``ThetaSHistory(state.slot(THETA_S_HISTORY_FILE))``); ``None``: only the current Θs is refused.
-        privacy_anchors: :func:`fcd_secure.privacy.anchor.read_anchors` of the site's state directory (the heads of
-            its privacy ledgers, recorded in every upload line), or ``None``.
+        privacy_anchors: the heads of the site's privacy ledgers, recorded in every upload line:
+            ``fcd_secure.privacy.anchor.read_anchors(state_dir)`` (its models, or their JSON as mappings, are read as
+            :class:`~fcd_secure.audit.entries.PrivacyAnchorRecord`), or ``None`` when the site keeps no anchor.
     """
 
     site_id: str
@@ -98,7 +99,7 @@ class SiteAuditContext:
     privacy_ledger_hash: Callable[[], str | None] = lambda: None
     server_public_key: bytes | None = None
     theta_s_history: ThetaSHistory | None = None
-    privacy_anchors: Callable[[], Sequence[PrivacyAnchor] | None] = lambda: None
+    privacy_anchors: Callable[[], Sequence[Any] | None] = lambda: None
 
 
 def make_egress_gate(get_site: Callable[..., SiteAuditContext]) -> Callable[[Message, Context, Callable], Message]:
@@ -251,9 +252,12 @@ def _record(
     )
 
 
-def _anchors(ctx: SiteAuditContext) -> tuple[PrivacyAnchor, ...] | None:
+def _anchors(ctx: SiteAuditContext) -> tuple[PrivacyAnchorRecord, ...] | None:
     anchors = ctx.privacy_anchors()
-    return None if anchors is None else tuple(anchors)
+    if anchors is None:
+        return None
+    as_json = [a.model_dump(mode="json") if hasattr(a, "model_dump") else dict(a) for a in anchors]
+    return tuple(PrivacyAnchorRecord.model_validate(a) for a in as_json)
 
 
 def _int_or_none(value: object) -> int | None:

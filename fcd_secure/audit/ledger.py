@@ -40,6 +40,7 @@ from fcd_secure.audit.entries import (
     ManifestLine,
     MessageLine,
     OpenLine,
+    PrivacyAnchorRecord,
     Receipt,
     ReceiptLine,
     ReceivedLine,
@@ -63,7 +64,6 @@ from fcd_secure.audit.signing import (
     utc_now,
 )
 from fcd_secure.manifest import Manifest
-from fcd_secure.privacy.anchor import PrivacyAnchor
 
 __all__ = [
     "GENESIS",
@@ -261,7 +261,7 @@ class SiteLedger(_ChainedLog):
         refusal: RefusalRecord | None = None,
         withheld: MessageFacts | None = None,
         handler_error_code: int | None = None,
-        privacy_anchors: tuple[PrivacyAnchor, ...] | None = None,
+        privacy_anchors: tuple[PrivacyAnchorRecord, ...] | None = None,
     ) -> UploadLine:
         """Record one reply at the gate.
 

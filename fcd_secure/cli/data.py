@@ -42,7 +42,7 @@ def validate(
     Exit 0 with a short summary when the table is valid; exit 1 with a message naming the file, column and row
     (or the spec field) when it is not, writing nothing; exit 2 on a usage error.
     """
-    from fcd_secure.data.loaders import save_npz
+    from fcd_secure.data.npz import save_npz
     from fcd_secure.data.preprocess import dataset_from_files
 
     try:
@@ -102,7 +102,7 @@ def describe(
         help="dkt-synth, statics2011, assistments2009, diabetes130, obd, or all (repeat the option for several).",
     ),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Folder holding the datasets "
-                                            "(default: ../shared/data next to the project, or $FCD_DATA_DIR)."),
+                                            "(default: $FCD_DATA_DIR, then ../shared/data next to the project)."),
     n_sites: int = typer.Option(10, "--n-sites", min=1, help="Sites of the Dirichlet split (paper: 10)."),
     alpha: float = typer.Option(10.0, "--alpha", min=1e-6, help="Dirichlet concentration (paper: 10)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the split (same seed, same sites)."),

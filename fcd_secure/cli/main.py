@@ -10,6 +10,7 @@ os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 
 import typer  # noqa: E402
 
+from fcd_secure.cli import ablate as ablate_cli  # noqa: E402
 from fcd_secure.cli import audit as audit_cli  # noqa: E402
 from fcd_secure.cli import data as data_cli  # noqa: E402
 from fcd_secure.cli import privacy as privacy_cli  # noqa: E402
@@ -31,6 +32,7 @@ app.add_typer(privacy_cli.app, name="privacy", help="Privacy budget ledgers and 
 app.add_typer(audit_cli.app, name="audit", help="Verify site and server uplink ledgers offline.")
 train_cli.register(app)
 run_cli.register(app)
+ablate_cli.register(app)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,4 +1,4 @@
-"""`fcd run` (the main federated job), `fcd ablate` (Table III ablations) and `fcd deploy` (local deployment)."""
+"""`fcd run` (the main federated job) and `fcd deploy` (local deployment)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,6 @@ from rich.markup import escape
 from rich.table import Table
 
 PRESET_HELP = "tiny (tests, seconds) | default (README run, ≤ 5 min on 2 cores) | paper (Table II length)"
-
-
-def _secure_available() -> bool:
-    import importlib.util  # noqa: PLC0415
-
-    return importlib.util.find_spec("fcd_secure.federation.secure_flow") is not None
 
 
 def _fail(console: Console, msg: str, code: int = 2) -> None:
@@ -50,7 +44,10 @@ def resolve_config(
     dp_clip: Optional[float] = None,
     dp_ledger_dir: Optional[Path] = None,
 ):
-    """Preset (or config file) + command-line overrides -> a validated ``RunConfig``."""
+    """Preset (or config file) + command-line overrides -> a validated ``RunConfig``.
+
+    Secure aggregation is on unless ``secure`` is ``False`` or the config file turns it off.
+    """
     from fcd_secure.config import RunConfig, build_config  # noqa: PLC0415
 
     base = RunConfig.load(config_file) if config_file else None
@@ -72,7 +69,7 @@ def resolve_config(
     if data_dir is not None:
         over["data"]["data_dir"] = str(data_dir)
     if secure is None:
-        secure = _secure_available() if base is None else base.federation.secure_aggregation
+        secure = True if base is None else base.federation.secure_aggregation
     over["federation"]["secure_aggregation"] = bool(secure)
     if sync is not None:
         over["federation"]["sync"] = sync
@@ -81,7 +78,7 @@ def resolve_config(
     if state_dir is not None:
         over["state_dir"] = str(state_dir)
     dp: dict[str, Any] = {}
-    if dp_epsilon is not None:  # DP-SGD on every site with this lifetime cap (issue 6)
+    if dp_epsilon is not None:  # DP-SGD on every site with this lifetime cap
         dp.update(enabled=True, epsilon=dp_epsilon)
     if dp_delta is not None:
         dp["delta"] = dp_delta
@@ -176,45 +173,21 @@ class _Progress:
             self.progress.update(self.task, description="federated evaluation", info="")
 
 
-def _check_flow(cfg) -> None:
-    """Build the aggregation flow once before any engine starts, so that a secure-mode misconfiguration (flow
-    missing, too few sites per round for the threshold) is a clear error, not a failure inside the ServerApp."""
-    from fcd_secure.federation.flows import make_flow  # noqa: PLC0415
-
-    try:
-        make_flow(cfg)
-    except ValueError:
-        raise
-    except Exception as exc:  # the secure flow's own config errors
-        if type(exc).__name__.endswith("ConfigError") or type(exc).__name__ == "SecureAggregationUnavailable":
-            raise _FlowError(str(exc)) from None
-        raise
-
-
-class _FlowError(ValueError):
-    """The aggregation flow refuses this configuration."""
-
-
-def _common_errors():
+def _common_errors() -> tuple[type[BaseException], ...]:
+    """The errors that mean bad input (exit 2): config, data, state, or a flow that refuses the configuration."""
     from pydantic import ValidationError  # noqa: PLC0415
 
     from fcd_secure.config import ConfigError  # noqa: PLC0415
     from fcd_secure.data.schema import SchemaError  # noqa: PLC0415
-    from fcd_secure.federation.flows import SecureAggregationUnavailable  # noqa: PLC0415
+    from fcd_secure.data.spec import DataError  # noqa: PLC0415
+    from fcd_secure.federation.secure_setup import SecureAggregationConfigError  # noqa: PLC0415
     from fcd_secure.federation.state import StateError  # noqa: PLC0415
 
-    errs: list[type[BaseException]] = [_FlowError, ConfigError, SchemaError, StateError, SecureAggregationUnavailable, ValidationError, FileNotFoundError]
-    try:
-        from fcd_secure.data.spec import DataError  # noqa: PLC0415
-
-        errs.append(DataError)
-    except ImportError:  # pragma: no cover
-        pass
-    return tuple(errs)
+    return (ConfigError, SchemaError, DataError, StateError, SecureAggregationConfigError, ValidationError, FileNotFoundError)
 
 
 def register(app: typer.Typer) -> None:
-    """Attach ``fcd run``, ``fcd ablate`` and ``fcd deploy`` to the root app."""
+    """Attach ``fcd run`` and ``fcd deploy`` to the root app."""
 
     @app.command("run")
     def run(
@@ -226,7 +199,7 @@ def register(app: typer.Typer) -> None:
         dataset: Optional[str] = typer.Option(None, "--dataset", help="dkt-synth (default; oracle metrics) | statics2011 | assistments2009 | diabetes130 | obd (OPE estimates, factual AUC)."),
         spec: Optional[tuple[Path, Path]] = typer.Option(None, "--spec", metavar="SPEC TABLE", help="Your own data: a dataset spec file and the table it describes."),
         data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Real datasets root (default ../shared/data)."),
-        secure: Optional[bool] = typer.Option(None, "--secure-aggregation/--no-secure-aggregation", help="Pairwise-masked secure aggregation of Θc (default: on when available) or plain FedAvg.", show_default=False),
+        secure: Optional[bool] = typer.Option(None, "--secure-aggregation/--no-secure-aggregation", help="Pairwise-masked secure aggregation of Θc (default: on) or plain FedAvg.", show_default=False),
         sync: Optional[str] = typer.Option(None, "--sync", help="dss (only Θc leaves a site; the paper's method) | full (every parameter; w/o-DSS ablation)."),
         eval_every: Optional[int] = typer.Option(None, "--eval-every", min=0, help="Cheap federated PEHE every N rounds (0: only at the end)."),
         config_file: Optional[Path] = typer.Option(None, "--config", exists=True, dir_okay=False, help="A run config (TOML/JSON, e.g. a run folder's config.toml); options override it."),
@@ -246,6 +219,8 @@ def register(app: typer.Typer) -> None:
         """
         import torch  # noqa: PLC0415
 
+        from fcd_secure.federation.flows import check_flow  # noqa: PLC0415
+
         console = Console(stderr=as_json)
         try:
             cfg = resolve_config(
@@ -254,7 +229,7 @@ def register(app: typer.Typer) -> None:
                 eval_every=eval_every, state_dir=state_dir, out=out,
                 dp_epsilon=dp_epsilon, dp_delta=dp_delta, dp_clip=dp_clip, dp_ledger_dir=dp_ledger_dir,
             )
-            _check_flow(cfg)
+            check_flow(cfg)  # a secure-mode misconfiguration is a clear error before any engine starts
         except _common_errors() as exc:
             _fail(console, str(exc))
         torch.set_num_threads(1)  # the sites share the machine's cores through one Ray actor
@@ -277,52 +252,6 @@ def register(app: typer.Typer) -> None:
             console.print(summary_table(summary, title=f"Fed-CausalDiff on {cfg.data.dataset}"))
             console.print(f"run folder: {cfg.out}")
 
-    @app.command("ablate")
-    def ablate(
-        preset: str = typer.Option("default", "--preset", help=PRESET_HELP),
-        seeds: int = typer.Option(3, "--seeds", min=1, help="Number of seeds (0..seeds-1); mean ± sd is reported."),
-        first_seed: int = typer.Option(0, "--first-seed", help="First seed."),
-        rounds: Optional[int] = typer.Option(None, "--rounds", min=1, help="Rounds (preset default)."),
-        sites: Optional[int] = typer.Option(None, "--sites", min=1, help="Number of sites N."),
-        variants: Optional[str] = typer.Option(None, "--variants", help="Comma list of: dss, full_sync, no_ldis, local_only, centralised (default all)."),
-        data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Real datasets root."),
-        out: Optional[Path] = typer.Option(None, "--out", help="Output folder (default runs/<timestamp>-ablation/)."),
-        as_json: bool = typer.Option(False, "--json", help="Print the table as JSON on stdout."),
-    ) -> None:
-        """Table III of the paper on DKT-Synth: Fed-CausalDiff (DSS), w/o DSS (full sync), w/o L_dis, local only and
-        centralised, on the same data, split and seeds; PEHE, |ATE error|, |value error| and uplink MB.
-        """
-        import torch  # noqa: PLC0415
-
-        from fcd_secure.federation.ablation import ALL_VARIANTS, run_ablation  # noqa: PLC0415
-
-        console = Console(stderr=as_json)
-        chosen = [v.strip() for v in variants.split(",")] if variants else list(ALL_VARIANTS)
-        bad = [v for v in chosen if v not in ALL_VARIANTS]
-        if bad:
-            _fail(console, f"unknown variant(s) {bad}; choose from {list(ALL_VARIANTS)}")
-        try:
-            base = resolve_config(
-                preset=preset, config_file=None, rounds=rounds, sites=sites, clients_per_round=None, seed=None,
-                dataset=None, spec=None, data_dir=data_dir, secure=False, sync=None, eval_every=0, state_dir=None,
-                out=out or Path("runs") / f"{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}-ablation",
-            )
-        except _common_errors() as exc:
-            _fail(console, str(exc))
-        torch.set_num_threads(1)
-        seeds_list = list(range(first_seed, first_seed + seeds))
-        table = run_ablation(base, chosen, seeds_list, Path(base.out), log=lambda s: console.print(s))
-        if as_json:
-            typer.echo(json.dumps(table))
-            return
-        t = Table(title=f"Interventional fidelity on DKT-Synth ({preset}, seeds {seeds_list}) — paper Table III")
-        for col in ("variant", "PEHE↓", "ATE↓", "Value↓", "uplink MB"):
-            t.add_column(col, justify="right" if col != "variant" else "left")
-        for row in table["rows"]:
-            t.add_row(row["variant"], row["pehe_fmt"], row["ate_fmt"], row["value_fmt"], row["uplink_mb_fmt"])
-        console.print(t)
-        console.print(f"saved: {Path(base.out) / 'ablation.csv'} and ablation.json")
-
     @app.command("deploy")
     def deploy(
         preset: str = typer.Option("tiny", "--preset", help=PRESET_HELP),
@@ -344,6 +273,7 @@ def register(app: typer.Typer) -> None:
         state directory), then `flwr run`. Every process is stopped by PID at the end (unless --keep).
         """
         from fcd_secure.federation.deployment import LocalDeployment  # noqa: PLC0415
+        from fcd_secure.federation.flows import check_flow  # noqa: PLC0415
 
         console = Console(stderr=as_json)
         try:
@@ -355,7 +285,7 @@ def register(app: typer.Typer) -> None:
         except _common_errors() as exc:
             _fail(console, str(exc))
         try:
-            _check_flow(cfg)
+            check_flow(cfg)
         except _common_errors() as exc:
             _fail(console, str(exc))
         cfg = cfg.model_copy(update={"out": str(Path(cfg.out).resolve())})

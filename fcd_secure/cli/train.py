@@ -1,25 +1,32 @@
-"""`fcd train` (centralised reference training): Fed-CausalDiff and two baselines on pooled DKT-Synth, scored
-against the oracle's ground truth. Thin: parse, call ``fcd_secure.model.reference.run_centralised``, print."""
+"""`fcd train --centralised`: the centralised reference (Fed-CausalDiff and two baselines on the pooled DKT-Synth
+training data), scored against the oracle's ground truth. Thin: parse, call
+``fcd_secure.experiments.centralised``, print."""
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import Optional
+from pathlib import Path
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+
+from fcd_secure.cli.run import PRESET_HELP, _common_errors, resolve_config
 
 _out = Console()
 _err = Console(stderr=True)
 
-PRESETS = ("tiny", "default", "paper")
+METHODS_HELP = "Comma-separated subset of fed_causaldiff, gformula, naive."
 
 
-def _tables(res: dict) -> list[Table]:
-    truth = res["truth"]
-    names = list(truth["values"])
+def _fmt(v: Any, spec: str = ".4f") -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
+def _seed_tables(res: dict) -> list[Table]:
     t = Table(
         title=(
             f"Centralised reference, DKT-Synth '{res['preset']}' (seed {res['seed']}, {res['epochs']} epochs, "
@@ -30,86 +37,115 @@ def _tables(res: dict) -> list[Table]:
     for col, just in (("method", "left"), ("PEHE", "right"), ("|ATE err|", "right"), ("ATE est.", "right"),
                       ("mean |V err|", "right"), ("AUC", "right"), ("train s", "right")):
         t.add_column(col, justify=just)  # type: ignore[arg-type]
+    ate_true = None
     for name, m in res["methods"].items():
-        t.add_row(name, f"{m['pehe']:.4f}", f"{m['ate_error']:.4f}", f"{m['ate_hat']:+.4f}",
-                  f"{m['mean_value_error']:.4f}", f"{m['factual_auc']:.3f}", f"{m['train_seconds']:.0f}")
-    t.add_row("oracle", "", "", f"{truth['ate']:+.4f}", "", "", "")
+        ate_true = m.get("ate_true", ate_true)
+        t.add_row(name, _fmt(m.get("pehe")), _fmt(m.get("ate_error")), _fmt(m.get("ate_hat"), "+.4f"),
+                  _fmt(m.get("value_error_mean")), _fmt(m.get("factual_auc"), ".3f"), f"{m['train_seconds']:.0f}")
+    t.add_row("oracle", "", "", _fmt(ate_true, "+.4f"), "", "", "")
+    names = sorted({p for m in res["methods"].values() for p in (m.get("policies") or {})})
     v = Table(title="Policy values from t = 0 (estimate / |error|)")
     v.add_column("method")
     for n in names:
-        v.add_column(n, justify="right")
-    v.add_row("oracle", *[f"{truth['values'][n]:.3f}" for n in names])
+        v.add_column(escape(n), justify="right")
+    first = next(iter(res["methods"].values()))
+    v.add_row("oracle", *[_fmt((first.get("policies") or {}).get(n, {}).get("value_true"), ".3f") for n in names])
     for name, m in res["methods"].items():
-        v.add_row(name, *[f"{m['values'][n]:.3f} / {m['value_error'][n]:.3f}" for n in names])
+        pol = m.get("policies") or {}
+        v.add_row(name, *[f"{_fmt(pol.get(n, {}).get('value_sim'), '.3f')} / {_fmt(pol.get(n, {}).get('value_error'), '.3f')}"
+                          for n in names])
     return [t, v]
+
+
+def _summary_table(summary: list[dict], seeds: list[int], epochs: int) -> Table:
+    t = Table(title=f"Centralised reference over seeds {seeds} ({epochs} epochs): mean ± s.d.")
+    for col in ("method", "PEHE↓", "ATE↓", "Value↓", "AUC↑"):
+        t.add_column(col, justify="left" if col == "method" else "right")
+    for r in summary:
+        t.add_row(r["method"], r["pehe_fmt"], r["ate_fmt"], r["value_fmt"], r["auc_fmt"])
+    return t
 
 
 def train(
     centralised: bool = typer.Option(
         False, "--centralised", help="Pool every site's training data in one process (the reference path)."
     ),
-    preset: str = typer.Option("default", "--preset", "-p", help=f"DKT-Synth preset: {', '.join(PRESETS)}."),
+    preset: str = typer.Option("default", "--preset", "-p", help=PRESET_HELP),
     seed: int = typer.Option(0, "--seed", "-s", help="Seed of the data, the initialisation and training."),
-    epochs: Optional[int] = typer.Option(None, "--epochs", "-e", min=1, help="Passes over the pooled data (default per preset)."),
-    sites: int = typer.Option(10, "--sites", min=1, help="Number of DKT-Synth sites (pooled here)."),
-    samples: int = typer.Option(16, "--samples", min=1, help="Simulated futures per test trajectory for effects."),
-    sampler: str = typer.Option("ddim", "--sampler", help="Reverse sampler for do-simulation: ddim or ddpm."),
-    steps: int = typer.Option(25, "--steps", min=1, help="DDIM steps per transition (DDPM uses all N)."),
-    methods: str = typer.Option(
-        "fed_causaldiff,gformula,naive", "--methods", help="Comma-separated subset of fed_causaldiff,gformula,naive."
+    seeds: int = typer.Option(1, "--seeds", min=1, help="Number of seeds from --seed on; mean ± s.d. over them."),
+    epochs: Optional[int] = typer.Option(
+        None, "--epochs", "-e", min=1,
+        help="Passes over the pooled data (default: a federated site's average, rounds × clients per round / sites).",
     ),
+    rounds: Optional[int] = typer.Option(None, "--rounds", min=1, help="Rounds of the federated run to match (preset default)."),
+    sites: Optional[int] = typer.Option(None, "--sites", min=1, help="Number of DKT-Synth sites (pooled here)."),
+    samples: Optional[int] = typer.Option(None, "--samples", min=1, help="Simulated futures per test trajectory (preset default)."),
+    sampler: Optional[str] = typer.Option(None, "--sampler", help="Reverse sampler for do-simulation: ddim or ddpm."),
+    steps: Optional[int] = typer.Option(None, "--steps", min=1, help="DDIM steps per transition (DDPM uses all N)."),
+    methods: str = typer.Option("fed_causaldiff,gformula,naive", "--methods", help=METHODS_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the results as one JSON object (progress to stderr)."),
 ) -> None:
-    """Train Fed-CausalDiff with all sites pooled and report PEHE, |ATE error| and |policy value error| for the
-    four default policies against DKT-Synth ground truth, next to a deterministic GRU g-formula and a naive
-    observational model trained on the same split with the same seed.
+    """Train Fed-CausalDiff with all sites pooled and report PEHE, |ATE error|, |policy value error| for the four
+    default policies and the factual AUC against DKT-Synth ground truth, next to a deterministic GRU g-formula and
+    a naive observational model trained on the same split with the same seed.
 
-    Federated training is `fcd run`; this command is its centralised yardstick.
+    Federated training is `fcd run`; this command is its centralised yardstick, the same reference as the
+    `centralised` row of `fcd ablate` (same epochs and seed, same numbers). Exit codes: 0 done, 2 bad input.
     """
-    import torch
+    import torch  # noqa: PLC0415
 
-    from fcd_secure.model.config import ModelConfig
-    from fcd_secure.model.reference import METHODS, run_centralised
+    from fcd_secure.config import RunConfig  # noqa: PLC0415
+    from fcd_secure.experiments.centralised import run_centralised_seeds  # noqa: PLC0415
+    from fcd_secure.model.baselines import SIMULATORS  # noqa: PLC0415
 
     def fail(msg: str) -> None:
         if as_json:
             print(json.dumps({"ok": False, "error": msg}))
         else:
-            _err.print(f"[bold red]error:[/] {msg}", highlight=False)
-        raise typer.Exit(code=1)
+            _err.print(f"[bold red]error:[/] {escape(msg)}", highlight=False)
+        raise typer.Exit(code=2)
 
     if not centralised:
         fail("only --centralised is available here; federated training is `fcd run`")
-    if preset not in PRESETS:
-        fail(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
     chosen = tuple(m.strip() for m in methods.split(",") if m.strip())
-    bad = [m for m in chosen if m not in METHODS]
+    bad = [m for m in chosen if m not in SIMULATORS]
     if bad or not chosen:
-        fail(f"unknown method(s) {bad}; choose from {', '.join(METHODS)}")
-    if sampler not in ("ddim", "ddpm"):
-        fail(f"unknown sampler {sampler!r}; choose ddim or ddpm")
-    torch.set_num_threads(1)
+        fail(f"unknown method(s) {bad}; choose from {', '.join(SIMULATORS)}")
     try:
-        cfg = ModelConfig(sampler=sampler, sampler_steps=steps)  # type: ignore[arg-type]
-    except ValueError as exc:
+        cfg = resolve_config(
+            preset=preset, config_file=None, rounds=rounds, sites=sites, clients_per_round=None, seed=seed,
+            dataset=None, spec=None, data_dir=None, secure=False, sync=None, eval_every=0, state_dir=None,
+            out=Path("runs") / "centralised",
+        )
+        raw = cfg.model_dump(mode="json")
+        raw["model"].update({k: v for k, v in (("sampler", sampler), ("sampler_steps", steps)) if v is not None})
+        if samples is not None:
+            raw["evaluation"]["n_samples"] = samples
+        cfg = RunConfig.model_validate(raw)
+    except _common_errors() as exc:
         fail(str(exc))
         return
+    torch.set_num_threads(1)
 
     def progress(msg: str) -> None:
-        (_err if as_json else _out).print(f"[dim]{msg}[/]", highlight=False)
+        (_err if as_json else _out).print(f"[dim]{escape(msg)}[/]", highlight=False)
 
+    seed_list = list(range(seed, seed + seeds))
     try:
-        res = run_centralised(preset, seed, epochs, cfg, n_sites=sites, n_samples=samples, methods=chosen,
-                              progress=progress)
-    except (ValueError, FileNotFoundError) as exc:
+        res = run_centralised_seeds(cfg, seed_list, chosen, epochs, progress=progress)
+    except _common_errors() as exc:
         fail(str(exc))
         return
+    n_epochs = res["runs"][0]["epochs"]
     if as_json:
-        json.dump({"ok": True, **res}, sys.stdout, default=float)
+        json.dump({"ok": True, "preset": preset, "epochs": n_epochs, "seeds": seed_list, **res}, sys.stdout, default=float)
         sys.stdout.write("\n")
-    else:
-        for tab in _tables(res):
+        return
+    if len(seed_list) == 1:
+        for tab in _seed_tables(res["runs"][0]):
             _out.print(tab)
+    else:
+        _out.print(_summary_table(res["summary"], seed_list, n_epochs))
 
 
 def register(app: typer.Typer) -> None:

@@ -154,9 +154,22 @@ def dirichlet_partition(
 ) -> list[SiteDataset]:
     """Split ``ds`` into ``n_sites`` non-empty sites with a seeded Dirichlet(α) label skew (paper: α = 10, N = 10).
 
-    Sites are returned in index order, named ``<name>/site<i>``, with ``meta['site_index']`` and ``meta['n_sites']``.
     Sizes sum to ``ds.n``; no trajectory is duplicated or lost; all chunks of one entity (``meta['entity']``) are in
     the same site (:func:`site_assignment`).
+
+    Args:
+        ds: The pooled dataset.
+        n_sites: N.
+        alpha: Dirichlet concentration α (smaller: more skewed).
+        seed: Seed of the draw; the same seed gives the same split.
+        key: The label of the skew: "outcome" (default), "action" or an int array [n] (module docstring).
+        min_size: The smallest site (default ``max(2, ⌊0.1·n/N⌋)``).
+
+    Returns:
+        The sites in index order, named ``<name>/site<i>``, with ``meta['site_index']`` and ``meta['n_sites']``.
+
+    Raises:
+        DataError: Bad ``n_sites``/``alpha``/``key``, or too few trajectories (entities) for ``n_sites`` sites.
     """
     site = site_assignment(ds, n_sites, alpha, seed, key, min_size)
     out = []
@@ -196,11 +209,45 @@ def split_indices(
     return np.flatnonzero(~is_test), np.flatnonzero(is_test)
 
 
+def site_split_seed(seed: int, site: int) -> int:
+    """The seed of site ``site``'s train/test split in a federated dataset drawn with ``seed``."""
+    return int(seed) * 1_000_003 + int(site)
+
+
+def site_splits(
+    site_of: np.ndarray, n_sites: int, test_fraction: float, seed: int, entity: np.ndarray | None = None
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per site ``i``: (train rows, test rows) of the pooled rows with ``site_of == i``, as sorted global indices.
+
+    Each site is split by :func:`split_indices` with the seed :func:`site_split_seed` ``(seed, i)``, so this equals
+    :func:`dirichlet_partition` followed by :func:`train_test_split` per site; ``entity`` [n] keeps an entity on one
+    side.
+    """
+    out = []
+    for i in range(n_sites):
+        idx = np.flatnonzero(site_of == i)
+        ent = None if entity is None else entity[idx]
+        tr, te = split_indices(len(idx), test_fraction, site_split_seed(seed, i), ent)
+        out.append((idx[tr], idx[te]))
+    return out
+
+
 def train_test_split(ds: SiteDataset, test_fraction: float, seed: int) -> tuple[SiteDataset, SiteDataset]:
     """Seeded split into (train, test) with about ``test_fraction`` of the trajectories in test.
 
     Trajectories of one entity (chunks of one student/patient, ``meta['entity']``) stay on the same side, so the
-    test set holds unseen entities. Both sides get at least one trajectory (the dataset needs at least 2).
+    test set holds unseen entities. Both sides get at least one trajectory.
+
+    Args:
+        ds: The dataset (at least 2 trajectories).
+        test_fraction: In (0, 1).
+        seed: Seed of the split.
+
+    Returns:
+        ``(train, test)``, named ``<name>/train`` and ``<name>/test``.
+
+    Raises:
+        DataError: ``test_fraction`` outside (0, 1) or fewer than 2 trajectories.
     """
     ent = ds.meta.get("entity")
     ent = ent if isinstance(ent, np.ndarray) and ent.shape == (ds.n,) else None

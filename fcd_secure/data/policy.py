@@ -13,26 +13,49 @@ each file is one :class:`Policy` with a ``rule`` table:
   of the history passed in, most recent last) is ``below`` (or ``above``) ``value``; ``initial`` decides the steps
   with no history yet.
 
-Runtime contract (other layers code against it): ``Policy.actions(t, y_hist, lengths, a_off, a_on) -> int64 [B]``,
-``Policy.on(t, y_hist, lengths) -> bool [B]``, ``Policy.prob(...)``; ``load_policy``, ``load_policies``,
-``default_policies``.
+Runtime contract (other layers code against it): :class:`PolicyLike`, the one protocol of a target policy
+(``name``, ``actions(t, y_hist, lengths, a_off, a_on) -> int64 [B]``, ``prob(...) -> float64 [B]``), which
+:class:`Policy` implements; ``load_policy``, ``load_policies``, ``default_policies``.
 """
 
 from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal, Protocol, Union, runtime_checkable
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-import fcd_secure
+from fcd_secure.data.paths import PROJECT_ROOT
 from fcd_secure.data.schema import SiteDataset
 from fcd_secure.data.spec import DataError, field_path
 
-POLICY_DIR = Path(fcd_secure.__file__).resolve().parents[1] / "policies"
+POLICY_DIR = PROJECT_ROOT / "policies"
 DEFAULT_POLICY_NAMES = ("never", "always", "early_on", "late_on")
+
+
+@runtime_checkable
+class PolicyLike(Protocol):
+    """A target policy over the anchor subset, as simulators, the DKT-Synth ground truth and OPE estimators use it.
+
+    Rollouts (a simulator's do-simulation, :meth:`DKTSynthWorld.true_policy_value`) call :meth:`actions`;
+    importance-weighting estimators call :meth:`prob`. :class:`Policy` implements it; a policy written in Python
+    (e.g. a learned one) needs the same three members.
+    """
+
+    name: str
+
+    def actions(self, t: int, y_hist: np.ndarray, lengths: np.ndarray, a_off: int, a_on: int) -> np.ndarray:
+        """The action at step ``t`` for each of B rows, int64 [B], given the outcomes before ``t`` (``y_hist`` [B, h])
+        and each row's valid length (``lengths`` [B])."""
+        ...
+
+    def prob(
+        self, t: int, y_hist: np.ndarray, lengths: np.ndarray, a_off: int, a_on: int, logged: np.ndarray
+    ) -> np.ndarray:
+        """π(logged action | history) for each of B rows, float64 [B]."""
+        ...
 
 
 class ConstantRule(BaseModel):
@@ -133,6 +156,15 @@ def anchor_actions(ds: SiteDataset | list[SiteDataset]) -> tuple[int, int]:
 
     a_off is the most supported action, a_on the second (labels are nominal, as in the paper); ties go to the smaller
     id. A list of sites is pooled (in a deployment this is one action histogram per site, summed).
+
+    Args:
+        ds: One dataset or a list of sites (the training sites).
+
+    Returns:
+        ``(a_off, a_on)``.
+
+    Raises:
+        DataError: No dataset, or fewer than two actions are logged.
     """
     sets = ds if isinstance(ds, list) else [ds]
     if not sets:
@@ -148,7 +180,12 @@ def anchor_actions(ds: SiteDataset | list[SiteDataset]) -> tuple[int, int]:
 
 
 def load_policy(path: str | Path) -> Policy:
-    """Read one policy TOML file; :class:`DataError` names the file and the bad field (e.g. ``rule.start``)."""
+    """Read one policy TOML file (format in ``policies/README.md``).
+
+    Raises:
+        DataError: The file is missing, does not parse or does not validate; the message names the file and the
+            bad field (e.g. ``rule.start``).
+    """
     path = Path(path)
     if not path.is_file():
         raise DataError("policy file not found", file=path)
@@ -168,7 +205,11 @@ def load_policy(path: str | Path) -> Policy:
 
 
 def load_policies(folder: str | Path) -> list[Policy]:
-    """Every ``*.toml`` policy in ``folder``, sorted by file name; names must be unique."""
+    """Every ``*.toml`` policy in ``folder``, sorted by file name.
+
+    Raises:
+        DataError: The folder is missing, a file is invalid, or two files share a policy name.
+    """
     folder = Path(folder)
     if not folder.is_dir():
         raise DataError("policy folder not found", file=folder)

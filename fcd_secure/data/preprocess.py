@@ -40,7 +40,7 @@ import pandas as pd
 from pydantic import BaseModel
 
 from fcd_secure.data.schema import SiteDataset
-from fcd_secure.data.spec import ColumnSpec, DataError, DatasetSpec
+from fcd_secure.data.spec import ColumnSpec, DataError, DatasetSpec, load_spec
 
 # ---------------------------------------------------------------------------------------------------------------
 # sequence construction
@@ -171,6 +171,50 @@ class EncodedColumns:
         return np.stack(self.cols, axis=1).astype(np.float32)
 
 
+def integer_ids(s: pd.Series, missing_value: str | None = "?") -> tuple[np.ndarray, int, list[str]]:
+    """Integer ids 1..K for the sorted levels of ``s``, 0 for ``missing_value``.
+
+    Returns:
+        ``(ids, cardinality K + 1, levels)``; levels are sorted by length, then text.
+    """
+    sv = s.astype(str)
+    miss = (sv == missing_value).to_numpy() if missing_value is not None else np.zeros(len(sv), bool)
+    levels = sorted(sv[~miss].unique(), key=lambda v: (len(v), v))
+    lookup = {v: i + 1 for i, v in enumerate(levels)}
+    ids = np.where(miss, 0, sv.map(lookup).fillna(0).to_numpy()).astype(np.int64)
+    return ids, len(levels) + 1, levels
+
+
+def encoded_meta(
+    dataset: str,
+    xe: EncodedColumns,
+    ae: EncodedColumns,
+    *,
+    action_names: list[str],
+    outcome_name: str,
+    info: dict,
+    notes: list[str],
+    **extra: object,
+) -> dict:
+    """``meta`` of a dataset whose X and A were encoded with :class:`EncodedColumns`, in the layout of
+    :func:`build_dataset` (module docstring): names, roles and the levels of X *and* A (keyed by column)."""
+    return {
+        "dataset": dataset,
+        "x_names": xe.names,
+        "a_names": ae.names,
+        "x_continuous": xe.continuous,
+        "a_continuous": ae.continuous,
+        "x_categorical": xe.categorical,
+        "a_categorical": ae.categorical,
+        "levels": {**xe.levels, **ae.levels},
+        "action_names": action_names,
+        "outcome_name": outcome_name,
+        **extra,
+        **info,
+        "notes": notes,
+    }
+
+
 def _line(row: int, is_csv: bool) -> int | None:
     return row + 2 if is_csv else None
 
@@ -272,11 +316,20 @@ def _check_columns(df: pd.DataFrame, spec: DatasetSpec, file: str) -> None:
 def build_dataset(spec: DatasetSpec, df: pd.DataFrame, file: str | Path = "<table>") -> SiteDataset:
     """Apply ``spec`` to a long-format table and return one pooled ``SiteDataset`` (continuous columns unscaled).
 
-    Every check names the file, column and row (0-based data row; for CSV also the file line):
-    missing/misnamed columns, NaN or inf where not allowed, action values outside the declared vocabulary or
-    id range, time not strictly increasing within an entity, propensities outside (0, 1], binary outcomes not
-    0/1, a site that changes within an entity or is not declared, a declared site without rows.
-    ``meta['site']`` holds the per-trajectory site index (into ``meta['site_names']``) when a site column is named.
+    Args:
+        spec: The dataset spec.
+        df: The long-format table, one row per step.
+        file: The table's file name, for error messages.
+
+    Returns:
+        The pooled dataset; ``meta['site']`` holds the per-trajectory site index (into ``meta['site_names']``)
+        when the spec names a site column.
+
+    Raises:
+        DataError: Names the file, column and row (0-based data row; for CSV also the file line): missing or
+            misnamed columns, NaN or inf where not allowed, action values outside the declared vocabulary or id
+            range, time not strictly increasing within an entity, propensities outside (0, 1], binary outcomes
+            not 0/1, a site that changes within an entity or is not declared, a declared site without rows.
     """
     file = str(file)
     is_csv = ".csv" in file.lower()
@@ -436,9 +489,18 @@ def build_dataset(spec: DatasetSpec, df: pd.DataFrame, file: str | Path = "<tabl
 
 
 def dataset_from_files(spec_path: str | Path, table_path: str | Path) -> tuple[DatasetSpec, SiteDataset]:
-    """Load a spec and a table and build the pooled dataset (every error a :class:`DataError`)."""
-    from fcd_secure.data.spec import load_spec
+    """Load a spec and a table and build the pooled dataset.
 
+    Args:
+        spec_path: The ``DatasetSpec`` file (TOML/YAML).
+        table_path: The long-format table (CSV, CSV.gz, Parquet).
+
+    Returns:
+        ``(spec, pooled dataset)``.
+
+    Raises:
+        DataError: Any problem with either file (see :func:`build_dataset`).
+    """
     spec = load_spec(spec_path)
     df = read_table(table_path)
     return spec, build_dataset(spec, df, table_path)

@@ -1,7 +1,7 @@
 """The one data contract every layer stands on: ``SiteDataset``.
 
 A site holds ``n`` trajectories of at most ``L`` steps (paper §IV-A "Feature engineering and sequence
-construction"; DESIGN.md "What the product is"):
+construction"):
 
 =====  ==============  =========  ==========================================================
 name   shape           dtype      meaning
@@ -17,7 +17,7 @@ P      [n, L] or None  float32    logged behaviour propensity of the *taken* act
 Padding steps carry T = 0, Y = 0, A = 0 and P = 1 so that arithmetic over padded arrays never produces NaN;
 every consumer must multiply by ``M``.
 
-Propensities are site-private (DESIGN trap 5): they are used on the site for off-policy estimates and never
+Propensities are site-private: they are used on the site for off-policy estimates and never
 enter a model parameter, a message or a log.
 """
 

@@ -169,8 +169,15 @@ def field_path(loc: tuple) -> str:
 def load_spec(path: str | Path) -> DatasetSpec:
     """Read a ``DatasetSpec`` from a ``.toml``, ``.yaml`` or ``.yml`` file.
 
-    Raises :class:`DataError` naming the file and the offending pydantic field (e.g. ``static[1].kind``) when the
-    file does not parse or does not validate.
+    Args:
+        path: The spec file.
+
+    Returns:
+        The validated spec.
+
+    Raises:
+        DataError: The file is missing, does not parse or does not validate; the message names the file and the
+            offending field (e.g. ``static[1].kind``).
     """
     path = Path(path)
     if not path.is_file():

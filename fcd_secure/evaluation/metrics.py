@@ -76,13 +76,31 @@ def _paired(name_a: str, a: object, name_b: str, b: object, mask: object | None 
 
 
 def pehe(tau_hat: object, tau: object, mask: object | None = None) -> float:
-    """√PEHE = √( mean_s (τ̂_s − τ_s)² ) over the entries kept by ``mask`` (cfrnet convention, paper Table III)."""
+    """√PEHE = √( mean_s (τ̂_s − τ_s)² ) over the entries kept by ``mask`` (cfrnet convention, paper Table III).
+
+    Args:
+        tau_hat: estimated individual effects.
+        tau: true individual effects, same shape.
+        mask: entries to keep (same shape, nonzero = kept); None keeps every entry.
+
+    Raises:
+        ValueError: shapes differ, nothing is kept, or a value is not finite.
+    """
     th, t = _paired("tau_hat", tau_hat, "tau", tau, mask)
     return float(np.sqrt(np.mean((th - t) ** 2)))
 
 
 def ate_error(tau_hat: object, tau: object, mask: object | None = None) -> float:
-    """|ATE error| = | mean τ̂ − mean τ | over the entries kept by ``mask`` (paper Table III, "ATE")."""
+    """|ATE error| = | mean τ̂ − mean τ | over the entries kept by ``mask`` (paper Table III, "ATE").
+
+    Args:
+        tau_hat: estimated individual effects.
+        tau: true individual effects, same shape.
+        mask: entries to keep (same shape, nonzero = kept); None keeps every entry.
+
+    Raises:
+        ValueError: shapes differ, nothing is kept, or a value is not finite.
+    """
     th, t = _paired("tau_hat", tau_hat, "tau", tau, mask)
     return float(abs(th.mean() - t.mean()))
 
@@ -114,14 +132,17 @@ class EffectStats:
 
     @classmethod
     def from_arrays(cls, tau_hat: object, tau: object, mask: object | None = None) -> "EffectStats":
+        """The statistics of one site's effects (arguments as :func:`pehe`)."""
         th, t = _paired("tau_hat", tau_hat, "tau", tau, mask)
         return cls(n=int(th.size), sse=float(np.sum((th - t) ** 2)), sum_hat=float(th.sum()), sum_true=float(t.sum()))
 
     @classmethod
     def empty(cls) -> "EffectStats":
+        """No effects (the identity of :meth:`merge`)."""
         return cls(n=0, sse=0.0, sum_hat=0.0, sum_true=0.0)
 
     def merge(self, other: "EffectStats") -> "EffectStats":
+        """The statistics of the union of both sets of effects."""
         return EffectStats(
             n=self.n + other.n,
             sse=self.sse + other.sse,
@@ -133,22 +154,34 @@ class EffectStats:
 
     @classmethod
     def merge_all(cls, parts: Iterable["EffectStats"]) -> "EffectStats":
+        """The statistics of the union of ``parts``."""
         out = cls.empty()
         for p in parts:
             out = out.merge(p)
         return out
 
     def pehe(self) -> float:
+        """√(sse / n).
+
+        Raises:
+            ValueError: if no effect was recorded.
+        """
         if self.n == 0:
             raise ValueError("EffectStats.pehe: no effects recorded (n = 0)")
         return math.sqrt(max(self.sse, 0.0) / self.n)
 
     def ate_error(self) -> float:
+        """|sum_hat − sum_true| / n.
+
+        Raises:
+            ValueError: if no effect was recorded.
+        """
         if self.n == 0:
             raise ValueError("EffectStats.ate_error: no effects recorded (n = 0)")
         return abs(self.sum_hat - self.sum_true) / self.n
 
     def to_dict(self) -> dict[str, float]:
+        """The four sums by name."""
         return {"n": self.n, "sse": self.sse, "sum_hat": self.sum_hat, "sum_true": self.sum_true}
 
 
@@ -171,10 +204,18 @@ def _average_ranks(x: np.ndarray) -> np.ndarray:
 
 
 def factual_auc(y_true: object, p_hat: object, mask: object | None = None) -> float:
-    """ROC AUC of scores ``p_hat`` for binary ``y_true`` over entries kept by ``mask`` (paper "Factual AUC").
+    """ROC AUC of scores ``p_hat`` for binary ``y_true`` over entries kept by ``mask`` (paper §IV-C "Factual AUC").
 
     Rank form of the Mann–Whitney statistic: AUC = (Σ_{i: y=1} rank_i − n₁(n₁+1)/2) / (n₁ n₀) with average ranks for
-    ties, i.e. P(p⁺ > p⁻) + ½ P(p⁺ = p⁻). Raises ``ValueError`` if the labels are not 0/1 or one class is absent.
+    ties, i.e. P(p⁺ > p⁻) + ½ P(p⁺ = p⁻).
+
+    Args:
+        y_true: 0/1 outcomes.
+        p_hat: scores, same shape.
+        mask: entries to keep (same shape, nonzero = kept); None keeps every entry.
+
+    Raises:
+        ValueError: labels that are not 0/1, or one class absent among the kept entries.
     """
     y, p = _paired("y_true", y_true, "p_hat", p_hat, mask)
     if not np.isin(y, (0.0, 1.0)).all():
@@ -207,6 +248,17 @@ class AUCStats:
 
     @classmethod
     def from_scores(cls, y_true: object, p_hat: object, mask: object | None = None, bins: int = 1000) -> "AUCStats":
+        """The histograms of one site's scores.
+
+        Args:
+            y_true: 0/1 outcomes.
+            p_hat: probabilities in [0, 1], same shape.
+            mask: entries to keep; None keeps every entry.
+            bins: equal cells over [0, 1].
+
+        Raises:
+            ValueError: labels that are not 0/1, scores outside [0, 1], or ``bins`` < 1.
+        """
         if bins < 1:
             raise ValueError(f"AUCStats: bins must be >= 1, got {bins}")
         y, p = _paired("y_true", y_true, "p_hat", p_hat, mask)
@@ -220,6 +272,7 @@ class AUCStats:
         return cls(pos=pos, neg=neg)
 
     def merge(self, other: "AUCStats") -> "AUCStats":
+        """The histograms of both sites together (same ``bins``)."""
         if self.pos.shape != other.pos.shape:
             raise ValueError(f"AUCStats.merge: bin counts differ ({self.pos.size} vs {other.pos.size})")
         return AUCStats(pos=self.pos + other.pos, neg=self.neg + other.neg)
@@ -227,6 +280,11 @@ class AUCStats:
     __add__ = merge
 
     def auc(self) -> float:
+        """The AUC of the histograms (pairs in one cell count as ties).
+
+        Raises:
+            ValueError: if one class is absent.
+        """
         n1, n0 = int(self.pos.sum()), int(self.neg.sum())
         if n1 == 0 or n0 == 0:
             raise ValueError(f"AUCStats.auc: AUC is undefined with a single class ({n1} positives, {n0} negatives)")
@@ -255,7 +313,16 @@ def mmd(
     MMD²_b = mean k(x, x') + mean k(y, y') − 2 mean k(x, y) (Gretton et al. 2012, eq. 5), which is ≥ 0 and exactly
     0 for identical samples. ``kernel="rbf"``: k(u, v) = Σ_h exp(−‖u − v‖² / (2 h²)) / |H| over bandwidths H
     (``None`` = median heuristic on the pooled sample); ``kernel="linear"``: k(u, v) = uᵀv, so MMD² = ‖x̄ − ȳ‖².
-    Returns MMD (the root) unless ``squared``. 1-d inputs are treated as [n, 1].
+
+    Args:
+        x: sample ``[n, d]`` (1-d is treated as ``[n, 1]``).
+        y: sample ``[m, d]``.
+        kernel: 'rbf' or 'linear'.
+        bandwidth: RBF bandwidth(s); None for the median heuristic.
+        squared: return MMD² instead of MMD.
+
+    Raises:
+        ValueError: mismatched dims, non-finite values, a bad bandwidth or an unknown kernel.
     """
     xa = _as_float("x", x)
     ya = _as_float("y", y)
@@ -309,6 +376,7 @@ class Summary:
         return s + (f" ({self.n_nan} NaN)" if self.n_nan else "")
 
     def to_dict(self) -> dict[str, float]:
+        """mean, std, n and n_nan by name."""
         return {"mean": self.mean, "std": self.std, "n": self.n, "n_nan": self.n_nan}
 
 
@@ -325,8 +393,15 @@ def _summary(values: Sequence[float]) -> Summary:
 def summarise(seeds_results: Sequence[float] | Sequence[Mapping[str, float]]) -> Summary | dict[str, Summary]:
     """Mean ± s.d. over seeds (the "0.057±0.01" cells of Table III).
 
-    ``[0.05, 0.06, ...]`` → one :class:`Summary`; ``[{"pehe": .05, "ate": .04}, ...]`` → ``{"pehe": Summary, ...}``
-    over the keys present in every seed (a key missing in some seed is an error, not a silent drop).
+    Args:
+        seeds_results: one value per seed, or one mapping of metric → value per seed.
+
+    Returns:
+        ``[0.05, 0.06, ...]`` → one :class:`Summary`; ``[{"pehe": .05, "ate": .04}, ...]`` →
+        ``{"pehe": Summary, ...}`` over the keys of the seeds.
+
+    Raises:
+        ValueError: no seeds, or a seed whose keys differ from the first seed's (never a silent drop).
     """
     if len(seeds_results) == 0:
         raise ValueError("summarise: no seed results")

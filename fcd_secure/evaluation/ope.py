@@ -45,11 +45,12 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import numpy as np
 
-if TYPE_CHECKING:  # only for the annotation of estimate_on_site; evaluation depends on data, never the reverse
+if TYPE_CHECKING:  # only for annotations; evaluation depends on data, never the reverse
+    from fcd_secure.data.policy import PolicyLike
     from fcd_secure.data.schema import SiteDataset
 
 __all__ = [
@@ -68,14 +69,6 @@ __all__ = [
 ]
 
 Normalise = Literal["per_step", "horizon", "none"]
-
-
-class _PolicyLike(Protocol):
-    """What :func:`target_probs` needs of ``fcd_secure.data.policy.Policy``."""
-
-    def prob(
-        self, t: int, y_hist: np.ndarray, lengths: np.ndarray, a_off: int, a_on: int, logged: np.ndarray
-    ) -> np.ndarray: ...
 
 
 class SupportWarning(UserWarning):
@@ -102,9 +95,11 @@ class OPEResult:
 
     @property
     def supported(self) -> bool:
+        """Whether the estimate has logged support (no ``warning``)."""
         return self.warning is None
 
     def to_dict(self) -> dict[str, object]:
+        """Every field by name."""
         return asdict(self)
 
 
@@ -272,7 +267,24 @@ class OPEEstimator:
         horizon: int | None = None,
         discount: float | None = None,
     ) -> OPEResult:
-        """Estimate V(π). ``horizon`` / ``discount`` given here override the constructor's for this call."""
+        """Estimate V(π) from logged trajectories (module docstring for the arrays, all ``[n, L]``).
+
+        Args:
+            rewards: outcomes r = Y.
+            mask: valid steps M.
+            mu: logged propensities of the taken actions, in (0, 1] (weighting estimators).
+            pi: target probabilities of the taken actions (weighting estimators).
+            q_hat: model return-to-go after the logged action (DM / DR).
+            v_hat: model return-to-go under π (DM / DR).
+            horizon: overrides the constructor's for this call.
+            discount: overrides the constructor's for this call.
+
+        Returns:
+            The estimate with its support diagnostics and the additive sums :func:`combine` pools.
+
+        Raises:
+            ValueError: a missing input this estimator needs, or an input of the wrong shape or range.
+        """
         given = {"mu": mu, "pi": pi, "q_hat": q_hat, "v_hat": v_hat}
         missing = [k for k in self.needs if given[k] is None]
         if missing:
@@ -420,6 +432,13 @@ def combine(results: Sequence[OPEResult], min_ess: float = 1.0) -> OPEResult:
     IPW / PDIS / DM / DR: V = Σ_s sum_value_s / Σ_s n_s (the n-weighted mean of site values); SNIPW:
     V = Σ_s sum_value_s / Σ_s sum_weight_s. ESS and n_consistent are recomputed from the pooled weight sums, so a
     site without support does not make the pool unsupported, and a pool without support is NaN.
+
+    Args:
+        results: one result of the same estimator per site.
+        min_ess: the ESS below which the pooled weighting estimate is unsupported.
+
+    Raises:
+        ValueError: no results, or results of different estimators.
     """
     if not results:
         raise ValueError("combine: no site results")
@@ -446,13 +465,24 @@ def estimate_on_site(
     q_hat: object | None = None,
     v_hat: object | None = None,
 ) -> OPEResult:
-    """Run ``estimator`` on a site's own data: rewards = Y, mask = M, μ = the site-private logged propensities P."""
+    """Run ``estimator`` on a site's own data: rewards = Y, mask = M, μ = the site-private logged propensities P.
+
+    Args:
+        estimator: a configured estimator.
+        ds: the site's logged trajectories (P never leaves the site; only the result does).
+        pi: target probabilities of the logged actions, ``[n, L]`` (:func:`target_probs`).
+        q_hat: model return-to-go after the logged action.
+        v_hat: model return-to-go under π.
+
+    Raises:
+        ValueError: if the estimator needs propensities and the site has none.
+    """
     if "mu" in estimator.needs and ds.P is None:
         raise ValueError(f"{ds.name}: {estimator.name} needs logged propensities, but the site's P is None")
     return estimator.estimate(ds.Y, ds.M, mu=ds.P, pi=pi, q_hat=q_hat, v_hat=v_hat)
 
 
-def target_probs(policy: _PolicyLike, ds: "SiteDataset", anchors: tuple[int, int]) -> np.ndarray:
+def target_probs(policy: "PolicyLike", ds: "SiteDataset", anchors: tuple[int, int]) -> np.ndarray:
     """π(logged a_t | logged history) for every step of ``ds``: float64 [n, L], 0 on padding.
 
     For the deterministic anchor policies (Never / Always / Early-on / Late-on) this is 1 where the logged action is

@@ -107,6 +107,11 @@ class StepPredictor:
         return np.concatenate([np.ones((Z.shape[0], 1)), Z, F_oh], axis=1), y
 
     def fit(self, ds: SiteDataset) -> "StepPredictor":
+        """Fit on the valid steps of ``ds`` (ridge, or damped-Newton logistic regression).
+
+        Raises:
+            ValueError: for the binary task, outcomes outside [0, 1].
+        """
         D, y = self._design(ds, fit=True)
         d = D.shape[1]
         reg = np.full(d, _RIDGE)
@@ -185,7 +190,18 @@ def _train_test(train: SiteDataset, test: SiteDataset) -> dict[str, float]:
 
 
 def tstr(synthetic: SiteDataset, real_test: SiteDataset) -> dict[str, float]:
-    """Train g on ``synthetic`` trajectories, test on ``real_test``: ``{"auc", "rmse", "n_train", "n_test"}``."""
+    """TSTR (paper Table IV): train g on ``synthetic`` trajectories, test on ``real_test``.
+
+    Args:
+        synthetic: trajectories drawn from a simulator.
+        real_test: held-out real trajectories with the same layout.
+
+    Returns:
+        ``{"auc", "rmse", "n_train", "n_test"}`` (AUC is NaN for non-binary outcomes or a single class).
+
+    Raises:
+        ValueError: if the two layouts (dx, da, n_actions) differ.
+    """
     return _train_test(synthetic, real_test)
 
 

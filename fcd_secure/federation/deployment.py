@@ -34,7 +34,8 @@ from pathlib import Path
 import tomli_w
 
 from fcd_secure.config import RunConfig
-from fcd_secure.federation.client_app import RUN_CONFIG_KEY
+from fcd_secure.federation.records import RUN_CONFIG_KEY
+from fcd_secure.federation.secure_setup import provision_roster
 from fcd_secure.federation.site import default_site_id
 
 APP_NAME = "fcd-secure-app"
@@ -154,9 +155,7 @@ class LocalDeployment:
     def start(self, wait_s: float = 120.0) -> None:
         n = self.cfg.data.n_sites
         if self.cfg.federation.secure_aggregation:
-            from fcd_secure.federation.flows import _secure_flow_module  # noqa: PLC0415
-
-            _secure_flow_module().provision_roster(self.site_state_root, [default_site_id(i) for i in range(n)])
+            provision_roster(self.site_state_root, [default_site_id(i) for i in range(n)])
         self._spawn(
             "superlink",
             [_bin("flower-superlink"), *self._tls_args_link(), "--host", "127.0.0.1", "--port", str(self.port),

@@ -23,18 +23,16 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from flwr.app import ConfigRecord, RecordDict
 
 from fcd_secure.config import RunConfig
 from fcd_secure.federation import learner
-from fcd_secure.federation.flows import REC_CONFIG, REC_GLOBAL, arrays_to_record
-
-if TYPE_CHECKING:  # pragma: no cover
-    from fcd_secure.federation.learner import SiteData
-    from fcd_secure.federation.messaging import Comm
+from fcd_secure.federation.learner import SiteData
+from fcd_secure.federation.messaging import Comm
+from fcd_secure.federation.records import EVALUATE_MESSAGE_TYPE, REC_CONFIG, REC_EVAL, REC_GLOBAL, arrays_to_record
 
 AUC_BINS = 100
 #: A fixed evaluation seed stream (salt) so that every evaluation of a run uses the same random numbers.
@@ -46,28 +44,13 @@ def _rows(n: int, max_rows: int | None) -> np.ndarray:
 
 
 def factual_probs(model, ds) -> np.ndarray:
-    """The model's E[Y_t | history before t, A_t, logged T_t], shape [n, L] (one-step-ahead, factual)."""
-    import torch  # noqa: PLC0415
+    """The model's E[Y_t | history before t, A_t, logged T_t], shape [n, L] (``Simulator.factual_probs``)."""
+    from fcd_secure.model.baselines import as_simulator  # noqa: PLC0415
 
-    from fcd_secure.model.networks import unwrap  # noqa: PLC0415
-
-    core = unwrap(model)
-    was = core.training
-    core.eval()
-    try:
-        with torch.no_grad():
-            X = torch.as_tensor(ds.X, dtype=torch.float32)
-            A = torch.as_tensor(ds.A, dtype=torch.float32)
-            T = torch.as_tensor(ds.T, dtype=torch.long)
-            Y = torch.as_tensor(ds.Y, dtype=torch.float32)
-            kc, ks = core.encode(X, A, T, Y)
-            p = core.outcome_mean(torch.cat([kc, ks], -1), A, T)
-    finally:
-        core.train(was)
-    return p.numpy().astype(np.float64)
+    return as_simulator(model).factual_probs(ds)
 
 
-def site_metrics(model, data: "SiteData", cfg: RunConfig, eval_config: dict[str, Any]) -> dict[str, Any]:
+def site_metrics(model, data: SiteData, cfg: RunConfig, eval_config: dict[str, Any]) -> dict[str, Any]:
     """Aggregate-only evaluation of one site (module docstring). Values are floats or lists of floats."""
     from fcd_secure.data.policy import default_policies  # noqa: PLC0415
     from fcd_secure.evaluation.metrics import AUCStats, EffectStats  # noqa: PLC0415
@@ -214,7 +197,7 @@ def merge_site_metrics(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def evaluate_federated(
-    comm: "Comm", node_ids: list[int], theta: dict[str, np.ndarray], cfg: RunConfig, part: str, *, quick: bool, sites=None
+    comm: Comm, node_ids: list[int], theta: dict[str, np.ndarray], cfg: RunConfig, part: str, *, quick: bool, sites=None
 ) -> dict[str, Any]:
     """Ask every site to evaluate ``theta`` (+ its own Θs) and merge the sums; failed sites are listed, not fatal."""
     ev = cfg.evaluation
@@ -225,14 +208,14 @@ def evaluate_federated(
         "max-rows": (ev.quick_max_rows if quick else ev.max_rows) or -1,
     }
     content = RecordDict({REC_GLOBAL: arrays_to_record(theta), REC_CONFIG: ConfigRecord(conf)})
-    replies = comm.send(node_ids, "query.evaluate", content, cfg.federation.round_timeout_s)
+    replies = comm.send(node_ids, EVALUATE_MESSAGE_TYPE, content, cfg.federation.round_timeout_s)
     parts, failed = [], []
     for nid in node_ids:
         rep = replies.get(nid)
         if rep is None or rep.has_error():
             failed.append(comm.site_of.get(nid, str(nid)))
             continue
-        parts.append({k: (list(v) if isinstance(v, list) else v) for k, v in rep.content["eval"].items()})
+        parts.append({k: (list(v) if isinstance(v, list) else v) for k, v in rep.content[REC_EVAL].items()})
     if not parts:
         return {"failed_sites": failed}
     merged = merge_site_metrics(parts)

@@ -5,8 +5,8 @@ between layers (docs/architecture.md) are visible in one file:
 
 * data: ``load_site_data`` (``fcd_secure.data.registry.load_federated`` / ``load_spec_federated``), cached per
   process because a site answers many messages and the split is a pure function of the config and seed;
-* model: ``build_model``, ``manifest_of``, ``get_params`` / ``set_params`` (manifest names, parts
-  ``theta_c`` / ``theta_s`` / ``full``), ``train_local``, ``make_optimizer``;
+* model: ``build_model``, ``manifest_of``, ``get_params`` / ``set_params`` (manifest names; parts are
+  ``fcd_secure.manifest.THETA_C`` / ``THETA_S`` / ``FULL``), ``train_local``, ``make_optimizer``;
 * evaluation: ``effects`` / ``policy_values`` / ``factual`` helpers used by ``federation.evaluation``.
 """
 
@@ -20,9 +20,7 @@ import numpy as np
 
 from fcd_secure.config import RunConfig
 from fcd_secure.data.schema import SiteDataset
-
-#: Part names of the manifest (docs/architecture.md "model → federation").
-THETA_C, THETA_S, FULL = "theta_c", "theta_s", "full"
+from fcd_secure.manifest import Manifest, Part
 
 
 @dataclass(frozen=True)
@@ -104,19 +102,19 @@ def dims_of(ds: SiteDataset, n_sites: int) -> dict[str, int]:
     return {"dx": ds.dx, "da": ds.da, "n_actions": int(ds.n_actions), "n_sites": int(n_sites), "L": ds.L}
 
 
-def manifest_of(model):
+def manifest_of(model) -> Manifest:
     from fcd_secure.model.manifest import build_manifest  # noqa: PLC0415
 
     return build_manifest(model)
 
 
-def get_params(model, part: str) -> dict[str, np.ndarray]:
+def get_params(model, part: Part) -> dict[str, np.ndarray]:
     from fcd_secure.model.manifest import get_params as _get  # noqa: PLC0415
 
     return {k: np.asarray(v) for k, v in _get(model, part).items()}
 
 
-def set_params(model, part: str, arrays: dict[str, np.ndarray]) -> None:
+def set_params(model, part: Part, arrays: dict[str, np.ndarray]) -> None:
     from fcd_secure.model.manifest import set_params as _set  # noqa: PLC0415
 
     _set(model, part, arrays)

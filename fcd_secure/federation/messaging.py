@@ -1,9 +1,10 @@
 """The server's only door to the sites: ``Comm`` wraps Flower's Grid and counts every byte (paper Table II).
 
 Paper Table II states communication as "uplink/downlink = selected clients × synchronised parameter size". We
-measure it instead, from the serialized Flower messages: every request the server pushes (downlink) and every
-reply it pulls (uplink) is decomposed into Flower's content-addressed objects and their ``deflate()`` bytes are
-summed (../shared/research/flower-runtime.md §3). Two figures are kept per message:
+measure it instead, from the serialized Flower messages, with the audit's one definition of a message's bytes
+(``fcd_secure.audit.payload_bytes`` / ``message_bytes``: the ``deflate()`` bytes of Flower's content-addressed
+objects, ../shared/research/flower-runtime.md §3), so the run's accounting and the audit ledgers agree byte for
+byte. Two figures are kept per message:
 
 * ``payload_bytes``: the serialized ``RecordDict`` content (records, arrays, chunks). Deterministic for a seed,
   and what the paper's formula approximates; the headline figure.
@@ -22,24 +23,8 @@ from dataclasses import asdict, dataclass
 
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
-from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
-
-def serialized_bytes(obj) -> int:
-    """Bytes of every Flower object under ``obj`` once serialized (``sum(len(o.deflate()))``)."""
-    if obj is None:
-        return 0
-    return int(sum(len(o.deflate()) for o in get_all_nested_objects(obj).values()))
-
-
-def message_sizes(msg: Message) -> tuple[int, int]:
-    """``(payload_bytes, message_bytes)`` of one message; an error reply has no payload."""
-    payload = serialized_bytes(msg.content) if msg.has_content() else 0
-    try:
-        whole = serialized_bytes(msg)
-    except Exception:  # an error reply without content may not inflate on some runtimes; count its payload only
-        whole = payload
-    return payload, whole
+from fcd_secure.audit import ServerAudit, message_bytes, payload_bytes
 
 
 @dataclass(frozen=True)
@@ -57,7 +42,7 @@ class TrafficRecord:
 
 
 class TrafficLedger:
-    """Per-site, per-round, per-action byte counts of every request and reply (item 7 of the issue)."""
+    """Per-site, per-round, per-action byte counts of every request and reply."""
 
     def __init__(self) -> None:
         self.records: list[TrafficRecord] = []
@@ -95,9 +80,12 @@ class Comm:
     server after the hello exchange; accounting is keyed by site id.
     """
 
-    def __init__(self, grid: Grid, *, poll_s: float = 0.02, ledger: TrafficLedger | None = None, audit=None) -> None:
+    def __init__(
+        self, grid: Grid, *, poll_s: float = 0.02, ledger: TrafficLedger | None = None, audit: ServerAudit | None = None
+    ) -> None:
         self.grid = grid
-        #: ``fcd_secure.audit.server.ServerAudit`` (or None): receipts ride on downlinks, every reply is recorded
+        #: the server's audit ledger: receipts ride on downlinks, every reply is recorded (the ServerApp always sets
+        #: one; a bare ``Comm`` without it serves protocol tests)
         self.audit = audit
         self.poll_s = poll_s
         self.ledger = ledger if ledger is not None else TrafficLedger()
@@ -133,8 +121,9 @@ class Comm:
             if self.audit is not None:
                 content = self.audit.attach(nid, content)
             msg = Message(content, nid, message_type, group_id=str(rnd))
-            payload, whole = message_sizes(msg)
-            self.ledger.add(TrafficRecord(rnd, message_type, nid, self._site(nid), "down", payload, whole, True))
+            self.ledger.add(
+                TrafficRecord(rnd, message_type, nid, self._site(nid), "down", payload_bytes(msg), message_bytes(msg), True)
+            )
             msgs.append(msg)
         if not msgs:
             return {}
@@ -148,11 +137,14 @@ class Comm:
                 nid = waiting.pop(mid, None)
                 if nid is None:
                     continue  # a reply to something we no longer wait for
-                payload, whole = message_sizes(reply)
                 ok = not reply.has_error()
                 if self.audit is not None:
                     self.audit.on_reply(reply, self._site(nid))
-                self.ledger.add(TrafficRecord(rnd, message_type, nid, self._site(nid), "up", payload, whole, ok))
+                self.ledger.add(
+                    TrafficRecord(
+                        rnd, message_type, nid, self._site(nid), "up", payload_bytes(reply), message_bytes(reply), ok
+                    )
+                )
                 replies[nid] = reply
             if waiting:
                 time.sleep(self.poll_s)

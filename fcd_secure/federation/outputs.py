@@ -26,7 +26,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from fcd_secure._io import atomic_write_bytes, atomic_write_text, npz_bytes
 from fcd_secure.config import RunConfig
+from fcd_secure.manifest import FULL, THETA_C, THETA_S
 
 
 def _jsonable(x: Any) -> Any:
@@ -88,7 +90,7 @@ def build_summary(cfg: RunConfig, result, engine: str) -> dict[str, Any]:
         "sync": cfg.federation.sync,
         "secure_aggregation": cfg.federation.secure_aggregation,
         "synchronised_part": result.part,
-        "params": {"theta_c": m.size("theta_c"), "theta_s": m.size("theta_s"), "full": m.size("full")},
+        "params": {part: m.size(part) for part in (THETA_C, THETA_S, FULL)},
         "uplink_bytes": up,
         "downlink_bytes": down,
         "uplink_mb": up / 1e6,
@@ -108,67 +110,52 @@ def build_summary(cfg: RunConfig, result, engine: str) -> dict[str, Any]:
     return _jsonable(summary)
 
 
-def _atomic_text(path: Path, text: str | bytes) -> None:
-    from fcd_secure.federation.state import atomic_write_bytes  # noqa: PLC0415
-
-    atomic_write_bytes(path, text.encode() if isinstance(text, str) else text)
-
-
 def write_run_folder(out: str | Path, cfg: RunConfig, result, engine: str = "flower") -> Path:
     """Write the run folder: each file atomically, ``summary.json`` last (its presence means the folder is
-    complete; the run's ``state/`` may live in the same folder, so the folder itself is never replaced)."""
-    from fcd_secure.federation.state import npz_bytes  # noqa: PLC0415
+    complete; the run's ``state/`` may live in the same folder, so the folder itself is never replaced).
 
+    Args:
+        out: the run folder.
+        cfg: the resolved run config.
+        result: the ``server_app.FederationResult``.
+        engine: recorded in ``summary.json``.
+
+    Returns:
+        The run folder.
+    """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     summary_path = out / "summary.json"
     if summary_path.exists():
         summary_path.unlink()  # the old summary would vouch for a mix of old and new files
-    _atomic_text(out / "config.toml", cfg.to_toml())
-    _atomic_text(out / "config.json", cfg.model_dump_json(indent=2))
-    _atomic_text(out / "theta_c.npz", npz_bytes(result.theta))
-    _atomic_text(out / "manifest.json", result.manifest.to_json())
-    _atomic_text(out / "rounds.csv", pd.DataFrame(result.history).to_csv(index=False))
-    _atomic_text(out / "rounds.json", json.dumps(_jsonable(result.history), indent=1))
-    _atomic_text(out / "traffic.csv", pd.DataFrame(result.traffic_rows).to_csv(index=False))
+    atomic_write_text(out / "config.toml", cfg.to_toml())
+    atomic_write_text(out / "config.json", cfg.model_dump_json(indent=2))
+    atomic_write_bytes(out / "theta_c.npz", npz_bytes(result.theta))
+    atomic_write_text(out / "manifest.json", result.manifest.to_json())
+    atomic_write_text(out / "rounds.csv", pd.DataFrame(result.history).to_csv(index=False))
+    atomic_write_text(out / "rounds.json", json.dumps(_jsonable(result.history), indent=1))
+    atomic_write_text(out / "traffic.csv", pd.DataFrame(result.traffic_rows).to_csv(index=False))
     summary = build_summary(cfg, result, engine)
     _plots(out, result.history, summary)
-    _atomic_text(summary_path, json.dumps(summary, indent=2, ensure_ascii=False))
+    atomic_write_text(summary_path, json.dumps(summary, indent=2, ensure_ascii=False))
     return out
 
 
 def _plots(folder: Path, history: list[dict], summary: dict) -> None:
     """Paper Figs. 3 and 4 for this run (one method); skipped quietly when the metric was never evaluated."""
-    import matplotlib  # noqa: PLC0415
+    from fcd_secure.evaluation.plots import plot_metric_vs_round, plot_utility_vs_uplink  # noqa: PLC0415
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    pts = [(r["round"], r["pehe"]) for r in history if r.get("pehe") is not None]
     label = f"Fed-CausalDiff ({summary['sync']})"
+    pts = [(r["round"], r["pehe"]) for r in history if r.get("pehe") is not None]
     if pts:
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
-        ax.set_xlabel("global communication round")
-        ax.set_ylabel("oracle PEHE (lower is better)")
-        ax.set_title(f"{summary['dataset']}: PEHE vs round (paper Fig. 3)")
-        ax.grid(alpha=0.3)
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(folder / "pehe_vs_round.png", dpi=120)
-        plt.close(fig)
+        plot_metric_vs_round([p[0] for p in pts], {label: [p[1] for p in pts]}, folder / "pehe_vs_round.png",
+                             ylabel="oracle PEHE (lower is better)",
+                             title=f"{summary['dataset']}: PEHE vs round (paper Fig. 3)")
     # Fig. 4 plots downstream AUC against cumulative uplink; without an AUC (non-binary outcomes) PEHE stands in
     has_auc = any(r.get("factual_auc") is not None for r in history)
     key, name = ("factual_auc", "factual AUC (higher is better)") if has_auc else ("pehe", "PEHE (lower is better)")
     pts2 = [(r["cum_uplink_bytes"] / 1e6, r.get(key)) for r in history if r.get(key) is not None]
     if pts2:
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        ax.plot([p[0] for p in pts2], [p[1] for p in pts2], marker="o", label=label)
-        ax.set_xlabel("cumulative uplink (MB)")
-        ax.set_ylabel(name)
-        ax.set_title(f"{summary['dataset']}: utility vs uplink (paper Fig. 4)")
-        ax.grid(alpha=0.3)
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(folder / "utility_vs_uplink.png", dpi=120)
-        plt.close(fig)
+        plot_utility_vs_uplink([(label, [p[0] for p in pts2], [p[1] for p in pts2])], folder / "utility_vs_uplink.png",
+                               ylabel=name, title=f"{summary['dataset']}: utility vs uplink (paper Fig. 4)",
+                               xlabel="cumulative uplink (MB)")

@@ -5,10 +5,14 @@
 
 1. wait for the sites, ``query.hello`` each one (site id, site index, dims, manifest layout hash);
 2. build the initial global parameters from the run seed (every site builds the same initialisation);
-3. resume from ``<state_dir>/_server/checkpoint.npz`` if present (same training hash required);
-4. per round: sample k of N sites (seeded, ``ClientSampler``), ``flow.run_round`` (the aggregation seam,
+3. resume from ``<state root>/_server/checkpoint.npz`` if present (same training hash required);
+4. per round: sample k of N sites (seeded, ``ClientSampler``), ``flow.run_round`` (the aggregation flow,
    ``flows.make_flow``), a cheap federated PEHE every ``eval_every`` rounds, checkpoint;
-5. a full federated evaluation, then the run folder (``federation.outputs``).
+5. a full federated evaluation, the sites' closing audit receipts, then the run folder (``federation.outputs``).
+
+Every run keeps its state under one root (``RunConfig.state_root``: ``state_dir``, else ``<out>/state``): the
+checkpoint and the server's audit ledger (``<root>/_server/audit``, signed with ``<root>/_server/identity_ed25519.key``)
+live there. A run without such a root is refused; it never runs without its ledger.
 """
 
 from __future__ import annotations
@@ -19,17 +23,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from flwr.app import Context
+from flwr.app import ConfigRecord, Context, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
+from fcd_secure.audit import RECEIPTS_MESSAGE_TYPE, ServerAudit, load_or_create_identity_key
 from fcd_secure.config import RunConfig
 from fcd_secure.federation import learner
-from fcd_secure.federation.client_app import REC_HELLO, config_from_context
+from fcd_secure.federation.evaluation import evaluate_federated
 from fcd_secure.federation.flows import make_flow
-from fcd_secure.federation.learner import FULL, THETA_C
 from fcd_secure.federation.messaging import Comm
+from fcd_secure.federation.outputs import write_run_folder
+from fcd_secure.federation.records import HELLO_MESSAGE_TYPE, REC_HELLO, config_from_context
 from fcd_secure.federation.sampler import ClientSampler
 from fcd_secure.federation.state import SERVER_DIR, ServerCheckpoint, StateError
+from fcd_secure.manifest import FULL, THETA_C, Manifest
 
 ProgressHook = Callable[[str, dict], None]
 
@@ -57,7 +64,7 @@ class FederationResult:
     part: str
     history: list[dict]
     final_eval: dict
-    manifest: object
+    manifest: Manifest
     sites: list[SiteInfo]
     traffic_rows: list[dict]
     wall_s: float
@@ -79,9 +86,7 @@ def wait_for_nodes(grid: Grid, n: int, timeout_s: float) -> list[int]:
 
 def hello(comm: Comm, node_ids: list[int], timeout_s: float, n_sites: int) -> list[SiteInfo]:
     """Identify every connected site; returns them ordered by site index (0..n_sites-1, each exactly once)."""
-    from flwr.app import ConfigRecord, RecordDict  # noqa: PLC0415
-
-    replies = comm.send(node_ids, "query.hello", RecordDict({"hello": ConfigRecord({})}), timeout_s)
+    replies = comm.send(node_ids, HELLO_MESSAGE_TYPE, RecordDict({REC_HELLO: ConfigRecord({})}), timeout_s)
     infos: list[SiteInfo] = []
     for nid in node_ids:
         rep = replies.get(nid)
@@ -106,26 +111,43 @@ def hello(comm: Comm, node_ids: list[int], timeout_s: float, n_sites: int) -> li
     return infos
 
 
-def _server_audit(cfg: RunConfig):
-    """The server half of the audit (server ledger + receipts), kept under ``<state_dir>/_server/audit``."""
-    if not cfg.state_dir:
-        return None
-    try:
-        from fcd_secure.audit.server import ServerAudit, load_or_create_identity_key  # noqa: PLC0415
-    except ModuleNotFoundError:
-        return None
-    root = Path(cfg.state_dir) / SERVER_DIR
+def state_root(cfg: RunConfig) -> Path:
+    """The run's state root (checkpoint, server ledger); a run without one is refused.
+
+    Raises:
+        FederationError: the config has neither ``state_dir`` nor ``out``.
+    """
+    root = cfg.state_root()
+    if root is None:
+        raise FederationError(
+            "the run has no state folder (set state_dir or out): the server's checkpoint and audit ledger live there"
+        )
+    return root
+
+
+def server_audit(cfg: RunConfig) -> ServerAudit:
+    """The server half of the audit (server ledger + receipts), under ``<state root>/_server/audit``."""
+    root = state_root(cfg) / SERVER_DIR
     return ServerAudit(root / "audit", load_or_create_identity_key(root / "identity_ed25519.key"))
 
 
 def run_federation(grid: Grid, cfg: RunConfig, progress: ProgressHook | None = None) -> FederationResult:
-    from fcd_secure.federation.evaluation import evaluate_federated  # noqa: PLC0415
+    """Run the whole federation of ``cfg`` over ``grid`` (see the module docstring for the steps).
 
+    Args:
+        grid: Flower's Grid of the running ServerApp.
+        cfg: the resolved run config.
+        progress: called with ``(event, info)`` on ``connected``, ``resumed``, ``round`` and ``evaluating``.
+
+    Raises:
+        FederationError: sites missing or inconsistent, no state folder, or every round aborted.
+        StateError: a checkpoint of another training configuration.
+    """
     t0 = time.perf_counter()
     fed = cfg.federation
     n_sites = cfg.data.n_sites
     say = progress or (lambda _event, _info: None)
-    comm = Comm(grid, poll_s=fed.poll_s, audit=_server_audit(cfg))
+    comm = Comm(grid, poll_s=fed.poll_s, audit=server_audit(cfg))
     nodes = wait_for_nodes(grid, n_sites, fed.node_wait_s)
     sites = hello(comm, nodes[:n_sites] if len(nodes) == n_sites else nodes, fed.round_timeout_s, n_sites)
     order = [s.node_id for s in sites]
@@ -135,15 +157,14 @@ def run_federation(grid: Grid, cfg: RunConfig, progress: ProgressHook | None = N
     manifest = learner.manifest_of(model)
     if manifest.layout_hash != sites[0].layout_hash:
         raise FederationError("the server's model layout differs from the sites' (different code or config)")
-    if comm.audit is not None:  # the layout the server runs with, for the auditor to compare with each site's
-        comm.audit.record_manifest(manifest)
+    comm.audit.record_manifest(manifest)  # the layout the server runs with, for the auditor to compare with each site's
     part = THETA_C if fed.sync == "dss" else FULL
     theta = learner.get_params(model, part)
     sampler = ClientSampler(cfg.seed, n_sites, fed.clients_per_round)
     history: list[dict] = []
     start = 1
-    ckpt = ServerCheckpoint(cfg.state_dir) if cfg.state_dir else None
-    if ckpt is not None and ckpt.exists():
+    ckpt = ServerCheckpoint(state_root(cfg))
+    if ckpt.exists():
         done, theta_ck, sampler_state, h, extra = ckpt.load()
         if h != cfg.training_hash():
             raise StateError(
@@ -158,7 +179,7 @@ def run_federation(grid: Grid, cfg: RunConfig, progress: ProgressHook | None = N
         say("resumed", {"round": done})
     resumed_from = start - 1
 
-    flow = make_flow(cfg)
+    flow = make_flow(cfg, manifest)
     sync_bytes = int(manifest.nbytes(part))
     cum_up = int(sum(r["uplink_bytes"] for r in history))
     cum_down = int(sum(r["downlink_bytes"] for r in history))
@@ -202,10 +223,8 @@ def run_federation(grid: Grid, cfg: RunConfig, progress: ProgressHook | None = N
             row["ate_error"] = quick.get("ate_error")
             row["factual_auc"] = quick.get("factual_auc")
         history.append(row)
-        if ckpt is not None:
-            ckpt.save(rnd, theta, sampler.get_state(), cfg.training_hash(), extra={"history": history})
-        if comm.audit is not None:
-            comm.audit.checkpoint(rnd)  # signs the server ledger's checkpoint closing this round
+        ckpt.save(rnd, theta, sampler.get_state(), cfg.training_hash(), extra={"history": history})
+        comm.audit.checkpoint(rnd)  # signs the server ledger's checkpoint closing this round
         say("round", row)
 
     ran = [r for r in history if r["round"] >= start]
@@ -218,12 +237,10 @@ def run_federation(grid: Grid, cfg: RunConfig, progress: ProgressHook | None = N
         )
     say("evaluating", {})
     final_eval = evaluate_federated(comm, order, theta, cfg, part, quick=False, sites=sites)
-    if comm.audit is not None:  # close the sites' ledgers: the receipts still owed, in one last message each
-        from fcd_secure.audit.server import RECEIPTS_MESSAGE_TYPE  # noqa: PLC0415
-
-        comm.round = fed.rounds + 1
-        comm.send(comm.audit.owed_nodes(), RECEIPTS_MESSAGE_TYPE, comm.audit.final_contents(), fed.round_timeout_s)
-        comm.audit.close()
+    # close the sites' ledgers: the receipts still owed, in one last message each
+    comm.round = fed.rounds + 1
+    comm.send(comm.audit.owed_nodes(), RECEIPTS_MESSAGE_TYPE, comm.audit.final_contents(), fed.round_timeout_s)
+    comm.audit.close()
     return FederationResult(
         theta=theta,
         part=part,
@@ -247,8 +264,6 @@ def make_server_app(cfg: RunConfig | None = None, progress: ProgressHook | None 
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        from fcd_secure.federation.outputs import write_run_folder  # noqa: PLC0415
-
         run_cfg = config_from_context(context, cfg)
         result = run_federation(grid, run_cfg, progress)
         if run_cfg.out:

@@ -14,6 +14,10 @@ import tempfile
 from pathlib import Path
 
 from fcd_secure.config import RunConfig
+from fcd_secure.federation.client_app import make_client_app
+from fcd_secure.federation.secure_setup import provision_roster
+from fcd_secure.federation.server_app import make_server_app
+from fcd_secure.federation.site import default_site_id
 
 
 def quiet_flower_env() -> None:
@@ -44,28 +48,27 @@ def provision_simulated_roster(cfg: RunConfig) -> None:
     """Secure mode needs each site's identity key pinned in a roster that sites read from configuration, never
     from the server (DESIGN P2). In a simulation all sites share one state root, so the operator's provisioning
     step is done here: keys are created in each site's state directory and the roster is written beside them."""
-    from fcd_secure.federation.flows import _secure_flow_module  # noqa: PLC0415
-    from fcd_secure.federation.site import default_site_id  # noqa: PLC0415
-
-    _secure_flow_module().provision_roster(cfg.state_dir, [default_site_id(i) for i in range(cfg.data.n_sites)])
+    provision_roster(cfg.state_dir, [default_site_id(i) for i in range(cfg.data.n_sites)])
 
 
 def run_simulated(cfg: RunConfig, progress=None, num_cpus: int | None = None):
-    """Run the whole federation of ``cfg`` on the simulation engine; returns the ``FederationResult``.
+    """Run the whole federation of ``cfg`` on the simulation engine.
 
-    ``cfg.state_dir`` defaults to ``<out>/state`` (or a temp dir when there is no out folder).
+    Args:
+        cfg: the resolved run config; its state root defaults to ``<out>/state`` (a temp dir without an out folder).
+        progress: the ServerApp's progress hook (``server_app.ProgressHook``).
+        num_cpus: CPUs of the one Ray actor (default: up to 2).
+
+    Returns:
+        The ``server_app.FederationResult``; the run folder is written when ``cfg.out`` is set.
     """
     quiet_flower_env()
-    from flwr.simulation import run_simulation  # noqa: PLC0415
-
-    from fcd_secure.federation.client_app import make_client_app  # noqa: PLC0415
-    from fcd_secure.federation.server_app import make_server_app  # noqa: PLC0415
+    from flwr.simulation import run_simulation  # noqa: PLC0415 - imported after the environment is quiet
 
     logging.getLogger("flwr").setLevel(logging.ERROR)  # flwr sets DEBUG on its logger when imported
 
-    if cfg.state_dir is None:
-        root = Path(cfg.out) / "state" if cfg.out else Path(tempfile.mkdtemp(prefix="fcd-state-"))
-        cfg = cfg.model_copy(update={"state_dir": str(root)})
+    root = cfg.state_root() or Path(tempfile.mkdtemp(prefix="fcd-state-"))
+    cfg = cfg.model_copy(update={"state_dir": str(root)})
     Path(cfg.state_dir).mkdir(parents=True, exist_ok=True)
     if cfg.federation.secure_aggregation:
         provision_simulated_roster(cfg)

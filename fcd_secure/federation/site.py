@@ -21,8 +21,9 @@ import numpy as np
 
 from fcd_secure.config import RunConfig
 from fcd_secure.federation import learner
-from fcd_secure.federation.learner import FULL, THETA_C, THETA_S, SiteData
+from fcd_secure.federation.learner import SiteData
 from fcd_secure.federation.state import SiteState, StateError
+from fcd_secure.manifest import FULL, THETA_C, THETA_S, Manifest
 
 
 def default_site_id(site_index: int) -> str:
@@ -88,7 +89,7 @@ class SiteRuntime:
         return self._model
 
     @property
-    def manifest(self):
+    def manifest(self) -> Manifest:
         if self._manifest is None:
             self._manifest = learner.manifest_of(self.model)
         return self._manifest
@@ -105,8 +106,8 @@ class SiteRuntime:
     def train_round(self, global_theta: dict[str, np.ndarray], round_config: dict[str, Any]) -> tuple[dict[str, np.ndarray], int, dict]:
         """Train one round from the global parameters; returns ``(synchronised params, n_train, metrics)``.
 
-        ``round_config``: ``server-round`` (int), ``part`` ("theta_c" for DSS, "full" for the w/o-DSS ablation),
-        ``local-epochs``. The returned arrays are exactly the manifest entries of ``part``.
+        ``round_config``: ``server-round`` (int), ``part`` (``THETA_C`` for DSS, ``FULL`` for the w/o-DSS
+        ablation), ``local-epochs``. The returned arrays are exactly the manifest entries of ``part``.
         """
         import torch  # noqa: PLC0415
 
@@ -121,8 +122,7 @@ class SiteRuntime:
         model = self.model
         if snap is not None:
             learner.set_params(model, THETA_S, snap.theta_s)
-        self._check_incoming(global_theta, part)
-        learner.set_params(model, part, global_theta)
+        learner.set_params(model, part, global_theta)  # strict: exactly the part's names and shapes
         optimizer = learner.make_optimizer(model, self.cfg)
         if snap is not None and snap.optimizer_state is not None:
             optimizer.load_state_dict(torch.load(io.BytesIO(snap.optimizer_state), weights_only=True))
@@ -153,17 +153,6 @@ class SiteRuntime:
         clean["n"] = float(n)
         return out, n, clean
 
-    def _check_incoming(self, arrays: dict[str, np.ndarray], part: str) -> None:
-        """The global parameters must be exactly the manifest entries of ``part`` (names and shapes)."""
-        expect = {e.name: tuple(e.shape) for e in self.manifest.entries if part == FULL or e.part == part}
-        if sorted(arrays) != sorted(expect):
-            missing = sorted(set(expect) - set(arrays))[:3]
-            extra = sorted(set(arrays) - set(expect))[:3]
-            raise ValueError(f"global parameters do not match the manifest (missing {missing}, unexpected {extra})")
-        for name, shape in expect.items():
-            if tuple(np.shape(arrays[name])) != shape:
-                raise ValueError(f"global parameter {name} has shape {np.shape(arrays[name])}, manifest says {shape}")
-
     # -- evaluation ----------------------------------------------------------------------------------------
     def load_for_eval(self, global_theta: dict[str, np.ndarray], part: str = THETA_C):
         """The site's model with the given global parameters and its own latest Θs (nothing is written)."""
@@ -171,7 +160,6 @@ class SiteRuntime:
         snap = self.state.load()
         if snap is not None:
             learner.set_params(model, THETA_S, snap.theta_s)
-        self._check_incoming(global_theta, part)
         # "w/o DSS" (part = full) synchronises Θs too, so the global one replaces the local copy here
         learner.set_params(model, part, global_theta)
         return model

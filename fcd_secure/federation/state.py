@@ -2,14 +2,15 @@
 
 Flower keeps ``Context.state`` only in SuperNode memory and loses it on a restart; node ids are random per run
 (../shared/research/flower-runtime.md §5). Everything a site must not lose therefore lives here, under
-``<state_root>/<site_id>/``, written atomically (temp file + ``os.replace``) so a kill at any moment leaves either
-the old or the new file, never half of one:
+``<state_root>/<site_id>/``, written atomically (``fcd_secure._io.atomic_write_bytes``: temp file, ``fsync``,
+``os.replace``) so a kill at any moment leaves either the old or the new file, never half of one:
 
 ============================  ===========================================================================
 ``site_state.npz``            Θs_i (never leaves the site), optimiser state, RNG state, last finished round
                               and manifest layout hash: one file, so one ``os.replace`` commits a round
 ``site_state.prev.npz``       the same as it was before the last finished round
-``identity_ed25519.key``      the site's Ed25519 identity key (raw 32 bytes), created on first use
+``identity_ed25519.key``      the site's Ed25519 identity key (raw 32 bytes, mode 0600), created on first use by
+                              the same function as the server's (``fcd_secure.audit.load_or_create_identity_key``)
 ``slots/<name>``              opaque slots for other layers (DP ledger, audit ledger, secure-aggregation keys)
 ============================  ===========================================================================
 
@@ -23,19 +24,20 @@ RNG state and the config hash, written after every finished round.
 
 from __future__ import annotations
 
-import io
 import json
-import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from fcd_secure._io import atomic_write_bytes, npz_bytes, read_npz
+from fcd_secure.audit import load_or_create_identity_key
+
 SERVER_DIR = "_server"
 STATE_FILE = "site_state.npz"
 PREV_FILE = "site_state.prev.npz"
+IDENTITY_FILE = "identity_ed25519.key"
 _SITE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
@@ -43,35 +45,10 @@ class StateError(RuntimeError):
     """State on disk that cannot be used (corrupt file, different model layout, bad site id)."""
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temp file in the same directory and ``os.replace`` (atomic on POSIX)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+def _read_state_file(path: Path) -> dict[str, np.ndarray]:
+    """Every array of a state file; :class:`StateError` naming the file if it cannot be read."""
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
-def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
-    buf = io.BytesIO()
-    np.savez(buf, **{k: np.asarray(v) for k, v in arrays.items()})
-    return buf.getvalue()
-
-
-def read_npz(path: Path) -> dict[str, np.ndarray]:
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
+        return read_npz(path)
     except (OSError, ValueError) as exc:
         raise StateError(f"{path}: unreadable state file ({exc})") from None
 
@@ -120,7 +97,7 @@ class SiteState:
     def _read(self, p: Path) -> SiteSnapshot | None:
         if not p.exists():
             return None
-        z = read_npz(p)
+        z = _read_state_file(p)
         if "__meta__" not in z:
             raise StateError(f"{p}: not a site state file")
         meta = json.loads(z.pop("__meta__").tobytes().decode())
@@ -191,23 +168,8 @@ class SiteState:
 
     # -- identity ------------------------------------------------------------------------------------
     def identity_private_key(self) -> bytes:
-        """Raw 32-byte Ed25519 private key of this site, created (from the OS CSPRNG) on first use."""
-        from cryptography.hazmat.primitives import serialization  # noqa: PLC0415
-        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey  # noqa: PLC0415
-
-        p = self.path("identity_ed25519.key")
-        if p.exists():
-            raw = p.read_bytes()
-            if len(raw) != 32:
-                raise StateError(f"{p}: identity key must be 32 raw bytes, found {len(raw)}")
-            return raw
-        key = Ed25519PrivateKey.generate()
-        raw = key.private_bytes(
-            serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
-        )
-        atomic_write_bytes(p, raw)
-        os.chmod(p, 0o600)
-        return raw
+        """Raw 32-byte Ed25519 private key of this site, created (from the OS CSPRNG, mode 0600) on first use."""
+        return load_or_create_identity_key(self.path(IDENTITY_FILE))
 
 
 class ServerCheckpoint:
@@ -226,7 +188,7 @@ class ServerCheckpoint:
         atomic_write_bytes(self.path, npz_bytes(arrays))
 
     def load(self) -> tuple[int, dict[str, np.ndarray], dict, str, dict]:
-        z = read_npz(self.path)
+        z = _read_state_file(self.path)
         if "__meta__" not in z:
             raise StateError(f"{self.path}: not a server checkpoint")
         meta = json.loads(z.pop("__meta__").tobytes().decode())

@@ -1,19 +1,23 @@
 """fcd_secure.model — the Fed-CausalDiff network (paper §III), its diffusion schedule and samplers, the local
-objective, the Θc/Θs manifest, local training and do-simulation.
+objective, the Θc/Θs manifest, local training and do-simulation, and the simulator protocol the baselines share.
 
 Public API (other layers import from here or from the named module):
 
 * ``ModelConfig`` (config.py); ``FedCausalDiff.from_dims(cfg, dx, da, n_actions, n_sites)`` (networks.py)
 * ``build_manifest``, ``get_params``, ``set_params`` (manifest.py; the contract itself is ``fcd_secure.manifest``)
-* ``make_loader``, ``batch_loss``, ``train_local`` (training.py)
-* ``simulate``, ``simulate_policy``, ``estimate_effects``, ``SimResult`` (simulate.py)
+* ``Batch``, ``make_loader``, ``dataset_tensors`` (batch.py); ``batch_loss``, ``train_local`` (training.py)
+* ``simulate``, ``simulate_policy``, ``estimate_effects`` (simulate.py, the Fed-CausalDiff rollout)
+* ``Simulator``, ``SimResult`` (simulator.py): the protocol of every causal simulator; its implementations —
+  Fed-CausalDiff, the GRU g-formula, the naive model — are ``fcd_secure.model.baselines``
 """
 
+from fcd_secure.model.batch import Batch, dataset_tensors, make_loader
 from fcd_secure.model.config import ModelConfig
 from fcd_secure.model.manifest import build_manifest, get_params, set_params
 from fcd_secure.model.networks import FedCausalDiff, unwrap
-from fcd_secure.model.simulate import SimResult, estimate_effects, simulate, simulate_policy
-from fcd_secure.model.training import batch_loss, make_loader, train_local
+from fcd_secure.model.simulate import estimate_effects, simulate, simulate_policy
+from fcd_secure.model.simulator import SimResult, Simulator
+from fcd_secure.model.training import batch_loss, train_local
 
 __all__ = [
     "ModelConfig",
@@ -22,6 +26,8 @@ __all__ = [
     "build_manifest",
     "get_params",
     "set_params",
+    "Batch",
+    "dataset_tensors",
     "make_loader",
     "batch_loss",
     "train_local",
@@ -29,4 +35,5 @@ __all__ = [
     "simulate_policy",
     "estimate_effects",
     "SimResult",
+    "Simulator",
 ]

@@ -131,6 +131,7 @@ class ModelConfig(BaseModel):
     # -- what the privacy report reads -------------------------------------------------------------------
     @property
     def k(self) -> int:
+        """dim of K = [K^(c), K^(s)]."""
         return self.k_causal + self.k_site
 
     @property
@@ -153,4 +154,5 @@ class ModelConfig(BaseModel):
 
     @property
     def per_sample_safe(self) -> bool:
+        """Whether every loss term is per-sample (the condition for DP-SGD)."""
         return not self.batch_coupled_terms

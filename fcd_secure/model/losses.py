@@ -7,7 +7,7 @@ reduced across the batch here except in the batch MMD, which is the only batch-c
 under DP-SGD (``ModelConfig.align_form``; dp-anchors §2). Per-sample randomness (diffusion steps, noise) is drawn
 per row inside these functions, which is what Opacus' per-sample clipping needs (dp-anchors §1.2).
 
-``batch`` is the tuple the loaders yield: ``(X[B,dx], A[B,L,da], T[B,L], Y[B,L], M[B,L], site[B])``.
+``batch`` is a :class:`~fcd_secure.model.batch.Batch` (``X[B,dx], A[B,L,da], T[B,L], Y[B,L], M[B,L], site[B]``).
 """
 
 from __future__ import annotations
@@ -15,10 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fcd_secure.model.config import ModelConfig
+from fcd_secure.model.batch import Batch
 from fcd_secure.model.networks import FedCausalDiff
-
-Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def masked_mean(v: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
@@ -41,8 +39,7 @@ def l_recon(model: FedCausalDiff, K: torch.Tensor, batch: Batch) -> torch.Tensor
     Our reading: the encoder's K_t (history before T_t) must let the decoder reproduce the factual outcome; the
     next-step inputs are not reconstructed separately (K_{t+1} is the diffusion's target, which covers it).
     """
-    _, A, T, Y, M, _ = batch
-    return masked_mean(outcome_nll(model, K, A, T, Y), M)
+    return masked_mean(outcome_nll(model, K, batch.A, batch.T, batch.Y), batch.M)
 
 
 def l_diff(model: FedCausalDiff, K: torch.Tensor, batch: Batch) -> torch.Tensor:
@@ -55,7 +52,7 @@ def l_diff(model: FedCausalDiff, K: torch.Tensor, batch: Batch) -> torch.Tensor:
 
     For the deterministic g-formula baseline the same slot holds ‖K_{t+1} − f(K_t, A_t, T_t)‖².
     """
-    _, A, T, _, M, _ = batch
+    A, T, M = batch.A, batch.T, batch.M
     cfg = model.cfg
     B, L, k = K.shape
     if L < 2:
@@ -104,7 +101,7 @@ def l_align_batch(model: FedCausalDiff, Kc: torch.Tensor, batch: Batch) -> torch
     interventions. w_a is a's share of the subsampled valid steps (``cfg.align_max_points`` of them). This term
     COUPLES SAMPLES and must not be used under DP-SGD.
     """
-    _, _, T, _, M, _ = batch
+    T, M = batch.T, batch.M
     cfg = model.cfg
     idx = torch.nonzero(M.reshape(-1) > 0).squeeze(1)
     if idx.numel() < 4:
@@ -129,11 +126,10 @@ def l_align_reference(model: FedCausalDiff, Kc: torch.Tensor, batch: Batch) -> t
     The per-sample half of MMD²(P_Kc, R): every group (treated or not) is pulled toward the same data-free
     reference, an indirect alignment whose gradient for one record depends on that record only.
     """
-    _, _, _, _, M, _ = batch
     cfg = model.cfg
     R = reference_points(Kc.shape[-1])
     k_ref = torch.exp(-((Kc.unsqueeze(-2) - R) ** 2).sum(-1) / (2 * cfg.align_bandwidth**2)).mean(-1)
-    return masked_mean(1.0 - 2.0 * k_ref, M)
+    return masked_mean(1.0 - 2.0 * k_ref, batch.M)
 
 
 def l_dis(model: FedCausalDiff, Kc: torch.Tensor, Ks: torch.Tensor, batch: Batch) -> torch.Tensor:
@@ -150,7 +146,7 @@ def l_dis(model: FedCausalDiff, Kc: torch.Tensor, Ks: torch.Tensor, batch: Batch
       default (3 seeds): 'action' gives better PEHE/ATE, although it drives K^(s) into tanh saturation (near-constant
       K^(s)); 'site' keeps K^(s) alive but its effects were worse.
     """
-    _, _, T, _, M, site = batch
+    T, M, site = batch.T, batch.M, batch.site
     cfg = model.cfg
     B, L = T.shape
     site_t = site.view(B, 1).expand(B, L)
@@ -170,7 +166,7 @@ def l_cf(model: FedCausalDiff, K: torch.Tensor, batch: Batch) -> torch.Tensor:
     uses the differentiable DDIM sampler with ``cfg.cf_sampler_steps`` steps, so gradients reach ε_c, ε_s and the
     decoder (and the encoder's starting K_t when ``cfg.cf_grad_to_encoder``). All start steps t run in parallel on the [B, L, k] grid.
     """
-    _, A, T, Y, M, _ = batch
+    A, T, Y, M = batch.A, batch.T, batch.Y, batch.M
     cfg = model.cfg
     B, L, k = K.shape
     R = cfg.cf_horizon

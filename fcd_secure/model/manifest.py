@@ -1,4 +1,4 @@
-"""Building the Θc / Θs manifest of a Fed-CausalDiff network, and moving parameters in and out by manifest name.
+"""Building the Θc / Θs manifest of a simulator's network, and moving parameters in and out by manifest name.
 
 The contract itself (``Manifest``, ``ManifestEntry``, parts) is :mod:`fcd_secure.manifest`, which every other layer
 reads; this module is the only place that knows how the partition maps onto the network (DESIGN.md "Layers";
@@ -11,6 +11,8 @@ The partition rule (:func:`part_of`):
   discriminator (DESIGN trap 1: the trunk producing K^(c) is shared so ε_c acts in one coordinate system; trap 2:
   the discriminator is shared so it can learn more than one site label);
 * ``theta_s`` — site-local: K^(s) head, ε_s, parallel head (:data:`networks.THETA_S_MODULES`).
+
+Another simulator (:mod:`fcd_secure.model.baselines`) passes its own site-local modules as ``theta_s_modules``.
 """
 
 from __future__ import annotations
@@ -20,38 +22,58 @@ import torch
 from torch import nn
 
 from fcd_secure.manifest import FULL, THETA_C, THETA_S, Manifest, ManifestEntry, ManifestError, Part, Side, check_part
-from fcd_secure.model.networks import THETA_S_MODULES, unwrap
+from fcd_secure.model.networks import THETA_S_MODULES
 
 __all__ = ["build_manifest", "get_params", "part_of", "set_params"]
 
 
-def part_of(name: str) -> Side:
-    """The partition rule: a parameter is Θs iff its top-level module is in ``THETA_S_MODULES``."""
-    return THETA_S if name.split(".", 1)[0] in THETA_S_MODULES else THETA_C
+def part_of(name: str, theta_s_modules: tuple[str, ...] = THETA_S_MODULES) -> Side:
+    """The partition rule: a parameter is Θs iff its top-level module is in ``theta_s_modules``."""
+    return THETA_S if name.split(".", 1)[0] in theta_s_modules else THETA_C
+
+
+def _bare(model: nn.Module) -> nn.Module:
+    """The network behind Opacus' ``GradSampleModule`` wrappers (whose ``_module.`` prefix is not a name)."""
+    m = model
+    while hasattr(m, "_module") and isinstance(m._module, nn.Module):
+        m = m._module
+    return m
 
 
 def _named_params(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
-    return [(n, p) for n, p in unwrap(model).named_parameters() if p.requires_grad]
+    return [(n, p) for n, p in _bare(model).named_parameters() if p.requires_grad]
 
 
-def _in_part(name: str, part: Part) -> bool:
-    return part == FULL or part_of(name) == part
+def _in_part(name: str, part: Part, theta_s_modules: tuple[str, ...]) -> bool:
+    return part == FULL or part_of(name, theta_s_modules) == part
 
 
-def build_manifest(model: nn.Module) -> Manifest:
-    """The manifest of ``model`` (a FedCausalDiff, bare or wrapped by Opacus)."""
+def build_manifest(model: nn.Module, theta_s_modules: tuple[str, ...] = THETA_S_MODULES) -> Manifest:
+    """The manifest of ``model`` (bare or wrapped by Opacus).
+
+    Args:
+        model: the network; a FedCausalDiff by default.
+        theta_s_modules: its site-local top-level modules (default: Fed-CausalDiff's).
+    """
     return Manifest.from_entries(
-        ManifestEntry(name=n, shape=tuple(p.shape), dtype=p.dtype, part=part_of(n)) for n, p in _named_params(model)
+        ManifestEntry(name=n, shape=tuple(p.shape), dtype=p.dtype, part=part_of(n, theta_s_modules))
+        for n, p in _named_params(model)
     )
 
 
-def get_params(model: nn.Module, part: Part) -> dict[str, np.ndarray]:
-    """Copies of the parameters in ``part``, keyed by manifest name, in manifest order."""
+def get_params(model: nn.Module, part: Part, theta_s_modules: tuple[str, ...] = THETA_S_MODULES) -> dict[str, np.ndarray]:
+    """Copies of the parameters in ``part``, keyed by manifest name, in manifest order.
+
+    Raises:
+        ManifestError: for an unknown part.
+    """
     check_part(part)
-    return {n: p.detach().cpu().numpy().copy() for n, p in _named_params(model) if _in_part(n, part)}
+    return {n: p.detach().cpu().numpy().copy() for n, p in _named_params(model) if _in_part(n, part, theta_s_modules)}
 
 
-def set_params(model: nn.Module, part: Part, arrays: dict[str, np.ndarray]) -> None:
+def set_params(
+    model: nn.Module, part: Part, arrays: dict[str, np.ndarray], theta_s_modules: tuple[str, ...] = THETA_S_MODULES
+) -> None:
     """Load ``arrays`` into the parameters of ``part``.
 
     Strict: the names must be exactly the part's names, every shape must match, values must be finite floating
@@ -61,8 +83,8 @@ def set_params(model: nn.Module, part: Part, arrays: dict[str, np.ndarray]) -> N
         ManifestError: naming the first tensor that does not match.
     """
     check_part(part)
-    params = {n: p for n, p in _named_params(model) if _in_part(n, part)}
-    build_manifest(model).check_arrays(arrays, part)
+    params = {n: p for n, p in _named_params(model) if _in_part(n, part, theta_s_modules)}
+    build_manifest(model, theta_s_modules).check_arrays(arrays, part)
     staged: dict[str, torch.Tensor] = {}
     for n, p in params.items():
         a = np.asarray(arrays[n])

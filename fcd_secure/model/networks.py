@@ -43,6 +43,7 @@ THETA_S_MODULES: tuple[str, ...] = ("head_s", "eps_s", "parallel_head")
 
 
 def mlp(d_in: int, d_out: int, hidden: int, depth: int = 2) -> nn.Sequential:
+    """``depth`` hidden Linear+SiLU layers of width ``hidden``, then a Linear read-out to ``d_out``."""
     layers: list[nn.Module] = []
     d = d_in
     for _ in range(depth):
@@ -73,6 +74,16 @@ class FedCausalDiff(nn.Module):
 
     Build with :meth:`from_dims`. The methods below are the pieces the losses and the simulator compose; they
     call sub-modules directly so that Opacus' per-sample hooks (registered on the leaf layers) see every use.
+
+    Args:
+        cfg: dimensions, transition kind, decoder head and L_dis targets.
+        dx: static covariates.
+        da: exogenous context features per step.
+        n_actions: size of the action set.
+        n_sites: number of sites (classes of the shared site discriminator).
+
+    Raises:
+        ValueError: for impossible dimensions.
     """
 
     def __init__(self, cfg: ModelConfig, dx: int, da: int, n_actions: int, n_sites: int) -> None:
@@ -110,6 +121,7 @@ class FedCausalDiff(nn.Module):
 
     @property
     def dims(self) -> dict[str, int]:
+        """The data dimensions the network was built for."""
         return {"dx": self.dx, "da": self.da, "n_actions": self.n_actions, "n_sites": self.n_sites}
 
     # -- Phase A ---------------------------------------------------------------------------------------------
@@ -206,6 +218,7 @@ class FedCausalDiff(nn.Module):
         return self.site_disc(grad_reverse(Kc, self.cfg.grl_scale))
 
     def parallel_logits(self, Ks: torch.Tensor) -> torch.Tensor:
+        """The parallel head on K^(s) (Θs, no reversal): logits of the logged action or of the site label."""
         return self.parallel_head(Ks)
 
 

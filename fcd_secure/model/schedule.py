@@ -44,6 +44,7 @@ class NoiseSchedule:
 
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> "NoiseSchedule":
+        """The schedule ``cfg`` names (steps, kind, β range)."""
         return cls(cfg.diffusion_steps, cfg.schedule, cfg.beta_start, cfg.beta_end)
 
     def q_sample(self, x0: torch.Tensor, n: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:

@@ -18,8 +18,9 @@ share their random numbers (common random numbers, DESIGN trap 6).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from functools import partial
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,68 +28,16 @@ from torch import nn
 
 from fcd_secure.data.schema import SiteDataset
 from fcd_secure.model.networks import unwrap
+from fcd_secure.model.simulator import (
+    Plan,
+    SimResult,
+    Simulator,
+    check_window,
+    contrast_effects,
+    plan_fn,
+)
 
-
-class PolicyLike(Protocol):
-    name: str
-
-    def actions(self, t: int, y_hist: np.ndarray, lengths: np.ndarray, a_off: int, a_on: int) -> np.ndarray: ...
-
-
-#: A plan is a policy object, ``fn(t, y_hist, lengths) -> int64[B]``, a constant action, or actions [H] / [n, H].
-Plan = Any
-
-
-@dataclass
-class SimResult:
-    """Outcome trajectories of one simulated policy.
-
-    ``probs[i, s, h]`` is E[Y_{start_t+h} | simulated state] for patient i and sample s; ``y`` the sampled outcome;
-    ``mask[i, h]`` the logged valid-step mask over the window. ``value_per_patient[i]`` = mean over samples of
-    (1/L_i) Σ_h M·probs — the policy value of the evaluation note (per-step average outcome over valid steps).
-    ``value`` is its mean over patients, with the between-patient standard error and a normal 95 % interval.
-    """
-
-    name: str
-    start_t: int
-    horizon: int
-    probs: np.ndarray
-    y: np.ndarray
-    actions: np.ndarray
-    mask: np.ndarray
-    value_per_patient: np.ndarray
-    value: float
-    se: float
-    ci95: tuple[float, float]
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"policy": self.name, "value": self.value, "se": self.se, "ci95": list(self.ci95),
-                "start_t": self.start_t, "horizon": self.horizon, "n": int(self.probs.shape[0]),
-                "n_samples": int(self.probs.shape[1])}
-
-
-def _plan_fn(plan: Plan, anchors: tuple[int, int] | None) -> tuple[Callable[[int, int, np.ndarray, np.ndarray, np.ndarray], np.ndarray], str]:
-    """Normalise a plan to fn(h, t, y_hist, lengths, rows) -> int64[B]."""
-    if hasattr(plan, "actions") and callable(plan.actions):
-        if anchors is None:
-            raise ValueError("a policy needs anchors=(a_off, a_on)")
-        a_off, a_on = anchors
-        return (lambda h, t, yh, ln, rows: np.asarray(plan.actions(t, yh, ln, a_off, a_on), dtype=np.int64)), str(
-            getattr(plan, "name", "policy")
-        )
-    if isinstance(plan, (int, np.integer)):
-        return (lambda h, t, yh, ln, rows: np.full(len(ln), int(plan), dtype=np.int64)), f"always_{int(plan)}"
-    if isinstance(plan, np.ndarray):
-        arr = plan.astype(np.int64)
-        if arr.ndim == 1:
-            return (lambda h, t, yh, ln, rows: np.full(len(ln), arr[h], dtype=np.int64)), "plan"
-        if arr.ndim == 2:
-            return (lambda h, t, yh, ln, rows: arr[rows, h]), "plan"
-        raise ValueError(f"an action plan must be [H] or [n, H], got shape {arr.shape}")
-    if callable(plan):
-        return (lambda h, t, yh, ln, rows: np.asarray(plan(t, yh, ln), dtype=np.int64)), getattr(plan, "__name__", "plan")
-    raise TypeError(f"cannot use {type(plan).__name__} as a policy or action plan")
+__all__ = ["estimate_effects", "simulate", "simulate_policy"]
 
 
 @torch.no_grad()
@@ -109,8 +58,28 @@ def simulate(
 ) -> SimResult:
     """Roll out ``plan`` for every trajectory of ``ds`` from ``start_t`` for ``horizon`` steps, ``n_samples`` times.
 
-    ``rollout`` (default ``cfg.rollout``): 'latent' steps K with the diffusion transition (module docstring);
-    'encoder' feeds the simulated (a_t, Y_t) back through the encoder instead (kept for comparison).
+    Args:
+        model: a FedCausalDiff network (bare or wrapped by Opacus).
+        ds: trajectories; the history before ``start_t`` is taken as logged.
+        plan: a policy, a constant action or an action array (:data:`~fcd_secure.model.simulator.Plan`).
+        n_samples: simulated futures per trajectory.
+        seed: seed of all draws (one generator per row chunk).
+        start_t: first simulated step.
+        horizon: steps to simulate (None: to the end).
+        anchors: ``(a_off, a_on)`` for a policy plan.
+        sample_y: feed sampled outcomes (True) or their probabilities to the policy's history.
+        sampler: 'ddim' or 'ddpm' (default ``cfg.sampler``).
+        steps: DDIM steps per transition (default ``cfg.sampler_steps``).
+        chunk_rows: rows simulated together.
+        rollout: 'latent' (default ``cfg.rollout``) steps K with the diffusion transition (module docstring);
+            'encoder' feeds the simulated (a_t, Y_t) back through the encoder instead (kept for comparison).
+
+    Returns:
+        The outcome trajectories and the policy value.
+
+    Raises:
+        ValueError: a window outside the data, dims that do not match the model, or a policy that returns an
+            action outside the action set.
     """
     core = unwrap(model)
     rollout = rollout or core.cfg.rollout
@@ -118,19 +87,15 @@ def simulate(
         raise ValueError(f"unknown rollout {rollout!r}; expected 'latent' or 'encoder'")
     was_training = core.training
     core.eval()
-    n, L = ds.n, ds.L
-    if not 0 <= start_t < L:
-        raise ValueError(f"start_t must be in [0, {L}), got {start_t}")
-    H = (L - start_t) if horizon is None else int(horizon)
-    if not 1 <= H <= L - start_t:
-        raise ValueError(f"horizon must be in [1, {L - start_t}] from start_t={start_t}, got {horizon}")
+    n = ds.n
+    H = check_window(ds.L, start_t, horizon)
     if n_samples < 1:
         raise ValueError(f"n_samples must be >= 1, got {n_samples}")
     if ds.n_actions != core.n_actions or ds.dx != core.dx or ds.da != core.da:
         raise ValueError(
             f"{ds.name}: dims (dx={ds.dx}, da={ds.da}, n_actions={ds.n_actions}) do not match the model {core.dims}"
         )
-    fn, name = _plan_fn(plan, anchors)
+    fn, name = plan_fn(plan, anchors)
     S = n_samples
     probs = np.zeros((n, S, H), dtype=np.float32)
     ys = np.zeros((n, S, H), dtype=np.float32)
@@ -177,23 +142,22 @@ def simulate(
                 K = core.transition(K, A_rep[:, t], at, sampler=sampler, steps=steps, generator=g)
             elif h < H - 1:
                 K, state = core.encode_step(state, X_rep, A_rep[:, t + 1], at, y)
-    mask = ds.M[:, start_t : start_t + H].astype(np.float32)
-    denom = np.maximum(mask.sum(1), 1.0)
-    vpp = ((probs * mask[:, None, :]).sum(2) / denom[:, None]).mean(1)
-    value = float(vpp.mean())
-    se = float(vpp.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
     if was_training:
         core.train()
-    return SimResult(
-        name=name, start_t=start_t, horizon=H, probs=probs, y=ys, actions=acts, mask=mask,
-        value_per_patient=vpp, value=value, se=se, ci95=(value - 1.96 * se, value + 1.96 * se),
+    return SimResult.from_rollout(
+        name, ds, start_t, probs, ys, acts,
         meta={"sampler": sampler or core.cfg.sampler, "steps": steps or core.cfg.sampler_steps,
               "transition": core.cfg.transition, "rollout": rollout, "seed": seed},
     )
 
 
+def _rollout_of(model: nn.Module | Simulator) -> Callable[..., SimResult]:
+    """``simulate(ds, plan, n_samples, seed, ...)`` of a Simulator, or :func:`simulate` bound to a network."""
+    return model.simulate if isinstance(model, Simulator) else partial(simulate, model)
+
+
 def simulate_policy(
-    model: nn.Module,
+    model: nn.Module | Simulator,
     ds: SiteDataset,
     policy: Plan,
     anchors: tuple[int, int],
@@ -205,19 +169,11 @@ def simulate_policy(
 ) -> SimResult:
     """Simulate ``policy`` (an object with ``.name`` and ``.actions(t, y_hist, lengths, a_off, a_on)``, or any
     plan :func:`simulate` accepts) on every trajectory of ``ds``; returns outcome trajectories and the value."""
-    return simulate(model, ds, policy, n_samples, seed, start_t=start_t, horizon=horizon, anchors=anchors, **kw)
-
-
-def effect_window_mask(ds: SiteDataset, anchor_step: int, horizon: int) -> np.ndarray:
-    """Valid-step mask of the effect window [anchor_step, anchor_step + horizon); rows with none get all ones."""
-    m = ds.M[:, anchor_step : anchor_step + horizon].astype(np.float64)
-    empty = m.sum(1) == 0
-    m[empty] = 1.0
-    return m
+    return _rollout_of(model)(ds, policy, n_samples, seed, start_t=start_t, horizon=horizon, anchors=anchors, **kw)
 
 
 def estimate_effects(
-    model: nn.Module,
+    model: nn.Module | Simulator,
     ds: SiteDataset,
     anchors: tuple[int, int],
     anchor_step: int,
@@ -226,15 +182,6 @@ def estimate_effects(
     seed: int,
     **kw: Any,
 ) -> np.ndarray:
-    """τ̂_i = mean over h < horizon of (E[Y_{t0+h} | do(a_on …)] − E[Y_{t0+h} | do(a_off …)]), t0 = anchor_step.
-
-    Same definition as the oracle's ``true_effects``: always-a_on minus always-a_off from the anchor step, the
-    history before t0 as logged. Both arms share their random numbers. The mean runs over the window's valid steps
-    (all steps for a row that has none).
-    """
-    a_off, a_on = anchors
-    on = simulate(model, ds, int(a_on), n_samples, seed, start_t=anchor_step, horizon=horizon, **kw)
-    off = simulate(model, ds, int(a_off), n_samples, seed, start_t=anchor_step, horizon=horizon, **kw)
-    m = effect_window_mask(ds, anchor_step, horizon)
-    diff = (on.probs - off.probs).mean(1)  # [n, H]
-    return (diff * m).sum(1) / m.sum(1)
+    """Individual effects τ̂ ``[n]`` of ``model`` (a FedCausalDiff network or any Simulator): always-a_on minus
+    always-a_off from ``anchor_step`` over ``horizon`` (:func:`~fcd_secure.model.simulator.contrast_effects`)."""
+    return contrast_effects(_rollout_of(model), ds, anchors, anchor_step, horizon, n_samples, seed, **kw)

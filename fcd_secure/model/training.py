@@ -1,6 +1,7 @@
 """Local training of Fed-CausalDiff: the API the federation and DP layers build on.
 
-* :func:`make_loader` — tensors of one site (never the propensities P, DESIGN trap 5);
+* :func:`make_loader` / :func:`dataset_tensors` (``batch.py``) — tensors of one site (never the propensities P,
+  DESIGN trap 5), converted to a :class:`~fcd_secure.model.batch.Batch` where they are consumed;
 * :func:`batch_loss` — the local objective on one batch (paper §III-C), per-sample-safe unless a batch term is on;
 * :func:`train_local` — one call = one local round (``epochs`` passes), returns mean loss parts and n.
 
@@ -11,78 +12,48 @@ privacy/ wraps ``model``/``optimizer``/``loader`` with Opacus (hooks mode, Poiss
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Callable
 
-import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 from fcd_secure.data.schema import SiteDataset
 from fcd_secure.model import losses as L
+from fcd_secure.model.batch import Batch, dataset_tensors, make_loader
 from fcd_secure.model.config import ModelConfig
-from fcd_secure.model.networks import FedCausalDiff, unwrap
+from fcd_secure.model.networks import unwrap
 
-
-def site_labels(ds: SiteDataset, site_index: int | None) -> np.ndarray:
-    """Per-row site ids: ``site_index`` for every row, or ``ds.meta['site']`` for a pooled dataset."""
-    if site_index is not None:
-        return np.full(ds.n, int(site_index), dtype=np.int64)
-    site = ds.meta.get("site")
-    if site is None:
-        raise ValueError(f"{ds.name}: no site_index given and meta['site'] is missing (pool sites with schema.concat)")
-    site = np.asarray(site, dtype=np.int64)
-    if site.ndim == 0:  # a single site's dataset carries its index as a scalar
-        return np.full(ds.n, int(site), dtype=np.int64)
-    if site.shape != (ds.n,):
-        raise ValueError(f"{ds.name}: meta['site'] has shape {site.shape}, expected ({ds.n},)")
-    return site
-
-
-def dataset_tensors(ds: SiteDataset, site_index: int | None) -> tuple[torch.Tensor, ...]:
-    """(X, A, T, Y, M, site) as tensors. P is deliberately not among them."""
-    return (
-        torch.as_tensor(ds.X, dtype=torch.float32),
-        torch.as_tensor(ds.A, dtype=torch.float32),
-        torch.as_tensor(ds.T, dtype=torch.long),
-        torch.as_tensor(ds.Y, dtype=torch.float32),
-        torch.as_tensor(ds.M, dtype=torch.float32),
-        torch.as_tensor(site_labels(ds, site_index)),
-    )
-
-
-def make_loader(
-    ds: SiteDataset, batch_size: int, seed: int, site_index: int | None, poisson: bool = False
-) -> DataLoader:
-    """A shuffling loader over ``(X, A, T, Y, M, site)``; ``poisson=True`` gives Opacus' Poisson-sampled loader
-    (sample rate batch_size/n, variable and possibly empty batches), which DP accounting assumes."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    tensors = TensorDataset(*dataset_tensors(ds, site_index))
-    g = torch.Generator().manual_seed(int(seed))
-    dl = DataLoader(tensors, batch_size=min(batch_size, ds.n), shuffle=True, generator=g)
-    if poisson:
-        from opacus.data_loader import DPDataLoader
-
-        g2 = torch.Generator().manual_seed(int(seed) + 1)
-        dl = DPDataLoader.from_data_loader(dl, generator=g2)
-    return dl
+__all__ = ["Batch", "batch_loss", "dataset_tensors", "make_loader", "make_optimizer", "train_local"]
 
 
 def batch_loss(
-    model: nn.Module, batch: tuple[torch.Tensor, ...], cfg: ModelConfig, n_sites: int
+    model: nn.Module, batch: Sequence[torch.Tensor], cfg: ModelConfig, n_sites: int
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """L = L_recon + λ_diff L_diff + λ1 L_align + λ2 L_dis + λ3 L_cf on one batch → (scalar loss, parts).
+    """L = L_recon + λ_diff L_diff + λ1 L_align + λ2 L_dis + λ3 L_cf on one batch (paper §III-C).
 
     The scalar is (1/B)·Σ_i ℓ_i of per-sample losses ℓ_i, plus λ1·MMD only when ``cfg.align_form == 'batch_mmd'``
     (never under ``dp_mode``). An empty (Poisson) batch gives a zero loss that still has a graph.
+
+    Args:
+        model: a FedCausalDiff, bare or wrapped by Opacus' ``GradSampleModule``.
+        batch: a :class:`Batch`, or a loader's six tensors in its field order.
+        cfg: loss weights and switches.
+        n_sites: number of site labels of the shared discriminator.
+
+    Returns:
+        ``(loss, parts)``: the scalar to back-propagate and the batch mean of each term (plus ``total``).
+
+    Raises:
+        ValueError: if a site label is outside ``[0, n_sites)``.
     """
     core = unwrap(model)
-    X, A, T, Y, M, site = batch
-    B = int(T.shape[0])
-    if B and int(site.max()) >= n_sites:
-        raise ValueError(f"site label {int(site.max())} out of range for n_sites={n_sites}")
-    Kc, Ks = core.encode(X, A, T, Y)
+    batch = Batch.of(batch)
+    B = batch.size
+    if B and int(batch.site.max()) >= n_sites:
+        raise ValueError(f"site label {int(batch.site.max())} out of range for n_sites={n_sites}")
+    Kc, Ks = core.encode(batch.X, batch.A, batch.T, batch.Y)
     K = torch.cat([Kc, Ks], -1)
     per = torch.zeros(B)
     parts: dict[str, float] = {}
@@ -111,6 +82,7 @@ def batch_loss(
 
 
 def make_optimizer(model: nn.Module, cfg: ModelConfig) -> torch.optim.Optimizer:
+    """Adam with the configured learning rate and weight decay (the optimiser state a site keeps across rounds)."""
     return torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
@@ -128,8 +100,27 @@ def train_local(
 ) -> dict[str, float]:
     """One local round: ``epochs`` passes over ``ds`` (or over ``loader`` when privacy/ supplies a DP one).
 
-    Returns the example-weighted mean of each loss part, ``n`` (trajectories), ``steps`` and ``epochs``. All
-    randomness (shuffling, diffusion steps/noise) derives from ``seed``; the caller's global RNG state is restored.
+    All randomness (shuffling, diffusion steps/noise) derives from ``seed``; the caller's global RNG state is
+    restored.
+
+    Args:
+        model: a FedCausalDiff, bare or wrapped by Opacus.
+        ds: the site's training data.
+        cfg: the model configuration (loss weights, batch size, clipping outside DP).
+        site_index: the site label of every row, or None for a pooled dataset with ``meta['site']``.
+        n_sites: number of sites (labels of the shared discriminator).
+        epochs: passes over the data.
+        seed: seed of this round's randomness.
+        optimizer: the optimiser to step (its state persists across calls); a fresh Adam when None.
+        loader: a loader to use instead of :func:`make_loader` (Opacus' DP loader).
+        on_step: called after every optimiser step with the step count and the loss parts.
+
+    Returns:
+        The example-weighted mean of each loss part, ``n`` (trajectories), ``steps`` and ``epochs``.
+
+    Raises:
+        ValueError: if ``epochs`` < 1.
+        FloatingPointError: on a non-finite loss.
     """
     if epochs < 1:
         raise ValueError(f"epochs must be >= 1, got {epochs}")
@@ -142,8 +133,9 @@ def train_local(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
         for _ in range(epochs):
-            for batch in dl:
-                b = int(batch[2].shape[0])
+            for raw in dl:
+                batch = Batch.of(raw)
+                b = batch.size
                 opt.zero_grad(set_to_none=True)
                 loss, parts = batch_loss(model, batch, cfg, n_sites)
                 loss.backward()

@@ -1,7 +1,7 @@
 """Pairwise-masked secure aggregation of Θc (Bonawitz et al., CCS 2017, double masking, active model).
 
-Pure Python over bytes and numpy: no Flower import anywhere in this package (``federation/secure_flow.py``
-only carries its messages). Modules:
+Pure Python over bytes and numpy: no Flower import anywhere in this package (``federation.secure_flow`` and
+``federation.secure_site`` only carry its messages; the in-memory test driver is ``tests/secagg_harness.py``). Modules:
 
 - :mod:`.config`    site-pinned :class:`SecAggPolicy` (min sites, threshold rule, modulus, clip, deadlines)
 - :mod:`.encoding`  vector layout from the Θc manifest, fixed point with clipping, decode to weighted FedAvg

@@ -10,7 +10,8 @@ Word layout of one site's vector (all uint32, arithmetic mod 2**32, two's comple
 each real value ``v`` becomes ``round(v * 2**scale_bits)``. The unmasked sum therefore gives
 Σ n_i, Σ clipped_i and Σ w_i·x_i, and the server divides: the sample-size-weighted FedAvg of the paper's
 DSS (Fed-CausalDiff §III-B: "the server aggregates Θc (FedAvg)"; Table II: sample-size weighted) without any per-site number
-in clear. Only tensors whose manifest part is ``theta_c`` and that are on the allowed list may enter (P15).
+in clear. Only tensors whose manifest part is Θc (:data:`fcd_secure.manifest.THETA_C`) and that are on the allowed
+list may enter (P15).
 """
 
 from __future__ import annotations
@@ -24,20 +25,12 @@ from typing import Any
 
 import numpy as np
 
+from fcd_secure.manifest import THETA_C, THETA_S, Manifest
+
 from .config import SecAggPolicy
 from .errors import EncodingError
 
 HEADER_WORDS = 2
-SHARED_PART = "theta_c"
-
-
-def _entry_fields(entry: Any) -> tuple[str, tuple[int, ...], str]:
-    if isinstance(entry, Mapping):
-        return str(entry["name"]), tuple(int(s) for s in entry["shape"]), str(entry.get("part", SHARED_PART))
-    if isinstance(entry, tuple | list) and len(entry) in (2, 3):
-        part = entry[2] if len(entry) == 3 else SHARED_PART
-        return str(entry[0]), tuple(int(s) for s in entry[1]), str(part)
-    return str(entry.name), tuple(int(s) for s in entry.shape), str(getattr(entry, "part", SHARED_PART))
 
 
 @dataclass(frozen=True)
@@ -50,37 +43,34 @@ class VectorLayout:
 
     @classmethod
     def from_manifest(
-        cls, manifest: Any, allowed_names: Iterable[str] | None = None, metrics: Iterable[str] = ()
+        cls, manifest: Manifest, allowed_names: Iterable[str] | None = None, metrics: Iterable[str] = ()
     ) -> "VectorLayout":
-        """``manifest``: an object with ``entries`` (name, shape, part) or an iterable of such entries.
+        """The layout of ``manifest``'s Θc entries, in manifest order.
 
-        Entries of part ``theta_s`` are remembered only so that offering one is refused by name (P15).
-        ``allowed_names`` further restricts the shared tensors; naming a Θs tensor there is refused too.
+        Args:
+            manifest: the Θc/Θs contract; its Θs names are remembered only so that offering one is refused by
+                name (P15).
+            allowed_names: restricts the shared tensors further; naming a Θs tensor here is refused too.
+            metrics: names of site metrics carried (weighted) before Θc in the vector.
+
+        Raises:
+            EncodingError: an allowed name is Θs or not in the manifest, or no Θc tensor is left.
         """
-        entries = getattr(manifest, "entries", manifest)
-        if isinstance(entries, Mapping):
-            entries = list(entries.values())
-        shared: list[tuple[str, tuple[int, ...]]] = []
-        private: set[str] = set()
-        for e in entries:
-            name, shape, part = _entry_fields(e)
-            if part == SHARED_PART:
-                shared.append((name, shape))
-            else:
-                private.add(name)
+        shared = [(e.name, tuple(e.shape)) for e in manifest.select(THETA_C)]
+        private = set(manifest.names(THETA_S))
         if allowed_names is not None:
             allowed = list(allowed_names)
             bad = [n for n in allowed if n in private]
             if bad:
-                raise EncodingError(f"tensor {bad[0]!r} is site-private (theta_s) and may never be aggregated (P15)")
+                raise EncodingError(f"tensor {bad[0]!r} is site-private ({THETA_S}) and may never be aggregated (P15)")
             known = {n for n, _ in shared}
             unknown = [n for n in allowed if n not in known]
             if unknown:
-                raise EncodingError(f"allowed tensor {unknown[0]!r} is not a theta_c entry of the manifest")
+                raise EncodingError(f"allowed tensor {unknown[0]!r} is not a {THETA_C} entry of the manifest")
             keep = set(allowed)
             shared = [(n, s) for n, s in shared if n in keep]
         if not shared:
-            raise EncodingError("the layout has no theta_c tensor")
+            raise EncodingError(f"the layout has no {THETA_C} tensor")
         return cls(tuple(shared), tuple(metrics), frozenset(private))
 
     @property
@@ -107,9 +97,9 @@ class VectorLayout:
         names = {n for n, _ in self.tensors}
         for name in arrays:
             if name in self.private_names:
-                raise EncodingError(f"tensor {name!r} is site-private (theta_s) and may never be aggregated (P15)")
+                raise EncodingError(f"tensor {name!r} is site-private ({THETA_S}) and may never be aggregated (P15)")
             if name not in names:
-                raise EncodingError(f"tensor {name!r} is not a shared (theta_c) tensor of this layout (P15)")
+                raise EncodingError(f"tensor {name!r} is not a shared ({THETA_C}) tensor of this layout (P15)")
         flat = np.empty(self.n_params, dtype=np.float64) if out is None else out
         pos = 0
         for name, shape in self.tensors:

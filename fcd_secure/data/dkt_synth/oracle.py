@@ -22,14 +22,13 @@ import torch
 from torch import nn
 
 from fcd_secure.data.formats import read_three_line
+from fcd_secure.data.paths import dataset_folder, need_file
 
 #: Items the oracle knows (Table I: |T| = 50).
 N_ITEMS = 50
 ORACLE_DIR = Path(__file__).resolve().parent.parent / "oracle"
 ORACLE_WEIGHTS = ORACLE_DIR / "dkt_oracle.pt"
 ORACLE_CARD = ORACLE_DIR / "dkt_oracle.json"
-#: Where the loaders look for ../shared/data relative to the project root (overridable everywhere).
-DEFAULT_DATA_DIR = Path(__file__).resolve().parents[3].parent / "shared" / "data"
 ASSIST_SUBDIR = Path("assistments2009") / "dkvmn_assist2009_updated"
 ASSIST_TRAIN = "assist2009_updated_train.csv.gz"
 ASSIST_TEST = "assist2009_updated_test.csv.gz"
@@ -80,6 +79,7 @@ class DKTOracle(nn.Module):
 
 
 def sha256_file(path: str | Path) -> str:
+    """Hex SHA-256 of a file's bytes."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
@@ -88,6 +88,11 @@ def sha256_file(path: str | Path) -> str:
 
 
 def expected_sha256(weights: Path) -> str:
+    """The SHA-256 recorded in ``<weights>.sha256`` (first word, as written by ``sha256sum``).
+
+    Raises:
+        OracleChecksumError: The checksum file is missing or malformed.
+    """
     side = weights.with_name(weights.name + ".sha256")
     if not side.is_file():
         raise OracleChecksumError(f"{weights}: checksum file {side} is missing; refusing to load unverified weights")
@@ -98,10 +103,21 @@ def expected_sha256(weights: Path) -> str:
 
 
 def load_oracle(weights: str | Path | None = None) -> tuple[DKTOracle, dict]:
-    """Load the frozen oracle after checking ``<weights>.sha256``; returns (model in float64 eval mode, card).
+    """Load the frozen oracle after checking ``<weights>.sha256``.
 
-    A mismatch raises :class:`OracleChecksumError` naming the file and both hashes: the ground truth of every
-    DKT-Synth experiment depends on these exact weights, so a silently different oracle is not acceptable.
+    The ground truth of every DKT-Synth experiment depends on these exact weights, so a silently different oracle is
+    not acceptable.
+
+    Args:
+        weights: The weights file (default: the shipped ``fcd_secure/data/oracle/dkt_oracle.pt``).
+
+    Returns:
+        ``(model in float64 eval mode with frozen parameters, card dict)``.
+
+    Raises:
+        FileNotFoundError: The weights file is missing.
+        OracleChecksumError: The checksum file is missing or malformed, or the SHA-256 does not match (the message
+            names the file and both hashes).
     """
     path = Path(weights) if weights is not None else ORACLE_WEIGHTS
     if not path.is_file():
@@ -124,13 +140,16 @@ def load_oracle(weights: str | Path | None = None) -> tuple[DKTOracle, dict]:
 
 # -- the data recipe (used by scripts/train_dkt_oracle.py; kept here so it is tested and documented) -------
 def assist_paths(data_dir: str | Path | None = None) -> tuple[Path, Path]:
-    root = Path(data_dir) if data_dir is not None else DEFAULT_DATA_DIR
-    base = root / ASSIST_SUBDIR
-    train, test = base / ASSIST_TRAIN, base / ASSIST_TEST
-    for p in (train, test):
-        if not p.is_file():
-            raise FileNotFoundError(f"ASSISTments 2009 file not found: {p} (pass data_dir pointing at ../shared/data)")
-    return train, test
+    """The DKVMN ``assist2009_updated`` train and test files under the data folder.
+
+    Args:
+        data_dir: The data folder; None: :func:`~fcd_secure.data.paths.default_data_dir`.
+
+    Raises:
+        DataError: The folder or a file is missing; the message names it.
+    """
+    base = dataset_folder(data_dir, ASSIST_SUBDIR)
+    return need_file(base / ASSIST_TRAIN), need_file(base / ASSIST_TEST)
 
 
 def top_items(seqs: list[tuple[np.ndarray, np.ndarray]], k: int = N_ITEMS) -> np.ndarray:
@@ -157,6 +176,7 @@ def restrict(
 
 
 def read_assist(path: Path) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per student ``(skill ids, correctness)`` of one DKVMN 3-line file."""
     return read_three_line(path)
 
 
@@ -175,6 +195,7 @@ def roc_auc(y: np.ndarray, score: np.ndarray) -> float:
 
 
 def card_summary(card: dict) -> dict:
+    """The headline entries of the oracle's card (AUCs, epochs, seed, sizes, data hash)."""
     keys = ("test_auc", "valid_auc", "epochs", "seed", "hidden", "emb_dim", "data_sha256")
     return {k: card[k] for k in keys if k in card}
 

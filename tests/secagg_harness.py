@@ -1,23 +1,27 @@
 """An in-memory driver of one secure-aggregation round: every site in this process, bytes passed by hand.
 
 Used by the tests (attacks are injected by rewriting the server's requests), by ``benchmarks/secagg.py``
-and as the reference of what a carrier (``federation/secure_flow.py``) must do per stage. No Flower here.
+and as the reference of what a carrier (``federation.secure_flow`` / ``federation.secure_site``) must do per stage.
+No Flower here. A plain module beside the tests (``from secagg_harness import ...``), not part of the package.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import keys
-from .client import SecAggClient
-from .config import SecAggPolicy
-from .encoding import Aggregate, VectorLayout, encode, theta_hash
-from .errors import SecAggError
-from .server import STAGES, SecAggServer
+from fcd_secure.aggregation.secagg import keys
+from fcd_secure.aggregation.secagg.client import SecAggClient
+from fcd_secure.aggregation.secagg.config import SecAggPolicy
+from fcd_secure.aggregation.secagg.encoding import Aggregate, VectorLayout, encode, theta_hash
+from fcd_secure.aggregation.secagg.errors import SecAggError
+from fcd_secure.aggregation.secagg.server import STAGES, SecAggServer
+from fcd_secure.manifest import THETA_C, THETA_S, Manifest, ManifestEntry
+
+__all__ = ["STAGES", "RoundLog", "ToyRound", "make_clients", "make_identities", "run_round", "toy_manifest", "toy_round"]
 
 #: rewrite(stage, site, request) -> request: how a test plays a lying server
 Rewrite = Callable[[str, str, bytes], bytes]
@@ -35,6 +39,11 @@ class RoundLog:
 
     def uplink_bytes(self) -> int:
         return sum(len(b) for msgs in self.uplink.values() for b in msgs)
+
+
+def toy_manifest(entries: Iterable[tuple[str, tuple[int, ...], str]]) -> Manifest:
+    """A float32 manifest from ``(name, shape, part)`` triples, in the given order."""
+    return Manifest.from_entries(ManifestEntry(name=n, shape=tuple(s), dtype="float32", part=p) for n, s, p in entries)
 
 
 def make_identities(site_ids: list[str]) -> tuple[dict[str, bytes], dict[str, bytes]]:
@@ -138,7 +147,7 @@ def toy_round(
 ) -> ToyRound:
     """n sites with seeded random Θc updates (one tensor ``w`` of d values plus a Θs tensor in the manifest)."""
     policy = policy or SecAggPolicy(max_weight=1000)
-    manifest = [("w", (d,), "theta_c"), ("bias", (3,), "theta_c"), ("site_head", (4,), "theta_s")]
+    manifest = toy_manifest([("w", (d,), THETA_C), ("bias", (3,), THETA_C), ("site_head", (4,), THETA_S)])
     layout = VectorLayout.from_manifest(manifest)
     rng = np.random.default_rng(seed)
     sites = [f"site{i:02d}" for i in range(n_sites)]

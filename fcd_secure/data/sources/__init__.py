@@ -1,0 +1,24 @@
+"""The datasets the registry knows, one module each (paper §IV-A, Table I).
+
+Every module declares one ``SOURCE`` (:class:`~fcd_secure.data.sources.base.PooledSource` for data read from files,
+:class:`~fcd_secure.data.sources.base.GeneratedSource` for a generator) with its name, its row of paper Table I, its
+loader and its presets. To add a dataset, write one module like :mod:`.statics2011` and list its ``SOURCE`` in
+:data:`SOURCES` below (a plain import: a broken source is an import error at start, never a silently missing
+dataset).
+"""
+
+from __future__ import annotations
+
+from fcd_secure.data.sources import assistments2009, diabetes130, dkt_synth, obd, statics2011
+from fcd_secure.data.sources.base import DatasetSource, GeneratedSource, PooledSource
+
+__all__ = ["SOURCES", "DatasetSource", "GeneratedSource", "PooledSource"]
+
+#: In the order ``fcd data describe`` lists them.
+SOURCES: tuple[DatasetSource, ...] = (
+    dkt_synth.SOURCE,
+    statics2011.SOURCE,
+    assistments2009.SOURCE,
+    diabetes130.SOURCE,
+    obd.SOURCE,
+)

@@ -1,0 +1,134 @@
+"""What a dataset source declares, and how a pooled (real) dataset becomes federated sites.
+
+A source is one module of :mod:`fcd_secure.data.sources` holding one ``SOURCE``:
+
+- :class:`PooledSource`: a loader returns the whole dataset as one unscaled ``SiteDataset`` (real data, which carries
+  no site id); the registry subsamples it by preset, draws a site per entity with the Dirichlet rule
+  (:func:`~fcd_secure.data.partition.site_assignment`) and cuts it with
+  :func:`~fcd_secure.data.federated.split_into_sites`;
+- :class:`GeneratedSource`: a generator makes its own sites (DKT-Synth, whose site is a cause of the data).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+import numpy as np
+
+from fcd_secure.data.federated import FederatedData, split_into_sites
+from fcd_secure.data.partition import site_assignment
+from fcd_secure.data.paths import dataset_folder
+from fcd_secure.data.preprocess import take
+from fcd_secure.data.schema import SiteDataset
+from fcd_secure.data.spec import DataError
+
+__all__ = ["REAL_PRESETS", "DatasetSource", "GeneratedSource", "PooledSource"]
+
+#: Trajectories kept (a seeded subsample of the pooled data) per preset of a real dataset; None keeps all.
+REAL_PRESETS: Mapping[str, int | None] = MappingProxyType({"tiny": 300, "small": 2000, "default": None, "paper": None})
+
+_SALT_SUBSAMPLE = 0x5EED_0003
+
+
+def _check_preset(name: str, preset: str, presets: Mapping[str, object] | tuple[str, ...]) -> None:
+    if preset not in presets:
+        raise DataError(f"unknown preset {preset!r} for {name}; choose one of {sorted(presets)}", field="preset")
+
+
+@dataclass(frozen=True)
+class PooledSource:
+    """A dataset read from files as one pooled ``SiteDataset`` and split into sites by the registry.
+
+    Attributes:
+        name: The name users pass (``--dataset``).
+        load: ``load(data_dir) -> SiteDataset``: the pooled, unscaled dataset; ``data_dir`` None means
+            :func:`~fcd_secure.data.paths.default_data_dir`.
+        folder: The dataset's folder inside the data folder.
+        presets: Trajectories kept per preset (None: all); the real datasets use :data:`REAL_PRESETS`.
+        table_i: The dataset's row of paper Table I (sequences, Lmax, dx, da, n_actions); None if it has none.
+    """
+
+    name: str
+    load: Callable[[str | Path | None], SiteDataset]
+    folder: str
+    presets: Mapping[str, int | None]
+    table_i: Mapping[str, int] | None = None
+
+    def check(self, data_dir: str | Path | None = None) -> Path | None:
+        """The dataset's folder, after checking that it exists (cheap: nothing is read).
+
+        Raises:
+            DataError: The data folder or the dataset's folder is missing; the message names it.
+        """
+        return dataset_folder(data_dir, self.folder)
+
+    def pooled(self, data_dir: str | Path | None = None) -> SiteDataset:
+        """The whole dataset, unsplit and unscaled."""
+        return self.load(data_dir)
+
+    def subsample(self, ds: SiteDataset, preset: str, seed: int) -> SiteDataset:
+        """A seeded subsample of ``ds`` of the preset's size (``ds`` itself when the preset keeps everything)."""
+        _check_preset(self.name, preset, self.presets)
+        keep = self.presets[preset]
+        if keep is None or ds.n <= keep:
+            return ds
+        rng = np.random.default_rng([_SALT_SUBSAMPLE, int(seed)])
+        idx = np.sort(rng.choice(ds.n, size=keep, replace=False))
+        out = take(ds, idx)
+        out.meta["subsample"] = {"preset": preset, "kept": keep, "of": ds.n}
+        return out
+
+    def federated(
+        self, n_sites: int, alpha: float, seed: int, preset: str, data_dir: str | Path | None, test_fraction: float
+    ) -> FederatedData:
+        """Load, subsample by ``preset``, draw a site per entity (Dirichlet(``alpha``)) and split into sites."""
+        _check_preset(self.name, preset, self.presets)
+        pooled = self.subsample(self.load(data_dir), preset, seed)
+        # the rule of partition.dirichlet_partition (one site per entity, chunks follow their entity), applied as
+        # indices so the big arrays are copied only once
+        site_of = site_assignment(pooled, n_sites, alpha, seed)
+        extra = {"alpha": alpha, "seed": seed, "preset": preset, "test_fraction": test_fraction}
+        return split_into_sites(self.name, pooled, site_of, n_sites, test_fraction, seed, extra, table_i=self.table_i)
+
+
+@dataclass(frozen=True)
+class GeneratedSource:
+    """A dataset generated with its sites (and ground truth), so it has no pooled file.
+
+    Attributes:
+        name: The name users pass (``--dataset``).
+        build: ``build(n_sites, alpha, seed, preset, test_fraction) -> FederatedData``.
+        table_i: The dataset's row of paper Table I.
+        presets: The preset names ``build`` accepts.
+    """
+
+    name: str
+    build: Callable[[int, float, int, str, float], FederatedData]
+    table_i: Mapping[str, int] | None = None
+    presets: tuple[str, ...] = ()
+
+    def check(self, data_dir: str | Path | None = None) -> Path | None:
+        """Nothing to check: a generated dataset reads no data folder (None)."""
+        return None
+
+    def pooled(self, data_dir: str | Path | None = None) -> SiteDataset:
+        """Always raises: a generated dataset has no pooled file.
+
+        Raises:
+            DataError: Always.
+        """
+        raise DataError(f"{self.name} has no pooled file: it is generated per site (use load_federated)",
+                        field="dataset")
+
+    def federated(
+        self, n_sites: int, alpha: float, seed: int, preset: str, data_dir: str | Path | None, test_fraction: float
+    ) -> FederatedData:
+        """Generate the sites (``data_dir`` is not used)."""
+        _check_preset(self.name, preset, self.presets)
+        return self.build(n_sites, alpha, seed, preset, test_fraction)
+
+
+DatasetSource = PooledSource | GeneratedSource

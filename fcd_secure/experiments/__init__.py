@@ -1,0 +1,20 @@
+"""fcd_secure.experiments — the studies of the paper on top of federation, model and evaluation (the layer the CLI
+calls; nothing below imports it).
+
+=================  ================================================================================================
+module             role
+=================  ================================================================================================
+``centralised``    the one centralised reference (one epoch rule, one seed rule): ``fcd train --centralised`` and the
+                   ``centralised`` row of ``fcd ablate``
+``ablation``       Table III variants (DSS, full sync, w/o L_dis, local only, centralised) over seeds
+``evaluate``       scoring any :class:`~fcd_secure.model.simulator.Simulator` with the federated evaluation
+``tables``         mean ± s.d. over seeds (the cells of Table III)
+=================  ================================================================================================
+
+Figures come from :mod:`fcd_secure.evaluation.plots`.
+"""
+
+from fcd_secure.experiments.centralised import matched_epochs, run_centralised, run_centralised_seeds
+from fcd_secure.experiments.tables import mean_sd_table
+
+__all__ = ["matched_epochs", "mean_sd_table", "run_centralised", "run_centralised_seeds"]

@@ -1,0 +1,112 @@
+"""The audit egress gate bound to a federation site: the outermost mod of every site's ClientApp.
+
+:func:`make_egress_gate_mod` adapts a :class:`~fcd_secure.federation.site.SiteRuntime` (identity, manifest, state,
+training data) to the audit's :class:`~fcd_secure.audit.SiteAuditContext`; the rules themselves are the audit's
+(:func:`fcd_secure.audit.make_egress_gate`). ``federation.mods.client_mods`` puts the gate first, so it sees exactly
+what leaves the site and records every reply in the site ledger.
+
+Without a runtime getter the gate still runs and fails closed: every reply becomes a generic error, because a site
+whose egress cannot be checked must not send anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+
+from fcd_secure.audit import RECEIPTS_MESSAGE_TYPE, SITE_LEDGER_FILE, GatePolicy, SiteAuditContext, SiteLedger, make_egress_gate
+from fcd_secure.federation.records import REC_EVAL, REC_HELLO, REC_METRICS, REC_NUM
+from fcd_secure.federation.site import SiteRuntime
+from fcd_secure.privacy.ledger import privacy_ledger_hash
+
+#: What the federation's own messages may carry besides Θc (``client_app``, ``plain_flow``, ``evaluation``).
+FEDERATION_POLICY = GatePolicy(
+    allowed_metrics=frozenset({f"{REC_NUM}/n", f"{REC_METRICS}/*", f"{REC_EVAL}/*"}),
+    allowed_metric_lists=frozenset({f"{REC_EVAL}/*"}),
+    allowed_config_keys=frozenset(
+        {f"{REC_HELLO}/site-id", f"{REC_HELLO}/site-index", f"{REC_HELLO}/layout-hash", f"{REC_HELLO}/dim-*"}
+    ),
+)
+
+RuntimeGetter = Callable[[Message, Context], SiteRuntime]
+
+
+class NoSiteRuntime(RuntimeError):
+    """The gate was built without a way to find the site: nothing may leave."""
+
+
+def site_audit_context(
+    rt: SiteRuntime, policy: GatePolicy = FEDERATION_POLICY, server_public_key: bytes | None = None
+) -> SiteAuditContext:
+    """The audit's view of one federation site.
+
+    Args:
+        rt: the site runtime answering this message.
+        policy: what may leave besides Θc.
+        server_public_key: the server's Ed25519 key, if the site pins it (receipts are then checked against it).
+    """
+    ledger = SiteLedger(rt.state.slot(SITE_LEDGER_FILE), rt.identity_private_key(), writer_id=rt.site_id)
+
+    def theta_s() -> dict[str, np.ndarray]:
+        # the handler commits Θs to disk before its reply leaves, so the last snapshot is the current Θs
+        snap = rt.state.load()
+        return {} if snap is None else dict(snap.theta_s)
+
+    def propensities() -> np.ndarray | None:
+        return rt.dataset_train.P
+
+    return SiteAuditContext(
+        site_id=rt.site_id,
+        manifest=rt.manifest,
+        theta_s=theta_s,
+        ledger=ledger,
+        policy=policy,
+        propensities=propensities,
+        privacy_ledger_hash=lambda: privacy_ledger_hash(rt.state.dir, rt.cfg.dp.ledger_dir),
+        server_public_key=server_public_key,
+    )
+
+
+def register_receipts_action(app: ClientApp) -> None:
+    """Register the ``query.audit_receipts`` action on a ``ClientApp``.
+
+    Flower dispatches only registered message types, and builds its own error reply (with exception text, outside
+    every mod) for anything else, so the closing receipts message needs a registered handler. The gate answers
+    that message itself and never calls it; without a gate the handler refuses, so nothing is acknowledged
+    that no ledger recorded.
+    """
+    category, action = RECEIPTS_MESSAGE_TYPE.split(".")
+    if category != "query":  # pragma: no cover - guards a change of the constant
+        raise ValueError(RECEIPTS_MESSAGE_TYPE)
+
+    @app.query(action)
+    def audit_receipts(msg: Message, context: Context) -> Message:
+        raise NoSiteRuntime("audit receipts reached a ClientApp without the egress gate")
+
+
+def make_egress_gate_mod(runtime_getter: RuntimeGetter | None, policy: GatePolicy | None = None):
+    """The outermost ClientApp mod of a federation site.
+
+    Args:
+        runtime_getter: ``(msg, context) -> SiteRuntime``; ``None`` builds a gate that lets nothing out.
+        policy: what may leave besides Θc; by default :data:`FEDERATION_POLICY`, with Θs uploads allowed only when
+            the site's own run config says ``federation.sync = "full"`` (the w/o-DSS ablation of paper Table III;
+            verify reports those uploads).
+
+    Returns:
+        A Flower mod ``(msg, context, call_next) -> Message``.
+    """
+
+    def get_site(msg: Message, context: Context) -> SiteAuditContext:
+        if runtime_getter is None:
+            raise NoSiteRuntime("egress gate built without a site runtime getter")
+        rt = runtime_getter(msg, context)
+        pol = policy
+        if pol is None:
+            pol = FEDERATION_POLICY.model_copy(update={"allow_theta_s_upload": rt.cfg.federation.sync == "full"})
+        return site_audit_context(rt, pol)
+
+    return make_egress_gate(get_site)

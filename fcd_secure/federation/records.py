@@ -1,0 +1,232 @@
+"""What travels between the ServerApp and the ClientApp, and the base class of every aggregation flow.
+
+Both ends read the names here, so a message type or record name is spelled once:
+
+==========================  =========================================================================================
+message type                content (request → reply)
+==========================  =========================================================================================
+``query.hello``             ``hello`` (empty) → ``hello``: site id, site index, manifest layout hash, data dims
+``train``                   ``global`` Θc + ``config`` → ``update`` Θc, ``num`` (n), ``metrics`` (plain FedAvg)
+``train.secagg_<stage>``    ``secagg`` ``{msg: bytes}`` both ways (secure aggregation; ``secagg_train`` also
+                            carries ``global`` + ``config`` down and only ``{ready: 1}`` up)
+``query.evaluate``          ``global`` + ``config`` → ``eval``: aggregate sums only (``federation.evaluation``)
+==========================  =========================================================================================
+
+:class:`AggregationFlow` is the server side of one synchronisation round (paper §III-B, Table II: the sampled sites
+train locally and only Θc is aggregated with sample-size-weighted FedAvg). It follows the shape of Flower 1.42's
+``flwr.serverapp.strategy.Strategy``: a base class whose hooks (:meth:`~AggregationFlow.check_sample`,
+:meth:`~AggregationFlow.configure`, :meth:`~AggregationFlow.collect`, :meth:`~AggregationFlow.aggregate`) a
+subclass fills in, and one template (:meth:`~AggregationFlow.run_round`) that owns the steps every flow shares:
+send the training request, turn an abort into an unchanged global model. The round loop itself (sampling,
+checkpoints, evaluation) stays in ``federation.server_app``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+
+from fcd_secure.federation.messaging import Comm
+
+if TYPE_CHECKING:  # pragma: no cover - fcd_secure.config pulls in torch; the record names must not
+    from fcd_secure.config import RunConfig
+
+log = logging.getLogger("fcd_secure.federation")
+
+# -- message types ---------------------------------------------------------------------------------------------------
+HELLO_ACTION = "hello"
+EVALUATE_ACTION = "evaluate"
+HELLO_MESSAGE_TYPE = f"query.{HELLO_ACTION}"
+EVALUATE_MESSAGE_TYPE = f"query.{EVALUATE_ACTION}"
+TRAIN_MESSAGE_TYPE = "train"
+#: Secure-aggregation actions are ``train.secagg_<stage>``; ``<stage>`` is ``train`` or a protocol stage name.
+SECAGG_ACTION_PREFIX = "secagg_"
+SECAGG_TRAIN_STAGE = "train"
+
+# -- record names ----------------------------------------------------------------------------------------------------
+REC_GLOBAL = "global"
+REC_CONFIG = "config"
+REC_UPDATE = "update"
+REC_METRICS = "metrics"
+REC_NUM = "num"
+REC_HELLO = "hello"
+REC_EVAL = "eval"
+REC_SECAGG = "secagg"
+#: The one field of a ``secagg`` record: the strict byte encoding of a protocol message.
+SECAGG_FIELD = "msg"
+
+#: Run-config key under which a deployment carries the resolved ``RunConfig`` as JSON (``federation.deployment``).
+RUN_CONFIG_KEY = "fcd-config"
+
+
+def secagg_action(stage: str) -> str:
+    """The ClientApp action of one secure-aggregation stage (``secagg_<stage>``)."""
+    return SECAGG_ACTION_PREFIX + stage
+
+
+def secagg_message_type(stage: str) -> str:
+    """The message type of one secure-aggregation stage (``train.secagg_<stage>``)."""
+    return f"{TRAIN_MESSAGE_TYPE}.{secagg_action(stage)}"
+
+
+# -- arrays and configs in records -----------------------------------------------------------------------------------
+def arrays_to_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
+    """Arrays keyed by manifest name, in name order (so the serialized bytes do not depend on dict order)."""
+    return ArrayRecord({name: Array(np.ascontiguousarray(arrays[name])) for name in sorted(arrays)})
+
+
+def record_to_arrays(rec: ArrayRecord) -> dict[str, np.ndarray]:
+    """The arrays of an ``ArrayRecord``, keyed by their record names."""
+    return {name: arr.numpy() for name, arr in rec.items()}
+
+
+def config_record(round_config: dict) -> ConfigRecord:
+    """Round config as a ConfigRecord; ``None`` values are dropped (ConfigRecord has no null)."""
+    return ConfigRecord({k: v for k, v in round_config.items() if v is not None})
+
+
+def config_from_context(context: Context, fallback: RunConfig | None) -> RunConfig:
+    """The run config: the ``fcd-config`` run-config entry (deployment), else ``fallback`` (simulation).
+
+    Raises:
+        RuntimeError: neither is there.
+    """
+    from fcd_secure.config import RunConfig  # noqa: PLC0415 - see the TYPE_CHECKING import above
+
+    raw = context.run_config.get(RUN_CONFIG_KEY) if context.run_config else None
+    if raw:
+        return RunConfig.from_json(str(raw))
+    if fallback is None:
+        raise RuntimeError(f"no run configuration: the run config has no {RUN_CONFIG_KEY!r} entry")
+    return fallback
+
+
+def config_came_from_server(context: Context) -> bool:
+    """Whether this message's run config was sent by the server (deployment) rather than held by the site."""
+    return bool(context.run_config and context.run_config.get(RUN_CONFIG_KEY))
+
+
+# -- the aggregation flow --------------------------------------------------------------------------------------------
+@dataclass
+class RoundOutcome:
+    """What one round produced. ``theta_c is None`` means the round was aborted and the global model is unchanged."""
+
+    theta_c: dict[str, np.ndarray] | None
+    n_total: float | None
+    participants: list[int]
+    failures: list[int]
+    metrics: dict = field(default_factory=dict)
+
+
+class RoundAborted(Exception):
+    """Raised by a flow hook: the round ends here and the global model stays as it was.
+
+    Args:
+        reason: why, in words (``RoundOutcome.metrics["aborted"]``).
+        participants: node ids that had contributed so far; every other sampled node counts as a failure.
+        metrics: extra outcome metrics (e.g. the secure-aggregation stage report).
+    """
+
+    def __init__(self, reason: str, participants: Iterable[int] = (), metrics: dict | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.participants = list(participants)
+        self.metrics = dict(metrics or {})
+
+
+@dataclass
+class Round:
+    """One round as the hooks of an :class:`AggregationFlow` see it."""
+
+    comm: Comm
+    node_ids: list[int]
+    server_round: int
+    global_theta: dict[str, np.ndarray]
+    round_config: dict[str, Any]
+    started: float = field(default_factory=time.perf_counter)
+
+    def failures(self, participants: Iterable[int]) -> list[int]:
+        """The sampled nodes not in ``participants``, in sampling order."""
+        done = set(participants)
+        return [n for n in self.node_ids if n not in done]
+
+
+C = TypeVar("C")
+
+
+class AggregationFlow(ABC, Generic[C]):
+    """Server side of one DSS round: how the sampled sites' Θc become the next global Θc.
+
+    A subclass sets :attr:`train_message_type` and :attr:`train_timeout_s` and implements :meth:`collect` (the
+    training replies → whatever :meth:`aggregate` needs, possibly over further exchanges) and :meth:`aggregate`.
+    Any hook may raise :class:`RoundAborted`; :meth:`run_round` turns that into an outcome with ``theta_c = None``.
+    """
+
+    #: message type of the training request
+    train_message_type: str = TRAIN_MESSAGE_TYPE
+    #: how long the sampled sites have to answer the training request
+    train_timeout_s: float = 600.0
+
+    # -- hooks ---------------------------------------------------------------------------------------------------
+    def check_sample(self, rnd: Round) -> None:
+        """Refuse a sample this flow cannot aggregate by raising :class:`RoundAborted` (default: accept any)."""
+
+    def configure(self, rnd: Round) -> RecordDict:
+        """The training request every sampled site receives: the global parameters and the round config."""
+        return RecordDict(
+            {
+                REC_GLOBAL: arrays_to_record(rnd.global_theta),
+                REC_CONFIG: config_record({**rnd.round_config, "server-round": int(rnd.server_round)}),
+            }
+        )
+
+    def send(self, rnd: Round, content: RecordDict) -> dict[int, Message]:
+        """Send the training request to the sampled sites and wait for their replies (late sites are absent)."""
+        return rnd.comm.send(rnd.node_ids, self.train_message_type, content, self.train_timeout_s, round=rnd.server_round)
+
+    @abstractmethod
+    def collect(self, rnd: Round, replies: dict[int, Message]) -> C:
+        """Turn the training replies into the input of :meth:`aggregate`; raise :class:`RoundAborted` to stop."""
+
+    @abstractmethod
+    def aggregate(self, rnd: Round, collected: C) -> RoundOutcome:
+        """The new global parameters (same names and dtypes as ``rnd.global_theta``) and the round's metrics."""
+
+    # -- the template ----------------------------------------------------------------------------------------------
+    def run_round(
+        self,
+        comm: Comm,
+        node_ids: list[int],
+        server_round: int,
+        global_theta: dict[str, np.ndarray],
+        round_config: dict[str, Any],
+    ) -> RoundOutcome:
+        """Run one round: check the sample, send the training request, collect, aggregate.
+
+        Args:
+            comm: the server's door to the sites (every message is counted).
+            node_ids: the sampled sites' Flower node ids.
+            server_round: the round number (1-based); it rides in the request config and the message group id.
+            global_theta: the current global parameters, keyed by manifest name.
+            round_config: ``part`` and ``local-epochs`` for the sites.
+
+        Returns:
+            The round's outcome; ``theta_c is None`` when the round was aborted (global model unchanged).
+        """
+        rnd = Round(comm, [int(n) for n in node_ids], int(server_round), global_theta, dict(round_config))
+        try:
+            self.check_sample(rnd)
+            replies = self.send(rnd, self.configure(rnd))
+            return self.aggregate(rnd, self.collect(rnd, replies))
+        except RoundAborted as stop:
+            log.warning("round %d aborted: %s (global model unchanged)", rnd.server_round, stop.reason)
+            return RoundOutcome(
+                None, None, stop.participants, rnd.failures(stop.participants), {"aborted": stop.reason, **stop.metrics}
+            )

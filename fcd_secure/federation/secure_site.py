@@ -1,0 +1,167 @@
+"""The site side of secure aggregation: the six ``train.secagg_*`` ClientApp actions (server side:
+``federation.secure_flow``; protocol: ``fcd_secure.aggregation.secagg``).
+
+``secagg_train`` trains the site's round, encodes the *update* Θc_i − Θc_global into the fixed-point vector and
+keeps it in the node's ``Context.state``; the reply says only "ready" (no count, no metric, P7). Each protocol
+stage then rebuilds the site's :class:`~fcd_secure.aggregation.secagg.SecAggClient` from that state, answers one
+server request, and stores the client's state back; the last stage (or any failure) clears it, so no round secret
+outlives its round in node memory. A round that started here is spent for good (:class:`ReplayGuard`, P5).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+
+from fcd_secure.aggregation.secagg import ReplayGuard, SecAggClient, encode, theta_hash
+from fcd_secure.aggregation.secagg.server import STAGES
+from fcd_secure.federation.records import (
+    REC_CONFIG,
+    REC_GLOBAL,
+    REC_SECAGG,
+    SECAGG_FIELD,
+    SECAGG_TRAIN_STAGE,
+    record_to_arrays,
+    secagg_action,
+)
+from fcd_secure.federation.secure_setup import (
+    METRIC_RANGE,
+    SecureAggregationConfigError,
+    site_policy,
+    site_roster,
+    vector_layout,
+)
+from fcd_secure.federation.state import SiteState
+from fcd_secure.manifest import Manifest
+
+if TYPE_CHECKING:  # pragma: no cover - fcd_secure.config pulls in torch; a site's secure actions need not
+    from fcd_secure.config import RunConfig
+
+#: ``Context.state`` record that carries one round's protocol state between messages.
+STATE_KEY = "secagg"
+#: The site-state slot of the cross-session replay guard.
+REPLAY_SLOT = "secagg_rounds.json"
+
+
+class SecureSite(Protocol):
+    """What the secure actions need from a site (``federation.site.SiteRuntime`` is one)."""
+
+    site_id: str
+    state: SiteState
+    cfg: RunConfig | None
+    manifest: Manifest
+
+    def identity_private_key(self) -> bytes: ...
+
+    def train_round(
+        self, global_theta: dict[str, np.ndarray], round_config: dict[str, Any]
+    ) -> tuple[dict[str, np.ndarray], int, dict]: ...
+
+
+RuntimeGetter = Callable[[Message, Context], SecureSite]
+
+
+def _state_get(context: Context, key: str) -> Any:
+    rec = context.state.get(STATE_KEY) if STATE_KEY in context.state else None
+    return None if rec is None else rec.get(key)
+
+
+def _state_set(context: Context, **values: Any) -> None:
+    rec = context.state[STATE_KEY] if STATE_KEY in context.state else ConfigRecord({})
+    for k, v in values.items():
+        if v is None:
+            if k in rec:
+                del rec[k]
+        else:
+            rec[k] = v
+    context.state[STATE_KEY] = rec
+
+
+def _clear_round(context: Context) -> None:
+    # an aborted or finished round leaves no secret behind in the node state
+    _state_set(context, client=None, vector=None, global_hash=None, round=None)
+
+
+def _train_handler(get_runtime: RuntimeGetter) -> Callable[[Message, Context], Message]:
+    def handler(msg: Message, context: Context) -> Message:
+        rt = get_runtime(msg, context)
+        round_config = dict(msg.content[REC_CONFIG])
+        global_theta = record_to_arrays(msg.content[REC_GLOBAL])
+        policy = site_policy(context, rt.cfg)
+        layout = vector_layout(rt.manifest)
+        # a round whose protocol already started here is spent: re-training it would hand the server a second copy
+        # of the same update to difference against (P5; see ReplayGuard)
+        ReplayGuard(rt.state.slot(REPLAY_SLOT)).check_fresh(int(round_config["server-round"]))
+        theta, n, metrics = rt.train_round(global_theta, round_config)
+        loss = metrics.get("loss", metrics.get("total", 0.0))
+        # the update, not the parameters, enters the vector: its values are small, so the fixed-point grid is fine
+        update = {k: np.asarray(v, np.float64) - np.asarray(global_theta[k], np.float64) for k, v in theta.items()}
+        vector = encode(layout, policy, update, int(n), {"train_loss": float(loss) / METRIC_RANGE})
+        _state_set(
+            context,
+            client=None,
+            vector=vector.tobytes(),
+            global_hash=theta_hash(layout, global_theta),
+            round=int(round_config["server-round"]),
+        )
+        return Message(RecordDict({REC_SECAGG: ConfigRecord({"ready": 1})}), reply_to=msg)
+
+    return handler
+
+
+def _stage_handler(stage: str, get_runtime: RuntimeGetter) -> Callable[[Message, Context], Message]:
+    def handler(msg: Message, context: Context) -> Message:
+        rt = get_runtime(msg, context)
+        request = msg.content[REC_SECAGG][SECAGG_FIELD]
+        if not isinstance(request, bytes):
+            raise SecureAggregationConfigError(f"secure-aggregation request without a bytes {SECAGG_FIELD!r} field")
+        client = SecAggClient(
+            rt.site_id,
+            rt.identity_private_key(),
+            site_roster(context, rt.site_id, Path(rt.state.dir).parent),
+            site_policy(context, rt.cfg),
+            vector_layout(rt.manifest),
+            replay_guard=ReplayGuard(rt.state.slot(REPLAY_SLOT)),
+        )
+        try:
+            if stage == STAGES[0]:
+                vector, gh = _state_get(context, "vector"), _state_get(context, "global_hash")
+                if vector is None or gh is None:
+                    raise SecureAggregationConfigError(f"site {rt.site_id} has no trained update for this round")
+                client.set_input(np.frombuffer(vector, dtype=np.uint32).copy(), gh, _state_get(context, "round"))
+            else:
+                blob = _state_get(context, "client")
+                if blob is None:
+                    raise SecureAggregationConfigError(f"site {rt.site_id} has no secure-aggregation state for stage {stage}")
+                client.restore(blob)
+            reply = client.handle(request)
+        except Exception:
+            _clear_round(context)
+            raise
+        if stage == STAGES[-1]:
+            _clear_round(context)
+        else:
+            _state_set(context, client=client.export(), vector=None)
+        return Message(RecordDict({REC_SECAGG: ConfigRecord({SECAGG_FIELD: reply})}), reply_to=msg)
+
+    return handler
+
+
+def register_secure_actions(app: ClientApp, get_runtime: RuntimeGetter) -> None:
+    """Attach the six ``train.secagg_*`` actions to ``app``.
+
+    Args:
+        app: the site's ClientApp.
+        get_runtime: ``(msg, context) -> site``, the site that answers (see :class:`SecureSite`).
+
+    Errors propagate to the app's mods (egress gate, guard), which turn them into a generic error reply: the server
+    sees a dropout, never a reason or a key (P18).
+    """
+    app.train(secagg_action(SECAGG_TRAIN_STAGE))(_train_handler(get_runtime))
+    for stage in STAGES:
+        app.train(secagg_action(stage))(_stage_handler(stage, get_runtime))
