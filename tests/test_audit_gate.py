@@ -511,3 +511,30 @@ def test_allow_lists_are_exact_names_with_caps(tmp_path):
     for mtype, content, rule in refused:
         reply = site.send(instruction(mtype, 1), lambda m, c, content=content: Message(content, reply_to=m))
         assert reply.has_error() and reply.error.reason.endswith(rule), (mtype, reply.error.reason)
+
+
+def test_single_theta_s_values_are_found_in_every_number_encoding_and_fresh_values_are_not():
+    """Property of the value scanner: every informative Θs value is found as a float64, a float32, an int holding its
+    bit pattern, or two of them packed in one double; values drawn elsewhere are not (no false refusal)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from fcd_secure.audit.scanner import PrivateValues
+
+    @settings(max_examples=40, deadline=None)
+    @given(st.integers(0, 2**31), st.integers(1, 64))
+    def run(seed, n):
+        rng = np.random.default_rng(seed)
+        theta = {"w": rng.standard_normal(n).astype(np.float32)}
+        values = PrivateValues.of([theta])
+        bits = theta["w"].view(np.uint32)
+        for i in np.flatnonzero(bits & 0xFFF):  # informative values (a full mantissa)
+            v = float(theta["w"][i])
+            assert values.found_in([v]) and values.found_in([int(bits[i])])
+            packed = struct.unpack("<d", np.array([theta["w"][i], theta["w"][i]], np.float32).tobytes())[0]
+            assert values.found_in([packed])
+        fresh = np.random.default_rng(seed + 1).standard_normal(256)
+        assert not values.found_in([float(x) for x in fresh])  # float64 aggregates
+        assert not values.found_in([0.0, 1.0, 0.5, 20, 100, True])  # counts, flags, simple fractions
+
+    run()

@@ -605,3 +605,13 @@ def test_a_restored_older_privacy_ledger_shows_in_the_audit_chain(tmp_path):
     res = verify_path(tmp_path, site_keys=[site.ledger.fingerprint], server_keys=[server.ledger.fingerprint])
     assert res.status == "violation"
     assert any("went back from 2 to 1" in f.message for f in res.findings if f.severity == "violation")
+
+
+def test_the_privacy_heads_the_gate_records_are_the_privacy_layers_anchors_field_for_field():
+    """The audit layer reads the privacy layer's anchors by field (it does not import that layer): the two models
+    must agree, or a head would be refused by the gate or misread by verify."""
+    from fcd_secure.audit.entries import LedgerHeadRecord, PrivacyAnchorRecord, ResetRecord
+    from fcd_secure.privacy import anchor
+
+    for ours, theirs in ((PrivacyAnchorRecord, anchor.PrivacyAnchor), (ResetRecord, anchor.ResetRecord), (LedgerHeadRecord, anchor.LedgerHead)):
+        assert set(ours.model_fields) == set(theirs.model_fields), ours.__name__
