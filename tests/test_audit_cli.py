@@ -71,7 +71,7 @@ def test_unpinned_exit_3_unverified_and_allow_unpinned(run):
 def test_help_documents_every_exit_code():
     res = runner.invoke(app, ["audit", "verify", "--help"], terminal_width=200)
     assert res.exit_code == 0
-    for line in ("0  compliant", "1  violation", "2  usage", "3  unverified", "6  tampered", "--allow-unpinned"):
+    for line in ("0  compliant", "1  violation", "2  usage", "3  unverified", "4  partial", "6  tampered", "--allow-unpinned"):
         assert line in res.stdout, line
 
 
@@ -134,3 +134,14 @@ def test_fingerprints_lists_every_writer_and_no_key_material(run):
 
 def _invoke_cmd(cmd, *args):
     return runner.invoke(app, ["audit", cmd, *map(str, args)])
+
+
+def test_one_site_folder_is_partial_exit_4_in_the_envelope(run):
+    """Without the server ledger nothing can show a cut or re-signed site ledger: a distinct verdict and exit code."""
+    root, sites, server = run
+    res = _invoke(root / "site-00", "--json", *_pins(sites, server))
+    assert res.exit_code == 4, res.output
+    env = json.loads(res.stdout)
+    assert env["status"] == "partial" and env["error_code"] == "EVIDENCE_PARTIAL" and "PARTIAL" in env["message"]
+    assert any(f["severity"] == "partial" for f in env["data"]["findings"])
+    assert _invoke(root / "site-00", "--json", "--allow-unpinned").exit_code == 4

@@ -96,8 +96,10 @@ LEAKS = [
 
 @pytest.mark.parametrize("plant,rule", LEAKS, ids=[p.__name__[7:] for p, _ in LEAKS])
 def test_planted_leak_is_refused_and_recorded(tmp_path, plant, rule):
-    site = Site(tmp_path)
-    reply = site.send(instruction("train", 1), site.train_handler(plant(site)))
+    from test_audit_support import Server, close_run
+
+    site, server = Site(tmp_path), Server(tmp_path)
+    reply = site.send(server.downlink("train", 1, 11), site.train_handler(plant(site)))
     # nothing of the content leaves: an error reply the gate built, with a reason from its closed vocabulary
     assert reply.has_error() and not reply.has_content()
     assert reply.error.code == GATE_ERROR_CODE
@@ -108,9 +110,14 @@ def test_planted_leak_is_refused_and_recorded(tmp_path, plant, rule):
     assert entry["message_bytes"] == describe_message(reply).message_bytes
     assert entry["withheld"]["payload_bytes"] > 0  # what was refused, by size and names only
     # the refusal held, so the evidence is clean (exit 0) and lists the refusal
-    res = verify_path(tmp_path / site.site_id, site_keys=[site.ledger.fingerprint])
+    server.receive(reply, site.site_id)
+    close_run([site], server, 1, [11])
+    res = verify_path(tmp_path, site_keys=[site.ledger.fingerprint], server_keys=[server.ledger.fingerprint])
     assert res.exit_code == 0, [f.message for f in res.findings]
-    assert res.ledgers[0].uploads_refused == 1
+    assert next(s for s in res.ledgers if s.role == "site").uploads_refused == 1
+    # the site's folder alone is partial evidence: nothing there can show a cut or re-signed ledger
+    alone = verify_path(tmp_path / site.site_id, site_keys=[site.ledger.fingerprint], server_keys=[server.ledger.fingerprint])
+    assert alone.status == "partial" and alone.exit_code == 4
 
 
 def test_exception_text_never_leaves(tmp_path):
@@ -202,20 +209,23 @@ def test_allow_list_refuses_everything_else(tmp_path, mutate, rule):
 
 
 def test_secure_aggregation_fields_pass_but_not_floats_or_private_bytes(tmp_path):
+    """A protocol reply is exactly its stage's one field: ``msg`` bytes (or the ``ready = 1`` acknowledgement)."""
     site = Site(tmp_path)
     masked = np.random.default_rng(1).integers(0, 2**32, size=40, dtype=np.uint64).astype(np.uint32).tobytes()
 
     def reply_with(fields):
         return lambda m, c: Message(RecordDict({"secagg": ConfigRecord(fields)}), reply_to=m)
 
-    ok = site.send(instruction("train.secagg_masked", 1), reply_with({"masked": masked, "stage": "masked", "shares": [b"a" * 48, b"b" * 48]}))
+    ok = site.send(instruction("train.secagg_masked_input", 1), reply_with({"msg": masked}))
     assert ok.has_content()
-    bad_float = site.send(instruction("train.secagg_masked", 1), reply_with({"weight": 20.0}))
-    assert bad_float.has_error() and bad_float.error.reason.endswith("config_not_allowed")
-    leak = site.send(instruction("train.secagg_masked", 1), reply_with({"masked": masked + site.theta_s["eps_s.weight"].tobytes()}))
+    ack = site.send(instruction("train.secagg_train", 1), reply_with({"ready": 1}))
+    assert ack.has_content()
+    bad_float = site.send(instruction("train.secagg_masked_input", 1), reply_with({"msg": masked, "weight": 20.0}))
+    assert bad_float.has_error() and bad_float.error.reason.endswith("protocol_shape")
+    leak = site.send(instruction("train.secagg_masked_input", 1), reply_with({"msg": masked + site.theta_s["eps_s.weight"].tobytes()}))
     assert leak.has_error() and leak.error.reason.endswith("theta_s_bytes")
     statuses = [l["status"] for l in site.ledger.lines() if l["kind"] == "upload"]
-    assert statuses == ["sent", "refused", "refused"]
+    assert statuses == ["sent", "sent", "refused", "refused"]
 
 
 def test_constant_private_tensor_does_not_block_a_constant_shared_one(tmp_path):
@@ -287,6 +297,36 @@ def test_privacy_ledger_hash_binds_the_dp_ledger_state(tmp_path):
     assert privacy_ledger_hash(tmp_path, shared) not in (None, h2)
 
 
+def test_each_chain_head_goes_to_the_server_and_its_countersignature_comes_back(tmp_path):
+    """The gate sends the site's newest checkpoint with the next reply; the server countersigns it in its ledger and
+    returns the countersignature with the receipts; the closing message's ack carries the last round's head."""
+    from test_audit_support import Server
+
+    from fcd_secure.audit import RECEIPTS_MESSAGE_TYPE
+
+    site, server = Site(tmp_path), Server(tmp_path)
+    server.receive(site.send(server.downlink("train", 1, 11)), site.site_id)
+    r2 = site.send(server.downlink("train", 2, 11))  # round 1 is closed first, its head rides on this reply
+    checkpoint_1 = next(l for l in site.ledger.lines() if l["kind"] == "checkpoint")
+    assert "fcd.audit.head" in r2.content
+    server.receive(r2, site.site_id)
+    signed = [l for l in server.ledger.lines() if l["kind"] == "countersign"]
+    assert [l["checkpoint"]["hash"] for l in signed] == [checkpoint_1["hash"]]
+    assert signed[0]["writer_id"] == site.site_id and signed[0]["site_key_fingerprint"] == site.ledger.fingerprint
+    site.send(server.downlink("query.evaluate", 2, 11))  # the countersignature comes back with the receipts
+    stored = [l for l in site.ledger.lines() if l["kind"] == "countersignature"]
+    assert [l["countersign"]["hash"] for l in stored] == [signed[0]["hash"]]
+    assert stored[0]["signature_checked_on_arrival"] is True
+    assert site.ledger.pending_head() is None  # countersigned: nothing more to send until the next checkpoint
+    ack = site.send(server.downlink(RECEIPTS_MESSAGE_TYPE, 2, 11), handler=lambda m, c: None)
+    kinds = [l["kind"] for l in site.ledger.lines()]
+    # the last round is closed before the ack, which carries that checkpoint for the server to countersign
+    assert kinds[-2:] == ["checkpoint", "upload"] and "fcd.audit.head" in ack.content
+    server.receive(ack, site.site_id)
+    last = server.ledger.lines()[-1]
+    assert last["kind"] == "countersign" and last["checkpoint"]["round"] == 2
+
+
 def _plant_propensity_rows(site):
     # three trajectories' propensities, not the whole array, inside a legitimate Θc tensor
     def m(content):
@@ -317,3 +357,184 @@ def test_row_scan_has_no_false_positive_on_fresh_parameters(tmp_path):
     site = Site(tmp_path)
     for r in range(1, 6):
         assert site.send(instruction("train", r)).has_content()
+
+
+# -- P23: private values in every channel a reply has ----------------------------------------------------------------
+import struct  # noqa: E402
+
+from fcd_secure.audit.allowlist import HELLO_DIMS, eval_metric_names, federation_gate_policy  # noqa: E402
+from fcd_secure.audit.rules import GatePolicy as _Policy  # noqa: E402
+from fcd_secure.data.policy import DEFAULT_POLICY_NAMES  # noqa: E402
+from test_audit_support import MANIFEST as _M  # noqa: E402
+
+FED = federation_gate_policy(policy_names=DEFAULT_POLICY_NAMES, ope_horizons=(2,))
+FED_WITH_LOSS = FED.model_copy(update={"allowed_metrics": FED.allowed_metrics | {"metrics/loss"}})
+EVAL_NAMES = eval_metric_names(DEFAULT_POLICY_NAMES, ope_horizons=(2,))
+
+
+def _informative(values: np.ndarray) -> float:
+    """A value with a full float32 mantissa (what a trained parameter has)."""
+    bits = values.astype(np.float32).reshape(-1).view(np.uint32)
+    return float(values.reshape(-1)[int(np.flatnonzero(bits & 0xFFF)[0])])
+
+
+def _site_after_a_round(tmp_path):
+    """A site that answered round 1 with Θs v1 and now holds v2: v1 is last round's Θs."""
+    site = Site(tmp_path, policy=FED_WITH_LOSS)
+    assert site.send(instruction("train", 1)).has_content()
+    previous = {k: v.copy() for k, v in site.theta_s.items()}
+    site.theta_s = {k: site.rng.standard_normal(v.shape).astype(np.float32) for k, v in site.theta_s.items()}
+    return site, previous
+
+
+SECRETS = {
+    "theta_s_now": lambda site, prev: site.theta_s["eps_s.weight"],
+    "theta_s_previous_round": lambda site, prev: prev["eps_s.weight"],
+    "propensity_row": lambda site, prev: site.P[7],
+    "propensity_column": lambda site, prev: site.P[:, 0],  # every patient's first-step propensity
+}
+RULES = {
+    "theta_s_now": {"theta_s_value", "theta_s_bytes"},
+    "theta_s_previous_round": {"theta_s_value", "theta_s_bytes"},
+    "propensity_row": {"propensity"},
+    "propensity_column": {"propensity"},
+}
+
+
+def _metric_scalar(site, secret, msg):
+    if secret.size == 24:  # a Θs tensor: one of its values in an allow-listed scalar
+        return Message(_train_content(site, metrics={"loss": 0.25, "total": _informative(secret)}), reply_to=msg)
+    # a vector: one value per allow-listed scalar of the evaluation reply
+    values = {name: float(v) for name, v in zip(EVAL_NAMES, secret.astype(np.float64))}
+    return Message(RecordDict({"eval": MetricRecord(values)}), reply_to=msg)
+
+
+def _metric_list(site, secret, msg):
+    return Message(RecordDict({"eval": MetricRecord({"auc.pos": [float(v) for v in secret.reshape(-1)]})}), reply_to=msg)
+
+
+def _hello_extra_key(site, secret, msg):
+    fields = {"site-id": site.site_id, "site-index": 0, "layout-hash": "ab" * 32, **{f"dim-{d}": 4 for d in HELLO_DIMS}}
+    fields["dim-extra"] = np.ascontiguousarray(secret).tobytes()
+    return Message(RecordDict({"hello": ConfigRecord(fields)}), reply_to=msg)
+
+
+def _secagg_extra_field(site, secret, msg):
+    masked = np.random.default_rng(1).integers(0, 2**32, size=48, dtype=np.uint64).astype(np.uint32).tobytes()
+    return Message(RecordDict({"secagg": ConfigRecord({"msg": masked, "pad": np.ascontiguousarray(secret).tobytes()})}), reply_to=msg)
+
+
+def _train_content(site, metrics):
+    return RecordDict({
+        "update": ArrayRecord({k: Array(v) for k, v in sorted(site.theta_c().items())}),
+        "num": MetricRecord({"n": 20}),
+        "metrics": MetricRecord(metrics),
+    })
+
+
+CHANNELS = {
+    "metric_scalar": ("train", _metric_scalar),
+    "metric_list": ("query.evaluate", _metric_list),
+    "hello_extra_key": ("query.hello", _hello_extra_key),
+    "secagg_extra_bytes_field": ("train.secagg_masked_input", _secagg_extra_field),
+}
+
+
+@pytest.mark.parametrize("secret", sorted(SECRETS))
+@pytest.mark.parametrize("channel", sorted(CHANNELS))
+def test_exact_private_values_are_refused_in_every_channel(tmp_path, channel, secret):
+    """Exact Θs (this round's and last round's) and propensities (a patient's row, a step's column over all patients)
+    in a metric scalar, a metric list, an extra hello config key and an extra field of a secure-aggregation reply."""
+    site, previous = _site_after_a_round(tmp_path)
+    mtype, build = CHANNELS[channel]
+    value = np.asarray(SECRETS[secret](site, previous))
+    reply = site.send(instruction(mtype, 2), lambda m, c: build(site, value, m))
+    assert reply.has_error() and not reply.has_content(), f"{secret} left through {channel}"
+    rule = reply.error.reason.rsplit(": ", 1)[-1]
+    assert rule in RULES[secret], rule
+    assert _uploads(site)[-1]["refusal"]["rule"] == rule
+
+
+@pytest.mark.parametrize("secret", sorted(SECRETS))
+def test_reply_metadata_carries_nothing_the_handler_set(tmp_path, secret):
+    """``ttl`` and ``created_at`` have setters in flwr 1.42: the low bits of a float carry a float32 exactly. The
+    gate rebuilds the reply, so what leaves has the metadata Flower derives from the instruction and the gate clock."""
+    site, previous = _site_after_a_round(tmp_path)
+    pattern = int(np.asarray(SECRETS[secret](site, previous), np.float32).reshape(-1).view(np.uint32)[1])
+    msg = instruction("train", 2)
+
+    def handler(m, c):
+        reply = Message(_train_content(site, {"loss": 0.25}), reply_to=m)
+        for field in ("ttl", "created_at"):
+            base = struct.unpack("<Q", struct.pack("<d", getattr(reply.metadata, field)))[0]
+            setattr(reply.metadata, field, struct.unpack("<d", struct.pack("<Q", (base & ~0xFFFFFFFF) | pattern))[0])
+        reply.metadata.src_task_id = pattern
+        return reply
+
+    out = site.send(msg, handler)
+    assert out.has_content()
+    for field in ("ttl", "created_at"):
+        low = struct.unpack("<Q", struct.pack("<d", getattr(out.metadata, field)))[0] & 0xFFFFFFFF
+        assert low != pattern, field
+    assert out.metadata.src_task_id == msg.metadata.dst_task_id
+    # flwr's own rule for a reply: it lives no longer than the instruction it answers
+    assert out.metadata.ttl == pytest.approx(msg.metadata.created_at + msg.metadata.ttl - out.metadata.created_at)
+    assert _uploads(site)[-1]["message_id"] == out.object_id
+
+
+def test_allow_lists_are_exact_names_with_caps(tmp_path):
+    """No glob passes: a fresh name under an allowed prefix, a list past its cap, a config key of the wrong type."""
+    with pytest.raises(ValueError, match="exact"):
+        _Policy(allowed_metrics=frozenset({"eval/*"}))
+    with pytest.raises(ValueError, match="exact"):
+        _Policy(allowed_config_keys={"hello/dim-*": {"type": "int"}})
+    site = Site(tmp_path, policy=FED_WITH_LOSS)
+    rng = np.random.default_rng(4)
+    ok_eval = {n: float(rng.normal()) for n in EVAL_NAMES} | {"auc.pos": [float(x) for x in rng.integers(0, 9, 100)]}
+    assert site.send(instruction("query.evaluate", 1), lambda m, c: Message(RecordDict({"eval": MetricRecord(ok_eval)}), reply_to=m)).has_content()
+    hello = {"site-id": "site-00", "site-index": 0, "layout-hash": "ab" * 32, **{f"dim-{d}": 5 for d in HELLO_DIMS}}
+    assert site.send(instruction("query.hello", 1), lambda m, c: Message(RecordDict({"hello": ConfigRecord(hello)}), reply_to=m)).has_content()
+    refused = [
+        ("query.evaluate", RecordDict({"eval": MetricRecord({"policy.never.leak": 0.5})}), "metric_not_allowed"),
+        ("query.evaluate", RecordDict({"eval": MetricRecord({"auc.pos": [1.0] * 101})}), "metric_not_allowed"),
+        ("query.hello", RecordDict({"hello": ConfigRecord({**hello, "dim-extra": 3})}), "config_not_allowed"),
+        ("query.hello", RecordDict({"hello": ConfigRecord({**hello, "dim-dx": b"\x01\x02"})}), "config_not_allowed"),
+        ("query.hello", RecordDict({"hello": ConfigRecord({**hello, "site-id": "x" * 65})}), "config_not_allowed"),
+        ("query.hello", RecordDict({"hello": ConfigRecord({**hello, "dim-L": 2**40})}), "config_not_allowed"),
+        ("train.secagg_train", RecordDict({"secagg": ConfigRecord({"ready": 2})}), "protocol_shape"),
+        ("train.secagg_train", RecordDict({"secagg": ConfigRecord({"ready": 1, "n": 20})}), "protocol_shape"),
+        ("train.secagg_unknown_stage", RecordDict({"secagg": ConfigRecord({"msg": b"x"})}), "protocol_shape"),
+        ("train.secagg_consistency", RecordDict({"secagg": ConfigRecord({"msg": b"x" * 513})}), "protocol_shape"),
+        ("train.secagg_masked_input", RecordDict({"secagg": ConfigRecord({"msg": b"x" * (4 * _M.size("theta_c") + 513)})}), "protocol_shape"),
+        ("train.secagg_masked_input", RecordDict({"secagg": ConfigRecord({"msg": b"x"}), "other": ConfigRecord({"msg": b"y"})}), "protocol_shape"),
+    ]
+    for mtype, content, rule in refused:
+        reply = site.send(instruction(mtype, 1), lambda m, c, content=content: Message(content, reply_to=m))
+        assert reply.has_error() and reply.error.reason.endswith(rule), (mtype, reply.error.reason)
+
+
+def test_single_theta_s_values_are_found_in_every_number_encoding_and_fresh_values_are_not():
+    """Property of the value scanner: every informative Θs value is found as a float64, a float32, an int holding its
+    bit pattern, or two of them packed in one double; values drawn elsewhere are not (no false refusal)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from fcd_secure.audit.scanner import PrivateValues
+
+    @settings(max_examples=40, deadline=None)
+    @given(st.integers(0, 2**31), st.integers(1, 64))
+    def run(seed, n):
+        rng = np.random.default_rng(seed)
+        theta = {"w": rng.standard_normal(n).astype(np.float32)}
+        values = PrivateValues.of([theta])
+        bits = theta["w"].view(np.uint32)
+        for i in np.flatnonzero(bits & 0xFFF):  # informative values (a full mantissa)
+            v = float(theta["w"][i])
+            assert values.found_in([v]) and values.found_in([int(bits[i])])
+            packed = struct.unpack("<d", np.array([theta["w"][i], theta["w"][i]], np.float32).tobytes())[0]
+            assert values.found_in([packed])
+        fresh = np.random.default_rng(seed + 1).standard_normal(256)
+        assert not values.found_in([float(x) for x in fresh])  # float64 aggregates
+        assert not values.found_in([0.0, 1.0, 0.5, 20, 100, True])  # counts, flags, simple fractions
+
+    run()

@@ -22,6 +22,7 @@ from fcd_secure.audit import (
     load_or_create_identity_key,
     make_egress_gate,
 )
+from fcd_secure.audit.history import ThetaSHistory
 from fcd_secure.manifest import Manifest, ManifestEntry
 
 MANIFEST = Manifest.from_entries(
@@ -65,7 +66,7 @@ class Site:
 
     def __init__(self, root: Path, site_id: str = "site-00", seed: int = 0, policy: GatePolicy = POLICY) -> None:
         self.rng = np.random.default_rng(seed)
-        self.key = raw_key()
+        self.key = load_or_create_identity_key(root / site_id / "identity_ed25519.key")  # beside the ledger, as on a site
         self.site_id = site_id
         self.theta_s = {e.name: self.rng.standard_normal(e.shape).astype(np.float32) for e in MANIFEST.entries if e.part == "theta_s"}
         self.P = self.rng.uniform(0.05, 1.0, size=(20, 8)).astype(np.float32)
@@ -78,6 +79,7 @@ class Site:
             policy=policy,
             propensities=lambda: self.P,
             privacy_ledger_hash=lambda: "ab" * 32,
+            theta_s_history=ThetaSHistory(root / site_id / "theta_s_history.npz"),
         )
         self.gate = make_egress_gate(lambda c: self.ctx)
 
@@ -137,12 +139,17 @@ def run_rounds(root: Path, n_sites: int = 2, rounds: int = 3) -> tuple[list[Site
             reply = s.send(server.downlink("train", r, 100 + i))
             assert reply.has_content()
             server.receive(reply, s.site_id)
-    for i, s in enumerate(sites):
-        ack = s.send(server.downlink(RECEIPTS_MESSAGE_TYPE, rounds, 100 + i), handler=lambda m, c: None)
+    close_run(sites, server, rounds, [100 + i for i in range(n_sites)])
+    return sites, server
+
+
+def close_run(sites: list[Site], server: Server, last_round: int, node_ids: list[int]) -> None:
+    """The closing receipts message to every site, its acknowledgement back, and the server's last checkpoint."""
+    for s, node in zip(sites, node_ids):
+        ack = s.send(server.downlink(RECEIPTS_MESSAGE_TYPE, last_round, node), handler=lambda m, c: None)
         assert ack.has_content()
         server.receive(ack, s.site_id)
     server.audit.close()
-    return sites, server
 
 
 def fingerprints(sites, server) -> tuple[list[str], list[str]]:

@@ -61,23 +61,38 @@ def test_clean_run_verifies_and_totals_reconcile(run):
             assert s.checkpoints == 3
 
 
-def _resign(path, key):
-    """Rebuild a ledger's chain under another key: new open entry, every hash, signature and checkpoint recomputed.
+def _resign(path, key, edit=None):
+    """Rebuild a ledger's chain under ``key``: ``edit(obj)`` may change a line or return ``None`` to drop it; then
+    the open entry, every seq, hash, signature and checkpoint is recomputed by the writer's own rule.
 
-    What anyone holding the file (and no pinned fingerprint to answer to) can do."""
-    from fcd_secure.audit.signing import GENESIS, fingerprint, line_hash, merkle_root, private_key, public_key_bytes, sign_hash
+    What anyone holding the file and a signing key can do: the key beside the ledger (an insider), or a fresh one."""
+    from fcd_secure.audit.entries import parse_line
+    from fcd_secure.audit.ledger import checkpoint_fields
+    from fcd_secure.audit.signing import GENESIS, fingerprint, line_hash, private_key, public_key_bytes, sign_hash
 
     sk = private_key(key)
-    out, prev = [], GENESIS
+    out, prev, new_seq = [], GENESIS, {}
     for text in _lines(path):
         obj = {k: v for k, v in json.loads(text).items() if k not in ("hash", "sig")}
+        if edit is not None:
+            obj = edit(obj)
+            if obj is None:
+                continue
+        new_seq[obj["seq"]] = len(out)
+        if obj["kind"] == "receipt" and obj.get("for_seq") is not None:
+            obj["for_seq"] = new_seq.get(obj["for_seq"])
         if obj["kind"] == "open":
             obj["public_key"] = public_key_bytes(key).hex()
             obj["key_fingerprint"] = fingerprint(public_key_bytes(key))
         if obj["kind"] == "checkpoint":
-            hashes = [o["hash"] for o in out]
-            obj["head"], obj["merkle_root"] = hashes[-1], merkle_root(hashes)
-        obj["prev_hash"] = prev
+            entries = []
+            for o in out:
+                try:
+                    entries.append(parse_line(canonical(o)))
+                except ValueError:
+                    pass  # a line that is not an entry counts in the chain, not among the messages
+            obj.update(checkpoint_fields([o["hash"] for o in out], entries, obj["round"]))
+        obj["seq"], obj["prev_hash"] = len(out), prev
         obj["hash"] = line_hash(obj)
         obj["sig"] = sign_hash(sk, obj["hash"])
         out.append(obj)
@@ -101,17 +116,28 @@ def test_unpinned_is_never_compliant(run):
 
 
 def test_a_chain_re_signed_with_a_fresh_key_is_unverified_or_tampered(run):
-    """Forged evidence (edited, then re-signed end to end with a fresh key) checks internally; only pins expose it."""
+    """Forged evidence (rebuilt and re-signed end to end with a fresh key) checks internally. The server's
+    countersignatures of the site's chain heads expose it even unpinned; without them, only pins do."""
     root, sites, server = run
     site_fp, server_fp = fingerprints(sites, server)
     path = _ledger_file(root)
+    original = path.read_text()
     _resign(path, raw_key())
     res = verify_path(root)
-    assert not _tampered(res), [f.message for f in _tampered(res)]
-    assert res.status == "unverified" and res.exit_code == 3  # was 0 "compliant" before pins were required
+    assert res.exit_code == 6
+    assert any("countersigned" in f.message and f.ledger == "site-00/audit/site_ledger.jsonl" for f in _tampered(res))
+    # the countersignatures the site stored are gone too: the server's own copies still do not match
+    path.write_text(original)
+    _resign(path, raw_key(), edit=lambda o: None if o["kind"] == "countersignature" else o)
+    res = verify_path(root)
+    assert res.exit_code == 6
+    assert any("no longer holds it" in f.message for f in _tampered(res))
     res = verify_path(root, site_keys=site_fp, server_keys=server_fp)
     assert res.exit_code == 6
     assert any(f.ledger == "site-00/audit/site_ledger.jsonl" and "not among the pinned" in f.message for f in _tampered(res))
+    # the site's folder alone, unpinned: nothing contradicts the forgery, and nothing makes it compliant
+    res = verify_path(root / "site-00")
+    assert res.status == "partial" and res.exit_code == 4
 
 
 def test_wrong_pinned_key_is_tampered(run):
@@ -360,9 +386,9 @@ def test_a_receipt_signed_by_the_site_itself_is_tampered(run):
     assert res.exit_code == 6
     (finding,) = _tampered(res)
     assert finding.seq == line.seq and "not the key of the server ledger" in finding.message
-    # the site's directory alone (no server ledger, server unpinned): its receipts are unanchored, never compliant
+    # the site's directory alone (no server ledger, server unpinned): partial, and its receipts are unanchored
     res = verify_path(root / site.site_id, site_keys=[site.ledger.fingerprint])
-    assert res.exit_code == 3
+    assert res.status == "partial" and res.exit_code == 4
     assert any(f.severity == "unverified" and "receipt" in f.message for f in res.findings)
 
 
@@ -407,3 +433,185 @@ def test_a_signed_line_that_is_not_a_ledger_entry_is_tampered(run):
 
     with pytest.raises(LedgerError, match=f"line {idx + 1} is not a ledger line"):
         SiteLedger(path, key, writer_id="site-00").entries()
+
+
+# -- P24: an insider with the site key cannot re-sign a recorded leak away -----------------------------------------
+def _leaking_run(root, rounds=3):
+    """A site whose own policy let Θs out (the w/o-DSS ablation): every training upload records a Θs tensor."""
+    from flwr.app import Array
+    from test_audit_support import POLICY, Server, Site, close_run
+
+    from fcd_secure.audit import GatePolicy
+
+    site = Site(root, policy=GatePolicy(allowed_metrics=POLICY.allowed_metrics, allow_theta_s_upload=True))
+    server = Server(root)
+
+    def leak(content):
+        content["update"]["eps_s.weight"] = Array(site.theta_s["eps_s.weight"])
+        content["update"]["ks_head.bias"] = Array(site.theta_s["ks_head.bias"])
+
+    for r in range(1, rounds + 1):
+        reply = site.send(server.downlink("train", r, 11), site.train_handler(leak))
+        assert reply.has_content()
+        server.receive(reply, site.site_id)
+    close_run([site], server, rounds, [11])
+    return site, server
+
+
+def test_an_insider_re_signing_an_edited_ledger_with_the_site_key_is_not_compliant(tmp_path):
+    """The site ledger records a Θs leak; someone with the site's key file edits the Θs names out of every upload
+    line, keeps every byte count and hash, and re-signs the chain with that key. Pinned keys and the server ledger
+    present: the server's record of the same messages, its own upload rules and its countersignatures of the
+    site's chain heads each expose it."""
+    site, server = _leaking_run(tmp_path)
+    pins = dict(site_keys=[site.ledger.fingerprint], server_keys=[server.ledger.fingerprint])
+    before = verify_path(tmp_path, **pins)
+    assert before.status == "violation"
+    leaks = [f for f in before.findings if f.severity == "violation" and f.ledger.startswith("site-00")]
+    assert len(leaks) >= 6  # two Θs tensors in each of three rounds
+
+    key = (tmp_path / site.site_id / "identity_ed25519.key").read_bytes()  # the site's key file, beside its ledger
+
+    def hide(obj):
+        if obj["kind"] == "upload":
+            obj["tensors"] = [t for t in obj["tensors"] if t["name"] not in ("eps_s.weight", "ks_head.bias")]
+        return obj
+
+    _resign(_ledger_file(tmp_path), key, edit=hide)  # the same key: still pinned
+    res = verify_path(tmp_path, **pins)
+    assert res.status != "compliant" and res.exit_code != 0
+    assert res.status == "tampered"
+    msgs = [f.message for f in _tampered(res)]
+    assert any("tensors" in m and "edited" in m for m in msgs)  # facts reconciled with the server's received lines
+    assert any("countersigned" in m for m in msgs)  # the server signed the original heads
+    served = [f for f in res.findings if f.severity == "violation" and f.ledger.startswith("server")]
+    assert any("eps_s.weight" in f.message and "Θs" in f.message for f in served)  # the server's copy is checked too
+    # the edited site ledger alone: the countersignatures it stored no longer match its own chain
+    alone = verify_path(tmp_path / site.site_id, **pins)
+    assert alone.status == "tampered" and any("countersigned" in f.message for f in _tampered(alone))
+    # had the insider dropped those too, the folder alone would still only be partial evidence
+    _resign(_ledger_file(tmp_path), key, edit=lambda o: None if o["kind"] == "countersignature" else o)
+    alone = verify_path(tmp_path / site.site_id, **pins)
+    assert alone.status == "partial" and alone.exit_code == 4
+    assert verify_path(tmp_path, **pins).status == "tampered"
+
+
+def test_uploads_without_a_server_receipt_are_a_finding(tmp_path):
+    """A run cut before the receipts came back (or a server that never acknowledged): the evidence is partial."""
+    from test_audit_support import Server, Site
+
+    site, server = Site(tmp_path), Server(tmp_path)
+    for r in (1, 2):
+        server.receive(site.send(server.downlink("train", r, 11)), site.site_id)
+    server.audit.close()  # no closing receipts message: round 2's upload never got its receipt
+    res = verify_path(tmp_path, site_keys=[site.ledger.fingerprint], server_keys=[server.ledger.fingerprint])
+    assert res.status == "partial" and res.exit_code == 4
+    (finding,) = [f for f in res.findings if f.severity == "partial"]
+    assert "no server receipt" in finding.message and finding.seq is not None
+
+
+def test_one_site_folder_without_the_server_ledger_is_partial_never_compliant(run):
+    root, sites, server = run
+    site_fp, server_fp = fingerprints(sites, server)
+    res = verify_path(root / "site-00", site_keys=site_fp, server_keys=server_fp)
+    assert res.status == "partial" and res.exit_code == 4
+    assert verify_path(root / "site-00", site_keys=site_fp, server_keys=server_fp, allow_unpinned=True).exit_code == 4
+    # a cut tail on its own is not "compliant" either
+    path = _ledger_file(root)
+    lines = _lines(path)
+    last_upload = max(i for i, l in enumerate(lines) if json.loads(l)["kind"] == "upload")
+    _write(path, lines[:last_upload])
+    res = verify_path(root / "site-00", site_keys=site_fp, server_keys=server_fp)
+    assert res.exit_code == 4
+    # and the server ledger alone cannot stand for the sites
+    res = verify_path(server.ledger.path, server_keys=server_fp)
+    assert res.status == "partial"
+
+
+# -- P25: a privacy budget reset shows in the audit chain ------------------------------------------------------------
+def _dp_site(root, policy=None):
+    """A gate whose uploads record a real site's privacy anchors (the DP ledger of ``root/site-00``)."""
+    from test_audit_support import Server, Site
+
+    from fcd_secure.privacy.anchor import read_anchors
+    from fcd_secure.privacy.ledger import privacy_ledger_hash
+
+    site, server = Site(root), Server(root)
+    state = root / site.site_id
+    site.ctx.privacy_anchors = lambda: read_anchors(state)
+    site.ctx.privacy_ledger_hash = lambda: privacy_ledger_hash(state)
+    return site, server, state
+
+
+def _dp_round(state):
+    from fcd_secure.privacy.config import DPConfig
+    from fcd_secure.privacy.engine import DPSite
+
+    dp = DPSite(state, "c" * 64, DPConfig(enabled=True, epsilon=5.0, delta=1e-3, accountant="rdp", noise_seed="run_seed"),
+                60, planned_rounds=4, local_epochs=1, batch_size=12)
+    dp.commit(dp.reserve_round())
+    return dp
+
+
+@pytest.mark.parametrize("acknowledged", [False, True], ids=["deleted", "deleted-and-acknowledged"])
+def test_a_deleted_privacy_ledger_shows_in_the_audit_chain(tmp_path, acknowledged):
+    from test_audit_support import close_run
+
+    from fcd_secure.privacy.ledger import LedgerRollback, acknowledge_reset
+
+    site, server, state = _dp_site(tmp_path)
+    pins = dict(site_keys=[site.ledger.fingerprint], server_keys=[server.ledger.fingerprint])
+    for r in (1, 2):
+        dp = _dp_round(state)
+        server.receive(site.send(server.downlink("train", r, 11)), site.site_id)
+    dp.ledger.path.unlink()
+    if acknowledged:
+        with pytest.raises(LedgerRollback):
+            _dp_round(state)
+        acknowledge_reset(state, "disk failure", operator="ops")
+    else:
+        (state / "privacy_anchor.json").unlink()  # the insider removes the anchor too, so the site trains again
+        server.receive(site.send(server.downlink("train", 3, 11)), site.site_id)  # an upload before retraining
+    _dp_round(state)
+    server.receive(site.send(server.downlink("train", 4, 11)), site.site_id)
+    close_run([site], server, 4, [11])
+    res = verify_path(tmp_path, **pins)
+    if acknowledged:
+        assert res.status == "compliant", [f.message for f in res.findings if f.severity != "note"]
+        (note,) = [f for f in res.findings if f.severity == "note" and "privacy ledger" in f.message]
+        assert "ops" in note.message and "disk failure" in note.message and "went back from 2 to 1" in note.message
+    else:
+        assert res.status == "violation"
+        found = [f.message for f in res.findings if f.severity == "violation"]
+        assert any("privacy ledger" in m and "gone" in m for m in found)  # the head vanished from the anchors
+        assert any("DP ledger files disappeared" in m for m in found)  # and the files from the ledger hash
+        assert any("went back from 2 to 1" in m for m in found)  # then it came back with less history
+
+
+def test_a_restored_older_privacy_ledger_shows_in_the_audit_chain(tmp_path):
+    """An older copy of ledger and anchor put back (the site then trains): the head goes from 2 segments to 1."""
+    from test_audit_support import close_run
+
+    site, server, state = _dp_site(tmp_path)
+    dp = _dp_round(state)
+    saved = {p: p.read_bytes() for p in (dp.ledger.path, state / "privacy_anchor.json")}
+    server.receive(site.send(server.downlink("train", 1, 11)), site.site_id)
+    _dp_round(state)
+    server.receive(site.send(server.downlink("train", 2, 11)), site.site_id)
+    for p, raw in saved.items():
+        p.write_bytes(raw)
+    server.receive(site.send(server.downlink("train", 3, 11)), site.site_id)
+    close_run([site], server, 3, [11])
+    res = verify_path(tmp_path, site_keys=[site.ledger.fingerprint], server_keys=[server.ledger.fingerprint])
+    assert res.status == "violation"
+    assert any("went back from 2 to 1" in f.message for f in res.findings if f.severity == "violation")
+
+
+def test_the_privacy_heads_the_gate_records_are_the_privacy_layers_anchors_field_for_field():
+    """The audit layer reads the privacy layer's anchors by field (it does not import that layer): the two models
+    must agree, or a head would be refused by the gate or misread by verify."""
+    from fcd_secure.audit.entries import LedgerHeadRecord, PrivacyAnchorRecord, ResetRecord
+    from fcd_secure.privacy import anchor
+
+    for ours, theirs in ((PrivacyAnchorRecord, anchor.PrivacyAnchor), (ResetRecord, anchor.ResetRecord), (LedgerHeadRecord, anchor.LedgerHead)):
+        assert set(ours.model_fields) == set(theirs.model_fields), ours.__name__

@@ -265,3 +265,118 @@ def test_two_datasets_in_one_state_folder_never_share_a_noise_stream(tmp_path):
         ga, gb = a._generator(purpose, 0, 1), b._generator(purpose, 0, 1)
         assert ga.initial_seed() != gb.initial_seed()
     assert a._generator("noise", 0, 1).initial_seed() == new_site(tmp_path, fp="a" * 64)._generator("noise", 0, 1).initial_seed()
+
+
+# -- the budget cannot be reset by deleting, restoring or reshaping the data ---------------------------------------
+def test_deleting_the_ledger_makes_the_site_refuse_until_an_operator_acknowledges(tmp_path):
+    """P25: with the ledger file gone the same records would start again at ε = 0; the site's anchor remembers the
+    head, so the site refuses until ``fcd privacy acknowledge-reset`` records why, and the reset stays on record."""
+    from typer.testing import CliRunner
+
+    from fcd_secure.cli.main import app
+    from fcd_secure.privacy.anchor import read_anchors
+    from fcd_secure.privacy.ledger import LedgerRollback
+
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    site = new_site(tmp_path)
+    one_round(site, model, opt, round_id=1)
+    spent = site.spent()[0]
+    site.ledger.path.unlink()
+    with pytest.raises(LedgerRollback, match="acknowledge-reset"):
+        new_site(tmp_path)
+    with pytest.raises(LedgerRollback):
+        site.reserve_round(round_id=2)  # an object made before the deletion refuses too
+    assert not site.ledger.path.exists()  # a refusal writes no fresh ledger
+    runner = CliRunner()
+    assert runner.invoke(app, ["privacy", "acknowledge-reset", str(tmp_path), "--reason", " "]).exit_code == 2
+    res = runner.invoke(app, ["privacy", "acknowledge-reset", str(tmp_path), "--reason", "disk replaced", "--operator", "ops"])
+    assert res.exit_code == 0, res.output
+    again = new_site(tmp_path)
+    assert again.spent()[0] == 0.0  # a new ledger, and the old head is on record
+    (anchor,) = read_anchors(tmp_path)
+    assert anchor.resets == 1 and anchor.last_reset.reason == "disk replaced" and anchor.last_reset.operator == "ops"
+    assert anchor.last_reset.previous.segments == 1 and anchor.last_reset.previous.epsilon == pytest.approx(spent)
+    assert anchor.last_reset.current is None
+    # nothing left to acknowledge: a second acknowledgement is a usage error, not a silent no-op
+    assert runner.invoke(app, ["privacy", "acknowledge-reset", str(tmp_path), "--reason", "again"]).exit_code == 2
+
+
+def test_restoring_an_older_copy_of_the_ledger_is_refused(tmp_path):
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    site = new_site(tmp_path)
+    one_round(site, model, opt, round_id=1)
+    old = site.ledger.path.read_bytes()
+    one_round(site, model, opt, round_id=2)
+    site.ledger.path.write_bytes(old)  # the copy from before round 2: one segment instead of two
+    from fcd_secure.privacy.ledger import LedgerRollback
+
+    with pytest.raises(LedgerRollback, match="1 segment"):
+        new_site(tmp_path)
+    # a rewritten history of the same length (fewer steps in round 1) is a rollback too
+    raw = json.loads(old)
+    raw["segments"][0]["reserved_at"] += 1.0
+    site.ledger.path.write_text(json.dumps(raw))
+    with pytest.raises(LedgerRollback):
+        new_site(tmp_path)
+
+
+def test_reordered_rows_keep_the_budget(tmp_path):
+    ds = tiny_site(n=N, L=4, seed=3)
+    perm = np.random.default_rng(1).permutation(N)
+    shuffled = replace(ds, X=ds.X[perm], A=ds.A[perm], T=ds.T[perm], Y=ds.Y[perm], M=ds.M[perm])
+    assert dataset_fingerprint(shuffled) == dataset_fingerprint(ds)
+    model = nn.Linear(4, 1)
+    first = new_site(tmp_path, fp=dataset_fingerprint(ds))
+    one_round(first, model, torch.optim.SGD(model.parameters(), lr=0.05), round_id=1)
+    again = new_site(tmp_path, fp=dataset_fingerprint(shuffled))
+    assert again.ledger.path == first.ledger.path
+    assert first.spent()[0] > 0 and again.spent()[0] == pytest.approx(first.spent()[0])
+
+
+def test_dropping_one_record_keeps_the_budget(tmp_path):
+    ds = tiny_site(n=N, L=4, seed=3)
+    longest = int(np.argmax(ds.lengths))  # dropping the longest trajectory also changes the padded width
+    keep = np.setdiff1d(np.arange(N), [longest])
+    L = int(ds.lengths[keep].max())
+    smaller = replace(ds, X=ds.X[keep], A=ds.A[keep, :L], T=ds.T[keep, :L], Y=ds.Y[keep, :L], M=ds.M[keep, :L])
+    assert dataset_fingerprint(smaller) != dataset_fingerprint(ds)
+    model = nn.Linear(4, 1)
+    first = DPSite.for_dataset(tmp_path, ds, cfg(), planned_rounds=3, local_epochs=1, batch_size=B)
+    one_round(first, model, torch.optim.SGD(model.parameters(), lr=0.05), round_id=1)
+    again = DPSite.for_dataset(tmp_path, smaller, cfg(), planned_rounds=3, local_epochs=1, batch_size=B)
+    assert again.ledger.path == first.ledger.path
+    assert first.spent()[0] > 0 and again.spent()[0] == pytest.approx(first.spent()[0])
+    assert again.n_site == N - 1 and Ledger(first.ledger.path).load().n_site == N - 1
+    # a table that shares few records with it is other data: its own ledger
+    other = DPSite.for_dataset(tmp_path, tiny_site(n=N, L=4, seed=4), cfg(), planned_rounds=3, local_epochs=1, batch_size=B)
+    assert other.ledger.path != first.ledger.path and other.spent()[0] == 0.0
+
+
+def test_the_same_data_survives_any_reordering_and_a_few_dropped_records():
+    """Property of the record identity: row order never changes the fingerprint; dropping or adding up to a tenth of
+    the records keeps the data "the same" (shared fraction ≥ 0.5 of the smaller table)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from fcd_secure.privacy.identity import dataset_identity, same_data
+
+    base = tiny_site(n=300, L=5, seed=7)
+    ident = dataset_identity(base)
+
+    def rows(ds, idx):
+        return replace(ds, X=ds.X[idx], A=ds.A[idx], T=ds.T[idx], Y=ds.Y[idx], M=ds.M[idx])
+
+    @settings(max_examples=20, deadline=None)
+    @given(st.randoms(use_true_random=False), st.integers(0, 30))
+    def run(rnd, drop):
+        idx = list(range(base.n))
+        rnd.shuffle(idx)
+        shuffled = rows(base, np.array(idx))
+        assert dataset_identity(shuffled).fingerprint == ident.fingerprint
+        fewer = dataset_identity(rows(base, np.array(idx[drop:])))
+        assert same_data(fewer, ident) and same_data(ident, fewer)
+
+    run()
+    assert not same_data(dataset_identity(tiny_site(n=300, L=5, seed=8)), ident)

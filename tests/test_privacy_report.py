@@ -159,3 +159,32 @@ def test_ablation_without_l_dis_trains_under_dp_and_leaves_the_unused_heads_alon
         assert p.requires_grad, f"{name} left frozen after the round"
         unchanged = torch.equal(p, before[name])
         assert unchanged == name.startswith(("site_disc.", "parallel_head.")), name
+
+
+def test_report_lists_an_acknowledged_reset_and_a_ledger_behind_its_anchor(tmp_path):
+    """The ε spent before a reset is not in "ε spent" any more: the report says so, with the reason and the ε lost."""
+    from fcd_secure.privacy.ledger import LedgerRollback, acknowledge_reset
+
+    dp = DPConfig(enabled=True, epsilon=8.0, delta=1e-3, accountant="rdp", noise_seed="run_seed")
+    state = tmp_path / "state" / "site-00"
+    ds = tiny_site(n=30, L=3, seed=2)
+    train_site(state, ds, dp, rounds=3)
+    (ledger,) = (state / "privacy").glob("ledger-*.json")
+    raw = json.loads(ledger.read_text())
+    raw["segments"] = raw["segments"][:2]  # the copy from before round 3 put back
+    ledger.write_text(json.dumps(raw))
+    rep = build_report(tmp_path / "state")
+    (site,) = rep["sites"]
+    assert site["anchor"]["behind"] and any("BEHIND ITS ANCHOR" in x for x in site["not_covered"])
+    with pytest.raises(LedgerRollback):
+        train_site(state, ds, dp, rounds=1)
+    (rec,) = acknowledge_reset(state, "restored from backup", operator="ops")
+    assert rec.previous.segments == 3 and rec.current.segments == 2
+    rep = build_report(tmp_path / "state")
+    (site,) = rep["sites"]
+    assert not site["anchor"]["behind"]
+    assert [r["reason"] for r in site["resets"]] == ["restored from backup"]
+    assert any("acknowledged reset" in x for x in site["not_covered"])
+    from fcd_secure.privacy.report import render_markdown
+
+    assert "Acknowledged reset" in render_markdown(rep, None)

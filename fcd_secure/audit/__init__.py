@@ -1,8 +1,9 @@
 """fcd_secure.audit: prove afterwards what left each site (paper §III-B: only Θc is transmitted).
 
 * :mod:`~fcd_secure.audit.gate`: the egress gate, the outermost ClientApp mod of every site
-  (``make_egress_gate(get_site)``); its rules are :mod:`~fcd_secure.audit.rules`, its byte scanner
-  :mod:`~fcd_secure.audit.scanner`.
+  (``make_egress_gate(get_site)``); its rules are :mod:`~fcd_secure.audit.rules`, its byte and value scanner
+  :mod:`~fcd_secure.audit.scanner`, the federation's exact allow-list :mod:`~fcd_secure.audit.allowlist`, the Θs of
+  earlier rounds it also refuses :mod:`~fcd_secure.audit.history`.
 * :mod:`~fcd_secure.audit.accounting`: the one definition of a message's bytes and hashes, used at both ends.
 * :mod:`~fcd_secure.audit.ledger`: signed, hash-chained JSONL ledgers (site and server) of the typed lines in
   :mod:`~fcd_secure.audit.entries`, signed as :mod:`~fcd_secure.audit.signing` says; server receipts
@@ -16,6 +17,7 @@ Audit sits above model/ and data/, beside aggregation/ and privacy/, reads the �
 """
 
 from fcd_secure.audit.accounting import describe_message, message_bytes, payload_bytes, tree_bytes
+from fcd_secure.audit.allowlist import federation_gate_policy
 from fcd_secure.audit.gate import (
     GATE_ERROR_CODE,
     GENERIC_ERROR_REASON,
@@ -24,7 +26,10 @@ from fcd_secure.audit.gate import (
     SiteAuditContext,
     make_egress_gate,
 )
+from fcd_secure.audit.history import THETA_S_HISTORY_FILE, ThetaSHistory
 from fcd_secure.audit.ledger import SERVER_LEDGER_FILE, SITE_LEDGER_FILE, ServerLedger, SiteLedger
+from fcd_secure.audit.receipts import HEAD_RECORD
+from fcd_secure.audit.rules import ConfigFieldRule, SecaggReplyRule
 from fcd_secure.audit.server import ServerAudit
 from fcd_secure.audit.signing import load_or_create_identity_key
 
@@ -32,15 +37,21 @@ from fcd_secure.audit.signing import load_or_create_identity_key
 __all__ = [
     "GATE_ERROR_CODE",
     "GENERIC_ERROR_REASON",
+    "HEAD_RECORD",
     "RECEIPTS_MESSAGE_TYPE",
     "SERVER_LEDGER_FILE",
     "SITE_LEDGER_FILE",
+    "THETA_S_HISTORY_FILE",
+    "ConfigFieldRule",
     "GatePolicy",
+    "SecaggReplyRule",
     "ServerAudit",
     "ServerLedger",
     "SiteAuditContext",
     "SiteLedger",
+    "ThetaSHistory",
     "describe_message",
+    "federation_gate_policy",
     "load_or_create_identity_key",
     "make_egress_gate",
     "message_bytes",

@@ -9,7 +9,13 @@ chain fields of :class:`LedgerLine` (``seq``, ``prev_hash``, ``time``, ``hash``,
 * ``upload`` (:class:`UploadLine`, site): one reply that left the site's egress gate, or was refused there;
 * ``receipt`` (:class:`ReceiptLine`, site): the server's signed :class:`Receipt` for an upload, stored verbatim;
 * ``received`` (:class:`ReceivedLine`, server): one reply the server received;
-* ``checkpoint`` (:class:`CheckpointLine`): the signed close of a round (chain size, head, RFC 6962 Merkle root).
+* ``checkpoint`` (:class:`CheckpointLine`): the signed close of a round (chain size, head, RFC 6962 Merkle root);
+* ``countersign`` (:class:`CountersignLine`, server): the server's signature over a site's checkpoint, which the
+  site sent with its next reply (a cosigned tree head, as C2SP tlog-cosignature witnesses do for transparency logs);
+* ``countersignature`` (:class:`CountersignatureLine`, site): that server line, stored verbatim by the site.
+
+A site ledger rewritten after the server countersigned its head (e.g. edited and re-signed with the site key that
+sits beside it) no longer contains the checkpoint the server signed, which ``fcd audit verify`` reports.
 
 Reading is strict (:func:`parse_line`): a line whose fields have other names or JSON types than these models is not
 a ledger line, whatever its signature says.
@@ -82,6 +88,37 @@ class Withheld(_Record):
     metrics: tuple[str, ...]
     metric_lists: dict[str, int]
     config_fields: tuple[ConfigField, ...]
+
+
+class LedgerHeadRecord(_Record):
+    """Where one privacy ledger stood: its key, segment count, hash chain over its segments, accounted steps, ε."""
+
+    key: str
+    segments: int
+    chain: str
+    steps: int
+    epsilon: float
+
+
+class ResetRecord(_Record):
+    """An operator's acknowledged reset of a privacy ledger: when, why, who, the head lost and the head kept."""
+
+    time: str
+    reason: str
+    operator: str
+    previous: LedgerHeadRecord
+    current: LedgerHeadRecord | None
+
+
+class PrivacyAnchorRecord(LedgerHeadRecord):
+    """One privacy ledger's anchored head as an upload line records it, with its acknowledged resets.
+
+    The JSON form of ``fcd_secure.privacy.anchor.PrivacyAnchor`` (the privacy layer writes it; the audit layer,
+    which does not import that layer, reads it by these fields; ``tests/test_audit_verify.py`` runs both).
+    """
+
+    resets: int
+    last_reset: ResetRecord | None = None
 
 
 class Receipt(_Record):
@@ -238,8 +275,11 @@ class UploadLine(MessageLine):
     refusal: RefusalRecord | None = None
     withheld: Withheld | None = None
     handler_error_code: int | None = None
+    #: the heads of the site's privacy ledgers when the reply left (:mod:`fcd_secure.privacy.anchor`), so verify can
+    #: tell a ledger that disappeared or went backwards; ``None`` when the site keeps no privacy anchor
+    privacy_anchors: tuple[PrivacyAnchorRecord, ...] | None = None
 
-    omit_if_none: ClassVar[tuple[str, ...]] = ("refusal", "withheld", "handler_error_code")
+    omit_if_none: ClassVar[tuple[str, ...]] = ("refusal", "withheld", "handler_error_code", "privacy_anchors")
 
 
 class ReceivedLine(MessageLine):
@@ -271,8 +311,36 @@ class CheckpointLine(LedgerLine):
     message_bytes: int
 
 
+class CountersignLine(LedgerLine):
+    """The server's countersignature of a site's checkpoint (the site's line, verbatim, as it arrived).
+
+    ``writer_id`` and ``site_key_fingerprint`` name the site ledger (its ``open`` line); ``site_id`` is what the
+    server calls the site; ``node_id``/``run_id`` the reply that carried the checkpoint.
+    """
+
+    kind: Literal["countersign"] = "countersign"
+    site_id: str | None
+    writer_id: str
+    site_key_fingerprint: str
+    node_id: int
+    run_id: int
+    checkpoint: CheckpointLine
+
+
+class CountersignatureLine(LedgerLine):
+    """A server :class:`CountersignLine` stored by the site it countersigns (verbatim, with the server's key)."""
+
+    kind: Literal["countersignature"] = "countersignature"
+    countersign: CountersignLine
+    server_public_key: str
+    signature_checked_on_arrival: bool | None
+
+
 AnyLine = Annotated[
-    Union[OpenLine, ManifestLine, UploadLine, ReceiptLine, ReceivedLine, CheckpointLine], Field(discriminator="kind")
+    Union[
+        OpenLine, ManifestLine, UploadLine, ReceiptLine, ReceivedLine, CheckpointLine, CountersignLine, CountersignatureLine
+    ],
+    Field(discriminator="kind"),
 ]
 _LINE: TypeAdapter[LedgerLine] = TypeAdapter(AnyLine)
 

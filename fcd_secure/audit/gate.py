@@ -8,12 +8,19 @@ nothing a handler or an inner mod builds can pass around it. The rules are :mod:
 * Exceptions from the handler become a generic error, so no exception text can carry data out.
 * Error replies a handler or an inner mod builds are replaced too, code included: every error that leaves carries
   :data:`GATE_ERROR_CODE` (the handler's own code, a 64-bit value of its choosing, is kept in the site ledger only).
+* A reply that passes leaves as a message the gate builds itself, ``Message(content, reply_to=msg)``: its metadata
+  (``ttl``, ``created_at``, the task ids, ``delivered_at``, all settable in flwr 1.42) is what Flower derives from
+  the instruction and the gate's clock, so no field a handler could set carries bits out.
 * Every reply that leaves (content, refusal error or generic error) is measured by
   :func:`fcd_secure.audit.accounting.describe_message` and written to the site ledger *before* it is returned; if
-  the ledger cannot be written, only a generic error leaves.
-* Receipts the server attaches to a downlink are stored and removed before the handler sees the message. At the
-  first message of a new round the gate signs a checkpoint closing the previous round(s); the federation's final
-  :data:`RECEIPTS_MESSAGE_TYPE` message closes the last one.
+  the ledger cannot be written, only a generic error leaves. The line records the heads of the site's privacy
+  ledgers (:mod:`fcd_secure.privacy.anchor`), so a budget reset shows in the signed chain.
+* Receipts and countersignatures the server attaches to a downlink are stored and removed before the handler sees
+  the message. At the first message of a new round the gate signs a checkpoint closing the previous round(s); the
+  federation's final :data:`RECEIPTS_MESSAGE_TYPE` message closes the last one. The latest checkpoint the server has
+  not countersigned rides on every reply with content (``content["fcd.audit.head"]``) until it has.
+* Each new Θs version the gate sees is kept in the site's :class:`~fcd_secure.audit.history.ThetaSHistory`, so
+  replies are checked against the Θs of the last ``GatePolicy.theta_s_history_rounds`` rounds too.
 """
 
 from __future__ import annotations
@@ -22,16 +29,25 @@ import inspect
 import logging
 import os
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from flwr.app import Context, Error, Message, RecordDict
 
 from fcd_secure.audit.accounting import MessageFacts, describe_message, round_of
-from fcd_secure.audit.entries import RefusalRecord, UploadLine
+from fcd_secure.audit.entries import PrivacyAnchorRecord, RefusalRecord, UploadLine
+from fcd_secure.audit.history import ThetaSHistory
 from fcd_secure.audit.ledger import SiteLedger
-from fcd_secure.audit.receipts import RECEIPTS_MESSAGE_TYPE, RECEIPTS_RECORD, receipts_from_record
+from fcd_secure.audit.receipts import (
+    HEAD_RECORD,
+    RECEIPTS_MESSAGE_TYPE,
+    RECEIPTS_RECORD,
+    countersigns_from_record,
+    head_to_record,
+    receipts_from_record,
+)
 from fcd_secure.audit.rules import GatePolicy, Refusal, check_content, check_reply_binding
 from fcd_secure.manifest import Manifest
 
@@ -57,6 +73,21 @@ class SiteAuditContext:
 
     ``theta_s`` and ``propensities`` are callables so the gate reads the *current* arrays at check time, keeps only
     their fingerprints for the duration of one check, and holds no copy afterwards.
+
+    Attributes:
+        site_id: the site's stable id (the ledger's writer).
+        manifest: the Θc/Θs layout in force.
+        theta_s: the site's current Θs tensors.
+        ledger: the site's audit ledger.
+        policy: what may leave besides Θc.
+        propensities: the site's logged propensities ``[n, L]`` (rows and columns are refused), or ``None``.
+        privacy_ledger_hash: :func:`fcd_secure.privacy.ledger.privacy_ledger_hash` of the site, or ``None``.
+        server_public_key: the server's Ed25519 key, if the site pins it (receipts are then checked on arrival).
+        theta_s_history: where the gate keeps the Θs versions of earlier rounds (e.g.
+            ``ThetaSHistory(state.slot(THETA_S_HISTORY_FILE))``); ``None``: only the current Θs is refused.
+        privacy_anchors: the heads of the site's privacy ledgers, recorded in every upload line:
+            ``fcd_secure.privacy.anchor.read_anchors(state_dir)`` (its models, or their JSON as mappings, are read as
+            :class:`~fcd_secure.audit.entries.PrivacyAnchorRecord`), or ``None`` when the site keeps no anchor.
     """
 
     site_id: str
@@ -67,6 +98,8 @@ class SiteAuditContext:
     propensities: Callable[[], np.ndarray | None] = lambda: None
     privacy_ledger_hash: Callable[[], str | None] = lambda: None
     server_public_key: bytes | None = None
+    theta_s_history: ThetaSHistory | None = None
+    privacy_anchors: Callable[[], Sequence[Any] | None] = lambda: None
 
 
 def make_egress_gate(get_site: Callable[..., SiteAuditContext]) -> Callable[[Message, Context, Callable], Message]:
@@ -91,10 +124,11 @@ def make_egress_gate(get_site: Callable[..., SiteAuditContext]) -> Callable[[Mes
             rnd = round_of(msg)
             _take_receipts(msg, ctx)
             if msg.metadata.message_type == RECEIPTS_MESSAGE_TYPE:
-                # the dedicated receipts message after the last round: store, close every open round, ack empty
-                reply = Message(RecordDict(), reply_to=msg)
+                # the dedicated receipts message after the last round: store, close every open round, and ack with
+                # the last checkpoint so the server countersigns the final head too
+                _close_rounds(ctx, None)
+                reply = Message(_with_head(RecordDict(), ctx), reply_to=msg)
                 _record(ctx, reply, "sent")
-                _close_rounds(ctx, None)  # after the ack's own line, so every upload is under a checkpoint
                 return reply
             if rnd is not None:
                 _close_rounds(ctx, rnd)
@@ -134,16 +168,34 @@ def _checked(msg: Message, reply: Message | None, ctx: SiteAuditContext) -> Mess
         return out
     try:
         check_reply_binding(reply, msg)
+        theta_s = ctx.theta_s()
+        history = (
+            ctx.theta_s_history.observe(theta_s, ctx.policy.theta_s_history_rounds) if ctx.theta_s_history is not None else []
+        )
         # classified by the instruction's type: a reply's own label is writable by whoever built it
-        check_content(reply.content, msg.metadata.message_type, ctx.manifest, ctx.policy, ctx.theta_s(), ctx.propensities())
+        check_content(
+            reply.content, msg.metadata.message_type, ctx.manifest, ctx.policy, theta_s, ctx.propensities(), history
+        )
     except Refusal as refusal:
         withheld = describe_message(reply)
         out = _error_reply(msg, f"egress refused by the site gate: {refusal.rule}")
         _record(ctx, out, "refused", refusal=refusal.to_record(), withheld=withheld)
         log.warning("egress gate refused a %s reply (rule %s)", reply.metadata.message_type, refusal.rule)
         return out
-    _record(ctx, reply, "sent")
-    return reply
+    # rebuilt: only the checked content travels, under metadata Flower derives from the instruction
+    out = Message(_with_head(reply.content, ctx), reply_to=msg)
+    _record(ctx, out, "sent")
+    return out
+
+
+def _with_head(content: RecordDict, ctx: SiteAuditContext) -> RecordDict:
+    """``content`` plus the site's latest checkpoint the server has not countersigned yet, if any."""
+    head = ctx.ledger.pending_head()
+    if head is None:
+        return content
+    out = RecordDict(dict(content.items()))
+    out[HEAD_RECORD] = head_to_record(head, ctx.ledger.writer_id, ctx.ledger.public_key)
+    return out
 
 
 def _error_reply(msg: Message, reason: str) -> Message:
@@ -151,12 +203,18 @@ def _error_reply(msg: Message, reason: str) -> Message:
 
 
 def _take_receipts(msg: Message, ctx: SiteAuditContext) -> int:
-    """Store receipts the server attached to a downlink and remove them before the handler sees the message."""
+    """Store receipts and countersignatures the server attached to a downlink and remove them before the handler
+    sees the message."""
     if not msg.has_content() or RECEIPTS_RECORD not in msg.content:
         return 0
     record = msg.content[RECEIPTS_RECORD]
     del msg.content[RECEIPTS_RECORD]
     stored = [ctx.ledger.store_receipt(r, server_public_key=ctx.server_public_key) for r in receipts_from_record(record)]
+    countersigns, server_key = countersigns_from_record(record)
+    for line in countersigns:
+        if ctx.server_public_key is not None and bytes(ctx.server_public_key) != server_key:
+            log.warning("a countersignature arrived under another server key than the pinned one; stored as evidence")
+        stored.append(ctx.ledger.store_countersignature(line, server_public_key=server_key))  # type: ignore[arg-type]
     return sum(line is not None for line in stored)
 
 
@@ -190,7 +248,16 @@ def _record(
         refusal=refusal,
         withheld=withheld,
         handler_error_code=handler_error_code,
+        privacy_anchors=_anchors(ctx),
     )
+
+
+def _anchors(ctx: SiteAuditContext) -> tuple[PrivacyAnchorRecord, ...] | None:
+    anchors = ctx.privacy_anchors()
+    if anchors is None:
+        return None
+    as_json = [a.model_dump(mode="json") if hasattr(a, "model_dump") else dict(a) for a in anchors]
+    return tuple(PrivacyAnchorRecord.model_validate(a) for a in as_json)
 
 
 def _int_or_none(value: object) -> int | None:

@@ -34,10 +34,13 @@ from fcd_secure._io import file_lock
 from fcd_secure.audit.accounting import MessageFacts, describe_message
 from fcd_secure.audit.entries import (
     CheckpointLine,
+    CountersignatureLine,
+    CountersignLine,
     LedgerLine,
     ManifestLine,
     MessageLine,
     OpenLine,
+    PrivacyAnchorRecord,
     Receipt,
     ReceiptLine,
     ReceivedLine,
@@ -57,6 +60,7 @@ from fcd_secure.audit.signing import (
     private_key,
     public_key_bytes,
     sign_hash,
+    signature_ok,
     utc_now,
 )
 from fcd_secure.manifest import Manifest
@@ -257,6 +261,7 @@ class SiteLedger(_ChainedLog):
         refusal: RefusalRecord | None = None,
         withheld: MessageFacts | None = None,
         handler_error_code: int | None = None,
+        privacy_anchors: tuple[PrivacyAnchorRecord, ...] | None = None,
     ) -> UploadLine:
         """Record one reply at the gate.
 
@@ -270,6 +275,8 @@ class SiteLedger(_ChainedLog):
             withheld: the refused content, recorded by names and sizes only.
             handler_error_code: the code the handler chose for its error reply, kept here only (the reply that
                 left carries the gate's fixed code).
+            privacy_anchors: the heads of the site's privacy ledgers
+                (:func:`fcd_secure.privacy.anchor.read_anchors`), or ``None``.
 
         Returns:
             The line written.
@@ -281,7 +288,31 @@ class SiteLedger(_ChainedLog):
             fields["withheld"] = {k: w[k] for k in Withheld.model_fields}
         if handler_error_code is not None:
             fields["handler_error_code"] = int(handler_error_code)
+        if privacy_anchors is not None:
+            fields["privacy_anchors"] = tuple(privacy_anchors)
         return self.append(UploadLine, fields)
+
+    def pending_head(self) -> CheckpointLine | None:
+        """The latest checkpoint the server has not countersigned yet (what the gate sends with the next reply)."""
+        entries = self.entries()
+        signed = {e.countersign.checkpoint.hash for e in entries if isinstance(e, CountersignatureLine)}
+        last = next((e for e in reversed(entries) if isinstance(e, CheckpointLine)), None)
+        return last if last is not None and last.hash not in signed else None
+
+    def store_countersignature(self, line: CountersignLine, *, server_public_key: bytes) -> CountersignatureLine | None:
+        """Store a server countersignature of one of this ledger's checkpoints, verbatim.
+
+        Returns:
+            The line written, or ``None`` when it is already stored.
+        """
+        with file_lock(self.path):
+            entries = self.entries()
+            if any(isinstance(e, CountersignatureLine) and e.countersign.hash == line.hash for e in entries):
+                return None
+            pub = bytes(server_public_key)
+            ok = line_hash(line.to_json()) == line.hash and signature_ok(pub, line.hash, line.sig)
+            fields = {"countersign": line, "server_public_key": pub.hex(), "signature_checked_on_arrival": ok}
+            return self._append_locked(CountersignatureLine, fields, entries[-1] if entries else None)
 
     def store_receipt(self, receipt: Receipt, *, server_public_key: bytes | None) -> ReceiptLine | None:
         """Store a server receipt beside the upload line it acknowledges (matched by ``message_id``).
@@ -323,6 +354,32 @@ class ServerLedger(_ChainedLog):
     def open(cls, run_dir: str | Path, identity_key: bytes, server_id: str = "server") -> "ServerLedger":
         """The server ledger under ``<run_dir>/audit/``."""
         return cls(Path(run_dir) / "audit" / SERVER_LEDGER_FILE, identity_key, writer_id=server_id)
+
+    def countersign(
+        self, checkpoint: CheckpointLine, *, writer_id: str, site_public_key: bytes, site_id: str | None, node_id: int, run_id: int
+    ) -> CountersignLine | None:
+        """Countersign a site's checkpoint (already checked against ``site_public_key``) in this ledger.
+
+        Returns:
+            The server's line (what the site gets back), or ``None`` when this checkpoint is already countersigned.
+        """
+        key_fp = fingerprint(site_public_key)
+        with file_lock(self.path):
+            entries = self.entries()
+            if any(
+                isinstance(e, CountersignLine) and e.checkpoint.hash == checkpoint.hash and e.site_key_fingerprint == key_fp
+                for e in entries
+            ):
+                return None
+            fields = {
+                "site_id": site_id,
+                "writer_id": writer_id,
+                "site_key_fingerprint": key_fp,
+                "node_id": int(node_id),
+                "run_id": int(run_id),
+                "checkpoint": checkpoint,
+            }
+            return self._append_locked(CountersignLine, fields, entries[-1] if entries else None)
 
     def accept(self, reply: Message, site_id: str | None = None, *, facts: MessageFacts | None = None) -> Receipt:
         """Record ``reply`` (measured unless ``facts`` are given) and return its signed receipt."""

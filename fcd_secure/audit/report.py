@@ -2,8 +2,9 @@
 
 The envelope follows the NVFLARE 2.9 CLI output contract (``nvflare/tool/cli_output.py``), adopted for ``fcd``:
 ``{schema_version, status, exit_code, error_code, message, hint, data}``, with exit codes 0 compliant, 1 violation,
-2 usage error, 3 unverified (identity not pinned), 6 evidence tampered or inconsistent, so a pipeline can tell
-"failed" from "forged" from "not tied to a known identity".
+2 usage error, 3 unverified (identity not pinned), 4 partial (evidence incomplete: no server ledger to reconcile
+with, or uploads without a receipt), 6 evidence tampered or inconsistent, so a pipeline can tell "failed" from
+"forged" from "incomplete" from "not tied to a known identity".
 """
 
 from __future__ import annotations
@@ -23,6 +24,13 @@ _ERROR = {
         "EVIDENCE_TAMPERED",
         "the evidence is tampered with or inconsistent",
         "see data.findings (severity 'tampered'): each names the ledger file, entry seq and line",
+    ),
+    "partial": (
+        "EVIDENCE_PARTIAL",
+        "PARTIAL: the evidence is incomplete (no server ledger to reconcile with, or uploads the server never "
+        "acknowledged); a truncated or re-signed ledger cannot be ruled out, so this is not a compliance verdict",
+        "verify the run directory that holds the server ledger and every site ledger; see data.findings "
+        "(severity 'partial')",
     ),
     "unverified": (
         "IDENTITY_NOT_PINNED",

@@ -4,13 +4,22 @@ A reply may carry only (a positive manifest: everything not listed is refused):
 
 * ArrayRecords whose arrays are Θc tensors by manifest name, with the manifest's shape and dtype (paper §III-B:
   "clients update (Θc, Θs_i) locally but only transmit Θc to the server");
-* MetricRecords whose keys are allow-listed aggregate metrics, scalar values only (lists only where allow-listed);
-* ConfigRecords only in secure-aggregation protocol messages (``train.secagg_<stage>``: opaque bytes, ints, short
-  strings; never floats) or under keys the site allow-lists.
+* MetricRecords whose keys are allow-listed aggregate metrics, by exact ``record/key`` name: scalars under
+  ``allowed_metrics``, lists only under ``allowed_metric_lists`` and no longer than their cap;
+* ConfigRecords under exactly allow-listed ``record/key`` names, each of its declared type and length;
+* in the secure-aggregation protocol (``train.secagg_<stage>``), exactly the protocol's one field: the
+  acknowledgement of ``train.secagg_train`` is exactly ``secagg/ready = 1``; every other stage's reply is exactly
+  one ``secagg/msg`` bytes field no longer than the stage's bound (:class:`SecaggReplyRule`).
+
+No glob: a name is allowed or it is not (a pattern such as ``eval/*`` or ``hello/dim-*`` let any value out under a
+fresh name). :mod:`fcd_secure.audit.allowlist` builds the federation's exact lists.
 
 It refuses anything that names a Θs parameter or a propensity (any record, array, metric or config key, and string
-values), any tensor or bytes field in which :mod:`~fcd_secure.audit.scanner` finds a current Θs tensor or the
-site's propensities (whole or one row, at any offset: a renamed or re-keyed copy), and anything not on the list.
+values), and anything in which :mod:`~fcd_secure.audit.scanner` finds a private value: a Θs tensor of this round or
+of the last ``theta_s_history_rounds`` rounds, or the site's propensities, whole or one row or column, in any
+tensor, bytes field or list of numbers (as float32, float64 and integer views), the scalars of a record read in
+order as one list, and single Θs values carried as numbers. Private content is looked for first, so the ledger
+records the most specific reason.
 
 A reply must also answer the instruction it is for (:func:`check_reply_binding`); what may pass is decided by the
 *instruction's* type, never by the reply's own label. Inside secure aggregation the masked vector is opaque: keeping
@@ -19,16 +28,16 @@ A reply must also answer the instruction it is for (:func:`check_reply_binding`)
 
 from __future__ import annotations
 
-import fnmatch
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
+from typing import Literal
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fcd_secure.audit.entries import RefusalRecord
-from fcd_secure.audit.scanner import PrivateArrays, find_private, fingerprint_private
+from fcd_secure.audit.scanner import PrivateArrays, PrivateValues, find_private, fingerprint_private, number_views
 from fcd_secure.manifest import THETA_C, THETA_S, Manifest, dtype_name
 
 #: Message types of the secure-aggregation protocol start with this prefix.
@@ -37,14 +46,16 @@ SECAGG_PREFIX = "train.secagg_"
 #: The closed vocabulary of refusals: a refused reply leaves as an error whose reason names only the rule.
 REFUSAL_RULES = {
     "theta_s_name": "a Θs parameter name",
-    "theta_s_bytes": "a tensor or field whose bytes equal or contain a Θs tensor",
-    "propensity": "a propensity field or array",
+    "theta_s_bytes": "a tensor, field or list of numbers whose bytes equal or contain a Θs tensor, row or column",
+    "theta_s_value": "a number that carries a Θs parameter value",
+    "propensity": "a propensity field, or an array, field or list holding the propensities or a row or column of them",
     "unlisted_tensor": "a tensor that is not a Θc tensor of the manifest",
     "layout_mismatch": "a Θc tensor with another shape or dtype than the manifest",
-    "metric_not_allowed": "a metric that is not allow-listed, or not a scalar",
-    "config_not_allowed": "a config field outside the secure-aggregation protocol and the allow-list",
+    "metric_not_allowed": "a metric that is not allow-listed by exact name, or a list longer than its cap",
+    "config_not_allowed": "a config field that is not allow-listed by exact name, type and length",
+    "protocol_shape": "a secure-aggregation reply that is not exactly its one expected field, type and size",
     "unsupported_record": "a record type the gate does not know",
-    "not_a_reply": "a reply that does not answer the message it was built for (type, id, run, round or destination)",
+    "not_a_reply": "a reply that does not answer the message it was built for (type, id, run, round, source or destination)",
 }
 
 #: The rule a private array found by bytes breaks, by its kind.
@@ -53,34 +64,87 @@ _BYTES_RULE = {"theta_s": "theta_s_bytes", "propensity": "propensity"}
 #: Reply metadata that must equal what ``Message(content, reply_to=msg)`` sets (flwr 1.42 ``Message.__init__``):
 #: ``(reply field, instruction field)``. ``message_type``, ``group_id`` and ``dst_node_id`` have setters in flwr
 #: 1.42, so a handler or an inner mod can relabel a reply (e.g. as ``train.secagg_*`` to pass ConfigRecord bytes).
+#: The gate then rebuilds every reply's metadata itself, so fields nobody checks (``ttl``, ``created_at``, the task
+#: ids, ``delivered_at``) carry nothing a handler chose.
 REPLY_BINDING = (
     ("message_type", "message_type"),
     ("reply_to_message_id", "message_id"),
     ("run_id", "run_id"),
     ("group_id", "group_id"),
     ("dst_node_id", "src_node_id"),
+    ("src_node_id", "dst_node_id"),
 )
 
 #: Key names that denote propensities. Matched against every record, array, metric and config key.
 PROPENSITY_NAME = re.compile(r"(?i)(^|[/._-])(p|ps|pscore|pscores)$|propens|behaviou?r_?prob|logging_?prob|action_?prob")
 
+_GLOB = re.compile(r"[*?\[\]]")
+
+
+def _exact_name(name: str) -> str:
+    if _GLOB.search(name) or name.count("/") != 1 or not all(name.split("/")):
+        raise ValueError(f"{name!r}: allow-list entries are exact 'record/key' names (no glob, one '/')")
+    return name
+
+
+class ConfigFieldRule(BaseModel):
+    """What one allow-listed config field may hold outside the secure-aggregation protocol."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["int", "str", "bool", "bytes"]
+    max_len: int = Field(default=64, ge=0, description="longest str (characters) or bytes value")
+    max_abs: int = Field(default=2**31 - 1, ge=0, description="largest |int| value")
+
+
+class SecaggReplyRule(BaseModel):
+    """The size bound of one secure-aggregation stage's ``msg`` bytes (Bonawitz et al. CCS 2017, Fig. 4 rounds).
+
+    ``max bytes = base + per_site · max_sites + per_theta_c_element · |Θc|``: a reply that is larger carries more
+    than the stage's message (e.g. the masked vector is 4 bytes per Θc element plus a few words of header).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    base: int = Field(ge=0)
+    per_site: int = Field(default=0, ge=0)
+    per_theta_c_element: int = Field(default=0, ge=0)
+
+    def max_bytes(self, n_theta_c: int, max_sites: int) -> int:
+        return self.base + self.per_site * max_sites + self.per_theta_c_element * n_theta_c
+
+
+#: The stages of ``fcd_secure.aggregation.secagg`` and the size of each reply (header 29 B, site id ≤ 128 B,
+#: signatures 64 B, X25519 keys 32 B, AES-GCM share ciphertexts ≤ 512 B, Shamir shares 32 B, uint32 vector words),
+#: with room for a commitment per peer.
+SECAGG_REPLIES: dict[str, SecaggReplyRule] = {
+    "advertise_keys": SecaggReplyRule(base=1024, per_site=96),
+    "share_keys": SecaggReplyRule(base=512, per_site=768),
+    "masked_input": SecaggReplyRule(base=512, per_theta_c_element=4),
+    "consistency": SecaggReplyRule(base=512),
+    "unmask": SecaggReplyRule(base=512, per_site=224),
+}
+
 
 class GatePolicy(BaseModel):
-    """Site-owned egress policy. Everything not listed here or in the manifest's Θc part is refused."""
+    """Site-owned egress policy. Everything not listed here or in the manifest's Θc part is refused.
+
+    Names are exact ``record/key`` strings (no patterns): :func:`fcd_secure.audit.allowlist.federation_gate_policy`
+    builds the federation's lists from the policy and estimator names it evaluates.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     allowed_metrics: frozenset[str] = Field(
-        default=frozenset(),
-        description="aggregate scalar metrics allowed in MetricRecords, as 'key' or 'record/key' (fnmatch patterns)",
+        default=frozenset(), description="aggregate scalar metrics allowed in MetricRecords, exact 'record/key' names"
     )
-    allowed_metric_lists: frozenset[str] = Field(
-        default=frozenset(),
-        description="metrics that may be lists of numbers (aggregate histograms), same form as allowed_metrics",
+    allowed_metric_lists: Mapping[str, int] = Field(
+        default_factory=dict,
+        description="metrics that may be lists of numbers (aggregate histograms): exact 'record/key' -> longest length",
     )
-    allowed_config_keys: frozenset[str] = Field(
-        default=frozenset(),
-        description="config keys allowed outside secure-aggregation messages, as 'key' or 'record/key' (fnmatch patterns)",
+    allowed_config_keys: Mapping[str, ConfigFieldRule] = Field(
+        default_factory=dict,
+        description="config fields allowed outside the secure-aggregation protocol: exact 'record/key' -> rule",
     )
     allow_theta_s_upload: bool = Field(
         default=False,
@@ -90,10 +154,29 @@ class GatePolicy(BaseModel):
         ),
     )
     secagg_prefix: str = SECAGG_PREFIX
-    max_config_str_len: int = Field(default=128, description="longest str value in a protocol ConfigRecord")
+    secagg_record: str = Field(default="secagg", description="the one record of every secure-aggregation reply")
+    secagg_field: str = Field(default="msg", description="the one bytes field of a protocol stage's reply")
+    secagg_train_stage: str = Field(default="train", description="the stage whose reply is only an acknowledgement")
+    secagg_ack: tuple[str, int] = Field(default=("ready", 1), description="the acknowledgement: exactly this int field")
+    secagg_replies: Mapping[str, SecaggReplyRule] = Field(default_factory=lambda: dict(SECAGG_REPLIES))
+    secagg_max_sites: int = Field(default=64, ge=1, description="most sites of a secure round (bounds stage sizes)")
+    max_config_str_len: int = Field(default=128, description="longest str value anywhere in a ConfigRecord")
     min_private_tensor_bytes: int = Field(
-        default=16, description="Θs/propensity tensors shorter than this are matched by name only (too little to fingerprint)"
+        default=16, description="Θs/propensity tensors, rows and columns shorter than this are matched by name only"
     )
+    theta_s_history_rounds: int = Field(
+        default=3, ge=0, description="also refuse the Θs of this many earlier rounds (what a site held before)"
+    )
+
+    @field_validator("allowed_metrics")
+    @classmethod
+    def _exact_metrics(cls, v: frozenset[str]) -> frozenset[str]:
+        return frozenset(_exact_name(n) for n in v)
+
+    @field_validator("allowed_metric_lists", "allowed_config_keys")
+    @classmethod
+    def _exact_keys(cls, v: Mapping) -> dict:
+        return {_exact_name(k): x for k, x in dict(v).items()}
 
 
 class Refusal(Exception):
@@ -115,15 +198,18 @@ def _check_name(name: str, theta_s_names: set[str], record: str, key: str | None
         raise Refusal("propensity", record, key)
 
 
-def _check_bytes(data: bytes, private: list[PrivateArrays], record: str, key: str) -> None:
+def _check_bytes(data: bytes, private: list[PrivateArrays], record: str, key: str | None) -> None:
     kind = find_private(data, private)
     if kind is not None:
         raise Refusal(_BYTES_RULE[kind], record, key)
 
 
-def _allowed(name: str, record: str, allow: Iterable[str]) -> bool:
-    full = f"{record}/{name}"
-    return any(fnmatch.fnmatchcase(name, pat) or fnmatch.fnmatchcase(full, pat) for pat in allow)
+def _check_numbers(numbers: list, arrays: list[PrivateArrays], values: PrivateValues, record: str, key: str | None) -> None:
+    """Numbers must not carry a Θs value one by one, nor a private array, row or column as a list."""
+    if values.found_in(numbers):
+        raise Refusal("theta_s_value", record, key)
+    for view in number_views(numbers):
+        _check_bytes(view, arrays, record, key)
 
 
 def check_reply_binding(reply: Message, msg: Message) -> None:
@@ -144,66 +230,130 @@ def check_content(
     policy: GatePolicy,
     theta_s: Mapping[str, np.ndarray] | None,
     propensities: np.ndarray | None,
+    theta_s_history: Sequence[Mapping[str, np.ndarray]] = (),
 ) -> None:
     """Return quietly if ``content`` may leave the site.
 
     Args:
         content: the reply's content.
         message_type: the type of the *instruction* being answered (never the reply's own label): it decides
-            whether secure-aggregation protocol fields are allowed.
+            whether the reply is a secure-aggregation protocol message.
         manifest: the Θc/Θs layout in force.
         policy: the site's egress policy.
         theta_s: the site's current Θs tensors (fingerprinted for this check only).
         propensities: the site's logged propensities, or ``None``.
+        theta_s_history: Θs of earlier rounds, most recent first (the first ``policy.theta_s_history_rounds`` count).
 
     Raises:
-        Refusal: the first rule the content breaks.
+        Refusal: the first rule the content breaks (private content first, then names and shapes).
     """
     theta_c_specs, theta_s_specs = manifest.specs(THETA_C), manifest.specs(THETA_S)
     s_names = set() if policy.allow_theta_s_upload else set(theta_s_specs)
-    private = fingerprint_private(theta_s, propensities, policy.min_private_tensor_bytes)
+    history = list(theta_s_history)[: policy.theta_s_history_rounds]
+    arrays = fingerprint_private(theta_s, propensities, policy.min_private_tensor_bytes, history)
+    values = PrivateValues.of([theta_s or {}, *history])
     if policy.allow_theta_s_upload:
-        private = [p for p in private if p.kind != "theta_s"]
+        arrays, values = [p for p in arrays if p.kind != "theta_s"], PrivateValues()
+    for rname, record in content.items():
+        _check_private(str(rname), record, s_names, arrays, values)
+    if message_type.startswith(policy.secagg_prefix):
+        _check_protocol(content, message_type[len(policy.secagg_prefix):], manifest, policy)
+        return
     layout = {**theta_c_specs, **theta_s_specs} if policy.allow_theta_s_upload else theta_c_specs
-    secagg = message_type.startswith(policy.secagg_prefix)
     for rname, record in content.items():
         rname = str(rname)
-        _check_name(rname, s_names, rname, None)
         if isinstance(record, ArrayRecord):
             for key, arr in record.items():
-                key = str(key)
-                _check_name(key, s_names, rname, key)
-                _check_bytes(np.ascontiguousarray(arr.numpy()).tobytes(), private, rname, key)
-                spec = layout.get(key)
+                spec = layout.get(str(key))
                 if spec is None:
-                    raise Refusal("unlisted_tensor", rname, key)
+                    raise Refusal("unlisted_tensor", rname, str(key))
                 if tuple(int(x) for x in arr.shape) != spec[0] or dtype_name(arr.dtype) != spec[1]:
-                    raise Refusal("layout_mismatch", rname, key)
+                    raise Refusal("layout_mismatch", rname, str(key))
         elif isinstance(record, MetricRecord):
             for key, value in record.items():
-                key = str(key)
-                _check_name(key, s_names, rname, key)
-                allow = policy.allowed_metric_lists if isinstance(value, list) else policy.allowed_metrics
-                if not _allowed(key, rname, allow):
-                    raise Refusal("metric_not_allowed", rname, key)
+                full = f"{rname}/{key}"
+                if isinstance(value, list):
+                    cap = policy.allowed_metric_lists.get(full)
+                    if cap is None or len(value) > cap:
+                        raise Refusal("metric_not_allowed", rname, str(key))
+                elif full not in policy.allowed_metrics:
+                    raise Refusal("metric_not_allowed", rname, str(key))
         elif isinstance(record, ConfigRecord):
             for key, value in record.items():
-                key = str(key)
-                _check_name(key, s_names, rname, key)
-                values = value if isinstance(value, list) else [value]
-                # private content first, so the ledger records the most specific reason for a refusal
-                for v in values:
-                    if isinstance(v, bytes):
-                        _check_bytes(v, private, rname, key)
-                    elif isinstance(v, str):
-                        _check_name(v, s_names, rname, key)
-                if not (secagg or _allowed(key, rname, policy.allowed_config_keys)):
-                    raise Refusal("config_not_allowed", rname, key)
-                for v in values:
-                    if isinstance(v, str) and len(v) > policy.max_config_str_len:
-                        raise Refusal("config_not_allowed", rname, key)
-                    if isinstance(v, float):
-                        # floats in protocol fields would be a clear-text channel for values; the protocol is ints/bytes
-                        raise Refusal("config_not_allowed", rname, key)
-        else:
-            raise Refusal("unsupported_record", rname, None)
+                if not _config_ok(policy.allowed_config_keys.get(f"{rname}/{key}"), value, policy):
+                    raise Refusal("config_not_allowed", rname, str(key))
+
+
+def _check_private(
+    rname: str, record: object, s_names: set[str], arrays: list[PrivateArrays], values: PrivateValues
+) -> None:
+    """Names and private content of one record, whatever its type and wherever it is allowed."""
+    _check_name(rname, s_names, rname, None)
+    if isinstance(record, ArrayRecord):
+        for key, arr in record.items():
+            key = str(key)
+            _check_name(key, s_names, rname, key)
+            _check_bytes(np.ascontiguousarray(arr.numpy()).tobytes(), arrays, rname, key)
+    elif isinstance(record, MetricRecord):
+        scalars = []
+        for key, value in record.items():
+            key = str(key)
+            _check_name(key, s_names, rname, key)
+            numbers = list(value) if isinstance(value, list) else [value]
+            _check_numbers(numbers, arrays, values, rname, key)
+            if not isinstance(value, list):
+                scalars.append(value)
+        # a row or column spread over several scalar metrics, one value each, in insertion order
+        _check_numbers(scalars, arrays, PrivateValues(), rname, None)
+    elif isinstance(record, ConfigRecord):
+        for key, value in record.items():
+            key = str(key)
+            _check_name(key, s_names, rname, key)
+            items = list(value) if isinstance(value, list) else [value]
+            for v in items:
+                if isinstance(v, bytes):
+                    _check_bytes(v, arrays, rname, key)
+                elif isinstance(v, str):
+                    _check_name(v, s_names, rname, key)
+            _check_numbers([v for v in items if isinstance(v, (int, float))], arrays, values, rname, key)
+    else:
+        raise Refusal("unsupported_record", rname, None)
+
+
+def _config_ok(rule: ConfigFieldRule | None, value: object, policy: GatePolicy) -> bool:
+    """Whether an allow-listed config field holds one value of its declared type and size (lists never)."""
+    if rule is None:
+        return False
+    if rule.type == "bool":
+        return type(value) is bool
+    if rule.type == "int":
+        return type(value) is int and abs(value) <= rule.max_abs
+    if rule.type == "str":
+        return isinstance(value, str) and len(value) <= min(rule.max_len, policy.max_config_str_len)
+    return isinstance(value, bytes) and len(value) <= rule.max_len
+
+
+def _check_protocol(content: RecordDict, stage: str, manifest: Manifest, policy: GatePolicy) -> None:
+    """A secure-aggregation reply is exactly its stage's one field: ``ready = 1``, or ``msg`` bytes within bound."""
+    names = [str(n) for n in content.keys()]
+    extra = next((n for n in names if n != policy.secagg_record), None)
+    if extra is not None or not names:
+        raise Refusal("protocol_shape", extra or policy.secagg_record, None)
+    record = content[policy.secagg_record]
+    if not isinstance(record, ConfigRecord):
+        raise Refusal("protocol_shape", policy.secagg_record, None)
+    keys = [str(k) for k in record.keys()]
+    if stage == policy.secagg_train_stage:
+        field, expected = policy.secagg_ack
+        value = record.get(field)
+        if keys != [field] or type(value) is not int or value != expected:
+            raise Refusal("protocol_shape", policy.secagg_record, next((k for k in keys if k != field), field))
+        return
+    rule = policy.secagg_replies.get(stage)
+    if rule is None:
+        raise Refusal("protocol_shape", policy.secagg_record, None)
+    if keys != [policy.secagg_field]:
+        raise Refusal("protocol_shape", policy.secagg_record, next((k for k in keys if k != policy.secagg_field), None))
+    value = record[policy.secagg_field]
+    if not isinstance(value, bytes) or len(value) > rule.max_bytes(manifest.size(THETA_C), policy.secagg_max_sites):
+        raise Refusal("protocol_shape", policy.secagg_record, policy.secagg_field)

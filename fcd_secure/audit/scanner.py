@@ -3,15 +3,21 @@
 What must not leave a site (paper §III-B: only Θc is transmitted; logged propensities are the behaviour policy's
 per-patient probabilities, needed only by the site's own off-policy estimates):
 
-* a current Θs tensor, or the propensity array (as stored, as float32 and as float64), whole: by sha256 of the
-  payload and by containment at any byte offset;
-* any single row of them (one slice of a Θs matrix, one trajectory's propensities): a polynomial rolling hash over
-  every window of the payload (Karp & Rabin 1987), prefiltered by a bitmap of the low hash bits and confirmed byte
-  for byte, vectorised with numpy in O(payload) per row length.
+* a Θs tensor of the current round or of the last k rounds, or the propensity array (as stored, as float32 and as
+  float64), whole: by sha256 of the payload and by containment at any byte offset;
+* any single row or column of them (one slice of a Θs matrix, one trajectory's propensities, one step's
+  propensities of every patient): a polynomial rolling hash over every window of the payload (Karp & Rabin 1987),
+  prefiltered by a bitmap of the low hash bits and confirmed byte for byte, vectorised with numpy in O(payload) per
+  row length (:class:`PrivateArrays`, :func:`find_private`);
+* any single Θs parameter value carried as a number (a metric or config value): by its float32 and float64 bit
+  patterns, and two float32 values packed into one 64-bit number (:class:`PrivateValues`).
 
-Limits: a transformed copy (cast, scaled, permuted) or pieces shorter than a row are not recognised by bytes;
-constant tensors and rows (all elements equal) carry one number and are skipped (they would collide with any
-constant Θc tensor, e.g. a zero bias); payloads above :data:`MAX_ROW_SCAN_BYTES` get the whole-tensor check only.
+Limits: a transformed copy (cast to another type than float32/float64, scaled, permuted) or pieces shorter than a
+row are not recognised by bytes; constant tensors and rows (all elements equal) carry one number and are skipped
+(they would collide with any constant Θc tensor, e.g. a zero bias); payloads above :data:`MAX_ROW_SCAN_BYTES` get
+the whole-tensor check only. Single values are matched for Θs only, and only values with at least 12 significant
+mantissa bits (a trained parameter has ~23): a logged propensity takes few distinct values (0.5, 1/k, …) that
+legitimate aggregates can equal, so propensities are matched as rows and columns, never value by value.
 """
 
 from __future__ import annotations
@@ -131,25 +137,129 @@ class PrivateArrays:
         return False
 
 
+def _with_columns(group: PrivateArrays, arr: np.ndarray, min_len: int) -> None:
+    """Fingerprint ``arr`` with its rows and, for a matrix, its columns (the rows of its transpose)."""
+    group.add(arr, min_len)
+    if arr.ndim == 2:
+        group.add(np.ascontiguousarray(arr.T), min_len)
+
+
 def fingerprint_private(
-    theta_s: Mapping[str, np.ndarray] | None, propensities: np.ndarray | None, min_len: int
+    theta_s: Mapping[str, np.ndarray] | None,
+    propensities: np.ndarray | None,
+    min_len: int,
+    theta_s_history: Iterable[Mapping[str, np.ndarray]] = (),
 ) -> list[PrivateArrays]:
-    """Fingerprints of the current Θs tensors and of the propensity array (as stored, float32 and float64).
+    """Fingerprints of the Θs tensors (current and earlier rounds) and of the propensity array (as stored, float32
+    and float64), each with its rows and, for matrices, its columns.
 
     Args:
         theta_s: the site's current Θs tensors by name.
-        propensities: the site's logged propensities, or ``None``.
+        propensities: the site's logged propensities ``[n, L]``, or ``None``.
         min_len: arrays (and rows) shorter than this many bytes are too little to fingerprint.
+        theta_s_history: Θs of earlier rounds (most recent first): a reply must not carry last round's Θs either.
     """
     theta = PrivateArrays("theta_s")
-    for arr in (theta_s or {}).values():
-        theta.add(np.asarray(arr), min_len)
+    for version in [theta_s or {}, *theta_s_history]:
+        for arr in version.values():
+            _with_columns(theta, np.asarray(arr), min_len)
     prop = PrivateArrays("propensity")
     if propensities is not None:
         a = np.ascontiguousarray(np.asarray(propensities))
         for cand in {a.dtype: a, np.dtype(np.float32): a.astype(np.float32), np.dtype(np.float64): a.astype(np.float64)}.values():
-            prop.add(cand, min_len)
+            _with_columns(prop, cand, min_len)
     return [theta, prop]
+
+
+#: A float32 bit pattern is informative when it is a normal number with a set bit among the low 12 of its mantissa
+#: (at least 12 significant fraction bits): one in 4096 trained values falls short and is not matched.
+_LOW_MANTISSA = np.uint32(0xFFF)
+_U32 = np.uint64(0xFFFFFFFF)
+
+
+def _informative32(bits: np.ndarray) -> np.ndarray:
+    exp = (bits >> np.uint32(23)) & np.uint32(0xFF)
+    return (exp != 0) & (exp != 0xFF) & ((bits & _LOW_MANTISSA) != 0)
+
+
+@dataclass
+class PrivateValues:
+    """Single Θs parameter values, as the bit patterns a number that carries one would have.
+
+    ``f32``: float32 bit patterns of every informative value; ``f64``: float64 bit patterns of values that are not
+    float32-exact (float64 parameters). Both sorted and unique, for :func:`numpy.isin`.
+    """
+
+    f32: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint32))
+    f64: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+
+    @classmethod
+    def of(cls, versions: Iterable[Mapping[str, np.ndarray]]) -> "PrivateValues":
+        """The values of every floating-point tensor of ``versions`` (Θs now and of earlier rounds)."""
+        f32, f64 = [], []
+        for version in versions:
+            for arr in version.values():
+                a = np.asarray(arr)
+                if not np.issubdtype(a.dtype, np.floating):
+                    continue
+                v = a.astype(np.float64).ravel()
+                v = v[np.isfinite(v)]
+                b32 = v.astype(np.float32).view(np.uint32)
+                f32.append(b32[_informative32(b32)])
+                inexact = v.astype(np.float32).astype(np.float64) != v
+                f64.append(v[inexact].view(np.uint64))
+        return cls(
+            np.unique(np.concatenate(f32)) if f32 else np.zeros(0, np.uint32),
+            np.unique(np.concatenate(f64)) if f64 else np.zeros(0, np.uint64),
+        )
+
+    def found_in(self, numbers: Iterable[object]) -> bool:
+        """Whether any number carries a Θs value: as a float64, as an exact float32, as two float32 halves of one
+        64-bit pattern, or as an integer holding a float32 or float64 bit pattern."""
+        floats = [float(x) for x in numbers if isinstance(x, float)]
+        ints = [int(x) & 0xFFFF_FFFF_FFFF_FFFF for x in numbers if isinstance(x, int) and not isinstance(x, bool)]
+        if not self.f32.size and not self.f64.size:
+            return False
+        words: list[np.ndarray] = []
+        if floats:
+            x = np.asarray(floats, dtype=np.float64)
+            words.append(x.view(np.uint64))
+            with np.errstate(over="ignore", invalid="ignore"):
+                as32 = x.astype(np.float32)
+            exact = np.isfinite(x) & (as32.astype(np.float64) == x)
+            if np.isin(as32[exact].view(np.uint32), self.f32).any():
+                return True
+        if ints:
+            w = np.asarray(ints, dtype=np.uint64)
+            words.append(w)
+            small = w <= _U32
+            if np.isin(w[small].astype(np.uint32), self.f32).any():
+                return True
+        if not words:
+            return False
+        w = np.concatenate(words)
+        if np.isin(w, self.f64).any():
+            return True
+        hi, lo = (w >> np.uint64(32)).astype(np.uint32), (w & _U32).astype(np.uint32)
+        return bool((np.isin(hi, self.f32) & np.isin(lo, self.f32)).any())
+
+
+def number_views(numbers: list[object]) -> list[bytes]:
+    """The byte forms a list of numbers could carry a private array in: float64, float32, and for integers int64
+    and (when they fit) uint32 (float32 bit patterns sent as integers)."""
+    nums = [x for x in numbers if isinstance(x, (int, float)) and not isinstance(x, bool)]
+    if len(nums) < 2:
+        return []
+    with np.errstate(over="ignore", invalid="ignore"):
+        as64 = np.asarray([float(x) for x in nums], dtype=np.float64)
+        out = [as64.tobytes(), as64.astype(np.float32).tobytes()]
+    ints = [int(x) for x in nums if isinstance(x, int)]
+    if len(ints) == len(nums):
+        if all(-(2**63) <= i < 2**63 for i in ints):
+            out.append(np.asarray(ints, dtype=np.int64).tobytes())
+        if all(0 <= i < 2**32 for i in ints):
+            out.append(np.asarray(ints, dtype=np.uint32).tobytes())
+    return out
 
 
 def find_private(data: bytes, private: Iterable[PrivateArrays]) -> PrivateKind | None:

@@ -7,7 +7,9 @@ message loop:
 
 * ``content = audit.attach(node_id, content)`` on every downlink: pending receipts for that node ride along in
   ``content["fcd.audit.receipts"]``; the site's gate strips and stores them before any handler sees the message;
-* ``audit.on_reply(reply, site_id)`` on every reply pulled (content, refusals and errors alike);
+* ``audit.on_reply(reply, site_id)`` on every reply pulled (content, refusals and errors alike); a site's chain head
+  riding on the reply (``content["fcd.audit.head"]``, added by the site's gate) is countersigned in the server
+  ledger (:meth:`ServerAudit.countersign_head`) and the countersignature returned with the receipts;
 * after the last round, one ``query.audit_receipts`` message per node with pending receipts
   (:meth:`ServerAudit.final_contents`); the gate answers it itself and signs the site's last checkpoint; then
   :meth:`ServerAudit.close` signs the server's last checkpoint (earlier rounds are closed automatically when a
@@ -20,14 +22,24 @@ from pathlib import Path
 
 from flwr.app import ConfigRecord, Message, RecordDict
 
+import logging
+
 from fcd_secure.audit.accounting import round_of
-from fcd_secure.audit.entries import CheckpointLine, ManifestLine, Receipt
+from fcd_secure.audit.entries import CheckpointLine, CountersignLine, ManifestLine, Receipt
 from fcd_secure.audit.ledger import SERVER_LEDGER_FILE, ServerLedger
-from fcd_secure.audit.receipts import RECEIPTS_MESSAGE_TYPE, RECEIPTS_RECORD, receipts_to_record
+from fcd_secure.audit.receipts import (
+    HEAD_RECORD,
+    RECEIPTS_MESSAGE_TYPE,
+    RECEIPTS_RECORD,
+    head_from_record,
+    receipts_to_record,
+)
 from fcd_secure.audit.signing import load_or_create_identity_key
 from fcd_secure.manifest import Manifest
 
 __all__ = ["RECEIPTS_MESSAGE_TYPE", "ServerAudit", "load_or_create_identity_key"]
+
+log = logging.getLogger("fcd_secure.audit.server")
 
 
 class ServerAudit:
@@ -43,6 +55,7 @@ class ServerAudit:
         """
         self.ledger = ServerLedger(Path(ledger_dir) / SERVER_LEDGER_FILE, identity_key, writer_id=server_id)
         self._pending: dict[int, list[Receipt]] = {}
+        self._countersigned: dict[int, list[CountersignLine]] = {}
         self._open_rounds: set[int] = set()
 
     @property
@@ -59,20 +72,51 @@ class ServerAudit:
             self._open_rounds.add(rnd)
         receipt = self.ledger.accept(reply, site_id)
         self._pending.setdefault(int(reply.metadata.src_node_id), []).append(receipt)
+        if reply.has_content() and HEAD_RECORD in reply.content:
+            self.countersign_head(reply, site_id)
         return receipt
 
+    def countersign_head(self, reply: Message, site_id: str | None = None) -> CountersignLine | None:
+        """Countersign the site chain head a reply carries and queue the countersignature for its node.
+
+        The head is the site's signed checkpoint line, which the site's gate sends until a countersignature comes
+        back; it is countersigned once. A head whose line does not check against the key sent with it is not.
+
+        Returns:
+            The server ledger's new countersign line, or ``None`` (no head, an invalid one, or already countersigned).
+        """
+        record = reply.content[HEAD_RECORD]
+        head = head_from_record(record) if isinstance(record, ConfigRecord) else None
+        if head is None:
+            log.warning("a reply from node %s carried a chain head that does not check; not countersigned", reply.metadata.src_node_id)
+            return None
+        checkpoint, writer_id, public_key = head
+        line = self.ledger.countersign(
+            checkpoint,
+            writer_id=writer_id,
+            site_public_key=public_key,
+            site_id=site_id,
+            node_id=int(reply.metadata.src_node_id),
+            run_id=int(reply.metadata.run_id),
+        )
+        if line is not None:
+            self._countersigned.setdefault(int(reply.metadata.src_node_id), []).append(line)
+        return line
+
     def attach(self, node_id: int, content: RecordDict) -> RecordDict:
-        """``content`` plus the receipts owed to ``node_id`` (a new RecordDict; records are shared, not copied)."""
-        owed = self._pending.pop(int(node_id), None)
-        if not owed:
+        """``content`` plus the receipts and countersignatures owed to ``node_id`` (a new RecordDict; records are
+        shared, not copied)."""
+        owed = self._pending.pop(int(node_id), [])
+        signed = self._countersigned.pop(int(node_id), [])
+        if not owed and not signed:
             return content
         out = RecordDict(dict(content.items()))
-        out[RECEIPTS_RECORD] = receipts_to_record(owed)
+        out[RECEIPTS_RECORD] = receipts_to_record(owed, signed, self.ledger.public_key)
         return out
 
     def owed_nodes(self) -> list[int]:
-        """Nodes the server still owes receipts (the addressees of the closing receipts message)."""
-        return sorted(n for n, r in self._pending.items() if r)
+        """Nodes the server still owes receipts or countersignatures (the addressees of the closing message)."""
+        return sorted({n for n, r in self._pending.items() if r} | {n for n, c in self._countersigned.items() if c})
 
     def final_contents(self) -> dict[int, RecordDict]:
         """Per node, the content of the closing ``query.audit_receipts`` message (receipts owed so far)."""

@@ -10,6 +10,8 @@ code  status         meaning
 2     error          usage error: missing path, malformed fingerprint, no ledger found
 3     unverified     every check passed but some writer's key (or the receipts' key) was not pinned with
                      --site-key/--server-key: not a compliance verdict (``--allow-unpinned`` exits 0 instead)
+4     partial        the evidence is incomplete: site ledgers without the server ledger (or the reverse), or
+                     uploads the server never acknowledged; never compliant, whatever the flags
 6     tampered       evidence tampered with or inconsistent (each finding names the ledger, entry seq and line)
 ====  =============  ==========================================================================================
 """
@@ -60,12 +62,19 @@ def verify(
     ledger and the receipts. Without pins the signatures only show that one key wrote each chain (a chain re-signed
     with a fresh key passes the same), so the verdict is UNVERIFIED.
 
+    Verifying one site's folder without the server ledger is PARTIAL (exit 4), never compliant: only the server's
+    records (received messages, receipts, countersigned chain heads) can show a site ledger that was cut or
+    rewritten and re-signed with the site's own key.
+
     \b
     Exit codes:
-      0  compliant   intact, consistent, within policy, all keys pinned
-      1  violation   intact evidence of an upload that breaks the egress policy
+      0  compliant   intact, consistent, complete, within policy, all keys pinned
+      1  violation   intact evidence of an upload that breaks the egress policy, or a privacy
+                     ledger that disappeared or went back without an acknowledged reset
       2  usage       missing path, malformed fingerprint, no ledger found
       3  unverified  checks pass, a key is not pinned (0: --allow-unpinned)
+      4  partial     evidence incomplete: no server ledger (or no site ledger), or uploads
+                     without a server receipt
       6  tampered    evidence tampered with or inconsistent
     """
     from fcd_secure.audit.report import envelope, markdown, usage_envelope  # noqa: PLC0415 (keep --help fast)

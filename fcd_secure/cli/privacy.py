@@ -1,4 +1,5 @@
-"""`fcd privacy` sub-commands: the privacy budget report and a σ planner (thin: parse, call, print)."""
+"""`fcd privacy` sub-commands: the privacy budget report, a σ planner, and the operator's acknowledgement of a lost or
+rolled-back ledger (thin: parse, call, print)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fcd_secure.privacy.ledger import LedgerError
+from fcd_secure.privacy.errors import LedgerError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Privacy budget ledgers and reports (DP-SGD).")
 _err = Console(stderr=True)
@@ -110,4 +111,51 @@ def plan(
     else:
         Console().print(
             f"σ = {sigma:.4f} for ε ≤ {epsilon:g} at δ = {d:.3g} over {steps} Poisson steps (q = {q:.4g}, {accountant})"
+        )
+
+
+_ACK_HELP = (
+    "Acknowledge that a site's privacy ledger was deleted or restored from an older copy, so the site may train "
+    "again.\n\n"
+    "A site refuses to train while a ledger holds less than its anchor (<state>/privacy_anchor.json) records: the "
+    "same records would otherwise get a fresh ε budget without trace. This command records, for every such ledger, "
+    "a reset (reason, operator, time and the head that was lost: segments, steps, ε) in the anchor and re-anchors "
+    "the ledger as it now is. The reset is not forgotten: `fcd privacy report` lists it, and the site's next upload "
+    "carries it into its signed audit chain, where `fcd audit verify` reports it.\n\n"
+    "Exit 0: resets recorded. Exit 2: no anchor in SITE_STATE_DIR, no ledger behind its anchor, or an empty reason."
+)
+
+
+@app.command("acknowledge-reset", help=_ACK_HELP)
+def acknowledge_reset(
+    state_dir: Annotated[Path, typer.Argument(metavar="SITE_STATE_DIR", help="The site's state directory.")],
+    reason: Annotated[str, typer.Option("--reason", help="Why the ledger was lost or rolled back (recorded).")],
+    operator: Annotated[
+        Optional[str], typer.Option("--operator", help="Who acknowledges (recorded; default: the login name).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the recorded resets as JSON.")] = False,
+) -> None:
+    """Record an operator's acknowledgement of a lost or rolled-back privacy ledger (help text: ``_ACK_HELP``)."""
+    from fcd_secure.privacy.ledger import acknowledge_reset as _acknowledge  # noqa: PLC0415
+
+    if not state_dir.is_dir():
+        _err.print(f"[red]error:[/red] {state_dir}: no such site state directory")
+        raise typer.Exit(2)
+    try:
+        records = _acknowledge(state_dir, reason, operator)
+    except (FileNotFoundError, LedgerError, ValueError) as exc:
+        _err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    if not records:
+        _err.print(f"[red]error:[/red] {state_dir}: every anchored privacy ledger is intact; nothing to acknowledge")
+        raise typer.Exit(2)
+    if as_json:
+        typer.echo(json.dumps([r.model_dump() for r in records], indent=2))
+        return
+    con = Console()
+    for r in records:
+        now = "missing" if r.current is None else f"{r.current.segments} segment(s)"
+        con.print(
+            f"reset of ledger {r.previous.key}: it held {r.previous.segments} segment(s), {r.previous.steps} steps, "
+            f"ε ≈ {r.previous.epsilon:.3f}; now {now}. Recorded by {r.operator}: {r.reason}"
         )

@@ -5,9 +5,15 @@ that would overspend it. One concept per module:
 
 * ``config.DPConfig``   — the ``[dp]`` table (ε cap, δ rule, C, accountant, Poisson, hooks, L_align under DP).
 * ``planner``           — ε of a history of ``(σ, q, steps)`` segments; σ planned once for a whole planned use.
-* ``ledger``            — the per-dataset write-ahead ledger on disk (``BudgetExceeded``, ``LedgerError``,
-                          ``dataset_fingerprint``).
-* ``engine.DPSite``     — the one entry point for a site's round (reserve → make_private → commit), and
+* ``identity``          — which records a budget belongs to: content record ids, the order-free fingerprint,
+                          "the same data" by bottom-k sketch (a reordered table or a record dropped keeps its budget).
+* ``ledger``            — the per-dataset write-ahead ledger on disk (``dataset_fingerprint``, ``find_ledger``,
+                          ``acknowledge_reset``).
+* ``anchor``            — the site's anchor of each ledger's head: a deleted or rolled-back ledger is refused
+                          (``LedgerRollback``) until an operator acknowledges; the heads go into the audit chain.
+* ``errors``            — ``BudgetExceeded``, ``LedgerError``, ``LedgerRollback`` (no torch, no Opacus).
+* ``engine.DPSite``     — the one entry point for a site's round (reserve → make_private → commit;
+                          ``DPSite.for_dataset`` keys it by the table's records), and
                           ``engine.train_round_private`` which runs the model's ``train_local`` inside it.
 * ``report``            — the per-site and consortium privacy budget report (``fcd privacy report``).
 

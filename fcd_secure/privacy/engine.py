@@ -2,7 +2,7 @@
 
 A site's local training under DP is, every round::
 
-    site = DPSite(state_dir, dataset_fingerprint(ds), dp_cfg, n_site, planned_rounds, local_epochs, batch_size)
+    site = DPSite.for_dataset(state_dir, ds, dp_cfg, planned_rounds, local_epochs, batch_size)
     res = site.reserve_round()                 # write-ahead; BudgetExceeded -> the site refuses the round
     model, opt, loader = site.make_private(model, opt, loader, seed=seed)
     ...  # train: every batch -> one loss.backward() of the per-sample losses, one opt.step()
@@ -34,18 +34,30 @@ import torch
 from torch.utils.data import DataLoader
 
 from fcd_secure._io import SecretFileError, load_or_create_secret
+from fcd_secure.privacy.anchor import AnchorStore
 from fcd_secure.privacy.config import DPConfig
+from fcd_secure.privacy.identity import DatasetIdentity, dataset_identity
 from fcd_secure.privacy.ledger import (
     BudgetExceeded,
     Ledger,
     LedgerError,
+    LedgerRollback,
     PlanRecord,
     dataset_fingerprint,
-    ledger_path,
+    find_ledger,
 )
 from fcd_secure.privacy.planner import epsilon, plan_noise_multiplier, sample_rate, steps_per_epoch
 
-__all__ = ["DPSite", "Reservation", "BudgetExceeded", "LedgerError", "dataset_fingerprint", "train_round_private"]
+__all__ = [
+    "BudgetExceeded",
+    "DPSite",
+    "LedgerError",
+    "LedgerRollback",
+    "Reservation",
+    "dataset_fingerprint",
+    "dataset_identity",
+    "train_round_private",
+]
 
 
 @dataclass(frozen=True)
@@ -92,7 +104,7 @@ class DPSite:
     def __init__(
         self,
         state_dir: str | Path,
-        dataset_fingerprint: str,
+        dataset_fingerprint: str | DatasetIdentity,
         dp_cfg: DPConfig,
         n_site: int,
         planned_rounds: int,
@@ -101,22 +113,50 @@ class DPSite:
         *,
         run_id: str | None = None,
     ) -> None:
+        """Open (or start) the ledger of a site's data and plan σ for the planned use.
+
+        Args:
+            state_dir: the site's state directory (its anchor file lives there; the ledger too unless
+                ``dp_cfg.ledger_dir`` is set).
+            dataset_fingerprint: the table's :class:`~fcd_secure.privacy.identity.DatasetIdentity` (the same data
+                reordered, or with a record dropped or added, then finds its ledger), or a bare fingerprint (only
+                that exact table finds it). :meth:`for_dataset` computes the identity.
+            dp_cfg: the ``[dp]`` settings.
+            n_site: trajectories the site trains on.
+            planned_rounds: rounds of the planned use.
+            local_epochs: local epochs per round.
+            batch_size: expected Poisson batch size.
+            run_id: recorded with each segment.
+
+        Raises:
+            LedgerRollback: the ledger of this data was deleted or rolled back since the site anchored it; the site
+                refuses until an operator acknowledges (``fcd privacy acknowledge-reset``).
+            LedgerError: the ledger cannot be trusted, or the settings contradict it (raised cap, another δ).
+        """
         if not dp_cfg.enabled:
             raise ValueError("DPSite needs dp.enabled = true")
         if planned_rounds < 1 or local_epochs < 1:
             raise ValueError(f"dp: planned_rounds and local_epochs must be ≥ 1, got {planned_rounds}, {local_epochs}")
+        identity = (
+            dataset_fingerprint
+            if isinstance(dataset_fingerprint, DatasetIdentity)
+            else DatasetIdentity(fingerprint=dataset_fingerprint, n=int(n_site))
+        )
         self.cfg = dp_cfg
         self.state_dir = Path(state_dir)
-        self.fingerprint = dataset_fingerprint
+        self.identity = identity
+        self.fingerprint = identity.fingerprint
         self.n_site = int(n_site)
         self.batch_size = int(batch_size)
         self.run_id = run_id
         self.delta = dp_cfg.resolve_delta(self.n_site)
         self.sample_rate = sample_rate(self.n_site, self.batch_size)
         self.steps_per_round = int(local_epochs) * steps_per_epoch(self.n_site, self.batch_size)
-        self.ledger = Ledger(ledger_path(self.state_dir, dataset_fingerprint, dp_cfg.ledger_dir))
+        anchor = AnchorStore(self.state_dir)
+        folder = Path(dp_cfg.ledger_dir) if dp_cfg.ledger_dir is not None else self.state_dir / "privacy"
+        self.ledger = Ledger(find_ledger(folder, identity, anchor), anchor=anchor)
         self.ledger.open_or_create(
-            fingerprint=dataset_fingerprint,
+            identity=identity,
             n_site=self.n_site,
             delta=self.delta,
             epsilon_cap=dp_cfg.epsilon,
@@ -131,6 +171,25 @@ class DPSite:
         self.plan = self._plan(planned_rounds, local_epochs)
         self._open: dict[int, tuple[Any, _StepGuard, Any]] = {}
         self._mine: list[int] = []  # reservations made by this instance, not yet given to make_private
+
+    @classmethod
+    def for_dataset(
+        cls,
+        state_dir: str | Path,
+        ds: Any,
+        dp_cfg: DPConfig,
+        planned_rounds: int,
+        local_epochs: int,
+        batch_size: int,
+        *,
+        run_id: str | None = None,
+    ) -> "DPSite":
+        """The :class:`DPSite` of a site's training table ``ds`` (a ``SiteDataset``), keyed by its records.
+
+        The same records in another row order, or with a record dropped or added, keep their ledger
+        (:mod:`fcd_secure.privacy.identity`).
+        """
+        return cls(state_dir, dataset_identity(ds), dp_cfg, ds.n, planned_rounds, local_epochs, batch_size, run_id=run_id)
 
     # -- planning ------------------------------------------------------------------------------------
     @property

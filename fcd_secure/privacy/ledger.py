@@ -4,14 +4,18 @@ The ε of DP-SGD composes over every step ever taken on a dataset (Abadi et al. 
 Differential Privacy"), across rounds, restarts and runs, so the history must outlive every process:
 
 * **Keyed by the data, not by the process.** The file is ``<state_dir>/privacy/ledger-<fingerprint>.json`` where the
-  fingerprint hashes the site's training arrays (``dataset_fingerprint``). Flower's ``node_id`` changes between
-  runs and ``Context.state`` lives only for one run (Flower docs, "Design stateful ClientApps"); a ledger keyed by
-  either silently restarts at ε = 0.
+  fingerprint is the order-free hash of the site's records (:mod:`fcd_secure.privacy.identity`); a later table that
+  is the same data (reordered, a record dropped or added) finds the same ledger by its record sketch
+  (:func:`find_ledger`). Flower's ``node_id`` changes between runs and ``Context.state`` lives only for one run
+  (Flower docs, "Design stateful ClientApps"); a ledger keyed by either silently restarts at ε = 0.
 * **Write-ahead.** A round's steps are reserved (appended and fsync'ed) *before* any private data is touched;
   a crash mid-round therefore over-counts, never under-counts. The reservation is refused if the projected ε of
   the whole history would exceed the cap.
 * **Fails closed.** An unreadable, foreign or inconsistent ledger file raises ``LedgerError``; it is never taken as
   "no history". A later run cannot raise the cap recorded by the first one, nor change δ.
+* **Anchored.** Every change is also written to the site's anchor (:mod:`fcd_secure.privacy.anchor`), so a ledger
+  that was deleted or restored from an older copy raises ``LedgerRollback`` until an operator acknowledges the
+  reset (:func:`acknowledge_reset`).
 
 The history is a list of segments ``(σ, q, steps)`` (Opacus' accountant format) with bookkeeping around each one;
 ε is always recomputed from the segments by ``planner.epsilon`` so the file needs no trusted cached number.
@@ -32,32 +36,34 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fcd_secure._io import atomic_write_text, file_lock
 from fcd_secure.data.schema import SiteDataset
+from fcd_secure.privacy.anchor import AnchorStore, LedgerView, ResetRecord, segment_chain, views_of
+from fcd_secure.privacy.errors import BudgetExceeded, LedgerError, LedgerRollback
+from fcd_secure.privacy.identity import SAME_DATA, DatasetIdentity, dataset_identity, same_data, shared_fraction
 from fcd_secure.privacy.planner import epsilon
+
+__all__ = [
+    "BudgetExceeded",
+    "Ledger",
+    "LedgerError",
+    "LedgerRollback",
+    "LedgerState",
+    "acknowledge_reset",
+    "dataset_fingerprint",
+    "find_ledger",
+    "ledger_path",
+    "privacy_ledger_hash",
+]
 
 LEDGER_FORMAT = "fcd_secure.privacy.ledger/1"
 
 
-class LedgerError(RuntimeError):
-    """The ledger file cannot be trusted (unreadable, foreign, inconsistent). Training must not go on."""
-
-
-class BudgetExceeded(RuntimeError):
-    """A round would take the site's ε above its cap; the site refuses the round."""
-
-
 def dataset_fingerprint(ds: SiteDataset) -> str:
-    """SHA-256 (hex, 64 chars) of what DP-SGD trains on: shapes, dtypes and bytes of X, A, T, Y, M, and n_actions.
+    """SHA-256 (hex, 64 chars) of the sorted ids of the records DP-SGD trains on (X, A, T, Y at valid steps).
 
-    The name and meta are left out (a site may rename its data between runs; the budget belongs to the records),
-    and so are the propensities P, which the model never sees.
+    Row order, padding, the name, meta and the propensities P (which the model never sees) are left out: the budget
+    belongs to the records (:mod:`fcd_secure.privacy.identity`, :func:`~fcd_secure.privacy.identity.dataset_identity`).
     """
-    h = hashlib.sha256(b"fcd_secure.dataset/1")
-    h.update(str(int(ds.n_actions)).encode())
-    for key in ("X", "A", "T", "Y", "M"):
-        arr = np.ascontiguousarray(getattr(ds, key))
-        h.update(f"|{key}|{arr.dtype.str}|{arr.shape}|".encode())
-        h.update(arr.tobytes())
-    return h.hexdigest()
+    return dataset_identity(ds).fingerprint
 
 
 def ledger_path(state_dir: str | Path, fingerprint: str, ledger_dir: str | Path | None = None) -> Path:
@@ -125,12 +131,30 @@ class LedgerState(BaseModel):
     noise_seed: str | None = None
     #: site ids that trained on this dataset (labels for the report; the key is the fingerprint)
     sites: list[str] = Field(default_factory=list)
+    #: the smallest record ids of the first table (:class:`~fcd_secure.privacy.identity.DatasetIdentity`), so that
+    #: the same data in another row order, or with a record dropped, finds this ledger
+    sketch: list[str] = Field(default_factory=list)
+    #: fingerprints of every table trained under this ledger (the first is ``fingerprint``)
+    datasets: list[str] = Field(default_factory=list)
     plans: list[PlanRecord] = Field(default_factory=list)
     segments: list[SegmentRecord] = Field(default_factory=list)
 
     def history(self) -> list[tuple[float, float, int]]:
         """Every accounted segment. A reservation still open counts in full (a crash may have used it)."""
         return [(s.sigma, s.q, s.steps if s.status == "committed" else s.reserved_steps) for s in self.segments]
+
+    def identity(self) -> DatasetIdentity:
+        """The identity of the table that opened this ledger."""
+        return DatasetIdentity(fingerprint=self.fingerprint, n=self.n_site, sketch=tuple(self.sketch))
+
+    def view(self, key: str) -> LedgerView:
+        """This ledger as its anchor compares it (:mod:`fcd_secure.privacy.anchor`)."""
+        return LedgerView(
+            key=key,
+            chain=segment_chain(self.segments),
+            steps=tuple(h[2] for h in self.history()),
+            epsilon=max((s.epsilon_projected for s in self.segments), default=0.0),
+        )
 
     def epsilon(self, accountant: str | None = None) -> float:
         return epsilon(self.history(), self.delta, accountant or self.accountant)
@@ -140,11 +164,19 @@ class Ledger:
     """Read-modify-write access to one ledger file, serialised by :func:`fcd_secure._io.file_lock`.
 
     Several processes may hold a ``Ledger`` on the same file (Flower simulation actors, a restarted site); every
-    change re-reads the file under the lock, so none can reserve against a stale history.
+    change re-reads the file under the lock, so none can reserve against a stale history. With an ``anchor``
+    (the site's :class:`~fcd_secure.privacy.anchor.AnchorStore`), every change is anchored and a reservation first
+    checks that the ledger is not behind its anchor.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, anchor: AnchorStore | None = None) -> None:
         self.path = Path(path)
+        self.anchor = anchor
+
+    @property
+    def key(self) -> str:
+        """The file key: ``ledger-<key>.json``."""
+        return self.path.stem[len("ledger-"):]
 
     # -- io ------------------------------------------------------------------------------------------
     def exists(self) -> bool:
@@ -174,9 +206,22 @@ class Ledger:
                 raise LedgerError(f"{self.path}: segment {s.seq} spent {s.steps} > reserved {s.reserved_steps} steps")
         return state
 
+    def view(self) -> LedgerView | None:
+        """The ledger as its anchor compares it, or ``None`` when the file is missing."""
+        return self.load().view(self.key) if self.path.exists() else None
+
     def _save(self, state: LedgerState) -> None:
         # a reader (or a crash) sees the old file or the new one, never half of one
         atomic_write_text(self.path, state.model_dump_json(indent=1))
+
+    def _anchor(self, state: LedgerState, identity: DatasetIdentity | None = None) -> None:
+        if self.anchor is not None:
+            self.anchor.update(state.view(self.key).head(), identity=identity, ledger=self.path)
+
+    def check_anchor(self) -> None:
+        """Raise ``LedgerRollback`` if the ledger was deleted or rolled back since the site anchored it."""
+        if self.anchor is not None:
+            self.anchor.check(self.key, self.view())
 
     @contextmanager
     def locked(self) -> Iterator[None]:
@@ -188,7 +233,7 @@ class Ledger:
     def open_or_create(
         self,
         *,
-        fingerprint: str,
+        fingerprint: str | None = None,
         n_site: int,
         delta: float,
         epsilon_cap: float,
@@ -197,16 +242,29 @@ class Ledger:
         align_under_dp: str | None = None,
         noise_seed: str | None = None,
         site: str | None = None,
+        identity: DatasetIdentity | None = None,
     ) -> LedgerState:
         """Load the ledger, or create it on first use; check a later run's settings against it.
 
         The first run fixes δ and the cap: a later config may lower the cap (it then applies) but never raise it,
-        and may not change δ (ε at two different δ cannot be added up). Both raise ``LedgerError``.
+        and may not change δ (ε at two different δ cannot be added up). Both raise ``LedgerError``. The table
+        (``identity``, or a bare ``fingerprint``) must be the ledger's own data
+        (:func:`~fcd_secure.privacy.identity.same_data`); its size may differ from the first table's (a record
+        dropped or added): the latest is recorded.
+
+        Raises:
+            LedgerRollback: the ledger is missing or behind the site's anchor.
+            LedgerError: another table's ledger, a raised cap, another δ, an unreadable file.
         """
+        if identity is None:
+            if fingerprint is None:
+                raise ValueError("open_or_create needs the table's identity or fingerprint")
+            identity = DatasetIdentity(fingerprint=fingerprint, n=n_site)
         with self.locked():
+            self.check_anchor()
             if not self.path.exists():
                 state = LedgerState(
-                    fingerprint=fingerprint,
+                    fingerprint=identity.fingerprint,
                     n_site=n_site,
                     delta=delta,
                     epsilon_cap=epsilon_cap,
@@ -215,14 +273,18 @@ class Ledger:
                     align_under_dp=align_under_dp,
                     noise_seed=noise_seed,
                     sites=[site] if site else [],
+                    sketch=list(identity.sketch),
+                    datasets=[identity.fingerprint],
                 )
                 self._save(state)
+                self._anchor(state, identity)
                 return state
             state = self.load()
-            if state.fingerprint != fingerprint:
-                raise LedgerError(f"{self.path}: ledger belongs to dataset {state.fingerprint[:16]}…")
-            if state.n_site != n_site:
-                raise LedgerError(f"{self.path}: ledger has n_site={state.n_site}, this dataset has {n_site}")
+            if state.fingerprint != identity.fingerprint and not same_data(state.identity(), identity):
+                raise LedgerError(
+                    f"{self.path}: ledger belongs to dataset {state.fingerprint[:16]}… (this table shares "
+                    f"{shared_fraction(state.identity(), identity):.0%} of its records)"
+                )
             if not np.isclose(state.delta, delta, rtol=1e-12, atol=0):
                 raise LedgerError(
                     f"{self.path}: this dataset's budget is kept at δ={state.delta:g}; dp.delta={delta:g} would "
@@ -248,8 +310,15 @@ class Ledger:
             if site and site not in state.sites:
                 state.sites.append(site)
                 changed = True
+            if state.n_site != n_site:
+                state.n_site = n_site  # the same data with a record dropped or added: q and δ follow the latest table
+                changed = True
+            if identity.fingerprint not in state.datasets:
+                state.datasets = (state.datasets or [state.fingerprint]) + [identity.fingerprint]
+                changed = True
             if changed:
                 self._save(state)
+            self._anchor(state, state.identity())
             return state
 
     def add_plan(self, plan: dict[str, Any]) -> PlanRecord:
@@ -264,10 +333,16 @@ class Ledger:
     def reserve(
         self, *, plan_id: int, sigma: float, q: float, steps: int, round_id: int | None = None, run_id: str | None = None
     ) -> SegmentRecord:
-        """Append a reserved segment if the projected ε stays ≤ the cap; else raise ``BudgetExceeded``."""
+        """Append a reserved segment if the projected ε stays ≤ the cap; else raise ``BudgetExceeded``.
+
+        Raises:
+            BudgetExceeded: the projected ε would exceed the cap (the file is left as it was).
+            LedgerRollback: the ledger is behind the site's anchor.
+        """
         if steps < 1:
             raise ValueError(f"dp: a round must reserve at least one step, got {steps}")
         with self.locked():
+            self.check_anchor()
             state = self.load()
             projected = epsilon(state.history() + [(sigma, q, steps)], state.delta, state.accountant)
             if projected > state.epsilon_cap:
@@ -291,7 +366,8 @@ class Ledger:
                 run_id=run_id,
             )
             state.segments.append(seg)
-            self._save(state)
+            self._save(state)  # the ledger first: a crash before the anchor leaves the ledger ahead, never behind
+            self._anchor(state)
             return seg
 
     def commit(self, seq: int, steps_taken: int) -> SegmentRecord:
@@ -310,8 +386,65 @@ class Ledger:
             seg.steps = steps_taken
             seg.status = "committed"
             seg.committed_at = time.time()
+            self._anchor(state)  # the anchor first: a commit may lower the accounted steps
             self._save(state)
             return seg
+
+
+def find_ledger(folder: str | Path, identity: DatasetIdentity, anchor: AnchorStore | None = None) -> Path:
+    """The ledger file of ``identity``'s data in ``folder`` (it need not exist yet).
+
+    In order: the file named by the table's own fingerprint; a ledger in ``folder`` opened by the same data (the
+    largest share of records wins); a ledger the site anchored for the same data that is gone (the caller's anchor
+    check then refuses); else a new file named by the fingerprint.
+
+    Raises:
+        LedgerError: a ledger file or the anchor in the way cannot be read.
+    """
+    folder = Path(folder)
+    own = folder / f"ledger-{identity.fingerprint[:32]}.json"
+    if own.exists():
+        return own
+    best: tuple[float, Path] | None = None
+    for p in sorted(folder.glob("ledger-*.json")):
+        share = shared_fraction(Ledger(p).load().identity(), identity)
+        if share >= SAME_DATA and (best is None or share > best[0]):
+            best = (share, p)
+    if best is not None:
+        return best[1]
+    if anchor is not None:
+        for entry in anchor.matching(identity):
+            if entry.head.segments > 0 and not Path(entry.ledger).exists():
+                return Path(entry.ledger)
+    return own
+
+
+def acknowledge_reset(state_dir: str | Path, reason: str, operator: str | None = None) -> list[ResetRecord]:
+    """An operator's acknowledgement that the site's privacy ledgers were lost or rolled back.
+
+    Every anchored ledger of ``<state_dir>/privacy_anchor.json`` that is behind its anchored head gets a reset
+    record (reason, operator, time, the head that was lost) and is re-anchored as it now is, so the site trains
+    again. The records stay in the anchor file, the privacy report lists them, and the audit gate carries them into
+    the site's signed audit chain with the next upload, where ``fcd audit verify`` reports them.
+
+    Args:
+        state_dir: the site's state directory.
+        reason: why (required, recorded).
+        operator: who acknowledges (default: the login name).
+
+    Returns:
+        The reset records written (empty: nothing was behind its anchor).
+
+    Raises:
+        FileNotFoundError: the site has no anchor file.
+        LedgerError: the anchor, or a ledger that still exists, cannot be read.
+        ValueError: an empty reason.
+    """
+    store = AnchorStore(state_dir)
+    if not store.path.exists():
+        raise FileNotFoundError(f"{store.path}: no privacy anchor in this state directory")
+    views = views_of(store.load().entries, lambda p: Ledger(p).view())
+    return store.acknowledge(views, reason=reason, operator=operator)
 
 
 def privacy_ledger_hash(state_dir: Path, ledger_dir: str | Path | None = None) -> str | None:

@@ -6,7 +6,9 @@ steps, rounds), the accountant with its δ and library versions, the ledger's se
 the guarantee does *not* cover.
 
 Everything is recomputed from the ledger segments (never from a cached ε), so the report is exactly as trustworthy
-as the write-ahead ledger. The consortium statement uses parallel composition: every trajectory belongs to one
+as the write-ahead ledger. Each ledger is also compared with the sites' anchors (:mod:`fcd_secure.privacy.anchor`):
+a ledger behind its anchored head, and every reset an operator acknowledged (with the ε that was spent before it
+and is not in "ε spent"), are listed with the site. The consortium statement uses parallel composition: every trajectory belongs to one
 site's dataset, so the record-level guarantee of the consortium is the worst site's (max ε, max δ).
 """
 
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from fcd_secure._io import atomic_write_bytes, atomic_write_text
+from fcd_secure.privacy.anchor import ANCHOR_FILE, AnchorEntry, AnchorStore, rollback_reason
 from fcd_secure.privacy.ledger import Ledger, LedgerError, LedgerState
 from fcd_secure.privacy.planner import epsilon, epsilon_curve
 
@@ -72,6 +75,41 @@ def find_ledgers(path: str | Path) -> list[Path]:
         if not path.name.startswith("ledger-") or path.suffix != ".json":
             raise LedgerError(f"{path}: not a privacy ledger (expected privacy/ledger-<fingerprint>.json)")
         return [path]
+    roots, flat = _roots(path)
+    found: set[Path] = set()
+    for root in roots:
+        if root.exists():
+            found.update(p.resolve() for p in root.rglob("ledger-*.json") if p.parent.name == "privacy")
+    for root in flat:
+        if root.exists():
+            found.update(p.resolve() for p in root.glob("ledger-*.json"))
+    if not found and path.name != "privacy":
+        found.update(p.resolve() for p in path.glob("ledger-*.json"))  # a ledger_dir given directly
+    return sorted(found)
+
+
+def find_anchors(path: str | Path) -> dict[str, list[AnchorEntry]]:
+    """Every site anchor entry under ``path`` (the same folders :func:`find_ledgers` searches), by the ledger file
+    each one anchors (resolved path).
+
+    Raises:
+        LedgerError: an anchor file cannot be read.
+    """
+    path = Path(path)
+    if path.is_file():
+        files = [path.parent.parent / ANCHOR_FILE]
+    else:
+        files = sorted({f.resolve() for root in _roots(path)[0] if root.exists() for f in root.rglob(ANCHOR_FILE)})
+    out: dict[str, list[AnchorEntry]] = {}
+    for f in files:
+        if f.exists():
+            for e in AnchorStore(f.parent).load().entries:
+                out.setdefault(str(Path(e.ledger).resolve()), []).append(e)
+    return out
+
+
+def _roots(path: Path) -> tuple[list[Path], list[Path]]:
+    """The state roots (``path`` and any a run file names) and the flat ledger folders (``dp.ledger_dir``)."""
     roots, flat = [path], []
     for name in ("summary.json", "config.json"):
         f = path / name
@@ -89,16 +127,7 @@ def find_ledgers(path: str | Path) -> list[Path]:
         dp = data.get("dp")
         if isinstance(dp, dict) and isinstance(dp.get("ledger_dir"), str):
             flat.append(_resolve(path, dp["ledger_dir"]))
-    found: set[Path] = set()
-    for root in roots:
-        if root.exists():
-            found.update(p.resolve() for p in root.rglob("ledger-*.json") if p.parent.name == "privacy")
-    for root in flat:
-        if root.exists():
-            found.update(p.resolve() for p in root.glob("ledger-*.json"))
-    if not found and path.name != "privacy":
-        found.update(p.resolve() for p in path.glob("ledger-*.json"))  # a ledger_dir given directly
-    return sorted(found)
+    return roots, flat
 
 
 def _resolve(base: Path, value: str) -> Path:
@@ -115,10 +144,20 @@ def site_label(ledger_file: Path, state: LedgerState | None = None) -> str:
     return ledger_file.parent.parent.name
 
 
-def site_report(ledger_file: str | Path) -> dict[str, Any]:
-    """The JSON report of one site's ledger. ε is recomputed from the segments with the ledger's accountant."""
+def site_report(ledger_file: str | Path, anchors: list[AnchorEntry] | None = None) -> dict[str, Any]:
+    """The JSON report of one site's ledger. ε is recomputed from the segments with the ledger's accountant.
+
+    Args:
+        ledger_file: the ledger.
+        anchors: the sites' anchor entries of this ledger (:func:`find_anchors`); a ledger behind one of them and
+            every acknowledged reset are reported.
+    """
     ledger_file = Path(ledger_file)
-    state: LedgerState = Ledger(ledger_file).load()
+    ledger = Ledger(ledger_file)
+    state: LedgerState = ledger.load()
+    view = state.view(ledger.key)
+    behind = [why for e in anchors or [] if (why := rollback_reason(e.head, view)) is not None]
+    resets = [r.model_dump() for e in anchors or [] for r in e.resets]
     history = state.history()
     eps = epsilon(history, state.delta, state.accountant)
     eps_rdp = epsilon(history, state.delta, "rdp") if state.accountant != "rdp" else eps
@@ -159,6 +198,14 @@ def site_report(ledger_file: str | Path) -> dict[str, Any]:
             "NO GUARANTEE against anyone who knows the run seed: noise and Poisson draws were seeded from it "
             "(dp.noise_seed = 'run_seed', meant for tests and benchmarks), so the noise can be regenerated"
         )
+    if resets:
+        lost = max(r["previous"]["epsilon"] for r in resets)
+        disabled.append(
+            f"ε spent before {len(resets)} acknowledged reset(s) of this ledger (up to ε ≈ {lost:.3f} at the time): a "
+            "reset starts the count again for records that had already been used, so their true ε is the sum"
+        )
+    if behind:
+        disabled.append("THIS LEDGER IS BEHIND ITS ANCHOR (deleted segments or an older copy): " + "; ".join(behind))
     batch = max(1, round(state.n_site * (state.plans[-1].q if state.plans else 0)))
     return {
         "site": site_label(ledger_file, state),
@@ -195,6 +242,8 @@ def site_report(ledger_file: str | Path) -> dict[str, Any]:
         "plans": [p.model_dump() for p in state.plans],
         "segments": segments,
         "open_reservations": open_res,
+        "anchor": {"anchored": bool(anchors), "behind": behind},
+        "resets": resets,
         "covered": COVERED,
         "not_covered": NOT_COVERED_ALWAYS + disabled,
         "batch_terms_under_dp": align,
@@ -225,7 +274,8 @@ def build_report(path: str | Path) -> dict[str, Any]:
     ledgers = find_ledgers(path)
     if not ledgers:
         raise LedgerError(f"{path}: no privacy ledger found (expected <site>/privacy/ledger-<fingerprint>.json)")
-    sites = [site_report(p) for p in ledgers]
+    anchors = find_anchors(path)
+    sites = [site_report(p, anchors.get(str(Path(p).resolve()))) for p in ledgers]
     return {"source": str(Path(path)), "sites": sites, "consortium": consortium_report(sites)}
 
 
@@ -289,6 +339,13 @@ def render_markdown(report: dict[str, Any], plot_name: str | None) -> str:
             + f" (expected batch {m['expected_batch_size']} of N = {s['n_site']}); {m['steps_per_round']} steps per "
             f"round; {m['rounds']} rounds; {m['total_steps']} steps in all; noise seed: {m['noise_seed']}.",
         ]
+        for r in s["resets"]:
+            lines.append(
+                f"- **Acknowledged reset** {r['time']} by {r['operator']}: \"{r['reason']}\"; the ledger had held "
+                f"{r['previous']['segments']} segment(s), ε ≈ {r['previous']['epsilon']:.3f}, not counted above."
+            )
+        if s["anchor"]["behind"]:
+            lines.append("- **Ledger behind its anchor**: " + "; ".join(s["anchor"]["behind"]) + ".")
         if s["open_reservations"]:
             lines.append(
                 f"- Open reservations (charged in full; a round that never closed): {s['open_reservations']}."

@@ -8,20 +8,29 @@ is the first that applies (its exit code is what ``fcd audit verify`` returns):
 * **tampered** (exit 6, evidence tampered or inconsistent): a line that does not parse or is not a well-formed
   entry, a hash, ``prev_hash``, ``seq`` or signature that does not check, a ledger signed by a key that is not
   pinned, a ledger whose ``open`` entry names the other role (``site_ledger.jsonl`` must be written by a site,
-  ``server_ledger.jsonl`` by the server), a checkpoint that disagrees with the chain before it, a receipt whose
-  signature or fields do not match the entry it acknowledges (or that acknowledges an upload the site never
-  recorded, or is signed by a key that is neither the server ledger's nor a pinned server key), a server ledger
-  entry with no matching site upload, a site upload the server ledger present has no record of (a deleted server
-  ledger tail), or a site upload and the server's record of it that differ in bytes or hash;
+  ``server_ledger.jsonl`` by the server), a checkpoint that disagrees with the chain before it, a receipt or
+  countersignature whose signature or fields do not match what it acknowledges (or that acknowledges an upload the
+  site never recorded, or is signed by a key that is neither the server ledger's nor a pinned server key), a server
+  ledger entry with no matching site upload, a site upload the server ledger present has no record of (a deleted
+  server ledger tail), a site upload and the server's record of it that differ in any fact (bytes, hash, tensor
+  names, shapes, dtypes, records, metric or config names), or a site chain head the server countersigned that the
+  site ledger no longer holds (a ledger rewritten, even re-signed with the site's own key, after the server signed);
 * **violation** (exit 1): an upload that left the site naming a Θs parameter or a propensity, a tensor that is not a
   Θc tensor of the manifest in force (or has another shape/dtype), or whose bytes exceed the Θc layout plus the
-  protocol overhead bound, or a refusal whose error reply still carried content;
+  protocol overhead bound, or a refusal whose error reply still carried content; the same rules on every reply the
+  server ledger received; and a privacy-ledger head that disappears or goes backwards over a site's uploads without
+  an acknowledged reset (:mod:`.privacy_history`);
+* **partial** (exit 4, evidence incomplete): site ledgers verified without the server ledger (or a server ledger
+  without the site ledgers), or an upload the server never acknowledged with a receipt. Nothing can then rule out a
+  truncated or re-signed ledger, so this is never "compliant", and ``--allow-unpinned`` does not change its exit;
 * **unverified** (exit 3, identity not pinned): every check above passed, but some ledger's key (or the key that
   signed a site's receipts) was not pinned with ``--site-key`` / ``--server-key``. Unpinned signatures prove only
   that one key wrote a whole chain: a chain rebuilt and re-signed with a fresh key checks just as well, so this is
   never "compliant". ``allow_unpinned=True`` (``--allow-unpinned``) turns the exit code to 0; the verdict stays
   "unverified";
-* **compliant** (exit 0) otherwise: intact, consistent, within policy, and tied to pinned identities.
+* **compliant** (exit 0) otherwise: intact, consistent, complete, within policy, and tied to pinned identities.
+
+An acknowledged privacy-ledger reset is a **note** naming the operator, the reason and the ε spent before it.
 
 Exit 2 (usage error: missing path, malformed fingerprint, no ledger found) is raised as :class:`UsageError`.
 
@@ -44,6 +53,7 @@ from fcd_secure.audit.verify.reconcile import reconcile
 from fcd_secure.audit.verify.result import (
     EXIT_CODES,
     EXIT_OK,
+    EXIT_PARTIAL,
     EXIT_TAMPERED,
     EXIT_UNPINNED,
     EXIT_USAGE,
@@ -59,6 +69,7 @@ from fcd_secure.audit.verify.site_side import scan_site
 __all__ = [
     "EXIT_CODES",
     "EXIT_OK",
+    "EXIT_PARTIAL",
     "EXIT_TAMPERED",
     "EXIT_UNPINNED",
     "EXIT_USAGE",

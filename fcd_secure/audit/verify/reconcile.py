@@ -4,22 +4,40 @@ For every site ledger (when a server ledger is under the verified path):
 
 * each ``manifest`` line must be a layout the server recorded, part for part (a site cannot hide a Θs name by
   declaring a manifest of its own making);
-* each upload must have the server's ``received`` line, equal in every reconciled field (run, node, round,
-  reply-to, message id, payload and message bytes, payload hash); a missing one means the server ledger lost it;
-* each stored receipt must be signed by a pinned server key and/or the server ledger's key, and name a server line
-  that exists with that seq and hash. A receipt anchored by neither could have been signed by anyone
-  (``unverified``).
+* each upload must have the server's ``received`` line, equal in every fact both record (:data:`MESSAGE_FACTS`:
+  run, node, round, message type, reply-to, message id, payload and message bytes, payload hash, and the names
+  inside: records, tensors with shapes and dtypes, metric names, list lengths, config fields); a missing one means
+  the server ledger lost it. Bytes and hashes alone would let a site edit the names in its own ledger (a Θs tensor
+  renamed away) and re-sign it with its key;
+* each stored receipt and countersignature must be signed by a pinned server key and/or the server ledger's key,
+  and name a server line that exists with that seq and hash. One anchored by neither could have been signed by
+  anyone (``unverified``);
+* each site chain head the server countersigned (its ``countersign`` lines) must still be in the site ledger, at
+  the same seq with the same hash: a site ledger rewritten afterwards, even re-signed with the site's own key, no
+  longer holds it (the cosigned tree heads of transparency logs, RFC 6962 §3.5 and C2SP tlog-cosignature).
 
 And the other way: every ``received`` line must have its site upload (else an upload was hidden, or the Flower
 runtime answered for the site outside its gate).
+
+Without any server ledger under the verified path nothing of this can be checked: every site ledger is then
+**partial** evidence (and a server ledger without site ledgers too), never compliant.
 """
 
 from __future__ import annotations
 
+from fcd_secure.audit.entries import MessageLine
 from fcd_secure.audit.signing import fingerprint
 from fcd_secure.audit.verify.result import VerifyResult
 from fcd_secure.audit.verify.server_side import ServerScan
-from fcd_secure.audit.verify.site_side import RECONCILED_FIELDS, CheckedReceipt, SiteScan
+from fcd_secure.audit.verify.site_side import CheckedReceipt, SiteScan
+
+#: Every fact of a message that the site's upload line and the server's received line both record.
+MESSAGE_FACTS = tuple(k for k in MessageLine.model_fields if k not in {"kind", "seq", "prev_hash", "time", "hash", "sig"})
+
+
+def _short(value: object, limit: int = 160) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def reconcile(server: ServerScan, sites: list[SiteScan], server_pins: set[str] | None, res: VerifyResult) -> None:
@@ -35,12 +53,23 @@ def reconcile(server: ServerScan, sites: list[SiteScan], server_pins: set[str] |
         _manifests(server, site, res)
         _uploads(server, site, res)
         unanchored = sum(not _receipt(server, site, r, server_pins, res) for r in site.receipts if r.signed)
+        unanchored += sum(not _stored_countersignature(server, site, loc, server_pins, res) for loc in site.countersignatures)
         if unanchored:
             res.add("unverified", site.label, None, None,
-                    f"{unanchored} receipt(s) are signed by a key that is neither pinned (--server-key) nor the key "
-                    "of a server ledger under this path: they could have been signed by anyone")
+                    f"{unanchored} receipt(s) or countersignature(s) are signed by a key that is neither pinned "
+                    "(--server-key) nor the key of a server ledger under this path: they could have been signed by anyone")
+        if not server.present:
+            res.add("partial", site.label, None, None,
+                    "verified without the server ledger: uploads, receipts and countersigned chain heads could not be "
+                    "reconciled with the server's records (a truncated or re-signed site ledger would pass); verify the "
+                    "run directory with the server ledger for a verdict")
     if sites and server.present:
         _unrecorded_by_sites(server, sites, res)
+        _countersigned_heads(server, sites, res)
+    if server.present and not sites and server.received:
+        for lab in sorted({lab for lab, _ in server.received.values()}):
+            res.add("partial", lab, None, None,
+                    "verified without any site ledger: the server's records could not be reconciled with the sites'")
 
 
 def _manifests(server: ServerScan, site: SiteScan, res: VerifyResult) -> None:
@@ -68,10 +97,11 @@ def _uploads(server: ServerScan, site: SiteScan, res: VerifyResult) -> None:
                         "a reply the server never pulled)")
             continue
         srv = found[1].entry
-        for k in RECONCILED_FIELDS:
+        for k in MESSAGE_FACTS:
             if getattr(srv, k) != getattr(up, k):
                 res.add("tampered", site.label, up.seq, loc.line,
-                        f"{loc.where}: the server ledger records {k} = {getattr(srv, k)!r}, the site {getattr(up, k)!r}")
+                        f"{loc.where}: the server ledger records {k} = {_short(getattr(srv, k))}, the site "
+                        f"{_short(getattr(up, k))} (the site's record of this message was edited)")
                 break
 
 
@@ -90,22 +120,12 @@ def _receipt(
     def bad(msg: str) -> None:
         res.add("tampered", site.label, loc.entry.seq, loc.line, f"{where}: {msg}")
 
-    signer = fingerprint(bytes.fromhex(rec.server_public_key))
-    anchored = False
-    if server_pins is not None:
-        anchored = True
-        if signer not in server_pins:
-            bad(f"receipt signed by server key {signer}, which is not pinned")
-    if server.present:
-        anchored = True
-        if signer not in server.keys:
-            bad(f"receipt signed by key {signer}, which is not the key of the server ledger "
-                f"({', '.join(sorted(server.keys)) or 'no valid key'}): a receipt the server did not issue")
-        if checked.matched:
-            found = server.received.get(rec.message_id)
-            srv = found[1].entry if found is not None else None
-            if srv is None or srv.hash != rec.server_entry_hash or srv.seq != rec.server_seq:
-                bad(f"names server ledger entry {rec.server_seq}, which the server ledger does not hold")
+    anchored = _key_anchored(server, fingerprint(bytes.fromhex(rec.server_public_key)), server_pins, lambda m: bad(f"receipt {m}"))
+    if server.present and checked.matched:
+        found = server.received.get(rec.message_id)
+        srv = found[1].entry if found is not None else None
+        if srv is None or srv.hash != rec.server_entry_hash or srv.seq != rec.server_seq:
+            bad(f"names server ledger entry {rec.server_seq}, which the server ledger does not hold")
     return anchored
 
 
@@ -122,3 +142,54 @@ def _unrecorded_by_sites(server: ServerScan, sites: list[SiteScan], res: VerifyR
         res.add("tampered", lab, srv.seq, loc.line,
                 f"{loc.where}: the server received message {mid[:16]} from node {srv.node_id} which no site ledger "
                 f"records {why}")
+
+
+def _key_anchored(server: ServerScan, signer: str, server_pins: set[str] | None, bad) -> bool:
+    """Whether a server signature's key is anchored (pinned, or the server ledger's); reports a key that is not."""
+    anchored = False
+    if server_pins is not None:
+        anchored = True
+        if signer not in server_pins:
+            bad(f"signed by server key {signer}, which is not pinned")
+    if server.present:
+        anchored = True
+        if signer not in server.keys:
+            bad(f"signed by key {signer}, which is not the key of the server ledger "
+                f"({', '.join(sorted(server.keys)) or 'no valid key'}): the server did not issue it")
+    return anchored
+
+
+def _stored_countersignature(server: ServerScan, site: SiteScan, loc, server_pins: set[str] | None, res: VerifyResult) -> bool:
+    """A countersignature the site stored must come from the server: an anchored key and a line the server holds."""
+    cs = loc.entry.countersign
+    where = f"countersignature entry seq {loc.entry.seq} (line {loc.line})"
+
+    def bad(msg: str) -> None:
+        res.add("tampered", site.label, loc.entry.seq, loc.line, f"{where}: {msg}")
+
+    anchored = _key_anchored(server, fingerprint(bytes.fromhex(loc.entry.server_public_key)), server_pins, bad)
+    if server.present and (cs.seq, cs.hash) not in server.countersign_hashes:
+        bad(f"names server ledger entry {cs.seq}, which the server ledger does not hold")
+    return anchored
+
+
+def _countersigned_heads(server: ServerScan, sites: list[SiteScan], res: VerifyResult) -> None:
+    """Every site chain head the server countersigned must still be in that site's ledger, byte for byte.
+
+    A countersignature belongs to the site ledger written by its ``writer_id``, or holding uploads from its
+    ``(run_id, node_id)`` (so a ledger re-keyed or renamed by a forger is still found).
+    """
+    for lab, loc in server.countersigns:
+        cs = loc.entry
+        cp = cs.checkpoint
+        for site in sites:
+            nodes = {(u.entry.run_id, u.entry.node_id) for u in site.uploads}
+            if site.chain.writer_id != cs.writer_id and (cs.run_id, cs.node_id) not in nodes:
+                continue
+            own = next((x for x in site.chain.entries if x.entry.seq == cp.seq), None)
+            if own is None or own.entry.hash != cp.hash or site.chain.key_fingerprint != cs.site_key_fingerprint:
+                res.add("tampered", site.label, cp.seq, own.line if own is not None else None,
+                        f"the server countersigned this ledger's checkpoint of round {cp.round} (seq {cp.seq}, hash "
+                        f"{cp.hash[:16]}…, site key {cs.site_key_fingerprint[:23]}…; server ledger {lab} entry seq "
+                        f"{cs.seq}), and the ledger no longer holds it: it was rewritten, cut or re-keyed after the "
+                        "server signed its head (a re-signed ledger does not match)")

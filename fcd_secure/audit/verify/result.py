@@ -6,11 +6,19 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-EXIT_OK, EXIT_VIOLATION, EXIT_USAGE, EXIT_UNPINNED, EXIT_TAMPERED = 0, 1, 2, 3, 6
-#: verdict -> exit code (``unverified`` exits 0 only under ``allow_unpinned``)
-EXIT_CODES = {"compliant": EXIT_OK, "violation": EXIT_VIOLATION, "unverified": EXIT_UNPINNED, "tampered": EXIT_TAMPERED}
+EXIT_OK, EXIT_VIOLATION, EXIT_USAGE, EXIT_UNPINNED, EXIT_PARTIAL, EXIT_TAMPERED = 0, 1, 2, 3, 4, 6
+#: verdict -> exit code (``unverified`` exits 0 only under ``allow_unpinned``; ``partial`` never exits 0)
+EXIT_CODES = {
+    "compliant": EXIT_OK,
+    "violation": EXIT_VIOLATION,
+    "unverified": EXIT_UNPINNED,
+    "partial": EXIT_PARTIAL,
+    "tampered": EXIT_TAMPERED,
+}
+#: the verdict is the first severity found in this order
+VERDICT_ORDER = ("tampered", "violation", "partial", "unverified")
 
-Severity = Literal["tampered", "violation", "unverified", "note"]
+Severity = Literal["tampered", "violation", "partial", "unverified", "note"]
 
 
 class UsageError(ValueError):
@@ -79,8 +87,9 @@ class VerifyResult:
 
     @property
     def status(self) -> str:
-        """The verdict: the most serious finding's severity (tampered > violation > unverified), else compliant."""
-        for severity in ("tampered", "violation", "unverified"):
+        """The verdict: the most serious finding's severity (tampered > violation > partial > unverified), else
+        compliant."""
+        for severity in VERDICT_ORDER:
             if any(f.severity == severity for f in self.findings):
                 return severity
         return "compliant"
