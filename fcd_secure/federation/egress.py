@@ -17,19 +17,43 @@ import numpy as np
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from fcd_secure.audit import RECEIPTS_MESSAGE_TYPE, SITE_LEDGER_FILE, GatePolicy, SiteAuditContext, SiteLedger, make_egress_gate
+from fcd_secure.audit import (
+    RECEIPTS_MESSAGE_TYPE,
+    SITE_LEDGER_FILE,
+    THETA_S_HISTORY_FILE,
+    GatePolicy,
+    SiteAuditContext,
+    SiteLedger,
+    ThetaSHistory,
+    federation_gate_policy,
+    make_egress_gate,
+)
+from fcd_secure.data.policy import DEFAULT_POLICY_NAMES
 from fcd_secure.federation.records import REC_EVAL, REC_HELLO, REC_METRICS, REC_NUM
 from fcd_secure.federation.site import SiteRuntime
+from fcd_secure.privacy.anchor import read_anchors
 from fcd_secure.privacy.ledger import privacy_ledger_hash
 
-#: What the federation's own messages may carry besides Θc (``client_app``, ``plain_flow``, ``evaluation``).
-FEDERATION_POLICY = GatePolicy(
-    allowed_metrics=frozenset({f"{REC_NUM}/n", f"{REC_METRICS}/*", f"{REC_EVAL}/*"}),
-    allowed_metric_lists=frozenset({f"{REC_EVAL}/*"}),
-    allowed_config_keys=frozenset(
-        {f"{REC_HELLO}/site-id", f"{REC_HELLO}/site-index", f"{REC_HELLO}/layout-hash", f"{REC_HELLO}/dim-*"}
-    ),
-)
+def federation_policy(ope_horizon: int | None = 2, **fields) -> GatePolicy:
+    """What the federation's own messages may carry besides Θc: exact record/key names (``client_app``,
+    ``plain_flow``, ``evaluation``), built from the evaluated policies and the truncated OPE horizon.
+
+    Args:
+        ope_horizon: ``evaluation.ope_horizon`` of the site's run (its ``<estimator>_h<H>`` keys), or None.
+        **fields: further :class:`~fcd_secure.audit.GatePolicy` fields (e.g. ``allow_theta_s_upload``).
+    """
+    return federation_gate_policy(
+        policy_names=DEFAULT_POLICY_NAMES,
+        ope_horizons=(ope_horizon,) if ope_horizon else (),
+        rec_hello=REC_HELLO,
+        rec_num=REC_NUM,
+        rec_metrics=REC_METRICS,
+        rec_eval=REC_EVAL,
+        **fields,
+    )
+
+
+FEDERATION_POLICY = federation_policy()
 
 RuntimeGetter = Callable[[Message, Context], SiteRuntime]
 
@@ -67,6 +91,8 @@ def site_audit_context(
         propensities=propensities,
         privacy_ledger_hash=lambda: privacy_ledger_hash(rt.state.dir, rt.cfg.dp.ledger_dir),
         server_public_key=server_public_key,
+        theta_s_history=ThetaSHistory(rt.state.slot(THETA_S_HISTORY_FILE)),
+        privacy_anchors=lambda: read_anchors(rt.state.dir),
     )
 
 
@@ -106,7 +132,7 @@ def make_egress_gate_mod(runtime_getter: RuntimeGetter | None, policy: GatePolic
         rt = runtime_getter(msg, context)
         pol = policy
         if pol is None:
-            pol = FEDERATION_POLICY.model_copy(update={"allow_theta_s_upload": rt.cfg.federation.sync == "full"})
+            pol = federation_policy(rt.cfg.evaluation.ope_horizon, allow_theta_s_upload=rt.cfg.federation.sync == "full")
         return site_audit_context(rt, pol)
 
     return make_egress_gate(get_site)

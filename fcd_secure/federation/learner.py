@@ -156,13 +156,12 @@ def train_local_dp(
     each time: conservative under 5-of-10 sampling, whose amplification is not claimed).
     """
     from fcd_secure.privacy.engine import DPSite, train_round_private  # noqa: PLC0415
-    from fcd_secure.privacy.ledger import dataset_fingerprint  # noqa: PLC0415
 
     ds = ds.without_propensities()
     mc = model_config(cfg)
-    site = DPSite(
-        state_dir, dataset_fingerprint(ds), cfg.dp, ds.n, cfg.federation.rounds, epochs, mc.batch_size,
-        run_id=cfg.training_hash()[:16],
+    # keyed by the records themselves: the same table reordered, or with a record dropped, keeps its budget
+    site = DPSite.for_dataset(
+        state_dir, ds, cfg.dp, cfg.federation.rounds, epochs, mc.batch_size, run_id=cfg.training_hash()[:16]
     )
     return dict(
         train_round_private(
