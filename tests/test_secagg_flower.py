@@ -222,7 +222,10 @@ def test_tiny_run_secure_equals_plain_fedavg_within_the_quantisation_bound(tmp_p
         chosen = ClientSampler(cfg.seed, cfg.data.n_sites, fed.clients_per_round).sample()
         node_ids = [sites[i].node_id for i in chosen]
         round_config = {"part": THETA_C, "local-epochs": fed.local_epochs}
-        sink["plain"] = PlainFedAvgFlow(timeout_s=fed.round_timeout_s).run_round(comm, node_ids, 1, theta, round_config)
+        plain = PlainFedAvgFlow(
+            learner.manifest_of(model).specs(THETA_C), max_count=cfg.secagg.max_weight, timeout_s=fed.round_timeout_s
+        )
+        sink["plain"] = plain.run_round(comm, node_ids, 1, theta, round_config)
         secure = SecureAggregationFlow.from_config(cfg, learner.manifest_of(model))
         sink["secure"] = secure.run_round(comm, node_ids, 1, theta, round_config)
         sink["global"] = theta

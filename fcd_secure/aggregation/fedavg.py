@@ -67,6 +67,43 @@ def finalize(total: Arrays, n_total: float, like: Arrays) -> dict[str, np.ndarra
     return {name: (np.asarray(total[name], dtype=np.float64) / n_total).astype(np.asarray(like[name]).dtype) for name in like}
 
 
+def screen_update(
+    arrays: Arrays, n: object, specs: Mapping[str, tuple[tuple[int, ...], str]], max_count: float
+) -> str | None:
+    """Why one site's clear-text update may not enter the average, or ``None`` if it may (robust plain FedAvg).
+
+    One malicious or broken site must not wreck the round for everyone (DESIGN P26): its update is checked on its
+    own — exact tensor names, each tensor's shape and dtype as the manifest says (a float64 ``1e300`` would become
+    ``inf`` once cast), finite values, and a sample count that is a whole number in ``[1, max_count]`` (a claimed
+    ``n = 1e12`` would otherwise replace the model) — so the caller can drop it, name the site and go on.
+
+    Args:
+        arrays: the update, keyed by manifest name.
+        n: the claimed sample count.
+        specs: ``{name: (shape, dtype)}`` of the synchronised part (``Manifest.specs(part)``).
+        max_count: the largest sample count a site may weigh with (the consortium's pinned maximum).
+    """
+    missing = sorted(set(specs) - set(arrays))
+    extra = sorted(set(arrays) - set(specs))
+    if missing or extra:
+        return f"tensor names differ from the manifest (missing {missing[:3]}, unexpected {extra[:3]})"
+    for name, (shape, dtype) in specs.items():
+        a = np.asarray(arrays[name])
+        if tuple(a.shape) != tuple(shape):
+            return f"{name} has shape {tuple(a.shape)}, the manifest says {tuple(shape)}"
+        if a.dtype.name != dtype:
+            return f"{name} has dtype {a.dtype.name}, the manifest says {dtype}"
+        if not np.all(np.isfinite(a)):
+            return f"{name} holds NaN or inf"
+    try:
+        count = float(n)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return f"sample count {n!r} is not a number"
+    if not np.isfinite(count) or count != round(count) or not 1 <= count <= max_count:
+        return f"sample count {n!r} is not a whole number in [1, {max_count:g}]"
+    return None
+
+
 def fedavg(updates: Sequence[Arrays], n_samples: Sequence[float]) -> tuple[dict[str, np.ndarray], float]:
     """Sample-size-weighted FedAvg: returns ``(Σ n_i θ_i / Σ n_i, Σ n_i)`` with the dtypes of the first update."""
     total = weighted_sum(updates, n_samples)

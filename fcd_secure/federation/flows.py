@@ -13,7 +13,7 @@ from fcd_secure.config import RunConfig
 from fcd_secure.federation.plain_flow import PlainFedAvgFlow
 from fcd_secure.federation.records import AggregationFlow
 from fcd_secure.federation.secure_flow import SecureAggregationFlow
-from fcd_secure.manifest import Manifest
+from fcd_secure.manifest import FULL, THETA_C, Manifest
 
 
 def check_flow(config: RunConfig) -> None:
@@ -39,4 +39,7 @@ def make_flow(config: RunConfig, manifest: Manifest) -> AggregationFlow:
     fed = config.federation
     if fed.secure_aggregation:
         return SecureAggregationFlow.from_config(config, manifest)
-    return PlainFedAvgFlow(timeout_s=fed.round_timeout_s, min_replies=fed.min_replies)
+    part = THETA_C if fed.sync == "dss" else FULL
+    return PlainFedAvgFlow(
+        manifest.specs(part), max_count=config.secagg.max_weight, timeout_s=fed.round_timeout_s, min_replies=fed.min_replies
+    )

@@ -204,6 +204,8 @@ def run_federation(grid: Grid, cfg: RunConfig, progress: ProgressHook | None = N
             "sites": " ".join(sites[i].site_id for i in chosen),
             "participants": len(outcome.participants),
             "failures": len(outcome.failures),
+            # updates the flow refused to average, with the site and the reason (robust plain FedAvg)
+            "dropped": "; ".join(f"{site}: {why}" for site, why in outcome.metrics.get("dropped", {}).items()),
             "aborted": outcome.theta_c is None,
             "n_total": outcome.n_total,
             "train_loss": outcome.metrics.get("train_loss"),

@@ -1,0 +1,115 @@
+"""Plain FedAvg survives one malicious or broken site (DESIGN P26): a NaN update, a float64 1e300 update, a claimed
+n = 1e12 and a wrong shape are each dropped and named, and the round goes on with the honest sites."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord
+from flwr.clientapp import ClientApp
+
+from fcd_secure.aggregation.fedavg import fedavg, screen_update
+from fcd_secure.federation.records import REC_NUM, REC_UPDATE
+
+SPECS = {"w": ((2, 3), "float32"), "b": ((3,), "float32")}
+
+
+def good(value: float = 0.5) -> dict[str, np.ndarray]:
+    return {"w": np.full((2, 3), value, np.float32), "b": np.full(3, value, np.float32)}
+
+
+@pytest.mark.parametrize(
+    ("arrays", "n", "why"),
+    [
+        ({**good(), "w": np.full((2, 3), np.nan, np.float32)}, 10, "NaN or inf"),
+        ({**good(), "w": np.full((2, 3), 1e300, np.float64)}, 10, "dtype float64"),
+        (good(), 1e12, "whole number in [1, 32768]"),
+        (good(), 2.5, "whole number"),
+        (good(), -3, "whole number"),
+        (good(), "many", "not a number"),
+        ({**good(), "w": np.zeros((3, 2), np.float32)}, 10, "shape (3, 2)"),
+        ({"w": good()["w"]}, 10, "missing ['b']"),
+        ({**good(), "theta_s.x": np.zeros(3, np.float32)}, 10, "unexpected ['theta_s.x']"),
+    ],
+)
+def test_screen_update_names_what_is_wrong(arrays, n, why):
+    reason = screen_update(arrays, n, SPECS, max_count=32768)
+    assert reason is not None and why in reason
+
+
+def test_screen_update_accepts_a_well_formed_update():
+    assert screen_update(good(), 10, SPECS, max_count=32768) is None
+    assert screen_update(good(), 32768.0, SPECS, max_count=32768) is None
+
+
+def test_the_attacks_wreck_an_unscreened_average():
+    """Negative control: without screening, one site's update decides the round."""
+    with np.errstate(over="ignore"):
+        cast = fedavg([good(), {**good(), "w": np.full((2, 3), 1e300)}], [10, 10])[0]["w"].astype(np.float32)
+    assert not np.isfinite(cast).all()  # the global Θc becomes inf
+    taken_over = fedavg([good(0.5), good(9.0)], [10, 1e12])[0]["w"]
+    assert np.allclose(taken_over, 9.0)  # the claimed count replaces the model
+
+
+class _MaliciousSites(ClientApp):
+    """The real ClientApp of every site, except that some sites rewrite their training reply *after* their own
+    egress gate — what a malicious site, which does not run our gate, can send."""
+
+    def __init__(self, inner: ClientApp, attacks: dict[int, str]) -> None:
+        super().__init__()
+        self.inner, self.attacks = inner, attacks
+
+    def __call__(self, message: Message, context: Context) -> Message:
+        reply = self.inner(message, context)
+        attack = self.attacks.get(int(context.node_config["partition-id"]))
+        if attack is None or message.metadata.message_type != "train" or reply.has_error():
+            return reply
+        arrays = {k: v.numpy() for k, v in reply.content[REC_UPDATE].items()}
+        name = sorted(arrays)[0]
+        n = 100
+        if attack == "nan":
+            arrays[name] = np.full_like(arrays[name], np.nan)
+        elif attack == "huge":
+            arrays[name] = np.full(arrays[name].shape, 1e300, np.float64)
+        elif attack == "count":
+            n = int(1e12)
+        elif attack == "shape":
+            arrays[name] = np.zeros(arrays[name].size + 1, arrays[name].dtype)
+        reply.content[REC_UPDATE] = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+        reply.content[REC_NUM] = MetricRecord({"n": n})
+        return reply
+
+
+@pytest.mark.slow
+def test_a_round_with_four_malicious_sites_goes_on_with_the_honest_one(tmp_path, one_torch_thread):
+    from flwr.simulation import run_simulation
+
+    from fcd_secure.config import build_config
+    from fcd_secure.federation.client_app import make_client_app
+    from fcd_secure.federation.sampler import ClientSampler
+    from fcd_secure.federation.server_app import make_server_app
+    from fcd_secure.federation.simulation import backend_config, quiet_flower_env
+    from fcd_secure.federation.site import default_site_id
+
+    quiet_flower_env()
+    cfg = build_config(
+        "tiny",
+        {"federation": {"rounds": 1, "eval_every": 0, "secure_aggregation": False}, "state_dir": str(tmp_path / "state")},
+    )
+    chosen = ClientSampler(cfg.seed, cfg.data.n_sites, cfg.federation.clients_per_round).sample()
+    attacks = dict(zip(chosen, ("nan", "huge", "count", "shape")))
+    honest = [i for i in chosen if i not in attacks]
+    assert len(honest) == 1
+    sink: dict = {}
+    run_simulation(
+        server_app=make_server_app(cfg, sink=sink),
+        client_app=_MaliciousSites(make_client_app(cfg), attacks),
+        num_supernodes=cfg.data.n_sites,
+        backend_config=backend_config(2),
+    )
+    result = sink["result"]
+    row = result.history[0]
+    assert not row["aborted"] and row["participants"] == 1
+    for i in attacks:
+        assert default_site_id(i) in row["dropped"]
+    assert all(np.isfinite(v).all() for v in result.theta.values())
