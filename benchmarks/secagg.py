@@ -12,8 +12,13 @@ For each vector size d and number of sites n, one round of
 
 Reported per method: client seconds (mean per site, all stages, encoding included), server seconds (all stages),
 uplink bytes per shared parameter (everything one site sends in the round, divided by d), and the max error of
-the aggregate against float64 weighted FedAvg. Then a protocol-only run up to n = 100 sites shows how our cost
-grows. Everything runs on one thread; timings are wall-clock on whatever machine runs this (2 shared cores here).
+the aggregate against float64 weighted FedAvg. For ours, two more columns give the part of those seconds spent in
+the active-adversary checks (DESIGN P19, P26): per site, the input-bound check of its vector and the commitments
+to its secrets and shares (made in stage 0, checked in stage 2); on the server, the check of every revealed share
+and rebuilt secret against its commitment (Shamir reconstruction included) and the bound check of the unmasked sum.
+Ours runs with the default threshold t = floor(2n/3) + 1 (7 of 10), Flower with its n/2 + 1 (6 of 10). Then a
+protocol-only run up to n = 100 sites shows how our cost grows. Everything runs on one thread; timings are
+wall-clock on whatever machine runs this (2 shared cores here).
 
     python benchmarks/secagg.py            # d in {1e4, 1e5, 1e6}, n in {5, 10, 20}, scaling to n = 100
     python benchmarks/secagg.py --quick    # d in {1e4, 1e5}, n in {5, 10}, scaling to n = 40
@@ -79,11 +84,11 @@ def run_ours(vecs, counts, policy: SecAggPolicy | None = None, drop_at_masking: 
     ids, roster = make_identities(sites)
     clients, encode_s = {}, {}
     for s, v, c in zip(sites, vecs, counts):
+        cl = SecAggClient(s, ids[s], roster, policy, layout)
         t = time.perf_counter()
         x = encode(layout, policy, {"theta": v}, c)
+        cl.set_input(x, bytes(32))  # includes the site's input-bound check
         encode_s[s] = time.perf_counter() - t
-        cl = SecAggClient(s, ids[s], roster, policy, layout)
-        cl.set_input(x, bytes(32))
         clients[s] = cl
     server = SecAggServer(policy, layout, sites, round_id=1)
     log = RoundLog()
@@ -92,7 +97,8 @@ def run_ours(vecs, counts, policy: SecAggPolicy | None = None, drop_at_masking: 
     client_s = float(np.mean([log.client_seconds[s] + encode_s[s] for s in sites]))
     up = float(np.mean([sum(len(m) for m in log.uplink[s]) for s in sites])) / d
     return {"client_s": client_s, "server_s": log.server_seconds, "uplink_B_per_param": up, "result": agg.theta_c["theta"],
-            "bound": agg.quantisation_bound}
+            "bound": agg.quantisation_bound, "client_check_s": float(np.mean([clients[s].check_seconds for s in sites])),
+            "server_check_s": server.report.check_seconds}
 
 
 # -- Flower 1.42 legacy SecAgg ----------------------------------------------------------------------------------------
@@ -193,7 +199,12 @@ def best_of(fn, vecs, counts, repeats: int) -> dict:
 def fmt_row(d, n, name, r, ref) -> dict:
     err = float(np.abs(np.asarray(r["result"], np.float64) - ref).max())
     return {"d": d, "n": n, "method": name, "client_s": r["client_s"], "server_s": r["server_s"],
-            "uplink_B_per_param": r["uplink_B_per_param"], "max_abs_err": err}
+            "uplink_B_per_param": r["uplink_B_per_param"], "max_abs_err": err,
+            "client_check_s": r.get("client_check_s"), "server_check_s": r.get("server_check_s")}
+
+
+def _chk(v: float | None) -> str:
+    return f"{v:>9.4f}" if v is not None else f"{'-':>9}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     ds = [10_000, 100_000] if args.quick else [10_000, 100_000, 1_000_000]
     ns = [5, 10] if args.quick else [5, 10, 20]
     rows = []
-    print(f"{'d':>9} {'n':>3} {'method':<7} {'client s':>9} {'server s':>9} {'B/param':>8} {'max err':>9}")
+    print(f"{'d':>9} {'n':>3} {'method':<7} {'client s':>9} {'server s':>9} {'B/param':>8} {'max err':>9} "
+          f"{'chk cli s':>9} {'chk srv s':>9}")
     for d in ds:
         for n in ns:
             vecs, counts = make_inputs(d, n, args.seed)
@@ -224,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
                 row = fmt_row(d, n, name, best_of(fn, vecs, counts, args.repeats), ref)
                 rows.append(row)
                 print(f"{d:>9} {n:>3} {name:<7} {row['client_s']:>9.4f} {row['server_s']:>9.4f} "
-                      f"{row['uplink_B_per_param']:>8.3f} {row['max_abs_err']:>9.2e}", flush=True)
+                      f"{row['uplink_B_per_param']:>8.3f} {row['max_abs_err']:>9.2e} "
+                      f"{_chk(row['client_check_s'])} {_chk(row['server_check_s'])}", flush=True)
     by = {(r["d"], r["n"], r["method"]): r for r in rows}
     if not args.no_flower:
         print("\nratios (Flower / ours, ours / plain):")
@@ -238,24 +251,27 @@ def main(argv: list[str] | None = None) -> int:
     d_scale = 10_000
     n_scale = [5, 10, 20, 40] if args.quick else [5, 10, 20, 40, 70, 100]
     print(f"\nprotocol only, d = {d_scale}: how our cost grows with the number of sites")
-    print(f"{'n':>4} {'client s':>9} {'server s':>9} {'B/param':>8}")
+    print(f"{'n':>4} {'client s':>9} {'server s':>9} {'B/param':>8} {'chk cli s':>9} {'chk srv s':>9}")
     policy = SecAggPolicy(clip=1.0, scale_bits=23, max_weight=8192, max_sites=128)
     for n in n_scale:
         vecs, counts = make_inputs(d_scale, n, args.seed)
         r = best_of(lambda v, c: run_ours(v, c, policy), vecs, counts, args.repeats)
         rows.append(fmt_row(d_scale, n, "ours-scaling", r, reference(vecs, counts)))
-        print(f"{n:>4} {r['client_s']:>9.4f} {r['server_s']:>9.4f} {r['uplink_B_per_param']:>8.3f}", flush=True)
+        print(f"{n:>4} {r['client_s']:>9.4f} {r['server_s']:>9.4f} {r['uplink_B_per_param']:>8.3f} "
+              f"{_chk(r['client_check_s'])} {_chk(r['server_check_s'])}", flush=True)
     d_drop, n_drop = (100_000, 10)
     print(f"\ndropout recovery, d = {d_drop}, n = {n_drop}: sites silent at the masked-input stage")
-    print(f"{'dropped':>7} {'client s':>9} {'server s':>9} {'max err':>9}")
+    print(f"{'dropped':>7} {'client s':>9} {'server s':>9} {'max err':>9} {'chk cli s':>9} {'chk srv s':>9}")
     vecs, counts = make_inputs(d_drop, n_drop, args.seed)
     for k in (0, 1, 3):
         ref = reference(vecs[: n_drop - k], counts[: n_drop - k])
         r = best_of(lambda v, c, k=k: run_ours(v, c, drop_at_masking=k), vecs, counts, args.repeats)
         err = float(np.abs(r["result"] - ref).max())
         rows.append({"d": d_drop, "n": n_drop, "method": f"ours-drop{k}", "client_s": r["client_s"], "server_s": r["server_s"],
-                     "uplink_B_per_param": r["uplink_B_per_param"], "max_abs_err": err})
-        print(f"{k:>7} {r['client_s']:>9.4f} {r['server_s']:>9.4f} {err:>9.2e}", flush=True)
+                     "uplink_B_per_param": r["uplink_B_per_param"], "max_abs_err": err,
+                     "client_check_s": r["client_check_s"], "server_check_s": r["server_check_s"]})
+        print(f"{k:>7} {r['client_s']:>9.4f} {r['server_s']:>9.4f} {err:>9.2e} "
+              f"{_chk(r['client_check_s'])} {_chk(r['server_check_s'])}", flush=True)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)

@@ -43,10 +43,15 @@ def _slot_name(layout: VectorLayout, pos: int) -> str:
     return f"word {pos + HEADER_WORDS}"
 
 
-def _extremes(values: np.ndarray) -> tuple[int, int, int, int]:
-    """(min, argmin, max, argmax) of an int32 array, without a widening copy."""
-    lo, hi = int(np.argmin(values)), int(np.argmax(values))
-    return int(values[lo]), lo, int(values[hi]), hi
+def _outside(values: np.ndarray, limit: int) -> tuple[int, int] | None:
+    """(value, position) of the first extreme of an int32 array outside [-limit, limit], else None. Two reductions
+    (min, max) over the vector, and a search for the position only when a bound is broken."""
+    lo, hi = int(values.min()), int(values.max())
+    if lo < -limit:
+        return lo, int(np.argmin(values))
+    if hi > limit:
+        return hi, int(np.argmax(values))
+    return None
 
 
 def check_input(layout: VectorLayout, policy: SecAggPolicy, vector: np.ndarray) -> None:
@@ -72,9 +77,9 @@ def check_input(layout: VectorLayout, policy: SecAggPolicy, vector: np.ndarray) 
     if not 0 <= int(v[1]) <= slots:
         raise EncodingError(f"clipped-count word is {int(v[1])}, outside [0, {slots}] (P14)")
     limit = int(np.rint(policy.clip * ((n / policy.max_weight) * policy.scale)))
-    lo, lo_at, hi, hi_at = _extremes(v[HEADER_WORDS:])
-    if lo < -limit or hi > limit:
-        val, at = (lo, lo_at) if lo < -limit else (hi, hi_at)
+    bad = _outside(v[HEADER_WORDS:], limit)
+    if bad is not None:
+        val, at = bad
         raise EncodingError(
             f"{_slot_name(layout, at)} encodes {val / (policy.scale * n / policy.max_weight):.6g}, outside the clip "
             f"range ±{policy.clip} (P26)"
@@ -109,9 +114,9 @@ def check_aggregate(layout: VectorLayout, policy: SecAggPolicy, total: np.ndarra
         )
     # Σ_i rint(clip f_i) <= clip * scale * Σ n_i / max_weight + n/2; one part in 2**40 covers float64 rounding
     limit = math.floor((policy.clip * policy.scale * n_total / policy.max_weight + n_sites / 2) * (1 + 2.0**-40))
-    lo, lo_at, hi, hi_at = _extremes(v[HEADER_WORDS:])
-    if lo < -limit or hi > limit:
-        val, at = (lo, lo_at) if lo < -limit else (hi, hi_at)
+    bad = _outside(v[HEADER_WORDS:], limit)
+    if bad is not None:
+        val, at = bad
         mean = val * policy.max_weight / (policy.scale * n_total)
         raise BoundViolation(
             f"decoded weighted mean of {_slot_name(layout, at)} is {mean:.6g}, outside the clip range ±{policy.clip} "

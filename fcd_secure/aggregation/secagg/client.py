@@ -360,13 +360,13 @@ class SecAggClient:
         self._u2 = tuple(u2)
         assert self._x is not None
         y = self._x.copy()
-        stream = MaskStream()
-        stream.apply(y, self_mask_key(self._b_seed, p.session_id, p.round_id, self.site_id), 1)
+        mask_keys = [(self_mask_key(self._b_seed, p.session_id, p.round_id, self.site_id), 1)]
         for v in u2:
             if v == self.site_id:
                 continue
             secret = keys.x25519_agree(self._s_sk, self._keys[v][1])
-            stream.apply(y, keys.pair_key(secret, p.session_id, p.round_id, self.site_id, v, "mask"), pair_sign(self.site_id, v))
+            mask_keys.append((keys.pair_key(secret, p.session_id, p.round_id, self.site_id, v, "mask"), pair_sign(self.site_id, v)))
+        MaskStream().apply_all(y, mask_keys)
         self._x = None  # the plaintext is not needed any more
         self.stage = ClientStage.MASKED
         return MaskedInput(p.session_id, p.round_id, self.site_id, y).to_bytes()

@@ -303,18 +303,20 @@ class SecAggServer:
                     b_shares[owner][responder] = (index[responder], share)
                 elif kind is ShareKind.MASK_KEY and owner in s_shares:
                     s_shares[owner][responder] = (index[responder], share)
-        total = self._sum.copy()
-        stream = MaskStream()
+        mask_keys: list[tuple[bytes, int]] = []
         for u in self._u3:
             b = self._rebuild(u, ShareKind.SELF_MASK_SEED, b_shares[u])
-            stream.apply(total, self_mask_key(b, p.session_id, p.round_id, u), -1)
+            mask_keys.append((self_mask_key(b, p.session_id, p.round_id, u), -1))
         for v in dropped:
             s_pk = self._adverts[v].s_pk
             s_sk = self._rebuild(v, ShareKind.MASK_KEY, s_shares[v], lambda sk, pk=s_pk: keys.x25519_public(sk) == pk)
             for u in self._u3:
                 secret = keys.x25519_agree(s_sk, self._adverts[u].s_pk)
                 # u added pair_sign(u, v)·PRG(s_uv); take it away
-                stream.apply(total, keys.pair_key(secret, p.session_id, p.round_id, u, v, "mask"), -pair_sign(u, v))
+                mask_keys.append((keys.pair_key(secret, p.session_id, p.round_id, u, v, "mask"), -pair_sign(u, v)))
+        # every secret is rebuilt and checked before a single mask is removed
+        total = self._sum.copy()
+        MaskStream().apply_all(total, mask_keys)
         t = time.perf_counter()
         check_aggregate(self.layout, self.policy, total, len(self._u3))
         self.report.check_seconds += time.perf_counter() - t
