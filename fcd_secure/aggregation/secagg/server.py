@@ -95,8 +95,10 @@ class RoundReport:
 
 
 class SecAggServer:
-    """One secure-aggregation round on the server. ``selected`` is U0; ``roster`` (site -> Ed25519 public
-    key) lets the server drop a site with a bad signature early; sites check signatures themselves anyway."""
+    """One secure-aggregation round on the server. ``selected`` is U0; the threshold defaults to the policy's
+    floor(2n/3) + 1. ``roster`` (site -> Ed25519 public key) lets the server drop a site with a bad signature early
+    (sites check signatures themselves anyway) and makes every culprit it names rest on signed evidence: the
+    commitments a site advertised and the shares it revealed are verified against its roster key (DESIGN P26)."""
 
     def __init__(
         self,
