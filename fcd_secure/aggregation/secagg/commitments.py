@@ -68,6 +68,68 @@ def commit_shares(
     )
 
 
+def _what(kind: ShareKind) -> str:
+    return "mask key s_sk" if kind is ShareKind.MASK_KEY else "self-mask seed b"
+
+
+def sort_shares(
+    *,
+    session_id: bytes,
+    round_id: int,
+    owner: str,
+    kind: ShareKind,
+    shares: Mapping[str, tuple[int, bytes]],
+    share_commits: tuple[tuple[bytes, bytes], ...],
+) -> tuple[list[tuple[int, bytes]], dict[str, str]]:
+    """Split revealed shares into those that match ``owner``'s commitments and the responders of the others.
+
+    Returns:
+        ``(index, share)`` of the correct shares in responder order, and ``{responder: reason}`` for the rest.
+    """
+    col = 0 if kind is ShareKind.MASK_KEY else 1
+    good: list[tuple[int, bytes]] = []
+    bad: dict[str, str] = {}
+    for responder in sorted(shares):
+        index, share = shares[responder]
+        ok = 1 <= index <= len(share_commits) and len(share) == shamir.SHARE_BYTES and (
+            share_commitment(session_id, round_id, owner, index, kind, share) == share_commits[index - 1][col]
+        )
+        if ok:
+            good.append((index, share))
+        else:
+            bad[responder] = f"revealed a share of {owner!r}'s {_what(kind)} that does not match {owner!r}'s commitment"
+    return good, bad
+
+
+def check_secret(
+    *,
+    session_id: bytes,
+    round_id: int,
+    owner: str,
+    kind: ShareKind,
+    secret: bytes,
+    secret_commit: bytes,
+    also_valid: Callable[[bytes], bool] | None = None,
+) -> None:
+    """Raise :class:`Misbehaviour` naming ``owner`` (the dealer) unless ``secret`` is the one it committed to."""
+    if len(secret_commit) != HASH_BYTES or secret_commitment(session_id, round_id, owner, kind, secret) != secret_commit or (
+        also_valid is not None and not also_valid(secret)
+    ):
+        why = f"dealt shares of its {_what(kind)} that do not rebuild the secret it committed to"
+        raise Misbehaviour(f"{owner!r} dealt inconsistent shares of its {_what(kind)}", {owner: why})
+
+
+def too_few(owner: str, kind: ShareKind, good: int, bad: Mapping[str, str], threshold: int) -> AbortRound:
+    """The error for fewer than ``threshold`` correct shares: :class:`Misbehaviour` naming the senders of wrong ones."""
+    if bad:
+        return Misbehaviour(
+            f"only {good} correct shares of {owner!r}'s {_what(kind)}, threshold is {threshold}; corrupted by "
+            f"{', '.join(repr(s) for s in sorted(bad))}",
+            bad,
+        )
+    return AbortRound(f"only {good} shares of {owner!r}'s {_what(kind)}, threshold is {threshold}")
+
+
 def reconstruct(
     *,
     session_id: bytes,
@@ -102,31 +164,13 @@ def reconstruct(
             or the correct shares do not rebuild the committed secret (the dealer, ``owner``, is named).
         AbortRound: Fewer than ``threshold`` shares arrived at all and none was wrong.
     """
-    what = "mask key s_sk" if kind is ShareKind.MASK_KEY else "self-mask seed b"
-    col = 0 if kind is ShareKind.MASK_KEY else 1
-    good: list[tuple[int, bytes]] = []
-    bad: dict[str, str] = {}
-    for responder in sorted(shares):
-        index, share = shares[responder]
-        ok = 1 <= index <= len(share_commits) and len(share) == shamir.SHARE_BYTES and (
-            share_commitment(session_id, round_id, owner, index, kind, share) == share_commits[index - 1][col]
-        )
-        if ok:
-            good.append((index, share))
-        else:
-            bad[responder] = f"revealed a share of {owner!r}'s {what} that does not match {owner!r}'s commitment"
+    ids = dict(session_id=session_id, round_id=round_id, owner=owner, kind=kind)
+    good, bad = sort_shares(shares=shares, share_commits=share_commits, **ids)
     if len(good) < threshold:
-        if bad:
-            raise Misbehaviour(
-                f"only {len(good)} correct shares of {owner!r}'s {what}, threshold is {threshold}; corrupted by "
-                f"{', '.join(repr(s) for s in sorted(bad))}",
-                bad,
-            )
-        raise AbortRound(f"only {len(good)} shares of {owner!r}'s {what}, threshold is {threshold}")
+        raise too_few(owner, kind, len(good), bad, threshold)
     secret = shamir.combine(good, threshold)
-    if len(secret_commit) != HASH_BYTES or secret_commitment(session_id, round_id, owner, kind, secret) != secret_commit or (
-        also_valid is not None and not also_valid(secret)
-    ):
-        culprit = {owner: f"dealt shares of its {what} that do not rebuild the secret it committed to"}
-        raise Misbehaviour(f"{owner!r} dealt inconsistent shares of its {what}", {**bad, **culprit})
+    try:
+        check_secret(secret=secret, secret_commit=secret_commit, also_valid=also_valid, **ids)
+    except Misbehaviour as exc:
+        raise Misbehaviour(str(exc), {**bad, **exc.culprits}) from None
     return secret, bad
