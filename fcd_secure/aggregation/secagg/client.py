@@ -181,7 +181,8 @@ class SecAggClient:
     def set_input(self, vector: np.ndarray, global_hash: bytes, round_id: int | None = None) -> None:
         """The encoded plaintext vector (:func:`.encoding.encode`), the hash of the global Θc received and, when known,
         the round the vector was trained for: the protocol then runs only under that round id (P5), so one update can
-        never enter two protocol runs under different round ids.
+        never enter two protocol runs under different round ids. The client takes the vector over and masks it in
+        place in stage 2 (pass a copy to keep the plaintext).
 
         Raises:
             EncodingError: the vector is not one :func:`.encoding.encode` can produce under this site's policy (a
@@ -195,7 +196,7 @@ class SecAggClient:
         t = time.thread_time()
         check_input(self.layout, self.policy, vector)  # a negative weight or an unclipped value never gets masked
         self.check_seconds += time.thread_time() - t
-        self._x = np.ascontiguousarray(vector)
+        self._x = np.require(vector, dtype=np.uint32, requirements=["C_CONTIGUOUS", "WRITEABLE"])
         self._global_hash = bytes(global_hash)
         self._input_round = None if round_id is None else int(round_id)
 
@@ -310,10 +311,11 @@ class SecAggClient:
         if mine is None or mine != (keys.x25519_public(self._c_sk), keys.x25519_public(self._s_sk)):
             raise AbortRound("the key list does not carry this site's own keys unchanged (P2)")
         items = []
+        agree = keys.x25519_agreement(self._c_sk)
         for v in u1:
             if v == self.site_id:
                 continue
-            k = keys.pair_key(keys.x25519_agree(self._c_sk, self._keys[v][0]), p.session_id, p.round_id, self.site_id, v, "share-enc", 32)
+            k = keys.pair_key(agree(self._keys[v][0]), p.session_id, p.round_id, self.site_id, v, "share-enc", 32)
             nonce = os.urandom(NONCE_BYTES)
             s_share, b_share = self._share_for(v, index[v])
             pt = share_plaintext(self.site_id, v, s_share, b_share)
@@ -332,12 +334,13 @@ class SecAggClient:
         if len(u2) < p.threshold:
             raise AbortRound(f"only {len(u2)} sites shared keys, threshold is {p.threshold}")
         me = p.selected.index(self.site_id) + 1
+        agree = keys.x25519_agreement(self._c_sk)
         for src, ct in relay.items:
             if src == self.site_id or src not in self._keys:
                 raise AbortRound(f"relayed share from {src!r}, which is not in the signed key list")
             if len(ct) <= NONCE_BYTES:
                 raise ProtocolError(f"share ciphertext from {src!r} is too short")
-            k = keys.pair_key(keys.x25519_agree(self._c_sk, self._keys[src][0]), p.session_id, p.round_id, self.site_id, src, "share-enc", 32)
+            k = keys.pair_key(agree(self._keys[src][0]), p.session_id, p.round_id, self.site_id, src, "share-enc", 32)
             try:
                 pt = AESGCM(k).decrypt(ct[:NONCE_BYTES], ct[NONCE_BYTES:], share_aad(p.session_id, p.round_id, src, self.site_id))
             except InvalidTag as exc:
@@ -359,15 +362,16 @@ class SecAggClient:
             self._held[src] = (s_share, b_share)
         self._u2 = tuple(u2)
         assert self._x is not None
-        y = self._x.copy()
         mask_keys = [(self_mask_key(self._b_seed, p.session_id, p.round_id, self.site_id), 1)]
+        agree = keys.x25519_agreement(self._s_sk)
         for v in u2:
             if v == self.site_id:
                 continue
-            secret = keys.x25519_agree(self._s_sk, self._keys[v][1])
-            mask_keys.append((keys.pair_key(secret, p.session_id, p.round_id, self.site_id, v, "mask"), pair_sign(self.site_id, v)))
+            mask_keys.append((keys.pair_key(agree(self._keys[v][1]), p.session_id, p.round_id, self.site_id, v, "mask"),
+                              pair_sign(self.site_id, v)))
+        # masked in place: the plaintext does not outlive this stage in the client's memory
+        y, self._x = self._x, None
         MaskStream().apply_all(y, mask_keys)
-        self._x = None  # the plaintext is not needed any more
         self.stage = ClientStage.MASKED
         return MaskedInput(p.session_id, p.round_id, self.site_id, y).to_bytes()
 

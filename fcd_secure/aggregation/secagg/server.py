@@ -315,10 +315,11 @@ class SecAggServer:
         for v in dropped:
             s_pk = self._adverts[v].s_pk
             s_sk = self._rebuild(v, ShareKind.MASK_KEY, s_shares[v], lambda sk, pk=s_pk: keys.x25519_public(sk) == pk)
+            agree = keys.x25519_agreement(s_sk)
             for u in self._u3:
-                secret = keys.x25519_agree(s_sk, self._adverts[u].s_pk)
                 # u added pair_sign(u, v)·PRG(s_uv); take it away
-                mask_keys.append((keys.pair_key(secret, p.session_id, p.round_id, u, v, "mask"), -pair_sign(u, v)))
+                mask_keys.append((keys.pair_key(agree(self._adverts[u].s_pk), p.session_id, p.round_id, u, v, "mask"),
+                                  -pair_sign(u, v)))
         # every secret is rebuilt and checked before a single mask is removed
         total = self._sum.copy()
         MaskStream().apply_all(total, mask_keys)
