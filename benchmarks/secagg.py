@@ -12,12 +12,22 @@ For each vector size d and number of sites n, one round of
 
 Reported per method: client seconds (mean per site, all stages, encoding included), server seconds (all stages),
 uplink bytes per shared parameter (everything one site sends in the round, divided by d), and the max error of
-the aggregate against float64 weighted FedAvg. Then a protocol-only run up to n = 100 sites shows how our cost
-grows. Everything runs on one thread; timings are wall-clock on whatever machine runs this (2 shared cores here).
+the aggregate against float64 weighted FedAvg. For ours, two more columns give the part of those seconds spent in
+the active-adversary checks (DESIGN P19, P26): per site, the input-bound check of its vector and the commitments
+to its secrets and shares (made in stage 0, checked in stage 2); on the server, the check of every revealed share
+and every rebuilt secret against its commitment (not the Shamir reconstruction itself) and the bound check of the
+unmasked sum. Ours runs with the default threshold t = floor(2n/3) + 1 (7 of 10), Flower with its n/2 + 1 (6 of
+10). Then a protocol-only run up to n = 100 sites shows how our cost grows.
+
+Seconds are CPU time of the benchmark process (``time.process_time``, every thread counted: Flower's Shamir
+sharing runs on a thread pool, so the CPU time of one thread would miss part of its work) by default. On a shared
+machine (2 cores here, other jobs running) wall-clock time also counts the slices other processes hold, which moved
+single cells by 3-4x between runs, plain FedAvg included; the work measured is computation only, so on an idle
+machine the two clocks agree. ``--clock wall`` measures wall-clock time instead.
 
     python benchmarks/secagg.py            # d in {1e4, 1e5, 1e6}, n in {5, 10, 20}, scaling to n = 100
     python benchmarks/secagg.py --quick    # d in {1e4, 1e5}, n in {5, 10}, scaling to n = 40
-    python benchmarks/secagg.py --json out.json
+    python benchmarks/secagg.py --json out.json --clock wall
 """
 
 from __future__ import annotations
@@ -28,21 +38,20 @@ import logging
 import os
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 logging.getLogger("flwr").setLevel(logging.ERROR)
-# the in-memory round driver is a test helper, not part of the installed package
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from secagg_harness import RoundLog, make_identities, run_round, toy_manifest  # noqa: E402
-
 from fcd_secure.aggregation.fedavg import fedavg  # noqa: E402
 from fcd_secure.aggregation.secagg import SecAggPolicy, SecAggServer, VectorLayout, encode  # noqa: E402
 from fcd_secure.aggregation.secagg.client import SecAggClient  # noqa: E402
-from fcd_secure.manifest import THETA_C  # noqa: E402
+from fcd_secure.aggregation.secagg.keys import ed25519_keypair  # noqa: E402
+from fcd_secure.aggregation.secagg.server import STAGES  # noqa: E402
+from fcd_secure.manifest import THETA_C, Manifest, ManifestEntry  # noqa: E402
+
+#: the clock every timing below reads (``--clock``): CPU time of this process, or wall-clock time
+CLOCK = time.process_time
 
 
 def make_inputs(d: int, n: int, seed: int) -> tuple[list[np.ndarray], list[int]]:
@@ -59,13 +68,13 @@ def reference(vecs: list[np.ndarray], counts: list[int]) -> np.ndarray:
 
 # -- plain FedAvg ---------------------------------------------------------------------------------------------------
 def run_plain(vecs, counts) -> dict:
-    t = time.perf_counter()
+    t = CLOCK()
     payloads = [v.tobytes() for v in vecs]  # what a site uploads: its float32 update (+ a count)
-    client_s = (time.perf_counter() - t) / len(vecs)
-    t = time.perf_counter()
+    client_s = (CLOCK() - t) / len(vecs)
+    t = CLOCK()
     updates = [{"theta": np.frombuffer(p, dtype=np.float32)} for p in payloads]
     avg, _ = fedavg(updates, [float(c) for c in counts])
-    server_s = time.perf_counter() - t
+    server_s = CLOCK() - t
     up = (len(payloads[0]) + 8) / vecs[0].size
     return {"client_s": client_s, "server_s": server_s, "uplink_B_per_param": up, "result": avg["theta"]}
 
@@ -74,25 +83,53 @@ def run_plain(vecs, counts) -> dict:
 def run_ours(vecs, counts, policy: SecAggPolicy | None = None, drop_at_masking: int = 0) -> dict:
     d, n = vecs[0].size, len(vecs)
     policy = policy or SecAggPolicy(max_weight=8192, max_sites=max(31, n))
-    layout = VectorLayout.from_manifest(toy_manifest([("theta", (d,), THETA_C)]))
+    layout = VectorLayout.from_manifest(Manifest.from_entries([ManifestEntry(name="theta", shape=(d,), dtype="float32", part=THETA_C)]))
     sites = [f"site-{i:03d}" for i in range(n)]
-    ids, roster = make_identities(sites)
+    ids = {s: ed25519_keypair() for s in sites}
+    roster = {s: pk for s, (_, pk) in ids.items()}
     clients, encode_s = {}, {}
     for s, v, c in zip(sites, vecs, counts):
-        t = time.perf_counter()
+        cl = SecAggClient(s, ids[s][0], roster, policy, layout)
+        t = CLOCK()
         x = encode(layout, policy, {"theta": v}, c)
-        encode_s[s] = time.perf_counter() - t
-        cl = SecAggClient(s, ids[s], roster, policy, layout)
-        cl.set_input(x, bytes(32))
+        cl.set_input(x, bytes(32))  # includes the site's input-bound check
+        encode_s[s] = CLOCK() - t
         clients[s] = cl
-    server = SecAggServer(policy, layout, sites, round_id=1)
-    log = RoundLog()
+    server = SecAggServer(policy, layout, sites, round_id=1, roster=roster)
     dropped = set(sites[n - drop_at_masking :]) if drop_at_masking else set()
-    agg = run_round(server, clients, drop={"masked_input": dropped}, log=log)
-    client_s = float(np.mean([log.client_seconds[s] + encode_s[s] for s in sites]))
-    up = float(np.mean([sum(len(m) for m in log.uplink[s]) for s in sites])) / d
-    return {"client_s": client_s, "server_s": log.server_seconds, "uplink_B_per_param": up, "result": agg.theta_c["theta"],
-            "bound": agg.quantisation_bound}
+    agg, client_s, server_s, uplink = drive(server, clients, {"masked_input": dropped})
+    return {"client_s": float(np.mean([client_s[s] + encode_s[s] for s in sites])), "server_s": server_s,
+            "uplink_B_per_param": float(np.mean(list(uplink.values()))) / d, "result": agg.theta_c["theta"],
+            "bound": agg.quantisation_bound, "client_check_s": float(np.mean([clients[s].check_seconds for s in sites])),
+            "server_check_s": server.report.check_seconds}
+
+
+def drive(server: SecAggServer, clients: dict, drop: dict[str, set[str]]):
+    """All five stages in memory, every party timed with ``CLOCK``; ``drop[stage]``: sites silent from then on."""
+    client_s, uplink = dict.fromkeys(clients, 0.0), dict.fromkeys(clients, 0)
+    t = CLOCK()
+    requests = server.start()
+    server_s = CLOCK() - t
+    gone: set[str] = set()
+    for stage in STAGES:
+        gone |= drop.get(stage, set())
+        for site, req in requests.items():
+            if site in gone:
+                continue
+            t = CLOCK()
+            reply = clients[site].handle(req)
+            client_s[site] += CLOCK() - t
+            uplink[site] += len(reply)
+            t = CLOCK()
+            server.collect(site, reply)
+            server_s += CLOCK() - t
+        t = CLOCK()
+        requests = server.advance()
+        server_s += CLOCK() - t
+    t = CLOCK()
+    agg = server.finish()
+    server_s += CLOCK() - t
+    return agg, client_s, server_s, uplink
 
 
 # -- Flower 1.42 legacy SecAgg ----------------------------------------------------------------------------------------
@@ -128,9 +165,9 @@ def run_flower(vecs, counts) -> dict:
     server_s = 0.0
 
     def timed(nid, fn, *args):
-        t = time.perf_counter()
+        t = CLOCK()
         out = fn(*args)
-        client_s[nid] += time.perf_counter() - t
+        client_s[nid] += CLOCK() - t
         return out
 
     setup_cfg = ConfigRecord({Key.SAMPLE_NUMBER: n, Key.SHARE_NUMBER: n, Key.THRESHOLD: threshold, Key.CLIPPING_RANGE: clip,
@@ -144,25 +181,25 @@ def run_flower(vecs, counts) -> dict:
     fwd: dict[int, tuple[list[int], list[bytes]]] = {nid: ([], []) for nid in nids}
     for nid in nids:
         res = timed(nid, fm._share_keys, states[nid], key_cfg)
-        t = time.perf_counter()
+        t = CLOCK()
         for dst, ct in zip(res[Key.DESTINATION_LIST], res[Key.CIPHERTEXT_LIST]):
             fwd[dst][0].append(nid)
             fwd[dst][1].append(ct)
             up_bytes[nid] += len(ct) + 8
-        server_s += time.perf_counter() - t
+        server_s += CLOCK() - t
     masked = None
     for nid, v, c in zip(nids, vecs, counts):
         cfg = ConfigRecord({Key.CIPHERTEXT_LIST: fwd[nid][1], Key.SOURCE_LIST: fwd[nid][0]})
         res = timed(nid, fm._collect_masked_vectors, states[nid], cfg, c, ndarrays_to_parameters([v]))
         blobs = res[Key.MASKED_PARAMETERS]
         up_bytes[nid] += sum(len(b) for b in blobs)
-        t = time.perf_counter()
+        t = CLOCK()
         vec = [bytes_to_ndarray(b) for b in blobs]
         masked = vec if masked is None else parameters_addition(masked, vec)
-        server_s += time.perf_counter() - t
-    t = time.perf_counter()
+        server_s += CLOCK() - t
+    t = CLOCK()
     masked = parameters_mod(masked, mod)
-    server_s += time.perf_counter() - t
+    server_s += CLOCK() - t
     unmask_cfg = ConfigRecord({Key.ACTIVE_NODE_ID_LIST: nids, Key.DEAD_NODE_ID_LIST: []})
     shares: dict[int, list[bytes]] = {nid: [] for nid in nids}
     for nid in nids:
@@ -170,7 +207,7 @@ def run_flower(vecs, counts) -> dict:
         for owner, share in zip(res[Key.NODE_ID_LIST], res[Key.SHARE_LIST]):
             shares[owner].append(share)
             up_bytes[nid] += len(share) + 8
-    t = time.perf_counter()
+    t = CLOCK()
     for nid in nids:  # the unmask_stage arithmetic (no dropouts)
         secret = combine_shares(shares[nid])
         masked = parameters_subtraction(masked, pseudo_rand_gen(secret, mod, get_parameters_shape(masked)))
@@ -178,7 +215,7 @@ def run_flower(vecs, counts) -> dict:
     q_total, recon = factor_extract(recon)
     agg = dequantize(recon, clip, target)[0]
     agg = (agg - (n - 1) * clip) * (target / q_total)
-    server_s += time.perf_counter() - t
+    server_s += CLOCK() - t
     del generate_shared_key, bytes_to_private_key, bytes_to_public_key
     return {"client_s": float(np.mean(list(client_s.values()))), "server_s": server_s,
             "uplink_B_per_param": float(np.mean(list(up_bytes.values()))) / d, "result": agg}
@@ -193,7 +230,12 @@ def best_of(fn, vecs, counts, repeats: int) -> dict:
 def fmt_row(d, n, name, r, ref) -> dict:
     err = float(np.abs(np.asarray(r["result"], np.float64) - ref).max())
     return {"d": d, "n": n, "method": name, "client_s": r["client_s"], "server_s": r["server_s"],
-            "uplink_B_per_param": r["uplink_B_per_param"], "max_abs_err": err}
+            "uplink_B_per_param": r["uplink_B_per_param"], "max_abs_err": err,
+            "client_check_s": r.get("client_check_s"), "server_check_s": r.get("server_check_s")}
+
+
+def _chk(v: float | None) -> str:
+    return f"{v:>9.4f}" if v is not None else f"{'-':>9}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -203,7 +245,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=3, help="best of this many runs per cell (default 3)")
     ap.add_argument("--json", type=str, default=None, help="also write the rows to this JSON file")
+    ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
+                    help="CPU time of this process (default; robust on a shared machine) or wall-clock time")
     args = ap.parse_args(argv)
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     try:
         import torch
 
@@ -214,7 +260,10 @@ def main(argv: list[str] | None = None) -> int:
     ds = [10_000, 100_000] if args.quick else [10_000, 100_000, 1_000_000]
     ns = [5, 10] if args.quick else [5, 10, 20]
     rows = []
-    print(f"{'d':>9} {'n':>3} {'method':<7} {'client s':>9} {'server s':>9} {'B/param':>8} {'max err':>9}")
+    print(f"seconds: {'CPU time of the benchmark process (all threads)' if args.clock == 'cpu' else 'wall clock'}; "
+          f"best of {args.repeats} runs per cell")
+    print(f"{'d':>9} {'n':>3} {'method':<7} {'client s':>9} {'server s':>9} {'B/param':>8} {'max err':>9} "
+          f"{'chk cli s':>9} {'chk srv s':>9}")
     for d in ds:
         for n in ns:
             vecs, counts = make_inputs(d, n, args.seed)
@@ -224,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
                 row = fmt_row(d, n, name, best_of(fn, vecs, counts, args.repeats), ref)
                 rows.append(row)
                 print(f"{d:>9} {n:>3} {name:<7} {row['client_s']:>9.4f} {row['server_s']:>9.4f} "
-                      f"{row['uplink_B_per_param']:>8.3f} {row['max_abs_err']:>9.2e}", flush=True)
+                      f"{row['uplink_B_per_param']:>8.3f} {row['max_abs_err']:>9.2e} "
+                      f"{_chk(row['client_check_s'])} {_chk(row['server_check_s'])}", flush=True)
     by = {(r["d"], r["n"], r["method"]): r for r in rows}
     if not args.no_flower:
         print("\nratios (Flower / ours, ours / plain):")
@@ -238,24 +288,27 @@ def main(argv: list[str] | None = None) -> int:
     d_scale = 10_000
     n_scale = [5, 10, 20, 40] if args.quick else [5, 10, 20, 40, 70, 100]
     print(f"\nprotocol only, d = {d_scale}: how our cost grows with the number of sites")
-    print(f"{'n':>4} {'client s':>9} {'server s':>9} {'B/param':>8}")
+    print(f"{'n':>4} {'client s':>9} {'server s':>9} {'B/param':>8} {'chk cli s':>9} {'chk srv s':>9}")
     policy = SecAggPolicy(clip=1.0, scale_bits=23, max_weight=8192, max_sites=128)
     for n in n_scale:
         vecs, counts = make_inputs(d_scale, n, args.seed)
         r = best_of(lambda v, c: run_ours(v, c, policy), vecs, counts, args.repeats)
         rows.append(fmt_row(d_scale, n, "ours-scaling", r, reference(vecs, counts)))
-        print(f"{n:>4} {r['client_s']:>9.4f} {r['server_s']:>9.4f} {r['uplink_B_per_param']:>8.3f}", flush=True)
+        print(f"{n:>4} {r['client_s']:>9.4f} {r['server_s']:>9.4f} {r['uplink_B_per_param']:>8.3f} "
+              f"{_chk(r['client_check_s'])} {_chk(r['server_check_s'])}", flush=True)
     d_drop, n_drop = (100_000, 10)
     print(f"\ndropout recovery, d = {d_drop}, n = {n_drop}: sites silent at the masked-input stage")
-    print(f"{'dropped':>7} {'client s':>9} {'server s':>9} {'max err':>9}")
+    print(f"{'dropped':>7} {'client s':>9} {'server s':>9} {'max err':>9} {'chk cli s':>9} {'chk srv s':>9}")
     vecs, counts = make_inputs(d_drop, n_drop, args.seed)
     for k in (0, 1, 3):
         ref = reference(vecs[: n_drop - k], counts[: n_drop - k])
         r = best_of(lambda v, c, k=k: run_ours(v, c, drop_at_masking=k), vecs, counts, args.repeats)
         err = float(np.abs(r["result"] - ref).max())
         rows.append({"d": d_drop, "n": n_drop, "method": f"ours-drop{k}", "client_s": r["client_s"], "server_s": r["server_s"],
-                     "uplink_B_per_param": r["uplink_B_per_param"], "max_abs_err": err})
-        print(f"{k:>7} {r['client_s']:>9.4f} {r['server_s']:>9.4f} {err:>9.2e}", flush=True)
+                     "uplink_B_per_param": r["uplink_B_per_param"], "max_abs_err": err,
+                     "client_check_s": r["client_check_s"], "server_check_s": r["server_check_s"]})
+        print(f"{k:>7} {r['client_s']:>9.4f} {r['server_s']:>9.4f} {err:>9.2e} "
+              f"{_chk(r['client_check_s'])} {_chk(r['server_check_s'])}", flush=True)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)

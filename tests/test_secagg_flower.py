@@ -123,7 +123,7 @@ def test_secure_flow_on_flower_simulation(tmp_path):
     masked_deadline, late = 4.0, 6.5
     delays = {
         (2, "train.secagg_masked_input", 4): late,  # round 2: one site misses the masked-input deadline
-        (3, "train.secagg_masked_input", 1): late,  # round 3: three miss it -> fewer than t = 3 survive: abort
+        (3, "train.secagg_masked_input", 1): late,  # round 3: three miss it -> fewer than t = 4 survive: abort
         (3, "train.secagg_masked_input", 2): late,
         (3, "train.secagg_masked_input", 3): late,
     }
@@ -317,7 +317,7 @@ def test_secure_flow_refuses_theta_s_sync_and_too_few_sites_per_round():
         )
     manifest = toy_manifest([("w", (3,), THETA_C), ("s", (2,), THETA_S)])
     flow = make_flow(build_config("tiny", {"federation": {"secure_aggregation": True}}), manifest)
-    assert isinstance(flow, SecureAggregationFlow) and flow.policy.min_sites == 3
+    assert isinstance(flow, SecureAggregationFlow) and flow.policy.min_sites == 4
     assert [name for name, _ in flow.layout.tensors] == ["w"] and flow.layout.private_names == {"s"}
     # the policy the server proposes is the run config's [secagg] section
     cfg = build_config("tiny", {"data": {"n_sites": 8}, "federation": {"clients_per_round": 4, "secure_aggregation": True},

@@ -44,7 +44,7 @@ PARSERS = {
 
 
 def _samples() -> dict[MsgType, bytes]:
-    t = toy_round(n_sites=3, d=6, seed=0)
+    t = toy_round(n_sites=4, d=6, seed=0)
     log = RoundLog()
     run_round(t.server, t.clients, log=log)
     out: dict[MsgType, bytes] = {}
@@ -164,7 +164,7 @@ def test_share_plaintext_parser():
 def test_state_machines_only_raise_secagg_errors_on_fuzzed_messages(stage_index, data):
     """Drive a real round to ``stage_index``, then hand one fuzzed request to a site and one fuzzed reply to
     the server: both refuse with a SecAggError subclass (or accept a harmless mutation)."""
-    t = toy_round(n_sites=3, d=4, seed=1)
+    t = toy_round(n_sites=4, d=4, seed=1)
     reqs = t.server.start()
     for _ in range(stage_index):
         for s, r in reqs.items():

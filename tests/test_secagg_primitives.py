@@ -230,9 +230,9 @@ def test_overflow_bound_exactly_at_the_limit_decodes_and_one_past_is_refused():
         np.add(total, encode(layout, policy, extreme, policy.max_weight), out=total)
     agg = decode(layout, policy, total, 7)
     assert np.allclose(agg.theta_c["a"], extreme["a"], atol=agg.quantisation_bound)
-    policy.check_round(n_sites=7, threshold=4, modulus_bits=32, clip=1.0, scale_bits=28, max_weight=1000)
+    policy.check_round(n_sites=7, threshold=5, modulus_bits=32, clip=1.0, scale_bits=28, max_weight=1000)
     with pytest.raises(PolicyError, match="overflow"):
-        policy.check_round(n_sites=8, threshold=5, modulus_bits=32, clip=1.0, scale_bits=28, max_weight=1000)
+        policy.check_round(n_sites=8, threshold=6, modulus_bits=32, clip=1.0, scale_bits=28, max_weight=1000)
     # and the refusal is needed: with 8 sites the same sum wraps and decodes with the wrong sign
     np.add(total, encode(layout, policy, extreme, policy.max_weight), out=total)
     wrapped = decode(layout, policy, total, 8)
@@ -279,19 +279,23 @@ def test_layout_digest_changes_with_names_shapes_and_order():
 
 
 # -- P3 / P10 / P17: policy -----------------------------------------------------------------------------------------
-def test_policy_refuses_fewer_than_three_sites_and_weak_thresholds():
-    with pytest.raises(ValidationError):
-        SecAggPolicy(min_sites=2)
+def test_policy_refuses_fewer_than_four_sites_and_weak_thresholds():
+    for few in (2, 3):
+        with pytest.raises(ValidationError, match="min_sites"):
+            SecAggPolicy(min_sites=few)
     p = SecAggPolicy()
-    with pytest.raises(PolicyError, match="P10"):
-        p.check_round(n_sites=2, threshold=2, modulus_bits=32, clip=p.clip, scale_bits=p.scale_bits, max_weight=p.max_weight)
-    for n in (3, 4, 5, 10, 11):
-        need = n // 2 + 1
+    assert p.min_sites == 4 and p.threshold_rule == "two_thirds"
+    for n in (2, 3):
+        with pytest.raises(PolicyError, match="P10"):
+            p.check_round(n_sites=n, threshold=n, modulus_bits=32, clip=p.clip, scale_bits=p.scale_bits, max_weight=p.max_weight)
+    for n in (4, 5, 10, 11):
+        need = 2 * n // 3 + 1
         assert p.min_threshold(n) == need
         p.check_round(n_sites=n, threshold=need, modulus_bits=32, clip=p.clip, scale_bits=p.scale_bits, max_weight=p.max_weight)
         with pytest.raises(PolicyError, match="threshold"):
             p.check_round(n_sites=n, threshold=need - 1, modulus_bits=32, clip=p.clip, scale_bits=p.scale_bits, max_weight=p.max_weight)
     assert SecAggPolicy(threshold_rule="two_thirds").min_threshold(9) == 7
+    assert [p.min_threshold(n) for n in (4, 5, 6, 7, 10)] == [3, 4, 5, 5, 7]
 
 
 def test_stage_deadlines_must_be_positive_and_named():

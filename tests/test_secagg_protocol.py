@@ -5,6 +5,7 @@ P9 late vector, P10 too few sites, P12 split global models, P18 secrets in logs.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import logging
 import struct
@@ -58,9 +59,9 @@ def test_round_equals_plaintext_weighted_fedavg():
 
 # -- P8: dropouts at every stage ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("stage", STAGES)
-@pytest.mark.parametrize("k", [1, 2])  # n = 5, t = 3: up to n - t = 2 sites may drop
+@pytest.mark.parametrize("k", [1, 2])  # n = 7, t = floor(14/3) + 1 = 5: up to n - t = 2 sites may drop
 def test_dropouts_at_every_stage_give_the_survivors_weighted_sum(stage, k):
-    t = toy_round(n_sites=5, d=40, seed=10 + k)
+    t = toy_round(n_sites=7, d=40, seed=10 + k)
     dropped = set(list(t.updates)[-k:])
     agg = run_round(t.server, t.clients, drop={stage: dropped})
     # a site whose masked vector arrived is in the sum even if it drops later (consistency / unmask)
@@ -165,7 +166,7 @@ def test_split_views_with_forged_signature_subset_still_refused():
 
 
 def test_a_second_unmask_request_in_the_same_round_is_refused():
-    t = toy_round(n_sites=3, d=8, seed=7)
+    t = toy_round(n_sites=4, d=8, seed=7)
     log = RoundLog()
     run_round(t.server, t.clients, log=log)
     last_req = log.downlink["site00"][-1]
@@ -183,7 +184,7 @@ def test_substituted_public_key_aborts_before_any_masked_vector():
         if stage != "share_keys":
             return req
         kl = KeyList.parse(req)
-        entries = tuple(e if e.site_id != "site01" else type(e)(e.session_id, e.round_id, e.site_id, e.c_pk, attacker_pk, e.signature) for e in kl.entries)
+        entries = tuple(e if e.site_id != "site01" else dataclasses.replace(e, s_pk=attacker_pk) for e in kl.entries)
         return KeyList(kl.session_id, kl.round_id, entries).to_bytes()
 
     with pytest.raises(AbortRound):
@@ -197,13 +198,13 @@ def test_substituted_public_key_aborts_before_any_masked_vector():
 def test_sybil_site_not_in_the_configured_roster_is_refused():
     t = toy_round(n_sites=4, d=8, seed=9)
     p = t.server.params
-    forged = RoundParams(p.session_id, p.round_id, p.selected + ("sybil",), 3, 32, p.clip, p.scale_bits, p.max_weight, p.layout_digest, p.vector_len)
+    forged = RoundParams(p.session_id, p.round_id, p.selected + ("sybil",), 4, 32, p.clip, p.scale_bits, p.max_weight, p.layout_digest, p.vector_len)
     with pytest.raises(AbortRound, match="roster"):
         t.clients["site00"].handle(forged.to_bytes())
 
 
 def test_a_site_refuses_an_identity_key_that_is_not_its_roster_entry():
-    t = toy_round(n_sites=3, d=8, seed=9)
+    t = toy_round(n_sites=4, d=8, seed=9)
     other = keys.ed25519_keypair()[0]
     with pytest.raises(PolicyError, match="roster"):
         SecAggClient("site00", other, t.roster, t.policy, t.layout)
@@ -229,14 +230,15 @@ def test_server_parameters_below_the_site_policy_are_refused(field, value, match
     assert t.clients["site00"].stage is ClientStage.ABORTED
 
 
-def test_fewer_than_three_sites_refused_in_secure_mode():
-    t = toy_round(n_sites=3, d=8, seed=12)
+def test_fewer_than_four_sites_refused_in_secure_mode():
+    t = toy_round(n_sites=4, d=8, seed=12)
     p = t.server.params
-    two = RoundParams(p.session_id, p.round_id, ("site00", "site01"), 2, 32, p.clip, p.scale_bits, p.max_weight, p.layout_digest, p.vector_len)
-    with pytest.raises(PolicyError, match="P10"):
-        t.clients["site00"].handle(two.to_bytes())
-    with pytest.raises(PolicyError, match="P10"):
-        SecAggServer(t.policy, t.layout, ["site00", "site01"], round_id=1)
+    for few in (("site00", "site01"), ("site00", "site01", "site02")):
+        req = RoundParams(p.session_id, p.round_id, few, len(few), 32, p.clip, p.scale_bits, p.max_weight, p.layout_digest, p.vector_len)
+        with pytest.raises(PolicyError, match="P10"):
+            t.fresh(round_id=1).clients["site00"].handle(req.to_bytes())
+        with pytest.raises(PolicyError, match="P10"):
+            SecAggServer(t.policy, t.layout, list(few), round_id=1)
 
 
 # -- P5: replay across rounds ----------------------------------------------------------------------------------------
@@ -297,7 +299,7 @@ def test_a_site_takes_part_in_each_round_once_and_in_order(tmp_path):
 
 
 def test_an_update_runs_only_under_the_round_it_was_trained_for():
-    t = toy_round(n_sites=3, d=50, seed=21)
+    t = toy_round(n_sites=4, d=50, seed=21)
     site, client = next(iter(t.clients.items()))
     vec = client._x.copy()
     client.set_input(vec, client._global_hash, round_id=t.server.params.round_id + 1)
@@ -306,7 +308,7 @@ def test_an_update_runs_only_under_the_round_it_was_trained_for():
 
 
 def test_same_input_in_two_rounds_gives_uncorrelated_masked_vectors():
-    t1 = toy_round(n_sites=3, d=2000, seed=15)
+    t1 = toy_round(n_sites=4, d=2000, seed=15)
     log1, log2 = RoundLog(), RoundLog()
     run_round(t1.server, t1.clients, log=log1)
     t2 = t1.fresh(round_id=2)
@@ -421,6 +423,7 @@ def test_no_key_material_in_logs_or_errors(caplog):
                 if st[k]:
                     secrets.append(base64.b64decode(st[k]))
             secrets += [base64.b64decode(a) for pair in st["held"].values() for a in pair]
+            secrets += [base64.b64decode(a) for pair in st["dealt"] + [st["own"]] for a in pair]
             texts.append(repr(t.clients[s]))
         reqs = t.server.advance()
         texts.append(repr(t.server))

@@ -3,14 +3,18 @@
 One :class:`SecAggClient` per site and round. It is a state machine driven by :meth:`SecAggClient.handle`:
 each server request (bytes) yields one response (bytes) or raises. Stages::
 
-    ROUND_PARAMS        -> ADVERTISE      check policy (P3, P6, P10), fresh X25519 pairs, sign them (P2)
-    KEY_LIST            -> SHARE_KEYS     verify every key against the *configured* roster (P2), Shamir-share
-                                          s_sk and the self-mask seed b, AES-GCM each share to its peer
-    SHARES_RELAY        -> MASKED_INPUT   decrypt the peers' shares, y = x + PRG(b) + Σ ±PRG(s_uv)
-    CONSISTENCY_REQUEST -> CONSISTENCY    sign U3 with the hash of the global Θc this site received (P12)
-    UNMASK_REQUEST      -> UNMASK         verify >= t signatures on *its own* U3 and model hash, refuse
-                                          overlapping alive/dropped lists (P1), reveal b-shares of the
-                                          alive and s-shares of the dropped, once (never both for one site)
+    ROUND_PARAMS        -> ADVERTISE      check policy (P3, P6, P10), fresh X25519 pairs and self-mask seed b,
+                                          Shamir-share s_sk and b, commit to both secrets and every share,
+                                          sign keys and commitments (P2, P26)
+    KEY_LIST            -> SHARE_KEYS     verify every entry against the *configured* roster (P2), AES-GCM each
+                                          dealt share to its peer
+    SHARES_RELAY        -> MASKED_INPUT   decrypt the peers' shares, check each against its dealer's commitment
+                                          (P26), y = x + PRG(b) + Σ ±PRG(s_uv)
+    CONSISTENCY_REQUEST -> CONSISTENCY    check U3 against its own view, sign U3 with the hash of the global Θc
+                                          this site received (P1, P12)
+    UNMASK_REQUEST      -> UNMASK         every check of :meth:`SecAggClient._check_unmask_request` (P1, P19),
+                                          then reveal b-shares of the alive and s-shares of the dropped, once
+                                          (never both for one site), signed
 
 After an :class:`~.errors.AbortRound` or a :class:`~.errors.PolicyError` the client is dead for the round
 and reveals nothing more. The state survives between Flower invocations through :meth:`export` /
@@ -22,6 +26,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import time
 from collections.abc import Mapping
 from enum import Enum
 from pathlib import Path
@@ -31,9 +36,11 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from . import keys, shamir
+from .bounds import check_input
+from .commitments import commit_shares, secret_commitment, share_commitment
 from .config import SecAggPolicy
 from .encoding import VectorLayout
-from .errors import AbortRound, PolicyError, ProtocolError
+from .errors import AbortRound, Misbehaviour, PolicyError, ProtocolError
 from .masks import MaskStream, pair_sign
 from .messages import (
     Advertise,
@@ -53,6 +60,7 @@ from .messages import (
     peek_header,
     share_aad,
     share_plaintext,
+    unmask_transcript,
 )
 
 NONCE_BYTES = 12
@@ -159,21 +167,36 @@ class SecAggClient:
         self._c_sk = self._s_sk = b""
         self._keys: dict[str, tuple[bytes, bytes]] = {}  # U1: site -> (c_pk, s_pk)
         self._b_seed = b""
+        self._dealt: list[tuple[bytes, bytes]] = []  # (s-share, b-share) per share index, kept from stage 0 to 1
         self._own_shares: tuple[bytes, bytes] = (b"", b"")  # (s-share, b-share) of this site's own secrets
+        self._commits: dict[str, tuple[bytes, bytes]] = {}  # U1 peer -> its commitments of the shares dealt to us
         self._held: dict[str, tuple[bytes, bytes]] = {}  # U2 peer -> (s-share, b-share) it gave us
         self._u2: tuple[str, ...] = ()
         self._u3: tuple[str, ...] = ()
+        self._own_sig = b""  # this site's consistency signature (stage 3), which the unmask request must carry
+        #: CPU seconds (this thread) spent in the input-bound and commitment checks (a benchmark column of its own)
+        self.check_seconds = 0.0
 
     # -- input -------------------------------------------------------------------------------------------------
     def set_input(self, vector: np.ndarray, global_hash: bytes, round_id: int | None = None) -> None:
         """The encoded plaintext vector (:func:`.encoding.encode`), the hash of the global Θc received and, when known,
         the round the vector was trained for: the protocol then runs only under that round id (P5), so one update can
-        never enter two protocol runs under different round ids."""
+        never enter two protocol runs under different round ids. The client takes the vector over and masks it in
+        place in stage 2 (pass a copy to keep the plaintext).
+
+        Raises:
+            EncodingError: the vector is not one :func:`.encoding.encode` can produce under this site's policy (a
+                negative, zero or oversized weight; a value outside the clip range), naming the word (P26).
+            ProtocolError: wrong dtype, length or hash size.
+        """
         if vector.dtype != np.uint32 or vector.shape != (self.layout.length,):
             raise ProtocolError(f"input must be uint32 of length {self.layout.length}")
         if len(global_hash) != 32:
             raise ProtocolError("global model hash must be 32 bytes")
-        self._x = np.ascontiguousarray(vector)
+        t = time.thread_time()
+        check_input(self.layout, self.policy, vector)  # a negative weight or an unclipped value never gets masked
+        self.check_seconds += time.thread_time() - t
+        self._x = np.require(vector, dtype=np.uint32, requirements=["C_CONTIGUOUS", "WRITEABLE"])
         self._global_hash = bytes(global_hash)
         self._input_round = None if round_id is None else int(round_id)
 
@@ -204,6 +227,7 @@ class SecAggClient:
         # forget every secret of the round: an aborted site must not be talked into revealing anything later
         self._c_sk = self._s_sk = self._b_seed = b""
         self._held.clear()
+        self._dealt = []
         self._own_shares = (b"", b"")
         self._x = None
 
@@ -231,9 +255,32 @@ class SecAggClient:
         self._params_digest = p.digest
         self._c_sk, c_pk = keys.x25519_keypair()
         self._s_sk, s_pk = keys.x25519_keypair()
-        sig = keys.sign(self._identity, advertise_transcript(p.session_id, p.round_id, self.site_id, c_pk, s_pk, self._params_digest))
+        self._b_seed = os.urandom(32)
+        s_shares, b_shares = self._deal(p)
+        t = time.thread_time()
+        commit_s = secret_commitment(p.session_id, p.round_id, self.site_id, ShareKind.MASK_KEY, self._s_sk)
+        commit_b = secret_commitment(p.session_id, p.round_id, self.site_id, ShareKind.SELF_MASK_SEED, self._b_seed)
+        share_commits = commit_shares(p.session_id, p.round_id, self.site_id, s_shares, b_shares)
+        self.check_seconds += time.thread_time() - t
+        self._dealt = list(zip(s_shares, b_shares))
+        me = p.selected.index(self.site_id)
+        self._own_shares = self._dealt[me]
+        tr = advertise_transcript(p.session_id, p.round_id, self.site_id, c_pk, s_pk, self._params_digest, commit_s,
+                                  commit_b, share_commits)
+        sig = keys.sign(self._identity, tr)
         self.stage = ClientStage.ADVERTISED
-        return Advertise(p.session_id, p.round_id, self.site_id, c_pk, s_pk, sig).to_bytes()
+        return Advertise(p.session_id, p.round_id, self.site_id, c_pk, s_pk, commit_s, commit_b, share_commits, sig).to_bytes()
+
+    def _deal(self, p: RoundParams) -> tuple[list[bytes], list[bytes]]:
+        """t-of-n Shamir shares of s_sk and of b, share j (1-based) for the j-th selected site (Bonawitz et al. §4)."""
+        n = len(p.selected)
+        s_shares = [sh for _, sh in shamir.split(self._s_sk, p.threshold, n)]
+        b_shares = [sh for _, sh in shamir.split(self._b_seed, p.threshold, n)]
+        return s_shares, b_shares
+
+    def _share_for(self, peer: str, index: int) -> tuple[bytes, bytes]:
+        """The (s-share, b-share) this site deals to ``peer`` (share ``index``)."""
+        return self._dealt[index - 1]
 
     # -- stage 1 ----------------------------------------------------------------------------------------------
     def _share_keys(self, request: bytes) -> bytes:
@@ -242,35 +289,38 @@ class SecAggClient:
         u1 = [e.site_id for e in kl.entries]
         if len(u1) < p.threshold:
             raise AbortRound(f"only {len(u1)} sites advertised keys, threshold is {p.threshold}")
+        n = len(p.selected)
+        index = {s: i + 1 for i, s in enumerate(p.selected)}
+        me = index[self.site_id]
         seen_keys: set[bytes] = set()
         for e in kl.entries:
             if e.site_id not in p.selected:
                 raise AbortRound(f"key list names {e.site_id!r}, which was not selected for the round")
-            tr = advertise_transcript(p.session_id, p.round_id, e.site_id, e.c_pk, e.s_pk, self._params_digest)
+            tr = advertise_transcript(p.session_id, p.round_id, e.site_id, e.c_pk, e.s_pk, self._params_digest,
+                                      e.commit_s, e.commit_b, e.share_commits)
             if not keys.verify(self.roster[e.site_id], e.signature, tr):
                 raise AbortRound(f"public keys of {e.site_id!r} are not signed by its roster identity key (P2)")
+            if len(e.share_commits) != n:
+                raise AbortRound(f"{e.site_id!r} committed to {len(e.share_commits)} shares, the round has {n} sites (P26)")
             if e.c_pk in seen_keys or e.s_pk in seen_keys or e.c_pk == e.s_pk:
                 raise AbortRound("a public key is repeated in the key list")
             seen_keys |= {e.c_pk, e.s_pk}
             self._keys[e.site_id] = (e.c_pk, e.s_pk)
+            self._commits[e.site_id] = e.share_commits[me - 1]
         mine = self._keys.get(self.site_id)
         if mine is None or mine != (keys.x25519_public(self._c_sk), keys.x25519_public(self._s_sk)):
             raise AbortRound("the key list does not carry this site's own keys unchanged (P2)")
-        self._b_seed = os.urandom(32)
-        n = len(p.selected)
-        index = {s: i + 1 for i, s in enumerate(p.selected)}
-        s_shares = dict(shamir.split(self._s_sk, p.threshold, n))
-        b_shares = dict(shamir.split(self._b_seed, p.threshold, n))
-        me = index[self.site_id]
-        self._own_shares = (s_shares[me], b_shares[me])
         items = []
+        agree = keys.x25519_agreement(self._c_sk)
         for v in u1:
             if v == self.site_id:
                 continue
-            k = keys.pair_key(keys.x25519_agree(self._c_sk, self._keys[v][0]), p.session_id, p.round_id, self.site_id, v, "share-enc", 32)
+            k = keys.pair_key(agree(self._keys[v][0]), p.session_id, p.round_id, self.site_id, v, "share-enc", 32)
             nonce = os.urandom(NONCE_BYTES)
-            pt = share_plaintext(self.site_id, v, s_shares[index[v]], b_shares[index[v]])
+            s_share, b_share = self._share_for(v, index[v])
+            pt = share_plaintext(self.site_id, v, s_share, b_share)
             items.append((v, nonce + AESGCM(k).encrypt(nonce, pt, share_aad(p.session_id, p.round_id, self.site_id, v))))
+        self._dealt = []  # the other sites' shares have left, encrypted; only this site's own pair stays
         self.stage = ClientStage.SHARED
         return Ciphertexts(MsgType.SHARE_KEYS, p.session_id, p.round_id, self.site_id, tuple(items)).to_bytes()
 
@@ -283,12 +333,14 @@ class SecAggClient:
         u2 = sorted({src for src, _ in relay.items} | {self.site_id})
         if len(u2) < p.threshold:
             raise AbortRound(f"only {len(u2)} sites shared keys, threshold is {p.threshold}")
+        me = p.selected.index(self.site_id) + 1
+        agree = keys.x25519_agreement(self._c_sk)
         for src, ct in relay.items:
             if src == self.site_id or src not in self._keys:
                 raise AbortRound(f"relayed share from {src!r}, which is not in the signed key list")
             if len(ct) <= NONCE_BYTES:
                 raise ProtocolError(f"share ciphertext from {src!r} is too short")
-            k = keys.pair_key(keys.x25519_agree(self._c_sk, self._keys[src][0]), p.session_id, p.round_id, self.site_id, src, "share-enc", 32)
+            k = keys.pair_key(agree(self._keys[src][0]), p.session_id, p.round_id, self.site_id, src, "share-enc", 32)
             try:
                 pt = AESGCM(k).decrypt(ct[:NONCE_BYTES], ct[NONCE_BYTES:], share_aad(p.session_id, p.round_id, src, self.site_id))
             except InvalidTag as exc:
@@ -296,18 +348,30 @@ class SecAggClient:
             s_src, s_dst, s_share, b_share = parse_share_plaintext(pt)
             if (s_src, s_dst) != (src, self.site_id):
                 raise AbortRound(f"share from {src!r} names the wrong sender or receiver")
+            t = time.thread_time()
+            # a share that differs from its dealer's signed commitment would later be blamed on this site: the
+            # dealer is named now, and nothing of this round is revealed (P26)
+            c_s, c_b = self._commits[src]
+            if (share_commitment(p.session_id, p.round_id, src, me, ShareKind.MASK_KEY, s_share) != c_s
+                    or share_commitment(p.session_id, p.round_id, src, me, ShareKind.SELF_MASK_SEED, b_share) != c_b):
+                raise Misbehaviour(
+                    f"{src!r} dealt this site a share that does not match its signed commitment (P26)",
+                    {src: "dealt a share that does not match its own commitment"},
+                )
+            self.check_seconds += time.thread_time() - t
             self._held[src] = (s_share, b_share)
         self._u2 = tuple(u2)
         assert self._x is not None
-        y = self._x.copy()
-        stream = MaskStream()
-        stream.apply(y, self_mask_key(self._b_seed, p.session_id, p.round_id, self.site_id), 1)
+        mask_keys = [(self_mask_key(self._b_seed, p.session_id, p.round_id, self.site_id), 1)]
+        agree = keys.x25519_agreement(self._s_sk)
         for v in u2:
             if v == self.site_id:
                 continue
-            secret = keys.x25519_agree(self._s_sk, self._keys[v][1])
-            stream.apply(y, keys.pair_key(secret, p.session_id, p.round_id, self.site_id, v, "mask"), pair_sign(self.site_id, v))
-        self._x = None  # the plaintext is not needed any more
+            mask_keys.append((keys.pair_key(agree(self._keys[v][1]), p.session_id, p.round_id, self.site_id, v, "mask"),
+                              pair_sign(self.site_id, v)))
+        # masked in place: the plaintext does not outlive this stage in the client's memory
+        y, self._x = self._x, None
+        MaskStream().apply_all(y, mask_keys)
         self.stage = ClientStage.MASKED
         return MaskedInput(p.session_id, p.round_id, self.site_id, y).to_bytes()
 
@@ -320,46 +384,75 @@ class SecAggClient:
             raise AbortRound("this site's masked input is not among the survivors")
         extra = [s for s in u3 if s not in self._u2]
         if extra:
-            raise AbortRound(f"survivor {extra[0]!r} never shared keys (U3 must be within U2)")
+            raise AbortRound(f"survivor {extra[0]!r} never shared keys with this site (U3 must be within U2, P1)")
         if len(u3) < p.threshold:
             raise AbortRound(f"only {len(u3)} survivors, threshold is {p.threshold}")
         self._u3 = u3
         assert self._global_hash is not None
-        sig = keys.sign(self._identity, consistency_transcript(p.session_id, p.round_id, self._params_digest, u3, self._global_hash))
+        self._own_sig = keys.sign(self._identity, consistency_transcript(p.session_id, p.round_id, self._params_digest, u3, self._global_hash))
         self.stage = ClientStage.SIGNED
-        return Signed(p.session_id, p.round_id, self.site_id, sig).to_bytes()
+        return Signed(p.session_id, p.round_id, self.site_id, self._own_sig).to_bytes()
 
     # -- stage 4 ----------------------------------------------------------------------------------------------
-    def _unmask(self, request: bytes) -> bytes:
+    def _check_unmask_request(self, req: UnmaskRequest) -> None:
+        """Every check of the unmask request that this site can make from what it saw (Bonawitz et al. §4, Fig. 6,
+        round 4, active model; DESIGN P1, P12, P19). Any failure aborts before a single share is revealed.
+
+        1. no site is both alive and dropped (P1);
+        2. this site is not listed as dropped: it is alive and answering;
+        3. the alive list is exactly the survivor list U3 this site signed;
+        4. the dropped list names only sites whose shares this site holds (within its U2) and is exactly U2 ∖ U3,
+           its own view of who shared keys but sent no vector;
+        5. every signer is a survivor, every signature verifies on *this site's* transcript (U3, round parameters
+           and the global model hash it received): a signature on another survivor list is a split view (P19), on
+           another model hash a model-inconsistency attack (P12);
+        6. the list carries this site's own signature unchanged;
+        7. at least t signatures: with t = floor(2n/3) + 1 no two disjoint groups of honest signers plus the
+           tolerated colluders can both reach t (:mod:`.config`).
+        """
         p = self._p
-        req = UnmaskRequest.parse(request)
         alive, dropped = set(req.alive), set(req.dropped)
         both = alive & dropped
         if both:
             raise AbortRound(f"site {sorted(both)[0]!r} is listed as both alive and dropped (P1)")
+        if self.site_id in dropped:
+            raise AbortRound("the unmask request lists this site as dropped while it is alive (P1)")
         if alive != set(self._u3):
             raise AbortRound("the alive list differs from the survivors this site signed (P1)")
+        unseen = sorted(dropped - set(self._u2))
+        if unseen:
+            raise AbortRound(f"the dropped list names {unseen[0]!r}, whose shares this site never received (P1)")
         if dropped != set(self._u2) - set(self._u3):
             raise AbortRound("the dropped list differs from this site's view of who shared keys (P1)")
         assert self._global_hash is not None
         tr = consistency_transcript(p.session_id, p.round_id, self._params_digest, self._u3, self._global_hash)
+        sigs = dict(req.signatures)
         for signer, sig in req.signatures:
             if signer not in alive:
                 raise AbortRound(f"signature from {signer!r}, which is not a survivor")
             if not keys.verify(self.roster[signer], sig, tr):
-                raise AbortRound(f"{signer!r} signed a different survivor set or global model (P1, P12)")
+                raise AbortRound(f"{signer!r} signed a different survivor set or global model (P1, P12, P19)")
+        if sigs.get(self.site_id) != self._own_sig:
+            raise AbortRound("the signatures do not carry this site's own consistency signature unchanged (P19)")
         if len(req.signatures) < p.threshold:
-            raise AbortRound(f"only {len(req.signatures)} consistency signatures, threshold is {p.threshold}")
+            raise AbortRound(f"only {len(req.signatures)} consistency signatures, threshold is {p.threshold} (P19)")
+
+    def _unmask(self, request: bytes) -> bytes:
+        p = self._p
+        req = UnmaskRequest.parse(request)
+        self._check_unmask_request(req)
         out: list[tuple[str, ShareKind, bytes]] = []
-        for v in sorted(alive):
+        for v in sorted(req.alive):
             b = self._own_shares[1] if v == self.site_id else self._held[v][1]
             out.append((v, ShareKind.SELF_MASK_SEED, b))
-        for v in sorted(dropped):
+        for v in sorted(req.dropped):
             out.append((v, ShareKind.MASK_KEY, self._held[v][0]))
+        shares = tuple(out)
+        sig = keys.sign(self._identity, unmask_transcript(p.session_id, p.round_id, self._params_digest, self.site_id, shares))
         self.stage = ClientStage.DONE
         self._c_sk = self._s_sk = self._b_seed = b""
         self._held.clear()
-        return Unmask(p.session_id, p.round_id, self.site_id, tuple(out)).to_bytes()
+        return Unmask(p.session_id, p.round_id, self.site_id, shares, sig).to_bytes()
 
     @property
     def _p(self) -> RoundParams:
@@ -379,10 +472,13 @@ class SecAggClient:
             "s_sk": _b64(self._s_sk),
             "b": _b64(self._b_seed),
             "keys": {k: [_b64(a), _b64(b)] for k, (a, b) in self._keys.items()},
+            "dealt": [[_b64(a), _b64(b)] for a, b in self._dealt],
             "own": [_b64(self._own_shares[0]), _b64(self._own_shares[1])],
+            "commits": {k: [_b64(a), _b64(b)] for k, (a, b) in self._commits.items()},
             "held": {k: [_b64(a), _b64(b)] for k, (a, b) in self._held.items()},
             "u2": list(self._u2),
             "u3": list(self._u3),
+            "own_sig": _b64(self._own_sig),
         }
         return json.dumps(d).encode()
 
@@ -396,9 +492,12 @@ class SecAggClient:
             self._params_digest = self._params.digest if self._params else b""
             self._c_sk, self._s_sk, self._b_seed = _unb64(d["c_sk"]), _unb64(d["s_sk"]), _unb64(d["b"])
             self._keys = {k: (_unb64(a), _unb64(b)) for k, (a, b) in d["keys"].items()}
+            self._dealt = [(_unb64(a), _unb64(b)) for a, b in d["dealt"]]
             self._own_shares = (_unb64(d["own"][0]), _unb64(d["own"][1]))
+            self._commits = {k: (_unb64(a), _unb64(b)) for k, (a, b) in d["commits"].items()}
             self._held = {k: (_unb64(a), _unb64(b)) for k, (a, b) in d["held"].items()}
             self._u2, self._u3 = tuple(d["u2"]), tuple(d["u3"])
+            self._own_sig = _unb64(d["own_sig"])
         except (KeyError, ValueError, TypeError) as exc:
             raise ProtocolError(f"stored client state is unreadable ({type(exc).__name__})") from exc
 

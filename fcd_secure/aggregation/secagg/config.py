@@ -1,8 +1,32 @@
-"""Site-pinned policy of secure aggregation (Bonawitz et al., CCS 2017 §4; DESIGN.md P3, P6, P10, P17).
+"""Site-pinned policy of secure aggregation (Bonawitz et al., CCS 2017 §4 and §6; DESIGN.md P3, P6, P10, P17, P19).
 
 The *site* decides what it will accept; the server only proposes round parameters, and a site refuses a
-round whose parameters are weaker than its :class:`SecAggPolicy` (a server asking for threshold 1, a smaller
-modulus, a wider clip range or fewer than three sites gets a :class:`~.errors.PolicyError`).
+round whose parameters are weaker than its :class:`SecAggPolicy` (a server asking for a threshold below the
+two-thirds rule, a smaller modulus, a wider clip range or fewer than four sites gets a
+:class:`~.errors.PolicyError`).
+
+Threshold and minimum number of sites (active adversary: the server plus ``C`` colluding sites). With ``n``
+selected sites and threshold ``t``:
+
+* *split view* (P1, P19): to learn one honest site's update the server needs ``t`` signatures on a survivor
+  list that names it alive (its self-mask seed b_u) and ``t`` signatures on one that names it dropped (its mask
+  key s_u^SK). The colluders sign both; the honest signers of the two lists are disjoint, so
+  ``2 (t - C) <= n - C``, i.e. the attack needs ``C >= 2t - n``. Under ``majority`` (t = floor(n/2) + 1) one
+  colluder suffices for n = 5 (t = 3): each half of the honest sites plus the colluder reaches t. Under
+  ``two_thirds`` (t = floor(2n/3) + 1, the active-model super-majority of Bonawitz et al. §6) the attack needs
+  more than n/3 colluders, so at most ``C = 2t - n - 1`` are tolerated;
+* *reconstruction*: fewer than t colluders hold fewer than t shares of any secret;
+* *small sums* (P10): every accepted sum has at least t survivors, at least ``t - C`` of them honest, and it must
+  never isolate one honest input. With ``t - 1`` colluders (the most that cannot reconstruct a secret on their
+  own) the selected set keeps ``n - (t - 1)`` honest sites, and ``n - (t - 1) >= 2`` iff ``t <= n - 1`` iff
+  ``floor(2n/3) <= n - 2``: false for n = 3 (t = 3: the server and two colluders read the third input off any
+  sum), true from n = 4 (t = 3: two honest inputs). Hence at least **four sites** in a secure round. (Under the old
+  ``majority`` rule n = 3 had t = 2: the server and one colluder learned the third update as soon as the second
+  honest site timed out.)
+
+Together: a round withstands ``C <= min(2t - n - 1, t - 2)`` colluding sites (:meth:`SecAggPolicy.tolerated_colluders`;
+n = 4, 5, 7, 10 with the default threshold: 1, 2, 2, 3), and ``two_thirds`` is both the default and the weakest
+rule a site accepts.
 
 Fixed point (see :mod:`.encoding`): a site multiplies its clipped input (the carrier sends the *update*
 Θc_i − Θc_global, so the clip range bounds one round's change, not the parameters) by its weight ``w = n_i / max_weight``
@@ -16,9 +40,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .errors import PolicyError
+
+#: fewest sites of a secure round: with t = floor(2n/3) + 1, n - (t - 1) >= 2 needs n >= 4 (module docstring)
+MIN_SITES = 4
 
 
 class StageDeadlines(BaseModel):
@@ -42,16 +69,22 @@ class StageDeadlines(BaseModel):
 class SecAggPolicy(BaseModel):
     """What a site accepts in a secure-aggregation round. Pinned in the site's own config.
 
-    ``threshold_rule``: ``majority`` is t >= floor(n/2) + 1 (two groups of signers on different survivor
-    sets cannot both reach t, which is what defeats split views, P1); ``two_thirds`` is the malicious-model
-    super-majority t >= floor(2n/3) + 1 of Bonawitz et al. §6.
+    ``threshold_rule``: ``two_thirds`` is t >= floor(2n/3) + 1 (Bonawitz et al. §6, active model). It is the only
+    rule accepted: ``majority`` (t >= floor(n/2) + 1) lets one colluding site sign two survivor views and the
+    server unmask every honest update (P19; arithmetic in the module docstring), so a site pinned to it is a
+    configuration error. ``min_sites`` is at least 4 for the same reason (P10).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    min_sites: int = Field(3, ge=3, description="fewest sites in a secure round (P10: n=2 leaks by subtraction)")
-    max_sites: int = Field(31, ge=3, description="most sites in one round; bounds the overflow check")
-    threshold_rule: Literal["majority", "two_thirds"] = "majority"
+    min_sites: int = Field(
+        MIN_SITES, ge=MIN_SITES,
+        description="fewest sites in a secure round (P10: t - 1 colluders must leave >= 2 honest inputs, so >= 4)",
+    )
+    max_sites: int = Field(31, ge=MIN_SITES, description="most sites in one round; bounds the overflow check")
+    threshold_rule: Literal["two_thirds"] = Field(
+        "two_thirds", description="t >= floor(2n/3) + 1 (Bonawitz et al. §6); 'majority' is refused (P19)"
+    )
     modulus_bits: Literal[32] = Field(32, description="arithmetic mod 2**32 over uint32 words (4 B/parameter)")
     clip: float = Field(1.0, gt=0, le=2.0**20, description="each value entering the vector (a Θc update) is clipped to [-clip, clip]")
     scale_bits: int = Field(26, ge=1, le=30, description="fixed-point scale 2**scale_bits")
@@ -60,6 +93,16 @@ class SecAggPolicy(BaseModel):
         "every site must pin the same value); precision per value is about n_sites * max_weight / (2**scale_bits * Σn)"
     )
     deadlines: StageDeadlines = Field(default_factory=StageDeadlines)
+
+    @field_validator("threshold_rule", mode="before")
+    @classmethod
+    def _no_weaker_rule(cls, v: object) -> object:
+        if v == "majority":
+            raise ValueError(
+                "threshold_rule='majority' is refused: with it one colluding site signs two survivor views and the "
+                "server unmasks every honest update (P19); use 'two_thirds' (t >= floor(2n/3) + 1)"
+            )
+        return v
 
     @model_validator(mode="after")
     def _fits_its_own_bound(self) -> "SecAggPolicy":
@@ -89,9 +132,14 @@ class SecAggPolicy(BaseModel):
         return (half - 1) // per_site
 
     def min_threshold(self, n_sites: int) -> int:
-        if self.threshold_rule == "two_thirds":
-            return (2 * n_sites) // 3 + 1
-        return n_sites // 2 + 1
+        """The smallest threshold this site accepts for ``n_sites``: floor(2n/3) + 1 (Bonawitz et al. §6)."""
+        return (2 * n_sites) // 3 + 1
+
+    @staticmethod
+    def tolerated_colluders(n_sites: int, threshold: int) -> int:
+        """How many colluding sites a round of ``n_sites`` with ``threshold`` withstands (module docstring):
+        ``2t - n - 1`` against a split view (P19), ``t - 2`` so that every accepted sum keeps two honest inputs."""
+        return max(0, min(2 * threshold - n_sites - 1, threshold - 2))
 
     def check_overflow(self, n_sites: int) -> None:
         """Refuse a round of ``n_sites`` whose sum could wrap mod 2**modulus_bits (P6)."""

@@ -23,7 +23,7 @@ import numpy as np
 from .errors import ProtocolError
 
 MAGIC = b"FSA"
-VERSION = 1
+VERSION = 2  # 2: signed secret and share commitments in ADVERTISE, signed UNMASK (DESIGN P26)
 SESSION_BYTES = 16
 HASH_BYTES = 32
 KEY_BYTES = 32
@@ -38,7 +38,7 @@ HEADER = struct.Struct(">3sBB16sQ")
 
 class MsgType(IntEnum):
     ROUND_PARAMS = 1  # server -> site: stage 0 request (advertise keys)
-    ADVERTISE = 2  # site -> server: signed round public keys
+    ADVERTISE = 2  # site -> server: signed round public keys and secret/share commitments
     KEY_LIST = 3  # server -> site: stage 1 request (share keys)
     SHARE_KEYS = 4  # site -> server: encrypted shares, one per peer
     SHARES_RELAY = 5  # server -> site: stage 2 request (masked input)
@@ -46,7 +46,7 @@ class MsgType(IntEnum):
     CONSISTENCY_REQUEST = 7  # server -> site: stage 3 request (U3)
     CONSISTENCY = 8  # site -> server: signature over U3 and the global model hash
     UNMASK_REQUEST = 9  # server -> site: stage 4 request (alive, dropped, signatures)
-    UNMASK = 10  # site -> server: b-shares of alive sites, s-shares of dropped ones
+    UNMASK = 10  # site -> server: signed b-shares of alive sites, s-shares of dropped ones
 
 
 class ShareKind(IntEnum):
@@ -242,33 +242,79 @@ class RoundParams:
 
 @dataclass(frozen=True)
 class Advertise:
+    """Stage 0 reply: the round's public keys and the commitments to the two secrets the site will share.
+
+    ``commit_s`` / ``commit_b`` commit to s_u^SK and to the self-mask seed b_u; ``share_commits[j]`` is the pair
+    (commitment of the share of s_u^SK, commitment of the share of b_u) dealt to the site of share index ``j + 1``
+    (:mod:`.commitments`). All of it is signed with the site's Ed25519 identity key, so a revealed share, a
+    reconstructed secret and the dealer's own shares can all be checked later (DESIGN P26).
+    """
+
     session_id: bytes
     round_id: int
     site_id: str
     c_pk: bytes
     s_pk: bytes
+    commit_s: bytes
+    commit_b: bytes
+    share_commits: tuple[tuple[bytes, bytes], ...]
     signature: bytes
 
     def to_bytes(self) -> bytes:
         w = _W()
         _header(w, MsgType.ADVERTISE, self.session_id, self.round_id)
-        w.text(self.site_id)
-        w.fixed(self.c_pk, KEY_BYTES)
-        w.fixed(self.s_pk, KEY_BYTES)
-        w.fixed(self.signature, SIG_BYTES)
+        _advert_body(w, self)
         return w.done()
 
     @classmethod
     def parse(cls, data: bytes) -> "Advertise":
         h, r = _open(data, MsgType.ADVERTISE)
-        out = cls(h.session_id, h.round_id, r.text("site id"), r.take(KEY_BYTES, "c_pk"), r.take(KEY_BYTES, "s_pk"),
-                  r.take(SIG_BYTES, "signature"))
+        out = _read_advert(h, r)
         r.end()
         return out
 
 
-def advertise_transcript(session_id: bytes, round_id: int, site_id: str, c_pk: bytes, s_pk: bytes, params_digest: bytes) -> bytes:
-    """What a site signs in stage 0: its round keys bound to the exact round parameters it was shown."""
+def _commit_list(w: _W, items: tuple[tuple[bytes, bytes], ...]) -> None:
+    w.u32(len(items))
+    for cs, cb in items:
+        w.fixed(cs, HASH_BYTES)
+        w.fixed(cb, HASH_BYTES)
+
+
+def _advert_body(w: _W, e: Advertise) -> None:
+    w.text(e.site_id)
+    w.fixed(e.c_pk, KEY_BYTES)
+    w.fixed(e.s_pk, KEY_BYTES)
+    w.fixed(e.commit_s, HASH_BYTES)
+    w.fixed(e.commit_b, HASH_BYTES)
+    _commit_list(w, e.share_commits)
+    w.fixed(e.signature, SIG_BYTES)
+
+
+def _read_advert(h: Header, r: _R) -> Advertise:
+    site = r.text("site id")
+    c_pk, s_pk = r.take(KEY_BYTES, "c_pk"), r.take(KEY_BYTES, "s_pk")
+    commit_s, commit_b = r.take(HASH_BYTES, "commitment of s_sk"), r.take(HASH_BYTES, "commitment of b")
+    commits = tuple(
+        (r.take(HASH_BYTES, "share commitment"), r.take(HASH_BYTES, "share commitment"))
+        for _ in range(r.count("share commitments"))
+    )
+    return Advertise(h.session_id, h.round_id, site, c_pk, s_pk, commit_s, commit_b, commits, r.take(SIG_BYTES, "signature"))
+
+
+def advertise_transcript(
+    session_id: bytes,
+    round_id: int,
+    site_id: str,
+    c_pk: bytes,
+    s_pk: bytes,
+    params_digest: bytes,
+    commit_s: bytes,
+    commit_b: bytes,
+    share_commits: tuple[tuple[bytes, bytes], ...],
+) -> bytes:
+    """What a site signs in stage 0: its round keys and secret/share commitments, bound to the exact round
+    parameters it was shown."""
     w = _W()
     w.parts.append(b"fcd/secagg/v1/advertise")
     w.fixed(session_id, SESSION_BYTES)
@@ -277,6 +323,9 @@ def advertise_transcript(session_id: bytes, round_id: int, site_id: str, c_pk: b
     w.fixed(c_pk, KEY_BYTES)
     w.fixed(s_pk, KEY_BYTES)
     w.fixed(params_digest, HASH_BYTES)
+    w.fixed(commit_s, HASH_BYTES)
+    w.fixed(commit_b, HASH_BYTES)
+    _commit_list(w, share_commits)
     return w.done()
 
 
@@ -291,20 +340,13 @@ class KeyList:
         _header(w, MsgType.KEY_LIST, self.session_id, self.round_id)
         w.u32(len(self.entries))
         for e in self.entries:
-            w.text(e.site_id)
-            w.fixed(e.c_pk, KEY_BYTES)
-            w.fixed(e.s_pk, KEY_BYTES)
-            w.fixed(e.signature, SIG_BYTES)
+            _advert_body(w, e)
         return w.done()
 
     @classmethod
     def parse(cls, data: bytes) -> "KeyList":
         h, r = _open(data, MsgType.KEY_LIST)
-        entries = tuple(
-            Advertise(h.session_id, h.round_id, r.text("site id"), r.take(KEY_BYTES, "c_pk"), r.take(KEY_BYTES, "s_pk"),
-                      r.take(SIG_BYTES, "signature"))
-            for _ in range(r.count("key list"))
-        )
+        entries = tuple(_read_advert(h, r) for _ in range(r.count("key list")))
         r.end()
         if len({e.site_id for e in entries}) != len(entries):
             raise ProtocolError("key list names a site twice")
@@ -469,20 +511,21 @@ class UnmaskRequest:
 
 @dataclass(frozen=True)
 class Unmask:
+    """Stage 4 reply: the shares a site reveals, signed with its identity key so that a corrupted share is
+    evidence against its sender, not something the channel could have done (DESIGN P26)."""
+
     session_id: bytes
     round_id: int
     site_id: str
     shares: tuple[tuple[str, ShareKind, bytes], ...]
+    signature: bytes
 
     def to_bytes(self) -> bytes:
         w = _W()
         _header(w, MsgType.UNMASK, self.session_id, self.round_id)
         w.text(self.site_id)
-        w.u32(len(self.shares))
-        for owner, kind, share in self.shares:
-            w.text(owner)
-            w.u8(int(kind))
-            w.fixed(share, SHARE_BYTES)
+        _share_list(w, self.shares)
+        w.fixed(self.signature, SIG_BYTES)
         return w.done()
 
     @classmethod
@@ -498,10 +541,33 @@ class Unmask:
             except ValueError as exc:
                 raise ProtocolError(f"unknown share kind {k}") from exc
             shares.append((owner, kind, r.take(SHARE_BYTES, "share")))
+        sig = r.take(SIG_BYTES, "signature")
         r.end()
         if len({o for o, _, _ in shares}) != len(shares):
             raise ProtocolError("two shares for the same owner (a site never reveals both kinds for one peer)")
-        return cls(h.session_id, h.round_id, site, tuple(shares))
+        return cls(h.session_id, h.round_id, site, tuple(shares), sig)
+
+
+def _share_list(w: _W, shares: tuple[tuple[str, ShareKind, bytes], ...]) -> None:
+    w.u32(len(shares))
+    for owner, kind, share in shares:
+        w.text(owner)
+        w.u8(int(kind))
+        w.fixed(share, SHARE_BYTES)
+
+
+def unmask_transcript(
+    session_id: bytes, round_id: int, params_digest: bytes, site_id: str, shares: tuple[tuple[str, ShareKind, bytes], ...]
+) -> bytes:
+    """What a site signs in stage 4: the shares it reveals, bound to the round parameters."""
+    w = _W()
+    w.parts.append(b"fcd/secagg/v1/unmask")
+    w.fixed(session_id, SESSION_BYTES)
+    w.u64(round_id)
+    w.fixed(params_digest, HASH_BYTES)
+    w.text(site_id)
+    _share_list(w, shares)
+    return w.done()
 
 
 def share_plaintext(src: str, dst: str, s_share: bytes, b_share: bytes) -> bytes:

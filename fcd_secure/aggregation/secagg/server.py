@@ -6,7 +6,10 @@ survivors (U1 ⊇ U2 ⊇ U3 ⊇ U4 ⊇ U5) and returns the next stage's requests
 stage before its deadline, or answers with a malformed message, is a dropout from then on (P8, P17).
 Fewer than ``threshold`` survivors at any stage raise :class:`~.errors.AbortRound`: the round is aborted and
 the global model stays as it was. After the unmask stage :meth:`finish` reconstructs the self-mask seeds of
-the alive sites and the mask keys of the dropped ones and returns the weighted FedAvg (:class:`.encoding.Aggregate`).
+the alive sites and the mask keys of the dropped ones, each share and each secret checked against the
+commitments its dealer signed in stage 0 (:mod:`.commitments`), checks the unmasked sum against what n clipped
+inputs allow (:mod:`.bounds`) and returns the weighted FedAvg (:class:`.encoding.Aggregate`). A site caught
+breaking the protocol is named in :attr:`RoundReport.culprits` (DESIGN P26).
 
 A masked vector arriving after the stage closed is refused (P9); even if the server kept it, the honest
 sites have revealed only the *mask key* of a site they consider dropped, never its self-mask seed.
@@ -15,6 +18,7 @@ sites have revealed only the *mask key* of a site they consider dropped, never i
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -22,10 +26,12 @@ from enum import Enum
 import numpy as np
 
 from . import keys, shamir
+from .bounds import check_aggregate
 from .client import self_mask_key
+from .commitments import check_secret, sort_shares, too_few
 from .config import SecAggPolicy
 from .encoding import Aggregate, VectorLayout, decode
-from .errors import AbortRound, ProtocolError
+from .errors import AbortRound, Misbehaviour, ProtocolError, SecAggError
 from .masks import MaskStream, pair_sign
 from .messages import (
     Advertise,
@@ -40,8 +46,8 @@ from .messages import (
     Unmask,
     UnmaskRequest,
     advertise_transcript,
-    consistency_transcript,
     peek_header,
+    unmask_transcript,
 )
 
 
@@ -76,16 +82,23 @@ _NEXT = {
 
 @dataclass
 class RoundReport:
-    """Who took part in which stage; ``failures`` maps a site to why it was dropped."""
+    """Who took part in which stage; ``failures`` maps a site to why it was dropped; ``culprits`` maps a site to
+    the protocol violation it was caught at (a share or secret that does not match its signed commitment, P26),
+    whether the round could still finish or not; ``check_seconds`` is the CPU time (this thread) spent in those
+    checks and in the bound check of the sum."""
 
     selected: tuple[str, ...]
     survivors: dict[str, tuple[str, ...]] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)
+    culprits: dict[str, str] = field(default_factory=dict)
+    check_seconds: float = 0.0
 
 
 class SecAggServer:
-    """One secure-aggregation round on the server. ``selected`` is U0; ``roster`` (site -> Ed25519 public
-    key) lets the server drop a site with a bad signature early; sites check signatures themselves anyway."""
+    """One secure-aggregation round on the server. ``selected`` is U0; the threshold defaults to the policy's
+    floor(2n/3) + 1. ``roster`` (site -> Ed25519 public key) lets the server drop a site with a bad signature early
+    (sites check signatures themselves anyway) and makes every culprit it names rest on signed evidence: the
+    commitments a site advertised and the shares it revealed are verified against its roster key (DESIGN P26)."""
 
     def __init__(
         self,
@@ -171,8 +184,13 @@ class SecAggServer:
         if self.stage is ServerStage.ADVERTISE_KEYS:
             msg: object = Advertise.parse(data)
             assert isinstance(msg, Advertise)
+            if len(msg.share_commits) != len(self.params.selected):
+                raise ProtocolError(
+                    f"{site_id!r} committed to {len(msg.share_commits)} shares, the round has {len(self.params.selected)} sites"
+                )
             if self.roster is not None:
-                tr = advertise_transcript(h.session_id, h.round_id, site_id, msg.c_pk, msg.s_pk, self._digest)
+                tr = advertise_transcript(h.session_id, h.round_id, site_id, msg.c_pk, msg.s_pk, self._digest,
+                                          msg.commit_s, msg.commit_b, msg.share_commits)
                 if site_id not in self.roster or not keys.verify(self.roster[site_id], msg.signature, tr):
                     raise ProtocolError(f"advertised keys of {site_id!r} do not verify against the roster")
         elif self.stage is ServerStage.SHARE_KEYS:
@@ -187,6 +205,14 @@ class SecAggServer:
             msg = Signed.parse(data)
         else:
             msg = Unmask.parse(data)
+            assert isinstance(msg, Unmask)
+            if self.roster is not None:
+                t = time.thread_time()
+                tr = unmask_transcript(h.session_id, h.round_id, self._digest, site_id, msg.shares)
+                signed = site_id in self.roster and keys.verify(self.roster[site_id], msg.signature, tr)
+                self.report.check_seconds += time.thread_time() - t
+                if not signed:
+                    raise ProtocolError(f"revealed shares of {site_id!r} are not signed by its roster identity key")
         if getattr(msg, "site_id") != site_id:
             raise ProtocolError(f"reply from {site_id!r} claims to come from {getattr(msg, 'site_id')!r}")
         self._inbox[site_id] = msg
@@ -245,32 +271,80 @@ class SecAggServer:
 
     # -- result ---------------------------------------------------------------------------------------------------
     def finish(self) -> Aggregate:
-        """Remove every mask and decode; raises :class:`AbortRound` if reconstruction is impossible."""
+        """Remove every mask, check the sum and decode.
+
+        Returns:
+            The weighted FedAvg of the survivors' inputs. Sites whose revealed shares were wrong but could be left
+            out are named in ``report.culprits``.
+
+        Raises:
+            Misbehaviour: a secret cannot be rebuilt from correct shares; the responders who revealed wrong shares
+                or the dealer whose shares do not rebuild its committed secret are named (P26).
+            BoundViolation: the unmasked sum is outside what the survivors' clipped inputs allow (P26).
+            AbortRound: too few shares of a secret arrived at all.
+            ProtocolError: the unmask stage has not completed.
+        """
         if self.stage is not ServerStage.FINISHED or self._sum is None:
             raise ProtocolError(f"finish() needs a completed unmask stage, round is {self.stage.value}")
+        try:
+            return self._finish()
+        except SecAggError as exc:
+            self.stage = ServerStage.ABORTED
+            if isinstance(exc, Misbehaviour):
+                for site, why in exc.culprits.items():
+                    self.report.culprits.setdefault(site, why)
+            raise
+
+    def _finish(self) -> Aggregate:
+        assert self._sum is not None
         p = self.params
         index = {s: i + 1 for i, s in enumerate(p.selected)}
         dropped = [s for s in self._u2 if s not in self._u3]
-        b_shares: dict[str, list[tuple[int, bytes]]] = {s: [] for s in self._u3}
-        s_shares: dict[str, list[tuple[int, bytes]]] = {s: [] for s in dropped}
+        b_shares: dict[str, dict[str, tuple[int, bytes]]] = {s: {} for s in self._u3}
+        s_shares: dict[str, dict[str, tuple[int, bytes]]] = {s: {} for s in dropped}
         for responder, msg in self._unmask.items():
             for owner, kind, share in msg.shares:
                 if kind is ShareKind.SELF_MASK_SEED and owner in b_shares:
-                    b_shares[owner].append((index[responder], share))
+                    b_shares[owner][responder] = (index[responder], share)
                 elif kind is ShareKind.MASK_KEY and owner in s_shares:
-                    s_shares[owner].append((index[responder], share))
-        total = self._sum.copy()
-        stream = MaskStream()
+                    s_shares[owner][responder] = (index[responder], share)
+        mask_keys: list[tuple[bytes, int]] = []
         for u in self._u3:
-            b = shamir.combine(b_shares[u], p.threshold)
-            stream.apply(total, self_mask_key(b, p.session_id, p.round_id, u), -1)
+            b = self._rebuild(u, ShareKind.SELF_MASK_SEED, b_shares[u])
+            mask_keys.append((self_mask_key(b, p.session_id, p.round_id, u), -1))
         for v in dropped:
-            s_sk = shamir.combine(s_shares[v], p.threshold)
-            if keys.x25519_public(s_sk) != self._adverts[v].s_pk:
-                self.stage = ServerStage.ABORTED
-                raise AbortRound(f"reconstructed mask key of {v!r} does not match its advertised key (bad shares)")
+            s_pk = self._adverts[v].s_pk
+            s_sk = self._rebuild(v, ShareKind.MASK_KEY, s_shares[v], lambda sk, pk=s_pk: keys.x25519_public(sk) == pk)
+            agree = keys.x25519_agreement(s_sk)
             for u in self._u3:
-                secret = keys.x25519_agree(s_sk, self._adverts[u].s_pk)
                 # u added pair_sign(u, v)·PRG(s_uv); take it away
-                stream.apply(total, keys.pair_key(secret, p.session_id, p.round_id, u, v, "mask"), -pair_sign(u, v))
+                mask_keys.append((keys.pair_key(agree(self._adverts[u].s_pk), p.session_id, p.round_id, u, v, "mask"),
+                                  -pair_sign(u, v)))
+        # every secret is rebuilt and checked before a single mask is removed
+        total = self._sum.copy()
+        MaskStream().apply_all(total, mask_keys)
+        t = time.thread_time()
+        check_aggregate(self.layout, self.policy, total, len(self._u3))
+        self.report.check_seconds += time.thread_time() - t
         return decode(self.layout, self.policy, total, len(self._u3))
+
+    def _rebuild(self, owner: str, kind: ShareKind, shares: dict[str, tuple[int, bytes]], also_valid=None) -> bytes:
+        """One secret from its revealed shares, every share and the result checked against ``owner``'s commitments
+        (:func:`.commitments.reconstruct`, with only the checks counted in ``report.check_seconds``)."""
+        adv = self._adverts[owner]
+        ids = dict(session_id=self.params.session_id, round_id=self.params.round_id, owner=owner, kind=kind)
+        t = time.thread_time()
+        good, bad = sort_shares(shares=shares, share_commits=adv.share_commits, **ids)
+        for site, why in bad.items():
+            self.report.culprits.setdefault(site, why)
+        self.report.check_seconds += time.thread_time() - t
+        if len(good) < self.threshold:
+            raise too_few(owner, kind, len(good), bad, self.threshold)
+        secret = shamir.combine(good, self.threshold)
+        t = time.thread_time()
+        try:
+            check_secret(secret=secret, secret_commit=adv.commit_s if kind is ShareKind.MASK_KEY else adv.commit_b,
+                         also_valid=also_valid, **ids)
+        finally:
+            self.report.check_seconds += time.thread_time() - t
+        return secret
