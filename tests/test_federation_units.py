@@ -122,9 +122,9 @@ def test_config_has_a_secagg_section_written_to_config_toml(tmp_path):
     assert cfg.secagg == SecAggPolicy()  # the defaults of the policy itself
     assert "[secagg]" in cfg.to_toml() and "[secagg.deadlines]" in cfg.to_toml()
     p = tmp_path / "c.toml"
-    p.write_text(cfg.to_toml().replace("min_sites = 3", "min_sites = 4"))
+    p.write_text(cfg.to_toml().replace("min_sites = 4", "min_sites = 5"))
     again = RunConfig.load(p)
-    assert again.secagg.min_sites == 4
+    assert again.secagg.min_sites == 5
     assert again.training_hash() != cfg.training_hash()  # the policy changes the aggregated numbers
     later = build_config("tiny", {"secagg": {"deadlines": {"unmask": 5.0}}})
     assert later.training_hash() == cfg.training_hash()  # a deadline only decides who is late

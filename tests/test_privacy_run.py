@@ -23,7 +23,7 @@ def test_fcd_run_tiny_with_dp_and_secure_aggregation(tmp_path, monkeypatch):
     # secure aggregation is the default: no flag needed
     res = CliRunner().invoke(
         app,
-        ["run", "--preset", "tiny", "--dp-epsilon", "8", "--sites", "4", "--clients-per-round", "3",
+        ["run", "--preset", "tiny", "--dp-epsilon", "8", "--sites", "5", "--clients-per-round", "4",
          "--eval-every", "0", "--out", str(out), "--json"],
     )
     assert res.exit_code == 0, res.output[-3000:]

@@ -46,7 +46,13 @@ from fcd_secure.federation.records import (
     RoundOutcome,
     secagg_message_type,
 )
-from fcd_secure.federation.secure_setup import METRIC_RANGE, SecureAggregationConfigError, vector_layout
+from fcd_secure.federation.secure_setup import (
+    METRIC_RANGE,
+    ROSTER_FILE,
+    SecureAggregationConfigError,
+    load_roster,
+    vector_layout,
+)
 from fcd_secure.manifest import THETA_C, Manifest
 
 log = logging.getLogger("fcd_secure.secagg")
@@ -69,12 +75,22 @@ class SecureAggregationFlow(AggregationFlow[SecureSum]):
             hello); the vector layout is built from it.
         policy: the secure-aggregation parameters the server proposes (every site checks them against its own).
         session_id: one protocol session per federation run; rounds inside it are numbered by the server round.
+        roster: the sites' Ed25519 identity keys, when the server holds the consortium roster: a site named as a
+            culprit is then named on evidence it signed (Bonawitz et al. 2017 §6, active model).
     """
 
     train_message_type = secagg_message_type(SECAGG_TRAIN_STAGE)
 
-    def __init__(self, manifest: Manifest, policy: SecAggPolicy | None = None, *, session_id: bytes | None = None) -> None:
+    def __init__(
+        self,
+        manifest: Manifest,
+        policy: SecAggPolicy | None = None,
+        *,
+        session_id: bytes | None = None,
+        roster: dict[str, bytes] | None = None,
+    ) -> None:
         self.manifest = manifest
+        self.roster = roster
         self.policy = policy or SecAggPolicy()
         self.layout = vector_layout(manifest)
         self.session_id = session_id if session_id is not None else os.urandom(16)
@@ -110,8 +126,11 @@ class SecureAggregationFlow(AggregationFlow[SecureSum]):
 
     @classmethod
     def from_config(cls, config: RunConfig, manifest: Manifest) -> "SecureAggregationFlow":
-        """The flow of a run: its checked ``[secagg]`` policy over the server's manifest."""
-        return cls(manifest, cls.check_config(config))
+        """The flow of a run: its checked ``[secagg]`` policy over the server's manifest, with the consortium roster
+        when the run's state root holds one."""
+        roster_path = config.state_root() / ROSTER_FILE if config.state_root() is not None else None
+        roster = load_roster(roster_path) if roster_path is not None and roster_path.exists() else None
+        return cls(manifest, cls.check_config(config), roster=roster)
 
     # -- hooks ---------------------------------------------------------------------------------------------------
     def _abort(self, report: dict[str, Any], why: str, participants: list[int] | None = None) -> RoundAborted:
@@ -155,7 +174,10 @@ class SecureAggregationFlow(AggregationFlow[SecureSum]):
         if len(trained) < pol.min_sites:
             raise self._abort(report, f"only {len(trained)} sites finished training, secure aggregation needs {pol.min_sites}")
         try:
-            server = SecAggServer(pol, self.layout, [site_of[n] for n in trained], round_id=rnd.server_round, session_id=self.session_id)
+            server = SecAggServer(
+                pol, self.layout, [site_of[n] for n in trained], round_id=rnd.server_round, session_id=self.session_id,
+                roster=self.roster,
+            )
         except SecAggError as exc:
             raise self._abort(report, str(exc)) from None
         requests = server.start()
@@ -169,9 +191,13 @@ class SecureAggregationFlow(AggregationFlow[SecureSum]):
                 requests = server.advance()
                 report[stage] = len(server.report.survivors.get(stage, ()))
             agg = server.finish()
-        except SecAggError as exc:  # too few survivors, or shares that do not reconstruct: abort, keep the global
-            raise self._abort(report, str(exc), [node_of[s] for s in server.report.survivors.get("masked_input", ())]) from None
+        except SecAggError as exc:  # too few survivors, shares that do not reconstruct, a bound broken: keep the global
+            aborted = self._abort(report, str(exc), [node_of[s] for s in server.report.survivors.get("masked_input", ())])
+            if server.report.culprits:
+                aborted.metrics["dropped"] = dict(server.report.culprits)
+            raise aborted from None
         report["server_s"] = round(time.perf_counter() - rnd.started, 3)
+        report["culprits"] = dict(server.report.culprits)
         return SecureSum(agg, [node_of[s] for s in server.report.survivors["masked_input"]], report)
 
     def aggregate(self, rnd: Round, collected: SecureSum) -> RoundOutcome:
@@ -186,6 +212,8 @@ class SecureAggregationFlow(AggregationFlow[SecureSum]):
             "quantisation_bound": agg.quantisation_bound + _max_abs(theta) * 2.0**-23,
             "secagg": dict(collected.report),
         }
+        if collected.report.get("culprits"):  # sites the protocol excluded for misbehaving, named (DESIGN P26)
+            metrics["dropped"] = dict(collected.report["culprits"])
         if agg.clipped_fraction > 0:
             log.warning(
                 "secure round %d: %.4g of the aggregated values were clipped to ±%g",
