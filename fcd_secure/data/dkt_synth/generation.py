@@ -34,7 +34,7 @@ from fcd_secure.data.dkt_synth.behaviour import (
 from fcd_secure.data.dkt_synth.config import DKTSynthConfig
 from fcd_secure.data.dkt_synth.noise import student_streams
 from fcd_secure.data.dkt_synth.oracle import N_ITEMS, load_oracle
-from fcd_secure.data.dkt_synth.world import DKTSynthWorld
+from fcd_secure.data.dkt_synth.world import DKTSynthWorld, clock_context
 from fcd_secure.data.partition import dirichlet_assignment, site_splits
 from fcd_secure.data.policy import anchor_actions
 from fcd_secure.data.schema import SiteDataset
@@ -128,7 +128,7 @@ def generate(cfg: DKTSynthConfig | None = None) -> DKTSynthWorld:
     T = T * M.astype(np.int64)
     Y = Y * M
     P = np.where(M > 0, P, 1.0)
-    A = (np.arange(L, dtype=np.float32)[None, :, None] / max(L - 1, 1)) * M[:, :, None]
+    A = clock_context(M)
 
     # 4. per-site train/test split and the anchors (the project's rules)
     splits = site_splits(site_of, S, cfg.test_fraction, cfg.seed)
@@ -150,6 +150,8 @@ def generate(cfg: DKTSynthConfig | None = None) -> DKTSynthWorld:
                 "student_ids": ids,
                 "x_names": FEATURE_NAMES,
                 "a_names": ["step_index_normalised"],
+                "a_dynamics": ["exogenous"],  # the clock: no action changes it, so rollouts replay it
+                "action_names": [f"item {k}" for k in range(K)],
                 "preset": cfg.preset,
                 "seed": cfg.seed,
             },
