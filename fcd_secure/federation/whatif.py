@@ -1,0 +1,506 @@
+"""What happens under π: simulated policy values with intervals, contrasts to a reference policy, and per-entity
+effects that never leave their site (paper §V "do-simulation and policy evaluation").
+
+The question is a :class:`WhatIfRequest` (the policies, the reference, a horizon, the interval's level and
+replicates). It travels inside the federated evaluation request (``query.evaluate``, config key ``whatif``), so it
+takes exactly the transport of the evaluation sums: every key below is an additive sum over a site's test entities,
+and whatever carries the evaluation sums (plain replies, or secure aggregation of the sums) carries these.
+
+On each site (:func:`site_policy_sums`), for every policy π (bound to the site's action labels and context columns):
+
+* the do-simulation of Fed-CausalDiff over the site's test entities from t = 0 for ``horizon`` steps
+  (``model.simulate``; endogenous contexts generated, exogenous replayed);
+* ``policy.<π>.*``: Σ simulated value, Σ true value (DKT-Synth oracle), n; the OPE sums (IPW, SNIPW, per-decision
+  DR on the site's own logged propensities, which never leave; DESIGN trap 5);
+* ``whatif.value.<π>.*`` and, for π ≠ reference, ``whatif.diff.<π>.*`` (per-entity v_i(π) − v_i(ref)): n, Σx, Σx²,
+  the Monte-Carlo variance and the Poisson-bootstrap replicate sums of :mod:`fcd_secure.evaluation.intervals`;
+* the per-entity values and contrasts are written to ``<site state>/whatif/<query id>.csv`` on the site's own disk
+  (with the request beside it) and nowhere else: in deployment they never leave the site.
+
+On the server (:func:`merge_policy_sums`), from the consortium totals only: each policy's value and its 90 %
+interval, each contrast and its interval, the truth beside them where the data has an oracle.
+
+:func:`run_whatif` asks the question of a finished run: it re-opens the run's state (the sites' Θs) and ``theta_c.npz``
+and runs one evaluation-only round on the simulation engine (``run_simulated`` with :func:`make_whatif_server_app`).
+
+The model side of DR: V̂_t is the model's return-to-go under π from a do-simulation started at t = 0 and Q̂_t = V̂_t.
+For the deterministic policies evaluated here Q̂_t only enters the per-decision DR sum multiplied by the weight
+w_{0:t}, which is zero unless the logged action equals π's action, so setting Q̂ = V̂ is the model's estimate of
+exactly the needed quantity (up to V̂ not being re-conditioned on the logged history at t).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from fcd_secure._io import atomic_write_text
+from fcd_secure.data.policy import Policy, anchor_labels, bind_policy, load_policy_refs
+from fcd_secure.data.schema import SiteDataset
+
+if TYPE_CHECKING:  # pragma: no cover - the run config pulls in torch; the request model must not
+    from fcd_secure.config import RunConfig
+    from fcd_secure.federation.learner import SiteData
+
+__all__ = [
+    "WHATIF_DIR", "WHATIF_KEY", "WhatIfRequest", "merge_policy_sums", "request_from_config", "site_policy_sums",
+]
+
+#: key of the request (JSON) in the evaluation config
+WHATIF_KEY = "whatif"
+#: folder of the per-entity files inside a site's state folder
+WHATIF_DIR = "whatif"
+#: salt of the bootstrap weights' stream (independent of the rollouts' random numbers)
+BOOT_SALT = 0xB0075
+
+
+class WhatIfRequest(BaseModel):
+    """One "what happens under π" question.
+
+    Attributes:
+        policies: the policies to simulate (declarative; labels resolved on each site).
+        reference: the name of the policy every other one is contrasted with.
+        horizon: steps from t = 0 over which a value is averaged (None: each trajectory's whole length).
+        n_boot: Poisson-bootstrap replicates of the intervals.
+        level: nominal coverage of the intervals.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    policies: list[Policy] = Field(min_length=1)
+    reference: str
+    horizon: int | None = Field(default=None, ge=1)
+    n_boot: int = Field(default=200, ge=2, le=5000)
+    level: float = Field(default=0.9, gt=0.0, lt=1.0)
+
+    @model_validator(mode="after")
+    def _names(self) -> "WhatIfRequest":
+        names = [p.name for p in self.policies]
+        if len(set(names)) != len(names):
+            raise ValueError(f"two policies share a name: {names}")
+        if self.reference not in names:
+            raise ValueError(f"reference {self.reference!r} is not among the policies {names}")
+        return self
+
+    @property
+    def query_id(self) -> str:
+        """A short digest of the question (the same question gives the same id and the same per-entity file)."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:12]
+
+    def to_json(self) -> str:
+        """Canonical JSON (what travels in the evaluation config)."""
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> "WhatIfRequest":
+        """The request from :meth:`to_json`."""
+        return cls.model_validate_json(text)
+
+
+def request_from_config(
+    cfg: "RunConfig",
+    policies: list[Policy] | None = None,
+    reference: str | None = None,
+    horizon: int | None = None,
+) -> WhatIfRequest:
+    """The question a run asks at its end (``[evaluation] policies`` / ``reference`` / ``horizon``), or the one given.
+
+    Args:
+        cfg: the run configuration.
+        policies: policies instead of the configured ones (default: ``[evaluation] policies``, else the paper's four).
+        reference: the reference policy's name (default: the configured one, else the first policy).
+        horizon: steps from t = 0 (default: the configured horizon, else whole trajectories).
+
+    Raises:
+        DataError: a policy file is missing or invalid.
+        ValueError: the reference is not among the policies.
+    """
+    ev = cfg.evaluation
+    pols = policies if policies is not None else load_policy_refs(ev.policies)
+    ref = reference or ev.reference or pols[0].name
+    return WhatIfRequest(policies=pols, reference=ref, horizon=horizon if horizon is not None else ev.horizon,
+                         n_boot=ev.n_boot, level=ev.level)
+
+
+# -- on the site ---------------------------------------------------------------------------------------------------
+def _entity_ids(ds: SiteDataset) -> list[str]:
+    """A site-local identifier per row (entity name, student id, or the row), for the per-entity file only."""
+    m = ds.meta
+    ent, names = m.get("entity"), m.get("entity_names")
+    if isinstance(ent, np.ndarray) and ent.shape == (ds.n,) and names is not None:
+        return [str(names[int(e)]) for e in ent]
+    sid = m.get("student_ids")
+    if isinstance(sid, np.ndarray) and sid.shape == (ds.n,):
+        return [str(int(v)) for v in sid]
+    return [str(i) for i in range(ds.n)]
+
+
+def _per_sample_values(sim) -> np.ndarray:
+    """Each sample's value ``[n, S]`` (the per-step average over valid steps of the window)."""
+    denom = np.maximum(sim.mask.sum(1), 1.0)
+    return (np.asarray(sim.probs, np.float64) * sim.mask[:, None, :]).sum(2) / denom[:, None]
+
+
+def site_policy_sums(
+    model: Any,
+    sub: SiteDataset,
+    data: "SiteData",
+    cfg: "RunConfig",
+    request: WhatIfRequest,
+    seed: int,
+    n_samples: int,
+    all_rows: bool,
+    site_dir: Path | None,
+) -> dict[str, Any]:
+    """The sums one site contributes to a what-if question (module docstring); the per-entity file is written to
+    ``site_dir/whatif/`` when ``site_dir`` is given.
+
+    Args:
+        model: the site's simulator (Θc + its Θs).
+        sub: the test rows evaluated.
+        data: the site's data (anchors, oracle, index).
+        cfg: the run configuration (OPE horizon, outcome kind).
+        request: the question.
+        seed: the evaluation seed of the site (rollouts share it: common random numbers across policies).
+        n_samples: simulated futures per entity.
+        all_rows: whether ``sub`` is the site's whole test split (the oracle's per-site truth needs it).
+        site_dir: the site's own state folder.
+
+    Returns:
+        Floats and lists of floats keyed as in the module docstring.
+
+    Raises:
+        DataError: a policy names a label or a context column this site's data does not have.
+    """
+    from fcd_secure.evaluation.intervals import BOOT_N_KEY, poisson_weights, site_sums  # noqa: PLC0415
+    from fcd_secure.evaluation.ope import IPW, SNIPW, PerDecisionDR, estimate_on_site  # noqa: PLC0415
+    from fcd_secure.model.simulate import simulate_policy  # noqa: PLC0415
+
+    a_off, a_on = data.anchors
+    lengths = sub.lengths
+    n = float(sub.n)
+    oracle = data.oracle
+    weights = poisson_weights(sub.n, request.n_boot, seed ^ BOOT_SALT)
+    out: dict[str, Any] = {BOOT_N_KEY: [float(v) for v in weights.sum(1)],
+                           "anchors.a_off": float(a_off), "anchors.a_on": float(a_on), "anchors.sites": 1.0}
+    values: dict[str, np.ndarray] = {}
+    contexts: dict[str, list[str]] = {}
+    for raw in request.policies:
+        pol = bind_policy(raw, sub)
+        sim = simulate_policy(model, sub, pol, data.anchors, n_samples, seed, horizon=request.horizon)
+        contexts = sim.contexts
+        per = _per_sample_values(sim)
+        v = per.mean(1)
+        values[pol.name] = v
+        mc = per.var(1, ddof=1) / per.shape[1] if per.shape[1] > 1 else None
+        out.update(site_sums(f"whatif.value.{pol.name}", v, weights, mc))
+        out[f"policy.{pol.name}.n"] = n
+        out[f"policy.{pol.name}.sim_sum"] = float(sim.value) * n
+        if oracle is not None and all_rows:
+            v_true, _se = oracle.true_policy_value(pol, data.site_index, "test", horizon=request.horizon)
+            out[f"policy.{pol.name}.true_sum"] = float(v_true) * n
+        if sub.P is not None and request.horizon is None:
+            out.update(_ope_sums(pol, sub, sim, cfg, a_off, a_on, lengths, IPW, SNIPW, PerDecisionDR, estimate_on_site))
+    ref = values[request.reference]
+    for name, v in values.items():
+        if name != request.reference:
+            out.update(site_sums(f"whatif.diff.{name}", v - ref, weights))
+    out["contexts.generated"] = float(len(contexts.get("generated", [])))
+    out["contexts.replayed"] = float(len(contexts.get("replayed", [])))
+    if site_dir is not None:
+        _write_per_entity(Path(site_dir), request, sub, values, contexts)
+    return out
+
+
+def _ope_sums(pol, sub, sim, cfg, a_off, a_on, lengths, IPW, SNIPW, PerDecisionDR, estimate_on_site) -> dict[str, float]:
+    """IPW / SNIPW / per-decision DR sums of one policy on the site's own propensities (full and first-H horizons)."""
+    out: dict[str, float] = {}
+    ctx = (lambda t: {"context": sub.A[:, : t + 1]}) if pol.needs_context else (lambda t: {})
+    pi = np.stack([pol.prob(t, sub.Y[:, :t], lengths, a_off, a_on, sub.T[:, t], **ctx(t)) for t in range(sub.L)], axis=1)
+    step_v = np.asarray(sim.probs, dtype=np.float64).mean(1)  # [n, H] expected outcome under π
+    H = min(step_v.shape[1], sub.L)
+    contrib = step_v[:, :H] * sub.M[:, :H]
+    h_ope = cfg.evaluation.ope_horizon
+    # the full horizon, and a truncated one where deterministic policies still have logged support
+    for suffix, hor in (("", None),) + (((f"_h{h_ope}", h_ope),) if h_ope and h_ope < sub.L else ()):
+        Hh = H if hor is None else min(H, hor)
+        v_hat = np.zeros((sub.n, sub.L))
+        v_hat[:, :Hh] = np.cumsum(contrib[:, :Hh][:, ::-1], axis=1)[:, ::-1]  # return-to-go Σ_{t≤t'<Hh}
+        for name, cls in (("ipw", IPW), ("snipw", SNIPW), ("dr", PerDecisionDR)):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # support warnings are reported through the merged result
+                r = estimate_on_site(cls(horizon=hor), sub, pi=pi, q_hat=v_hat, v_hat=v_hat)
+            key = f"ope.{pol.name}.{name}{suffix}"
+            out[f"{key}.n"] = float(r.n)
+            out[f"{key}.sum_value"] = float(r.sum_value)
+            out[f"{key}.sum_weight"] = float(r.sum_weight)
+            out[f"{key}.sum_weight_sq"] = float(r.sum_weight_sq)
+            out[f"{key}.n_consistent"] = float(r.n_consistent)
+            out[f"{key}.finite"] = 1.0 if math.isfinite(r.sum_value) else 0.0
+    return out
+
+
+def _write_per_entity(site_dir: Path, request: WhatIfRequest, sub: SiteDataset, values: dict[str, np.ndarray],
+                      contexts: dict[str, list[str]]) -> Path:
+    """``<site_dir>/whatif/<query id>.csv``: one row per entity, its value under each policy and each contrast."""
+    import pandas as pd  # noqa: PLC0415
+
+    folder = site_dir / WHATIF_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    cols: dict[str, Any] = {"entity": _entity_ids(sub)}
+    ref = values[request.reference]
+    for name, v in values.items():
+        cols[f"value[{name}]"] = v
+    for name, v in values.items():
+        if name != request.reference:
+            cols[f"effect[{name} - {request.reference}]"] = v - ref
+    path = folder / f"{request.query_id}.csv"
+    atomic_write_text(path, pd.DataFrame(cols).to_csv(index=False, float_format="%.6f"))
+    meta = {"request": json.loads(request.to_json()), "rows": sub.n, "contexts": contexts}
+    atomic_write_text(folder / f"{request.query_id}.json", json.dumps(meta, indent=1))
+    return path
+
+
+# -- on the server -------------------------------------------------------------------------------------------------
+def merge_policy_sums(s: dict[str, Any], sites: int, request: WhatIfRequest | None,
+                      action_names: list[str] | None = None) -> dict[str, Any]:
+    """Per-policy results from consortium totals ``s`` (each key summed over the ``sites`` that reported it; per-key
+    reporting counts in ``s['_counts']`` where the transport gives them).
+
+    Returns:
+        ``{"policies": {name: {...}}, "whatif": {...}, "anchors": {...}, "contexts": {...}}`` (empty when no site
+        sent policy sums). Each policy has ``value_sim``, ``value_true`` / ``value_error`` (oracle), its OPE
+        estimates, ``interval`` (``fcd_secure.evaluation.intervals.Interval`` as a dict) and, unless it is the
+        reference, ``effect`` (the contrast to the reference with its interval and, with an oracle, its truth).
+    """
+    from fcd_secure.evaluation.intervals import BOOT_N_KEY, interval_from_sums  # noqa: PLC0415
+    from fcd_secure.evaluation.ope import OPEResult, combine  # noqa: PLC0415
+
+    counts = s.get("_counts", {})
+    level = request.level if request is not None else 0.9
+    names = list(dict.fromkeys(k.split(".")[1] for k in s if k.startswith("policy.") and k.endswith(".n")))
+    if request is not None:
+        names = [p.name for p in request.policies if p.name in names] + [x for x in names if x not in
+                                                                        {p.name for p in request.policies}]
+    per_policy: dict[str, dict[str, Any]] = {}
+    for name in names:
+        n = s[f"policy.{name}.n"]
+        d: dict[str, Any] = {"value_sim": s[f"policy.{name}.sim_sum"] / n}
+        # the true value only when every site reported it (a partial truth would bias the error)
+        if f"policy.{name}.true_sum" in s and counts.get(f"policy.{name}.true_sum", sites) == sites:
+            d["value_true"] = s[f"policy.{name}.true_sum"] / n
+            d["value_error"] = abs(d["value_sim"] - d["value_true"])
+        if f"whatif.value.{name}.n" in s and BOOT_N_KEY in s:
+            d["interval"] = interval_from_sums(s, f"whatif.value.{name}", level).to_dict()
+        if f"whatif.diff.{name}.n" in s and BOOT_N_KEY in s and request is not None:
+            d["effect"] = {"reference": request.reference, **interval_from_sums(s, f"whatif.diff.{name}", level).to_dict()}
+        ests = sorted({k.split(".")[2] for k in s if k.startswith(f"ope.{name}.")}, key=lambda e: (len(e), e))
+        for est in ests:  # ipw, snipw, dr, then their truncated-horizon forms (ipw_h2, ...)
+            key = f"ope.{name}.{est}"
+            if f"{key}.n" not in s:
+                continue
+            summed = OPEResult(
+                estimator=est.split("_h")[0],  # the estimator class; '_h<H>' only names the truncated horizon
+                value=float("nan"), n=int(s[f"{key}.n"]), ess=float("nan"), n_consistent=int(s[f"{key}.n_consistent"]),
+                warning=None, sum_value=s[f"{key}.sum_value"], sum_weight=s[f"{key}.sum_weight"],
+                sum_weight_sq=s[f"{key}.sum_weight_sq"],
+            )
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # no support is reported in the result's 'warning' field
+                pooled = combine([summed])  # the sums are already pooled over sites: combine finishes them
+            d[est] = {"value": pooled.value, "ess": pooled.ess, "n_consistent": pooled.n_consistent, "warning": pooled.warning}
+        per_policy[name] = d
+    if request is not None:
+        ref = per_policy.get(request.reference, {})
+        for name, d in per_policy.items():
+            if "effect" in d and "value_true" in d and "value_true" in ref:
+                d["effect"]["true"] = d["value_true"] - ref["value_true"]
+    res: dict[str, Any] = {}
+    if per_policy:
+        res["policies"] = per_policy
+        errs = [d["value_error"] for d in per_policy.values() if "value_error" in d]
+        if errs:
+            res["value_error_mean"] = float(np.mean(errs))
+    if request is not None and per_policy:
+        res["whatif"] = {"query_id": request.query_id, "reference": request.reference, "horizon": request.horizon,
+                         "level": request.level, "n_boot": request.n_boot,
+                         "per_entity_file": f"<site state>/{WHATIF_DIR}/{request.query_id}.csv (on each site only)"}
+    k = s.get("anchors.sites")
+    if k:
+        anchors = (int(round(s["anchors.a_off"] / k)), int(round(s["anchors.a_on"] / k)))
+        res["anchors"] = anchor_labels(anchors, action_names)
+    if "contexts.generated" in s and sites:
+        res["contexts"] = {"generated": int(round(s["contexts.generated"] / sites)),
+                           "replayed": int(round(s["contexts.replayed"] / sites))}
+    return res
+
+
+# -- asking a finished run -----------------------------------------------------------------------------------------
+class WhatIfError(RuntimeError):
+    """A run folder that cannot answer a what-if question (unfinished, no site state, another model layout)."""
+
+
+def _next_round(audit) -> int:
+    """The first round number the server ledger has not used (a later session continues the run's chain)."""
+    rounds = [getattr(e, "round", None) for e in audit.ledger.entries()]
+    return max((int(r) for r in rounds if r is not None), default=0) + 1
+
+
+def ask_sites(grid, cfg: "RunConfig", theta: dict[str, np.ndarray], request: WhatIfRequest,
+              action_names: list[str] | None = None) -> dict[str, Any]:
+    """One evaluation-only round on ``grid``: identify the sites, send Θc with the question, merge their sums, close
+    the sites' and the server's audit ledgers for the round. Nothing is trained.
+
+    Raises:
+        FederationError: sites missing or inconsistent, or a model layout that is not the run's.
+        WhatIfError: ``theta`` does not match the model the sites build.
+    """
+    from fcd_secure.audit import RECEIPTS_MESSAGE_TYPE  # noqa: PLC0415
+    from fcd_secure.federation import learner  # noqa: PLC0415
+    from fcd_secure.federation.evaluation import evaluate_federated  # noqa: PLC0415
+    from fcd_secure.federation.messaging import Comm  # noqa: PLC0415
+    from fcd_secure.federation.server_app import FederationError, hello, server_audit, wait_for_nodes  # noqa: PLC0415
+    from fcd_secure.manifest import FULL, THETA_C  # noqa: PLC0415
+
+    fed = cfg.federation
+    n_sites = cfg.data.n_sites
+    comm = Comm(grid, poll_s=fed.poll_s, audit=server_audit(cfg))
+    comm.round = _next_round(comm.audit)
+    nodes = wait_for_nodes(grid, n_sites, fed.node_wait_s)
+    sites = hello(comm, nodes[:n_sites] if len(nodes) == n_sites else nodes, fed.round_timeout_s, n_sites)
+    model = learner.build_model(cfg, sites[0].dims)
+    manifest = learner.manifest_of(model)
+    if manifest.layout_hash != sites[0].layout_hash:
+        raise FederationError("the server's model layout differs from the sites' (different code or config)")
+    comm.audit.record_manifest(manifest)
+    part = THETA_C if fed.sync == "dss" else FULL
+    expected = learner.get_params(model, part)
+    bad = sorted(set(expected) ^ set(theta)) or [k for k in expected if np.shape(theta[k]) != expected[k].shape]
+    if bad:
+        raise WhatIfError(f"theta_c.npz does not match the run's model ({bad[0]}); was the code or config changed?")
+    theta = {k: np.asarray(theta[k], dtype=expected[k].dtype) for k in expected}
+    order = [s.node_id for s in sites]
+    res = evaluate_federated(comm, order, theta, cfg, part, quick=False, sites=sites, whatif=request,
+                             action_names=action_names)
+    res["round"] = comm.round
+    comm.round += 1
+    comm.send(comm.audit.owed_nodes(), RECEIPTS_MESSAGE_TYPE, comm.audit.final_contents(), fed.round_timeout_s)
+    comm.audit.close()
+    return res
+
+
+def make_whatif_server_app(theta: dict[str, np.ndarray], request: WhatIfRequest, sink: dict,
+                           cfg: "RunConfig | None" = None, action_names: list[str] | None = None):
+    """A ServerApp that asks :func:`ask_sites` once and puts the merged result in ``sink["result"]``."""
+    from flwr.serverapp import ServerApp  # noqa: PLC0415
+
+    from fcd_secure.federation.records import config_from_context  # noqa: PLC0415
+
+    app = ServerApp()
+
+    @app.main()
+    def main(grid, context) -> None:
+        sink["result"] = ask_sites(grid, config_from_context(context, cfg), theta, request, action_names)
+
+    return app
+
+
+def open_run(run_dir: str | Path) -> tuple["RunConfig", dict[str, np.ndarray]]:
+    """The configuration (state folder resolved) and the final Θc of a finished run folder.
+
+    Raises:
+        WhatIfError: no such run, an unfinished run, or no site state next to it.
+        ConfigError: the run's config.toml cannot be read.
+    """
+    from fcd_secure._io import read_npz  # noqa: PLC0415
+    from fcd_secure.config import RunConfig  # noqa: PLC0415
+    from fcd_secure.federation.site import default_site_id  # noqa: PLC0415
+
+    run_dir = Path(run_dir)
+    for name in ("config.toml", "theta_c.npz", "summary.json"):
+        if not (run_dir / name).is_file():
+            raise WhatIfError(f"{run_dir}: no {name} (not a finished run folder of `fcd run`)")
+    cfg = RunConfig.load(run_dir / "config.toml")
+    # the state root as recorded, else the default one inside the run folder (a folder moved after the run)
+    candidates = [Path(cfg.state_dir)] if cfg.state_dir else []
+    candidates.append(run_dir / "state")
+    state = next((c for c in candidates if (c / default_site_id(0)).is_dir()), None)
+    if state is None:
+        raise WhatIfError(f"{run_dir}: the sites' state (Θs) is not in {' or '.join(map(str, candidates))}; a run "
+                          "deployed with `fcd deploy` keeps it on each site")
+    cfg = cfg.model_copy(update={"state_dir": str(state.resolve()), "out": str(run_dir.resolve())})
+    return cfg, read_npz(run_dir / "theta_c.npz")
+
+
+def run_whatif(run_dir: str | Path, request: WhatIfRequest, num_cpus: int | None = None) -> dict[str, Any]:
+    """Ask ``request`` of a finished run on the simulation engine; the result is also written to
+    ``<run_dir>/whatif/<query id>.json``.
+
+    Raises:
+        WhatIfError: see :func:`open_run`.
+        DataError: a policy names a label or context column the run's data does not have (raised on the sites;
+            check first with :func:`check_policies`).
+    """
+    from fcd_secure.federation.simulation import run_simulated  # noqa: PLC0415
+
+    cfg, theta = open_run(run_dir)
+    names = action_labels(cfg)
+
+    def factory(c, sink):
+        return make_whatif_server_app(theta, request, sink, c, names)
+
+    res = run_simulated(cfg, server_app_factory=factory, num_cpus=num_cpus)
+    out = {"run": str(Path(run_dir)), "query_id": request.query_id, "dataset": cfg.data.dataset, "seed": cfg.seed,
+           **res}
+    atomic_write_text(Path(run_dir) / WHATIF_DIR / f"{request.query_id}.json", json.dumps(jsonable(out), indent=2))
+    return out
+
+
+def action_labels(cfg: "RunConfig") -> list[str] | None:
+    """The action labels of the run's data as the server may know them without any site's data: a spec's labels
+    (``actions`` / ``action_labels``), DKT-Synth's item names; None otherwise (anchors are then shown by id)."""
+    from fcd_secure.data.spec import load_spec  # noqa: PLC0415
+
+    d = cfg.data
+    if d.dataset == "spec" and d.spec:
+        spec = load_spec(d.spec)
+        return list(spec.actions or spec.action_labels or []) or None
+    if d.dataset == "dkt-synth":
+        from fcd_secure.data.dkt_synth.generation import ITEM_LABELS  # noqa: PLC0415
+
+        return list(ITEM_LABELS)
+    return None
+
+
+def check_policies(cfg: "RunConfig", policies: list[Policy]) -> None:
+    """Bind every policy to the run's action labels and context columns before anything starts (exit 2 early).
+
+    Raises:
+        DataError: a label or context column the data does not have (the message names the policy file and field).
+    """
+    from fcd_secure.federation import learner  # noqa: PLC0415
+
+    site = learner.load_site_data(cfg, 0).test
+    for p in policies:
+        bind_policy(p, site)
+
+
+def jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, (float, np.floating)):
+        return float(x) if math.isfinite(float(x)) else None
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, np.ndarray):
+        return jsonable(x.tolist())
+    return x
