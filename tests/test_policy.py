@@ -222,7 +222,7 @@ def test_policy_refs_are_files_or_shipped_names(tmp_path):
     pols = load_policy_refs(["never", str(tmp_path / "mine.toml")])
     assert [p.name for p in pols] == ["never", "mine"]
     assert [p.name for p in load_policy_refs([])] == ["never", "always", "early_on", "late_on"]
-    with pytest.raises(DataError, match="no shipped policy"):
+    with pytest.raises(DataError, match="no such policy file"):
         load_policy_refs(["sometimes"])
     with pytest.raises(DataError, match="two policy files"):
         load_policy_refs(["never", "never"])

@@ -12,14 +12,14 @@ from rich.markup import escape
 from rich.table import Table
 
 
-def _fmt(v: Any, digits: int = 4) -> str:
+def _fmt(v: Any, digits: int = 3) -> str:
     return "n/a" if v is None else (f"{v:.{digits}f}" if isinstance(v, float) else str(v))
 
 
 def _iv(d: dict | None) -> str:
     if not d or d.get("low") is None:
         return "n/a"
-    return f"[{d['low']:.4f}, {d['high']:.4f}]"
+    return f"{d['low']:.3f}–{d['high']:.3f}"
 
 
 def anchors_line(anchors: dict | None) -> str | None:
@@ -36,22 +36,24 @@ def whatif_table(result: dict, title: str = "What happens under each policy") ->
     level = (result.get("whatif") or {}).get("level", 0.9)
     ref = (result.get("whatif") or {}).get("reference")
     has_truth = any(d.get("value_true") is not None for d in pols.values())
-    t = Table(title=title, show_header=True, header_style="bold")
-    t.add_column("policy")
-    t.add_column("value (simulated)", justify="right")
-    t.add_column(f"{level:.0%} interval", justify="right")
+    t = Table(title=title, show_header=True, header_style="bold",
+              caption=f"effect = value − value of {ref}; intervals: {level:.0%}, Poisson bootstrap over entities"
+              if ref else None)
+    t.add_column("policy", overflow="fold")
+    t.add_column("value", justify="right")
+    t.add_column(f"{level:.0%} CI", justify="right")
     if has_truth:
-        t.add_column("true value", justify="right")
-    t.add_column(f"effect vs {ref}" if ref else "effect", justify="right")
-    t.add_column(f"{level:.0%} interval", justify="right")
+        t.add_column("truth", justify="right")
+    t.add_column("effect", justify="right")
+    t.add_column(f"{level:.0%} CI", justify="right")
     if has_truth:
-        t.add_column("true effect", justify="right")
+        t.add_column("truth", justify="right")
     for name, d in pols.items():
         eff = d.get("effect")
         row = [escape(name), _fmt(d.get("value_sim")), _iv(d.get("interval"))]
         if has_truth:
             row.append(_fmt(d.get("value_true")))
-        row += ["(reference)" if name == ref else _fmt((eff or {}).get("estimate")), "" if name == ref else _iv(eff)]
+        row += ["ref." if name == ref else _fmt((eff or {}).get("estimate")), "" if name == ref else _iv(eff)]
         if has_truth:
             row.append("" if name == ref else _fmt((eff or {}).get("true")))
         t.add_row(*row)

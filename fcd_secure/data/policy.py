@@ -571,7 +571,7 @@ def load_policy_refs(refs: Sequence[str | Path]) -> list[Policy]:
         shipped = policy_dir() / f"{text}.toml"
         if not shipped.is_file():
             names = sorted(p.stem for p in policy_dir().glob("*.toml"))
-            raise DataError(f"no policy file {text!r}, and no shipped policy of that name (shipped: {', '.join(names)})",
-                            field="policies")
+            raise DataError(f"no such policy file, and no shipped policy of that name (shipped: {', '.join(names)})",
+                            file=text)
         out.append(load_policy(shipped))
     return _unique(out, None)

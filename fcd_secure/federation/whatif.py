@@ -202,7 +202,7 @@ def site_policy_sums(
         mc = per.var(1, ddof=1) / per.shape[1] if per.shape[1] > 1 else None
         out.update(site_sums(f"whatif.value.{pol.name}", v, weights, mc))
         out[f"policy.{pol.name}.n"] = n
-        out[f"policy.{pol.name}.sim_sum"] = float(sim.value) * n
+        out[f"policy.{pol.name}.sim_sum"] = float(v.sum())  # = sim.value · n, in float64 like the interval's sums
         if oracle is not None and all_rows:
             v_true, _se = oracle.true_policy_value(pol, data.site_index, "test", horizon=request.horizon)
             out[f"policy.{pol.name}.true_sum"] = float(v_true) * n
