@@ -63,7 +63,9 @@ def test_run_summary_has_anchors_contexts_and_intervals(asked):
     s = json.loads((run / "summary.json").read_text())
     a_off, a_on = s["anchors"]["a_off"], s["anchors"]["a_on"]
     assert a_off["label"] == f"item {a_off['id']}" and a_on["label"] == f"item {a_on['id']}" and a_off != a_on
-    assert s["contexts"] == {"generated": 0, "replayed": 1}  # DKT-Synth's only context is the clock: replayed
+    # DKT-Synth's only context is the clock: exogenous, replayed
+    assert s["contexts"] == {"generated": 0, "replayed": 1, "generated_columns": [],
+                             "replayed_columns": ["step_index_normalised"]}
     assert s["whatif"]["reference"] == "never" and s["whatif"]["level"] == 0.9
     assert list(s["policies"]) == ["never", "always", "early_on", "late_on"]
     for name, d in s["policies"].items():

@@ -229,7 +229,7 @@ def register(app: typer.Typer) -> None:
 
         from fcd_secure.cli.whatif import anchors_line, whatif_table  # noqa: PLC0415
         from fcd_secure.federation.flows import check_flow  # noqa: PLC0415
-        from fcd_secure.federation.whatif import request_from_config  # noqa: PLC0415
+        from fcd_secure.federation.whatif import check_policies, request_from_config  # noqa: PLC0415
 
         console = Console(stderr=as_json)
         try:
@@ -241,7 +241,8 @@ def register(app: typer.Typer) -> None:
                 policies=policy, reference=reference,
             )
             check_flow(cfg)  # a secure-mode misconfiguration is a clear error before any engine starts
-            request_from_config(cfg)  # the policy files parse and the reference is one of them, before any engine
+            # the policy files parse, the reference is one of them and their labels are the data's, before any engine
+            check_policies(cfg, request_from_config(cfg).policies)
         except _common_errors() as exc:
             _fail(console, str(exc))
         torch.set_num_threads(1)  # the sites share the machine's cores through one Ray actor

@@ -28,7 +28,15 @@ from fcd_secure.federation import learner
 from fcd_secure.federation.learner import SiteData
 from fcd_secure.federation.messaging import Comm
 from fcd_secure.federation.records import EVALUATE_MESSAGE_TYPE, REC_CONFIG, REC_EVAL, REC_GLOBAL, arrays_to_record
-from fcd_secure.federation.whatif import WHATIF_KEY, WhatIfRequest, merge_policy_sums, request_from_config, site_policy_sums
+from fcd_secure.federation.whatif import (
+    WHATIF_KEY,
+    WhatIfRequest,
+    action_labels,
+    context_columns,
+    merge_policy_sums,
+    request_from_config,
+    site_policy_sums,
+)
 
 AUC_BINS = 100
 #: A fixed evaluation seed stream (salt) so that every evaluation of a run uses the same random numbers.
@@ -132,12 +140,12 @@ def merge_site_metrics(
 
 def evaluate_federated(
     comm: Comm, node_ids: list[int], theta: dict[str, np.ndarray], cfg: RunConfig, part: str, *, quick: bool, sites=None,
-    whatif: WhatIfRequest | None = None, action_names: list[str] | None = None,
+    whatif: WhatIfRequest | None = None,
 ) -> dict[str, Any]:
     """Ask every site to evaluate ``theta`` (+ its own Θs) and merge the sums; failed sites are listed, not fatal.
 
     A full (not ``quick``) evaluation asks the what-if question ``whatif`` (default: the run's ``[evaluation]``
-    policies, :func:`~fcd_secure.federation.whatif.request_from_config`); ``action_names`` label the anchors.
+    policies, :func:`~fcd_secure.federation.whatif.request_from_config`).
     """
     ev = cfg.evaluation
     conf = {
@@ -160,6 +168,8 @@ def evaluate_federated(
         parts.append({k: (list(v) if isinstance(v, list) else v) for k, v in rep.content[REC_EVAL].items()})
     if not parts:
         return {"failed_sites": failed}
-    merged = merge_site_metrics(parts, whatif, action_names)
+    merged = merge_site_metrics(parts, whatif, None if quick else action_labels(cfg))
+    if not quick and "contexts" in merged:
+        merged["contexts"].update(context_columns(cfg))
     merged["failed_sites"] = failed
     return merged

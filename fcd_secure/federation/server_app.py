@@ -36,7 +36,6 @@ from fcd_secure.federation.outputs import write_run_folder
 from fcd_secure.federation.records import HELLO_MESSAGE_TYPE, REC_HELLO, config_from_context
 from fcd_secure.federation.sampler import ClientSampler
 from fcd_secure.federation.state import SERVER_DIR, ServerCheckpoint, StateError
-from fcd_secure.federation.whatif import action_labels
 from fcd_secure.manifest import FULL, THETA_C, Manifest
 
 ProgressHook = Callable[[str, dict], None]
@@ -239,8 +238,7 @@ def run_federation(grid: Grid, cfg: RunConfig, progress: ProgressHook | None = N
             "(set FCD_SITE_DEBUG=1 for site-local tracebacks)"
         )
     say("evaluating", {})
-    final_eval = evaluate_federated(comm, order, theta, cfg, part, quick=False, sites=sites,
-                                    action_names=action_labels(cfg))
+    final_eval = evaluate_federated(comm, order, theta, cfg, part, quick=False, sites=sites)
     # close the sites' ledgers: the receipts still owed, in one last message each
     comm.round = fed.rounds + 1
     comm.send(comm.audit.owed_nodes(), RECEIPTS_MESSAGE_TYPE, comm.audit.final_contents(), fed.round_timeout_s)

@@ -353,8 +353,7 @@ def _next_round(audit) -> int:
     return max((int(r) for r in rounds if r is not None), default=0) + 1
 
 
-def ask_sites(grid, cfg: "RunConfig", theta: dict[str, np.ndarray], request: WhatIfRequest,
-              action_names: list[str] | None = None) -> dict[str, Any]:
+def ask_sites(grid, cfg: "RunConfig", theta: dict[str, np.ndarray], request: WhatIfRequest) -> dict[str, Any]:
     """One evaluation-only round on ``grid``: identify the sites, send Θc with the question, merge their sums, close
     the sites' and the server's audit ledgers for the round. Nothing is trained.
 
@@ -387,8 +386,7 @@ def ask_sites(grid, cfg: "RunConfig", theta: dict[str, np.ndarray], request: Wha
         raise WhatIfError(f"theta_c.npz does not match the run's model ({bad[0]}); was the code or config changed?")
     theta = {k: np.asarray(theta[k], dtype=expected[k].dtype) for k in expected}
     order = [s.node_id for s in sites]
-    res = evaluate_federated(comm, order, theta, cfg, part, quick=False, sites=sites, whatif=request,
-                             action_names=action_names)
+    res = evaluate_federated(comm, order, theta, cfg, part, quick=False, sites=sites, whatif=request)
     res["round"] = comm.round
     comm.round += 1
     comm.send(comm.audit.owed_nodes(), RECEIPTS_MESSAGE_TYPE, comm.audit.final_contents(), fed.round_timeout_s)
@@ -397,7 +395,7 @@ def ask_sites(grid, cfg: "RunConfig", theta: dict[str, np.ndarray], request: Wha
 
 
 def make_whatif_server_app(theta: dict[str, np.ndarray], request: WhatIfRequest, sink: dict,
-                           cfg: "RunConfig | None" = None, action_names: list[str] | None = None):
+                           cfg: "RunConfig | None" = None):
     """A ServerApp that asks :func:`ask_sites` once and puts the merged result in ``sink["result"]``."""
     from flwr.serverapp import ServerApp  # noqa: PLC0415
 
@@ -407,7 +405,7 @@ def make_whatif_server_app(theta: dict[str, np.ndarray], request: WhatIfRequest,
 
     @app.main()
     def main(grid, context) -> None:
-        sink["result"] = ask_sites(grid, config_from_context(context, cfg), theta, request, action_names)
+        sink["result"] = ask_sites(grid, config_from_context(context, cfg), theta, request)
 
     return app
 
@@ -451,10 +449,9 @@ def run_whatif(run_dir: str | Path, request: WhatIfRequest, num_cpus: int | None
     from fcd_secure.federation.simulation import run_simulated  # noqa: PLC0415
 
     cfg, theta = open_run(run_dir)
-    names = action_labels(cfg)
 
     def factory(c, sink):
-        return make_whatif_server_app(theta, request, sink, c, names)
+        return make_whatif_server_app(theta, request, sink, c)
 
     res = run_simulated(cfg, server_app_factory=factory, num_cpus=num_cpus)
     out = {"run": str(Path(run_dir)), "query_id": request.query_id, "dataset": cfg.data.dataset, "seed": cfg.seed,
@@ -479,6 +476,23 @@ def action_labels(cfg: "RunConfig") -> list[str] | None:
     return None
 
 
+def context_columns(cfg: "RunConfig") -> dict[str, list[str]]:
+    """The context columns by how a rollout treats them, as the server may know them without any site's data: a
+    spec's ``[[context]]`` columns by ``dynamics``, DKT-Synth's clock; empty otherwise (the counts remain)."""
+    from fcd_secure.data.spec import load_spec  # noqa: PLC0415
+
+    d = cfg.data
+    if d.dataset == "spec" and d.spec:
+        spec = load_spec(d.spec)
+        gen = [c.name for c in spec.context if c.dynamics == "endogenous"] if cfg.model.use_context else []
+        return {"generated_columns": gen, "replayed_columns": [c.name for c in spec.context if c.name not in gen]}
+    if d.dataset == "dkt-synth":
+        from fcd_secure.data.dkt_synth.generation import CONTEXT_NAMES  # noqa: PLC0415
+
+        return {"generated_columns": [], "replayed_columns": list(CONTEXT_NAMES)}
+    return {}
+
+
 def check_policies(cfg: "RunConfig", policies: list[Policy]) -> None:
     """Bind every policy to the run's action labels and context columns before anything starts (exit 2 early).
 
@@ -487,6 +501,8 @@ def check_policies(cfg: "RunConfig", policies: list[Policy]) -> None:
     """
     from fcd_secure.federation import learner  # noqa: PLC0415
 
+    if not any(p.labels or p.needs_context for p in policies):
+        return  # ids and anchors are checked by the rollouts; only labels and columns need the data's vocabulary
     site = learner.load_site_data(cfg, 0).test
     for p in policies:
         bind_policy(p, site)

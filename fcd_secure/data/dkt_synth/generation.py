@@ -39,11 +39,13 @@ from fcd_secure.data.partition import dirichlet_assignment, site_splits
 from fcd_secure.data.policy import anchor_actions
 from fcd_secure.data.schema import SiteDataset
 
-__all__ = ["FEATURE_NAMES", "ITEM_LABELS", "generate"]
+__all__ = ["CONTEXT_NAMES", "FEATURE_NAMES", "ITEM_LABELS", "generate"]
 
 FEATURE_NAMES = ["prior_score_proxy", "pretest_proxy", "site_covariate", "binary_covariate"]
 #: the action labels (policies may name items by them)
 ITEM_LABELS = [f"item {k}" for k in range(N_ITEMS)]
+#: the one context column, A_t = t / (L − 1) (:func:`~.world.clock_context`)
+CONTEXT_NAMES = ["step_index_normalised"]
 
 
 def _site_parameters(cfg: DKTSynthConfig) -> dict[str, np.ndarray]:
@@ -151,7 +153,7 @@ def generate(cfg: DKTSynthConfig | None = None) -> DKTSynthWorld:
                 "split": split,
                 "student_ids": ids,
                 "x_names": FEATURE_NAMES,
-                "a_names": ["step_index_normalised"],
+                "a_names": list(CONTEXT_NAMES),
                 "a_dynamics": ["exogenous"],  # the clock: no action changes it, so rollouts replay it
                 "action_names": list(ITEM_LABELS),
                 "preset": cfg.preset,
