@@ -5,7 +5,8 @@ lets its final evaluation ask the paper's four policies (never as the reference)
 oracle's truth:
 
 * **run**: does the interval the server computed from the consortium sums cover the true value on the same test
-  entities? One check per policy value and per effect (always/early_on/late_on − never), per seed.
+  entities? One check per policy value (simulated, and factually rectified) and per effect
+  (always/early_on/late_on − never), per seed.
 * **resamples**: the per-entity values each site wrote into its own folder are resampled — ``--resamples`` cohorts
   of ``m`` test entities for each ``m`` in ``--sizes`` — and the interval is rebuilt from that cohort's sums exactly
   as the server would (a fresh Poisson bootstrap per cohort). Coverage is counted against two targets:
@@ -88,6 +89,9 @@ def one_seed(preset: str, seed: int, sites: int | None, rounds: int | None, n_bo
     for name, d in summary["policies"].items():
         checks.append({"quantity": f"value[{name}]", "covered": d["interval"]["low"] <= d["value_true"] <= d["interval"]["high"],
                        "estimate": d["value_sim"], "truth": d["value_true"]})
+        r = d["rectified"]
+        checks.append({"quantity": f"rectified[{name}]", "covered": r["low"] <= d["value_true"] <= r["high"],
+                       "estimate": r["estimate"], "truth": d["value_true"]})
         if "effect" in d:
             e = d["effect"]
             checks.append({"quantity": f"effect[{name} - {ref}]", "covered": e["low"] <= e["true"] <= e["high"],
@@ -96,16 +100,20 @@ def one_seed(preset: str, seed: int, sites: int | None, rounds: int | None, n_bo
     # resamples: per-entity model values (from the sites' own files) and per-entity truth
     model_v: dict[str, list[np.ndarray]] = {n: [] for n in pols}
     true_v: dict[str, list[np.ndarray]] = {n: [] for n in pols}
+    residual: list[np.ndarray] = []
     state = Path(cfg.out) / "state"
     for s in range(cfg.data.n_sites):
         df = pd.read_csv(state / f"site-{s:02d}" / "whatif" / f"{request.query_id}.csv")
         ent = df["entity"].to_numpy()
+        residual.append(df["factual_residual"].to_numpy())
         for n, p in pols.items():
             model_v[n].append(df[f"value[{n}]"].to_numpy())
             true_v[n].append(truth_of(fd, p, s, ent, request.horizon))
     mv = {n: np.concatenate(v) for n, v in model_v.items()}
     tv = {n: np.concatenate(v) for n, v in true_v.items()}
+    res_v = np.concatenate(residual)
     quantities = {f"value[{n}]": (mv[n], tv[n]) for n in pols}
+    quantities.update({f"rectified[{n}]": (mv[n] - res_v, tv[n]) for n in pols})
     quantities.update({f"effect[{n} - {ref}]": (mv[n] - mv[ref], tv[n] - tv[ref]) for n in pols if n != ref})
     N = len(mv[ref])
     rng = np.random.default_rng(seed)
@@ -161,15 +169,22 @@ def main() -> None:
               "coverage of model mean": float(np.mean([x["model"] for x in rows])),
               "model − truth": float(np.mean([x["bias"] for x in rows]))}
              for (q, m), rows in sorted(agg.items(), key=lambda kv: (kv[0][1], kv[0][0]))]
-    by_m = {}
+    kinds = ("value", "rectified", "effect")
+    by_m: dict[int, dict[str, dict[str, float]]] = {}
     for m in sorted({k[1] for k in agg}):
-        rows = [x for (q, mm), xs in agg.items() if mm == m for x in xs]
-        by_m[m] = {"truth": float(np.mean([x["truth"] for x in rows])), "model": float(np.mean([x["model"] for x in rows]))}
+        for kind in kinds:
+            rows = [x for (q, mm), xs in agg.items() if mm == m and q.startswith(kind) for x in xs]
+            if rows:
+                by_m.setdefault(m, {})[kind] = {"truth": float(np.mean([x["truth"] for x in rows])),
+                                                "model": float(np.mean([x["model"] for x in rows]))}
+    run_by_kind = {kind: float(np.mean([c["covered"] for c in run_checks if c["quantity"].startswith(kind)]))
+                   for kind in kinds if any(c["quantity"].startswith(kind) for c in run_checks)}
     machine = (f"{platform.node()} · {os.cpu_count()} CPUs · load {os.getloadavg()[0]:.1f} · {args.dataset} preset "
                f"{args.preset} · {args.seeds} seeds · nominal {args.level:.0%}")
     out = {"machine": machine, "params": vars(args),
            "run_coverage_of_truth": float(np.mean([c["covered"] for c in run_checks])) if run_checks else None,
-           "run_checks": len(run_checks), "by_cohort_size": by_m, "results": table, "seeds": results}
+           "run_coverage_by_kind": run_by_kind, "run_checks": len(run_checks), "by_cohort_size": by_m,
+           "results": table, "seeds": results}
     if args.json:
         print(json.dumps(out))
         return
@@ -179,15 +194,17 @@ def main() -> None:
     con = Console()
     t = Table(title=f"interval coverage ({machine})")
     for k in table[0]:
-        t.add_column(k, justify="left" if k == "quantity" else "right")
+        t.add_column(k, justify="left" if k == "quantity" else "right", overflow="fold")
     for r in table:
         t.add_row(*(f"{v:.3f}" if isinstance(v, float) else str(v) for v in r.values()))
     con.print(t)
-    for m, c in by_m.items():
-        con.print(f"cohorts of {m}: coverage of the truth {c['truth']:.1%}, of the model's own mean {c['model']:.1%} "
-                  f"(nominal {args.level:.0%}, target 85–95 %)")
-    con.print(f"whole test sets (the server's intervals, {len(run_checks)} checks): coverage of the truth "
-              f"{out['run_coverage_of_truth']:.1%}")
+    con.print(f"nominal {args.level:.0%}, target 85–95 %")
+    for m, per in by_m.items():
+        for kind, c in per.items():
+            con.print(f"cohorts of {m}, {kind}: coverage of the truth {c['truth']:.1%}, of the model's own mean "
+                      f"{c['model']:.1%}")
+    for kind, cov in run_by_kind.items():
+        con.print(f"whole test sets (the server's intervals), {kind}: coverage of the truth {cov:.1%}")
     for r in results:
         con.print(f"  seed {r['seed']}: {r['n_test']} test entities, PEHE {r['pehe']:.3f}")
 

@@ -82,6 +82,9 @@ def test_whatif_answers_label_policies_with_intervals_and_truth(asked):
     for name, d in pols.items():
         assert d["interval"]["low"] <= d["value_sim"] <= d["interval"]["high"]
         assert 0.0 <= d["value_true"] <= 1.0
+        # the rectified value: the simulated one minus the factual residual (the model's error on logged actions)
+        assert d["rectified"]["estimate"] == pytest.approx(d["value_sim"] - res["factual_residual"]["estimate"])
+        assert d["rectified"]["low"] <= d["rectified"]["estimate"] <= d["rectified"]["high"]
     eff = pols["item3_then_off"]["effect"]
     assert eff["reference"] == "never" and eff["low"] <= eff["estimate"] <= eff["high"]
     assert eff["estimate"] == pytest.approx(pols["item3_then_off"]["value_sim"] - pols["never"]["value_sim"], abs=1e-9)
@@ -108,7 +111,7 @@ def test_per_entity_effects_stay_on_their_site_and_never_reach_the_server_ledger
         df = pd.read_csv(f)
         n_rows += len(df)
         assert list(df.columns) == ["entity", "value[never]", "value[always]", "value[item3_then_off]",
-                                    "effect[always - never]", "effect[item3_then_off - never]"]
+                                    "effect[always - never]", "effect[item3_then_off - never]", "factual_residual"]
         # no per-entity value, under any rounding the server side could have printed, and no per-entity key
         for v in df.drop(columns="entity").to_numpy().ravel():
             for text in {f"{v:.6f}", repr(float(v))}:
@@ -120,8 +123,9 @@ def test_per_entity_effects_stay_on_their_site_and_never_reach_the_server_ledger
     assert res["n_test"] == n_rows
     # what the sites sent for the question: sums whose count does not grow with the entities
     whatif_keys = {k for k in keys if ".whatif." in k or "/whatif." in k}
-    assert whatif_keys and all(re.fullmatch(r"eval/whatif\.(value|diff)\.[A-Za-z0-9_-]+\.(n|sum|sumsq|boot|mc_var)", k)
-                               for k in whatif_keys), sorted(whatif_keys)
+    assert whatif_keys and all(
+        re.fullmatch(r"eval/whatif\.((value|diff|rectified)\.[A-Za-z0-9_-]+|residual)\.(n|sum|sumsq|boot|mc_var)", k)
+        for k in whatif_keys), sorted(whatif_keys)
 
 
 def test_audit_evidence_still_verifies_after_the_question(asked):

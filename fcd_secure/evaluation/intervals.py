@@ -26,6 +26,11 @@ What the interval covers:
   interval around the wrong value. On a dataset with a ground truth the benchmark (``benchmarks/intervals.py``)
   measures how often the interval covers the truth, which is where such bias shows.
 
+The same machinery gives the *rectified* value of ``federation.whatif``: the per-entity quantity is then
+v_i(π) − r_i with r_i the simulator's error on the entity's logged actions (prediction-powered inference, Angelopoulos
+et al. 2023), so the interval also covers a bias the simulator shows on the factual data — under the stated
+assumption that the bias is the same under π.
+
 Everything here is numpy; sites call :func:`site_sums`, the server :func:`interval_from_sums`.
 """
 

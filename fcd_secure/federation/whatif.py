@@ -14,6 +14,13 @@ On each site (:func:`site_policy_sums`), for every policy π (bound to the site'
   DR on the site's own logged propensities, which never leave; DESIGN trap 5);
 * ``whatif.value.<π>.*`` and, for π ≠ reference, ``whatif.diff.<π>.*`` (per-entity v_i(π) − v_i(ref)): n, Σx, Σx²,
   the Monte-Carlo variance and the Poisson-bootstrap replicate sums of :mod:`fcd_secure.evaluation.intervals`;
+* the **factual rectifier**: the model also replays each entity's *logged* actions, and r_i = v̂_i(logged actions) −
+  ȳ_i (the observed per-step mean over the same window) measures the simulator's own error where the truth is
+  observed. ``whatif.residual.*`` are its sums and ``whatif.rectified.<π>.*`` those of v_i(π) − r_i: the
+  prediction-powered estimate of Angelopoulos et al. (2023, "Prediction-powered inference", Science 382), whose
+  interval also covers the model's bias *if* that bias is the same under π as under the logged actions (an
+  assumption, not a fact: importance weights would remove it, but deterministic policies rarely have logged support,
+  see the OPE estimates). In a contrast the rectifier cancels, so effects have no rectified form;
 * the per-entity values and contrasts are written to ``<site state>/whatif/<query id>.csv`` on the site's own disk
   (with the request beside it) and nowhere else: in deployment they never leave the site.
 
@@ -192,6 +199,12 @@ def site_policy_sums(
                            "anchors.a_off": float(a_off), "anchors.a_on": float(a_on), "anchors.sites": 1.0}
     values: dict[str, np.ndarray] = {}
     contexts: dict[str, list[str]] = {}
+    # the factual rectifier (module docstring): the model's value of the logged actions minus the observed value
+    H = sub.L if request.horizon is None else request.horizon
+    replay = simulate_policy(model, sub, sub.T[:, :H].copy(), None, n_samples, seed, horizon=H)
+    observed = (sub.Y[:, :H] * sub.M[:, :H]).sum(1) / np.maximum(sub.M[:, :H].sum(1), 1.0)
+    residual = _per_sample_values(replay).mean(1) - observed
+    out.update(site_sums("whatif.residual", residual, weights))
     for raw in request.policies:
         pol = bind_policy(raw, sub)
         sim = simulate_policy(model, sub, pol, data.anchors, n_samples, seed, horizon=request.horizon)
@@ -201,6 +214,7 @@ def site_policy_sums(
         values[pol.name] = v
         mc = per.var(1, ddof=1) / per.shape[1] if per.shape[1] > 1 else None
         out.update(site_sums(f"whatif.value.{pol.name}", v, weights, mc))
+        out.update(site_sums(f"whatif.rectified.{pol.name}", v - residual, weights))
         out[f"policy.{pol.name}.n"] = n
         out[f"policy.{pol.name}.sim_sum"] = float(v.sum())  # = sim.value · n, in float64 like the interval's sums
         if oracle is not None and all_rows:
@@ -215,7 +229,7 @@ def site_policy_sums(
     out["contexts.generated"] = float(len(contexts.get("generated", [])))
     out["contexts.replayed"] = float(len(contexts.get("replayed", [])))
     if site_dir is not None:
-        _write_per_entity(Path(site_dir), request, sub, values, contexts)
+        _write_per_entity(Path(site_dir), request, sub, values, residual, contexts)
     return out
 
 
@@ -248,8 +262,9 @@ def _ope_sums(pol, sub, sim, cfg, a_off, a_on, lengths, IPW, SNIPW, PerDecisionD
 
 
 def _write_per_entity(site_dir: Path, request: WhatIfRequest, sub: SiteDataset, values: dict[str, np.ndarray],
-                      contexts: dict[str, list[str]]) -> Path:
-    """``<site_dir>/whatif/<query id>.csv``: one row per entity, its value under each policy and each contrast."""
+                      residual: np.ndarray, contexts: dict[str, list[str]]) -> Path:
+    """``<site_dir>/whatif/<query id>.csv``: one row per entity, its value under each policy, each contrast and the
+    factual residual (the model's value of the logged actions minus the observed one)."""
     import pandas as pd  # noqa: PLC0415
 
     folder = site_dir / WHATIF_DIR
@@ -261,6 +276,7 @@ def _write_per_entity(site_dir: Path, request: WhatIfRequest, sub: SiteDataset, 
     for name, v in values.items():
         if name != request.reference:
             cols[f"effect[{name} - {request.reference}]"] = v - ref
+    cols["factual_residual"] = residual
     path = folder / f"{request.query_id}.csv"
     atomic_write_text(path, pd.DataFrame(cols).to_csv(index=False, float_format="%.6f"))
     meta = {"request": json.loads(request.to_json()), "rows": sub.n, "contexts": contexts}
@@ -277,8 +293,10 @@ def merge_policy_sums(s: dict[str, Any], sites: int, request: WhatIfRequest | No
     Returns:
         ``{"policies": {name: {...}}, "whatif": {...}, "anchors": {...}, "contexts": {...}}`` (empty when no site
         sent policy sums). Each policy has ``value_sim``, ``value_true`` / ``value_error`` (oracle), its OPE
-        estimates, ``interval`` (``fcd_secure.evaluation.intervals.Interval`` as a dict) and, unless it is the
-        reference, ``effect`` (the contrast to the reference with its interval and, with an oracle, its truth).
+        estimates, ``interval`` (``fcd_secure.evaluation.intervals.Interval`` as a dict), ``rectified`` (the
+        factually rectified value and interval) and, unless it is the reference, ``effect`` (the contrast to the
+        reference with its interval and, with an oracle, its truth). ``factual_residual`` is the mean of
+        v̂(logged actions) − observed with its interval: how far the simulator is off where the truth is observed.
     """
     from fcd_secure.evaluation.intervals import BOOT_N_KEY, interval_from_sums  # noqa: PLC0415
     from fcd_secure.evaluation.ope import OPEResult, combine  # noqa: PLC0415
@@ -299,6 +317,8 @@ def merge_policy_sums(s: dict[str, Any], sites: int, request: WhatIfRequest | No
             d["value_error"] = abs(d["value_sim"] - d["value_true"])
         if f"whatif.value.{name}.n" in s and BOOT_N_KEY in s:
             d["interval"] = interval_from_sums(s, f"whatif.value.{name}", level).to_dict()
+        if f"whatif.rectified.{name}.n" in s and BOOT_N_KEY in s:
+            d["rectified"] = interval_from_sums(s, f"whatif.rectified.{name}", level).to_dict()
         if f"whatif.diff.{name}.n" in s and BOOT_N_KEY in s and request is not None:
             d["effect"] = {"reference": request.reference, **interval_from_sums(s, f"whatif.diff.{name}", level).to_dict()}
         ests = sorted({k.split(".")[2] for k in s if k.startswith(f"ope.{name}.")}, key=lambda e: (len(e), e))
@@ -323,6 +343,8 @@ def merge_policy_sums(s: dict[str, Any], sites: int, request: WhatIfRequest | No
             if "effect" in d and "value_true" in d and "value_true" in ref:
                 d["effect"]["true"] = d["value_true"] - ref["value_true"]
     res: dict[str, Any] = {}
+    if "whatif.residual.n" in s and BOOT_N_KEY in s:
+        res["factual_residual"] = interval_from_sums(s, "whatif.residual", level).to_dict()
     if per_policy:
         res["policies"] = per_policy
         errs = [d["value_error"] for d in per_policy.values() if "value_error" in d]
