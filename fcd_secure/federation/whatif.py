@@ -187,11 +187,9 @@ def site_policy_sums(
         DataError: a policy names a label or a context column this site's data does not have.
     """
     from fcd_secure.evaluation.intervals import BOOT_N_KEY, poisson_weights, site_sums  # noqa: PLC0415
-    from fcd_secure.evaluation.ope import IPW, SNIPW, PerDecisionDR, estimate_on_site  # noqa: PLC0415
     from fcd_secure.model.simulate import simulate_policy  # noqa: PLC0415
 
     a_off, a_on = data.anchors
-    lengths = sub.lengths
     n = float(sub.n)
     oracle = data.oracle
     weights = poisson_weights(sub.n, request.n_boot, seed ^ BOOT_SALT)
@@ -221,7 +219,7 @@ def site_policy_sums(
             v_true, _se = oracle.true_policy_value(pol, data.site_index, "test", horizon=request.horizon)
             out[f"policy.{pol.name}.true_sum"] = float(v_true) * n
         if sub.P is not None and request.horizon is None:
-            out.update(_ope_sums(pol, sub, sim, cfg, a_off, a_on, lengths, IPW, SNIPW, PerDecisionDR, estimate_on_site))
+            out.update(_ope_sums(pol, sub, sim, cfg, a_off, a_on))
     ref = values[request.reference]
     for name, v in values.items():
         if name != request.reference:
@@ -233,9 +231,12 @@ def site_policy_sums(
     return out
 
 
-def _ope_sums(pol, sub, sim, cfg, a_off, a_on, lengths, IPW, SNIPW, PerDecisionDR, estimate_on_site) -> dict[str, float]:
+def _ope_sums(pol: Policy, sub: SiteDataset, sim, cfg: "RunConfig", a_off: int, a_on: int) -> dict[str, float]:
     """IPW / SNIPW / per-decision DR sums of one policy on the site's own propensities (full and first-H horizons)."""
+    from fcd_secure.evaluation.ope import IPW, SNIPW, PerDecisionDR, estimate_on_site  # noqa: PLC0415
+
     out: dict[str, float] = {}
+    lengths = sub.lengths
     ctx = (lambda t: {"context": sub.A[:, : t + 1]}) if pol.needs_context else (lambda t: {})
     pi = np.stack([pol.prob(t, sub.Y[:, :t], lengths, a_off, a_on, sub.T[:, t], **ctx(t)) for t in range(sub.L)], axis=1)
     step_v = np.asarray(sim.probs, dtype=np.float64).mean(1)  # [n, H] expected outcome under π
