@@ -9,7 +9,7 @@ oracle's truth:
   (always/early_on/late_on − never), per seed.
 * **resamples**: the per-entity values each site wrote into its own folder are resampled — ``--resamples`` cohorts
   of ``m`` test entities for each ``m`` in ``--sizes`` — and the interval is rebuilt from that cohort's sums exactly
-  as the server would (a fresh Poisson bootstrap per cohort). Coverage is counted against two targets:
+  as the server would. Coverage is counted against two targets:
   ``truth`` (the oracle's mean over the same cohort: the honest figure, where a biased simulator shows) and
   ``model`` (the simulator's own mean over every test entity: whether the interval machinery itself is calibrated).
 
@@ -18,6 +18,7 @@ values of a policy, in the order of the per-entity file's ``entity`` column); th
 
     .venv/bin/python benchmarks/intervals.py --quick                       # tiny preset, 2 seeds, minutes
     .venv/bin/python benchmarks/intervals.py --preset default --seeds 3    # the README run's sizes
+    .venv/bin/python benchmarks/intervals.py --from-run runs/a runs/b      # score finished runs (no training)
     .venv/bin/python benchmarks/intervals.py --json
 """
 
@@ -55,20 +56,13 @@ def _status(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def one_seed(preset: str, seed: int, sites: int | None, rounds: int | None, n_boot: int, level: float,
-             sizes: list[int], resamples: int, dataset: str) -> dict[str, Any]:
-    """Train, evaluate and count coverage for one seed (module docstring)."""
-    import pandas as pd
-
+def train(preset: str, seed: int, sites: int | None, rounds: int | None, level: float, dataset: str) -> Path:
+    """One federated run as ``fcd run`` makes it (its final evaluation asks the paper's four policies)."""
     from fcd_secure.config import build_config
-    from fcd_secure.data.policy import default_policies
-    from fcd_secure.evaluation.intervals import BOOT_N_KEY, interval_from_sums, poisson_weights, site_sums
-    from fcd_secure.federation import learner
     from fcd_secure.federation.simulation import run_simulated
-    from fcd_secure.federation.whatif import request_from_config
 
     over: dict[str, Any] = {"seed": seed, "data": {"dataset": dataset}, "federation": {"eval_every": 0},
-                            "evaluation": {"n_boot": n_boot, "level": level}}
+                            "evaluation": {"level": level}}
     if sites:
         over["data"]["n_sites"] = sites
         over["federation"]["clients_per_round"] = max(1, sites // 2)
@@ -77,7 +71,22 @@ def one_seed(preset: str, seed: int, sites: int | None, rounds: int | None, n_bo
     cfg = build_config(preset, over).model_copy(update={"out": tempfile.mkdtemp(prefix="fcd-intervals-")})
     _status(f"seed {seed}: training ({cfg.data.n_sites} sites, {cfg.federation.rounds} rounds, preset {preset})")
     run_simulated(cfg)
-    summary = json.loads((Path(cfg.out) / "summary.json").read_text())
+    return Path(cfg.out)
+
+
+def score(run: Path, sizes: list[int], resamples: int) -> dict[str, Any]:
+    """Count coverage of one finished run (module docstring); its seed seeds the cohorts."""
+    import pandas as pd
+
+    from fcd_secure.config import RunConfig
+    from fcd_secure.data.policy import default_policies
+    from fcd_secure.evaluation.intervals import interval_from_sums, site_sums
+    from fcd_secure.federation import learner
+    from fcd_secure.federation.whatif import request_from_config
+
+    cfg = RunConfig.load(run / "config.toml")
+    seed, level = cfg.seed, cfg.evaluation.level
+    summary = json.loads((run / "summary.json").read_text())
     request = request_from_config(cfg)
     fd = learner.load_federated(cfg)
     truth_of = ORACLES[cfg.data.dataset]
@@ -101,7 +110,7 @@ def one_seed(preset: str, seed: int, sites: int | None, rounds: int | None, n_bo
     model_v: dict[str, list[np.ndarray]] = {n: [] for n in pols}
     true_v: dict[str, list[np.ndarray]] = {n: [] for n in pols}
     residual: list[np.ndarray] = []
-    state = Path(cfg.out) / "state"
+    state = run / "state"
     for s in range(cfg.data.n_sites):
         df = pd.read_csv(state / f"site-{s:02d}" / "whatif" / f"{request.query_id}.csv")
         ent = df["entity"].to_numpy()
@@ -123,10 +132,8 @@ def one_seed(preset: str, seed: int, sites: int | None, rounds: int | None, n_bo
             continue
         for r in range(resamples):
             idx = rng.choice(N, size=m, replace=False)
-            w = poisson_weights(m, n_boot, seed * 100_003 + r)
             for q, (x, t) in quantities.items():
-                sums = {**site_sums("q", x[idx], w), BOOT_N_KEY: w.sum(1)}
-                iv = interval_from_sums(sums, "q", level)
+                iv = interval_from_sums(site_sums("q", x[idx]), "q", level)
                 c = counts.setdefault((q, m), {"truth": 0, "model": 0, "n": 0})
                 c["truth"] += iv.covers(float(t[idx].mean()))
                 c["model"] += iv.covers(float(x.mean()))
@@ -144,8 +151,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=2, help="seeds 0..S-1")
     ap.add_argument("--sites", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=None)
-    ap.add_argument("--n-boot", type=int, default=200)
     ap.add_argument("--level", type=float, default=0.9)
+    ap.add_argument("--from-run", type=Path, nargs="+", default=None, help="score these finished run folders instead")
     ap.add_argument("--sizes", type=int, nargs="+", default=[25, 100])
     ap.add_argument("--resamples", type=int, default=200)
     ap.add_argument("--quick", action="store_true", help="tiny preset, 2 seeds, 3 sites, 2 rounds, 100 resamples")
@@ -157,8 +164,9 @@ def main() -> None:
     torch.set_num_threads(1)
     if args.quick:
         args.preset, args.seeds, args.sites, args.rounds, args.resamples = "tiny", 2, 3, 2, 100
-    results = [one_seed(args.preset, s, args.sites, args.rounds, args.n_boot, args.level, args.sizes, args.resamples,
-                        args.dataset) for s in range(args.seeds)]
+    runs = args.from_run or [train(args.preset, s, args.sites, args.rounds, args.level, args.dataset)
+                             for s in range(args.seeds)]
+    results = [score(r, args.sizes, args.resamples) for r in runs]
     run_checks = [c for r in results for c in r["run"]]
     agg: dict[tuple[str, int], list[dict]] = {}
     for r in results:
@@ -179,14 +187,15 @@ def main() -> None:
                                                 "model": float(np.mean([x["model"] for x in rows]))}
     run_by_kind = {kind: float(np.mean([c["covered"] for c in run_checks if c["quantity"].startswith(kind)]))
                    for kind in kinds if any(c["quantity"].startswith(kind) for c in run_checks)}
-    machine = (f"{platform.node()} · {os.cpu_count()} CPUs · load {os.getloadavg()[0]:.1f} · {args.dataset} preset "
-               f"{args.preset} · {args.seeds} seeds · nominal {args.level:.0%}")
+    machine = (f"{platform.node()} · {os.cpu_count()} CPUs · load {os.getloadavg()[0]:.1f} · {args.dataset} · "
+               + (f"{len(runs)} finished runs" if args.from_run else f"preset {args.preset} · {args.seeds} seeds")
+               + f" · nominal {args.level:.0%}")
     out = {"machine": machine, "params": vars(args),
            "run_coverage_of_truth": float(np.mean([c["covered"] for c in run_checks])) if run_checks else None,
            "run_coverage_by_kind": run_by_kind, "run_checks": len(run_checks), "by_cohort_size": by_m,
            "results": table, "seeds": results}
     if args.json:
-        print(json.dumps(out))
+        print(json.dumps(out, default=str))
         return
     from rich.console import Console
     from rich.table import Table

@@ -103,7 +103,6 @@ class EvaluationSection(BaseModel):
     )
     reference: str | None = Field(None, description="the policy every other one is contrasted with (default: the first)")
     horizon: int | None = Field(None, ge=1, description="steps from t = 0 a policy value averages (default: whole trajectories)")
-    n_boot: int = Field(200, ge=2, le=5000, description="Poisson-bootstrap replicates of the 90 % intervals")
     level: float = Field(0.9, gt=0, lt=1, description="nominal coverage of the intervals of policy values and effects")
 
 

@@ -46,14 +46,13 @@ def asked(tmp_path_factory):
     cfg = build_config("tiny", {
         "data": {"n_sites": SITES},
         "federation": {"clients_per_round": SITES, "rounds": 1, "eval_every": 0, "secure_aggregation": False},
-        "evaluation": {"n_samples": 2, "max_rows": None, "n_boot": 50},
+        "evaluation": {"n_samples": 2, "max_rows": None},
         "out": str(root / "run"),
     })
     run_simulated(cfg)
     pol_file = root / "item3.toml"
     pol_file.write_text(ITEM_POLICY)
-    request = WhatIfRequest(policies=load_policy_refs(["never", "always", str(pol_file)]), reference="never",
-                            n_boot=50)
+    request = WhatIfRequest(policies=load_policy_refs(["never", "always", str(pol_file)]), reference="never")
     result = run_whatif(root / "run", request)
     return root / "run", request, result
 
@@ -70,7 +69,7 @@ def test_run_summary_has_anchors_contexts_and_intervals(asked):
     assert list(s["policies"]) == ["never", "always", "early_on", "late_on"]
     for name, d in s["policies"].items():
         iv = d["interval"]
-        assert iv["low"] <= d["value_sim"] <= iv["high"] and iv["n_boot"] == 50
+        assert iv["low"] <= d["value_sim"] <= iv["high"] and iv["level"] == 0.9 and iv["n"] > 0
         assert d["value_true"] is not None
         assert ("effect" in d) == (name != "never")
 
@@ -124,7 +123,7 @@ def test_per_entity_effects_stay_on_their_site_and_never_reach_the_server_ledger
     # what the sites sent for the question: sums whose count does not grow with the entities
     whatif_keys = {k for k in keys if ".whatif." in k or "/whatif." in k}
     assert whatif_keys and all(
-        re.fullmatch(r"eval/whatif\.((value|diff|rectified)\.[A-Za-z0-9_-]+|residual)\.(n|sum|sumsq|boot|mc_var)", k)
+        re.fullmatch(r"eval/whatif\.((value|diff|rectified)\.[A-Za-z0-9_-]+|residual)\.(n|sum|sumsq|mc_var)", k)
         for k in whatif_keys), sorted(whatif_keys)
 
 

@@ -37,7 +37,7 @@ def whatif_table(result: dict, title: str = "What happens under each policy") ->
     ref = (result.get("whatif") or {}).get("reference")
     has_truth = any(d.get("value_true") is not None for d in pols.values())
     t = Table(title=title, show_header=True, header_style="bold",
-              caption=f"effect = value − value of {ref}; intervals: {level:.0%}, Poisson bootstrap over entities"
+              caption=f"effect = value − value of {ref}; {level:.0%} intervals over entities (normal)"
               if ref else None)
     t.add_column("policy", overflow="fold")
     t.add_column("value", justify="right")
@@ -74,7 +74,6 @@ def register(app: typer.Typer) -> None:
         policy: Optional[list[str]] = typer.Option(None, "--policy", "-p", help="A policy file (.toml) or the name of a shipped policy (never, always, early_on, late_on); repeat for several. Default: the run's [evaluation] policies."),
         reference: Optional[str] = typer.Option(None, "--reference", "-r", help="The policy every other one is contrasted with: a file or shipped name (added if not among --policy), or the name of a given policy. Default: the first policy."),
         horizon: Optional[int] = typer.Option(None, "--horizon", min=1, help="Average each value over the first H steps from t = 0 (default: the run's setting, else whole trajectories)."),
-        n_boot: Optional[int] = typer.Option(None, "--n-boot", min=2, max=5000, help="Bootstrap replicates of the intervals (default: the run's, 200)."),
         level: Optional[float] = typer.Option(None, "--level", min=0.5, max=0.999, help="Nominal coverage of the intervals (default: the run's, 0.9)."),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
     ) -> None:
@@ -118,7 +117,7 @@ def register(app: typer.Typer) -> None:
             request = WhatIfRequest(
                 policies=pols, reference=ref_name or ev.reference or pols[0].name,
                 horizon=horizon if horizon is not None else ev.horizon,
-                n_boot=n_boot or ev.n_boot, level=level or ev.level,
+                level=level or ev.level,
             )
             if request.horizon is not None and request.horizon > cfg_len(cfg):
                 raise DataError(f"--horizon {request.horizon} is longer than the data's trajectories ({cfg_len(cfg)} steps)")

@@ -9,7 +9,7 @@ What a site sends (``site_metrics``), all sums over its own test trajectories, s
   class (``AUCStats``) → factual AUC (paper §IV-C);
 * outside the cheap evaluations during training: the policy sums of a what-if question (``federation.whatif``):
   per policy the simulated value (and the oracle's), its OPE estimates on the site's own propensities (which never
-  leave; DESIGN trap 5), and the Poisson-bootstrap sums of the value and of the contrast to the reference policy.
+  leave; DESIGN trap 5), and n, Σx, Σx² of the value and of the contrast to the reference policy (the intervals).
   The question rides in the request's ``whatif`` config entry (the run's ``[evaluation]`` policies by default), so
   its sums take whatever transport the evaluation sums take.
 """

@@ -12,8 +12,9 @@ On each site (:func:`site_policy_sums`), for every policy π (bound to the site'
   (``model.simulate``; endogenous contexts generated, exogenous replayed);
 * ``policy.<π>.*``: Σ simulated value, Σ true value (DKT-Synth oracle), n; the OPE sums (IPW, SNIPW, per-decision
   DR on the site's own logged propensities, which never leave; DESIGN trap 5);
-* ``whatif.value.<π>.*`` and, for π ≠ reference, ``whatif.diff.<π>.*`` (per-entity v_i(π) − v_i(ref)): n, Σx, Σx²,
-  the Monte-Carlo variance and the Poisson-bootstrap replicate sums of :mod:`fcd_secure.evaluation.intervals`;
+* ``whatif.value.<π>.*`` and, for π ≠ reference, ``whatif.diff.<π>.*`` (per-entity v_i(π) − v_i(ref)): n, Σx, Σx²
+  and the Monte-Carlo variance of :mod:`fcd_secure.evaluation.intervals` (two sums per quantity, nothing that could
+  be solved for one entity's value);
 * the **factual rectifier**: the model also replays each entity's *logged* actions, and r_i = v̂_i(logged actions) −
   ȳ_i (the observed per-step mean over the same window) measures the simulator's own error where the truth is
   observed. ``whatif.residual.*`` are its sums and ``whatif.rectified.<π>.*`` those of v_i(π) − r_i: the
@@ -64,27 +65,26 @@ __all__ = [
 WHATIF_KEY = "whatif"
 #: folder of the per-entity files inside a site's state folder
 WHATIF_DIR = "whatif"
-#: salt of the bootstrap weights' stream (independent of the rollouts' random numbers)
-BOOT_SALT = 0xB0075
+#: at most this many policies in one question (the reply's size, and the gate's allow-list, grow with it)
+MAX_POLICIES = 32
 
 
 class WhatIfRequest(BaseModel):
     """One "what happens under π" question.
 
     Attributes:
-        policies: the policies to simulate (declarative; labels resolved on each site).
+        policies: the policies to simulate (declarative; labels resolved on each site); at most
+            :data:`MAX_POLICIES`, so that a reply's size stays bounded.
         reference: the name of the policy every other one is contrasted with.
         horizon: steps from t = 0 over which a value is averaged (None: each trajectory's whole length).
-        n_boot: Poisson-bootstrap replicates of the intervals.
         level: nominal coverage of the intervals.
     """
 
     model_config = ConfigDict(extra="forbid")
 
-    policies: list[Policy] = Field(min_length=1)
+    policies: list[Policy] = Field(min_length=1, max_length=32)
     reference: str
     horizon: int | None = Field(default=None, ge=1)
-    n_boot: int = Field(default=200, ge=2, le=5000)
     level: float = Field(default=0.9, gt=0.0, lt=1.0)
 
     @model_validator(mode="after")
@@ -133,7 +133,7 @@ def request_from_config(
     pols = policies if policies is not None else load_policy_refs(ev.policies)
     ref = reference or ev.reference or pols[0].name
     return WhatIfRequest(policies=pols, reference=ref, horizon=horizon if horizon is not None else ev.horizon,
-                         n_boot=ev.n_boot, level=ev.level)
+                         level=ev.level)
 
 
 # -- on the site ---------------------------------------------------------------------------------------------------
@@ -186,15 +186,13 @@ def site_policy_sums(
     Raises:
         DataError: a policy names a label or a context column this site's data does not have.
     """
-    from fcd_secure.evaluation.intervals import BOOT_N_KEY, poisson_weights, site_sums  # noqa: PLC0415
+    from fcd_secure.evaluation.intervals import site_sums  # noqa: PLC0415
     from fcd_secure.model.simulate import simulate_policy  # noqa: PLC0415
 
     a_off, a_on = data.anchors
     n = float(sub.n)
     oracle = data.oracle
-    weights = poisson_weights(sub.n, request.n_boot, seed ^ BOOT_SALT)
-    out: dict[str, Any] = {BOOT_N_KEY: [float(v) for v in weights.sum(1)],
-                           "anchors.a_off": float(a_off), "anchors.a_on": float(a_on), "anchors.sites": 1.0}
+    out: dict[str, Any] = {"anchors.a_off": float(a_off), "anchors.a_on": float(a_on), "anchors.sites": 1.0}
     values: dict[str, np.ndarray] = {}
     contexts: dict[str, list[str]] = {}
     # the factual rectifier (module docstring): the model's value of the logged actions minus the observed value
@@ -202,7 +200,7 @@ def site_policy_sums(
     replay = simulate_policy(model, sub, sub.T[:, :H].copy(), None, n_samples, seed, horizon=H)
     observed = (sub.Y[:, :H] * sub.M[:, :H]).sum(1) / np.maximum(sub.M[:, :H].sum(1), 1.0)
     residual = _per_sample_values(replay).mean(1) - observed
-    out.update(site_sums("whatif.residual", residual, weights))
+    out.update(site_sums("whatif.residual", residual))
     for raw in request.policies:
         pol = bind_policy(raw, sub)
         sim = simulate_policy(model, sub, pol, data.anchors, n_samples, seed, horizon=request.horizon)
@@ -211,8 +209,8 @@ def site_policy_sums(
         v = per.mean(1)
         values[pol.name] = v
         mc = per.var(1, ddof=1) / per.shape[1] if per.shape[1] > 1 else None
-        out.update(site_sums(f"whatif.value.{pol.name}", v, weights, mc))
-        out.update(site_sums(f"whatif.rectified.{pol.name}", v - residual, weights))
+        out.update(site_sums(f"whatif.value.{pol.name}", v, mc))
+        out.update(site_sums(f"whatif.rectified.{pol.name}", v - residual))
         out[f"policy.{pol.name}.n"] = n
         out[f"policy.{pol.name}.sim_sum"] = float(v.sum())  # = sim.value · n, in float64 like the interval's sums
         if oracle is not None and all_rows:
@@ -223,7 +221,7 @@ def site_policy_sums(
     ref = values[request.reference]
     for name, v in values.items():
         if name != request.reference:
-            out.update(site_sums(f"whatif.diff.{name}", v - ref, weights))
+            out.update(site_sums(f"whatif.diff.{name}", v - ref))
     out["contexts.generated"] = float(len(contexts.get("generated", [])))
     out["contexts.replayed"] = float(len(contexts.get("replayed", [])))
     if site_dir is not None:
@@ -299,7 +297,7 @@ def merge_policy_sums(s: dict[str, Any], sites: int, request: WhatIfRequest | No
         reference with its interval and, with an oracle, its truth). ``factual_residual`` is the mean of
         v̂(logged actions) − observed with its interval: how far the simulator is off where the truth is observed.
     """
-    from fcd_secure.evaluation.intervals import BOOT_N_KEY, interval_from_sums  # noqa: PLC0415
+    from fcd_secure.evaluation.intervals import interval_from_sums  # noqa: PLC0415
     from fcd_secure.evaluation.ope import OPEResult, combine  # noqa: PLC0415
 
     counts = s.get("_counts", {})
@@ -316,11 +314,11 @@ def merge_policy_sums(s: dict[str, Any], sites: int, request: WhatIfRequest | No
         if f"policy.{name}.true_sum" in s and counts.get(f"policy.{name}.true_sum", sites) == sites:
             d["value_true"] = s[f"policy.{name}.true_sum"] / n
             d["value_error"] = abs(d["value_sim"] - d["value_true"])
-        if f"whatif.value.{name}.n" in s and BOOT_N_KEY in s:
+        if f"whatif.value.{name}.n" in s:
             d["interval"] = interval_from_sums(s, f"whatif.value.{name}", level).to_dict()
-        if f"whatif.rectified.{name}.n" in s and BOOT_N_KEY in s:
+        if f"whatif.rectified.{name}.n" in s:
             d["rectified"] = interval_from_sums(s, f"whatif.rectified.{name}", level).to_dict()
-        if f"whatif.diff.{name}.n" in s and BOOT_N_KEY in s and request is not None:
+        if f"whatif.diff.{name}.n" in s and request is not None:
             d["effect"] = {"reference": request.reference, **interval_from_sums(s, f"whatif.diff.{name}", level).to_dict()}
         ests = sorted({k.split(".")[2] for k in s if k.startswith(f"ope.{name}.")}, key=lambda e: (len(e), e))
         for est in ests:  # ipw, snipw, dr, then their truncated-horizon forms (ipw_h2, ...)
@@ -344,7 +342,7 @@ def merge_policy_sums(s: dict[str, Any], sites: int, request: WhatIfRequest | No
             if "effect" in d and "value_true" in d and "value_true" in ref:
                 d["effect"]["true"] = d["value_true"] - ref["value_true"]
     res: dict[str, Any] = {}
-    if "whatif.residual.n" in s and BOOT_N_KEY in s:
+    if "whatif.residual.n" in s:
         res["factual_residual"] = interval_from_sums(s, "whatif.residual", level).to_dict()
     if per_policy:
         res["policies"] = per_policy
@@ -353,7 +351,7 @@ def merge_policy_sums(s: dict[str, Any], sites: int, request: WhatIfRequest | No
             res["value_error_mean"] = float(np.mean(errs))
     if request is not None and per_policy:
         res["whatif"] = {"query_id": request.query_id, "reference": request.reference, "horizon": request.horizon,
-                         "level": request.level, "n_boot": request.n_boot,
+                         "level": request.level,
                          "per_entity_file": f"<site state>/{WHATIF_DIR}/{request.query_id}.csv (on each site only)"}
     k = s.get("anchors.sites")
     if k:
