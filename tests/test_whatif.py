@@ -20,7 +20,8 @@ from typer.testing import CliRunner  # noqa: E402
 from fcd_secure.cli.main import app as fcd_app  # noqa: E402
 from fcd_secure.config import build_config  # noqa: E402
 from fcd_secure.data.policy import load_policy, load_policy_refs  # noqa: E402
-from fcd_secure.federation.whatif import WhatIfRequest, run_whatif  # noqa: E402
+from fcd_secure.federation.whatif import WhatIfRequest  # noqa: E402
+from fcd_secure.federation.whatif_run import run_whatif  # noqa: E402
 
 SITES = 2
 ITEM_POLICY = """\
@@ -155,3 +156,22 @@ def test_bad_questions_exit_2_before_any_engine(asked, tmp_path):
     assert r.exit_code == 2 and "sometimes: no such policy file" in said(r)
     assert load_policy(run.parent / "item3.toml").labels == ["item 3"]
     assert not np.isnan(asked[2]["policies"]["never"]["value_sim"])
+
+
+def test_the_egress_gate_allows_exactly_the_keys_of_the_question():
+    from fcd_secure.federation.egress import federation_policy
+    from fcd_secure.federation.whatif import evaluated_policy_names
+
+    cfg = build_config("tiny", {})
+    request = WhatIfRequest(policies=load_policy_refs(["never", "late_on"]), reference="never")
+    names = evaluated_policy_names({"whatif": request.to_json()}, cfg)
+    assert names == ["never", "late_on"]
+    assert evaluated_policy_names({}, cfg) == ["never", "always", "early_on", "late_on"]  # the run's own question
+    assert evaluated_policy_names({"whatif": "{not json"}, cfg) == []  # nothing of a malformed question may leave
+    pol = federation_policy(2, names)
+    for key in ("eval/whatif.value.late_on.sum", "eval/whatif.diff.late_on.sumsq", "eval/whatif.rectified.never.n",
+                "eval/whatif.residual.sum", "eval/anchors.a_on", "eval/policy.late_on.sim_sum"):
+        assert key in pol.allowed_metrics, key
+    assert "eval/whatif.value.always.sum" not in pol.allowed_metrics  # not asked, so not allowed
+    assert "eval/whatif.value.late_on.entity" not in pol.allowed_metrics
+    assert "hello/dim-n_endogenous" in pol.allowed_config_keys

@@ -28,8 +28,8 @@ On each site (:func:`site_policy_sums`), for every policy π (bound to the site'
 On the server (:func:`merge_policy_sums`), from the consortium totals only: each policy's value and its 90 %
 interval, each contrast and its interval, the truth beside them where the data has an oracle.
 
-:func:`run_whatif` asks the question of a finished run: it re-opens the run's state (the sites' Θs) and ``theta_c.npz``
-and runs one evaluation-only round on the simulation engine (``run_simulated`` with :func:`make_whatif_server_app`).
+:func:`fcd_secure.federation.whatif_run.run_whatif` asks the question of a finished run: it re-opens the run's state
+(the sites' Θs) and ``theta_c.npz`` and runs one evaluation-only round on the simulation engine.
 
 The model side of DR: V̂_t is the model's return-to-go under π from a do-simulation started at t = 0 and Q̂_t = V̂_t.
 For the deterministic policies evaluated here Q̂_t only enters the per-decision DR sum multiplied by the weight
@@ -58,7 +58,8 @@ if TYPE_CHECKING:  # pragma: no cover - the run config pulls in torch; the reque
     from fcd_secure.federation.learner import SiteData
 
 __all__ = [
-    "WHATIF_DIR", "WHATIF_KEY", "WhatIfRequest", "merge_policy_sums", "request_from_config", "site_policy_sums",
+    "WHATIF_DIR", "WHATIF_KEY", "WhatIfRequest", "evaluated_policy_names", "merge_policy_sums", "request_from_config",
+    "site_policy_sums", "whatif_metric_names",
 ]
 
 #: key of the request (JSON) in the evaluation config
@@ -363,122 +364,37 @@ def merge_policy_sums(s: dict[str, Any], sites: int, request: WhatIfRequest | No
     return res
 
 
-# -- asking a finished run -----------------------------------------------------------------------------------------
-class WhatIfError(RuntimeError):
-    """A run folder that cannot answer a what-if question (unfinished, no site state, another model layout)."""
+#: the scalars of an evaluation reply that do not depend on the policies (anchor ids, context counts, the residual)
+WHATIF_SCALARS = ("anchors.a_off", "anchors.a_on", "anchors.sites", "contexts.generated", "contexts.replayed",
+                  "whatif.residual.n", "whatif.residual.sum", "whatif.residual.sumsq")
 
 
-def _next_round(audit) -> int:
-    """The first round number the server ledger has not used (a later session continues the run's chain)."""
-    rounds = [getattr(e, "round", None) for e in audit.ledger.entries()]
-    return max((int(r) for r in rounds if r is not None), default=0) + 1
+def whatif_metric_names(policy_names: list[str] | tuple[str, ...]) -> list[str]:
+    """Every key :func:`site_policy_sums` may add to an evaluation reply besides ``policy.*`` / ``ope.*`` (the
+    federation's exact egress allow-list, ``federation.egress``)."""
+    names = list(WHATIF_SCALARS)
+    for p in policy_names:
+        names += [f"whatif.value.{p}.{f}" for f in ("n", "sum", "sumsq", "mc_var")]
+        names += [f"whatif.{kind}.{p}.{f}" for kind in ("rectified", "diff") for f in ("n", "sum", "sumsq")]
+    return names
 
 
-def ask_sites(grid, cfg: "RunConfig", theta: dict[str, np.ndarray], request: WhatIfRequest) -> dict[str, Any]:
-    """One evaluation-only round on ``grid``: identify the sites, send Θc with the question, merge their sums, close
-    the sites' and the server's audit ledgers for the round. Nothing is trained.
+def evaluated_policy_names(eval_config: dict | None, cfg: "RunConfig") -> list[str]:
+    """The names of the policies an evaluation request asks about: the request's own question, else the run's
+    ``[evaluation] policies`` (the paper's four when those cannot be read here)."""
+    from fcd_secure.data.policy import DEFAULT_POLICY_NAMES  # noqa: PLC0415
+    from fcd_secure.data.spec import DataError  # noqa: PLC0415
 
-    Raises:
-        FederationError: sites missing or inconsistent, or a model layout that is not the run's.
-        WhatIfError: ``theta`` does not match the model the sites build.
-    """
-    from fcd_secure.audit import RECEIPTS_MESSAGE_TYPE  # noqa: PLC0415
-    from fcd_secure.federation import learner  # noqa: PLC0415
-    from fcd_secure.federation.evaluation import evaluate_federated  # noqa: PLC0415
-    from fcd_secure.federation.messaging import Comm  # noqa: PLC0415
-    from fcd_secure.federation.server_app import FederationError, hello, server_audit, wait_for_nodes  # noqa: PLC0415
-    from fcd_secure.manifest import FULL, THETA_C  # noqa: PLC0415
-
-    fed = cfg.federation
-    n_sites = cfg.data.n_sites
-    comm = Comm(grid, poll_s=fed.poll_s, audit=server_audit(cfg))
-    comm.round = _next_round(comm.audit)
-    nodes = wait_for_nodes(grid, n_sites, fed.node_wait_s)
-    sites = hello(comm, nodes[:n_sites] if len(nodes) == n_sites else nodes, fed.round_timeout_s, n_sites)
-    model = learner.build_model(cfg, sites[0].dims)
-    manifest = learner.manifest_of(model)
-    if manifest.layout_hash != sites[0].layout_hash:
-        raise FederationError("the server's model layout differs from the sites' (different code or config)")
-    comm.audit.record_manifest(manifest)
-    part = THETA_C if fed.sync == "dss" else FULL
-    expected = learner.get_params(model, part)
-    bad = sorted(set(expected) ^ set(theta)) or [k for k in expected if np.shape(theta[k]) != expected[k].shape]
-    if bad:
-        raise WhatIfError(f"theta_c.npz does not match the run's model ({bad[0]}); was the code or config changed?")
-    theta = {k: np.asarray(theta[k], dtype=expected[k].dtype) for k in expected}
-    order = [s.node_id for s in sites]
-    res = evaluate_federated(comm, order, theta, cfg, part, quick=False, sites=sites, whatif=request)
-    res["round"] = comm.round
-    comm.round += 1
-    comm.send(comm.audit.owed_nodes(), RECEIPTS_MESSAGE_TYPE, comm.audit.final_contents(), fed.round_timeout_s)
-    comm.audit.close()
-    return res
-
-
-def make_whatif_server_app(theta: dict[str, np.ndarray], request: WhatIfRequest, sink: dict,
-                           cfg: "RunConfig | None" = None):
-    """A ServerApp that asks :func:`ask_sites` once and puts the merged result in ``sink["result"]``."""
-    from flwr.serverapp import ServerApp  # noqa: PLC0415
-
-    from fcd_secure.federation.records import config_from_context  # noqa: PLC0415
-
-    app = ServerApp()
-
-    @app.main()
-    def main(grid, context) -> None:
-        sink["result"] = ask_sites(grid, config_from_context(context, cfg), theta, request)
-
-    return app
-
-
-def open_run(run_dir: str | Path) -> tuple["RunConfig", dict[str, np.ndarray]]:
-    """The configuration (state folder resolved) and the final Θc of a finished run folder.
-
-    Raises:
-        WhatIfError: no such run, an unfinished run, or no site state next to it.
-        ConfigError: the run's config.toml cannot be read.
-    """
-    from fcd_secure._io import read_npz  # noqa: PLC0415
-    from fcd_secure.config import RunConfig  # noqa: PLC0415
-    from fcd_secure.federation.site import default_site_id  # noqa: PLC0415
-
-    run_dir = Path(run_dir)
-    for name in ("config.toml", "theta_c.npz", "summary.json"):
-        if not (run_dir / name).is_file():
-            raise WhatIfError(f"{run_dir}: no {name} (not a finished run folder of `fcd run`)")
-    cfg = RunConfig.load(run_dir / "config.toml")
-    # the state root as recorded, else the default one inside the run folder (a folder moved after the run)
-    candidates = [Path(cfg.state_dir)] if cfg.state_dir else []
-    candidates.append(run_dir / "state")
-    state = next((c for c in candidates if (c / default_site_id(0)).is_dir()), None)
-    if state is None:
-        raise WhatIfError(f"{run_dir}: the sites' state (Θs) is not in {' or '.join(map(str, candidates))}; a run "
-                          "deployed with `fcd deploy` keeps it on each site")
-    cfg = cfg.model_copy(update={"state_dir": str(state.resolve()), "out": str(run_dir.resolve())})
-    return cfg, read_npz(run_dir / "theta_c.npz")
-
-
-def run_whatif(run_dir: str | Path, request: WhatIfRequest, num_cpus: int | None = None) -> dict[str, Any]:
-    """Ask ``request`` of a finished run on the simulation engine; the result is also written to
-    ``<run_dir>/whatif/<query id>.json``.
-
-    Raises:
-        WhatIfError: see :func:`open_run`.
-        DataError: a policy names a label or context column the run's data does not have (raised on the sites;
-            check first with :func:`check_policies`).
-    """
-    from fcd_secure.federation.simulation import run_simulated  # noqa: PLC0415
-
-    cfg, theta = open_run(run_dir)
-
-    def factory(c, sink):
-        return make_whatif_server_app(theta, request, sink, c)
-
-    res = run_simulated(cfg, server_app_factory=factory, num_cpus=num_cpus)
-    out = {"run": str(Path(run_dir)), "query_id": request.query_id, "dataset": cfg.data.dataset, "seed": cfg.seed,
-           **res}
-    atomic_write_text(Path(run_dir) / WHATIF_DIR / f"{request.query_id}.json", json.dumps(jsonable(out), indent=2))
-    return out
+    raw = (eval_config or {}).get(WHATIF_KEY)
+    if raw:
+        try:
+            return [p.name for p in WhatIfRequest.from_json(str(raw)).policies]
+        except ValueError:
+            return []  # a malformed question is refused by the handler; nothing of it may leave
+    try:
+        return [p.name for p in load_policy_refs(cfg.evaluation.policies)]
+    except DataError:
+        return list(DEFAULT_POLICY_NAMES)
 
 
 def action_labels(cfg: "RunConfig") -> list[str] | None:
