@@ -16,8 +16,6 @@ What a site sends (``site_metrics``), all sums over its own test trajectories, s
 
 from __future__ import annotations
 
-import math
-import warnings
 from typing import Any
 
 import numpy as np
