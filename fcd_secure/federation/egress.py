@@ -28,7 +28,7 @@ from fcd_secure.audit import (
     federation_gate_policy,
     make_egress_gate,
 )
-from fcd_secure.audit.allowlist import HELLO_DIMS
+from fcd_secure.audit.allowlist import HELLO_DIMS, TRAIN_METRICS
 from fcd_secure.data.policy import DEFAULT_POLICY_NAMES
 from fcd_secure.federation.records import REC_CONFIG, REC_EVAL, REC_HELLO, REC_METRICS, REC_NUM
 from fcd_secure.federation.site import SiteRuntime
@@ -52,7 +52,9 @@ def federation_policy(
     base = federation_gate_policy(
         policy_names=tuple(policy_names),
         ope_horizons=(ope_horizon,) if ope_horizon else (),
-        dims=HELLO_DIMS + ("n_endogenous",),  # learner.dims_of: the endogenous context columns (model/context.py)
+        # the endogenous contexts' head (model/context.py): its dim in hello, its loss part in a training reply
+        dims=HELLO_DIMS + ("n_endogenous",),
+        train_metrics=TRAIN_METRICS + ("context",),
         rec_hello=REC_HELLO,
         rec_num=REC_NUM,
         rec_metrics=REC_METRICS,

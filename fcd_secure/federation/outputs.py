@@ -104,6 +104,7 @@ def build_summary(cfg: RunConfig, result, engine: str) -> dict[str, Any]:
         "whatif": fe.get("whatif"),
         "anchors": fe.get("anchors"),
         "contexts": fe.get("contexts"),
+        "factual_residual": fe.get("factual_residual"),
         "failed_sites_final_eval": fe.get("failed_sites", []),
         "wall_s": result.wall_s,
         "resumed_from_round": result.resumed_from,
