@@ -87,7 +87,10 @@ def score(run: Path, sizes: list[int], resamples: int) -> dict[str, Any]:
     cfg = RunConfig.load(run / "config.toml")
     seed, level = cfg.seed, cfg.evaluation.level
     summary = json.loads((run / "summary.json").read_text())
+    if not summary.get("whatif"):  # the run's final evaluation did not answer: use `fcd whatif`'s answer instead
+        summary = json.loads((run / "whatif" / f"{request_from_config(cfg).query_id}.json").read_text())
     request = request_from_config(cfg)
+    query = summary["whatif"]["query_id"]  # the question the run's final evaluation asked (its per-entity files)
     fd = learner.load_federated(cfg)
     truth_of = ORACLES[cfg.data.dataset]
     pols = {p.name: p for p in default_policies()}
@@ -112,7 +115,7 @@ def score(run: Path, sizes: list[int], resamples: int) -> dict[str, Any]:
     residual: list[np.ndarray] = []
     state = run / "state"
     for s in range(cfg.data.n_sites):
-        df = pd.read_csv(state / f"site-{s:02d}" / "whatif" / f"{request.query_id}.csv")
+        df = pd.read_csv(state / f"site-{s:02d}" / "whatif" / f"{query}.csv")
         ent = df["entity"].to_numpy()
         residual.append(df["factual_residual"].to_numpy())
         for n, p in pols.items():
