@@ -96,6 +96,14 @@ class EvaluationSection(BaseModel):
         description="also report IPW/SNIPW/DR over the first H steps (keys '<est>_h<H>'): deterministic policies "
         "rarely match a whole logged trajectory, so full-horizon estimates are often NaN (no support)",
     )
+    policies: list[str] = Field(
+        default_factory=list,
+        description="policies simulated at the end of the run: policy files (.toml) or names of shipped policies "
+        "(never, always, early_on, late_on); empty: the paper's four",
+    )
+    reference: str | None = Field(None, description="the policy every other one is contrasted with (default: the first)")
+    horizon: int | None = Field(None, ge=1, description="steps from t = 0 a policy value averages (default: whole trajectories)")
+    level: float = Field(0.9, gt=0, lt=1, description="nominal coverage of the intervals of policy values and effects")
 
 
 class RunConfig(BaseModel):

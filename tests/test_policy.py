@@ -147,3 +147,82 @@ def test_policies_are_the_one_policy_protocol():
 
     assert all(isinstance(p, PolicyLike) for p in default_policies())
     assert not isinstance(OnlyActions(), PolicyLike)  # an OPE estimator also needs prob()
+
+
+# -- policies that name actions ------------------------------------------------------------------------------------
+LABELS = ["none", "insulin", "metformin", "both"]
+
+
+def test_a_policy_names_actions_by_label_id_or_anchor(tmp_path):
+    (tmp_path / "insulin.toml").write_text('name = "insulin_always"\n[rule]\nkind = "static"\naction = "insulin"\n')
+    (tmp_path / "by_id.toml").write_text('name = "three"\n[rule]\nkind = "static"\naction = 3\n')
+    (tmp_path / "switch.toml").write_text(
+        'name = "metformin_then_both"\n[rule]\nkind = "switch"\nat = 2\nbefore = "metformin"\nafter = "both"\n')
+    lengths = np.array([5, 3])
+    pol = load_policy(tmp_path / "insulin.toml").bind(LABELS)
+    assert _plan(pol, lengths, L=5).tolist() == [[1] * 5, [1] * 5]  # the label, whatever the anchors
+    assert _plan(load_policy(tmp_path / "by_id.toml").bind(LABELS), lengths, L=3).tolist() == [[3] * 3] * 2
+    sw = load_policy(tmp_path / "switch.toml").bind(LABELS)
+    assert _plan(sw, lengths, L=5)[0].tolist() == [2, 2, 3, 3, 3]
+    assert sw.labels == ["metformin", "both"] and not sw.uses_anchors
+    assert default_policies()[1].uses_anchors and default_policies()[1].labels == []
+    # a label needs the dataset's vocabulary: unbound, the policy refuses rather than guess an id
+    with pytest.raises(ValueError, match="bind it"):
+        _plan(load_policy(tmp_path / "insulin.toml"), lengths)
+    # the same question travels to the sites as JSON and binds there
+    again = type(pol).model_validate_json(load_policy(tmp_path / "insulin.toml").model_dump_json()).bind(LABELS)
+    assert _plan(again, lengths).tolist() == _plan(pol, lengths).tolist()
+
+
+def test_a_label_or_context_the_data_does_not_have_names_the_file_and_field(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text('name = "x"\n[rule]\nkind = "switch"\nat = 1\nbefore = "none"\nafter = "surgery"\n')
+    with pytest.raises(DataError) as exc:
+        load_policy(path).bind(LABELS)
+    assert exc.value.file == str(path) and exc.value.field == "rule.after" and "surgery" in str(exc.value)
+    path.write_text('name = "x"\n[rule]\nkind = "static"\naction = 9\n')
+    with pytest.raises(DataError, match="outside the dataset's 4 actions"):
+        load_policy(path).bind(LABELS)
+    path.write_text('name = "x"\n[rule]\nkind = "threshold"\nsignal = "context:hba1c"\nvalue = 7\nthen = 1\n')
+    with pytest.raises(DataError) as exc:
+        load_policy(path).bind(LABELS, ["lab", "ward=a"])
+    assert exc.value.field == "rule.signal" and "hba1c" in str(exc.value)
+    for text, field in [
+        ('name = "x"\n[rule]\nkind = "static"\naction = "anchor:middle"\n', "rule"),
+        ('name = "x"\n[rule]\nkind = "static"\naction = -1\n', "rule"),
+        ('name = "x"\n[rule]\nkind = "switch"\nat = 2\nbefore = 1\n', "rule.after"),
+        ('name = "has space"\n[rule]\nkind = "static"\naction = 1\n', "name"),
+        ('name = "x"\n[rule]\nkind = "threshold"\nvalue = 1\nsignal = "lab"\n', "rule"),
+    ]:
+        path.write_text(text)
+        with pytest.raises(DataError) as exc:
+            load_policy(path)
+        assert exc.value.field is not None and exc.value.field.startswith(field), (text, exc.value)
+
+
+def test_threshold_on_a_context_column_reads_contexts_up_to_t(tmp_path):
+    (tmp_path / "t.toml").write_text(
+        'name = "titrate"\n[rule]\nkind = "threshold"\nsignal = "context:lab"\nvalue = 7.0\nwhen = "above"\n'
+        'lookback = 2\nthen = "insulin"\notherwise = "none"\n')
+    pol = load_policy(tmp_path / "t.toml").bind(LABELS, ["ward=a", "lab"])
+    assert pol.needs_context
+    A = np.zeros((2, 4, 2))
+    A[:, :, 1] = [[6.0, 8.0, 8.0, 5.0], [9.0, 9.0, 5.0, 5.0]]
+    # the mean of the last 2 contexts up to and including t (A_t is known at decision time; t = 0 has only A_0):
+    # row 0: 6, 7, 8, 6.5; row 1: 9, 9, 7, 5 -> "above 7" is insulin (id 1), else none (id 0)
+    assert pol.plan(np.zeros((2, 4)), np.array([4, 4]), A_OFF, A_ON, A=A).tolist() == [[0, 0, 1, 0], [1, 1, 0, 0]]
+    with pytest.raises(ValueError, match="context"):
+        pol.actions(1, np.zeros((2, 1)), np.array([4, 4]), A_OFF, A_ON)
+
+
+def test_policy_refs_are_files_or_shipped_names(tmp_path):
+    from fcd_secure.data.policy import load_policy_refs
+
+    (tmp_path / "mine.toml").write_text('name = "mine"\n[rule]\nkind = "static"\naction = "anchor:on"\n')
+    pols = load_policy_refs(["never", str(tmp_path / "mine.toml")])
+    assert [p.name for p in pols] == ["never", "mine"]
+    assert [p.name for p in load_policy_refs([])] == ["never", "always", "early_on", "late_on"]
+    with pytest.raises(DataError, match="no such policy file"):
+        load_policy_refs(["sometimes"])
+    with pytest.raises(DataError, match="two policy files"):
+        load_policy_refs(["never", "never"])

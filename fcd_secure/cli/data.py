@@ -112,15 +112,32 @@ def describe(
         "DKT-Synth: tiny | default | paper.",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object: {dataset: description}."),
+    spec: Optional[tuple[Path, Path]] = typer.Option(
+        None, "--spec", metavar="SPEC TABLE", help="Describe your own table (a dataset spec and the table it describes) "
+        "instead of the built-in datasets: the same sites, anchors and contexts `fcd run --spec` would use."),
 ) -> None:
     """Per dataset and per site: sequences, Lmax, dx, da, |T|, action support and anchors, outcome rate.
 
-    For the paper's four datasets Table I's numbers are shown beside ours (ours / paper; yellow where they differ).
-    A dataset that cannot be loaded (missing files, a DKT oracle whose checksum does not match) gets its error in
-    its entry and the others are still described; the exit code is then 1.
+    The anchors are the two actions with the most logged support, which the paper's four policies (never, always,
+    early_on, late_on) use: a_off and a_on, by id and label. For the paper's four datasets Table I's numbers are
+    shown beside ours (ours / paper; yellow where they differ). A dataset that cannot be loaded (missing files, a DKT
+    oracle whose checksum does not match) gets its error in its entry and the others are still described; the exit
+    code is then 1.
     """
-    from fcd_secure.data.registry import DATASETS, load_federated
+    from fcd_secure.data.registry import DATASETS, load_federated, load_spec_federated
 
+    if spec is not None:
+        try:
+            fd = load_spec_federated(spec[0], spec[1], n_sites=n_sites, alpha=alpha, seed=seed)
+        except DataError as exc:
+            _fail(exc, as_json)
+            return
+        results = {fd.name: fd.description}
+        if as_json:
+            print(json.dumps(results, default=float))
+        else:
+            _print_tables(results)
+        return
     wanted = [d.lower() for d in dataset]
     names = list(DATASETS) if "all" in wanted else list(dict.fromkeys(wanted))
     for name in names:
@@ -168,7 +185,7 @@ def _print_tables(results: dict[str, Any]) -> None:
             _fmt_pair(d["n_actions"], p.get("n_actions")),
             str(d["actions_used"]),
             f"{d['outcome_rate']:.3f}",
-            f"{an['a_off']} / {an['a_on']}",
+            escape(f"{an['a_off']} ({an.get('a_off_name', an['a_off'])}) / {an['a_on']} ({an.get('a_on_name', an['a_on'])})"),
             f"{an['share_off']:.1%} / {an['share_on']:.1%}",
             f"{sum(a['share'] for a in d['top_actions']):.1%}",
         )
@@ -188,5 +205,13 @@ def _print_tables(results: dict[str, Any]) -> None:
                       f"{row['outcome_rate']:.3f}", f"{row['top_action_share']:.1%}", f"{row['share_off']:.1%}",
                       f"{row['share_on']:.1%}")
         _out.print(s)
+        an = d["anchors"]
+        _out.print(f"  anchors of the paper's policies (never/always/early_on/late_on): a_off = {an['a_off']} "
+                   f"({escape(str(an.get('a_off_name')))}), a_on = {an['a_on']} ({escape(str(an.get('a_on_name')))})",
+                   highlight=False)
+        if d.get("contexts"):
+            c = d["contexts"]
+            _out.print(f"  contexts: generated under an intervention (endogenous): {escape(', '.join(c['endogenous']) or '-')}; "
+                       f"replayed (exogenous): {escape(', '.join(c['exogenous']) or '-')}", highlight=False)
         for note in d.get("notes", []):
             _out.print(f"  [dim]- {note}[/]", highlight=False)

@@ -16,6 +16,7 @@ from fcd_secure.cli import data as data_cli  # noqa: E402
 from fcd_secure.cli import privacy as privacy_cli  # noqa: E402
 from fcd_secure.cli import run as run_cli  # noqa: E402
 from fcd_secure.cli import train as train_cli  # noqa: E402
+from fcd_secure.cli import whatif as whatif_cli  # noqa: E402
 
 app = typer.Typer(
     name="fcd",
@@ -33,6 +34,7 @@ app.add_typer(audit_cli.app, name="audit", help="Verify site and server uplink l
 train_cli.register(app)
 run_cli.register(app)
 ablate_cli.register(app)
+whatif_cli.register(app)
 
 
 if __name__ == "__main__":  # pragma: no cover

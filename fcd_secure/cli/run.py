@@ -43,6 +43,8 @@ def resolve_config(
     dp_delta: Optional[float] = None,
     dp_clip: Optional[float] = None,
     dp_ledger_dir: Optional[Path] = None,
+    policies: Optional[list[str]] = None,
+    reference: Optional[str] = None,
 ):
     """Preset (or config file) + command-line overrides -> a validated ``RunConfig``.
 
@@ -88,6 +90,10 @@ def resolve_config(
         dp["ledger_dir"] = str(dp_ledger_dir)
     if dp:
         over["dp"] = dp
+    if policies:
+        over["evaluation"] = {"policies": [str(p) for p in policies]}
+    if reference is not None:
+        over.setdefault("evaluation", {})["reference"] = reference
     cfg = build_config(preset, over, base=base)
     if out is None:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
@@ -210,6 +216,8 @@ def register(app: typer.Typer) -> None:
         dp_delta: Optional[float] = typer.Option(None, "--dp-delta", help="DP δ (default: a power of ten ≤ 1/(10·n_site))."),
         dp_clip: Optional[float] = typer.Option(None, "--dp-clip", min=1e-6, help="DP-SGD per-sample clipping norm C (default 1.0)."),
         dp_ledger_dir: Optional[Path] = typer.Option(None, "--dp-ledger-dir", help="Persistent privacy-ledger folder, so a new run on the same data cannot reset the budget (default: inside --state-dir)."),
+        policy: Optional[list[str]] = typer.Option(None, "--policy", "-p", help="A policy to simulate at the end (a .toml file or a shipped name: never, always, early_on, late_on); repeat for several. Default: [evaluation] policies, else the paper's four."),
+        reference: Optional[str] = typer.Option(None, "--reference", help="The name of the policy the others are contrasted with (default: the first)."),
     ) -> None:
         """Train Fed-CausalDiff across N sites with decoupled synchronisation (only Θc leaves a site) on Flower's
         simulation engine, evaluate it federatedly, and write a run folder (config, theta_c.npz, per-round metrics,
@@ -219,7 +227,9 @@ def register(app: typer.Typer) -> None:
         """
         import torch  # noqa: PLC0415
 
+        from fcd_secure.cli.whatif import anchors_line, whatif_table  # noqa: PLC0415
         from fcd_secure.federation.flows import check_flow  # noqa: PLC0415
+        from fcd_secure.federation.whatif import check_policies, request_from_config  # noqa: PLC0415
 
         console = Console(stderr=as_json)
         try:
@@ -228,8 +238,11 @@ def register(app: typer.Typer) -> None:
                 seed=seed, dataset=dataset, spec=spec, data_dir=data_dir, secure=secure, sync=sync,
                 eval_every=eval_every, state_dir=state_dir, out=out,
                 dp_epsilon=dp_epsilon, dp_delta=dp_delta, dp_clip=dp_clip, dp_ledger_dir=dp_ledger_dir,
+                policies=policy, reference=reference,
             )
             check_flow(cfg)  # a secure-mode misconfiguration is a clear error before any engine starts
+            # the policy files parse, the reference is one of them and their labels are the data's, before any engine
+            check_policies(cfg, request_from_config(cfg).policies)
         except _common_errors() as exc:
             _fail(console, str(exc))
         torch.set_num_threads(1)  # the sites share the machine's cores through one Ray actor
@@ -250,6 +263,10 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps(summary))
         else:
             console.print(summary_table(summary, title=f"Fed-CausalDiff on {cfg.data.dataset}"))
+            if anchors_line(summary.get("anchors")):
+                console.print(f"anchors: {escape(anchors_line(summary['anchors']))}")
+            if summary.get("policies"):
+                console.print(whatif_table(summary))
             console.print(f"run folder: {cfg.out}")
 
     @app.command("deploy")

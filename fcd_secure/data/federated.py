@@ -24,6 +24,7 @@ from fcd_secure.data.partition import site_splits
 from fcd_secure.data.policy import anchor_actions
 from fcd_secure.data.preprocess import Standardizer, take
 from fcd_secure.data.schema import SiteDataset
+from fcd_secure.data.spec import context_dynamics
 
 __all__ = ["STANDARDIZATION_NOTE", "FederatedData", "describe_federated", "split_into_sites"]
 
@@ -115,6 +116,14 @@ def _outcome_rate(sets: list[SiteDataset]) -> float:
     return num / den if den else float("nan")
 
 
+def _contexts(ds: SiteDataset) -> dict[str, list[str]]:
+    """The context columns by their behaviour under an intervention (:func:`~fcd_secure.data.spec.context_dynamics`)."""
+    names = [str(a) for a in (ds.meta.get("a_names") or [])]
+    names = names if len(names) == ds.da else [f"A[{j}]" for j in range(ds.da)]
+    marks = context_dynamics(ds.meta, ds.da)
+    return {kind: [n for n, m in zip(names, marks) if m == kind] for kind in ("endogenous", "exogenous")}
+
+
 def describe_federated(
     fd: FederatedData,
     top: int = 5,
@@ -169,6 +178,7 @@ def describe_federated(
             "a_off": a_off, "a_on": a_on, "a_off_name": name_of(a_off), "a_on_name": name_of(a_on),
             "share_off": float(counts[a_off] / total), "share_on": float(counts[a_on] / total),
         },
+        "contexts": _contexts(first),
         "truncated_entities": meta.get("truncated_entities"),
         "notes": list(meta.get("notes", [])),
         "table_i": None if table_i is None else dict(table_i),

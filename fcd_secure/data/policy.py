@@ -1,43 +1,63 @@
-"""Treatment policies over the binary anchor-action subset (paper §IV-A a) "Reference policy family for OPE").
+"""Treatment policies: declarative TOML files that name actions (paper §IV-A a) "Reference policy family for OPE").
 
-The paper evaluates four target policies on a binary subset ``{a_off, a_on}`` of the action vocabulary, the two
-actions with the strongest logged support (:func:`anchor_actions`): Never (T_t ≡ a_off), Always (T_t ≡ a_on),
-Early-on and Late-on. Policies are declarative TOML files in the top-level ``policies/`` folder (see its README);
-each file is one :class:`Policy` with a ``rule`` table:
+A policy decides, at every step ``t`` of every trajectory, which action to take. Each file is one :class:`Policy`
+with a ``rule`` table; every rule evaluates one condition and takes its ``then`` action where the condition holds and
+its ``otherwise`` action elsewhere:
 
-- ``kind = "constant"``: ``on = true|false`` at every step;
-- ``kind = "window"``: on for ``start <= t < stop``; with ``unit = "fraction"`` the bounds are fractions of each
-  trajectory's valid length (Early-on: ``[0, 0.5)``, i.e. ``t < length/2``; Late-on: ``[0.5, 1]``), with
-  ``unit = "step"`` they are step indices (a switch at step k is ``start = k``);
-- ``kind = "threshold"``: on when the mean of the last ``lookback`` simulated/observed outcomes (the last columns
-  of the history passed in, most recent last) is ``below`` (or ``above``) ``value``; ``initial`` decides the steps
-  with no history yet.
+- ``kind = "static"``: ``action`` at every step;
+- ``kind = "switch"``: ``before`` until step ``at``, ``after`` from step ``at`` on (``unit = "fraction"``: ``at`` is a
+  fraction of each trajectory's valid length);
+- ``kind = "window"``: ``inside`` for ``start <= t < stop``, ``outside`` elsewhere (``unit = "fraction"``, the
+  default, or ``"step"``);
+- ``kind = "threshold"``: a rule on the observed (or, in a rollout, simulated) history: ``then`` when the mean of
+  the last ``lookback`` values of ``signal`` is ``below`` (or ``above``) ``value``, else ``otherwise``. The signal is
+  ``"outcome"`` (outcomes before t) or ``"context:<column>"`` (a context column up to and including t: A_t is known
+  at decision time); ``initial`` decides a step without any outcome history yet (t = 0);
+- ``kind = "constant"``: the paper's shorthand over the two anchors, ``on = true`` (a_on) or ``false`` (a_off).
+
+An action is named by its **label** (a string: the spec's ``actions`` / ``action_labels``, ``meta['action_names']``),
+its integer **id**, or an **anchor**: ``"anchor:off"`` / ``"anchor:on"``, the two actions with the most logged
+support (:func:`anchor_actions`; the paper evaluates Never, Always, Early-on and Late-on over them). The paper's four
+policies are ordinary files in the top-level ``policies/`` folder (:func:`default_policies`), written with anchors.
+
+A policy that names labels or reads a context column is *bound* to a dataset's vocabulary before it runs
+(:meth:`Policy.bind`, :func:`bind_policy`); the rollouts of every simulator and the ground truth do it.
 
 Runtime contract (other layers code against it): :class:`PolicyLike`, the one protocol of a target policy
 (``name``, ``actions(t, y_hist, lengths, a_off, a_on) -> int64 [B]``, ``prob(...) -> float64 [B]``), which
-:class:`Policy` implements; ``load_policy``, ``load_policies``, ``default_policies``.
+:class:`Policy` implements. A policy whose ``needs_context`` is true also takes ``context=`` ([B, h, da], the contexts
+up to and including t); callers pass it only then, so a policy written in Python keeps the five-argument form.
 """
 
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Literal, Protocol, Union, runtime_checkable
+from typing import Annotated, Any, Literal, Protocol, Union, runtime_checkable
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictInt, ValidationError, model_validator
 
 from fcd_secure.data.paths import PROJECT_ROOT
 from fcd_secure.data.schema import SiteDataset
-from fcd_secure.data.spec import DataError, field_path
+from fcd_secure.data.spec import ANCHOR_PREFIX, DataError, field_path
 
-POLICY_DIR = PROJECT_ROOT / "policies"
+__all__ = [
+    "ANCHOR_OFF", "ANCHOR_ON", "DEFAULT_POLICY_NAMES", "Policy", "PolicyLike", "anchor_actions", "anchor_labels",
+    "bind_policy", "default_policies", "load_policies", "load_policy", "load_policy_refs", "policy_dir",
+]
+
 DEFAULT_POLICY_NAMES = ("never", "always", "early_on", "late_on")
+ANCHOR_OFF = f"{ANCHOR_PREFIX}off"
+ANCHOR_ON = f"{ANCHOR_PREFIX}on"
+#: the top-level ``policies/`` folder of a source checkout (:func:`policy_dir` is the one way to find the defaults)
+POLICY_DIR = PROJECT_ROOT / "policies"
 
 
 @runtime_checkable
 class PolicyLike(Protocol):
-    """A target policy over the anchor subset, as simulators, the DKT-Synth ground truth and OPE estimators use it.
+    """A target policy, as simulators, the DKT-Synth ground truth and OPE estimators use it.
 
     Rollouts (a simulator's do-simulation, :meth:`DKTSynthWorld.true_policy_value`) call :meth:`actions`;
     importance-weighting estimators call :meth:`prob`. :class:`Policy` implements it; a policy written in Python
@@ -58,23 +78,91 @@ class PolicyLike(Protocol):
         ...
 
 
-class ConstantRule(BaseModel):
-    """On (a_on) or off (a_off) at every step."""
+def _check_ref(v: Any) -> Any:
+    if isinstance(v, int) and v < 0:
+        raise ValueError(f"an action id must be >= 0, got {v}")
+    if isinstance(v, str):
+        if not v:
+            raise ValueError("an action label must not be empty")
+        if v.startswith(ANCHOR_PREFIX) and v not in (ANCHOR_OFF, ANCHOR_ON):
+            raise ValueError(f"unknown anchor {v!r}; use {ANCHOR_OFF!r} or {ANCHOR_ON!r}")
+    return v
 
+
+#: An action: an id (int), a label (str) or an anchor ("anchor:off" / "anchor:on").
+ActionRef = Annotated[Union[StrictInt, str], Field(union_mode="left_to_right")]
+
+
+class _Rule(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    def refs(self) -> dict[str, Any]:
+        """The rule's action references by field name."""
+        return {}
+
+    def condition(self, t: int, y_hist: np.ndarray, lengths: np.ndarray, context: np.ndarray | None,
+                  column: int | None) -> np.ndarray:
+        raise NotImplementedError
+
+    @model_validator(mode="after")
+    def _refs_ok(self) -> "_Rule":
+        for v in self.refs().values():
+            _check_ref(v)
+        return self
+
+
+class StaticRule(_Rule):
+    """``action`` at every step."""
+
+    kind: Literal["static"]
+    action: ActionRef
+
+    def refs(self) -> dict[str, Any]:
+        return {"action": self.action}
+
+    @property
+    def then(self) -> Any:
+        return self.action
+
+    @property
+    def otherwise(self) -> Any:
+        return self.action
+
+    def condition(self, t, y_hist, lengths, context, column):
+        return np.ones(len(lengths), dtype=bool)
+
+
+class ConstantRule(_Rule):
+    """The anchor shorthand: a_on (``on = true``) or a_off at every step."""
+
     kind: Literal["constant"]
     on: bool
 
+    def refs(self) -> dict[str, Any]:
+        return {"then": self.then, "otherwise": self.otherwise}
 
-class WindowRule(BaseModel):
-    """On for ``start <= t < stop`` (fractions of each trajectory's length, or step indices)."""
+    @property
+    def then(self) -> Any:
+        return ANCHOR_ON
 
-    model_config = ConfigDict(extra="forbid")
+    @property
+    def otherwise(self) -> Any:
+        return ANCHOR_OFF
+
+    def condition(self, t, y_hist, lengths, context, column):
+        return np.full(len(lengths), self.on, dtype=bool)
+
+
+class WindowRule(_Rule):
+    """``inside`` for ``start <= t < stop`` (fractions of each trajectory's length, or step indices), else ``outside``."""
+
     kind: Literal["window"]
     unit: Literal["fraction", "step"] = "fraction"
     start: float = Field(default=0.0, ge=0.0)
     #: exclusive; omit for "until the end"
     stop: float | None = None
+    inside: ActionRef = ANCHOR_ON
+    outside: ActionRef = ANCHOR_OFF
 
     @model_validator(mode="after")
     def _order(self) -> "WindowRule":
@@ -84,75 +172,290 @@ class WindowRule(BaseModel):
             raise ValueError("with unit = 'fraction', start and stop must lie in [0, 1]")
         return self
 
+    def refs(self) -> dict[str, Any]:
+        return {"inside": self.inside, "outside": self.outside}
 
-class ThresholdRule(BaseModel):
-    """On when the recent outcome mean crosses a threshold (a feedback policy on simulated outcomes)."""
+    @property
+    def then(self) -> Any:
+        return self.inside
 
-    model_config = ConfigDict(extra="forbid")
+    @property
+    def otherwise(self) -> Any:
+        return self.outside
+
+    def condition(self, t, y_hist, lengths, context, column):
+        lengths = np.asarray(lengths)
+        if self.unit == "fraction":
+            lo, hi = self.start * lengths, (np.inf if self.stop is None else self.stop * lengths)
+        else:
+            lo, hi = np.full(len(lengths), self.start), np.full(len(lengths), np.inf if self.stop is None else self.stop)
+        return (t >= lo) & (t < hi)
+
+
+class SwitchRule(_Rule):
+    """``before`` for t < ``at``, ``after`` from ``at`` on (a step index, or a fraction of each trajectory's length)."""
+
+    kind: Literal["switch"]
+    at: float = Field(ge=0.0)
+    unit: Literal["step", "fraction"] = "step"
+    before: ActionRef
+    after: ActionRef
+
+    @model_validator(mode="after")
+    def _at(self) -> "SwitchRule":
+        if self.unit == "fraction" and self.at > 1.0:
+            raise ValueError("with unit = 'fraction', at must lie in [0, 1]")
+        return self
+
+    def refs(self) -> dict[str, Any]:
+        return {"before": self.before, "after": self.after}
+
+    @property
+    def then(self) -> Any:
+        return self.after
+
+    @property
+    def otherwise(self) -> Any:
+        return self.before
+
+    def condition(self, t, y_hist, lengths, context, column):
+        lengths = np.asarray(lengths)
+        at = self.at * lengths if self.unit == "fraction" else np.full(len(lengths), self.at)
+        return t >= at
+
+
+class ThresholdRule(_Rule):
+    """``then`` when the recent mean of ``signal`` crosses ``value`` (a feedback policy on the history), else
+    ``otherwise``."""
+
     kind: Literal["threshold"]
     value: float
     when: Literal["below", "above"] = "below"
     lookback: int = Field(default=1, ge=1)
-    #: decision at steps with no outcome history yet (t = 0)
-    initial: bool = False
+    #: "outcome" (the outcomes before t) or "context:<column name>" (that context column up to and including t)
+    signal: str = "outcome"
+    then: ActionRef = ANCHOR_ON
+    otherwise: ActionRef = ANCHOR_OFF
+    #: decision at steps with no outcome history yet (t = 0): true → ``then``, false → ``otherwise``, or an action
+    initial: Union[StrictBool, StrictInt, str] = False
+
+    @model_validator(mode="after")
+    def _signal(self) -> "ThresholdRule":
+        if self.signal != "outcome" and not (self.signal.startswith("context:") and len(self.signal) > len("context:")):
+            raise ValueError(f"signal must be 'outcome' or 'context:<column name>', got {self.signal!r}")
+        if not isinstance(self.initial, bool):
+            _check_ref(self.initial)
+        return self
+
+    @property
+    def context_column(self) -> str | None:
+        """The context column the rule reads, or None for the outcome signal."""
+        return self.signal[len("context:"):] if self.signal.startswith("context:") else None
+
+    def refs(self) -> dict[str, Any]:
+        out = {"then": self.then, "otherwise": self.otherwise}
+        if not isinstance(self.initial, bool):
+            out["initial"] = self.initial
+        return out
+
+    def condition(self, t, y_hist, lengths, context, column):
+        B = len(lengths)
+        if self.context_column is not None:
+            if context is None or column is None:
+                raise ValueError(f"the rule reads context {self.context_column!r}: pass context= of a bound policy")
+            ctx = np.asarray(context, dtype=np.float64).reshape(B, -1, np.shape(context)[-1])
+            recent = ctx[:, -self.lookback:, column].mean(axis=1)
+        else:
+            y_hist = np.asarray(y_hist, dtype=np.float64).reshape(B, -1)
+            # the last `lookback` columns, not y_hist[:, t-lookback:t]: a history shorter than t (a rollout from
+            # start_t) would make that slice empty, its mean NaN and the rule silently "otherwise"
+            recent = y_hist[:, -self.lookback:].mean(axis=1)
+        return recent < self.value if self.when == "below" else recent > self.value
+
+    def without_history(self, t: int, y_hist: np.ndarray) -> bool:
+        """Whether step ``t`` has no outcome history for an outcome rule (``initial`` decides it)."""
+        return self.context_column is None and (t == 0 or np.asarray(y_hist).reshape(np.shape(y_hist)[0], -1).shape[1] == 0)
 
 
-Rule = Annotated[Union[ConstantRule, WindowRule, ThresholdRule], Field(discriminator="kind")]
+Rule = Annotated[
+    Union[StaticRule, SwitchRule, WindowRule, ThresholdRule, ConstantRule], Field(discriminator="kind")
+]
+RULE_KINDS = ("static", "switch", "window", "threshold", "constant")
 
 
 class Policy(BaseModel):
-    """A deterministic policy over the binary anchor subset {a_off, a_on}."""
+    """A deterministic policy over a dataset's actions (module docstring)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1)
+    #: letters, digits, '_' and '-' (the name keys the policy's numbers in reports and evaluation sums)
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
     description: str = ""
     rule: Rule
 
-    def on(self, t: int, y_hist: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        """Whether the policy takes a_on at step ``t``: bool [B].
+    _labels: dict[str, int] | None = PrivateAttr(default=None)
+    _n_actions: int | None = PrivateAttr(default=None)
+    _column: int | None = PrivateAttr(default=None)
+    _source: str | None = PrivateAttr(default=None)
+
+    # -- vocabulary ------------------------------------------------------------------------------------------
+    @property
+    def source(self) -> str | None:
+        """The file the policy was read from (errors name it)."""
+        return self._source
+
+    @property
+    def needs_context(self) -> bool:
+        """Whether the policy reads a context column (callers then pass ``context=``)."""
+        return isinstance(self.rule, ThresholdRule) and self.rule.context_column is not None
+
+    @property
+    def uses_anchors(self) -> bool:
+        """Whether the policy names an anchor (its actions then depend on the data's two best-supported actions)."""
+        return any(v in (ANCHOR_OFF, ANCHOR_ON) for v in self.rule.refs().values())
+
+    @property
+    def labels(self) -> list[str]:
+        """The action labels the policy names (to check against a dataset before anything runs)."""
+        return [v for v in self.rule.refs().values() if isinstance(v, str) and v not in (ANCHOR_OFF, ANCHOR_ON)]
+
+    def bind(self, action_names: Sequence[str] | None = None, context_names: Sequence[str] | None = None,
+             n_actions: int | None = None) -> "Policy":
+        """This policy with its labels and its context column resolved against a dataset's vocabulary.
+
+        Args:
+            action_names: label of each action id (``meta['action_names']``).
+            context_names: name of each context column (``meta['a_names']``).
+            n_actions: size of the action set (ids are checked against it; default ``len(action_names)``).
+
+        Returns:
+            A bound copy (the policy itself is not changed).
+
+        Raises:
+            DataError: a label that is not an action of the dataset, an id outside the action set, or a context
+                column the dataset does not have; the message names the policy's file and field.
+        """
+        out = self.model_copy()
+        out._source = self._source
+        names = None if action_names is None else [str(a) for a in action_names]
+        size = n_actions if n_actions is not None else (None if names is None else len(names))
+        labels = None if names is None else {a: i for i, a in enumerate(names)}
+        for field, ref in self.rule.refs().items():
+            where = f"rule.{field}"
+            if isinstance(ref, int) and size is not None and ref >= size:
+                raise DataError(f"action id {ref} is outside the dataset's {size} actions", file=self._source,
+                                field=where)
+            if isinstance(ref, str) and ref not in (ANCHOR_OFF, ANCHOR_ON):
+                if labels is None:
+                    raise DataError(f"names action {ref!r} by label, but the dataset has no action labels",
+                                    file=self._source, field=where)
+                if ref not in labels:
+                    shown = ", ".join(repr(a) for a in names[:12]) + (" …" if len(names) > 12 else "")
+                    raise DataError(f"action {ref!r} is not a label of this dataset (labels: {shown})",
+                                    file=self._source, field=where)
+        out._labels = labels
+        out._n_actions = size
+        col = self.rule.context_column if isinstance(self.rule, ThresholdRule) else None
+        if col is not None:
+            cols = None if context_names is None else [str(c) for c in context_names]
+            if cols is None or col not in cols:
+                raise DataError(f"reads context column {col!r}, which the dataset does not have"
+                                + ("" if cols is None else f" (context columns: {', '.join(cols)})"),
+                                file=self._source, field="rule.signal")
+            out._column = cols.index(col)
+        return out
+
+    def _id(self, ref: Any, a_off: int, a_on: int) -> int:
+        if isinstance(ref, bool):  # the threshold rule's boolean ``initial`` is resolved by the caller
+            raise TypeError("a boolean is not an action")
+        if isinstance(ref, int):
+            return int(ref)
+        if ref == ANCHOR_ON:
+            return int(a_on)
+        if ref == ANCHOR_OFF:
+            return int(a_off)
+        if self._labels is None:
+            raise ValueError(f"policy {self.name!r} names action {ref!r} by label: bind it to the dataset's action "
+                             "labels first (Policy.bind / bind_policy)")
+        return self._labels[ref]
+
+    # -- decisions -------------------------------------------------------------------------------------------
+    def on(self, t: int, y_hist: np.ndarray, lengths: np.ndarray, context: np.ndarray | None = None) -> np.ndarray:
+        """Whether the rule's condition holds at step ``t`` (its ``then`` action is taken): bool [B].
 
         ``y_hist`` is [B, h]: the outcomes (simulated or observed) of the steps *before* ``t``, oldest first and the
         most recent (step t−1) last. It may be the whole history (h = t) or only its recent part (h < t, e.g. a
         rollout that started at some ``start_t`` and carries only what it simulated): the threshold rule reads its
-        last ``lookback`` columns, never absolute step indices. ``lengths`` [B] is the valid length of each
-        trajectory (steps at or beyond it are padding; the value there is defined but irrelevant).
+        last ``lookback`` columns, never absolute step indices. ``context`` is [B, h', da], the contexts up to and
+        including step t (most recent last). ``lengths`` [B] is the valid length of each trajectory (steps at or
+        beyond it are padding; the value there is defined but irrelevant).
         """
         lengths = np.asarray(lengths)
-        B = lengths.shape[0]
         r = self.rule
-        if isinstance(r, ConstantRule):
-            return np.full(B, r.on, dtype=bool)
-        if isinstance(r, WindowRule):
-            lo, hi = (r.start * lengths, (np.inf if r.stop is None else r.stop * lengths)) if r.unit == "fraction" \
-                else (np.full(B, r.start), np.full(B, np.inf if r.stop is None else r.stop))
-            return (t >= lo) & (t < hi)
-        y_hist = np.asarray(y_hist, dtype=np.float64).reshape(B, -1)
-        if t == 0 or y_hist.shape[1] == 0:
-            return np.full(B, r.initial, dtype=bool)
-        # the last `lookback` columns, not y_hist[:, t-lookback:t]: a history shorter than t (a rollout from start_t)
-        # would make that slice empty, its mean NaN and the rule silently "off"
-        recent = y_hist[:, -r.lookback:].mean(axis=1)
-        return recent < r.value if r.when == "below" else recent > r.value
+        if isinstance(r, ThresholdRule) and r.without_history(t, y_hist):
+            init = r.initial
+            if isinstance(init, bool):
+                return np.full(len(lengths), init, dtype=bool)
+            return np.zeros(len(lengths), dtype=bool)  # an explicit initial action: the caller's `actions` takes it
+        return np.asarray(r.condition(t, y_hist, lengths, context, self._column), dtype=bool)
 
-    def actions(self, t: int, y_hist: np.ndarray, lengths: np.ndarray, a_off: int, a_on: int) -> np.ndarray:
-        """The action id at step ``t`` for each of B trajectories: int64 [B] (a_on where :meth:`on`, else a_off)."""
-        return np.where(self.on(t, y_hist, lengths), np.int64(a_on), np.int64(a_off)).astype(np.int64)
+    def actions(
+        self, t: int, y_hist: np.ndarray, lengths: np.ndarray, a_off: int, a_on: int, context: np.ndarray | None = None
+    ) -> np.ndarray:
+        """The action id at step ``t`` for each of B trajectories: int64 [B] (``then`` where :meth:`on`, else
+        ``otherwise``; anchors resolve to ``a_off`` / ``a_on``).
+
+        Raises:
+            ValueError: a label of an unbound policy, or a context rule without ``context``.
+        """
+        lengths = np.asarray(lengths)
+        r = self.rule
+        if isinstance(r, ThresholdRule) and r.without_history(t, y_hist) and not isinstance(r.initial, bool):
+            return np.full(len(lengths), self._id(r.initial, a_off, a_on), dtype=np.int64)
+        cond = self.on(t, y_hist, lengths, context)
+        then, other = self._id(r.then, a_off, a_on), self._id(r.otherwise, a_off, a_on)
+        return np.where(cond, np.int64(then), np.int64(other)).astype(np.int64)
 
     def prob(
-        self, t: int, y_hist: np.ndarray, lengths: np.ndarray, a_off: int, a_on: int, logged: np.ndarray
+        self, t: int, y_hist: np.ndarray, lengths: np.ndarray, a_off: int, a_on: int, logged: np.ndarray,
+        context: np.ndarray | None = None,
     ) -> np.ndarray:
         """π(logged action | history): 1.0 where the logged action equals the policy's, else 0.0 (float64 [B])."""
-        return (self.actions(t, y_hist, lengths, a_off, a_on) == np.asarray(logged)).astype(np.float64)
+        return (self.actions(t, y_hist, lengths, a_off, a_on, context) == np.asarray(logged)).astype(np.float64)
 
-    def plan(self, Y: np.ndarray, lengths: np.ndarray, a_off: int, a_on: int) -> np.ndarray:
-        """Actions for every step given a full outcome matrix ``Y`` [B, L] (history at t = ``Y[:, :t]``): int64 [B, L]."""
+    def plan(self, Y: np.ndarray, lengths: np.ndarray, a_off: int, a_on: int, A: np.ndarray | None = None) -> np.ndarray:
+        """Actions for every step given a full outcome matrix ``Y`` [B, L] (history at t = ``Y[:, :t]``) and, for a
+        context rule, the contexts ``A`` [B, L, da] (at t: ``A[:, :t+1]``): int64 [B, L]."""
         Y = np.asarray(Y)
-        return np.stack([self.actions(t, Y[:, :t], lengths, a_off, a_on) for t in range(Y.shape[1])], axis=1)
+        ctx = (lambda t: A[:, : t + 1]) if (self.needs_context and A is not None) else (lambda t: None)
+        return np.stack([self.actions(t, Y[:, :t], lengths, a_off, a_on, ctx(t)) for t in range(Y.shape[1])], axis=1)
+
+
+def bind_policy(policy: Any, ds: SiteDataset | None = None, *, action_names: Sequence[str] | None = None,
+                context_names: Sequence[str] | None = None, n_actions: int | None = None) -> Any:
+    """``policy`` bound to a dataset's vocabulary if it is a :class:`Policy` (any other plan is returned as is).
+
+    Args:
+        policy: a :class:`Policy`, or anything a rollout accepts (a Python policy, an action, a plan).
+        ds: the dataset whose ``meta['action_names']`` / ``meta['a_names']`` / ``n_actions`` to use.
+        action_names: labels instead of ``ds``'s.
+        context_names: context column names instead of ``ds``'s.
+        n_actions: size of the action set instead of ``ds``'s.
+
+    Raises:
+        DataError: as :meth:`Policy.bind`.
+    """
+    if not isinstance(policy, Policy):
+        return policy
+    if ds is not None:
+        action_names = action_names if action_names is not None else ds.meta.get("action_names")
+        context_names = context_names if context_names is not None else ds.meta.get("a_names")
+        n_actions = n_actions if n_actions is not None else ds.n_actions
+    return policy.bind(action_names, context_names, n_actions)
 
 
 def anchor_actions(ds: SiteDataset | list[SiteDataset]) -> tuple[int, int]:
-    """(a_off, a_on): the two actions with the most logged valid steps (paper §IV-A a).
+    """(a_off, a_on): the two actions with the most logged valid steps (paper §IV-A).
 
     a_off is the most supported action, a_on the second (labels are nominal, as in the paper); ties go to the smaller
     id. A list of sites is pooled (in a deployment this is one action histogram per site, summed).
@@ -179,6 +482,17 @@ def anchor_actions(ds: SiteDataset | list[SiteDataset]) -> tuple[int, int]:
     return int(order[0]), int(order[1])
 
 
+def anchor_labels(anchors: tuple[int, int], action_names: Sequence[str] | None) -> dict[str, dict[str, Any]]:
+    """``{"a_off": {"id", "label"}, "a_on": {...}}``: the anchors as ``fcd data describe``, ``fcd run`` and
+    ``summary.json`` show them (the label is the id as text when the data has no labels)."""
+    names = list(action_names or [])
+
+    def one(a: int) -> dict[str, Any]:
+        return {"id": int(a), "label": str(names[a]) if a < len(names) else str(a)}
+
+    return {"a_off": one(anchors[0]), "a_on": one(anchors[1])}
+
+
 def load_policy(path: str | Path) -> Policy:
     """Read one policy TOML file (format in ``policies/README.md``).
 
@@ -194,14 +508,18 @@ def load_policy(path: str | Path) -> Policy:
     except tomllib.TOMLDecodeError as exc:
         raise DataError(f"does not parse as TOML: {exc}", file=path) from None
     try:
-        return Policy.model_validate(raw)
+        pol = Policy.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
-        # drop the union tag pydantic inserts (rule.window.start -> rule.start) so the field reads like the file
-        loc = tuple(p for i, p in enumerate(first["loc"]) if not (i == 1 and first["loc"][0] == "rule"
-                                                                  and p in ("constant", "window", "threshold")))
+        # drop the tags pydantic inserts (rule.window.start -> rule.start, rule.static.action.str -> rule.action) so
+        # the field reads like the file
+        loc = tuple(p for i, p in enumerate(first["loc"])
+                    if not (i == 1 and first["loc"][0] == "rule" and p in RULE_KINDS)
+                    and p not in ("int", "str", "bool"))
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         raise DataError(f"{first['msg']}{more}", file=path, field=field_path(loc)) from None
+    pol._source = str(path)
+    return pol
 
 
 def load_policies(folder: str | Path) -> list[Policy]:
@@ -213,15 +531,47 @@ def load_policies(folder: str | Path) -> list[Policy]:
     folder = Path(folder)
     if not folder.is_dir():
         raise DataError("policy folder not found", file=folder)
-    out = [load_policy(p) for p in sorted(folder.glob("*.toml"))]
-    seen: dict[str, int] = {}
-    for p in out:
-        seen[p.name] = seen.get(p.name, 0) + 1
-        if seen[p.name] > 1:
-            raise DataError(f"two policy files are named '{p.name}'", file=folder, field="name")
-    return out
+    return _unique([load_policy(p) for p in sorted(folder.glob("*.toml"))], folder)
+
+
+def _unique(policies: list[Policy], where: str | Path | None) -> list[Policy]:
+    seen: set[str] = set()
+    for p in policies:
+        if p.name in seen:
+            raise DataError(f"two policy files are named '{p.name}'", file=p.source or where, field="name")
+        seen.add(p.name)
+    return policies
+
+
+def policy_dir() -> Path:
+    """The folder of the shipped policies (the paper's four and the examples of ``policies/README.md``)."""
+    return POLICY_DIR
 
 
 def default_policies() -> list[Policy]:
-    """The paper's four policies, in order never, always, early_on, late_on, read from the top-level policies/."""
-    return [load_policy(POLICY_DIR / f"{name}.toml") for name in DEFAULT_POLICY_NAMES]
+    """The paper's four policies, in order never, always, early_on, late_on (:func:`policy_dir`)."""
+    return [load_policy(policy_dir() / f"{name}.toml") for name in DEFAULT_POLICY_NAMES]
+
+
+def load_policy_refs(refs: Sequence[str | Path]) -> list[Policy]:
+    """Policies named on the command line or in ``[evaluation] policies``: a ``.toml`` path, or the name of a
+    shipped policy (``never``, ``always``, ...). An empty list gives :func:`default_policies`.
+
+    Raises:
+        DataError: a missing or invalid file, an unknown shipped name, or two policies with one name.
+    """
+    if not refs:
+        return default_policies()
+    out: list[Policy] = []
+    for ref in refs:
+        text = str(ref)
+        if text.endswith(".toml") or "/" in text or Path(text).is_file():
+            out.append(load_policy(text))
+            continue
+        shipped = policy_dir() / f"{text}.toml"
+        if not shipped.is_file():
+            names = sorted(p.stem for p in policy_dir().glob("*.toml"))
+            raise DataError(f"no such policy file, and no shipped policy of that name (shipped: {', '.join(names)})",
+                            file=text)
+        out.append(load_policy(shipped))
+    return _unique(out, None)

@@ -19,7 +19,9 @@ dataset                dataset name
 x_names / a_names      one name per column of X / A
 x_continuous           indices of X columns to z-score (likewise ``a_continuous``)
 x_categorical          ``{column index: cardinality}`` of integer-id columns of X (likewise ``a_categorical``)
-action_names           ``action_names[i]`` is the raw value behind action id ``i``
+action_names           ``action_names[i]`` is the label of action id ``i`` (the raw value, or the spec's label)
+a_dynamics             per column of A: "endogenous" (simulated under an intervention) or "exogenous" (replayed);
+                       endogenous columns come first (``fcd_secure.data.spec.context_dynamics``)
 outcome_name           what Y is
 max_len / overflow     Lmax and the rule for longer entities ("truncate" or "chunk")
 truncated_entities     entities longer than Lmax; ``dropped_steps``: steps cut off by "truncate"
@@ -40,7 +42,7 @@ import pandas as pd
 from pydantic import BaseModel
 
 from fcd_secure.data.schema import SiteDataset
-from fcd_secure.data.spec import ColumnSpec, DataError, DatasetSpec, load_spec
+from fcd_secure.data.spec import DYNAMICS_META_KEY, ColumnSpec, DataError, DatasetSpec, load_spec
 
 # ---------------------------------------------------------------------------------------------------------------
 # sequence construction
@@ -391,7 +393,7 @@ def build_dataset(spec: DatasetSpec, df: pd.DataFrame, file: str | Path = "<tabl
             r = _first_bad(bad)
             raise fail(f"action id {act.iloc[r]!r} out of range [0, {spec.n_actions}) (spec field 'n_actions')", spec.action, r)
         ids = num.astype(np.int64)
-        action_names = [str(i) for i in range(spec.n_actions)]
+        action_names = list(spec.action_labels) if spec.action_labels else [str(i) for i in range(spec.n_actions)]
     else:
         codes, uniques = pd.factorize(act, sort=True)
         ids = codes.astype(np.int64)
@@ -451,8 +453,14 @@ def build_dataset(spec: DatasetSpec, df: pd.DataFrame, file: str | Path = "<tabl
     xenc, aenc = EncodedColumns(), EncodedColumns()
     for i, c in enumerate(spec.static):
         _encode_column(df, c, f"static[{i}].name", xenc, spec, file, is_csv)
-    for i, c in enumerate(spec.context):
-        _encode_column(df, c, f"context[{i}].name", aenc, spec, file, is_csv)
+    # endogenous contexts first, so that a model's context head generates the leading columns (spec.context_dynamics)
+    a_dynamics: list[str] = []
+    for dyn in ("endogenous", "exogenous"):
+        for i, c in enumerate(spec.context):
+            if c.dynamics == dyn:
+                before = len(aenc.names)
+                _encode_column(df, c, f"context[{i}].name", aenc, spec, file, is_csv)
+                a_dynamics += [dyn] * (len(aenc.names) - before)
     N = len(df)
     Xr, Ar = xenc.matrix(N), aenc.matrix(N)
 
@@ -472,6 +480,7 @@ def build_dataset(spec: DatasetSpec, df: pd.DataFrame, file: str | Path = "<tabl
         "a_categorical": aenc.categorical,
         "levels": {**xenc.levels, **aenc.levels},
         "action_names": action_names,
+        DYNAMICS_META_KEY: a_dynamics,
         "outcome_name": spec.outcome,
         "entity_names": [str(v) for v in ent_names],
         **info,

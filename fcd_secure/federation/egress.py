@@ -28,29 +28,41 @@ from fcd_secure.audit import (
     federation_gate_policy,
     make_egress_gate,
 )
+from fcd_secure.audit.allowlist import HELLO_DIMS, TRAIN_METRICS
 from fcd_secure.data.policy import DEFAULT_POLICY_NAMES
-from fcd_secure.federation.records import REC_EVAL, REC_HELLO, REC_METRICS, REC_NUM
+from fcd_secure.federation.records import REC_CONFIG, REC_EVAL, REC_HELLO, REC_METRICS, REC_NUM
 from fcd_secure.federation.site import SiteRuntime
+from fcd_secure.federation.whatif import evaluated_policy_names, whatif_metric_names
 from fcd_secure.privacy.anchor import read_anchors
 from fcd_secure.privacy.ledger import privacy_ledger_hash
 
-def federation_policy(ope_horizon: int | None = 2, **fields) -> GatePolicy:
+def federation_policy(
+    ope_horizon: int | None = 2, policy_names: tuple[str, ...] | list[str] = DEFAULT_POLICY_NAMES, **fields
+) -> GatePolicy:
     """What the federation's own messages may carry besides Θc: exact record/key names (``client_app``,
-    ``plain_flow``, ``evaluation``), built from the evaluated policies and the truncated OPE horizon.
+    ``plain_flow``, ``evaluation``, ``whatif``), built from the evaluated policies and the truncated OPE horizon.
 
     Args:
         ope_horizon: ``evaluation.ope_horizon`` of the site's run (its ``<estimator>_h<H>`` keys), or None.
+        policy_names: the policies the evaluation asks about (``whatif.evaluated_policy_names``); each adds the exact
+            keys of its sums, so a reply's names stay a fixed function of the question (at most
+            ``whatif.MAX_POLICIES`` policies, names of ``[A-Za-z0-9_-]``).
         **fields: further :class:`~fcd_secure.audit.GatePolicy` fields (e.g. ``allow_theta_s_upload``).
     """
-    return federation_gate_policy(
-        policy_names=DEFAULT_POLICY_NAMES,
+    base = federation_gate_policy(
+        policy_names=tuple(policy_names),
         ope_horizons=(ope_horizon,) if ope_horizon else (),
+        # the endogenous contexts' head (model/context.py): its dim in hello, its loss part in a training reply
+        dims=HELLO_DIMS + ("n_endogenous",),
+        train_metrics=TRAIN_METRICS + ("context",),
         rec_hello=REC_HELLO,
         rec_num=REC_NUM,
         rec_metrics=REC_METRICS,
         rec_eval=REC_EVAL,
         **fields,
     )
+    whatif = {f"{REC_EVAL}/{k}" for k in whatif_metric_names(list(policy_names))}
+    return base.model_copy(update={"allowed_metrics": frozenset(base.allowed_metrics | whatif)})
 
 
 FEDERATION_POLICY = federation_policy()
@@ -132,7 +144,9 @@ def make_egress_gate_mod(runtime_getter: RuntimeGetter | None, policy: GatePolic
         rt = runtime_getter(msg, context)
         pol = policy
         if pol is None:
-            pol = federation_policy(rt.cfg.evaluation.ope_horizon, allow_theta_s_upload=rt.cfg.federation.sync == "full")
+            names = evaluated_policy_names(msg.content.get(REC_CONFIG), rt.cfg)
+            pol = federation_policy(rt.cfg.evaluation.ope_horizon, names,
+                                    allow_theta_s_upload=rt.cfg.federation.sync == "full")
         return site_audit_context(rt, pol)
 
     return make_egress_gate(get_site)

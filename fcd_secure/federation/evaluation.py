@@ -5,24 +5,17 @@ What a site sends (``site_metrics``), all sums over its own test trajectories, s
 
 * ``effect.*``: ``EffectStats`` (n, Σ(τ̂−τ)², Στ̂, Στ) against the DKT-Synth oracle's true effects → PEHE, |ATE err|
   (paper Table III);
-* ``policy.<name>.*``: Σ simulated value, Σ true value (oracle), n → |policy value error| (Table III "Value");
-* ``ope.<name>.<estimator>.*``: the ``OPEResult`` sums of IPW, SNIPW and per-decision DR computed on the site from
-  its own logged propensities (which never leave; DESIGN trap 5) and the ESS ingredients Σw, Σw²; once over the full
-  horizon and once over the first ``evaluation.ope_horizon`` steps (``<estimator>_h<H>``), where a deterministic
-  policy still has logged support;
 * ``auc.pos`` / ``auc.neg``: a 100-cell histogram of the model's one-step probability of the factual outcome by
-  class (``AUCStats``) → factual AUC (paper §IV-C).
-
-The model side of DR: V̂_t is the model's return-to-go under π from a do-simulation started at t = 0 and Q̂_t = V̂_t.
-For the deterministic policies evaluated here Q̂_t only enters the per-decision DR sum multiplied by the weight
-w_{0:t}, which is zero unless the logged action equals π's action, so setting Q̂ = V̂ is the model's estimate of
-exactly the needed quantity (up to V̂ not being re-conditioned on the logged history at t).
+  class (``AUCStats``) → factual AUC (paper §IV-C);
+* outside the cheap evaluations during training: the policy sums of a what-if question (``federation.whatif``):
+  per policy the simulated value (and the oracle's), its OPE estimates on the site's own propensities (which never
+  leave; DESIGN trap 5), and n, Σx, Σx² of the value and of the contrast to the reference policy (the intervals).
+  The question rides in the request's ``whatif`` config entry (the run's ``[evaluation]`` policies by default), so
+  its sums take whatever transport the evaluation sums take.
 """
 
 from __future__ import annotations
 
-import math
-import warnings
 from typing import Any
 
 import numpy as np
@@ -33,6 +26,15 @@ from fcd_secure.federation import learner
 from fcd_secure.federation.learner import SiteData
 from fcd_secure.federation.messaging import Comm
 from fcd_secure.federation.records import EVALUATE_MESSAGE_TYPE, REC_CONFIG, REC_EVAL, REC_GLOBAL, arrays_to_record
+from fcd_secure.federation.whatif import (
+    WHATIF_KEY,
+    WhatIfRequest,
+    action_labels,
+    context_columns,
+    merge_policy_sums,
+    request_from_config,
+    site_policy_sums,
+)
 
 AUC_BINS = 100
 #: A fixed evaluation seed stream (salt) so that every evaluation of a run uses the same random numbers.
@@ -50,12 +52,13 @@ def factual_probs(model, ds) -> np.ndarray:
     return as_simulator(model).factual_probs(ds)
 
 
-def site_metrics(model, data: SiteData, cfg: RunConfig, eval_config: dict[str, Any]) -> dict[str, Any]:
-    """Aggregate-only evaluation of one site (module docstring). Values are floats or lists of floats."""
-    from fcd_secure.data.policy import default_policies  # noqa: PLC0415
+def site_metrics(model, data: SiteData, cfg: RunConfig, eval_config: dict[str, Any], site_dir=None) -> dict[str, Any]:
+    """Aggregate-only evaluation of one site (module docstring). Values are floats or lists of floats.
+
+    ``site_dir`` is the site's own state folder: a what-if question writes its per-entity file there.
+    """
     from fcd_secure.evaluation.metrics import AUCStats, EffectStats  # noqa: PLC0415
-    from fcd_secure.evaluation.ope import IPW, SNIPW, PerDecisionDR, estimate_on_site  # noqa: PLC0415
-    from fcd_secure.model.simulate import estimate_effects, simulate_policy  # noqa: PLC0415
+    from fcd_secure.model.simulate import estimate_effects  # noqa: PLC0415
 
     quick = bool(eval_config.get("quick", False))
     n_samples = int(eval_config.get("n-samples", cfg.evaluation.n_samples))
@@ -86,40 +89,9 @@ def site_metrics(model, data: SiteData, cfg: RunConfig, eval_config: dict[str, A
     if quick:
         return out
 
-    a_off, a_on = data.anchors
-    lengths = sub.lengths
-    for pol in default_policies():
-        sim = simulate_policy(model, sub, pol, data.anchors, n_samples, seed)
-        n = float(sub.n)
-        out[f"policy.{pol.name}.n"] = n
-        out[f"policy.{pol.name}.sim_sum"] = float(sim.value) * n
-        if oracle is not None and len(rows) == test.n:
-            v_true, _se = oracle.true_policy_value(pol, data.site_index, "test")
-            out[f"policy.{pol.name}.true_sum"] = float(v_true) * n
-        if sub.P is not None:
-            pi = np.stack(
-                [pol.prob(t, sub.Y[:, :t], lengths, a_off, a_on, sub.T[:, t]) for t in range(sub.L)], axis=1
-            )
-            step_v = np.asarray(sim.probs, dtype=np.float64).mean(1)  # [n, H] expected outcome under π
-            H = min(step_v.shape[1], sub.L)
-            contrib = step_v[:, :H] * sub.M[:, :H]
-            h_ope = cfg.evaluation.ope_horizon
-            # the full horizon, and a truncated one where deterministic policies still have logged support
-            for suffix, hor in (("", None),) + (((f"_h{h_ope}", h_ope),) if h_ope and h_ope < sub.L else ()):
-                Hh = H if hor is None else min(H, hor)
-                v_hat = np.zeros((sub.n, sub.L))
-                v_hat[:, :Hh] = np.cumsum(contrib[:, :Hh][:, ::-1], axis=1)[:, ::-1]  # return-to-go Σ_{t≤t'<Hh}
-                for name, cls in (("ipw", IPW), ("snipw", SNIPW), ("dr", PerDecisionDR)):
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore")  # support warnings are reported through the merged result
-                        r = estimate_on_site(cls(horizon=hor), sub, pi=pi, q_hat=v_hat, v_hat=v_hat)
-                    key = f"ope.{pol.name}.{name}{suffix}"
-                    out[f"{key}.n"] = float(r.n)
-                    out[f"{key}.sum_value"] = float(r.sum_value)
-                    out[f"{key}.sum_weight"] = float(r.sum_weight)
-                    out[f"{key}.sum_weight_sq"] = float(r.sum_weight_sq)
-                    out[f"{key}.n_consistent"] = float(r.n_consistent)
-                    out[f"{key}.finite"] = 1.0 if math.isfinite(r.sum_value) else 0.0
+    raw = eval_config.get(WHATIF_KEY)
+    request = WhatIfRequest.from_json(str(raw)) if raw else request_from_config(cfg)
+    out.update(site_policy_sums(model, sub, data, cfg, request, seed, n_samples, len(rows) == test.n, site_dir))
     return out
 
 
@@ -140,10 +112,12 @@ def add_sums(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return total
 
 
-def merge_site_metrics(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """Pooled metrics from per-site sums (exact: the numbers equal those of the concatenated test sets)."""
+def merge_site_metrics(
+    parts: list[dict[str, Any]], request: WhatIfRequest | None = None, action_names: list[str] | None = None
+) -> dict[str, Any]:
+    """Pooled metrics from per-site sums (exact: the numbers equal those of the concatenated test sets); the policy
+    part (values, intervals, contrasts to ``request``'s reference, anchors) is ``whatif.merge_policy_sums``."""
     from fcd_secure.evaluation.metrics import AUCStats, EffectStats  # noqa: PLC0415
-    from fcd_secure.evaluation.ope import OPEResult, combine  # noqa: PLC0415
 
     s = add_sums(parts)
     res: dict[str, Any] = {"sites_evaluated": len(parts), "n_test": s.get("n_test")}
@@ -158,48 +132,19 @@ def merge_site_metrics(parts: list[dict[str, Any]]) -> dict[str, Any]:
             res["factual_auc"] = AUCStats(pos=s["auc.pos"].astype(np.int64), neg=s["auc.neg"].astype(np.int64)).auc()
         except ValueError:
             pass
-    policies = sorted({k.split(".")[1] for k in s if k.startswith("policy.")})
-    per_policy: dict[str, dict[str, Any]] = {}
-    for name in policies:
-        n = s[f"policy.{name}.n"]
-        d: dict[str, Any] = {"value_sim": s[f"policy.{name}.sim_sum"] / n}
-        # the true value only when every site reported it (a partial truth would bias the error)
-        if s["_counts"].get(f"policy.{name}.true_sum") == len(parts):
-            d["value_true"] = s[f"policy.{name}.true_sum"] / n
-            d["value_error"] = abs(d["value_sim"] - d["value_true"])
-        ests = sorted({k.split(".")[2] for k in s if k.startswith(f"ope.{name}.")}, key=lambda e: (len(e), e))
-        for est in ests:  # ipw, snipw, dr, then their truncated-horizon forms (ipw_h2, ...)
-            key = f"ope.{name}.{est}"
-            if f"{key}.n" not in s:
-                continue
-            summed = OPEResult(
-                estimator=est.split("_h")[0],  # the estimator class; '_h<H>' only names the truncated horizon
-                value=float("nan"),
-                n=int(s[f"{key}.n"]),
-                ess=float("nan"),
-                n_consistent=int(s[f"{key}.n_consistent"]),
-                warning=None,
-                sum_value=s[f"{key}.sum_value"],
-                sum_weight=s[f"{key}.sum_weight"],
-                sum_weight_sq=s[f"{key}.sum_weight_sq"],
-            )
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # no support is reported in the result's 'warning' field
-                pooled = combine([summed])  # the sums are already pooled over sites: combine finishes them
-            d[est] = {"value": pooled.value, "ess": pooled.ess, "n_consistent": pooled.n_consistent, "warning": pooled.warning}
-        per_policy[name] = d
-    if per_policy:
-        res["policies"] = per_policy
-        errs = [d["value_error"] for d in per_policy.values() if "value_error" in d]
-        if errs:
-            res["value_error_mean"] = float(np.mean(errs))
+    res.update(merge_policy_sums(s, len(parts), request, action_names))
     return res
 
 
 def evaluate_federated(
-    comm: Comm, node_ids: list[int], theta: dict[str, np.ndarray], cfg: RunConfig, part: str, *, quick: bool, sites=None
+    comm: Comm, node_ids: list[int], theta: dict[str, np.ndarray], cfg: RunConfig, part: str, *, quick: bool, sites=None,
+    whatif: WhatIfRequest | None = None,
 ) -> dict[str, Any]:
-    """Ask every site to evaluate ``theta`` (+ its own Θs) and merge the sums; failed sites are listed, not fatal."""
+    """Ask every site to evaluate ``theta`` (+ its own Θs) and merge the sums; failed sites are listed, not fatal.
+
+    A full (not ``quick``) evaluation asks the what-if question ``whatif`` (default: the run's ``[evaluation]``
+    policies, :func:`~fcd_secure.federation.whatif.request_from_config`).
+    """
     ev = cfg.evaluation
     conf = {
         "quick": quick,
@@ -207,6 +152,9 @@ def evaluate_federated(
         "n-samples": ev.quick_n_samples if quick else ev.n_samples,
         "max-rows": (ev.quick_max_rows if quick else ev.max_rows) or -1,
     }
+    if not quick:
+        whatif = whatif or request_from_config(cfg)
+        conf[WHATIF_KEY] = whatif.to_json()
     content = RecordDict({REC_GLOBAL: arrays_to_record(theta), REC_CONFIG: ConfigRecord(conf)})
     replies = comm.send(node_ids, EVALUATE_MESSAGE_TYPE, content, cfg.federation.round_timeout_s)
     parts, failed = [], []
@@ -218,6 +166,8 @@ def evaluate_federated(
         parts.append({k: (list(v) if isinstance(v, list) else v) for k, v in rep.content[REC_EVAL].items()})
     if not parts:
         return {"failed_sites": failed}
-    merged = merge_site_metrics(parts)
+    merged = merge_site_metrics(parts, whatif, None if quick else action_labels(cfg))
+    if not quick and "contexts" in merged:
+        merged["contexts"].update(context_columns(cfg))
     merged["failed_sites"] = failed
     return merged

@@ -95,11 +95,17 @@ def model_config(cfg: RunConfig):
 def build_model(cfg: RunConfig, dims: dict[str, int]):
     from fcd_secure.model.networks import FedCausalDiff  # noqa: PLC0415
 
-    return FedCausalDiff.from_dims(model_config(cfg), dims["dx"], dims["da"], dims["n_actions"], dims["n_sites"])
+    return FedCausalDiff.from_dims(
+        model_config(cfg), dims["dx"], dims["da"], dims["n_actions"], dims["n_sites"], dims.get("n_endogenous", 0)
+    )
 
 
 def dims_of(ds: SiteDataset, n_sites: int) -> dict[str, int]:
-    return {"dx": ds.dx, "da": ds.da, "n_actions": int(ds.n_actions), "n_sites": int(n_sites), "L": ds.L}
+    """The data dims a model is built from (what a site announces in ``query.hello``): no counts, no values."""
+    from fcd_secure.data.spec import n_endogenous  # noqa: PLC0415
+
+    return {"dx": ds.dx, "da": ds.da, "n_actions": int(ds.n_actions), "n_sites": int(n_sites), "L": ds.L,
+            "n_endogenous": n_endogenous(ds.meta, ds.da)}
 
 
 def manifest_of(model) -> Manifest:

@@ -51,16 +51,20 @@ def provision_simulated_roster(cfg: RunConfig) -> None:
     provision_roster(cfg.state_dir, [default_site_id(i) for i in range(cfg.data.n_sites)])
 
 
-def run_simulated(cfg: RunConfig, progress=None, num_cpus: int | None = None):
+def run_simulated(cfg: RunConfig, progress=None, num_cpus: int | None = None, server_app_factory=None):
     """Run the whole federation of ``cfg`` on the simulation engine.
 
     Args:
         cfg: the resolved run config; its state root defaults to ``<out>/state`` (a temp dir without an out folder).
         progress: the ServerApp's progress hook (``server_app.ProgressHook``).
         num_cpus: CPUs of the one Ray actor (default: up to 2).
+        server_app_factory: ``(cfg, sink) -> ServerApp`` for another server job on the same sites (e.g. the
+            evaluation-only round of ``federation.whatif``), which puts its result in ``sink["result"]``; default
+            the training federation (``server_app.make_server_app``).
 
     Returns:
-        The ``server_app.FederationResult``; the run folder is written when ``cfg.out`` is set.
+        The ``server_app.FederationResult`` (or the other job's result); the run folder is written when ``cfg.out``
+        is set.
     """
     quiet_flower_env()
     from flwr.simulation import run_simulation  # noqa: PLC0415 - imported after the environment is quiet
@@ -74,8 +78,9 @@ def run_simulated(cfg: RunConfig, progress=None, num_cpus: int | None = None):
         provision_simulated_roster(cfg)
     sink: dict = {}
     n_cpu = num_cpus or max(1, min(2, os.cpu_count() or 1))
+    factory = server_app_factory or (lambda c, out: make_server_app(c, progress, out))
     run_simulation(
-        server_app=make_server_app(cfg, progress, sink),
+        server_app=factory(cfg, sink),
         client_app=make_client_app(cfg),
         num_supernodes=cfg.data.n_sites,
         backend_config=backend_config(n_cpu),

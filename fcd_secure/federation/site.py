@@ -169,4 +169,4 @@ class SiteRuntime:
         from fcd_secure.federation.evaluation import site_metrics  # noqa: PLC0415
 
         model = self.load_for_eval(global_theta, str(eval_config.get("part", THETA_C)))
-        return site_metrics(model, self.data, self.cfg, eval_config)
+        return site_metrics(model, self.data, self.cfg, eval_config, site_dir=self.state.dir)

@@ -16,7 +16,7 @@ class ModelConfig(BaseModel):
 
     Loss weights follow the paper's local objective (§III-C)::
 
-        L = L_recon + λ_diff·L_diff + λ1·L_align + λ2·L_dis + λ3·L_cf
+        L = L_recon + λ_diff·L_diff + λ1·L_align + λ2·L_dis + λ3·L_cf (+ λ_context·L_context)
 
     and each term has a ``use_*`` switch for ablations (w/o L_dis, w/o L_cf, ...).
     """
@@ -61,6 +61,14 @@ class ModelConfig(BaseModel):
     use_align: bool = True
     use_dis: bool = True
     use_cf: bool = True
+    use_context: bool = Field(
+        True,
+        description=(
+            "learn the context head (L_context) and generate the endogenous contexts in rollouts (g-computation); "
+            "off replays every context from the log, as the paper's rollout does"
+        ),
+    )
+    lambda_context: float = Field(1.0, ge=0, description="weight of L_context (the endogenous contexts' MSE)")
 
     cf_horizon: int = Field(3, ge=1, description="rollout length R of L_cf")
     cf_grad_to_encoder: bool = Field(

@@ -25,6 +25,8 @@ eps_s              Θs        ε_s(K^(n)_{t+1}, n, K_t, A_t)  — no T_t: confou
 decoder            Θc        P_φ(Y_t | K_t, A_t, T_t) — by default one read-out per action, the taken one gathered
 site_disc          Θc        site classifier behind the gradient-reversal layer on K^(c) (shared: trap 2)
 parallel_head      Θs        the parallel head on K^(s) (L_dis)
+context_head       Θc        Â_{t+1} = g(K_t, A_t, T_t, Y_t) of the endogenous contexts (``context.py``; only when
+                             the data has endogenous contexts and ``cfg.use_context``)
 =================  ========  ==================================================================================
 """
 
@@ -35,6 +37,7 @@ from opacus.layers import DPGRU
 from torch import nn
 
 from fcd_secure.model.config import ModelConfig
+from fcd_secure.model.context import ContextHead
 from fcd_secure.model.samplers import ddim_sample, ddpm_sample
 from fcd_secure.model.schedule import NoiseSchedule, timestep_embedding
 
@@ -81,15 +84,18 @@ class FedCausalDiff(nn.Module):
         da: exogenous context features per step.
         n_actions: size of the action set.
         n_sites: number of sites (classes of the shared site discriminator).
+        n_endogenous: leading context columns that treatment can change (generated in a rollout by the context
+            head; 0, or ``cfg.use_context = False``, replays every context).
 
     Raises:
         ValueError: for impossible dimensions.
     """
 
-    def __init__(self, cfg: ModelConfig, dx: int, da: int, n_actions: int, n_sites: int) -> None:
+    def __init__(self, cfg: ModelConfig, dx: int, da: int, n_actions: int, n_sites: int, n_endogenous: int = 0) -> None:
         super().__init__()
-        if min(dx, da) < 0 or n_actions < 1 or n_sites < 1:
-            raise ValueError(f"bad dims dx={dx} da={da} n_actions={n_actions} n_sites={n_sites}")
+        if min(dx, da) < 0 or n_actions < 1 or n_sites < 1 or not 0 <= n_endogenous <= da:
+            raise ValueError(f"bad dims dx={dx} da={da} n_actions={n_actions} n_sites={n_sites} "
+                             f"n_endogenous={n_endogenous}")
         self.cfg = cfg
         self.dx, self.da, self.n_actions, self.n_sites = dx, da, n_actions, n_sites
         k, kc, ks, H, E = cfg.k, cfg.k_causal, cfg.k_site, cfg.mlp_hidden, cfg.action_emb
@@ -110,19 +116,24 @@ class FedCausalDiff(nn.Module):
         self.site_disc = mlp(kc, n_sites, H, depth=1)
         n_par = n_actions if cfg.dis_parallel_target == "action" else n_sites
         self.parallel_head = mlp(ks, n_par, H, depth=1)
+        self.n_endogenous = n_endogenous if cfg.use_context else 0
+        self.context_head = ContextHead(k, da, E, self.n_endogenous, H) if self.n_endogenous else None
         self.schedule = NoiseSchedule.from_config(cfg)
 
     @classmethod
-    def from_dims(cls, cfg: ModelConfig, dx: int, da: int, n_actions: int, n_sites: int) -> "FedCausalDiff":
+    def from_dims(
+        cls, cfg: ModelConfig, dx: int, da: int, n_actions: int, n_sites: int, n_endogenous: int = 0
+    ) -> "FedCausalDiff":
         """Build with parameters initialised from ``cfg.seed`` (same seed → same initial Θc at every site)."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.seed)
-            return cls(cfg, dx, da, n_actions, n_sites)
+            return cls(cfg, dx, da, n_actions, n_sites, n_endogenous)
 
     @property
     def dims(self) -> dict[str, int]:
         """The data dimensions the network was built for."""
-        return {"dx": self.dx, "da": self.da, "n_actions": self.n_actions, "n_sites": self.n_sites}
+        return {"dx": self.dx, "da": self.da, "n_actions": self.n_actions, "n_sites": self.n_sites,
+                "n_endogenous": self.n_endogenous}
 
     # -- Phase A ---------------------------------------------------------------------------------------------
     def encoder_inputs(self, X: torch.Tensor, A: torch.Tensor, T: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
@@ -211,6 +222,16 @@ class FedCausalDiff(nn.Module):
         """E[Y_t | K_t, A_t, T_t]: a probability for binary Y, the Gaussian mean otherwise."""
         out = self.decode(K, A, T)
         return torch.sigmoid(out[..., 0]) if self.cfg.outcome == "binary" else out[..., 0]
+
+    def next_context(self, K: torch.Tensor, A: torch.Tensor, T: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
+        """Â_{t+1}: the generated endogenous contexts [..., n_endogenous] after (K_t, A_t, T_t, Y_t) (``context.py``).
+
+        Raises:
+            RuntimeError: the network has no context head (no endogenous contexts, or ``use_context`` off).
+        """
+        if self.context_head is None:
+            raise RuntimeError("this network has no context head (no endogenous contexts, or cfg.use_context is off)")
+        return self.context_head(K, A, self.action_emb(T), Y)
 
     # -- L_dis heads -----------------------------------------------------------------------------------------
     def site_logits(self, Kc: torch.Tensor) -> torch.Tensor:

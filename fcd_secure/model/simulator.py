@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fcd_secure.data.policy import bind_policy
 from fcd_secure.data.schema import SiteDataset
 from fcd_secure.manifest import Manifest, Part
 from fcd_secure.model.config import ModelConfig
@@ -34,45 +35,60 @@ if TYPE_CHECKING:  # pragma: no cover
     from fcd_secure.data.policy import PolicyLike
 
 __all__ = [
-    "Plan", "PlanFn", "SimResult", "Simulator", "check_window", "contrast_effects", "effect_window_mask", "plan_fn",
+    "Plan", "PlanFn", "SimResult", "Simulator", "check_window", "context_names", "contrast_effects",
+    "effect_window_mask", "plan_fn", "replayed_contexts",
 ]
 
 #: A plan: a policy (``.name`` and ``.actions(t, y_hist, lengths, a_off, a_on)``), a constant action, actions
 #: ``[H]`` or ``[n, H]``, or ``fn(t, y_hist, lengths) -> int64[B]``.
 Plan = Union["PolicyLike", int, np.ndarray, Callable[[int, np.ndarray, np.ndarray], np.ndarray]]
-#: A plan normalised by :func:`plan_fn`: ``fn(h, t, y_hist, lengths, rows) -> int64[B]``.
-PlanFn = Callable[[int, int, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+#: A plan normalised by :func:`plan_fn`: ``fn(h, t, y_hist, lengths, rows, context) -> int64[B]``, ``context`` the
+#: contexts up to and including t ``[B, h', da]`` (read only by a policy whose ``needs_context`` is true).
+PlanFn = Callable[..., np.ndarray]
 
 
-def plan_fn(plan: Plan, anchors: tuple[int, int] | None) -> tuple[PlanFn, str]:
-    """Normalise ``plan`` to ``fn(h, t, y_hist, lengths, rows) -> int64[B]`` and a name.
+def plan_fn(plan: Plan, anchors: tuple[int, int] | None, ds: SiteDataset | None = None) -> tuple[PlanFn, str]:
+    """Normalise ``plan`` to ``fn(h, t, y_hist, lengths, rows, context=None) -> int64[B]`` and a name.
+
+    A declarative policy (:class:`fcd_secure.data.policy.Policy`) is bound to ``ds``'s action labels and context
+    columns first, so that it may name actions by label and read a context column.
 
     Args:
         plan: see :data:`Plan`.
         anchors: ``(a_off, a_on)``; required for a policy object.
+        ds: the dataset the plan runs on (its vocabulary binds a declarative policy).
 
     Raises:
         ValueError: a policy without anchors, or an action array that is neither [H] nor [n, H].
+        DataError: a policy naming a label or context column the dataset does not have.
         TypeError: anything else.
     """
     if hasattr(plan, "actions") and callable(plan.actions):
         if anchors is None:
             raise ValueError("a policy needs anchors=(a_off, a_on)")
+        pol = bind_policy(plan, ds)
         a_off, a_on = anchors
-        return (lambda h, t, yh, ln, rows: np.asarray(plan.actions(t, yh, ln, a_off, a_on), dtype=np.int64)), str(
-            getattr(plan, "name", "policy")
-        )
+        if getattr(pol, "needs_context", False):
+            def fn(h, t, yh, ln, rows, context=None):
+                if context is None:
+                    raise ValueError(f"policy {pol.name!r} reads a context column: this rollout passes no contexts")
+                return np.asarray(pol.actions(t, yh, ln, a_off, a_on, context=context), dtype=np.int64)
+        else:
+            def fn(h, t, yh, ln, rows, context=None):
+                return np.asarray(pol.actions(t, yh, ln, a_off, a_on), dtype=np.int64)
+        return fn, str(getattr(plan, "name", "policy"))
     if isinstance(plan, (int, np.integer)):
-        return (lambda h, t, yh, ln, rows: np.full(len(ln), int(plan), dtype=np.int64)), f"always_{int(plan)}"
+        return (lambda h, t, yh, ln, rows, context=None: np.full(len(ln), int(plan), dtype=np.int64)), f"always_{int(plan)}"
     if isinstance(plan, np.ndarray):
         arr = plan.astype(np.int64)
         if arr.ndim == 1:
-            return (lambda h, t, yh, ln, rows: np.full(len(ln), arr[h], dtype=np.int64)), "plan"
+            return (lambda h, t, yh, ln, rows, context=None: np.full(len(ln), arr[h], dtype=np.int64)), "plan"
         if arr.ndim == 2:
-            return (lambda h, t, yh, ln, rows: arr[rows, h]), "plan"
+            return (lambda h, t, yh, ln, rows, context=None: arr[rows, h]), "plan"
         raise ValueError(f"an action plan must be [H] or [n, H], got shape {arr.shape}")
     if callable(plan):
-        return (lambda h, t, yh, ln, rows: np.asarray(plan(t, yh, ln), dtype=np.int64)), getattr(plan, "__name__", "plan")
+        return (lambda h, t, yh, ln, rows, context=None: np.asarray(plan(t, yh, ln), dtype=np.int64)), getattr(
+            plan, "__name__", "plan")
     raise TypeError(f"cannot use {type(plan).__name__} as a policy or action plan")
 
 
@@ -98,6 +114,11 @@ class SimResult:
     ``mask[i, h]`` the logged valid-step mask over the window. ``value_per_patient[i]`` = mean over samples of
     (1/L_i) Σ_h M·probs — the policy value (per-step average outcome over valid steps). ``value`` is its mean over
     patients, with the between-patient standard error and a normal 95 % interval.
+
+    ``contexts`` says how the rollout obtained each context column: ``{"generated": [...], "replayed": [...]}`` by
+    column name (endogenous contexts generated by the model, exogenous ones replayed from the log;
+    :mod:`fcd_secure.model.context`). ``context_values`` holds the contexts the rollout used, ``[n, S, H, da]``, when
+    it was asked to keep them.
     """
 
     name: str
@@ -112,15 +133,19 @@ class SimResult:
     se: float
     ci95: tuple[float, float]
     meta: dict[str, Any] = field(default_factory=dict)
+    contexts: dict[str, list[str]] = field(default_factory=dict)
+    context_values: np.ndarray | None = None
 
     @classmethod
     def from_rollout(
         cls, name: str, ds: SiteDataset, start_t: int, probs: np.ndarray, y: np.ndarray, actions: np.ndarray,
-        meta: dict[str, Any] | None = None,
+        meta: dict[str, Any] | None = None, contexts: dict[str, list[str]] | None = None,
+        context_values: np.ndarray | None = None,
     ) -> "SimResult":
         """The result of a rollout ``probs``/``y``/``actions`` ``[n, S, H]`` over ``ds`` from ``start_t``.
 
-        The one definition of the policy value every simulator reports.
+        The one definition of the policy value every simulator reports. ``contexts`` defaults to every context
+        column replayed (:func:`replayed_contexts`).
         """
         n, _, H = probs.shape
         mask = ds.M[:, start_t : start_t + H].astype(np.float32)
@@ -131,13 +156,25 @@ class SimResult:
         return cls(
             name=name, start_t=start_t, horizon=H, probs=probs, y=y, actions=actions, mask=mask,
             value_per_patient=vpp, value=value, se=se, ci95=(value - 1.96 * se, value + 1.96 * se), meta=dict(meta or {}),
+            contexts=dict(contexts) if contexts is not None else replayed_contexts(ds), context_values=context_values,
         )
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-able summary (no per-patient arrays)."""
         return {"policy": self.name, "value": self.value, "se": self.se, "ci95": list(self.ci95),
                 "start_t": self.start_t, "horizon": self.horizon, "n": int(self.probs.shape[0]),
-                "n_samples": int(self.probs.shape[1])}
+                "n_samples": int(self.probs.shape[1]), "contexts": self.contexts}
+
+
+def context_names(ds: SiteDataset) -> list[str]:
+    """The name of each context column of ``ds`` (``meta['a_names']``, else ``A[0]``, ``A[1]``, ...)."""
+    names = [str(a) for a in (ds.meta.get("a_names") or [])]
+    return names if len(names) == ds.da else [f"A[{j}]" for j in range(ds.da)]
+
+
+def replayed_contexts(ds: SiteDataset) -> dict[str, list[str]]:
+    """Every context column of ``ds`` replayed from the log (a simulator without a context model)."""
+    return {"generated": [], "replayed": context_names(ds)}
 
 
 def effect_window_mask(ds: SiteDataset, anchor_step: int, horizon: int) -> np.ndarray:

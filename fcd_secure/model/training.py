@@ -23,6 +23,7 @@ from fcd_secure.data.schema import SiteDataset
 from fcd_secure.model import losses as L
 from fcd_secure.model.batch import Batch, dataset_tensors, make_loader
 from fcd_secure.model.config import ModelConfig
+from fcd_secure.model.context import l_context
 from fcd_secure.model.networks import unwrap
 
 __all__ = ["Batch", "batch_loss", "dataset_tensors", "make_loader", "make_optimizer", "train_local"]
@@ -70,6 +71,8 @@ def batch_loss(
     add("diff", cfg.use_diff, cfg.lambda_diff, lambda: L.l_diff(core, K, batch))
     add("dis", cfg.use_dis, cfg.lambda_dis, lambda: L.l_dis(core, Kc, Ks, batch))
     add("cf", cfg.use_cf, cfg.lambda_cf, lambda: L.l_cf(core, K, batch))
+    # the endogenous contexts' head (context.py): present only when the data marks contexts endogenous
+    add("context", core.context_head is not None, cfg.lambda_context, lambda: l_context(core, K, batch))
     if cfg.align_form == "reference":
         add("align", True, cfg.lambda_align, lambda: L.l_align_reference(core, Kc, batch))
     loss = per.sum() / max(B, 1)

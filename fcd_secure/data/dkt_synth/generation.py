@@ -34,14 +34,18 @@ from fcd_secure.data.dkt_synth.behaviour import (
 from fcd_secure.data.dkt_synth.config import DKTSynthConfig
 from fcd_secure.data.dkt_synth.noise import student_streams
 from fcd_secure.data.dkt_synth.oracle import N_ITEMS, load_oracle
-from fcd_secure.data.dkt_synth.world import DKTSynthWorld
+from fcd_secure.data.dkt_synth.world import DKTSynthWorld, clock_context
 from fcd_secure.data.partition import dirichlet_assignment, site_splits
 from fcd_secure.data.policy import anchor_actions
 from fcd_secure.data.schema import SiteDataset
 
-__all__ = ["FEATURE_NAMES", "generate"]
+__all__ = ["CONTEXT_NAMES", "FEATURE_NAMES", "ITEM_LABELS", "generate"]
 
 FEATURE_NAMES = ["prior_score_proxy", "pretest_proxy", "site_covariate", "binary_covariate"]
+#: the action labels (policies may name items by them)
+ITEM_LABELS = [f"item {k}" for k in range(N_ITEMS)]
+#: the one context column, A_t = t / (L − 1) (:func:`~.world.clock_context`)
+CONTEXT_NAMES = ["step_index_normalised"]
 
 
 def _site_parameters(cfg: DKTSynthConfig) -> dict[str, np.ndarray]:
@@ -128,7 +132,7 @@ def generate(cfg: DKTSynthConfig | None = None) -> DKTSynthWorld:
     T = T * M.astype(np.int64)
     Y = Y * M
     P = np.where(M > 0, P, 1.0)
-    A = (np.arange(L, dtype=np.float32)[None, :, None] / max(L - 1, 1)) * M[:, :, None]
+    A = clock_context(M)
 
     # 4. per-site train/test split and the anchors (the project's rules)
     splits = site_splits(site_of, S, cfg.test_fraction, cfg.seed)
@@ -149,7 +153,9 @@ def generate(cfg: DKTSynthConfig | None = None) -> DKTSynthWorld:
                 "split": split,
                 "student_ids": ids,
                 "x_names": FEATURE_NAMES,
-                "a_names": ["step_index_normalised"],
+                "a_names": list(CONTEXT_NAMES),
+                "a_dynamics": ["exogenous"],  # the clock: no action changes it, so rollouts replay it
+                "action_names": list(ITEM_LABELS),
                 "preset": cfg.preset,
                 "seed": cfg.seed,
             },

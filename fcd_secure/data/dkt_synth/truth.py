@@ -133,11 +133,15 @@ def policy_values(
     lengths: np.ndarray,
     noise: np.ndarray,
     anchors: tuple[int, int],
+    horizon: int | None = None,
+    contexts: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Per-student value ``(1/L_i) Σ_t M_it E[Y^π_it]`` of ``policy`` from t = 0, one per rollout.
+    """Per-student value ``(1/H_i) Σ_{t<H_i} E[Y^π_it]`` of ``policy`` from t = 0 (H_i = min(L_i, horizon)), one
+    per rollout.
 
-    The policy sees ``(t, y_hist[B, t], lengths[B], a_off, a_on)`` with B = students × rollouts (rollout-major);
-    outcomes are sampled with ``noise``, the value uses the expected success probabilities.
+    The policy sees ``(t, y_hist[B, t], lengths[B], a_off, a_on)`` with B = students × rollouts (rollout-major), and
+    ``context=contexts[:, :t+1]`` when its ``needs_context`` is true; outcomes are sampled with ``noise``, the value
+    uses the expected success probabilities.
 
     Args:
         oracle: The frozen oracle.
@@ -146,6 +150,8 @@ def policy_values(
         lengths: Valid length per student ``[n]``.
         noise: Outcome noise ``[R * n, L]``, rollout-major.
         anchors: ``(a_off, a_on)``.
+        horizon: Steps from t = 0 that the value averages (None: every valid step).
+        contexts: The contexts ``[n, L, da]`` a context-reading policy sees (exogenous here: replayed).
 
     Returns:
         float64 ``[R, n]``.
@@ -163,18 +169,26 @@ def policy_values(
     y_hist = np.zeros((RN, L), dtype=np.float32)
     a_off, a_on = anchors
     total = np.zeros(RN)
+    H = L if horizon is None else min(int(horizon), L)
+    steps_b = np.minimum(lengths_b, H)
+    ctx = None
+    if getattr(policy, "needs_context", False):
+        if contexts is None:
+            raise ValueError(f"policy {getattr(policy, 'name', policy)!r} reads a context column: pass contexts")
+        ctx = np.tile(np.asarray(contexts, dtype=np.float32), (R, 1, 1))
     with torch.no_grad():
-        for t in range(L):
-            a_np = np.asarray(policy.actions(t, y_hist[:, :t], lengths_b, a_off, a_on), dtype=np.int64)
+        for t in range(H):
+            kw = {} if ctx is None else {"context": ctx[:, : t + 1]}
+            a_np = np.asarray(policy.actions(t, y_hist[:, :t], lengths_b, a_off, a_on, **kw), dtype=np.int64)
             if a_np.shape != (RN,) or ((a_np < 0) | (a_np >= N_ITEMS)).any():
                 raise ValueError(f"policy {getattr(policy, 'name', policy)!r} returned bad actions at t={t}")
             a = torch.from_numpy(np.array(a_np))
             p = torch.sigmoid(oracle.logits(state).gather(1, a[:, None])[:, 0] + off)
-            total += np.where(t < lengths_b, p.numpy(), 0.0)
+            total += np.where(t < steps_b, p.numpy(), 0.0)
             y = (noise_b[:, t] < p).long()
             y_hist[:, t] = y.numpy()
             state = oracle.step(state, a, y)
-    return (total / lengths_b).reshape(R, n)
+    return (total / steps_b).reshape(R, n)
 
 
 def replay(oracle: DKTOracle, T: np.ndarray, U: np.ndarray, offset: torch.Tensor) -> np.ndarray:

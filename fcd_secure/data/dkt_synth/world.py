@@ -20,10 +20,17 @@ from fcd_secure.data.dkt_synth.behaviour import logging_probs_along
 from fcd_secure.data.dkt_synth.config import DKTSynthConfig, Split
 from fcd_secure.data.dkt_synth.noise import rollout_noise
 from fcd_secure.data.dkt_synth.oracle import N_ITEMS, DKTOracle
-from fcd_secure.data.policy import PolicyLike, default_policies
+from fcd_secure.data.policy import PolicyLike, bind_policy, default_policies
 from fcd_secure.data.schema import SiteDataset
 
-__all__ = ["DKTSynthWorld"]
+__all__ = ["DKTSynthWorld", "clock_context"]
+
+
+def clock_context(valid: np.ndarray) -> np.ndarray:
+    """DKT-Synth's one context column A_t = t / (L − 1) on valid steps, 0 on padding: float32 ``[n, L, 1]`` from the
+    valid-step mask ``[n, L]``. Exogenous: no action changes the clock."""
+    L = valid.shape[1]
+    return (np.arange(L, dtype=np.float32)[None, :, None] / max(L - 1, 1)) * np.asarray(valid, np.float32)[:, :, None]
 
 
 @dataclass
@@ -208,34 +215,47 @@ class DKTSynthWorld:
         site: int | None = None,
         split: Split = "test",
         n_rollouts: int | None = None,
+        horizon: int | None = None,
     ) -> tuple[float, float]:
-        """V(π) = E_i[(1/L_i) Σ_t M_it E[Y^π_it]] from t = 0 (per-step average success), and its Monte Carlo SE.
+        """V(π) = E_i[(1/H_i) Σ_{t<H_i} E[Y^π_it]] from t = 0 (per-step average success over the first
+        H_i = min(L_i, horizon) steps; every valid step by default), and its Monte Carlo SE.
 
         The policy sees ``(t, y_hist[B, t], lengths[B], a_off, a_on)`` with B = students × rollouts; outcomes are
         sampled with the logged noise (rollout 0) and counter-based noise (r ≥ 1), the value uses expected success
-        probabilities.
+        probabilities. A declarative policy is bound to the world's action labels (``item k``) and context column.
 
         Returns:
             ``(value, standard error across rollouts)``; the SE is NaN with one rollout.
         """
-        per = self.policy_value_per_rollout(policy, site, split, n_rollouts)
+        per = self.policy_value_per_rollout(policy, site, split, n_rollouts, horizon)
         value = float(per.mean())
         se = float(per.std(ddof=1) / math.sqrt(len(per))) if len(per) > 1 else float("nan")
         return value, se
 
     def policy_value_per_rollout(
-        self, policy: PolicyLike, site: int | None = None, split: Split = "test", n_rollouts: int | None = None
+        self, policy: PolicyLike, site: int | None = None, split: Split = "test", n_rollouts: int | None = None,
+        horizon: int | None = None,
     ) -> np.ndarray:
         """V(π) computed separately on each rollout, shape [R] (rows are laid out rollout-major: b = r * n + i)."""
+        return self.policy_values_per_student(policy, site, split, n_rollouts, horizon).mean(axis=1)
+
+    def policy_values_per_student(
+        self, policy: PolicyLike, site: int | None = None, split: Split = "test", n_rollouts: int | None = None,
+        horizon: int | None = None,
+    ) -> np.ndarray:
+        """Each student's true value of ``policy`` per rollout, float64 ``[R, n]`` (students in ``student_ids``
+        order; see :meth:`true_policy_value`)."""
         ids = self.student_ids(site, split)
         R = int(n_rollouts or self.cfg.n_rollouts)
         steps = np.arange(self.L)
+        policy = bind_policy(policy, self.train[0])
         parts = []
         for _, c in truth.chunks(ids, R):
             noise = rollout_noise(self.cfg.seed, self.U[c], c, R, steps)
             off = self._offset(c)
-            parts.append(truth.policy_values(self.oracle, policy, off, self.lengths[c], noise, self.anchors))
-        return np.concatenate(parts, axis=1).mean(axis=1)
+            parts.append(truth.policy_values(self.oracle, policy, off, self.lengths[c], noise, self.anchors,
+                                             horizon=horizon, contexts=clock_context(self._valid(c))))
+        return np.concatenate(parts, axis=1)
 
     def replay_logged(self, site: int, split: Split) -> np.ndarray:
         """Outcomes from re-simulating the logged actions with the stored noise U ([n, L], 0 on padding)."""

@@ -163,7 +163,10 @@ def load_diabetes130(data_dir: str | Path | None = None, max_len: int = 20) -> S
     arrays, info = pack(entity, max_len, overflow="chunk", A=ae.matrix(N), T=T, Y=Y, X=xe.matrix(N))
     meta = encoded_meta(
         "diabetes130", xe, ae, action_names=action_names, outcome_name="readmitted within 30 days", info=info,
+        a_dynamics=["endogenous"] * len(ae.names),
         notes=[
+            "every encounter context (lab results, utilisation, diagnoses, disposition) can follow earlier treatment: "
+            "all of A_t is endogenous, simulated under an intervention",
             "entity = patient_nbr; encounters ordered by encounter_id (assumed chronological; the release has no dates)",
             f"patients with more than {max_len} encounters are cut into consecutive chunks",
             "T = insulin state x metformin state x any sulfonylurea (32 ids); Table I reports |T| = 145",

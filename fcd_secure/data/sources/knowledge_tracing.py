@@ -112,6 +112,8 @@ def build_kt_dataset(
         "outcome_name": "correct",
         # A_t is a function of T_t here; a do-simulation that changes T_t should recompute A_t with this map
         "context_of_action": tag_of_item.astype(int).tolist(),
+        # the tag is fixed by the item of the same step, not by earlier treatment: not endogenous; replayed (see above)
+        "a_dynamics": ["exogenous"],
         **info,
         "notes": notes
         + [

@@ -94,8 +94,10 @@ def load_open_bandit(
     )
     meta = encoded_meta(
         "obd", xe, ae, action_names=[f"item {i}" for i in range(80)], outcome_name="click", info=info,
-        behavior=behavior,
+        behavior=behavior, a_dynamics=["exogenous"] * len(ae.names),
         notes=[
+            "A_t (position, hour, time since the previous impression, affinities over all items) does not depend on "
+            "the items shown before: exogenous, replayed under an intervention",
             "OBD has no user id: trajectories are pseudo-users = (logging policy, 4 user-feature hashes), sorted by "
             f"timestamp, cut into chunks of {max_len}",
             "P = logged propensity of the shown item (random: 1/80; bts: varies)",

@@ -139,7 +139,7 @@ class NaiveSimulator(Simulator):
         model.eval()
         n, S = ds.n, n_samples
         H = check_window(ds.L, start_t, horizon)
-        fn, name = plan_fn(plan, anchors)
+        fn, name = plan_fn(plan, anchors, ds)
         g = torch.Generator().manual_seed(int(seed) * 1_000_003)
         X = torch.as_tensor(ds.X, dtype=torch.float32).repeat_interleave(S, 0)
         A = torch.as_tensor(ds.A, dtype=torch.float32).repeat_interleave(S, 0)
@@ -152,7 +152,7 @@ class NaiveSimulator(Simulator):
         acts = np.zeros((n, S, H), np.int64)
         for h in range(H):
             t = start_t + h
-            a = fn(h, t, y_hist, lengths, rows)
+            a = fn(h, t, y_hist, lengths, rows, A[:, : t + 1].numpy())  # no context model: contexts are replayed
             first = torch.full((n * S,), 1.0 if t == 0 else 0.0)
             p = model.mean(model(X, A[:, t], torch.as_tensor(a), y_prev, first))
             u = torch.rand(n * S, generator=g)

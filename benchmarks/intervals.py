@@ -1,0 +1,225 @@
+"""Measured coverage of the 90 % intervals of policy values and effects (``fcd_secure.evaluation.intervals``).
+
+For each seed this trains the federation exactly as ``fcd run`` does (simulation engine, DSS, the preset's sizes),
+lets its final evaluation ask the paper's four policies (never as the reference), and then compares with the
+oracle's truth:
+
+* **run**: does the interval the server computed from the consortium sums cover the true value on the same test
+  entities? One check per policy value (simulated, and factually rectified) and per effect
+  (always/early_on/late_on − never), per seed.
+* **resamples**: the per-entity values each site wrote into its own folder are resampled — ``--resamples`` cohorts
+  of ``m`` test entities for each ``m`` in ``--sizes`` — and the interval is rebuilt from that cohort's sums exactly
+  as the server would. Coverage is counted against two targets:
+  ``truth`` (the oracle's mean over the same cohort: the honest figure, where a biased simulator shows) and
+  ``model`` (the simulator's own mean over every test entity: whether the interval machinery itself is calibrated).
+
+Nominal 90 %; the target is 85–95 %. The oracle of a dataset is one function in :data:`ORACLES` (per-entity true
+values of a policy, in the order of the per-entity file's ``entity`` column); the tumour simulator adds its own there.
+
+    .venv/bin/python benchmarks/intervals.py --quick                       # tiny preset, 2 seeds, minutes
+    .venv/bin/python benchmarks/intervals.py --preset default --seeds 3    # the README run's sizes
+    .venv/bin/python benchmarks/intervals.py --from-run runs/a runs/b      # score finished runs (no training)
+    .venv/bin/python benchmarks/intervals.py --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
+
+import numpy as np  # noqa: E402
+
+
+def dkt_synth_truth(fd: Any, policy: Any, site: int, entities: np.ndarray, horizon: int | None) -> np.ndarray:
+    """DKT-Synth: each test student's true value of ``policy`` (mean over the oracle's rollouts), by student id."""
+    world = fd.oracle
+    ids = world.student_ids(site, "test")
+    per = world.policy_values_per_student(policy, site, "test", horizon=horizon).mean(axis=0)
+    pos = {int(s): i for i, s in enumerate(ids)}
+    return per[[pos[int(e)] for e in entities]]
+
+
+#: dataset name -> ``truth(federated data, policy, site, entity ids of the per-entity file, horizon) -> [n]``
+ORACLES: dict[str, Callable[..., np.ndarray]] = {"dkt-synth": dkt_synth_truth}
+
+
+def _status(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def train(preset: str, seed: int, sites: int | None, rounds: int | None, level: float, dataset: str) -> Path:
+    """One federated run as ``fcd run`` makes it (its final evaluation asks the paper's four policies)."""
+    from fcd_secure.config import build_config
+    from fcd_secure.federation.simulation import run_simulated
+
+    over: dict[str, Any] = {"seed": seed, "data": {"dataset": dataset}, "federation": {"eval_every": 0},
+                            "evaluation": {"level": level}}
+    if sites:
+        over["data"]["n_sites"] = sites
+        over["federation"]["clients_per_round"] = max(1, sites // 2)
+    if rounds:
+        over["federation"]["rounds"] = rounds
+    cfg = build_config(preset, over).model_copy(update={"out": tempfile.mkdtemp(prefix="fcd-intervals-")})
+    _status(f"seed {seed}: training ({cfg.data.n_sites} sites, {cfg.federation.rounds} rounds, preset {preset})")
+    run_simulated(cfg)
+    return Path(cfg.out)
+
+
+def score(run: Path, sizes: list[int], resamples: int) -> dict[str, Any]:
+    """Count coverage of one finished run (module docstring); its seed seeds the cohorts."""
+    import pandas as pd
+
+    from fcd_secure.config import RunConfig
+    from fcd_secure.data.policy import default_policies
+    from fcd_secure.evaluation.intervals import interval_from_sums, site_sums
+    from fcd_secure.federation import learner
+    from fcd_secure.federation.whatif import request_from_config
+
+    cfg = RunConfig.load(run / "config.toml")
+    seed, level = cfg.seed, cfg.evaluation.level
+    summary = json.loads((run / "summary.json").read_text())
+    if not summary.get("whatif"):  # the run's final evaluation did not answer: use `fcd whatif`'s answer instead
+        summary = json.loads((run / "whatif" / f"{request_from_config(cfg).query_id}.json").read_text())
+    request = request_from_config(cfg)
+    query = summary["whatif"]["query_id"]  # the question the run's final evaluation asked (its per-entity files)
+    fd = learner.load_federated(cfg)
+    truth_of = ORACLES[cfg.data.dataset]
+    pols = {p.name: p for p in default_policies()}
+    ref = request.reference
+
+    # run level: the server's intervals against the truth on the same entities
+    checks = []
+    for name, d in summary["policies"].items():
+        checks.append({"quantity": f"value[{name}]", "covered": d["interval"]["low"] <= d["value_true"] <= d["interval"]["high"],
+                       "estimate": d["value_sim"], "truth": d["value_true"]})
+        r = d["rectified"]
+        checks.append({"quantity": f"rectified[{name}]", "covered": r["low"] <= d["value_true"] <= r["high"],
+                       "estimate": r["estimate"], "truth": d["value_true"]})
+        if "effect" in d:
+            e = d["effect"]
+            checks.append({"quantity": f"effect[{name} - {ref}]", "covered": e["low"] <= e["true"] <= e["high"],
+                           "estimate": e["estimate"], "truth": e["true"]})
+
+    # resamples: per-entity model values (from the sites' own files) and per-entity truth
+    model_v: dict[str, list[np.ndarray]] = {n: [] for n in pols}
+    true_v: dict[str, list[np.ndarray]] = {n: [] for n in pols}
+    residual: list[np.ndarray] = []
+    state = run / "state"
+    for s in range(cfg.data.n_sites):
+        df = pd.read_csv(state / f"site-{s:02d}" / "whatif" / f"{query}.csv")
+        ent = df["entity"].to_numpy()
+        residual.append(df["factual_residual"].to_numpy())
+        for n, p in pols.items():
+            model_v[n].append(df[f"value[{n}]"].to_numpy())
+            true_v[n].append(truth_of(fd, p, s, ent, request.horizon))
+    mv = {n: np.concatenate(v) for n, v in model_v.items()}
+    tv = {n: np.concatenate(v) for n, v in true_v.items()}
+    res_v = np.concatenate(residual)
+    quantities = {f"value[{n}]": (mv[n], tv[n]) for n in pols}
+    quantities.update({f"rectified[{n}]": (mv[n] - res_v, tv[n]) for n in pols})
+    quantities.update({f"effect[{n} - {ref}]": (mv[n] - mv[ref], tv[n] - tv[ref]) for n in pols if n != ref})
+    N = len(mv[ref])
+    rng = np.random.default_rng(seed)
+    counts: dict[tuple[str, int], dict[str, int]] = {}
+    for m in sizes:
+        if m > N:
+            continue
+        for r in range(resamples):
+            idx = rng.choice(N, size=m, replace=False)
+            for q, (x, t) in quantities.items():
+                iv = interval_from_sums(site_sums("q", x[idx]), "q", level)
+                c = counts.setdefault((q, m), {"truth": 0, "model": 0, "n": 0})
+                c["truth"] += iv.covers(float(t[idx].mean()))
+                c["model"] += iv.covers(float(x.mean()))
+                c["n"] += 1
+    resampled = [{"quantity": q, "m": m, "truth": c["truth"] / c["n"], "model": c["model"] / c["n"], "n": c["n"],
+                  "bias": float(quantities[q][0].mean() - quantities[q][1].mean())}
+                 for (q, m), c in counts.items()]
+    return {"seed": seed, "n_test": N, "pehe": summary.get("pehe"), "run": checks, "resamples": resampled}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--dataset", default="dkt-synth", choices=sorted(ORACLES))
+    ap.add_argument("--seeds", type=int, default=2, help="seeds 0..S-1")
+    ap.add_argument("--sites", type=int, default=None)
+    ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--level", type=float, default=0.9)
+    ap.add_argument("--from-run", type=Path, nargs="+", default=None, help="score these finished run folders instead")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[25, 100])
+    ap.add_argument("--resamples", type=int, default=200)
+    ap.add_argument("--quick", action="store_true", help="tiny preset, 2 seeds, 3 sites, 2 rounds, 100 resamples")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    import torch
+
+    torch.set_num_threads(1)
+    if args.quick:
+        args.preset, args.seeds, args.sites, args.rounds, args.resamples = "tiny", 2, 3, 2, 100
+    runs = args.from_run or [train(args.preset, s, args.sites, args.rounds, args.level, args.dataset)
+                             for s in range(args.seeds)]
+    results = [score(r, args.sizes, args.resamples) for r in runs]
+    run_checks = [c for r in results for c in r["run"]]
+    agg: dict[tuple[str, int], list[dict]] = {}
+    for r in results:
+        for row in r["resamples"]:
+            agg.setdefault((row["quantity"], row["m"]), []).append(row)
+    table = [{"quantity": q, "cohort m": m,
+              "coverage of truth": float(np.mean([x["truth"] for x in rows])),
+              "coverage of model mean": float(np.mean([x["model"] for x in rows])),
+              "model − truth": float(np.mean([x["bias"] for x in rows]))}
+             for (q, m), rows in sorted(agg.items(), key=lambda kv: (kv[0][1], kv[0][0]))]
+    kinds = ("value", "rectified", "effect")
+    by_m: dict[int, dict[str, dict[str, float]]] = {}
+    for m in sorted({k[1] for k in agg}):
+        for kind in kinds:
+            rows = [x for (q, mm), xs in agg.items() if mm == m and q.startswith(kind) for x in xs]
+            if rows:
+                by_m.setdefault(m, {})[kind] = {"truth": float(np.mean([x["truth"] for x in rows])),
+                                                "model": float(np.mean([x["model"] for x in rows]))}
+    run_by_kind = {kind: float(np.mean([c["covered"] for c in run_checks if c["quantity"].startswith(kind)]))
+                   for kind in kinds if any(c["quantity"].startswith(kind) for c in run_checks)}
+    machine = (f"{platform.node()} · {os.cpu_count()} CPUs · load {os.getloadavg()[0]:.1f} · {args.dataset} · "
+               + (f"{len(runs)} finished runs" if args.from_run else f"preset {args.preset} · {args.seeds} seeds")
+               + f" · nominal {args.level:.0%}")
+    out = {"machine": machine, "params": vars(args),
+           "run_coverage_of_truth": float(np.mean([c["covered"] for c in run_checks])) if run_checks else None,
+           "run_coverage_by_kind": run_by_kind, "run_checks": len(run_checks), "by_cohort_size": by_m,
+           "results": table, "seeds": results}
+    if args.json:
+        print(json.dumps(out, default=str))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    t = Table(title=f"interval coverage ({machine})")
+    for k in table[0]:
+        t.add_column(k, justify="left" if k == "quantity" else "right", overflow="fold")
+    for r in table:
+        t.add_row(*(f"{v:.3f}" if isinstance(v, float) else str(v) for v in r.values()))
+    con.print(t)
+    con.print(f"nominal {args.level:.0%}, target 85–95 %")
+    for m, per in by_m.items():
+        for kind, c in per.items():
+            con.print(f"cohorts of {m}, {kind}: coverage of the truth {c['truth']:.1%}, of the model's own mean "
+                      f"{c['model']:.1%}")
+    for kind, cov in run_by_kind.items():
+        con.print(f"whole test sets (the server's intervals), {kind}: coverage of the truth {cov:.1%}")
+    for r in results:
+        con.print(f"  seed {r['seed']}: {r['n_test']} test entities, PEHE {r['pehe']:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""`fcd whatif`: ask a finished run what happens under one or more policies (values, effects, 90 % intervals)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+
+def _fmt(v: Any, digits: int = 3) -> str:
+    return "n/a" if v is None else (f"{v:.{digits}f}" if isinstance(v, float) else str(v))
+
+
+def _iv(d: dict | None) -> str:
+    if not d or d.get("low") is None:
+        return "n/a"
+    return f"{d['low']:.3f}–{d['high']:.3f}"
+
+
+def anchors_line(anchors: dict | None) -> str | None:
+    """``a_off = 3 (label), a_on = 7 (label)``: the two actions the anchor policies (never, always, ...) use."""
+    if not anchors:
+        return None
+    return ", ".join(f"{k} = {v['id']} ({v['label']})" for k, v in anchors.items())
+
+
+def whatif_table(result: dict, title: str = "What happens under each policy") -> Table:
+    """The answer as a table: per policy its simulated value and interval, the contrast to the reference and its
+    interval, and the truth beside them when the data has an oracle (``summary.json`` / ``fcd whatif --json``)."""
+    pols = result.get("policies") or {}
+    level = (result.get("whatif") or {}).get("level", 0.9)
+    ref = (result.get("whatif") or {}).get("reference")
+    has_truth = any(d.get("value_true") is not None for d in pols.values())
+    t = Table(title=title, show_header=True, header_style="bold",
+              caption=f"effect = value − value of {ref}; {level:.0%} intervals over entities (normal)"
+              if ref else None)
+    t.add_column("policy", overflow="fold")
+    t.add_column("value", justify="right")
+    t.add_column(f"{level:.0%} CI", justify="right")
+    if has_truth:
+        t.add_column("truth", justify="right")
+    t.add_column("effect", justify="right")
+    t.add_column(f"{level:.0%} CI", justify="right")
+    if has_truth:
+        t.add_column("truth", justify="right")
+    for name, d in pols.items():
+        eff = d.get("effect")
+        row = [escape(name), _fmt(d.get("value_sim")), _iv(d.get("interval"))]
+        if has_truth:
+            row.append(_fmt(d.get("value_true")))
+        row += ["ref." if name == ref else _fmt((eff or {}).get("estimate")), "" if name == ref else _iv(eff)]
+        if has_truth:
+            row.append("" if name == ref else _fmt((eff or {}).get("true")))
+        t.add_row(*row)
+    return t
+
+
+def _fail(console: Console, msg: str, code: int = 2) -> None:
+    console.print(f"[red]error:[/red] {escape(msg)}")
+    raise typer.Exit(code)
+
+
+def register(app: typer.Typer) -> None:
+    """Attach ``fcd whatif`` to the root app."""
+
+    @app.command("whatif")
+    def whatif(
+        run_dir: Path = typer.Argument(..., help="A finished run folder of `fcd run` (with config.toml, theta_c.npz and its state/)."),
+        policy: Optional[list[str]] = typer.Option(None, "--policy", "-p", help="A policy file (.toml) or the name of a shipped policy (never, always, early_on, late_on); repeat for several. Default: the run's [evaluation] policies."),
+        reference: Optional[str] = typer.Option(None, "--reference", "-r", help="The policy every other one is contrasted with: a file or shipped name (added if not among --policy), or the name of a given policy. Default: the first policy."),
+        horizon: Optional[int] = typer.Option(None, "--horizon", min=1, help="Average each value over the first H steps from t = 0 (default: the run's setting, else whole trajectories)."),
+        level: Optional[float] = typer.Option(None, "--level", min=0.5, max=0.999, help="Nominal coverage of the intervals (default: the run's, 0.9)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
+    ) -> None:
+        """Simulate each POLICY on the run's trained model (Θc from theta_c.npz, each site's own Θs from its state)
+        in one evaluation-only round on the simulation engine: its value with an interval, the difference to the
+        reference policy with an interval, and the truth beside them on DKT-Synth. Per-entity effects are written on
+        each site, into that site's own state folder (whatif/<query id>.csv); only consortium sums reach the server.
+        The result is also written to RUN_DIR/whatif/<query id>.json.
+
+        Exit codes: 0 done, 2 bad input (run folder, policy files, labels the data does not have), 1 the run failed.
+        """
+        import torch  # noqa: PLC0415
+
+        from fcd_secure.config import ConfigError  # noqa: PLC0415
+        from fcd_secure.data.policy import load_policy_refs  # noqa: PLC0415
+        from fcd_secure.data.spec import DataError  # noqa: PLC0415
+        from fcd_secure.federation.whatif import WhatIfRequest, check_policies, jsonable  # noqa: PLC0415
+        from fcd_secure.federation.whatif_run import WhatIfError, open_run, run_whatif  # noqa: PLC0415
+
+        console = Console(stderr=as_json)
+        try:
+            cfg, _theta = open_run(run_dir)
+            pols = load_policy_refs(policy or cfg.evaluation.policies)
+            ref_name = None
+            if reference is not None:
+                by_name = {p.name: p for p in pols}
+                if reference in by_name:
+                    ref_name = reference
+                else:
+                    ref = load_policy_refs([reference])[0]
+                    if ref.name not in by_name:
+                        pols = [ref, *pols]
+                    ref_name = ref.name
+            ev = cfg.evaluation
+            request = WhatIfRequest(
+                policies=pols, reference=ref_name or ev.reference or pols[0].name,
+                horizon=horizon if horizon is not None else ev.horizon,
+                level=level or ev.level,
+            )
+            if request.horizon is not None and request.horizon > cfg_len(cfg):
+                raise DataError(f"--horizon {request.horizon} is longer than the data's trajectories ({cfg_len(cfg)} steps)")
+            check_policies(cfg, pols)
+        except (WhatIfError, ConfigError, DataError, ValueError) as exc:
+            _fail(console, str(exc))
+        torch.set_num_threads(1)
+        console.print(f"[bold]fcd whatif[/bold] {run_dir}: {len(request.policies)} policies, reference "
+                      f"{request.reference}, query {request.query_id}")
+        try:
+            res = run_whatif(run_dir, request)
+        except (WhatIfError, DataError) as exc:
+            _fail(console, str(exc))
+        if as_json:
+            typer.echo(json.dumps(jsonable(res)))
+            return
+        line = anchors_line(res.get("anchors"))
+        if line:
+            console.print(f"anchors: {escape(line)}")
+        console.print(whatif_table(res, title=f"What happens under each policy ({cfg.data.dataset})"))
+        if res.get("contexts"):
+            c = res["contexts"]
+            console.print(f"contexts in the rollouts: {c['generated']} generated (endogenous), {c['replayed']} replayed")
+        console.print(f"per-entity effects: on each site, in <state>/<site>/whatif/{request.query_id}.csv; "
+                      f"result: {Path(run_dir) / 'whatif' / (request.query_id + '.json')}")
+
+
+def cfg_len(cfg) -> int:
+    """The trajectories' length L of a run's data (the horizon's upper bound)."""
+    from fcd_secure.federation import learner  # noqa: PLC0415
+
+    return learner.load_site_data(cfg, 0).test.L

@@ -1,0 +1,63 @@
+"""The context head: time-varying contexts simulated under an intervention (g-computation; Robins 1986).
+
+A context A_t that past treatment can change (a tumour's diameter, a lab value) must be *generated* when a policy is
+rolled out: replaying the logged A_t would keep the consequences of the logged treatment under a different one. The
+data layer marks such columns ``endogenous`` and puts them first in A (:func:`fcd_secure.data.spec.context_dynamics`);
+the network then carries this head over its first ``n_endogenous`` columns:
+
+    Â_{t+1} = g(K_t, A_t, emb(T_t), Y_t)      (the conditional mean of the next endogenous contexts)
+
+trained with the other losses as ``L_context`` = E_t ‖A_{t+1}[:n_endo] − Â_{t+1}‖² over pairs (t, t+1) that are both
+valid (``ModelConfig.use_context`` / ``lambda_context``; per sample, so safe under DP-SGD). In a rollout the
+generated columns replace the logged ones from the first simulated step after ``start_t`` on (A at ``start_t`` is
+observed before the first intervened decision), and exogenous columns are replayed. The head is shared (Θc): how a
+context responds to treatment is part of the causal mechanism every site has in common.
+
+The head gives the conditional mean, not a draw: for a context that enters the outcome model non-linearly this is
+the plug-in approximation of g-computation (exact for linear dependence); the rollout's randomness still comes from
+the diffusion transition and the sampled outcomes it conditions on. Integer-id categorical columns are regressed as
+numbers.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+__all__ = ["ContextHead", "l_context"]
+
+
+class ContextHead(nn.Module):
+    """g(K_t, A_t, emb(T_t), Y_t) → Â_{t+1}[:n_endogenous].
+
+    Args:
+        k: dim of K_t.
+        da: context features per step.
+        action_emb: size of the action embedding the network shares.
+        n_endogenous: leading context columns to generate.
+        hidden: MLP width.
+    """
+
+    def __init__(self, k: int, da: int, action_emb: int, n_endogenous: int, hidden: int) -> None:
+        super().__init__()
+        if not 0 < n_endogenous <= da:
+            raise ValueError(f"n_endogenous must be in [1, da={da}], got {n_endogenous}")
+        self.n_endogenous = n_endogenous
+        # one hidden layer, as the other heads of the network (networks.mlp with depth 1)
+        self.net = nn.Sequential(nn.Linear(k + da + action_emb + 1, hidden), nn.SiLU(), nn.Linear(hidden, n_endogenous))
+
+    def forward(self, K: torch.Tensor, A: torch.Tensor, T_emb: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
+        """Â_{t+1} for inputs that share their leading axes (``Y`` without the feature axis)."""
+        return self.net(torch.cat([K, A, T_emb, Y.unsqueeze(-1)], dim=-1))
+
+
+def l_context(model: nn.Module, K: torch.Tensor, batch) -> torch.Tensor:
+    """L_context per sample ``[B]``: the mean squared error of Â_{t+1} against the logged endogenous A_{t+1}, over the
+    pairs (t, t+1) that are both valid (module docstring)."""
+    A, T, Y, M = batch.A, batch.T, batch.Y, batch.M
+    n = model.n_endogenous
+    pred = model.next_context(K[:, :-1], A[:, :-1], T[:, :-1], Y[:, :-1])
+    err = ((pred - A[:, 1:, :n]) ** 2).mean(-1)
+    pair = M[:, :-1] * M[:, 1:]
+    return (err * pair).sum(1) / pair.sum(1).clamp(min=1.0)

@@ -1,0 +1,68 @@
+"""Intervals from consortium sums (evaluation/intervals.py): known-answer coverage, additivity over sites."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fcd_secure.evaluation.intervals import interval_from_sums, site_sums
+
+
+def _sites(x: np.ndarray, n_sites: int, mc_var: np.ndarray | None = None) -> dict:
+    """Split x over sites and add their sums (what the server receives, with or without secure aggregation)."""
+    total: dict = {}
+    for i, chunk in enumerate(np.array_split(np.arange(len(x)), n_sites)):
+        for k, v in site_sums("q", x[chunk], None if mc_var is None else mc_var[chunk]).items():
+            total[k] = total.get(k, 0.0) + v
+    return total
+
+
+def test_known_answer_coverage_is_close_to_nominal():
+    """Normal data with a known mean: over many resamples the intervals cover it at their nominal level."""
+    rng = np.random.default_rng(0)
+    mu, reps = 0.3, 2000
+    for level in (0.9, 0.5):
+        hits = 0
+        for _ in range(reps):
+            iv = interval_from_sums(_sites(rng.normal(mu, 1.0, size=60), 4), "q", level=level)
+            hits += iv.covers(mu)
+            assert iv.low < iv.estimate < iv.high
+        # binomial sd at p = 0.9 over 2000 resamples is 0.007 (0.011 at p = 0.5): ± 3 sd
+        assert abs(hits / reps - level) <= 3 * np.sqrt(level * (1 - level) / reps) + 0.005, (level, hits / reps)
+
+
+def test_a_biased_estimate_is_not_covered():
+    """The interval is about the estimator's mean: shifted data (a biased simulator) miss the truth."""
+    rng = np.random.default_rng(1)
+    misses = sum(not interval_from_sums(_sites(rng.normal(0.5, 1.0, 400), 3), "q").covers(0.0) for _ in range(50))
+    assert misses >= 48
+
+
+def test_sums_are_additive_and_the_estimate_is_the_pooled_mean():
+    rng = np.random.default_rng(2)
+    x = rng.uniform(size=90)
+    iv = interval_from_sums(_sites(x, 3), "q", level=0.8)
+    assert iv.n == 90
+    assert iv.estimate == pytest.approx(x.mean())
+    assert iv.se == pytest.approx(x.std(ddof=1) / np.sqrt(90))
+    one = interval_from_sums(_sites(x, 1), "q", level=0.8)  # how entities are spread over sites is irrelevant
+    assert (one.low, one.high, one.n) == pytest.approx((iv.low, iv.high, iv.n), abs=1e-12)
+    z80 = 1.2815515655446004
+    assert iv.high - iv.low == pytest.approx(2 * z80 * iv.se)
+    wide = interval_from_sums(_sites(x, 3), "q", level=0.95)
+    assert wide.low < iv.low and wide.high > iv.high
+
+
+def test_monte_carlo_share_and_bad_input():
+    x = np.array([0.1, 0.4, 0.7, 0.2])
+    iv = interval_from_sums(_sites(x, 2, mc_var=np.full(4, 0.01)), "q")
+    assert iv.mc_share == pytest.approx(0.01 / x.var(ddof=1))
+    assert interval_from_sums(_sites(x, 2), "q").mc_share is None
+    with pytest.raises(ValueError, match="level"):
+        interval_from_sums(_sites(x, 2), "q", level=1.0)
+    with pytest.raises(ValueError, match="non-finite"):
+        site_sums("q", np.array([np.nan]))
+    with pytest.raises(ValueError, match=r"\[n\]"):
+        site_sums("q", np.zeros((2, 2)))
+    with pytest.raises(ValueError, match="no entity"):
+        interval_from_sums({"q.n": 0.0, "q.sum": 0.0, "q.sumsq": 0.0}, "q")

@@ -1,0 +1,177 @@
+"""`fcd whatif` end to end on Flower's simulation engine (real Ray, real ClientApp/ServerApp, real model and data):
+a finished tiny run is asked about policies that name actions by label; values and effects come with intervals and
+the DKT-Synth truth; per-entity effects stay in each site's own folder and never reach the server's ledger; the
+evaluation-only round keeps the audit evidence verifiable."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+
+from typer.testing import CliRunner  # noqa: E402
+
+from fcd_secure.cli.main import app as fcd_app  # noqa: E402
+from fcd_secure.config import build_config  # noqa: E402
+from fcd_secure.data.policy import load_policy, load_policy_refs  # noqa: E402
+from fcd_secure.federation.whatif import WhatIfRequest  # noqa: E402
+from fcd_secure.federation.whatif_run import run_whatif  # noqa: E402
+
+SITES = 2
+ITEM_POLICY = """\
+name = "item3_then_off"
+description = "item 3 (named by its label) for the first 4 steps, then the anchor a_off"
+[rule]
+kind = "switch"
+at = 4
+before = "item 3"
+after = "anchor:off"
+"""
+
+
+@pytest.fixture(scope="module")
+def asked(tmp_path_factory):
+    """One tiny 1-round run (its end-of-run table included), then one what-if question of it."""
+    import torch
+
+    from fcd_secure.federation.simulation import run_simulated
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("whatif")
+    cfg = build_config("tiny", {
+        "data": {"n_sites": SITES},
+        "federation": {"clients_per_round": SITES, "rounds": 1, "eval_every": 0, "secure_aggregation": False},
+        "evaluation": {"n_samples": 2, "max_rows": None},
+        "out": str(root / "run"),
+    })
+    run_simulated(cfg)
+    pol_file = root / "item3.toml"
+    pol_file.write_text(ITEM_POLICY)
+    request = WhatIfRequest(policies=load_policy_refs(["never", "always", str(pol_file)]), reference="never")
+    result = run_whatif(root / "run", request)
+    return root / "run", request, result
+
+
+def test_run_summary_has_anchors_contexts_and_intervals(asked):
+    run, _request, _ = asked
+    s = json.loads((run / "summary.json").read_text())
+    a_off, a_on = s["anchors"]["a_off"], s["anchors"]["a_on"]
+    assert a_off["label"] == f"item {a_off['id']}" and a_on["label"] == f"item {a_on['id']}" and a_off != a_on
+    # DKT-Synth's only context is the clock: exogenous, replayed
+    assert s["contexts"] == {"generated": 0, "replayed": 1, "generated_columns": [],
+                             "replayed_columns": ["step_index_normalised"]}
+    assert s["whatif"]["reference"] == "never" and s["whatif"]["level"] == 0.9
+    assert list(s["policies"]) == ["never", "always", "early_on", "late_on"]
+    for name, d in s["policies"].items():
+        iv = d["interval"]
+        assert iv["low"] <= d["value_sim"] <= iv["high"] and iv["level"] == 0.9 and iv["n"] > 0
+        assert d["value_true"] is not None
+        assert ("effect" in d) == (name != "never")
+
+
+def test_whatif_answers_label_policies_with_intervals_and_truth(asked):
+    run, request, res = asked
+    pols = res["policies"]
+    assert list(pols) == ["never", "always", "item3_then_off"]
+    for name, d in pols.items():
+        assert d["interval"]["low"] <= d["value_sim"] <= d["interval"]["high"]
+        assert 0.0 <= d["value_true"] <= 1.0
+        # the rectified value: the simulated one minus the factual residual (the model's error on logged actions)
+        assert d["rectified"]["estimate"] == pytest.approx(d["value_sim"] - res["factual_residual"]["estimate"])
+        assert d["rectified"]["low"] <= d["rectified"]["estimate"] <= d["rectified"]["high"]
+    eff = pols["item3_then_off"]["effect"]
+    assert eff["reference"] == "never" and eff["low"] <= eff["estimate"] <= eff["high"]
+    assert eff["estimate"] == pytest.approx(pols["item3_then_off"]["value_sim"] - pols["never"]["value_sim"], abs=1e-9)
+    assert eff["true"] == pytest.approx(pols["item3_then_off"]["value_true"] - pols["never"]["value_true"])
+    # the label policy really ran its labelled item: its value differs from both anchor policies
+    assert pols["item3_then_off"]["value_sim"] not in (pols["never"]["value_sim"], pols["always"]["value_sim"])
+    saved = json.loads((run / "whatif" / f"{request.query_id}.json").read_text())
+    assert saved["policies"]["always"]["value_sim"] == pytest.approx(pols["always"]["value_sim"])
+
+
+def test_per_entity_effects_stay_on_their_site_and_never_reach_the_server_ledger(asked):
+    run, request, res = asked
+    state = run / "state"
+    files = sorted(state.glob(f"site-*/whatif/{request.query_id}.csv"))
+    assert len(files) == SITES  # one per site, each in the site's own folder
+    server_text = "\n".join(p.read_text() for p in (state / "_server").rglob("*.jsonl"))
+    server_text += (run / "whatif" / f"{request.query_id}.json").read_text() + (run / "traffic.csv").read_text()
+    received = [json.loads(line) for line in (state / "_server" / "audit" / "server_ledger.jsonl").read_text().splitlines()]
+    received = [e for e in received if e["kind"] == "received"]
+    assert received, "the server ledger records what it received"
+    keys = {m for e in received for m in e["metrics"]}
+    n_rows = 0
+    for f in files:
+        df = pd.read_csv(f)
+        n_rows += len(df)
+        assert list(df.columns) == ["entity", "value[never]", "value[always]", "value[item3_then_off]",
+                                    "effect[always - never]", "effect[item3_then_off - never]", "factual_residual"]
+        # no per-entity value, under any rounding the server side could have printed, and no per-entity key
+        for v in df.drop(columns="entity").to_numpy().ravel():
+            for text in {f"{v:.6f}", repr(float(v))}:
+                if abs(v) > 1e-3:
+                    assert text not in server_text, text
+        for col in df.columns:
+            assert not any(col in k for k in keys)
+        assert not any(re.search(rf"\b{re.escape(str(e))}\b", k) for e in df["entity"] for k in keys)
+    assert res["n_test"] == n_rows
+    # what the sites sent for the question: sums whose count does not grow with the entities
+    whatif_keys = {k for k in keys if ".whatif." in k or "/whatif." in k}
+    assert whatif_keys and all(
+        re.fullmatch(r"eval/whatif\.((value|diff|rectified)\.[A-Za-z0-9_-]+|residual)\.(n|sum|sumsq|mc_var)", k)
+        for k in whatif_keys), sorted(whatif_keys)
+
+
+def test_audit_evidence_still_verifies_after_the_question(asked):
+    from fcd_secure.audit.ledger import fingerprint, public_key_bytes
+    from fcd_secure.audit.verify import verify_path
+
+    state = asked[0] / "state"
+    site_pins, server_pins = [], []
+    for key_file in sorted(state.rglob("identity_ed25519.key")):
+        (server_pins if key_file.parent.name == "_server" else site_pins).append(
+            fingerprint(public_key_bytes(key_file.read_bytes())))
+    res = verify_path(state, site_keys=site_pins, server_keys=server_pins)
+    assert res.exit_code == 0, [f.message for f in res.findings if f.severity != "note"]
+
+
+def test_bad_questions_exit_2_before_any_engine(asked, tmp_path):
+    run = asked[0]
+    def said(r):
+        return " ".join(r.output.split())
+
+    r = CliRunner().invoke(fcd_app, ["whatif", str(tmp_path / "nope")])
+    assert r.exit_code == 2 and "not a finished run folder" in said(r)
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "bad"\n[rule]\nkind = "static"\naction = "item 99"\n')
+    r = CliRunner().invoke(fcd_app, ["whatif", str(run), "--policy", str(bad)])
+    assert r.exit_code == 2 and "not a label" in said(r) and str(bad) in r.output.replace("\n", "")
+    r = CliRunner().invoke(fcd_app, ["whatif", str(run), "--policy", "never", "--reference", "sometimes"])
+    assert r.exit_code == 2 and "sometimes: no such policy file" in said(r)
+    assert load_policy(run.parent / "item3.toml").labels == ["item 3"]
+    assert not np.isnan(asked[2]["policies"]["never"]["value_sim"])
+
+
+def test_the_egress_gate_allows_exactly_the_keys_of_the_question():
+    from fcd_secure.federation.egress import federation_policy
+    from fcd_secure.federation.whatif import evaluated_policy_names
+
+    cfg = build_config("tiny", {})
+    request = WhatIfRequest(policies=load_policy_refs(["never", "late_on"]), reference="never")
+    names = evaluated_policy_names({"whatif": request.to_json()}, cfg)
+    assert names == ["never", "late_on"]
+    assert evaluated_policy_names({}, cfg) == ["never", "always", "early_on", "late_on"]  # the run's own question
+    assert evaluated_policy_names({"whatif": "{not json"}, cfg) == []  # nothing of a malformed question may leave
+    pol = federation_policy(2, names)
+    for key in ("eval/whatif.value.late_on.sum", "eval/whatif.diff.late_on.sumsq", "eval/whatif.rectified.never.n",
+                "eval/whatif.residual.sum", "eval/anchors.a_on", "eval/policy.late_on.sim_sum"):
+        assert key in pol.allowed_metrics, key
+    assert "eval/whatif.value.always.sum" not in pol.allowed_metrics  # not asked, so not allowed
+    assert "eval/whatif.value.late_on.entity" not in pol.allowed_metrics
+    assert "hello/dim-n_endogenous" in pol.allowed_config_keys and "metrics/context" in pol.allowed_metrics
