@@ -27,11 +27,11 @@ from typing import Annotated, Literal, Protocol, Union, runtime_checkable
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from fcd_secure.data.paths import PROJECT_ROOT
+from fcd_secure.data.paths import policy_dir
 from fcd_secure.data.schema import SiteDataset
 from fcd_secure.data.spec import DataError, field_path
 
-POLICY_DIR = PROJECT_ROOT / "policies"
+POLICY_DIR = policy_dir()
 DEFAULT_POLICY_NAMES = ("never", "always", "early_on", "late_on")
 
 

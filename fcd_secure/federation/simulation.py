@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import threading
 from pathlib import Path
 
 from fcd_secure.config import RunConfig
@@ -51,13 +52,14 @@ def provision_simulated_roster(cfg: RunConfig) -> None:
     provision_roster(cfg.state_dir, [default_site_id(i) for i in range(cfg.data.n_sites)])
 
 
-def run_simulated(cfg: RunConfig, progress=None, num_cpus: int | None = None):
+def run_simulated(cfg: RunConfig, progress=None, num_cpus: int | None = None, stop: threading.Event | None = None):
     """Run the whole federation of ``cfg`` on the simulation engine.
 
     Args:
         cfg: the resolved run config; its state root defaults to ``<out>/state`` (a temp dir without an out folder).
         progress: the ServerApp's progress hook (``server_app.ProgressHook``).
         num_cpus: CPUs of the one Ray actor (default: up to 2).
+        stop: set it (e.g. on Ctrl-C) to end the ServerApp's thread at its next wait (``server_app.run_federation``).
 
     Returns:
         The ``server_app.FederationResult``; the run folder is written when ``cfg.out`` is set.
@@ -65,7 +67,8 @@ def run_simulated(cfg: RunConfig, progress=None, num_cpus: int | None = None):
     quiet_flower_env()
     from flwr.simulation import run_simulation  # noqa: PLC0415 - imported after the environment is quiet
 
-    logging.getLogger("flwr").setLevel(logging.ERROR)  # flwr sets DEBUG on its logger when imported
+    # flwr sets DEBUG on its logger when imported; the level is $FLWR_LOG_LEVEL (quiet_flower_env: ERROR)
+    logging.getLogger("flwr").setLevel(os.environ.get("FLWR_LOG_LEVEL", "ERROR"))
 
     root = cfg.state_root() or Path(tempfile.mkdtemp(prefix="fcd-state-"))
     cfg = cfg.model_copy(update={"state_dir": str(root)})
@@ -75,7 +78,7 @@ def run_simulated(cfg: RunConfig, progress=None, num_cpus: int | None = None):
     sink: dict = {}
     n_cpu = num_cpus or max(1, min(2, os.cpu_count() or 1))
     run_simulation(
-        server_app=make_server_app(cfg, progress, sink),
+        server_app=make_server_app(cfg, progress, sink, stop),
         client_app=make_client_app(cfg),
         num_supernodes=cfg.data.n_sites,
         backend_config=backend_config(n_cpu),
