@@ -78,14 +78,16 @@ def verify(
 
     \b
     Exit codes:
-      0  compliant   intact, consistent, complete, within policy, all keys pinned
-      1  violation   intact evidence of an upload that breaks the egress policy, or a privacy
-                     ledger that disappeared or went back without an acknowledged reset
+      0  compliant   intact, consistent, complete, within policy, all keys
+                     pinned
+      1  violation   intact evidence of an upload that breaks the egress
+                     policy, or a privacy ledger that disappeared or went back
+                     without an acknowledged reset
       2  usage       missing path, not a ledger, malformed fingerprint or pin
                      file, no ledger found
       3  unverified  checks pass, a key is not pinned (0: --allow-unpinned)
-      4  partial     evidence incomplete: no server ledger (or no site ledger), or uploads
-                     without a server receipt
+      4  partial     evidence incomplete: no server ledger (or no site
+                     ledger), or uploads without a server receipt
       6  tampered    evidence tampered with or inconsistent
     """
     from fcd_secure.audit.pins import PinFileError, read_pins  # noqa: PLC0415 (keep --help fast)
