@@ -146,7 +146,7 @@ def dp_summary(cfg: RunConfig, site_ids: list[str]) -> dict[str, Any]:
             "epsilon_spent": None,
             "consortium_epsilon": None,
         }
-    from fcd_secure.privacy.ledger import LedgerError  # noqa: PLC0415
+    from fcd_secure.privacy.errors import LedgerError  # noqa: PLC0415
     from fcd_secure.privacy.report import site_budgets  # noqa: PLC0415
 
     roots = [p for p in (cfg.state_root(), Path(dp.ledger_dir) if dp.ledger_dir else None) if p is not None]
@@ -155,6 +155,10 @@ def dp_summary(cfg: RunConfig, site_ids: list[str]) -> dict[str, Any]:
     except LedgerError as exc:  # the run's result stands; the ledger's problem is reported, not hidden
         return {"enabled": True, "epsilon_cap": dp.epsilon, "epsilon_spent": None, "consortium_epsilon": None,
                 "guarantee": f"unknown: a privacy ledger cannot be read ({exc}); see `fcd privacy report`"}
+    if not budgets:  # a deployed server holds no site's ledger: ε lives with each site (`fcd privacy report` there)
+        return {"enabled": True, "epsilon_cap": dp.epsilon, "epsilon_spent": None, "consortium_epsilon": None,
+                "guarantee": "record-level (ε, δ)-DP per site; ε is kept in each site's ledger, which this server "
+                "cannot read (run `fcd privacy report` at each site)"}
     spent = {sid: float(budgets[sid]["epsilon_spent"]) if sid in budgets else 0.0 for sid in site_ids}
     for sid, b in budgets.items():
         spent.setdefault(sid, float(b["epsilon_spent"]))
@@ -168,7 +172,7 @@ def dp_summary(cfg: RunConfig, site_ids: list[str]) -> dict[str, Any]:
         "clip": dp.clip,
         "accountant": dp.accountant,
         "ledger_dir": dp.ledger_dir,
-        "epsilon_spent": spent if budgets or site_ids else None,
+        "epsilon_spent": spent,
         "consortium_epsilon": max(spent.values()) if spent else None,
         "exhausted": sorted(sid for sid, b in budgets.items() if b["epsilon_remaining"] <= 1e-9),
     }
