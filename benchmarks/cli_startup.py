@@ -59,11 +59,11 @@ def main() -> None:
     args = ap.parse_args()
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": str(ROOT), "COLUMNS": "80"}
     print(f"fcd: {args.fcd} (PYTHONPATH={ROOT}), median of {args.repeat}, load average {os.getloadavg()[0]:.1f}")
-    print(f"{'command':<28} {'wall s':>8} {'CPU s':>8}")
+    print(f"{'command':<38} {'wall s':>8} {'CPU s':>8}")
     for path in commands(args.fcd, env):
         runs = [timed([args.fcd, *path, "--help"], env) for _ in range(args.repeat)]
         label = "fcd " + " ".join(path) + " --help"
-        print(f"{label:<28} {statistics.median(r[0] for r in runs):>8.2f} {statistics.median(r[1] for r in runs):>8.2f}")
+        print(f"{label:<38} {statistics.median(r[0] for r in runs):>8.2f} {statistics.median(r[1] for r in runs):>8.2f}")
     if args.no_bad_input:
         return
     with tempfile.TemporaryDirectory() as tmp:
@@ -72,10 +72,10 @@ def main() -> None:
             "run --data-dir missing": ["run", "--dataset", "diabetes130", "--data-dir", f"{tmp}/none", "--out", f"{tmp}/r"],
             "run --out <a file>": ["run", "--preset", "tiny", "--out", __file__],
         }
-        print(f"\n{'bad-input run (exit 2)':<28} {'wall s':>8} {'CPU s':>8} {'exit':>5}")
+        print(f"\n{'bad-input run (exit 2)':<38} {'wall s':>8} {'CPU s':>8} {'exit':>5}")
         for label, argv in cases.items():
             runs = [timed([args.fcd, *argv], env, cwd=tmp) for _ in range(args.repeat)]
-            print(f"{label:<28} {statistics.median(r[0] for r in runs):>8.2f} "
+            print(f"{label:<38} {statistics.median(r[0] for r in runs):>8.2f} "
                   f"{statistics.median(r[1] for r in runs):>8.2f} {runs[0][2]:>5}")
 
 
