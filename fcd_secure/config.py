@@ -48,8 +48,10 @@ class DataSection(BaseModel):
     preset: Preset = Field("default", description="dataset size preset of the loader")
     n_sites: int = Field(10, ge=1, le=1000, description="number of sites (paper Table II: 10)")
     alpha: float = Field(10.0, gt=0, description="Dirichlet concentration of the non-IID split (Table II: 10)")
-    test_fraction: float = Field(0.2, gt=0, lt=1)
-    data_dir: str | None = Field(None, description="real datasets root (default ../shared/data)")
+    test_fraction: float = Field(0.2, gt=0, lt=1, description="share of each site's trajectories held out for evaluation")
+    data_dir: str | None = Field(
+        None, description="real datasets root (default: $FCD_DATA_DIR, then ../shared/data of a source checkout)"
+    )
     spec: str | None = Field(None, description="user data: path of the spec file (with dataset = 'spec')")
     table: str | None = Field(None, description="user data: path of the table the spec describes")
 
@@ -112,7 +114,7 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     seed: int = Field(0, description="one seed for data split, initialisation, sampling and training")
-    preset: Preset = "default"
+    preset: Preset = Field("default", description="the size preset the run started from (tiny | default | paper)")
     data: DataSection = Field(default_factory=DataSection)
     federation: FederationSection = Field(default_factory=FederationSection)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -194,7 +196,8 @@ def _drop_none(d: Any) -> Any:
 def _first_error(exc: ValidationError) -> str:
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"])
-    return f"field {loc}: {err['msg']}"
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    return f"field {loc}: {msg}" if loc else msg
 
 
 #: Per-preset defaults. ``default`` is sized for ≤ 5 minutes wall on 2 cores, evaluation included.
@@ -228,15 +231,67 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-def build_config(preset: str = "default", overrides: dict[str, Any] | None = None, base: RunConfig | None = None) -> RunConfig:
-    """A ``RunConfig`` from a preset plus nested overrides (``{"federation": {"rounds": 3}}``)."""
-    if preset not in PRESETS:
+def build_config(
+    preset: str | None = "default", overrides: dict[str, Any] | None = None, base: RunConfig | None = None
+) -> RunConfig:
+    """A ``RunConfig`` from layers, later ones winning: defaults, ``base`` (a config file), the preset, ``overrides``.
+
+    Args:
+        preset: a key of :data:`PRESETS`, or ``None`` to keep ``base`` as it is (a config file read back re-runs its
+            run exactly: only what the caller names changes it). ``None`` without ``base`` means ``"default"``.
+        overrides: nested values the caller named explicitly (``{"federation": {"rounds": 3}}``).
+        base: a config read from a file, or ``None``.
+
+    Raises:
+        ConfigError: an unknown preset, or a value that does not validate (the message names the field).
+    """
+    if preset is None and base is None:
+        preset = "default"
+    if preset is not None and preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
     raw = base.model_dump(mode="json") if base is not None else {}
-    raw = _merge(raw, PRESETS[preset])
-    raw["preset"] = preset
+    if preset is not None:
+        raw = _merge(raw, PRESETS[preset])
+        raw["preset"] = preset
     raw = _merge(raw, overrides or {})
     try:
         return RunConfig.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(_first_error(exc)) from None
+
+
+# -- the reference of every key (``fcd config show``, docs/config.md) ----------------------------------------------
+def describe_fields(cfg: RunConfig | None = None) -> list[dict[str, Any]]:
+    """Every leaf key of the run configuration, in file order: ``key`` (dotted), ``value`` (in ``cfg``, or the
+    default), ``default``, ``type`` and ``description`` (``""`` where the field has none).
+
+    Args:
+        cfg: a resolved config whose values to show; ``None`` shows the defaults.
+    """
+    values = (cfg or RunConfig()).model_dump(mode="json")
+    rows: list[dict[str, Any]] = []
+
+    def walk(model: type[BaseModel], prefix: str, vals: dict[str, Any]) -> None:
+        for name, info in model.model_fields.items():
+            ann = info.annotation
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                walk(ann, f"{prefix}{name}.", vals.get(name) or {})
+                continue
+            default = info.get_default(call_default_factory=True)
+            rows.append(
+                {
+                    "key": f"{prefix}{name}",
+                    "value": vals.get(name),
+                    "default": default.model_dump(mode="json") if isinstance(default, BaseModel) else default,
+                    "type": _type_name(ann),
+                    "description": " ".join((info.description or "").split()),
+                }
+            )
+
+    walk(RunConfig, "", values)
+    return rows
+
+
+def _type_name(ann: Any) -> str:
+    text = getattr(ann, "__name__", None) if isinstance(ann, type) else None
+    return text or str(ann).replace("typing.", "")

@@ -145,3 +145,60 @@ def test_one_site_folder_is_partial_exit_4_in_the_envelope(run):
     assert env["status"] == "partial" and env["error_code"] == "EVIDENCE_PARTIAL" and "PARTIAL" in env["message"]
     assert any(f["severity"] == "partial" for f in env["data"]["findings"])
     assert _invoke(root / "site-00", "--json", "--allow-unpinned").exit_code == 4
+
+
+def test_fingerprints_are_printed_whole_at_80_columns_and_pinned_from_a_file(run, tmp_path):
+    """The operator hands fingerprints to the auditor: each must print whole on a narrow terminal, and a pin file
+    written by `fingerprints --out` pins every writer for `verify --pins`."""
+    root, sites, server = run
+    res = runner.invoke(app, ["audit", "fingerprints", str(root)], terminal_width=80, env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    site_fp, server_fp = fingerprints(sites, server)
+    lines = res.stdout.splitlines()
+    for fp in site_fp + server_fp:
+        assert any(line.strip() == f"key {fp}" for line in lines), fp  # whole, on one line
+    assert "…" not in res.stdout
+    for line in lines:
+        if line.strip().startswith("key "):
+            assert len(line) <= 80
+    pins = tmp_path / "pins.toml"
+    res = runner.invoke(app, ["audit", "fingerprints", str(root), "--out", str(pins)])
+    assert res.exit_code == 0 and pins.is_file()
+    text = pins.read_text()
+    assert all(fp in text for fp in site_fp + server_fp) and "[sites]" in text and "[server]" in text
+    res = _invoke(root, "--json", "--pins", pins)
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["status"] == "compliant"
+
+
+def test_a_bad_pin_file_and_a_non_ledger_file_are_usage_errors(run, tmp_path):
+    root, _, _ = run
+    bad = tmp_path / "pins.toml"
+    bad.write_text('[sites]\nsite-00 = "SHA256:nothex"\n')
+    res = _invoke(root, "--json", "--pins", bad)
+    assert res.exit_code == 2 and json.loads(res.stdout)["error_code"] == "USAGE"
+    assert str(bad) in json.loads(res.stdout)["message"]
+    for name, content in (("rounds.csv", "round,sites\n1,site-00\n"), ("summary.json", '{"rounds": 2}\n'),
+                          ("empty.jsonl", "")):
+        f = tmp_path / name
+        f.write_text(content)
+        res = _invoke(f, "--json")
+        assert res.exit_code == 2, (name, res.output)  # the wrong file, not tampered evidence (exit 6)
+        env = json.loads(res.stdout)
+        assert env["error_code"] == "USAGE" and "not a ledger" in env["message"]
+    # a real ledger with a tampered line is still judged as evidence
+    ledger = root / "site-00" / "audit" / "site_ledger.jsonl"
+    ledger.write_text(ledger.read_text().replace('"round":1', '"round":2', 1))
+    assert _invoke(ledger, "--json").exit_code == 6
+
+
+def test_verify_human_report_keeps_fingerprints_whole_at_80_columns(run):
+    root, sites, server = run
+    res = runner.invoke(app, ["audit", "verify", str(root), *_pins(sites, server)], terminal_width=80,
+                        env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    site_fp, server_fp = fingerprints(sites, server)
+    flat = res.stdout
+    for fp in site_fp + server_fp:
+        assert fp in flat, fp
+    assert "…" not in flat

@@ -39,9 +39,16 @@ def test_explicit_folder_then_environment_then_shared(tmp_path, monkeypatch):
     assert default_data_dir() == b
     monkeypatch.delenv(DATA_DIR_ENV)
     root = tmp_path / "project"
+    root.mkdir()
+    (root / "pyproject.toml").write_text("")  # a source checkout
     (tmp_path / "shared" / "data").mkdir(parents=True)
     monkeypatch.setattr(paths, "PROJECT_ROOT", root)
     assert default_data_dir() == tmp_path / "shared" / "data"
+    # an installed package (no pyproject.toml beside it) has no default folder, even where ../shared/data exists:
+    # its "project root" is site-packages, and the folder would resolve inside the virtual environment
+    (root / "pyproject.toml").unlink()
+    with pytest.raises(DataError, match="installed package has no default folder"):
+        default_data_dir()
 
 
 def test_a_missing_folder_is_named_never_skipped(tmp_path, monkeypatch):
@@ -56,6 +63,8 @@ def test_a_missing_folder_is_named_never_skipped(tmp_path, monkeypatch):
     assert exc.value.file == str(missing)
     # nothing set and no ../shared/data: the message lists what was tried
     monkeypatch.delenv(DATA_DIR_ENV)
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "pyproject.toml").write_text("")
     monkeypatch.setattr(paths, "PROJECT_ROOT", tmp_path / "project")
     with pytest.raises(DataError) as exc:
         default_data_dir()
@@ -110,14 +119,11 @@ def test_fcd_run_reads_the_folder_named_by_FCD_DATA_DIR(data_dirs, tmp_path):
     assert summary["dataset"] == "statics2011"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fcd run loads the data only inside the Flower sites, so a missing folder surfaces as 'a site did not "
-    "answer hello' (exit 1); the fix is a pre-flight fcd_secure.data.registry.check_available(...) before the "
-    "engine starts (cli/run.py or federation/simulation.py)",
-)
 def test_fcd_run_with_an_empty_FCD_DATA_DIR_fails_naming_it(data_dirs, tmp_path):
+    """Checked before the engine starts: exit 2 naming the folder, nothing written (no run folder)."""
     _, empty = data_dirs
     res = _fcd_run(empty, tmp_path / "run")
     assert res.returncode == 2, res.stderr[-3000:]  # bad input
     assert str(empty) in res.stdout + res.stderr
+    assert "hello" not in res.stdout + res.stderr
+    assert not (tmp_path / "run").exists()

@@ -116,7 +116,7 @@ def test_describe_json_covers_every_dataset(shared_data):
     # --dataset all is the default; preset tiny: 300 trajectories per real dataset, DKT-Synth's tiny world
     res = runner.invoke(app, ["describe", "--json", "--preset", "tiny", "--data-dir", str(shared_data)])
     assert res.exit_code == 0, res.output
-    out = json.loads(res.stdout)
+    out = json.loads(res.stdout)["data"]
     assert sorted(out) == sorted(DATASETS)
     for name in DATASETS:
         d = out[name]
@@ -142,7 +142,9 @@ def test_describe_unknown_dataset_is_usage_error():
 def test_describe_bad_data_dir_exits_1(tmp_path):
     res = runner.invoke(app, ["describe", "-d", "obd", "--json", "--data-dir", str(tmp_path)])
     assert res.exit_code == 1
-    assert "open_bandit_dataset" in json.loads(res.stdout)["obd"]["error"]
+    env = json.loads(res.stdout)
+    assert env["status"] == "error" and env["exit_code"] == 1 and "obd" in env["message"]
+    assert "open_bandit_dataset" in env["data"]["obd"]["error"]
 
 
 @pytest.fixture
@@ -167,7 +169,7 @@ def test_describe_reports_a_bad_oracle_and_still_describes_the_rest(shared_data,
     res = runner.invoke(app, [*args, "--json"])
     assert res.exit_code == 1, res.output
     assert not isinstance(res.exception, (RuntimeError, OSError)), res.exception
-    out = json.loads(res.stdout)
+    out = json.loads(res.stdout)["data"]
     assert needle in out["dkt-synth"]["error"]
     assert "error" not in out["statics2011"] and out["statics2011"]["sequences"] == 300
     # the table view: the error in the dataset's row, the other dataset's per-site table still printed

@@ -36,9 +36,11 @@ def test_valid_table_summary_and_roundtrip(long_case, tmp_path):
     out = tmp_path / "built.npz"
     res = _validate(spec, table, out, "--json")
     assert res.exit_code == 0, res.output
-    summary = json.loads(res.stdout)
+    env = json.loads(res.stdout)
+    assert env["status"] == "ok" and env["exit_code"] == 0 and env["error_code"] is None
+    summary = env["data"]
     df = make_long_table()
-    assert summary["ok"] and summary["entities"] == df["pid"].nunique()
+    assert summary["entities"] == df["pid"].nunique()
     assert summary["steps"] == len(df) - summary["dropped_steps"]
     assert summary["sites"] == ["h0", "h1", "h2"]
     ds = load_npz(out)
@@ -54,8 +56,9 @@ def test_unwritable_out_folder_is_a_clear_error_and_writes_nothing(long_case, tm
     out = tmp_path / "no_such_folder" / "toy.npz"
     res = _validate(spec, table, out, "--json")
     _assert_rejected(res, out, "cannot write the dataset", str(out))
-    body = json.loads(res.stdout)
-    assert body["ok"] is False and body["file"] == str(out)
+    env = json.loads(res.stdout)
+    assert env["status"] == "error" and env["exit_code"] == 1 and env["error_code"] == "DATA_INVALID"
+    assert env["data"]["file"] == str(out)
     assert not out.parent.exists() and not list(tmp_path.rglob("*.npz*"))
     # human output: the same message on stderr, exit 1, no traceback
     res = _validate(spec, table, out)
@@ -172,8 +175,9 @@ def test_invalid_spec_names_field(long_case, tmp_path, edit, field):
     spec, table = long_case(spec=edit(GOOD_SPEC))
     res = _validate(spec, table, tmp_path / "o.npz", "--json")
     assert res.exit_code == 1
-    err = json.loads(res.stdout)
-    assert err["ok"] is False and err["file"] == str(spec)
+    env = json.loads(res.stdout)
+    err = env["data"]
+    assert env["status"] == "error" and err["file"] == str(spec)
     assert err["field"] == field or err["field"].startswith(field)
     assert not (tmp_path / "o.npz").exists()
 
@@ -276,7 +280,7 @@ def test_parquet_table_errors_name_row_without_csv_line(long_case, tmp_path):
     spec, table = long_case(df, suffix=".parquet")
     res = _validate(spec, table, tmp_path / "o.npz", "--json")
     assert res.exit_code == 1
-    err = json.loads(res.stdout)
+    err = json.loads(res.stdout)["data"]
     assert (err["column"], err["row"], err["line"]) == ("y", 2, None)
     assert not (tmp_path / "o.npz").exists()
 

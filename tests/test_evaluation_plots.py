@@ -51,3 +51,34 @@ def test_utility_vs_uplink_draws_curves_and_checks_them(tmp_path):
     with pytest.raises(ValueError, match="no uplink_mb"):
         plot_utility_vs_uplink([("a", [], [])], tmp_path / "z.png")
     assert not (tmp_path / "z.png").exists()
+
+
+def test_a_figure_a_reader_can_trust():
+    """Integer round ticks, an error axis from 0 (no zoom), the chance line and [0, 1] for an AUC, and the headline
+    number (the final evaluation) marked with its value."""
+    import matplotlib.pyplot as plt
+
+    from fcd_secure.evaluation.plots import metric_vs_round_figure
+
+    fig = metric_vs_round_figure([2, 4, 5], {"Fed-CausalDiff": [0.0857, 0.0801, 0.0798]}, ylabel="oracle PEHE",
+                                 headline=("final evaluation", 5, 0.0960))
+    ax = fig.axes[0]
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    assert ticks and all(float(t).is_integer() for t in ticks)
+    assert ax.get_ylim()[0] == 0.0 and ax.get_ylim()[1] >= 0.0960
+    labels = ax.get_legend_handles_labels()[1]
+    assert "final evaluation: 0.096" in labels and not any("chance" in lbl for lbl in labels)
+    assert any(t.get_text() == "0.096" for t in ax.texts)
+    plt.close(fig)
+    fig = metric_vs_round_figure([1, 2, 3], {"m": [0.58, 0.59, 0.6]}, ylabel="factual AUC")
+    ax = fig.axes[0]
+    assert ax.get_ylim() == (0.0, 1.0)
+    assert any(line.get_label() == "chance (0.5)" and set(line.get_ydata()) == {0.5} for line in ax.get_lines())
+    plt.close(fig)
+
+
+def test_headline_alone_and_chance_on_the_uplink_figure(tmp_path):
+    out = plot_utility_vs_uplink([], tmp_path / "u.png", ylabel="factual AUC", headline=("final evaluation", 0.17, 0.59))
+    assert out.read_bytes().startswith(PNG_MAGIC)
+    out = plot_metric_vs_round([], {}, tmp_path / "m.png", headline=("final evaluation", 1, 0.1))
+    assert out.read_bytes().startswith(PNG_MAGIC)

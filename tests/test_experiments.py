@@ -26,7 +26,10 @@ def cfg():
 
 
 def _last_json(stdout: str) -> dict:
-    return json.loads(stdout.strip().splitlines()[-1])
+    """The data of the one JSON envelope a ``--json`` command prints (its status must be ok)."""
+    env = json.loads(stdout.strip().splitlines()[-1])
+    assert env["status"] == "ok" and env["exit_code"] == 0, env
+    return env["data"]
 
 
 # -- tables ---------------------------------------------------------------------------------------------------------
@@ -91,7 +94,7 @@ def test_fcd_train_and_fcd_ablate_centralised_row_agree(tmp_path, one_torch_thre
                              "--epochs", "2", "--methods", "fed_causaldiff", "--json"])
     assert tr.exit_code == 0, tr.output
     train_out = _last_json(tr.stdout)
-    assert train_out["ok"] and train_out["epochs"] == 2 and train_out["seeds"] == [1]
+    assert train_out["epochs"] == 2 and train_out["seeds"] == [1]
     m = train_out["runs"][0]["methods"]["fed_causaldiff"]
     # 6 rounds × 1 of 3 sites per round = 2 matched epochs
     ab = runner.invoke(app, ["ablate", "--preset", "tiny", "--sites", str(SITES), "--rounds", "6", "--seeds", "1",
@@ -116,7 +119,7 @@ def test_cli_train_seeds_summary_and_errors(one_torch_thread):
                             "--samples", "1", "--methods", "naive", "--json"])
     assert r.exit_code == 0, r.output
     out = _last_json(r.stdout)
-    assert out["ok"] and out["seeds"] == [0, 1] and [run["seed"] for run in out["runs"]] == [0, 1]
+    assert out["seeds"] == [0, 1] and [run["seed"] for run in out["runs"]] == [0, 1]
     assert all(set(run["methods"]) == {"naive"} for run in out["runs"])
     (row,) = out["summary"]
     pehes = [run["methods"]["naive"]["pehe"] for run in out["runs"]]

@@ -47,7 +47,9 @@ def cli_run(tmp_path_factory):
          "--eval-every", "2", "--no-secure-aggregation", "--out", str(out), "--json"],
     )
     assert res.exit_code == 0, res.output
-    return out, json.loads(res.stdout.strip().splitlines()[-1])
+    env = json.loads(res.stdout.strip().splitlines()[-1])
+    assert env["status"] == "ok" and env["exit_code"] == 0, env
+    return out, env["data"]
 
 
 def test_run_folder_is_complete_and_summary_parses(cli_run):

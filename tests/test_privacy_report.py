@@ -89,7 +89,7 @@ def test_cli_report_writes_json_markdown_and_plot(tmp_path):
     (run / "summary.json").write_text(json.dumps({"state_root": str(tmp_path / "state")}))
     res = CliRunner().invoke(app, ["privacy", "report", str(run), "--json"])
     assert res.exit_code == 0, res.output
-    rep = json.loads(res.output)
+    rep = json.loads(res.stdout)["data"]
     site = rep["sites"][0]
     assert site["adjacency"].startswith("add/remove one trajectory")
     assert site["unit_of_privacy"].startswith("one trajectory")
@@ -116,7 +116,7 @@ def test_cli_plan_matches_the_planner():
     res = CliRunner().invoke(app, ["privacy", "plan", "--n-site", "2048", "--batch-size", "64", "--rounds", "20",
                                    "--epsilon", "8", "--accountant", "rdp", "--json"])
     assert res.exit_code == 0, res.output
-    out = json.loads(res.output)
+    out = json.loads(res.stdout)["data"]
     assert (out["q"], out["steps"], out["delta"]) == (1 / 32, 640, 1e-5)
     assert out["sigma"] == pytest.approx(0.8508, abs=0.005)  # dp-anchors §3.2, cross-checked with dp-accounting
 
@@ -188,3 +188,60 @@ def test_report_lists_an_acknowledged_reset_and_a_ledger_behind_its_anchor(tmp_p
     from fcd_secure.privacy.report import render_markdown
 
     assert "Acknowledged reset" in render_markdown(rep, None)
+
+
+def _dp_run_folder(tmp_path, sampled: dict[str, int], all_sites: list[str]):
+    """A run folder whose state holds DP ledgers for the sites in ``sampled`` (site -> rounds trained)."""
+    dp = DPConfig(enabled=True, epsilon=5.0, delta=1e-3, accountant="rdp", noise_seed="run_seed")
+    state = tmp_path / "run" / "state"
+    for i, (site_id, rounds) in enumerate(sampled.items()):
+        train_site(state / site_id, tiny_site(n=30, L=3, seed=20 + i), dp, rounds=rounds)
+    for site_id in all_sites:
+        (state / site_id).mkdir(parents=True, exist_ok=True)
+    run = tmp_path / "run"
+    (run / "summary.json").write_text(json.dumps({"site_ids": all_sites}))
+    (run / "config.json").write_text(json.dumps({"dp": {"enabled": True, "epsilon": 5.0}}))
+    return run
+
+
+def test_run_report_lists_every_site_and_states_common_text_once(tmp_path):
+    from fcd_secure.privacy.report import consortium_curve, epsilon_by_round, render_markdown
+
+    run = _dp_run_folder(tmp_path, {"site-00": 2, "site-02": 1}, ["site-00", "site-01", "site-02"])
+    rep = build_report(run)
+    assert [s["site"] for s in rep["sites"]] == ["site-00", "site-01", "site-02"]
+    never = rep["sites"][1]
+    assert never["epsilon_spent"] == 0.0 and never["ledger"] is None and "never sampled" in never["note"]
+    assert rep["consortium"]["sites"] == 3
+    assert rep["consortium"]["epsilon"] == max(s["epsilon_spent"] for s in rep["sites"])
+    md = render_markdown(rep, "privacy_epsilon.png")
+    for once in ("Unit of privacy:", "Adjacency:", "Setting:", "Libraries:", "Covered:"):
+        assert md.count(once) == 1, once
+    assert "| site-01 | 0 (never sampled) |" in md
+    # the plot's consortium line is the worst site after each round
+    xs0, ys0 = epsilon_by_round(rep["sites"][0])
+    xs2, ys2 = epsilon_by_round(rep["sites"][2])
+    grid, cons = consortium_curve(rep)
+    assert grid == [0.0, 1.0, 2.0] and cons[0] == 0.0
+    assert cons[1] == max(ys0[1], ys2[1]) and cons[2] == ys0[2]
+    res = CliRunner().invoke(app, ["privacy", "report", str(run)], env={"COLUMNS": "80"}, terminal_width=80)
+    assert res.exit_code == 0, res.output
+    assert "site-01" in res.stdout and "Never trained under DP (ε = 0): site-01" in res.stdout
+    # prose and tables fit 80 columns; a path is printed whole on its own line (the terminal wraps it)
+    assert max(len(line) for line in res.stdout.splitlines() if str(run) not in line) <= 80
+    assert any(line == f"plot: {run / 'privacy_epsilon.png'}" for line in res.stdout.splitlines())
+    assert (run / "privacy_epsilon.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_run_without_dp_says_there_is_no_guarantee(tmp_path):
+    run = tmp_path / "run"
+    (run / "state" / "site-00").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"dp": {"enabled": False}}))
+    res = CliRunner().invoke(app, ["privacy", "report", str(run)])
+    assert res.exit_code == 0, res.output
+    assert "No DP guarantee" in res.stdout and "no ledger" not in res.output
+    res = CliRunner().invoke(app, ["privacy", "report", str(run), "--json", "--no-files"])
+    env = json.loads(res.stdout)
+    assert env["exit_code"] == 0 and env["data"]["dp"] is False and "no DP guarantee" in env["message"]
+    assert "No DP guarantee" in (run / "privacy_report.md").read_text()
+    assert not (run / "privacy_epsilon.png").exists()

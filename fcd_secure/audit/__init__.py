@@ -29,7 +29,7 @@ from fcd_secure.audit.gate import (
 from fcd_secure.audit.history import THETA_S_HISTORY_FILE, ThetaSHistory
 from fcd_secure.audit.ledger import SERVER_LEDGER_FILE, SITE_LEDGER_FILE, ServerLedger, SiteLedger
 from fcd_secure.audit.receipts import HEAD_RECORD
-from fcd_secure.audit.rules import ConfigFieldRule, SecaggReplyRule
+from fcd_secure.audit.rules import SITE_ERRORS, ConfigFieldRule, SecaggReplyRule, SiteFailure, site_error_name
 from fcd_secure.audit.server import ServerAudit
 from fcd_secure.audit.signing import load_or_create_identity_key
 
@@ -40,6 +40,7 @@ __all__ = [
     "HEAD_RECORD",
     "RECEIPTS_MESSAGE_TYPE",
     "SERVER_LEDGER_FILE",
+    "SITE_ERRORS",
     "SITE_LEDGER_FILE",
     "THETA_S_HISTORY_FILE",
     "ConfigFieldRule",
@@ -48,6 +49,7 @@ __all__ = [
     "ServerAudit",
     "ServerLedger",
     "SiteAuditContext",
+    "SiteFailure",
     "SiteLedger",
     "ThetaSHistory",
     "describe_message",
@@ -56,5 +58,6 @@ __all__ = [
     "make_egress_gate",
     "message_bytes",
     "payload_bytes",
+    "site_error_name",
     "tree_bytes",
 ]

@@ -6,8 +6,11 @@ nothing a handler or an inner mod builds can pass around it. The rules are :mod:
 
 * A refused reply is replaced by an error reply the gate builds itself, with a fixed reason naming only the rule.
 * Exceptions from the handler become a generic error, so no exception text can carry data out.
-* Error replies a handler or an inner mod builds are replaced too, code included: every error that leaves carries
-  :data:`GATE_ERROR_CODE` (the handler's own code, a 64-bit value of its choosing, is kept in the site ledger only).
+* Error replies a handler or an inner mod builds are replaced too, code included: an error leaves with a code and
+  reason of the closed vocabulary :data:`~fcd_secure.audit.rules.SITE_ERRORS` (the category the inner code names,
+  e.g. "data does not match the spec"; any other code becomes :data:`GATE_ERROR_CODE`, "site error"). The handler's
+  own code, a 64-bit value of its choosing, is kept in the site ledger only. A site that cannot even be prepared
+  (:class:`~fcd_secure.audit.rules.SiteFailure`) answers with that failure's category.
 * A reply that passes leaves as a message the gate builds itself, ``Message(content, reply_to=msg)``: its metadata
   (``ttl``, ``created_at``, the task ids, ``delivered_at``, all settable in flwr 1.42) is what Flower derives from
   the instruction and the gate's clock, so no field a handler could set carries bits out.
@@ -48,7 +51,15 @@ from fcd_secure.audit.receipts import (
     head_to_record,
     receipts_from_record,
 )
-from fcd_secure.audit.rules import GatePolicy, Refusal, check_content, check_reply_binding
+from fcd_secure.audit.rules import (
+    SITE_ERRORS,
+    GatePolicy,
+    Refusal,
+    SiteFailure,
+    check_content,
+    check_reply_binding,
+    site_error_name,
+)
 from fcd_secure.manifest import Manifest
 
 __all__ = [
@@ -62,9 +73,9 @@ __all__ = [
 
 log = logging.getLogger("fcd_secure.audit.gate")
 
-#: Error code of every reply the gate builds. Reasons come from a closed vocabulary (``rules.REFUSAL_RULES``).
-GATE_ERROR_CODE = 0x7E6
-GENERIC_ERROR_REASON = "site error (details stay on the site)"
+#: Error code of a refusal and of a generic site error. Reasons come from closed vocabularies (``rules.REFUSAL_RULES``,
+#: ``rules.SITE_ERRORS``).
+GATE_ERROR_CODE, GENERIC_ERROR_REASON = SITE_ERRORS["internal"]
 
 
 @dataclass
@@ -132,6 +143,10 @@ def make_egress_gate(get_site: Callable[..., SiteAuditContext]) -> Callable[[Mes
                 return reply
             if rnd is not None:
                 _close_rounds(ctx, rnd)
+        except SiteFailure as failure:  # the site knows why it cannot answer: say which category, nothing more
+            log.error("egress gate could not prepare (%s); replying with that error", failure.error)
+            _debug_trace()
+            return _site_error_reply(msg, failure.error)
         except Exception as exc:  # noqa: BLE001 - fail closed: without a working ledger nothing with content leaves
             log.error("egress gate could not prepare (%s); replying with a generic error", type(exc).__name__)
             _debug_trace()
@@ -162,8 +177,8 @@ def _checked(msg: Message, reply: Message | None, ctx: SiteAuditContext) -> Mess
         return out
     if reply.has_error():
         # the handler's code and reason are both its choice (a 64-bit integer is a covert channel, the reason may
-        # quote an exception): a fixed code and reason leave, the original code stays local
-        out = _error_reply(msg, GENERIC_ERROR_REASON)
+        # quote an exception): only the category of the closed vocabulary leaves, the original code stays local
+        out = _site_error_reply(msg, site_error_name(reply.error.code))
         _record(ctx, out, "error", handler_error_code=_int_or_none(reply.error.code))
         return out
     try:
@@ -200,6 +215,11 @@ def _with_head(content: RecordDict, ctx: SiteAuditContext) -> RecordDict:
 
 def _error_reply(msg: Message, reason: str) -> Message:
     return Message(Error(code=GATE_ERROR_CODE, reason=reason), reply_to=msg)
+
+
+def _site_error_reply(msg: Message, error: str) -> Message:
+    code, reason = SITE_ERRORS[error]
+    return Message(Error(code=code, reason=reason), reply_to=msg)
 
 
 def _take_receipts(msg: Message, ctx: SiteAuditContext) -> int:

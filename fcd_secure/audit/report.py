@@ -1,17 +1,16 @@
-"""Render a verification result for people (Markdown) and for tools (one JSON envelope).
+"""Render a verification result for people (Markdown) and for tools (the fields of one JSON envelope).
 
-The envelope follows the NVFLARE 2.9 CLI output contract (``nvflare/tool/cli_output.py``), adopted for ``fcd``:
-``{schema_version, status, exit_code, error_code, message, hint, data}``, with exit codes 0 compliant, 1 violation,
-2 usage error, 3 unverified (identity not pinned), 4 partial (evidence incomplete: no server ledger to reconcile
-with, or uploads without a receipt), 6 evidence tampered or inconsistent, so a pipeline can tell "failed" from
-"forged" from "incomplete" from "not tied to a known identity".
+The command line wraps :func:`verdict` in its one JSON envelope (``fcd_secure.cli.envelope``, after the NVFLARE 2.9
+CLI output contract ``nvflare/tool/cli_output.py``): ``{schema_version, status, exit_code, error_code, message,
+hint, data}``, with exit codes 0 compliant, 1 violation, 2 usage error, 3 unverified (identity not pinned),
+4 partial (evidence incomplete: no server ledger to reconcile with, or uploads without a receipt), 6 evidence
+tampered or inconsistent, so a pipeline can tell "failed" from "forged" from "incomplete" from "not tied to a known
+identity".
 """
 
 from __future__ import annotations
 
-from fcd_secure.audit.verify import EXIT_USAGE, VerifyResult
-
-SCHEMA_VERSION = "1"
+from fcd_secure.audit.verify import VerifyResult
 
 _ERROR = {
     "compliant": (None, "ledgers verified: chain, signatures and receipts intact; nothing but Θc and allow-listed aggregates left", None),
@@ -36,14 +35,16 @@ _ERROR = {
         "IDENTITY_NOT_PINNED",
         "UNVERIFIED: chains, receipts and policy check, but no pinned key ties the ledgers to their writers "
         "(a chain re-signed with a fresh key would pass the same); this is not a compliance verdict",
-        "pin every writer: --site-key/--server-key with the fingerprints exported out of band at provisioning "
-        "(`fcd audit fingerprints` on the operator's side); see data.findings (severity 'unverified')",
+        "pin every writer: --pins with the pin file the operator exported out of band at provisioning "
+        "(`fcd audit fingerprints --out pins.toml`), or --site-key/--server-key; see data.findings (severity "
+        "'unverified')",
     ),
 }
 
 
-def envelope(result: VerifyResult) -> dict:
-    """The one JSON document ``fcd audit verify --json`` prints: verdict, exit code, error code, message, hint, data."""
+def verdict(result: VerifyResult) -> dict:
+    """The envelope fields of a verification: ``status`` (the verdict), ``exit_code``, ``error_code``, ``message``,
+    ``hint`` and ``data`` (the findings, ledgers and byte totals)."""
     code = result.exit_code
     error_code, message, hint = _ERROR[result.status]
     first = next((f for f in result.findings if f.severity == result.status), None)
@@ -52,7 +53,6 @@ def envelope(result: VerifyResult) -> dict:
     if result.status == "unverified" and code == 0:
         message = f"{message} [exit 0 only because --allow-unpinned was given]"
     return {
-        "schema_version": SCHEMA_VERSION,
         "status": result.status,
         "exit_code": code,
         "error_code": error_code,
@@ -62,26 +62,13 @@ def envelope(result: VerifyResult) -> dict:
     }
 
 
-def usage_envelope(message: str, hint: str | None = None) -> dict:
-    """The JSON envelope of a usage error (exit 2)."""
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "status": "error",
-        "exit_code": EXIT_USAGE,
-        "error_code": "USAGE",
-        "message": message,
-        "hint": hint,
-        "data": None,
-    }
-
-
 def _fmt(n: int) -> str:
     return f"{int(n):,}"
 
 
 def markdown(result: VerifyResult) -> str:
     """The auditor's report: verdict, findings, ledgers, uplink bytes per site and round, totals."""
-    env = envelope(result)
+    env = verdict(result)
     out = [f"# Audit verification: {result.root}", ""]
     out.append(f"**Verdict: {result.status.upper()}** (exit {result.exit_code}). {env['message']}")
     out.append("")
@@ -91,18 +78,21 @@ def markdown(result: VerifyResult) -> str:
     if not serious:
         out.append("None.")
     else:
-        out += ["| severity | ledger | seq | line | finding |", "|---|---|---|---|---|"]
+        # a list, not a table: findings name ledgers and keys, which must read whole at any terminal width
         for f in serious:
-            out.append(f"| {f.severity} | {f.ledger} | {'' if f.seq is None else f.seq} | {'' if f.line is None else f.line} | {f.message} |")
+            where = "".join(
+                [f" seq {f.seq}" if f.seq is not None else "", f" line {f.line}" if f.line is not None else ""]
+            )
+            out.append(f"- **{f.severity}** `{f.ledger}`{where}: {f.message}")
     for f in notes:
         out.append(f"- note: {f.ledger}: {f.message}")
-    out += ["", "## Ledgers", "", "| ledger | role | writer | key | pinned | entries | sent | refused | errors | receipts | unreceipted | checkpoints |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    out += ["", "## Ledgers", ""]
     for s in result.ledgers:
-        key = (s.key_fingerprint or "?")[:23]
+        key = s.key_fingerprint or "?"  # whole: the auditor compares it with the pinned one
         out.append(
-            f"| {s.path} | {s.role} | {s.writer_id} | {key}… | {'yes' if s.key_pinned else 'no'} | {s.lines} | {s.uploads_sent} | "
-            f"{s.uploads_refused} | {s.uploads_error} | {s.receipts} | {s.unreceipted} | {s.checkpoints} |"
+            f"- `{s.path}`: {s.role} `{s.writer_id}`, key `{key}` (pinned: {'yes' if s.key_pinned else 'no'}); "
+            f"{s.lines} entries, {s.uploads_sent} sent, {s.uploads_refused} refused, {s.uploads_error} errors, "
+            f"{s.receipts} receipts, {s.unreceipted} unreceipted, {s.checkpoints} checkpoints"
         )
     out += ["", "## Uplink bytes per site and round", "", "| site | round | messages | payload bytes | message bytes |", "|---|---|---|---|---|"]
     data = result.to_json()

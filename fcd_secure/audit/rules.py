@@ -58,6 +58,42 @@ REFUSAL_RULES = {
     "not_a_reply": "a reply that does not answer the message it was built for (type, id, run, round, source or destination)",
 }
 
+#: The closed vocabulary of site errors: ``name -> (error code, reason)``, the only code and reason an error reply may
+#: carry out of a site. A site's failure is reported by category, never by its text (an exception may quote a
+#: record) or a code of the handler's choosing (a 64-bit covert channel): the server can tell the operator that a
+#: site's data does not match the spec or that its DP budget is spent, and nothing more.
+SITE_ERRORS: dict[str, tuple[int, str]] = {
+    "internal": (0x7E6, "site error (details stay on the site)"),
+    "data_mismatch": (0x7E7, "data does not match the spec"),
+    "budget_exhausted": (0x7E8, "DP budget exhausted"),
+    "policy_refusal": (0x7E9, "refused by the site's policy"),
+}
+#: error code -> category name of :data:`SITE_ERRORS`
+SITE_ERROR_NAMES: dict[int, str] = {code: name for name, (code, _) in SITE_ERRORS.items()}
+
+
+def site_error_name(code: object) -> str:
+    """The category of an error code that left a site; any code outside :data:`SITE_ERRORS` is ``"internal"``."""
+    try:
+        return SITE_ERROR_NAMES.get(int(code), "internal")  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return "internal"
+
+
+class SiteFailure(Exception):
+    """A failure a site reports by its category only (one of :data:`SITE_ERRORS`), raised where the cause is known.
+
+    Args:
+        error: the category name.
+    """
+
+    def __init__(self, error: str) -> None:
+        if error not in SITE_ERRORS:
+            raise ValueError(f"unknown site error {error!r}; the vocabulary is closed: {sorted(SITE_ERRORS)}")
+        super().__init__(error)
+        self.error = error
+
+
 #: The rule a private array found by bytes breaks, by its kind.
 _BYTES_RULE = {"theta_s": "theta_s_bytes", "propensity": "propensity"}
 

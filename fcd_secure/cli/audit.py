@@ -1,4 +1,4 @@
-"""`fcd audit` sub-commands: offline verification of site and server uplink ledgers (for auditors).
+"""`fcd audit` sub-commands: key fingerprints for provisioning, offline verification of ledgers (for auditors).
 
 ``fcd audit verify`` exit codes (the verdicts are defined in :mod:`fcd_secure.audit.verify`):
 
@@ -7,9 +7,10 @@ code  status         meaning
 ====  =============  ==========================================================================================
 0     compliant      chains, signatures, receipts and policy check, and every writer's key is pinned
 1     violation      the evidence is intact but records an upload that breaks the egress policy
-2     error          usage error: missing path, malformed fingerprint, no ledger found
+2     error          usage error: missing path, a file that is not a ledger, malformed fingerprint or pin file,
+                     no ledger found
 3     unverified     every check passed but some writer's key (or the receipts' key) was not pinned with
-                     --site-key/--server-key: not a compliance verdict (``--allow-unpinned`` exits 0 instead)
+                     --pins/--site-key/--server-key: not a compliance verdict (``--allow-unpinned`` exits 0 instead)
 4     partial        the evidence is incomplete: site ledgers without the server ledger (or the reverse), or
                      uploads the server never acknowledged; never compliant, whatever the flags
 6     tampered       evidence tampered with or inconsistent (each finding names the ledger, entry seq and line)
@@ -18,29 +19,38 @@ code  status         meaning
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
-from rich.markdown import Markdown
 
-app = typer.Typer(no_args_is_help=True, add_completion=False)
+from fcd_secure.cli.app import emit, new_app, say_identifier, stdout
+from fcd_secure.cli.envelope import EXIT_USAGE, CliError, Envelope, ok
+
+app = new_app(help="Export key fingerprints; verify site and server ledgers offline.")
+
+_USAGE_HINT = (
+    "give a run directory, a site directory or a *_ledger.jsonl file; fingerprints look like SHA256:<64 hex>; "
+    "a pin file is what `fcd audit fingerprints --out pins.toml` writes"
+)
 
 
-@app.command("verify")
+@app.command("verify", short_help="Verify ledgers offline against pinned keys (exit code = verdict).")
 def verify(
     path: Path = typer.Argument(
         ...,
         metavar="RUN_OR_SITE_DIR",
         help="A run directory (all site and server ledgers under it), one site's directory, or one ledger file.",
     ),
+    pins: Optional[Path] = typer.Option(
+        None, "--pins", metavar="PINS_TOML",
+        help="Pin file of every writer's fingerprint (written by `fcd audit fingerprints --out`), obtained out of band.",
+    ),
     site_key: Optional[list[str]] = typer.Option(
         None,
         "--site-key",
         metavar="FINGERPRINT",
-        help="Pinned site key fingerprint (SHA256:<hex>), obtained out of band; repeat once per site.",
+        help="Pinned site key fingerprint (SHA256:<hex>), obtained out of band; repeatable (or use --pins).",
     ),
     server_key: Optional[list[str]] = typer.Option(
         None, "--server-key", metavar="FINGERPRINT", help="Pinned server key fingerprint (SHA256:<hex>); repeatable."
@@ -58,9 +68,9 @@ def verify(
     a Θs parameter or a propensity, and that bytes match the Θc layout plus protocol overhead. Prints uplink bytes
     per site and round.
 
-    A compliant verdict needs every writer pinned: --site-key for each site ledger, --server-key for the server
-    ledger and the receipts. Without pins the signatures only show that one key wrote each chain (a chain re-signed
-    with a fresh key passes the same), so the verdict is UNVERIFIED.
+    A compliant verdict needs every writer pinned: --pins with the operator's pin file, or --site-key for each site
+    ledger and --server-key for the server ledger and the receipts. Without pins the signatures only show that one
+    key wrote each chain (a chain re-signed with a fresh key passes the same), so the verdict is UNVERIFIED.
 
     Verifying one site's folder without the server ledger is PARTIAL (exit 4), never compliant: only the server's
     records (received messages, receipts, countersigned chain heads) can show a site ledger that was cut or
@@ -68,65 +78,73 @@ def verify(
 
     \b
     Exit codes:
-      0  compliant   intact, consistent, complete, within policy, all keys pinned
-      1  violation   intact evidence of an upload that breaks the egress policy, or a privacy
-                     ledger that disappeared or went back without an acknowledged reset
-      2  usage       missing path, malformed fingerprint, no ledger found
+      0  compliant   intact, consistent, complete, within policy, all keys
+                     pinned
+      1  violation   intact evidence of an upload that breaks the egress
+                     policy, or a privacy ledger that disappeared or went back
+                     without an acknowledged reset
+      2  usage       missing path, not a ledger, malformed fingerprint or pin
+                     file, no ledger found
       3  unverified  checks pass, a key is not pinned (0: --allow-unpinned)
-      4  partial     evidence incomplete: no server ledger (or no site ledger), or uploads
-                     without a server receipt
+      4  partial     evidence incomplete: no server ledger (or no site
+                     ledger), or uploads without a server receipt
       6  tampered    evidence tampered with or inconsistent
     """
-    from fcd_secure.audit.report import envelope, markdown, usage_envelope  # noqa: PLC0415 (keep --help fast)
-    from fcd_secure.audit.verify import EXIT_USAGE, UsageError, verify_path  # noqa: PLC0415
+    from fcd_secure.audit.pins import PinFileError, read_pins  # noqa: PLC0415 (keep --help fast)
+    from fcd_secure.audit.report import markdown, verdict  # noqa: PLC0415
+    from fcd_secure.audit.verify import UsageError, verify_path  # noqa: PLC0415
 
-    err = Console(stderr=True)
+    sites, servers = list(site_key or []), list(server_key or [])
     try:
-        result = verify_path(path, site_keys=site_key, server_keys=server_key, allow_unpinned=allow_unpinned)
-    except UsageError as exc:
-        hint = "give a run directory, a site directory or a *_ledger.jsonl file; fingerprints look like SHA256:<64 hex>"
-        if as_json:
-            typer.echo(json.dumps(usage_envelope(str(exc), hint)))
-        else:
-            err.print(f"[red]error:[/red] {exc}\n[dim]hint: {hint}[/dim]")
-        raise typer.Exit(EXIT_USAGE) from None
+        if pins is not None:
+            pin_sites, pin_servers = read_pins(pins)
+            sites += pin_sites
+            servers += pin_servers
+        result = verify_path(path, site_keys=sites or None, server_keys=servers or None, allow_unpinned=allow_unpinned)
+    except (UsageError, PinFileError) as exc:
+        raise CliError(str(exc), "USAGE", hint=_USAGE_HINT, exit_code=EXIT_USAGE) from None
     if as_json:
-        typer.echo(json.dumps(envelope(result), ensure_ascii=False))
+        emit(Envelope(**verdict(result)))
+    elif plain:
+        typer.echo(markdown(result))
     else:
-        text = markdown(result)
-        if plain:
-            typer.echo(text)
-        else:
-            Console().print(Markdown(text))
+        from rich.markdown import Markdown  # noqa: PLC0415
+
+        stdout().print(Markdown(markdown(result)))
     raise typer.Exit(result.exit_code)
 
 
-@app.command("fingerprints")
+@app.command("fingerprints", short_help="Every ledger writer's key fingerprint; --out writes a pin file.")
 def fingerprints(
     path: Path = typer.Argument(..., metavar="RUN_OR_SITE_DIR", help="A run directory, a site directory or one ledger file."),
+    pins_out: Optional[Path] = typer.Option(
+        None, "--out", metavar="PINS_TOML", help="Also write a pin file for the auditor (`fcd audit verify --pins`)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope on stdout."),
 ) -> None:
     """List the key fingerprint of every site and server ledger, for the operator to hand to the auditor out of
-    band at installation (the auditor then pins them with ``verify --site-key/--server-key``). Never prints keys."""
-    from fcd_secure.audit.report import SCHEMA_VERSION, usage_envelope  # noqa: PLC0415
-    from fcd_secure.audit.verify import EXIT_USAGE, UsageError, ledger_identities  # noqa: PLC0415
+    band at installation (the auditor then pins them with ``verify --pins`` or ``--site-key/--server-key``). Each
+    fingerprint is printed whole on its own line. Never prints keys."""
+    from fcd_secure.audit.pins import PinFileError, write_pins  # noqa: PLC0415
+    from fcd_secure.audit.verify import UsageError, ledger_identities  # noqa: PLC0415
 
     try:
         rows = ledger_identities(path)
+        written = write_pins(pins_out, rows) if pins_out is not None else None
     except UsageError as exc:
-        if as_json:
-            typer.echo(json.dumps(usage_envelope(str(exc))))
-        else:
-            Console(stderr=True).print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(EXIT_USAGE) from None
+        raise CliError(str(exc), "USAGE", hint=_USAGE_HINT, exit_code=EXIT_USAGE) from None
+    except PinFileError as exc:
+        raise CliError(str(exc)) from None
+    except OSError as exc:
+        raise CliError(f"{pins_out}: cannot write the pin file ({exc.strerror})") from None
     if as_json:
-        env = {"schema_version": SCHEMA_VERSION, "status": "ok", "exit_code": 0, "error_code": None,
-               "message": f"{len(rows)} ledger(s)", "hint": None, "data": rows}
-        typer.echo(json.dumps(env))
+        emit(ok(rows, f"{len(rows)} ledger(s)" + (f"; pins written to {written}" if written else "")))
         return
-    from rich.table import Table  # noqa: PLC0415
-
-    table = Table("role", "writer", "key fingerprint", "ledger")
+    con = stdout()
+    # one block per ledger, identifiers whole on their own lines (never a table cell cut to the terminal width)
     for r in rows:
-        table.add_row(str(r["role"]), str(r["writer_id"]), str(r["key_fingerprint"]), r["ledger"])
-    Console().print(table)
+        con.print(f"[bold]{r['role'] or '?'}[/] {r['writer_id'] or '?'}", soft_wrap=True)
+        say_identifier(con, "key", str(r["key_fingerprint"]))
+        say_identifier(con, "ledger", str(r["ledger"]))
+    if written is not None:
+        say_identifier(con, "pins written to", str(written), indent=0)

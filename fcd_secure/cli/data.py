@@ -2,33 +2,25 @@
 
 from __future__ import annotations
 
-import json
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
-from fcd_secure.data.spec import DataError
+from fcd_secure.cli.app import emit, new_app, stderr, stdout
+from fcd_secure.cli.envelope import CliError, ok
 
-app = typer.Typer(no_args_is_help=True, add_completion=False)
-
-_out = Console()
-_err = Console(stderr=True)
+app = new_app(help="Validate and describe datasets (schema, DKT-Synth, real datasets).")
 
 
-def _fail(exc: DataError, as_json: bool) -> None:
-    if as_json:
-        print(json.dumps({"ok": False, **exc.to_dict(), "message": str(exc)}))
-    else:
-        _err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code=1)
+def _invalid(exc) -> CliError:
+    """A ``DataError`` as the command line reports it: exit 1, the file/column/row/field in ``data``."""
+    return CliError(str(exc), "DATA_INVALID", data=exc.to_dict(),
+                    hint="the message names the file and the column, row or spec field; see fcd_secure/data/spec.py")
 
 
-@app.command("validate")
+@app.command("validate", short_help="Check a table against its spec (file, column, row named).")
 def validate(
     table: Path = typer.Argument(..., exists=True, dir_okay=False, help="Long-format table: .csv, .csv.gz or .parquet."),
     spec: Path = typer.Option(..., "--spec", "-s", exists=True, dir_okay=False, help="DatasetSpec file (.toml/.yaml)."),
@@ -40,10 +32,12 @@ def validate(
     """Check TABLE against SPEC and build the unified (X, A, T, Y, M[, P]) dataset.
 
     Exit 0 with a short summary when the table is valid; exit 1 with a message naming the file, column and row
-    (or the spec field) when it is not, writing nothing; exit 2 on a usage error.
+    (or the spec field) when it is not, writing nothing; exit 2 on a usage error. `fcd run --spec SPEC TABLE` runs
+    the same checks before it starts (and exits 2 there: bad input of a run).
     """
-    from fcd_secure.data.npz import save_npz
-    from fcd_secure.data.preprocess import dataset_from_files
+    from fcd_secure.data.npz import save_npz  # noqa: PLC0415 - pandas and the loaders only when used
+    from fcd_secure.data.preprocess import dataset_from_files  # noqa: PLC0415
+    from fcd_secure.data.spec import DataError  # noqa: PLC0415
 
     try:
         sp, ds = dataset_from_files(spec, table)
@@ -55,10 +49,8 @@ def validate(
             except OSError as exc:  # e.g. the --out folder does not exist, or is not writable
                 raise DataError(f"cannot write the dataset: {exc.strerror or exc}", file=out) from None
     except DataError as exc:
-        _fail(exc, as_json)
-        return
+        raise _invalid(exc) from None
     summary: dict[str, Any] = {
-        "ok": True,
         "table": str(table),
         "spec": str(spec),
         "name": sp.name,
@@ -78,15 +70,19 @@ def validate(
         "written": None if out is None else str(out),
     }
     if as_json:
-        print(json.dumps(summary))
+        emit(ok(summary, f"{table} matches {spec}"))
         return
-    _out.print(f"[green]ok[/] {table} matches {spec}", highlight=False)
+    from rich.markup import escape  # noqa: PLC0415
+    from rich.table import Table  # noqa: PLC0415
+
+    con = stdout()
+    con.print(f"[green]ok[/] {escape(str(table))} matches {escape(str(spec))}", soft_wrap=True)
     t = Table(show_header=False, box=None)
     for k in ("name", "entities", "sequences", "steps", "Lmax", "dx", "da", "n_actions", "outcome_rate",
               "has_propensity", "truncated_entities", "dropped_steps", "sites", "written"):
         v = summary[k]
-        t.add_row(k, f"{v:.4f}" if isinstance(v, float) else str(v))
-    _out.print(t)
+        t.add_row(k, f"{v:.4f}" if isinstance(v, float) else escape(str(v)))
+    con.print(t)
 
 
 def _fmt_pair(ours: Any, paper: Any) -> str:
@@ -95,7 +91,7 @@ def _fmt_pair(ours: Any, paper: Any) -> str:
     return f"{ours} [dim]/ {paper}[/]" if ours == paper else f"[yellow]{ours}[/] [dim]/ {paper}[/]"
 
 
-@app.command("describe")
+@app.command("describe", short_help="Sizes, actions and sites of each dataset, beside paper Table I.")
 def describe(
     dataset: list[str] = typer.Option(
         ["all"], "--dataset", "-d",
@@ -124,17 +120,17 @@ def describe(
     oracle whose checksum does not match) gets its error in its entry and the others are still described; the exit
     code is then 1.
     """
-    from fcd_secure.data.registry import DATASETS, load_federated, load_spec_federated
+    from fcd_secure.data.registry import DATASETS, load_federated, load_spec_federated  # noqa: PLC0415
+    from fcd_secure.data.spec import DataError  # noqa: PLC0415
 
     if spec is not None:
         try:
             fd = load_spec_federated(spec[0], spec[1], n_sites=n_sites, alpha=alpha, seed=seed)
         except DataError as exc:
-            _fail(exc, as_json)
-            return
+            raise _invalid(exc) from None
         results = {fd.name: fd.description}
         if as_json:
-            print(json.dumps(results, default=float))
+            emit(ok(results, f"{spec[1]} described with {spec[0]}"))
         else:
             _print_tables(results)
         return
@@ -142,11 +138,11 @@ def describe(
     names = list(DATASETS) if "all" in wanted else list(dict.fromkeys(wanted))
     for name in names:
         if name not in DATASETS:
-            _err.print(f"[bold red]error:[/] unknown dataset {name!r}; choose one of all, {', '.join(DATASETS)}")
-            raise typer.Exit(code=2)
+            raise CliError(f"unknown dataset {name!r}; choose one of all, {', '.join(DATASETS)}", "USAGE")
     results: dict[str, Any] = {}
     failed = False
-    with _err.status("loading datasets") if not as_json else nullcontext():
+    console = stderr()
+    with console.status("loading datasets") if not as_json and console.is_terminal else nullcontext():
         for name in names:
             try:
                 fd = load_federated(name, n_sites=n_sites, alpha=alpha, seed=seed, preset=preset, data_dir=data_dir)
@@ -157,61 +153,81 @@ def describe(
                 failed = True
                 msg = str(exc) if isinstance(exc, DataError) else f"{type(exc).__name__}: {exc}"
                 results[name] = {"name": name, "error": msg}
+    bad = [n for n, d in results.items() if "error" in d]
     if as_json:
-        print(json.dumps(results, default=float))
-    else:
-        _print_tables(results)
+        if failed:
+            raise CliError(f"could not load: {', '.join(bad)}", "DATA_INVALID", data=results,
+                           hint="each failed dataset's entry has its error")
+        emit(ok(results, f"{len(results)} dataset(s)"))
+        return
+    _print_tables(results)
     if failed:
         raise typer.Exit(code=1)
 
 
 def _print_tables(results: dict[str, Any]) -> None:
-    t = Table(title="Datasets (ours / paper Table I)")
-    for col in ("dataset", "sequences", "Lmax", "dx", "da", "|T|", "used", "Y rate", "anchors", "anchor share",
-                "top-5"):
-        t.add_column(col, justify="left" if col == "dataset" else "right")
+    """Narrow tables (each fits 80 columns): the sizes beside paper Table I, the actions, then one table per site."""
+    from rich import box  # noqa: PLC0415
+    from rich.markup import escape  # noqa: PLC0415
+    from rich.table import Table  # noqa: PLC0415
+
+    con = stdout()
+
+    def table(title: str, cols: tuple[str, ...]) -> Table:
+        t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+        for col in cols:
+            t.add_column(col, justify="left" if col in ("dataset", "site") else "right", no_wrap=True)
+        return t
+
+    sizes = table("Datasets (ours / paper Table I)", ("dataset", "sequences", "Lmax", "dx", "da", "|T|"))
+    actions = table("Actions and outcomes", ("dataset", "used", "Y rate", "anchors", "anchor share", "top-5"))
     for name, d in results.items():
         if "error" in d:
-            t.add_row(name, "[red]failed[/]", *[""] * 9)  # the message is printed in full below the table
+            sizes.add_row(name, "[red]failed[/]", "", "", "", "")  # the message is printed in full below
             continue
         p = d.get("table_i") or {}
         an = d["anchors"]
-        t.add_row(
+        sizes.add_row(
             name,
             _fmt_pair(d["sequences"], p.get("sequences")),
             _fmt_pair(d["Lmax"], p.get("Lmax")),
             _fmt_pair(d["dx"], p.get("dx")),
             _fmt_pair(d["da"], p.get("da")),
             _fmt_pair(d["n_actions"], p.get("n_actions")),
+        )
+        actions.add_row(
+            name,
             str(d["actions_used"]),
             f"{d['outcome_rate']:.3f}",
             escape(f"{an['a_off']} ({an.get('a_off_name', an['a_off'])}) / {an['a_on']} ({an.get('a_on_name', an['a_on'])})"),
             f"{an['share_off']:.1%} / {an['share_on']:.1%}",
             f"{sum(a['share'] for a in d['top_actions']):.1%}",
         )
-    _out.print(t)
+    con.print(sizes)
+    if actions.row_count:
+        con.print(actions)
     for name, d in results.items():
         if "error" in d:
             # escape: messages such as "[Errno 2] ..." must not be read as rich markup
-            _out.print(f"[bold red]{name} failed:[/] {escape(d['error'])}", soft_wrap=True, highlight=False)
+            con.print(f"[bold red]{name} failed:[/] {escape(d['error'])}", soft_wrap=True)
     for name, d in results.items():
         if "error" in d:
             continue
-        s = Table(title=f"{name}: {d['n_sites']} sites (alpha={d.get('alpha')}, seed={d.get('seed')})")
-        for col in ("site", "train", "test", "steps", "outcome rate", "top action", "a_off share", "a_on share"):
-            s.add_column(col, justify="right")
+        s = table(f"{name}: {d['n_sites']} sites (alpha={d.get('alpha')}, seed={d.get('seed')})",
+                  ("site", "train", "test", "steps", "Y rate", "top action", "a_off", "a_on"))
         for row in d["sites"]:
             s.add_row(str(row["site"]), str(row["train"]), str(row["test"]), str(row["steps"]),
                       f"{row['outcome_rate']:.3f}", f"{row['top_action_share']:.1%}", f"{row['share_off']:.1%}",
                       f"{row['share_on']:.1%}")
-        _out.print(s)
+        con.print(s)
         an = d["anchors"]
-        _out.print(f"  anchors of the paper's policies (never/always/early_on/late_on): a_off = {an['a_off']} "
-                   f"({escape(str(an.get('a_off_name')))}), a_on = {an['a_on']} ({escape(str(an.get('a_on_name')))})",
-                   highlight=False)
+        con.print(f"  anchors of the paper's policies (never/always/early_on/late_on): a_off = {an['a_off']} "
+                  f"({escape(str(an.get('a_off_name')))}), a_on = {an['a_on']} ({escape(str(an.get('a_on_name')))})",
+                  highlight=False, soft_wrap=True)
         if d.get("contexts"):
             c = d["contexts"]
-            _out.print(f"  contexts: generated under an intervention (endogenous): {escape(', '.join(c['endogenous']) or '-')}; "
-                       f"replayed (exogenous): {escape(', '.join(c['exogenous']) or '-')}", highlight=False)
+            con.print(f"  contexts: generated under an intervention (endogenous): "
+                      f"{escape(', '.join(c['endogenous']) or '-')}; replayed (exogenous): "
+                      f"{escape(', '.join(c['exogenous']) or '-')}", highlight=False, soft_wrap=True)
         for note in d.get("notes", []):
-            _out.print(f"  [dim]- {note}[/]", highlight=False)
+            con.print(f"  [dim]- {escape(note)}[/]")

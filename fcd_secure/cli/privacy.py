@@ -3,30 +3,29 @@ rolled-back ledger (thin: parse, call, print)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from fcd_secure.privacy.errors import LedgerError
+from fcd_secure.cli.app import emit, new_app, say_identifier, stdout
+from fcd_secure.cli.envelope import CliError, ok
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="Privacy budget ledgers and reports (DP-SGD).")
-_err = Console(stderr=True)
+app = new_app(help="Privacy budget ledgers and reports (DP-SGD).")
 
 
 _REPORT_HELP = (
     "Per-site and consortium privacy report: ε spent / cap / remaining at δ, σ, C, q, steps, rounds, the ledger's "
-    "segments, the accountant and library versions, what is covered and what is not; with an ε-over-rounds plot.\n\n"
-    "PATH is a run folder (its config.json names the state folder and any dp.ledger_dir), a sites' state root, one "
-    "site's state directory, a ledger folder, or one ledger file. ε is recomputed from each site's write-ahead "
-    "ledger, never taken from a cached number. Exit code 2 when no ledger is found."
+    "segments, the accountant and library versions, what is covered and what is not (stated once for all sites); "
+    "with a plot of ε against rounds per site and for the consortium.\n\n"
+    "PATH is a run folder (every site of the run is listed; a site never sampled for a DP round has ε = 0), a sites' "
+    "state root, one site's state directory, a ledger folder, or one ledger file. ε is recomputed from each site's "
+    "write-ahead ledger, never taken from a cached number. A run trained without DP gets a report saying it has no "
+    "DP guarantee (exit 0). Exit code 2 when PATH does not exist or holds no ledger."
 )
 
 
-@app.command("report", help=_REPORT_HELP)
+@app.command("report", help=_REPORT_HELP, short_help="ε per site and for the consortium, with a plot over rounds.")
 def report(
     path: Annotated[
         Path,
@@ -35,50 +34,69 @@ def report(
             "directory, or a ledger file (<site>/privacy/ledger-<fingerprint>.json).",
         ),
     ],
-    out: Annotated[
+    out_dir: Annotated[
         Optional[Path],
         typer.Option("--out", help="Folder for privacy_report.{json,md} and privacy_epsilon.png (default: PATH)."),
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the JSON report to stdout.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON envelope on stdout.")] = False,
     no_files: Annotated[bool, typer.Option("--no-files", help="Print only; write no report files.")] = False,
 ) -> None:
     """The privacy budget report (help text: ``_REPORT_HELP``)."""
-    from fcd_secure.privacy.report import build_report, write_report
+    from fcd_secure.privacy.errors import LedgerError  # noqa: PLC0415
+    from fcd_secure.privacy.report import build_report, write_report  # noqa: PLC0415
 
     try:
         rep = build_report(path)
     except (FileNotFoundError, LedgerError) as exc:
-        _err.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+        raise CliError(str(exc), hint="give a run folder, a state folder or a privacy ledger file") from None
     written = {}
     if not no_files:
-        target = out if out is not None else (path if path.is_dir() else path.parent)
+        target = out_dir if out_dir is not None else (path if path.is_dir() else path.parent)
         written = write_report(rep, target)
     if as_json:
-        typer.echo(json.dumps(rep, indent=2))
+        emit(ok(rep, rep.get("message") or f"privacy report of {len(rep['sites'])} site(s)"))
         return
+    con = stdout()
+    if not rep.get("dp", True):
+        con.print(f"[bold]No DP guarantee.[/] {rep['message']}.")
+        con.print("sites: " + ", ".join(s["site"] for s in rep["sites"]))
+    else:
+        _print_sites(con, rep)
+    for kind, p in written.items():
+        say_identifier(con, f"{kind}:", str(p), indent=0)
+
+
+def _print_sites(con, rep: dict) -> None:
+    from rich.table import Table  # noqa: PLC0415
+
     table = Table(title="Privacy budget (record level: one trajectory, add/remove adjacency)")
-    for col in ("site", "dataset", "ε spent", "cap", "remaining", "δ", "σ", "C", "q", "rounds", "steps", "acct"):
-        table.add_column(col)
+    for col in ("site", "ε spent", "cap", "left", "δ", "σ", "q", "rounds"):
+        table.add_column(col, justify="left" if col == "site" else "right", no_wrap=col == "site")
     for s in rep["sites"]:
+        if s.get("ledger") is None:
+            cap = "" if s.get("epsilon_cap") is None else f"{s['epsilon_cap']:g}"
+            table.add_row(s["site"], "0", cap, cap, "", "", "", "0")
+            continue
         m = s["mechanism"]
         table.add_row(
-            s["site"], s["dataset_fingerprint"][:8], f"{s['epsilon_spent']:.3f}", f"{s['epsilon_cap']:g}",
-            f"{s['epsilon_remaining']:.3f}", f"{s['delta']:.3g}", ", ".join(f"{x:.3g}" for x in m["noise_multipliers"]),
-            f"{m['clip_C']:g}", ", ".join(f"{x:.3g}" for x in m["sample_rate_q"]), str(m["rounds"]),
-            str(m["total_steps"]), s["accountant"],
+            s["site"], f"{s['epsilon_spent']:.3f}", f"{s['epsilon_cap']:g}", f"{s['epsilon_remaining']:.3f}",
+            f"{s['delta']:.3g}", ", ".join(f"{x:.3g}" for x in m["noise_multipliers"]),
+            ", ".join(f"{x:.3g}" for x in m["sample_rate_q"]), str(m["rounds"]),
         )
-    con = Console()
-    if not con.is_terminal:  # piped or captured: rich would squeeze the table into 80 columns
-        con = Console(width=160)
     con.print(table)
     c = rep["consortium"]
-    con.print(f"Consortium: ε = {c['epsilon']:.3f}, δ = {c['delta']:.3g} (parallel composition over {c['sites']} sites)")
-    for kind, p in written.items():
-        con.print(f"{kind}: {p}")
+    con.print(
+        f"Consortium: ε = {c['epsilon']:.3f}, δ = {c['delta']:.3g} (parallel composition over {c['sites']} sites; "
+        f"worst site {c.get('worst_site')})",
+    )
+    common = rep["common"]
+    con.print("Accountant: " + "; ".join(common["accountants"]))
+    never = [s["site"] for s in rep["sites"] if s.get("ledger") is None]
+    if never:
+        con.print(f"Never trained under DP (ε = 0): {', '.join(never)}")
 
 
-@app.command("plan")
+@app.command("plan", short_help="The noise multiplier σ for a planned use of a site's data.")
 def plan(
     n_site: Annotated[int, typer.Option("--n-site", min=1, help="Trajectories at the site.")],
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Expected Poisson batch size.")] = 64,
@@ -87,14 +105,14 @@ def plan(
     epsilon: Annotated[float, typer.Option("--epsilon", min=0.01, help="Lifetime ε cap.")] = 8.0,
     delta: Annotated[Optional[float], typer.Option("--delta", help="δ (default: power of ten ≤ 1/(10·n)).")] = None,
     accountant: Annotated[str, typer.Option("--accountant", help="prv or rdp.")] = "prv",
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON envelope on stdout.")] = False,
 ) -> None:
     """The noise multiplier σ a site would use for a planned use (rounds × local epochs × ⌈N/B⌉ Poisson steps),
     planned once for the whole use as the sites do (never per round)."""
-    from pydantic import ValidationError
+    from pydantic import ValidationError  # noqa: PLC0415
 
-    from fcd_secure.privacy.config import DPConfig
-    from fcd_secure.privacy.planner import plan_noise_multiplier, sample_rate, steps_per_epoch
+    from fcd_secure.privacy.config import DPConfig  # noqa: PLC0415
+    from fcd_secure.privacy.planner import plan_noise_multiplier, sample_rate, steps_per_epoch  # noqa: PLC0415
 
     try:
         cfg = DPConfig(enabled=True, epsilon=epsilon, delta=delta, accountant=accountant)  # type: ignore[arg-type]
@@ -103,15 +121,13 @@ def plan(
         steps = rounds * local_epochs * steps_per_epoch(n_site, batch_size)
         sigma = plan_noise_multiplier(epsilon_cap=epsilon, delta=d, q=q, planned_steps=steps, accountant=accountant)
     except (ValidationError, ValueError) as exc:
-        _err.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
-    out = {"sigma": sigma, "q": q, "steps": steps, "delta": d, "epsilon_cap": epsilon, "accountant": accountant}
+        raise CliError(str(exc)) from None
+    result = {"sigma": sigma, "q": q, "steps": steps, "delta": d, "epsilon_cap": epsilon, "accountant": accountant}
+    text = f"σ = {sigma:.4f} for ε ≤ {epsilon:g} at δ = {d:.3g} over {steps} Poisson steps (q = {q:.4g}, {accountant})"
     if as_json:
-        typer.echo(json.dumps(out, indent=2))
+        emit(ok(result, text))
     else:
-        Console().print(
-            f"σ = {sigma:.4f} for ε ≤ {epsilon:g} at δ = {d:.3g} over {steps} Poisson steps (q = {q:.4g}, {accountant})"
-        )
+        stdout().print(text, soft_wrap=True)
 
 
 _ACK_HELP = (
@@ -126,36 +142,34 @@ _ACK_HELP = (
 )
 
 
-@app.command("acknowledge-reset", help=_ACK_HELP)
+@app.command("acknowledge-reset", help=_ACK_HELP, short_help="Record why a lost or rolled-back ledger was reset.")
 def acknowledge_reset(
     state_dir: Annotated[Path, typer.Argument(metavar="SITE_STATE_DIR", help="The site's state directory.")],
     reason: Annotated[str, typer.Option("--reason", help="Why the ledger was lost or rolled back (recorded).")],
     operator: Annotated[
         Optional[str], typer.Option("--operator", help="Who acknowledges (recorded; default: the login name).")
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the recorded resets as JSON.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON envelope (the recorded resets in data).")] = False,
 ) -> None:
     """Record an operator's acknowledgement of a lost or rolled-back privacy ledger (help text: ``_ACK_HELP``)."""
+    from fcd_secure.privacy.errors import LedgerError  # noqa: PLC0415
     from fcd_secure.privacy.ledger import acknowledge_reset as _acknowledge  # noqa: PLC0415
 
     if not state_dir.is_dir():
-        _err.print(f"[red]error:[/red] {state_dir}: no such site state directory")
-        raise typer.Exit(2)
+        raise CliError(f"{state_dir}: no such site state directory")
     try:
         records = _acknowledge(state_dir, reason, operator)
     except (FileNotFoundError, LedgerError, ValueError) as exc:
-        _err.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+        raise CliError(str(exc)) from None
     if not records:
-        _err.print(f"[red]error:[/red] {state_dir}: every anchored privacy ledger is intact; nothing to acknowledge")
-        raise typer.Exit(2)
+        raise CliError(f"{state_dir}: every anchored privacy ledger is intact; nothing to acknowledge")
     if as_json:
-        typer.echo(json.dumps([r.model_dump() for r in records], indent=2))
+        emit(ok([r.model_dump(mode="json") for r in records], f"{len(records)} reset(s) recorded"))
         return
-    con = Console()
+    con = stdout()
     for r in records:
         now = "missing" if r.current is None else f"{r.current.segments} segment(s)"
         con.print(
             f"reset of ledger {r.previous.key}: it held {r.previous.segments} segment(s), {r.previous.steps} steps, "
-            f"ε ≈ {r.previous.epsilon:.3f}; now {now}. Recorded by {r.operator}: {r.reason}"
+            f"ε ≈ {r.previous.epsilon:.3f}; now {now}. Recorded by {r.operator}: {r.reason}", soft_wrap=True,
         )

@@ -1,185 +1,37 @@
-"""`fcd run` (the main federated job) and `fcd deploy` (local deployment)."""
+"""`fcd run` (the main federated job) and `fcd deploy` (local deployment).
+
+``fcd run`` checks everything before an engine starts (:mod:`fcd_secure.cli.preflight`: bad input is exit 2 and
+nothing is written), prints a header with the DP setting, one progress line per round when stderr is not a
+terminal (a bar when it is), names every site that fails and why (the sites' closed vocabulary of errors), and ends
+with the result table (DP and ε per site included) or one JSON envelope (``--json``).
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import sys
-import time
-from datetime import datetime, timezone
+import signal
+import threading
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
-PRESET_HELP = "tiny (tests, seconds) | default (README run, ≤ 5 min on 2 cores) | paper (Table II length)"
+from fcd_secure.cli.app import DEBUG_ENV, emit, say_identifier, stderr, stdout
+from fcd_secure.cli.envelope import EXIT_OK, CliError, ok
+from fcd_secure.cli.resolve import PRESET_HELP, RunOptions, resolve_config
 
+if TYPE_CHECKING:  # pragma: no cover
+    from rich.table import Table
 
-def _fail(console: Console, msg: str, code: int = 2) -> None:
-    console.print(f"[red]error:[/red] {msg}")
-    raise typer.Exit(code)
+    from fcd_secure.config import RunConfig
 
-
-def resolve_config(
-    *,
-    preset: str,
-    config_file: Optional[Path],
-    rounds: Optional[int],
-    sites: Optional[int],
-    clients_per_round: Optional[int],
-    seed: Optional[int],
-    dataset: Optional[str],
-    spec: Optional[tuple[Path, Path]],
-    data_dir: Optional[Path],
-    secure: Optional[bool],
-    sync: Optional[str],
-    eval_every: Optional[int],
-    state_dir: Optional[Path],
-    out: Optional[Path],
-    dp_epsilon: Optional[float] = None,
-    dp_delta: Optional[float] = None,
-    dp_clip: Optional[float] = None,
-    dp_ledger_dir: Optional[Path] = None,
-    policies: Optional[list[str]] = None,
-    reference: Optional[str] = None,
-):
-    """Preset (or config file) + command-line overrides -> a validated ``RunConfig``.
-
-    Secure aggregation is on unless ``secure`` is ``False`` or the config file turns it off.
-    """
-    from fcd_secure.config import RunConfig, build_config  # noqa: PLC0415
-
-    base = RunConfig.load(config_file) if config_file else None
-    over: dict[str, Any] = {"data": {}, "federation": {}}
-    if rounds is not None:
-        over["federation"]["rounds"] = rounds
-    if sites is not None:
-        over["data"]["n_sites"] = sites
-        if clients_per_round is None:
-            over["federation"]["clients_per_round"] = max(1, sites // 2)  # Table II: half the sites per round
-    if clients_per_round is not None:
-        over["federation"]["clients_per_round"] = clients_per_round
-    if seed is not None:
-        over["seed"] = seed
-    if dataset is not None:
-        over["data"]["dataset"] = dataset
-    if spec is not None:
-        over["data"].update(dataset="spec", spec=str(spec[0]), table=str(spec[1]))
-    if data_dir is not None:
-        over["data"]["data_dir"] = str(data_dir)
-    if secure is None:
-        secure = True if base is None else base.federation.secure_aggregation
-    over["federation"]["secure_aggregation"] = bool(secure)
-    if sync is not None:
-        over["federation"]["sync"] = sync
-    if eval_every is not None:
-        over["federation"]["eval_every"] = eval_every
-    if state_dir is not None:
-        over["state_dir"] = str(state_dir)
-    dp: dict[str, Any] = {}
-    if dp_epsilon is not None:  # DP-SGD on every site with this lifetime cap
-        dp.update(enabled=True, epsilon=dp_epsilon)
-    if dp_delta is not None:
-        dp["delta"] = dp_delta
-    if dp_clip is not None:
-        dp["clip"] = dp_clip
-    if dp_ledger_dir is not None:
-        dp["ledger_dir"] = str(dp_ledger_dir)
-    if dp:
-        over["dp"] = dp
-    if policies:
-        over["evaluation"] = {"policies": [str(p) for p in policies]}
-    if reference is not None:
-        over.setdefault("evaluation", {})["reference"] = reference
-    cfg = build_config(preset, over, base=base)
-    if out is None:
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-        out = Path("runs") / f"{stamp}-{cfg.data.dataset}-seed{cfg.seed}"
-    return cfg.model_copy(update={"out": str(out)})
+__all__ = ["PRESET_HELP", "RunOptions", "bad_input_errors", "execute_run", "register", "resolve_config", "summary_table"]
 
 
-def summary_table(summary: dict, title: str = "Fed-CausalDiff") -> Table:
-    t = Table(title=title, show_header=True, header_style="bold")
-    t.add_column("metric")
-    t.add_column("value", justify="right")
-
-    def fmt(v: Any) -> str:
-        if v is None:
-            return "n/a"
-        if isinstance(v, float):
-            return f"{v:.4f}"
-        return str(v)
-
-    for key, label in (
-        ("pehe", "PEHE (oracle)"),
-        ("ate_error", "|ATE error| (oracle)"),
-        ("value_error_mean", "|value error| mean over policies"),
-        ("factual_auc", "factual AUC"),
-    ):
-        if summary.get(key) is not None:
-            t.add_row(label, fmt(summary[key]))
-    for name, d in (summary.get("policies") or {}).items():
-        parts = [f"sim {fmt(d.get('value_sim'))}"]
-        if d.get("value_true") is not None:
-            parts.append(f"true {fmt(d['value_true'])}")
-        for est in sorted((e for e in d if e.startswith("dr")), key=len):  # dr (full horizon), dr_h<H> (truncated)
-            dr = d[est]
-            label = "DR" if est == "dr" else f"DR first {est.split('_h')[1]} steps"
-            parts.append(f"{label} {fmt(dr.get('value'))} (ESS {fmt(dr.get('ess'))})")
-        t.add_row(escape(f"value[{name}]"), ", ".join(parts))
-    t.add_row("rounds", fmt(summary.get("rounds")))
-    t.add_row("uplink MB (measured, serialized messages)", f"{summary['uplink_bytes'] / 1e6:.3f}")
-    t.add_row("uplink MB (paper formula: sites × sync params)", f"{summary['uplink_formula_bytes'] / 1e6:.3f}")
-    t.add_row("downlink MB (measured)", f"{summary['downlink_bytes'] / 1e6:.3f}")
-    t.add_row("wall time s", f"{summary['wall_s']:.1f}")
-    return t
-
-
-class _Progress:
-    """Rich progress bar driven by the ServerApp's progress events (one tick per finished round)."""
-
-    def __init__(self, console: Console, rounds: int, enabled: bool) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
-
-        self.enabled = enabled
-        self.progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.fields[info]}"),
-            console=console,
-            disable=not enabled,
-        )
-        self.task = self.progress.add_task("starting sites", total=rounds, info="")
-
-    def __enter__(self):
-        self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self.progress.__exit__(*exc)
-
-    def __call__(self, event: str, info: dict) -> None:
-        if event == "connected":
-            self.progress.update(self.task, description="rounds", info=f"{len(info['sites'])} sites")
-        elif event == "resumed":
-            self.progress.update(self.task, completed=info["round"], info=f"resumed after round {info['round']}")
-        elif event == "round":
-            bits = [f"up {info['cum_uplink_bytes'] / 1e6:.2f} MB"]
-            if info.get("train_loss") is not None:
-                bits.append(f"loss {info['train_loss']:.3f}")
-            if info.get("pehe") is not None:
-                bits.append(f"PEHE {info['pehe']:.4f}")
-            self.progress.update(self.task, completed=info["round"], info=" · ".join(bits))
-        elif event == "evaluating":
-            self.progress.update(self.task, description="federated evaluation", info="")
-
-
-def _common_errors() -> tuple[type[BaseException], ...]:
+def bad_input_errors() -> tuple[type[BaseException], ...]:
     """The errors that mean bad input (exit 2): config, data, state, or a flow that refuses the configuration."""
     from pydantic import ValidationError  # noqa: PLC0415
 
@@ -189,29 +41,306 @@ def _common_errors() -> tuple[type[BaseException], ...]:
     from fcd_secure.federation.secure_setup import SecureAggregationConfigError  # noqa: PLC0415
     from fcd_secure.federation.state import StateError  # noqa: PLC0415
 
-    return (ConfigError, SchemaError, DataError, StateError, SecureAggregationConfigError, ValidationError, FileNotFoundError)
+    return (ConfigError, SchemaError, DataError, StateError, SecureAggregationConfigError, ValidationError)
+
+
+# -- what the run prints -------------------------------------------------------------------------------------------
+def dp_line(cfg: "RunConfig") -> str:
+    """The DP setting in one phrase (the run header)."""
+    dp = cfg.dp
+    if not dp.enabled:
+        return "DP off (no DP guarantee)"
+    delta = f"δ {dp.delta:g}" if dp.delta is not None else "δ ≤ 1/(10·n) per site"
+    return f"DP-SGD ε ≤ {dp.epsilon:g} per site ({delta}, clip {dp.clip:g}, {dp.accountant})"
+
+
+def header(cfg: "RunConfig") -> str:
+    mode = "secure aggregation" if cfg.federation.secure_aggregation else "plain FedAvg"
+    return (
+        f"fcd run {cfg.data.dataset} ({cfg.data.preset}): {cfg.data.n_sites} sites, "
+        f"{cfg.federation.clients_per_round}/round, {cfg.federation.rounds} rounds, sync {cfg.federation.sync}, "
+        f"{mode}, {dp_line(cfg)}, seed {cfg.seed}"
+    )
+
+
+def _fmt(v: Any, spec: str = ".4f") -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, float):
+        return format(v, spec)
+    return str(v)
+
+
+def summary_table(summary: dict, title: str = "Fed-CausalDiff") -> list["Table"]:
+    """The result tables (each fits 80 columns): metrics, DP and ε, policy values."""
+    from rich import box  # noqa: PLC0415
+    from rich.table import Table  # noqa: PLC0415
+
+    t = Table(title=title, show_header=True, header_style="bold", box=box.SIMPLE_HEAD)
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    for key, label in (
+        ("pehe", "PEHE (oracle)"),
+        ("ate_error", "|ATE error| (oracle)"),
+        ("value_error_mean", "|value error|, mean over policies"),
+        ("factual_auc", "factual AUC"),
+    ):
+        if summary.get(key) is not None:
+            t.add_row(label, _fmt(summary[key]))
+    t.add_row("rounds", _fmt(summary.get("rounds")))
+    dp = summary.get("dp") or {}
+    if dp.get("enabled"):
+        t.add_row("DP", f"DP-SGD, ε cap {dp['epsilon_cap']:g} per site, δ {_fmt(dp.get('delta'), '.3g')}")
+        if dp.get("consortium_epsilon") is not None:
+            t.add_row("ε spent, consortium (max over sites)", f"{dp['consortium_epsilon']:.3f}")
+        for sid, eps in sorted((dp.get("epsilon_spent") or {}).items()):
+            t.add_row(f"ε spent, {sid}", f"{eps:.3f}" + (" (never sampled)" if eps == 0 else ""))
+    elif dp:
+        t.add_row("DP", "off: no DP guarantee")
+    t.add_row("uplink MB (measured, serialized)", f"{summary['uplink_bytes'] / 1e6:.3f}")
+    t.add_row("uplink MB (paper: sites × sync params)", f"{summary['uplink_formula_bytes'] / 1e6:.3f}")
+    t.add_row("downlink MB (measured)", f"{summary['downlink_bytes'] / 1e6:.3f}")
+    t.add_row("wall time s", f"{summary['wall_s']:.1f}")
+    tables = [t]
+    policies = summary.get("policies") or {}
+    if policies:
+        v = Table(title="Policy values", box=box.SIMPLE_HEAD)
+        ests = sorted({e for d in policies.values() for e in d if e.startswith("dr")}, key=len)
+        v.add_column("policy")
+        v.add_column("simulated", justify="right")
+        v.add_column("true", justify="right")
+        for est in ests:  # dr (full horizon), dr_h<H> (truncated)
+            v.add_column("DR (ESS)" if est == "dr" else f"DR first {est.split('_h')[1]} (ESS)", justify="right")
+        for name, d in sorted(policies.items()):
+            cells = [escape(name), _fmt(d.get("value_sim")), _fmt(d.get("value_true"))]
+            for est in ests:
+                r = d.get(est) or {}
+                cells.append(f"{_fmt(r.get('value'))} ({_fmt(r.get('ess'), '.1f')})")
+            v.add_row(*cells)
+        tables.append(v)
+    return tables
+
+
+class RunProgress:
+    """The ServerApp's progress events, for people: a bar on a terminal, one line per round when piped (no carriage
+    returns), and always a line for what an operator must see (resuming, a site's error)."""
+
+    def __init__(self, console: Console, cfg: "RunConfig") -> None:
+        self.console = console
+        self.cfg = cfg
+        self.tty = console.is_terminal
+        self.rounds = cfg.federation.rounds
+        self.last_round = 0
+        self.resumed_from: int | None = None
+        self.reported: set[tuple[str, str]] = set()
+        self.bar = None
+        if self.tty:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
+
+            self.bar = Progress(
+                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                TextColumn("{task.fields[info]}"), console=console, transient=False,
+            )
+            self.task = self.bar.add_task("starting sites", total=self.rounds, info="")
+
+    def __enter__(self) -> "RunProgress":
+        if self.bar is not None:
+            self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+    def line(self, text: str) -> None:
+        self.console.print(text, soft_wrap=True, markup=False)
+
+    def __call__(self, event: str, info: dict) -> None:
+        if event == "connected":
+            if self.bar is not None:
+                self.bar.update(self.task, description="rounds", info=f"{len(info['sites'])} sites")
+            else:
+                self.line(f"{len(info['sites'])} sites connected")
+        elif event == "resumed":
+            self.resumed_from = self.last_round = int(info["round"])
+            self.line(f"resuming from round {info['round']} (state: {self.cfg.state_root()})")
+            if self.bar is not None:
+                self.bar.update(self.task, completed=info["round"])
+        elif event == "site_error":
+            key = (info["site_id"], info["error"])
+            if key not in self.reported:  # once per site and reason (a spent budget refuses every later round)
+                self.reported.add(key)
+                self.line(f"{site_error_message(info['site_id'], info['error'], self.cfg)} (round {info['round']})")
+        elif event == "round":
+            self.last_round = int(info["round"])
+            bits = [f"{info['participants']} sites", f"up {info['cum_uplink_bytes'] / 1e6:.2f} MB"]
+            if info.get("train_loss") is not None:
+                bits.append(f"loss {info['train_loss']:.3f}")
+            if info.get("pehe") is not None:
+                bits.append(f"PEHE {info['pehe']:.4f}")
+            if info.get("aborted"):
+                bits.append(f"ABORTED: {info.get('aborted_reason')}")
+            if self.bar is not None:
+                self.bar.update(self.task, completed=info["round"], info=" · ".join(bits))
+            else:
+                self.line(f"round {info['round']}/{self.rounds} · " + " · ".join(bits))
+        elif event == "evaluating":
+            if self.bar is not None:
+                self.bar.update(self.task, description="federated evaluation", info="")
+            else:
+                self.line("federated evaluation")
+
+
+def site_error_message(site_id: str, error: str, cfg: "RunConfig", budgets: dict | None = None) -> str:
+    """``site-02 stopped: DP budget exhausted (ε 7.98 of 8.0)``, ``site-03: data does not match the spec``."""
+    from fcd_secure.audit import SITE_ERRORS  # noqa: PLC0415
+
+    reason = SITE_ERRORS.get(error, SITE_ERRORS["internal"])[1]
+    if error == "budget_exhausted":
+        b = (budgets or {}).get(site_id)
+        spent = f"ε {b['epsilon_spent']:.2f} of {b['epsilon_cap']:g}" if b else f"cap ε {cfg.dp.epsilon:g}"
+        return f"{site_id} stopped: {reason} ({spent})"
+    return f"{site_id}: {reason}"
+
+
+def _budgets(cfg: "RunConfig") -> dict:
+    from fcd_secure.privacy.report import site_budgets  # noqa: PLC0415
+
+    if not cfg.dp.enabled:
+        return {}
+    roots = [p for p in (cfg.state_root(), Path(cfg.dp.ledger_dir) if cfg.dp.ledger_dir else None) if p]
+    return site_budgets(roots)
+
+
+def outcome(summary: dict, cfg: "RunConfig") -> CliError | None:
+    """What a finished run's exit code must say: a spent DP budget (exit 5), a site that failed its final evaluation
+    or reported an error (exit 1), or nothing (exit 0)."""
+    errors = summary.get("site_errors") or []
+    budgets = {sid: {"epsilon_spent": eps, "epsilon_cap": (summary.get("dp") or {}).get("epsilon_cap")}
+               for sid, eps in ((summary.get("dp") or {}).get("epsilon_spent") or {}).items()}
+    exhausted = sorted({e["site_id"] for e in errors if e["error"] == "budget_exhausted"})
+    if exhausted:
+        return CliError(
+            "; ".join(site_error_message(s, "budget_exhausted", cfg, budgets) for s in exhausted),
+            "DP_BUDGET_EXHAUSTED",
+            hint="a site's lifetime ε cap is spent: its data cannot train further (raise the cap only by a new "
+            "decision of that site; the ledger refuses a higher cap)",
+            data=summary,
+        )
+    failed = summary.get("failed_sites_final_eval") or []
+    if failed:
+        why = {e["site_id"]: e["error"] for e in errors if e["action"].startswith("query.evaluate")}
+        named = "; ".join(site_error_message(s, why.get(s, "internal"), cfg) for s in failed)
+        return CliError(
+            f"{len(failed)} site(s) failed the final evaluation, so the result leaves them out: {named}",
+            "SITE_FAILED",
+            hint="the site's own log says more (FCD_SITE_DEBUG=1 for a site-local traceback)",
+            data=summary,
+        )
+    return None
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def execute_run(cfg: "RunConfig", as_json: bool) -> int:
+    """Run ``cfg`` on the simulation engine and print the outcome; returns the exit code.
+
+    Raises:
+        CliError: the run could not start or finish (exit 1/2/5/130; the message says why).
+    """
+    import torch  # noqa: PLC0415
+
+    from fcd_secure.federation.server_app import FederationError  # noqa: PLC0415
+    from fcd_secure.federation.simulation import run_simulated  # noqa: PLC0415
+
+    torch.set_num_threads(1)  # the sites share the machine's cores through one Ray actor
+    if os.environ.get(DEBUG_ENV) != "1":
+        # every site error and failure is reported by this command, by name; Flower's own error logs (tracebacks of
+        # its worker threads, e.g. when a signal stops the engine) are for debugging: FCD_DEBUG=1 shows them
+        os.environ.setdefault("FLWR_LOG_LEVEL", "CRITICAL")
+    console = stderr()
+    console.print(escape(header(cfg)), soft_wrap=True)
+    say_identifier(console, "run folder:", str(cfg.out), indent=0)
+    resume_hint = f"continue it with `fcd run --resume {cfg.out}`"
+    prog = RunProgress(console, cfg)
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # `kill PID` stops the run like Ctrl-C: state kept
+    try:
+        with prog:
+            run_simulated(cfg, progress=prog, stop=stop)
+    except (KeyboardInterrupt, SystemExit):  # Ctrl-C; SIGTERM (ours, or Ray's handler once Ray has started: exit)
+        stop.set()  # the ServerApp's thread ends at its next wait: the process can exit
+        raise CliError(
+            f"interrupted after round {prog.last_round} of {cfg.federation.rounds}; the state is kept in "
+            f"{cfg.state_root()}", "INTERRUPTED", hint=resume_hint,
+        ) from None
+    except bad_input_errors() as exc:
+        raise CliError(str(exc), hint="the message names the file or field") from None
+    except FederationError as exc:
+        errs = exc.site_errors
+        budgets = _budgets(cfg)
+        exhausted = sorted({e["site_id"] for e in errs if e["error"] == "budget_exhausted"})
+        if exhausted:
+            raise CliError(
+                "; ".join(site_error_message(s, "budget_exhausted", cfg, budgets) for s in exhausted)
+                + f" (the run could not go on: {exc})",
+                "DP_BUDGET_EXHAUSTED", data={"site_errors": errs},
+            ) from None
+        code = "SITE_FAILED" if errs else "RUN_FAILED"
+        raise CliError(str(exc), code, hint=resume_hint if prog.last_round else None,
+                       data={"site_errors": errs}) from None
+    except Exception as exc:  # noqa: BLE001 - a run that broke: say where, keep the state, no traceback
+        if os.environ.get(DEBUG_ENV) == "1":
+            raise
+        raise CliError(
+            f"the run failed after round {prog.last_round}: {type(exc).__name__}: {exc}", "RUN_FAILED",
+            hint=f"{resume_hint}; FCD_DEBUG=1 prints the traceback",
+        ) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    summary = json.loads((Path(str(cfg.out)) / "summary.json").read_text())
+    bad = outcome(summary, cfg)
+    if as_json:
+        emit(bad.envelope() if bad else ok(summary, f"run finished: {cfg.out}"))
+        return bad.exit_code if bad else EXIT_OK
+    from fcd_secure.cli.whatif import anchors_line, whatif_table  # noqa: PLC0415
+
+    con = stdout()
+    for table in summary_table(summary, title=f"Fed-CausalDiff on {cfg.data.dataset}"):
+        con.print(table)
+    if anchors_line(summary.get("anchors")):
+        con.print(f"anchors of the paper's policies: {escape(anchors_line(summary['anchors']))}", soft_wrap=True)
+    if summary.get("policies"):
+        con.print(whatif_table(summary))
+    say_identifier(con, "run folder:", str(cfg.out), indent=0)
+    if bad:
+        raise CliError(bad.message, bad.error_code, hint=bad.hint)
+    return EXIT_OK
 
 
 def register(app: typer.Typer) -> None:
     """Attach ``fcd run`` and ``fcd deploy`` to the root app."""
 
-    @app.command("run")
+    @app.command("run", short_help="Train across sites (simulation engine); write a run folder.")
     def run(
-        preset: str = typer.Option("default", "--preset", help=PRESET_HELP),
+        preset: Optional[str] = typer.Option(None, "--preset", help=f"{PRESET_HELP}. Default: default, or the --config file's."),
         rounds: Optional[int] = typer.Option(None, "--rounds", min=1, help="Global communication rounds (preset default)."),
-        sites: Optional[int] = typer.Option(None, "--sites", min=1, help="Number of sites N (paper: 10)."),
-        clients_per_round: Optional[int] = typer.Option(None, "--clients-per-round", min=1, help="Sites sampled per round (default N/2)."),
+        sites: Optional[int] = typer.Option(None, "--sites", min=1, help="Number of sites N (paper: 10; a table's site column decides)."),
+        clients_per_round: Optional[int] = typer.Option(None, "--clients-per-round", min=1, help="Sites sampled per round (default N/2, at least the secure minimum)."),
         seed: Optional[int] = typer.Option(None, "--seed", help="Seed of split, initialisation, sampling and training."),
         dataset: Optional[str] = typer.Option(None, "--dataset", help="dkt-synth (default; oracle metrics) | statics2011 | assistments2009 | diabetes130 | obd (OPE estimates, factual AUC)."),
-        spec: Optional[tuple[Path, Path]] = typer.Option(None, "--spec", metavar="SPEC TABLE", help="Your own data: a dataset spec file and the table it describes."),
-        data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Real datasets root (default ../shared/data)."),
+        spec: Optional[tuple[Path, Path]] = typer.Option(None, "--spec", metavar="SPEC TABLE", help="Your own data: a dataset spec file and the table it describes (checked as `fcd data validate` does)."),
+        data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Real datasets root (default $FCD_DATA_DIR, then ../shared/data of a source checkout)."),
         secure: Optional[bool] = typer.Option(None, "--secure-aggregation/--no-secure-aggregation", help="Pairwise-masked secure aggregation of Θc (default: on) or plain FedAvg.", show_default=False),
         sync: Optional[str] = typer.Option(None, "--sync", help="dss (only Θc leaves a site; the paper's method) | full (every parameter; w/o-DSS ablation)."),
         eval_every: Optional[int] = typer.Option(None, "--eval-every", min=0, help="Cheap federated PEHE every N rounds (0: only at the end)."),
-        config_file: Optional[Path] = typer.Option(None, "--config", exists=True, dir_okay=False, help="A run config (TOML/JSON, e.g. a run folder's config.toml); options override it."),
-        state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="Per-site state, server checkpoint, audit ledgers (default <out>/state). Reuse it to resume a killed run."),
-        out: Optional[Path] = typer.Option(None, "--out", help="Run folder (default runs/<timestamp>-<dataset>-seed<seed>/)."),
-        as_json: bool = typer.Option(False, "--json", help="Print summary.json on stdout instead of the table."),
+        config_file: Optional[Path] = typer.Option(None, "--config", exists=True, dir_okay=False, help="A run config (TOML/JSON, e.g. a run folder's config.toml): re-runs it exactly in a new folder; options given override only what they name."),
+        resume: Optional[Path] = typer.Option(None, "--resume", metavar="RUN_DIR", help="Continue the run in RUN_DIR (its config.toml and state) from its last finished round; options given override (e.g. --rounds)."),
+        state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="Per-site state, server checkpoint, audit ledgers (default <out>/state). Pointing it at a run's state continues that run."),
+        out_dir: Optional[Path] = typer.Option(None, "--out", help="Run folder (default runs/<timestamp>-<dataset>-seed<seed>/); must not hold another run."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope (summary.json in data) on stdout; progress on stderr."),
         dp_epsilon: Optional[float] = typer.Option(None, "--dp-epsilon", min=0.01, help="DP-SGD (Opacus) on every site, with this lifetime ε cap per site dataset; a round that would exceed it is refused."),
         dp_delta: Optional[float] = typer.Option(None, "--dp-delta", help="DP δ (default: a power of ten ≤ 1/(10·n_site))."),
         dp_clip: Optional[float] = typer.Option(None, "--dp-clip", min=1e-6, help="DP-SGD per-sample clipping norm C (default 1.0)."),
@@ -220,56 +349,33 @@ def register(app: typer.Typer) -> None:
         reference: Optional[str] = typer.Option(None, "--reference", help="The name of the policy the others are contrasted with (default: the first)."),
     ) -> None:
         """Train Fed-CausalDiff across N sites with decoupled synchronisation (only Θc leaves a site) on Flower's
-        simulation engine, evaluate it federatedly, and write a run folder (config, theta_c.npz, per-round metrics,
-        summary.json, Figs. 3–4).
+        simulation engine, evaluate it federatedly, and write a run folder (config, rounds.csv appended per round,
+        theta_c.npz, summary.json with DP and ε per site, Figs. 3–4).
 
-        Exit codes: 0 done, 2 bad input (config, data, state), 1 the run failed.
+        Everything is checked before the engine starts: the dataset or your spec and table (as `fcd data validate`
+        does), the sites, the policies, the folders; bad input writes nothing.
+
+        \b
+        Exit codes:
+          0    done
+          1    the run failed, or a site failed (its reason is named)
+          2    bad input (config, data, folders, state): nothing written
+          5    a site's DP budget is exhausted (ε is named)
+          130  interrupted: continue with --resume RUN_DIR
         """
-        import torch  # noqa: PLC0415
+        from fcd_secure.cli.preflight import check_run  # noqa: PLC0415
 
-        from fcd_secure.cli.whatif import anchors_line, whatif_table  # noqa: PLC0415
-        from fcd_secure.federation.flows import check_flow  # noqa: PLC0415
-        from fcd_secure.federation.whatif import check_policies, request_from_config  # noqa: PLC0415
-
-        console = Console(stderr=as_json)
-        try:
-            cfg = resolve_config(
-                preset=preset, config_file=config_file, rounds=rounds, sites=sites, clients_per_round=clients_per_round,
-                seed=seed, dataset=dataset, spec=spec, data_dir=data_dir, secure=secure, sync=sync,
-                eval_every=eval_every, state_dir=state_dir, out=out,
-                dp_epsilon=dp_epsilon, dp_delta=dp_delta, dp_clip=dp_clip, dp_ledger_dir=dp_ledger_dir,
-                policies=policy, reference=reference,
-            )
-            check_flow(cfg)  # a secure-mode misconfiguration is a clear error before any engine starts
-            # the policy files parse, the reference is one of them and their labels are the data's, before any engine
-            check_policies(cfg, request_from_config(cfg).policies)
-        except _common_errors() as exc:
-            _fail(console, str(exc))
-        torch.set_num_threads(1)  # the sites share the machine's cores through one Ray actor
-        from fcd_secure.federation.simulation import run_simulated  # noqa: PLC0415
-
-        mode = "secure aggregation" if cfg.federation.secure_aggregation else "plain FedAvg"
-        console.print(
-            f"[bold]fcd run[/bold] {cfg.data.dataset} ({cfg.data.preset}), {cfg.data.n_sites} sites, "
-            f"{cfg.federation.clients_per_round}/round, {cfg.federation.rounds} rounds, sync={cfg.federation.sync}, {mode}, seed {cfg.seed}"
+        opts = RunOptions(
+            preset=preset, config_file=config_file, resume=resume, rounds=rounds, sites=sites,
+            clients_per_round=clients_per_round, seed=seed, dataset=dataset, spec=spec, data_dir=data_dir,
+            secure=secure, sync=sync, eval_every=eval_every, state_dir=state_dir, out=out_dir,
+            dp_epsilon=dp_epsilon, dp_delta=dp_delta, dp_clip=dp_clip, dp_ledger_dir=dp_ledger_dir,
+            policies=policy, reference=reference,
         )
-        try:
-            with _Progress(console, cfg.federation.rounds, enabled=sys.stderr.isatty() or not as_json) as prog:
-                run_simulated(cfg, progress=prog)
-        except _common_errors() as exc:
-            _fail(console, str(exc))
-        summary = json.loads((Path(cfg.out) / "summary.json").read_text())
-        if as_json:
-            typer.echo(json.dumps(summary))
-        else:
-            console.print(summary_table(summary, title=f"Fed-CausalDiff on {cfg.data.dataset}"))
-            if anchors_line(summary.get("anchors")):
-                console.print(f"anchors: {escape(anchors_line(summary['anchors']))}")
-            if summary.get("policies"):
-                console.print(whatif_table(summary))
-            console.print(f"run folder: {cfg.out}")
+        cfg = check_run(resolve_config(opts), opts)
+        raise typer.Exit(execute_run(cfg, as_json))
 
-    @app.command("deploy")
+    @app.command("deploy", short_help="The same run on Flower's Deployment Engine (127.0.0.1).")
     def deploy(
         preset: str = typer.Option("tiny", "--preset", help=PRESET_HELP),
         sites: int = typer.Option(3, "--sites", min=1, help="SuperNodes (one per site) to start on 127.0.0.1."),
@@ -278,39 +384,34 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed", help="Seed."),
         port: int = typer.Option(0, "--port", help="SuperLink port (Fleet + Control APIs; keep it private); 0 picks a free one."),
         workdir: Optional[Path] = typer.Option(None, "--workdir", help="Folder for FLWR_HOMEs, logs, app project, site states (default: a temp dir)."),
-        out: Optional[Path] = typer.Option(None, "--out", help="Run folder."),
+        out_dir: Optional[Path] = typer.Option(None, "--out", help="Run folder."),
         secure: Optional[bool] = typer.Option(False, "--secure-aggregation/--no-secure-aggregation", help="Secure aggregation of Θc."),
         tls_dir: Optional[Path] = typer.Option(None, "--tls-dir", help="ca.crt, server.pem, server.key: run the SuperLink with TLS (default --insecure)."),
         keep: bool = typer.Option(False, "--keep", help="Leave the SuperLink and SuperNodes running after the run."),
         timeout_s: float = typer.Option(1800, "--timeout", help="Give up after this many seconds."),
-        as_json: bool = typer.Option(False, "--json", help="Print summary.json on stdout."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope (summary.json in data) on stdout."),
     ) -> None:
         """Run the same app under Flower's Deployment Engine on this machine: one SuperLink and one SuperNode
         process per site on 127.0.0.1 (each with its own FLWR_HOME and node config carrying its site id and
         state directory), then `flwr run`. Every process is stopped by PID at the end (unless --keep).
         """
+        from fcd_secure.cli.preflight import check_flow  # noqa: PLC0415
         from fcd_secure.federation.deployment import LocalDeployment  # noqa: PLC0415
-        from fcd_secure.federation.flows import check_flow  # noqa: PLC0415
 
-        console = Console(stderr=as_json)
-        try:
-            cfg = resolve_config(
-                preset=preset, config_file=None, rounds=rounds, sites=sites,
-                clients_per_round=clients_per_round or sites, seed=seed, dataset=None, spec=None, data_dir=None,
-                secure=secure, sync=None, eval_every=0, state_dir=None, out=out,
-            )
-        except _common_errors() as exc:
-            _fail(console, str(exc))
-        try:
-            check_flow(cfg)
-        except _common_errors() as exc:
-            _fail(console, str(exc))
-        cfg = cfg.model_copy(update={"out": str(Path(cfg.out).resolve())})
+        opts = RunOptions(
+            preset=preset, rounds=rounds, sites=sites, clients_per_round=clients_per_round or sites, seed=seed,
+            secure=secure, eval_every=0, out=out_dir,
+        )
+        cfg = resolve_config(opts)
+        check_flow(cfg)
+        cfg = cfg.model_copy(update={"out": str(Path(str(cfg.out)).resolve())})
+        console = Console(stderr=True)
         with LocalDeployment(cfg, workdir=workdir, port=port, tls_dir=tls_dir, keep=keep, log=console.print) as dep:
             dep.start()
             summary = dep.run(timeout_s=timeout_s)
         if as_json:
-            typer.echo(json.dumps(summary))
-        else:
-            console.print(summary_table(summary, title="Fed-CausalDiff (deployment engine)"))
-            console.print(f"run folder: {cfg.out}")
+            emit(ok(summary, "deployment run finished"))
+            return
+        for table in summary_table(summary, title="Fed-CausalDiff (deployment engine)"):
+            stdout().print(table)
+        say_identifier(stdout(), "run folder:", str(cfg.out), indent=0)

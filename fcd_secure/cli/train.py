@@ -4,20 +4,18 @@ training data), scored against the oracle's ground truth. Thin: parse, call
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
-from fcd_secure.cli.run import PRESET_HELP, _common_errors, resolve_config
+from fcd_secure.cli.app import emit, stderr, stdout
+from fcd_secure.cli.envelope import CliError, ok
+from fcd_secure.cli.resolve import PRESET_HELP, RunOptions, resolve_config
 
-_out = Console()
-_err = Console(stderr=True)
+if TYPE_CHECKING:  # pragma: no cover
+    from rich.table import Table
 
 METHODS_HELP = "Comma-separated subset of fed_causaldiff, gformula, naive."
 
@@ -26,7 +24,9 @@ def _fmt(v: Any, spec: str = ".4f") -> str:
     return "n/a" if v is None else format(v, spec)
 
 
-def _seed_tables(res: dict) -> list[Table]:
+def _seed_tables(res: dict) -> list["Table"]:
+    from rich.table import Table  # noqa: PLC0415
+
     t = Table(
         title=(
             f"Centralised reference, DKT-Synth '{res['preset']}' (seed {res['seed']}, {res['epochs']} epochs, "
@@ -57,7 +57,9 @@ def _seed_tables(res: dict) -> list[Table]:
     return [t, v]
 
 
-def _summary_table(summary: list[dict], seeds: list[int], epochs: int) -> Table:
+def _summary_table(summary: list[dict], seeds: list[int], epochs: int) -> "Table":
+    from rich.table import Table  # noqa: PLC0415
+
     t = Table(title=f"Centralised reference over seeds {seeds} ({epochs} epochs): mean ± s.d.")
     for col in ("method", "PEHE↓", "ATE↓", "Value↓", "AUC↑"):
         t.add_column(col, justify="left" if col == "method" else "right")
@@ -83,7 +85,7 @@ def train(
     sampler: Optional[str] = typer.Option(None, "--sampler", help="Reverse sampler for do-simulation: ddim or ddpm."),
     steps: Optional[int] = typer.Option(None, "--steps", min=1, help="DDIM steps per transition (DDPM uses all N)."),
     methods: str = typer.Option("fed_causaldiff,gformula,naive", "--methods", help=METHODS_HELP),
-    as_json: bool = typer.Option(False, "--json", help="Print the results as one JSON object (progress to stderr)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope on stdout (progress to stderr)."),
 ) -> None:
     """Train Fed-CausalDiff with all sites pooled and report PEHE, |ATE error|, |policy value error| for the four
     default policies and the factual AUC against DKT-Synth ground truth, next to a deterministic GRU g-formula and
@@ -93,54 +95,46 @@ def train(
     `centralised` row of `fcd ablate` (same epochs and seed, same numbers). Exit codes: 0 done, 2 bad input.
     """
     import torch  # noqa: PLC0415
+    from pydantic import ValidationError  # noqa: PLC0415
 
+    from fcd_secure.cli.run import bad_input_errors  # noqa: PLC0415
     from fcd_secure.config import RunConfig  # noqa: PLC0415
     from fcd_secure.experiments.centralised import run_centralised_seeds  # noqa: PLC0415
     from fcd_secure.model.baselines import SIMULATORS  # noqa: PLC0415
 
-    def fail(msg: str) -> None:
-        if as_json:
-            print(json.dumps({"ok": False, "error": msg}))
-        else:
-            _err.print(f"[bold red]error:[/] {escape(msg)}", highlight=False)
-        raise typer.Exit(code=2)
-
     if not centralised:
-        fail("only --centralised is available here; federated training is `fcd run`")
+        raise CliError("only --centralised is available here; federated training is `fcd run`", "USAGE")
     chosen = tuple(m.strip() for m in methods.split(",") if m.strip())
     bad = [m for m in chosen if m not in SIMULATORS]
     if bad or not chosen:
-        fail(f"unknown method(s) {bad}; choose from {', '.join(SIMULATORS)}")
+        raise CliError(f"unknown method(s) {bad}; choose from {', '.join(SIMULATORS)}", "USAGE")
+    cfg = resolve_config(RunOptions(preset=preset, rounds=rounds, sites=sites, seed=seed, secure=False, eval_every=0,
+                                    out=Path("runs") / "centralised"))
+    raw = cfg.model_dump(mode="json")
+    raw["model"].update({k: v for k, v in (("sampler", sampler), ("sampler_steps", steps)) if v is not None})
+    if samples is not None:
+        raw["evaluation"]["n_samples"] = samples
     try:
-        cfg = resolve_config(
-            preset=preset, config_file=None, rounds=rounds, sites=sites, clients_per_round=None, seed=seed,
-            dataset=None, spec=None, data_dir=None, secure=False, sync=None, eval_every=0, state_dir=None,
-            out=Path("runs") / "centralised",
-        )
-        raw = cfg.model_dump(mode="json")
-        raw["model"].update({k: v for k, v in (("sampler", sampler), ("sampler_steps", steps)) if v is not None})
-        if samples is not None:
-            raw["evaluation"]["n_samples"] = samples
         cfg = RunConfig.model_validate(raw)
-    except _common_errors() as exc:
-        fail(str(exc))
-        return
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        raise CliError(f"field {'.'.join(map(str, e['loc']))}: {e['msg']}") from None
     torch.set_num_threads(1)
 
     def progress(msg: str) -> None:
-        (_err if as_json else _out).print(f"[dim]{escape(msg)}[/]", highlight=False)
+        (stderr() if as_json else stdout()).print(f"[dim]{escape(msg)}[/]", soft_wrap=True)
 
     seed_list = list(range(seed, seed + seeds))
     try:
         res = run_centralised_seeds(cfg, seed_list, chosen, epochs, progress=progress)
-    except _common_errors() as exc:
-        fail(str(exc))
-        return
+    except bad_input_errors() as exc:
+        raise CliError(str(exc)) from None
     n_epochs = res["runs"][0]["epochs"]
     if as_json:
-        json.dump({"ok": True, "preset": preset, "epochs": n_epochs, "seeds": seed_list, **res}, sys.stdout, default=float)
-        sys.stdout.write("\n")
+        emit(ok({"preset": preset, "epochs": n_epochs, "seeds": seed_list, **res},
+                f"centralised reference over seeds {seed_list}"))
         return
+    _out = stdout()
     if len(seed_list) == 1:
         for tab in _seed_tables(res["runs"][0]):
             _out.print(tab)
@@ -150,4 +144,4 @@ def train(
 
 def register(app: typer.Typer) -> None:
     """Attach ``fcd train`` to the root app."""
-    app.command("train")(train)
+    app.command("train", short_help="Centralised reference (sites pooled) and two baselines.")(train)

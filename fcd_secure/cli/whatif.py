@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from fcd_secure.cli.app import emit, say_identifier, stderr, stdout
+from fcd_secure.cli.envelope import CliError, ok
 
 
 def _fmt(v: Any, digits: int = 3) -> str:
@@ -60,22 +61,17 @@ def whatif_table(result: dict, title: str = "What happens under each policy") ->
     return t
 
 
-def _fail(console: Console, msg: str, code: int = 2) -> None:
-    console.print(f"[red]error:[/red] {escape(msg)}")
-    raise typer.Exit(code)
-
-
 def register(app: typer.Typer) -> None:
     """Attach ``fcd whatif`` to the root app."""
 
-    @app.command("whatif")
+    @app.command("whatif", short_help="Ask a finished run what happens under policies (values, effects, intervals).")
     def whatif(
         run_dir: Path = typer.Argument(..., help="A finished run folder of `fcd run` (with config.toml, theta_c.npz and its state/)."),
         policy: Optional[list[str]] = typer.Option(None, "--policy", "-p", help="A policy file (.toml) or the name of a shipped policy (never, always, early_on, late_on); repeat for several. Default: the run's [evaluation] policies."),
         reference: Optional[str] = typer.Option(None, "--reference", "-r", help="The policy every other one is contrasted with: a file or shipped name (added if not among --policy), or the name of a given policy. Default: the first policy."),
         horizon: Optional[int] = typer.Option(None, "--horizon", min=1, help="Average each value over the first H steps from t = 0 (default: the run's setting, else whole trajectories)."),
         level: Optional[float] = typer.Option(None, "--level", min=0.5, max=0.999, help="Nominal coverage of the intervals (default: the run's, 0.9)."),
-        as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope (the result in data) on stdout."),
     ) -> None:
         """Simulate each POLICY on the run's trained model (Θc from theta_c.npz, each site's own Θs from its state)
         in one evaluation-only round on the simulation engine: its value with an interval, the difference to the
@@ -93,7 +89,7 @@ def register(app: typer.Typer) -> None:
         from fcd_secure.federation.whatif import WhatIfRequest, check_policies, jsonable  # noqa: PLC0415
         from fcd_secure.federation.whatif_run import WhatIfError, open_run, run_whatif  # noqa: PLC0415
 
-        console = Console(stderr=as_json)
+        console = stderr()
         try:
             cfg, _theta = open_run(run_dir)
             pols = load_policy_refs(policy or cfg.evaluation.policies)
@@ -117,26 +113,28 @@ def register(app: typer.Typer) -> None:
                 raise DataError(f"--horizon {request.horizon} is longer than the data's trajectories ({cfg_len(cfg)} steps)")
             check_policies(cfg, pols)
         except (WhatIfError, ConfigError, DataError, ValueError) as exc:
-            _fail(console, str(exc))
+            raise CliError(str(exc), hint="the message names the run folder, policy file or field") from None
         torch.set_num_threads(1)
-        console.print(f"[bold]fcd whatif[/bold] {run_dir}: {len(request.policies)} policies, reference "
-                      f"{request.reference}, query {request.query_id}")
+        console.print(f"[bold]fcd whatif[/bold] {escape(str(run_dir))}: {len(request.policies)} policies, reference "
+                      f"{escape(request.reference)}, query {request.query_id}", soft_wrap=True)
         try:
             res = run_whatif(run_dir, request)
         except (WhatIfError, DataError) as exc:
-            _fail(console, str(exc))
+            raise CliError(str(exc), "RUN_FAILED") from None
+        result_file = Path(run_dir) / "whatif" / (request.query_id + ".json")
         if as_json:
-            typer.echo(json.dumps(jsonable(res)))
+            emit(ok(jsonable(res), f"answered: {result_file}"))
             return
+        con = stdout()
         line = anchors_line(res.get("anchors"))
         if line:
-            console.print(f"anchors: {escape(line)}")
-        console.print(whatif_table(res, title=f"What happens under each policy ({cfg.data.dataset})"))
+            con.print(f"anchors: {escape(line)}", soft_wrap=True)
+        con.print(whatif_table(res, title=f"What happens under each policy ({cfg.data.dataset})"))
         if res.get("contexts"):
             c = res["contexts"]
-            console.print(f"contexts in the rollouts: {c['generated']} generated (endogenous), {c['replayed']} replayed")
-        console.print(f"per-entity effects: on each site, in <state>/<site>/whatif/{request.query_id}.csv; "
-                      f"result: {Path(run_dir) / 'whatif' / (request.query_id + '.json')}")
+            con.print(f"contexts in the rollouts: {c['generated']} generated (endogenous), {c['replayed']} replayed")
+        con.print(f"per-entity effects: on each site, in <state>/<site>/whatif/{request.query_id}.csv", soft_wrap=True)
+        say_identifier(con, "result:", str(result_file), indent=0)
 
 
 def cfg_len(cfg) -> int:

@@ -6,9 +6,14 @@ The folder is resolved once, here, for every command and API (``fcd run``, ``fcd
 1. an explicit folder (``--data-dir`` on the command line, ``data_dir=`` in the API, ``data.data_dir`` in a run
    config);
 2. ``$FCD_DATA_DIR``;
-3. ``../shared/data`` next to the project root, when that folder exists.
+3. ``../shared/data`` next to the project root, when the package runs from a source checkout (the root holds
+   ``pyproject.toml``) and that folder exists. An installed package has no such default: its "project root" would be
+   ``site-packages`` and the folder would resolve inside the virtual environment.
 
 A folder named by 1 or 2 that does not exist is an error naming it (never a silent fall-back to the next rule).
+
+The shipped target policies are found by :func:`policy_dir` in either layout: ``fcd_secure/policies/`` inside an
+installed wheel (the build copies the top-level ``policies/`` there), else the source tree's top-level ``policies/``.
 """
 
 from __future__ import annotations
@@ -19,12 +24,33 @@ from pathlib import Path
 import fcd_secure
 from fcd_secure.data.spec import DataError
 
-__all__ = ["DATA_DIR_ENV", "PROJECT_ROOT", "dataset_folder", "default_data_dir", "need_file"]
+__all__ = [
+    "DATA_DIR_ENV",
+    "PROJECT_ROOT",
+    "dataset_folder",
+    "default_data_dir",
+    "is_source_checkout",
+    "need_file",
+    "policy_dir",
+]
 
 #: The folder holding ``fcd_secure/``, ``policies/`` and ``tests/``.
 PROJECT_ROOT = Path(fcd_secure.__file__).resolve().parents[1]
 #: Environment variable naming the data folder (rule 2).
 DATA_DIR_ENV = "FCD_DATA_DIR"
+#: Where an installed wheel keeps the policies (the build copies the top-level ``policies/`` here).
+PACKAGED_POLICIES = Path(fcd_secure.__file__).resolve().parent / "policies"
+
+
+def is_source_checkout() -> bool:
+    """Whether the package runs from its source tree (``pyproject.toml`` beside ``fcd_secure/``), not installed."""
+    return (PROJECT_ROOT / "pyproject.toml").is_file()
+
+
+def policy_dir() -> Path:
+    """The folder of the shipped policies: ``fcd_secure/policies`` of an installed wheel, else ``policies/`` of the
+    source tree (module docstring)."""
+    return PACKAGED_POLICIES if PACKAGED_POLICIES.is_dir() else PROJECT_ROOT / "policies"
 
 
 def default_data_dir(data_dir: str | os.PathLike[str] | None = None) -> Path:
@@ -52,12 +78,13 @@ def default_data_dir(data_dir: str | os.PathLike[str] | None = None) -> Path:
             raise DataError(f"data folder named by ${DATA_DIR_ENV} does not exist", file=path)
         return path
     fallback = PROJECT_ROOT.parent / "shared" / "data"
-    if fallback.is_dir():
+    if is_source_checkout() and fallback.is_dir():
         return fallback
+    tried = f"{fallback} does not exist" if is_source_checkout() else "an installed package has no default folder"
     raise DataError(
-        f"no data folder: --data-dir (data_dir) not given, ${DATA_DIR_ENV} not set, and {fallback} does not exist; "
+        f"no data folder: --data-dir (data_dir) not given, ${DATA_DIR_ENV} not set, and {tried}; "
         f"pass --data-dir DIR or set {DATA_DIR_ENV}",
-        file=fallback,
+        file=fallback if is_source_checkout() else None,
     )
 
 

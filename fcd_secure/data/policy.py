@@ -39,7 +39,7 @@ from typing import Annotated, Any, Literal, Protocol, Union, runtime_checkable
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictInt, ValidationError, model_validator
 
-from fcd_secure.data.paths import PROJECT_ROOT
+from fcd_secure.data.paths import policy_dir
 from fcd_secure.data.schema import SiteDataset
 from fcd_secure.data.spec import ANCHOR_PREFIX, DataError, field_path
 
@@ -51,8 +51,6 @@ __all__ = [
 DEFAULT_POLICY_NAMES = ("never", "always", "early_on", "late_on")
 ANCHOR_OFF = f"{ANCHOR_PREFIX}off"
 ANCHOR_ON = f"{ANCHOR_PREFIX}on"
-#: the top-level ``policies/`` folder of a source checkout (:func:`policy_dir` is the one way to find the defaults)
-POLICY_DIR = PROJECT_ROOT / "policies"
 
 
 @runtime_checkable
@@ -541,11 +539,6 @@ def _unique(policies: list[Policy], where: str | Path | None) -> list[Policy]:
             raise DataError(f"two policy files are named '{p.name}'", file=p.source or where, field="name")
         seen.add(p.name)
     return policies
-
-
-def policy_dir() -> Path:
-    """The folder of the shipped policies (the paper's four and the examples of ``policies/README.md``)."""
-    return POLICY_DIR
 
 
 def default_policies() -> list[Policy]:

@@ -33,6 +33,7 @@ standardization        set by :meth:`Standardizer.apply`: the statistics used
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,7 @@ def pack(
     Y: np.ndarray,
     X: np.ndarray,
     P: np.ndarray | None = None,
+    file: str | Path | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Turn step rows into padded trajectories.
 
@@ -69,6 +71,9 @@ def pack(
     ``"chunk"`` cuts it into consecutive trajectories of at most ``max_len`` steps.
 
     Returns the arrays (X, A, T, Y, M, P, entity per trajectory) and counts for meta.
+
+    Raises:
+        DataError: no rows, or padded arrays that would not fit in memory (field ``max_len``; ``file`` is named).
     """
     N = len(entity)
     if N == 0:
@@ -90,9 +95,10 @@ def pack(
     traj = np.cumsum(new_traj) - 1
     n = int(new_traj.sum())
     L = max_len
+    da = A.shape[1]
+    check_padded_size(n, L, da, P is not None, int(ent_len.max()), file)
     rows = np.flatnonzero(keep)
     ti, pi = traj[rows], pos[rows]
-    da = A.shape[1]
     out = {
         "X": X[new_traj].astype(np.float32),
         "A": np.zeros((n, L, da), dtype=np.float32),
@@ -116,6 +122,43 @@ def pack(
         "entities": int(len(ent_len)),
     }
     return out, info
+
+
+def padded_bytes(n: int, max_len: int, da: int, has_propensity: bool) -> int:
+    """Bytes of the padded per-step arrays of ``n`` trajectories: A (float32 × da), T (int64), Y, M (and P) float32."""
+    return int(n) * int(max_len) * (4 * int(da) + 8 + 4 + 4 + (4 if has_propensity else 0))
+
+
+def memory_budget() -> int:
+    """Half of this machine's physical memory: the most the padded arrays of one dataset may take."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+
+
+def check_padded_size(
+    n: int, max_len: int, da: int, has_propensity: bool, longest: int, file: str | Path | None = None
+) -> None:
+    """Refuse, before anything is allocated, padded arrays larger than :func:`memory_budget`.
+
+    Raises:
+        DataError: naming the spec field ``max_len``, the size it would take and the longest entity.
+    """
+    need, budget = padded_bytes(n, max_len, da, has_propensity), memory_budget()
+    if need > budget:
+        raise DataError(
+            f"max_len = {max_len} would allocate {_human_bytes(need)} for {n:,} trajectories (the longest entity has "
+            f"{longest:,} steps; half of this machine's memory is {_human_bytes(budget)}); lower max_len, or use "
+            'overflow = "chunk"',
+            file=file, field="max_len",
+        )
+
+
+def _human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.2f} {unit}" if unit != "B" else f"{int(size)} B"
+        size /= 1024
+    return f"{size:.2f} PiB"  # pragma: no cover
 
 
 def make_dataset(arrays: dict[str, np.ndarray], n_actions: int, name: str, meta: dict[str, Any]) -> SiteDataset:
@@ -467,7 +510,7 @@ def build_dataset(spec: DatasetSpec, df: pd.DataFrame, file: str | Path = "<tabl
     arrays, info = pack(
         ent_sorted, spec.max_len, overflow=spec.overflow,
         A=Ar[order], T=ids[order], Y=y[order].astype(np.float32), X=Xr[order],
-        P=None if p is None else p[order].astype(np.float32),
+        P=None if p is None else p[order].astype(np.float32), file=file,
     )
     meta: dict[str, Any] = {
         "dataset": spec.name,
@@ -512,7 +555,12 @@ def dataset_from_files(spec_path: str | Path, table_path: str | Path) -> tuple[D
     """
     spec = load_spec(spec_path)
     df = read_table(table_path)
-    return spec, build_dataset(spec, df, table_path)
+    try:
+        return spec, build_dataset(spec, df, table_path)
+    except DataError as exc:
+        if exc.field == "max_len":  # a size the spec asked for: name the spec file, where the field is
+            raise DataError(exc.message, file=spec_path, field="max_len") from None
+        raise
 
 
 # ---------------------------------------------------------------------------------------------------------------

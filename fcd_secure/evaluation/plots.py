@@ -7,7 +7,11 @@
   curve per method over cumulative uplink; uplink = selected clients × synchronised parameter size, summed over
   rounds).
 
-Both write a PNG atomically (``fcd_secure._io.atomic_write_bytes``), so a failed call never leaves half a figure.
+Figures a reader can trust: rounds are integers on the axis; the y-axis starts at 0 for errors and spans [0, 1]
+for an AUC, never a zoom that makes a small change look large; an AUC plot carries the chance line (0.5); the
+headline number (the final evaluation a table reports) is marked and labelled with its value, apart from the
+cheaper evaluations made during training. Both write a PNG atomically (``fcd_secure._io.atomic_write_bytes``), so a
+failed call never leaves half a figure.
 """
 
 from __future__ import annotations
@@ -22,13 +26,44 @@ import matplotlib
 
 matplotlib.use("Agg")  # before pyplot: figures are files, never windows (servers and CI have no display)
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from fcd_secure._io import atomic_write_bytes  # noqa: E402
 
-__all__ = ["plot_metric_vs_round", "plot_utility_vs_uplink"]
+__all__ = ["metric_vs_round_figure", "plot_metric_vs_round", "plot_utility_vs_uplink"]
 
 #: ``(label, uplink_mb, utility)``: scalars give one point, equal-length sequences give a curve.
 UplinkPoint = tuple[str, float | Sequence[float], float | Sequence[float]]
+#: ``(label, x, value)``: the headline number, marked apart (e.g. the final evaluation at the last round).
+Headline = tuple[str, float, float]
+#: ``"auto"``: the chance line 0.5 when the y label names an AUC; a number: that line; ``None``: none.
+Chance = float | str | None
+
+CHANCE_AUC = 0.5
+
+
+def _is_auc(ylabel: str) -> bool:
+    return "auc" in ylabel.lower()
+
+
+def _honest_axes(ax, ylabel: str, values: list[float], chance: Chance) -> None:
+    """An AUC on [0, 1] with its chance line; an error from 0 up (never a zoom that exaggerates a change)."""
+    line = CHANCE_AUC if chance == "auto" and _is_auc(ylabel) else (None if chance == "auto" else chance)
+    finite = [v for v in values if math.isfinite(v)]
+    if _is_auc(ylabel):
+        ax.set_ylim(0.0, 1.0)
+    elif finite and min(finite) >= 0:
+        ax.set_ylim(bottom=0.0, top=max(finite) * 1.12 if max(finite) > 0 else 1.0)
+    if line is not None:
+        ax.axhline(float(line), color="0.4", linestyle=":", linewidth=1.0, label=f"chance ({float(line):g})")
+
+
+def _mark_headline(ax, headline: Headline | None) -> None:
+    if headline is None:
+        return
+    label, x, y = headline
+    ax.plot([x], [y], marker="*", markersize=12, color="black", linestyle="none", label=f"{label}: {y:.4g}", zorder=5)
+    ax.annotate(f"{y:.4g}", (x, y), textcoords="offset points", xytext=(6, 6), fontsize=9, fontweight="bold")
 
 
 def _check_png(path: str | os.PathLike[str]) -> Path:
@@ -53,40 +88,66 @@ def plot_metric_vs_round(
     path: str | os.PathLike[str],
     ylabel: str = "PEHE",
     title: str | None = None,
+    *,
+    chance: Chance = "auto",
+    headline: Headline | None = None,
 ) -> Path:
-    """Line plot of a metric against the federated round (paper Fig. 3).
+    """Line plot of a metric against the federated round (paper Fig. 3), integer round ticks, honest y-axis.
 
     Args:
-        rounds: the x values (global rounds).
+        rounds: the x values (global rounds); may be empty when only ``headline`` is drawn.
         series: one line per label, one value per entry of ``rounds``; NaN leaves a gap (a round not evaluated).
         path: the PNG to write.
-        ylabel: y-axis label.
+        ylabel: y-axis label (an "AUC" label gets the [0, 1] axis and, by default, the chance line).
         title: figure title.
+        chance: the chance line (module docstring of :data:`Chance`).
+        headline: ``(label, round, value)`` marked with a star and its value (the final evaluation).
 
     Returns:
         The written path.
 
     Raises:
-        ValueError: empty input, a series of the wrong length, or a path that is not a ``.png``.
+        ValueError: nothing to draw, a series of the wrong length, or a path that is not a ``.png``.
     """
-    if len(rounds) == 0:
+    if len(rounds) == 0 and headline is None:
         raise ValueError("plot_metric_vs_round: rounds is empty")
-    if not series:
+    if not series and headline is None:
         raise ValueError("plot_metric_vs_round: series is empty")
     for label, ys in series.items():
         if len(ys) != len(rounds):
             raise ValueError(f"plot_metric_vs_round: series {label!r} has {len(ys)} values for {len(rounds)} rounds")
     out = _check_png(path)
+    return _save(metric_vs_round_figure(rounds, series, ylabel, title, chance=chance, headline=headline), out)
+
+
+def metric_vs_round_figure(
+    rounds: Sequence[int],
+    series: Mapping[str, Sequence[float]],
+    ylabel: str = "PEHE",
+    title: str | None = None,
+    *,
+    chance: Chance = "auto",
+    headline: Headline | None = None,
+) -> "plt.Figure":
+    """The figure of :func:`plot_metric_vs_round`, unsaved (for callers that add to it, and for tests)."""
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    values: list[float] = []
     for label, ys in series.items():
-        ax.plot(list(rounds), [float(v) for v in ys], marker="o", markersize=3, linewidth=1.5, label=label)
+        if len(ys):
+            ax.plot(list(rounds), [float(v) for v in ys], marker="o", markersize=3, linewidth=1.5, label=label)
+            values += [float(v) for v in ys]
+    if headline is not None:
+        values.append(float(headline[2]))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _honest_axes(ax, ylabel, values, chance)
+    _mark_headline(ax, headline)
     ax.set_xlabel("global communication round")
     ax.set_ylabel(ylabel)
     if title:
         ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(frameon=False)
-    return _save(fig, out)
+    ax.legend(frameon=False, fontsize=8)
+    return fig
 
 
 def _as_list(name: str, i: int, label: str, v: float | Sequence[float]) -> list[float]:
@@ -102,25 +163,31 @@ def plot_utility_vs_uplink(
     ylabel: str = "utility",
     title: str | None = None,
     xlabel: str = "total uplink (MB)",
+    *,
+    chance: Chance = "auto",
+    headline: Headline | None = None,
 ) -> Path:
-    """Utility against uplink volume per method, labelled (paper Fig. 4).
+    """Utility against uplink volume per method, labelled (paper Fig. 4), honest y-axis.
 
     Args:
         points: ``[(label, uplink_mb, utility)]``. Scalars draw one point per method; equal-length sequences draw
-            the method's curve (e.g. per round over cumulative uplink), labelled at its last point.
+            the method's curve (e.g. per round over cumulative uplink), labelled at its last point. May be empty
+            when only ``headline`` is drawn.
         path: the PNG to write.
-        ylabel: y-axis label.
+        ylabel: y-axis label (an "AUC" label gets the [0, 1] axis and, by default, the chance line).
         title: figure title.
         xlabel: x-axis label.
+        chance: the chance line (:data:`Chance`).
+        headline: ``(label, uplink_mb, value)`` marked with a star and its value (the final evaluation).
 
     Returns:
         The written path.
 
     Raises:
-        ValueError: empty input, a malformed point, an uplink that is negative or not finite, or a path that is not
-            a ``.png``.
+        ValueError: nothing to draw, a malformed point, an uplink that is negative or not finite, or a path that is
+            not a ``.png``.
     """
-    if len(points) == 0:
+    if len(points) == 0 and headline is None:
         raise ValueError("plot_utility_vs_uplink: points is empty")
     curves: list[tuple[str, list[float], list[float]]] = []
     for i, pt in enumerate(points):
@@ -134,16 +201,37 @@ def plot_utility_vs_uplink(
             raise ValueError(f"plot_utility_vs_uplink: point {i} ({label!r}) has invalid uplink_mb {mb!r}")
         curves.append((label, xs, ys))
     out = _check_png(path)
+    return _save(_uplink_figure(curves, ylabel, title, xlabel, chance, headline), out)
+
+
+def _uplink_figure(
+    curves: list[tuple[str, list[float], list[float]]],
+    ylabel: str,
+    title: str | None,
+    xlabel: str,
+    chance: Chance,
+    headline: Headline | None,
+) -> "plt.Figure":
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    values: list[float] = []
     for label, xs, ys in curves:
         if len(xs) == 1:
             ax.scatter(xs, ys, s=36, label=label)
         else:
             ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.5, label=label)
-        ax.annotate(label, (xs[-1], ys[-1]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        if headline is None:  # points named in place (paper Fig. 4); with a headline the legend names them
+            ax.annotate(label, (xs[-1], ys[-1]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        values += ys
+    if headline is not None:
+        values.append(float(headline[2]))
+    _honest_axes(ax, ylabel, values, chance)
+    _mark_headline(ax, headline)
+    ax.set_xlim(left=0.0)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if title:
         ax.set_title(title)
     ax.grid(alpha=0.3)
-    return _save(fig, out)
+    if headline is not None or any(ax.get_legend_handles_labels()[1]):
+        ax.legend(frameon=False, fontsize=8)
+    return fig

@@ -23,6 +23,7 @@ from fcd_secure.audit import (
     THETA_S_HISTORY_FILE,
     GatePolicy,
     SiteAuditContext,
+    SiteFailure,
     SiteLedger,
     ThetaSHistory,
     federation_gate_policy,
@@ -30,6 +31,7 @@ from fcd_secure.audit import (
 )
 from fcd_secure.audit.allowlist import HELLO_DIMS, TRAIN_METRICS
 from fcd_secure.data.policy import DEFAULT_POLICY_NAMES
+from fcd_secure.federation.guard import site_error_of
 from fcd_secure.federation.records import REC_CONFIG, REC_EVAL, REC_HELLO, REC_METRICS, REC_NUM
 from fcd_secure.federation.site import SiteRuntime
 from fcd_secure.federation.whatif import evaluated_policy_names, whatif_metric_names
@@ -141,12 +143,19 @@ def make_egress_gate_mod(runtime_getter: RuntimeGetter | None, policy: GatePolic
     def get_site(msg: Message, context: Context) -> SiteAuditContext:
         if runtime_getter is None:
             raise NoSiteRuntime("egress gate built without a site runtime getter")
-        rt = runtime_getter(msg, context)
-        pol = policy
-        if pol is None:
-            names = evaluated_policy_names(msg.content.get(REC_CONFIG), rt.cfg)
-            pol = federation_policy(rt.cfg.evaluation.ope_horizon, names,
-                                    allow_theta_s_upload=rt.cfg.federation.sync == "full")
-        return site_audit_context(rt, pol)
+        try:
+            rt = runtime_getter(msg, context)
+            pol = policy
+            if pol is None:
+                names = evaluated_policy_names(msg.content.get(REC_CONFIG), rt.cfg)
+                pol = federation_policy(
+                    rt.cfg.evaluation.ope_horizon, names, allow_theta_s_upload=rt.cfg.federation.sync == "full"
+                )
+            return site_audit_context(rt, pol)
+        except Exception as exc:  # noqa: BLE001 - reported by category only (e.g. data that fails its spec)
+            error = site_error_of(exc)
+            if error == "internal":
+                raise
+            raise SiteFailure(error) from None
 
     return make_egress_gate(get_site)

@@ -17,6 +17,7 @@ are simply absent from the result, so an aggregation flow decides what a missing
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
@@ -24,7 +25,7 @@ from dataclasses import asdict, dataclass
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
-from fcd_secure.audit import ServerAudit, message_bytes, payload_bytes
+from fcd_secure.audit import ServerAudit, message_bytes, payload_bytes, site_error_name
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,22 @@ class TrafficRecord:
     payload_bytes: int
     message_bytes: int
     ok: bool
+
+
+class RunStopped(RuntimeError):
+    """The operator stopped the run (``Comm.stop`` was set); the state on disk is that of the last finished round."""
+
+
+@dataclass(frozen=True)
+class SiteErrorRecord:
+    """An error reply as the server saw it: which site, when, and the category of the site's closed vocabulary
+    (``fcd_secure.audit.SITE_ERRORS``: ``data_mismatch``, ``budget_exhausted``, ``policy_refusal``, ``internal``)."""
+
+    round: int
+    action: str
+    node_id: int
+    site_id: str
+    error: str
 
 
 class TrafficLedger:
@@ -81,9 +98,17 @@ class Comm:
     """
 
     def __init__(
-        self, grid: Grid, *, poll_s: float = 0.02, ledger: TrafficLedger | None = None, audit: ServerAudit | None = None
+        self,
+        grid: Grid,
+        *,
+        poll_s: float = 0.02,
+        ledger: TrafficLedger | None = None,
+        audit: ServerAudit | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
         self.grid = grid
+        #: set by whoever runs the server (Ctrl-C, SIGTERM): the next wait for replies raises :class:`RunStopped`
+        self.stop = stop
         #: the server's audit ledger: receipts ride on downlinks, every reply is recorded (the ServerApp always sets
         #: one; a bare ``Comm`` without it serves protocol tests)
         self.audit = audit
@@ -91,6 +116,8 @@ class Comm:
         self.ledger = ledger if ledger is not None else TrafficLedger()
         self.site_of: dict[int, str] = {}
         self.round = 0
+        #: every error reply, in arrival order (the ServerApp turns them into messages for the operator)
+        self.site_errors: list[SiteErrorRecord] = []
 
     def _site(self, node_id: int) -> str:
         return self.site_of.get(node_id, f"node:{node_id}")
@@ -132,12 +159,18 @@ class Comm:
         replies: dict[int, Message] = {}
         deadline = time.monotonic() + float(timeout_s)
         while waiting and time.monotonic() < deadline:
+            if self.stop is not None and self.stop.is_set():
+                raise RunStopped("the run was stopped while waiting for the sites' replies")
             for reply in self.grid.pull_messages(list(waiting)):
                 mid = reply.metadata.reply_to_message_id
                 nid = waiting.pop(mid, None)
                 if nid is None:
                     continue  # a reply to something we no longer wait for
                 ok = not reply.has_error()
+                if not ok:
+                    self.site_errors.append(
+                        SiteErrorRecord(rnd, message_type, nid, self._site(nid), site_error_name(reply.error.code))
+                    )
                 if self.audit is not None:
                     self.audit.on_reply(reply, self._site(nid))
                 self.ledger.add(

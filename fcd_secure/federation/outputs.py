@@ -1,12 +1,17 @@
-"""The run folder: everything a run leaves behind, written once the federation has finished.
+"""The run folder: everything a run leaves behind.
 
 ``<out>/``
-  ``config.toml`` and ``config.json``   the resolved run configuration
+  ``config.toml`` and ``config.json``   the resolved run configuration, written when the run starts (``fcd run
+                                        --config <out>/config.toml`` re-runs it; ``fcd run --resume <out>``
+                                        continues it); ``state_dir`` is kept only when it is not ``<out>/state``
+  ``rounds.csv``                        per-round metrics, one line appended as each round ends (watch a long
+                                        run with ``tail -f``); columns :data:`ROUND_COLUMNS`
   ``theta_c.npz``                       the final global synchronised parameters, keyed by manifest names
   ``manifest.json``                     the Θc / Θs partition the run used
-  ``rounds.csv`` / ``rounds.json``      per-round metrics (sites, bytes, loss, PEHE every few rounds)
+  ``rounds.json``                       the same per-round metrics as JSON
   ``traffic.csv``                       every message: round, action, site, direction, payload / message bytes
-  ``summary.json``                      final metrics, bytes, rounds, wall time, seed, versions
+  ``summary.json``                      final metrics, DP settings and ε per site, site errors, bytes, rounds,
+                                        wall time, seed, versions
   ``pehe_vs_round.png``                 paper Fig. 3 (oracle PEHE vs round; DKT-Synth only)
   ``utility_vs_uplink.png``             paper Fig. 4 (utility vs cumulative uplink MB)
 
@@ -17,6 +22,8 @@ Each file is written atomically and ``summary.json`` last: a folder without it i
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import platform
@@ -70,6 +77,107 @@ def versions() -> dict[str, str]:
     }
 
 
+#: The columns of ``rounds.csv``, in order (a value a round did not compute is empty).
+ROUND_COLUMNS = (
+    "round", "sites", "participants", "failures", "aborted", "aborted_reason", "site_errors", "n_total",
+    "train_loss", "uplink_bytes", "downlink_bytes", "uplink_message_bytes", "uplink_formula_bytes",
+    "cum_uplink_bytes", "cum_downlink_bytes", "round_s", "pehe", "ate_error", "factual_auc",
+)
+
+
+def _csv_value(v: Any) -> Any:
+    v = _jsonable(v)
+    return "" if v is None else v
+
+
+def rounds_csv_text(history: list[dict], header: bool = True) -> str:
+    """``rounds.csv`` (or its lines without the header) for ``history``, columns :data:`ROUND_COLUMNS`."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    if header:
+        w.writerow(ROUND_COLUMNS)
+    for row in history:
+        w.writerow([_csv_value(row.get(c)) for c in ROUND_COLUMNS])
+    return buf.getvalue()
+
+
+class RoundsLog:
+    """``<out>/rounds.csv``, kept current while the run goes: rewritten from the history when a run (re)starts, then
+    one line appended as each round ends (flushed, so ``tail -f`` shows it at once)."""
+
+    def __init__(self, out: str | Path) -> None:
+        self.path = Path(out) / "rounds.csv"
+
+    def start(self, history: list[dict]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.path, rounds_csv_text(history))
+
+    def append(self, row: dict) -> None:
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(rounds_csv_text([row], header=False))
+            f.flush()
+
+
+def config_for_folder(cfg: RunConfig) -> RunConfig:
+    """The config as the run folder keeps it: ``state_dir`` is left out when it is the folder's own ``state/``, so
+    that ``--resume`` finds the state wherever the folder is, and a ``--config`` re-run starts a new state."""
+    if cfg.state_dir and cfg.out and Path(cfg.state_dir).resolve() == (Path(cfg.out) / "state").resolve():
+        return cfg.model_copy(update={"state_dir": None})
+    return cfg
+
+
+def write_config(out: str | Path, cfg: RunConfig) -> None:
+    """``config.toml`` and ``config.json`` of the run folder (atomic; see :func:`config_for_folder`)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    kept = config_for_folder(cfg)
+    atomic_write_text(out / "config.toml", kept.to_toml())
+    atomic_write_text(out / "config.json", kept.model_dump_json(indent=2))
+
+
+def dp_summary(cfg: RunConfig, site_ids: list[str]) -> dict[str, Any]:
+    """The DP settings of a run and the ε each site has spent (from the sites' ledgers, when this process can read
+    them: the simulation's shared state folder; a deployed server cannot, and says so)."""
+    dp = cfg.dp
+    if not dp.enabled:
+        return {
+            "enabled": False,
+            "guarantee": "none: this run has no DP guarantee (dp.enabled = false)",
+            "epsilon_spent": None,
+            "consortium_epsilon": None,
+        }
+    from fcd_secure.privacy.errors import LedgerError  # noqa: PLC0415
+    from fcd_secure.privacy.report import site_budgets  # noqa: PLC0415
+
+    roots = [p for p in (cfg.state_root(), Path(dp.ledger_dir) if dp.ledger_dir else None) if p is not None]
+    try:
+        budgets = site_budgets(roots)
+    except LedgerError as exc:  # the run's result stands; the ledger's problem is reported, not hidden
+        return {"enabled": True, "epsilon_cap": dp.epsilon, "epsilon_spent": None, "consortium_epsilon": None,
+                "guarantee": f"unknown: a privacy ledger cannot be read ({exc}); see `fcd privacy report`"}
+    if not budgets:  # a deployed server holds no site's ledger: ε lives with each site (`fcd privacy report` there)
+        return {"enabled": True, "epsilon_cap": dp.epsilon, "epsilon_spent": None, "consortium_epsilon": None,
+                "guarantee": "record-level (ε, δ)-DP per site; ε is kept in each site's ledger, which this server "
+                "cannot read (run `fcd privacy report` at each site)"}
+    spent = {sid: float(budgets[sid]["epsilon_spent"]) if sid in budgets else 0.0 for sid in site_ids}
+    for sid, b in budgets.items():
+        spent.setdefault(sid, float(b["epsilon_spent"]))
+    deltas = [b["delta"] for b in budgets.values()]
+    return {
+        "enabled": True,
+        "guarantee": "record-level (ε, δ)-DP per site (DP-SGD, Opacus); consortium: parallel composition (max ε)",
+        "epsilon_cap": dp.epsilon,
+        "delta": max(deltas) if deltas else dp.delta,
+        "delta_rule": "given" if dp.delta is not None else "a power of ten ≤ 1/(10·n_site), per site",
+        "clip": dp.clip,
+        "accountant": dp.accountant,
+        "ledger_dir": dp.ledger_dir,
+        "epsilon_spent": spent,
+        "consortium_epsilon": max(spent.values()) if spent else None,
+        "exhausted": sorted(sid for sid, b in budgets.items() if b["epsilon_remaining"] <= 1e-9),
+    }
+
+
 def build_summary(cfg: RunConfig, result, engine: str) -> dict[str, Any]:
     """``summary.json`` content from a ``FederationResult``."""
     hist = result.history
@@ -106,6 +214,9 @@ def build_summary(cfg: RunConfig, result, engine: str) -> dict[str, Any]:
         "contexts": fe.get("contexts"),
         "factual_residual": fe.get("factual_residual"),
         "failed_sites_final_eval": fe.get("failed_sites", []),
+        "site_ids": [sinfo.site_id for sinfo in result.sites],
+        "site_errors": [dict(e) for e in result.site_errors],
+        "dp": dp_summary(cfg, [sinfo.site_id for sinfo in result.sites]),
         "wall_s": result.wall_s,
         "resumed_from_round": result.resumed_from,
         "layout_hash": m.layout_hash,
@@ -132,11 +243,10 @@ def write_run_folder(out: str | Path, cfg: RunConfig, result, engine: str = "flo
     summary_path = out / "summary.json"
     if summary_path.exists():
         summary_path.unlink()  # the old summary would vouch for a mix of old and new files
-    atomic_write_text(out / "config.toml", cfg.to_toml())
-    atomic_write_text(out / "config.json", cfg.model_dump_json(indent=2))
+    write_config(out, cfg)
     atomic_write_bytes(out / "theta_c.npz", npz_bytes(result.theta))
     atomic_write_text(out / "manifest.json", result.manifest.to_json())
-    atomic_write_text(out / "rounds.csv", pd.DataFrame(result.history).to_csv(index=False))
+    atomic_write_text(out / "rounds.csv", rounds_csv_text(result.history))
     atomic_write_text(out / "rounds.json", json.dumps(_jsonable(result.history), indent=1))
     atomic_write_text(out / "traffic.csv", pd.DataFrame(result.traffic_rows).to_csv(index=False))
     summary = build_summary(cfg, result, engine)
@@ -146,20 +256,31 @@ def write_run_folder(out: str | Path, cfg: RunConfig, result, engine: str = "flo
 
 
 def _plots(folder: Path, history: list[dict], summary: dict) -> None:
-    """Paper Figs. 3 and 4 for this run (one method); skipped quietly when the metric was never evaluated."""
+    """Paper Figs. 3 and 4 for this run (one method); skipped quietly when the metric was never evaluated.
+
+    The per-round points are the cheap evaluations during training (``evaluation.quick_*``); the headline number,
+    the final federated evaluation of ``summary.json``, is marked apart at the last round / the final uplink.
+    """
     from fcd_secure.evaluation.plots import plot_metric_vs_round, plot_utility_vs_uplink  # noqa: PLC0415
 
-    label = f"Fed-CausalDiff ({summary['sync']})"
+    label = f"Fed-CausalDiff ({summary['sync']}), during training"
+    final_round = history[-1]["round"] if history else summary.get("rounds")
     pts = [(r["round"], r["pehe"]) for r in history if r.get("pehe") is not None]
-    if pts:
-        plot_metric_vs_round([p[0] for p in pts], {label: [p[1] for p in pts]}, folder / "pehe_vs_round.png",
-                             ylabel="oracle PEHE (lower is better)",
-                             title=f"{summary['dataset']}: PEHE vs round (paper Fig. 3)")
+    if pts or summary.get("pehe") is not None:
+        plot_metric_vs_round(
+            [p[0] for p in pts], {label: [p[1] for p in pts]}, folder / "pehe_vs_round.png",
+            ylabel="oracle PEHE (lower is better)", title=f"{summary['dataset']}: PEHE vs round (paper Fig. 3)",
+            headline=None if summary.get("pehe") is None else ("final evaluation", final_round, summary["pehe"]),
+        )
     # Fig. 4 plots downstream AUC against cumulative uplink; without an AUC (non-binary outcomes) PEHE stands in
-    has_auc = any(r.get("factual_auc") is not None for r in history)
+    has_auc = any(r.get("factual_auc") is not None for r in history) or summary.get("factual_auc") is not None
     key, name = ("factual_auc", "factual AUC (higher is better)") if has_auc else ("pehe", "PEHE (lower is better)")
     pts2 = [(r["cum_uplink_bytes"] / 1e6, r.get(key)) for r in history if r.get(key) is not None]
-    if pts2:
-        plot_utility_vs_uplink([(label, [p[0] for p in pts2], [p[1] for p in pts2])], folder / "utility_vs_uplink.png",
-                               ylabel=name, title=f"{summary['dataset']}: utility vs uplink (paper Fig. 4)",
-                               xlabel="cumulative uplink (MB)")
+    final_mb = (history[-1]["cum_uplink_bytes"] / 1e6) if history else 0.0
+    head = None if summary.get(key) is None else ("final evaluation", final_mb, summary[key])
+    if pts2 or head:
+        plot_utility_vs_uplink(
+            [(label, [p[0] for p in pts2], [p[1] for p in pts2])] if pts2 else [], folder / "utility_vs_uplink.png",
+            ylabel=name, title=f"{summary['dataset']}: utility vs uplink (paper Fig. 4)",
+            xlabel="cumulative uplink (MB)", chance=0.5 if key == "factual_auc" else None, headline=head,
+        )

@@ -7,8 +7,14 @@
 2. build the initial global parameters from the run seed (every site builds the same initialisation);
 3. resume from ``<state root>/_server/checkpoint.npz`` if present (same training hash required);
 4. per round: sample k of N sites (seeded, ``ClientSampler``), ``flow.run_round`` (the aggregation flow,
-   ``flows.make_flow``), a cheap federated PEHE every ``eval_every`` rounds, checkpoint;
+   ``flows.make_flow``), a cheap federated PEHE every ``eval_every`` rounds, checkpoint, one line appended to
+   ``<out>/rounds.csv``;
 5. a full federated evaluation, the sites' closing audit receipts, then the run folder (``federation.outputs``).
+
+A site that fails answers with a fixed category of the audit's closed vocabulary (``fcd_secure.audit.SITE_ERRORS``:
+its data does not match the spec, its DP budget is exhausted, its policy refused, or an internal error); the server
+names the site and the category (``site-03: data does not match the spec``) in its progress events, in
+``summary.json`` and in the :class:`FederationError` that ends a run no round of which could aggregate.
 
 Every run keeps its state under one root (``RunConfig.state_root``: ``state_dir``, else ``<out>/state``): the
 checkpoint and the server's audit ledger (``<root>/_server/audit``, signed with ``<root>/_server/identity_ed25519.key``)
@@ -17,6 +23,7 @@ live there. A run without such a root is refused; it never runs without its ledg
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,13 +33,19 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from fcd_secure.audit import RECEIPTS_MESSAGE_TYPE, ServerAudit, load_or_create_identity_key
+from fcd_secure.audit import (
+    RECEIPTS_MESSAGE_TYPE,
+    SITE_ERRORS,
+    ServerAudit,
+    load_or_create_identity_key,
+    site_error_name,
+)
 from fcd_secure.config import RunConfig
 from fcd_secure.federation import learner
 from fcd_secure.federation.evaluation import evaluate_federated
 from fcd_secure.federation.flows import make_flow
 from fcd_secure.federation.messaging import Comm
-from fcd_secure.federation.outputs import write_run_folder
+from fcd_secure.federation.outputs import RoundsLog, write_config, write_run_folder
 from fcd_secure.federation.records import HELLO_MESSAGE_TYPE, REC_HELLO, config_from_context
 from fcd_secure.federation.sampler import ClientSampler
 from fcd_secure.federation.state import SERVER_DIR, ServerCheckpoint, StateError
@@ -42,7 +55,16 @@ ProgressHook = Callable[[str, dict], None]
 
 
 class FederationError(RuntimeError):
-    """The federation cannot proceed (sites missing, inconsistent sites, checkpoint mismatch)."""
+    """The federation cannot proceed (sites missing, inconsistent sites, every round aborted).
+
+    Args:
+        message: what happened, naming the sites.
+        site_errors: the sites' error reports so far (``{"round", "action", "site_id", "error"}``).
+    """
+
+    def __init__(self, message: str, site_errors: list[dict] | None = None) -> None:
+        super().__init__(message)
+        self.site_errors = list(site_errors or [])
 
 
 class SimulatedCrash(RuntimeError):
@@ -69,7 +91,19 @@ class FederationResult:
     traffic_rows: list[dict]
     wall_s: float
     resumed_from: int
+    site_errors: list[dict] = field(default_factory=list)
     extra: dict = field(default_factory=dict)
+
+
+def describe_site_error(site_id: str, error: str) -> str:
+    """``site-03: data does not match the spec`` (the reason of the audit's closed vocabulary)."""
+    return f"{site_id}: {SITE_ERRORS.get(error, SITE_ERRORS['internal'])[1]}"
+
+
+def _error_rows(comm: Comm, since: int = 0) -> list[dict]:
+    return [
+        {"round": e.round, "action": e.action, "site_id": e.site_id, "error": e.error} for e in comm.site_errors[since:]
+    ]
 
 
 def wait_for_nodes(grid: Grid, n: int, timeout_s: float) -> list[int]:
@@ -84,15 +118,51 @@ def wait_for_nodes(grid: Grid, n: int, timeout_s: float) -> list[int]:
         time.sleep(0.1)
 
 
+def _hello_failures(failed: list[tuple[int, str]], answered: list[str], n_sites: int) -> str:
+    """Name the sites that failed ``hello`` as well as the server can.
+
+    A failing site never said who it is; but when every answering site has a default id (``site-<index>``, the
+    simulation's), the missing ids are the failing sites, and they are named when that pairing is unambiguous (one
+    failure, or the same error at every failing site). Otherwise the Flower node ids are given.
+    """
+    from fcd_secure.federation.site import default_site_id  # noqa: PLC0415
+
+    errors = sorted({e for _, e in failed})
+    expected = [default_site_id(i) for i in range(n_sites)]
+    missing = [sid for sid in expected if sid not in answered]
+    if set(answered) <= set(expected) and len(missing) == len(failed) and len(errors) == 1:
+        what = "did not answer in time" if errors[0] == "timeout" else SITE_ERRORS[errors[0]][1]
+        return f"{', '.join(missing)}: {what}"
+    parts = [
+        f"node {nid}: {'did not answer in time' if e == 'timeout' else SITE_ERRORS[e][1]}" for nid, e in failed
+    ]
+    return "; ".join(parts)
+
+
 def hello(comm: Comm, node_ids: list[int], timeout_s: float, n_sites: int) -> list[SiteInfo]:
-    """Identify every connected site; returns them ordered by site index (0..n_sites-1, each exactly once)."""
+    """Identify every connected site; returns them ordered by site index (0..n_sites-1, each exactly once).
+
+    Raises:
+        FederationError: a site answered with an error or not at all (the message names it and the reason).
+    """
+    since = len(comm.site_errors)
     replies = comm.send(node_ids, HELLO_MESSAGE_TYPE, RecordDict({REC_HELLO: ConfigRecord({})}), timeout_s)
-    infos: list[SiteInfo] = []
+    failed: list[tuple[int, str]] = []
+    answered: list[str] = []
     for nid in node_ids:
         rep = replies.get(nid)
         if rep is None or rep.has_error():
-            raise FederationError(f"a site (node {nid}) did not answer hello ({'error' if rep else 'timeout'})")
-        h = rep.content[REC_HELLO]
+            failed.append((nid, site_error_name(rep.error.code) if rep is not None else "timeout"))
+        else:
+            answered.append(str(rep.content[REC_HELLO]["site-id"]))
+    if failed:
+        raise FederationError(
+            f"{_hello_failures(failed, answered, n_sites)} (at hello, before any training)",
+            _error_rows(comm, since),
+        )
+    infos: list[SiteInfo] = []
+    for nid in node_ids:
+        h = replies[nid].content[REC_HELLO]
         dims = {k[len("dim-"):]: int(v) for k, v in h.items() if k.startswith("dim-")}
         infos.append(SiteInfo(nid, str(h["site-id"]), int(h["site-index"]), str(h["layout-hash"]), dims))
     infos.sort(key=lambda s: s.site_index)
@@ -131,23 +201,32 @@ def server_audit(cfg: RunConfig) -> ServerAudit:
     return ServerAudit(root / "audit", load_or_create_identity_key(root / "identity_ed25519.key"))
 
 
-def run_federation(grid: Grid, cfg: RunConfig, progress: ProgressHook | None = None) -> FederationResult:
+def run_federation(
+    grid: Grid, cfg: RunConfig, progress: ProgressHook | None = None, stop: threading.Event | None = None
+) -> FederationResult:
     """Run the whole federation of ``cfg`` over ``grid`` (see the module docstring for the steps).
 
     Args:
         grid: Flower's Grid of the running ServerApp.
         cfg: the resolved run config.
-        progress: called with ``(event, info)`` on ``connected``, ``resumed``, ``round`` and ``evaluating``.
+        progress: called with ``(event, info)`` on ``connected`` (``sites``), ``resumed`` (``round``: the last
+            finished round), ``site_error`` (``round``, ``action``, ``site_id``, ``error``), ``round`` (the row of
+            ``rounds.csv``) and ``evaluating``.
+        stop: set it to stop the run at the next wait for the sites (Ctrl-C, SIGTERM in the process that runs the
+            engine); the checkpoint and ``rounds.csv`` are those of the last finished round.
 
     Raises:
         FederationError: sites missing or inconsistent, no state folder, or every round aborted.
         StateError: a checkpoint of another training configuration.
+        fcd_secure.federation.messaging.RunStopped: ``stop`` was set.
     """
     t0 = time.perf_counter()
     fed = cfg.federation
     n_sites = cfg.data.n_sites
     say = progress or (lambda _event, _info: None)
-    comm = Comm(grid, poll_s=fed.poll_s, audit=server_audit(cfg))
+    if cfg.out:
+        write_config(cfg.out, cfg)  # from the start: a killed run can be resumed (--resume) or re-run (--config)
+    comm = Comm(grid, poll_s=fed.poll_s, audit=server_audit(cfg), stop=stop)
     nodes = wait_for_nodes(grid, n_sites, fed.node_wait_s)
     sites = hello(comm, nodes[:n_sites] if len(nodes) == n_sites else nodes, fed.round_timeout_s, n_sites)
     order = [s.node_id for s in sites]
@@ -179,6 +258,9 @@ def run_federation(grid: Grid, cfg: RunConfig, progress: ProgressHook | None = N
         say("resumed", {"round": done})
     resumed_from = start - 1
 
+    log_rounds = RoundsLog(cfg.out) if cfg.out else None
+    if log_rounds is not None:
+        log_rounds.start(history)
     flow = make_flow(cfg, manifest)
     sync_bytes = int(manifest.nbytes(part))
     cum_up = int(sum(r["uplink_bytes"] for r in history))
@@ -189,7 +271,11 @@ def run_federation(grid: Grid, cfg: RunConfig, progress: ProgressHook | None = N
         node_ids = [order[i] for i in chosen]
         t_round = time.perf_counter()
         n_rec = len(comm.ledger.records)
+        n_err = len(comm.site_errors)
         outcome = flow.run_round(comm, node_ids, rnd, theta, {"part": part, "local-epochs": fed.local_epochs})
+        round_errors = _error_rows(comm, n_err)
+        for e in round_errors:
+            say("site_error", e)
         if fed.crash_after_round is not None and rnd == fed.crash_after_round:
             raise SimulatedCrash(f"simulated server crash after round {rnd} (before its checkpoint)")
         if outcome.theta_c is not None:
@@ -207,6 +293,8 @@ def run_federation(grid: Grid, cfg: RunConfig, progress: ProgressHook | None = N
             # updates the flow refused to average, with the site and the reason (robust plain FedAvg)
             "dropped": "; ".join(f"{site}: {why}" for site, why in outcome.metrics.get("dropped", {}).items()),
             "aborted": outcome.theta_c is None,
+            "aborted_reason": outcome.metrics.get("aborted") if outcome.theta_c is None else None,
+            "site_errors": " ".join(sorted({f"{e['site_id']}:{e['error']}" for e in round_errors})) or None,
             "n_total": outcome.n_total,
             "train_loss": outcome.metrics.get("train_loss"),
             "uplink_bytes": int(up),
@@ -218,6 +306,7 @@ def run_federation(grid: Grid, cfg: RunConfig, progress: ProgressHook | None = N
             "round_s": round(time.perf_counter() - t_round, 3),
             "pehe": None,
             "ate_error": None,
+            "factual_auc": None,
         }
         if fed.eval_every and (rnd % fed.eval_every == 0 or rnd == fed.rounds):
             quick = evaluate_federated(comm, order, theta, cfg, part, quick=True, sites=sites)
@@ -227,18 +316,26 @@ def run_federation(grid: Grid, cfg: RunConfig, progress: ProgressHook | None = N
         history.append(row)
         ckpt.save(rnd, theta, sampler.get_state(), cfg.training_hash(), extra={"history": history})
         comm.audit.checkpoint(rnd)  # signs the server ledger's checkpoint closing this round
+        if log_rounds is not None:
+            log_rounds.append(row)
         say("round", row)
 
     ran = [r for r in history if r["round"] >= start]
     if ran and all(r["aborted"] for r in ran):
         # a "result" from an untrained model would look like a finished run; refuse it
+        errs = _error_rows(comm)
+        named = sorted({describe_site_error(e["site_id"], e["error"]) for e in errs})
         raise FederationError(
-            f"every round of this run was aborted ({len(ran)} rounds; last: {ran[-1]['failures']} of "
-            f"{ran[-1]['failures'] + ran[-1]['participants']} sites failed). The sites' own logs say why "
-            "(set FCD_SITE_DEBUG=1 for site-local tracebacks)"
+            f"every round of this run was aborted ({len(ran)} rounds; last: {ran[-1]['aborted_reason']})"
+            + (f"; {'; '.join(named)}" if named else "")
+            + ". The sites' own logs say more (set FCD_SITE_DEBUG=1 for site-local tracebacks)",
+            errs,
         )
     say("evaluating", {})
+    n_err = len(comm.site_errors)
     final_eval = evaluate_federated(comm, order, theta, cfg, part, quick=False, sites=sites)
+    for e in _error_rows(comm, n_err):
+        say("site_error", e)
     # close the sites' ledgers: the receipts still owed, in one last message each
     comm.round = fed.rounds + 1
     comm.send(comm.audit.owed_nodes(), RECEIPTS_MESSAGE_TYPE, comm.audit.final_contents(), fed.round_timeout_s)
@@ -253,21 +350,27 @@ def run_federation(grid: Grid, cfg: RunConfig, progress: ProgressHook | None = N
         traffic_rows=comm.ledger.to_rows(),
         wall_s=time.perf_counter() - t0,
         resumed_from=resumed_from,
+        site_errors=_error_rows(comm),
     )
 
 
-def make_server_app(cfg: RunConfig | None = None, progress: ProgressHook | None = None, sink: dict | None = None) -> ServerApp:
+def make_server_app(
+    cfg: RunConfig | None = None,
+    progress: ProgressHook | None = None,
+    sink: dict | None = None,
+    stop: threading.Event | None = None,
+) -> ServerApp:
     """A ServerApp bound to ``cfg`` (simulation) or reading ``fcd-config`` from the run config (deployment).
 
     The run folder is written inside the ServerApp, so both engines produce the same files; ``sink`` (if given)
-    also receives the ``FederationResult`` for in-process callers.
+    also receives the ``FederationResult`` for in-process callers; ``stop`` is :func:`run_federation`'s.
     """
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         run_cfg = config_from_context(context, cfg)
-        result = run_federation(grid, run_cfg, progress)
+        result = run_federation(grid, run_cfg, progress, stop)
         if run_cfg.out:
             write_run_folder(run_cfg.out, run_cfg, result)
         if sink is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import threading
 from pathlib import Path
 
 from fcd_secure.config import RunConfig
@@ -51,13 +52,20 @@ def provision_simulated_roster(cfg: RunConfig) -> None:
     provision_roster(cfg.state_dir, [default_site_id(i) for i in range(cfg.data.n_sites)])
 
 
-def run_simulated(cfg: RunConfig, progress=None, num_cpus: int | None = None, server_app_factory=None):
+def run_simulated(
+    cfg: RunConfig,
+    progress=None,
+    num_cpus: int | None = None,
+    stop: threading.Event | None = None,
+    server_app_factory=None,
+):
     """Run the whole federation of ``cfg`` on the simulation engine.
 
     Args:
         cfg: the resolved run config; its state root defaults to ``<out>/state`` (a temp dir without an out folder).
         progress: the ServerApp's progress hook (``server_app.ProgressHook``).
         num_cpus: CPUs of the one Ray actor (default: up to 2).
+        stop: set it (e.g. on Ctrl-C) to end the ServerApp's thread at its next wait (``server_app.run_federation``).
         server_app_factory: ``(cfg, sink) -> ServerApp`` for another server job on the same sites (e.g. the
             evaluation-only round of ``federation.whatif``), which puts its result in ``sink["result"]``; default
             the training federation (``server_app.make_server_app``).
@@ -69,7 +77,8 @@ def run_simulated(cfg: RunConfig, progress=None, num_cpus: int | None = None, se
     quiet_flower_env()
     from flwr.simulation import run_simulation  # noqa: PLC0415 - imported after the environment is quiet
 
-    logging.getLogger("flwr").setLevel(logging.ERROR)  # flwr sets DEBUG on its logger when imported
+    # flwr sets DEBUG on its logger when imported; the level is $FLWR_LOG_LEVEL (quiet_flower_env: ERROR)
+    logging.getLogger("flwr").setLevel(os.environ.get("FLWR_LOG_LEVEL", "ERROR"))
 
     root = cfg.state_root() or Path(tempfile.mkdtemp(prefix="fcd-state-"))
     cfg = cfg.model_copy(update={"state_dir": str(root)})
@@ -78,7 +87,7 @@ def run_simulated(cfg: RunConfig, progress=None, num_cpus: int | None = None, se
         provision_simulated_roster(cfg)
     sink: dict = {}
     n_cpu = num_cpus or max(1, min(2, os.cpu_count() or 1))
-    factory = server_app_factory or (lambda c, out: make_server_app(c, progress, out))
+    factory = server_app_factory or (lambda c, out: make_server_app(c, progress, out, stop))
     run_simulation(
         server_app=factory(cfg, sink),
         client_app=make_client_app(cfg),

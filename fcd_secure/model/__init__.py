@@ -11,13 +11,7 @@ Public API (other layers import from here or from the named module):
   Fed-CausalDiff, the GRU g-formula, the naive model — are ``fcd_secure.model.baselines``
 """
 
-from fcd_secure.model.batch import Batch, dataset_tensors, make_loader
 from fcd_secure.model.config import ModelConfig
-from fcd_secure.model.manifest import build_manifest, get_params, set_params
-from fcd_secure.model.networks import FedCausalDiff, unwrap
-from fcd_secure.model.simulate import estimate_effects, simulate, simulate_policy
-from fcd_secure.model.simulator import SimResult, Simulator
-from fcd_secure.model.training import batch_loss, train_local
 
 __all__ = [
     "ModelConfig",
@@ -37,3 +31,24 @@ __all__ = [
     "SimResult",
     "Simulator",
 ]
+
+
+
+def __getattr__(name: str):
+    """The public names beyond ``ModelConfig``, loaded on first use (PEP 562): ``fcd_secure.config``, which needs
+    only ``ModelConfig``, and the command line's start-up do not import torch."""
+    if name in ("Batch", "dataset_tensors", "make_loader"):
+        from fcd_secure.model import batch as module
+    elif name in ("build_manifest", "get_params", "set_params"):
+        from fcd_secure.model import manifest as module
+    elif name in ("FedCausalDiff", "unwrap"):
+        from fcd_secure.model import networks as module
+    elif name in ("estimate_effects", "simulate", "simulate_policy"):
+        from fcd_secure.model import simulate as module
+    elif name in ("SimResult", "Simulator"):
+        from fcd_secure.model import simulator as module
+    elif name in ("batch_loss", "train_local"):
+        from fcd_secure.model import training as module
+    else:
+        raise AttributeError(f"module 'fcd_secure.model' has no attribute {name!r}")
+    return getattr(module, name)

@@ -46,13 +46,15 @@ class ModelConfig(BaseModel):
         description="'diffusion' is Fed-CausalDiff (eq. 1); 'deterministic' is the GRU g-formula baseline",
     )
     diffusion_steps: int = Field(50, ge=2, description="N, number of forward-noising steps")
-    schedule: Literal["linear", "cosine"] = "cosine"
-    beta_start: float = Field(1e-4, gt=0, lt=1)
-    beta_end: float = Field(0.02, gt=0, lt=1)
+    schedule: Literal["linear", "cosine"] = Field(
+        "cosine", description="noise schedule of the forward diffusion: cosine (Nichol & Dhariwal 2021) or linear β"
+    )
+    beta_start: float = Field(1e-4, gt=0, lt=1, description="β_1 of the linear schedule (Ho et al. 2020)")
+    beta_end: float = Field(0.02, gt=0, lt=1, description="β_N of the linear schedule (Ho et al. 2020)")
     diff_samples: int = Field(2, ge=1, description="diffusion steps n drawn per (patient, t); kept as a [B, L, K, F] axis")
 
     # -- loss weights and switches -----------------------------------------------------------------------
-    lambda_diff: float = Field(1.0, ge=0)
+    lambda_diff: float = Field(1.0, ge=0, description="λ_diff, the weight of L_diff (§III-C)")
     lambda_align: float = Field(0.05, ge=0, description="λ1")
     lambda_dis: float = Field(0.1, ge=0, description="λ2")
     lambda_cf: float = Field(1.0, ge=0, description="λ3")
@@ -93,9 +95,9 @@ class ModelConfig(BaseModel):
     grl_scale: float = Field(1.0, ge=0, description="gradient-reversal factor in front of the shared site discriminator")
 
     # -- optimisation ------------------------------------------------------------------------------------
-    lr: float = Field(2e-3, gt=0)
-    batch_size: int = Field(64, ge=1)
-    weight_decay: float = Field(0.0, ge=0)
+    lr: float = Field(2e-3, gt=0, description="learning rate of the local optimiser (Adam)")
+    batch_size: int = Field(64, ge=1, description="local minibatch size (the expected Poisson batch under DP)")
+    weight_decay: float = Field(0.0, ge=0, description="L2 weight decay of the local optimiser")
     grad_clip: float | None = Field(1.0, gt=0, description="global-norm clip outside DP (DP clips per sample)")
     seed: int = Field(0, description="parameter-initialisation seed (every site builds the same initial Θc)")
 

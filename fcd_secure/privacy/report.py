@@ -250,13 +250,18 @@ def site_report(ledger_file: str | Path, anchors: list[AnchorEntry] | None = Non
     }
 
 
-def consortium_report(sites: list[dict[str, Any]]) -> dict[str, Any]:
-    """Parallel composition across disjoint site datasets: the consortium's record-level (ε, δ) is the worst site's."""
+def consortium_report(sites: list[dict[str, Any]], n_sites: int | None = None) -> dict[str, Any]:
+    """Parallel composition across disjoint site datasets: the consortium's record-level (ε, δ) is the worst site's.
+
+    Args:
+        sites: the site reports with a ledger.
+        n_sites: every site of the run (those that never trained under DP add ε = 0); default ``len(sites)``.
+    """
     if not sites:
-        return {"sites": 0}
+        return {"sites": n_sites or 0}
     worst = max(sites, key=lambda s: s["epsilon_spent"])
     return {
-        "sites": len(sites),
+        "sites": len(sites) if n_sites is None else n_sites,
         "epsilon": worst["epsilon_spent"],
         "delta": max(s["delta"] for s in sites),
         "worst_site": worst["site"],
@@ -269,33 +274,197 @@ def consortium_report(sites: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def site_budgets(roots: list[str | Path]) -> dict[str, dict[str, float]]:
+    """ε spent, cap, remaining and δ per site id, from every ledger under ``roots`` (state roots or ledger folders).
+
+    A ledger shared by several site ids (one dataset trained at two sites) counts for each of them. Roots that do
+    not exist are skipped.
+    """
+    out: dict[str, dict[str, float]] = {}
+    files: set[Path] = set()
+    for root in map(Path, roots):
+        if root.is_dir():
+            files.update(p.resolve() for p in root.rglob("ledger-*.json") if p.parent.name == "privacy")
+            files.update(p.resolve() for p in root.glob("ledger-*.json"))
+    for f in sorted(files):
+        state = Ledger(f).load()
+        eps = epsilon(state.history(), state.delta, state.accountant)
+        for sid in state.sites or [site_label(f)]:
+            out[sid] = {
+                "epsilon_spent": eps,
+                "epsilon_cap": state.epsilon_cap,
+                "epsilon_remaining": max(0.0, state.epsilon_cap - eps),
+                "delta": state.delta,
+            }
+    return out
+
+
+def _run_files(path: Path) -> dict[str, Any]:
+    """``summary.json`` and ``config.json`` of a run folder (empty dicts when absent or unreadable)."""
+    out: dict[str, Any] = {}
+    for name in ("summary.json", "config.json"):
+        f = path / name
+        try:
+            data = json.loads(f.read_text()) if f.is_file() else {}
+        except (OSError, json.JSONDecodeError):
+            data = {}
+        out[name] = data if isinstance(data, dict) else {}
+    return out
+
+
+def _run_sites(path: Path, files: dict[str, Any]) -> list[str]:
+    """The site ids of a run: ``summary.json``'s ``site_ids``, else the site folders of its state root."""
+    ids = files["summary.json"].get("site_ids")
+    if isinstance(ids, list) and ids:
+        return [str(x) for x in ids]
+    cfg = files["config.json"]
+    roots = [path / "state"] + ([_resolve(path, cfg["state_dir"])] if isinstance(cfg.get("state_dir"), str) else [])
+    found: set[str] = set()
+    for root in roots:
+        if root.is_dir():
+            found.update(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith(("_", ".")))
+    return sorted(found)
+
+
+def no_dp_report(source: str | Path, sites: list[str]) -> dict[str, Any]:
+    """The report of a run trained without DP: it states that there is no DP guarantee, for every site."""
+    return {
+        "source": str(Path(source)),
+        "dp": False,
+        "guarantee": "none",
+        "message": (
+            "this run has no DP guarantee: it was trained without DP-SGD (dp.enabled = false), so the released "
+            "parameters carry no record-level privacy bound; rerun with --dp-epsilon to get one"
+        ),
+        "sites": [{"site": sid, "epsilon_spent": None, "dp": False} for sid in sites],
+        "consortium": {"sites": len(sites), "epsilon": None, "delta": None},
+    }
+
+
+def _unsampled_site(sid: str, cap: float | None) -> dict[str, Any]:
+    return {
+        "site": sid,
+        "ledger": None,
+        "epsilon_spent": 0.0,
+        "epsilon_cap": cap,
+        "epsilon_remaining": cap,
+        "delta": None,
+        "mechanism": None,
+        "segments": [],
+        "note": "never trained under DP in this run (never sampled): nothing spent",
+    }
+
+
 def build_report(path: str | Path) -> dict[str, Any]:
-    """The whole report for a run folder, state root, site directory or ledger file."""
+    """The whole report for a run folder, state root, site directory or ledger file.
+
+    A run folder's report lists every site of the run: a site that never trained under DP has ε = 0. A run trained
+    without DP gets :func:`no_dp_report` (no DP guarantee), not an error.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        LedgerError: no ledger under ``path`` (and it is not a run without DP), or a ledger cannot be trusted.
+    """
+    path = Path(path)
     ledgers = find_ledgers(path)
+    files = _run_files(path) if path.is_dir() else {"summary.json": {}, "config.json": {}}
+    run_dp = files["config.json"].get("dp")
+    run_sites = _run_sites(path, files) if path.is_dir() else []
+    if not ledgers and isinstance(run_dp, dict) and run_dp.get("enabled") is False:
+        return no_dp_report(path, run_sites)
     if not ledgers:
         raise LedgerError(f"{path}: no privacy ledger found (expected <site>/privacy/ledger-<fingerprint>.json)")
     anchors = find_anchors(path)
     sites = [site_report(p, anchors.get(str(Path(p).resolve()))) for p in ledgers]
-    return {"source": str(Path(path)), "sites": sites, "consortium": consortium_report(sites)}
+    covered = {lbl for s in sites for lbl in s["site"].split(",")}
+    cap = run_dp.get("epsilon") if isinstance(run_dp, dict) else None
+    sites += [_unsampled_site(sid, cap) for sid in run_sites if sid not in covered]
+    sites.sort(key=lambda s: s["site"])
+    with_ledger = [s for s in sites if s.get("ledger")]
+    return {
+        "source": str(path),
+        "dp": True,
+        "sites": sites,
+        "common": _common(with_ledger),
+        "consortium": consortium_report(with_ledger, len(sites)),
+    }
+
+
+def _common(sites: list[dict[str, Any]]) -> dict[str, Any]:
+    """What every site's statement shares (stated once in the Markdown report)."""
+    first = sites[0]
+    shared_not_covered = [x for x in first["not_covered"] if all(x in s["not_covered"] for s in sites)]
+    return {
+        "setting": first["setting"],
+        "unit_of_privacy": first["unit_of_privacy"],
+        "adjacency": first["adjacency"],
+        "accountants": sorted({f"{s['accountant']}: {s['accountant_note']}" for s in sites}),
+        "libraries": first["libraries"],
+        "algorithm": first["mechanism"]["algorithm"],
+        "covered": first["covered"],
+        "not_covered": shared_not_covered,
+    }
+
+
+#: Line styles cycled per site, so that sites whose curves coincide stay distinguishable.
+_STYLES = (("o", "-"), ("s", "--"), ("^", "-."), ("D", ":"), ("v", "-"), ("P", "--"), ("X", "-."), ("*", ":"))
+
+
+def epsilon_by_round(site: dict[str, Any]) -> tuple[list[float], list[float]]:
+    """``(rounds, ε after each)`` of one site: the ledger's segments by the round they were reserved for (the
+    segment number where a round was not recorded), starting at (0, 0)."""
+    xs, ys = [0.0], [0.0]
+    for seg in site.get("segments") or []:
+        xs.append(float(seg["round"] if seg.get("round") is not None else seg["seq"]))
+        ys.append(float(seg["epsilon_after"]))
+    return xs, ys
+
+
+def consortium_curve(report: dict[str, Any]) -> tuple[list[float], list[float]]:
+    """The consortium's ε after each round: the worst site's at that round (parallel composition)."""
+    curves = [epsilon_by_round(s) for s in report["sites"]]
+    grid = sorted({x for xs, _ in curves for x in xs})
+
+    def at(xs: list[float], ys: list[float], x: float) -> float:
+        return max([y for xx, y in zip(xs, ys) if xx <= x] or [0.0])
+
+    return grid, [max(at(xs, ys, x) for xs, ys in curves) for x in grid]
 
 
 def plot_epsilon(report: dict[str, Any]) -> bytes:
-    """PNG of ε over the ledger's rounds (segments) for each site, with its cap."""
+    """PNG of ε against rounds: one step line per site (markers and dashes cycled, a small offset each, so lines
+    that coincide stay visible), the consortium's ε (:func:`consortium_curve`) and the cap."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    for i, s in enumerate(report["sites"]):
-        xs = [0] + [seg["seq"] for seg in s["segments"]]
-        ys = [0.0] + [seg["epsilon_after"] for seg in s["segments"]]
-        line = ax.plot(xs, ys, marker="o", ms=3, label=f"{s['site']} ({s['dataset_fingerprint'][:8]})")[0]
-        ax.axhline(s["epsilon_cap"], color=line.get_color(), ls="--", lw=0.8)
-    ax.set_xlabel("ledger segment (one reserved round)")
-    ax.set_ylabel(f"ε spent (δ per site, {report['sites'][0]['accountant']})")
-    ax.set_title("Privacy budget over rounds (dashed: cap)")
-    ax.legend(fontsize=7)
+    fig, ax = plt.subplots(figsize=(6.8, 4.0))
+    sites = report["sites"]
+    curves = [(s, *epsilon_by_round(s)) for s in sites]
+    grid, consortium = consortium_curve(report)
+    last = max(grid + [1.0])
+    offset = 0.12 / max(1, len(curves))
+    for i, (s, xs, ys) in enumerate(curves):
+        marker, dash = _STYLES[i % len(_STYLES)]
+        shifted = [x + (i - (len(curves) - 1) / 2) * offset for x in xs + [last]]
+        ax.step(shifted, ys + [ys[-1]], where="post", marker=marker, markevery=list(range(1, len(xs))) or None,
+                ms=4, linestyle=dash, linewidth=1.2, label=f"{s['site']} (ε {s['epsilon_spent']:.2f})")
+    ax.step(grid + [last], consortium + [consortium[-1]], where="post", color="black", linewidth=2.4, alpha=0.35,
+            label=f"consortium (max over sites, ε {report['consortium'].get('epsilon') or 0:.2f})")
+    caps = sorted({s["epsilon_cap"] for s in sites if s.get("epsilon_cap") is not None})
+    for cap in caps:
+        ax.axhline(cap, color="firebrick", linestyle="--", linewidth=0.9, label=f"cap ε = {cap:g}")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0, top=max(caps + consortium + [1e-3]) * 1.1)
+    acct = ", ".join(sorted({s["accountant"] for s in sites if s.get("accountant")}))
+    ax.set_xlabel("round")
+    ax.set_ylabel(f"ε spent (at each site's δ; {acct})")
+    ax.set_title("Privacy budget over rounds")
+    ax.legend(fontsize=7, ncol=2 if len(sites) > 6 else 1, frameon=False)
+    ax.grid(alpha=0.3)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120)
@@ -304,8 +473,14 @@ def plot_epsilon(report: dict[str, Any]) -> bytes:
 
 
 def render_markdown(report: dict[str, Any], plot_name: str | None) -> str:
-    """The report for people: consortium statement, then per site the guarantee, mechanism, segments and coverage."""
-    c = report["consortium"]
+    """The report for people: the consortium statement, what every site shares (once), then per site its own
+    guarantee, mechanism, segments and the coverage notes that are its own."""
+    if not report.get("dp", True):
+        lines = ["# Privacy budget report", "", f"Source: `{report['source']}`", "",
+                 f"**No DP guarantee.** {report['message']}.", "", "| site | ε |", "|---|---|"]
+        lines += [f"| {s['site']} | none (no DP) |" for s in report["sites"]]
+        return "\n".join(lines) + "\n"
+    c, common = report["consortium"], report["common"]
     lines = [
         "# Privacy budget report",
         "",
@@ -320,21 +495,48 @@ def render_markdown(report: dict[str, Any], plot_name: str | None) -> str:
     ]
     if plot_name:
         lines += [f"![ε over rounds]({plot_name})", ""]
+    lines += [
+        "| site | ε spent | cap | remaining | δ | rounds | steps |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for s in report["sites"]:
+        if s.get("ledger") is None:
+            cap = "" if s.get("epsilon_cap") is None else f"{s['epsilon_cap']:g}"
+            lines.append(f"| {s['site']} | 0 (never sampled) | {cap} | {cap} | | 0 | 0 |")
+            continue
+        m = s["mechanism"]
+        lines.append(
+            f"| {s['site']} | {s['epsilon_spent']:.3f} | {s['epsilon_cap']:g} | {s['epsilon_remaining']:.3f} | "
+            f"{s['delta']:.3g} | {m['rounds']} | {m['total_steps']} |"
+        )
+    lines += [
+        "",
+        "## What every site's guarantee shares",
+        "",
+        f"- Setting: {common['setting']}",
+        f"- Unit of privacy: {common['unit_of_privacy']}",
+        f"- Adjacency: {common['adjacency']}.",
+        f"- Mechanism: {common['algorithm']}.",
+        "- Accountant: " + "; ".join(common["accountants"]) + ".",
+        "- Libraries: " + ", ".join(f"{k} {v}" for k, v in common["libraries"].items()) + ".",
+        "",
+        "Covered:",
+        "",
+    ]
+    lines += [f"- {x}" for x in common["covered"]]
+    lines += ["", "**Not covered:**", ""] + [f"- {x}" for x in common["not_covered"]] + [""]
+    for s in report["sites"]:
+        if s.get("ledger") is None:
+            continue
         m = s["mechanism"]
         lines += [
             f"## Site `{s['site']}` (dataset {s['dataset_fingerprint']})",
             "",
             f"- **ε spent {s['epsilon_spent']:.3f}** of cap {s['epsilon_cap']:g} (remaining "
             f"{s['epsilon_remaining']:.3f}) at **δ = {s['delta']:.3g}**; RDP bound {s['epsilon_rdp_bound']:.3f}.",
-            f"- Accountant: {s['accountant']} — {s['accountant_note']}.",
-            f"- Libraries: " + ", ".join(f"{k} {v}" for k, v in s["libraries"].items()) + ".",
-            f"- Setting: {s['setting']}",
-            f"- Unit of privacy: {s['unit_of_privacy']}",
-            f"- Adjacency: {s['adjacency']}.",
-            f"- Mechanism: {m['algorithm']}; clip C = {m['clip_C']:g}; σ = "
+            f"- Mechanism: clip C = {m['clip_C']:g}; σ = "
             + ", ".join(f"{x:.4g}" for x in m["noise_multipliers"])
-            + f"; Poisson q = "
+            + "; Poisson q = "
             + ", ".join(f"{x:.4g}" for x in m["sample_rate_q"])
             + f" (expected batch {m['expected_batch_size']} of N = {s['n_site']}); {m['steps_per_round']} steps per "
             f"round; {m['rounds']} rounds; {m['total_steps']} steps in all; noise seed: {m['noise_seed']}.",
@@ -350,6 +552,9 @@ def render_markdown(report: dict[str, Any], plot_name: str | None) -> str:
             lines.append(
                 f"- Open reservations (charged in full; a round that never closed): {s['open_reservations']}."
             )
+        own = [x for x in s["not_covered"] if x not in common["not_covered"]]
+        if own:
+            lines += ["- **Not covered at this site** (besides the common list):"] + [f"  - {x}" for x in own]
         lines += [
             "",
             "| seq | round | run | plan | σ | q | steps | status | ε after |",
@@ -360,8 +565,7 @@ def render_markdown(report: dict[str, Any], plot_name: str | None) -> str:
                 f"| {seg['seq']} | {seg['round']} | {seg['run_id'] or ''} | {seg['plan_id']} | {seg['sigma']:.4g} | "
                 f"{seg['q']:.4g} | {seg['steps']} | {seg['status']} | {seg['epsilon_after']:.3f} |"
             )
-        lines += ["", "Covered:", ""] + [f"- {x}" for x in s["covered"]]
-        lines += ["", "**Not covered:**", ""] + [f"- {x}" for x in s["not_covered"]] + [""]
+        lines.append("")
     return "\n".join(lines) + "\n"
 
 
@@ -376,9 +580,14 @@ def write_report(report: dict[str, Any], out_dir: str | Path) -> dict[str, Path]
     """
     out_dir = Path(out_dir)
     names = {"json": "privacy_report.json", "markdown": "privacy_report.md", "plot": "privacy_epsilon.png"}
-    png = plot_epsilon(report)
-    texts = {"json": json.dumps(report, indent=2) + "\n", "markdown": render_markdown(report, names["plot"])}
+    has_dp = report.get("dp", True)
+    png = plot_epsilon(report) if has_dp else None
+    texts = {
+        "json": json.dumps(report, indent=2) + "\n",
+        "markdown": render_markdown(report, names["plot"] if has_dp else None),
+    }
     for kind, text in texts.items():
         atomic_write_text(out_dir / names[kind], text, mode=0o644)
-    atomic_write_bytes(out_dir / names["plot"], png, mode=0o644)
-    return {k: out_dir / v for k, v in names.items()}
+    if png is not None:
+        atomic_write_bytes(out_dir / names["plot"], png, mode=0o644)
+    return {k: out_dir / v for k, v in names.items() if k != "plot" or png is not None}

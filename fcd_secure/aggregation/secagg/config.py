@@ -54,11 +54,11 @@ class StageDeadlines(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     train: float = Field(600.0, gt=0, description="local training before the protocol starts")
-    advertise_keys: float = Field(30.0, gt=0)
-    share_keys: float = Field(30.0, gt=0)
-    masked_input: float = Field(120.0, gt=0)
-    consistency: float = Field(30.0, gt=0)
-    unmask: float = Field(60.0, gt=0)
+    advertise_keys: float = Field(30.0, gt=0, description="stage 0: the sites' signed round keys (Bonawitz et al. §4)")
+    share_keys: float = Field(30.0, gt=0, description="stage 1: the encrypted Shamir shares to relay")
+    masked_input: float = Field(120.0, gt=0, description="stage 2: the masked vectors")
+    consistency: float = Field(30.0, gt=0, description="stage 3: signatures on the survivor list")
+    unmask: float = Field(60.0, gt=0, description="stage 4: the shares that unmask the sum")
 
     def for_stage(self, stage: str) -> float:
         if stage not in type(self).model_fields:

@@ -41,6 +41,7 @@ counters must corroborate that there was no other path.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -87,9 +88,35 @@ def _pins(keys: list[str] | None) -> set[str] | None:
     return {normalise_fingerprint(k) for k in keys} if keys else None
 
 
+def _check_ledger_file(path: Path) -> None:
+    """A file given as evidence must at least look like a ledger: its first line a JSON object with a ``kind``.
+
+    Anything else (a CSV, a summary, a binary) is the wrong file, a usage error, not tampered evidence: a ledger
+    that was tampered with still starts with a ledger line (verification then says what is wrong with it).
+
+    Raises:
+        UsageError: empty, unreadable, or not a ledger.
+    """
+    try:
+        with open(path, "rb") as fh:
+            first = next((line for line in fh if line.strip()), b"")
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read ({exc.strerror})") from None
+    try:
+        head = json.loads(first) if first else None
+    except ValueError:
+        head = None
+    if not isinstance(head, dict) or "kind" not in head:
+        raise UsageError(
+            f"{path}: not a ledger (expected {SITE_LEDGER_FILE} or {SERVER_LEDGER_FILE}: JSON lines, one entry each)"
+        )
+
+
 def _ledgers_under(root: Path) -> tuple[list[Path], list[Path]]:
     if not root.exists():
         raise UsageError(f"{root}: no such file or directory")
+    if root.is_file():
+        _check_ledger_file(root)
     sites, servers = discover(root)
     if not sites and not servers:
         raise UsageError(f"{root}: no {SITE_LEDGER_FILE} or {SERVER_LEDGER_FILE} found")

@@ -1,0 +1,170 @@
+"""Command-line options → one validated ``RunConfig`` (``fcd run``, ``fcd train``, ``fcd ablate``, ``fcd config show``).
+
+Layers, later ones winning (:func:`fcd_secure.config.build_config`):
+
+1. the defaults of ``RunConfig``;
+2. a config file (``--config FILE``, or the run folder's ``config.toml`` with ``--resume RUN_DIR``);
+3. the preset (``--preset``; without a config file its default is ``default``; with one, only when given);
+4. the options given on the command line, and only those: an option left out never overrides the file.
+
+A config file re-runs its run exactly, in a new run folder: its ``out`` and ``state_dir`` belong to the old run and
+are dropped, so nothing is written into the old run's folder. Only ``--resume RUN_DIR`` (or ``--state-dir``
+pointing at a state folder) continues a run in place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fcd_secure.cli.envelope import CliError
+
+if TYPE_CHECKING:  # pragma: no cover - fcd_secure.config imports pydantic and the model's config
+    from fcd_secure.config import RunConfig
+
+PRESET_HELP = "tiny (tests, seconds) | default (README run, ≤ 5 min on 2 cores) | paper (Table II length)"
+#: the file of a run folder that re-runs (``--config``) or continues (``--resume``) the run
+RUN_CONFIG_FILE = "config.toml"
+
+
+@dataclass
+class RunOptions:
+    """What the command line said about a run; ``None`` means "not given" (the lower layers decide)."""
+
+    preset: str | None = None
+    config_file: Path | None = None
+    resume: Path | None = None
+    rounds: int | None = None
+    sites: int | None = None
+    clients_per_round: int | None = None
+    seed: int | None = None
+    dataset: str | None = None
+    spec: tuple[Path, Path] | None = None
+    data_dir: Path | None = None
+    secure: bool | None = None
+    sync: str | None = None
+    eval_every: int | None = None
+    state_dir: Path | None = None
+    out: Path | None = None
+    dp_epsilon: float | None = None
+    dp_delta: float | None = None
+    dp_clip: float | None = None
+    dp_ledger_dir: Path | None = None
+    policies: list[str] | None = None
+    reference: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def default_clients_per_round(n_sites: int, secure: bool, min_secure_sites: int) -> int:
+    """Half the sites per round (paper Table II: 5 of 10), but never below the secure-aggregation minimum."""
+    k = max(1, n_sites // 2)
+    if secure:
+        k = max(k, min(min_secure_sites, n_sites))
+    return k
+
+
+def _base(opts: RunOptions) -> "RunConfig | None":
+    from fcd_secure.config import ConfigError, RunConfig  # noqa: PLC0415
+
+    if opts.resume is not None and opts.config_file is not None:
+        raise CliError("--resume and --config both name a config; give one", "USAGE")
+    path = opts.config_file
+    if opts.resume is not None:
+        if not opts.resume.is_dir():
+            raise CliError(f"{opts.resume}: no such run folder", hint="--resume takes the folder of an earlier run")
+        path = opts.resume / RUN_CONFIG_FILE
+        if not path.is_file():
+            raise CliError(
+                f"{opts.resume}: not a run folder (no {RUN_CONFIG_FILE})",
+                hint="--resume takes the folder an earlier `fcd run` wrote (its --out)",
+            )
+    if path is None:
+        return None
+    try:
+        base = RunConfig.load(path)
+    except ConfigError as exc:
+        raise CliError(str(exc), hint="`fcd config show` lists every key") from None
+    if opts.resume is None:
+        # the file's folders belong to the run that wrote it: a re-run gets its own
+        base = base.model_copy(update={"out": None, "state_dir": None})
+    return base
+
+
+def resolve_config(opts: RunOptions) -> "RunConfig":
+    """The run's config from :class:`RunOptions` (module docstring for the layers).
+
+    Raises:
+        CliError: an unreadable config file, a value that does not validate (named), or conflicting options.
+    """
+    from fcd_secure.config import ConfigError, build_config  # noqa: PLC0415
+
+    base = _base(opts)
+    over: dict[str, Any] = {"data": {}, "federation": {}, "evaluation": {}, "model": {}}
+    for section, values in opts.extra.items():
+        over.setdefault(section, {}).update(values)
+    fed, data = over["federation"], over["data"]
+    if opts.rounds is not None:
+        fed["rounds"] = opts.rounds
+    if opts.sites is not None:
+        data["n_sites"] = opts.sites
+    if opts.clients_per_round is not None:
+        fed["clients_per_round"] = opts.clients_per_round
+    if opts.seed is not None:
+        over["seed"] = opts.seed
+    if opts.dataset is not None:
+        data["dataset"] = opts.dataset
+    if opts.spec is not None:
+        data.update(dataset="spec", spec=str(opts.spec[0]), table=str(opts.spec[1]))
+    if opts.data_dir is not None:
+        data["data_dir"] = str(opts.data_dir)
+    if opts.secure is not None:
+        fed["secure_aggregation"] = bool(opts.secure)
+    elif base is None:
+        fed["secure_aggregation"] = True  # the command line's default: secure aggregation on
+    if opts.sync is not None:
+        fed["sync"] = opts.sync
+    if opts.eval_every is not None:
+        fed["eval_every"] = opts.eval_every
+    if opts.state_dir is not None:
+        over["state_dir"] = str(opts.state_dir)
+    dp: dict[str, Any] = {}
+    if opts.dp_epsilon is not None:  # DP-SGD on every site with this lifetime cap
+        dp.update(enabled=True, epsilon=opts.dp_epsilon)
+    if opts.dp_delta is not None:
+        dp["delta"] = opts.dp_delta
+    if opts.dp_clip is not None:
+        dp["clip"] = opts.dp_clip
+    if opts.dp_ledger_dir is not None:
+        dp["ledger_dir"] = str(opts.dp_ledger_dir)
+    if dp:
+        over["dp"] = dp
+    if opts.policies:
+        over["evaluation"]["policies"] = [str(p) for p in opts.policies]
+    if opts.reference is not None:
+        over["evaluation"]["reference"] = opts.reference
+    preset = opts.preset if (opts.preset is not None or base is not None) else "default"
+    try:
+        if opts.sites is not None and opts.clients_per_round is None:
+            # the number of sites changed: the sites per round follow it unless given (validated below)
+            probe = build_config(preset, {**over, "federation": {**fed, "clients_per_round": 1}}, base=base)
+            fed["clients_per_round"] = default_clients_per_round(
+                probe.data.n_sites, probe.federation.secure_aggregation, probe.secagg.min_sites
+            )
+        cfg = build_config(preset, over, base=base)
+    except ConfigError as exc:
+        raise CliError(str(exc), hint="`fcd config show` lists every key with its description") from None
+    out = opts.out
+    if opts.resume is not None:
+        if out is not None and out.resolve() != opts.resume.resolve():
+            raise CliError("--resume continues a run in its own folder; leave out --out", "USAGE")
+        out = opts.resume
+        # the fault injection of tests (federation.crash_after_round) is spent once the run is resumed
+        cfg = cfg.model_copy(update={"federation": cfg.federation.model_copy(update={"crash_after_round": None})})
+        if cfg.state_dir is None:
+            cfg = cfg.model_copy(update={"state_dir": str(opts.resume / "state")})
+    if out is None:
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+        out = Path("runs") / f"{stamp}-{cfg.data.dataset}-seed{cfg.seed}"
+    return cfg.model_copy(update={"out": str(out)})
