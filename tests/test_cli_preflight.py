@@ -136,9 +136,9 @@ def test_a_malformed_policy_is_bad_input_naming_the_file(tmp_path, monkeypatch):
     folder = tmp_path / "policies"
     folder.mkdir()
     for name in policy_module.DEFAULT_POLICY_NAMES:
-        (folder / f"{name}.toml").write_text((policy_module.POLICY_DIR / f"{name}.toml").read_text())
+        (folder / f"{name}.toml").write_text((policy_module.policy_dir() / f"{name}.toml").read_text())
     (folder / "late_on.toml").write_text('name = "late_on"\n[rule\n')
-    monkeypatch.setattr(policy_module, "POLICY_DIR", folder)
+    monkeypatch.setattr(policy_module, "policy_dir", lambda: folder)
     out = tmp_path / "run"
     _bad_input(_run(out=out), out, str(folder / "late_on.toml"), "TOML")
 

@@ -14,7 +14,7 @@ def test_describe_spec_prints_anchors_and_contexts(long_case):
     spec, table = long_case()
     r = CliRunner().invoke(app, ["data", "describe", "--spec", str(spec), str(table), "--json"])
     assert r.exit_code == 0, r.output
-    d = json.loads(r.stdout)["toy"]
+    d = json.loads(r.stdout)["data"]["toy"]
     an = d["anchors"]
     assert {an["a_off_name"], an["a_on_name"]} <= {"none", "insulin", "metformin"}
     assert an["a_off_name"] == ["none", "insulin", "metformin"][an["a_off"]]

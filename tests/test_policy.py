@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from fcd_secure.data.policy import (
-    POLICY_DIR,
     PolicyLike,
     anchor_actions,
     default_policies,
     load_policies,
+    policy_dir,
     load_policy,
 )
 from fcd_secure.data.schema import SiteDataset
@@ -52,7 +52,7 @@ def test_actions_contract_shapes_and_prob():
 
 
 def test_load_policies_folder_matches_defaults():
-    names = {p.name for p in load_policies(POLICY_DIR)}
+    names = {p.name for p in load_policies(policy_dir())}
     assert {"never", "always", "early_on", "late_on"} <= names
 
 
