@@ -131,7 +131,9 @@ def test_a_killed_run_stops_cleanly_and_resumes_from_its_last_round(tmp_path):
     import signal
     import time
 
-    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": str(PROJECT_ROOT), "COLUMNS": "80"}
+    # a user's shell: no FLWR_LOG_LEVEL that in-process tests of this session may have set in os.environ
+    env = {**{k: v for k, v in os.environ.items() if k != "FLWR_LOG_LEVEL"},
+           "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": str(PROJECT_ROOT), "COLUMNS": "80"}
     args = ["run", "--preset", "tiny", "--rounds", "60", "--sites", "3", "--clients-per-round", "2",
             "--no-secure-aggregation", "--eval-every", "0", "--out", "K"]
     proc = subprocess.Popen([*FCD, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
