@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+# every Flower engine the tests start (in process or as a child) inherits this: tests never send telemetry
+os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

@@ -4,12 +4,10 @@ equal the run's own communication accounting (``Comm``'s traffic rows), site by 
 from __future__ import annotations
 
 import json
-import os
 from collections import defaultdict
 
 import pytest
 
-os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
 
 from fcd_secure.federation import simulation  # noqa: E402
 from fcd_secure.manifest import THETA_C  # noqa: E402

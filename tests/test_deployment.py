@@ -12,7 +12,6 @@ import time
 import numpy as np
 import pytest
 
-os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 from fcd_secure.config import build_config  # noqa: E402
 

@@ -22,7 +22,7 @@ from fcd_secure.data.dkt_synth.noise import fresh_uniforms
 from fcd_secure.data.partition import dirichlet_assignment, site_splits
 from fcd_secure.data.policy import anchor_actions, default_policies
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class LoggedReplay:

@@ -7,13 +7,11 @@ crashes after round 3 and its resume, and one 1-round full-sync run for the upli
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pandas as pd
 import pytest
 
-os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 from typer.testing import CliRunner  # noqa: E402
 

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
 
-os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402

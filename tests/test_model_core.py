@@ -28,7 +28,7 @@ from fcd_secure.model.networks import THETA_S_MODULES
 from fcd_secure.model.samplers import ddim_sample, ddpm_sample
 from fcd_secure.model.schedule import NoiseSchedule
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 TINY = ModelConfig(
     k_causal=3, k_site=2, hidden=12, mlp_hidden=12, action_emb=4, time_emb=8,

@@ -7,12 +7,10 @@ and no clear-text number in any uplink (P7)."""
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
 
-os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
 
 N_SITES = 5
 D = 40

@@ -8,7 +8,6 @@ handler's own code outside the vocabulary (a 64-bit covert channel) and every ex
 
 from __future__ import annotations
 
-import os
 
 import pytest
 from conftest import GOOD_SPEC, make_long_table
@@ -25,7 +24,6 @@ from fcd_secure.federation.guard import guard_mod, site_error_of
 from fcd_secure.federation.server_app import _hello_failures, describe_site_error
 from fcd_secure.privacy.errors import BudgetExceeded
 
-os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 
 @pytest.fixture()

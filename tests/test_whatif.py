@@ -6,14 +6,12 @@ evaluation-only round keeps the audit evidence verifiable."""
 from __future__ import annotations
 
 import json
-import os
 import re
 
 import numpy as np
 import pandas as pd
 import pytest
 
-os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 from typer.testing import CliRunner  # noqa: E402
 

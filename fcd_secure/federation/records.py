@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
+from fcd_secure.audit.rules import SECAGG_PREFIX
 from fcd_secure.federation.messaging import Comm
 
 if TYPE_CHECKING:  # pragma: no cover - fcd_secure.config pulls in torch; the record names must not
@@ -47,7 +48,7 @@ HELLO_MESSAGE_TYPE = f"query.{HELLO_ACTION}"
 EVALUATE_MESSAGE_TYPE = f"query.{EVALUATE_ACTION}"
 TRAIN_MESSAGE_TYPE = "train"
 #: Secure-aggregation actions are ``train.secagg_<stage>``; ``<stage>`` is ``train`` or a protocol stage name.
-SECAGG_ACTION_PREFIX = "secagg_"
+SECAGG_ACTION_PREFIX = SECAGG_PREFIX.removeprefix(f"{TRAIN_MESSAGE_TYPE}.")  # spelled once, in the gate's rules
 SECAGG_TRAIN_STAGE = "train"
 
 # -- record names ----------------------------------------------------------------------------------------------------
