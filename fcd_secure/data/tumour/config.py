@@ -49,7 +49,9 @@ class TumourConfig(BaseModel):
     window: int = Field(15, ge=1, description="days of diameter history the logging policy averages (CRN: 15)")
     epsilon: float = Field(0.01, ge=0, description="propensity floor per action, 0 <= eps <= 1/4")
     chemo_bias: float = Field(-0.3, description="logit shift of chemotherapy in the logging policy (all sites)")
-    radio_bias: float = Field(-0.8, description="logit shift of radiotherapy in the logging policy (all sites)")
+    radio_bias: float = Field(-1.2, description="logit shift of radiotherapy in the logging policy (all sites); "
+                              "1.0 below chemotherapy so that \"chemo\" stays the second anchor whatever the sites' "
+                              "own shifts")
     site_practice_sd: float = Field(0.3, ge=0, description="s.d. of each site's own chemo/radio logit shifts")
     site_casemix_sd: float = Field(0.5, ge=0, description="s.d. of each site's tilt of the stage distribution")
     noise_sd: float = Field(0.01, gt=0, description="s.d. of the daily volume noise e_t (Geng et al.: 0.01)")

@@ -107,6 +107,17 @@ class TumourWorld:
             raise ValueError(f"rows out of range for {split} site {site} with {len(ids)} rows")
         return ids[rows]
 
+    def _ids(self, ids: np.ndarray | list[int]) -> np.ndarray:
+        """``ids`` as int64 global patient ids.
+
+        Raises:
+            ValueError: An id outside ``[0, n_patients)``.
+        """
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.cfg.n_patients):
+            raise ValueError(f"patient ids must lie in [0, {self.cfg.n_patients})")
+        return ids
+
     def _valid(self, ids: np.ndarray) -> np.ndarray:
         return np.arange(self.L)[None, :] < self.lengths[ids][:, None]
 
@@ -164,7 +175,13 @@ class TumourWorld:
         Raises:
             ValueError: The plan's shape or actions are out of range.
         """
-        ids = self.patient_ids(site, split, rows)
+        return self.regime_outcome_probs_of(self.patient_ids(site, split, rows), start, plan, n_rollouts)
+
+    def regime_outcome_probs_of(
+        self, ids: np.ndarray, start: int, plan: np.ndarray | list[int], n_rollouts: int | None = None
+    ) -> np.ndarray:
+        """:meth:`regime_outcome_probs` of the patients with global ids ``ids``."""
+        ids = self._ids(ids)
         R = int(n_rollouts or self.cfg.n_rollouts)
         plan = self._check_plan(ids, start, plan)
         H = plan.shape[1]
@@ -175,21 +192,22 @@ class TumourWorld:
             noise = rollout_normals(self.cfg.seed, self.Z[c][:, start : start + H], c, R, steps)
             parts.append(truth.regime(self.params.take(c), V, C, plan[k], noise, self.cfg.noise_sd,
                                       self.v_response)[0])
-        out = np.concatenate(parts, axis=0)
+        out = np.concatenate(parts, axis=0) if parts else np.empty((0, H))
         valid = steps[None, :] < self.lengths[ids][:, None]
         return np.where(valid, out, np.nan)
 
-    def regime_volumes(
-        self, site: int | None, split: Split, rows: np.ndarray | list[int] | None, start: int,
-        plan: np.ndarray | list[int],
-    ) -> np.ndarray:
-        """The counterfactual volumes (cm³) under ``plan`` from day ``start``: ``V_{start}, ..., V_{start+H}``, [n, H+1].
+    def counterfactual_volumes(self, ids: np.ndarray, start: int, plan: np.ndarray | list[int]) -> np.ndarray:
+        """The counterfactual volumes (cm³) of patients ``ids`` under ``plan`` from day ``start``:
+        ``V_start, ..., V_{start+H}``, float64 [n, H+1].
 
-        Unit-level, with the patient's own logged noise (the CRN convention of RMSN/CRN/CT's τ-step-ahead
+        Unit-level, with each patient's own logged noise (the CRN convention of RMSN/CRN/CT's τ-step-ahead
         counterfactuals): with the logged actions as the plan this is the logged volume path. Days beyond a
         patient's length are simulated as well (lengths do not depend on treatment).
+
+        Raises:
+            ValueError: The plan's shape or actions (or an id) are out of range.
         """
-        ids = self.patient_ids(site, split, rows)
+        ids = self._ids(ids)
         plan = self._check_plan(ids, start, plan)
         V, C = self._state(ids, start)
         noise = self.Z[ids][:, start : start + plan.shape[1]]
@@ -212,11 +230,17 @@ class TumourWorld:
         Returns:
             float64 ``[n]``.
         """
+        return self.effects_of(self.patient_ids(site, split, rows), anchor, horizon, n_rollouts)
+
+    def effects_of(
+        self, ids: np.ndarray, anchor: int | None = None, horizon: int | None = None, n_rollouts: int | None = None
+    ) -> np.ndarray:
+        """:meth:`true_effects` of the patients with global ids ``ids``."""
         t0 = self.anchor_step if anchor is None else int(anchor)
         H = self.horizon if horizon is None else int(horizon)
         a_off, a_on = self.anchors
-        on = self.regime_outcome_probs(site, split, rows, t0, np.full(H, a_on), n_rollouts)
-        off = self.regime_outcome_probs(site, split, rows, t0, np.full(H, a_off), n_rollouts)
+        on = self.regime_outcome_probs_of(ids, t0, np.full(H, a_on), n_rollouts)
+        off = self.regime_outcome_probs_of(ids, t0, np.full(H, a_off), n_rollouts)
         return truth.nanmean_rows(on - off)
 
     def true_policy_value(
@@ -254,7 +278,13 @@ class TumourWorld:
     ) -> np.ndarray:
         """Each patient's true value of ``policy`` per rollout, float64 ``[R, n]`` (patients in ``patient_ids``
         order; see :meth:`true_policy_value`)."""
-        ids = self.patient_ids(site, split)
+        return self.policy_values_of(policy, self.patient_ids(site, split), n_rollouts, horizon)
+
+    def policy_values_of(
+        self, policy: PolicyLike, ids: np.ndarray, n_rollouts: int | None = None, horizon: int | None = None
+    ) -> np.ndarray:
+        """:meth:`policy_values_per_patient` of the patients with global ids ``ids``, float64 ``[R, n]``."""
+        ids = self._ids(ids)
         R = int(n_rollouts or self.cfg.n_rollouts)
         steps = np.arange(self.L)
         policy = bind_policy(policy, self.train[0])
@@ -263,7 +293,7 @@ class TumourWorld:
             noise = rollout_normals(self.cfg.seed, self.Z[c], c, R, steps)
             parts.append(truth.policy_values(self.params.take(c), self.V_all[c, 0], policy, self.lengths[c], noise,
                                              self.anchors, self.cfg.noise_sd, self.v_response, horizon=horizon))
-        return np.concatenate(parts, axis=1)
+        return np.concatenate(parts, axis=1) if parts else np.empty((R, 0))
 
     def replay_logged(self, site: int, split: Split) -> np.ndarray:
         """Outcomes from re-simulating the logged actions with the stored noise ([n, L], 0 on padding)."""
