@@ -299,3 +299,22 @@ def test_a_tumour_run_names_its_actions_and_generates_its_contexts():
                                                  "when": "above", "value": 0.23, "then": "both", "otherwise": "none"})])
     with pytest.raises(DataError, match="surgery"):
         check_policies(cfg, [_policy("bad", {"kind": "static", "action": "surgery"})])
+
+
+def test_centralised_simulators_generate_the_tumours_endogenous_contexts(one_torch_thread):
+    """The pooled (centralised) reference builds its network from the data's dims, endogenous contexts included:
+    under "both" every day its simulated volumes are its own, not the logged ones."""
+    from fcd_secure.config import build_config
+    from fcd_secure.experiments.centralised import train_centralised
+    from fcd_secure.federation import learner
+    from fcd_secure.model.baselines import SIMULATORS
+
+    cfg = build_config("tiny", {"data": {"dataset": "tumour"}})
+    test = learner.load_site_data(cfg, 0).test
+    for name in ("fed_causaldiff", "gformula"):
+        sim, _ = train_centralised(SIMULATORS[name], cfg, epochs=1)
+        res = sim.simulate(test, 3, 2, 0, start_t=2, horizon=4, keep_contexts=True)
+        assert res.contexts == {"generated": ["tumour_volume", "tumour_diameter"], "replayed": []}, name
+        assert not np.allclose(res.context_values[:, 0, 1:], test.A[:, 3:6]), name
+    naive, _ = train_centralised(SIMULATORS["naive"], cfg, epochs=1)
+    assert naive.simulate(test, 3, 1, 0, start_t=2, horizon=2).contexts["generated"] == []
