@@ -2,8 +2,10 @@
 beside the published CRN and Causal Transformer figures, and PEHE / |ATE error| / policy-value error of
 Fed-CausalDiff beside the naive observational model and the g-formula, for confounding strengths γ ∈ {1, 2, 3, 4}.
 
-What it runs, per γ (one seed; ``nice -n 5`` and one torch thread; the default sizes finish in about 20 minutes on
-one free core, longer on a shared one):
+What it runs, per γ (one seed; ``nice -n 5`` and one torch thread). The default sizes took 38 minutes of wall time
+as two processes (γ 1 2 and γ 3 4) on the shared 2-core machine at load ~20, about 11 % of a core each, so roughly
+10 minutes of CPU in all; Fed-CausalDiff's diffusion sampling in the evaluation rollouts is most of it
+(``docs/tumour.md`` has the figures):
 
 1. a tumour world (:mod:`fcd_secure.data.tumour`) with that γ, ``--patients`` patients over 10 sites (80 % train),
    at most 30 days each;
@@ -29,7 +31,7 @@ death/recovery censoring, the volume as the outcome, five runs. Ours: far fewer 
 censoring, and a model trained for a binary response outcome whose volume is a generated context (the data's
 ``A_t``), so the comparison places our numbers, it does not rank the methods.
 
-    nice -n 5 .venv/bin/python benchmarks/tumour.py                 # the default sizes (about 20 minutes)
+    nice -n 5 .venv/bin/python benchmarks/tumour.py                 # the default sizes (module docstring)
     nice -n 5 .venv/bin/python benchmarks/tumour.py --quick         # γ = 2 only, small sizes (a minute or two)
     nice -n 5 .venv/bin/python benchmarks/tumour.py --gammas 1 2 --json > a.json   # split over processes,
     nice -n 5 .venv/bin/python benchmarks/tumour.py --gammas 3 4 --json > b.json   # then
