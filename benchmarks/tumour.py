@@ -32,7 +32,7 @@ censoring, and a model trained for a binary response outcome whose volume is a g
 ``A_t``), so the comparison places our numbers, it does not rank the methods.
 
     nice -n 5 .venv/bin/python benchmarks/tumour.py                 # the default sizes (module docstring)
-    nice -n 5 .venv/bin/python benchmarks/tumour.py --quick         # γ = 2 only, small sizes (a minute or two)
+    nice -n 5 .venv/bin/python benchmarks/tumour.py --quick         # γ = 2 only, small sizes (a few minutes)
     nice -n 5 .venv/bin/python benchmarks/tumour.py --gammas 1 2 --json > a.json   # split over processes,
     nice -n 5 .venv/bin/python benchmarks/tumour.py --gammas 3 4 --json > b.json   # then
     .venv/bin/python benchmarks/tumour.py --merge a.json b.json
