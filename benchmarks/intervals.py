@@ -14,10 +14,11 @@ oracle's truth:
   ``model`` (the simulator's own mean over every test entity: whether the interval machinery itself is calibrated).
 
 Nominal 90 %; the target is 85–95 %. The oracle of a dataset is one function in :data:`ORACLES` (per-entity true
-values of a policy, in the order of the per-entity file's ``entity`` column); the tumour simulator adds its own there.
+values of a policy, in the order of the per-entity file's ``entity`` column): DKT-Synth and the tumour world.
 
     .venv/bin/python benchmarks/intervals.py --quick                       # tiny preset, 2 seeds, minutes
     .venv/bin/python benchmarks/intervals.py --preset default --seeds 3    # the README run's sizes
+    .venv/bin/python benchmarks/intervals.py --quick --dataset tumour      # the tumour oracle (Geng et al. 2017)
     .venv/bin/python benchmarks/intervals.py --from-run runs/a runs/b      # score finished runs (no training)
     .venv/bin/python benchmarks/intervals.py --json
 """
@@ -48,8 +49,14 @@ def dkt_synth_truth(fd: Any, policy: Any, site: int, entities: np.ndarray, horiz
     return per[[pos[int(e)] for e in entities]]
 
 
+def tumour_truth(fd: Any, policy: Any, site: int, entities: np.ndarray, horizon: int | None) -> np.ndarray:
+    """Tumour world (Geng et al. 2017): each test patient's true value of ``policy`` (mean over the oracle's
+    rollouts), by global patient id (the per-entity file's ``entity`` column)."""
+    return fd.oracle.policy_values_of(policy, np.asarray(entities, dtype=np.int64), horizon=horizon).mean(axis=0)
+
+
 #: dataset name -> ``truth(federated data, policy, site, entity ids of the per-entity file, horizon) -> [n]``
-ORACLES: dict[str, Callable[..., np.ndarray]] = {"dkt-synth": dkt_synth_truth}
+ORACLES: dict[str, Callable[..., np.ndarray]] = {"dkt-synth": dkt_synth_truth, "tumour": tumour_truth}
 
 
 def _status(msg: str) -> None:
@@ -144,7 +151,8 @@ def score(run: Path, sizes: list[int], resamples: int) -> dict[str, Any]:
     resampled = [{"quantity": q, "m": m, "truth": c["truth"] / c["n"], "model": c["model"] / c["n"], "n": c["n"],
                   "bias": float(quantities[q][0].mean() - quantities[q][1].mean())}
                  for (q, m), c in counts.items()]
-    return {"seed": seed, "n_test": N, "pehe": summary.get("pehe"), "run": checks, "resamples": resampled}
+    return {"seed": seed, "dataset": cfg.data.dataset, "n_test": N, "pehe": summary.get("pehe"), "run": checks,
+            "resamples": resampled}
 
 
 def main() -> None:
@@ -190,7 +198,8 @@ def main() -> None:
                                                 "model": float(np.mean([x["model"] for x in rows]))}
     run_by_kind = {kind: float(np.mean([c["covered"] for c in run_checks if c["quantity"].startswith(kind)]))
                    for kind in kinds if any(c["quantity"].startswith(kind) for c in run_checks)}
-    machine = (f"{platform.node()} · {os.cpu_count()} CPUs · load {os.getloadavg()[0]:.1f} · {args.dataset} · "
+    datasets = ", ".join(sorted({r["dataset"] for r in results}))
+    machine = (f"{platform.node()} · {os.cpu_count()} CPUs · load {os.getloadavg()[0]:.1f} · {datasets} · "
                + (f"{len(runs)} finished runs" if args.from_run else f"preset {args.preset} · {args.seeds} seeds")
                + f" · nominal {args.level:.0%}")
     out = {"machine": machine, "params": vars(args),
@@ -201,6 +210,7 @@ def main() -> None:
         print(json.dumps(out, default=str))
         return
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     con = Console()
@@ -208,7 +218,7 @@ def main() -> None:
     for k in table[0]:
         t.add_column(k, justify="left" if k == "quantity" else "right", overflow="fold")
     for r in table:
-        t.add_row(*(f"{v:.3f}" if isinstance(v, float) else str(v) for v in r.values()))
+        t.add_row(*(f"{v:.3f}" if isinstance(v, float) else escape(str(v)) for v in r.values()))  # "value[never]"
     con.print(t)
     con.print(f"nominal {args.level:.0%}, target 85–95 %")
     for m, per in by_m.items():

@@ -93,7 +93,7 @@ def test_preset_tiny_subsamples(shared_data):
 
 def test_one_source_per_dataset_declares_name_table_and_presets():
     assert DATASETS == tuple(src.name for src in SOURCES) == ("dkt-synth", "statics2011", "assistments2009",
-                                                              "diabetes130", "obd")
+                                                              "diabetes130", "obd", "tumour")
     assert set(PAPER_TABLE_I) == {"dkt-synth", "statics2011", "diabetes130", "obd"}  # ASSISTments is not in Table I
     for src in SOURCES:
         assert get_source(src.name.upper()) is src and "tiny" in src.presets and "default" in src.presets

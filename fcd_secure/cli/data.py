@@ -95,7 +95,7 @@ def _fmt_pair(ours: Any, paper: Any) -> str:
 def describe(
     dataset: list[str] = typer.Option(
         ["all"], "--dataset", "-d",
-        help="dkt-synth, statics2011, assistments2009, diabetes130, obd, or all (repeat the option for several).",
+        help="dkt-synth, tumour, statics2011, assistments2009, diabetes130, obd, or all (repeat the option for several).",
     ),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Folder holding the datasets "
                                             "(default: $FCD_DATA_DIR, then ../shared/data next to the project)."),

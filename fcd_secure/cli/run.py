@@ -330,7 +330,7 @@ def register(app: typer.Typer) -> None:
         sites: Optional[int] = typer.Option(None, "--sites", min=1, help="Number of sites N (paper: 10; a table's site column decides)."),
         clients_per_round: Optional[int] = typer.Option(None, "--clients-per-round", min=1, help="Sites sampled per round (default N/2, at least the secure minimum)."),
         seed: Optional[int] = typer.Option(None, "--seed", help="Seed of split, initialisation, sampling and training."),
-        dataset: Optional[str] = typer.Option(None, "--dataset", help="dkt-synth (default; oracle metrics) | statics2011 | assistments2009 | diabetes130 | obd (OPE estimates, factual AUC)."),
+        dataset: Optional[str] = typer.Option(None, "--dataset", help="dkt-synth (default) | tumour (oracles: truth beside estimates) | statics2011 | assistments2009 | diabetes130 | obd (OPE estimates, factual AUC)."),
         spec: Optional[tuple[Path, Path]] = typer.Option(None, "--spec", metavar="SPEC TABLE", help="Your own data: a dataset spec file and the table it describes (checked as `fcd data validate` does)."),
         data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Real datasets root (default $FCD_DATA_DIR, then ../shared/data of a source checkout)."),
         secure: Optional[bool] = typer.Option(None, "--secure-aggregation/--no-secure-aggregation", help="Pairwise-masked secure aggregation of Θc (default: on) or plain FedAvg.", show_default=False),

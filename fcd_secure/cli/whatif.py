@@ -75,8 +75,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Simulate each POLICY on the run's trained model (Θc from theta_c.npz, each site's own Θs from its state)
         in one evaluation-only round on the simulation engine: its value with an interval, the difference to the
-        reference policy with an interval, and the truth beside them on DKT-Synth. Per-entity effects are written on
-        each site, into that site's own state folder (whatif/<query id>.csv); only consortium sums reach the server.
+        reference policy with an interval, and the truth beside them on an oracle (dkt-synth, tumour). Per-entity
+        effects are written on each site, into that site's own state folder (whatif/<query id>.csv); only consortium
+        sums reach the server.
         The result is also written to RUN_DIR/whatif/<query id>.json.
 
         Exit codes: 0 done, 2 bad input (run folder, policy files, labels the data does not have), 1 the run failed.

@@ -62,7 +62,8 @@ def run_local_only(cfg: RunConfig) -> dict[str, Any]:
     for i in range(cfg.data.n_sites):
         data = learner.load_site_data(cfg, i)
         d = data.train
-        sim = FedCausalDiffSimulator.from_dims(learner.model_config(cfg), d.dx, d.da, int(d.n_actions), data.n_sites)
+        sim = FedCausalDiffSimulator.from_dims(learner.model_config(cfg), d.dx, d.da, int(d.n_actions), data.n_sites,
+                                               learner.dims_of(d, data.n_sites)["n_endogenous"])
         for e in range(epochs):  # one seed per pass, as a federated site gets one per round
             sim.train_site(d, i, data.n_sites, epochs=1, seed=learner.round_seed(cfg.seed, e + 1, i))
         sims.append(sim)

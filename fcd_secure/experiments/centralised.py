@@ -67,7 +67,9 @@ def train_centralised(
     fd = learner.load_federated(cfg)
     pooled = concat(list(fd.train))
     n_sites = len(fd.train)
-    sim = simulator.from_dims(learner.model_config(cfg), pooled.dx, pooled.da, int(pooled.n_actions), n_sites)
+    dims = learner.dims_of(pooled, n_sites)
+    sim = simulator.from_dims(learner.model_config(cfg), pooled.dx, pooled.da, int(pooled.n_actions), n_sites,
+                              dims["n_endogenous"])
     fit: dict[str, float] = {}
     for e in range(epochs):
         fit = sim.train_site(pooled, None, n_sites, epochs=1, seed=learner.round_seed(cfg.seed, e + 1, POOLED_SITE))

@@ -10,8 +10,8 @@ On each site (:func:`site_policy_sums`), for every policy π (bound to the site'
 
 * the do-simulation of Fed-CausalDiff over the site's test entities from t = 0 for ``horizon`` steps
   (``model.simulate``; endogenous contexts generated, exogenous replayed);
-* ``policy.<π>.*``: Σ simulated value, Σ true value (DKT-Synth oracle), n; the OPE sums (IPW, SNIPW, per-decision
-  DR on the site's own logged propensities, which never leave; DESIGN trap 5);
+* ``policy.<π>.*``: Σ simulated value, Σ true value (an oracle: DKT-Synth, tumour), n; the OPE sums (IPW, SNIPW,
+  per-decision DR on the site's own logged propensities, which never leave; DESIGN trap 5);
 * ``whatif.value.<π>.*`` and, for π ≠ reference, ``whatif.diff.<π>.*`` (per-entity v_i(π) − v_i(ref)): n, Σx, Σx²
   and the Monte-Carlo variance of :mod:`fcd_secure.evaluation.intervals` (two sums per quantity, nothing that could
   be solved for one entity's value);
@@ -399,7 +399,8 @@ def evaluated_policy_names(eval_config: dict | None, cfg: "RunConfig") -> list[s
 
 def action_labels(cfg: "RunConfig") -> list[str] | None:
     """The action labels of the run's data as the server may know them without any site's data: a spec's labels
-    (``actions`` / ``action_labels``), DKT-Synth's item names; None otherwise (anchors are then shown by id)."""
+    (``actions`` / ``action_labels``), DKT-Synth's item names, the tumour world's four actions; None otherwise
+    (anchors are then shown by id)."""
     from fcd_secure.data.spec import load_spec  # noqa: PLC0415
 
     d = cfg.data
@@ -410,12 +411,17 @@ def action_labels(cfg: "RunConfig") -> list[str] | None:
         from fcd_secure.data.dkt_synth.generation import ITEM_LABELS  # noqa: PLC0415
 
         return list(ITEM_LABELS)
+    if d.dataset == "tumour":
+        from fcd_secure.data.tumour import ACTION_LABELS  # noqa: PLC0415
+
+        return list(ACTION_LABELS)
     return None
 
 
 def context_columns(cfg: "RunConfig") -> dict[str, list[str]]:
     """The context columns by how a rollout treats them, as the server may know them without any site's data: a
-    spec's ``[[context]]`` columns by ``dynamics``, DKT-Synth's clock; empty otherwise (the counts remain)."""
+    spec's ``[[context]]`` columns by ``dynamics``, DKT-Synth's clock, the tumour's volume and diameter; empty
+    otherwise (the counts remain)."""
     from fcd_secure.data.spec import load_spec  # noqa: PLC0415
 
     d = cfg.data
@@ -427,6 +433,11 @@ def context_columns(cfg: "RunConfig") -> dict[str, list[str]]:
         from fcd_secure.data.dkt_synth.generation import CONTEXT_NAMES  # noqa: PLC0415
 
         return {"generated_columns": [], "replayed_columns": list(CONTEXT_NAMES)}
+    if d.dataset == "tumour":
+        from fcd_secure.data.tumour import CONTEXT_NAMES as TUMOUR_CONTEXTS  # noqa: PLC0415
+
+        gen = list(TUMOUR_CONTEXTS) if cfg.model.use_context else []  # both endogenous (data/tumour/pkpd.py)
+        return {"generated_columns": gen, "replayed_columns": [c for c in TUMOUR_CONTEXTS if c not in gen]}
     return {}
 
 

@@ -246,15 +246,19 @@ class Simulator(ABC):
     # -- building and training -------------------------------------------------------------------------------
     @classmethod
     @abstractmethod
-    def from_dims(cls, cfg: ModelConfig, dx: int, da: int, n_actions: int, n_sites: int) -> "Simulator":
+    def from_dims(
+        cls, cfg: ModelConfig, dx: int, da: int, n_actions: int, n_sites: int, n_endogenous: int = 0
+    ) -> "Simulator":
         """A fresh simulator whose parameters are initialised from ``cfg.seed`` (every site builds the same Θc).
 
         Args:
             cfg: the model configuration.
             dx: static covariates.
-            da: exogenous context features per step.
+            da: context features per step.
             n_actions: size of the action set.
             n_sites: number of sites (labels of a site discriminator, if any).
+            n_endogenous: leading context columns treatment changes (``data.spec.n_endogenous``); a simulator that
+                models contexts generates them in rollouts, one that does not ignores this.
         """
 
     @property

@@ -9,7 +9,7 @@ dataset).
 
 from __future__ import annotations
 
-from fcd_secure.data.sources import assistments2009, diabetes130, dkt_synth, obd, statics2011
+from fcd_secure.data.sources import assistments2009, diabetes130, dkt_synth, obd, statics2011, tumour
 from fcd_secure.data.sources.base import DatasetSource, GeneratedSource, PooledSource
 
 __all__ = ["SOURCES", "DatasetSource", "GeneratedSource", "PooledSource"]
@@ -21,4 +21,5 @@ SOURCES: tuple[DatasetSource, ...] = (
     assistments2009.SOURCE,
     diabetes130.SOURCE,
     obd.SOURCE,
+    tumour.SOURCE,
 )

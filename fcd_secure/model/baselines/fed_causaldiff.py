@@ -41,9 +41,12 @@ class FedCausalDiffSimulator(Simulator):
         return cfg
 
     @classmethod
-    def from_dims(cls, cfg: ModelConfig, dx: int, da: int, n_actions: int, n_sites: int) -> "FedCausalDiffSimulator":
-        """A fresh network initialised from ``cfg.seed`` (see :meth:`Simulator.from_dims`)."""
-        return cls(FedCausalDiff.from_dims(cls.configure(cfg), dx, da, n_actions, n_sites))
+    def from_dims(
+        cls, cfg: ModelConfig, dx: int, da: int, n_actions: int, n_sites: int, n_endogenous: int = 0
+    ) -> "FedCausalDiffSimulator":
+        """A fresh network initialised from ``cfg.seed``, with the context head when the data has endogenous
+        contexts (see :meth:`Simulator.from_dims`)."""
+        return cls(FedCausalDiff.from_dims(cls.configure(cfg), dx, da, n_actions, n_sites, n_endogenous))
 
     def make_optimizer(self) -> torch.optim.Optimizer:
         """Adam over every parameter (:func:`~fcd_secure.model.training.make_optimizer`)."""

@@ -79,8 +79,11 @@ class NaiveSimulator(Simulator):
         self.model = model
 
     @classmethod
-    def from_dims(cls, cfg: ModelConfig, dx: int, da: int, n_actions: int, n_sites: int) -> "NaiveSimulator":
-        """Width, action embedding and outcome type from ``cfg``; parameters initialised from ``cfg.seed``."""
+    def from_dims(
+        cls, cfg: ModelConfig, dx: int, da: int, n_actions: int, n_sites: int, n_endogenous: int = 0
+    ) -> "NaiveSimulator":
+        """Width, action embedding and outcome type from ``cfg``; parameters initialised from ``cfg.seed``. It has no
+        context model: its rollouts replay every context, endogenous ones included."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.seed)
             model = NaiveOutcomeModel(dx, da, n_actions, hidden=cfg.mlp_hidden, action_emb=cfg.action_emb,

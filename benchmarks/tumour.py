@@ -1,0 +1,285 @@
+"""The tumour-growth oracle (Geng et al. 2017, as RMSN/CRN/CT use it): counterfactual tumour volume τ steps ahead
+beside the published CRN and Causal Transformer figures, and PEHE / |ATE error| / policy-value error of
+Fed-CausalDiff beside the naive observational model and the g-formula, for confounding strengths γ ∈ {1, 2, 3, 4}.
+
+What it runs, per γ (one seed; ``nice -n 5`` and one torch thread). The default sizes took 38 minutes of wall time
+as two processes (γ 1 2 and γ 3 4) on the shared 2-core machine at load ~20, about 11 % of a core each, so roughly
+10 minutes of CPU in all; Fed-CausalDiff's diffusion sampling in the evaluation rollouts is most of it
+(``docs/tumour.md`` has the figures):
+
+1. a tumour world (:mod:`fcd_secure.data.tumour`) with that γ, ``--patients`` patients over 10 sites (80 % train),
+   at most 30 days each;
+2. three simulators trained on the pooled training sites for ``--epochs`` passes (the centralised reference of
+   :mod:`fcd_secure.experiments.centralised`; the federated path is ``fcd run --dataset tumour``): Fed-CausalDiff,
+   the g-formula (Fed-CausalDiff with a deterministic latent transition) and the naive outcome model;
+3. each scored on every site's test split exactly as a federated run scores it
+   (:func:`fcd_secure.federation.evaluation.site_metrics`, merged): PEHE and |ATE error| of the always-chemo minus
+   never effect over days 5-14, and the value error of the paper's four policies (never, always, early_on,
+   late_on; anchors none/chemo);
+4. the normalised RMSE of counterfactual tumour volume τ = 1..5 days ahead: from start days 4, 9, 14, 19 and 24
+   of every test patient (the history up to the start is the logged one), one random plan of five actions
+   (uniform over none/chemo/radio/both, CT's "random trajectories" setting); the truth is the oracle's volume under
+   that plan with the patient's own noise (common random numbers, the CRN/CT convention), the prediction the mean
+   of the simulator's generated volume context over ``--samples`` rollouts; RMSE = √mean((V̂ − V)²) / V(13 cm)
+   × 100, as in CT (``get_normalised_masked_rmse``) and CRN (``np.sqrt(np.mean(mse)) / 1150 * 100``). The naive
+   model has no volume model; "carry forward" (the start day's volume for every later day) is the floor any
+   simulator must beat.
+
+The published figures (:data:`PUBLISHED`) are from CT's repository README, "Updated results" (Melnychuk et al.
+2022, Tables 9 and 10 after two bug fixes; CRN re-run by the same authors): 10,000 training patients, 60 days,
+death/recovery censoring, the volume as the outcome, five runs. Ours: far fewer patients and days, one run, no
+censoring, and a model trained for a binary response outcome whose volume is a generated context (the data's
+``A_t``), so the comparison places our numbers, it does not rank the methods.
+
+    nice -n 5 .venv/bin/python benchmarks/tumour.py                 # the default sizes (module docstring)
+    nice -n 5 .venv/bin/python benchmarks/tumour.py --quick         # γ = 2 only, small sizes (a few minutes)
+    nice -n 5 .venv/bin/python benchmarks/tumour.py --gammas 1 2 --json > a.json   # split over processes,
+    nice -n 5 .venv/bin/python benchmarks/tumour.py --gammas 3 4 --json > b.json   # then
+    .venv/bin/python benchmarks/tumour.py --merge a.json b.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from typing import Any
+
+os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
+
+import numpy as np  # noqa: E402
+
+#: Normalised RMSE (%) of counterfactual tumour volume, mean over five runs: τ = 1 from CT README Table 9
+#: (updated, one-step-ahead), τ = 2..5 from Table 10 (updated, random trajectories); columns γ = 1, 2, 3, 4.
+PUBLISHED: dict[str, dict[int, tuple[float, float, float, float]]] = {
+    "CRN": {1: (0.788, 0.881, 1.062, 1.358), 2: (0.760, 0.805, 2.045, 1.209), 3: (0.777, 0.826, 1.789, 1.356),
+            4: (0.743, 0.805, 1.567, 1.327), 5: (0.692, 0.761, 1.410, 1.242)},
+    "CT": {1: (0.783, 0.864, 1.098, 1.413), 2: (0.781, 0.818, 1.001, 1.163), 3: (0.807, 0.838, 1.072, 1.283),
+           4: (0.777, 0.810, 1.075, 1.302), 5: (0.723, 0.751, 1.036, 1.264)},
+}
+PUBLISHED_GAMMAS = (1.0, 2.0, 3.0, 4.0)
+METHODS = ("fed_causaldiff", "gformula", "naive")
+LABELS = {"fed_causaldiff": "Fed-CausalDiff", "gformula": "g-formula", "naive": "naive"}
+TAU_MAX = 5
+START_DAYS = (4, 9, 14, 19, 24)
+
+
+def _status(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def site_views(world: Any) -> list[Any]:
+    """Each site's :class:`~fcd_secure.federation.learner.SiteData` of ``world`` (what a federated site holds)."""
+    from fcd_secure.federation.learner import SiteData
+
+    return [SiteData(train=world.train[s], test=world.test[s], site_index=s, n_sites=world.n_sites,
+                     anchors=tuple(world.anchors), oracle=world, description={}) for s in range(world.n_sites)]
+
+
+def train(name: str, cfg: Any, world: Any, epochs: int) -> Any:
+    """``name`` trained on the pooled training sites, as ``train_centralised`` trains it (its seeds)."""
+    from fcd_secure.data.schema import concat
+    from fcd_secure.experiments.centralised import POOLED_SITE
+    from fcd_secure.federation import learner
+    from fcd_secure.model.baselines import SIMULATORS
+
+    pooled = concat(list(world.train))
+    dims = learner.dims_of(pooled, world.n_sites)  # n_endogenous = 2: volume and diameter get a context model
+    sim = SIMULATORS[name].from_dims(learner.model_config(cfg), pooled.dx, pooled.da, int(pooled.n_actions),
+                                     world.n_sites, dims["n_endogenous"])
+    for e in range(epochs):
+        sim.train_site(pooled, None, world.n_sites, epochs=1, seed=learner.round_seed(cfg.seed, e + 1, POOLED_SITE))
+    return sim
+
+
+def policy_metrics(sim: Any, cfg: Any, views: list[Any]) -> dict[str, Any]:
+    """PEHE, |ATE error| and the four policies' value errors, every site scoring its own test split (merged)."""
+    from fcd_secure.experiments.evaluate import full_eval_config
+    from fcd_secure.federation.evaluation import merge_site_metrics, site_metrics
+
+    conf = full_eval_config(cfg)
+    return merge_site_metrics([site_metrics(sim, v, cfg, conf) for v in views])
+
+
+def cf_queries(world: Any, seed: int) -> list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+    """``(start day, test rows, their global ids, plan [n, τ_max + 1])`` per start day: every test patient observed
+    on the start day, one uniform random plan each (seeded; the last action moves no volume within τ_max)."""
+    from fcd_secure.data.schema import concat
+
+    test = concat(list(world.test))
+    ids = np.concatenate([d.meta["entity"] for d in world.test])
+    rng = np.random.default_rng([seed, 0x7A3E])
+    out = []
+    for t0 in START_DAYS:
+        if t0 + TAU_MAX + 1 > world.L:  # the rollout reaches day t0 + τ_max with its own (τ_max + 1)-th step
+            continue
+        rows = np.nonzero(test.lengths > t0)[0]
+        out.append((t0, rows, ids[rows], rng.integers(0, world.n_actions, (len(rows), TAU_MAX + 1))))
+    return out
+
+
+def cf_rmse(sim: Any | None, world: Any, queries: list, n_samples: int, seed: int) -> list[float]:
+    """Normalised RMSE (%) τ = 1..τ_max of the simulator's generated volume (module docstring); ``sim=None``:
+    carry the start day's volume forward."""
+    from fcd_secure.data.schema import concat
+    from fcd_secure.data.tumour import V_DEATH
+
+    test = concat(list(world.test))
+    se = np.zeros(TAU_MAX)
+    n = 0
+    for t0, rows, ids, plan in queries:
+        truth = world.counterfactual_volumes(ids, t0, plan[:, :TAU_MAX])[:, 1:] / V_DEATH  # [n, τ_max]
+        if sim is None:
+            pred = np.repeat(test.A[rows, t0, :1], TAU_MAX, axis=1)
+        else:
+            sub = test.subset(rows)
+            res = sim.simulate(sub, plan, n_samples, seed + t0, start_t=t0, horizon=TAU_MAX + 1, keep_contexts=True)
+            if res.context_values is None:
+                return [float("nan")] * TAU_MAX
+            pred = res.context_values[:, :, 1:, 0].mean(axis=1)  # [n, τ_max]: the volume column, over rollouts
+        se += ((pred - truth) ** 2).sum(axis=0)
+        n += len(rows)
+    return [float(v) for v in np.sqrt(se / n) * 100.0]
+
+
+def run_gamma(gamma: float, args: argparse.Namespace) -> dict[str, Any]:
+    """Everything the module docstring lists for one γ."""
+    from fcd_secure.config import build_config
+    from fcd_secure.data.tumour import TumourConfig, generate
+    from fcd_secure.federation import learner
+
+    world = generate(TumourConfig.from_preset("default", gamma=gamma, seed=args.seed, n_patients=args.patients))
+    cfg = build_config("default", {"seed": args.seed, "data": {"dataset": "tumour"},
+                                   "evaluation": {"n_samples": args.samples}})
+    views = site_views(world)
+    queries = cf_queries(world, args.seed)
+    out: dict[str, Any] = {"gamma": gamma, "n_train": int(sum(d.n for d in world.train)),
+                           "n_test": int(sum(d.n for d in world.test)), "anchors": list(world.anchors),
+                           "true_ate": float(np.mean(world.true_effects(None, "test"))),
+                           "naive_one_day_contrast": world.anchor_contrasts("train"),
+                           "cf_cases": int(sum(len(q[1]) for q in queries)),
+                           "carry_forward_rmse": cf_rmse(None, world, queries, 1, args.seed), "methods": {}}
+    for name in METHODS:
+        t0 = time.perf_counter()
+        sim = train(name, cfg, world, args.epochs)
+        t1 = time.perf_counter()
+        m = policy_metrics(sim, cfg, views)
+        rmse = cf_rmse(sim, world, queries, args.samples, learner.round_seed(args.seed, 0, 0)) if name != "naive" \
+            else [float("nan")] * TAU_MAX
+        out["methods"][name] = {
+            "pehe": m.get("pehe"), "ate_error": m.get("ate_error"), "ate_hat": m.get("ate_hat"),
+            "value_error_mean": m.get("value_error_mean"),
+            "values": {p: {"sim": d.get("value_sim"), "true": d.get("value_true")}
+                       for p, d in (m.get("policies") or {}).items()},
+            "factual_auc": m.get("factual_auc"), "rmse": rmse,
+            "train_s": t1 - t0, "eval_s": time.perf_counter() - t1,
+        }
+        _status(f"γ={gamma:g} {LABELS[name]}: PEHE {m.get('pehe'):.3f} |ATE err| {m.get('ate_error'):.3f} "
+                f"value err {m.get('value_error_mean'):.3f} RMSE τ=1..5 {np.round(rmse, 2).tolist()} "
+                f"({t1 - t0:.0f}+{time.perf_counter() - t1:.0f} s)")
+    return out
+
+
+def _f(v: Any, fmt: str = ".3f") -> str:
+    return "–" if v is None or (isinstance(v, float) and not np.isfinite(v)) else format(v, fmt)
+
+
+def print_tables(out: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    con.print(out["machine"])
+    res = out["results"]
+    gammas = [r["gamma"] for r in res]
+    t = Table(title="normalised RMSE (%) of counterfactual tumour volume, τ days ahead")
+    t.add_column("τ", justify="right")
+    t.add_column("method")
+    for g in gammas:
+        t.add_column(f"γ={g:g}", justify="right")
+    for tau in range(1, TAU_MAX + 1):
+        for pub, rows in PUBLISHED.items():
+            t.add_row(str(tau), f"{pub} (published)",
+                      *[_f(rows[tau][PUBLISHED_GAMMAS.index(g)]) if g in PUBLISHED_GAMMAS else "–" for g in gammas])
+        for name in ("fed_causaldiff", "gformula"):
+            t.add_row(str(tau), f"{LABELS[name]} (ours)", *[_f(r["methods"][name]["rmse"][tau - 1]) for r in res])
+        t.add_row(str(tau), "carry forward", *[_f(r["carry_forward_rmse"][tau - 1]) for r in res],
+                  end_section=tau < TAU_MAX)
+    con.print(t)
+    e = Table(title="effects and policy values (test patients, all sites)")
+    for col in ("γ", "method", "PEHE", "|ATE err|", "ATE est / true", "mean |value err|", "factual AUC"):
+        e.add_column(col, justify="left" if col == "method" else "right")
+    for r in res:
+        for i, name in enumerate(METHODS):
+            m = r["methods"][name]
+            e.add_row(f"{r['gamma']:g}", LABELS[name], _f(m["pehe"]), _f(m["ate_error"]),
+                      f"{_f(m['ate_hat'])} / {_f(r['true_ate'])}", _f(m["value_error_mean"]), _f(m["factual_auc"]),
+                      end_section=i == len(METHODS) - 1)
+    con.print(e)
+    v = Table(title="policy values: simulated / true")
+    v.add_column("γ", justify="right")
+    v.add_column("method")
+    pols = list(res[0]["methods"]["fed_causaldiff"]["values"])
+    for p in pols:
+        v.add_column(p, justify="right")
+    for r in res:
+        for i, name in enumerate(METHODS):
+            vals = r["methods"][name]["values"]
+            v.add_row(f"{r['gamma']:g}", LABELS[name],
+                      *[f"{_f(vals[p]['sim'])} / {_f(vals[p]['true'])}" for p in pols],
+                      end_section=i == len(METHODS) - 1)
+    con.print(v)
+    for r in res:
+        c = r["naive_one_day_contrast"]
+        con.print(f"γ={r['gamma']:g}: {r['n_train']} train / {r['n_test']} test patients, {r['cf_cases']} "
+                  f"counterfactual cases; one-day chemo − none contrast on the logged data: naive {c['naive']:+.3f}, "
+                  f"true {c['true']:+.3f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gammas", type=float, nargs="+", default=list(PUBLISHED_GAMMAS))
+    ap.add_argument("--patients", type=int, default=1000, help="patients per world (80 %% train; paper: 12,000)")
+    ap.add_argument("--epochs", type=int, default=6, help="passes over the pooled training data per simulator")
+    ap.add_argument("--samples", type=int, default=4, help="rollouts per patient in every simulation")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="γ = 2, 300 patients, 1 epoch, 2 rollouts")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                    help="print the tables of earlier --json outputs (e.g. γ values run as separate processes)")
+    args = ap.parse_args()
+    if args.merge:
+        parts = [json.loads(open(f, encoding="utf-8").read()) for f in args.merge]
+        results = sorted((r for p in parts for r in p["results"]), key=lambda r: r["gamma"])
+        print_tables({"machine": "\n".join(p["machine"] for p in parts), "results": results})
+        return
+    if args.quick:
+        args.gammas, args.patients, args.epochs, args.samples = [2.0], 300, 1, 2
+
+    import torch
+
+    import fcd_secure
+
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    results = []
+    for g in args.gammas:
+        results.append(run_gamma(float(g), args))
+    machine = (f"{platform.node()} · {os.cpu_count()} CPUs · load {os.getloadavg()[0]:.1f} · Python "
+               f"{platform.python_version()} · torch {torch.__version__} · numpy {np.__version__} · fcd_secure "
+               f"{getattr(fcd_secure, '__version__', '?')} · {args.patients} patients, {args.epochs} epochs, "
+               f"{args.samples} rollouts, seed {args.seed} · {time.perf_counter() - t0:.0f} s · "
+               f"{' '.join(sys.argv)}")
+    out = {"machine": machine, "params": vars(args), "results": results,
+           "published": {k: {str(t): v for t, v in rows.items()} for k, rows in PUBLISHED.items()}}
+    if args.json:
+        print(json.dumps(out, default=float))
+        return
+    print_tables(out)
+
+
+if __name__ == "__main__":
+    main()

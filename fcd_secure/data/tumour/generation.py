@@ -1,0 +1,200 @@
+"""Generate a tumour world: sites, patients, the logged data and everything the ground truth needs.
+
+Order of the draws (each from its own stream, so none depends on another's size):
+
+1. sites: each patient's site by the project's Dirichlet rule
+   (:func:`~fcd_secure.data.partition.dirichlet_assignment`, seed ``seed``), then the site-level parameters (their own
+   stream): a case-mix tilt ``κ_s`` of the stage distribution, ``π_s(k) ∝ π(k) · exp(κ_s (k − 2))`` over stages
+   I..IV (k = 0..4; κ_s > 0 sees later stages, hence larger tumours), and the site's chemo/radio practice shifts
+   ``b_{s,k}`` of the logging policy (:mod:`.behaviour`);
+2. patients: each patient's own stream (:func:`~.noise.patient_streams`) gives stage (from the site's case mix),
+   initial diameter, patient type, the PK-PD parameters, length and the daily volume and action noise;
+3. logging: the behaviour policy (:mod:`.behaviour`) and the PK-PD model (:mod:`.pkpd`) run day by day;
+4. split: per site, the project's train/test rule (:func:`~fcd_secure.data.partition.site_splits`), then the anchors
+   by the project's rule (:func:`~fcd_secure.data.policy.anchor_actions` on the training sites).
+
+As in DKT-Synth the site is a cause of the data (its case mix and practice), so it is drawn before any patient
+exists, with one key class: Dirichlet(α) site sizes over exchangeable patients, with the project's minimum site size.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fcd_secure.data.partition import dirichlet_assignment, site_splits
+from fcd_secure.data.policy import anchor_actions
+from fcd_secure.data.schema import SiteDataset
+from fcd_secure.data.tumour.behaviour import action_probs, recent_mean
+from fcd_secure.data.tumour.config import TumourConfig
+from fcd_secure.data.tumour.noise import patient_streams
+from fcd_secure.data.tumour.pkpd import (
+    ACTION_LABELS,
+    ALPHA_MEAN,
+    BETA_C_MEAN,
+    BETA_C_SD,
+    CONTEXT_NAMES,
+    N_ACTIONS,
+    STAGE_COUNTS,
+    STAGE_DIAMETER,
+    TYPE_BOOST,
+    PatientParams,
+    day,
+    diameter_of,
+    normal_cdf,
+    normal_ppf,
+    observed_contexts,
+    volume_of,
+)
+from fcd_secure.data.tumour.world import TumourWorld
+
+__all__ = ["FEATURE_NAMES", "generate"]
+
+#: X: the patient type (one-hot; types 1 and 3 respond more to radio- and chemotherapy) and the stage at diagnosis
+#: (I..IV as 0, 0.25, ..., 1): what the clinic knows on day 0
+FEATURE_NAMES = ["patient_type_1", "patient_type_2", "patient_type_3", "stage"]
+_SALT_SITES = 0x7A3E_0002
+
+
+def _site_parameters(cfg: TumourConfig) -> dict[str, np.ndarray]:
+    """Site-level case mix and practice, from their own stream (independent of ``n_patients``)."""
+    S = cfg.n_sites
+    rng = np.random.default_rng(np.random.SeedSequence([_SALT_SITES, cfg.seed]))
+    tilt = rng.normal(0.0, cfg.site_casemix_sd, S)
+    chemo = rng.normal(0.0, cfg.site_practice_sd, S)
+    radio = rng.normal(0.0, cfg.site_practice_sd, S)
+    w = STAGE_COUNTS[None, :] * np.exp(tilt[:, None] * (np.arange(len(STAGE_COUNTS))[None, :] - 2.0))
+    return {"casemix_tilt": tilt, "stage_probs": w / w.sum(1, keepdims=True), "chemo_shift": chemo,
+            "radio_shift": radio}
+
+
+def _truncated_normal(u: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Inverse-CDF draw of N(0, 1) truncated to [lo, hi] from uniforms ``u`` (one per row)."""
+    a, b = normal_cdf(lo), normal_cdf(hi)
+    return normal_ppf(np.clip(a + u * (b - a), 1e-300, 1.0 - 1e-16))
+
+
+def _patients(cfg: TumourConfig, static: np.ndarray, alpha_rho: np.ndarray, stage_probs: np.ndarray):
+    """Stage, patient type, initial diameter, PK-PD parameters and length of every patient (module docstring).
+
+    Args:
+        cfg: The world's config.
+        static: Each patient's static uniforms ``[n, 5]`` (:data:`~.noise.N_STATIC_UNIFORMS`).
+        alpha_rho: Each patient's accepted (α, ρ) ``[n, 2]``.
+        stage_probs: Each patient's site's stage distribution ``[n, 5]``.
+    """
+    cdf = np.cumsum(stage_probs, axis=1)
+    stage = np.minimum((cdf < static[:, [0]] * cdf[:, -1:]).sum(1), len(STAGE_COUNTS) - 1)
+    mu, sd, lo, hi = STAGE_DIAMETER[stage].T
+    d0 = np.exp(mu + sd * _truncated_normal(static[:, 1], (np.log(lo) - mu) / sd, (np.log(hi) - mu) / sd))
+    ptype = 1 + np.minimum(np.floor(static[:, 2] * 3).astype(np.int64), 2)
+    bc = _truncated_normal(static[:, 3], np.full(len(stage), -BETA_C_MEAN / BETA_C_SD), np.full(len(stage), np.inf))
+    params = PatientParams(
+        rho=alpha_rho[:, 1].copy(),
+        alpha=alpha_rho[:, 0] + TYPE_BOOST * ALPHA_MEAN * (ptype == 1),
+        beta_c=BETA_C_MEAN + BETA_C_SD * bc + TYPE_BOOST * BETA_C_MEAN * (ptype == 3),
+    )
+    lo_len = cfg.resolved_min_len
+    lengths = lo_len + np.floor(static[:, 4] * (cfg.max_len - lo_len + 1)).astype(np.int64)
+    return stage, ptype, d0, params, np.minimum(lengths, cfg.max_len)
+
+
+def generate(cfg: TumourConfig | None = None) -> TumourWorld:
+    """Generate a tumour world (package and module docstrings).
+
+    Args:
+        cfg: The world's config (default: the "default" preset's sizes with seed 0).
+
+    Returns:
+        The world; deterministic given ``cfg`` (seed included).
+    """
+    cfg = cfg or TumourConfig()
+    N, L, S = cfg.n_patients, cfg.max_len, cfg.n_sites
+    v_resp = float(volume_of(cfg.response_diameter))
+
+    # 1. sites, then their parameters
+    site_of = dirichlet_assignment(np.zeros(N, dtype=np.int64), S, cfg.dirichlet_alpha, cfg.seed, unit="patients")
+    sp = _site_parameters(cfg)
+    sp["sizes"] = np.bincount(site_of, minlength=S)
+
+    # 2. patients: per-patient streams (common random numbers), drawn once, reused by every policy
+    streams = patient_streams(cfg.seed, N, L)
+    stage, ptype, d0, params, lengths = _patients(cfg, streams.static, streams.alpha_rho, sp["stage_probs"][site_of])
+
+    # 3. the logged data under the behaviour policy
+    chemo_shift, radio_shift = sp["chemo_shift"][site_of], sp["radio_shift"][site_of]
+    V = np.empty((N, L + 1))
+    V[:, 0] = volume_of(d0)
+    D = np.empty((N, L))
+    Cs = np.empty((N, L))
+    T = np.zeros((N, L), dtype=np.int64)
+    Y = np.zeros((N, L))
+    P = np.ones((N, L))
+    C = np.zeros(N)
+    rows = np.arange(N)
+    for t in range(L):
+        D[:, t] = diameter_of(V[:, t])
+        pi = action_probs(cfg, recent_mean(D[:, : t + 1], cfg.window), chemo_shift, radio_shift)
+        cdf = np.cumsum(pi, axis=1)
+        # inverse-CDF draw with the patient's own uniform
+        a = np.minimum((cdf <= streams.v[:, [t]] * cdf[:, -1:]).sum(1), N_ACTIONS - 1)
+        V[:, t + 1], C, _, Y[:, t] = day(params, V[:, t], C, a, streams.z[:, t], cfg.noise_sd, v_resp)
+        T[:, t], P[:, t], Cs[:, t] = a, pi[rows, a], C
+    M = (np.arange(L)[None, :] < lengths[:, None]).astype(np.float32)
+    T = T * M.astype(np.int64)
+    Y = Y * M
+    P = np.where(M > 0, P, 1.0)
+    A = observed_contexts(V[:, :L]) * M[:, :, None]
+    X = np.concatenate([np.eye(3)[ptype - 1], (stage / 4.0)[:, None]], axis=1)
+
+    # 4. per-site train/test split and the anchors (the project's rules)
+    splits = site_splits(site_of, S, cfg.test_fraction, cfg.seed)
+    names = [str(i) for i in range(N)]
+
+    def site_ds(s: int, ids: np.ndarray, split: str) -> SiteDataset:
+        return SiteDataset(
+            X=X[ids].astype(np.float32),
+            A=A[ids],
+            T=T[ids],
+            Y=Y[ids].astype(np.float32),
+            M=M[ids],
+            P=P[ids].astype(np.float32),
+            n_actions=N_ACTIONS,
+            name=f"tumour/site{s}/{split}",
+            meta={
+                "dataset": "tumour",
+                "site": s,
+                "split": split,
+                # the global patient id of each row (one trajectory per patient); the names are what a per-entity
+                # file shows
+                "entity": ids,
+                "entity_names": names,
+                "x_names": FEATURE_NAMES,
+                "a_names": list(CONTEXT_NAMES),
+                "a_dynamics": ["endogenous", "endogenous"],  # treatment changes the tumour: rollouts simulate it
+                "action_names": list(ACTION_LABELS),
+                "preset": cfg.preset,
+                "seed": cfg.seed,
+                "gamma": cfg.gamma,
+            },
+        )
+
+    train = [site_ds(s, tr, "train") for s, (tr, _) in enumerate(splits)]
+    test = [site_ds(s, te, "test") for s, (_, te) in enumerate(splits)]
+    return TumourWorld(
+        cfg=cfg,
+        train=train,
+        test=test,
+        anchors=anchor_actions(train),
+        site_of=site_of,
+        stage=stage,
+        patient_type=ptype,
+        params=params,
+        lengths=lengths,
+        Z=streams.z,
+        V_all=V,
+        C_all=Cs,
+        T_all=T,
+        Y_all=Y,
+        P_all=P,
+        site_params=sp,
+    )
