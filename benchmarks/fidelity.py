@@ -34,6 +34,7 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -152,8 +153,9 @@ def run_row(base, row: str, seed: int, out: Path) -> dict[str, Any]:
 
 def run_row_isolated(preset: str, rounds: int, recipe: str, row: str, seed: int, out: Path) -> dict[str, Any]:
     """:func:`run_row` in a fresh interpreter: Flower's simulation engine starts once per process (a second
-    ``run_simulation`` in one process does not get its sites through hello)."""
-    cmd = [sys.executable, __file__, "--one", f"{preset}:{rounds}:{recipe}:{row}:{seed}:{out}"]
+    ``run_simulation`` in one process does not get its sites through hello). ``recipe`` is 'default', 'paper' or
+    a JSON object of ModelConfig keys (a candidate recipe)."""
+    cmd = [sys.executable, __file__, "--one", json.dumps([preset, rounds, recipe, row, seed, str(out)])]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"row {row} seed {seed} ({preset}) failed with exit {proc.returncode}")
@@ -167,6 +169,11 @@ def base_config(preset: str, rounds: int, recipe: str):
     base = build_config(preset, {"federation": {"rounds": rounds}} if rounds else {})
     if recipe == "paper":
         base = base.model_copy(update={"model": base.model.model_copy(update=PAPER_RECIPE)})
+    elif recipe != "default":
+        from fcd_secure.model.config import ModelConfig
+
+        model = ModelConfig.model_validate({**base.model.model_dump(), **json.loads(recipe)})
+        base = base.model_copy(update={"model": model})
     return base
 
 
@@ -227,7 +234,9 @@ def main(
     seeds: str = typer.Option("0,1,2", "--seeds", help="Comma-separated seeds."),
     rounds: int = typer.Option(0, "--rounds", help="Global rounds (0: the preset's); centralised rows match them."),
     rows: str = typer.Option("ours,paper,centralised,naive,full_sync,no_ldis", "--rows", help="Rows to run."),
-    recipe: str = typer.Option("default", "--recipe", help="'default' (the shipped ModelConfig) or 'paper'."),
+    recipe: str = typer.Option("default", "--recipe", help="'default' (the shipped ModelConfig), 'paper', or a JSON "
+                               "object of model keys for the main rows, e.g. '{\"transition_given_y\": true}'."),
+    jobs: int = typer.Option(1, "--jobs", min=1, help="Rows run at once (each in its own process)."),
     tiny: bool = typer.Option(True, "--tiny/--no-tiny", help="Also run ours vs naive on the tiny preset."),
     ceiling: bool = typer.Option(True, "--ceiling/--no-ceiling", help="Also fit the information ceiling (seed 0)."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout; progress on stderr."),
@@ -235,7 +244,7 @@ def main(
 ) -> None:
     torch.set_num_threads(1)
     if one:
-        p, r, rec, row, sd, o = one.split(":", 5)
+        p, r, rec, row, sd, o = json.loads(one)
         print(json.dumps(run_row(base_config(p, int(r), rec), row, int(sd), Path(o)), default=float))
         return
     preset = "tiny" if quick else "default"
@@ -245,18 +254,16 @@ def main(
         wanted.remove("paper")  # the default recipe is the paper's: the 'ours' row is that row
     seed_list = [int(s) for s in seeds.split(",") if s.strip()]
     t_start = time.perf_counter()
-    results: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="fcd-fidelity-") as tmp:
-        for seed in seed_list:
-            for row in wanted:
-                results.append({"preset": preset, **run_row_isolated(preset, rounds, recipe, row, seed, Path(tmp))})
-        tiny_rows: list[dict[str, Any]] = []
-        if tiny and not quick:
-            for seed in seed_list:
-                for row in ("ours", "naive"):
-                    tiny_rows.append({"preset": "tiny", **run_row_isolated("tiny", 0, recipe, row, seed, Path(tmp))})
+    tasks = [(preset, rounds, row, seed) for seed in seed_list for row in wanted]
+    if tiny and not quick:
+        tasks += [("tiny", 0, row, seed) for seed in seed_list for row in ("ours", "naive")]
+    with tempfile.TemporaryDirectory(prefix="fcd-fidelity-") as tmp, ThreadPoolExecutor(jobs) as pool:
+        futures = [pool.submit(run_row_isolated, p, r, recipe, row, seed, Path(tmp)) for p, r, row, seed in tasks]
+        done = [{"preset": p, **f.result()} for (p, _, _, _), f in zip(tasks, futures)]
+    results = [r for r in done if r["preset"] == preset]
+    tiny_rows = [r for r in done if r["preset"] == "tiny" and preset != "tiny"]
     ceil = information_ceiling(preset, seed_list[0]) if ceiling and not quick else None
-    params = {"preset": preset, "seeds": seed_list, "rounds": base.federation.rounds, "rows": wanted,
+    params = {"preset": preset, "seeds": seed_list, "rounds": base.federation.rounds, "rows": wanted, "recipe": recipe,
               "model": {k: getattr(base.model, k) for k in (*PAPER_RECIPE, "ipw_clip", "ipw_window")},
               "minutes": (time.perf_counter() - t_start) / 60}
     if as_json:

@@ -20,13 +20,13 @@ from fcd_secure.model import (
     get_params,
     make_loader,
     set_params,
-    simulate,
     train_local,
 )
 from fcd_secure.model.baselines import GFormulaSimulator, NaiveSimulator
 from fcd_secure.model.networks import THETA_S_MODULES
 from fcd_secure.model.samplers import ddim_sample, ddpm_sample
 from fcd_secure.model.schedule import NoiseSchedule
+from fcd_secure.model.simulate import simulate  # the function (the package attribute may be the submodule)
 
 torch.set_num_threads(1)
 

@@ -11,7 +11,7 @@ Public API (other layers import from here or from the named module):
   Fed-CausalDiff, the GRU g-formula, the naive model — are ``fcd_secure.model.baselines``
 """
 
-from importlib import import_module
+import sys
 
 from fcd_secure.model.config import ModelConfig
 
@@ -55,9 +55,22 @@ def __getattr__(name: str):
     same name, which the import system binds there, and ``from fcd_secure.model import simulate`` must not recurse
     into this hook (a ``from``-import of the package asks ``hasattr`` before it imports a submodule).
     """
+    if name in _LAZY["batch"]:
+        import fcd_secure.model.batch  # noqa: F401
+    elif name in _LAZY["manifest"]:
+        import fcd_secure.model.manifest  # noqa: F401
+    elif name in _LAZY["networks"]:
+        import fcd_secure.model.networks  # noqa: F401
+    elif name in _LAZY["simulate"]:
+        import fcd_secure.model.simulate  # noqa: F401
+    elif name in _LAZY["simulator"]:
+        import fcd_secure.model.simulator  # noqa: F401
+    elif name in _LAZY["training"]:
+        import fcd_secure.model.training  # noqa: F401 - bound through sys.modules below
+    else:
+        raise AttributeError(f"module 'fcd_secure.model' has no attribute {name!r}")
     for mod, names in _LAZY.items():
         if name in names:
-            module = import_module(f"fcd_secure.model.{mod}")
+            module = sys.modules[f"fcd_secure.model.{mod}"]  # never the package attribute, which may be rebound
             globals().update({n: getattr(module, n) for n in names})
-            return globals()[name]
-    raise AttributeError(f"module 'fcd_secure.model' has no attribute {name!r}")
+    return globals()[name]
