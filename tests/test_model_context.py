@@ -11,7 +11,8 @@ import pytest
 from fcd_secure.data.policy import Policy
 from fcd_secure.data.preprocess import build_dataset
 from fcd_secure.data.spec import DataError, DatasetSpec, context_dynamics
-from fcd_secure.model import FedCausalDiff, ModelConfig, simulate, train_local
+from fcd_secure.model import FedCausalDiff, ModelConfig, train_local
+from fcd_secure.model.simulate import simulate
 
 L = 6
 

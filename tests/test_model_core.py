@@ -20,13 +20,13 @@ from fcd_secure.model import (
     get_params,
     make_loader,
     set_params,
-    simulate,
     train_local,
 )
 from fcd_secure.model.baselines import GFormulaSimulator, NaiveSimulator
 from fcd_secure.model.networks import THETA_S_MODULES
 from fcd_secure.model.samplers import ddim_sample, ddpm_sample
 from fcd_secure.model.schedule import NoiseSchedule
+from fcd_secure.model.simulate import simulate  # the function (the package attribute may be the submodule)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -64,10 +64,14 @@ def test_manifest_partition_as_documented():
     m = model_for(make_ds())
     man = build_manifest(m)
     tops = {e.name.split(".")[0]: e.part for e in man.entries}
-    assert {k for k, v in tops.items() if v == "theta_s"} == set(THETA_S_MODULES) == {"head_s", "eps_s", "parallel_head"}
+    assert set(THETA_S_MODULES) == {"head_s", "eps_s", "parallel_head", "propensity_head"}
+    # the behaviour head exists only when IPW weighting is on
+    assert {k for k, v in tops.items() if v == "theta_s"} == {"head_s", "eps_s", "parallel_head"}
     assert {k for k, v in tops.items() if v == "theta_c"} == {
         "action_emb", "trunk", "head_c", "eps_c", "decoder", "site_disc"
     }
+    ipw = build_manifest(model_for(make_ds(), TINY.model_copy(update={"ipw": "cumulative"})))
+    assert {e.name.split(".")[0] for e in ipw.entries if e.part == "theta_s"} == set(THETA_S_MODULES)
     assert man.size("full") == man.size("theta_c") + man.size("theta_s") == sum(p.numel() for p in m.parameters())
     assert set(man.names("full")) == {n for n, _ in m.named_parameters()}
 

@@ -34,7 +34,8 @@ def test_every_simulator_honours_the_protocol(key, one_torch_thread):
     sim = build(key, ds)
     man = sim.manifest()
     theta_s_tops = {n.split(".")[0] for n in man.names("theta_s")}
-    assert theta_s_tops == (set(THETA_S_MODULES) if key != "naive" else set())
+    # the behaviour head of IPW weighting exists only when model.ipw is on
+    assert theta_s_tops == (set(THETA_S_MODULES) - {"propensity_head"} if key != "naive" else set())
     assert man.size("full") == sum(p.numel() for p in sim.module.parameters())
     before = sim.get_params("full")
     fit = sim.train_site(ds, 1, N_SITES, epochs=1, seed=0)
@@ -112,11 +113,11 @@ def test_naive_factual_probs_are_means_for_gaussian_outcomes():
 def test_batch_is_one_named_tuple_at_the_loader_boundary():
     ds = make_ds(n=10)
     whole = dataset_tensors(ds, 2)
-    assert isinstance(whole, Batch) and whole._fields == ("X", "A", "T", "Y", "M", "site")
+    assert isinstance(whole, Batch) and whole._fields == ("X", "A", "T", "Y", "M", "site", "P")
     assert whole.size == 10 and (whole.site == 2).all() and whole.T.dtype == torch.long
     raw = next(iter(make_loader(ds, 4, 0, site_index=1)))
     assert not isinstance(raw, Batch)  # loaders keep the default collation (Opacus rebuilds it on empty batches)
     b = Batch.of(raw)
     assert b.size == 4 and (b.site == 1).all() and Batch.of(b) is b
-    with pytest.raises(ValueError, match="six|6"):
+    with pytest.raises(ValueError, match="seven|7"):
         Batch.of(list(raw)[:5])

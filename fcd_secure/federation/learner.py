@@ -133,14 +133,17 @@ def make_optimizer(model, cfg: RunConfig):
 
 
 def train_local(model, ds: SiteDataset, cfg: RunConfig, site_index: int | None, n_sites: int, epochs: int, seed: int, optimizer) -> dict:
-    """One site's local step (paper §III-C local objective). Propensities are dropped: the model never sees P.
+    """One site's local step (paper §III-C local objective). Propensities are dropped unless ``model.ipw`` turns
+    them into loss weights on the site (``model.training.training_view``); the network never sees P.
 
     ``site_index=None`` trains on a pooled dataset whose ``meta['site']`` holds per-row site labels.
     """
     from fcd_secure.model.training import train_local as _train  # noqa: PLC0415
+    from fcd_secure.model.training import training_view  # noqa: PLC0415
 
+    mc = model_config(cfg)
     return dict(
-        _train(model, ds.without_propensities(), model_config(cfg), site_index, n_sites, epochs=epochs, seed=seed, optimizer=optimizer)
+        _train(model, training_view(ds, mc), mc, site_index, n_sites, epochs=epochs, seed=seed, optimizer=optimizer)
     )
 
 
@@ -163,8 +166,10 @@ def train_local_dp(
     """
     from fcd_secure.privacy.engine import DPSite, train_round_private  # noqa: PLC0415
 
-    ds = ds.without_propensities()
+    from fcd_secure.model.training import training_view  # noqa: PLC0415
+
     mc = model_config(cfg)
+    ds = training_view(ds, mc)
     # keyed by the records themselves: the same table reordered, or with a record dropped, keeps its budget
     site = DPSite.for_dataset(
         state_dir, ds, cfg.dp, cfg.federation.rounds, epochs, mc.batch_size, run_id=cfg.training_hash()[:16]

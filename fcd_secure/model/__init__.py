@@ -11,6 +11,8 @@ Public API (other layers import from here or from the named module):
   Fed-CausalDiff, the GRU g-formula, the naive model — are ``fcd_secure.model.baselines``
 """
 
+import sys
+
 from fcd_secure.model.config import ModelConfig
 
 __all__ = [
@@ -34,21 +36,41 @@ __all__ = [
 
 
 
+#: lazily loaded public names → their module (PEP 562)
+_LAZY = {
+    "batch": ("Batch", "dataset_tensors", "make_loader"),
+    "manifest": ("build_manifest", "get_params", "set_params"),
+    "networks": ("FedCausalDiff", "unwrap"),
+    "simulate": ("estimate_effects", "simulate", "simulate_policy"),
+    "simulator": ("SimResult", "Simulator"),
+    "training": ("batch_loss", "train_local"),
+}
+
+
 def __getattr__(name: str):
     """The public names beyond ``ModelConfig``, loaded on first use (PEP 562): ``fcd_secure.config``, which needs
-    only ``ModelConfig``, and the command line's start-up do not import torch."""
-    if name in ("Batch", "dataset_tensors", "make_loader"):
-        from fcd_secure.model import batch as module
-    elif name in ("build_manifest", "get_params", "set_params"):
-        from fcd_secure.model import manifest as module
-    elif name in ("FedCausalDiff", "unwrap"):
-        from fcd_secure.model import networks as module
-    elif name in ("estimate_effects", "simulate", "simulate_policy"):
-        from fcd_secure.model import simulate as module
-    elif name in ("SimResult", "Simulator"):
-        from fcd_secure.model import simulator as module
-    elif name in ("batch_loss", "train_local"):
-        from fcd_secure.model import training as module
+    only ``ModelConfig``, and the command line's start-up do not import torch.
+
+    The whole group is bound in the package namespace: the function ``simulate`` must replace the submodule of the
+    same name, which the import system binds there, and ``from fcd_secure.model import simulate`` must not recurse
+    into this hook (a ``from``-import of the package asks ``hasattr`` before it imports a submodule).
+    """
+    if name in _LAZY["batch"]:
+        import fcd_secure.model.batch  # noqa: F401
+    elif name in _LAZY["manifest"]:
+        import fcd_secure.model.manifest  # noqa: F401
+    elif name in _LAZY["networks"]:
+        import fcd_secure.model.networks  # noqa: F401
+    elif name in _LAZY["simulate"]:
+        import fcd_secure.model.simulate  # noqa: F401
+    elif name in _LAZY["simulator"]:
+        import fcd_secure.model.simulator  # noqa: F401
+    elif name in _LAZY["training"]:
+        import fcd_secure.model.training  # noqa: F401 - bound through sys.modules below
     else:
         raise AttributeError(f"module 'fcd_secure.model' has no attribute {name!r}")
-    return getattr(module, name)
+    for mod, names in _LAZY.items():
+        if name in names:
+            module = sys.modules[f"fcd_secure.model.{mod}"]  # never the package attribute, which may be rebound
+            globals().update({n: getattr(module, n) for n in names})
+    return globals()[name]

@@ -1,10 +1,13 @@
 """The training batch and the loaders that yield it: the boundary between a site's ``SiteDataset`` and the model.
 
-A batch is :class:`Batch`, a ``NamedTuple`` of six tensors. Loaders (including Opacus' ``DPDataLoader``, whose
+A batch is :class:`Batch`, a ``NamedTuple`` of seven tensors. Loaders (including Opacus' ``DPDataLoader``, whose
 empty-batch collation rebuilds the container with ``type(sample)(list)``) yield plain lists, so a loader keeps the
 default collation and the consumer converts with :meth:`Batch.of` — the one place the field order is spelled.
 
-The logged propensities P are never among the tensors (DESIGN trap 5): the model cannot see them.
+The logged propensities P ride along as the last field, NaN where the dataset carries none — and the
+training entry points give the model a dataset without P (``SiteDataset.without_propensities``) unless
+``ModelConfig.ipw`` is on. Only the inverse-propensity weights (``losses.ipw_weights``) read P, on the site: no
+network input, output, parameter or reported metric carries it, and it never leaves the site (DESIGN trap 5).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class Batch(NamedTuple):
         Y: outcomes Y_t, ``[B, L]``.
         M: valid-step mask (a prefix of ones), ``[B, L]``.
         site: site label of each row (int64), ``[B]``.
+        P: logged propensity of the taken action, ``[B, L]``; NaN where the dataset logs none or it was dropped.
     """
 
     X: torch.Tensor
@@ -39,13 +43,14 @@ class Batch(NamedTuple):
     Y: torch.Tensor
     M: torch.Tensor
     site: torch.Tensor
+    P: torch.Tensor
 
     @classmethod
     def of(cls, tensors: Sequence[torch.Tensor]) -> "Batch":
         """``tensors`` as a :class:`Batch` (a loader's list or tuple in field order; a Batch is returned as is).
 
         Raises:
-            ValueError: if ``tensors`` does not hold exactly six tensors.
+            ValueError: if ``tensors`` does not hold exactly seven tensors.
         """
         if isinstance(tensors, cls):
             return tensors
@@ -79,7 +84,9 @@ def site_labels(ds: SiteDataset, site_index: int | None) -> np.ndarray:
 
 
 def dataset_tensors(ds: SiteDataset, site_index: int | None) -> Batch:
-    """The whole dataset as one :class:`Batch` (P is deliberately not among the tensors)."""
+    """The whole dataset as one :class:`Batch` (P all NaN when ``ds.P`` is None, e.g. after
+    ``without_propensities``)."""
+    P = np.full(ds.T.shape, np.nan, dtype=np.float32) if ds.P is None else ds.P
     return Batch(
         X=torch.as_tensor(ds.X, dtype=torch.float32),
         A=torch.as_tensor(ds.A, dtype=torch.float32),
@@ -87,6 +94,7 @@ def dataset_tensors(ds: SiteDataset, site_index: int | None) -> Batch:
         Y=torch.as_tensor(ds.Y, dtype=torch.float32),
         M=torch.as_tensor(ds.M, dtype=torch.float32),
         site=torch.as_tensor(site_labels(ds, site_index)),
+        P=torch.as_tensor(P, dtype=torch.float32),
     )
 
 

@@ -45,6 +45,14 @@ class ModelConfig(BaseModel):
         "diffusion",
         description="'diffusion' is Fed-CausalDiff (eq. 1); 'deterministic' is the GRU g-formula baseline",
     )
+    transition_given_y: bool = Field(
+        False,
+        description=(
+            "condition the transition on the step's outcome: K_{t+1} ~ p_Θ(·|K_t, A_t, do(T_t), Y_t), with Y_t drawn "
+            "from the decoder in rollouts. False is the paper's p_Θ(·|K_t, A_t, do(T_t)), whose K_{t+1} must then carry "
+            "P(Y_t | K_t, T_t) as the mode weights of a bimodal latent distribution (docs/fidelity.md)"
+        ),
+    )
     diffusion_steps: int = Field(50, ge=2, description="N, number of forward-noising steps")
     schedule: Literal["linear", "cosine"] = Field(
         "cosine", description="noise schedule of the forward diffusion: cosine (Nichol & Dhariwal 2021) or linear β"
@@ -93,6 +101,17 @@ class ModelConfig(BaseModel):
         ),
     )
     grl_scale: float = Field(1.0, ge=0, description="gradient-reversal factor in front of the shared site discriminator")
+    ipw: Literal["off", "step", "cumulative"] = Field(
+        "off",
+        description=(
+            "weight the likelihood terms (L_recon, L_diff, L_cf) by stabilised inverse-propensity weights "
+            "w_t = p̂(T_t | observed history) / P_t, P_t the logged propensity, read on the site only (Robins, Hernán & "
+            "Brumback 2000; RMSN, Lim et al. 2018): 'step' uses w_t, 'cumulative' the product over the last "
+            "``ipw_window`` steps. Needs logged propensities. 'off' is the paper's unweighted objective"
+        ),
+    )
+    ipw_window: int = Field(0, ge=0, description="steps in the cumulative IPW product (0: the whole past)")
+    ipw_clip: float = Field(10.0, gt=0, description="upper truncation of each step's IPW weight and of their product")
 
     # -- optimisation ------------------------------------------------------------------------------------
     lr: float = Field(2e-3, gt=0, description="learning rate of the local optimiser (Adam)")

@@ -7,7 +7,9 @@ reduced across the batch here except in the batch MMD, which is the only batch-c
 under DP-SGD (``ModelConfig.align_form``; dp-anchors §2). Per-sample randomness (diffusion steps, noise) is drawn
 per row inside these functions, which is what Opacus' per-sample clipping needs (dp-anchors §1.2).
 
-``batch`` is a :class:`~fcd_secure.model.batch.Batch` (``X[B,dx], A[B,L,da], T[B,L], Y[B,L], M[B,L], site[B]``).
+``batch`` is a :class:`~fcd_secure.model.batch.Batch` (``X[B,dx], A[B,L,da], T[B,L], Y[B,L], M[B,L], site[B],
+P[B,L]``); P (the logged propensity) is read only by :func:`ipw_weights`. The likelihood terms take optional per-step
+weights ``W [B, L]`` (inverse-propensity weights, ``ModelConfig.ipw``); ``None`` is the paper's unweighted objective.
 """
 
 from __future__ import annotations
@@ -33,16 +35,20 @@ def outcome_nll(model: FedCausalDiff, K: torch.Tensor, A: torch.Tensor, T: torch
     return 0.5 * ((Y - mean) * torch.exp(-log_sigma)) ** 2 + log_sigma
 
 
-def l_recon(model: FedCausalDiff, K: torch.Tensor, batch: Batch) -> torch.Tensor:
+def _w(v: torch.Tensor, W: torch.Tensor | None) -> torch.Tensor:
+    return v if W is None else v * W
+
+
+def l_recon(model: FedCausalDiff, K: torch.Tensor, batch: Batch, W: torch.Tensor | None = None) -> torch.Tensor:
     """L_recon = E_t[−log P_φ(Y_t | K_t, A_t, T_t)] over valid steps (Phase A + C, "trajectory reconstruction").
 
     Our reading: the encoder's K_t (history before T_t) must let the decoder reproduce the factual outcome; the
     next-step inputs are not reconstructed separately (K_{t+1} is the diffusion's target, which covers it).
     """
-    return masked_mean(outcome_nll(model, K, batch.A, batch.T, batch.Y), batch.M)
+    return masked_mean(_w(outcome_nll(model, K, batch.A, batch.T, batch.Y), W), batch.M)
 
 
-def l_diff(model: FedCausalDiff, K: torch.Tensor, batch: Batch) -> torch.Tensor:
+def l_diff(model: FedCausalDiff, K: torch.Tensor, batch: Batch, W: torch.Tensor | None = None) -> torch.Tensor:
     """L_diff = E_{t,n,ε} ‖ε − (ε_c(K^(n)_{t+1}, n, K_t, A_t, T_t) + ε_s(K^(n)_{t+1}, n, K_t, A_t))‖² (eq. 1).
 
     Over pairs (t, t+1) that are both valid; ``cfg.diff_samples`` diffusion steps n per pair, kept as an extra
@@ -50,7 +56,8 @@ def l_diff(model: FedCausalDiff, K: torch.Tensor, batch: Batch) -> torch.Tensor:
     dp-anchors §1.3). Target and condition are the encoder's K, detached: the score networks follow the encoder
     (latent-diffusion convention) instead of pulling it toward an easy-to-denoise collapse.
 
-    For the deterministic g-formula baseline the same slot holds ‖K_{t+1} − f(K_t, A_t, T_t)‖².
+    For the deterministic g-formula baseline the same slot holds ‖K_{t+1} − f(K_t, A_t, T_t)‖². With
+    ``cfg.transition_given_y`` the nets also read the logged Y_t; the pair (t, t+1) carries step t's weight.
     """
     A, T, M = batch.A, batch.T, batch.M
     cfg = model.cfg
@@ -58,10 +65,12 @@ def l_diff(model: FedCausalDiff, K: torch.Tensor, batch: Batch) -> torch.Tensor:
     if L < 2:
         return K.sum((1, 2)) * 0.0
     pair = M[:, :-1] * M[:, 1:]
+    wt = None if W is None else W[:, :-1]
+    Yt = batch.Y[:, :-1] if cfg.transition_given_y else None
     Kt, Kn = K[:, :-1].detach(), K[:, 1:].detach()
     if cfg.transition == "deterministic":
-        pred = model.transition(Kt, A[:, :-1], T[:, :-1])
-        return masked_mean(((pred - Kn) ** 2).mean(-1), pair)
+        pred = model.transition(Kt, A[:, :-1], T[:, :-1], y=Yt)
+        return masked_mean(_w(((pred - Kn) ** 2).mean(-1), wt), pair)
     S = cfg.diff_samples
     shp = (B, L - 1, S)
     n = torch.randint(0, cfg.diffusion_steps, shp)
@@ -73,8 +82,9 @@ def l_diff(model: FedCausalDiff, K: torch.Tensor, batch: Batch) -> torch.Tensor:
         Kt.unsqueeze(2).expand(*shp, k),
         A[:, :-1].unsqueeze(2).expand(*shp, A.shape[-1]),
         T[:, :-1].unsqueeze(2).expand(*shp),
+        None if Yt is None else Yt.unsqueeze(2).expand(*shp),
     )
-    return masked_mean(((pred - eps) ** 2).mean((-1, -2)), pair)
+    return masked_mean(_w(((pred - eps) ** 2).mean((-1, -2)), wt), pair)
 
 
 def _rbf(a: torch.Tensor, b: torch.Tensor, bw: float) -> torch.Tensor:
@@ -156,7 +166,7 @@ def l_dis(model: FedCausalDiff, Kc: torch.Tensor, Ks: torch.Tensor, batch: Batch
     return masked_mean(ce_c + ce_s, M)
 
 
-def l_cf(model: FedCausalDiff, K: torch.Tensor, batch: Batch) -> torch.Tensor:
+def l_cf(model: FedCausalDiff, K: torch.Tensor, batch: Batch, W: torch.Tensor | None = None) -> torch.Tensor:
     """L_cf = E_t (1/R) Σ_{r=1..R} −log P_φ(Y_{t+r} | K̂_{t+r}, A_{t+r}, T_{t+r}), K̂_t = K_t,
     K̂_{t+r} = transition(K̂_{t+r−1}, A_{t+r−1}, do(T_{t+r−1} = logged)).
 
@@ -165,6 +175,8 @@ def l_cf(model: FedCausalDiff, K: torch.Tensor, batch: Batch) -> torch.Tensor:
     a = the factual action. (The paper's literal wording is trivially zero for a left-to-right encoder.) The rollout
     uses the differentiable DDIM sampler with ``cfg.cf_sampler_steps`` steps, so gradients reach ε_c, ε_s and the
     decoder (and the encoder's starting K_t when ``cfg.cf_grad_to_encoder``). All start steps t run in parallel on the [B, L, k] grid.
+    With ``cfg.transition_given_y`` each transition reads the logged Y (what do(logged T) yields, by consistency);
+    the outcome at t+r carries step t+r's weight.
     """
     A, T, Y, M = batch.A, batch.T, batch.Y, batch.M
     cfg = model.cfg
@@ -179,13 +191,59 @@ def l_cf(model: FedCausalDiff, K: torch.Tensor, batch: Batch) -> torch.Tensor:
         return torch.cat([x, z], 1)
 
     Ap, Tp, Yp, Mp = pad(A), pad(T), pad(Y), pad(M)
+    Wp = None if W is None else pad(W)
     # by default the gradient also shapes the encoder's K_t so that the transition can carry it forward; the
     # detached variant only fits the transition and decoder to a fixed encoder (worse effects on DKT-Synth)
     Kh = K[:, :Lp] if cfg.cf_grad_to_encoder else K[:, :Lp].detach()
     total = torch.zeros(B)
     for r in range(1, R + 1):
-        Kh = model.transition(Kh, Ap[:, r - 1 : r - 1 + Lp], Tp[:, r - 1 : r - 1 + Lp], sampler="ddim", steps=cfg.cf_sampler_steps)
+        y_prev = Yp[:, r - 1 : r - 1 + Lp] if cfg.transition_given_y else None
+        Kh = model.transition(Kh, Ap[:, r - 1 : r - 1 + Lp], Tp[:, r - 1 : r - 1 + Lp], sampler="ddim",
+                              steps=cfg.cf_sampler_steps, y=y_prev)
         m = Mp[:, r : r + Lp] * M[:, :Lp]
         nll = outcome_nll(model, Kh, Ap[:, r : r + Lp], Tp[:, r : r + Lp], Yp[:, r : r + Lp])
-        total = total + masked_mean(nll, m)
+        total = total + masked_mean(_w(nll, None if Wp is None else Wp[:, r : r + Lp]), m)
     return total / R
+
+
+def l_propensity(model: FedCausalDiff, h: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """Cross-entropy of the site's behaviour model p̂(T_t | observed history) on the logged actions, per sample.
+
+    Fitted on the detached trunk states, so it never shapes the representation; it only supplies the numerator of
+    the stabilised weights of :func:`ipw_weights`.
+    """
+    ce = F.cross_entropy(model.propensity_logits(h).transpose(1, 2), batch.T, reduction="none")
+    return masked_mean(ce, batch.M)
+
+
+@torch.no_grad()
+def ipw_weights(model: FedCausalDiff, h: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """Stabilised inverse-propensity weights ``[B, L]`` (no gradient), per sample.
+
+    w_t = min(p̂(T_t | H_t) / P_t, c), with P_t the logged propensity of the taken action and p̂ the site's behaviour
+    model on the observed history H_t. In the weighted population the action at t no longer depends on what the
+    logging policy saw beyond H_t (a hidden confounder) but keeps its dependence on H_t; any function of H_t is a
+    valid numerator (Robins, Hernán & Brumback 2000) and p̂ lowers the variance. ``cfg.ipw = 'cumulative'`` takes
+    the product over the last ``cfg.ipw_window`` steps (the whole past when 0), which also removes the evidence
+    that PAST logged actions carry about the confounder — what a multi-step rollout under do(·) needs (Lim et al.
+    2018, RMSN); the product is truncated at c = ``cfg.ipw_clip`` as well.
+
+    Raises:
+        ValueError: a valid step has no logged propensity in (0, 1].
+    """
+    cfg = model.cfg
+    T, M, P = batch.T, batch.M, batch.P
+    valid = M > 0
+    if bool(torch.isnan(P[valid]).any()) or bool((P[valid] <= 0).any()):
+        raise ValueError("ipw needs a logged propensity in (0, 1] on every valid step (this data has none, or the "
+                         "propensities were dropped before training)")
+    p_hat = torch.softmax(model.propensity_logits(h), -1).gather(-1, T.unsqueeze(-1)).squeeze(-1)
+    P = torch.where(valid, P, torch.ones_like(P))
+    w = torch.where(valid, (p_hat / P).clamp(max=cfg.ipw_clip), torch.ones_like(P))
+    if cfg.ipw == "step":
+        return w
+    logw = torch.cumsum(torch.log(w), 1)
+    k = cfg.ipw_window
+    if 0 < k < logw.shape[1]:
+        logw = logw - torch.cat([torch.zeros_like(logw[:, :k]), logw[:, :-k]], 1)
+    return torch.exp(logw).clamp(max=cfg.ipw_clip)

@@ -27,6 +27,8 @@ site_disc          Θc        site classifier behind the gradient-reversal layer
 parallel_head      Θs        the parallel head on K^(s) (L_dis)
 context_head       Θc        Â_{t+1} = g(K_t, A_t, T_t, Y_t) of the endogenous contexts (``context.py``; only when
                              the data has endogenous contexts and ``cfg.use_context``)
+propensity_head    Θs        p̂(T_t | observed history) from the detached trunk state: the site's behaviour policy,
+                             the numerator of the stabilised IPW weights (only when ``cfg.ipw`` is on)
 =================  ========  ==================================================================================
 """
 
@@ -42,7 +44,7 @@ from fcd_secure.model.samplers import ddim_sample, ddpm_sample
 from fcd_secure.model.schedule import NoiseSchedule, timestep_embedding
 
 #: Top-level modules whose parameters are site-local (Θs). Everything else is Θc.
-THETA_S_MODULES: tuple[str, ...] = ("head_s", "eps_s", "parallel_head")
+THETA_S_MODULES: tuple[str, ...] = ("head_s", "eps_s", "parallel_head", "propensity_head")
 
 
 def mlp(d_in: int, d_out: int, hidden: int, depth: int = 2) -> nn.Sequential:
@@ -105,8 +107,9 @@ class FedCausalDiff(nn.Module):
         self.head_c = nn.Linear(cfg.hidden, kc)
         self.head_s = mlp(cfg.hidden, ks, H, depth=1)
         temb = cfg.time_emb if cfg.transition == "diffusion" else 0
-        self.eps_c = mlp(k + temb + k + da + E, k, H)
-        self.eps_s = mlp(k + temb + k + da, k, H)
+        dy = 1 if cfg.transition_given_y else 0
+        self.eps_c = mlp(k + temb + k + da + dy + E, k, H)
+        self.eps_s = mlp(k + temb + k + da + dy, k, H)
         self.n_out = 2 if cfg.outcome == "gaussian" else 1
         if cfg.decoder_head == "per_action":
             # DKT-style read-out: one output per action from (K_t, A_t), the taken one gathered
@@ -118,6 +121,8 @@ class FedCausalDiff(nn.Module):
         self.parallel_head = mlp(ks, n_par, H, depth=1)
         self.n_endogenous = n_endogenous if cfg.use_context else 0
         self.context_head = ContextHead(k, da, E, self.n_endogenous, H) if self.n_endogenous else None
+        # built last and only when used, so that the other modules' initial values do not depend on the switch
+        self.propensity_head = mlp(cfg.hidden, n_actions, H, depth=1) if cfg.ipw != "off" else None
         self.schedule = NoiseSchedule.from_config(cfg)
 
     @classmethod
@@ -150,8 +155,15 @@ class FedCausalDiff(nn.Module):
 
     def encode(self, X: torch.Tensor, A: torch.Tensor, T: torch.Tensor, Y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(K^(c), K^(s)), each [B, L, ·] in (−1, 1). K_t depends on (X, A_≤t, T_<t, Y_<t) only."""
+        Kc, Ks, _ = self.encode_states(X, A, T, Y)
+        return Kc, Ks
+
+    def encode_states(
+        self, X: torch.Tensor, A: torch.Tensor, T: torch.Tensor, Y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`encode` plus the trunk states h ``[B, L, hidden]`` (what the propensity head reads)."""
         h, _ = self.trunk(self.encoder_inputs(X, A, T, Y))
-        return torch.tanh(self.head_c(h)), torch.tanh(self.head_s(h))
+        return torch.tanh(self.head_c(h)), torch.tanh(self.head_s(h)), h
 
     def encode_prefix(
         self, X: torch.Tensor, A: torch.Tensor, T: torch.Tensor, Y: torch.Tensor, t: int
@@ -172,16 +184,28 @@ class FedCausalDiff(nn.Module):
         return torch.cat([torch.tanh(self.head_c(ht)), torch.tanh(self.head_s(ht))], -1), ht.unsqueeze(0)
 
     # -- Phase B ---------------------------------------------------------------------------------------------
-    def eps(self, x_n: torch.Tensor, n: torch.Tensor, K: torch.Tensor, A: torch.Tensor, T: torch.Tensor) -> torch.Tensor:
+    def eps(
+        self, x_n: torch.Tensor, n: torch.Tensor, K: torch.Tensor, A: torch.Tensor, T: torch.Tensor,
+        y: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """ε_c(K^(n)_{t+1}, n, K_t, A_t, T_t; Θc) + ε_s(K^(n)_{t+1}, n, K_t, A_t; Θs) — the summed score of eq. (1).
 
-        For ``transition='deterministic'`` (g-formula baseline) the same nets, without x_n's noise or n, output
-        K_{t+1} directly.
+        With ``cfg.transition_given_y`` both nets also read the step's outcome Y_t (``y``, then required). For
+        ``transition='deterministic'`` (g-formula baseline) the same nets, without x_n's noise or n, output K_{t+1}
+        directly.
+
+        Raises:
+            ValueError: ``cfg.transition_given_y`` and no ``y``.
         """
         parts = [x_n]
         if self.cfg.transition == "diffusion":
             parts.append(timestep_embedding(n, self.cfg.time_emb, self.cfg.diffusion_steps))
-        common = torch.cat(parts + [K, A], dim=-1)
+        parts += [K, A]
+        if self.cfg.transition_given_y:
+            if y is None:
+                raise ValueError("transition_given_y: the transition needs the step's outcome y")
+            parts.append(y.unsqueeze(-1).to(K.dtype))
+        common = torch.cat(parts, dim=-1)
         return self.eps_c(torch.cat([common, self.action_emb(T)], -1)) + self.eps_s(common)
 
     def transition(
@@ -192,15 +216,20 @@ class FedCausalDiff(nn.Module):
         sampler: str | None = None,
         steps: int | None = None,
         generator: torch.Generator | None = None,
+        y: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Draw K_{t+1} ~ p_Θ(·|K_t, A_t, do(T_t)) by running a reverse sampler (or the deterministic map)."""
+        """Draw K_{t+1} ~ p_Θ(·|K_t, A_t, do(T_t)[, Y_t = y]) by running a reverse sampler (or the deterministic map).
+
+        ``y`` (the step's outcome) is read only with ``cfg.transition_given_y``.
+        """
+        y = y if self.cfg.transition_given_y else None
         if self.cfg.transition == "deterministic":
-            return torch.tanh(self.eps(torch.zeros_like(K), torch.zeros(K.shape[:-1], dtype=torch.long), K, A, T))
+            return torch.tanh(self.eps(torch.zeros_like(K), torch.zeros(K.shape[:-1], dtype=torch.long), K, A, T, y))
         sampler = sampler or self.cfg.sampler
         steps = steps or self.cfg.sampler_steps
 
         def eps_fn(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
-            return self.eps(x, n, K, A, T)
+            return self.eps(x, n, K, A, T, y)
 
         if sampler == "ddpm":
             return ddpm_sample(eps_fn, self.schedule, tuple(K.shape), generator)
@@ -241,6 +270,16 @@ class FedCausalDiff(nn.Module):
     def parallel_logits(self, Ks: torch.Tensor) -> torch.Tensor:
         """The parallel head on K^(s) (Θs, no reversal): logits of the logged action or of the site label."""
         return self.parallel_head(Ks)
+
+    def propensity_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits of p̂(T_t | observed history) from trunk states, detached: the behaviour model never shapes K.
+
+        Raises:
+            RuntimeError: the network has no propensity head (``cfg.ipw`` is off).
+        """
+        if self.propensity_head is None:
+            raise RuntimeError("this network has no propensity head (cfg.ipw is off)")
+        return self.propensity_head(h.detach())
 
 
 def unwrap(model: nn.Module) -> FedCausalDiff:

@@ -168,7 +168,7 @@ def simulate(
             if n_endo:  # g-computation: the endogenous contexts follow the simulated action and outcome
                 A_next = torch.cat([core.next_context(K, A_cur, at, y), A_next[:, n_endo:]], dim=-1)
             if rollout == "latent":
-                K = core.transition(K, A_cur, at, sampler=sampler, steps=steps, generator=g)
+                K = core.transition(K, A_cur, at, sampler=sampler, steps=steps, generator=g, y=y)
             else:
                 K, state = core.encode_step(state, X_rep, A_next, at, y)
             A_cur = A_next

@@ -1,7 +1,9 @@
 """Local training of Fed-CausalDiff: the API the federation and DP layers build on.
 
-* :func:`make_loader` / :func:`dataset_tensors` (``batch.py``) — tensors of one site (never the propensities P,
-  DESIGN trap 5), converted to a :class:`~fcd_secure.model.batch.Batch` where they are consumed;
+* :func:`make_loader` / :func:`dataset_tensors` (``batch.py``) — tensors of one site, converted to a
+  :class:`~fcd_secure.model.batch.Batch` where they are consumed;
+* :func:`training_view` — the dataset a site trains on: the logged propensities P dropped unless ``cfg.ipw`` reads
+  them (on the site only, DESIGN trap 5);
 * :func:`batch_loss` — the local objective on one batch (paper §III-C), per-sample-safe unless a batch term is on;
 * :func:`train_local` — one call = one local round (``epochs`` passes), returns mean loss parts and n.
 
@@ -26,7 +28,16 @@ from fcd_secure.model.config import ModelConfig
 from fcd_secure.model.context import l_context
 from fcd_secure.model.networks import unwrap
 
-__all__ = ["Batch", "batch_loss", "dataset_tensors", "make_loader", "make_optimizer", "train_local"]
+__all__ = ["Batch", "batch_loss", "dataset_tensors", "make_loader", "make_optimizer", "train_local", "training_view"]
+
+
+def training_view(ds: SiteDataset, cfg: ModelConfig) -> SiteDataset:
+    """``ds`` as the local objective may read it: without P, unless ``cfg.ipw`` weights the likelihood by it.
+
+    Even then P reaches no network input, parameter or reported metric: :func:`~fcd_secure.model.losses.ipw_weights`
+    turns it into per-step loss weights on the site.
+    """
+    return ds if cfg.ipw != "off" else ds.without_propensities()
 
 
 def batch_loss(
@@ -39,7 +50,7 @@ def batch_loss(
 
     Args:
         model: a FedCausalDiff, bare or wrapped by Opacus' ``GradSampleModule``.
-        batch: a :class:`Batch`, or a loader's six tensors in its field order.
+        batch: a :class:`Batch`, or a loader's seven tensors in its field order.
         cfg: loss weights and switches.
         n_sites: number of site labels of the shared discriminator.
 
@@ -54,8 +65,10 @@ def batch_loss(
     B = batch.size
     if B and int(batch.site.max()) >= n_sites:
         raise ValueError(f"site label {int(batch.site.max())} out of range for n_sites={n_sites}")
-    Kc, Ks = core.encode(batch.X, batch.A, batch.T, batch.Y)
+    Kc, Ks, h = core.encode_states(batch.X, batch.A, batch.T, batch.Y)
     K = torch.cat([Kc, Ks], -1)
+    # inverse-propensity weights of the likelihood terms (cfg.ipw); P never leaves this function as a metric
+    W = L.ipw_weights(core, h, batch) if cfg.ipw != "off" and B else None
     per = torch.zeros(B)
     parts: dict[str, float] = {}
 
@@ -67,10 +80,12 @@ def batch_loss(
         per = per + weight * v
         parts[name] = float(v.detach().mean()) if B else 0.0
 
-    add("recon", cfg.use_recon, 1.0, lambda: L.l_recon(core, K, batch))
-    add("diff", cfg.use_diff, cfg.lambda_diff, lambda: L.l_diff(core, K, batch))
+    add("recon", cfg.use_recon, 1.0, lambda: L.l_recon(core, K, batch, W))
+    add("diff", cfg.use_diff, cfg.lambda_diff, lambda: L.l_diff(core, K, batch, W))
     add("dis", cfg.use_dis, cfg.lambda_dis, lambda: L.l_dis(core, Kc, Ks, batch))
-    add("cf", cfg.use_cf, cfg.lambda_cf, lambda: L.l_cf(core, K, batch))
+    add("cf", cfg.use_cf, cfg.lambda_cf, lambda: L.l_cf(core, K, batch, W))
+    if cfg.ipw != "off":  # the behaviour head (Θs); its loss is not reported (the egress allow-list has no slot)
+        per = per + L.l_propensity(core, h, batch)
     # the endogenous contexts' head (context.py): present only when the data marks contexts endogenous
     add("context", core.context_head is not None, cfg.lambda_context, lambda: l_context(core, K, batch))
     if cfg.align_form == "reference":

@@ -17,7 +17,7 @@ from fcd_secure.model.config import ModelConfig
 from fcd_secure.model.networks import THETA_S_MODULES, FedCausalDiff, unwrap
 from fcd_secure.model.simulate import simulate
 from fcd_secure.model.simulator import Plan, SimResult, Simulator
-from fcd_secure.model.training import make_optimizer, train_local
+from fcd_secure.model.training import make_optimizer, train_local, training_view
 
 __all__ = ["FedCausalDiffSimulator"]
 
@@ -55,8 +55,9 @@ class FedCausalDiffSimulator(Simulator):
     def train_site(
         self, ds: SiteDataset, site_index: int | None, n_sites: int, epochs: int = 1, seed: int = 0
     ) -> dict[str, float]:
-        """One local round of the paper's local objective (§III-C); propensities are dropped before training."""
-        return train_local(self.module, ds.without_propensities(), self.config, site_index, n_sites, epochs=epochs,
+        """One local round of the paper's local objective (§III-C); propensities are dropped before training unless
+        ``config.ipw`` weights the likelihood by them (:func:`~fcd_secure.model.training.training_view`)."""
+        return train_local(self.module, training_view(ds, self.config), self.config, site_index, n_sites, epochs=epochs,
                            seed=seed, optimizer=self.optimizer)
 
     def simulate(

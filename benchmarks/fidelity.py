@@ -1,0 +1,336 @@
+"""Effect fidelity on DKT-Synth: the causal targets beside the paper's figures, the naive model and the centralised
+reference, plus the DSS and L_dis ablations and the information ceiling of per-student effects.
+
+Every federated row runs through the real simulation engine, as ``fcd run`` does (``federation.simulation
+.run_simulated``: Flower's simulation engine, the site ClientApps, pairwise-masked secure aggregation of Θc for the
+main row); the non-federated rows train for the matched epochs of ``experiments.centralised``. Every row is scored
+by the federated evaluation (``experiments.evaluate.evaluate_on_sites``), and per-student effects for the
+correlation and the ATE ratio are recomputed on each site with the evaluation's own seed and model (Θc + that
+site's Θs), so they are the effects the PEHE was computed from.
+
+    .venv/bin/python benchmarks/fidelity.py                           # default preset, 3 seeds, 40 rounds
+    .venv/bin/python benchmarks/fidelity.py --seeds 0 --rounds 10     # what fits a shared 2-core machine
+    .venv/bin/python benchmarks/fidelity.py --quick                   # tiny preset, seconds: checks the script
+    .venv/bin/python benchmarks/fidelity.py --recipe paper            # the paper's recipe as the main row
+
+Rows: ``ours`` (the default recipe, DSS, secure aggregation), ``paper`` (the paper's recipe, DSS, secure aggregation;
+only when the default recipe differs from it), ``centralised`` (the default recipe on the pooled data), ``naive``
+(the observational P(Y_t | X, A_t, T_t, Y_{t−1}) model, pooled), ``full_sync`` (w/o DSS) and ``no_ldis`` (w/o
+L_dis), both federated with plain aggregation as ``fcd ablate`` runs them. On the tiny preset: ours vs naive.
+``--ceiling`` adds the supervised information ceiling (docs/fidelity.md): a regression of the TRUE τ_i on what is
+observable at the anchor step (the oracle's knowledge state from the logged history, X, the outcome history),
+fitted on the training split's true effects and scored on the test split.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+
+import json  # noqa: E402
+import platform  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import typer  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+err = Console(stderr=True)
+
+#: paper Table III (DKT-Synth, Fed-CausalDiff) and the targets of effect fidelity.
+PAPER = {"pehe": 0.057, "ate_error": 0.045, "value_error": 0.049}
+TARGETS = {"pehe": "≤ 0.06", "ate_error": "≤ 0.045", "value_error": "≤ 0.05", "ate_ratio": "[0.9, 1.1]", "corr": "≥ 0.6"}
+#: the paper's recipe: every switch of docs/fidelity.md at the paper's setting (the sampler's steps stay the preset's).
+PAPER_RECIPE = {"transition_given_y": False, "ipw": "off", "rollout": "latent"}
+
+
+def machine() -> dict:
+    import flwr
+
+    return {
+        "cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
+        "torch": torch.__version__, "flwr": flwr.__version__, "numpy": np.__version__, "threads": torch.get_num_threads(),
+        "argv": " ".join(sys.argv),
+    }
+
+
+def per_student_effects(cfg, sims) -> tuple[np.ndarray, np.ndarray]:
+    """(τ̂, τ) over every site's test students, computed exactly as ``federation.evaluation.site_metrics`` does."""
+    from fcd_secure.federation import learner
+    from fcd_secure.federation.evaluation import EVAL_SALT, _rows
+    from fcd_secure.model.simulate import estimate_effects
+
+    hats, trues = [], []
+    for i, sim in enumerate(sims):
+        data = learner.load_site_data(cfg, i)
+        rows = _rows(data.test.n, cfg.evaluation.max_rows)
+        sub = data.test if len(rows) == data.test.n else data.test.subset(rows)
+        seed = learner.round_seed(cfg.seed, 0, data.site_index, EVAL_SALT)
+        o = data.oracle
+        trues.append(np.asarray(o.true_effects(data.site_index, "test", rows), dtype=np.float64))
+        hats.append(np.asarray(estimate_effects(sim, sub, data.anchors, o.anchor_step, o.horizon,
+                                                cfg.evaluation.n_samples, seed), dtype=np.float64))
+    return np.concatenate(hats), np.concatenate(trues)
+
+
+def score(cfg, sims) -> dict[str, Any]:
+    """The federated evaluation of ``sims`` (one per site) plus the per-student correlation and the ATE ratio."""
+    from fcd_secure.experiments.evaluate import evaluate_on_sites
+
+    ev = evaluate_on_sites(cfg, sims)
+    tau_hat, tau = per_student_effects(cfg, sims)
+    pol = ev.get("policies") or {}
+    return {
+        "pehe": float(np.sqrt(np.mean((tau_hat - tau) ** 2))),
+        "ate_error": float(abs(tau_hat.mean() - tau.mean())),
+        "value_error": ev.get("value_error_mean"),
+        "ate_ratio": float(tau_hat.mean() / tau.mean()) if tau.mean() != 0 else float("nan"),
+        "corr": float(np.corrcoef(tau_hat, tau)[0, 1]) if tau_hat.std() > 0 else float("nan"),
+        "sd_ratio": float(tau_hat.std() / tau.std()) if tau.std() > 0 else float("nan"),
+        "ate_hat": float(tau_hat.mean()), "ate_true": float(tau.mean()),
+        "eval_pehe": ev.get("pehe"),
+        "values": {k: (v.get("value_sim"), v.get("value_true")) for k, v in pol.items() if isinstance(v, dict)},
+    }
+
+
+def federated_sims(cfg, result) -> list:
+    """One simulator per site from a finished run: the final Θc (or every parameter under full sync) and, under
+    DSS, the site's own Θs from its state folder — the model each site evaluated with."""
+    from fcd_secure.federation import learner
+    from fcd_secure.federation.state import SiteState
+    from fcd_secure.model.baselines import as_simulator
+
+    sims = []
+    for info in sorted(result.sites, key=lambda s: s.site_index):
+        model = learner.build_model(cfg, info.dims)
+        learner.set_params(model, result.part, result.theta)
+        if result.part != "full":
+            snap = SiteState(cfg.state_root(), info.site_id).load()
+            if snap is not None:
+                learner.set_params(model, "theta_s", snap.theta_s)
+        sims.append(as_simulator(model))
+    return sims
+
+
+def run_row(base, row: str, seed: int, out: Path) -> dict[str, Any]:
+    from fcd_secure.experiments.ablation import variant_config
+    from fcd_secure.experiments.centralised import matched_epochs, train_centralised
+    from fcd_secure.federation.simulation import run_simulated
+    from fcd_secure.model.baselines import SIMULATORS
+
+    t0 = time.perf_counter()
+    if row in ("centralised", "naive"):
+        cfg = base.model_copy(update={"seed": seed})
+        sim, _ = train_centralised(SIMULATORS["fed_causaldiff" if row == "centralised" else "naive"], cfg,
+                                   matched_epochs(cfg))
+        res = score(cfg, [sim] * cfg.data.n_sites)
+    else:
+        if row in ("full_sync", "no_ldis"):
+            cfg = variant_config(base, row, seed, out)
+        else:
+            model = base.model.model_copy(update=PAPER_RECIPE) if row == "paper" else base.model
+            fed = base.federation.model_copy(update={"secure_aggregation": True, "sync": "dss"})
+            cfg = base.model_copy(update={"seed": seed, "model": model, "federation": fed,
+                                          "out": str(out / f"{row}-seed{seed}"), "state_dir": None})
+        cfg = cfg.model_copy(update={"state_dir": str(Path(cfg.out) / "state")})
+        result = run_simulated(cfg)
+        res = score(cfg, federated_sims(cfg, result))
+    res.update(row=row, seed=seed, seconds=time.perf_counter() - t0)
+    err.print(f"[dim]{row} seed {seed}: PEHE {res['pehe']:.4f} |ATE| {res['ate_error']:.4f} ratio {res['ate_ratio']:.2f} "
+              f"corr {res['corr']:.2f} value {res['value_error'] if res['value_error'] is None else round(res['value_error'], 4)} "
+              f"({res['seconds']:.0f} s)[/]")
+    return res
+
+
+def run_row_isolated(preset: str, rounds: int, recipe: str, row: str, seed: int, out: Path) -> dict[str, Any]:
+    """:func:`run_row` in a fresh interpreter: Flower's simulation engine starts once per process (a second
+    ``run_simulation`` in one process does not get its sites through hello). ``recipe`` is 'default', 'paper' or
+    a JSON object of ModelConfig keys (a candidate recipe)."""
+    cmd = [sys.executable, __file__, "--one", json.dumps([preset, rounds, recipe, row, seed, str(out)])]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"row {row} seed {seed} ({preset}) failed with exit {proc.returncode}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def base_config(preset: str, rounds: int, recipe: str):
+    """The run configuration of every row: the preset, its rounds unless given, the default or the paper's recipe."""
+    from fcd_secure.config import build_config
+
+    base = build_config(preset, {"federation": {"rounds": rounds}} if rounds else {})
+    if recipe == "paper":
+        base = base.model_copy(update={"model": base.model.model_copy(update=PAPER_RECIPE)})
+    elif recipe != "default":
+        from fcd_secure.model.config import ModelConfig
+
+        model = ModelConfig.model_validate({**base.model.model_dump(), **json.loads(recipe)})
+        base = base.model_copy(update={"model": model})
+    return base
+
+
+def information_ceiling(preset: str, seed: int) -> dict[str, float]:
+    """Supervised regression of the true τ_i on the observables at the anchor step (module docstring)."""
+    from fcd_secure.data.dkt_synth import truth
+    from fcd_secure.data.schema import concat
+    from fcd_secure.federation import learner
+    from fcd_secure.config import build_config
+
+    w = learner.load_federated(build_config(preset, {"seed": seed})).oracle
+
+    def feats(split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        ids = w.student_ids(None, split)
+        ds = concat(w.train if split == "train" else w.test)
+        state = truth.factual_state(w.oracle, w.T_all[ids], w.Y_all[ids], w.anchor_step)
+        with torch.no_grad():
+            z = w.oracle.logits(state).numpy()
+        off = w.cfg.beta_theta * w.theta[ids] + w.cfg.beta_u * w.u[ids]
+        obs = np.concatenate([z, ds.X, ds.Y[:, : w.anchor_step]], 1)
+        return obs, np.concatenate([obs, off[:, None]], 1), np.asarray(w.true_effects(None, split), dtype=np.float64)
+
+    (o_tr, h_tr, tau_tr), (o_te, h_te, tau_te) = feats("train"), feats("test")
+
+    def fit(Ftr: np.ndarray, Fte: np.ndarray) -> np.ndarray:
+        mu, sd = Ftr.mean(0), Ftr.std(0) + 1e-9
+        Xtr = torch.tensor((Ftr - mu) / sd, dtype=torch.float32)
+        Xte = torch.tensor((Fte - mu) / sd, dtype=torch.float32)
+        y = torch.tensor(tau_tr, dtype=torch.float32)
+        preds = []
+        for k in range(3):
+            torch.manual_seed(k)
+            net = torch.nn.Sequential(torch.nn.Linear(Xtr.shape[1], 128), torch.nn.SiLU(), torch.nn.Linear(128, 128),
+                                      torch.nn.SiLU(), torch.nn.Linear(128, 1))
+            opt = torch.optim.Adam(net.parameters(), lr=2e-3, weight_decay=1e-3)
+            for _ in range(800):
+                opt.zero_grad()
+                ((net(Xtr)[:, 0] - y) ** 2).mean().backward()
+                opt.step()
+            with torch.no_grad():
+                preds.append(net(Xte)[:, 0].numpy())
+        return np.mean(preds, 0)
+
+    out = {"sd_tau": float(tau_te.std())}
+    for name, (a, b) in {"observable": (o_tr, o_te), "with_hidden": (h_tr, h_te)}.items():
+        pr = fit(a, b)
+        out[f"{name}_corr"] = float(np.corrcoef(pr, tau_te)[0, 1])
+        out[f"{name}_pehe"] = float(np.sqrt(np.mean((pr - tau_te) ** 2)))
+    return out
+
+
+def _f(v: Any, fmt: str = ".4f") -> str:
+    return "—" if v is None or (isinstance(v, float) and not np.isfinite(v)) else format(v, fmt)
+
+
+def main(
+    quick: bool = typer.Option(False, "--quick", help="Tiny preset, its 2 rounds: checks the script runs."),
+    seeds: str = typer.Option("0,1,2", "--seeds", help="Comma-separated seeds."),
+    rounds: int = typer.Option(0, "--rounds", help="Global rounds (0: the preset's); centralised rows match them."),
+    rows: str = typer.Option("ours,paper,centralised,naive,full_sync,no_ldis", "--rows", help="Rows to run."),
+    recipe: str = typer.Option("default", "--recipe", help="'default' (the shipped ModelConfig), 'paper', or a JSON "
+                               "object of model keys for the main rows, e.g. '{\"transition_given_y\": true}'."),
+    jobs: int = typer.Option(1, "--jobs", min=1, help="Rows run at once (each in its own process)."),
+    tiny: bool = typer.Option(True, "--tiny/--no-tiny", help="Also run ours vs naive on the tiny preset."),
+    ceiling: bool = typer.Option(True, "--ceiling/--no-ceiling", help="Also fit the information ceiling (seed 0)."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout; progress on stderr."),
+    one: str = typer.Option("", "--one", hidden=True, help="PRESET:ROUNDS:RECIPE:ROW:SEED:OUT — one row, JSON out."),
+) -> None:
+    torch.set_num_threads(1)
+    if one:
+        p, r, rec, row, sd, o = json.loads(one)
+        print(json.dumps(run_row(base_config(p, int(r), rec), row, int(sd), Path(o)), default=float))
+        return
+    preset = "tiny" if quick else "default"
+    base = base_config(preset, rounds, recipe)
+    wanted = [r.strip() for r in rows.split(",") if r.strip()]
+    if all(getattr(base.model, k) == v for k, v in PAPER_RECIPE.items()) and "paper" in wanted:
+        wanted.remove("paper")  # the default recipe is the paper's: the 'ours' row is that row
+    seed_list = [int(s) for s in seeds.split(",") if s.strip()]
+    t_start = time.perf_counter()
+    tasks = [(preset, rounds, row, seed) for seed in seed_list for row in wanted]
+    if tiny and not quick:
+        tasks += [("tiny", 0, row, seed) for seed in seed_list for row in ("ours", "naive")]
+    with tempfile.TemporaryDirectory(prefix="fcd-fidelity-") as tmp, ThreadPoolExecutor(jobs) as pool:
+        futures = [pool.submit(run_row_isolated, p, r, recipe, row, seed, Path(tmp)) for p, r, row, seed in tasks]
+        done = [{"preset": p, **f.result()} for (p, _, _, _), f in zip(tasks, futures)]
+    results = [r for r in done if r["preset"] == preset]
+    tiny_rows = [r for r in done if r["preset"] == "tiny" and preset != "tiny"]
+    ceil = information_ceiling(preset, seed_list[0]) if ceiling and not quick else None
+    params = {"preset": preset, "seeds": seed_list, "rounds": base.federation.rounds, "rows": wanted, "recipe": recipe,
+              "model": {k: getattr(base.model, k) for k in (*PAPER_RECIPE, "ipw_clip", "ipw_window", "sampler",
+                                                             "sampler_steps")},
+              "minutes": (time.perf_counter() - t_start) / 60}
+    if as_json:
+        print(json.dumps({"machine": machine(), "params": params, "results": results, "tiny": tiny_rows,
+                          "ceiling": ceil}, default=str))
+        return
+    out = Console(width=140)
+    out.print(f"machine: {machine()}")
+    out.print(f"params: {params}")
+    metrics = ("pehe", "ate_error", "value_error", "ate_ratio", "corr", "sd_ratio")
+    t = Table(title=f"Effect fidelity, DKT-Synth {preset}, {base.federation.rounds} rounds, seeds {seed_list} "
+                    "(mean ± s.d. over seeds)")
+    for c in ("row", "PEHE", "|ATE err|", "|value err|", "ATE ratio", "corr(τ̂, τ)", "sd τ̂ / sd τ", "s / seed"):
+        t.add_column(c, justify="left" if c == "row" else "right")
+    t.add_row("target", *[TARGETS.get(m, "") for m in metrics], "")
+    t.add_row("paper (Table III)", _f(PAPER["pehe"], ".3f"), _f(PAPER["ate_error"], ".3f"), _f(PAPER["value_error"], ".3f"),
+              "", "", "", "")
+
+    def agg(rs: list[dict[str, Any]], m: str) -> str:
+        v = np.array([np.nan if r[m] is None else r[m] for r in rs], dtype=float)
+        if len(v) == 1:
+            return _f(float(v[0]))
+        return f"{np.nanmean(v):.4f} ± {np.nanstd(v, ddof=1):.4f}"
+
+    for group in (results, tiny_rows):
+        for row in dict.fromkeys(r["row"] for r in group):
+            rs = [r for r in group if r["row"] == row]
+            label = f"{row} ({rs[0]['preset']})"
+            t.add_row(label, *[agg(rs, m) for m in metrics], f"{np.mean([r['seconds'] for r in rs]):.0f}")
+    out.print(t)
+
+    def mean(row: str, m: str, group=results) -> float:
+        v = [r[m] for r in group if r["row"] == row and r[m] is not None]
+        return float(np.mean(v)) if v else float("nan")
+
+    checks = []
+    for m, ok in (("pehe", lambda v: v <= 0.06), ("ate_error", lambda v: v <= 0.045), ("value_error", lambda v: v <= 0.05),
+                  ("ate_ratio", lambda v: 0.9 <= v <= 1.1), ("corr", lambda v: v >= 0.6)):
+        v = mean("ours", m)
+        checks.append((f"ours {m} {TARGETS[m]}", _f(v), bool(np.isfinite(v) and ok(v))))
+    for m in ("pehe", "ate_error"):
+        f, c = mean("ours", m), mean("centralised", m)
+        checks.append((f"federated {m} within 1.1× of centralised", f"{_f(f)} vs {_f(c)}", bool(f <= 1.1 * c)))
+        for ab in ("full_sync", "no_ldis"):
+            a = mean(ab, m)
+            checks.append((f"DSS+L_dis better than {ab} on {m}", f"{_f(f)} vs {_f(a)}", bool(f < a)))
+        checks.append((f"better than naive on {m}", f"{_f(f)} vs {_f(mean('naive', m))}", bool(f < mean("naive", m))))
+    if tiny_rows:
+        f, n = mean("ours", "pehe", tiny_rows), mean("naive", "pehe", tiny_rows)
+        checks.append(("tiny: better than naive on PEHE", f"{_f(f)} vs {_f(n)}", bool(f < n)))
+    ct = Table(title="Targets")
+    for c in ("check", "measured", "met"):
+        ct.add_column(c)
+    for name, val, ok in checks:
+        ct.add_row(name, val, "yes" if ok else "NO")
+    out.print(ct)
+    if ceil:
+        out.print(f"information ceiling (seed {seed_list[0]}, supervised on the training split's true τ): observable at "
+                  f"t0 corr {ceil['observable_corr']:.3f} PEHE {ceil['observable_pehe']:.4f}; with the hidden offset "
+                  f"corr {ceil['with_hidden_corr']:.3f} PEHE {ceil['with_hidden_pehe']:.4f}; constant effect PEHE "
+                  f"{ceil['sd_tau']:.4f} (= sd τ)")
+    for r in results + tiny_rows:
+        vals = " ".join(f"{k} {_f(a, '.3f')}/{_f(b, '.3f')}" for k, (a, b) in r["values"].items())
+        out.print(f"[dim]values (model/true) {r['row']} {r['preset']} seed {r['seed']}: {vals}[/]")
+    out.print(f"wall: {params['minutes']:.1f} min")
+
+
+if __name__ == "__main__":
+    typer.run(main)
