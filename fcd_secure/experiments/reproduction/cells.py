@@ -10,7 +10,8 @@ method without Θs, which DSS then amounts to) — and scored by the same code f
 * the per-round evaluations (PEHE, factual AUC) and cumulative uplink bytes of the run (Figs. 3 and 4);
 * TSTR (:mod:`fcd_secure.evaluation.tstr`): every site's model (global Θc plus the site's own Θs) synthesises its
   training trajectories under the logged actions; the fixed predictor is trained on the pooled synthetic sets and
-  tested on the pooled real test sets.
+  tested on the pooled real test sets;
+* the step-wise DR of the four policies (:mod:`~.policy_values`), each site's sums from its own model and data.
 
 The result is one JSON file per cell (:func:`cell_path`), written atomically when the cell is complete and carrying the
 hash of its configuration (:func:`config_hash`): a reproduction that is interrupted and started again skips every cell
@@ -33,8 +34,10 @@ import numpy as np
 
 from fcd_secure._io import atomic_write_text
 from fcd_secure.config import RunConfig, build_config
+from fcd_secure.data.policy import default_policies
 from fcd_secure.data.schema import concat
 from fcd_secure.evaluation.tstr import synthesize, trtr, tstr
+from fcd_secure.experiments.reproduction.policy_values import stepwise_dr_sums
 from fcd_secure.experiments.reproduction.presets import ReproPreset
 from fcd_secure.federation import learner
 from fcd_secure.federation.inprocess import run_inprocess
@@ -49,8 +52,9 @@ __all__ = [
 METHODS: tuple[str, ...] = ("fed_causaldiff", "crn", "rcgan", "timegan", "fedcm")
 #: Table III's ablations of Fed-CausalDiff (DKT-Synth only): "w/o DSS" (full sync) and "w/o L_dis".
 ABLATIONS: tuple[str, ...] = ("full_sync", "no_ldis")
-#: The seed stream (``round_seed`` salt) of the TSTR draws.
+#: The seed streams (``round_seed`` salts) of the TSTR draws and of the step-wise DR's one-step rollouts.
 TSTR_SALT = 0x75E5
+DR_SALT = 0xD12
 
 
 @dataclass(frozen=True)
@@ -140,15 +144,30 @@ def _tstr_training_sets(cfg: RunConfig, preset: ReproPreset):
     return [d.subset(_rows(d.n, preset.tstr_max_rows)) for d in fd.train], concat(list(fd.test), name="real-test")
 
 
-def _cell_tstr(cfg: RunConfig, preset: ReproPreset, theta: dict[str, np.ndarray], part: str) -> dict[str, Any]:
-    """TSTR of the federated model: each site's model (Θc + its Θs) synthesises its own training set."""
+def _site_side_scores(cfg: RunConfig, preset: ReproPreset, theta: dict[str, np.ndarray], part: str) -> dict[str, Any]:
+    """TSTR and Fig. 2's step-wise DR of the federated model, each site with its own model (Θc + its Θs).
+
+    TSTR: every site synthesises its training set; the fixed predictor learns on the pooled synthetic sets and is
+    tested on the pooled real test sets. Step-wise DR: every site sums over its test split
+    (:func:`~.policy_values.stepwise_dr_sums`); the sums are pooled.
+    """
+    fd = learner.load_federated(cfg)
     trains, test = _tstr_training_sets(cfg, preset)
-    synth = []
+    synth, sums = [], []
+    policies = default_policies()
     for i, d in enumerate(trains):
         rt = SiteRuntime(cfg, default_site_id(i), i, str(cfg.state_dir))
         sim = rt.load_for_eval(theta, part)
         synth.append(synthesize(sim.simulate, d, learner.round_seed(cfg.seed, 0, i, TSTR_SALT)))
-    return tstr(concat(synth, name="synthetic"), test)
+        site_test = fd.test[i]
+        sums.append(stepwise_dr_sums(sim.simulate, sim.factual_probs(site_test), fd.train[i], site_test, policies,
+                                     tuple(fd.anchors), cfg.evaluation.n_samples,
+                                     learner.round_seed(cfg.seed, 0, i, DR_SALT)))
+    steps = sum(s["steps"] for s in sums)
+    sdr = {p.name: {"value": sum(s[p.name]["sum"] for s in sums) / max(steps, 1.0),
+                    "matched": sum(s[p.name]["matched"] for s in sums)} for p in policies}
+    return {"tstr": tstr(concat(synth, name="synthetic"), test), "stepwise_dr": sdr, "dr_steps": steps,
+            "logged_propensities": all(s["logged_propensities"] for s in sums)}
 
 
 def run_cell(
@@ -158,7 +177,8 @@ def run_cell(
 
     Returns:
         The cell's JSON-able result: ``cell``, ``config_hash``, ``lr``, ``final`` (the merged final evaluation),
-        ``history`` (per round), ``tstr``, ``params`` (Θc/Θs sizes), ``uplink_mb`` and ``wall_s``.
+        ``history`` (per round), ``tstr``, ``stepwise_dr`` (per policy), ``params`` (Θc/Θs sizes), ``uplink_mb`` and
+        ``wall_s``.
     """
     cfg = cell_config(preset, cell, lr, data_dir, secure)
     h = config_hash(cfg, preset)
@@ -173,7 +193,7 @@ def run_cell(
     t0 = time.perf_counter()
     res = run_inprocess(cfg)
     t_train = time.perf_counter() - t0
-    ts = _cell_tstr(cfg, preset, res.theta, res.part)
+    scores = _site_side_scores(cfg, preset, res.theta, res.part)
     m = res.manifest
     out = {
         "cell": {"dataset": cell.dataset, "method": cell.method, "seed": cell.seed, "simulator": cell.simulator},
@@ -185,7 +205,7 @@ def run_cell(
                                     "train_loss", "aborted")}
             for r in res.history
         ],
-        "tstr": ts,
+        **scores,
         "params": {"theta_c": sum(e.size for e in m.entries if e.part == THETA_C),
                    "theta_s": sum(e.size for e in m.entries if e.part == THETA_S)},
         "uplink_mb": sum(r["uplink_bytes"] for r in res.history) / 1e6,

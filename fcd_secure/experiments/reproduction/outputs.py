@@ -6,8 +6,9 @@ file                   content (mean ± s.d. over seeds via :func:`~fcd_secure.e
 ``table3.csv/.json``   DKT-Synth: PEHE, |ATE error|, mean |policy value error|, factual AUC, uplink MB per method
                        (the ablations too), the paper's cell beside each
 ``table4.csv/.json``   per dataset and method: TSTR-AUC, TSTR-RMSE (and the paper's); one TRTR row per dataset
-``fig2.csv/.json``     per dataset, method and policy: per-decision DR over the first ``ope_horizon`` steps, over
-                       the full horizon, and the simulated (direct-method) value; DKT-Synth's true value
+``fig2.csv/.json``     per dataset, method and policy: the step-wise DR (``dr``, :mod:`~.policy_values`), the
+                       per-decision DR over the first ``ope_horizon`` steps (``pdr``) and the full horizon
+                       (``pdr_full``), the simulated (direct-method) value; DKT-Synth's true value
 ``fig3.csv/.json``     DKT-Synth: PEHE per method and evaluated round
 ``fig4.csv/.json``     per dataset, method and evaluated round: cumulative uplink MB and factual AUC
 ``params.csv``         Θc / Θs parameter counts per dataset and method
@@ -132,9 +133,10 @@ def fig2(cells: Sequence[dict[str, Any]], ope_horizon: int | None) -> list[dict[
     for c in cells:
         ds, m = c["cell"]["dataset"], c["cell"]["method"]
         for pol, d in (c["final"].get("policies") or {}).items():
-            g = groups.setdefault((ds, m, pol), {"dr": [], "dr_full": [], "simulated": [], "true": []})
-            g["dr"].append(_num((d.get(key) or {}).get("value")))
-            g["dr_full"].append(_num((d.get("dr") or {}).get("value")))
+            g = groups.setdefault((ds, m, pol), {"dr": [], "pdr": [], "pdr_full": [], "simulated": [], "true": []})
+            g["dr"].append(_num((c.get("stepwise_dr") or {}).get(pol, {}).get("value")))
+            g["pdr"].append(_num((d.get(key) or {}).get("value")))
+            g["pdr_full"].append(_num((d.get("dr") or {}).get("value")))
             g["simulated"].append(_num(d.get("value_sim")))
             g["true"].append(_num(d.get("value_true")))
     rows = []
@@ -169,8 +171,8 @@ def _figures(out: Path, t2: list[dict[str, Any]], f3: list[dict[str, Any]], f4: 
              datasets: Sequence[str], methods: Sequence[str], preset: str) -> list[str]:
     """Figs. 2 and 4 over ``methods``; Fig. 3 also draws Table III's ablations."""
     written: list[str] = []
-    for key, stem, ylabel in (("dr", "fig2_dr", "DR estimate (first steps)"), ("simulated", "fig2_simulated",
-                                                                               "simulated policy value")):
+    for key, stem, ylabel in (("dr", "fig2_dr", "step-wise DR estimate"), ("simulated", "fig2_simulated",
+                                                                          "simulated policy value")):
         panels = {DATASET_LABELS.get(ds, ds): {_label(m): {r["policy"]: r[f"{key}_mean"] for r in t2
                                                           if r["dataset"] == ds and r["method"] == m}
                                                for m in methods if any(r["method"] == m and r["dataset"] == ds for r in t2)}
@@ -234,7 +236,8 @@ def build_outputs(
             **{f"logloss_lr{c['lr']:g}": c["val_logloss"] for c in s["candidates"]}} for s in selections]
     _write(out, "table3", t3, {"dataset": "dkt-synth"})
     _write(out, "table4", t4)
-    _write(out, "fig2", f2, {"dr": _dr_key(ope_horizon)})
+    _write(out, "fig2", f2, {"dr": "step-wise DR", "pdr": f"per-decision DR, key {_dr_key(ope_horizon)}",
+                             "pdr_full": "per-decision DR, full horizon"})
     _write(out, "fig3", f3)
     _write(out, "fig4", f4)
     atomic_write_text(out / "params.csv", pd.DataFrame(params).to_csv(index=False))

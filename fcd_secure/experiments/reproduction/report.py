@@ -33,9 +33,13 @@ KNOWN_CAUSES: tuple[str, ...] = (
     "setting); every choice their papers leave open is stated in the module docstrings of fcd_secure.model.baselines.",
     "TSTR: our fixed downstream predictor is an L2 logistic regression on per-step features (evaluation.tstr); the "
     "paper does not state its predictor.",
-    "DR (Fig. 2): per-decision DR (Jiang & Li 2016) needs logged propensities; DKT-Synth and OpenBandit log them, "
-    "Diabetes-130 and Statics2011 do not, and the paper does not say how it obtained them. Full-horizon DR of a "
-    "deterministic policy has no logged support on any dataset here, so Fig. 2 uses the first `ope_horizon` steps.",
+    "DR (Fig. 2): the paper names DR (its ref. [9], per-decision) but not its horizon, weights or propensities. "
+    "Per-decision DR of a deterministic policy over whole trajectories has almost no logged support here (it is in "
+    "fig2.csv as `pdr_full`, over the first steps as `pdr`), so Fig. 2 shows the step-wise DR "
+    "(experiments/reproduction/policy_values.py: each logged decision switched to the policy's, with the logged "
+    "history as context), a different estimand from the value of following the policy from t = 0. Diabetes-130 and "
+    "Statics2011 log no propensities; there a behaviour model fitted on each site's training split supplies them, "
+    "and the paper does not say how it obtained its own.",
     "Real datasets: our preprocessing follows the paper's §IV-A description (fcd_secure.data.sources) but its exact "
     "features, action discretisation and trajectory construction are not published.",
     "Hyperparameters: every method gets the same learning-rate grid, chosen on a validation split (below); the paper "
@@ -135,7 +139,7 @@ def _fig2(f2: Sequence[dict[str, Any]], datasets: Sequence[str], methods: Sequen
         rows = [r for r in f2 if r["dataset"] == ds and r["method"] in methods]
         if not rows:
             continue
-        lines += [f"**{DATASET_LABELS.get(ds, ds)}** — DR (first steps) / simulated value"
+        lines += [f"**{DATASET_LABELS.get(ds, ds)}** — step-wise DR / simulated value"
                   + (" / true value" if ds == "dkt-synth" else ""), "",
                   "| method | " + " | ".join(POLICIES) + " | mean DR | paper (§V-B) |", "|" + "---|" * (len(POLICIES) + 3)]
         for m in methods:
@@ -229,9 +233,10 @@ def write_report(
         f"preset `{p['dkt_preset']}`, real datasets preset `{p['real_preset']}`; model sizes of run preset "
         f"`{p['run_preset']}` for every method; evaluation {p['evaluation']}.",
         "",
-        f"Wall time {meta['wall_s'] / 60:.1f} min for {meta['cells']} cells ({meta['cached']} from the cache), "
-        f"{meta['cpus']} CPUs, 1-minute load average {meta['load_start']:.1f} at the start and {meta['load_end']:.1f} "
-        f"at the end; {meta['started']} → {meta['finished']} (UTC).",
+        f"Wall time {meta['wall_s'] / 60:.1f} min and CPU time {meta['cpu_s'] / 60:.1f} min for {meta['cells']} cells "
+        f"({meta['cached']} from the cache) with {meta['workers']} worker process(es) on {meta['cpus']} CPUs; 1-minute "
+        f"load average {meta['load_start']:.1f} at the start and {meta['load_end']:.1f} at the end (the machine is "
+        f"shared: wall time grows with the load, CPU time hardly); {meta['started']} → {meta['finished']} (UTC).",
         "",
         "## Hyperparameters (the same budget for every method)",
         "",
@@ -258,8 +263,8 @@ def write_report(
     lines += _table4(tables["table4"], datasets)
     lines += ["## Fig. 2 — policy values of Never / Always / Early-on / Late-on", "",
               "![Fig. 2 DR](fig2_dr.png)", "", "![Fig. 2 simulated](fig2_simulated.png)", "",
-              "Per cell: per-decision DR over the first steps / the simulator's own (direct-method) value"
-              " (/ the DKT-Synth oracle's true value). Causes: 5, 6.", ""]
+              "Per cell: step-wise DR / the simulator's own (direct-method) value of following the policy from t = 0"
+              " (/ the DKT-Synth oracle's true value of that). Causes: 5, 6.", ""]
     lines += _fig2(tables["fig2"], datasets, methods)
     lines += ["## Figs. 3 and 4 — convergence and communication", "", "![Fig. 3](fig3_pehe_vs_rounds.png)", ""]
     lines += [f"![Fig. 4 {ds}](fig4_auc_vs_uplink_{ds}.png)" for ds in datasets
