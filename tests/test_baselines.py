@@ -18,6 +18,8 @@ from tests.test_model_core import TINY, make_ds
 
 BASELINES = ("crn", "rcgan", "timegan", "fedcm")
 N_SITES = 3
+#: Secure aggregation needs at least four sites (its default policy, DESIGN P10).
+SECURE_SITES = 4
 
 
 def _trained(key: str, ds, epochs: int = 3):
@@ -79,15 +81,16 @@ def test_unknown_simulator_and_non_binary_outcome_are_refused():
 
 @pytest.mark.parametrize("key", BASELINES)
 def test_trains_federated_through_secure_aggregation(key, tmp_path, one_torch_thread):
+    n = SECURE_SITES
     cfg = build_config("tiny", {
-        "data": {"n_sites": N_SITES},
-        "federation": {"clients_per_round": N_SITES, "rounds": 1, "eval_every": 0, "secure_aggregation": True},
+        "data": {"n_sites": n},
+        "federation": {"clients_per_round": n, "rounds": 1, "eval_every": 0, "secure_aggregation": True},
         "model": {"simulator": key},
         "evaluation": {"n_samples": 1, "max_rows": 4},
         "state_dir": str(tmp_path / "state"),
     })
     d = learner.load_site_data(cfg, 0).train
-    init = get_simulator(key).from_dims(learner.model_config(cfg), d.dx, d.da, int(d.n_actions), N_SITES)
+    init = get_simulator(key).from_dims(learner.model_config(cfg), d.dx, d.da, int(d.n_actions), n)
     res = run_inprocess(cfg)
     man = init.manifest()
     assert res.part == THETA_C and sorted(res.theta) == sorted(man.names(THETA_C))
@@ -97,7 +100,7 @@ def test_trains_federated_through_secure_aggregation(key, tmp_path, one_torch_th
     assert all(np.isfinite(v).all() for v in res.theta.values())
     train_actions = {r["action"] for r in res.traffic_rows if r["round"] == 1 and r["action"].startswith("train")}
     assert train_actions and all(a.startswith("train.secagg_") for a in train_actions)  # no plain update left a site
-    assert res.history[0]["participants"] == N_SITES and not res.history[0]["aborted"]
+    assert res.history[0]["participants"] == n and not res.history[0]["aborted"]
     assert np.isfinite(res.final_eval["pehe"])
     if key == "fedcm":  # Θs stayed on each site, trained on its own data
         s0, s1 = (SiteState(cfg.state_dir, default_site_id(i)).load().theta_s for i in (0, 1))

@@ -148,12 +148,19 @@ def train_local(model, ds: SiteDataset, cfg: RunConfig, site_index: int | None, 
 
     ``site_index=None`` trains on a pooled dataset whose ``meta['site']`` holds per-row site labels.
 
+    Only the loss parts the egress gate allow-lists (``audit.TRAIN_METRICS``: Fed-CausalDiff's parts, ``total``,
+    ``n``, ``steps``, ``epochs``) are returned; another simulator's own parts (a GAN's discriminator loss, ...) stay
+    on the site.
+
     Raises:
         ValueError: if ``optimizer`` is not the simulator's own (:func:`make_optimizer`).
     """
+    from fcd_secure.audit.allowlist import TRAIN_METRICS  # noqa: PLC0415
+
     if optimizer is not model.optimizer:
         raise ValueError("train_local: pass the simulator's own optimiser (learner.make_optimizer)")
-    return dict(model.train_site(ds.without_propensities(), site_index, n_sites, epochs=epochs, seed=seed))
+    fit = model.train_site(ds.without_propensities(), site_index, n_sites, epochs=epochs, seed=seed)
+    return {k: v for k, v in fit.items() if k in TRAIN_METRICS}
 
 
 def round_seed(seed: int, server_round: int, site_index: int, salt: int = 0) -> int:
