@@ -14,13 +14,14 @@ method without Θs, which DSS then amounts to) — and scored by the same code f
 * the step-wise DR of the four policies (:mod:`~.policy_values`), each site's sums from its own model and data.
 
 The result is one JSON file per cell (:func:`cell_path`), written atomically when the cell is complete and carrying the
-hash of its configuration (:func:`config_hash`): a reproduction that is interrupted and started again skips every cell
-whose file exists with the same hash. The cell's federation state (keys, ledgers, checkpoints) is removed once the
+hash of its configuration and of the code that computes it (:func:`config_hash`): a reproduction that is interrupted
+and started again skips every cell whose file exists with the same hash. The cell's federation state (keys, ledgers, checkpoints) is removed once the
 file is written.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -99,13 +100,34 @@ def cell_config(
     })
 
 
+#: The code a cell's numbers come from (package-relative folders and files): a change to any of it invalidates the
+#: cache, as a change of configuration does.
+CODE_PATHS = ("data", "model", "evaluation", "federation", "aggregation", "experiments/reproduction", "config.py",
+              "manifest.py")
+
+
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """SHA-256 over the sources under :data:`CODE_PATHS` (path and content of every ``.py`` file, sorted)."""
+    pkg = Path(__file__).resolve().parents[2]
+    h = hashlib.sha256()
+    for rel in CODE_PATHS:
+        p = pkg / rel
+        for f in sorted([p] if p.is_file() else p.rglob("*.py")):
+            h.update(str(f.relative_to(pkg)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
 def config_hash(cfg: RunConfig, preset: ReproPreset) -> str:
-    """Hash of everything that determines a cell's numbers (the config without paths, and the TSTR size)."""
+    """Hash of everything that determines a cell's numbers: the config without paths, the TSTR size and the code
+    (:func:`code_fingerprint`)."""
     d = cfg.model_dump(mode="json")
     for k in ("out", "state_dir"):
         d.pop(k, None)
     d["data"].pop("data_dir", None)
     d["tstr_max_rows"] = preset.tstr_max_rows
+    d["code"] = code_fingerprint()
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
