@@ -101,9 +101,11 @@ def cell_config(
 
 
 #: The code a cell's numbers come from (package-relative folders and files): a change to any of it invalidates the
-#: cache, as a change of configuration does.
-CODE_PATHS = ("data", "model", "evaluation", "federation", "aggregation", "experiments/reproduction", "config.py",
-              "manifest.py")
+#: cache, as a change of configuration does. Tables, figures and the report are rebuilt from the cache on every run.
+CODE_PATHS = ("data", "model", "evaluation", "federation", "aggregation", "audit", "config.py", "manifest.py",
+              "experiments/centralised.py", "experiments/reproduction/cells.py",
+              "experiments/reproduction/policy_values.py", "experiments/reproduction/presets.py",
+              "experiments/reproduction/selection.py")
 
 
 @functools.lru_cache(maxsize=1)
