@@ -25,6 +25,7 @@ import functools
 import hashlib
 import json
 import math
+import resource
 import shutil
 import time
 from dataclasses import dataclass
@@ -84,7 +85,11 @@ def cell_path(root: Path, cell: Cell) -> Path:
 def cell_config(
     preset: ReproPreset, cell: Cell, lr: float, data_dir: str | None = None, secure: bool = False
 ) -> RunConfig:
-    """The run configuration of ``cell`` (Table II protocol at the preset's size; ``lr`` from the selection)."""
+    """The run configuration of ``cell`` (Table II protocol at the preset's size; ``lr`` from the selection).
+
+    ``secure`` turns secure aggregation on for every cell but the "w/o DSS" ablation: it synchronises Θs, which may
+    never enter the masked vector (DESIGN P15), so it runs with plain FedAvg.
+    """
     model: dict[str, Any] = {**preset.model, "simulator": cell.simulator, "lr": float(lr)}
     if cell.method == "no_ldis":
         model["use_dis"] = False
@@ -94,18 +99,18 @@ def cell_config(
                  "alpha": 10.0, "data_dir": data_dir},
         "federation": {"rounds": preset.rounds, "clients_per_round": preset.clients_per_round, "local_epochs": 1,
                        "eval_every": preset.eval_every, "sync": "full" if cell.method == "full_sync" else "dss",
-                       "secure_aggregation": secure},
+                       "secure_aggregation": secure and cell.method != "full_sync"},
         "model": model,
         "evaluation": dict(preset.evaluation),
     })
 
 
 #: The code a cell's numbers come from (package-relative folders and files): a change to any of it invalidates the
-#: cache, as a change of configuration does. Tables, figures and the report are rebuilt from the cache on every run.
+#: cache, as a change of configuration does (a preset's numbers enter through the configuration). Tables, figures
+#: and the report are rebuilt from the cache on every run.
 CODE_PATHS = ("data", "model", "evaluation", "federation", "aggregation", "audit", "config.py", "manifest.py",
               "experiments/centralised.py", "experiments/reproduction/cells.py",
-              "experiments/reproduction/policy_values.py", "experiments/reproduction/presets.py",
-              "experiments/reproduction/selection.py")
+              "experiments/reproduction/policy_values.py", "experiments/reproduction/selection.py")
 
 
 @functools.lru_cache(maxsize=1)
@@ -159,6 +164,11 @@ def _finite(v: Any) -> Any:
     return v
 
 
+def _cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def _rows(n: int, cap: int | None) -> np.ndarray:
     return np.arange(n if cap is None else min(n, cap))
 
@@ -201,8 +211,8 @@ def run_cell(
 
     Returns:
         The cell's JSON-able result: ``cell``, ``config_hash``, ``lr``, ``final`` (the merged final evaluation),
-        ``history`` (per round), ``tstr``, ``stepwise_dr`` (per policy), ``params`` (Θc/Θs sizes), ``uplink_mb`` and
-        ``wall_s``.
+        ``history`` (per round), ``tstr``, ``stepwise_dr`` (per policy), ``params`` (Θc/Θs sizes), ``uplink_mb``,
+        ``wall_s`` and ``cpu_s`` (this process's CPU seconds for the cell).
     """
     cfg = cell_config(preset, cell, lr, data_dir, secure)
     h = config_hash(cfg, preset)
@@ -214,7 +224,7 @@ def run_cell(
     if state.exists():
         shutil.rmtree(state)  # an interrupted cell starts again from round 1
     cfg = cfg.model_copy(update={"state_dir": str(state)})
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), _cpu_s()
     res = run_inprocess(cfg)
     t_train = time.perf_counter() - t0
     scores = _site_side_scores(cfg, preset, res.theta, res.part)
@@ -235,6 +245,7 @@ def run_cell(
         "uplink_mb": sum(r["uplink_bytes"] for r in res.history) / 1e6,
         "train_s": t_train,
         "wall_s": time.perf_counter() - t0,
+        "cpu_s": _cpu_s() - cpu0,
     }
     out = _finite(out)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -179,6 +179,8 @@ def run_reproduction(
         "finished": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),
         "cell_wall_s": {c["cell"]["dataset"] + "/" + c["cell"]["method"] + f"/seed{c['cell']['seed']}": c["wall_s"]
                         for c in results},
+        "cell_cpu_s": {c["cell"]["dataset"] + "/" + c["cell"]["method"] + f"/seed{c['cell']['seed']}": c.get("cpu_s")
+                       for c in results},
     }
     report = write_report(out, tables, meta, datasets, methods)
     atomic_write_text(out / "reproduction.json", json.dumps(meta, indent=1))
