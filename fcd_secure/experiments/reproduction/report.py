@@ -225,6 +225,11 @@ def write_report(
         f"{', '.join(_name(m) for m in methods)}"
         + (f" (+ Table III ablations {', '.join(_name(a) for a in ABLATIONS)})" if meta.get("ablations") else "") + ".",
         "",
+        f"Regenerate (cells already in `cells/` with the same code and configuration are reused): `fcd reproduce "
+        f"--preset {p['name']} --seeds {len(meta['seeds'])} --datasets {','.join(datasets)} --methods "
+        f"{','.join(methods)}{'' if meta.get('ablations') else ' --no-ablations'}"
+        f"{' --secure-aggregation' if meta['secure'] else ''} --workers {meta['workers']} --out <this folder>`.",
+        "",
         "Protocol (paper Table II) for every method: "
         f"{p['n_sites']} clients, Dirichlet non-IID split α = 10, {p['clients_per_round']} of {p['n_sites']} clients per "
         f"round, 1 local epoch, sample-size weighted FedAvg, {p['rounds']} rounds; uplink measured from the serialised "
@@ -236,7 +241,9 @@ def write_report(
         f"Wall time {meta['wall_s'] / 60:.1f} min and CPU time {meta['cpu_s'] / 60:.1f} min for {meta['cells']} cells "
         f"({meta['cached']} from the cache) with {meta['workers']} worker process(es) on {meta['cpus']} CPUs; 1-minute "
         f"load average {meta['load_start']:.1f} at the start and {meta['load_end']:.1f} at the end (the machine is "
-        f"shared: wall time grows with the load, CPU time hardly); {meta['started']} → {meta['finished']} (UTC).",
+        f"shared: wall time grows with the load, CPU time hardly); {meta['started']} → {meta['finished']} (UTC). "
+        f"Code fingerprint `{meta.get('code', 'n/a')}` (`experiments.reproduction.cells.code_fingerprint`: the "
+        "sources a cell's numbers come from).",
         "",
         "## Hyperparameters (the same budget for every method)",
         "",

@@ -26,7 +26,18 @@ from typing import Any
 
 from fcd_secure._io import atomic_write_text
 from fcd_secure.data import registry
-from fcd_secure.experiments.reproduction.cells import ABLATIONS, METHODS, Cell, cell_config, cell_path, config_hash, load_cached, run_cell, run_trtr
+from fcd_secure.experiments.reproduction.cells import (
+    ABLATIONS,
+    METHODS,
+    Cell,
+    cell_config,
+    cell_path,
+    code_fingerprint,
+    config_hash,
+    load_cached,
+    run_cell,
+    run_trtr,
+)
 from fcd_secure.experiments.reproduction.outputs import build_outputs
 from fcd_secure.experiments.reproduction.presets import DATASETS, ReproPreset
 from fcd_secure.experiments.reproduction.report import write_report
@@ -174,7 +185,8 @@ def run_reproduction(
         "preset": preset.model_dump(mode="json"), "seeds": [int(s) for s in seeds], "datasets": list(datasets),
         "methods": list(methods), "ablations": bool(ablations), "workers": int(workers), "engine": "Flower app in process "
         "(federation.inprocess: ServerApp round loop + ClientApp, no Ray)", "secure": bool(secure),
-        "wall_s": time.perf_counter() - t0, "cpu_s": _cpu_s() - cpu0, "cells": len(cells), "cached": cached, "cpus": os.cpu_count(),
+        "wall_s": time.perf_counter() - t0, "cpu_s": _cpu_s() - cpu0, "code": code_fingerprint()[:16],
+        "cells": len(cells), "cached": cached, "cpus": os.cpu_count(),
         "load_start": load_start, "load_end": os.getloadavg()[0], "started": started,
         "finished": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),
         "cell_wall_s": {c["cell"]["dataset"] + "/" + c["cell"]["method"] + f"/seed{c['cell']['seed']}": c["wall_s"]
