@@ -24,7 +24,9 @@ ARGS = ["reproduce", "--preset", "tiny", "--datasets", ",".join(DATASETS), "--me
 def _run(out, *extra):
     r = CliRunner().invoke(app, ARGS + ["--out", str(out), *extra])
     assert r.exit_code == 0, r.output
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    env = json.loads(r.stdout)  # one JSON envelope on stdout (cli/envelope.py), the progress bar on stderr
+    assert env["status"] == "ok" and env["exit_code"] == 0 and env["error_code"] is None, env
+    return env["data"]
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +37,7 @@ def reproduced(tmp_path_factory):
 
 def test_tables_have_the_expected_rows_and_columns(reproduced):
     out, res = reproduced
-    assert res["ok"] and res["cells"] == 6 and res["cached"] == 0  # 2 datasets × 2 methods + 2 ablations
+    assert res["cells"] == 6 and res["cached"] == 0  # 2 datasets × 2 methods + 2 ablations
     t3 = pd.read_csv(out / "table3.csv")
     assert list(t3["method"]) == ["fed_causaldiff", "full_sync", "no_ldis", "rcgan"]  # the paper's row order
     for col in ("pehe_mean", "pehe_sd", "ate_mean", "value_mean", "auc_mean", "uplink_mb_mean", "paper_pehe",
@@ -100,6 +102,10 @@ def test_bad_input_exits_2(tmp_path):
     for extra in (["--preset", "huge"], ["--datasets", "mnist"], ["--methods", "gpt"]):
         r = runner.invoke(app, ["reproduce", "--out", str(tmp_path)] + extra)
         assert r.exit_code == 2, (extra, r.output)
+        r = runner.invoke(app, ["reproduce", "--out", str(tmp_path), "--json"] + extra)
+        env = json.loads(r.stdout)
+        assert r.exit_code == 2 and env["status"] == "error" and env["error_code"] == "USAGE", (extra, env)
+    assert not any(tmp_path.iterdir())  # refused before anything was written
 
 
 def test_selection_picks_the_lowest_validation_loss_and_caches(tmp_path, one_torch_thread):

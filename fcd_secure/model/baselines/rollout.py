@@ -73,7 +73,7 @@ def rollout(
     if n_samples < 1:
         raise ValueError(f"n_samples must be >= 1, got {n_samples}")
     H = check_window(ds.L, start_t, horizon)
-    fn, name = plan_fn(plan, anchors)
+    fn, name = plan_fn(plan, anchors, ds)
     n, S = ds.n, n_samples
     probs = np.zeros((n, S, H), np.float32)
     ys = np.zeros((n, S, H), np.float32)
@@ -86,9 +86,11 @@ def rollout(
         rows_rep = np.repeat(rows, S)
         lengths = np.repeat(ds.lengths[rows], S)
         y_hist = np.repeat(ds.Y[rows, :start_t], S, axis=0).astype(np.float32)
+        A_rep = np.repeat(ds.A[rows], S, axis=0)
         for h in range(H):
             t = start_t + h
-            a = np.asarray(fn(h, t, y_hist, lengths, rows_rep), dtype=np.int64)
+            # no context model: a context-reading policy sees the logged contexts (SimResult.contexts: replayed)
+            a = np.asarray(fn(h, t, y_hist, lengths, rows_rep, A_rep[:, : t + 1]), dtype=np.int64)
             if a.shape != (b * S,):
                 raise ValueError(f"policy {name} returned shape {a.shape} at t={t}, expected ({b * S},)")
             if (a < 0).any() or (a >= n_actions).any():
