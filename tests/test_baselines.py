@@ -106,3 +106,13 @@ def test_trains_federated_through_secure_aggregation(key, tmp_path, one_torch_th
         s0, s1 = (SiteState(cfg.state_dir, default_site_id(i)).load().theta_s for i in (0, 1))
         assert sorted(s0) == sorted(man.names(THETA_S))
         assert any(not np.array_equal(s0[n], s1[n]) for n in s0)
+
+
+def test_a_run_config_refuses_an_unknown_simulator_and_dp_without_fed_causaldiff():
+    from fcd_secure.config import ConfigError  # noqa: PLC0415
+
+    with pytest.raises(ConfigError, match="model.simulator"):
+        build_config("tiny", {"model": {"simulator": "nope"}})
+    with pytest.raises(ConfigError, match="dp.enabled"):
+        build_config("tiny", {"model": {"simulator": "crn"}, "dp": {"enabled": True}})
+    assert build_config("tiny", {"model": {"simulator": "gformula"}, "dp": {"enabled": True}}).dp.enabled
