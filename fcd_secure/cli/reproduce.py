@@ -13,7 +13,7 @@ from fcd_secure.cli.app import emit, say_identifier, stderr, stdout
 from fcd_secure.cli.envelope import CliError, ok
 from fcd_secure.cli.run import bad_input_errors
 
-PRESETS_HELP = "tiny (tests) | quick (≤ 30 min on 2 cores, the committed report) | default | paper (Table I/II sizes)"
+PRESETS_HELP = "tiny (tests) | quick (docs/reproduction; cost per cell measured there) | default | paper (Table I/II sizes)"
 
 
 def _list(value: Optional[str]) -> Optional[list[str]]:

@@ -8,8 +8,10 @@ preset     what it is for
 =========  =======================================================================================================
 ``tiny``   tests: tiny data, 3 sites (2 per round), 2 rounds, one learning rate (no selection), 1 seed
 ``quick``  the committed report (``docs/reproduction/``): 10 sites, 5 per round, 12 rounds, 2 seeds, DKT-Synth
-           ``default`` (3,000 students), 300 trajectories of each real dataset, the ``tiny`` model widths; about
-           50 CPU-minutes, so ≤ 30 min on 2 quiet cores with ``--workers 2``
+           ``default`` (3,000 students), 300 trajectories of each real dataset, the ``tiny`` model widths. Measured
+           on Fed-CausalDiff with the context head: 20 learning-rate selections 6.5 CPU-min, a DKT-Synth cell
+           1.4 (CRN) to 2.6 (Fed-CausalDiff) CPU-min, a Statics2011 cell over 4 CPU-min; the whole preset
+           (44 cells) is over an hour of CPU, not the 30 minutes on 2 cores it was sized for
 ``default`` the README scale: DKT-Synth ``default`` (3,000 students), 2,000 trajectories of each real dataset
 ``paper``  Table I/II sizes: every trajectory, 100 rounds, 5 seeds
 =========  =======================================================================================================
