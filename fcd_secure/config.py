@@ -133,6 +133,12 @@ class RunConfig(BaseModel):
             raise ValueError(
                 f"federation.min_replies ({fed.min_replies}) > federation.clients_per_round ({fed.clients_per_round})"
             )
+        from fcd_secure.model.baselines import FedCausalDiffSimulator, get_simulator  # noqa: PLC0415 (torch)
+
+        simulator = get_simulator(self.model.simulator)
+        if self.dp.enabled and not issubclass(simulator, FedCausalDiffSimulator):
+            raise ValueError(f"dp.enabled: DP-SGD trains Fed-CausalDiff's local objective (privacy.engine); "
+                             f"model.simulator = {self.model.simulator!r} has none")
         return self
 
     # -- identity ------------------------------------------------------------------------------------

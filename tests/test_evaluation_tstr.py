@@ -6,7 +6,15 @@ import numpy as np
 import pytest
 
 from fcd_secure.data.schema import SiteDataset
-from fcd_secure.evaluation.tstr import StepPredictor, action_bucket, step_features, trtr, tstr, utility_report
+from fcd_secure.evaluation.tstr import (
+    StepPredictor,
+    action_bucket,
+    step_features,
+    synthesize,
+    trtr,
+    tstr,
+    utility_report,
+)
 
 
 def _make(seed: int, n: int = 300, L: int = 10, sign: float = 1.0, n_actions: int = 2, continuous=False, soft=False):
@@ -97,3 +105,24 @@ def test_action_hash_spreads_ids_that_are_32_apart():
 def test_layout_mismatch_is_named():
     with pytest.raises(ValueError, match="n_actions"):
         tstr(_make(11, n=30, n_actions=3), _make(12, n=30))
+
+
+def test_synthesize_replaces_only_the_outcomes_under_the_logged_actions(one_torch_thread):
+    from fcd_secure.model.baselines import SIMULATORS
+    from tests.test_model_core import TINY
+
+    real = _make(3, n=40, L=8)
+    sim = SIMULATORS["crn"].from_dims(TINY, real.dx, real.da, real.n_actions, 1)
+    sim.train_site(real, 0, 1, epochs=2, seed=0)
+    syn = synthesize(sim.simulate, real, seed=7)
+    for f in ("X", "A", "T", "M"):
+        np.testing.assert_array_equal(getattr(syn, f), getattr(real, f))
+    assert syn.P is None and syn.name.endswith("-synthetic")
+    assert set(np.unique(syn.Y[syn.M > 0])) <= {0.0, 1.0} and (syn.Y[syn.M == 0] == 0).all()
+    assert not np.array_equal(syn.Y, real.Y)
+    np.testing.assert_array_equal(synthesize(sim.simulate, real, seed=7).Y, syn.Y)  # seeded
+    assert not np.array_equal(synthesize(sim.simulate, real, seed=8).Y, syn.Y)
+    # the actions the simulator was given are the logged ones
+    res = sim.simulate(real, real.T.astype(np.int64), 1, 7, start_t=0)
+    np.testing.assert_array_equal(res.actions[:, 0, :], real.T)
+    assert np.isfinite(tstr(syn, real)["rmse"])

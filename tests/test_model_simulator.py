@@ -1,4 +1,4 @@
-"""The Simulator protocol: every simulator (Fed-CausalDiff, GRU g-formula, naive) builds, trains, names its Θc/Θs
+"""The Simulator protocol: every simulator (Fed-CausalDiff, GRU g-formula, naive and the paper's baselines) builds, trains, names its Θc/Θs
 parts, rolls out plans and answers the same effect and factual questions through one definition; the training
 batch is one NamedTuple at the loader boundary."""
 
@@ -24,7 +24,7 @@ def build(key: str, ds, seed: int = 0) -> Simulator:
 
 
 def test_registry_names_match_classes():
-    assert list(SIMULATORS) == ["fed_causaldiff", "gformula", "naive"]
+    assert list(SIMULATORS) == ["fed_causaldiff", "gformula", "naive", "crn", "rcgan", "timegan", "fedcm"]
     assert all(cls.name == key and issubclass(cls, Simulator) for key, cls in SIMULATORS.items())
 
 
@@ -34,8 +34,10 @@ def test_every_simulator_honours_the_protocol(key, one_torch_thread):
     sim = build(key, ds)
     man = sim.manifest()
     theta_s_tops = {n.split(".")[0] for n in man.names("theta_s")}
-    # the behaviour head of IPW weighting exists only when model.ipw is on
-    assert theta_s_tops == (set(THETA_S_MODULES) - {"propensity_head"} if key != "naive" else set())
+    assert theta_s_tops == set(SIMULATORS[key].theta_s_modules) - {"propensity_head"}
+    if key in ("fed_causaldiff", "gformula"):
+        # the behaviour head of IPW weighting exists only when model.ipw is on
+        assert theta_s_tops == set(THETA_S_MODULES) - {"propensity_head"}
     assert man.size("full") == sum(p.numel() for p in sim.module.parameters())
     before = sim.get_params("full")
     fit = sim.train_site(ds, 1, N_SITES, epochs=1, seed=0)

@@ -22,6 +22,7 @@ from fcd_secure.cli import audit as audit_cli  # noqa: E402
 from fcd_secure.cli import config as config_cli  # noqa: E402
 from fcd_secure.cli import data as data_cli  # noqa: E402
 from fcd_secure.cli import privacy as privacy_cli  # noqa: E402
+from fcd_secure.cli import reproduce as reproduce_cli  # noqa: E402
 from fcd_secure.cli import run as run_cli  # noqa: E402
 from fcd_secure.cli import train as train_cli  # noqa: E402
 from fcd_secure.cli import whatif as whatif_cli  # noqa: E402
@@ -65,6 +66,7 @@ train_cli.register(app)
 run_cli.register(app)
 ablate_cli.register(app)
 whatif_cli.register(app)
+reproduce_cli.register(app)
 
 
 def main() -> None:

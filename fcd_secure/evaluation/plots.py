@@ -5,12 +5,14 @@
   method);
 * :func:`plot_utility_vs_uplink` — Fig. 4 (downstream utility vs uplink volume in MB, one point per method, or one
   curve per method over cumulative uplink; uplink = selected clients × synchronised parameter size, summed over
-  rounds).
+  rounds);
+* :func:`plot_policy_values` — Fig. 2 (policy value estimates of the four target policies, one panel per dataset,
+  one bar per method; a value that is not a number — no logged support — is marked "n/a", never drawn as 0).
 
 Figures a reader can trust: rounds are integers on the axis; the y-axis starts at 0 for errors and spans [0, 1]
 for an AUC, never a zoom that makes a small change look large; an AUC plot carries the chance line (0.5); the
 headline number (the final evaluation a table reports) is marked and labelled with its value, apart from the
-cheaper evaluations made during training. Both write a PNG atomically (``fcd_secure._io.atomic_write_bytes``), so a
+cheaper evaluations made during training. Each writes a PNG atomically (``fcd_secure._io.atomic_write_bytes``), so a
 failed call never leaves half a figure.
 """
 
@@ -30,7 +32,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from fcd_secure._io import atomic_write_bytes  # noqa: E402
 
-__all__ = ["metric_vs_round_figure", "plot_metric_vs_round", "plot_utility_vs_uplink"]
+__all__ = ["metric_vs_round_figure", "plot_metric_vs_round", "plot_policy_values", "plot_utility_vs_uplink"]
 
 #: ``(label, uplink_mb, utility)``: scalars give one point, equal-length sequences give a curve.
 UplinkPoint = tuple[str, float | Sequence[float], float | Sequence[float]]
@@ -235,3 +237,63 @@ def _uplink_figure(
     if headline is not None or any(ax.get_legend_handles_labels()[1]):
         ax.legend(frameon=False, fontsize=8)
     return fig
+
+
+def plot_policy_values(
+    panels: Mapping[str, Mapping[str, Mapping[str, float]]],
+    policies: Sequence[str],
+    path: str | os.PathLike[str],
+    ylabel: str = "policy value",
+    title: str | None = None,
+) -> Path:
+    """Grouped bars of policy values: one panel per dataset, policies on the x-axis, one bar per method (paper Fig. 2).
+
+    Args:
+        panels: ``{panel title: {method: {policy: value}}}``; a missing or non-finite value is marked "n/a".
+        policies: the x-axis order.
+        path: the PNG to write.
+        ylabel: y-axis label.
+        title: figure title.
+
+    Returns:
+        The written path.
+
+    Raises:
+        ValueError: no panels, no policies, a panel without methods, or a path that is not a ``.png``.
+    """
+    if not panels:
+        raise ValueError("plot_policy_values: panels is empty")
+    if not policies:
+        raise ValueError("plot_policy_values: policies is empty")
+    for name, methods in panels.items():
+        if not methods:
+            raise ValueError(f"plot_policy_values: panel {name!r} has no methods")
+    out = _check_png(path)
+    n = len(panels)
+    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.6), squeeze=False)
+    for ax, (name, methods) in zip(axes[0], panels.items()):
+        width = 0.8 / len(methods)
+        for j, (method, vals) in enumerate(methods.items()):
+            for i, pol in enumerate(policies):
+                x = i - 0.4 + width * (j + 0.5)
+                v = vals.get(pol)
+                if v is None or not math.isfinite(float(v)):
+                    ax.text(x, 0.0, "n/a", rotation=90, ha="center", va="bottom", fontsize=6)
+                    continue
+                ax.bar(x, float(v), width, color=f"C{j}", label=method if i == 0 else None)
+        ax.set_xticks(range(len(policies)), list(policies), fontsize=8)
+        ax.set_title(name, fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0][0].set_ylabel(ylabel)
+    handles, labels = [], []
+    for ax in axes[0]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 7), frameon=False, fontsize=8,
+                   bbox_to_anchor=(0.5, -0.08))
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return _save(fig, out)

@@ -17,6 +17,11 @@ g is an L2-regularised logistic regression (soft labels in [0, 1] are allowed fo
 probabilities) fitted by a fixed number of damped Newton (IRLS) steps; otherwise g is ridge regression in closed
 form. No randomness is involved: the same data give the same numbers.
 
+The synthetic training set of a simulator is :func:`synthesize`: the real trajectories' X, A, actions and valid-step
+mask, with outcomes drawn by the simulator under the *logged* actions (one draw per trajectory), so that synthetic and
+real sets differ only in how Y was generated (research note §4: "generated under the logged policy from the same X
+distribution", as many as the real training set).
+
 Reported: ``auc`` (rank AUC of the predicted probability on real binary Y, pooled over valid steps; NaN for
 continuous Y) and ``rmse`` (√ mean (ŷ − y)² over valid steps — the probability RMSE for binary Y).
 """
@@ -24,14 +29,16 @@ continuous Y) and ``rmse`` (√ mean (ŷ − y)² over valid steps — the proba
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
 from fcd_secure.data.schema import SiteDataset
 from fcd_secure.evaluation.metrics import factual_auc, rmse
 
-__all__ = ["StepPredictor", "action_bucket", "step_features", "tstr", "trtr", "utility_report"]
+__all__ = ["StepPredictor", "action_bucket", "step_features", "synthesize", "tstr", "trtr", "utility_report"]
 
 _BUCKET_BITS = 5
 _MAX_ACTION_BUCKETS = 1 << _BUCKET_BITS  # 32; a power of two, so the hash's top bits index a bucket
@@ -213,3 +220,19 @@ def trtr(real_train: SiteDataset, real_test: SiteDataset) -> dict[str, float]:
 def utility_report(synthetic: SiteDataset, real_train: SiteDataset, real_test: SiteDataset) -> dict[str, dict[str, float]]:
     """``{"tstr": tstr(synthetic, real_test), "trtr": trtr(real_train, real_test)}`` for side-by-side printing."""
     return {"tstr": tstr(synthetic, real_test), "trtr": trtr(real_train, real_test)}
+
+
+def synthesize(simulate: Callable[..., Any], ds: SiteDataset, seed: int) -> SiteDataset:
+    """The synthetic counterpart of ``ds``: outcomes drawn by a simulator under the logged actions.
+
+    Args:
+        simulate: a simulator's ``simulate(ds, plan, n_samples, seed, start_t=0)`` (``Simulator.simulate``).
+        ds: real trajectories (X, A, actions and mask are kept; P is dropped).
+        seed: seed of the draw.
+
+    Returns:
+        ``ds`` with Y replaced by one simulated draw (0 on padding), named ``<name>-synthetic``.
+    """
+    res = simulate(ds, ds.T.astype(np.int64), 1, seed, start_t=0)
+    y = np.asarray(res.y, dtype=np.float32)[:, 0, :] * (ds.M > 0)
+    return replace(ds, Y=y.astype(ds.Y.dtype), P=None, name=f"{ds.name}-synthetic", meta=dict(ds.meta))

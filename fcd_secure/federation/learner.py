@@ -5,8 +5,9 @@ between layers (docs/architecture.md) are visible in one file:
 
 * data: ``load_site_data`` (``fcd_secure.data.registry.load_federated`` / ``load_spec_federated``), cached per
   process because a site answers many messages and the split is a pure function of the config and seed;
-* model: ``build_model``, ``manifest_of``, ``get_params`` / ``set_params`` (manifest names; parts are
-  ``fcd_secure.manifest.THETA_C`` / ``THETA_S`` / ``FULL``), ``train_local``, ``make_optimizer``;
+* model: ``build_model`` (the run's :class:`~fcd_secure.model.simulator.Simulator`, ``model.simulator``),
+  ``manifest_of``, ``get_params`` / ``set_params`` (manifest names; parts are ``fcd_secure.manifest.THETA_C`` /
+  ``THETA_S`` / ``FULL``), ``train_local``, ``make_optimizer``;
 * evaluation: ``effects`` / ``policy_values`` / ``factual`` helpers used by ``federation.evaluation``.
 """
 
@@ -93,11 +94,19 @@ def model_config(cfg: RunConfig):
 
 
 def build_model(cfg: RunConfig, dims: dict[str, int]):
-    from fcd_secure.model.networks import FedCausalDiff  # noqa: PLC0415
+    """The run's simulator (``model.simulator``, a key of ``fcd_secure.model.baselines.SIMULATORS``), initialised
+    from the run seed. Every function below takes it; a simulator without a Θs part is synchronised whole.
 
-    return FedCausalDiff.from_dims(
-        model_config(cfg), dims["dx"], dims["da"], dims["n_actions"], dims["n_sites"], dims.get("n_endogenous", 0)
-    )
+    Raises:
+        ValueError: an unknown ``model.simulator``.
+    """
+    from fcd_secure.model.baselines import FedCausalDiffSimulator, get_simulator  # noqa: PLC0415
+
+    sim = get_simulator(cfg.model.simulator)
+    if issubclass(sim, FedCausalDiffSimulator):  # the simulators with a context head (endogenous contexts)
+        return sim.from_dims(model_config(cfg), dims["dx"], dims["da"], dims["n_actions"], dims["n_sites"],
+                             n_endogenous=dims.get("n_endogenous", 0))
+    return sim.from_dims(model_config(cfg), dims["dx"], dims["da"], dims["n_actions"], dims["n_sites"])
 
 
 def dims_of(ds: SiteDataset, n_sites: int) -> dict[str, int]:
@@ -108,43 +117,54 @@ def dims_of(ds: SiteDataset, n_sites: int) -> dict[str, int]:
             "n_endogenous": n_endogenous(ds.meta, ds.da)}
 
 
-def manifest_of(model) -> Manifest:
-    from fcd_secure.model.manifest import build_manifest  # noqa: PLC0415
+def _simulator(model):
+    from fcd_secure.model.baselines import as_simulator  # noqa: PLC0415
 
-    return build_manifest(model)
+    return as_simulator(model)
+
+
+def manifest_of(model) -> Manifest:
+    """The Θc/Θs manifest of a simulator (or of a bare Fed-CausalDiff network)."""
+    return _simulator(model).manifest()
 
 
 def get_params(model, part: Part) -> dict[str, np.ndarray]:
-    from fcd_secure.model.manifest import get_params as _get  # noqa: PLC0415
-
-    return {k: np.asarray(v) for k, v in _get(model, part).items()}
+    return {k: np.asarray(v) for k, v in _simulator(model).get_params(part).items()}
 
 
 def set_params(model, part: Part, arrays: dict[str, np.ndarray]) -> None:
-    from fcd_secure.model.manifest import set_params as _set  # noqa: PLC0415
-
-    _set(model, part, arrays)
+    _simulator(model).set_params(part, arrays)
 
 
 def make_optimizer(model, cfg: RunConfig):
-    from fcd_secure.model.training import make_optimizer as _make  # noqa: PLC0415
-
-    return _make(model, model_config(cfg))
+    """The simulator's own optimiser (made on first use, so a freshly built simulator has a fresh one); a site loads
+    its saved state into it and :func:`train_local` steps it."""
+    return model.optimizer
 
 
 def train_local(model, ds: SiteDataset, cfg: RunConfig, site_index: int | None, n_sites: int, epochs: int, seed: int, optimizer) -> dict:
-    """One site's local step (paper §III-C local objective). Propensities are dropped unless ``model.ipw`` turns
-    them into loss weights on the site (``model.training.training_view``); the network never sees P.
+    """One site's local step (``Simulator.train_site``; for Fed-CausalDiff the paper's §III-C local objective).
+    Propensities are dropped, except that Fed-CausalDiff's ``model.ipw`` turns them into loss weights on the site
+    (``model.training.training_view``); no network ever sees P.
 
     ``site_index=None`` trains on a pooled dataset whose ``meta['site']`` holds per-row site labels.
-    """
-    from fcd_secure.model.training import train_local as _train  # noqa: PLC0415
-    from fcd_secure.model.training import training_view  # noqa: PLC0415
 
-    mc = model_config(cfg)
-    return dict(
-        _train(model, training_view(ds, mc), mc, site_index, n_sites, epochs=epochs, seed=seed, optimizer=optimizer)
-    )
+    Only the loss parts the egress gate allow-lists (``audit.TRAIN_METRICS``: Fed-CausalDiff's parts, ``total``,
+    ``n``, ``steps``, ``epochs``) are returned; another simulator's own parts (a GAN's discriminator loss, ...) stay
+    on the site.
+
+    Raises:
+        ValueError: if ``optimizer`` is not the simulator's own (:func:`make_optimizer`).
+    """
+    from fcd_secure.audit.allowlist import TRAIN_METRICS  # noqa: PLC0415
+    from fcd_secure.model.baselines import FedCausalDiffSimulator  # noqa: PLC0415
+
+    if optimizer is not model.optimizer:
+        raise ValueError("train_local: pass the simulator's own optimiser (learner.make_optimizer)")
+    # Fed-CausalDiff applies training_view itself (P only under model.ipw); any other simulator never gets P
+    view = ds if isinstance(model, FedCausalDiffSimulator) else ds.without_propensities()
+    fit = model.train_site(view, site_index, n_sites, epochs=epochs, seed=seed)
+    return {k: v for k, v in fit.items() if k in TRAIN_METRICS}
 
 
 def round_seed(seed: int, server_round: int, site_index: int, salt: int = 0) -> int:
@@ -164,10 +184,15 @@ def train_local_dp(
     σ is planned for ``federation.rounds`` rounds of ``local_epochs`` (every round, as if the site were sampled
     each time: conservative under 5-of-10 sampling, whose amplification is not claimed).
     """
+    from fcd_secure.model.baselines import FedCausalDiffSimulator  # noqa: PLC0415
     from fcd_secure.privacy.engine import DPSite, train_round_private  # noqa: PLC0415
 
     from fcd_secure.model.training import training_view  # noqa: PLC0415
 
+    if not isinstance(model, FedCausalDiffSimulator):
+        raise ValueError(
+            f"DP-SGD trains Fed-CausalDiff's local objective; model.simulator = {cfg.model.simulator!r} has none"
+        )
     mc = model_config(cfg)
     ds = training_view(ds, mc)
     # keyed by the records themselves: the same table reordered, or with a record dropped, keeps its budget
@@ -176,6 +201,7 @@ def train_local_dp(
     )
     return dict(
         train_round_private(
-            site, model, ds, mc, site_index, n_sites, epochs=epochs, seed=seed, optimizer=optimizer, round_id=server_round
+            site, model.module, ds, mc, site_index, n_sites, epochs=epochs, seed=seed, optimizer=optimizer,
+            round_id=server_round,
         )
     )

@@ -23,6 +23,14 @@ class ModelConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    simulator: str = Field(
+        "fed_causaldiff",
+        description=(
+            "which causal simulator a run trains and federates: a key of fcd_secure.model.baselines.SIMULATORS "
+            "(fed_causaldiff, gformula, naive, crn, rcgan, timegan, fedcm); the size knobs below size every one"
+        ),
+    )
+
     # -- dimensions --------------------------------------------------------------------------------------
     k_causal: int = Field(8, ge=1, description="dim of K^(c), the shared causal latent")
     k_site: int = Field(4, ge=1, description="dim of K^(s), the site-local confounding latent")

@@ -1,0 +1,24 @@
+"""The paper reproduction (``fcd reproduce``): the four baselines and Fed-CausalDiff federated under paper Table II on
+the four datasets, Tables III–IV and Figs. 2–4 beside the paper's numbers.
+
+=================  ================================================================================================
+module             role
+=================  ================================================================================================
+``presets``        the sizes of a reproduction (tiny, quick, default, paper)
+``selection``      the hyperparameter budget: one learning-rate grid for every method, chosen on a validation split
+``cells``          one method × dataset × seed: federated training, the shared evaluation, TSTR; cached on disk
+``outputs``        Tables III–IV and the data of Figs. 2–4 as CSV + JSON, and the PNGs
+``paper``          the paper's published numbers
+``report``         ``REPORT.md``: ours beside the paper's, cell by cell, and why they differ
+``run``            the whole reproduction, resumable
+=================  ================================================================================================
+"""
+
+from fcd_secure.experiments.reproduction.cells import ABLATIONS, METHODS, Cell, run_cell
+from fcd_secure.experiments.reproduction.presets import DATASETS, PRESETS, ReproPreset, get_preset
+from fcd_secure.experiments.reproduction.run import plan_cells, run_reproduction
+
+__all__ = [
+    "ABLATIONS", "DATASETS", "METHODS", "PRESETS", "Cell", "ReproPreset", "get_preset", "plan_cells", "run_cell",
+    "run_reproduction",
+]
