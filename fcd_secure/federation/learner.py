@@ -100,13 +100,11 @@ def build_model(cfg: RunConfig, dims: dict[str, int]):
     Raises:
         ValueError: an unknown ``model.simulator``.
     """
-    from fcd_secure.model.baselines import FedCausalDiffSimulator, get_simulator  # noqa: PLC0415
+    from fcd_secure.model.baselines import get_simulator  # noqa: PLC0415
 
     sim = get_simulator(cfg.model.simulator)
-    if issubclass(sim, FedCausalDiffSimulator):  # the simulators with a context head (endogenous contexts)
-        return sim.from_dims(model_config(cfg), dims["dx"], dims["da"], dims["n_actions"], dims["n_sites"],
-                             n_endogenous=dims.get("n_endogenous", 0))
-    return sim.from_dims(model_config(cfg), dims["dx"], dims["da"], dims["n_actions"], dims["n_sites"])
+    return sim.from_dims(model_config(cfg), dims["dx"], dims["da"], dims["n_actions"], dims["n_sites"],
+                         n_endogenous=dims.get("n_endogenous", 0))
 
 
 def dims_of(ds: SiteDataset, n_sites: int) -> dict[str, int]:

@@ -111,8 +111,11 @@ class RCGANSimulator(Simulator):
         self.net = net
 
     @classmethod
-    def from_dims(cls, cfg: ModelConfig, dx: int, da: int, n_actions: int, n_sites: int) -> "RCGANSimulator":
-        """Sizes from ``cfg``; parameters initialised from ``cfg.seed``; ``n_sites`` unused.
+    def from_dims(
+        cls, cfg: ModelConfig, dx: int, da: int, n_actions: int, n_sites: int, n_endogenous: int = 0
+    ) -> "RCGANSimulator":
+        """Sizes from ``cfg``; parameters initialised from ``cfg.seed``; ``n_sites`` unused;
+        ``n_endogenous`` too: like its paper it has no context model, so rollouts replay every logged context.
 
         Raises:
             ValueError: for a non-binary outcome.

@@ -143,8 +143,11 @@ class TimeGANSimulator(Simulator):
         self.net = net
 
     @classmethod
-    def from_dims(cls, cfg: ModelConfig, dx: int, da: int, n_actions: int, n_sites: int) -> "TimeGANSimulator":
-        """Sizes from ``cfg``; parameters initialised from ``cfg.seed``; ``n_sites`` unused.
+    def from_dims(
+        cls, cfg: ModelConfig, dx: int, da: int, n_actions: int, n_sites: int, n_endogenous: int = 0
+    ) -> "TimeGANSimulator":
+        """Sizes from ``cfg``; parameters initialised from ``cfg.seed``; ``n_sites`` unused;
+        ``n_endogenous`` too: like its paper it has no context model, so rollouts replay every logged context.
 
         Raises:
             ValueError: for a non-binary outcome.
