@@ -295,6 +295,8 @@ class LocalDeployment:
                 load_or_create_secret(site.secret)
         for site in self.sites:
             write_roster(site.roster, roster)
+        # the coordinator holds the roster too: a site that misbehaves in secure aggregation is named on signed evidence
+        write_roster(self.server_root / "state" / ROSTER_FILE, roster)
         (self.server_root / "state" / SERVER_DIR).mkdir(parents=True, exist_ok=True)
         load_or_create_identity_key(self.server_root / "state" / SERVER_DIR / IDENTITY_FILE)
         self._write_cli_config()

@@ -124,11 +124,17 @@ def run_task(address: str, token: str) -> int:
 
 
 def serve(address: str, secret_file: str, parent_pid: int | None = None) -> None:
-    """Acquire the SuperNode's ClientApp tasks with the site's secret and run each in a fresh process."""
+    """Acquire the SuperNode's ClientApp tasks with the site's secret and run each in a fresh process.
+
+    The executor also keeps each acquired task's heartbeat going until its process exits: a task token lapses when no
+    heartbeat arrives for two heartbeat intervals (flwr 1.42), and a cold process on a loaded machine can take that
+    long to import before its own heartbeat starts.
+    """
     from flwr.proto.runtime_pb2 import AcquireTaskRequest  # noqa: PLC0415
     from flwr.supercore.app_utils import start_parent_process_monitor  # noqa: PLC0415
     from flwr.supercore.constant import TaskType  # noqa: PLC0415
-    from flwr.supercore.interceptors import SuperExecAuthHttpInterceptor  # noqa: PLC0415
+    from flwr.supercore.heartbeat import HeartbeatSender  # noqa: PLC0415
+    from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, SuperExecAuthHttpInterceptor  # noqa: PLC0415
 
     secret = Path(secret_file).read_bytes()
     if not secret:
@@ -138,20 +144,45 @@ def serve(address: str, secret_file: str, parent_pid: int | None = None) -> None
     client = _runtime_client(
         address, [SuperExecAuthHttpInterceptor(master_secret=secret, protected_methods=frozenset({ACQUIRE_METHOD}))]
     )
-    children: list[subprocess.Popen] = []
+    children: list[tuple[subprocess.Popen, HeartbeatSender, object]] = []
     log.info("site executor acquiring tasks at %s", address)
     while True:
-        children = [c for c in children if c.poll() is None]  # reap finished tasks
+        running = []
+        for proc, beat, task_client in children:  # reap finished tasks
+            if proc.poll() is None:
+                running.append((proc, beat, task_client))
+            else:
+                beat.stop()
+                task_client.close()
+        children = running
         res = client.AcquireTask(AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP]))
         if res.HasField("task") and res.token:
+            task_client = _runtime_client(address, [RuntimeTokenHttpInterceptor(res.token)])
+            beat = HeartbeatSender(_quiet_heartbeat(task_client))
+            beat.start()
             env = dict(os.environ, **{TOKEN_ENV: res.token})
-            children.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "fcd_secure.federation.site_exec", "task", "--runtime-api-address", address],
-                    env=env,
-                )
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "fcd_secure.federation.site_exec", "task", "--runtime-api-address", address],
+                env=env,
             )
+            children.append((proc, beat, task_client))
         time.sleep(POLL_S)
+
+
+def _quiet_heartbeat(client):
+    """A task heartbeat that never fails the executor: Flower's own one raises SIGINT in its process when the
+    SuperNode no longer knows the task (it finished), which would stop the executor."""
+    import httpx  # noqa: PLC0415
+    from flwr.proto.runtime_pb2 import SendTaskHeartbeatRequest  # noqa: PLC0415
+
+    def beat() -> bool:
+        try:
+            client.SendTaskHeartbeat(SendTaskHeartbeatRequest())
+        except httpx.HTTPError:
+            pass  # the task is over or the SuperNode is gone; the task process reports its own outcome
+        return True
+
+    return beat
 
 
 def main(argv: list[str] | None = None) -> int:
