@@ -20,7 +20,7 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict  # noqa: E402
 from test_audit_support import Server, Site, instruction  # noqa: E402
 
-from fcd_secure.audit import GATE_ERROR_CODE, POLICY_ERROR_CODE, RECEIPTS_MESSAGE_TYPE, GatePolicy, Refusal  # noqa: E402
+from fcd_secure.audit import GATE_ERROR_CODE, POLICY_ERROR_CODE, POLICY_REASON_PREFIX, RECEIPTS_MESSAGE_TYPE, GatePolicy, Refusal  # noqa: E402
 from fcd_secure.audit.ledger import SITE_LEDGER_FILE  # noqa: E402
 from fcd_secure.audit.signing import fingerprint, public_key_bytes  # noqa: E402
 from fcd_secure.audit.verify import verify_path  # noqa: E402
@@ -54,7 +54,7 @@ def test_a_policy_refusal_is_recorded_under_its_rule_and_verify_lists_it(tmp_pat
 
     reply = site.send(server.downlink("train", 1, 11), refusing)
     assert reply.has_error() and reply.error.code == POLICY_ERROR_CODE
-    assert reply.error.reason == "refused by the site policy: site_policy"
+    assert reply.error.reason == POLICY_REASON_PREFIX + "site_policy" == "refused by the site's policy: site_policy"
     server.receive(reply, site.site_id)
     line = _refusals(site.ledger.path)[-1]
     assert line["refusal"] == {"rule": "site_policy", "record": "config", "key": "federation.sync"}
@@ -171,7 +171,7 @@ def test_a_server_config_asking_for_less_is_refused_recorded_and_nothing_of_thet
         for mtype in ("query.hello", "train", "train.secagg_train"):
             reply = _deliver(app, root, request, mtype, content, round=i + 1)
             assert reply.has_error() and reply.error.code == POLICY_ERROR_CODE, (field, mtype)
-            assert reply.error.reason == "refused by the site policy: site_policy"
+            assert reply.error.reason == POLICY_REASON_PREFIX + "site_policy" == "refused by the site's policy: site_policy"
     ledger = root / "site-00" / "slots" / SITE_LEDGER_FILE
     refused = _refusals(ledger)
     assert [r["refusal"]["key"] for r in refused] == [f for _, f in WEAKER for _ in range(3)]
@@ -198,7 +198,7 @@ def test_a_secure_site_refuses_the_plain_training_and_evaluation_actions(tmp_pat
             content[REC_CONFIG] = ConfigRecord({"quick": True, "max-rows": -1, "n-samples": 1, "part": "theta_c"})
         reply = _deliver(app, root, cfg, mtype, content)
         assert reply.has_error() and reply.error.code == POLICY_ERROR_CODE
-        assert reply.error.reason == "refused by the site policy: downgrade"
+        assert reply.error.reason == POLICY_REASON_PREFIX + "downgrade"
     refused = _refusals(root / "site-00" / "slots" / SITE_LEDGER_FILE)
     assert [(r["refusal"]["rule"], r["refusal"]["key"]) for r in refused] == [("downgrade", "train"), ("downgrade", "query.evaluate")]
     assert not (root / "site-00" / STATE_FILE).exists()  # the refused round never trained
@@ -245,7 +245,8 @@ def test_simulated_sites_refuse_a_run_weaker_than_their_policies_and_verify_list
                                 "state_dir": str(state), "out": str(tmp_path / "run")})
     write_simulated_policies(own)  # the hospitals' choice: DSS only
     weak = own.model_copy(update={"federation": own.federation.model_copy(update={"sync": "full"})})
-    with pytest.raises(FederationError, match="did not answer hello"):
+    # the server names every site and the category (the closed vocabulary), never the field
+    with pytest.raises(FederationError, match=r"site-00, site-01, site-02, site-03: refused by the site.s policy \(at hello"):
         run_simulated(weak)
     for i in range(4):
         assert not (state / f"site-{i:02d}" / STATE_FILE).exists()
