@@ -27,6 +27,7 @@ import pytest
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
+from fcd_secure.audit import POLICY_ERROR_CODE, POLICY_REASON_PREFIX  # noqa: E402
 from fcd_secure.config import build_config  # noqa: E402
 
 pytestmark = pytest.mark.deployment
@@ -205,7 +206,7 @@ def test_secure_deployment_refuses_intruders_and_foreign_apps_and_matches_simula
         times["foreign_app"] = time.monotonic() - t0
         server_view = json.loads(Path(str(marker) + "-server.json").read_text())
         assert server_view["nodes"] == 4 and server_view["replies"] == 4
-        assert all(code == 0x7E7 and reason.endswith("app_not_pinned") for code, reason in server_view["errors"])
+        assert all(code == POLICY_ERROR_CODE and reason == POLICY_REASON_PREFIX + "app_not_pinned" for code, reason in server_view["errors"])
         assert len(server_view["errors"]) == 4
         assert not list(tmp_path.glob("stolen-site-*")), "the foreign ClientApp ran on a site"
         for site in dep.sites:

@@ -71,7 +71,7 @@ def register(app: typer.Typer) -> None:
         Exit codes:
           0    done
           1    the deployment or the run failed (the message names the log)
-          2    bad input (config, data, certificates, keys, site policies): no process started
+          2    bad input (config, data, certificates, keys, policies): nothing started
         """
         from fcd_secure.cli.preflight import check_run  # noqa: PLC0415
         from fcd_secure.federation.deployment import DeploymentError, LocalDeployment  # noqa: PLC0415
