@@ -47,7 +47,13 @@ def fab_digest(content: bytes) -> str:
     return hashlib.sha256(content).hexdigest()
 
 
-def _runtime_client(address: str, interceptors: list):
+def _runtime_client(address: str, interceptors: list, *, retry: bool = True):
+    """A client of the SuperNode's Runtime API.
+
+    With ``retry`` it uses Flower's HTTP retry invoker, which also ends the process (SIGINT) when its token is no
+    longer accepted (HTTP 401), as a task process should. Without it every error is raised to the caller: the
+    executor's own per-task heartbeats must never end the executor when a task's token lapses because it finished.
+    """
     from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor  # noqa: PLC0415
     from flwr.supercore.retry import make_simple_http_retry_invoker  # noqa: PLC0415
     from flwr.supercore.runtime import RuntimeHttpClient  # noqa: PLC0415
@@ -57,7 +63,7 @@ def _runtime_client(address: str, interceptors: list):
         insecure=True,  # the SuperNode's Runtime API on loopback; tasks authenticate with their token
         root_certificates=None,
         interceptors=[RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"), *interceptors],
-        retry_invoker=make_simple_http_retry_invoker(),
+        retry_invoker=make_simple_http_retry_invoker() if retry else None,
     )
 
 
@@ -157,7 +163,7 @@ def serve(address: str, secret_file: str, parent_pid: int | None = None) -> None
         children = running
         res = client.AcquireTask(AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP]))
         if res.HasField("task") and res.token:
-            task_client = _runtime_client(address, [RuntimeTokenHttpInterceptor(res.token)])
+            task_client = _runtime_client(address, [RuntimeTokenHttpInterceptor(res.token)], retry=False)
             beat = HeartbeatSender(_quiet_heartbeat(task_client))
             beat.start()
             env = dict(os.environ, **{TOKEN_ENV: res.token})
@@ -171,7 +177,8 @@ def serve(address: str, secret_file: str, parent_pid: int | None = None) -> None
 
 def _quiet_heartbeat(client):
     """A task heartbeat that never fails the executor: Flower's own one raises SIGINT in its process when the
-    SuperNode no longer knows the task (it finished), which would stop the executor."""
+    SuperNode no longer knows the task (it finished), which would stop the executor; ``client`` must be built
+    without Flower's retry invoker (:func:`_runtime_client`), which does the same on HTTP 401."""
     import httpx  # noqa: PLC0415
     from flwr.proto.runtime_pb2 import SendTaskHeartbeatRequest  # noqa: PLC0415
 
