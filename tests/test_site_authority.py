@@ -281,3 +281,22 @@ def test_secure_evaluation_leaves_no_per_site_sums_at_the_server(tmp_path):
     site_keys = [fingerprint(public_key_bytes(SiteState(state, f"site-{i:02d}").identity_private_key())) for i in range(4)]
     verdict = verify_path(state, site_keys=site_keys, server_keys=[fingerprint(public_key_bytes(server_key))])
     assert verdict.exit_code == 0, [f.message for f in verdict.findings if f.severity != "note"]
+
+
+def test_an_evaluation_declined_under_the_cohort_rules_is_not_a_site_error():
+    from flwr.app import Error
+
+    from fcd_secure.audit import SITE_ERRORS
+    from fcd_secure.federation.messaging import declined_evaluation
+
+    msg = instruction("query.evaluate", 1)
+
+    def reply(code, reason):
+        return Message(Error(code=code, reason=reason), reply_to=msg)
+
+    assert declined_evaluation(reply(POLICY_ERROR_CODE, POLICY_REASON_PREFIX + "eval_cohort"))
+    # any other refusal (a weaker request, a downgrade) and any failure stays an error the operator must see
+    assert not declined_evaluation(reply(POLICY_ERROR_CODE, POLICY_REASON_PREFIX + "site_policy"))
+    assert not declined_evaluation(reply(POLICY_ERROR_CODE, POLICY_REASON_PREFIX + "downgrade"))
+    assert not declined_evaluation(reply(SITE_ERRORS["internal"][0], POLICY_REASON_PREFIX + "eval_cohort"))
+    assert not declined_evaluation(Message(RecordDict(), reply_to=msg))

@@ -176,7 +176,9 @@ def evaluate_federated(
     secure=None,
     round_id: int = 0,
 ) -> dict[str, Any]:
-    """Ask every site to evaluate ``theta`` (+ its own Θs) and merge the sums; failed sites are listed, not fatal.
+    """Ask every site to evaluate ``theta`` (+ its own Θs) and merge the sums; failed sites are listed, not fatal,
+    and so are the sites that declined under their cohort rules (``declined_sites``, e.g. a test split smaller than
+    the cohort floor of ``federation.site_policy``).
 
     A full (not ``quick``) evaluation asks the what-if question ``whatif`` (default: the run's ``[evaluation]``
     policies, :func:`~fcd_secure.federation.whatif.request_from_config`).
@@ -204,10 +206,17 @@ def evaluate_federated(
     if not quick:
         whatif = whatif or request_from_config(cfg)
         conf[WHATIF_KEY] = whatif.to_json()
+    n_declined = len(comm.declined)
+
+    def split(failed: list[str]) -> dict[str, list[str]]:
+        # a site that declined under its cohort rules did not fail: its policy kept it out of the sums
+        declined = [r.site_id for r in comm.declined[n_declined:]]
+        return {"failed_sites": [s for s in failed if s not in declined], "declined_sites": declined}
+
     if secure is not None:
         totals, failed, aborted = secure.totals(comm, node_ids, theta, conf, round_id)
         if totals is None:
-            return {"failed_sites": failed, "secure": True, "aborted": aborted}
+            return {**split(failed), "secure": True, "aborted": aborted}
     else:
         content = RecordDict({REC_GLOBAL: arrays_to_record(theta), REC_CONFIG: ConfigRecord(conf)})
         replies = comm.send(node_ids, EVALUATE_MESSAGE_TYPE, content, cfg.federation.round_timeout_s)
@@ -219,12 +228,12 @@ def evaluate_federated(
                 continue
             parts.append({k: (list(v) if isinstance(v, list) else v) for k, v in rep.content[REC_EVAL].items()})
         if not parts:
-            return {"failed_sites": failed}
+            return split(failed)
         totals = add_sums(parts)
     merged = merge_totals(totals, whatif, None if quick else action_labels(cfg))
     if not quick and "contexts" in merged:
         merged["contexts"].update(context_columns(cfg))
-    merged["failed_sites"] = failed
+    merged.update(split(failed))
     if secure is not None:
         merged["secure"] = True
     return merged
