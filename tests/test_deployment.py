@@ -1,30 +1,49 @@
-"""The same app under Flower's Deployment Engine: a real SuperLink and 3 SuperNodes on 127.0.0.1.
+"""The app on Flower's Deployment Engine: real SuperLink, SuperNodes and site executors on 127.0.0.1.
 
-Checks that one DSS round gives the same Θc as the simulation engine for the same seed, and that every process
-started is gone afterwards (they are stopped by PID / process group, also when the test fails).
+One secure deployment (TLS, SuperNode authentication, the sites' own executors running only the pinned app, secure
+aggregation, 4 sites) is shared by the attacks and the run, in this order:
+
+* SuperNodes without a key or with an unregistered key are refused by the SuperLink;
+* a second local process submits its own app with ``flwr run`` (the Control API is unauthenticated in open-source
+  Flower): every site refuses it, records the refusal, and the app's code never runs (it would copy a site key);
+* the consortium's run: Θc equals the simulation engine's within the quantisation bound, and ``fcd audit verify``
+  of the collected evidence with the pinned keys exits 0; no private key is in the run folder.
+
+``--insecure-dev`` (today's development mode) is checked apart: plain FedAvg equals the simulation engine and the
+run folder is marked. Every process is stopped by PID (process group) in a ``finally``; ports are chosen at run
+time. A cold ClientApp process per message makes these tests slow (minutes).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 
+from fcd_secure.audit import POLICY_ERROR_CODE, POLICY_REASON_PREFIX  # noqa: E402
 from fcd_secure.config import build_config  # noqa: E402
 
 pytestmark = pytest.mark.deployment
 
+#: generous protocol deadlines: on two shared cores one cold ClientApp process can take a minute
+SLOW = {stage: 900.0 for stage in ("train", "advertise_keys", "share_keys", "masked_input", "consistency", "unmask")}
 
-def _cfg(out):
+
+def _cfg(out, *, secure: bool, sites: int):
     return build_config(
         "tiny",
         {
             "seed": 0,
-            "data": {"n_sites": 3},
-            "federation": {"clients_per_round": 2, "rounds": 1, "eval_every": 0, "secure_aggregation": False},
+            "data": {"n_sites": sites},
+            "federation": {"clients_per_round": sites, "rounds": 1, "eval_every": 0, "secure_aggregation": secure,
+                           "round_timeout_s": 900.0, "node_wait_s": 600.0},
+            "secagg": {"deadlines": SLOW},
             "out": str(out),
         },
     )
@@ -42,37 +61,227 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _processes_under(folder: Path) -> list[int]:
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if str(folder) in cmd and "pytest" not in cmd and _alive(int(pid)):
+                out.append(int(pid))
+    return out
+
+
+def _all_gone(dep, workdir: Path) -> None:
+    deadline = time.monotonic() + 30
+    while (any(_alive(p) for p in dep.pids()) or _processes_under(workdir)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(p) for p in dep.pids()), "a deployment process survived stop()"
+    assert not _processes_under(workdir), "a child of the deployment survived stop()"
+
+
 def _theta(path):
     with np.load(path) as z:
         return {k: z[k] for k in z.files}
 
 
-def test_deployment_engine_matches_simulation(tmp_path):
+FOREIGN_CLIENT = '''
+from pathlib import Path
+from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.clientapp import ClientApp
+
+app = ClientApp()
+
+
+@app.train()
+def steal(msg, context):
+    nc = context.node_config
+    key = Path(str(nc["state-dir"])) / str(nc["site-id"]) / "identity_ed25519.key"
+    loot = key.read_bytes()
+    Path(str(context.run_config["marker"]) + "-" + str(nc["site-id"])).write_bytes(loot)
+    return Message(RecordDict({"loot": ConfigRecord({"key": loot})}), reply_to=msg)
+'''
+
+FOREIGN_SERVER = '''
+import json, time
+from pathlib import Path
+from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.serverapp import ServerApp
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid, context):
+    deadline = time.monotonic() + 300
+    while len(list(grid.get_node_ids())) < 4 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    nodes = list(grid.get_node_ids())
+    msgs = [Message(RecordDict({"x": ConfigRecord({"a": 1})}), dst_node_id=n, message_type="train") for n in nodes]
+    replies = list(grid.send_and_receive(msgs, timeout=900))
+    out = {"nodes": len(nodes), "replies": len(replies),
+           "errors": [[int(r.error.code), r.error.reason] for r in replies if r.has_error()]}
+    Path(str(context.run_config["marker"]) + "-server.json").write_text(json.dumps(out))
+'''
+
+
+def _foreign_app(folder: Path, marker: Path) -> Path:
+    import tomli_w
+
+    (folder / "foreign_app").mkdir(parents=True)
+    (folder / "foreign_app" / "__init__.py").write_text("")
+    (folder / "foreign_app" / "client.py").write_text(FOREIGN_CLIENT)
+    (folder / "foreign_app" / "server.py").write_text(FOREIGN_SERVER)
+    (folder / "pyproject.toml").write_text(tomli_w.dumps({
+        "build-system": {"requires": ["hatchling"], "build-backend": "hatchling.build"},
+        "project": {"name": "foreign-app", "version": "1.0.0", "license": "Apache-2.0", "dependencies": ["flwr"]},
+        "tool": {"hatch": {"build": {"targets": {"wheel": {"packages": ["."]}}}},
+                 "flwr": {"app": {"publisher": "attacker",
+                                  "components": {"serverapp": "foreign_app.server:app", "clientapp": "foreign_app.client:app"},
+                                  "config": {"marker": str(marker)}}}},
+    }))
+    return folder
+
+
+def _rogue_supernode(dep, tmp_path: Path, name: str, key: Path | None) -> tuple[int, str]:
+    """A SuperNode that tries to join the deployment; returns its exit code and log."""
+    from fcd_secure.federation.deployment import _bin, flower_env, free_port
+
+    args = [_bin("flower-supernode"), "--root-certificates", str(dep.tls.ca_cert), "--superlink", f"127.0.0.1:{dep.port}",
+            "--host", "127.0.0.1", "--port", str(free_port()), "--max-retries", "1", "--max-wait-time", "60",
+            "--node-config", 'site-id="intruder" site-index=0']
+    if key is not None:
+        args += ["--auth-supernode-private-key", str(key)]
+    log = tmp_path / f"{name}.log"
+    with open(log, "wb") as fh:
+        p = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, env=flower_env(tmp_path / f"{name}-home"),
+                             start_new_session=True)
+    try:
+        rc = p.wait(timeout=240)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+            p.wait()
+    return rc, log.read_text(errors="replace")
+
+
+def test_secure_deployment_refuses_intruders_and_foreign_apps_and_matches_simulation(tmp_path):
+    from fcd_secure.audit.ledger import SITE_LEDGER_FILE
+    from fcd_secure.audit.verify import verify_path
+    from fcd_secure.federation.deployment import CONNECTION, LocalDeployment, _bin, flower_env
+    from fcd_secure.federation.pki import make_node_key
+    from fcd_secure.federation.simulation import run_simulated
+
+    work = tmp_path / "dep"
+    dep = LocalDeployment(_cfg(tmp_path / "dep-run", secure=True, sites=4), workdir=work)
+    times = {}
+    try:
+        t0 = time.monotonic()
+        dep.start()
+        times["start"] = time.monotonic() - t0
+        assert len(dep.pids()) == 9 and all(_alive(p) for p in dep.pids())  # SuperLink + 4 × (SuperNode, executor)
+        for site in dep.sites:
+            assert site.root.stat().st_mode & 0o777 == 0o700
+
+        # -- intruding SuperNodes --------------------------------------------------------------------------
+        rc, log = _rogue_supernode(dep, tmp_path, "no-key", None)
+        assert rc != 0 and "must be registered" in log
+        make_node_key(tmp_path / "other.key", tmp_path / "other.pub")
+        rc, log = _rogue_supernode(dep, tmp_path, "wrong-key", tmp_path / "other.key")
+        assert rc != 0 and "Failed to activate SuperNode" in log
+
+        # -- a foreign app submitted by another local process -------------------------------------------------
+        t0 = time.monotonic()
+        marker = tmp_path / "stolen"
+        attacker = tmp_path / "attacker-home"
+        attacker.mkdir()
+        (attacker / "config.toml").write_text((dep.cli_home / "config.toml").read_text())  # the CA is public
+        foreign = _foreign_app(tmp_path / "foreign", marker)
+        with open(tmp_path / "foreign-run.log", "wb") as fh:
+            subprocess.run([_bin("flwr"), "run", str(foreign), CONNECTION, "--stream"], stdout=fh, stderr=subprocess.STDOUT,
+                           env=flower_env(attacker), timeout=1200, check=False)
+        times["foreign_app"] = time.monotonic() - t0
+        server_view = json.loads(Path(str(marker) + "-server.json").read_text())
+        assert server_view["nodes"] == 4 and server_view["replies"] == 4
+        assert all(code == POLICY_ERROR_CODE and reason == POLICY_REASON_PREFIX + "app_not_pinned" for code, reason in server_view["errors"])
+        assert len(server_view["errors"]) == 4
+        assert not list(tmp_path.glob("stolen-site-*")), "the foreign ClientApp ran on a site"
+        for site in dep.sites:
+            assert "is not pinned in the site policy; nothing ran" in (site.logs / "site-exec.log").read_text()
+            lines = [json.loads(l) for l in site.ledger.read_text().splitlines()]
+            refused = [l for l in lines if l["kind"] == "upload" and l["status"] == "refused"]
+            assert [r["refusal"]["rule"] for r in refused] == ["app_not_pinned"] and refused[0]["payload_bytes"] == 0
+
+        # -- the consortium's run -------------------------------------------------------------------------
+        t0 = time.monotonic()
+        summary = dep.run(timeout_s=3000)
+        times["run"] = time.monotonic() - t0
+    finally:
+        dep.stop()
+    _all_gone(dep, work)
+    print(f"\n[deployment timings, s] {json.dumps({k: round(v, 1) for k, v in times.items()})}")
+
+    out = tmp_path / "dep-run"
+    assert summary["rounds"] == 1 and summary["engine"] == "flower" and not summary.get("insecure_dev")
+    assert not (out / "INSECURE-DEV").exists()
+    # the evidence: ledgers, fingerprints, public keys; no private key anywhere in the run folder
+    ev = out / "evidence"
+    fps = json.loads((ev / "fingerprints.json").read_text())
+    assert sorted(p.name for p in (ev / "sites").iterdir()) == [s.site_id for s in dep.sites]
+    assert all((ev / "sites" / s.site_id / SITE_LEDGER_FILE).is_file() for s in dep.sites)
+    for f in out.rglob("*"):
+        if f.is_file():
+            assert b"PRIVATE KEY" not in f.read_bytes(), f
+            assert not f.name.endswith((".key", ".secret")), f
+    res = verify_path(ev, site_keys=list(fps["sites"].values()), server_keys=[fps["server"]])
+    assert res.exit_code == 0 and res.status == "compliant", [f.message for f in res.findings if f.severity != "note"]
+    assert {r.rule for r in res.refusals} >= {"app_not_pinned"}
+
+    # Θc equals the simulation engine's within the fixed-point bound of secure aggregation
+    t0 = time.monotonic()
+    run_simulated(_cfg(tmp_path / "sim-run", secure=True, sites=4))
+    times["simulation"] = time.monotonic() - t0
+    got, want = _theta(out / "theta_c.npz"), _theta(tmp_path / "sim-run" / "theta_c.npz")
+    from fcd_secure.aggregation.secagg import SecAggPolicy, quantisation_bound
+
+    n_total = json.loads((tmp_path / "sim-run" / "rounds.json").read_text())[0]["n_total"]
+    bound = quantisation_bound(SecAggPolicy(), 4, int(n_total))
+    assert set(got) == set(want)
+    for name in want:
+        tol = 2 * bound + 2 * np.abs(want[name]).max() * 2.0**-23  # each side: fixed point + one float32 ulp
+        np.testing.assert_allclose(got[name], want[name], rtol=0, atol=tol, err_msg=name)
+    print(f"[deployment timings, s] {json.dumps({k: round(v, 1) for k, v in times.items()})}")
+
+
+def test_insecure_dev_deployment_matches_simulation_and_is_marked(tmp_path):
     from fcd_secure.federation.deployment import LocalDeployment
     from fcd_secure.federation.simulation import run_simulated
 
-    dep = LocalDeployment(_cfg(tmp_path / "dep-run"), workdir=tmp_path / "dep")
+    work = tmp_path / "dep"
+    cfg = _cfg(tmp_path / "dep-run", secure=False, sites=3)
+    cfg = cfg.model_copy(update={"federation": cfg.federation.model_copy(update={"clients_per_round": 2})})
+    dep = LocalDeployment(cfg, workdir=work, insecure_dev=True)
     try:
         dep.start()
-        pids = dep.pids()
-        assert len(pids) == 4 and all(_alive(p) for p in pids)  # SuperLink + 3 SuperNodes
-        summary = dep.run(timeout_s=420)
+        assert len(dep.pids()) == 4 and all(_alive(p) for p in dep.pids())  # SuperLink + 3 SuperNodes
+        t0 = time.monotonic()
+        summary = dep.run(timeout_s=1800)
+        print(f"\n[insecure-dev deployment run: {time.monotonic() - t0:.1f} s]")
     finally:
         dep.stop()
-    deadline = time.monotonic() + 20
-    while any(_alive(p) for p in dep.pids()) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not any(_alive(p) for p in dep.pids()), "a deployment process survived stop()"
-
-    assert summary["rounds"] == 1 and summary["engine"] == "flower"
-    assert summary["uplink_bytes"] > 0
-    # node config carried the site identity: the per-site state lives under the site ids, not Flower node ids
-    assert sorted(p.name for p in (tmp_path / "dep" / "site-state").iterdir() if p.name.startswith("site-")) == [
-        "site-00", "site-01", "site-02"
-    ]
-    sim = run_simulated(_cfg(tmp_path / "sim-run"))
-    got = _theta(tmp_path / "dep-run" / "theta_c.npz")
-    want = _theta(tmp_path / "sim-run" / "theta_c.npz")
+    _all_gone(dep, work)
+    out = tmp_path / "dep-run"
+    assert summary["insecure_dev"] is True and (out / "INSECURE-DEV").is_file()
+    assert json.loads((out / "summary.json").read_text())["insecure_dev"] is True
+    assert json.loads((out / "evidence" / "fingerprints.json").read_text())["insecure_dev"] is True
+    # node config carried each site's identity and its own folder
+    assert sorted(p.name for p in (work / "sites").iterdir()) == ["site-00", "site-01", "site-02"]
+    assert all((work / "sites" / s / "site_policy.toml").is_file() for s in ("site-00", "site-01", "site-02"))
+    sim_cfg = cfg.model_copy(update={"out": str(tmp_path / "sim-run")})
+    run_simulated(sim_cfg)
+    got, want = _theta(out / "theta_c.npz"), _theta(tmp_path / "sim-run" / "theta_c.npz")
     assert set(got) == set(want)
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-6, err_msg=name)

@@ -88,7 +88,7 @@ def test_a_round_with_four_malicious_sites_goes_on_with_the_honest_one(tmp_path,
     from fcd_secure.federation.client_app import make_client_app
     from fcd_secure.federation.sampler import ClientSampler
     from fcd_secure.federation.server_app import make_server_app
-    from fcd_secure.federation.simulation import backend_config, quiet_flower_env
+    from fcd_secure.federation.simulation import backend_config, quiet_flower_env, write_simulated_policies
     from fcd_secure.federation.site import default_site_id
 
     quiet_flower_env()
@@ -101,6 +101,7 @@ def test_a_round_with_four_malicious_sites_goes_on_with_the_honest_one(tmp_path,
     honest = [i for i in chosen if i not in attacks]
     assert len(honest) == 1
     sink: dict = {}
+    write_simulated_policies(cfg)  # these hospitals chose plain FedAvg; without a policy a site requires secure mode
     run_simulation(
         server_app=make_server_app(cfg, sink=sink),
         client_app=_MaliciousSites(make_client_app(cfg), attacks),

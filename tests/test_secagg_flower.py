@@ -50,6 +50,7 @@ def _build(root: str, delays: dict, sink: dict, deadlines: dict, rounds: int):
             self.state = SiteState(root, self.site_id)
             self.cfg = None
             self.manifest = manifest
+            self.secagg_policy = SecAggPolicy()  # the site's own pinned parameters
 
         def train_round(self, global_theta, round_config):
             theta, n, loss = _toy_update(self.site_index, int(round_config["server-round"]), global_theta)
@@ -199,7 +200,7 @@ def test_tiny_run_secure_equals_plain_fedavg_within_the_quantisation_bound(tmp_p
     from fcd_secure.federation.secure_flow import SecureAggregationFlow
     from fcd_secure.federation.secure_setup import provision_roster
     from fcd_secure.federation.server_app import hello, wait_for_nodes
-    from fcd_secure.federation.simulation import backend_config, quiet_flower_env
+    from fcd_secure.federation.simulation import backend_config, quiet_flower_env, write_simulated_policies
     from fcd_secure.federation.site import default_site_id
     from fcd_secure.manifest import THETA_C
 
@@ -212,6 +213,10 @@ def test_tiny_run_secure_equals_plain_fedavg_within_the_quantisation_bound(tmp_p
     state = tmp_path / "state"
     cfg = build_config("tiny", {"federation": {"rounds": 1, "secure_aggregation": True}, "state_dir": str(state)})
     provision_roster(state, [default_site_id(i) for i in range(cfg.data.n_sites)])
+    # the server sends the same round in clear and then masked; these sites' own policies admit both (a site that
+    # requires secure aggregation refuses the clear one, test_site_authority.py)
+    site_cfg = cfg.model_copy(update={"federation": cfg.federation.model_copy(update={"secure_aggregation": False})})
+    write_simulated_policies(site_cfg)
     sink: dict = {}
     server = ServerApp()
 
@@ -234,7 +239,7 @@ def test_tiny_run_secure_equals_plain_fedavg_within_the_quantisation_bound(tmp_p
         sink["secure"] = secure.run_round(comm, node_ids, 1, theta, round_config)
         sink["global"] = theta
 
-    run_simulation(server_app=server, client_app=make_client_app(cfg), num_supernodes=cfg.data.n_sites,
+    run_simulation(server_app=server, client_app=make_client_app(site_cfg), num_supernodes=cfg.data.n_sites,
                    backend_config=backend_config(2))
     assert {"plain", "secure"} <= set(sink), "the ServerApp did not finish (see the captured log)"
     plain, secure = sink["plain"], sink["secure"]
@@ -289,16 +294,16 @@ def test_bad_roster_files_are_refused_naming_file_and_entry(tmp_path, text, matc
 
 
 def test_site_policy_file_is_validated(tmp_path):
-    from fcd_secure.federation.secure_setup import SecureAggregationConfigError, load_policy
+    from fcd_secure.federation.site_policy import SitePolicy, SitePolicyError
 
     good = tmp_path / "policy.toml"
     good.write_text("[secagg]\nmin_sites = 4\nthreshold_rule = 'two_thirds'\n")
-    pol = load_policy(good)
+    pol = SitePolicy.load(good).secagg
     assert pol.min_sites == 4 and pol.min_threshold(9) == 7
     bad = tmp_path / "weak.toml"
-    bad.write_text("min_sites = 2\n")
-    with pytest.raises(SecureAggregationConfigError, match="weak.toml"):
-        load_policy(bad)
+    bad.write_text("[secagg]\nmin_sites = 2\n")
+    with pytest.raises(SitePolicyError, match="weak.toml"):
+        SitePolicy.load(bad)
 
 
 def test_secure_flow_refuses_theta_s_sync_and_too_few_sites_per_round():
@@ -337,21 +342,23 @@ def test_site_policy_comes_from_the_site_never_from_the_server(tmp_path):
     from fcd_secure.aggregation.secagg import SecAggPolicy
     from fcd_secure.config import build_config
     from fcd_secure.federation.records import RUN_CONFIG_KEY
-    from fcd_secure.federation.secure_setup import site_policy
+    from fcd_secure.federation.site import SiteRuntime
+    from fcd_secure.federation.site_policy import SitePolicy
 
     own = build_config("tiny", {"secagg": {"min_sites": 4}})
 
     def ctx(node_config=None, run_config=None):
-        return Context(run_id=1, node_id=1, node_config=node_config or {}, state=RecordDict(), run_config=run_config or {})
+        nc = {"partition-id": 0, "state-dir": str(tmp_path / "state"), **(node_config or {})}
+        return Context(run_id=1, node_id=1, node_config=nc, state=RecordDict(), run_config=run_config or {})
 
-    # simulation: the site's own run config (the app's closure) carries its [secagg] section
-    assert site_policy(ctx(), own).min_sites == 4
-    # deployment: a config that arrived from the server never sets the policy it is checked against
+    # no policy file on the site: the strict shipped defaults, whatever the run config proposes
+    assert SiteRuntime.from_context(ctx(), own).secagg_policy == SecAggPolicy()
+    # a config that arrived from the server never sets the policy it is checked against
     weak_from_server = build_config("tiny", {"secagg": {"clip": 64.0, "scale_bits": 20}})
-    got = site_policy(ctx(run_config={RUN_CONFIG_KEY: weak_from_server.to_json()}), weak_from_server)
-    assert got == SecAggPolicy()
-    # a policy file on the site wins over both
+    rt = SiteRuntime.from_context(ctx(run_config={RUN_CONFIG_KEY: weak_from_server.to_json()}), weak_from_server, own_config=False)
+    assert rt.secagg_policy == SecAggPolicy() and rt.cfg.secagg == SecAggPolicy()
+    # the site's policy file wins over the run config
     f = tmp_path / "policy.toml"
-    f.write_text("[secagg]\nmin_sites = 5\n")
-    assert site_policy(ctx(node_config={"secagg-policy": str(f)}, run_config={RUN_CONFIG_KEY: own.to_json()}), own).min_sites == 5
-    assert site_policy(ctx(), None) == SecAggPolicy()
+    SitePolicy(secagg=SecAggPolicy(min_sites=5)).write(f)
+    rt = SiteRuntime.from_context(ctx(node_config={"site-policy": str(f)}, run_config={RUN_CONFIG_KEY: own.to_json()}), own)
+    assert rt.secagg_policy.min_sites == 5 and rt.cfg.secagg.min_sites == 5

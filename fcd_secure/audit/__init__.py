@@ -21,15 +21,26 @@ from fcd_secure.audit.allowlist import federation_gate_policy
 from fcd_secure.audit.gate import (
     GATE_ERROR_CODE,
     GENERIC_ERROR_REASON,
+    POLICY_ERROR_CODE,
+    POLICY_REASON_PREFIX,
     RECEIPTS_MESSAGE_TYPE,
     GatePolicy,
     SiteAuditContext,
     make_egress_gate,
+    record_site_refusal,
 )
 from fcd_secure.audit.history import THETA_S_HISTORY_FILE, ThetaSHistory
 from fcd_secure.audit.ledger import SERVER_LEDGER_FILE, SITE_LEDGER_FILE, ServerLedger, SiteLedger
 from fcd_secure.audit.receipts import HEAD_RECORD
-from fcd_secure.audit.rules import SITE_ERRORS, ConfigFieldRule, SecaggReplyRule, SiteFailure, site_error_name
+from fcd_secure.audit.rules import (
+    REFUSAL_RULES,
+    SITE_ERRORS,
+    ConfigFieldRule,
+    Refusal,
+    SecaggReplyRule,
+    SiteFailure,
+    site_error_name,
+)
 from fcd_secure.audit.server import ServerAudit
 from fcd_secure.audit.signing import load_or_create_identity_key
 
@@ -38,13 +49,17 @@ __all__ = [
     "GATE_ERROR_CODE",
     "GENERIC_ERROR_REASON",
     "HEAD_RECORD",
+    "POLICY_ERROR_CODE",
+    "POLICY_REASON_PREFIX",
     "RECEIPTS_MESSAGE_TYPE",
+    "REFUSAL_RULES",
     "SERVER_LEDGER_FILE",
     "SITE_ERRORS",
     "SITE_LEDGER_FILE",
     "THETA_S_HISTORY_FILE",
     "ConfigFieldRule",
     "GatePolicy",
+    "Refusal",
     "SecaggReplyRule",
     "ServerAudit",
     "ServerLedger",
@@ -58,6 +73,7 @@ __all__ = [
     "make_egress_gate",
     "message_bytes",
     "payload_bytes",
+    "record_site_refusal",
     "site_error_name",
     "tree_bytes",
 ]

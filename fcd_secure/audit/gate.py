@@ -5,7 +5,11 @@ Put it first in ``ClientApp(mods=[...])``: flwr 1.42 wraps the handler in the mo
 nothing a handler or an inner mod builds can pass around it. The rules are :mod:`~fcd_secure.audit.rules`.
 
 * A refused reply is replaced by an error reply the gate builds itself, with a fixed reason naming only the rule.
-* Exceptions from the handler become a generic error, so no exception text can carry data out.
+* Exceptions from the handler become a generic error, so no exception text can carry data out. The one exception
+  is a :class:`~fcd_secure.audit.rules.Refusal` a handler raises because the site's own policy refuses the request
+  (weaker settings, a downgrade to clear text, an evaluation cohort): it is recorded as a refusal under its rule
+  and answered with the ``policy_refusal`` category of :data:`~fcd_secure.audit.rules.SITE_ERRORS`
+  (:data:`POLICY_ERROR_CODE`), its reason followed by the rule's name only.
 * Error replies a handler or an inner mod builds are replaced too, code included: an error leaves with a code and
   reason of the closed vocabulary :data:`~fcd_secure.audit.rules.SITE_ERRORS` (the category the inner code names,
   e.g. "data does not match the spec"; any other code becomes :data:`GATE_ERROR_CODE`, "site error"). The handler's
@@ -65,6 +69,8 @@ from fcd_secure.manifest import Manifest
 __all__ = [
     "GATE_ERROR_CODE",
     "GENERIC_ERROR_REASON",
+    "POLICY_ERROR_CODE",
+    "POLICY_REASON_PREFIX",
     "RECEIPTS_MESSAGE_TYPE",
     "GatePolicy",
     "SiteAuditContext",
@@ -76,6 +82,10 @@ log = logging.getLogger("fcd_secure.audit.gate")
 #: Error code of a refusal and of a generic site error. Reasons come from closed vocabularies (``rules.REFUSAL_RULES``,
 #: ``rules.SITE_ERRORS``).
 GATE_ERROR_CODE, GENERIC_ERROR_REASON = SITE_ERRORS["internal"]
+#: Error code of a request the site's own policy refused (reason: ``POLICY_REASON_PREFIX + rule``): the server can
+#: tell a refusal from a failure, and learns nothing but the rule's name.
+POLICY_ERROR_CODE = SITE_ERRORS["policy_refusal"][0]
+POLICY_REASON_PREFIX = SITE_ERRORS["policy_refusal"][1] + ": "
 
 
 @dataclass
@@ -154,6 +164,14 @@ def make_egress_gate(get_site: Callable[..., SiteAuditContext]) -> Callable[[Mes
 
         try:
             reply = call_next(msg, context)
+        except Refusal as refusal:  # the site's policy refused the request before anything was computed
+            try:
+                out = _policy_refusal(msg, refusal)
+                _record(ctx, out, "refused", refusal=refusal.to_record())
+                return out
+            except Exception as exc:  # noqa: BLE001
+                log.error("egress gate could not record a refusal (%s); replying with a generic error", type(exc).__name__)
+                return _error_reply(msg, GENERIC_ERROR_REASON)
         except Exception as exc:  # noqa: BLE001 - exception text must never leave the site
             log.warning("handler for %s raised %s; replying with a generic error", msg.metadata.message_type, type(exc).__name__)
             reply = None
@@ -211,6 +229,42 @@ def _with_head(content: RecordDict, ctx: SiteAuditContext) -> RecordDict:
     out = RecordDict(dict(content.items()))
     out[HEAD_RECORD] = head_to_record(head, ctx.ledger.writer_id, ctx.ledger.public_key)
     return out
+
+
+def record_site_refusal(
+    ledger: SiteLedger,
+    msg: Message,
+    refusal: Refusal,
+    *,
+    layout_hash: str | None = None,
+    privacy_ledger_hash: str | None = None,
+    privacy_anchors: Sequence[Any] | None = None,
+) -> Message:
+    """The reply to a request the site refuses outside a running ClientApp (e.g. an app it does not pin), recorded
+    in the site ledger before it leaves.
+
+    Args:
+        ledger: the site's ledger.
+        msg: the refused instruction.
+        refusal: the rule (from :data:`~fcd_secure.audit.rules.REFUSAL_RULES`) and where it fired.
+        layout_hash: the manifest in force, if the site has one.
+        privacy_ledger_hash: the site's privacy-ledger hash, as every upload line records it.
+        privacy_anchors: the heads of the site's privacy ledgers, as every upload line records them.
+
+    Returns:
+        An error reply with :data:`POLICY_ERROR_CODE` whose reason names only the rule.
+    """
+    out = _policy_refusal(msg, refusal)
+    ledger.record_upload(
+        describe_message(out), status="refused", layout_hash=layout_hash, privacy_ledger_hash=privacy_ledger_hash,
+        refusal=refusal.to_record(), privacy_anchors=_anchor_records(privacy_anchors),
+    )
+    return out
+
+
+def _policy_refusal(msg: Message, refusal: Refusal) -> Message:
+    log.warning("site policy refused a %s request (rule %s)", msg.metadata.message_type, refusal.rule)
+    return Message(Error(code=POLICY_ERROR_CODE, reason=POLICY_REASON_PREFIX + refusal.rule), reply_to=msg)
 
 
 def _error_reply(msg: Message, reason: str) -> Message:
@@ -273,7 +327,10 @@ def _record(
 
 
 def _anchors(ctx: SiteAuditContext) -> tuple[PrivacyAnchorRecord, ...] | None:
-    anchors = ctx.privacy_anchors()
+    return _anchor_records(ctx.privacy_anchors())
+
+
+def _anchor_records(anchors: Sequence[Any] | None) -> tuple[PrivacyAnchorRecord, ...] | None:
     if anchors is None:
         return None
     as_json = [a.model_dump(mode="json") if hasattr(a, "model_dump") else dict(a) for a in anchors]

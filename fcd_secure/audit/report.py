@@ -86,6 +86,15 @@ def markdown(result: VerifyResult) -> str:
             out.append(f"- **{f.severity}** `{f.ledger}`{where}: {f.message}")
     for f in notes:
         out.append(f"- note: {f.ledger}: {f.message}")
+    out += ["", "## Refusals", "", "What the sites refused to send or to do (not violations: the site's gate or policy at work).", ""]
+    if not result.refusals:
+        out.append("None.")
+    else:
+        # a list, like the findings: site ids and rule names read whole at any terminal width
+        for r in result.refusals:
+            where = "/".join(x for x in (r.record, r.key) if x)
+            rnd = "" if r.round is None else f" round {r.round}"
+            out.append(f"- `{r.site_id}`{rnd} {r.action}: rule `{r.rule}`" + (f" ({where})" if where else ""))
     out += ["", "## Ledgers", ""]
     for s in result.ledgers:
         key = s.key_fingerprint or "?"  # whole: the auditor compares it with the pinned one

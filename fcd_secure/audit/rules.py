@@ -8,8 +8,14 @@ A reply may carry only (a positive manifest: everything not listed is refused):
   ``allowed_metrics``, lists only under ``allowed_metric_lists`` and no longer than their cap;
 * ConfigRecords under exactly allow-listed ``record/key`` names, each of its declared type and length;
 * in the secure-aggregation protocol (``train.secagg_<stage>``), exactly the protocol's one field: the
-  acknowledgement of ``train.secagg_train`` is exactly ``secagg/ready = 1``; every other stage's reply is exactly
-  one ``secagg/msg`` bytes field no longer than the stage's bound (:class:`SecaggReplyRule`).
+  acknowledgement of ``train.secagg_train`` is exactly ``secagg/ready = 1``; the reply of
+  ``train.secagg_evaluate`` is exactly one ``secagg/msg`` field holding the schema of the site's evaluation sums,
+  whose every name is an allow-listed evaluation metric (names and lengths only; the values follow masked); every
+  other stage's reply is exactly one ``secagg/msg`` bytes field no longer than the stage's bound
+  (:class:`SecaggReplyRule`).
+
+A site that requires secure aggregation (``GatePolicy.secure_only``) sends no tensor and no metric outside that
+protocol at all (P20).
 
 No glob: a name is allowed or it is not (a pattern such as ``eval/*`` or ``hello/dim-*`` let any value out under a
 fresh name). :mod:`fcd_secure.audit.allowlist` builds the federation's exact lists.
@@ -28,6 +34,7 @@ A reply must also answer the instruction it is for (:func:`check_reply_binding`)
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Literal
@@ -56,6 +63,13 @@ REFUSAL_RULES = {
     "protocol_shape": "a secure-aggregation reply that is not exactly its one expected field, type and size",
     "unsupported_record": "a record type the gate does not know",
     "not_a_reply": "a reply that does not answer the message it was built for (type, id, run, round, source or destination)",
+    "clear_in_secure_mode": "a Θc tensor or a number outside the masked vector of a site that requires secure aggregation",
+    # refusals a site's own handlers raise before anything is computed (recorded by the gate with this rule)
+    "site_policy": "a request asking for less protection than the site's policy (the key names the field)",
+    "downgrade": "a plain (clear-text) action sent to a site that requires secure aggregation",
+    "eval_cohort": "an evaluation the site's cohort rules refuse (too few rows, a cohort too close to an earlier one, "
+    "or the same rows evaluated too often)",
+    "app_not_pinned": "a Flower app whose bundle hash is not pinned by the site (its code never ran)",
 }
 
 #: The closed vocabulary of site errors: ``name -> (error code, reason)``, the only code and reason an error reply may
@@ -189,11 +203,24 @@ class GatePolicy(BaseModel):
             "uploads are recorded as they are, so `fcd audit verify` reports them as violations"
         ),
     )
+    secure_only: bool = Field(
+        default=False,
+        description="the site requires secure aggregation: no tensor and no metric may leave outside the "
+        "secure-aggregation protocol (no individual Θc, sample count or evaluation sum in clear; P20)",
+    )
     secagg_prefix: str = SECAGG_PREFIX
     secagg_record: str = Field(default="secagg", description="the one record of every secure-aggregation reply")
     secagg_field: str = Field(default="msg", description="the one bytes field of a protocol stage's reply")
     secagg_train_stage: str = Field(default="train", description="the stage whose reply is only an acknowledgement")
     secagg_ack: tuple[str, int] = Field(default=("ready", 1), description="the acknowledgement: exactly this int field")
+    secagg_schema_stage: str = Field(
+        default="evaluate",
+        description="the stage whose reply is the schema of the site's evaluation sums (names and lengths, no values)",
+    )
+    secagg_schema_record: str = Field(
+        default="eval", description="the record whose allow-listed metrics are the only names a schema may declare"
+    )
+    secagg_schema_max_bytes: int = Field(default=1 << 16, ge=1, description="the longest evaluation schema")
     secagg_replies: Mapping[str, SecaggReplyRule] = Field(default_factory=lambda: dict(SECAGG_REPLIES))
     secagg_max_sites: int = Field(default=64, ge=1, description="most sites of a secure round (bounds stage sizes)")
     max_config_str_len: int = Field(default=128, description="longest str value anywhere in a ConfigRecord")
@@ -216,7 +243,11 @@ class GatePolicy(BaseModel):
 
 
 class Refusal(Exception):
-    """Raised by a check: the rule that refused a reply and where it fired (both stay on the site)."""
+    """Raised by a check: the rule that refused a reply and where it fired (both stay on the site).
+
+    A site's handler may raise it too (a request its policy refuses): the gate then records the refusal under its
+    rule and answers with :data:`fcd_secure.audit.gate.POLICY_ERROR_CODE` instead of a generic error.
+    """
 
     def __init__(self, rule: str, record: str, key: str | None = None) -> None:
         super().__init__(rule)
@@ -300,6 +331,8 @@ def check_content(
         rname = str(rname)
         if isinstance(record, ArrayRecord):
             for key, arr in record.items():
+                if policy.secure_only:
+                    raise Refusal("clear_in_secure_mode", rname, str(key))
                 spec = layout.get(str(key))
                 if spec is None:
                     raise Refusal("unlisted_tensor", rname, str(key))
@@ -307,6 +340,8 @@ def check_content(
                     raise Refusal("layout_mismatch", rname, str(key))
         elif isinstance(record, MetricRecord):
             for key, value in record.items():
+                if policy.secure_only:
+                    raise Refusal("clear_in_secure_mode", rname, str(key))
                 full = f"{rname}/{key}"
                 if isinstance(value, list):
                     cap = policy.allowed_metric_lists.get(full)
@@ -379,6 +414,11 @@ def _check_protocol(content: RecordDict, stage: str, manifest: Manifest, policy:
     if not isinstance(record, ConfigRecord):
         raise Refusal("protocol_shape", policy.secagg_record, None)
     keys = [str(k) for k in record.keys()]
+    if stage == policy.secagg_schema_stage:
+        if keys != [policy.secagg_field]:
+            raise Refusal("protocol_shape", policy.secagg_record, next((k for k in keys if k != policy.secagg_field), None))
+        _check_schema(record[policy.secagg_field], policy)
+        return
     if stage == policy.secagg_train_stage:
         field, expected = policy.secagg_ack
         value = record.get(field)
@@ -393,3 +433,26 @@ def _check_protocol(content: RecordDict, stage: str, manifest: Manifest, policy:
     value = record[policy.secagg_field]
     if not isinstance(value, bytes) or len(value) > rule.max_bytes(manifest.size(THETA_C), policy.secagg_max_sites):
         raise Refusal("protocol_shape", policy.secagg_record, policy.secagg_field)
+
+
+def _check_schema(value: object, policy: GatePolicy) -> None:
+    """The evaluation schema a secure evaluation announces (``fcd_secure.federation.eval_vector``: canonical JSON
+    ``{"v": 1, "keys": [[name, length], ...]}``, length 0 for a scalar): every name an allow-listed evaluation
+    metric, every list within its cap, nothing else."""
+    if not isinstance(value, bytes) or len(value) > policy.secagg_schema_max_bytes:
+        raise Refusal("protocol_shape", policy.secagg_record, policy.secagg_field)
+    try:
+        doc = json.loads(value.decode("utf-8"))
+        entries = [(k, n) for k, n in doc["keys"]] if isinstance(doc, dict) and doc.get("v") == 1 and set(doc) == {"v", "keys"} else None
+    except (ValueError, TypeError, KeyError):
+        entries = None
+    if entries is None:
+        raise Refusal("protocol_shape", policy.secagg_record, policy.secagg_field)
+    for name, length in entries:
+        full = f"{policy.secagg_schema_record}/{name}"
+        if not isinstance(name, str) or type(length) is not int or length < 0:
+            raise Refusal("protocol_shape", policy.secagg_record, policy.secagg_field)
+        if length == 0 and full not in policy.allowed_metrics:
+            raise Refusal("metric_not_allowed", policy.secagg_record, name)
+        if length > 0 and length > policy.allowed_metric_lists.get(full, 0):
+            raise Refusal("metric_not_allowed", policy.secagg_record, name)

@@ -21,6 +21,7 @@ from fcd_secure.cli import ablate as ablate_cli  # noqa: E402
 from fcd_secure.cli import audit as audit_cli  # noqa: E402
 from fcd_secure.cli import config as config_cli  # noqa: E402
 from fcd_secure.cli import data as data_cli  # noqa: E402
+from fcd_secure.cli import deploy as deploy_cli  # noqa: E402
 from fcd_secure.cli import privacy as privacy_cli  # noqa: E402
 from fcd_secure.cli import reproduce as reproduce_cli  # noqa: E402
 from fcd_secure.cli import run as run_cli  # noqa: E402
@@ -64,6 +65,7 @@ app.add_typer(audit_cli.app, name="audit", help="Export key fingerprints; verify
 app.add_typer(config_cli.app, name="config", help="The run configuration: every key, its default and description.")
 train_cli.register(app)
 run_cli.register(app)
+deploy_cli.register(app)
 ablate_cli.register(app)
 whatif_cli.register(app)
 reproduce_cli.register(app)

@@ -1,4 +1,4 @@
-"""`fcd run` (the main federated job) and `fcd deploy` (local deployment).
+"""`fcd run` (the main federated job); `fcd deploy` (the same run on the Deployment Engine) is in ``cli/deploy.py``.
 
 ``fcd run`` checks everything before an engine starts (:mod:`fcd_secure.cli.preflight`: bad input is exit 2 and
 nothing is written), prints a header with the DP setting, one progress line per round when stderr is not a
@@ -321,7 +321,7 @@ def execute_run(cfg: "RunConfig", as_json: bool) -> int:
 
 
 def register(app: typer.Typer) -> None:
-    """Attach ``fcd run`` and ``fcd deploy`` to the root app."""
+    """Attach ``fcd run`` to the root app."""
 
     @app.command("run", short_help="Train across sites (simulation engine); write a run folder.")
     def run(
@@ -374,44 +374,3 @@ def register(app: typer.Typer) -> None:
         )
         cfg = check_run(resolve_config(opts), opts)
         raise typer.Exit(execute_run(cfg, as_json))
-
-    @app.command("deploy", short_help="The same run on Flower's Deployment Engine (127.0.0.1).")
-    def deploy(
-        preset: str = typer.Option("tiny", "--preset", help=PRESET_HELP),
-        sites: int = typer.Option(3, "--sites", min=1, help="SuperNodes (one per site) to start on 127.0.0.1."),
-        rounds: Optional[int] = typer.Option(None, "--rounds", min=1, help="Rounds (preset default)."),
-        clients_per_round: Optional[int] = typer.Option(None, "--clients-per-round", min=1, help="Sites per round (default all)."),
-        seed: int = typer.Option(0, "--seed", help="Seed."),
-        port: int = typer.Option(0, "--port", help="SuperLink port (Fleet + Control APIs; keep it private); 0 picks a free one."),
-        workdir: Optional[Path] = typer.Option(None, "--workdir", help="Folder for FLWR_HOMEs, logs, app project, site states (default: a temp dir)."),
-        out_dir: Optional[Path] = typer.Option(None, "--out", help="Run folder."),
-        secure: Optional[bool] = typer.Option(False, "--secure-aggregation/--no-secure-aggregation", help="Secure aggregation of Θc."),
-        tls_dir: Optional[Path] = typer.Option(None, "--tls-dir", help="ca.crt, server.pem, server.key: run the SuperLink with TLS (default --insecure)."),
-        keep: bool = typer.Option(False, "--keep", help="Leave the SuperLink and SuperNodes running after the run."),
-        timeout_s: float = typer.Option(1800, "--timeout", help="Give up after this many seconds."),
-        as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope (summary.json in data) on stdout."),
-    ) -> None:
-        """Run the same app under Flower's Deployment Engine on this machine: one SuperLink and one SuperNode
-        process per site on 127.0.0.1 (each with its own FLWR_HOME and node config carrying its site id and
-        state directory), then `flwr run`. Every process is stopped by PID at the end (unless --keep).
-        """
-        from fcd_secure.cli.preflight import check_flow  # noqa: PLC0415
-        from fcd_secure.federation.deployment import LocalDeployment  # noqa: PLC0415
-
-        opts = RunOptions(
-            preset=preset, rounds=rounds, sites=sites, clients_per_round=clients_per_round or sites, seed=seed,
-            secure=secure, eval_every=0, out=out_dir,
-        )
-        cfg = resolve_config(opts)
-        check_flow(cfg)
-        cfg = cfg.model_copy(update={"out": str(Path(str(cfg.out)).resolve())})
-        console = Console(stderr=True)
-        with LocalDeployment(cfg, workdir=workdir, port=port, tls_dir=tls_dir, keep=keep, log=console.print) as dep:
-            dep.start()
-            summary = dep.run(timeout_s=timeout_s)
-        if as_json:
-            emit(ok(summary, "deployment run finished"))
-            return
-        for table in summary_table(summary, title="Fed-CausalDiff (deployment engine)"):
-            stdout().print(table)
-        say_identifier(stdout(), "run folder:", str(cfg.out), indent=0)

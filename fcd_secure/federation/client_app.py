@@ -14,6 +14,10 @@ Actions (message types; record names in ``federation.records``):
 Every handler runs behind ``mods.client_mods``: the audit egress gate (outermost), then the guard. The gate, the
 secure actions and the receipts action are imported directly, so a ClientApp without them cannot be built.
 
+Each handler first asks the site whether it may run (``SiteRuntime.admit``): a run config weaker than the site's
+policy, or a clear-text action sent to a site in secure mode, is refused before anything is computed, and the gate
+records the refusal in the site ledger.
+
 ``make_client_app(cfg)`` builds the app for the simulation engine (the config travels in the closure, since
 ``run_simulation`` gives an empty run config); the module-level ``app`` is the deployment entry point and reads
 the config from the run config key ``fcd-config`` (JSON) that ``federation.deployment`` writes.
@@ -38,6 +42,7 @@ from fcd_secure.federation.records import (
     REC_NUM,
     REC_UPDATE,
     arrays_to_record,
+    config_came_from_server,
     config_from_context,
     record_to_arrays,
 )
@@ -58,13 +63,20 @@ def make_client_app(cfg: RunConfig | None = None) -> ClientApp:
     """
 
     def get_runtime(msg: Message, context: Context) -> SiteRuntime:
-        return SiteRuntime.from_context(context, config_from_context(context, cfg))
+        # the site as it is (the gate records with it, refusals included); handlers use ``admitted``
+        own = not config_came_from_server(context)
+        return SiteRuntime.from_context(context, config_from_context(context, cfg), own_config=own)
+
+    def admitted(msg: Message, context: Context) -> SiteRuntime:
+        rt = get_runtime(msg, context)
+        rt.admit(msg.metadata.message_type)
+        return rt
 
     app = ClientApp(mods=client_mods(get_runtime))
 
     @app.query(HELLO_ACTION)
     def hello(msg: Message, context: Context) -> Message:
-        rt = get_runtime(msg, context)
+        rt = admitted(msg, context)
         rec = ConfigRecord(
             {
                 "site-id": rt.site_id,
@@ -77,7 +89,7 @@ def make_client_app(cfg: RunConfig | None = None) -> ClientApp:
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
-        rt = get_runtime(msg, context)
+        rt = admitted(msg, context)
         round_config = dict(msg.content[REC_CONFIG])
         theta, n, metrics = rt.train_round(record_to_arrays(msg.content[REC_GLOBAL]), round_config)
         content = RecordDict(
@@ -91,12 +103,12 @@ def make_client_app(cfg: RunConfig | None = None) -> ClientApp:
 
     @app.query(EVALUATE_ACTION)
     def evaluate(msg: Message, context: Context) -> Message:
-        rt = get_runtime(msg, context)
+        rt = admitted(msg, context)
         eval_config = dict(msg.content[REC_CONFIG])
         sums = rt.evaluate(record_to_arrays(msg.content[REC_GLOBAL]), eval_config)
         return Message(RecordDict({REC_EVAL: MetricRecord({k: _metric(v) for k, v in sums.items()})}), reply_to=msg)
 
-    register_secure_actions(app, get_runtime)
+    register_secure_actions(app, admitted)
     register_receipts_action(app)
     return app
 

@@ -133,8 +133,9 @@ def make_egress_gate_mod(runtime_getter: RuntimeGetter | None, policy: GatePolic
     Args:
         runtime_getter: ``(msg, context) -> SiteRuntime``; ``None`` builds a gate that lets nothing out.
         policy: what may leave besides Θc; by default :data:`FEDERATION_POLICY`, with Θs uploads allowed only when
-            the site's own run config says ``federation.sync = "full"`` (the w/o-DSS ablation of paper Table III;
-            verify reports those uploads).
+            the site's effective settings say ``federation.sync = "full"`` (its policy opted in: the w/o-DSS ablation
+            of paper Table III; verify reports those uploads), and nothing numeric outside secure aggregation when
+            the site runs in secure mode (P20).
 
     Returns:
         A Flower mod ``(msg, context, call_next) -> Message``.
@@ -148,8 +149,10 @@ def make_egress_gate_mod(runtime_getter: RuntimeGetter | None, policy: GatePolic
             pol = policy
             if pol is None:
                 names = evaluated_policy_names(msg.content.get(REC_CONFIG), rt.cfg)
+                fed = rt.cfg.federation  # the effective settings: the site's policy, never a weaker request
                 pol = federation_policy(
-                    rt.cfg.evaluation.ope_horizon, names, allow_theta_s_upload=rt.cfg.federation.sync == "full"
+                    rt.cfg.evaluation.ope_horizon, names, allow_theta_s_upload=fed.sync == "full",
+                    secure_only=fed.secure_aggregation,
                 )
             return site_audit_context(rt, pol)
         except Exception as exc:  # noqa: BLE001 - reported by category only (e.g. data that fails its spec)

@@ -1,5 +1,9 @@
 """Federated evaluation: each site evaluates Θc + its own Θs on its test split; only additive sums leave.
 
+Which rows a site evaluates is the site's choice (``federation.cohort``, through ``SiteRuntime.evaluate``): the
+request's ``max-rows`` is only a request. In secure mode the sums travel through secure aggregation
+(``federation.secure_evaluation``) and the server merges only the consortium's totals (:func:`merge_totals`).
+
 What a site sends (``site_metrics``), all sums over its own test trajectories, so that the server's merge
 (``merge_site_metrics``) gives exactly the pooled numbers (``fcd_secure.evaluation.metrics``, ``.ope``):
 
@@ -52,10 +56,19 @@ def factual_probs(model, ds) -> np.ndarray:
     return as_simulator(model).factual_probs(ds)
 
 
-def site_metrics(model, data: SiteData, cfg: RunConfig, eval_config: dict[str, Any], site_dir=None) -> dict[str, Any]:
+def site_metrics(
+    model, data: SiteData, cfg: RunConfig, eval_config: dict[str, Any], rows: np.ndarray | None = None, site_dir=None
+) -> dict[str, Any]:
     """Aggregate-only evaluation of one site (module docstring). Values are floats or lists of floats.
 
-    ``site_dir`` is the site's own state folder: a what-if question writes its per-entity file there.
+    Args:
+        model: the model to evaluate (global Θc and the site's own Θs).
+        data: the site's data.
+        cfg: the run config.
+        eval_config: ``quick``, ``n-samples``, the what-if question and, when ``rows`` is not given, ``max-rows``
+            (the first rows).
+        rows: the test rows to evaluate (a federated site passes the cohort it chose, ``federation.cohort``).
+        site_dir: the site's own state folder: a what-if question writes its per-entity file there.
     """
     from fcd_secure.evaluation.metrics import AUCStats, EffectStats  # noqa: PLC0415
     from fcd_secure.model.simulate import estimate_effects  # noqa: PLC0415
@@ -66,7 +79,7 @@ def site_metrics(model, data: SiteData, cfg: RunConfig, eval_config: dict[str, A
     max_rows = None if max_rows in (None, 0, -1) else int(max_rows)
     seed = learner.round_seed(cfg.seed, 0, data.site_index, EVAL_SALT)
     test = data.test
-    rows = _rows(test.n, max_rows)
+    rows = _rows(test.n, max_rows) if rows is None else np.asarray(rows, dtype=np.int64)
     sub = test if len(rows) == test.n else test.subset(rows)
     out: dict[str, Any] = {"n_test": float(sub.n)}
     oracle = data.oracle
@@ -117,10 +130,24 @@ def merge_site_metrics(
 ) -> dict[str, Any]:
     """Pooled metrics from per-site sums (exact: the numbers equal those of the concatenated test sets); the policy
     part (values, intervals, contrasts to ``request``'s reference, anchors) is ``whatif.merge_policy_sums``."""
+    return merge_totals(add_sums(parts), request, action_names)
+
+
+def merge_totals(
+    s: dict[str, Any], request: WhatIfRequest | None = None, action_names: list[str] | None = None
+) -> dict[str, Any]:
+    """Pooled metrics from the consortium's totals of the sites' sums.
+
+    Args:
+        s: :func:`add_sums` of the sites' dicts, or the same totals decoded from secure aggregation: every key's sum,
+            plus ``_sites`` (how many sites were summed) and ``_counts`` (how many sites reported each key).
+        request: the what-if question asked (its reference policy for the contrasts).
+        action_names: the action labels of the run (for the anchors).
+    """
     from fcd_secure.evaluation.metrics import AUCStats, EffectStats  # noqa: PLC0415
 
-    s = add_sums(parts)
-    res: dict[str, Any] = {"sites_evaluated": len(parts), "n_test": s.get("n_test")}
+    n_parts = int(s["_sites"])
+    res: dict[str, Any] = {"sites_evaluated": n_parts, "n_test": s.get("n_test")}
     if s.get("effect.n"):
         es = EffectStats(int(s["effect.n"]), s["effect.sse"], s["effect.sum_hat"], s["effect.sum_true"])
         res["pehe"] = es.pehe()
@@ -129,21 +156,45 @@ def merge_site_metrics(
         res["ate_true"] = es.sum_true / es.n
     if "auc.pos" in s:
         try:
-            res["factual_auc"] = AUCStats(pos=s["auc.pos"].astype(np.int64), neg=s["auc.neg"].astype(np.int64)).auc()
+            res["factual_auc"] = AUCStats(pos=np.rint(s["auc.pos"]).astype(np.int64), neg=np.rint(s["auc.neg"]).astype(np.int64)).auc()
         except ValueError:
             pass
-    res.update(merge_policy_sums(s, len(parts), request, action_names))
+    res.update(merge_policy_sums(s, n_parts, request, action_names))
     return res
 
 
 def evaluate_federated(
-    comm: Comm, node_ids: list[int], theta: dict[str, np.ndarray], cfg: RunConfig, part: str, *, quick: bool, sites=None,
+    comm: Comm,
+    node_ids: list[int],
+    theta: dict[str, np.ndarray],
+    cfg: RunConfig,
+    part: str,
+    *,
+    quick: bool,
+    sites=None,
     whatif: WhatIfRequest | None = None,
+    secure=None,
+    round_id: int = 0,
 ) -> dict[str, Any]:
-    """Ask every site to evaluate ``theta`` (+ its own Θs) and merge the sums; failed sites are listed, not fatal.
+    """Ask every site to evaluate ``theta`` (+ its own Θs) and merge the sums; failed sites are listed, not fatal,
+    and so are the sites that declined under their cohort rules (``declined_sites``, e.g. a test split smaller than
+    the cohort floor of ``federation.site_policy``).
 
     A full (not ``quick``) evaluation asks the what-if question ``whatif`` (default: the run's ``[evaluation]``
     policies, :func:`~fcd_secure.federation.whatif.request_from_config`).
+
+    Args:
+        comm: the server's door to the sites.
+        node_ids: the sites.
+        theta: the global parameters.
+        cfg: the run config (its ``[evaluation]`` section is the request; each site chooses its own cohort).
+        part: the synchronised part (``theta_c``, or ``full`` in the w/o-DSS ablation).
+        quick: the cheap evaluation during training (effects and AUC only).
+        sites: unused (kept for callers that pass the site list).
+        whatif: the what-if question of a full evaluation.
+        secure: a ``federation.secure_evaluation.SecureEvaluation``: the sums then travel through secure
+            aggregation and only the consortium's totals reach the server (secure mode).
+        round_id: the evaluation's protocol round under ``secure``.
     """
     ev = cfg.evaluation
     conf = {
@@ -155,19 +206,34 @@ def evaluate_federated(
     if not quick:
         whatif = whatif or request_from_config(cfg)
         conf[WHATIF_KEY] = whatif.to_json()
-    content = RecordDict({REC_GLOBAL: arrays_to_record(theta), REC_CONFIG: ConfigRecord(conf)})
-    replies = comm.send(node_ids, EVALUATE_MESSAGE_TYPE, content, cfg.federation.round_timeout_s)
-    parts, failed = [], []
-    for nid in node_ids:
-        rep = replies.get(nid)
-        if rep is None or rep.has_error():
-            failed.append(comm.site_of.get(nid, str(nid)))
-            continue
-        parts.append({k: (list(v) if isinstance(v, list) else v) for k, v in rep.content[REC_EVAL].items()})
-    if not parts:
-        return {"failed_sites": failed}
-    merged = merge_site_metrics(parts, whatif, None if quick else action_labels(cfg))
+    n_declined = len(comm.declined)
+
+    def split(failed: list[str]) -> dict[str, list[str]]:
+        # a site that declined under its cohort rules did not fail: its policy kept it out of the sums
+        declined = [r.site_id for r in comm.declined[n_declined:]]
+        return {"failed_sites": [s for s in failed if s not in declined], "declined_sites": declined}
+
+    if secure is not None:
+        totals, failed, aborted = secure.totals(comm, node_ids, theta, conf, round_id)
+        if totals is None:
+            return {**split(failed), "secure": True, "aborted": aborted}
+    else:
+        content = RecordDict({REC_GLOBAL: arrays_to_record(theta), REC_CONFIG: ConfigRecord(conf)})
+        replies = comm.send(node_ids, EVALUATE_MESSAGE_TYPE, content, cfg.federation.round_timeout_s)
+        parts, failed = [], []
+        for nid in node_ids:
+            rep = replies.get(nid)
+            if rep is None or rep.has_error():
+                failed.append(comm.site_of.get(nid, str(nid)))
+                continue
+            parts.append({k: (list(v) if isinstance(v, list) else v) for k, v in rep.content[REC_EVAL].items()})
+        if not parts:
+            return split(failed)
+        totals = add_sums(parts)
+    merged = merge_totals(totals, whatif, None if quick else action_labels(cfg))
     if not quick and "contexts" in merged:
         merged["contexts"].update(context_columns(cfg))
-    merged["failed_sites"] = failed
+    merged.update(split(failed))
+    if secure is not None:
+        merged["secure"] = True
     return merged

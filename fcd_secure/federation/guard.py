@@ -4,6 +4,9 @@ flwr 1.42 turns an exception in a handler into an error reply that carries ``str
 simulation, the full traceback (../shared/research/flower-runtime.md §0.9): a ``KeyError`` on a patient id would
 leave the site. :func:`guard_mod` replaces every exception by a generic error reply with a fixed reason; nothing
 about the exception leaves. ``federation.mods.client_mods`` puts it inside the audit egress gate.
+
+A :class:`~fcd_secure.audit.rules.Refusal` passes through: it is the site's policy refusing a request (its text is
+a rule name from a closed vocabulary), and the gate records it as a refusal rather than a failure.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from collections.abc import Callable
 
 from flwr.app import Context, Error, Message
 
-from fcd_secure.audit.rules import SITE_ERRORS, SiteFailure
+from fcd_secure.audit.rules import SITE_ERRORS, Refusal, SiteFailure
 from fcd_secure.data.spec import DataError
 from fcd_secure.privacy.errors import BudgetExceeded
 
@@ -45,6 +48,8 @@ def guard_mod(msg: Message, context: Context, call_next: Callable[[Message, Cont
     """Run the handler; on any exception reply with its category's fixed error (no text, no traceback, no data)."""
     try:
         return call_next(msg, context)
+    except Refusal:
+        raise
     except Exception as exc:  # noqa: BLE001 - the point is to catch everything
         # Only the type name is logged, and only locally: the message itself may hold record values.
         error = site_error_of(exc)

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
-from fcd_secure.audit import ServerAudit, message_bytes, payload_bytes, site_error_name
+from fcd_secure.audit import POLICY_REASON_PREFIX, ServerAudit, message_bytes, payload_bytes, site_error_name
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,17 @@ class TrafficRecord:
 
 class RunStopped(RuntimeError):
     """The operator stopped the run (``Comm.stop`` was set); the state on disk is that of the last finished round."""
+
+
+def declined_evaluation(reply: Message) -> bool:
+    """Whether ``reply`` is a site declining an evaluation under its cohort rules (a test split smaller than the
+    cohort floor, a cohort too close to an earlier one, the same rows evaluated too often): the ``policy_refusal``
+    category with the ``eval_cohort`` rule. The evaluation then merges the other sites' sums; nothing failed."""
+    return (
+        reply.has_error()
+        and site_error_name(reply.error.code) == "policy_refusal"
+        and str(reply.error.reason) == POLICY_REASON_PREFIX + "eval_cohort"
+    )
 
 
 @dataclass(frozen=True)
@@ -118,6 +129,9 @@ class Comm:
         self.round = 0
         #: every error reply, in arrival order (the ServerApp turns them into messages for the operator)
         self.site_errors: list[SiteErrorRecord] = []
+        #: evaluations a site declined under its cohort rules (:func:`declined_evaluation`): its policy at work, not
+        #: an error
+        self.declined: list[SiteErrorRecord] = []
 
     def _site(self, node_id: int) -> str:
         return self.site_of.get(node_id, f"node:{node_id}")
@@ -168,9 +182,8 @@ class Comm:
                     continue  # a reply to something we no longer wait for
                 ok = not reply.has_error()
                 if not ok:
-                    self.site_errors.append(
-                        SiteErrorRecord(rnd, message_type, nid, self._site(nid), site_error_name(reply.error.code))
-                    )
+                    record = SiteErrorRecord(rnd, message_type, nid, self._site(nid), site_error_name(reply.error.code))
+                    (self.declined if declined_evaluation(reply) else self.site_errors).append(record)
                 if self.audit is not None:
                     self.audit.on_reply(reply, self._site(nid))
                 self.ledger.add(

@@ -8,7 +8,9 @@ message type                content (request → reply)
 ``query.hello``             ``hello`` (empty) → ``hello``: site id, site index, manifest layout hash, data dims
 ``train``                   ``global`` Θc + ``config`` → ``update`` Θc, ``num`` (n), ``metrics`` (plain FedAvg)
 ``train.secagg_<stage>``    ``secagg`` ``{msg: bytes}`` both ways (secure aggregation; ``secagg_train`` also
-                            carries ``global`` + ``config`` down and only ``{ready: 1}`` up)
+                            carries ``global`` + ``config`` down and only ``{ready: 1}`` up; ``secagg_evaluate``
+                            carries ``global`` + ``config`` down and the sums' schema (names, lengths) up as
+                            ``{msg: bytes}``; an evaluation round's first stage also carries ``layout`` down)
 ``query.evaluate``          ``global`` + ``config`` → ``eval``: aggregate sums only (``federation.evaluation``)
 ==========================  =========================================================================================
 
@@ -50,6 +52,8 @@ TRAIN_MESSAGE_TYPE = "train"
 #: Secure-aggregation actions are ``train.secagg_<stage>``; ``<stage>`` is ``train`` or a protocol stage name.
 SECAGG_ACTION_PREFIX = SECAGG_PREFIX.removeprefix(f"{TRAIN_MESSAGE_TYPE}.")  # spelled once, in the gate's rules
 SECAGG_TRAIN_STAGE = "train"
+#: the secure evaluation's preparation (``federation.secure_evaluation``): evaluate, keep the sums, reply the schema
+SECAGG_EVALUATE_STAGE = "evaluate"
 
 # -- record names ----------------------------------------------------------------------------------------------------
 REC_GLOBAL = "global"
@@ -62,6 +66,8 @@ REC_EVAL = "eval"
 REC_SECAGG = "secagg"
 #: The one field of a ``secagg`` record: the strict byte encoding of a protocol message.
 SECAGG_FIELD = "msg"
+#: The extra downlink field of an evaluation round's first stage: the agreed layout (union of the sites' schemas).
+SECAGG_EVAL_LAYOUT_FIELD = "layout"
 
 #: Run-config key under which a deployment carries the resolved ``RunConfig`` as JSON (``federation.deployment``).
 RUN_CONFIG_KEY = "fcd-config"

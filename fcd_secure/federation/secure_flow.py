@@ -33,9 +33,10 @@ from typing import Any
 import numpy as np
 from flwr.app import ConfigRecord, Message, RecordDict
 
-from fcd_secure.aggregation.secagg import Aggregate, SecAggError, SecAggPolicy, SecAggServer
+from fcd_secure.aggregation.secagg import Aggregate, SecAggError, SecAggPolicy, SecAggServer, VectorLayout
 from fcd_secure.aggregation.secagg.server import STAGES
 from fcd_secure.config import RunConfig
+from fcd_secure.federation.messaging import Comm
 from fcd_secure.federation.records import (
     REC_SECAGG,
     SECAGG_FIELD,
@@ -149,56 +150,19 @@ class SecureAggregationFlow(AggregationFlow[SecureSum]):
         self.manifest.check_arrays(rnd.global_theta, THETA_C)
         return super().configure(rnd)
 
-    def _send_stage(self, rnd: Round, stage: str, requests: dict[str, bytes], node_of: dict[str, int]) -> dict[str, bytes]:
-        contents = {node_of[s]: RecordDict({REC_SECAGG: ConfigRecord({SECAGG_FIELD: req})}) for s, req in requests.items()}
-        replies = rnd.comm.send(
-            list(contents), secagg_message_type(stage), contents, self.policy.deadlines.for_stage(stage), round=rnd.server_round
-        )
-        out: dict[str, bytes] = {}
-        for s in requests:
-            rep = replies.get(node_of[s])
-            if rep is None or rep.has_error() or REC_SECAGG not in rep.content:
-                continue
-            blob = rep.content[REC_SECAGG].get(SECAGG_FIELD)
-            if isinstance(blob, bytes):
-                out[s] = blob
-        return out
-
     def collect(self, rnd: Round, replies: dict[int, Message]) -> SecureSum:
         """Run the protocol's five stages among the sites that finished training."""
-        pol, report = self.policy, self.last_report
-        site_of = {nid: rnd.comm.site_of.get(nid, f"node-{nid}") for nid in rnd.node_ids}
-        node_of = {s: nid for nid, s in site_of.items()}
         trained = [n for n in rnd.node_ids if (r := replies.get(n)) is not None and not r.has_error()]
-        report["trained"] = len(trained)
-        if len(trained) < pol.min_sites:
-            raise self._abort(report, f"only {len(trained)} sites finished training, secure aggregation needs {pol.min_sites}")
         try:
-            server = SecAggServer(
-                pol, self.layout, [site_of[n] for n in trained], round_id=rnd.server_round, session_id=self.session_id,
-                roster=self.roster,
+            return secure_sum(
+                rnd.comm, trained, self.policy, self.layout, round_id=rnd.server_round, session_id=self.session_id,
+                message_round=rnd.server_round, report=self.last_report, started=rnd.started, roster=self.roster,
             )
-        except SecAggError as exc:
-            raise self._abort(report, str(exc)) from None
-        requests = server.start()
-        try:
-            for stage in STAGES:
-                for s, blob in self._send_stage(rnd, stage, requests, node_of).items():
-                    try:
-                        server.collect(s, blob)
-                    except SecAggError:
-                        pass  # recorded by the server as this site's failure; it is a dropout from now on
-                requests = server.advance()
-                report[stage] = len(server.report.survivors.get(stage, ()))
-            agg = server.finish()
-        except SecAggError as exc:  # too few survivors, shares that do not reconstruct, a bound broken: keep the global
-            aborted = self._abort(report, str(exc), [node_of[s] for s in server.report.survivors.get("masked_input", ())])
-            if server.report.culprits:
-                aborted.metrics["dropped"] = dict(server.report.culprits)
+        except SecureSumAborted as stop:
+            aborted = self._abort(self.last_report, stop.reason, stop.participants)
+            if stop.culprits:
+                aborted.metrics["dropped"] = dict(stop.culprits)
             raise aborted from None
-        report["server_s"] = round(time.perf_counter() - rnd.started, 3)
-        report["culprits"] = dict(server.report.culprits)
-        return SecureSum(agg, [node_of[s] for s in server.report.survivors["masked_input"]], report)
 
     def aggregate(self, rnd: Round, collected: SecureSum) -> RoundOutcome:
         agg, g = collected.aggregate, rnd.global_theta
@@ -220,6 +184,101 @@ class SecureAggregationFlow(AggregationFlow[SecureSum]):
                 rnd.server_round, agg.clipped_fraction, self.policy.clip,
             )
         return RoundOutcome(theta, float(agg.n_total), collected.participants, rnd.failures(collected.participants), metrics)
+
+
+class SecureSumAborted(Exception):
+    """A secure sum that did not finish (too few sites or survivors, a broken bound, or the protocol aborted);
+    ``culprits`` are the sites the protocol named on signed evidence."""
+
+    def __init__(self, reason: str, participants: list[int], culprits: dict[str, str] | None = None) -> None:
+        super().__init__(reason)
+        self.reason, self.participants, self.culprits = reason, participants, dict(culprits or {})
+
+
+def _send_stage(
+    comm: Comm, stage: str, requests: dict[str, bytes], node_of: dict[str, int], timeout_s: float, message_round: int,
+    extra: dict[str, object] | None,
+) -> dict[str, bytes]:
+    fields = dict(extra or {})
+    contents = {node_of[s]: RecordDict({REC_SECAGG: ConfigRecord({SECAGG_FIELD: req, **fields})}) for s, req in requests.items()}
+    replies = comm.send(list(contents), secagg_message_type(stage), contents, timeout_s, round=message_round)
+    out: dict[str, bytes] = {}
+    for s in requests:
+        rep = replies.get(node_of[s])
+        if rep is None or rep.has_error() or REC_SECAGG not in rep.content:
+            continue
+        blob = rep.content[REC_SECAGG].get(SECAGG_FIELD)
+        if isinstance(blob, bytes):
+            out[s] = blob
+    return out
+
+
+def secure_sum(
+    comm: Comm,
+    node_ids: list[int],
+    policy: SecAggPolicy,
+    layout: VectorLayout,
+    *,
+    round_id: int,
+    session_id: bytes,
+    message_round: int,
+    report: dict[str, Any],
+    started: float | None = None,
+    first_stage_extra: dict[str, object] | None = None,
+    roster: dict[str, bytes] | None = None,
+) -> SecureSum:
+    """Run the five protocol stages among ``node_ids`` (sites that hold an encoded input) and unmask their sum.
+
+    The one carrier of every secure sum (Θc updates in :class:`SecureAggregationFlow`, evaluation sums in
+    ``federation.secure_evaluation``).
+
+    Args:
+        comm: the server's door to the sites.
+        node_ids: the sites that prepared an input.
+        policy: the proposed round parameters (every site checks them against its own).
+        layout: the vector layout every party built.
+        round_id: the protocol round (sites refuse a round id they already used, P5).
+        session_id: the protocol session.
+        message_round: the round the messages are filed under (Flower group id, audit rounds).
+        report: filled with per-stage survivor counts.
+        started: ``time.perf_counter()`` at the round's start, for ``report["server_s"]``.
+        first_stage_extra: extra fields of the first stage's request (e.g. the agreed evaluation layout).
+        roster: the consortium roster, when the server holds it (a misbehaving site is then named on evidence it
+            signed, ``report["culprits"]``).
+
+    Raises:
+        SecureSumAborted: too few sites, or the protocol aborted (the sum is not revealed).
+    """
+    t0 = time.perf_counter() if started is None else started
+    site_of = {nid: comm.site_of.get(nid, f"node-{nid}") for nid in node_ids}
+    node_of = {s: nid for nid, s in site_of.items()}
+    report["trained"] = len(node_ids)
+    if len(node_ids) < policy.min_sites:
+        raise SecureSumAborted(f"only {len(node_ids)} sites are ready, secure aggregation needs {policy.min_sites}", [])
+    try:
+        server = SecAggServer(
+            policy, layout, [site_of[n] for n in node_ids], round_id=round_id, session_id=session_id, roster=roster
+        )
+    except SecAggError as exc:
+        raise SecureSumAborted(str(exc), []) from None
+    requests = server.start()
+    try:
+        for i, stage in enumerate(STAGES):
+            extra = first_stage_extra if i == 0 else None
+            for s, blob in _send_stage(comm, stage, requests, node_of, policy.deadlines.for_stage(stage), message_round, extra).items():
+                try:
+                    server.collect(s, blob)
+                except SecAggError:
+                    pass  # recorded by the server as this site's failure; it is a dropout from now on
+            requests = server.advance()
+            report[stage] = len(server.report.survivors.get(stage, ()))
+        agg = server.finish()
+    except SecAggError as exc:  # too few survivors, shares that do not reconstruct, a bound broken: reveal nothing
+        survivors = [node_of[s] for s in server.report.survivors.get("masked_input", ())]
+        raise SecureSumAborted(str(exc), survivors, server.report.culprits) from None
+    report["server_s"] = round(time.perf_counter() - t0, 3)
+    report["culprits"] = dict(server.report.culprits)
+    return SecureSum(agg, [node_of[s] for s in server.report.survivors["masked_input"]], report)
 
 
 def _max_abs(arrays: dict[str, np.ndarray]) -> float:

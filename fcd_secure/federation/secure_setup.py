@@ -7,10 +7,8 @@ the server (DESIGN.md P2): a site reads it from ``node_config["secagg-roster"]``
 which :func:`provision_roster` writes for a federation whose sites share one state root (the operator's
 provisioning step; in a deployment each hospital receives the same file out of band).
 
-The *policy* (minimum sites, threshold rule, modulus, clip range, scale, deadlines; ``SecAggPolicy``) is the site's
-own (:func:`site_policy`): ``node_config["secagg-policy"]`` (a JSON/TOML file on the site), else the run config's
-``[secagg]`` section when that config is the site's own (simulation, where it travels in the app's closure), never
-when it arrived from the server (deployment), else the safe defaults.
+The *policy* (minimum sites, threshold rule, modulus, clip range, scale, deadlines; ``SecAggPolicy``) is the
+``[secagg]`` section of the site's own policy file (``federation.site_policy``), never the server's config.
 
 The *vector layout* (:func:`vector_layout`): Θc in manifest order plus the one site metric that travels, weighted and
 masked, inside the vector (never in clear, P7).
@@ -19,25 +17,18 @@ masked, inside the vector (never in clear, P7).
 from __future__ import annotations
 
 import json
-import tomllib
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from flwr.app import Context
 
 from fcd_secure._io import atomic_write_text
-from fcd_secure.aggregation.secagg import SecAggPolicy, VectorLayout
+from fcd_secure.aggregation.secagg import VectorLayout
 from fcd_secure.aggregation.secagg.keys import ed25519_public
-from fcd_secure.federation.records import config_came_from_server
 from fcd_secure.federation.state import SiteState
 from fcd_secure.manifest import Manifest
 
-if TYPE_CHECKING:  # pragma: no cover - fcd_secure.config pulls in torch; a site's secure actions need not
-    from fcd_secure.config import RunConfig
-
 ROSTER_FILE = "secagg_roster.json"
 ROSTER_NODE_CONFIG = "secagg-roster"
-POLICY_NODE_CONFIG = "secagg-policy"
 #: The site metrics that ride inside the masked vector. Each is divided by METRIC_RANGE before encoding, so that
 #: losses up to METRIC_RANGE * clip fit the clip range of Θc updates.
 METRICS = ("train_loss",)
@@ -68,9 +59,14 @@ def provision_roster(state_root: str | Path, site_ids: list[str]) -> dict[str, b
         ``{site_id: Ed25519 public key}``, as written to ``<state_root>/secagg_roster.json``.
     """
     roster = {sid: ed25519_public(SiteState(state_root, sid).identity_private_key()) for sid in site_ids}
-    doc = {"version": 1, "sites": {sid: pk.hex() for sid, pk in sorted(roster.items())}}
-    atomic_write_text(Path(state_root) / ROSTER_FILE, json.dumps(doc, indent=1))
+    write_roster(Path(state_root) / ROSTER_FILE, roster)
     return roster
+
+
+def write_roster(path: str | Path, roster: dict[str, bytes]) -> Path:
+    """Write a roster file ``{"version": 1, "sites": {site_id: hex Ed25519 public key}}`` (public keys only)."""
+    doc = {"version": 1, "sites": {sid: pk.hex() for sid, pk in sorted(roster.items())}}
+    return atomic_write_text(path, json.dumps(doc, indent=1))
 
 
 def load_roster(path: str | Path) -> dict[str, bytes]:
@@ -116,43 +112,3 @@ def site_roster(context: Context, site_id: str, state_root: str | Path) -> dict[
             f"(fcd_secure.federation.secure_setup.provision_roster) or set node_config {ROSTER_NODE_CONFIG!r}"
         )
     return load_roster(path)
-
-
-# -- policy ----------------------------------------------------------------------------------------------------------
-def load_policy(path: str | Path) -> SecAggPolicy:
-    """A site's policy from a JSON or TOML file of ``SecAggPolicy`` fields (a ``[secagg]`` table is accepted).
-
-    Raises:
-        SecureAggregationConfigError: unreadable or invalid; the message names the file.
-    """
-    path = Path(path)
-    try:
-        text = path.read_text()
-        raw = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
-    except (OSError, ValueError) as exc:
-        raise SecureAggregationConfigError(f"{path}: cannot read the secure-aggregation policy ({exc})") from None
-    raw = raw.get("secagg", raw)
-    try:
-        return SecAggPolicy.model_validate(raw)
-    except ValueError as exc:
-        raise SecureAggregationConfigError(f"{path}: invalid secure-aggregation policy ({exc})") from None
-
-
-def site_policy(context: Context, own_config: RunConfig | None) -> SecAggPolicy:
-    """The policy a site enforces in a secure round.
-
-    Args:
-        context: the message's Flower context (node config and run config).
-        own_config: the run config the site holds itself (the app's closure in simulation), or ``None``.
-
-    Returns:
-        ``node_config["secagg-policy"]`` (a file on the site); else ``own_config.secagg`` unless the run config
-        came from the server (deployment: a server must not set the policy it is checked against); else the
-        defaults.
-    """
-    nc = dict(context.node_config) if context.node_config else {}
-    if nc.get(POLICY_NODE_CONFIG):
-        return load_policy(str(nc[POLICY_NODE_CONFIG]))
-    if own_config is None or config_came_from_server(context):
-        return SecAggPolicy()
-    return own_config.secagg

@@ -1,15 +1,20 @@
-"""The site side of secure aggregation: the six ``train.secagg_*`` ClientApp actions (server side:
-``federation.secure_flow``; protocol: ``fcd_secure.aggregation.secagg``).
+"""The site side of secure aggregation: the ``train.secagg_*`` ClientApp actions (server side:
+``federation.secure_flow`` and ``federation.secure_evaluation``; protocol: ``fcd_secure.aggregation.secagg``).
 
 ``secagg_train`` trains the site's round, encodes the *update* Θc_i − Θc_global into the fixed-point vector and
-keeps it in the node's ``Context.state``; the reply says only "ready" (no count, no metric, P7). Each protocol
-stage then rebuilds the site's :class:`~fcd_secure.aggregation.secagg.SecAggClient` from that state, answers one
-server request, and stores the client's state back; the last stage (or any failure) clears it, so no round secret
-outlives its round in node memory. A round that started here is spent for good (:class:`ReplayGuard`, P5).
+keeps it in the node's ``Context.state``; the reply says only "ready" (no count, no metric, P7).
+``secagg_evaluate`` evaluates the global Θc on the cohort the site chose (``federation.cohort``), keeps the sums in
+the node state and replies with their *schema* only (key names and lengths, never values); the first protocol stage
+then brings the union of the sites' schemas, and the sums are encoded exactly (``federation.eval_vector``). Each
+protocol stage rebuilds the site's :class:`~fcd_secure.aggregation.secagg.SecAggClient` from the node state,
+answers one server request, and stores the client's state back; the last stage (or any failure) clears it, so no
+round secret outlives its round in node memory. A round that started here is spent for good
+(:class:`ReplayGuard`, P5); training and evaluation rounds are counted apart.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -18,12 +23,21 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from fcd_secure.aggregation.secagg import ReplayGuard, SecAggClient, encode, theta_hash
+from fcd_secure.aggregation.secagg import ReplayGuard, SecAggClient, SecAggPolicy, encode, theta_hash
 from fcd_secure.aggregation.secagg.server import STAGES
+from fcd_secure.federation.eval_vector import (
+    EvalLayout,
+    encode_sums,
+    schema_from_bytes,
+    schema_of,
+    schema_to_bytes,
+)
 from fcd_secure.federation.records import (
     REC_CONFIG,
     REC_GLOBAL,
     REC_SECAGG,
+    SECAGG_EVAL_LAYOUT_FIELD,
+    SECAGG_EVALUATE_STAGE,
     SECAGG_FIELD,
     SECAGG_TRAIN_STAGE,
     record_to_arrays,
@@ -32,7 +46,6 @@ from fcd_secure.federation.records import (
 from fcd_secure.federation.secure_setup import (
     METRIC_RANGE,
     SecureAggregationConfigError,
-    site_policy,
     site_roster,
     vector_layout,
 )
@@ -44,8 +57,11 @@ if TYPE_CHECKING:  # pragma: no cover - fcd_secure.config pulls in torch; a site
 
 #: ``Context.state`` record that carries one round's protocol state between messages.
 STATE_KEY = "secagg"
-#: The site-state slot of the cross-session replay guard.
+#: The site-state slots of the cross-session replay guards (training rounds, evaluation rounds).
 REPLAY_SLOT = "secagg_rounds.json"
+EVAL_REPLAY_SLOT = "secagg_eval_rounds.json"
+#: ``purpose`` of a round in the node state
+TRAINING, EVALUATION = "train", "evaluate"
 
 
 class SecureSite(Protocol):
@@ -55,6 +71,8 @@ class SecureSite(Protocol):
     state: SiteState
     cfg: RunConfig | None
     manifest: Manifest
+    #: the secure-aggregation parameters the site pins (its own policy, never the server's)
+    secagg_policy: SecAggPolicy
 
     def identity_private_key(self) -> bytes: ...
 
@@ -83,8 +101,8 @@ def _state_set(context: Context, **values: Any) -> None:
 
 
 def _clear_round(context: Context) -> None:
-    # an aborted or finished round leaves no secret behind in the node state
-    _state_set(context, client=None, vector=None, global_hash=None, round=None)
+    # an aborted or finished round leaves no secret (and no evaluation sum) behind in the node state
+    _state_set(context, client=None, vector=None, global_hash=None, round=None, purpose=None, sums=None, schema=None)
 
 
 def _train_handler(get_runtime: RuntimeGetter) -> Callable[[Message, Context], Message]:
@@ -92,7 +110,7 @@ def _train_handler(get_runtime: RuntimeGetter) -> Callable[[Message, Context], M
         rt = get_runtime(msg, context)
         round_config = dict(msg.content[REC_CONFIG])
         global_theta = record_to_arrays(msg.content[REC_GLOBAL])
-        policy = site_policy(context, rt.cfg)
+        policy = rt.secagg_policy
         layout = vector_layout(rt.manifest)
         # a round whose protocol already started here is spent: re-training it would hand the server a second copy
         # of the same update to difference against (P5; see ReplayGuard)
@@ -102,16 +120,53 @@ def _train_handler(get_runtime: RuntimeGetter) -> Callable[[Message, Context], M
         # the update, not the parameters, enters the vector: its values are small, so the fixed-point grid is fine
         update = {k: np.asarray(v, np.float64) - np.asarray(global_theta[k], np.float64) for k, v in theta.items()}
         vector = encode(layout, policy, update, int(n), {"train_loss": float(loss) / METRIC_RANGE})
+        _clear_round(context)
         _state_set(
             context,
-            client=None,
             vector=vector.tobytes(),
             global_hash=theta_hash(layout, global_theta),
             round=int(round_config["server-round"]),
+            purpose=TRAINING,
         )
         return Message(RecordDict({REC_SECAGG: ConfigRecord({"ready": 1})}), reply_to=msg)
 
     return handler
+
+
+def _evaluate_handler(get_runtime: RuntimeGetter) -> Callable[[Message, Context], Message]:
+    def handler(msg: Message, context: Context) -> Message:
+        rt = get_runtime(msg, context)
+        eval_config = dict(msg.content[REC_CONFIG])
+        global_theta = record_to_arrays(msg.content[REC_GLOBAL])
+        round_id = int(eval_config["eval-round"])
+        ReplayGuard(rt.state.slot(EVAL_REPLAY_SLOT)).check_fresh(round_id)
+        sums = rt.evaluate(global_theta, eval_config)  # on the cohort the site chose (refusals propagate)
+        schema = schema_of(sums)
+        _clear_round(context)
+        _state_set(
+            context,
+            sums=json.dumps({k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in sums.items()}).encode(),
+            schema=schema_to_bytes(schema),
+            global_hash=theta_hash(vector_layout(rt.manifest), global_theta),
+            round=round_id,
+            purpose=EVALUATION,
+        )
+        # names and lengths only: the values stay in node memory until they are masked
+        return Message(RecordDict({REC_SECAGG: ConfigRecord({SECAGG_FIELD: schema_to_bytes(schema)})}), reply_to=msg)
+
+    return handler
+
+
+def _evaluation_input(context: Context, msg: Message, rt: SecureSite) -> tuple[EvalLayout, np.ndarray]:
+    """The agreed evaluation layout (from the first stage's request) and this site's encoded sums."""
+    union_bytes = msg.content[REC_SECAGG].get(SECAGG_EVAL_LAYOUT_FIELD)
+    if not isinstance(union_bytes, bytes):
+        raise SecureAggregationConfigError(f"evaluation round without a {SECAGG_EVAL_LAYOUT_FIELD!r} layout")
+    sums = json.loads(bytes(_state_get(context, "sums")).decode())
+    layout = EvalLayout.of(schema_from_bytes(union_bytes), rt.secagg_policy)
+    vector = encode_sums(layout, sums, int(round(sums["n_test"])), rt.secagg_policy)
+    _state_set(context, sums=None, schema=union_bytes)
+    return layout, vector
 
 
 def _stage_handler(stage: str, get_runtime: RuntimeGetter) -> Callable[[Message, Context], Message]:
@@ -120,20 +175,32 @@ def _stage_handler(stage: str, get_runtime: RuntimeGetter) -> Callable[[Message,
         request = msg.content[REC_SECAGG][SECAGG_FIELD]
         if not isinstance(request, bytes):
             raise SecureAggregationConfigError(f"secure-aggregation request without a bytes {SECAGG_FIELD!r} field")
-        client = SecAggClient(
-            rt.site_id,
-            rt.identity_private_key(),
-            site_roster(context, rt.site_id, Path(rt.state.dir).parent),
-            site_policy(context, rt.cfg),
-            vector_layout(rt.manifest),
-            replay_guard=ReplayGuard(rt.state.slot(REPLAY_SLOT)),
-        )
+        evaluation = _state_get(context, "purpose") == EVALUATION
         try:
+            vector = None
+            if evaluation and stage == STAGES[0]:
+                layout, vector = _evaluation_input(context, msg, rt)
+                layout = layout.vector_layout()
+            elif evaluation:
+                layout = EvalLayout.of(schema_from_bytes(bytes(_state_get(context, "schema"))), rt.secagg_policy).vector_layout()
+            else:
+                layout = vector_layout(rt.manifest)
+            client = SecAggClient(
+                rt.site_id,
+                rt.identity_private_key(),
+                site_roster(context, rt.site_id, Path(rt.state.dir).parent),
+                rt.secagg_policy,
+                layout,
+                replay_guard=ReplayGuard(rt.state.slot(EVAL_REPLAY_SLOT if evaluation else REPLAY_SLOT)),
+            )
             if stage == STAGES[0]:
-                vector, gh = _state_get(context, "vector"), _state_get(context, "global_hash")
+                if vector is None:
+                    stored = _state_get(context, "vector")
+                    vector = None if stored is None else np.frombuffer(stored, dtype=np.uint32).copy()
+                gh = _state_get(context, "global_hash")
                 if vector is None or gh is None:
-                    raise SecureAggregationConfigError(f"site {rt.site_id} has no trained update for this round")
-                client.set_input(np.frombuffer(vector, dtype=np.uint32).copy(), gh, _state_get(context, "round"))
+                    raise SecureAggregationConfigError(f"site {rt.site_id} has no prepared input for this round")
+                client.set_input(vector, gh, _state_get(context, "round"))
             else:
                 blob = _state_get(context, "client")
                 if blob is None:
@@ -153,7 +220,7 @@ def _stage_handler(stage: str, get_runtime: RuntimeGetter) -> Callable[[Message,
 
 
 def register_secure_actions(app: ClientApp, get_runtime: RuntimeGetter) -> None:
-    """Attach the six ``train.secagg_*`` actions to ``app``.
+    """Attach the seven ``train.secagg_*`` actions to ``app`` (train, evaluate and the five protocol stages).
 
     Args:
         app: the site's ClientApp.
@@ -163,5 +230,6 @@ def register_secure_actions(app: ClientApp, get_runtime: RuntimeGetter) -> None:
     sees a dropout, never a reason or a key (P18).
     """
     app.train(secagg_action(SECAGG_TRAIN_STAGE))(_train_handler(get_runtime))
+    app.train(secagg_action(SECAGG_EVALUATE_STAGE))(_evaluate_handler(get_runtime))
     for stage in STAGES:
         app.train(secagg_action(stage))(_stage_handler(stage, get_runtime))

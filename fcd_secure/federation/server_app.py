@@ -48,6 +48,7 @@ from fcd_secure.federation.messaging import Comm
 from fcd_secure.federation.outputs import RoundsLog, write_config, write_run_folder
 from fcd_secure.federation.records import HELLO_MESSAGE_TYPE, REC_HELLO, config_from_context
 from fcd_secure.federation.sampler import ClientSampler
+from fcd_secure.federation.secure_evaluation import secure_evaluation_for
 from fcd_secure.federation.state import SERVER_DIR, ServerCheckpoint, StateError
 from fcd_secure.manifest import FULL, THETA_C, Manifest
 
@@ -262,6 +263,8 @@ def run_federation(
     if log_rounds is not None:
         log_rounds.start(history)
     flow = make_flow(cfg, manifest)
+    # in secure mode the evaluation sums travel through secure aggregation too: no per-site sum reaches the server
+    secure_eval = secure_evaluation_for(cfg, manifest)
     sync_bytes = int(manifest.nbytes(part))
     cum_up = int(sum(r["uplink_bytes"] for r in history))
     cum_down = int(sum(r["downlink_bytes"] for r in history))
@@ -309,7 +312,7 @@ def run_federation(
             "factual_auc": None,
         }
         if fed.eval_every and (rnd % fed.eval_every == 0 or rnd == fed.rounds):
-            quick = evaluate_federated(comm, order, theta, cfg, part, quick=True, sites=sites)
+            quick = evaluate_federated(comm, order, theta, cfg, part, quick=True, sites=sites, secure=secure_eval, round_id=rnd)
             row["pehe"] = quick.get("pehe")
             row["ate_error"] = quick.get("ate_error")
             row["factual_auc"] = quick.get("factual_auc")
@@ -333,7 +336,9 @@ def run_federation(
         )
     say("evaluating", {})
     n_err = len(comm.site_errors)
-    final_eval = evaluate_federated(comm, order, theta, cfg, part, quick=False, sites=sites)
+    final_eval = evaluate_federated(
+        comm, order, theta, cfg, part, quick=False, sites=sites, secure=secure_eval, round_id=fed.rounds + 1
+    )
     for e in _error_rows(comm, n_err):
         say("site_error", e)
     # close the sites' ledgers: the receipts still owed, in one last message each

@@ -4,6 +4,11 @@
 (../shared/research/flower-runtime.md §0.4, §1a). Settings that matter on a 2-core machine: one Ray actor
 (``client_resources.num_cpus = 2``), no dashboard, quiet logs, telemetry off. The ServerApp and ClientApp are the
 same objects the deployment engine loads; only the config travels in their closures here.
+
+Each simulated site enforces its own policy file like a deployed one (``federation.site_policy``): before the
+engine starts, :func:`write_simulated_policies` writes, for every site that has none yet, the policy a hospital
+would choose for this run's options (``SitePolicy.for_run``) into its state directory. A policy already there
+is the site's and is kept: a later run that asks for less is refused by that site.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from fcd_secure.federation.client_app import make_client_app
 from fcd_secure.federation.secure_setup import provision_roster
 from fcd_secure.federation.server_app import make_server_app
 from fcd_secure.federation.site import default_site_id
+from fcd_secure.federation.site_policy import POLICY_FILE, SitePolicy
 
 
 def quiet_flower_env() -> None:
@@ -52,6 +58,23 @@ def provision_simulated_roster(cfg: RunConfig) -> None:
     provision_roster(cfg.state_dir, [default_site_id(i) for i in range(cfg.data.n_sites)])
 
 
+def write_simulated_policies(cfg: RunConfig) -> list[Path]:
+    """Write ``SitePolicy.for_run(cfg)`` into ``<state_dir>/<site>/site_policy.toml`` for every site without one.
+
+    Returns:
+        The policy file of every site (written now or already there).
+    """
+    policy = SitePolicy.for_run(cfg)
+    paths = []
+    for i in range(cfg.data.n_sites):
+        path = Path(cfg.state_dir) / default_site_id(i) / POLICY_FILE
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            policy.write(path)
+        paths.append(path)
+    return paths
+
+
 def run_simulated(
     cfg: RunConfig,
     progress=None,
@@ -83,6 +106,7 @@ def run_simulated(
     root = cfg.state_root() or Path(tempfile.mkdtemp(prefix="fcd-state-"))
     cfg = cfg.model_copy(update={"state_dir": str(root)})
     Path(cfg.state_dir).mkdir(parents=True, exist_ok=True)
+    write_simulated_policies(cfg)
     if cfg.federation.secure_aggregation:
         provision_simulated_roster(cfg)
     sink: dict = {}

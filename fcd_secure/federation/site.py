@@ -10,6 +10,10 @@ which is a pure function of the run config.
 Paper §III "Decoupled synchronisation": ``train_round`` loads Θs_i from disk, sets the global Θc, trains one local
 epoch on the site's own data and returns only Θc (or every parameter in the "w/o DSS" ablation). Θs_i, the
 optimiser and RNG state are committed to disk atomically before the reply leaves.
+
+The run config a message carries is a *request*: the site's own policy (``federation.site_policy``) decides the
+effective settings (``SiteRuntime.cfg``), and a request asking for less protection is refused on every message
+(:meth:`SiteRuntime.admit`, recorded by the egress gate).
 """
 
 from __future__ import annotations
@@ -19,11 +23,18 @@ from typing import Any
 
 import numpy as np
 
+from fcd_secure.audit import Refusal
 from fcd_secure.config import RunConfig
 from fcd_secure.federation import learner
+from fcd_secure.federation.cohort import COHORT_SLOT, CohortRecord, select_rows
 from fcd_secure.federation.learner import SiteData
+from fcd_secure.federation.records import EVALUATE_MESSAGE_TYPE, TRAIN_MESSAGE_TYPE
+from fcd_secure.federation.site_policy import SitePolicy, load_site_policy
 from fcd_secure.federation.state import SiteState, StateError
 from fcd_secure.manifest import FULL, THETA_C, THETA_S, Manifest
+
+#: Message types that carry numbers in clear: refused by a site in secure mode (P20).
+PLAIN_MESSAGE_TYPES = (TRAIN_MESSAGE_TYPE, EVALUATE_MESSAGE_TYPE)
 
 
 def default_site_id(site_index: int) -> str:
@@ -31,25 +42,46 @@ def default_site_id(site_index: int) -> str:
 
 
 class SiteRuntime:
-    """One site: identity, data, model, on-disk state. Built per message; cheap apart from the model build."""
+    """One site: identity, policy, data, model, on-disk state. Built per message; cheap apart from the model build.
 
-    def __init__(self, cfg: RunConfig, site_id: str, site_index: int, state_root: str) -> None:
+    Args:
+        cfg: the run config as requested (the server's, or the simulation's).
+        site_id: the site's stable id.
+        site_index: the site's index in the federation (its data slice in a simulated split).
+        state_root: the folder holding this site's state directory.
+        policy: the site's own policy; ``None`` loads it from ``<state_root>/<site_id>/site_policy.toml`` (or the
+            strict defaults).
+    """
+
+    def __init__(
+        self, cfg: RunConfig, site_id: str, site_index: int, state_root: str, policy: SitePolicy | None = None
+    ) -> None:
         import torch  # noqa: PLC0415
 
-        if torch.get_num_threads() != cfg.federation.site_threads:
-            torch.set_num_threads(cfg.federation.site_threads)
-        self.cfg = cfg
         self.site_id = site_id
         self.site_index = int(site_index)
         self.state = SiteState(state_root, site_id)
+        self.policy = policy if policy is not None else load_site_policy({}, state_root, site_id)
+        self.request = cfg
+        #: the effective settings (within the policy) and, if the request asks for less, the refusal
+        self.cfg, self.refusal = self.policy.admit(cfg)
+        if torch.get_num_threads() != self.cfg.federation.site_threads:
+            torch.set_num_threads(self.cfg.federation.site_threads)
         self._data: SiteData | None = None
         self._model = None
         self._manifest = None
 
     # -- construction from a Flower Context --------------------------------------------------------------
     @classmethod
-    def from_context(cls, context, cfg: RunConfig) -> "SiteRuntime":
-        """Site identity from ``node_config``: ``site-id`` / ``site-index`` (deployment) or ``partition-id``."""
+    def from_context(cls, context, cfg: RunConfig, *, own_config: bool = True) -> "SiteRuntime":
+        """The site of a message: identity and state folder from ``node_config`` (``site-id``, ``site-index`` or
+        ``partition-id``, ``state-dir``, ``site-policy``); the run's ``state_dir`` only when ``own_config`` (the
+        config is the site's own, as in simulation), never from a config the server sent.
+
+        Raises:
+            StateError: the site cannot tell which site it is or where its state lives.
+            SitePolicyError: the site's policy file is missing (when named) or invalid.
+        """
         nc = dict(context.node_config)
         if "site-index" in nc:
             index = int(nc["site-index"])
@@ -58,10 +90,23 @@ class SiteRuntime:
         else:
             raise StateError("node_config has neither 'site-index' nor 'partition-id': cannot tell which site this is")
         site_id = str(nc.get("site-id") or default_site_id(index))
-        state_root = str(nc.get("state-dir") or cfg.state_dir or "")
+        state_root = str(nc.get("state-dir") or (cfg.state_dir if own_config else None) or "")
         if not state_root:
-            raise StateError("no state directory: set node_config 'state-dir' or the run's state_dir")
-        return cls(cfg, site_id, index, state_root)
+            raise StateError("no state directory: set node_config 'state-dir' (a server never chooses it)")
+        return cls(cfg, site_id, index, state_root, load_site_policy(nc, state_root, site_id))
+
+    # -- admission -----------------------------------------------------------------------------------------
+    def admit(self, message_type: str) -> None:
+        """Refuse a message the site's policy does not allow, before anything is computed.
+
+        Raises:
+            Refusal: ``site_policy`` (the run's config asks for less protection than the policy; every message of
+                that run is refused) or ``downgrade`` (a clear-text action of a site in secure mode, P20).
+        """
+        if self.refusal is not None:
+            raise self.refusal
+        if self.cfg.federation.secure_aggregation and message_type in PLAIN_MESSAGE_TYPES:
+            raise Refusal("downgrade", "message", message_type)
 
     # -- lazily built parts ------------------------------------------------------------------------------
     @property
@@ -93,6 +138,11 @@ class SiteRuntime:
         if self._manifest is None:
             self._manifest = learner.manifest_of(self.model)
         return self._manifest
+
+    @property
+    def secagg_policy(self):
+        """The secure-aggregation parameters this site pins (``[secagg]`` of its policy)."""
+        return self.policy.secagg
 
     @property
     def layout_hash(self) -> str:
@@ -164,9 +214,25 @@ class SiteRuntime:
         learner.set_params(model, part, global_theta)
         return model
 
+    def evaluation_rows(self, eval_config: dict[str, Any]) -> np.ndarray:
+        """The test rows this site evaluates for ``eval_config`` (its ``max-rows`` is only a request), recorded.
+
+        Raises:
+            Refusal: rule ``eval_cohort`` (``federation.cohort``).
+        """
+        requested = eval_config.get("max-rows")
+        requested = None if requested in (None, 0, -1) else int(requested)
+        record = CohortRecord(self.state.slot(COHORT_SLOT))
+        return select_rows(self.data.test, self.site_id, requested, self.policy.evaluation, record)
+
     def evaluate(self, global_theta: dict[str, np.ndarray], eval_config: dict[str, Any]) -> dict[str, float]:
-        """Aggregate-only evaluation metrics of this site (see ``federation.evaluation.site_metrics``)."""
+        """Aggregate-only evaluation metrics of this site over the rows it chose (``federation.evaluation``).
+
+        Raises:
+            Refusal: rule ``eval_cohort`` (the cohort rules of ``federation.cohort``).
+        """
         from fcd_secure.federation.evaluation import site_metrics  # noqa: PLC0415
 
+        rows = self.evaluation_rows(eval_config)
         model = self.load_for_eval(global_theta, str(eval_config.get("part", THETA_C)))
-        return site_metrics(model, self.data, self.cfg, eval_config, site_dir=self.state.dir)
+        return site_metrics(model, self.data, self.cfg, eval_config, rows=rows, site_dir=self.state.dir)

@@ -25,6 +25,7 @@ from fcd_secure.federation import learner
 from fcd_secure.federation.evaluation import evaluate_federated
 from fcd_secure.federation.messaging import Comm
 from fcd_secure.federation.records import config_from_context
+from fcd_secure.federation.secure_evaluation import secure_evaluation_for
 from fcd_secure.federation.server_app import FederationError, hello, server_audit, wait_for_nodes
 from fcd_secure.federation.simulation import run_simulated
 from fcd_secure.federation.site import default_site_id
@@ -70,7 +71,9 @@ def ask_sites(grid, cfg: RunConfig, theta: dict[str, np.ndarray], request: WhatI
         raise WhatIfError(f"theta_c.npz does not match the run's model ({bad[0]}); was the code or config changed?")
     theta = {k: np.asarray(theta[k], dtype=expected[k].dtype) for k in expected}
     order = [s.node_id for s in sites]
-    res = evaluate_federated(comm, order, theta, cfg, part, quick=False, sites=sites, whatif=request)
+    # a run in secure mode asks through secure aggregation too: its sites refuse a clear-text evaluation
+    res = evaluate_federated(comm, order, theta, cfg, part, quick=False, sites=sites, whatif=request,
+                             secure=secure_evaluation_for(cfg, manifest), round_id=comm.round)
     res["round"] = comm.round
     comm.round += 1
     comm.send(comm.audit.owed_nodes(), RECEIPTS_MESSAGE_TYPE, comm.audit.final_contents(), fed.round_timeout_s)

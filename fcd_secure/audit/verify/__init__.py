@@ -23,6 +23,9 @@ is the first that applies (its exit code is what ``fcd audit verify`` returns):
 * **partial** (exit 4, evidence incomplete): site ledgers verified without the server ledger (or a server ledger
   without the site ledgers), or an upload the server never acknowledged with a receipt. Nothing can then rule out a
   truncated or re-signed ledger, so this is never "compliant", and ``--allow-unpinned`` does not change its exit;
+* refusals (a reply the site's gate withheld, or a request its own policy refused: weaker settings, a downgrade to
+  clear text, an evaluation cohort, an app it does not pin) are **not** violations: they are the site doing its job,
+  and are listed with their rule in ``VerifyResult.refusals`` (report section "Refusals", JSON ``data.refusals``);
 * **unverified** (exit 3, identity not pinned): every check above passed, but some ledger's key (or the key that
   signed a site's receipts) was not pinned with ``--site-key`` / ``--server-key``. Unpinned signatures prove only
   that one key wrote a whole chain: a chain rebuilt and re-signed with a fresh key checks just as well, so this is
@@ -61,6 +64,7 @@ from fcd_secure.audit.verify.result import (
     EXIT_VIOLATION,
     Finding,
     LedgerSummary,
+    RefusalSummary,
     UsageError,
     VerifyResult,
 )
@@ -77,6 +81,7 @@ __all__ = [
     "EXIT_VIOLATION",
     "Finding",
     "LedgerSummary",
+    "RefusalSummary",
     "UsageError",
     "VerifyResult",
     "ledger_identities",

@@ -7,7 +7,9 @@ For every site ledger (when a server ledger is under the verified path):
 * each upload must have the server's ``received`` line, equal in every fact both record (:data:`MESSAGE_FACTS`:
   run, node, round, message type, reply-to, message id, payload and message bytes, payload hash, and the names
   inside: records, tensors with shapes and dtypes, metric names, list lengths, config fields); a missing one means
-  the server ledger lost it. Bytes and hashes alone would let a site edit the names in its own ledger (a Θs tensor
+  the server ledger lost it. An upload in a run no server ledger under the path covers is not the server's to
+  reconcile: a refusal or error there (e.g. a foreign app the site refused to run, P27) is a note; content sent there
+  makes the evidence partial until that run's server ledger is verified too. Bytes and hashes alone would let a site edit the names in its own ledger (a Θs tensor
   renamed away) and re-sign it with its key;
 * each stored receipt and countersignature must be signed by a pinned server key and/or the server ledger's key,
   and name a server line that exists with that seq and hash. One anchored by neither could have been signed by
@@ -52,6 +54,7 @@ def reconcile(server: ServerScan, sites: list[SiteScan], server_pins: set[str] |
     for site in sites:
         _manifests(server, site, res)
         _uploads(server, site, res)
+        _unreceipted(server, site, res)
         unanchored = sum(not _receipt(server, site, r, server_pins, res) for r in site.receipts if r.signed)
         unanchored += sum(not _stored_countersignature(server, site, loc, server_pins, res) for loc in site.countersignatures)
         if unanchored:
@@ -83,12 +86,39 @@ def _manifests(server: ServerScan, site: SiteScan, res: VerifyResult) -> None:
                     f"{loc.where}: the site's manifest (layout {m.layout_hash[:12]}) is not the one the server ran with")
 
 
+def _foreign_refusal(server: ServerScan, up) -> bool:
+    """A refusal or error (no content) in a run the server ledger under the path does not cover (e.g. an app the
+    site refused to run, P27): not the server's to reconcile or receipt."""
+    runs = {loc.entry.run_id for _lab, loc in server.received.values()}
+    return server.present and bool(runs) and up.run_id not in runs and up.status in ("refused", "error")
+
+
+def _unreceipted(server: ServerScan, site: SiteScan, res: VerifyResult) -> None:
+    for loc in site.unreceipted:
+        up = loc.entry
+        if _foreign_refusal(server, up):
+            continue
+        res.add("partial", site.label, up.seq, loc.line,
+                f"{loc.where}: the {up.status} upload {up.message_id[:16]} (round {up.round}) has no server receipt: "
+                "the server never acknowledged it here, or the run ended before the receipts came back")
+
+
 def _uploads(server: ServerScan, site: SiteScan, res: VerifyResult) -> None:
+    runs = {loc.entry.run_id for _lab, loc in server.received.values()}
     for loc in site.uploads:
         up = loc.entry
         found = server.received.get(up.message_id)
         if found is None:
-            if server.present:
+            if server.present and runs and up.run_id not in runs:
+                if _foreign_refusal(server, up):
+                    res.add("note", site.label, up.seq, loc.line,
+                            f"{loc.where}: a {up.status} reply (no content) in run {up.run_id}, which no server ledger "
+                            "under this path covers (e.g. an app the site refused to run)")
+                else:
+                    res.add("partial", site.label, up.seq, loc.line,
+                            f"{loc.where}: content sent in run {up.run_id}, which no server ledger under this path "
+                            "covers: verify that run's server ledger too")
+            elif server.present:
                 # every reply that leaves the gate (content, refusal or error) reaches the server's ledger; one
                 # missing means that ledger lost its record (e.g. its tail was cut to hide an upload)
                 res.add("tampered", site.label, up.seq, loc.line,

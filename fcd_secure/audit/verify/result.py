@@ -59,6 +59,23 @@ class LedgerSummary:
     message_bytes: int = 0
 
 
+@dataclass
+class RefusalSummary:
+    """One reply a site refused to send (its gate or its policy): not a violation, listed for the auditor."""
+
+    ledger: str
+    site_id: str | None
+    seq: int
+    round: int | None
+    action: str
+    rule: str | None
+    record: str | None
+    key: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
 def _zero() -> dict[str, int]:
     return {"messages": 0, "payload_bytes": 0, "message_bytes": 0}
 
@@ -70,6 +87,8 @@ class VerifyResult:
     root: str
     findings: list[Finding] = field(default_factory=list)
     ledgers: list[LedgerSummary] = field(default_factory=list)
+    #: every refusal the sites recorded (gate rules and site-policy rules), in ledger order
+    refusals: list[RefusalSummary] = field(default_factory=list)
     #: (site_id, round) -> {"messages", "payload_bytes", "message_bytes"}; uplink that left the sites
     per_round: dict[tuple[str | None, int | None], dict[str, int]] = field(default_factory=dict)
     server_totals: dict[str, int] = field(default_factory=dict)
@@ -124,6 +143,7 @@ class VerifyResult:
             "verdict": self.status,
             "ledgers": [vars(s) for s in self.ledgers],
             "findings": [f.to_json() for f in self.findings],
+            "refusals": [r.to_json() for r in self.refusals],
             "per_round": [
                 {"site_id": s, "round": r, **v}
                 for (s, r), v in sorted(self.per_round.items(), key=lambda kv: (str(kv[0][0]), kv[0][1] if kv[0][1] is not None else -1))

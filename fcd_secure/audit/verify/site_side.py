@@ -5,7 +5,8 @@ ledger heads over time, and the uplink bytes per round.
 A ``sent`` upload is checked by :func:`~fcd_secure.audit.verify.message_rules.check_message` (a **violation** when
 it breaks the policy); a ``refused`` or ``error`` upload must have left without content. An upload the server never
 acknowledged with a receipt (other than the acknowledgement of the closing receipts message, which nothing follows)
-makes the evidence **partial**. The privacy heads are checked by
+makes the evidence **partial** (decided in :mod:`~fcd_secure.audit.verify.reconcile`, which knows the server's
+runs: a refusal in a run no server ledger covers, such as an app the site refused to run, owes no receipt). The privacy heads are checked by
 :func:`~fcd_secure.audit.verify.privacy_history.check_privacy_history`.
 """
 
@@ -21,7 +22,7 @@ from fcd_secure.audit.signing import line_hash, signature_ok
 from fcd_secure.audit.verify.chain import EXPECTED_ROLE, Chain, Located, read_chain
 from fcd_secure.audit.verify.message_rules import check_message, overhead_bound
 from fcd_secure.audit.verify.privacy_history import check_privacy_history
-from fcd_secure.audit.verify.result import LedgerSummary, VerifyResult
+from fcd_secure.audit.verify.result import LedgerSummary, RefusalSummary, VerifyResult
 from fcd_secure.manifest import Manifest
 
 __all__ = ["RECONCILED_FIELDS", "CheckedReceipt", "SiteScan", "check_upload", "overhead_bound", "scan_site"]
@@ -51,6 +52,8 @@ class SiteScan:
     receipts: list[CheckedReceipt] = field(default_factory=list)
     #: stored server countersignatures whose signature checks and whose checkpoint is this chain's own
     countersignatures: list[Located[CountersignatureLine]] = field(default_factory=list)
+    #: uploads no stored receipt acknowledges (other than the closing ack); :mod:`.reconcile` decides what each means
+    unreceipted: list[Located[UploadLine]] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -83,6 +86,12 @@ def scan_site(path: Path, label: str, pinned: set[str] | None, res: VerifyResult
             summary.uploads_sent += e.status == "sent"
             summary.uploads_refused += e.status == "refused"
             summary.uploads_error += e.status == "error"
+            if e.status == "refused":
+                r = e.refusal
+                res.refusals.append(RefusalSummary(
+                    label, e.site_id or chain.writer_id, e.seq, e.round, e.action,
+                    r.rule if r else None, r.record if r else None, r.key if r else None,
+                ))
             summary.payload_bytes += e.payload_bytes
             summary.message_bytes += e.message_bytes
             res.count_uplink(e.site_id or chain.writer_id, e.round, e.payload_bytes, e.message_bytes)
@@ -96,12 +105,7 @@ def scan_site(path: Path, label: str, pinned: set[str] | None, res: VerifyResult
                 scan.countersignatures.append(loc)  # type: ignore[arg-type]
     receipted = {r.at.entry.for_seq for r in scan.receipts if r.at.entry.for_seq is not None}
     summary.unreceipted = len(set(uploads) - receipted)
-    for loc in scan.uploads:
-        up = loc.entry
-        if up.seq not in receipted and up.action != RECEIPTS_MESSAGE_TYPE:
-            res.add("partial", label, up.seq, loc.line,
-                    f"{loc.where}: the {up.status} upload {up.message_id[:16]} (round {up.round}) has no server receipt: "
-                    "the server never acknowledged it here, or the run ended before the receipts came back")
+    scan.unreceipted = [loc for loc in scan.uploads if loc.entry.seq not in receipted and loc.entry.action != RECEIPTS_MESSAGE_TYPE]
     check_privacy_history(scan.uploads, label, res)
     rounds = {u.round for u in uploads.values() if u.round is not None}
     closed = {loc.entry.round for loc in chain.of_kind(CheckpointLine)}

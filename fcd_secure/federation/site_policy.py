@@ -1,0 +1,330 @@
+"""The site's own privacy policy: settings that protect a site come from the site, never from the server.
+
+A site (a hospital) keeps one TOML file on its own disk, ``site_policy.toml``, found through the SuperNode's node
+config (``site-policy = "/path"``) or, by default, in the site's state directory (``<state root>/<site id>/``). The
+shipped defaults are strict; a missing file means the defaults. Sections:
+
+=====================  ===========================================================================================
+``[egress]``           what may leave: DSS only (Θc, paper §III-B) unless ``allow_full_sync`` (the w/o-DSS ablation
+                       of Table III, research only)
+``[secure]``           ``required``: secure aggregation of everything numeric that leaves (default yes, P20)
+``[secagg]``           the secure-aggregation parameters the site pins
+                       (:class:`~fcd_secure.aggregation.secagg.SecAggPolicy`: minimum sites, threshold rule, clip,
+                       fixed-point scale, deadlines; its defaults)
+``[dp]``               ``required`` DP-SGD or not, the lifetime ε cap, the largest δ, the DP ledger folder, the
+                       noise seeding (P21)
+``[evaluation]``       the smallest evaluation cohort (default 50 rows, or the whole test split when smaller, never
+                       fewer than 20) and how often the same rows may be evaluated (P22)
+``[data]``             where the site's data are and how they are split; when set, a request naming other data is
+                       refused
+``[app]``              the SHA-256 of every Flower app bundle (FAB) the site runs (deployment, P27)
+=====================  ===========================================================================================
+
+The run config from the server is a *request*: it may ask for more protection, never less.
+:meth:`SitePolicy.admit` returns the effective settings (the stricter of policy and request) and, when the request
+asks for less, the refusal (:class:`~fcd_secure.audit.Refusal`, rule ``site_policy``, keyed by the config field):
+the site then refuses every message of that run, and the egress gate records each refusal in the site ledger
+(``fcd audit verify`` lists them). Simulation uses the same path: ``federation.simulation`` writes one policy file
+per simulated site from the run's options (that simulated hospital's own choice).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import tomli_w
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from fcd_secure._io import atomic_write_text
+from fcd_secure.aggregation.secagg import SecAggPolicy
+from fcd_secure.audit import Refusal
+
+if TYPE_CHECKING:  # pragma: no cover - fcd_secure.config pulls in torch; the site executor reads policies without it
+    from fcd_secure.config import RunConfig
+
+POLICY_FILE = "site_policy.toml"
+#: node config key naming the site's policy file (deployment)
+POLICY_NODE_CONFIG = "site-policy"
+#: an evaluation never covers fewer rows than this, whatever a policy says (a smaller test split is not evaluated)
+MIN_COHORT_FLOOR = 20
+#: the refusal rule of a request weaker than the policy (``fcd_secure.audit.rules.REFUSAL_RULES``)
+RULE = "site_policy"
+
+
+class SitePolicyError(ValueError):
+    """A site policy file that cannot be used, or is weaker than a required minimum; names the file and field."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EgressPolicy(_Section):
+    allow_full_sync: bool = Field(
+        False, description="let Θs leave too (the w/o-DSS ablation of paper Table III; research only, never with patients)"
+    )
+
+
+class SecurePolicy(_Section):
+    required: bool = Field(True, description="everything numeric leaves only inside secure aggregation (P20)")
+
+
+class DPPolicy(_Section):
+    required: bool = Field(False, description="train only with DP-SGD")
+    epsilon_cap: float = Field(8.0, gt=0, le=100, description="the most ε a run may ask this site to spend (lifetime cap)")
+    delta_max: float | None = Field(None, gt=0, lt=1, description="the largest δ a run may ask for (None: any valid δ)")
+    ledger_dir: str | None = Field(
+        None, description="the site's persistent DP ledger folder (None: inside its state directory); a request "
+        "naming another folder is refused (a fresh folder would be a fresh budget)"
+    )
+    noise_seed_from_site_secret: bool = Field(
+        True, description="the DP noise is seeded from a site secret; a request for run-seeded (reproducible) noise is refused"
+    )
+
+
+class EvaluationPolicy(_Section):
+    min_cohort: int = Field(
+        50, ge=MIN_COHORT_FLOOR,
+        description=f"fewest rows one evaluation covers (the whole test split when smaller; never fewer than {MIN_COHORT_FLOOR})",
+    )
+    max_repeats: int = Field(100, ge=1, description="how often the same rows may be evaluated (over the site's lifetime)")
+
+
+class DataPolicy(_Section):
+    """Where the site's data are. Every field left ``None`` is taken from the request (simulated splits)."""
+
+    dataset: str | None = None
+    preset: str | None = None
+    spec: str | None = None
+    table: str | None = None
+    data_dir: str | None = None
+    n_sites: int | None = Field(None, ge=1)
+    alpha: float | None = Field(None, gt=0)
+    test_fraction: float | None = Field(None, gt=0, lt=1)
+
+
+class AppPolicy(_Section):
+    fab_sha256: tuple[str, ...] = Field(
+        (), description="SHA-256 (hex) of every Flower app bundle this site runs; empty: no deployed app runs"
+    )
+
+    @field_validator("fab_sha256")
+    @classmethod
+    def _hex(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        out = []
+        for h in v:
+            h = str(h).lower()
+            if len(h) != 64 or any(c not in "0123456789abcdef" for c in h):
+                raise ValueError(f"{h!r} is not a SHA-256 hex digest")
+            out.append(h)
+        return tuple(out)
+
+
+class SitePolicy(_Section):
+    """A site's own privacy policy (module docstring). The defaults are the strict shipped policy."""
+
+    version: int = Field(1, ge=1, le=1)
+    egress: EgressPolicy = Field(default_factory=EgressPolicy)
+    secure: SecurePolicy = Field(default_factory=SecurePolicy)
+    secagg: SecAggPolicy = Field(default_factory=SecAggPolicy)
+    dp: DPPolicy = Field(default_factory=DPPolicy)
+    evaluation: EvaluationPolicy = Field(default_factory=EvaluationPolicy)
+    data: DataPolicy = Field(default_factory=DataPolicy)
+    app: AppPolicy = Field(default_factory=AppPolicy)
+
+    # -- files ----------------------------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: str | Path) -> "SitePolicy":
+        """Read a policy file.
+
+        Raises:
+            SitePolicyError: unreadable, not TOML, or an invalid field (the message names the file and the field).
+        """
+        path = Path(path)
+        try:
+            raw = tomllib.loads(path.read_text())
+        except OSError as exc:
+            raise SitePolicyError(f"{path}: cannot read the site policy ({exc.strerror})") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise SitePolicyError(f"{path}: the site policy is not valid TOML ({exc})") from None
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            raise SitePolicyError(f"{path}: field {loc}: {err['msg']}") from None
+
+    def to_toml(self) -> str:
+        return tomli_w.dumps(_drop_none(self.model_dump(mode="json")))
+
+    def write(self, path: str | Path) -> Path:
+        """Write the policy (0600: it is the site's configuration, not the server's)."""
+        return atomic_write_text(path, self.to_toml(), mode=0o600)
+
+    # -- the policy of a simulated hospital ---------------------------------------------------------------------
+    @classmethod
+    def for_run(cls, cfg: RunConfig, *, fab_sha256: tuple[str, ...] = ()) -> "SitePolicy":
+        """The policy a simulated hospital chooses for ``cfg``: exactly what the run's options ask for (so the run
+        is admitted), with the shipped evaluation and secure-aggregation defaults."""
+        fed, dp, d = cfg.federation, cfg.dp, cfg.data
+        return cls(
+            egress=EgressPolicy(allow_full_sync=fed.sync == "full"),
+            secure=SecurePolicy(required=fed.secure_aggregation),
+            secagg=cfg.secagg,
+            dp=DPPolicy(
+                required=dp.enabled, epsilon_cap=dp.epsilon, delta_max=dp.delta, ledger_dir=dp.ledger_dir,
+                noise_seed_from_site_secret=dp.noise_seed == "site_secret",
+            ),
+            data=DataPolicy(
+                dataset=d.dataset, preset=d.preset, spec=d.spec, table=d.table, data_dir=d.data_dir,
+                n_sites=d.n_sites, alpha=d.alpha, test_fraction=d.test_fraction,
+            ),
+            app=AppPolicy(fab_sha256=fab_sha256),
+        )
+
+    # -- the request ------------------------------------------------------------------------------------------
+    def admit(self, request: RunConfig) -> tuple[RunConfig, Refusal | None]:
+        """The effective settings for ``request`` and, if it asks for less protection than this policy, the refusal.
+
+        The effective config is always within the policy (the stricter of the two): Θs stays unless the site opts
+        in, secure aggregation is on when the site requires it, DP is on when required with ε and δ no larger than
+        the caps, the DP ledger is the site's, the data are the site's, and the secure-aggregation parameters are
+        the site's pinned ones.
+
+        Returns:
+            ``(effective, refusal)``; ``refusal`` (rule ``site_policy``, key = the first weaker config field) is
+            ``None`` when the request may run.
+        """
+        fed, dp, data = request.federation, request.dp, request.data
+        weaker: list[str] = []
+        if fed.sync == "full" and not self.egress.allow_full_sync:
+            weaker.append("federation.sync")
+        if self.secure.required and not fed.secure_aggregation:
+            weaker.append("federation.secure_aggregation")
+        if request.secagg.min_sites < self.secagg.min_sites:
+            weaker.append("secagg.min_sites")
+        if any(
+            request.secagg.min_threshold(n) < self.secagg.min_threshold(n)
+            for n in range(self.secagg.min_sites, self.secagg.max_sites + 1)
+        ):
+            weaker.append("secagg.threshold_rule")
+        if self.dp.required and not dp.enabled:
+            weaker.append("dp.enabled")
+        if dp.enabled and dp.epsilon > self.dp.epsilon_cap:
+            weaker.append("dp.epsilon")
+        if dp.enabled and self.dp.delta_max is not None and (dp.delta is None or dp.delta > self.dp.delta_max):
+            weaker.append("dp.delta")
+        if dp.ledger_dir is not None and dp.ledger_dir != self.dp.ledger_dir:
+            weaker.append("dp.ledger_dir")
+        if dp.enabled and self.dp.noise_seed_from_site_secret and dp.noise_seed != "site_secret":
+            weaker.append("dp.noise_seed")
+        pinned = self.data.model_dump()
+        for name, value in pinned.items():
+            if value is not None and getattr(data, name) != value:
+                weaker.append(f"data.{name}")
+
+        eff_dp = dp.model_copy(
+            update={
+                "enabled": dp.enabled or self.dp.required,
+                "epsilon": min(dp.epsilon, self.dp.epsilon_cap),
+                "delta": _smaller(dp.delta, self.dp.delta_max),
+                "ledger_dir": self.dp.ledger_dir,
+                "noise_seed": "site_secret" if self.dp.noise_seed_from_site_secret else dp.noise_seed,
+            }
+        )
+        eff_fed = fed.model_copy(
+            update={
+                "sync": fed.sync if self.egress.allow_full_sync else "dss",
+                "secure_aggregation": fed.secure_aggregation or self.secure.required,
+            }
+        )
+        eff_data = data.model_copy(update={k: v for k, v in pinned.items() if v is not None})
+        effective = request.model_copy(
+            update={"federation": eff_fed, "dp": eff_dp, "data": eff_data, "secagg": self.secagg}
+        )
+        refusal = Refusal(RULE, "config", weaker[0]) if weaker else None
+        return effective, refusal
+
+    # -- a consortium's minimum --------------------------------------------------------------------------------
+    def check_meets(self, minimum: "SitePolicy", where: str) -> None:
+        """Refuse a policy weaker than ``minimum`` (e.g. the consortium's), naming ``where`` and the field.
+
+        Raises:
+            SitePolicyError: the first field in which this policy is weaker.
+        """
+        checks: list[tuple[str, bool]] = [
+            ("egress.allow_full_sync", self.egress.allow_full_sync and not minimum.egress.allow_full_sync),
+            ("secure.required", minimum.secure.required and not self.secure.required),
+            ("secagg.min_sites", self.secagg.min_sites < minimum.secagg.min_sites),
+            ("secagg.threshold_rule", any(
+                self.secagg.min_threshold(n) < minimum.secagg.min_threshold(n)
+                for n in range(minimum.secagg.min_sites, minimum.secagg.max_sites + 1)
+            )),
+            ("dp.required", minimum.dp.required and not self.dp.required),
+            ("dp.epsilon_cap", minimum.dp.required and self.dp.epsilon_cap > minimum.dp.epsilon_cap),
+            ("dp.noise_seed_from_site_secret", minimum.dp.noise_seed_from_site_secret and not self.dp.noise_seed_from_site_secret),
+            ("evaluation.min_cohort", self.evaluation.min_cohort < minimum.evaluation.min_cohort),
+            ("evaluation.max_repeats", self.evaluation.max_repeats > minimum.evaluation.max_repeats),
+        ]
+        for name, weaker in checks:
+            if weaker:
+                raise SitePolicyError(
+                    f"{where}: field {name}: {_show(self, name)!r} is weaker than the consortium minimum "
+                    f"{_show(minimum, name)!r}"
+                )
+
+
+def _show(policy: SitePolicy, dotted: str) -> Any:
+    obj: Any = policy
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _smaller(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)
+
+
+def _drop_none(d: Any) -> Any:
+    if isinstance(d, dict):
+        return {k: _drop_none(v) for k, v in d.items() if v is not None}
+    if isinstance(d, (list, tuple)):
+        return [_drop_none(v) for v in d]
+    return d
+
+
+def policy_path(node_config: dict, state_root: str | Path | None, site_id: str) -> Path | None:
+    """Where a site's policy file is: ``node_config["site-policy"]``, else ``<state_root>/<site_id>/site_policy.toml``.
+
+    Returns ``None`` when neither names a file (the site then enforces the shipped defaults).
+    """
+    configured = node_config.get(POLICY_NODE_CONFIG)
+    if configured:
+        return Path(str(configured))
+    if state_root:
+        return Path(state_root) / site_id / POLICY_FILE
+    return None
+
+
+def load_site_policy(node_config: dict, state_root: str | Path | None, site_id: str) -> SitePolicy:
+    """The policy a site enforces: its file if there is one, else the strict defaults.
+
+    A file named in the node config must exist (a typo must not fall back to defaults silently).
+
+    Raises:
+        SitePolicyError: the configured file is missing, or a file does not parse.
+    """
+    path = policy_path(node_config, state_root, site_id)
+    if path is None:
+        return SitePolicy()
+    if not path.exists():
+        if node_config.get(POLICY_NODE_CONFIG):
+            raise SitePolicyError(f"{path}: the site policy named by node config {POLICY_NODE_CONFIG!r} does not exist")
+        return SitePolicy()
+    return SitePolicy.load(path)
