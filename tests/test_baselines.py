@@ -83,7 +83,7 @@ def test_unknown_simulator_and_non_binary_outcome_are_refused():
 def test_trains_federated_through_secure_aggregation(key, tmp_path, one_torch_thread):
     n = SECURE_SITES
     cfg = build_config("tiny", {
-        "data": {"n_sites": n},
+        "data": {"n_sites": n, "test_fraction": 0.5},  # test splits above the sites' evaluation cohort floor (20)
         "federation": {"clients_per_round": n, "rounds": 1, "eval_every": 0, "secure_aggregation": True},
         "model": {"simulator": key},
         "evaluation": {"n_samples": 1, "max_rows": 4},

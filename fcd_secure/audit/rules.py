@@ -221,6 +221,11 @@ class GatePolicy(BaseModel):
         default="eval", description="the record whose allow-listed metrics are the only names a schema may declare"
     )
     secagg_schema_max_bytes: int = Field(default=1 << 16, ge=1, description="the longest evaluation schema")
+    secagg_max_vector_words: int = Field(
+        default=0, ge=0,
+        description="the longest masked vector besides Θc (the evaluation sums' largest allow-listed layout): a "
+        "masked input may be as long as the longer of the two",
+    )
     secagg_replies: Mapping[str, SecaggReplyRule] = Field(default_factory=lambda: dict(SECAGG_REPLIES))
     secagg_max_sites: int = Field(default=64, ge=1, description="most sites of a secure round (bounds stage sizes)")
     max_config_str_len: int = Field(default=128, description="longest str value anywhere in a ConfigRecord")
@@ -431,7 +436,8 @@ def _check_protocol(content: RecordDict, stage: str, manifest: Manifest, policy:
     if keys != [policy.secagg_field]:
         raise Refusal("protocol_shape", policy.secagg_record, next((k for k in keys if k != policy.secagg_field), None))
     value = record[policy.secagg_field]
-    if not isinstance(value, bytes) or len(value) > rule.max_bytes(manifest.size(THETA_C), policy.secagg_max_sites):
+    words = max(manifest.size(THETA_C), policy.secagg_max_vector_words)
+    if not isinstance(value, bytes) or len(value) > rule.max_bytes(words, policy.secagg_max_sites):
         raise Refusal("protocol_shape", policy.secagg_record, policy.secagg_field)
 
 

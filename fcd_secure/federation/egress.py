@@ -33,6 +33,7 @@ from fcd_secure.audit.allowlist import HELLO_DIMS, TRAIN_METRICS
 from fcd_secure.data.policy import DEFAULT_POLICY_NAMES
 from fcd_secure.federation.guard import site_error_of
 from fcd_secure.federation.records import REC_CONFIG, REC_EVAL, REC_HELLO, REC_METRICS, REC_NUM
+from fcd_secure.federation.eval_vector import max_words
 from fcd_secure.federation.site import SiteRuntime
 from fcd_secure.federation.whatif import evaluated_policy_names, whatif_metric_names
 from fcd_secure.privacy.anchor import read_anchors
@@ -68,6 +69,14 @@ def federation_policy(
 
 
 FEDERATION_POLICY = federation_policy()
+
+
+def evaluation_vector_bound(policy: GatePolicy, rt: SiteRuntime) -> int:
+    """Words of the longest evaluation vector ``policy`` lets the site build (every allow-listed evaluation key)."""
+    prefix = f"{policy.secagg_schema_record}/"
+    scalars = sum(1 for m in policy.allowed_metrics if m.startswith(prefix))
+    lists = [n for m, n in policy.allowed_metric_lists.items() if m.startswith(prefix)]
+    return max_words(scalars, lists, rt.secagg_policy)
 
 RuntimeGetter = Callable[[Message, Context], SiteRuntime]
 
@@ -154,6 +163,8 @@ def make_egress_gate_mod(runtime_getter: RuntimeGetter | None, policy: GatePolic
                     rt.cfg.evaluation.ope_horizon, names, allow_theta_s_upload=fed.sync == "full",
                     secure_only=fed.secure_aggregation,
                 )
+                if fed.secure_aggregation:  # a masked evaluation input may be longer than Θc (a small-Θc simulator)
+                    pol = pol.model_copy(update={"secagg_max_vector_words": evaluation_vector_bound(pol, rt)})
             return site_audit_context(rt, pol)
         except Exception as exc:  # noqa: BLE001 - reported by category only (e.g. data that fails its spec)
             error = site_error_of(exc)

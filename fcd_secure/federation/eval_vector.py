@@ -137,6 +137,13 @@ class EvalLayout:
         return VectorLayout(tensors=((TENSOR, (self.words,)),))
 
 
+def max_words(scalars: int, list_caps: Sequence[int], policy: SecAggPolicy) -> int:
+    """The longest evaluation vector a site may send: every allow-listed scalar and every list at its cap present
+    (the egress gate's bound on a masked evaluation input)."""
+    digits = n_digits(policy)
+    return scalars * (2 + digits) + sum(2 + max(int(n), 1) * digits for n in list_caps)
+
+
 def _digits(value: int, bits: int, count: int) -> list[int] | None:
     base, half = 1 << bits, 1 << (bits - 1)
     out = []
