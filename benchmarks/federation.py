@@ -7,6 +7,12 @@ whole run's wall time, the uplink MB measured from the serialized Flower message
     .venv/bin/python benchmarks/federation.py --quick          # tiny preset, 3 rounds (about a minute)
     .venv/bin/python benchmarks/federation.py --preset default # the README run's sizes
     .venv/bin/python benchmarks/federation.py --json
+    .venv/bin/python benchmarks/federation.py --deployment --sites 4 10   # Deployment Engine vs simulation
+
+``--deployment`` prints, per number of sites, the secure-aggregation round's seconds on the simulation engine and
+on the Deployment Engine over loopback (the hospital path: consortium, one home per site with its own DKT-Synth
+table, TLS and SuperNode authentication, secure round 0), with the site executor warm (one ClientApp process per
+site) and cold (a fresh process per message), side by side in one run.
 """
 
 from __future__ import annotations
@@ -22,6 +28,96 @@ import time
 os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def simulation_rounds(n_sites: int, rounds: int, preset: str, seed: int) -> list[float]:
+    """Seconds per secure round on the simulation engine (DKT-Synth, every site every round)."""
+    from fcd_secure.config import build_config
+    from fcd_secure.federation.simulation import run_simulated
+
+    cfg = build_config(preset, {"seed": seed, "data": {"n_sites": n_sites},
+                                "federation": {"rounds": rounds, "clients_per_round": n_sites, "secure_aggregation": True,
+                                               "eval_every": 0}})
+    res = run_simulated(cfg.model_copy(update={"out": tempfile.mkdtemp(prefix="fcd-bench-")}))
+    return [h["round_s"] for h in res.history]
+
+
+def deployment_rounds(n_sites: int, rounds: int, preset: str, seed: int, warm: bool) -> tuple[list[float], float]:
+    """Seconds per secure round on the Deployment Engine over loopback (module docstring), and the run's wall."""
+    import csv
+    from pathlib import Path
+
+    from fcd_secure.data.long_tables import write_site_tables
+    from fcd_secure.data.registry import load_federated
+    from fcd_secure.federation.provisioning.bundle import add_site
+    from fcd_secure.federation.provisioning.consortium import PreflightTerms, init_consortium
+    from fcd_secure.federation.provisioning.processes import stop
+    from fcd_secure.federation.provisioning.server import run_federation, start_server
+    from fcd_secure.federation.site_install.home import SiteHome, init_site, join_site
+    from fcd_secure.federation.site_install.runner import start_site
+
+    tmp = Path(tempfile.mkdtemp(prefix="fcd-bench-deploy-"))
+    fd = load_federated("dkt-synth", n_sites=n_sites, preset=preset, seed=seed)
+    spec, tables = write_site_tables(fd.train, fd.test, tmp / "data", "dkt-synth-long")
+    co = init_consortium(tmp / "co", "bench", spec, port=_free_port(), preflight=PreflightTerms(min_trajectories=1))
+    homes = []
+    for i in range(n_sites):
+        r = init_site(tmp / f"site{i}", spec, tables[i], f"site{i}")
+        add_site(co, tmp / f"site{i}" / "enrolment_request.json", r["identity_fingerprint"])
+        homes.append(SiteHome.at(tmp / f"site{i}"))
+    started = []
+    try:
+        start_server(co)
+        started.append(co.home / "server")
+        for i, h in enumerate(homes):
+            join_site(h.root, co.bundle_path(f"site{i}"), co.fingerprint())
+            start_site(h, warm=warm)
+            started.append(h.root)
+        t0 = time.perf_counter()
+        run_federation(co, tmp / "run", rounds=rounds, dp=False, preset=preset, seed=seed, timeout_s=3600)
+        wall = time.perf_counter() - t0
+        with open(tmp / "run" / "rounds.csv") as f:
+            per_round = [float(r["round_s"]) for r in csv.DictReader(f)]
+    finally:
+        for folder in reversed(started):
+            stop(folder)
+    return per_round, wall
+
+
+def compare_engines(sites: list[int], rounds: int, preset: str, seed: int, as_json: bool) -> None:
+    rows = []
+    for n in sites:
+        sim = simulation_rounds(n, rounds, preset, seed)
+        row = {"sites": n, "simulation s / round": statistics.median(sim)}
+        for warm in (True, False):
+            dep, wall = deployment_rounds(n, rounds, preset, seed, warm)
+            label = "warm" if warm else "cold"
+            row[f"deployment ({label}) s / round"] = statistics.median(dep)
+            row[f"deployment ({label}) / simulation"] = statistics.median(dep) / row["simulation s / round"]
+            row[f"deployment ({label}) run wall s"] = wall
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    machine = f"{platform.node()} · {os.cpu_count()} CPUs · load {os.getloadavg()[0]:.1f} · preset {preset} · {rounds} rounds"
+    if as_json:
+        print(json.dumps({"machine": machine, "rows": rows}))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"deployment vs simulation, secure aggregation ({machine})")
+    for k in rows[0]:
+        t.add_column(k, justify="right")
+    for r in rows:
+        t.add_row(*(f"{v:.2f}" if isinstance(v, float) else str(v) for v in r.values()))
+    Console().print(t)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="tiny")
@@ -29,11 +125,16 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="tiny preset, 3 rounds")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--deployment", action="store_true", help="Deployment Engine vs simulation (module docstring)")
+    ap.add_argument("--sites", type=int, nargs="+", default=[4, 10], help="with --deployment: numbers of sites")
     args = ap.parse_args()
 
     import torch
 
     torch.set_num_threads(1)
+    if args.deployment:
+        compare_engines(args.sites, args.rounds or 2, "tiny" if args.quick else args.preset, args.seed, args.json)
+        return
     from fcd_secure.config import build_config
     from fcd_secure.federation.simulation import run_simulated
 

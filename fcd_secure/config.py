@@ -54,6 +54,11 @@ class DataSection(BaseModel):
     )
     spec: str | None = Field(None, description="user data: path of the spec file (with dataset = 'spec')")
     table: str | None = Field(None, description="user data: path of the table the spec describes")
+    standardize: Literal["pooled", "secure"] = Field(
+        "pooled",
+        description="z-score statistics: 'pooled' over all sites' training rows (simulation only) or 'secure': "
+        "per-site sums added under secure aggregation in a round 0 (needs secure aggregation)",
+    )
 
     @model_validator(mode="after")
     def _spec_pair(self) -> "DataSection":

@@ -12,7 +12,9 @@ chain fields of :class:`LedgerLine` (``seq``, ``prev_hash``, ``time``, ``hash``,
 * ``checkpoint`` (:class:`CheckpointLine`): the signed close of a round (chain size, head, RFC 6962 Merkle root);
 * ``countersign`` (:class:`CountersignLine`, server): the server's signature over a site's checkpoint, which the
   site sent with its next reply (a cosigned tree head, as C2SP tlog-cosignature witnesses do for transparency logs);
-* ``countersignature`` (:class:`CountersignatureLine`, site): that server line, stored verbatim by the site.
+* ``countersignature`` (:class:`CountersignatureLine`, site): that server line, stored verbatim by the site;
+* ``install`` (:class:`InstallLine`, site): an installation step (``fcd site init``, ``join``, ``preflight``): what
+  was set up or checked, by key fingerprints, digests and verdicts (never data).
 
 A site ledger rewritten after the server countersigned its head (e.g. edited and re-signed with the site key that
 sits beside it) no longer contains the checkpoint the server signed, which ``fcd audit verify`` reports.
@@ -336,9 +338,19 @@ class CountersignatureLine(LedgerLine):
     signature_checked_on_arrival: bool | None
 
 
+class InstallLine(LedgerLine):
+    """An installation step on a site: ``init`` (keys made), ``join`` (bundle verified and pinned) or ``preflight``
+    (its verdict and the checks that failed). ``facts`` are fingerprints, digests, names and verdicts only."""
+
+    kind: Literal["install"] = "install"
+    event: Literal["init", "join", "preflight"]
+    facts: dict[str, str]
+
+
 AnyLine = Annotated[
     Union[
-        OpenLine, ManifestLine, UploadLine, ReceiptLine, ReceivedLine, CheckpointLine, CountersignLine, CountersignatureLine
+        OpenLine, ManifestLine, UploadLine, ReceiptLine, ReceivedLine, CheckpointLine, CountersignLine,
+        CountersignatureLine, InstallLine,
     ],
     Field(discriminator="kind"),
 ]

@@ -95,6 +95,13 @@ def markdown(result: VerifyResult) -> str:
             where = "/".join(x for x in (r.record, r.key) if x)
             rnd = "" if r.round is None else f" round {r.round}"
             out.append(f"- `{r.site_id}`{rnd} {r.action}: rule `{r.rule}`" + (f" ({where})" if where else ""))
+    out += ["", "## Installation", ""]
+    if not result.installations:
+        out.append("No installation records (sites provisioned by fcd deploy or the simulation).")
+    else:
+        for i in result.installations:
+            facts = ", ".join(f"{k}={v}" for k, v in sorted(i["facts"].items()))
+            out.append(f"- `{i['site']}` {i['time']} {i['event']}" + (f": {facts}" if facts else ""))
     out += ["", "## Ledgers", ""]
     for s in result.ledgers:
         key = s.key_fingerprint or "?"  # whole: the auditor compares it with the pinned one

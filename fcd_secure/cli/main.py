@@ -20,11 +20,14 @@ import fcd_secure  # noqa: E402
 from fcd_secure.cli import ablate as ablate_cli  # noqa: E402
 from fcd_secure.cli import audit as audit_cli  # noqa: E402
 from fcd_secure.cli import config as config_cli  # noqa: E402
+from fcd_secure.cli import consortium as consortium_cli  # noqa: E402
 from fcd_secure.cli import data as data_cli  # noqa: E402
 from fcd_secure.cli import deploy as deploy_cli  # noqa: E402
 from fcd_secure.cli import privacy as privacy_cli  # noqa: E402
 from fcd_secure.cli import reproduce as reproduce_cli  # noqa: E402
 from fcd_secure.cli import run as run_cli  # noqa: E402
+from fcd_secure.cli import server as server_cli  # noqa: E402
+from fcd_secure.cli import site as site_cli  # noqa: E402
 from fcd_secure.cli import train as train_cli  # noqa: E402
 from fcd_secure.cli import whatif as whatif_cli  # noqa: E402
 from fcd_secure.cli.app import new_app  # noqa: E402
@@ -63,6 +66,9 @@ app.add_typer(data_cli.app, name="data", help="Validate and describe datasets.")
 app.add_typer(privacy_cli.app, name="privacy", help="Privacy budget ledgers and reports (DP-SGD).")
 app.add_typer(audit_cli.app, name="audit", help="Export key fingerprints; verify site and server ledgers offline.")
 app.add_typer(config_cli.app, name="config", help="The run configuration: every key, its default and description.")
+app.add_typer(consortium_cli.app, name="consortium", help="Provision a consortium (coordinator): init, add-site.")
+app.add_typer(site_cli.app, name="site", help="Install and run a hospital site: init, join, preflight, start, stop, status, service.")
+app.add_typer(server_cli.app, name="server", help="The coordinator's SuperLink: start, stop, status, run.")
 train_cli.register(app)
 run_cli.register(app)
 deploy_cli.register(app)

@@ -32,6 +32,10 @@ STANDARDIZATION_NOTE = (
     "z-score statistics are pooled over the raw training rows of all sites (simulation only); a deployment needs "
     "per-site or securely aggregated statistics"
 )
+RAW_NOTE = (
+    "sites are unscaled here: z-score statistics come from per-site sums added under secure aggregation "
+    "(fcd_secure.data.moments, fcd_secure.federation.secure_stats)"
+)
 
 
 @dataclass
@@ -61,6 +65,7 @@ def split_into_sites(
     extra: dict[str, Any],
     site_names: list[str] | None = None,
     table_i: Mapping[str, int] | None = None,
+    standardize: bool = True,
 ) -> FederatedData:
     """Cut ``pooled`` into per-site train/test sets (one copy of the arrays each), z-scored with training statistics.
 
@@ -79,6 +84,8 @@ def split_into_sites(
         extra: Settings recorded in the description (alpha, seed, preset, test_fraction).
         site_names: Names of the sites when they come from the data (``meta['site_name']``).
         table_i: The dataset's row of paper Table I, shown beside ours by ``fcd data describe``.
+        standardize: ``False`` leaves the sites unscaled, for statistics agreed without pooling
+            (:mod:`fcd_secure.data.moments`; the description then says so).
 
     Returns:
         The federated dataset with its description.
@@ -93,6 +100,12 @@ def split_into_sites(
             part = take(pooled, rows, name=f"{name}/site{i}/{split}")
             part.meta.update(site_meta, split=split)
             out.append(part)
+    if not standardize:
+        fd = FederatedData(name=name, train=train, test=test, anchors=anchor_actions(train))
+        fd.description = describe_federated(fd, table_i=table_i, pooled=pooled, **extra)
+        fd.description["standardization"] = None
+        fd.description["notes"].append(RAW_NOTE)
+        return fd
     std = Standardizer.fit(train)
     train = [std.apply(d, copy=False) for d in train]
     test = [std.apply(d, copy=False) for d in test]

@@ -88,6 +88,7 @@ def load_federated(
     preset: str = "default",
     data_dir: str | Path | None = None,
     test_fraction: float = 0.2,
+    standardize: bool = True,
 ) -> FederatedData:
     """Sites of dataset ``name`` (one of :data:`DATASETS`) as train/test pairs, anchors and a description.
 
@@ -106,6 +107,7 @@ def load_federated(
         data_dir: Folder of the real datasets; None: :func:`~fcd_secure.data.paths.default_data_dir`
             (``$FCD_DATA_DIR``, then ``../shared/data``). Not used by DKT-Synth.
         test_fraction: Share of each site's trajectories in its test set.
+        standardize: ``False``: unscaled sites (statistics agreed under secure aggregation instead).
 
     Returns:
         The federated dataset.
@@ -113,7 +115,7 @@ def load_federated(
     Raises:
         DataError: Unknown dataset or preset, missing files, or a split that cannot be made (the message says which).
     """
-    return get_source(name).federated(n_sites, alpha, seed, preset, data_dir, test_fraction)
+    return get_source(name).federated(n_sites, alpha, seed, preset, data_dir, test_fraction, standardize)
 
 
 def load_spec_federated(
@@ -123,6 +125,7 @@ def load_spec_federated(
     alpha: float = 10.0,
     seed: int = 0,
     test_fraction: float = 0.2,
+    standardize: bool = True,
 ) -> FederatedData:
     """A user's own long-format table as federated sites.
 
@@ -136,6 +139,7 @@ def load_spec_federated(
         alpha: Dirichlet concentration.
         seed: Seed of the split.
         test_fraction: Share of each site's trajectories in its test set.
+        standardize: ``False``: unscaled sites (statistics agreed under secure aggregation instead).
 
     Returns:
         The federated dataset.
@@ -159,4 +163,6 @@ def load_spec_federated(
     else:
         site_of = site_assignment(pooled, n_sites, alpha, seed)
     extra = {"alpha": None if spec.site else alpha, "seed": seed, "preset": "spec", "test_fraction": test_fraction}
-    return split_into_sites(spec.name, pooled, site_of, n_sites, test_fraction, seed, extra, site_names=names)
+    return split_into_sites(
+        spec.name, pooled, site_of, n_sites, test_fraction, seed, extra, site_names=names, standardize=standardize
+    )

@@ -34,6 +34,9 @@ module                 role
 ``pki``                CA, SuperLink certificate (SANs), EC P-384 SuperNode keys; checks naming file and field
 ``site_exec``          the site's own SuperExec: runs the site's installed ClientApp only for a pinned FAB hash
 ``outputs``            the run folder (config, theta_c.npz, rounds, traffic, summary.json, Figs. 3–4)
+``secure_stats``       round 0: standardisation statistics from per-site (n, Σx, Σx²) under secure aggregation
+``provisioning``       the coordinator: ``consortium init``/``add-site``, signed roster and bundles, ``server``
+``site_install``       the hospital: ``site init``/``join``/``preflight``/``start``, install lines, systemd unit
 =====================  ==========================================================================================
 
 Every privacy component (egress gate, secure aggregation, server ledger) is a direct import: a missing module stops

@@ -30,6 +30,8 @@ from fcd_secure.audit import (
     make_egress_gate,
 )
 from fcd_secure.audit.allowlist import HELLO_DIMS, TRAIN_METRICS
+from fcd_secure.data.moments import KEYS as MOMENT_KEYS
+from fcd_secure.data.moments import MAX_MOMENT_COLUMNS
 from fcd_secure.data.policy import DEFAULT_POLICY_NAMES
 from fcd_secure.federation.guard import site_error_of
 from fcd_secure.federation.records import REC_CONFIG, REC_EVAL, REC_HELLO, REC_METRICS, REC_NUM
@@ -65,7 +67,13 @@ def federation_policy(
         **fields,
     )
     whatif = {f"{REC_EVAL}/{k}" for k in whatif_metric_names(list(policy_names))}
-    return base.model_copy(update={"allowed_metrics": frozenset(base.allowed_metrics | whatif)})
+    # round 0 of a secure-standardisation run announces the names of its moment sums (``federation.secure_stats``)
+    moments = {f"{REC_EVAL}/{k}" for k in MOMENT_KEYS if k.endswith(".n")}
+    moment_lists = {f"{REC_EVAL}/{k}": MAX_MOMENT_COLUMNS for k in MOMENT_KEYS if not k.endswith(".n")}
+    return base.model_copy(update={
+        "allowed_metrics": frozenset(base.allowed_metrics | whatif | moments),
+        "allowed_metric_lists": {**base.allowed_metric_lists, **moment_lists},
+    })
 
 
 FEDERATION_POLICY = federation_policy()

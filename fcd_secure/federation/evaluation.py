@@ -175,6 +175,7 @@ def evaluate_federated(
     whatif: WhatIfRequest | None = None,
     secure=None,
     round_id: int = 0,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Ask every site to evaluate ``theta`` (+ its own Θs) and merge the sums; failed sites are listed, not fatal,
     and so are the sites that declined under their cohort rules (``declined_sites``, e.g. a test split smaller than
@@ -195,6 +196,7 @@ def evaluate_federated(
         secure: a ``federation.secure_evaluation.SecureEvaluation``: the sums then travel through secure
             aggregation and only the consortium's totals reach the server (secure mode).
         round_id: the evaluation's protocol round under ``secure``.
+        extra: more request fields (the consortium's standardisation statistics, ``federation.secure_stats``).
     """
     ev = cfg.evaluation
     conf = {
@@ -213,6 +215,7 @@ def evaluate_federated(
         declined = [r.site_id for r in comm.declined[n_declined:]]
         return {"failed_sites": [s for s in failed if s not in declined], "declined_sites": declined}
 
+    conf.update(extra or {})
     if secure is not None:
         totals, failed, aborted = secure.totals(comm, node_ids, theta, conf, round_id)
         if totals is None:

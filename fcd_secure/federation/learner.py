@@ -45,7 +45,8 @@ def _load_federated_cached(key: str, cfg_json: str):
 
     if d.dataset == "spec":
         return registry.load_spec_federated(
-            d.spec, d.table, n_sites=d.n_sites, alpha=d.alpha, seed=cfg.seed, test_fraction=d.test_fraction
+            d.spec, d.table, n_sites=d.n_sites, alpha=d.alpha, seed=cfg.seed, test_fraction=d.test_fraction,
+            standardize=d.standardize == "pooled",
         )
     return registry.load_federated(
         d.dataset,
@@ -55,12 +56,13 @@ def _load_federated_cached(key: str, cfg_json: str):
         preset=d.preset,
         data_dir=d.data_dir,  # None: the data layer's default (``$FCD_DATA_DIR``, then ../shared/data)
         test_fraction=d.test_fraction,
+        standardize=d.standardize == "pooled",
     )
 
 
 def data_key(cfg: RunConfig) -> str:
     d = cfg.data
-    return repr((d.dataset, d.preset, d.n_sites, d.alpha, d.test_fraction, d.data_dir, d.spec, d.table, cfg.seed))
+    return repr((d.dataset, d.preset, d.n_sites, d.alpha, d.test_fraction, d.data_dir, d.spec, d.table, d.standardize, cfg.seed))
 
 
 def load_federated(cfg: RunConfig):
@@ -69,20 +71,55 @@ def load_federated(cfg: RunConfig):
     return _load_federated_cached(data_key(cfg), only_data.to_json())
 
 
-def load_site_data(cfg: RunConfig, site_index: int) -> SiteData:
+def load_site_data(cfg: RunConfig, site_index: int, statistics: dict[str, list[float]] | None = None) -> SiteData:
+    """One site's data. With ``data.standardize = "secure"`` the sites are unscaled until the consortium's
+    statistics (``statistics``: from the secure round 0, ``federation.secure_stats``) are applied here."""
     fd = load_federated(cfg)
     n_sites = len(fd.train)
     if not 0 <= site_index < n_sites:
         raise ValueError(f"site index {site_index} is outside the {n_sites} sites of {cfg.data.dataset!r}")
+    train, test = fd.train[site_index], fd.test[site_index]
+    if statistics is not None:
+        from fcd_secure.data.moments import standardizer_for  # noqa: PLC0415
+
+        std = standardizer_for(train, statistics)
+        train, test = std.apply(train), std.apply(test)  # copies: the process-wide cache stays unscaled
     return SiteData(
-        train=fd.train[site_index],
-        test=fd.test[site_index],
+        train=train,
+        test=test,
         site_index=site_index,
         n_sites=n_sites,
         anchors=tuple(fd.anchors),
         oracle=fd.oracle,
         description=dict(fd.description or {}),
     )
+
+
+@functools.lru_cache(maxsize=2)
+def _own_table_cached(spec: str, table: str, seed: int, test_fraction: float):
+    from fcd_secure.data import registry  # noqa: PLC0415
+
+    fd = registry.load_spec_federated(spec, table, n_sites=1, seed=seed, test_fraction=test_fraction, standardize=False)
+    if len(fd.train) != 1:
+        raise ValueError(f"{table}: the table names {len(fd.train)} sites; a site's own table holds its own rows only")
+    return fd
+
+
+def load_own_site_data(
+    cfg: RunConfig, spec: str, table: str, site_index: int, statistics: dict[str, list[float]] | None = None
+) -> SiteData:
+    """A deployed site's data: its own table read with the spec (unscaled until ``statistics`` of the secure round 0
+    are given), cut into its train/test split by the run's seed; the site's index and the number of sites are the
+    consortium's."""
+    fd = _own_table_cached(str(spec), str(table), cfg.seed, cfg.data.test_fraction)
+    train, test = fd.train[0], fd.test[0]
+    if statistics is not None:
+        from fcd_secure.data.moments import standardizer_for  # noqa: PLC0415
+
+        std = standardizer_for(train, statistics)
+        train, test = std.apply(train), std.apply(test)
+    return SiteData(train=train, test=test, site_index=int(site_index), n_sites=cfg.data.n_sites,
+                    anchors=tuple(fd.anchors), oracle=None, description=dict(fd.description or {}))
 
 
 # -- model ---------------------------------------------------------------------------------------------------

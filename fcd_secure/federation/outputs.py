@@ -221,6 +221,7 @@ def build_summary(cfg: RunConfig, result, engine: str) -> dict[str, Any]:
         "wall_s": result.wall_s,
         "resumed_from_round": result.resumed_from,
         "layout_hash": m.layout_hash,
+        "standardization": result.extra.get("standardization"),  # consortium-wide, from round 0 (secure_stats)
         "versions": versions(),
     }
     return _jsonable(summary)

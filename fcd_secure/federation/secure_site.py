@@ -3,7 +3,8 @@
 
 ``secagg_train`` trains the site's round, encodes the *update* Θc_i − Θc_global into the fixed-point vector and
 keeps it in the node's ``Context.state``; the reply says only "ready" (no count, no metric, P7).
-``secagg_evaluate`` evaluates the global Θc on the cohort the site chose (``federation.cohort``), keeps the sums in
+``secagg_evaluate`` evaluates the global Θc on the cohort the site chose (``federation.cohort``) (or, in round 0,
+takes the moment sums of its raw training set, ``federation.secure_stats``), keeps the sums in
 the node state and replies with their *schema* only (key names and lengths, never values); the first protocol stage
 then brings the union of the sites' schemas, and the sums are encoded exactly (``federation.eval_vector``). Each
 protocol stage rebuilds the site's :class:`~fcd_secure.aggregation.secagg.SecAggClient` from the node state,
@@ -49,6 +50,8 @@ from fcd_secure.federation.secure_setup import (
     site_roster,
     vector_layout,
 )
+from fcd_secure.federation.secure_stats import PURPOSE_KEY, STATS_PURPOSE
+from fcd_secure.federation.site_policy import MIN_COHORT_FLOOR
 from fcd_secure.federation.state import SiteState
 from fcd_secure.manifest import Manifest
 
@@ -79,6 +82,8 @@ class SecureSite(Protocol):
     def train_round(
         self, global_theta: dict[str, np.ndarray], round_config: dict[str, Any]
     ) -> tuple[dict[str, np.ndarray], int, dict]: ...
+
+    def preprocessing_sums(self) -> dict[str, Any]: ...
 
 
 RuntimeGetter = Callable[[Message, Context], SecureSite]
@@ -140,7 +145,10 @@ def _evaluate_handler(get_runtime: RuntimeGetter) -> Callable[[Message, Context]
         global_theta = record_to_arrays(msg.content[REC_GLOBAL])
         round_id = int(eval_config["eval-round"])
         ReplayGuard(rt.state.slot(EVAL_REPLAY_SLOT)).check_fresh(round_id)
-        sums = rt.evaluate(global_theta, eval_config)  # on the cohort the site chose (refusals propagate)
+        if eval_config.get(PURPOSE_KEY) == STATS_PURPOSE:  # round 0: moment sums of the raw training set
+            sums = rt.preprocessing_sums()
+        else:
+            sums = rt.evaluate(global_theta, eval_config)  # on the cohort the site chose (refusals propagate)
         schema = schema_of(sums)
         _clear_round(context)
         _state_set(
@@ -164,7 +172,10 @@ def _evaluation_input(context: Context, msg: Message, rt: SecureSite) -> tuple[E
         raise SecureAggregationConfigError(f"evaluation round without a {SECAGG_EVAL_LAYOUT_FIELD!r} layout")
     sums = json.loads(bytes(_state_get(context, "sums")).decode())
     layout = EvalLayout.of(schema_from_bytes(union_bytes), rt.secagg_policy)
-    vector = encode_sums(layout, sums, int(round(sums["n_test"])), rt.secagg_policy)
+    # the weight word: the cohort's rows; in round 0 (moment sums) it only scales the masked words and cancels in
+    # the decoding, so it is the protocol's smallest admissible weight
+    rows = int(round(sums["n_test"])) if "n_test" in sums else MIN_COHORT_FLOOR
+    vector = encode_sums(layout, sums, rows, rt.secagg_policy)
     _state_set(context, sums=None, schema=union_bytes)
     return layout, vector
 

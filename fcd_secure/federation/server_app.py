@@ -23,6 +23,7 @@ live there. A run without such a root is refused; it never runs without its ledg
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -49,6 +50,7 @@ from fcd_secure.federation.outputs import RoundsLog, write_config, write_run_fol
 from fcd_secure.federation.records import HELLO_MESSAGE_TYPE, REC_HELLO, config_from_context
 from fcd_secure.federation.sampler import ClientSampler
 from fcd_secure.federation.secure_evaluation import secure_evaluation_for
+from fcd_secure.federation.secure_stats import STATISTICS_KEY, secure_statistics
 from fcd_secure.federation.state import SERVER_DIR, ServerCheckpoint, StateError
 from fcd_secure.manifest import FULL, THETA_C, Manifest
 
@@ -243,9 +245,10 @@ def run_federation(
     sampler = ClientSampler(cfg.seed, n_sites, fed.clients_per_round)
     history: list[dict] = []
     start = 1
+    extra_ck: dict | None = None
     ckpt = ServerCheckpoint(state_root(cfg))
     if ckpt.exists():
-        done, theta_ck, sampler_state, h, extra = ckpt.load()
+        done, theta_ck, sampler_state, h, extra_ck = ckpt.load()
         if h != cfg.training_hash():
             raise StateError(
                 f"{ckpt.path}: checkpoint belongs to a different training configuration; use a fresh state directory"
@@ -254,7 +257,7 @@ def run_federation(
             raise StateError(f"{ckpt.path}: checkpoint parameters do not match the model manifest")
         theta = {k: theta_ck[k].astype(theta[k].dtype) for k in theta}
         sampler.set_state(sampler_state)
-        history = list(extra.get("history", []))
+        history = list(extra_ck.get("history", []))
         start = done + 1
         say("resumed", {"round": done})
     resumed_from = start - 1
@@ -265,6 +268,12 @@ def run_federation(
     flow = make_flow(cfg, manifest)
     # in secure mode the evaluation sums travel through secure aggregation too: no per-site sum reaches the server
     secure_eval = secure_evaluation_for(cfg, manifest)
+    # round 0 (data.standardize = "secure"): the z-score statistics from per-site sums under secure aggregation
+    statistics = (extra_ck or {}).get(STATISTICS_KEY) if start > 1 else None
+    if cfg.data.standardize == "secure" and statistics is None:
+        statistics = secure_statistics(comm, order, theta, cfg, manifest)
+        say("statistics", {"columns": len(statistics["x_mean"]) + len(statistics["a_mean"])})
+    stats_conf = {STATISTICS_KEY: json.dumps(statistics)} if statistics is not None else {}
     sync_bytes = int(manifest.nbytes(part))
     cum_up = int(sum(r["uplink_bytes"] for r in history))
     cum_down = int(sum(r["downlink_bytes"] for r in history))
@@ -275,7 +284,7 @@ def run_federation(
         t_round = time.perf_counter()
         n_rec = len(comm.ledger.records)
         n_err = len(comm.site_errors)
-        outcome = flow.run_round(comm, node_ids, rnd, theta, {"part": part, "local-epochs": fed.local_epochs})
+        outcome = flow.run_round(comm, node_ids, rnd, theta, {"part": part, "local-epochs": fed.local_epochs, **stats_conf})
         round_errors = _error_rows(comm, n_err)
         for e in round_errors:
             say("site_error", e)
@@ -312,12 +321,15 @@ def run_federation(
             "factual_auc": None,
         }
         if fed.eval_every and (rnd % fed.eval_every == 0 or rnd == fed.rounds):
-            quick = evaluate_federated(comm, order, theta, cfg, part, quick=True, sites=sites, secure=secure_eval, round_id=rnd)
+            quick = evaluate_federated(
+                comm, order, theta, cfg, part, quick=True, sites=sites, secure=secure_eval, round_id=rnd, extra=stats_conf
+            )
             row["pehe"] = quick.get("pehe")
             row["ate_error"] = quick.get("ate_error")
             row["factual_auc"] = quick.get("factual_auc")
         history.append(row)
-        ckpt.save(rnd, theta, sampler.get_state(), cfg.training_hash(), extra={"history": history})
+        ckpt.save(rnd, theta, sampler.get_state(), cfg.training_hash(),
+                  extra={"history": history, **({STATISTICS_KEY: statistics} if statistics is not None else {})})
         comm.audit.checkpoint(rnd)  # signs the server ledger's checkpoint closing this round
         if log_rounds is not None:
             log_rounds.append(row)
@@ -337,7 +349,7 @@ def run_federation(
     say("evaluating", {})
     n_err = len(comm.site_errors)
     final_eval = evaluate_federated(
-        comm, order, theta, cfg, part, quick=False, sites=sites, secure=secure_eval, round_id=fed.rounds + 1
+        comm, order, theta, cfg, part, quick=False, sites=sites, secure=secure_eval, round_id=fed.rounds + 1, extra=stats_conf
     )
     for e in _error_rows(comm, n_err):
         say("site_error", e)
@@ -356,6 +368,7 @@ def run_federation(
         wall_s=time.perf_counter() - t0,
         resumed_from=resumed_from,
         site_errors=_error_rows(comm),
+        extra={STATISTICS_KEY: statistics} if statistics is not None else {},
     )
 
 

@@ -29,6 +29,7 @@ from fcd_secure.federation import learner
 from fcd_secure.federation.cohort import COHORT_SLOT, CohortRecord, select_rows
 from fcd_secure.federation.learner import SiteData
 from fcd_secure.federation.records import EVALUATE_MESSAGE_TYPE, TRAIN_MESSAGE_TYPE
+from fcd_secure.federation.secure_stats import statistics_from_config
 from fcd_secure.federation.site_policy import SitePolicy, load_site_policy
 from fcd_secure.federation.state import SiteState, StateError
 from fcd_secure.manifest import FULL, THETA_C, THETA_S, Manifest
@@ -51,15 +52,19 @@ class SiteRuntime:
         state_root: the folder holding this site's state directory.
         policy: the site's own policy; ``None`` loads it from ``<state_root>/<site_id>/site_policy.toml`` (or the
             strict defaults).
+        own_table: ``(spec, table)`` of a deployed site's own table (node config ``own-spec``/``own-table``, set by
+            ``fcd site start``); the request's data section then names nothing the site reads.
     """
 
     def __init__(
-        self, cfg: RunConfig, site_id: str, site_index: int, state_root: str, policy: SitePolicy | None = None
+        self, cfg: RunConfig, site_id: str, site_index: int, state_root: str, policy: SitePolicy | None = None,
+        own_table: tuple[str, str] | None = None,
     ) -> None:
         import torch  # noqa: PLC0415
 
         self.site_id = site_id
         self.site_index = int(site_index)
+        self.own_table = own_table
         self.state = SiteState(state_root, site_id)
         self.policy = policy if policy is not None else load_site_policy({}, state_root, site_id)
         self.request = cfg
@@ -68,6 +73,8 @@ class SiteRuntime:
         if torch.get_num_threads() != self.cfg.federation.site_threads:
             torch.set_num_threads(self.cfg.federation.site_threads)
         self._data: SiteData | None = None
+        #: the consortium's standardisation statistics of this request (``data.standardize = "secure"``)
+        self.statistics: dict[str, list[float]] | None = None
         self._model = None
         self._manifest = None
 
@@ -93,7 +100,8 @@ class SiteRuntime:
         state_root = str(nc.get("state-dir") or (cfg.state_dir if own_config else None) or "")
         if not state_root:
             raise StateError("no state directory: set node_config 'state-dir' (a server never chooses it)")
-        return cls(cfg, site_id, index, state_root, load_site_policy(nc, state_root, site_id))
+        own = (str(nc["own-spec"]), str(nc["own-table"])) if nc.get("own-spec") and nc.get("own-table") else None
+        return cls(cfg, site_id, index, state_root, load_site_policy(nc, state_root, site_id), own_table=own)
 
     # -- admission -----------------------------------------------------------------------------------------
     def admit(self, message_type: str) -> None:
@@ -112,8 +120,44 @@ class SiteRuntime:
     @property
     def data(self) -> SiteData:
         if self._data is None:
-            self._data = learner.load_site_data(self.cfg, self.site_index)
+            if self.own_table is not None:
+                spec, table = self.own_table
+                self._data = learner.load_own_site_data(self.cfg, spec, table, self.site_index, self.statistics)
+            else:
+                self._data = learner.load_site_data(self.cfg, self.site_index, self.statistics)
         return self._data
+
+    @property
+    def secure_statistics(self) -> bool:
+        """Whether this site standardises with the secure round 0's statistics (always, with its own table)."""
+        return self.own_table is not None or self.cfg.data.standardize == "secure"
+
+    def adopt_statistics(self, config: dict[str, Any]) -> None:
+        """Take the consortium's standardisation statistics from a training or evaluation request (secure mode).
+
+        Raises:
+            StateError: the run standardises securely and the request carries no statistics (the site would
+                otherwise train on unscaled data), or they do not fit the site's columns.
+        """
+        if not self.secure_statistics:
+            return
+        stats = statistics_from_config(config)
+        if stats is None:
+            raise StateError("data.standardize = 'secure' and the request carries no standardisation statistics")
+        self.statistics = stats
+        self._data = None
+
+    def preprocessing_sums(self) -> dict[str, Any]:
+        """Round 0: this site's moment sums over its unscaled training set (``federation.secure_stats``).
+
+        Raises:
+            StateError: the run does not standardise securely (its data are scaled already).
+        """
+        from fcd_secure.data.moments import moment_sums  # noqa: PLC0415
+
+        if not self.secure_statistics or self.statistics is not None:
+            raise StateError("moment sums are only taken in a secure-standardisation run, over unscaled data")
+        return moment_sums(self.data.train)
 
     @property
     def dataset_train(self):
@@ -162,6 +206,7 @@ class SiteRuntime:
         import torch  # noqa: PLC0415
 
         server_round = int(round_config["server-round"])
+        self.adopt_statistics(round_config)
         part = str(round_config.get("part", THETA_C))
         if part not in (THETA_C, FULL):
             raise ValueError(f"round config 'part' must be {THETA_C!r} or {FULL!r}, got {part!r}")
@@ -233,6 +278,7 @@ class SiteRuntime:
         """
         from fcd_secure.federation.evaluation import site_metrics  # noqa: PLC0415
 
+        self.adopt_statistics(eval_config)
         rows = self.evaluation_rows(eval_config)
         model = self.load_for_eval(global_theta, str(eval_config.get("part", THETA_C)))
         return site_metrics(model, self.data, self.cfg, eval_config, rows=rows, site_dir=self.state.dir)

@@ -86,6 +86,8 @@ def run_task(address: str, token: str) -> int:
     from fcd_secure.privacy.anchor import read_anchors  # noqa: PLC0415
     from fcd_secure.privacy.ledger import privacy_ledger_hash  # noqa: PLC0415
 
+    t_start = time.perf_counter()
+    t_pulled = t_ran = None
     client = _runtime_client(address, [RuntimeTokenHttpInterceptor(token)])
     heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
     heartbeat.start()
@@ -93,6 +95,7 @@ def run_task(address: str, token: str) -> int:
     status, details, code = SubStatus.FAILED, "task failed on the site", 1
     try:
         message, context, _run, fab = pull_task_input(client)
+        t_pulled = time.perf_counter()
         nc = dict(context.node_config)
         site_id, state_root = str(nc["site-id"]), str(nc["state-dir"])
         policy = load_site_policy(nc, state_root, site_id)
@@ -112,6 +115,7 @@ def run_task(address: str, token: str) -> int:
             from fcd_secure.federation.client_app import app  # noqa: PLC0415 - the site's installed app, never the FAB's
 
             reply = app(message=message, context=context)
+            t_ran = time.perf_counter()
             status, details, code = SubStatus.COMPLETED, "", 0
     except Exception as exc:  # noqa: BLE001 - the last line of defence: no exception text leaves the site
         log.error("site task failed: %s", type(exc).__name__)
@@ -126,11 +130,25 @@ def run_task(address: str, token: str) -> int:
             push_task_output(client, context, status, details)
             heartbeat.stop()
             client.close()
+            # where a message's time goes on the site (benchmarks/federation.py reads these lines)
+            t_end = time.perf_counter()
+            log.info("task %s: pull %.3f s, run %.3f s, push %.3f s",
+                     message.metadata.message_type if message is not None else "?",
+                     (t_pulled or t_end) - t_start, (t_ran - t_pulled) if t_ran and t_pulled else 0.0,
+                     t_end - (t_ran or t_pulled or t_start))
     return code
 
 
-def serve(address: str, secret_file: str, parent_pid: int | None = None) -> None:
-    """Acquire the SuperNode's ClientApp tasks with the site's secret and run each in a fresh process.
+def serve(address: str, secret_file: str, parent_pid: int | None = None, warm: bool = False) -> None:
+    """Acquire the SuperNode's ClientApp tasks with the site's secret and run each in a fresh process, or, with
+    ``warm``, in this process (:func:`run_task` unchanged: the app hash is checked on every task's FAB).
+
+    Warm mode imports torch once and keeps the site's data, model code and caches between messages, where a fresh
+    process per message pays the imports and the data loading each time (2.5 s + 2.8 s on this machine,
+    ../shared/research/flower-runtime.md §2). What it gives up is the process boundary *between two tasks of the
+    same site*: state left in memory by one message (the learner's data cache) is seen by the next. Nothing of
+    another site or of the submitted FAB ever runs here, so the site's isolation from the server and from other
+    sites is the same; the tasks run one at a time.
 
     The executor also keeps each acquired task's heartbeat going until its process exits: a task token lapses when no
     heartbeat arrives for two heartbeat intervals (flwr 1.42), and a cold process on a loaded machine can take that
@@ -151,7 +169,11 @@ def serve(address: str, secret_file: str, parent_pid: int | None = None) -> None
         address, [SuperExecAuthHttpInterceptor(master_secret=secret, protected_methods=frozenset({ACQUIRE_METHOD}))]
     )
     children: list[tuple[subprocess.Popen, HeartbeatSender, object]] = []
-    log.info("site executor acquiring tasks at %s", address)
+    if warm:  # the point of a warm executor: torch, the model code and the app load once, before the first task
+        from fcd_secure.federation import client_app  # noqa: F401, PLC0415
+        from fcd_secure.federation import site_policy  # noqa: F401, PLC0415
+        from fcd_secure.privacy import ledger  # noqa: F401, PLC0415
+    log.info("site executor acquiring tasks at %s%s", address, " (warm)" if warm else "")
     while True:
         running = []
         for proc, beat, task_client in children:  # reap finished tasks
@@ -162,7 +184,18 @@ def serve(address: str, secret_file: str, parent_pid: int | None = None) -> None
                 task_client.close()
         children = running
         res = client.AcquireTask(AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP]))
-        if res.HasField("task") and res.token:
+        if res.HasField("task") and res.token and warm:
+            task_client = _runtime_client(address, [RuntimeTokenHttpInterceptor(res.token)], retry=False)
+            beat = HeartbeatSender(_quiet_heartbeat(task_client))
+            beat.start()
+            try:
+                run_task(address, res.token)
+            except Exception as exc:  # noqa: BLE001 - one task's failure must not stop the site's executor
+                log.error("site task failed in the warm executor: %s", type(exc).__name__)
+            finally:
+                beat.stop()
+                task_client.close()
+        elif res.HasField("task") and res.token:
             task_client = _runtime_client(address, [RuntimeTokenHttpInterceptor(res.token)], retry=False)
             beat = HeartbeatSender(_quiet_heartbeat(task_client))
             beat.start()
@@ -199,13 +232,14 @@ def main(argv: list[str] | None = None) -> int:
     p_serve.add_argument("--runtime-api-address", required=True)
     p_serve.add_argument("--secret-file", required=True)
     p_serve.add_argument("--parent-pid", type=int, default=None)
+    p_serve.add_argument("--warm", action="store_true", help="run the tasks in this process (one warm ClientApp)")
     p_task = sub.add_parser("task", help="run one task (token in $FCD_TASK_TOKEN)")
     p_task.add_argument("--runtime-api-address", required=True)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll otherwise
     if args.cmd == "serve":
-        serve(args.runtime_api_address, args.secret_file, args.parent_pid)
+        serve(args.runtime_api_address, args.secret_file, args.parent_pid, warm=args.warm)
         return 0
     token = os.environ.pop(TOKEN_ENV, "")
     if not token:

@@ -92,6 +92,8 @@ class VerifyResult:
     #: (site_id, round) -> {"messages", "payload_bytes", "message_bytes"}; uplink that left the sites
     per_round: dict[tuple[str | None, int | None], dict[str, int]] = field(default_factory=dict)
     server_totals: dict[str, int] = field(default_factory=dict)
+    #: every installation step the sites recorded (``install`` lines: init, join, preflight), in ledger order
+    installations: list[dict[str, Any]] = field(default_factory=list)
     #: exit 0 instead of 3 when the only shortfall is unpinned identities (the verdict stays "unverified")
     allow_unpinned: bool = False
 
@@ -151,4 +153,5 @@ class VerifyResult:
             "per_site": self.per_site(),
             "totals": self.totals(),
             "server_totals": self.server_totals,
+            "installation": self.installations,
         }

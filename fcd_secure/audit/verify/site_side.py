@@ -15,7 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fcd_secure.audit.entries import CheckpointLine, CountersignatureLine, ManifestLine, ReceiptLine, UploadLine
+from fcd_secure.audit.entries import (
+    CheckpointLine,
+    CountersignatureLine,
+    InstallLine,
+    ManifestLine,
+    ReceiptLine,
+    UploadLine,
+)
 from fcd_secure.audit.ledger import SITE_LEDGER_FILE
 from fcd_secure.audit.receipts import RECEIPTS_MESSAGE_TYPE, receipt_signature_ok
 from fcd_secure.audit.signing import line_hash, signature_ok
@@ -100,6 +107,9 @@ def scan_site(path: Path, label: str, pinned: set[str] | None, res: VerifyResult
             scan.receipts.append(_check_receipt(loc, uploads, label, res))  # type: ignore[arg-type]
         elif isinstance(e, CheckpointLine):
             summary.checkpoints += 1
+        elif isinstance(e, InstallLine):
+            res.installations.append({"site": chain.writer_id, "ledger": label, "seq": e.seq, "time": e.time,
+                                      "event": e.event, "facts": dict(e.facts)})
         elif isinstance(e, CountersignatureLine):
             if _check_countersignature(loc, chain, label, res):  # type: ignore[arg-type]
                 scan.countersignatures.append(loc)  # type: ignore[arg-type]

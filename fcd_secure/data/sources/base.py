@@ -82,16 +82,20 @@ class PooledSource:
         return out
 
     def federated(
-        self, n_sites: int, alpha: float, seed: int, preset: str, data_dir: str | Path | None, test_fraction: float
+        self, n_sites: int, alpha: float, seed: int, preset: str, data_dir: str | Path | None, test_fraction: float,
+        standardize: bool = True,
     ) -> FederatedData:
-        """Load, subsample by ``preset``, draw a site per entity (Dirichlet(``alpha``)) and split into sites."""
+        """Load, subsample by ``preset``, draw a site per entity (Dirichlet(``alpha``)) and split into sites
+        (``standardize=False``: unscaled, see :func:`~fcd_secure.data.federated.split_into_sites`)."""
         _check_preset(self.name, preset, self.presets)
         pooled = self.subsample(self.load(data_dir), preset, seed)
         # the rule of partition.dirichlet_partition (one site per entity, chunks follow their entity), applied as
         # indices so the big arrays are copied only once
         site_of = site_assignment(pooled, n_sites, alpha, seed)
         extra = {"alpha": alpha, "seed": seed, "preset": preset, "test_fraction": test_fraction}
-        return split_into_sites(self.name, pooled, site_of, n_sites, test_fraction, seed, extra, table_i=self.table_i)
+        return split_into_sites(
+            self.name, pooled, site_of, n_sites, test_fraction, seed, extra, table_i=self.table_i, standardize=standardize
+        )
 
 
 @dataclass(frozen=True)
@@ -124,9 +128,11 @@ class GeneratedSource:
                         field="dataset")
 
     def federated(
-        self, n_sites: int, alpha: float, seed: int, preset: str, data_dir: str | Path | None, test_fraction: float
+        self, n_sites: int, alpha: float, seed: int, preset: str, data_dir: str | Path | None, test_fraction: float,
+        standardize: bool = True,
     ) -> FederatedData:
-        """Generate the sites (``data_dir`` is not used)."""
+        """Generate the sites (``data_dir`` is not used; the generator's features are on their own scale, so
+        ``standardize`` changes nothing)."""
         _check_preset(self.name, preset, self.presets)
         return self.build(n_sites, alpha, seed, preset, test_fraction)
 

@@ -1,0 +1,186 @@
+"""``fcd site``: the hospital's installer: init, join, preflight, service.
+
+``init`` checks the site's table against the spec and makes the site's keys (they never leave its folder), its
+strict policy and the enrolment request; ``join`` verifies the coordinator's bundle against the fingerprint the
+operator types and pins what it carries; ``preflight`` says whether the site is ready (exit 0 ready, 1 not ready,
+2 usage); ``service`` writes a systemd unit. Each of init, join and preflight appends a signed line to the site
+ledger, which ``fcd audit verify`` reports (``fcd_secure.federation.site_install``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from fcd_secure.cli._provisioning import bad_input
+from fcd_secure.cli.app import emit, new_app, say_identifier, stdout
+from fcd_secure.cli.envelope import EXIT_FAILED, Envelope, ok
+
+app = new_app(help="Install and run a hospital site: init, join, preflight, start, stop, status, service.")
+
+_HOME = typer.Option(..., "--home", help="The site's folder.")
+
+
+@app.command("init", short_help="Install the site: check its table, make its keys and enrolment request.")
+def init(
+    spec: Path = typer.Option(..., "--spec", exists=True, dir_okay=False, help="The consortium's data spec."),
+    table: Path = typer.Option(..., "--table", exists=True, dir_okay=False, help="The site's own long-format table."),
+    home: Path = _HOME,
+    site_id: str = typer.Option(..., "--site-id", help="The site's id in the consortium ([A-Za-z0-9._-])."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope."),
+) -> None:
+    """Install a site in HOME. Send the enrolment request to the coordinator and read the identity fingerprint to
+    them out of band (they type it into `fcd consortium add-site`)."""
+    from fcd_secure.federation.site_install.home import init_site  # noqa: PLC0415
+
+    with bad_input("fcd data validate TABLE --spec SPEC shows what the table lacks"):
+        res = init_site(home, spec, table, site_id)
+    if as_json:
+        emit(ok(res, f"site {site_id} installed in {home}"))
+        return
+    con = stdout()
+    con.print(f"[green]ok[/] site {site_id} installed", soft_wrap=True)
+    say_identifier(con, "enrolment request (send to the coordinator)", res["request"])
+    say_identifier(con, "identity fingerprint (read to the coordinator out of band)", res["identity_fingerprint"])
+    say_identifier(con, "SuperNode key fingerprint", res["node_fingerprint"])
+
+
+@app.command("join", short_help="Verify the coordinator's bundle and pin its CA, terms and roster.")
+def join(
+    bundle: Path = typer.Argument(..., exists=True, dir_okay=False, help="The signed bundle from the coordinator."),
+    home: Path = _HOME,
+    coordinator_fingerprint: str = typer.Option(
+        ..., "--coordinator-fingerprint", help="The coordinator's key fingerprint, as given to you out of band."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope."),
+) -> None:
+    """Join the consortium of BUNDLE: refused (exit 2) unless it verifies against the fingerprint you typed."""
+    from fcd_secure.federation.site_install.home import join_site  # noqa: PLC0415
+
+    with bad_input("ask the coordinator for a fresh bundle and check the fingerprint with them"):
+        res = join_site(home, bundle, coordinator_fingerprint)
+    if as_json:
+        emit(ok(res, f"site {res['site_id']} joined {res['consortium_id']}"))
+        return
+    con = stdout()
+    con.print(f"[green]ok[/] site {res['site_id']} joined consortium {res['consortium_id']}", soft_wrap=True)
+    say_identifier(con, "CA pinned", res["ca_fingerprint"])
+    say_identifier(con, "app pinned", res["app_fab_sha256"])
+
+
+@app.command("preflight", short_help="Is this site ready? (exit 0 ready, 1 not ready, 2 usage)")
+def preflight(
+    home: Path = _HOME,
+    timeout: float = typer.Option(5.0, "--timeout", min=0.1, help="Seconds to wait for the SuperLink."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope."),
+) -> None:
+    """Check the site's data against the consortium's spec, its keys, certificates, clock, telemetry, disk,
+    versions and the SuperLink over TLS. Exit 0 when ready, 1 when not (each failed check says what to do)."""
+    from fcd_secure.federation.site_install.preflight import run_preflight  # noqa: PLC0415
+
+    with bad_input("--home must be a site's folder (fcd site init)"):
+        res = run_preflight(home, timeout_s=timeout)
+    code = 0 if res.ready else EXIT_FAILED
+    verdict = "ready" if res.ready else "not_ready"
+    msg = f"site {res.site_id}: " + ("ready" if res.ready else f"not ready ({', '.join(res.failed)})")
+    if as_json:
+        emit(Envelope(status=verdict, exit_code=code, error_code=None, message=msg, data=res.to_json(),
+                      hint=None if res.ready else "fix each failed check and run fcd site preflight again"))
+    else:
+        from rich.table import Table  # noqa: PLC0415
+
+        t = Table(title=f"preflight: site {res.site_id}", show_lines=False)
+        t.add_column("check")
+        t.add_column("status")
+        t.add_column("detail", overflow="fold")
+        colour = {"ok": "green", "warn": "yellow", "fail": "red"}
+        for c in res.checks:
+            t.add_row(c.name, f"[{colour[c.status]}]{c.status}[/]", c.message)
+        con = stdout()
+        con.print(t)
+        con.print(("[green]" if res.ready else "[red]") + msg + "[/]", soft_wrap=True)
+    raise typer.Exit(code)
+
+
+@app.command("service", short_help="Write a systemd unit that runs this site.")
+def service(
+    home: Path = _HOME,
+    out: Optional[Path] = typer.Option(None, "--out", help="Where to write the unit (default: HOME/fcd-site-<id>.service)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope."),
+) -> None:
+    """Write the site's systemd unit (install it with `systemctl enable --now` as root)."""
+    from fcd_secure._io import atomic_write_text  # noqa: PLC0415
+    from fcd_secure.federation.site_install.home import SiteHome  # noqa: PLC0415
+    from fcd_secure.federation.site_install.service import systemd_unit  # noqa: PLC0415
+
+    with bad_input("--home must be a site's folder (fcd site init)"):
+        h = SiteHome.at(home)
+        path = out or h.root / f"fcd-site-{h.site_id}.service"
+        atomic_write_text(path, systemd_unit(h))
+    if as_json:
+        emit(ok({"unit": str(path)}, f"wrote {path}"))
+        return
+    say_identifier(stdout(), "wrote", str(path), indent=0)
+
+
+@app.command("start", short_help="Start the site's SuperNode and executor (TLS, node key, own table).")
+def start(
+    home: Path = _HOME,
+    cold: bool = typer.Option(False, "--cold", help="A fresh ClientApp process per message instead of one warm one."),
+    foreground: bool = typer.Option(False, "--foreground", help="Stay attached until the processes end (systemd)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope."),
+) -> None:
+    """Start the site: its SuperNode (pinned CA, its key, its own table) and the executor that runs only the pinned
+    app."""
+    from fcd_secure.federation.site_install.home import SiteHome  # noqa: PLC0415
+    from fcd_secure.federation.site_install.runner import start_site  # noqa: PLC0415
+
+    with bad_input("fcd site join first"):
+        res = start_site(SiteHome.at(home), warm=not cold)
+    if as_json:
+        emit(ok(res, f"site {res['site_id']} started"))
+    else:
+        stdout().print(f"[green]ok[/] site {res['site_id']} started (SuperNode PID {res['supernode_pid']}, executor PID "
+                       f"{res['executor_pid']}) -> {res['superlink']}", soft_wrap=True)
+    if foreground:
+        import time  # noqa: PLC0415
+
+        from fcd_secure.federation.provisioning.processes import alive  # noqa: PLC0415
+
+        while alive(res["supernode_pid"]) and alive(res["executor_pid"]):
+            time.sleep(2)
+        raise typer.Exit(1)
+
+
+@app.command("stop", short_help="Stop the site's processes (by PID).")
+def stop(home: Path = _HOME, as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope.")) -> None:
+    """Stop the processes this site started (by their recorded PIDs)."""
+    from fcd_secure.federation.site_install.home import SiteHome  # noqa: PLC0415
+    from fcd_secure.federation.site_install.runner import stop_site  # noqa: PLC0415
+
+    with bad_input("--home must be a site's folder"):
+        res = stop_site(SiteHome.at(home))
+    if as_json:
+        emit(ok({"stopped": res}, f"stopped {len(res)} process(es)"))
+        return
+    stdout().print(f"stopped {len(res)} process(es)")
+
+
+@app.command("status", short_help="Is the site running?")
+def status(home: Path = _HOME, as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope.")) -> None:
+    """The site's processes and whether they run."""
+    from fcd_secure.federation.site_install.home import SiteHome  # noqa: PLC0415
+    from fcd_secure.federation.site_install.runner import site_status  # noqa: PLC0415
+
+    with bad_input("--home must be a site's folder"):
+        res = site_status(SiteHome.at(home))
+    running = any(p["running"] for p in res["processes"].values())
+    if as_json:
+        emit(ok({**res, "running": running}, "running" if running else "stopped"))
+        return
+    for name, p in res["processes"].items():
+        stdout().print(f"{name}: PID {p['pid']} {'running' if p['running'] else 'stopped'}")
+    if not res["processes"]:
+        stdout().print("stopped")

@@ -1,0 +1,82 @@
+"""Standardisation statistics from additive sums: what a site contributes, and the statistics of the total.
+
+The z-scores of :class:`~fcd_secure.data.preprocess.Standardizer` need, per continuous column, the mean and the
+(population) variance over the training rows of all sites. Both are functions of three sums that add across sites:
+the row count ``n``, ``Σx`` and ``Σx²`` (``mean = Σx / n``, ``var = Σx² / n − mean²``). A site computes its sums with
+:func:`moment_sums`; the sums of all sites, added under secure aggregation so that no site's sums are seen alone
+(``fcd_secure.federation.secure_stats``), give the statistics with :func:`moments_to_statistics`. The result is the
+pooled :meth:`Standardizer.fit` up to floating-point rounding (the columns of X over trajectories, those of A over
+valid steps, ``M = 1``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from fcd_secure.data.preprocess import Standardizer
+from fcd_secure.data.schema import SiteDataset
+
+#: the keys of one site's sums: trajectories and Σ, Σ² over X's continuous columns; valid steps and Σ, Σ² over A's
+KEYS = ("x.n", "x.sum", "x.sumsq", "a.n", "a.sum", "a.sumsq")
+#: the most continuous columns one part (X or A) may have: the cap of the sums' lengths in a schema
+MAX_MOMENT_COLUMNS = 4096
+
+
+def continuous_columns(ds: SiteDataset) -> tuple[list[int], list[int]]:
+    """The continuous columns of X and A (``meta['x_continuous']``, ``meta['a_continuous']``)."""
+    return [int(i) for i in ds.meta.get("x_continuous", [])], [int(i) for i in ds.meta.get("a_continuous", [])]
+
+
+def moment_sums(ds: SiteDataset) -> dict[str, float | list[float]]:
+    """One site's sums over its (raw, unscaled) training set: ``{key: value}`` for :data:`KEYS`.
+
+    Raises:
+        ValueError: ``ds`` is standardised already (its sums would be of z-scores).
+    """
+    if ds.meta.get("standardization") is not None:
+        raise ValueError(f"{ds.name}: moment sums are taken over raw values; this dataset is standardised")
+    xc, ac = continuous_columns(ds)
+    X = ds.X[:, xc].astype(np.float64)
+    A = ds.A[ds.M > 0][:, ac].astype(np.float64)
+    return {
+        "x.n": float(X.shape[0]), "x.sum": X.sum(axis=0).tolist(), "x.sumsq": (X * X).sum(axis=0).tolist(),
+        "a.n": float(A.shape[0]), "a.sum": A.sum(axis=0).tolist(), "a.sumsq": (A * A).sum(axis=0).tolist(),
+    }
+
+
+def moments_to_statistics(totals: Mapping[str, object]) -> dict[str, list[float]]:
+    """Means and standard deviations from the consortium's total sums (``x_mean``, ``x_std``, ``a_mean``, ``a_std``).
+
+    A column with zero spread gets std 1, as in :meth:`Standardizer.fit`.
+    """
+    out: dict[str, list[float]] = {}
+    for part in ("x", "a"):
+        n = float(totals.get(f"{part}.n", 0.0))  # type: ignore[arg-type]
+        s = np.atleast_1d(np.asarray(totals.get(f"{part}.sum", []), dtype=np.float64))
+        ss = np.atleast_1d(np.asarray(totals.get(f"{part}.sumsq", []), dtype=np.float64))
+        if n <= 0 or s.size == 0:
+            out[f"{part}_mean"], out[f"{part}_std"] = [0.0] * s.size, [1.0] * s.size
+            continue
+        mu = s / n
+        sd = np.sqrt(np.maximum(ss / n - mu * mu, 0.0))
+        sd = np.where(sd > 1e-12, sd, 1.0)
+        out[f"{part}_mean"], out[f"{part}_std"] = mu.tolist(), sd.tolist()
+    return out
+
+
+def standardizer_for(ds: SiteDataset, statistics: Mapping[str, list[float]]) -> Standardizer:
+    """The :class:`Standardizer` of ``ds``'s continuous columns with the consortium's ``statistics``.
+
+    Raises:
+        ValueError: the statistics have another number of columns than ``ds`` (another spec).
+    """
+    xc, ac = continuous_columns(ds)
+    if len(statistics["x_mean"]) != len(xc) or len(statistics["a_mean"]) != len(ac):
+        raise ValueError(
+            f"{ds.name}: standardisation statistics for {len(statistics['x_mean'])}+{len(statistics['a_mean'])} "
+            f"columns, the data has {len(xc)}+{len(ac)} continuous columns"
+        )
+    return Standardizer(x_cols=xc, x_mean=list(statistics["x_mean"]), x_std=list(statistics["x_std"]),
+                        a_cols=ac, a_mean=list(statistics["a_mean"]), a_std=list(statistics["a_std"]))

@@ -1,0 +1,230 @@
+"""``fcd site preflight``: is this site ready to join a run? Every check says what is wrong and what to do.
+
+The checks (each ``ok``, ``warn`` or ``fail``; any ``fail`` means not ready):
+
+=================  ================================================================================================
+``joined``         the site holds a bundle that still verifies against the coordinator key it pinned at join
+``spec``           the site's data spec has the consortium's digest (a site reading its table another way is
+                   refused here, before any run, not mid-run)
+``table``          the table reads with the consortium's spec (columns, types, levels; the data layer's own errors)
+``rows``           enough trajectories for the consortium's secure-aggregation and DP-SGD settings
+``columns``        the site-private columns are declared (a logged propensity named by the spec is present); columns
+                   the spec does not name are listed (they are never read)
+``policy``         the site's own policy meets the consortium's minimum and pins the consortium's app
+``keys``           identity key, SuperNode key and executor secret present and readable by the owner only (0600)
+``certificates``   the pinned CA (and the SuperLink's certificate, when reachable) valid for the consortium's margin
+``clock``          the local clock is not behind the coordinator's signed issue time of the bundle by more than the
+                   bound (a lower bound on the skew: a clock running ahead is not detected here; keep NTP on)
+``telemetry``      Flower telemetry off (``FLWR_TELEMETRY_ENABLED=0``; Flower's default is on)
+``disk``           free space in the site's home
+``versions``       fcd_secure, flwr, torch and opacus equal the consortium's pins
+``superlink``      the SuperLink answers a TLS handshake verified with the pinned CA for its host name
+=================  ================================================================================================
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shutil
+import socket
+import ssl
+import stat
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+from cryptography import x509
+
+from fcd_secure.data.preprocess import build_dataset, read_table
+from fcd_secure.data.spec import DataError, load_spec
+from fcd_secure.federation.provisioning.bundle import BUNDLE_TYPE
+from fcd_secure.federation.provisioning.consortium import ConsortiumConfig, spec_digest
+from fcd_secure.federation.provisioning.signed import SignedDocumentError, read_document
+from fcd_secure.federation.provisioning.versions import installed_versions
+from fcd_secure.federation.site_install.home import SiteHome
+from fcd_secure.federation.site_install.records import record_install
+from fcd_secure.federation.site_policy import SitePolicy, SitePolicyError
+
+Status = Literal["ok", "warn", "fail"]
+TELEMETRY_OFF = ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: Status
+    message: str
+
+
+@dataclass(frozen=True)
+class PreflightResult:
+    site_id: str
+    checks: list[Check]
+
+    @property
+    def ready(self) -> bool:
+        return all(c.status != "fail" for c in self.checks)
+
+    @property
+    def failed(self) -> list[str]:
+        return [c.name for c in self.checks if c.status == "fail"]
+
+    def to_json(self) -> dict:
+        return {"site_id": self.site_id, "ready": self.ready, "failed": self.failed,
+                "checks": [asdict(c) for c in self.checks]}
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def _days_left(cert: x509.Certificate, now: dt.datetime) -> float:
+    return (cert.not_valid_after_utc - now).total_seconds() / 86400.0
+
+
+def _check_keys(h: SiteHome) -> Check:
+    bad = []
+    for p in h.key_files():
+        if not p.is_file():
+            bad.append(f"{p}: missing")
+            continue
+        mode = stat.S_IMODE(p.stat().st_mode)
+        if mode & 0o077:
+            bad.append(f"{p}: readable by others (mode {mode:04o}); run chmod 600 {p}")
+    if bad:
+        return Check("keys", "fail", "; ".join(bad))
+    return Check("keys", "ok", f"{len(h.key_files())} key files, owner-only (0600)")
+
+
+def _check_table(h: SiteHome, cfg: ConsortiumConfig) -> tuple[list[Check], int | None]:
+    out: list[Check] = []
+    site_spec = load_spec(h.spec)
+    digest = spec_digest(site_spec)
+    if digest != cfg.data.spec_sha256:
+        out.append(Check("spec", "fail",
+                         f"{h.spec}: this site's data spec (digest {digest[:16]}…) differs from the consortium's "
+                         f"{cfg.data.spec_name!r} ({cfg.data.spec_sha256[:16]}…); read the table with the consortium's "
+                         f"spec ({h.pinned_spec})"))
+    else:
+        out.append(Check("spec", "ok", f"data spec {cfg.data.spec_name!r} = the consortium's ({digest[:16]}…)"))
+    spec = load_spec(h.pinned_spec)
+    table = h.table
+    try:
+        df = read_table(table)
+        ds = build_dataset(spec, df, table)
+    except DataError as exc:
+        out.append(Check("table", "fail", f"the table does not match the consortium's spec: {exc}"))
+        return out, None
+    out.append(Check("table", "ok", f"{table} reads with the consortium's spec"))
+    declared = {c for c, _ in spec.required_columns()}
+    undeclared = sorted(set(map(str, df.columns)) - declared)
+    if spec.propensity and spec.propensity not in df.columns:
+        out.append(Check("columns", "fail", f"{table}: the logged propensity column {spec.propensity!r} is missing"))
+    elif undeclared:
+        out.append(Check("columns", "warn", f"columns the spec does not declare are never read: {', '.join(undeclared)}"))
+    else:
+        priv = f"logged propensity {spec.propensity!r} stays on the site" if spec.propensity else "no propensity column"
+        out.append(Check("columns", "ok", f"every column is declared; {priv}"))
+    return out, int(ds.n)
+
+
+def _tls_probe(cfg: ConsortiumConfig, ca: Path, timeout: float) -> tuple[Check, x509.Certificate | None]:
+    host, _, port = cfg.superlink.rpartition(":")
+    ctx = ssl.create_default_context(cafile=str(ca))
+    ctx.set_alpn_protocols(["h2"])
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout) as raw:
+            with ctx.wrap_socket(raw, server_hostname=host) as tls:
+                der = tls.getpeercert(binary_form=True)
+    except ssl.SSLCertVerificationError as exc:
+        return Check("superlink", "fail",
+                     f"{cfg.superlink}: the SuperLink's certificate does not verify with the pinned CA {ca} "
+                     f"(wrong CA or host name: {exc.verify_message})"), None
+    except (OSError, ssl.SSLError) as exc:
+        return Check("superlink", "fail", f"{cfg.superlink}: SuperLink unreachable ({exc}); is `fcd server start` "
+                     "running and the port open to this site?"), None
+    return Check("superlink", "ok", f"{cfg.superlink}: TLS verified with the pinned CA"), x509.load_der_x509_certificate(der)
+
+
+def run_preflight(home: str | Path, *, timeout_s: float = 5.0, record: bool = True) -> PreflightResult:
+    """Run every check (module docstring) and append the verdict to the site ledger.
+
+    Raises:
+        ProvisioningError: ``home`` is not a site home (usage, exit 2).
+    """
+    h = SiteHome.at(home)
+    sid = h.site_id
+    checks: list[Check] = []
+    now = _now()
+    if not h.joined():
+        checks.append(Check("joined", "fail", f"{h.bundle}: missing: run fcd site join BUNDLE --coordinator-fingerprint ..."))
+        checks.append(_check_keys(h))
+        res = PreflightResult(sid, checks)
+        if record:
+            record_install(h.state_root, sid, "preflight", {"verdict": "not_ready", "failed": ",".join(res.failed)})
+        return res
+    cfg = h.consortium()
+    try:
+        doc = read_document(h.bundle, BUNDLE_TYPE, cfg.coordinator_fingerprint)
+        if doc["payload"].get("consortium_toml") != h.pinned_config.read_text():
+            raise SignedDocumentError(f"{h.pinned_config}: differs from the signed bundle")
+        checks.append(Check("joined", "ok", f"consortium {cfg.consortium_id!r}, coordinator {cfg.coordinator_fingerprint}"))
+    except SignedDocumentError as exc:
+        checks.append(Check("joined", "fail", f"the pinned bundle no longer verifies: {exc}"))
+        doc = None
+    table_checks, n = _check_table(h, cfg)
+    checks += table_checks
+    if n is not None:
+        need = cfg.preflight.min_trajectories
+        checks.append(Check("rows", "ok" if n >= need else "fail",
+                            f"{n} trajectories" + ("" if n >= need else
+                            f"; the consortium needs at least {need} per site (secure aggregation and DP-SGD settings)")))
+    try:
+        policy = SitePolicy.load(h.policy)
+        policy.check_meets(cfg.site_policy, str(h.policy))
+        if cfg.app_fab_sha256 not in policy.app.fab_sha256:
+            raise SitePolicyError(f"{h.policy}: field app.fab_sha256 does not pin the consortium's app {cfg.app_fab_sha256}")
+        checks.append(Check("policy", "ok", "meets the consortium minimum; pins the consortium's app"))
+    except SitePolicyError as exc:
+        checks.append(Check("policy", "fail", str(exc)))
+    checks.append(_check_keys(h))
+    ca = x509.load_pem_x509_certificate(h.ca_cert.read_bytes())
+    probe, server_cert = _tls_probe(cfg, h.ca_cert, timeout_s)
+    margin = cfg.preflight.cert_min_days
+    certs = [("CA", ca)] + ([("SuperLink certificate", server_cert)] if server_cert is not None else [])
+    left = [(name, c, _days_left(c, now)) for name, c in certs]
+    soon = [f"{name} expires in {d:.0f} days (on {c.not_valid_after_utc.date()})" for name, c, d in left if d < margin]
+    if soon:
+        checks.append(Check("certificates", "fail", "; ".join(soon) + f"; the consortium requires {margin} days: renew"))
+    else:
+        checks.append(Check("certificates", "ok", ", ".join(f"{name} valid {d:.0f} more days" for name, _c, d in left)))
+    skew_bound = cfg.preflight.max_clock_skew_s
+    issued = doc["payload"].get("issued") if doc else None
+    if issued:
+        behind = (dt.datetime.fromisoformat(issued) - now).total_seconds()
+        checks.append(Check("clock", "fail" if behind > skew_bound else "ok",
+                            f"local clock is {behind:.0f} s behind the coordinator's signed issue time (bound "
+                            f"{skew_bound:.0f} s); synchronise it (NTP)" if behind > skew_bound
+                            else f"not behind the coordinator's signed issue time (bound {skew_bound:.0f} s)"))
+    tel = os.environ.get("FLWR_TELEMETRY_ENABLED")
+    checks.append(Check("telemetry", "ok" if tel is not None and tel.lower() in TELEMETRY_OFF else "fail",
+                        "Flower telemetry off" if tel is not None and tel.lower() in TELEMETRY_OFF
+                        else f"Flower telemetry is on (FLWR_TELEMETRY_ENABLED={tel!r}; unset means on): set FLWR_TELEMETRY_ENABLED=0"))
+    free_mb = shutil.disk_usage(h.root).free // (1 << 20)
+    need_mb = cfg.preflight.min_free_disk_mb
+    checks.append(Check("disk", "ok" if free_mb >= need_mb else "fail",
+                        f"{free_mb} MB free in {h.root}" + ("" if free_mb >= need_mb else f"; the consortium requires {need_mb} MB")))
+    have = installed_versions()
+    diff = [f"{k} {have.get(k)} (consortium pins {v})" for k, v in sorted(cfg.versions.items()) if have.get(k) != v]
+    checks.append(Check("versions", "fail" if diff else "ok",
+                        ("version mismatch: " + "; ".join(diff)) if diff else
+                        ", ".join(f"{k} {v}" for k, v in sorted(cfg.versions.items()))))
+    checks.append(probe)
+    res = PreflightResult(sid, checks)
+    if record:
+        record_install(h.state_root, sid, "preflight", {
+            "verdict": "ready" if res.ready else "not_ready", "failed": ",".join(res.failed),
+            "consortium_id": cfg.consortium_id,
+        })
+    return res

@@ -1,0 +1,107 @@
+"""The hospital path end to end on 127.0.0.1, with real Flower processes: a coordinator and four hospitals (the
+secure-aggregation minimum), each in its own home folder with its own CSV (DKT-Synth written out as long tables,
+one per site). Enrolment with fingerprints given out of band, join, preflight green, ``server start``,
+``site start`` ×4, ``server run`` with secure aggregation and DP (statistics from the secure round 0), then
+``fcd audit verify`` of the collected evidence with the pinned fingerprints: exit 0 and the installation records
+present. Every process is stopped by PID, in a ``finally``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from fcd_secure.cli import audit as audit_cli
+from fcd_secure.cli import consortium as consortium_cli
+from fcd_secure.cli import server as server_cli
+from fcd_secure.cli import site as site_cli
+from fcd_secure.federation.provisioning.processes import alive, read_pids
+
+pytestmark = pytest.mark.deployment
+runner = CliRunner()
+N_SITES = 4
+
+
+def invoke(app, args: list[str]) -> tuple[int, dict]:
+    res = runner.invoke(app, [*args, "--json"])
+    try:
+        return res.exit_code, json.loads(res.stdout)
+    except json.JSONDecodeError:
+        raise AssertionError(f"{args}: {res.stdout!r} {res.exception!r}") from None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_hospital_path_end_to_end(tmp_path, one_torch_thread):
+    from fcd_secure.data.long_tables import write_site_tables
+    from fcd_secure.data.registry import load_federated
+
+    fd = load_federated("dkt-synth", n_sites=N_SITES, preset="tiny", seed=0)
+    spec, tables = write_site_tables(fd.train, fd.test, tmp_path / "data", "dkt-synth-long")
+    co = tmp_path / "coordinator"
+    code, env = invoke(consortium_cli.app, ["init", "--home", str(co), "--id", "e2e", "--spec", str(spec),
+                                            "--port", str(free_port()), "--min-trajectories", "20"])
+    assert code == 0, env
+    coordinator_fp = env["data"]["coordinator_fingerprint"]
+    homes = [tmp_path / f"hospital{i}" for i in range(N_SITES)]
+    site_fps = []
+    for i, home in enumerate(homes):
+        code, env = invoke(site_cli.app, ["init", "--spec", str(spec), "--table", str(tables[i]), "--home", str(home),
+                                          "--site-id", f"site{i}"])
+        assert code == 0, env
+        site_fps.append(env["data"]["identity_fingerprint"])
+        code, env = invoke(consortium_cli.app, ["add-site", str(home / "enrolment_request.json"), "--home", str(co),
+                                                "--fingerprint", site_fps[-1]])
+        assert code == 0, env
+    started: list[Path] = []
+    try:
+        code, env = invoke(server_cli.app, ["start", "--home", str(co)])
+        assert code == 0, env
+        started.append(co / "server")
+        for i, home in enumerate(homes):
+            code, env = invoke(site_cli.app, ["join", str(co / "bundles" / f"site{i}.json"), "--home", str(home),
+                                              "--coordinator-fingerprint", coordinator_fp])
+            assert code == 0, env
+            code, env = invoke(site_cli.app, ["preflight", "--home", str(home)])
+            assert code == 0, env["data"]["checks"] if env.get("data") else env
+            code, env = invoke(site_cli.app, ["start", "--home", str(home)])
+            assert code == 0, env
+            started.append(home)
+        out = tmp_path / "run"
+        code, env = invoke(server_cli.app, ["run", "--home", str(co), "--out", str(out), "--rounds", "1", "--dp",
+                                            "--timeout", "900"])
+        assert code == 0, env
+        assert env["data"]["secure_aggregation"] is True
+        assert env["data"]["standardization"] is not None  # round 0 ran
+        assert (out / "summary.json").is_file() and (out / "theta_c.npz").is_file()
+    finally:
+        for folder in reversed(started):
+            pids = [int(v["pid"]) for v in read_pids(folder).values()]
+            if folder.name == "server":
+                invoke(server_cli.app, ["stop", "--home", str(co)])
+            else:
+                invoke(site_cli.app, ["stop", "--home", str(folder)])
+            assert not any(alive(p) for p in pids), f"a process of {folder} survived stop"
+    # each hospital hands its ledger to the auditor beside the coordinator's evidence
+    ev = out / "evidence"
+    for i, home in enumerate(homes):
+        ledger = home / "state" / f"site{i}" / "slots" / "site_ledger.jsonl"
+        (ev / "sites" / f"site{i}").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ledger, ev / "sites" / f"site{i}" / "site_ledger.jsonl")
+    fps = json.loads((ev / "fingerprints.json").read_text())
+    args = ["verify", str(ev), "--server-key", fps["server"]]
+    for fp in site_fps:
+        args += ["--site-key", fp]
+    code, env = invoke(audit_cli.app, args)
+    assert code == 0, [f for f in env["data"]["findings"] if f["severity"] != "note"] if env.get("data") else env
+    events = {(i["site"], i["event"]) for i in env["data"]["installation"]}
+    assert {(f"site{i}", e) for i in range(N_SITES) for e in ("init", "join", "preflight")} <= events

@@ -1,0 +1,255 @@
+"""The hospital path without a running Flower: consortium init, enrolment, join, preflight (green and each red),
+tampered bundles and foreign specs refused, install lines in the site ledger that ``fcd audit verify`` reports.
+
+The SuperLink's TLS endpoint is played by a real TLS listener serving the consortium's own certificate (what
+preflight checks is the TLS handshake with the pinned CA, nothing Flower-specific); the end-to-end run with a real
+SuperLink is in ``test_hospital_deployment.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import ssl
+import threading
+import tomllib
+from pathlib import Path
+
+import pytest
+from conftest import GOOD_SPEC, make_long_table
+from typer.testing import CliRunner
+
+from fcd_secure.audit.entries import InstallLine, parse_line
+from fcd_secure.cli import consortium as consortium_cli
+from fcd_secure.cli import site as site_cli
+from fcd_secure.federation.pki import make_tls_dir
+
+runner = CliRunner()
+
+
+def invoke(app, args: list[str]) -> tuple[int, dict]:
+    res = runner.invoke(app, [*args, "--json"])
+    return res.exit_code, json.loads(res.stdout)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TLSListener:
+    """A TLS endpoint on 127.0.0.1 serving ``server.pem``/``server.key`` of ``pki`` (completes handshakes only)."""
+
+    def __init__(self, pki: Path, port: int) -> None:
+        self.ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.ctx.load_cert_chain(pki / "server.pem", pki / "server.key")
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", port))
+        self.sock.listen(8)
+        self.sock.settimeout(0.2)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            try:
+                conn.settimeout(2)
+                with self.ctx.wrap_socket(conn, server_side=True):
+                    pass
+            except (OSError, ssl.SSLError):
+                pass
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)
+        self.sock.close()
+
+
+def make_consortium(tmp: Path, n_sites: int = 2, *, init_args: tuple[str, ...] = (), spec_text: str = GOOD_SPEC,
+                    rows: int = 20, join: bool = True) -> dict:
+    """A consortium in ``tmp/co`` with ``n_sites`` enrolled (and joined) sites; returns the paths and fingerprints."""
+    (tmp / "spec.toml").write_text(GOOD_SPEC)
+    port = free_port()
+    code, env = invoke(consortium_cli.app, ["init", "--home", str(tmp / "co"), "--id", "demo", "--spec",
+                                            str(tmp / "spec.toml"), "--port", str(port), "--min-trajectories", "5",
+                                            *init_args])
+    assert code == 0, env
+    cfp = env["data"]["coordinator_fingerprint"]
+    sites = []
+    for i in range(n_sites):
+        table = tmp / f"hospital{i}.csv"
+        make_long_table(rows, seed=i).to_csv(table, index=False)
+        spec = tmp / f"site{i}-spec.toml"
+        spec.write_text(spec_text)
+        home = tmp / f"site{i}"
+        code, env = invoke(site_cli.app, ["init", "--spec", str(spec), "--table", str(table), "--home", str(home),
+                                          "--site-id", f"h{i}"])
+        assert code == 0, env
+        code, added = invoke(consortium_cli.app, ["add-site", str(home / "enrolment_request.json"), "--home",
+                                                  str(tmp / "co"), "--fingerprint", env["data"]["identity_fingerprint"]])
+        assert code == 0, added
+        sites.append({"home": home, "table": table, "spec": spec, "id": f"h{i}", "fp": env["data"]["identity_fingerprint"]})
+    if join:
+        for s in sites:
+            code, env = invoke(site_cli.app, ["join", str(tmp / "co" / "bundles" / f"{s['id']}.json"), "--home",
+                                              str(s["home"]), "--coordinator-fingerprint", cfp])
+            assert code == 0, env
+    return {"co": tmp / "co", "port": port, "cfp": cfp, "sites": sites}
+
+
+def preflight(home: Path) -> tuple[int, dict]:
+    code, env = invoke(site_cli.app, ["preflight", "--home", str(home), "--timeout", "2"])
+    return code, {c["name"]: c for c in env["data"]["checks"]} if env.get("data") else env
+
+
+def install_lines(home: Path, site_id: str) -> list[InstallLine]:
+    path = home / "state" / site_id / "slots" / "site_ledger.jsonl"
+    return [e for e in (parse_line(t) for t in path.read_text().splitlines()) if isinstance(e, InstallLine)]
+
+
+def test_install_join_preflight_green_and_recorded(tmp_path):
+    c = make_consortium(tmp_path)
+    listener = TLSListener(c["co"] / "pki", c["port"])
+    try:
+        code, checks = preflight(c["sites"][0]["home"])
+    finally:
+        listener.close()
+    assert code == 0, checks
+    assert {n for n, ch in checks.items() if ch["status"] == "fail"} == set()
+    assert {"joined", "spec", "table", "rows", "columns", "policy", "keys", "certificates", "clock", "telemetry",
+            "disk", "versions", "superlink"} <= set(checks)
+    s = c["sites"][0]
+    events = [(e.event, e.facts.get("verdict")) for e in install_lines(s["home"], s["id"])]
+    assert events == [("init", None), ("join", None), ("preflight", "ready")]
+    # no private key ever leaves the site's folder: not in the request, not in the bundle
+    key_hex = (s["home"] / "state" / s["id"] / "identity_ed25519.key").read_bytes().hex()
+    node_key = (s["home"] / "node_auth.key").read_text()
+    for f in (s["home"] / "enrolment_request.json", c["co"] / "bundles" / f"{s['id']}.json", c["co"] / "roster.json"):
+        text = f.read_text()
+        assert key_hex not in text and node_key.splitlines()[1] not in text
+    # the join pinned the consortium's app in the site's own policy, and the roster of both sites for secagg
+    policy = tomllib.loads((s["home"] / "site_policy.toml").read_text())
+    consortium = tomllib.loads((c["co"] / "consortium.toml").read_text())
+    assert policy["app"]["fab_sha256"] == [consortium["app_fab_sha256"]]
+    assert set(json.loads((s["home"] / "consortium" / "secagg_roster.json").read_text())["sites"]) == {"h0", "h1"}
+
+
+def test_audit_verify_reports_installation(tmp_path):
+    from fcd_secure.audit.verify import verify_path
+
+    c = make_consortium(tmp_path, n_sites=1)
+    s = c["sites"][0]
+    preflight(s["home"])
+    res = verify_path(s["home"] / "state", site_keys=[s["fp"]], server_keys=None)
+    inst = res.installations
+    assert [(i["site"], i["event"]) for i in inst] == [("h0", "init"), ("h0", "join"), ("h0", "preflight")]
+    assert inst[2]["facts"]["verdict"] == "not_ready" and "superlink" in inst[2]["facts"]["failed"]
+    assert not [f for f in res.findings if f.severity in ("tampered", "violation")]
+
+
+def test_tampered_bundle_and_wrong_fingerprint_refused(tmp_path):
+    c = make_consortium(tmp_path, n_sites=1, join=False)
+    s = c["sites"][0]
+    bundle = c["co"] / "bundles" / "h0.json"
+    raw = bytearray(bundle.read_bytes())
+    pos = raw.index(b"min_trajectories = 5") + len("min_trajectories = ")
+    raw[pos] = ord("4")  # one byte: the consortium's minimum rows
+    tampered = tmp_path / "tampered.json"
+    tampered.write_bytes(bytes(raw))
+    code, env = invoke(site_cli.app, ["join", str(tampered), "--home", str(s["home"]), "--coordinator-fingerprint", c["cfp"]])
+    assert code == 2 and "signature does not verify" in env["message"], env
+    code, env = invoke(site_cli.app, ["join", str(bundle), "--home", str(s["home"]), "--coordinator-fingerprint",
+                                      "SHA256:" + "ab" * 32])
+    assert code == 2 and "not by the expected key" in env["message"], env
+    assert not (s["home"] / "consortium").exists()  # nothing pinned from a refused bundle
+    code, env = invoke(site_cli.app, ["join", str(bundle), "--home", str(s["home"]), "--coordinator-fingerprint", c["cfp"]])
+    assert code == 0, env
+
+
+def test_add_site_refuses_foreign_spec_and_wrong_fingerprint(tmp_path):
+    c = make_consortium(tmp_path, n_sites=1)
+    table = tmp_path / "other.csv"
+    make_long_table(20, seed=5).to_csv(table, index=False)
+    other_spec = tmp_path / "other-spec.toml"
+    other_spec.write_text(GOOD_SPEC.replace("max_len = 4", "max_len = 5"))
+    code, env = invoke(site_cli.app, ["init", "--spec", str(other_spec), "--table", str(table), "--home",
+                                      str(tmp_path / "other"), "--site-id", "h9"])
+    assert code == 0
+    req = str(tmp_path / "other" / "enrolment_request.json")
+    code, out = invoke(consortium_cli.app, ["add-site", req, "--home", str(c["co"]), "--fingerprint", env["data"]["identity_fingerprint"]])
+    assert code == 2 and "another data spec" in out["message"], out
+    code, out = invoke(consortium_cli.app, ["add-site", str(c["sites"][0]["home"] / "enrolment_request.json"),
+                                            "--home", str(c["co"]), "--fingerprint", env["data"]["identity_fingerprint"]])
+    assert code == 2 and "not by the expected key" in out["message"], out
+
+
+def test_site_init_refuses_a_table_that_does_not_match_its_spec(tmp_path):
+    (tmp_path / "spec.toml").write_text(GOOD_SPEC)
+    make_long_table(20).drop(columns=["lab"]).to_csv(tmp_path / "t.csv", index=False)
+    code, env = invoke(site_cli.app, ["init", "--spec", str(tmp_path / "spec.toml"), "--table", str(tmp_path / "t.csv"),
+                                      "--home", str(tmp_path / "s"), "--site-id", "h0"])
+    assert code == 2 and "lab" in env["message"], env
+    assert not (tmp_path / "s" / "site.toml").exists()
+
+
+def _red(case: str, tmp_path: Path, monkeypatch) -> tuple[str, str, dict]:
+    init_args: tuple[str, ...] = ()
+    if case == "rows":
+        init_args = ("--min-trajectories", "100")
+    elif case == "cert_10_days":
+        init_args = ("--cert-days", "10")
+    elif case == "versions":
+        init_args = ("--pin", "flwr=1.0.0")
+    c = make_consortium(tmp_path, n_sites=1, init_args=init_args)
+    s = c["sites"][0]
+    pki = c["co"] / "pki"
+    if case == "table":
+        make_long_table(20).drop(columns=["ward"]).to_csv(s["table"], index=False)
+    elif case == "spec":
+        (s["home"] / "spec.toml").write_text(GOOD_SPEC.replace('kind = "categorical"', 'kind = "categorical"\nmissing = "indicator"'))
+    elif case == "key_mode":
+        os.chmod(s["home"] / "node_auth.key", 0o644)
+    elif case == "wrong_ca":
+        pki = make_tls_dir(tmp_path / "other-pki", ("127.0.0.1", "localhost"))
+    elif case == "telemetry":
+        monkeypatch.setenv("FLWR_TELEMETRY_ENABLED", "1")
+    listener = None if case == "unreachable" else TLSListener(pki, c["port"])
+    try:
+        code, checks = preflight(s["home"])
+    finally:
+        if listener:
+            listener.close()
+    assert code == 1, checks
+    return code, checks
+
+
+RED = {
+    # case: (check that fails, words in its message)
+    "table": ("table", "ward"),
+    "spec": ("spec", "differs from the consortium"),
+    "rows": ("rows", "at least 100"),
+    "key_mode": ("keys", "readable by others"),
+    "cert_10_days": ("certificates", "expires in 10 days"),
+    "wrong_ca": ("superlink", "pinned CA"),
+    "versions": ("versions", "flwr 1.42.0 (consortium pins 1.0.0)"),
+    "telemetry": ("telemetry", "FLWR_TELEMETRY_ENABLED=0"),
+    "unreachable": ("superlink", "unreachable"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RED))
+def test_preflight_red(case, tmp_path, monkeypatch):
+    _code, checks = _red(case, tmp_path, monkeypatch)
+    name, words = RED[case]
+    assert checks[name]["status"] == "fail", checks
+    assert words in checks[name]["message"], checks[name]
+    others = {n for n, ch in checks.items() if ch["status"] == "fail"} - {name}
+    assert others == set(), checks  # exactly the broken thing is red
