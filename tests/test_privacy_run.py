@@ -23,11 +23,14 @@ SITES = 4
 @pytest.fixture(scope="module")
 def dp_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("dp") / "run"
+    # test splits above the sites' evaluation cohort floor (20 rows), so every site takes part in the secure evaluation
+    conf = out.parent / "larger_test_split.toml"
+    conf.write_text("[data]\ntest_fraction = 0.5\n\n[federation]\nsecure_aggregation = true\n")
     # secure aggregation is the default: no flag needed; every site trains in both rounds
     res = CliRunner().invoke(
         app,
-        ["run", "--preset", "tiny", "--dp-epsilon", "8", "--sites", str(SITES), "--clients-per-round", str(SITES),
-         "--eval-every", "0", "--out", str(out)],
+        ["run", "--config", str(conf), "--preset", "tiny", "--dp-epsilon", "8", "--sites", str(SITES),
+         "--clients-per-round", str(SITES), "--eval-every", "0", "--out", str(out)],
         env={"COLUMNS": "80", "FLWR_TELEMETRY_ENABLED": "0"},
     )
     return out, res

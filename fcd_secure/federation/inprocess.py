@@ -37,7 +37,7 @@ from fcd_secure.config import RunConfig
 from fcd_secure.federation.client_app import make_client_app
 from fcd_secure.federation.outputs import write_run_folder
 from fcd_secure.federation.server_app import FederationResult, ProgressHook, run_federation
-from fcd_secure.federation.simulation import provision_simulated_roster, quiet_flower_env
+from fcd_secure.federation.simulation import provision_simulated_roster, write_simulated_policies, quiet_flower_env
 
 __all__ = ["InProcessGrid", "run_inprocess"]
 
@@ -147,6 +147,7 @@ def run_inprocess(cfg: RunConfig, progress: ProgressHook | None = None) -> Feder
     root = cfg.state_root() or Path(tempfile.mkdtemp(prefix="fcd-state-"))
     cfg = cfg.model_copy(update={"state_dir": str(root)})
     Path(cfg.state_dir).mkdir(parents=True, exist_ok=True)
+    write_simulated_policies(cfg)  # each site enforces its own policy, as on the simulation engine
     if cfg.federation.secure_aggregation:
         provision_simulated_roster(cfg)
     grid = InProcessGrid(make_client_app(cfg), cfg.data.n_sites)
