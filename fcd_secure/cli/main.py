@@ -64,10 +64,10 @@ def root(
 
 app.add_typer(data_cli.app, name="data", help="Validate and describe datasets.")
 app.add_typer(privacy_cli.app, name="privacy", help="Privacy budget ledgers and reports (DP-SGD).")
-app.add_typer(audit_cli.app, name="audit", help="Export key fingerprints; verify site and server ledgers offline.")
+app.add_typer(audit_cli.app, name="audit", help="Key fingerprints; verify ledgers offline (auditors).")
 app.add_typer(config_cli.app, name="config", help="The run configuration: every key, its default and description.")
 app.add_typer(consortium_cli.app, name="consortium", help="Provision a consortium (coordinator): init, add-site.")
-app.add_typer(site_cli.app, name="site", help="Install and run a hospital site: init, join, preflight, start, stop, status, service.")
+app.add_typer(site_cli.app, name="site", help="A hospital site: init, join, preflight, start, stop, service.")
 app.add_typer(server_cli.app, name="server", help="The coordinator's SuperLink: start, stop, status, run.")
 train_cli.register(app)
 run_cli.register(app)
