@@ -214,7 +214,7 @@ def _budgets(cfg: "RunConfig") -> dict:
 
 def outcome(summary: dict, cfg: "RunConfig") -> CliError | None:
     """What a finished run's exit code must say: a spent DP budget (exit 5), a site that failed its final evaluation
-    or reported an error (exit 1), or nothing (exit 0)."""
+    or a run with no evaluation at all (exit 1), or nothing (exit 0)."""
     errors = summary.get("site_errors") or []
     budgets = {sid: {"epsilon_spent": eps, "epsilon_cap": (summary.get("dp") or {}).get("epsilon_cap")}
                for sid, eps in ((summary.get("dp") or {}).get("epsilon_spent") or {}).items()}
@@ -227,7 +227,21 @@ def outcome(summary: dict, cfg: "RunConfig") -> CliError | None:
             "decision of that site; the ledger refuses a higher cap)",
             data=summary,
         )
+    from fcd_secure.federation.site_policy import MIN_COHORT_FLOOR  # noqa: PLC0415
+
     failed = summary.get("failed_sites_final_eval") or []
+    declined = summary.get("declined_sites_final_eval") or []
+    evaluated = summary.get("policies") or summary.get("factual_auc") is not None or summary.get("pehe") is not None
+    if not failed and not evaluated:
+        return CliError(
+            "the run trained but could not evaluate: "
+            + (f"{len(declined)} site(s) declined under their evaluation cohort rules (a test split below "
+               f"{MIN_COHORT_FLOOR} rows)" if declined else "no site's evaluation reached the server")
+            + "; no result is reported",
+            "RUN_FAILED",
+            hint="give each site more test rows (more data, fewer sites or a larger data.test_fraction)",
+            data=summary,
+        )
     if failed:
         why = {e["site_id"]: e["error"] for e in errors if e["action"].startswith("query.evaluate")}
         named = "; ".join(site_error_message(s, why.get(s, "internal"), cfg) for s in failed)
