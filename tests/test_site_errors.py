@@ -129,5 +129,10 @@ def test_the_exit_code_of_a_finished_run_says_why():
     bad = outcome(summary, cfg)
     assert bad.exit_code == 1 and bad.error_code == "SITE_FAILED"
     assert "site-01: site error" in bad.message and "final evaluation" in bad.message
-    assert outcome({"site_errors": [], "failed_sites_final_eval": [], "dp": {}}, cfg) is None
+    clean = {"site_errors": [], "failed_sites_final_eval": [], "dp": {}, "pehe": 0.1, "policies": {"never": {}}}
+    assert outcome(clean, cfg) is None
+    nothing = outcome({"site_errors": [], "failed_sites_final_eval": [], "dp": {},
+                       "declined_sites_final_eval": ["site-01", "site-02"]}, cfg)
+    assert nothing.exit_code == 1 and nothing.error_code == "RUN_FAILED"
+    assert "2 site(s) declined" in nothing.message and "could not evaluate" in nothing.message
     assert site_error_message("site-03", "data_mismatch", cfg) == "site-03: data does not match the spec"
