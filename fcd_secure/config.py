@@ -74,7 +74,7 @@ class FederationSection(BaseModel):
     clients_per_round: int = Field(5, ge=1, description="sites sampled per round (Table II: 5 of 10)")
     local_epochs: int = Field(1, ge=1, description="local epochs per round (Table II: 1)")
     sync: Literal["dss", "full"] = Field("dss", description="'dss': only Θc leaves a site; 'full': every parameter (w/o DSS)")
-    secure_aggregation: bool = Field(False, description="pairwise-masked secure aggregation of Θc")
+    secure_aggregation: bool = Field(True, description="pairwise-masked secure aggregation of Θc (on unless a run asks for plain FedAvg)")
     round_timeout_s: float = Field(600.0, gt=0, description="how long the server waits for a round's replies")
     min_replies: int = Field(1, ge=1, description="a round with fewer successful replies is aborted")
     eval_every: int = Field(5, ge=0, description="federated PEHE evaluation every N rounds (0: only at the end)")

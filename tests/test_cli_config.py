@@ -101,3 +101,13 @@ def test_rounds_log_appends_one_line_per_round(tmp_path):
     assert len(lines) == 3 and lines[1].startswith("1,site-00 site-02,2,") and lines[2].startswith("2,")
     log.start([{"round": 1, "participants": 2}])  # a resumed run starts from its checkpoint's history
     assert len((tmp_path / "rounds.csv").read_text().splitlines()) == 2
+
+
+def test_a_config_file_that_does_not_name_secure_aggregation_aggregates_securely(tmp_path):
+    """Secure by default on every path: the command line, a preset, and a hand-written file that leaves the key out
+    (a user's file must not silently fall back to plain FedAvg)."""
+    path = tmp_path / "mine.toml"
+    path.write_text('preset = "tiny"\n\n[federation]\nrounds = 3\n')
+    assert resolve_config(RunOptions(config_file=path)).federation.secure_aggregation is True
+    assert resolve_config(RunOptions(preset="tiny")).federation.secure_aggregation is True
+    assert resolve_config(RunOptions(config_file=path, secure=False)).federation.secure_aggregation is False

@@ -22,7 +22,7 @@ POLICIES = {"never", "always", "early_on", "late_on"}
 
 @pytest.fixture(scope="module")
 def cfg():
-    return build_config("tiny", {"data": {"n_sites": SITES}, "federation": {"clients_per_round": 1}})
+    return build_config("tiny", {"data": {"n_sites": SITES}, "federation": {"clients_per_round": 1, "secure_aggregation": False}})
 
 
 def _last_json(stdout: str) -> dict:

@@ -17,7 +17,7 @@ from fcd_secure.federation.simulation import run_simulated
 
 def _cfg(out):
     return build_config("tiny", {
-        "data": {"n_sites": 3}, "federation": {"clients_per_round": 2, "rounds": 2, "eval_every": 1},
+        "data": {"n_sites": 3}, "federation": {"clients_per_round": 2, "rounds": 2, "eval_every": 1, "secure_aggregation": False},
         "model": {"simulator": "crn"}, "evaluation": {"n_samples": 1, "max_rows": 8}, "out": str(out),
     })
 

@@ -121,8 +121,6 @@ def resolve_config(opts: RunOptions) -> "RunConfig":
         data["data_dir"] = str(opts.data_dir)
     if opts.secure is not None:
         fed["secure_aggregation"] = bool(opts.secure)
-    elif base is None:
-        fed["secure_aggregation"] = True  # the command line's default: secure aggregation on
     if opts.sync is not None:
         fed["sync"] = opts.sync
     if opts.eval_every is not None:
