@@ -56,10 +56,12 @@ def test_secure_round0_equals_pooled_and_server_keeps_no_site_sums(tmp_path, one
     result = run_simulated(cfg)
     stats = result.extra["standardization"]
     pooled = load_spec_federated(spec, table, seed=cfg.seed, test_fraction=cfg.data.test_fraction).description["standardization"]
+    pooled_anchors = load_spec_federated(spec, table, seed=cfg.seed, test_fraction=cfg.data.test_fraction).anchors
     assert len(stats["x_mean"]) == 1 and len(stats["a_mean"]) == 1  # age; lab
     for key in ("x_mean", "x_std", "a_mean", "a_std"):
         assert np.allclose(stats[key], pooled[key], rtol=0, atol=1e-6), (key, stats[key], pooled[key])
     assert abs(stats["x_mean"][0] - 100) > 10  # the offset is real: not a vacuous comparison of z-scores
+    assert [int(a) for a in stats["anchors"]] == list(pooled_anchors)  # one pair of anchor actions for every site
     # the rounds trained on data scaled with these statistics
     assert result.history and not result.history[0]["aborted"]
     # no site's own sums in anything the server wrote
@@ -78,3 +80,37 @@ def test_secure_round0_equals_pooled_and_server_keeps_no_site_sums(tmp_path, one
     for v in site_values:
         for form in (f"{v:.6g}", f"{v:.9g}", repr(float(v))):
             assert form not in text, (form, "a site's own sum reached a server file")
+
+
+def test_sites_with_different_practice_bind_the_policies_to_the_consortiums_anchors(tmp_path):
+    """Each site's own table would give its own anchor pair (its two most used actions); the histogram summed in
+    round 0 gives the pooled pair, and every site's data carries it."""
+    from fcd_secure.data.policy import anchor_actions
+    from fcd_secure.data.registry import load_spec_federated
+    from fcd_secure.federation.learner import consortium_anchors
+    from fcd_secure.federation.secure_stats import STATISTICS_KEY, statistics_from_config
+    import json
+
+    spec, table = _table(tmp_path)
+    raw = load_spec_federated(spec, table, seed=0, standardize=False)
+    # skew one site towards the action the consortium uses least, so its own pair differs
+    pooled = anchor_actions(raw.train)
+    rare = int(np.argmin(sum(np.bincount(d.T[d.M > 0], minlength=d.n_actions) for d in raw.train)))
+    skewed = raw.train[0]
+    valid = skewed.M > 0
+    idx = np.flatnonzero(valid.ravel())
+    flat = skewed.T.reshape(-1)
+    flat[idx[0::2]], flat[idx[1::2]] = rare, pooled[1]  # this hospital never uses the consortium's a_off
+    own = anchor_actions(skewed)
+    assert pooled[0] not in own and own != anchor_actions(raw.train)
+    totals: dict = {}
+    for ds in raw.train:
+        for k, v in moment_sums(ds).items():
+            totals[k] = np.asarray(totals.get(k, 0.0)) + np.asarray(v)
+    stats = moments_to_statistics(totals)
+    assert [int(a) for a in stats["anchors"]] == list(anchor_actions(raw.train))
+    sent = statistics_from_config({STATISTICS_KEY: json.dumps(stats)})
+    assert consortium_anchors(sent, own) == anchor_actions(raw.train) != own
+    assert consortium_anchors(None, own) == own
+    with pytest.raises(ValueError, match="anchors"):
+        statistics_from_config({STATISTICS_KEY: json.dumps({**stats, "anchors": [1, 1]})})

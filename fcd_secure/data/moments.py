@@ -7,6 +7,10 @@ the row count ``n``, ``Σx`` and ``Σx²`` (``mean = Σx / n``, ``var = Σx² / 
 (``fcd_secure.federation.secure_stats``), give the statistics with :func:`moments_to_statistics`. The result is the
 pooled :meth:`Standardizer.fit` up to floating-point rounding (the columns of X over trajectories, those of A over
 valid steps, ``M = 1``).
+
+The same round carries the histogram of logged valid steps per action (``actions.count``): its consortium total fixes
+the anchor actions of the paper's policies (:func:`fcd_secure.data.policy.anchors_from_counts`, paper §IV-A) once
+for all sites, where each site's own table would otherwise give each site its own pair.
 """
 
 from __future__ import annotations
@@ -15,11 +19,13 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from fcd_secure.data.policy import anchors_from_counts
 from fcd_secure.data.preprocess import Standardizer
 from fcd_secure.data.schema import SiteDataset
 
-#: the keys of one site's sums: trajectories and Σ, Σ² over X's continuous columns; valid steps and Σ, Σ² over A's
-KEYS = ("x.n", "x.sum", "x.sumsq", "a.n", "a.sum", "a.sumsq")
+#: the keys of one site's sums: trajectories and Σ, Σ² over X's continuous columns; valid steps and Σ, Σ² over A's;
+#: valid steps per action
+KEYS = ("x.n", "x.sum", "x.sumsq", "a.n", "a.sum", "a.sumsq", "actions.count")
 #: the most continuous columns one part (X or A) may have: the cap of the sums' lengths in a schema
 MAX_MOMENT_COLUMNS = 4096
 
@@ -43,15 +49,23 @@ def moment_sums(ds: SiteDataset) -> dict[str, float | list[float]]:
     return {
         "x.n": float(X.shape[0]), "x.sum": X.sum(axis=0).tolist(), "x.sumsq": (X * X).sum(axis=0).tolist(),
         "a.n": float(A.shape[0]), "a.sum": A.sum(axis=0).tolist(), "a.sumsq": (A * A).sum(axis=0).tolist(),
+        "actions.count": np.bincount(ds.T[ds.M > 0], minlength=ds.n_actions)[: ds.n_actions].astype(np.float64).tolist(),
     }
 
 
 def moments_to_statistics(totals: Mapping[str, object]) -> dict[str, list[float]]:
-    """Means and standard deviations from the consortium's total sums (``x_mean``, ``x_std``, ``a_mean``, ``a_std``).
+    """Means and standard deviations from the consortium's total sums (``x_mean``, ``x_std``, ``a_mean``, ``a_std``),
+    and the consortium's ``anchors`` ``[a_off, a_on]`` when the totals hold the action histogram.
 
     A column with zero spread gets std 1, as in :meth:`Standardizer.fit`.
+
+    Raises:
+        DataError: the consortium logged fewer than two actions.
     """
     out: dict[str, list[float]] = {}
+    counts = totals.get("actions.count")
+    if counts is not None:
+        out["anchors"] = [float(a) for a in anchors_from_counts(np.atleast_1d(np.asarray(counts)), "consortium")]
     for part in ("x", "a"):
         n = float(totals.get(f"{part}.n", 0.0))  # type: ignore[arg-type]
         s = np.atleast_1d(np.asarray(totals.get(f"{part}.sum", []), dtype=np.float64))

@@ -44,7 +44,7 @@ from fcd_secure.data.schema import SiteDataset
 from fcd_secure.data.spec import ANCHOR_PREFIX, DataError, field_path
 
 __all__ = [
-    "ANCHOR_OFF", "ANCHOR_ON", "DEFAULT_POLICY_NAMES", "Policy", "PolicyLike", "anchor_actions", "anchor_labels",
+    "ANCHOR_OFF", "ANCHOR_ON", "DEFAULT_POLICY_NAMES", "Policy", "PolicyLike", "anchor_actions", "anchor_labels", "anchors_from_counts",
     "bind_policy", "default_policies", "load_policies", "load_policy", "load_policy_refs", "policy_dir",
 ]
 
@@ -474,9 +474,25 @@ def anchor_actions(ds: SiteDataset | list[SiteDataset]) -> tuple[int, int]:
     counts = np.zeros(n_actions, dtype=np.int64)
     for d in sets:
         counts += np.bincount(d.T[d.M > 0], minlength=n_actions)[:n_actions]
-    order = np.argsort(-counts, kind="stable")
-    if counts[order[1]] == 0:
-        raise DataError(f"{sets[0].name}: fewer than two actions are logged; no binary anchor subset exists")
+    return anchors_from_counts(counts, sets[0].name)
+
+
+def anchors_from_counts(counts: Sequence[float] | np.ndarray, name: str = "data") -> tuple[int, int]:
+    """(a_off, a_on) from a histogram of logged valid steps per action: the rule of :func:`anchor_actions`.
+
+    A consortium whose sites each hold only their own table applies it to the histogram summed over sites under
+    secure aggregation (``fcd_secure.data.moments``), so every site binds the paper's policies to the same two
+    actions.
+
+    Raises:
+        DataError: fewer than two actions are logged.
+    """
+    c = np.rint(np.asarray(counts, dtype=np.float64)).astype(np.int64)
+    if c.size < 2:
+        raise DataError(f"{name}: fewer than two actions are logged; no binary anchor subset exists")
+    order = np.argsort(-c, kind="stable")
+    if c[order[1]] <= 0:
+        raise DataError(f"{name}: fewer than two actions are logged; no binary anchor subset exists")
     return int(order[0]), int(order[1])
 
 

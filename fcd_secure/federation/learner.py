@@ -71,6 +71,15 @@ def load_federated(cfg: RunConfig):
     return _load_federated_cached(data_key(cfg), only_data.to_json())
 
 
+def consortium_anchors(statistics: dict[str, list[float]] | None, own: tuple[int, int] | list[int]) -> tuple[int, int]:
+    """The anchor actions a site binds the paper's policies to: the consortium's, from the secure round 0
+    (``data.moments``), when it sent them; else those of the data the site loaded (pooled in a simulation)."""
+    if statistics is not None and "anchors" in statistics:
+        a_off, a_on = statistics["anchors"]
+        return int(a_off), int(a_on)
+    return int(own[0]), int(own[1])
+
+
 def load_site_data(cfg: RunConfig, site_index: int, statistics: dict[str, list[float]] | None = None) -> SiteData:
     """One site's data. With ``data.standardize = "secure"`` the sites are unscaled until the consortium's
     statistics (``statistics``: from the secure round 0, ``federation.secure_stats``) are applied here."""
@@ -89,7 +98,7 @@ def load_site_data(cfg: RunConfig, site_index: int, statistics: dict[str, list[f
         test=test,
         site_index=site_index,
         n_sites=n_sites,
-        anchors=tuple(fd.anchors),
+        anchors=consortium_anchors(statistics, fd.anchors),
         oracle=fd.oracle,
         description=dict(fd.description or {}),
     )
@@ -119,7 +128,8 @@ def load_own_site_data(
         std = standardizer_for(train, statistics)
         train, test = std.apply(train), std.apply(test)
     return SiteData(train=train, test=test, site_index=int(site_index), n_sites=cfg.data.n_sites,
-                    anchors=tuple(fd.anchors), oracle=None, description=dict(fd.description or {}))
+                    anchors=consortium_anchors(statistics, fd.anchors), oracle=None,
+                    description=dict(fd.description or {}))
 
 
 # -- model ---------------------------------------------------------------------------------------------------

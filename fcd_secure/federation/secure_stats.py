@@ -13,7 +13,8 @@ the first training round the server runs one secure round of the *evaluation* ki
    equal the pooled ones to about 1e-9 on data of unit scale);
 3. the means and standard deviations (:func:`fcd_secure.data.moments.moments_to_statistics`) go to the sites with
    every training and evaluation request (``STATISTICS_KEY`` of the round config); each site z-scores its own data
-   with them.
+   with them. With them go the consortium's anchor actions, from the summed histogram of logged actions: every
+   site binds the paper's four policies to the same two actions, as a pooled run would.
 
 Only these consortium-wide statistics exist at the server: its ledger records the replies' sizes and hashes (schema,
 masked bytes), never a site's sums. Every site must take part: a round 0 that any site misses stops the run (the
@@ -56,9 +57,13 @@ def statistics_from_config(config: dict[str, Any]) -> dict[str, list[float]] | N
         return None
     doc = json.loads(str(raw))
     keys = ("x_mean", "x_std", "a_mean", "a_std")
-    if not isinstance(doc, dict) or set(doc) != set(keys) or not all(isinstance(doc[k], list) for k in keys):
-        raise ValueError(f"round config {STATISTICS_KEY!r}: expected {{{', '.join(keys)}}} lists")
-    return {k: [float(v) for v in doc[k]] for k in keys}
+    optional = ("anchors",)  # the consortium's anchor actions (``data.moments``), absent in older run folders
+    if (not isinstance(doc, dict) or not set(keys) <= set(doc) <= set(keys + optional)
+            or not all(isinstance(doc[k], list) for k in doc)):
+        raise ValueError(f"round config {STATISTICS_KEY!r}: expected {{{', '.join(keys)}}} lists (and optionally anchors)")
+    if "anchors" in doc and (len(doc["anchors"]) != 2 or len({int(a) for a in doc["anchors"]}) != 2):
+        raise ValueError(f"round config {STATISTICS_KEY!r}: anchors must be two distinct action ids")
+    return {k: [float(v) for v in doc[k]] for k in doc}
 
 
 def secure_statistics(
