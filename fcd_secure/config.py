@@ -59,12 +59,24 @@ class DataSection(BaseModel):
         description="z-score statistics: 'pooled' over all sites' training rows (simulation only) or 'secure': "
         "per-site sums added under secure aggregation in a round 0 (needs secure aggregation)",
     )
+    gamma: float | None = Field(
+        None, ge=0, le=100,
+        description="tumour only: confounding strength γ of the logging policy (Geng et al. 2017; CRN's "
+        "chemo_coeff = radio_coeff); unset: the generator's 2.0",
+    )
 
     @model_validator(mode="after")
     def _spec_pair(self) -> "DataSection":
         if self.dataset == "spec" and not (self.spec and self.table):
             raise ValueError("data.dataset = 'spec' needs both data.spec and data.table")
+        if self.gamma is not None and self.dataset != "tumour":
+            raise ValueError(f"data.gamma is the tumour world's confounding strength; data.dataset is {self.dataset!r}")
         return self
+
+    def world_options(self) -> dict[str, float]:
+        """The generator options a generated dataset is built with beyond its preset (``gamma`` for the tumour
+        world); empty when none is set."""
+        return {} if self.gamma is None else {"gamma": float(self.gamma)}
 
 
 class FederationSection(BaseModel):

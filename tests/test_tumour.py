@@ -318,3 +318,48 @@ def test_centralised_simulators_generate_the_tumours_endogenous_contexts(one_tor
         assert not np.allclose(res.context_values[:, 0, 1:], test.A[:, 3:6]), name
     naive, _ = train_centralised(SIMULATORS["naive"], cfg, epochs=1)
     assert naive.simulate(test, 3, 1, 0, start_t=2, horizon=2).contexts["generated"] == []
+
+
+def test_gamma_of_the_run_config_reaches_the_generator():
+    """``data.gamma`` (``fcd run --gamma``) is the confounding strength the tumour world is generated with: a federated
+    γ sweep runs through ``fcd run``; the default stays the generator's 2."""
+    from fcd_secure.cli.resolve import RunOptions, resolve_config
+    from fcd_secure.config import build_config
+    from fcd_secure.federation import learner
+
+    weak = build_config("tiny", {"data": {"dataset": "tumour", "gamma": 0.0}})
+    default = build_config("tiny", {"data": {"dataset": "tumour"}})
+    fd0, fd2 = learner.load_federated(weak), learner.load_federated(default)
+    assert fd0.oracle.cfg.gamma == 0.0 and fd0.description["oracle"]["gamma"] == 0.0
+    assert fd2.oracle.cfg.gamma == 2.0 and default.data.gamma is None
+    assert not np.array_equal(fd0.train[0].P, fd2.train[0].P)  # the logging policy changed, not just a label
+    assert learner.data_key(weak) != learner.data_key(default)  # no cached γ = 2 world answers a γ = 0 run
+    assert weak.training_hash() != default.training_hash()  # a γ = 2 checkpoint never resumes a γ = 0 run
+    opts = RunOptions(preset="tiny", dataset="tumour", gamma=3.5)
+    assert resolve_config(opts).data.gamma == 3.5
+    c0 = fd0.description["oracle"]["one_step_contrast_train"]
+    assert abs(c0["naive"] - c0["true"]) < abs(fd2.description["oracle"]["one_step_contrast_train"]["naive"]
+                                                - fd2.description["oracle"]["one_step_contrast_train"]["true"])
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--dataset", "tumour", "--gamma", "-1"], "gamma"),  # γ ≥ 0
+    (["--dataset", "dkt-synth", "--gamma", "2"], "gamma"),  # only the tumour world has a γ
+])
+def test_a_bad_gamma_is_exit_2_and_writes_nothing(tmp_path, args, field):
+    from typer.testing import CliRunner
+
+    from fcd_secure.cli.main import app
+
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["run", "--preset", "tiny", "--sites", "2", "--rounds", "1", "--out", str(out),
+                                   "--json", *args])
+    assert res.exit_code == 2, res.output
+    assert field in res.output and not out.exists()
+
+
+def test_a_dataset_read_from_files_or_an_unknown_option_refuses_generator_options():
+    with pytest.raises(DataError, match="gamma"):
+        load_federated("statics2011", preset="tiny", world={"gamma": 1.0})
+    with pytest.raises(DataError, match="no generator option 'beta'"):
+        load_federated("tumour", preset="tiny", world={"beta": 1.0})

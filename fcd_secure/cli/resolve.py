@@ -43,6 +43,7 @@ class RunOptions:
     dataset: str | None = None
     spec: tuple[Path, Path] | None = None
     data_dir: Path | None = None
+    gamma: float | None = None
     secure: bool | None = None
     sync: str | None = None
     eval_every: int | None = None
@@ -119,6 +120,8 @@ def resolve_config(opts: RunOptions) -> "RunConfig":
         data.update(dataset="spec", spec=str(opts.spec[0]), table=str(opts.spec[1]))
     if opts.data_dir is not None:
         data["data_dir"] = str(opts.data_dir)
+    if opts.gamma is not None:
+        data["gamma"] = opts.gamma
     if opts.secure is not None:
         fed["secure_aggregation"] = bool(opts.secure)
     if opts.sync is not None:

@@ -347,6 +347,7 @@ def register(app: typer.Typer) -> None:
         dataset: Optional[str] = typer.Option(None, "--dataset", help="dkt-synth (default) | tumour (oracles: truth beside estimates) | statics2011 | assistments2009 | diabetes130 | obd (OPE estimates, factual AUC)."),
         spec: Optional[tuple[Path, Path]] = typer.Option(None, "--spec", metavar="SPEC TABLE", help="Your own data: a dataset spec file and the table it describes (checked as `fcd data validate` does)."),
         data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Real datasets root (default $FCD_DATA_DIR, then ../shared/data of a source checkout)."),
+        gamma: Optional[float] = typer.Option(None, "--gamma", help="Tumour world only: confounding strength γ of the logging policy (data.gamma; default 2)."),
         secure: Optional[bool] = typer.Option(None, "--secure-aggregation/--no-secure-aggregation", help="Pairwise-masked secure aggregation of Θc (default: on) or plain FedAvg.", show_default=False),
         sync: Optional[str] = typer.Option(None, "--sync", help="dss (only Θc leaves a site; the paper's method) | full (every parameter; w/o-DSS ablation)."),
         eval_every: Optional[int] = typer.Option(None, "--eval-every", min=0, help="Cheap federated PEHE every N rounds (0: only at the end)."),
@@ -381,7 +382,7 @@ def register(app: typer.Typer) -> None:
 
         opts = RunOptions(
             preset=preset, config_file=config_file, resume=resume, rounds=rounds, sites=sites,
-            clients_per_round=clients_per_round, seed=seed, dataset=dataset, spec=spec, data_dir=data_dir,
+            clients_per_round=clients_per_round, seed=seed, dataset=dataset, spec=spec, data_dir=data_dir, gamma=gamma,
             secure=secure, sync=sync, eval_every=eval_every, state_dir=state_dir, out=out_dir,
             dp_epsilon=dp_epsilon, dp_delta=dp_delta, dp_clip=dp_clip, dp_ledger_dir=dp_ledger_dir,
             policies=policy, reference=reference,

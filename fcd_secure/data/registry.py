@@ -89,6 +89,7 @@ def load_federated(
     data_dir: str | Path | None = None,
     test_fraction: float = 0.2,
     standardize: bool = True,
+    world: Mapping[str, float] | None = None,
 ) -> FederatedData:
     """Sites of dataset ``name`` (one of :data:`DATASETS`) as train/test pairs, anchors and a description.
 
@@ -108,6 +109,8 @@ def load_federated(
             (``$FCD_DATA_DIR``, then ``../shared/data``). Not used by DKT-Synth.
         test_fraction: Share of each site's trajectories in its test set.
         standardize: ``False``: unscaled sites (statistics agreed under secure aggregation instead).
+        world: Options of a generated world beyond its preset (the tumour world's ``gamma``); a dataset read from
+            files, or an option its generator does not take, is a ``DataError``.
 
     Returns:
         The federated dataset.
@@ -115,7 +118,8 @@ def load_federated(
     Raises:
         DataError: Unknown dataset or preset, missing files, or a split that cannot be made (the message says which).
     """
-    return get_source(name).federated(n_sites, alpha, seed, preset, data_dir, test_fraction, standardize)
+    return get_source(name).federated(n_sites, alpha, seed, preset, data_dir, test_fraction, standardize,
+                                      world=world)
 
 
 def load_spec_federated(

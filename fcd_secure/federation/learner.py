@@ -57,12 +57,14 @@ def _load_federated_cached(key: str, cfg_json: str):
         data_dir=d.data_dir,  # None: the data layer's default (``$FCD_DATA_DIR``, then ../shared/data)
         test_fraction=d.test_fraction,
         standardize=d.standardize == "pooled",
+        world=d.world_options(),
     )
 
 
 def data_key(cfg: RunConfig) -> str:
     d = cfg.data
-    return repr((d.dataset, d.preset, d.n_sites, d.alpha, d.test_fraction, d.data_dir, d.spec, d.table, d.standardize, cfg.seed))
+    return repr((d.dataset, d.preset, d.n_sites, d.alpha, d.test_fraction, d.data_dir, d.spec, d.table, d.standardize, d.gamma,
+                 cfg.seed))
 
 
 def load_federated(cfg: RunConfig):

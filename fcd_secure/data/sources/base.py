@@ -83,10 +83,17 @@ class PooledSource:
 
     def federated(
         self, n_sites: int, alpha: float, seed: int, preset: str, data_dir: str | Path | None, test_fraction: float,
-        standardize: bool = True,
+        standardize: bool = True, world: Mapping[str, float] | None = None,
     ) -> FederatedData:
         """Load, subsample by ``preset``, draw a site per entity (Dirichlet(``alpha``)) and split into sites
-        (``standardize=False``: unscaled, see :func:`~fcd_secure.data.federated.split_into_sites`)."""
+        (``standardize=False``: unscaled, see :func:`~fcd_secure.data.federated.split_into_sites`).
+
+        Raises:
+            DataError: ``world`` options are given (data read from files has no generator to pass them to).
+        """
+        if world:
+            raise DataError(f"{self.name} is read from files: generator options {sorted(world)} do not apply",
+                            field=sorted(world)[0])
         _check_preset(self.name, preset, self.presets)
         pooled = self.subsample(self.load(data_dir), preset, seed)
         # the rule of partition.dirichlet_partition (one site per entity, chunks follow their entity), applied as
@@ -104,15 +111,18 @@ class GeneratedSource:
 
     Attributes:
         name: The name users pass (``--dataset``).
-        build: ``build(n_sites, alpha, seed, preset, test_fraction) -> FederatedData``.
+        build: ``build(n_sites, alpha, seed, preset, test_fraction, **world) -> FederatedData``.
         table_i: The dataset's row of paper Table I.
         presets: The preset names ``build`` accepts.
+        options: The keyword options of the generator ``build`` takes beyond its preset (e.g. the tumour world's
+            ``gamma``).
     """
 
     name: str
-    build: Callable[[int, float, int, str, float], FederatedData]
+    build: Callable[..., FederatedData]
     table_i: Mapping[str, int] | None = None
     presets: tuple[str, ...] = ()
+    options: tuple[str, ...] = ()
 
     def check(self, data_dir: str | Path | None = None) -> Path | None:
         """Nothing to check: a generated dataset reads no data folder (None)."""
@@ -129,12 +139,20 @@ class GeneratedSource:
 
     def federated(
         self, n_sites: int, alpha: float, seed: int, preset: str, data_dir: str | Path | None, test_fraction: float,
-        standardize: bool = True,
+        standardize: bool = True, world: Mapping[str, float] | None = None,
     ) -> FederatedData:
         """Generate the sites (``data_dir`` is not used; the generator's features are on their own scale, so
-        ``standardize`` changes nothing)."""
+        ``standardize`` changes nothing); ``world`` holds generator options beyond the preset.
+
+        Raises:
+            DataError: An option this generator does not take (the message names it), or a bad preset.
+        """
         _check_preset(self.name, preset, self.presets)
-        return self.build(n_sites, alpha, seed, preset, test_fraction)
+        unknown = sorted(set(world or {}) - set(self.options))
+        if unknown:
+            raise DataError(f"{self.name}: no generator option {unknown[0]!r} (it takes {list(self.options) or 'none'})",
+                            field=unknown[0])
+        return self.build(n_sites, alpha, seed, preset, test_fraction, **dict(world or {}))
 
 
 DatasetSource = PooledSource | GeneratedSource
