@@ -63,18 +63,22 @@ def _status(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def train(preset: str, seed: int, sites: int | None, rounds: int | None, level: float, dataset: str) -> Path:
-    """One federated run as ``fcd run`` makes it (its final evaluation asks the paper's four policies)."""
+def train(preset: str, seed: int, sites: int | None, rounds: int | None, level: float, dataset: str,
+          horizon: int | None = None, test_fraction: float | None = None) -> Path:
+    """One federated run as ``fcd run`` makes it (its final evaluation asks the paper's four policies, over the
+    first ``horizon`` steps when given)."""
     from fcd_secure.config import build_config
     from fcd_secure.federation.simulation import run_simulated
 
     over: dict[str, Any] = {"seed": seed, "data": {"dataset": dataset}, "federation": {"eval_every": 0},
-                            "evaluation": {"level": level}}
+                            "evaluation": {"level": level, "horizon": horizon}}
     if sites:
         over["data"]["n_sites"] = sites
         over["federation"]["clients_per_round"] = max(1, sites // 2)
     if rounds:
         over["federation"]["rounds"] = rounds
+    if test_fraction:
+        over["data"]["test_fraction"] = test_fraction
     cfg = build_config(preset, over).model_copy(update={"out": tempfile.mkdtemp(prefix="fcd-intervals-")})
     _status(f"seed {seed}: training ({cfg.data.n_sites} sites, {cfg.federation.rounds} rounds, preset {preset})")
     run_simulated(cfg)
@@ -111,16 +115,29 @@ def score(run: Path, sizes: list[int], resamples: int) -> dict[str, Any]:
         r = d["rectified"]
         checks.append({"quantity": f"rectified[{name}]", "covered": r["low"] <= d["value_true"] <= r["high"],
                        "estimate": r["estimate"], "truth": d["value_true"]})
+        if "doubly_robust" in d:
+            r = d["doubly_robust"]
+            checks.append({"quantity": f"dr-value[{name}]", "covered": r["low"] <= d["value_true"] <= r["high"],
+                           "estimate": r["estimate"], "truth": d["value_true"], "support": r["support"]})
         if "effect" in d:
             e = d["effect"]
             checks.append({"quantity": f"effect[{name} - {ref}]", "covered": e["low"] <= e["true"] <= e["high"],
                            "estimate": e["estimate"], "truth": e["true"]})
+            if "doubly_robust" in e:
+                r = e["doubly_robust"]
+                checks.append({"quantity": f"dr-effect[{name} - {ref}]", "covered": r["low"] <= e["true"] <= r["high"],
+                               "estimate": r["estimate"], "truth": e["true"]})
 
     # resamples: per-entity model values (from the sites' own files) and per-entity truth
     model_v: dict[str, list[np.ndarray]] = {n: [] for n in pols}
     true_v: dict[str, list[np.ndarray]] = {n: [] for n in pols}
+    dr_v: dict[str, list[np.ndarray]] = {n: [] for n in pols}
     residual: list[np.ndarray] = []
     state = run / "state"
+    missing = [s for s in range(cfg.data.n_sites) if not (state / f"site-{s:02d}" / "whatif" / f"{query}.csv").exists()]
+    if missing:  # a site declined the evaluation (test split below its cohort floor): no truth for the whole run
+        raise SystemExit(f"{run}: sites {missing} wrote no per-entity file (declined under their cohort rules?); "
+                         f"use fewer sites or a larger --test-fraction")
     for s in range(cfg.data.n_sites):
         df = pd.read_csv(state / f"site-{s:02d}" / "whatif" / f"{query}.csv")
         ent = df["entity"].to_numpy()
@@ -128,12 +145,19 @@ def score(run: Path, sizes: list[int], resamples: int) -> dict[str, Any]:
         for n, p in pols.items():
             model_v[n].append(df[f"value[{n}]"].to_numpy())
             true_v[n].append(truth_of(fd, p, s, ent, request.horizon))
+            if f"dr[{n}]" in df:
+                dr_v[n].append(df[f"dr[{n}]"].to_numpy())
     mv = {n: np.concatenate(v) for n, v in model_v.items()}
     tv = {n: np.concatenate(v) for n, v in true_v.items()}
     res_v = np.concatenate(residual)
     quantities = {f"value[{n}]": (mv[n], tv[n]) for n in pols}
     quantities.update({f"rectified[{n}]": (mv[n] - res_v, tv[n]) for n in pols})
     quantities.update({f"effect[{n} - {ref}]": (mv[n] - mv[ref], tv[n] - tv[ref]) for n in pols if n != ref})
+    dv = {n: np.concatenate(v) for n, v in dr_v.items() if len(v) == cfg.data.n_sites}
+    if len(dv) == len(pols):
+        quantities.update({f"dr-value[{n}]": (dv[n], tv[n]) for n in pols})
+        quantities.update({f"dr-effect[{n} - {ref}]": (dv[n] - dv[ref], tv[n] - tv[ref]) for n in pols if n != ref})
+    dr_support = {n: d["doubly_robust"]["support"] for n, d in summary["policies"].items() if "doubly_robust" in d}
     N = len(mv[ref])
     rng = np.random.default_rng(seed)
     counts: dict[tuple[str, int], dict[str, int]] = {}
@@ -152,7 +176,7 @@ def score(run: Path, sizes: list[int], resamples: int) -> dict[str, Any]:
                   "bias": float(quantities[q][0].mean() - quantities[q][1].mean())}
                  for (q, m), c in counts.items()]
     return {"seed": seed, "dataset": cfg.data.dataset, "n_test": N, "pehe": summary.get("pehe"), "run": checks,
-            "resamples": resampled}
+            "resamples": resampled, "dr_support": dr_support, "horizon": request.horizon}
 
 
 def main() -> None:
@@ -163,10 +187,16 @@ def main() -> None:
     ap.add_argument("--sites", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--level", type=float, default=0.9)
+    ap.add_argument("--test-fraction", type=float, default=None,
+                    help="share of each site's entities held out (data.test_fraction; --quick: 0.4, so that every "
+                    "site's test split is above the cohort floor of 20)")
+    ap.add_argument("--horizon", type=int, default=None,
+                    help="values over the first H steps (evaluation.horizon; default: whole trajectories)")
     ap.add_argument("--from-run", type=Path, nargs="+", default=None, help="score these finished run folders instead")
     ap.add_argument("--sizes", type=int, nargs="+", default=[25, 100])
     ap.add_argument("--resamples", type=int, default=200)
-    ap.add_argument("--quick", action="store_true", help="tiny preset, 2 seeds, 3 sites, 2 rounds, 100 resamples")
+    ap.add_argument("--quick", action="store_true",
+                    help="tiny preset, 2 seeds, 3 sites, 2 rounds, test fraction 0.4, 100 resamples")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -175,7 +205,9 @@ def main() -> None:
     torch.set_num_threads(1)
     if args.quick:
         args.preset, args.seeds, args.sites, args.rounds, args.resamples = "tiny", 2, 3, 2, 100
-    runs = args.from_run or [train(args.preset, s, args.sites, args.rounds, args.level, args.dataset)
+        args.test_fraction = args.test_fraction or 0.4
+    runs = args.from_run or [train(args.preset, s, args.sites, args.rounds, args.level, args.dataset, args.horizon,
+                                   args.test_fraction)
                              for s in range(args.seeds)]
     results = [score(r, args.sizes, args.resamples) for r in runs]
     run_checks = [c for r in results for c in r["run"]]
@@ -188,7 +220,7 @@ def main() -> None:
               "coverage of model mean": float(np.mean([x["model"] for x in rows])),
               "model − truth": float(np.mean([x["bias"] for x in rows]))}
              for (q, m), rows in sorted(agg.items(), key=lambda kv: (kv[0][1], kv[0][0]))]
-    kinds = ("value", "rectified", "effect")
+    kinds = ("value", "rectified", "dr-value", "effect", "dr-effect")
     by_m: dict[int, dict[str, dict[str, float]]] = {}
     for m in sorted({k[1] for k in agg}):
         for kind in kinds:
@@ -201,6 +233,7 @@ def main() -> None:
     datasets = ", ".join(sorted({r["dataset"] for r in results}))
     machine = (f"{platform.node()} · {os.cpu_count()} CPUs · load {os.getloadavg()[0]:.1f} · {datasets} · "
                + (f"{len(runs)} finished runs" if args.from_run else f"preset {args.preset} · {args.seeds} seeds")
+               + f" · horizon {', '.join(sorted({str(r['horizon'] or 'whole') for r in results}))}"
                + f" · nominal {args.level:.0%}")
     out = {"machine": machine, "params": vars(args),
            "run_coverage_of_truth": float(np.mean([c["covered"] for c in run_checks])) if run_checks else None,
@@ -228,7 +261,9 @@ def main() -> None:
     for kind, cov in run_by_kind.items():
         con.print(f"whole test sets (the server's intervals), {kind}: coverage of the truth {cov:.1%}")
     for r in results:
-        con.print(f"  seed {r['seed']}: {r['n_test']} test entities, PEHE {r['pehe']:.3f}")
+        sup = ", ".join(f"{n} {v:.0%}" for n, v in r["dr_support"].items())
+        con.print(f"  seed {r['seed']}: {r['n_test']} test entities, PEHE {r['pehe']:.3f}, horizon "
+                  f"{r['horizon'] or 'whole trajectories'}; steps with logged support (DR): {sup or 'n/a'}")
 
 
 if __name__ == "__main__":

@@ -83,7 +83,13 @@ def test_whatif_answers_label_policies_with_intervals_and_truth(asked):
         # the rectified value: the simulated one minus the factual residual (the model's error on logged actions)
         assert d["rectified"]["estimate"] == pytest.approx(d["value_sim"] - res["factual_residual"]["estimate"])
         assert d["rectified"]["low"] <= d["rectified"]["estimate"] <= d["rectified"]["high"]
+        # the doubly robust value (DKT-Synth logs propensities): an interval, and the share of supported steps
+        dr = d["doubly_robust"]
+        assert dr["low"] <= dr["estimate"] <= dr["high"] and 0.0 <= dr["support"] < 1.0
+        assert "value" in d["dr"]  # the per-decision DR point estimate of the OPE sums stays beside it
     eff = pols["item3_then_off"]["effect"]
+    assert eff["doubly_robust"]["estimate"] == pytest.approx(
+        pols["item3_then_off"]["doubly_robust"]["estimate"] - pols["never"]["doubly_robust"]["estimate"])
     assert eff["reference"] == "never" and eff["low"] <= eff["estimate"] <= eff["high"]
     assert eff["estimate"] == pytest.approx(pols["item3_then_off"]["value_sim"] - pols["never"]["value_sim"], abs=1e-9)
     assert eff["true"] == pytest.approx(pols["item3_then_off"]["value_true"] - pols["never"]["value_true"])
@@ -109,7 +115,8 @@ def test_per_entity_effects_stay_on_their_site_and_never_reach_the_server_ledger
         df = pd.read_csv(f)
         n_rows += len(df)
         assert list(df.columns) == ["entity", "value[never]", "value[always]", "value[item3_then_off]",
-                                    "effect[always - never]", "effect[item3_then_off - never]", "factual_residual"]
+                                    "effect[always - never]", "effect[item3_then_off - never]", "factual_residual",
+                                    "dr[never]", "dr[always]", "dr[item3_then_off]"]
         # no per-entity value, under any rounding the server side could have printed, and no per-entity key
         for v in df.drop(columns="entity").to_numpy().ravel():
             for text in {f"{v:.6f}", repr(float(v))}:
@@ -122,8 +129,10 @@ def test_per_entity_effects_stay_on_their_site_and_never_reach_the_server_ledger
     # what the sites sent for the question: sums whose count does not grow with the entities
     whatif_keys = {k for k in keys if ".whatif." in k or "/whatif." in k}
     assert whatif_keys and all(
-        re.fullmatch(r"eval/whatif\.((value|diff|rectified)\.[A-Za-z0-9_-]+|residual)\.(n|sum|sumsq|mc_var)", k)
+        re.fullmatch(r"eval/whatif\.((value|diff|rectified|dr|drdiff)\.[A-Za-z0-9_-]+|residual)\.(n|sum|sumsq|mc_var)", k)
+        or re.fullmatch(r"eval/whatif\.dr\.[A-Za-z0-9_-]+\.support", k)  # Σ_i of a share of steps: one more sum
         for k in whatif_keys), sorted(whatif_keys)
+    assert any(".drdiff." in k for k in whatif_keys)  # the doubly robust contrasts went as sums too
 
 
 def test_audit_evidence_still_verifies_after_the_question(asked):

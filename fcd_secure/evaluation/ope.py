@@ -310,6 +310,39 @@ class OPEEstimator:
             n_cons, finite = p.n, bool(np.isfinite(terms).all())
         return _finish(self.name, p.n, float(terms.sum()), sum_w, sum_w2, n_cons, self.min_ess, finite)
 
+    def per_entity(
+        self,
+        rewards: object,
+        mask: object,
+        mu: object | None = None,
+        pi: object | None = None,
+        q_hat: object | None = None,
+        v_hat: object | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Each trajectory's term of the estimate (``sum_value`` is their sum; arrays as in :meth:`estimate`), and
+        each trajectory's share of valid steps within the horizon that still have support (w_{0:t} > 0; 1 for DM).
+
+        The terms stay on the site: their sums (n, Σx, Σx²) give an interval through
+        :mod:`fcd_secure.evaluation.intervals`. Self-normalised estimators have no per-trajectory form.
+
+        Raises:
+            ValueError: a self-normalised estimator, a missing input, or an input of the wrong shape or range.
+        """
+        if self.self_normalised:
+            raise ValueError(f"{self.name} is self-normalised: its trajectories have no additive terms")
+        given = {"mu": mu, "pi": pi, "q_hat": q_hat, "v_hat": v_hat}
+        missing = [k for k in self.needs if given[k] is None]
+        if missing:
+            raise ValueError(f"{self.name} needs {', '.join(missing)}")
+        p = _prepare(rewards, mask, *(given[k] if k in self.needs else None for k in ("mu", "pi", "q_hat", "v_hat")),
+                     self.horizon, self.discount, self.normalise)
+        valid = p.gm > 0
+        if p.w_cum is None:
+            support = np.ones(p.n)
+        else:
+            support = (valid & (p.w_cum > 0)).sum(axis=1) / valid.sum(axis=1)
+        return self._terms(p), support
+
     def _terms(self, p: _Prepared) -> np.ndarray:  # pragma: no cover - abstract
         raise NotImplementedError
 

@@ -22,6 +22,16 @@ On each site (:func:`site_policy_sums`), for every policy π (bound to the site'
   interval also covers the model's bias *if* that bias is the same under π as under the logged actions (an
   assumption, not a fact: importance weights would remove it, but deterministic policies rarely have logged support,
   see the OPE estimates). In a contrast the rectifier cancels, so effects have no rectified form;
+* the **doubly robust value** (where the site has logged propensities): per entity, the per-decision DR term of
+  Jiang & Li (2016, "Doubly robust off-policy value evaluation for reinforcement learning", ICML) with the model's
+  per-step outcomes under π as the control variate, DR_i = c_i [Σ_t v̂_it + Σ_t w_{i,0:t} (y_it − v̂_it)]: the
+  model's value plus its importance-weighted error on the logged steps that π could have taken — prediction-powered
+  inference with importance weights, unbiased for the true value whatever the model's bias as long as the logged
+  propensities are right. ``whatif.dr.<π>.*`` (with ``support``: Σ_i the share of entity i's steps still consistent
+  with π) and ``whatif.drdiff.<π>.*`` (DR_i(π) − DR_i(ref)) are their sums. Where no logged step follows π the
+  weights are zero and DR_i is the model's value again: the interval is then honest only on the supported steps,
+  which ``support`` reports (deterministic policies lose support within a few steps on DKT-Synth and the tumour
+  world, so short horizons are where this interval covers the truth);
 * the per-entity values and contrasts are written to ``<site state>/whatif/<query id>.csv`` on the site's own disk
   (with the request beside it) and nowhere else: in deployment they never leave the site.
 
@@ -202,6 +212,8 @@ def site_policy_sums(
     observed = (sub.Y[:, :H] * sub.M[:, :H]).sum(1) / np.maximum(sub.M[:, :H].sum(1), 1.0)
     residual = _per_sample_values(replay).mean(1) - observed
     out.update(site_sums("whatif.residual", residual))
+    drs: dict[str, np.ndarray] = {}
+    supports: dict[str, np.ndarray] = {}
     for raw in request.policies:
         pol = bind_policy(raw, sub)
         sim = simulate_policy(model, sub, pol, data.anchors, n_samples, seed, horizon=request.horizon)
@@ -212,6 +224,8 @@ def site_policy_sums(
         mc = per.var(1, ddof=1) / per.shape[1] if per.shape[1] > 1 else None
         out.update(site_sums(f"whatif.value.{pol.name}", v, mc))
         out.update(site_sums(f"whatif.rectified.{pol.name}", v - residual))
+        if sub.P is not None:
+            drs[pol.name], supports[pol.name] = _dr_per_entity(pol, sub, sim, a_off, a_on)
         out[f"policy.{pol.name}.n"] = n
         out[f"policy.{pol.name}.sim_sum"] = float(v.sum())  # = sim.value · n, in float64 like the interval's sums
         if oracle is not None and all_rows:
@@ -219,15 +233,46 @@ def site_policy_sums(
             out[f"policy.{pol.name}.true_sum"] = float(v_true) * n
         if sub.P is not None and request.horizon is None:
             out.update(_ope_sums(pol, sub, sim, cfg, a_off, a_on))
+    if not all(np.isfinite(d).all() for d in drs.values()):
+        drs, supports = {}, {}  # weights past float64 (tiny propensities over many steps): no DR for any policy
+    for name, d in drs.items():
+        out.update(site_sums(f"whatif.dr.{name}", d))
+        out[f"whatif.dr.{name}.support"] = float(supports[name].sum())
     ref = values[request.reference]
     for name, v in values.items():
         if name != request.reference:
             out.update(site_sums(f"whatif.diff.{name}", v - ref))
+            if name in drs:
+                out.update(site_sums(f"whatif.drdiff.{name}", drs[name] - drs[request.reference]))
     out["contexts.generated"] = float(len(contexts.get("generated", [])))
     out["contexts.replayed"] = float(len(contexts.get("replayed", [])))
     if site_dir is not None:
-        _write_per_entity(Path(site_dir), request, sub, values, residual, contexts)
+        _write_per_entity(Path(site_dir), request, sub, values, residual, contexts, drs)
     return out
+
+
+def _target_probs(pol: Policy, sub: SiteDataset, a_off: int, a_on: int) -> np.ndarray:
+    """π(logged a_t | logged history) at every step of the site's rows, ``[n, L]``."""
+    lengths = sub.lengths
+    ctx = (lambda t: {"context": sub.A[:, : t + 1]}) if pol.needs_context else (lambda t: {})
+    return np.stack([pol.prob(t, sub.Y[:, :t], lengths, a_off, a_on, sub.T[:, t], **ctx(t)) for t in range(sub.L)],
+                    axis=1)
+
+
+def _dr_per_entity(pol: Policy, sub: SiteDataset, sim, a_off: int, a_on: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each entity's doubly robust value of ``pol`` over the simulated window and its share of supported steps
+    (module docstring); computed on the site from its own propensities, which never leave it."""
+    from fcd_secure.evaluation.ope import PerDecisionDR  # noqa: PLC0415
+
+    step_v = np.asarray(sim.probs, dtype=np.float64).mean(1)  # [n, H] the model's expected outcome under π
+    H = min(step_v.shape[1], sub.L)
+    v_hat = np.zeros((sub.n, sub.L))
+    # return-to-go from t = 0's do-simulation: with Q̂ = V̂ the DR term is c_i [V̂_0 + Σ_t w_{0:t} (y_t − v̂_t)]
+    v_hat[:, :H] = np.cumsum((step_v[:, :H] * sub.M[:, :H])[:, ::-1], axis=1)[:, ::-1]
+    pi = _target_probs(pol, sub, a_off, a_on)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # overflowing weights give non-finite terms: the caller then sends no DR
+        return PerDecisionDR(horizon=H).per_entity(sub.Y, sub.M, sub.P, pi, q_hat=v_hat, v_hat=v_hat)
 
 
 def _ope_sums(pol: Policy, sub: SiteDataset, sim, cfg: "RunConfig", a_off: int, a_on: int) -> dict[str, float]:
@@ -235,9 +280,7 @@ def _ope_sums(pol: Policy, sub: SiteDataset, sim, cfg: "RunConfig", a_off: int, 
     from fcd_secure.evaluation.ope import IPW, SNIPW, PerDecisionDR, estimate_on_site  # noqa: PLC0415
 
     out: dict[str, float] = {}
-    lengths = sub.lengths
-    ctx = (lambda t: {"context": sub.A[:, : t + 1]}) if pol.needs_context else (lambda t: {})
-    pi = np.stack([pol.prob(t, sub.Y[:, :t], lengths, a_off, a_on, sub.T[:, t], **ctx(t)) for t in range(sub.L)], axis=1)
+    pi = _target_probs(pol, sub, a_off, a_on)
     step_v = np.asarray(sim.probs, dtype=np.float64).mean(1)  # [n, H] expected outcome under π
     H = min(step_v.shape[1], sub.L)
     contrib = step_v[:, :H] * sub.M[:, :H]
@@ -262,9 +305,10 @@ def _ope_sums(pol: Policy, sub: SiteDataset, sim, cfg: "RunConfig", a_off: int, 
 
 
 def _write_per_entity(site_dir: Path, request: WhatIfRequest, sub: SiteDataset, values: dict[str, np.ndarray],
-                      residual: np.ndarray, contexts: dict[str, list[str]]) -> Path:
-    """``<site_dir>/whatif/<query id>.csv``: one row per entity, its value under each policy, each contrast and the
-    factual residual (the model's value of the logged actions minus the observed one)."""
+                      residual: np.ndarray, contexts: dict[str, list[str]], drs: dict[str, np.ndarray]) -> Path:
+    """``<site_dir>/whatif/<query id>.csv``: one row per entity, its value under each policy, each contrast, the
+    factual residual (the model's value of the logged actions minus the observed one) and, with logged
+    propensities, each policy's doubly robust value."""
     import pandas as pd  # noqa: PLC0415
 
     folder = site_dir / WHATIF_DIR
@@ -277,6 +321,8 @@ def _write_per_entity(site_dir: Path, request: WhatIfRequest, sub: SiteDataset, 
         if name != request.reference:
             cols[f"effect[{name} - {request.reference}]"] = v - ref
     cols["factual_residual"] = residual
+    for name, d in drs.items():
+        cols[f"dr[{name}]"] = d
     path = folder / f"{request.query_id}.csv"
     atomic_write_text(path, pd.DataFrame(cols).to_csv(index=False, float_format="%.6f"))
     meta = {"request": json.loads(request.to_json()), "rows": sub.n, "contexts": contexts}
@@ -293,9 +339,11 @@ def merge_policy_sums(s: dict[str, Any], sites: int, request: WhatIfRequest | No
     Returns:
         ``{"policies": {name: {...}}, "whatif": {...}, "anchors": {...}, "contexts": {...}}`` (empty when no site
         sent policy sums). Each policy has ``value_sim``, ``value_true`` / ``value_error`` (oracle), its OPE
-        estimates, ``interval`` (``fcd_secure.evaluation.intervals.Interval`` as a dict), ``rectified`` (the
-        factually rectified value and interval) and, unless it is the reference, ``effect`` (the contrast to the
-        reference with its interval and, with an oracle, its truth). ``factual_residual`` is the mean of
+        estimates (``ipw``, ``snipw``, ``dr``: point estimates), ``interval`` (``fcd_secure.evaluation.intervals
+        .Interval`` as a dict), ``rectified`` (the factually rectified value and interval), ``doubly_robust`` (the
+        per-entity doubly robust value and its interval, with ``support``, where sites log propensities) and, unless
+        it is the reference, ``effect`` (the contrast to the reference with its interval, its doubly robust form
+        under ``doubly_robust`` and, with an oracle, its truth). ``factual_residual`` is the mean of
         v̂(logged actions) − observed with its interval: how far the simulator is off where the truth is observed.
     """
     from fcd_secure.evaluation.intervals import interval_from_sums  # noqa: PLC0415
@@ -319,8 +367,15 @@ def merge_policy_sums(s: dict[str, Any], sites: int, request: WhatIfRequest | No
             d["interval"] = interval_from_sums(s, f"whatif.value.{name}", level).to_dict()
         if f"whatif.rectified.{name}.n" in s:
             d["rectified"] = interval_from_sums(s, f"whatif.rectified.{name}", level).to_dict()
+        # doubly robust only when every site sent it (one without propensities would leave a partial population)
+        dr_all = counts.get(f"whatif.dr.{name}.n", sites) == sites
+        if f"whatif.dr.{name}.n" in s and dr_all:
+            d["doubly_robust"] = {**interval_from_sums(s, f"whatif.dr.{name}", level).to_dict(),
+                                  "support": s[f"whatif.dr.{name}.support"] / s[f"whatif.dr.{name}.n"]}
         if f"whatif.diff.{name}.n" in s and request is not None:
             d["effect"] = {"reference": request.reference, **interval_from_sums(s, f"whatif.diff.{name}", level).to_dict()}
+            if f"whatif.drdiff.{name}.n" in s and dr_all:
+                d["effect"]["doubly_robust"] = interval_from_sums(s, f"whatif.drdiff.{name}", level).to_dict()
         ests = sorted({k.split(".")[2] for k in s if k.startswith(f"ope.{name}.")}, key=lambda e: (len(e), e))
         for est in ests:  # ipw, snipw, dr, then their truncated-horizon forms (ipw_h2, ...)
             key = f"ope.{name}.{est}"
@@ -375,7 +430,8 @@ def whatif_metric_names(policy_names: list[str] | tuple[str, ...]) -> list[str]:
     names = list(WHATIF_SCALARS)
     for p in policy_names:
         names += [f"whatif.value.{p}.{f}" for f in ("n", "sum", "sumsq", "mc_var")]
-        names += [f"whatif.{kind}.{p}.{f}" for kind in ("rectified", "diff") for f in ("n", "sum", "sumsq")]
+        names += [f"whatif.{kind}.{p}.{f}" for kind in ("rectified", "diff", "drdiff") for f in ("n", "sum", "sumsq")]
+        names += [f"whatif.dr.{p}.{f}" for f in ("n", "sum", "sumsq", "support")]
     return names
 
 
