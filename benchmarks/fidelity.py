@@ -12,6 +12,8 @@ site's Θs), so they are the effects the PEHE was computed from.
     .venv/bin/python benchmarks/fidelity.py --seeds 0 --rounds 10     # what fits a shared 2-core machine
     .venv/bin/python benchmarks/fidelity.py --quick                   # tiny preset, seconds: checks the script
     .venv/bin/python benchmarks/fidelity.py --recipe paper            # the paper's recipe as the main row
+    nice -n 5 .venv/bin/python benchmarks/fidelity.py --rows centralised --epochs 10 --seeds 0 --no-tiny \
+        --no-ceiling                                                  # the centralised overshoot of docs/fidelity.md §3
 
 Rows: ``ours`` (the default recipe, DSS, secure aggregation), ``paper`` (the paper's recipe, DSS, secure aggregation;
 only when the default recipe differs from it), ``centralised`` (the default recipe on the pooled data), ``naive``
@@ -121,7 +123,7 @@ def federated_sims(cfg, result) -> list:
     return sims
 
 
-def run_row(base, row: str, seed: int, out: Path) -> dict[str, Any]:
+def run_row(base, row: str, seed: int, out: Path, epochs: int = 0) -> dict[str, Any]:
     from fcd_secure.experiments.ablation import variant_config
     from fcd_secure.experiments.centralised import matched_epochs, train_centralised
     from fcd_secure.federation.simulation import run_simulated
@@ -130,9 +132,10 @@ def run_row(base, row: str, seed: int, out: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     if row in ("centralised", "naive"):
         cfg = base.model_copy(update={"seed": seed})
-        sim, _ = train_centralised(SIMULATORS["fed_causaldiff" if row == "centralised" else "naive"], cfg,
-                                   matched_epochs(cfg))
+        n_epochs = epochs or matched_epochs(cfg)
+        sim, _ = train_centralised(SIMULATORS["fed_causaldiff" if row == "centralised" else "naive"], cfg, n_epochs)
         res = score(cfg, [sim] * cfg.data.n_sites)
+        res["epochs"] = n_epochs
     else:
         if row in ("full_sync", "no_ldis"):
             cfg = variant_config(base, row, seed, out)
@@ -151,11 +154,12 @@ def run_row(base, row: str, seed: int, out: Path) -> dict[str, Any]:
     return res
 
 
-def run_row_isolated(preset: str, rounds: int, recipe: str, row: str, seed: int, out: Path) -> dict[str, Any]:
+def run_row_isolated(preset: str, rounds: int, recipe: str, row: str, seed: int, out: Path,
+                     epochs: int = 0) -> dict[str, Any]:
     """:func:`run_row` in a fresh interpreter: Flower's simulation engine starts once per process (a second
     ``run_simulation`` in one process does not get its sites through hello). ``recipe`` is 'default', 'paper' or
-    a JSON object of ModelConfig keys (a candidate recipe)."""
-    cmd = [sys.executable, __file__, "--one", json.dumps([preset, rounds, recipe, row, seed, str(out)])]
+    a JSON object of ModelConfig keys (a candidate recipe); ``epochs`` > 0 trains the centralised rows that long."""
+    cmd = [sys.executable, __file__, "--one", json.dumps([preset, rounds, recipe, row, seed, str(out), epochs])]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"row {row} seed {seed} ({preset}) failed with exit {proc.returncode}")
@@ -237,15 +241,19 @@ def main(
     recipe: str = typer.Option("default", "--recipe", help="'default' (the shipped ModelConfig), 'paper', or a JSON "
                                "object of model keys for the main rows, e.g. '{\"transition_given_y\": true}'."),
     jobs: int = typer.Option(1, "--jobs", min=1, help="Rows run at once (each in its own process)."),
+    epochs: int = typer.Option(0, "--epochs", min=0, help="Epochs of the centralised and naive rows (0: matched to "
+                               "the federated rounds, experiments.centralised.matched_epochs)."),
     tiny: bool = typer.Option(True, "--tiny/--no-tiny", help="Also run ours vs naive on the tiny preset."),
     ceiling: bool = typer.Option(True, "--ceiling/--no-ceiling", help="Also fit the information ceiling (seed 0)."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout; progress on stderr."),
-    one: str = typer.Option("", "--one", hidden=True, help="PRESET:ROUNDS:RECIPE:ROW:SEED:OUT — one row, JSON out."),
+    one: str = typer.Option("", "--one", hidden=True, help="[PRESET, ROUNDS, RECIPE, ROW, SEED, OUT, EPOCHS] — one "
+                            "row, JSON out."),
 ) -> None:
     torch.set_num_threads(1)
     if one:
-        p, r, rec, row, sd, o = json.loads(one)
-        print(json.dumps(run_row(base_config(p, int(r), rec), row, int(sd), Path(o)), default=float))
+        p, r, rec, row, sd, o, *ep = json.loads(one)
+        print(json.dumps(run_row(base_config(p, int(r), rec), row, int(sd), Path(o), int(ep[0]) if ep else 0),
+                         default=float))
         return
     preset = "tiny" if quick else "default"
     base = base_config(preset, rounds, recipe)
@@ -258,7 +266,8 @@ def main(
     if tiny and not quick:
         tasks += [("tiny", 0, row, seed) for seed in seed_list for row in ("ours", "naive")]
     with tempfile.TemporaryDirectory(prefix="fcd-fidelity-") as tmp, ThreadPoolExecutor(jobs) as pool:
-        futures = [pool.submit(run_row_isolated, p, r, recipe, row, seed, Path(tmp)) for p, r, row, seed in tasks]
+        futures = [pool.submit(run_row_isolated, p, r, recipe, row, seed, Path(tmp), epochs if p == preset else 0)
+                   for p, r, row, seed in tasks]
         done = [{"preset": p, **f.result()} for (p, _, _, _), f in zip(tasks, futures)]
     results = [r for r in done if r["preset"] == preset]
     tiny_rows = [r for r in done if r["preset"] == "tiny" and preset != "tiny"]
@@ -266,7 +275,7 @@ def main(
     params = {"preset": preset, "seeds": seed_list, "rounds": base.federation.rounds, "rows": wanted, "recipe": recipe,
               "model": {k: getattr(base.model, k) for k in (*PAPER_RECIPE, "ipw_clip", "ipw_window", "sampler",
                                                              "sampler_steps")},
-              "minutes": (time.perf_counter() - t_start) / 60}
+              "centralised_epochs": epochs or "matched", "minutes": (time.perf_counter() - t_start) / 60}
     if as_json:
         print(json.dumps({"machine": machine(), "params": params, "results": results, "tiny": tiny_rows,
                           "ceiling": ceil}, default=str))
@@ -292,7 +301,7 @@ def main(
     for group in (results, tiny_rows):
         for row in dict.fromkeys(r["row"] for r in group):
             rs = [r for r in group if r["row"] == row]
-            label = f"{row} ({rs[0]['preset']})"
+            label = f"{row} ({rs[0]['preset']}" + (f", {rs[0]['epochs']} ep.)" if "epochs" in rs[0] else ")")
             t.add_row(label, *[agg(rs, m) for m in metrics], f"{np.mean([r['seconds'] for r in rs]):.0f}")
     out.print(t)
 
