@@ -37,9 +37,12 @@ def whatif_table(result: dict, title: str = "What happens under each policy") ->
     level = (result.get("whatif") or {}).get("level", 0.9)
     ref = (result.get("whatif") or {}).get("reference")
     has_truth = any(d.get("value_true") is not None for d in pols.values())
-    t = Table(title=title, show_header=True, header_style="bold",
-              caption=f"effect = value − value of {ref}; {level:.0%} intervals over entities (normal)"
-              if ref else None)
+    caption = f"effect = value − value of {ref}; {level:.0%} intervals over entities (normal)" if ref else None
+    support = [d["doubly_robust"]["support"] for d in pols.values() if d.get("doubly_robust")]
+    if caption and support:  # docs/whatif.md: only supported steps give a DR interval that covers the truth
+        caption += (f"; they omit the simulator's own error, which the doubly robust intervals (--json) cover "
+                    f"on the {min(support):.0%}–{max(support):.0%} of steps the logged data supports")
+    t = Table(title=title, show_header=True, header_style="bold", caption=caption)
     t.add_column("policy", overflow="fold")
     t.add_column("value", justify="right")
     t.add_column(f"{level:.0%} CI", justify="right")
