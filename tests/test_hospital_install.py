@@ -281,3 +281,40 @@ def test_preflight_red(case, tmp_path, monkeypatch):
     assert words in checks[name]["message"], checks[name]
     others = {n for n, ch in checks.items() if ch["status"] == "fail"} - {name}
     assert others == set(), checks  # exactly the broken thing is red
+
+
+def test_control_api_answers_only_the_coordinator_host():
+    """``fcd server start``'s SuperLink: the Control and Runtime API paths are refused (403) from other client
+    addresses before Flower sees the request; the Fleet API and health are passed through (the running SuperLink
+    is checked in ``test_hospital_deployment.py``)."""
+    import asyncio
+
+    from fcd_secure.federation.provisioning.superlink_main import CoordinatorOnly, split_args
+
+    seen = []
+
+    async def flower(scope, receive, send):
+        seen.append(scope["path"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    def status(path: str, client: str | None) -> int:
+        sent = []
+
+        async def send(event):
+            sent.append(event)
+
+        scope = {"type": "http", "path": path, "client": (client, 40000) if client else None}
+        asyncio.run(CoordinatorOnly(flower, ["127.0.0.1"])(scope, None, send))
+        return sent[0]["status"]
+
+    assert status("/v1/control/start-run", "10.0.0.7") == 403
+    assert status("/v1/runtime/acquire-task", "127.0.0.2") == 403
+    assert status("/v1/control/start-run", None) == 403
+    assert seen == []
+    assert status("/v1/control/start-run", "127.0.0.1") == 200
+    assert status("/v1/fleet/pull-messages", "10.0.0.7") == 200
+    assert status("/health", "10.0.0.7") == 200
+    assert split_args(["--port", "1"]) == (["127.0.0.1"], ["--port", "1"])
+    assert split_args(["--control-api-address", "10.0.0.1", "--host", "h", "--control-api-address=10.0.0.2"]) == (
+        ["10.0.0.1", "10.0.0.2"], ["--host", "h"])

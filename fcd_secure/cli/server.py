@@ -31,7 +31,8 @@ def start(
     home: Path = _HOME,
     control_api_address: str = typer.Option(
         "127.0.0.1", "--control-api-address",
-        help="The coordinator host's IP: the only client the Control API answers (it shares the sites' port).",
+        help="The coordinator host's IP: with the SuperLink's own address, the only client the Control API answers "
+        "(it shares the sites' port).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope."),
 ) -> None:

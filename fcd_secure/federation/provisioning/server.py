@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -69,8 +70,10 @@ def start_server(co: Coordinator, wait_s: float = 60.0, control_api_address: str
     Args:
         co: the coordinator.
         wait_s: how long to wait for the SuperLink's port.
-        control_api_address: the only client address whose Control API (and ServerApp Runtime API) requests the
-            SuperLink answers (``provisioning.superlink_main``); the coordinator's own ``flwr`` calls come from it.
+        control_api_address: the coordinator host's address: with the address the SuperLink listens on (the
+            ServerApp's executor and the coordinator's own ``flwr`` calls to it come from there), the only client
+            addresses whose Control API and Runtime API requests the SuperLink answers
+            (``provisioning.superlink_main``); every other client gets HTTP 403 there.
 
     Raises:
         ProvisioningError: already running, no site enrolled yet, or ``control_api_address`` is not an IP address.
@@ -88,8 +91,10 @@ def start_server(co: Coordinator, wait_s: float = 60.0, control_api_address: str
         raise ProvisioningError(f"--control-api-address {control_api_address!r}: expected the coordinator host's IP "
                                 "address (the client address its flwr calls come from)") from None
     host, port = _address(co)
+    own = sorted({info[4][0] for info in socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)} - {control})
     root.mkdir(parents=True, exist_ok=True)
-    args = [sys.executable, "-m", "fcd_secure.federation.provisioning.superlink_main", "--control-api-address", control,
+    args = [sys.executable, "-m", "fcd_secure.federation.provisioning.superlink_main",
+            *[a for ip in (control, *own) for a in ("--control-api-address", ip)],
             "--ssl-ca-certfile", str(co.pki / "ca.crt"), "--ssl-certfile",
             str(co.pki / "server.pem"), "--ssl-keyfile", str(co.pki / "server.key"), "--enable-supernode-auth",
             "--host", host, "--port", str(port), "--database", str(root / "superlink.db"),
@@ -111,7 +116,8 @@ def start_server(co: Coordinator, wait_s: float = 60.0, control_api_address: str
             raise RuntimeError(f"registering site {sid}'s SuperNode key failed (exit {rc}); see {log}")
         done.add(sid)
         atomic_write_text(done_file, json.dumps(sorted(done)))
-    return {"pid": pid, "superlink": co.config().superlink, "registered": sorted(done), "control_api_address": control}
+    return {"pid": pid, "superlink": co.config().superlink, "registered": sorted(done), "control_api_address": control,
+            "control_api_clients": [control, *own]}
 
 
 def server_status(co: Coordinator) -> dict[str, Any]:
