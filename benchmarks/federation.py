@@ -90,12 +90,13 @@ def deployment_rounds(n_sites: int, rounds: int, preset: str, seed: int, warm: b
     return per_round, wall
 
 
-def compare_engines(sites: list[int], rounds: int, preset: str, seed: int, as_json: bool) -> None:
+def compare_engines(sites: list[int], rounds: int, preset: str, seed: int, as_json: bool,
+                    executors: tuple[str, ...] = ("warm", "cold")) -> None:
     rows = []
     for n in sites:
         sim = simulation_rounds(n, rounds, preset, seed)
         row = {"sites": n, "simulation s / round": statistics.median(sim)}
-        for warm in (True, False):
+        for warm in (e == "warm" for e in executors):
             dep, wall = deployment_rounds(n, rounds, preset, seed, warm)
             label = "warm" if warm else "cold"
             row[f"deployment ({label}) s / round"] = statistics.median(dep)
@@ -127,13 +128,16 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--deployment", action="store_true", help="Deployment Engine vs simulation (module docstring)")
     ap.add_argument("--sites", type=int, nargs="+", default=[4, 10], help="with --deployment: numbers of sites")
+    ap.add_argument("--executors", nargs="+", choices=["warm", "cold"], default=["warm", "cold"],
+                    help="with --deployment: the site executor modes to measure")
     args = ap.parse_args()
 
     import torch
 
     torch.set_num_threads(1)
     if args.deployment:
-        compare_engines(args.sites, args.rounds or 2, "tiny" if args.quick else args.preset, args.seed, args.json)
+        compare_engines(args.sites, args.rounds or 2, "tiny" if args.quick else args.preset, args.seed, args.json,
+                        tuple(args.executors))
         return
     from fcd_secure.config import build_config
     from fcd_secure.federation.simulation import run_simulated

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 
-from flwr.app import ConfigRecord, Context, Message, RecordDict  # noqa: E402
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
@@ -191,3 +191,33 @@ def test_byte_accounting_counts_serialized_arrays(task_identity):
     assert ws > ps and wb > pb  # the whole message adds its metadata
     assert tree_bytes(m_big.content) == pb
     assert json.dumps(record_to_arrays(arrays_to_record(small))["w"].tolist()) == json.dumps([0.0] * 10)
+
+
+def test_global_parameters_travel_packed_and_come_back_exactly():
+    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+
+    from fcd_secure.federation.records import GLOBAL_DATA, GLOBAL_INDEX, global_to_record, record_to_global
+
+    rng = np.random.default_rng(0)
+    theta = {f"layer{i}.weight": rng.normal(size=(3, i + 1)).astype(np.float32) for i in range(20)}
+    theta["scalar"] = np.array(2.5, np.float64)
+    theta["empty"] = np.zeros((0, 4), np.float32)
+    packed = global_to_record(theta)
+    back = record_to_global(packed)
+    assert set(back) == set(theta)
+    for name, arr in theta.items():
+        assert back[name].dtype == arr.dtype and back[name].shape == arr.shape
+        assert back[name].tobytes() == arr.tobytes()
+    # one object per array on every Flower hop: packed, the count no longer grows with the number of tensors
+    assert len(get_all_nested_objects(RecordDict({"g": packed}))) < len(get_all_nested_objects(RecordDict({"g": arrays_to_record(theta)}))) / 4
+    # a malformed record from the server is refused, not half-read
+    bad_index = global_to_record({"w": np.zeros(4, np.float32)})
+    data = bad_index[GLOBAL_DATA].numpy()
+    with pytest.raises(ValueError, match="does not match"):
+        record_to_global(ArrayRecord({GLOBAL_INDEX: bad_index[GLOBAL_INDEX],
+                                      GLOBAL_DATA: Array(data[:8].copy())}))
+    with pytest.raises(ValueError, match="left over"):
+        record_to_global(ArrayRecord({GLOBAL_INDEX: bad_index[GLOBAL_INDEX],
+                                      GLOBAL_DATA: Array(np.concatenate([data, data]))}))
+    with pytest.raises(ValueError, match="expected the arrays"):
+        record_to_global(arrays_to_record(theta))

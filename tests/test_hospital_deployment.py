@@ -8,9 +8,11 @@ present. Every process is stopped by PID, in a ``finally``.
 
 from __future__ import annotations
 
+import http.client
 import json
 import shutil
 import socket
+import ssl
 from pathlib import Path
 
 import pytest
@@ -41,6 +43,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _status(ca: Path, port: int, path: str, source: str) -> int:
+    conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=30, source_address=(source, 0),
+                                       context=ssl.create_default_context(cafile=str(ca)))
+    try:
+        conn.request("GET", path)
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def assert_control_api_only_from_coordinator(ca: Path, port: int) -> None:
+    """Flower 1.42 serves the Control API on the sites' port: from any address but the coordinator's it is 403."""
+    other = "127.0.0.2"  # another host as far as the SuperLink can tell (Linux routes all of 127/8 to loopback)
+    assert _status(ca, port, "/v1/control/list-runs", other) == 403
+    assert _status(ca, port, "/v1/runtime/anything", other) == 403
+    assert _status(ca, port, "/v1/control/list-runs", "127.0.0.1") != 403
+    assert _status(ca, port, "/health", other) == 200  # the sites' side stays open
+
+
 def test_hospital_path_end_to_end(tmp_path, one_torch_thread):
     from fcd_secure.data.long_tables import write_site_tables
     from fcd_secure.data.registry import load_federated
@@ -48,8 +69,9 @@ def test_hospital_path_end_to_end(tmp_path, one_torch_thread):
     fd = load_federated("dkt-synth", n_sites=N_SITES, preset="tiny", seed=0)
     spec, tables = write_site_tables(fd.train, fd.test, tmp_path / "data", "dkt-synth-long")
     co = tmp_path / "coordinator"
+    port = free_port()
     code, env = invoke(consortium_cli.app, ["init", "--home", str(co), "--id", "e2e", "--spec", str(spec),
-                                            "--port", str(free_port()), "--min-trajectories", "20"])
+                                            "--port", str(port), "--min-trajectories", "20"])
     assert code == 0, env
     coordinator_fp = env["data"]["coordinator_fingerprint"]
     homes = [tmp_path / f"hospital{i}" for i in range(N_SITES)]
@@ -67,6 +89,8 @@ def test_hospital_path_end_to_end(tmp_path, one_torch_thread):
         code, env = invoke(server_cli.app, ["start", "--home", str(co)])
         assert code == 0, env
         started.append(co / "server")
+        assert env["data"]["control_api_address"] == "127.0.0.1"
+        assert_control_api_only_from_coordinator(co / "pki" / "ca.crt", port)
         for i, home in enumerate(homes):
             code, env = invoke(site_cli.app, ["join", str(co / "bundles" / f"site{i}.json"), "--home", str(home),
                                               "--coordinator-fingerprint", coordinator_fp])

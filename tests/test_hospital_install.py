@@ -8,11 +8,13 @@ SuperLink is in ``test_hospital_deployment.py``.
 
 from __future__ import annotations
 
+import email.utils
 import json
 import os
 import socket
 import ssl
 import threading
+import time
 import tomllib
 from pathlib import Path
 
@@ -40,9 +42,12 @@ def free_port() -> int:
 
 
 class TLSListener:
-    """A TLS endpoint on 127.0.0.1 serving ``server.pem``/``server.key`` of ``pki`` (completes handshakes only)."""
+    """A TLS endpoint on 127.0.0.1 serving ``server.pem``/``server.key`` of ``pki``; it answers an HTTP request with
+    a ``Date`` header ``date_offset_s`` away from this machine's clock (as the SuperLink's uvicorn does), or, with
+    ``date_offset_s=None``, completes handshakes only."""
 
-    def __init__(self, pki: Path, port: int) -> None:
+    def __init__(self, pki: Path, port: int, date_offset_s: float | None = 0.0) -> None:
+        self.date_offset_s = date_offset_s
         self.ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.ctx.load_cert_chain(pki / "server.pem", pki / "server.key")
         self.sock = socket.socket()
@@ -62,8 +67,16 @@ class TLSListener:
                 continue
             try:
                 conn.settimeout(2)
-                with self.ctx.wrap_socket(conn, server_side=True):
-                    pass
+                with self.ctx.wrap_socket(conn, server_side=True) as tls:
+                    if self.date_offset_s is not None:
+                        head = b""
+                        while b"\r\n\r\n" not in head:
+                            chunk = tls.recv(4096)
+                            if not chunk:
+                                break
+                            head += chunk
+                        date = email.utils.formatdate(time.time() + self.date_offset_s, usegmt=True)
+                        tls.sendall(f"HTTP/1.1 200 OK\r\nDate: {date}\r\nContent-Length: 2\r\n\r\n{{}}".encode())
             except (OSError, ssl.SSLError):
                 pass
 
@@ -124,6 +137,7 @@ def test_install_join_preflight_green_and_recorded(tmp_path):
         listener.close()
     assert code == 0, checks
     assert {n for n, ch in checks.items() if ch["status"] == "fail"} == set()
+    assert checks["clock"]["status"] == "ok" and "SuperLink's clock" in checks["clock"]["message"], checks["clock"]
     assert {"joined", "spec", "table", "rows", "columns", "policy", "keys", "certificates", "clock", "telemetry",
             "disk", "versions", "superlink"} <= set(checks)
     s = c["sites"][0]
@@ -140,6 +154,17 @@ def test_install_join_preflight_green_and_recorded(tmp_path):
     consortium = tomllib.loads((c["co"] / "consortium.toml").read_text())
     assert policy["app"]["fab_sha256"] == [consortium["app_fab_sha256"]]
     assert set(json.loads((s["home"] / "consortium" / "secagg_roster.json").read_text())["sites"]) == {"h0", "h1"}
+
+
+def test_clock_check_is_one_sided_only_without_the_superlinks_date(tmp_path):
+    c = make_consortium(tmp_path, n_sites=1)
+    listener = TLSListener(c["co"] / "pki", c["port"], date_offset_s=None)  # a handshake, no HTTP answer
+    try:
+        code, checks = preflight(c["sites"][0]["home"])
+    finally:
+        listener.close()
+    assert code == 0, checks
+    assert checks["clock"]["status"] == "warn" and "one-sided" in checks["clock"]["message"], checks["clock"]
 
 
 def test_audit_verify_reports_installation(tmp_path):
@@ -221,7 +246,8 @@ def _red(case: str, tmp_path: Path, monkeypatch) -> tuple[str, str, dict]:
         pki = make_tls_dir(tmp_path / "other-pki", ("127.0.0.1", "localhost"))
     elif case == "telemetry":
         monkeypatch.setenv("FLWR_TELEMETRY_ENABLED", "1")
-    listener = None if case == "unreachable" else TLSListener(pki, c["port"])
+    offset = {"clock_ahead": -120.0, "clock_behind": 120.0}.get(case, 0.0)
+    listener = None if case == "unreachable" else TLSListener(pki, c["port"], date_offset_s=offset)
     try:
         code, checks = preflight(s["home"])
     finally:
@@ -242,6 +268,8 @@ RED = {
     "versions": ("versions", "flwr 1.42.0 (consortium pins 1.0.0)"),
     "telemetry": ("telemetry", "FLWR_TELEMETRY_ENABLED=0"),
     "unreachable": ("superlink", "unreachable"),
+    "clock_ahead": ("clock", "s ahead of the SuperLink's"),
+    "clock_behind": ("clock", "s behind the SuperLink's"),
 }
 
 
@@ -253,3 +281,40 @@ def test_preflight_red(case, tmp_path, monkeypatch):
     assert words in checks[name]["message"], checks[name]
     others = {n for n, ch in checks.items() if ch["status"] == "fail"} - {name}
     assert others == set(), checks  # exactly the broken thing is red
+
+
+def test_control_api_answers_only_the_coordinator_host():
+    """``fcd server start``'s SuperLink: the Control and Runtime API paths are refused (403) from other client
+    addresses before Flower sees the request; the Fleet API and health are passed through (the running SuperLink
+    is checked in ``test_hospital_deployment.py``)."""
+    import asyncio
+
+    from fcd_secure.federation.provisioning.superlink_main import CoordinatorOnly, split_args
+
+    seen = []
+
+    async def flower(scope, receive, send):
+        seen.append(scope["path"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    def status(path: str, client: str | None) -> int:
+        sent = []
+
+        async def send(event):
+            sent.append(event)
+
+        scope = {"type": "http", "path": path, "client": (client, 40000) if client else None}
+        asyncio.run(CoordinatorOnly(flower, ["127.0.0.1"])(scope, None, send))
+        return sent[0]["status"]
+
+    assert status("/v1/control/start-run", "10.0.0.7") == 403
+    assert status("/v1/runtime/acquire-task", "127.0.0.2") == 403
+    assert status("/v1/control/start-run", None) == 403
+    assert seen == []
+    assert status("/v1/control/start-run", "127.0.0.1") == 200
+    assert status("/v1/fleet/pull-messages", "10.0.0.7") == 200
+    assert status("/health", "10.0.0.7") == 200
+    assert split_args(["--port", "1"]) == (["127.0.0.1"], ["--port", "1"])
+    assert split_args(["--control-api-address", "10.0.0.1", "--host", "h", "--control-api-address=10.0.0.2"]) == (
+        ["10.0.0.1", "10.0.0.2"], ["--host", "h"])

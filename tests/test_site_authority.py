@@ -25,7 +25,7 @@ from fcd_secure.audit.ledger import SITE_LEDGER_FILE  # noqa: E402
 from fcd_secure.audit.signing import fingerprint, public_key_bytes  # noqa: E402
 from fcd_secure.audit.verify import verify_path  # noqa: E402
 from fcd_secure.config import build_config  # noqa: E402
-from fcd_secure.federation.records import REC_CONFIG, REC_GLOBAL, RUN_CONFIG_KEY, arrays_to_record  # noqa: E402
+from fcd_secure.federation.records import REC_CONFIG, REC_GLOBAL, RUN_CONFIG_KEY, global_to_record  # noqa: E402
 from fcd_secure.federation.site_policy import SitePolicy  # noqa: E402
 from fcd_secure.federation.state import STATE_FILE, SiteState  # noqa: E402
 
@@ -145,7 +145,7 @@ def _train_content(cfg, round: int = 1) -> RecordDict:
     data = learner.load_site_data(cfg, 0)
     model = learner.build_model(cfg, learner.dims_of(data.train, data.n_sites))
     theta = learner.get_params(model, "theta_c")
-    return RecordDict({REC_GLOBAL: arrays_to_record(theta), REC_CONFIG: ConfigRecord({"server-round": round, "part": "theta_c"})})
+    return RecordDict({REC_GLOBAL: global_to_record(theta), REC_CONFIG: ConfigRecord({"server-round": round, "part": "theta_c"})})
 
 
 WEAKER = [

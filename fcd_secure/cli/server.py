@@ -27,14 +27,23 @@ def _co(home: Path):
 
 
 @app.command("start", short_help="Start the SuperLink (TLS, SuperNode auth) and register the enrolled sites.")
-def start(home: Path = _HOME, as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope.")) -> None:
-    """Start the SuperLink on the consortium's address with its certificate; register every enrolled site's key."""
+def start(
+    home: Path = _HOME,
+    control_api_address: str = typer.Option(
+        "127.0.0.1", "--control-api-address",
+        help="The coordinator host's IP: with the SuperLink's own address, the only client the Control API answers "
+        "(it shares the sites' port).",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope."),
+) -> None:
+    """Start the SuperLink on the consortium's address with its certificate; register every enrolled site's key.
+    Control API requests (flwr run, supernode register) from any address but --control-api-address get HTTP 403."""
     from fcd_secure.federation.provisioning.server import start_server  # noqa: PLC0415
 
     with bad_input("fcd consortium init / add-site first"):
         co = _co(home)
         try:
-            res = start_server(co)
+            res = start_server(co, control_api_address=control_api_address)
         except RuntimeError as exc:
             raise CliError(str(exc), "RUN_FAILED") from None
     if as_json:

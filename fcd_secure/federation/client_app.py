@@ -44,7 +44,7 @@ from fcd_secure.federation.records import (
     arrays_to_record,
     config_came_from_server,
     config_from_context,
-    record_to_arrays,
+    record_to_global,
 )
 from fcd_secure.federation.secure_site import register_secure_actions
 from fcd_secure.federation.site import SiteRuntime
@@ -91,7 +91,7 @@ def make_client_app(cfg: RunConfig | None = None) -> ClientApp:
     def train(msg: Message, context: Context) -> Message:
         rt = admitted(msg, context)
         round_config = dict(msg.content[REC_CONFIG])
-        theta, n, metrics = rt.train_round(record_to_arrays(msg.content[REC_GLOBAL]), round_config)
+        theta, n, metrics = rt.train_round(record_to_global(msg.content[REC_GLOBAL]), round_config)
         content = RecordDict(
             {
                 REC_UPDATE: arrays_to_record(theta),
@@ -105,7 +105,7 @@ def make_client_app(cfg: RunConfig | None = None) -> ClientApp:
     def evaluate(msg: Message, context: Context) -> Message:
         rt = admitted(msg, context)
         eval_config = dict(msg.content[REC_CONFIG])
-        sums = rt.evaluate(record_to_arrays(msg.content[REC_GLOBAL]), eval_config)
+        sums = rt.evaluate(record_to_global(msg.content[REC_GLOBAL]), eval_config)
         return Message(RecordDict({REC_EVAL: MetricRecord({k: _metric(v) for k, v in sums.items()})}), reply_to=msg)
 
     register_secure_actions(app, admitted)

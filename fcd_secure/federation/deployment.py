@@ -74,6 +74,8 @@ PUBLISHER = "fcdsecure"
 CONNECTION = "fcd-local"
 INSECURE_MARKER = "INSECURE-DEV"
 EVIDENCE_DIR = "evidence"
+#: the site's SuperNode: Flower's own, with its hard-wired idle sleeps capped (``federation.supernode_main``)
+SUPERNODE = (sys.executable, "-m", "fcd_secure.federation.supernode_main")
 #: names inside a site's folder
 NODE_KEY, NODE_PUB, EXEC_SECRET = "node_auth.key", "node_auth.pub", "superexec.secret"
 
@@ -211,6 +213,8 @@ class LocalDeployment:
         node_keys_dir: the operator's ``<site-id>.key`` SuperNode keys (EC P-384; default: made per site).
         site_policies_dir: the hospitals' own ``<site-id>.toml`` policies (default: written from the run's options).
         keep: leave the processes running after the run.
+        warm: each site's executor runs its tasks in one warm process (``federation.site_exec``, as ``fcd site
+            start`` does), not in a fresh process per message; the app hash is checked on every task either way.
         log: where progress lines go.
     """
 
@@ -225,6 +229,7 @@ class LocalDeployment:
         node_keys_dir: str | Path | None = None,
         site_policies_dir: str | Path | None = None,
         keep: bool = False,
+        warm: bool = True,
         log: Callable[[str], None] = print,
     ) -> None:
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="fcd-deploy-"))
@@ -236,6 +241,7 @@ class LocalDeployment:
         self.node_keys_dir = Path(node_keys_dir) if node_keys_dir else None
         self.site_policies_dir = Path(site_policies_dir) if site_policies_dir else None
         self.keep = keep
+        self.warm = bool(warm)
         self.log = log
         self.procs: list[tuple[str, subprocess.Popen]] = []
         out = cfg.out or str(self.workdir / "run")
@@ -372,7 +378,7 @@ class LocalDeployment:
                 f'state-dir="{site.state_root}" site-policy="{site.policy}" secagg-roster="{site.roster}"'
             )
             runtime_port = free_port()
-            args = [_bin("flower-supernode"), "--superlink", f"127.0.0.1:{self.port}", "--host", "127.0.0.1",
+            args = [*SUPERNODE, "--superlink", f"127.0.0.1:{self.port}", "--host", "127.0.0.1",
                     "--port", str(runtime_port), "--node-config", node_config]
             if self.tls is None:
                 args += ["--insecure"]
@@ -384,7 +390,8 @@ class LocalDeployment:
                 self._spawn(
                     f"site-exec-{site.site_id}",
                     [sys.executable, "-m", "fcd_secure.federation.site_exec", "serve", "--runtime-api-address",
-                     f"127.0.0.1:{runtime_port}", "--secret-file", str(site.secret), "--parent-pid", str(node.pid)],
+                     f"127.0.0.1:{runtime_port}", "--secret-file", str(site.secret), "--parent-pid", str(node.pid),
+                     *(["--warm"] if self.warm else [])],
                     site.home, site.logs / "site-exec.log",
                 )
         mode = "INSECURE-DEV" if self.insecure_dev else "TLS + SuperNode auth + pinned app"

@@ -29,7 +29,7 @@ from fcd_secure.config import RunConfig
 from fcd_secure.federation import learner
 from fcd_secure.federation.learner import SiteData
 from fcd_secure.federation.messaging import Comm
-from fcd_secure.federation.records import EVALUATE_MESSAGE_TYPE, REC_CONFIG, REC_EVAL, REC_GLOBAL, arrays_to_record
+from fcd_secure.federation.records import EVALUATE_MESSAGE_TYPE, REC_CONFIG, REC_EVAL, REC_GLOBAL, global_to_record
 from fcd_secure.federation.whatif import (
     WHATIF_KEY,
     WhatIfRequest,
@@ -221,7 +221,7 @@ def evaluate_federated(
         if totals is None:
             return {**split(failed), "secure": True, "aborted": aborted}
     else:
-        content = RecordDict({REC_GLOBAL: arrays_to_record(theta), REC_CONFIG: ConfigRecord(conf)})
+        content = RecordDict({REC_GLOBAL: global_to_record(theta), REC_CONFIG: ConfigRecord(conf)})
         replies = comm.send(node_ids, EVALUATE_MESSAGE_TYPE, content, cfg.federation.round_timeout_s)
         parts, failed = [], []
         for nid in node_ids:

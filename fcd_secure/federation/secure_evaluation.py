@@ -42,7 +42,7 @@ from fcd_secure.federation.records import (
     SECAGG_EVAL_LAYOUT_FIELD,
     SECAGG_EVALUATE_STAGE,
     SECAGG_FIELD,
-    arrays_to_record,
+    global_to_record,
     secagg_message_type,
 )
 from fcd_secure.federation.secure_flow import SecureSumAborted, secure_sum
@@ -111,7 +111,7 @@ class SecureEvaluation:
         """
         self.last_report = {"selected": len(node_ids)}
         content = RecordDict(
-            {REC_GLOBAL: arrays_to_record(theta), REC_CONFIG: ConfigRecord({**conf, "eval-round": int(round_id)})}
+            {REC_GLOBAL: global_to_record(theta), REC_CONFIG: ConfigRecord({**conf, "eval-round": int(round_id)})}
         )
         replies = comm.send(node_ids, secagg_message_type(SECAGG_EVALUATE_STAGE), content, self.timeout_s)
         ready: list[int] = []

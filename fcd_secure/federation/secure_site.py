@@ -41,7 +41,7 @@ from fcd_secure.federation.records import (
     SECAGG_EVALUATE_STAGE,
     SECAGG_FIELD,
     SECAGG_TRAIN_STAGE,
-    record_to_arrays,
+    record_to_global,
     secagg_action,
 )
 from fcd_secure.federation.secure_setup import (
@@ -114,7 +114,7 @@ def _train_handler(get_runtime: RuntimeGetter) -> Callable[[Message, Context], M
     def handler(msg: Message, context: Context) -> Message:
         rt = get_runtime(msg, context)
         round_config = dict(msg.content[REC_CONFIG])
-        global_theta = record_to_arrays(msg.content[REC_GLOBAL])
+        global_theta = record_to_global(msg.content[REC_GLOBAL])
         policy = rt.secagg_policy
         layout = vector_layout(rt.manifest)
         # a round whose protocol already started here is spent: re-training it would hand the server a second copy
@@ -142,7 +142,7 @@ def _evaluate_handler(get_runtime: RuntimeGetter) -> Callable[[Message, Context]
     def handler(msg: Message, context: Context) -> Message:
         rt = get_runtime(msg, context)
         eval_config = dict(msg.content[REC_CONFIG])
-        global_theta = record_to_arrays(msg.content[REC_GLOBAL])
+        global_theta = record_to_global(msg.content[REC_GLOBAL])
         round_id = int(eval_config["eval-round"])
         ReplayGuard(rt.state.slot(EVAL_REPLAY_SLOT)).check_fresh(round_id)
         if eval_config.get(PURPOSE_KEY) == STATS_PURPOSE:  # round 0: moment sums of the raw training set

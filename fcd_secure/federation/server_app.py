@@ -45,6 +45,7 @@ from fcd_secure.config import RunConfig
 from fcd_secure.federation import learner
 from fcd_secure.federation.evaluation import evaluate_federated
 from fcd_secure.federation.flows import make_flow
+from fcd_secure.federation.flower_waits import shorten_grid_backoff
 from fcd_secure.federation.messaging import Comm
 from fcd_secure.federation.outputs import RoundsLog, write_config, write_run_folder
 from fcd_secure.federation.records import HELLO_MESSAGE_TYPE, REC_HELLO, config_from_context
@@ -387,6 +388,8 @@ def make_server_app(
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
+        if cfg is None:  # the Deployment Engine's grid: replies are pulled with Flower's 1 s-doubling backoff
+            shorten_grid_backoff()
         run_cfg = config_from_context(context, cfg)
         result = run_federation(grid, run_cfg, progress, stop)
         if run_cfg.out:

@@ -67,6 +67,49 @@ def _runtime_client(address: str, interceptors: list, *, retry: bool = True):
     )
 
 
+def pull_task_input(client):
+    """The task's message, context, run and FAB from the SuperNode: flwr 1.42's
+    ``flwr.supernode.runtime.run_clientapp.pull_task_input`` with the short object-pull backoff of
+    ``federation.flower_waits`` (the SuperNode creates the task before it holds the message's objects)."""
+    from flwr.common.serde import context_from_proto, fab_from_proto, run_from_proto  # noqa: PLC0415
+    from flwr.app import Message  # noqa: PLC0415
+    from flwr.proto.node_pb2 import Node  # noqa: PLC0415
+    from flwr.proto.runtime_pb2 import PullAppMessagesRequest, PullTaskInputRequest  # noqa: PLC0415
+    from flwr.supercore.inflatable.inflatable_protobuf_utils import (  # noqa: PLC0415
+        make_confirm_message_received_fn_protobuf,
+        make_pull_object_fn_protobuf,
+    )
+    from flwr.supercore.inflatable.inflatable_utils import pull_and_inflate_object_from_tree  # noqa: PLC0415
+    from flwr.supercore.task_identity import TaskIdentity  # noqa: PLC0415
+
+    from fcd_secure.federation.flower_waits import PULL_BACKOFF_CAP_S, PULL_BACKOFF_S  # noqa: PLC0415
+
+    t0 = time.perf_counter()
+    res = client.PullTaskInput(PullTaskInputRequest())
+    t_input = time.perf_counter() - t0
+    TaskIdentity.task_id = res.task_id
+    TaskIdentity.run_id = res.run.run_id
+    TaskIdentity.node_id = res.context.node_id
+    context, run, fab = context_from_proto(res.context), run_from_proto(res.run), fab_from_proto(res.fab)
+    pulled = client.PullMessages(PullAppMessagesRequest())
+    if not pulled.messages_list:
+        raise RuntimeError("No messages received from Runtime API")
+    node, tree = Node(node_id=context.node_id), pulled.message_object_trees[0]
+    message = pull_and_inflate_object_from_tree(
+        tree,
+        make_pull_object_fn_protobuf(client.PullObject, node, context.run_id),
+        make_confirm_message_received_fn_protobuf(client.ConfirmMessageReceived, node, context.run_id),
+        return_type=Message,
+        initial_backoff=PULL_BACKOFF_S,
+        backoff_cap=PULL_BACKOFF_CAP_S,
+        max_tries_per_object=None,  # bounded by Flower's PULL_MAX_TIME, as with its defaults
+    )
+    message.metadata.__dict__["_message_id"] = tree.object_id  # the deflated message does not carry its own id
+    log.info("task input %.3f s, message %.3f s (%d objects)", t_input, time.perf_counter() - t0 - t_input,
+              len(tree.children))
+    return message, context, run, fab
+
+
 def run_task(address: str, token: str) -> int:
     """Run one ClientApp task of the SuperNode at ``address``, or refuse it (module docstring).
 
@@ -77,7 +120,7 @@ def run_task(address: str, token: str) -> int:
     from flwr.common.constant import SubStatus  # noqa: PLC0415
     from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http  # noqa: PLC0415
     from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor  # noqa: PLC0415
-    from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output  # noqa: PLC0415
+    from flwr.supernode.runtime.run_clientapp import push_message, push_task_output  # noqa: PLC0415
 
     from fcd_secure.audit import GENERIC_ERROR_REASON, GATE_ERROR_CODE, Refusal, SiteLedger, record_site_refusal  # noqa: PLC0415
     from fcd_secure.audit.ledger import SITE_LEDGER_FILE  # noqa: PLC0415

@@ -1,8 +1,9 @@
 """The coordinator's processes and runs: ``fcd server start|stop|status|run``.
 
-``start`` runs one ``flower-superlink`` with the consortium's TLS certificate and SuperNode authentication, every
-API bound to the host the consortium names (loopback here: open-source Flower's Control API is unauthenticated, so
-it must never face the sites' network), and registers each enrolled site's SuperNode key
+``start`` runs one ``flower-superlink`` with the consortium's TLS certificate and SuperNode authentication on the
+host the consortium names; its Control API (unauthenticated in open-source Flower, and on the same port as the Fleet
+API in flwr 1.42) answers only the coordinator host (``--control-api-address``, ``provisioning.superlink_main``);
+it registers each enrolled site's SuperNode key
 (``flwr supernode register``). ``run`` submits the consortium's pinned app (``flwr run``) with a run config in which
 every site reads its own table (the server names none) and standardises with statistics from the secure round 0
 (``federation.secure_stats``); it waits for the run folder and collects the coordinator's evidence (server ledger,
@@ -12,8 +13,11 @@ for an auditor (``fcd audit verify``).
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +31,7 @@ from fcd_secure.federation.deployment import CONNECTION, _bin, flower_env
 from fcd_secure.federation.provisioning import processes
 from fcd_secure.federation.provisioning.bundle import ROSTER_TYPE
 from fcd_secure.federation.provisioning.consortium import Coordinator, ProvisioningError
+from fcd_secure.federation.provisioning.superlink_main import DEFAULT_CONTROL_HOST
 from fcd_secure.federation.provisioning.signed import read_document
 from fcd_secure.federation.records import RUN_CONFIG_KEY
 from fcd_secure.federation.secure_setup import ROSTER_FILE, write_roster
@@ -59,11 +64,19 @@ def roster(co: Coordinator) -> dict[str, dict[str, str]]:
     return read_document(co.roster_path, ROSTER_TYPE, co.fingerprint())["payload"]["sites"]
 
 
-def start_server(co: Coordinator, wait_s: float = 60.0) -> dict[str, Any]:
+def start_server(co: Coordinator, wait_s: float = 60.0, control_api_address: str = DEFAULT_CONTROL_HOST) -> dict[str, Any]:
     """Start the SuperLink and register every enrolled site's SuperNode key.
 
+    Args:
+        co: the coordinator.
+        wait_s: how long to wait for the SuperLink's port.
+        control_api_address: the coordinator host's address: with the address the SuperLink listens on (the
+            ServerApp's executor and the coordinator's own ``flwr`` calls to it come from there), the only client
+            addresses whose Control API and Runtime API requests the SuperLink answers
+            (``provisioning.superlink_main``); every other client gets HTTP 403 there.
+
     Raises:
-        ProvisioningError: already running, or no site enrolled yet.
+        ProvisioningError: already running, no site enrolled yet, or ``control_api_address`` is not an IP address.
         RuntimeError: the SuperLink did not start or a registration failed (the message names the log).
     """
     root = _server_root(co)
@@ -72,9 +85,17 @@ def start_server(co: Coordinator, wait_s: float = 60.0) -> dict[str, Any]:
     sites = co.enrolled()
     if not sites:
         raise ProvisioningError(f"{co.home}: no site enrolled yet (fcd consortium add-site)")
+    try:
+        control = str(ipaddress.ip_address(control_api_address))
+    except ValueError:
+        raise ProvisioningError(f"--control-api-address {control_api_address!r}: expected the coordinator host's IP "
+                                "address (the client address its flwr calls come from)") from None
     host, port = _address(co)
+    own = sorted({info[4][0] for info in socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)} - {control})
     root.mkdir(parents=True, exist_ok=True)
-    args = [_bin("flower-superlink"), "--ssl-ca-certfile", str(co.pki / "ca.crt"), "--ssl-certfile",
+    args = [sys.executable, "-m", "fcd_secure.federation.provisioning.superlink_main",
+            *[a for ip in (control, *own) for a in ("--control-api-address", ip)],
+            "--ssl-ca-certfile", str(co.pki / "ca.crt"), "--ssl-certfile",
             str(co.pki / "server.pem"), "--ssl-keyfile", str(co.pki / "server.key"), "--enable-supernode-auth",
             "--host", host, "--port", str(port), "--database", str(root / "superlink.db"),
             "--disable-runtime-dependency-installation"]
@@ -95,7 +116,8 @@ def start_server(co: Coordinator, wait_s: float = 60.0) -> dict[str, Any]:
             raise RuntimeError(f"registering site {sid}'s SuperNode key failed (exit {rc}); see {log}")
         done.add(sid)
         atomic_write_text(done_file, json.dumps(sorted(done)))
-    return {"pid": pid, "superlink": co.config().superlink, "registered": sorted(done)}
+    return {"pid": pid, "superlink": co.config().superlink, "registered": sorted(done), "control_api_address": control,
+            "control_api_clients": [control, *own]}
 
 
 def server_status(co: Coordinator) -> dict[str, Any]:

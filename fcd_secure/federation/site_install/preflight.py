@@ -13,8 +13,11 @@ The checks (each ``ok``, ``warn`` or ``fail``; any ``fail`` means not ready):
 ``policy``         the site's own policy meets the consortium's minimum and pins the consortium's app
 ``keys``           identity key, SuperNode key and executor secret present and readable by the owner only (0600)
 ``certificates``   the pinned CA (and the SuperLink's certificate, when reachable) valid for the consortium's margin
-``clock``          the local clock is not behind the coordinator's signed issue time of the bundle by more than the
-                   bound (a lower bound on the skew: a clock running ahead is not detected here; keep NTP on)
+``clock``          the local clock is within the bound of the SuperLink's, in both directions: the ``Date`` header of
+                   its ``/health`` answer over the TLS connection verified with the pinned CA (RFC 9110 §6.6.1,
+                   1 s resolution; half the round trip is allowed for). With no such answer (SuperLink down), only
+                   "not behind the coordinator's signed issue time of the bundle" is checked, and the message says
+                   that this one-sided check cannot see a clock running ahead
 ``telemetry``      Flower telemetry off (``FLWR_TELEMETRY_ENABLED=0``; Flower's default is on)
 ``disk``           free space in the site's home
 ``versions``       fcd_secure, flwr, torch and opacus equal the consortium's pins
@@ -25,6 +28,7 @@ The checks (each ``ok``, ``warn`` or ``fail``; any ``fail`` means not ready):
 from __future__ import annotations
 
 import datetime as dt
+import email.utils
 import os
 import shutil
 import socket
@@ -129,22 +133,73 @@ def _check_table(h: SiteHome, cfg: ConsortiumConfig) -> tuple[list[Check], int |
     return out, int(ds.n)
 
 
-def _tls_probe(cfg: ConsortiumConfig, ca: Path, timeout: float) -> tuple[Check, x509.Certificate | None]:
+def _server_date(tls: ssl.SSLSocket, host: str) -> tuple[dt.datetime, float] | None:
+    """The SuperLink's clock: the ``Date`` header of its ``/health`` answer and the request's round trip (s)."""
+    if tls.selected_alpn_protocol() not in (None, "http/1.1"):
+        return None
+    t0 = _now()
+    try:
+        tls.sendall(f"GET /health HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+        head = b""
+        while b"\r\n\r\n" not in head and len(head) < 65536:
+            chunk = tls.recv(4096)
+            if not chunk:
+                break
+            head += chunk
+    except (OSError, ssl.SSLError):
+        return None
+    rtt = (_now() - t0).total_seconds()
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"date":
+            try:
+                return email.utils.parsedate_to_datetime(value.strip().decode("latin-1")), rtt
+            except (TypeError, ValueError):
+                return None
+    return None
+
+
+def _tls_probe(cfg: ConsortiumConfig, ca: Path, timeout: float
+               ) -> tuple[Check, x509.Certificate | None, tuple[dt.datetime, float] | None]:
     host, _, port = cfg.superlink.rpartition(":")
     ctx = ssl.create_default_context(cafile=str(ca))
-    ctx.set_alpn_protocols(["h2"])
+    ctx.set_alpn_protocols(["h2", "http/1.1"])
     try:
         with socket.create_connection((host, int(port)), timeout=timeout) as raw:
             with ctx.wrap_socket(raw, server_hostname=host) as tls:
                 der = tls.getpeercert(binary_form=True)
+                clock = _server_date(tls, host)
     except ssl.SSLCertVerificationError as exc:
         return Check("superlink", "fail",
                      f"{cfg.superlink}: the SuperLink's certificate does not verify with the pinned CA {ca} "
-                     f"(wrong CA or host name: {exc.verify_message})"), None
+                     f"(wrong CA or host name: {exc.verify_message})"), None, None
     except (OSError, ssl.SSLError) as exc:
         return Check("superlink", "fail", f"{cfg.superlink}: SuperLink unreachable ({exc}); is `fcd server start` "
-                     "running and the port open to this site?"), None
-    return Check("superlink", "ok", f"{cfg.superlink}: TLS verified with the pinned CA"), x509.load_der_x509_certificate(der)
+                     "running and the port open to this site?"), None, None
+    return (Check("superlink", "ok", f"{cfg.superlink}: TLS verified with the pinned CA"),
+            x509.load_der_x509_certificate(der), clock)
+
+
+def _check_clock(server: tuple[dt.datetime, float] | None, issued: str | None, now: dt.datetime, bound: float) -> Check | None:
+    """Two-sided against the SuperLink's ``Date`` when it answered, else one-sided against the bundle (docstring)."""
+    if server is not None:
+        date, rtt = server
+        # Date is truncated to the second and was stamped somewhere within the round trip
+        skew = (now - date).total_seconds() - rtt / 2
+        slack = 1.0 + rtt / 2
+        if abs(skew) > bound + slack:
+            way = "ahead of" if skew > 0 else "behind"
+            return Check("clock", "fail", f"local clock is {abs(skew):.0f} s {way} the SuperLink's (its HTTP Date, "
+                         f"TLS-verified; bound {bound:.0f} s); synchronise it (NTP)")
+        return Check("clock", "ok", f"within {bound:.0f} s of the SuperLink's clock (skew {skew:+.1f} s, ±{slack:.1f} s)")
+    if issued:
+        behind = (dt.datetime.fromisoformat(issued) - now).total_seconds()
+        if behind > bound:
+            return Check("clock", "fail", f"local clock is {behind:.0f} s behind the coordinator's signed issue time "
+                         f"(bound {bound:.0f} s); synchronise it (NTP)")
+        return Check("clock", "warn", f"not behind the coordinator's signed issue time (bound {bound:.0f} s); the "
+                     "SuperLink did not answer, so a clock running ahead cannot be detected (one-sided check)")
+    return None
 
 
 def run_preflight(home: str | Path, *, timeout_s: float = 5.0, record: bool = True) -> PreflightResult:
@@ -190,7 +245,7 @@ def run_preflight(home: str | Path, *, timeout_s: float = 5.0, record: bool = Tr
         checks.append(Check("policy", "fail", str(exc)))
     checks.append(_check_keys(h))
     ca = x509.load_pem_x509_certificate(h.ca_cert.read_bytes())
-    probe, server_cert = _tls_probe(cfg, h.ca_cert, timeout_s)
+    probe, server_cert, server_clock = _tls_probe(cfg, h.ca_cert, timeout_s)
     margin = cfg.preflight.cert_min_days
     certs = [("CA", ca)] + ([("SuperLink certificate", server_cert)] if server_cert is not None else [])
     left = [(name, c, _days_left(c, now)) for name, c in certs]
@@ -199,14 +254,10 @@ def run_preflight(home: str | Path, *, timeout_s: float = 5.0, record: bool = Tr
         checks.append(Check("certificates", "fail", "; ".join(soon) + f"; the consortium requires {margin} days: renew"))
     else:
         checks.append(Check("certificates", "ok", ", ".join(f"{name} valid {d:.0f} more days" for name, _c, d in left)))
-    skew_bound = cfg.preflight.max_clock_skew_s
-    issued = doc["payload"].get("issued") if doc else None
-    if issued:
-        behind = (dt.datetime.fromisoformat(issued) - now).total_seconds()
-        checks.append(Check("clock", "fail" if behind > skew_bound else "ok",
-                            f"local clock is {behind:.0f} s behind the coordinator's signed issue time (bound "
-                            f"{skew_bound:.0f} s); synchronise it (NTP)" if behind > skew_bound
-                            else f"not behind the coordinator's signed issue time (bound {skew_bound:.0f} s)"))
+    clock = _check_clock(server_clock, doc["payload"].get("issued") if doc else None, _now(),
+                         cfg.preflight.max_clock_skew_s)
+    if clock is not None:
+        checks.append(clock)
     tel = os.environ.get("FLWR_TELEMETRY_ENABLED")
     checks.append(Check("telemetry", "ok" if tel is not None and tel.lower() in TELEMETRY_OFF else "fail",
                         "Flower telemetry off" if tel is not None and tel.lower() in TELEMETRY_OFF

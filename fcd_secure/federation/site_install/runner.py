@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-from fcd_secure.federation.deployment import _bin, flower_env, free_port
+from fcd_secure.federation.deployment import SUPERNODE, flower_env, free_port
 from fcd_secure.federation.provisioning import processes
 from fcd_secure.federation.provisioning.consortium import ProvisioningError
 from fcd_secure.federation.site_install.home import SiteHome
@@ -49,7 +49,7 @@ def start_site(h: SiteHome, *, warm: bool = True) -> dict[str, Any]:
     runtime = free_port()
     env = flower_env(h.root / "flwr-home")
     node = processes.spawn(h.root, NODE, [
-        _bin("flower-supernode"), "--superlink", cfg.superlink, "--host", "127.0.0.1", "--port", str(runtime),
+        *SUPERNODE, "--superlink", cfg.superlink, "--host", "127.0.0.1", "--port", str(runtime),
         "--node-config", node_config, "--root-certificates", str(h.ca_cert), "--auth-supernode-private-key",
         str(h.node_key), "--isolation", "process", "--superexec-auth-secret-file", str(h.secret),
     ], env)
