@@ -34,6 +34,9 @@ from fcd_secure.model.config import ModelConfig
 from fcd_secure.privacy.config import DPConfig
 
 Preset = Literal["tiny", "default", "paper"]
+#: Data size presets: the run presets and "small" (real data: a 2,000-trajectory subsample; DKT-Synth: 1,500
+#: students), the size a per-site test split first reaches the evaluation's cohort floor on every dataset.
+DataPreset = Literal["tiny", "small", "default", "paper"]
 DEFAULT_DATASET = "dkt-synth"
 
 
@@ -45,7 +48,7 @@ class DataSection(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     dataset: str = Field(DEFAULT_DATASET, description="dkt-synth | statics2011 | assistments2009 | diabetes130 | obd | spec")
-    preset: Preset = Field("default", description="dataset size preset of the loader")
+    preset: DataPreset = Field("default", description="dataset size preset of the loader (tiny | small | default | paper)")
     n_sites: int = Field(10, ge=1, le=1000, description="number of sites (paper Table II: 10)")
     alpha: float = Field(10.0, gt=0, description="Dirichlet concentration of the non-IID split (Table II: 10)")
     test_fraction: float = Field(0.2, gt=0, lt=1, description="share of each site's trajectories held out for evaluation")

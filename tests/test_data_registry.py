@@ -91,6 +91,23 @@ def test_preset_tiny_subsamples(shared_data):
     assert sum(d.n for d in fd.train + fd.test) == 300
 
 
+@pytest.mark.parametrize("name, lmax, kept", [("statics2011", 50, 1500), ("obd", 20, None), ("dkt-synth", 30, 1500)])
+def test_preset_small_reaches_the_cohort_floor_at_nearly_every_site(shared_data, name, lmax, kept):
+    """``small`` (``fcd reproduce --preset quick``): Open Bandit and Statics2011 cut into shorter chunks than Table I's
+    Lmax, so that 10 sites' test splits reach the evaluation's cohort floor; a run config accepts it."""
+    from fcd_secure.config import build_config
+    from fcd_secure.federation.site_policy import MIN_COHORT_FLOOR
+
+    fd = load_federated(name, n_sites=10, alpha=10.0, seed=0, preset="small", data_dir=shared_data)
+    assert fd.train[0].L == lmax and all(int(d.lengths.max()) <= lmax for d in fd.train + fd.test)
+    assert kept is None or sum(d.n for d in fd.train + fd.test) == kept
+    assert sum(t.n >= MIN_COHORT_FLOOR for t in fd.test) >= 8
+    assert build_config("tiny", {"data": {"dataset": name, "preset": "small"}}).data.preset == "small"
+    if name != "dkt-synth":  # the other presets keep Table I's Lmax
+        assert load_federated(name, n_sites=3, preset="tiny", data_dir=shared_data).train[0].L == fd.description[
+            "table_i"]["Lmax"]
+
+
 def test_one_source_per_dataset_declares_name_table_and_presets():
     assert DATASETS == tuple(src.name for src in SOURCES) == ("dkt-synth", "statics2011", "assistments2009",
                                                               "diabetes130", "obd", "tumour")

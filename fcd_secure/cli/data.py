@@ -105,7 +105,7 @@ def describe(
     preset: str = typer.Option(
         "default", "--preset",
         help="Size: tiny (300 trajectories per real dataset) | small (2,000) | default | paper (both: all). "
-        "DKT-Synth: tiny | default | paper.",
+        "DKT-Synth: tiny | small | default | paper.",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object: {dataset: description}."),
     spec: Optional[tuple[Path, Path]] = typer.Option(

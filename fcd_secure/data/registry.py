@@ -104,7 +104,7 @@ def load_federated(
         alpha: Dirichlet concentration of the split (paper: 10).
         seed: Seed of the subsample, the split and (DKT-Synth) the world; same arguments → same numbers.
         preset: Real data: "default"/"paper" keep everything, "small" a seeded subsample of 2,000 trajectories,
-            "tiny" 300 (for tests). DKT-Synth: its preset ("tiny", "default", "paper").
+            "tiny" 300 (for tests). DKT-Synth: its preset ("tiny", "small", "default", "paper").
         data_dir: Folder of the real datasets; None: :func:`~fcd_secure.data.paths.default_data_dir`
             (``$FCD_DATA_DIR``, then ``../shared/data``). Not used by DKT-Synth.
         test_fraction: Share of each site's trajectories in its test set.

@@ -12,7 +12,7 @@ A source is one module of :mod:`fcd_secure.data.sources` holding one ``SOURCE``:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
@@ -49,13 +49,17 @@ class PooledSource:
         folder: The dataset's folder inside the data folder.
         presets: Trajectories kept per preset (None: all); the real datasets use :data:`REAL_PRESETS`.
         table_i: The dataset's row of paper Table I (sequences, Lmax, dx, da, n_actions); None if it has none.
+        chunk_len: Lmax of the presets that cut the entities into shorter chunks than ``load``'s default (Table I's),
+            before the subsample: ``load(data_dir, max_len=chunk_len[preset])``. A smaller preset keeps the
+            per-site test splits above the evaluation's cohort floor with fewer steps in all.
     """
 
     name: str
-    load: Callable[[str | Path | None], SiteDataset]
+    load: Callable[..., SiteDataset]
     folder: str
     presets: Mapping[str, int | None]
     table_i: Mapping[str, int] | None = None
+    chunk_len: Mapping[str, int] = field(default_factory=dict)
 
     def check(self, data_dir: str | Path | None = None) -> Path | None:
         """The dataset's folder, after checking that it exists (cheap: nothing is read).
@@ -95,7 +99,8 @@ class PooledSource:
             raise DataError(f"{self.name} is read from files: generator options {sorted(world)} do not apply",
                             field=sorted(world)[0])
         _check_preset(self.name, preset, self.presets)
-        pooled = self.subsample(self.load(data_dir), preset, seed)
+        loaded = self.load(data_dir, max_len=self.chunk_len[preset]) if preset in self.chunk_len else self.load(data_dir)
+        pooled = self.subsample(loaded, preset, seed)
         # the rule of partition.dirichlet_partition (one site per entity, chunks follow their entity), applied as
         # indices so the big arrays are copied only once
         site_of = site_assignment(pooled, n_sites, alpha, seed)

@@ -111,6 +111,9 @@ SOURCE = PooledSource(
     name="obd",
     load=load_open_bandit,
     folder=FOLDER,
+    # "small": chunks of <= 20 steps (~2,000 of them, all kept) instead of Table I's 50, so that every site of 10
+    # holds a test split above the evaluation's cohort floor (with Lmax 50 there are only ~800 trajectories)
     presets=REAL_PRESETS,
+    chunk_len={"small": 20},
     table_i={"sequences": 10000, "Lmax": 50, "dx": 4, "da": 18, "n_actions": 8089},
 )

@@ -43,6 +43,9 @@ SOURCE = PooledSource(
     name="statics2011",
     load=load_statics2011,
     folder=FOLDER,
-    presets=REAL_PRESETS,
+    # "small": 1,500 chunks of <= 50 steps (of ~3,800), about 30 test trajectories per site of 10; the other presets
+    # keep Table I's Lmax = 200
+    presets={**REAL_PRESETS, "small": 1500},
+    chunk_len={"small": 50},
     table_i={"sequences": 1134, "Lmax": 200, "dx": 6, "da": 1, "n_actions": 1224},
 )

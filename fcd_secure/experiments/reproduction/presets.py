@@ -7,12 +7,13 @@ FedAvg, uplink = selected clients × synchronised parameter size, measured) and 
 preset     what it is for
 =========  =======================================================================================================
 ``tiny``   tests: tiny data, 3 sites (2 per round), 2 rounds, one learning rate (no selection), 1 seed
-``quick``  the committed report (``docs/reproduction/``): 10 sites, 5 per round, 12 rounds, 2 seeds, DKT-Synth
-           ``default`` (3,000 students), 300 trajectories of each real dataset, the ``tiny`` model widths. Measured
-           on Fed-CausalDiff with the context head: 20 learning-rate selections 6.5 CPU-min, a DKT-Synth cell
-           1.4 (CRN) to 2.6 (Fed-CausalDiff) CPU-min, a Statics2011 cell over 4 CPU-min; the whole preset
-           (44 cells) is over an hour of CPU, not the 30 minutes on 2 cores it was sized for
-``default`` the README scale: DKT-Synth ``default`` (3,000 students), 2,000 trajectories of each real dataset
+``quick``  the committed report (``docs/reproduction/``): 10 sites, 5 per round, 8 rounds, 2 seeds, the ``small``
+           data presets (DKT-Synth 1,500 students; Diabetes-130 2,000 trajectories; Open Bandit and Statics2011 cut
+           into chunks of 20 and 50 steps, ~1,300 and 1,500 trajectories), the ``tiny`` model widths, 2 rollouts per
+           trajectory in the final evaluation. ``small`` is the smallest data size at which (nearly) every site's
+           test split reaches the evaluation's cohort floor (20 rows; below it a site declines to be evaluated).
+           Measured cost per cell and in all: ``docs/reproduction/REPORT.md``
+``default`` the README scale: DKT-Synth ``default`` (3,000 students), the ``small`` preset of each real dataset
 ``paper``  Table I/II sizes: every trajectory, 100 rounds, 5 seeds
 =========  =======================================================================================================
 
@@ -72,10 +73,10 @@ PRESETS: dict[str, ReproPreset] = {
             tstr_max_rows=16,
         ),
         ReproPreset(
-            name="quick", run_preset="tiny", dkt_preset="default", real_preset="tiny", rounds=12, eval_every=3,
-            seeds=2, lr_grid=(1e-3, 3e-3), selection_epochs=2,
-            evaluation={"n_samples": 4, "quick_n_samples": 2, "max_rows": None, "quick_max_rows": 16},
-            tstr_max_rows=64,
+            name="quick", run_preset="tiny", dkt_preset="small", real_preset="small", rounds=8, eval_every=2,
+            seeds=2, lr_grid=(1e-3, 3e-3), selection_epochs=1,
+            evaluation={"n_samples": 2, "quick_n_samples": 1, "max_rows": None, "quick_max_rows": 16},
+            tstr_max_rows=32,
         ),
         ReproPreset(
             name="default", run_preset="default", dkt_preset="default", real_preset="small", rounds=40,
