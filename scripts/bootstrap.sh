@@ -35,7 +35,8 @@ cmd=${1:-run}
 shift || true
 case "$cmd" in
   run)  exec "$venv/bin/fcd" run "$@" ;;
-  test) exec "$venv/bin/python" -m pytest "$@" ;;
+  # two workers (one per core of the CI machine); the tests that start Flower processes share one worker
+  test) exec "$venv/bin/python" -m pytest -n "${FCD_TEST_WORKERS:-2}" --dist loadgroup "$@" ;;
   setup) echo "[setup] done: $venv/bin/fcd" ;;
   *) echo "usage: bash scripts/bootstrap.sh {run|test|setup} [args...]" >&2; exit 2 ;;
 esac

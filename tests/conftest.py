@@ -12,6 +12,16 @@ import pytest
 # every Flower engine the tests start (in process or as a child) inherits this: tests never send telemetry
 os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
 
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests that start real Flower SuperLink/SuperNode processes run one after another on one xdist worker: two at
+    once on two cores starve each other's start-up deadlines."""
+    for item in items:
+        if item.get_closest_marker("deployment") is not None:
+            item.add_marker(pytest.mark.xdist_group("flower-processes"))
+
+
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 GOOD_SPEC = """\
