@@ -108,7 +108,7 @@ def test_usage_errors_exit_2(tmp_path, run):
 
 
 def test_exit_code_reaches_the_shell(run):
-    """The installed entry point, in a fresh process: a tampered ledger exits 6, not 1 (ops-anchors §5)."""
+    """The installed entry point, in a fresh process: a tampered ledger exits 6, not 1."""
     root, _, _ = run
     path = root / "site-00" / "audit" / "site_ledger.jsonl"
     raw = path.read_text()

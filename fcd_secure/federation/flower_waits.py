@@ -1,7 +1,7 @@
 """Flower 1.42's hard-wired waits, shortened where the pinned version leaves no option to set them.
 
-Measured on loopback (../shared/research/flower-runtime.md §2, "Polling latencies hard-wired in 1.42"; the site
-executor's per-task timings), a secure-aggregation stage of a deployment spent seconds in sleeps, not in work:
+Measured on loopback (the site executor's per-task timings; the constants are read from
+flwr 1.42's ``flwr.supernode`` and ``flwr.server.grid`` modules), a secure-aggregation stage of a deployment spent seconds in sleeps, not in work:
 
 * the SuperNode loop (``flwr.supernode.start_client_internal``) sleeps **3 s** after every pull that finds no
   message and **0.5 s** while it waits for the ClientApp's reply or its objects;

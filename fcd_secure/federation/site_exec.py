@@ -2,8 +2,8 @@
 
 Open-source Flower 1.42 lets anyone who reaches the SuperLink submit an app (``flwr run``; the Control API is
 unauthenticated), and a SuperNode then runs that app's ClientApp code. Its FAB verification
-(``--trusted-entities``) accepts only FABs signed through Flower Hub (../shared/research/flower-runtime.md §0,
-ops-anchors.md §3.3). So the site takes the launch itself:
+(``--trusted-entities``) accepts only FABs signed through Flower Hub (Flower 1.42's
+``flwr-supernode --trusted-entities``). So the site takes the launch itself:
 
 * the SuperNode runs with ``--isolation process`` (it launches nothing) and ``--superexec-auth-secret-file``, so
   only a process holding the site's secret can acquire its tasks on the SuperNode's Runtime API (flwr 1.42
@@ -188,7 +188,7 @@ def serve(address: str, secret_file: str, parent_pid: int | None = None, warm: b
 
     Warm mode imports torch once and keeps the site's data, model code and caches between messages, where a fresh
     process per message pays the imports and the data loading each time (2.5 s + 2.8 s on this machine,
-    ../shared/research/flower-runtime.md §2). What it gives up is the process boundary *between two tasks of the
+    measured with the per-task timings below). What it gives up is the process boundary *between two tasks of the
     same site*: state left in memory by one message (the learner's data cache) is seen by the next. Nothing of
     another site or of the submitted FAB ever runs here, so the site's isolation from the server and from other
     sites is the same; the tasks run one at a time.

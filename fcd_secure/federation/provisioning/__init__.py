@@ -1,6 +1,6 @@
 """Consortium provisioning: the coordinator's side of a multi-hospital installation.
 
-Distributed provisioning in the NVIDIA FLARE sense (../shared/research/ops-anchors.md §1): every private key is
+Distributed provisioning in the NVIDIA FLARE sense (NVIDIA FLARE documentation, "Provisioning in NVIDIA FLARE"): every private key is
 generated where it is used and never travels; only public keys, certificates and *signed* documents move, and each
 party checks the other's key fingerprint out of band (read aloud, typed in).
 

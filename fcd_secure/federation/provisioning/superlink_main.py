@@ -3,7 +3,7 @@
 Flower 1.42 serves its Fleet API (the sites' SuperNodes), its Control API (``flwr run``, ``flwr supernode
 register``, ``flwr ls``) and the ServerApp's Runtime API on **one** HTTP port (``--host``/``--port``; its own
 ``--control-api-address`` is deprecated and ignored). The Control API of open-source Flower is unauthenticated
-(../shared/research/ops-anchors.md §3.3): whoever reaches the SuperLink could submit an app or register a SuperNode.
+(Flower 1.42 documentation: the Control API has no authentication in open-source Flower): whoever reaches the SuperLink could submit an app or register a SuperNode.
 When the port must face the sites' network, binding alone cannot keep the Control API on the coordinator host.
 
 This entry point starts Flower's own ``flower-superlink`` with one ASGI middleware in front of its app: a request to
