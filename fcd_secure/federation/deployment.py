@@ -156,12 +156,10 @@ def fab_sha256(app_dir: Path) -> str:
     return hashlib.sha256(build_fab_from_disk(app_dir)).hexdigest()
 
 
-@dataclass(frozen=True)
-class SiteFolder:
-    """One site's own folder (0700) and what is in it."""
+class SiteFiles:
+    """The files every site folder holds under its ``root``: a local deployment's sites and an installed site's
+    home (``site_install.home.SiteHome``) name them alike."""
 
-    site_id: str
-    index: int
     root: Path
 
     @property
@@ -183,6 +181,15 @@ class SiteFolder:
     @property
     def secret(self) -> Path:
         return self.root / EXEC_SECRET
+
+
+@dataclass(frozen=True)
+class SiteFolder(SiteFiles):
+    """One site's own folder (0700) and what is in it."""
+
+    site_id: str
+    index: int
+    root: Path
 
     @property
     def roster(self) -> Path:

@@ -33,7 +33,7 @@ from fcd_secure._io import atomic_write_text, load_or_create_secret
 from fcd_secure.audit.signing import fingerprint, normalise_fingerprint, public_key_bytes, utc_now
 from fcd_secure.data.preprocess import build_dataset, read_table
 from fcd_secure.data.spec import load_spec
-from fcd_secure.federation.deployment import EXEC_SECRET, NODE_KEY, NODE_PUB
+from fcd_secure.federation.deployment import SiteFiles
 from fcd_secure.federation.pki import make_node_key, node_key_fingerprint
 from fcd_secure.federation.provisioning.bundle import BUNDLE_TYPE
 from fcd_secure.federation.provisioning.consortium import (
@@ -47,7 +47,7 @@ from fcd_secure.federation.provisioning.enrolment import write_request
 from fcd_secure.federation.provisioning.signed import SignedDocumentError, read_document
 from fcd_secure.federation.secure_setup import ROSTER_FILE, write_roster
 from fcd_secure.federation.site_install.records import record_install
-from fcd_secure.federation.site_policy import POLICY_FILE, SitePolicy
+from fcd_secure.federation.site_policy import SitePolicy
 from fcd_secure.federation.state import SiteState, StateError, check_site_id
 
 SITE_FILE = "site.toml"
@@ -65,7 +65,7 @@ def file_sha256(path: str | Path) -> str:
 
 
 @dataclass(frozen=True)
-class SiteHome:
+class SiteHome(SiteFiles):
     """A site's folder (module docstring)."""
 
     root: Path
@@ -82,26 +82,6 @@ class SiteHome:
     @property
     def spec(self) -> Path:
         return self.root / SPEC_FILE
-
-    @property
-    def policy(self) -> Path:
-        return self.root / POLICY_FILE
-
-    @property
-    def node_key(self) -> Path:
-        return self.root / NODE_KEY
-
-    @property
-    def node_pub(self) -> Path:
-        return self.root / NODE_PUB
-
-    @property
-    def secret(self) -> Path:
-        return self.root / EXEC_SECRET
-
-    @property
-    def state_root(self) -> Path:
-        return self.root / "state"
 
     @property
     def request(self) -> Path:
