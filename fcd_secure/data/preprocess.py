@@ -33,6 +33,8 @@ standardization        set by :meth:`Standardizer.apply`: the statistics used
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -309,21 +311,92 @@ def _encode_column(
                 file=file, column=col.name, row=r, line=_line(r, is_csv),
             )
         as_str = s.astype("string")
-        levels = sorted(str(v) for v in as_str.dropna().unique())
+        levels = list(col.levels) if col.levels is not None else sorted(str(v) for v in as_str.dropna().unique())
         codes = pd.Categorical(as_str, categories=levels).codes.astype(np.int64)  # -1 where missing
+        unknown = (codes < 0) & ~missing
+        if unknown.any():
+            r = _first_bad(unknown)
+            raise DataError(
+                f"value {str(as_str.iloc[r])!r} is not one of the declared levels {field.replace('.name', '.levels')} "
+                f"= {levels}", file=file, column=col.name, row=r, line=_line(r, is_csv),
+            )
         enc.levels[col.name] = levels
         if len(levels) <= spec.one_hot_max:
             enc.add_one_hot(codes, levels, col.name)
         else:
             # integer id 1..K, 0 reserved for "missing" so an embedding table of K+1 rows covers every value
             enc.add(codes + 1, col.name, "categorical", cardinality=len(levels) + 1)
-    if missing.any() and col.missing == "indicator":
+    if col.missing == "indicator":
         enc.add(missing, f"{col.name}__missing")
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # tables described by a DatasetSpec
 # ---------------------------------------------------------------------------------------------------------------
+
+
+def _encode_covariates(
+    df: pd.DataFrame, spec: DatasetSpec, file: str, is_csv: bool
+) -> tuple[EncodedColumns, EncodedColumns, list[str]]:
+    """X and A of ``df`` encoded by ``spec``, with the dynamics marker of each column of A."""
+    xenc, aenc = EncodedColumns(), EncodedColumns()
+    for i, c in enumerate(spec.static):
+        _encode_column(df, c, f"static[{i}].name", xenc, spec, file, is_csv)
+    # endogenous contexts first, so that a model's context head generates the leading columns (spec.context_dynamics)
+    a_dynamics: list[str] = []
+    for dyn in ("endogenous", "exogenous"):
+        for i, c in enumerate(spec.context):
+            if c.dynamics == dyn:
+                before = len(aenc.names)
+                _encode_column(df, c, f"context[{i}].name", aenc, spec, file, is_csv)
+                a_dynamics += [dyn] * (len(aenc.names) - before)
+    return xenc, aenc, a_dynamics
+
+
+#: the keys of ``SiteDataset.meta`` that fix the shape of the encoded data a model is built for
+_LAYOUT_KEYS = ("x_names", "a_names", "x_continuous", "a_continuous", "x_categorical", "a_categorical", DYNAMICS_META_KEY,
+                "action_names", "max_len")
+
+
+def encoded_layout(meta: dict) -> dict[str, Any]:
+    """The encoded layout of a dataset: column names, roles and cardinalities of X and A, context dynamics, action
+    labels and Lmax — everything of the data a model's parameter shapes depend on, and nothing of its values."""
+    out = {k: meta.get(k) for k in _LAYOUT_KEYS}
+    for k in ("x_categorical", "a_categorical"):
+        out[k] = {str(i): int(c) for i, c in sorted((int(i), c) for i, c in (out[k] or {}).items())}
+    return out
+
+
+def layout_digest(layout: dict[str, Any]) -> str:
+    """SHA-256 of :func:`encoded_layout` in canonical JSON."""
+    return hashlib.sha256(json.dumps(layout, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def undeclared_levels(spec: DatasetSpec) -> list[str]:
+    """The spec fields of categorical columns that declare no ``levels`` (their encoding depends on each table)."""
+    return [f"{part}[{i}].levels" for part, cols in (("static", spec.static), ("context", spec.context))
+            for i, c in enumerate(cols) if c.kind == "categorical" and c.levels is None]
+
+
+def spec_layout(spec: DatasetSpec) -> dict[str, Any] | None:
+    """The encoded layout every table read with ``spec`` has, known from the spec alone; ``None`` when a categorical
+    column declares no levels (:func:`undeclared_levels`).
+
+    The covariates are encoded by the same code as :func:`build_dataset`, on a table with no rows.
+    """
+    if undeclared_levels(spec):
+        return None
+    empty = pd.DataFrame({c.name: pd.Series([], dtype="object" if c.kind == "categorical" else "float64")
+                          for c in (*spec.static, *spec.context)})
+    xenc, aenc, a_dynamics = _encode_covariates(empty, spec, "<spec>", False)
+    n_actions = len(spec.actions) if spec.actions is not None else spec.n_actions
+    if n_actions is None:
+        return None  # actions named by the table's values: the vocabulary is the table's
+    labels = list(spec.actions or spec.action_labels or [str(i) for i in range(n_actions)])
+    meta = {"x_names": xenc.names, "a_names": aenc.names, "x_continuous": xenc.continuous,
+            "a_continuous": aenc.continuous, "x_categorical": xenc.categorical, "a_categorical": aenc.categorical,
+            DYNAMICS_META_KEY: a_dynamics, "action_names": labels, "max_len": spec.max_len}
+    return encoded_layout(meta)
 
 
 def read_table(path: str | Path) -> pd.DataFrame:
@@ -492,18 +565,7 @@ def build_dataset(spec: DatasetSpec, df: pd.DataFrame, file: str | Path = "<tabl
             raise fail(f"entity {ent_s.iloc[r]!r} changes site (an entity belongs to one site)", spec.site, r)
         site_idx = site_code.astype(np.int64)
 
-    # covariates
-    xenc, aenc = EncodedColumns(), EncodedColumns()
-    for i, c in enumerate(spec.static):
-        _encode_column(df, c, f"static[{i}].name", xenc, spec, file, is_csv)
-    # endogenous contexts first, so that a model's context head generates the leading columns (spec.context_dynamics)
-    a_dynamics: list[str] = []
-    for dyn in ("endogenous", "exogenous"):
-        for i, c in enumerate(spec.context):
-            if c.dynamics == dyn:
-                before = len(aenc.names)
-                _encode_column(df, c, f"context[{i}].name", aenc, spec, file, is_csv)
-                a_dynamics += [dyn] * (len(aenc.names) - before)
+    xenc, aenc, a_dynamics = _encode_covariates(df, spec, file, is_csv)
     N = len(df)
     Xr, Ar = xenc.matrix(N), aenc.matrix(N)
 

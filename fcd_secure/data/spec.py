@@ -25,7 +25,8 @@ A spec is a TOML or YAML file, e.g.::
     [[context]]
     name = "ward"
     kind = "categorical"
-    missing = "indicator"
+    levels = ["icu", "medical", "surgical"]  # optional: the encoding no longer depends on the table's values
+    missing = "indicator"                # a 0 fill plus a ward__missing column (always written)
     dynamics = "exogenous"               # replayed from the log under an intervention
 
     [[context]]
@@ -38,6 +39,11 @@ from the log; one that no treatment touches (the calendar, the ward's bed count)
 Endogenous is the default, because replaying a treatment-dependent context under a new policy silently keeps the
 logged treatment's consequences. The encoded context columns are ordered endogenous first
 (:func:`context_dynamics` reads the marker back from a dataset).
+
+Several sites reading their own tables with one spec must encode them identically (the model's parameter shapes
+follow the encoding): declare the ``levels`` of every categorical column, and the encoded layout is known from the
+spec alone (:func:`fcd_secure.data.preprocess.spec_layout`; a consortium pins its digest and each site's preflight
+compares). Without ``levels`` a categorical column takes the sorted values of the table at hand.
 
 Actions have labels: ``actions`` (the raw values, in id order) or, for a table whose action column already holds
 integer ids, ``action_labels`` (one name per id). A policy file may name an action by its label, by its id or by an
@@ -105,7 +111,23 @@ class ColumnSpec(BaseModel):
     name: str = Field(min_length=1, description="column name in the table")
     kind: Literal["continuous", "categorical", "binary"] = "continuous"
     #: what a missing value (empty cell, NaN) means: an error, or a 0 fill plus an explicit ``<name>__missing`` column
+    #: (the column is written whether or not this table has a missing value, so every site's layout is the same)
     missing: Literal["error", "indicator"] = "error"
+    #: a categorical column's levels, in encoding order. Declared levels make the encoding the same on every site
+    #: whatever values its own table happens to hold (a value outside them is an error); without them the levels are
+    #: the sorted values of the table at hand, which is fine for one table and not for a consortium
+    levels: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _levels_only_categorical(self) -> "ColumnSpec":
+        if self.levels is not None:
+            if self.kind != "categorical":
+                raise ValueError(f"levels are declared for a {self.kind} column; only categorical columns have levels")
+            if not self.levels:
+                raise ValueError("levels: list at least one level")
+            if len(set(self.levels)) != len(self.levels):
+                raise ValueError("levels must be unique")
+        return self
 
 
 class ContextSpec(ColumnSpec):

@@ -12,7 +12,8 @@ The coordinator's folder (``--home``)::
     bundles/<site-id>.json   the signed bundle of each site
 
 ``consortium.toml`` holds the consortium id, the SuperLink address and host names, the data spec's digest
-(:func:`spec_digest`), the secure-aggregation parameters, the minimum site policy, the pinned versions and the
+(:func:`spec_digest`) and the digest of the encoded layout it gives every table (when the spec declares the levels of
+its categorical columns), the secure-aggregation parameters, the minimum site policy, the pinned versions and the
 preflight thresholds. A site's preflight checks itself against exactly these.
 """
 
@@ -29,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from fcd_secure._io import atomic_write_text
 from fcd_secure.aggregation.secagg.config import SecAggPolicy
 from fcd_secure.audit.signing import canonical, fingerprint, load_or_create_identity_key, public_key_bytes, utc_now
+from fcd_secure.data.preprocess import layout_digest, spec_layout
 from fcd_secure.data.spec import DatasetSpec, load_spec
 from fcd_secure.federation.pki import DEFAULT_HOSTS, TLSFiles, check_tls_dir, make_tls_dir
 from fcd_secure.federation.provisioning.versions import installed_versions
@@ -63,6 +65,10 @@ class _Section(BaseModel):
 class DataTerms(_Section):
     spec_sha256: str
     spec_name: str
+    #: digest of the encoded layout every site's table has under the spec (``data.preprocess.spec_layout``): the
+    #: column names, roles and cardinalities a model's parameter shapes depend on; absent when a categorical column
+    #: declares no levels (its encoding then depends on each site's table)
+    layout_sha256: str | None = None
 
 
 class PreflightTerms(_Section):
@@ -82,7 +88,6 @@ class ConsortiumConfig(_Section):
     coordinator_fingerprint: str
     ca_fingerprint: str
     app_fab_sha256: str
-    layout_hash: str | None = None
     data: DataTerms
     secagg: SecAggPolicy = Field(default_factory=SecAggPolicy)
     site_policy: SitePolicy = Field(default_factory=SitePolicy)
@@ -211,6 +216,7 @@ def init_consortium(
     if not hosts:
         raise ProvisioningError("--host: name at least one host the SuperLink is reached by")
     spec = load_spec(spec_path)
+    layout = spec_layout(spec)
     co.home.mkdir(parents=True, exist_ok=True)
     co.home.chmod(0o700)
     atomic_write_text(co.spec_path, Path(spec_path).read_text())
@@ -232,7 +238,8 @@ def init_consortium(
             coordinator_fingerprint=fingerprint(public_key_bytes(key)),
             ca_fingerprint=tls.ca_fingerprint,
             app_fab_sha256=fab_sha256(co.app_dir),
-            data=DataTerms(spec_sha256=spec_digest(spec), spec_name=spec.name),
+            data=DataTerms(spec_sha256=spec_digest(spec), spec_name=spec.name,
+                           layout_sha256=None if layout is None else layout_digest(layout)),
             secagg=secagg or SecAggPolicy(),
             site_policy=site_policy or SitePolicy(),
             versions=versions,

@@ -7,6 +7,8 @@ The checks (each ``ok``, ``warn`` or ``fail``; any ``fail`` means not ready):
 ``spec``           the site's data spec has the consortium's digest (a site reading its table another way is
                    refused here, before any run, not mid-run)
 ``table``          the table reads with the consortium's spec (columns, types, levels; the data layer's own errors)
+``layout``         the table's encoded layout (column names, roles, cardinalities, action labels, Lmax) has the
+                   consortium's digest; a warning when the consortium's spec leaves categorical levels undeclared
 ``rows``           enough trajectories for the consortium's secure-aggregation and DP-SGD settings
 ``columns``        the site-private columns are declared (a logged propensity named by the spec is present); columns
                    the spec does not name are listed (they are never read)
@@ -40,8 +42,15 @@ from typing import Literal
 
 from cryptography import x509
 
-from fcd_secure.data.preprocess import build_dataset, read_table
-from fcd_secure.data.spec import DataError, load_spec
+from fcd_secure.data.preprocess import (
+    build_dataset,
+    encoded_layout,
+    layout_digest,
+    read_table,
+    spec_layout,
+    undeclared_levels,
+)
+from fcd_secure.data.spec import DataError, DatasetSpec, load_spec
 from fcd_secure.federation.provisioning.bundle import BUNDLE_TYPE
 from fcd_secure.federation.provisioning.consortium import ConsortiumConfig, spec_digest
 from fcd_secure.federation.provisioning.signed import SignedDocumentError, read_document
@@ -121,6 +130,7 @@ def _check_table(h: SiteHome, cfg: ConsortiumConfig) -> tuple[list[Check], int |
         out.append(Check("table", "fail", f"the table does not match the consortium's spec: {exc}"))
         return out, None
     out.append(Check("table", "ok", f"{table} reads with the consortium's spec"))
+    out.append(_check_layout(ds.meta, spec, cfg))
     declared = {c for c, _ in spec.required_columns()}
     undeclared = sorted(set(map(str, df.columns)) - declared)
     if spec.propensity and spec.propensity not in df.columns:
@@ -131,6 +141,27 @@ def _check_table(h: SiteHome, cfg: ConsortiumConfig) -> tuple[list[Check], int |
         priv = f"logged propensity {spec.propensity!r} stays on the site" if spec.propensity else "no propensity column"
         out.append(Check("columns", "ok", f"every column is declared; {priv}"))
     return out, int(ds.n)
+
+
+def _check_layout(meta: dict, spec: DatasetSpec, cfg: ConsortiumConfig) -> Check:
+    """The encoded layout of this site's table against the consortium's: a difference would stop the run at its
+    first message (the model's parameter shapes follow it), so it is caught here."""
+    pinned = cfg.data.layout_sha256
+    if pinned is None:
+        fields = undeclared_levels(spec)
+        why = (f"categorical columns declare no levels ({', '.join(fields)})" if fields
+               else "the spec names no action vocabulary (actions or n_actions)")
+        return Check("layout", "warn", f"the consortium pins no data layout: {why}, so each site's encoding follows its "
+                     "own table and a difference shows only when the run starts")
+    mine = encoded_layout(meta)
+    digest = layout_digest(mine)
+    if digest == pinned:
+        return Check("layout", "ok", f"encoded layout = the consortium's ({digest[:16]}…): "
+                     f"{len(mine['x_names'])} static and {len(mine['a_names'])} context columns")
+    expected = spec_layout(spec)
+    diff = [k for k in mine if expected is None or mine[k] != expected.get(k)]
+    return Check("layout", "fail", f"this table's encoded layout (digest {digest[:16]}…) differs from the consortium's "
+                 f"({pinned[:16]}…) in {', '.join(diff) or 'its digest'}; the model could not be built for it")
 
 
 def _server_date(tls: ssl.SSLSocket, host: str) -> tuple[dt.datetime, float] | None:
