@@ -2,23 +2,24 @@
 
 Both ends read the names here, so a message type or record name is spelled once:
 
-==========================  =========================================================================================
-message type                content (request → reply)
-==========================  =========================================================================================
-``query.hello``             ``hello`` (empty) → ``hello``: site id, site index, manifest layout hash, data dims
-``train``                   ``global`` Θc + ``config`` → ``update`` Θc, ``num`` (n), ``metrics`` (plain FedAvg)
-``train.secagg_<stage>``    ``secagg`` ``{msg: bytes}`` both ways (secure aggregation; ``secagg_train`` also
-                            carries ``global`` + ``config`` down and only ``{ready: 1}`` up; ``secagg_evaluate``
-                            carries ``global`` + ``config`` down and the sums' schema (names, lengths) up as
-                            ``{msg: bytes}``; an evaluation round's first stage also carries ``layout`` down)
-``train.secagg_train_advertise``  ``global`` + ``config`` + ``secagg {msg}`` (stage 0 request) → ``secagg {msg}``
-                            (the stage 0 reply); ``train.secagg_train_masked``: ``global`` + ``config`` +
-                            ``secagg {msg}`` (stage 2 request of a round whose keys came earlier) → the masked input;
-                            ``train.secagg_consistency_next`` / ``train.secagg_unmask_next``: ``secagg {msg, next}``
-                            (this round's stage 3 / 4 request, the next round's stage 0 / 1 request, either may be
-                            absent) → ``secagg {msg}``: the two replies, :func:`pack_pair`
-``query.evaluate``          ``global`` + ``config`` → ``eval``: aggregate sums only (``federation.evaluation``)
-==========================  =========================================================================================
+==================================  =================================================================================
+message type                        content (request → reply)
+==================================  =================================================================================
+``query.hello``                     ``hello`` (empty) → ``hello``: site id, site index, manifest layout hash, data dims
+``train``                           ``global`` Θc + ``config`` → ``update`` Θc, ``num`` (n), ``metrics`` (plain FedAvg)
+``train.secagg_<stage>``            ``secagg`` ``{msg: bytes}`` both ways (secure aggregation; ``secagg_train`` also
+                                    carries ``global`` + ``config`` down and only ``{ready: 1}`` up;
+                                    ``secagg_evaluate`` carries ``global`` + ``config`` down and the sums' schema
+                                    (names, lengths) up as ``{msg: bytes}``; an evaluation round's first stage also
+                                    carries ``layout`` down)
+``train.secagg_train_advertise``    ``global`` + ``config`` + ``secagg {msg}`` (stage 0 request) → ``secagg {msg}``
+``train.secagg_train_masked``       ``global`` + ``config`` + ``secagg {msg}`` (stage 2 request of a round whose keys
+                                    were set up in the round before) → ``secagg {msg}`` (the masked input)
+``train.secagg_consistency_next``,  ``secagg {msg, next}``: this round's stage 3 / 4 request and the next round's
+``train.secagg_unmask_next``        stage 0 / 1 request, either may be absent → ``secagg {msg}``: the two replies
+                                    (:func:`pack_pair`)
+``query.evaluate``                  ``global`` + ``config`` → ``eval``: aggregate sums only (``federation.evaluation``)
+==================================  =================================================================================
 
 :class:`AggregationFlow` is the server side of one synchronisation round (paper §III-B, Table II: the sampled sites
 train locally and only Θc is aggregated with sample-size-weighted FedAvg). It follows the shape of Flower 1.42's

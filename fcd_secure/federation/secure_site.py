@@ -24,7 +24,7 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from fcd_secure.aggregation.secagg import ReplayGuard, SecAggClient, SecAggPolicy, encode, theta_hash
+from fcd_secure.aggregation.secagg import ClientStage, ReplayGuard, SecAggClient, SecAggPolicy, encode, theta_hash
 from fcd_secure.aggregation.secagg.messages import peek_header
 from fcd_secure.aggregation.secagg.server import STAGES
 from fcd_secure.federation.eval_vector import (
@@ -341,6 +341,9 @@ def _train_masked_handler(get_runtime: RuntimeGetter) -> Callable[[Message, Cont
             client.restore(bytes(blob))
             _clear_next(context)  # from here the client lives in this round's slot or nowhere
             protocol_round = secagg_round_id(server_round, pipelined=True)
+            # checked before training: a request the client would refuse must not spend the round (or DP budget)
+            if client.stage is not ClientStage.SHARED or peek_header(request).round_id != protocol_round:
+                raise SecureAggregationConfigError(f"site {rt.site_id}: round {server_round}'s keys are not ready for its input")
             _, vector, global_hash = _train_update(rt, msg, protocol_round)
             client.set_input(vector, global_hash, protocol_round)
             reply = client.handle(request)
