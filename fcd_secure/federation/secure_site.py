@@ -11,6 +11,14 @@ protocol stage rebuilds the site's :class:`~fcd_secure.aggregation.secagg.SecAgg
 answers one server request, and stores the client's state back; the last stage (or any failure) clears it, so no
 round secret outlives its round in node memory. A round that started here is spent for good
 (:class:`ReplayGuard`, P5); training and evaluation rounds are counted apart.
+
+A training round (``federation.secure_flow``) comes in fewer messages: ``secagg_train_advertise`` trains and answers
+stage 0 of the round's own protocol run (protocol id ``2r + 1``), ``secagg_train_masked`` trains into the client
+whose keys were set up during the round before (protocol id ``2r``) and answers stage 2, and
+``secagg_consistency_next`` / ``secagg_unmask_next`` answer this round's stage 3 / 4 and the next round's stage 0 /
+1. The next round's client lives in its own node-state record (:data:`NEXT_KEY`), which no evaluation touches. The
+fresh update goes straight into exactly one client, in the call that trained it, and a server round is trained
+once (:data:`TRAINED_SLOT`), whichever message asks.
 """
 
 from __future__ import annotations
