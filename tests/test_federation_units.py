@@ -223,35 +223,15 @@ def test_global_parameters_travel_packed_and_come_back_exactly():
         record_to_global(arrays_to_record(theta))
 
 
-def test_parallel_pushes_pair_every_reply_with_its_site():
-    """``Comm(push_workers > 1)`` (the Deployment Engine's setting) pushes each message in its own call: every reply
-    still comes back to the node it was meant for, with that node's own content, and the sampler's look at the next
-    round's sites leaves its draws unchanged."""
-    from fcd_secure.federation.inprocess import InProcessGrid
-    from fcd_secure.federation.messaging import Comm
+def test_the_next_rounds_sites_are_read_without_drawing_them():
+    """The round loop reads the next round's sites (a secure flow sets that round's keys up ahead) without
+    changing what the sampler draws, so a run's cohorts and its checkpointed sampler state stay those of a run that
+    never looked ahead."""
     from fcd_secure.federation.server_app import _peek_next
-    from flwr.common.constant import SUPERLINK_NODE_ID
-
-    app = ClientApp()
-
-    @app.query("probe")
-    def probe(msg, context):
-        return Message(RecordDict({"c": ConfigRecord({"part": context.node_config["partition-id"],
-                                                       "echo": msg.content["c"]["x"]})}), reply_to=msg)
-
-    grid = InProcessGrid(app, 6)
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, grid.run_id, SUPERLINK_NODE_ID
-    nodes = list(grid.get_node_ids())
-    comm = Comm(grid, poll_s=0.0, push_workers=4)
-    contents = {n: RecordDict({"c": ConfigRecord({"x": 100 + i})}) for i, n in enumerate(nodes)}
-    replies = comm.send(nodes, "query.probe", contents, 10)
-    assert sorted(replies) == sorted(nodes)
-    for i, n in enumerate(nodes):
-        assert replies[n].content["c"]["part"] == i and replies[n].content["c"]["echo"] == 100 + i
-    assert sorted(r.node_id for r in comm.ledger.records if r.direction == "up") == sorted(nodes)
 
     a, b = ClientSampler(3, 10, 4), ClientSampler(3, 10, 4)
     order = list(range(100, 110))
     for _ in range(3):
         peeked = _peek_next(a, order)
         assert peeked == [order[i] for i in a.sample()] == [order[i] for i in b.sample()]
+    assert a.get_state() == b.get_state()

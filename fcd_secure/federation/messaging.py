@@ -20,7 +20,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 from flwr.app import Message, RecordDict
@@ -117,12 +116,8 @@ class Comm:
         ledger: TrafficLedger | None = None,
         audit: ServerAudit | None = None,
         stop: threading.Event | None = None,
-        push_workers: int = 1,
     ) -> None:
         self.grid = grid
-        #: messages pushed at once, each in its own call (``send``); 1 keeps one call in order (the in-process grid
-        #: runs each site's ClientApp inside the push, one at a time)
-        self.push_workers = max(1, int(push_workers))
         #: set by whoever runs the server (Ctrl-C, SIGTERM): the next wait for replies raises :class:`RunStopped`
         self.stop = stop
         #: the server's audit ledger: receipts ride on downlinks, every reply is recorded (the ServerApp always sets
@@ -140,20 +135,6 @@ class Comm:
 
     def _site(self, node_id: int) -> str:
         return self.site_of.get(node_id, f"node:{node_id}")
-
-    def _push(self, msgs: list[Message]) -> list[str]:
-        """Push ``msgs``; with ``push_workers`` > 1 each in its own call, that many at once.
-
-        Flower 1.42's ``HttpGrid.push_messages`` asks the SuperLink for the node list once per message, then pushes
-        the objects of all messages two at a time (no more than the CPU count), in message order: the k-th site's
-        message is complete only after the objects of the k − 1 before it. At 10 sites on loopback that staggered
-        the sites' start of every stage by about 7 s. Pushed in parallel calls, the waits overlap; what is pushed,
-        to whom and how it is authenticated stay the same.
-        """
-        if self.push_workers == 1 or len(msgs) == 1:
-            return list(self.grid.push_messages(msgs))
-        with ThreadPoolExecutor(max_workers=min(self.push_workers, len(msgs))) as pool:
-            return [next(iter(ids), "") for ids in pool.map(lambda m: list(self.grid.push_messages([m])), msgs)]
 
     def send(
         self,
@@ -187,7 +168,7 @@ class Comm:
             msgs.append(msg)
         if not msgs:
             return {}
-        pushed = self._push(msgs)
+        pushed = list(self.grid.push_messages(msgs))
         waiting = {mid: nid for mid, nid in zip(pushed, node_ids) if mid}
         replies: dict[int, Message] = {}
         deadline = time.monotonic() + float(timeout_s)

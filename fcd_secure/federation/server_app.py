@@ -215,13 +215,8 @@ def server_audit(cfg: RunConfig) -> ServerAudit:
     return ServerAudit(root / "audit", load_or_create_identity_key(root / "identity_ed25519.key"))
 
 
-#: the Deployment Engine's grid: messages pushed at once (``messaging.Comm._push``)
-DEPLOYMENT_PUSH_WORKERS = 16
-
-
 def run_federation(
-    grid: Grid, cfg: RunConfig, progress: ProgressHook | None = None, stop: threading.Event | None = None,
-    *, push_workers: int = 1,
+    grid: Grid, cfg: RunConfig, progress: ProgressHook | None = None, stop: threading.Event | None = None
 ) -> FederationResult:
     """Run the whole federation of ``cfg`` over ``grid`` (see the module docstring for the steps).
 
@@ -233,7 +228,6 @@ def run_federation(
             ``rounds.csv``) and ``evaluating``.
         stop: set it to stop the run at the next wait for the sites (Ctrl-C, SIGTERM in the process that runs the
             engine); the checkpoint and ``rounds.csv`` are those of the last finished round.
-        push_workers: messages pushed at once (``messaging.Comm``; 1 for the in-process and simulation grids).
 
     Raises:
         FederationError: sites missing or inconsistent, no state folder, or every round aborted.
@@ -246,7 +240,7 @@ def run_federation(
     say = progress or (lambda _event, _info: None)
     if cfg.out:
         write_config(cfg.out, cfg)  # from the start: a killed run can be resumed (--resume) or re-run (--config)
-    comm = Comm(grid, poll_s=fed.poll_s, audit=server_audit(cfg), stop=stop, push_workers=push_workers)
+    comm = Comm(grid, poll_s=fed.poll_s, audit=server_audit(cfg), stop=stop)
     nodes = wait_for_nodes(grid, n_sites, fed.node_wait_s)
     sites = hello(comm, nodes[:n_sites] if len(nodes) == n_sites else nodes, fed.round_timeout_s, n_sites)
     order = [s.node_id for s in sites]
@@ -408,7 +402,7 @@ def make_server_app(
         if cfg is None:  # the Deployment Engine's grid: replies are pulled with Flower's 1 s-doubling backoff
             shorten_grid_backoff()
         run_cfg = config_from_context(context, cfg)
-        result = run_federation(grid, run_cfg, progress, stop, push_workers=DEPLOYMENT_PUSH_WORKERS if cfg is None else 1)
+        result = run_federation(grid, run_cfg, progress, stop)
         if run_cfg.out:
             write_run_folder(run_cfg.out, run_cfg, result)
         if sink is not None:
