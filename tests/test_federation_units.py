@@ -221,3 +221,17 @@ def test_global_parameters_travel_packed_and_come_back_exactly():
                                       GLOBAL_DATA: Array(np.concatenate([data, data]))}))
     with pytest.raises(ValueError, match="expected the arrays"):
         record_to_global(arrays_to_record(theta))
+
+
+def test_the_next_rounds_sites_are_read_without_drawing_them():
+    """The round loop reads the next round's sites (a secure flow sets that round's keys up ahead) without
+    changing what the sampler draws, so a run's cohorts and its checkpointed sampler state stay those of a run that
+    never looked ahead."""
+    from fcd_secure.federation.server_app import _peek_next
+
+    a, b = ClientSampler(3, 10, 4), ClientSampler(3, 10, 4)
+    order = list(range(100, 110))
+    for _ in range(3):
+        peeked = _peek_next(a, order)
+        assert peeked == [order[i] for i in a.sample()] == [order[i] for i in b.sample()]
+    assert a.get_state() == b.get_state()

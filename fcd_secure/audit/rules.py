@@ -176,6 +176,24 @@ SECAGG_REPLIES: dict[str, SecaggReplyRule] = {
 }
 
 
+def _both(a: SecaggReplyRule, b: SecaggReplyRule) -> SecaggReplyRule:
+    # two protocol messages, each behind a 4-byte length
+    return SecaggReplyRule(base=a.base + b.base + 8, per_site=a.per_site + b.per_site,
+                           per_theta_c_element=a.per_theta_c_element + b.per_theta_c_element)
+
+
+#: The carrier's combined stages (``fcd_secure.federation.secure_flow``): training with the first protocol stage of
+#: its round (``train_advertise``) or with the masked input of a round whose keys came earlier (``train_masked``),
+#: and one round's last two stages carrying the next round's first two (``consistency_next``, ``unmask_next``: the
+#: two replies length-prefixed, ``fcd_secure.federation.records.pack_pair``).
+SECAGG_REPLIES.update({
+    "train_advertise": SECAGG_REPLIES["advertise_keys"],
+    "train_masked": SECAGG_REPLIES["masked_input"],
+    "consistency_next": _both(SECAGG_REPLIES["consistency"], SECAGG_REPLIES["advertise_keys"]),
+    "unmask_next": _both(SECAGG_REPLIES["unmask"], SECAGG_REPLIES["share_keys"]),
+})
+
+
 class GatePolicy(BaseModel):
     """Site-owned egress policy. Everything not listed here or in the manifest's Θc part is refused.
 

@@ -2,17 +2,24 @@
 
 Both ends read the names here, so a message type or record name is spelled once:
 
-==========================  =========================================================================================
-message type                content (request → reply)
-==========================  =========================================================================================
-``query.hello``             ``hello`` (empty) → ``hello``: site id, site index, manifest layout hash, data dims
-``train``                   ``global`` Θc + ``config`` → ``update`` Θc, ``num`` (n), ``metrics`` (plain FedAvg)
-``train.secagg_<stage>``    ``secagg`` ``{msg: bytes}`` both ways (secure aggregation; ``secagg_train`` also
-                            carries ``global`` + ``config`` down and only ``{ready: 1}`` up; ``secagg_evaluate``
-                            carries ``global`` + ``config`` down and the sums' schema (names, lengths) up as
-                            ``{msg: bytes}``; an evaluation round's first stage also carries ``layout`` down)
-``query.evaluate``          ``global`` + ``config`` → ``eval``: aggregate sums only (``federation.evaluation``)
-==========================  =========================================================================================
+==================================  =================================================================================
+message type                        content (request → reply)
+==================================  =================================================================================
+``query.hello``                     ``hello`` (empty) → ``hello``: site id, site index, manifest layout hash, data dims
+``train``                           ``global`` Θc + ``config`` → ``update`` Θc, ``num`` (n), ``metrics`` (plain FedAvg)
+``train.secagg_<stage>``            ``secagg`` ``{msg: bytes}`` both ways (secure aggregation; ``secagg_train`` also
+                                    carries ``global`` + ``config`` down and only ``{ready: 1}`` up;
+                                    ``secagg_evaluate`` carries ``global`` + ``config`` down and the sums' schema
+                                    (names, lengths) up as ``{msg: bytes}``; an evaluation round's first stage also
+                                    carries ``layout`` down)
+``train.secagg_train_advertise``    ``global`` + ``config`` + ``secagg {msg}`` (stage 0 request) → ``secagg {msg}``
+``train.secagg_train_masked``       ``global`` + ``config`` + ``secagg {msg}`` (stage 2 request of a round whose keys
+                                    were set up in the round before) → ``secagg {msg}`` (the masked input)
+``train.secagg_consistency_next``,  ``secagg {msg, next}``: this round's stage 3 / 4 request and the next round's
+``train.secagg_unmask_next``        stage 0 / 1 request, either may be absent → ``secagg {msg}``: the two replies
+                                    (:func:`pack_pair`)
+``query.evaluate``                  ``global`` + ``config`` → ``eval``: aggregate sums only (``federation.evaluation``)
+==================================  =================================================================================
 
 :class:`AggregationFlow` is the server side of one synchronisation round (paper §III-B, Table II: the sampled sites
 train locally and only Θc is aggregated with sample-size-weighted FedAvg). It follows the shape of Flower 1.42's
@@ -55,6 +62,11 @@ SECAGG_ACTION_PREFIX = SECAGG_PREFIX.removeprefix(f"{TRAIN_MESSAGE_TYPE}.")  # s
 SECAGG_TRAIN_STAGE = "train"
 #: the secure evaluation's preparation (``federation.secure_evaluation``): evaluate, keep the sums, reply the schema
 SECAGG_EVALUATE_STAGE = "evaluate"
+#: the combined stages of a training round (``federation.secure_flow``; the egress gate bounds each reply)
+SECAGG_TRAIN_ADVERTISE_STAGE = "train_advertise"
+SECAGG_TRAIN_MASKED_STAGE = "train_masked"
+SECAGG_CONSISTENCY_NEXT_STAGE = "consistency_next"
+SECAGG_UNMASK_NEXT_STAGE = "unmask_next"
 
 # -- record names ----------------------------------------------------------------------------------------------------
 REC_GLOBAL = "global"
@@ -69,6 +81,8 @@ REC_SECAGG = "secagg"
 SECAGG_FIELD = "msg"
 #: The extra downlink field of an evaluation round's first stage: the agreed layout (union of the sites' schemas).
 SECAGG_EVAL_LAYOUT_FIELD = "layout"
+#: The downlink field of a combined stage that carries the next training round's request.
+SECAGG_NEXT_FIELD = "next"
 
 #: Run-config key under which a deployment carries the resolved ``RunConfig`` as JSON (``federation.deployment``).
 RUN_CONFIG_KEY = "fcd-config"
@@ -82,6 +96,39 @@ def secagg_action(stage: str) -> str:
 def secagg_message_type(stage: str) -> str:
     """The message type of one secure-aggregation stage (``train.secagg_<stage>``)."""
     return f"{TRAIN_MESSAGE_TYPE}.{secagg_action(stage)}"
+
+
+def secagg_round_id(server_round: int, *, pipelined: bool) -> int:
+    """The protocol round id of a training round: ``2r`` when its keys were set up during round r − 1, ``2r + 1``
+    when they are set up in the round itself. A site takes each id once and in increasing order (P5), so a round
+    whose early setup was lost (an abort, a server restart) can still run with fresh keys under its second id."""
+    return 2 * int(server_round) + (0 if pipelined else 1)
+
+
+def pack_pair(first: bytes, second: bytes) -> bytes:
+    """Two protocol messages in one field: each behind its 4-byte big-endian length (empty: absent)."""
+    return b"".join(len(b).to_bytes(4, "big") + b for b in (first, second))
+
+
+def unpack_pair(blob: bytes) -> tuple[bytes, bytes]:
+    """The two messages of :func:`pack_pair`.
+
+    Raises:
+        ValueError: the lengths do not account for every byte exactly.
+    """
+    out: list[bytes] = []
+    at = 0
+    for _ in range(2):
+        if at + 4 > len(blob):
+            raise ValueError("pair of protocol messages: truncated length")
+        n = int.from_bytes(blob[at:at + 4], "big")
+        if at + 4 + n > len(blob):
+            raise ValueError("pair of protocol messages: truncated message")
+        out.append(bytes(blob[at + 4:at + 4 + n]))
+        at += 4 + n
+    if at != len(blob):
+        raise ValueError("pair of protocol messages: bytes left over")
+    return out[0], out[1]
 
 
 # -- arrays and configs in records -----------------------------------------------------------------------------------
@@ -210,6 +257,8 @@ class Round:
     global_theta: dict[str, np.ndarray]
     round_config: dict[str, Any]
     started: float = field(default_factory=time.perf_counter)
+    #: the sites the next round will sample, when the round loop knows them now (a flow may prepare that round)
+    next_node_ids: list[int] | None = None
 
     def failures(self, participants: Iterable[int]) -> list[int]:
         """The sampled nodes not in ``participants``, in sampling order."""
@@ -266,6 +315,7 @@ class AggregationFlow(ABC, Generic[C]):
         server_round: int,
         global_theta: dict[str, np.ndarray],
         round_config: dict[str, Any],
+        next_node_ids: list[int] | None = None,
     ) -> RoundOutcome:
         """Run one round: check the sample, send the training request, collect, aggregate.
 
@@ -275,11 +325,13 @@ class AggregationFlow(ABC, Generic[C]):
             server_round: the round number (1-based); it rides in the request config and the message group id.
             global_theta: the current global parameters, keyed by manifest name.
             round_config: ``part`` and ``local-epochs`` for the sites.
+            next_node_ids: the next round's sampled sites when already known (None: the last round, or unknown).
 
         Returns:
             The round's outcome; ``theta_c is None`` when the round was aborted (global model unchanged).
         """
-        rnd = Round(comm, [int(n) for n in node_ids], int(server_round), global_theta, dict(round_config))
+        rnd = Round(comm, [int(n) for n in node_ids], int(server_round), global_theta, dict(round_config),
+                    next_node_ids=None if next_node_ids is None else [int(n) for n in next_node_ids])
         try:
             self.check_sample(rnd)
             replies = self.send(rnd, self.configure(rnd))

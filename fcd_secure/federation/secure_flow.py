@@ -2,24 +2,39 @@
 
 Paper §III-B (DSS) and Table II: each sampled site trains (Θc, Θs_i) locally and only Θc is aggregated with
 sample-size-weighted FedAvg. Here the server learns only the weighted sum. :class:`SecureAggregationFlow` is an
-:class:`~fcd_secure.federation.records.AggregationFlow` over six ClientApp actions (the site side is
-``federation.secure_site``):
+:class:`~fcd_secure.federation.records.AggregationFlow` over the protocol's five stages (``advertise_keys``,
+``share_keys``, ``masked_input``, ``consistency``, ``unmask``; the site side is ``federation.secure_site``), every
+round with its own fresh keys, carried in as few Flower round trips as the protocol's order allows. Stages 0 and 1
+use only per-round secrets and never the input (Bonawitz et al. §4: the input enters in round 2), so when the next
+round's sites are known they run for round r + 1 inside round r's last two messages:
 
-====================================  ===================================================================
-``train.secagg_train``                 global Θc in; the site trains and keeps the encoded update in its
-                                       ``Context.state`` (never replied); the reply is an acknowledgement
-``train.secagg_advertise_keys``        stage 0: round parameters in, signed X25519 round keys out
-``train.secagg_share_keys``            stage 1: signed key list in, AES-GCM encrypted Shamir shares out
-``train.secagg_masked_input``          stage 2: relayed shares in, masked uint32 vector out
-``train.secagg_consistency``           stage 3: survivors in, Ed25519 signature (survivors + model hash) out
-``train.secagg_unmask``                stage 4: signatures in, shares of alive / dropped sites out
-====================================  ===================================================================
+=======================================  ============================================================================
+message (one Flower round trip each)     content
+=======================================  ============================================================================
+``train.secagg_train_masked``            round r whose keys were set up during r − 1 (protocol id ``2r``): global Θc
+                                         and the relayed shares in; the site trains, binds its update to that client
+                                         and answers stage 2 with the masked input
+``train.secagg_train_advertise``         otherwise (round 1, another cohort, a lost setup; protocol id ``2r + 1``):
+                                         global Θc and the round parameters in, the site trains and answers stage 0;
+                                         then ``train.secagg_share_keys`` and ``train.secagg_masked_input``
+``train.secagg_consistency_next``        round r's stage 3 (survivors in, signature out) and round r + 1's stage 0
+                                         (round parameters in, signed X25519 keys and commitments out)
+``train.secagg_unmask_next``             round r's stage 4 (signatures in, shares out) and round r + 1's stage 1
+                                         (key list in, encrypted Shamir shares out)
+=======================================  ============================================================================
+
+A steady round is three round trips, a round without keys set up ahead five (the protocol alone was five, training
+one more). The two rounds of a combined message are two clients at the site, each with its own keys, its own state
+machine and every one of its checks; a site takes each protocol round id once and trains each server round once
+(P5), and any failure clears both rounds at that site.
 
 Every protocol message is the strict byte encoding of ``fcd_secure.aggregation.secagg.messages`` in a
-``ConfigRecord`` field ``msg`` (the audit egress gate lets only bytes and ints through in ``train.secagg_*``).
-Each stage has its own deadline (``SecAggPolicy.deadlines``, P17): a site that has not answered by then is a
-dropout, and anything it sends later is ignored (P9). Fewer survivors than the threshold abort the round and
-the global model stays unchanged (``RoundOutcome.theta_c is None``).
+``ConfigRecord`` field ``msg`` (``next`` for the next round's request; a combined reply is the two replies,
+``records.pack_pair``; the audit egress gate lets only bytes and ints through in ``train.secagg_*``, each stage within
+its size bound). Each stage has its own deadline (``SecAggPolicy.deadlines``, P17; a combined message the sum of
+training's and the stage's, or the larger of its two stages'): a site that has not answered by then is a dropout,
+and anything it sends later is ignored (P9). Fewer survivors than the threshold abort the round and the global model
+stays unchanged (``RoundOutcome.theta_c is None``); the next round then sets up its own keys.
 """
 
 from __future__ import annotations
@@ -39,13 +54,19 @@ from fcd_secure.config import RunConfig
 from fcd_secure.federation.messaging import Comm
 from fcd_secure.federation.records import (
     REC_SECAGG,
+    SECAGG_CONSISTENCY_NEXT_STAGE,
     SECAGG_FIELD,
-    SECAGG_TRAIN_STAGE,
+    SECAGG_NEXT_FIELD,
+    SECAGG_TRAIN_ADVERTISE_STAGE,
+    SECAGG_TRAIN_MASKED_STAGE,
+    SECAGG_UNMASK_NEXT_STAGE,
     AggregationFlow,
     Round,
     RoundAborted,
     RoundOutcome,
     secagg_message_type,
+    secagg_round_id,
+    unpack_pair,
 )
 from fcd_secure.federation.secure_setup import (
     METRIC_RANGE,
@@ -80,7 +101,7 @@ class SecureAggregationFlow(AggregationFlow[SecureSum]):
             culprit is then named on evidence it signed (Bonawitz et al. 2017 §6, active model).
     """
 
-    train_message_type = secagg_message_type(SECAGG_TRAIN_STAGE)
+    train_message_type = secagg_message_type(SECAGG_TRAIN_ADVERTISE_STAGE)
 
     def __init__(
         self,
@@ -97,6 +118,9 @@ class SecureAggregationFlow(AggregationFlow[SecureSum]):
         self.session_id = session_id if session_id is not None else os.urandom(16)
         self.train_timeout_s = float(self.policy.deadlines.train)
         self.last_report: dict[str, Any] = {}
+        #: the next round, when its first two stages ran inside this one
+        self._ahead: _Ahead | None = None
+        self._server: SecAggServer | None = None
 
     @classmethod
     def check_config(cls, config: RunConfig) -> SecAggPolicy:
@@ -150,19 +174,106 @@ class SecureAggregationFlow(AggregationFlow[SecureSum]):
         self.manifest.check_arrays(rnd.global_theta, THETA_C)
         return super().configure(rnd)
 
+    def send(self, rnd: Round, content: RecordDict) -> dict[int, Message]:
+        """Send the training request: with the relayed shares when this round's keys were set up during the last
+        one for exactly these sites, else with the round parameters of a fresh protocol run."""
+        site_of = {n: rnd.comm.site_of.get(n, f"node-{n}") for n in rnd.node_ids}
+        node_of = {s: n for n, s in site_of.items()}
+        ahead, self._ahead = self._ahead, None
+        deadlines = self.policy.deadlines
+        if ahead is not None and ahead.server_round == rnd.server_round and ahead.sites == frozenset(node_of):
+            self._server, requests, stage = ahead.server, ahead.requests, SECAGG_TRAIN_MASKED_STAGE
+            timeout = deadlines.train + deadlines.masked_input
+            self.last_report.update(ahead.report, pipelined=True)
+        else:
+            try:
+                self._server = SecAggServer(
+                    self.policy, self.layout, sorted(node_of), round_id=secagg_round_id(rnd.server_round, pipelined=False),
+                    session_id=self.session_id, roster=self.roster,
+                )
+            except SecAggError as exc:
+                raise self._abort(self.last_report, str(exc)) from None
+            requests, stage = self._server.start(), SECAGG_TRAIN_ADVERTISE_STAGE
+            timeout = deadlines.train + deadlines.advertise_keys
+            self.last_report["pipelined"] = False
+        contents = {
+            node_of[s]: RecordDict({**dict(content.items()), REC_SECAGG: ConfigRecord({SECAGG_FIELD: req})})
+            for s, req in requests.items()
+        }
+        return rnd.comm.send(list(contents), secagg_message_type(stage), contents, timeout, round=rnd.server_round)
+
     def collect(self, rnd: Round, replies: dict[int, Message]) -> SecureSum:
-        """Run the protocol's five stages among the sites that finished training."""
-        trained = [n for n in rnd.node_ids if (r := replies.get(n)) is not None and not r.has_error()]
+        """Run the rest of the round's protocol (and the next round's first two stages alongside its last two)."""
+        server, report, comm = self._server, self.last_report, rnd.comm
+        self._server = None
+        assert server is not None
+        site_of = {n: comm.site_of.get(n, f"node-{n}") for n in rnd.node_ids}
+        node_of = {s: n for n, s in site_of.items()}
+        report["trained"] = sum(1 for n, r in replies.items() if not r.has_error())
         try:
-            return secure_sum(
-                rnd.comm, trained, self.policy, self.layout, round_id=rnd.server_round, session_id=self.session_id,
-                message_round=rnd.server_round, report=self.last_report, started=rnd.started, roster=self.roster,
-            )
-        except SecureSumAborted as stop:
-            aborted = self._abort(self.last_report, stop.reason, stop.participants)
-            if stop.culprits:
-                aborted.metrics["dropped"] = dict(stop.culprits)
+            _collect(server, {site_of[n]: b for n, b in _blobs(replies).items() if n in site_of})
+            stages = STAGES[2:3] if report["pipelined"] else STAGES[:3]
+            requests = self._advance(server, stages[0])
+            for stage in stages[1:]:
+                got = _send_stage(comm, stage, requests, node_of, self.policy.deadlines.for_stage(stage), rnd.server_round, None)
+                _collect(server, got)
+                requests = self._advance(server, stage)
+            requests = self._last_stages(rnd, server, requests)
+            agg = server.finish()
+        except SecAggError as exc:  # too few survivors, shares that do not reconstruct, a bound broken: reveal nothing
+            survivors = [node_of[s] for s in server.report.survivors.get("masked_input", ())]
+            aborted = self._abort(report, str(exc), survivors)
+            if server.report.culprits:
+                aborted.metrics["dropped"] = dict(server.report.culprits)
             raise aborted from None
+        report["server_s"] = round(time.perf_counter() - rnd.started, 3)
+        report["culprits"] = dict(server.report.culprits)
+        return SecureSum(agg, [node_of[s] for s in server.report.survivors["masked_input"]], report)
+
+    def _advance(self, server: SecAggServer, stage: str) -> dict[str, bytes]:
+        try:
+            return server.advance()
+        finally:
+            self.last_report[stage] = len(server.report.survivors.get(stage, ()))
+
+    def _next_server(self, rnd: Round) -> SecAggServer | None:
+        """The next round's protocol run, when its sites are known now (protocol id ``2(r + 1)``)."""
+        if rnd.next_node_ids is None or any(n not in rnd.comm.site_of for n in rnd.next_node_ids):
+            return None
+        sites = sorted(rnd.comm.site_of[n] for n in rnd.next_node_ids)
+        if len(sites) < self.policy.min_sites:
+            return None
+        try:
+            return SecAggServer(self.policy, self.layout, sites, round_id=secagg_round_id(rnd.server_round + 1, pipelined=True),
+                                session_id=self.session_id, roster=self.roster)
+        except SecAggError:
+            return None
+
+    def _last_stages(self, rnd: Round, server: SecAggServer, requests: dict[str, bytes]) -> dict[str, bytes]:
+        """Stages 3 and 4 of this round, each carrying stage 0 and 1 of the next round when its sites are known.
+        The next round's failure never touches this round: it then sets up its own keys (``_ahead`` stays empty)."""
+        comm, deadlines = rnd.comm, self.policy.deadlines
+        node_of = {s: n for n, s in comm.site_of.items()}
+        nxt = self._next_server(rnd)
+        next_requests = nxt.start() if nxt is not None else {}
+        next_report: dict[str, int] = {}
+        for stage, next_stage, pair in (("consistency", "advertise_keys", SECAGG_CONSISTENCY_NEXT_STAGE),
+                                        ("unmask", "share_keys", SECAGG_UNMASK_NEXT_STAGE)):
+            timeout = max(deadlines.for_stage(stage), deadlines.for_stage(next_stage) if next_requests else 0.0)
+            got, got_next = _send_pair(comm, pair, requests, next_requests, node_of, timeout, rnd.server_round)
+            _collect(server, got)
+            if nxt is not None:
+                _collect(nxt, got_next)
+                try:
+                    next_requests = nxt.advance()
+                    next_report[next_stage] = len(nxt.report.survivors.get(next_stage, ()))
+                except SecAggError as exc:
+                    log.warning("round %d: the next round's keys could not be set up ahead (%s)", rnd.server_round, exc)
+                    nxt, next_requests = None, {}
+            requests = self._advance(server, stage)
+        if nxt is not None:
+            self._ahead = _Ahead(rnd.server_round + 1, frozenset(nxt.params.selected), nxt, next_requests, next_report)
+        return requests
 
     def aggregate(self, rnd: Round, collected: SecureSum) -> RoundOutcome:
         agg, g = collected.aggregate, rnd.global_theta
@@ -184,6 +295,63 @@ class SecureAggregationFlow(AggregationFlow[SecureSum]):
                 rnd.server_round, agg.clipped_fraction, self.policy.clip,
             )
         return RoundOutcome(theta, float(agg.n_total), collected.participants, rnd.failures(collected.participants), metrics)
+
+
+@dataclass
+class _Ahead:
+    """A round whose first two protocol stages ran inside the round before it: its server (at stage 2), the stage 2
+    requests (relayed shares) of the sites that shared keys, and those stages' survivor counts."""
+
+    server_round: int
+    sites: frozenset[str]
+    server: SecAggServer
+    requests: dict[str, bytes]
+    report: dict[str, int]
+
+
+def _blobs(replies: dict[int, Message], field: str = SECAGG_FIELD) -> dict[int, bytes]:
+    out: dict[int, bytes] = {}
+    for nid, rep in replies.items():
+        if rep is None or rep.has_error() or REC_SECAGG not in rep.content:
+            continue
+        blob = rep.content[REC_SECAGG].get(field)
+        if isinstance(blob, bytes):
+            out[nid] = blob
+    return out
+
+
+def _collect(server: SecAggServer, replies: dict[str, bytes]) -> None:
+    for s, blob in replies.items():
+        try:
+            server.collect(s, blob)
+        except SecAggError:
+            pass  # recorded by the server as this site's failure; it is a dropout from now on
+
+
+def _send_pair(
+    comm: Comm, stage: str, this: dict[str, bytes], nxt: dict[str, bytes], node_of: dict[str, int], timeout_s: float,
+    message_round: int,
+) -> tuple[dict[str, bytes], dict[str, bytes]]:
+    """One combined stage: this round's request as ``msg``, the next round's as ``next``, to the union of both
+    rounds' sites; returns each round's replies (a part a site was not asked for is ignored)."""
+    contents: dict[int, RecordDict] = {}
+    for s in sorted(set(this) | set(nxt)):
+        fields = {**({SECAGG_FIELD: this[s]} if s in this else {}), **({SECAGG_NEXT_FIELD: nxt[s]} if s in nxt else {})}
+        contents[node_of[s]] = RecordDict({REC_SECAGG: ConfigRecord(fields)})
+    site_of = {n: s for s, n in node_of.items()}
+    got: dict[str, bytes] = {}
+    got_next: dict[str, bytes] = {}
+    for nid, blob in _blobs(comm.send(list(contents), secagg_message_type(stage), contents, timeout_s, round=message_round)).items():
+        try:
+            first, second = unpack_pair(blob)
+        except ValueError:
+            continue  # malformed: a dropout in both rounds
+        s = site_of[nid]
+        if first and s in this:
+            got[s] = first
+        if second and s in nxt:
+            got_next[s] = second
+    return got, got_next
 
 
 class SecureSumAborted(Exception):

@@ -11,6 +11,14 @@ protocol stage rebuilds the site's :class:`~fcd_secure.aggregation.secagg.SecAgg
 answers one server request, and stores the client's state back; the last stage (or any failure) clears it, so no
 round secret outlives its round in node memory. A round that started here is spent for good
 (:class:`ReplayGuard`, P5); training and evaluation rounds are counted apart.
+
+A training round (``federation.secure_flow``) comes in fewer messages: ``secagg_train_advertise`` trains and answers
+stage 0 of the round's own protocol run (protocol id ``2r + 1``), ``secagg_train_masked`` trains into the client
+whose keys were set up during the round before (protocol id ``2r``) and answers stage 2, and
+``secagg_consistency_next`` / ``secagg_unmask_next`` answer this round's stage 3 / 4 and the next round's stage 0 /
+1. The next round's client lives in its own node-state record (:data:`NEXT_KEY`), which no evaluation touches. The
+fresh update goes straight into exactly one client, in the call that trained it, and a server round is trained
+once (:data:`TRAINED_SLOT`), whichever message asks.
 """
 
 from __future__ import annotations
@@ -24,7 +32,8 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from fcd_secure.aggregation.secagg import ReplayGuard, SecAggClient, SecAggPolicy, encode, theta_hash
+from fcd_secure.aggregation.secagg import ClientStage, ReplayGuard, SecAggClient, SecAggPolicy, encode, theta_hash
+from fcd_secure.aggregation.secagg.messages import peek_header
 from fcd_secure.aggregation.secagg.server import STAGES
 from fcd_secure.federation.eval_vector import (
     EvalLayout,
@@ -37,12 +46,19 @@ from fcd_secure.federation.records import (
     REC_CONFIG,
     REC_GLOBAL,
     REC_SECAGG,
+    SECAGG_CONSISTENCY_NEXT_STAGE,
     SECAGG_EVAL_LAYOUT_FIELD,
     SECAGG_EVALUATE_STAGE,
     SECAGG_FIELD,
+    SECAGG_NEXT_FIELD,
+    SECAGG_TRAIN_ADVERTISE_STAGE,
+    SECAGG_TRAIN_MASKED_STAGE,
     SECAGG_TRAIN_STAGE,
+    SECAGG_UNMASK_NEXT_STAGE,
+    pack_pair,
     record_to_global,
     secagg_action,
+    secagg_round_id,
 )
 from fcd_secure.federation.secure_setup import (
     METRIC_RANGE,
@@ -60,9 +76,14 @@ if TYPE_CHECKING:  # pragma: no cover - fcd_secure.config pulls in torch; a site
 
 #: ``Context.state`` record that carries one round's protocol state between messages.
 STATE_KEY = "secagg"
+#: ``Context.state`` record of the next training round's client, whose keys were set up ahead (its ``round``, its
+#: ``client``); no evaluation touches it.
+NEXT_KEY = "secagg_next"
 #: The site-state slots of the cross-session replay guards (training rounds, evaluation rounds).
 REPLAY_SLOT = "secagg_rounds.json"
 EVAL_REPLAY_SLOT = "secagg_eval_rounds.json"
+#: The site-state slot of the server rounds this site has trained: each is trained once, whichever way it came.
+TRAINED_SLOT = "secagg_trained.json"
 #: ``purpose`` of a round in the node state
 TRAINING, EVALUATION = "train", "evaluate"
 
@@ -89,25 +110,74 @@ class SecureSite(Protocol):
 RuntimeGetter = Callable[[Message, Context], SecureSite]
 
 
-def _state_get(context: Context, key: str) -> Any:
-    rec = context.state.get(STATE_KEY) if STATE_KEY in context.state else None
+def _state_get(context: Context, key: str, record: str = STATE_KEY) -> Any:
+    rec = context.state.get(record) if record in context.state else None
     return None if rec is None else rec.get(key)
 
 
-def _state_set(context: Context, **values: Any) -> None:
-    rec = context.state[STATE_KEY] if STATE_KEY in context.state else ConfigRecord({})
+def _state_set(context: Context, record: str = STATE_KEY, **values: Any) -> None:
+    rec = context.state[record] if record in context.state else ConfigRecord({})
     for k, v in values.items():
         if v is None:
             if k in rec:
                 del rec[k]
         else:
             rec[k] = v
-    context.state[STATE_KEY] = rec
+    context.state[record] = rec
 
 
 def _clear_round(context: Context) -> None:
     # an aborted or finished round leaves no secret (and no evaluation sum) behind in the node state
     _state_set(context, client=None, vector=None, global_hash=None, round=None, purpose=None, sums=None, schema=None)
+
+
+def _clear_next(context: Context) -> None:
+    _state_set(context, NEXT_KEY, client=None, round=None)
+
+
+def _claim_training(rt: SecureSite, server_round: int) -> None:
+    """Spend ``server_round`` for training: a site trains each round once, whichever message asks (a second update
+    of the same round would give the server two sums to difference, P5)."""
+    ReplayGuard(rt.state.slot(TRAINED_SLOT)).claim(b"trained-rounds", server_round)
+
+
+def _train_update(rt: SecureSite, msg: Message, protocol_round: int) -> tuple[int, np.ndarray, bytes]:
+    """Train the round of ``msg`` once and encode its update; returns the server round, the vector and the hash of
+    the global Θc received. The round is refused before any training if it was trained, or its protocol round id
+    used, before (P5)."""
+    round_config = dict(msg.content[REC_CONFIG])
+    server_round = int(round_config["server-round"])
+    global_theta = record_to_global(msg.content[REC_GLOBAL])
+    ReplayGuard(rt.state.slot(TRAINED_SLOT)).check_fresh(server_round)
+    layout = vector_layout(rt.manifest)
+    theta, n, metrics = rt.train_round(global_theta, round_config)
+    _claim_training(rt, server_round)
+    loss = metrics.get("loss", metrics.get("total", 0.0))
+    update = {k: np.asarray(v, np.float64) - np.asarray(global_theta[k], np.float64) for k, v in theta.items()}
+    vector = encode(layout, rt.secagg_policy, update, int(n), {"train_loss": float(loss) / METRIC_RANGE})
+    return server_round, vector, theta_hash(layout, global_theta)
+
+
+def _training_client(rt: SecureSite, context: Context, *, input_later: bool = False) -> SecAggClient:
+    return SecAggClient(
+        rt.site_id,
+        rt.identity_private_key(),
+        site_roster(context, rt.site_id, Path(rt.state.dir).parent),
+        rt.secagg_policy,
+        vector_layout(rt.manifest),
+        replay_guard=ReplayGuard(rt.state.slot(REPLAY_SLOT)),
+        input_later=input_later,
+    )
+
+
+def _request_bytes(msg: Message, field: str = SECAGG_FIELD, *, required: bool = True) -> bytes | None:
+    rec = msg.content[REC_SECAGG] if REC_SECAGG in msg.content else None
+    value = None if rec is None else rec.get(field)
+    if value is None and not required:
+        return None
+    if not isinstance(value, bytes):
+        raise SecureAggregationConfigError(f"secure-aggregation request without a bytes {field!r} field")
+    return value
 
 
 def _train_handler(get_runtime: RuntimeGetter) -> Callable[[Message, Context], Message]:
@@ -120,7 +190,9 @@ def _train_handler(get_runtime: RuntimeGetter) -> Callable[[Message, Context], M
         # a round whose protocol already started here is spent: re-training it would hand the server a second copy
         # of the same update to difference against (P5; see ReplayGuard)
         ReplayGuard(rt.state.slot(REPLAY_SLOT)).check_fresh(int(round_config["server-round"]))
+        ReplayGuard(rt.state.slot(TRAINED_SLOT)).check_fresh(int(round_config["server-round"]))
         theta, n, metrics = rt.train_round(global_theta, round_config)
+        _claim_training(rt, int(round_config["server-round"]))
         loss = metrics.get("loss", metrics.get("total", 0.0))
         # the update, not the parameters, enters the vector: its values are small, so the fixed-point grid is fine
         update = {k: np.asarray(v, np.float64) - np.asarray(global_theta[k], np.float64) for k, v in theta.items()}
@@ -230,8 +302,122 @@ def _stage_handler(stage: str, get_runtime: RuntimeGetter) -> Callable[[Message,
     return handler
 
 
+def _train_advertise_handler(get_runtime: RuntimeGetter) -> Callable[[Message, Context], Message]:
+    """Train, then answer stage 0 of the round's own protocol run (protocol id ``2r + 1``) with the fresh update as
+    its input: the update enters exactly this one client, in this one call."""
+
+    def handler(msg: Message, context: Context) -> Message:
+        rt = get_runtime(msg, context)
+        request = _request_bytes(msg)
+        server_round = int(dict(msg.content[REC_CONFIG])["server-round"])
+        protocol_round = secagg_round_id(server_round, pipelined=False)
+        if peek_header(request).round_id != protocol_round:
+            raise SecureAggregationConfigError(f"stage 0 of round {server_round} must carry protocol round {protocol_round}")
+        ReplayGuard(rt.state.slot(REPLAY_SLOT)).check_fresh(protocol_round)  # before training, not only at the claim
+        _clear_round(context)
+        if (_state_get(context, "round", NEXT_KEY) or 0) <= server_round:
+            _clear_next(context)  # keys set up ahead for this round are never used: it trains here, once
+        try:
+            _, vector, global_hash = _train_update(rt, msg, protocol_round)
+            client = _training_client(rt, context)
+            client.set_input(vector, global_hash, protocol_round)
+            reply = client.handle(request)
+        except Exception:
+            _clear_round(context)
+            raise
+        _state_set(context, client=client.export(), round=server_round, purpose=TRAINING)
+        return Message(RecordDict({REC_SECAGG: ConfigRecord({SECAGG_FIELD: reply})}), reply_to=msg)
+
+    return handler
+
+
+def _train_masked_handler(get_runtime: RuntimeGetter) -> Callable[[Message, Context], Message]:
+    """Train the round whose keys were set up during the previous one (protocol id ``2r``), bind the update to that
+    client and answer its stage 2 (the relayed shares come with the training request)."""
+
+    def handler(msg: Message, context: Context) -> Message:
+        rt = get_runtime(msg, context)
+        request = _request_bytes(msg)
+        server_round = int(dict(msg.content[REC_CONFIG])["server-round"])
+        blob = _state_get(context, "client", NEXT_KEY)
+        if blob is None or _state_get(context, "round", NEXT_KEY) != server_round:
+            _clear_next(context)
+            raise SecureAggregationConfigError(f"site {rt.site_id} set up no keys ahead for round {server_round}")
+        _clear_round(context)
+        try:
+            client = _training_client(rt, context)
+            client.restore(bytes(blob))
+            _clear_next(context)  # from here the client lives in this round's slot or nowhere
+            protocol_round = secagg_round_id(server_round, pipelined=True)
+            # checked before training: a request the client would refuse must not spend the round (or DP budget)
+            if client.stage is not ClientStage.SHARED or peek_header(request).round_id != protocol_round:
+                raise SecureAggregationConfigError(f"site {rt.site_id}: round {server_round}'s keys are not ready for its input")
+            _, vector, global_hash = _train_update(rt, msg, protocol_round)
+            client.set_input(vector, global_hash, protocol_round)
+            reply = client.handle(request)
+        except Exception:
+            _clear_round(context)
+            raise
+        _state_set(context, client=client.export(), round=server_round, purpose=TRAINING)
+        return Message(RecordDict({REC_SECAGG: ConfigRecord({SECAGG_FIELD: reply})}), reply_to=msg)
+
+    return handler
+
+
+def _pair_handler(stage: str, get_runtime: RuntimeGetter) -> Callable[[Message, Context], Message]:
+    """One of this round's last two stages (``consistency`` or ``unmask``, field ``msg``) together with one of the
+    next round's first two (``advertise_keys`` or ``share_keys``, field ``next``): two clients, each with its own
+    keys, state machine and checks, in one message. Either part may be absent. Any failure clears both rounds: a
+    server caught misbehaving in one round gets no keys set up ahead for the next."""
+    last = stage == SECAGG_UNMASK_NEXT_STAGE
+
+    def handler(msg: Message, context: Context) -> Message:
+        rt = get_runtime(msg, context)
+        this_req = _request_bytes(msg, required=False)
+        next_req = _request_bytes(msg, SECAGG_NEXT_FIELD, required=False)
+        if this_req is None and next_req is None:
+            raise SecureAggregationConfigError(f"{stage}: a request with neither this round's nor the next round's part")
+        this_reply = next_reply = b""
+        current = _state_get(context, "round") if _state_get(context, "purpose") == TRAINING else None
+        try:
+            if this_req is not None:
+                blob = _state_get(context, "client")
+                if blob is None or _state_get(context, "purpose") != TRAINING:
+                    raise SecureAggregationConfigError(f"site {rt.site_id} has no training round in progress for {stage}")
+                client = _training_client(rt, context)
+                client.restore(bytes(blob))
+                this_reply = client.handle(this_req)
+                if last:
+                    _clear_round(context)
+                else:
+                    _state_set(context, client=client.export())
+            if next_req is not None:
+                protocol_round = peek_header(next_req).round_id
+                if protocol_round % 2 or (current is not None and protocol_round // 2 <= int(current)):
+                    raise SecureAggregationConfigError(f"{stage}: protocol round {protocol_round} is not a later round set up ahead")
+                if last:
+                    blob = _state_get(context, "client", NEXT_KEY)
+                    if blob is None or _state_get(context, "round", NEXT_KEY) != protocol_round // 2:
+                        raise SecureAggregationConfigError(f"site {rt.site_id} advertised no keys for round {protocol_round // 2}")
+                    nxt = _training_client(rt, context)
+                    nxt.restore(bytes(blob))
+                else:
+                    _clear_next(context)
+                    nxt = _training_client(rt, context, input_later=True)
+                next_reply = nxt.handle(next_req)
+                _state_set(context, NEXT_KEY, client=nxt.export(), round=protocol_round // 2)
+        except Exception:
+            _clear_round(context)
+            _clear_next(context)
+            raise
+        return Message(RecordDict({REC_SECAGG: ConfigRecord({SECAGG_FIELD: pack_pair(this_reply, next_reply)})}), reply_to=msg)
+
+    return handler
+
+
 def register_secure_actions(app: ClientApp, get_runtime: RuntimeGetter) -> None:
-    """Attach the seven ``train.secagg_*`` actions to ``app`` (train, evaluate and the five protocol stages).
+    """Attach the eleven ``train.secagg_*`` actions to ``app`` (train, evaluate, the five protocol stages and the four
+    combined stages of a training round).
 
     Args:
         app: the site's ClientApp.
@@ -244,3 +430,7 @@ def register_secure_actions(app: ClientApp, get_runtime: RuntimeGetter) -> None:
     app.train(secagg_action(SECAGG_EVALUATE_STAGE))(_evaluate_handler(get_runtime))
     for stage in STAGES:
         app.train(secagg_action(stage))(_stage_handler(stage, get_runtime))
+    app.train(secagg_action(SECAGG_TRAIN_ADVERTISE_STAGE))(_train_advertise_handler(get_runtime))
+    app.train(secagg_action(SECAGG_TRAIN_MASKED_STAGE))(_train_masked_handler(get_runtime))
+    for stage in (SECAGG_CONSISTENCY_NEXT_STAGE, SECAGG_UNMASK_NEXT_STAGE):
+        app.train(secagg_action(stage))(_pair_handler(stage, get_runtime))

@@ -185,6 +185,16 @@ def hello(comm: Comm, node_ids: list[int], timeout_s: float, n_sites: int) -> li
     return infos
 
 
+def _peek_next(sampler: ClientSampler, order: list[int]) -> list[int]:
+    """The node ids the sampler will draw for the next round, without drawing them (a secure flow sets that round's
+    keys up ahead; the checkpoint keeps the sampler as an uninterrupted run has it)."""
+    state = sampler.get_state()
+    try:
+        return [order[i] for i in sampler.sample()]
+    finally:
+        sampler.set_state(state)
+
+
 def state_root(cfg: RunConfig) -> Path:
     """The run's state root (checkpoint, server ledger); a run without one is refused.
 
@@ -285,7 +295,8 @@ def run_federation(
         t_round = time.perf_counter()
         n_rec = len(comm.ledger.records)
         n_err = len(comm.site_errors)
-        outcome = flow.run_round(comm, node_ids, rnd, theta, {"part": part, "local-epochs": fed.local_epochs, **stats_conf})
+        outcome = flow.run_round(comm, node_ids, rnd, theta, {"part": part, "local-epochs": fed.local_epochs, **stats_conf},
+                                 next_node_ids=_peek_next(sampler, order) if rnd < fed.rounds else None)
         round_errors = _error_rows(comm, n_err)
         for e in round_errors:
             say("site_error", e)

@@ -16,6 +16,11 @@ each server request (bytes) yields one response (bytes) or raises. Stages::
                                           then reveal b-shares of the alive and s-shares of the dropped, once
                                           (never both for one site), signed
 
+The input may also come after the keys (``input_later=True``): stages 0 and 1 use only fresh per-round secrets and
+never the input, so a carrier can run them for the next round while the current one finishes (Bonawitz et al. §4:
+the input enters first in round 2). :meth:`SecAggClient.set_input` then binds the input to the round whose
+parameters the client signed, once, before the masked input; a client without an input answers no stage-2 request.
+
 After an :class:`~.errors.AbortRound` or a :class:`~.errors.PolicyError` the client is dead for the round
 and reveals nothing more. The state survives between Flower invocations through :meth:`export` /
 :meth:`restore` (it holds secrets: keep it in the node's memory state, never log it, P18).
@@ -147,6 +152,8 @@ class SecAggClient:
         policy: SecAggPolicy,
         layout: VectorLayout,
         replay_guard: ReplayGuard | None = None,
+        *,
+        input_later: bool = False,
     ) -> None:
         if site_id not in roster:
             raise PolicyError(f"site {site_id!r} is not in its own configured roster")
@@ -159,6 +166,8 @@ class SecAggClient:
         self.layout = layout
         self.guard = replay_guard if replay_guard is not None else ReplayGuard()
         self.stage = ClientStage.READY
+        #: stages 0 and 1 may run before :meth:`set_input` (module docstring)
+        self.input_later = bool(input_later)
         self._x: np.ndarray | None = None
         self._global_hash: bytes | None = None
         self._input_round: int | None = None
@@ -184,11 +193,21 @@ class SecAggClient:
         never enter two protocol runs under different round ids. The client takes the vector over and masks it in
         place in stage 2 (pass a copy to keep the plaintext).
 
+        On a client whose keys came first (``input_later``), the input is taken once, in stage 0 or 1, and only for
+        the round whose parameters the client signed.
+
         Raises:
             EncodingError: the vector is not one :func:`.encoding.encode` can produce under this site's policy (a
                 negative, zero or oversized weight; a value outside the clip range), naming the word (P26).
-            ProtocolError: wrong dtype, length or hash size.
+            ProtocolError: wrong dtype, length or hash size; an input after stage 1 or a second one.
+            AbortRound: the input is for another round than the one this client advertised keys for (P5).
         """
+        if self._params is not None:
+            if self.stage not in (ClientStage.ADVERTISED, ClientStage.SHARED) or self._x is not None:
+                raise ProtocolError(f"site {self.site_id} in stage {self.stage.value} takes no (further) input")
+            if round_id is None or int(round_id) != self._params.round_id:
+                self._abort()
+                raise AbortRound(f"the update was trained for round {round_id}, the keys for round {self._params.round_id} (P5)")
         if vector.dtype != np.uint32 or vector.shape != (self.layout.length,):
             raise ProtocolError(f"input must be uint32 of length {self.layout.length}")
         if len(global_hash) != 32:
@@ -246,7 +265,7 @@ class SecAggClient:
             raise AbortRound(f"selected site {unknown[0]!r} is not in the configured roster (P2)")
         if p.layout_digest != self.layout.digest or p.vector_len != self.layout.length:
             raise AbortRound("the server's vector layout differs from this site's manifest (P15)")
-        if self._x is None or self._global_hash is None:
+        if (self._x is None or self._global_hash is None) and not self.input_later:
             raise ProtocolError(f"site {self.site_id} has no trained update for this round")
         if self._input_round is not None and p.round_id != self._input_round:
             raise AbortRound(f"the update was trained for round {self._input_round}, not round {p.round_id} (P5)")
@@ -327,6 +346,8 @@ class SecAggClient:
     # -- stage 2 ----------------------------------------------------------------------------------------------
     def _masked_input(self, request: bytes) -> bytes:
         p = self._p
+        if self._x is None or self._global_hash is None:
+            raise ProtocolError(f"site {self.site_id} has no trained update for this round")
         relay = Ciphertexts.parse(request, MsgType.SHARES_RELAY)
         if relay.site_id != self.site_id:
             raise AbortRound("shares relayed for another site")
@@ -361,7 +382,6 @@ class SecAggClient:
             self.check_seconds += time.thread_time() - t
             self._held[src] = (s_share, b_share)
         self._u2 = tuple(u2)
-        assert self._x is not None
         mask_keys = [(self_mask_key(self._b_seed, p.session_id, p.round_id, self.site_id), 1)]
         agree = keys.x25519_agreement(self._s_sk)
         for v in u2:
@@ -465,6 +485,7 @@ class SecAggClient:
         """Serialise the round state (includes secrets: keep it in node memory state only, never log it)."""
         d = {
             "stage": self.stage.value,
+            "input_later": self.input_later,
             "x": _b64(self._x.tobytes()) if self._x is not None else None,
             "global_hash": _b64(self._global_hash) if self._global_hash else None,
             "params": _b64(self._params.to_bytes()) if self._params else None,
@@ -486,6 +507,7 @@ class SecAggClient:
         try:
             d = json.loads(blob)
             self.stage = ClientStage(d["stage"])
+            self.input_later = bool(d.get("input_later", False))
             self._x = np.frombuffer(_unb64(d["x"]), dtype=np.uint32).copy() if d["x"] else None
             self._global_hash = _unb64(d["global_hash"]) if d["global_hash"] else None
             self._params = RoundParams.parse(_unb64(d["params"])) if d["params"] else None
