@@ -233,6 +233,7 @@ def test_differencing_evaluation_cohorts_of_1_2_3_rows_gets_nothing_and_is_refus
 
 
 # -- the whole path on the simulation engine ----------------------------------------------------------------------
+@pytest.mark.slow
 def test_simulated_sites_refuse_a_run_weaker_than_their_policies_and_verify_lists_it(tmp_path):
     from typer.testing import CliRunner
 
@@ -259,6 +260,7 @@ def test_simulated_sites_refuse_a_run_weaker_than_their_policies_and_verify_list
     assert {("site-00", "site_policy", "federation.sync")} <= keys and len({k[0] for k in keys}) == 4
 
 
+@pytest.mark.slow
 def test_secure_evaluation_leaves_no_per_site_sums_at_the_server(tmp_path):
     from fcd_secure.audit.ledger import SERVER_LEDGER_FILE
     from fcd_secure.federation.simulation import run_simulated
