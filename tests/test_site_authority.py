@@ -4,9 +4,10 @@ Each attack is driven the way a (malicious) server would: a run config of its ch
 delivered to the real ClientApp (egress gate, guard, handlers, real model, data, ledgers and policy files on disk),
 and, for the whole path, the real ServerApp and ClientApp on the in-process engine (``federation.inprocess``: Flower's
 Message API and Grid without Ray, pinned to the simulation engine bit for bit in ``test_federation_inprocess.py``; a
-secure run with secure evaluation on the simulation engine itself is ``test_privacy_run.py``). Before the site-policy layer each of these succeeded: the
-server's run config set Θs sharing, DP, the ε cap and the ledger folder; a secure site answered a plain ``train``;
-``max-rows`` of 1, 2, 3 singled out a patient; and evaluation sums reached the server per site.
+secure run with secure evaluation on the simulation engine itself is ``test_privacy_run.py``). Before the site-policy
+layer each of these succeeded: the server's run config set Θs sharing, DP, the ε cap and the ledger folder; a secure
+site answered a plain ``train``; ``max-rows`` of 1, 2, 3 singled out a patient; and evaluation sums reached the server
+per site.
 """
 
 from __future__ import annotations
