@@ -39,18 +39,45 @@ def _schedule_rank(item) -> int:
     return 2 if item.get_closest_marker("slow") is not None else 3
 
 
+def _group_names(item) -> str:
+    """The work unit an item belongs to under ``--dist loadgroup``, joined as pytest-xdist joins it."""
+    names = {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")}
+    return "_".join(sorted(names))
+
+
+def _tag_with_group(item, group: str) -> None:
+    """Append ``@group`` to the item's node id, the suffix pytest-xdist's controller reads to keep a group on one
+    worker. pytest-xdist 3.8 writes it to ``item._nodeid``, which pytest 9 no longer reads (the node id is the
+    structured ``item._id``), so without this every test of a group is handed out on its own."""
+    tagged = f"{item.nodeid}@{group}"
+    if hasattr(item, "_id"):  # pytest >= 9
+        from _pytest.nodeid import coerce_node_id
+
+        item._id = coerce_node_id(tagged)
+    else:
+        item._nodeid = tagged
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     """Tests that start real Flower SuperLink/SuperNode processes run one after another on one xdist worker: two at
     once on two cores starve each other's start-up deadlines. A module whose tests share one expensive module-scoped
-    run marks itself ``xdist_group``, so that run happens once, on one worker, not once per worker.
+    run marks those tests ``xdist_group``, so that run happens once, on one worker, not once per worker.
 
-    On an xdist worker the items are then ordered by :func:`_schedule_rank` (stable: each module keeps its order), the
-    order the controller hands them out in (``pytest_configure``). A serial run keeps the file order."""
+    On an xdist worker under ``--dist loadgroup`` each grouped item's node id carries its group
+    (:func:`_tag_with_group`), and the items are ordered by :func:`_schedule_rank` (stable: each module keeps its
+    order), the order the controller hands them out in (``pytest_configure``). A serial run keeps the file order."""
     for item in items:
         if item.get_closest_marker("deployment") is not None:
             item.add_marker(pytest.mark.xdist_group(FLOWER_PROCESSES))
-    if hasattr(config, "workerinput"):
-        items.sort(key=_schedule_rank)
+    if not hasattr(config, "workerinput"):
+        return
+    if config.getvalue("loadgroup"):
+        for item in items:
+            group = _group_names(item)
+            if group and not item.nodeid.endswith(f"@{group}"):
+                _tag_with_group(item, group)
+    items.sort(key=_schedule_rank)
 
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
