@@ -14,12 +14,70 @@ os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
 
 
 
+#: the xdist group of every test that starts real Flower SuperLink/SuperNode processes
+FLOWER_PROCESSES = "flower-processes"
+
+
+def pytest_configure(config):
+    """Under ``--dist loadgroup`` the controller hands out work units in the order the workers collected them
+    (``pytest_collection_modifyitems`` below) rather than largest group first: the longest units then start first and
+    the short ones fill the end, so two workers finish together (longest-processing-time-first scheduling, Graham
+    1969, "Bounds on multiprocessing timing anomalies", SIAM J. Appl. Math. 17(2))."""
+    # pytest-xdist registers this marker itself; a run with -p no:xdist (and --strict-markers) needs it registered too
+    config.addinivalue_line("markers", "xdist_group(name): run on one xdist worker, one test after another")
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist is loaded
+        config.option.loadscopereorder = False
+
+
+def _schedule_rank(item) -> int:
+    """0: the Flower-process group (the longest serial unit), 1: a module sharing one expensive run (its own
+    ``xdist_group``), 2: another end-to-end test marked ``slow``, 3: the rest (seconds or less each)."""
+    if item.get_closest_marker("deployment") is not None:
+        return 0
+    if item.get_closest_marker("xdist_group") is not None:
+        return 1
+    return 2 if item.get_closest_marker("slow") is not None else 3
+
+
+def _group_names(item) -> str:
+    """The work unit an item belongs to under ``--dist loadgroup``, joined as pytest-xdist joins it."""
+    names = {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")}
+    return "_".join(sorted(names))
+
+
+def _tag_with_group(item, group: str) -> None:
+    """Append ``@group`` to the item's node id, the suffix pytest-xdist's controller reads to keep a group on one
+    worker. pytest-xdist 3.8 writes it to ``item._nodeid``, which pytest 9 no longer reads (the node id is the
+    structured ``item._id``), so without this every test of a group is handed out on its own."""
+    tagged = f"{item.nodeid}@{group}"
+    if hasattr(item, "_id"):  # pytest >= 9
+        from _pytest.nodeid import coerce_node_id
+
+        item._id = coerce_node_id(tagged)
+    else:
+        item._nodeid = tagged
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     """Tests that start real Flower SuperLink/SuperNode processes run one after another on one xdist worker: two at
-    once on two cores starve each other's start-up deadlines."""
+    once on two cores starve each other's start-up deadlines. A module whose tests share one expensive module-scoped
+    run marks those tests ``xdist_group``, so that run happens once, on one worker, not once per worker.
+
+    On an xdist worker under ``--dist loadgroup`` each grouped item's node id carries its group
+    (:func:`_tag_with_group`), and the items are ordered by :func:`_schedule_rank` (stable: each module keeps its
+    order), the order the controller hands them out in (``pytest_configure``). A serial run keeps the file order."""
     for item in items:
         if item.get_closest_marker("deployment") is not None:
-            item.add_marker(pytest.mark.xdist_group("flower-processes"))
+            item.add_marker(pytest.mark.xdist_group(FLOWER_PROCESSES))
+    if not hasattr(config, "workerinput"):
+        return
+    if config.getvalue("loadgroup"):
+        for item in items:
+            group = _group_names(item)
+            if group and not item.nodeid.endswith(f"@{group}"):
+                _tag_with_group(item, group)
+    items.sort(key=_schedule_rank)
 
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"

@@ -4,7 +4,7 @@ Two real tiny runs on Flower's simulation engine, shared by every test here (Ray
 from options, and run B from A's ``config.toml`` alone. They show that progress survives a pipe (one line per round,
 no carriage returns), that ``rounds.csv`` is written as rounds end, that the header, the table and ``summary.json``
 carry the DP setting, that the tables fit 80 columns, and that a config re-runs its run exactly without touching the
-old run's folder.
+old run's folder. The tests that read runs A and B form one xdist group: the two runs happen once, on one worker.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from fcd_secure.federation.outputs import ROUND_COLUMNS
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = 3
+#: the tests that read runs A and B (a module-scoped fixture) run on one xdist worker
+shared_runs = pytest.mark.xdist_group("cli-run-a-b")
 
 
 #: the console script's entry point (``fcd = fcd_secure.cli.main:main``) in a fresh process
@@ -58,6 +60,7 @@ def runs(tmp_path_factory):
     return base, a, b, before
 
 
+@shared_runs
 def test_progress_survives_a_pipe_one_line_per_round(runs):
     _, a, _, _ = runs
     assert "\r" not in a.stderr and "\x1b[" not in a.stderr + a.stdout  # no carriage-return redraws, no colours
@@ -69,6 +72,7 @@ def test_progress_survives_a_pipe_one_line_per_round(runs):
     assert "PEHE" in per_round[1] and "PEHE" not in per_round[0]  # evaluated every 2 rounds and at the end
 
 
+@shared_runs
 def test_rounds_csv_has_one_row_per_round_in_fixed_columns(runs):
     base, _, _, _ = runs
     rounds = pd.read_csv(base / "A" / "rounds.csv")
@@ -77,6 +81,7 @@ def test_rounds_csv_has_one_row_per_round_in_fixed_columns(runs):
     assert rounds["pehe"].notna().tolist() == [False, True, True]
 
 
+@shared_runs
 def test_tables_fit_80_columns_and_say_there_is_no_dp(runs):
     base, a, _, _ = runs
     width = max(len(line) for line in a.stdout.splitlines())
@@ -88,6 +93,7 @@ def test_tables_fit_80_columns_and_say_there_is_no_dp(runs):
     assert summary["site_ids"] == ["site-00", "site-01", "site-02"] and summary["site_errors"] == []
 
 
+@shared_runs
 def test_a_config_file_reruns_its_run_exactly_and_leaves_the_old_run_alone(runs):
     base, _, b, before = runs
     assert tree_digest(base / "A") == before, "the re-run wrote into the old run's folder"
@@ -110,6 +116,7 @@ def test_a_config_file_reruns_its_run_exactly_and_leaves_the_old_run_alone(runs)
                                   pd.read_csv(base / "B" / "rounds.csv")[same])
 
 
+@shared_runs
 def test_options_given_with_a_config_override_only_what_they_name(runs, tmp_path):
     from fcd_secure.cli.resolve import RunOptions, resolve_config
 
@@ -125,6 +132,7 @@ def test_options_given_with_a_config_override_only_what_they_name(runs, tmp_path
     assert res.returncode == 2 and "already holds a run" in res.stderr and "--resume" in res.stderr
 
 
+@pytest.mark.slow
 def test_a_killed_run_stops_cleanly_and_resumes_from_its_last_round(tmp_path):
     """`kill PID` (SIGTERM) during a long run: rounds.csv already holds the finished rounds (it is appended as each
     ends), the run exits 130 saying how to continue, without a traceback; --resume continues from that round."""

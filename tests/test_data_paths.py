@@ -111,6 +111,7 @@ def _fcd_run(data_dir: Path, out: Path) -> subprocess.CompletedProcess:
     return subprocess.run([str(fcd), *args], capture_output=True, text=True, env=env, timeout=600, cwd=out.parent)
 
 
+@pytest.mark.slow
 def test_fcd_run_reads_the_folder_named_by_FCD_DATA_DIR(data_dirs, tmp_path):
     holding, _ = data_dirs
     res = _fcd_run(holding, tmp_path / "run")

@@ -5,6 +5,7 @@ shared objects) crossing the grid."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
@@ -22,6 +23,7 @@ def _cfg(out):
     })
 
 
+@pytest.mark.slow
 def test_same_numbers_as_flowers_simulation_engine(tmp_path, one_torch_thread):
     a = run_inprocess(_cfg(tmp_path / "inprocess"))
     b = run_simulated(_cfg(tmp_path / "ray"))

@@ -1,7 +1,10 @@
 """End-to-end federation on Flower's simulation engine (real Ray, real ClientApp/ServerApp, real model and data).
 
-Ray start-up costs ~10 s, so the runs are few and shared: one ``fcd run`` (3 rounds, via the CLI), one run that
-crashes after round 3 and its resume, and one 1-round full-sync run for the uplink comparison.
+Ray start-up costs 10-50 s on two busy cores, so the engine's runs are few and shared: one ``fcd run`` (3 rounds, via
+the CLI) and one run that crashes after round 3 and its resume; the tests that use them form one xdist group, so they
+run once, on one worker. Two claims that are about the round's accounting, not the engine, run on the in-process
+engine (``federation.inprocess``: the same ServerApp and ClientApp, pinned to this engine bit for bit in
+``test_federation_inprocess.py``): the DSS/full-sync uplink comparison (two 1-round runs) and the DP-SGD seam.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from fcd_secure.federation.state import SiteState  # noqa: E402
 from fcd_secure.manifest import FULL, THETA_C, THETA_S  # noqa: E402
 
 SITES, K, ROUNDS, SEED = 4, 2, 3, 0
+#: the tests that read the shared simulation-engine runs (module-scoped fixtures) run on one xdist worker
+shared_runs = pytest.mark.xdist_group("federation-sim-runs")
 FILES = ("config.toml", "config.json", "theta_c.npz", "manifest.json", "rounds.csv", "rounds.json", "traffic.csv",
          "summary.json", "pehe_vs_round.png", "utility_vs_uplink.png")
 
@@ -50,6 +55,7 @@ def cli_run(tmp_path_factory):
     return out, env["data"]
 
 
+@shared_runs
 def test_run_folder_is_complete_and_summary_parses(cli_run):
     out, printed = cli_run
     for f in FILES:
@@ -76,6 +82,7 @@ def test_run_folder_is_complete_and_summary_parses(cli_run):
     assert set(load_theta(out / "theta_c.npz")) == theta_c_names  # Θc only, keyed by manifest names
 
 
+@shared_runs
 def test_uplink_bytes_equal_the_per_round_and_per_message_accounting(cli_run):
     out, summary = cli_run
     rounds = pd.read_csv(out / "rounds.csv")
@@ -106,6 +113,7 @@ def crashed_and_resumed(tmp_path_factory):
     return committed, resumed, base
 
 
+@shared_runs
 def test_resume_after_a_server_crash_equals_an_uninterrupted_run(cli_run, crashed_and_resumed):
     committed, resumed, base = crashed_and_resumed
     # the crash came after the sites had committed round 3, before the server's checkpoint: they must replay it
@@ -119,6 +127,7 @@ def test_resume_after_a_server_crash_equals_an_uninterrupted_run(cli_run, crashe
         np.testing.assert_array_equal(got[name], reference[name], err_msg=name)
 
 
+@shared_runs
 def test_same_seed_same_theta_and_a_different_seed_differs(cli_run, crashed_and_resumed):
     # two independent processes' worth of Ray actors produced the first 2 rounds identically (above); here the
     # per-round history of both runs (sampled sites, sample counts, losses) must match too
@@ -130,30 +139,31 @@ def test_same_seed_same_theta_and_a_different_seed_differs(cli_run, crashed_and_
     assert other != tiny_cfg().training_hash()
 
 
-def test_dss_uplink_is_smaller_than_full_sync_by_the_theta_s_share(cli_run, tmp_path):
-    from fcd_secure.federation.simulation import run_simulated
+def test_dss_uplink_is_smaller_than_full_sync_by_the_theta_s_share(tmp_path):
+    from fcd_secure.federation.inprocess import run_inprocess
 
-    full = run_simulated(tiny_cfg(federation={"sync": "full", "rounds": 1}, out=str(tmp_path / "full")))
-    dss_rounds = pd.read_csv(cli_run[0] / "rounds.csv")
-    dss_up = int(dss_rounds.loc[0, "uplink_bytes"])  # round 1 of the DSS run: same seed, same sampled sites
+    dss = run_inprocess(tiny_cfg(federation={"rounds": 1}, out=str(tmp_path / "dss")))
+    full = run_inprocess(tiny_cfg(federation={"sync": "full", "rounds": 1}, out=str(tmp_path / "full")))
+    dss_up = int(dss.history[0]["uplink_bytes"])  # same seed, so the same sampled sites
     full_up = int(full.history[0]["uplink_bytes"])
     m = full.manifest
     theta_s_bytes = m.nbytes(THETA_S)
-    assert full.history[0]["sites"] == dss_rounds.loc[0, "sites"]
+    assert full.history[0]["sites"] == dss.history[0]["sites"]
     assert dss_up < full_up
     extra_per_site = (full_up - dss_up) / K
     # the difference is Θs: its raw bytes plus Flower's per-array framing (a few hundred bytes per tensor)
     n_theta_s = len(m.names(THETA_S))
     assert theta_s_bytes <= extra_per_site <= theta_s_bytes + 600 * n_theta_s
     assert full.history[0]["uplink_formula_bytes"] == K * m.nbytes(FULL)
+    assert dss.history[0]["uplink_formula_bytes"] == K * m.nbytes(THETA_C)
     summary = json.loads((tmp_path / "full" / "summary.json").read_text())
     assert summary["synchronised_part"] == FULL
 
 
 def test_dp_sgd_seam_charges_only_the_sampled_sites(tmp_path):
-    from fcd_secure.federation.simulation import run_simulated
+    from fcd_secure.federation.inprocess import run_inprocess
 
-    res = run_simulated(tiny_cfg(federation={"rounds": 1}, dp={"enabled": True, "epsilon": 8.0}, out=str(tmp_path / "dp")))
+    res = run_inprocess(tiny_cfg(federation={"rounds": 1}, dp={"enabled": True, "epsilon": 8.0}, out=str(tmp_path / "dp")))
     assert not res.history[0]["aborted"] and res.history[0]["participants"] == K
     state = tmp_path / "dp" / "state"
     sampled = set(res.history[0]["sites"].split())

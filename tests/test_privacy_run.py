@@ -3,7 +3,8 @@
 Every participating site trains through its write-ahead ledger; the masked vectors carry DP-trained updates; the
 report read from the run folder equals the accountant on the ledgers; DP is visible in the run header, the result
 table and ``summary.json``. The same run, resumed for one more round than its sites planned their budget for, is
-refused by every site: the run stops, names the budget as the reason (ε and the cap) and exits 5.
+refused by every site: the run stops, names the budget as the reason (ε and the cap) and exits 5. Both tests read the
+one run (a module-scoped fixture) and form one xdist group, so it happens once, on one worker.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from fcd_secure.privacy.ledger import Ledger
 from fcd_secure.privacy.planner import epsilon
 
 SITES = 4
+pytestmark = pytest.mark.xdist_group("privacy-run")
 
 
 @pytest.fixture(scope="module")

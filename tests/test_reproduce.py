@@ -18,6 +18,8 @@ from fcd_secure.experiments.reproduction.selection import select_lr
 DATASETS = ("dkt-synth", "obd")
 METHODS = ("fed_causaldiff", "rcgan")
 POLICIES = {"never", "always", "early_on", "late_on"}
+#: the tests that read the reproduced folder (a module-scoped fixture) run on one xdist worker
+shared_run = pytest.mark.xdist_group("reproduce-tiny")
 ARGS = ["reproduce", "--preset", "tiny", "--datasets", ",".join(DATASETS), "--methods", ",".join(METHODS), "--json"]
 
 
@@ -35,6 +37,7 @@ def reproduced(tmp_path_factory):
     return out, _run(out)
 
 
+@shared_run
 def test_tables_have_the_expected_rows_and_columns(reproduced):
     out, res = reproduced
     assert res["cells"] == 6 and res["cached"] == 0  # 2 datasets × 2 methods + 2 ablations
@@ -68,6 +71,7 @@ def test_tables_have_the_expected_rows_and_columns(reproduced):
         assert json.loads((out / f"{stem}.json").read_text())["rows"], stem
 
 
+@shared_run
 def test_figures_and_report(reproduced):
     out, res = reproduced
     want = {"fig2_dr.png", "fig2_simulated.png", "fig3_pehe_vs_rounds.png", "fig4_auc_vs_uplink_dkt-synth.png",
@@ -82,6 +86,7 @@ def test_figures_and_report(reproduced):
     assert "0.057±0.010" in text and "RCGAN" in text and "load average" in text
 
 
+@shared_run
 def test_a_second_run_resumes_from_the_cache(reproduced):
     """Unchanged arguments: every cell from the cache. One cell removed: only it runs again (here in a worker
     process) and gives the same numbers."""

@@ -1,4 +1,6 @@
-"""Round 0: standardisation statistics from per-site sums under secure aggregation, on the simulation engine.
+"""Round 0: standardisation statistics from per-site sums under secure aggregation, through the real ServerApp and
+ClientApp on the in-process engine (``federation.inprocess``, pinned to Flower's simulation engine bit for bit in
+``test_federation_inprocess.py``; secure aggregation on the simulation engine itself is ``test_privacy_run.py``).
 
 The consortium's means and standard deviations equal the pooled ones (``Standardizer.fit`` over all sites' raw
 training rows) within 1e-6, and no file the server writes (ledger, checkpoint, run folder) holds a site's own sums.
@@ -45,7 +47,7 @@ def test_moments_of_sites_give_the_pooled_standardizer(tmp_path):
 def test_secure_round0_equals_pooled_and_server_keeps_no_site_sums(tmp_path, one_torch_thread):
     from fcd_secure.config import build_config
     from fcd_secure.data.registry import load_spec_federated
-    from fcd_secure.federation.simulation import run_simulated
+    from fcd_secure.federation.inprocess import run_inprocess
 
     spec, table = _table(tmp_path)
     cfg = build_config("tiny", {
@@ -53,7 +55,7 @@ def test_secure_round0_equals_pooled_and_server_keeps_no_site_sums(tmp_path, one
         "federation": {"rounds": 1, "clients_per_round": 4, "secure_aggregation": True},
         "out": str(tmp_path / "run"), "state_dir": str(tmp_path / "state"),
     })
-    result = run_simulated(cfg)
+    result = run_inprocess(cfg)
     stats = result.extra["standardization"]
     pooled = load_spec_federated(spec, table, seed=cfg.seed, test_fraction=cfg.data.test_fraction).description["standardization"]
     pooled_anchors = load_spec_federated(spec, table, seed=cfg.seed, test_fraction=cfg.data.test_fraction).anchors

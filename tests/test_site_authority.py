@@ -2,9 +2,12 @@
 
 Each attack is driven the way a (malicious) server would: a run config of its choosing, or a message of its choosing,
 delivered to the real ClientApp (egress gate, guard, handlers, real model, data, ledgers and policy files on disk),
-and, for the whole path, the real simulation engine. Before the site-policy layer each of these succeeded: the
-server's run config set Θs sharing, DP, the ε cap and the ledger folder; a secure site answered a plain ``train``;
-``max-rows`` of 1, 2, 3 singled out a patient; and evaluation sums reached the server per site.
+and, for the whole path, the real ServerApp and ClientApp on the in-process engine (``federation.inprocess``: Flower's
+Message API and Grid without Ray, pinned to the simulation engine bit for bit in ``test_federation_inprocess.py``; a
+secure run with secure evaluation on the simulation engine itself is ``test_privacy_run.py``). Before the site-policy
+layer each of these succeeded: the server's run config set Θs sharing, DP, the ε cap and the ledger folder; a secure
+site answered a plain ``train``; ``max-rows`` of 1, 2, 3 singled out a patient; and evaluation sums reached the server
+per site.
 """
 
 from __future__ import annotations
@@ -232,13 +235,15 @@ def test_differencing_evaluation_cohorts_of_1_2_3_rows_gets_nothing_and_is_refus
     assert [(r["refusal"]["rule"], r["refusal"]["key"]) for r in refused] == [("eval_cohort", "repeats")]
 
 
-# -- the whole path on the simulation engine ----------------------------------------------------------------------
+# -- the whole path: the real ServerApp and ClientApp (in-process engine) ----------------------------------------------
+@pytest.mark.slow
 def test_simulated_sites_refuse_a_run_weaker_than_their_policies_and_verify_lists_it(tmp_path):
     from typer.testing import CliRunner
 
     from fcd_secure.cli.main import app as fcd_app
     from fcd_secure.federation.server_app import FederationError
-    from fcd_secure.federation.simulation import run_simulated, write_simulated_policies
+    from fcd_secure.federation.inprocess import run_inprocess
+    from fcd_secure.federation.simulation import write_simulated_policies
 
     state = tmp_path / "state"
     own = build_config("tiny", {**SITE_CFG, "federation": {**SITE_CFG["federation"], "secure_aggregation": False},
@@ -247,7 +252,7 @@ def test_simulated_sites_refuse_a_run_weaker_than_their_policies_and_verify_list
     weak = own.model_copy(update={"federation": own.federation.model_copy(update={"sync": "full"})})
     # the server names every site and the category (the closed vocabulary), never the field
     with pytest.raises(FederationError, match=r"site-00, site-01, site-02, site-03: refused by the site.s policy \(at hello"):
-        run_simulated(weak)
+        run_inprocess(weak)
     for i in range(4):
         assert not (state / f"site-{i:02d}" / STATE_FILE).exists()
     res = CliRunner().invoke(fcd_app, ["audit", "verify", str(state), "--json", "--allow-unpinned"])
@@ -259,14 +264,15 @@ def test_simulated_sites_refuse_a_run_weaker_than_their_policies_and_verify_list
     assert {("site-00", "site_policy", "federation.sync")} <= keys and len({k[0] for k in keys}) == 4
 
 
+@pytest.mark.slow
 def test_secure_evaluation_leaves_no_per_site_sums_at_the_server(tmp_path):
     from fcd_secure.audit.ledger import SERVER_LEDGER_FILE
-    from fcd_secure.federation.simulation import run_simulated
+    from fcd_secure.federation.inprocess import run_inprocess
 
     state = tmp_path / "state"
     cfg = build_config("tiny", {**SITE_CFG, "federation": {**SITE_CFG["federation"], "eval_every": 0},
                                 "state_dir": str(state), "out": str(tmp_path / "run")})
-    res = run_simulated(cfg)
+    res = run_inprocess(cfg)
     ev = res.final_eval
     assert ev["secure"] is True and ev["sites_evaluated"] == 4 and ev["failed_sites"] == []
     assert np.isfinite(ev["pehe"]) and np.isfinite(ev["factual_auc"]) and set(ev["policies"]) == {"never", "always", "early_on", "late_on"}

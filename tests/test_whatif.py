@@ -1,7 +1,12 @@
 """`fcd whatif` end to end on Flower's simulation engine (real Ray, real ClientApp/ServerApp, real model and data):
 a finished tiny run is asked about policies that name actions by label; values and effects come with intervals and
 the DKT-Synth truth; per-entity effects stay in each site's own folder and never reach the server's ledger; the
-evaluation-only round keeps the audit evidence verifiable."""
+evaluation-only round keeps the audit evidence verifiable.
+
+The finished run the question is asked of is trained on the in-process engine (``federation.inprocess``: the same
+ServerApp and ClientApp, pinned to the simulation engine in ``test_federation_inprocess.py``); the question itself,
+what this file is about, runs on the simulation engine. The tests that read them form one xdist group, so both runs
+happen once, on one worker."""
 
 from __future__ import annotations
 
@@ -22,6 +27,8 @@ from fcd_secure.federation.whatif import WhatIfRequest  # noqa: E402
 from fcd_secure.federation.whatif_run import run_whatif  # noqa: E402
 
 SITES = 2
+#: the tests that read the asked question (a module-scoped fixture) run on one xdist worker
+shared_run = pytest.mark.xdist_group("whatif-run")
 ITEM_POLICY = """\
 name = "item3_then_off"
 description = "item 3 (named by its label) for the first 4 steps, then the anchor a_off"
@@ -38,7 +45,7 @@ def asked(tmp_path_factory):
     """One tiny 1-round run (its end-of-run table included), then one what-if question of it."""
     import torch
 
-    from fcd_secure.federation.simulation import run_simulated
+    from fcd_secure.federation.inprocess import run_inprocess
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("whatif")
@@ -48,7 +55,7 @@ def asked(tmp_path_factory):
         "evaluation": {"n_samples": 2, "max_rows": None},
         "out": str(root / "run"),
     })
-    run_simulated(cfg)
+    run_inprocess(cfg)
     pol_file = root / "item3.toml"
     pol_file.write_text(ITEM_POLICY)
     request = WhatIfRequest(policies=load_policy_refs(["never", "always", str(pol_file)]), reference="never")
@@ -56,6 +63,7 @@ def asked(tmp_path_factory):
     return root / "run", request, result
 
 
+@shared_run
 def test_run_summary_has_anchors_contexts_and_intervals(asked):
     run, _request, _ = asked
     s = json.loads((run / "summary.json").read_text())
@@ -73,6 +81,7 @@ def test_run_summary_has_anchors_contexts_and_intervals(asked):
         assert ("effect" in d) == (name != "never")
 
 
+@shared_run
 def test_whatif_answers_label_policies_with_intervals_and_truth(asked):
     run, request, res = asked
     pols = res["policies"]
@@ -99,6 +108,7 @@ def test_whatif_answers_label_policies_with_intervals_and_truth(asked):
     assert saved["policies"]["always"]["value_sim"] == pytest.approx(pols["always"]["value_sim"])
 
 
+@shared_run
 def test_per_entity_effects_stay_on_their_site_and_never_reach_the_server_ledger(asked):
     run, request, res = asked
     state = run / "state"
@@ -135,6 +145,7 @@ def test_per_entity_effects_stay_on_their_site_and_never_reach_the_server_ledger
     assert any(".drdiff." in k for k in whatif_keys)  # the doubly robust contrasts went as sums too
 
 
+@shared_run
 def test_audit_evidence_still_verifies_after_the_question(asked):
     from fcd_secure.audit.ledger import fingerprint, public_key_bytes
     from fcd_secure.audit.verify import verify_path
@@ -148,6 +159,7 @@ def test_audit_evidence_still_verifies_after_the_question(asked):
     assert res.exit_code == 0, [f.message for f in res.findings if f.severity != "note"]
 
 
+@shared_run
 def test_bad_questions_exit_2_before_any_engine(asked, tmp_path):
     run = asked[0]
     def said(r):
