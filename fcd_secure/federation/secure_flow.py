@@ -370,15 +370,8 @@ def _send_stage(
     fields = dict(extra or {})
     contents = {node_of[s]: RecordDict({REC_SECAGG: ConfigRecord({SECAGG_FIELD: req, **fields})}) for s, req in requests.items()}
     replies = comm.send(list(contents), secagg_message_type(stage), contents, timeout_s, round=message_round)
-    out: dict[str, bytes] = {}
-    for s in requests:
-        rep = replies.get(node_of[s])
-        if rep is None or rep.has_error() or REC_SECAGG not in rep.content:
-            continue
-        blob = rep.content[REC_SECAGG].get(SECAGG_FIELD)
-        if isinstance(blob, bytes):
-            out[s] = blob
-    return out
+    blobs = _blobs({node_of[s]: replies[node_of[s]] for s in requests if node_of[s] in replies})
+    return {s: blobs[node_of[s]] for s in requests if node_of[s] in blobs}
 
 
 def secure_sum(
@@ -433,11 +426,7 @@ def secure_sum(
     try:
         for i, stage in enumerate(STAGES):
             extra = first_stage_extra if i == 0 else None
-            for s, blob in _send_stage(comm, stage, requests, node_of, policy.deadlines.for_stage(stage), message_round, extra).items():
-                try:
-                    server.collect(s, blob)
-                except SecAggError:
-                    pass  # recorded by the server as this site's failure; it is a dropout from now on
+            _collect(server, _send_stage(comm, stage, requests, node_of, policy.deadlines.for_stage(stage), message_round, extra))
             requests = server.advance()
             report[stage] = len(server.report.survivors.get(stage, ()))
         agg = server.finish()

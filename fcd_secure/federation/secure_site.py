@@ -141,10 +141,10 @@ def _claim_training(rt: SecureSite, server_round: int) -> None:
     ReplayGuard(rt.state.slot(TRAINED_SLOT)).claim(b"trained-rounds", server_round)
 
 
-def _train_update(rt: SecureSite, msg: Message, protocol_round: int) -> tuple[int, np.ndarray, bytes]:
+def _train_update(rt: SecureSite, msg: Message) -> tuple[int, np.ndarray, bytes]:
     """Train the round of ``msg`` once and encode its update; returns the server round, the vector and the hash of
-    the global Θc received. The round is refused before any training if it was trained, or its protocol round id
-    used, before (P5)."""
+    the global Θc received. The round is refused before any training if it was trained before (P5); the caller
+    checks the protocol round id."""
     round_config = dict(msg.content[REC_CONFIG])
     server_round = int(round_config["server-round"])
     global_theta = record_to_global(msg.content[REC_GLOBAL])
@@ -153,6 +153,7 @@ def _train_update(rt: SecureSite, msg: Message, protocol_round: int) -> tuple[in
     theta, n, metrics = rt.train_round(global_theta, round_config)
     _claim_training(rt, server_round)
     loss = metrics.get("loss", metrics.get("total", 0.0))
+    # the update, not the parameters, enters the vector: its values are small, so the fixed-point grid is fine
     update = {k: np.asarray(v, np.float64) - np.asarray(global_theta[k], np.float64) for k, v in theta.items()}
     vector = encode(layout, rt.secagg_policy, update, int(n), {"train_loss": float(loss) / METRIC_RANGE})
     return server_round, vector, theta_hash(layout, global_theta)
@@ -183,28 +184,12 @@ def _request_bytes(msg: Message, field: str = SECAGG_FIELD, *, required: bool = 
 def _train_handler(get_runtime: RuntimeGetter) -> Callable[[Message, Context], Message]:
     def handler(msg: Message, context: Context) -> Message:
         rt = get_runtime(msg, context)
-        round_config = dict(msg.content[REC_CONFIG])
-        global_theta = record_to_global(msg.content[REC_GLOBAL])
-        policy = rt.secagg_policy
-        layout = vector_layout(rt.manifest)
         # a round whose protocol already started here is spent: re-training it would hand the server a second copy
         # of the same update to difference against (P5; see ReplayGuard)
-        ReplayGuard(rt.state.slot(REPLAY_SLOT)).check_fresh(int(round_config["server-round"]))
-        ReplayGuard(rt.state.slot(TRAINED_SLOT)).check_fresh(int(round_config["server-round"]))
-        theta, n, metrics = rt.train_round(global_theta, round_config)
-        _claim_training(rt, int(round_config["server-round"]))
-        loss = metrics.get("loss", metrics.get("total", 0.0))
-        # the update, not the parameters, enters the vector: its values are small, so the fixed-point grid is fine
-        update = {k: np.asarray(v, np.float64) - np.asarray(global_theta[k], np.float64) for k, v in theta.items()}
-        vector = encode(layout, policy, update, int(n), {"train_loss": float(loss) / METRIC_RANGE})
+        ReplayGuard(rt.state.slot(REPLAY_SLOT)).check_fresh(int(dict(msg.content[REC_CONFIG])["server-round"]))
+        server_round, vector, global_hash = _train_update(rt, msg)
         _clear_round(context)
-        _state_set(
-            context,
-            vector=vector.tobytes(),
-            global_hash=theta_hash(layout, global_theta),
-            round=int(round_config["server-round"]),
-            purpose=TRAINING,
-        )
+        _state_set(context, vector=vector.tobytes(), global_hash=global_hash, round=server_round, purpose=TRAINING)
         return Message(RecordDict({REC_SECAGG: ConfigRecord({"ready": 1})}), reply_to=msg)
 
     return handler
@@ -302,6 +287,23 @@ def _stage_handler(stage: str, get_runtime: RuntimeGetter) -> Callable[[Message,
     return handler
 
 
+def _train_and_answer(
+    rt: SecureSite, msg: Message, context: Context, client: SecAggClient, request: bytes, server_round: int,
+    protocol_round: int,
+) -> Message:
+    """Train the round once, bind the fresh update to ``client`` and answer ``request`` with it; the client then
+    holds this round's state (or, on any failure, nothing is kept)."""
+    try:
+        _, vector, global_hash = _train_update(rt, msg)
+        client.set_input(vector, global_hash, protocol_round)
+        reply = client.handle(request)
+    except Exception:
+        _clear_round(context)
+        raise
+    _state_set(context, client=client.export(), round=server_round, purpose=TRAINING)
+    return Message(RecordDict({REC_SECAGG: ConfigRecord({SECAGG_FIELD: reply})}), reply_to=msg)
+
+
 def _train_advertise_handler(get_runtime: RuntimeGetter) -> Callable[[Message, Context], Message]:
     """Train, then answer stage 0 of the round's own protocol run (protocol id ``2r + 1``) with the fresh update as
     its input: the update enters exactly this one client, in this one call."""
@@ -317,16 +319,8 @@ def _train_advertise_handler(get_runtime: RuntimeGetter) -> Callable[[Message, C
         _clear_round(context)
         if (_state_get(context, "round", NEXT_KEY) or 0) <= server_round:
             _clear_next(context)  # keys set up ahead for this round are never used: it trains here, once
-        try:
-            _, vector, global_hash = _train_update(rt, msg, protocol_round)
-            client = _training_client(rt, context)
-            client.set_input(vector, global_hash, protocol_round)
-            reply = client.handle(request)
-        except Exception:
-            _clear_round(context)
-            raise
-        _state_set(context, client=client.export(), round=server_round, purpose=TRAINING)
-        return Message(RecordDict({REC_SECAGG: ConfigRecord({SECAGG_FIELD: reply})}), reply_to=msg)
+        client = _training_client(rt, context)
+        return _train_and_answer(rt, msg, context, client, request, server_round, protocol_round)
 
     return handler
 
@@ -352,14 +346,10 @@ def _train_masked_handler(get_runtime: RuntimeGetter) -> Callable[[Message, Cont
             # checked before training: a request the client would refuse must not spend the round (or DP budget)
             if client.stage is not ClientStage.SHARED or peek_header(request).round_id != protocol_round:
                 raise SecureAggregationConfigError(f"site {rt.site_id}: round {server_round}'s keys are not ready for its input")
-            _, vector, global_hash = _train_update(rt, msg, protocol_round)
-            client.set_input(vector, global_hash, protocol_round)
-            reply = client.handle(request)
         except Exception:
             _clear_round(context)
             raise
-        _state_set(context, client=client.export(), round=server_round, purpose=TRAINING)
-        return Message(RecordDict({REC_SECAGG: ConfigRecord({SECAGG_FIELD: reply})}), reply_to=msg)
+        return _train_and_answer(rt, msg, context, client, request, server_round, protocol_round)
 
     return handler
 
