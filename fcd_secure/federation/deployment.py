@@ -63,11 +63,13 @@ from fcd_secure.federation.pki import (
     node_key_fingerprint,
     write_node_public,
 )
+from fcd_secure.federation.flower_waits import IDLE_POLL_ENV, idle_poll_s
 from fcd_secure.federation.records import RUN_CONFIG_KEY
 from fcd_secure.federation.secure_setup import ROSTER_FILE, write_roster
 from fcd_secure.federation.site import default_site_id
 from fcd_secure.federation.site_policy import POLICY_FILE, SitePolicy, SitePolicyError
 from fcd_secure.federation.state import SERVER_DIR, IDENTITY_FILE, SiteState
+from fcd_secure.federation.wake import WAKE_ENV, WAKE_FILE
 
 APP_NAME = "fcd-secure-app"
 PUBLISHER = "fcdsecure"
@@ -76,6 +78,11 @@ INSECURE_MARKER = "INSECURE-DEV"
 EVIDENCE_DIR = "evidence"
 #: the site's SuperNode: Flower's own, with its hard-wired idle sleeps capped (``federation.supernode_main``)
 SUPERNODE = (sys.executable, "-m", "fcd_secure.federation.supernode_main")
+#: the SuperLink's state (runs, messages, objects, registered SuperNode keys) in its memory, Flower's default. With
+#: a SQLite file every Fleet API request ran SQL on disk: with ten idle sites the SuperLink used 0.7 of a core, three
+#: quarters of it in SQLite (py-spy on loopback). The cost: a restarted SuperLink has forgotten the registered keys,
+#: so every start registers them again (``provisioning.server.start_server``).
+FLWR_IN_MEMORY = ":flwr-in-memory:"
 #: names inside a site's folder
 NODE_KEY, NODE_PUB, EXEC_SECRET = "node_auth.key", "node_auth.pub", "superexec.secret"
 
@@ -371,7 +378,7 @@ class LocalDeployment:
         self._spawn(
             "superlink",
             [_bin("flower-superlink"), *self._link_args(), "--host", "127.0.0.1", "--port", str(self.port),
-             "--database", str(self.server_root / "superlink.db"), "--disable-runtime-dependency-installation"],
+             "--database", FLWR_IN_MEMORY, "--disable-runtime-dependency-installation"],
             self.server_root / "link-home", self.logs / "superlink.log",
         )
         self._wait_for_link(wait_s)
@@ -392,13 +399,17 @@ class LocalDeployment:
             else:
                 args += ["--root-certificates", str(self.tls.ca_cert), "--auth-supernode-private-key", str(site.node_key),
                          "--isolation", "process", "--superexec-auth-secret-file", str(site.secret)]
-            node = self._spawn(f"supernode-{site.site_id}", args, site.home, site.logs / "supernode.log")
+            pipe = str(site.home / WAKE_FILE)  # the SuperNode wakes the site's executor through it
+            env = {**flower_env(site.home), IDLE_POLL_ENV: str(idle_poll_s(n))}
+            if self.tls is not None:
+                env[WAKE_ENV] = pipe
+            node = self._spawn(f"supernode-{site.site_id}", args, site.home, site.logs / "supernode.log", env)
             if self.tls is not None:
                 self._spawn(
                     f"site-exec-{site.site_id}",
                     [sys.executable, "-m", "fcd_secure.federation.site_exec", "serve", "--runtime-api-address",
                      f"127.0.0.1:{runtime_port}", "--secret-file", str(site.secret), "--parent-pid", str(node.pid),
-                     *(["--warm"] if self.warm else [])],
+                     "--wake-pipe", pipe, *(["--warm"] if self.warm else [])],
                     site.home, site.logs / "site-exec.log",
                 )
         mode = "INSECURE-DEV" if self.insecure_dev else "TLS + SuperNode auth + pinned app"

@@ -11,10 +11,13 @@ flwr 1.42's ``flwr.supernode`` and ``flwr.server.grid`` modules), a secure-aggre
   costs 1 + 2 + 4 + ... seconds.
 
 :func:`shorten_supernode_waits` (the site's SuperNode, ``federation.supernode_main``) and
-:func:`shorten_grid_backoff` (the ServerApp's ``HttpGrid``) cap these at :data:`IDLE_POLL_S` and
+:func:`shorten_grid_backoff` (the ServerApp's ``HttpGrid``) cap these at :func:`idle_poll_s`, :data:`REPLY_POLL_S` and
 :data:`PULL_BACKOFF_S`/:data:`PULL_BACKOFF_CAP_S`; only the names those Flower modules look up change, nothing
 about what is sent, to whom, or how it is authenticated. The cost is more requests while waiting (one per
-:data:`IDLE_POLL_S` per idle SuperNode instead of one per 3 s). Both refuse to patch another Flower version.
+:func:`idle_poll_s` per idle SuperNode instead of one per 3 s). Both refuse to patch another Flower version.
+
+:func:`wake_executor_on_messages` is the other half of ``federation.wake``: the SuperNode loop signals the site's
+executor once a pulled message and its objects are stored, instead of the executor polling for it.
 """
 
 from __future__ import annotations
@@ -25,8 +28,16 @@ import types
 
 #: the Flower release these module-level names were read from (``provisioning.versions`` pins it)
 FLWR_VERSION = "1.42.0"
-#: the longest the SuperNode loop waits between two looks at the SuperLink or at the ClientApp's reply (s)
+#: the least the SuperNode loop waits between two pulls from the SuperLink that found no message (s)
 IDLE_POLL_S = 0.2
+#: the consortium's idle SuperNodes together pull from the SuperLink at most this often (per second): each pull costs
+#: the SuperLink about 9 ms of CPU (TLS, an ECDSA P-384 signature check, the state; py-spy on loopback), so ten
+#: sites at :data:`IDLE_POLL_S` kept 0.43 of a core busy doing nothing
+SUPERLINK_PULLS_PER_S = 20.0
+#: the SuperNode loop's wait between two looks at its ClientApp's reply (a read of its own state, no request) (s)
+REPLY_POLL_S = 0.1
+#: the environment variable that hands the idle poll (:func:`idle_poll_s`) to ``federation.supernode_main``
+IDLE_POLL_ENV = "FCD_SUPERNODE_IDLE_POLL_S"
 #: first wait and cap (s) when a message object is not there yet
 PULL_BACKOFF_S, PULL_BACKOFF_CAP_S = 0.02, 0.25
 
@@ -51,8 +62,17 @@ def short_pull(pull_objects):
                              max_tries_per_object=None)
 
 
-def shorten_supernode_waits() -> None:
+def idle_poll_s(n_sites: int) -> float:
+    """The SuperNode's wait after a pull that found no message, in a consortium of ``n_sites``: at least
+    :data:`IDLE_POLL_S`, and long enough that the sites together stay within :data:`SUPERLINK_PULLS_PER_S`."""
+    return max(IDLE_POLL_S, int(n_sites) / SUPERLINK_PULLS_PER_S)
+
+
+def shorten_supernode_waits(idle_s: float = IDLE_POLL_S) -> None:
     """Cap the SuperNode loop's sleeps and object-pull backoff (module docstring).
+
+    Args:
+        idle_s: the wait after a pull from the SuperLink that found no message (Flower: 3 s), :func:`idle_poll_s`.
 
     Raises:
         FlowerVersionError: another Flower version.
@@ -62,9 +82,37 @@ def shorten_supernode_waits() -> None:
 
     if not isinstance(loop.time, types.SimpleNamespace):
         clock = types.SimpleNamespace(**{k: getattr(time, k) for k in dir(time) if not k.startswith("_")})
-        clock.sleep = lambda seconds: time.sleep(min(float(seconds), IDLE_POLL_S))
-        loop.time = clock  # the loop's `time.sleep(3)` and `time.sleep(0.5)`
+        # the loop sleeps 3 s after an empty pull and 0.5 s while it waits for its ClientApp's reply or objects
+        clock.sleep = lambda seconds: time.sleep(idle_s if seconds >= 1 else min(float(seconds), REPLY_POLL_S))
+        loop.time = clock
     loop.pull_objects = short_pull(loop.pull_objects)
+
+
+def wake_executor_on_messages(pipe: str) -> None:
+    """After the SuperNode loop has stored a message for a task (``_pull_and_store_message`` returned its run),
+    wake the executor waiting on ``pipe`` (``federation.wake``).
+
+    Raises:
+        FlowerVersionError: another Flower version.
+    """
+    _check_version()
+    from flwr.supernode import start_client_internal as loop  # noqa: PLC0415
+
+    from fcd_secure.federation.wake import notify  # noqa: PLC0415
+
+    pull_and_store = loop._pull_and_store_message  # noqa: SLF001 - the name the loop calls, flwr 1.42
+    if getattr(pull_and_store, "wakes", None) == pipe:
+        return
+
+    @functools.wraps(pull_and_store)
+    def pull_store_and_wake(*args, **kwargs):
+        run_id = pull_and_store(*args, **kwargs)
+        if run_id is not None:
+            notify(pipe)
+        return run_id
+
+    pull_store_and_wake.wakes = pipe
+    loop._pull_and_store_message = pull_store_and_wake  # noqa: SLF001
 
 
 def shorten_grid_backoff() -> None:

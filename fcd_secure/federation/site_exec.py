@@ -33,6 +33,8 @@ import sys
 import time
 from pathlib import Path
 
+from fcd_secure.federation.wake import FALLBACK_POLL_S, WakeReader
+
 log = logging.getLogger("fcd_secure.site_exec")
 
 #: the SuperNode Runtime API method only the site's secret may call
@@ -182,7 +184,8 @@ def run_task(address: str, token: str) -> int:
     return code
 
 
-def serve(address: str, secret_file: str, parent_pid: int | None = None, warm: bool = False) -> None:
+def serve(address: str, secret_file: str, parent_pid: int | None = None, warm: bool = False,
+          wake_pipe: str | None = None) -> None:
     """Acquire the SuperNode's ClientApp tasks with the site's secret and run each in a fresh process, or, with
     ``warm``, in this process (:func:`run_task` unchanged: the app hash is checked on every task's FAB).
 
@@ -196,6 +199,9 @@ def serve(address: str, secret_file: str, parent_pid: int | None = None, warm: b
     The executor also keeps each acquired task's heartbeat going until its process exits: a task token lapses when no
     heartbeat arrives for two heartbeat intervals (flwr 1.42), and a cold process on a loaded machine can take that
     long to import before its own heartbeat starts.
+
+    With ``wake_pipe`` the executor asks for a task when the SuperNode wakes it through that pipe and otherwise
+    only every ``federation.wake.FALLBACK_POLL_S``; without it, every :data:`POLL_S`, as Flower's SuperExec does.
     """
     from flwr.proto.runtime_pb2 import AcquireTaskRequest  # noqa: PLC0415
     from flwr.supercore.app_utils import start_parent_process_monitor  # noqa: PLC0415
@@ -216,7 +222,11 @@ def serve(address: str, secret_file: str, parent_pid: int | None = None, warm: b
         from fcd_secure.federation import client_app  # noqa: F401, PLC0415
         from fcd_secure.federation import site_policy  # noqa: F401, PLC0415
         from fcd_secure.privacy import ledger  # noqa: F401, PLC0415
-    log.info("site executor acquiring tasks at %s%s", address, " (warm)" if warm else "")
+    reader = None
+    if wake_pipe:
+        reader = WakeReader(wake_pipe)
+    log.info("site executor acquiring tasks at %s%s%s", address, " (warm)" if warm else "",
+             f", woken through {wake_pipe}" if wake_pipe else "")
     while True:
         running = []
         for proc, beat, task_client in children:  # reap finished tasks
@@ -248,7 +258,12 @@ def serve(address: str, secret_file: str, parent_pid: int | None = None, warm: b
                 env=env,
             )
             children.append((proc, beat, task_client))
-        time.sleep(POLL_S)
+        if res.HasField("task") and res.token:
+            continue  # the next message may be stored already
+        if reader is not None:
+            reader.wait(FALLBACK_POLL_S)
+        else:
+            time.sleep(POLL_S)
 
 
 def _quiet_heartbeat(client):
@@ -276,13 +291,15 @@ def main(argv: list[str] | None = None) -> int:
     p_serve.add_argument("--secret-file", required=True)
     p_serve.add_argument("--parent-pid", type=int, default=None)
     p_serve.add_argument("--warm", action="store_true", help="run the tasks in this process (one warm ClientApp)")
+    p_serve.add_argument("--wake-pipe", default=None,
+                         help="a named pipe the SuperNode writes to when a message arrives (federation.wake)")
     p_task = sub.add_parser("task", help="run one task (token in $FCD_TASK_TOKEN)")
     p_task.add_argument("--runtime-api-address", required=True)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll otherwise
     if args.cmd == "serve":
-        serve(args.runtime_api_address, args.secret_file, args.parent_pid, warm=args.warm)
+        serve(args.runtime_api_address, args.secret_file, args.parent_pid, warm=args.warm, wake_pipe=args.wake_pipe)
         return 0
     token = os.environ.pop(TOKEN_ENV, "")
     if not token:

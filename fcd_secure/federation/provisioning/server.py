@@ -4,7 +4,8 @@
 host the consortium names; its Control API (unauthenticated in open-source Flower, and on the same port as the Fleet
 API in flwr 1.42) answers only the coordinator host (``--control-api-address``, ``provisioning.superlink_main``);
 it registers each enrolled site's SuperNode key
-(``flwr supernode register``). ``run`` submits the consortium's pinned app (``flwr run``) with a run config in which
+(``flwr supernode register``) at every start, because the SuperLink keeps its state in memory
+(``deployment.FLWR_IN_MEMORY``). ``run`` submits the consortium's pinned app (``flwr run``) with a run config in which
 every site reads its own table (the server names none) and standardises with statistics from the secure round 0
 (``federation.secure_stats``); it waits for the run folder and collects the coordinator's evidence (server ledger,
 signed roster, CA certificate, fingerprints) into ``<out>/evidence/``. The hospitals add their own ledgers there
@@ -27,7 +28,7 @@ import tomli_w
 from fcd_secure._io import atomic_write_bytes, atomic_write_text
 from fcd_secure.audit import SERVER_LEDGER_FILE, load_or_create_identity_key
 from fcd_secure.audit.signing import fingerprint, public_key_bytes
-from fcd_secure.federation.deployment import CONNECTION, _bin, flower_env
+from fcd_secure.federation.deployment import CONNECTION, FLWR_IN_MEMORY, _bin, flower_env
 from fcd_secure.federation.provisioning import processes
 from fcd_secure.federation.provisioning.bundle import ROSTER_TYPE
 from fcd_secure.federation.provisioning.consortium import Coordinator, ProvisioningError
@@ -97,17 +98,14 @@ def start_server(co: Coordinator, wait_s: float = 60.0, control_api_address: str
             *[a for ip in (control, *own) for a in ("--control-api-address", ip)],
             "--ssl-ca-certfile", str(co.pki / "ca.crt"), "--ssl-certfile",
             str(co.pki / "server.pem"), "--ssl-keyfile", str(co.pki / "server.key"), "--enable-supernode-auth",
-            "--host", host, "--port", str(port), "--database", str(root / "superlink.db"),
+            "--host", host, "--port", str(port), "--database", FLWR_IN_MEMORY,
             "--disable-runtime-dependency-installation"]
     pid = processes.spawn(root, LINK, args, flower_env(root / "link-home"))
     processes.wait_for_port(host, port, pid, wait_s, "the SuperLink")
     cli = _cli_home(co)
-    done_file = root / "registered.json"
-    done = set(json.loads(done_file.read_text())) if done_file.is_file() else set()
+    done: set[str] = set()
     log = processes.run_dir(root) / "logs" / "register.log"
-    for sid in sites:
-        if sid in done:
-            continue
+    for sid in sites:  # every start: the SuperLink's state lives in its memory (module docstring)
         with open(log, "ab") as f:
             rc = subprocess.run([_bin("flwr"), "supernode", "register", str(co.site_dir(sid) / "node.pub"), CONNECTION,
                                  "--name", sid], stdout=f, stderr=subprocess.STDOUT, env=flower_env(cli), cwd=root,
@@ -115,7 +113,6 @@ def start_server(co: Coordinator, wait_s: float = 60.0, control_api_address: str
         if rc != 0:
             raise RuntimeError(f"registering site {sid}'s SuperNode key failed (exit {rc}); see {log}")
         done.add(sid)
-        atomic_write_text(done_file, json.dumps(sorted(done)))
     return {"pid": pid, "superlink": co.config().superlink, "registered": sorted(done), "control_api_address": control,
             "control_api_clients": [control, *own]}
 

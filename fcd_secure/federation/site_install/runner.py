@@ -14,9 +14,11 @@ import sys
 from typing import Any
 
 from fcd_secure.federation.deployment import SUPERNODE, flower_env, free_port
+from fcd_secure.federation.flower_waits import IDLE_POLL_ENV, idle_poll_s
 from fcd_secure.federation.provisioning import processes
 from fcd_secure.federation.provisioning.consortium import ProvisioningError
 from fcd_secure.federation.site_install.home import SiteHome
+from fcd_secure.federation.wake import WAKE_ENV, WAKE_FILE
 
 NODE, EXEC = "supernode", "site-exec"
 
@@ -48,13 +50,15 @@ def start_site(h: SiteHome, *, warm: bool = True) -> dict[str, Any]:
     )
     runtime = free_port()
     env = flower_env(h.root / "flwr-home")
+    pipe = str(h.root / WAKE_FILE)  # the SuperNode wakes the executor through it (federation.wake)
     node = processes.spawn(h.root, NODE, [
         *SUPERNODE, "--superlink", cfg.superlink, "--host", "127.0.0.1", "--port", str(runtime),
         "--node-config", node_config, "--root-certificates", str(h.ca_cert), "--auth-supernode-private-key",
         str(h.node_key), "--isolation", "process", "--superexec-auth-secret-file", str(h.secret),
-    ], env)
+    ], {**env, WAKE_ENV: pipe, IDLE_POLL_ENV: str(idle_poll_s(n))})
     args = [sys.executable, "-m", "fcd_secure.federation.site_exec", "serve", "--runtime-api-address",
-            f"127.0.0.1:{runtime}", "--secret-file", str(h.secret), "--parent-pid", str(node)]
+            f"127.0.0.1:{runtime}", "--secret-file", str(h.secret), "--parent-pid", str(node),
+            "--wake-pipe", pipe]
     if warm:
         args.append("--warm")
     ex = processes.spawn(h.root, EXEC, args, env)
