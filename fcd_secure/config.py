@@ -93,7 +93,7 @@ class FederationSection(BaseModel):
     round_timeout_s: float = Field(600.0, gt=0, description="how long the server waits for a round's replies")
     min_replies: int = Field(1, ge=1, description="a round with fewer successful replies is aborted")
     eval_every: int = Field(5, ge=0, description="federated PEHE evaluation every N rounds (0: only at the end)")
-    poll_s: float = Field(0.02, gt=0, le=5, description="server pull interval")
+    poll_s: float = Field(0.02, gt=0, le=5, description="server pull interval (at least 0.1 s on the Deployment Engine)")
     site_threads: int = Field(
         1, ge=1, le=64,
         description="torch CPU threads per site process (Ray sets OMP_NUM_THREADS to the actor's CPUs; for these small "

@@ -38,6 +38,9 @@ SUPERLINK_PULLS_PER_S = 20.0
 REPLY_POLL_S = 0.1
 #: the environment variable that hands the idle poll (:func:`idle_poll_s`) to ``federation.supernode_main``
 IDLE_POLL_ENV = "FCD_SUPERNODE_IDLE_POLL_S"
+#: the least wait (s) between two pulls of replies by a ServerApp on the Deployment Engine: each pull is an HTTP
+#: request that costs the SuperLink milliseconds of CPU (above), where the simulation's in-memory grid costs nothing
+HTTP_GRID_POLL_S = 0.1
 #: first wait and cap (s) when a message object is not there yet
 PULL_BACKOFF_S, PULL_BACKOFF_CAP_S = 0.02, 0.25
 
@@ -125,3 +128,11 @@ def shorten_grid_backoff() -> None:
     from flwr.superlink.grid import http_grid  # noqa: PLC0415
 
     http_grid.pull_objects = short_pull(http_grid.pull_objects)
+
+
+def grid_poll_s(grid, poll_s: float) -> float:
+    """The ServerApp's wait between two pulls of replies from ``grid``: ``poll_s`` (``federation.poll_s``), and at
+    least :data:`HTTP_GRID_POLL_S` on the Deployment Engine's ``HttpGrid``."""
+    from flwr.superlink.grid.http_grid import HttpGrid  # noqa: PLC0415
+
+    return max(float(poll_s), HTTP_GRID_POLL_S) if isinstance(grid, HttpGrid) else float(poll_s)

@@ -26,6 +26,7 @@ from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
 from fcd_secure.audit import POLICY_REASON_PREFIX, ServerAudit, message_bytes, payload_bytes, site_error_name
+from fcd_secure.federation.flower_waits import grid_poll_s
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ class Comm:
         #: the server's audit ledger: receipts ride on downlinks, every reply is recorded (the ServerApp always sets
         #: one; a bare ``Comm`` without it serves protocol tests)
         self.audit = audit
-        self.poll_s = poll_s
+        self.poll_s = grid_poll_s(grid, poll_s)
         self.ledger = ledger if ledger is not None else TrafficLedger()
         self.site_of: dict[int, str] = {}
         self.round = 0
