@@ -41,6 +41,9 @@ IDLE_POLL_ENV = "FCD_SUPERNODE_IDLE_POLL_S"
 #: the least wait (s) between two pulls of replies by a ServerApp on the Deployment Engine: each pull is an HTTP
 #: request that costs the SuperLink milliseconds of CPU (above), where the simulation's in-memory grid costs nothing
 HTTP_GRID_POLL_S = 0.1
+#: objects the ServerApp's grid pushes at once (Flower: 2, and never more than the CPU count); the requests wait on
+#: the SuperLink, not on the ServerApp's CPU
+GRID_TRANSFERS = 8
 #: first wait and cap (s) when a message object is not there yet
 PULL_BACKOFF_S, PULL_BACKOFF_CAP_S = 0.02, 0.25
 
@@ -126,8 +129,12 @@ def shorten_grid_backoff() -> None:
     """
     _check_version()
     from flwr.superlink.grid import http_grid  # noqa: PLC0415
+    from flwr.supercore.inflatable import inflatable_utils  # noqa: PLC0415
 
     http_grid.pull_objects = short_pull(http_grid.pull_objects)
+    if not isinstance(http_grid.push_objects, functools.partial):
+        http_grid.push_objects = functools.partial(http_grid.push_objects, max_concurrent_pushes=GRID_TRANSFERS)
+        inflatable_utils.get_num_workers = lambda max_concurrent: max(1, int(max_concurrent))
 
 
 def grid_poll_s(grid, poll_s: float) -> float:
