@@ -209,7 +209,8 @@ def test_allow_list_refuses_everything_else(tmp_path, mutate, rule):
 
 
 def test_secure_aggregation_fields_pass_but_not_floats_or_private_bytes(tmp_path):
-    """A protocol reply is exactly its stage's one field: ``msg`` bytes (or the ``ready = 1`` acknowledgement)."""
+    """A protocol reply is exactly its stage's one field, ``msg`` bytes, for the protocol's stages and the combined
+    training ones alike; the retired ``train.secagg_train`` acknowledgement (``ready = 1``) no longer passes."""
     site = Site(tmp_path)
     masked = np.random.default_rng(1).integers(0, 2**32, size=40, dtype=np.uint64).astype(np.uint32).tobytes()
 
@@ -218,14 +219,16 @@ def test_secure_aggregation_fields_pass_but_not_floats_or_private_bytes(tmp_path
 
     ok = site.send(instruction("train.secagg_masked_input", 1), reply_with({"msg": masked}))
     assert ok.has_content()
-    ack = site.send(instruction("train.secagg_train", 1), reply_with({"ready": 1}))
-    assert ack.has_content()
+    combined = site.send(instruction("train.secagg_train_masked", 1), reply_with({"msg": masked}))
+    assert combined.has_content()
+    retired = site.send(instruction("train.secagg_train", 1), reply_with({"ready": 1}))
+    assert retired.has_error() and retired.error.reason.endswith("protocol_shape")
     bad_float = site.send(instruction("train.secagg_masked_input", 1), reply_with({"msg": masked, "weight": 20.0}))
     assert bad_float.has_error() and bad_float.error.reason.endswith("protocol_shape")
     leak = site.send(instruction("train.secagg_masked_input", 1), reply_with({"msg": masked + site.theta_s["eps_s.weight"].tobytes()}))
     assert leak.has_error() and leak.error.reason.endswith("theta_s_bytes")
     statuses = [l["status"] for l in site.ledger.lines() if l["kind"] == "upload"]
-    assert statuses == ["sent", "sent", "refused", "refused"]
+    assert statuses == ["sent", "sent", "refused", "refused", "refused"]
 
 
 def test_constant_private_tensor_does_not_block_a_constant_shared_one(tmp_path):
@@ -501,8 +504,12 @@ def test_allow_lists_are_exact_names_with_caps(tmp_path):
         ("query.hello", RecordDict({"hello": ConfigRecord({**hello, "dim-dx": b"\x01\x02"})}), "config_not_allowed"),
         ("query.hello", RecordDict({"hello": ConfigRecord({**hello, "site-id": "x" * 65})}), "config_not_allowed"),
         ("query.hello", RecordDict({"hello": ConfigRecord({**hello, "dim-L": 2**40})}), "config_not_allowed"),
-        ("train.secagg_train", RecordDict({"secagg": ConfigRecord({"ready": 2})}), "protocol_shape"),
-        ("train.secagg_train", RecordDict({"secagg": ConfigRecord({"ready": 1, "n": 20})}), "protocol_shape"),
+        # the retired training acknowledgement is an unknown stage now, in its old shape or as protocol bytes
+        ("train.secagg_train", RecordDict({"secagg": ConfigRecord({"ready": 1})}), "protocol_shape"),
+        ("train.secagg_train", RecordDict({"secagg": ConfigRecord({"msg": b"x"})}), "protocol_shape"),
+        # the combined training stages answer with protocol bytes only, never an acknowledgement or a count
+        ("train.secagg_train_advertise", RecordDict({"secagg": ConfigRecord({"ready": 1})}), "protocol_shape"),
+        ("train.secagg_train_masked", RecordDict({"secagg": ConfigRecord({"msg": b"x", "n": 20})}), "protocol_shape"),
         ("train.secagg_unknown_stage", RecordDict({"secagg": ConfigRecord({"msg": b"x"})}), "protocol_shape"),
         ("train.secagg_consistency", RecordDict({"secagg": ConfigRecord({"msg": b"x" * 513})}), "protocol_shape"),
         ("train.secagg_masked_input", RecordDict({"secagg": ConfigRecord({"msg": b"x" * (4 * _M.size("theta_c") + 513)})}), "protocol_shape"),

@@ -281,6 +281,31 @@ def _round(fed: Federation, rnd: int):
     return Round(fed.comm, fed.nodes, rnd, fed.theta, {"part": THETA_C})
 
 
+def test_the_retired_train_action_is_gone_and_a_training_input_enters_only_with_its_training(tmp_path):
+    """The server no longer sends ``train.secagg_train`` (train, keep the encoded update in node memory, acknowledge
+    ``ready``): a site has no such action, so it trains nothing. Nor does a training round's input enter through the
+    plain stage 0 (only an evaluation prepares its input ahead): a fresh run's ``advertise_keys`` for a training
+    round is refused untrained. Neither refusal spends the round: it then runs as usual."""
+    fed = Federation(tmp_path).run(range(1, 2), ahead=False)
+    trained = list(fed.trained)
+    content = fed.flow.configure(_round(fed, 2))
+    replies = fed.comm.send(fed.nodes, PREFIX + "train", content, 10, round=2)
+    assert len(replies) == N_SITES and all(r.has_error() for r in replies.values())
+    assert all("No train function registered with name 'secagg_train'" in r.error.reason for r in replies.values())
+    fresh = SecAggServer(SecAggPolicy(), vector_layout(MANIFEST), sorted(fed.comm.site_of.values()),
+                         round_id=secagg_round_id(2, pipelined=False), session_id=fed.flow.session_id).start()
+    per_node = {n: RecordDict({**dict(content.items()), REC_SECAGG: ConfigRecord({SECAGG_FIELD: fresh[s]})})
+                for n, s in fed.comm.site_of.items()}
+    replies = fed.comm.send(list(per_node), PREFIX + "advertise_keys", per_node, 10, round=2)
+    assert len(replies) == N_SITES and all(r.has_error() for r in replies.values())
+    assert fed.trained == trained
+    for i in range(N_SITES):
+        assert "client" not in dict(fed.context_of(f"site-{i:02d}").state["secagg"])
+    fed.run(range(2, 3), ahead=False)
+    fed.check_sum(2)
+    assert fed.comm.types(2)[-5:] == ["train_advertise", "share_keys", "masked_input", "consistency_next", "unmask_next"]
+
+
 @pytest.mark.parametrize("attack", ["swap-parts", "replay-advertise", "unmask-before-consistency"])
 def test_reordered_or_replayed_combined_stages_are_refused(tmp_path, attack):
     """The two rounds of a combined message are two clients with their own state machines: this round's request in

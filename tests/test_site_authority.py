@@ -171,7 +171,7 @@ def test_a_server_config_asking_for_less_is_refused_recorded_and_nothing_of_thet
         for section, values in change.items():
             raw[section].update({k: (str(tmp_path / "fresh") if v == "OTHER" else v) for k, v in values.items()})
         request = type(cfg).model_validate(raw)
-        for mtype in ("query.hello", "train", "train.secagg_train"):
+        for mtype in ("query.hello", "train", "train.secagg_train_advertise"):
             reply = _deliver(app, root, request, mtype, content, round=i + 1)
             assert reply.has_error() and reply.error.code == POLICY_ERROR_CODE, (field, mtype)
             assert reply.error.reason == POLICY_REASON_PREFIX + "site_policy" == "refused by the site's policy: site_policy"

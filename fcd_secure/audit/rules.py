@@ -7,12 +7,12 @@ A reply may carry only (a positive manifest: everything not listed is refused):
 * MetricRecords whose keys are allow-listed aggregate metrics, by exact ``record/key`` name: scalars under
   ``allowed_metrics``, lists only under ``allowed_metric_lists`` and no longer than their cap;
 * ConfigRecords under exactly allow-listed ``record/key`` names, each of its declared type and length;
-* in the secure-aggregation protocol (``train.secagg_<stage>``), exactly the protocol's one field: the
-  acknowledgement of ``train.secagg_train`` is exactly ``secagg/ready = 1``; the reply of
+* in the secure-aggregation protocol (``train.secagg_<stage>``), exactly the protocol's one field: the reply of
   ``train.secagg_evaluate`` is exactly one ``secagg/msg`` field holding the schema of the site's evaluation sums,
-  whose every name is an allow-listed evaluation metric (names and lengths only; the values follow masked); every
-  other stage's reply is exactly one ``secagg/msg`` bytes field no longer than the stage's bound
-  (:class:`SecaggReplyRule`).
+  whose every name is an allow-listed evaluation metric (names and lengths only; the values follow masked); the
+  reply of every stage with a size bound (``GatePolicy.secagg_replies``: the protocol's five stages and the training
+  round's combined ones) is exactly one ``secagg/msg`` bytes field no longer than that bound
+  (:class:`SecaggReplyRule`); any other stage is refused, whatever its reply holds.
 
 A site that requires secure aggregation (``GatePolicy.secure_only``) sends no tensor and no metric outside that
 protocol at all (P20).
@@ -229,8 +229,6 @@ class GatePolicy(BaseModel):
     secagg_prefix: str = SECAGG_PREFIX
     secagg_record: str = Field(default="secagg", description="the one record of every secure-aggregation reply")
     secagg_field: str = Field(default="msg", description="the one bytes field of a protocol stage's reply")
-    secagg_train_stage: str = Field(default="train", description="the stage whose reply is only an acknowledgement")
-    secagg_ack: tuple[str, int] = Field(default=("ready", 1), description="the acknowledgement: exactly this int field")
     secagg_schema_stage: str = Field(
         default="evaluate",
         description="the stage whose reply is the schema of the site's evaluation sums (names and lengths, no values)",
@@ -428,7 +426,8 @@ def _config_ok(rule: ConfigFieldRule | None, value: object, policy: GatePolicy) 
 
 
 def _check_protocol(content: RecordDict, stage: str, manifest: Manifest, policy: GatePolicy) -> None:
-    """A secure-aggregation reply is exactly its stage's one field: ``ready = 1``, or ``msg`` bytes within bound."""
+    """A secure-aggregation reply is exactly its stage's one field: the evaluation schema, or ``msg`` bytes within the
+    stage's bound. A stage with neither (unknown, or retired) is refused, whatever its reply holds."""
     names = [str(n) for n in content.keys()]
     extra = next((n for n in names if n != policy.secagg_record), None)
     if extra is not None or not names:
@@ -442,14 +441,8 @@ def _check_protocol(content: RecordDict, stage: str, manifest: Manifest, policy:
             raise Refusal("protocol_shape", policy.secagg_record, next((k for k in keys if k != policy.secagg_field), None))
         _check_schema(record[policy.secagg_field], policy)
         return
-    if stage == policy.secagg_train_stage:
-        field, expected = policy.secagg_ack
-        value = record.get(field)
-        if keys != [field] or type(value) is not int or value != expected:
-            raise Refusal("protocol_shape", policy.secagg_record, next((k for k in keys if k != field), field))
-        return
     rule = policy.secagg_replies.get(stage)
-    if rule is None:
+    if rule is None:  # no bound, no reply: an unknown stage is never let through
         raise Refusal("protocol_shape", policy.secagg_record, None)
     if keys != [policy.secagg_field]:
         raise Refusal("protocol_shape", policy.secagg_record, next((k for k in keys if k != policy.secagg_field), None))

@@ -7,8 +7,7 @@ message type                        content (request → reply)
 ==================================  =================================================================================
 ``query.hello``                     ``hello`` (empty) → ``hello``: site id, site index, manifest layout hash, data dims
 ``train``                           ``global`` Θc + ``config`` → ``update`` Θc, ``num`` (n), ``metrics`` (plain FedAvg)
-``train.secagg_<stage>``            ``secagg`` ``{msg: bytes}`` both ways (secure aggregation; ``secagg_train`` also
-                                    carries ``global`` + ``config`` down and only ``{ready: 1}`` up;
+``train.secagg_<stage>``            ``secagg`` ``{msg: bytes}`` both ways (secure aggregation;
                                     ``secagg_evaluate`` carries ``global`` + ``config`` down and the sums' schema
                                     (names, lengths) up as ``{msg: bytes}``; an evaluation round's first stage also
                                     carries ``layout`` down)
@@ -57,9 +56,9 @@ EVALUATE_ACTION = "evaluate"
 HELLO_MESSAGE_TYPE = f"query.{HELLO_ACTION}"
 EVALUATE_MESSAGE_TYPE = f"query.{EVALUATE_ACTION}"
 TRAIN_MESSAGE_TYPE = "train"
-#: Secure-aggregation actions are ``train.secagg_<stage>``; ``<stage>`` is ``train`` or a protocol stage name.
+#: Secure-aggregation actions are ``train.secagg_<stage>``; ``<stage>`` is a protocol stage name or one of the
+#: stages below.
 SECAGG_ACTION_PREFIX = SECAGG_PREFIX.removeprefix(f"{TRAIN_MESSAGE_TYPE}.")  # spelled once, in the gate's rules
-SECAGG_TRAIN_STAGE = "train"
 #: the secure evaluation's preparation (``federation.secure_evaluation``): evaluate, keep the sums, reply the schema
 SECAGG_EVALUATE_STAGE = "evaluate"
 #: the combined stages of a training round (``federation.secure_flow``; the egress gate bounds each reply)

@@ -1,24 +1,27 @@
 """The site side of secure aggregation: the ``train.secagg_*`` ClientApp actions (server side:
 ``federation.secure_flow`` and ``federation.secure_evaluation``; protocol: ``fcd_secure.aggregation.secagg``).
 
-``secagg_train`` trains the site's round, encodes the *update* Θc_i − Θc_global into the fixed-point vector and
-keeps it in the node's ``Context.state``; the reply says only "ready" (no count, no metric, P7).
-``secagg_evaluate`` evaluates the global Θc on the cohort the site chose (``federation.cohort``) (or, in round 0,
-takes the moment sums of its raw training set, ``federation.secure_stats``), keeps the sums in
-the node state and replies with their *schema* only (key names and lengths, never values); the first protocol stage
-then brings the union of the sites' schemas, and the sums are encoded exactly (``federation.eval_vector``). Each
-protocol stage rebuilds the site's :class:`~fcd_secure.aggregation.secagg.SecAggClient` from the node state,
-answers one server request, and stores the client's state back; the last stage (or any failure) clears it, so no
-round secret outlives its round in node memory. A round that started here is spent for good
-(:class:`ReplayGuard`, P5); training and evaluation rounds are counted apart.
+A training round (``federation.secure_flow``) trains inside the protocol's own messages. ``secagg_train_advertise``
+trains the site's round, encodes the *update* Θc_i − Θc_global into the fixed-point vector and answers stage 0 of
+the round's own protocol run (protocol id ``2r + 1``) with it as the client's input; ``secagg_share_keys`` and
+``secagg_masked_input`` follow. ``secagg_train_masked`` trains into the client whose keys were set up during the
+round before (protocol id ``2r``) and answers stage 2 with the masked input. ``secagg_consistency_next`` /
+``secagg_unmask_next`` answer this round's stage 3 / 4 and the next round's stage 0 / 1. The fresh update goes
+straight into exactly one client, in the call that trained it; the sample count and the loss are words of the
+masked vector, never sent in clear (P7). A server round is trained once (:data:`TRAINED_SLOT`), whichever message
+asks. The next round's client lives in its own node-state record (:data:`NEXT_KEY`), which no evaluation touches.
 
-A training round (``federation.secure_flow``) comes in fewer messages: ``secagg_train_advertise`` trains and answers
-stage 0 of the round's own protocol run (protocol id ``2r + 1``), ``secagg_train_masked`` trains into the client
-whose keys were set up during the round before (protocol id ``2r``) and answers stage 2, and
-``secagg_consistency_next`` / ``secagg_unmask_next`` answer this round's stage 3 / 4 and the next round's stage 0 /
-1. The next round's client lives in its own node-state record (:data:`NEXT_KEY`), which no evaluation touches. The
-fresh update goes straight into exactly one client, in the call that trained it, and a server round is trained
-once (:data:`TRAINED_SLOT`), whichever message asks.
+``secagg_evaluate`` evaluates the global Θc on the cohort the site chose (``federation.cohort``) (or, in round 0,
+takes the moment sums of its raw training set, ``federation.secure_stats``), keeps the sums in the node state and
+replies with their *schema* only (key names and lengths, never values); the five protocol stages
+(``secagg_advertise_keys`` … ``secagg_unmask``) then sum them: the first brings the union of the sites' schemas, and
+the sums are encoded exactly (``federation.eval_vector``). Only an evaluation prepares its input ahead of stage 0; a
+training round's input enters with its training.
+
+Each protocol stage rebuilds the site's :class:`~fcd_secure.aggregation.secagg.SecAggClient` from the node state,
+answers one server request, and stores the client's state back; the last stage (or any failure) clears it, so no
+round secret outlives its round in node memory. A round that started here is spent for good (:class:`ReplayGuard`,
+P5); training and evaluation rounds are counted apart.
 """
 
 from __future__ import annotations
@@ -53,7 +56,6 @@ from fcd_secure.federation.records import (
     SECAGG_NEXT_FIELD,
     SECAGG_TRAIN_ADVERTISE_STAGE,
     SECAGG_TRAIN_MASKED_STAGE,
-    SECAGG_TRAIN_STAGE,
     SECAGG_UNMASK_NEXT_STAGE,
     pack_pair,
     record_to_global,
@@ -128,7 +130,7 @@ def _state_set(context: Context, record: str = STATE_KEY, **values: Any) -> None
 
 def _clear_round(context: Context) -> None:
     # an aborted or finished round leaves no secret (and no evaluation sum) behind in the node state
-    _state_set(context, client=None, vector=None, global_hash=None, round=None, purpose=None, sums=None, schema=None)
+    _state_set(context, client=None, global_hash=None, round=None, purpose=None, sums=None, schema=None)
 
 
 def _clear_next(context: Context) -> None:
@@ -179,20 +181,6 @@ def _request_bytes(msg: Message, field: str = SECAGG_FIELD, *, required: bool = 
     if not isinstance(value, bytes):
         raise SecureAggregationConfigError(f"secure-aggregation request without a bytes {field!r} field")
     return value
-
-
-def _train_handler(get_runtime: RuntimeGetter) -> Callable[[Message, Context], Message]:
-    def handler(msg: Message, context: Context) -> Message:
-        rt = get_runtime(msg, context)
-        # a round whose protocol already started here is spent: re-training it would hand the server a second copy
-        # of the same update to difference against (P5; see ReplayGuard)
-        ReplayGuard(rt.state.slot(REPLAY_SLOT)).check_fresh(int(dict(msg.content[REC_CONFIG])["server-round"]))
-        server_round, vector, global_hash = _train_update(rt, msg)
-        _clear_round(context)
-        _state_set(context, vector=vector.tobytes(), global_hash=global_hash, round=server_round, purpose=TRAINING)
-        return Message(RecordDict({REC_SECAGG: ConfigRecord({"ready": 1})}), reply_to=msg)
-
-    return handler
 
 
 def _evaluate_handler(get_runtime: RuntimeGetter) -> Callable[[Message, Context], Message]:
@@ -262,9 +250,8 @@ def _stage_handler(stage: str, get_runtime: RuntimeGetter) -> Callable[[Message,
                 replay_guard=ReplayGuard(rt.state.slot(EVAL_REPLAY_SLOT if evaluation else REPLAY_SLOT)),
             )
             if stage == STAGES[0]:
-                if vector is None:
-                    stored = _state_get(context, "vector")
-                    vector = None if stored is None else np.frombuffer(stored, dtype=np.uint32).copy()
+                # only an evaluation prepares its input ahead (``secagg_evaluate``); a training round's input enters
+                # with its training (``secagg_train_advertise`` / ``secagg_train_masked``), never through this stage
                 gh = _state_get(context, "global_hash")
                 if vector is None or gh is None:
                     raise SecureAggregationConfigError(f"site {rt.site_id} has no prepared input for this round")
@@ -281,7 +268,7 @@ def _stage_handler(stage: str, get_runtime: RuntimeGetter) -> Callable[[Message,
         if stage == STAGES[-1]:
             _clear_round(context)
         else:
-            _state_set(context, client=client.export(), vector=None)
+            _state_set(context, client=client.export())
         return Message(RecordDict({REC_SECAGG: ConfigRecord({SECAGG_FIELD: reply})}), reply_to=msg)
 
     return handler
@@ -406,8 +393,8 @@ def _pair_handler(stage: str, get_runtime: RuntimeGetter) -> Callable[[Message, 
 
 
 def register_secure_actions(app: ClientApp, get_runtime: RuntimeGetter) -> None:
-    """Attach the eleven ``train.secagg_*`` actions to ``app`` (train, evaluate, the five protocol stages and the four
-    combined stages of a training round).
+    """Attach the ten ``train.secagg_*`` actions to ``app`` (evaluate, the five protocol stages and the four combined
+    stages of a training round).
 
     Args:
         app: the site's ClientApp.
@@ -416,7 +403,6 @@ def register_secure_actions(app: ClientApp, get_runtime: RuntimeGetter) -> None:
     Errors propagate to the app's mods (egress gate, guard), which turn them into a generic error reply: the server
     sees a dropout, never a reason or a key (P18).
     """
-    app.train(secagg_action(SECAGG_TRAIN_STAGE))(_train_handler(get_runtime))
     app.train(secagg_action(SECAGG_EVALUATE_STAGE))(_evaluate_handler(get_runtime))
     for stage in STAGES:
         app.train(secagg_action(stage))(_stage_handler(stage, get_runtime))
