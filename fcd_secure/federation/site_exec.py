@@ -237,7 +237,8 @@ def serve(address: str, secret_file: str, parent_pid: int | None = None, warm: b
                 task_client.close()
         children = running
         res = client.AcquireTask(AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP]))
-        if res.HasField("task") and res.token and warm:
+        acquired = res.HasField("task") and bool(res.token)
+        if acquired and warm:
             task_client = _runtime_client(address, [RuntimeTokenHttpInterceptor(res.token)], retry=False)
             beat = HeartbeatSender(_quiet_heartbeat(task_client))
             beat.start()
@@ -248,7 +249,7 @@ def serve(address: str, secret_file: str, parent_pid: int | None = None, warm: b
             finally:
                 beat.stop()
                 task_client.close()
-        elif res.HasField("task") and res.token:
+        elif acquired:
             task_client = _runtime_client(address, [RuntimeTokenHttpInterceptor(res.token)], retry=False)
             beat = HeartbeatSender(_quiet_heartbeat(task_client))
             beat.start()
@@ -258,7 +259,7 @@ def serve(address: str, secret_file: str, parent_pid: int | None = None, warm: b
                 env=env,
             )
             children.append((proc, beat, task_client))
-        if res.HasField("task") and res.token:
+        if acquired:
             continue  # the next message may be stored already
         if reader is not None:
             reader.wait(FALLBACK_POLL_S)

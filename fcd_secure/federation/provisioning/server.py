@@ -103,7 +103,6 @@ def start_server(co: Coordinator, wait_s: float = 60.0, control_api_address: str
     pid = processes.spawn(root, LINK, args, flower_env(root / "link-home"))
     processes.wait_for_port(host, port, pid, wait_s, "the SuperLink")
     cli = _cli_home(co)
-    done: set[str] = set()
     log = processes.run_dir(root) / "logs" / "register.log"
     for sid in sites:  # every start: the SuperLink's state lives in its memory (module docstring)
         with open(log, "ab") as f:
@@ -112,8 +111,7 @@ def start_server(co: Coordinator, wait_s: float = 60.0, control_api_address: str
                                 timeout=120).returncode
         if rc != 0:
             raise RuntimeError(f"registering site {sid}'s SuperNode key failed (exit {rc}); see {log}")
-        done.add(sid)
-    return {"pid": pid, "superlink": co.config().superlink, "registered": sorted(done), "control_api_address": control,
+    return {"pid": pid, "superlink": co.config().superlink, "registered": sorted(sites), "control_api_address": control,
             "control_api_clients": [control, *own]}
 
 
