@@ -318,3 +318,57 @@ def test_control_api_answers_only_the_coordinator_host():
     assert split_args(["--port", "1"]) == (["127.0.0.1"], ["--port", "1"])
     assert split_args(["--control-api-address", "10.0.0.1", "--host", "h", "--control-api-address=10.0.0.2"]) == (
         ["10.0.0.1", "10.0.0.2"], ["--host", "h"])
+
+
+def test_superlink_skips_flowers_middlewares_only_where_they_pass_requests_through(monkeypatch):
+    """``fcd server start``'s SuperLink scopes Flower's Control-API middlewares to ``/v1/control/`` and its Fleet
+    event-log middleware to ``/v1/fleet/`` with a plugin loaded; node authentication, protobuf and error translation
+    keep seeing every request, in Flower's order (the running SuperLink is ``test_hospital_deployment.py``)."""
+    import warnings
+
+    import flwr.superlink.main as flower_main
+    from flwr.superlink.routers.control.middlewares import ControlAuthenticationMiddleware
+    from flwr.superlink.routers.fleet.middlewares import FleetEventLogMiddleware
+    from flwr.superlink.routers.fleet.node_auth import NodeAuthMiddleware
+    from starlette.testclient import TestClient
+
+    from fcd_secure.federation.provisioning.superlink_main import PASS_THROUGH, Scoped, scope_middlewares
+
+    app = flower_main.create_app()
+    before = [m.cls for m in app.user_middleware]
+    assert sorted(scope_middlewares(app)) == sorted(PASS_THROUGH)
+    after = [m.args[0] if m.cls is Scoped else m.cls for m in app.user_middleware]
+    assert after == before  # same layers, same order
+    unscoped = {m.cls.__name__ for m in app.user_middleware if m.cls is not Scoped}
+    assert {"NodeAuthMiddleware", "ProtobufTranslationMiddleware", "BaseHTTPMiddleware"} <= unscoped
+
+    reached = []
+    for cls in (ControlAuthenticationMiddleware, FleetEventLogMiddleware, NodeAuthMiddleware):
+        def spy(self, request, call_next, _orig=cls.dispatch, _name=cls.__name__):
+            reached.append((_name, request.url.path))
+            return _orig(self, request, call_next)
+        monkeypatch.setattr(cls, "dispatch", spy)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        client = TestClient(app)
+        for path in ("/v1/fleet/pull-messages", "/v1/runtime/pull-messages", "/v1/control/list-runs"):
+            client.post(path, content=b"", headers={"content-type": "application/protobuf"})
+        names = lambda path: {n for n, p in reached if p == path}  # noqa: E731
+        assert names("/v1/control/list-runs") >= {"ControlAuthenticationMiddleware", "NodeAuthMiddleware"}
+        assert names("/v1/fleet/pull-messages") == {"NodeAuthMiddleware"}  # no event-log plugin: passed through
+        assert names("/v1/runtime/pull-messages") == {"NodeAuthMiddleware"}
+    # with an event-log plugin loaded, Fleet requests reach its middleware again (behind node authentication)
+    fleet_log = PASS_THROUGH["FleetEventLogMiddleware"]
+    scope = lambda path: {"type": "http", "path": path, "headers": [], "app": app}  # noqa: E731
+    assert fleet_log(scope("/v1/fleet/pull-messages"))
+    app.state.fleet_event_log_plugin = object()
+    assert not fleet_log(scope("/v1/fleet/pull-messages")) and fleet_log(scope("/v1/runtime/pull-messages"))
+    control = PASS_THROUGH["ControlAuthenticationMiddleware"]
+    assert not control(scope("/v1/control/start-run")) and control(scope("/v1/controlx")) and control(scope("/health"))
+
+    # a Flower whose middlewares differ is refused, not half-scoped
+    bare = flower_main.create_app()
+    bare.user_middleware[:] = [m for m in bare.user_middleware if m.cls is not ControlAuthenticationMiddleware]
+    with pytest.raises(RuntimeError, match="expected the middlewares"):
+        scope_middlewares(bare)

@@ -113,13 +113,25 @@ def _bin(name: str) -> str:
     return found
 
 
-def flower_env(home: Path) -> dict[str, str]:
+#: the SuperExec's wait between two ``AcquireTask`` polls (s): on a site without its own executor (``--insecure-dev``)
+#: every message is a task, and Flower's 1 s default adds a second to each
+SITE_TASK_POLL_S = 0.1
+#: the same on the coordinator, where the one task of a run is its ServerApp: Flower's default. Each poll costs the
+#: SuperLink an HTTP request (about 10 ms of its CPU on loopback), so 0.1 s kept a tenth of a core busy for as long
+#: as the SuperLink ran, and took a twelfth of its requests during a 10-site round; the price is up to a second
+#: before a run's ServerApp starts
+SERVER_TASK_POLL_S = 1.0
+
+
+def flower_env(home: Path, task_poll_s: float = SITE_TASK_POLL_S) -> dict[str, str]:
+    """The environment of a Flower process whose home is ``home``: telemetry and update checks off, this
+    interpreter's executables first on ``PATH``, one torch thread, the SuperExec polling every ``task_poll_s``."""
     env = dict(os.environ)
     env.update(
         FLWR_HOME=str(home),
         FLWR_TELEMETRY_ENABLED="0",  # Flower telemetry posts events off-machine by default
         FLWR_DISABLE_UPDATE_CHECK="1",
-        FLWR_SUPEREXEC_TASK_POLL_INTERVAL="0.1",  # the 1 s default adds a second per message
+        FLWR_SUPEREXEC_TASK_POLL_INTERVAL=str(task_poll_s),
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
         OMP_NUM_THREADS="1",  # several ClientApp processes share the cores
     )
@@ -380,6 +392,7 @@ class LocalDeployment:
             [_bin("flower-superlink"), *self._link_args(), "--host", "127.0.0.1", "--port", str(self.port),
              "--database", FLWR_IN_MEMORY, "--disable-runtime-dependency-installation"],
             self.server_root / "link-home", self.logs / "superlink.log",
+            flower_env(self.server_root / "link-home", SERVER_TASK_POLL_S),
         )
         self._wait_for_link(wait_s)
         if self.tls is not None:

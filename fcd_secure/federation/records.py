@@ -141,40 +141,42 @@ def record_to_arrays(rec: ArrayRecord) -> dict[str, np.ndarray]:
     return {name: arr.numpy() for name, arr in rec.items()}
 
 
-#: the two arrays of a packed global-parameters record (:func:`global_to_record`)
+#: the two fields of a packed global-parameters record (:func:`global_to_record`)
 GLOBAL_INDEX, GLOBAL_DATA = "index", "data"
 
 
-def global_to_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
-    """The global parameters the server sends down, packed into two arrays: a JSON index (name, dtype, shape per
-    tensor, in name order) and the tensors' bytes back to back.
+def global_to_record(arrays: dict[str, np.ndarray]) -> ConfigRecord:
+    """The global parameters the server sends down, packed into one record of two byte strings: a JSON index (name,
+    dtype, shape per tensor, in name order) and the tensors' bytes back to back.
 
-    Flower stores, pushes and pulls every array of a message as its own object, two at a time at each hop (ServerApp
-    → SuperLink → SuperNode → task): the tiny model's Θc as one array per tensor is 56 objects, and its delivery took
-    20-37 s per message on loopback. Packed, it is a handful. Replies are not packed: the egress gate checks each
+    Flower stores, pushes and pulls every object of a message on its own, one HTTP request each at every hop
+    (ServerApp → SuperLink → SuperNode → task), and an ``ArrayRecord`` is a tree (the record, each array, each array's
+    chunks): the tiny model's Θc as one array per tensor was 56 objects, and its delivery took 20-37 s per message on
+    loopback; as two arrays, 5. As one ``ConfigRecord`` it is 1. Replies are not packed: the egress gate checks each
     tensor a site sends by its manifest name (``audit.rules``).
     """
     names = sorted(arrays)
     parts = [np.require(arrays[n], requirements="C") for n in names]  # keeps a 0-d tensor 0-d
     index = json.dumps([[n, p.dtype.str, list(p.shape)] for n, p in zip(names, parts)]).encode()
-    data = b"".join(p.tobytes() for p in parts)
-    return ArrayRecord({GLOBAL_INDEX: Array(np.frombuffer(index, dtype=np.uint8)),
-                        GLOBAL_DATA: Array(np.frombuffer(data, dtype=np.uint8))})
+    return ConfigRecord({GLOBAL_INDEX: index, GLOBAL_DATA: b"".join(p.tobytes() for p in parts)})
 
 
-def record_to_global(rec: ArrayRecord) -> dict[str, np.ndarray]:
+def record_to_global(rec: ConfigRecord) -> dict[str, np.ndarray]:
     """The tensors of a :func:`global_to_record` record (copies; a malformed record is a ``ValueError``).
 
     Raises:
-        ValueError: the index does not parse, names a non-numeric dtype, or does not account for every byte.
+        ValueError: not two byte strings, the index does not parse, names a non-numeric dtype, or does not account
+            for every byte.
     """
-    if set(rec.keys()) != {GLOBAL_INDEX, GLOBAL_DATA}:
-        raise ValueError(f"global parameters: expected the arrays {GLOBAL_INDEX!r} and {GLOBAL_DATA!r}")
+    if not isinstance(rec, ConfigRecord) or set(rec.keys()) != {GLOBAL_INDEX, GLOBAL_DATA}:
+        raise ValueError(f"global parameters: expected a record of the byte strings {GLOBAL_INDEX!r} and {GLOBAL_DATA!r}")
+    raw_index, data = rec[GLOBAL_INDEX], rec[GLOBAL_DATA]
+    if not isinstance(raw_index, bytes) or not isinstance(data, bytes):
+        raise ValueError(f"global parameters: {GLOBAL_INDEX!r} and {GLOBAL_DATA!r} must be bytes")
     try:
-        index = json.loads(rec[GLOBAL_INDEX].numpy().tobytes())
+        index = json.loads(raw_index)
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise ValueError("global parameters: the index is not JSON") from None
-    data = rec[GLOBAL_DATA].numpy().tobytes()
     out: dict[str, np.ndarray] = {}
     offset = 0
     for name, dtype_str, shape in index:

@@ -28,7 +28,7 @@ import tomli_w
 from fcd_secure._io import atomic_write_bytes, atomic_write_text
 from fcd_secure.audit import SERVER_LEDGER_FILE, load_or_create_identity_key
 from fcd_secure.audit.signing import fingerprint, public_key_bytes
-from fcd_secure.federation.deployment import CONNECTION, FLWR_IN_MEMORY, _bin, flower_env
+from fcd_secure.federation.deployment import CONNECTION, FLWR_IN_MEMORY, SERVER_TASK_POLL_S, _bin, flower_env
 from fcd_secure.federation.provisioning import processes
 from fcd_secure.federation.provisioning.bundle import ROSTER_TYPE
 from fcd_secure.federation.provisioning.consortium import Coordinator, ProvisioningError
@@ -100,7 +100,7 @@ def start_server(co: Coordinator, wait_s: float = 60.0, control_api_address: str
             str(co.pki / "server.pem"), "--ssl-keyfile", str(co.pki / "server.key"), "--enable-supernode-auth",
             "--host", host, "--port", str(port), "--database", FLWR_IN_MEMORY,
             "--disable-runtime-dependency-installation"]
-    pid = processes.spawn(root, LINK, args, flower_env(root / "link-home"))
+    pid = processes.spawn(root, LINK, args, flower_env(root / "link-home", SERVER_TASK_POLL_S))
     processes.wait_for_port(host, port, pid, wait_s, "the SuperLink")
     cli = _cli_home(co)
     log = processes.run_dir(root) / "logs" / "register.log"
