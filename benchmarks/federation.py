@@ -8,6 +8,7 @@ whole run's wall time, the uplink MB measured from the serialized Flower message
     .venv/bin/python benchmarks/federation.py --preset default # the README run's sizes
     .venv/bin/python benchmarks/federation.py --json
     .venv/bin/python benchmarks/federation.py --deployment --sites 4 10   # Deployment Engine vs simulation
+    .venv/bin/python benchmarks/federation.py --superlink-requests  # SuperLink CPU per request, middlewares scoped or not
 
 ``--deployment`` prints, per number of sites, the secure-aggregation round's seconds on the simulation engine and
 on the Deployment Engine over loopback (the hospital path: consortium, one home per site with its own DKT-Synth
@@ -130,6 +131,50 @@ def compare_engines(sites: list[int], rounds: int, preset: str, seed: int, as_js
     Console().print(t)
 
 
+def superlink_request_cpu(requests: int = 2000) -> dict[str, float]:
+    """CPU milliseconds one request costs Flower's SuperLink app (``flwr.superlink.main.create_app``, in process,
+    no network, no TLS: the ASGI app alone, ``GET /health`` through every middleware), as Flower builds it and with
+    ``provisioning.superlink_main.scope_middlewares``; alternated, best of three each."""
+    import asyncio
+    import warnings
+
+    import flwr.superlink.main as flower_main
+
+    from fcd_secure.federation.provisioning.superlink_main import scope_middlewares
+
+    warnings.filterwarnings("ignore")
+
+    async def drive(app) -> float:
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "https",
+                 "path": "/health", "raw_path": b"/health", "query_string": b"", "root_path": "",
+                 "headers": [(b"host", b"127.0.0.1")], "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 9091)}
+
+        async def receive():
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(event):
+            if event["type"] == "http.response.start" and event["status"] != 200:
+                raise RuntimeError(f"/health answered {event['status']}")
+
+        for _ in range(100):  # build the middleware stack, warm caches
+            await app(dict(scope), receive, send)
+        t0 = time.process_time()
+        for _ in range(requests):
+            await app(dict(scope), receive, send)
+        return (time.process_time() - t0) / requests * 1e3
+
+    best = {"flower": float("inf"), "scoped": float("inf")}
+    for _ in range(3):
+        for label in best:
+            app = flower_main.create_app()
+            if label == "scoped":
+                scope_middlewares(app)
+            best[label] = min(best[label], asyncio.run(drive(app)))
+    return {"SuperLink ms CPU / request (Flower's middlewares)": best["flower"],
+            "SuperLink ms CPU / request (scoped)": best["scoped"],
+            "scoped / Flower": best["scoped"] / best["flower"]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="tiny")
@@ -141,7 +186,12 @@ def main() -> None:
     ap.add_argument("--sites", type=int, nargs="+", default=[4, 10], help="with --deployment: numbers of sites")
     ap.add_argument("--executors", nargs="+", choices=["warm", "cold"], default=["warm", "cold"],
                     help="with --deployment: the site executor modes to measure")
+    ap.add_argument("--superlink-requests", action="store_true",
+                    help="the SuperLink app's CPU per request, Flower's middlewares vs scoped (superlink_request_cpu)")
     args = ap.parse_args()
+    if args.superlink_requests:
+        print(json.dumps(superlink_request_cpu()))
+        return
 
     import torch
 
