@@ -138,6 +138,35 @@ def flower_env(home: Path, task_poll_s: float = SITE_TASK_POLL_S) -> dict[str, s
     return env
 
 
+def supernode_command(superlink: str, runtime_port: int, node_config: str, *, ca_cert: Path | None = None,
+                      node_key: Path | None = None, secret: Path | None = None) -> list[str]:
+    """A site's SuperNode (``federation.supernode_main``) connecting to ``superlink``, serving its Runtime API on
+    127.0.0.1:``runtime_port``: over TLS verified with ``ca_cert``, authenticated with ``node_key``, launching nothing
+    itself (its tasks are acquired with ``secret`` by the site's executor); with no ``ca_cert``, ``--insecure``."""
+    args = [*SUPERNODE, "--superlink", superlink, "--host", "127.0.0.1", "--port", str(runtime_port),
+            "--node-config", node_config]
+    if ca_cert is None:
+        return [*args, "--insecure"]
+    return [*args, "--root-certificates", str(ca_cert), "--auth-supernode-private-key", str(node_key),
+            "--isolation", "process", "--superexec-auth-secret-file", str(secret)]
+
+
+def supernode_env(flwr_home: Path, n_sites: int, wake_pipe: Path | None) -> dict[str, str]:
+    """The SuperNode's environment: :func:`flower_env`, its idle poll for a consortium of ``n_sites``
+    (``flower_waits.idle_poll_s``) and, when the site runs its own executor, the pipe it wakes it through."""
+    env = {**flower_env(flwr_home), IDLE_POLL_ENV: str(idle_poll_s(n_sites))}
+    if wake_pipe is not None:
+        env[WAKE_ENV] = str(wake_pipe)
+    return env
+
+
+def executor_command(runtime_port: int, secret: Path, supernode_pid: int, wake_pipe: Path, *, warm: bool) -> list[str]:
+    """The site's executor (``federation.site_exec serve``) for the SuperNode at 127.0.0.1:``runtime_port``."""
+    return [sys.executable, "-m", "fcd_secure.federation.site_exec", "serve", "--runtime-api-address",
+            f"127.0.0.1:{runtime_port}", "--secret-file", str(secret), "--parent-pid", str(supernode_pid),
+            "--wake-pipe", str(wake_pipe), *(["--warm"] if warm else [])]
+
+
 def write_app_project(folder: Path) -> Path:
     """The consortium's Flower app project: components are this installed package's apps; the run config is a
     placeholder filled per run (``flwr run -c``), so the FAB, and therefore its pinned hash, is the same every run."""
@@ -405,26 +434,16 @@ class LocalDeployment:
                 f'state-dir="{site.state_root}" site-policy="{site.policy}" secagg-roster="{site.roster}"'
             )
             runtime_port = free_port()
-            args = [*SUPERNODE, "--superlink", f"127.0.0.1:{self.port}", "--host", "127.0.0.1",
-                    "--port", str(runtime_port), "--node-config", node_config]
-            if self.tls is None:
-                args += ["--insecure"]
-            else:
-                args += ["--root-certificates", str(self.tls.ca_cert), "--auth-supernode-private-key", str(site.node_key),
-                         "--isolation", "process", "--superexec-auth-secret-file", str(site.secret)]
-            pipe = str(site.home / WAKE_FILE)  # the SuperNode wakes the site's executor through it
-            env = {**flower_env(site.home), IDLE_POLL_ENV: str(idle_poll_s(n))}
-            if self.tls is not None:
-                env[WAKE_ENV] = pipe
-            node = self._spawn(f"supernode-{site.site_id}", args, site.home, site.logs / "supernode.log", env)
-            if self.tls is not None:
-                self._spawn(
-                    f"site-exec-{site.site_id}",
-                    [sys.executable, "-m", "fcd_secure.federation.site_exec", "serve", "--runtime-api-address",
-                     f"127.0.0.1:{runtime_port}", "--secret-file", str(site.secret), "--parent-pid", str(node.pid),
-                     "--wake-pipe", pipe, *(["--warm"] if self.warm else [])],
-                    site.home, site.logs / "site-exec.log",
-                )
+            tls = {} if self.tls is None else {"ca_cert": self.tls.ca_cert, "node_key": site.node_key, "secret": site.secret}
+            pipe = site.home / WAKE_FILE  # the SuperNode wakes the site's executor through it
+            node = self._spawn(
+                f"supernode-{site.site_id}", supernode_command(f"127.0.0.1:{self.port}", runtime_port, node_config, **tls),
+                site.home, site.logs / "supernode.log", supernode_env(site.home, n, pipe if tls else None),
+            )
+            if tls:
+                self._spawn(f"site-exec-{site.site_id}",
+                            executor_command(runtime_port, site.secret, node.pid, pipe, warm=self.warm),
+                            site.home, site.logs / "site-exec.log")
         mode = "INSECURE-DEV" if self.insecure_dev else "TLS + SuperNode auth + pinned app"
         self.log(f"[deploy] SuperLink on 127.0.0.1:{self.port} ({mode}), {n} sites; logs in {self.workdir}")
 

@@ -13,12 +13,11 @@ import json
 import sys
 from typing import Any
 
-from fcd_secure.federation.deployment import SUPERNODE, flower_env, free_port
-from fcd_secure.federation.flower_waits import IDLE_POLL_ENV, idle_poll_s
+from fcd_secure.federation.deployment import executor_command, flower_env, free_port, supernode_command, supernode_env
 from fcd_secure.federation.provisioning import processes
 from fcd_secure.federation.provisioning.consortium import ProvisioningError
 from fcd_secure.federation.site_install.home import SiteHome
-from fcd_secure.federation.wake import WAKE_ENV, WAKE_FILE
+from fcd_secure.federation.wake import WAKE_FILE
 
 NODE, EXEC = "supernode", "site-exec"
 
@@ -49,19 +48,12 @@ def start_site(h: SiteHome, *, warm: bool = True) -> dict[str, Any]:
         f'site-policy="{h.policy}" secagg-roster="{h.roster}" own-spec="{h.spec}" own-table="{h.table}"'
     )
     runtime = free_port()
-    env = flower_env(h.root / "flwr-home")
-    pipe = str(h.root / WAKE_FILE)  # the SuperNode wakes the executor through it (federation.wake)
-    node = processes.spawn(h.root, NODE, [
-        *SUPERNODE, "--superlink", cfg.superlink, "--host", "127.0.0.1", "--port", str(runtime),
-        "--node-config", node_config, "--root-certificates", str(h.ca_cert), "--auth-supernode-private-key",
-        str(h.node_key), "--isolation", "process", "--superexec-auth-secret-file", str(h.secret),
-    ], {**env, WAKE_ENV: pipe, IDLE_POLL_ENV: str(idle_poll_s(n))})
-    args = [sys.executable, "-m", "fcd_secure.federation.site_exec", "serve", "--runtime-api-address",
-            f"127.0.0.1:{runtime}", "--secret-file", str(h.secret), "--parent-pid", str(node),
-            "--wake-pipe", pipe]
-    if warm:
-        args.append("--warm")
-    ex = processes.spawn(h.root, EXEC, args, env)
+    pipe = h.root / WAKE_FILE  # the SuperNode wakes the executor through it (federation.wake)
+    node = processes.spawn(h.root, NODE, supernode_command(cfg.superlink, runtime, node_config, ca_cert=h.ca_cert,
+                                                           node_key=h.node_key, secret=h.secret),
+                           supernode_env(h.root / "flwr-home", n, pipe))
+    ex = processes.spawn(h.root, EXEC, executor_command(runtime, h.secret, node, pipe, warm=warm),
+                         flower_env(h.root / "flwr-home"))
     return {"site_id": h.site_id, "index": index, "supernode_pid": node, "executor_pid": ex, "superlink": cfg.superlink}
 
 
