@@ -80,3 +80,37 @@ def test_the_server_pulls_replies_less_often_only_over_http():
     assert flower_waits.grid_poll_s(memory, 0.02) == 0.02
     assert flower_waits.grid_poll_s(http, 0.02) == flower_waits.HTTP_GRID_POLL_S
     assert flower_waits.grid_poll_s(http, 1.0) == 1.0  # a slower configured poll is kept
+
+
+def test_the_serverapp_grid_pushes_eight_objects_at_once(tmp_path):
+    """``shorten_grid_backoff`` makes the ServerApp's ``HttpGrid`` push up to ``GRID_TRANSFERS`` objects at once
+    (Flower: 2, and never more than the CPU count). Run in a fresh interpreter: the patch is process-wide."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "push.py"
+    script.write_text(
+        "import json, threading, time\n"
+        "from flwr.app import ConfigRecord, RecordDict\n"
+        "from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects\n"
+        "from flwr.superlink.grid import http_grid\n"
+        "from fcd_secure.federation import flower_waits\n"
+        "def widest(push):\n"
+        "    objs = get_all_nested_objects(RecordDict({f'r{i}': ConfigRecord({'x': i}) for i in range(16)}))\n"
+        "    lock, now, most = threading.Lock(), [0], [0]\n"
+        "    def push_one(obj_id, content):\n"
+        "        with lock:\n"
+        "            now[0] += 1; most[0] = max(most[0], now[0])\n"
+        "        time.sleep(0.05)\n"
+        "        with lock:\n"
+        "            now[0] -= 1\n"
+        "    push(objs, push_object_fn=push_one)\n"
+        "    return most[0]\n"
+        "before = widest(http_grid.push_objects)\n"
+        "flower_waits.shorten_grid_backoff()\n"
+        "print(json.dumps([before, widest(http_grid.push_objects)]))\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=True)
+    before, after = __import__("json").loads(out.stdout.strip().splitlines()[-1])
+    assert before <= 2
+    assert after == flower_waits.GRID_TRANSFERS
