@@ -87,9 +87,9 @@ class Scoped:
     """ASGI middleware: ``middleware`` (a Starlette middleware class) only for the HTTP requests where
     ``passes_through(scope)`` is false; every other request goes straight to the next layer."""
 
-    def __init__(self, app, middleware: type, passes_through: Callable[[dict], bool], **kwargs) -> None:
+    def __init__(self, app, middleware: type, passes_through: Callable[[dict], bool], *args, **kwargs) -> None:
         self.app = app
-        self.inner = middleware(app, **kwargs)
+        self.inner = middleware(app, *args, **kwargs)
         self.passes_through = passes_through
 
     async def __call__(self, scope, receive, send) -> None:
