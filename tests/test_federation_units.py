@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict  # noqa: E402
+from flwr.app import ConfigRecord, Context, Message, RecordDict  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 

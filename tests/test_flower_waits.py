@@ -85,6 +85,7 @@ def test_the_server_pulls_replies_less_often_only_over_http():
 def test_the_serverapp_grid_pushes_eight_objects_at_once(tmp_path):
     """``shorten_grid_backoff`` makes the ServerApp's ``HttpGrid`` push up to ``GRID_TRANSFERS`` objects at once
     (Flower: 2, and never more than the CPU count). Run in a fresh interpreter: the patch is process-wide."""
+    import json
     import subprocess
     import sys
 
@@ -111,6 +112,6 @@ def test_the_serverapp_grid_pushes_eight_objects_at_once(tmp_path):
         "print(json.dumps([before, widest(http_grid.push_objects)]))\n"
     )
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=True)
-    before, after = __import__("json").loads(out.stdout.strip().splitlines()[-1])
+    before, after = json.loads(out.stdout.strip().splitlines()[-1])
     assert before <= 2
     assert after == flower_waits.GRID_TRANSFERS

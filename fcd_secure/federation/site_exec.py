@@ -237,29 +237,24 @@ def serve(address: str, secret_file: str, parent_pid: int | None = None, warm: b
                 task_client.close()
         children = running
         res = client.AcquireTask(AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP]))
-        acquired = res.HasField("task") and bool(res.token)
-        if acquired and warm:
+        if res.HasField("task") and res.token:
             task_client = _runtime_client(address, [RuntimeTokenHttpInterceptor(res.token)], retry=False)
             beat = HeartbeatSender(_quiet_heartbeat(task_client))
             beat.start()
-            try:
-                run_task(address, res.token)
-            except Exception as exc:  # noqa: BLE001 - one task's failure must not stop the site's executor
-                log.error("site task failed in the warm executor: %s", type(exc).__name__)
-            finally:
-                beat.stop()
-                task_client.close()
-        elif acquired:
-            task_client = _runtime_client(address, [RuntimeTokenHttpInterceptor(res.token)], retry=False)
-            beat = HeartbeatSender(_quiet_heartbeat(task_client))
-            beat.start()
-            env = dict(os.environ, **{TOKEN_ENV: res.token})
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "fcd_secure.federation.site_exec", "task", "--runtime-api-address", address],
-                env=env,
-            )
-            children.append((proc, beat, task_client))
-        if acquired:
+            if warm:
+                try:
+                    run_task(address, res.token)
+                except Exception as exc:  # noqa: BLE001 - one task's failure must not stop the site's executor
+                    log.error("site task failed in the warm executor: %s", type(exc).__name__)
+                finally:
+                    beat.stop()
+                    task_client.close()
+            else:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "fcd_secure.federation.site_exec", "task", "--runtime-api-address", address],
+                    env=dict(os.environ, **{TOKEN_ENV: res.token}),
+                )
+                children.append((proc, beat, task_client))
             continue  # the next message may be stored already
         if reader is not None:
             reader.wait(FALLBACK_POLL_S)

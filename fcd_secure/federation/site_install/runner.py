@@ -10,7 +10,6 @@ ClientApp reads the site's table and nothing else, ``federation.site``). The sit
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any
 
 from fcd_secure.federation.deployment import executor_command, flower_env, free_port, supernode_command, supernode_env
