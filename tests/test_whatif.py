@@ -95,8 +95,15 @@ def test_whatif_answers_label_policies_with_intervals_and_truth(asked):
         # the doubly robust value (DKT-Synth logs propensities): an interval, and the share of supported steps
         dr = d["doubly_robust"]
         assert dr["low"] <= dr["estimate"] <= dr["high"] and 0.0 <= dr["support"] < 1.0
+        # widened by what the logged sample did not reach of π (binary outcome: the bounds are sent)
+        b = dr["bounded"]
+        assert b["low"] == pytest.approx(dr["low"] - b["unseen_low"]) and b["high"] == pytest.approx(dr["high"] + b["unseen_high"])
+        assert b["unseen_low"] >= 0 and b["unseen_high"] >= 0 and b["unseen_low"] + b["unseen_high"] > 0
         assert "value" in d["dr"]  # the per-decision DR point estimate of the OPE sums stays beside it
     eff = pols["item3_then_off"]["effect"]
+    b = eff["doubly_robust"]["bounded"]  # a contrast: the policy's room below plus the reference's above
+    assert b["unseen_low"] == pytest.approx(pols["item3_then_off"]["doubly_robust"]["bounded"]["unseen_low"]
+                                            + pols["never"]["doubly_robust"]["bounded"]["unseen_high"])
     assert eff["doubly_robust"]["estimate"] == pytest.approx(
         pols["item3_then_off"]["doubly_robust"]["estimate"] - pols["never"]["doubly_robust"]["estimate"])
     assert eff["reference"] == "never" and eff["low"] <= eff["estimate"] <= eff["high"]
@@ -106,6 +113,25 @@ def test_whatif_answers_label_policies_with_intervals_and_truth(asked):
     assert pols["item3_then_off"]["value_sim"] not in (pols["never"]["value_sim"], pols["always"]["value_sim"])
     saved = json.loads((run / "whatif" / f"{request.query_id}.json").read_text())
     assert saved["policies"]["always"]["value_sim"] == pytest.approx(pols["always"]["value_sim"])
+
+
+@shared_run
+def test_the_doubly_robust_table_shows_the_interval_widened_by_the_unseen_mass(asked):
+    from rich.console import Console
+
+    from fcd_secure.cli.whatif import dr_table
+
+    res = asked[2]
+    con = Console(record=True, width=220)
+    con.print(dr_table(res))
+    text = con.export_text()
+    for name in ("never", "always", "item3_then_off"):
+        dr = res["policies"][name]["doubly_robust"]
+        assert f"{dr['low']:.3f}–{dr['high']:.3f}" in text
+        assert f"{dr['bounded']['low']:.3f}–{dr['bounded']['high']:.3f}" in text
+    eff = res["policies"]["always"]["effect"]["doubly_robust"]["bounded"]
+    assert f"{eff['low']:.3f}–{eff['high']:.3f}" in text
+    assert dr_table({"policies": {"never": {"value_sim": 0.5}}}) is None  # no propensities: no table
 
 
 @shared_run
@@ -124,11 +150,15 @@ def test_per_entity_effects_stay_on_their_site_and_never_reach_the_server_ledger
     for f in files:
         df = pd.read_csv(f)
         n_rows += len(df)
-        assert list(df.columns) == ["entity", "value[never]", "value[always]", "value[item3_then_off]",
-                                    "effect[always - never]", "effect[item3_then_off - never]", "factual_residual",
-                                    "dr[never]", "dr[always]", "dr[item3_then_off]"]
-        # no per-entity value, under any rounding the server side could have printed, and no per-entity key
-        for v in df.drop(columns="entity").to_numpy().ravel():
+        steps = [c for c in df.columns if c.startswith("dr_")]  # the unseen-mass bounds' per-step pieces
+        assert [c for c in df.columns if c not in steps] == [
+            "entity", "value[never]", "value[always]", "value[item3_then_off]", "effect[always - never]",
+            "effect[item3_then_off - never]", "factual_residual", "dr[never]", "dr[always]", "dr[item3_then_off]"]
+        H = sum(c.startswith("dr_scale[") for c in steps)
+        assert H >= 1 and len(steps) == H * (1 + 2 * 3) and f"dr_w[always][{H - 1}]" in steps
+        # no per-entity value, under any rounding the server side could have printed, and no per-entity key (the
+        # per-step pieces are weights 0 or 1/μ, step shares 1/length and model probabilities: common numbers)
+        for v in df.drop(columns=["entity", *steps]).to_numpy().ravel():
             for text in {f"{v:.6f}", repr(float(v))}:
                 if abs(v) > 1e-3:
                     assert text not in server_text, text
@@ -141,7 +171,9 @@ def test_per_entity_effects_stay_on_their_site_and_never_reach_the_server_ledger
     assert whatif_keys and all(
         re.fullmatch(r"eval/whatif\.((value|diff|rectified|dr|drdiff)\.[A-Za-z0-9_-]+|residual)\.(n|sum|sumsq|mc_var)", k)
         or re.fullmatch(r"eval/whatif\.dr\.[A-Za-z0-9_-]+\.support", k)  # Σ_i of a share of steps: one more sum
+        or re.fullmatch(r"eval/whatif\.dr\.[A-Za-z0-9_-]+\.unseen_(lo|hi)", k)  # the unseen-mass bounds: two more
         for k in whatif_keys), sorted(whatif_keys)
+    assert any(k.endswith(".unseen_lo") for k in whatif_keys)
     assert any(".drdiff." in k for k in whatif_keys)  # the doubly robust contrasts went as sums too
 
 
@@ -189,6 +221,7 @@ def test_the_egress_gate_allows_exactly_the_keys_of_the_question():
     assert evaluated_policy_names({"whatif": "{not json"}, cfg) == []  # nothing of a malformed question may leave
     pol = federation_policy(2, names)
     for key in ("eval/whatif.value.late_on.sum", "eval/whatif.diff.late_on.sumsq", "eval/whatif.rectified.never.n",
+                "eval/whatif.dr.late_on.unseen_lo", "eval/whatif.dr.never.unseen_hi",
                 "eval/whatif.residual.sum", "eval/anchors.a_on", "eval/policy.late_on.sim_sum"):
         assert key in pol.allowed_metrics, key
     assert "eval/whatif.value.always.sum" not in pol.allowed_metrics  # not asked, so not allowed

@@ -319,7 +319,7 @@ def execute_run(cfg: "RunConfig", as_json: bool) -> int:
     if as_json:
         emit(bad.envelope() if bad else ok(summary, f"run finished: {cfg.out}"))
         return bad.exit_code if bad else EXIT_OK
-    from fcd_secure.cli.whatif import anchors_line, whatif_table  # noqa: PLC0415
+    from fcd_secure.cli.whatif import anchors_line, dr_table, whatif_table  # noqa: PLC0415
 
     con = stdout()
     for table in summary_table(summary, title=f"Fed-CausalDiff on {cfg.data.dataset}"):
@@ -328,6 +328,8 @@ def execute_run(cfg: "RunConfig", as_json: bool) -> int:
         con.print(f"anchors of the paper's policies: {escape(anchors_line(summary['anchors']))}", soft_wrap=True)
     if summary.get("policies"):
         con.print(whatif_table(summary))
+        if (drt := dr_table(summary)) is not None:
+            con.print(drt)
     say_identifier(con, "run folder:", str(cfg.out), indent=0)
     if bad:
         raise CliError(bad.message, bad.error_code, hint=bad.hint)

@@ -40,7 +40,7 @@ def whatif_table(result: dict, title: str = "What happens under each policy") ->
     caption = f"effect = value − value of {ref}; {level:.0%} intervals over entities (normal)" if ref else None
     support = [d["doubly_robust"]["support"] for d in pols.values() if d.get("doubly_robust")]
     if caption and support:  # docs/whatif.md: only supported steps give a DR interval that covers the truth
-        caption += (f"; they omit the simulator's own error, which the doubly robust intervals (--json) cover "
+        caption += (f"; they omit the simulator's own error, which the doubly robust intervals (below) cover "
                     f"on the {min(support):.0%}–{max(support):.0%} of steps the logged data supports")
     t = Table(title=title, show_header=True, header_style="bold", caption=caption)
     t.add_column("policy", overflow="fold")
@@ -60,6 +60,31 @@ def whatif_table(result: dict, title: str = "What happens under each policy") ->
         row += ["ref." if name == ref else _fmt((eff or {}).get("estimate")), "" if name == ref else _iv(eff)]
         if has_truth:
             row.append("" if name == ref else _fmt((eff or {}).get("true")))
+        t.add_row(*row)
+    return t
+
+
+def dr_table(result: dict) -> Table | None:
+    """The doubly robust answer (sites with logged propensities) as a table, or None: per policy the DR value, its
+    interval, that interval widened by the unseen-mass bounds (the share of π the logged sample did not reach times
+    the outcome's range; ``fcd_secure.evaluation.intervals``) and the share of supported steps; the same for each
+    effect."""
+    pols = {k: d for k, d in (result.get("policies") or {}).items() if d.get("doubly_robust")}
+    if not pols:
+        return None
+    level = (result.get("whatif") or {}).get("level", 0.9)
+    ref = (result.get("whatif") or {}).get("reference")
+    t = Table(title="Doubly robust (the model corrected by its weighted error on the logged steps)", show_header=True,
+              header_style="bold", caption="bounds: the interval widened where the logged sample did not reach the "
+              "policy (it then says so rather than repeat the model); support: share of steps the logged data follows")
+    for col in ("policy", "DR value", f"{level:.0%} CI", "with bounds", "support", "DR effect", f"{level:.0%} CI",
+                "with bounds"):
+        t.add_column(col, justify="left" if col == "policy" else "right", overflow="fold")
+    for name, d in pols.items():
+        dr = d["doubly_robust"]
+        eff = ((d.get("effect") or {}).get("doubly_robust")) or {}
+        row = [escape(name), _fmt(dr.get("estimate")), _iv(dr), _iv(dr.get("bounded")), f"{dr['support']:.0%}"]
+        row += ["ref.", "", ""] if name == ref else [_fmt(eff.get("estimate")), _iv(eff), _iv(eff.get("bounded"))]
         t.add_row(*row)
     return t
 
@@ -134,6 +159,8 @@ def register(app: typer.Typer) -> None:
         if line:
             con.print(f"anchors: {escape(line)}", soft_wrap=True)
         con.print(whatif_table(res, title=f"What happens under each policy ({cfg.data.dataset})"))
+        if (drt := dr_table(res)) is not None:
+            con.print(drt)
         if res.get("contexts"):
             c = res["contexts"]
             con.print(f"contexts in the rollouts: {c['generated']} generated (endogenous), {c['replayed']} replayed")

@@ -31,6 +31,21 @@ What the interval covers:
   trajectory still follows π every weight is zero and the DR value is the simulator's again (``support`` says how
   much of the window is supported); no interval built from logged data alone can honestly cover a bias there.
 
+Where weights are heavy-tailed the doubly robust interval is too narrow, in a way no sum of the sample can show:
+the entities π would reach but the behaviour policy rarely does carry weights of 1/μ (logged propensities down to a
+few thousandths), a typical sample holds none of them, and its estimate and variance both leave them out. What the
+sample *does* show is how much it missed. For a policy with π(a|h) ∈ {0, 1} and true propensities, the cumulative
+weight has E[w_{0:t}] = 1 at every step, so B_t = (1 − mean_i w_{i,0:t})⁺ is the share of π's distribution at step t
+that the logged sample did not reach. On that share the doubly robust value kept the model's prediction v̂_t; the
+outcome there could be anything in its range, so :func:`unseen_mass_sums` and :func:`unseen_bounds` widen the
+interval by B_t times the most the truth could lie below (v̂_t − 0) or above (1 − v̂_t) the model on those steps —
+the worst-case bounds of Manski (1990, "Nonparametric bounds on treatment effects", AER 80(2)) applied to the part
+of π that the data did not observe. They need an outcome in [0, 1] (binary outcomes) and the logged propensities
+being right; nothing about the model. Each site forms B_t on its own test entities (a positive part per site,
+which is more conservative than one consortium-wide B_t and needs no per-step sums): two more sums per policy.
+Where the sample reached all of π (B_t = 0) they equal the doubly robust interval; where it reached nothing they
+span the outcome range.
+
 Why no bootstrap over entities: a Poisson bootstrap (Chamandy et al. 2012) is additive too — each site would send
 Σ_i w_ib x_i for replicates b = 1..B — but the server could recompute weights drawn from the run's seed and solve
 B ≥ n such equations for every x_i, and even with weights secret to the site the replicates disclose higher moments
@@ -49,10 +64,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SUM_FIELDS", "Interval", "interval_from_sums", "site_sums"]
+__all__ = ["SUM_FIELDS", "UNSEEN_FIELDS", "Interval", "interval_from_sums", "site_sums", "unseen_bounds", "unseen_mass_sums"]
 
 #: the sums one quantity contributes (``<prefix>.<field>``); ``mc_var`` only where the quantity is a Monte-Carlo mean
 SUM_FIELDS = ("n", "sum", "sumsq", "mc_var")
+#: the two sums of the unseen-mass bounds of a doubly robust quantity (``<prefix>.<field>``)
+UNSEEN_FIELDS = ("unseen_lo", "unseen_hi")
 
 
 def site_sums(prefix: str, x: np.ndarray, mc_var: np.ndarray | None = None) -> dict[str, float]:
@@ -139,3 +156,59 @@ def interval_from_sums(total: dict[str, Any], prefix: str, level: float = 0.9) -
     mc_share = float(min(1.0, (float(mc) / n) / var)) if mc is not None and n > 1 and var > 0 else None
     return Interval(estimate=mean, low=mean - z * se, high=mean + z * se, se=se, sd=math.sqrt(var) if n > 1 else float("nan"),
                     level=level, n=int(n), mc_share=mc_share)
+
+
+def unseen_mass_sums(prefix: str, w: np.ndarray, scale: np.ndarray, v_hat: np.ndarray) -> dict[str, float]:
+    """One site's sums of the unseen-mass bounds of a doubly robust value (module docstring).
+
+    Args:
+        prefix: the quantity's key prefix (e.g. ``whatif.dr.always``).
+        w: cumulative importance weights w_{0:t} of a policy with π(a|h) ∈ {0, 1}, ``[n, H]``.
+        scale: each step's share of the entity's value, c_i γ^t M_{i,t} (0 on padding), ``[n, H]``.
+        v_hat: the model's expected outcome under π at each step, in [0, 1], ``[n, H]``.
+
+    Returns:
+        ``{prefix.unseen_lo: Σ_t B_t Σ_i scale_it v̂_it, prefix.unseen_hi: Σ_t B_t Σ_i scale_it (1 − v̂_it)}`` with
+        B_t = (1 − mean of w_{0:t} over the entities valid at t)⁺.
+
+    Raises:
+        ValueError: shapes differ, a weight is negative or not finite, or a valid v̂ lies outside [0, 1].
+    """
+    w, scale, v = (np.asarray(a, dtype=np.float64) for a in (w, scale, v_hat))
+    if w.ndim != 2 or w.shape != scale.shape or w.shape != v.shape:
+        raise ValueError(f"{prefix}: w, scale and v_hat must share one [n, H] shape, got {w.shape}, {scale.shape}, {v.shape}")
+    valid = scale > 0
+    if not (np.isfinite(w[valid]).all() and (w[valid] >= 0).all()):
+        raise ValueError(f"{prefix}: importance weights must be finite and >= 0")
+    if ((v[valid] < 0) | (v[valid] > 1)).any():
+        raise ValueError(f"{prefix}: v_hat must lie in [0, 1] (the bounds need an outcome in [0, 1])")
+    n_t = valid.sum(axis=0)
+    mass = np.where(n_t > 0, np.where(valid, w, 0.0).sum(axis=0) / np.maximum(n_t, 1), 1.0)
+    missed = np.clip(1.0 - mass, 0.0, 1.0)  # E[w_{0:t}] = 1: what the sample's weights fall short of
+    sv = np.where(valid, scale * v, 0.0).sum(axis=0)
+    s1 = np.where(valid, scale * (1.0 - v), 0.0).sum(axis=0)
+    return {f"{prefix}.unseen_lo": float((missed * sv).sum()), f"{prefix}.unseen_hi": float((missed * s1).sum())}
+
+
+def unseen_bounds(iv: Interval, total: dict[str, Any], plus: str, minus: str | None = None) -> dict[str, float]:
+    """The interval ``iv`` widened by the unseen-mass bounds (module docstring), from consortium totals.
+
+    Args:
+        iv: the doubly robust interval (:func:`interval_from_sums`).
+        total: the summed keys, with :data:`UNSEEN_FIELDS` of ``plus`` (and ``minus``).
+        plus: the prefix of the policy whose value ``iv`` is (or the first term of a contrast).
+        minus: for a contrast v(π) − v(ref), the reference's prefix: its unseen part enters with the opposite sign.
+
+    Returns:
+        ``{low, high, unseen_low, unseen_high}``: the widened interval and how far each side moved.
+
+    Raises:
+        KeyError: a sum is missing.
+    """
+    n = float(iv.n)
+    down = float(total[f"{plus}.unseen_lo"]) / n
+    up = float(total[f"{plus}.unseen_hi"]) / n
+    if minus is not None:
+        down += float(total[f"{minus}.unseen_hi"]) / n
+        up += float(total[f"{minus}.unseen_lo"]) / n
+    return {"low": iv.low - down, "high": iv.high + up, "unseen_low": down, "unseen_high": up}

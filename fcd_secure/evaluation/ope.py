@@ -455,6 +455,17 @@ class PerDecisionDR(OPEEstimator):
         per_step = p.w_cum * (p.r - p.q) + p.w_prev * p.v  # type: ignore[operator]
         return p.c * (p.gm * per_step).sum(axis=1)
 
+    def step_weights(self, rewards: object, mask: object, mu: object, pi: object) -> tuple[np.ndarray, np.ndarray]:
+        """The per-step pieces of the estimate: the cumulative weights w_{0:t} and each step's scale c_i γ^t M_{i,t}
+        in the value (0 on padding), both ``[n, H]``; :func:`fcd_secure.evaluation.intervals.unseen_mass_sums`
+        bounds with them what the logged sample did not reach of π.
+
+        Raises:
+            ValueError: an input of the wrong shape or range (as :meth:`estimate`).
+        """
+        p = _prepare(rewards, mask, mu, pi, None, None, self.horizon, self.discount, self.normalise)
+        return p.w_cum, p.c[:, None] * p.gm  # type: ignore[return-value]
+
 
 ESTIMATORS: dict[str, type[OPEEstimator]] = {c.name: c for c in (IPW, SNIPW, PDIS, DM, PerDecisionDR)}
 

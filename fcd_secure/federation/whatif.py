@@ -31,7 +31,11 @@ On each site (:func:`site_policy_sums`), for every policy π (bound to the site'
   with π) and ``whatif.drdiff.<π>.*`` (DR_i(π) − DR_i(ref)) are their sums. Where no logged step follows π the
   weights are zero and DR_i is the model's value again: the interval is then honest only on the supported steps,
   which ``support`` reports (deterministic policies lose support within a few steps on DKT-Synth and the tumour
-  world, so short horizons are where this interval covers the truth);
+  world, so short horizons are where this interval covers the truth). For binary outcomes each site also sends the
+  two sums of the **unseen-mass bounds** (``whatif.dr.<π>.unseen_lo`` / ``unseen_hi``,
+  :func:`fcd_secure.evaluation.intervals.unseen_mass_sums`): the share of π's distribution its logged sample did
+  not reach (E[w_{0:t}] = 1 tells how much) times the outcome's range on it, which widens the DR interval where
+  heavy weights make the plain one too narrow;
 * the per-entity values and contrasts are written to ``<site state>/whatif/<query id>.csv`` on the site's own disk
   (with the request beside it) and nowhere else: in deployment they never leave the site.
 
@@ -62,6 +66,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from fcd_secure._io import atomic_write_text
 from fcd_secure.data.policy import Policy, anchor_labels, bind_policy, load_policy_refs
 from fcd_secure.data.schema import SiteDataset
+from fcd_secure.evaluation.intervals import UNSEEN_FIELDS
 
 if TYPE_CHECKING:  # pragma: no cover - the run config pulls in torch; the request model must not
     from fcd_secure.config import RunConfig
@@ -197,7 +202,7 @@ def site_policy_sums(
     Raises:
         DataError: a policy names a label or a context column this site's data does not have.
     """
-    from fcd_secure.evaluation.intervals import site_sums  # noqa: PLC0415
+    from fcd_secure.evaluation.intervals import site_sums, unseen_mass_sums  # noqa: PLC0415
     from fcd_secure.model.simulate import simulate_policy  # noqa: PLC0415
 
     a_off, a_on = data.anchors
@@ -214,6 +219,7 @@ def site_policy_sums(
     out.update(site_sums("whatif.residual", residual))
     drs: dict[str, np.ndarray] = {}
     supports: dict[str, np.ndarray] = {}
+    dr_steps: dict[str, dict[str, np.ndarray]] = {}
     for raw in request.policies:
         pol = bind_policy(raw, sub)
         sim = simulate_policy(model, sub, pol, data.anchors, n_samples, seed, horizon=request.horizon)
@@ -225,7 +231,7 @@ def site_policy_sums(
         out.update(site_sums(f"whatif.value.{pol.name}", v, mc))
         out.update(site_sums(f"whatif.rectified.{pol.name}", v - residual))
         if sub.P is not None:
-            drs[pol.name], supports[pol.name] = _dr_per_entity(pol, sub, sim, a_off, a_on)
+            drs[pol.name], supports[pol.name], dr_steps[pol.name] = _dr_per_entity(pol, sub, sim, a_off, a_on)
         out[f"policy.{pol.name}.n"] = n
         out[f"policy.{pol.name}.sim_sum"] = float(v.sum())  # = sim.value · n, in float64 like the interval's sums
         if oracle is not None and all_rows:
@@ -234,10 +240,15 @@ def site_policy_sums(
         if sub.P is not None and request.horizon is None:
             out.update(_ope_sums(pol, sub, sim, cfg, a_off, a_on))
     if not all(np.isfinite(d).all() for d in drs.values()):
-        drs, supports = {}, {}  # weights past float64 (tiny propensities over many steps): no DR for any policy
+        drs, supports, dr_steps = {}, {}, {}  # weights past float64 (tiny propensities over many steps): no DR at all
+    if cfg.model.outcome != "binary":
+        dr_steps = {}  # the unseen-mass bounds need an outcome in [0, 1]
     for name, d in drs.items():
         out.update(site_sums(f"whatif.dr.{name}", d))
         out[f"whatif.dr.{name}.support"] = float(supports[name].sum())
+        if name in dr_steps:
+            st = dr_steps[name]
+            out.update(unseen_mass_sums(f"whatif.dr.{name}", st["w"], st["scale"], st["v_hat"]))
     ref = values[request.reference]
     for name, v in values.items():
         if name != request.reference:
@@ -247,7 +258,7 @@ def site_policy_sums(
     out["contexts.generated"] = float(len(contexts.get("generated", [])))
     out["contexts.replayed"] = float(len(contexts.get("replayed", [])))
     if site_dir is not None:
-        _write_per_entity(Path(site_dir), request, sub, values, residual, contexts, drs)
+        _write_per_entity(Path(site_dir), request, sub, values, residual, contexts, drs, dr_steps)
     return out
 
 
@@ -259,9 +270,12 @@ def _target_probs(pol: Policy, sub: SiteDataset, a_off: int, a_on: int) -> np.nd
                     axis=1)
 
 
-def _dr_per_entity(pol: Policy, sub: SiteDataset, sim, a_off: int, a_on: int) -> tuple[np.ndarray, np.ndarray]:
-    """Each entity's doubly robust value of ``pol`` over the simulated window and its share of supported steps
-    (module docstring); computed on the site from its own propensities, which never leave it."""
+def _dr_per_entity(pol: Policy, sub: SiteDataset, sim, a_off: int, a_on: int
+                   ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Each entity's doubly robust value of ``pol`` over the simulated window, its share of supported steps and the
+    per-step pieces of the unseen-mass bounds (``w``: w_{0:t}, ``scale``: the step's share of the value, ``v_hat``:
+    the model's expected outcome, each ``[n, H]``; module docstring); computed on the site from its own propensities,
+    which never leave it."""
     from fcd_secure.evaluation.ope import PerDecisionDR  # noqa: PLC0415
 
     step_v = np.asarray(sim.probs, dtype=np.float64).mean(1)  # [n, H] the model's expected outcome under π
@@ -270,9 +284,12 @@ def _dr_per_entity(pol: Policy, sub: SiteDataset, sim, a_off: int, a_on: int) ->
     # return-to-go from t = 0's do-simulation: with Q̂ = V̂ the DR term is c_i [V̂_0 + Σ_t w_{0:t} (y_t − v̂_t)]
     v_hat[:, :H] = np.cumsum((step_v[:, :H] * sub.M[:, :H])[:, ::-1], axis=1)[:, ::-1]
     pi = _target_probs(pol, sub, a_off, a_on)
+    est = PerDecisionDR(horizon=H)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # overflowing weights give non-finite terms: the caller then sends no DR
-        return PerDecisionDR(horizon=H).per_entity(sub.Y, sub.M, sub.P, pi, q_hat=v_hat, v_hat=v_hat)
+        dr, support = est.per_entity(sub.Y, sub.M, sub.P, pi, q_hat=v_hat, v_hat=v_hat)
+        w, scale = est.step_weights(sub.Y, sub.M, sub.P, pi)
+    return dr, support, {"w": w, "scale": scale, "v_hat": np.where(scale > 0, step_v[:, :H], 0.0)}
 
 
 def _ope_sums(pol: Policy, sub: SiteDataset, sim, cfg: "RunConfig", a_off: int, a_on: int) -> dict[str, float]:
@@ -305,10 +322,12 @@ def _ope_sums(pol: Policy, sub: SiteDataset, sim, cfg: "RunConfig", a_off: int, 
 
 
 def _write_per_entity(site_dir: Path, request: WhatIfRequest, sub: SiteDataset, values: dict[str, np.ndarray],
-                      residual: np.ndarray, contexts: dict[str, list[str]], drs: dict[str, np.ndarray]) -> Path:
+                      residual: np.ndarray, contexts: dict[str, list[str]], drs: dict[str, np.ndarray],
+                      dr_steps: dict[str, dict[str, np.ndarray]]) -> Path:
     """``<site_dir>/whatif/<query id>.csv``: one row per entity, its value under each policy, each contrast, the
     factual residual (the model's value of the logged actions minus the observed one) and, with logged
-    propensities, each policy's doubly robust value."""
+    propensities, each policy's doubly robust value and, for binary outcomes, the per-step pieces of its unseen-mass
+    bounds (``dr_scale[t]``, ``dr_w[π][t]``, ``dr_vhat[π][t]``: a cohort's bounds can be rebuilt from them)."""
     import pandas as pd  # noqa: PLC0415
 
     folder = site_dir / WHATIF_DIR
@@ -323,6 +342,11 @@ def _write_per_entity(site_dir: Path, request: WhatIfRequest, sub: SiteDataset, 
     cols["factual_residual"] = residual
     for name, d in drs.items():
         cols[f"dr[{name}]"] = d
+    for i, (name, st) in enumerate(dr_steps.items()):
+        if i == 0:  # the steps' shares of the value do not depend on the policy
+            cols.update({f"dr_scale[{t}]": st["scale"][:, t] for t in range(st["scale"].shape[1])})
+        cols.update({f"dr_w[{name}][{t}]": st["w"][:, t] for t in range(st["w"].shape[1])})
+        cols.update({f"dr_vhat[{name}][{t}]": st["v_hat"][:, t] for t in range(st["v_hat"].shape[1])})
     path = folder / f"{request.query_id}.csv"
     atomic_write_text(path, pd.DataFrame(cols).to_csv(index=False, float_format="%.6f"))
     meta = {"request": json.loads(request.to_json()), "rows": sub.n, "contexts": contexts}
@@ -331,6 +355,11 @@ def _write_per_entity(site_dir: Path, request: WhatIfRequest, sub: SiteDataset, 
 
 
 # -- on the server -------------------------------------------------------------------------------------------------
+def _all_sent(s: dict[str, Any], counts: dict[str, int], sites: int, key: str) -> bool:
+    """Whether every site that reported sent ``key`` (a bound summed over part of the consortium would be too narrow)."""
+    return key in s and counts.get(key, sites) == sites
+
+
 def merge_policy_sums(s: dict[str, Any], sites: int, request: WhatIfRequest | None,
                       action_names: list[str] | None = None) -> dict[str, Any]:
     """Per-policy results from consortium totals ``s`` (each key summed over the ``sites`` that reported it; per-key
@@ -341,12 +370,13 @@ def merge_policy_sums(s: dict[str, Any], sites: int, request: WhatIfRequest | No
         sent policy sums). Each policy has ``value_sim``, ``value_true`` / ``value_error`` (oracle), its OPE
         estimates (``ipw``, ``snipw``, ``dr``: point estimates), ``interval`` (``fcd_secure.evaluation.intervals
         .Interval`` as a dict), ``rectified`` (the factually rectified value and interval), ``doubly_robust`` (the
-        per-entity doubly robust value and its interval, with ``support``, where sites log propensities) and, unless
+        per-entity doubly robust value and its interval, with ``support``, where sites log propensities, and
+        ``bounded``: that interval widened by the unseen-mass bounds, for binary outcomes) and, unless
         it is the reference, ``effect`` (the contrast to the reference with its interval, its doubly robust form
         under ``doubly_robust`` and, with an oracle, its truth). ``factual_residual`` is the mean of
         v̂(logged actions) − observed with its interval: how far the simulator is off where the truth is observed.
     """
-    from fcd_secure.evaluation.intervals import interval_from_sums  # noqa: PLC0415
+    from fcd_secure.evaluation.intervals import interval_from_sums, unseen_bounds  # noqa: PLC0415
     from fcd_secure.evaluation.ope import OPEResult, combine  # noqa: PLC0415
 
     counts = s.get("_counts", {})
@@ -370,12 +400,18 @@ def merge_policy_sums(s: dict[str, Any], sites: int, request: WhatIfRequest | No
         # doubly robust only when every site sent it (one without propensities would leave a partial population)
         dr_all = counts.get(f"whatif.dr.{name}.n", sites) == sites
         if f"whatif.dr.{name}.n" in s and dr_all:
-            d["doubly_robust"] = {**interval_from_sums(s, f"whatif.dr.{name}", level).to_dict(),
-                                  "support": s[f"whatif.dr.{name}.support"] / s[f"whatif.dr.{name}.n"]}
+            iv = interval_from_sums(s, f"whatif.dr.{name}", level)
+            d["doubly_robust"] = {**iv.to_dict(), "support": s[f"whatif.dr.{name}.support"] / s[f"whatif.dr.{name}.n"]}
+            if _all_sent(s, counts, sites, f"whatif.dr.{name}.unseen_lo"):
+                d["doubly_robust"]["bounded"] = unseen_bounds(iv, s, f"whatif.dr.{name}")
         if f"whatif.diff.{name}.n" in s and request is not None:
             d["effect"] = {"reference": request.reference, **interval_from_sums(s, f"whatif.diff.{name}", level).to_dict()}
             if f"whatif.drdiff.{name}.n" in s and dr_all:
-                d["effect"]["doubly_robust"] = interval_from_sums(s, f"whatif.drdiff.{name}", level).to_dict()
+                iv = interval_from_sums(s, f"whatif.drdiff.{name}", level)
+                d["effect"]["doubly_robust"] = iv.to_dict()
+                ref_key = f"whatif.dr.{request.reference}"
+                if all(_all_sent(s, counts, sites, f"{k}.unseen_lo") for k in (f"whatif.dr.{name}", ref_key)):
+                    d["effect"]["doubly_robust"]["bounded"] = unseen_bounds(iv, s, f"whatif.dr.{name}", ref_key)
         ests = sorted({k.split(".")[2] for k in s if k.startswith(f"ope.{name}.")}, key=lambda e: (len(e), e))
         for est in ests:  # ipw, snipw, dr, then their truncated-horizon forms (ipw_h2, ...)
             key = f"ope.{name}.{est}"
@@ -431,7 +467,7 @@ def whatif_metric_names(policy_names: list[str] | tuple[str, ...]) -> list[str]:
     for p in policy_names:
         names += [f"whatif.value.{p}.{f}" for f in ("n", "sum", "sumsq", "mc_var")]
         names += [f"whatif.{kind}.{p}.{f}" for kind in ("rectified", "diff", "drdiff") for f in ("n", "sum", "sumsq")]
-        names += [f"whatif.dr.{p}.{f}" for f in ("n", "sum", "sumsq", "support")]
+        names += [f"whatif.dr.{p}.{f}" for f in ("n", "sum", "sumsq", "support", *UNSEEN_FIELDS)]
     return names
 
 
