@@ -254,10 +254,6 @@ def outcome(summary: dict, cfg: "RunConfig") -> CliError | None:
     return None
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def execute_run(cfg: "RunConfig", as_json: bool) -> int:
     """Run ``cfg`` on the simulation engine and print the outcome; returns the exit code.
 
@@ -280,19 +276,31 @@ def execute_run(cfg: "RunConfig", as_json: bool) -> int:
     resume_hint = f"continue it with `fcd run --resume {cfg.out}`"
     prog = RunProgress(console, cfg)
     stop = threading.Event()
-    previous = signal.signal(signal.SIGTERM, _interrupt)  # `kill PID` stops the run like Ctrl-C: state kept
+
+    def interrupt(signum: int, frame: object) -> None:
+        # the ServerApp's thread must stop at its next wait *before* the engine tears Ray down under it: a thread
+        # that still calls Ray after its shutdown makes Ray's native worker exit the process with 1, not 130
+        stop.set()
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    def interrupted() -> CliError:
+        stop.set()  # the ServerApp's thread ends at its next wait: the process can exit
+        return CliError(
+            f"interrupted after round {prog.last_round} of {cfg.federation.rounds}; the state is kept in "
+            f"{cfg.state_root()}", "INTERRUPTED", hint=resume_hint,
+        )
+
+    previous = signal.signal(signal.SIGTERM, interrupt)  # `kill PID` stops the run like Ctrl-C: state kept
     try:
         with prog:
             run_simulated(cfg, progress=prog, stop=stop)
     except (KeyboardInterrupt, SystemExit):  # Ctrl-C; SIGTERM (ours, or Ray's handler once Ray has started: exit)
-        stop.set()  # the ServerApp's thread ends at its next wait: the process can exit
-        raise CliError(
-            f"interrupted after round {prog.last_round} of {cfg.federation.rounds}; the state is kept in "
-            f"{cfg.state_root()}", "INTERRUPTED", hint=resume_hint,
-        ) from None
+        raise interrupted() from None
     except bad_input_errors() as exc:
         raise CliError(str(exc), hint="the message names the file or field") from None
     except FederationError as exc:
+        if stop.is_set():  # a site's reply lost to the signal's teardown: the run was interrupted, not broken
+            raise interrupted() from None
         errs = exc.site_errors
         budgets = _budgets(cfg)
         exhausted = sorted({e["site_id"] for e in errs if e["error"] == "budget_exhausted"})
@@ -306,6 +314,8 @@ def execute_run(cfg: "RunConfig", as_json: bool) -> int:
         raise CliError(str(exc), code, hint=resume_hint if prog.last_round else None,
                        data={"site_errors": errs}) from None
     except Exception as exc:  # noqa: BLE001 - a run that broke: say where, keep the state, no traceback
+        if stop.is_set():  # e.g. the ServerApp's RunStopped, re-raised by the engine after the signal
+            raise interrupted() from None
         if os.environ.get(DEBUG_ENV) == "1":
             raise
         raise CliError(
