@@ -31,7 +31,9 @@ import sys
 
 import numpy as np
 
-MODELS = ("truth", "truth+0.1", "flat", "flat+0.1", "flat-0.1")
+#: model name -> (what it starts from, the shift added everywhere)
+MODELS = {"truth": ("truth", 0.0), "truth+0.1": ("truth", 0.1), "flat": ("flat", 0.0), "flat+0.1": ("flat", 0.1),
+          "flat-0.1": ("flat", -0.1)}
 
 
 def logged(preset: str, sites: int, horizon: int) -> dict[str, dict[str, np.ndarray]]:
@@ -70,16 +72,17 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
-    from fcd_secure.evaluation.intervals import interval_from_sums, site_sums, unseen_bounds, unseen_mass_sums
+    from fcd_secure.evaluation.intervals import (
+        interval_from_sums, reached_mass, site_sums, unseen_bounds, unseen_mass_sums,
+    )
     from fcd_secure.evaluation.ope import PerDecisionDR
 
     data = logged(args.preset, args.sites, args.horizon)
     rng = np.random.default_rng(args.seed)
     rows = []
-    for model in MODELS:
-        shift = float(model[len(model.rstrip("+-.0123456789")):] or 0.0)
+    for model, (start, shift) in MODELS.items():
         for name, d in data.items():
-            step = d["step"] if model.startswith("truth") else np.broadcast_to(
+            step = d["step"] if start == "truth" else np.broadcast_to(
                 np.nanmean(np.where(d["M"] > 0, d["step"], np.nan), axis=0), d["step"].shape)
             v_step = np.clip(np.where(d["M"] > 0, step + shift, 0.0), 0.0, 1.0)
             rtg = np.cumsum(v_step[:, ::-1], axis=1)[:, ::-1]  # the model's return-to-go under π
@@ -106,7 +109,7 @@ def main() -> None:
                              "bounded": hit["bounded"] / args.resamples,
                              "dr_width": float(np.median(width["dr"])), "bounded_width": float(np.median(width["bounded"])),
                              "dr_minus_truth": float(dr.mean() - d["truth"].mean()),
-                             "weight_mass": [float(x) for x in np.where(d["M"] > 0, w, 0).sum(0) / d["M"].sum(0)]})
+                             "weight_mass": [float(x) for x in reached_mass(w, scale)]})
     machine = f"{platform.node()} · {os.cpu_count()} CPUs · python {sys.version.split()[0]}"
     summary = {}
     for model in MODELS:

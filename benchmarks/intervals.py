@@ -202,8 +202,7 @@ def score(run: Path, sizes: list[int], resamples: int) -> dict[str, Any]:
                 c["n"] += 1
                 if steps is not None and q.startswith("dr-"):
                     # the cohort as one site would bound it: its own B_t from the cohort's weights
-                    kind, inner = q.split("[", 1)
-                    names = [p.strip() for p in inner.rstrip("]").split(" - ")]
+                    names = [p.strip() for p in q.split("[", 1)[1].rstrip("]").split(" - ")]
                     total = site_sums("q", x[idx])
                     for k, n in zip(("p", "r"), names):
                         total.update(unseen_mass_sums(k, steps["w"][n][idx], steps["scale"][idx], steps["v_hat"][n][idx]))

@@ -64,7 +64,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SUM_FIELDS", "UNSEEN_FIELDS", "Interval", "interval_from_sums", "site_sums", "unseen_bounds", "unseen_mass_sums"]
+__all__ = ["SUM_FIELDS", "UNSEEN_FIELDS", "Interval", "interval_from_sums", "reached_mass", "site_sums", "unseen_bounds",
+           "unseen_mass_sums"]
 
 #: the sums one quantity contributes (``<prefix>.<field>``); ``mc_var`` only where the quantity is a Monte-Carlo mean
 SUM_FIELDS = ("n", "sum", "sumsq", "mc_var")
@@ -158,6 +159,14 @@ def interval_from_sums(total: dict[str, Any], prefix: str, level: float = 0.9) -
                     level=level, n=int(n), mc_share=mc_share)
 
 
+def reached_mass(w: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """The mean cumulative weight at each step over the entities valid there (``scale > 0``), ``[H]``: 1 where a
+    sample reached all of π in expectation, below 1 by the share it missed (1 at a step no entity reaches)."""
+    w, valid = np.asarray(w, dtype=np.float64), np.asarray(scale) > 0
+    n_t = valid.sum(axis=0)
+    return np.where(n_t > 0, np.where(valid, w, 0.0).sum(axis=0) / np.maximum(n_t, 1), 1.0)
+
+
 def unseen_mass_sums(prefix: str, w: np.ndarray, scale: np.ndarray, v_hat: np.ndarray) -> dict[str, float]:
     """One site's sums of the unseen-mass bounds of a doubly robust value (module docstring).
 
@@ -182,9 +191,7 @@ def unseen_mass_sums(prefix: str, w: np.ndarray, scale: np.ndarray, v_hat: np.nd
         raise ValueError(f"{prefix}: importance weights must be finite and >= 0")
     if ((v[valid] < 0) | (v[valid] > 1)).any():
         raise ValueError(f"{prefix}: v_hat must lie in [0, 1] (the bounds need an outcome in [0, 1])")
-    n_t = valid.sum(axis=0)
-    mass = np.where(n_t > 0, np.where(valid, w, 0.0).sum(axis=0) / np.maximum(n_t, 1), 1.0)
-    missed = np.clip(1.0 - mass, 0.0, 1.0)  # E[w_{0:t}] = 1: what the sample's weights fall short of
+    missed = np.clip(1.0 - reached_mass(w, scale), 0.0, 1.0)  # E[w_{0:t}] = 1: what the sample's weights fall short of
     sv = np.where(valid, scale * v, 0.0).sum(axis=0)
     s1 = np.where(valid, scale * (1.0 - v), 0.0).sum(axis=0)
     return {f"{prefix}.unseen_lo": float((missed * sv).sum()), f"{prefix}.unseen_hi": float((missed * s1).sum())}

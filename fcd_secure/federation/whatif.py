@@ -356,7 +356,8 @@ def _write_per_entity(site_dir: Path, request: WhatIfRequest, sub: SiteDataset, 
 
 # -- on the server -------------------------------------------------------------------------------------------------
 def _all_sent(s: dict[str, Any], counts: dict[str, int], sites: int, key: str) -> bool:
-    """Whether every site that reported sent ``key`` (a bound summed over part of the consortium would be too narrow)."""
+    """Whether every site that reported sent ``key``: a truth, a doubly robust sum or a bound summed over part of
+    the consortium would describe a partial population."""
     return key in s and counts.get(key, sites) == sites
 
 
@@ -390,7 +391,7 @@ def merge_policy_sums(s: dict[str, Any], sites: int, request: WhatIfRequest | No
         n = s[f"policy.{name}.n"]
         d: dict[str, Any] = {"value_sim": s[f"policy.{name}.sim_sum"] / n}
         # the true value only when every site reported it (a partial truth would bias the error)
-        if f"policy.{name}.true_sum" in s and counts.get(f"policy.{name}.true_sum", sites) == sites:
+        if _all_sent(s, counts, sites, f"policy.{name}.true_sum"):
             d["value_true"] = s[f"policy.{name}.true_sum"] / n
             d["value_error"] = abs(d["value_sim"] - d["value_true"])
         if f"whatif.value.{name}.n" in s:
@@ -398,8 +399,8 @@ def merge_policy_sums(s: dict[str, Any], sites: int, request: WhatIfRequest | No
         if f"whatif.rectified.{name}.n" in s:
             d["rectified"] = interval_from_sums(s, f"whatif.rectified.{name}", level).to_dict()
         # doubly robust only when every site sent it (one without propensities would leave a partial population)
-        dr_all = counts.get(f"whatif.dr.{name}.n", sites) == sites
-        if f"whatif.dr.{name}.n" in s and dr_all:
+        dr_all = _all_sent(s, counts, sites, f"whatif.dr.{name}.n")
+        if dr_all:
             iv = interval_from_sums(s, f"whatif.dr.{name}", level)
             d["doubly_robust"] = {**iv.to_dict(), "support": s[f"whatif.dr.{name}.support"] / s[f"whatif.dr.{name}.n"]}
             if _all_sent(s, counts, sites, f"whatif.dr.{name}.unseen_lo"):
