@@ -14,6 +14,8 @@ site's Θs), so they are the effects the PEHE was computed from.
     .venv/bin/python benchmarks/fidelity.py --recipe paper            # the paper's recipe as the main row
     nice -n 5 .venv/bin/python benchmarks/fidelity.py --rows centralised --epochs 10 --seeds 0 --no-tiny \
         --no-ceiling                                                  # the centralised overshoot of docs/fidelity.md §3
+    .venv/bin/python benchmarks/fidelity.py --causes --epochs 10 --seeds 0   # why: confounding vs regime support
+    .venv/bin/python benchmarks/fidelity.py --world '{"gamma": 0}'    # every row on an unconfounded world
 
 Rows: ``ours`` (the default recipe, DSS, secure aggregation), ``paper`` (the paper's recipe, DSS, secure aggregation;
 only when the default recipe differs from it), ``centralised`` (the default recipe on the pooled data), ``naive``
@@ -21,6 +23,11 @@ only when the default recipe differs from it), ``centralised`` (the default reci
 L_dis), both federated with plain aggregation as ``fcd ablate`` runs them, and ``plain`` (ours with plain
 aggregation: the control that tells the ablations' effect from the aggregation's). On the tiny preset: ours vs
 naive.
+``--causes`` separates the two causes of docs/fidelity.md: it runs the rows (default ``naive,centralised``) on the
+world as generated, with the logging policy's confounding off (``data.gamma = 0``), with a one-step effect
+(``data.effect_horizon = 1``) and with both, and prints each world's anchor ATE beside the estimate with how many
+logged trajectories follow each anchor regime over the effect window (``data.policy.regime_support``). ``--world``
+runs every row on one such world.
 ``--ceiling`` adds the supervised information ceiling (docs/fidelity.md): a regression of the TRUE τ_i on what is
 observable at the anchor step (the oracle's knowledge state from the logged history, X, the outcome history),
 fitted on the training split's true effects and scored on the test split.
@@ -55,6 +62,14 @@ PAPER = {"pehe": 0.057, "ate_error": 0.045, "value_error": 0.049}
 TARGETS = {"pehe": "≤ 0.06", "ate_error": "≤ 0.045", "value_error": "≤ 0.05", "ate_ratio": "[0.9, 1.1]", "corr": "≥ 0.6"}
 #: the paper's recipe: every switch of docs/fidelity.md at the paper's setting (the sampler's steps stay the preset's).
 PAPER_RECIPE = {"transition_given_y": False, "ipw": "off", "rollout": "latent"}
+ROWS_DEFAULT = "ours,paper,centralised,naive,full_sync,no_ldis"
+#: the worlds of ``--causes``: DKT-Synth's generator options (``data.gamma``, ``data.effect_horizon``) per label.
+CAUSE_WORLDS: dict[str, dict[str, Any]] = {
+    "as generated": {},
+    "γ = 0": {"gamma": 0.0},
+    "one step": {"effect_horizon": 1},
+    "γ = 0, one step": {"gamma": 0.0, "effect_horizon": 1},
+}
 
 
 def machine() -> dict:
@@ -149,30 +164,49 @@ def run_row(base, row: str, seed: int, out: Path, epochs: int = 0) -> dict[str, 
         cfg = cfg.model_copy(update={"state_dir": str(Path(cfg.out) / "state")})
         result = run_simulated(cfg)
         res = score(cfg, federated_sims(cfg, result))
-    res.update(row=row, seed=seed, seconds=time.perf_counter() - t0)
+    res.update(row=row, seed=seed, seconds=time.perf_counter() - t0, support=support(cfg))
     err.print(f"[dim]{row} seed {seed}: PEHE {res['pehe']:.4f} |ATE| {res['ate_error']:.4f} ratio {res['ate_ratio']:.2f} "
               f"corr {res['corr']:.2f} value {res['value_error'] if res['value_error'] is None else round(res['value_error'], 4)} "
               f"({res['seconds']:.0f} s)[/]")
     return res
 
 
+def support(cfg) -> dict[str, Any]:
+    """How many training trajectories follow each anchor regime over the world's effect window (pooled sites)."""
+    from fcd_secure.data.policy import regime_support
+    from fcd_secure.data.schema import concat
+    from fcd_secure.federation import learner
+
+    fd = learner.load_federated(cfg)
+    pooled, o = concat(list(fd.train)), fd.oracle
+    a_off, a_on = fd.anchors
+    return {"horizon": o.horizon, **{k: regime_support(pooled.T, pooled.M, a, o.anchor_step, o.horizon)
+                                     for k, a in (("a_off", a_off), ("a_on", a_on))}}
+
+
 def run_row_isolated(preset: str, rounds: int, recipe: str, row: str, seed: int, out: Path,
-                     epochs: int = 0) -> dict[str, Any]:
+                     epochs: int = 0, world: dict[str, Any] | None = None) -> dict[str, Any]:
     """:func:`run_row` in a fresh interpreter: Flower's simulation engine starts once per process (a second
     ``run_simulation`` in one process does not get its sites through hello). ``recipe`` is 'default', 'paper' or
-    a JSON object of ModelConfig keys (a candidate recipe); ``epochs`` > 0 trains the centralised rows that long."""
-    cmd = [sys.executable, __file__, "--one", json.dumps([preset, rounds, recipe, row, seed, str(out), epochs])]
+    a JSON object of ModelConfig keys (a candidate recipe); ``epochs`` > 0 trains the centralised rows that long;
+    ``world`` holds data options of a generated world (``data.gamma``, ``data.effect_horizon``)."""
+    args = [preset, rounds, recipe, row, seed, str(out), epochs, world or {}]
+    cmd = [sys.executable, __file__, "--one", json.dumps(args)]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"row {row} seed {seed} ({preset}) failed with exit {proc.returncode}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def base_config(preset: str, rounds: int, recipe: str):
-    """The run configuration of every row: the preset, its rounds unless given, the default or the paper's recipe."""
+def base_config(preset: str, rounds: int, recipe: str, world: dict[str, Any] | None = None):
+    """The run configuration of every row: the preset, its rounds unless given, the default or the paper's recipe,
+    the generated world's options (``world``: ``data.gamma``, ``data.effect_horizon``) when given."""
     from fcd_secure.config import build_config
 
-    base = build_config(preset, {"federation": {"rounds": rounds}} if rounds else {})
+    over: dict[str, Any] = {"federation": {"rounds": rounds}} if rounds else {}
+    if world:
+        over["data"] = dict(world)
+    base = build_config(preset, over)
     if recipe == "paper":
         base = base.model_copy(update={"model": base.model.model_copy(update=PAPER_RECIPE)})
     elif recipe != "default":
@@ -231,6 +265,41 @@ def information_ceiling(preset: str, seed: int) -> dict[str, float]:
     return out
 
 
+def causes_main(preset: str, rounds: int, recipe: str, rows: list[str], seeds: list[int], epochs: int, jobs: int,
+                as_json: bool) -> None:
+    """``--causes``: the rows on each of :data:`CAUSE_WORLDS`, the anchor ATE beside each estimate (one table)."""
+    t_start = time.perf_counter()
+    tasks = [(label, row, seed) for label in CAUSE_WORLDS for seed in seeds for row in rows]
+    with tempfile.TemporaryDirectory(prefix="fcd-fidelity-") as tmp, ThreadPoolExecutor(jobs) as pool:
+        futures = [pool.submit(run_row_isolated, preset, rounds, recipe, row, seed, Path(tmp), epochs,
+                               CAUSE_WORLDS[label]) for label, row, seed in tasks]
+        done = [{"world": label, **f.result()} for (label, _, _), f in zip(tasks, futures)]
+    params = {"preset": preset, "seeds": seeds, "rows": rows, "recipe": recipe, "worlds": CAUSE_WORLDS,
+              "centralised_epochs": epochs or "matched", "minutes": (time.perf_counter() - t_start) / 60}
+    if as_json:
+        print(json.dumps({"machine": machine(), "params": params, "results": done}, default=str))
+        return
+    out = Console(width=160)
+    out.print(f"machine: {machine()}")
+    out.print(f"params: {params}")
+    t = Table(title=f"Why the anchor effect is wrong: DKT-Synth {preset}, seeds {seeds} (mean over seeds)")
+    for c in ("world", "row", "horizon", "true ATE", "estimated ATE", "ATE ratio", "|ATE err|", "PEHE", "corr(τ̂, τ)",
+              "regime followed over the window (a_off / a_on of n)"):
+        t.add_column(c, justify="left" if c in ("world", "row") else "right")
+    for label in CAUSE_WORLDS:
+        for row in rows:
+            rs = [r for r in done if r["world"] == label and r["row"] == row]
+            m = {k: float(np.nanmean([np.nan if r[k] is None else r[k] for r in rs]))
+                 for k in ("ate_true", "ate_hat", "ate_ratio", "ate_error", "pehe", "corr")}
+            sp = rs[0]["support"]
+            t.add_row(label, row + (f" ({rs[0]['epochs']} ep.)" if "epochs" in rs[0] else ""), str(sp["horizon"]),
+                      _f(m["ate_true"]), _f(m["ate_hat"]), _f(m["ate_ratio"], ".2f"), _f(m["ate_error"]),
+                      _f(m["pehe"]), _f(m["corr"], ".2f"),
+                      f"{sp['a_off']['whole']} / {sp['a_on']['whole']} of {sp['a_off']['n']}")
+    out.print(t)
+    out.print(f"wall: {params['minutes']:.1f} min")
+
+
 def _f(v: Any, fmt: str = ".4f") -> str:
     return "—" if v is None or (isinstance(v, float) and not np.isfinite(v)) else format(v, fmt)
 
@@ -239,7 +308,7 @@ def main(
     quick: bool = typer.Option(False, "--quick", help="Tiny preset, its 2 rounds: checks the script runs."),
     seeds: str = typer.Option("0,1,2", "--seeds", help="Comma-separated seeds."),
     rounds: int = typer.Option(0, "--rounds", help="Global rounds (0: the preset's); centralised rows match them."),
-    rows: str = typer.Option("ours,paper,centralised,naive,full_sync,no_ldis", "--rows", help="Rows to run."),
+    rows: str = typer.Option(ROWS_DEFAULT, "--rows", help="Rows to run."),
     recipe: str = typer.Option("default", "--recipe", help="'default' (the shipped ModelConfig), 'paper', or a JSON "
                                "object of model keys for the main rows, e.g. '{\"transition_given_y\": true}'."),
     jobs: int = typer.Option(1, "--jobs", min=1, help="Rows run at once (each in its own process)."),
@@ -247,28 +316,47 @@ def main(
                                "the federated rounds, experiments.centralised.matched_epochs)."),
     tiny: bool = typer.Option(True, "--tiny/--no-tiny", help="Also run ours vs naive on the tiny preset."),
     ceiling: bool = typer.Option(True, "--ceiling/--no-ceiling", help="Also fit the information ceiling (seed 0)."),
+    world: str = typer.Option("", "--world", help="Data options of the generated world for every row, a JSON object, "
+                              "e.g. '{\"gamma\": 0, \"effect_horizon\": 1}' (data.gamma, data.effect_horizon)."),
+    causes: bool = typer.Option(False, "--causes", help="Run the rows (default naive,centralised) on the world as "
+                                "generated, with γ = 0, with a one-step effect and with both; print the anchor ATE "
+                                "beside each estimate and the logged support of each anchor regime."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout; progress on stderr."),
-    one: str = typer.Option("", "--one", hidden=True, help="[PRESET, ROUNDS, RECIPE, ROW, SEED, OUT, EPOCHS] — one "
-                            "row, JSON out."),
+    one: str = typer.Option("", "--one", hidden=True, help="[PRESET, ROUNDS, RECIPE, ROW, SEED, OUT, EPOCHS, WORLD] "
+                            "— one row, JSON out."),
 ) -> None:
     torch.set_num_threads(1)
     if one:
-        p, r, rec, row, sd, o, *ep = json.loads(one)
-        print(json.dumps(run_row(base_config(p, int(r), rec), row, int(sd), Path(o), int(ep[0]) if ep else 0),
-                         default=float))
+        p, r, rec, row, sd, o, *rest = json.loads(one)
+        ep, wo = (rest + [0, {}][len(rest):])[:2]
+        print(json.dumps(run_row(base_config(p, int(r), rec, wo), row, int(sd), Path(o), int(ep)), default=float))
         return
+    if causes and world:
+        raise typer.BadParameter("--causes runs its own worlds; drop --world", param_hint="--world")
+    try:
+        world_opts = json.loads(world) if world else {}
+    except json.JSONDecodeError as exc:
+        raise typer.BadParameter(f"not a JSON object: {exc}", param_hint="--world") from None
+    if not isinstance(world_opts, dict):
+        raise typer.BadParameter("not a JSON object", param_hint="--world")
     preset = "tiny" if quick else "default"
-    base = base_config(preset, rounds, recipe)
+    base = base_config(preset, rounds, recipe, world_opts)
+    if causes and rows == ROWS_DEFAULT:
+        rows = "naive,centralised"
     wanted = [r.strip() for r in rows.split(",") if r.strip()]
     if all(getattr(base.model, k) == v for k, v in PAPER_RECIPE.items()) and "paper" in wanted:
         wanted.remove("paper")  # the default recipe is the paper's: the 'ours' row is that row
     seed_list = [int(s) for s in seeds.split(",") if s.strip()]
     t_start = time.perf_counter()
+    if causes:
+        causes_main(preset, rounds, recipe, wanted, seed_list, epochs, jobs, as_json)
+        return
     tasks = [(preset, rounds, row, seed) for seed in seed_list for row in wanted]
     if tiny and not quick:
         tasks += [("tiny", 0, row, seed) for seed in seed_list for row in ("ours", "naive")]
     with tempfile.TemporaryDirectory(prefix="fcd-fidelity-") as tmp, ThreadPoolExecutor(jobs) as pool:
-        futures = [pool.submit(run_row_isolated, p, r, recipe, row, seed, Path(tmp), epochs if p == preset else 0)
+        futures = [pool.submit(run_row_isolated, p, r, recipe, row, seed, Path(tmp), epochs if p == preset else 0,
+                               world_opts if p == preset else None)
                    for p, r, row, seed in tasks]
         done = [{"preset": p, **f.result()} for (p, _, _, _), f in zip(tasks, futures)]
     results = [r for r in done if r["preset"] == preset]
@@ -277,7 +365,8 @@ def main(
     params = {"preset": preset, "seeds": seed_list, "rounds": base.federation.rounds, "rows": wanted, "recipe": recipe,
               "model": {k: getattr(base.model, k) for k in (*PAPER_RECIPE, "ipw_clip", "ipw_window", "sampler",
                                                              "sampler_steps")},
-              "centralised_epochs": epochs or "matched", "minutes": (time.perf_counter() - t_start) / 60}
+              "centralised_epochs": epochs or "matched", "world": world_opts,
+              "minutes": (time.perf_counter() - t_start) / 60}
     if as_json:
         print(json.dumps({"machine": machine(), "params": params, "results": results, "tiny": tiny_rows,
                           "ceiling": ceil}, default=str))

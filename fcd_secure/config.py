@@ -38,6 +38,8 @@ Preset = Literal["tiny", "default", "paper"]
 #: students), the size a per-site test split first reaches the evaluation's cohort floor on every dataset.
 DataPreset = Literal["tiny", "small", "default", "paper"]
 DEFAULT_DATASET = "dkt-synth"
+#: Datasets generated with their ground truth: they take the generator options of ``DataSection.world_options``.
+GENERATED_WORLDS = ("dkt-synth", "tumour")
 
 
 class ConfigError(ValueError):
@@ -64,22 +66,35 @@ class DataSection(BaseModel):
     )
     gamma: float | None = Field(
         None, ge=0, le=100,
-        description="tumour only: confounding strength γ of the logging policy (Geng et al. 2017; CRN's "
-        "chemo_coeff = radio_coeff); unset: the generator's 2.0",
+        description="generated worlds (dkt-synth, tumour): confounding strength γ of the logging policy; unset: the "
+        "generator's (DKT-Synth 1.5; tumour 2.0, Geng et al. 2017, CRN's chemo_coeff = radio_coeff); 0: the logging "
+        "policy ignores what γ weighs (a student's readiness, a tumour's diameter)",
+    )
+    effect_horizon: int | None = Field(
+        None, ge=1, le=1000,
+        description="generated worlds (dkt-synth, tumour): steps from the anchor step that the per-entity effects "
+        "(PEHE, ATE) average over; 1: the one-step effect; unset: the preset's (10 on default)",
     )
 
     @model_validator(mode="after")
     def _spec_pair(self) -> "DataSection":
         if self.dataset == "spec" and not (self.spec and self.table):
             raise ValueError("data.dataset = 'spec' needs both data.spec and data.table")
-        if self.gamma is not None and self.dataset != "tumour":
-            raise ValueError(f"data.gamma is the tumour world's confounding strength; data.dataset is {self.dataset!r}")
+        for name in ("gamma", "effect_horizon"):
+            if getattr(self, name) is not None and self.dataset not in GENERATED_WORLDS:
+                raise ValueError(f"data.{name} is an option of the generated worlds ({', '.join(GENERATED_WORLDS)}); "
+                                 f"data.dataset is {self.dataset!r}")
         return self
 
     def world_options(self) -> dict[str, float]:
-        """The generator options a generated dataset is built with beyond its preset (``gamma`` for the tumour
-        world); empty when none is set."""
-        return {} if self.gamma is None else {"gamma": float(self.gamma)}
+        """The generator options a generated dataset is built with beyond its preset (``gamma``, ``effect_horizon``);
+        empty when none is set."""
+        out: dict[str, float] = {}
+        if self.gamma is not None:
+            out["gamma"] = float(self.gamma)
+        if self.effect_horizon is not None:
+            out["effect_horizon"] = int(self.effect_horizon)
+        return out
 
 
 class FederationSection(BaseModel):

@@ -149,6 +149,9 @@ def test_describe_json_covers_every_dataset(shared_data):
     assert out["statics2011"]["n_actions"] == 1224 and out["statics2011"]["Lmax"] == 200
     assert out["obd"]["has_propensity"] is True and out["diabetes130"]["has_propensity"] is False
     assert out["dkt-synth"]["n_actions"] == 50 and out["dkt-synth"]["has_propensity"] is True
+    for world in ("dkt-synth", "tumour"):  # the generated worlds add their truth figures, regime support included
+        sup = out[world]["oracle"]["regime_support_train"]
+        assert set(sup) == {"a_off", "a_on"} and all(v["n"] > 0 for v in sup.values())
 
 
 def test_describe_unknown_dataset_is_usage_error():

@@ -21,6 +21,7 @@ from fcd_secure.data.dkt_synth.oracle import ORACLE_CARD, ORACLE_WEIGHTS, roc_au
 from fcd_secure.data.dkt_synth.noise import fresh_uniforms
 from fcd_secure.data.partition import dirichlet_assignment, site_splits
 from fcd_secure.data.policy import anchor_actions, default_policies
+from fcd_secure.data.spec import DataError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -280,3 +281,45 @@ def test_describe_reports_support_confounding_and_truth(tiny):
     assert set(d["true_policy_values_test"]) == {"never", "always", "early_on", "late_on"}
     c = d["one_step_contrast_train"]
     assert abs(c["naive"] - c["true"]) > 0.2  # even the tiny preset is visibly confounded
+    # how much of each anchor regime the logs show over the effect window: shorter runs than the window's are common,
+    # whole-window runs rare (the "always" regimes are extrapolated from them)
+    for s in d["regime_support_train"].values():
+        assert s["n"] == sum(d["n_train"]) and 0 <= s["whole"] < s["first_step"] < s["n"]
+
+
+def test_gamma_and_effect_horizon_of_the_run_config_reach_the_dkt_synth_generator():
+    """``data.gamma`` and ``data.effect_horizon`` build the DKT-Synth world a run scores against: γ = 0 changes the
+    logged actions (not just a label), the effect horizon changes which true effects PEHE is measured on, and
+    neither world is answered from the other's cache."""
+    from fcd_secure.config import ConfigError, build_config
+    from fcd_secure.federation import learner
+
+    default = build_config("tiny", {})
+    flat = build_config("tiny", {"data": {"gamma": 0.0}})
+    one = build_config("tiny", {"data": {"effect_horizon": 1}})
+    fd, fd0, fd1 = (learner.load_federated(c) for c in (default, flat, one))
+    assert fd.oracle.cfg.gamma == 1.5 and fd0.oracle.cfg.gamma == 0.0 and default.data.world_options() == {}
+    assert not np.array_equal(fd0.train[0].T, fd.train[0].T)
+    assert fd1.oracle.horizon == 1 and fd.oracle.horizon == 4
+    np.testing.assert_array_equal(fd1.train[0].T, fd.train[0].T)  # the same world, another question of it
+    np.testing.assert_allclose(fd1.oracle.true_effects(0, "test"), fd.oracle.true_effects(0, "test", horizon=1))
+    assert not np.allclose(fd1.oracle.true_effects(0, "test"), fd.oracle.true_effects(0, "test"))
+    assert len({learner.data_key(c) for c in (default, flat, one)}) == 3
+    with pytest.raises(DataError, match="horizon"):
+        learner.load_federated(build_config("tiny", {"data": {"effect_horizon": 11}}))  # anchor 2 + 11 > L = 12
+    with pytest.raises(ConfigError, match="effect_horizon"):
+        build_config("tiny", {"data": {"dataset": "statics2011", "effect_horizon": 1}})
+
+
+def test_an_effect_horizon_past_the_trajectories_is_exit_2_before_any_site_starts(tmp_path):
+    from typer.testing import CliRunner
+
+    from fcd_secure.cli.main import app
+
+    cfg = tmp_path / "run.toml"
+    cfg.write_text("[data]\neffect_horizon = 11\n")  # tiny: anchor step 2 + 11 > 12 steps
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["run", "--preset", "tiny", "--config", str(cfg), "--sites", "2", "--rounds", "1",
+                                   "--no-secure-aggregation", "--out", str(out), "--json"])
+    assert res.exit_code == 2, res.output
+    assert "horizon" in res.output and not out.exists()

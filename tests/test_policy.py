@@ -226,3 +226,16 @@ def test_policy_refs_are_files_or_shipped_names(tmp_path):
         load_policy_refs(["sometimes"])
     with pytest.raises(DataError, match="two policy files"):
         load_policy_refs(["never", "never"])
+
+
+def test_regime_support_counts_the_logged_trajectories_that_follow_a_regime_over_the_window():
+    from fcd_secure.data.policy import regime_support
+
+    T = np.array([[0, 1, 1, 1, 0],   # follows "always 1" over steps 1..3
+                  [0, 1, 1, 0, 0],   # leaves it at step 3
+                  [1, 1, 1, 9, 9],   # too short: steps 3, 4 are padding
+                  [0, 0, 1, 1, 1]])  # not at the first step
+    M = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    assert regime_support(T, M, 1, 1, 3) == {"n": 3, "first_step": 2, "whole": 1}
+    assert regime_support(T, M, 1, 1, 1) == {"n": 4, "first_step": 3, "whole": 3}
+    assert regime_support(T, M, 0, 0, 2) == {"n": 4, "first_step": 3, "whole": 1}

@@ -344,7 +344,7 @@ def test_gamma_of_the_run_config_reaches_the_generator():
 
 @pytest.mark.parametrize("args, field", [
     (["--dataset", "tumour", "--gamma", "-1"], "gamma"),  # γ ≥ 0
-    (["--dataset", "dkt-synth", "--gamma", "2"], "gamma"),  # only the tumour world has a γ
+    (["--dataset", "statics2011", "--gamma", "2"], "gamma"),  # only a generated world has a γ
 ])
 def test_a_bad_gamma_is_exit_2_and_writes_nothing(tmp_path, args, field):
     from typer.testing import CliRunner

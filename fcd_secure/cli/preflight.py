@@ -4,7 +4,8 @@ column, row or field, and nothing is written (no run folder, no keys, no ledgers
 The checks reuse the layers' own validation, so a message is the same as the one ``fcd data validate`` prints for the
 same table:
 
-* the data: an unknown dataset name or a missing data folder (``fcd_secure.data.registry.check_available``); a
+* the data: an unknown dataset name or a missing data folder (``fcd_secure.data.registry.check_available``), a
+  generated world's options it cannot be built with (``registry.check_world``: an effect horizon past the end); a
   user's spec and table, read and split exactly as the sites will (``registry.load_spec_federated``), including the
   size check of ``max_len`` before anything is allocated;
 * the sites: a table with a site column decides the number of sites (``--sites`` must agree); the sites per round
@@ -50,6 +51,12 @@ def check_data(cfg: "RunConfig", opts: RunOptions) -> "RunConfig":
             registry.check_available(d.dataset, d.data_dir)
         except DataError as exc:
             raise _data_error(exc, "pass --data-dir DIR or set $FCD_DATA_DIR; `fcd data describe` lists the datasets")
+        try:
+            registry.check_world(d.dataset, d.world_options(), n_sites=d.n_sites, alpha=d.alpha, seed=cfg.seed,
+                                 preset=d.preset, test_fraction=d.test_fraction)
+        except DataError as exc:
+            raise _data_error(exc, "`fcd config show` lists the [data] keys; data.gamma and data.effect_horizon "
+                                   "apply to the generated worlds") from None
         return cfg
     hint = f"`fcd data validate --spec {d.spec} {d.table}` checks the table alone"
     try:

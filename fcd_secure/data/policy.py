@@ -45,7 +45,7 @@ from fcd_secure.data.spec import ANCHOR_PREFIX, DataError, field_path
 
 __all__ = [
     "ANCHOR_OFF", "ANCHOR_ON", "DEFAULT_POLICY_NAMES", "Policy", "PolicyLike", "anchor_actions", "anchor_labels", "anchors_from_counts",
-    "bind_policy", "default_policies", "load_policies", "load_policy", "load_policy_refs", "policy_dir",
+    "bind_policy", "default_policies", "load_policies", "load_policy", "load_policy_refs", "policy_dir", "regime_support",
 ]
 
 DEFAULT_POLICY_NAMES = ("never", "always", "early_on", "late_on")
@@ -494,6 +494,33 @@ def anchors_from_counts(counts: Sequence[float] | np.ndarray, name: str = "data"
     if c[order[1]] <= 0:
         raise DataError(f"{name}: fewer than two actions are logged; no binary anchor subset exists")
     return int(order[0]), int(order[1])
+
+
+def regime_support(T: np.ndarray, M: np.ndarray, action: int, start: int, horizon: int) -> dict[str, int]:
+    """How many logged trajectories follow the static regime "always ``action``" from ``start`` for 1 step and for
+    the whole ``horizon``: the data a model has to learn that regime's effect from.
+
+    An effect averaged over ``horizon`` steps of one action (PEHE and ATE of the anchor contrast) is identified
+    from logs only where such runs occur (positivity over the regime, Robins, Hernán & Brumback 2000); where none
+    does, every estimate of it, a simulator's included, is an extrapolation from shorter runs.
+
+    Args:
+        T: Logged actions ``[n, L]``.
+        M: Valid-step mask ``[n, L]``.
+        action: The regime's action.
+        start: First step of the regime.
+        horizon: Steps of the regime.
+
+    Returns:
+        ``{"n": trajectories reaching start + horizon, "first_step": following it at start, "whole": for every
+        step of the window}``.
+    """
+    T, M = np.asarray(T), np.asarray(M) > 0
+    win = slice(start, start + horizon)
+    reach = M[:, win].sum(1) == horizon
+    follows = (T[:, win] == action) & M[:, win]
+    return {"n": int(reach.sum()), "first_step": int((reach & follows[:, 0]).sum()),
+            "whole": int((reach & follows.all(1)).sum())}
 
 
 def anchor_labels(anchors: tuple[int, int], action_names: Sequence[str] | None) -> dict[str, dict[str, Any]]:

@@ -23,6 +23,7 @@ __all__ = [
     "DATASETS",
     "PAPER_TABLE_I",
     "check_available",
+    "check_world",
     "get_source",
     "load_federated",
     "load_pooled",
@@ -69,6 +70,21 @@ def check_available(name: str, data_dir: str | Path | None = None) -> Path | Non
         DataError: Unknown dataset, or its folder (or the data folder) does not exist; the message names it.
     """
     return get_source(name).check(data_dir)
+
+
+def check_world(
+    name: str, world: Mapping[str, float] | None, *, n_sites: int = 10, alpha: float = 10.0, seed: int = 0,
+    preset: str = "default", test_fraction: float = 0.2,
+) -> None:
+    """Fail fast when the generator options of a run (``DataSection.world_options``) cannot build dataset ``name``:
+    an option of a dataset read from files, an option its generator does not take, or a value it cannot use (an
+    effect horizon past the trajectories' end). Nothing is generated.
+
+    Raises:
+        DataError: The message and field name the option.
+    """
+    get_source(name).check_world(world, n_sites=n_sites, alpha=alpha, seed=seed, preset=preset,
+                                 test_fraction=test_fraction)
 
 
 def load_pooled(name: str, data_dir: str | Path | None = None) -> SiteDataset:

@@ -63,8 +63,8 @@ def _load_federated_cached(key: str, cfg_json: str):
 
 def data_key(cfg: RunConfig) -> str:
     d = cfg.data
-    return repr((d.dataset, d.preset, d.n_sites, d.alpha, d.test_fraction, d.data_dir, d.spec, d.table, d.standardize, d.gamma,
-                 cfg.seed))
+    return repr((d.dataset, d.preset, d.n_sites, d.alpha, d.test_fraction, d.data_dir, d.spec, d.table, d.standardize,
+                 sorted(d.world_options().items()), cfg.seed))
 
 
 def load_federated(cfg: RunConfig):

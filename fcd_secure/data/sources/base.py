@@ -25,7 +25,10 @@ from fcd_secure.data.preprocess import take
 from fcd_secure.data.schema import SiteDataset
 from fcd_secure.data.spec import DataError
 
-__all__ = ["REAL_PRESETS", "DatasetSource", "GeneratedSource", "PooledSource"]
+__all__ = ["REAL_PRESETS", "WORLD_OPTIONS", "DatasetSource", "GeneratedSource", "PooledSource"]
+
+#: The options of a generated world with ground truth (``DataSection.world_options``) → its config's field.
+WORLD_OPTIONS: Mapping[str, str] = MappingProxyType({"gamma": "gamma", "effect_horizon": "horizon"})
 
 #: Trajectories kept (a seeded subsample of the pooled data) per preset of a real dataset; None keeps all.
 REAL_PRESETS: Mapping[str, int | None] = MappingProxyType({"tiny": 300, "small": 2000, "default": None, "paper": None})
@@ -69,6 +72,16 @@ class PooledSource:
         """
         return dataset_folder(data_dir, self.folder)
 
+    def check_world(self, world: Mapping[str, float] | None, **_: object) -> None:
+        """Data read from files has no generator: any ``world`` option is refused.
+
+        Raises:
+            DataError: ``world`` holds an option; the message names it.
+        """
+        if world:
+            raise DataError(f"{self.name} is read from files: generator options {sorted(world)} do not apply",
+                            field=sorted(world)[0])
+
     def pooled(self, data_dir: str | Path | None = None) -> SiteDataset:
         """The whole dataset, unsplit and unscaled."""
         return self.load(data_dir)
@@ -95,9 +108,7 @@ class PooledSource:
         Raises:
             DataError: ``world`` options are given (data read from files has no generator to pass them to).
         """
-        if world:
-            raise DataError(f"{self.name} is read from files: generator options {sorted(world)} do not apply",
-                            field=sorted(world)[0])
+        self.check_world(world)
         _check_preset(self.name, preset, self.presets)
         loaded = self.load(data_dir, max_len=self.chunk_len[preset]) if preset in self.chunk_len else self.load(data_dir)
         pooled = self.subsample(loaded, preset, seed)
@@ -116,18 +127,21 @@ class GeneratedSource:
 
     Attributes:
         name: The name users pass (``--dataset``).
-        build: ``build(n_sites, alpha, seed, preset, test_fraction, **world) -> FederatedData``.
+        configure: The generator config's constructor, ``configure(preset, n_sites=, dirichlet_alpha=, seed=,
+            test_fraction=, **world)``; it raises ``ValueError`` for an impossible value.
+        build: ``build(config, alpha, seed, preset, test_fraction) -> FederatedData``: generate and describe.
         table_i: The dataset's row of paper Table I.
-        presets: The preset names ``build`` accepts.
-        options: The keyword options of the generator ``build`` takes beyond its preset (e.g. the tumour world's
-            ``gamma``).
+        presets: The preset names ``configure`` accepts.
+        options: The generator options a run may set beyond its preset (``DataSection.world_options``), each
+            mapped to the generator config's field it sets (``effect_horizon`` → ``horizon``).
     """
 
     name: str
+    configure: Callable[..., object]
     build: Callable[..., FederatedData]
     table_i: Mapping[str, int] | None = None
     presets: tuple[str, ...] = ()
-    options: tuple[str, ...] = ()
+    options: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     def check(self, data_dir: str | Path | None = None) -> Path | None:
         """Nothing to check: a generated dataset reads no data folder (None)."""
@@ -152,12 +166,35 @@ class GeneratedSource:
         Raises:
             DataError: An option this generator does not take (the message names it), or a bad preset.
         """
+        config = self.check_world(world, n_sites=n_sites, alpha=alpha, seed=seed, preset=preset,
+                                  test_fraction=test_fraction)
+        return self.build(config, alpha, seed, preset, test_fraction)
+
+    def check_world(
+        self, world: Mapping[str, float] | None, *, n_sites: int = 10, alpha: float = 10.0, seed: int = 0,
+        preset: str = "default", test_fraction: float = 0.2,
+    ) -> object:
+        """The generator config of these sites and ``world`` options, checked before anything is generated (cheap:
+        ``fcd run`` calls it before any site starts).
+
+        Raises:
+            DataError: A bad preset, an option this generator does not take, or a value it cannot use (the field is
+                the option the config's message names, else ``preset``).
+        """
         _check_preset(self.name, preset, self.presets)
-        unknown = sorted(set(world or {}) - set(self.options))
+        world = dict(world or {})
+        unknown = sorted(set(world) - set(self.options))
         if unknown:
-            raise DataError(f"{self.name}: no generator option {unknown[0]!r} (it takes {list(self.options) or 'none'})",
+            raise DataError(f"{self.name}: no generator option {unknown[0]!r} (it takes {sorted(self.options) or 'none'})",
                             field=unknown[0])
-        return self.build(n_sites, alpha, seed, preset, test_fraction, **dict(world or {}))
+        try:
+            return self.configure(preset, n_sites=n_sites, dirichlet_alpha=alpha, seed=seed,
+                                  test_fraction=test_fraction, **{self.options[k]: v for k, v in world.items()})
+        except ValueError as exc:
+            errors = getattr(exc, "errors", None)  # pydantic's ValidationError: its first message, not the dump
+            msg = str(errors()[0]["msg"]).removeprefix("Value error, ") if callable(errors) else str(exc)
+            bad = next((k for k in world if self.options[k] in msg), "preset")
+            raise DataError(f"{self.name} ({preset}): {msg}", field=bad) from None
 
 
 DatasetSource = PooledSource | GeneratedSource
