@@ -282,21 +282,27 @@ def causes_main(preset: str, rounds: int, recipe: str, rows: list[str], seeds: l
     out = Console(width=160)
     out.print(f"machine: {machine()}")
     out.print(f"params: {params}")
-    t = Table(title=f"Why the anchor effect is wrong: DKT-Synth {preset}, seeds {seeds} (mean over seeds)")
-    for c in ("world", "row", "horizon", "true ATE", "estimated ATE", "ATE ratio", "|ATE err|", "PEHE", "corr(τ̂, τ)",
-              "regime followed over the window (a_off / a_on of n)"):
+    # one line per seed: the seed draws the world too, and its anchors and true ATE (even its sign) with it
+    t = Table(title=f"Why the anchor effect is wrong: DKT-Synth {preset}, seeds {seeds}")
+    for c in ("world", "row", "seed", "horizon", "true ATE", "estimated ATE", "|ATE err|", "PEHE", "corr(τ̂, τ)",
+              "whole-window runs a_off / a_on of n"):
         t.add_column(c, justify="left" if c in ("world", "row") else "right")
     for label in CAUSE_WORLDS:
         for row in rows:
-            rs = [r for r in done if r["world"] == label and r["row"] == row]
-            m = {k: float(np.nanmean([np.nan if r[k] is None else r[k] for r in rs]))
-                 for k in ("ate_true", "ate_hat", "ate_ratio", "ate_error", "pehe", "corr")}
-            sp = rs[0]["support"]
-            t.add_row(label, row + (f" ({rs[0]['epochs']} ep.)" if "epochs" in rs[0] else ""), str(sp["horizon"]),
-                      _f(m["ate_true"]), _f(m["ate_hat"]), _f(m["ate_ratio"], ".2f"), _f(m["ate_error"]),
-                      _f(m["pehe"]), _f(m["corr"], ".2f"),
-                      f"{sp['a_off']['whole']} / {sp['a_on']['whole']} of {sp['a_off']['n']}")
+            for r in (r for r in done if r["world"] == label and r["row"] == row):
+                sp = r["support"]
+                t.add_row(label, row + (f" ({r['epochs']} ep.)" if "epochs" in r else ""), str(r["seed"]),
+                          str(sp["horizon"]), _f(r["ate_true"]), _f(r["ate_hat"]), _f(r["ate_error"]), _f(r["pehe"]),
+                          _f(r["corr"], ".2f"), f"{sp['a_off']['whole']} / {sp['a_on']['whole']} of {sp['a_off']['n']}")
     out.print(t)
+    for label in CAUSE_WORLDS:  # the seed means of the errors (the signed ATEs do not average across worlds' seeds)
+        for row in rows:
+            rs = [r for r in done if r["world"] == label and r["row"] == row]
+            if len(rs) > 1:
+                m = {k: [r[k] for r in rs] for k in ("ate_error", "pehe", "corr")}
+                out.print(f"{label}, {row}: |ATE err| {np.mean(m['ate_error']):.4f} ± {np.std(m['ate_error'], ddof=1):.4f}"
+                          f"  PEHE {np.mean(m['pehe']):.4f} ± {np.std(m['pehe'], ddof=1):.4f}"
+                          f"  corr {np.mean(m['corr']):.2f} ± {np.std(m['corr'], ddof=1):.2f}")
     out.print(f"wall: {params['minutes']:.1f} min")
 
 
