@@ -173,15 +173,13 @@ def run_row(base, row: str, seed: int, out: Path, epochs: int = 0) -> dict[str, 
 
 def support(cfg) -> dict[str, Any]:
     """How many training trajectories follow each anchor regime over the world's effect window (pooled sites)."""
-    from fcd_secure.data.policy import regime_support
+    from fcd_secure.data.policy import anchor_regime_support
     from fcd_secure.data.schema import concat
     from fcd_secure.federation import learner
 
     fd = learner.load_federated(cfg)
     pooled, o = concat(list(fd.train)), fd.oracle
-    a_off, a_on = fd.anchors
-    return {"horizon": o.horizon, **{k: regime_support(pooled.T, pooled.M, a, o.anchor_step, o.horizon)
-                                     for k, a in (("a_off", a_off), ("a_on", a_on))}}
+    return {"horizon": o.horizon, **anchor_regime_support(pooled.T, pooled.M, fd.anchors, o.anchor_step, o.horizon)}
 
 
 def run_row_isolated(preset: str, rounds: int, recipe: str, row: str, seed: int, out: Path,

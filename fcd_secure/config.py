@@ -38,8 +38,10 @@ Preset = Literal["tiny", "default", "paper"]
 #: students), the size a per-site test split first reaches the evaluation's cohort floor on every dataset.
 DataPreset = Literal["tiny", "small", "default", "paper"]
 DEFAULT_DATASET = "dkt-synth"
-#: Datasets generated with their ground truth: they take the generator options of ``DataSection.world_options``.
+#: Datasets generated with their ground truth (the registry's generated sources), and the ``[data]`` keys that are
+#: options of their generators (``data.sources.base.WORLD_OPTIONS``); a test holds both to the registry.
 GENERATED_WORLDS = ("dkt-synth", "tumour")
+WORLD_KEYS = ("gamma", "effect_horizon")
 
 
 class ConfigError(ValueError):
@@ -80,7 +82,7 @@ class DataSection(BaseModel):
     def _spec_pair(self) -> "DataSection":
         if self.dataset == "spec" and not (self.spec and self.table):
             raise ValueError("data.dataset = 'spec' needs both data.spec and data.table")
-        for name in ("gamma", "effect_horizon"):
+        for name in WORLD_KEYS:
             if getattr(self, name) is not None and self.dataset not in GENERATED_WORLDS:
                 raise ValueError(f"data.{name} is an option of the generated worlds ({', '.join(GENERATED_WORLDS)}); "
                                  f"data.dataset is {self.dataset!r}")
@@ -89,12 +91,7 @@ class DataSection(BaseModel):
     def world_options(self) -> dict[str, float]:
         """The generator options a generated dataset is built with beyond its preset (``gamma``, ``effect_horizon``);
         empty when none is set."""
-        out: dict[str, float] = {}
-        if self.gamma is not None:
-            out["gamma"] = float(self.gamma)
-        if self.effect_horizon is not None:
-            out["effect_horizon"] = int(self.effect_horizon)
-        return out
+        return {k: getattr(self, k) for k in WORLD_KEYS if getattr(self, k) is not None}
 
 
 class FederationSection(BaseModel):
@@ -187,6 +184,7 @@ class RunConfig(BaseModel):
         for k in ("rounds", "round_timeout_s", "eval_every", "poll_s", "node_wait_s", "crash_after_round", "site_threads"):
             d["federation"].pop(k, None)
         d["data"].pop("data_dir", None)
+        d["data"].pop("effect_horizon", None)  # which truth the run is scored on; the world and training are the same
         d["secagg"].pop("deadlines", None)  # when a late site is dropped, like round_timeout_s
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 

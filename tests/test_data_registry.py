@@ -240,3 +240,27 @@ def test_registry_split_equals_partition_then_train_test_split(long_case):
         np.testing.assert_array_equal(tr.meta["entity"], fd.train[i].meta["entity"])
         np.testing.assert_array_equal(te.meta["entity"], fd.test[i].meta["entity"])
         np.testing.assert_array_equal(te.T, fd.test[i].T)
+
+
+def test_the_config_knows_the_generated_worlds_and_their_options_as_the_registry_does():
+    from fcd_secure.config import GENERATED_WORLDS, WORLD_KEYS
+    from fcd_secure.data.sources import SOURCES
+    from fcd_secure.data.sources.base import WORLD_OPTIONS, GeneratedSource
+
+    generated = {s.name: s for s in SOURCES if isinstance(s, GeneratedSource)}
+    assert set(GENERATED_WORLDS) == set(generated)
+    assert set(WORLD_KEYS) == set(WORLD_OPTIONS) and all(set(s.options) == set(WORLD_KEYS) for s in generated.values())
+
+
+@pytest.mark.parametrize("world, field", [
+    ({"gamma": -1.0}, "gamma"),  # the field's own bound
+    ({"effect_horizon": 0}, "effect_horizon"),
+    ({"effect_horizon": 11}, "effect_horizon"),  # across fields: anchor step 2 + 11 > 12 steps
+])
+def test_a_bad_world_option_names_itself(world, field):
+    from fcd_secure.data.registry import check_world
+
+    for name in ("dkt-synth", "tumour"):
+        with pytest.raises(DataError) as err:
+            check_world(name, world, preset="tiny")
+        assert err.value.field == field and f"{field} = " in str(err.value)

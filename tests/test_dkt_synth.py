@@ -305,8 +305,11 @@ def test_gamma_and_effect_horizon_of_the_run_config_reach_the_dkt_synth_generato
     np.testing.assert_allclose(fd1.oracle.true_effects(0, "test"), fd.oracle.true_effects(0, "test", horizon=1))
     assert not np.allclose(fd1.oracle.true_effects(0, "test"), fd.oracle.true_effects(0, "test"))
     assert len({learner.data_key(c) for c in (default, flat, one)}) == 3
-    with pytest.raises(DataError, match="horizon"):
+    # the window only changes what the run is scored on: a checkpoint resumes across it, not across another γ
+    assert one.training_hash() == default.training_hash() != flat.training_hash()
+    with pytest.raises(DataError, match="horizon") as err:
         learner.load_federated(build_config("tiny", {"data": {"effect_horizon": 11}}))  # anchor 2 + 11 > L = 12
+    assert err.value.field == "effect_horizon"
     with pytest.raises(ConfigError, match="effect_horizon"):
         build_config("tiny", {"data": {"dataset": "statics2011", "effect_horizon": 1}})
 

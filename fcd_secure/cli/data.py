@@ -147,7 +147,8 @@ def describe(
             try:
                 fd = load_federated(name, n_sites=n_sites, alpha=alpha, seed=seed, preset=preset, data_dir=data_dir)
                 results[name] = dict(fd.description)
-                if fd.oracle is not None and "oracle" not in results[name]:  # a world's truth figures (JSON only)
+                if as_json and fd.oracle is not None and "oracle" not in results[name]:
+                    # a generated world's truth figures (regime support included); computed here, not at every load
                     results[name]["oracle"] = fd.oracle.describe()
             # one dataset's failure (bad data dir, a corrupt or missing DKT oracle: OracleChecksumError is a
             # RuntimeError, a missing weights file an OSError) is reported in its entry; the others still load

@@ -46,6 +46,7 @@ from fcd_secure.data.spec import ANCHOR_PREFIX, DataError, field_path
 __all__ = [
     "ANCHOR_OFF", "ANCHOR_ON", "DEFAULT_POLICY_NAMES", "Policy", "PolicyLike", "anchor_actions", "anchor_labels", "anchors_from_counts",
     "bind_policy", "default_policies", "load_policies", "load_policy", "load_policy_refs", "policy_dir", "regime_support",
+    "anchor_regime_support",
 ]
 
 DEFAULT_POLICY_NAMES = ("never", "always", "early_on", "late_on")
@@ -521,6 +522,14 @@ def regime_support(T: np.ndarray, M: np.ndarray, action: int, start: int, horizo
     follows = (T[:, win] == action) & M[:, win]
     return {"n": int(reach.sum()), "first_step": int((reach & follows[:, 0]).sum()),
             "whole": int((reach & follows.all(1)).sum())}
+
+
+def anchor_regime_support(
+    T: np.ndarray, M: np.ndarray, anchors: tuple[int, int], start: int, horizon: int
+) -> dict[str, dict[str, int]]:
+    """:func:`regime_support` of "always a_off" and "always a_on" (``anchors = (a_off, a_on)``): the support of the
+    anchor contrast that PEHE and the ATE measure over ``horizon`` steps from ``start``."""
+    return {name: regime_support(T, M, a, start, horizon) for name, a in zip(("a_off", "a_on"), anchors)}
 
 
 def anchor_labels(anchors: tuple[int, int], action_names: Sequence[str] | None) -> dict[str, dict[str, Any]]:

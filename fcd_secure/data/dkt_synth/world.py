@@ -20,7 +20,7 @@ from fcd_secure.data.dkt_synth.behaviour import logging_probs_along
 from fcd_secure.data.dkt_synth.config import DKTSynthConfig, Split
 from fcd_secure.data.dkt_synth.noise import rollout_noise
 from fcd_secure.data.dkt_synth.oracle import N_ITEMS, DKTOracle
-from fcd_secure.data.policy import PolicyLike, bind_policy, default_policies, regime_support
+from fcd_secure.data.policy import PolicyLike, anchor_regime_support, bind_policy, default_policies
 from fcd_secure.data.schema import SiteDataset
 
 __all__ = ["DKTSynthWorld", "clock_context"]
@@ -357,10 +357,7 @@ class DKTSynthWorld:
             "anchor_step": self.anchor_step,
             "horizon": self.horizon,
             "one_step_contrast_train": self.anchor_contrasts("train"),
-            "regime_support_train": {
-                name: regime_support(T, valid, a, self.anchor_step, self.horizon) for name, a in (("a_off", a_off),
-                                                                                             ("a_on", a_on))
-            },
+            "regime_support_train": anchor_regime_support(T, valid, (a_off, a_on), self.anchor_step, self.horizon),
             "true_ate_test": float(np.mean(tau)),
             "true_effect_sd_test": float(np.std(tau)),
             "oracle_test_auc": self.oracle_card.get("test_auc"),

@@ -11,6 +11,7 @@ A source is one module of :mod:`fcd_secure.data.sources` holding one ``SOURCE``:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,7 +130,7 @@ class GeneratedSource:
         name: The name users pass (``--dataset``).
         configure: The generator config's constructor, ``configure(preset, n_sites=, dirichlet_alpha=, seed=,
             test_fraction=, **world)``; it raises ``ValueError`` for an impossible value.
-        build: ``build(config, alpha, seed, preset, test_fraction) -> FederatedData``: generate and describe.
+        build: ``build(config) -> FederatedData``: generate the world of ``config`` and describe its sites.
         table_i: The dataset's row of paper Table I.
         presets: The preset names ``configure`` accepts.
         options: The generator options a run may set beyond its preset (``DataSection.world_options``), each
@@ -168,7 +169,7 @@ class GeneratedSource:
         """
         config = self.check_world(world, n_sites=n_sites, alpha=alpha, seed=seed, preset=preset,
                                   test_fraction=test_fraction)
-        return self.build(config, alpha, seed, preset, test_fraction)
+        return self.build(config)
 
     def check_world(
         self, world: Mapping[str, float] | None, *, n_sites: int = 10, alpha: float = 10.0, seed: int = 0,
@@ -191,10 +192,18 @@ class GeneratedSource:
             return self.configure(preset, n_sites=n_sites, dirichlet_alpha=alpha, seed=seed,
                                   test_fraction=test_fraction, **{self.options[k]: v for k, v in world.items()})
         except ValueError as exc:
-            errors = getattr(exc, "errors", None)  # pydantic's ValidationError: its first message, not the dump
-            msg = str(errors()[0]["msg"]).removeprefix("Value error, ") if callable(errors) else str(exc)
-            bad = next((k for k in world if self.options[k] in msg), "preset")
-            raise DataError(f"{self.name} ({preset}): {msg}", field=bad) from None
+            errors = getattr(exc, "errors", None)  # pydantic's ValidationError: its first error, not the dump
+            first = errors()[0] if callable(errors) and errors() else {"msg": str(exc), "loc": ()}
+            msg = str(first["msg"]).removeprefix("Value error, ")
+            by_field = {f: k for k, f in self.options.items()}
+            loc = [str(x) for x in first.get("loc", ())]
+            # a field's own check names the field in ``loc``; a check across fields (anchor step + horizon past the
+            # trajectories' end) has none, and its message names the fields it compares
+            bad = next((by_field[x] for x in loc if x in by_field and by_field[x] in world), None)
+            if bad is None and not loc:
+                bad = next((k for k in world if re.search(rf"\b{self.options[k]}\b", msg)), None)
+            where = f"{bad} = {world[bad]!r}: " if bad is not None else ""
+            raise DataError(f"{self.name} ({preset}): {where}{msg}", field=bad or "preset") from None
 
 
 DatasetSource = PooledSource | GeneratedSource

@@ -9,14 +9,15 @@ from fcd_secure.data.sources.base import WORLD_OPTIONS, GeneratedSource
 TABLE_I = {"sequences": 20000, "Lmax": 50, "dx": 4, "da": 1, "n_actions": 50}
 
 
-def build_dkt_synth(cfg: DKTSynthConfig, alpha: float, seed: int, preset: str, test_fraction: float) -> FederatedData:
+def build_dkt_synth(cfg: DKTSynthConfig) -> FederatedData:
     """Generate the DKT-Synth world of ``cfg`` and return its sites; ``FederatedData.oracle`` is the world."""
     world = generate(cfg)
     fd = FederatedData(
         name="dkt-synth", train=list(world.train), test=list(world.test), anchors=tuple(world.anchors), oracle=world
     )
     fd.description = describe_federated(
-        fd, table_i=TABLE_I, alpha=alpha, seed=seed, preset=preset, test_fraction=test_fraction
+        fd, table_i=TABLE_I, alpha=cfg.dirichlet_alpha, seed=cfg.seed, preset=cfg.preset,
+        test_fraction=cfg.test_fraction
     )
     return fd
 

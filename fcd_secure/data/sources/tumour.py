@@ -7,14 +7,15 @@ from fcd_secure.data.sources.base import WORLD_OPTIONS, GeneratedSource
 from fcd_secure.data.tumour import PRESETS, TumourConfig, generate
 
 
-def build_tumour(cfg: TumourConfig, alpha: float, seed: int, preset: str, test_fraction: float) -> FederatedData:
+def build_tumour(cfg: TumourConfig) -> FederatedData:
     """Generate the tumour world of ``cfg`` and return its sites; ``FederatedData.oracle`` is the world (ground truth),
     and the description carries its key figures under ``oracle`` (true ATE, true values of the paper's four
     policies, the naive vs true one-day contrast, each site's case mix and practice, γ, regime support)."""
     world = generate(cfg)
     fd = FederatedData(name="tumour", train=list(world.train), test=list(world.test), anchors=tuple(world.anchors),
                        oracle=world)
-    fd.description = describe_federated(fd, alpha=alpha, seed=seed, preset=preset, test_fraction=test_fraction)
+    fd.description = describe_federated(fd, alpha=cfg.dirichlet_alpha, seed=cfg.seed, preset=cfg.preset,
+        test_fraction=cfg.test_fraction)
     fd.description["oracle"] = world.describe()
     return fd
 

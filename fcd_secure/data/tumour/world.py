@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from fcd_secure.data.policy import PolicyLike, bind_policy, default_policies, regime_support
+from fcd_secure.data.policy import PolicyLike, anchor_regime_support, bind_policy, default_policies
 from fcd_secure.data.schema import SiteDataset
 from fcd_secure.data.tumour import truth
 from fcd_secure.data.tumour.behaviour import action_probs, recent_mean
@@ -409,10 +409,7 @@ class TumourWorld:
             "anchor_step": self.anchor_step,
             "horizon": self.horizon,
             "one_step_contrast_train": self.anchor_contrasts("train"),
-            "regime_support_train": {
-                name: regime_support(T, valid, a, self.anchor_step, self.horizon) for name, a in (("a_off", a_off),
-                                                                                             ("a_on", a_on))
-            },
+            "regime_support_train": anchor_regime_support(T, valid, (a_off, a_on), self.anchor_step, self.horizon),
             "true_ate_test": float(np.mean(tau)),
             "true_effect_sd_test": float(np.std(tau)),
             "sites": sites,
