@@ -136,3 +136,22 @@ def test_the_exit_code_of_a_finished_run_says_why():
     assert nothing.exit_code == 1 and nothing.error_code == "RUN_FAILED"
     assert "2 site(s) declined" in nothing.message and "could not evaluate" in nothing.message
     assert site_error_message("site-03", "data_mismatch", cfg) == "site-03: data does not match the spec"
+
+
+def test_sites_left_without_a_quorum_by_the_others_declines_did_not_fail(tmp_path):
+    """A real run (in-process engine, secure aggregation, tiny: 9-22 test rows per site): three sites decline the
+    final evaluation under their cohort rules, which leaves the fourth without the 4 sites a secure sum needs. That
+    site did not fail; the run could not evaluate, and says why."""
+    import json
+
+    from fcd_secure.federation.inprocess import run_inprocess
+
+    cfg = build_config("tiny", {"data": {"n_sites": 4}, "federation": {"rounds": 1, "clients_per_round": 4}})
+    cfg = cfg.model_copy(update={"out": str(tmp_path / "run")})
+    run_inprocess(cfg)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["failed_sites_final_eval"] == [] and len(summary["declined_sites_final_eval"]) == 3
+    assert "secure aggregation needs 4" in summary["final_eval_aborted"]
+    bad = outcome(summary, cfg)
+    assert bad.exit_code == 1 and bad.error_code == "RUN_FAILED" and "site error" not in bad.message
+    assert "3 site(s) declined" in bad.message and "secure sum of the others did not run" in bad.message

@@ -232,11 +232,14 @@ def outcome(summary: dict, cfg: "RunConfig") -> CliError | None:
     failed = summary.get("failed_sites_final_eval") or []
     declined = summary.get("declined_sites_final_eval") or []
     evaluated = summary.get("policies") or summary.get("factual_auc") is not None or summary.get("pehe") is not None
+    aborted = summary.get("final_eval_aborted")
     if not failed and not evaluated:
         return CliError(
             "the run trained but could not evaluate: "
             + (f"{len(declined)} site(s) declined under their evaluation cohort rules (a test split below "
-               f"{MIN_COHORT_FLOOR} rows)" if declined else "no site's evaluation reached the server")
+               f"{MIN_COHORT_FLOOR} rows, or a cohort too close to one evaluated before)" if declined
+               else "no site's evaluation reached the server")
+            + (f", and the secure sum of the others did not run ({aborted})" if aborted and declined else "")
             + "; no result is reported",
             "RUN_FAILED",
             hint="give each site more test rows (more data, fewer sites or a larger data.test_fraction)",

@@ -219,7 +219,12 @@ def evaluate_federated(
     if secure is not None:
         totals, failed, aborted = secure.totals(comm, node_ids, theta, conf, round_id)
         if totals is None:
-            return {**split(failed), "secure": True, "aborted": aborted}
+            out = split(failed)
+            if out["declined_sites"] and len(node_ids) - len(out["declined_sites"]) < cfg.secagg.min_sites:
+                # the declines left fewer sites than secure aggregation needs, so no sum could be revealed: the
+                # others did not fail, they were left without a quorum
+                out = {"failed_sites": [], "declined_sites": out["declined_sites"], "unsummed_sites": out["failed_sites"]}
+            return {**out, "secure": True, "aborted": aborted}
     else:
         content = RecordDict({REC_GLOBAL: global_to_record(theta), REC_CONFIG: ConfigRecord(conf)})
         replies = comm.send(node_ids, EVALUATE_MESSAGE_TYPE, content, cfg.federation.round_timeout_s)

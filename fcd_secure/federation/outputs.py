@@ -215,6 +215,7 @@ def build_summary(cfg: RunConfig, result, engine: str) -> dict[str, Any]:
         "factual_residual": fe.get("factual_residual"),
         "failed_sites_final_eval": fe.get("failed_sites", []),
         "declined_sites_final_eval": fe.get("declined_sites", []),
+        "final_eval_aborted": fe.get("aborted"),
         "site_ids": [sinfo.site_id for sinfo in result.sites],
         "site_errors": [dict(e) for e in result.site_errors],
         "dp": dp_summary(cfg, [sinfo.site_id for sinfo in result.sites]),
