@@ -196,6 +196,15 @@ def run_row_isolated(preset: str, rounds: int, recipe: str, row: str, seed: int,
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def run_rows(calls: list[tuple], jobs: int) -> list[dict[str, Any]]:
+    """:func:`run_row_isolated` of each ``(preset, rounds, recipe, row, seed, epochs, world)``, ``jobs`` at once, in
+    order; their run folders live in one temporary folder."""
+    with tempfile.TemporaryDirectory(prefix="fcd-fidelity-") as tmp, ThreadPoolExecutor(jobs) as pool:
+        futures = [pool.submit(run_row_isolated, p, r, rec, row, seed, Path(tmp), ep, wo)
+                   for p, r, rec, row, seed, ep, wo in calls]
+        return [f.result() for f in futures]
+
+
 def base_config(preset: str, rounds: int, recipe: str, world: dict[str, Any] | None = None):
     """The run configuration of every row: the preset, its rounds unless given, the default or the paper's recipe,
     the generated world's options (``world``: ``data.gamma``, ``data.effect_horizon``) when given."""
@@ -268,10 +277,8 @@ def causes_main(preset: str, rounds: int, recipe: str, rows: list[str], seeds: l
     """``--causes``: the rows on each of :data:`CAUSE_WORLDS`, the anchor ATE beside each estimate (one table)."""
     t_start = time.perf_counter()
     tasks = [(label, row, seed) for label in CAUSE_WORLDS for seed in seeds for row in rows]
-    with tempfile.TemporaryDirectory(prefix="fcd-fidelity-") as tmp, ThreadPoolExecutor(jobs) as pool:
-        futures = [pool.submit(run_row_isolated, preset, rounds, recipe, row, seed, Path(tmp), epochs,
-                               CAUSE_WORLDS[label]) for label, row, seed in tasks]
-        done = [{"world": label, **f.result()} for (label, _, _), f in zip(tasks, futures)]
+    done = [{"world": label, **r} for (label, _, _), r in zip(tasks, run_rows(
+        [(preset, rounds, recipe, row, seed, epochs, CAUSE_WORLDS[label]) for label, row, seed in tasks], jobs))]
     params = {"preset": preset, "seeds": seeds, "rows": rows, "recipe": recipe, "worlds": CAUSE_WORLDS,
               "centralised_epochs": epochs or "matched", "minutes": (time.perf_counter() - t_start) / 60}
     if as_json:
@@ -331,8 +338,7 @@ def main(
 ) -> None:
     torch.set_num_threads(1)
     if one:
-        p, r, rec, row, sd, o, *rest = json.loads(one)
-        ep, wo = (rest + [0, {}][len(rest):])[:2]
+        p, r, rec, row, sd, o, ep, wo = json.loads(one)
         print(json.dumps(run_row(base_config(p, int(r), rec, wo), row, int(sd), Path(o), int(ep)), default=float))
         return
     if causes and world:
@@ -358,11 +364,9 @@ def main(
     tasks = [(preset, rounds, row, seed) for seed in seed_list for row in wanted]
     if tiny and not quick:
         tasks += [("tiny", 0, row, seed) for seed in seed_list for row in ("ours", "naive")]
-    with tempfile.TemporaryDirectory(prefix="fcd-fidelity-") as tmp, ThreadPoolExecutor(jobs) as pool:
-        futures = [pool.submit(run_row_isolated, p, r, recipe, row, seed, Path(tmp), epochs if p == preset else 0,
-                               world_opts if p == preset else None)
-                   for p, r, row, seed in tasks]
-        done = [{"preset": p, **f.result()} for (p, _, _, _), f in zip(tasks, futures)]
+    done = [{"preset": p, **r} for (p, _, _, _), r in zip(tasks, run_rows(
+        [(p, r, recipe, row, seed, epochs if p == preset else 0, world_opts if p == preset else None)
+         for p, r, row, seed in tasks], jobs))]
     results = [r for r in done if r["preset"] == preset]
     tiny_rows = [r for r in done if r["preset"] == "tiny" and preset != "tiny"]
     ceil = information_ceiling(preset, seed_list[0]) if ceiling and not quick else None

@@ -223,7 +223,7 @@ def evaluate_federated(
             if out["declined_sites"] and len(node_ids) - len(out["declined_sites"]) < cfg.secagg.min_sites:
                 # the declines left fewer sites than secure aggregation needs, so no sum could be revealed: the
                 # others did not fail, they were left without a quorum
-                out = {"failed_sites": [], "declined_sites": out["declined_sites"], "unsummed_sites": out["failed_sites"]}
+                out["failed_sites"] = []
             return {**out, "secure": True, "aborted": aborted}
     else:
         content = RecordDict({REC_GLOBAL: global_to_record(theta), REC_CONFIG: ConfigRecord(conf)})

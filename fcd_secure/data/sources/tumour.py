@@ -15,7 +15,7 @@ def build_tumour(cfg: TumourConfig) -> FederatedData:
     fd = FederatedData(name="tumour", train=list(world.train), test=list(world.test), anchors=tuple(world.anchors),
                        oracle=world)
     fd.description = describe_federated(fd, alpha=cfg.dirichlet_alpha, seed=cfg.seed, preset=cfg.preset,
-        test_fraction=cfg.test_fraction)
+                                        test_fraction=cfg.test_fraction)
     fd.description["oracle"] = world.describe()
     return fd
 
