@@ -8,7 +8,12 @@ Parts:
 
 * ``theta_c`` (:data:`THETA_C`): shared causal parameters, the only ones DSS synchronises (paper §III-B);
 * ``theta_s`` (:data:`THETA_S`): site-local confounding parameters; they never leave a site;
-* ``full`` (:data:`FULL`): every parameter, the "w/o DSS" full-synchronisation ablation of paper Table III.
+* ``full`` (:data:`FULL`): every parameter but the site-bound ones, the "w/o DSS" full-synchronisation ablation of
+  paper Table III.
+
+A Θs entry may be *site-bound* (``ManifestEntry.site_bound``): it stays on its site even under full
+synchronisation, because it is the site's model of its own logging policy (the behaviour head of inverse-propensity
+weighting, which encodes the logged propensities) and not part of the paper's Θ.
 
 Example:
     >>> m = Manifest.from_entries([ManifestEntry(name="dec.w", shape=(2, 3), dtype="float32", part="theta_c")])
@@ -24,7 +29,7 @@ from collections.abc import Iterable
 from typing import Literal, get_args
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 #: A manifest part: one side of the partition, or every parameter.
 Part = Literal["theta_c", "theta_s", "full"]
@@ -61,13 +66,21 @@ def check_part(part: str) -> Part:
 
 
 class ManifestEntry(BaseModel):
-    """One parameter tensor: its state_dict name, shape, numpy dtype name and side of the partition."""
+    """One parameter tensor: its state_dict name, shape, numpy dtype name, side of the partition and whether it is
+    site-bound (a Θs tensor no synchronisation ever sends, :data:`FULL` included)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     name: str
     shape: tuple[int, ...]
     dtype: str
     part: Side
+    site_bound: bool = False
+
+    @model_validator(mode="after")
+    def _bound_is_site_local(self) -> "ManifestEntry":
+        if self.site_bound and self.part != THETA_S:
+            raise ValueError(f"{self.name}: only a theta_s entry can be site-bound")
+        return self
 
     @field_validator("dtype", mode="before")
     @classmethod
@@ -84,7 +97,7 @@ class ManifestEntry(BaseModel):
         return self.size * np.dtype(self.dtype).itemsize
 
     def in_part(self, part: Part) -> bool:
-        return part == FULL or self.part == part
+        return not self.site_bound if part == FULL else self.part == part
 
 
 class Manifest(BaseModel):
@@ -177,7 +190,8 @@ class Manifest(BaseModel):
 
 
 def layout_hash(entries: Iterable[ManifestEntry]) -> str:
-    """sha256 over the sorted ``name|shape|dtype|part`` lines (independent of entry order)."""
-    lines = sorted(f"{e.name}|{','.join(map(str, e.shape))}|{e.dtype}|{e.part}" for e in entries)
+    """sha256 over the sorted ``name|shape|dtype|part[|site-bound]`` lines (independent of entry order)."""
+    lines = sorted(f"{e.name}|{','.join(map(str, e.shape))}|{e.dtype}|{e.part}" + ("|site-bound" if e.site_bound else "")
+                   for e in entries)
     payload = json.dumps({"version": MANIFEST_VERSION, "layout": lines}, separators=(",", ":"))
     return hashlib.sha256(payload.encode()).hexdigest()

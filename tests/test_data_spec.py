@@ -45,6 +45,10 @@ def test_valid_table_summary_and_roundtrip(long_case, tmp_path):
     assert summary["sites"] == ["h0", "h1", "h2"]
     ds = load_npz(out)
     _, ref = dataset_from_files(spec, table)
+    # the site is told what the default model.ipw = 'auto' makes of its table
+    assert summary["has_propensity"] == (ref.P is not None)
+    assert summary["local_objective"] == ("propensity-weighted (ipw step)" if ref.P is not None
+                                          else "unweighted (no propensities)")
     for k in ("X", "A", "T", "Y", "M", "P"):
         np.testing.assert_array_equal(getattr(ds, k), getattr(ref, k))
     assert ds.meta["action_names"] == ["none", "insulin", "metformin"]

@@ -80,6 +80,10 @@ def test_run_folder_is_complete_and_summary_parses(cli_run):
     manifest = json.loads((out / "manifest.json").read_text())
     theta_c_names = {e["name"] for e in manifest["entries"] if e["part"] == THETA_C}
     assert set(load_theta(out / "theta_c.npz")) == theta_c_names  # Θc only, keyed by manifest names
+    # the default model.ipw = 'auto' weights DKT-Synth's logged propensities on each site: the behaviour head that
+    # supplies the weights' numerator is site-private (Θs) and never reaches the server's parameters
+    heads = [e for e in manifest["entries"] if e["name"].startswith("propensity_head.")]
+    assert heads and {e["part"] for e in heads} == {THETA_S}
 
 
 @shared_runs
@@ -147,13 +151,15 @@ def test_dss_uplink_is_smaller_than_full_sync_by_the_theta_s_share(tmp_path):
     dss_up = int(dss.history[0]["uplink_bytes"])  # same seed, so the same sampled sites
     full_up = int(full.history[0]["uplink_bytes"])
     m = full.manifest
-    theta_s_bytes = m.nbytes(THETA_S)
+    # full synchronisation sends Θs but its site-bound part: the behaviour head of the default IPW weighting
+    sent_s = [e for e in m.entries if e.part == THETA_S and not e.site_bound]
+    assert any(e.site_bound for e in m.entries) and set(m.names(FULL)) == set(m.names(THETA_C)) | {e.name for e in sent_s}
+    theta_s_bytes = sum(e.nbytes for e in sent_s)
     assert full.history[0]["sites"] == dss.history[0]["sites"]
     assert dss_up < full_up
     extra_per_site = (full_up - dss_up) / K
-    # the difference is Θs: its raw bytes plus Flower's per-array framing (a few hundred bytes per tensor)
-    n_theta_s = len(m.names(THETA_S))
-    assert theta_s_bytes <= extra_per_site <= theta_s_bytes + 600 * n_theta_s
+    # the difference is that Θs: its raw bytes plus Flower's per-array framing (a few hundred bytes per tensor)
+    assert theta_s_bytes <= extra_per_site <= theta_s_bytes + 600 * len(sent_s)
     assert full.history[0]["uplink_formula_bytes"] == K * m.nbytes(FULL)
     assert dss.history[0]["uplink_formula_bytes"] == K * m.nbytes(THETA_C)
     summary = json.loads((tmp_path / "full" / "summary.json").read_text())

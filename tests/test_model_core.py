@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fcd_secure.data.schema import SiteDataset
-from fcd_secure.manifest import ManifestError
+from fcd_secure.manifest import Manifest, ManifestEntry, ManifestError
 from fcd_secure.model import (
     Batch,
     FedCausalDiff,
@@ -65,15 +65,24 @@ def test_manifest_partition_as_documented():
     man = build_manifest(m)
     tops = {e.name.split(".")[0]: e.part for e in man.entries}
     assert set(THETA_S_MODULES) == {"head_s", "eps_s", "parallel_head", "propensity_head"}
-    # the behaviour head exists only when IPW weighting is on
-    assert {k for k, v in tops.items() if v == "theta_s"} == {"head_s", "eps_s", "parallel_head"}
+    # the default model.ipw = 'auto' builds the behaviour head of IPW weighting on every site (one layout for all)
+    assert {k for k, v in tops.items() if v == "theta_s"} == set(THETA_S_MODULES)
     assert {k for k, v in tops.items() if v == "theta_c"} == {
         "action_emb", "trunk", "head_c", "eps_c", "decoder", "site_disc"
     }
-    ipw = build_manifest(model_for(make_ds(), TINY.model_copy(update={"ipw": "cumulative"})))
-    assert {e.name.split(".")[0] for e in ipw.entries if e.part == "theta_s"} == set(THETA_S_MODULES)
-    assert man.size("full") == man.size("theta_c") + man.size("theta_s") == sum(p.numel() for p in m.parameters())
-    assert set(man.names("full")) == {n for n, _ in m.named_parameters()}
+    paper = build_manifest(model_for(make_ds(), TINY.model_copy(update={"ipw": "off"})))
+    assert {e.name.split(".")[0] for e in paper.entries if e.part == "theta_s"} == {"head_s", "eps_s", "parallel_head"}
+    # the behaviour head is site-bound: Θs that full synchronisation leaves on the site too
+    bound = {e.name for e in man.entries if e.site_bound}
+    assert bound and {n.split(".")[0] for n in bound} == {"propensity_head"}
+    assert set(man.names("full")) == {n for n, _ in m.named_parameters()} - bound
+    assert man.size("full") == man.size("theta_c") + man.size("theta_s") - sum(e.size for e in man.entries if e.site_bound)
+    assert set(paper.names("full")) == set(paper.names("theta_c")) | set(paper.names("theta_s"))
+    # the flag is part of the layout: a manifest that sends the head under full sync is a different layout
+    unbound = Manifest.from_entries(e.model_copy(update={"site_bound": False}) for e in man.entries)
+    assert unbound.layout_hash != man.layout_hash and set(unbound.names("full")) >= bound
+    with pytest.raises(ValueError, match="site-bound"):
+        ManifestEntry(name="x", shape=(1,), dtype="float32", part="theta_c", site_bound=True)
 
 
 def test_manifest_hash_stable_and_layout_sensitive():

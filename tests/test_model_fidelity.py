@@ -18,9 +18,10 @@ from fcd_secure.model.manifest import get_params
 from fcd_secure.model.simulate import estimate_effects, simulate
 from fcd_secure.model.training import training_view
 
+#: the paper's objective (``ipw = 'off'``): each test turns on the switch it is about
 TINY = ModelConfig(
     k_causal=3, k_site=2, hidden=12, mlp_hidden=12, action_emb=4, time_emb=8,
-    diffusion_steps=10, sampler_steps=3, cf_horizon=2, batch_size=16, lr=5e-3,
+    diffusion_steps=10, sampler_steps=3, cf_horizon=2, batch_size=16, lr=5e-3, ipw="off",
 )
 
 
@@ -50,6 +51,11 @@ def model_for(ds: SiteDataset, cfg: ModelConfig) -> FedCausalDiff:
     return FedCausalDiff.from_dims(cfg, ds.dx, ds.da, ds.n_actions, 2)
 
 
+def every_param(m: FedCausalDiff) -> dict[str, np.ndarray]:
+    """Θc and Θs (part 'full' leaves out the site-bound behaviour head)."""
+    return {**get_params(m, "theta_c"), **get_params(m, "theta_s")}
+
+
 # -- the paper's path is untouched -------------------------------------------------------------------------------
 
 
@@ -65,7 +71,7 @@ def test_switches_off_are_the_papers_network():
     assert torch.equal(a, b)
     # with both switches on, the modules shared with the paper's network start from the same values
     on = model_for(ds, TINY.model_copy(update={"ipw": "cumulative"}))
-    p_off, p_on = get_params(m, "full"), get_params(on, "full")
+    p_off, p_on = every_param(m), every_param(on)
     assert all(np.array_equal(p_off[k], p_on[k]) for k in p_off)
     assert set(p_on) - set(p_off) == {k for k in p_on if k.startswith("propensity_head.")} != set()
 
@@ -74,6 +80,10 @@ def test_propensities_reach_training_only_under_ipw():
     ds = make_ds()
     assert training_view(ds, TINY).P is None
     assert training_view(ds, TINY.model_copy(update={"ipw": "step"})).P is ds.P
+    # the default, 'auto', keeps the P a site logs (a dataset's P covers every step or is absent: SiteDataset.validate)
+    auto = TINY.model_copy(update={"ipw": "auto"})
+    assert ModelConfig().ipw == "auto"
+    assert training_view(ds, auto).P is ds.P and training_view(ds.without_propensities(), auto).P is None
     assert torch.isnan(dataset_tensors(ds.without_propensities(), 0).P).all()
     assert torch.equal(dataset_tensors(ds, 0).P, torch.as_tensor(ds.P))
 
@@ -163,6 +173,31 @@ def test_ipw_weights_the_likelihood_and_needs_propensities():
         batch_loss(m, dataset_tensors(ds.without_propensities(), 0), cfg, n_sites=2)
 
 
+def test_auto_weights_a_site_with_propensities_and_leaves_one_without_on_the_papers_objective():
+    ds = make_ds()
+    auto, step = (TINY.model_copy(update={"ipw": m}) for m in ("auto", "step"))
+    m_auto, m_step, m_off = model_for(ds, auto), model_for(ds, step), model_for(ds, TINY)
+
+    def parts(m, view, cfg):
+        torch.manual_seed(7)
+        return batch_loss(m, dataset_tensors(view, 0), cfg, n_sites=2)[1]
+
+    # a site that logs propensities: exactly 'step' (same network, same weights, same loss)
+    with_p = parts(m_auto, training_view(ds, auto), auto)
+    assert with_p == parts(m_step, training_view(ds, step), step)
+    # a site without them: no error (where 'step' refuses), and the likelihood terms are the paper's, unweighted
+    bare = ds.without_propensities()
+    without_p = parts(m_auto, training_view(bare, auto), auto)
+    paper = parts(m_off, training_view(bare, TINY), TINY)
+    assert {k: v for k, v in without_p.items() if k != "total"} == {k: v for k, v in paper.items() if k != "total"}
+    assert without_p["total"] > paper["total"]  # plus the behaviour head's own loss (Θs, never reported)
+    assert with_p["recon"] != without_p["recon"]  # the weights moved the likelihood
+    with pytest.raises(ValueError, match="propensit"):
+        parts(m_step, training_view(bare, step), step)
+    # what leaves the site has the same keys either way: the server cannot read off whether a site weights
+    assert set(with_p) == set(without_p) == set(paper)
+
+
 def test_ipw_training_reports_nothing_about_p(one_torch_thread):
     ds = make_ds()
     cfg = TINY.model_copy(update={"ipw": "cumulative"})
@@ -176,7 +211,7 @@ def test_ipw_training_reports_nothing_about_p(one_torch_thread):
     (m1, o1), (m2, o2) = run(), run()
     assert o1 == o2 and np.isfinite(o1["total"])
     assert set(o1) <= set(TRAIN_METRICS)  # the egress allow-list: no weight statistic leaves the site
-    p1, p2 = get_params(m1, "full"), get_params(m2, "full")
+    p1, p2 = every_param(m1), every_param(m2)
     assert all(np.array_equal(p1[k], p2[k]) for k in p1)
     # the behaviour head learned the logging policy's dependence on the history (its loss went down)
     fresh = model_for(ds, cfg)

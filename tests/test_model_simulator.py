@@ -34,11 +34,13 @@ def test_every_simulator_honours_the_protocol(key, one_torch_thread):
     sim = build(key, ds)
     man = sim.manifest()
     theta_s_tops = {n.split(".")[0] for n in man.names("theta_s")}
-    assert theta_s_tops == set(SIMULATORS[key].theta_s_modules) - {"propensity_head"}
+    assert theta_s_tops == set(SIMULATORS[key].theta_s_modules)
     if key in ("fed_causaldiff", "gformula"):
-        # the behaviour head of IPW weighting exists only when model.ipw is on
-        assert theta_s_tops == set(THETA_S_MODULES) - {"propensity_head"}
-    assert man.size("full") == sum(p.numel() for p in sim.module.parameters())
+        # the behaviour head of IPW weighting (the default model.ipw = 'auto') is Θs and site-bound
+        assert theta_s_tops == set(THETA_S_MODULES)
+    bound = sum(e.size for e in man.entries if e.site_bound)
+    assert (bound > 0) == (key in ("fed_causaldiff", "gformula"))
+    assert man.size("full") + bound == sum(p.numel() for p in sim.module.parameters())
     before = sim.get_params("full")
     fit = sim.train_site(ds, 1, N_SITES, epochs=1, seed=0)
     assert np.isfinite(fit["total"]) and fit["n"] == ds.n

@@ -64,6 +64,8 @@ def validate(
         "action_names": ds.meta["action_names"],
         "outcome_rate": float((ds.Y * ds.M).sum() / ds.M.sum()),
         "has_propensity": ds.P is not None,
+        # what the default model.ipw = 'auto' makes of this table on its site (model.training.training_view)
+        "local_objective": "propensity-weighted (ipw step)" if ds.P is not None else "unweighted (no propensities)",
         "truncated_entities": ds.meta["truncated_entities"],
         "dropped_steps": ds.meta["dropped_steps"],
         "sites": ds.meta.get("site_names"),
@@ -79,7 +81,7 @@ def validate(
     con.print(f"[green]ok[/] {escape(str(table))} matches {escape(str(spec))}", soft_wrap=True)
     t = Table(show_header=False, box=None)
     for k in ("name", "entities", "sequences", "steps", "Lmax", "dx", "da", "n_actions", "outcome_rate",
-              "has_propensity", "truncated_entities", "dropped_steps", "sites", "written"):
+              "has_propensity", "local_objective", "truncated_entities", "dropped_steps", "sites", "written"):
         v = summary[k]
         t.add_row(k, f"{v:.4f}" if isinstance(v, float) else escape(str(v)))
     con.print(t)

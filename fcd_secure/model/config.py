@@ -109,13 +109,15 @@ class ModelConfig(BaseModel):
         ),
     )
     grl_scale: float = Field(1.0, ge=0, description="gradient-reversal factor in front of the shared site discriminator")
-    ipw: Literal["off", "step", "cumulative"] = Field(
-        "off",
+    ipw: Literal["off", "auto", "step", "cumulative"] = Field(
+        "auto",
         description=(
             "weight the likelihood terms (L_recon, L_diff, L_cf) by stabilised inverse-propensity weights "
             "w_t = p̂(T_t | observed history) / P_t, P_t the logged propensity, read on the site only (Robins, Hernán & "
             "Brumback 2000; RMSN, Lim et al. 2018): 'step' uses w_t, 'cumulative' the product over the last "
-            "``ipw_window`` steps. Needs logged propensities. 'off' is the paper's unweighted objective"
+            "``ipw_window`` steps; both need logged propensities on every step. 'auto' (the default) is 'step' on a "
+            "site whose training data logs a propensity on every step and the unweighted objective elsewhere, decided "
+            "by each site on its own data. 'off' is the paper's unweighted objective everywhere"
         ),
     )
     ipw_window: int = Field(0, ge=0, description="steps in the cumulative IPW product (0: the whole past)")

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from fcd_secure.model.batch import Batch
+from fcd_secure.model.config import ModelConfig
 from fcd_secure.model.networks import FedCausalDiff
 
 
@@ -216,6 +217,15 @@ def l_propensity(model: FedCausalDiff, h: torch.Tensor, batch: Batch) -> torch.T
     return masked_mean(ce, batch.M)
 
 
+def weighs(cfg: ModelConfig, batch: Batch) -> bool:
+    """Whether the likelihood terms of ``batch`` are inverse-propensity weighted: ``'step'``/``'cumulative'`` always
+    (:func:`ipw_weights` refuses a batch without P), ``'auto'`` when the batch carries P, i.e. when
+    :func:`~fcd_secure.model.training.training_view` kept the site's propensities."""
+    if cfg.ipw == "off" or not batch.size:
+        return False
+    return cfg.ipw != "auto" or not bool(torch.isnan(batch.P).all())
+
+
 @torch.no_grad()
 def ipw_weights(model: FedCausalDiff, h: torch.Tensor, batch: Batch) -> torch.Tensor:
     """Stabilised inverse-propensity weights ``[B, L]`` (no gradient), per sample.
@@ -223,7 +233,8 @@ def ipw_weights(model: FedCausalDiff, h: torch.Tensor, batch: Batch) -> torch.Te
     w_t = min(p̂(T_t | H_t) / P_t, c), with P_t the logged propensity of the taken action and p̂ the site's behaviour
     model on the observed history H_t. In the weighted population the action at t no longer depends on what the
     logging policy saw beyond H_t (a hidden confounder) but keeps its dependence on H_t; any function of H_t is a
-    valid numerator (Robins, Hernán & Brumback 2000) and p̂ lowers the variance. ``cfg.ipw = 'cumulative'`` takes
+    valid numerator (Robins, Hernán & Brumback 2000) and p̂ lowers the variance (``'step'`` and ``'auto'``).
+    ``cfg.ipw = 'cumulative'`` takes
     the product over the last ``cfg.ipw_window`` steps (the whole past when 0), which also removes the evidence
     that PAST logged actions carry about the confounder — what a multi-step rollout under do(·) needs (Lim et al.
     2018, RMSN); the product is truncated at c = ``cfg.ipw_clip`` as well.
@@ -240,7 +251,7 @@ def ipw_weights(model: FedCausalDiff, h: torch.Tensor, batch: Batch) -> torch.Te
     p_hat = torch.softmax(model.propensity_logits(h), -1).gather(-1, T.unsqueeze(-1)).squeeze(-1)
     P = torch.where(valid, P, torch.ones_like(P))
     w = torch.where(valid, (p_hat / P).clamp(max=cfg.ipw_clip), torch.ones_like(P))
-    if cfg.ipw == "step":
+    if cfg.ipw != "cumulative":
         return w
     logw = torch.cumsum(torch.log(w), 1)
     k = cfg.ipw_window

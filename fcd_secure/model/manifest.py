@@ -10,9 +10,12 @@ The partition rule (:func:`part_of`):
 * ``theta_c`` — shared causal parameters: action embedding, GRU trunk, K^(c) head, ε_c, decoder, site
   discriminator (DESIGN trap 1: the trunk producing K^(c) is shared so ε_c acts in one coordinate system; trap 2:
   the discriminator is shared so it can learn more than one site label);
-* ``theta_s`` — site-local: K^(s) head, ε_s, parallel head (:data:`networks.THETA_S_MODULES`).
+* ``theta_s`` — site-local: K^(s) head, ε_s, parallel head, behaviour head (:data:`networks.THETA_S_MODULES`);
+  the behaviour head is also *site-bound* (:data:`networks.SITE_BOUND_MODULES`): full synchronisation leaves it on
+  the site too.
 
-Another simulator (:mod:`fcd_secure.model.baselines`) passes its own site-local modules as ``theta_s_modules``.
+Another simulator (:mod:`fcd_secure.model.baselines`) passes its own site-local modules as ``theta_s_modules`` (and
+``site_bound_modules``).
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from fcd_secure.manifest import FULL, THETA_C, THETA_S, Manifest, ManifestEntry, ManifestError, Part, Side, check_part
-from fcd_secure.model.networks import THETA_S_MODULES
+from fcd_secure.manifest import THETA_C, THETA_S, Manifest, ManifestEntry, ManifestError, Part, Side, check_part
+from fcd_secure.model.networks import SITE_BOUND_MODULES, THETA_S_MODULES
 
 __all__ = ["build_manifest", "get_params", "part_of", "set_params"]
 
@@ -44,35 +47,47 @@ def _named_params(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return [(n, p) for n, p in _bare(model).named_parameters() if p.requires_grad]
 
 
-def _in_part(name: str, part: Part, theta_s_modules: tuple[str, ...]) -> bool:
-    return part == FULL or part_of(name, theta_s_modules) == part
-
-
-def build_manifest(model: nn.Module, theta_s_modules: tuple[str, ...] = THETA_S_MODULES) -> Manifest:
+def build_manifest(
+    model: nn.Module,
+    theta_s_modules: tuple[str, ...] = THETA_S_MODULES,
+    site_bound_modules: tuple[str, ...] = SITE_BOUND_MODULES,
+) -> Manifest:
     """The manifest of ``model`` (bare or wrapped by Opacus).
 
     Args:
         model: the network; a FedCausalDiff by default.
         theta_s_modules: its site-local top-level modules (default: Fed-CausalDiff's).
+        site_bound_modules: those of them that not even full synchronisation sends (default: Fed-CausalDiff's).
     """
-    return Manifest.from_entries(
-        ManifestEntry(name=n, shape=tuple(p.shape), dtype=p.dtype, part=part_of(n, theta_s_modules))
-        for n, p in _named_params(model)
-    )
+    entries = []
+    for n, p in _named_params(model):
+        side = part_of(n, theta_s_modules)
+        bound = side == THETA_S and n.split(".", 1)[0] in site_bound_modules
+        entries.append(ManifestEntry(name=n, shape=tuple(p.shape), dtype=p.dtype, part=side, site_bound=bound))
+    return Manifest.from_entries(entries)
 
 
-def get_params(model: nn.Module, part: Part, theta_s_modules: tuple[str, ...] = THETA_S_MODULES) -> dict[str, np.ndarray]:
-    """Copies of the parameters in ``part``, keyed by manifest name, in manifest order.
+def get_params(
+    model: nn.Module,
+    part: Part,
+    theta_s_modules: tuple[str, ...] = THETA_S_MODULES,
+    site_bound_modules: tuple[str, ...] = SITE_BOUND_MODULES,
+) -> dict[str, np.ndarray]:
+    """Copies of the parameters in ``part`` (the manifest decides), keyed by manifest name, in manifest order.
 
     Raises:
         ManifestError: for an unknown part.
     """
-    check_part(part)
-    return {n: p.detach().cpu().numpy().copy() for n, p in _named_params(model) if _in_part(n, part, theta_s_modules)}
+    keep = set(build_manifest(model, theta_s_modules, site_bound_modules).names(check_part(part)))
+    return {n: p.detach().cpu().numpy().copy() for n, p in _named_params(model) if n in keep}
 
 
 def set_params(
-    model: nn.Module, part: Part, arrays: dict[str, np.ndarray], theta_s_modules: tuple[str, ...] = THETA_S_MODULES
+    model: nn.Module,
+    part: Part,
+    arrays: dict[str, np.ndarray],
+    theta_s_modules: tuple[str, ...] = THETA_S_MODULES,
+    site_bound_modules: tuple[str, ...] = SITE_BOUND_MODULES,
 ) -> None:
     """Load ``arrays`` into the parameters of ``part``.
 
@@ -82,9 +97,10 @@ def set_params(
     Raises:
         ManifestError: naming the first tensor that does not match.
     """
-    check_part(part)
-    params = {n: p for n, p in _named_params(model) if _in_part(n, part, theta_s_modules)}
-    build_manifest(model, theta_s_modules).check_arrays(arrays, part)
+    manifest = build_manifest(model, theta_s_modules, site_bound_modules)
+    keep = set(manifest.names(check_part(part)))
+    params = {n: p for n, p in _named_params(model) if n in keep}
+    manifest.check_arrays(arrays, part)
     staged: dict[str, torch.Tensor] = {}
     for n, p in params.items():
         a = np.asarray(arrays[n])

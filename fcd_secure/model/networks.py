@@ -28,7 +28,8 @@ parallel_head      Θs        the parallel head on K^(s) (L_dis)
 context_head       Θc        Â_{t+1} = g(K_t, A_t, T_t, Y_t) of the endogenous contexts (``context.py``; only when
                              the data has endogenous contexts and ``cfg.use_context``)
 propensity_head    Θs        p̂(T_t | observed history) from the detached trunk state: the site's behaviour policy,
-                             the numerator of the stabilised IPW weights (only when ``cfg.ipw`` is on)
+                             the numerator of the stabilised IPW weights (only when ``cfg.ipw`` is not ``'off'``);
+                             site-bound: not sent even under full synchronisation
 =================  ========  ==================================================================================
 """
 
@@ -45,6 +46,9 @@ from fcd_secure.model.schedule import NoiseSchedule, timestep_embedding
 
 #: Top-level modules whose parameters are site-local (Θs). Everything else is Θc.
 THETA_S_MODULES: tuple[str, ...] = ("head_s", "eps_s", "parallel_head", "propensity_head")
+#: Θs modules that no synchronisation sends, full synchronisation included: the behaviour head models the site's
+#: logging policy, so it carries what the logged propensities carry (``fcd_secure.manifest``, site-bound entries).
+SITE_BOUND_MODULES: tuple[str, ...] = ("propensity_head",)
 
 
 def mlp(d_in: int, d_out: int, hidden: int, depth: int = 2) -> nn.Sequential:

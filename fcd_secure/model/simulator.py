@@ -232,11 +232,13 @@ class Simulator(ABC):
     Attributes:
         name: the simulator's key (``fcd train --methods``).
         theta_s_modules: top-level sub-modules whose parameters are site-local (Θs); everything else is Θc.
+        site_bound_modules: those of them that not even full synchronisation sends (``fcd_secure.manifest``).
         config: the model configuration it was built with.
     """
 
     name: ClassVar[str]
     theta_s_modules: ClassVar[tuple[str, ...]] = ()
+    site_bound_modules: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, module: nn.Module, config: ModelConfig) -> None:
         self._module = module
@@ -297,11 +299,11 @@ class Simulator(ABC):
     # -- Θc / Θs ---------------------------------------------------------------------------------------------
     def manifest(self) -> Manifest:
         """The Θc/Θs manifest of :attr:`module`."""
-        return build_manifest(self.module, self.theta_s_modules)
+        return build_manifest(self.module, self.theta_s_modules, self.site_bound_modules)
 
     def get_params(self, part: Part) -> dict[str, np.ndarray]:
         """Copies of the parameters of ``part`` (``theta_c``, ``theta_s`` or ``full``), keyed by manifest name."""
-        return get_params(self.module, part, self.theta_s_modules)
+        return get_params(self.module, part, self.theta_s_modules, self.site_bound_modules)
 
     def set_params(self, part: Part, arrays: dict[str, np.ndarray]) -> None:
         """Load ``arrays`` into ``part`` (strict: exactly the part's names and shapes, finite values).
@@ -309,7 +311,7 @@ class Simulator(ABC):
         Raises:
             ManifestError: naming the first tensor that does not match; nothing is written then.
         """
-        set_params(self.module, part, arrays, self.theta_s_modules)
+        set_params(self.module, part, arrays, self.theta_s_modules, self.site_bound_modules)
 
     # -- do-questions ----------------------------------------------------------------------------------------
     @abstractmethod

@@ -3,7 +3,7 @@
 * :func:`make_loader` / :func:`dataset_tensors` (``batch.py``) — tensors of one site, converted to a
   :class:`~fcd_secure.model.batch.Batch` where they are consumed;
 * :func:`training_view` — the dataset a site trains on: the logged propensities P dropped unless ``cfg.ipw`` reads
-  them (on the site only, DESIGN trap 5);
+  them (on the site only, DESIGN trap 5; ``'auto'`` weights only where the site logs them);
 * :func:`batch_loss` — the local objective on one batch (paper §III-C), per-sample-safe unless a batch term is on;
 * :func:`train_local` — one call = one local round (``epochs`` passes), returns mean loss parts and n.
 
@@ -34,6 +34,8 @@ __all__ = ["Batch", "batch_loss", "dataset_tensors", "make_loader", "make_optimi
 def training_view(ds: SiteDataset, cfg: ModelConfig) -> SiteDataset:
     """``ds`` as the local objective may read it: without P, unless ``cfg.ipw`` weights the likelihood by it.
 
+    ``'auto'`` keeps P when the site logs it (a dataset's P, when present, covers every step: ``SiteDataset.validate``):
+    the site decides from its own data, and a site without propensities trains on the paper's unweighted objective.
     Even then P reaches no network input, parameter or reported metric: :func:`~fcd_secure.model.losses.ipw_weights`
     turns it into per-step loss weights on the site.
     """
@@ -68,7 +70,7 @@ def batch_loss(
     Kc, Ks, h = core.encode_states(batch.X, batch.A, batch.T, batch.Y)
     K = torch.cat([Kc, Ks], -1)
     # inverse-propensity weights of the likelihood terms (cfg.ipw); P never leaves this function as a metric
-    W = L.ipw_weights(core, h, batch) if cfg.ipw != "off" and B else None
+    W = L.ipw_weights(core, h, batch) if L.weighs(cfg, batch) else None
     per = torch.zeros(B)
     parts: dict[str, float] = {}
 

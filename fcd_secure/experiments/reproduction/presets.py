@@ -54,7 +54,11 @@ class ReproPreset(BaseModel):
     seeds: int = Field(description="default number of seeds")
     lr_grid: tuple[float, ...] = Field(description="candidate learning rates, the same for every method")
     selection_epochs: int = Field(description="passes over the selection split per candidate")
-    model: dict[str, Any] = Field(default_factory=dict, description="ModelConfig overrides of every method")
+    model: dict[str, Any] = Field(
+        default_factory=lambda: {"ipw": "off"},
+        description="ModelConfig overrides of every method (by default the paper's unweighted objective: the "
+        "reproduction runs the paper's recipe, not our inverse-propensity default)",
+    )
     evaluation: dict[str, Any] = Field(default_factory=dict, description="EvaluationSection overrides")
     tstr_max_rows: int | None = Field(None, description="training trajectories per site synthesised for TSTR")
 

@@ -14,7 +14,7 @@ from torch import nn
 from fcd_secure.data.schema import SiteDataset
 from fcd_secure.model.batch import dataset_tensors
 from fcd_secure.model.config import ModelConfig
-from fcd_secure.model.networks import THETA_S_MODULES, FedCausalDiff, unwrap
+from fcd_secure.model.networks import SITE_BOUND_MODULES, THETA_S_MODULES, FedCausalDiff, unwrap
 from fcd_secure.model.simulate import simulate
 from fcd_secure.model.simulator import Plan, SimResult, Simulator
 from fcd_secure.model.training import make_optimizer, train_local, training_view
@@ -31,6 +31,7 @@ class FedCausalDiffSimulator(Simulator):
 
     name = "fed_causaldiff"
     theta_s_modules = THETA_S_MODULES
+    site_bound_modules = SITE_BOUND_MODULES
 
     def __init__(self, network: nn.Module) -> None:
         super().__init__(network, unwrap(network).cfg)
