@@ -131,7 +131,7 @@ def utility(preset: str, epochs: int, eps_list: list[str], seed: int, batch_size
     rows = []
     for token in eps_list:
         t0 = time.perf_counter()
-        # "inf": ordinary training with the paper's objective; "inf-dpobj": no noise, no clipping, but the objective
+        # "inf": ordinary training with the run's objective; "inf-dpobj": no noise, no clipping, but the objective
         # DP uses (batch-coupled L_align off), which separates the cost of the objective from the cost of noise
         eps = float("inf") if token.startswith("inf") else float(token)
         info: dict = {"epsilon_cap": eps, "setting": token}

@@ -33,6 +33,7 @@ censoring, and a model trained for a binary response outcome whose volume is a g
 
     nice -n 5 .venv/bin/python benchmarks/tumour.py                 # the default sizes (module docstring)
     nice -n 5 .venv/bin/python benchmarks/tumour.py --quick         # γ = 2 only, small sizes (a few minutes)
+    nice -n 5 .venv/bin/python benchmarks/tumour.py --model '{"ipw": "off"}'   # the paper's unweighted objective
     nice -n 5 .venv/bin/python benchmarks/tumour.py --gammas 1 2 --json > a.json   # split over processes,
     nice -n 5 .venv/bin/python benchmarks/tumour.py --gammas 3 4 --json > b.json   # then
     .venv/bin/python benchmarks/tumour.py --merge a.json b.json
@@ -152,7 +153,7 @@ def run_gamma(gamma: float, args: argparse.Namespace) -> dict[str, Any]:
     from fcd_secure.federation import learner
 
     world = generate(TumourConfig.from_preset("default", gamma=gamma, seed=args.seed, n_patients=args.patients))
-    cfg = build_config("default", {"seed": args.seed, "data": {"dataset": "tumour"},
+    cfg = build_config("default", {"seed": args.seed, "data": {"dataset": "tumour"}, "model": args.model,
                                    "evaluation": {"n_samples": args.samples}})
     views = site_views(world)
     queries = cf_queries(world, args.seed)
@@ -247,6 +248,9 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=4, help="rollouts per patient in every simulation")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="γ = 2, 300 patients, 1 epoch, 2 rollouts")
+    ap.add_argument("--model", type=json.loads, default={}, metavar="JSON",
+                    help='model keys for Fed-CausalDiff and the g-formula, e.g. \'{"ipw": "off"}\' (the paper\'s '
+                    "objective; the default model.ipw = 'auto' weights by the tumour world's logged propensities)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                     help="print the tables of earlier --json outputs (e.g. γ values run as separate processes)")
