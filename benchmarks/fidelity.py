@@ -13,7 +13,7 @@ site's Θs), so they are the effects the PEHE was computed from.
     .venv/bin/python benchmarks/fidelity.py --quick                   # tiny preset, seconds: checks the script
     .venv/bin/python benchmarks/fidelity.py --recipe paper            # the paper's recipe as the main row
     nice -n 5 .venv/bin/python benchmarks/fidelity.py --rows centralised --epochs 10 --seeds 0 --no-tiny \
-        --no-ceiling                                                  # the centralised overshoot of docs/fidelity.md §3
+        --no-ceiling --recipe paper                                   # the centralised overshoot of docs/fidelity.md §3
     .venv/bin/python benchmarks/fidelity.py --causes --epochs 10 --seeds 0   # why: confounding vs regime support
     .venv/bin/python benchmarks/fidelity.py --world '{"gamma": 0}'    # every row on an unconfounded world
 

@@ -5,7 +5,8 @@ and a typo names its field. Sections:
 
 * ``data``: which dataset, preset, number of sites, Dirichlet α (paper Table II: α = 10), test fraction.
 * ``federation``: rounds, sites per round (Table II: 5 of 10), local epochs (Table II: 1), synchronisation mode
-  (``dss`` = only Θc, the paper's method; ``full`` = every parameter, the "w/o DSS" ablation of Table III),
+  (``dss`` = only Θc, the paper's method; ``full`` = every parameter but the site-bound ones, the "w/o DSS" ablation of
+  Table III),
   secure aggregation on/off, timeouts, evaluation cadence.
 * ``model``: ``fcd_secure.model.config.ModelConfig`` (loss weights, switches: ``use_dis = false`` is "w/o L_dis").
 * ``dp``: ``fcd_secure.privacy.config.DPConfig``.
@@ -100,7 +101,7 @@ class FederationSection(BaseModel):
     rounds: int = Field(40, ge=1, le=100_000, description="global communication rounds")
     clients_per_round: int = Field(5, ge=1, description="sites sampled per round (Table II: 5 of 10)")
     local_epochs: int = Field(1, ge=1, description="local epochs per round (Table II: 1)")
-    sync: Literal["dss", "full"] = Field("dss", description="'dss': only Θc leaves a site; 'full': every parameter (w/o DSS)")
+    sync: Literal["dss", "full"] = Field("dss", description="'dss': only Θc leaves a site; 'full': every parameter but the site-bound behaviour head (w/o DSS)")
     secure_aggregation: bool = Field(True, description="pairwise-masked secure aggregation of Θc (on unless a run asks for plain FedAvg)")
     round_timeout_s: float = Field(600.0, gt=0, description="how long the server waits for a round's replies")
     min_replies: int = Field(1, ge=1, description="a round with fewer successful replies is aborted")

@@ -31,7 +31,7 @@ from typing import Literal, get_args
 import numpy as np
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
-#: A manifest part: one side of the partition, or every parameter.
+#: A manifest part: one side of the partition, or every parameter but the site-bound ones.
 Part = Literal["theta_c", "theta_s", "full"]
 #: The side of the partition a single parameter belongs to.
 Side = Literal["theta_c", "theta_s"]

@@ -10,6 +10,7 @@ from test_audit_support import MANIFEST, POLICY, Site, instruction
 from fcd_secure.audit.accounting import describe_message
 from fcd_secure.audit import GATE_ERROR_CODE, GENERIC_ERROR_REASON, GatePolicy, make_egress_gate
 from fcd_secure.audit.verify import verify_path
+from fcd_secure.manifest import Manifest, ManifestEntry
 
 
 def _uploads(site: Site) -> list[dict]:
@@ -282,6 +283,63 @@ def test_theta_s_upload_passes_only_under_the_ablation_policy_and_verify_flags_i
     res = verify_path(tmp_path / site.site_id)
     assert res.exit_code == 1
     assert any("eps_s.weight" in f.message and "Θs" in f.message for f in res.findings)
+
+
+#: MANIFEST plus a site-bound Θs tensor (as Fed-CausalDiff's behaviour head of inverse-propensity weighting)
+BOUND = Manifest.from_entries([
+    *MANIFEST.entries,
+    ManifestEntry(name="behaviour.weight", shape=(3, 6), dtype="float32", part="theta_s", site_bound=True),
+])
+
+
+def _full_update(site, bound_as=None, into=None):
+    """A full-sync update (Θc and the sendable Θs), with the site-bound tensor planted under another name or into a
+    Θc tensor."""
+
+    def mutate(content):
+        arrays = {k: Array(v) for k, v in sorted(site.theta_c().items())}
+        arrays.update({k: Array(v) for k, v in site.theta_s.items() if k in BOUND.names("full")})
+        secret = site.theta_s["behaviour.weight"]
+        if bound_as is not None:
+            arrays[bound_as] = Array(secret.copy())
+        if into is not None:
+            w = arrays[into].numpy().copy()
+            w.reshape(-1)[: secret.size] = secret.reshape(-1)
+            arrays[into] = Array(w)
+        content["update"] = ArrayRecord(arrays)
+
+    return mutate
+
+
+@pytest.mark.parametrize(("plant", "rule"), [
+    ({"bound_as": "behaviour.weight"}, "theta_s_name"),   # by its own name
+    ({"bound_as": "decoder.weight"}, "theta_s_bytes"),    # its bytes under a Θc name of the same shape
+    ({"into": "trunk.weight"}, "theta_s_bytes"),          # its rows inside a Θc tensor
+])
+def test_full_sync_never_lets_a_site_bound_tensor_out(tmp_path, plant, rule):
+    policy = GatePolicy(allowed_metrics=POLICY.allowed_metrics, allow_theta_s_upload=True)
+    site = Site(tmp_path, policy=policy, manifest=BOUND)
+    assert "behaviour.weight" not in BOUND.names("full") and "eps_s.weight" in BOUND.names("full")
+    clean = site.send(instruction("train", 1), site.train_handler(_full_update(site)))
+    assert clean.has_content()  # the ablation's Θs upload itself passes
+    leak = site.send(instruction("train", 2), site.train_handler(_full_update(site, **plant)))
+    assert leak.has_error() and leak.error.reason.endswith(rule)
+    # the ledger keeps the flag: the layout hash is recomputable from the line, and verify names the breach class
+    line = next(l for l in site.ledger.lines() if l["kind"] == "manifest")
+    assert line["site_bound"] == ["behaviour.weight"]
+
+
+def test_the_ledgers_manifest_line_keeps_the_site_bound_flag():
+    from fcd_secure.audit.entries import ManifestLine
+    from fcd_secure.manifest import layout_hash
+
+    m = ManifestLine.model_validate({**ManifestLine.fields_of(BOUND), "kind": "manifest", "seq": 1, "prev_hash": "0",
+                                     "time": "t", "hash": "h", "sig": "s"}).to_manifest()
+    assert layout_hash(m.entries) == BOUND.layout_hash == m.layout_hash
+    assert [e.name for e in m.entries if e.site_bound] == ["behaviour.weight"]
+    # a ledger line of a layout without site-bound entries is written as before (no new field, same hash)
+    assert "site_bound" not in ManifestLine.model_validate({**ManifestLine.fields_of(MANIFEST), "kind": "manifest", "seq": 1,
+                                                          "prev_hash": "0", "time": "t", "hash": "h", "sig": "s"}).to_json()
 
 
 def test_privacy_ledger_hash_binds_the_dp_ledger_state(tmp_path):

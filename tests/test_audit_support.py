@@ -64,16 +64,19 @@ def context(node_id: int = 11) -> Context:
 class Site:
     """One site: Θs/Θc arrays, propensities, a ledger and the gate bound to them."""
 
-    def __init__(self, root: Path, site_id: str = "site-00", seed: int = 0, policy: GatePolicy = POLICY) -> None:
+    def __init__(
+        self, root: Path, site_id: str = "site-00", seed: int = 0, policy: GatePolicy = POLICY, manifest: Manifest = MANIFEST
+    ) -> None:
         self.rng = np.random.default_rng(seed)
         self.key = load_or_create_identity_key(root / site_id / "identity_ed25519.key")  # beside the ledger, as on a site
         self.site_id = site_id
-        self.theta_s = {e.name: self.rng.standard_normal(e.shape).astype(np.float32) for e in MANIFEST.entries if e.part == "theta_s"}
+        self.manifest = manifest
+        self.theta_s = {e.name: self.rng.standard_normal(e.shape).astype(np.float32) for e in manifest.entries if e.part == "theta_s"}
         self.P = self.rng.uniform(0.05, 1.0, size=(20, 8)).astype(np.float32)
         self.ledger = SiteLedger.open(root / site_id, self.key, site_id)
         self.ctx = SiteAuditContext(
             site_id=site_id,
-            manifest=MANIFEST,
+            manifest=manifest,
             theta_s=lambda: self.theta_s,
             ledger=self.ledger,
             policy=policy,
@@ -84,7 +87,7 @@ class Site:
         self.gate = make_egress_gate(lambda c: self.ctx)
 
     def theta_c(self) -> dict[str, np.ndarray]:
-        return {e.name: self.rng.standard_normal(e.shape).astype(np.float32) for e in MANIFEST.entries if e.part == "theta_c"}
+        return {e.name: self.rng.standard_normal(e.shape).astype(np.float32) for e in self.manifest.entries if e.part == "theta_c"}
 
     def train_handler(self, mutate=None):
         """A handler returning Θc + sample count + loss, optionally mutated to plant a leak."""

@@ -16,7 +16,7 @@ from fcd_secure.model import Batch, FedCausalDiff, ModelConfig, batch_loss, data
 from fcd_secure.model import losses as L
 from fcd_secure.model.manifest import get_params
 from fcd_secure.model.simulate import estimate_effects, simulate
-from fcd_secure.model.training import training_view
+from fcd_secure.model.training import site_objective, training_view
 
 #: the paper's objective (``ipw = 'off'``): each test turns on the switch it is about
 TINY = ModelConfig(
@@ -196,6 +196,53 @@ def test_auto_weights_a_site_with_propensities_and_leaves_one_without_on_the_pap
         parts(m_step, training_view(bare, step), step)
     # what leaves the site has the same keys either way: the server cannot read off whether a site weights
     assert set(with_p) == set(without_p) == set(paper)
+
+
+def test_auto_on_a_site_without_propensities_trains_exactly_the_papers_objective(one_torch_thread):
+    """Resolved once per dataset (training.site_objective): the unused behaviour head takes no part in the global
+    gradient clip, so Θc and the rest of Θs come out bit for bit as under ipw = 'off'."""
+    bare = make_ds(n=48).without_propensities()
+    auto = TINY.model_copy(update={"ipw": "auto"})
+    assert site_objective(bare, auto).ipw == "off" and site_objective(make_ds(), auto).ipw == "step"
+    assert site_objective(bare, TINY.model_copy(update={"ipw": "cumulative"})).ipw == "cumulative"
+
+    def trained(cfg: ModelConfig) -> dict[str, np.ndarray]:
+        m = model_for(bare, cfg)
+        obj = site_objective(bare, cfg)
+        train_local(m, training_view(bare, obj), obj, site_index=0, n_sites=2, epochs=2, seed=3,
+                    optimizer=torch.optim.Adam(m.parameters(), lr=cfg.lr))
+        return every_param(m)
+
+    p_auto, p_off = trained(auto), trained(TINY)
+    assert set(p_auto) - set(p_off) == {k for k in p_auto if k.startswith("propensity_head.")}
+    assert all(np.array_equal(p_auto[k], p_off[k]) for k in p_off)
+    fresh = every_param(model_for(bare, auto))
+    assert all(np.array_equal(p_auto[k], fresh[k]) for k in p_auto if k.startswith("propensity_head."))
+
+
+def test_auto_under_dp_sgd_freezes_the_unused_head_and_trains_it_where_it_weights(tmp_path, one_torch_thread):
+    """Under DP-SGD a site without propensities leaves the head out of the round (no per-sample gradient, no
+    clipping share, no noise); a site with them fits it. DP noise is not seeded, so only which parameters move is
+    compared."""
+    from fcd_secure.privacy.config import DPConfig
+    from fcd_secure.privacy.engine import DPSite, train_round_private
+    from fcd_secure.privacy.ledger import dataset_fingerprint
+
+    warnings.filterwarnings("ignore")
+    auto = TINY.model_copy(update={"ipw": "auto"})
+    for name, ds, head_moves in (("bare", make_ds(n=48).without_propensities(), False), ("logged", make_ds(n=48), True)):
+        m = model_for(ds, auto)
+        before = every_param(m)
+        obj = site_objective(ds, auto)
+        site = DPSite(str(tmp_path / name), dataset_fingerprint(ds), DPConfig(enabled=True, epsilon=8.0), ds.n,
+                      planned_rounds=1, local_epochs=1, batch_size=16)
+        train_round_private(site, m, training_view(ds, obj), obj, 0, 2, epochs=1, seed=3,
+                            optimizer=torch.optim.Adam(m.parameters(), lr=auto.lr), round_id=1)
+        after = every_param(m)
+        moved = {k for k in before if not np.array_equal(before[k], after[k])}
+        head = {k for k in before if k.startswith("propensity_head.")}
+        assert (head <= moved) if head_moves else not (head & moved), name
+        assert any(k.startswith("decoder.") for k in moved), name  # the round did train
 
 
 def test_ipw_training_reports_nothing_about_p(one_torch_thread):

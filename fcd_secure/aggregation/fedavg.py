@@ -2,7 +2,7 @@
 
 DSS (paper §III, "Decoupled synchronisation"): each sampled site i returns its locally trained Θc_i and its
 sample count n_i; the server sets ``Θc ← Σ_i n_i Θc_i / Σ_i n_i``. Θs_i never reaches this module in DSS mode;
-in the "w/o DSS" ablation the same helpers average every parameter (part ``"full"``).
+in the "w/o DSS" ablation the same helpers average every parameter but the site-bound ones (part ``"full"``).
 
 Pure numpy, no Flower import: the plain flow and the tests call it directly; secure aggregation computes the
 same weighted sum inside masked vectors (``fcd_secure.aggregation.secagg``) and only divides at the end.

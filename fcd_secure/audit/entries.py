@@ -192,12 +192,16 @@ class OpenLine(LedgerLine):
 
 
 class ManifestLine(LedgerLine):
-    """The Θc/Θs layout in force from this line on; each part sorted by name."""
+    """The Θc/Θs layout in force from this line on; each part sorted by name, and the names of the site-bound Θs
+    entries (``fcd_secure.manifest``) when there are any."""
 
     kind: Literal["manifest"] = "manifest"
     layout_hash: str
     theta_c: tuple[TensorSpec, ...]
     theta_s: tuple[TensorSpec, ...]
+    site_bound: tuple[str, ...] | None = None
+
+    omit_if_none: ClassVar[tuple[str, ...]] = ("site_bound",)
 
     @staticmethod
     def fields_of(manifest: Manifest) -> dict[str, Any]:
@@ -206,12 +210,17 @@ class ManifestLine(LedgerLine):
         def part(side: str) -> list[dict[str, Any]]:
             return [{"name": n, "shape": list(shape), "dtype": d} for n, (shape, d) in sorted(manifest.specs(side).items())]
 
-        return {"layout_hash": manifest.layout_hash, "theta_c": part(THETA_C), "theta_s": part(THETA_S)}
+        bound = sorted(e.name for e in manifest.entries if e.site_bound)
+        return {"layout_hash": manifest.layout_hash, "theta_c": part(THETA_C), "theta_s": part(THETA_S),
+                "site_bound": bound or None}
 
     def to_manifest(self) -> Manifest:
-        """The :class:`~fcd_secure.manifest.Manifest` this line records (its ``layout_hash`` as written)."""
+        """The :class:`~fcd_secure.manifest.Manifest` this line records (its ``layout_hash`` as written; compare it
+        with :func:`fcd_secure.manifest.layout_hash` of the entries to check the line)."""
+        bound = set(self.site_bound or ())
         entries = [ManifestEntry(name=t.name, shape=t.shape, dtype=t.dtype, part=THETA_C) for t in self.theta_c]
-        entries += [ManifestEntry(name=t.name, shape=t.shape, dtype=t.dtype, part=THETA_S) for t in self.theta_s]
+        entries += [ManifestEntry(name=t.name, shape=t.shape, dtype=t.dtype, part=THETA_S, site_bound=t.name in bound)
+                    for t in self.theta_s]
         return Manifest(entries=tuple(entries), layout_hash=self.layout_hash)
 
 

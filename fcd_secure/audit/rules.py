@@ -45,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fcd_secure.audit.entries import RefusalRecord
 from fcd_secure.audit.scanner import PrivateArrays, PrivateValues, find_private, fingerprint_private, number_views
-from fcd_secure.manifest import THETA_C, THETA_S, Manifest, dtype_name
+from fcd_secure.manifest import FULL, THETA_C, THETA_S, Manifest, dtype_name
 
 #: Message types of the secure-aggregation protocol start with this prefix.
 SECAGG_PREFIX = "train.secagg_"
@@ -217,8 +217,9 @@ class GatePolicy(BaseModel):
     allow_theta_s_upload: bool = Field(
         default=False,
         description=(
-            "research only: let Θs pass (the paper's 'w/o DSS' full-synchronisation ablation, Table III). The "
-            "uploads are recorded as they are, so `fcd audit verify` reports them as violations"
+            "research only: let Θs pass (the paper's 'w/o DSS' full-synchronisation ablation, Table III), except its "
+            "site-bound entries (the behaviour head of inverse-propensity weighting), which stay refused by name, "
+            "bytes and values. The uploads are recorded as they are, so `fcd audit verify` reports them as violations"
         ),
     )
     secure_only: bool = Field(
@@ -336,18 +337,22 @@ def check_content(
         Refusal: the first rule the content breaks (private content first, then names and shapes).
     """
     theta_c_specs, theta_s_specs = manifest.specs(THETA_C), manifest.specs(THETA_S)
-    s_names = set() if policy.allow_theta_s_upload else set(theta_s_specs)
     history = list(theta_s_history)[: policy.theta_s_history_rounds]
+    private = set(theta_s_specs)
+    if policy.allow_theta_s_upload:
+        # the full-sync ablation may send Θs, never its site-bound part (the behaviour head models the propensities)
+        private = {e.name for e in manifest.entries if e.site_bound}
+        theta_s = {k: v for k, v in (theta_s or {}).items() if k in private}
+        history = [{k: v for k, v in h.items() if k in private} for h in history]
     arrays = fingerprint_private(theta_s, propensities, policy.min_private_tensor_bytes, history)
     values = PrivateValues.of([theta_s or {}, *history])
-    if policy.allow_theta_s_upload:
-        arrays, values = [p for p in arrays if p.kind != "theta_s"], PrivateValues()
+    s_names = private
     for rname, record in content.items():
         _check_private(str(rname), record, s_names, arrays, values)
     if message_type.startswith(policy.secagg_prefix):
         _check_protocol(content, message_type[len(policy.secagg_prefix):], manifest, policy)
         return
-    layout = {**theta_c_specs, **theta_s_specs} if policy.allow_theta_s_upload else theta_c_specs
+    layout = manifest.specs(FULL) if policy.allow_theta_s_upload else theta_c_specs
     for rname, record in content.items():
         rname = str(rname)
         if isinstance(record, ArrayRecord):

@@ -364,7 +364,7 @@ def register(app: typer.Typer) -> None:
         data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Real datasets root (default $FCD_DATA_DIR, then ../shared/data of a source checkout)."),
         gamma: Optional[float] = typer.Option(None, "--gamma", help="Generated worlds (dkt-synth, tumour): confounding strength γ of the logging policy (data.gamma; default DKT-Synth 1.5, tumour 2; 0: the logging policy ignores what γ weighs: a student's readiness, a tumour's diameter)."),
         secure: Optional[bool] = typer.Option(None, "--secure-aggregation/--no-secure-aggregation", help="Pairwise-masked secure aggregation of Θc (default: on) or plain FedAvg.", show_default=False),
-        sync: Optional[str] = typer.Option(None, "--sync", help="dss (only Θc leaves a site; the paper's method) | full (every parameter; w/o-DSS ablation)."),
+        sync: Optional[str] = typer.Option(None, "--sync", help="dss (only Θc leaves a site; the paper's method) | full (every parameter but the site-bound behaviour head; w/o-DSS ablation)."),
         eval_every: Optional[int] = typer.Option(None, "--eval-every", min=0, help="Cheap federated PEHE every N rounds (0: only at the end)."),
         config_file: Optional[Path] = typer.Option(None, "--config", exists=True, dir_okay=False, help="A run config (TOML/JSON, e.g. a run folder's config.toml): re-runs it exactly in a new folder; options given override only what they name."),
         resume: Optional[Path] = typer.Option(None, "--resume", metavar="RUN_DIR", help="Continue the run in RUN_DIR (its config.toml and state) from its last finished round; options given override (e.g. --rounds)."),

@@ -4,7 +4,8 @@
 variant            what changes (everything else: same data, same Dirichlet split, same seeds, same evaluation)
 =================  =================================================================================================
 ``dss``            Fed-CausalDiff: DSS, only Θc is synchronised (paper §III)
-``full_sync``      "w/o DSS": every parameter is averaged (the flow aggregates part ``full``), Θs_i included
+``full_sync``      "w/o DSS": every parameter is averaged (the flow aggregates part ``full``), Θs_i included but
+                   its site-bound behaviour head (``fcd_secure.manifest``)
 ``no_ldis``        "w/o L_dis": ``model.use_dis = false`` (no gradient-reversal discriminator, no parallel head)
 ``local_only``     no federation: each site trains its own model alone and is evaluated with it
 ``centralised``    one model on the pooled training data of all sites (the reference of ``fcd train --centralised``)

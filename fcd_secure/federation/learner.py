@@ -234,13 +234,13 @@ def train_local_dp(
     from fcd_secure.model.baselines import FedCausalDiffSimulator  # noqa: PLC0415
     from fcd_secure.privacy.engine import DPSite, train_round_private  # noqa: PLC0415
 
-    from fcd_secure.model.training import training_view  # noqa: PLC0415
+    from fcd_secure.model.training import site_objective, training_view  # noqa: PLC0415
 
     if not isinstance(model, FedCausalDiffSimulator):
         raise ValueError(
             f"DP-SGD trains Fed-CausalDiff's local objective; model.simulator = {cfg.model.simulator!r} has none"
         )
-    mc = model_config(cfg)
+    mc = site_objective(ds, model_config(cfg))
     ds = training_view(ds, mc)
     # keyed by the records themselves: the same table reordered, or with a record dropped, keeps its budget
     site = DPSite.for_dataset(

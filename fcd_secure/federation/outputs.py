@@ -198,7 +198,9 @@ def build_summary(cfg: RunConfig, result, engine: str) -> dict[str, Any]:
         "sync": cfg.federation.sync,
         "secure_aggregation": cfg.federation.secure_aggregation,
         "synchronised_part": result.part,
-        "params": {part: m.size(part) for part in (THETA_C, THETA_S, FULL)},
+        # "full" is what full synchronisation sends (the site-bound Θs stays out); "total" counts every parameter
+        "params": {**{part: m.size(part) for part in (THETA_C, THETA_S, FULL)},
+                   "total": m.size(THETA_C) + m.size(THETA_S)},
         "uplink_bytes": up,
         "downlink_bytes": down,
         "uplink_mb": up / 1e6,

@@ -2,7 +2,8 @@
 
 Message type ``train``: each sampled site replies with its locally trained Θc (keyed by manifest names), its sample
 count and its local objective; the server forms ``Σ n_i Θc_i / Σ n_i`` with :func:`fcd_secure.aggregation.fedavg`.
-In the "w/o DSS" ablation (paper Table III) the same flow averages every parameter (part ``full``).
+In the "w/o DSS" ablation (paper Table III) the same flow averages every parameter but the site-bound ones (part
+``full``).
 
 Robust to one bad site (DESIGN P26): each reply is screened on its own (:func:`~fcd_secure.aggregation.fedavg.
 screen_update`: names, shapes and dtypes of the manifest, finite values, a whole sample count within the consortium's

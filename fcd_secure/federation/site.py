@@ -8,7 +8,8 @@ simulated nodes; ``Context.state`` is lost on restart). The only process-wide ca
 which is a pure function of the run config.
 
 Paper §III "Decoupled synchronisation": ``train_round`` loads Θs_i from disk, sets the global Θc, trains one local
-epoch on the site's own data and returns only Θc (or every parameter in the "w/o DSS" ablation). Θs_i, the
+epoch on the site's own data and returns only Θc (or every parameter but the site-bound ones in the "w/o DSS"
+ablation). Θs_i, the
 optimiser and RNG state are committed to disk atomically before the reply leaves.
 
 The run config a message carries is a *request*: the site's own policy (``federation.site_policy``) decides the
@@ -255,7 +256,7 @@ class SiteRuntime:
         snap = self.state.load()
         if snap is not None:
             learner.set_params(model, THETA_S, snap.theta_s)
-        # "w/o DSS" (part = full) synchronises Θs too, so the global one replaces the local copy here
+        # "w/o DSS" (part = full) synchronises Θs too (not its site-bound part): the global one replaces the local copy
         learner.set_params(model, part, global_theta)
         return model
 

@@ -2,6 +2,7 @@
 
 * :func:`make_loader` / :func:`dataset_tensors` (``batch.py``) — tensors of one site, converted to a
   :class:`~fcd_secure.model.batch.Batch` where they are consumed;
+* :func:`site_objective` — ``ipw = 'auto'`` resolved on the site's own data (``'step'`` or ``'off'``);
 * :func:`training_view` — the dataset a site trains on: the logged propensities P dropped unless ``cfg.ipw`` reads
   them (on the site only, DESIGN trap 5; ``'auto'`` weights only where the site logs them);
 * :func:`batch_loss` — the local objective on one batch (paper §III-C), per-sample-safe unless a batch term is on;
@@ -28,7 +29,22 @@ from fcd_secure.model.config import ModelConfig
 from fcd_secure.model.context import l_context
 from fcd_secure.model.networks import unwrap
 
-__all__ = ["Batch", "batch_loss", "dataset_tensors", "make_loader", "make_optimizer", "train_local", "training_view"]
+__all__ = ["Batch", "batch_loss", "dataset_tensors", "make_loader", "make_optimizer", "site_objective", "train_local",
+           "training_view"]
+
+
+def site_objective(ds: SiteDataset, cfg: ModelConfig) -> ModelConfig:
+    """The configuration a site trains ``ds`` with: ``ipw = 'auto'`` resolved on the site's own data, to ``'step'``
+    where it logs propensities and to ``'off'`` (the paper's objective) where it does not.
+
+    Resolved once per dataset, not per batch: a site without propensities then neither weights nor fits the
+    behaviour head, so its training (DP clipping and noise, the global gradient clip) is exactly the paper's; the
+    unused head stays at its initial values (and DP-SGD freezes it for the round,
+    ``fcd_secure.privacy.engine``). Every other value passes through.
+    """
+    if cfg.ipw != "auto":
+        return cfg
+    return cfg.model_copy(update={"ipw": "step" if ds.P is not None else "off"})
 
 
 def training_view(ds: SiteDataset, cfg: ModelConfig) -> SiteDataset:

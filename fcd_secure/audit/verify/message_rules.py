@@ -61,13 +61,16 @@ def check_message(
     manifest = in_force[1] if in_force is not None else None
     theta_c = {m.name: m for m in manifest.select(THETA_C)} if manifest is not None else {}
     theta_s = set(manifest.names(THETA_S)) if manifest is not None else set()
+    bound = {m.name for m in manifest.entries if m.site_bound} if manifest is not None else set()
     if in_force is None and e.tensors:
         viol("tensors left before any manifest was recorded")
     if layout_hash and in_force is not None and getattr(e, "layout_hash", None) != in_force[0].layout_hash:
         viol(f"layout hash {str(getattr(e, 'layout_hash', None))[:12]} is not the manifest in force")
     for kind, name in _names_in(e):
         leaf = name.split("/")[-1]
-        if leaf in theta_s or name in theta_s:
+        if leaf in bound or name in bound:
+            viol(f"{kind} {name!r} names a site-bound parameter (never sent, not even under full synchronisation)")
+        elif leaf in theta_s or name in theta_s:
             viol(f"{kind} {name!r} names a Θs parameter")
         if PROPENSITY_NAME.search(leaf):
             viol(f"{kind} {name!r} names a propensity")

@@ -17,7 +17,7 @@ from fcd_secure.model.config import ModelConfig
 from fcd_secure.model.networks import SITE_BOUND_MODULES, THETA_S_MODULES, FedCausalDiff, unwrap
 from fcd_secure.model.simulate import simulate
 from fcd_secure.model.simulator import Plan, SimResult, Simulator
-from fcd_secure.model.training import make_optimizer, train_local, training_view
+from fcd_secure.model.training import make_optimizer, site_objective, train_local, training_view
 
 __all__ = ["FedCausalDiffSimulator"]
 
@@ -57,9 +57,11 @@ class FedCausalDiffSimulator(Simulator):
         self, ds: SiteDataset, site_index: int | None, n_sites: int, epochs: int = 1, seed: int = 0
     ) -> dict[str, float]:
         """One local round of the paper's local objective (§III-C); propensities are dropped before training unless
-        ``config.ipw`` weights the likelihood by them (:func:`~fcd_secure.model.training.training_view`)."""
-        return train_local(self.module, training_view(ds, self.config), self.config, site_index, n_sites, epochs=epochs,
-                           seed=seed, optimizer=self.optimizer)
+        ``config.ipw`` weights the likelihood by them (:func:`~fcd_secure.model.training.site_objective`,
+        :func:`~fcd_secure.model.training.training_view`)."""
+        cfg = site_objective(ds, self.config)
+        return train_local(self.module, training_view(ds, cfg), cfg, site_index, n_sites, epochs=epochs, seed=seed,
+                           optimizer=self.optimizer)
 
     def simulate(
         self,
