@@ -235,3 +235,50 @@ def test_a_site_key_outside_the_agreed_layout_or_a_tiny_cohort_is_refused():
         encode_sums(layout, {"n_test": 5.0}, 5, pol)
     with pytest.raises(EvalVectorError, match="lengths"):
         union_schema([[("auc.pos", 100)], [("auc.pos", 50)]])
+
+
+# -- the site decides whether its propensities weight its training ----------------------------------------------
+def test_a_site_that_withholds_its_propensities_refuses_a_request_that_needs_them():
+    base, allowing = _site()
+    withholding = SitePolicy.model_validate({**allowing.model_dump(), "training": {"use_propensities": False}})
+    assert allowing.training.use_propensities and not withholding.training.use_propensities
+    for ipw in ("step", "cumulative"):
+        request = base.model_copy(update={"model": base.model.model_copy(update={"ipw": ipw})})
+        assert allowing.admit(request)[1] is None
+        _, refusal = withholding.admit(request)
+        assert refusal is not None and refusal.rule == "site_policy" and refusal.key == "model.ipw"
+    # 'auto' (the default) weights only where training data carry propensities: the site is within the request
+    assert base.model.ipw == "auto" and withholding.admit(base)[1] is None
+    with pytest.raises(SitePolicyError, match=r"field training\.use_propensities"):
+        allowing.check_meets(withholding, "site-01.toml")
+
+
+def test_a_withholding_site_trains_on_the_papers_objective(tmp_path, one_torch_thread):
+    """A real site runtime on DKT-Synth (which logs propensities): with [training] use_propensities = false its Θc
+    update is exactly that of a consortium that asked for ipw = 'off'; with the default policy it differs."""
+    import torch
+
+    from fcd_secure.federation import learner
+    from fcd_secure.federation.site import SiteRuntime
+    from fcd_secure.manifest import THETA_C
+
+    cfg = build_config("tiny", {"data": {"n_sites": 3}, "federation": {"secure_aggregation": False,
+                                                                         "clients_per_round": 2}})
+    paper = cfg.model_copy(update={"model": cfg.model.model_copy(update={"ipw": "off"})})
+    theta = learner.get_params(learner.build_model(paper, SiteRuntime(paper, "site-00", 0, str(tmp_path / "p")).dims),
+                               THETA_C)
+    round_config = {"server-round": 1, "part": THETA_C, "local-epochs": 1}
+
+    def update(run_cfg, policy, name):
+        torch.manual_seed(0)
+        site = SiteRuntime(run_cfg, "site-00", 0, str(tmp_path / name), policy=policy)
+        assert site.refusal is None and site.data.train.P is not None  # DKT-Synth logs its propensities
+        return site.train_round({k: v.copy() for k, v in theta.items()}, round_config)[0]
+
+    open_policy = SitePolicy.for_run(cfg)
+    closed = SitePolicy.model_validate({**open_policy.model_dump(), "training": {"use_propensities": False}})
+    withheld, weighted = update(cfg, closed, "closed"), update(cfg, open_policy, "open")
+    reference = update(paper, SitePolicy.for_run(paper), "paper")
+    assert set(withheld) == set(reference) == set(theta)
+    assert all(np.array_equal(withheld[k], reference[k]) for k in theta)
+    assert any(not np.array_equal(weighted[k], reference[k]) for k in theta)

@@ -226,14 +226,15 @@ class SiteRuntime:
             torch.set_rng_state(torch.load(io.BytesIO(snap.rng_state), weights_only=True))
 
         seed = learner.round_seed(self.cfg.seed, server_round, self.site_index)
+        train = self.policy.training_data(self.data.train)  # the site decides whether its propensities weight training
         if self.cfg.dp.enabled:  # === the DP-SGD seam: the privacy layer wraps model, optimiser and loader ===
             metrics = learner.train_local_dp(
-                model, self.data.train, self.cfg, self.site_index, self.data.n_sites, epochs, seed, optimizer,
+                model, train, self.cfg, self.site_index, self.data.n_sites, epochs, seed, optimizer,
                 self.state.dir, server_round,
             )
         else:
             metrics = learner.train_local(
-                model, self.data.train, self.cfg, self.site_index, self.data.n_sites, epochs=epochs, seed=seed, optimizer=optimizer
+                model, train, self.cfg, self.site_index, self.data.n_sites, epochs=epochs, seed=seed, optimizer=optimizer
             )
         out = learner.get_params(model, part)
         theta_s = learner.get_params(model, THETA_S)

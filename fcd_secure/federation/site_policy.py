@@ -13,6 +13,8 @@ shipped defaults are strict; a missing file means the defaults. Sections:
                        fixed-point scale, deadlines; its defaults)
 ``[dp]``               ``required`` DP-SGD or not, the lifetime ε cap, the largest δ, the DP ledger folder, the
                        noise seeding (P21)
+``[training]``         ``use_propensities``: whether the site's own logged propensities may weight its local training
+                       (``model.ipw``; default yes); they never leave either way
 ``[evaluation]``       the smallest evaluation cohort (default 50 rows, or the whole test split when smaller, never
                        fewer than 20) and how often the same rows may be evaluated (P22)
 ``[data]``             where the site's data are and how they are split; when set, a request naming other data is
@@ -43,6 +45,7 @@ from fcd_secure.audit import Refusal
 
 if TYPE_CHECKING:  # pragma: no cover - fcd_secure.config pulls in torch; the site executor reads policies without it
     from fcd_secure.config import RunConfig
+    from fcd_secure.data.schema import SiteDataset
 
 POLICY_FILE = "site_policy.toml"
 #: node config key naming the site's policy file (deployment)
@@ -81,6 +84,15 @@ class DPPolicy(_Section):
     )
     noise_seed_from_site_secret: bool = Field(
         True, description="the DP noise is seeded from a site secret; a request for run-seeded (reproducible) noise is refused"
+    )
+
+
+class TrainingPolicy(_Section):
+    use_propensities: bool = Field(
+        True,
+        description="let the site's logged propensities weight its own training (model.ipw 'auto', 'step', "
+        "'cumulative'). They never leave the site either way, but the Θc update then depends on them; false: the "
+        "site trains on the paper's unweighted objective and refuses a request that requires the weights",
     )
 
 
@@ -130,6 +142,7 @@ class SitePolicy(_Section):
     secure: SecurePolicy = Field(default_factory=SecurePolicy)
     secagg: SecAggPolicy = Field(default_factory=SecAggPolicy)
     dp: DPPolicy = Field(default_factory=DPPolicy)
+    training: TrainingPolicy = Field(default_factory=TrainingPolicy)
     evaluation: EvaluationPolicy = Field(default_factory=EvaluationPolicy)
     data: DataPolicy = Field(default_factory=DataPolicy)
     app: AppPolicy = Field(default_factory=AppPolicy)
@@ -189,7 +202,8 @@ class SitePolicy(_Section):
         """The effective settings for ``request`` and, if it asks for less protection than this policy, the refusal.
 
         The effective config is always within the policy (the stricter of the two): Θs stays unless the site opts
-        in, secure aggregation is on when the site requires it, DP is on when required with ε and δ no larger than
+        in, propensity weights are requested only of a site that allows them (the site applies its choice to its
+        training data: :meth:`training_data`), secure aggregation is on when the site requires it, DP is on when required with ε and δ no larger than
         the caps, the DP ledger is the site's, the data are the site's, and the secure-aggregation parameters are
         the site's pinned ones.
 
@@ -220,6 +234,10 @@ class SitePolicy(_Section):
             weaker.append("dp.ledger_dir")
         if dp.enabled and self.dp.noise_seed_from_site_secret and dp.noise_seed != "site_secret":
             weaker.append("dp.noise_seed")
+        # 'auto' weights only where a site's training data carries propensities: a site that withholds them is
+        # within the request; 'step' / 'cumulative' require them
+        if not self.training.use_propensities and request.model.ipw in ("step", "cumulative"):
+            weaker.append("model.ipw")
         pinned = self.data.model_dump()
         for name, value in pinned.items():
             if value is not None and getattr(data, name) != value:
@@ -248,6 +266,12 @@ class SitePolicy(_Section):
         return effective, refusal
 
     # -- a consortium's minimum --------------------------------------------------------------------------------
+    def training_data(self, ds: "SiteDataset") -> "SiteDataset":
+        """The site's training data as its policy lets training read them: without the logged propensities when
+        ``[training] use_propensities`` is false (``model.ipw = 'auto'`` then trains unweighted; the site's own
+        doubly robust evaluation still reads them)."""
+        return ds if self.training.use_propensities else ds.without_propensities()
+
     def check_meets(self, minimum: "SitePolicy", where: str) -> None:
         """Refuse a policy weaker than ``minimum`` (e.g. the consortium's), naming ``where`` and the field.
 
@@ -265,6 +289,7 @@ class SitePolicy(_Section):
             ("dp.required", minimum.dp.required and not self.dp.required),
             ("dp.epsilon_cap", minimum.dp.required and self.dp.epsilon_cap > minimum.dp.epsilon_cap),
             ("dp.noise_seed_from_site_secret", minimum.dp.noise_seed_from_site_secret and not self.dp.noise_seed_from_site_secret),
+            ("training.use_propensities", self.training.use_propensities and not minimum.training.use_propensities),
             ("evaluation.min_cohort", self.evaluation.min_cohort < minimum.evaluation.min_cohort),
             ("evaluation.max_repeats", self.evaluation.max_repeats > minimum.evaluation.max_repeats),
         ]
