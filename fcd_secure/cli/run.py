@@ -8,6 +8,7 @@ with the result table (DP and ε per site included) or one JSON envelope (``--js
 
 from __future__ import annotations
 
+import _thread
 import json
 import os
 import signal
@@ -29,6 +30,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from fcd_secure.config import RunConfig
 
 __all__ = ["PRESET_HELP", "RunOptions", "bad_input_errors", "execute_run", "register", "resolve_config", "summary_table"]
+
+#: seconds a run may take, after a first Ctrl-C or SIGTERM, to stop at its next wait before it is interrupted outright
+STOP_GRACE_S = 60.0
 
 
 def bad_input_errors() -> tuple[type[BaseException], ...]:
@@ -279,12 +283,30 @@ def execute_run(cfg: "RunConfig", as_json: bool) -> int:
     resume_hint = f"continue it with `fcd run --resume {cfg.out}`"
     prog = RunProgress(console, cfg)
     stop = threading.Event()
+    grace: list[threading.Timer] = []
 
     def interrupt(signum: int, frame: object) -> None:
-        # the ServerApp's thread must stop at its next wait *before* the engine tears Ray down under it: a thread
-        # that still calls Ray after its shutdown makes Ray's native worker exit the process with 1, not 130
+        # A first signal only asks the ServerApp's thread to stop at its next wait: Flower then lets its workers
+        # finish the task in hand and shuts Ray down with nothing calling it. Interrupting the engine here instead
+        # tears Ray down under those threads, and Ray's native worker then ends the process with 1, not 130.
+        if stop.is_set():  # a second signal, or a run that did not stop within the grace period: now
+            raise KeyboardInterrupt(f"signal {signum}")
         stop.set()
-        raise KeyboardInterrupt(f"signal {signum}")
+        console.print(f"stopping after the tasks in hand (within {STOP_GRACE_S:.0f} s; signal again to stop now)")
+        timer = threading.Timer(STOP_GRACE_S, _thread.interrupt_main)
+        timer.daemon = True
+        timer.start()
+        grace.append(timer)
+
+    def reclaim(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, interrupt)  # runs in the main thread, where handlers are set
+
+    def progress(event: str, info: dict) -> None:
+        prog(event, info)
+        if event == "connected" and hasattr(signal, "SIGUSR1"):
+            # ray.init, in the engine's start-up, replaced our SIGTERM handler with its own exit: the sites are
+            # connected, so Ray is up; have the main thread take SIGTERM back
+            os.kill(os.getpid(), signal.SIGUSR1)
 
     def interrupted() -> CliError:
         stop.set()  # the ServerApp's thread ends at its next wait: the process can exit
@@ -293,10 +315,14 @@ def execute_run(cfg: "RunConfig", as_json: bool) -> int:
             f"{cfg.state_root()}", "INTERRUPTED", hint=resume_hint,
         )
 
-    previous = signal.signal(signal.SIGTERM, interrupt)  # `kill PID` stops the run like Ctrl-C: state kept
+    # `kill PID` and Ctrl-C stop the run at the next wait, state kept
+    previous = {sig: signal.signal(sig, handler) for sig, handler in (
+        (signal.SIGTERM, interrupt), (signal.SIGINT, interrupt),
+        *(((signal.SIGUSR1, reclaim),) if hasattr(signal, "SIGUSR1") else ()),
+    )}
     try:
         with prog:
-            run_simulated(cfg, progress=prog, stop=stop)
+            run_simulated(cfg, progress=progress, stop=stop)
     except (KeyboardInterrupt, SystemExit):  # Ctrl-C; SIGTERM (ours, or Ray's handler once Ray has started: exit)
         raise interrupted() from None
     except bad_input_errors() as exc:
@@ -326,7 +352,10 @@ def execute_run(cfg: "RunConfig", as_json: bool) -> int:
             hint=f"{resume_hint}; FCD_DEBUG=1 prints the traceback",
         ) from None
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for timer in grace:
+            timer.cancel()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     summary = json.loads((Path(str(cfg.out)) / "summary.json").read_text())
     bad = outcome(summary, cfg)
     if as_json:
@@ -391,7 +420,7 @@ def register(app: typer.Typer) -> None:
           1    the run failed, or a site failed (its reason is named)
           2    bad input (config, data, folders, state): nothing written
           5    a site's DP budget is exhausted (ε is named)
-          130  interrupted: continue with --resume RUN_DIR
+          130  interrupted (Ctrl-C or SIGTERM stop at the next wait; twice: now): continue with --resume RUN_DIR
         """
         from fcd_secure.cli.preflight import check_run  # noqa: PLC0415
 
