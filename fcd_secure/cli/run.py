@@ -420,7 +420,8 @@ def register(app: typer.Typer) -> None:
           1    the run failed, or a site failed (its reason is named)
           2    bad input (config, data, folders, state): nothing written
           5    a site's DP budget is exhausted (ε is named)
-          130  interrupted (Ctrl-C or SIGTERM stop at the next wait; twice: now): continue with --resume RUN_DIR
+          130  interrupted: continue with --resume RUN_DIR (Ctrl-C or SIGTERM
+               stop the run at its next wait; a second one stops it now)
         """
         from fcd_secure.cli.preflight import check_run  # noqa: PLC0415
 
