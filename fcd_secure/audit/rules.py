@@ -338,15 +338,14 @@ def check_content(
     """
     theta_c_specs, theta_s_specs = manifest.specs(THETA_C), manifest.specs(THETA_S)
     history = list(theta_s_history)[: policy.theta_s_history_rounds]
-    private = set(theta_s_specs)
+    s_names = set(theta_s_specs)
     if policy.allow_theta_s_upload:
         # the full-sync ablation may send Θs, never its site-bound part (the behaviour head models the propensities)
-        private = {e.name for e in manifest.entries if e.site_bound}
-        theta_s = {k: v for k, v in (theta_s or {}).items() if k in private}
-        history = [{k: v for k, v in h.items() if k in private} for h in history]
+        s_names = {e.name for e in manifest.entries if e.site_bound}
+        theta_s = {k: v for k, v in (theta_s or {}).items() if k in s_names}
+        history = [{k: v for k, v in h.items() if k in s_names} for h in history]
     arrays = fingerprint_private(theta_s, propensities, policy.min_private_tensor_bytes, history)
     values = PrivateValues.of([theta_s or {}, *history])
-    s_names = private
     for rname, record in content.items():
         _check_private(str(rname), record, s_names, arrays, values)
     if message_type.startswith(policy.secagg_prefix):

@@ -9,8 +9,7 @@ which is a pure function of the run config.
 
 Paper §III "Decoupled synchronisation": ``train_round`` loads Θs_i from disk, sets the global Θc, trains one local
 epoch on the site's own data and returns only Θc (or every parameter but the site-bound ones in the "w/o DSS"
-ablation). Θs_i, the
-optimiser and RNG state are committed to disk atomically before the reply leaves.
+ablation). Θs_i, the optimiser and RNG state are committed to disk atomically before the reply leaves.
 
 The run config a message carries is a *request*: the site's own policy (``federation.site_policy``) decides the
 effective settings (``SiteRuntime.cfg``), and a request asking for less protection is refused on every message

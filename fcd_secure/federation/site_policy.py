@@ -203,9 +203,9 @@ class SitePolicy(_Section):
 
         The effective config is always within the policy (the stricter of the two): Θs stays unless the site opts
         in, propensity weights are requested only of a site that allows them (the site applies its choice to its
-        training data: :meth:`training_data`), secure aggregation is on when the site requires it, DP is on when required with ε and δ no larger than
-        the caps, the DP ledger is the site's, the data are the site's, and the secure-aggregation parameters are
-        the site's pinned ones.
+        training data: :meth:`training_data`), secure aggregation is on when the site requires it, DP is on when
+        required with ε and δ no larger than the caps, the DP ledger is the site's, the data are the site's, and the
+        secure-aggregation parameters are the site's pinned ones.
 
         Returns:
             ``(effective, refusal)``; ``refusal`` (rule ``site_policy``, key = the first weaker config field) is
@@ -265,13 +265,13 @@ class SitePolicy(_Section):
         refusal = Refusal(RULE, "config", weaker[0]) if weaker else None
         return effective, refusal
 
-    # -- a consortium's minimum --------------------------------------------------------------------------------
     def training_data(self, ds: "SiteDataset") -> "SiteDataset":
         """The site's training data as its policy lets training read them: without the logged propensities when
         ``[training] use_propensities`` is false (``model.ipw = 'auto'`` then trains unweighted; the site's own
         doubly robust evaluation still reads them)."""
         return ds if self.training.use_propensities else ds.without_propensities()
 
+    # -- a consortium's minimum --------------------------------------------------------------------------------
     def check_meets(self, minimum: "SitePolicy", where: str) -> None:
         """Refuse a policy weaker than ``minimum`` (e.g. the consortium's), naming ``where`` and the field.
 

@@ -234,10 +234,9 @@ def ipw_weights(model: FedCausalDiff, h: torch.Tensor, batch: Batch) -> torch.Te
     model on the observed history H_t. In the weighted population the action at t no longer depends on what the
     logging policy saw beyond H_t (a hidden confounder) but keeps its dependence on H_t; any function of H_t is a
     valid numerator (Robins, Hernán & Brumback 2000) and p̂ lowers the variance (``'step'`` and ``'auto'``).
-    ``cfg.ipw = 'cumulative'`` takes
-    the product over the last ``cfg.ipw_window`` steps (the whole past when 0), which also removes the evidence
-    that PAST logged actions carry about the confounder — what a multi-step rollout under do(·) needs (Lim et al.
-    2018, RMSN); the product is truncated at c = ``cfg.ipw_clip`` as well.
+    ``cfg.ipw = 'cumulative'`` takes the product over the last ``cfg.ipw_window`` steps (the whole past when 0),
+    which also removes the evidence that PAST logged actions carry about the confounder — what a multi-step rollout
+    under do(·) needs (Lim et al. 2018, RMSN); the product is truncated at c = ``cfg.ipw_clip`` as well.
 
     Raises:
         ValueError: a valid step has no logged propensity in (0, 1].
