@@ -348,6 +348,49 @@ def test_a_site_manifest_that_differs_from_the_servers_is_caught(tmp_path):
     assert forged.specs("theta_s") == {}
 
 
+def _forged_line_ledger(tmp_path, entries, layout_hash):
+    """A site ledger whose manifest line records ``entries`` beside ``layout_hash`` (signed by the site itself), and
+    one upload of Θc tensors of ``entries`` sent under that hash."""
+    from flwr.app import Array, ArrayRecord, Message, RecordDict
+
+    from fcd_secure.manifest import Manifest
+
+    forged = Manifest(entries=tuple(entries), layout_hash=layout_hash)
+    ledger = SiteLedger.open(tmp_path / "s", raw_key(), "s")
+    ledger.record_manifest(forged)
+    arrays = {e.name: Array(np.zeros(e.shape, np.float32)) for e in forged.select("theta_c")}
+    msg = Message(RecordDict({"update": ArrayRecord(arrays)}), reply_to=instruction("train", 1))
+    ledger.record_upload(describe_message(msg), status="sent", layout_hash=layout_hash, privacy_ledger_hash=None)
+    return verify_path(tmp_path / "s")
+
+
+def test_a_manifest_line_that_does_not_hash_to_its_layout_is_tampered_even_without_the_server_ledger(tmp_path):
+    """A site records the consortium's layout hash beside a layout of its own (a Θs tensor moved into Θc) and sends
+    that tensor: the upload matches the line, but the line's names hash to another layout. Verified alone, the
+    site's ledger is tampered, not merely partial."""
+    moved = [e.model_copy(update={"part": "theta_c"}) if e.name == "eps_s.weight" else e for e in MANIFEST.entries]
+    res = _forged_line_ledger(tmp_path, moved, MANIFEST.layout_hash)
+    assert res.exit_code == 6
+    assert any("manifest line is inconsistent" in f.message and "hash to" in f.message for f in _tampered(res))
+    # the honest line verifies as before: partial (no server ledger), nothing tampered
+    honest = _forged_line_ledger(tmp_path / "honest", MANIFEST.entries, MANIFEST.layout_hash)
+    assert honest.status == "partial" and not _tampered(honest)
+
+
+def test_a_manifest_line_that_drops_a_site_bound_flag_is_tampered(tmp_path):
+    """The flag that keeps the behaviour head off every uplink is part of the layout hash: a line that keeps the hash
+    but drops the flag no longer hashes to it."""
+    from fcd_secure.manifest import ManifestEntry, layout_hash
+
+    head = ManifestEntry(name="behaviour.weight", shape=(3, 6), dtype="float32", part="theta_s", site_bound=True)
+    bound = [*MANIFEST.entries, head]
+    real = layout_hash(bound)
+    dropped = [e.model_copy(update={"site_bound": False}) for e in bound]
+    res = _forged_line_ledger(tmp_path, dropped, real)
+    assert res.exit_code == 6 and any("manifest line is inconsistent" in f.message for f in _tampered(res))
+    assert not _tampered(_forged_line_ledger(tmp_path / "honest", bound, real))
+
+
 def test_a_site_upload_missing_from_the_server_ledger_is_tampered(run):
     """The server cuts its ledger's tail (a valid chain, just shorter) to hide uploads it received: the site's
     uploads that the server ledger no longer records are named, site entry seq and line."""

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from fcd_secure.manifest import THETA_C, THETA_S, Manifest, ManifestEntry
+from fcd_secure.manifest import THETA_C, THETA_S, Manifest, ManifestEntry, layout_hash as hash_of_layout
 
 if TYPE_CHECKING:
     from fcd_secure.audit.accounting import MessageFacts
@@ -222,6 +222,25 @@ class ManifestLine(LedgerLine):
         entries += [ManifestEntry(name=t.name, shape=t.shape, dtype=t.dtype, part=THETA_S, site_bound=t.name in bound)
                     for t in self.theta_s]
         return Manifest(entries=tuple(entries), layout_hash=self.layout_hash)
+
+    def inconsistencies(self) -> list[str]:
+        """Why the line's content does not hash to its ``layout_hash`` (empty when it does).
+
+        A line is signed by its writer, so the chain alone cannot show a writer that records one layout's hash beside
+        another layout's names (a Θs tensor moved into Θc, a site-bound flag dropped): the hash is recomputed from
+        the names, shapes, dtypes and flags the line records, as :func:`fcd_secure.manifest.layout_hash` computes it.
+        """
+        out = []
+        stray = sorted(set(self.site_bound or ()) - {t.name for t in self.theta_s})
+        if stray:
+            out.append(f"site-bound names {stray[:3]} are not Θs tensors of the line")
+        names = [t.name for t in (*self.theta_c, *self.theta_s)]
+        if len(set(names)) != len(names):
+            out.append("a tensor name appears more than once")
+        recomputed = hash_of_layout(self.to_manifest().entries)
+        if recomputed != self.layout_hash:
+            out.append(f"its entries hash to {recomputed[:12]}, not to the layout {self.layout_hash[:12]} it records")
+        return out
 
 
 class MessageLine(LedgerLine):

@@ -68,6 +68,8 @@ def scan_server(paths: list[Path], label: Callable[[Path], str], pinned: set[str
             elif isinstance(e, ManifestLine):
                 scan.manifests[e.layout_hash] = e
                 in_force = (e, e.to_manifest())
+                for problem in e.inconsistencies():
+                    res.add("tampered", lab, e.seq, loc.line, f"{loc.where}: the manifest line is inconsistent: {problem}")
             elif isinstance(e, CountersignLine):
                 scan.countersigns.append((lab, loc))  # type: ignore[arg-type]
                 scan.countersign_hashes.add((e.seq, e.hash))

@@ -86,6 +86,8 @@ def scan_site(path: Path, label: str, pinned: set[str] | None, res: VerifyResult
         if isinstance(e, ManifestLine):
             scan.manifests.append(loc)  # type: ignore[arg-type]
             in_force = (e, e.to_manifest())
+            for problem in e.inconsistencies():
+                res.add("tampered", label, e.seq, loc.line, f"{loc.where}: the manifest line is inconsistent: {problem}")
         elif isinstance(e, UploadLine):
             scan.uploads.append(loc)  # type: ignore[arg-type]
             uploads[e.seq] = e
