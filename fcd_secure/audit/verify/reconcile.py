@@ -2,10 +2,10 @@
 
 For every site ledger (when a server ledger is under the verified path):
 
-* each ``manifest`` line must be a layout the server recorded, part for part and flag for flag (a site cannot hide a
-  Θs name by declaring a manifest of its own making, nor drop a site-bound flag); every manifest line, on either
-  side, must also hash to the layout hash it records (``ManifestLine.inconsistencies``), which checks a site ledger
-  verified without the server's;
+* each ``manifest`` line must be a layout the server recorded, part for part (a site cannot hide a Θs name by
+  declaring a manifest of its own making); the scans have already checked that every manifest line hashes to the
+  layout hash it records (``ManifestLine.inconsistencies``: names, shapes, dtypes and site-bound flags), which also
+  checks a site ledger verified without the server's;
 * each upload must have the server's ``received`` line, equal in every fact both record (:data:`MESSAGE_FACTS`:
   run, node, round, message type, reply-to, message id, payload and message bytes, payload hash, and the names
   inside: records, tensors with shapes and dtypes, metric names, list lengths, config fields); a missing one means
@@ -83,7 +83,7 @@ def _manifests(server: ServerScan, site: SiteScan, res: VerifyResult) -> None:
     for loc in site.manifests:
         m = loc.entry
         srv = server.manifests.get(m.layout_hash)
-        if srv is None or srv.theta_c != m.theta_c or srv.theta_s != m.theta_s or srv.site_bound != m.site_bound:
+        if srv is None or srv.theta_c != m.theta_c or srv.theta_s != m.theta_s:
             res.add("tampered", site.label, m.seq, loc.line,
                     f"{loc.where}: the site's manifest (layout {m.layout_hash[:12]}) is not the one the server ran with")
 
