@@ -151,11 +151,41 @@ def test_unseen_mass_bounds_cover_the_truth_that_heavy_weights_hide_from_the_dou
         b = unseen_bounds(iv, total, "d")
         hits_dr += iv.covers(truth)
         hits_bounded += b["low"] <= truth <= b["high"]
-        assert b["low"] <= iv.low and b["high"] >= iv.high and b["unseen_low"] >= 0 and b["unseen_high"] >= 0
+        assert b["unseen_low"] >= 0 and b["unseen_high"] >= 0
+        assert b["low"] <= iv.estimate - b["unseen_low"] and b["high"] >= iv.estimate + b["unseen_high"]
+        assert b["high"] - b["low"] >= iv.high - iv.low - 1e-12  # never narrower than the doubly robust interval
         widths.append(b["high"] - b["low"])
     assert hits_dr / reps < 0.5
     assert hits_bounded / reps >= 0.8  # B is estimated from the same sample: near nominal, not above it
     assert np.median(widths) < 0.6  # wider, not the whole outcome range
+
+
+def test_the_bounded_interval_covers_a_partially_identified_value_at_its_nominal_level():
+    """Known answer (Imbens & Manski 2004): the value is the lower end μ of a set [μ, μ + Δ] whose width is known and
+    whose ends are estimated by a normal mean. Their critical value makes P(μ covered) = Φ(C) − Φ(−C − Δ/σ) = 90 %;
+    the union of the two-sided intervals at both ends covers μ about 95 % of the time (the set, not the value)."""
+    from statistics import NormalDist
+
+    from fcd_secure.evaluation.intervals import imbens_manski_critical, unseen_bounds
+
+    z90, z95 = NormalDist().inv_cdf(0.9), NormalDist().inv_cdf(0.95)
+    assert imbens_manski_critical(0.0, 0.9) == pytest.approx(z95, abs=1e-9)  # a point: the two-sided value
+    assert imbens_manski_critical(50.0, 0.9) == pytest.approx(z90, abs=1e-9)  # a wide set: one-sided at each end
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        imbens_manski_critical(-1.0, 0.9)
+    rng = np.random.default_rng(11)
+    n, reps, mu, width = 100, 4000, 0.3, 0.2  # Δ / σ = 2: between the two limits
+    hits = union = 0
+    for _ in range(reps):
+        x = rng.normal(mu, 1.0, n)
+        total = {**site_sums("q", x), "q.unseen_lo": 0.0, "q.unseen_hi": width * n}
+        iv = interval_from_sums(total, "q", 0.9)
+        b = unseen_bounds(iv, total, "q")
+        assert z90 <= b["critical"] <= z95
+        hits += b["low"] <= mu <= b["high"]
+        union += iv.low <= mu <= iv.high + width
+    assert 0.875 <= hits / reps <= 0.925
+    assert union / reps >= 0.935
 
 
 def test_unseen_bounds_vanish_where_the_sample_reaches_all_of_pi_and_a_contrast_takes_both_sides():

@@ -95,9 +95,13 @@ def test_whatif_answers_label_policies_with_intervals_and_truth(asked):
         # the doubly robust value (DKT-Synth logs propensities): an interval, and the share of supported steps
         dr = d["doubly_robust"]
         assert dr["low"] <= dr["estimate"] <= dr["high"] and 0.0 <= dr["support"] < 1.0
-        # widened by what the logged sample did not reach of π (binary outcome: the bounds are sent)
+        # widened by what the logged sample did not reach of π (binary outcome: the bounds are sent), with the
+        # Imbens-Manski critical value between the one- and the two-sided normal quantile
         b = dr["bounded"]
-        assert b["low"] == pytest.approx(dr["low"] - b["unseen_low"]) and b["high"] == pytest.approx(dr["high"] + b["unseen_high"])
+        se = (dr["high"] - dr["low"]) / (2 * 1.6448536269514722)
+        assert 1.2815515655446004 <= b["critical"] <= 1.6448536269514722
+        assert b["low"] == pytest.approx(dr["estimate"] - b["unseen_low"] - b["critical"] * se)
+        assert b["high"] == pytest.approx(dr["estimate"] + b["unseen_high"] + b["critical"] * se)
         assert b["unseen_low"] >= 0 and b["unseen_high"] >= 0 and b["unseen_low"] + b["unseen_high"] > 0
         assert "value" in d["dr"]  # the per-decision DR point estimate of the OPE sums stays beside it
     eff = pols["item3_then_off"]["effect"]

@@ -43,8 +43,11 @@ the worst-case bounds of Manski (1990, "Nonparametric bounds on treatment effect
 of π that the data did not observe. They need an outcome in [0, 1] (binary outcomes) and the logged propensities
 being right; nothing about the model. Each site forms B_t on its own test entities (a positive part per site,
 which is more conservative than one consortium-wide B_t and needs no per-step sums): two more sums per policy.
-Where the sample reached all of π (B_t = 0) they equal the doubly robust interval; where it reached nothing they
-span the outcome range.
+The bounds give a set, not a point: [DR − unseen below, DR + unseen above]. The interval around the set takes the
+critical value of Imbens & Manski (2004) on each side (:func:`imbens_manski_critical`): it covers the true value at
+the nominal level, where the union of two-sided intervals at both ends would cover the whole set and over-cover the
+value. Where the sample reached all of π (B_t = 0) the interval is the doubly robust one; where it reached nothing
+it spans the outcome range.
 
 Why no bootstrap over entities: a Poisson bootstrap (Chamandy et al. 2012) is additive too — each site would send
 Σ_i w_ib x_i for replicates b = 1..B — but the server could recompute weights drawn from the run's seed and solve
@@ -64,8 +67,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SUM_FIELDS", "UNSEEN_FIELDS", "Interval", "interval_from_sums", "reached_mass", "site_sums", "unseen_bounds",
-           "unseen_mass_sums"]
+__all__ = ["SUM_FIELDS", "UNSEEN_FIELDS", "Interval", "imbens_manski_critical", "interval_from_sums", "reached_mass",
+           "site_sums", "unseen_bounds", "unseen_mass_sums"]
 
 #: the sums one quantity contributes (``<prefix>.<field>``); ``mc_var`` only where the quantity is a Monte-Carlo mean
 SUM_FIELDS = ("n", "sum", "sumsq", "mc_var")
@@ -197,8 +200,38 @@ def unseen_mass_sums(prefix: str, w: np.ndarray, scale: np.ndarray, v_hat: np.nd
     return {f"{prefix}.unseen_lo": float((missed * sv).sum()), f"{prefix}.unseen_hi": float((missed * s1).sum())}
 
 
+def imbens_manski_critical(width_over_se: float, level: float) -> float:
+    """The critical value C of Imbens & Manski (2004, "Confidence intervals for partially identified parameters",
+    Econometrica 72(6)): Φ(C + Δ/σ) − Φ(−C) = level, with Δ the estimated width of the identified set and σ the
+    standard error of its bounds.
+
+    C is z_{1−α/2} when the set is a point (Δ = 0) and falls to z_{1−α} as the set widens: a wide set's true value
+    lies near at most one of its ends, so each end needs one-sided coverage only. [lower − Cσ, upper + Cσ] then
+    covers the *parameter* at the nominal level, where the union of the two two-sided intervals covers the whole set
+    and over-covers the parameter.
+
+    Raises:
+        ValueError: ``level`` outside (0, 1), or a negative or non-finite ``width_over_se``.
+    """
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must lie in (0, 1), got {level}")
+    if not (math.isfinite(width_over_se) and width_over_se >= 0):
+        raise ValueError(f"the set's width over its standard error must be finite and >= 0, got {width_over_se}")
+    nd = NormalDist()
+    lo, hi = nd.inv_cdf(level), nd.inv_cdf(1 - (1 - level) / 2)  # the root lies between z_{1−α} and z_{1−α/2}
+    for _ in range(60):  # the left side increases in C: bisection to far below any printed digit
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if nd.cdf(mid + width_over_se) - nd.cdf(-mid) < level else (lo, mid)
+    return hi
+
+
 def unseen_bounds(iv: Interval, total: dict[str, Any], plus: str, minus: str | None = None) -> dict[str, float]:
-    """The interval ``iv`` widened by the unseen-mass bounds (module docstring), from consortium totals.
+    """The doubly robust estimate's interval with the unseen-mass bounds (module docstring), from consortium totals.
+
+    The bounds make the target partially identified: the set [estimate − unseen_low, estimate + unseen_high]. The
+    interval around it takes :func:`imbens_manski_critical` times the standard error on each side, so it covers the
+    true value (not the whole set) at ``iv.level``; it equals ``iv`` where the sample reached all of π and is never
+    narrower than ``iv``.
 
     Args:
         iv: the doubly robust interval (:func:`interval_from_sums`).
@@ -207,7 +240,8 @@ def unseen_bounds(iv: Interval, total: dict[str, Any], plus: str, minus: str | N
         minus: for a contrast v(π) − v(ref), the reference's prefix: its unseen part enters with the opposite sign.
 
     Returns:
-        ``{low, high, unseen_low, unseen_high}``: the widened interval and how far each side moved.
+        ``{low, high, unseen_low, unseen_high, critical}``: the interval, how far the set reaches below and above the
+        estimate, and the critical value used.
 
     Raises:
         KeyError: a sum is missing.
@@ -218,4 +252,9 @@ def unseen_bounds(iv: Interval, total: dict[str, Any], plus: str, minus: str | N
     if minus is not None:
         down += float(total[f"{minus}.unseen_hi"]) / n
         up += float(total[f"{minus}.unseen_lo"]) / n
-    return {"low": iv.low - down, "high": iv.high + up, "unseen_low": down, "unseen_high": up}
+    if not (math.isfinite(iv.se) and iv.se > 0):  # one entity, or no spread: no sampling error to weigh the set by
+        return {"low": iv.low - down, "high": iv.high + up, "unseen_low": down, "unseen_high": up,
+                "critical": float("nan")}
+    c = imbens_manski_critical((down + up) / iv.se, iv.level)
+    return {"low": iv.estimate - down - c * iv.se, "high": iv.estimate + up + c * iv.se, "unseen_low": down,
+            "unseen_high": up, "critical": c}

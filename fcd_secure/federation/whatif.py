@@ -35,7 +35,8 @@ On each site (:func:`site_policy_sums`), for every policy π (bound to the site'
   two sums of the **unseen-mass bounds** (``whatif.dr.<π>.unseen_lo`` / ``unseen_hi``,
   :func:`fcd_secure.evaluation.intervals.unseen_mass_sums`): the share of π's distribution its logged sample did
   not reach (E[w_{0:t}] = 1 tells how much) times the outcome's range on it, which widens the DR interval where
-  heavy weights make the plain one too narrow;
+  heavy weights make the plain one too narrow (the server takes the critical value of Imbens & Manski 2004 for the
+  set they leave, :func:`fcd_secure.evaluation.intervals.unseen_bounds`);
 * the per-entity values and contrasts are written to ``<site state>/whatif/<query id>.csv`` on the site's own disk
   (with the request beside it) and nowhere else: in deployment they never leave the site.
 
@@ -372,7 +373,8 @@ def merge_policy_sums(s: dict[str, Any], sites: int, request: WhatIfRequest | No
         estimates (``ipw``, ``snipw``, ``dr``: point estimates), ``interval`` (``fcd_secure.evaluation.intervals
         .Interval`` as a dict), ``rectified`` (the factually rectified value and interval), ``doubly_robust`` (the
         per-entity doubly robust value and its interval, with ``support``, where sites log propensities, and
-        ``bounded``: that interval widened by the unseen-mass bounds, for binary outcomes) and, unless
+        ``bounded``: the interval around the set the unseen-mass bounds leave, with the critical value of Imbens &
+        Manski, for binary outcomes) and, unless
         it is the reference, ``effect`` (the contrast to the reference with its interval, its doubly robust form
         under ``doubly_robust`` and, with an oracle, its truth). ``factual_residual`` is the mean of
         v̂(logged actions) − observed with its interval: how far the simulator is off where the truth is observed.
