@@ -126,9 +126,10 @@ def test_the_doubly_robust_table_shows_the_interval_widened_by_the_unseen_mass(a
     from fcd_secure.cli.whatif import dr_table
 
     res = asked[2]
-    con = Console(record=True, width=220)
+    con = Console(record=True, width=80)  # a terminal of 80 columns: every interval on one line
     con.print(dr_table(res))
     text = con.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
     for name in ("never", "always", "item3_then_off"):
         dr = res["policies"][name]["doubly_robust"]
         assert f"{dr['low']:.3f}–{dr['high']:.3f}" in text

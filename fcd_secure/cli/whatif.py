@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
+from rich.console import Group
 from rich.markup import escape
 from rich.table import Table
 
@@ -64,29 +65,41 @@ def whatif_table(result: dict, title: str = "What happens under each policy") ->
     return t
 
 
-def dr_table(result: dict) -> Table | None:
-    """The doubly robust answer (sites with logged propensities) as a table, or None: per policy the DR value, its
-    interval, that interval widened by the unseen-mass bounds (the share of π the logged sample did not reach times
-    the outcome's range; ``fcd_secure.evaluation.intervals``) and the share of supported steps; the same for each
-    effect."""
+def dr_table(result: dict) -> Group | None:
+    """The doubly robust answer (sites with logged propensities) as two tables, or None: per policy the DR value, its
+    interval, the interval with the unseen-mass bounds (the share of π the logged sample did not reach times the
+    outcome's range; ``fcd_secure.evaluation.intervals``) and the share of supported steps; then the same for each
+    effect. Two tables, so that every interval stays on one line in 80 columns."""
     pols = {k: d for k, d in (result.get("policies") or {}).items() if d.get("doubly_robust")}
     if not pols:
         return None
     level = (result.get("whatif") or {}).get("level", 0.9)
     ref = (result.get("whatif") or {}).get("reference")
-    t = Table(title="Doubly robust (the model corrected by its weighted error on the logged steps)", show_header=True,
-              header_style="bold", caption="bounds: the interval widened where the logged sample did not reach the "
-              "policy (it then says so rather than repeat the model); support: share of steps the logged data follows")
-    for col in ("policy", "DR value", f"{level:.0%} CI", "with bounds", "support", "DR effect", f"{level:.0%} CI",
-                "with bounds"):
-        t.add_column(col, justify="left" if col == "policy" else "right", overflow="fold")
+
+    def table(title: str, cols: tuple[str, ...], caption: str | None = None) -> Table:
+        t = Table(title=title, show_header=True, header_style="bold", caption=caption)
+        for col in cols:
+            t.add_column(col, justify="left" if col == "policy" else "right", overflow="fold",
+                         no_wrap=col != "policy")
+        return t
+
+    values = table("Doubly robust values (the model corrected by its weighted error on the logged steps)",
+                   ("policy", "DR value", f"{level:.0%} CI", "with bounds", "support"))
     for name, d in pols.items():
         dr = d["doubly_robust"]
+        values.add_row(escape(name), _fmt(dr.get("estimate")), _iv(dr), _iv(dr.get("bounded")), f"{dr['support']:.0%}")
+    effects = table(f"Doubly robust effects (vs {escape(str(ref))})", ("policy", "DR effect", f"{level:.0%} CI",
+                    "with bounds"), caption="with bounds: the interval widened where the logged sample did not reach "
+                    "the policy (it then says so rather than repeat the model); support: share of steps the logged "
+                    "data follows")
+    for name, d in pols.items():
         eff = ((d.get("effect") or {}).get("doubly_robust")) or {}
-        row = [escape(name), _fmt(dr.get("estimate")), _iv(dr), _iv(dr.get("bounded")), f"{dr['support']:.0%}"]
-        row += ["ref.", "", ""] if name == ref else [_fmt(eff.get("estimate")), _iv(eff), _iv(eff.get("bounded"))]
-        t.add_row(*row)
-    return t
+        if name != ref and eff:
+            effects.add_row(escape(name), _fmt(eff.get("estimate")), _iv(eff), _iv(eff.get("bounded")))
+    if not effects.row_count:
+        values.caption = effects.caption
+        return Group(values)
+    return Group(values, effects)
 
 
 def register(app: typer.Typer) -> None:
