@@ -42,7 +42,7 @@ DEFAULT_DATASET = "dkt-synth"
 #: Datasets generated with their ground truth (the registry's generated sources), and the ``[data]`` keys that are
 #: options of their generators (``data.sources.base.WORLD_OPTIONS``); a test holds both to the registry.
 GENERATED_WORLDS = ("dkt-synth", "tumour")
-WORLD_KEYS = ("gamma", "effect_horizon")
+WORLD_KEYS = ("gamma", "effect_horizon", "site_spread")
 
 
 class ConfigError(ValueError):
@@ -78,6 +78,12 @@ class DataSection(BaseModel):
         description="generated worlds (dkt-synth, tumour): steps from the anchor step that the per-entity effects "
         "(PEHE, ATE) average over; 1: the one-step effect; unset: the preset's (10 on default)",
     )
+    site_spread: float | None = Field(
+        None, ge=0, le=20,
+        description="generated worlds (dkt-synth, tumour): how much the sites differ; multiplies the spread of every "
+        "site-level parameter (DKT-Synth: the sites' means of ability, confounder and covariate, item biases, anchor "
+        "tilt; tumour: case mix and chemo/radio practice); 0: sites differ in size only; unset: 1",
+    )
 
     @model_validator(mode="after")
     def _spec_pair(self) -> "DataSection":
@@ -90,8 +96,8 @@ class DataSection(BaseModel):
         return self
 
     def world_options(self) -> dict[str, float]:
-        """The generator options a generated dataset is built with beyond its preset (``gamma``, ``effect_horizon``);
-        empty when none is set."""
+        """The generator options a generated dataset is built with beyond its preset (``gamma``, ``effect_horizon``,
+        ``site_spread``); empty when none is set."""
         return {k: getattr(self, k) for k in WORLD_KEYS if getattr(self, k) is not None}
 
 
@@ -186,6 +192,8 @@ class RunConfig(BaseModel):
             d["federation"].pop(k, None)
         d["data"].pop("data_dir", None)
         d["data"].pop("effect_horizon", None)  # which truth the run is scored on; the world and training are the same
+        if d["data"].get("site_spread") is None:  # unset: the hash of a run from before the key existed, so it resumes
+            d["data"].pop("site_spread", None)
         d["secagg"].pop("deadlines", None)  # when a late site is dropped, like round_timeout_s
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 

@@ -252,6 +252,36 @@ def test_the_config_knows_the_generated_worlds_and_their_options_as_the_registry
     assert set(WORLD_KEYS) == set(WORLD_OPTIONS) and all(set(s.options) == set(WORLD_KEYS) for s in generated.values())
 
 
+@pytest.mark.parametrize("dataset", ["dkt-synth", "tumour"])
+def test_site_spread_of_the_run_config_scales_how_much_the_sites_differ(dataset):
+    """``data.site_spread`` (``fcd run --site-spread``) multiplies every site-level spread of a generated world: 1 is the
+    world as before (the same logged data), 0 makes the sites alike but for their size, 3 makes them three times as
+    far apart; the world is a training input, so a checkpoint never resumes across it."""
+    from fcd_secure.cli.resolve import RunOptions, resolve_config
+    from fcd_secure.config import ConfigError, build_config
+    from fcd_secure.federation import learner
+
+    cfgs = {k: build_config("tiny", {"data": {"dataset": dataset} | ({} if k is None else {"site_spread": k})})
+            for k in (None, 1.0, 0.0, 3.0)}
+    fds = {k: learner.load_federated(c) for k, c in cfgs.items()}
+    np.testing.assert_array_equal(fds[1.0].train[0].T, fds[None].train[0].T)
+    np.testing.assert_array_equal(fds[1.0].train[0].Y, fds[None].train[0].Y)
+    sp = {k: fd.oracle.site_params for k, fd in fds.items()}
+    keys = [k for k in sp[None] if k not in ("sizes", "item_const", "logit_ref", "stage_probs")]
+    assert keys
+    for key in keys:
+        scale = np.log if key == "sd_u" else np.asarray  # the confounder's s.d. spreads on the log scale
+        base = scale(np.asarray(sp[None][key], dtype=np.float64))
+        np.testing.assert_allclose(scale(sp[0.0][key]), 0.0, atol=1e-12)
+        np.testing.assert_allclose(scale(sp[3.0][key]), 3.0 * base)
+    assert not np.allclose(fds[3.0].train[0].P, fds[None].train[0].P)  # the sites log differently, not a label
+    assert len({learner.data_key(c) for c in cfgs.values()}) == 4
+    assert cfgs[3.0].training_hash() != cfgs[None].training_hash()
+    assert resolve_config(RunOptions(preset="tiny", dataset=dataset, site_spread=2.0)).data.site_spread == 2.0
+    with pytest.raises(ConfigError, match="site_spread"):
+        build_config("tiny", {"data": {"dataset": "statics2011", "site_spread": 2.0}})
+
+
 @pytest.mark.parametrize("world, field", [
     ({"gamma": -1.0}, "gamma"),  # the field's own bound
     ({"effect_horizon": 0}, "effect_horizon"),

@@ -55,8 +55,8 @@ def check_data(cfg: "RunConfig", opts: RunOptions) -> "RunConfig":
             registry.check_world(d.dataset, d.world_options(), n_sites=d.n_sites, alpha=d.alpha, seed=cfg.seed,
                                  preset=d.preset, test_fraction=d.test_fraction)
         except DataError as exc:
-            raise _data_error(exc, "`fcd config show` lists the [data] keys; data.gamma and data.effect_horizon "
-                                   "apply to the generated worlds") from None
+            raise _data_error(exc, "`fcd config show` lists the [data] keys; data.gamma, data.effect_horizon "
+                                   "and data.site_spread apply to the generated worlds") from None
         return cfg
     hint = f"`fcd data validate --spec {d.spec} {d.table}` checks the table alone"
     try:

@@ -44,6 +44,7 @@ class RunOptions:
     spec: tuple[Path, Path] | None = None
     data_dir: Path | None = None
     gamma: float | None = None
+    site_spread: float | None = None
     secure: bool | None = None
     sync: str | None = None
     eval_every: int | None = None
@@ -122,6 +123,8 @@ def resolve_config(opts: RunOptions) -> "RunConfig":
         data["data_dir"] = str(opts.data_dir)
     if opts.gamma is not None:
         data["gamma"] = opts.gamma
+    if opts.site_spread is not None:
+        data["site_spread"] = opts.site_spread
     if opts.secure is not None:
         fed["secure_aggregation"] = bool(opts.secure)
     if opts.sync is not None:

@@ -392,6 +392,7 @@ def register(app: typer.Typer) -> None:
         spec: Optional[tuple[Path, Path]] = typer.Option(None, "--spec", metavar="SPEC TABLE", help="Your own data: a dataset spec file and the table it describes (checked as `fcd data validate` does)."),
         data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Real datasets root (default $FCD_DATA_DIR, then ../shared/data of a source checkout)."),
         gamma: Optional[float] = typer.Option(None, "--gamma", help="Generated worlds (dkt-synth, tumour): confounding strength γ of the logging policy (data.gamma; default DKT-Synth 1.5, tumour 2; 0: the logging policy ignores what γ weighs: a student's readiness, a tumour's diameter)."),
+        site_spread: Optional[float] = typer.Option(None, "--site-spread", min=0, max=20, help="Generated worlds (dkt-synth, tumour): how much the sites differ (data.site_spread; multiplies the spread of every site-level parameter: case mix, logging practice; default 1; 0: sites differ in size only)."),
         secure: Optional[bool] = typer.Option(None, "--secure-aggregation/--no-secure-aggregation", help="Pairwise-masked secure aggregation of Θc (default: on) or plain FedAvg.", show_default=False),
         sync: Optional[str] = typer.Option(None, "--sync", help="dss (only Θc leaves a site; the paper's method) | full (every parameter but the site-bound behaviour head; w/o-DSS ablation)."),
         eval_every: Optional[int] = typer.Option(None, "--eval-every", min=0, help="Cheap federated PEHE every N rounds (0: only at the end)."),
@@ -428,6 +429,7 @@ def register(app: typer.Typer) -> None:
         opts = RunOptions(
             preset=preset, config_file=config_file, resume=resume, rounds=rounds, sites=sites,
             clients_per_round=clients_per_round, seed=seed, dataset=dataset, spec=spec, data_dir=data_dir, gamma=gamma,
+            site_spread=site_spread,
             secure=secure, sync=sync, eval_every=eval_every, state_dir=state_dir, out=out_dir,
             dp_epsilon=dp_epsilon, dp_delta=dp_delta, dp_clip=dp_clip, dp_ledger_dir=dp_ledger_dir,
             policies=policy, reference=reference,

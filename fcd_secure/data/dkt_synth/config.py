@@ -59,6 +59,9 @@ class DKTSynthConfig(BaseModel):
     boost_easy: float = Field(3.9, description="base logit of the designated easier item (an anchor candidate)")
     site_item_bias_sd: float = Field(0.2, ge=0)
     site_anchor_tilt_sd: float = Field(0.4, ge=0, description="site-specific tilt between the two designated items")
+    site_spread: float = Field(1.0, ge=0, le=20, description="multiplies every site-level spread (the sites' means of "
+                               "ability, confounder and covariate, the log of the confounder's s.d., the item biases "
+                               "and the anchor tilt); 0: sites differ in size only")
     anchor_step: int = Field(5, ge=0, description="t0 of true_effects")
     horizon: int = Field(10, ge=1, description="steps averaged by true_effects")
     n_rollouts: int = Field(32, ge=1)

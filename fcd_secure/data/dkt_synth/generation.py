@@ -49,16 +49,19 @@ CONTEXT_NAMES = ["step_index_normalised"]
 
 
 def _site_parameters(cfg: DKTSynthConfig) -> dict[str, np.ndarray]:
-    """Site-level latent means and logging biases, from their own stream (independent of ``n_students``)."""
-    S, K = cfg.n_sites, N_ITEMS
+    """Site-level latent means and logging biases, from their own stream (independent of ``n_students``).
+
+    ``site_spread`` scales every draw's distance from its centre after the draw, so the stream (and every world with
+    the default spread of 1) stays the same whatever the spread."""
+    S, K, k = cfg.n_sites, N_ITEMS, cfg.site_spread
     rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 1]))
     return {
-        "mu_theta": rng.normal(0.0, 0.3, S),
-        "mu_u": rng.normal(0.0, 0.5, S),
-        "sd_u": rng.uniform(0.5, 1.5, S),
-        "mu_x3": rng.normal(0.0, 0.5, S),
-        "item_bias": rng.normal(0.0, cfg.site_item_bias_sd, (S, K)),
-        "anchor_tilt": rng.normal(0.0, cfg.site_anchor_tilt_sd, S),
+        "mu_theta": k * rng.normal(0.0, 0.3, S),
+        "mu_u": k * rng.normal(0.0, 0.5, S),
+        "sd_u": rng.uniform(0.5, 1.5, S) ** k,  # an s.d. spreads on the log scale: positive at any spread
+        "mu_x3": k * rng.normal(0.0, 0.5, S),
+        "item_bias": k * rng.normal(0.0, cfg.site_item_bias_sd, (S, K)),
+        "anchor_tilt": k * rng.normal(0.0, cfg.site_anchor_tilt_sd, S),
     }
 
 

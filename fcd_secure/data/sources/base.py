@@ -29,7 +29,8 @@ from fcd_secure.data.spec import DataError
 __all__ = ["REAL_PRESETS", "WORLD_OPTIONS", "DatasetSource", "GeneratedSource", "PooledSource"]
 
 #: The options of a generated world with ground truth (``DataSection.world_options``) → its config's field.
-WORLD_OPTIONS: Mapping[str, str] = MappingProxyType({"gamma": "gamma", "effect_horizon": "horizon"})
+WORLD_OPTIONS: Mapping[str, str] = MappingProxyType({"gamma": "gamma", "effect_horizon": "horizon",
+                                                     "site_spread": "site_spread"})
 
 #: Trajectories kept (a seeded subsample of the pooled data) per preset of a real dataset; None keeps all.
 REAL_PRESETS: Mapping[str, int | None] = MappingProxyType({"tiny": 300, "small": 2000, "default": None, "paper": None})

@@ -54,6 +54,8 @@ class TumourConfig(BaseModel):
                               "own shifts")
     site_practice_sd: float = Field(0.3, ge=0, description="s.d. of each site's own chemo/radio logit shifts")
     site_casemix_sd: float = Field(0.5, ge=0, description="s.d. of each site's tilt of the stage distribution")
+    site_spread: float = Field(1.0, ge=0, le=20, description="multiplies every site-level spread (case-mix tilt, "
+                               "chemo and radio practice shifts); 0: sites differ in size only")
     noise_sd: float = Field(0.01, gt=0, description="s.d. of the daily volume noise e_t (Geng et al.: 0.01)")
     response_diameter: float = Field(3.0, gt=0, lt=D_MAX, description="Y_t = 1 when the next diameter is at most "
                                      "this many cm (TNM T1)")

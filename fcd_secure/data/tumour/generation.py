@@ -56,12 +56,13 @@ _SALT_SITES = 0x7A3E_0002
 
 
 def _site_parameters(cfg: TumourConfig) -> dict[str, np.ndarray]:
-    """Site-level case mix and practice, from their own stream (independent of ``n_patients``)."""
-    S = cfg.n_sites
+    """Site-level case mix and practice, from their own stream (independent of ``n_patients``); ``site_spread``
+    scales the draws after drawing, so the stream is the same whatever the spread."""
+    S, k = cfg.n_sites, cfg.site_spread
     rng = np.random.default_rng(np.random.SeedSequence([_SALT_SITES, cfg.seed]))
-    tilt = rng.normal(0.0, cfg.site_casemix_sd, S)
-    chemo = rng.normal(0.0, cfg.site_practice_sd, S)
-    radio = rng.normal(0.0, cfg.site_practice_sd, S)
+    tilt = k * rng.normal(0.0, cfg.site_casemix_sd, S)
+    chemo = k * rng.normal(0.0, cfg.site_practice_sd, S)
+    radio = k * rng.normal(0.0, cfg.site_practice_sd, S)
     w = STAGE_COUNTS[None, :] * np.exp(tilt[:, None] * (np.arange(len(STAGE_COUNTS))[None, :] - 2.0))
     return {"casemix_tilt": tilt, "stage_probs": w / w.sum(1, keepdims=True), "chemo_shift": chemo,
             "radio_shift": radio}
