@@ -152,8 +152,10 @@ def test_unseen_mass_bounds_cover_the_truth_that_heavy_weights_hide_from_the_dou
         hits_dr += iv.covers(truth)
         hits_bounded += b["low"] <= truth <= b["high"]
         assert b["unseen_low"] >= 0 and b["unseen_high"] >= 0
-        assert b["low"] <= iv.estimate - b["unseen_low"] and b["high"] >= iv.estimate + b["unseen_high"]
-        assert b["high"] - b["low"] >= iv.high - iv.low - 1e-12  # never narrower than the doubly robust interval
+        assert 0.0 <= b["low"] <= b["high"] <= 1.0  # a value: cut to its range (a DR estimate itself may leave it)
+        assert b["low"] <= max(iv.estimate - b["unseen_low"], 0.0) and b["high"] >= min(iv.estimate + b["unseen_high"], 1.0)
+        # never narrower than the doubly robust interval, within the range a value can take
+        assert b["high"] - b["low"] >= min(iv.high, 1.0) - max(iv.low, 0.0) - 1e-12
         widths.append(b["high"] - b["low"])
     assert hits_dr / reps < 0.5
     assert hits_bounded / reps >= 0.8  # B is estimated from the same sample: near nominal, not above it
@@ -186,6 +188,14 @@ def test_the_bounded_interval_covers_a_partially_identified_value_at_its_nominal
         union += iv.low <= mu <= iv.high + width
     assert 0.875 <= hits / reps <= 0.925
     assert union / reps >= 0.935
+    # a set that reaches past the target's range is cut to it: [0, 1] for a value, [−1, 1] for a contrast
+    x = np.linspace(0.7, 0.95, 40)
+    wide = {**site_sums("v", x), "v.unseen_lo": 0.6 * x.size, "v.unseen_hi": 0.5 * x.size,
+            "r.unseen_lo": 0.6 * x.size, "r.unseen_hi": 0.5 * x.size}
+    iv = interval_from_sums(wide, "v", 0.9)
+    assert unseen_bounds(iv, wide, "v")["low"] > 0.0 and unseen_bounds(iv, wide, "v")["high"] == 1.0
+    contrast = unseen_bounds(iv, wide, "v", minus="r")
+    assert contrast["high"] == 1.0 and contrast["low"] == pytest.approx(iv.estimate - 1.1 - contrast["critical"] * iv.se)
 
 
 def test_unseen_bounds_vanish_where_the_sample_reaches_all_of_pi_and_a_contrast_takes_both_sides():

@@ -100,8 +100,9 @@ def test_whatif_answers_label_policies_with_intervals_and_truth(asked):
         b = dr["bounded"]
         se = (dr["high"] - dr["low"]) / (2 * 1.6448536269514722)
         assert 1.2815515655446004 <= b["critical"] <= 1.6448536269514722
-        assert b["low"] == pytest.approx(dr["estimate"] - b["unseen_low"] - b["critical"] * se)
-        assert b["high"] == pytest.approx(dr["estimate"] + b["unseen_high"] + b["critical"] * se)
+        assert b["low"] == pytest.approx(max(0.0, dr["estimate"] - b["unseen_low"] - b["critical"] * se))
+        assert b["high"] == pytest.approx(min(1.0, dr["estimate"] + b["unseen_high"] + b["critical"] * se))
+        assert 0.0 <= b["low"] <= b["high"] <= 1.0  # a value of a binary outcome: the interval stays in [0, 1]
         assert b["unseen_low"] >= 0 and b["unseen_high"] >= 0 and b["unseen_low"] + b["unseen_high"] > 0
         assert "value" in d["dr"]  # the per-decision DR point estimate of the OPE sums stays beside it
     eff = pols["item3_then_off"]["effect"]

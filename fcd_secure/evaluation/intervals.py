@@ -231,7 +231,8 @@ def unseen_bounds(iv: Interval, total: dict[str, Any], plus: str, minus: str | N
     The bounds make the target partially identified: the set [estimate − unseen_low, estimate + unseen_high]. The
     interval around it takes :func:`imbens_manski_critical` times the standard error on each side, so it covers the
     true value (not the whole set) at ``iv.level``; it equals ``iv`` where the sample reached all of π and is never
-    narrower than ``iv``.
+    narrower than ``iv``, except that it is cut to the range the target can take ([0, 1] for a value of an outcome
+    in [0, 1], [−1, 1] for a contrast), which loses no coverage.
 
     Args:
         iv: the doubly robust interval (:func:`interval_from_sums`).
@@ -252,9 +253,12 @@ def unseen_bounds(iv: Interval, total: dict[str, Any], plus: str, minus: str | N
     if minus is not None:
         down += float(total[f"{minus}.unseen_hi"]) / n
         up += float(total[f"{minus}.unseen_lo"]) / n
+    lo_range = 0.0 if minus is None else -1.0
     if not (math.isfinite(iv.se) and iv.se > 0):  # one entity, or no spread: no sampling error to weigh the set by
-        return {"low": iv.low - down, "high": iv.high + up, "unseen_low": down, "unseen_high": up,
-                "critical": float("nan")}
-    c = imbens_manski_critical((down + up) / iv.se, iv.level)
-    return {"low": iv.estimate - down - c * iv.se, "high": iv.estimate + up + c * iv.se, "unseen_low": down,
-            "unseen_high": up, "critical": c}
+        low, high, c = iv.low - down, iv.high + up, float("nan")
+    else:
+        c = imbens_manski_critical((down + up) / iv.se, iv.level)
+        low, high = iv.estimate - down - c * iv.se, iv.estimate + up + c * iv.se
+    # a DR estimate of heavy weights can itself lie outside the range; the cut interval then shrinks to the nearest end
+    low, high = min(max(low, lo_range), 1.0), max(min(high, 1.0), lo_range)
+    return {"low": low, "high": high, "unseen_low": down, "unseen_high": up, "critical": c}
