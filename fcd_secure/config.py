@@ -5,9 +5,8 @@ and a typo names its field. Sections:
 
 * ``data``: which dataset, preset, number of sites, Dirichlet α (paper Table II: α = 10), test fraction.
 * ``federation``: rounds, sites per round (Table II: 5 of 10), local epochs (Table II: 1), synchronisation mode
-  (``dss`` = only Θc, the paper's method; ``full`` = every parameter but the site-bound ones, the "w/o DSS" ablation of
-  Table III),
-  secure aggregation on/off, timeouts, evaluation cadence.
+  (``dss`` = only Θc, the paper's method; ``full`` = every parameter but the site-bound ones, the "w/o DSS"
+  ablation of Table III), secure aggregation on/off, timeouts, evaluation cadence.
 * ``model``: ``fcd_secure.model.config.ModelConfig`` (loss weights, switches: ``use_dis = false`` is "w/o L_dis").
 * ``dp``: ``fcd_secure.privacy.config.DPConfig``.
 * ``secagg``: ``fcd_secure.aggregation.secagg.SecAggPolicy``, the secure-aggregation parameters the server proposes

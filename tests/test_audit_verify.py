@@ -391,6 +391,25 @@ def test_a_manifest_line_that_drops_a_site_bound_flag_is_tampered(tmp_path):
     assert not _tampered(_forged_line_ledger(tmp_path / "honest", bound, real))
 
 
+def test_a_manifest_line_with_a_consistent_hash_can_still_contradict_itself():
+    """A writer that hashes what it writes can still record a name on both sides of the partition, or flag a name it
+    does not list as Θs: the line names the contradiction, and an honest line has none."""
+    from fcd_secure.audit.entries import ManifestLine
+    from fcd_secure.manifest import Manifest, ManifestEntry, layout_hash
+
+    def line(entries, site_bound=None):
+        fields = {**ManifestLine.fields_of(Manifest(entries=tuple(entries), layout_hash=layout_hash(entries))),
+                  "site_bound": site_bound}
+        return ManifestLine.model_validate({**fields, "kind": "manifest", "seq": 1, "prev_hash": "0", "time": "t",
+                                            "hash": "h", "sig": "s"})
+
+    assert line(MANIFEST.entries).inconsistencies() == []
+    twice = [*MANIFEST.entries, ManifestEntry(name="eps_s.weight", shape=(6, 4), dtype="float32", part="theta_c")]
+    assert line(twice).inconsistencies() == ["a tensor name appears more than once"]
+    stray = line(MANIFEST.entries, site_bound=["trunk.weight"]).inconsistencies()
+    assert any("not Θs tensors" in p for p in stray)
+
+
 def test_a_site_upload_missing_from_the_server_ledger_is_tampered(run):
     """The server cuts its ledger's tail (a valid chain, just shorter) to hide uploads it received: the site's
     uploads that the server ledger no longer records are named, site entry seq and line."""

@@ -7,9 +7,10 @@ is the first that applies (its exit code is what ``fcd audit verify`` returns):
 
 * **tampered** (exit 6, evidence tampered or inconsistent): a line that does not parse or is not a well-formed
   entry, a hash, ``prev_hash``, ``seq`` or signature that does not check, a ledger signed by a key that is not
-  pinned, a ``manifest`` line whose names, shapes, dtypes and flags do not hash to the layout hash it records, a
-  site's manifest line that is not the server's for that hash, a ledger whose ``open`` entry names the other role (``site_ledger.jsonl`` must be written by a site,
-  ``server_ledger.jsonl`` by the server), a checkpoint that disagrees with the chain before it, a receipt or
+  pinned, a ``manifest`` line whose names, shapes, dtypes and flags do not hash to the layout hash it records (or
+  that names a tensor twice, or flags a name that is not one of its Θs tensors), a site's manifest line that is not
+  the server's for that hash, a ledger whose ``open`` entry names the other role (``site_ledger.jsonl`` must be
+  written by a site, ``server_ledger.jsonl`` by the server), a checkpoint that disagrees with the chain before it, a receipt or
   countersignature whose signature or fields do not match what it acknowledges (or that acknowledges an upload the
   site never recorded, or is signed by a key that is neither the server ledger's nor a pinned server key), a server
   ledger entry with no matching site upload, a site upload the server ledger present has no record of (a deleted
