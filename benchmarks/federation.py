@@ -42,7 +42,7 @@ def _free_port() -> int:
 def simulation_rounds(n_sites: int, rounds: int, preset: str, seed: int) -> list[float]:
     """Seconds per secure round on the simulation engine (DKT-Synth, every site every round)."""
     from fcd_secure.config import build_config
-    from fcd_secure.federation.simulation import run_simulated
+    from fcd_secure.engines.simulation import run_simulated
 
     cfg = build_config(preset, {"seed": seed, "data": {"n_sites": n_sites},
                                 "federation": {"rounds": rounds, "clients_per_round": n_sites, "secure_aggregation": True,
@@ -58,12 +58,12 @@ def deployment_rounds(n_sites: int, rounds: int, preset: str, seed: int, warm: b
 
     from fcd_secure.data.long_tables import write_site_tables
     from fcd_secure.data.registry import load_federated
-    from fcd_secure.federation.provisioning.bundle import add_site
-    from fcd_secure.federation.provisioning.consortium import PreflightTerms, init_consortium
-    from fcd_secure.federation.provisioning.processes import stop
-    from fcd_secure.federation.provisioning.server import run_federation, start_server
-    from fcd_secure.federation.site_install.home import SiteHome, init_site, join_site
-    from fcd_secure.federation.site_install.runner import start_site
+    from fcd_secure.provisioning.bundle import add_site
+    from fcd_secure.provisioning.consortium import PreflightTerms, init_consortium
+    from fcd_secure.provisioning.processes import stop
+    from fcd_secure.provisioning.server import run_federation, start_server
+    from fcd_secure.provisioning.site_install.home import SiteHome, init_site, join_site
+    from fcd_secure.provisioning.site_install.runner import start_site
 
     tmp = Path(tempfile.mkdtemp(prefix="fcd-bench-deploy-"))
     fd = load_federated("dkt-synth", n_sites=n_sites, preset=preset, seed=seed)
@@ -95,7 +95,7 @@ def deployment_rounds(n_sites: int, rounds: int, preset: str, seed: int, warm: b
 
 def _steady(per_round: list[float]) -> float:
     """The median round from round 2 on: round 1 sets up its own protocol keys (five round trips), every later
-    round had its keys set up during the round before (three; ``federation.secure_flow``)."""
+    round had its keys set up during the round before (three; ``federation.secure.flow``)."""
     return statistics.median(per_round[1:] or per_round)
 
 
@@ -140,7 +140,7 @@ def superlink_request_cpu(requests: int = 2000) -> dict[str, float]:
 
     import flwr.superlink.main as flower_main
 
-    from fcd_secure.federation.provisioning.superlink_main import scope_middlewares
+    from fcd_secure._flower.superlink_main import scope_middlewares
 
     warnings.filterwarnings("ignore")
 
@@ -201,7 +201,7 @@ def main() -> None:
                         tuple(args.executors))
         return
     from fcd_secure.config import build_config
-    from fcd_secure.federation.simulation import run_simulated
+    from fcd_secure.engines.simulation import run_simulated
 
     preset = "tiny" if args.quick else args.preset
     rounds = 3 if args.quick else args.rounds

@@ -1,7 +1,7 @@
 """Effect fidelity on DKT-Synth: the causal targets beside the paper's figures, the naive model and the centralised
 reference, plus the DSS and L_dis ablations and the information ceiling of per-student effects.
 
-Every federated row runs through the real simulation engine, as ``fcd run`` does (``federation.simulation
+Every federated row runs through the real simulation engine, as ``fcd run`` does (``engines.simulation
 .run_simulated``: Flower's simulation engine, the site ClientApps, pairwise-masked secure aggregation of Θc for the
 main row); the non-federated rows train for the matched epochs of ``experiments.centralised``. Every row is scored
 by the federated evaluation (``experiments.evaluate.evaluate_on_sites``), and per-student effects for the
@@ -83,9 +83,9 @@ def machine() -> dict:
 
 
 def per_student_effects(cfg, sims) -> tuple[np.ndarray, np.ndarray]:
-    """(τ̂, τ) over every site's test students, computed exactly as ``federation.evaluation.site_metrics`` does."""
+    """(τ̂, τ) over every site's test students, computed exactly as ``queries.evaluation.site_metrics`` does."""
     from fcd_secure.federation import learner
-    from fcd_secure.federation.evaluation import EVAL_SALT, _rows
+    from fcd_secure.queries.evaluation import EVAL_SALT, _rows
     from fcd_secure.model.simulate import estimate_effects
 
     hats, trues = [], []
@@ -143,7 +143,7 @@ def federated_sims(cfg, result) -> list:
 def run_row(base, row: str, seed: int, out: Path, epochs: int = 0) -> dict[str, Any]:
     from fcd_secure.experiments.ablation import variant_config
     from fcd_secure.experiments.centralised import matched_epochs, train_centralised
-    from fcd_secure.federation.simulation import run_simulated
+    from fcd_secure.engines.simulation import run_simulated
     from fcd_secure.model.baselines import SIMULATORS
 
     t0 = time.perf_counter()

@@ -73,7 +73,7 @@ def train(preset: str, seed: int, sites: int | None, rounds: int | None, level: 
     """One federated run as ``fcd run`` makes it (its final evaluation asks the paper's four policies, over the
     first ``horizon`` steps when given)."""
     from fcd_secure.config import build_config
-    from fcd_secure.federation.simulation import run_simulated
+    from fcd_secure.engines.simulation import run_simulated
 
     over: dict[str, Any] = {"seed": seed, "data": {"dataset": dataset}, "federation": {"eval_every": 0},
                             "evaluation": {"level": level, "horizon": horizon}}
@@ -100,7 +100,7 @@ def score(run: Path, sizes: list[int], resamples: int) -> dict[str, Any]:
     from fcd_secure.data.policy import default_policies
     from fcd_secure.evaluation.intervals import interval_from_sums, site_sums, unseen_bounds, unseen_mass_sums
     from fcd_secure.federation import learner
-    from fcd_secure.federation.whatif import request_from_config
+    from fcd_secure.queries.whatif import request_from_config
 
     cfg = RunConfig.load(run / "config.toml")
     seed, level = cfg.seed, cfg.evaluation.level

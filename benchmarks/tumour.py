@@ -13,7 +13,7 @@ as two processes (γ 1 2 and γ 3 4) on the shared 2-core machine at load ~20, a
    :mod:`fcd_secure.experiments.centralised`; the federated path is ``fcd run --dataset tumour``): Fed-CausalDiff,
    the g-formula (Fed-CausalDiff with a deterministic latent transition) and the naive outcome model;
 3. each scored on every site's test split exactly as a federated run scores it
-   (:func:`fcd_secure.federation.evaluation.site_metrics`, merged): PEHE and |ATE error| of the always-chemo minus
+   (:func:`fcd_secure.queries.evaluation.site_metrics`, merged): PEHE and |ATE error| of the always-chemo minus
    never effect over days 5-14, and the value error of the paper's four policies (never, always, early_on,
    late_on; anchors none/chemo);
 4. the normalised RMSE of counterfactual tumour volume τ = 1..5 days ahead: from start days 4, 9, 14, 19 and 24
@@ -99,7 +99,7 @@ def train(name: str, cfg: Any, world: Any, epochs: int) -> Any:
 def policy_metrics(sim: Any, cfg: Any, views: list[Any]) -> dict[str, Any]:
     """PEHE, |ATE error| and the four policies' value errors, every site scoring its own test split (merged)."""
     from fcd_secure.experiments.evaluate import full_eval_config
-    from fcd_secure.federation.evaluation import merge_site_metrics, site_metrics
+    from fcd_secure.queries.evaluation import merge_site_metrics, site_metrics
 
     conf = full_eval_config(cfg)
     return merge_site_metrics([site_metrics(sim, v, cfg, conf) for v in views])

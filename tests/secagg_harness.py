@@ -1,7 +1,7 @@
 """An in-memory driver of one secure-aggregation round: every site in this process, bytes passed by hand.
 
 Used by the tests (attacks are injected by rewriting the server's requests), by ``benchmarks/secagg.py``
-and as the reference of what a carrier (``federation.secure_flow`` / ``federation.secure_site``) must do per stage.
+and as the reference of what a carrier (``federation.secure.flow`` / ``apps.secure_site``) must do per stage.
 No Flower here. A plain module beside the tests (``from secagg_harness import ...``), not part of the package.
 """
 

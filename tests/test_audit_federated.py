@@ -9,7 +9,7 @@ from collections import defaultdict
 import pytest
 
 
-from fcd_secure.federation import simulation  # noqa: E402
+from fcd_secure.engines import simulation  # noqa: E402
 from fcd_secure.manifest import THETA_C  # noqa: E402
 
 

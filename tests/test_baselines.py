@@ -9,8 +9,8 @@ import pytest
 
 from fcd_secure.config import build_config
 from fcd_secure.federation import learner
-from fcd_secure.federation.inprocess import run_inprocess
-from fcd_secure.federation.site import default_site_id
+from fcd_secure.engines.inprocess import run_inprocess
+from fcd_secure.apps.site import default_site_id
 from fcd_secure.federation.state import SiteState
 from fcd_secure.manifest import THETA_C, THETA_S
 from fcd_secure.model.baselines import SIMULATORS, get_simulator, parameter_counts

@@ -14,7 +14,7 @@ from fcd_secure.cli.envelope import CliError
 from fcd_secure.cli.main import app
 from fcd_secure.cli.resolve import RunOptions, resolve_config
 from fcd_secure.config import PRESETS, RunConfig, build_config, describe_fields
-from fcd_secure.federation.outputs import ROUND_COLUMNS, RoundsLog, config_for_folder, write_config
+from fcd_secure.apps.outputs import ROUND_COLUMNS, RoundsLog, config_for_folder, write_config
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()

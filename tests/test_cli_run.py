@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fcd_secure.federation.outputs import ROUND_COLUMNS
+from fcd_secure.apps.outputs import ROUND_COLUMNS
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = 3

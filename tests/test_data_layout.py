@@ -16,8 +16,8 @@ from fcd_secure.cli import consortium as consortium_cli
 from fcd_secure.cli import site as site_cli
 from fcd_secure.data.preprocess import build_dataset, encoded_layout, layout_digest, spec_layout
 from fcd_secure.data.spec import DataError, DatasetSpec, load_spec
-from fcd_secure.federation.provisioning.consortium import ConsortiumConfig
-from fcd_secure.federation.site_install.preflight import _check_layout
+from fcd_secure.provisioning.consortium import ConsortiumConfig
+from fcd_secure.provisioning.site_install.preflight import _check_layout
 
 DECLARED_SPEC = GOOD_SPEC.replace('kind = "categorical"\n', 'kind = "categorical"\nlevels = ["a", "b", "c"]\n')
 

@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from typer.testing import CliRunner
 
 from fcd_secure.cli.main import app as fcd_app
-from fcd_secure.federation.pki import PKIError, check_tls_dir, load_node_key, make_node_key, make_tls_dir
+from fcd_secure.engines.pki import PKIError, check_tls_dir, load_node_key, make_node_key, make_tls_dir
 from fcd_secure.federation.site_policy import SitePolicy
 
 

@@ -147,7 +147,7 @@ def _foreign_app(folder: Path, marker: Path) -> Path:
 
 def _rogue_supernode(dep, tmp_path: Path, name: str, key: Path | None) -> tuple[int, str]:
     """A SuperNode that tries to join the deployment; returns its exit code and log."""
-    from fcd_secure.federation.deployment import _bin, flower_env, free_port
+    from fcd_secure.engines.deployment import _bin, flower_env, free_port
 
     args = [_bin("flower-supernode"), "--root-certificates", str(dep.tls.ca_cert), "--superlink", f"127.0.0.1:{dep.port}",
             "--host", "127.0.0.1", "--port", str(free_port()), "--max-retries", "1", "--max-wait-time", "60",
@@ -170,9 +170,9 @@ def _rogue_supernode(dep, tmp_path: Path, name: str, key: Path | None) -> tuple[
 def test_secure_deployment_refuses_intruders_and_foreign_apps_and_matches_simulation(tmp_path):
     from fcd_secure.audit.ledger import SITE_LEDGER_FILE
     from fcd_secure.audit.verify import verify_path
-    from fcd_secure.federation.deployment import CONNECTION, LocalDeployment, _bin, flower_env
-    from fcd_secure.federation.pki import make_node_key
-    from fcd_secure.federation.simulation import run_simulated
+    from fcd_secure.engines.deployment import CONNECTION, LocalDeployment, _bin, flower_env
+    from fcd_secure.engines.pki import make_node_key
+    from fcd_secure.engines.simulation import run_simulated
 
     work = tmp_path / "dep"
     dep = LocalDeployment(_cfg(tmp_path / "dep-run", secure=True, sites=4), workdir=work)
@@ -256,8 +256,8 @@ def test_secure_deployment_refuses_intruders_and_foreign_apps_and_matches_simula
 
 
 def test_insecure_dev_deployment_matches_simulation_and_is_marked(tmp_path):
-    from fcd_secure.federation.deployment import LocalDeployment
-    from fcd_secure.federation.simulation import run_simulated
+    from fcd_secure.engines.deployment import LocalDeployment
+    from fcd_secure.engines.simulation import run_simulated
 
     work = tmp_path / "dep"
     cfg = _cfg(tmp_path / "dep-run", secure=False, sites=3)

@@ -1,7 +1,7 @@
 """No site or server runs without its privacy components: a missing or broken egress gate, secure-aggregation module
 or server ledger is an error when the app is imported or built, never a silently disabled promise.
 
-Also the ClientApp half of the egress gate (``federation.egress``): a gate without a site runtime sends nothing, and
+Also the ClientApp half of the egress gate (``apps.egress``): a gate without a site runtime sends nothing, and
 the closing receipts message is answered by the gate inside a real ClientApp.
 """
 
@@ -23,15 +23,15 @@ from fcd_secure.audit import GENERIC_ERROR_REASON, RECEIPTS_MESSAGE_TYPE
 from fcd_secure.config import build_config
 
 PACKAGE = Path(fcd_secure.__file__).resolve().parent
-CLIENT_APP = "fcd_secure.federation.client_app"
-SERVER_APP = "fcd_secure.federation.server_app"
+CLIENT_APP = "fcd_secure.apps.client_app"
+SERVER_APP = "fcd_secure.apps.server_app"
 
 #: (module made unimportable, app module that must then fail to import)
 MISSING = [
-    ("fcd_secure.federation.egress", CLIENT_APP),  # the gate's binding to a site
+    ("fcd_secure.apps.egress", CLIENT_APP),  # the gate's binding to a site
     ("fcd_secure.audit", CLIENT_APP),  # the gate's rules and the site ledger
-    ("fcd_secure.federation.secure_site", CLIENT_APP),  # the sites' secure-aggregation actions
-    ("fcd_secure.federation.secure_flow", SERVER_APP),  # the server's secure-aggregation flow
+    ("fcd_secure.apps.secure_site", CLIENT_APP),  # the sites' secure-aggregation actions
+    ("fcd_secure.federation.secure.flow", SERVER_APP),  # the server's secure-aggregation flow
     ("fcd_secure.audit", SERVER_APP),  # the server ledger
 ]
 
@@ -79,14 +79,14 @@ def test_a_package_copy_without_the_egress_gate_module_cannot_build_a_clientapp(
     copy = tmp_path / "fcd_secure"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     (copy / "federation" / "egress.py").unlink()
-    got = _probe([(None, CLIENT_APP), (None, "fcd_secure.federation.simulation")], tmp_path)
+    got = _probe([(None, CLIENT_APP), (None, "fcd_secure.engines.simulation")], tmp_path)
     for result in got:
-        assert result.startswith("ImportError") and "fcd_secure.federation.egress" in result, result
+        assert result.startswith("ImportError") and "fcd_secure.apps.egress" in result, result
 
 
 def test_a_broken_gate_factory_means_no_clientapp(monkeypatch):
-    from fcd_secure.federation import egress
-    from fcd_secure.federation.client_app import make_client_app
+    from fcd_secure.apps import egress
+    from fcd_secure.apps.client_app import make_client_app
 
     class GateBroken(RuntimeError):
         pass
@@ -103,7 +103,7 @@ def test_a_broken_gate_factory_means_no_clientapp(monkeypatch):
 
 
 def test_the_server_never_runs_without_its_ledger(tmp_path):
-    from fcd_secure.federation.server_app import FederationError, run_federation, server_audit
+    from fcd_secure.apps.server_app import FederationError, run_federation, server_audit
 
     # no state folder: refused before any message is sent (the grid is never touched)
     with pytest.raises(FederationError, match="state folder"):
@@ -118,7 +118,7 @@ def test_the_server_never_runs_without_its_ledger(tmp_path):
 
 # -- the egress gate inside the ClientApp ----------------------------------------------------------------------------
 def test_federation_gate_without_a_runtime_sends_nothing(tmp_path):
-    from fcd_secure.federation.egress import make_egress_gate_mod
+    from fcd_secure.apps.egress import make_egress_gate_mod
 
     gate = make_egress_gate_mod(None)
     site = Site(tmp_path)
@@ -131,7 +131,7 @@ def test_receipts_action_is_answered_by_the_gate_inside_a_real_clientapp(tmp_pat
     registered handler is never reached) and the last round gets its signed checkpoint."""
     from flwr.clientapp import ClientApp
 
-    from fcd_secure.federation.egress import register_receipts_action
+    from fcd_secure.apps.egress import register_receipts_action
 
     site, server = Site(tmp_path), Server(tmp_path)
     app = ClientApp(mods=[site.gate])

@@ -1,4 +1,4 @@
-"""The in-process engine (``federation.inprocess``): the same ServerApp round loop and ClientApp as Flower's simulation
+"""The in-process engine (``engines.inprocess``): the same ServerApp round loop and ClientApp as Flower's simulation
 engine, without Ray — the same global parameters bit for bit, error replies for a failing ClientApp, and copies (not
 shared objects) crossing the grid."""
 
@@ -12,8 +12,8 @@ from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.supercore.task_identity import TaskIdentity
 
 from fcd_secure.config import build_config
-from fcd_secure.federation.inprocess import InProcessGrid, run_inprocess
-from fcd_secure.federation.simulation import run_simulated
+from fcd_secure.engines.inprocess import InProcessGrid, run_inprocess
+from fcd_secure.engines.simulation import run_simulated
 
 
 def _cfg(out):

@@ -3,7 +3,7 @@
 Ray start-up costs 10-50 s on two busy cores, so the engine's runs are few and shared: one ``fcd run`` (3 rounds, via
 the CLI) and one run that crashes after round 3 and its resume; the tests that use them form one xdist group, so they
 run once, on one worker. Two claims that are about the round's accounting, not the engine, run on the in-process
-engine (``federation.inprocess``: the same ServerApp and ClientApp, pinned to this engine bit for bit in
+engine (``engines.inprocess``: the same ServerApp and ClientApp, pinned to this engine bit for bit in
 ``test_federation_inprocess.py``): the DSS/full-sync uplink comparison (two 1-round runs) and the DP-SGD seam.
 """
 
@@ -105,7 +105,7 @@ def test_uplink_bytes_equal_the_per_round_and_per_message_accounting(cli_run):
 
 @pytest.fixture(scope="module")
 def crashed_and_resumed(tmp_path_factory):
-    from fcd_secure.federation.simulation import run_simulated
+    from fcd_secure.engines.simulation import run_simulated
 
     base = tmp_path_factory.mktemp("resume")
     state = base / "state"
@@ -144,7 +144,7 @@ def test_same_seed_same_theta_and_a_different_seed_differs(cli_run, crashed_and_
 
 
 def test_dss_uplink_is_smaller_than_full_sync_by_the_theta_s_share(tmp_path):
-    from fcd_secure.federation.inprocess import run_inprocess
+    from fcd_secure.engines.inprocess import run_inprocess
 
     dss = run_inprocess(tiny_cfg(federation={"rounds": 1}, out=str(tmp_path / "dss")))
     full = run_inprocess(tiny_cfg(federation={"sync": "full", "rounds": 1}, out=str(tmp_path / "full")))
@@ -167,7 +167,7 @@ def test_dss_uplink_is_smaller_than_full_sync_by_the_theta_s_share(tmp_path):
 
 
 def test_dp_sgd_seam_charges_only_the_sampled_sites(tmp_path):
-    from fcd_secure.federation.inprocess import run_inprocess
+    from fcd_secure.engines.inprocess import run_inprocess
 
     res = run_inprocess(tiny_cfg(federation={"rounds": 1}, dp={"enabled": True, "epsilon": 8.0}, out=str(tmp_path / "dp")))
     assert not res.history[0]["aborted"] and res.history[0]["participants"] == K

@@ -15,8 +15,8 @@ from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 from fcd_secure.aggregation.fedavg import AggregationError, fedavg  # noqa: E402
 from fcd_secure.audit import message_bytes, payload_bytes, tree_bytes  # noqa: E402
 from fcd_secure.config import ConfigError, RunConfig, build_config  # noqa: E402
-from fcd_secure.federation.guard import GUARD_ERROR_REASON, guard_mod  # noqa: E402
-from fcd_secure.federation.mods import client_mods  # noqa: E402
+from fcd_secure.apps.guard import GUARD_ERROR_REASON, guard_mod  # noqa: E402
+from fcd_secure.apps.mods import client_mods  # noqa: E402
 from fcd_secure.federation.records import arrays_to_record, record_to_arrays  # noqa: E402
 from fcd_secure.federation.sampler import ClientSampler  # noqa: E402
 from fcd_secure.federation.state import ServerCheckpoint, SiteState, StateError  # noqa: E402
@@ -231,7 +231,7 @@ def test_the_next_rounds_sites_are_read_without_drawing_them():
     """The round loop reads the next round's sites (a secure flow sets that round's keys up ahead) without
     changing what the sampler draws, so a run's cohorts and its checkpointed sampler state stay those of a run that
     never looked ahead."""
-    from fcd_secure.federation.server_app import _peek_next
+    from fcd_secure.apps.server_app import _peek_next
 
     a, b = ClientSampler(3, 10, 4), ClientSampler(3, 10, 4)
     order = list(range(100, 110))

@@ -1,4 +1,4 @@
-"""The deployment's wait and wake-up plumbing (``federation.wake``, ``federation.flower_waits``): a site's executor is
+"""The deployment's wait and wake-up plumbing (``_flower.wake``, ``_flower.waits``): a site's executor is
 woken by its SuperNode instead of polling, idle polls scale with the consortium, and the ServerApp's grid is asked
 less often and pushes more at once on the Deployment Engine only."""
 
@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from fcd_secure.federation import flower_waits
-from fcd_secure.federation.wake import WakeError, WakeReader, notify
+from fcd_secure._flower import waits as flower_waits
+from fcd_secure._flower.wake import WakeError, WakeReader, notify
 
 
 def test_a_wake_up_ends_the_wait_at_once_and_every_pending_one_is_consumed(tmp_path):
@@ -95,7 +95,7 @@ def test_the_serverapp_grid_pushes_eight_objects_at_once(tmp_path):
         "from flwr.app import ConfigRecord, RecordDict\n"
         "from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects\n"
         "from flwr.superlink.grid import http_grid\n"
-        "from fcd_secure.federation import flower_waits\n"
+        "from fcd_secure._flower import waits as flower_waits\n"
         "def widest(push):\n"
         "    objs = get_all_nested_objects(RecordDict({f'r{i}': ConfigRecord({'x': i}) for i in range(16)}))\n"
         "    lock, now, most = threading.Lock(), [0], [0]\n"

@@ -22,7 +22,7 @@ from fcd_secure.cli import audit as audit_cli
 from fcd_secure.cli import consortium as consortium_cli
 from fcd_secure.cli import server as server_cli
 from fcd_secure.cli import site as site_cli
-from fcd_secure.federation.provisioning.processes import alive, read_pids
+from fcd_secure.provisioning.processes import alive, read_pids
 
 pytestmark = pytest.mark.deployment
 runner = CliRunner()

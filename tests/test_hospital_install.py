@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from fcd_secure.audit.entries import InstallLine, parse_line
 from fcd_secure.cli import consortium as consortium_cli
 from fcd_secure.cli import site as site_cli
-from fcd_secure.federation.pki import make_tls_dir
+from fcd_secure.engines.pki import make_tls_dir
 
 runner = CliRunner()
 
@@ -289,7 +289,7 @@ def test_control_api_answers_only_the_coordinator_host():
     is checked in ``test_hospital_deployment.py``)."""
     import asyncio
 
-    from fcd_secure.federation.provisioning.superlink_main import CoordinatorOnly, split_args
+    from fcd_secure._flower.superlink_main import CoordinatorOnly, split_args
 
     seen = []
 
@@ -332,7 +332,7 @@ def test_superlink_skips_flowers_middlewares_only_where_they_pass_requests_throu
     from flwr.superlink.routers.fleet.node_auth import NodeAuthMiddleware
     from starlette.testclient import TestClient
 
-    from fcd_secure.federation.provisioning.superlink_main import PASS_THROUGH, Scoped, scope_middlewares
+    from fcd_secure._flower.superlink_main import PASS_THROUGH, Scoped, scope_middlewares
 
     app = flower_main.create_app()
     before = [m.cls for m in app.user_middleware]

@@ -1,7 +1,8 @@
 """The package's layering, read from the source (every import, including the ones inside functions).
 
-Imports go one way (docs/architecture.md): cli → experiments → federation → config → aggregation / privacy / audit
-→ model / evaluation → data, with the torch-free contract (``manifest``, ``_io``) at the bottom. Modules of one
+Imports go one way (docs/architecture.md): cli → experiments → provisioning → engines → apps → queries → federation
+→ config → aggregation / privacy / audit → model / evaluation → data, with the torch-free contract (``manifest``,
+``_io``) at the bottom and ``_flower`` (Flower's internals, importing only the bottom) beside it. Modules of one
 layer never import a sibling layer (model ↛ evaluation, audit ↛ privacy, …), and no two modules import each other,
 directly or through others.
 """
@@ -18,6 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fcd_secure"
 #: layer -> the layers it may import (its own layer is always allowed)
 ALLOWED: dict[str, set[str]] = {
     "base": set(),  # fcd_secure/__init__.py, manifest.py, _io.py
+    "_flower": {"base"},  # every use of Flower internals, pinned to one version (docs/architecture.md)
     "data": {"base"},
     "model": {"base", "data"},
     "evaluation": {"base", "data"},
@@ -25,10 +27,12 @@ ALLOWED: dict[str, set[str]] = {
     "privacy": {"base", "data", "model"},
     "audit": {"base"},
     "config": {"base", "data", "model", "aggregation", "privacy"},
-    "federation": {"base", "data", "model", "evaluation", "aggregation", "privacy", "audit", "config"},
-    "experiments": {"base", "data", "model", "evaluation", "aggregation", "privacy", "audit", "config", "federation"},
-    "cli": {"base", "data", "model", "evaluation", "aggregation", "privacy", "audit", "config", "federation", "experiments"},
 }
+#: above config every layer may import every layer below it, in this order (bottom first)
+_STACK = ["federation", "queries", "apps", "engines", "provisioning", "experiments", "cli"]
+for _i, _name in enumerate(_STACK):
+    ALLOWED[_name] = {"base", "_flower", "data", "model", "evaluation", "aggregation", "privacy", "audit", "config",
+                      *_STACK[:_i]}
 BASE_MODULES = {"fcd_secure", "fcd_secure.manifest", "fcd_secure._io"}
 
 

@@ -85,11 +85,11 @@ def test_a_round_with_four_malicious_sites_goes_on_with_the_honest_one(tmp_path,
     from flwr.simulation import run_simulation
 
     from fcd_secure.config import build_config
-    from fcd_secure.federation.client_app import make_client_app
+    from fcd_secure.apps.client_app import make_client_app
     from fcd_secure.federation.sampler import ClientSampler
-    from fcd_secure.federation.server_app import make_server_app
-    from fcd_secure.federation.simulation import backend_config, quiet_flower_env, write_simulated_policies
-    from fcd_secure.federation.site import default_site_id
+    from fcd_secure.apps.server_app import make_server_app
+    from fcd_secure.engines.simulation import backend_config, quiet_flower_env, write_simulated_policies
+    from fcd_secure.apps.site import default_site_id
 
     quiet_flower_env()
     cfg = build_config(

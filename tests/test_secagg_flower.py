@@ -32,9 +32,9 @@ def _build(root: str, delays: dict, sink: dict, deadlines: dict, rounds: int):
 
     from fcd_secure.aggregation.secagg import SecAggPolicy, StageDeadlines
     from fcd_secure.federation.messaging import Comm
-    from fcd_secure.federation.guard import guard_mod
-    from fcd_secure.federation.secure_flow import SecureAggregationFlow
-    from fcd_secure.federation.secure_site import register_secure_actions
+    from fcd_secure.apps.guard import guard_mod
+    from fcd_secure.federation.secure.flow import SecureAggregationFlow
+    from fcd_secure.apps.secure_site import register_secure_actions
     from fcd_secure.federation.state import SiteState
     from fcd_secure.manifest import THETA_C, THETA_S, Manifest, ManifestEntry
 
@@ -117,8 +117,8 @@ def _build(root: str, delays: dict, sink: dict, deadlines: dict, rounds: int):
 @pytest.mark.slow
 def test_secure_flow_on_flower_simulation(tmp_path):
     from fcd_secure.aggregation.secagg import SecAggPolicy, plaintext_weighted_mean
-    from fcd_secure.federation.secure_setup import provision_roster
-    from fcd_secure.federation.simulation import quiet_flower_env
+    from fcd_secure.federation.secure.setup import provision_roster
+    from fcd_secure.engines.simulation import quiet_flower_env
 
     quiet_flower_env()
     from flwr.simulation import run_simulation
@@ -193,15 +193,15 @@ def test_tiny_run_secure_equals_plain_fedavg_within_the_quantisation_bound(tmp_p
 
     from fcd_secure.config import build_config
     from fcd_secure.federation import learner
-    from fcd_secure.federation.client_app import make_client_app
+    from fcd_secure.apps.client_app import make_client_app
     from fcd_secure.federation.messaging import Comm
     from fcd_secure.federation.plain_flow import PlainFedAvgFlow
     from fcd_secure.federation.sampler import ClientSampler
-    from fcd_secure.federation.secure_flow import SecureAggregationFlow
-    from fcd_secure.federation.secure_setup import provision_roster
-    from fcd_secure.federation.server_app import hello, wait_for_nodes
-    from fcd_secure.federation.simulation import backend_config, quiet_flower_env, write_simulated_policies
-    from fcd_secure.federation.site import default_site_id
+    from fcd_secure.federation.secure.flow import SecureAggregationFlow
+    from fcd_secure.federation.secure.setup import provision_roster
+    from fcd_secure.apps.server_app import hello, wait_for_nodes
+    from fcd_secure.engines.simulation import backend_config, quiet_flower_env, write_simulated_policies
+    from fcd_secure.apps.site import default_site_id
     from fcd_secure.manifest import THETA_C
 
     torch.set_num_threads(1)
@@ -261,7 +261,7 @@ def test_tiny_run_secure_equals_plain_fedavg_within_the_quantisation_bound(tmp_p
 # -- configuration of the carrier (no simulation needed) ------------------------------------------------------------
 def test_roster_provisioning_is_idempotent_and_loads_back(tmp_path):
     from fcd_secure.aggregation.secagg.keys import ed25519_public
-    from fcd_secure.federation.secure_setup import ROSTER_FILE, load_roster, provision_roster
+    from fcd_secure.federation.secure.setup import ROSTER_FILE, load_roster, provision_roster
     from fcd_secure.federation.state import SiteState
 
     sites = ["site-00", "site-01", "site-02"]
@@ -282,7 +282,7 @@ def test_roster_provisioning_is_idempotent_and_loads_back(tmp_path):
     ],
 )
 def test_bad_roster_files_are_refused_naming_file_and_entry(tmp_path, text, match):
-    from fcd_secure.federation.secure_setup import SecureAggregationConfigError, load_roster
+    from fcd_secure.federation.secure.setup import SecureAggregationConfigError, load_roster
 
     p = tmp_path / "roster.json"
     p.write_text(text)
@@ -309,8 +309,8 @@ def test_site_policy_file_is_validated(tmp_path):
 def test_secure_flow_refuses_theta_s_sync_and_too_few_sites_per_round():
     from fcd_secure.config import build_config
     from fcd_secure.federation.flows import check_flow, make_flow
-    from fcd_secure.federation.secure_flow import SecureAggregationFlow
-    from fcd_secure.federation.secure_setup import SecureAggregationConfigError
+    from fcd_secure.federation.secure.flow import SecureAggregationFlow
+    from fcd_secure.federation.secure.setup import SecureAggregationConfigError
     from fcd_secure.manifest import THETA_C, THETA_S
     from secagg_harness import toy_manifest
 
@@ -342,7 +342,7 @@ def test_site_policy_comes_from_the_site_never_from_the_server(tmp_path):
     from fcd_secure.aggregation.secagg import SecAggPolicy
     from fcd_secure.config import build_config
     from fcd_secure.federation.records import RUN_CONFIG_KEY
-    from fcd_secure.federation.site import SiteRuntime
+    from fcd_secure.apps.site import SiteRuntime
     from fcd_secure.federation.site_policy import SitePolicy
 
     own = build_config("tiny", {"secagg": {"min_sites": 4}})

@@ -1,9 +1,9 @@
-"""Secure rounds in fewer round trips (``federation.secure_flow``): the next round's key advertisement and key sharing
+"""Secure rounds in fewer round trips (``federation.secure.flow``): the next round's key advertisement and key sharing
 ride on this round's consistency and unmask messages, and its training request carries the relayed shares.
 
-Real parts throughout: the site's ClientApp actions (``federation.secure_site``) with the guard mod, real site state
+Real parts throughout: the site's ClientApp actions (``apps.secure_site``) with the guard mod, real site state
 on disk (identity keys, roster, replay counters), real crypto, Flower's Message API on the in-process grid
-(``federation.inprocess``: every message crosses as a deflated and inflated copy), and the real egress-gate rules on
+(``engines.inprocess``: every message crosses as a deflated and inflated copy), and the real egress-gate rules on
 every reply. A toy 'training' stands in for the model. A lying server is a ``Comm`` that rewrites or replays requests;
 a pipelined round must refuse whatever a round without keys set up ahead refuses, and never reveal both kinds of
 share for one site and round.
@@ -21,8 +21,8 @@ from flwr.supercore.task_identity import TaskIdentity
 from fcd_secure.aggregation.secagg import SecAggPolicy, SecAggServer, plaintext_weighted_mean
 from fcd_secure.aggregation.secagg.messages import MsgType, ShareKind, Unmask, UnmaskRequest, peek_header
 from fcd_secure.audit.rules import GatePolicy, check_content
-from fcd_secure.federation.guard import guard_mod
-from fcd_secure.federation.inprocess import InProcessGrid
+from fcd_secure.apps.guard import guard_mod
+from fcd_secure.engines.inprocess import InProcessGrid
 from fcd_secure.federation.messaging import Comm
 from fcd_secure.federation.records import (
     REC_SECAGG,
@@ -32,9 +32,9 @@ from fcd_secure.federation.records import (
     secagg_round_id,
     unpack_pair,
 )
-from fcd_secure.federation.secure_flow import SecureAggregationFlow
-from fcd_secure.federation.secure_setup import provision_roster, vector_layout
-from fcd_secure.federation.secure_site import NEXT_KEY, register_secure_actions
+from fcd_secure.federation.secure.flow import SecureAggregationFlow
+from fcd_secure.federation.secure.setup import provision_roster, vector_layout
+from fcd_secure.apps.secure_site import NEXT_KEY, register_secure_actions
 from fcd_secure.federation.state import SiteState
 from fcd_secure.manifest import THETA_C, THETA_S, Manifest, ManifestEntry
 

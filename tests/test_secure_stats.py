@@ -1,5 +1,5 @@
 """Round 0: standardisation statistics from per-site sums under secure aggregation, through the real ServerApp and
-ClientApp on the in-process engine (``federation.inprocess``, pinned to Flower's simulation engine bit for bit in
+ClientApp on the in-process engine (``engines.inprocess``, pinned to Flower's simulation engine bit for bit in
 ``test_federation_inprocess.py``; secure aggregation on the simulation engine itself is ``test_privacy_run.py``).
 
 The consortium's means and standard deviations equal the pooled ones (``Standardizer.fit`` over all sites' raw
@@ -47,7 +47,7 @@ def test_moments_of_sites_give_the_pooled_standardizer(tmp_path):
 def test_secure_round0_equals_pooled_and_server_keeps_no_site_sums(tmp_path, one_torch_thread):
     from fcd_secure.config import build_config
     from fcd_secure.data.registry import load_spec_federated
-    from fcd_secure.federation.inprocess import run_inprocess
+    from fcd_secure.engines.inprocess import run_inprocess
 
     spec, table = _table(tmp_path)
     cfg = build_config("tiny", {
@@ -90,7 +90,7 @@ def test_sites_with_different_practice_bind_the_policies_to_the_consortiums_anch
     from fcd_secure.data.policy import anchor_actions
     from fcd_secure.data.registry import load_spec_federated
     from fcd_secure.federation.learner import consortium_anchors
-    from fcd_secure.federation.secure_stats import STATISTICS_KEY, statistics_from_config
+    from fcd_secure.queries.secure_stats import STATISTICS_KEY, statistics_from_config
     import json
 
     spec, table = _table(tmp_path)

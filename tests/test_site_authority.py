@@ -2,7 +2,7 @@
 
 Each attack is driven the way a (malicious) server would: a run config of its choosing, or a message of its choosing,
 delivered to the real ClientApp (egress gate, guard, handlers, real model, data, ledgers and policy files on disk),
-and, for the whole path, the real ServerApp and ClientApp on the in-process engine (``federation.inprocess``: Flower's
+and, for the whole path, the real ServerApp and ClientApp on the in-process engine (``engines.inprocess``: Flower's
 Message API and Grid without Ray, pinned to the simulation engine bit for bit in ``test_federation_inprocess.py``; a
 secure run with secure evaluation on the simulation engine itself is ``test_privacy_run.py``). Before the site-policy
 layer each of these succeeded: the server's run config set Θs sharing, DP, the ε cap and the ledger folder; a secure
@@ -161,7 +161,7 @@ WEAKER = [
 
 
 def test_a_server_config_asking_for_less_is_refused_recorded_and_nothing_of_theta_s_leaves(tmp_path, one_torch_thread):
-    from fcd_secure.federation.client_app import make_client_app
+    from fcd_secure.apps.client_app import make_client_app
 
     cfg, root = _hospital(tmp_path, secagg={"min_sites": 5})  # this hospital wants at least 5 sites per sum
     app = make_client_app(None)  # deployment-style: the config of every message is the server's
@@ -191,7 +191,7 @@ def test_a_server_config_asking_for_less_is_refused_recorded_and_nothing_of_thet
 
 
 def test_a_secure_site_refuses_the_plain_training_and_evaluation_actions(tmp_path, one_torch_thread):
-    from fcd_secure.federation.client_app import make_client_app
+    from fcd_secure.apps.client_app import make_client_app
 
     cfg, root = _hospital(tmp_path)
     app = make_client_app(None)
@@ -209,7 +209,7 @@ def test_a_secure_site_refuses_the_plain_training_and_evaluation_actions(tmp_pat
 
 def test_differencing_evaluation_cohorts_of_1_2_3_rows_gets_nothing_and_is_refused(tmp_path, one_torch_thread):
     from fcd_secure.federation import learner
-    from fcd_secure.federation.client_app import make_client_app
+    from fcd_secure.apps.client_app import make_client_app
 
     plain = {"federation": {"clients_per_round": 4, "rounds": 1, "secure_aggregation": False}}
     cfg, root = _hospital(tmp_path, dp={"enabled": False}, **plain)
@@ -241,9 +241,9 @@ def test_simulated_sites_refuse_a_run_weaker_than_their_policies_and_verify_list
     from typer.testing import CliRunner
 
     from fcd_secure.cli.main import app as fcd_app
-    from fcd_secure.federation.server_app import FederationError
-    from fcd_secure.federation.inprocess import run_inprocess
-    from fcd_secure.federation.simulation import write_simulated_policies
+    from fcd_secure.apps.server_app import FederationError
+    from fcd_secure.engines.inprocess import run_inprocess
+    from fcd_secure.engines.simulation import write_simulated_policies
 
     state = tmp_path / "state"
     own = build_config("tiny", {**SITE_CFG, "federation": {**SITE_CFG["federation"], "secure_aggregation": False},
@@ -267,7 +267,7 @@ def test_simulated_sites_refuse_a_run_weaker_than_their_policies_and_verify_list
 @pytest.mark.slow
 def test_secure_evaluation_leaves_no_per_site_sums_at_the_server(tmp_path):
     from fcd_secure.audit.ledger import SERVER_LEDGER_FILE
-    from fcd_secure.federation.inprocess import run_inprocess
+    from fcd_secure.engines.inprocess import run_inprocess
 
     state = tmp_path / "state"
     cfg = build_config("tiny", {**SITE_CFG, "federation": {**SITE_CFG["federation"], "eval_every": 0},

@@ -20,8 +20,8 @@ from fcd_secure.audit.rules import site_error_name
 from fcd_secure.cli.run import outcome, site_error_message
 from fcd_secure.config import build_config
 from fcd_secure.data.spec import DataError
-from fcd_secure.federation.guard import guard_mod, site_error_of
-from fcd_secure.federation.server_app import _hello_failures, describe_site_error
+from fcd_secure.apps.guard import guard_mod, site_error_of
+from fcd_secure.apps.server_app import _hello_failures, describe_site_error
 from fcd_secure.privacy.errors import BudgetExceeded
 
 
@@ -81,7 +81,7 @@ def test_the_gate_passes_a_category_and_replaces_anything_else(tmp_path):
 
 def test_a_site_whose_data_fails_its_spec_answers_hello_with_that_category(tmp_path, task_identity):
     """A real ClientApp (gate, guard, site runtime): its table breaks the spec, so hello says so, and no more."""
-    from fcd_secure.federation.client_app import make_client_app
+    from fcd_secure.apps.client_app import make_client_app
 
     df = make_long_table(n_entities=30)
     df.loc[5, "y"] = 7
@@ -144,7 +144,7 @@ def test_sites_left_without_a_quorum_by_the_others_declines_did_not_fail(tmp_pat
     site did not fail; the run could not evaluate, and says why."""
     import json
 
-    from fcd_secure.federation.inprocess import run_inprocess
+    from fcd_secure.engines.inprocess import run_inprocess
 
     cfg = build_config("tiny", {"data": {"n_sites": 4}, "federation": {"rounds": 1, "clients_per_round": 4}})
     cfg = cfg.model_copy(update={"out": str(tmp_path / "run")})

@@ -13,8 +13,8 @@ import pytest
 from fcd_secure.aggregation.secagg import SecAggPolicy
 from fcd_secure.audit import Refusal
 from fcd_secure.config import build_config
-from fcd_secure.federation.cohort import CohortRecord, cohort_rows, cohort_size, select_rows
-from fcd_secure.federation.eval_vector import (
+from fcd_secure.queries.cohort import CohortRecord, cohort_rows, cohort_size, select_rows
+from fcd_secure.queries.eval_vector import (
     FRAC_BITS,
     EvalLayout,
     EvalVectorError,
@@ -259,7 +259,7 @@ def test_a_withholding_site_trains_on_the_papers_objective(tmp_path, one_torch_t
     import torch
 
     from fcd_secure.federation import learner
-    from fcd_secure.federation.site import SiteRuntime
+    from fcd_secure.apps.site import SiteRuntime
     from fcd_secure.manifest import THETA_C
 
     cfg = build_config("tiny", {"data": {"n_sites": 3}, "federation": {"secure_aggregation": False,

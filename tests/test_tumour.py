@@ -287,7 +287,7 @@ def test_a_tumour_run_names_its_actions_and_generates_its_contexts():
     """What the server shows for ``fcd run --dataset tumour`` before any site answers, and the label check that
     turns a policy naming an action the tumour world does not have into exit 2 before the engine starts."""
     from fcd_secure.config import build_config
-    from fcd_secure.federation.whatif import action_labels, check_policies, context_columns
+    from fcd_secure.queries.whatif import action_labels, check_policies, context_columns
 
     cfg = build_config("tiny", {"data": {"dataset": "tumour"}})
     assert action_labels(cfg) == ["none", "chemo", "radio", "both"]

@@ -3,7 +3,7 @@ a finished tiny run is asked about policies that name actions by label; values a
 the DKT-Synth truth; per-entity effects stay in each site's own folder and never reach the server's ledger; the
 evaluation-only round keeps the audit evidence verifiable.
 
-The finished run the question is asked of is trained on the in-process engine (``federation.inprocess``: the same
+The finished run the question is asked of is trained on the in-process engine (``engines.inprocess``: the same
 ServerApp and ClientApp, pinned to the simulation engine in ``test_federation_inprocess.py``); the question itself,
 what this file is about, runs on the simulation engine. The tests that read them form one xdist group, so both runs
 happen once, on one worker."""
@@ -23,8 +23,8 @@ from typer.testing import CliRunner  # noqa: E402
 from fcd_secure.cli.main import app as fcd_app  # noqa: E402
 from fcd_secure.config import build_config  # noqa: E402
 from fcd_secure.data.policy import load_policy, load_policy_refs  # noqa: E402
-from fcd_secure.federation.whatif import WhatIfRequest  # noqa: E402
-from fcd_secure.federation.whatif_run import run_whatif  # noqa: E402
+from fcd_secure.queries.whatif import WhatIfRequest  # noqa: E402
+from fcd_secure.engines.whatif_run import run_whatif  # noqa: E402
 
 SITES = 2
 #: the tests that read the asked question (a module-scoped fixture) run on one xdist worker
@@ -45,7 +45,7 @@ def asked(tmp_path_factory):
     """One tiny 1-round run (its end-of-run table included), then one what-if question of it."""
     import torch
 
-    from fcd_secure.federation.inprocess import run_inprocess
+    from fcd_secure.engines.inprocess import run_inprocess
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("whatif")
@@ -216,8 +216,8 @@ def test_bad_questions_exit_2_before_any_engine(asked, tmp_path):
 
 
 def test_the_egress_gate_allows_exactly_the_keys_of_the_question():
-    from fcd_secure.federation.egress import federation_policy
-    from fcd_secure.federation.whatif import evaluated_policy_names
+    from fcd_secure.apps.egress import federation_policy
+    from fcd_secure.queries.whatif import evaluated_policy_names
 
     cfg = build_config("tiny", {})
     request = WhatIfRequest(policies=load_policy_refs(["never", "late_on"]), reference="never")

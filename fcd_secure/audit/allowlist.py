@@ -3,7 +3,7 @@
 The egress gate allows names, never patterns (:class:`~fcd_secure.audit.rules.GatePolicy`): ``eval/*`` would let
 any value out under a fresh key, ``hello/dim-*`` any bytes. The federation's names are built here from what they
 are made of: the training losses of the local objective (paper §III-C: L_recon, L_diff, L_dis, L_cf, L_align and
-their total) with the DP figures, the evaluation sums of ``federation.evaluation`` (effects, policy values, the
+their total) with the DP figures, the evaluation sums of ``queries.evaluation`` (effects, policy values, the
 IPW / SNIPW / per-decision DR sums per policy and estimator, over the full and a truncated horizon, and the AUC
 histograms of length ``auc_bins``), and the ``query.hello`` identity and dimensions.
 
@@ -42,7 +42,7 @@ POLICY_FIELDS = ("n", "sim_sum", "true_sum")
 OPE_FIELDS = ("n", "sum_value", "sum_weight", "sum_weight_sq", "n_consistent", "finite")
 #: ``hello/dim-<d>`` of the hello reply (``learner.dims_of``).
 HELLO_DIMS = ("dx", "da", "n_actions", "n_sites", "L")
-#: The AUC histograms (``auc.pos`` / ``auc.neg``) have this many cells (``federation.evaluation.AUC_BINS``).
+#: The AUC histograms (``auc.pos`` / ``auc.neg``) have this many cells (``queries.evaluation.AUC_BINS``).
 AUC_BINS = 100
 
 

@@ -182,7 +182,7 @@ def _both(a: SecaggReplyRule, b: SecaggReplyRule) -> SecaggReplyRule:
                            per_theta_c_element=a.per_theta_c_element + b.per_theta_c_element)
 
 
-#: The carrier's combined stages (``fcd_secure.federation.secure_flow``): training with the first protocol stage of
+#: The carrier's combined stages (``fcd_secure.federation.secure.flow``): training with the first protocol stage of
 #: its round (``train_advertise``) or with the masked input of a round whose keys came earlier (``train_masked``),
 #: and one round's last two stages carrying the next round's first two (``consistency_next``, ``unmask_next``: the
 #: two replies length-prefixed, ``fcd_secure.federation.records.pack_pair``).
@@ -457,7 +457,7 @@ def _check_protocol(content: RecordDict, stage: str, manifest: Manifest, policy:
 
 
 def _check_schema(value: object, policy: GatePolicy) -> None:
-    """The evaluation schema a secure evaluation announces (``fcd_secure.federation.eval_vector``: canonical JSON
+    """The evaluation schema a secure evaluation announces (``fcd_secure.queries.eval_vector``: canonical JSON
     ``{"v": 1, "keys": [[name, length], ...]}``, length 0 for a scalar): every name an allow-listed evaluation
     metric, every list within its cap, nothing else."""
     if not isinstance(value, bytes) or len(value) > policy.secagg_schema_max_bytes:

@@ -12,8 +12,8 @@ from fcd_secure.cli.envelope import CliError
 def bad_input(hint: str) -> Iterator[None]:
     """Turn the provisioning layer's input errors into ``BAD_INPUT`` (exit 2) with ``hint``."""
     from fcd_secure.data.spec import DataError  # noqa: PLC0415
-    from fcd_secure.federation.pki import PKIError  # noqa: PLC0415
-    from fcd_secure.federation.provisioning.consortium import ProvisioningError  # noqa: PLC0415
+    from fcd_secure.engines.pki import PKIError  # noqa: PLC0415
+    from fcd_secure.provisioning.consortium import ProvisioningError  # noqa: PLC0415
     from fcd_secure.federation.site_policy import SitePolicyError  # noqa: PLC0415
 
     try:

@@ -2,7 +2,7 @@
 
 ``init`` makes the consortium's folder (CA, SuperLink certificate, coordinator key, ``consortium.toml``);
 ``add-site`` checks a site's enrolment request against the fingerprint its operator gave out of band, registers its
-keys and writes the signed bundle the site joins with (``fcd_secure.federation.provisioning``).
+keys and writes the signed bundle the site joins with (``fcd_secure.provisioning``).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def init(
 ) -> None:
     """Create a consortium in HOME. Prints the coordinator's key fingerprint: give it to every site's operator out
     of band (they type it into `fcd site join`)."""
-    from fcd_secure.federation.provisioning.consortium import PreflightTerms, init_consortium  # noqa: PLC0415
+    from fcd_secure.provisioning.consortium import PreflightTerms, init_consortium  # noqa: PLC0415
 
     with bad_input("fcd consortium init --help"):
         co = init_consortium(home, consortium_id, spec, hosts=tuple(host), port=port, cert_days=cert_days,
@@ -76,8 +76,8 @@ def add_site(
 ) -> None:
     """Check REQUEST (self-signature, the fingerprint given out of band, the consortium's data spec, a P-384
     SuperNode key), enrol the site, re-sign the roster and write every enrolled site's bundle."""
-    from fcd_secure.federation.provisioning.bundle import add_site as enrol  # noqa: PLC0415
-    from fcd_secure.federation.provisioning.consortium import Coordinator  # noqa: PLC0415
+    from fcd_secure.provisioning.bundle import add_site as enrol  # noqa: PLC0415
+    from fcd_secure.provisioning.consortium import Coordinator  # noqa: PLC0415
 
     if fingerprint is None:
         stderr().print("[yellow]warning:[/] no --fingerprint: the request's key was not checked against one given out "

@@ -1,7 +1,7 @@
 """`fcd deploy`: the same run as `fcd run`, on Flower's Deployment Engine on this machine, secure by default.
 
 Like ``fcd run``, everything is checked before any process starts (:func:`fcd_secure.cli.preflight.check_run`,
-then :meth:`fcd_secure.federation.deployment.LocalDeployment.prepare` for certificates, node keys and site
+then :meth:`fcd_secure.engines.deployment.LocalDeployment.prepare` for certificates, node keys and site
 policies): bad input is exit 2 naming the file and field, and no process is left running. Results and errors are
 printed as ``fcd run`` prints them (one JSON envelope with ``--json``).
 """
@@ -24,8 +24,8 @@ __all__ = ["register"]
 
 def _deploy_input_errors() -> tuple[type[BaseException], ...]:
     """Bad input of a deployment beyond the run's own (exit 2): certificates, node keys, site policies."""
-    from fcd_secure.federation.deployment import DeploymentInputError  # noqa: PLC0415
-    from fcd_secure.federation.pki import PKIError  # noqa: PLC0415
+    from fcd_secure.engines.deployment import DeploymentInputError  # noqa: PLC0415
+    from fcd_secure.engines.pki import PKIError  # noqa: PLC0415
     from fcd_secure.federation.site_policy import SitePolicyError  # noqa: PLC0415
 
     return (PKIError, SitePolicyError, DeploymentInputError)
@@ -74,7 +74,7 @@ def register(app: typer.Typer) -> None:
           2    bad input (config, data, certificates, keys, policies): nothing started
         """
         from fcd_secure.cli.preflight import check_run  # noqa: PLC0415
-        from fcd_secure.federation.deployment import DeploymentError, LocalDeployment  # noqa: PLC0415
+        from fcd_secure.engines.deployment import DeploymentError, LocalDeployment  # noqa: PLC0415
 
         own = config_file is None  # without a config file, deploy's own defaults: tiny, 4 sites, PEHE at the end
         opts = RunOptions(

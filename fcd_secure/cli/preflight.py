@@ -111,7 +111,7 @@ def check_policies(cfg: "RunConfig") -> None:
         CliError: exit 2, naming the policy file and field.
     """
     from fcd_secure.data.spec import DataError  # noqa: PLC0415
-    from fcd_secure.federation.whatif import check_policies as bind_all, request_from_config  # noqa: PLC0415
+    from fcd_secure.queries.whatif import check_policies as bind_all, request_from_config  # noqa: PLC0415
 
     try:
         bind_all(cfg, request_from_config(cfg).policies)
@@ -126,7 +126,7 @@ def check_flow(cfg: "RunConfig") -> None:
         CliError: exit 2.
     """
     from fcd_secure.federation.flows import check_flow as flow_check  # noqa: PLC0415
-    from fcd_secure.federation.secure_setup import SecureAggregationConfigError  # noqa: PLC0415
+    from fcd_secure.federation.secure.setup import SecureAggregationConfigError  # noqa: PLC0415
 
     try:
         flow_check(cfg)

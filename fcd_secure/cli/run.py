@@ -42,7 +42,7 @@ def bad_input_errors() -> tuple[type[BaseException], ...]:
     from fcd_secure.config import ConfigError  # noqa: PLC0415
     from fcd_secure.data.schema import SchemaError  # noqa: PLC0415
     from fcd_secure.data.spec import DataError  # noqa: PLC0415
-    from fcd_secure.federation.secure_setup import SecureAggregationConfigError  # noqa: PLC0415
+    from fcd_secure.federation.secure.setup import SecureAggregationConfigError  # noqa: PLC0415
     from fcd_secure.federation.state import StateError  # noqa: PLC0415
 
     return (ConfigError, SchemaError, DataError, StateError, SecureAggregationConfigError, ValidationError)
@@ -269,8 +269,8 @@ def execute_run(cfg: "RunConfig", as_json: bool) -> int:
     """
     import torch  # noqa: PLC0415
 
-    from fcd_secure.federation.server_app import FederationError  # noqa: PLC0415
-    from fcd_secure.federation.simulation import run_simulated  # noqa: PLC0415
+    from fcd_secure.apps.server_app import FederationError  # noqa: PLC0415
+    from fcd_secure.engines.simulation import run_simulated  # noqa: PLC0415
 
     torch.set_num_threads(1)  # the sites share the machine's cores through one Ray actor
     if os.environ.get(DEBUG_ENV) != "1":

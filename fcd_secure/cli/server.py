@@ -1,6 +1,6 @@
 """``fcd server``: the coordinator's SuperLink (start, stop, status) and the federated run on it (run).
 
-Thin: the work is in ``fcd_secure.federation.provisioning.server``.
+Thin: the work is in ``fcd_secure.provisioning.server``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ _HOME = typer.Option(..., "--home", help="The coordinator's folder (fcd consorti
 
 
 def _co(home: Path):
-    from fcd_secure.federation.provisioning.consortium import Coordinator  # noqa: PLC0415
+    from fcd_secure.provisioning.consortium import Coordinator  # noqa: PLC0415
 
     co = Coordinator(home)
     co.config()
@@ -38,7 +38,7 @@ def start(
 ) -> None:
     """Start the SuperLink on the consortium's address with its certificate; register every enrolled site's key.
     Control API requests (flwr run, supernode register) from any address but --control-api-address get HTTP 403."""
-    from fcd_secure.federation.provisioning.server import start_server  # noqa: PLC0415
+    from fcd_secure.provisioning.server import start_server  # noqa: PLC0415
 
     with bad_input("fcd consortium init / add-site first"):
         co = _co(home)
@@ -56,7 +56,7 @@ def start(
 @app.command("stop", short_help="Stop the SuperLink (by PID).")
 def stop(home: Path = _HOME, as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope.")) -> None:
     """Stop the processes this coordinator started (by their recorded PIDs)."""
-    from fcd_secure.federation.provisioning.server import stop_server  # noqa: PLC0415
+    from fcd_secure.provisioning.server import stop_server  # noqa: PLC0415
 
     with bad_input("--home must be a consortium folder"):
         res = stop_server(_co(home))
@@ -69,7 +69,7 @@ def stop(home: Path = _HOME, as_json: bool = typer.Option(False, "--json", help=
 @app.command("status", short_help="Is the SuperLink running?")
 def status(home: Path = _HOME, as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope.")) -> None:
     """The coordinator's processes and whether they run."""
-    from fcd_secure.federation.provisioning.server import server_status  # noqa: PLC0415
+    from fcd_secure.provisioning.server import server_status  # noqa: PLC0415
 
     with bad_input("--home must be a consortium folder"):
         res = server_status(_co(home))
@@ -98,7 +98,7 @@ def run(
     """Submit the consortium's pinned app: every enrolled site, secure aggregation, statistics from the secure
     round 0, each site on its own table. Writes the run folder and <out>/evidence/ (server ledger, roster, CA,
     fingerprints)."""
-    from fcd_secure.federation.provisioning.server import run_federation  # noqa: PLC0415
+    from fcd_secure.provisioning.server import run_federation  # noqa: PLC0415
 
     if preset not in ("tiny", "default", "paper"):
         raise CliError(f"--preset {preset!r}: expected tiny, default or paper", "USAGE")

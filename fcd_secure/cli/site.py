@@ -4,7 +4,7 @@
 strict policy and the enrolment request; ``join`` verifies the coordinator's bundle against the fingerprint the
 operator types and pins what it carries; ``preflight`` says whether the site is ready (exit 0 ready, 1 not ready,
 2 usage); ``service`` writes a systemd unit. Each of init, join and preflight appends a signed line to the site
-ledger, which ``fcd audit verify`` reports (``fcd_secure.federation.site_install``).
+ledger, which ``fcd audit verify`` reports (``fcd_secure.provisioning.site_install``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def init(
 ) -> None:
     """Install a site in HOME. Send the enrolment request to the coordinator and read the identity fingerprint to
     them out of band (they type it into `fcd consortium add-site`)."""
-    from fcd_secure.federation.site_install.home import init_site  # noqa: PLC0415
+    from fcd_secure.provisioning.site_install.home import init_site  # noqa: PLC0415
 
     with bad_input("fcd data validate TABLE --spec SPEC shows what the table lacks"):
         res = init_site(home, spec, table, site_id)
@@ -57,7 +57,7 @@ def join(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope."),
 ) -> None:
     """Join the consortium of BUNDLE: refused (exit 2) unless it verifies against the fingerprint you typed."""
-    from fcd_secure.federation.site_install.home import join_site  # noqa: PLC0415
+    from fcd_secure.provisioning.site_install.home import join_site  # noqa: PLC0415
 
     with bad_input("ask the coordinator for a fresh bundle and check the fingerprint with them"):
         res = join_site(home, bundle, coordinator_fingerprint)
@@ -78,7 +78,7 @@ def preflight(
 ) -> None:
     """Check the site's data against the consortium's spec, its keys, certificates, clock, telemetry, disk,
     versions and the SuperLink over TLS. Exit 0 when ready, 1 when not (each failed check says what to do)."""
-    from fcd_secure.federation.site_install.preflight import run_preflight  # noqa: PLC0415
+    from fcd_secure.provisioning.site_install.preflight import run_preflight  # noqa: PLC0415
 
     with bad_input("--home must be a site's folder (fcd site init)"):
         res = run_preflight(home, timeout_s=timeout)
@@ -112,8 +112,8 @@ def service(
 ) -> None:
     """Write the site's systemd unit (install it with `systemctl enable --now` as root)."""
     from fcd_secure._io import atomic_write_text  # noqa: PLC0415
-    from fcd_secure.federation.site_install.home import SiteHome  # noqa: PLC0415
-    from fcd_secure.federation.site_install.service import systemd_unit  # noqa: PLC0415
+    from fcd_secure.provisioning.site_install.home import SiteHome  # noqa: PLC0415
+    from fcd_secure.provisioning.site_install.service import systemd_unit  # noqa: PLC0415
 
     with bad_input("--home must be a site's folder (fcd site init)"):
         h = SiteHome.at(home)
@@ -134,8 +134,8 @@ def start(
 ) -> None:
     """Start the site: its SuperNode (pinned CA, its key, its own table) and the executor that runs only the pinned
     app."""
-    from fcd_secure.federation.site_install.home import SiteHome  # noqa: PLC0415
-    from fcd_secure.federation.site_install.runner import start_site  # noqa: PLC0415
+    from fcd_secure.provisioning.site_install.home import SiteHome  # noqa: PLC0415
+    from fcd_secure.provisioning.site_install.runner import start_site  # noqa: PLC0415
 
     with bad_input("fcd site join first"):
         res = start_site(SiteHome.at(home), warm=not cold)
@@ -147,7 +147,7 @@ def start(
     if foreground:
         import time  # noqa: PLC0415
 
-        from fcd_secure.federation.provisioning.processes import alive  # noqa: PLC0415
+        from fcd_secure.provisioning.processes import alive  # noqa: PLC0415
 
         while alive(res["supernode_pid"]) and alive(res["executor_pid"]):
             time.sleep(2)
@@ -157,8 +157,8 @@ def start(
 @app.command("stop", short_help="Stop the site's processes (by PID).")
 def stop(home: Path = _HOME, as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope.")) -> None:
     """Stop the processes this site started (by their recorded PIDs)."""
-    from fcd_secure.federation.site_install.home import SiteHome  # noqa: PLC0415
-    from fcd_secure.federation.site_install.runner import stop_site  # noqa: PLC0415
+    from fcd_secure.provisioning.site_install.home import SiteHome  # noqa: PLC0415
+    from fcd_secure.provisioning.site_install.runner import stop_site  # noqa: PLC0415
 
     with bad_input("--home must be a site's folder"):
         res = stop_site(SiteHome.at(home))
@@ -171,8 +171,8 @@ def stop(home: Path = _HOME, as_json: bool = typer.Option(False, "--json", help=
 @app.command("status", short_help="Is the site running?")
 def status(home: Path = _HOME, as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope.")) -> None:
     """The site's processes and whether they run."""
-    from fcd_secure.federation.site_install.home import SiteHome  # noqa: PLC0415
-    from fcd_secure.federation.site_install.runner import site_status  # noqa: PLC0415
+    from fcd_secure.provisioning.site_install.home import SiteHome  # noqa: PLC0415
+    from fcd_secure.provisioning.site_install.runner import site_status  # noqa: PLC0415
 
     with bad_input("--home must be a site's folder"):
         res = site_status(SiteHome.at(home))

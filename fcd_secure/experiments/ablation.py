@@ -11,7 +11,7 @@ variant            what changes (everything else: same data, same Dirichlet spli
 ``centralised``    one model on the pooled training data of all sites (the reference of ``fcd train --centralised``)
 =================  =================================================================================================
 
-The federated variants run on Flower's simulation engine (``federation.simulation.run_simulated``). The two
+The federated variants run on Flower's simulation engine (``engines.simulation.run_simulated``). The two
 non-federated references train for :func:`~fcd_secure.experiments.centralised.matched_epochs` passes, so no variant
 sees more data, and every variant is scored by the same federated evaluation
 (:func:`~fcd_secure.experiments.evaluate.evaluate_on_sites`).
@@ -35,7 +35,7 @@ from fcd_secure.experiments.centralised import matched_epochs, run_centralised
 from fcd_secure.experiments.evaluate import evaluate_on_sites
 from fcd_secure.experiments.tables import mean_sd_table
 from fcd_secure.federation import learner
-from fcd_secure.federation.simulation import run_simulated
+from fcd_secure.engines.simulation import run_simulated
 from fcd_secure.model.baselines import FedCausalDiffSimulator
 
 __all__ = ["ALL_VARIANTS", "LABELS", "run_ablation", "run_centralised_row", "run_local_only", "variant_config"]

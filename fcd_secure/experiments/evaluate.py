@@ -1,5 +1,5 @@
 """Scoring a trained simulator the way a federated run is scored: every site evaluates on its own test split with
-the site-side code of the federated evaluation (``federation.evaluation.site_metrics``) and the sums are merged
+the site-side code of the federated evaluation (``queries.evaluation.site_metrics``) and the sums are merged
 (``merge_site_metrics``), which gives exactly the pooled numbers. Every row of Table III and every method of
 ``fcd train --centralised`` goes through here, so no two of them are scored differently.
 """
@@ -11,7 +11,7 @@ from typing import Any
 
 from fcd_secure.config import RunConfig
 from fcd_secure.federation import learner
-from fcd_secure.federation.evaluation import merge_site_metrics, site_metrics
+from fcd_secure.queries.evaluation import merge_site_metrics, site_metrics
 from fcd_secure.model.simulator import Simulator
 
 __all__ = ["evaluate_on_sites", "full_eval_config"]

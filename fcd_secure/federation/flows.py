@@ -1,7 +1,7 @@
 """The one place where a run's aggregation flow is chosen (``federation.secure_aggregation``).
 
 * ``PlainFedAvgFlow`` (``federation.plain_flow``): clear-text replies, sample-size-weighted FedAvg.
-* ``SecureAggregationFlow`` (``federation.secure_flow``): pairwise-masked secure aggregation; the server only
+* ``SecureAggregationFlow`` (``federation.secure.flow``): pairwise-masked secure aggregation; the server only
   learns the weighted sum.
 
 Both are :class:`~fcd_secure.federation.records.AggregationFlow` subclasses, so the ServerApp has one code path.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from fcd_secure.config import RunConfig
 from fcd_secure.federation.plain_flow import PlainFedAvgFlow
 from fcd_secure.federation.records import AggregationFlow
-from fcd_secure.federation.secure_flow import SecureAggregationFlow
+from fcd_secure.federation.secure.flow import SecureAggregationFlow
 from fcd_secure.manifest import FULL, THETA_C, Manifest
 
 

@@ -8,7 +8,7 @@ between layers (docs/architecture.md) are visible in one file:
 * model: ``build_model`` (the run's :class:`~fcd_secure.model.simulator.Simulator`, ``model.simulator``),
   ``manifest_of``, ``get_params`` / ``set_params`` (manifest names; parts are ``fcd_secure.manifest.THETA_C`` /
   ``THETA_S`` / ``FULL``), ``train_local``, ``make_optimizer``;
-* evaluation: ``effects`` / ``policy_values`` / ``factual`` helpers used by ``federation.evaluation``.
+* evaluation: ``effects`` / ``policy_values`` / ``factual`` helpers used by ``queries.evaluation``.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def consortium_anchors(statistics: dict[str, list[float]] | None, own: tuple[int
 
 def load_site_data(cfg: RunConfig, site_index: int, statistics: dict[str, list[float]] | None = None) -> SiteData:
     """One site's data. With ``data.standardize = "secure"`` the sites are unscaled until the consortium's
-    statistics (``statistics``: from the secure round 0, ``federation.secure_stats``) are applied here."""
+    statistics (``statistics``: from the secure round 0, ``queries.secure_stats``) are applied here."""
     fd = load_federated(cfg)
     n_sites = len(fd.train)
     if not 0 <= site_index < n_sites:

@@ -26,7 +26,7 @@ from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
 from fcd_secure.audit import POLICY_REASON_PREFIX, ServerAudit, message_bytes, payload_bytes, site_error_name
-from fcd_secure.federation.flower_waits import grid_poll_s
+from fcd_secure._flower.waits import grid_poll_s
 
 
 @dataclass(frozen=True)

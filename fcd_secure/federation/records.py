@@ -17,7 +17,7 @@ message type                        content (request → reply)
 ``train.secagg_consistency_next``,  ``secagg {msg, next}``: this round's stage 3 / 4 request and the next round's
 ``train.secagg_unmask_next``        stage 0 / 1 request, either may be absent → ``secagg {msg}``: the two replies
                                     (:func:`pack_pair`)
-``query.evaluate``                  ``global`` + ``config`` → ``eval``: aggregate sums only (``federation.evaluation``)
+``query.evaluate``                  ``global`` + ``config`` → ``eval``: aggregate sums only (``queries.evaluation``)
 ==================================  =================================================================================
 
 :class:`AggregationFlow` is the server side of one synchronisation round (paper §III-B, Table II: the sampled sites
@@ -26,7 +26,7 @@ train locally and only Θc is aggregated with sample-size-weighted FedAvg). It f
 :meth:`~AggregationFlow.configure`, :meth:`~AggregationFlow.collect`, :meth:`~AggregationFlow.aggregate`) a
 subclass fills in, and one template (:meth:`~AggregationFlow.run_round`) that owns the steps every flow shares:
 send the training request, turn an abort into an unchanged global model. The round loop itself (sampling,
-checkpoints, evaluation) stays in ``federation.server_app``.
+checkpoints, evaluation) stays in ``apps.server_app``.
 """
 
 from __future__ import annotations
@@ -59,9 +59,9 @@ TRAIN_MESSAGE_TYPE = "train"
 #: Secure-aggregation actions are ``train.secagg_<stage>``; ``<stage>`` is a protocol stage name or one of the
 #: stages below.
 SECAGG_ACTION_PREFIX = SECAGG_PREFIX.removeprefix(f"{TRAIN_MESSAGE_TYPE}.")  # spelled once, in the gate's rules
-#: the secure evaluation's preparation (``federation.secure_evaluation``): evaluate, keep the sums, reply the schema
+#: the secure evaluation's preparation (``queries.secure_evaluation``): evaluate, keep the sums, reply the schema
 SECAGG_EVALUATE_STAGE = "evaluate"
-#: the combined stages of a training round (``federation.secure_flow``; the egress gate bounds each reply)
+#: the combined stages of a training round (``federation.secure.flow``; the egress gate bounds each reply)
 SECAGG_TRAIN_ADVERTISE_STAGE = "train_advertise"
 SECAGG_TRAIN_MASKED_STAGE = "train_masked"
 SECAGG_CONSISTENCY_NEXT_STAGE = "consistency_next"
@@ -83,7 +83,7 @@ SECAGG_EVAL_LAYOUT_FIELD = "layout"
 #: The downlink field of a combined stage that carries the next training round's request.
 SECAGG_NEXT_FIELD = "next"
 
-#: Run-config key under which a deployment carries the resolved ``RunConfig`` as JSON (``federation.deployment``).
+#: Run-config key under which a deployment carries the resolved ``RunConfig`` as JSON (``engines.deployment``).
 RUN_CONFIG_KEY = "fcd-config"
 
 

@@ -26,7 +26,7 @@ The run config from the server is a *request*: it may ask for more protection, n
 :meth:`SitePolicy.admit` returns the effective settings (the stricter of policy and request) and, when the request
 asks for less, the refusal (:class:`~fcd_secure.audit.Refusal`, rule ``site_policy``, keyed by the config field):
 the site then refuses every message of that run, and the egress gate records each refusal in the site ledger
-(``fcd audit verify`` lists them). Simulation uses the same path: ``federation.simulation`` writes one policy file
+(``fcd audit verify`` lists them). Simulation uses the same path: ``engines.simulation`` writes one policy file
 per simulated site from the run's options (that simulated hospital's own choice).
 """
 

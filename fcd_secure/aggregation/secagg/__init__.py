@@ -1,7 +1,7 @@
 """Pairwise-masked secure aggregation of Θc (Bonawitz et al., CCS 2017, double masking, active model).
 
-Pure Python over bytes and numpy: no Flower import anywhere in this package (``federation.secure_flow`` and
-``federation.secure_site`` only carry its messages; the in-memory test driver is ``tests/secagg_harness.py``). Modules:
+Pure Python over bytes and numpy: no Flower import anywhere in this package (``federation.secure.flow`` and
+``apps.secure_site`` only carry its messages; the in-memory test driver is ``tests/secagg_harness.py``). Modules:
 
 - :mod:`.config`    site-pinned :class:`SecAggPolicy` (at least 4 sites, t >= floor(2n/3) + 1, modulus, clip, deadlines)
 - :mod:`.encoding`  vector layout from the Θc manifest, fixed point with clipping, decode to weighted FedAvg

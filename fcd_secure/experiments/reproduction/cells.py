@@ -4,7 +4,7 @@ A cell is trained by the Flower app (``server_app.run_federation`` with the Clie
 — the same split, seed and engine for every method, ``model.simulator`` naming the method (full synchronisation for a
 method without Θs, which DSS then amounts to) — and scored by the same code for every method:
 
-* the final federated evaluation (``federation.evaluation``): PEHE, |ATE error| and |value error| against the
+* the final federated evaluation (``queries.evaluation``): PEHE, |ATE error| and |value error| against the
   DKT-Synth oracle, the factual AUC, and per policy the simulated value and IPW/SNIPW/DR on sites that log
   propensities;
 * the per-round evaluations (PEHE, factual AUC) and cumulative uplink bytes of the run (Figs. 3 and 4);
@@ -42,8 +42,8 @@ from fcd_secure.evaluation.tstr import synthesize, trtr, tstr
 from fcd_secure.experiments.reproduction.policy_values import stepwise_dr_sums
 from fcd_secure.experiments.reproduction.presets import ReproPreset
 from fcd_secure.federation import learner
-from fcd_secure.federation.inprocess import run_inprocess
-from fcd_secure.federation.site import SiteRuntime, default_site_id
+from fcd_secure.engines.inprocess import run_inprocess
+from fcd_secure.apps.site import SiteRuntime, default_site_id
 from fcd_secure.manifest import THETA_C, THETA_S
 
 __all__ = [

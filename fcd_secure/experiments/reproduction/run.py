@@ -184,7 +184,7 @@ def run_reproduction(
     meta = {
         "preset": preset.model_dump(mode="json"), "seeds": [int(s) for s in seeds], "datasets": list(datasets),
         "methods": list(methods), "ablations": bool(ablations), "workers": int(workers), "engine": "Flower app in process "
-        "(federation.inprocess: ServerApp round loop + ClientApp, no Ray)", "secure": bool(secure),
+        "(engines.inprocess: ServerApp round loop + ClientApp, no Ray)", "secure": bool(secure),
         "wall_s": time.perf_counter() - t0, "cpu_s": _cpu_s() - cpu0, "code": code_fingerprint()[:16],
         "cells": len(cells), "cached": cached, "cpus": os.cpu_count(),
         "load_start": load_start, "load_end": os.getloadavg()[0], "started": started,

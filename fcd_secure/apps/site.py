@@ -1,0 +1,285 @@
+"""``SiteRuntime``: everything one site does, independent of Flower's process model.
+
+A site is identified by its *site id* (``node_config["site-id"]`` in deployment, ``site-<partition-id>`` in
+simulation), never by Flower's random node id. Its private state lives on disk (``federation.state``) and is
+loaded for every message, because in deployment every message runs in a fresh ``flwr-clientapp`` process and in
+simulation one Ray actor serves every site (Flower 1.42's simulation engine: module globals leak across
+simulated nodes; ``Context.state`` is lost on restart). The only process-wide cache is the loaded data split,
+which is a pure function of the run config.
+
+Paper §III "Decoupled synchronisation": ``train_round`` loads Θs_i from disk, sets the global Θc, trains one local
+epoch on the site's own data and returns only Θc (or every parameter but the site-bound ones in the "w/o DSS"
+ablation). Θs_i, the optimiser and RNG state are committed to disk atomically before the reply leaves.
+
+The run config a message carries is a *request*: the site's own policy (``federation.site_policy``) decides the
+effective settings (``SiteRuntime.cfg``), and a request asking for less protection is refused on every message
+(:meth:`SiteRuntime.admit`, recorded by the egress gate).
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+
+from fcd_secure.audit import Refusal
+from fcd_secure.config import RunConfig
+from fcd_secure.federation import learner
+from fcd_secure.queries.cohort import COHORT_SLOT, CohortRecord, select_rows
+from fcd_secure.federation.learner import SiteData
+from fcd_secure.federation.records import EVALUATE_MESSAGE_TYPE, TRAIN_MESSAGE_TYPE
+from fcd_secure.queries.secure_stats import statistics_from_config
+from fcd_secure.federation.site_policy import SitePolicy, load_site_policy
+from fcd_secure.federation.state import SiteState, StateError
+from fcd_secure.manifest import FULL, THETA_C, THETA_S, Manifest
+
+#: Message types that carry numbers in clear: refused by a site in secure mode (P20).
+PLAIN_MESSAGE_TYPES = (TRAIN_MESSAGE_TYPE, EVALUATE_MESSAGE_TYPE)
+
+
+def default_site_id(site_index: int) -> str:
+    return f"site-{int(site_index):02d}"
+
+
+class SiteRuntime:
+    """One site: identity, policy, data, model, on-disk state. Built per message; cheap apart from the model build.
+
+    Args:
+        cfg: the run config as requested (the server's, or the simulation's).
+        site_id: the site's stable id.
+        site_index: the site's index in the federation (its data slice in a simulated split).
+        state_root: the folder holding this site's state directory.
+        policy: the site's own policy; ``None`` loads it from ``<state_root>/<site_id>/site_policy.toml`` (or the
+            strict defaults).
+        own_table: ``(spec, table)`` of a deployed site's own table (node config ``own-spec``/``own-table``, set by
+            ``fcd site start``); the request's data section then names nothing the site reads.
+    """
+
+    def __init__(
+        self, cfg: RunConfig, site_id: str, site_index: int, state_root: str, policy: SitePolicy | None = None,
+        own_table: tuple[str, str] | None = None,
+    ) -> None:
+        import torch  # noqa: PLC0415
+
+        self.site_id = site_id
+        self.site_index = int(site_index)
+        self.own_table = own_table
+        self.state = SiteState(state_root, site_id)
+        self.policy = policy if policy is not None else load_site_policy({}, state_root, site_id)
+        self.request = cfg
+        #: the effective settings (within the policy) and, if the request asks for less, the refusal
+        self.cfg, self.refusal = self.policy.admit(cfg)
+        if torch.get_num_threads() != self.cfg.federation.site_threads:
+            torch.set_num_threads(self.cfg.federation.site_threads)
+        self._data: SiteData | None = None
+        #: the consortium's standardisation statistics of this request (``data.standardize = "secure"``)
+        self.statistics: dict[str, list[float]] | None = None
+        self._model = None
+        self._manifest = None
+
+    # -- construction from a Flower Context --------------------------------------------------------------
+    @classmethod
+    def from_context(cls, context, cfg: RunConfig, *, own_config: bool = True) -> "SiteRuntime":
+        """The site of a message: identity and state folder from ``node_config`` (``site-id``, ``site-index`` or
+        ``partition-id``, ``state-dir``, ``site-policy``); the run's ``state_dir`` only when ``own_config`` (the
+        config is the site's own, as in simulation), never from a config the server sent.
+
+        Raises:
+            StateError: the site cannot tell which site it is or where its state lives.
+            SitePolicyError: the site's policy file is missing (when named) or invalid.
+        """
+        nc = dict(context.node_config)
+        if "site-index" in nc:
+            index = int(nc["site-index"])
+        elif "partition-id" in nc:
+            index = int(nc["partition-id"])
+        else:
+            raise StateError("node_config has neither 'site-index' nor 'partition-id': cannot tell which site this is")
+        site_id = str(nc.get("site-id") or default_site_id(index))
+        state_root = str(nc.get("state-dir") or (cfg.state_dir if own_config else None) or "")
+        if not state_root:
+            raise StateError("no state directory: set node_config 'state-dir' (a server never chooses it)")
+        own = (str(nc["own-spec"]), str(nc["own-table"])) if nc.get("own-spec") and nc.get("own-table") else None
+        return cls(cfg, site_id, index, state_root, load_site_policy(nc, state_root, site_id), own_table=own)
+
+    # -- admission -----------------------------------------------------------------------------------------
+    def admit(self, message_type: str) -> None:
+        """Refuse a message the site's policy does not allow, before anything is computed.
+
+        Raises:
+            Refusal: ``site_policy`` (the run's config asks for less protection than the policy; every message of
+                that run is refused) or ``downgrade`` (a clear-text action of a site in secure mode, P20).
+        """
+        if self.refusal is not None:
+            raise self.refusal
+        if self.cfg.federation.secure_aggregation and message_type in PLAIN_MESSAGE_TYPES:
+            raise Refusal("downgrade", "message", message_type)
+
+    # -- lazily built parts ------------------------------------------------------------------------------
+    @property
+    def data(self) -> SiteData:
+        if self._data is None:
+            if self.own_table is not None:
+                spec, table = self.own_table
+                self._data = learner.load_own_site_data(self.cfg, spec, table, self.site_index, self.statistics)
+            else:
+                self._data = learner.load_site_data(self.cfg, self.site_index, self.statistics)
+        return self._data
+
+    @property
+    def secure_statistics(self) -> bool:
+        """Whether this site standardises with the secure round 0's statistics (always, with its own table)."""
+        return self.own_table is not None or self.cfg.data.standardize == "secure"
+
+    def adopt_statistics(self, config: dict[str, Any]) -> None:
+        """Take the consortium's standardisation statistics from a training or evaluation request (secure mode).
+
+        Raises:
+            StateError: the run standardises securely and the request carries no statistics (the site would
+                otherwise train on unscaled data), or they do not fit the site's columns.
+        """
+        if not self.secure_statistics:
+            return
+        stats = statistics_from_config(config)
+        if stats is None:
+            raise StateError("data.standardize = 'secure' and the request carries no standardisation statistics")
+        self.statistics = stats
+        self._data = None
+
+    def preprocessing_sums(self) -> dict[str, Any]:
+        """Round 0: this site's moment sums over its unscaled training set (``queries.secure_stats``).
+
+        Raises:
+            StateError: the run does not standardise securely (its data are scaled already).
+        """
+        from fcd_secure.data.moments import moment_sums  # noqa: PLC0415
+
+        if not self.secure_statistics or self.statistics is not None:
+            raise StateError("moment sums are only taken in a secure-standardisation run, over unscaled data")
+        return moment_sums(self.data.train)
+
+    @property
+    def dataset_train(self):
+        return self.data.train
+
+    @property
+    def dataset_test(self):
+        return self.data.test
+
+    @property
+    def dims(self) -> dict[str, int]:
+        return learner.dims_of(self.data.train, self.data.n_sites)
+
+    @property
+    def model(self):
+        if self._model is None:
+            self._model = learner.build_model(self.cfg, self.dims)
+        return self._model
+
+    @property
+    def manifest(self) -> Manifest:
+        if self._manifest is None:
+            self._manifest = learner.manifest_of(self.model)
+        return self._manifest
+
+    @property
+    def secagg_policy(self):
+        """The secure-aggregation parameters this site pins (``[secagg]`` of its policy)."""
+        return self.policy.secagg
+
+    @property
+    def layout_hash(self) -> str:
+        return str(self.manifest.layout_hash)
+
+    def identity_private_key(self) -> bytes:
+        """Raw Ed25519 private key of this site (created on first use, kept in the site state directory)."""
+        return self.state.identity_private_key()
+
+    # -- training ----------------------------------------------------------------------------------------
+    def train_round(self, global_theta: dict[str, np.ndarray], round_config: dict[str, Any]) -> tuple[dict[str, np.ndarray], int, dict]:
+        """Train one round from the global parameters; returns ``(synchronised params, n_train, metrics)``.
+
+        ``round_config``: ``server-round`` (int), ``part`` (``THETA_C`` for DSS, ``FULL`` for the w/o-DSS
+        ablation), ``local-epochs``. The returned arrays are exactly the manifest entries of ``part``.
+        """
+        import torch  # noqa: PLC0415
+
+        server_round = int(round_config["server-round"])
+        self.adopt_statistics(round_config)
+        part = str(round_config.get("part", THETA_C))
+        if part not in (THETA_C, FULL):
+            raise ValueError(f"round config 'part' must be {THETA_C!r} or {FULL!r}, got {part!r}")
+        epochs = int(round_config.get("local-epochs", self.cfg.federation.local_epochs))
+        self.state.check_layout(self.layout_hash)
+        snap = self.state.begin_round(server_round)
+
+        model = self.model
+        if snap is not None:
+            learner.set_params(model, THETA_S, snap.theta_s)
+        learner.set_params(model, part, global_theta)  # strict: exactly the part's names and shapes
+        optimizer = learner.make_optimizer(model, self.cfg)
+        if snap is not None and snap.optimizer_state is not None:
+            optimizer.load_state_dict(torch.load(io.BytesIO(snap.optimizer_state), weights_only=True))
+        if snap is not None and snap.rng_state is not None:
+            torch.set_rng_state(torch.load(io.BytesIO(snap.rng_state), weights_only=True))
+
+        seed = learner.round_seed(self.cfg.seed, server_round, self.site_index)
+        train = self.policy.training_data(self.data.train)  # the site decides whether its propensities weight training
+        if self.cfg.dp.enabled:  # === the DP-SGD seam: the privacy layer wraps model, optimiser and loader ===
+            metrics = learner.train_local_dp(
+                model, train, self.cfg, self.site_index, self.data.n_sites, epochs, seed, optimizer,
+                self.state.dir, server_round,
+            )
+        else:
+            metrics = learner.train_local(
+                model, train, self.cfg, self.site_index, self.data.n_sites, epochs=epochs, seed=seed, optimizer=optimizer
+            )
+        out = learner.get_params(model, part)
+        theta_s = learner.get_params(model, THETA_S)
+        for name, arr in out.items():
+            if not np.all(np.isfinite(arr)):
+                raise FloatingPointError(f"local training produced a non-finite parameter ({name})")
+        opt_buf, rng_buf = io.BytesIO(), io.BytesIO()
+        torch.save(optimizer.state_dict(), opt_buf)
+        torch.save(torch.get_rng_state(), rng_buf)
+        self.state.commit(server_round, self.layout_hash, theta_s, opt_buf.getvalue(), rng_buf.getvalue())
+        n = int(self.data.train.n)
+        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float, np.floating, np.integer))}
+        clean["n"] = float(n)
+        return out, n, clean
+
+    # -- evaluation ----------------------------------------------------------------------------------------
+    def load_for_eval(self, global_theta: dict[str, np.ndarray], part: str = THETA_C):
+        """The site's model with the given global parameters and its own latest Θs (nothing is written)."""
+        model = self.model
+        snap = self.state.load()
+        if snap is not None:
+            learner.set_params(model, THETA_S, snap.theta_s)
+        # "w/o DSS" (part = full) synchronises Θs too (not its site-bound part): the global one replaces the local copy
+        learner.set_params(model, part, global_theta)
+        return model
+
+    def evaluation_rows(self, eval_config: dict[str, Any]) -> np.ndarray:
+        """The test rows this site evaluates for ``eval_config`` (its ``max-rows`` is only a request), recorded.
+
+        Raises:
+            Refusal: rule ``eval_cohort`` (``queries.cohort``).
+        """
+        requested = eval_config.get("max-rows")
+        requested = None if requested in (None, 0, -1) else int(requested)
+        record = CohortRecord(self.state.slot(COHORT_SLOT))
+        return select_rows(self.data.test, self.site_id, requested, self.policy.evaluation, record)
+
+    def evaluate(self, global_theta: dict[str, np.ndarray], eval_config: dict[str, Any]) -> dict[str, float]:
+        """Aggregate-only evaluation metrics of this site over the rows it chose (``queries.evaluation``).
+
+        Raises:
+            Refusal: rule ``eval_cohort`` (the cohort rules of ``queries.cohort``).
+        """
+        from fcd_secure.queries.evaluation import site_metrics  # noqa: PLC0415
+
+        self.adopt_statistics(eval_config)
+        rows = self.evaluation_rows(eval_config)
+        model = self.load_for_eval(global_theta, str(eval_config.get("part", THETA_C)))
+        return site_metrics(model, self.data, self.cfg, eval_config, rows=rows, site_dir=self.state.dir)

@@ -1,0 +1,307 @@
+"""The site's own SuperExec: only the consortium's pinned app ever runs on a site (DESIGN P27).
+
+Open-source Flower 1.42 lets anyone who reaches the SuperLink submit an app (``flwr run``; the Control API is
+unauthenticated), and a SuperNode then runs that app's ClientApp code. Its FAB verification
+(``--trusted-entities``) accepts only FABs signed through Flower Hub (Flower 1.42's
+``flwr-supernode --trusted-entities``). So the site takes the launch itself:
+
+* the SuperNode runs with ``--isolation process`` (it launches nothing) and ``--superexec-auth-secret-file``, so
+  only a process holding the site's secret can acquire its tasks on the SuperNode's Runtime API (flwr 1.42
+  ``Runtime/AcquireTask`` under ``SuperExecAuthHttpInterceptor``);
+* :func:`serve` is that process (``python -m fcd_secure.engines.site_exec serve``): it acquires each ClientApp
+  task and starts :func:`run_task` for it in a fresh process, as Flower's own SuperExec does;
+* :func:`run_task` pulls the task's message, context and FAB from the SuperNode and computes SHA-256 of the FAB's
+  bytes itself. Only if the hash is pinned in the site's policy (``[app] fab_sha256``) does it run the site's
+  *installed* ClientApp (``fcd_secure.apps.client_app.app``); the FAB is never installed and no code from it
+  is ever imported. Otherwise it records a refusal (rule ``app_not_pinned``) in the site ledger, logs it, and
+  answers with the policy error.
+
+This is the narrowest seam that the site controls: Flower's own task plumbing (messages, context, heartbeats) is
+used unchanged, and the decision is taken on the bytes the site received, before anything from them runs. It can
+also host a warm per-site process (run :func:`run_task` in the serving process instead of a fresh one) without
+changing the check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fcd_secure._flower.wake import FALLBACK_POLL_S, WakeReader
+
+log = logging.getLogger("fcd_secure.site_exec")
+
+#: the SuperNode Runtime API method only the site's secret may call
+ACQUIRE_METHOD = "/flwr.proto.Runtime/AcquireTask"
+#: the task token reaches the task process through the environment, never its command line (``ps`` shows that)
+TOKEN_ENV = "FCD_TASK_TOKEN"
+POLL_S = float(os.environ.get("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.1"))
+
+
+def fab_digest(content: bytes) -> str:
+    """SHA-256 (hex) of a FAB's bytes, as ``flwr build`` names it."""
+    return hashlib.sha256(content).hexdigest()
+
+
+def _runtime_client(address: str, interceptors: list, *, retry: bool = True):
+    """A client of the SuperNode's Runtime API.
+
+    With ``retry`` it uses Flower's HTTP retry invoker, which also ends the process (SIGINT) when its token is no
+    longer accepted (HTTP 401), as a task process should. Without it every error is raised to the caller: the
+    executor's own per-task heartbeats must never end the executor when a task's token lapses because it finished.
+    """
+    from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor  # noqa: PLC0415
+    from flwr.supercore.retry import make_simple_http_retry_invoker  # noqa: PLC0415
+    from flwr.supercore.runtime import RuntimeHttpClient  # noqa: PLC0415
+
+    return RuntimeHttpClient.from_server_address(
+        server_address=address,
+        insecure=True,  # the SuperNode's Runtime API on loopback; tasks authenticate with their token
+        root_certificates=None,
+        interceptors=[RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"), *interceptors],
+        retry_invoker=make_simple_http_retry_invoker() if retry else None,
+    )
+
+
+def pull_task_input(client):
+    """The task's message, context, run and FAB from the SuperNode: flwr 1.42's
+    ``flwr.supernode.runtime.run_clientapp.pull_task_input`` with the short object-pull backoff of
+    ``_flower.waits`` (the SuperNode creates the task before it holds the message's objects)."""
+    from flwr.common.serde import context_from_proto, fab_from_proto, run_from_proto  # noqa: PLC0415
+    from flwr.app import Message  # noqa: PLC0415
+    from flwr.proto.node_pb2 import Node  # noqa: PLC0415
+    from flwr.proto.runtime_pb2 import PullAppMessagesRequest, PullTaskInputRequest  # noqa: PLC0415
+    from flwr.supercore.inflatable.inflatable_protobuf_utils import (  # noqa: PLC0415
+        make_confirm_message_received_fn_protobuf,
+        make_pull_object_fn_protobuf,
+    )
+    from flwr.supercore.inflatable.inflatable_utils import pull_and_inflate_object_from_tree  # noqa: PLC0415
+    from flwr.supercore.task_identity import TaskIdentity  # noqa: PLC0415
+
+    from fcd_secure._flower.waits import PULL_BACKOFF_CAP_S, PULL_BACKOFF_S  # noqa: PLC0415
+
+    t0 = time.perf_counter()
+    res = client.PullTaskInput(PullTaskInputRequest())
+    t_input = time.perf_counter() - t0
+    TaskIdentity.task_id = res.task_id
+    TaskIdentity.run_id = res.run.run_id
+    TaskIdentity.node_id = res.context.node_id
+    context, run, fab = context_from_proto(res.context), run_from_proto(res.run), fab_from_proto(res.fab)
+    pulled = client.PullMessages(PullAppMessagesRequest())
+    if not pulled.messages_list:
+        raise RuntimeError("No messages received from Runtime API")
+    node, tree = Node(node_id=context.node_id), pulled.message_object_trees[0]
+    message = pull_and_inflate_object_from_tree(
+        tree,
+        make_pull_object_fn_protobuf(client.PullObject, node, context.run_id),
+        make_confirm_message_received_fn_protobuf(client.ConfirmMessageReceived, node, context.run_id),
+        return_type=Message,
+        initial_backoff=PULL_BACKOFF_S,
+        backoff_cap=PULL_BACKOFF_CAP_S,
+        max_tries_per_object=None,  # bounded by Flower's PULL_MAX_TIME, as with its defaults
+    )
+    message.metadata.__dict__["_message_id"] = tree.object_id  # the deflated message does not carry its own id
+    log.info("task input %.3f s, message %.3f s (%d objects)", t_input, time.perf_counter() - t0 - t_input,
+              len(tree.children))
+    return message, context, run, fab
+
+
+def run_task(address: str, token: str) -> int:
+    """Run one ClientApp task of the SuperNode at ``address``, or refuse it (module docstring).
+
+    Returns:
+        0 when the task ran, 3 when the app was refused, 1 on a failure (the SuperNode sees the task fail).
+    """
+    from flwr.app import Error, Message  # noqa: PLC0415
+    from flwr.common.constant import SubStatus  # noqa: PLC0415
+    from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http  # noqa: PLC0415
+    from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor  # noqa: PLC0415
+    from flwr.supernode.runtime.run_clientapp import push_message, push_task_output  # noqa: PLC0415
+
+    from fcd_secure.audit import GENERIC_ERROR_REASON, GATE_ERROR_CODE, Refusal, SiteLedger, record_site_refusal  # noqa: PLC0415
+    from fcd_secure.audit.ledger import SITE_LEDGER_FILE  # noqa: PLC0415
+    from fcd_secure.federation.site_policy import load_site_policy  # noqa: PLC0415
+    from fcd_secure.federation.state import SiteState  # noqa: PLC0415
+    from fcd_secure.privacy.anchor import read_anchors  # noqa: PLC0415
+    from fcd_secure.privacy.ledger import privacy_ledger_hash  # noqa: PLC0415
+
+    t_start = time.perf_counter()
+    t_pulled = t_ran = None
+    client = _runtime_client(address, [RuntimeTokenHttpInterceptor(token)])
+    heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
+    heartbeat.start()
+    message = context = reply = None
+    status, details, code = SubStatus.FAILED, "task failed on the site", 1
+    try:
+        message, context, _run, fab = pull_task_input(client)
+        t_pulled = time.perf_counter()
+        nc = dict(context.node_config)
+        site_id, state_root = str(nc["site-id"]), str(nc["state-dir"])
+        policy = load_site_policy(nc, state_root, site_id)
+        digest = fab_digest(fab.content)
+        if digest not in policy.app.fab_sha256:
+            state = SiteState(state_root, site_id)
+            ledger = SiteLedger(state.slot(SITE_LEDGER_FILE), state.identity_private_key(), writer_id=site_id)
+            reply = record_site_refusal(
+                ledger, message, Refusal("app_not_pinned", "fab", digest[:16]),
+                privacy_ledger_hash=privacy_ledger_hash(state.dir, policy.dp.ledger_dir),
+                privacy_anchors=read_anchors(state.dir),
+            )
+            log.warning("site %s refused app %s (run %d): its hash is not pinned in the site policy; nothing ran",
+                        site_id, digest, context.run_id)
+            status, details, code = SubStatus.COMPLETED, "app not pinned by the site", 3
+        else:
+            from fcd_secure.apps.client_app import app  # noqa: PLC0415 - the site's installed app, never the FAB's
+
+            reply = app(message=message, context=context)
+            t_ran = time.perf_counter()
+            status, details, code = SubStatus.COMPLETED, "", 0
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: no exception text leaves the site
+        log.error("site task failed: %s", type(exc).__name__)
+        if message is not None:
+            # the SuperNode waits for a reply to every message it handed out; this one carries nothing
+            reply = Message(Error(code=GATE_ERROR_CODE, reason=GENERIC_ERROR_REASON), reply_to=message)
+    finally:
+        try:
+            if reply is not None and context is not None:
+                push_message(client, reply, context)
+        finally:
+            push_task_output(client, context, status, details)
+            heartbeat.stop()
+            client.close()
+            # where a message's time goes on the site (benchmarks/federation.py reads these lines)
+            t_end = time.perf_counter()
+            log.info("task %s: pull %.3f s, run %.3f s, push %.3f s",
+                     message.metadata.message_type if message is not None else "?",
+                     (t_pulled or t_end) - t_start, (t_ran - t_pulled) if t_ran and t_pulled else 0.0,
+                     t_end - (t_ran or t_pulled or t_start))
+    return code
+
+
+def serve(address: str, secret_file: str, parent_pid: int | None = None, warm: bool = False,
+          wake_pipe: str | None = None) -> None:
+    """Acquire the SuperNode's ClientApp tasks with the site's secret and run each in a fresh process, or, with
+    ``warm``, in this process (:func:`run_task` unchanged: the app hash is checked on every task's FAB).
+
+    Warm mode imports torch once and keeps the site's data, model code and caches between messages, where a fresh
+    process per message pays the imports and the data loading each time (2.5 s + 2.8 s on this machine,
+    measured with the per-task timings below). What it gives up is the process boundary *between two tasks of the
+    same site*: state left in memory by one message (the learner's data cache) is seen by the next. Nothing of
+    another site or of the submitted FAB ever runs here, so the site's isolation from the server and from other
+    sites is the same; the tasks run one at a time.
+
+    The executor also keeps each acquired task's heartbeat going until its process exits: a task token lapses when no
+    heartbeat arrives for two heartbeat intervals (flwr 1.42), and a cold process on a loaded machine can take that
+    long to import before its own heartbeat starts.
+
+    With ``wake_pipe`` the executor asks for a task when the SuperNode wakes it through that pipe and otherwise
+    only every ``_flower.wake.FALLBACK_POLL_S``; without it, every :data:`POLL_S`, as Flower's SuperExec does.
+    """
+    from flwr.proto.runtime_pb2 import AcquireTaskRequest  # noqa: PLC0415
+    from flwr.supercore.app_utils import start_parent_process_monitor  # noqa: PLC0415
+    from flwr.supercore.constant import TaskType  # noqa: PLC0415
+    from flwr.supercore.heartbeat import HeartbeatSender  # noqa: PLC0415
+    from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, SuperExecAuthHttpInterceptor  # noqa: PLC0415
+
+    secret = Path(secret_file).read_bytes()
+    if not secret:
+        raise SystemExit(f"{secret_file}: the SuperExec secret is empty")
+    if parent_pid is not None:
+        start_parent_process_monitor(parent_pid)
+    client = _runtime_client(
+        address, [SuperExecAuthHttpInterceptor(master_secret=secret, protected_methods=frozenset({ACQUIRE_METHOD}))]
+    )
+    children: list[tuple[subprocess.Popen, HeartbeatSender, object]] = []
+    if warm:  # the point of a warm executor: torch, the model code and the app load once, before the first task
+        from fcd_secure.apps import client_app  # noqa: F401, PLC0415
+        from fcd_secure.federation import site_policy  # noqa: F401, PLC0415
+        from fcd_secure.privacy import ledger  # noqa: F401, PLC0415
+    reader = None
+    if wake_pipe:
+        reader = WakeReader(wake_pipe)
+    log.info("site executor acquiring tasks at %s%s%s", address, " (warm)" if warm else "",
+             f", woken through {wake_pipe}" if wake_pipe else "")
+    while True:
+        running = []
+        for proc, beat, task_client in children:  # reap finished tasks
+            if proc.poll() is None:
+                running.append((proc, beat, task_client))
+            else:
+                beat.stop()
+                task_client.close()
+        children = running
+        res = client.AcquireTask(AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP]))
+        if res.HasField("task") and res.token:
+            task_client = _runtime_client(address, [RuntimeTokenHttpInterceptor(res.token)], retry=False)
+            beat = HeartbeatSender(_quiet_heartbeat(task_client))
+            beat.start()
+            if warm:
+                try:
+                    run_task(address, res.token)
+                except Exception as exc:  # noqa: BLE001 - one task's failure must not stop the site's executor
+                    log.error("site task failed in the warm executor: %s", type(exc).__name__)
+                finally:
+                    beat.stop()
+                    task_client.close()
+            else:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "fcd_secure.engines.site_exec", "task", "--runtime-api-address", address],
+                    env=dict(os.environ, **{TOKEN_ENV: res.token}),
+                )
+                children.append((proc, beat, task_client))
+            continue  # the next message may be stored already
+        if reader is not None:
+            reader.wait(FALLBACK_POLL_S)
+        else:
+            time.sleep(POLL_S)
+
+
+def _quiet_heartbeat(client):
+    """A task heartbeat that never fails the executor: Flower's own one raises SIGINT in its process when the
+    SuperNode no longer knows the task (it finished), which would stop the executor; ``client`` must be built
+    without Flower's retry invoker (:func:`_runtime_client`), which does the same on HTTP 401."""
+    import httpx  # noqa: PLC0415
+    from flwr.proto.runtime_pb2 import SendTaskHeartbeatRequest  # noqa: PLC0415
+
+    def beat() -> bool:
+        try:
+            client.SendTaskHeartbeat(SendTaskHeartbeatRequest())
+        except httpx.HTTPError:
+            pass  # the task is over or the SuperNode is gone; the task process reports its own outcome
+        return True
+
+    return beat
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fcd_secure.engines.site_exec", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p_serve = sub.add_parser("serve", help="acquire and run the SuperNode's ClientApp tasks")
+    p_serve.add_argument("--runtime-api-address", required=True)
+    p_serve.add_argument("--secret-file", required=True)
+    p_serve.add_argument("--parent-pid", type=int, default=None)
+    p_serve.add_argument("--warm", action="store_true", help="run the tasks in this process (one warm ClientApp)")
+    p_serve.add_argument("--wake-pipe", default=None,
+                         help="a named pipe the SuperNode writes to when a message arrives (_flower.wake)")
+    p_task = sub.add_parser("task", help="run one task (token in $FCD_TASK_TOKEN)")
+    p_task.add_argument("--runtime-api-address", required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll otherwise
+    if args.cmd == "serve":
+        serve(args.runtime_api_address, args.secret_file, args.parent_pid, warm=args.warm, wake_pipe=args.wake_pipe)
+        return 0
+    token = os.environ.pop(TOKEN_ENV, "")
+    if not token:
+        parser.error(f"no task token in ${TOKEN_ENV}")
+    return run_task(args.runtime_api_address, token)
+
+
+if __name__ == "__main__":  # pragma: no cover - process entry point
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""The coordinator's processes and runs: ``fcd server start|stop|status|run``.
+
+``start`` runs one ``flower-superlink`` with the consortium's TLS certificate and SuperNode authentication on the
+host the consortium names; its Control API (unauthenticated in open-source Flower, and on the same port as the Fleet
+API in flwr 1.42) answers only the coordinator host (``--control-api-address``, ``provisioning.superlink_main``);
+it registers each enrolled site's SuperNode key
+(``flwr supernode register``) at every start, because the SuperLink keeps its state in memory
+(``deployment.FLWR_IN_MEMORY``). ``run`` submits the consortium's pinned app (``flwr run``) with a run config in which
+every site reads its own table (the server names none) and standardises with statistics from the secure round 0
+(``queries.secure_stats``); it waits for the run folder and collects the coordinator's evidence (server ledger,
+signed roster, CA certificate, fingerprints) into ``<out>/evidence/``. The hospitals add their own ledgers there
+for an auditor (``fcd audit verify``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from fcd_secure._io import atomic_write_bytes, atomic_write_text
+from fcd_secure.audit import SERVER_LEDGER_FILE, load_or_create_identity_key
+from fcd_secure.audit.signing import fingerprint, public_key_bytes
+from fcd_secure.engines.deployment import CONNECTION, FLWR_IN_MEMORY, SERVER_TASK_POLL_S, _bin, flower_env
+from fcd_secure.provisioning import processes
+from fcd_secure.provisioning.bundle import ROSTER_TYPE
+from fcd_secure.provisioning.consortium import Coordinator, ProvisioningError
+from fcd_secure._flower.superlink_main import DEFAULT_CONTROL_HOST
+from fcd_secure.provisioning.signed import read_document
+from fcd_secure.federation.records import RUN_CONFIG_KEY
+from fcd_secure.federation.secure.setup import ROSTER_FILE, write_roster
+from fcd_secure.federation.state import IDENTITY_FILE, SERVER_DIR
+
+#: what the server's run config names as the table: each site reads its own (node config ``own-table``)
+SITE_OWN_TABLE = "site-own"
+LINK = "superlink"
+
+
+def _server_root(co: Coordinator) -> Path:
+    return co.home / "server"
+
+
+def _address(co: Coordinator) -> tuple[str, int]:
+    host, _, port = co.config().superlink.rpartition(":")
+    return host, int(port)
+
+
+def _cli_home(co: Coordinator) -> Path:
+    home = _server_root(co) / "cli-home"
+    home.mkdir(parents=True, exist_ok=True)
+    conn = {"address": co.config().superlink, "root-certificates": str(co.pki / "ca.crt")}
+    atomic_write_text(home / "config.toml", tomli_w.dumps({"superlink": {"default": CONNECTION, CONNECTION: conn}}))
+    return home
+
+
+def roster(co: Coordinator) -> dict[str, dict[str, str]]:
+    """The signed roster, verified against the coordinator's own key."""
+    return read_document(co.roster_path, ROSTER_TYPE, co.fingerprint())["payload"]["sites"]
+
+
+def start_server(co: Coordinator, wait_s: float = 60.0, control_api_address: str = DEFAULT_CONTROL_HOST) -> dict[str, Any]:
+    """Start the SuperLink and register every enrolled site's SuperNode key.
+
+    Args:
+        co: the coordinator.
+        wait_s: how long to wait for the SuperLink's port.
+        control_api_address: the coordinator host's address: with the address the SuperLink listens on (the
+            ServerApp's executor and the coordinator's own ``flwr`` calls to it come from there), the only client
+            addresses whose Control API and Runtime API requests the SuperLink answers
+            (``provisioning.superlink_main``); every other client gets HTTP 403 there.
+
+    Raises:
+        ProvisioningError: already running, no site enrolled yet, or ``control_api_address`` is not an IP address.
+        RuntimeError: the SuperLink did not start or a registration failed (the message names the log).
+    """
+    root = _server_root(co)
+    if any(p["running"] for p in processes.status(root).values()):
+        raise ProvisioningError(f"{root}: the server is running already (fcd server status / stop)")
+    sites = co.enrolled()
+    if not sites:
+        raise ProvisioningError(f"{co.home}: no site enrolled yet (fcd consortium add-site)")
+    try:
+        control = str(ipaddress.ip_address(control_api_address))
+    except ValueError:
+        raise ProvisioningError(f"--control-api-address {control_api_address!r}: expected the coordinator host's IP "
+                                "address (the client address its flwr calls come from)") from None
+    host, port = _address(co)
+    own = sorted({info[4][0] for info in socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)} - {control})
+    root.mkdir(parents=True, exist_ok=True)
+    args = [sys.executable, "-m", "fcd_secure._flower.superlink_main",
+            *[a for ip in (control, *own) for a in ("--control-api-address", ip)],
+            "--ssl-ca-certfile", str(co.pki / "ca.crt"), "--ssl-certfile",
+            str(co.pki / "server.pem"), "--ssl-keyfile", str(co.pki / "server.key"), "--enable-supernode-auth",
+            "--host", host, "--port", str(port), "--database", FLWR_IN_MEMORY,
+            "--disable-runtime-dependency-installation"]
+    pid = processes.spawn(root, LINK, args, flower_env(root / "link-home", SERVER_TASK_POLL_S))
+    processes.wait_for_port(host, port, pid, wait_s, "the SuperLink")
+    cli = _cli_home(co)
+    log = processes.run_dir(root) / "logs" / "register.log"
+    for sid in sites:  # every start: the SuperLink's state lives in its memory (module docstring)
+        with open(log, "ab") as f:
+            rc = subprocess.run([_bin("flwr"), "supernode", "register", str(co.site_dir(sid) / "node.pub"), CONNECTION,
+                                 "--name", sid], stdout=f, stderr=subprocess.STDOUT, env=flower_env(cli), cwd=root,
+                                timeout=120).returncode
+        if rc != 0:
+            raise RuntimeError(f"registering site {sid}'s SuperNode key failed (exit {rc}); see {log}")
+    return {"pid": pid, "superlink": co.config().superlink, "registered": sorted(sites), "control_api_address": control,
+            "control_api_clients": [control, *own]}
+
+
+def server_status(co: Coordinator) -> dict[str, Any]:
+    return {"processes": processes.status(_server_root(co)), "superlink": co.config().superlink}
+
+
+def stop_server(co: Coordinator) -> dict[str, int]:
+    return processes.stop(_server_root(co))
+
+
+def run_config_for(co: Coordinator, out: Path, *, rounds: int, dp: bool, preset: str, seed: int):
+    """The run config the coordinator submits: every enrolled site, secure aggregation, secure standardisation."""
+    from fcd_secure.config import build_config  # noqa: PLC0415
+
+    n = len(co.enrolled())
+    return build_config(preset, {
+        "seed": seed,
+        "data": {"dataset": "spec", "spec": str(co.spec_path), "table": SITE_OWN_TABLE, "n_sites": n,
+                 "standardize": "secure"},
+        "federation": {"rounds": rounds, "clients_per_round": n, "secure_aggregation": True},
+        "dp": {"enabled": dp},
+        "out": str(out.resolve()),
+        "state_dir": str((_server_root(co) / "state").resolve()),
+    })
+
+
+def run_federation(co: Coordinator, out: str | Path, *, rounds: int = 1, dp: bool = True, preset: str = "tiny",
+                   seed: int = 0, timeout_s: float = 1800.0) -> dict[str, Any]:
+    """Submit the pinned app to the running SuperLink, wait for the run folder, collect the evidence.
+
+    Returns:
+        ``summary.json`` of the run, with ``evidence`` (the folder) and ``round_seconds``.
+
+    Raises:
+        ProvisioningError: the server is not running.
+        RuntimeError: the run did not finish in time (the message names the log).
+    """
+    root = _server_root(co)
+    if not any(p["running"] for p in processes.status(root).values()):
+        raise ProvisioningError(f"{root}: the server is not running (fcd server start --home {co.home})")
+    out = Path(out)
+    cfg = run_config_for(co, out, rounds=rounds, dp=dp, preset=preset, seed=seed)
+    state = Path(cfg.state_dir)
+    sites = roster(co)
+    write_roster(state / ROSTER_FILE, {s: bytes.fromhex(r["identity_public_key"]) for s, r in sites.items()})
+    server_key = load_or_create_identity_key(state / SERVER_DIR / IDENTITY_FILE)
+    run_config = root / "run-config.toml"
+    atomic_write_text(run_config, tomli_w.dumps({RUN_CONFIG_KEY: cfg.to_json()}))
+    summary_path = out / "summary.json"
+    if summary_path.exists():
+        summary_path.unlink()
+    log = processes.run_dir(root) / "logs" / "flwr-run.log"
+    t0 = time.monotonic()
+    # submit without --stream: the log stream is one more long request on the SuperLink's database, and a broken
+    # stream says nothing about the run; the run folder's summary.json (written last) is what says it finished
+    with open(log, "ab") as f:
+        rc = subprocess.run([_bin("flwr"), "run", str(co.app_dir), CONNECTION, "--run-config", str(run_config)],
+                            stdout=f, stderr=subprocess.STDOUT, env=flower_env(_cli_home(co)), cwd=root,
+                            timeout=300).returncode
+    if rc != 0:
+        raise RuntimeError(f"flwr run failed (exit {rc}); see {log}")
+    deadline = t0 + timeout_s
+    while not summary_path.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the run did not finish within {timeout_s:.0f} s; see {log} and `flwr log` on the SuperLink")
+        if not any(p["running"] for p in processes.status(root).values()):
+            raise RuntimeError(f"the SuperLink stopped during the run; see {processes.run_dir(root) / 'logs'}")
+        time.sleep(0.5)
+    summary = json.loads(summary_path.read_text())
+    ev = out / "evidence"
+    ledger = state / SERVER_DIR / "audit" / SERVER_LEDGER_FILE
+    if ledger.exists():
+        atomic_write_bytes(ev / "server" / SERVER_LEDGER_FILE, ledger.read_bytes())
+    atomic_write_bytes(ev / "public_keys" / "roster.json", co.roster_path.read_bytes())
+    atomic_write_bytes(ev / "public_keys" / "ca.crt", (co.pki / "ca.crt").read_bytes())
+    fps = {"server": fingerprint(public_key_bytes(server_key)), "coordinator": co.fingerprint(),
+           "sites": {s: r["identity_fingerprint"] for s, r in sites.items()},
+           "node_keys": {s: r["node_fingerprint"] for s, r in sites.items()}, "app_fab_sha256": co.config().app_fab_sha256}
+    atomic_write_text(ev / "fingerprints.json", json.dumps(fps, indent=2))
+    summary["evidence"] = str(ev)
+    return summary

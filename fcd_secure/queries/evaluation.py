@@ -1,0 +1,247 @@
+"""Federated evaluation: each site evaluates Θc + its own Θs on its test split; only additive sums leave.
+
+Which rows a site evaluates is the site's choice (``queries.cohort``, through ``SiteRuntime.evaluate``): the
+request's ``max-rows`` is only a request. In secure mode the sums travel through secure aggregation
+(``queries.secure_evaluation``) and the server merges only the consortium's totals (:func:`merge_totals`).
+
+What a site sends (``site_metrics``), all sums over its own test trajectories, so that the server's merge
+(``merge_site_metrics``) gives exactly the pooled numbers (``fcd_secure.evaluation.metrics``, ``.ope``):
+
+* ``effect.*``: ``EffectStats`` (n, Σ(τ̂−τ)², Στ̂, Στ) against the DKT-Synth oracle's true effects → PEHE, |ATE err|
+  (paper Table III);
+* ``auc.pos`` / ``auc.neg``: a 100-cell histogram of the model's one-step probability of the factual outcome by
+  class (``AUCStats``) → factual AUC (paper §IV-C);
+* outside the cheap evaluations during training: the policy sums of a what-if question (``queries.whatif``):
+  per policy the simulated value (and the oracle's), its OPE estimates on the site's own propensities (which never
+  leave; DESIGN trap 5), and n, Σx, Σx² of the value and of the contrast to the reference policy (the intervals).
+  The question rides in the request's ``whatif`` config entry (the run's ``[evaluation]`` policies by default), so
+  its sums take whatever transport the evaluation sums take.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from flwr.app import ConfigRecord, RecordDict
+
+from fcd_secure.config import RunConfig
+from fcd_secure.federation import learner
+from fcd_secure.federation.learner import SiteData
+from fcd_secure.federation.messaging import Comm
+from fcd_secure.federation.records import EVALUATE_MESSAGE_TYPE, REC_CONFIG, REC_EVAL, REC_GLOBAL, global_to_record
+from fcd_secure.queries.whatif import (
+    WHATIF_KEY,
+    WhatIfRequest,
+    action_labels,
+    context_columns,
+    merge_policy_sums,
+    request_from_config,
+    site_policy_sums,
+)
+
+AUC_BINS = 100
+#: A fixed evaluation seed stream (salt) so that every evaluation of a run uses the same random numbers.
+EVAL_SALT = 0xE7A1
+
+
+def _rows(n: int, max_rows: int | None) -> np.ndarray:
+    return np.arange(n if max_rows is None else min(n, int(max_rows)), dtype=np.int64)
+
+
+def factual_probs(model, ds) -> np.ndarray:
+    """The model's E[Y_t | history before t, A_t, logged T_t], shape [n, L] (``Simulator.factual_probs``)."""
+    from fcd_secure.model.baselines import as_simulator  # noqa: PLC0415
+
+    return as_simulator(model).factual_probs(ds)
+
+
+def site_metrics(
+    model, data: SiteData, cfg: RunConfig, eval_config: dict[str, Any], rows: np.ndarray | None = None, site_dir=None
+) -> dict[str, Any]:
+    """Aggregate-only evaluation of one site (module docstring). Values are floats or lists of floats.
+
+    Args:
+        model: the model to evaluate (global Θc and the site's own Θs).
+        data: the site's data.
+        cfg: the run config.
+        eval_config: ``quick``, ``n-samples``, the what-if question and, when ``rows`` is not given, ``max-rows``
+            (the first rows).
+        rows: the test rows to evaluate (a federated site passes the cohort it chose, ``queries.cohort``).
+        site_dir: the site's own state folder: a what-if question writes its per-entity file there.
+    """
+    from fcd_secure.evaluation.metrics import AUCStats, EffectStats  # noqa: PLC0415
+    from fcd_secure.model.simulate import estimate_effects  # noqa: PLC0415
+
+    quick = bool(eval_config.get("quick", False))
+    n_samples = int(eval_config.get("n-samples", cfg.evaluation.n_samples))
+    max_rows = eval_config.get("max-rows")
+    max_rows = None if max_rows in (None, 0, -1) else int(max_rows)
+    seed = learner.round_seed(cfg.seed, 0, data.site_index, EVAL_SALT)
+    test = data.test
+    rows = _rows(test.n, max_rows) if rows is None else np.asarray(rows, dtype=np.int64)
+    sub = test if len(rows) == test.n else test.subset(rows)
+    out: dict[str, Any] = {"n_test": float(sub.n)}
+    oracle = data.oracle
+
+    if oracle is not None:
+        tau = np.asarray(oracle.true_effects(data.site_index, "test", rows), dtype=np.float64)
+        tau_hat = estimate_effects(model, sub, data.anchors, oracle.anchor_step, oracle.horizon, n_samples, seed)
+        es = EffectStats.from_arrays(tau_hat, tau)
+        out.update({"effect.n": float(es.n), "effect.sse": es.sse, "effect.sum_hat": es.sum_hat, "effect.sum_true": es.sum_true})
+
+    p_fact = factual_probs(model, sub)
+    if cfg.model.outcome == "binary":
+        try:
+            auc = AUCStats.from_scores(sub.Y, np.clip(p_fact, 0.0, 1.0), sub.M, bins=AUC_BINS)
+            out["auc.pos"] = [float(v) for v in auc.pos]
+            out["auc.neg"] = [float(v) for v in auc.neg]
+        except ValueError:
+            pass  # a site whose test outcomes are all one class contributes nothing to the AUC
+
+    if quick:
+        return out
+
+    raw = eval_config.get(WHATIF_KEY)
+    request = WhatIfRequest.from_json(str(raw)) if raw else request_from_config(cfg)
+    out.update(site_policy_sums(model, sub, data, cfg, request, seed, n_samples, len(rows) == test.n, site_dir))
+    return out
+
+
+def add_sums(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Element-wise sum of site dicts (scalars and equal-length lists); a key missing at a site counts as absent."""
+    total: dict[str, Any] = {}
+    counts: dict[str, int] = {}
+    for p in parts:
+        for k, v in p.items():
+            if isinstance(v, (list, tuple, np.ndarray)):
+                arr = np.asarray(v, dtype=np.float64)
+                total[k] = arr if k not in total else total[k] + arr
+            else:
+                total[k] = float(v) + float(total.get(k, 0.0))
+            counts[k] = counts.get(k, 0) + 1
+    total["_sites"] = len(parts)
+    total["_counts"] = counts
+    return total
+
+
+def merge_site_metrics(
+    parts: list[dict[str, Any]], request: WhatIfRequest | None = None, action_names: list[str] | None = None
+) -> dict[str, Any]:
+    """Pooled metrics from per-site sums (exact: the numbers equal those of the concatenated test sets); the policy
+    part (values, intervals, contrasts to ``request``'s reference, anchors) is ``whatif.merge_policy_sums``."""
+    return merge_totals(add_sums(parts), request, action_names)
+
+
+def merge_totals(
+    s: dict[str, Any], request: WhatIfRequest | None = None, action_names: list[str] | None = None
+) -> dict[str, Any]:
+    """Pooled metrics from the consortium's totals of the sites' sums.
+
+    Args:
+        s: :func:`add_sums` of the sites' dicts, or the same totals decoded from secure aggregation: every key's sum,
+            plus ``_sites`` (how many sites were summed) and ``_counts`` (how many sites reported each key).
+        request: the what-if question asked (its reference policy for the contrasts).
+        action_names: the action labels of the run (for the anchors).
+    """
+    from fcd_secure.evaluation.metrics import AUCStats, EffectStats  # noqa: PLC0415
+
+    n_parts = int(s["_sites"])
+    res: dict[str, Any] = {"sites_evaluated": n_parts, "n_test": s.get("n_test")}
+    if s.get("effect.n"):
+        es = EffectStats(int(s["effect.n"]), s["effect.sse"], s["effect.sum_hat"], s["effect.sum_true"])
+        res["pehe"] = es.pehe()
+        res["ate_error"] = es.ate_error()
+        res["ate_hat"] = es.sum_hat / es.n
+        res["ate_true"] = es.sum_true / es.n
+    if "auc.pos" in s:
+        try:
+            res["factual_auc"] = AUCStats(pos=np.rint(s["auc.pos"]).astype(np.int64), neg=np.rint(s["auc.neg"]).astype(np.int64)).auc()
+        except ValueError:
+            pass
+    res.update(merge_policy_sums(s, n_parts, request, action_names))
+    return res
+
+
+def evaluate_federated(
+    comm: Comm,
+    node_ids: list[int],
+    theta: dict[str, np.ndarray],
+    cfg: RunConfig,
+    part: str,
+    *,
+    quick: bool,
+    sites=None,
+    whatif: WhatIfRequest | None = None,
+    secure=None,
+    round_id: int = 0,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Ask every site to evaluate ``theta`` (+ its own Θs) and merge the sums; failed sites are listed, not fatal,
+    and so are the sites that declined under their cohort rules (``declined_sites``, e.g. a test split smaller than
+    the cohort floor of ``federation.site_policy``).
+
+    A full (not ``quick``) evaluation asks the what-if question ``whatif`` (default: the run's ``[evaluation]``
+    policies, :func:`~fcd_secure.queries.whatif.request_from_config`).
+
+    Args:
+        comm: the server's door to the sites.
+        node_ids: the sites.
+        theta: the global parameters.
+        cfg: the run config (its ``[evaluation]`` section is the request; each site chooses its own cohort).
+        part: the synchronised part (``theta_c``, or ``full`` in the w/o-DSS ablation).
+        quick: the cheap evaluation during training (effects and AUC only).
+        sites: unused (kept for callers that pass the site list).
+        whatif: the what-if question of a full evaluation.
+        secure: a ``queries.secure_evaluation.SecureEvaluation``: the sums then travel through secure
+            aggregation and only the consortium's totals reach the server (secure mode).
+        round_id: the evaluation's protocol round under ``secure``.
+        extra: more request fields (the consortium's standardisation statistics, ``queries.secure_stats``).
+    """
+    ev = cfg.evaluation
+    conf = {
+        "quick": quick,
+        "part": part,
+        "n-samples": ev.quick_n_samples if quick else ev.n_samples,
+        "max-rows": (ev.quick_max_rows if quick else ev.max_rows) or -1,
+    }
+    if not quick:
+        whatif = whatif or request_from_config(cfg)
+        conf[WHATIF_KEY] = whatif.to_json()
+    n_declined = len(comm.declined)
+
+    def split(failed: list[str]) -> dict[str, list[str]]:
+        # a site that declined under its cohort rules did not fail: its policy kept it out of the sums
+        declined = [r.site_id for r in comm.declined[n_declined:]]
+        return {"failed_sites": [s for s in failed if s not in declined], "declined_sites": declined}
+
+    conf.update(extra or {})
+    if secure is not None:
+        totals, failed, aborted = secure.totals(comm, node_ids, theta, conf, round_id)
+        if totals is None:
+            out = split(failed)
+            if out["declined_sites"] and len(node_ids) - len(out["declined_sites"]) < cfg.secagg.min_sites:
+                # the declines left fewer sites than secure aggregation needs, so no sum could be revealed: the
+                # others did not fail, they were left without a quorum
+                out["failed_sites"] = []
+            return {**out, "secure": True, "aborted": aborted}
+    else:
+        content = RecordDict({REC_GLOBAL: global_to_record(theta), REC_CONFIG: ConfigRecord(conf)})
+        replies = comm.send(node_ids, EVALUATE_MESSAGE_TYPE, content, cfg.federation.round_timeout_s)
+        parts, failed = [], []
+        for nid in node_ids:
+            rep = replies.get(nid)
+            if rep is None or rep.has_error():
+                failed.append(comm.site_of.get(nid, str(nid)))
+                continue
+            parts.append({k: (list(v) if isinstance(v, list) else v) for k, v in rep.content[REC_EVAL].items()})
+        if not parts:
+            return split(failed)
+        totals = add_sums(parts)
+    merged = merge_totals(totals, whatif, None if quick else action_labels(cfg))
+    if not quick and "contexts" in merged:
+        merged["contexts"].update(context_columns(cfg))
+    merged.update(split(failed))
+    if secure is not None:
+        merged["secure"] = True
+    return merged

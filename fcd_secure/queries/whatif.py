@@ -1,0 +1,565 @@
+"""What happens under π: simulated policy values with intervals, contrasts to a reference policy, and per-entity
+effects that never leave their site (paper §V "do-simulation and policy evaluation").
+
+The question is a :class:`WhatIfRequest` (the policies, the reference, a horizon, the interval's level and
+replicates). It travels inside the federated evaluation request (``query.evaluate``, config key ``whatif``), so it
+takes exactly the transport of the evaluation sums: every key below is an additive sum over a site's test entities,
+and whatever carries the evaluation sums (plain replies, or secure aggregation of the sums) carries these.
+
+On each site (:func:`site_policy_sums`), for every policy π (bound to the site's action labels and context columns):
+
+* the do-simulation of Fed-CausalDiff over the site's test entities from t = 0 for ``horizon`` steps
+  (``model.simulate``; endogenous contexts generated, exogenous replayed);
+* ``policy.<π>.*``: Σ simulated value, Σ true value (an oracle: DKT-Synth, tumour), n; the OPE sums (IPW, SNIPW,
+  per-decision DR on the site's own logged propensities, which never leave; DESIGN trap 5);
+* ``whatif.value.<π>.*`` and, for π ≠ reference, ``whatif.diff.<π>.*`` (per-entity v_i(π) − v_i(ref)): n, Σx, Σx²
+  and the Monte-Carlo variance of :mod:`fcd_secure.evaluation.intervals` (two sums per quantity, nothing that could
+  be solved for one entity's value);
+* the **factual rectifier**: the model also replays each entity's *logged* actions, and r_i = v̂_i(logged actions) −
+  ȳ_i (the observed per-step mean over the same window) measures the simulator's own error where the truth is
+  observed. ``whatif.residual.*`` are its sums and ``whatif.rectified.<π>.*`` those of v_i(π) − r_i: the
+  prediction-powered estimate of Angelopoulos et al. (2023, "Prediction-powered inference", Science 382), whose
+  interval also covers the model's bias *if* that bias is the same under π as under the logged actions (an
+  assumption, not a fact: importance weights would remove it, but deterministic policies rarely have logged support,
+  see the OPE estimates). In a contrast the rectifier cancels, so effects have no rectified form;
+* the **doubly robust value** (where the site has logged propensities): per entity, the per-decision DR term of
+  Jiang & Li (2016, "Doubly robust off-policy value evaluation for reinforcement learning", ICML) with the model's
+  per-step outcomes under π as the control variate, DR_i = c_i [Σ_t v̂_it + Σ_t w_{i,0:t} (y_it − v̂_it)]: the
+  model's value plus its importance-weighted error on the logged steps that π could have taken — prediction-powered
+  inference with importance weights, unbiased for the true value whatever the model's bias as long as the logged
+  propensities are right. ``whatif.dr.<π>.*`` (with ``support``: Σ_i the share of entity i's steps still consistent
+  with π) and ``whatif.drdiff.<π>.*`` (DR_i(π) − DR_i(ref)) are their sums. Where no logged step follows π the
+  weights are zero and DR_i is the model's value again: the interval is then honest only on the supported steps,
+  which ``support`` reports (deterministic policies lose support within a few steps on DKT-Synth and the tumour
+  world, so short horizons are where this interval covers the truth). For binary outcomes each site also sends the
+  two sums of the **unseen-mass bounds** (``whatif.dr.<π>.unseen_lo`` / ``unseen_hi``,
+  :func:`fcd_secure.evaluation.intervals.unseen_mass_sums`): the share of π's distribution its logged sample did
+  not reach (E[w_{0:t}] = 1 tells how much) times the outcome's range on it, which widens the DR interval where
+  heavy weights make the plain one too narrow (the server takes the critical value of Imbens & Manski 2004 for the
+  set they leave, :func:`fcd_secure.evaluation.intervals.unseen_bounds`);
+* the per-entity values and contrasts are written to ``<site state>/whatif/<query id>.csv`` on the site's own disk
+  (with the request beside it) and nowhere else: in deployment they never leave the site.
+
+On the server (:func:`merge_policy_sums`), from the consortium totals only: each policy's value and its 90 %
+interval, each contrast and its interval, the truth beside them where the data has an oracle.
+
+:func:`fcd_secure.engines.whatif_run.run_whatif` asks the question of a finished run: it re-opens the run's state
+(the sites' Θs) and ``theta_c.npz`` and runs one evaluation-only round on the simulation engine.
+
+The model side of DR: V̂_t is the model's return-to-go under π from a do-simulation started at t = 0 and Q̂_t = V̂_t.
+For the deterministic policies evaluated here Q̂_t only enters the per-decision DR sum multiplied by the weight
+w_{0:t}, which is zero unless the logged action equals π's action, so setting Q̂ = V̂ is the model's estimate of
+exactly the needed quantity (up to V̂ not being re-conditioned on the logged history at t).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from fcd_secure._io import atomic_write_text
+from fcd_secure.data.policy import Policy, anchor_labels, bind_policy, load_policy_refs
+from fcd_secure.data.schema import SiteDataset
+from fcd_secure.evaluation.intervals import UNSEEN_FIELDS
+
+if TYPE_CHECKING:  # pragma: no cover - the run config pulls in torch; the request model must not
+    from fcd_secure.config import RunConfig
+    from fcd_secure.federation.learner import SiteData
+
+__all__ = [
+    "WHATIF_DIR", "WHATIF_KEY", "WhatIfRequest", "evaluated_policy_names", "merge_policy_sums", "request_from_config",
+    "site_policy_sums", "whatif_metric_names",
+]
+
+#: key of the request (JSON) in the evaluation config
+WHATIF_KEY = "whatif"
+#: folder of the per-entity files inside a site's state folder
+WHATIF_DIR = "whatif"
+#: at most this many policies in one question (the reply's size, and the gate's allow-list, grow with it)
+MAX_POLICIES = 32
+
+
+class WhatIfRequest(BaseModel):
+    """One "what happens under π" question.
+
+    Attributes:
+        policies: the policies to simulate (declarative; labels resolved on each site); at most
+            :data:`MAX_POLICIES`, so that a reply's size stays bounded.
+        reference: the name of the policy every other one is contrasted with.
+        horizon: steps from t = 0 over which a value is averaged (None: each trajectory's whole length).
+        level: nominal coverage of the intervals.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    policies: list[Policy] = Field(min_length=1, max_length=32)
+    reference: str
+    horizon: int | None = Field(default=None, ge=1)
+    level: float = Field(default=0.9, gt=0.0, lt=1.0)
+
+    @model_validator(mode="after")
+    def _names(self) -> "WhatIfRequest":
+        names = [p.name for p in self.policies]
+        if len(set(names)) != len(names):
+            raise ValueError(f"two policies share a name: {names}")
+        if self.reference not in names:
+            raise ValueError(f"reference {self.reference!r} is not among the policies {names}")
+        return self
+
+    @property
+    def query_id(self) -> str:
+        """A short digest of the question (the same question gives the same id and the same per-entity file)."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:12]
+
+    def to_json(self) -> str:
+        """Canonical JSON (what travels in the evaluation config)."""
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> "WhatIfRequest":
+        """The request from :meth:`to_json`."""
+        return cls.model_validate_json(text)
+
+
+def request_from_config(
+    cfg: "RunConfig",
+    policies: list[Policy] | None = None,
+    reference: str | None = None,
+    horizon: int | None = None,
+) -> WhatIfRequest:
+    """The question a run asks at its end (``[evaluation] policies`` / ``reference`` / ``horizon``), or the one given.
+
+    Args:
+        cfg: the run configuration.
+        policies: policies instead of the configured ones (default: ``[evaluation] policies``, else the paper's four).
+        reference: the reference policy's name (default: the configured one, else the first policy).
+        horizon: steps from t = 0 (default: the configured horizon, else whole trajectories).
+
+    Raises:
+        DataError: a policy file is missing or invalid.
+        ValueError: the reference is not among the policies.
+    """
+    ev = cfg.evaluation
+    pols = policies if policies is not None else load_policy_refs(ev.policies)
+    ref = reference or ev.reference or pols[0].name
+    return WhatIfRequest(policies=pols, reference=ref, horizon=horizon if horizon is not None else ev.horizon,
+                         level=ev.level)
+
+
+# -- on the site ---------------------------------------------------------------------------------------------------
+def _entity_ids(ds: SiteDataset) -> list[str]:
+    """A site-local identifier per row (entity name, student id, or the row), for the per-entity file only."""
+    m = ds.meta
+    ent, names = m.get("entity"), m.get("entity_names")
+    if isinstance(ent, np.ndarray) and ent.shape == (ds.n,) and names is not None:
+        return [str(names[int(e)]) for e in ent]
+    sid = m.get("student_ids")
+    if isinstance(sid, np.ndarray) and sid.shape == (ds.n,):
+        return [str(int(v)) for v in sid]
+    return [str(i) for i in range(ds.n)]
+
+
+def _per_sample_values(sim) -> np.ndarray:
+    """Each sample's value ``[n, S]`` (the per-step average over valid steps of the window)."""
+    denom = np.maximum(sim.mask.sum(1), 1.0)
+    return (np.asarray(sim.probs, np.float64) * sim.mask[:, None, :]).sum(2) / denom[:, None]
+
+
+def site_policy_sums(
+    model: Any,
+    sub: SiteDataset,
+    data: "SiteData",
+    cfg: "RunConfig",
+    request: WhatIfRequest,
+    seed: int,
+    n_samples: int,
+    all_rows: bool,
+    site_dir: Path | None,
+) -> dict[str, Any]:
+    """The sums one site contributes to a what-if question (module docstring); the per-entity file is written to
+    ``site_dir/whatif/`` when ``site_dir`` is given.
+
+    Args:
+        model: the site's simulator (Θc + its Θs).
+        sub: the test rows evaluated.
+        data: the site's data (anchors, oracle, index).
+        cfg: the run configuration (OPE horizon, outcome kind).
+        request: the question.
+        seed: the evaluation seed of the site (rollouts share it: common random numbers across policies).
+        n_samples: simulated futures per entity.
+        all_rows: whether ``sub`` is the site's whole test split (the oracle's per-site truth needs it).
+        site_dir: the site's own state folder.
+
+    Returns:
+        Floats and lists of floats keyed as in the module docstring.
+
+    Raises:
+        DataError: a policy names a label or a context column this site's data does not have.
+    """
+    from fcd_secure.evaluation.intervals import site_sums, unseen_mass_sums  # noqa: PLC0415
+    from fcd_secure.model.simulate import simulate_policy  # noqa: PLC0415
+
+    a_off, a_on = data.anchors
+    n = float(sub.n)
+    oracle = data.oracle
+    out: dict[str, Any] = {"anchors.a_off": float(a_off), "anchors.a_on": float(a_on), "anchors.sites": 1.0}
+    values: dict[str, np.ndarray] = {}
+    contexts: dict[str, list[str]] = {}
+    # the factual rectifier (module docstring): the model's value of the logged actions minus the observed value
+    H = sub.L if request.horizon is None else request.horizon
+    replay = simulate_policy(model, sub, sub.T[:, :H].copy(), None, n_samples, seed, horizon=H)
+    observed = (sub.Y[:, :H] * sub.M[:, :H]).sum(1) / np.maximum(sub.M[:, :H].sum(1), 1.0)
+    residual = _per_sample_values(replay).mean(1) - observed
+    out.update(site_sums("whatif.residual", residual))
+    drs: dict[str, np.ndarray] = {}
+    supports: dict[str, np.ndarray] = {}
+    dr_steps: dict[str, dict[str, np.ndarray]] = {}
+    for raw in request.policies:
+        pol = bind_policy(raw, sub)
+        sim = simulate_policy(model, sub, pol, data.anchors, n_samples, seed, horizon=request.horizon)
+        contexts = sim.contexts
+        per = _per_sample_values(sim)
+        v = per.mean(1)
+        values[pol.name] = v
+        mc = per.var(1, ddof=1) / per.shape[1] if per.shape[1] > 1 else None
+        out.update(site_sums(f"whatif.value.{pol.name}", v, mc))
+        out.update(site_sums(f"whatif.rectified.{pol.name}", v - residual))
+        if sub.P is not None:
+            drs[pol.name], supports[pol.name], dr_steps[pol.name] = _dr_per_entity(pol, sub, sim, a_off, a_on)
+        out[f"policy.{pol.name}.n"] = n
+        out[f"policy.{pol.name}.sim_sum"] = float(v.sum())  # = sim.value · n, in float64 like the interval's sums
+        if oracle is not None and all_rows:
+            v_true, _se = oracle.true_policy_value(pol, data.site_index, "test", horizon=request.horizon)
+            out[f"policy.{pol.name}.true_sum"] = float(v_true) * n
+        if sub.P is not None and request.horizon is None:
+            out.update(_ope_sums(pol, sub, sim, cfg, a_off, a_on))
+    if not all(np.isfinite(d).all() for d in drs.values()):
+        drs, supports, dr_steps = {}, {}, {}  # weights past float64 (tiny propensities over many steps): no DR at all
+    if cfg.model.outcome != "binary":
+        dr_steps = {}  # the unseen-mass bounds need an outcome in [0, 1]
+    for name, d in drs.items():
+        out.update(site_sums(f"whatif.dr.{name}", d))
+        out[f"whatif.dr.{name}.support"] = float(supports[name].sum())
+        if name in dr_steps:
+            st = dr_steps[name]
+            out.update(unseen_mass_sums(f"whatif.dr.{name}", st["w"], st["scale"], st["v_hat"]))
+    ref = values[request.reference]
+    for name, v in values.items():
+        if name != request.reference:
+            out.update(site_sums(f"whatif.diff.{name}", v - ref))
+            if name in drs:
+                out.update(site_sums(f"whatif.drdiff.{name}", drs[name] - drs[request.reference]))
+    out["contexts.generated"] = float(len(contexts.get("generated", [])))
+    out["contexts.replayed"] = float(len(contexts.get("replayed", [])))
+    if site_dir is not None:
+        _write_per_entity(Path(site_dir), request, sub, values, residual, contexts, drs, dr_steps)
+    return out
+
+
+def _target_probs(pol: Policy, sub: SiteDataset, a_off: int, a_on: int) -> np.ndarray:
+    """π(logged a_t | logged history) at every step of the site's rows, ``[n, L]``."""
+    lengths = sub.lengths
+    ctx = (lambda t: {"context": sub.A[:, : t + 1]}) if pol.needs_context else (lambda t: {})
+    return np.stack([pol.prob(t, sub.Y[:, :t], lengths, a_off, a_on, sub.T[:, t], **ctx(t)) for t in range(sub.L)],
+                    axis=1)
+
+
+def _dr_per_entity(pol: Policy, sub: SiteDataset, sim, a_off: int, a_on: int
+                   ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Each entity's doubly robust value of ``pol`` over the simulated window, its share of supported steps and the
+    per-step pieces of the unseen-mass bounds (``w``: w_{0:t}, ``scale``: the step's share of the value, ``v_hat``:
+    the model's expected outcome, each ``[n, H]``; module docstring); computed on the site from its own propensities,
+    which never leave it."""
+    from fcd_secure.evaluation.ope import PerDecisionDR  # noqa: PLC0415
+
+    step_v = np.asarray(sim.probs, dtype=np.float64).mean(1)  # [n, H] the model's expected outcome under π
+    H = min(step_v.shape[1], sub.L)
+    v_hat = np.zeros((sub.n, sub.L))
+    # return-to-go from t = 0's do-simulation: with Q̂ = V̂ the DR term is c_i [V̂_0 + Σ_t w_{0:t} (y_t − v̂_t)]
+    v_hat[:, :H] = np.cumsum((step_v[:, :H] * sub.M[:, :H])[:, ::-1], axis=1)[:, ::-1]
+    pi = _target_probs(pol, sub, a_off, a_on)
+    est = PerDecisionDR(horizon=H)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # overflowing weights give non-finite terms: the caller then sends no DR
+        dr, support = est.per_entity(sub.Y, sub.M, sub.P, pi, q_hat=v_hat, v_hat=v_hat)
+        w, scale = est.step_weights(sub.Y, sub.M, sub.P, pi)
+    return dr, support, {"w": w, "scale": scale, "v_hat": np.where(scale > 0, step_v[:, :H], 0.0)}
+
+
+def _ope_sums(pol: Policy, sub: SiteDataset, sim, cfg: "RunConfig", a_off: int, a_on: int) -> dict[str, float]:
+    """IPW / SNIPW / per-decision DR sums of one policy on the site's own propensities (full and first-H horizons)."""
+    from fcd_secure.evaluation.ope import IPW, SNIPW, PerDecisionDR, estimate_on_site  # noqa: PLC0415
+
+    out: dict[str, float] = {}
+    pi = _target_probs(pol, sub, a_off, a_on)
+    step_v = np.asarray(sim.probs, dtype=np.float64).mean(1)  # [n, H] expected outcome under π
+    H = min(step_v.shape[1], sub.L)
+    contrib = step_v[:, :H] * sub.M[:, :H]
+    h_ope = cfg.evaluation.ope_horizon
+    # the full horizon, and a truncated one where deterministic policies still have logged support
+    for suffix, hor in (("", None),) + (((f"_h{h_ope}", h_ope),) if h_ope and h_ope < sub.L else ()):
+        Hh = H if hor is None else min(H, hor)
+        v_hat = np.zeros((sub.n, sub.L))
+        v_hat[:, :Hh] = np.cumsum(contrib[:, :Hh][:, ::-1], axis=1)[:, ::-1]  # return-to-go Σ_{t≤t'<Hh}
+        for name, cls in (("ipw", IPW), ("snipw", SNIPW), ("dr", PerDecisionDR)):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # support warnings are reported through the merged result
+                r = estimate_on_site(cls(horizon=hor), sub, pi=pi, q_hat=v_hat, v_hat=v_hat)
+            key = f"ope.{pol.name}.{name}{suffix}"
+            out[f"{key}.n"] = float(r.n)
+            out[f"{key}.sum_value"] = float(r.sum_value)
+            out[f"{key}.sum_weight"] = float(r.sum_weight)
+            out[f"{key}.sum_weight_sq"] = float(r.sum_weight_sq)
+            out[f"{key}.n_consistent"] = float(r.n_consistent)
+            out[f"{key}.finite"] = 1.0 if math.isfinite(r.sum_value) else 0.0
+    return out
+
+
+def _write_per_entity(site_dir: Path, request: WhatIfRequest, sub: SiteDataset, values: dict[str, np.ndarray],
+                      residual: np.ndarray, contexts: dict[str, list[str]], drs: dict[str, np.ndarray],
+                      dr_steps: dict[str, dict[str, np.ndarray]]) -> Path:
+    """``<site_dir>/whatif/<query id>.csv``: one row per entity, its value under each policy, each contrast, the
+    factual residual (the model's value of the logged actions minus the observed one) and, with logged
+    propensities, each policy's doubly robust value and, for binary outcomes, the per-step pieces of its unseen-mass
+    bounds (``dr_scale[t]``, ``dr_w[π][t]``, ``dr_vhat[π][t]``: a cohort's bounds can be rebuilt from them)."""
+    import pandas as pd  # noqa: PLC0415
+
+    folder = site_dir / WHATIF_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    cols: dict[str, Any] = {"entity": _entity_ids(sub)}
+    ref = values[request.reference]
+    for name, v in values.items():
+        cols[f"value[{name}]"] = v
+    for name, v in values.items():
+        if name != request.reference:
+            cols[f"effect[{name} - {request.reference}]"] = v - ref
+    cols["factual_residual"] = residual
+    for name, d in drs.items():
+        cols[f"dr[{name}]"] = d
+    for i, (name, st) in enumerate(dr_steps.items()):
+        if i == 0:  # the steps' shares of the value do not depend on the policy
+            cols.update({f"dr_scale[{t}]": st["scale"][:, t] for t in range(st["scale"].shape[1])})
+        cols.update({f"dr_w[{name}][{t}]": st["w"][:, t] for t in range(st["w"].shape[1])})
+        cols.update({f"dr_vhat[{name}][{t}]": st["v_hat"][:, t] for t in range(st["v_hat"].shape[1])})
+    path = folder / f"{request.query_id}.csv"
+    atomic_write_text(path, pd.DataFrame(cols).to_csv(index=False, float_format="%.6f"))
+    meta = {"request": json.loads(request.to_json()), "rows": sub.n, "contexts": contexts}
+    atomic_write_text(folder / f"{request.query_id}.json", json.dumps(meta, indent=1))
+    return path
+
+
+# -- on the server -------------------------------------------------------------------------------------------------
+def _all_sent(s: dict[str, Any], counts: dict[str, int], sites: int, key: str) -> bool:
+    """Whether every site that reported sent ``key``: a truth, a doubly robust sum or a bound summed over part of
+    the consortium would describe a partial population."""
+    return key in s and counts.get(key, sites) == sites
+
+
+def merge_policy_sums(s: dict[str, Any], sites: int, request: WhatIfRequest | None,
+                      action_names: list[str] | None = None) -> dict[str, Any]:
+    """Per-policy results from consortium totals ``s`` (each key summed over the ``sites`` that reported it; per-key
+    reporting counts in ``s['_counts']`` where the transport gives them).
+
+    Returns:
+        ``{"policies": {name: {...}}, "whatif": {...}, "anchors": {...}, "contexts": {...}}`` (empty when no site
+        sent policy sums). Each policy has ``value_sim``, ``value_true`` / ``value_error`` (oracle), its OPE
+        estimates (``ipw``, ``snipw``, ``dr``: point estimates), ``interval`` (``fcd_secure.evaluation.intervals
+        .Interval`` as a dict), ``rectified`` (the factually rectified value and interval), ``doubly_robust`` (the
+        per-entity doubly robust value and its interval, with ``support``, where sites log propensities, and
+        ``bounded``: the interval around the set the unseen-mass bounds leave, with the critical value of Imbens &
+        Manski, for binary outcomes) and, unless
+        it is the reference, ``effect`` (the contrast to the reference with its interval, its doubly robust form
+        under ``doubly_robust`` and, with an oracle, its truth). ``factual_residual`` is the mean of
+        v̂(logged actions) − observed with its interval: how far the simulator is off where the truth is observed.
+    """
+    from fcd_secure.evaluation.intervals import interval_from_sums, unseen_bounds  # noqa: PLC0415
+    from fcd_secure.evaluation.ope import OPEResult, combine  # noqa: PLC0415
+
+    counts = s.get("_counts", {})
+    level = request.level if request is not None else 0.9
+    names = list(dict.fromkeys(k.split(".")[1] for k in s if k.startswith("policy.") and k.endswith(".n")))
+    if request is not None:
+        names = [p.name for p in request.policies if p.name in names] + [x for x in names if x not in
+                                                                        {p.name for p in request.policies}]
+    per_policy: dict[str, dict[str, Any]] = {}
+    for name in names:
+        n = s[f"policy.{name}.n"]
+        d: dict[str, Any] = {"value_sim": s[f"policy.{name}.sim_sum"] / n}
+        # the true value only when every site reported it (a partial truth would bias the error)
+        if _all_sent(s, counts, sites, f"policy.{name}.true_sum"):
+            d["value_true"] = s[f"policy.{name}.true_sum"] / n
+            d["value_error"] = abs(d["value_sim"] - d["value_true"])
+        if f"whatif.value.{name}.n" in s:
+            d["interval"] = interval_from_sums(s, f"whatif.value.{name}", level).to_dict()
+        if f"whatif.rectified.{name}.n" in s:
+            d["rectified"] = interval_from_sums(s, f"whatif.rectified.{name}", level).to_dict()
+        # doubly robust only when every site sent it (one without propensities would leave a partial population)
+        dr_all = _all_sent(s, counts, sites, f"whatif.dr.{name}.n")
+        if dr_all:
+            iv = interval_from_sums(s, f"whatif.dr.{name}", level)
+            d["doubly_robust"] = {**iv.to_dict(), "support": s[f"whatif.dr.{name}.support"] / s[f"whatif.dr.{name}.n"]}
+            if _all_sent(s, counts, sites, f"whatif.dr.{name}.unseen_lo"):
+                d["doubly_robust"]["bounded"] = unseen_bounds(iv, s, f"whatif.dr.{name}")
+        if f"whatif.diff.{name}.n" in s and request is not None:
+            d["effect"] = {"reference": request.reference, **interval_from_sums(s, f"whatif.diff.{name}", level).to_dict()}
+            if f"whatif.drdiff.{name}.n" in s and dr_all:
+                iv = interval_from_sums(s, f"whatif.drdiff.{name}", level)
+                d["effect"]["doubly_robust"] = iv.to_dict()
+                ref_key = f"whatif.dr.{request.reference}"
+                if all(_all_sent(s, counts, sites, f"{k}.unseen_lo") for k in (f"whatif.dr.{name}", ref_key)):
+                    d["effect"]["doubly_robust"]["bounded"] = unseen_bounds(iv, s, f"whatif.dr.{name}", ref_key)
+        ests = sorted({k.split(".")[2] for k in s if k.startswith(f"ope.{name}.")}, key=lambda e: (len(e), e))
+        for est in ests:  # ipw, snipw, dr, then their truncated-horizon forms (ipw_h2, ...)
+            key = f"ope.{name}.{est}"
+            if f"{key}.n" not in s:
+                continue
+            summed = OPEResult(
+                estimator=est.split("_h")[0],  # the estimator class; '_h<H>' only names the truncated horizon
+                value=float("nan"), n=int(s[f"{key}.n"]), ess=float("nan"), n_consistent=int(s[f"{key}.n_consistent"]),
+                warning=None, sum_value=s[f"{key}.sum_value"], sum_weight=s[f"{key}.sum_weight"],
+                sum_weight_sq=s[f"{key}.sum_weight_sq"],
+            )
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # no support is reported in the result's 'warning' field
+                pooled = combine([summed])  # the sums are already pooled over sites: combine finishes them
+            d[est] = {"value": pooled.value, "ess": pooled.ess, "n_consistent": pooled.n_consistent, "warning": pooled.warning}
+        per_policy[name] = d
+    if request is not None:
+        ref = per_policy.get(request.reference, {})
+        for name, d in per_policy.items():
+            if "effect" in d and "value_true" in d and "value_true" in ref:
+                d["effect"]["true"] = d["value_true"] - ref["value_true"]
+    res: dict[str, Any] = {}
+    if "whatif.residual.n" in s:
+        res["factual_residual"] = interval_from_sums(s, "whatif.residual", level).to_dict()
+    if per_policy:
+        res["policies"] = per_policy
+        errs = [d["value_error"] for d in per_policy.values() if "value_error" in d]
+        if errs:
+            res["value_error_mean"] = float(np.mean(errs))
+    if request is not None and per_policy:
+        res["whatif"] = {"query_id": request.query_id, "reference": request.reference, "horizon": request.horizon,
+                         "level": request.level,
+                         "per_entity_file": f"<site state>/{WHATIF_DIR}/{request.query_id}.csv (on each site only)"}
+    k = s.get("anchors.sites")
+    if k:
+        anchors = (int(round(s["anchors.a_off"] / k)), int(round(s["anchors.a_on"] / k)))
+        res["anchors"] = anchor_labels(anchors, action_names)
+    if "contexts.generated" in s and sites:
+        res["contexts"] = {"generated": int(round(s["contexts.generated"] / sites)),
+                           "replayed": int(round(s["contexts.replayed"] / sites))}
+    return res
+
+
+#: the scalars of an evaluation reply that do not depend on the policies (anchor ids, context counts, the residual)
+WHATIF_SCALARS = ("anchors.a_off", "anchors.a_on", "anchors.sites", "contexts.generated", "contexts.replayed",
+                  "whatif.residual.n", "whatif.residual.sum", "whatif.residual.sumsq")
+
+
+def whatif_metric_names(policy_names: list[str] | tuple[str, ...]) -> list[str]:
+    """Every key :func:`site_policy_sums` may add to an evaluation reply besides ``policy.*`` / ``ope.*`` (the
+    federation's exact egress allow-list, ``apps.egress``)."""
+    names = list(WHATIF_SCALARS)
+    for p in policy_names:
+        names += [f"whatif.value.{p}.{f}" for f in ("n", "sum", "sumsq", "mc_var")]
+        names += [f"whatif.{kind}.{p}.{f}" for kind in ("rectified", "diff", "drdiff") for f in ("n", "sum", "sumsq")]
+        names += [f"whatif.dr.{p}.{f}" for f in ("n", "sum", "sumsq", "support", *UNSEEN_FIELDS)]
+    return names
+
+
+def evaluated_policy_names(eval_config: dict | None, cfg: "RunConfig") -> list[str]:
+    """The names of the policies an evaluation request asks about: the request's own question, else the run's
+    ``[evaluation] policies`` (the paper's four when those cannot be read here)."""
+    from fcd_secure.data.policy import DEFAULT_POLICY_NAMES  # noqa: PLC0415
+    from fcd_secure.data.spec import DataError  # noqa: PLC0415
+
+    raw = (eval_config or {}).get(WHATIF_KEY)
+    if raw:
+        try:
+            return [p.name for p in WhatIfRequest.from_json(str(raw)).policies]
+        except ValueError:
+            return []  # a malformed question is refused by the handler; nothing of it may leave
+    try:
+        return [p.name for p in load_policy_refs(cfg.evaluation.policies)]
+    except DataError:
+        return list(DEFAULT_POLICY_NAMES)
+
+
+def action_labels(cfg: "RunConfig") -> list[str] | None:
+    """The action labels of the run's data as the server may know them without any site's data: a spec's labels
+    (``actions`` / ``action_labels``), DKT-Synth's item names, the tumour world's four actions; None otherwise
+    (anchors are then shown by id)."""
+    from fcd_secure.data.spec import load_spec  # noqa: PLC0415
+
+    d = cfg.data
+    if d.dataset == "spec" and d.spec:
+        spec = load_spec(d.spec)
+        return list(spec.actions or spec.action_labels or []) or None
+    if d.dataset == "dkt-synth":
+        from fcd_secure.data.dkt_synth.generation import ITEM_LABELS  # noqa: PLC0415
+
+        return list(ITEM_LABELS)
+    if d.dataset == "tumour":
+        from fcd_secure.data.tumour import ACTION_LABELS  # noqa: PLC0415
+
+        return list(ACTION_LABELS)
+    return None
+
+
+def context_columns(cfg: "RunConfig") -> dict[str, list[str]]:
+    """The context columns by how a rollout treats them, as the server may know them without any site's data: a
+    spec's ``[[context]]`` columns by ``dynamics``, DKT-Synth's clock, the tumour's volume and diameter; empty
+    otherwise (the counts remain)."""
+    from fcd_secure.data.spec import load_spec  # noqa: PLC0415
+
+    d = cfg.data
+    if d.dataset == "spec" and d.spec:
+        spec = load_spec(d.spec)
+        gen = [c.name for c in spec.context if c.dynamics == "endogenous"] if cfg.model.use_context else []
+        return {"generated_columns": gen, "replayed_columns": [c.name for c in spec.context if c.name not in gen]}
+    if d.dataset == "dkt-synth":
+        from fcd_secure.data.dkt_synth.generation import CONTEXT_NAMES  # noqa: PLC0415
+
+        return {"generated_columns": [], "replayed_columns": list(CONTEXT_NAMES)}
+    if d.dataset == "tumour":
+        from fcd_secure.data.tumour import CONTEXT_NAMES as TUMOUR_CONTEXTS  # noqa: PLC0415
+
+        gen = list(TUMOUR_CONTEXTS) if cfg.model.use_context else []  # both endogenous (data/tumour/pkpd.py)
+        return {"generated_columns": gen, "replayed_columns": [c for c in TUMOUR_CONTEXTS if c not in gen]}
+    return {}
+
+
+def check_policies(cfg: "RunConfig", policies: list[Policy]) -> None:
+    """Bind every policy to the run's action labels and context columns before anything starts (exit 2 early).
+
+    Raises:
+        DataError: a label or context column the data does not have (the message names the policy file and field).
+    """
+    from fcd_secure.federation import learner  # noqa: PLC0415
+
+    if not any(p.labels or p.needs_context for p in policies):
+        return  # ids and anchors are checked by the rollouts; only labels and columns need the data's vocabulary
+    site = learner.load_site_data(cfg, 0).test
+    for p in policies:
+        bind_policy(p, site)
+
+
+def jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, (float, np.floating)):
+        return float(x) if math.isfinite(float(x)) else None
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, np.ndarray):
+        return jsonable(x.tolist())
+    return x
