@@ -22,7 +22,7 @@ import numpy as np
 
 from fcd_secure.data.partition import site_splits
 from fcd_secure.data.policy import anchor_actions
-from fcd_secure.data.preprocess import Standardizer, take
+from fcd_secure.data.preprocess import Standardizer
 from fcd_secure.data.schema import SiteDataset
 from fcd_secure.data.spec import context_dynamics
 
@@ -97,7 +97,7 @@ def split_into_sites(
         if site_names is not None:
             site_meta["site_name"] = site_names[i]
         for rows, out, split in ((tr, train, "train"), (te, test, "test")):
-            part = take(pooled, rows, name=f"{name}/site{i}/{split}")
+            part = pooled.subset(rows, name=f"{name}/site{i}/{split}")
             part.meta.update(site_meta, split=split)
             out.append(part)
     if not standardize:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fcd_secure.data.preprocess import take
 from fcd_secure.data.schema import SiteDataset
 from fcd_secure.data.spec import DataError
 
@@ -174,7 +173,7 @@ def dirichlet_partition(
     site = site_assignment(ds, n_sites, alpha, seed, key, min_size)
     out = []
     for s in range(n_sites):
-        part = take(ds, np.flatnonzero(site == s), name=f"{ds.name}/site{s}")
+        part = ds.subset(np.flatnonzero(site == s), name=f"{ds.name}/site{s}")
         key_name = key if isinstance(key, str) or key is None else "array"
         part.meta.update(site_index=s, n_sites=n_sites, partition={"alpha": alpha, "seed": seed, "key": key_name})
         out.append(part)
@@ -255,4 +254,4 @@ def train_test_split(ds: SiteDataset, test_fraction: float, seed: int) -> tuple[
         tr, te = split_indices(ds.n, test_fraction, seed, ent)
     except DataError as exc:
         raise DataError(f"{ds.name}: {exc.message}", field=exc.field) from None
-    return take(ds, tr, name=f"{ds.name}/train"), take(ds, te, name=f"{ds.name}/test")
+    return ds.subset(tr, name=f"{ds.name}/train"), ds.subset(te, name=f"{ds.name}/test")

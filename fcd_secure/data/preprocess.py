@@ -173,16 +173,6 @@ def make_dataset(arrays: dict[str, np.ndarray], n_actions: int, name: str, meta:
     )
 
 
-def take(ds: SiteDataset, idx: np.ndarray | list[int], name: str | None = None) -> SiteDataset:
-    """Rows ``idx`` of ``ds``, slicing per-row meta arrays too (``SiteDataset.subset`` copies meta unsliced)."""
-    idx = np.asarray(idx, dtype=np.int64)
-    out = ds.subset(idx, name=name)
-    meta = {
-        k: (v[idx] if isinstance(v, np.ndarray) and v.ndim >= 1 and v.shape[0] == ds.n else v) for k, v in ds.meta.items()
-    }
-    return replace(out, meta=meta)
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # covariate encoding
 # ---------------------------------------------------------------------------------------------------------------

@@ -77,8 +77,15 @@ class SiteDataset:
         return self.n
 
     def subset(self, idx: np.ndarray | list[int], name: str | None = None) -> "SiteDataset":
-        """Rows ``idx`` as a new dataset (arrays copied, meta shared)."""
+        """Rows ``idx`` as a new dataset: the arrays and every per-row meta array (a numpy array whose first axis has
+        one entry per row: ``entity``, ``student_ids``, ``site``) sliced with the rows, other meta shared.
+
+        Per-row meta must follow its rows: a cohort of rows ``[7, 2]`` whose meta still began at row 0 labelled the
+        per-entity what-if file of a site with the first entities' ids instead of its own.
+        """
         idx = np.asarray(idx, dtype=np.int64)
+        meta = {k: (v[idx] if isinstance(v, np.ndarray) and v.ndim >= 1 and v.shape[0] == self.n else v)
+                for k, v in self.meta.items()}
         return replace(
             self,
             X=self.X[idx].copy(),
@@ -88,7 +95,7 @@ class SiteDataset:
             M=self.M[idx].copy(),
             P=None if self.P is None else self.P[idx].copy(),
             name=name or self.name,
-            meta=dict(self.meta),
+            meta=meta,
         )
 
     def without_propensities(self) -> "SiteDataset":

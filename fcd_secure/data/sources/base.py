@@ -22,7 +22,6 @@ import numpy as np
 from fcd_secure.data.federated import FederatedData, split_into_sites
 from fcd_secure.data.partition import site_assignment
 from fcd_secure.data.paths import dataset_folder
-from fcd_secure.data.preprocess import take
 from fcd_secure.data.schema import SiteDataset
 from fcd_secure.data.spec import DataError
 
@@ -96,7 +95,7 @@ class PooledSource:
             return ds
         rng = np.random.default_rng([_SALT_SUBSAMPLE, int(seed)])
         idx = np.sort(rng.choice(ds.n, size=keep, replace=False))
-        out = take(ds, idx)
+        out = ds.subset(idx)
         out.meta["subsample"] = {"preset": preset, "kept": keep, "of": ds.n}
         return out
 
