@@ -25,7 +25,7 @@ ALLOWED: dict[str, set[str]] = {
     "evaluation": {"base", "data"},
     "aggregation": {"base"},
     "privacy": {"base", "data", "model"},
-    "audit": {"base"},
+    "audit": {"base", "_flower"},  # the exact bytes Flower serializes (_flower.internals.serialized_bytes)
     "config": {"base", "data", "model", "aggregation", "privacy"},
 }
 #: above config every layer may import every layer below it, in this order (bottom first)

@@ -26,6 +26,15 @@ import json
 import sys
 from collections.abc import Callable, Iterable
 
+import flwr.superlink.main
+import flwr.superlink.routers.control.middlewares
+import flwr.superlink.routers.fleet.middlewares
+
+from fcd_secure._flower.pins import require
+
+# Flower's create_app and the middlewares scoped below still have the source they were read from (_flower.pins)
+require("superlink_main")
+
 #: the paths only the coordinator host may call
 COORDINATOR_ONLY = ("/v1/control", "/v1/runtime")
 #: our option, taken off the command line before Flower parses it
@@ -52,8 +61,6 @@ class CoordinatorOnly:
         await self.app(scope, receive, send)
 
 
-#: the Flower release whose middlewares :data:`PASS_THROUGH` was read from
-FLWR_VERSION = "1.42.0"
 CONTROL_PREFIX, FLEET_PREFIX = "/v1/control/", "/v1/fleet/"
 
 
@@ -106,14 +113,10 @@ def scope_middlewares(app) -> list[str]:
         the names of the wrapped middlewares.
 
     Raises:
-        RuntimeError: another Flower version, or ``app`` has not all of them (read its middlewares again).
+        RuntimeError: ``app`` has not all of them (read its middlewares again).
     """
-    import flwr  # noqa: PLC0415
     from starlette.middleware import Middleware  # noqa: PLC0415
 
-    if flwr.__version__ != FLWR_VERSION:
-        raise RuntimeError(f"superlink_main: its middleware scopes were read from flwr {FLWR_VERSION}, found "
-                           f"{flwr.__version__}; read them again")
     if app.middleware_stack is not None:
         raise RuntimeError("superlink_main: the app has started; its middlewares are fixed")
     wrapped, out = [], []

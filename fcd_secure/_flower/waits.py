@@ -14,7 +14,8 @@ flwr 1.42's ``flwr.supernode`` and ``flwr.server.grid`` modules), a secure-aggre
 :func:`shorten_grid_backoff` (the ServerApp's ``HttpGrid``) cap these at :func:`idle_poll_s`, :data:`REPLY_POLL_S` and
 :data:`PULL_BACKOFF_S`/:data:`PULL_BACKOFF_CAP_S`; only the names those Flower modules look up change, nothing
 about what is sent, to whom, or how it is authenticated. The cost is more requests while waiting (one per
-:func:`idle_poll_s` per idle SuperNode instead of one per 3 s). Both refuse to patch another Flower version.
+:func:`idle_poll_s` per idle SuperNode instead of one per 3 s). Importing this module refuses another Flower version, or a Flower whose patched functions changed
+(:func:`fcd_secure._flower.pins.require`).
 
 :func:`wake_executor_on_messages` is the other half of ``_flower.wake``: the SuperNode loop signals the site's
 executor once a pulled message and its objects are stored, instead of the executor polling for it.
@@ -26,8 +27,15 @@ import functools
 import time
 import types
 
-#: the Flower release these module-level names were read from (``provisioning.versions`` pins it)
-FLWR_VERSION = "1.42.0"
+import flwr.supercore.inflatable.inflatable_utils
+import flwr.superlink.grid.http_grid
+import flwr.supernode.start_client_internal
+
+from fcd_secure._flower.pins import require
+
+# every Flower object this module patches still has the source it was read from (``_flower.pins.SOURCES``)
+require("waits")
+
 #: the least the SuperNode loop waits between two pulls from the SuperLink that found no message (s)
 IDLE_POLL_S = 0.2
 #: the consortium's idle SuperNodes together pull from the SuperLink at most this often (per second): each pull costs
@@ -46,18 +54,6 @@ HTTP_GRID_POLL_S = 0.1
 GRID_TRANSFERS = 8
 #: first wait and cap (s) when a message object is not there yet
 PULL_BACKOFF_S, PULL_BACKOFF_CAP_S = 0.02, 0.25
-
-
-class FlowerVersionError(RuntimeError):
-    """The installed Flower is not the version whose waits this module shortens."""
-
-
-def _check_version() -> None:
-    import flwr  # noqa: PLC0415
-
-    if flwr.__version__ != FLWR_VERSION:
-        raise FlowerVersionError(f"fcd_secure._flower.waits: written for flwr {FLWR_VERSION}, found "
-                                 f"{flwr.__version__}; check its waits before running it")
 
 
 def short_pull(pull_objects):
@@ -79,11 +75,7 @@ def shorten_supernode_waits(idle_s: float = IDLE_POLL_S) -> None:
 
     Args:
         idle_s: the wait after a pull from the SuperLink that found no message (Flower: 3 s), :func:`idle_poll_s`.
-
-    Raises:
-        FlowerVersionError: another Flower version.
     """
-    _check_version()
     from flwr.supernode import start_client_internal as loop  # noqa: PLC0415
 
     if not isinstance(loop.time, types.SimpleNamespace):
@@ -97,11 +89,7 @@ def shorten_supernode_waits(idle_s: float = IDLE_POLL_S) -> None:
 def wake_executor_on_messages(pipe: str) -> None:
     """After the SuperNode loop has stored a message for a task (``_pull_and_store_message`` returned its run),
     wake the executor waiting on ``pipe`` (``_flower.wake``).
-
-    Raises:
-        FlowerVersionError: another Flower version.
     """
-    _check_version()
     from flwr.supernode import start_client_internal as loop  # noqa: PLC0415
 
     from fcd_secure._flower.wake import notify  # noqa: PLC0415
@@ -123,11 +111,7 @@ def wake_executor_on_messages(pipe: str) -> None:
 
 def shorten_grid_backoff() -> None:
     """The ServerApp's grid pulls the sites' reply objects with the short backoff (module docstring).
-
-    Raises:
-        FlowerVersionError: another Flower version.
     """
-    _check_version()
     from flwr.superlink.grid import http_grid  # noqa: PLC0415
     from flwr.supercore.inflatable import inflatable_utils  # noqa: PLC0415
 

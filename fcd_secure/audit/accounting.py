@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+
+from fcd_secure._flower.internals import serialized_bytes
 
 #: Element sizes are taken from numpy so that verify can recompute tensor bytes from a manifest alone.
 __all__ = [
@@ -43,7 +44,7 @@ def tree_bytes(obj) -> int:
     """Serialized bytes of every Flower object under ``obj`` (``sum(len(o.deflate()))``, deduplicated by id)."""
     if obj is None:
         return 0
-    return int(sum(len(o.deflate()) for o in get_all_nested_objects(obj).values()))
+    return serialized_bytes(obj)
 
 
 def payload_bytes(msg: Message) -> int:

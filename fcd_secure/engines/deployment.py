@@ -45,8 +45,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import tomli_w
-from flwr.cli.build import build_fab_from_disk
 
+from fcd_secure._flower.internals import fab_bytes
+from fcd_secure._flower.pins import FLWR_VERSION
 from fcd_secure._io import atomic_write_bytes, atomic_write_text, load_or_create_secret
 from fcd_secure.audit import SERVER_LEDGER_FILE, SITE_LEDGER_FILE, load_or_create_identity_key
 from fcd_secure.audit.signing import fingerprint, public_key_bytes
@@ -178,7 +179,7 @@ def write_app_project(folder: Path) -> Path:
             "version": "1.0.0",
             "description": "Fed-CausalDiff (fcd_secure) on the Flower Deployment Engine",
             "license": "Apache-2.0",
-            "dependencies": ["flwr==1.42.0"],
+            "dependencies": [f"flwr=={FLWR_VERSION}"],
         },
         "tool": {
             "hatch": {"build": {"targets": {"wheel": {"packages": ["."]}}}},
@@ -201,7 +202,7 @@ def write_app_project(folder: Path) -> Path:
 
 def fab_sha256(app_dir: Path) -> str:
     """SHA-256 of the FAB ``flwr run`` builds from ``app_dir`` (flwr 1.42 builds it deterministically)."""
-    return hashlib.sha256(build_fab_from_disk(app_dir)).hexdigest()
+    return hashlib.sha256(fab_bytes(app_dir)).hexdigest()
 
 
 class SiteFiles:

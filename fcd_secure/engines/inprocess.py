@@ -27,12 +27,9 @@ from pathlib import Path
 
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.serverapp import Grid
-from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
-from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
-from flwr.supercore.task_identity import TaskIdentity
 
+from fcd_secure._flower.internals import SUPERLINK_NODE_ID, ErrorCode, TaskIdentity, transport_copy
 from fcd_secure.config import RunConfig
 from fcd_secure.apps.client_app import make_client_app
 from fcd_secure.apps.outputs import write_run_folder
@@ -45,15 +42,6 @@ log = logging.getLogger("fcd_secure.federation")
 
 #: ``summary.json``'s engine name of a run folder written by :func:`run_inprocess`.
 ENGINE = "flower-inprocess"
-
-
-def _copy(msg: Message) -> Message:
-    """``msg`` as the receiving side rebuilds it: every object of its tree deflated and inflated again (the
-    content-addressed form Flower's transport carries; the message id travels beside the tree)."""
-    contents = {oid: obj.deflate() for oid, obj in get_all_nested_objects(msg).items()}
-    out = inflate_object_from_contents(msg.object_id, contents)
-    out.metadata.__dict__["_message_id"] = msg.metadata.message_id
-    return out
 
 
 class InProcessGrid(Grid):
@@ -112,7 +100,7 @@ class InProcessGrid(Grid):
                 raise ValueError(f"no node {dst} in this grid")
             msg.metadata.__dict__["_message_id"] = str(uuid.uuid4())
             ids.append(msg.metadata.message_id)
-            delivered = _copy(msg)
+            delivered = transport_copy(msg)
             try:
                 reply = self._app(delivered, self._contexts[dst])
             except Exception as exc:  # noqa: BLE001 - a site's failure is an error reply, as in Flower's engine
@@ -122,7 +110,7 @@ class InProcessGrid(Grid):
                     reply_to=delivered,
                 )
             reply.metadata.__dict__["_message_id"] = str(uuid.uuid4())
-            self._replies[msg.metadata.message_id] = _copy(reply)
+            self._replies[msg.metadata.message_id] = transport_copy(reply)
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:

@@ -49,69 +49,6 @@ def fab_digest(content: bytes) -> str:
     return hashlib.sha256(content).hexdigest()
 
 
-def _runtime_client(address: str, interceptors: list, *, retry: bool = True):
-    """A client of the SuperNode's Runtime API.
-
-    With ``retry`` it uses Flower's HTTP retry invoker, which also ends the process (SIGINT) when its token is no
-    longer accepted (HTTP 401), as a task process should. Without it every error is raised to the caller: the
-    executor's own per-task heartbeats must never end the executor when a task's token lapses because it finished.
-    """
-    from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor  # noqa: PLC0415
-    from flwr.supercore.retry import make_simple_http_retry_invoker  # noqa: PLC0415
-    from flwr.supercore.runtime import RuntimeHttpClient  # noqa: PLC0415
-
-    return RuntimeHttpClient.from_server_address(
-        server_address=address,
-        insecure=True,  # the SuperNode's Runtime API on loopback; tasks authenticate with their token
-        root_certificates=None,
-        interceptors=[RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"), *interceptors],
-        retry_invoker=make_simple_http_retry_invoker() if retry else None,
-    )
-
-
-def pull_task_input(client):
-    """The task's message, context, run and FAB from the SuperNode: flwr 1.42's
-    ``flwr.supernode.runtime.run_clientapp.pull_task_input`` with the short object-pull backoff of
-    ``_flower.waits`` (the SuperNode creates the task before it holds the message's objects)."""
-    from flwr.common.serde import context_from_proto, fab_from_proto, run_from_proto  # noqa: PLC0415
-    from flwr.app import Message  # noqa: PLC0415
-    from flwr.proto.node_pb2 import Node  # noqa: PLC0415
-    from flwr.proto.runtime_pb2 import PullAppMessagesRequest, PullTaskInputRequest  # noqa: PLC0415
-    from flwr.supercore.inflatable.inflatable_protobuf_utils import (  # noqa: PLC0415
-        make_confirm_message_received_fn_protobuf,
-        make_pull_object_fn_protobuf,
-    )
-    from flwr.supercore.inflatable.inflatable_utils import pull_and_inflate_object_from_tree  # noqa: PLC0415
-    from flwr.supercore.task_identity import TaskIdentity  # noqa: PLC0415
-
-    from fcd_secure._flower.waits import PULL_BACKOFF_CAP_S, PULL_BACKOFF_S  # noqa: PLC0415
-
-    t0 = time.perf_counter()
-    res = client.PullTaskInput(PullTaskInputRequest())
-    t_input = time.perf_counter() - t0
-    TaskIdentity.task_id = res.task_id
-    TaskIdentity.run_id = res.run.run_id
-    TaskIdentity.node_id = res.context.node_id
-    context, run, fab = context_from_proto(res.context), run_from_proto(res.run), fab_from_proto(res.fab)
-    pulled = client.PullMessages(PullAppMessagesRequest())
-    if not pulled.messages_list:
-        raise RuntimeError("No messages received from Runtime API")
-    node, tree = Node(node_id=context.node_id), pulled.message_object_trees[0]
-    message = pull_and_inflate_object_from_tree(
-        tree,
-        make_pull_object_fn_protobuf(client.PullObject, node, context.run_id),
-        make_confirm_message_received_fn_protobuf(client.ConfirmMessageReceived, node, context.run_id),
-        return_type=Message,
-        initial_backoff=PULL_BACKOFF_S,
-        backoff_cap=PULL_BACKOFF_CAP_S,
-        max_tries_per_object=None,  # bounded by Flower's PULL_MAX_TIME, as with its defaults
-    )
-    message.metadata.__dict__["_message_id"] = tree.object_id  # the deflated message does not carry its own id
-    log.info("task input %.3f s, message %.3f s (%d objects)", t_input, time.perf_counter() - t0 - t_input,
-              len(tree.children))
-    return message, context, run, fab
-
-
 def run_task(address: str, token: str) -> int:
     """Run one ClientApp task of the SuperNode at ``address``, or refuse it (module docstring).
 
@@ -119,10 +56,17 @@ def run_task(address: str, token: str) -> int:
         0 when the task ran, 3 when the app was refused, 1 on a failure (the SuperNode sees the task fail).
     """
     from flwr.app import Error, Message  # noqa: PLC0415
-    from flwr.common.constant import SubStatus  # noqa: PLC0415
-    from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http  # noqa: PLC0415
-    from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor  # noqa: PLC0415
-    from flwr.supernode.runtime.run_clientapp import push_message, push_task_output  # noqa: PLC0415
+
+    from fcd_secure._flower.superexec import (  # noqa: PLC0415 - Flower's task plumbing, pinned (_flower.pins)
+        HeartbeatSender,
+        RuntimeTokenHttpInterceptor,
+        SubStatus,
+        make_task_heartbeat_fn_http,
+        pull_task_input,
+        push_message,
+        push_task_output,
+        runtime_client,
+    )
 
     from fcd_secure.audit import GENERIC_ERROR_REASON, GATE_ERROR_CODE, Refusal, SiteLedger, record_site_refusal  # noqa: PLC0415
     from fcd_secure.audit.ledger import SITE_LEDGER_FILE  # noqa: PLC0415
@@ -133,7 +77,7 @@ def run_task(address: str, token: str) -> int:
 
     t_start = time.perf_counter()
     t_pulled = t_ran = None
-    client = _runtime_client(address, [RuntimeTokenHttpInterceptor(token)])
+    client = runtime_client(address, [RuntimeTokenHttpInterceptor(token)])
     heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
     heartbeat.start()
     message = context = reply = None
@@ -203,18 +147,23 @@ def serve(address: str, secret_file: str, parent_pid: int | None = None, warm: b
     With ``wake_pipe`` the executor asks for a task when the SuperNode wakes it through that pipe and otherwise
     only every ``_flower.wake.FALLBACK_POLL_S``; without it, every :data:`POLL_S`, as Flower's SuperExec does.
     """
-    from flwr.proto.runtime_pb2 import AcquireTaskRequest  # noqa: PLC0415
-    from flwr.supercore.app_utils import start_parent_process_monitor  # noqa: PLC0415
-    from flwr.supercore.constant import TaskType  # noqa: PLC0415
-    from flwr.supercore.heartbeat import HeartbeatSender  # noqa: PLC0415
-    from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, SuperExecAuthHttpInterceptor  # noqa: PLC0415
+    from fcd_secure._flower.superexec import (  # noqa: PLC0415 - Flower's task plumbing, pinned (_flower.pins)
+        AcquireTaskRequest,
+        HeartbeatSender,
+        RuntimeTokenHttpInterceptor,
+        SuperExecAuthHttpInterceptor,
+        TaskType,
+        quiet_heartbeat,
+        runtime_client,
+        start_parent_process_monitor,
+    )
 
     secret = Path(secret_file).read_bytes()
     if not secret:
         raise SystemExit(f"{secret_file}: the SuperExec secret is empty")
     if parent_pid is not None:
         start_parent_process_monitor(parent_pid)
-    client = _runtime_client(
+    client = runtime_client(
         address, [SuperExecAuthHttpInterceptor(master_secret=secret, protected_methods=frozenset({ACQUIRE_METHOD}))]
     )
     children: list[tuple[subprocess.Popen, HeartbeatSender, object]] = []
@@ -238,8 +187,8 @@ def serve(address: str, secret_file: str, parent_pid: int | None = None, warm: b
         children = running
         res = client.AcquireTask(AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP]))
         if res.HasField("task") and res.token:
-            task_client = _runtime_client(address, [RuntimeTokenHttpInterceptor(res.token)], retry=False)
-            beat = HeartbeatSender(_quiet_heartbeat(task_client))
+            task_client = runtime_client(address, [RuntimeTokenHttpInterceptor(res.token)], retry=False)
+            beat = HeartbeatSender(quiet_heartbeat(task_client))
             beat.start()
             if warm:
                 try:
@@ -260,23 +209,6 @@ def serve(address: str, secret_file: str, parent_pid: int | None = None, warm: b
             reader.wait(FALLBACK_POLL_S)
         else:
             time.sleep(POLL_S)
-
-
-def _quiet_heartbeat(client):
-    """A task heartbeat that never fails the executor: Flower's own one raises SIGINT in its process when the
-    SuperNode no longer knows the task (it finished), which would stop the executor; ``client`` must be built
-    without Flower's retry invoker (:func:`_runtime_client`), which does the same on HTTP 401."""
-    import httpx  # noqa: PLC0415
-    from flwr.proto.runtime_pb2 import SendTaskHeartbeatRequest  # noqa: PLC0415
-
-    def beat() -> bool:
-        try:
-            client.SendTaskHeartbeat(SendTaskHeartbeatRequest())
-        except httpx.HTTPError:
-            pass  # the task is over or the SuperNode is gone; the task process reports its own outcome
-        return True
-
-    return beat
 
 
 def main(argv: list[str] | None = None) -> int:
