@@ -105,11 +105,16 @@ def score(cfg, sims) -> dict[str, Any]:
     """The federated evaluation of ``sims`` (one per site) plus the per-student correlation and the ATE ratio."""
     from fcd_secure.experiments.evaluate import evaluate_on_sites
 
+    from fcd_secure.evaluation.metrics import EffectStats
+
     ev = evaluate_on_sites(cfg, sims)
     tau_hat, tau = per_student_effects(cfg, sims)
     pol = ev.get("policies") or {}
+    skill = EffectStats.from_arrays(tau_hat, tau).skill_figures()
     return {
         "pehe": float(np.sqrt(np.mean((tau_hat - tau) ** 2))),
+        # PEHE means nothing without these beside it (EffectStats.skill_figures)
+        "pehe0": skill["pehe_zero"], "sd_tau": skill["sd_tau"], "skill": skill["skill"], "flags": skill["flags"],
         "ate_error": float(abs(tau_hat.mean() - tau.mean())),
         "value_error": ev.get("value_error_mean"),
         "ate_ratio": float(tau_hat.mean() / tau.mean()) if tau.mean() != 0 else float("nan"),
@@ -382,14 +387,15 @@ def main(
     out = Console(width=140)
     out.print(f"machine: {machine()}")
     out.print(f"params: {params}")
-    metrics = ("pehe", "ate_error", "value_error", "ate_ratio", "corr", "sd_ratio")
+    metrics = ("pehe", "pehe0", "sd_tau", "skill", "ate_error", "value_error", "ate_ratio", "corr", "sd_ratio")
     t = Table(title=f"Effect fidelity, DKT-Synth {preset}, {base.federation.rounds} rounds, seeds {seed_list} "
                     "(mean ± s.d. over seeds)")
-    for c in ("row", "PEHE", "|ATE err|", "|value err|", "ATE ratio", "corr(τ̂, τ)", "sd τ̂ / sd τ", "s / seed"):
-        t.add_column(c, justify="left" if c == "row" else "right")
-    t.add_row("target", *[TARGETS.get(m, "") for m in metrics], "")
-    t.add_row("paper (Table III)", _f(PAPER["pehe"], ".3f"), _f(PAPER["ate_error"], ".3f"), _f(PAPER["value_error"], ".3f"),
-              "", "", "", "")
+    for c in ("row", "PEHE", "PEHE₀", "sd τ", "skill", "|ATE err|", "|value err|", "ATE ratio", "corr(τ̂, τ)",
+              "sd τ̂ / sd τ", "s / seed", "flags"):
+        t.add_column(c, justify="left" if c in ("row", "flags") else "right")
+    t.add_row("target", *[TARGETS.get(m, "") for m in metrics], "", "")
+    t.add_row("paper (Table III)", _f(PAPER["pehe"], ".3f"), "", "", "", _f(PAPER["ate_error"], ".3f"),
+              _f(PAPER["value_error"], ".3f"), "", "", "", "", "")
 
     def agg(rs: list[dict[str, Any]], m: str) -> str:
         v = np.array([np.nan if r[m] is None else r[m] for r in rs], dtype=float)
@@ -401,7 +407,9 @@ def main(
         for row in dict.fromkeys(r["row"] for r in group):
             rs = [r for r in group if r["row"] == row]
             label = f"{row} ({rs[0]['preset']}" + (f", {rs[0]['epochs']} ep.)" if "epochs" in rs[0] else ")")
-            t.add_row(label, *[agg(rs, m) for m in metrics], f"{np.mean([r['seconds'] for r in rs]):.0f}")
+            flags = sorted({f for r in rs for f in r.get("flags", [])})
+            t.add_row(label, *[agg(rs, m) for m in metrics], f"{np.mean([r['seconds'] for r in rs]):.0f}",
+                      "; ".join(flags) or "—")
     out.print(t)
 
     def mean(row: str, m: str, group=results) -> float:

@@ -207,6 +207,8 @@ def build_summary(cfg: RunConfig, result, engine: str) -> dict[str, Any]:
         "uplink_formula_bytes": formula,
         "uplink_formula": "Σ_rounds participating sites × synchronised parameter bytes (paper Table II)",
         "pehe": fe.get("pehe"),
+        # PEHE with what it means beside it: PEHE₀, the constant-effect floor sd τ, corr, ATE ratio, skill, flags
+        "effect_skill": fe.get("effect_skill"),
         "ate_error": fe.get("ate_error"),
         "factual_auc": fe.get("factual_auc"),
         "value_error_mean": fe.get("value_error_mean"),
@@ -271,11 +273,13 @@ def _plots(folder: Path, history: list[dict], summary: dict) -> None:
     label = f"Fed-CausalDiff ({summary['sync']}), during training"
     final_round = history[-1]["round"] if history else summary.get("rounds")
     pts = [(r["round"], r["pehe"]) for r in history if r.get("pehe") is not None]
+    sk = summary.get("effect_skill") or {}
     if pts or summary.get("pehe") is not None:
         plot_metric_vs_round(
             [p[0] for p in pts], {label: [p[1] for p in pts]}, folder / "pehe_vs_round.png",
             ylabel="oracle PEHE (lower is better)", title=f"{summary['dataset']}: PEHE vs round (paper Fig. 3)",
             headline=None if summary.get("pehe") is None else ("final evaluation", final_round, summary["pehe"]),
+            references={"zero-effect PEHE₀": sk.get("pehe_zero"), "constant-effect floor sd τ": sk.get("sd_tau")},
         )
     # Fig. 4 plots downstream AUC against cumulative uplink; without an AUC (non-binary outcomes) PEHE stands in
     has_auc = any(r.get("factual_auc") is not None for r in history) or summary.get("factual_auc") is not None

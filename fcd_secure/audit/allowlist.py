@@ -37,7 +37,8 @@ TRAIN_METRICS = (
 #: Off-policy estimators every site reports per policy (``ope.<policy>.<estimator>[_h<H>].<field>``).
 EVAL_ESTIMATORS = ("ipw", "snipw", "dr")
 #: Scalars of one evaluation reply besides the per-policy ones.
-EVAL_SCALARS = ("n_test", "effect.n", "effect.sse", "effect.sum_hat", "effect.sum_true")
+EVAL_SCALARS = ("n_test", "effect.n", "effect.sse", "effect.sum_hat", "effect.sum_true", "effect.sum_true_sq",
+                "effect.sum_hat_sq", "effect.sum_cross")
 POLICY_FIELDS = ("n", "sim_sum", "true_sum")
 OPE_FIELDS = ("n", "sum_value", "sum_weight", "sum_weight_sq", "n_consistent", "finite")
 #: ``hello/dim-<d>`` of the hello reply (``learner.dims_of``).

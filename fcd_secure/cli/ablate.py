@@ -52,10 +52,11 @@ def ablate(
         emit(ok(table, f"ablation of {len(chosen)} variant(s) over seeds {seeds_list}"))
         return
     t = Table(title=f"Interventional fidelity on DKT-Synth ({preset}, seeds {seeds_list}) — paper Table III")
-    for col in ("variant", "PEHE↓", "ATE↓", "Value↓", "uplink MB"):
-        t.add_column(col, justify="right" if col != "variant" else "left")
-    for row in table["rows"]:
-        t.add_row(row["variant"], row["pehe_fmt"], row["ate_fmt"], row["value_fmt"], row["uplink_mb_fmt"])
+    for col in ("variant", "PEHE↓", "PEHE₀", "sd τ", "skill↑", "ATE↓", "Value↓", "uplink MB", "flags"):
+        t.add_column(col, justify="left" if col in ("variant", "flags") else "right")
+    for row in table["rows"]:  # flags stand where a rank would mislead (a model that learns nothing must not win)
+        t.add_row(row["variant"], row["pehe_fmt"], row["pehe0_fmt"], row["sd_tau_fmt"], row["skill_fmt"],
+                  row["ate_fmt"], row["value_fmt"], row["uplink_mb_fmt"], "; ".join(row["flags"]) or "—")
     con = stdout()
     con.print(t)
     say_identifier(con, "saved:", f"{Path(str(base.out)) / 'ablation.csv'}, ablation.json and utility_vs_uplink.png",

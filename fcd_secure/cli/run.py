@@ -75,6 +75,20 @@ def _fmt(v: Any, spec: str = ".4f") -> str:
     return str(v)
 
 
+def skill_rows(sk: dict) -> list[tuple[str, str]]:
+    """The rows printed beside PEHE (``EffectStats.skill_figures``): without the zero-effect PEHE₀ and the
+    constant-effect floor sd τ a PEHE shows no skill; the flags stand where a rank would mislead."""
+    rows = [
+        ("  PEHE₀ (no effect for anyone)", _fmt(sk.get("pehe_zero"))),
+        ("  constant-effect floor sd τ", _fmt(sk.get("sd_tau"))),
+        ("  corr(τ̂, τ)", _fmt(sk.get("corr"), "+.3f")),
+        ("  ATE ratio (mean τ̂ / mean τ)", _fmt(sk.get("ate_ratio"), "+.3f")),
+        ("  skill vs constant true ATE", _fmt(sk.get("skill"), "+.3f")),
+    ]
+    rows += [("  flag", f) for f in sk.get("flags") or []]
+    return rows
+
+
 def summary_table(summary: dict, title: str = "Fed-CausalDiff") -> list["Table"]:
     """The result tables (each fits 80 columns): metrics, DP and ε, policy values."""
     from rich import box  # noqa: PLC0415
@@ -91,6 +105,9 @@ def summary_table(summary: dict, title: str = "Fed-CausalDiff") -> list["Table"]
     ):
         if summary.get(key) is not None:
             t.add_row(label, _fmt(summary[key]))
+        if key == "pehe" and summary.get("effect_skill"):
+            for row in skill_rows(summary["effect_skill"]):
+                t.add_row(*row)
     t.add_row("rounds", _fmt(summary.get("rounds")))
     dp = summary.get("dp") or {}
     if dp.get("enabled"):

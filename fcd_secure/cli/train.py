@@ -34,15 +34,20 @@ def _seed_tables(res: dict) -> list["Table"]:
         ),
         caption="PEHE = √mean(τ̂−τ)²; errors are absolute, lower is better.",
     )
-    for col, just in (("method", "left"), ("PEHE", "right"), ("|ATE err|", "right"), ("ATE est.", "right"),
-                      ("mean |V err|", "right"), ("AUC", "right"), ("train s", "right")):
+    for col, just in (("method", "left"), ("PEHE", "right"), ("skill", "right"), ("|ATE err|", "right"),
+                      ("ATE est.", "right"), ("mean |V err|", "right"), ("AUC", "right"), ("train s", "right")):
         t.add_column(col, justify=just)  # type: ignore[arg-type]
     ate_true = None
     for name, m in res["methods"].items():
         ate_true = m.get("ate_true", ate_true)
-        t.add_row(name, _fmt(m.get("pehe")), _fmt(m.get("ate_error")), _fmt(m.get("ate_hat"), "+.4f"),
+        sk = m.get("effect_skill") or {}
+        skill = _fmt(sk.get("skill"), "+.3f") + ("" if not sk.get("flags") else " (" + "; ".join(sk["flags"]) + ")")
+        t.add_row(name, _fmt(m.get("pehe")), skill, _fmt(m.get("ate_error")), _fmt(m.get("ate_hat"), "+.4f"),
                   _fmt(m.get("value_error_mean")), _fmt(m.get("factual_auc"), ".3f"), f"{m['train_seconds']:.0f}")
-    t.add_row("oracle", "", "", _fmt(ate_true, "+.4f"), "", "", "")
+    sk0 = next((m.get("effect_skill") for m in res["methods"].values() if m.get("effect_skill")), None) or {}
+    t.add_row("oracle", "", "", "", _fmt(ate_true, "+.4f"), "", "", "")
+    t.caption = (f"{t.caption} Beside PEHE: PEHE₀ (no effect for anyone) {_fmt(sk0.get('pehe_zero'))}, constant-effect "
+                 f"floor sd τ {_fmt(sk0.get('sd_tau'))}; skill = 1 − PEHE²/sd²τ (> 0: better than the true ATE for all).")
     names = sorted({p for m in res["methods"].values() for p in (m.get("policies") or {})})
     v = Table(title="Policy values from t = 0 (estimate / |error|)")
     v.add_column("method")

@@ -33,6 +33,8 @@ __all__ = [
     "factual_auc",
     "mmd",
     "EffectStats",
+    "NO_EFFECT_LEARNED",
+    "NO_PER_ENTITY_SKILL",
     "AUCStats",
     "Summary",
     "summarise",
@@ -116,39 +118,62 @@ def rmse(y_hat: object, y: object, mask: object | None = None) -> float:
     return float(np.sqrt(np.mean((yh - yy) ** 2)))
 
 
+#: the skill flags, printed instead of a rank where they hold (``EffectStats.skill_figures``)
+NO_PER_ENTITY_SKILL = "no per-entity skill"
+NO_EFFECT_LEARNED = "no effect learned"
+
+
 @dataclass(frozen=True)
 class EffectStats:
-    """Additive sufficient statistics of PEHE and ATE error for one site (or any union of sites).
+    """Additive sufficient statistics of PEHE, ATE error and the skill figures for one site (or any union of sites).
 
-    ``n`` = |S|, ``sse`` = Σ (τ̂ − τ)², ``sum_hat`` = Σ τ̂, ``sum_true`` = Σ τ. Merging adds them, so a server that
-    receives one ``EffectStats`` per site computes the *exact* pooled PEHE and ATE error of the union without
-    seeing any individual effect: PEHE = √(sse / n), ATE error = |sum_hat − sum_true| / n.
+    ``n`` = |S|, ``sse`` = Σ (τ̂ − τ)², ``sum_hat`` = Σ τ̂, ``sum_true`` = Σ τ, ``sum_true_sq`` = Σ τ²,
+    ``sum_hat_sq`` = Σ τ̂², ``sum_cross`` = Σ τ̂τ. Merging adds them, so a server that receives one ``EffectStats``
+    per site (through secure aggregation: only the consortium's totals) computes the *exact* pooled figures of the
+    union without seeing any individual effect: PEHE = √(sse / n), ATE error = |sum_hat − sum_true| / n.
+
+    PEHE alone does not show skill: on a world whose effects vary little, predicting the true average effect for
+    everyone already reaches PEHE = sd τ (the **constant-effect floor**), and predicting no effect at all reaches
+    PEHE₀ = √(Σ τ² / n) (the **zero-effect PEHE**). So beside PEHE come (:meth:`skill_figures`): PEHE₀, sd τ,
+    corr(τ̂, τ), the ATE ratio mean τ̂ / mean τ, and the skill score 1 − PEHE² / sd²τ against the constant true
+    ATE (the R² of the individual effects, as in the CATE literature, e.g. Curth & van der Schaar 2021): > 0 only
+    where the model orders entities better than the best constant. The last three sums are NaN for statistics made
+    before they existed; the figures that need them are then NaN.
     """
 
     n: int
     sse: float
     sum_hat: float
     sum_true: float
+    sum_true_sq: float = math.nan
+    sum_hat_sq: float = math.nan
+    sum_cross: float = math.nan
+
+    #: the sums, in order (the keys ``effect.<sum>`` of a site's evaluation reply)
+    SUMS = ("n", "sse", "sum_hat", "sum_true", "sum_true_sq", "sum_hat_sq", "sum_cross")
 
     @classmethod
     def from_arrays(cls, tau_hat: object, tau: object, mask: object | None = None) -> "EffectStats":
         """The statistics of one site's effects (arguments as :func:`pehe`)."""
         th, t = _paired("tau_hat", tau_hat, "tau", tau, mask)
-        return cls(n=int(th.size), sse=float(np.sum((th - t) ** 2)), sum_hat=float(th.sum()), sum_true=float(t.sum()))
+        return cls(n=int(th.size), sse=float(np.sum((th - t) ** 2)), sum_hat=float(th.sum()), sum_true=float(t.sum()),
+                   sum_true_sq=float(np.sum(t * t)), sum_hat_sq=float(np.sum(th * th)), sum_cross=float(np.sum(th * t)))
+
+    @classmethod
+    def from_sums(cls, sums: Mapping[str, float], prefix: str = "effect.") -> "EffectStats":
+        """The statistics from a dict of sums keyed ``<prefix><sum>`` (a site's reply, or the consortium's totals);
+        a sum a reply lacks is NaN."""
+        vals = {k: float(sums.get(prefix + k, math.nan)) for k in cls.SUMS}
+        return cls(**{**vals, "n": int(round(vals["n"]))})
 
     @classmethod
     def empty(cls) -> "EffectStats":
         """No effects (the identity of :meth:`merge`)."""
-        return cls(n=0, sse=0.0, sum_hat=0.0, sum_true=0.0)
+        return cls(n=0, sse=0.0, sum_hat=0.0, sum_true=0.0, sum_true_sq=0.0, sum_hat_sq=0.0, sum_cross=0.0)
 
     def merge(self, other: "EffectStats") -> "EffectStats":
         """The statistics of the union of both sets of effects."""
-        return EffectStats(
-            n=self.n + other.n,
-            sse=self.sse + other.sse,
-            sum_hat=self.sum_hat + other.sum_hat,
-            sum_true=self.sum_true + other.sum_true,
-        )
+        return EffectStats(**{k: getattr(self, k) + getattr(other, k) for k in self.SUMS})
 
     __add__ = merge
 
@@ -160,14 +185,17 @@ class EffectStats:
             out = out.merge(p)
         return out
 
+    def _need(self, what: str) -> None:
+        if self.n == 0:
+            raise ValueError(f"EffectStats.{what}: no effects recorded (n = 0)")
+
     def pehe(self) -> float:
         """√(sse / n).
 
         Raises:
             ValueError: if no effect was recorded.
         """
-        if self.n == 0:
-            raise ValueError("EffectStats.pehe: no effects recorded (n = 0)")
+        self._need("pehe")
         return math.sqrt(max(self.sse, 0.0) / self.n)
 
     def ate_error(self) -> float:
@@ -176,13 +204,64 @@ class EffectStats:
         Raises:
             ValueError: if no effect was recorded.
         """
-        if self.n == 0:
-            raise ValueError("EffectStats.ate_error: no effects recorded (n = 0)")
+        self._need("ate_error")
         return abs(self.sum_hat - self.sum_true) / self.n
 
+    def pehe_zero(self) -> float:
+        """PEHE₀ = √(Σ τ² / n): the PEHE of predicting no effect for anyone."""
+        self._need("pehe_zero")
+        return math.sqrt(max(self.sum_true_sq, 0.0) / self.n)
+
+    def sd_true(self) -> float:
+        """sd τ = √(Σ τ² / n − (Σ τ / n)²): the PEHE of predicting the true average effect for everyone."""
+        self._need("sd_true")
+        return math.sqrt(max(self.sum_true_sq / self.n - (self.sum_true / self.n) ** 2, 0.0))
+
+    def sd_hat(self) -> float:
+        """sd τ̂, the spread of the estimated effects (0: the model gives everyone the same effect)."""
+        self._need("sd_hat")
+        return math.sqrt(max(self.sum_hat_sq / self.n - (self.sum_hat / self.n) ** 2, 0.0))
+
+    def corr(self) -> float:
+        """Pearson corr(τ̂, τ); NaN when either side does not vary."""
+        self._need("corr")
+        cov = self.sum_cross / self.n - (self.sum_hat / self.n) * (self.sum_true / self.n)
+        den = self.sd_hat() * self.sd_true()
+        return cov / den if den > 1e-12 else math.nan
+
+    def ate_ratio(self) -> float:
+        """mean τ̂ / mean τ (1: the average effect is right; 0: none learned; < 0: the wrong sign)."""
+        self._need("ate_ratio")
+        return self.sum_hat / self.sum_true if abs(self.sum_true) > 1e-12 else math.nan
+
+    def skill(self) -> float:
+        """1 − PEHE² / sd²τ: the skill against the constant true ATE (> 0: better than the best constant)."""
+        self._need("skill")
+        var = self.sd_true() ** 2
+        return 1.0 - (self.sse / self.n) / var if var > 1e-12 else math.nan
+
+    def flags(self) -> list[str]:
+        """What the figures say instead of a rank: :data:`NO_EFFECT_LEARNED` where PEHE is no better than PEHE₀
+        (saying "no effect" would do as well), :data:`NO_PER_ENTITY_SKILL` where the skill score is ≤ 0 (the model
+        does not order entities better than the constant true ATE)."""
+        out = []
+        pehe, pehe0, skill = self.pehe(), self.pehe_zero(), self.skill()
+        if math.isfinite(pehe0) and pehe >= pehe0:
+            out.append(NO_EFFECT_LEARNED)
+        if not (skill > 0.0):
+            out.append(NO_PER_ENTITY_SKILL)
+        return out
+
+    def skill_figures(self) -> dict[str, object]:
+        """PEHE with what it means beside it: ``pehe``, ``pehe_zero``, ``sd_tau``, ``sd_tau_hat``, ``corr``,
+        ``ate_ratio``, ``skill``, ``flags`` (NaN where a sum is missing)."""
+        return {"pehe": self.pehe(), "pehe_zero": self.pehe_zero(), "sd_tau": self.sd_true(),
+                "sd_tau_hat": self.sd_hat(), "corr": self.corr(), "ate_ratio": self.ate_ratio(),
+                "skill": self.skill(), "flags": self.flags()}
+
     def to_dict(self) -> dict[str, float]:
-        """The four sums by name."""
-        return {"n": self.n, "sse": self.sse, "sum_hat": self.sum_hat, "sum_true": self.sum_true}
+        """The sums by name."""
+        return {k: getattr(self, k) for k in self.SUMS}
 
 
 # -- factual AUC -----------------------------------------------------------------------------------------------

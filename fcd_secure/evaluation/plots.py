@@ -93,6 +93,7 @@ def plot_metric_vs_round(
     *,
     chance: Chance = "auto",
     headline: Headline | None = None,
+    references: Mapping[str, float] | None = None,
 ) -> Path:
     """Line plot of a metric against the federated round (paper Fig. 3), integer round ticks, honest y-axis.
 
@@ -104,6 +105,8 @@ def plot_metric_vs_round(
         title: figure title.
         chance: the chance line (module docstring of :data:`Chance`).
         headline: ``(label, round, value)`` marked with a star and its value (the final evaluation).
+        references: ``{label: value}`` drawn as labelled dashed horizontal lines (for PEHE: the zero-effect PEHE₀
+            and the constant-effect floor sd τ, without which a PEHE curve shows no skill); NaN ones are skipped.
 
     Returns:
         The written path.
@@ -119,7 +122,8 @@ def plot_metric_vs_round(
         if len(ys) != len(rounds):
             raise ValueError(f"plot_metric_vs_round: series {label!r} has {len(ys)} values for {len(rounds)} rounds")
     out = _check_png(path)
-    return _save(metric_vs_round_figure(rounds, series, ylabel, title, chance=chance, headline=headline), out)
+    return _save(metric_vs_round_figure(rounds, series, ylabel, title, chance=chance, headline=headline,
+                                        references=references), out)
 
 
 def metric_vs_round_figure(
@@ -130,6 +134,7 @@ def metric_vs_round_figure(
     *,
     chance: Chance = "auto",
     headline: Headline | None = None,
+    references: Mapping[str, float] | None = None,
 ) -> "plt.Figure":
     """The figure of :func:`plot_metric_vs_round`, unsaved (for callers that add to it, and for tests)."""
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
@@ -138,6 +143,11 @@ def metric_vs_round_figure(
         if len(ys):
             ax.plot(list(rounds), [float(v) for v in ys], marker="o", markersize=3, linewidth=1.5, label=label)
             values += [float(v) for v in ys]
+    styles = iter([(0, (5, 3)), (0, (1, 2)), (0, (3, 1, 1, 1))])
+    for label, v in (references or {}).items():
+        if v is not None and math.isfinite(float(v)):
+            ax.axhline(float(v), color="0.35", linewidth=1.0, linestyle=next(styles, "--"), label=label)
+            values.append(float(v))
     if headline is not None:
         values.append(float(headline[2]))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))

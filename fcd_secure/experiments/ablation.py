@@ -33,7 +33,7 @@ from fcd_secure.config import RunConfig
 from fcd_secure.evaluation.plots import plot_utility_vs_uplink
 from fcd_secure.experiments.centralised import matched_epochs, run_centralised
 from fcd_secure.experiments.evaluate import evaluate_on_sites
-from fcd_secure.experiments.tables import mean_sd_table
+from fcd_secure.experiments.tables import mean_sd_table, skill_flags
 from fcd_secure.federation import learner
 from fcd_secure.engines.simulation import run_simulated
 from fcd_secure.model.baselines import FedCausalDiffSimulator
@@ -49,7 +49,8 @@ LABELS = {
     "centralised": "centralised (pooled)",
 }
 #: Table III columns: output name → per-seed column.
-TABLE_METRICS = {"pehe": "pehe", "ate": "ate_error", "value": "value_error", "auc": "factual_auc", "uplink_mb": "uplink_mb"}
+TABLE_METRICS = {"pehe": "pehe", "pehe0": "pehe0", "sd_tau": "sd_tau", "skill": "skill", "ate": "ate_error",
+                 "value": "value_error", "auc": "factual_auc", "uplink_mb": "uplink_mb"}
 
 
 def run_local_only(cfg: RunConfig) -> dict[str, Any]:
@@ -148,6 +149,10 @@ def run_ablation(
                     "variant": variant,
                     "seed": seed,
                     "pehe": fe.get("pehe"),
+                    # beside PEHE: the zero-effect PEHE₀, the constant-effect floor sd τ and the skill score
+                    "pehe0": (fe.get("effect_skill") or {}).get("pehe_zero"),
+                    "sd_tau": (fe.get("effect_skill") or {}).get("sd_tau"),
+                    "skill": (fe.get("effect_skill") or {}).get("skill"),
                     "ate_error": fe.get("ate_error"),
                     "value_error": fe.get("value_error_mean"),
                     "factual_auc": fe.get("factual_auc"),
@@ -159,7 +164,7 @@ def run_ablation(
     summary = mean_sd_table(rows, by="variant", metrics=TABLE_METRICS)
     table_rows = [
         {**{k: v for k, v in r.items() if k != "variant"}, "variant": LABELS[r["variant"]], "key": r["variant"],
-         "uplink_mb_fmt": f"{r['uplink_mb_mean']:.2f}"}
+         "uplink_mb_fmt": f"{r['uplink_mb_mean']:.2f}", "flags": skill_flags(r)}
         for r in summary
     ]
     per_seed = [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()} for r in rows]

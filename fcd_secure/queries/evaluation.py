@@ -88,7 +88,7 @@ def site_metrics(
         tau = np.asarray(oracle.true_effects(data.site_index, "test", rows), dtype=np.float64)
         tau_hat = estimate_effects(model, sub, data.anchors, oracle.anchor_step, oracle.horizon, n_samples, seed)
         es = EffectStats.from_arrays(tau_hat, tau)
-        out.update({"effect.n": float(es.n), "effect.sse": es.sse, "effect.sum_hat": es.sum_hat, "effect.sum_true": es.sum_true})
+        out.update({f"effect.{k}": float(v) for k, v in es.to_dict().items()})
 
     p_fact = factual_probs(model, sub)
     if cfg.model.outcome == "binary":
@@ -149,8 +149,9 @@ def merge_totals(
     n_parts = int(s["_sites"])
     res: dict[str, Any] = {"sites_evaluated": n_parts, "n_test": s.get("n_test")}
     if s.get("effect.n"):
-        es = EffectStats(int(s["effect.n"]), s["effect.sse"], s["effect.sum_hat"], s["effect.sum_true"])
+        es = EffectStats.from_sums(s)
         res["pehe"] = es.pehe()
+        res["effect_skill"] = es.skill_figures()
         res["ate_error"] = es.ate_error()
         res["ate_hat"] = es.sum_hat / es.n
         res["ate_true"] = es.sum_true / es.n

@@ -34,7 +34,7 @@ from fcd_secure.evaluation.metrics import summarise
 from fcd_secure.evaluation.plots import plot_metric_vs_round, plot_policy_values, plot_utility_vs_uplink
 from fcd_secure.experiments.reproduction.cells import ABLATIONS
 from fcd_secure.experiments.reproduction.paper import PAPER_METHOD, TABLE_III, TABLE_IV
-from fcd_secure.experiments.tables import mean_sd_table
+from fcd_secure.experiments.tables import mean_sd_table, skill_flags
 
 __all__ = ["DATASET_LABELS", "POLICIES", "TABLE3_ORDER", "build_outputs", "paper_fmt"]
 
@@ -85,19 +85,26 @@ def _dr_key(ope_horizon: int | None) -> str:
 
 
 # -- Table III ---------------------------------------------------------------------------------------------------------
+#: the skill figures beside PEHE in Table III (column -> key of ``EffectStats.skill_figures``)
+SKILL_COLUMNS = {"pehe0": "pehe_zero", "sd_tau": "sd_tau", "corr": "corr", "ate_ratio": "ate_ratio", "skill": "skill"}
+
+
 def table3(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     per_seed = [
         {"method": c["cell"]["method"], "seed": c["cell"]["seed"], "pehe": c["final"].get("pehe"),
          "ate": c["final"].get("ate_error"), "value": c["final"].get("value_error_mean"),
-         "auc": c["final"].get("factual_auc"), "uplink_mb": c["uplink_mb"]}
+         "auc": c["final"].get("factual_auc"), "uplink_mb": c["uplink_mb"],
+         **{k: (c["final"].get("effect_skill") or {}).get(src) for k, src in SKILL_COLUMNS.items()}}
         for c in cells if c["cell"]["dataset"] == "dkt-synth"
     ]
-    summary = {r["method"]: r for r in mean_sd_table(per_seed, by="method", metrics=["pehe", "ate", "value", "auc", "uplink_mb"])}
+    summary = {r["method"]: r for r in mean_sd_table(
+        per_seed, by="method", metrics=["pehe", "ate", "value", "auc", "uplink_mb", *SKILL_COLUMNS])}
     rows = []
     for m in [m for m in TABLE3_ORDER if m in summary] + [m for m in summary if m not in TABLE3_ORDER]:
         r = summary[m]
         paper = TABLE_III.get(m, {})
         rows.append({"method": m, "label": _label(m), **{k: v for k, v in r.items() if k != "method"},
+                     "flags": skill_flags(r),
                      **{f"paper_{k}": paper_fmt(paper.get(k)) for k in ("pehe", "ate", "value")},
                      **{f"paper_{k}_mean": (paper[k][0] if k in paper else None) for k in ("pehe", "ate", "value")}})
     return rows
@@ -168,8 +175,10 @@ def _per_round(cells: Sequence[dict[str, Any]], metric: str) -> list[dict[str, A
 
 
 def _figures(out: Path, t2: list[dict[str, Any]], f3: list[dict[str, Any]], f4: list[dict[str, Any]],
-             datasets: Sequence[str], methods: Sequence[str], preset: str) -> list[str]:
-    """Figs. 2 and 4 over ``methods``; Fig. 3 also draws Table III's ablations."""
+             datasets: Sequence[str], methods: Sequence[str], preset: str,
+             references: dict[str, float] | None = None) -> list[str]:
+    """Figs. 2 and 4 over ``methods``; Fig. 3 also draws Table III's ablations and ``references`` (the zero-effect
+    PEHE₀ and the constant-effect floor sd τ of the test cohorts)."""
     written: list[str] = []
     for key, stem, ylabel in (("dr", "fig2_dr", "step-wise DR estimate"), ("simulated", "fig2_simulated",
                                                                           "simulated policy value")):
@@ -189,7 +198,7 @@ def _figures(out: Path, t2: list[dict[str, Any]], f3: list[dict[str, Any]], f4: 
               for m in list(methods) + list(ABLATIONS) if any(r["method"] == m for r in dkt)}
     if rounds and series:
         plot_metric_vs_round(rounds, series, out / "fig3_pehe_vs_rounds.png", ylabel="PEHE (DKT-Synth oracle)",
-                             title=f"paper Fig. 3 ({preset}): PEHE against rounds")
+                             title=f"paper Fig. 3 ({preset}): PEHE against rounds", references=references)
         written.append("fig3_pehe_vs_rounds.png")
     for ds in datasets:
         pts = []
@@ -242,6 +251,9 @@ def build_outputs(
     _write(out, "fig4", f4)
     atomic_write_text(out / "params.csv", pd.DataFrame(params).to_csv(index=False))
     atomic_write_text(out / "selection.csv", pd.DataFrame(sel).to_csv(index=False))
-    figures = _figures(out, f2, f3, f4, datasets, [m for m in methods if m not in ABLATIONS], preset)
+    # the world's PEHE₀ and sd τ are the same for every method of a seed: any row of Table III carries them
+    ref_row = next((r for r in t3 if r.get("pehe0_n")), {})
+    refs = {"zero-effect PEHE₀": ref_row.get("pehe0_mean"), "constant-effect floor sd τ": ref_row.get("sd_tau_mean")}
+    figures = _figures(out, f2, f3, f4, datasets, [m for m in methods if m not in ABLATIONS], preset, refs)
     return {"table3": t3, "table4": t4, "fig2": f2, "fig3": f3, "fig4": f4, "params": params, "selection": sel,
             "figures": figures}

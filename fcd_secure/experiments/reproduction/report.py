@@ -98,13 +98,28 @@ def _table3(t3: Sequence[dict[str, Any]]) -> list[str]:
         for k in ("pehe", "ate", "value"):
             cells += [r[f"{k}_fmt"], r[f"paper_{k}"], verdict(r[f"{k}_mean"], r[f"{k}_sd"], paper.get(k))]
         lines.append(f"| {r['label']} | " + " | ".join(cells) + f" | {r['auc_fmt']} | {_f(r['uplink_mb_mean'], 2)} |")
+    # PEHE means nothing without the zero-effect PEHE₀ and the constant-effect floor sd τ beside it
+    lines += ["", "What the PEHE column means (the same cells): PEHE₀ predicts no effect for anyone, sd τ is the PEHE of "
+              "predicting the true average effect for everyone (the constant-effect floor), skill = 1 − PEHE²/sd²τ.", "",
+              "| method | PEHE | PEHE₀ | sd τ | corr(τ̂, τ) | ATE ratio | skill | flags |", "|" + "---|" * 8]
+    for r in t3:
+        lines.append(f"| {r['label']} | {r['pehe_fmt']} | {r.get('pehe0_fmt', 'n/a')} | {r.get('sd_tau_fmt', 'n/a')} | "
+                     f"{r.get('corr_fmt', 'n/a')} | {r.get('ate_ratio_fmt', 'n/a')} | {r.get('skill_fmt', 'n/a')} | "
+                     f"{'; '.join(r.get('flags') or []) or '—'} |")
     among = [r["method"] for r in t3 if r["method"] not in ABLATIONS]
+    skilled = [r["method"] for r in t3 if r["method"] in among and "no per-entity skill" not in (r.get("flags") or [])]
     lines.append("")
     for k, name in (("pehe", "PEHE"), ("ate", "|ATE error|"), ("value", "|value error|")):
-        ours = _best([r for r in t3 if r["method"] in among], f"{k}_mean", lower=True)
         paper = _paper_best(TABLE_III, k, lower=True, among=among)
-        lines.append(f"- Lowest {name} among the compared methods: ours **{_name(ours)}**, paper **{_name(paper)}** "
-                     f"({'same' if ours == paper else 'different'}).")
+        if k == "pehe" and not skilled:
+            # a method that learns nothing must not "win": with no per-entity skill PEHE ranks only the mean error
+            lines.append(f"- Lowest {name}: not ranked — no compared method has per-entity skill (skill ≤ 0 for "
+                         f"all), so PEHE ranks only the mean error; paper **{_name(paper)}**.")
+            continue
+        pool = skilled if k == "pehe" else among
+        ours = _best([r for r in t3 if r["method"] in pool], f"{k}_mean", lower=True)
+        lines.append(f"- Lowest {name} among the compared methods{' with skill > 0' if k == 'pehe' else ''}: ours "
+                     f"**{_name(ours)}**, paper **{_name(paper)}** ({'same' if ours == paper else 'different'}).")
     dss = {r["method"]: r for r in t3}
     if "fed_causaldiff" in dss:
         for abl in ABLATIONS:
