@@ -9,12 +9,16 @@ Bottom of the package (no project imports). Three promises the rest of the code 
   cycles of ledgers shared by several processes (Flower runs a site's ClientApp in a Ray actor or a fresh
   process per message);
 * :func:`load_or_create_secret`: key material is created from the OS CSPRNG with ``O_EXCL`` and mode 0600, and a
-  file of the wrong size is an error, never silently replaced.
+  file of the wrong size is an error, never silently replaced;
+* :func:`jsonable`: the one sanitiser of everything the project writes as JSON (``summary.json``, what-if answers,
+  the reproduction's tables, the CLI's ``--json`` envelope): NaN and ±inf become ``null``, never a non-standard
+  ``NaN`` token.
 """
 
 from __future__ import annotations
 
 import io
+import math
 import os
 import secrets
 import tempfile
@@ -30,6 +34,7 @@ __all__ = [
     "atomic_write_text",
     "file_lock",
     "fsync_dir",
+    "jsonable",
     "load_or_create_secret",
     "npz_bytes",
     "read_npz",
@@ -131,3 +136,28 @@ def read_npz(path: str | os.PathLike[str]) -> dict:
 
     with np.load(Path(path), allow_pickle=False) as z:
         return {k: z[k] for k in z.files}
+
+
+def jsonable(x):
+    """``x`` with everything JSON cannot hold replaced: dict keys as strings; lists, tuples and numpy arrays as lists;
+    a non-finite float (Python or numpy) as ``None`` (JSON has no NaN; ``null`` reads as "not available"); a numpy
+    scalar as its Python value; a path as its string. Anything else is returned as it is (``json.dumps`` then
+    decides). numpy is imported only if ``x`` holds numpy values (this module stays at the bottom, numpy-free)."""
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, float):
+        return float(x) if math.isfinite(x) else None
+    if isinstance(x, (str, int, bool)) or x is None:
+        return x
+    if isinstance(x, os.PathLike):
+        return os.fspath(x)
+    if type(x).__module__ == "numpy":
+        import numpy as np  # noqa: PLC0415
+
+        if isinstance(x, np.ndarray):
+            return jsonable(x.tolist())
+        if isinstance(x, np.generic):
+            return jsonable(x.item())
+    return x

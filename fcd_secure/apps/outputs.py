@@ -25,56 +25,20 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
-import platform
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
-from fcd_secure._io import atomic_write_bytes, atomic_write_text, npz_bytes
+from fcd_secure._io import atomic_write_bytes, atomic_write_text, jsonable, npz_bytes
+from fcd_secure._versions import installed_versions
 from fcd_secure.config import RunConfig
 from fcd_secure.manifest import FULL, THETA_C, THETA_S
 
 
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, (np.floating, float)):
-        v = float(x)
-        return v if math.isfinite(v) else None  # JSON has no NaN; None reads as "not available"
-    if isinstance(x, (np.integer,)):
-        return int(x)
-    if isinstance(x, np.ndarray):
-        return _jsonable(x.tolist())
-    return x
-
-
 def versions() -> dict[str, str]:
-    import flwr  # noqa: PLC0415
-    import torch  # noqa: PLC0415
-
-    import fcd_secure  # noqa: PLC0415
-
-    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
-
-    def v(name: str) -> str:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return "unknown"
-
-    return {
-        "fcd_secure": v("fcd_secure"),
-        "flwr": getattr(flwr, "__version__", v("flwr")),
-        "torch": torch.__version__,
-        "numpy": np.__version__,
-        "opacus": v("opacus"),
-        "python": platform.python_version(),
-    }
+    """The versions ``summary.json`` records (``fcd_secure._versions``: package metadata, one lookup)."""
+    return installed_versions(("fcd_secure", "flwr", "torch", "numpy", "opacus"), python=True)
 
 
 #: The columns of ``rounds.csv``, in order (a value a round did not compute is empty).
@@ -86,7 +50,7 @@ ROUND_COLUMNS = (
 
 
 def _csv_value(v: Any) -> Any:
-    v = _jsonable(v)
+    v = jsonable(v)
     return "" if v is None else v
 
 
@@ -229,7 +193,7 @@ def build_summary(cfg: RunConfig, result, engine: str) -> dict[str, Any]:
         "standardization": result.extra.get("standardization"),  # consortium-wide, from round 0 (secure_stats)
         "versions": versions(),
     }
-    return _jsonable(summary)
+    return jsonable(summary)
 
 
 def write_run_folder(out: str | Path, cfg: RunConfig, result, engine: str = "flower") -> Path:
@@ -254,7 +218,7 @@ def write_run_folder(out: str | Path, cfg: RunConfig, result, engine: str = "flo
     atomic_write_bytes(out / "theta_c.npz", npz_bytes(result.theta))
     atomic_write_text(out / "manifest.json", result.manifest.to_json())
     atomic_write_text(out / "rounds.csv", rounds_csv_text(result.history))
-    atomic_write_text(out / "rounds.json", json.dumps(_jsonable(result.history), indent=1))
+    atomic_write_text(out / "rounds.json", json.dumps(jsonable(result.history), indent=1))
     atomic_write_text(out / "traffic.csv", pd.DataFrame(result.traffic_rows).to_csv(index=False))
     summary = build_summary(cfg, result, engine)
     _plots(out, result.history, summary)

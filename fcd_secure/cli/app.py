@@ -13,7 +13,6 @@ Only ``typer`` (with ``click`` and ``rich``) is imported here: ``fcd --help`` lo
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 from collections.abc import Sequence
@@ -25,6 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
+from fcd_secure._io import jsonable
 from fcd_secure.cli.envelope import EXIT_INTERRUPTED, CliError, Envelope
 
 #: Set to "1" to let a bug's traceback print instead of the one-line ``INTERNAL`` error.
@@ -54,30 +54,9 @@ def say_identifier(console: Console, label: str, value: str, *, indent: int = 2)
     console.print(" " * indent + (f"{label} " if label else "") + escape(value), soft_wrap=True)
 
 
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if hasattr(x, "tolist"):
-        return x.tolist()
-    if hasattr(x, "__fspath__"):
-        return os.fspath(x)
-    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
-
-
-def _clean(x: Any) -> Any:
-    """NaN and ±inf are not JSON: they become null (read as "not available")."""
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
-
-
 def emit(envelope: Envelope) -> None:
     """Print one JSON envelope on stdout."""
-    text = json.dumps(_clean(envelope.to_dict()), ensure_ascii=False, default=_jsonable)
+    text = json.dumps(jsonable(envelope.to_dict()), ensure_ascii=False)
     click.echo(text)
 
 

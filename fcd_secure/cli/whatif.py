@@ -128,7 +128,8 @@ def register(app: typer.Typer) -> None:
         from fcd_secure.config import ConfigError  # noqa: PLC0415
         from fcd_secure.data.policy import load_policy_refs  # noqa: PLC0415
         from fcd_secure.data.spec import DataError  # noqa: PLC0415
-        from fcd_secure.queries.whatif import WhatIfRequest, check_policies, jsonable  # noqa: PLC0415
+        from fcd_secure._io import jsonable  # noqa: PLC0415
+        from fcd_secure.queries.whatif import WhatIfRequest, check_policies  # noqa: PLC0415
         from fcd_secure.engines.whatif_run import WhatIfError, open_run, run_whatif  # noqa: PLC0415
 
         console = stderr()

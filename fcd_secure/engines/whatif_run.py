@@ -29,7 +29,8 @@ from fcd_secure.queries.secure_evaluation import secure_evaluation_for
 from fcd_secure.apps.server_app import FederationError, hello, server_audit, wait_for_nodes
 from fcd_secure.engines.simulation import run_simulated
 from fcd_secure.apps.site import default_site_id
-from fcd_secure.queries.whatif import WHATIF_DIR, WhatIfRequest, jsonable
+from fcd_secure._io import jsonable
+from fcd_secure.queries.whatif import WHATIF_DIR, WhatIfRequest
 from fcd_secure.manifest import FULL, THETA_C
 
 __all__ = ["WhatIfError", "ask_sites", "make_whatif_server_app", "open_run", "run_whatif"]

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import io
 import json
-import platform
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from fcd_secure._io import atomic_write_bytes, atomic_write_text
+from fcd_secure._versions import installed_versions
 from fcd_secure.privacy.anchor import ANCHOR_FILE, AnchorEntry, AnchorStore, rollback_reason
 from fcd_secure.privacy.ledger import Ledger, LedgerError, LedgerState
 from fcd_secure.privacy.planner import epsilon, epsilon_curve
@@ -53,13 +52,7 @@ NOT_COVERED_ALWAYS = [
 
 
 def _versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for pkg in ("opacus", "torch", "flwr", "fcd_secure"):
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            out[pkg] = "not installed"
-    return out
+    return installed_versions(("opacus", "torch", "flwr", "fcd_secure"), python=True)
 
 
 def find_ledgers(path: str | Path) -> list[Path]:

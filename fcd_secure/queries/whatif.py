@@ -549,17 +549,3 @@ def check_policies(cfg: "RunConfig", policies: list[Policy]) -> None:
     site = learner.load_site_data(cfg, 0).test
     for p in policies:
         bind_policy(p, site)
-
-
-def jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [jsonable(v) for v in x]
-    if isinstance(x, (float, np.floating)):
-        return float(x) if math.isfinite(float(x)) else None
-    if isinstance(x, np.integer):
-        return int(x)
-    if isinstance(x, np.ndarray):
-        return jsonable(x.tolist())
-    return x

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fcd_secure._io import atomic_write_text
+from fcd_secure._io import atomic_write_text, jsonable
 from fcd_secure.evaluation.metrics import summarise
 from fcd_secure.evaluation.plots import plot_metric_vs_round, plot_policy_values, plot_utility_vs_uplink
 from fcd_secure.experiments.reproduction.cells import ABLATIONS
@@ -59,21 +59,9 @@ def _num(v: Any) -> float:
     return math.nan if v is None else float(v)
 
 
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, dict):
-        return {k: _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, (float, np.floating)):
-        return float(v) if math.isfinite(float(v)) else None
-    if isinstance(v, np.integer):
-        return int(v)
-    return v
-
-
 def _write(out: Path, stem: str, rows: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> None:
     atomic_write_text(out / f"{stem}.csv", pd.DataFrame(rows).to_csv(index=False))
-    atomic_write_text(out / f"{stem}.json", json.dumps(_jsonable({**(extra or {}), "rows": rows}), indent=1))
+    atomic_write_text(out / f"{stem}.json", json.dumps(jsonable({**(extra or {}), "rows": rows}), indent=1))
 
 
 def _label(method: str) -> str:
