@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from filelock import FileLock
+from fcd_secure.errors import FcdError
 
 __all__ = [
     "SecretFileError",
@@ -41,7 +42,7 @@ __all__ = [
 ]
 
 
-class SecretFileError(RuntimeError):
+class SecretFileError(FcdError, RuntimeError):
     """A key or secret file exists but cannot be used (wrong size, unreadable)."""
 
 

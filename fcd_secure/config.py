@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from fcd_secure.aggregation.secagg.config import SecAggPolicy
 from fcd_secure.model.config import ModelConfig
 from fcd_secure.privacy.config import DPConfig
+from fcd_secure.errors import FcdError
 
 Preset = Literal["tiny", "default", "paper"]
 #: Data size presets: the run presets and "small" (real data: a 2,000-trajectory subsample; DKT-Synth: 1,500
@@ -44,7 +45,7 @@ GENERATED_WORLDS = ("dkt-synth", "tumour")
 WORLD_KEYS = ("gamma", "effect_horizon", "site_spread")
 
 
-class ConfigError(ValueError):
+class ConfigError(FcdError, ValueError):
     """A configuration file or value that cannot be used; the message names the file and field."""
 
 

@@ -30,6 +30,7 @@ from typing import Literal, get_args
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from fcd_secure.errors import FcdError
 
 #: A manifest part: one side of the partition, or every parameter but the site-bound ones.
 Part = Literal["theta_c", "theta_s", "full"]
@@ -43,7 +44,7 @@ SIDES: tuple[str, ...] = get_args(Side)
 MANIFEST_VERSION = 1
 
 
-class ManifestError(ValueError):
+class ManifestError(FcdError, ValueError):
     """Parameters offered to or requested from a model, or a manifest read from disk, do not match the contract."""
 
 

@@ -314,10 +314,10 @@ def test_bytes_beyond_the_layout_are_a_violation(tmp_path):
 
 
 def test_ledger_refuses_a_second_key(tmp_path):
-    from fcd_secure.audit.ledger import LedgerError
+    from fcd_secure.audit.ledger import AuditLedgerError
 
     SiteLedger.open(tmp_path, raw_key(), "s")
-    with pytest.raises(LedgerError):
+    with pytest.raises(AuditLedgerError):
         SiteLedger.open(tmp_path, raw_key(), "s")
 
 
@@ -491,9 +491,9 @@ def test_a_signed_line_that_is_not_a_ledger_entry_is_tampered(run):
     assert finding.ledger == "site-00/audit/site_ledger.jsonl" and finding.seq == entry["seq"]
     assert "not a well-formed 'upload' entry" in finding.message and "payload_bytes" in finding.message
     # the writer refuses to append to a ledger it cannot read as entries (fail closed)
-    from fcd_secure.audit.ledger import LedgerError
+    from fcd_secure.audit.ledger import AuditLedgerError
 
-    with pytest.raises(LedgerError, match=f"line {idx + 1} is not a ledger line"):
+    with pytest.raises(AuditLedgerError, match=f"line {idx + 1} is not a ledger line"):
         SiteLedger(path, key, writer_id="site-00").entries()
 
 
@@ -669,11 +669,13 @@ def test_a_restored_older_privacy_ledger_shows_in_the_audit_chain(tmp_path):
     assert any("went back from 2 to 1" in f.message for f in res.findings if f.severity == "violation")
 
 
-def test_the_privacy_heads_the_gate_records_are_the_privacy_layers_anchors_field_for_field():
-    """The audit layer reads the privacy layer's anchors by field (it does not import that layer): the two models
-    must agree, or a head would be refused by the gate or misread by verify."""
-    from fcd_secure.audit.entries import LedgerHeadRecord, PrivacyAnchorRecord, ResetRecord
+def test_the_privacy_heads_the_gate_records_are_the_privacy_layers_anchors():
+    """The audit layer records the privacy layer's anchors: one type (``fcd_secure.anchor_records``), so a head can
+    neither be refused by the gate nor misread by verify for a field the two layers spelled differently."""
+    from fcd_secure import anchor_records
+    from fcd_secure.audit import entries
     from fcd_secure.privacy import anchor
 
-    for ours, theirs in ((PrivacyAnchorRecord, anchor.PrivacyAnchor), (ResetRecord, anchor.ResetRecord), (LedgerHeadRecord, anchor.LedgerHead)):
-        assert set(ours.model_fields) == set(theirs.model_fields), ours.__name__
+    assert entries.PrivacyAnchor is anchor.PrivacyAnchor is anchor_records.PrivacyAnchor
+    assert anchor.ResetRecord is anchor_records.ResetRecord
+    assert anchor.LedgerHead is anchor_records.LedgerHead

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fcd_secure.privacy.config import DPConfig
 from fcd_secure.privacy.engine import DPSite
-from fcd_secure.privacy.ledger import BudgetExceeded, Ledger, LedgerError, dataset_fingerprint, ledger_path
+from fcd_secure.privacy.ledger import BudgetExceeded, Ledger, PrivacyLedgerError, dataset_fingerprint, ledger_path
 from fcd_secure.privacy.planner import epsilon, plan_noise_multiplier, sample_rate
 from tests.test_privacy_grads import tiny_site
 
@@ -180,9 +180,9 @@ def test_ledger_fails_closed(tmp_path):
     path = site.ledger.path
     site.reserve_round()
     # raising the cap or changing δ of an existing budget is refused
-    with pytest.raises(LedgerError, match="never raised"):
+    with pytest.raises(PrivacyLedgerError, match="never raised"):
         new_site(tmp_path, cfg(epsilon=5.0))
-    with pytest.raises(LedgerError, match="δ"):
+    with pytest.raises(PrivacyLedgerError, match="δ"):
         new_site(tmp_path, cfg(delta=1e-4))
     lowered = new_site(tmp_path, cfg(epsilon=2.0))
     assert Ledger(path).load().epsilon_cap == 2.0
@@ -192,10 +192,10 @@ def test_ledger_fails_closed(tmp_path):
     raw["segments"] = raw["segments"][1:] + raw["segments"][:0]
     raw["segments"].append({**json.loads(path.read_text())["segments"][0], "seq": 2})
     path.write_text(json.dumps(raw))
-    with pytest.raises(LedgerError, match="not 1..n"):
+    with pytest.raises(PrivacyLedgerError, match="not 1..n"):
         new_site(tmp_path)
     path.write_text("{not json")
-    with pytest.raises(LedgerError, match="unreadable"):
+    with pytest.raises(PrivacyLedgerError, match="unreadable"):
         new_site(tmp_path)
 
 

@@ -22,6 +22,7 @@ import functools
 import hashlib
 import inspect
 import sys
+from fcd_secure.errors import FcdError
 
 #: the Flower release the whole package is written for (``pyproject.toml``: ``flwr[simulation]==`` this)
 FLWR_VERSION = "1.42.0"
@@ -55,7 +56,7 @@ SOURCES: dict[str, tuple[str, str]] = {
 }
 
 
-class FlowerVersionError(RuntimeError):
+class FlowerVersionError(FcdError, RuntimeError):
     """The installed Flower is not the one a ``fcd_secure._flower`` module was written for."""
 
 

@@ -17,6 +17,7 @@ import os
 import select
 import stat
 from pathlib import Path
+from fcd_secure.errors import FcdError
 
 #: the environment variable that names the pipe to the SuperNode (its own arguments are Flower's)
 WAKE_ENV = "FCD_EXEC_WAKE"
@@ -26,7 +27,7 @@ WAKE_FILE = "exec.wake"
 FALLBACK_POLL_S = 1.0
 
 
-class WakeError(RuntimeError):
+class WakeError(FcdError, RuntimeError):
     """The wake-up pipe's path holds something that is not a pipe."""
 
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+from fcd_secure.errors import FcdError
 
 Arrays = Mapping[str, np.ndarray]
 
 
-class AggregationError(ValueError):
+class AggregationError(FcdError, ValueError):
     """Updates that cannot be averaged (no update, mismatched names or shapes, bad weights)."""
 
 

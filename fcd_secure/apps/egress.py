@@ -40,6 +40,7 @@ from fcd_secure.apps.site import SiteRuntime
 from fcd_secure.queries.whatif import evaluated_policy_names, whatif_metric_names
 from fcd_secure.privacy.anchor import read_anchors
 from fcd_secure.privacy.ledger import privacy_ledger_hash
+from fcd_secure.errors import FcdError
 
 def federation_policy(
     ope_horizon: int | None = 2, policy_names: tuple[str, ...] | list[str] = DEFAULT_POLICY_NAMES, **fields
@@ -89,7 +90,7 @@ def evaluation_vector_bound(policy: GatePolicy, rt: SiteRuntime) -> int:
 RuntimeGetter = Callable[[Message, Context], SiteRuntime]
 
 
-class NoSiteRuntime(RuntimeError):
+class NoSiteRuntime(FcdError, RuntimeError):
     """The gate was built without a way to find the site: nothing may leave."""
 
 

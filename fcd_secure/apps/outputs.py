@@ -110,13 +110,13 @@ def dp_summary(cfg: RunConfig, site_ids: list[str]) -> dict[str, Any]:
             "epsilon_spent": None,
             "consortium_epsilon": None,
         }
-    from fcd_secure.privacy.errors import LedgerError  # noqa: PLC0415
+    from fcd_secure.privacy.errors import PrivacyLedgerError  # noqa: PLC0415
     from fcd_secure.privacy.report import site_budgets  # noqa: PLC0415
 
     roots = [p for p in (cfg.state_root(), Path(dp.ledger_dir) if dp.ledger_dir else None) if p is not None]
     try:
         budgets = site_budgets(roots)
-    except LedgerError as exc:  # the run's result stands; the ledger's problem is reported, not hidden
+    except PrivacyLedgerError as exc:  # the run's result stands; the ledger's problem is reported, not hidden
         return {"enabled": True, "epsilon_cap": dp.epsilon, "epsilon_spent": None, "consortium_epsilon": None,
                 "guarantee": f"unknown: a privacy ledger cannot be read ({exc}); see `fcd privacy report`"}
     if not budgets:  # a deployed server holds no site's ledger: ε lives with each site (`fcd privacy report` there)

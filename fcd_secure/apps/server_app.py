@@ -54,11 +54,12 @@ from fcd_secure.queries.secure_evaluation import secure_evaluation_for
 from fcd_secure.queries.secure_stats import STATISTICS_KEY, secure_statistics
 from fcd_secure.federation.state import SERVER_DIR, ServerCheckpoint, StateError
 from fcd_secure.manifest import FULL, THETA_C, Manifest
+from fcd_secure.errors import FcdError
 
 ProgressHook = Callable[[str, dict], None]
 
 
-class FederationError(RuntimeError):
+class FederationError(FcdError, RuntimeError):
     """The federation cannot proceed (sites missing, inconsistent sites, every round aborted).
 
     Args:
@@ -71,7 +72,7 @@ class FederationError(RuntimeError):
         self.site_errors = list(site_errors or [])
 
 
-class SimulatedCrash(RuntimeError):
+class SimulatedCrash(FcdError, RuntimeError):
     """Raised by ``federation.crash_after_round`` (tests of resume after a server crash)."""
 
 

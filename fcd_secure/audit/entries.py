@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from fcd_secure.manifest import THETA_C, THETA_S, Manifest, ManifestEntry, layout_hash as hash_of_layout
+from fcd_secure.anchor_records import PrivacyAnchor
 
 if TYPE_CHECKING:
     from fcd_secure.audit.accounting import MessageFacts
@@ -90,37 +91,6 @@ class Withheld(_Record):
     metrics: tuple[str, ...]
     metric_lists: dict[str, int]
     config_fields: tuple[ConfigField, ...]
-
-
-class LedgerHeadRecord(_Record):
-    """Where one privacy ledger stood: its key, segment count, hash chain over its segments, accounted steps, ε."""
-
-    key: str
-    segments: int
-    chain: str
-    steps: int
-    epsilon: float
-
-
-class ResetRecord(_Record):
-    """An operator's acknowledged reset of a privacy ledger: when, why, who, the head lost and the head kept."""
-
-    time: str
-    reason: str
-    operator: str
-    previous: LedgerHeadRecord
-    current: LedgerHeadRecord | None
-
-
-class PrivacyAnchorRecord(LedgerHeadRecord):
-    """One privacy ledger's anchored head as an upload line records it, with its acknowledged resets.
-
-    The JSON form of ``fcd_secure.privacy.anchor.PrivacyAnchor`` (the privacy layer writes it; the audit layer,
-    which does not import that layer, reads it by these fields; ``tests/test_audit_verify.py`` runs both).
-    """
-
-    resets: int
-    last_reset: ResetRecord | None = None
 
 
 class Receipt(_Record):
@@ -307,7 +277,7 @@ class UploadLine(MessageLine):
     handler_error_code: int | None = None
     #: the heads of the site's privacy ledgers when the reply left (:mod:`fcd_secure.privacy.anchor`), so verify can
     #: tell a ledger that disappeared or went backwards; ``None`` when the site keeps no privacy anchor
-    privacy_anchors: tuple[PrivacyAnchorRecord, ...] | None = None
+    privacy_anchors: tuple[PrivacyAnchor, ...] | None = None
 
     omit_if_none: ClassVar[tuple[str, ...]] = ("refusal", "withheld", "handler_error_code", "privacy_anchors")
 

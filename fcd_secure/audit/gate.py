@@ -44,7 +44,7 @@ import numpy as np
 from flwr.app import Context, Error, Message, RecordDict
 
 from fcd_secure.audit.accounting import MessageFacts, describe_message, round_of
-from fcd_secure.audit.entries import PrivacyAnchorRecord, RefusalRecord, UploadLine
+from fcd_secure.audit.entries import PrivacyAnchor, RefusalRecord, UploadLine
 from fcd_secure.audit.history import ThetaSHistory
 from fcd_secure.audit.ledger import SiteLedger
 from fcd_secure.audit.receipts import (
@@ -108,7 +108,7 @@ class SiteAuditContext:
             ``ThetaSHistory(state.slot(THETA_S_HISTORY_FILE))``); ``None``: only the current Θs is refused.
         privacy_anchors: the heads of the site's privacy ledgers, recorded in every upload line:
             ``fcd_secure.privacy.anchor.read_anchors(state_dir)`` (its models, or their JSON as mappings, are read as
-            :class:`~fcd_secure.audit.entries.PrivacyAnchorRecord`), or ``None`` when the site keeps no anchor.
+            :class:`~fcd_secure.audit.entries.PrivacyAnchor`), or ``None`` when the site keeps no anchor.
     """
 
     site_id: str
@@ -326,15 +326,15 @@ def _record(
     )
 
 
-def _anchors(ctx: SiteAuditContext) -> tuple[PrivacyAnchorRecord, ...] | None:
+def _anchors(ctx: SiteAuditContext) -> tuple[PrivacyAnchor, ...] | None:
     return _anchor_records(ctx.privacy_anchors())
 
 
-def _anchor_records(anchors: Sequence[Any] | None) -> tuple[PrivacyAnchorRecord, ...] | None:
+def _anchor_records(anchors: Sequence[Any] | None) -> tuple[PrivacyAnchor, ...] | None:
     if anchors is None:
         return None
-    as_json = [a.model_dump(mode="json") if hasattr(a, "model_dump") else dict(a) for a in anchors]
-    return tuple(PrivacyAnchorRecord.model_validate(a) for a in as_json)
+    # the privacy layer hands the same type (fcd_secure.anchor_records); a dict (a test's, a reloaded line's) is checked
+    return tuple(PrivacyAnchor.model_validate(a) for a in anchors)
 
 
 def _int_or_none(value: object) -> int | None:

@@ -40,7 +40,7 @@ from fcd_secure.audit.entries import (
     ManifestLine,
     MessageLine,
     OpenLine,
-    PrivacyAnchorRecord,
+    PrivacyAnchor,
     Receipt,
     ReceiptLine,
     ReceivedLine,
@@ -52,7 +52,7 @@ from fcd_secure.audit.entries import (
 from fcd_secure.audit.receipts import receipt_signature_ok, sign_receipt
 from fcd_secure.audit.signing import (
     GENESIS,
-    LedgerError,
+    AuditLedgerError,
     canonical,
     fingerprint,
     line_hash,
@@ -69,7 +69,7 @@ __all__ = [
     "GENESIS",
     "SERVER_LEDGER_FILE",
     "SITE_LEDGER_FILE",
-    "LedgerError",
+    "AuditLedgerError",
     "ServerLedger",
     "SiteLedger",
     "fingerprint",
@@ -123,7 +123,7 @@ class _ChainedLog:
         """Open (or start) the ledger at ``path`` for the holder of ``signing_key``.
 
         Raises:
-            LedgerError: the ledger exists and was opened with another key, or cannot be read.
+            AuditLedgerError: the ledger exists and was opened with another key, or cannot be read.
         """
         self.path = Path(path)
         self._key = private_key(signing_key)
@@ -137,7 +137,7 @@ class _ChainedLog:
                 opened = {"role": self.role, "writer_id": self.writer_id, "public_key": self.public_key.hex()}
                 self._append_locked(OpenLine, {**opened, "key_fingerprint": self.fingerprint}, None)
             elif not isinstance(first, OpenLine) or first.public_key != self.public_key.hex():
-                raise LedgerError(f"{self.path}: ledger was opened with a different identity key; refusing to append")
+                raise AuditLedgerError(f"{self.path}: ledger was opened with a different identity key; refusing to append")
 
     # -- reading
     def lines(self) -> list[dict[str, Any]]:
@@ -150,7 +150,7 @@ class _ChainedLog:
         """Every line, typed.
 
         Raises:
-            LedgerError: a line is not a ledger line (the file was edited or is corrupt).
+            AuditLedgerError: a line is not a ledger line (the file was edited or is corrupt).
         """
         return list(self._entries())
 
@@ -165,7 +165,7 @@ class _ChainedLog:
             return parse_line(text)
         except ValidationError:
             where = f"line {ln}" if ln is not None else "the last line"
-            raise LedgerError(f"{self.path}: {where} is not a ledger line (edited or corrupt); refusing to append") from None
+            raise AuditLedgerError(f"{self.path}: {where} is not a ledger line (edited or corrupt); refusing to append") from None
 
     def _last(self) -> LedgerLine | None:
         text = _last_text(self.path)
@@ -261,7 +261,7 @@ class SiteLedger(_ChainedLog):
         refusal: RefusalRecord | None = None,
         withheld: MessageFacts | None = None,
         handler_error_code: int | None = None,
-        privacy_anchors: tuple[PrivacyAnchorRecord, ...] | None = None,
+        privacy_anchors: tuple[PrivacyAnchor, ...] | None = None,
     ) -> UploadLine:
         """Record one reply at the gate.
 

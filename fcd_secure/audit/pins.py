@@ -23,12 +23,13 @@ import tomli_w
 
 from fcd_secure._io import atomic_write_text
 from fcd_secure.audit.signing import normalise_fingerprint
+from fcd_secure.errors import FcdError
 
 #: role -> the table of the pin file that holds it
 ROLE_TABLES = {"server": "server", "site": "sites"}
 
 
-class PinFileError(ValueError):
+class PinFileError(FcdError, ValueError):
     """A pin file that cannot be read or holds something other than fingerprints; the message names file and key."""
 
 

@@ -46,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from fcd_secure.audit.entries import RefusalRecord
 from fcd_secure.audit.scanner import PrivateArrays, PrivateValues, find_private, fingerprint_private, number_views
 from fcd_secure.manifest import FULL, THETA_C, THETA_S, Manifest, dtype_name
+from fcd_secure.errors import FcdError
 
 #: Message types of the secure-aggregation protocol start with this prefix.
 SECAGG_PREFIX = "train.secagg_"
@@ -94,7 +95,7 @@ def site_error_name(code: object) -> str:
         return "internal"
 
 
-class SiteFailure(Exception):
+class SiteFailure(FcdError, Exception):
     """A failure a site reports by its category only (one of :data:`SITE_ERRORS`), raised where the cause is known.
 
     Args:
@@ -264,7 +265,7 @@ class GatePolicy(BaseModel):
         return {_exact_name(k): x for k, x in dict(v).items()}
 
 
-class Refusal(Exception):
+class Refusal(FcdError, Exception):
     """Raised by a check: the rule that refused a reply and where it fired (both stay on the site).
 
     A site's handler may raise it too (a request its policy refuses): the gate then records the refusal under its

@@ -20,12 +20,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
 from fcd_secure._io import load_or_create_secret
+from fcd_secure.errors import FcdError
 
 #: ``prev_hash`` of the first line of every chain.
 GENESIS = "0" * 64
 
 
-class LedgerError(RuntimeError):
+class AuditLedgerError(FcdError, RuntimeError):
     """A ledger cannot be written (wrong key for an existing ledger, unreadable file, ...)."""
 
 
@@ -34,12 +35,12 @@ def private_key(raw: bytes | Ed25519PrivateKey) -> Ed25519PrivateKey:
     """The Ed25519 key of 32 raw private bytes (or the key itself).
 
     Raises:
-        LedgerError: ``raw`` is not 32 bytes.
+        AuditLedgerError: ``raw`` is not 32 bytes.
     """
     if isinstance(raw, Ed25519PrivateKey):
         return raw
     if not isinstance(raw, (bytes, bytearray)) or len(raw) != 32:
-        raise LedgerError("an Ed25519 identity key must be 32 raw bytes")
+        raise AuditLedgerError("an Ed25519 identity key must be 32 raw bytes")
     return Ed25519PrivateKey.from_private_bytes(bytes(raw))
 
 

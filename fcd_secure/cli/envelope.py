@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from typing import Any
+from fcd_secure.errors import FcdError
 
 SCHEMA_VERSION = "1"
 
@@ -41,7 +42,7 @@ ERROR_CODES: dict[str, int] = {
 }
 
 
-class CliError(Exception):
+class CliError(FcdError, Exception):
     """An error the command line reports without a traceback (JSON envelope or ``error:`` on stderr).
 
     Args:

@@ -42,12 +42,12 @@ def report(
     no_files: Annotated[bool, typer.Option("--no-files", help="Print only; write no report files.")] = False,
 ) -> None:
     """The privacy budget report (help text: ``_REPORT_HELP``)."""
-    from fcd_secure.privacy.errors import LedgerError  # noqa: PLC0415
+    from fcd_secure.privacy.errors import PrivacyLedgerError  # noqa: PLC0415
     from fcd_secure.privacy.report import build_report, write_report  # noqa: PLC0415
 
     try:
         rep = build_report(path)
-    except (FileNotFoundError, LedgerError) as exc:
+    except (FileNotFoundError, PrivacyLedgerError) as exc:
         raise CliError(str(exc), hint="give a run folder, a state folder or a privacy ledger file") from None
     written = {}
     if not no_files:
@@ -152,14 +152,14 @@ def acknowledge_reset(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON envelope (the recorded resets in data).")] = False,
 ) -> None:
     """Record an operator's acknowledgement of a lost or rolled-back privacy ledger (help text: ``_ACK_HELP``)."""
-    from fcd_secure.privacy.errors import LedgerError  # noqa: PLC0415
+    from fcd_secure.privacy.errors import PrivacyLedgerError  # noqa: PLC0415
     from fcd_secure.privacy.ledger import acknowledge_reset as _acknowledge  # noqa: PLC0415
 
     if not state_dir.is_dir():
         raise CliError(f"{state_dir}: no such site state directory")
     try:
         records = _acknowledge(state_dir, reason, operator)
-    except (FileNotFoundError, LedgerError, ValueError) as exc:
+    except (FileNotFoundError, PrivacyLedgerError, ValueError) as exc:
         raise CliError(str(exc)) from None
     if not records:
         raise CliError(f"{state_dir}: every anchored privacy ledger is intact; nothing to acknowledge")

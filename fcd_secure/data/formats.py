@@ -6,9 +6,10 @@ import gzip
 from pathlib import Path
 
 import numpy as np
+from fcd_secure.errors import FcdError
 
 
-class FormatError(ValueError):
+class FormatError(FcdError, ValueError):
     """A file does not follow its format; the message names the file and line."""
 
 

@@ -27,9 +27,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+from fcd_secure.errors import FcdError
 
 
-class SchemaError(ValueError):
+class SchemaError(FcdError, ValueError):
     """A dataset violates the ``SiteDataset`` contract. The message names the field, and the row where known."""
 
 

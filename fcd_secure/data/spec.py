@@ -61,9 +61,10 @@ from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from fcd_secure.errors import FcdError
 
 
-class DataError(ValueError):
+class DataError(FcdError, ValueError):
     """Bad input data or spec. ``str(err)`` names the file and, where known, the column, row and spec field."""
 
     def __init__(

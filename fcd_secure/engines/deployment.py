@@ -71,6 +71,7 @@ from fcd_secure.apps.site import default_site_id
 from fcd_secure.federation.site_policy import POLICY_FILE, SitePolicy, SitePolicyError
 from fcd_secure.federation.state import SERVER_DIR, IDENTITY_FILE, SiteState
 from fcd_secure._flower.wake import WAKE_ENV, WAKE_FILE
+from fcd_secure.errors import FcdError
 
 APP_NAME = "fcd-secure-app"
 PUBLISHER = "fcdsecure"
@@ -88,7 +89,7 @@ FLWR_IN_MEMORY = ":flwr-in-memory:"
 NODE_KEY, NODE_PUB, EXEC_SECRET = "node_auth.key", "node_auth.pub", "superexec.secret"
 
 
-class DeploymentError(RuntimeError):
+class DeploymentError(FcdError, RuntimeError):
     """The local deployment could not start or the run failed; the message names the file or log to read."""
 
 

@@ -29,6 +29,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from fcd_secure._io import atomic_write_bytes
+from fcd_secure.errors import FcdError
 
 CA_CERT, SERVER_CERT, SERVER_KEY = "ca.crt", "server.pem", "server.key"
 #: the one curve of SuperNode keys
@@ -36,7 +37,7 @@ NODE_CURVE = ec.SECP384R1
 DEFAULT_HOSTS = ("127.0.0.1", "localhost")
 
 
-class PKIError(ValueError):
+class PKIError(FcdError, ValueError):
     """A certificate or key that cannot be used; the message names the file and the field."""
 
 

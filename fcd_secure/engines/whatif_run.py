@@ -32,11 +32,12 @@ from fcd_secure.apps.site import default_site_id
 from fcd_secure._io import jsonable
 from fcd_secure.queries.whatif import WHATIF_DIR, WhatIfRequest
 from fcd_secure.manifest import FULL, THETA_C
+from fcd_secure.errors import FcdError
 
 __all__ = ["WhatIfError", "ask_sites", "make_whatif_server_app", "open_run", "run_whatif"]
 
 
-class WhatIfError(RuntimeError):
+class WhatIfError(FcdError, RuntimeError):
     """A run folder that cannot answer a what-if question (unfinished, no site state, another model layout)."""
 
 

@@ -27,6 +27,7 @@ from flwr.serverapp import Grid
 
 from fcd_secure.audit import POLICY_REASON_PREFIX, ServerAudit, message_bytes, payload_bytes, site_error_name
 from fcd_secure._flower.waits import grid_poll_s
+from fcd_secure.errors import FcdError
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class TrafficRecord:
     ok: bool
 
 
-class RunStopped(RuntimeError):
+class RunStopped(FcdError, RuntimeError):
     """The operator stopped the run (``Comm.stop`` was set); the state on disk is that of the last finished round."""
 
 

@@ -44,6 +44,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 
 from fcd_secure.audit.rules import SECAGG_PREFIX
 from fcd_secure.federation.messaging import Comm
+from fcd_secure.errors import FcdError
 
 if TYPE_CHECKING:  # pragma: no cover - fcd_secure.config pulls in torch; the record names must not
     from fcd_secure.config import RunConfig
@@ -232,7 +233,7 @@ class RoundOutcome:
     metrics: dict = field(default_factory=dict)
 
 
-class RoundAborted(Exception):
+class RoundAborted(FcdError, Exception):
     """Raised by a flow hook: the round ends here and the global model stays as it was.
 
     Args:

@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from fcd_secure._io import atomic_write_text
 from fcd_secure.aggregation.secagg import SecAggPolicy
 from fcd_secure.audit import Refusal
+from fcd_secure.errors import FcdError
 
 if TYPE_CHECKING:  # pragma: no cover - fcd_secure.config pulls in torch; the site executor reads policies without it
     from fcd_secure.config import RunConfig
@@ -56,7 +57,7 @@ MIN_COHORT_FLOOR = 20
 RULE = "site_policy"
 
 
-class SitePolicyError(ValueError):
+class SitePolicyError(FcdError, ValueError):
     """A site policy file that cannot be used, or is weaker than a required minimum; names the file and field."""
 
 

@@ -33,6 +33,7 @@ import numpy as np
 
 from fcd_secure._io import atomic_write_bytes, npz_bytes, read_npz
 from fcd_secure.audit import load_or_create_identity_key
+from fcd_secure.errors import FcdError
 
 SERVER_DIR = "_server"
 STATE_FILE = "site_state.npz"
@@ -41,7 +42,7 @@ IDENTITY_FILE = "identity_ed25519.key"
 _SITE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
-class StateError(RuntimeError):
+class StateError(FcdError, RuntimeError):
     """State on disk that cannot be used (corrupt file, different model layout, bad site id)."""
 
 

@@ -11,7 +11,7 @@ that would overspend it. One concept per module:
                           ``acknowledge_reset``).
 * ``anchor``            — the site's anchor of each ledger's head: a deleted or rolled-back ledger is refused
                           (``LedgerRollback``) until an operator acknowledges; the heads go into the audit chain.
-* ``errors``            — ``BudgetExceeded``, ``LedgerError``, ``LedgerRollback`` (no torch, no Opacus).
+* ``errors``            — ``BudgetExceeded``, ``PrivacyLedgerError``, ``LedgerRollback`` (no torch, no Opacus).
 * ``engine.DPSite``     — the one entry point for a site's round (reserve → make_private → commit;
                           ``DPSite.for_dataset`` keys it by the table's records), and
                           ``engine.train_round_private`` which runs the model's ``train_local`` inside it.

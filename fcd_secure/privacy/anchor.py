@@ -38,7 +38,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fcd_secure._io import atomic_write_text, file_lock
-from fcd_secure.privacy.errors import LedgerError, LedgerRollback
+from fcd_secure.anchor_records import LedgerHead, PrivacyAnchor, ResetRecord
+from fcd_secure.privacy.errors import PrivacyLedgerError, LedgerRollback
 from fcd_secure.privacy.identity import DatasetIdentity, same_data
 
 __all__ = [
@@ -65,26 +66,6 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class LedgerHead(_Model):
-    """Where one privacy ledger stood: its key, segment count, chain over the segments, accounted steps, ε."""
-
-    key: str = Field(description="the ledger's file key (ledger-<key>.json)")
-    segments: int = Field(ge=0)
-    chain: str = Field(description="hash chain over the segments' reservations (GENESIS for none)")
-    steps: int = Field(ge=0, description="accounted steps (committed steps, open reservations in full)")
-    epsilon: float = Field(ge=0, description="ε of the history at the last reservation (an upper bound)")
-
-
-class ResetRecord(_Model):
-    """An operator's acknowledgement that a ledger was lost or rolled back (the head that was lost is kept)."""
-
-    time: str
-    reason: str
-    operator: str
-    previous: LedgerHead
-    current: LedgerHead | None = Field(description="the ledger as found at the acknowledgement; None if missing")
-
-
 class AnchorEntry(_Model):
     """One ledger's anchored head, the table identity it belongs to, and every acknowledged reset."""
 
@@ -103,22 +84,6 @@ class AnchorFile(_Model):
 
     def entry(self, key: str) -> AnchorEntry | None:
         return next((e for e in self.entries if e.head.key == key), None)
-
-
-class PrivacyAnchor(_Model):
-    """What an audit upload line records of one ledger: its anchored head and its acknowledged resets."""
-
-    key: str
-    segments: int
-    chain: str
-    steps: int
-    epsilon: float
-    resets: int = Field(ge=0, description="acknowledged resets of this ledger so far")
-    last_reset: ResetRecord | None = None
-
-    @classmethod
-    def of(cls, entry: AnchorEntry) -> "PrivacyAnchor":
-        return cls(**entry.head.model_dump(), resets=len(entry.resets), last_reset=entry.resets[-1] if entry.resets else None)
 
 
 @dataclass(frozen=True)
@@ -180,20 +145,20 @@ class AnchorStore:
         """The anchors on disk (none if the file does not exist).
 
         Raises:
-            LedgerError: the file exists but is unreadable or not an anchor file (fail closed).
+            PrivacyLedgerError: the file exists but is unreadable or not an anchor file (fail closed).
         """
         try:
             text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return AnchorFile()
         except (OSError, UnicodeDecodeError) as exc:
-            raise LedgerError(f"{self.path}: unreadable privacy anchor ({exc}); refusing to train") from exc
+            raise PrivacyLedgerError(f"{self.path}: unreadable privacy anchor ({exc}); refusing to train") from exc
         try:
             return AnchorFile.model_validate_json(text)
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "file"
-            raise LedgerError(f"{self.path}: invalid privacy anchor at '{where}': {first['msg']}; refusing to train") from None
+            raise PrivacyLedgerError(f"{self.path}: invalid privacy anchor at '{where}': {first['msg']}; refusing to train") from None
 
     def _save(self, anchors: AnchorFile) -> None:
         atomic_write_text(self.path, anchors.model_dump_json(indent=1), mode=0o600)
@@ -210,7 +175,7 @@ class AnchorStore:
 
         Raises:
             LedgerRollback: the ledger was deleted or rolled back since it was anchored.
-            LedgerError: the anchor file cannot be read.
+            PrivacyLedgerError: the anchor file cannot be read.
         """
         entry = self.entry(key)
         if entry is None:
@@ -278,7 +243,7 @@ def read_anchors(state_dir: str | Path) -> tuple[PrivacyAnchor, ...] | None:
     """Every anchored ledger head of a site, for its audit upload lines; ``None`` when the site has no anchor file.
 
     Raises:
-        LedgerError: the anchor file exists but cannot be read (the gate then sends nothing: fail closed).
+        PrivacyLedgerError: the anchor file exists but cannot be read (the gate then sends nothing: fail closed).
     """
     store = AnchorStore(state_dir)
     if not store.path.exists():

@@ -40,7 +40,7 @@ from fcd_secure.privacy.identity import DatasetIdentity, dataset_identity
 from fcd_secure.privacy.ledger import (
     BudgetExceeded,
     Ledger,
-    LedgerError,
+    PrivacyLedgerError,
     LedgerRollback,
     PlanRecord,
     dataset_fingerprint,
@@ -51,7 +51,7 @@ from fcd_secure.privacy.planner import epsilon, plan_noise_multiplier, sample_ra
 __all__ = [
     "BudgetExceeded",
     "DPSite",
-    "LedgerError",
+    "PrivacyLedgerError",
     "LedgerRollback",
     "Reservation",
     "dataset_fingerprint",
@@ -131,7 +131,7 @@ class DPSite:
         Raises:
             LedgerRollback: the ledger of this data was deleted or rolled back since the site anchored it; the site
                 refuses until an operator acknowledges (``fcd privacy acknowledge-reset``).
-            LedgerError: the ledger cannot be trusted, or the settings contradict it (raised cap, another δ).
+            PrivacyLedgerError: the ledger cannot be trusted, or the settings contradict it (raised cap, another δ).
         """
         if not dp_cfg.enabled:
             raise ValueError("DPSite needs dp.enabled = true")
@@ -271,13 +271,13 @@ class DPSite:
         """32 random bytes in the site's state (mode 0600); they make the noise unpredictable to anyone but the site.
 
         Raises:
-            LedgerError: the secret file exists with another size, or cannot be read (the site must not train with
+            PrivacyLedgerError: the secret file exists with another size, or cannot be read (the site must not train with
                 a noise seed it cannot trust).
         """
         try:
             return load_or_create_secret(self.state_dir / "privacy" / "noise_secret.bin", 32)
         except SecretFileError as exc:
-            raise LedgerError(str(exc)) from None
+            raise PrivacyLedgerError(str(exc)) from None
 
     def make_private(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader, *, seed: int = 0
@@ -352,7 +352,7 @@ class DPSite:
             hist = [tuple(h) for h in engine.accountant.history]
             expect = [(reservation.sigma, reservation.q, taken)] if taken else []
             if hist != expect:
-                raise LedgerError(
+                raise PrivacyLedgerError(
                     f"Opacus accounted {hist} but the ledger reserved {[(reservation.sigma, reservation.q)]} "
                     f"for {taken} steps; the reservation stays charged in full"
                 )

@@ -4,15 +4,16 @@ Torch- and Opacus-free, so that the audit layer and the command line can name th
 """
 
 from __future__ import annotations
+from fcd_secure.errors import FcdError
 
-__all__ = ["BudgetExceeded", "LedgerError", "LedgerRollback"]
+__all__ = ["BudgetExceeded", "PrivacyLedgerError", "LedgerRollback"]
 
 
-class LedgerError(RuntimeError):
+class PrivacyLedgerError(FcdError, RuntimeError):
     """The ledger file cannot be trusted (unreadable, foreign, inconsistent). Training must not go on."""
 
 
-class LedgerRollback(LedgerError):
+class LedgerRollback(PrivacyLedgerError):
     """A privacy ledger holds less history than the site anchored earlier: deleted, or restored from an older copy.
 
     Training stays refused until an operator acknowledges the reset (``fcd privacy acknowledge-reset``); the
@@ -20,5 +21,5 @@ class LedgerRollback(LedgerError):
     """
 
 
-class BudgetExceeded(RuntimeError):
+class BudgetExceeded(FcdError, RuntimeError):
     """A round would take the site's ε above its cap; the site refuses the round."""

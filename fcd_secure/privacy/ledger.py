@@ -11,7 +11,7 @@ Differential Privacy"), across rounds, restarts and runs, so the history must ou
 * **Write-ahead.** A round's steps are reserved (appended and fsync'ed) *before* any private data is touched;
   a crash mid-round therefore over-counts, never under-counts. The reservation is refused if the projected ε of
   the whole history would exceed the cap.
-* **Fails closed.** An unreadable, foreign or inconsistent ledger file raises ``LedgerError``; it is never taken as
+* **Fails closed.** An unreadable, foreign or inconsistent ledger file raises ``PrivacyLedgerError``; it is never taken as
   "no history". A later run cannot raise the cap recorded by the first one, nor change δ.
 * **Anchored.** Every change is also written to the site's anchor (:mod:`fcd_secure.privacy.anchor`), so a ledger
   that was deleted or restored from an older copy raises ``LedgerRollback`` until an operator acknowledges the
@@ -37,14 +37,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from fcd_secure._io import atomic_write_text, file_lock
 from fcd_secure.data.schema import SiteDataset
 from fcd_secure.privacy.anchor import AnchorStore, LedgerView, ResetRecord, segment_chain, views_of
-from fcd_secure.privacy.errors import BudgetExceeded, LedgerError, LedgerRollback
+from fcd_secure.privacy.errors import BudgetExceeded, PrivacyLedgerError, LedgerRollback
 from fcd_secure.privacy.identity import SAME_DATA, DatasetIdentity, dataset_identity, same_data, shared_fraction
 from fcd_secure.privacy.planner import epsilon
 
 __all__ = [
     "BudgetExceeded",
     "Ledger",
-    "LedgerError",
+    "PrivacyLedgerError",
     "LedgerRollback",
     "LedgerState",
     "acknowledge_reset",
@@ -183,27 +183,27 @@ class Ledger:
         return self.path.exists()
 
     def load(self) -> LedgerState:
-        """The state on disk; ``LedgerError`` naming the file if it is missing, unreadable or inconsistent."""
+        """The state on disk; ``PrivacyLedgerError`` naming the file if it is missing, unreadable or inconsistent."""
         try:
             raw = json.loads(self.path.read_text(encoding="utf-8"))
         except FileNotFoundError as exc:
-            raise LedgerError(f"{self.path}: no privacy ledger here") from exc
+            raise PrivacyLedgerError(f"{self.path}: no privacy ledger here") from exc
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise LedgerError(f"{self.path}: unreadable privacy ledger ({exc}); refusing to train") from exc
+            raise PrivacyLedgerError(f"{self.path}: unreadable privacy ledger ({exc}); refusing to train") from exc
         try:
             state = LedgerState.model_validate(raw)
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
-            raise LedgerError(f"{self.path}: invalid privacy ledger at field '{where}': {first['msg']}") from exc
+            raise PrivacyLedgerError(f"{self.path}: invalid privacy ledger at field '{where}': {first['msg']}") from exc
         if not self.path.name.startswith(f"ledger-{state.fingerprint[:32]}"):
-            raise LedgerError(f"{self.path}: ledger is for dataset {state.fingerprint[:16]}…, not this file name")
+            raise PrivacyLedgerError(f"{self.path}: ledger is for dataset {state.fingerprint[:16]}…, not this file name")
         seqs = [s.seq for s in state.segments]
         if seqs != list(range(1, len(seqs) + 1)):
-            raise LedgerError(f"{self.path}: segment numbers {seqs} are not 1..n (entries removed or reordered)")
+            raise PrivacyLedgerError(f"{self.path}: segment numbers {seqs} are not 1..n (entries removed or reordered)")
         for s in state.segments:
             if s.steps > s.reserved_steps:
-                raise LedgerError(f"{self.path}: segment {s.seq} spent {s.steps} > reserved {s.reserved_steps} steps")
+                raise PrivacyLedgerError(f"{self.path}: segment {s.seq} spent {s.steps} > reserved {s.reserved_steps} steps")
         return state
 
     def view(self) -> LedgerView | None:
@@ -247,14 +247,14 @@ class Ledger:
         """Load the ledger, or create it on first use; check a later run's settings against it.
 
         The first run fixes δ and the cap: a later config may lower the cap (it then applies) but never raise it,
-        and may not change δ (ε at two different δ cannot be added up). Both raise ``LedgerError``. The table
+        and may not change δ (ε at two different δ cannot be added up). Both raise ``PrivacyLedgerError``. The table
         (``identity``, or a bare ``fingerprint``) must be the ledger's own data
         (:func:`~fcd_secure.privacy.identity.same_data`); its size may differ from the first table's (a record
         dropped or added): the latest is recorded.
 
         Raises:
             LedgerRollback: the ledger is missing or behind the site's anchor.
-            LedgerError: another table's ledger, a raised cap, another δ, an unreadable file.
+            PrivacyLedgerError: another table's ledger, a raised cap, another δ, an unreadable file.
         """
         if identity is None:
             if fingerprint is None:
@@ -281,17 +281,17 @@ class Ledger:
                 return state
             state = self.load()
             if state.fingerprint != identity.fingerprint and not same_data(state.identity(), identity):
-                raise LedgerError(
+                raise PrivacyLedgerError(
                     f"{self.path}: ledger belongs to dataset {state.fingerprint[:16]}… (this table shares "
                     f"{shared_fraction(state.identity(), identity):.0%} of its records)"
                 )
             if not np.isclose(state.delta, delta, rtol=1e-12, atol=0):
-                raise LedgerError(
+                raise PrivacyLedgerError(
                     f"{self.path}: this dataset's budget is kept at δ={state.delta:g}; dp.delta={delta:g} would "
                     "make the ε of earlier runs incomparable. Use the recorded δ."
                 )
             if epsilon_cap > state.epsilon_cap:
-                raise LedgerError(
+                raise PrivacyLedgerError(
                     f"{self.path}: dp.epsilon={epsilon_cap:g} is above the cap {state.epsilon_cap:g} fixed by the "
                     "first run on this dataset; a cap can be lowered, never raised"
                 )
@@ -375,12 +375,12 @@ class Ledger:
         with self.locked():
             state = self.load()
             if not 1 <= seq <= len(state.segments):
-                raise LedgerError(f"{self.path}: no segment {seq} to commit")
+                raise PrivacyLedgerError(f"{self.path}: no segment {seq} to commit")
             seg = state.segments[seq - 1]
             if seg.status != "reserved":
-                raise LedgerError(f"{self.path}: segment {seq} is already committed")
+                raise PrivacyLedgerError(f"{self.path}: segment {seq} is already committed")
             if steps_taken > seg.reserved_steps:
-                raise LedgerError(
+                raise PrivacyLedgerError(
                     f"{self.path}: segment {seq} took {steps_taken} steps but reserved {seg.reserved_steps}"
                 )
             seg.steps = steps_taken
@@ -399,7 +399,7 @@ def find_ledger(folder: str | Path, identity: DatasetIdentity, anchor: AnchorSto
     check then refuses); else a new file named by the fingerprint.
 
     Raises:
-        LedgerError: a ledger file or the anchor in the way cannot be read.
+        PrivacyLedgerError: a ledger file or the anchor in the way cannot be read.
     """
     folder = Path(folder)
     own = folder / f"ledger-{identity.fingerprint[:32]}.json"
@@ -437,7 +437,7 @@ def acknowledge_reset(state_dir: str | Path, reason: str, operator: str | None =
 
     Raises:
         FileNotFoundError: the site has no anchor file.
-        LedgerError: the anchor, or a ledger that still exists, cannot be read.
+        PrivacyLedgerError: the anchor, or a ledger that still exists, cannot be read.
         ValueError: an empty reason.
     """
     store = AnchorStore(state_dir)

@@ -22,7 +22,7 @@ from typing import Any
 from fcd_secure._io import atomic_write_bytes, atomic_write_text
 from fcd_secure._versions import installed_versions
 from fcd_secure.privacy.anchor import ANCHOR_FILE, AnchorEntry, AnchorStore, rollback_reason
-from fcd_secure.privacy.ledger import Ledger, LedgerError, LedgerState
+from fcd_secure.privacy.ledger import Ledger, PrivacyLedgerError, LedgerState
 from fcd_secure.privacy.planner import epsilon, epsilon_curve
 
 UNIT = (
@@ -66,7 +66,7 @@ def find_ledgers(path: str | Path) -> list[Path]:
         raise FileNotFoundError(f"{path}: no such run or site directory")
     if path.is_file():
         if not path.name.startswith("ledger-") or path.suffix != ".json":
-            raise LedgerError(f"{path}: not a privacy ledger (expected privacy/ledger-<fingerprint>.json)")
+            raise PrivacyLedgerError(f"{path}: not a privacy ledger (expected privacy/ledger-<fingerprint>.json)")
         return [path]
     roots, flat = _roots(path)
     found: set[Path] = set()
@@ -86,7 +86,7 @@ def find_anchors(path: str | Path) -> dict[str, list[AnchorEntry]]:
     each one anchors (resolved path).
 
     Raises:
-        LedgerError: an anchor file cannot be read.
+        PrivacyLedgerError: an anchor file cannot be read.
     """
     path = Path(path)
     if path.is_file():
@@ -111,7 +111,7 @@ def _roots(path: Path) -> tuple[list[Path], list[Path]]:
         try:
             data = json.loads(f.read_text())
         except json.JSONDecodeError as exc:
-            raise LedgerError(f"{f}: unreadable run file ({exc})") from exc
+            raise PrivacyLedgerError(f"{f}: unreadable run file ({exc})") from exc
         if not isinstance(data, dict):
             continue
         for key in ("state_root", "state_dir"):
@@ -356,7 +356,7 @@ def build_report(path: str | Path) -> dict[str, Any]:
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        LedgerError: no ledger under ``path`` (and it is not a run without DP), or a ledger cannot be trusted.
+        PrivacyLedgerError: no ledger under ``path`` (and it is not a run without DP), or a ledger cannot be trusted.
     """
     path = Path(path)
     ledgers = find_ledgers(path)
@@ -366,7 +366,7 @@ def build_report(path: str | Path) -> dict[str, Any]:
     if not ledgers and isinstance(run_dp, dict) and run_dp.get("enabled") is False:
         return no_dp_report(path, run_sites)
     if not ledgers:
-        raise LedgerError(f"{path}: no privacy ledger found (expected <site>/privacy/ledger-<fingerprint>.json)")
+        raise PrivacyLedgerError(f"{path}: no privacy ledger found (expected <site>/privacy/ledger-<fingerprint>.json)")
     anchors = find_anchors(path)
     sites = [site_report(p, anchors.get(str(Path(p).resolve()))) for p in ledgers]
     covered = {lbl for s in sites for lbl in s["site"].split(",")}

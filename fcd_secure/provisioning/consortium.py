@@ -35,13 +35,14 @@ from fcd_secure.data.spec import DatasetSpec, load_spec
 from fcd_secure.engines.pki import DEFAULT_HOSTS, TLSFiles, check_tls_dir, make_tls_dir
 from fcd_secure.provisioning.versions import installed_versions
 from fcd_secure.federation.site_policy import SitePolicy
+from fcd_secure.errors import FcdError
 
 CONSORTIUM_FILE = "consortium.toml"
 SPEC_FILE = "spec.toml"
 COORDINATOR_KEY = "coordinator_ed25519.key"
 
 
-class ProvisioningError(ValueError):
+class ProvisioningError(FcdError, ValueError):
     """Bad provisioning input (folder, request, bundle, option); the message names the file and the field."""
 
 

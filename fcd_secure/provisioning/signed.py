@@ -20,11 +20,12 @@ from typing import Any
 
 from fcd_secure._io import atomic_write_text
 from fcd_secure.audit.signing import canonical, fingerprint, private_key, public_key_bytes, sign_hash, signature_ok
+from fcd_secure.errors import FcdError
 
 FORMAT = "fcd-signed/1"
 
 
-class SignedDocumentError(ValueError):
+class SignedDocumentError(FcdError, ValueError):
     """A signed document that cannot be trusted or read; the message names the file and the field."""
 
 

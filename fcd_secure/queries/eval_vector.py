@@ -37,6 +37,7 @@ import numpy as np
 from fcd_secure.aggregation.secagg import SecAggPolicy, VectorLayout
 from fcd_secure.aggregation.secagg.encoding import HEADER_WORDS
 from fcd_secure.federation.site_policy import MIN_COHORT_FLOOR
+from fcd_secure.errors import FcdError
 
 #: fractional bits of the fixed point: sums are exact to 2**-(FRAC_BITS+1) per site
 FRAC_BITS = 24
@@ -46,7 +47,7 @@ INT_BITS = 70
 TENSOR = "evaluation"
 
 
-class EvalVectorError(ValueError):
+class EvalVectorError(FcdError, ValueError):
     """An evaluation vector that cannot be built or read (a key outside the agreed layout, a too-small cohort)."""
 
 

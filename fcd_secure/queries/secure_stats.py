@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 from typing import TYPE_CHECKING, Any
+from fcd_secure.errors import FcdError
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -42,7 +43,7 @@ STATISTICS_KEY = "standardization"
 STATS_ROUND = 0
 
 
-class SecureStatisticsError(RuntimeError):
+class SecureStatisticsError(FcdError, RuntimeError):
     """Round 0 could not produce the consortium's statistics (a site missing, the protocol aborted)."""
 
 

@@ -7,9 +7,10 @@ Every failure a peer (or a lying server) can provoke surfaces as one of these, n
 from __future__ import annotations
 
 from collections.abc import Mapping
+from fcd_secure.errors import FcdError
 
 
-class SecAggError(Exception):
+class SecAggError(FcdError, Exception):
     """Base class of every secure-aggregation error."""
 
 

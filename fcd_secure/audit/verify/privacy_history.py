@@ -1,6 +1,6 @@
 """The privacy-ledger heads a site's uploads record: they must form one history that never disappears or goes back.
 
-Every upload line carries the heads of the site's DP ledgers (:class:`~fcd_secure.audit.entries.PrivacyAnchorRecord`:
+Every upload line carries the heads of the site's DP ledgers (:class:`~fcd_secure.anchor_records.PrivacyAnchor`:
 segment count, hash chain over the segments' reservations, accounted steps, ε, acknowledged resets) and the hash of
 the ledger files (``privacy_ledger_hash``). Ledger files change on every reservation and commit, so their hash alone
 cannot say "backwards"; the head can. Over the uploads of one site, in chain order, for each ledger:
@@ -17,7 +17,7 @@ from the heads alone (a limit: the ledger file holds the segments).
 
 from __future__ import annotations
 
-from fcd_secure.audit.entries import PrivacyAnchorRecord as PrivacyAnchor
+from fcd_secure.anchor_records import PrivacyAnchor
 from fcd_secure.audit.entries import UploadLine
 from fcd_secure.audit.verify.chain import Located
 from fcd_secure.audit.verify.result import VerifyResult

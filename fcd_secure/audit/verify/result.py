@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Literal
+from fcd_secure.errors import FcdError
 
 EXIT_OK, EXIT_VIOLATION, EXIT_USAGE, EXIT_UNPINNED, EXIT_PARTIAL, EXIT_TAMPERED = 0, 1, 2, 3, 4, 6
 #: verdict -> exit code (``unverified`` exits 0 only under ``allow_unpinned``; ``partial`` never exits 0)
@@ -21,7 +22,7 @@ VERDICT_ORDER = ("tampered", "violation", "partial", "unverified")
 Severity = Literal["tampered", "violation", "partial", "unverified", "note"]
 
 
-class UsageError(ValueError):
+class UsageError(FcdError, ValueError):
     """Bad input to verify (path, fingerprint): exit 2."""
 
 

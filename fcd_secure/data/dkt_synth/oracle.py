@@ -23,6 +23,7 @@ from torch import nn
 
 from fcd_secure.data.formats import read_three_line
 from fcd_secure.data.paths import dataset_folder, need_file
+from fcd_secure.errors import FcdError
 
 #: Items the oracle knows (Table I: |T| = 50).
 N_ITEMS = 50
@@ -34,7 +35,7 @@ ASSIST_TRAIN = "assist2009_updated_train.csv.gz"
 ASSIST_TEST = "assist2009_updated_test.csv.gz"
 
 
-class OracleChecksumError(RuntimeError):
+class OracleChecksumError(FcdError, RuntimeError):
     """The shipped oracle weights do not match their recorded SHA-256 (corrupted or tampered file)."""
 
 

@@ -76,6 +76,7 @@ from fcd_secure.federation.secure.setup import (
     vector_layout,
 )
 from fcd_secure.manifest import THETA_C, Manifest
+from fcd_secure.errors import FcdError
 
 log = logging.getLogger("fcd_secure.secagg")
 
@@ -354,7 +355,7 @@ def _send_pair(
     return got, got_next
 
 
-class SecureSumAborted(Exception):
+class SecureSumAborted(FcdError, Exception):
     """A secure sum that did not finish (too few sites or survivors, a broken bound, or the protocol aborted);
     ``culprits`` are the sites the protocol named on signed evidence."""
 

@@ -26,6 +26,7 @@ from fcd_secure.aggregation.secagg import VectorLayout
 from fcd_secure.aggregation.secagg.keys import ed25519_public
 from fcd_secure.federation.state import SiteState
 from fcd_secure.manifest import Manifest
+from fcd_secure.errors import FcdError
 
 ROSTER_FILE = "secagg_roster.json"
 ROSTER_NODE_CONFIG = "secagg-roster"
@@ -35,7 +36,7 @@ METRICS = ("train_loss",)
 METRIC_RANGE = 64.0
 
 
-class SecureAggregationConfigError(RuntimeError):
+class SecureAggregationConfigError(FcdError, RuntimeError):
     """Secure aggregation cannot run with this configuration (no roster, Θs sync, too few sites, bad policy file)."""
 
 
