@@ -29,6 +29,7 @@ from typing import Any, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from fcd_secure.data import names
 from fcd_secure.aggregation.secagg.config import SecAggPolicy
 from fcd_secure.model.config import ModelConfig
 from fcd_secure.privacy.config import DPConfig
@@ -52,7 +53,7 @@ class ConfigError(FcdError, ValueError):
 class DataSection(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    dataset: str = Field(DEFAULT_DATASET, description="dkt-synth | statics2011 | assistments2009 | diabetes130 | obd | spec")
+    dataset: str = Field(DEFAULT_DATASET, description=f"{names.choices()} | {names.SPEC} (a user's table)")
     preset: DataPreset = Field("default", description="dataset size preset of the loader (tiny | small | default | paper)")
     n_sites: int = Field(10, ge=1, le=1000, description="number of sites (paper Table II: 10)")
     alpha: float = Field(10.0, gt=0, description="Dirichlet concentration of the non-IID split (Table II: 10)")

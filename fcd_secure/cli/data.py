@@ -9,6 +9,7 @@ from typing import Any, Optional
 import typer
 
 from fcd_secure.cli.app import emit, new_app, stderr, stdout
+from fcd_secure.data import names
 from fcd_secure.cli.envelope import CliError, ok
 
 app = new_app(help="Validate and describe datasets (schema, DKT-Synth, real datasets).")
@@ -97,7 +98,7 @@ def _fmt_pair(ours: Any, paper: Any) -> str:
 def describe(
     dataset: list[str] = typer.Option(
         ["all"], "--dataset", "-d",
-        help="dkt-synth, tumour, statics2011, assistments2009, diabetes130, obd, or all (repeat the option for several).",
+        help=f"{names.choices(', ')}, or all (repeat the option for several).",
     ),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Folder holding the datasets "
                                             "(default: $FCD_DATA_DIR, then ../shared/data next to the project)."),

@@ -14,6 +14,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
+from fcd_secure.data import names
 from fcd_secure.cli.app import emit, say_identifier, stderr, stdout
 from fcd_secure.cli.envelope import EXIT_OK, CliError, ok
 from fcd_secure.cli.resolve import PRESET_HELP, RunOptions, resolve_config
@@ -41,7 +42,7 @@ def register(app: typer.Typer) -> None:
         rounds: Optional[int] = typer.Option(None, "--rounds", min=1, help="Rounds (preset default)."),
         clients_per_round: Optional[int] = typer.Option(None, "--clients-per-round", min=1, help="Sites per round (default all)."),
         seed: Optional[int] = typer.Option(None, "--seed", help="Seed of split, initialisation, sampling and training."),
-        dataset: Optional[str] = typer.Option(None, "--dataset", help="dkt-synth (default) | statics2011 | assistments2009 | diabetes130 | obd."),
+        dataset: Optional[str] = typer.Option(None, "--dataset", help=names.choices(default="dkt-synth") + "."),
         spec: Optional[tuple[Path, Path]] = typer.Option(None, "--spec", metavar="SPEC TABLE", help="Your own data: a dataset spec file and the table it describes (checked as `fcd data validate` does)."),
         data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Real datasets root (default $FCD_DATA_DIR, then ../shared/data of a source checkout)."),
         config_file: Optional[Path] = typer.Option(None, "--config", exists=True, dir_okay=False, help="A run config (TOML/JSON, e.g. a run folder's config.toml); options given override only what they name."),

@@ -16,6 +16,7 @@ from fcd_secure.data.federated import FederatedData, split_into_sites
 from fcd_secure.data.partition import site_assignment
 from fcd_secure.data.preprocess import dataset_from_files
 from fcd_secure.data.schema import SiteDataset
+from fcd_secure.data import names
 from fcd_secure.data.sources import SOURCES, DatasetSource
 from fcd_secure.data.spec import DataError
 
@@ -36,6 +37,8 @@ if len(_BY_NAME) != len(SOURCES):
 
 #: Dataset names, in the order ``fcd data describe`` lists them.
 DATASETS: tuple[str, ...] = tuple(_BY_NAME)
+if DATASETS != names.DATASETS:  # the one list of names (data.names) and the loaders behind them agree
+    raise ImportError(f"data.sources.SOURCES {DATASETS} differ from data.names.DATASETS {names.DATASETS}")
 
 #: Paper Table I, "Datasets after preprocessing into the unified (X, A, T, Y)", for the datasets it lists.
 PAPER_TABLE_I: Mapping[str, Mapping[str, int]] = {s.name: s.table_i for s in SOURCES if s.table_i is not None}

@@ -33,14 +33,14 @@ from fcd_secure._io import atomic_write_text, jsonable
 from fcd_secure.evaluation.metrics import summarise
 from fcd_secure.evaluation.plots import plot_metric_vs_round, plot_policy_values, plot_utility_vs_uplink
 from fcd_secure.experiments.reproduction.cells import ABLATIONS
+from fcd_secure.data.names import LABELS
 from fcd_secure.experiments.reproduction.paper import PAPER_METHOD, TABLE_III, TABLE_IV
 from fcd_secure.experiments.tables import mean_sd_table, skill_flags
 
 __all__ = ["DATASET_LABELS", "POLICIES", "TABLE3_ORDER", "build_outputs", "paper_fmt"]
 
 POLICIES = ("never", "always", "early_on", "late_on")
-DATASET_LABELS = {"dkt-synth": "DKT-Synth", "diabetes130": "Diabetes-130", "obd": "OpenBandit",
-                  "statics2011": "Statics2011"}
+DATASET_LABELS = LABELS  # data.names: the one registry of dataset names
 #: Table III's row order (the paper's).
 TABLE3_ORDER = ("fed_causaldiff", "full_sync", "no_ldis", "fedcm", "crn", "timegan", "rcgan")
 

@@ -32,10 +32,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from fcd_secure.data.names import PAPER_DATASETS
+
 __all__ = ["DATASETS", "PRESETS", "ReproPreset", "get_preset"]
 
-#: The four datasets of paper Table I, in the order the report lists them.
-DATASETS: tuple[str, ...] = ("dkt-synth", "diabetes130", "obd", "statics2011")
+#: The four datasets of paper Table I, in the order the report lists them (``data.names.PAPER_DATASETS``).
+DATASETS: tuple[str, ...] = PAPER_DATASETS
 
 
 class ReproPreset(BaseModel):
