@@ -42,7 +42,7 @@ DataPreset = Literal["tiny", "small", "default", "paper"]
 DEFAULT_DATASET = "dkt-synth"
 #: Datasets generated with their ground truth (the registry's generated sources), and the ``[data]`` keys that are
 #: options of their generators (``data.sources.base.WORLD_OPTIONS``); a test holds both to the registry.
-GENERATED_WORLDS = ("dkt-synth", "tumour")
+GENERATED_WORLDS = names.GENERATED  # data.names: the one registry of dataset names
 WORLD_KEYS = ("gamma", "effect_horizon", "site_spread")
 
 
