@@ -18,7 +18,7 @@ from tests.test_model_core import TINY, make_ds
 
 BASELINES = ("crn", "rcgan", "timegan", "fedcm")
 N_SITES = 3
-#: Secure aggregation needs at least four sites (its default policy, DESIGN P10).
+#: Secure aggregation needs at least four sites (its default policy, docs/threats.md P10).
 SECURE_SITES = 4
 
 

@@ -1,4 +1,4 @@
-"""Plain FedAvg survives one malicious or broken site (DESIGN P26): a NaN update, a float64 1e300 update, a claimed
+"""Plain FedAvg survives one malicious or broken site (docs/threats.md P26): a NaN update, a float64 1e300 update, a claimed
 n = 1e12 and a wrong shape are each dropped and named, and the round goes on with the honest sites."""
 
 from __future__ import annotations

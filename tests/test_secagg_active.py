@@ -1,4 +1,4 @@
-"""Secure aggregation against an active adversary (Bonawitz et al., CCS 2017 §4 Fig. 6 and §6; DESIGN.md P1, P10,
+"""Secure aggregation against an active adversary (Bonawitz et al., CCS 2017 §4 Fig. 6 and §6; docs/threats.md P1, P10,
 P19, P26): a server colluding with a site that signs two survivor views, the 3-site timeout, every check a site
 makes before it reveals a share, corrupted Shamir shares (responder or dealer named, never a garbage aggregate),
 and inputs outside the clip range or with a negative weight. All parties are real ``SecAggClient`` /

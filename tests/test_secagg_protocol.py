@@ -1,4 +1,4 @@
-"""The double-masking protocol end to end in memory, and one test per attack or fault of DESIGN.md:
+"""The double-masking protocol end to end in memory, and one test per attack or fault of docs/threats.md:
 P1 lying server, P2 substituted keys, P3 unsafe parameters, P5 replay, P7 plaintext numbers, P8 dropouts,
 P9 late vector, P10 too few sites, P12 split global models, P18 secrets in logs."""
 

@@ -1,4 +1,4 @@
-"""The site decides what leaves it (DESIGN P20, P21, P22): attacks by the server, against the real ClientApp.
+"""The site decides what leaves it (docs/threats.md P20, P21, P22): attacks by the server, against the real ClientApp.
 
 Each attack is driven the way a (malicious) server would: a run config of its choosing, or a message of its choosing,
 delivered to the real ClientApp (egress gate, guard, handlers, real model, data, ledgers and policy files on disk),

@@ -73,7 +73,7 @@ def screen_update(
 ) -> str | None:
     """Why one site's clear-text update may not enter the average, or ``None`` if it may (robust plain FedAvg).
 
-    One malicious or broken site must not wreck the round for everyone (DESIGN P26): its update is checked on its
+    One malicious or broken site must not wreck the round for everyone (docs/threats.md P26): its update is checked on its
     own — exact tensor names, each tensor's shape and dtype as the manifest says (a float64 ``1e300`` would become
     ``inf`` once cast), finite values, and a sample count that is a whole number in ``[1, max_count]`` (a claimed
     ``n = 1e12`` would otherwise replace the model) — so the caller can drop it, name the site and go on.

@@ -53,7 +53,7 @@ def backend_config(num_cpus: int = 2) -> dict:
 
 def provision_simulated_roster(cfg: RunConfig) -> None:
     """Secure mode needs each site's identity key pinned in a roster that sites read from configuration, never
-    from the server (DESIGN P2). In a simulation all sites share one state root, so the operator's provisioning
+    from the server (docs/threats.md P2). In a simulation all sites share one state root, so the operator's provisioning
     step is done here: keys are created in each site's state directory and the roster is written beside them."""
     provision_roster(cfg.state_dir, [default_site_id(i) for i in range(cfg.data.n_sites)])
 

@@ -1,4 +1,4 @@
-"""The site's own SuperExec: only the consortium's pinned app ever runs on a site (DESIGN P27).
+"""The site's own SuperExec: only the consortium's pinned app ever runs on a site (docs/threats.md P27).
 
 Open-source Flower 1.42 lets anyone who reaches the SuperLink submit an app (``flwr run``; the Control API is
 unauthenticated), and a SuperNode then runs that app's ClientApp code. Its FAB verification

@@ -5,7 +5,7 @@ count and its local objective; the server forms ``Σ n_i Θc_i / Σ n_i`` with :
 In the "w/o DSS" ablation (paper Table III) the same flow averages every parameter but the site-bound ones (part
 ``full``).
 
-Robust to one bad site (DESIGN P26): each reply is screened on its own (:func:`~fcd_secure.aggregation.fedavg.
+Robust to one bad site (docs/threats.md P26): each reply is screened on its own (:func:`~fcd_secure.aggregation.fedavg.
 screen_update`: names, shapes and dtypes of the manifest, finite values, a whole sample count within the consortium's
 pinned maximum); a bad update is dropped, recorded with its site in the round's metrics (``dropped``) and logged,
 and the round goes on if at least ``min_replies`` good updates remain.

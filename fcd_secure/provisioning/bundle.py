@@ -3,7 +3,7 @@
 A bundle is a signed document (:mod:`.signed`, type ``bundle``) whose payload carries everything a site pins at
 join: ``consortium.toml`` and the data spec (texts), the CA certificate (PEM), the SuperLink address, and the
 roster of every enrolled site's Ed25519 identity key (public keys only; secure aggregation authenticates sites by
-it, DESIGN P2). Adding a site changes the roster, so every enrolled site's bundle is re-issued; a site re-joins with
+it, docs/threats.md P2). Adding a site changes the roster, so every enrolled site's bundle is re-issued; a site re-joins with
 its newest bundle before the first run (``fcd site join`` accepts a newer bundle of the same consortium).
 """
 

@@ -2,7 +2,7 @@
 
 Federated evaluation sends sums over a site's test trajectories (``queries.evaluation``). If the server could
 choose the rows, asking for 1, 2 and 3 rows and subtracting would give one patient's outcomes, true effect and
-logged propensities exactly (DESIGN P22). So the server's ``max-rows`` is only a request:
+logged propensities exactly (docs/threats.md P22). So the server's ``max-rows`` is only a request:
 
 * rows come from one fixed permutation of the test split, seeded by the site's identity and the split itself
   (never by anything the server sends), and an evaluation covers a prefix of it;

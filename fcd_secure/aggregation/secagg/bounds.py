@@ -1,4 +1,4 @@
-"""What one site's encoded input and the unmasked sum of n inputs may hold (DESIGN P6, P14, P26).
+"""What one site's encoded input and the unmasked sum of n inputs may hold (docs/threats.md P6, P14, P26).
 
 :func:`.encoding.encode` writes, per site, a weight ``n_i`` in [1, max_weight], a clipped count in [0, m + p]
 (m metrics, p parameters) and values ``rint(x * f_i)`` with ``|x| <= clip`` and ``f_i = n_i / max_weight *

@@ -416,7 +416,7 @@ class SecAggClient:
     # -- stage 4 ----------------------------------------------------------------------------------------------
     def _check_unmask_request(self, req: UnmaskRequest) -> None:
         """Every check of the unmask request that this site can make from what it saw (Bonawitz et al. §4, Fig. 6,
-        round 4, active model; DESIGN P1, P12, P19). Any failure aborts before a single share is revealed.
+        round 4, active model; docs/threats.md P1, P12, P19). Any failure aborts before a single share is revealed.
 
         1. no site is both alive and dropped (P1);
         2. this site is not listed as dropped: it is alive and answering;

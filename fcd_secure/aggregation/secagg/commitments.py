@@ -1,4 +1,4 @@
-"""Commitments to the shared secrets and to every dealt share; reconstruction checked against them (DESIGN P26).
+"""Commitments to the shared secrets and to every dealt share; reconstruction checked against them (docs/threats.md P26).
 
 Bonawitz et al. (CCS 2017 §4, rounds 1 and 4) reconstruct the self-mask seed b_u and the mask key s_u^SK from
 any t shares without checking them: one corrupted share yields a wrong secret, the server removes a wrong mask and

@@ -1,4 +1,4 @@
-"""Site-pinned policy of secure aggregation (Bonawitz et al., CCS 2017 §4 and §6; DESIGN.md P3, P6, P10, P17, P19).
+"""Site-pinned policy of secure aggregation (Bonawitz et al., CCS 2017 §4 and §6; docs/threats.md P3, P6, P10, P17, P19).
 
 The *site* decides what it will accept; the server only proposes round parameters, and a site refuses a
 round whose parameters are weaker than its :class:`SecAggPolicy` (a server asking for a threshold below the

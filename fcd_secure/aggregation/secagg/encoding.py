@@ -1,4 +1,4 @@
-"""The vector a site masks: layout from the Θc manifest, fixed point with clipping (DESIGN P6, P7, P14, P15).
+"""The vector a site masks: layout from the Θc manifest, fixed point with clipping (docs/threats.md P6, P7, P14, P15).
 
 Word layout of one site's vector (all uint32, arithmetic mod 2**32, two's complement for negatives)::
 

@@ -19,7 +19,7 @@ class ProtocolError(SecAggError):
 
 
 class PolicyError(SecAggError):
-    """The server asked for round parameters weaker than the site's pinned policy (DESIGN P3, P6, P10)."""
+    """The server asked for round parameters weaker than the site's pinned policy (docs/threats.md P3, P6, P10)."""
 
 
 class AbortRound(SecAggError):
@@ -31,7 +31,7 @@ class AbortRound(SecAggError):
 
 
 class Misbehaviour(AbortRound):
-    """A named site broke the protocol in a way the party that raises it can check (DESIGN P26).
+    """A named site broke the protocol in a way the party that raises it can check (docs/threats.md P26).
 
     Examples: a revealed Shamir share that does not match the commitment its dealer signed in the advertise
     stage (the responder is named), committed shares that do not reconstruct the committed secret (the dealer

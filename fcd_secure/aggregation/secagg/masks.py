@@ -1,4 +1,4 @@
-"""Pseudorandom masks over uint32 words (Bonawitz et al., CCS 2017 §4, "PRG"; DESIGN P4, P16).
+"""Pseudorandom masks over uint32 words (Bonawitz et al., CCS 2017 §4, "PRG"; docs/threats.md P4, P16).
 
 A mask is the AES-128-CTR keystream of a 128-bit key taken straight from HKDF (:mod:`.keys`), read as
 little-endian uint32 words: every word is uniform on Z_{2^32}, with no seed folding, no Mersenne Twister and

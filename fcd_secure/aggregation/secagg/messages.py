@@ -23,7 +23,7 @@ import numpy as np
 from .errors import ProtocolError
 
 MAGIC = b"FSA"
-VERSION = 2  # 2: signed secret and share commitments in ADVERTISE, signed UNMASK (DESIGN P26)
+VERSION = 2  # 2: signed secret and share commitments in ADVERTISE, signed UNMASK (docs/threats.md P26)
 SESSION_BYTES = 16
 HASH_BYTES = 32
 KEY_BYTES = 32
@@ -247,7 +247,7 @@ class Advertise:
     ``commit_s`` / ``commit_b`` commit to s_u^SK and to the self-mask seed b_u; ``share_commits[j]`` is the pair
     (commitment of the share of s_u^SK, commitment of the share of b_u) dealt to the site of share index ``j + 1``
     (:mod:`.commitments`). All of it is signed with the site's Ed25519 identity key, so a revealed share, a
-    reconstructed secret and the dealer's own shares can all be checked later (DESIGN P26).
+    reconstructed secret and the dealer's own shares can all be checked later (docs/threats.md P26).
     """
 
     session_id: bytes
@@ -512,7 +512,7 @@ class UnmaskRequest:
 @dataclass(frozen=True)
 class Unmask:
     """Stage 4 reply: the shares a site reveals, signed with its identity key so that a corrupted share is
-    evidence against its sender, not something the channel could have done (DESIGN P26)."""
+    evidence against its sender, not something the channel could have done (docs/threats.md P26)."""
 
     session_id: bytes
     round_id: int

@@ -9,7 +9,7 @@ the global model stays as it was. After the unmask stage :meth:`finish` reconstr
 the alive sites and the mask keys of the dropped ones, each share and each secret checked against the
 commitments its dealer signed in stage 0 (:mod:`.commitments`), checks the unmasked sum against what n clipped
 inputs allow (:mod:`.bounds`) and returns the weighted FedAvg (:class:`.encoding.Aggregate`). A site caught
-breaking the protocol is named in :attr:`RoundReport.culprits` (DESIGN P26).
+breaking the protocol is named in :attr:`RoundReport.culprits` (docs/threats.md P26).
 
 A masked vector arriving after the stage closed is refused (P9); even if the server kept it, the honest
 sites have revealed only the *mask key* of a site they consider dropped, never its self-mask seed.
@@ -98,7 +98,7 @@ class SecAggServer:
     """One secure-aggregation round on the server. ``selected`` is U0; the threshold defaults to the policy's
     floor(2n/3) + 1. ``roster`` (site -> Ed25519 public key) lets the server drop a site with a bad signature early
     (sites check signatures themselves anyway) and makes every culprit it names rest on signed evidence: the
-    commitments a site advertised and the shares it revealed are verified against its roster key (DESIGN P26)."""
+    commitments a site advertised and the shares it revealed are verified against its roster key (docs/threats.md P26)."""
 
     def __init__(
         self,

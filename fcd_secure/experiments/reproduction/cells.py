@@ -88,7 +88,7 @@ def cell_config(
     """The run configuration of ``cell`` (Table II protocol at the preset's size; ``lr`` from the selection).
 
     ``secure`` turns secure aggregation on for every cell but the "w/o DSS" ablation: it synchronises Θs, which may
-    never enter the masked vector (DESIGN P15), so it runs with plain FedAvg.
+    never enter the masked vector (docs/threats.md P15), so it runs with plain FedAvg.
     """
     model: dict[str, Any] = {**preset.model, "simulator": cell.simulator, "lr": float(lr)}
     if cell.method == "no_ldis":

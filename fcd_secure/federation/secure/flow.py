@@ -1,4 +1,4 @@
-"""The server side of pairwise-masked secure aggregation of Θc (Bonawitz et al., CCS 2017; DESIGN.md P1–P18).
+"""The server side of pairwise-masked secure aggregation of Θc (Bonawitz et al., CCS 2017; docs/threats.md P1–P18).
 
 Paper §III-B (DSS) and Table II: each sampled site trains (Θc, Θs_i) locally and only Θc is aggregated with
 sample-size-weighted FedAvg. Here the server learns only the weighted sum. :class:`SecureAggregationFlow` is an
@@ -288,7 +288,7 @@ class SecureAggregationFlow(AggregationFlow[SecureSum]):
             "quantisation_bound": agg.quantisation_bound + _max_abs(theta) * 2.0**-23,
             "secagg": dict(collected.report),
         }
-        if collected.report.get("culprits"):  # sites the protocol excluded for misbehaving, named (DESIGN P26)
+        if collected.report.get("culprits"):  # sites the protocol excluded for misbehaving, named (docs/threats.md P26)
             metrics["dropped"] = dict(collected.report["culprits"])
         if agg.clipped_fraction > 0:
             log.warning(

@@ -2,7 +2,7 @@
 
 Site identity: each site's Ed25519 key is created on first use in its state directory
 (``SiteState.identity_private_key``). The *roster* of every site's public key is configuration, never learned from
-the server (DESIGN.md P2): a site reads it from ``node_config["secagg-roster"]`` (a JSON file
+the server (docs/threats.md P2): a site reads it from ``node_config["secagg-roster"]`` (a JSON file
 ``{"version": 1, "sites": {site_id: hex public key}}``) or, by default, from ``<state_root>/secagg_roster.json``,
 which :func:`provision_roster` writes for a federation whose sites share one state root (the operator's
 provisioning step; in a deployment each hospital receives the same file out of band).
