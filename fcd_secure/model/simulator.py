@@ -17,7 +17,8 @@ get/set of parameters by part.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Union
 
@@ -226,8 +227,9 @@ class Simulator(ABC):
     """A causal simulator: build, train on a site, name its Θc/Θs parts, roll out policies, estimate effects.
 
     Subclasses set :attr:`name` and :attr:`theta_s_modules` and implement :meth:`from_dims`,
-    :meth:`make_optimizer`, :meth:`train_site`, :meth:`simulate` and :meth:`factual_probs`; effects, policy
-    rollouts and the parameter parts come from this base.
+    :meth:`make_optimizer`, :meth:`train_site`, :meth:`_simulate` and :meth:`factual_probs`; the public
+    :meth:`simulate`, effects, policy rollouts and the parameter parts come from this base. The paper's recurrent
+    baselines share one more template, :class:`~fcd_secure.model.baselines.rollout.SteppedSimulator`.
 
     Attributes:
         name: the simulator's key (``fcd train --methods``).
@@ -314,7 +316,6 @@ class Simulator(ABC):
         set_params(self.module, part, arrays, self.theta_s_modules, self.site_bound_modules)
 
     # -- do-questions ----------------------------------------------------------------------------------------
-    @abstractmethod
     def simulate(
         self,
         ds: SiteDataset,
@@ -326,7 +327,8 @@ class Simulator(ABC):
         anchors: tuple[int, int] | None = None,
         **kw: Any,
     ) -> SimResult:
-        """Roll out ``plan`` for every trajectory of ``ds`` from ``start_t`` for ``horizon`` steps.
+        """Roll out ``plan`` for every trajectory of ``ds`` from ``start_t`` for ``horizon`` steps (the simulator's
+        :meth:`_simulate`; the signature and its meaning are written once, here).
 
         Args:
             ds: trajectories; the history before ``start_t`` is taken as logged.
@@ -336,8 +338,24 @@ class Simulator(ABC):
             start_t: first simulated step.
             horizon: steps to simulate (None: to the end).
             anchors: ``(a_off, a_on)`` for a policy plan.
-            **kw: simulator-specific options (e.g. sampler, steps).
+            **kw: simulator-specific options (e.g. sampler, steps); a simulator without options refuses any.
         """
+        return self._simulate(ds, plan, n_samples, seed, start_t, horizon, anchors, **kw)
+
+    @abstractmethod
+    def _simulate(self, ds: SiteDataset, plan: Plan, n_samples: int, seed: int, start_t: int, horizon: int | None,
+                  anchors: tuple[int, int] | None, **kw: Any) -> SimResult:
+        """The simulator's rollout (arguments as :meth:`simulate`)."""
+
+    @contextmanager
+    def evaluating(self) -> Iterator[nn.Module]:
+        """:attr:`module` in eval mode for the block, its mode restored after (rollouts and factual scores)."""
+        was = self.module.training
+        self.module.eval()
+        try:
+            yield self.module
+        finally:
+            self.module.train(was)
 
     def simulate_policy(
         self, ds: SiteDataset, policy: Plan, anchors: tuple[int, int], n_samples: int, seed: int, **kw: Any

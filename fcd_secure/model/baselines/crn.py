@@ -36,22 +36,19 @@ Choices the paper leaves open (or that this setting forces), stated here:
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from fcd_secure.data.schema import SiteDataset
-from fcd_secure.model.batch import Batch, dataset_tensors
+from fcd_secure.model.batch import Batch
 from fcd_secure.model.config import ModelConfig
 from fcd_secure.model.losses import masked_mean
 from fcd_secure.model.networks import grad_reverse, mlp
-from fcd_secure.model.baselines.fitting import run_local_round, step_group
-from fcd_secure.model.baselines.rollout import check_dims, rollout
-from fcd_secure.model.baselines.sequence import check_binary, history_inputs, shift_right
-from fcd_secure.model.simulator import Plan, SimResult, Simulator
+from fcd_secure.model.baselines.fitting import step_group
+from fcd_secure.model.baselines.rollout import Stepper, SteppedSimulator
+from fcd_secure.model.baselines.sequence import history_inputs, shift_right
 
 __all__ = ["CRNNetwork", "CRNSimulator"]
 
@@ -97,31 +94,13 @@ class CRNNetwork(nn.Module):
         return head(torch.cat([rep, self.action_emb(T)], -1))[..., 0]
 
 
-class CRNSimulator(Simulator):
+class CRNSimulator(SteppedSimulator):
     """CRN behind the :class:`~fcd_secure.model.simulator.Simulator` protocol (module docstring)."""
 
     name = "crn"
     theta_s_modules = ()
-
-    def __init__(self, net: CRNNetwork, config: ModelConfig) -> None:
-        super().__init__(net, config)
-        self.net = net
-
-    @classmethod
-    def from_dims(
-        cls, cfg: ModelConfig, dx: int, da: int, n_actions: int, n_sites: int, n_endogenous: int = 0
-    ) -> "CRNSimulator":
-        """Sizes from ``cfg`` (module docstring); parameters initialised from ``cfg.seed``; ``n_sites`` unused;
-        ``n_endogenous`` too: like its paper it has no context model, so rollouts replay every logged context.
-
-        Raises:
-            ValueError: for a non-binary outcome.
-        """
-        check_binary(cfg, cls.name)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(cfg.seed)
-            net = CRNNetwork(cfg, dx, da, n_actions)
-        return cls(net, cfg)
+    network = CRNNetwork
+    label = "CRN"
 
     def make_optimizer(self) -> torch.optim.Optimizer:
         """Adam at ``cfg.lr`` over every parameter."""
@@ -172,61 +151,21 @@ class CRNSimulator(Simulator):
             outs.append(h)
         return torch.stack(outs, 1)
 
-    def train_site(
-        self, ds: SiteDataset, site_index: int | None, n_sites: int, epochs: int = 1, seed: int = 0
-    ) -> dict[str, float]:
-        """One local round of the encoder and decoder losses; the site label is not used."""
+    def train_step(self, b: Batch) -> dict[str, float]:
+        """One step of the encoder and decoder losses; the site label is not used."""
+        loss, parts = self.losses(b)
+        step_group(self.optimizer, loss, None, self.config.grad_clip)
+        return parts
 
-        def step(b: Batch) -> dict[str, float]:
-            loss, parts = self.losses(b)
-            step_group(self.optimizer, loss, None, self.config.grad_clip)
-            return parts
-
-        return run_local_round(self.net, ds, self.config.batch_size, epochs, seed, step)
-
-    # -- do-questions ----------------------------------------------------------------------------------------
-    def simulate(
-        self,
-        ds: SiteDataset,
-        plan: Plan,
-        n_samples: int,
-        seed: int,
-        start_t: int = 0,
-        horizon: int | None = None,
-        anchors: tuple[int, int] | None = None,
-        **kw: Any,
-    ) -> SimResult:
+    def stepper(self, ds: SiteDataset, rows: np.ndarray, start_t: int, S: int, g: torch.Generator) -> Stepper:
         """Encoder over the logged history before ``start_t``, its outcome head at ``start_t``, then the decoder fed
-        with the plan's actions and its own sampled outcomes.
+        with the plan's actions and its own sampled outcomes."""
+        return _CRNStepper(self.net, ds, rows, start_t, S)
 
-        Raises:
-            TypeError: for options only another simulator knows (``kw`` must be empty).
-            ValueError: dims that do not match, or a bad window or plan.
-        """
-        if kw:
-            raise TypeError(f"the CRN simulator takes no options {sorted(kw)}")
+    def factual_tensor(self, b: Batch, ds: SiteDataset) -> torch.Tensor:
+        """The encoder's one-step E[Y_t | Φ_t, logged T_t]."""
         net = self.net
-        check_dims(ds, net.dims, self.name)
-        was = net.training
-        net.eval()
-        try:
-            return rollout(ds, plan, n_samples, seed, start_t, horizon, anchors, net.n_actions,
-                           lambda rows, t0, S, g: _CRNStepper(net, ds, rows, t0, S), {"model": self.name})
-        finally:
-            net.train(was)
-
-    @torch.no_grad()
-    def factual_probs(self, ds: SiteDataset) -> np.ndarray:
-        """The encoder's one-step E[Y_t | Φ_t, logged T_t], float64 ``[n, L]``."""
-        net = self.net
-        was = net.training
-        net.eval()
-        try:
-            b = dataset_tensors(ds, 0)
-            p = torch.sigmoid(net.outcome_logit(net.enc_outcome, net.encode(b.X, b.A, b.T, b.Y), b.T))
-        finally:
-            net.train(was)
-        return p.numpy().astype(np.float64)
+        return torch.sigmoid(net.outcome_logit(net.enc_outcome, net.encode(b.X, b.A, b.T, b.Y), b.T))
 
 
 class _CRNStepper:

@@ -63,17 +63,8 @@ class FedCausalDiffSimulator(Simulator):
         return train_local(self.module, training_view(ds, cfg), cfg, site_index, n_sites, epochs=epochs, seed=seed,
                            optimizer=self.optimizer)
 
-    def simulate(
-        self,
-        ds: SiteDataset,
-        plan: Plan,
-        n_samples: int,
-        seed: int,
-        start_t: int = 0,
-        horizon: int | None = None,
-        anchors: tuple[int, int] | None = None,
-        **kw: Any,
-    ) -> SimResult:
+    def _simulate(self, ds: SiteDataset, plan: Plan, n_samples: int, seed: int, start_t: int, horizon: int | None,
+                  anchors: tuple[int, int] | None, **kw: Any) -> SimResult:
         """The latent do-simulation (:func:`~fcd_secure.model.simulate.simulate`; ``kw``: sampler, steps, rollout,
         sample_y, chunk_rows)."""
         return simulate(self.module, ds, plan, n_samples, seed, start_t=start_t, horizon=horizon, anchors=anchors, **kw)

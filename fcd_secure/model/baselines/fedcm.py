@@ -36,21 +36,18 @@ The sequential model here, and the choices the paper leaves open for it:
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from fcd_secure.data.schema import SiteDataset
-from fcd_secure.model.batch import Batch, dataset_tensors
+from fcd_secure.model.batch import Batch
 from fcd_secure.model.config import ModelConfig
-from fcd_secure.model.baselines.fitting import grouped_adam, run_local_round, step_group
-from fcd_secure.model.baselines.rollout import check_dims, rollout
-from fcd_secure.model.baselines.sequence import GUMBEL_TAU, check_binary, history_summary, shift_right, st_bernoulli
+from fcd_secure.model.baselines.fitting import grouped_adam, step_group
+from fcd_secure.model.baselines.rollout import Stepper, SteppedSimulator
+from fcd_secure.model.baselines.sequence import GUMBEL_TAU, history_summary, shift_right, st_bernoulli
 from fcd_secure.model.networks import mlp
-from fcd_secure.model.simulator import Plan, SimResult, Simulator
 
 __all__ = ["FACTUAL_DRAWS", "FedCMNetwork", "FedCMSimulator", "THETA_S_MODULES"]
 
@@ -125,116 +122,60 @@ def _mean(v: torch.Tensor, M: torch.Tensor) -> torch.Tensor:
     return (v * M).sum() / M.sum().clamp(min=1)
 
 
-class FedCMSimulator(Simulator):
+class FedCMSimulator(SteppedSimulator):
     """FedCM behind the :class:`~fcd_secure.model.simulator.Simulator` protocol (module docstring)."""
 
     name = "fedcm"
     theta_s_modules = THETA_S_MODULES
-
-    def __init__(self, net: FedCMNetwork, config: ModelConfig) -> None:
-        super().__init__(net, config)
-        self.net = net
-
-    @classmethod
-    def from_dims(
-        cls, cfg: ModelConfig, dx: int, da: int, n_actions: int, n_sites: int, n_endogenous: int = 0
-    ) -> "FedCMSimulator":
-        """Sizes from ``cfg``; parameters initialised from ``cfg.seed``; ``n_sites`` unused;
-        ``n_endogenous`` too: like its paper it has no context model, so rollouts replay every logged context.
-
-        Raises:
-            ValueError: for a non-binary outcome.
-        """
-        check_binary(cfg, cls.name)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(cfg.seed)
-            net = FedCMNetwork(cfg, dx, da, n_actions)
-        return cls(net, cfg)
+    network = FedCMNetwork
+    label = "FedCM"
 
     def make_optimizer(self) -> torch.optim.Optimizer:
         """One Adam over the groups ``generators`` and ``critics``, β = (0.5, 0.9)."""
         return grouped_adam(self.net.groups(), self.config.lr, BETAS)
 
-    def train_site(
-        self, ds: SiteDataset, site_index: int | None, n_sites: int, epochs: int = 1, seed: int = 0
-    ) -> dict[str, float]:
-        """One local round: per batch a critic step of both mechanisms, then a generator step of both."""
+    def train_step(self, b: Batch) -> dict[str, float]:
+        """Per batch a critic step of both mechanisms, then a generator step of both."""
         net, opt, clip = self.net, self.optimizer, self.config.grad_clip
+        B, L = b.T.shape
+        M = b.M
+        ctx = net.context(b.X, b.A, history_summary(b.Y, L))
+        t_pa = net.treat_parents(ctx, b.T)
+        real_t = F.one_hot(b.T, net.n_actions).float()
 
-        def step(b: Batch) -> dict[str, float]:
-            B, L = b.T.shape
-            M = b.M
-            ctx = net.context(b.X, b.A, history_summary(b.Y, L))
-            t_pa = net.treat_parents(ctx, b.T)
-            real_t = F.one_hot(b.T, net.n_actions).float()
+        def fakes() -> tuple[torch.Tensor, torch.Tensor]:
+            y = st_bernoulli(net.outcome_logit(ctx, b.T, torch.randn(B, L, net.noise_dim)), torch.rand(B, L))
+            logits_t = net.treat_gen(torch.cat([t_pa, torch.randn(B, L, net.noise_dim)], -1))
+            return y, F.gumbel_softmax(logits_t, tau=GUMBEL_TAU, hard=True)
 
-            def fakes() -> tuple[torch.Tensor, torch.Tensor]:
-                y = st_bernoulli(net.outcome_logit(ctx, b.T, torch.randn(B, L, net.noise_dim)), torch.rand(B, L))
-                logits_t = net.treat_gen(torch.cat([t_pa, torch.randn(B, L, net.noise_dim)], -1))
-                return y, F.gumbel_softmax(logits_t, tau=GUMBEL_TAU, hard=True)
+        fy, ft = fakes()
+        y_score = lambda y: net.outcome_score(y, ctx.detach(), b.T)  # noqa: E731
+        t_score = lambda t: net.treat_critic(torch.cat([t, t_pa.detach()], -1))[..., 0]  # noqa: E731
+        c_y = _mean(y_score(fy.detach()) - y_score(b.Y), M) + _gradient_penalty(y_score, b.Y, fy.detach(), M)
+        c_t = _mean(t_score(ft.detach()) - t_score(real_t), M) + _gradient_penalty(t_score, real_t, ft.detach(), M)
+        step_group(opt, c_y + c_t, "critics", clip)
+        fy, ft = fakes()
+        g_y = -_mean(y_score(fy), M)
+        g_t = -_mean(t_score(ft), M)
+        step_group(opt, g_y + g_t, "generators", clip)
+        parts = {"outcome_critic": float(c_y.detach()), "treatment_critic": float(c_t.detach()),
+                 "outcome_generator": float(g_y.detach()), "treatment_generator": float(g_t.detach())}
+        parts["total"] = sum(parts.values())
+        return parts
 
-            fy, ft = fakes()
-            y_score = lambda y: net.outcome_score(y, ctx.detach(), b.T)  # noqa: E731
-            t_score = lambda t: net.treat_critic(torch.cat([t, t_pa.detach()], -1))[..., 0]  # noqa: E731
-            c_y = _mean(y_score(fy.detach()) - y_score(b.Y), M) + _gradient_penalty(y_score, b.Y, fy.detach(), M)
-            c_t = _mean(t_score(ft.detach()) - t_score(real_t), M) + _gradient_penalty(t_score, real_t, ft.detach(), M)
-            step_group(opt, c_y + c_t, "critics", clip)
-            fy, ft = fakes()
-            g_y = -_mean(y_score(fy), M)
-            g_t = -_mean(t_score(ft), M)
-            step_group(opt, g_y + g_t, "generators", clip)
-            parts = {"outcome_critic": float(c_y.detach()), "treatment_critic": float(c_t.detach()),
-                     "outcome_generator": float(g_y.detach()), "treatment_generator": float(g_t.detach())}
-            parts["total"] = sum(parts.values())
-            return parts
+    def stepper(self, ds: SiteDataset, rows: np.ndarray, start_t: int, S: int, g: torch.Generator) -> Stepper:
+        """The outcome mechanism sampled step by step under do(T_t = plan), parents from the simulated history."""
+        return _FedCMStepper(self.net, ds, rows, start_t, S)
 
-        return run_local_round(net, ds, self.config.batch_size, epochs, seed, step)
-
-    def simulate(
-        self,
-        ds: SiteDataset,
-        plan: Plan,
-        n_samples: int,
-        seed: int,
-        start_t: int = 0,
-        horizon: int | None = None,
-        anchors: tuple[int, int] | None = None,
-        **kw: Any,
-    ) -> SimResult:
-        """The outcome mechanism sampled step by step under do(T_t = plan), parents from the simulated history.
-
-        Raises:
-            TypeError: for options only another simulator knows (``kw`` must be empty).
-            ValueError: dims that do not match, or a bad window or plan.
-        """
-        if kw:
-            raise TypeError(f"the FedCM simulator takes no options {sorted(kw)}")
+    def factual_tensor(self, b: Batch, ds: SiteDataset) -> torch.Tensor:
+        """σ(outcome logit) under the logged parents, averaged over :data:`FACTUAL_DRAWS` noise draws."""
         net = self.net
-        check_dims(ds, net.dims, self.name)
-        was = net.training
-        net.eval()
-        try:
-            return rollout(ds, plan, n_samples, seed, start_t, horizon, anchors, net.n_actions,
-                           lambda rows, t0, S, g: _FedCMStepper(net, ds, rows, t0, S), {"model": self.name})
-        finally:
-            net.train(was)
-
-    @torch.no_grad()
-    def factual_probs(self, ds: SiteDataset) -> np.ndarray:
-        """σ(outcome logit) under the logged parents, averaged over :data:`FACTUAL_DRAWS` noise draws, ``[n, L]``."""
-        net = self.net
-        was = net.training
-        net.eval()
-        try:
-            b = dataset_tensors(ds, 0)
-            ctx = net.context(b.X, b.A, history_summary(b.Y, ds.L))
-            g = torch.Generator().manual_seed(0)
-            acc = torch.zeros(ds.n, ds.L)
-            for _ in range(FACTUAL_DRAWS):
-                acc += torch.sigmoid(net.outcome_logit(ctx, b.T, torch.randn(ds.n, ds.L, net.noise_dim, generator=g)))
-        finally:
-            net.train(was)
-        return (acc / FACTUAL_DRAWS).numpy().astype(np.float64)
+        ctx = net.context(b.X, b.A, history_summary(b.Y, ds.L))
+        g = torch.Generator().manual_seed(0)
+        acc = torch.zeros(ds.n, ds.L)
+        for _ in range(FACTUAL_DRAWS):
+            acc += torch.sigmoid(net.outcome_logit(ctx, b.T, torch.randn(ds.n, ds.L, net.noise_dim, generator=g)))
+        return acc / FACTUAL_DRAWS
 
 
 class _FedCMStepper:

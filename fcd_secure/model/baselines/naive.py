@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from fcd_secure.data.schema import SiteDataset
-from fcd_secure.model.batch import Batch, dataset_tensors, make_loader
+from fcd_secure.model.baselines.fitting import run_local_round
+from fcd_secure.model.batch import Batch, dataset_tensors
 from fcd_secure.model.config import ModelConfig
 from fcd_secure.model.losses import masked_mean
 from fcd_secure.model.networks import mlp
@@ -97,40 +98,22 @@ class NaiveSimulator(Simulator):
     def train_site(
         self, ds: SiteDataset, site_index: int | None, n_sites: int, epochs: int = 1, seed: int = 0
     ) -> dict[str, float]:
-        """Maximum likelihood of the factual outcomes; the site label is not used."""
-        if epochs < 1:
-            raise ValueError(f"epochs must be >= 1, got {epochs}")
-        self.model.train()
+        """Maximum likelihood of the factual outcomes (:func:`run_local_round`); the site label is not used."""
         opt = self.optimizer
-        dl = make_loader(ds.without_propensities(), self.config.batch_size, seed, site_index=0)
-        total, count, steps = 0.0, 0, 0
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            for _ in range(epochs):
-                for raw in dl:
-                    batch = Batch.of(raw)
-                    opt.zero_grad(set_to_none=True)
-                    loss = self.model.nll(batch).mean()
-                    loss.backward()
-                    opt.step()
-                    steps += 1
-                    total += float(loss.detach()) * batch.size
-                    count += batch.size
-        nll = total / max(count, 1)
-        return {"nll": nll, "total": nll, "n": float(ds.n), "steps": float(steps), "epochs": float(epochs)}
+
+        def step(batch: Batch) -> dict[str, float]:
+            opt.zero_grad(set_to_none=True)
+            loss = self.model.nll(batch).mean()
+            loss.backward()
+            opt.step()
+            nll = float(loss.detach())
+            return {"nll": nll, "total": nll}
+
+        return run_local_round(self.model, ds, self.config.batch_size, epochs, seed, step)
 
     @torch.no_grad()
-    def simulate(
-        self,
-        ds: SiteDataset,
-        plan: Plan,
-        n_samples: int,
-        seed: int,
-        start_t: int = 0,
-        horizon: int | None = None,
-        anchors: tuple[int, int] | None = None,
-        **kw: Any,
-    ) -> SimResult:
+    def _simulate(self, ds: SiteDataset, plan: Plan, n_samples: int, seed: int, start_t: int, horizon: int | None,
+                  anchors: tuple[int, int] | None, **kw: Any) -> SimResult:
         """Roll forward, feeding the sampled Y back as Y_{t−1} (binary Y) or the mean (gaussian Y).
 
         Raises:
@@ -170,12 +153,8 @@ class NaiveSimulator(Simulator):
     @torch.no_grad()
     def factual_probs(self, ds: SiteDataset) -> np.ndarray:
         """E[Y_t | X, A_t, logged T_t, logged Y_{t−1}], float64 ``[n, L]``."""
-        was = self.model.training
-        self.model.eval()
-        try:
+        with self.evaluating() as model:
             b = dataset_tensors(ds, 0)
-            Xe, y_prev, first = self.model.step_inputs(b.X, b.Y)
-            p = self.model.mean(self.model(Xe, b.A, b.T, y_prev, first))
-        finally:
-            self.model.train(was)
+            Xe, y_prev, first = model.step_inputs(b.X, b.Y)
+            p = model.mean(model(Xe, b.A, b.T, y_prev, first))
         return p.numpy().astype(np.float64)

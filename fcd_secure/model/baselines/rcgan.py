@@ -34,21 +34,18 @@ Choices the paper leaves open (or that this setting forces), stated here:
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from fcd_secure.data.schema import SiteDataset
-from fcd_secure.model.batch import Batch, dataset_tensors
+from fcd_secure.model.batch import Batch
 from fcd_secure.model.config import ModelConfig
-from fcd_secure.model.baselines.fitting import grouped_adam, run_local_round, step_group
-from fcd_secure.model.baselines.rollout import check_dims, rollout
-from fcd_secure.model.baselines.sequence import check_binary, st_bernoulli
+from fcd_secure.model.baselines.fitting import grouped_adam, step_group
+from fcd_secure.model.baselines.rollout import Stepper, SteppedSimulator
+from fcd_secure.model.baselines.sequence import st_bernoulli
 from fcd_secure.model.losses import masked_mean
-from fcd_secure.model.simulator import Plan, SimResult, Simulator
 
 __all__ = ["FACTUAL_DRAWS", "RCGANNetwork", "RCGANSimulator"]
 
@@ -100,31 +97,13 @@ class RCGANNetwork(nn.Module):
         return self.disc_out(self.disc_rnn(inp)[0])[..., 0]
 
 
-class RCGANSimulator(Simulator):
+class RCGANSimulator(SteppedSimulator):
     """RCGAN behind the :class:`~fcd_secure.model.simulator.Simulator` protocol (module docstring)."""
 
     name = "rcgan"
     theta_s_modules = ()
-
-    def __init__(self, net: RCGANNetwork, config: ModelConfig) -> None:
-        super().__init__(net, config)
-        self.net = net
-
-    @classmethod
-    def from_dims(
-        cls, cfg: ModelConfig, dx: int, da: int, n_actions: int, n_sites: int, n_endogenous: int = 0
-    ) -> "RCGANSimulator":
-        """Sizes from ``cfg``; parameters initialised from ``cfg.seed``; ``n_sites`` unused;
-        ``n_endogenous`` too: like its paper it has no context model, so rollouts replay every logged context.
-
-        Raises:
-            ValueError: for a non-binary outcome.
-        """
-        check_binary(cfg, cls.name)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(cfg.seed)
-            net = RCGANNetwork(cfg, dx, da, n_actions)
-        return cls(net, cfg)
+    network = RCGANNetwork
+    label = "RCGAN"
 
     def make_optimizer(self) -> torch.optim.Optimizer:
         """One Adam over the groups ``generator`` and ``discriminator``."""
@@ -133,74 +112,36 @@ class RCGANSimulator(Simulator):
             self.config.lr, BETAS,
         )
 
-    def train_site(
-        self, ds: SiteDataset, site_index: int | None, n_sites: int, epochs: int = 1, seed: int = 0
-    ) -> dict[str, float]:
-        """One local round: per batch a discriminator step then a generator step; the site label is not used."""
+    def train_step(self, b: Batch) -> dict[str, float]:
+        """Per batch a discriminator step then a generator step; the site label is not used."""
         net, opt, clip = self.net, self.optimizer, self.config.grad_clip
+        B, L = b.T.shape
+        Z = torch.randn(B, L, net.noise_dim)
+        fake = st_bernoulli(net.generate(Z, b.X, b.A, b.T)[0], torch.rand(B, L))
+        d_real = net.discriminate(b.Y, b.X, b.A, b.T)
+        d_fake = net.discriminate(fake.detach(), b.X, b.A, b.T)
+        d_loss = (masked_mean(F.binary_cross_entropy_with_logits(d_real, torch.ones_like(d_real), reduction="none"), b.M)
+                  + masked_mean(F.binary_cross_entropy_with_logits(d_fake, torch.zeros_like(d_fake), reduction="none"), b.M)).mean()
+        step_group(opt, d_loss, "discriminator", clip)
+        g_out = net.discriminate(fake, b.X, b.A, b.T)
+        g_loss = masked_mean(F.binary_cross_entropy_with_logits(g_out, torch.ones_like(g_out), reduction="none"), b.M).mean()
+        step_group(opt, g_loss, "generator", clip)
+        d, g = float(d_loss.detach()), float(g_loss.detach())
+        return {"discriminator": d, "generator": g, "total": d + g}
 
-        def step(b: Batch) -> dict[str, float]:
-            B, L = b.T.shape
-            Z = torch.randn(B, L, net.noise_dim)
-            fake = st_bernoulli(net.generate(Z, b.X, b.A, b.T)[0], torch.rand(B, L))
-            d_real = net.discriminate(b.Y, b.X, b.A, b.T)
-            d_fake = net.discriminate(fake.detach(), b.X, b.A, b.T)
-            d_loss = (masked_mean(F.binary_cross_entropy_with_logits(d_real, torch.ones_like(d_real), reduction="none"), b.M)
-                      + masked_mean(F.binary_cross_entropy_with_logits(d_fake, torch.zeros_like(d_fake), reduction="none"), b.M)).mean()
-            step_group(opt, d_loss, "discriminator", clip)
-            g_out = net.discriminate(fake, b.X, b.A, b.T)
-            g_loss = masked_mean(F.binary_cross_entropy_with_logits(g_out, torch.ones_like(g_out), reduction="none"), b.M).mean()
-            step_group(opt, g_loss, "generator", clip)
-            d, g = float(d_loss.detach()), float(g_loss.detach())
-            return {"discriminator": d, "generator": g, "total": d + g}
+    def stepper(self, ds: SiteDataset, rows: np.ndarray, start_t: int, S: int, g: torch.Generator) -> Stepper:
+        """The generator run over the logged prefix (its actions, fresh noise), then under the plan's actions."""
+        return _RCGANStepper(self.net, ds, rows, start_t, S, g)
 
-        return run_local_round(net, ds, self.config.batch_size, epochs, seed, step)
-
-    def simulate(
-        self,
-        ds: SiteDataset,
-        plan: Plan,
-        n_samples: int,
-        seed: int,
-        start_t: int = 0,
-        horizon: int | None = None,
-        anchors: tuple[int, int] | None = None,
-        **kw: Any,
-    ) -> SimResult:
-        """The generator run over the logged prefix (its actions, fresh noise), then under the plan's actions.
-
-        Raises:
-            TypeError: for options only another simulator knows (``kw`` must be empty).
-            ValueError: dims that do not match, or a bad window or plan.
-        """
-        if kw:
-            raise TypeError(f"the RCGAN simulator takes no options {sorted(kw)}")
+    def factual_tensor(self, b: Batch, ds: SiteDataset) -> torch.Tensor:
+        """σ(logit_t) under the logged conditions, averaged over :data:`FACTUAL_DRAWS` noise draws."""
         net = self.net
-        check_dims(ds, net.dims, self.name)
-        was = net.training
-        net.eval()
-        try:
-            return rollout(ds, plan, n_samples, seed, start_t, horizon, anchors, net.n_actions,
-                           lambda rows, t0, S, g: _RCGANStepper(net, ds, rows, t0, S, g), {"model": self.name})
-        finally:
-            net.train(was)
-
-    @torch.no_grad()
-    def factual_probs(self, ds: SiteDataset) -> np.ndarray:
-        """σ(logit_t) under the logged conditions, averaged over :data:`FACTUAL_DRAWS` noise draws, ``[n, L]``."""
-        net = self.net
-        was = net.training
-        net.eval()
-        try:
-            b = dataset_tensors(ds, 0)
-            g = torch.Generator().manual_seed(0)
-            acc = torch.zeros(ds.n, ds.L)
-            for _ in range(FACTUAL_DRAWS):
-                Z = torch.randn(ds.n, ds.L, net.noise_dim, generator=g)
-                acc += torch.sigmoid(net.generate(Z, b.X, b.A, b.T)[0])
-        finally:
-            net.train(was)
-        return (acc / FACTUAL_DRAWS).numpy().astype(np.float64)
+        g = torch.Generator().manual_seed(0)
+        acc = torch.zeros(ds.n, ds.L)
+        for _ in range(FACTUAL_DRAWS):
+            Z = torch.randn(ds.n, ds.L, net.noise_dim, generator=g)
+            acc += torch.sigmoid(net.generate(Z, b.X, b.A, b.T)[0])
+        return acc / FACTUAL_DRAWS
 
 
 class _RCGANStepper:

@@ -1,6 +1,10 @@
 """The rollout loop of the recurrent baselines: one place that turns a plan into actions, draws the outcome noise and
 builds the :class:`~fcd_secure.model.simulator.SimResult`.
 
+:class:`SteppedSimulator` is the template of those baselines (CRN, RCGAN, TimeGAN, FedCM), in the manner of a
+Flower strategy base class: it owns building (seeded, binary outcomes only), the rollout and the factual scores, and
+each baseline writes only its network, its training step, its :class:`Stepper` and its factual logits.
+
 A baseline supplies a :class:`Stepper` for a chunk of rows (its state after the logged history before ``start_t``,
 already repeated ``n_samples`` times, patient-major); the loop asks it, step by step, for E[Y_t | state, do(T_t = a)]
 and then tells it the sampled outcome. Randomness comes from one generator per row chunk seeded by ``seed`` and the
@@ -10,16 +14,22 @@ plan — so two plans (two arms of an effect) share their random numbers (common
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import torch
+from torch import nn
 
 from fcd_secure.data.schema import SiteDataset
-from fcd_secure.model.simulator import Plan, SimResult, check_window, plan_fn
+from fcd_secure.model.batch import Batch, dataset_tensors
+from fcd_secure.model.baselines.fitting import run_local_round
+from fcd_secure.model.baselines.sequence import check_binary
+from fcd_secure.model.config import ModelConfig
+from fcd_secure.model.simulator import Plan, SimResult, Simulator, check_window, plan_fn
 
-__all__ = ["Stepper", "check_dims", "rollout"]
+__all__ = ["Stepper", "SteppedSimulator", "check_dims", "rollout"]
 
 
 class Stepper(Protocol):
@@ -104,3 +114,79 @@ def rollout(
             acts[rows, :, h] = a.reshape(b, S)
             y_hist = np.concatenate([y_hist, y.numpy()[:, None]], axis=1)
     return SimResult.from_rollout(name, ds, start_t, probs, ys, acts, meta={**meta, "seed": seed})
+
+
+class SteppedSimulator(Simulator):
+    """The template of the recurrent baselines: one network ``net`` built by :attr:`network`, trained by
+    :meth:`train_step` on every batch, rolled out by :func:`rollout` with the baseline's :meth:`stepper`, scored on the
+    logged history by :meth:`factual_tensor`.
+
+    Attributes:
+        network: the network class, built as ``network(cfg, dx, da, n_actions)`` (it exposes ``dims`` and
+            ``n_actions``).
+        label: the baseline's name in messages ("CRN", "RCGAN", ...).
+    """
+
+    network: ClassVar[type[nn.Module]]
+    label: ClassVar[str]
+
+    def __init__(self, net: nn.Module, config: ModelConfig) -> None:
+        super().__init__(net, config)
+        self.net = net
+
+    @classmethod
+    def from_dims(
+        cls, cfg: ModelConfig, dx: int, da: int, n_actions: int, n_sites: int, n_endogenous: int = 0
+    ) -> "SteppedSimulator":
+        """Sizes from ``cfg``; parameters initialised from ``cfg.seed``; ``n_sites`` unused; ``n_endogenous`` too:
+        like their papers these baselines have no context model, so rollouts replay every logged context.
+
+        Raises:
+            ValueError: for a non-binary outcome.
+        """
+        check_binary(cfg, cls.name)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed)
+            net = cls.network(cfg, dx, da, n_actions)
+        return cls(net, cfg)
+
+    def _simulate(self, ds: SiteDataset, plan: Plan, n_samples: int, seed: int, start_t: int, horizon: int | None,
+                  anchors: tuple[int, int] | None, **kw: Any) -> SimResult:
+        """The stepper's rollout (module docstring).
+
+        Raises:
+            TypeError: for options only another simulator knows (``kw`` must be empty).
+            ValueError: dims that do not match, or a bad window or plan.
+        """
+        if kw:
+            raise TypeError(f"the {self.label} simulator takes no options {sorted(kw)}")
+        check_dims(ds, self.net.dims, self.name)
+        with self.evaluating():
+            return rollout(ds, plan, n_samples, seed, start_t, horizon, anchors, self.net.n_actions,
+                           lambda rows, t0, S, g: self.stepper(ds, rows, t0, S, g), {"model": self.name})
+
+    @torch.no_grad()
+    def factual_probs(self, ds: SiteDataset) -> np.ndarray:
+        """:meth:`factual_tensor` on the logged history, in eval mode, float64 ``[n, L]``."""
+        with self.evaluating():
+            p = self.factual_tensor(dataset_tensors(ds, 0), ds)
+        return p.numpy().astype(np.float64)
+
+    def train_site(
+        self, ds: SiteDataset, site_index: int | None, n_sites: int, epochs: int = 1, seed: int = 0
+    ) -> dict[str, float]:
+        """One local round: :meth:`train_step` on every batch of ``epochs`` seeded passes (:func:`run_local_round`);
+        the site label is not used."""
+        return run_local_round(self.net, ds, self.config.batch_size, epochs, seed, self.train_step)
+
+    @abstractmethod
+    def train_step(self, b: Batch) -> dict[str, float]:
+        """One optimisation step on batch ``b``; returns its loss parts, ``total`` among them."""
+
+    @abstractmethod
+    def stepper(self, ds: SiteDataset, rows: np.ndarray, start_t: int, S: int, g: torch.Generator) -> Stepper:
+        """The baseline's state for ``rows`` after their logged history before ``start_t`` (:class:`Stepper`)."""
+
+    @abstractmethod
+    def factual_tensor(self, b: Batch, ds: SiteDataset) -> torch.Tensor:
+        """E[Y_t | logged history, logged T_t] at every step, ``[n, L]`` (``b``: ``ds`` as tensors)."""

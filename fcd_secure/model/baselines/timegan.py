@@ -42,21 +42,18 @@ Choices the paper leaves open (or that this setting forces), stated here:
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from fcd_secure.data.schema import SiteDataset
-from fcd_secure.model.batch import Batch, dataset_tensors
+from fcd_secure.model.batch import Batch
 from fcd_secure.model.config import ModelConfig
-from fcd_secure.model.baselines.fitting import grouped_adam, run_local_round, step_group
-from fcd_secure.model.baselines.rollout import check_dims, rollout
-from fcd_secure.model.baselines.sequence import check_binary, shift_right
+from fcd_secure.model.baselines.fitting import grouped_adam, step_group
+from fcd_secure.model.baselines.rollout import Stepper, SteppedSimulator
+from fcd_secure.model.baselines.sequence import shift_right
 from fcd_secure.model.losses import masked_mean
-from fcd_secure.model.simulator import Plan, SimResult, Simulator
 
 __all__ = ["TimeGANNetwork", "TimeGANSimulator"]
 
@@ -132,31 +129,13 @@ def _bce(logits: torch.Tensor, target: float, M: torch.Tensor) -> torch.Tensor:
     return masked_mean(F.binary_cross_entropy_with_logits(logits, torch.full_like(logits, target), reduction="none"), M).mean()
 
 
-class TimeGANSimulator(Simulator):
+class TimeGANSimulator(SteppedSimulator):
     """TimeGAN behind the :class:`~fcd_secure.model.simulator.Simulator` protocol (module docstring)."""
 
     name = "timegan"
     theta_s_modules = ()
-
-    def __init__(self, net: TimeGANNetwork, config: ModelConfig) -> None:
-        super().__init__(net, config)
-        self.net = net
-
-    @classmethod
-    def from_dims(
-        cls, cfg: ModelConfig, dx: int, da: int, n_actions: int, n_sites: int, n_endogenous: int = 0
-    ) -> "TimeGANSimulator":
-        """Sizes from ``cfg``; parameters initialised from ``cfg.seed``; ``n_sites`` unused;
-        ``n_endogenous`` too: like its paper it has no context model, so rollouts replay every logged context.
-
-        Raises:
-            ValueError: for a non-binary outcome.
-        """
-        check_binary(cfg, cls.name)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(cfg.seed)
-            net = TimeGANNetwork(cfg, dx, da, n_actions)
-        return cls(net, cfg)
+    network = TimeGANNetwork
+    label = "TimeGAN"
 
     def make_optimizer(self) -> torch.optim.Optimizer:
         """One Adam over the groups ``autoencoder``, ``generator`` and ``discriminator``."""
@@ -169,84 +148,45 @@ class TimeGANSimulator(Simulator):
         m[:, 0] = 0.0
         return masked_mean(((Hc - pred) ** 2).mean(-1), m).mean()
 
-    def train_site(
-        self, ds: SiteDataset, site_index: int | None, n_sites: int, epochs: int = 1, seed: int = 0
-    ) -> dict[str, float]:
-        """One local round: per batch an (e, r) step, a (g, s) step and a d step; the site label is not used."""
+    def train_step(self, b: Batch) -> dict[str, float]:
+        """Per batch an (e, r) step, a (g, s) step and a d step; the site label is not used."""
         net, opt, clip = self.net, self.optimizer, self.config.grad_clip
+        B, L = b.T.shape
+        C = net.cond(b.X, b.A, b.T)
+        Cd = net.cond(b.X, b.A, b.T, net.disc_action_emb)
+        # (e, r): reconstruction + λ · supervised
+        Hc = net.embed(C, b.Y)
+        rec = masked_mean(F.binary_cross_entropy_with_logits(net.recover(Hc, C), b.Y, reduction="none"), b.M).mean()
+        sup = self._supervised(Hc, C, b.M)
+        step_group(opt, rec + LAMBDA * sup, "autoencoder", clip)
+        # (g, s): unsupervised (fool d on ĥ and ê) + η · supervised on the (now fixed) real codes
+        C = net.cond(b.X, b.A, b.T).detach()
+        Hc = net.embed(C, b.Y).detach()
+        E_hat, _ = net.generate(torch.randn(B, L, net.k), C)
+        H_hat, _ = net.supervise(shift_right(E_hat, 0.0), C)
+        g_u = _bce(net.discriminate(H_hat, Cd), 1.0, b.M) + GAMMA * _bce(net.discriminate(E_hat, Cd), 1.0, b.M)
+        g_s = self._supervised(Hc, C, b.M)
+        step_group(opt, g_u + ETA * g_s, "generator", clip)
+        # d: real codes vs both generated paths (its conditions re-embedded: the last graph was freed)
+        Cd = net.cond(b.X, b.A, b.T, net.disc_action_emb)
+        d_loss = (_bce(net.discriminate(Hc, Cd), 1.0, b.M) + _bce(net.discriminate(H_hat.detach(), Cd), 0.0, b.M)
+                  + GAMMA * _bce(net.discriminate(E_hat.detach(), Cd), 0.0, b.M))
+        step_group(opt, d_loss, "discriminator", clip)
+        parts = {"reconstruction": float(rec.detach()), "supervised": float(g_s.detach()),
+                 "generator": float(g_u.detach()), "discriminator": float(d_loss.detach())}
+        parts["total"] = parts["reconstruction"] + parts["supervised"] + parts["generator"] + parts["discriminator"]
+        return parts
 
-        def step(b: Batch) -> dict[str, float]:
-            B, L = b.T.shape
-            C = net.cond(b.X, b.A, b.T)
-            Cd = net.cond(b.X, b.A, b.T, net.disc_action_emb)
-            # (e, r): reconstruction + λ · supervised
-            Hc = net.embed(C, b.Y)
-            rec = masked_mean(F.binary_cross_entropy_with_logits(net.recover(Hc, C), b.Y, reduction="none"), b.M).mean()
-            sup = self._supervised(Hc, C, b.M)
-            step_group(opt, rec + LAMBDA * sup, "autoencoder", clip)
-            # (g, s): unsupervised (fool d on ĥ and ê) + η · supervised on the (now fixed) real codes
-            C = net.cond(b.X, b.A, b.T).detach()
-            Hc = net.embed(C, b.Y).detach()
-            E_hat, _ = net.generate(torch.randn(B, L, net.k), C)
-            H_hat, _ = net.supervise(shift_right(E_hat, 0.0), C)
-            g_u = _bce(net.discriminate(H_hat, Cd), 1.0, b.M) + GAMMA * _bce(net.discriminate(E_hat, Cd), 1.0, b.M)
-            g_s = self._supervised(Hc, C, b.M)
-            step_group(opt, g_u + ETA * g_s, "generator", clip)
-            # d: real codes vs both generated paths (its conditions re-embedded: the last graph was freed)
-            Cd = net.cond(b.X, b.A, b.T, net.disc_action_emb)
-            d_loss = (_bce(net.discriminate(Hc, Cd), 1.0, b.M) + _bce(net.discriminate(H_hat.detach(), Cd), 0.0, b.M)
-                      + GAMMA * _bce(net.discriminate(E_hat.detach(), Cd), 0.0, b.M))
-            step_group(opt, d_loss, "discriminator", clip)
-            parts = {"reconstruction": float(rec.detach()), "supervised": float(g_s.detach()),
-                     "generator": float(g_u.detach()), "discriminator": float(d_loss.detach())}
-            parts["total"] = parts["reconstruction"] + parts["supervised"] + parts["generator"] + parts["discriminator"]
-            return parts
+    def stepper(self, ds: SiteDataset, rows: np.ndarray, start_t: int, S: int, g: torch.Generator) -> Stepper:
+        """Embed the logged prefix, then generate codes under the plan's actions (module docstring)."""
+        return _TimeGANStepper(self.net, ds, rows, start_t, S, g)
 
-        return run_local_round(net, ds, self.config.batch_size, epochs, seed, step)
-
-    def simulate(
-        self,
-        ds: SiteDataset,
-        plan: Plan,
-        n_samples: int,
-        seed: int,
-        start_t: int = 0,
-        horizon: int | None = None,
-        anchors: tuple[int, int] | None = None,
-        **kw: Any,
-    ) -> SimResult:
-        """Embed the logged prefix, then generate codes under the plan's actions (module docstring).
-
-        Raises:
-            TypeError: for options only another simulator knows (``kw`` must be empty).
-            ValueError: dims that do not match, or a bad window or plan.
-        """
-        if kw:
-            raise TypeError(f"the TimeGAN simulator takes no options {sorted(kw)}")
+    def factual_tensor(self, b: Batch, ds: SiteDataset) -> torch.Tensor:
+        """σ(r(s(real code of t−1, c_t), c_t)) for every step."""
         net = self.net
-        check_dims(ds, net.dims, self.name)
-        was = net.training
-        net.eval()
-        try:
-            return rollout(ds, plan, n_samples, seed, start_t, horizon, anchors, net.n_actions,
-                           lambda rows, t0, S, g: _TimeGANStepper(net, ds, rows, t0, S, g), {"model": self.name})
-        finally:
-            net.train(was)
-
-    @torch.no_grad()
-    def factual_probs(self, ds: SiteDataset) -> np.ndarray:
-        """σ(r(s(real code of t−1, c_t), c_t)) for every step, float64 ``[n, L]``."""
-        net = self.net
-        was = net.training
-        net.eval()
-        try:
-            b = dataset_tensors(ds, 0)
-            C = net.cond(b.X, b.A, b.T)
-            pred, _ = net.supervise(shift_right(net.embed(C, b.Y), 0.0), C)
-            p = torch.sigmoid(net.recover(pred, C))
-        finally:
-            net.train(was)
-        return p.numpy().astype(np.float64)
+        C = net.cond(b.X, b.A, b.T)
+        pred, _ = net.supervise(shift_right(net.embed(C, b.Y), 0.0), C)
+        return torch.sigmoid(net.recover(pred, C))
 
 
 class _TimeGANStepper:
