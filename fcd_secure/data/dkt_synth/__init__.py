@@ -35,6 +35,10 @@ Modules, one job each:
 - :mod:`.generation`: ``generate(cfg) -> DKTSynthWorld``;
 - :mod:`.world`: ``DKTSynthWorld``, the object the rest of the code uses (``outcome_probs_do``, ``true_effects``,
   ``true_policy_value``, ``replay_logged``, ``logging_propensities``, ``describe``).
+
+What DKT-Synth shares with the tumour world (the config's common fields and checks, the common-random-number
+plumbing, sites, lengths and splits, and the ground-truth interface with its validation and batching) is written
+once in :mod:`fcd_secure.data.worlds`; these modules hold DKT-Synth's own mechanism.
 """
 
 from fcd_secure.data.dkt_synth.config import PRESETS, DKTSynthConfig

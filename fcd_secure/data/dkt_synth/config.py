@@ -1,21 +1,20 @@
 """Everything that determines a DKT-Synth world: :class:`DKTSynthConfig` and its presets.
 
-Same config (seed included) → the same students, logged data and ground truth (:mod:`.generation`).
+Same config (seed included) → the same students, logged data and ground truth (:mod:`.generation`). The fields every
+generated world has (sizes, sites, split, the effect window) and their checks are
+:class:`~fcd_secure.data.worlds.config.WorldConfig`'s; this module adds the tutor's and the outcome model's.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field
 
 from fcd_secure.data.dkt_synth.oracle import N_ITEMS
+from fcd_secure.data.worlds.config import Split, WorldConfig
 
 __all__ = ["PRESETS", "DKTSynthConfig", "Split"]
-
-#: Which side of a site's train/test split.
-Split = Literal["train", "test"]
 
 PRESETS: dict[str, dict[str, Any]] = {
     # tests: generation + ground truth in about a second
@@ -32,23 +31,20 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-class DKTSynthConfig(BaseModel):
+class DKTSynthConfig(WorldConfig):
     """Everything that determines a DKT-Synth world (the structural model is in :mod:`fcd_secure.data.dkt_synth`).
 
     Build it from a preset with :meth:`from_preset`; every field can be overridden. Invalid combinations raise
-    ``pydantic.ValidationError`` naming the field.
+    ``pydantic.ValidationError`` naming the field. ``site_spread`` multiplies the sites' means of ability,
+    confounder and covariate, the log of the confounder's s.d., the item biases and the anchor tilt.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    WORLD = "DKT-Synth"
+    ENTITY = "student"
+    N_ACTIONS = N_ITEMS
+    PRESETS = PRESETS
 
-    preset: str = Field("default", description="name of the preset the config was built from (provenance only)")
-    seed: int = Field(0, ge=0)
     n_students: int = Field(3000, ge=2)
-    max_len: int = Field(30, ge=2, description="L: steps per sequence at most")
-    min_len: int | None = Field(None, ge=1, description="shortest sequence; default ceil(L/2)")
-    n_sites: int = Field(10, ge=1)
-    dirichlet_alpha: float = Field(10.0, gt=0, description="site-size proportions ~ Dirichlet(alpha) (paper: 10)")
-    test_fraction: float = Field(0.2, gt=0, lt=1)
     gamma: float = Field(1.5, ge=0, description="confounding strength of the logging policy")
     epsilon: float = Field(0.002, ge=0, description="propensity floor per action, 0 <= eps <= 1/50")
     readiness_cap: float = Field(1.0, gt=0, description="readiness r is squashed to (-cap, cap) by cap*tanh(r/cap)")
@@ -59,42 +55,4 @@ class DKTSynthConfig(BaseModel):
     boost_easy: float = Field(3.9, description="base logit of the designated easier item (an anchor candidate)")
     site_item_bias_sd: float = Field(0.2, ge=0)
     site_anchor_tilt_sd: float = Field(0.4, ge=0, description="site-specific tilt between the two designated items")
-    site_spread: float = Field(1.0, ge=0, le=20, description="multiplies every site-level spread (the sites' means of "
-                               "ability, confounder and covariate, the log of the confounder's s.d., the item biases "
-                               "and the anchor tilt); 0: sites differ in size only")
-    anchor_step: int = Field(5, ge=0, description="t0 of true_effects")
-    horizon: int = Field(10, ge=1, description="steps averaged by true_effects")
-    n_rollouts: int = Field(32, ge=1)
     oracle_path: str | None = Field(None, description="weights file (default: the shipped, checksummed oracle)")
-
-    @model_validator(mode="after")
-    def _check(self) -> "DKTSynthConfig":
-        if self.epsilon > 1.0 / N_ITEMS:
-            raise ValueError(f"epsilon={self.epsilon} exceeds 1/{N_ITEMS}: a per-action floor above that is impossible")
-        lo = self.resolved_min_len
-        if lo > self.max_len:
-            raise ValueError(f"min_len={lo} exceeds max_len={self.max_len}")
-        if self.anchor_step >= lo:
-            raise ValueError(f"anchor_step={self.anchor_step} must be < min_len={lo} so every student reaches it")
-        if self.anchor_step + self.horizon > self.max_len:
-            raise ValueError(f"anchor_step + horizon = {self.anchor_step + self.horizon} exceeds max_len={self.max_len}")
-        per_site_min = 2
-        if self.n_students < per_site_min * self.n_sites:
-            raise ValueError(f"n_students={self.n_students} is too few for {self.n_sites} sites (>= 2 each)")
-        return self
-
-    @property
-    def resolved_min_len(self) -> int:
-        """The shortest sequence length: ``min_len``, or ⌈L/2⌉ when it is not set."""
-        return self.min_len if self.min_len is not None else math.ceil(self.max_len / 2)
-
-    @classmethod
-    def from_preset(cls, name: str = "default", **overrides: Any) -> "DKTSynthConfig":
-        """The config of preset ``name`` (:data:`PRESETS`) with ``overrides`` applied.
-
-        Raises:
-            ValueError: Unknown preset (``pydantic.ValidationError``, a ``ValueError``, for a bad override).
-        """
-        if name not in PRESETS:
-            raise ValueError(f"unknown DKT-Synth preset {name!r}; choose one of {sorted(PRESETS)}")
-        return cls(preset=name, **{**PRESETS[name], **overrides})

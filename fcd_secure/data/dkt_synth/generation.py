@@ -1,22 +1,16 @@
 """Generate a DKT-Synth world: sites, students, the logged data and everything the ground truth needs.
 
-Order of the draws (each from its own stream, so none depends on another's size):
+Order of the draws (each from its own stream, so none depends on another's size; the steps every generated world
+shares are :mod:`fcd_secure.data.worlds.generation`'s):
 
-1. sites: each student's site by the project's Dirichlet rule
-   (:func:`~fcd_secure.data.partition.dirichlet_assignment`, seed ``seed``), then the site-level parameters
-   (``SeedSequence([seed, 1])``);
+1. sites: each student's site by the project's Dirichlet rule with one key class
+   (:func:`~fcd_secure.data.worlds.generation.assign_sites`, which says why), then the site-level parameters
+   (``SeedSequence([seed, 1])``): site-shifted ability, confounder and covariate means, site-specific logging bias;
 2. students: each student's own stream (:func:`~.noise.student_streams`) gives latents, covariates, length and the
    outcome/action noise;
 3. logging: the behaviour policy (:mod:`.behaviour`) run along the oracle, step by step;
-4. split: per site, the project's train/test rule (:func:`~fcd_secure.data.partition.site_splits`, the seeds of
-   every federated dataset), then the anchors by the project's rule
-   (:func:`~fcd_secure.data.policy.anchor_actions` on the training sites).
-
-Why the site draw uses one key class where the real datasets use an outcome-rate key (label skew): here the site
-is a *cause* of the data (site-shifted ability, confounder and covariate means, site-specific logging bias), so it
-is drawn before any student exists and there is no outcome to key on; the heterogeneity between sites comes from
-the site parameters instead. With one class the rule is Dirichlet(α) site sizes over exchangeable students, with
-the project's minimum site size.
+4. split: per site, the project's train/test rule, then the anchors by the project's rule
+   (:func:`~fcd_secure.data.worlds.generation.sites_and_anchors`).
 """
 
 from __future__ import annotations
@@ -35,9 +29,7 @@ from fcd_secure.data.dkt_synth.config import DKTSynthConfig
 from fcd_secure.data.dkt_synth.noise import student_streams
 from fcd_secure.data.dkt_synth.oracle import N_ITEMS, load_oracle
 from fcd_secure.data.dkt_synth.world import DKTSynthWorld, clock_context
-from fcd_secure.data.partition import dirichlet_assignment, site_splits
-from fcd_secure.data.policy import anchor_actions
-from fcd_secure.data.schema import SiteDataset
+from fcd_secure.data.worlds.generation import assign_sites, lengths_from_uniforms, mask_padding, sites_and_anchors
 
 __all__ = ["CONTEXT_NAMES", "FEATURE_NAMES", "ITEM_LABELS", "generate"]
 
@@ -81,12 +73,11 @@ def generate(cfg: DKTSynthConfig | None = None) -> DKTSynthWorld:
     cfg = cfg or DKTSynthConfig()
     oracle, card = load_oracle(cfg.oracle_path)
     K, L, N, S = N_ITEMS, cfg.max_len, cfg.n_students, cfg.n_sites
-    lo = cfg.resolved_min_len
     profile = reference_profile(oracle)
     designated = designated_items(profile)
 
     # 1. sites, then their parameters
-    site_of = dirichlet_assignment(np.zeros(N, dtype=np.int64), S, cfg.dirichlet_alpha, cfg.seed, unit="students")
+    site_of = assign_sites(cfg)
     sp = _site_parameters(cfg)
     sp["sizes"] = np.bincount(site_of, minlength=S)
 
@@ -103,7 +94,7 @@ def generate(cfg: DKTSynthConfig | None = None) -> DKTSynthWorld:
         ],
         axis=1,
     )
-    lengths = lo + np.floor(unif[:, 1] * (L - lo + 1)).astype(np.int64)
+    lengths = lengths_from_uniforms(cfg, unif[:, 1])
     U = unif[:, 2 : 2 + L].copy()
     V = unif[:, 2 + L :]
 
@@ -131,48 +122,24 @@ def generate(cfg: DKTSynthConfig | None = None) -> DKTSynthWorld:
             y = (torch.from_numpy(U[:, t]) < p).long()
             T[:, t], Y[:, t], P[:, t] = a.numpy(), y.numpy(), p_taken.numpy()
             state = oracle.step(state, a, y)
-    M = (np.arange(L)[None, :] < lengths[:, None]).astype(np.float32)
-    T = T * M.astype(np.int64)
-    Y = Y * M
-    P = np.where(M > 0, P, 1.0)
+    M, T, Y, P = mask_padding(lengths, T, Y, P)
     A = clock_context(M)
 
     # 4. per-site train/test split and the anchors (the project's rules)
-    splits = site_splits(site_of, S, cfg.test_fraction, cfg.seed)
-
-    def site_ds(s: int, ids: np.ndarray, split: str) -> SiteDataset:
-        return SiteDataset(
-            X=X[ids].astype(np.float32),
-            A=A[ids],
-            T=T[ids],
-            Y=Y[ids].astype(np.float32),
-            M=M[ids],
-            P=P[ids].astype(np.float32),
-            n_actions=K,
-            name=f"dkt_synth/site{s}/{split}",
-            meta={
-                "dataset": "dkt_synth",
-                "site": s,
-                "split": split,
-                "student_ids": ids,
-                "x_names": FEATURE_NAMES,
-                "a_names": list(CONTEXT_NAMES),
-                "a_dynamics": ["exogenous"],  # the clock: no action changes it, so rollouts replay it
-                "action_names": list(ITEM_LABELS),
-                "preset": cfg.preset,
-                "seed": cfg.seed,
-            },
-        )
-
-    train = [site_ds(s, tr, "train") for s, (tr, _) in enumerate(splits)]
-    test = [site_ds(s, te, "test") for s, (_, te) in enumerate(splits)]
+    train, test, anchors = sites_and_anchors(
+        cfg, site_of, {"X": X, "A": A, "T": T, "Y": Y, "M": M, "P": P}, dataset="dkt_synth", n_actions=K,
+        entity_meta=lambda ids: {"student_ids": ids},
+        # the clock is exogenous: no action changes it, so rollouts replay it
+        columns={"x_names": FEATURE_NAMES, "a_names": CONTEXT_NAMES, "a_dynamics": ["exogenous"],
+                 "action_names": ITEM_LABELS},
+    )
     return DKTSynthWorld(
         cfg=cfg,
         oracle=oracle,
         oracle_card=card,
         train=train,
         test=test,
-        anchors=anchor_actions(train),
+        anchors=anchors,
         site_of=site_of,
         theta=theta,
         u=u,

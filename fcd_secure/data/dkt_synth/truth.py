@@ -3,14 +3,13 @@
 Outcome model: ``P(Y_t = 1 | h_t, T_t = a) = σ(z_t[a] + βθ θ_i + βu u_i)`` with ``z_t = head(h_t)`` the frozen
 oracle's logits after the interactions before ``t``, realised as ``Y_t = 1[U_it < p_t(a)]``; the knowledge state
 absorbs ``(a, Y_t)`` (practice). These kernels work on arrays of students; :class:`~.world.DKTSynthWorld` picks the
-students (site, split, rows), validates the query and cuts large queries into batches (:func:`chunks`).
+students (site, split, rows), validates the query and cuts large queries into batches of at most
+:data:`MAX_BATCH_ROWS` rows (:class:`~fcd_secure.data.worlds.world.OracleWorld`).
 
 Batches of rollouts are laid out rollout-major: row ``b = r * n + i`` (:func:`~.noise.rollout_noise`).
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -18,39 +17,12 @@ import torch
 from fcd_secure.data.dkt_synth.oracle import N_ITEMS, DKTOracle
 from fcd_secure.data.policy import PolicyLike
 
-__all__ = [
-    "MAX_BATCH_ROWS",
-    "chunks",
-    "factual_probs",
-    "factual_state",
-    "nanmean_rows",
-    "policy_values",
-    "regime_probs",
-    "replay",
-]
+__all__ = ["MAX_BATCH_ROWS", "factual_probs", "factual_state", "policy_values", "regime_probs", "replay"]
 
 State = tuple[torch.Tensor, torch.Tensor]
 
 #: rows (students x rollouts) per LSTM batch: large enough to vectorise, small enough to stay in cache/RAM
 MAX_BATCH_ROWS = 16384
-
-
-def chunks(ids: np.ndarray, n_rollouts: int) -> Iterator[tuple[slice, np.ndarray]]:
-    """``(slice, ids[slice])`` pieces with ``len(piece) * n_rollouts <= MAX_BATCH_ROWS``.
-
-    Noise is keyed per student (:mod:`.noise`), so chunking never changes a student's numbers.
-    """
-    step = max(1, MAX_BATCH_ROWS // max(n_rollouts, 1))
-    for s in range(0, len(ids), step):
-        yield slice(s, s + step), ids[s : s + step]
-
-
-def nanmean_rows(a: np.ndarray) -> np.ndarray:
-    """Row means ignoring NaN; NaN for an all-NaN row (no warning)."""
-    out = np.full(a.shape[0], np.nan)
-    ok = (~np.isnan(a)).any(axis=1)
-    out[ok] = np.nanmean(a[ok], axis=1)
-    return out
 
 
 def factual_state(oracle: DKTOracle, T: np.ndarray, Y: np.ndarray, t: int) -> State:

@@ -33,6 +33,10 @@ Modules, one job each:
 - :mod:`.truth`: the ground-truth kernels (regimes, policy values, replay);
 - :mod:`.generation`: ``generate(cfg) -> TumourWorld``;
 - :mod:`.world`: ``TumourWorld``, the object the rest of the code uses.
+
+What the two worlds share (the config's common fields and checks, the common-random-number plumbing, sites, lengths
+and splits, and the ground-truth interface with its validation and batching) is written once in
+:mod:`fcd_secure.data.worlds`; these modules hold the tumour world's own mechanism.
 """
 
 from fcd_secure.data.tumour.config import PRESETS, TumourConfig

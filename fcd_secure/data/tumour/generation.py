@@ -3,27 +3,25 @@
 Order of the draws (each from its own stream, so none depends on another's size):
 
 1. sites: each patient's site by the project's Dirichlet rule
-   (:func:`~fcd_secure.data.partition.dirichlet_assignment`, seed ``seed``), then the site-level parameters (their own
+   (:func:`~fcd_secure.data.worlds.generation.assign_sites`, seed ``seed``), then the site-level parameters (their own
    stream): a case-mix tilt ``κ_s`` of the stage distribution, ``π_s(k) ∝ π(k) · exp(κ_s (k − 2))`` over stages
    I..IV (k = 0..4; κ_s > 0 sees later stages, hence larger tumours), and the site's chemo/radio practice shifts
    ``b_{s,k}`` of the logging policy (:mod:`.behaviour`);
 2. patients: each patient's own stream (:func:`~.noise.patient_streams`) gives stage (from the site's case mix),
    initial diameter, patient type, the PK-PD parameters, length and the daily volume and action noise;
 3. logging: the behaviour policy (:mod:`.behaviour`) and the PK-PD model (:mod:`.pkpd`) run day by day;
-4. split: per site, the project's train/test rule (:func:`~fcd_secure.data.partition.site_splits`), then the anchors
-   by the project's rule (:func:`~fcd_secure.data.policy.anchor_actions` on the training sites).
+4. split: per site, the project's train/test rule, then the anchors by the project's rule
+   (:func:`~fcd_secure.data.worlds.generation.sites_and_anchors`).
 
-As in DKT-Synth the site is a cause of the data (its case mix and practice), so it is drawn before any patient
-exists, with one key class: Dirichlet(α) site sizes over exchangeable patients, with the project's minimum site size.
+The steps every generated world shares are :mod:`fcd_secure.data.worlds.generation`'s. As in DKT-Synth the site is a
+cause of the data (its case mix and practice), so it is drawn before any patient exists, with one key class
+(:func:`~fcd_secure.data.worlds.generation.assign_sites` says why).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from fcd_secure.data.partition import dirichlet_assignment, site_splits
-from fcd_secure.data.policy import anchor_actions
-from fcd_secure.data.schema import SiteDataset
 from fcd_secure.data.tumour.behaviour import action_probs, recent_mean
 from fcd_secure.data.tumour.config import TumourConfig
 from fcd_secure.data.tumour.noise import patient_streams
@@ -46,6 +44,7 @@ from fcd_secure.data.tumour.pkpd import (
     volume_of,
 )
 from fcd_secure.data.tumour.world import TumourWorld
+from fcd_secure.data.worlds.generation import assign_sites, lengths_from_uniforms, mask_padding, sites_and_anchors
 
 __all__ = ["FEATURE_NAMES", "generate"]
 
@@ -94,9 +93,7 @@ def _patients(cfg: TumourConfig, static: np.ndarray, alpha_rho: np.ndarray, stag
         alpha=alpha_rho[:, 0] + TYPE_BOOST * ALPHA_MEAN * (ptype == 1),
         beta_c=BETA_C_MEAN + BETA_C_SD * bc + TYPE_BOOST * BETA_C_MEAN * (ptype == 3),
     )
-    lo_len = cfg.resolved_min_len
-    lengths = lo_len + np.floor(static[:, 4] * (cfg.max_len - lo_len + 1)).astype(np.int64)
-    return stage, ptype, d0, params, np.minimum(lengths, cfg.max_len)
+    return stage, ptype, d0, params, lengths_from_uniforms(cfg, static[:, 4])
 
 
 def generate(cfg: TumourConfig | None = None) -> TumourWorld:
@@ -113,7 +110,7 @@ def generate(cfg: TumourConfig | None = None) -> TumourWorld:
     v_resp = float(volume_of(cfg.response_diameter))
 
     # 1. sites, then their parameters
-    site_of = dirichlet_assignment(np.zeros(N, dtype=np.int64), S, cfg.dirichlet_alpha, cfg.seed, unit="patients")
+    site_of = assign_sites(cfg)
     sp = _site_parameters(cfg)
     sp["sizes"] = np.bincount(site_of, minlength=S)
 
@@ -140,52 +137,26 @@ def generate(cfg: TumourConfig | None = None) -> TumourWorld:
         a = np.minimum((cdf <= streams.v[:, [t]] * cdf[:, -1:]).sum(1), N_ACTIONS - 1)
         V[:, t + 1], C, _, Y[:, t] = day(params, V[:, t], C, a, streams.z[:, t], cfg.noise_sd, v_resp)
         T[:, t], P[:, t], Cs[:, t] = a, pi[rows, a], C
-    M = (np.arange(L)[None, :] < lengths[:, None]).astype(np.float32)
-    T = T * M.astype(np.int64)
-    Y = Y * M
-    P = np.where(M > 0, P, 1.0)
+    M, T, Y, P = mask_padding(lengths, T, Y, P)
     A = observed_contexts(V[:, :L]) * M[:, :, None]
     X = np.concatenate([np.eye(3)[ptype - 1], (stage / 4.0)[:, None]], axis=1)
 
     # 4. per-site train/test split and the anchors (the project's rules)
-    splits = site_splits(site_of, S, cfg.test_fraction, cfg.seed)
     names = [str(i) for i in range(N)]
-
-    def site_ds(s: int, ids: np.ndarray, split: str) -> SiteDataset:
-        return SiteDataset(
-            X=X[ids].astype(np.float32),
-            A=A[ids],
-            T=T[ids],
-            Y=Y[ids].astype(np.float32),
-            M=M[ids],
-            P=P[ids].astype(np.float32),
-            n_actions=N_ACTIONS,
-            name=f"tumour/site{s}/{split}",
-            meta={
-                "dataset": "tumour",
-                "site": s,
-                "split": split,
-                # the global patient id of each row (one trajectory per patient); the names are what a per-entity
-                # file shows
-                "entity": ids,
-                "entity_names": names,
-                "x_names": FEATURE_NAMES,
-                "a_names": list(CONTEXT_NAMES),
-                "a_dynamics": ["endogenous", "endogenous"],  # treatment changes the tumour: rollouts simulate it
-                "action_names": list(ACTION_LABELS),
-                "preset": cfg.preset,
-                "seed": cfg.seed,
-                "gamma": cfg.gamma,
-            },
-        )
-
-    train = [site_ds(s, tr, "train") for s, (tr, _) in enumerate(splits)]
-    test = [site_ds(s, te, "test") for s, (_, te) in enumerate(splits)]
+    train, test, anchors = sites_and_anchors(
+        cfg, site_of, {"X": X, "A": A, "T": T, "Y": Y, "M": M, "P": P}, dataset="tumour", n_actions=N_ACTIONS,
+        # the global patient id of each row (one trajectory per patient); the names are what a per-entity file shows
+        entity_meta=lambda ids: {"entity": ids, "entity_names": names},
+        # treatment changes the tumour: rollouts simulate both contexts
+        columns={"x_names": FEATURE_NAMES, "a_names": CONTEXT_NAMES, "a_dynamics": ["endogenous", "endogenous"],
+                 "action_names": ACTION_LABELS},
+        extra_meta={"gamma": cfg.gamma},
+    )
     return TumourWorld(
         cfg=cfg,
         train=train,
         test=test,
-        anchors=anchor_actions(train),
+        anchors=anchors,
         site_of=site_of,
         stage=stage,
         patient_type=ptype,

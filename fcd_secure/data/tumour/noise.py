@@ -7,8 +7,11 @@
 - :func:`rollout_normals`: rollout 0 re-uses the logged ``z`` (so replaying the logged actions reproduces the
   logged outcomes exactly and a counterfactual arm differs from the factual one only by its actions, the CRN
   convention of RMSN/CRN/CT), rollouts ``r ≥ 1`` use counter-based normals keyed by ``(seed, patient, rollout,
-  day)`` (:func:`~fcd_secure.data.dkt_synth.noise.fresh_uniforms` through Φ⁻¹): the same for every policy and
+  day)`` (:func:`~fcd_secure.data.worlds.noise.fresh_uniforms` through Φ⁻¹): the same for every policy and
   every arm, and independent of batch shape and call order.
+
+The plumbing (per-entity streams, counter-based numbers, the rollout-major layout) is shared with DKT-Synth
+(:mod:`fcd_secure.data.worlds.noise`).
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fcd_secure.data.dkt_synth.noise import fresh_uniforms
 from fcd_secure.data.tumour.pkpd import ALPHA_MEAN, ALPHA_RHO_CORR, ALPHA_SD, RHO_MEAN, RHO_SD, normal_ppf
+from fcd_secure.data.worlds.noise import entity_generators, fresh_uniforms, rollout_major
 
 __all__ = ["N_STATIC_UNIFORMS", "PatientStreams", "patient_streams", "rollout_normals"]
 
@@ -59,13 +62,11 @@ def _alpha_rho(g: np.random.Generator) -> tuple[float, float]:
 
 def patient_streams(seed: int, n_patients: int, max_len: int) -> PatientStreams:
     """Each patient's random numbers, drawn once (the same for every policy that is ever simulated)."""
-    kids = np.random.SeedSequence([_SALT, int(seed)]).spawn(n_patients)
     static = np.empty((n_patients, N_STATIC_UNIFORMS))
     z = np.empty((n_patients, max_len))
     v = np.empty((n_patients, max_len))
     ar = np.empty((n_patients, 2))
-    for i, kid in enumerate(kids):
-        g = np.random.default_rng(kid)
+    for i, g in enumerate(entity_generators([_SALT, int(seed)], n_patients)):
         static[i] = g.random(N_STATIC_UNIFORMS)
         z[i] = g.standard_normal(max_len)
         v[i] = g.random(max_len)
@@ -88,10 +89,9 @@ def rollout_normals(
     Returns:
         float64 ``[R * n, S]``.
     """
-    n, S = logged.shape
-    out = np.empty((n, n_rollouts, S))
-    out[:, 0, :] = logged
-    if n_rollouts > 1:
-        u = fresh_uniforms(int(seed) ^ _SALT, patient_ids, np.arange(1, n_rollouts), steps)
-        out[:, 1:, :] = normal_ppf(u + 2.0**-54)  # the uniforms lie in [0, 1): shift off 0 so Φ⁻¹ stays finite
-    return out.transpose(1, 0, 2).reshape(n_rollouts * n, S)
+
+    def fresh(rollouts: np.ndarray) -> np.ndarray:
+        u = fresh_uniforms(int(seed) ^ _SALT, patient_ids, rollouts, steps)
+        return normal_ppf(u + 2.0**-54)  # the uniforms lie in [0, 1): shift off 0 so Φ⁻¹ stays finite
+
+    return rollout_major(logged, n_rollouts, fresh)

@@ -3,42 +3,23 @@
 The state of a patient on day t is ``(V_t, C_{t-1})`` and its hidden parameters; from the logged history it is
 known exactly (the world stores the logged volumes and concentrations). These kernels work on arrays of patients;
 :class:`~.world.TumourWorld` picks the patients (site, split, rows), validates the query and cuts large queries
-into batches (:func:`chunks`). Batches of rollouts are laid out rollout-major: row ``b = r * n + i``
-(:func:`~.noise.rollout_normals`). Expected outcomes use the exact ``P(Y_t = 1 | state, a)`` of each simulated
-state, averaged over rollouts; outcomes and volumes are realised with the rollout's noise.
+into batches of at most :data:`MAX_BATCH_ROWS` rows (:class:`~fcd_secure.data.worlds.world.OracleWorld`). Batches
+of rollouts are laid out rollout-major: row ``b = r * n + i`` (:func:`~.noise.rollout_normals`). Expected outcomes
+use the exact ``P(Y_t = 1 | state, a)`` of each simulated state, averaged over rollouts; outcomes and volumes are
+realised with the rollout's noise.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterator
 
 import numpy as np
 
 from fcd_secure.data.policy import PolicyLike
 from fcd_secure.data.tumour.pkpd import N_ACTIONS, PatientParams, day, observed_contexts
 
-__all__ = ["MAX_BATCH_ROWS", "chunks", "nanmean_rows", "policy_values", "regime", "replay"]
+__all__ = ["MAX_BATCH_ROWS", "policy_values", "regime", "replay"]
 
 #: rows (patients x rollouts) per batch: large enough to vectorise, small enough to stay in cache/RAM
 MAX_BATCH_ROWS = 65536
-
-
-def chunks(ids: np.ndarray, n_rollouts: int) -> Iterator[tuple[slice, np.ndarray]]:
-    """``(slice, ids[slice])`` pieces with ``len(piece) * n_rollouts <= MAX_BATCH_ROWS``.
-
-    Noise is keyed per patient (:mod:`.noise`), so chunking never changes a patient's numbers.
-    """
-    step = max(1, MAX_BATCH_ROWS // max(n_rollouts, 1))
-    for s in range(0, len(ids), step):
-        yield slice(s, s + step), ids[s : s + step]
-
-
-def nanmean_rows(a: np.ndarray) -> np.ndarray:
-    """Row means ignoring NaN; NaN for an all-NaN row (no warning)."""
-    out = np.full(a.shape[0], np.nan)
-    ok = (~np.isnan(a)).any(axis=1)
-    out[ok] = np.nanmean(a[ok], axis=1)
-    return out
 
 
 def regime(
