@@ -35,6 +35,7 @@ __all__ = [
     "atomic_write_text",
     "file_lock",
     "fsync_dir",
+    "drop_none",
     "jsonable",
     "load_or_create_secret",
     "npz_bytes",
@@ -162,3 +163,13 @@ def jsonable(x):
         if isinstance(x, np.generic):
             return jsonable(x.item())
     return x
+
+
+def drop_none(d):
+    """``d`` without its ``None`` values, in nested dicts and lists too (TOML has no null: a key left out means the
+    default)."""
+    if isinstance(d, dict):
+        return {k: drop_none(v) for k, v in d.items() if v is not None}
+    if isinstance(d, (list, tuple)):
+        return [drop_none(v) for v in d]
+    return d

@@ -93,16 +93,8 @@ def pehe(tau_hat: object, tau: object, mask: object | None = None) -> float:
 
 
 def ate_error(tau_hat: object, tau: object, mask: object | None = None) -> float:
-    """|ATE error| = | mean τ̂ − mean τ | over the entries kept by ``mask`` (paper Table III, "ATE").
-
-    Args:
-        tau_hat: estimated individual effects.
-        tau: true individual effects, same shape.
-        mask: entries to keep (same shape, nonzero = kept); None keeps every entry.
-
-    Raises:
-        ValueError: shapes differ, nothing is kept, or a value is not finite.
-    """
+    """|ATE error| = | mean τ̂ − mean τ | over the entries kept by ``mask`` (paper Table III, "ATE"); arguments and
+    errors as :func:`pehe`."""
     th, t = _paired("tau_hat", tau_hat, "tau", tau, mask)
     return float(abs(th.mean() - t.mean()))
 

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from fcd_secure._io import atomic_write_text
+from fcd_secure._io import atomic_write_text, drop_none
 from fcd_secure.aggregation.secagg import SecAggPolicy
 from fcd_secure.audit import Refusal
 from fcd_secure.errors import FcdError
@@ -171,7 +171,7 @@ class SitePolicy(_Section):
             raise SitePolicyError(f"{path}: field {loc}: {err['msg']}") from None
 
     def to_toml(self) -> str:
-        return tomli_w.dumps(_drop_none(self.model_dump(mode="json")))
+        return tomli_w.dumps(drop_none(self.model_dump(mode="json")))
 
     def write(self, path: str | Path) -> Path:
         """Write the policy (0600: it is the site's configuration, not the server's)."""
@@ -315,14 +315,6 @@ def _smaller(a: float | None, b: float | None) -> float | None:
     if b is None:
         return a
     return min(a, b)
-
-
-def _drop_none(d: Any) -> Any:
-    if isinstance(d, dict):
-        return {k: _drop_none(v) for k, v in d.items() if v is not None}
-    if isinstance(d, (list, tuple)):
-        return [_drop_none(v) for v in d]
-    return d
 
 
 def policy_path(node_config: dict, state_root: str | Path | None, site_id: str) -> Path | None:

@@ -22,12 +22,11 @@ from __future__ import annotations
 import hashlib
 import tomllib
 from pathlib import Path
-from typing import Any
 
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from fcd_secure._io import atomic_write_text
+from fcd_secure._io import atomic_write_text, drop_none
 from fcd_secure.aggregation.secagg.config import SecAggPolicy
 from fcd_secure.audit.signing import canonical, fingerprint, load_or_create_identity_key, public_key_bytes, utc_now
 from fcd_secure.data.preprocess import layout_digest, spec_layout
@@ -49,14 +48,6 @@ class ProvisioningError(FcdError, ValueError):
 def spec_digest(spec: DatasetSpec) -> str:
     """SHA-256 of the spec's canonical JSON: the same spec in TOML or YAML, with other comments, has one digest."""
     return hashlib.sha256(canonical(spec.model_dump(mode="json"))).hexdigest()
-
-
-def _drop_none(d: Any) -> Any:
-    if isinstance(d, dict):
-        return {k: _drop_none(v) for k, v in d.items() if v is not None}
-    if isinstance(d, (list, tuple)):
-        return [_drop_none(v) for v in d]
-    return d
 
 
 class _Section(BaseModel):
@@ -96,7 +87,7 @@ class ConsortiumConfig(_Section):
     preflight: PreflightTerms = Field(default_factory=PreflightTerms)
 
     def to_toml(self) -> str:
-        return tomli_w.dumps(_drop_none(self.model_dump(mode="json")))
+        return tomli_w.dumps(drop_none(self.model_dump(mode="json")))
 
     @classmethod
     def from_toml(cls, text: str, where: str) -> "ConsortiumConfig":

@@ -98,7 +98,6 @@ class CRNSimulator(SteppedSimulator):
     """CRN behind the :class:`~fcd_secure.model.simulator.Simulator` protocol (module docstring)."""
 
     name = "crn"
-    theta_s_modules = ()
     network = CRNNetwork
     label = "CRN"
 

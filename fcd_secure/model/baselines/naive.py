@@ -73,7 +73,6 @@ class NaiveSimulator(Simulator):
     """The naive observational model behind the :class:`~fcd_secure.model.simulator.Simulator` protocol."""
 
     name = "naive"
-    theta_s_modules = ()
 
     def __init__(self, model: NaiveOutcomeModel, config: ModelConfig) -> None:
         super().__init__(model, config)

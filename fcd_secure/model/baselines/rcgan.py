@@ -101,7 +101,6 @@ class RCGANSimulator(SteppedSimulator):
     """RCGAN behind the :class:`~fcd_secure.model.simulator.Simulator` protocol (module docstring)."""
 
     name = "rcgan"
-    theta_s_modules = ()
     network = RCGANNetwork
     label = "RCGAN"
 

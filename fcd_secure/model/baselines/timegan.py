@@ -133,7 +133,6 @@ class TimeGANSimulator(SteppedSimulator):
     """TimeGAN behind the :class:`~fcd_secure.model.simulator.Simulator` protocol (module docstring)."""
 
     name = "timegan"
-    theta_s_modules = ()
     network = TimeGANNetwork
     label = "TimeGAN"
 
