@@ -35,8 +35,10 @@ cmd=${1:-run}
 shift || true
 case "$cmd" in
   run)  exec "$venv/bin/fcd" run "$@" ;;
-  # two workers (one per core of the CI machine); the tests that start Flower processes share one worker
-  test) exec "$venv/bin/python" -m pytest -n "${FCD_TEST_WORKERS:-2}" --dist loadgroup "$@" ;;
+  # two workers (one per core of the CI machine); the tests that start Flower processes share one worker; no test
+  # may hang the run (a per-test limit, generous for a loaded 2-core machine); the slowest tests are listed at the end
+  test) exec "$venv/bin/python" -m pytest -n "${FCD_TEST_WORKERS:-2}" --dist loadgroup --durations=25 \
+          --timeout="${FCD_TEST_TIMEOUT:-900}" "$@" ;;
   setup) echo "[setup] done: $venv/bin/fcd" ;;
   *) echo "usage: bash scripts/bootstrap.sh {run|test|setup} [args...]" >&2; exit 2 ;;
 esac
