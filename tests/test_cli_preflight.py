@@ -57,24 +57,24 @@ def test_bad_table_names_file_column_and_row_like_data_validate(table, tmp_path)
     bad = tmp_path / "bad.csv"
     df.to_csv(bad, index=False)
     out = tmp_path / "run"
-    env = _bad_input(_run("--spec", spec, bad, out=out), out, str(bad), "column 'y'", "row 5")
+    env = _bad_input(_run("--spec", spec, "--table", bad, out=out), out, str(bad), "column 'y'", "row 5")
     assert (env["data"]["file"], env["data"]["column"], env["data"]["row"]) == (str(bad), "y", 5)
-    validate = runner.invoke(app, ["data", "validate", "--spec", str(spec), str(bad), "--json"])
+    validate = runner.invoke(app, ["data", "validate", "--spec", str(spec), "--table", str(bad), "--json"])
     assert json.loads(validate.stdout)["message"] == env["message"]  # one validator, one message
 
 
 def test_site_column_decides_the_sites(table, tmp_path):
     spec, path = table
     out = tmp_path / "run"
-    _bad_input(_run("--spec", spec, path, "--sites", "10", out=out), out, str(path), "column 'hospital'", "3 sites",
+    _bad_input(_run("--spec", spec, "--table", path, "--sites", "10", out=out), out, str(path), "column 'hospital'", "3 sites",
                "--sites is 10")
     # secure aggregation needs more sites than the table has
     df = make_long_table(n_entities=30)
     df["hospital"] = df["hospital"].replace({"h2": "h1"})
     two = tmp_path / "two.csv"
     df.to_csv(two, index=False)
-    _bad_input(_run("--spec", spec, two, out=out), out, "column 'hospital'", "2 sites", "secure aggregation")
-    assert runner.invoke(app, ["run", "--spec", str(spec), str(path), "--clients-per-round", "4", "--json",
+    _bad_input(_run("--spec", spec, "--table", two, out=out), out, "column 'hospital'", "2 sites", "secure aggregation")
+    assert runner.invoke(app, ["run", "--spec", str(spec), "--table", str(path), "--clients-per-round", "4", "--json",
                                "--out", str(out)]).exit_code == 2
     assert not out.exists()
 
@@ -105,7 +105,7 @@ def test_absurd_max_len_is_refused_before_allocating(table, tmp_path):
     spec = tmp_path / "huge.toml"
     spec.write_text(GOOD_SPEC.replace("max_len = 4", "max_len = 2000000000"))
     out = tmp_path / "run"
-    env = _bad_input(_run("--spec", spec, path, out=out), out, str(spec), "max_len", "TiB")
+    env = _bad_input(_run("--spec", spec, "--table", path, out=out), out, str(spec), "max_len", "TiB")
     assert env["data"]["field"] == "max_len"
 
 

@@ -19,7 +19,7 @@ runner = CliRunner()
 
 
 def _validate(spec, table, out, *extra):
-    return runner.invoke(app, ["validate", "--spec", str(spec), str(table), "--out", str(out), *extra])
+    return runner.invoke(app, ["validate", "--spec", str(spec), "--table", str(table), "--out", str(out), *extra])
 
 
 def _assert_rejected(result, out, *needles):
@@ -72,7 +72,7 @@ def test_unwritable_out_folder_is_a_clear_error_and_writes_nothing(long_case, tm
 
 def test_human_summary_exit_0(long_case):
     spec, table = long_case()
-    res = runner.invoke(app, ["validate", "--spec", str(spec), str(table)])
+    res = runner.invoke(app, ["validate", "--spec", str(spec), "--table", str(table)])
     assert res.exit_code == 0
     assert "sequences" in res.stdout and "ok" in res.stdout
 
@@ -305,7 +305,7 @@ def test_installed_fcd_command_exit_codes(long_case, tmp_path):
     spec, table = long_case(df)
     env = {"FLWR_TELEMETRY_ENABLED": "0", "PATH": "/usr/bin:/bin"}
     out = tmp_path / "never.npz"
-    bad = subprocess.run([str(fcd), "data", "validate", "--spec", str(spec), str(table), "--out", str(out)],
+    bad = subprocess.run([str(fcd), "data", "validate", "--spec", str(spec), "--table", str(table), "--out", str(out)],
                          capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 1
     assert "column 'p'" in bad.stderr and "row 6" in bad.stderr

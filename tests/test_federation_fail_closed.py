@@ -78,7 +78,7 @@ def test_a_missing_gate_secure_or_ledger_module_stops_the_app_at_import():
 def test_a_package_copy_without_the_egress_gate_module_cannot_build_a_clientapp(tmp_path):
     copy = tmp_path / "fcd_secure"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    (copy / "federation" / "egress.py").unlink()
+    (copy / "apps" / "egress.py").unlink()
     got = _probe([(None, CLIENT_APP), (None, "fcd_secure.engines.simulation")], tmp_path)
     for result in got:
         assert result.startswith("ImportError") and "fcd_secure.apps.egress" in result, result

@@ -16,8 +16,9 @@ from fcd_secure.cli.resolve import PRESET_HELP, RunOptions, resolve_config
 
 def ablate(
     preset: str = typer.Option("default", "--preset", help=PRESET_HELP),
-    seeds: int = typer.Option(3, "--seeds", min=1, help="Number of seeds (0..seeds-1); mean ± sd is reported."),
-    first_seed: int = typer.Option(0, "--first-seed", help="First seed."),
+    seeds: int = typer.Option(3, "--seeds", min=1, help="Number of seeds from --seed on; mean ± sd is reported."),
+    first_seed: int = typer.Option(0, "--seed", "--first-seed", help="First seed (of the split, initialisation, "
+                                   "sampling and training; seeds --seed .. --seed + --seeds - 1)."),
     rounds: Optional[int] = typer.Option(None, "--rounds", min=1, help="Rounds (preset default)."),
     sites: Optional[int] = typer.Option(None, "--sites", min=1, help="Number of sites N."),
     variants: Optional[str] = typer.Option(None, "--variants", help="Comma list of: dss, full_sync, no_ldis, local_only, centralised (default all)."),

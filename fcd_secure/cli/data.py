@@ -11,6 +11,7 @@ import typer
 from fcd_secure.cli.app import emit, new_app, stderr, stdout
 from fcd_secure.data import names
 from fcd_secure.cli.envelope import CliError, ok
+from fcd_secure.cli.tables import SPEC_HELP, TABLE_HELP, spec_and_table
 
 app = new_app(help="Validate and describe datasets (schema, DKT-Synth, real datasets).")
 
@@ -23,8 +24,9 @@ def _invalid(exc) -> CliError:
 
 @app.command("validate", short_help="Check a table against its spec (file, column, row named).")
 def validate(
-    table: Path = typer.Argument(..., exists=True, dir_okay=False, help="Long-format table: .csv, .csv.gz or .parquet."),
-    spec: Path = typer.Option(..., "--spec", "-s", exists=True, dir_okay=False, help="DatasetSpec file (.toml/.yaml)."),
+    spec: Optional[Path] = typer.Option(None, "--spec", metavar="SPEC", dir_okay=False, help=SPEC_HELP),
+    table: Optional[Path] = typer.Option(None, "--table", metavar="TABLE", dir_okay=False, help=TABLE_HELP),
+    extra: Optional[list[str]] = typer.Argument(None, hidden=True),
     out: Optional[Path] = typer.Option(
         None, "--out", "-o", help="Also write the encoded dataset here (.npz); written only if every check passes."
     ),
@@ -33,9 +35,10 @@ def validate(
     """Check TABLE against SPEC and build the unified (X, A, T, Y, M[, P]) dataset.
 
     Exit 0 with a short summary when the table is valid; exit 1 with a message naming the file, column and row
-    (or the spec field) when it is not, writing nothing; exit 2 on a usage error. `fcd run --spec SPEC TABLE` runs
-    the same checks before it starts (and exits 2 there: bad input of a run).
+    (or the spec field) when it is not, writing nothing; exit 2 on a usage error. `fcd run --spec SPEC --table
+    TABLE` runs the same checks before it starts (and exits 2 there: bad input of a run).
     """
+    spec, table = spec_and_table(spec, table, extra, required=True)
     from fcd_secure.data.npz import save_npz  # noqa: PLC0415 - pandas and the loaders only when used
     from fcd_secure.data.preprocess import dataset_from_files  # noqa: PLC0415
     from fcd_secure.data.spec import DataError  # noqa: PLC0415
@@ -111,9 +114,11 @@ def describe(
         "DKT-Synth: tiny | small | default | paper.",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object: {dataset: description}."),
-    spec: Optional[tuple[Path, Path]] = typer.Option(
-        None, "--spec", metavar="SPEC TABLE", help="Describe your own table (a dataset spec and the table it describes) "
-        "instead of the built-in datasets: the same sites, anchors and contexts `fcd run --spec` would use."),
+    spec: Optional[Path] = typer.Option(
+        None, "--spec", metavar="SPEC", dir_okay=False, help=SPEC_HELP + " Describes your own table instead of the "
+        "built-in datasets: the same sites, anchors and contexts `fcd run --spec SPEC --table TABLE` would use."),
+    table: Optional[Path] = typer.Option(None, "--table", metavar="TABLE", dir_okay=False, help=TABLE_HELP),
+    extra: Optional[list[str]] = typer.Argument(None, hidden=True),
 ) -> None:
     """Per dataset and per site: sequences, Lmax, dx, da, |T|, action support and anchors, outcome rate.
 
@@ -126,14 +131,16 @@ def describe(
     from fcd_secure.data.registry import DATASETS, load_federated, load_spec_federated  # noqa: PLC0415
     from fcd_secure.data.spec import DataError  # noqa: PLC0415
 
-    if spec is not None:
+    own = spec_and_table(spec, table, extra)
+    if own is not None:
+        spec, table = own
         try:
-            fd = load_spec_federated(spec[0], spec[1], n_sites=n_sites, alpha=alpha, seed=seed)
+            fd = load_spec_federated(spec, table, n_sites=n_sites, alpha=alpha, seed=seed)
         except DataError as exc:
             raise _invalid(exc) from None
         results = {fd.name: fd.description}
         if as_json:
-            emit(ok(results, f"{spec[1]} described with {spec[0]}"))
+            emit(ok(results, f"{table} described with {spec}"))
         else:
             _print_tables(results)
         return

@@ -14,6 +14,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
+from fcd_secure.cli.tables import SPEC_HELP, TABLE_HELP, spec_and_table
 from fcd_secure.data import names
 from fcd_secure.cli.app import emit, say_identifier, stderr, stdout
 from fcd_secure.cli.envelope import EXIT_OK, CliError, ok
@@ -43,7 +44,9 @@ def register(app: typer.Typer) -> None:
         clients_per_round: Optional[int] = typer.Option(None, "--clients-per-round", min=1, help="Sites per round (default all)."),
         seed: Optional[int] = typer.Option(None, "--seed", help="Seed of split, initialisation, sampling and training."),
         dataset: Optional[str] = typer.Option(None, "--dataset", help=names.choices(default="dkt-synth") + "."),
-        spec: Optional[tuple[Path, Path]] = typer.Option(None, "--spec", metavar="SPEC TABLE", help="Your own data: a dataset spec file and the table it describes (checked as `fcd data validate` does)."),
+        spec: Optional[Path] = typer.Option(None, "--spec", metavar="SPEC", dir_okay=False, help=SPEC_HELP),
+        table: Optional[Path] = typer.Option(None, "--table", metavar="TABLE", dir_okay=False, help=TABLE_HELP),
+        extra: Optional[list[str]] = typer.Argument(None, hidden=True),
         data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Real datasets root (default $FCD_DATA_DIR, then ../shared/data of a source checkout)."),
         config_file: Optional[Path] = typer.Option(None, "--config", exists=True, dir_okay=False, help="A run config (TOML/JSON, e.g. a run folder's config.toml); options given override only what they name."),
         eval_every: Optional[int] = typer.Option(None, "--eval-every", min=0, help="Federated PEHE every N rounds (0: only at the end)."),
@@ -77,6 +80,7 @@ def register(app: typer.Typer) -> None:
         from fcd_secure.cli.preflight import check_run  # noqa: PLC0415
         from fcd_secure.engines.deployment import DeploymentError, LocalDeployment  # noqa: PLC0415
 
+        spec = spec_and_table(spec, table, extra)
         own = config_file is None  # without a config file, deploy's own defaults: tiny, 4 sites, PEHE at the end
         opts = RunOptions(
             preset=preset or ("tiny" if own else None), config_file=config_file, rounds=rounds,

@@ -58,7 +58,7 @@ def check_data(cfg: "RunConfig", opts: RunOptions) -> "RunConfig":
             raise _data_error(exc, "`fcd config show` lists the [data] keys; data.gamma, data.effect_horizon "
                                    "and data.site_spread apply to the generated worlds") from None
         return cfg
-    hint = f"`fcd data validate --spec {d.spec} {d.table}` checks the table alone"
+    hint = f"`fcd data validate --spec {d.spec} --table {d.table}` checks the table alone"
     try:
         spec = load_spec(d.spec)
         fd = registry.load_spec_federated(

@@ -23,7 +23,9 @@ def _list(value: Optional[str]) -> Optional[list[str]]:
 def reproduce(
     out: Path = typer.Option(..., "--out", help="Output folder (tables, figures, REPORT.md, cached cells)."),
     preset: str = typer.Option("quick", "--preset", help=PRESETS_HELP),
-    seeds: Optional[int] = typer.Option(None, "--seeds", min=1, help="Number of seeds 0..N-1 (preset default)."),
+    seeds: Optional[int] = typer.Option(None, "--seeds", min=1, help="Number of seeds from --seed on (preset default)."),
+    seed: int = typer.Option(0, "--seed", min=0, help="First seed of every cell (split, initialisation, sampling, "
+                             "training); the cells run seeds --seed .. --seed + --seeds - 1."),
     datasets: Optional[str] = typer.Option(None, "--datasets", help="Comma list (default: all four)."),
     methods: Optional[str] = typer.Option(None, "--methods", help="Comma list (default: all five)."),
     ablations: bool = typer.Option(True, "--ablations/--no-ablations", help="Table III's ablations on DKT-Synth."),
@@ -61,7 +63,7 @@ def reproduce(
             bar.update(task, completed=done, total=total, description=label)
 
         try:
-            res = run_reproduction(p, list(range(seeds or p.seeds)), ds, ms, out, str(data_dir) if data_dir else None,
+            res = run_reproduction(p, list(range(seed, seed + (seeds or p.seeds))), ds, ms, out, str(data_dir) if data_dir else None,
                                    secure, ablations, on_progress, workers)
         except (*bad_input_errors(), FileNotFoundError, ValueError) as exc:
             raise CliError(str(exc), hint="the message names the dataset, file or field") from None

@@ -20,6 +20,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from fcd_secure.cli.tables import SPEC_HELP, TABLE_HELP, spec_and_table
 from fcd_secure.data import names
 from fcd_secure.cli.app import DEBUG_ENV, emit, say_identifier, stderr, stdout
 from fcd_secure.cli.envelope import EXIT_OK, CliError, ok
@@ -407,7 +408,9 @@ def register(app: typer.Typer) -> None:
         clients_per_round: Optional[int] = typer.Option(None, "--clients-per-round", min=1, help="Sites sampled per round (default N/2, at least the secure minimum)."),
         seed: Optional[int] = typer.Option(None, "--seed", help="Seed of split, initialisation, sampling and training."),
         dataset: Optional[str] = typer.Option(None, "--dataset", help=names.choices(default="dkt-synth", notes={"tumour": "oracles: truth beside estimates", "obd": "real data: OPE estimates, factual AUC"}) + "."),
-        spec: Optional[tuple[Path, Path]] = typer.Option(None, "--spec", metavar="SPEC TABLE", help="Your own data: a dataset spec file and the table it describes (checked as `fcd data validate` does)."),
+        spec: Optional[Path] = typer.Option(None, "--spec", metavar="SPEC", dir_okay=False, help=SPEC_HELP),
+        table: Optional[Path] = typer.Option(None, "--table", metavar="TABLE", dir_okay=False, help=TABLE_HELP),
+        extra: Optional[list[str]] = typer.Argument(None, hidden=True),
         data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Real datasets root (default $FCD_DATA_DIR, then ../shared/data of a source checkout)."),
         gamma: Optional[float] = typer.Option(None, "--gamma", help="Generated worlds (dkt-synth, tumour): confounding strength γ of the logging policy (data.gamma; default DKT-Synth 1.5, tumour 2; 0: the logging policy ignores what γ weighs: a student's readiness, a tumour's diameter)."),
         site_spread: Optional[float] = typer.Option(None, "--site-spread", min=0, max=20, help="Generated worlds (dkt-synth, tumour): how much the sites differ (data.site_spread; multiplies the spread of every site-level parameter: case mix, logging practice; default 1; 0: sites differ in size only)."),
@@ -446,7 +449,8 @@ def register(app: typer.Typer) -> None:
 
         opts = RunOptions(
             preset=preset, config_file=config_file, resume=resume, rounds=rounds, sites=sites,
-            clients_per_round=clients_per_round, seed=seed, dataset=dataset, spec=spec, data_dir=data_dir, gamma=gamma,
+            clients_per_round=clients_per_round, seed=seed, dataset=dataset, spec=spec_and_table(spec, table, extra),
+            data_dir=data_dir, gamma=gamma,
             site_spread=site_spread,
             secure=secure, sync=sync, eval_every=eval_every, state_dir=state_dir, out=out_dir,
             dp_epsilon=dp_epsilon, dp_delta=dp_delta, dp_clip=dp_clip, dp_ledger_dir=dp_ledger_dir,

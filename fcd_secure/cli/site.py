@@ -35,7 +35,7 @@ def init(
     them out of band (they type it into `fcd consortium add-site`)."""
     from fcd_secure.provisioning.site_install.home import init_site  # noqa: PLC0415
 
-    with bad_input("fcd data validate TABLE --spec SPEC shows what the table lacks"):
+    with bad_input("fcd data validate --spec SPEC --table TABLE shows what the table lacks"):
         res = init_site(home, spec, table, site_id)
     if as_json:
         emit(ok(res, f"site {site_id} installed in {home}"))

@@ -77,8 +77,8 @@ def train(
     centralised: bool = typer.Option(
         False, "--centralised", help="Pool every site's training data in one process (the reference path)."
     ),
-    preset: str = typer.Option("default", "--preset", "-p", help=PRESET_HELP),
-    seed: int = typer.Option(0, "--seed", "-s", help="Seed of the data, the initialisation and training."),
+    preset: str = typer.Option("default", "--preset", help=PRESET_HELP),
+    seed: int = typer.Option(0, "--seed", help="Seed of the data, the initialisation and training."),
     seeds: int = typer.Option(1, "--seeds", min=1, help="Number of seeds from --seed on; mean ± s.d. over them."),
     epochs: Optional[int] = typer.Option(
         None, "--epochs", "-e", min=1,

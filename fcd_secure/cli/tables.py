@@ -1,0 +1,46 @@
+"""The one way a user's table is named on the command line: ``--spec SPEC --table TABLE``, in every command.
+
+``fcd run``, ``fcd deploy``, ``fcd data validate``, ``fcd data describe`` and ``fcd site init`` read a long-format table
+(one row per step) described by a dataset spec (``fcd_secure/data/spec.py``). Each takes the two files as two options,
+with the same names and help, checked here: both or neither; the earlier spellings (``--spec SPEC TABLE``, a table as
+a positional argument) are refused with the new one named.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fcd_secure.cli.envelope import CliError
+
+__all__ = ["SPEC_HELP", "TABLE_HELP", "spec_and_table"]
+
+SPEC_HELP = "Your own data: the dataset spec (.toml/.yaml) that describes --table."
+TABLE_HELP = "Your own data: the long-format table (.csv, .csv.gz or .parquet; one row per step), described by --spec."
+
+
+def spec_and_table(spec: Path | None, table: Path | None, extra: list[str] | None = None,
+                   *, required: bool = False) -> tuple[Path, Path] | None:
+    """``(spec, table)`` when both are given, ``None`` when neither is (unless ``required``).
+
+    Args:
+        spec: ``--spec``.
+        table: ``--table``.
+        extra: positional words left on the command line (the old ``--spec SPEC TABLE`` form leaves the table there).
+        required: the command needs a table.
+
+    Raises:
+        CliError: one without the other, or a leftover positional word (exit 2, naming the form to use).
+    """
+    if extra:
+        raise CliError(f"unexpected argument {extra[0]!r}: a table is named with --table", "USAGE",
+                       hint="use --spec SPEC --table TABLE (two options)")
+    if (spec is None) != (table is None) or (required and spec is None):
+        missing = "--table" if table is None else "--spec"
+        raise CliError(f"{missing} is missing: your own data takes both --spec SPEC and --table TABLE", "USAGE",
+                       hint="e.g. --spec my_spec.toml --table my_table.csv")
+    if spec is None or table is None:
+        return None
+    for flag, path in (("--spec", spec), ("--table", table)):
+        if not Path(path).is_file():
+            raise CliError(f"{flag} {path}: no such file", "BAD_INPUT", data={"file": str(path)})
+    return Path(spec), Path(table)
