@@ -228,8 +228,9 @@ class Simulator(ABC):
 
     Subclasses set :attr:`name` and :attr:`theta_s_modules` and implement :meth:`from_dims`,
     :meth:`make_optimizer`, :meth:`train_site`, :meth:`_simulate` and :meth:`factual_probs`; the public
-    :meth:`simulate`, effects, policy rollouts and the parameter parts come from this base. The paper's recurrent
-    baselines share one more template, :class:`~fcd_secure.model.baselines.rollout.SteppedSimulator`.
+    :meth:`simulate`, effects, policy rollouts and the parameter parts come from this base. The baselines (the naive
+    model and the paper's recurrent ones) share one more template,
+    :class:`~fcd_secure.model.baselines.rollout.SteppedSimulator`.
 
     Attributes:
         name: the simulator's key (``fcd train --methods``).

@@ -6,7 +6,8 @@
 * :func:`training_view` — the dataset a site trains on: the logged propensities P dropped unless ``cfg.ipw`` reads
   them (on the site only, DESIGN trap 5; ``'auto'`` weights only where the site logs them);
 * :func:`batch_loss` — the local objective on one batch (paper §III-C), per-sample-safe unless a batch term is on;
-* :func:`train_local` — one call = one local round (``epochs`` passes), returns mean loss parts and n.
+* :func:`train_local` — one call = one local round (``epochs`` passes), returns mean loss parts and n;
+* :func:`run_round` — the loop of that round, which the baselines' ``train_site`` runs too.
 
 privacy/ wraps ``model``/``optimizer``/``loader`` with Opacus (hooks mode, Poisson) and passes them back in:
 ``train_local(..., optimizer=dp_optimizer, loader=dp_loader)``; ``batch_loss`` accepts a GradSampleModule.
@@ -15,8 +16,7 @@ privacy/ wraps ``model``/``optimizer``/``loader`` with Opacus (hooks mode, Poiss
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Callable
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torch import nn
@@ -29,8 +29,8 @@ from fcd_secure.model.config import ModelConfig
 from fcd_secure.model.context import l_context
 from fcd_secure.model.networks import unwrap
 
-__all__ = ["Batch", "batch_loss", "dataset_tensors", "make_loader", "make_optimizer", "site_objective", "train_local",
-           "training_view"]
+__all__ = ["Batch", "batch_loss", "dataset_tensors", "make_loader", "make_optimizer", "run_round", "site_objective",
+           "train_local", "training_view"]
 
 
 def site_objective(ds: SiteDataset, cfg: ModelConfig) -> ModelConfig:
@@ -158,34 +158,71 @@ def train_local(
         ValueError: if ``epochs`` < 1.
         FloatingPointError: on a non-finite loss.
     """
+    opt = optimizer or make_optimizer(model, cfg)
+
+    def step(batch: Batch) -> dict[str, float]:
+        opt.zero_grad(set_to_none=True)
+        loss, parts = batch_loss(model, batch, cfg, n_sites)
+        loss.backward()
+        if cfg.grad_clip is not None and not cfg.dp_mode:  # under DP the privacy engine clips per sample
+            nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        return parts
+
+    return run_round(model, loader or make_loader(ds, cfg.batch_size, seed, site_index), ds, epochs, seed, step,
+                     on_step)
+
+
+def run_round(
+    module: nn.Module,
+    loader: Iterable[Sequence[torch.Tensor]],
+    ds: SiteDataset,
+    epochs: int,
+    seed: int,
+    step: Callable[[Batch], dict[str, float]],
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+) -> dict[str, float]:
+    """The loop of every local round (:func:`train_local`, and each baseline's ``train_site``): ``epochs`` passes over
+    ``loader``, ``step`` on every batch.
+
+    All randomness of the round derives from ``seed`` (the loader brings its own shuffling); the caller's global RNG
+    state is restored.
+
+    Args:
+        module: the network (put in training mode).
+        loader: the site's batches (a loader's tensors in :class:`Batch` field order).
+        ds: the dataset behind ``loader`` (its name and size for the result).
+        epochs: passes over the data (≥ 1).
+        seed: seed of every draw inside ``step``.
+        step: one optimisation step on a batch; returns its loss parts, ``total`` among them.
+        on_step: called after every step with the step count and the loss parts.
+
+    Returns:
+        The example-weighted mean of each loss part, ``n`` (trajectories), ``steps`` and ``epochs``.
+
+    Raises:
+        ValueError: if ``epochs`` < 1.
+        FloatingPointError: on a non-finite loss part.
+    """
     if epochs < 1:
         raise ValueError(f"epochs must be >= 1, got {epochs}")
-    model.train()
-    opt = optimizer or make_optimizer(model, cfg)
-    dl = loader or make_loader(ds, cfg.batch_size, seed, site_index)
+    module.train()
     sums: dict[str, float] = {}
-    count = 0
-    steps = 0
+    count = steps = 0
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
         for _ in range(epochs):
-            for raw in dl:
+            for raw in loader:
                 batch = Batch.of(raw)
-                b = batch.size
-                opt.zero_grad(set_to_none=True)
-                loss, parts = batch_loss(model, batch, cfg, n_sites)
-                loss.backward()
-                if cfg.grad_clip is not None and not cfg.dp_mode:
-                    nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                opt.step()
+                parts = step(batch)
                 steps += 1
-                if not math.isfinite(parts["total"]):
+                if not all(math.isfinite(v) for v in parts.values()):
                     raise FloatingPointError(f"{ds.name}: non-finite loss at step {steps}: {parts}")
-                for k_, v in parts.items():
-                    sums[k_] = sums.get(k_, 0.0) + v * b
-                count += b
+                for k, v in parts.items():
+                    sums[k] = sums.get(k, 0.0) + v * batch.size
+                count += batch.size
                 if on_step is not None:
                     on_step(steps, parts)
-    out = {k_: v / max(count, 1) for k_, v in sums.items()}
+    out = {k: v / max(count, 1) for k, v in sums.items()}
     out.update(n=float(ds.n), steps=float(steps), epochs=float(epochs))
     return out

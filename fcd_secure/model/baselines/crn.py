@@ -75,10 +75,6 @@ class CRNNetwork(nn.Module):
         self.dec_outcome = mlp(R + E, 1, Hm, depth=1)
         self.dec_treat = mlp(R, n_actions, Hm, depth=1)
 
-    @property
-    def dims(self) -> dict[str, int]:
-        return {"dx": self.dx, "da": self.da, "n_actions": self.n_actions}
-
     def encode(self, X: torch.Tensor, A: torch.Tensor, T: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
         """Φ_t for every step, ``[B, L, R]``; Φ_t reads (X, A_≤t, T_<t, Y_<t) only."""
         prev_t = shift_right(T, self.n_actions)
@@ -100,10 +96,6 @@ class CRNSimulator(SteppedSimulator):
     name = "crn"
     network = CRNNetwork
     label = "CRN"
-
-    def make_optimizer(self) -> torch.optim.Optimizer:
-        """Adam at ``cfg.lr`` over every parameter."""
-        return torch.optim.Adam(self.net.parameters(), lr=self.config.lr)
 
     # -- training --------------------------------------------------------------------------------------------
     def losses(self, b: Batch) -> tuple[torch.Tensor, dict[str, float]]:

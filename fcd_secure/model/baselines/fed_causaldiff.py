@@ -72,13 +72,9 @@ class FedCausalDiffSimulator(Simulator):
     @torch.no_grad()
     def factual_probs(self, ds: SiteDataset) -> np.ndarray:
         """E[Y_t | K_t, A_t, logged T_t] with K_t encoded from the logged history before t, float64 ``[n, L]``."""
-        core = unwrap(self.module)
-        was = core.training
-        core.eval()
-        try:
+        with self.evaluating() as module:
+            core = unwrap(module)
             b = dataset_tensors(ds, 0)
             Kc, Ks = core.encode(b.X, b.A, b.T, b.Y)
             p = core.outcome_mean(torch.cat([Kc, Ks], -1), b.A, b.T)
-        finally:
-            core.train(was)
         return p.numpy().astype(np.float64)

@@ -81,10 +81,6 @@ class FedCMNetwork(nn.Module):
         self.treat_gen = mlp(pa + k, n_actions, Hm)
         self.treat_critic = _critic(n_actions + pa, Hm)
 
-    @property
-    def dims(self) -> dict[str, int]:
-        return {"dx": self.dx, "da": self.da, "n_actions": self.n_actions}
-
     def groups(self) -> dict[str, list[nn.Parameter]]:
         """``generators`` (both mechanisms' generators and their embeddings) and ``critics``."""
         out: dict[str, list[nn.Parameter]] = {"generators": [], "critics": []}

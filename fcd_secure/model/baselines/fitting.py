@@ -1,5 +1,4 @@
-"""One local round of a baseline (the loop every :meth:`Simulator.train_site` of this package runs) and the optimiser
-step of one named parameter group.
+"""The optimisers of the baselines: one Adam over named parameter groups and the step of one group.
 
 Adversarial baselines (RCGAN, TimeGAN, FedCM) alternate updates of their players. They keep *one* Adam over named
 parameter groups, so that a site persists one optimiser state between rounds like every other simulator, and
@@ -9,16 +8,12 @@ Adam leaves a parameter without a gradient untouched (its moments included).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import nn
 
-from fcd_secure.data.schema import SiteDataset
-from fcd_secure.model.batch import Batch, make_loader
-
-__all__ = ["grouped_adam", "run_local_round", "step_group"]
+__all__ = ["grouped_adam", "step_group"]
 
 
 def grouped_adam(
@@ -58,53 +53,3 @@ def step_group(opt: torch.optim.Optimizer, loss: torch.Tensor, group: str | None
         nn.utils.clip_grad_norm_([p for p in chosen if p.grad is not None], clip)
     opt.step()
     opt.zero_grad(set_to_none=True)
-
-
-def run_local_round(
-    module: nn.Module,
-    ds: SiteDataset,
-    batch_size: int,
-    epochs: int,
-    seed: int,
-    step: Callable[[Batch], dict[str, float]],
-) -> dict[str, float]:
-    """``epochs`` shuffled passes over ``ds`` (propensities dropped), calling ``step`` on every batch.
-
-    All randomness of the round derives from ``seed``; the caller's global RNG state is restored.
-
-    Args:
-        module: the network (put in training mode).
-        ds: the site's training data.
-        batch_size: rows per batch.
-        epochs: passes over the data (≥ 1).
-        seed: seed of the shuffling and of every draw inside ``step``.
-        step: one optimisation step on a batch; returns its loss parts, ``total`` among them.
-
-    Returns:
-        The example-weighted mean of each loss part, ``n``, ``steps`` and ``epochs``.
-
-    Raises:
-        ValueError: if ``epochs`` < 1.
-        FloatingPointError: on a non-finite loss.
-    """
-    if epochs < 1:
-        raise ValueError(f"epochs must be >= 1, got {epochs}")
-    module.train()
-    dl = make_loader(ds.without_propensities(), batch_size, seed, site_index=0)
-    sums: dict[str, float] = {}
-    count = steps = 0
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(seed))
-        for _ in range(epochs):
-            for raw in dl:
-                batch = Batch.of(raw)
-                parts = step(batch)
-                steps += 1
-                if not all(math.isfinite(v) for v in parts.values()):
-                    raise FloatingPointError(f"{ds.name}: non-finite loss at step {steps}: {parts}")
-                for k, v in parts.items():
-                    sums[k] = sums.get(k, 0.0) + v * batch.size
-                count += batch.size
-    out = {k: v / max(count, 1) for k, v in sums.items()}
-    out.update(n=float(ds.n), steps=float(steps), epochs=float(epochs))
-    return out

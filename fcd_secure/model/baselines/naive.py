@@ -8,20 +8,18 @@ part, so if it were federated every parameter would be Θc.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from fcd_secure.data.schema import SiteDataset
-from fcd_secure.model.baselines.fitting import run_local_round
-from fcd_secure.model.batch import Batch, dataset_tensors
+from fcd_secure.model.baselines.fitting import step_group
+from fcd_secure.model.baselines.rollout import Stepper, SteppedSimulator
+from fcd_secure.model.batch import Batch
 from fcd_secure.model.config import ModelConfig
 from fcd_secure.model.losses import masked_mean
 from fcd_secure.model.networks import mlp
-from fcd_secure.model.simulator import Plan, SimResult, Simulator, check_window, plan_fn
 
 __all__ = ["NaiveOutcomeModel", "NaiveSimulator"]
 
@@ -69,91 +67,57 @@ class NaiveOutcomeModel(nn.Module):
         return masked_mean(per, batch.M)
 
 
-class NaiveSimulator(Simulator):
-    """The naive observational model behind the :class:`~fcd_secure.model.simulator.Simulator` protocol."""
+class NaiveSimulator(SteppedSimulator):
+    """The naive observational model behind the :class:`~fcd_secure.model.simulator.Simulator` protocol: trained by
+    maximum likelihood of the factual outcomes, rolled forward feeding the sampled Y back as Y_{t−1} (binary Y) or
+    the mean (gaussian Y)."""
 
     name = "naive"
+    label = "naive"
+    # one generator over all rows, as this baseline has always drawn its rollouts: chunking would change its numbers
+    chunk_rows = None
 
-    def __init__(self, model: NaiveOutcomeModel, config: ModelConfig) -> None:
-        super().__init__(model, config)
-        self.model = model
+    @property
+    def model(self) -> NaiveOutcomeModel:
+        """The outcome model (:attr:`net`)."""
+        return self.net
 
     @classmethod
-    def from_dims(
-        cls, cfg: ModelConfig, dx: int, da: int, n_actions: int, n_sites: int, n_endogenous: int = 0
-    ) -> "NaiveSimulator":
-        """Width, action embedding and outcome type from ``cfg``; parameters initialised from ``cfg.seed``. It has no
-        context model: its rollouts replay every context, endogenous ones included."""
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(cfg.seed)
-            model = NaiveOutcomeModel(dx, da, n_actions, hidden=cfg.mlp_hidden, action_emb=cfg.action_emb,
-                                      outcome=cfg.outcome)
-        return cls(model, cfg)
+    def build_network(cls, cfg: ModelConfig, dx: int, da: int, n_actions: int) -> NaiveOutcomeModel:
+        """Width, action embedding and outcome type (binary or gaussian) from ``cfg``."""
+        return NaiveOutcomeModel(dx, da, n_actions, hidden=cfg.mlp_hidden, action_emb=cfg.action_emb,
+                                 outcome=cfg.outcome)
 
-    def make_optimizer(self) -> torch.optim.Optimizer:
-        """Adam at ``cfg.lr``."""
-        return torch.optim.Adam(self.model.parameters(), lr=self.config.lr)
+    def train_step(self, b: Batch) -> dict[str, float]:
+        """One Adam step on the negative log-likelihood (no gradient clipping)."""
+        loss = self.net.nll(b).mean()
+        step_group(self.optimizer, loss, None, None)
+        nll = float(loss.detach())
+        return {"nll": nll, "total": nll}
 
-    def train_site(
-        self, ds: SiteDataset, site_index: int | None, n_sites: int, epochs: int = 1, seed: int = 0
-    ) -> dict[str, float]:
-        """Maximum likelihood of the factual outcomes (:func:`run_local_round`); the site label is not used."""
-        opt = self.optimizer
+    def stepper(self, ds: SiteDataset, rows: np.ndarray, start_t: int, S: int, g: torch.Generator) -> Stepper:
+        """The last logged outcome before ``start_t`` (0 at t = 0), then the simulated ones."""
+        return _NaiveStepper(self.net, ds, rows, start_t, S)
 
-        def step(batch: Batch) -> dict[str, float]:
-            opt.zero_grad(set_to_none=True)
-            loss = self.model.nll(batch).mean()
-            loss.backward()
-            opt.step()
-            nll = float(loss.detach())
-            return {"nll": nll, "total": nll}
+    def factual_tensor(self, b: Batch, ds: SiteDataset) -> torch.Tensor:
+        """E[Y_t | X, A_t, logged T_t, logged Y_{t−1}]."""
+        Xe, y_prev, first = self.net.step_inputs(b.X, b.Y)
+        return self.net.mean(self.net(Xe, b.A, b.T, y_prev, first))
 
-        return run_local_round(self.model, ds, self.config.batch_size, epochs, seed, step)
 
-    @torch.no_grad()
-    def _simulate(self, ds: SiteDataset, plan: Plan, n_samples: int, seed: int, start_t: int, horizon: int | None,
-                  anchors: tuple[int, int] | None, **kw: Any) -> SimResult:
-        """Roll forward, feeding the sampled Y back as Y_{t−1} (binary Y) or the mean (gaussian Y).
+class _NaiveStepper:
+    """A naive rollout over one chunk of rows: the previous outcome is the whole state."""
 
-        Raises:
-            TypeError: for an option only another simulator knows (``kw`` must be empty).
-        """
-        if kw:
-            raise TypeError(f"the naive simulator takes no options {sorted(kw)}")
-        model = self.model
-        model.eval()
-        n, S = ds.n, n_samples
-        H = check_window(ds.L, start_t, horizon)
-        fn, name = plan_fn(plan, anchors, ds)
-        g = torch.Generator().manual_seed(int(seed) * 1_000_003)
-        X = torch.as_tensor(ds.X, dtype=torch.float32).repeat_interleave(S, 0)
-        A = torch.as_tensor(ds.A, dtype=torch.float32).repeat_interleave(S, 0)
-        rows = np.repeat(np.arange(n), S)
-        lengths = np.repeat(ds.lengths, S)
-        y_hist = np.repeat(ds.Y[:, :start_t], S, axis=0).astype(np.float32)
-        y_prev = torch.as_tensor(y_hist[:, -1] if start_t > 0 else np.zeros(n * S, np.float32))
-        probs = np.zeros((n, S, H), np.float32)
-        ys = np.zeros((n, S, H), np.float32)
-        acts = np.zeros((n, S, H), np.int64)
-        for h in range(H):
-            t = start_t + h
-            a = fn(h, t, y_hist, lengths, rows, A[:, : t + 1].numpy())  # no context model: contexts are replayed
-            first = torch.full((n * S,), 1.0 if t == 0 else 0.0)
-            p = model.mean(model(X, A[:, t], torch.as_tensor(a), y_prev, first))
-            u = torch.rand(n * S, generator=g)
-            y = (u < p).float() if model.outcome == "binary" else p
-            probs[:, :, h] = p.view(n, S).numpy()
-            ys[:, :, h] = y.view(n, S).numpy()
-            acts[:, :, h] = a.reshape(n, S)
-            y_hist = np.concatenate([y_hist, y.numpy()[:, None]], 1)
-            y_prev = y
-        return SimResult.from_rollout(name, ds, start_t, probs, ys, acts, meta={"model": "naive", "seed": seed})
+    def __init__(self, net: NaiveOutcomeModel, ds: SiteDataset, rows: np.ndarray, start_t: int, S: int) -> None:
+        self.net = net
+        self.X = torch.as_tensor(ds.X[rows], dtype=torch.float32).repeat_interleave(S, 0)
+        self.A = torch.as_tensor(ds.A[rows], dtype=torch.float32).repeat_interleave(S, 0)
+        self.y_prev = (torch.as_tensor(np.repeat(ds.Y[rows, start_t - 1], S).astype(np.float32)) if start_t > 0
+                       else torch.zeros(len(self.X)))
 
-    @torch.no_grad()
-    def factual_probs(self, ds: SiteDataset) -> np.ndarray:
-        """E[Y_t | X, A_t, logged T_t, logged Y_{t−1}], float64 ``[n, L]``."""
-        with self.evaluating() as model:
-            b = dataset_tensors(ds, 0)
-            Xe, y_prev, first = model.step_inputs(b.X, b.Y)
-            p = model.mean(model(Xe, b.A, b.T, y_prev, first))
-        return p.numpy().astype(np.float64)
+    def prob(self, t: int, a: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+        first = torch.full((len(a),), 1.0 if t == 0 else 0.0)
+        return self.net.mean(self.net(self.X, self.A[:, t], a, self.y_prev, first))
+
+    def observe(self, t: int, a: torch.Tensor, y: torch.Tensor) -> None:
+        self.y_prev = y

@@ -69,10 +69,6 @@ class RCGANNetwork(nn.Module):
         self.disc_rnn = nn.GRU(1 + dx + da + E, H, batch_first=True)
         self.disc_out = nn.Linear(H, 1)
 
-    @property
-    def dims(self) -> dict[str, int]:
-        return {"dx": self.dx, "da": self.da, "n_actions": self.n_actions}
-
     def generator_groups(self) -> list[nn.Parameter]:
         return [p for n, p in self.named_parameters() if n.startswith("gen_")]
 

@@ -1,15 +1,16 @@
-"""The rollout loop of the recurrent baselines: one place that turns a plan into actions, draws the outcome noise and
-builds the :class:`~fcd_secure.model.simulator.SimResult`.
+"""The rollout loop of the baselines: one place that turns a plan into actions, draws the outcome noise and builds
+the :class:`~fcd_secure.model.simulator.SimResult`.
 
-:class:`SteppedSimulator` is the template of those baselines (CRN, RCGAN, TimeGAN, FedCM), in the manner of a
-Flower strategy base class: it owns building (seeded, binary outcomes only), the rollout and the factual scores, and
-each baseline writes only its network, its training step, its :class:`Stepper` and its factual logits.
+:class:`SteppedSimulator` is the template of those baselines (naive, CRN, RCGAN, TimeGAN, FedCM), in the manner of a
+Flower strategy base class: it owns building (seeded), the local round, the rollout and the factual scores, and each
+baseline writes only its network, its training step, its :class:`Stepper` and its factual logits.
 
 A baseline supplies a :class:`Stepper` for a chunk of rows (its state after the logged history before ``start_t``,
 already repeated ``n_samples`` times, patient-major); the loop asks it, step by step, for E[Y_t | state, do(T_t = a)]
-and then tells it the sampled outcome. Randomness comes from one generator per row chunk seeded by ``seed`` and the
-chunk, and every step draws the stepper's noise first and then one uniform per row, in the same order whatever the
-plan — so two plans (two arms of an effect) share their random numbers (common random numbers, DESIGN trap 6).
+and then tells it the sampled outcome (a gaussian outcome, which only the naive model allows, is told as its mean).
+Randomness comes from one generator per row chunk seeded by ``seed`` and the chunk, and every step draws the stepper's
+noise first and then (binary outcomes) one uniform per row, in the same order whatever the plan — so two plans (two
+arms of an effect) share their random numbers (common random numbers, DESIGN trap 6).
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ import torch
 from torch import nn
 
 from fcd_secure.data.schema import SiteDataset
-from fcd_secure.model.batch import Batch, dataset_tensors
-from fcd_secure.model.baselines.fitting import run_local_round
+from fcd_secure.model.batch import Batch, dataset_tensors, make_loader
 from fcd_secure.model.baselines.sequence import check_binary
 from fcd_secure.model.config import ModelConfig
 from fcd_secure.model.simulator import Plan, SimResult, Simulator, check_window, plan_fn
+from fcd_secure.model.training import run_round
 
 __all__ = ["Stepper", "SteppedSimulator", "check_dims", "rollout"]
 
@@ -48,14 +49,15 @@ class Stepper(Protocol):
 Begin = Callable[[np.ndarray, int, int, torch.Generator], Stepper]
 
 
-def check_dims(ds: SiteDataset, dims: dict[str, int], name: str) -> None:
-    """Refuse a dataset whose dims differ from those the model was built for.
+def check_dims(ds: SiteDataset, net: nn.Module, name: str) -> None:
+    """Refuse a dataset whose dims differ from those the network ``net`` (its ``dx``, ``da``, ``n_actions``) was
+    built for.
 
     Raises:
         ValueError: naming the dataset and both sets of dims.
     """
     have = {"dx": ds.dx, "da": ds.da, "n_actions": int(ds.n_actions)}
-    want = {k: dims[k] for k in have}
+    want = {k: getattr(net, k) for k in have}
     if have != want:
         raise ValueError(f"{ds.name}: dims {have} do not match the {name} model {want}")
 
@@ -73,8 +75,10 @@ def rollout(
     begin: Begin,
     meta: dict,
     chunk_rows: int = 512,
+    binary: bool = True,
 ) -> SimResult:
-    """Simulate ``plan`` for every row of ``ds`` from ``start_t`` (see the module docstring).
+    """Simulate ``plan`` for every row of ``ds`` from ``start_t`` (see the module docstring); ``binary`` false: the
+    outcome is gaussian and its mean is fed back.
 
     Raises:
         ValueError: a window outside the data, ``n_samples`` < 1, or a plan that returns a wrong shape or an action
@@ -107,7 +111,7 @@ def rollout(
                 raise ValueError(f"policy {name} returned an action outside [0, {n_actions}) at t={t}")
             at = torch.as_tensor(a)
             p = stepper.prob(t, at, g)
-            y = (torch.rand(b * S, generator=g) < p).float()
+            y = (torch.rand(b * S, generator=g) < p).float() if binary else p
             stepper.observe(t, at, y)
             probs[rows, :, h] = p.view(b, S).numpy()
             ys[rows, :, h] = y.view(b, S).numpy()
@@ -117,18 +121,20 @@ def rollout(
 
 
 class SteppedSimulator(Simulator):
-    """The template of the recurrent baselines: one network ``net`` built by :attr:`network`, trained by
+    """The template of the baselines: one network ``net`` built by :meth:`build_network`, trained by
     :meth:`train_step` on every batch, rolled out by :func:`rollout` with the baseline's :meth:`stepper`, scored on the
     logged history by :meth:`factual_tensor`.
 
     Attributes:
-        network: the network class, built as ``network(cfg, dx, da, n_actions)`` (it exposes ``dims`` and
-            ``n_actions``).
+        network: the network class, built as ``network(cfg, dx, da, n_actions)`` unless :meth:`build_network` is
+            overridden; a network keeps ``dx``, ``da`` and ``n_actions`` as attributes.
         label: the baseline's name in messages ("CRN", "RCGAN", ...).
+        chunk_rows: rows rolled out together, each chunk with its own generator (None: all rows at once).
     """
 
     network: ClassVar[type[nn.Module]]
     label: ClassVar[str]
+    chunk_rows: ClassVar[int | None] = 512
 
     def __init__(self, net: nn.Module, config: ModelConfig) -> None:
         super().__init__(net, config)
@@ -138,17 +144,26 @@ class SteppedSimulator(Simulator):
     def from_dims(
         cls, cfg: ModelConfig, dx: int, da: int, n_actions: int, n_sites: int, n_endogenous: int = 0
     ) -> "SteppedSimulator":
-        """Sizes from ``cfg``; parameters initialised from ``cfg.seed``; ``n_sites`` unused; ``n_endogenous`` too:
-        like their papers these baselines have no context model, so rollouts replay every logged context.
-
-        Raises:
-            ValueError: for a non-binary outcome.
-        """
-        check_binary(cfg, cls.name)
+        """:meth:`build_network` with parameters initialised from ``cfg.seed``; ``n_sites`` unused; ``n_endogenous``
+        too: like their papers these baselines have no context model, so rollouts replay every logged context."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.seed)
-            net = cls.network(cfg, dx, da, n_actions)
+            net = cls.build_network(cfg, dx, da, n_actions)
         return cls(net, cfg)
+
+    @classmethod
+    def build_network(cls, cfg: ModelConfig, dx: int, da: int, n_actions: int) -> nn.Module:
+        """``network(cfg, dx, da, n_actions)``.
+
+        Raises:
+            ValueError: for a non-binary outcome (the recurrent baselines model binary outcomes only).
+        """
+        check_binary(cfg, cls.name)
+        return cls.network(cfg, dx, da, n_actions)
+
+    def make_optimizer(self) -> torch.optim.Optimizer:
+        """Adam at ``cfg.lr`` over every parameter (the adversarial baselines keep one over their players' groups)."""
+        return torch.optim.Adam(self.net.parameters(), lr=self.config.lr)
 
     def _simulate(self, ds: SiteDataset, plan: Plan, n_samples: int, seed: int, start_t: int, horizon: int | None,
                   anchors: tuple[int, int] | None, **kw: Any) -> SimResult:
@@ -160,10 +175,11 @@ class SteppedSimulator(Simulator):
         """
         if kw:
             raise TypeError(f"the {self.label} simulator takes no options {sorted(kw)}")
-        check_dims(ds, self.net.dims, self.name)
+        check_dims(ds, self.net, self.name)
         with self.evaluating():
             return rollout(ds, plan, n_samples, seed, start_t, horizon, anchors, self.net.n_actions,
-                           lambda rows, t0, S, g: self.stepper(ds, rows, t0, S, g), {"model": self.name})
+                           lambda rows, t0, S, g: self.stepper(ds, rows, t0, S, g), {"model": self.name},
+                           chunk_rows=self.chunk_rows or max(ds.n, 1), binary=self.config.outcome == "binary")
 
     @torch.no_grad()
     def factual_probs(self, ds: SiteDataset) -> np.ndarray:
@@ -175,13 +191,15 @@ class SteppedSimulator(Simulator):
     def train_site(
         self, ds: SiteDataset, site_index: int | None, n_sites: int, epochs: int = 1, seed: int = 0
     ) -> dict[str, float]:
-        """One local round: :meth:`train_step` on every batch of ``epochs`` seeded passes (:func:`run_local_round`);
-        the site label is not used."""
-        return run_local_round(self.net, ds, self.config.batch_size, epochs, seed, self.train_step)
+        """One local round (:func:`~fcd_secure.model.training.run_round`): :meth:`train_step` on every batch of
+        ``epochs`` passes shuffled by ``seed``. The site label is not used, nor are the propensities."""
+        loader = make_loader(ds.without_propensities(), self.config.batch_size, seed, site_index=0)
+        return run_round(self.net, loader, ds, epochs, seed, self.train_step)
 
     @abstractmethod
     def train_step(self, b: Batch) -> dict[str, float]:
-        """One optimisation step on batch ``b``; returns its loss parts, ``total`` among them."""
+        """One optimisation step on batch ``b`` (e.g. :func:`~.fitting.step_group`); returns its loss parts,
+        ``total`` among them."""
 
     @abstractmethod
     def stepper(self, ds: SiteDataset, rows: np.ndarray, start_t: int, S: int, g: torch.Generator) -> Stepper:

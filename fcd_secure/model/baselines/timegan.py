@@ -83,10 +83,6 @@ class TimeGANNetwork(nn.Module):
         self.disc_rnn = nn.GRU(k + c, H // 2, batch_first=True, bidirectional=True)
         self.disc_out = nn.Linear(2 * (H // 2), 1)
 
-    @property
-    def dims(self) -> dict[str, int]:
-        return {"dx": self.dx, "da": self.da, "n_actions": self.n_actions}
-
     def groups(self) -> dict[str, list[nn.Parameter]]:
         """The players' parameter groups: ``autoencoder`` (e, r, shared action embedding), ``generator`` (g, s) and
         ``discriminator`` (d)."""
