@@ -1,34 +1,40 @@
 """The one place versions are looked up: package metadata, nothing imported (torch and Flower stay unloaded).
 
-Used by ``summary.json`` (``apps.outputs.versions``), the privacy report, and the versions a consortium pins and a
-site's preflight compares (``provisioning.versions``).
+Used by ``summary.json`` (``apps.outputs.versions``), the privacy report (``privacy.report``, its ``libraries``), and
+the versions a consortium pins and a site's preflight compares (``provisioning.versions``). Each consumer names its
+packages in the order it has always written them; the ones that wrote their own lookup before differ only in how a
+missing package reads (``missing=``).
 """
 
 from __future__ import annotations
 
 import platform
+from collections.abc import Iterable
 from importlib import metadata
 
 import fcd_secure
 
-__all__ = ["NOT_INSTALLED", "installed_versions"]
+__all__ = ["NOT_INSTALLED", "PYTHON", "installed_versions"]
 
-#: what a package that is not installed reads as
+#: what a package that is not installed reads as (unless the caller passes ``missing=``)
 NOT_INSTALLED = "not installed"
+#: the name that stands for the interpreter's own version
+PYTHON = "python"
 
 
-def installed_versions(packages: tuple[str, ...] | list[str], *, python: bool = False) -> dict[str, str]:
-    """``{package: version}`` for ``packages`` (``fcd_secure`` is this package's own ``__version__``, the rest from
-    their installed metadata; a missing one reads :data:`NOT_INSTALLED`), and ``python`` when asked."""
+def installed_versions(names: Iterable[str], *, missing: str = NOT_INSTALLED) -> dict[str, str]:
+    """``{name: version}`` for ``names``, in their order: ``fcd_secure`` is this package's own ``__version__``,
+    ``python`` (:data:`PYTHON`) the interpreter's, every other name its installed distribution's metadata
+    (``importlib.metadata``; the package is not imported); a distribution that is not installed reads ``missing``."""
     out: dict[str, str] = {}
-    for name in packages:
+    for name in names:
         if name == "fcd_secure":
             out[name] = fcd_secure.__version__
-            continue
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = NOT_INSTALLED
-    if python:
-        out["python"] = platform.python_version()
+        elif name == PYTHON:
+            out[name] = platform.python_version()
+        else:
+            try:
+                out[name] = metadata.version(name)
+            except metadata.PackageNotFoundError:
+                out[name] = missing
     return out

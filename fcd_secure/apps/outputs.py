@@ -37,8 +37,9 @@ from fcd_secure.manifest import FULL, THETA_C, THETA_S
 
 
 def versions() -> dict[str, str]:
-    """The versions ``summary.json`` records (``fcd_secure._versions``: package metadata, one lookup)."""
-    return installed_versions(("fcd_secure", "flwr", "torch", "numpy", "opacus"), python=True)
+    """The versions ``summary.json`` records, in its order (``fcd_secure._versions``: package metadata, one lookup;
+    a missing package reads ``"unknown"``, as summary.json always wrote it)."""
+    return installed_versions(("fcd_secure", "flwr", "torch", "numpy", "opacus", "python"), missing="unknown")
 
 
 #: The columns of ``rounds.csv``, in order (a value a round did not compute is empty).

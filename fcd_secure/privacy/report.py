@@ -52,7 +52,8 @@ NOT_COVERED_ALWAYS = [
 
 
 def _versions() -> dict[str, str]:
-    return installed_versions(("opacus", "torch", "flwr", "fcd_secure"), python=True)
+    """The report's ``libraries``, in the order it lists them (python first)."""
+    return installed_versions(("python", "opacus", "torch", "flwr", "fcd_secure"))
 
 
 def find_ledgers(path: str | Path) -> list[Path]:
