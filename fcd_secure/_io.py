@@ -143,8 +143,15 @@ def read_npz(path: str | os.PathLike[str]) -> dict:
 def jsonable(x):
     """``x`` with everything JSON cannot hold replaced: dict keys as strings; lists, tuples and numpy arrays as lists;
     a non-finite float (Python or numpy) as ``None`` (JSON has no NaN; ``null`` reads as "not available"); a numpy
-    scalar as its Python value; a path as its string. Anything else is returned as it is (``json.dumps`` then
-    decides). numpy is imported only if ``x`` holds numpy values (this module stays at the bottom, numpy-free)."""
+    scalar as its Python value; a path as its string; any other object with a ``tolist()`` (a pandas series, a torch
+    tensor) as what that returns. Anything else is returned as it is (``json.dumps`` then decides). numpy is imported
+    only if ``x`` holds numpy values (this module stays at the bottom, numpy-free).
+
+    The one sanitiser of the four that were (``summary.json`` and ``rounds.json``, what-if answers, the reproduction's
+    tables, the CLI envelope): for every value those files held they agree. Where they differed it is the widest:
+    the CLI's also took ``tolist()`` and paths (the others raised ``TypeError`` on them, so none of their files held
+    one), the others also turned a non-finite numpy value that is not a ``float64`` (a ``float32`` NaN, a NaN in an
+    array) into ``null``, where the CLI wrote a non-standard ``NaN`` token against its own rule."""
     if isinstance(x, dict):
         return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
@@ -162,6 +169,8 @@ def jsonable(x):
             return jsonable(x.tolist())
         if isinstance(x, np.generic):
             return jsonable(x.item())
+    if callable(getattr(x, "tolist", None)):
+        return jsonable(x.tolist())
     return x
 
 
