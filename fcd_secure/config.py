@@ -39,7 +39,7 @@ Preset = Literal["tiny", "default", "paper"]
 #: Data size presets: the run presets and "small" (real data: a 2,000-trajectory subsample; DKT-Synth: 1,500
 #: students), the size a per-site test split first reaches the evaluation's cohort floor on every dataset.
 DataPreset = Literal["tiny", "small", "default", "paper"]
-DEFAULT_DATASET = "dkt-synth"
+DEFAULT_DATASET = names.DEFAULT
 #: Datasets generated with their ground truth (the registry's generated sources), and the ``[data]`` keys that are
 #: options of their generators (``data.sources.base.WORLD_OPTIONS``); a test holds both to the registry.
 GENERATED_WORLDS = names.GENERATED  # data.names: the one registry of dataset names

@@ -43,7 +43,7 @@ def register(app: typer.Typer) -> None:
         rounds: Optional[int] = typer.Option(None, "--rounds", min=1, help="Rounds (preset default)."),
         clients_per_round: Optional[int] = typer.Option(None, "--clients-per-round", min=1, help="Sites per round (default all)."),
         seed: Optional[int] = typer.Option(None, "--seed", help="Seed of split, initialisation, sampling and training."),
-        dataset: Optional[str] = typer.Option(None, "--dataset", help=names.choices(default="dkt-synth") + "."),
+        dataset: Optional[str] = typer.Option(None, "--dataset", help=names.choices(default=names.DEFAULT) + "."),
         spec: Optional[Path] = typer.Option(None, "--spec", metavar="SPEC", dir_okay=False, help=SPEC_HELP),
         table: Optional[Path] = typer.Option(None, "--table", metavar="TABLE", dir_okay=False, help=TABLE_HELP),
         extra: Optional[list[str]] = typer.Argument(None, hidden=True),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-__all__ = ["DATASETS", "GENERATED", "LABELS", "PAPER_DATASETS", "SPEC", "choices"]
+__all__ = ["DATASETS", "DEFAULT", "GENERATED", "LABELS", "PAPER_DATASETS", "SPEC", "choices"]
 
 #: every dataset, in the order ``fcd data describe`` lists them, with the label tables and figures print
 LABELS = MappingProxyType({
@@ -22,10 +22,15 @@ LABELS = MappingProxyType({
     "tumour": "Tumour growth",
 })
 DATASETS: tuple[str, ...] = tuple(LABELS)
-#: generated worlds with ground truth for any treatment sequence (oracle PEHE, true policy values)
+#: the dataset a run uses when none is named (``config.DEFAULT_DATASET``)
+DEFAULT = "dkt-synth"
+#: generated worlds with ground truth for any treatment sequence (oracle PEHE, true policy values): the sources that
+#: are a ``GeneratedSource`` (``data.registry`` checks it)
 GENERATED: tuple[str, ...] = ("dkt-synth", "tumour")
-#: the four datasets of the paper's Table I that ``fcd reproduce`` runs (the paper has no tumour world, and reports
-#: ASSISTments 2009 only as the DKT oracle's training data)
+#: the four datasets of the paper's Table I that ``fcd reproduce`` runs, in the order its report lists them: the
+#: sources with a Table I row (``data.registry`` checks it; the paper has no tumour world, and reports ASSISTments
+#: 2009 only as the DKT oracle's training data). A literal, not a filter, because this module may not import the
+#: sources (torch) and because the order is the paper's, not the registry's
 PAPER_DATASETS: tuple[str, ...] = ("dkt-synth", "diabetes130", "obd", "statics2011")
 #: the name a run's config carries for a user's own table (``--spec``/``--table``)
 SPEC = "spec"

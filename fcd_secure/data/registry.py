@@ -17,7 +17,7 @@ from fcd_secure.data.partition import site_assignment
 from fcd_secure.data.preprocess import dataset_from_files
 from fcd_secure.data.schema import SiteDataset
 from fcd_secure.data import names
-from fcd_secure.data.sources import SOURCES, DatasetSource
+from fcd_secure.data.sources import SOURCES, DatasetSource, GeneratedSource
 from fcd_secure.data.spec import DataError
 
 __all__ = [
@@ -42,6 +42,13 @@ if DATASETS != names.DATASETS:  # the one list of names (data.names) and the loa
 
 #: Paper Table I, "Datasets after preprocessing into the unified (X, A, T, Y)", for the datasets it lists.
 PAPER_TABLE_I: Mapping[str, Mapping[str, int]] = {s.name: s.table_i for s in SOURCES if s.table_i is not None}
+# data.names' two subsets are these filters of the sources: the generated worlds, the datasets with a Table I row
+if names.GENERATED != tuple(s.name for s in SOURCES if isinstance(s, GeneratedSource)):
+    raise ImportError(f"data.names.GENERATED {names.GENERATED} are not the generated sources")
+if set(names.PAPER_DATASETS) != set(PAPER_TABLE_I):
+    raise ImportError(f"data.names.PAPER_DATASETS {names.PAPER_DATASETS} are not the sources of Table I {tuple(PAPER_TABLE_I)}")
+if names.DEFAULT not in DATASETS:
+    raise ImportError(f"data.names.DEFAULT {names.DEFAULT!r} is not a dataset")
 
 
 def get_source(name: str) -> DatasetSource:
