@@ -25,7 +25,7 @@ from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
 from fcd_secure._io import jsonable
-from fcd_secure.cli.envelope import EXIT_INTERRUPTED, CliError, Envelope
+from fcd_secure.cli.envelope import EXIT_INTERRUPTED, CliError, Envelope, ok
 
 #: Set to "1" to let a bug's traceback print instead of the one-line ``INTERNAL`` error.
 DEBUG_ENV = "FCD_DEBUG"
@@ -52,6 +52,18 @@ def say_identifier(console: Console, label: str, value: str, *, indent: int = 2)
     A line longer than the terminal is wrapped by the terminal itself, so copying it yields the whole identifier.
     """
     console.print(" " * indent + (f"{label} " if label else "") + escape(value), soft_wrap=True)
+
+
+def done(as_json: bool, data: Any, message: str, identifiers: Sequence[tuple[str, str]] = ()) -> None:
+    """A command's success, for machines (one JSON envelope of ``data``) or for people (``ok message`` and each
+    ``(label, identifier)`` on a line of its own, never folded: :func:`say_identifier`)."""
+    if as_json:
+        emit(ok(data, message))
+        return
+    con = stdout()
+    con.print(f"[green]ok[/] {escape(message)}", soft_wrap=True)
+    for label, value in identifiers:
+        say_identifier(con, label, value)
 
 
 def emit(envelope: Envelope) -> None:

@@ -13,7 +13,7 @@ from typing import Optional
 import typer
 
 from fcd_secure.cli._provisioning import bad_input
-from fcd_secure.cli.app import emit, new_app, say_identifier, stderr, stdout
+from fcd_secure.cli.app import done, emit, new_app, say_identifier, stderr, stdout
 from fcd_secure.cli.envelope import CliError, ok
 
 app = new_app(help="Provision a consortium (coordinator side): init, add-site.")
@@ -84,12 +84,6 @@ def add_site(
                        "of band; anyone could have written this request")
     with bad_input("the site's operator reads the identity fingerprint from `fcd site init`"):
         res = enrol(Coordinator(home), request, fingerprint)
-    if as_json:
-        emit(ok(res, f"site {res['site_id']} enrolled"))
-        return
-    con = stdout()
-    con.print(f"[green]ok[/] site {res['site_id']} enrolled", soft_wrap=True)
-    say_identifier(con, "identity", res["identity_fingerprint"])
-    say_identifier(con, "SuperNode key", res["node_fingerprint"])
-    for b in res["bundles"]:
-        say_identifier(con, "bundle", b)
+    done(as_json, res, f"site {res['site_id']} enrolled",
+         [("identity", res["identity_fingerprint"]), ("SuperNode key", res["node_fingerprint"]),
+          *(("bundle", b) for b in res["bundles"])])

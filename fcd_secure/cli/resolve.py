@@ -94,6 +94,27 @@ def _base(opts: RunOptions) -> "RunConfig | None":
     return base
 
 
+def _same(v: Any) -> Any:
+    return v
+
+
+#: option of :class:`RunOptions` -> (config section or None for the top level, key, conversion)
+_NAMED: dict[str, tuple[str | None, str, Any]] = {
+    "rounds": ("federation", "rounds", _same),
+    "sites": ("data", "n_sites", _same),
+    "clients_per_round": ("federation", "clients_per_round", _same),
+    "seed": (None, "seed", _same),
+    "dataset": ("data", "dataset", _same),
+    "data_dir": ("data", "data_dir", str),
+    "gamma": ("data", "gamma", _same),
+    "site_spread": ("data", "site_spread", _same),
+    "secure": ("federation", "secure_aggregation", bool),
+    "sync": ("federation", "sync", _same),
+    "eval_every": ("federation", "eval_every", _same),
+    "state_dir": (None, "state_dir", str),
+}
+
+
 def resolve_config(opts: RunOptions) -> "RunConfig":
     """The run's config from :class:`RunOptions` (module docstring for the layers).
 
@@ -107,32 +128,12 @@ def resolve_config(opts: RunOptions) -> "RunConfig":
     for section, values in opts.extra.items():
         over.setdefault(section, {}).update(values)
     fed, data = over["federation"], over["data"]
-    if opts.rounds is not None:
-        fed["rounds"] = opts.rounds
-    if opts.sites is not None:
-        data["n_sites"] = opts.sites
-    if opts.clients_per_round is not None:
-        fed["clients_per_round"] = opts.clients_per_round
-    if opts.seed is not None:
-        over["seed"] = opts.seed
-    if opts.dataset is not None:
-        data["dataset"] = opts.dataset
+    for name, (section, key, convert) in _NAMED.items():  # each option given overrides exactly its key
+        value = getattr(opts, name)
+        if value is not None:
+            (over if section is None else over[section])[key] = convert(value)
     if opts.spec is not None:
         data.update(dataset="spec", spec=str(opts.spec[0]), table=str(opts.spec[1]))
-    if opts.data_dir is not None:
-        data["data_dir"] = str(opts.data_dir)
-    if opts.gamma is not None:
-        data["gamma"] = opts.gamma
-    if opts.site_spread is not None:
-        data["site_spread"] = opts.site_spread
-    if opts.secure is not None:
-        fed["secure_aggregation"] = bool(opts.secure)
-    if opts.sync is not None:
-        fed["sync"] = opts.sync
-    if opts.eval_every is not None:
-        fed["eval_every"] = opts.eval_every
-    if opts.state_dir is not None:
-        over["state_dir"] = str(opts.state_dir)
     dp: dict[str, Any] = {}
     if opts.dp_epsilon is not None:  # DP-SGD on every site with this lifetime cap
         dp.update(enabled=True, epsilon=opts.dp_epsilon)

@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 
 from fcd_secure.cli._provisioning import bad_input
-from fcd_secure.cli.app import emit, new_app, say_identifier, stdout
+from fcd_secure.cli.app import done, emit, new_app, stdout
 from fcd_secure.cli.envelope import CliError, ok
 
 app = new_app(help="The coordinator's SuperLink: start, stop, status, run.")
@@ -110,9 +110,5 @@ def run(
             raise CliError(str(exc), "RUN_FAILED") from None
     data = {k: summary.get(k) for k in ("rounds", "pehe", "ate_error", "factual_auc", "wall_s", "evidence",
                                         "secure_aggregation", "standardization")}
-    if as_json:
-        emit(ok(data, f"run finished; evidence in {summary['evidence']}"))
-        return
-    con = stdout()
-    con.print(f"[green]ok[/] run finished in {summary.get('wall_s', 0):.1f} s", soft_wrap=True)
-    say_identifier(con, "evidence", summary["evidence"])
+    done(as_json, data, f"run finished; evidence in {summary['evidence']}" if as_json
+         else f"run finished in {summary.get('wall_s', 0):.1f} s", [("evidence", summary["evidence"])])

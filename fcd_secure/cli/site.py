@@ -15,7 +15,7 @@ from typing import Optional
 import typer
 
 from fcd_secure.cli._provisioning import bad_input
-from fcd_secure.cli.app import emit, new_app, say_identifier, stdout
+from fcd_secure.cli.app import done, emit, new_app, say_identifier, stdout
 from fcd_secure.cli.envelope import EXIT_FAILED, Envelope, ok
 
 app = new_app(help="Install and run a hospital site: init, join, preflight, start, stop, status, service.")
@@ -37,14 +37,10 @@ def init(
 
     with bad_input("fcd data validate --spec SPEC --table TABLE shows what the table lacks"):
         res = init_site(home, spec, table, site_id)
-    if as_json:
-        emit(ok(res, f"site {site_id} installed in {home}"))
-        return
-    con = stdout()
-    con.print(f"[green]ok[/] site {site_id} installed", soft_wrap=True)
-    say_identifier(con, "enrolment request (send to the coordinator)", res["request"])
-    say_identifier(con, "identity fingerprint (read to the coordinator out of band)", res["identity_fingerprint"])
-    say_identifier(con, "SuperNode key fingerprint", res["node_fingerprint"])
+    done(as_json, res, f"site {site_id} installed" + (f" in {home}" if as_json else ""),
+         [("enrolment request (send to the coordinator)", res["request"]),
+          ("identity fingerprint (read to the coordinator out of band)", res["identity_fingerprint"]),
+          ("SuperNode key fingerprint", res["node_fingerprint"])])
 
 
 @app.command("join", short_help="Verify the coordinator's bundle and pin its CA, terms and roster.")
@@ -61,13 +57,8 @@ def join(
 
     with bad_input("ask the coordinator for a fresh bundle and check the fingerprint with them"):
         res = join_site(home, bundle, coordinator_fingerprint)
-    if as_json:
-        emit(ok(res, f"site {res['site_id']} joined {res['consortium_id']}"))
-        return
-    con = stdout()
-    con.print(f"[green]ok[/] site {res['site_id']} joined consortium {res['consortium_id']}", soft_wrap=True)
-    say_identifier(con, "CA pinned", res["ca_fingerprint"])
-    say_identifier(con, "app pinned", res["app_fab_sha256"])
+    done(as_json, res, f"site {res['site_id']} joined " + ("" if as_json else "consortium ") + res["consortium_id"],
+         [("CA pinned", res["ca_fingerprint"]), ("app pinned", res["app_fab_sha256"])])
 
 
 @app.command("preflight", short_help="Is this site ready? (exit 0 ready, 1 not ready, 2 usage)")
