@@ -2,8 +2,10 @@
 
 * a table of one's own is named the same way everywhere: ``--spec SPEC --table TABLE``;
 * a short flag means the same thing in every command that has it;
-* every command where randomness enters takes ``--seed``;
-* every ``fcd …`` invocation in the README names a command that exists and options that command has.
+* every command where randomness enters takes ``--seed``, and the value reaches the computation (the others are
+  listed, with why, in ``NOT_SEEDED``);
+* every ``fcd …`` invocation in the README (bash blocks and inline code) names a command that exists and options
+  that command has.
 """
 
 from __future__ import annotations
@@ -21,13 +23,48 @@ from fcd_secure.cli.main import app
 ROOT = Path(__file__).resolve().parents[1]
 ROOT_CMD = get_command(app)
 
-#: commands where randomness enters, and so take --seed (a split, an initialisation, sampling, training, rollouts)
+#: commands where randomness enters, and so take --seed (a split, an initialisation, sampling, training, rollouts);
+#: test_the_seed_reaches_the_computation checks that each one's --seed gets where it is used
 SEEDED = {("run",), ("deploy",), ("train",), ("ablate",), ("reproduce",), ("data", "describe"), ("server", "run")}
-#: commands with randomness that is not theirs to seed, and why
+#: every other command, and why it takes no seed (test_every_command_is_in_the_seed_table keeps the two complete):
+#:
+#: =========================  ============================================================================================
+#: command                    why no --seed
+#: =========================  ============================================================================================
+#: whatif                     rollouts use the seed recorded in the run folder (the sites rebuild their split from it;
+#:                            common random numbers across policies): the same question gives the same numbers
+#: consortium init            makes keys and certificates: the OS CSPRNG, never a seed
+#: site init                  checks the table (no split) and makes keys: the OS CSPRNG, never a seed
+#: data validate              reads and encodes one table, no split
+#: config show                prints a config (its `seed` key included); nothing is drawn
+#: privacy report / plan      reads ledgers / computes σ deterministically
+#: privacy acknowledge-reset  records an operator's reason
+#: audit verify/fingerprints  reads ledgers, checks signatures
+#: consortium add-site        verifies a request and signs a bundle
+#: site join/preflight/...    verify, check, write a unit, start or stop processes
+#: server start/stop/status   start, stop or look at processes
+#: =========================  ============================================================================================
 NOT_SEEDED = {
     ("whatif",): "its rollouts use the seed recorded in the run folder: the same question gives the same numbers",
     ("consortium", "init"): "keys come from the OS CSPRNG, never from a seed",
     ("site", "init"): "keys come from the OS CSPRNG, never from a seed",
+    ("data", "validate"): "reads and encodes one table; no split",
+    ("config", "show"): "prints a config; nothing is drawn",
+    ("privacy", "report"): "reads ledgers",
+    ("privacy", "plan"): "computes sigma deterministically",
+    ("privacy", "acknowledge-reset"): "records a reason",
+    ("audit", "verify"): "reads ledgers, checks signatures",
+    ("audit", "fingerprints"): "reads ledgers",
+    ("consortium", "add-site"): "verifies a request, signs a bundle (keys: OS CSPRNG)",
+    ("site", "join"): "verifies a bundle",
+    ("site", "preflight"): "checks readiness",
+    ("site", "service"): "writes a systemd unit",
+    ("site", "start"): "starts processes",
+    ("site", "stop"): "stops processes",
+    ("site", "status"): "looks at processes",
+    ("server", "start"): "starts the SuperLink",
+    ("server", "stop"): "stops processes",
+    ("server", "status"): "looks at processes",
 }
 #: commands that read a user's own table (they take --spec and --table); consortium init takes a spec only
 TABLE_READERS = {("run",), ("deploy",), ("data", "validate"), ("data", "describe"), ("site", "init")}
@@ -77,10 +114,26 @@ def test_the_old_two_value_spec_is_refused_naming_the_new_form(tmp_path):
     spec.write_text("")
     table.write_text("")
     for argv in (["run", "--spec", str(spec), str(table)], ["data", "validate", "--spec", str(spec), str(table)],
-                 ["data", "describe", "--spec", str(spec), str(table)]):
+                 ["data", "describe", "--spec", str(spec), str(table)], ["deploy", "--spec", str(spec), str(table)],
+                 ["data", "validate", str(table), "--spec", str(spec)]):
         res = CliRunner().invoke(app, argv)
         assert res.exit_code == 2, (argv, res.output)
         assert "--table" in res.output, res.output
+
+
+def test_one_without_the_other_is_refused():
+    for argv, missing in ((["data", "validate"], "--spec and --table are missing"),
+                          (["data", "validate", "--spec", "s.toml"], "--table is missing"),
+                          (["run", "--table", "t.csv"], "--spec is missing")):
+        res = CliRunner().invoke(app, argv)
+        assert res.exit_code == 2, (argv, res.output)
+        assert missing in res.output, res.output
+
+
+@pytest.mark.parametrize("path", sorted(TABLE_READERS))
+def test_the_usage_line_shows_no_hidden_argument(path):
+    usage = _help(path).splitlines()[0]
+    assert "EXTRA" not in usage and "..." not in usage, usage
 
 
 def test_a_short_flag_means_one_thing_in_every_command():
@@ -106,7 +159,73 @@ def test_the_seed_table_covers_every_command_that_has_a_seed():
     assert not (set(NOT_SEEDED) & SEEDED)
 
 
+def test_every_command_is_in_the_seed_table():
+    """A new command must be put in SEEDED or NOT_SEEDED (with why): the README's seed sentence stays true."""
+    assert set(COMMANDS) == SEEDED | set(NOT_SEEDED), set(COMMANDS) ^ (SEEDED | set(NOT_SEEDED))
+
+
+class _Stop(Exception):
+    """Raised by a stand-in once it has seen the seed: nothing heavy runs."""
+
+
+def _seed_cases(tmp: Path, monkeypatch) -> tuple[dict, dict[tuple[str, ...], tuple[list[str], str, list[int]]]]:
+    """What the stand-ins saw (filled by the call), and per seeded command: its argv with --seed, the key its
+    stand-in files the seed under, and the seed(s) it must see.
+
+    Each stand-in replaces the function the command hands its seed to (looked up when the command runs)."""
+    seen: dict = {}
+
+    def catch(key, value):
+        seen[key] = value
+        raise _Stop
+
+    import fcd_secure.cli.run as run_cli
+    import fcd_secure.cli.server as server_cli
+    import fcd_secure.data.registry as registry
+    import fcd_secure.engines.deployment as deployment
+    import fcd_secure.experiments.ablation as ablation
+    import fcd_secure.experiments.centralised as centralised
+    import fcd_secure.experiments.reproduction as reproduction
+    import fcd_secure.provisioning.server as provisioning_server
+
+    monkeypatch.setattr(run_cli, "execute_run", lambda cfg, as_json: catch("run", [cfg.seed]))
+    monkeypatch.setattr(deployment, "LocalDeployment", lambda cfg, **kw: catch("deploy", [cfg.seed]))
+    monkeypatch.setattr(centralised, "run_centralised_seeds",
+                        lambda cfg, seeds, *a, **kw: catch("train", [cfg.seed, *seeds]))
+    monkeypatch.setattr(ablation, "run_ablation", lambda base, chosen, seeds, *a, **kw: catch("ablate", list(seeds)))
+    monkeypatch.setattr(reproduction, "run_reproduction", lambda p, seeds, *a, **kw: catch("reproduce", list(seeds)))
+    monkeypatch.setattr(registry, "load_federated", lambda name, **kw: catch("describe", [kw["seed"]]))
+    monkeypatch.setattr(server_cli, "_co", lambda home: object())
+    monkeypatch.setattr(provisioning_server, "run_federation", lambda co, out, **kw: catch("server", [kw["seed"]]))
+    tiny = ["--preset", "tiny", "--rounds", "1", "--sites", "4"]
+    return seen, {
+        ("run",): (["run", *tiny, "--seed", "7", "--out", str(tmp / "run")], "run", [7]),
+        ("deploy",): (["deploy", *tiny, "--seed", "7", "--out", str(tmp / "deploy")], "deploy", [7]),
+        ("train",): (["train", "--centralised", *tiny, "--seed", "7", "--seeds", "2"], "train", [7, 7, 8]),
+        ("ablate",): (["ablate", *tiny, "--seed", "7", "--seeds", "2", "--out", str(tmp / "ablate")], "ablate", [7, 8]),
+        ("reproduce",): (["reproduce", "--preset", "tiny", "--seed", "7", "--seeds", "2", "--datasets", "dkt-synth",
+                          "--out", str(tmp / "repro")], "reproduce", [7, 8]),
+        ("data", "describe"): (["data", "describe", "--dataset", "dkt-synth", "--seed", "7"], "describe", [7]),
+        ("server", "run"): (["server", "run", "--home", str(tmp), "--out", str(tmp / "srv"), "--seed", "7"], "server",
+                            [7]),
+    }
+
+
+@pytest.mark.parametrize("path", sorted(SEEDED))
+def test_the_seed_reaches_the_computation(path, tmp_path, monkeypatch):
+    """--seed is not decoration: the value given arrives where the command draws (the run config's seed, or the
+    list of seeds an experiment runs)."""
+    seen, cases = _seed_cases(tmp_path, monkeypatch)
+    assert set(cases) == SEEDED
+    argv, key, expected = cases[path]
+    monkeypatch.setenv("FCD_DEBUG", "1")  # the stand-in's _Stop propagates instead of becoming an INTERNAL error
+    res = CliRunner().invoke(app, argv)
+    assert isinstance(res.exception, _Stop), (argv, res.output, res.exception)
+    assert seen[key] == expected, (argv, seen)
+
+
 def _readme_invocations() -> list[list[str]]:
+    """Every ``fcd …`` in the README: the lines of its bash blocks, and its inline code spans (`fcd run --gamma 0`)."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     out = []
     for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
@@ -115,14 +234,26 @@ def _readme_invocations() -> list[list[str]]:
                 words = part.split("#")[0].split()
                 if words and words[0] in ("fcd", ".venv/bin/fcd"):
                     out.append(words[1:])
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    for span in re.findall(r"`([^`]+)`", prose):
+        words = span.split()
+        if words and words[0] in ("fcd", ".venv/bin/fcd"):
+            out.append(words[1:])
     return out
+
+
+#: options of `fcd` itself (before any command)
+ROOT_OPTIONS = {"--help", "--version", "--install-completion", "--show-completion"}
 
 
 def test_every_readme_invocation_names_a_command_and_its_options():
     calls = _readme_invocations()
-    assert len(calls) >= 15
+    assert len(calls) >= 40
     problems = []
     for words in calls:
+        if words and (words[0] in ROOT_OPTIONS or words[0].startswith("<")):  # fcd --version; fcd <command> --help
+            assert words[0] in ROOT_OPTIONS or words[0] == "<command>", words
+            continue
         path: tuple[str, ...] = ()
         for w in words:
             if (*path, w) in COMMANDS or any(p[: len(path) + 1] == (*path, w) for p in COMMANDS):

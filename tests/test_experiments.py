@@ -98,7 +98,7 @@ def test_fcd_train_and_fcd_ablate_centralised_row_agree(tmp_path, one_torch_thre
     m = train_out["runs"][0]["methods"]["fed_causaldiff"]
     # 6 rounds × 1 of 3 sites per round = 2 matched epochs
     ab = runner.invoke(app, ["ablate", "--preset", "tiny", "--sites", str(SITES), "--rounds", "6", "--seeds", "1",
-                             "--first-seed", "1", "--variants", "centralised", "--out", str(tmp_path), "--json"])
+                             "--seed", "1", "--variants", "centralised", "--out", str(tmp_path), "--json"])
     assert ab.exit_code == 0, ab.output
     table = _last_json(ab.stdout)
     row = table["per_seed"][0]

@@ -11,7 +11,7 @@ import typer
 from fcd_secure.cli.app import emit, new_app, stderr, stdout
 from fcd_secure.data import names
 from fcd_secure.cli.envelope import CliError, ok
-from fcd_secure.cli.tables import SPEC_HELP, TABLE_HELP, spec_and_table
+from fcd_secure.cli.tables import LEFTOVER_WORDS, SPEC_HELP, TABLE_HELP, spec_and_table
 
 app = new_app(help="Validate and describe datasets (schema, DKT-Synth, real datasets).")
 
@@ -22,11 +22,12 @@ def _invalid(exc) -> CliError:
                     hint="the message names the file and the column, row or spec field; see fcd_secure/data/spec.py")
 
 
-@app.command("validate", short_help="Check a table against its spec (file, column, row named).")
+@app.command("validate", short_help="Check a table against its spec (file, column, row named).",
+             context_settings=LEFTOVER_WORDS)
 def validate(
+    ctx: typer.Context,
     spec: Optional[Path] = typer.Option(None, "--spec", metavar="SPEC", dir_okay=False, help=SPEC_HELP),
     table: Optional[Path] = typer.Option(None, "--table", metavar="TABLE", dir_okay=False, help=TABLE_HELP),
-    extra: Optional[list[str]] = typer.Argument(None, hidden=True),
     out: Optional[Path] = typer.Option(
         None, "--out", "-o", help="Also write the encoded dataset here (.npz); written only if every check passes."
     ),
@@ -38,7 +39,7 @@ def validate(
     (or the spec field) when it is not, writing nothing; exit 2 on a usage error. `fcd run --spec SPEC --table
     TABLE` runs the same checks before it starts (and exits 2 there: bad input of a run).
     """
-    spec, table = spec_and_table(spec, table, extra, required=True)
+    spec, table = spec_and_table(spec, table, ctx.args, required=True)
     from fcd_secure.data.npz import save_npz  # noqa: PLC0415 - pandas and the loaders only when used
     from fcd_secure.data.preprocess import dataset_from_files  # noqa: PLC0415
     from fcd_secure.data.spec import DataError  # noqa: PLC0415
@@ -97,8 +98,10 @@ def _fmt_pair(ours: Any, paper: Any) -> str:
     return f"{ours} [dim]/ {paper}[/]" if ours == paper else f"[yellow]{ours}[/] [dim]/ {paper}[/]"
 
 
-@app.command("describe", short_help="Sizes, actions and sites of each dataset, beside paper Table I.")
+@app.command("describe", short_help="Sizes, actions and sites of each dataset, beside paper Table I.",
+             context_settings=LEFTOVER_WORDS)
 def describe(
+    ctx: typer.Context,
     dataset: list[str] = typer.Option(
         ["all"], "--dataset", "-d",
         help=f"{names.choices(', ')}, or all (repeat the option for several).",
@@ -118,7 +121,6 @@ def describe(
         None, "--spec", metavar="SPEC", dir_okay=False, help=SPEC_HELP + " Describes your own table instead of the "
         "built-in datasets: the same sites, anchors and contexts `fcd run --spec SPEC --table TABLE` would use."),
     table: Optional[Path] = typer.Option(None, "--table", metavar="TABLE", dir_okay=False, help=TABLE_HELP),
-    extra: Optional[list[str]] = typer.Argument(None, hidden=True),
 ) -> None:
     """Per dataset and per site: sequences, Lmax, dx, da, |T|, action support and anchors, outcome rate.
 
@@ -131,7 +133,7 @@ def describe(
     from fcd_secure.data.registry import DATASETS, load_federated, load_spec_federated  # noqa: PLC0415
     from fcd_secure.data.spec import DataError  # noqa: PLC0415
 
-    own = spec_and_table(spec, table, extra)
+    own = spec_and_table(spec, table, ctx.args)
     if own is not None:
         spec, table = own
         try:

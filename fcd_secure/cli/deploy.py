@@ -14,7 +14,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from fcd_secure.cli.tables import SPEC_HELP, TABLE_HELP, spec_and_table
+from fcd_secure.cli.tables import LEFTOVER_WORDS, SPEC_HELP, TABLE_HELP, spec_and_table
 from fcd_secure.data import names
 from fcd_secure.cli.app import emit, say_identifier, stderr, stdout
 from fcd_secure.cli.envelope import EXIT_OK, CliError, ok
@@ -36,8 +36,10 @@ def _deploy_input_errors() -> tuple[type[BaseException], ...]:
 def register(app: typer.Typer) -> None:
     """Attach ``fcd deploy`` to the root app."""
 
-    @app.command("deploy", short_help="The same run on Flower's Deployment Engine (127.0.0.1), secure by default.")
+    @app.command("deploy", short_help="The same run on Flower's Deployment Engine (127.0.0.1), secure by default.",
+                 context_settings=LEFTOVER_WORDS)
     def deploy(
+        ctx: typer.Context,
         preset: Optional[str] = typer.Option(None, "--preset", help=f"{PRESET_HELP}. Default: tiny, or the --config file's."),
         sites: Optional[int] = typer.Option(None, "--sites", min=1, help="SuperNodes (one per site) on 127.0.0.1 (default 4: secure aggregation's minimum; a table's site column decides)."),
         rounds: Optional[int] = typer.Option(None, "--rounds", min=1, help="Rounds (preset default)."),
@@ -46,7 +48,6 @@ def register(app: typer.Typer) -> None:
         dataset: Optional[str] = typer.Option(None, "--dataset", help=names.choices(default=names.DEFAULT) + "."),
         spec: Optional[Path] = typer.Option(None, "--spec", metavar="SPEC", dir_okay=False, help=SPEC_HELP),
         table: Optional[Path] = typer.Option(None, "--table", metavar="TABLE", dir_okay=False, help=TABLE_HELP),
-        extra: Optional[list[str]] = typer.Argument(None, hidden=True),
         data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Real datasets root (default $FCD_DATA_DIR, then ../shared/data of a source checkout)."),
         config_file: Optional[Path] = typer.Option(None, "--config", exists=True, dir_okay=False, help="A run config (TOML/JSON, e.g. a run folder's config.toml); options given override only what they name."),
         eval_every: Optional[int] = typer.Option(None, "--eval-every", min=0, help="Federated PEHE every N rounds (0: only at the end)."),
@@ -80,7 +81,7 @@ def register(app: typer.Typer) -> None:
         from fcd_secure.cli.preflight import check_run  # noqa: PLC0415
         from fcd_secure.engines.deployment import DeploymentError, LocalDeployment  # noqa: PLC0415
 
-        spec = spec_and_table(spec, table, extra)
+        spec = spec_and_table(spec, table, ctx.args)
         own = config_file is None  # without a config file, deploy's own defaults: tiny, 4 sites, PEHE at the end
         opts = RunOptions(
             preset=preset or ("tiny" if own else None), config_file=config_file, rounds=rounds,

@@ -20,7 +20,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from fcd_secure.cli.tables import SPEC_HELP, TABLE_HELP, spec_and_table
+from fcd_secure.cli.tables import LEFTOVER_WORDS, SPEC_HELP, TABLE_HELP, spec_and_table
 from fcd_secure.data import names
 from fcd_secure.cli.app import DEBUG_ENV, emit, say_identifier, stderr, stdout
 from fcd_secure.cli.envelope import EXIT_OK, CliError, ok
@@ -400,8 +400,10 @@ def execute_run(cfg: "RunConfig", as_json: bool) -> int:
 def register(app: typer.Typer) -> None:
     """Attach ``fcd run`` to the root app."""
 
-    @app.command("run", short_help="Train across sites (simulation engine); write a run folder.")
+    @app.command("run", short_help="Train across sites (simulation engine); write a run folder.",
+                 context_settings=LEFTOVER_WORDS)
     def run(
+        ctx: typer.Context,
         preset: Optional[str] = typer.Option(None, "--preset", help=f"{PRESET_HELP}. Default: default, or the --config file's."),
         rounds: Optional[int] = typer.Option(None, "--rounds", min=1, help="Global communication rounds (preset default)."),
         sites: Optional[int] = typer.Option(None, "--sites", min=1, help="Number of sites N (paper: 10; a table's site column decides)."),
@@ -410,7 +412,6 @@ def register(app: typer.Typer) -> None:
         dataset: Optional[str] = typer.Option(None, "--dataset", help=names.choices(default=names.DEFAULT, notes={"tumour": "oracles: truth beside estimates", "obd": "real data: OPE estimates, factual AUC"}) + "."),
         spec: Optional[Path] = typer.Option(None, "--spec", metavar="SPEC", dir_okay=False, help=SPEC_HELP),
         table: Optional[Path] = typer.Option(None, "--table", metavar="TABLE", dir_okay=False, help=TABLE_HELP),
-        extra: Optional[list[str]] = typer.Argument(None, hidden=True),
         data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Real datasets root (default $FCD_DATA_DIR, then ../shared/data of a source checkout)."),
         gamma: Optional[float] = typer.Option(None, "--gamma", help=f"Generated worlds ({', '.join(names.GENERATED)}): confounding strength γ of the logging policy (data.gamma; default DKT-Synth 1.5, tumour 2; 0: the logging policy ignores what γ weighs: a student's readiness, a tumour's diameter)."),
         site_spread: Optional[float] = typer.Option(None, "--site-spread", min=0, max=20, help=f"Generated worlds ({', '.join(names.GENERATED)}): how much the sites differ (data.site_spread; multiplies the spread of every site-level parameter: case mix, logging practice; default 1; 0: sites differ in size only)."),
@@ -449,7 +450,7 @@ def register(app: typer.Typer) -> None:
 
         opts = RunOptions(
             preset=preset, config_file=config_file, resume=resume, rounds=rounds, sites=sites,
-            clients_per_round=clients_per_round, seed=seed, dataset=dataset, spec=spec_and_table(spec, table, extra),
+            clients_per_round=clients_per_round, seed=seed, dataset=dataset, spec=spec_and_table(spec, table, ctx.args),
             data_dir=data_dir, gamma=gamma,
             site_spread=site_spread,
             secure=secure, sync=sync, eval_every=eval_every, state_dir=state_dir, out=out_dir,

@@ -12,10 +12,14 @@ from pathlib import Path
 
 from fcd_secure.cli.envelope import CliError
 
-__all__ = ["SPEC_HELP", "TABLE_HELP", "spec_and_table"]
+__all__ = ["LEFTOVER_WORDS", "SPEC_HELP", "TABLE_HELP", "spec_and_table"]
 
 SPEC_HELP = "Your own data: the dataset spec (.toml/.yaml) that describes --table."
 TABLE_HELP = "Your own data: the long-format table (.csv, .csv.gz or .parquet; one row per step), described by --spec."
+#: the context setting of a command with --spec/--table: positional words left over (the old ``--spec SPEC TABLE``
+#: leaves TABLE there) reach :func:`spec_and_table` as ``ctx.args``, which names the new form; click alone would say
+#: only "unexpected extra argument", and a hidden argument would still show as ``[EXTRA]...`` in the usage line
+LEFTOVER_WORDS = {"allow_extra_args": True}
 
 
 def spec_and_table(spec: Path | None, table: Path | None, extra: list[str] | None = None,
@@ -35,8 +39,9 @@ def spec_and_table(spec: Path | None, table: Path | None, extra: list[str] | Non
         raise CliError(f"unexpected argument {extra[0]!r}: a table is named with --table", "USAGE",
                        hint="use --spec SPEC --table TABLE (two options)")
     if (spec is None) != (table is None) or (required and spec is None):
-        missing = "--table" if table is None else "--spec"
-        raise CliError(f"{missing} is missing: your own data takes both --spec SPEC and --table TABLE", "USAGE",
+        missing = "--spec and --table are" if spec is None and table is None else (
+            "--table is" if table is None else "--spec is")
+        raise CliError(f"{missing} missing: your own data takes both --spec SPEC and --table TABLE", "USAGE",
                        hint="e.g. --spec my_spec.toml --table my_table.csv")
     if spec is None or table is None:
         return None
