@@ -66,6 +66,28 @@ def done(as_json: bool, data: Any, message: str, identifiers: Sequence[tuple[str
         say_identifier(con, label, value)
 
 
+def say_stopped(as_json: bool, stopped: list) -> None:
+    """``fcd server stop`` / ``fcd site stop``: the processes stopped, for machines or people."""
+    if as_json:
+        emit(ok({"stopped": stopped}, f"stopped {len(stopped)} process(es)"))
+        return
+    stdout().print(f"stopped {len(stopped)} process(es)")
+
+
+def say_status(as_json: bool, res: dict) -> None:
+    """``fcd server status`` / ``fcd site status``: ``res['processes']`` (name -> ``{pid, running}``) and whether any
+    runs, for machines (``res`` with ``running``) or people (one line a process)."""
+    running = any(p["running"] for p in res["processes"].values())
+    if as_json:
+        emit(ok({**res, "running": running}, "running" if running else "stopped"))
+        return
+    con = stdout()
+    for name, p in res["processes"].items():
+        con.print(f"{name}: PID {p['pid']} {'running' if p['running'] else 'stopped'}")
+    if not res["processes"]:
+        con.print("stopped")
+
+
 def emit(envelope: Envelope) -> None:
     """Print one JSON envelope on stdout."""
     text = json.dumps(jsonable(envelope.to_dict()), ensure_ascii=False)

@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 
 from fcd_secure.cli._provisioning import bad_input
-from fcd_secure.cli.app import done, emit, new_app, stdout
+from fcd_secure.cli.app import done, emit, new_app, say_status, say_stopped, stdout
 from fcd_secure.cli.envelope import CliError, ok
 
 app = new_app(help="The coordinator's SuperLink: start, stop, status, run.")
@@ -60,10 +60,7 @@ def stop(home: Path = _HOME, as_json: bool = typer.Option(False, "--json", help=
 
     with bad_input("--home must be a consortium folder"):
         res = stop_server(_co(home))
-    if as_json:
-        emit(ok({"stopped": res}, f"stopped {len(res)} process(es)"))
-        return
-    stdout().print(f"stopped {len(res)} process(es)")
+    say_stopped(as_json, res)
 
 
 @app.command("status", short_help="Is the SuperLink running?")
@@ -73,15 +70,7 @@ def status(home: Path = _HOME, as_json: bool = typer.Option(False, "--json", hel
 
     with bad_input("--home must be a consortium folder"):
         res = server_status(_co(home))
-    running = any(p["running"] for p in res["processes"].values())
-    if as_json:
-        emit(ok({**res, "running": running}, "running" if running else "stopped"))
-        return
-    con = stdout()
-    for name, p in res["processes"].items():
-        con.print(f"{name}: PID {p['pid']} {'running' if p['running'] else 'stopped'}")
-    if not res["processes"]:
-        con.print("stopped")
+    say_status(as_json, res)
 
 
 @app.command("run", short_help="Run the federation on the started SuperLink (run folder as fcd run writes it).")

@@ -15,7 +15,7 @@ from typing import Optional
 import typer
 
 from fcd_secure.cli._provisioning import bad_input
-from fcd_secure.cli.app import done, emit, new_app, say_identifier, stdout
+from fcd_secure.cli.app import done, emit, new_app, say_identifier, say_status, say_stopped, stdout
 from fcd_secure.cli.envelope import EXIT_FAILED, Envelope, ok
 
 app = new_app(help="Install and run a hospital site: init, join, preflight, start, stop, status, service.")
@@ -153,10 +153,7 @@ def stop(home: Path = _HOME, as_json: bool = typer.Option(False, "--json", help=
 
     with bad_input("--home must be a site's folder"):
         res = stop_site(SiteHome.at(home))
-    if as_json:
-        emit(ok({"stopped": res}, f"stopped {len(res)} process(es)"))
-        return
-    stdout().print(f"stopped {len(res)} process(es)")
+    say_stopped(as_json, res)
 
 
 @app.command("status", short_help="Is the site running?")
@@ -167,11 +164,4 @@ def status(home: Path = _HOME, as_json: bool = typer.Option(False, "--json", hel
 
     with bad_input("--home must be a site's folder"):
         res = site_status(SiteHome.at(home))
-    running = any(p["running"] for p in res["processes"].values())
-    if as_json:
-        emit(ok({**res, "running": running}, "running" if running else "stopped"))
-        return
-    for name, p in res["processes"].items():
-        stdout().print(f"{name}: PID {p['pid']} {'running' if p['running'] else 'stopped'}")
-    if not res["processes"]:
-        stdout().print("stopped")
+    say_status(as_json, res)
