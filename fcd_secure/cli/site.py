@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 
 from fcd_secure.cli._provisioning import bad_input
-from fcd_secure.cli.app import done, emit, new_app, say_identifier, say_status, say_stopped, stdout
-from fcd_secure.cli.envelope import EXIT_FAILED, Envelope, ok
+from fcd_secure.cli.app import done, emit, new_app, say_identifier, say_status, say_stopped, stderr, stdout
+from fcd_secure.cli.envelope import EXIT_FAILED, CliError, Envelope, ok
 
 app = new_app(help="Install and run a hospital site: init, join, preflight, start, stop, status, service.")
 
@@ -99,21 +100,36 @@ def preflight(
 def service(
     home: Path = _HOME,
     out: Optional[Path] = typer.Option(None, "--out", help="Where to write the unit (default: HOME/fcd-site-<id>.service)."),
+    user: str = typer.Option("fcd-site", "--user", help="The service user the unit runs as (a dedicated system user; "
+                             "create it and give it the site's home). 'root' is refused."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope."),
 ) -> None:
-    """Write the site's systemd unit (install it with `systemctl enable --now` as root)."""
+    """Write the site's systemd unit (install it with `systemctl enable --now` as root).
+
+    The unit runs as --user (default fcd-site, never the user who wrote it), sandboxed: a private /tmp, the system
+    read-only, write access to the site's home only. A site home or table under /tmp or /var/tmp would be hidden from
+    the service by that private /tmp: it is named in a warning.
+    """
     from fcd_secure._io import atomic_write_text  # noqa: PLC0415
     from fcd_secure.provisioning.site_install.home import SiteHome  # noqa: PLC0415
-    from fcd_secure.provisioning.site_install.service import systemd_unit  # noqa: PLC0415
+    from fcd_secure.provisioning.site_install.service import hidden_paths, systemd_unit  # noqa: PLC0415
 
+    if user.strip() in ("", "root", "0"):
+        raise CliError(f"--user {user!r}: the site's service must not run as root", "USAGE",
+                       hint="create a system user for it, e.g. useradd --system fcd-site, and pass --user fcd-site")
     with bad_input("--home must be a site's folder (fcd site init)"):
         h = SiteHome.at(home)
         path = out or h.root / f"fcd-site-{h.site_id}.service"
-        atomic_write_text(path, systemd_unit(h))
+        warnings = hidden_paths(h)
+        atomic_write_text(path, systemd_unit(h, user=user))
     if as_json:
-        emit(ok({"unit": str(path)}, f"wrote {path}"))
+        emit(ok({"unit": str(path), "user": user, "warnings": warnings}, f"wrote {path}"))
         return
     say_identifier(stdout(), "wrote", str(path), indent=0)
+    stdout().print(f"runs as the user {escape(user)} (create it and let it read the site's home and table)",
+                   soft_wrap=True)
+    for w in warnings:
+        stderr().print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
 
 
 @app.command("start", short_help="Start the site's SuperNode and executor (TLS, node key, own table).")
