@@ -114,3 +114,11 @@ def test_a_round_with_four_malicious_sites_goes_on_with_the_honest_one(tmp_path,
     for i in attacks:
         assert default_site_id(i) in row["dropped"]
     assert all(np.isfinite(v).all() for v in result.theta.values())
+    # the README's promise: the dropped sites are named in the round's `dropped` column of rounds.csv
+    from fcd_secure.apps.outputs import rounds_csv_text
+
+    import csv
+    import io
+
+    (line,) = list(csv.DictReader(io.StringIO(rounds_csv_text(result.history))))
+    assert all(default_site_id(i) in line["dropped"] for i in attacks)

@@ -44,7 +44,7 @@ def versions() -> dict[str, str]:
 
 #: The columns of ``rounds.csv``, in order (a value a round did not compute is empty).
 ROUND_COLUMNS = (
-    "round", "sites", "participants", "failures", "aborted", "aborted_reason", "site_errors", "n_total",
+    "round", "sites", "participants", "failures", "aborted", "aborted_reason", "site_errors", "dropped", "n_total",
     "train_loss", "uplink_bytes", "downlink_bytes", "uplink_message_bytes", "uplink_formula_bytes",
     "cum_uplink_bytes", "cum_downlink_bytes", "round_s", "pehe", "ate_error", "factual_auc",
 )
