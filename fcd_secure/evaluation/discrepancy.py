@@ -19,10 +19,11 @@ tiny propensity cannot dominate; the clipped share is reported beside D₁.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
+
+from fcd_secure.evaluation.metrics import AdditiveSums
 
 __all__ = ["DiscrepancySums", "one_step_dr_terms"]
 
@@ -63,10 +64,12 @@ def one_step_dr_terms(
 
 
 @dataclass(frozen=True)
-class DiscrepancySums:
+class DiscrepancySums(AdditiveSums):
     """Additive sums of the clipped terms ψ_t: ``n`` steps, ``s`` = Σψ, ``ss`` = Σψ², ``clipped`` = how many were cut.
 
-    Merging adds them, so the consortium's D₁ and its standard error equal those of the pooled steps exactly.
+    Merging adds them (:class:`~fcd_secure.evaluation.metrics.AdditiveSums`), so the consortium's D₁ and its
+    standard error equal those of the pooled steps exactly; :meth:`empty` (n = 0) is what a site without logged
+    propensities sends.
     """
 
     n: int
@@ -82,23 +85,6 @@ class DiscrepancySums:
             raise ValueError("DiscrepancySums: a term is not finite")
         c = np.clip(t, -clip, clip)
         return cls(n=int(c.size), s=float(c.sum()), ss=float((c * c).sum()), clipped=int((np.abs(t) > clip).sum()))
-
-    @classmethod
-    def empty(cls) -> "DiscrepancySums":
-        """No steps (a site without propensities sends this: n = 0)."""
-        return cls(0, 0.0, 0.0, 0)
-
-    def merge(self, other: "DiscrepancySums") -> "DiscrepancySums":
-        return DiscrepancySums(self.n + other.n, self.s + other.s, self.ss + other.ss, self.clipped + other.clipped)
-
-    __add__ = merge
-
-    @classmethod
-    def merge_all(cls, parts: Iterable["DiscrepancySums"]) -> "DiscrepancySums":
-        out = cls.empty()
-        for p in parts:
-            out = out.merge(p)
-        return out
 
     def mean(self) -> float:
         """mean ψ: the truth-free estimate of (true one-step contrast − the model's); NaN without steps."""

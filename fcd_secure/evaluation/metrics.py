@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -32,6 +32,7 @@ __all__ = [
     "rmse",
     "factual_auc",
     "mmd",
+    "AdditiveSums",
     "EffectStats",
     "NO_EFFECT_LEARNED",
     "NO_PER_ENTITY_SKILL",
@@ -110,13 +111,39 @@ def rmse(y_hat: object, y: object, mask: object | None = None) -> float:
     return float(np.sqrt(np.mean((yh - yy) ** 2)))
 
 
+class AdditiveSums:
+    """The merge of every additive statistic a site sends (a dataclass of sums): the union of two sets of rows is the
+    field-wise sum, so a server that receives one per site (through secure aggregation: only the totals) computes the
+    pooled figures exactly. :class:`EffectStats` and ``evaluation.discrepancy.DiscrepancySums`` are such sums."""
+
+    @classmethod
+    def empty(cls):
+        """No rows: every sum 0 (the identity of :meth:`merge`)."""
+        return cls(**{f.name: 0 for f in fields(cls)})
+
+    def merge(self, other):
+        """The statistics of the union of both sets of rows."""
+        return type(self)(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+
+    def __add__(self, other):
+        return self.merge(other)
+
+    @classmethod
+    def merge_all(cls, parts: Iterable):
+        """The statistics of the union of ``parts``."""
+        out = cls.empty()
+        for p in parts:
+            out = out.merge(p)
+        return out
+
+
 #: the skill flags, printed instead of a rank where they hold (``EffectStats.skill_figures``)
 NO_PER_ENTITY_SKILL = "no per-entity skill"
 NO_EFFECT_LEARNED = "no effect learned"
 
 
 @dataclass(frozen=True)
-class EffectStats:
+class EffectStats(AdditiveSums):
     """Additive sufficient statistics of PEHE, ATE error and the skill figures for one site (or any union of sites).
 
     ``n`` = |S|, ``sse`` = Σ (τ̂ − τ)², ``sum_hat`` = Σ τ̂, ``sum_true`` = Σ τ, ``sum_true_sq`` = Σ τ²,
@@ -157,25 +184,6 @@ class EffectStats:
         a sum a reply lacks is NaN."""
         vals = {k: float(sums.get(prefix + k, math.nan)) for k in cls.SUMS}
         return cls(**{**vals, "n": int(round(vals["n"]))})
-
-    @classmethod
-    def empty(cls) -> "EffectStats":
-        """No effects (the identity of :meth:`merge`)."""
-        return cls(n=0, sse=0.0, sum_hat=0.0, sum_true=0.0, sum_true_sq=0.0, sum_hat_sq=0.0, sum_cross=0.0)
-
-    def merge(self, other: "EffectStats") -> "EffectStats":
-        """The statistics of the union of both sets of effects."""
-        return EffectStats(**{k: getattr(self, k) + getattr(other, k) for k in self.SUMS})
-
-    __add__ = merge
-
-    @classmethod
-    def merge_all(cls, parts: Iterable["EffectStats"]) -> "EffectStats":
-        """The statistics of the union of ``parts``."""
-        out = cls.empty()
-        for p in parts:
-            out = out.merge(p)
-        return out
 
     def _need(self, what: str) -> None:
         if self.n == 0:
