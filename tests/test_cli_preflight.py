@@ -42,11 +42,12 @@ def _bad_input(res, out: Path, *needles: str) -> dict:
 
 @pytest.fixture
 def table(tmp_path):
-    """``(spec, table)`` of a valid long table with a site column (3 hospitals, 30 patients)."""
+    """``(spec, table)`` of a valid long table with a site column (3 hospitals, 120 patients: enough test rows at each
+    for the tiny preset's split)."""
     spec = tmp_path / "spec.toml"
     spec.write_text(GOOD_SPEC)
     path = tmp_path / "table.csv"
-    make_long_table(n_entities=30).to_csv(path, index=False)
+    make_long_table(n_entities=120).to_csv(path, index=False)
     return spec, path
 
 
@@ -86,7 +87,7 @@ def test_sites_and_clients_per_round_follow_the_table(table, tmp_path):
 
     spec, path = table
     minimum = build_config("tiny").secagg.min_sites
-    df = make_long_table(n_entities=40)
+    df = make_long_table(n_entities=200)
     df["hospital"] = [f"h{int(p[1:]) % minimum}" for p in df["pid"]]
     wide = tmp_path / "wide.csv"
     df.to_csv(wide, index=False)

@@ -94,7 +94,10 @@ def test_a_round_with_four_malicious_sites_goes_on_with_the_honest_one(tmp_path,
     quiet_flower_env()
     cfg = build_config(
         "tiny",
-        {"federation": {"rounds": 1, "eval_every": 0, "secure_aggregation": False}, "state_dir": str(tmp_path / "state")},
+        # ten sites, five a round: four attackers and one honest site
+        {"data": {"n_sites": 10, "test_fraction": 0.2},
+         "federation": {"rounds": 1, "eval_every": 0, "secure_aggregation": False, "clients_per_round": 5},
+         "state_dir": str(tmp_path / "state")},
     )
     chosen = ClientSampler(cfg.seed, cfg.data.n_sites, cfg.federation.clients_per_round).sample()
     attacks = dict(zip(chosen, ("nan", "huge", "count", "shape")))

@@ -146,7 +146,8 @@ def test_sites_left_without_a_quorum_by_the_others_declines_did_not_fail(tmp_pat
 
     from fcd_secure.engines.inprocess import run_inprocess
 
-    cfg = build_config("tiny", {"data": {"n_sites": 4}, "federation": {"rounds": 1, "clients_per_round": 4}})
+    cfg = build_config("tiny", {"data": {"n_sites": 4, "test_fraction": 0.2},
+                                "federation": {"rounds": 1, "clients_per_round": 4}})
     cfg = cfg.model_copy(update={"out": str(tmp_path / "run")})
     run_inprocess(cfg)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

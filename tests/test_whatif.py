@@ -50,7 +50,7 @@ def asked(tmp_path_factory):
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("whatif")
     cfg = build_config("tiny", {
-        "data": {"n_sites": SITES},
+        "data": {"n_sites": SITES, "test_fraction": 0.2},
         "federation": {"clients_per_round": SITES, "rounds": 1, "eval_every": 0, "secure_aggregation": False},
         "evaluation": {"n_samples": 2, "max_rows": None},
         "out": str(root / "run"),

@@ -10,6 +10,10 @@ same table:
   size check of ``max_len`` before anything is allocated;
 * the sites: a table with a site column decides the number of sites (``--sites`` must agree); the sites per round
   default to half of them, never below the secure-aggregation minimum (``[secagg] min_sites``, P10);
+* the evaluation: with the sites' test splits as the run will cut them (``federation.learner.load_federated``, cached
+  for the run), enough sites hold at least the evaluation cohort floor of test rows to report a result (every site
+  declines a smaller split; secure mode needs ``[secagg] min_sites`` of them) — else exit 2 naming the settings to
+  change, before any training (:func:`check_evaluation`);
 * the policies the final evaluation reads (``fcd_secure.data.policy.default_policies``);
 * the aggregation flow's own refusals (``fcd_secure.federation.flows.check_flow``);
 * the folders: ``--out`` and ``--state-dir`` must be folders that can be created or written, and a run never writes
@@ -100,6 +104,37 @@ def check_data(cfg: "RunConfig", opts: RunOptions) -> "RunConfig":
             "data": d.model_copy(update={"n_sites": n}),
             "federation": cfg.federation.model_copy(update={"clients_per_round": k}),
         }
+    )
+
+
+def check_evaluation(cfg: "RunConfig") -> None:
+    """Enough sites can evaluate for the run to report a result: a site declines a test split below the evaluation
+    cohort floor (``federation.site_policy.MIN_COHORT_FLOOR``), and in secure mode the secure sum needs
+    ``[secagg] min_sites`` sites that do not decline.
+
+    Raises:
+        CliError: exit 2, naming the small sites and the settings that change them.
+    """
+    from fcd_secure.data.spec import DataError  # noqa: PLC0415
+    from fcd_secure.federation import learner  # noqa: PLC0415
+    from fcd_secure.federation.site_policy import MIN_COHORT_FLOOR  # noqa: PLC0415
+
+    try:
+        sizes = [ds.n for ds in learner.load_federated(cfg).test]
+    except DataError as exc:
+        raise _data_error(exc, "`fcd data describe` shows the sites of a dataset") from None
+    able = sum(n >= MIN_COHORT_FLOOR for n in sizes)
+    need = cfg.secagg.min_sites if cfg.federation.secure_aggregation else 1
+    if able >= need or able == len(sizes):  # enough; or too few sites at all, which check_flow names
+        return
+    small = ", ".join(f"site-{i:02d}: {n}" for i, n in enumerate(sizes) if n < MIN_COHORT_FLOOR)
+    raise CliError(
+        f"the run could not evaluate: {len(sizes) - able} of {len(sizes)} sites would hold fewer than "
+        f"{MIN_COHORT_FLOOR} test rows ({small}), which a site declines to evaluate"
+        + (f", and secure aggregation needs {need} sites that evaluate" if need > 1 else ""),
+        hint=f"raise data.test_fraction (now {cfg.data.test_fraction:g}), run fewer sites (--sites, now "
+             f"{cfg.data.n_sites}) or use more data",
+        data={"test_rows": sizes, "floor": MIN_COHORT_FLOOR, "sites_needed": need},
     )
 
 
@@ -205,5 +240,6 @@ def check_run(cfg: "RunConfig", opts: RunOptions) -> "RunConfig":
         err = exc.errors()[0]
         raise CliError(f"field {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
     check_policies(cfg)
-    check_flow(cfg)
+    check_flow(cfg)  # too few sites for secure aggregation is its own error, named first
+    check_evaluation(cfg)
     return cfg

@@ -24,7 +24,7 @@ from fcd_secure.cli.envelope import CliError
 if TYPE_CHECKING:  # pragma: no cover - fcd_secure.config imports pydantic and the model's config
     from fcd_secure.config import RunConfig
 
-PRESET_HELP = "tiny (tests, seconds) | default (README run, ≤ 5 min on 2 cores) | paper (Table II length)"
+PRESET_HELP = "tiny (4 sites, seconds) | default (README run, ≤ 5 min on 2 cores) | paper (Table II length)"
 #: the file of a run folder that re-runs (``--config``) or continues (``--resume``) the run
 RUN_CONFIG_FILE = "config.toml"
 
