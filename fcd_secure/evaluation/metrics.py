@@ -33,6 +33,7 @@ __all__ = [
     "factual_auc",
     "mmd",
     "AdditiveSums",
+    "effect_flags",
     "EffectStats",
     "NO_EFFECT_LEARNED",
     "NO_PER_ENTITY_SKILL",
@@ -111,6 +112,23 @@ def rmse(y_hat: object, y: object, mask: object | None = None) -> float:
     return float(np.sqrt(np.mean((yh - yy) ** 2)))
 
 
+#: the skill flags, printed instead of a rank where they hold (``EffectStats.skill_figures``)
+NO_PER_ENTITY_SKILL = "no per-entity skill"
+NO_EFFECT_LEARNED = "no effect learned"
+
+
+def effect_flags(pehe: float | None, pehe_zero: float | None, skill: float | None) -> list[str]:
+    """The flags that stand where a rank by PEHE would mislead (:meth:`EffectStats.flags`; a table of means over
+    seeds applies the same rule to its means): :data:`NO_EFFECT_LEARNED` where PEHE ≥ PEHE₀, :data:`NO_PER_ENTITY_SKILL`
+    where the skill is not above 0 or not known."""
+    out = []
+    if pehe is not None and pehe_zero is not None and math.isfinite(pehe_zero) and pehe >= pehe_zero:
+        out.append(NO_EFFECT_LEARNED)
+    if skill is None or not (skill > 0.0):
+        out.append(NO_PER_ENTITY_SKILL)
+    return out
+
+
 class AdditiveSums:
     """The merge of every additive statistic a site sends (a dataclass of sums): the union of two sets of rows is the
     field-wise sum, so a server that receives one per site (through secure aggregation: only the totals) computes the
@@ -135,11 +153,6 @@ class AdditiveSums:
         for p in parts:
             out = out.merge(p)
         return out
-
-
-#: the skill flags, printed instead of a rank where they hold (``EffectStats.skill_figures``)
-NO_PER_ENTITY_SKILL = "no per-entity skill"
-NO_EFFECT_LEARNED = "no effect learned"
 
 
 @dataclass(frozen=True)
@@ -244,13 +257,7 @@ class EffectStats(AdditiveSums):
         """What the figures say instead of a rank: :data:`NO_EFFECT_LEARNED` where PEHE is no better than PEHE₀
         (saying "no effect" would do as well), :data:`NO_PER_ENTITY_SKILL` where the skill score is ≤ 0 (the model
         does not order entities better than the constant true ATE)."""
-        out = []
-        pehe, pehe0, skill = self.pehe(), self.pehe_zero(), self.skill()
-        if math.isfinite(pehe0) and pehe >= pehe0:
-            out.append(NO_EFFECT_LEARNED)
-        if not (skill > 0.0):
-            out.append(NO_PER_ENTITY_SKILL)
-        return out
+        return effect_flags(self.pehe(), self.pehe_zero(), self.skill())
 
     def skill_figures(self) -> dict[str, object]:
         """PEHE with what it means beside it: ``pehe``, ``pehe_zero``, ``sd_tau``, ``sd_tau_hat``, ``corr``,

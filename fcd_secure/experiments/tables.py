@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fcd_secure.evaluation.metrics import summarise
+from fcd_secure.evaluation.metrics import effect_flags, summarise
 
 __all__ = ["mean_sd_table", "skill_flags"]
 
@@ -53,12 +53,4 @@ def mean_sd_table(
 def skill_flags(row: dict[str, Any]) -> list[str]:
     """The flags of a row of :func:`mean_sd_table` from its means over seeds (``EffectStats.flags`` on the means:
     ``pehe``, ``pehe0``, ``skill``); they stand where a rank by PEHE would let a model that learns nothing win."""
-    from fcd_secure.evaluation.metrics import NO_EFFECT_LEARNED, NO_PER_ENTITY_SKILL  # noqa: PLC0415
-
-    pehe, pehe0, skill = (row.get(f"{k}_mean") for k in ("pehe", "pehe0", "skill"))
-    out = []
-    if pehe is not None and pehe0 is not None and math.isfinite(pehe0) and pehe >= pehe0:
-        out.append(NO_EFFECT_LEARNED)
-    if skill is None or not (skill > 0.0):
-        out.append(NO_PER_ENTITY_SKILL)
-    return out
+    return effect_flags(*(row.get(f"{k}_mean") for k in ("pehe", "pehe0", "skill")))
