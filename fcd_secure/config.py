@@ -58,6 +58,11 @@ class DataSection(BaseModel):
     n_sites: int = Field(10, ge=1, le=1000, description="number of sites (paper Table II: 10)")
     alpha: float = Field(10.0, gt=0, description="Dirichlet concentration of the non-IID split (Table II: 10)")
     test_fraction: float = Field(0.2, gt=0, lt=1, description="share of each site's trajectories held out for evaluation")
+    validation_fraction: float = Field(
+        0.2, ge=0, lt=1,
+        description="share of each site's training split held out as its validation rows, never trained on: the "
+        "truth-free model selection (federation.select) scores every evaluated round on them; 0: no selection",
+    )
     data_dir: str | None = Field(
         None, description="real datasets root (default: $FCD_DATA_DIR, then ../shared/data of a source checkout)"
     )
@@ -113,6 +118,12 @@ class FederationSection(BaseModel):
     round_timeout_s: float = Field(600.0, gt=0, description="how long the server waits for a round's replies")
     min_replies: int = Field(1, ge=1, description="a round with fewer successful replies is aborted")
     eval_every: int = Field(5, ge=0, description="federated PEHE evaluation every N rounds (0: only at the end)")
+    select: Literal["d1", "last"] = Field(
+        "d1",
+        description="which evaluated round's model the run answers with: 'd1' = the truth-free doubly robust rule "
+        "(the rounds within one SE of the smallest one-step DR discrepancy D1 on the sites' validation rows, then the "
+        "best validation fit; queries.selection), 'last' = the last round",
+    )
     poll_s: float = Field(0.02, gt=0, le=5, description="server pull interval (at least 0.1 s on the Deployment Engine)")
     site_threads: int = Field(
         1, ge=1, le=64,
@@ -189,7 +200,8 @@ class RunConfig(BaseModel):
         for k in ("out", "state_dir"):
             d.pop(k, None)
         d.pop("evaluation", None)
-        for k in ("rounds", "round_timeout_s", "eval_every", "poll_s", "node_wait_s", "crash_after_round", "site_threads"):
+        for k in ("rounds", "round_timeout_s", "eval_every", "poll_s", "node_wait_s", "crash_after_round", "site_threads",
+                  "select"):
             d["federation"].pop(k, None)
         d["data"].pop("data_dir", None)
         d["data"].pop("effect_horizon", None)  # which truth the run is scored on; the world and training are the same

@@ -20,13 +20,19 @@ from typing import Any
 import numpy as np
 
 from fcd_secure.config import RunConfig
+from fcd_secure.data.partition import site_split_seed
 from fcd_secure.data.schema import SiteDataset
 from fcd_secure.manifest import Manifest, Part
 
 
 @dataclass(frozen=True)
 class SiteData:
-    """One site's view of the federated data set: its own splits plus the shared (non-private) description."""
+    """One site's view of the federated data set: its own splits plus the shared (non-private) description.
+
+    ``train`` is what the site trains on; ``validation`` (``data.validation_fraction`` of the training split, whole
+    entities, never trained on; ``None`` at 0) is what the truth-free model selection scores every evaluated round
+    on (``queries.selection``); ``test`` is what answers are computed on.
+    """
 
     train: SiteDataset
     test: SiteDataset
@@ -35,6 +41,22 @@ class SiteData:
     anchors: tuple[int, int]
     oracle: Any | None
     description: dict
+    validation: SiteDataset | None = None
+
+
+#: the salt of the validation cut of a site's training split (apart from the train/test split's own seed stream)
+VALIDATION_SALT = 0x5E1EC7
+
+
+def split_validation(train: SiteDataset, fraction: float, seed: int) -> tuple[SiteDataset, SiteDataset | None]:
+    """``(train, validation)``: ``fraction`` of the training split's entities held out, seeded; ``(train, None)`` at
+    0 or when the split is too small to spare a row."""
+    from fcd_secure.data.partition import train_test_split  # noqa: PLC0415
+
+    if fraction <= 0 or train.n < 4:
+        return train, None
+    fit, val = train_test_split(train, fraction, int(seed) ^ VALIDATION_SALT)
+    return fit, val
 
 
 @functools.lru_cache(maxsize=4)
@@ -90,11 +112,14 @@ def load_site_data(cfg: RunConfig, site_index: int, statistics: dict[str, list[f
     if not 0 <= site_index < n_sites:
         raise ValueError(f"site index {site_index} is outside the {n_sites} sites of {cfg.data.dataset!r}")
     train, test = fd.train[site_index], fd.test[site_index]
+    train, validation = split_validation(train, cfg.data.validation_fraction, site_split_seed(cfg.seed, site_index))
     if statistics is not None:
         from fcd_secure.data.moments import standardizer_for  # noqa: PLC0415
 
         std = standardizer_for(train, statistics)
-        train, test = std.apply(train), std.apply(test)  # copies: the process-wide cache stays unscaled
+        # copies: the process-wide cache stays unscaled
+        train, test = std.apply(train), std.apply(test)
+        validation = None if validation is None else std.apply(validation)
     return SiteData(
         train=train,
         test=test,
@@ -103,6 +128,7 @@ def load_site_data(cfg: RunConfig, site_index: int, statistics: dict[str, list[f
         anchors=consortium_anchors(statistics, fd.anchors),
         oracle=fd.oracle,
         description=dict(fd.description or {}),
+        validation=validation,
     )
 
 
@@ -124,14 +150,16 @@ def load_own_site_data(
     consortium's."""
     fd = _own_table_cached(str(spec), str(table), cfg.seed, cfg.data.test_fraction)
     train, test = fd.train[0], fd.test[0]
+    train, validation = split_validation(train, cfg.data.validation_fraction, site_split_seed(cfg.seed, 0))
     if statistics is not None:
         from fcd_secure.data.moments import standardizer_for  # noqa: PLC0415
 
         std = standardizer_for(train, statistics)
         train, test = std.apply(train), std.apply(test)
+        validation = None if validation is None else std.apply(validation)
     return SiteData(train=train, test=test, site_index=int(site_index), n_sites=cfg.data.n_sites,
                     anchors=consortium_anchors(statistics, fd.anchors), oracle=None,
-                    description=dict(fd.description or {}))
+                    description=dict(fd.description or {}), validation=validation)
 
 
 # -- model ---------------------------------------------------------------------------------------------------
