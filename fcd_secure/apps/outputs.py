@@ -47,6 +47,7 @@ ROUND_COLUMNS = (
     "round", "sites", "participants", "failures", "aborted", "aborted_reason", "site_errors", "dropped", "n_total",
     "train_loss", "uplink_bytes", "downlink_bytes", "uplink_message_bytes", "uplink_formula_bytes",
     "cum_uplink_bytes", "cum_downlink_bytes", "round_s", "pehe", "ate_error", "factual_auc",
+    "d1", "d1_se", "d1_alarm", "validation_fit", "selected",
 )
 
 
@@ -192,6 +193,8 @@ def build_summary(cfg: RunConfig, result, engine: str) -> dict[str, Any]:
         "resumed_from_round": result.resumed_from,
         "layout_hash": m.layout_hash,
         "standardization": result.extra.get("standardization"),  # consortium-wide, from round 0 (secure_stats)
+        # the evaluated round the answers come from, the truth-free rule that chose it and every round's D1 (issue 29)
+        "selection": {k: v for k, v in (result.extra.get("selection") or {}).items() if k != "scores"} or None,
         "versions": versions(),
     }
     return jsonable(summary)

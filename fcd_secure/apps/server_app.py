@@ -24,6 +24,7 @@ live there. A run without such a root is refused; it never runs without its ledg
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -51,6 +52,7 @@ from fcd_secure.apps.outputs import RoundsLog, write_config, write_run_folder
 from fcd_secure.federation.records import HELLO_MESSAGE_TYPE, REC_HELLO, config_from_context
 from fcd_secure.federation.sampler import ClientSampler
 from fcd_secure.queries.secure_evaluation import secure_evaluation_for
+from fcd_secure.queries.selection import KEEP_KEY, RESTORE_KEY, KeptParams, RoundScore, choose_round
 from fcd_secure.queries.secure_stats import STATISTICS_KEY, secure_statistics
 from fcd_secure.federation.state import SERVER_DIR, ServerCheckpoint, StateError
 from fcd_secure.manifest import FULL, THETA_C, Manifest
@@ -274,6 +276,7 @@ def run_federation(
         say("resumed", {"round": done})
     resumed_from = start - 1
 
+    kept = KeptParams(state_root(cfg) / SERVER_DIR / "selection")
     log_rounds = RoundsLog(cfg.out) if cfg.out else None
     if log_rounds is not None:
         log_rounds.start(history)
@@ -334,12 +337,19 @@ def run_federation(
             "factual_auc": None,
         }
         if fed.eval_every and (rnd % fed.eval_every == 0 or rnd == fed.rounds):
+            # a scored round: every site keeps its Θs and adds its validation sums; the server keeps Θc
+            kept.keep(rnd, theta)
             quick = evaluate_federated(
-                comm, order, theta, cfg, part, quick=True, sites=sites, secure=secure_eval, round_id=rnd, extra=stats_conf
+                comm, order, theta, cfg, part, quick=True, sites=sites, secure=secure_eval, round_id=rnd,
+                extra={**stats_conf, KEEP_KEY: rnd},
             )
             row["pehe"] = quick.get("pehe")
             row["ate_error"] = quick.get("ate_error")
             row["factual_auc"] = quick.get("factual_auc")
+            sel = quick.get("selection")
+            if sel:
+                row["selection"] = sel
+                row.update(d1=sel["d1"], d1_se=sel["d1_se"], d1_alarm=sel["alarm"], validation_fit=sel["validation_fit"])
         history.append(row)
         ckpt.save(rnd, theta, sampler.get_state(), cfg.training_hash(),
                   extra={"history": history, **({STATISTICS_KEY: statistics} if statistics is not None else {})})
@@ -359,10 +369,17 @@ def run_federation(
             + ". The sites' own logs say more (set FCD_SITE_DEBUG=1 for site-local tracebacks)",
             errs,
         )
+    selection = select_round(cfg, history)
+    final_conf = dict(stats_conf)
+    if selection["round"] != fed.rounds and selection["rule"] != "last":
+        theta = kept.load(selection["round"])  # the chosen round's Θc; each site restores its own Θs of that round
+        final_conf[RESTORE_KEY] = selection["round"]
+    say("selected", selection)
     say("evaluating", {})
     n_err = len(comm.site_errors)
     final_eval = evaluate_federated(
-        comm, order, theta, cfg, part, quick=False, sites=sites, secure=secure_eval, round_id=fed.rounds + 1, extra=stats_conf
+        comm, order, theta, cfg, part, quick=False, sites=sites, secure=secure_eval, round_id=fed.rounds + 1,
+        extra=final_conf,
     )
     for e in _error_rows(comm, n_err):
         say("site_error", e)
@@ -381,8 +398,29 @@ def run_federation(
         wall_s=time.perf_counter() - t0,
         resumed_from=resumed_from,
         site_errors=_error_rows(comm),
-        extra={STATISTICS_KEY: statistics} if statistics is not None else {},
+        extra={"selection": selection, **({STATISTICS_KEY: statistics} if statistics is not None else {})},
     )
+
+
+def select_round(cfg: RunConfig, history: list[dict]) -> dict:
+    """The evaluated round the run answers with (``federation.select``; ``queries.selection.choose_round``), marked
+    ``selected`` in ``history``'s rows."""
+    last = int(history[-1]["round"]) if history else cfg.federation.rounds
+    scores = [RoundScore(**{k: (math.nan if r["selection"][c] is None else r["selection"][c]) for k, c in _SCORE_FIELDS})
+              for r in history if r.get("selection")]
+    if cfg.federation.select == "last":
+        choice = {**choose_round(scores, last), "rule": "last", "round": last,
+                  "reason": "federation.select = 'last': the last round is kept"}
+    else:
+        choice = choose_round(scores, last)
+    for r in history:
+        r["selected"] = r["round"] == choice["round"]
+    return choice
+
+
+_SCORE_FIELDS = (("round", "round"), ("d1", "d1"), ("se", "d1_se"), ("mean", "d1_mean"), ("n", "d1_steps"),
+                 ("clipped_share", "d1_clipped_share"), ("fit", "validation_fit"), ("sites_scoring", "sites_scoring"),
+                 ("sites", "sites"))
 
 
 def make_server_app(

@@ -30,7 +30,7 @@ from fcd_secure.queries.cohort import COHORT_SLOT, CohortRecord, select_rows
 from fcd_secure.federation.learner import SiteData
 from fcd_secure.federation.records import EVALUATE_MESSAGE_TYPE, TRAIN_MESSAGE_TYPE
 from fcd_secure.queries.secure_stats import statistics_from_config
-from fcd_secure.federation.site_policy import SitePolicy, load_site_policy
+from fcd_secure.federation.site_policy import MIN_COHORT_FLOOR, SitePolicy, load_site_policy
 from fcd_secure.federation.state import SiteState, StateError
 from fcd_secure.manifest import FULL, THETA_C, THETA_S, Manifest
 
@@ -250,12 +250,20 @@ class SiteRuntime:
         return out, n, clean
 
     # -- evaluation ----------------------------------------------------------------------------------------
-    def load_for_eval(self, global_theta: dict[str, np.ndarray], part: str = THETA_C):
-        """The site's model with the given global parameters and its own latest Θs (nothing is written)."""
+    def load_for_eval(self, global_theta: dict[str, np.ndarray], part: str = THETA_C, restore_round: int | None = None):
+        """The site's model with the given global parameters and its own latest Θs, or the Θs it kept when it scored
+        ``restore_round`` (the round the run's selection chose, ``queries.selection``); nothing is written."""
+        from fcd_secure.queries.selection import KeptParams  # noqa: PLC0415
+
         model = self.model
-        snap = self.state.load()
-        if snap is not None:
-            learner.set_params(model, THETA_S, snap.theta_s)
+        if restore_round is not None:
+            kept = KeptParams(self.state.slot("selection_theta_s")).load(restore_round)
+            if kept is not None:
+                learner.set_params(model, THETA_S, kept)
+        else:
+            snap = self.state.load()
+            if snap is not None:
+                learner.set_params(model, THETA_S, snap.theta_s)
         # "w/o DSS" (part = full) synchronises Θs too (not its site-bound part): the global one replaces the local copy
         learner.set_params(model, part, global_theta)
         return model
@@ -279,7 +287,18 @@ class SiteRuntime:
         """
         from fcd_secure.queries.evaluation import site_metrics  # noqa: PLC0415
 
+        from fcd_secure.queries.selection import KEEP_KEY, RESTORE_KEY, KeptParams, site_selection_sums  # noqa: PLC0415
+
         self.adopt_statistics(eval_config)
         rows = self.evaluation_rows(eval_config)
-        model = self.load_for_eval(global_theta, str(eval_config.get("part", THETA_C)))
-        return site_metrics(model, self.data, self.cfg, eval_config, rows=rows, site_dir=self.state.dir)
+        restore = eval_config.get(RESTORE_KEY)
+        model = self.load_for_eval(global_theta, str(eval_config.get("part", THETA_C)),
+                                   None if restore is None else int(restore))
+        out = site_metrics(model, self.data, self.cfg, eval_config, rows=rows, site_dir=self.state.dir)
+        keep = eval_config.get(KEEP_KEY)
+        if keep is not None:  # a scored round: keep this Θs for the selection, add the validation sums
+            snap = self.state.load()
+            KeptParams(self.state.slot("selection_theta_s")).keep(int(keep), None if snap is None else snap.theta_s)
+            # the validation split is scored whole, so the floor is the one a whole test split must reach (P22)
+            out.update(site_selection_sums(model, self.data, self.cfg.model.outcome == "binary", MIN_COHORT_FLOOR))
+        return out

@@ -111,6 +111,9 @@ def summary_table(summary: dict, title: str = "Fed-CausalDiff") -> list["Table"]
             for row in skill_rows(summary["effect_skill"]):
                 t.add_row(*row)
     t.add_row("rounds", _fmt(summary.get("rounds")))
+    sel = summary.get("selection") or {}
+    if sel:
+        t.add_row("answers from round", f"{sel['round']} ({sel['rule']}, criterion {sel.get('coverage')})")
     dp = summary.get("dp") or {}
     if dp.get("enabled"):
         t.add_row("DP", f"DP-SGD, ε cap {dp['epsilon_cap']:g} per site, δ {_fmt(dp.get('delta'), '.3g')}")
@@ -201,17 +204,31 @@ class RunProgress:
                 bits.append(f"loss {info['train_loss']:.3f}")
             if info.get("pehe") is not None:
                 bits.append(f"PEHE {info['pehe']:.4f}")
+            if info.get("d1") is not None:  # the truth-free "learned confounding" alarm beside the loss
+                se = info.get("d1_se")
+                bits.append(f"D1 {info['d1']:.3f}" + (f" ± {se:.3f}" if se is not None else "")
+                            + (" ALARM" if info.get("d1_alarm") else ""))
             if info.get("aborted"):
                 bits.append(f"ABORTED: {info.get('aborted_reason')}")
             if self.bar is not None:
                 self.bar.update(self.task, completed=info["round"], info=" · ".join(bits))
             else:
                 self.line(f"round {info['round']}/{self.rounds} · " + " · ".join(bits))
+        elif event == "selected":
+            self.line(selection_line(info, self.rounds))
         elif event == "evaluating":
             if self.bar is not None:
                 self.bar.update(self.task, description="federated evaluation", info="")
             else:
                 self.line("federated evaluation")
+
+
+def selection_line(sel: dict, rounds: int | None = None) -> str:
+    """``answers from round 20 of 40 (rule …): D1 … within one SE …`` (``queries.selection``)."""
+    of = f" of {rounds}" if rounds else ""
+    cov = sel.get("coverage")
+    note = {"partial": " [partial: some sites could not score]", "unavailable": ""}.get(cov, "")
+    return f"answers from round {sel['round']}{of} ({sel['rule']}): {sel['reason']}{note}"
 
 
 def site_error_message(site_id: str, error: str, cfg: "RunConfig", budgets: dict | None = None) -> str:

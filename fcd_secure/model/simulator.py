@@ -375,3 +375,9 @@ class Simulator(ABC):
     def factual_probs(self, ds: SiteDataset) -> np.ndarray:
         """One-step-ahead E[Y_t | history before t, A_t, logged T_t] at every step, float64 ``[n, L]`` (padding
         included). The score of the factual AUC (paper §IV-C)."""
+
+    @abstractmethod
+    def one_step_probs(self, ds: SiteDataset, action: int) -> np.ndarray:
+        """μ̂_a(H_t) = E[Y_t | logged history before t, A_t, do(T_t = a)] at every step t, float64 ``[n, L]``: the
+        one-step outcome model of the doubly robust discrepancy D₁ (``evaluation.discrepancy``); only the action at
+        t is set, the history before t stays the logged one."""

@@ -30,6 +30,7 @@ from fcd_secure.federation import learner
 from fcd_secure.federation.learner import SiteData
 from fcd_secure.federation.messaging import Comm
 from fcd_secure.federation.records import EVALUATE_MESSAGE_TYPE, REC_CONFIG, REC_EVAL, REC_GLOBAL, global_to_record
+from fcd_secure.queries.selection import RoundScore
 from fcd_secure.queries.whatif import (
     WHATIF_KEY,
     WhatIfRequest,
@@ -240,6 +241,9 @@ def evaluate_federated(
             return split(failed)
         totals = add_sums(parts)
     merged = merge_totals(totals, whatif, None if quick else action_labels(cfg))
+    if "select.d1.n" in totals:  # a scored round (queries.selection): the consortium's D1 and validation fit
+        score = RoundScore.from_totals(round_id, totals, int(totals["_sites"]))
+        merged["selection"] = score.as_row() if score is not None else None
     if not quick and "contexts" in merged:
         merged["contexts"].update(context_columns(cfg))
     merged.update(split(failed))

@@ -78,3 +78,14 @@ class FedCausalDiffSimulator(Simulator):
             Kc, Ks = core.encode(b.X, b.A, b.T, b.Y)
             p = core.outcome_mean(torch.cat([Kc, Ks], -1), b.A, b.T)
         return p.numpy().astype(np.float64)
+
+    @torch.no_grad()
+    def one_step_probs(self, ds: SiteDataset, action: int) -> np.ndarray:
+        """E[Y_t | K_t, A_t, do(T_t = action)]: K_t encoded from the logged history before t (the encoder is causal,
+        so K_t never sees T_t), decoded with ``action`` in place of the logged T_t, float64 ``[n, L]``."""
+        with self.evaluating() as module:
+            core = unwrap(module)
+            b = dataset_tensors(ds, 0)
+            Kc, Ks = core.encode(b.X, b.A, b.T, b.Y)
+            p = core.outcome_mean(torch.cat([Kc, Ks], -1), b.A, torch.full_like(b.T, int(action)))
+        return p.numpy().astype(np.float64)

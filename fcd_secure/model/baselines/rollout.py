@@ -188,6 +188,26 @@ class SteppedSimulator(Simulator):
             p = self.factual_tensor(dataset_tensors(ds, 0), ds)
         return p.numpy().astype(np.float64)
 
+    @torch.no_grad()
+    def one_step_probs(self, ds: SiteDataset, action: int) -> np.ndarray:
+        """The stepper's ``prob(t, action)`` after the logged history before t: each step is scored with ``action``,
+        then the logged action and outcome are observed, float64 ``[n, L]``. The generator is fixed, so a baseline
+        that draws its own noise (a GAN's) gives the same numbers each call."""
+        check_dims(ds, self.net, self.name)
+        out = np.zeros((ds.n, ds.L), np.float64)
+        if ds.n == 0:
+            return out
+        with self.evaluating():
+            g = torch.Generator().manual_seed(0)
+            stepper = self.stepper(ds, np.arange(ds.n), 0, 1, g)
+            a = torch.full((ds.n,), int(action), dtype=torch.int64)
+            T = torch.as_tensor(np.asarray(ds.T, dtype=np.int64))
+            Y = torch.as_tensor(np.asarray(ds.Y, dtype=np.float32))
+            for t in range(ds.L):
+                out[:, t] = stepper.prob(t, a, g).numpy()
+                stepper.observe(t, T[:, t], Y[:, t])
+        return out
+
     def train_site(
         self, ds: SiteDataset, site_index: int | None, n_sites: int, epochs: int = 1, seed: int = 0
     ) -> dict[str, float]:

@@ -1,0 +1,206 @@
+"""Truth-free federated model selection (issue 29 item 2, ``queries.selection``): the one-step DR discrepancy D₁ on the
+sites' validation rows, merged exactly, the one-SE rule, a site without propensities, the kept and restored Θs, and
+no ``select.*`` sum reaching the server in clear in secure mode."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+
+from fcd_secure.audit.allowlist import SELECTION_SCALARS  # noqa: E402
+from fcd_secure.config import build_config  # noqa: E402
+from fcd_secure.evaluation.discrepancy import DiscrepancySums, one_step_dr_terms  # noqa: E402
+from fcd_secure.federation import learner  # noqa: E402
+from fcd_secure.manifest import THETA_C, THETA_S  # noqa: E402
+from fcd_secure.queries.evaluation import add_sums  # noqa: E402
+from fcd_secure.queries.selection import (  # noqa: E402
+    KEEP_KEY,
+    KEYS,
+    RESTORE_KEY,
+    KeptParams,
+    RoundScore,
+    choose_round,
+    site_selection_sums,
+)
+
+#: small DKT-Synth (1,500 students) on 4 even sites: every site has ≥ 20 validation and test students
+SCORED = {"seed": 0, "data": {"preset": "small", "n_sites": 4, "alpha": 1000.0},
+          "federation": {"clients_per_round": 4, "rounds": 3, "eval_every": 1}}
+
+
+def _score(rnd, d1, se, fit, sites_scoring=4, sites=4, n=400):
+    return RoundScore(round=rnd, d1=d1, se=se, mean=-d1, n=n, clipped_share=0.0, fit=fit, sites_scoring=sites_scoring,
+                      sites=sites)
+
+
+def test_the_gate_allows_exactly_the_selection_keys():
+    assert tuple(SELECTION_SCALARS) == KEYS
+
+
+def test_the_rule_takes_the_best_fit_among_the_rounds_within_one_se_of_the_smallest_d1():
+    scores = [_score(1, 0.30, 0.02, 0.60), _score(2, 0.05, 0.02, 0.70), _score(3, 0.06, 0.02, 0.65),
+              _score(4, 0.10, 0.02, 0.50)]
+    got = choose_round(scores, last_round=4)
+    # round 4 fits best but its D1 is 2.5 SE above the smallest; round 1 is far off; 2 and 3 are within one SE
+    assert got["rule"] == "d1-one-se-then-fit" and got["candidates"] == [2, 3] and got["round"] == 3
+    assert got["coverage"] == "full"
+    assert scores[0].alarm and not scores[1].alarm  # 0.30 > 3 × 0.02: the learned-confounding alarm
+
+
+def test_without_any_d1_the_last_round_is_kept_and_the_output_says_why():
+    got = choose_round([_score(1, math.nan, math.nan, 0.6, sites_scoring=0, n=0)], last_round=7)
+    assert got["round"] == 7 and got["rule"] == "last" and got["coverage"] == "unavailable"
+    assert "no site could score" in got["reason"]
+
+
+def test_a_criterion_some_sites_could_not_score_is_partial():
+    got = choose_round([_score(1, 0.1, 0.05, 0.6, sites_scoring=3), _score(2, 0.2, 0.05, 0.6, sites_scoring=3)], 2)
+    assert got["coverage"] == "partial" and got["round"] == 1
+
+
+@pytest.fixture(scope="module")
+def scored():
+    cfg = build_config("tiny", SCORED)
+    data = [learner.load_site_data(cfg, i) for i in range(4)]
+    model = learner.build_model(cfg, learner.dims_of(data[0].train, 4))
+    return cfg, data, model
+
+
+def test_validation_rows_are_whole_entities_apart_from_training_and_test(scored):
+    cfg, data, _ = scored
+    for d in data:
+        assert d.validation is not None and d.validation.n >= 20
+        ids = [set(np.asarray(x.meta["student_ids"]).tolist()) for x in (d.train, d.validation, d.test)]
+        assert not ids[0] & ids[1] and not ids[0] & ids[2] and not ids[1] & ids[2]
+        frac = d.validation.n / (d.validation.n + d.train.n)
+        assert abs(frac - cfg.data.validation_fraction) < 0.05
+
+
+def test_one_step_probs_is_the_factual_prediction_where_the_logged_action_is_the_one_asked(scored):
+    _, data, model = scored
+    v = data[0].validation
+    for a in data[0].anchors:
+        p, f = model.one_step_probs(v, a), model.factual_probs(v)
+        hit = (v.T == a) & (v.M > 0)
+        assert hit.any()
+        np.testing.assert_allclose(p[hit], f[hit], atol=1e-6)
+        assert not np.allclose(p[~hit & (v.M > 0)], f[~hit & (v.M > 0)])  # elsewhere the action changed the answer
+
+
+def test_merged_site_sums_give_the_pooled_d1_se_and_fit_exactly(scored):
+    _, data, model = scored
+    sums = [site_selection_sums(model, d, binary=True, floor=20) for d in data]
+    totals = add_sums(sums)
+    score = RoundScore.from_totals(5, totals, 4)
+    terms, fits = [], []
+    for d in data:
+        v = d.validation
+        a_off, a_on = d.anchors
+        terms.append(one_step_dr_terms(v.Y, v.M, v.T, v.P, model.one_step_probs(v, a_on), model.one_step_probs(v, a_off),
+                                       a_on, a_off))
+        p = np.clip(model.factual_probs(v)[v.M > 0], 1e-6, 1 - 1e-6)
+        y = v.Y[v.M > 0]
+        fits.append(-(y * np.log(p) + (1 - y) * np.log(1 - p)))
+    pooled = np.clip(np.concatenate(terms), -50, 50)
+    assert score.n == pooled.size and score.sites_scoring == 4 and score.coverage == "full"
+    assert score.d1 == pytest.approx(abs(pooled.mean()), abs=1e-9)
+    assert score.se == pytest.approx(pooled.std(ddof=1) / math.sqrt(pooled.size), abs=1e-9)
+    assert score.fit == pytest.approx(np.concatenate(fits).mean(), abs=1e-9)
+
+
+def test_a_site_without_propensities_or_below_its_floor_sends_no_discrepancy(scored):
+    _, data, model = scored
+    d = data[0]
+    blind = type(d)(**{**d.__dict__, "validation": d.validation.without_propensities()})
+    got = site_selection_sums(model, blind, binary=True, floor=20)
+    assert got["select.d1.n"] == 0 and got["select.sites"] == 0 and got["select.fit.n"] > 0
+    small = site_selection_sums(model, d, binary=True, floor=d.validation.n + 1)
+    assert all(v == 0 for v in small.values())
+
+
+def test_d1_is_near_zero_for_the_true_outcome_model_and_not_for_a_biased_one():
+    """Known answer: with the true propensities and μ̂ = the true E[Y | H, do(a)], E[ψ] = 0; a model whose contrast is
+    off by δ has E[ψ] = −δ·(share of steps at the two anchors … ) — D₁ moves away from 0 by many SEs."""
+    rng = np.random.default_rng(3)
+    n, L = 4000, 3
+    x = rng.normal(size=(n, L))
+    p_on = 1 / (1 + np.exp(-x))  # confounded logging: the same x raises the treatment and the outcome
+    T = (rng.random((n, L)) < p_on).astype(np.int64)
+    mu_off, mu_on = 1 / (1 + np.exp(-(x - 0.5))), 1 / (1 + np.exp(-(x + 0.5)))
+    Y = (rng.random((n, L)) < np.where(T == 1, mu_on, mu_off)).astype(float)
+    P = np.where(T == 1, p_on, 1 - p_on)
+    M = np.ones((n, L))
+    good = DiscrepancySums.from_terms(one_step_dr_terms(Y, M, T, P, mu_on, mu_off, 1, 0))
+    bad = DiscrepancySums.from_terms(one_step_dr_terms(Y, M, T, P, mu_on + 0.1, mu_off - 0.1, 1, 0))
+    assert good.d1() < 2 * good.se()
+    assert bad.mean() == pytest.approx(-0.2, abs=3 * bad.se()) and bad.d1() > 10 * bad.se()
+
+
+def test_kept_parameters_round_trip(tmp_path):
+    kept = KeptParams(tmp_path / "k")
+    a = {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    kept.keep(3, a)
+    kept.keep(4, None)
+    np.testing.assert_array_equal(kept.load(3)["w"], a["w"])
+    assert kept.load(4) is None
+    with pytest.raises(FileNotFoundError):
+        kept.load(5)
+
+
+def test_a_site_answers_with_the_theta_s_it_kept_for_the_chosen_round(tmp_path):
+    from fcd_secure.apps.site import SiteRuntime
+
+    cfg = build_config("tiny", {**SCORED, "state_dir": str(tmp_path)})
+    rt = SiteRuntime(cfg, "site-00", 0, str(tmp_path))
+    theta = learner.get_params(rt.model, THETA_C)
+    conf = {"server-round": 1, "part": THETA_C, "local-epochs": 1}
+    theta, _, _ = rt.train_round(theta, conf)
+    ev = {"quick": True, "part": THETA_C, "n-samples": 1, "max-rows": -1}
+    rt.evaluate(theta, {**ev, KEEP_KEY: 1})
+    kept = {k: v.copy() for k, v in rt.state.load().theta_s.items()}
+    rt.train_round(theta, {**conf, "server-round": 2})
+    later = rt.state.load().theta_s
+    assert any(not np.array_equal(kept[k], later[k]) for k in kept)
+    fresh = SiteRuntime(cfg, "site-00", 0, str(tmp_path))
+    model = fresh.load_for_eval(theta, THETA_C, restore_round=1)
+    restored = learner.get_params(model, THETA_S)
+    for k in kept:
+        np.testing.assert_array_equal(restored[k], kept[k])
+    out = fresh.evaluate(theta, {**ev, RESTORE_KEY: 1})
+    assert "select.d1.n" not in out  # only a scored round adds the validation sums
+
+
+@pytest.mark.slow
+def test_a_secure_run_scores_every_round_answers_with_the_chosen_one_and_no_select_sum_arrives_in_clear(tmp_path):
+    from fcd_secure.audit.ledger import SERVER_LEDGER_FILE
+    from fcd_secure.engines.inprocess import run_inprocess
+
+    state = tmp_path / "state"
+    cfg = build_config("tiny", {**SCORED, "state_dir": str(state), "out": str(tmp_path / "run")})
+    res = run_inprocess(cfg)
+    rows = [r for r in res.history if r.get("selection")]
+    assert [r["round"] for r in rows] == [1, 2, 3]
+    assert all(r["selection"]["coverage"] == "full" and r["d1"] is not None and r["d1_se"] > 0 for r in rows)
+    sel = res.extra["selection"]
+    assert sel["rule"] == "d1-one-se-then-fit" and sel["round"] in sel["candidates"]
+    best = min(rows, key=lambda r: r["d1"])
+    assert all(next(r for r in rows if r["round"] == c)["d1"] <= best["d1"] + best["d1_se"] + 1e-12
+               for c in sel["candidates"])
+    # the answer's Θc is the chosen round's, kept by the server
+    chosen = KeptParams(state / "_server" / "selection").load(sel["round"])
+    for k, v in chosen.items():
+        np.testing.assert_array_equal(res.theta[k], v)
+    received = [json.loads(x) for x in (state / "_server" / "audit" / SERVER_LEDGER_FILE).read_text().splitlines()
+                if x.strip()]
+    received = [r for r in received if r["kind"] == "received"]
+    assert received and not any(r["metrics"] or r["metric_lists"] or r["tensors"] for r in received)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["selection"]["round"] == sel["round"]
+    csv = (tmp_path / "run" / "rounds.csv").read_text().splitlines()
+    assert csv[0].endswith("d1,d1_se,d1_alarm,validation_fit,selected")
