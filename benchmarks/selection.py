@@ -1,0 +1,207 @@
+"""Truth-free model selection on DKT-Synth: does the one-step DR discrepancy D₁ rank models by their true one-step
+effect error, where the validation fit does not? (issue 29 item 2; ``fcd_secure.queries.selection``)
+
+Every candidate is one scored round of one federated run (secure aggregation, the real ServerApp and ClientApps on
+the in-process engine): the recipes ``ours`` (the default objective) and ``paper`` (the paper's: no inverse-propensity
+weights, latent rollout, transition not given Y) at learning rates ``--lrs``. For each candidate the script reads the
+run's own per-round figures (D₁ ± SE and the validation fit, computed on the sites' validation rows and summed
+securely: what the server saw) and computes, with the oracle, the **true one-step error**: over every valid step of
+every site's test rows, |mean(μ̂_on − μ̂_off) − mean(μ_on − μ_off)|, μ̂ from the model each site answers with (the kept
+Θc of that round and the site's own kept Θs), μ the oracle's exact P(Y_t | history, do(a)).
+
+Printed side by side, per seed: Spearman(D₁, true error) against Spearman(validation fit, true error); the true error
+of the round the one-SE rule picks among all candidates (this is the learning-rate selection too) against the
+log-loss pick and the best candidate; the share of paper-recipe rounds after the second flagged at ≥ 3 SE; and the
+cost of the selection sums against a round's wall time.
+
+    .venv/bin/python benchmarks/selection.py                 # small world, 4 sites, 8 rounds, 3 lrs × 2 recipes, seeds 0-2
+    .venv/bin/python benchmarks/selection.py --quick         # seconds-to-minutes: checks the script
+    .venv/bin/python benchmarks/selection.py --json
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+
+import json  # noqa: E402
+import math  # noqa: E402
+import platform  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import typer  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+err = Console(stderr=True)
+#: the paper's recipe (benchmarks/fidelity.py PAPER_RECIPE)
+RECIPES: dict[str, dict[str, Any]] = {
+    "ours": {},
+    "paper": {"transition_given_y": False, "ipw": "off", "rollout": "latent"},
+}
+
+
+def machine() -> dict:
+    import flwr
+
+    return {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+            "python": platform.python_version(), "torch": torch.__version__, "flwr": flwr.__version__,
+            "numpy": np.__version__, "argv": " ".join(sys.argv)}
+
+
+def spearman(a, b) -> float:
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    ok = np.isfinite(a) & np.isfinite(b)
+    if ok.sum() < 3:
+        return math.nan
+    ra = np.argsort(np.argsort(a[ok])).astype(float)
+    rb = np.argsort(np.argsort(b[ok])).astype(float)
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def true_one_step_error(cfg, state: Path, rnd: int) -> float:
+    """|mean(μ̂_on − μ̂_off) − mean(μ_on − μ_off)| over every valid test step of every site, for the model each site
+    answers with at round ``rnd`` (module docstring)."""
+    from fcd_secure.apps.site import SiteRuntime
+    from fcd_secure.queries.selection import KeptParams
+
+    theta = KeptParams(state / "_server" / "selection").load(rnd)
+    hat, true = [], []
+    for i in range(cfg.data.n_sites):
+        rt = SiteRuntime(cfg, f"site-{i:02d}", i, str(state))
+        model = rt.load_for_eval(theta, "theta_c", restore_round=rnd)
+        d = rt.data
+        a_off, a_on = d.anchors
+        test = d.test
+        valid = test.M > 0
+        h = model.one_step_probs(test, a_on) - model.one_step_probs(test, a_off)
+        tr = np.stack([d.oracle.outcome_probs_do(i, "test", None, t, a_on) - d.oracle.outcome_probs_do(i, "test", None, t, a_off)
+                       for t in range(test.L)], axis=1)
+        hat.append(h[valid])
+        true.append(tr[valid])
+    hat, true = np.concatenate(hat), np.concatenate(true)
+    return float(abs(hat.mean() - np.nanmean(true)))
+
+
+def one_run(seed: int, recipe: str, lr: float, rounds: int, data_preset: str, n_sites: int) -> list[dict]:
+    from fcd_secure.config import build_config
+    from fcd_secure.engines.inprocess import run_inprocess
+
+    tmp = Path(tempfile.mkdtemp(prefix="fcd-select-"))
+    cfg = build_config("tiny", {
+        "seed": seed,
+        "data": {"preset": data_preset, "n_sites": n_sites, "alpha": 1000.0, "test_fraction": 0.2},
+        "federation": {"clients_per_round": n_sites, "rounds": rounds, "eval_every": 1, "select": "last"},
+        "model": {**RECIPES[recipe], "lr": lr},
+        "state_dir": str(tmp / "state"), "out": str(tmp / "run"),
+    })
+    t0 = time.perf_counter()
+    res = run_inprocess(cfg)
+    wall = time.perf_counter() - t0
+    out = []
+    for r in res.history:
+        s = r.get("selection") or {}
+        if s.get("d1") is None:
+            continue
+        out.append({"seed": seed, "recipe": recipe, "lr": lr, "round": r["round"], "d1": s["d1"], "se": s["d1_se"],
+                    "fit": s["validation_fit"], "alarm": s["alarm"], "round_s": r["round_s"],
+                    "true_error": true_one_step_error(cfg, tmp / "state", r["round"]), "run_wall_s": wall})
+    return out
+
+
+def selection_cost(data_preset: str, n_sites: int, seed: int) -> dict:
+    """Seconds of one site's selection sums (validation rows) against that site's local training round."""
+    from fcd_secure.config import build_config
+    from fcd_secure.federation import learner
+    from fcd_secure.queries.selection import site_selection_sums
+
+    cfg = build_config("tiny", {"seed": seed, "data": {"preset": data_preset, "n_sites": n_sites, "alpha": 1000.0}})
+    d = learner.load_site_data(cfg, 0)
+    model = learner.build_model(cfg, learner.dims_of(d.train, n_sites))
+    opt = learner.make_optimizer(model, cfg)
+    t0 = time.perf_counter()
+    learner.train_local(model, d.train, cfg, 0, n_sites, 1, seed, opt)
+    train_s = time.perf_counter() - t0
+    site_selection_sums(model, d, True, 20)  # warm-up
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        site_selection_sums(model, d, True, 20)
+        times.append(time.perf_counter() - t0)
+    return {"train_round_s": train_s, "selection_s": float(np.median(times))}
+
+
+def main(
+    seeds: str = typer.Option("0,1,2", help="comma-separated seeds"),
+    rounds: int = typer.Option(8, help="rounds per run (every one scored)"),
+    lrs: str = typer.Option("3e-4,1e-3,3e-3", help="learning-rate grid"),
+    data_preset: str = typer.Option("small", help="DKT-Synth preset"),
+    sites: int = typer.Option(4, help="sites"),
+    quick: bool = typer.Option(False, help="2 rounds, 2 lrs, seed 0: checks the script"),
+    as_json: bool = typer.Option(False, "--json", help="one JSON object on stdout"),
+) -> None:
+    torch.set_num_threads(1)
+    seed_list = [int(s) for s in seeds.split(",")]
+    lr_list = [float(x) for x in lrs.split(",")]
+    if quick:
+        seed_list, rounds, lr_list = seed_list[:1], 2, lr_list[-2:]
+    from fcd_secure.queries.selection import RoundScore, choose_round
+
+    rows: list[dict] = []
+    for seed in seed_list:
+        for recipe in RECIPES:
+            for lr in lr_list:
+                err.print(f"seed {seed} · {recipe} · lr {lr:g} · {rounds} rounds …")
+                rows += one_run(seed, recipe, lr, rounds, data_preset, sites)
+    results = []
+    for seed in seed_list:
+        c = [r for r in rows if r["seed"] == seed]
+        scores = [RoundScore(round=k, d1=r["d1"], se=r["se"], mean=math.nan, n=1, clipped_share=0.0, fit=r["fit"],
+                             sites_scoring=sites, sites=sites) for k, r in enumerate(c)]
+        pick = c[choose_round(scores, len(c) - 1)["round"]]
+        fit_pick = min(c, key=lambda r: r["fit"])
+        best = min(c, key=lambda r: r["true_error"])
+        late_paper = [r for r in c if r["recipe"] == "paper" and r["round"] > 2]
+        results.append({
+            "seed": seed, "candidates": len(c),
+            "spearman_d1": spearman([r["d1"] for r in c], [r["true_error"] for r in c]),
+            "spearman_fit": spearman([r["fit"] for r in c], [r["true_error"] for r in c]),
+            "rule_pick": {k: pick[k] for k in ("recipe", "lr", "round", "true_error")},
+            "fit_pick": {k: fit_pick[k] for k in ("recipe", "lr", "round", "true_error")},
+            "best": {k: best[k] for k in ("recipe", "lr", "round", "true_error")},
+            "paper_rounds_after_2_flagged": (sum(r["alarm"] for r in late_paper), len(late_paper)),
+        })
+    cost = selection_cost(data_preset, sites, seed_list[0])
+    out = {"machine": machine(), "params": {"seeds": seed_list, "rounds": rounds, "lrs": lr_list,
+                                            "data_preset": data_preset, "sites": sites},
+           "results": results, "cost": cost, "candidates": rows}
+    if as_json:
+        print(json.dumps(out, indent=1, default=float))
+        return
+    con = Console()
+    con.print(json.dumps(out["machine"]))
+    t = Table(title="Truth-free selection (true one-step effect error from the oracle)")
+    for col in ("seed", "cands", "ρ D1 (≥0.8)", "ρ fit", "rule pick", "fit pick", "best", "paper r>2 flagged"):
+        t.add_column(col, justify="right")
+    for r in results:
+        f = r["paper_rounds_after_2_flagged"]
+        t.add_row(str(r["seed"]), str(r["candidates"]), f"{r['spearman_d1']:+.2f}", f"{r['spearman_fit']:+.2f}",
+                  f"{r['rule_pick']['true_error']:.3f}", f"{r['fit_pick']['true_error']:.3f}",
+                  f"{r['best']['true_error']:.3f}", f"{f[0]} of {f[1]}")
+    con.print(t)
+    for r in results:
+        con.print(f"seed {r['seed']}: rule pick " + ", ".join(f"{k} {r['rule_pick'][k]}" for k in ("recipe", "lr", "round"))
+                  + "; fit pick " + ", ".join(f"{k} {r['fit_pick'][k]}" for k in ("recipe", "lr", "round")))
+    con.print(f"cost: selection sums {cost['selection_s']:.3f} s per site-evaluation against a local training round of "
+              f"{cost['train_round_s']:.3f} s ({100 * cost['selection_s'] / cost['train_round_s']:.1f} %)")
+
+
+if __name__ == "__main__":
+    typer.run(main)
