@@ -86,7 +86,7 @@ def test_tables_fit_80_columns_and_say_there_is_no_dp(runs):
     base, a, _, _ = runs
     width = max(len(line) for line in a.stdout.splitlines())
     assert width <= 80, a.stdout
-    assert "no DP guarantee" in a.stdout and "Policy values" in a.stdout
+    assert "no DP guarantee" in a.stdout and "What the logs identify" in a.stdout and "Extrapolation" in a.stdout
     assert f"run folder: {base / 'A'}" in a.stdout.replace("\n", "") or "run folder: A" in a.stdout
     summary = json.loads((base / "A" / "summary.json").read_text())
     assert summary["dp"]["enabled"] is False and "no DP guarantee" in summary["dp"]["guarantee"]

@@ -113,13 +113,26 @@ def test_bad_input_exits_2(tmp_path):
     assert not any(tmp_path.iterdir())  # refused before anything was written
 
 
-def test_selection_picks_the_lowest_validation_loss_and_caches(tmp_path, one_torch_thread):
+def test_selection_takes_the_best_fit_within_one_se_of_the_smallest_d1_and_caches(tmp_path, one_torch_thread):
     preset = get_preset("tiny").model_copy(update={"lr_grid": (1e-4, 2e-2), "selection_epochs": 2})
     s = select_lr(preset, "dkt-synth", "crn", 0, tmp_path)
-    losses = {c["lr"]: c["val_logloss"] for c in s["candidates"]}
-    assert set(losses) == {1e-4, 2e-2} and all(math.isfinite(v) for v in losses.values())
-    assert s["lr"] == min(losses, key=losses.get)
+    cands = {c["lr"]: c for c in s["candidates"]}
+    assert set(cands) == {1e-4, 2e-2} and all(math.isfinite(c["val_logloss"]) and c["d1_se"] > 0 for c in cands.values())
+    best = min(cands.values(), key=lambda c: c["d1"])
+    within = [c for c in cands.values() if c["d1"] <= best["d1"] + best["d1_se"]]
+    assert s["lr"] == min(within, key=lambda c: c["val_logloss"])["lr"] and s["selected_on"].startswith("D1")
     assert select_lr(preset, "dkt-synth", "crn", 0, tmp_path) == s  # cached
+
+
+def test_without_propensities_the_learning_rate_is_chosen_by_the_fit_and_says_so():
+    from fcd_secure.experiments.reproduction.selection import choose_lr
+
+    cands = [{"lr": 1e-3, "val_logloss": 0.7, "d1": None, "d1_se": None},
+             {"lr": 3e-3, "val_logloss": 0.6, "d1": None, "d1_se": None}]
+    lr, how = choose_lr(cands)
+    assert lr == 3e-3 and "unavailable" in how
+    cands = [{**cands[0], "d1": 0.01, "d1_se": 0.01}, {**cands[1], "d1": 0.2, "d1_se": 0.01}]
+    assert choose_lr(cands)[0] == 1e-3  # the better fit is the confounded one: D1 rules it out
 
 
 def test_verdict():

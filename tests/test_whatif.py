@@ -178,6 +178,8 @@ def test_per_entity_effects_stay_on_their_site_and_never_reach_the_server_ledger
         re.fullmatch(r"eval/whatif\.((value|diff|rectified|dr|drdiff)\.[A-Za-z0-9_-]+|residual)\.(n|sum|sumsq|mc_var)", k)
         or re.fullmatch(r"eval/whatif\.dr\.[A-Za-z0-9_-]+\.support", k)  # Σ_i of a share of steps: one more sum
         or re.fullmatch(r"eval/whatif\.dr\.[A-Za-z0-9_-]+\.unseen_(lo|hi)", k)  # the unseen-mass bounds: two more
+        # the identified answers (queries.targeted): per horizon the same sums, the weight sums of the ESS, the truth
+        or re.fullmatch(r"eval/whatif\.id\.h\d+\.(diff\.)?[A-Za-z0-9_-]+\.(n|sum|sumsq|sw|sww|true_sum)", k)
         for k in whatif_keys), sorted(whatif_keys)
     assert any(k.endswith(".unseen_lo") for k in whatif_keys)
     assert any(".drdiff." in k for k in whatif_keys)  # the doubly robust contrasts went as sums too

@@ -175,7 +175,11 @@ def build_summary(cfg: RunConfig, result, engine: str) -> dict[str, Any]:
         "pehe": fe.get("pehe"),
         # PEHE with what it means beside it: PEHE₀, the constant-effect floor sd τ, corr, ATE ratio, skill, flags
         "effect_skill": fe.get("effect_skill"),
+        # the anchor regimes' support: the paper's multi-step effect is extrapolation where few entities follow them
+        "effect_support": fe.get("effect_support"),
         "ate_error": fe.get("ate_error"),
+        # what the logs identify (queries.targeted): the one-step effect at every decision step, doubly robust
+        "one_step_effect": fe.get("one_step_effect"),
         "factual_auc": fe.get("factual_auc"),
         "value_error_mean": fe.get("value_error_mean"),
         "policies": fe.get("policies", {}),

@@ -157,7 +157,13 @@ class SiteRuntime:
 
         if not self.secure_statistics or self.statistics is not None:
             raise StateError("moment sums are only taken in a secure-standardisation run, over unscaled data")
-        return moment_sums(self.data.train)
+        sums = moment_sums(self.data.train)
+        if self.data.validation is not None:
+            # the whole training split (validation rows included), as the pooled statistics of a simulation are
+            extra = moment_sums(self.data.validation)
+            sums = {k: (np.asarray(v) + np.asarray(extra[k])).tolist() if isinstance(v, list) else v + extra[k]
+                    for k, v in sums.items()}
+        return sums
 
     @property
     def dataset_train(self):

@@ -38,7 +38,9 @@ TRAIN_METRICS = (
 EVAL_ESTIMATORS = ("ipw", "snipw", "dr")
 #: Scalars of one evaluation reply besides the per-policy ones.
 EVAL_SCALARS = ("n_test", "effect.n", "effect.sse", "effect.sum_hat", "effect.sum_true", "effect.sum_true_sq",
-                "effect.sum_hat_sq", "effect.sum_cross")
+                "effect.sum_hat_sq", "effect.sum_cross", "effect.regime_off", "effect.regime_on")
+#: The cluster sums of the identified one-step effect (``queries.targeted.ONE_STEP_FIELDS``; a test holds them equal).
+ONE_STEP_SCALARS = tuple(f"onestep.{f}" for f in ("n", "s", "m", "ss", "mm", "sm", "sim", "true", "clipped"))
 #: The truth-free selection sums a site adds to a scored evaluation (``queries.selection.KEYS``; a test holds them equal).
 SELECTION_SCALARS = ("select.d1.n", "select.d1.s", "select.d1.ss", "select.d1.clipped", "select.fit.n", "select.fit.s",
                      "select.sites")
@@ -54,7 +56,7 @@ def eval_metric_names(
     policy_names: Iterable[str], estimators: Iterable[str] = EVAL_ESTIMATORS, ope_horizons: Iterable[int] = ()
 ) -> list[str]:
     """Every scalar key of an evaluation reply (without the record name), for these policies and estimators."""
-    names = list(EVAL_SCALARS) + list(SELECTION_SCALARS)
+    names = list(EVAL_SCALARS) + list(SELECTION_SCALARS) + list(ONE_STEP_SCALARS)
     suffixes = [""] + [f"_h{int(h)}" for h in ope_horizons]
     for pol in policy_names:
         names += [f"policy.{pol}.{f}" for f in POLICY_FIELDS]

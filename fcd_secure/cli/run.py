@@ -106,10 +106,18 @@ def summary_table(summary: dict, title: str = "Fed-CausalDiff") -> list["Table"]
         ("factual_auc", "factual AUC"),
     ):
         if summary.get(key) is not None:
+            sup = summary.get("effect_support") or {}
+            if key in ("pehe", "ate_error") and sup.get("label") == "extrapolation":
+                # the paper's anchor figures: printed, labelled, never a ranking (issue 29 item 6)
+                label += " [extrapolation]"
             t.add_row(label, _fmt(summary[key]))
         if key == "pehe" and summary.get("effect_skill"):
             for row in skill_rows(summary["effect_skill"]):
                 t.add_row(*row)
+    sup = summary.get("effect_support") or {}
+    if sup:
+        t.add_row("anchor regimes followed (a_off / a_on)",
+                  f"{sup['a_off']} / {sup['a_on']} of {sup['n']}: {sup['label']}")
     t.add_row("rounds", _fmt(summary.get("rounds")))
     sel = summary.get("selection") or {}
     if sel:
@@ -128,22 +136,6 @@ def summary_table(summary: dict, title: str = "Fed-CausalDiff") -> list["Table"]
     t.add_row("downlink MB (measured)", f"{summary['downlink_bytes'] / 1e6:.3f}")
     t.add_row("wall time s", f"{summary['wall_s']:.1f}")
     tables = [t]
-    policies = summary.get("policies") or {}
-    if policies:
-        v = Table(title="Policy values", box=box.SIMPLE_HEAD)
-        ests = sorted({e for d in policies.values() for e in d if e.startswith("dr")}, key=len)
-        v.add_column("policy")
-        v.add_column("simulated", justify="right")
-        v.add_column("true", justify="right")
-        for est in ests:  # dr (full horizon), dr_h<H> (truncated)
-            v.add_column("DR (ESS)" if est == "dr" else f"DR first {est.split('_h')[1]} (ESS)", justify="right")
-        for name, d in sorted(policies.items()):
-            cells = [escape(name), _fmt(d.get("value_sim")), _fmt(d.get("value_true"))]
-            for est in ests:
-                r = d.get(est) or {}
-                cells.append(f"{_fmt(r.get('value'))} ({_fmt(r.get('ess'), '.1f')})")
-            v.add_row(*cells)
-        tables.append(v)
     return tables
 
 
@@ -397,7 +389,7 @@ def execute_run(cfg: "RunConfig", as_json: bool) -> int:
     if as_json:
         emit(bad.envelope() if bad else ok(summary, f"run finished: {cfg.out}"))
         return bad.exit_code if bad else EXIT_OK
-    from fcd_secure.cli.whatif import anchors_line, dr_table, whatif_table  # noqa: PLC0415
+    from fcd_secure.cli.whatif import anchors_line, print_answers  # noqa: PLC0415
 
     con = stdout()
     for table in summary_table(summary, title=f"Fed-CausalDiff on {cfg.data.dataset}"):
@@ -405,9 +397,7 @@ def execute_run(cfg: "RunConfig", as_json: bool) -> int:
     if anchors_line(summary.get("anchors")):
         con.print(f"anchors of the paper's policies: {escape(anchors_line(summary['anchors']))}", soft_wrap=True)
     if summary.get("policies"):
-        con.print(whatif_table(summary))
-        if (drt := dr_table(summary)) is not None:
-            con.print(drt)
+        print_answers(con, summary, cfg.data.dataset)
     say_identifier(con, "run folder:", str(cfg.out), indent=0)
     if bad:
         raise CliError(bad.message, bad.error_code, hint=bad.hint)

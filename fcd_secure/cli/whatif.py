@@ -65,6 +65,75 @@ def whatif_table(result: dict, title: str = "What happens under each policy") ->
     return t
 
 
+def one_step_line(result: dict) -> str | None:
+    """The identified one-step effect at every decision step (``queries.targeted``), one line, or None."""
+    o = result.get("one_step_effect")
+    if not o:
+        return None
+    line = (f"one-step effect of a_on vs a_off at every decision step (identified, doubly robust): "
+            f"{o['estimate']:+.3f} ({o['level']:.0%} CI {o['low']:+.3f} to {o['high']:+.3f}; {o['steps']} steps of "
+            f"{o['entities']} entities); the simulator alone says {o['model']:+.3f}")
+    if o.get("true") is not None:
+        line += f"; truth {o['true']:+.3f}"
+    if o.get("out_of_range"):
+        line += f" [raw estimate {o['out_of_range']['raw']:+.3f} outside the outcome's range]"
+    return line
+
+
+def identified_table(result: dict) -> Group | None:
+    """The headline answer, as two tables that fit 80 columns: per policy its doubly robust value over the first h
+    steps, h the longest horizon the logs support (``queries.targeted``: ESS of the weight products ≥ 20), with its
+    interval and ESS; then each effect against the reference on the longest horizon both pass. A policy with no
+    supported horizon is "not identified". None when no site logs propensities."""
+    pols = {k: d for k, d in (result.get("policies") or {}).items() if d.get("identified")}
+    if not pols:
+        return None
+    level = (result.get("whatif") or {}).get("level", 0.9)
+    ref = (result.get("whatif") or {}).get("reference")
+    has_truth = any(r.get("true") is not None for d in pols.values() for r in d["identified"]["horizons"])
+
+    def table(title: str, cols: list[str], caption: str | None = None) -> Table:
+        t = Table(title=title, show_header=True, header_style="bold", caption=caption)
+        for c in cols:
+            t.add_column(c, justify="left" if c == "policy" else "right", overflow="fold", no_wrap=c != "policy")
+        return t
+
+    values = table("What the logs identify: doubly robust values over the first h steps",
+                   ["policy", "h", "DR value", f"{level:.0%} CI", "ESS"] + (["truth"] if has_truth else []))
+    effects = table(f"Identified effects (vs {escape(str(ref))}, on the longest h both policies pass)",
+                    ["policy", "h", "DR effect", f"{level:.0%} CI"] + (["truth"] if has_truth else []),
+                    caption="h: the longest horizon with ≥ 20 effective entities following the policy (ESS of the "
+                            f"weight products); {level:.0%} intervals. Rank policies on these numbers only")
+    flagged = False
+    for name, d in pols.items():
+        ident = d["identified"]
+        a = ident.get("answer")
+        if a is None:
+            best = max((r["ess"] for r in ident["horizons"]), default=0.0)
+            values.add_row(escape(name), "–", "not identified", "", f"{best:.0f}", *([""] if has_truth else []))
+        else:
+            flagged |= bool(a.get("out_of_range"))
+            values.add_row(escape(name), str(a["horizon"]), _fmt(a["estimate"]) + ("*" if a.get("out_of_range") else ""),
+                           _iv(a), f"{a['ess']:.0f}", *([_fmt(a.get("true"))] if has_truth else []))
+        if name == ref:
+            continue
+        eff = ident.get("effect")
+        if not eff:
+            effects.add_row(escape(name), "–", "not identified", "", *([""] if has_truth else []))
+        else:
+            flagged |= bool(eff.get("out_of_range"))
+            same = eff["se"] == 0 and eff["estimate"] == 0
+            effects.add_row(escape(name), str(eff["horizon"]),
+                            ("same steps" if same else f"{eff['estimate']:+.3f}") + ("*" if eff.get("out_of_range") else ""),
+                            "" if same else _iv(eff), *([_fmt(eff.get("true"))] if has_truth else []))
+    if flagged:
+        effects.caption += "; *: the raw estimate left the outcome's range and is shown at the bound"
+    if not effects.row_count:
+        values.caption = effects.caption
+        return Group(values)
+    return Group(values, effects)
+
+
 def dr_table(result: dict) -> Group | None:
     """The doubly robust answer (sites with logged propensities) as two tables, or None: per policy the DR value, its
     interval, the interval with the unseen-mass bounds (the share of π the logged sample did not reach times the
@@ -100,6 +169,21 @@ def dr_table(result: dict) -> Group | None:
         values.caption = effects.caption
         return Group(values)
     return Group(values, effects)
+
+
+def print_answers(con, res: dict, dataset: str) -> None:
+    """The answer of ``fcd run`` and ``fcd whatif``: first what the logs identify (the headline), then the simulator's
+    whole-trajectory numbers labelled as extrapolation, with the doubly robust values and their bounded intervals."""
+    ident = identified_table(res)
+    if ident is not None:
+        con.print(ident)
+    if (line := one_step_line(res)) is not None:
+        con.print(escape(line))  # wrapped to the terminal: the line is long
+    title = (f"Extrapolation ({dataset}): the simulator over whole trajectories, beyond what the logs identify; "
+             "not ranked" if ident is not None else f"What happens under each policy ({dataset})")
+    con.print(whatif_table(res, title=title))
+    if (drt := dr_table(res)) is not None:
+        con.print(drt)
 
 
 def register(app: typer.Typer) -> None:
@@ -172,9 +256,7 @@ def register(app: typer.Typer) -> None:
         line = anchors_line(res.get("anchors"))
         if line:
             con.print(f"anchors: {escape(line)}", soft_wrap=True)
-        con.print(whatif_table(res, title=f"What happens under each policy ({cfg.data.dataset})"))
-        if (drt := dr_table(res)) is not None:
-            con.print(drt)
+        print_answers(con, res, cfg.data.dataset)
         if res.get("contexts"):
             c = res["contexts"]
             con.print(f"contexts in the rollouts: {c['generated']} generated (endogenous), {c['replayed']} replayed")

@@ -41,5 +41,6 @@ def evaluate_on_sites(cfg: RunConfig, simulators: Sequence[Simulator]) -> dict[s
         raise ValueError(f"evaluate_on_sites: {len(simulators)} simulators for {n_sites} sites")
     conf = full_eval_config(cfg)
     return merge_site_metrics(
-        [site_metrics(sim, learner.load_site_data(cfg, i), cfg, conf) for i, sim in enumerate(simulators)]
+        [site_metrics(sim, learner.load_site_data(cfg, i), cfg, conf) for i, sim in enumerate(simulators)],
+        binary=cfg.model.outcome == "binary",
     )

@@ -31,6 +31,7 @@ from fcd_secure.federation.learner import SiteData
 from fcd_secure.federation.messaging import Comm
 from fcd_secure.federation.records import EVALUATE_MESSAGE_TYPE, REC_CONFIG, REC_EVAL, REC_GLOBAL, global_to_record
 from fcd_secure.queries.selection import RoundScore
+from fcd_secure.queries.targeted import merge_one_step, one_step_sums, one_step_truth
 from fcd_secure.queries.whatif import (
     WHATIF_KEY,
     WhatIfRequest,
@@ -90,6 +91,13 @@ def site_metrics(
         tau_hat = estimate_effects(model, sub, data.anchors, oracle.anchor_step, oracle.horizon, n_samples, seed)
         es = EffectStats.from_arrays(tau_hat, tau)
         out.update({f"effect.{k}": float(v) for k, v in es.to_dict().items()})
+        # how many of these entities follow each anchor regime over the effect window: the effect is identified from
+        # the logs only where enough do; elsewhere it is extrapolation (docs/fidelity.md)
+        from fcd_secure.data.policy import anchor_regime_support  # noqa: PLC0415
+
+        sup = anchor_regime_support(sub.T, sub.M > 0, data.anchors, oracle.anchor_step, oracle.horizon)
+        out["effect.regime_off"] = float(sup["a_off"]["whole"])
+        out["effect.regime_on"] = float(sup["a_on"]["whole"])
 
     p_fact = factual_probs(model, sub)
     if cfg.model.outcome == "binary":
@@ -103,10 +111,25 @@ def site_metrics(
     if quick:
         return out
 
+    # the identified one-step effect at every decision step (queries.targeted), on the same rows
+    truth = one_step_truth(oracle, data.site_index, rows, sub.L, data.anchors) if oracle is not None and sub.P is not None else None
+    out.update(one_step_sums(model, sub, data.anchors, truth))
     raw = eval_config.get(WHATIF_KEY)
     request = WhatIfRequest.from_json(str(raw)) if raw else request_from_config(cfg)
     out.update(site_policy_sums(model, sub, data, cfg, request, seed, n_samples, len(rows) == test.n, site_dir))
     return out
+
+
+def effect_support(s: dict[str, Any]) -> dict[str, Any]:
+    """The anchor regimes' support behind PEHE and the ATE error: how many evaluated entities follow "always a_off" and
+    "always a_on" over the whole effect window, and whether that identifies the effect (both at least the support
+    floor of ``queries.targeted``) or leaves it an extrapolation that no method can validate from these logs."""
+    from fcd_secure.queries.targeted import MIN_SUPPORT_ESS  # noqa: PLC0415
+
+    off, on = int(round(s["effect.regime_off"])), int(round(s["effect.regime_on"]))
+    identified = min(off, on) >= MIN_SUPPORT_ESS
+    return {"a_off": off, "a_on": on, "n": int(round(s["effect.n"])), "identified": identified,
+            "label": "identified" if identified else "extrapolation"}
 
 
 def add_sums(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -127,15 +150,17 @@ def add_sums(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def merge_site_metrics(
-    parts: list[dict[str, Any]], request: WhatIfRequest | None = None, action_names: list[str] | None = None
+    parts: list[dict[str, Any]], request: WhatIfRequest | None = None, action_names: list[str] | None = None,
+    binary: bool = True,
 ) -> dict[str, Any]:
     """Pooled metrics from per-site sums (exact: the numbers equal those of the concatenated test sets); the policy
     part (values, intervals, contrasts to ``request``'s reference, anchors) is ``whatif.merge_policy_sums``."""
-    return merge_totals(add_sums(parts), request, action_names)
+    return merge_totals(add_sums(parts), request, action_names, binary)
 
 
 def merge_totals(
-    s: dict[str, Any], request: WhatIfRequest | None = None, action_names: list[str] | None = None
+    s: dict[str, Any], request: WhatIfRequest | None = None, action_names: list[str] | None = None,
+    binary: bool = True,
 ) -> dict[str, Any]:
     """Pooled metrics from the consortium's totals of the sites' sums.
 
@@ -144,6 +169,7 @@ def merge_totals(
             plus ``_sites`` (how many sites were summed) and ``_counts`` (how many sites reported each key).
         request: the what-if question asked (its reference policy for the contrasts).
         action_names: the action labels of the run (for the anchors).
+        binary: the outcome is binary (identified estimates are kept in [0, 1], effects in [−1, 1]).
     """
     from fcd_secure.evaluation.metrics import AUCStats, EffectStats  # noqa: PLC0415
 
@@ -156,12 +182,17 @@ def merge_totals(
         res["ate_error"] = es.ate_error()
         res["ate_hat"] = es.sum_hat / es.n
         res["ate_true"] = es.sum_true / es.n
+        if "effect.regime_on" in s:
+            res["effect_support"] = effect_support(s)
     if "auc.pos" in s:
         try:
             res["factual_auc"] = AUCStats(pos=np.rint(s["auc.pos"]).astype(np.int64), neg=np.rint(s["auc.neg"]).astype(np.int64)).auc()
         except ValueError:
             pass
-    res.update(merge_policy_sums(s, n_parts, request, action_names))
+    res.update(merge_policy_sums(s, n_parts, request, action_names, binary))
+    one_step = merge_one_step(s, request.level if request is not None else 0.9, binary)
+    if one_step is not None:
+        res["one_step_effect"] = one_step
     return res
 
 
@@ -240,7 +271,7 @@ def evaluate_federated(
         if not parts:
             return split(failed)
         totals = add_sums(parts)
-    merged = merge_totals(totals, whatif, None if quick else action_labels(cfg))
+    merged = merge_totals(totals, whatif, None if quick else action_labels(cfg), cfg.model.outcome == "binary")
     if "select.d1.n" in totals:  # a scored round (queries.selection): the consortium's D1 and validation fit
         score = RoundScore.from_totals(round_id, totals, int(totals["_sites"]))
         merged["selection"] = score.as_row() if score is not None else None

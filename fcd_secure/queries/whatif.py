@@ -68,6 +68,13 @@ from fcd_secure._io import atomic_write_text
 from fcd_secure.data.policy import Policy, anchor_labels, bind_policy, load_policy_refs
 from fcd_secure.data.schema import SiteDataset
 from fcd_secure.evaluation.intervals import UNSEEN_FIELDS
+from fcd_secure.queries.targeted import (
+    horizon_diff_sums,
+    horizon_grid,
+    horizon_sums,
+    identified_metric_names,
+    merge_identified,
+)
 
 if TYPE_CHECKING:  # pragma: no cover - the run config pulls in torch; the request model must not
     from fcd_secure.config import RunConfig
@@ -221,6 +228,9 @@ def site_policy_sums(
     drs: dict[str, np.ndarray] = {}
     supports: dict[str, np.ndarray] = {}
     dr_steps: dict[str, dict[str, np.ndarray]] = {}
+    # the identified answers (queries.targeted): DR values over the first h steps, per horizon of the grid
+    grid = horizon_grid(H)
+    identified: dict[str, dict[int, np.ndarray]] = {}
     for raw in request.policies:
         pol = bind_policy(raw, sub)
         sim = simulate_policy(model, sub, pol, data.anchors, n_samples, seed, horizon=request.horizon)
@@ -233,6 +243,12 @@ def site_policy_sums(
         out.update(site_sums(f"whatif.rectified.{pol.name}", v - residual))
         if sub.P is not None:
             drs[pol.name], supports[pol.name], dr_steps[pol.name] = _dr_per_entity(pol, sub, sim, a_off, a_on)
+            truths = ({h: oracle.true_policy_value(pol, data.site_index, "test", horizon=h)[0] for h in grid}
+                      if oracle is not None and all_rows else None)
+            sums, identified[pol.name] = horizon_sums(
+                pol.name, sub, _target_probs(pol, sub, a_off, a_on), np.asarray(sim.probs, dtype=np.float64).mean(1),
+                grid, truths)
+            out.update(sums)
         out[f"policy.{pol.name}.n"] = n
         out[f"policy.{pol.name}.sim_sum"] = float(v.sum())  # = sim.value · n, in float64 like the interval's sums
         if oracle is not None and all_rows:
@@ -256,6 +272,8 @@ def site_policy_sums(
             out.update(site_sums(f"whatif.diff.{name}", v - ref))
             if name in drs:
                 out.update(site_sums(f"whatif.drdiff.{name}", drs[name] - drs[request.reference]))
+            if name in identified and request.reference in identified:
+                out.update(horizon_diff_sums(name, identified[name], identified[request.reference]))
     out["contexts.generated"] = float(len(contexts.get("generated", [])))
     out["contexts.replayed"] = float(len(contexts.get("replayed", [])))
     if site_dir is not None:
@@ -363,7 +381,7 @@ def _all_sent(s: dict[str, Any], counts: dict[str, int], sites: int, key: str) -
 
 
 def merge_policy_sums(s: dict[str, Any], sites: int, request: WhatIfRequest | None,
-                      action_names: list[str] | None = None) -> dict[str, Any]:
+                      action_names: list[str] | None = None, binary: bool = True) -> dict[str, Any]:
     """Per-policy results from consortium totals ``s`` (each key summed over the ``sites`` that reported it; per-key
     reporting counts in ``s['_counts']`` where the transport gives them).
 
@@ -376,7 +394,10 @@ def merge_policy_sums(s: dict[str, Any], sites: int, request: WhatIfRequest | No
         ``bounded``: the interval around the set the unseen-mass bounds leave, with the critical value of Imbens &
         Manski, for binary outcomes) and, unless
         it is the reference, ``effect`` (the contrast to the reference with its interval, its doubly robust form
-        under ``doubly_robust`` and, with an oracle, its truth). ``factual_residual`` is the mean of
+        under ``doubly_robust`` and, with an oracle, its truth); ``identified``: what the logs identify
+        (``queries.targeted.merge_identified``: the DR value on each horizon, its support, the answer on the longest
+        supported one, and the effect on the longest both policies pass). ``binary``: the outcome is binary (the
+        identified estimates are kept in its range). ``factual_residual`` is the mean of
         v̂(logged actions) − observed with its interval: how far the simulator is off where the truth is observed.
     """
     from fcd_secure.evaluation.intervals import interval_from_sums, unseen_bounds  # noqa: PLC0415
@@ -436,6 +457,12 @@ def merge_policy_sums(s: dict[str, Any], sites: int, request: WhatIfRequest | No
         for name, d in per_policy.items():
             if "effect" in d and "value_true" in d and "value_true" in ref:
                 d["effect"]["true"] = d["value_true"] - ref["value_true"]
+    # what the logs identify (queries.targeted): each policy's DR value on its longest supported horizon
+    ident = merge_identified(s, list(per_policy), request.reference if request is not None else None, level,
+                             binary=binary, all_sent=lambda key: _all_sent(s, counts, sites, key))
+    for name, d in per_policy.items():
+        if ident.get(name, {}).get("horizons"):
+            d["identified"] = ident[name]
     res: dict[str, Any] = {}
     if "whatif.residual.n" in s:
         res["factual_residual"] = interval_from_sums(s, "whatif.residual", level).to_dict()
@@ -471,7 +498,7 @@ def whatif_metric_names(policy_names: list[str] | tuple[str, ...]) -> list[str]:
         names += [f"whatif.value.{p}.{f}" for f in ("n", "sum", "sumsq", "mc_var")]
         names += [f"whatif.{kind}.{p}.{f}" for kind in ("rectified", "diff", "drdiff") for f in ("n", "sum", "sumsq")]
         names += [f"whatif.dr.{p}.{f}" for f in ("n", "sum", "sumsq", "support", *UNSEEN_FIELDS)]
-    return names
+    return names + identified_metric_names(list(policy_names))
 
 
 def evaluated_policy_names(eval_config: dict | None, cfg: "RunConfig") -> list[str]:

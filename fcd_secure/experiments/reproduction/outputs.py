@@ -229,8 +229,9 @@ def build_outputs(
         if c["cell"]["seed"] == min(x["cell"]["seed"] for x in cells):
             params.append({"dataset": c["cell"]["dataset"], "method": c["cell"]["method"], **c["params"],
                            "total": c["params"]["theta_c"] + c["params"]["theta_s"]})
-    sel = [{"dataset": s["dataset"], "method": s["method"], "lr": s["lr"],
-            **{f"logloss_lr{c['lr']:g}": c["val_logloss"] for c in s["candidates"]}} for s in selections]
+    sel = [{"dataset": s["dataset"], "method": s["method"], "lr": s["lr"], "selected_on": s.get("selected_on"),
+            **{f"logloss_lr{c['lr']:g}": c["val_logloss"] for c in s["candidates"]},
+            **{f"d1_lr{c['lr']:g}": c.get("d1") for c in s["candidates"]}} for s in selections]
     _write(out, "table3", t3, {"dataset": "dkt-synth"})
     _write(out, "table4", t4)
     _write(out, "fig2", f2, {"dr": "step-wise DR", "pdr": f"per-decision DR, key {_dr_key(ope_horizon)}",

@@ -22,7 +22,7 @@ so the value errors of Table III, are defined on whole test splits only.
 
 The hyperparameter budget is the same for every method (item 4 of the reproduction): each candidate learning rate of
 ``lr_grid`` is trained for ``selection_epochs`` passes on 80 % of the pooled training data and scored on the other
-20 % (:mod:`~fcd_secure.experiments.reproduction.selection`); the architecture sizes come from the run preset's
+20 % by the truth-free D1 rule (:mod:`~fcd_secure.experiments.reproduction.selection`); the architecture sizes come from the run preset's
 ``ModelConfig`` for every method alike.
 """
 
@@ -80,19 +80,19 @@ PRESETS: dict[str, ReproPreset] = {
         ),
         ReproPreset(
             name="quick", run_preset="tiny", dkt_preset="small", real_preset="small", rounds=8, eval_every=2,
-            seeds=2, lr_grid=(1e-3, 3e-3), selection_epochs=1,
+            seeds=2, lr_grid=(3e-4, 1e-3, 3e-3), selection_epochs=1,
             evaluation={"n_samples": 2, "quick_n_samples": 1, "max_rows": None, "quick_max_rows": 16},
             tstr_max_rows=32,
         ),
         ReproPreset(
             name="default", run_preset="default", dkt_preset="default", real_preset="small", rounds=40,
-            eval_every=5, seeds=3, lr_grid=(1e-3, 2e-3, 4e-3), selection_epochs=10,
+            eval_every=5, seeds=3, lr_grid=(3e-4, 1e-3, 3e-3), selection_epochs=10,
             evaluation={"n_samples": 8, "quick_n_samples": 2, "max_rows": None, "quick_max_rows": 64},
             tstr_max_rows=None,
         ),
         ReproPreset(
             name="paper", run_preset="paper", dkt_preset="paper", real_preset="paper", rounds=100, eval_every=10,
-            seeds=5, lr_grid=(1e-3, 2e-3, 4e-3), selection_epochs=25,
+            seeds=5, lr_grid=(3e-4, 1e-3, 3e-3), selection_epochs=25,
             evaluation={"n_samples": 16, "quick_n_samples": 4, "max_rows": None, "quick_max_rows": 128},
             tstr_max_rows=None,
         ),

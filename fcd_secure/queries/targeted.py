@@ -1,0 +1,246 @@
+"""Targeted answers: what the logs identify, estimated doubly robustly, apart from what only the simulator says.
+
+Two estimands are answered where the sites' logged propensities support them (issue 29 item 3):
+
+1. **The one-step effect at every decision step** (:func:`one_step_sums`): θ₁ = mean over every valid step t of every
+   test entity of E[Y_t | H_t, do(a_on)] − E[Y_t | H_t, do(a_off)]. Its augmented IPW estimate (Robins, Rotnitzky &
+   Zhao 1994) takes the selected simulator as outcome model and corrects it with the site's propensities::
+
+       φ_t = μ̂_on(H_t) − μ̂_off(H_t) + 1{T_t = a_on}(Y_t − μ̂_on)/P_t − 1{T_t = a_off}(Y_t − μ̂_off)/P_t
+
+   (the terms of ``evaluation.discrepancy``, clipped at ±50). θ̂₁ = Σφ / #steps is a ratio over entities, so its
+   interval is cluster-robust (linearisation over entities: steps of one entity are not independent).
+
+2. **Policy values over the first h steps** (:func:`horizon_sums`): for every h of :func:`horizon_grid` the
+   per-decision doubly robust value of each policy truncated at h (``evaluation.ope.PerDecisionDR``; Jiang & Li
+   2016, Thomas & Brunskill 2016) per entity, with its support: the effective sample size (Σw)²/Σw² of the entities'
+   weight products w = Π_{t<h} π/μ (Kish 1965). A horizon is **supported** when that ESS is at least
+   :data:`MIN_SUPPORT_ESS`; the answer of a policy is its DR value on its longest supported horizon, an effect is
+   answered on the longest horizon both policies pass. Beyond it the simulator's number is extrapolation: printed as
+   such, with its bounded interval and support, and never ranked.
+
+Point estimates of a binary outcome are kept in [0, 1] (effects in [−1, 1]): an estimate outside is reported at the
+nearest bound with ``out_of_range`` naming the raw number, never silently.
+
+A site sends only additive sums, inside its evaluation reply (secure aggregation in secure mode); per-entity values
+stay on the site.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+
+from fcd_secure.evaluation.discrepancy import DEFAULT_CLIP, one_step_dr_terms
+from fcd_secure.evaluation.intervals import interval_from_sums, site_sums
+
+#: the fewest effective entities (Kish ESS of the weight products) for a horizon to count as supported: the same floor
+#: as an evaluation cohort; below it a normal interval's coverage is not to be trusted
+MIN_SUPPORT_ESS = 20.0
+#: the horizons a policy value is estimated on (those ≤ the question's horizon and the data's length)
+HORIZONS = (1, 2, 3, 5, 10, 20)
+#: the cluster sums of the one-step effect
+ONE_STEP_FIELDS = ("n", "s", "m", "ss", "mm", "sm", "sim", "true", "clipped")
+
+
+def horizon_grid(max_h: int) -> list[int]:
+    """The horizons of :data:`HORIZONS` up to ``max_h``."""
+    return [h for h in HORIZONS if h <= int(max_h)]
+
+
+# -- 1. the one-step effect at every decision step --------------------------------------------------------------------
+def one_step_sums(model, sub, anchors: tuple[int, int], truth: np.ndarray | None = None) -> dict[str, float]:
+    """A site's sums of θ̂₁ over its test rows ``sub`` (module docstring); empty without logged propensities.
+
+    Args:
+        model: the site's simulator.
+        sub: the test rows.
+        anchors: ``(a_off, a_on)``.
+        truth: the oracle's true one-step contrast per step ``[n, L]`` (NaN on padding), or None.
+    """
+    from fcd_secure.model.baselines import as_simulator  # noqa: PLC0415
+
+    if sub.P is None or sub.n == 0:
+        return {}
+    sim = as_simulator(model)
+    a_off, a_on = (int(a) for a in anchors)
+    mu_on, mu_off = sim.one_step_probs(sub, a_on), sim.one_step_probs(sub, a_off)
+    valid = sub.M > 0
+    psi = np.zeros(sub.Y.shape)
+    raw = one_step_dr_terms(sub.Y, sub.M, sub.T, sub.P, mu_on, mu_off, a_on, a_off)
+    psi[valid] = np.clip(raw, -DEFAULT_CLIP, DEFAULT_CLIP)
+    contrast = np.where(valid, mu_on - mu_off, 0.0)
+    phi = contrast + psi
+    S, m = phi.sum(1), valid.sum(1).astype(np.float64)
+    out = {"onestep.n": float(sub.n), "onestep.s": float(S.sum()), "onestep.m": float(m.sum()),
+           "onestep.ss": float((S * S).sum()), "onestep.mm": float((m * m).sum()), "onestep.sm": float((S * m).sum()),
+           "onestep.sim": float(contrast.sum()), "onestep.clipped": float((np.abs(raw) > DEFAULT_CLIP).sum())}
+    if truth is not None:
+        out["onestep.true"] = float(np.where(valid, np.nan_to_num(truth), 0.0).sum())
+    return out
+
+
+def one_step_truth(oracle, site_index: int, rows: np.ndarray, L: int, anchors: tuple[int, int]) -> np.ndarray:
+    """The oracle's P(Y_t | history, do(a_on)) − P(Y_t | history, do(a_off)) at every step of the test ``rows``."""
+    a_off, a_on = anchors
+    return np.stack([oracle.outcome_probs_do(site_index, "test", rows, t, a_on)
+                     - oracle.outcome_probs_do(site_index, "test", rows, t, a_off) for t in range(L)], axis=1)
+
+
+def merge_one_step(s: dict[str, Any], level: float, binary: bool) -> dict[str, Any] | None:
+    """θ̂₁ with its cluster-robust interval, the simulator's own contrast and, with an oracle, the truth."""
+    if not s.get("onestep.m"):
+        return None
+    n, m = float(s["onestep.n"]), float(s["onestep.m"])
+    theta = s["onestep.s"] / m
+    # linearised variance of a ratio of cluster sums: Σ_i (S_i − θ m_i)² / (Σ m_i)², with the n/(n−1) correction
+    resid = s["onestep.ss"] - 2 * theta * s["onestep.sm"] + theta * theta * s["onestep.mm"]
+    se = math.sqrt(max(resid, 0.0) * n / max(n - 1, 1.0)) / m
+    z = NormalDist().inv_cdf(1 - (1 - level) / 2)
+    out = {"estimand": "one-step effect of a_on vs a_off at every decision step (identified)",
+           "steps": int(m), "entities": int(n), "level": level, "se": se,
+           "model": s["onestep.sim"] / m, "clipped_share": s.get("onestep.clipped", 0.0) / m,
+           **_in_range(theta, theta - z * se, theta + z * se, -1.0 if binary else None, 1.0 if binary else None)}
+    if "onestep.true" in s:
+        out["true"] = s["onestep.true"] / m
+        out["error"] = abs(out["estimate"] - out["true"])
+    return out
+
+
+def _in_range(est: float, low: float, high: float, lo: float | None, hi: float | None) -> dict[str, Any]:
+    """``estimate`` / ``low`` / ``high`` kept within [lo, hi], and ``out_of_range`` (the raw estimate) when it was not."""
+    out: dict[str, Any] = {"estimate": est, "low": low, "high": high}
+    if lo is None or hi is None or not math.isfinite(est):
+        return out
+    if not lo <= est <= hi:
+        out["out_of_range"] = {"raw": est, "range": [lo, hi],
+                               "why": "the doubly robust correction overshot the outcome's range; the estimate is "
+                                      "reported at the nearest bound"}
+    out.update(estimate=min(max(est, lo), hi), low=min(max(low, lo), hi), high=min(max(high, lo), hi))
+    return out
+
+
+# -- 2. policy values over the first h steps --------------------------------------------------------------------------
+def horizon_sums(name: str, sub, pi: np.ndarray, step_v: np.ndarray, horizons: list[int],
+                 true_values: dict[int, float] | None = None) -> tuple[dict[str, float], dict[int, np.ndarray]]:
+    """A site's sums of one policy's truncated DR values (module docstring) and the per-entity values per horizon
+    (they stay on the site: the effects' sums are their differences).
+
+    Args:
+        name: the policy's name.
+        sub: the test rows (with logged propensities).
+        pi: π(logged a_t | history) ``[n, L]``.
+        step_v: the simulator's expected outcome under π at each step from t = 0, ``[n, H]``.
+        horizons: the horizons to estimate on.
+        true_values: the oracle's value of the policy over the first h steps on these rows, per h.
+    """
+    from fcd_secure.evaluation.ope import PerDecisionDR  # noqa: PLC0415
+
+    out: dict[str, float] = {}
+    per: dict[int, np.ndarray] = {}
+    for h in horizons:
+        Hh = min(h, step_v.shape[1], sub.L)
+        v_hat = np.zeros((sub.n, sub.L))
+        v_hat[:, :Hh] = np.cumsum((step_v[:, :Hh] * sub.M[:, :Hh])[:, ::-1], axis=1)[:, ::-1]
+        est = PerDecisionDR(horizon=Hh)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dr, _support = est.per_entity(sub.Y, sub.M, sub.P, pi, q_hat=v_hat, v_hat=v_hat)
+            w, _scale = est.step_weights(sub.Y, sub.M, sub.P, pi)
+        last = np.clip(np.minimum(sub.lengths, Hh) - 1, 0, None)
+        wf = w[np.arange(sub.n), last]
+        if not (np.isfinite(dr).all() and np.isfinite(wf).all()):
+            continue  # weights past float64: this horizon is not estimable here (the merge needs every site)
+        per[h] = dr
+        key = f"whatif.id.h{h}.{name}"
+        out.update(site_sums(key, dr))
+        out[f"{key}.sw"] = float(wf.sum())
+        out[f"{key}.sww"] = float((wf * wf).sum())
+        if true_values is not None and h in true_values:
+            out[f"{key}.true_sum"] = float(true_values[h]) * sub.n
+    return out, per
+
+
+def horizon_diff_sums(name: str, per: dict[int, np.ndarray], ref: dict[int, np.ndarray]) -> dict[str, float]:
+    """The sums of the per-entity DR effect of ``name`` against the reference, on the horizons both have."""
+    out: dict[str, float] = {}
+    for h in sorted(set(per) & set(ref)):
+        out.update(site_sums(f"whatif.id.h{h}.diff.{name}", per[h] - ref[h]))
+    return out
+
+
+def _ess(s: dict[str, Any], key: str) -> float:
+    sw, sww = float(s.get(f"{key}.sw", 0.0)), float(s.get(f"{key}.sww", 0.0))
+    return sw * sw / sww if sww > 0 and math.isfinite(sww) else 0.0
+
+
+def merge_identified(s: dict[str, Any], names: list[str], reference: str | None, level: float, binary: bool,
+                     all_sent) -> dict[str, dict[str, Any]]:
+    """Per policy: its DR value on every horizon every site estimated, each horizon's support (ESS) and the answer on
+    its longest supported horizon (``None`` with ``why`` when no horizon is); per effect the same on the longest
+    horizon both policies pass.
+
+    Args:
+        s: consortium totals.
+        names: the policies.
+        reference: the reference policy of the effects.
+        level: nominal coverage.
+        binary: the outcome is binary (estimates kept in [0, 1], effects in [−1, 1]).
+        all_sent: ``all_sent(key) -> bool``: every reporting site sent ``key`` (a partial sum is never used).
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for name in names:
+        hs = sorted(int(k.split(".")[2][1:]) for k in s
+                    if k.startswith("whatif.id.h") and k.endswith(f".{name}.n") and k.count(".") == 4)
+        rows = []
+        for h in hs:
+            key = f"whatif.id.h{h}.{name}"
+            if not all_sent(f"{key}.n"):
+                continue
+            iv = interval_from_sums(s, key, level)
+            ess = _ess(s, key)
+            row = {"horizon": h, "ess": ess, "supported": ess >= MIN_SUPPORT_ESS, "se": iv.se, "n": iv.n,
+                   **_in_range(iv.estimate, iv.low, iv.high, 0.0 if binary else None, 1.0 if binary else None)}
+            if all_sent(f"{key}.true_sum"):
+                row["true"] = s[f"{key}.true_sum"] / iv.n
+            rows.append(row)
+        supported = [r for r in rows if r["supported"]]
+        answer = supported[-1] if supported else None
+        out[name] = {"horizons": rows, "answer": answer,
+                     "why": None if answer else (
+                         f"no horizon has {MIN_SUPPORT_ESS:g} effective entities that followed the policy"
+                         if rows else "no site could estimate it (no logged propensities)")}
+    if reference is not None and reference in out:
+        ref_ok = {r["horizon"] for r in out[reference]["horizons"] if r["supported"]}
+        for name, d in out.items():
+            if name == reference:
+                continue
+            ok = sorted(ref_ok & {r["horizon"] for r in d["horizons"] if r["supported"]})
+            key = f"whatif.id.h{ok[-1]}.diff.{name}" if ok else None
+            if key is None or not all_sent(f"{key}.n"):
+                d["effect"] = None
+                continue
+            iv = interval_from_sums(s, key, level)
+            eff = {"horizon": ok[-1], "reference": reference, "se": iv.se, "n": iv.n,
+                   **_in_range(iv.estimate, iv.low, iv.high, -1.0 if binary else None, 1.0 if binary else None)}
+            t_name = f"whatif.id.h{ok[-1]}.{name}.true_sum"
+            t_ref = f"whatif.id.h{ok[-1]}.{reference}.true_sum"
+            if all_sent(t_name) and all_sent(t_ref):
+                eff["true"] = (s[t_name] - s[t_ref]) / iv.n
+            d["effect"] = eff
+    return out
+
+
+def identified_metric_names(policy_names: list[str] | tuple[str, ...], horizons: tuple[int, ...] = HORIZONS) -> list[str]:
+    """Every key the identified answers add to an evaluation reply (the egress gate's allow-list)."""
+    names = [f"onestep.{f}" for f in ONE_STEP_FIELDS]
+    for h in horizons:
+        for p in policy_names:
+            key = f"whatif.id.h{h}.{p}"
+            names += [f"{key}.{f}" for f in ("n", "sum", "sumsq", "sw", "sww", "true_sum")]
+            names += [f"whatif.id.h{h}.diff.{p}.{f}" for f in ("n", "sum", "sumsq")]
+    return names

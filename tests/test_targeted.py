@@ -1,0 +1,139 @@
+"""Targeted answers (issue 29 item 3, ``queries.targeted``): the identified one-step effect with its cluster-robust
+interval, policy values on the horizons the logs support, estimates kept in the outcome's range, and the merge of
+site sums equal to the pooled numbers."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+
+from fcd_secure.audit.allowlist import ONE_STEP_SCALARS, eval_metric_names  # noqa: E402
+from fcd_secure.config import build_config  # noqa: E402
+from fcd_secure.data.policy import bind_policy, load_policy_refs  # noqa: E402
+from fcd_secure.federation import learner  # noqa: E402
+from fcd_secure.queries.evaluation import add_sums  # noqa: E402
+from fcd_secure.queries.targeted import (  # noqa: E402
+    MIN_SUPPORT_ESS,
+    ONE_STEP_FIELDS,
+    horizon_diff_sums,
+    horizon_grid,
+    horizon_sums,
+    merge_identified,
+    merge_one_step,
+    one_step_sums,
+    one_step_truth,
+)
+from fcd_secure.queries.whatif import _target_probs, whatif_metric_names  # noqa: E402
+
+SMALL = {"seed": 0, "data": {"n_sites": 4, "alpha": 1000.0}}  # the tiny preset: 4 sites, 60 % test
+
+
+@pytest.fixture(scope="module")
+def sites():
+    cfg = build_config("tiny", SMALL)
+    data = [learner.load_site_data(cfg, i) for i in range(4)]
+    model = learner.build_model(cfg, learner.dims_of(data[0].train, 4))
+    return cfg, data, model
+
+
+def test_the_gate_allows_every_key_the_targeted_answers_send():
+    assert tuple(f"onestep.{f}" for f in ONE_STEP_FIELDS) == ONE_STEP_SCALARS
+    assert set(ONE_STEP_SCALARS) <= set(eval_metric_names([]))
+    names = set(whatif_metric_names(["never"]))
+    assert {"whatif.id.h2.never.sw", "whatif.id.h2.never.true_sum", "whatif.id.h5.diff.never.sumsq"} <= names
+
+
+def test_the_one_step_effect_merged_over_sites_is_the_pooled_aipw_mean_with_a_cluster_robust_interval(sites):
+    cfg, data, model = sites
+    parts, phis = [], []
+    for d in data:
+        truth = one_step_truth(d.oracle, d.site_index, np.arange(d.test.n), d.test.L, d.anchors)
+        parts.append(one_step_sums(model, d.test, d.anchors, truth))
+        a_off, a_on = d.anchors
+        v = d.test
+        on, off = model.one_step_probs(v, a_on), model.one_step_probs(v, a_off)
+        valid = v.M > 0
+        psi = np.where((v.T == a_on) & valid, (v.Y - on) / v.P, 0.0) - np.where((v.T == a_off) & valid, (v.Y - off) / v.P, 0.0)
+        phis.append(np.where(valid, on - off + np.clip(psi, -50, 50), np.nan))
+    got = merge_one_step(add_sums(parts), 0.9, binary=True)
+    pooled = np.concatenate(phis)
+    theta = np.nanmean(pooled)
+    assert got["estimate"] == pytest.approx(theta, abs=1e-9) and got["steps"] == int(np.isfinite(pooled).sum())
+    # the cluster-robust SE: linearisation over entities
+    S, m = np.nansum(pooled, 1), np.isfinite(pooled).sum(1)
+    n = len(S)
+    se = math.sqrt(((S - theta * m) ** 2).sum() * n / (n - 1)) / m.sum()
+    assert got["se"] == pytest.approx(se, rel=1e-9)
+    assert got["low"] < got["estimate"] < got["high"] and "true" in got and got["error"] >= 0
+
+
+def test_a_site_without_propensities_sends_no_one_step_sums(sites):
+    _, data, model = sites
+    assert one_step_sums(model, data[0].test.without_propensities(), data[0].anchors) == {}
+    assert merge_one_step(add_sums([{"n_test": 3.0}]), 0.9, True) is None
+
+
+def _identified(data, model, names=("never", "always", "late_on"), ref="never", truths=False):
+    parts = []
+    for d in data:
+        sub = d.test
+        a_off, a_on = d.anchors
+        grid = horizon_grid(sub.L)
+        out, per = {}, {}
+        for pol in load_policy_refs(list(names)):
+            pol = bind_policy(pol, sub)
+            sim = model.simulate_policy(sub, pol, d.anchors, 1, 0)
+            tv = ({h: d.oracle.true_policy_value(pol, d.site_index, "test", horizon=h)[0] for h in grid}
+                  if truths else None)
+            sums, per[pol.name] = horizon_sums(pol.name, sub, _target_probs(pol, sub, a_off, a_on),
+                                               np.asarray(sim.probs, dtype=np.float64).mean(1), grid, tv)
+            out.update(sums)
+        for name in names:
+            if name != ref:
+                out.update(horizon_diff_sums(name, per[name], per[ref]))
+        parts.append(out)
+    total = add_sums(parts)
+    counts = total["_counts"]
+    return merge_identified(total, list(names), ref, 0.9, True, lambda k: counts.get(k, 0) == len(parts))
+
+
+def test_each_policy_is_answered_on_its_longest_supported_horizon_and_effects_on_the_common_one(sites):
+    _, data, model = sites
+    got = _identified(data, model, truths=True)
+    for name, d in got.items():
+        rows = d["horizons"]
+        assert [r["horizon"] for r in rows] == sorted(r["horizon"] for r in rows) and rows
+        supported = [r["horizon"] for r in rows if r["ess"] >= MIN_SUPPORT_ESS]
+        assert (d["answer"] or {}).get("horizon") == (supported[-1] if supported else None)
+        assert all(0.0 <= r["estimate"] <= 1.0 and "true" in r for r in rows)
+    never_ok = {r["horizon"] for r in got["never"]["horizons"] if r["supported"]}
+    for name in ("always", "late_on"):
+        mine = {r["horizon"] for r in got[name]["horizons"] if r["supported"]}
+        common = never_ok & mine
+        eff = got[name].get("effect")
+        assert (eff or {}).get("horizon") == (max(common) if common else None)
+    # late_on follows never until its late steps: on the first steps the effect is exactly zero, and it says so
+    eff = got["late_on"]["effect"]
+    assert eff is not None and eff["estimate"] == 0.0 and eff["se"] == 0.0 and eff["true"] == pytest.approx(0.0)
+
+
+def test_an_estimate_outside_the_outcome_range_is_kept_at_the_bound_and_named():
+    s = {"whatif.id.h1.p.n": 30.0, "whatif.id.h1.p.sum": 36.0, "whatif.id.h1.p.sumsq": 60.0,
+         "whatif.id.h1.p.sw": 30.0, "whatif.id.h1.p.sww": 30.0}
+    got = merge_identified(s, ["p"], None, 0.9, True, lambda k: k in s)["p"]["answer"]
+    assert got["estimate"] == 1.0 and got["high"] == 1.0 and got["out_of_range"]["raw"] == pytest.approx(1.2)
+    cont = merge_identified(s, ["p"], None, 0.9, False, lambda k: k in s)["p"]["answer"]
+    assert cont["estimate"] == pytest.approx(1.2) and "out_of_range" not in cont
+
+
+def test_a_horizon_below_the_support_floor_is_not_an_answer():
+    s = {"whatif.id.h1.p.n": 100.0, "whatif.id.h1.p.sum": 50.0, "whatif.id.h1.p.sumsq": 30.0,
+         # two entities carry all the weight: ESS = 2
+         "whatif.id.h1.p.sw": 20.0, "whatif.id.h1.p.sww": 200.0}
+    got = merge_identified(s, ["p"], None, 0.9, True, lambda k: k in s)["p"]
+    assert got["answer"] is None and "effective entities" in got["why"] and got["horizons"][0]["ess"] == 2.0
