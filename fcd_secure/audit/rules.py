@@ -71,6 +71,7 @@ REFUSAL_RULES = {
     "eval_cohort": "an evaluation the site's cohort rules refuse (too few rows, a cohort too close to an earlier one, "
     "or the same rows evaluated too often)",
     "app_not_pinned": "a Flower app whose bundle hash is not pinned by the site (its code never ran)",
+    "unknown_message_type": "a message type the site's app does not handle (no handler ran; P28)",
 }
 
 #: The closed vocabulary of site errors: ``name -> (error code, reason)``, the only code and reason an error reply may
