@@ -41,38 +41,48 @@ def _flower_runtime(app, msg: Message, ctx: Context) -> Message:
                        reply_to=msg)
 
 
+class Pair:
+    """The product's site ClientApp and the product's server audit, with Flower's runtime between them."""
+
+    def __init__(self, tmp_path) -> None:
+        from fcd_secure.apps.client_app import make_client_app
+        from fcd_secure.apps.site import SiteRuntime
+
+        self.state = tmp_path / "state"
+        cfg = build_config("tiny", {"state_dir": str(self.state)})
+        self.app = make_client_app(cfg)
+        self.ctx = Context(run_id=7, node_id=NODE, node_config={"partition-id": 0}, state=RecordDict(), run_config={})
+        self.site = SiteRuntime.from_context(self.ctx, cfg)
+        key = load_or_create_identity_key(self.state / "_server" / "identity_ed25519.key")
+        self.audit = ServerAudit(self.state / "_server" / "audit", key)
+        self.audit.record_manifest(self.site.manifest)
+
+    def call(self, message_type: str, rnd: int, content: RecordDict | None = None) -> Message:
+        if content is None:
+            content = self.audit.attach(NODE, RecordDict({"config": ConfigRecord({"server-round": rnd})}))
+        reply = _flower_runtime(self.app, instruction(message_type, rnd, NODE, content=content), self.ctx)
+        self.audit.on_reply(reply, self.site.site_id)
+        return reply
+
+    def verify(self):
+        from fcd_secure.audit.ledger import fingerprint, public_key_bytes
+
+        site_key = fingerprint(public_key_bytes(self.site.identity_private_key()))
+        return verify_path(self.state, site_keys=[site_key], server_keys=[self.audit.ledger.fingerprint])
+
+
 def test_a_message_type_the_site_does_not_handle_is_refused_by_its_gate_and_verify_says_so(tmp_path, task_identity):
     """P28. The server sends an honest site message types its app does not register. Each is answered by the site's
     own gate with the closed-vocabulary refusal ``unknown_message_type`` (no Flower text), recorded in the site
     ledger, receipted by the server; verify reconciles both ledgers (not tampered) and names each refused type."""
-    from fcd_secure.apps.client_app import make_client_app
-    from fcd_secure.apps.site import SiteRuntime
-
-    state = tmp_path / "state"
-    cfg = build_config("tiny", {"state_dir": str(state)})
-    app = make_client_app(cfg)
-    ctx = Context(run_id=7, node_id=NODE, node_config={"partition-id": 0}, state=RecordDict(), run_config={})
-    site = SiteRuntime.from_context(ctx, cfg)
-    server_key = load_or_create_identity_key(state / "_server" / "identity_ed25519.key")
-    audit = ServerAudit(state / "_server" / "audit", server_key)
-    audit.record_manifest(site.manifest)
-
-    def call(message_type: str, rnd: int) -> Message:
-        content = audit.attach(NODE, RecordDict({"config": ConfigRecord({"server-round": rnd})}))
-        reply = _flower_runtime(app, instruction(message_type, rnd, NODE, content=content), ctx)
-        audit.on_reply(reply, site.site_id)
-        return reply
-
-    assert call("query.hello", 0).has_content()
-    replies = [call(mtype, rnd) for rnd, mtype in enumerate(UNKNOWN, start=1)]
-    final = audit.final_contents()
-    ack = _flower_runtime(app, instruction(RECEIPTS_MESSAGE_TYPE, len(UNKNOWN), NODE, content=final[NODE]), ctx)
+    pair = Pair(tmp_path)
+    assert pair.call("query.hello", 0).has_content()
+    replies = [pair.call(mtype, rnd) for rnd, mtype in enumerate(UNKNOWN, start=1)]
+    ack = pair.call(RECEIPTS_MESSAGE_TYPE, len(UNKNOWN), pair.audit.final_contents()[NODE])
     assert ack.has_content()
-    audit.on_reply(ack, site.site_id)
-    audit.close()
+    pair.audit.close()
 
-    res = verify_path(state, site_keys=[_fingerprint(site.identity_private_key())],
-                      server_keys=[audit.ledger.fingerprint])
+    res = pair.verify()
     bad = [f.message for f in res.findings if f.severity != "note"]
     assert res.status == "compliant" and res.exit_code == 0, bad  # today: tampered (exit 6)
     for reply in replies:
@@ -85,7 +95,20 @@ def test_a_message_type_the_site_does_not_handle_is_refused_by_its_gate_and_veri
         assert any(mtype in n and "does not handle" in n for n in notes), notes
 
 
-def _fingerprint(private_key: bytes) -> str:
-    from fcd_secure.audit.ledger import fingerprint, public_key_bytes
+def test_a_refusal_the_server_recorded_but_never_receipted_does_not_make_the_evidence_partial(tmp_path, task_identity):
+    """P28. The server records the site's refusal in its own ledger and then withholds the receipt (the run stops at
+    the refusal). Both ledgers agree on every fact of the refusal, which carried nothing: verify says the receipt
+    never came back, in a note, instead of calling the honest site's evidence partial (exit 4)."""
+    pair = Pair(tmp_path)
+    assert pair.call("query.hello", 0).has_content()
+    # a clear-text training request to a site in secure mode (refused: downgrade, P20); the hello's receipt rides on
+    # this downlink, the refusal's never comes
+    assert pair.call("train", 1).error.reason == POLICY_REASON_PREFIX + "downgrade"
+    pair.audit.close()
+    res = pair.verify()
+    bad = [f.message for f in res.findings if f.severity != "note"]
+    assert res.status == "compliant" and res.exit_code == 0, bad
+    notes = [f.message for f in res.findings if f.severity == "note"]
+    assert any("never sent its receipt" in n for n in notes), notes
 
-    return fingerprint(public_key_bytes(private_key))
+

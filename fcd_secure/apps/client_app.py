@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fcd_secure.audit.rules import Refusal
+from fcd_secure.audit.rules import UNKNOWN_TYPE_RULE, Refusal
 from fcd_secure.config import RunConfig
 from fcd_secure.apps.egress import register_receipts_action
 from fcd_secure.apps.mods import client_mods
@@ -71,7 +71,7 @@ Handler = Callable[[Message, Context], Message]
 
 def _refuse_unknown(msg: Message, context: Context) -> Message:
     """The handler of every message type the site does not register: nothing runs, the gate records the refusal."""
-    raise Refusal("unknown_message_type", "metadata", "message_type")
+    raise Refusal(UNKNOWN_TYPE_RULE, "metadata", "message_type")
 
 
 def _with_mods(handler: Handler, mods: Sequence) -> Handler:

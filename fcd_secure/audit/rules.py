@@ -73,6 +73,9 @@ REFUSAL_RULES = {
     "app_not_pinned": "a Flower app whose bundle hash is not pinned by the site (its code never ran)",
     "unknown_message_type": "a message type the site's app does not handle (no handler ran; P28)",
 }
+#: The rule of a message type the site's app does not handle (P28): ``apps.client_app.SiteClientApp`` raises it,
+#: verify names the type in a note.
+UNKNOWN_TYPE_RULE = "unknown_message_type"
 
 #: The closed vocabulary of site errors: ``name -> (error code, reason)``, the only code and reason an error reply may
 #: carry out of a site. A site's failure is reported by category, never by its text (an exception may quote a
