@@ -36,7 +36,9 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from fcd_secure.aggregation.secagg import ClientStage, ReplayGuard, SecAggClient, SecAggPolicy, encode, theta_hash
-from fcd_secure.aggregation.secagg.messages import peek_header
+from fcd_secure.aggregation.secagg.client import check_reply
+from fcd_secure.aggregation.secagg.messages import MsgType, peek_header
+from fcd_secure.audit.rules import SECAGG_PREFIX, Refusal
 from fcd_secure.aggregation.secagg.server import STAGES
 from fcd_secure.queries.eval_vector import (
     EvalLayout,
@@ -59,6 +61,7 @@ from fcd_secure.federation.records import (
     SECAGG_UNMASK_NEXT_STAGE,
     pack_pair,
     record_to_global,
+    unpack_pair,
     secagg_action,
     secagg_round_id,
 )
@@ -390,6 +393,58 @@ def _pair_handler(stage: str, get_runtime: RuntimeGetter) -> Callable[[Message, 
         return Message(RecordDict({REC_SECAGG: ConfigRecord({SECAGG_FIELD: pack_pair(this_reply, next_reply)})}), reply_to=msg)
 
     return handler
+
+
+def _vector_words(rt: SecureSite, context: Context, stage: str) -> int:
+    """Words of the masked vector this site's reply to a shares relay must carry: the training layout (Θc and the
+    metrics, from the site's own manifest), or in an evaluation round the agreed evaluation layout the round's first
+    stage stored (itself bounded by the gate's evaluation allow-list)."""
+    if stage != SECAGG_TRAIN_MASKED_STAGE and _state_get(context, "purpose") == EVALUATION:
+        schema = bytes(_state_get(context, "schema"))
+        return EvalLayout.of(schema_from_bytes(schema), rt.secagg_policy).vector_layout().length
+    return vector_layout(rt.manifest).length
+
+
+def secure_reply_check(rt: SecureSite, context: Context) -> Callable[[Message, RecordDict], None]:
+    """The egress gate's exact check of this site's secure-aggregation replies (``SiteAuditContext.protocol_reply``,
+    docs/threats.md P29).
+
+    Each protocol message of a reply must be exactly what this site's client answers to the request it came with
+    (:func:`fcd_secure.aggregation.secagg.client.check_reply`): the header parsed and answering the request's session,
+    round and type; the length pinned by the request, the roster and the layout (key advertisement: the selected
+    sites; key sharing: the key list; masked input: the layout's words × 4; unmask: the alive and dropped sites); every
+    name the one the client writes. A combined stage's two parts are checked each against its own request, and a part
+    whose request is absent must be empty. The evaluation schema (``secagg_evaluate``) is the gate's own rule.
+
+    Returns:
+        ``(instruction, content) -> None``, raising :class:`~fcd_secure.audit.rules.Refusal` (``protocol_shape``).
+    """
+
+    def check(msg: Message, content: RecordDict) -> None:
+        stage = msg.metadata.message_type.removeprefix(SECAGG_PREFIX)
+        if stage == SECAGG_EVALUATE_STAGE:
+            return
+        try:
+            reply = content[REC_SECAGG][SECAGG_FIELD]
+            if not isinstance(reply, bytes):
+                raise SecureAggregationConfigError("the reply is not bytes")
+            this_req = _request_bytes(msg, required=False)
+            if stage in (SECAGG_CONSISTENCY_NEXT_STAGE, SECAGG_UNMASK_NEXT_STAGE):
+                parts = list(zip((this_req, _request_bytes(msg, SECAGG_NEXT_FIELD, required=False)), unpack_pair(reply)))
+            else:
+                parts = [(this_req, reply)]
+            roster = site_roster(context, rt.site_id, Path(rt.state.dir).parent)
+            for request, part in parts:
+                if request is None:
+                    if part:
+                        raise SecureAggregationConfigError("a reply part without its request")
+                    continue
+                relay = peek_header(request).type is MsgType.SHARES_RELAY
+                check_reply(request, part, rt.site_id, _vector_words(rt, context, stage) if relay else 0, roster)
+        except Exception:  # noqa: BLE001 - whatever does not check is refused; the reason stays the rule's name
+            raise Refusal("protocol_shape", REC_SECAGG, SECAGG_FIELD) from None
+
+    return check
 
 
 def register_secure_actions(app: ClientApp, get_runtime: RuntimeGetter) -> None:
