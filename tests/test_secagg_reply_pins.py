@@ -128,3 +128,31 @@ def test_a_masked_input_is_exactly_the_layout_words(site):
 def _chunks(blob: bytes) -> list[bytes]:
     blob = blob + b"\0" * (-len(blob) % (2 * HASH_BYTES))
     return [blob[i:i + 2 * HASH_BYTES] for i in range(0, len(blob), 2 * HASH_BYTES)]
+
+
+def test_every_honest_reply_of_a_round_is_exactly_its_request_s_reply_and_one_byte_more_is_not():
+    """P29, at the protocol level: in a five-stage round with a site dropping after key sharing (so the unmask
+    requests name a dropped site), every reply a client sends passes :func:`check_reply` against its request, and
+    the same reply one byte longer or shorter, or answered to another request, does not."""
+    from secagg_harness import RoundLog, run_round, toy_round
+
+    from fcd_secure.aggregation.secagg import ProtocolError
+    from fcd_secure.aggregation.secagg.client import check_reply
+
+    t = toy_round(n_sites=5, d=40, seed=3)
+    log = RoundLog()
+    run_round(t.server, t.clients, drop={"masked_input": {"site04"}}, log=log)
+    checked = 0
+    for site, replies in log.uplink.items():
+        for request, reply in zip(log.downlink[site], replies):
+            check_reply(request, reply, site, t.layout.length, t.roster)
+            checked += 1
+            for bad in (reply + b"\0", reply[:-1]):
+                with pytest.raises(ProtocolError):
+                    check_reply(request, bad, site, t.layout.length, t.roster)
+        with pytest.raises(ProtocolError):  # the key advertisement answers the round parameters, nothing else
+            check_reply(log.downlink[site][1], replies[0], site, t.layout.length, t.roster)
+    assert checked == 4 * 5 + 2  # four sites through five stages, the dropped one through two
+    with pytest.raises(ProtocolError, match="roster"):  # a request naming a site outside the roster has no reply
+        check_reply(log.downlink["site00"][0], log.uplink["site00"][0], "site00", t.layout.length,
+                    [s for s in t.roster if s != "site03"])

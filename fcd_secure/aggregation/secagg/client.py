@@ -88,53 +88,84 @@ class ClientStage(str, Enum):
     ABORTED = "aborted"
 
 
+#: The largest protocol round id a site takes part in (P31): far above any run's own (``federation.rounds`` is at most
+#: 100 000, so training ids ``2r`` / ``2r + 1`` stay below 200 002; each evaluation and what-if question adds one
+#: evaluation id), so one message cannot spend a session's whole id space.
+MAX_ROUND_ID = 1 << 20
+
+
 class ReplayGuard:
-    """Monotonic round counters (P5): a site takes part in each round once, in order — per session AND across
-    sessions.
+    """Round counters per session (P5, P30): within one session a site takes part in each round once and in
+    increasing order, whichever protocol session id the server writes into its messages; a new session starts fresh;
+    a round id outside ``0..max_round`` is refused before anything is claimed (P31).
 
-    The cross-session counter matters because the server chooses ``session_id``: without it a server could run the
-    same trained update through two protocol runs with different survivor sets (a fresh session, or the same round
-    replayed after a "restart") and subtract the two sums to isolate one site's update. A round whose protocol started
-    is therefore spent, even if it aborted; the federation moves on to the next round.
+    ``session`` is the *site's own* name for one run (``fcd_secure.federation.state.session_id_of``), never the
+    protocol's ``session_id``, which the server chooses: keyed by that, a server could open a fresh protocol session
+    in the same run and put the same trained update through two protocol runs with different survivor sets, whose
+    sums differ by one site's update. Across the site's sessions a fresh counter takes nothing away: a round's masked
+    input never outlives its run (a training update enters only the client of the call that trained it, and each
+    server round is trained once per site state, ``apps.secure_site.TRAINED_SLOT``), and an evaluation computes its
+    sums anew, whose repetition is the cohort rules' to limit (P22). What the counters must not do is spend a site for
+    ever: one counter per site, as before, let an honest later run's round 0 be refused after a run that reached
+    round 101, and one huge round id lock the site out of every later round.
 
-    With a ``path`` the counters persist (JSON, fsynced) in the site state so a restarted site still refuses old rounds.
+    With a ``path`` the counters persist (JSON ``{"v": 2, "sessions": {hex: last round}}``, fsynced) in the site state,
+    so a restarted site still refuses a replayed session's old rounds. A file of the first format (one counter for
+    ever, ``{"_any": n, ...}``) is read as the counter of the unnamed session ``b""``, the one a guard without a
+    session uses: no run a site can name again owns it.
     """
 
-    #: key of the counter shared by every session
-    ANY = "_any"
+    #: key of the one counter of the first file format
+    LEGACY_ANY = "_any"
 
-    def __init__(self, path: str | Path | None = None) -> None:
+    def __init__(self, path: str | Path | None = None, session: bytes = b"", max_round: int = MAX_ROUND_ID) -> None:
         self.path = Path(path) if path is not None else None
+        self.session = bytes(session)
+        self.max_round = int(max_round)
         self._last: dict[str, int] = {}
         if self.path is not None and self.path.exists():
             try:
                 raw = json.loads(self.path.read_text())
-                self._last = {str(k): int(v) for k, v in raw.items()}
-            except (ValueError, TypeError, AttributeError) as exc:
+                if raw.get("v") == 2:
+                    self._last = {str(k): int(v) for k, v in raw["sessions"].items()}
+                elif self.LEGACY_ANY in raw:
+                    self._last = {"": int(raw[self.LEGACY_ANY])}
+            except (ValueError, TypeError, AttributeError, KeyError) as exc:
                 raise ProtocolError(f"{self.path}: replay counter is unreadable ({exc})") from exc
 
+    @property
+    def _key(self) -> str:
+        return self.session.hex()
+
     def last_round(self) -> int | None:
-        """The highest round this site has taken part in, in any session (None: none yet)."""
-        return self._last.get(self.ANY)
+        """The highest round this site has taken part in, in this session (None: none yet)."""
+        return self._last.get(self._key)
 
     def check_fresh(self, round_id: int) -> None:
-        """Refuse a round that is not newer than every round already claimed, in any session."""
+        """Refuse a round id outside ``0..max_round`` (P31) or not newer than every round of this session (P5)."""
+        if not 0 <= int(round_id) <= self.max_round:
+            raise AbortRound(f"round id {round_id} is outside 0..{self.max_round}: refused, nothing claimed (P31)")
         last = self.last_round()
         if last is not None and round_id <= last:
-            raise AbortRound(f"round {round_id} is not newer than round {last} already used: replay refused (P5)")
+            raise AbortRound(f"round {round_id} is not newer than round {last} of this session: replay refused (P5)")
 
     def claim(self, session_id: bytes, round_id: int) -> None:
-        key = session_id.hex()
-        last = self._last.get(key)
-        if last is not None and round_id <= last:
-            raise AbortRound(f"round {round_id} of this session was already used (last {last}): replay refused (P5)")
+        """Spend ``round_id`` in this guard's session.
+
+        Args:
+            session_id: the protocol session the server wrote into the round's messages: not a key (see the class
+                docstring), every protocol session of one site session shares its counter.
+            round_id: the protocol round.
+
+        Raises:
+            AbortRound: the round is out of bounds or not newer than this session's last one.
+        """
         self.check_fresh(round_id)
-        self._last[key] = round_id
-        self._last[self.ANY] = round_id
+        self._last[self._key] = int(round_id)
         if self.path is not None:
             tmp = self.path.with_suffix(".tmp")
             with open(tmp, "w") as fh:
-                fh.write(json.dumps(self._last))
+                fh.write(json.dumps({"v": 2, "sessions": self._last}, sort_keys=True))
                 fh.flush()
                 os.fsync(fh.fileno())
             tmp.replace(self.path)
