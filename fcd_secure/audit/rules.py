@@ -12,7 +12,9 @@ A reply may carry only (a positive manifest: everything not listed is refused):
   whose every name is an allow-listed evaluation metric (names and lengths only; the values follow masked); the
   reply of every stage with a size bound (``GatePolicy.secagg_replies``: the protocol's five stages and the training
   round's combined ones) is exactly one ``secagg/msg`` bytes field no longer than that bound
-  (:class:`SecaggReplyRule`); any other stage is refused, whatever its reply holds.
+  (:class:`SecaggReplyRule`); any other stage is refused, whatever its reply holds. The bound is the coarse check a
+  gate can make alone: a site's gate also checks each protocol message exactly against its request, roster and
+  layout (``SiteAuditContext.protocol_reply``, P29).
 
 A site that requires secure aggregation (``GatePolicy.secure_only``) sends no tensor and no metric outside that
 protocol at all (P20).
