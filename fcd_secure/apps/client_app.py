@@ -77,8 +77,12 @@ def _refuse_unknown(msg: Message, context: Context) -> Message:
 def _with_mods(handler: Handler, mods: Sequence) -> Handler:
     """``handler`` behind ``mods``, the first outermost: the order Flower gives a registered handler (flwr 1.42
     ``flwr.client.mod.utils.make_ffn``)."""
+
+    def wrap(inner: Handler, mod) -> Handler:  # noqa: ANN001 - a Flower mod
+        return lambda msg, ctx: mod(msg, ctx, inner)
+
     for mod in reversed(list(mods)):
-        handler = (lambda inner, m: lambda msg, ctx: m(msg, ctx, inner))(handler, mod)
+        handler = wrap(handler, mod)
     return handler
 
 
@@ -125,7 +129,7 @@ class SiteClientApp(ClientApp):
     def __call__(self, message: Message, context: Context) -> Message:
         if self.handles(message.metadata.message_type):
             return super().__call__(message, context)
-        return self._refuse(message, context)
+        return self._refuse(message, context)  # the site registers no lifespan: nothing to enter around it
 
 
 def make_client_app(cfg: RunConfig | None = None) -> ClientApp:
