@@ -34,6 +34,7 @@ from fcd_secure.data.moments import KEYS as MOMENT_KEYS
 from fcd_secure.data.moments import MAX_MOMENT_COLUMNS
 from fcd_secure.data.policy import DEFAULT_POLICY_NAMES
 from fcd_secure.apps.guard import site_error_of
+from fcd_secure.apps.secure_site import secure_reply_check
 from fcd_secure.federation.records import REC_CONFIG, REC_EVAL, REC_HELLO, REC_METRICS, REC_NUM
 from fcd_secure.queries.eval_vector import max_words
 from fcd_secure.apps.site import SiteRuntime
@@ -95,7 +96,10 @@ class NoSiteRuntime(FcdError, RuntimeError):
 
 
 def site_audit_context(
-    rt: SiteRuntime, policy: GatePolicy = FEDERATION_POLICY, server_public_key: bytes | None = None
+    rt: SiteRuntime,
+    policy: GatePolicy = FEDERATION_POLICY,
+    server_public_key: bytes | None = None,
+    context: Context | None = None,
 ) -> SiteAuditContext:
     """The audit's view of one federation site.
 
@@ -103,6 +107,8 @@ def site_audit_context(
         rt: the site runtime answering this message.
         policy: what may leave besides Θc.
         server_public_key: the server's Ed25519 key, if the site pins it (receipts are then checked against it).
+        context: the message's Flower context; with it, every secure-aggregation reply is checked exactly against
+            its request, roster and layout (``apps.secure_site.secure_reply_check``, P29).
     """
     ledger = SiteLedger(rt.state.slot(SITE_LEDGER_FILE), rt.identity_private_key(), writer_id=rt.site_id)
 
@@ -125,6 +131,7 @@ def site_audit_context(
         server_public_key=server_public_key,
         theta_s_history=ThetaSHistory(rt.state.slot(THETA_S_HISTORY_FILE)),
         privacy_anchors=lambda: read_anchors(rt.state.dir),
+        protocol_reply=None if context is None else secure_reply_check(rt, context),
     )
 
 
@@ -174,7 +181,7 @@ def make_egress_gate_mod(runtime_getter: RuntimeGetter | None, policy: GatePolic
                 )
                 if fed.secure_aggregation:  # a masked evaluation input may be longer than Θc (a small-Θc simulator)
                     pol = pol.model_copy(update={"secagg_max_vector_words": evaluation_vector_bound(pol, rt)})
-            return site_audit_context(rt, pol)
+            return site_audit_context(rt, pol, context=context)
         except Exception as exc:  # noqa: BLE001 - reported by category only (e.g. data that fails its spec)
             error = site_error_of(exc)
             if error == "internal":

@@ -20,8 +20,15 @@ training round's input enters with its training.
 
 Each protocol stage rebuilds the site's :class:`~fcd_secure.aggregation.secagg.SecAggClient` from the node state,
 answers one server request, and stores the client's state back; the last stage (or any failure) clears it, so no
-round secret outlives its round in node memory. A round that started here is spent for good (:class:`ReplayGuard`,
-P5); training and evaluation rounds are counted apart.
+round secret outlives its round in node memory. A round that started here is spent for the rest of its session
+(:class:`ReplayGuard`, P5): the session is the site's own name for the run (``federation.state.session_id_of``: the
+Flower run id and the run config received), so a replayed run is refused and a new run starts fresh, and a round id
+above ``MAX_ROUND_ID`` is refused unclaimed (P31); training and evaluation rounds are counted apart. A server round
+is trained once per site state, whatever the session (:data:`TRAINED_SLOT`), and only if it is one of the run's
+configured rounds.
+
+Before a reply leaves, the egress gate checks each of its protocol messages exactly against its request, the roster
+and the layout (:func:`secure_reply_check`, P29).
 """
 
 from __future__ import annotations
@@ -36,7 +43,9 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from fcd_secure.aggregation.secagg import ClientStage, ReplayGuard, SecAggClient, SecAggPolicy, encode, theta_hash
-from fcd_secure.aggregation.secagg.messages import peek_header
+from fcd_secure.aggregation.secagg.client import check_reply
+from fcd_secure.aggregation.secagg.messages import MsgType, peek_header
+from fcd_secure.audit.rules import SECAGG_PREFIX, Refusal
 from fcd_secure.aggregation.secagg.server import STAGES
 from fcd_secure.queries.eval_vector import (
     EvalLayout,
@@ -59,6 +68,7 @@ from fcd_secure.federation.records import (
     SECAGG_UNMASK_NEXT_STAGE,
     pack_pair,
     record_to_global,
+    unpack_pair,
     secagg_action,
     secagg_round_id,
 )
@@ -70,7 +80,7 @@ from fcd_secure.federation.secure.setup import (
 )
 from fcd_secure.queries.secure_stats import PURPOSE_KEY, STATS_PURPOSE
 from fcd_secure.federation.site_policy import MIN_COHORT_FLOOR
-from fcd_secure.federation.state import SiteState
+from fcd_secure.federation.state import SiteState, run_config_hash, session_id_of
 from fcd_secure.manifest import Manifest
 
 if TYPE_CHECKING:  # pragma: no cover - fcd_secure.config pulls in torch; a site's secure actions need not
@@ -84,7 +94,9 @@ NEXT_KEY = "secagg_next"
 #: The site-state slots of the cross-session replay guards (training rounds, evaluation rounds).
 REPLAY_SLOT = "secagg_rounds.json"
 EVAL_REPLAY_SLOT = "secagg_eval_rounds.json"
-#: The site-state slot of the server rounds this site has trained: each is trained once, whichever way it came.
+#: The site-state slot of the server rounds this site has trained: each is trained once, whichever way it came, in
+#: any session (the unnamed session of :class:`ReplayGuard`: a site state's training rounds only go forward, as
+#: ``federation.state.SiteState``'s do).
 TRAINED_SLOT = "secagg_trained.json"
 #: ``purpose`` of a round in the node state
 TRAINING, EVALUATION = "train", "evaluate"
@@ -137,6 +149,17 @@ def _clear_next(context: Context) -> None:
     _state_set(context, NEXT_KEY, client=None, round=None)
 
 
+def _session(context: Context) -> bytes:
+    """The site's name for the run of ``context`` (``federation.state.session_id_of``): the key of its replay counters."""
+    return session_id_of(int(context.run_id), run_config_hash(context.run_config))
+
+
+def _guard(rt: SecureSite, context: Context, slot: str) -> ReplayGuard:
+    """The replay counters of one kind of protocol round (:data:`REPLAY_SLOT`, :data:`EVAL_REPLAY_SLOT`) in the session
+    of ``context`` (P5, P30)."""
+    return ReplayGuard(rt.state.slot(slot), session=_session(context))
+
+
 def _claim_training(rt: SecureSite, server_round: int) -> None:
     """Spend ``server_round`` for training: a site trains each round once, whichever message asks (a second update
     of the same round would give the server two sums to difference, P5)."""
@@ -149,6 +172,10 @@ def _train_update(rt: SecureSite, msg: Message) -> tuple[int, np.ndarray, bytes]
     checks the protocol round id."""
     round_config = dict(msg.content[REC_CONFIG])
     server_round = int(round_config["server-round"])
+    rounds = rt.cfg.federation.rounds if rt.cfg is not None else None
+    if rounds is not None and not 1 <= server_round <= rounds:
+        # a round the run does not have would be trained, committed and spent for good (P31)
+        raise SecureAggregationConfigError(f"server round {server_round} is not one of the run's rounds 1..{rounds}")
     global_theta = record_to_global(msg.content[REC_GLOBAL])
     ReplayGuard(rt.state.slot(TRAINED_SLOT)).check_fresh(server_round)
     layout = vector_layout(rt.manifest)
@@ -168,7 +195,7 @@ def _training_client(rt: SecureSite, context: Context, *, input_later: bool = Fa
         site_roster(context, rt.site_id, Path(rt.state.dir).parent),
         rt.secagg_policy,
         vector_layout(rt.manifest),
-        replay_guard=ReplayGuard(rt.state.slot(REPLAY_SLOT)),
+        replay_guard=_guard(rt, context, REPLAY_SLOT),
         input_later=input_later,
     )
 
@@ -189,7 +216,7 @@ def _evaluate_handler(get_runtime: RuntimeGetter) -> Callable[[Message, Context]
         eval_config = dict(msg.content[REC_CONFIG])
         global_theta = record_to_global(msg.content[REC_GLOBAL])
         round_id = int(eval_config["eval-round"])
-        ReplayGuard(rt.state.slot(EVAL_REPLAY_SLOT)).check_fresh(round_id)
+        _guard(rt, context, EVAL_REPLAY_SLOT).check_fresh(round_id)
         if eval_config.get(PURPOSE_KEY) == STATS_PURPOSE:  # round 0: moment sums of the raw training set
             sums = rt.preprocessing_sums()
         else:
@@ -247,7 +274,7 @@ def _stage_handler(stage: str, get_runtime: RuntimeGetter) -> Callable[[Message,
                 site_roster(context, rt.site_id, Path(rt.state.dir).parent),
                 rt.secagg_policy,
                 layout,
-                replay_guard=ReplayGuard(rt.state.slot(EVAL_REPLAY_SLOT if evaluation else REPLAY_SLOT)),
+                replay_guard=_guard(rt, context, EVAL_REPLAY_SLOT if evaluation else REPLAY_SLOT),
             )
             if stage == STAGES[0]:
                 # only an evaluation prepares its input ahead (``secagg_evaluate``); a training round's input enters
@@ -302,7 +329,7 @@ def _train_advertise_handler(get_runtime: RuntimeGetter) -> Callable[[Message, C
         protocol_round = secagg_round_id(server_round, pipelined=False)
         if peek_header(request).round_id != protocol_round:
             raise SecureAggregationConfigError(f"stage 0 of round {server_round} must carry protocol round {protocol_round}")
-        ReplayGuard(rt.state.slot(REPLAY_SLOT)).check_fresh(protocol_round)  # before training, not only at the claim
+        _guard(rt, context, REPLAY_SLOT).check_fresh(protocol_round)  # before training, not only at the claim
         _clear_round(context)
         if (_state_get(context, "round", NEXT_KEY) or 0) <= server_round:
             _clear_next(context)  # keys set up ahead for this round are never used: it trains here, once
@@ -390,6 +417,58 @@ def _pair_handler(stage: str, get_runtime: RuntimeGetter) -> Callable[[Message, 
         return Message(RecordDict({REC_SECAGG: ConfigRecord({SECAGG_FIELD: pack_pair(this_reply, next_reply)})}), reply_to=msg)
 
     return handler
+
+
+def _vector_words(rt: SecureSite, context: Context, stage: str) -> int:
+    """Words of the masked vector this site's reply to a shares relay must carry: the training layout (Θc and the
+    metrics, from the site's own manifest), or in an evaluation round the agreed evaluation layout the round's first
+    stage stored (itself bounded by the gate's evaluation allow-list)."""
+    if stage != SECAGG_TRAIN_MASKED_STAGE and _state_get(context, "purpose") == EVALUATION:
+        schema = bytes(_state_get(context, "schema"))
+        return EvalLayout.of(schema_from_bytes(schema), rt.secagg_policy).vector_layout().length
+    return vector_layout(rt.manifest).length
+
+
+def secure_reply_check(rt: SecureSite, context: Context) -> Callable[[Message, RecordDict], None]:
+    """The egress gate's exact check of this site's secure-aggregation replies (``SiteAuditContext.protocol_reply``,
+    docs/threats.md P29).
+
+    Each protocol message of a reply must be exactly what this site's client answers to the request it came with
+    (:func:`fcd_secure.aggregation.secagg.client.check_reply`): the header parsed and answering the request's session,
+    round and type; the length pinned by the request, the roster and the layout (key advertisement: the selected
+    sites; key sharing: the key list; masked input: the layout's words × 4; unmask: the alive and dropped sites); every
+    name the one the client writes. A combined stage's two parts are checked each against its own request, and a part
+    whose request is absent must be empty. The evaluation schema (``secagg_evaluate``) is the gate's own rule.
+
+    Returns:
+        ``(instruction, content) -> None``, raising :class:`~fcd_secure.audit.rules.Refusal` (``protocol_shape``).
+    """
+
+    def check(msg: Message, content: RecordDict) -> None:
+        stage = msg.metadata.message_type.removeprefix(SECAGG_PREFIX)
+        if stage == SECAGG_EVALUATE_STAGE:
+            return
+        try:
+            reply = content[REC_SECAGG][SECAGG_FIELD]
+            if not isinstance(reply, bytes):
+                raise SecureAggregationConfigError("the reply is not bytes")
+            this_req = _request_bytes(msg, required=False)
+            if stage in (SECAGG_CONSISTENCY_NEXT_STAGE, SECAGG_UNMASK_NEXT_STAGE):
+                parts = list(zip((this_req, _request_bytes(msg, SECAGG_NEXT_FIELD, required=False)), unpack_pair(reply)))
+            else:
+                parts = [(this_req, reply)]
+            roster = site_roster(context, rt.site_id, Path(rt.state.dir).parent)
+            for request, part in parts:
+                if request is None:
+                    if part:
+                        raise SecureAggregationConfigError("a reply part without its request")
+                    continue
+                relay = peek_header(request).type is MsgType.SHARES_RELAY
+                check_reply(request, part, rt.site_id, _vector_words(rt, context, stage) if relay else 0, roster)
+        except Exception:  # noqa: BLE001 - whatever does not check is refused; the reason stays the rule's name
+            raise Refusal("protocol_shape", REC_SECAGG, SECAGG_FIELD) from None
+
+    return check
 
 
 def register_secure_actions(app: ClientApp, get_runtime: RuntimeGetter) -> None:

@@ -18,6 +18,9 @@ nothing a handler or an inner mod builds can pass around it. The rules are :mod:
 * A reply that passes leaves as a message the gate builds itself, ``Message(content, reply_to=msg)``: its metadata
   (``ttl``, ``created_at``, the task ids, ``delivered_at``, all settable in flwr 1.42) is what Flower derives from
   the instruction and the gate's clock, so no field a handler could set carries bits out.
+* A secure-aggregation reply passes the stage's size bound (:mod:`~fcd_secure.audit.rules`) and then, when the site
+  binds one (``SiteAuditContext.protocol_reply``), the protocol's own exact check against the request it answers:
+  header, length, names (P29).
 * Every reply that leaves (content, refusal error or generic error) is measured by
   :func:`fcd_secure.audit.accounting.describe_message` and written to the site ledger *before* it is returned; if
   the ledger cannot be written, only a generic error leaves. The line records the heads of the site's privacy
@@ -109,6 +112,11 @@ class SiteAuditContext:
         privacy_anchors: the heads of the site's privacy ledgers, recorded in every upload line:
             ``fcd_secure.privacy.anchor.read_anchors(state_dir)`` (its models, or their JSON as mappings, are read as
             :class:`~fcd_secure.audit.entries.PrivacyAnchor`), or ``None`` when the site keeps no anchor.
+        protocol_reply: ``(instruction, content) -> None``, the exact check of a secure-aggregation reply against
+            the request it answers (the protocol's own parser; the federation binds
+            ``apps.secure_site.secure_reply_check``): it raises :class:`~fcd_secure.audit.rules.Refusal` for a reply
+            that is not byte for byte the shape of the stage's message (P29). ``None``: only the stage's size bound
+            (``GatePolicy.secagg_replies``) applies.
     """
 
     site_id: str
@@ -121,6 +129,7 @@ class SiteAuditContext:
     server_public_key: bytes | None = None
     theta_s_history: ThetaSHistory | None = None
     privacy_anchors: Callable[[], Sequence[Any] | None] = lambda: None
+    protocol_reply: Callable[[Message, RecordDict], None] | None = None
 
 
 def make_egress_gate(get_site: Callable[..., SiteAuditContext]) -> Callable[[Message, Context, Callable], Message]:
@@ -209,6 +218,8 @@ def _checked(msg: Message, reply: Message | None, ctx: SiteAuditContext) -> Mess
         check_content(
             reply.content, msg.metadata.message_type, ctx.manifest, ctx.policy, theta_s, ctx.propensities(), history
         )
+        if ctx.protocol_reply is not None and msg.metadata.message_type.startswith(ctx.policy.secagg_prefix):
+            ctx.protocol_reply(msg, reply.content)  # the exact shape of the stage's message, header first (P29)
     except Refusal as refusal:
         withheld = describe_message(reply)
         out = _error_reply(msg, f"egress refused by the site gate: {refusal.rule}")

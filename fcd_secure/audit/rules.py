@@ -12,7 +12,9 @@ A reply may carry only (a positive manifest: everything not listed is refused):
   whose every name is an allow-listed evaluation metric (names and lengths only; the values follow masked); the
   reply of every stage with a size bound (``GatePolicy.secagg_replies``: the protocol's five stages and the training
   round's combined ones) is exactly one ``secagg/msg`` bytes field no longer than that bound
-  (:class:`SecaggReplyRule`); any other stage is refused, whatever its reply holds.
+  (:class:`SecaggReplyRule`); any other stage is refused, whatever its reply holds. The bound is the coarse check a
+  gate can make alone: a site's gate also checks each protocol message exactly against its request, roster and
+  layout (``SiteAuditContext.protocol_reply``, P29).
 
 A site that requires secure aggregation (``GatePolicy.secure_only``) sends no tensor and no metric outside that
 protocol at all (P20).
@@ -71,7 +73,11 @@ REFUSAL_RULES = {
     "eval_cohort": "an evaluation the site's cohort rules refuse (too few rows, a cohort too close to an earlier one, "
     "or the same rows evaluated too often)",
     "app_not_pinned": "a Flower app whose bundle hash is not pinned by the site (its code never ran)",
+    "unknown_message_type": "a message type the site's app does not handle (no handler ran; P28)",
 }
+#: The rule of a message type the site's app does not handle (P28): ``apps.client_app.SiteClientApp`` raises it,
+#: verify names the type in a note.
+UNKNOWN_TYPE_RULE = "unknown_message_type"
 
 #: The closed vocabulary of site errors: ``name -> (error code, reason)``, the only code and reason an error reply may
 #: carry out of a site. A site's failure is reported by category, never by its text (an exception may quote a

@@ -20,12 +20,17 @@ finished round ``r``, so the resumed run equals an uninterrupted one.
 
 The server checkpoint (``<state_root>/_server/checkpoint.npz``): global Θc, the last finished round, the sampler's
 RNG state and the config hash, written after every finished round.
+
+A site's name for the run it is serving, :func:`session_id_of`, keys the replay counters of secure aggregation
+(``apps.secure_site``, P30): within a session rounds are taken once and in order; a new session starts fresh.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +45,35 @@ STATE_FILE = "site_state.npz"
 PREV_FILE = "site_state.prev.npz"
 IDENTITY_FILE = "identity_ed25519.key"
 _SITE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+#: bytes of a session id (the protocol header's session field has the same width)
+SESSION_BYTES = 16
+
+
+def run_config_hash(run_config: Mapping[str, object]) -> str:
+    """SHA-256 (hex) of a run config as a site received it (Flower's ``Context.run_config``; in deployment it holds the
+    resolved ``RunConfig`` under ``fcd-config``): canonical JSON, keys sorted, so equal configs hash equal."""
+    doc = json.dumps({str(k): run_config[k] for k in run_config}, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(doc.encode("utf-8")).hexdigest()
+
+
+def session_id_of(run_id: int, config_hash: str) -> bytes:
+    """The site's own name for one run: 16 bytes of SHA-256 over the Flower run id and the hash of the run config it
+    received (:func:`run_config_hash`). Secure aggregation keys its replay counters by it (P30): the same run (a
+    replayed session) continues its counters, any other run starts fresh. The server never chooses it: it is derived
+    on the site from what every message of the run carries.
+
+    This is the one place a site names a session. When the coordinator's *signed* run start (with a fresh session id)
+    reaches the sites (issue 30, item 2), return that id here instead (a signed id is unique per run by construction;
+    the Flower run id is only as unique as the SuperLink makes it) and keep the signature check with the run start.
+
+    Args:
+        run_id: Flower's run id (``Context.run_id``), an unsigned 64-bit integer.
+        config_hash: :func:`run_config_hash` of the run config.
+    """
+    h = hashlib.sha256(b"fcd/session/v1\0" + int(run_id).to_bytes(8, "big") + str(config_hash).encode("ascii"))
+    return h.digest()[:SESSION_BYTES]
 
 
 class StateError(FcdError, RuntimeError):

@@ -32,7 +32,7 @@ import base64
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from enum import Enum
 from pathlib import Path
 
@@ -48,6 +48,11 @@ from .encoding import VectorLayout
 from .errors import AbortRound, Misbehaviour, PolicyError, ProtocolError
 from .masks import MaskStream, pair_sign
 from .messages import (
+    HASH_BYTES,
+    HEADER,
+    KEY_BYTES,
+    SHARE_BYTES,
+    SIG_BYTES,
     Advertise,
     Ciphertexts,
     KeyList,
@@ -69,6 +74,8 @@ from .messages import (
 )
 
 NONCE_BYTES = 12
+#: AES-GCM's authentication tag (128 bits, the ``cryptography`` default)
+TAG_BYTES = 16
 
 
 class ClientStage(str, Enum):
@@ -81,53 +88,84 @@ class ClientStage(str, Enum):
     ABORTED = "aborted"
 
 
+#: The largest protocol round id a site takes part in (P31): far above any run's own (``federation.rounds`` is at most
+#: 100 000, so training ids ``2r`` / ``2r + 1`` stay below 200 002; each evaluation and what-if question adds one
+#: evaluation id), so one message cannot spend a session's whole id space.
+MAX_ROUND_ID = 1 << 20
+
+
 class ReplayGuard:
-    """Monotonic round counters (P5): a site takes part in each round once, in order — per session AND across
-    sessions.
+    """Round counters per session (P5, P30): within one session a site takes part in each round once and in
+    increasing order, whichever protocol session id the server writes into its messages; a new session starts fresh;
+    a round id outside ``0..max_round`` is refused before anything is claimed (P31).
 
-    The cross-session counter matters because the server chooses ``session_id``: without it a server could run the
-    same trained update through two protocol runs with different survivor sets (a fresh session, or the same round
-    replayed after a "restart") and subtract the two sums to isolate one site's update. A round whose protocol started
-    is therefore spent, even if it aborted; the federation moves on to the next round.
+    ``session`` is the *site's own* name for one run (``fcd_secure.federation.state.session_id_of``), never the
+    protocol's ``session_id``, which the server chooses: keyed by that, a server could open a fresh protocol session
+    in the same run and put the same trained update through two protocol runs with different survivor sets, whose
+    sums differ by one site's update. Across the site's sessions a fresh counter takes nothing away: a round's masked
+    input never outlives its run (a training update enters only the client of the call that trained it, and each
+    server round is trained once per site state, ``apps.secure_site.TRAINED_SLOT``), and an evaluation computes its
+    sums anew, whose repetition is the cohort rules' to limit (P22). What the counters must not do is spend a site for
+    ever: one counter per site, as before, let an honest later run's round 0 be refused after a run that reached
+    round 101, and one huge round id lock the site out of every later round.
 
-    With a ``path`` the counters persist (JSON, fsynced) in the site state so a restarted site still refuses old rounds.
+    With a ``path`` the counters persist (JSON ``{"v": 2, "sessions": {hex: last round}}``, fsynced) in the site state,
+    so a restarted site still refuses a replayed session's old rounds. A file of the first format (one counter for
+    ever, ``{"_any": n, ...}``) is read as the counter of the unnamed session ``b""``, the one a guard without a
+    session uses: no run a site can name again owns it.
     """
 
-    #: key of the counter shared by every session
-    ANY = "_any"
+    #: key of the one counter of the first file format
+    LEGACY_ANY = "_any"
 
-    def __init__(self, path: str | Path | None = None) -> None:
+    def __init__(self, path: str | Path | None = None, session: bytes = b"", max_round: int = MAX_ROUND_ID) -> None:
         self.path = Path(path) if path is not None else None
+        self.session = bytes(session)
+        self.max_round = int(max_round)
         self._last: dict[str, int] = {}
         if self.path is not None and self.path.exists():
             try:
                 raw = json.loads(self.path.read_text())
-                self._last = {str(k): int(v) for k, v in raw.items()}
-            except (ValueError, TypeError, AttributeError) as exc:
+                if raw.get("v") == 2:
+                    self._last = {str(k): int(v) for k, v in raw["sessions"].items()}
+                elif self.LEGACY_ANY in raw:
+                    self._last = {"": int(raw[self.LEGACY_ANY])}
+            except (ValueError, TypeError, AttributeError, KeyError) as exc:
                 raise ProtocolError(f"{self.path}: replay counter is unreadable ({exc})") from exc
 
+    @property
+    def _key(self) -> str:
+        return self.session.hex()
+
     def last_round(self) -> int | None:
-        """The highest round this site has taken part in, in any session (None: none yet)."""
-        return self._last.get(self.ANY)
+        """The highest round this site has taken part in, in this session (None: none yet)."""
+        return self._last.get(self._key)
 
     def check_fresh(self, round_id: int) -> None:
-        """Refuse a round that is not newer than every round already claimed, in any session."""
+        """Refuse a round id outside ``0..max_round`` (P31) or not newer than every round of this session (P5)."""
+        if not 0 <= int(round_id) <= self.max_round:
+            raise AbortRound(f"round id {round_id} is outside 0..{self.max_round}: refused, nothing claimed (P31)")
         last = self.last_round()
         if last is not None and round_id <= last:
-            raise AbortRound(f"round {round_id} is not newer than round {last} already used: replay refused (P5)")
+            raise AbortRound(f"round {round_id} is not newer than round {last} of this session: replay refused (P5)")
 
     def claim(self, session_id: bytes, round_id: int) -> None:
-        key = session_id.hex()
-        last = self._last.get(key)
-        if last is not None and round_id <= last:
-            raise AbortRound(f"round {round_id} of this session was already used (last {last}): replay refused (P5)")
+        """Spend ``round_id`` in this guard's session.
+
+        Args:
+            session_id: the protocol session the server wrote into the round's messages: not a key (see the class
+                docstring), every protocol session of one site session shares its counter.
+            round_id: the protocol round.
+
+        Raises:
+            AbortRound: the round is out of bounds or not newer than this session's last one.
+        """
         self.check_fresh(round_id)
-        self._last[key] = round_id
-        self._last[self.ANY] = round_id
+        self._last[self._key] = int(round_id)
         if self.path is not None:
             tmp = self.path.with_suffix(".tmp")
             with open(tmp, "w") as fh:
-                fh.write(json.dumps(self._last))
+                fh.write(json.dumps({"v": 2, "sessions": self._last}, sort_keys=True))
                 fh.flush()
                 os.fsync(fh.fileno())
             tmp.replace(self.path)
@@ -527,3 +565,115 @@ class SecAggClient:
 def self_mask_key(seed: bytes, session_id: bytes, round_id: int, site_id: str) -> bytes:
     """AES key of the self-mask PRG(b_u), bound to session, round and owner."""
     return keys.hkdf(seed, keys.kdf_info(session_id, round_id, site_id, site_id, "self-mask"), 16)
+
+
+# -- what a site's reply is, exactly ------------------------------------------------------------------------------
+#: request type -> the type of the reply a site answers it with (Bonawitz et al. CCS 2017, Fig. 6 rounds 0-4)
+REPLY_TYPE = {
+    MsgType.ROUND_PARAMS: MsgType.ADVERTISE,
+    MsgType.KEY_LIST: MsgType.SHARE_KEYS,
+    MsgType.SHARES_RELAY: MsgType.MASKED_INPUT,
+    MsgType.CONSISTENCY_REQUEST: MsgType.CONSISTENCY,
+    MsgType.UNMASK_REQUEST: MsgType.UNMASK,
+}
+
+
+def _text_bytes(s: str) -> int:
+    return 1 + len(s.encode("utf-8"))
+
+
+def _known(names: Collection[str], roster: Collection[str], what: str) -> None:
+    unknown = [n for n in names if n not in roster]
+    if unknown:
+        raise ProtocolError(f"the request's {what} name {unknown[0]!r}, which is not in the roster")
+
+
+def reply_bytes(request: bytes, site_id: str, vector_words: int, roster: Collection[str]) -> int:
+    """The exact length of the reply :class:`SecAggClient` sends for ``request``: a function of the request, the site's
+    id and the vector layout only, never of a secret or of the site's data (docs/threats.md P29).
+
+    * ADVERTISE: header, site id, two X25519 keys, two secret commitments, one commitment pair per selected site, a
+      signature;
+    * SHARE_KEYS: header, site id, one AES-GCM ciphertext (nonce, share plaintext, tag) per other site of the key list;
+    * MASKED_INPUT: header, site id, the word count and ``4 · vector_words`` bytes;
+    * CONSISTENCY: header, site id, a signature;
+    * UNMASK: header, site id, one share per alive and per dropped site, a signature.
+
+    Args:
+        request: the server's request (parsed whole by its strict parser).
+        site_id: this site.
+        vector_words: the words of the round's vector layout (training: Θc and the metrics; evaluation: the agreed
+            evaluation layout).
+        roster: the site ids this site knows; a request naming another site has no reply.
+
+    Raises:
+        ProtocolError: the request does not parse, names a site outside the roster, or has no reply.
+    """
+    h = peek_header(request)
+    head = HEADER.size + _text_bytes(site_id)
+    if h.type is MsgType.ROUND_PARAMS:
+        selected = RoundParams.parse(request).selected
+        _known(selected, roster, "selected sites")
+        return head + 2 * KEY_BYTES + 2 * HASH_BYTES + 4 + 2 * HASH_BYTES * len(selected) + SIG_BYTES
+    if h.type is MsgType.KEY_LIST:
+        peers = [e.site_id for e in KeyList.parse(request).entries if e.site_id != site_id]
+        _known(peers, roster, "key list")
+        return head + 4 + sum(
+            _text_bytes(v) + 4 + NONCE_BYTES + len(share_plaintext(site_id, v, bytes(SHARE_BYTES), bytes(SHARE_BYTES)))
+            + TAG_BYTES for v in peers
+        )
+    if h.type is MsgType.SHARES_RELAY:
+        relay = Ciphertexts.parse(request, MsgType.SHARES_RELAY)
+        _known([p for p, _ in relay.items], roster, "relayed shares")
+        return head + 8 + 4 * int(vector_words)
+    if h.type is MsgType.CONSISTENCY_REQUEST:
+        _known(SiteList.parse(request).sites, roster, "survivors")
+        return head + SIG_BYTES
+    if h.type is MsgType.UNMASK_REQUEST:
+        req = UnmaskRequest.parse(request)
+        _known(req.alive + req.dropped, roster, "alive and dropped sites")
+        return head + 4 + sum(_text_bytes(v) + 1 + SHARE_BYTES for v in req.alive + req.dropped) + SIG_BYTES
+    raise ProtocolError(f"a {h.type.name} message is not a request a site answers")
+
+
+def check_reply(request: bytes, reply: bytes, site_id: str, vector_words: int, roster: Collection[str]) -> None:
+    """Raise unless ``reply`` is exactly a reply of this site to ``request`` (docs/threats.md P29).
+
+    Its header answers the request (the reply type of the request's type, the same session and round), it is
+    exactly :func:`reply_bytes` long, its type's strict parser reads it whole, it names this site, and the sites it
+    lists are exactly those the request asks about, in the order the client writes them. What is left free are the
+    fields of fixed width a protocol message must carry (keys, commitments, nonces, ciphertexts, signatures, masked
+    words): no length, count or name is the site's choice.
+
+    Raises:
+        ProtocolError: naming the first thing that differs.
+    """
+    req, rep = peek_header(request), peek_header(reply)
+    expected = REPLY_TYPE.get(req.type)
+    if rep.type is not expected:
+        raise ProtocolError(f"a {req.type.name} request is answered by {getattr(expected, 'name', 'nothing')}, not {rep.type.name}")
+    if (rep.session_id, rep.round_id) != (req.session_id, req.round_id):
+        raise ProtocolError("the reply's session or round is not the request's")
+    size = reply_bytes(request, site_id, vector_words, roster)
+    if len(reply) != size:
+        raise ProtocolError(f"the reply is {len(reply)} bytes, a {rep.type.name} of this site to this request is {size}")
+    if rep.type is MsgType.ADVERTISE:
+        adv = Advertise.parse(reply)
+        names, want = (adv.site_id,), (site_id,)
+        if len(adv.share_commits) != len(RoundParams.parse(request).selected):
+            raise ProtocolError("one share commitment pair per selected site")
+    elif rep.type is MsgType.SHARE_KEYS:
+        ct = Ciphertexts.parse(reply, MsgType.SHARE_KEYS)
+        names = (ct.site_id, *(p for p, _ in ct.items))
+        want = (site_id, *(e.site_id for e in KeyList.parse(request).entries if e.site_id != site_id))
+    elif rep.type is MsgType.MASKED_INPUT:
+        names, want = (MaskedInput.parse(reply, expect_len=int(vector_words)).site_id,), (site_id,)
+    elif rep.type is MsgType.CONSISTENCY:
+        names, want = (Signed.parse(reply).site_id,), (site_id,)
+    else:
+        un, ur = Unmask.parse(reply), UnmaskRequest.parse(request)
+        names = (un.site_id, *((o, k) for o, k, _ in un.shares))
+        want = (site_id, *((v, ShareKind.SELF_MASK_SEED) for v in sorted(ur.alive)),
+                *((v, ShareKind.MASK_KEY) for v in sorted(ur.dropped)))
+    if tuple(names) != tuple(want):
+        raise ProtocolError(f"the {rep.type.name} reply names other sites (or another order) than this site's reply")

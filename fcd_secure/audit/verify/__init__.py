@@ -23,11 +23,15 @@ is the first that applies (its exit code is what ``fcd audit verify`` returns):
   server ledger received; and a privacy-ledger head that disappears or goes backwards over a site's uploads without
   an acknowledged reset (:mod:`.privacy_history`);
 * **partial** (exit 4, evidence incomplete): site ledgers verified without the server ledger (or a server ledger
-  without the site ledgers), or an upload the server never acknowledged with a receipt. Nothing can then rule out a
-  truncated or re-signed ledger, so this is never "compliant", and ``--allow-unpinned`` does not change its exit;
+  without the site ledgers), or an upload with content the server never acknowledged with a receipt. Nothing can then
+  rule out a truncated or re-signed ledger, so this is never "compliant", and ``--allow-unpinned`` does not change its
+  exit. A refusal or error (no content) that the server ledger records with every fact equal but never receipted is
+  a **note**: the server's own ledger is the acknowledgement, and a server that withholds the receipt (or stops at
+  the refusal) cannot turn an honest site's evidence partial (P28);
 * refusals (a reply the site's gate withheld, or a request its own policy refused: weaker settings, a downgrade to
-  clear text, an evaluation cohort, an app it does not pin) are **not** violations: they are the site doing its job,
-  and are listed with their rule in ``VerifyResult.refusals`` (report section "Refusals", JSON ``data.refusals``);
+  clear text, an evaluation cohort, an app it does not pin, a message type its app does not handle) are **not**
+  violations: they are the site doing its job, and are listed with their rule in ``VerifyResult.refusals`` (report
+  section "Refusals", JSON ``data.refusals``); a message type the site does not handle is also named in a note (P28);
 * **unverified** (exit 3, identity not pinned): every check above passed, but some ledger's key (or the key that
   signed a site's receipts) was not pinned with ``--site-key`` / ``--server-key``. Unpinned signatures prove only
   that one key wrote a whole chain: a chain rebuilt and re-signed with a fresh key checks just as well, so this is

@@ -21,7 +21,11 @@ For every site ledger (when a server ledger is under the verified path):
   longer holds it (the cosigned tree heads of transparency logs, RFC 6962 §3.5 and C2SP tlog-cosignature).
 
 And the other way: every ``received`` line must have its site upload (else an upload was hidden, or the Flower
-runtime answered for the site outside its gate).
+runtime answered for the site outside its gate; the site's ``apps.client_app.SiteClientApp`` passes every message
+type through its gate, so an honest site's refusal of a type it does not handle is in its ledger, P28).
+
+A refusal or error (no content) that the server ledger records but never receipted is a note, not partial evidence:
+the server's own line is its acknowledgement, and withholding the receipt must not frame an honest site (P28).
 
 Without any server ledger under the verified path nothing of this can be checked: every site ledger is then
 **partial** evidence (and a server ledger without site ledgers too), never compliant.
@@ -99,6 +103,13 @@ def _unreceipted(server: ServerScan, site: SiteScan, res: VerifyResult) -> None:
     for loc in site.unreceipted:
         up = loc.entry
         if _foreign_refusal(server, up):
+            continue
+        if up.status in ("refused", "error") and up.message_id in server.received:
+            # the server's ledger holds this reply with every fact equal (``_uploads``) and it carried nothing: the
+            # missing receipt hides nothing (a server stopping at a refusal, or withholding its receipt, P28)
+            res.add("note", site.label, up.seq, loc.line,
+                    f"{loc.where}: the server recorded this {up.status} reply (no content, round {up.round}) in its "
+                    "ledger but never sent its receipt back (e.g. the run stopped at it)")
             continue
         res.add("partial", site.label, up.seq, loc.line,
                 f"{loc.where}: the {up.status} upload {up.message_id[:16]} (round {up.round}) has no server receipt: "

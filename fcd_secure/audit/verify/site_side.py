@@ -25,6 +25,7 @@ from fcd_secure.audit.entries import (
 )
 from fcd_secure.audit.ledger import SITE_LEDGER_FILE
 from fcd_secure.audit.receipts import RECEIPTS_MESSAGE_TYPE, receipt_signature_ok
+from fcd_secure.audit.rules import UNKNOWN_TYPE_RULE
 from fcd_secure.audit.signing import line_hash, signature_ok
 from fcd_secure.audit.verify.chain import EXPECTED_ROLE, Chain, Located, read_chain
 from fcd_secure.audit.verify.message_rules import check_message, overhead_bound
@@ -101,6 +102,11 @@ def scan_site(path: Path, label: str, pinned: set[str] | None, res: VerifyResult
                     label, e.site_id or chain.writer_id, e.seq, e.round, e.action,
                     r.rule if r else None, r.record if r else None, r.key if r else None,
                 ))
+                if r is not None and r.rule == UNKNOWN_TYPE_RULE:
+                    res.add("note", label, e.seq, loc.line,
+                            f"{loc.where}: the server sent message type {e.action!r} (round {e.round}), which the site's "
+                            "app does not handle: its gate refused it before any handler ran (rule "
+                            f"{UNKNOWN_TYPE_RULE}, P28) and recorded the refusal; nothing was computed or sent")
             summary.payload_bytes += e.payload_bytes
             summary.message_bytes += e.message_bytes
             res.count_uplink(e.site_id or chain.writer_id, e.round, e.payload_bytes, e.message_bytes)
