@@ -137,7 +137,10 @@ _ACK_HELP = (
     "same records would otherwise get a fresh ε budget without trace. This command records, for every such ledger, "
     "a reset (reason, operator, time and the head that was lost: segments, steps, ε) in the anchor and re-anchors "
     "the ledger as it now is. The reset is not forgotten: `fcd privacy report` lists it, and the site's next upload "
-    "carries it into its signed audit chain, where `fcd audit verify` reports it.\n\n"
+    "carries it into its signed audit chain, where `fcd audit verify` reports it. The ε the lost ledger held is "
+    "carried forward: it is charged to every record the site trains afterwards, so a reset never raises what is "
+    "left of a budget. A ledger deleted together with the anchor is found in the site's own audit chain "
+    "(<state>/slots/site_ledger.jsonl), which recorded its head with every upload.\n\n"
     "Exit 0: resets recorded. Exit 2: no anchor in SITE_STATE_DIR, no ledger behind its anchor, or an empty reason."
 )
 
@@ -152,13 +155,14 @@ def acknowledge_reset(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON envelope (the recorded resets in data).")] = False,
 ) -> None:
     """Record an operator's acknowledgement of a lost or rolled-back privacy ledger (help text: ``_ACK_HELP``)."""
+    from fcd_secure.federation.learner import privacy_witness  # noqa: PLC0415
     from fcd_secure.privacy.errors import PrivacyLedgerError  # noqa: PLC0415
     from fcd_secure.privacy.ledger import acknowledge_reset as _acknowledge  # noqa: PLC0415
 
     if not state_dir.is_dir():
         raise CliError(f"{state_dir}: no such site state directory")
     try:
-        records = _acknowledge(state_dir, reason, operator)
+        records = _acknowledge(state_dir, reason, operator, witnessed=privacy_witness(state_dir))
     except (FileNotFoundError, PrivacyLedgerError, ValueError) as exc:
         raise CliError(str(exc)) from None
     if not records:
