@@ -17,7 +17,9 @@ app = new_app(help="Privacy budget ledgers and reports (DP-SGD).")
 _REPORT_HELP = (
     "Per-site and consortium privacy report: ε spent / cap / remaining at δ, σ, C, q, steps, rounds, the ledger's "
     "segments, the accountant and library versions, what is covered and what is not (stated once for all sites); "
-    "with a plot of ε against rounds per site and for the consortium.\n\n"
+    "with a plot of ε against rounds per site and for the consortium. ε is per record: a site's ε spent is that of "
+    "its most-spent record over every run on the site (any split or seed) plus what acknowledged resets carried "
+    "forward, and the per-record spend across runs (records, max, median) is listed.\n\n"
     "PATH is a run folder (every site of the run is listed; a site never sampled for a DP round has ε = 0), a sites' "
     "state root, one site's state directory, a ledger folder, or one ledger file. ε is recomputed from each site's "
     "write-ahead ledger, never taken from a cached number. A run trained without DP gets a report saying it has no "
@@ -89,6 +91,11 @@ def _print_sites(con, rep: dict) -> None:
         f"Consortium: ε = {c['epsilon']:.3f}, δ = {c['delta']:.3g} (parallel composition over {c['sites']} sites; "
         f"worst site {c.get('worst_site')})",
     )
+    r = rep.get("records") or {}
+    if r.get("records"):
+        carried = f", {r['carried_from_resets']:.3f} of it carried by acknowledged resets" if r["carried_from_resets"] else ""
+        con.print(f"Per record, across runs: {r['records']} records; ε max {r['max']:.3f}, median {r['median']:.3f}"
+                  f"{carried}")
     common = rep["common"]
     con.print("Accountant: " + "; ".join(common["accountants"]))
     never = [s["site"] for s in rep["sites"] if s.get("ledger") is None]

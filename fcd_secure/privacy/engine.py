@@ -185,6 +185,7 @@ class DPSite:
             align_under_dp=dp_cfg.align_under_dp,
             noise_seed=dp_cfg.noise_seed,
             site=self.state_dir.name or None,
+            records=self.records,
         )
         #: why every round will be refused (the budget left cannot pay for the planned use), or None
         self.refusal: str | None = None

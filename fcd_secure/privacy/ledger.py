@@ -266,7 +266,8 @@ class Ledger:
         and may not change δ (ε at two different δ cannot be added up). Both raise ``PrivacyLedgerError``. The table
         (``identity``, or a bare ``fingerprint``) must be the ledger's own data
         (:func:`~fcd_secure.privacy.identity.same_data`); its size may differ from the first table's (a record
-        dropped or added): the latest is recorded. ``records`` (the table's record keys) join the ledger's records.
+        dropped or added): the latest is recorded. ``records`` (the table's record keys) join the ledger's records
+        while it has no history (else at their first reservation, :meth:`reserve`).
 
         Raises:
             LedgerRollback: the ledger is missing or behind the site's anchor.
@@ -333,7 +334,9 @@ class Ledger:
             if identity.fingerprint not in state.datasets:
                 state.datasets = (state.datasets or [state.fingerprint]) + [identity.fingerprint]
                 changed = True
-            if records and not set(records) <= set(state.records):
+            if records and not state.segments and not set(records) <= set(state.records):
+                # listed now (nothing is charged to them yet); a ledger with history lists them at their first
+                # reservation, so a refused table's records are never charged this ledger's earlier rounds
                 state.records = sorted(set(state.records) | set(records))
                 changed = True
             if changed:
