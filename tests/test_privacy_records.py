@@ -215,7 +215,8 @@ def test_the_default_site_policy_refuses_a_server_asking_for_less(change, field)
     effective, refusal = SitePolicy().admit(request)
     assert refusal is not None and refusal.rule == "site_policy" and refusal.key == field
     policy = SitePolicy()
-    assert effective.dp.enabled and effective.dp.delta is not None and effective.dp.delta <= policy.dp.delta_max
+    assert effective.dp.enabled and effective.dp.delta_max == policy.dp.delta_max
+    assert effective.dp.resolve_delta(50) <= policy.dp.delta_max
     assert (effective.evaluation.ope_horizon or 0) <= policy.evaluation.ope_horizon_max
 
 
@@ -229,6 +230,10 @@ def test_the_default_site_policy_admits_a_server_asking_for_more():
     effective, refusal = SitePolicy().admit(request)
     assert refusal is None
     assert effective.dp.delta == 1e-9 and effective.dp.epsilon == 1.0 and effective.evaluation.ope_horizon == 1
-    # no δ in the request: the site's ceiling applies
+    # no δ in the request: the default δ (1/(10 n) rounded down to a power of ten) lowered to the site's ceiling
     effective, refusal = SitePolicy().admit(build_config("tiny", {"dp": {"enabled": True}}))
-    assert refusal is None and effective.dp.delta == SitePolicy().dp.delta_max
+    assert refusal is None and effective.dp.resolve_delta(50) == SitePolicy().dp.delta_max == 1e-5
+    assert effective.dp.resolve_delta(10**6) == 1e-7
+    # a server that writes its own ceiling into the request does not set the site's
+    asked = build_config("tiny", {"dp": {"enabled": True, "delta_max": 0.5}})
+    assert SitePolicy().admit(asked)[0].dp.delta_max == 1e-5

@@ -79,6 +79,9 @@ class SecurePolicy(_Section):
 #: the default δ ceiling of a site: at or below 1/n for every site of up to 100 000 trajectories (a larger site
 #: lowers it); δ is the probability that the ε guarantee fails, so it must stay well under one record's share 1/n
 DEFAULT_DELTA_MAX = 1e-5
+#: the largest δ the default rule (the largest power of ten ≤ 1/(10·n)) can give: the ceiling of a simulated hospital
+#: that takes the run's default δ, so that its δ stays the rule's
+RULE_DELTA_MAX = 0.1
 
 
 class DPPolicy(_Section):
@@ -89,8 +92,8 @@ class DPPolicy(_Section):
     epsilon_cap: float = Field(8.0, gt=0, le=100, description="the most ε a run may ask this site to spend (lifetime cap)")
     delta_max: float | None = Field(
         DEFAULT_DELTA_MAX, gt=0, lt=1,
-        description="the largest δ a run may ask for; a run that names none gets this one (None: any δ < 1/n, for a "
-        "simulated hospital that chose the run's own δ)",
+        description="the largest δ a run may ask for; a run that names none gets the default δ (the largest power of "
+        "ten ≤ 1/(10·n)) lowered to it (None: no ceiling beyond δ < 1/n)",
     )
     ledger_dir: str | None = Field(
         None, description="the site's persistent DP ledger folder (None: inside its state directory); a request "
@@ -206,7 +209,8 @@ class SitePolicy(_Section):
             secure=SecurePolicy(required=fed.secure_aggregation),
             secagg=cfg.secagg,
             dp=DPPolicy(
-                required=dp.enabled, epsilon_cap=dp.epsilon, delta_max=dp.delta, ledger_dir=dp.ledger_dir,
+                required=dp.enabled, epsilon_cap=dp.epsilon,
+                delta_max=dp.delta if dp.delta is not None else RULE_DELTA_MAX, ledger_dir=dp.ledger_dir,
                 noise_seed_from_site_secret=dp.noise_seed == "site_secret",
             ),
             data=DataPolicy(
@@ -272,7 +276,8 @@ class SitePolicy(_Section):
             update={
                 "enabled": dp.enabled or self.dp.required,
                 "epsilon": min(dp.epsilon, self.dp.epsilon_cap),
-                "delta": _smaller(dp.delta, self.dp.delta_max),
+                "delta": None if dp.delta is None else _smaller(dp.delta, self.dp.delta_max),
+                "delta_max": self.dp.delta_max,  # the site's ceiling, whatever the request says (privacy.config)
                 "ledger_dir": self.dp.ledger_dir,
                 "noise_seed": "site_secret" if self.dp.noise_seed_from_site_secret else dp.noise_seed,
             }
