@@ -39,8 +39,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fcd_secure._io import atomic_write_text, file_lock
-from fcd_secure.data.schema import SiteDataset
 from fcd_secure.anchor_records import LedgerHead
+from fcd_secure.data.schema import SiteDataset
 from fcd_secure.privacy.anchor import AnchorStore, LedgerView, ResetRecord, segment_chain, views_of
 from fcd_secure.privacy.errors import BudgetExceeded, PrivacyLedgerError, LedgerRollback
 from fcd_secure.privacy.identity import SAME_DATA, DatasetIdentity, dataset_identity, same_data, shared_fraction
