@@ -191,14 +191,7 @@ def site_report(
     resets = [r.model_dump() for e in anchors or [] for r in e.resets]
     history = state.history()
     own = epsilon(history, state.delta, state.accountant)
-    if state.records:
-        gs = groups(state.records, site_holdings(ledger_file.parent, exclude=ledger_file), base=history,
-                    base_delta=state.delta)
-        eps = worst_group(gs, state.accountant)[0] + carried
-        records = spend_summary(spend_values(gs, state.accountant, carried), carried)
-    else:
-        eps = own + carried
-        records = spend_summary([], carried)
+    eps, records = ledger_spend(ledger_file, state, carried)
     eps_rdp = epsilon(history, state.delta, "rdp") if state.accountant != "rdp" else eps
     curve = epsilon_curve(history, state.delta, state.accountant)
     segments = []
@@ -315,22 +308,39 @@ def consortium_report(sites: list[dict[str, Any]], n_sites: int | None = None) -
     }
 
 
+def ledger_spend(ledger_file: Path, state: LedgerState, carried: float = 0.0) -> tuple[float, dict[str, Any]]:
+    """The most any record of this ledger has spent over every ledger of its folder, plus ``carried``, and the
+    per-record summary of its records (:func:`fcd_secure.privacy.spend.spend_summary`); a ledger that lists no
+    records (opened by a bare fingerprint) is its own composition plus ``carried``."""
+    if not state.records:
+        return epsilon(state.history(), state.delta, state.accountant) + carried, spend_summary([], carried)
+    gs = groups(state.records, site_holdings(ledger_file.parent, exclude=ledger_file), base=state.history(),
+                base_delta=state.delta)
+    eps = worst_group(gs, state.accountant)[0] + carried
+    return eps, spend_summary(spend_values(gs, state.accountant, carried), carried)
+
+
 def site_budgets(roots: list[str | Path]) -> dict[str, dict[str, float]]:
     """ε spent, cap, remaining and δ per site id, from every ledger under ``roots`` (state roots or ledger folders).
 
-    A ledger shared by several site ids (one dataset trained at two sites) counts for each of them. Roots that do
-    not exist are skipped.
+    ε spent is per record (:func:`ledger_spend`: the site's most-spent record over all its ledgers, resets carried
+    forward); a site with several ledgers reports the largest. A ledger shared by several site ids (one dataset
+    trained at two sites) counts for each of them. Roots that do not exist are skipped.
     """
     out: dict[str, dict[str, float]] = {}
     files: set[Path] = set()
+    carried: dict[str, float] = {}
     for root in map(Path, roots):
         if root.is_dir():
             files.update(p.resolve() for p in root.rglob("ledger-*.json") if p.parent.name == "privacy")
             files.update(p.resolve() for p in root.glob("ledger-*.json"))
+            carried |= find_carried(root)
     for f in sorted(files):
         state = Ledger(f).load()
-        eps = epsilon(state.history(), state.delta, state.accountant)
+        eps, _ = ledger_spend(f, state, carried.get(str(f), 0.0))
         for sid in state.sites or [site_label(f)]:
+            if sid in out and out[sid]["epsilon_spent"] >= eps:
+                continue
             out[sid] = {
                 "epsilon_spent": eps,
                 "epsilon_cap": state.epsilon_cap,
