@@ -258,7 +258,8 @@ class DPSite:
         _, target = worst_group(gs, state.accountant)
         sigma = 0.0
         for _ in range(len(gs) + 1):
-            assert target is not None
+            if target is None:  # no record to plan for (cannot happen: a table has at least one record)
+                break
             sigma = max(sigma, plan_noise_multiplier(
                 epsilon_cap=budget,
                 delta=target.delta,
