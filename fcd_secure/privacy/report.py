@@ -233,7 +233,8 @@ def site_report(
     if carried:
         disabled.append(
             f"the exact composition over ledgers lost to acknowledged resets: their ε ({carried:.3f} in all) is added to "
-            "every record's ε by basic composition (a bound, not the accountant's tighter figure)"
+            "every record's ε by basic composition (a bound, not the accountant's tighter figure), and so is their δ: "
+            "the stated ε holds at δ times (1 + the number of resets)"
         )
     if behind:
         disabled.append("THIS LEDGER IS BEHIND ITS ANCHOR (deleted segments or an older copy): " + "; ".join(behind))
