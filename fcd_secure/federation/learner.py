@@ -262,6 +262,7 @@ def privacy_witness(state_dir) -> tuple:
     import json  # noqa: PLC0415
     from pathlib import Path  # noqa: PLC0415
 
+    from fcd_secure._io import file_lock  # noqa: PLC0415
     from fcd_secure.anchor_records import PrivacyAnchor  # noqa: PLC0415
     from fcd_secure.audit.ledger import SITE_LEDGER_FILE, read_lines  # noqa: PLC0415
     from fcd_secure.privacy.errors import PrivacyLedgerError  # noqa: PLC0415
@@ -271,7 +272,9 @@ def privacy_witness(state_dir) -> tuple:
         chain = Path(state_dir) / folder / SITE_LEDGER_FILE
         if not chain.is_file():
             continue
-        for ln, text in read_lines(chain):
+        with file_lock(chain):  # the chain's own append lock: never half a line
+            lines = list(read_lines(chain))
+        for ln, text in lines:
             try:
                 line = json.loads(text)
             except json.JSONDecodeError as exc:
