@@ -50,6 +50,9 @@ class Pair:
 
         self.state = tmp_path / "state"
         cfg = build_config("tiny", {"state_dir": str(self.state)})
+        from fcd_secure.engines.simulation import write_simulated_policies
+
+        write_simulated_policies(cfg)  # the policy a simulated site takes for this run (no DP required)
         self.app = make_client_app(cfg)
         self.ctx = Context(run_id=7, node_id=NODE, node_config={"partition-id": 0}, state=RecordDict(), run_config={})
         self.site = SiteRuntime.from_context(self.ctx, cfg)

@@ -17,7 +17,9 @@ app = new_app(help="Privacy budget ledgers and reports (DP-SGD).")
 _REPORT_HELP = (
     "Per-site and consortium privacy report: ε spent / cap / remaining at δ, σ, C, q, steps, rounds, the ledger's "
     "segments, the accountant and library versions, what is covered and what is not (stated once for all sites); "
-    "with a plot of ε against rounds per site and for the consortium.\n\n"
+    "with a plot of ε against rounds per site and for the consortium. ε is per record: a site's ε spent is that of "
+    "its most-spent record over every run on the site (any split or seed) plus what acknowledged resets carried "
+    "forward, and the per-record spend across runs (records, max, median) is listed.\n\n"
     "PATH is a run folder (every site of the run is listed; a site never sampled for a DP round has ε = 0), a sites' "
     "state root, one site's state directory, a ledger folder, or one ledger file. ε is recomputed from each site's "
     "write-ahead ledger, never taken from a cached number. A run trained without DP gets a report saying it has no "
@@ -89,6 +91,11 @@ def _print_sites(con, rep: dict) -> None:
         f"Consortium: ε = {c['epsilon']:.3f}, δ = {c['delta']:.3g} (parallel composition over {c['sites']} sites; "
         f"worst site {c.get('worst_site')})",
     )
+    r = rep.get("records") or {}
+    if r.get("records"):
+        carried = f", {r['carried_from_resets']:.3f} of it carried by acknowledged resets" if r["carried_from_resets"] else ""
+        con.print(f"Per record, across runs: {r['records']} records; ε max {r['max']:.3f}, median {r['median']:.3f}"
+                  f"{carried}")
     common = rep["common"]
     con.print("Accountant: " + "; ".join(common["accountants"]))
     never = [s["site"] for s in rep["sites"] if s.get("ledger") is None]
@@ -137,7 +144,10 @@ _ACK_HELP = (
     "same records would otherwise get a fresh ε budget without trace. This command records, for every such ledger, "
     "a reset (reason, operator, time and the head that was lost: segments, steps, ε) in the anchor and re-anchors "
     "the ledger as it now is. The reset is not forgotten: `fcd privacy report` lists it, and the site's next upload "
-    "carries it into its signed audit chain, where `fcd audit verify` reports it.\n\n"
+    "carries it into its signed audit chain, where `fcd audit verify` reports it. The ε the lost ledger held is "
+    "carried forward: it is charged to every record the site trains afterwards, so a reset never raises what is "
+    "left of a budget. A ledger deleted together with the anchor is found in the site's own audit chain "
+    "(<state>/slots/site_ledger.jsonl), which recorded its head with every upload.\n\n"
     "Exit 0: resets recorded. Exit 2: no anchor in SITE_STATE_DIR, no ledger behind its anchor, or an empty reason."
 )
 
@@ -152,13 +162,14 @@ def acknowledge_reset(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON envelope (the recorded resets in data).")] = False,
 ) -> None:
     """Record an operator's acknowledgement of a lost or rolled-back privacy ledger (help text: ``_ACK_HELP``)."""
+    from fcd_secure.federation.learner import privacy_witness  # noqa: PLC0415
     from fcd_secure.privacy.errors import PrivacyLedgerError  # noqa: PLC0415
     from fcd_secure.privacy.ledger import acknowledge_reset as _acknowledge  # noqa: PLC0415
 
     if not state_dir.is_dir():
         raise CliError(f"{state_dir}: no such site state directory")
     try:
-        records = _acknowledge(state_dir, reason, operator)
+        records = _acknowledge(state_dir, reason, operator, witnessed=privacy_witness(state_dir))
     except (FileNotFoundError, PrivacyLedgerError, ValueError) as exc:
         raise CliError(str(exc)) from None
     if not records:

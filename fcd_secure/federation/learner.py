@@ -248,13 +248,65 @@ def round_seed(seed: int, server_round: int, site_index: int, salt: int = 0) -> 
     return int(ss.generate_state(1, dtype=np.uint32)[0])
 
 
+#: where a site's signed audit chain may be, inside its state directory (the runtime's slot; ``SiteLedger.open``)
+_SITE_CHAIN_DIRS = ("slots", "audit")
+
+
+def privacy_witness(state_dir) -> tuple:
+    """The heads of the site's DP ledgers its own signed audit chain recorded (every upload line carries them,
+    ``audit.gate``), the largest per ledger: what the site had spent, even if its ledger and anchor were deleted.
+
+    Raises:
+        PrivacyLedgerError: the chain holds a line that is not JSON (fail closed: the spend it records is unknown).
+    """
+    import json  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    from fcd_secure._io import file_lock  # noqa: PLC0415
+    from fcd_secure.anchor_records import PrivacyAnchor  # noqa: PLC0415
+    from fcd_secure.audit.ledger import SITE_LEDGER_FILE, read_lines  # noqa: PLC0415
+    from fcd_secure.privacy.errors import PrivacyLedgerError  # noqa: PLC0415
+
+    heads: dict[str, PrivacyAnchor] = {}
+    for folder in _SITE_CHAIN_DIRS:
+        chain = Path(state_dir) / folder / SITE_LEDGER_FILE
+        if not chain.is_file():
+            continue
+        with file_lock(chain):  # the chain's own append lock: never half a line
+            lines = list(read_lines(chain))
+        for ln, text in lines:
+            try:
+                line = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise PrivacyLedgerError(f"{chain}:{ln}: unreadable audit line ({exc}); refusing to train") from None
+            if not isinstance(line, dict) or line.get("kind") != "upload":
+                continue
+            for raw in line.get("privacy_anchors") or ():
+                head = PrivacyAnchor.model_validate(raw)
+                if head.key not in heads or head.segments > heads[head.key].segments:
+                    heads[head.key] = head
+    return tuple(heads.values())
+
+
+def check_privacy_witness(state_dir) -> tuple:
+    """Refuse (``LedgerRollback``) if a ledger head the site's audit chain recorded is gone from its anchor (ledger
+    and anchor deleted together); returns the witnessed heads."""
+    from fcd_secure.privacy.anchor import AnchorStore  # noqa: PLC0415
+
+    witnessed = privacy_witness(state_dir)
+    AnchorStore(state_dir).check_witness(witnessed)
+    return witnessed
+
+
 def train_local_dp(
     model, ds: SiteDataset, cfg: RunConfig, site_index: int, n_sites: int, epochs: int, seed: int, optimizer,
     state_dir, server_round: int,
 ) -> dict:
     """The same local step under DP-SGD (``fcd_secure.privacy``): the site's write-ahead privacy ledger lives in its
     state directory; a round that does not fit the site's budget raises ``BudgetExceeded`` before any data is
-    touched (the site then answers with an error and is counted as a failure for that round).
+    touched (the site then answers with an error and is counted as a failure for that round). The budget is per
+    record across every run on the site (``privacy.spend``); a ledger lost together with its anchor, which the
+    site's own audit chain still records, raises ``LedgerRollback`` at start (:func:`check_privacy_witness`).
 
     σ is planned for ``federation.rounds`` rounds of ``local_epochs`` (every round, as if the site were sampled
     each time: conservative under 5-of-10 sampling, whose amplification is not claimed).
@@ -268,11 +320,13 @@ def train_local_dp(
         raise ValueError(
             f"DP-SGD trains Fed-CausalDiff's local objective; model.simulator = {cfg.model.simulator!r} has none"
         )
+    witnessed = check_privacy_witness(state_dir)  # before any data is read
     mc = site_objective(ds, model_config(cfg))
     ds = training_view(ds, mc)
     # keyed by the records themselves: the same table reordered, or with a record dropped, keeps its budget
     site = DPSite.for_dataset(
-        state_dir, ds, cfg.dp, cfg.federation.rounds, epochs, mc.batch_size, run_id=cfg.training_hash()[:16]
+        state_dir, ds, cfg.dp, cfg.federation.rounds, epochs, mc.batch_size, run_id=cfg.training_hash()[:16],
+        witnessed=witnessed,
     )
     return dict(
         train_round_private(

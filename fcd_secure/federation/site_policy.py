@@ -11,12 +11,13 @@ shipped defaults are strict; a missing file means the defaults. Sections:
 ``[secagg]``           the secure-aggregation parameters the site pins
                        (:class:`~fcd_secure.aggregation.secagg.SecAggPolicy`: minimum sites, threshold rule, clip,
                        fixed-point scale, deadlines; its defaults)
-``[dp]``               ``required`` DP-SGD or not, the lifetime ε cap, the largest δ, the DP ledger folder, the
-                       noise seeding (P21)
+``[dp]``               ``required`` DP-SGD or not (default: required), the lifetime ε cap, the largest δ (default
+                       1e-5), the DP ledger folder, the noise seeding (P21, P42)
 ``[training]``         ``use_propensities``: whether the site's own logged propensities may weight its local training
                        (``model.ipw``; default yes); they never leave either way
 ``[evaluation]``       the smallest evaluation cohort (default 50 rows, or the whole test split when smaller, never
-                       fewer than 20) and how often the same rows may be evaluated (P22)
+                       fewer than 20), how often the same rows may be evaluated (P22), the longest truncated OPE
+                       horizon (``ope_horizon_max``, default 2; P42)
 ``[data]``             where the site's data are and how they are split; when set, a request naming other data is
                        refused
 ``[app]``              the SHA-256 of every Flower app bundle (FAB) the site runs (deployment, P27)
@@ -75,10 +76,25 @@ class SecurePolicy(_Section):
     required: bool = Field(True, description="everything numeric leaves only inside secure aggregation (P20)")
 
 
+#: the default δ ceiling of a site: at or below 1/n for every site of up to 100 000 trajectories (a larger site
+#: lowers it); δ is the probability that the ε guarantee fails, so it must stay well under one record's share 1/n
+DEFAULT_DELTA_MAX = 1e-5
+#: the largest δ the default rule (the largest power of ten ≤ 1/(10·n)) can give: the ceiling of a simulated hospital
+#: that takes the run's default δ, so that its δ stays the rule's
+RULE_DELTA_MAX = 0.1
+
+
 class DPPolicy(_Section):
-    required: bool = Field(False, description="train only with DP-SGD")
+    """What the site pins about DP (P21, P42): DP on, the lifetime ε cap (per record, across every run on the site:
+    ``privacy.spend``), the δ ceiling, the ledger folder and secret noise. A run may ask for less ε or δ, never more."""
+
+    required: bool = Field(True, description="train only with DP-SGD (the strict default: the server cannot turn it off)")
     epsilon_cap: float = Field(8.0, gt=0, le=100, description="the most ε a run may ask this site to spend (lifetime cap)")
-    delta_max: float | None = Field(None, gt=0, lt=1, description="the largest δ a run may ask for (None: any valid δ)")
+    delta_max: float | None = Field(
+        DEFAULT_DELTA_MAX, gt=0, lt=1,
+        description="the largest δ a run may ask for; a run that names none gets the default δ (the largest power of "
+        "ten ≤ 1/(10·n)) lowered to it (None: no ceiling beyond δ < 1/n)",
+    )
     ledger_dir: str | None = Field(
         None, description="the site's persistent DP ledger folder (None: inside its state directory); a request "
         "naming another folder is refused (a fresh folder would be a fresh budget)"
@@ -103,6 +119,11 @@ class EvaluationPolicy(_Section):
         description=f"fewest rows one evaluation covers (the whole test split when smaller; never fewer than {MIN_COHORT_FLOOR})",
     )
     max_repeats: int = Field(100, ge=1, description="how often the same rows may be evaluated (over the site's lifetime)")
+    ope_horizon_max: int = Field(
+        2, ge=1,
+        description="the longest truncated OPE horizon a run may ask for (evaluation.ope_horizon: the '<est>_h<H>' sums "
+        "weight each trajectory's first H steps by its propensities; a longer H carries more of each trajectory)",
+    )
 
 
 class DataPolicy(_Section):
@@ -188,13 +209,15 @@ class SitePolicy(_Section):
             secure=SecurePolicy(required=fed.secure_aggregation),
             secagg=cfg.secagg,
             dp=DPPolicy(
-                required=dp.enabled, epsilon_cap=dp.epsilon, delta_max=dp.delta, ledger_dir=dp.ledger_dir,
+                required=dp.enabled, epsilon_cap=dp.epsilon,
+                delta_max=dp.delta if dp.delta is not None else RULE_DELTA_MAX, ledger_dir=dp.ledger_dir,
                 noise_seed_from_site_secret=dp.noise_seed == "site_secret",
             ),
             data=DataPolicy(
                 dataset=d.dataset, preset=d.preset, spec=d.spec, table=d.table, data_dir=d.data_dir,
                 n_sites=d.n_sites, alpha=d.alpha, test_fraction=d.test_fraction,
             ),
+            evaluation=EvaluationPolicy(ope_horizon_max=cfg.evaluation.ope_horizon or 1),
             app=AppPolicy(fab_sha256=fab_sha256),
         )
 
@@ -229,8 +252,13 @@ class SitePolicy(_Section):
             weaker.append("dp.enabled")
         if dp.enabled and dp.epsilon > self.dp.epsilon_cap:
             weaker.append("dp.epsilon")
-        if dp.enabled and self.dp.delta_max is not None and (dp.delta is None or dp.delta > self.dp.delta_max):
+        # a request without δ gets the site's ceiling (below); one above it is refused before any work
+        if (dp.enabled or self.dp.required) and self.dp.delta_max is not None and dp.delta is not None \
+                and dp.delta > self.dp.delta_max:
             weaker.append("dp.delta")
+        ope_h = request.evaluation.ope_horizon
+        if ope_h is not None and ope_h > self.evaluation.ope_horizon_max:
+            weaker.append("evaluation.ope_horizon")
         if dp.ledger_dir is not None and dp.ledger_dir != self.dp.ledger_dir:
             weaker.append("dp.ledger_dir")
         if dp.enabled and self.dp.noise_seed_from_site_secret and dp.noise_seed != "site_secret":
@@ -248,7 +276,8 @@ class SitePolicy(_Section):
             update={
                 "enabled": dp.enabled or self.dp.required,
                 "epsilon": min(dp.epsilon, self.dp.epsilon_cap),
-                "delta": _smaller(dp.delta, self.dp.delta_max),
+                "delta": None if dp.delta is None else _smaller(dp.delta, self.dp.delta_max),
+                "delta_max": self.dp.delta_max,  # the site's ceiling, whatever the request says (privacy.config)
                 "ledger_dir": self.dp.ledger_dir,
                 "noise_seed": "site_secret" if self.dp.noise_seed_from_site_secret else dp.noise_seed,
             }
@@ -260,8 +289,12 @@ class SitePolicy(_Section):
             }
         )
         eff_data = data.model_copy(update={k: v for k, v in pinned.items() if v is not None})
+        eff_eval = request.evaluation.model_copy(
+            update={"ope_horizon": None if ope_h is None else min(ope_h, self.evaluation.ope_horizon_max)}
+        )
         effective = request.model_copy(
-            update={"federation": eff_fed, "dp": eff_dp, "data": eff_data, "secagg": self.secagg}
+            update={"federation": eff_fed, "dp": eff_dp, "data": eff_data, "secagg": self.secagg,
+                    "evaluation": eff_eval}
         )
         refusal = Refusal(RULE, "config", weaker[0]) if weaker else None
         return effective, refusal
@@ -289,10 +322,13 @@ class SitePolicy(_Section):
             )),
             ("dp.required", minimum.dp.required and not self.dp.required),
             ("dp.epsilon_cap", minimum.dp.required and self.dp.epsilon_cap > minimum.dp.epsilon_cap),
+            ("dp.delta_max", minimum.dp.delta_max is not None and (
+                self.dp.delta_max is None or self.dp.delta_max > minimum.dp.delta_max)),
             ("dp.noise_seed_from_site_secret", minimum.dp.noise_seed_from_site_secret and not self.dp.noise_seed_from_site_secret),
             ("training.use_propensities", self.training.use_propensities and not minimum.training.use_propensities),
             ("evaluation.min_cohort", self.evaluation.min_cohort < minimum.evaluation.min_cohort),
             ("evaluation.max_repeats", self.evaluation.max_repeats > minimum.evaluation.max_repeats),
+            ("evaluation.ope_horizon_max", self.evaluation.ope_horizon_max > minimum.evaluation.ope_horizon_max),
         ]
         for name, weaker in checks:
             if weaker:

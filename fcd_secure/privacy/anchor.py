@@ -188,6 +188,46 @@ class AnchorStore:
                 f"data until an operator acknowledges the reset: fcd privacy acknowledge-reset {where} --reason '…'"
             )
 
+    def carried(self) -> float:
+        """ε carried forward by every acknowledged reset of this site: the sum of the heads' ε that were lost.
+
+        A lost ledger's records are not known any more (only its sketch is), so the spend it held is charged to every
+        record the site trains from then on, by basic composition (Dwork & Roth 2014, Thm. 3.16: ε and δ add up). A
+        head's ε is that ledger's own spend at its last reservation (:attr:`SegmentRecord.epsilon_projected
+        <fcd_secure.privacy.ledger.SegmentRecord>` leaves earlier carried spend out), so a second reset of the same
+        ledger adds only what was spent after the first. An acknowledgement therefore never raises what is left.
+
+        Raises:
+            PrivacyLedgerError: the anchor file cannot be read.
+        """
+        return float(sum(r.previous.epsilon for e in self.load().entries for r in e.resets))
+
+    def check_witness(self, witnessed: Sequence[LedgerHead]) -> None:
+        """Raise if a head the site's signed audit chain recorded (``witnessed``) is neither in the anchor nor reset.
+
+        The anchor catches a deleted ledger; deleting the anchor with it would leave nothing to compare. The site's
+        audit chain records the heads with every upload (``audit.gate``), so a head it recorded that the anchor no
+        longer holds (no entry, fewer segments, and no acknowledged reset of at least that many segments) means the
+        ledger and its anchor went together: the site refuses to train at start until an operator acknowledges.
+
+        Raises:
+            LedgerRollback: a witnessed head is gone.
+            PrivacyLedgerError: the anchor file cannot be read.
+        """
+        anchors = self.load()
+        for w in witnessed:
+            if w.segments == 0:
+                continue
+            e = anchors.entry(w.key)
+            if e is not None and (e.head.segments >= w.segments or any(r.previous.segments >= w.segments for r in e.resets)):
+                continue
+            raise LedgerRollback(
+                f"{self.path}: the site's audit chain recorded privacy ledger {w.key[:16]} at {w.segments} segment(s), "
+                f"ε ≈ {w.epsilon:.3f}, and the anchor {'no longer holds it' if e is None else 'holds less'} (ledger and "
+                "anchor deleted or replaced); the site refuses to train until an operator acknowledges the reset: "
+                f"fcd privacy acknowledge-reset {self.path.parent} --reason '…'"
+            )
+
     def update(self, head: LedgerHead, *, identity: DatasetIdentity | None, ledger: str | Path) -> None:
         """Anchor ``head`` (keeping the entry's identity and resets when ``identity`` is ``None``)."""
         with file_lock(self.path):
@@ -203,13 +243,25 @@ class AnchorStore:
             others = tuple(e for e in anchors.entries if e.head.key != head.key)
             self._save(AnchorFile(entries=others + (entry,)))
 
-    def acknowledge(self, views: dict[str, LedgerView | None], *, reason: str, operator: str | None = None) -> list[ResetRecord]:
+    def acknowledge(
+        self,
+        views: dict[str, LedgerView | None],
+        *,
+        reason: str,
+        operator: str | None = None,
+        witnessed: Sequence[LedgerHead] = (),
+        ledger_dir: str | Path | None = None,
+    ) -> list[ResetRecord]:
         """Record an operator's acknowledgement of every anchored ledger that is behind its head.
 
         Args:
             views: the ledgers as they are now, by key (``None``: the file is missing).
             reason: why (kept in the anchor and, through the next upload, in the audit chain).
             operator: who acknowledges (default: the login name).
+            witnessed: the heads the site's audit chain recorded (:meth:`check_witness`); one the anchor lost too
+                (the anchor file was deleted with the ledger) is acknowledged as a reset of a missing ledger, so
+                its spend is carried forward (:meth:`carried`).
+            ledger_dir: where such a ledger was (for the record; default ``<state_dir>/privacy``).
 
         Returns:
             The reset records written (empty when no ledger was behind its anchor).
@@ -234,6 +286,25 @@ class AnchorStore:
                 written.append(rec)
                 new_head = current or LedgerHead(key=e.head.key, segments=0, chain=GENESIS, steps=0, epsilon=0.0)
                 entries.append(e.model_copy(update={"head": new_head, "resets": e.resets + (rec,), "updated": rec.time}))
+            folder = Path(ledger_dir) if ledger_dir is not None else self.path.parent / "privacy"
+            for w in witnessed:
+                e = next((x for x in entries if x.head.key == w.key), None)
+                covered = e is not None and (
+                    e.head.segments >= w.segments or any(r.previous.segments >= w.segments for r in e.resets)
+                )
+                if w.segments == 0 or covered:
+                    continue
+                lost = LedgerHead(key=w.key, segments=w.segments, chain=w.chain, steps=w.steps, epsilon=w.epsilon)
+                rec = ResetRecord(time=_now(), reason=reason.strip(), operator=who, previous=lost, current=None)
+                written.append(rec)
+                genesis = LedgerHead(key=w.key, segments=0, chain=GENESIS, steps=0, epsilon=0.0)
+                if e is None:
+                    path = (folder / f"ledger-{w.key}.json").resolve()
+                    entries.append(AnchorEntry(head=genesis, ledger=str(path), resets=(rec,), updated=rec.time))
+                else:
+                    entries[entries.index(e)] = e.model_copy(
+                        update={"head": genesis, "resets": e.resets + (rec,), "updated": rec.time}
+                    )
             if written:
                 self._save(AnchorFile(entries=tuple(entries)))
         return written

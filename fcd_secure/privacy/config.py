@@ -49,6 +49,13 @@ class DPConfig(BaseModel):
         lt=1,
         description="δ of the (ε, δ) guarantee; default: the largest power of ten ≤ 1/(10·n_site).",
     )
+    delta_max: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="The site's δ ceiling, set by each site from its own policy (federation.site_policy), never by "
+        "the server: the default δ is lowered to it and a larger δ is refused. None: no ceiling beyond δ < 1/n_site.",
+    )
     clip: float = Field(1.0, gt=0, description="Per-sample L2 clipping norm C.")
     accountant: AccountantName = Field("prv", description="Opacus accountant: 'prv' (tightest) or 'rdp'.")
     poisson: bool = Field(True, description="Poisson sampling; required for the reported ε to be valid.")
@@ -81,11 +88,15 @@ class DPConfig(BaseModel):
         return self
 
     def resolve_delta(self, n_site: int) -> float:
-        """δ for a site of ``n_site`` trajectories; refuses a δ that could release a whole record (δ ≥ 1/n)."""
+        """δ for a site of ``n_site`` trajectories; refuses a δ that could release a whole record (δ ≥ 1/n) or one
+        above the site's ceiling ``delta_max`` (to which the default δ is lowered)."""
         if n_site < 1:
             raise ValueError(f"dp: a site needs at least one trajectory, got n_site={n_site}")
         if self.delta is None:
-            return 10.0 ** math.floor(math.log10(1.0 / (10.0 * n_site)))
+            rule = 10.0 ** math.floor(math.log10(1.0 / (10.0 * n_site)))
+            return rule if self.delta_max is None else min(rule, float(self.delta_max))
+        if self.delta_max is not None and self.delta > self.delta_max:
+            raise ValueError(f"dp.delta = {self.delta:g} is above the site's ceiling dp.delta_max = {self.delta_max:g}")
         if self.delta >= 1.0 / n_site:
             raise ValueError(
                 f"dp.delta = {self.delta:g} is ≥ 1/n_site = {1.0 / n_site:g}: such a δ allows releasing a record; "

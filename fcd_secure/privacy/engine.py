@@ -20,12 +20,19 @@ A site's local training under DP is, every round::
   ledger is closed with the number of steps the guard counted and the Opacus accountant is checked against it.
 * Poisson sampling with Opacus' q = 1/len(loader) (checked against the plan), ``grad_sample_mode="hooks"``,
   ``wrap_model=False`` so the model keeps its own methods (``encode``, ``simulate``).
+* The budget is per record (:mod:`fcd_secure.privacy.spend`): ``DPSite.for_dataset`` gives the ledger the table's
+  record keys, a round is refused before any data is read if *any* record of the table would pass the cap over
+  every run on the site (whatever split or seed chose the table), σ is planned for the record that has spent the
+  most, and the spend of acknowledged resets is carried forward. The design refuses the whole round rather than
+  training on the records with budget left: dropping records would make the table, its size N and q depend on
+  other runs' spend, and which records were dropped would itself depend on private membership.
 """
 
 from __future__ import annotations
 
 import hashlib
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,9 +41,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from fcd_secure._io import SecretFileError, load_or_create_secret
+from fcd_secure.anchor_records import LedgerHead
 from fcd_secure.privacy.anchor import AnchorStore
 from fcd_secure.privacy.config import DPConfig
-from fcd_secure.privacy.identity import DatasetIdentity, dataset_identity
+from fcd_secure.privacy.identity import DatasetIdentity, dataset_identity, record_keys
 from fcd_secure.privacy.ledger import (
     BudgetExceeded,
     Ledger,
@@ -46,7 +54,8 @@ from fcd_secure.privacy.ledger import (
     dataset_fingerprint,
     find_ledger,
 )
-from fcd_secure.privacy.planner import epsilon, plan_noise_multiplier, sample_rate, steps_per_epoch
+from fcd_secure.privacy.planner import plan_noise_multiplier, sample_rate, steps_per_epoch
+from fcd_secure.privacy.spend import RecordGroup, worst_group
 
 __all__ = [
     "BudgetExceeded",
@@ -112,6 +121,8 @@ class DPSite:
         batch_size: int,
         *,
         run_id: str | None = None,
+        records: Sequence[str] | None = None,
+        witnessed: Sequence[LedgerHead] = (),
     ) -> None:
         """Open (or start) the ledger of a site's data and plan σ for the planned use.
 
@@ -127,6 +138,11 @@ class DPSite:
             local_epochs: local epochs per round.
             batch_size: expected Poisson batch size.
             run_id: recorded with each segment.
+            records: the table's record keys (:func:`~fcd_secure.privacy.identity.record_keys`): the budget is then
+                accounted per record over every ledger of the site (:mod:`fcd_secure.privacy.spend`); ``None`` (a
+                bare fingerprint) accounts this ledger alone. :meth:`for_dataset` gives them.
+            witnessed: the ledger heads the site's signed audit chain recorded
+                (:meth:`~fcd_secure.privacy.anchor.AnchorStore.check_witness`): one the anchor lost is refused.
 
         Raises:
             LedgerRollback: the ledger of this data was deleted or rolled back since the site anchored it; the site
@@ -153,6 +169,10 @@ class DPSite:
         self.sample_rate = sample_rate(self.n_site, self.batch_size)
         self.steps_per_round = int(local_epochs) * steps_per_epoch(self.n_site, self.batch_size)
         anchor = AnchorStore(self.state_dir)
+        anchor.check_witness(witnessed)  # before anything is written: a ledger lost with its anchor stops the site
+        self.records = sorted(set(records)) if records is not None else None
+        #: ε carried forward by acknowledged resets, charged to every record of the site
+        self.carried = anchor.carried()
         folder = Path(dp_cfg.ledger_dir) if dp_cfg.ledger_dir is not None else self.state_dir / "privacy"
         self.ledger = Ledger(find_ledger(folder, identity, anchor), anchor=anchor)
         self.ledger.open_or_create(
@@ -165,6 +185,7 @@ class DPSite:
             align_under_dp=dp_cfg.align_under_dp,
             noise_seed=dp_cfg.noise_seed,
             site=self.state_dir.name or None,
+            records=self.records,
         )
         #: why every round will be refused (the budget left cannot pay for the planned use), or None
         self.refusal: str | None = None
@@ -183,13 +204,15 @@ class DPSite:
         batch_size: int,
         *,
         run_id: str | None = None,
+        witnessed: Sequence[LedgerHead] = (),
     ) -> "DPSite":
         """The :class:`DPSite` of a site's training table ``ds`` (a ``SiteDataset``), keyed by its records.
 
         The same records in another row order, or with a record dropped or added, keep their ledger
-        (:mod:`fcd_secure.privacy.identity`).
+        (:mod:`fcd_secure.privacy.identity`), and every record's spend is accounted across all the site's ledgers.
         """
-        return cls(state_dir, dataset_identity(ds), dp_cfg, ds.n, planned_rounds, local_epochs, batch_size, run_id=run_id)
+        return cls(state_dir, dataset_identity(ds), dp_cfg, ds.n, planned_rounds, local_epochs, batch_size,
+                   run_id=run_id, records=record_keys(ds), witnessed=witnessed)
 
     # -- planning ------------------------------------------------------------------------------------
     @property
@@ -214,21 +237,46 @@ class DPSite:
             if same and used < last.planned_steps:
                 return last
         try:
-            sigma = plan_noise_multiplier(
-                epsilon_cap=state.epsilon_cap,
-                delta=state.delta,
-                q=self.sample_rate,
-                planned_steps=self.steps_per_round * int(planned_rounds),
-                accountant=state.accountant,
-                history=state.history(),
-                sigma_max=self.cfg.max_noise_multiplier,
-            )
+            sigma = self._plan_sigma(state, self.steps_per_round * int(planned_rounds))
         except ValueError as exc:
             # What is left of the budget cannot pay for this use at a useful σ. No plan is recorded; every
             # reservation is refused with the reason (fail closed, and say why instead of training on noise).
             self.refusal = f"{exc} (ledger {self.ledger.path})"
             return PlanRecord(plan_id=0, sigma=self.cfg.max_noise_multiplier, created_at=0.0, **want)
         return self.ledger.add_plan(dict(sigma=sigma, **want))
+
+    def _plan_sigma(self, state: Any, planned_steps: int) -> float:
+        """The smallest σ that keeps every record of the table within the cap (less the carried spend).
+
+        Planned for the record group that has spent the most, then checked against every other group (their
+        histories mix other (σ, q)); a group still above the cap is planned for in turn and the largest σ kept.
+        """
+        budget = state.epsilon_cap - self.carried
+        if budget <= 0:
+            raise ValueError(f"the budget is already spent: {self.carried:.3f} carried by acknowledged resets")
+        gs = self.ledger.record_groups(state, self.records)
+        _, target = worst_group(gs, state.accountant)
+        sigma = 0.0
+        for _ in range(len(gs) + 1):
+            if target is None:  # no record to plan for (cannot happen: a table has at least one record)
+                break
+            sigma = max(sigma, plan_noise_multiplier(
+                epsilon_cap=budget,
+                delta=target.delta,
+                q=self.sample_rate,
+                planned_steps=planned_steps,
+                accountant=state.accountant,
+                history=target.history,
+                sigma_max=self.cfg.max_noise_multiplier,
+            ))
+            eps, target = worst_group(gs, state.accountant, [(sigma, self.sample_rate, planned_steps)])
+            if eps <= budget:
+                return sigma
+        raise ValueError(f"no σ ≤ {self.cfg.max_noise_multiplier:g} keeps every record within ε ≤ {budget:g}")
+
+    def _groups(self) -> tuple[Any, list[RecordGroup]]:
+        state = self.ledger.load()
+        return state, self.ledger.record_groups(state, self.records)
 
     # -- one round -----------------------------------------------------------------------------------
     def reserve_round(self, steps: int | None = None, *, round_id: int | None = None) -> Reservation:
@@ -247,9 +295,11 @@ class DPSite:
             steps=steps,
             round_id=round_id,
             run_id=self.run_id,
+            records=self.records,
+            carried=self.carried,
         )
         self._mine.append(seg.seq)
-        return Reservation(seg.seq, steps, seg.sigma, seg.q, seg.epsilon_projected, round_id)
+        return Reservation(seg.seq, steps, seg.sigma, seg.q, seg.epsilon_projected + self.carried, round_id)
 
     def _generator(self, purpose: str, seed: int, seq: int) -> torch.Generator:
         """The RNG of the Gaussian noise or of the Poisson draws of one round.
@@ -362,20 +412,20 @@ class DPSite:
 
     # -- reading -------------------------------------------------------------------------------------
     def spent(self) -> tuple[float, float]:
-        """(ε, δ) of everything this dataset's ledger holds, open reservations counted in full."""
-        state = self.ledger.load()
-        return state.epsilon(), state.delta
+        """(ε, δ) of the record of this table that has spent the most, over every ledger of the site (open
+        reservations counted in full) plus the spend carried by acknowledged resets."""
+        state, gs = self._groups()
+        return worst_group(gs, state.accountant)[0] + self.carried, state.delta
 
     def remaining(self) -> float:
-        """ε left under the cap (0 when spent)."""
-        state = self.ledger.load()
-        return max(0.0, state.epsilon_cap - state.epsilon())
+        """ε left under the cap for the record of this table that has spent the most (0 when spent)."""
+        return max(0.0, self.ledger.load().epsilon_cap - self.spent()[0])
 
     def projected(self, steps: int | None = None) -> float:
-        """ε the history would reach with one more round (what ``reserve_round`` checks against the cap)."""
-        state = self.ledger.load()
+        """ε the most-spent record would reach with one more round (what ``reserve_round`` checks against the cap)."""
+        state, gs = self._groups()
         steps = self.steps_per_round if steps is None else int(steps)
-        return epsilon(state.history() + [(self.plan.sigma, self.sample_rate, steps)], state.delta, state.accountant)
+        return worst_group(gs, state.accountant, [(self.plan.sigma, self.sample_rate, steps)])[0] + self.carried
 
 
 def train_round_private(

@@ -30,12 +30,24 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fcd_secure.data.schema import SiteDataset
 
-__all__ = ["SAME_DATA", "SKETCH_SIZE", "DatasetIdentity", "dataset_identity", "record_ids", "same_data", "shared_fraction"]
+__all__ = [
+    "RECORD_KEY_HEX",
+    "SAME_DATA",
+    "SKETCH_SIZE",
+    "DatasetIdentity",
+    "dataset_identity",
+    "record_ids",
+    "record_keys",
+    "same_data",
+    "shared_fraction",
+]
 
 #: Record ids kept in a sketch (the smallest ones): the estimate of shared records has a relative error of ~1/√k.
 SKETCH_SIZE = 256
 #: Two tables are the same data when their shared records make up at least this fraction of the smaller one.
 SAME_DATA = 0.5
+#: Hex digits of a record id kept as the key of its ε account (128 bits: no collision among 2^40 records).
+RECORD_KEY_HEX = 32
 _RECORD_TAG = b"fcd_secure.record/1"
 _DATASET_TAG = b"fcd_secure.dataset/2"
 
@@ -69,6 +81,13 @@ def record_ids(ds: SiteDataset) -> list[bytes]:
         h.update(np.ascontiguousarray(Y[i, steps]).tobytes())
         out.append(h.digest())
     return out
+
+
+def record_keys(ds: SiteDataset) -> list[str]:
+    """The keys of the table's records in the per-record ε account (:mod:`fcd_secure.privacy.spend`): the first
+    :data:`RECORD_KEY_HEX` hex digits of each record id, sorted, without repeats (two equal trajectories are one
+    record for the account, so they share one budget: conservative)."""
+    return sorted({rid.hex()[:RECORD_KEY_HEX] for rid in record_ids(ds)})
 
 
 def dataset_identity(ds: SiteDataset) -> DatasetIdentity:

@@ -15,7 +15,11 @@ Differential Privacy"), across rounds, restarts and runs, so the history must ou
   "no history". A later run cannot raise the cap recorded by the first one, nor change δ.
 * **Anchored.** Every change is also written to the site's anchor (:mod:`fcd_secure.privacy.anchor`), so a ledger
   that was deleted or restored from an older copy raises ``LedgerRollback`` until an operator acknowledges the
-  reset (:func:`acknowledge_reset`).
+  reset (:func:`acknowledge_reset`), which carries the lost spend forward (``AnchorStore.carried``).
+* **Per record, across ledgers.** A ledger lists the records it charges (``records``); a reservation is refused if
+  any record of the table would exceed the cap over *every* ledger of the folder that holds it, plus the carried
+  spend (:mod:`fcd_secure.privacy.spend`). A server that changes the split or seed each run opens new ledgers, never
+  a new budget for a record.
 
 The history is a list of segments ``(σ, q, steps)`` (Opacus' accountant format) with bookkeeping around each one;
 ε is always recomputed from the segments by ``planner.epsilon`` so the file needs no trusted cached number.
@@ -26,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -35,11 +39,13 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fcd_secure._io import atomic_write_text, file_lock
+from fcd_secure.anchor_records import LedgerHead
 from fcd_secure.data.schema import SiteDataset
 from fcd_secure.privacy.anchor import AnchorStore, LedgerView, ResetRecord, segment_chain, views_of
 from fcd_secure.privacy.errors import BudgetExceeded, PrivacyLedgerError, LedgerRollback
 from fcd_secure.privacy.identity import SAME_DATA, DatasetIdentity, dataset_identity, same_data, shared_fraction
 from fcd_secure.privacy.planner import epsilon
+from fcd_secure.privacy.spend import Holding, RecordGroup, groups, worst_group
 
 __all__ = [
     "BudgetExceeded",
@@ -52,6 +58,7 @@ __all__ = [
     "find_ledger",
     "ledger_path",
     "privacy_ledger_hash",
+    "site_holdings",
 ]
 
 LEDGER_FORMAT = "fcd_secure.privacy.ledger/1"
@@ -136,6 +143,10 @@ class LedgerState(BaseModel):
     sketch: list[str] = Field(default_factory=list)
     #: fingerprints of every table trained under this ledger (the first is ``fingerprint``)
     datasets: list[str] = Field(default_factory=list)
+    #: the keys of every record of those tables (:func:`~fcd_secure.privacy.identity.record_keys`), sorted: each is
+    #: charged this ledger's whole history in the site's per-record account (:mod:`fcd_secure.privacy.spend`); empty
+    #: for a ledger opened by a bare fingerprint, which then accounts its own history only
+    records: list[str] = Field(default_factory=list)
     plans: list[PlanRecord] = Field(default_factory=list)
     segments: list[SegmentRecord] = Field(default_factory=list)
 
@@ -158,6 +169,10 @@ class LedgerState(BaseModel):
 
     def epsilon(self, accountant: str | None = None) -> float:
         return epsilon(self.history(), self.delta, accountant or self.accountant)
+
+    def holding(self, key: str) -> Holding:
+        """This ledger in the site's per-record account."""
+        return Holding(key=key, history=tuple(self.history()), delta=self.delta, records=frozenset(self.records))
 
 
 class Ledger:
@@ -243,6 +258,7 @@ class Ledger:
         noise_seed: str | None = None,
         site: str | None = None,
         identity: DatasetIdentity | None = None,
+        records: Sequence[str] | None = None,
     ) -> LedgerState:
         """Load the ledger, or create it on first use; check a later run's settings against it.
 
@@ -250,7 +266,8 @@ class Ledger:
         and may not change δ (ε at two different δ cannot be added up). Both raise ``PrivacyLedgerError``. The table
         (``identity``, or a bare ``fingerprint``) must be the ledger's own data
         (:func:`~fcd_secure.privacy.identity.same_data`); its size may differ from the first table's (a record
-        dropped or added): the latest is recorded.
+        dropped or added): the latest is recorded. ``records`` (the table's record keys) join the ledger's records
+        while it has no history (else at their first reservation, :meth:`reserve`).
 
         Raises:
             LedgerRollback: the ledger is missing or behind the site's anchor.
@@ -275,6 +292,7 @@ class Ledger:
                     sites=[site] if site else [],
                     sketch=list(identity.sketch),
                     datasets=[identity.fingerprint],
+                    records=sorted(set(records or ())),
                 )
                 self._save(state)
                 self._anchor(state, identity)
@@ -316,6 +334,11 @@ class Ledger:
             if identity.fingerprint not in state.datasets:
                 state.datasets = (state.datasets or [state.fingerprint]) + [identity.fingerprint]
                 changed = True
+            if records and not state.segments and not set(records) <= set(state.records):
+                # listed now (nothing is charged to them yet); a ledger with history lists them at their first
+                # reservation, so a refused table's records are never charged this ledger's earlier rounds
+                state.records = sorted(set(state.records) | set(records))
+                changed = True
             if changed:
                 self._save(state)
             self._anchor(state, state.identity())
@@ -330,27 +353,53 @@ class Ledger:
             self._save(state)
             return record
 
+    def record_groups(self, state: LedgerState, records: Sequence[str] | None) -> list[RecordGroup]:
+        """The table's records grouped by the ledgers of this folder that charge them, this ledger's history in each
+        (:func:`fcd_secure.privacy.spend.groups`); one group of this ledger alone when ``records`` is ``None``."""
+        if not records:
+            return [RecordGroup(tuple(state.history()), state.delta, max(1, state.n_site))]
+        return groups(records, site_holdings(self.path.parent, exclude=self.path), base=state.history(),
+                      base_delta=state.delta)
+
     def reserve(
-        self, *, plan_id: int, sigma: float, q: float, steps: int, round_id: int | None = None, run_id: str | None = None
+        self,
+        *,
+        plan_id: int,
+        sigma: float,
+        q: float,
+        steps: int,
+        round_id: int | None = None,
+        run_id: str | None = None,
+        records: Sequence[str] | None = None,
+        carried: float = 0.0,
     ) -> SegmentRecord:
-        """Append a reserved segment if the projected ε stays ≤ the cap; else raise ``BudgetExceeded``.
+        """Append a reserved segment if every record of the table stays ≤ the cap; else raise ``BudgetExceeded``.
+
+        A record's projected ε composes this round with every ledger of the folder that holds the record
+        (``records``: the table's record keys; ``None``: this ledger only) and adds ``carried`` (the spend of
+        acknowledged resets). Reservations in one folder are serialised, so two tables sharing records cannot both
+        pass against a stale account.
 
         Raises:
-            BudgetExceeded: the projected ε would exceed the cap (the file is left as it was).
+            BudgetExceeded: some record's projected ε would exceed the cap (the files are left as they were).
             LedgerRollback: the ledger is behind the site's anchor.
         """
         if steps < 1:
             raise ValueError(f"dp: a round must reserve at least one step, got {steps}")
-        with self.locked():
+        with file_lock(self.path.parent / "reservations"), self.locked():
             self.check_anchor()
             state = self.load()
-            projected = epsilon(state.history() + [(sigma, q, steps)], state.delta, state.accountant)
+            gs = self.record_groups(state, records)
+            own, _ = worst_group(gs, state.accountant, [(sigma, q, steps)])
+            projected = own + carried
             if projected > state.epsilon_cap:
-                spent = state.epsilon()
+                spent, _ = worst_group(gs, state.accountant)
                 raise BudgetExceeded(
                     f"privacy budget exhausted for dataset {state.fingerprint[:16]}…: this round's {steps} steps would "
-                    f"bring ε to {projected:.3f} > cap {state.epsilon_cap:g} (spent {spent:.3f} at δ={state.delta:g}, "
-                    f"{state.accountant})"
+                    f"bring the most-spent record of this table to ε {projected:.3f} > cap {state.epsilon_cap:g} "
+                    f"(that record has spent {spent + carried:.3f} over every run on this site"
+                    + (f", {carried:.3f} of it carried by acknowledged resets" if carried else "")
+                    + f", at δ={state.delta:g}, {state.accountant})"
                 )
             seg = SegmentRecord(
                 seq=len(state.segments) + 1,
@@ -360,12 +409,15 @@ class Ledger:
                 reserved_steps=steps,
                 steps=steps,
                 status="reserved",
-                epsilon_projected=projected,
+                epsilon_projected=own,  # without the carried spend: a later reset carries this head's ε once
                 reserved_at=time.time(),
                 round=round_id,
                 run_id=run_id,
             )
             state.segments.append(seg)
+            if records and not set(records) <= set(state.records):
+                # the table's records are charged from this reservation on (never for a refused one)
+                state.records = sorted(set(state.records) | set(records))
             self._save(state)  # the ledger first: a crash before the anchor leaves the ledger ahead, never behind
             self._anchor(state)
             return seg
@@ -419,7 +471,32 @@ def find_ledger(folder: str | Path, identity: DatasetIdentity, anchor: AnchorSto
     return own
 
 
-def acknowledge_reset(state_dir: str | Path, reason: str, operator: str | None = None) -> list[ResetRecord]:
+def site_holdings(folder: str | Path, exclude: str | Path | None = None) -> list[Holding]:
+    """Every ledger of ``folder`` that lists its records, as the per-record account reads it (``exclude`` left out).
+
+    Raises:
+        PrivacyLedgerError: a ledger cannot be read (fail closed: its records' spend would be missed).
+    """
+    skip = Path(exclude).resolve() if exclude is not None else None
+    out = []
+    for p in sorted(Path(folder).glob("ledger-*.json")):
+        if skip is not None and p.resolve() == skip:
+            continue
+        ledger = Ledger(p)
+        state = ledger.load()
+        if state.records:
+            out.append(state.holding(ledger.key))
+    return out
+
+
+def acknowledge_reset(
+    state_dir: str | Path,
+    reason: str,
+    operator: str | None = None,
+    *,
+    witnessed: Sequence[LedgerHead] = (),
+    ledger_dir: str | Path | None = None,
+) -> list[ResetRecord]:
     """An operator's acknowledgement that the site's privacy ledgers were lost or rolled back.
 
     Every anchored ledger of ``<state_dir>/privacy_anchor.json`` that is behind its anchored head gets a reset
@@ -427,24 +504,30 @@ def acknowledge_reset(state_dir: str | Path, reason: str, operator: str | None =
     again. The records stay in the anchor file, the privacy report lists them, and the audit gate carries them into
     the site's signed audit chain with the next upload, where ``fcd audit verify`` reports them.
 
+    The spend each lost head held is carried forward (``AnchorStore.carried``): it is charged to every record the
+    site trains afterwards, so an acknowledgement never raises what is left of any record's budget.
+
     Args:
         state_dir: the site's state directory.
         reason: why (required, recorded).
         operator: who acknowledges (default: the login name).
+        witnessed: the heads the site's signed audit chain recorded; those the anchor lost too (ledger and anchor
+            deleted together) are acknowledged as well.
+        ledger_dir: where such a lost ledger was (for the record).
 
     Returns:
         The reset records written (empty: nothing was behind its anchor).
 
     Raises:
-        FileNotFoundError: the site has no anchor file.
+        FileNotFoundError: the site has no anchor file and its audit chain recorded no head.
         PrivacyLedgerError: the anchor, or a ledger that still exists, cannot be read.
         ValueError: an empty reason.
     """
     store = AnchorStore(state_dir)
-    if not store.path.exists():
+    if not store.path.exists() and not any(w.segments for w in witnessed):
         raise FileNotFoundError(f"{store.path}: no privacy anchor in this state directory")
     views = views_of(store.load().entries, lambda p: Ledger(p).view())
-    return store.acknowledge(views, reason=reason, operator=operator)
+    return store.acknowledge(views, reason=reason, operator=operator, witnessed=witnessed, ledger_dir=ledger_dir)
 
 
 def privacy_ledger_hash(state_dir: Path, ledger_dir: str | Path | None = None) -> str | None:

@@ -8,8 +8,14 @@ the guarantee does *not* cover.
 Everything is recomputed from the ledger segments (never from a cached ε), so the report is exactly as trustworthy
 as the write-ahead ledger. Each ledger is also compared with the sites' anchors (:mod:`fcd_secure.privacy.anchor`):
 a ledger behind its anchored head, and every reset an operator acknowledged (with the ε that was spent before it
-and is not in "ε spent"), are listed with the site. The consortium statement uses parallel composition: every trajectory belongs to one
-site's dataset, so the record-level guarantee of the consortium is the worst site's (max ε, max δ).
+and is carried forward into "ε spent"), are listed with the site. The consortium statement uses parallel composition:
+every trajectory belongs to one site's dataset, so the record-level guarantee of the consortium is the worst site's
+(max ε, max δ).
+
+ε is stated per record (:mod:`fcd_secure.privacy.spend`): a site's "ε spent" is that of the record of its table that
+has spent the most over every ledger of the site (runs on other splits or seeds included) plus the spend carried by
+acknowledged resets, and ``records`` gives the per-record spend over every record the ledgers charge (how many, the
+largest, the median).
 """
 
 from __future__ import annotations
@@ -22,8 +28,9 @@ from typing import Any
 from fcd_secure._io import atomic_write_bytes, atomic_write_text
 from fcd_secure._versions import installed_versions
 from fcd_secure.privacy.anchor import ANCHOR_FILE, AnchorEntry, AnchorStore, rollback_reason
-from fcd_secure.privacy.ledger import Ledger, PrivacyLedgerError, LedgerState
+from fcd_secure.privacy.ledger import Ledger, PrivacyLedgerError, LedgerState, site_holdings
 from fcd_secure.privacy.planner import epsilon, epsilon_curve
+from fcd_secure.privacy.spend import groups, site_spend, spend_summary, spend_values, worst_group
 
 UNIT = (
     "one trajectory: one row (X, A_1:L, T_1:L, Y_1:L, M_1:L) of a site's training data. A person with several "
@@ -39,6 +46,8 @@ COVERED = [
     "every Θc (shared parameters) a site released, in every round: all checkpoints, not only the final model",
     "the site-local Θs, trained by the same DP optimizer (every parameter that influences a release is DP-trained)",
     "every run on the same dataset: the ledger is keyed by the dataset's fingerprint and composes all of them",
+    "every run on any split or seed: each record is charged every ledger of the site that holds it (ε per record)",
+    "acknowledged resets: the ε a lost ledger held is carried forward and charged to every record of the site",
 ]
 NOT_COVERED_ALWAYS = [
     "aggregate metrics and counts sent to the server (training losses, num-examples / the site's size N)",
@@ -102,6 +111,28 @@ def find_anchors(path: str | Path) -> dict[str, list[AnchorEntry]]:
     return out
 
 
+def find_carried(path: str | Path) -> dict[str, float]:
+    """The ε acknowledged resets carry forward (``AnchorStore.carried``), by the ledger file each anchor holds.
+
+    Raises:
+        PrivacyLedgerError: an anchor file cannot be read.
+    """
+    path = Path(path)
+    if path.is_file():
+        files = [path.parent.parent / ANCHOR_FILE]
+    else:
+        files = sorted({f.resolve() for root in _roots(path)[0] if root.exists() for f in root.rglob(ANCHOR_FILE)})
+    out: dict[str, float] = {}
+    for f in files:
+        if f.exists():
+            store = AnchorStore(f.parent)
+            carried = store.carried()
+            for e in store.load().entries:
+                key = str(Path(e.ledger).resolve())
+                out[key] = max(out.get(key, 0.0), carried)
+    return out
+
+
 def _roots(path: Path) -> tuple[list[Path], list[Path]]:
     """The state roots (``path`` and any a run file names) and the flat ledger folders (``dp.ledger_dir``)."""
     roots, flat = [path], []
@@ -138,13 +169,19 @@ def site_label(ledger_file: Path, state: LedgerState | None = None) -> str:
     return ledger_file.parent.parent.name
 
 
-def site_report(ledger_file: str | Path, anchors: list[AnchorEntry] | None = None) -> dict[str, Any]:
+def site_report(
+    ledger_file: str | Path, anchors: list[AnchorEntry] | None = None, carried: float = 0.0
+) -> dict[str, Any]:
     """The JSON report of one site's ledger. ε is recomputed from the segments with the ledger's accountant.
 
     Args:
         ledger_file: the ledger.
         anchors: the sites' anchor entries of this ledger (:func:`find_anchors`); a ledger behind one of them and
             every acknowledged reset are reported.
+        carried: the ε the site's acknowledged resets carry forward (:func:`find_carried`).
+
+    ``epsilon_spent`` is the most any record of this ledger has spent over every ledger of its folder, plus
+    ``carried``; ``epsilon_ledger`` is this ledger's own composition.
     """
     ledger_file = Path(ledger_file)
     ledger = Ledger(ledger_file)
@@ -153,7 +190,8 @@ def site_report(ledger_file: str | Path, anchors: list[AnchorEntry] | None = Non
     behind = [why for e in anchors or [] if (why := rollback_reason(e.head, view)) is not None]
     resets = [r.model_dump() for e in anchors or [] for r in e.resets]
     history = state.history()
-    eps = epsilon(history, state.delta, state.accountant)
+    own = epsilon(history, state.delta, state.accountant)
+    eps, records = ledger_spend(ledger_file, state, carried)
     eps_rdp = epsilon(history, state.delta, "rdp") if state.accountant != "rdp" else eps
     curve = epsilon_curve(history, state.delta, state.accountant)
     segments = []
@@ -192,11 +230,11 @@ def site_report(ledger_file: str | Path, anchors: list[AnchorEntry] | None = Non
             "NO GUARANTEE against anyone who knows the run seed: noise and Poisson draws were seeded from it "
             "(dp.noise_seed = 'run_seed', meant for tests and benchmarks), so the noise can be regenerated"
         )
-    if resets:
-        lost = max(r["previous"]["epsilon"] for r in resets)
+    if carried:
         disabled.append(
-            f"ε spent before {len(resets)} acknowledged reset(s) of this ledger (up to ε ≈ {lost:.3f} at the time): a "
-            "reset starts the count again for records that had already been used, so their true ε is the sum"
+            f"the exact composition over ledgers lost to acknowledged resets: their ε ({carried:.3f} in all) is added to "
+            "every record's ε by basic composition (a bound, not the accountant's tighter figure), and so is their δ: "
+            "the stated ε holds at δ times (1 + the number of resets)"
         )
     if behind:
         disabled.append("THIS LEDGER IS BEHIND ITS ANCHOR (deleted segments or an older copy): " + "; ".join(behind))
@@ -211,6 +249,9 @@ def site_report(ledger_file: str | Path, anchors: list[AnchorEntry] | None = Non
         "n_site": state.n_site,
         "delta": state.delta,
         "epsilon_spent": eps,
+        "epsilon_ledger": own,
+        "epsilon_carried": carried,
+        "records": records,
         "epsilon_cap": state.epsilon_cap,
         "epsilon_remaining": max(0.0, state.epsilon_cap - eps),
         "epsilon_rdp_bound": eps_rdp,
@@ -268,22 +309,39 @@ def consortium_report(sites: list[dict[str, Any]], n_sites: int | None = None) -
     }
 
 
+def ledger_spend(ledger_file: Path, state: LedgerState, carried: float = 0.0) -> tuple[float, dict[str, Any]]:
+    """The most any record of this ledger has spent over every ledger of its folder, plus ``carried``, and the
+    per-record summary of its records (:func:`fcd_secure.privacy.spend.spend_summary`); a ledger that lists no
+    records (opened by a bare fingerprint) is its own composition plus ``carried``."""
+    if not state.records:
+        return epsilon(state.history(), state.delta, state.accountant) + carried, spend_summary([], carried)
+    gs = groups(state.records, site_holdings(ledger_file.parent, exclude=ledger_file), base=state.history(),
+                base_delta=state.delta)
+    eps = worst_group(gs, state.accountant)[0] + carried
+    return eps, spend_summary(spend_values(gs, state.accountant, carried), carried)
+
+
 def site_budgets(roots: list[str | Path]) -> dict[str, dict[str, float]]:
     """ε spent, cap, remaining and δ per site id, from every ledger under ``roots`` (state roots or ledger folders).
 
-    A ledger shared by several site ids (one dataset trained at two sites) counts for each of them. Roots that do
-    not exist are skipped.
+    ε spent is per record (:func:`ledger_spend`: the site's most-spent record over all its ledgers, resets carried
+    forward); a site with several ledgers reports the largest. A ledger shared by several site ids (one dataset
+    trained at two sites) counts for each of them. Roots that do not exist are skipped.
     """
     out: dict[str, dict[str, float]] = {}
     files: set[Path] = set()
+    carried: dict[str, float] = {}
     for root in map(Path, roots):
         if root.is_dir():
             files.update(p.resolve() for p in root.rglob("ledger-*.json") if p.parent.name == "privacy")
             files.update(p.resolve() for p in root.glob("ledger-*.json"))
+            carried |= find_carried(root)
     for f in sorted(files):
         state = Ledger(f).load()
-        eps = epsilon(state.history(), state.delta, state.accountant)
+        eps, _ = ledger_spend(f, state, carried.get(str(f), 0.0))
         for sid in state.sites or [site_label(f)]:
+            if sid in out and out[sid]["epsilon_spent"] >= eps:
+                continue
             out[sid] = {
                 "epsilon_spent": eps,
                 "epsilon_cap": state.epsilon_cap,
@@ -369,7 +427,9 @@ def build_report(path: str | Path) -> dict[str, Any]:
     if not ledgers:
         raise PrivacyLedgerError(f"{path}: no privacy ledger found (expected <site>/privacy/ledger-<fingerprint>.json)")
     anchors = find_anchors(path)
-    sites = [site_report(p, anchors.get(str(Path(p).resolve()))) for p in ledgers]
+    carried = find_carried(path)
+    sites = [site_report(p, anchors.get(str(Path(p).resolve())), carried.get(str(Path(p).resolve()), 0.0))
+             for p in ledgers]
     covered = {lbl for s in sites for lbl in s["site"].split(",")}
     cap = run_dp.get("epsilon") if isinstance(run_dp, dict) else None
     sites += [_unsampled_site(sid, cap) for sid in run_sites if sid not in covered]
@@ -379,8 +439,27 @@ def build_report(path: str | Path) -> dict[str, Any]:
         "source": str(path),
         "dp": True,
         "sites": sites,
+        "records": records_report(ledgers, carried),
         "common": _common(with_ledger),
         "consortium": consortium_report(with_ledger, len(sites)),
+    }
+
+
+def records_report(ledgers: list[Path], carried: dict[str, float]) -> dict[str, Any]:
+    """Per-record spend over every record the ``ledgers`` charge, each site's ledger folder accounted on its own
+    (:func:`fcd_secure.privacy.spend.site_spend`): how many records, the largest and the median ε across runs."""
+    values: list[tuple[float, int]] = []
+    most_carried = 0.0
+    for folder in sorted({Path(p).resolve().parent for p in ledgers}):
+        here = max((c for k, c in carried.items() if Path(k).parent == folder), default=0.0)
+        most_carried = max(most_carried, here)
+        holdings = site_holdings(folder)
+        if not holdings:
+            continue
+        accountants = {Ledger(p).load().accountant for p in folder.glob("ledger-*.json")}
+        values += site_spend(holdings, accountants.pop() if len(accountants) == 1 else "rdp", here)
+    return spend_summary(values, most_carried) | {
+        "unit": "one record (trajectory), over every run and ledger of its site, resets carried forward"
     }
 
 
@@ -485,6 +564,15 @@ def render_markdown(report: dict[str, Any], plot_name: str | None) -> str:
         f"- Record-level guarantee: **(ε = {c['epsilon']:.3f}, δ = {c['delta']:.3g})** over {c['sites']} site(s); "
         f"worst site `{c['worst_site']}`.",
         f"- Composition: {c['composition']}",
+    ]
+    r = report.get("records") or {}
+    if r.get("records"):
+        lines.append(
+            f"- Per record, across runs: {r['records']} records; ε max **{r['max']:.3f}**, median {r['median']:.3f}"
+            + (f" (of which {r['carried_from_resets']:.3f} carried by acknowledged resets)" if r["carried_from_resets"] else "")
+            + "."
+        )
+    lines += [
         "",
     ]
     if plot_name:
@@ -538,7 +626,7 @@ def render_markdown(report: dict[str, Any], plot_name: str | None) -> str:
         for r in s["resets"]:
             lines.append(
                 f"- **Acknowledged reset** {r['time']} by {r['operator']}: \"{r['reason']}\"; the ledger had held "
-                f"{r['previous']['segments']} segment(s), ε ≈ {r['previous']['epsilon']:.3f}, not counted above."
+                f"{r['previous']['segments']} segment(s), ε ≈ {r['previous']['epsilon']:.3f}, carried forward above."
             )
         if s["anchor"]["behind"]:
             lines.append("- **Ledger behind its anchor**: " + "; ".join(s["anchor"]["behind"]) + ".")
