@@ -34,6 +34,8 @@ from fcd_secure.federation.site_policy import MIN_COHORT_FLOOR, SitePolicy, load
 from fcd_secure.federation.state import SiteState, StateError
 from fcd_secure.manifest import FULL, THETA_C, THETA_S, Manifest
 
+#: the site's record of its data cut (``SiteRuntime._record_split``)
+SPLIT_SLOT = "split.json"
 #: Message types that carry numbers in clear: refused by a site in secure mode (P20).
 PLAIN_MESSAGE_TYPES = (TRAIN_MESSAGE_TYPE, EVALUATE_MESSAGE_TYPE)
 
@@ -121,11 +123,41 @@ class SiteRuntime:
     def data(self) -> SiteData:
         if self._data is None:
             if self.own_table is not None:
+                from fcd_secure.data.cohorts import site_secret  # noqa: PLC0415
+
                 spec, table = self.own_table
-                self._data = learner.load_own_site_data(self.cfg, spec, table, self.site_index, self.statistics)
+                # the cut is the site's: its own secret, its policy's fractions (admit), never the run's seed (P43)
+                self._data = learner.load_own_site_data(self.cfg, spec, table, self.site_index, self.statistics,
+                                                        secret=site_secret(self.state.dir))
             else:
                 self._data = learner.load_site_data(self.cfg, self.site_index, self.statistics)
+            self._record_split(self._data)
         return self._data
+
+    def _record_split(self, data: SiteData) -> None:
+        """Record the site's cut in ``slots/split.json`` (fractions, rows per side, a digest of each side's entities
+        under the split secret's key order): an operator and ``fcd audit`` can see that every run used one cut."""
+        import hashlib  # noqa: PLC0415
+        import json  # noqa: PLC0415
+
+        from fcd_secure._io import atomic_write_text  # noqa: PLC0415
+        from fcd_secure.data.cohorts import row_ids  # noqa: PLC0415
+
+        def digest(ds) -> str | None:
+            return None if ds is None else hashlib.sha256("\n".join(sorted(set(row_ids(ds)))).encode()).hexdigest()[:16]
+
+        parts = {"train": data.train, "validation": data.validation, "test": data.test}
+        entry = {"test_fraction": self.cfg.data.test_fraction, "validation_fraction": self.cfg.data.validation_fraction,
+                 "rows": {k: (0 if v is None else int(v.n)) for k, v in parts.items()},
+                 "entities_sha256": {k: digest(v) for k, v in parts.items()}}
+        path = self.state.slot(SPLIT_SLOT)
+        try:
+            doc = json.loads(path.read_text()) if path.exists() else {}
+        except ValueError:
+            doc = {}
+        cuts = doc.get("cuts", [])
+        if entry not in cuts:
+            atomic_write_text(path, json.dumps({"cuts": cuts + [entry]}, indent=1, sort_keys=True))
 
     @property
     def secure_statistics(self) -> bool:

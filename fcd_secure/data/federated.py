@@ -1,7 +1,8 @@
 """Federated data: one dataset's sites as train/test pairs, their anchors and a description (paper §IV-A, Table II).
 
 :func:`split_into_sites` is the one path from a pooled dataset and a site per trajectory to ``FederatedData``: every
-site is split into train/test with :func:`~fcd_secure.data.partition.site_splits` (entities kept whole), continuous
+site is split into train/test with :func:`~fcd_secure.data.partition.site_splits` (entities kept whole; the cut is
+the site's own, :mod:`fcd_secure.data.cohorts`), continuous
 columns are z-scored with statistics of the *training* sites only (:class:`~fcd_secure.data.preprocess.Standardizer`;
 the same statistics are applied to test), and the anchor actions are chosen on the training sites
 (:func:`~fcd_secure.data.policy.anchor_actions`).
@@ -20,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from fcd_secure.data.cohorts import row_ids
 from fcd_secure.data.partition import site_splits
 from fcd_secure.data.policy import anchor_actions
 from fcd_secure.data.preprocess import Standardizer
@@ -66,6 +68,7 @@ def split_into_sites(
     site_names: list[str] | None = None,
     table_i: Mapping[str, int] | None = None,
     standardize: bool = True,
+    secrets: list[bytes] | None = None,
 ) -> FederatedData:
     """Cut ``pooled`` into per-site train/test sets (one copy of the arrays each), z-scored with training statistics.
 
@@ -86,13 +89,15 @@ def split_into_sites(
         table_i: The dataset's row of paper Table I, shown beside ours by ``fcd data describe``.
         standardize: ``False`` leaves the sites unscaled, for statistics agreed without pooling
             (:mod:`fcd_secure.data.moments`; the description then says so).
+        secrets: Each site's split secret (:mod:`fcd_secure.data.cohorts`; a deployed site passes its own); default:
+            the simulated sites' secrets derived from ``seed``.
 
     Returns:
         The federated dataset with its description.
     """
-    entity = pooled.meta.get("entity")
+    ids = row_ids(pooled)
     train, test = [], []
-    for i, (tr, te) in enumerate(site_splits(site_of, n_sites, test_fraction, seed, entity)):
+    for i, (tr, te) in enumerate(site_splits(site_of, n_sites, test_fraction, seed, ids=ids, secrets=secrets)):
         site_meta: dict[str, Any] = {"site_index": i, "n_sites": n_sites}
         if site_names is not None:
             site_meta["site_name"] = site_names[i]

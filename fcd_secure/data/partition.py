@@ -20,7 +20,9 @@ site. Drawing chunks independently would put one person in several sites, and th
 (which keeps an entity on one side *within* a site) would still let a test person's other chunks sit in another
 site's training set.
 
-Everything is drawn from ``numpy.random.default_rng`` seeded with ``seed``: the same seed gives the same split.
+The sites are drawn from ``numpy.random.default_rng`` seeded with ``seed``: the same seed gives the same sites. Each
+site's train/test cut is the site's own (:mod:`fcd_secure.data.cohorts`: a keyed hash of each entity id under the
+site's secret; a simulated site's secret comes from ``seed`` and its index).
 """
 
 from __future__ import annotations
@@ -28,11 +30,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from fcd_secure.data.cohorts import row_ids, seeded_secret, split_rows
 from fcd_secure.data.schema import SiteDataset
 from fcd_secure.data.spec import DataError
 
 _SALT_PARTITION = 0x5EED_0001
-_SALT_SPLIT = 0x5EED_0002
 
 
 def outcome_rate(ds: SiteDataset) -> np.ndarray:
@@ -181,58 +183,57 @@ def dirichlet_partition(
 
 
 def split_indices(
-    n: int, test_fraction: float, seed: int, entity: np.ndarray | None = None
+    n: int, test_fraction: float, seed: int, entity: np.ndarray | None = None, *,
+    ids: list[str] | None = None, secret: bytes | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(train rows, test rows) of :func:`train_test_split`, sorted; ``entity`` [n] keeps an entity on one side."""
+    """(train rows, test rows) of a site's fixed cut (:func:`fcd_secure.data.cohorts.split_rows`), sorted.
+
+    ``ids`` names each row's entity (chunks of one entity stay on one side; default: ``entity`` codes, else each row
+    its own entity); ``secret`` is the site's split secret (default: the simulated site's, :func:`~fcd_secure.data.
+    cohorts.seeded_secret` of ``seed``).
+    """
     if not 0.0 < test_fraction < 1.0:
         raise DataError(f"test_fraction must be in (0, 1), got {test_fraction}", field="test_fraction")
     if n < 2:
         raise DataError(f"{n} trajectory cannot be split into train and test")
-    rng = np.random.default_rng([_SALT_SPLIT, int(seed)])
-    groups = pd.factorize(np.asarray(entity))[0] if entity is not None and len(entity) == n else np.arange(n)
-    if groups.max() == 0:  # one entity only: fall back to splitting its trajectories
-        groups = np.arange(n)
-    target = min(max(1, int(round(test_fraction * n))), n - 1)
-    sizes = np.bincount(groups)
-    test_groups: list[int] = []
-    count = 0
-    for g in rng.permutation(len(sizes)):
-        if count >= target:
-            break
-        if count + sizes[g] <= target or not test_groups:
-            if count + sizes[g] >= n:  # never put everything in test
-                continue
-            test_groups.append(int(g))
-            count += int(sizes[g])
-    is_test = np.isin(groups, test_groups)
-    return np.flatnonzero(~is_test), np.flatnonzero(is_test)
+    if ids is None:
+        ids = ([f"entity-{int(e)}" for e in np.asarray(entity)] if entity is not None and len(entity) == n
+               else [str(i) for i in range(n)])
+    return split_rows(ids, test_fraction, seeded_secret(seed) if secret is None else secret)
 
 
 def site_split_seed(seed: int, site: int) -> int:
-    """The seed of site ``site``'s train/test split in a federated dataset drawn with ``seed``."""
+    """The seed of site ``site``'s train/test split in a federated dataset drawn with ``seed`` (the simulated site's
+    split secret is :func:`~fcd_secure.data.cohorts.seeded_secret` of it)."""
     return int(seed) * 1_000_003 + int(site)
 
 
 def site_splits(
-    site_of: np.ndarray, n_sites: int, test_fraction: float, seed: int, entity: np.ndarray | None = None
+    site_of: np.ndarray, n_sites: int, test_fraction: float, seed: int, entity: np.ndarray | None = None, *,
+    ids: list[str] | None = None, secrets: list[bytes] | None = None,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per site ``i``: (train rows, test rows) of the pooled rows with ``site_of == i``, as sorted global indices.
 
-    Each site is split by :func:`split_indices` with the seed :func:`site_split_seed` ``(seed, i)``, so this equals
-    :func:`dirichlet_partition` followed by :func:`train_test_split` per site; ``entity`` [n] keeps an entity on one
-    side.
+    Each site is cut by :func:`split_indices` under its own secret (``secrets[i]``; default: the simulated site's,
+    from :func:`site_split_seed` ``(seed, i)``), so this equals :func:`dirichlet_partition` followed by
+    :func:`train_test_split` per site; ``ids`` [n] (else ``entity`` [n]) keeps an entity on one side.
     """
     out = []
+    if ids is None and entity is not None:
+        ids = [f"entity-{int(e)}" for e in np.asarray(entity)]
     for i in range(n_sites):
         idx = np.flatnonzero(site_of == i)
-        ent = None if entity is None else entity[idx]
-        tr, te = split_indices(len(idx), test_fraction, site_split_seed(seed, i), ent)
+        site_ids = None if ids is None else [ids[j] for j in idx]
+        secret = None if secrets is None else secrets[i]
+        tr, te = split_indices(len(idx), test_fraction, site_split_seed(seed, i), ids=site_ids, secret=secret)
         out.append((idx[tr], idx[te]))
     return out
 
 
 def train_test_split(ds: SiteDataset, test_fraction: float, seed: int) -> tuple[SiteDataset, SiteDataset]:
-    """Seeded split into (train, test) with about ``test_fraction`` of the trajectories in test.
+    """The simulated site's cut into (train, test) with about ``test_fraction`` (on the 5 % grid) of the trajectories
+    in test: :func:`~fcd_secure.data.cohorts.split_rows` under the secret :func:`~fcd_secure.data.cohorts.seeded_secret`
+    of ``seed``.
 
     Trajectories of one entity (chunks of one student/patient, ``meta['entity']``) stay on the same side, so the
     test set holds unseen entities. Both sides get at least one trajectory.
@@ -248,10 +249,8 @@ def train_test_split(ds: SiteDataset, test_fraction: float, seed: int) -> tuple[
     Raises:
         DataError: ``test_fraction`` outside (0, 1) or fewer than 2 trajectories.
     """
-    ent = ds.meta.get("entity")
-    ent = ent if isinstance(ent, np.ndarray) and ent.shape == (ds.n,) else None
     try:
-        tr, te = split_indices(ds.n, test_fraction, seed, ent)
+        tr, te = split_indices(ds.n, test_fraction, seed, ids=row_ids(ds))
     except DataError as exc:
         raise DataError(f"{ds.name}: {exc.message}", field=exc.field) from None
     return ds.subset(tr, name=f"{ds.name}/train"), ds.subset(te, name=f"{ds.name}/test")

@@ -156,6 +156,7 @@ def load_spec_federated(
     seed: int = 0,
     test_fraction: float = 0.2,
     standardize: bool = True,
+    secrets: list[bytes] | None = None,
 ) -> FederatedData:
     """A user's own long-format table as federated sites.
 
@@ -170,6 +171,8 @@ def load_spec_federated(
         seed: Seed of the split.
         test_fraction: Share of each site's trajectories in its test set.
         standardize: ``False``: unscaled sites (statistics agreed under secure aggregation instead).
+        secrets: Each site's split secret (a deployed site's own, :func:`~fcd_secure.data.cohorts.site_secret`);
+            default: the simulated sites' (:mod:`fcd_secure.data.cohorts`).
 
     Returns:
         The federated dataset.
@@ -194,5 +197,6 @@ def load_spec_federated(
         site_of = site_assignment(pooled, n_sites, alpha, seed)
     extra = {"alpha": None if spec.site else alpha, "seed": seed, "preset": "spec", "test_fraction": test_fraction}
     return split_into_sites(
-        spec.name, pooled, site_of, n_sites, test_fraction, seed, extra, site_names=names, standardize=standardize
+        spec.name, pooled, site_of, n_sites, test_fraction, seed, extra, site_names=names, standardize=standardize,
+        secrets=secrets,
     )

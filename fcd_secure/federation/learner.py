@@ -4,7 +4,8 @@ Everything the ServerApp / ClientApp / ablations need from below goes through th
 between layers (docs/architecture.md) are visible in one file:
 
 * data: ``load_site_data`` (``fcd_secure.data.registry.load_federated`` / ``load_spec_federated``), cached per
-  process because a site answers many messages and the split is a pure function of the config and seed;
+  process because a site answers many messages and the split is a pure function of the config and the site's split
+  secret (``data.cohorts``: derived from the seed for a simulated site, the site's own for a deployed one);
 * model: ``build_model`` (the run's :class:`~fcd_secure.model.simulator.Simulator`, ``model.simulator``),
   ``manifest_of``, ``get_params`` / ``set_params`` (manifest names; parts are ``fcd_secure.manifest.THETA_C`` /
   ``THETA_S`` / ``FULL``), ``train_local``, ``make_optimizer``;
@@ -44,19 +45,24 @@ class SiteData:
     validation: SiteDataset | None = None
 
 
-#: the salt of the validation cut of a site's training split (apart from the train/test split's own seed stream)
-VALIDATION_SALT = 0x5E1EC7
-
-
-def split_validation(train: SiteDataset, fraction: float, seed: int) -> tuple[SiteDataset, SiteDataset | None]:
-    """``(train, validation)``: ``fraction`` of the training split's entities held out, seeded; ``(train, None)`` at
-    0 or when the split is too small to spare a row."""
-    from fcd_secure.data.partition import train_test_split  # noqa: PLC0415
+def split_validation(train: SiteDataset, fraction: float, secret: bytes) -> tuple[SiteDataset, SiteDataset | None]:
+    """``(train, validation)``: the site's next entities in its fixed key order after the test set
+    (:func:`fcd_secure.data.cohorts.split_rows` under the site's split secret), about ``fraction`` of the training
+    split's rows (on the 5 % grid), held out; ``(train, None)`` at 0 or when the split is too small to spare a row.
+    No seed or server value moves it (docs/threats.md P43)."""
+    from fcd_secure.data.cohorts import row_ids, split_rows  # noqa: PLC0415
 
     if fraction <= 0 or train.n < 4:
         return train, None
-    fit, val = train_test_split(train, fraction, int(seed) ^ VALIDATION_SALT)
-    return fit, val
+    fit, val = split_rows(row_ids(train), fraction, secret)
+    return train.subset(fit, name=train.name), train.subset(val, name=f"{train.name}/validation")
+
+
+def simulated_secret(cfg: RunConfig, site_index: int) -> bytes:
+    """A simulated site's split secret: derived from the dataset's seed and the site's index (``data.cohorts``)."""
+    from fcd_secure.data.cohorts import seeded_secret  # noqa: PLC0415
+
+    return seeded_secret(site_split_seed(cfg.seed, site_index))
 
 
 @functools.lru_cache(maxsize=4)
@@ -112,7 +118,7 @@ def load_site_data(cfg: RunConfig, site_index: int, statistics: dict[str, list[f
     if not 0 <= site_index < n_sites:
         raise ValueError(f"site index {site_index} is outside the {n_sites} sites of {cfg.data.dataset!r}")
     train, test = fd.train[site_index], fd.test[site_index]
-    train, validation = split_validation(train, cfg.data.validation_fraction, site_split_seed(cfg.seed, site_index))
+    train, validation = split_validation(train, cfg.data.validation_fraction, simulated_secret(cfg, site_index))
     if statistics is not None:
         from fcd_secure.data.moments import standardizer_for  # noqa: PLC0415
 
@@ -133,24 +139,28 @@ def load_site_data(cfg: RunConfig, site_index: int, statistics: dict[str, list[f
 
 
 @functools.lru_cache(maxsize=2)
-def _own_table_cached(spec: str, table: str, seed: int, test_fraction: float):
+def _own_table_cached(spec: str, table: str, secret: bytes, test_fraction: float):
     from fcd_secure.data import registry  # noqa: PLC0415
 
-    fd = registry.load_spec_federated(spec, table, n_sites=1, seed=seed, test_fraction=test_fraction, standardize=False)
+    # seed 0: with one site nothing is drawn; the cut is the site's secret's (data.cohorts), never the run's seed
+    fd = registry.load_spec_federated(spec, table, n_sites=1, seed=0, test_fraction=test_fraction, standardize=False,
+                                      secrets=[secret])
     if len(fd.train) != 1:
         raise ValueError(f"{table}: the table names {len(fd.train)} sites; a site's own table holds its own rows only")
     return fd
 
 
 def load_own_site_data(
-    cfg: RunConfig, spec: str, table: str, site_index: int, statistics: dict[str, list[float]] | None = None
+    cfg: RunConfig, spec: str, table: str, site_index: int, statistics: dict[str, list[float]] | None = None, *,
+    secret: bytes,
 ) -> SiteData:
     """A deployed site's data: its own table read with the spec (unscaled until ``statistics`` of the secure round 0
-    are given), cut into its train/test split by the run's seed; the site's index and the number of sites are the
-    consortium's."""
-    fd = _own_table_cached(str(spec), str(table), cfg.seed, cfg.data.test_fraction)
+    are given), cut into test / validation / train by the site's own split secret (``data.cohorts``) at the fractions
+    of ``cfg.data`` (the site's policy's: ``SitePolicy.admit`` put them there; the run's seed plays no part); the
+    site's index and the number of sites are the consortium's."""
+    fd = _own_table_cached(str(spec), str(table), bytes(secret), cfg.data.test_fraction)
     train, test = fd.train[0], fd.test[0]
-    train, validation = split_validation(train, cfg.data.validation_fraction, site_split_seed(cfg.seed, 0))
+    train, validation = split_validation(train, cfg.data.validation_fraction, secret)
     if statistics is not None:
         from fcd_secure.data.moments import standardizer_for  # noqa: PLC0415
 

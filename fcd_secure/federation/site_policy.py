@@ -18,8 +18,12 @@ shipped defaults are strict; a missing file means the defaults. Sections:
 ``[evaluation]``       the smallest evaluation cohort (default 50 rows, or the whole test split when smaller, never
                        fewer than 20), how often the same rows may be evaluated (P22), the longest truncated OPE
                        horizon (``ope_horizon_max``, default 2; P42)
-``[data]``             where the site's data are and how they are split; when set, a request naming other data is
-                       refused
+``[data]``             where the site's data are; when set, a request naming other data is refused
+``[split]``            the site's own test / validation fractions (on a 5 % grid): the cut itself is made from the
+                       site's split secret (``data.cohorts``); the request's ``data.test_fraction``,
+                       ``data.validation_fraction`` and seed never move it (P43)
+``[questions]``        the what-if budget: the fewest entities by which any two answered policies' cohorts may
+                       differ, and the grid of the site's own quantiles that threshold rules are read on (P44, P45)
 ``[app]``              the SHA-256 of every Flower app bundle (FAB) the site runs (deployment, P27)
 =====================  ===========================================================================================
 
@@ -136,7 +140,50 @@ class DataPolicy(_Section):
     data_dir: str | None = None
     n_sites: int | None = Field(None, ge=1)
     alpha: float | None = Field(None, gt=0)
-    test_fraction: float | None = Field(None, gt=0, lt=1)
+
+
+def _on_grid(v: float) -> float:
+    from fcd_secure.data.cohorts import FRACTION_GRID  # noqa: PLC0415
+
+    steps = v / FRACTION_GRID
+    if abs(steps - round(steps)) > 1e-9:
+        raise ValueError(f"{v} is not a multiple of {FRACTION_GRID} (the split grid: two fractions closer than that "
+                         "would differ by a few patients)")
+    return round(round(steps) * FRACTION_GRID, 10)
+
+
+class SplitPolicy(_Section):
+    """The site's own cut of its entities (``data.cohorts``): made once from the site's split secret at these
+    fractions; a request cannot move it."""
+
+    test_fraction: float = Field(0.2, ge=0.05, le=0.95, description="share of the site's rows in its test set")
+    validation_fraction: float = Field(
+        0.2, ge=0.0, le=0.95, description="share of the remaining rows held out as validation rows (never trained on)"
+    )
+
+    @field_validator("test_fraction", "validation_fraction")
+    @classmethod
+    def _grid(cls, v: float) -> float:
+        return _on_grid(v)
+
+
+#: a what-if question's cohorts never differ by fewer entities than this, whatever a policy says
+MIN_QUESTION_DIFFERENCE = 20
+
+
+class QuestionPolicy(_Section):
+    """The differencing budget of what-if questions (``queries.whatif``, docs/threats.md P44/P45)."""
+
+    min_difference: int = Field(
+        MIN_QUESTION_DIFFERENCE, ge=MIN_QUESTION_DIFFERENCE,
+        description="two policies answered on this site (in one question, or one now and one before) must act "
+        "differently on at least this many of its entities, or not at all",
+    )
+    threshold_grid: int = Field(
+        10, ge=2, le=20,
+        description="threshold rules on a continuous context column are read on this many quantile steps of the "
+        "site's own training rows (10: deciles); a threshold beyond the site's data never fires",
+    )
 
 
 class AppPolicy(_Section):
@@ -167,6 +214,8 @@ class SitePolicy(_Section):
     training: TrainingPolicy = Field(default_factory=TrainingPolicy)
     evaluation: EvaluationPolicy = Field(default_factory=EvaluationPolicy)
     data: DataPolicy = Field(default_factory=DataPolicy)
+    split: SplitPolicy = Field(default_factory=SplitPolicy)
+    questions: QuestionPolicy = Field(default_factory=QuestionPolicy)
     app: AppPolicy = Field(default_factory=AppPolicy)
 
     # -- files ----------------------------------------------------------------------------------------------------
@@ -202,7 +251,10 @@ class SitePolicy(_Section):
     @classmethod
     def for_run(cls, cfg: RunConfig, *, fab_sha256: tuple[str, ...] = ()) -> "SitePolicy":
         """The policy a simulated hospital chooses for ``cfg``: exactly what the run's options ask for (so the run
-        is admitted), with the shipped evaluation and secure-aggregation defaults."""
+        is admitted), with the shipped evaluation, question and secure-aggregation defaults; its split fractions are
+        the run's on the 5 % grid."""
+        from fcd_secure.data.cohorts import grid_fraction  # noqa: PLC0415
+
         fed, dp, d = cfg.federation, cfg.dp, cfg.data
         return cls(
             egress=EgressPolicy(allow_full_sync=fed.sync == "full"),
@@ -215,9 +267,11 @@ class SitePolicy(_Section):
             ),
             data=DataPolicy(
                 dataset=d.dataset, preset=d.preset, spec=d.spec, table=d.table, data_dir=d.data_dir,
-                n_sites=d.n_sites, alpha=d.alpha, test_fraction=d.test_fraction,
+                n_sites=d.n_sites, alpha=d.alpha,
             ),
             evaluation=EvaluationPolicy(ope_horizon_max=cfg.evaluation.ope_horizon or 1),
+            split=SplitPolicy(test_fraction=grid_fraction(d.test_fraction),
+                              validation_fraction=grid_fraction(d.validation_fraction, lo=0.0)),
             app=AppPolicy(fab_sha256=fab_sha256),
         )
 
@@ -288,7 +342,11 @@ class SitePolicy(_Section):
                 "secure_aggregation": fed.secure_aggregation or self.secure.required,
             }
         )
-        eff_data = data.model_copy(update={k: v for k, v in pinned.items() if v is not None})
+        # the split fractions are the site's, whatever the request says: not a refusal (a different fraction asks
+        # for no less protection), but never the request's value (P43)
+        eff_data = data.model_copy(update={**{k: v for k, v in pinned.items() if v is not None},
+                                           "test_fraction": self.split.test_fraction,
+                                           "validation_fraction": self.split.validation_fraction})
         eff_eval = request.evaluation.model_copy(
             update={"ope_horizon": None if ope_h is None else min(ope_h, self.evaluation.ope_horizon_max)}
         )
@@ -329,6 +387,8 @@ class SitePolicy(_Section):
             ("evaluation.min_cohort", self.evaluation.min_cohort < minimum.evaluation.min_cohort),
             ("evaluation.max_repeats", self.evaluation.max_repeats > minimum.evaluation.max_repeats),
             ("evaluation.ope_horizon_max", self.evaluation.ope_horizon_max > minimum.evaluation.ope_horizon_max),
+            ("questions.min_difference", self.questions.min_difference < minimum.questions.min_difference),
+            ("questions.threshold_grid", self.questions.threshold_grid > minimum.questions.threshold_grid),
         ]
         for name, weaker in checks:
             if weaker:
