@@ -180,7 +180,7 @@ class SiteRuntime:
         self._data = None
 
     def preprocessing_sums(self) -> dict[str, Any]:
-        """Round 0: this site's moment sums over its unscaled training set (``queries.secure_stats``).
+        """Round 0: this site's moment sums over its unscaled non-test rows (``queries.secure_stats``).
 
         Raises:
             StateError: the run does not standardise securely (its data are scaled already).
@@ -191,7 +191,8 @@ class SiteRuntime:
             raise StateError("moment sums are only taken in a secure-standardisation run, over unscaled data")
         sums = moment_sums(self.data.train)
         if self.data.validation is not None:
-            # the whole training split (validation rows included), as the pooled statistics of a simulation are
+            # the whole training split (validation rows included), as the pooled statistics of a simulation are; the
+            # site's fixed non-test rows, so two runs can never differ by one patient (P43)
             extra = moment_sums(self.data.validation)
             sums = {k: (np.asarray(v) + np.asarray(extra[k])).tolist() if isinstance(v, list) else v + extra[k]
                     for k, v in sums.items()}

@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from fcd_secure._io import load_or_create_secret
 from fcd_secure.data.spec import DataError
 
 __all__ = [
@@ -64,28 +64,13 @@ def seeded_secret(seed: int) -> bytes:
 
 def site_secret(state_dir: str | Path) -> bytes:
     """A deployed site's split secret: 32 bytes from the OS CSPRNG in ``<state_dir>/split_secret.key`` (mode 0600),
-    created on first use (``fcd site init`` or the first run) and never changed afterwards.
+    created on first use (the site's first run) and never changed afterwards.
 
     Raises:
-        DataError: the file exists but is not a 32-byte secret (a damaged file must not silently become a new cut).
+        SecretFileError: the file exists but is not a 32-byte secret (a damaged file must not silently become a new
+            cut: restore it from backup; a new secret would be a new split whose answers could be differenced).
     """
-    path = Path(state_dir) / SECRET_FILE
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            pass  # another process of this site created it first: read theirs
-        else:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(os.urandom(32))
-                fh.flush()
-                os.fsync(fh.fileno())
-    raw = path.read_bytes()
-    if len(raw) != 32:
-        raise DataError(f"{path}: the site's split secret must be 32 bytes, found {len(raw)}; restore it from backup "
-                        "(a new secret would be a new split, and the old and new answers could be differenced)")
-    return raw
+    return load_or_create_secret(Path(state_dir) / SECRET_FILE, 32)
 
 
 def row_ids_from_meta(meta: Mapping[str, Any], n: int) -> list[str]:
