@@ -82,3 +82,142 @@ def test_P43_simulated_sites_cut_from_a_secret_derived_from_the_dataset_seed(lon
         assert sorted(row_ids(x.test)) == sorted(everyone[j] for j in test)
         fit, val = split_rows([everyone[j] for j in rest], 0.2, secret)
         assert sorted(row_ids(x.validation)) == sorted(everyone[rest[j]] for j in val)
+
+
+# -- what-if questions: budgeted as cohorts (P44), read on the site's grid (P45), in the table's units (P46) -------
+def _threshold(name: str, value: float, when: str = "above"):
+    from fcd_secure.data.policy import Policy
+
+    return Policy.model_validate({"name": name, "rule": {
+        "kind": "threshold", "signal": "context:lab", "when": when, "value": float(value), "lookback": 1,
+        "then": "insulin", "otherwise": "none"}})
+
+
+@pytest.fixture(scope="module")
+def mgdl_site(tmp_path_factory):
+    """A simulated hospital (3 of them, 150 patients each, 30 test rows) whose lab is in mg/dL (about 150 ± 60)."""
+    from fcd_secure.apps.site import SiteRuntime
+    from fcd_secure.config import build_config
+    from fcd_secure.federation.site_policy import SitePolicy
+
+    tmp = tmp_path_factory.mktemp("mgdl")
+    df = make_long_table(450)
+    df["lab"] = df["lab"] * 30.0
+    df.to_csv(tmp / "table.csv", index=False)
+    (tmp / "spec.toml").write_text(GOOD_SPEC)
+    cfg = build_config("tiny", {"data": {"dataset": "spec", "spec": str(tmp / "spec.toml"),
+                                         "table": str(tmp / "table.csv"), "test_fraction": 0.2},
+                                "state_dir": str(tmp / "state")})
+
+    def site(state: str = "state"):
+        return SiteRuntime(cfg, "site-00", 0, str(tmp / state), policy=SitePolicy.for_run(cfg))
+
+    return site
+
+
+def _labs(data):
+    """Each test row's first logged lab in mg/dL (the column is z-scored in the data)."""
+    from fcd_secure.data.policy import context_scales
+
+    col = list(data.test.meta["a_names"]).index("lab")
+    mean, sd = context_scales(data.test)[col]
+    return data.test.A[:, 0, col] * sd + mean
+
+
+def test_P44_a_question_of_thresholds_one_patient_apart_is_refused(mgdl_site):
+    """P44. The attack: one what-if question of 32 threshold policies "insulin when lab > c" with c between
+    neighbouring patients' first labs. Each neighbouring pair's cohorts differ in one patient, whose logged steps
+    stop being consistent with π: the difference of the two answers' OPE sums is that patient's 1/P and action
+    (7 questions leaked 10 of 11 patients before). Now the site charges the question against its differencing
+    budget: cohorts closer than its policy's min_difference (20 entities) are refused before anything runs, and so
+    is a later question whose cohort is close to one answered before (the record in its state)."""
+    from fcd_secure.audit import Refusal
+    from fcd_secure.data.policy import bind_policy
+    from fcd_secure.federation import learner
+    from fcd_secure.manifest import THETA_C
+    from fcd_secure.queries.whatif import QUESTION_SLOT, WhatIfRequest, cohort_signature
+
+    site = mgdl_site()
+    data = site.data
+    labs = np.sort(_labs(data))
+    cuts = (labs[:-1] + labs[1:]) / 2
+    assert len(cuts) >= 29
+    pols = [_threshold(f"lab_above_{i}", c) for i, c in enumerate(cuts[:29])]
+    # the mechanism: neighbouring thresholds touch cohorts one patient apart
+    sig = [cohort_signature(bind_policy(p, data.test), data.test, data.anchors, data.test.L) for p in pols]
+    gaps = [sum(a[k] != b[k] for k in a) for a, b in zip(sig, sig[1:])]
+    assert min(gaps) == 1
+    theta = learner.get_params(site.model, THETA_C)
+    question = WhatIfRequest(policies=pols, reference=pols[0].name)
+    with pytest.raises(Refusal) as exc:
+        site.evaluate(theta, {"whatif": question.to_json(), "n-samples": 1})
+    assert (exc.value.rule, exc.value.key) == ("eval_cohort", "policy_difference")
+    # the paper's policies differ on every patient: answered, and their cohorts recorded on the site
+    paper = WhatIfRequest(policies=[_threshold("never_fires", 1e9), _threshold("always_fires", -1e9)],
+                          reference="never_fires")
+    out = mgdl_site().evaluate(theta, {"whatif": paper.to_json(), "n-samples": 1})
+    assert out["policy.never_fires.n"] == data.test.n
+    assert (site.state.dir / "slots" / QUESTION_SLOT).exists()
+    # one threshold on its own, a few patients from the answered "never" cohort as the site reads it (on its grid):
+    # refused by the record
+    from fcd_secure.data.policy import snap_threshold
+
+    never = cohort_signature(bind_policy(_threshold("n", 1e9), data.test), data.test, data.anchors, data.test.L)
+
+    def gap(value):
+        snapped = bind_policy(snap_threshold(_threshold("t", value), data.train, 10)[0], data.test)
+        s = cohort_signature(snapped, data.test, data.anchors, data.test.L)
+        return sum(s[k] != never[k] for k in s)
+
+    few = _threshold("few", next(c for c in cuts[::-1] if 0 < gap(c) < 20))
+    alone = WhatIfRequest(policies=[few], reference=few.name)
+    with pytest.raises(Refusal) as exc:
+        mgdl_site().evaluate(theta, {"whatif": alone.to_json(), "n-samples": 1})
+    assert (exc.value.rule, exc.value.key) == ("eval_cohort", "answered_cohort")
+
+
+def test_P45_thresholds_are_read_on_the_sites_quantile_grid(mgdl_site):
+    """P45. Thresholds placed between two patients are not the site's cut points: the site reads a threshold on a
+    continuous context column at the nearest of its own deciles (computed on its training rows, never sent), and
+    one beyond its data becomes ±inf. 29 thresholds between neighbouring test patients become at most 11 rules."""
+    from fcd_secure.data.policy import snap_threshold
+
+    data = mgdl_site().data
+    labs = np.sort(_labs(data))
+    snapped = [snap_threshold(_threshold("t", c), data.train, 10) for c in (labs[:-1] + labs[1:]) / 2]
+    values = {p.rule.value for p, _ in snapped}
+    assert len(values) <= 11
+    assert all(note["rank"] * 10 == round(note["rank"] * 10) for _, note in snapped)
+    high, note = snap_threshold(_threshold("t", 10_000.0), data.train, 10)
+    assert high.rule.value == np.inf and note["rank"] == 1.0
+    # a rule on the outcome is not a context threshold: unchanged
+    from fcd_secure.data.policy import Policy
+
+    out = Policy.model_validate({"name": "o", "rule": {"kind": "threshold", "value": 0.5}})
+    assert snap_threshold(out, data.train, 10)[0] is out
+
+
+def test_P46_thresholds_are_in_the_tables_units_and_a_silent_one_is_reported(mgdl_site):
+    """P46. ``value = 180`` (mg/dL) on a z-scored lab column was compared with z-scores and never fired, silently.
+    Now a threshold is in the table's own units (the site's data carry the column's scale), and a threshold that
+    fires on none of a site's rows is reported (``whatif.fires.<π>`` = 0 from every site; ``never_fires``)."""
+    from fcd_secure.data.policy import bind_policy
+    from fcd_secure.federation import learner
+    from fcd_secure.manifest import THETA_C
+    from fcd_secure.queries.evaluation import merge_site_metrics
+    from fcd_secure.queries.whatif import WhatIfRequest
+
+    site = mgdl_site("state-p46")
+    data = site.data
+    labs = _labs(data)
+    assert (labs > 180).any() and np.abs(data.test.A[:, 0, list(data.test.meta["a_names"]).index("lab")]).max() < 10
+    pol = bind_policy(_threshold("insulin_above_180", 180.0), data.test)
+    plan = pol.plan(data.test.Y, data.test.lengths, *data.anchors, A=data.test.A)
+    insulin = data.test.meta["action_names"].index("insulin")
+    np.testing.assert_array_equal(plan[:, 0] == insulin, labs > 180)
+    theta = learner.get_params(site.model, THETA_C)
+    q = WhatIfRequest(policies=[_threshold("low", -1e9), _threshold("silent", 10_000.0)], reference="low")
+    out = site.evaluate(theta, {"whatif": q.to_json(), "n-samples": 1})
+    assert out["whatif.fires.silent"] == 0.0 and out["whatif.fires.low"] == 1.0
+    merged = merge_site_metrics([out], q)
+    assert merged["policies"]["silent"]["never_fires"] and not merged["policies"]["low"]["never_fires"]

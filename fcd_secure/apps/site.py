@@ -333,7 +333,8 @@ class SiteRuntime:
         restore = eval_config.get(RESTORE_KEY)
         model = self.load_for_eval(global_theta, str(eval_config.get("part", THETA_C)),
                                    None if restore is None else int(restore))
-        out = site_metrics(model, self.data, self.cfg, eval_config, rows=rows, site_dir=self.state.dir)
+        out = site_metrics(model, self.data, self.cfg, eval_config, rows=rows, site_dir=self.state.dir,
+                           questions=self.policy.questions)
         keep = eval_config.get(KEEP_KEY)
         if keep is not None:  # a scored round: keep this Θs for the selection, add the validation sums
             snap = self.state.load()

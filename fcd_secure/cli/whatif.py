@@ -43,6 +43,10 @@ def whatif_table(result: dict, title: str = "What happens under each policy") ->
     if caption and support:  # docs/whatif.md: only supported steps give a DR interval that covers the truth
         caption += (f"; they omit the simulator's own error, which the doubly robust intervals (below) cover "
                     f"on the {min(support):.0%}–{max(support):.0%} of steps the logged data supports")
+    silent = [name for name, d in pols.items() if d.get("never_fires")]
+    if silent:  # P46: a threshold beyond every site's data (in the table's units) is its 'otherwise' action
+        caption = (caption + "; " if caption else "") + (
+            f"never fires on any site's data (its threshold lies beyond them): {', '.join(silent)}")
     t = Table(title=title, show_header=True, header_style="bold", caption=caption)
     t.add_column("policy", overflow="fold")
     t.add_column("value", justify="right")

@@ -10,7 +10,8 @@ its ``otherwise`` action elsewhere:
 - ``kind = "window"``: ``inside`` for ``start <= t < stop``, ``outside`` elsewhere (``unit = "fraction"``, the
   default, or ``"step"``);
 - ``kind = "threshold"``: a rule on the observed (or, in a rollout, simulated) history: ``then`` when the mean of
-  the last ``lookback`` values of ``signal`` is ``below`` (or ``above``) ``value``, else ``otherwise``. The signal is
+  the last ``lookback`` values of ``signal`` is ``below`` (or ``above``) ``value`` (in the table's own units: a
+  z-scored context column is read back in its units, :func:`context_scales`), else ``otherwise``. The signal is
   ``"outcome"`` (outcomes before t) or ``"context:<column>"`` (a context column up to and including t: A_t is known
   at decision time); ``initial`` decides a step without any outcome history yet (t = 0);
 - ``kind = "constant"``: the paper's shorthand over the two anchors, ``on = true`` (a_on) or ``false`` (a_off).
@@ -32,7 +33,7 @@ up to and including t); callers pass it only then, so a policy written in Python
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol, Union, runtime_checkable
 
@@ -45,7 +46,7 @@ from fcd_secure.data.spec import ANCHOR_PREFIX, DataError, field_path
 
 __all__ = [
     "ANCHOR_OFF", "ANCHOR_ON", "DEFAULT_POLICY_NAMES", "Policy", "PolicyLike", "anchor_actions", "anchor_labels", "anchors_from_counts",
-    "bind_policy", "default_policies", "load_policies", "load_policy", "load_policy_refs", "policy_dir", "regime_support",
+    "bind_policy", "context_scales", "default_policies", "snap_threshold", "load_policies", "load_policy", "load_policy_refs", "policy_dir", "regime_support",
     "anchor_regime_support",
 ]
 
@@ -228,6 +229,8 @@ class ThresholdRule(_Rule):
     ``otherwise``."""
 
     kind: Literal["threshold"]
+    #: in the table's own units (mg/dL, not z-scores: a standardised column is read back in its units, P46); a site
+    #: reads a context threshold on its grid of quantiles (:func:`snap_threshold`), ±inf when beyond its data
     value: float
     when: Literal["below", "above"] = "below"
     lookback: int = Field(default=1, ge=1)
@@ -257,13 +260,15 @@ class ThresholdRule(_Rule):
             out["initial"] = self.initial
         return out
 
-    def condition(self, t, y_hist, lengths, context, column):
+    def condition(self, t, y_hist, lengths, context, column, scale: tuple[float, float] | None = None):
         B = len(lengths)
         if self.context_column is not None:
             if context is None or column is None:
                 raise ValueError(f"the rule reads context {self.context_column!r}: pass context= of a bound policy")
             ctx = np.asarray(context, dtype=np.float64).reshape(B, -1, np.shape(context)[-1])
             recent = ctx[:, -self.lookback:, column].mean(axis=1)
+            if scale is not None:  # a z-scored column: back to the table's own units, those of ``value``
+                recent = recent * scale[1] + scale[0]
         else:
             y_hist = np.asarray(y_hist, dtype=np.float64).reshape(B, -1)
             # the last `lookback` columns, not y_hist[:, t-lookback:t]: a history shorter than t (a rollout from
@@ -295,6 +300,7 @@ class Policy(BaseModel):
     _labels: dict[str, int] | None = PrivateAttr(default=None)
     _n_actions: int | None = PrivateAttr(default=None)
     _column: int | None = PrivateAttr(default=None)
+    _scale: tuple[float, float] | None = PrivateAttr(default=None)
     _source: str | None = PrivateAttr(default=None)
 
     # -- vocabulary ------------------------------------------------------------------------------------------
@@ -319,13 +325,16 @@ class Policy(BaseModel):
         return [v for v in self.rule.refs().values() if isinstance(v, str) and v not in (ANCHOR_OFF, ANCHOR_ON)]
 
     def bind(self, action_names: Sequence[str] | None = None, context_names: Sequence[str] | None = None,
-             n_actions: int | None = None) -> "Policy":
+             n_actions: int | None = None, context_scales: Mapping[int, tuple[float, float]] | None = None
+             ) -> "Policy":
         """This policy with its labels and its context column resolved against a dataset's vocabulary.
 
         Args:
             action_names: label of each action id (``meta['action_names']``).
             context_names: name of each context column (``meta['a_names']``).
             n_actions: size of the action set (ids are checked against it; default ``len(action_names)``).
+            context_scales: ``{column: (mean, std)}`` of the context columns the data holds as z-scores
+                (:func:`context_scales`): a threshold on one of them is compared in the table's own units.
 
         Returns:
             A bound copy (the policy itself is not changed).
@@ -362,6 +371,7 @@ class Policy(BaseModel):
                                 + ("" if cols is None else f" (context columns: {', '.join(cols)})"),
                                 file=self._source, field="rule.signal")
             out._column = cols.index(col)
+            out._scale = None if context_scales is None else context_scales.get(out._column)
         return out
 
     def _id(self, ref: Any, a_off: int, a_on: int) -> int:
@@ -396,6 +406,8 @@ class Policy(BaseModel):
             if isinstance(init, bool):
                 return np.full(len(lengths), init, dtype=bool)
             return np.zeros(len(lengths), dtype=bool)  # an explicit initial action: the caller's `actions` takes it
+        if isinstance(r, ThresholdRule):
+            return np.asarray(r.condition(t, y_hist, lengths, context, self._column, self._scale), dtype=bool)
         return np.asarray(r.condition(t, y_hist, lengths, context, self._column), dtype=bool)
 
     def actions(
@@ -446,11 +458,54 @@ def bind_policy(policy: Any, ds: SiteDataset | None = None, *, action_names: Seq
     """
     if not isinstance(policy, Policy):
         return policy
+    scales = None
     if ds is not None:
         action_names = action_names if action_names is not None else ds.meta.get("action_names")
         context_names = context_names if context_names is not None else ds.meta.get("a_names")
         n_actions = n_actions if n_actions is not None else ds.n_actions
-    return policy.bind(action_names, context_names, n_actions)
+        scales = context_scales(ds)
+    return policy.bind(action_names, context_names, n_actions, scales)
+
+
+def context_scales(ds: SiteDataset) -> dict[int, tuple[float, float]]:
+    """``{context column: (mean, std)}`` of the columns ``ds`` holds as z-scores (``meta['standardization']``)."""
+    std = ds.meta.get("standardization")
+    if not std:
+        return {}
+    return {int(c): (float(m), float(s)) for c, m, s in zip(std["a_cols"], std["a_mean"], std["a_std"])}
+
+
+def snap_threshold(policy: Any, train: SiteDataset, grid: int) -> tuple[Any, dict[str, Any] | None]:
+    """A threshold rule on a continuous context column read on the site's own grid (P45): the threshold's rank among
+    the column's values on the site's training rows (valid steps, the table's units) is rounded to a multiple of
+    ``1/grid`` and the threshold becomes that quantile; rank 0 or 1 becomes −inf / +inf (beyond the site's data: the
+    rule never fires, or always). 32 nearby thresholds are then at most ``grid + 1`` cut points, none placed between
+    two patients by the asker. Any other policy is returned as is.
+
+    Returns:
+        ``(policy, note)``: the (copied) policy and ``{"value", "rank", "snapped"}`` (kept on the site), or None.
+    """
+    if not isinstance(policy, Policy) or not isinstance(policy.rule, ThresholdRule):
+        return policy, None
+    col_name = policy.rule.context_column
+    names = [str(a) for a in (train.meta.get("a_names") or [])]
+    if col_name is None or col_name not in names:
+        return policy, None  # the outcome signal (few values), or a column bind will name as missing
+    col = names.index(col_name)
+    if col not in [int(c) for c in train.meta.get("a_continuous", [])]:
+        return policy, None
+    x = np.asarray(train.A[train.M > 0][:, col], dtype=np.float64)
+    mean, sd = context_scales(train).get(col, (0.0, 1.0))
+    x = np.sort(x * sd + mean)
+    if x.size == 0:
+        return policy, None
+    v = float(policy.rule.value)
+    rank = float(np.searchsorted(x, v, side="right")) / x.size  # share of the site's values at or below v
+    q = round(rank * grid) / grid
+    snapped = -np.inf if q <= 0 else (np.inf if q >= 1 else float(np.quantile(x, q)))
+    out = policy.model_copy(update={"rule": policy.rule.model_copy(update={"value": snapped})})
+    out._source = policy._source
+    return out, {"value": v, "rank": q, "snapped": snapped}
 
 
 def anchor_actions(ds: SiteDataset | list[SiteDataset]) -> tuple[int, int]:

@@ -59,7 +59,8 @@ def factual_probs(model, ds) -> np.ndarray:
 
 
 def site_metrics(
-    model, data: SiteData, cfg: RunConfig, eval_config: dict[str, Any], rows: np.ndarray | None = None, site_dir=None
+    model, data: SiteData, cfg: RunConfig, eval_config: dict[str, Any], rows: np.ndarray | None = None, site_dir=None,
+    questions=None,
 ) -> dict[str, Any]:
     """Aggregate-only evaluation of one site (module docstring). Values are floats or lists of floats.
 
@@ -71,6 +72,8 @@ def site_metrics(
             (the first rows).
         rows: the test rows to evaluate (a federated site passes the cohort it chose, ``queries.cohort``).
         site_dir: the site's own state folder: a what-if question writes its per-entity file there.
+        questions: the site's question budget (``federation.site_policy.QuestionPolicy``; ``queries.whatif
+            .admit_question``); None outside a site.
     """
     from fcd_secure.evaluation.metrics import AUCStats, EffectStats  # noqa: PLC0415
     from fcd_secure.model.simulate import estimate_effects  # noqa: PLC0415
@@ -116,7 +119,8 @@ def site_metrics(
     out.update(one_step_sums(model, sub, data.anchors, truth))
     raw = eval_config.get(WHATIF_KEY)
     request = WhatIfRequest.from_json(str(raw)) if raw else request_from_config(cfg)
-    out.update(site_policy_sums(model, sub, data, cfg, request, seed, n_samples, len(rows) == test.n, site_dir))
+    out.update(site_policy_sums(model, sub, data, cfg, request, seed, n_samples, len(rows) == test.n, site_dir,
+                                questions))
     return out
 
 

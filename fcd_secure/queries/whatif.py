@@ -65,7 +65,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fcd_secure._io import atomic_write_text
-from fcd_secure.data.policy import Policy, anchor_labels, bind_policy, load_policy_refs
+from fcd_secure._io import file_lock
+from fcd_secure.audit import Refusal
+from fcd_secure.data.cohorts import row_ids
+from fcd_secure.data.policy import Policy, ThresholdRule, anchor_labels, bind_policy, load_policy_refs, snap_threshold
 from fcd_secure.data.schema import SiteDataset
 from fcd_secure.evaluation.intervals import UNSEEN_FIELDS
 from fcd_secure.queries.targeted import (
@@ -79,6 +82,7 @@ from fcd_secure.queries.targeted import (
 if TYPE_CHECKING:  # pragma: no cover - the run config pulls in torch; the request model must not
     from fcd_secure.config import RunConfig
     from fcd_secure.federation.learner import SiteData
+    from fcd_secure.federation.site_policy import QuestionPolicy
 
 __all__ = [
     "WHATIF_DIR", "WHATIF_KEY", "WhatIfRequest", "evaluated_policy_names", "merge_policy_sums", "request_from_config",
@@ -91,6 +95,12 @@ WHATIF_KEY = "whatif"
 WHATIF_DIR = "whatif"
 #: at most this many policies in one question (the reply's size, and the gate's allow-list, grow with it)
 MAX_POLICIES = 32
+#: the site's record of the cohorts it answered questions on (``slots/<name>`` of its state folder)
+QUESTION_SLOT = "whatif_cohorts.json"
+#: the most distinct cohorts a site answers over its lifetime: then its question budget is spent
+MAX_ANSWERED_COHORTS = 5000
+#: the refusal rule of a question the budget refuses (``audit.rules.REFUSAL_RULES``)
+QUESTION_RULE = "eval_cohort"
 
 
 class WhatIfRequest(BaseModel):
@@ -161,18 +171,6 @@ def request_from_config(
 
 
 # -- on the site ---------------------------------------------------------------------------------------------------
-def _entity_ids(ds: SiteDataset) -> list[str]:
-    """A site-local identifier per row (entity name, student id, or the row), for the per-entity file only."""
-    m = ds.meta
-    ent, names = m.get("entity"), m.get("entity_names")
-    if isinstance(ent, np.ndarray) and ent.shape == (ds.n,) and names is not None:
-        return [str(names[int(e)]) for e in ent]
-    sid = m.get("student_ids")
-    if isinstance(sid, np.ndarray) and sid.shape == (ds.n,):
-        return [str(int(v)) for v in sid]
-    return [str(i) for i in range(ds.n)]
-
-
 def _per_sample_values(sim) -> np.ndarray:
     """Each sample's value ``[n, S]`` (the per-step average over valid steps of the window)."""
     denom = np.maximum(sim.mask.sum(1), 1.0)
@@ -189,6 +187,7 @@ def site_policy_sums(
     n_samples: int,
     all_rows: bool,
     site_dir: Path | None,
+    questions: "QuestionPolicy | None" = None,
 ) -> dict[str, Any]:
     """The sums one site contributes to a what-if question (module docstring); the per-entity file is written to
     ``site_dir/whatif/`` when ``site_dir`` is given.
@@ -203,12 +202,16 @@ def site_policy_sums(
         n_samples: simulated futures per entity.
         all_rows: whether ``sub`` is the site's whole test split (the oracle's per-site truth needs it).
         site_dir: the site's own state folder.
+        questions: the site's question budget (``[questions]`` of its policy): thresholds are read on its quantile
+            grid and the question is admitted by :func:`admit_question` first; None (a research evaluation without a
+            site) answers as asked.
 
     Returns:
         Floats and lists of floats keyed as in the module docstring.
 
     Raises:
         DataError: a policy names a label or a context column this site's data does not have.
+        Refusal: ``eval_cohort`` (:func:`admit_question`): two policies' cohorts differ by too few entities.
     """
     from fcd_secure.evaluation.intervals import site_sums, unseen_mass_sums  # noqa: PLC0415
     from fcd_secure.model.simulate import simulate_policy  # noqa: PLC0415
@@ -219,8 +222,21 @@ def site_policy_sums(
     out: dict[str, Any] = {"anchors.a_off": float(a_off), "anchors.a_on": float(a_on), "anchors.sites": 1.0}
     values: dict[str, np.ndarray] = {}
     contexts: dict[str, list[str]] = {}
-    # the factual rectifier (module docstring): the model's value of the logged actions minus the observed value
     H = sub.L if request.horizon is None else request.horizon
+    # the site reads every threshold on its own grid and binds every policy before anything is simulated; the
+    # question is admitted against its differencing budget first (P44, P45)
+    bound = []
+    for raw in request.policies:
+        if questions is not None:
+            raw, _note = snap_threshold(raw, data.train, questions.threshold_grid)
+        bound.append(bind_policy(raw, sub))
+    if questions is not None:
+        admit_question(bound, sub, data.anchors, H, questions.min_difference,
+                       None if site_dir is None else Path(site_dir) / "slots" / QUESTION_SLOT)
+    for pol in bound:
+        if isinstance(pol.rule, ThresholdRule):  # P46: a threshold that never fires on this site's rows is reported
+            out[f"whatif.fires.{pol.name}"] = 1.0 if _fires(pol, sub, a_off, a_on, H) else 0.0
+    # the factual rectifier (module docstring): the model's value of the logged actions minus the observed value
     replay = simulate_policy(model, sub, sub.T[:, :H].copy(), None, n_samples, seed, horizon=H)
     observed = (sub.Y[:, :H] * sub.M[:, :H]).sum(1) / np.maximum(sub.M[:, :H].sum(1), 1.0)
     residual = _per_sample_values(replay).mean(1) - observed
@@ -231,8 +247,7 @@ def site_policy_sums(
     # the identified answers (queries.targeted): DR values over the first h steps, per horizon of the grid
     grid = horizon_grid(H)
     identified: dict[str, dict[int, np.ndarray]] = {}
-    for raw in request.policies:
-        pol = bind_policy(raw, sub)
+    for pol in bound:
         sim = simulate_policy(model, sub, pol, data.anchors, n_samples, seed, horizon=request.horizon)
         contexts = sim.contexts
         per = _per_sample_values(sim)
@@ -279,6 +294,97 @@ def site_policy_sums(
     if site_dir is not None:
         _write_per_entity(Path(site_dir), request, sub, values, residual, contexts, drs, dr_steps)
     return out
+
+
+def _logged_plan(pol: Policy, sub: SiteDataset, a_off: int, a_on: int, H: int) -> np.ndarray:
+    """The actions ``pol`` takes on each row's *logged* history over the first ``H`` steps, ``[n, H]`` (-1 on
+    padding): what decides which of the row's logged steps are consistent with π, so which rows its OPE and DR sums
+    read."""
+    H = min(int(H), sub.L)
+    plan = pol.plan(sub.Y[:, :H], sub.lengths, a_off, a_on, A=sub.A[:, :H] if pol.needs_context else None)
+    return np.where(sub.M[:, :H] > 0, plan, -1).astype(np.int64)
+
+
+def _fires(pol: Policy, sub: SiteDataset, a_off: int, a_on: int, H: int) -> bool:
+    """Whether a threshold rule's condition holds at any valid step of the site's logged rows (P46)."""
+    ctx = (lambda t: sub.A[:, : t + 1]) if pol.needs_context else (lambda t: None)
+    for t in range(min(int(H), sub.L)):
+        valid = sub.M[:, t] > 0
+        if valid.any() and (pol.on(t, sub.Y[:, :t], sub.lengths, ctx(t)) & valid).any():
+            return True
+    return False
+
+
+def cohort_signature(pol: Policy, sub: SiteDataset, anchors: tuple[int, int], H: int) -> dict[str, str]:
+    """The cohort a policy touches on the site's rows: per row (keyed by a digest of its entity id and chunk), a
+    digest of the actions the policy takes on that row's logged history. Two policies' sums can differ only through
+    the rows whose digests differ (where a row's logged steps stop or start being consistent with π)."""
+    import hashlib  # noqa: PLC0415
+
+    plan = _logged_plan(pol, sub, anchors[0], anchors[1], H)
+    seen: dict[str, int] = {}
+    out: dict[str, str] = {}
+    for i, e in enumerate(row_ids(sub)):
+        k = seen.get(e, 0)
+        seen[e] = k + 1
+        key = hashlib.sha256(f"{e}#{k}".encode()).hexdigest()[:16]
+        out[key] = hashlib.sha256(plan[i].tobytes()).hexdigest()[:16]
+    return out
+
+
+def _difference(a: dict[str, str], b: dict[str, str]) -> int:
+    """How many rows two cohorts treat differently (a row in only one of them counts)."""
+    return sum(1 for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+
+
+def admit_question(policies: list[Policy], sub: SiteDataset, anchors: tuple[int, int], H: int, min_difference: int,
+                   record: Path | None) -> None:
+    """Charge a question against the site's differencing budget, or refuse it before anything is computed (P44).
+
+    Every policy's cohort (:func:`cohort_signature`) must equal, or differ by at least ``min_difference`` rows from,
+    every other policy's in the question and every cohort the site answered before (``record``, kept in the site's
+    state; an identical cohort is free). The admitted cohorts are recorded before the answer leaves; after
+    :data:`MAX_ANSWERED_COHORTS` distinct ones the site answers no new cohort.
+
+    What it bounds: the difference of any two answers is a sum over at least ``min_difference`` entities, never one
+    patient's 1/P and logged action (the attack of 32 thresholds one patient apart). What it does not bound: a
+    linear combination of three or more answers whose cohorts overlap cleverly (Dinur & Nissim 2003, "Revealing
+    information while preserving privacy", PODS) — answering many distinct cohorts needs noise, not a rule; the
+    lifetime cap on distinct cohorts limits how many such equations exist.
+
+    Raises:
+        Refusal: ``eval_cohort`` with key ``policy_difference`` (two policies of the question), ``answered_cohort``
+            (a cohort close to one answered before), ``question_budget`` (the record is full) or ``unreadable``.
+    """
+    import json  # noqa: PLC0415
+
+    from fcd_secure._io import atomic_write_text  # noqa: PLC0415
+
+    sigs = [cohort_signature(p, sub, anchors, H) for p in policies]
+    for i in range(len(sigs)):
+        for j in range(i):
+            if 0 < _difference(sigs[i], sigs[j]) < min_difference:
+                raise Refusal(QUESTION_RULE, "config", "policy_difference")
+    if record is None:
+        return
+    with file_lock(record):
+        try:
+            doc = json.loads(record.read_text()) if record.exists() else {}
+        except ValueError:
+            raise Refusal(QUESTION_RULE, "record", "unreadable") from None
+        answered: list[dict[str, str]] = list(doc.get("cohorts", []))
+        new: list[dict[str, str]] = []
+        for sig in sigs:
+            if sig in answered or sig in new:
+                continue
+            if any(0 < _difference(sig, old) < min_difference for old in answered):
+                raise Refusal(QUESTION_RULE, "config", "answered_cohort")
+            new.append(sig)
+        if not new:
+            return
+        if len(answered) + len(new) > MAX_ANSWERED_COHORTS:
+            raise Refusal(QUESTION_RULE, "config", "question_budget")
+        atomic_write_text(record, json.dumps({"cohorts": answered + new}, separators=(",", ":")))
 
 
 def _target_probs(pol: Policy, sub: SiteDataset, a_off: int, a_on: int) -> np.ndarray:
@@ -351,7 +457,7 @@ def _write_per_entity(site_dir: Path, request: WhatIfRequest, sub: SiteDataset, 
 
     folder = site_dir / WHATIF_DIR
     folder.mkdir(parents=True, exist_ok=True)
-    cols: dict[str, Any] = {"entity": _entity_ids(sub)}
+    cols: dict[str, Any] = {"entity": row_ids(sub)}
     ref = values[request.reference]
     for name, v in values.items():
         cols[f"value[{name}]"] = v
@@ -421,6 +527,9 @@ def merge_policy_sums(s: dict[str, Any], sites: int, request: WhatIfRequest | No
             d["interval"] = interval_from_sums(s, f"whatif.value.{name}", level).to_dict()
         if f"whatif.rectified.{name}.n" in s:
             d["rectified"] = interval_from_sums(s, f"whatif.rectified.{name}", level).to_dict()
+        if f"whatif.fires.{name}" in s:  # a threshold rule: on how many sites it fires at all (P46)
+            d["fires_on_sites"] = int(round(s[f"whatif.fires.{name}"]))
+            d["never_fires"] = d["fires_on_sites"] == 0  # its 'otherwise' action everywhere
         # doubly robust only when every site sent it (one without propensities would leave a partial population)
         dr_all = _all_sent(s, counts, sites, f"whatif.dr.{name}.n")
         if dr_all:
@@ -498,6 +607,7 @@ def whatif_metric_names(policy_names: list[str] | tuple[str, ...]) -> list[str]:
         names += [f"whatif.value.{p}.{f}" for f in ("n", "sum", "sumsq", "mc_var")]
         names += [f"whatif.{kind}.{p}.{f}" for kind in ("rectified", "diff", "drdiff") for f in ("n", "sum", "sumsq")]
         names += [f"whatif.dr.{p}.{f}" for f in ("n", "sum", "sumsq", "support", *UNSEEN_FIELDS)]
+        names.append(f"whatif.fires.{p}")  # threshold rules: 1 where the rule fires on the site's rows (P46)
     return names + identified_metric_names(list(policy_names))
 
 
