@@ -219,5 +219,10 @@ def test_P46_thresholds_are_in_the_tables_units_and_a_silent_one_is_reported(mgd
     q = WhatIfRequest(policies=[_threshold("low", -1e9), _threshold("silent", 10_000.0)], reference="low")
     out = site.evaluate(theta, {"whatif": q.to_json(), "n-samples": 1})
     assert out["whatif.fires.silent"] == 0.0 and out["whatif.fires.low"] == 1.0
+    # the site keeps how it read each threshold (asked value, grid rank, its cut point) beside its per-entity file
+    import json
+
+    kept = json.loads((site.state.dir / "whatif" / f"{q.query_id}.json").read_text())["thresholds"]
+    assert kept["silent"] == {"value": 10_000.0, "rank": 1.0, "snapped": "inf"}
     merged = merge_site_metrics([out], q)
     assert merged["policies"]["silent"]["never_fires"] and not merged["policies"]["low"]["never_fires"]

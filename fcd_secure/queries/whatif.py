@@ -226,9 +226,12 @@ def site_policy_sums(
     # the site reads every threshold on its own grid and binds every policy before anything is simulated; the
     # question is admitted against its differencing budget first (P44, P45)
     bound = []
+    grid_notes: dict[str, dict[str, Any]] = {}  # how each threshold was read (kept in the site's per-entity file)
     for raw in request.policies:
         if questions is not None:
-            raw, _note = snap_threshold(raw, data.train, questions.threshold_grid)
+            raw, note = snap_threshold(raw, data.train, questions.threshold_grid)
+            if note is not None:
+                grid_notes[raw.name] = note
         bound.append(bind_policy(raw, sub))
     if questions is not None:
         admit_question(bound, sub, data.anchors, H, questions.min_difference,
@@ -292,7 +295,7 @@ def site_policy_sums(
     out["contexts.generated"] = float(len(contexts.get("generated", [])))
     out["contexts.replayed"] = float(len(contexts.get("replayed", [])))
     if site_dir is not None:
-        _write_per_entity(Path(site_dir), request, sub, values, residual, contexts, drs, dr_steps)
+        _write_per_entity(Path(site_dir), request, sub, values, residual, contexts, drs, dr_steps, grid_notes)
     return out
 
 
@@ -448,7 +451,8 @@ def _ope_sums(pol: Policy, sub: SiteDataset, sim, cfg: "RunConfig", a_off: int, 
 
 def _write_per_entity(site_dir: Path, request: WhatIfRequest, sub: SiteDataset, values: dict[str, np.ndarray],
                       residual: np.ndarray, contexts: dict[str, list[str]], drs: dict[str, np.ndarray],
-                      dr_steps: dict[str, dict[str, np.ndarray]]) -> Path:
+                      dr_steps: dict[str, dict[str, np.ndarray]],
+                      grid_notes: dict[str, dict[str, Any]] | None = None) -> Path:
     """``<site_dir>/whatif/<query id>.csv``: one row per entity, its value under each policy, each contrast, the
     factual residual (the model's value of the logged actions minus the observed one) and, with logged
     propensities, each policy's doubly robust value and, for binary outcomes, the per-step pieces of its unseen-mass
@@ -474,7 +478,10 @@ def _write_per_entity(site_dir: Path, request: WhatIfRequest, sub: SiteDataset, 
         cols.update({f"dr_vhat[{name}][{t}]": st["v_hat"][:, t] for t in range(st["v_hat"].shape[1])})
     path = folder / f"{request.query_id}.csv"
     atomic_write_text(path, pd.DataFrame(cols).to_csv(index=False, float_format="%.6f"))
-    meta = {"request": json.loads(request.to_json()), "rows": sub.n, "contexts": contexts}
+    meta = {"request": json.loads(request.to_json()), "rows": sub.n, "contexts": contexts,
+            # each threshold as this site read it: asked value, its grid rank, the site's cut point (±inf: beyond it)
+            "thresholds": {k: {f: (str(v) if isinstance(v, float) and not math.isfinite(v) else v)
+                               for f, v in note.items()} for k, note in (grid_notes or {}).items()}}
     atomic_write_text(folder / f"{request.query_id}.json", json.dumps(meta, indent=1))
     return path
 
