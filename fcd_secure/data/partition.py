@@ -216,11 +216,13 @@ def site_splits(
 
     Each site is cut by :func:`split_indices` under its own secret (``secrets[i]``; default: the simulated site's,
     from :func:`site_split_seed` ``(seed, i)``), so this equals :func:`dirichlet_partition` followed by
-    :func:`train_test_split` per site; ``ids`` [n] (else ``entity`` [n]) keeps an entity on one side.
+    :func:`train_test_split` per site; ``ids`` [n] (else ``entity`` [n], else each pooled row's index: a generated
+    world's global id, which its sites' ``row_ids`` repeat) keeps an entity on one side.
     """
     out = []
-    if ids is None and entity is not None:
-        ids = [f"entity-{int(e)}" for e in np.asarray(entity)]
+    if ids is None:  # an entity's code, else the pooled row itself (a generated world's global id)
+        ids = ([f"entity-{int(e)}" for e in np.asarray(entity)] if entity is not None
+               else [str(j) for j in range(len(site_of))])
     for i in range(n_sites):
         idx = np.flatnonzero(site_of == i)
         site_ids = None if ids is None else [ids[j] for j in idx]

@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from fcd_secure.data.cohorts import row_ids_from_meta
 from fcd_secure.data.partition import dirichlet_assignment, site_splits
 from fcd_secure.data.policy import anchor_actions
 from fcd_secure.data.schema import SiteDataset
@@ -114,9 +113,8 @@ def sites_and_anchors(
             },
         )
 
-    # the entities' own ids key each simulated site's cut (data.cohorts), as they key it for a table's entities
-    ids = row_ids_from_meta(entity_meta(np.arange(len(site_of))), len(site_of))
-    splits = site_splits(site_of, cfg.n_sites, cfg.test_fraction, cfg.seed, ids=ids)
+    # keyed by each entity's global id (data.cohorts), which its sites' row ids repeat
+    splits = site_splits(site_of, cfg.n_sites, cfg.test_fraction, cfg.seed)
     train = [site_ds(s, tr, "train") for s, (tr, _) in enumerate(splits)]
     test = [site_ds(s, te, "test") for s, (_, te) in enumerate(splits)]
     return train, test, anchor_actions(train)
