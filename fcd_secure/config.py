@@ -57,11 +57,16 @@ class DataSection(BaseModel):
     preset: DataPreset = Field("default", description="dataset size preset of the loader (tiny | small | default | paper)")
     n_sites: int = Field(10, ge=1, le=1000, description="number of sites (paper Table II: 10)")
     alpha: float = Field(10.0, gt=0, description="Dirichlet concentration of the non-IID split (Table II: 10)")
-    test_fraction: float = Field(0.2, gt=0, lt=1, description="share of each site's trajectories held out for evaluation")
+    test_fraction: float = Field(
+        0.2, gt=0, lt=1,
+        description="share of each site's trajectories held out for evaluation, on a 5 % grid; a site's own policy "
+        "([split]) decides it, the run's value only for simulated sites",
+    )
     validation_fraction: float = Field(
         0.2, ge=0, lt=1,
         description="share of each site's training split held out as its validation rows, never trained on: the "
-        "truth-free model selection (federation.select) scores every evaluated round on them; 0: no selection",
+        "truth-free model selection (federation.select) scores every evaluated round on them; 0: no selection; on a "
+        "5 % grid, and a site's own policy ([split]) decides it, the run's value only for simulated sites",
     )
     data_dir: str | None = Field(
         None, description="real datasets root (default: $FCD_DATA_DIR, then ../shared/data of a source checkout)"
