@@ -226,3 +226,7 @@ def test_P46_thresholds_are_in_the_tables_units_and_a_silent_one_is_reported(mgd
     assert kept["silent"] == {"value": 10_000.0, "rank": 1.0, "snapped": "inf"}
     merged = merge_site_metrics([out], q)
     assert merged["policies"]["silent"]["never_fires"] and not merged["policies"]["low"]["never_fires"]
+    from fcd_secure.cli.whatif import whatif_table
+
+    caption = str(whatif_table(merged).caption)
+    assert "never fires on any site's data" in caption and "silent" in caption and "low" not in caption.split(":")[-1]
