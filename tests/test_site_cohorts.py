@@ -50,6 +50,15 @@ def test_P43_no_server_fraction_or_seed_moves_a_deployed_sites_cut(tmp_path, lon
         assert other[0] == first[0]  # round-0 totals: identical, not one patient apart
         assert other[1] == first[1]
         assert other[2] == first[2]
+    # the evaluation record follows the patients, not their scaling: the consortium's statistics move when any
+    # site's data do, and a new scaling must not open a fresh record (P22's repeats and overlaps count across runs)
+    from fcd_secure.data.moments import standardizer_for
+    from fcd_secure.queries.cohort import split_fingerprint
+
+    test = site.data.test
+    fps = {split_fingerprint(standardizer_for(test, {"x_mean": [m], "x_std": [2.0], "a_mean": [m], "a_std": [3.0]})
+                             .apply(test), "site-00") for m in (0.0, 5.0)}
+    assert fps == {split_fingerprint(test, "site-00")}
     # the secret is the site's own, kept private on its disk; the cut is recorded once
     secret = state / "site-00" / SECRET_FILE
     assert secret.stat().st_size == 32 and stat.S_IMODE(secret.stat().st_mode) == 0o600

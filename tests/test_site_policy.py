@@ -180,6 +180,7 @@ def test_select_rows_answers_requests_of_1_2_3_rows_with_the_same_cohort(tmp_pat
         T = np.zeros((120, 3), np.int64)
         Y = np.ones((120, 3))
         M = np.ones((120, 3))
+        meta = {"entity": np.arange(120), "entity_names": [f"p{i}" for i in range(120)]}  # who the rows are
 
     record = CohortRecord(tmp_path / "c.json")
     pol = EvaluationPolicy(min_cohort=50, max_repeats=10)

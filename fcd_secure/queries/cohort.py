@@ -5,7 +5,8 @@ choose the rows, asking for 1, 2 and 3 rows and subtracting would give one patie
 logged propensities exactly (docs/threats.md P22). So the server's ``max-rows`` is only a request:
 
 * rows come from one fixed permutation of the test split, seeded by the site's identity and the split itself
-  (never by anything the server sends), and an evaluation covers a prefix of it;
+  (its entities and logged records; never by anything the server sends, and the split is the site's own fixed cut,
+  ``data.cohorts``), and an evaluation covers a prefix of it;
 * with ``n`` test rows and ``m = min(min_cohort, n)``, a cohort has one of the sizes ``n, n - m, n - 2m, ... >= m``:
   the request is raised to the smallest such size that covers it. Any two cohorts then differ by a multiple of
   ``m`` rows, so no difference of two answers is about fewer than ``m`` rows; a split smaller than
@@ -35,9 +36,15 @@ RULE = "eval_cohort"
 
 
 def split_fingerprint(ds, site_id: str) -> str:
-    """SHA-256 of a test split's records (X, A, T, Y, M) and the site id: the seed of its permutation."""
-    h = hashlib.sha256(b"fcd_secure.eval_cohort/1|" + site_id.encode())
-    for key in ("X", "A", "T", "Y", "M"):
+    """SHA-256 of a test split's entities (their ids, :func:`fcd_secure.data.cohorts.row_ids`), its logged actions,
+    outcomes and mask, and the site id: the key of its record and the seed of its permutation. The covariates and
+    contexts are left out on purpose: they are z-scored with the consortium's statistics, which move whenever any
+    site's data do, and a new scaling of the same patients must not open a fresh record (P43)."""
+    from fcd_secure.data.cohorts import row_ids  # noqa: PLC0415
+
+    h = hashlib.sha256(b"fcd_secure.eval_cohort/2|" + site_id.encode())
+    h.update("\n".join(row_ids(ds)).encode())
+    for key in ("T", "Y", "M"):
         arr = np.ascontiguousarray(getattr(ds, key))
         h.update(f"|{key}|{arr.dtype.str}|{arr.shape}|".encode())
         h.update(arr.tobytes())
