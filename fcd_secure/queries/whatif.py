@@ -40,6 +40,13 @@ On each site (:func:`site_policy_sums`), for every policy π (bound to the site'
 * the per-entity values and contrasts are written to ``<site state>/whatif/<query id>.csv`` on the site's own disk
   (with the request beside it) and nowhere else: in deployment they never leave the site.
 
+Before any of this, a site answers only what its policy's ``[questions]`` allow (docs/threats.md P44-P46): a
+threshold on a continuous context column is in the table's own units and is read on the site's grid of quantiles of
+its training rows (:func:`~fcd_secure.data.policy.snap_threshold`); the question is charged against the site's
+differencing budget (:func:`admit_question`: any two policies, in this question or answered before, act differently on
+none or at least ``min_difference`` of its entities); and ``whatif.fires.<π>`` says whether a threshold rule fires
+on any of the site's rows at all.
+
 On the server (:func:`merge_policy_sums`), from the consortium totals only: each policy's value and its 90 %
 interval, each contrast and its interval, the truth beside them where the data has an oracle.
 
@@ -64,8 +71,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fcd_secure._io import atomic_write_text
-from fcd_secure._io import file_lock
+from fcd_secure._io import atomic_write_text, file_lock
 from fcd_secure.audit import Refusal
 from fcd_secure.data.cohorts import row_ids
 from fcd_secure.data.policy import Policy, ThresholdRule, anchor_labels, bind_policy, load_policy_refs, snap_threshold
@@ -322,8 +328,6 @@ def cohort_signature(pol: Policy, sub: SiteDataset, anchors: tuple[int, int], H:
     """The cohort a policy touches on the site's rows: per row (keyed by a digest of its entity id and chunk), a
     digest of the actions the policy takes on that row's logged history. Two policies' sums can differ only through
     the rows whose digests differ (where a row's logged steps stop or start being consistent with π)."""
-    import hashlib  # noqa: PLC0415
-
     plan = _logged_plan(pol, sub, anchors[0], anchors[1], H)
     seen: dict[str, int] = {}
     out: dict[str, str] = {}
@@ -359,10 +363,6 @@ def admit_question(policies: list[Policy], sub: SiteDataset, anchors: tuple[int,
         Refusal: ``eval_cohort`` with key ``policy_difference`` (two policies of the question), ``answered_cohort``
             (a cohort close to one answered before), ``question_budget`` (the record is full) or ``unreadable``.
     """
-    import json  # noqa: PLC0415
-
-    from fcd_secure._io import atomic_write_text  # noqa: PLC0415
-
     sigs = [cohort_signature(p, sub, anchors, H) for p in policies]
     for i in range(len(sigs)):
         for j in range(i):
