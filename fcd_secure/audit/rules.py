@@ -71,7 +71,7 @@ REFUSAL_RULES = {
     "site_policy": "a request asking for less protection than the site's policy (the key names the field)",
     "downgrade": "a plain (clear-text) action sent to a site that requires secure aggregation",
     "eval_cohort": "an evaluation the site's cohort rules refuse (too few rows, a cohort too close to an earlier one, "
-    "or the same rows evaluated too often)",
+    "the same rows evaluated too often, or what-if policies whose cohorts differ by too few entities)",
     "app_not_pinned": "a Flower app whose bundle hash is not pinned by the site (its code never ran)",
     "unknown_message_type": "a message type the site's app does not handle (no handler ran; P28)",
 }
