@@ -253,6 +253,15 @@ def register(app: typer.Typer) -> None:
         except (WhatIfError, DataError) as exc:
             raise CliError(str(exc), "RUN_FAILED") from None
         result_file = Path(run_dir) / "whatif" / (request.query_id + ".json")
+        if not res.get("policies"):  # every site declined: say why instead of an empty table (P44)
+            declined = res.get("declined_sites") or []
+            raise CliError(
+                "no site answered the question" + (
+                    f": {len(declined)} site(s) declined it under their cohort rules (two of its policies, or one of "
+                    "them and a question the site answered before, act differently on fewer of its patients than its "
+                    "[questions] min_difference; or a test split too small)" if declined else ""),
+                "RUN_FAILED", hint="ask fewer, well-separated policies (thresholds a decile or more apart)",
+                data=jsonable(res))
         if as_json:
             emit(ok(jsonable(res), f"answered: {result_file}"))
             return
