@@ -269,12 +269,14 @@ def outcome(summary: dict, cfg: "RunConfig") -> CliError | None:
         return CliError(
             "the run trained but could not evaluate: "
             + (f"{len(declined)} site(s) declined under their evaluation cohort rules (a test split below "
-               f"{MIN_COHORT_FLOOR} rows, or a cohort too close to one evaluated before)" if declined
+               f"{MIN_COHORT_FLOOR} rows, a cohort too close to one evaluated before, or policies that act "
+               "differently on fewer of a site's patients than its [questions] min_difference)" if declined
                else "no site's evaluation reached the server")
             + (f", and the secure sum of the others did not run ({aborted})" if aborted and declined else "")
             + "; no result is reported",
             "RUN_FAILED",
-            hint="give each site more test rows (more data, fewer sites or a larger data.test_fraction)",
+            hint="give each site more test rows (more data, fewer sites or a larger data.test_fraction), or ask "
+            "well-separated policies",
             data=summary,
         )
     if failed:
