@@ -77,7 +77,8 @@ def one_seed(seed: int, dataset: str, data_preset: str, rounds: int, sites: int,
     o = fe.get("one_step_effect") or {}
     rows = {"seed": seed, "wall_s": time.perf_counter() - t0, "selected_round": res.extra["selection"]["round"],
             "onestep_dr": o.get("estimate"), "onestep_low": o.get("low"), "onestep_high": o.get("high"),
-            "onestep_model": o.get("model"), "onestep_true": o.get("true"), "onestep_naive": naive_contrast(cfg)}
+            "onestep_model": o.get("model"), "onestep_true": o.get("true"), "onestep_naive": naive_contrast(cfg),
+            "onestep_variant": o.get("variant"), "onestep_aipw": o.get("aipw"), "onestep_sn": o.get("self_normalised")}
     vals, effs = [], []
     for name, d in (fe.get("policies") or {}).items():
         ident = d.get("identified") or {}
@@ -122,16 +123,26 @@ def main(
     con = Console()
     con.print(json.dumps(out["machine"]))
     t = Table(title=f"{dataset}: one-step effect at every decision step (|error| against the oracle)")
-    for c in ("seed", "truth", "DR (targeted)", "90% CI covers", "simulator", "naive", "round"):
+    for c in ("seed", "truth", "AIPW", "covers", "self-norm.", "covers", "simulator", "naive", "round"):
         t.add_column(c, justify="right")
+
+    def cell(d, tr):
+        return (f"{abs(d['estimate'] - tr):.3f}", "yes" if d["low"] <= tr <= d["high"] else "no") if d else ("n/a", "")
+
     for r in results:
         if r["onestep_true"] is None:
             continue
         tr = r["onestep_true"]
-        t.add_row(str(r["seed"]), f"{tr:+.3f}", f"{abs(r['onestep_dr'] - tr):.3f}",
-                  "yes" if r["onestep_low"] <= tr <= r["onestep_high"] else "no",
+        t.add_row(str(r["seed"]), f"{tr:+.3f}", *cell(r["onestep_aipw"], tr), *cell(r["onestep_sn"], tr),
                   f"{abs(r['onestep_model'] - tr):.3f}", f"{abs(r['onestep_naive'] - tr):.3f}", str(r["selected_round"]))
     con.print(t)
+    ok = [r for r in results if r["onestep_true"] is not None and r["onestep_aipw"] and r["onestep_sn"]]
+    if ok:
+        con.print("mean |error|: " + ", ".join(
+            f"{k} {np.mean([abs(r[c]['estimate'] - r['onestep_true']) for r in ok]):.3f}"
+            for k, c in (("AIPW", "onestep_aipw"), ("self-normalised", "onestep_sn")))
+            + f", simulator {np.mean([abs(r['onestep_model'] - r['onestep_true']) for r in ok]):.3f}"
+            + f"; the answer uses: {ok[0]['onestep_variant']}")
     vals = [v for r in results for v in r["values"]]
     effs = [v for r in results for v in r["effects"]]
     if vals:

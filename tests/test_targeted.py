@@ -23,6 +23,7 @@ from fcd_secure.queries.targeted import (  # noqa: E402
     horizon_diff_sums,
     horizon_grid,
     horizon_sums,
+    identified_metric_names,
     merge_identified,
     merge_one_step,
     one_step_sums,
@@ -42,7 +43,7 @@ def sites():
 
 
 def test_the_gate_allows_every_key_the_targeted_answers_send():
-    assert tuple(f"onestep.{f}" for f in ONE_STEP_FIELDS) == ONE_STEP_SCALARS
+    assert tuple(identified_metric_names([])) == ONE_STEP_SCALARS
     assert set(ONE_STEP_SCALARS) <= set(eval_metric_names([]))
     names = set(whatif_metric_names(["never"]))
     assert {"whatif.id.h2.never.sw", "whatif.id.h2.never.true_sum", "whatif.id.h5.diff.never.sumsq"} <= names
@@ -63,12 +64,13 @@ def test_the_one_step_effect_merged_over_sites_is_the_pooled_aipw_mean_with_a_cl
     got = merge_one_step(add_sums(parts), 0.9, binary=True)
     pooled = np.concatenate(phis)
     theta = np.nanmean(pooled)
-    assert got["estimate"] == pytest.approx(theta, abs=1e-9) and got["steps"] == int(np.isfinite(pooled).sum())
+    aipw = got["aipw"]
+    assert aipw["estimate"] == pytest.approx(theta, abs=1e-9) and got["steps"] == int(np.isfinite(pooled).sum())
     # the cluster-robust SE: linearisation over entities
     S, m = np.nansum(pooled, 1), np.isfinite(pooled).sum(1)
     n = len(S)
     se = math.sqrt(((S - theta * m) ** 2).sum() * n / (n - 1)) / m.sum()
-    assert got["se"] == pytest.approx(se, rel=1e-9)
+    assert aipw["se"] == pytest.approx(se, rel=1e-9)
     assert got["low"] < got["estimate"] < got["high"] and "true" in got and got["error"] >= 0
 
 
@@ -137,3 +139,29 @@ def test_a_horizon_below_the_support_floor_is_not_an_answer():
          "whatif.id.h1.p.sw": 20.0, "whatif.id.h1.p.sww": 200.0}
     got = merge_identified(s, ["p"], None, 0.9, True, lambda k: k in s)["p"]
     assert got["answer"] is None and "effective entities" in got["why"] and got["horizons"][0]["ess"] == 2.0
+
+
+def test_the_self_normalised_one_step_effect_and_its_variance_equal_the_pooled_computation(sites):
+    _, data, model = sites
+    parts, rows = [], []
+    for d in data:
+        parts.append(one_step_sums(model, d.test, d.anchors))
+        a_off, a_on = d.anchors
+        v = d.test
+        on_p, off_p = model.one_step_probs(v, a_on), model.one_step_probs(v, a_off)
+        valid = v.M > 0
+        on, off = (v.T == a_on) & valid, (v.T == a_off) & valid
+        rows.append(np.stack([np.where(valid, on_p - off_p, 0).sum(1), valid.sum(1),
+                              np.where(on, (v.Y - on_p) / v.P, 0).sum(1), np.where(on, 1 / v.P, 0).sum(1),
+                              np.where(off, (v.Y - off_p) / v.P, 0).sum(1), np.where(off, 1 / v.P, 0).sum(1)], 1))
+    X = np.concatenate(rows)
+    tot = X.sum(0)
+    theta = tot[0] / tot[1] + tot[2] / tot[3] - tot[4] / tot[5]
+    psi = ((X[:, 0] - tot[0] / tot[1] * X[:, 1]) / tot[1] + (X[:, 2] - tot[2] / tot[3] * X[:, 3]) / tot[3]
+           - (X[:, 4] - tot[4] / tot[5] * X[:, 5]) / tot[5])
+    n = len(X)
+    got = merge_one_step(add_sums(parts), 0.9, binary=True)
+    sn = got["self_normalised"]
+    assert sn["estimate"] == pytest.approx(theta, abs=1e-7)  # float32 propensities
+    assert sn["se"] == pytest.approx(math.sqrt((psi ** 2).sum() * n / (n - 1)), rel=1e-6)
+    assert got["variant"] in ("aipw", "self_normalised") and got["aipw"]["estimate"] != sn["estimate"]

@@ -40,7 +40,10 @@ EVAL_ESTIMATORS = ("ipw", "snipw", "dr")
 EVAL_SCALARS = ("n_test", "effect.n", "effect.sse", "effect.sum_hat", "effect.sum_true", "effect.sum_true_sq",
                 "effect.sum_hat_sq", "effect.sum_cross", "effect.regime_off", "effect.regime_on")
 #: The cluster sums of the identified one-step effect (``queries.targeted.ONE_STEP_FIELDS``; a test holds them equal).
-ONE_STEP_SCALARS = tuple(f"onestep.{f}" for f in ("n", "s", "m", "ss", "mm", "sm", "sim", "true", "clipped"))
+_SN = ("D", "m", "A", "Wa", "B", "Wb")
+ONE_STEP_SCALARS = (tuple(f"onestep.{f}" for f in ("n", "s", "m", "ss", "mm", "sm", "sim", "true", "clipped"))
+                    + tuple(f"onestep.sn.{k}" for k in _SN)
+                    + tuple(f"onestep.sn.{k}.{l}" for i, k in enumerate(_SN) for l in _SN[i:]))
 #: The truth-free selection sums a site adds to a scored evaluation (``queries.selection.KEYS``; a test holds them equal).
 SELECTION_SCALARS = ("select.d1.n", "select.d1.s", "select.d1.ss", "select.d1.clipped", "select.fit.n", "select.fit.s",
                      "select.sites")

@@ -45,6 +45,9 @@ MIN_SUPPORT_ESS = 20.0
 HORIZONS = (1, 2, 3, 5, 10, 20)
 #: the cluster sums of the one-step effect
 ONE_STEP_FIELDS = ("n", "s", "m", "ss", "mm", "sm", "sim", "true", "clipped")
+#: the per-entity sums of the self-normalised form and the pairs whose product sums give its variance
+SN_FIELDS = ("D", "m", "A", "Wa", "B", "Wb")
+SN_PAIRS = tuple((k, l) for i, k in enumerate(SN_FIELDS) for l in SN_FIELDS[i:])
 
 
 def horizon_grid(max_h: int) -> list[int]:
@@ -76,7 +79,15 @@ def one_step_sums(model, sub, anchors: tuple[int, int], truth: np.ndarray | None
     contrast = np.where(valid, mu_on - mu_off, 0.0)
     phi = contrast + psi
     S, m = phi.sum(1), valid.sum(1).astype(np.float64)
-    out = {"onestep.n": float(sub.n), "onestep.s": float(S.sum()), "onestep.m": float(m.sum()),
+    # the self-normalised form's per-entity sums: contrast, steps, each arm's weighted residuals and weights
+    on, off = (sub.T == a_on) & valid, (sub.T == a_off) & valid
+    Pw = np.where(valid, sub.P, 1.0)
+    X = {"D": contrast.sum(1), "m": m,
+         "A": np.where(on, (sub.Y - mu_on) / Pw, 0.0).sum(1), "Wa": np.where(on, 1.0 / Pw, 0.0).sum(1),
+         "B": np.where(off, (sub.Y - mu_off) / Pw, 0.0).sum(1), "Wb": np.where(off, 1.0 / Pw, 0.0).sum(1)}
+    sn = {f"onestep.sn.{k}": float(v.sum()) for k, v in X.items()}
+    sn.update({f"onestep.sn.{k}.{l}": float((X[k] * X[l]).sum()) for k, l in SN_PAIRS})
+    out = {**sn, "onestep.n": float(sub.n), "onestep.s": float(S.sum()), "onestep.m": float(m.sum()),
            "onestep.ss": float((S * S).sum()), "onestep.mm": float((m * m).sum()), "onestep.sm": float((S * m).sum()),
            "onestep.sim": float(contrast.sum()), "onestep.clipped": float((np.abs(raw) > DEFAULT_CLIP).sum())}
     if truth is not None:
@@ -105,10 +116,48 @@ def merge_one_step(s: dict[str, Any], level: float, binary: bool) -> dict[str, A
            "steps": int(m), "entities": int(n), "level": level, "se": se,
            "model": s["onestep.sim"] / m, "clipped_share": s.get("onestep.clipped", 0.0) / m,
            **_in_range(theta, theta - z * se, theta + z * se, -1.0 if binary else None, 1.0 if binary else None)}
+    sn = _self_normalised(s, z, binary)
+    if sn is not None:
+        out["aipw"] = {k: out[k] for k in ("estimate", "low", "high", "se")}
+        out["self_normalised"] = sn
+        if HEADLINE == "self_normalised":
+            out.update({k: sn[k] for k in ("estimate", "low", "high", "se")})
+            out.pop("out_of_range", None)
+            if sn.get("out_of_range"):
+                out["out_of_range"] = sn["out_of_range"]
+        out["variant"] = HEADLINE if sn is not None else "aipw"
     if "onestep.true" in s:
         out["true"] = s["onestep.true"] / m
         out["error"] = abs(out["estimate"] - out["true"])
     return out
+
+
+#: which form of the one-step effect the answer gives: "self_normalised" (each arm's correction divided by its own sum
+#: of weights, Hajek-style; chosen by benchmarks/targeted.py) or "aipw"
+HEADLINE = "self_normalised"
+
+
+def _self_normalised(s: dict[str, Any], z: float, binary: bool) -> dict[str, Any] | None:
+    """θ̂_SN = ΣD/Σm + ΣA/ΣW_a − ΣB/ΣW_b (each arm's weighted residual divided by its own weight sum, so a few huge
+    weights cannot swing it the way they swing the AIPW mean) with the linearised cluster variance
+    Σ_i ψ_i² · n/(n−1), ψ_i = (D_i − θ_DM m_i)/Σm + (A_i − c_a W_a,i)/ΣW_a − (B_i − c_b W_b,i)/ΣW_b."""
+    if not all(f"onestep.sn.{k}" in s for k in SN_FIELDS):
+        return None
+    tot = {k: float(s[f"onestep.sn.{k}"]) for k in SN_FIELDS}
+    if tot["m"] <= 0 or tot["Wa"] <= 0 or tot["Wb"] <= 0:
+        return None
+    dm, ca, cb = tot["D"] / tot["m"], tot["A"] / tot["Wa"], tot["B"] / tot["Wb"]
+    theta = dm + ca - cb
+    coef = {"D": 1 / tot["m"], "m": -dm / tot["m"], "A": 1 / tot["Wa"], "Wa": -ca / tot["Wa"],
+            "B": -1 / tot["Wb"], "Wb": cb / tot["Wb"]}
+    var = 0.0
+    for k, l in SN_PAIRS:
+        c = coef[k] * coef[l] * float(s[f"onestep.sn.{k}.{l}"])
+        var += c if k == l else 2 * c
+    n = float(s["onestep.n"])
+    se = math.sqrt(max(var, 0.0) * n / max(n - 1, 1.0))
+    return {"se": se, **_in_range(theta, theta - z * se, theta + z * se, -1.0 if binary else None,
+                                   1.0 if binary else None)}
 
 
 def _in_range(est: float, low: float, high: float, lo: float | None, hi: float | None) -> dict[str, Any]:
@@ -237,7 +286,8 @@ def merge_identified(s: dict[str, Any], names: list[str], reference: str | None,
 
 def identified_metric_names(policy_names: list[str] | tuple[str, ...], horizons: tuple[int, ...] = HORIZONS) -> list[str]:
     """Every key the identified answers add to an evaluation reply (the egress gate's allow-list)."""
-    names = [f"onestep.{f}" for f in ONE_STEP_FIELDS]
+    names = [f"onestep.{f}" for f in ONE_STEP_FIELDS] + [f"onestep.sn.{k}" for k in SN_FIELDS]
+    names += [f"onestep.sn.{k}.{l}" for k, l in SN_PAIRS]
     for h in horizons:
         for p in policy_names:
             key = f"whatif.id.h{h}.{p}"
