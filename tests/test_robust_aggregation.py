@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fcd_secure.aggregation.fedavg import fedavg, screen_update
@@ -125,3 +125,85 @@ def test_a_round_with_four_malicious_sites_goes_on_with_the_honest_one(tmp_path,
 
     (line,) = list(csv.DictReader(io.StringIO(rounds_csv_text(result.history))))
     assert all(default_site_id(i) in line["dropped"] for i in attacks)
+
+
+# -- P32: finite but absurd updates and model replacement -------------------------------------------------------------
+_N_TOY = 5
+_TOY_COUNT = 100
+
+
+def _toy_rounds(attacks: dict[int, str], samples: list[list[int]]):
+    """Plain FedAvg rounds of toy sites on the in-process grid (real Flower messages, the real flow), round r sampling
+    the site indices ``samples[r - 1]``: an honest site moves the global model by a small step of its own; an attacker
+    sends ``attacks[index]``. Returns the outcome of the last round and the global model it started from."""
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from fcd_secure.engines.inprocess import InProcessGrid
+    from fcd_secure.federation.messaging import Comm
+    from fcd_secure.federation.plain_flow import PlainFedAvgFlow
+    from fcd_secure.federation.records import REC_GLOBAL, record_to_global
+
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        i = int(context.node_config["partition-id"])
+        g = record_to_global(msg.content[REC_GLOBAL])
+        rng = np.random.default_rng([i, int(msg.content["config"]["server-round"])])
+        theta = {k: (v + 0.01 * rng.normal(size=v.shape)).astype(np.float32) for k, v in g.items()}
+        attack = attacks.get(i)
+        if attack == "3e38":  # finite float32: passes the NaN / inf / dtype screen
+            theta = {k: np.full(v.shape, 3e38, np.float32) for k, v in g.items()}
+        elif attack == "replace":  # scaled so that the weighted average of the round becomes 42 everywhere
+            others = (len(msg.content["config"]["sample"]) - 1) * _TOY_COUNT
+            theta = {k: ((42.0 * (others + _TOY_COUNT) - others * v) / _TOY_COUNT).astype(np.float32)
+                     for k, v in g.items()}
+        return Message(RecordDict({REC_UPDATE: ArrayRecord({k: Array(v) for k, v in theta.items()}),
+                                   REC_NUM: MetricRecord({"n": _TOY_COUNT})}), reply_to=msg)
+
+    grid = InProcessGrid(app, _N_TOY)
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, grid.run_id, SUPERLINK_NODE_ID
+    comm = Comm(grid, poll_s=0.0)
+    nodes = list(grid.get_node_ids())
+    comm.site_of.update({n: f"site-{i:02d}" for i, n in enumerate(nodes)})
+    flow = PlainFedAvgFlow(SPECS, max_count=32768)
+    theta = {k: np.zeros(shape, np.float32) for k, (shape, _) in SPECS.items()}
+    for rnd, sample in enumerate(samples, start=1):
+        before = theta
+        outcome = flow.run_round(comm, [nodes[i] for i in sample], rnd, theta, {"sample": "x" * len(sample)})
+        theta = outcome.theta_c if outcome.theta_c is not None else theta
+    return outcome, before
+
+
+@pytest.mark.parametrize("attack", ["3e38", "replace"])
+def test_a_finite_absurd_update_or_a_model_replacement_is_dropped_and_named(attack):
+    """P32: one site's finite float32 3e38 update, or its model replacement scaled so that the global model becomes 42
+    everywhere, passes the per-update screen (finite, right shape and dtype, a plausible count); the round's norm screen
+    against the median of the round's update norms drops and names it, and the honest sites' average is the result."""
+    outcome, before = _toy_rounds({2: attack}, [list(range(_N_TOY))])
+    assert outcome.theta_c is not None
+    assert "site-02" in outcome.metrics.get("dropped", {}), outcome.metrics
+    assert "update norm" in outcome.metrics["dropped"]["site-02"]
+    assert len(outcome.participants) == _N_TOY - 1
+    for k, v in outcome.theta_c.items():
+        assert np.isfinite(v).all() and np.abs(v - before[k]).max() < 0.1, (k, v)
+
+
+def test_an_honest_round_drops_nobody_by_norm():
+    outcome, _ = _toy_rounds({}, [list(range(_N_TOY))] * 2)
+    assert "dropped" not in outcome.metrics and len(outcome.participants) == _N_TOY
+
+
+def test_a_round_too_small_for_a_median_keeps_the_last_rounds_bound():
+    """P32: with two sites no median tells the outlier from the honest site; the bound of the last round that had
+    one still holds."""
+    outcome, before = _toy_rounds({2: "3e38"}, [[0, 1, 3, 4], [1, 2]])
+    assert outcome.theta_c is not None and "site-02" in outcome.metrics.get("dropped", {}), outcome.metrics
+    assert np.abs(outcome.theta_c["w"] - before["w"]).max() < 0.1
+
+    from fcd_secure.aggregation.fedavg import norm_bound
+
+    assert norm_bound([1.0, 1e30], 0.0) is None
+    assert norm_bound([1.0, 1.2, 1e30], 0.0) == pytest.approx(12.0)
+    assert norm_bound([0.0, 0.0, 0.0], 0.0) > 0  # a round of still sites does not shut out one that moved a little

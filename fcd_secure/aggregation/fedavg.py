@@ -105,6 +105,44 @@ def screen_update(
     return None
 
 
+#: How far one site's update may reach beyond the round's typical update: ``‖Θ_i − Θ_global‖₂`` at most this many times
+#: the median of the round's update norms (docs/threats.md P32). Honest local training from one global model moves
+#: every site by the same order of magnitude (the same learning rate, epochs and model); a factor of 10 leaves room
+#: for heterogeneous sites (non-IID data, a 10× larger site) and none for a model replacement, which must move the
+#: global model by the whole distance to its target with weight ``n_m / Σn`` (Bagdasaryan et al., "How to backdoor
+#: federated learning", AISTATS 2020, §3.2: the replacement update is scaled by ``Σn / n_m``).
+NORM_FACTOR = 10.0
+#: A median needs an honest majority to mean anything: below this many screened updates the round's own median cannot
+#: tell the outlier from the honest site, and the bound of the last round that had them is used.
+MIN_NORM_SITES = 3
+
+
+def update_norm(arrays: Arrays, reference: Arrays) -> float:
+    """``‖θ − θ_ref‖₂`` over every tensor, in float64 (a float32 3e38 squares to 9e76, well inside float64)."""
+    total = 0.0
+    for name in reference:
+        d = np.asarray(arrays[name], np.float64) - np.asarray(reference[name], np.float64)
+        total += float(np.dot(d.ravel(), d.ravel()))
+    return float(np.sqrt(total))
+
+
+def norm_bound(norms: Sequence[float], reference_norm: float, factor: float = NORM_FACTOR) -> float | None:
+    """The largest update norm a site may send this round: ``factor ×`` the median of the round's update norms,
+    never below ``factor × 1e-6 (1 + ‖Θ_global‖)`` (a round of near-zero updates does not shut out a site that
+    moved a little); ``None`` when fewer than :data:`MIN_NORM_SITES` norms give no honest median.
+
+    The median is the consortium-relative reference (docs/threats.md P32): while fewer than half of the round's
+    updates are malicious it lies between two honest norms (Yin et al., "Byzantine-robust distributed learning",
+    ICML 2018, use the coordinate-wise median for the same reason), so a malicious site can move the global model by
+    at most ``factor × median × n_m / Σn``; one far outside — a finite float32 3e38, a scaled model replacement — is
+    dropped and named.
+    """
+    finite = [float(x) for x in norms if np.isfinite(x)]
+    if len(finite) < MIN_NORM_SITES:
+        return None
+    return float(factor * max(float(np.median(finite)), 1e-6 * (1.0 + reference_norm)))
+
+
 def fedavg(updates: Sequence[Arrays], n_samples: Sequence[float]) -> tuple[dict[str, np.ndarray], float]:
     """Sample-size-weighted FedAvg: returns ``(Σ n_i θ_i / Σ n_i, Σ n_i)`` with the dtypes of the first update."""
     total = weighted_sum(updates, n_samples)

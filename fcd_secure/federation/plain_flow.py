@@ -9,6 +9,13 @@ Robust to one bad site (docs/threats.md P26): each reply is screened on its own 
 screen_update`: names, shapes and dtypes of the manifest, finite values, a whole sample count within the consortium's
 pinned maximum); a bad update is dropped, recorded with its site in the round's metrics (``dropped``) and logged,
 and the round goes on if at least ``min_replies`` good updates remain.
+
+A finite update can still be absurd (docs/threats.md P32): a float32 3e38, or a model replacement scaled so that the
+average lands where one site wants it. The well-formed updates are then screened together: an update whose distance
+from the global model exceeds :data:`~fcd_secure.aggregation.fedavg.NORM_FACTOR` × the median of the round's update
+distances (:func:`~fcd_secure.aggregation.fedavg.norm_bound`) is dropped and named the same way. A round with fewer
+than three well-formed updates has no honest median of its own and is held to the bound of the last round that had
+one (none before the first such round).
 """
 
 from __future__ import annotations
@@ -19,7 +26,14 @@ from dataclasses import dataclass, field
 import numpy as np
 from flwr.app import Message
 
-from fcd_secure.aggregation.fedavg import AggregationError, fedavg, screen_update
+from fcd_secure.aggregation.fedavg import (
+    NORM_FACTOR,
+    AggregationError,
+    fedavg,
+    norm_bound,
+    screen_update,
+    update_norm,
+)
 from fcd_secure.federation.records import (
     REC_METRICS,
     REC_NUM,
@@ -71,6 +85,8 @@ class PlainFedAvgFlow(AggregationFlow[PlainReplies]):
         self.max_count = float(max_count)
         self.train_timeout_s = float(timeout_s)
         self.min_replies = int(min_replies)
+        #: the norm bound of the last round that had enough well-formed updates for a median (P32)
+        self.last_norm_bound: float | None = None
 
     def collect(self, rnd: Round, replies: dict[int, Message]) -> PlainReplies:
         got = PlainReplies()
@@ -91,11 +107,35 @@ class PlainFedAvgFlow(AggregationFlow[PlainReplies]):
             got.participants.append(nid)
             if REC_METRICS in reply.content:
                 got.site_metrics[site] = dict(reply.content[REC_METRICS])
+        self._screen_norms(rnd, got)
         if len(got.updates) < self.min_replies:
             dropped = "; ".join(f"{s}: {w}" for s, w in got.dropped.items())
             raise RoundAborted(f"too few good replies ({len(got.updates)} < {self.min_replies})"
                                + (f"; dropped {dropped}" if dropped else ""), got.participants)
         return got
+
+    def _screen_norms(self, rnd: Round, got: PlainReplies) -> None:
+        """Drop and name the well-formed updates that reach too far from the global model (P32)."""
+        norms = [update_norm(u, rnd.global_theta) for u in got.updates]
+        bound = norm_bound(norms, update_norm(rnd.global_theta, {k: 0.0 for k in rnd.global_theta}))
+        if bound is not None:
+            self.last_norm_bound = bound
+        else:
+            bound = self.last_norm_bound
+        if bound is None:
+            return
+        keep = [i for i, x in enumerate(norms) if x <= bound]
+        for i, x in enumerate(norms):
+            if x > bound:
+                site = rnd.comm.site_of.get(got.participants[i], str(got.participants[i]))
+                why = (f"update norm {x:.3g} is above {bound:.3g}, {NORM_FACTOR:g} × the median of the round's update "
+                       "norms (a far-out or model-replacing update, P32)")
+                got.dropped[site] = why
+                got.site_metrics.pop(site, None)
+                log.warning("round %d: dropped the update of %s (%s)", rnd.server_round, site, why)
+        got.updates = [got.updates[i] for i in keep]
+        got.counts = [got.counts[i] for i in keep]
+        got.participants = [got.participants[i] for i in keep]
 
     def aggregate(self, rnd: Round, collected: PlainReplies) -> RoundOutcome:
         try:
