@@ -35,6 +35,17 @@ its size bound). Each stage has its own deadline (``SecAggPolicy.deadlines``, P1
 training's and the stage's, or the larger of its two stages'): a site that has not answered by then is a dropout,
 and anything it sends later is ignored (P9). Fewer survivors than the threshold abort the round and the global model
 stays unchanged (``RoundOutcome.theta_c is None``); the next round then sets up its own keys.
+
+A sum outside what clipped inputs allow (``BoundViolation``, P26) says that some site of the sum sent an input
+``encode`` could not have written, not which one: the server sees only the sum. The flow finds it by retrying
+(docs/threats.md P33): the rounds that follow re-run the violating round's sites leaving one out at a time
+(:class:`_CulpritSearch`), each with a fresh training and fresh keys — never the same inputs twice, since two sums of
+one round's inputs over sets that differ by one site would give the server that site's update (the sites refuse it
+anyway, P5). The first retry whose sum is exactly the other sites and stays within the bounds names the site left
+out (``dropped``, in ``rounds.csv``) and the flow leaves it out of every later round. The naming is circumstantial:
+a malicious site that behaves exactly when a chosen honest site is left out can shift the name onto it (only
+per-site zero-knowledge range proofs would prevent that); the federation goes on either way. No single site
+explaining the violation (two culprits, or fewer than ``min_sites + 1`` sites) ends the search without a name.
 """
 
 from __future__ import annotations
@@ -42,13 +53,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from flwr.app import ConfigRecord, Message, RecordDict
 
 from fcd_secure.aggregation.secagg import Aggregate, SecAggError, SecAggPolicy, SecAggServer, VectorLayout
+from fcd_secure.aggregation.secagg.errors import BoundViolation
 from fcd_secure.aggregation.secagg.server import STAGES
 from fcd_secure.config import RunConfig
 from fcd_secure.federation.messaging import Comm
@@ -122,6 +134,9 @@ class SecureAggregationFlow(AggregationFlow[SecureSum]):
         #: the next round, when its first two stages ran inside this one
         self._ahead: _Ahead | None = None
         self._server: SecAggServer | None = None
+        #: sites named as the culprit of a bound violation, left out of every later round (P33): site -> why
+        self.excluded: dict[str, str] = {}
+        self._search: _CulpritSearch | None = None
 
     @classmethod
     def check_config(cls, config: RunConfig) -> SecAggPolicy:
@@ -165,11 +180,65 @@ class SecureAggregationFlow(AggregationFlow[SecureSum]):
 
     def check_sample(self, rnd: Round) -> None:
         self.last_report = {"selected": len(rnd.node_ids)}
+        self._choose_sites(rnd)
         if len(rnd.node_ids) < self.policy.min_sites:
             raise self._abort(
                 self.last_report,
                 f"{len(rnd.node_ids)} sites selected, secure aggregation needs at least {self.policy.min_sites} (P10)",
             )
+
+    def _choose_sites(self, rnd: Round) -> None:
+        """The sites this round asks: a culprit search's retry set, else the sample without the named culprits."""
+        site_of = {n: rnd.comm.site_of.get(n, f"node-{n}") for n in rnd.comm.site_of}
+        search = self._search
+        if search is not None:
+            candidate = search.next_candidate(self.policy.min_sites)
+            if candidate is None:
+                log.warning("round %d: no single site explains the bound violation of round %d (%s); the search ends "
+                            "without naming a site", rnd.server_round, search.origin, ", ".join(search.sites))
+                self.last_report["culprit_search"] = f"ended: no single site explains round {search.origin}'s violation"
+                self._search = None
+            else:
+                node_of = {s: n for n, s in site_of.items()}
+                rnd.node_ids = [node_of[s] for s in search.sites if s != candidate and s in node_of]
+                self.last_report["retry"] = {"of_round": search.origin, "left_out": candidate}
+                return
+        if self.excluded:
+            self.last_report["excluded"] = sorted(s for n in rnd.node_ids if (s := site_of.get(n)) in self.excluded)
+            rnd.node_ids = [n for n in rnd.node_ids if site_of.get(n) not in self.excluded]
+
+    def _after_violation(self, server: SecAggServer, server_round: int) -> str:
+        """Start or advance the culprit search after a bound violation; returns the note for the abort reason."""
+        sites = sorted(server.report.survivors.get("masked_input", ()))
+        search = self._search
+        if search is None:
+            if len(sites) <= self.policy.min_sites:
+                return (f"; leaving one of these {len(sites)} sites out leaves fewer than the {self.policy.min_sites} "
+                        "secure aggregation needs, so the site cannot be found (P33)")
+            self._search = _CulpritSearch(server_round, sites)
+            return (f"; the next rounds retry these {len(sites)} sites leaving one out at a time to find the site "
+                    "(P33)")
+        if search.current is not None:  # the sum without it broke a bound too: not the (only) culprit
+            search.cleared.add(search.current)
+            search.current = None
+        return f"; retry {search.attempts} of round {search.origin} without one site broke a bound too (P33)"
+
+    def _after_success(self, rnd: Round, participants: list[int]) -> dict[str, str]:
+        """The site a successful retry names (``{site: why}``), or nothing."""
+        search = self._search
+        if search is None or search.current is None:
+            return {}
+        asked = sorted(rnd.comm.site_of.get(n, f"node-{n}") for n in participants)
+        if asked != sorted(s for s in search.sites if s != search.current):
+            search.current = None  # someone else was missing too: inconclusive, the same site is tried again
+            return {}
+        why = (f"round {search.origin}'s secure sum broke a bound with it; the same sites' sum without it (round "
+               f"{rnd.server_round}) did not: left out of every later round (P33)")
+        self.excluded[search.current] = why
+        log.warning("round %d: %s named as the culprit of round %d's bound violation", rnd.server_round,
+                    search.current, search.origin)
+        self._search = None
+        return {search.current: why}
 
     def configure(self, rnd: Round) -> RecordDict:
         self.manifest.check_arrays(rnd.global_theta, THETA_C)
@@ -223,7 +292,8 @@ class SecureAggregationFlow(AggregationFlow[SecureSum]):
             agg = server.finish()
         except SecAggError as exc:  # too few survivors, shares that do not reconstruct, a bound broken: reveal nothing
             survivors = [node_of[s] for s in server.report.survivors.get("masked_input", ())]
-            aborted = self._abort(report, str(exc), survivors)
+            note = self._after_violation(server, rnd.server_round) if isinstance(exc, BoundViolation) else ""
+            aborted = self._abort(report, str(exc) + note, survivors)
             if server.report.culprits:
                 aborted.metrics["dropped"] = dict(server.report.culprits)
             raise aborted from None
@@ -239,9 +309,9 @@ class SecureAggregationFlow(AggregationFlow[SecureSum]):
 
     def _next_server(self, rnd: Round) -> SecAggServer | None:
         """The next round's protocol run, when its sites are known now (protocol id ``2(r + 1)``)."""
-        if rnd.next_node_ids is None or any(n not in rnd.comm.site_of for n in rnd.next_node_ids):
+        if self._search is not None or rnd.next_node_ids is None or any(n not in rnd.comm.site_of for n in rnd.next_node_ids):
             return None
-        sites = sorted(rnd.comm.site_of[n] for n in rnd.next_node_ids)
+        sites = sorted(s for n in rnd.next_node_ids if (s := rnd.comm.site_of[n]) not in self.excluded)
         if len(sites) < self.policy.min_sites:
             return None
         try:
@@ -290,12 +360,38 @@ class SecureAggregationFlow(AggregationFlow[SecureSum]):
         }
         if collected.report.get("culprits"):  # sites the protocol excluded for misbehaving, named (docs/threats.md P26)
             metrics["dropped"] = dict(collected.report["culprits"])
+        named = self._after_success(rnd, collected.participants)
+        if named:  # the culprit of an earlier bound violation, found by leaving it out (P33)
+            metrics["dropped"] = {**metrics.get("dropped", {}), **named}
         if agg.clipped_fraction > 0:
             log.warning(
                 "secure round %d: %.4g of the aggregated values were clipped to ±%g",
                 rnd.server_round, agg.clipped_fraction, self.policy.clip,
             )
         return RoundOutcome(theta, float(agg.n_total), collected.participants, rnd.failures(collected.participants), metrics)
+
+
+@dataclass
+class _CulpritSearch:
+    """Finding the site behind round ``origin``'s bound violation (P33): ``sites`` are that sum's sites; each retry
+    leaves out the next site not yet ``cleared`` (a retry without it broke a bound too); ``current`` is the site the
+    running retry leaves out. A retry that fails another way (a dropout) tries the same site again, up to
+    ``2 × len(sites)`` retries in all."""
+
+    origin: int
+    sites: list[str]
+    cleared: set[str] = field(default_factory=set)
+    current: str | None = None
+    attempts: int = 0
+
+    def next_candidate(self, min_sites: int) -> str | None:
+        """The site the next retry leaves out, or ``None`` when the search cannot go on."""
+        left = [s for s in self.sites if s not in self.cleared]
+        if not left or len(self.sites) - 1 < min_sites or self.attempts >= 2 * len(self.sites):
+            return None
+        self.current = self.current if self.current in left else left[0]
+        self.attempts += 1
+        return self.current
 
 
 @dataclass
