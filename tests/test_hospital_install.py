@@ -153,6 +153,11 @@ def test_install_join_preflight_green_and_recorded(tmp_path):
     policy = tomllib.loads((s["home"] / "site_policy.toml").read_text())
     consortium = tomllib.loads((c["co"] / "consortium.toml").read_text())
     assert policy["app"]["fab_sha256"] == [consortium["app_fab_sha256"]]
+    # and who may start it (P34): the coordinator key that signed the bundle, for this consortium only
+    from fcd_secure.audit.signing import fingerprint
+
+    assert fingerprint(bytes.fromhex(policy["app"]["coordinator_key"])) == consortium["coordinator_fingerprint"]
+    assert policy["app"]["consortium_id"] == consortium["consortium_id"]
     assert set(json.loads((s["home"] / "consortium" / "secagg_roster.json").read_text())["sites"]) == {"h0", "h1"}
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -50,6 +51,7 @@ from fcd_secure._flower.waits import shorten_grid_backoff
 from fcd_secure.federation.messaging import Comm
 from fcd_secure.apps.outputs import RoundsLog, write_config, write_run_folder
 from fcd_secure.federation.records import HELLO_MESSAGE_TYPE, REC_HELLO, config_from_context
+from fcd_secure.federation.run_ticket import CONSORTIUM_ENV, COORDINATOR_KEY_ENV, verify_run_ticket
 from fcd_secure.federation.sampler import ClientSampler
 from fcd_secure.queries.secure_evaluation import secure_evaluation_for
 from fcd_secure.queries.selection import KEEP_KEY, RESTORE_KEY, KeptParams, RoundScore, choose_round
@@ -423,6 +425,25 @@ _SCORE_FIELDS = (("round", "round"), ("d1", "d1"), ("se", "d1_se"), ("mean", "d1
                  ("sites", "sites"))
 
 
+def check_signed_run(context: Context, environ: dict[str, str] | None = None) -> None:
+    """Refuse, before anything runs, a deployed run the coordinator did not sign (docs/threats.md P34).
+
+    The coordinator's processes pin its public key and the consortium in the environment they give the SuperLink
+    (``COORDINATOR_KEY_ENV``, ``CONSORTIUM_ENV``), which its executor passes on to this ServerApp: a run submitted
+    by anyone else who reaches the Control API — even with the consortium's own app — writes no file and sends no
+    message as the coordinator.
+
+    Raises:
+        fcd_secure.federation.run_ticket.RunTicketError: the coordinator pinned a key and the run is not signed by
+            it for this consortium and exactly this run config.
+    """
+    env = os.environ if environ is None else environ
+    key = env.get(COORDINATOR_KEY_ENV)
+    if key:
+        verify_run_ticket(dict(context.run_config or {}), coordinator_public_key=key,
+                          consortium_id=env.get(CONSORTIUM_ENV) or None, fab_sha256=None)
+
+
 def make_server_app(
     cfg: RunConfig | None = None,
     progress: ProgressHook | None = None,
@@ -440,6 +461,7 @@ def make_server_app(
     def main(grid: Grid, context: Context) -> None:
         if cfg is None:  # the Deployment Engine's grid: replies are pulled with Flower's 1 s-doubling backoff
             shorten_grid_backoff()
+            check_signed_run(context)
         run_cfg = config_from_context(context, cfg)
         result = run_federation(grid, run_cfg, progress, stop)
         if run_cfg.out:

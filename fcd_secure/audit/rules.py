@@ -74,6 +74,8 @@ REFUSAL_RULES = {
     "the same rows evaluated too often, or what-if policies whose cohorts differ by too few entities)",
     "app_not_pinned": "a Flower app whose bundle hash is not pinned by the site (its code never ran)",
     "unknown_message_type": "a message type the site's app does not handle (no handler ran; P28)",
+    "run_not_signed": "a run start the consortium's coordinator did not sign for this consortium, app and run config "
+    "(its code never ran)",
 }
 #: The rule of a message type the site's app does not handle (P28): ``apps.client_app.SiteClientApp`` raises it,
 #: verify names the type in a note.

@@ -14,7 +14,12 @@ unauthenticated), and a SuperNode then runs that app's ClientApp code. Its FAB v
   bytes itself. Only if the hash is pinned in the site's policy (``[app] fab_sha256``) does it run the site's
   *installed* ClientApp (``fcd_secure.apps.client_app.app``); the FAB is never installed and no code from it
   is ever imported. Otherwise it records a refusal (rule ``app_not_pinned``) in the site ledger, logs it, and
-  answers with the policy error.
+  answers with the policy error;
+* the app alone does not say who started the run, or with what run config (anyone who reaches the Control API can
+  submit the pinned app with a config of their own): the run config must carry the coordinator's signature over the
+  consortium id, the app hash, a fresh session id and the exact run config (``federation.run_ticket``), checked
+  against the coordinator key and consortium the site pinned at join (``[app] coordinator_key``,
+  ``consortium_id``). A run that fails it is refused the same way (rule ``run_not_signed``, docs/threats.md P34).
 
 This is the narrowest seam that the site controls: Flower's own task plumbing (messages, context, heartbeats) is
 used unchanged, and the decision is taken on the bytes the site received, before anything from them runs. It can
@@ -49,6 +54,27 @@ def fab_digest(content: bytes) -> str:
     return hashlib.sha256(content).hexdigest()
 
 
+def task_refusal(policy, digest: str, run_config: dict):  # noqa: ANN001, ANN201 - SitePolicy, (Refusal | None, str)
+    """Why the site refuses a task of the app with FAB hash ``digest`` and this run config, or ``(None, "")``.
+
+    The app must be pinned (``[app] fab_sha256``, P27), and the run signed by the coordinator the site pinned, for
+    the site's consortium, this app and exactly this run config (``federation.run_ticket``, P34).
+    """
+    from fcd_secure.audit import Refusal  # noqa: PLC0415
+    from fcd_secure.federation.run_ticket import RunTicketError, verify_run_ticket  # noqa: PLC0415
+
+    if digest not in policy.app.fab_sha256:
+        return Refusal("app_not_pinned", "fab", digest[:16]), "its hash is not pinned in the site policy"
+    try:
+        if policy.app.coordinator_key is None:
+            raise RunTicketError("the site policy pins no coordinator key ([app] coordinator_key)")
+        verify_run_ticket(run_config, coordinator_public_key=policy.app.coordinator_key,
+                          consortium_id=policy.app.consortium_id, fab_sha256=digest)
+    except RunTicketError as exc:
+        return Refusal("run_not_signed", "run_config", digest[:16]), f"the run is not signed: {exc}"
+    return None, ""
+
+
 def run_task(address: str, token: str) -> int:
     """Run one ClientApp task of the SuperNode at ``address``, or refuse it (module docstring).
 
@@ -68,7 +94,7 @@ def run_task(address: str, token: str) -> int:
         runtime_client,
     )
 
-    from fcd_secure.audit import GENERIC_ERROR_REASON, GATE_ERROR_CODE, Refusal, SiteLedger, record_site_refusal  # noqa: PLC0415
+    from fcd_secure.audit import GENERIC_ERROR_REASON, GATE_ERROR_CODE, SiteLedger, record_site_refusal  # noqa: PLC0415
     from fcd_secure.audit.ledger import SITE_LEDGER_FILE  # noqa: PLC0415
     from fcd_secure.federation.site_policy import load_site_policy  # noqa: PLC0415
     from fcd_secure.federation.state import SiteState  # noqa: PLC0415
@@ -89,17 +115,17 @@ def run_task(address: str, token: str) -> int:
         site_id, state_root = str(nc["site-id"]), str(nc["state-dir"])
         policy = load_site_policy(nc, state_root, site_id)
         digest = fab_digest(fab.content)
-        if digest not in policy.app.fab_sha256:
+        refusal, why = task_refusal(policy, digest, dict(context.run_config))
+        if refusal is not None:
             state = SiteState(state_root, site_id)
             ledger = SiteLedger(state.slot(SITE_LEDGER_FILE), state.identity_private_key(), writer_id=site_id)
             reply = record_site_refusal(
-                ledger, message, Refusal("app_not_pinned", "fab", digest[:16]),
+                ledger, message, refusal,
                 privacy_ledger_hash=privacy_ledger_hash(state.dir, policy.dp.ledger_dir),
                 privacy_anchors=read_anchors(state.dir),
             )
-            log.warning("site %s refused app %s (run %d): its hash is not pinned in the site policy; nothing ran",
-                        site_id, digest, context.run_id)
-            status, details, code = SubStatus.COMPLETED, "app not pinned by the site", 3
+            log.warning("site %s refused app %s (run %d): %s; nothing ran", site_id, digest, context.run_id, why)
+            status, details, code = SubStatus.COMPLETED, f"refused by the site ({refusal.rule})", 3
         else:
             from fcd_secure.apps.client_app import app  # noqa: PLC0415 - the site's installed app, never the FAB's
 

@@ -190,6 +190,22 @@ class AppPolicy(_Section):
     fab_sha256: tuple[str, ...] = Field(
         (), description="SHA-256 (hex) of every Flower app bundle this site runs; empty: no deployed app runs"
     )
+    coordinator_key: str | None = Field(
+        None, description="the consortium coordinator's Ed25519 public key (hex): a deployed run must carry its "
+        "signature over the app, the consortium, a fresh session id and the run config (docs/threats.md P34); "
+        "unset: no deployed run starts",
+    )
+    consortium_id: str | None = Field(None, description="the consortium a signed run must be for")
+
+    @field_validator("coordinator_key")
+    @classmethod
+    def _key_hex(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        v = str(v).lower()
+        if len(v) != 64 or any(c not in "0123456789abcdef" for c in v):
+            raise ValueError(f"{v!r} is not an Ed25519 public key in hex (64 hex digits)")
+        return v
 
     @field_validator("fab_sha256")
     @classmethod

@@ -214,7 +214,7 @@ def init_consortium(
     atomic_write_text(co.spec_path, Path(spec_path).read_text())
     key = load_or_create_identity_key(co.key_path)
     check_tls_dir(make_tls_dir(co.pki, tuple(hosts), days=cert_days), hosts=tuple(hosts))
-    write_app_project(co.app_dir)
+    write_app_project(co.app_dir, consortium_id)
     versions = installed_versions()
     for name, v in (version_pins or {}).items():
         if name not in versions:

@@ -28,13 +28,13 @@ import tomli_w
 from fcd_secure._io import atomic_write_bytes, atomic_write_text
 from fcd_secure.audit import SERVER_LEDGER_FILE, load_or_create_identity_key
 from fcd_secure.audit.signing import fingerprint, public_key_bytes
-from fcd_secure.engines.deployment import CONNECTION, FLWR_IN_MEMORY, SERVER_TASK_POLL_S, _bin, flower_env
+from fcd_secure.engines.deployment import CONNECTION, FLWR_IN_MEMORY, SERVER_TASK_POLL_S, _bin, flower_env, signed_run_config
 from fcd_secure.provisioning import processes
 from fcd_secure.provisioning.bundle import ROSTER_TYPE
 from fcd_secure.provisioning.consortium import Coordinator, ProvisioningError
 from fcd_secure._flower.superlink_main import DEFAULT_CONTROL_HOST
 from fcd_secure.provisioning.signed import read_document
-from fcd_secure.federation.records import RUN_CONFIG_KEY
+from fcd_secure.federation.run_ticket import CONSORTIUM_ENV, COORDINATOR_KEY_ENV
 from fcd_secure.federation.secure.setup import ROSTER_FILE, write_roster
 from fcd_secure.federation.state import IDENTITY_FILE, SERVER_DIR
 
@@ -100,7 +100,10 @@ def start_server(co: Coordinator, wait_s: float = 60.0, control_api_address: str
             str(co.pki / "server.pem"), "--ssl-keyfile", str(co.pki / "server.key"), "--enable-supernode-auth",
             "--host", host, "--port", str(port), "--database", FLWR_IN_MEMORY,
             "--disable-runtime-dependency-installation"]
-    pid = processes.spawn(root, LINK, args, flower_env(root / "link-home", SERVER_TASK_POLL_S))
+    env = {**flower_env(root / "link-home", SERVER_TASK_POLL_S),
+           # the ServerApp refuses a run the coordinator did not sign for this consortium (apps.server_app, P34)
+           COORDINATOR_KEY_ENV: public_key_bytes(co.key()).hex(), CONSORTIUM_ENV: co.config().consortium_id}
+    pid = processes.spawn(root, LINK, args, env)
     processes.wait_for_port(host, port, pid, wait_s, "the SuperLink")
     cli = _cli_home(co)
     log = processes.run_dir(root) / "logs" / "register.log"
@@ -160,7 +163,10 @@ def run_federation(co: Coordinator, out: str | Path, *, rounds: int = 1, dp: boo
     write_roster(state / ROSTER_FILE, {s: bytes.fromhex(r["identity_public_key"]) for s, r in sites.items()})
     server_key = load_or_create_identity_key(state / SERVER_DIR / IDENTITY_FILE)
     run_config = root / "run-config.toml"
-    atomic_write_text(run_config, tomli_w.dumps({RUN_CONFIG_KEY: cfg.to_json()}))
+    terms = co.config()
+    # the coordinator's signature over this run start: the sites and the ServerApp refuse a run without it (P34)
+    atomic_write_text(run_config, tomli_w.dumps(signed_run_config(co.key(), terms.consortium_id, terms.app_fab_sha256,
+                                                                  cfg.to_json())), mode=0o600)
     summary_path = out / "summary.json"
     if summary_path.exists():
         summary_path.unlink()

@@ -249,7 +249,9 @@ def join_site(home: str | Path, bundle_path: str | Path, coordinator_fingerprint
     atomic_write_text(h.pinned_spec, p["spec"])
     atomic_write_text(h.ca_cert, p["ca_crt"])
     write_roster(h.roster, {s: bytes.fromhex(r["identity_public_key"]) for s, r in roster.items()})
-    app = policy.app.model_copy(update={"fab_sha256": (cfg.app_fab_sha256,)})
+    # the app, and who may start it: every deployed run must carry this coordinator's signature for this consortium
+    app = policy.app.model_copy(update={"fab_sha256": (cfg.app_fab_sha256,), "coordinator_key": doc["signer"].hex(),
+                                        "consortium_id": cfg.consortium_id})
     policy.model_copy(update={"app": app}).write(h.policy)
     facts = {"consortium_id": cfg.consortium_id, "coordinator_fingerprint": want, "ca_fingerprint": cfg.ca_fingerprint,
              "bundle_sha256": file_sha256(h.bundle), "roster_sites": len(roster), "app_fab_sha256": cfg.app_fab_sha256}

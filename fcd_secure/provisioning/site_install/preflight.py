@@ -50,6 +50,7 @@ from fcd_secure.data.preprocess import (
     spec_layout,
     undeclared_levels,
 )
+from fcd_secure.audit.signing import fingerprint
 from fcd_secure.data.spec import DataError, DatasetSpec, load_spec
 from fcd_secure.provisioning.bundle import BUNDLE_TYPE
 from fcd_secure.provisioning.consortium import ConsortiumConfig, spec_digest
@@ -271,6 +272,9 @@ def run_preflight(home: str | Path, *, timeout_s: float = 5.0, record: bool = Tr
         policy.check_meets(cfg.site_policy, str(h.policy))
         if cfg.app_fab_sha256 not in policy.app.fab_sha256:
             raise SitePolicyError(f"{h.policy}: field app.fab_sha256 does not pin the consortium's app {cfg.app_fab_sha256}")
+        if policy.app.coordinator_key is None or fingerprint(bytes.fromhex(policy.app.coordinator_key)) != cfg.coordinator_fingerprint:
+            raise SitePolicyError(f"{h.policy}: field app.coordinator_key is not the consortium's coordinator key "
+                                  "(fcd site join pins it)")
         checks.append(Check("policy", "ok", "meets the consortium minimum; pins the consortium's app"))
     except SitePolicyError as exc:
         checks.append(Check("policy", "fail", str(exc)))
