@@ -28,6 +28,7 @@ import pytest
 
 from fcd_secure.audit import POLICY_ERROR_CODE, POLICY_REASON_PREFIX  # noqa: E402
 from fcd_secure.config import build_config  # noqa: E402
+from fcd_secure.federation.records import RUN_CONFIG_KEY  # noqa: E402
 
 pytestmark = pytest.mark.deployment
 
@@ -213,6 +214,18 @@ def test_secure_deployment_refuses_intruders_and_foreign_apps_and_matches_simula
             lines = [json.loads(l) for l in site.ledger.read_text().splitlines()]
             refused = [l for l in lines if l["kind"] == "upload" and l["status"] == "refused"]
             assert [r["refusal"]["rule"] for r in refused] == ["app_not_pinned"] and refused[0]["payload_bytes"] == 0
+
+        # -- the consortium's own app, rebuilt and submitted with a run config of the attacker's (P34) ----------
+        import tomli_w
+
+        evil = dep.cfg.model_copy(update={"out": str(tmp_path / "attacker-out"), "seed": 7})
+        (attacker / "run-config.toml").write_text(tomli_w.dumps({RUN_CONFIG_KEY: evil.to_json()}))
+        with open(tmp_path / "unsigned-run.log", "wb") as fh:
+            subprocess.run([_bin("flwr"), "run", str(dep.app_dir), CONNECTION, "--run-config",
+                            str(attacker / "run-config.toml"), "--stream"], stdout=fh, stderr=subprocess.STDOUT,
+                           env=flower_env(attacker), timeout=600, check=False)
+        assert not (tmp_path / "attacker-out").exists(), "the coordinator's ServerApp ran an unsigned run config"
+        assert "coordinator signature" in (tmp_path / "unsigned-run.log").read_text(errors="replace")
 
         # -- the consortium's run -------------------------------------------------------------------------
         t0 = time.monotonic()

@@ -84,6 +84,9 @@ def test_hospital_path_end_to_end(tmp_path, one_torch_thread):
         code, env = invoke(consortium_cli.app, ["add-site", str(home / "enrolment_request.json"), "--home", str(co),
                                                 "--fingerprint", site_fps[-1]])
         assert code == 0, env
+    # the CA's private key goes offline before the server starts (fcd server start refuses otherwise, P35)
+    (tmp_path / "offline").mkdir()
+    shutil.move(co / "pki" / "ca.key", tmp_path / "offline" / "ca.key")
     started: list[Path] = []
     try:
         code, env = invoke(server_cli.app, ["start", "--home", str(co)])
@@ -107,6 +110,10 @@ def test_hospital_path_end_to_end(tmp_path, one_torch_thread):
         assert env["data"]["secure_aggregation"] is True
         assert env["data"]["standardization"] is not None  # round 0 ran
         assert (out / "summary.json").is_file() and (out / "theta_c.npz").is_file()
+        # the wall time of a deployment round, for the README's deployment section (printed with -s)
+        rounds = json.loads((out / "rounds.json").read_text())
+        print(f"\n[hospital deployment] round_s {[r['round_s'] for r in rounds]}, "
+              f"round_seconds {env['data'].get('round_seconds')}")
     finally:
         for folder in reversed(started):
             pids = [int(v["pid"]) for v in read_pids(folder).values()]

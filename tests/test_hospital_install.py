@@ -303,13 +303,20 @@ def test_control_api_answers_only_the_coordinator_host():
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b""})
 
+    # a real loopback connection of this process (the coordinator's OS user): the Control API also asks the kernel
+    # who holds the client's socket (P35, tests/test_coordinator_host.py)
+    listener = socket.create_server(("127.0.0.1", 0))
+    peer = socket.create_connection(listener.getsockname())
+    conn, _ = listener.accept()
+
     def status(path: str, client: str | None) -> int:
         sent = []
 
         async def send(event):
             sent.append(event)
 
-        scope = {"type": "http", "path": path, "client": (client, 40000) if client else None}
+        scope = {"type": "http", "path": path, "client": (client, conn.getpeername()[1]) if client else None,
+                 "server": conn.getsockname()}
         asyncio.run(CoordinatorOnly(flower, ["127.0.0.1"])(scope, None, send))
         return sent[0]["status"]
 
@@ -320,6 +327,8 @@ def test_control_api_answers_only_the_coordinator_host():
     assert status("/v1/control/start-run", "127.0.0.1") == 200
     assert status("/v1/fleet/pull-messages", "10.0.0.7") == 200
     assert status("/health", "10.0.0.7") == 200
+    for sock in (conn, peer, listener):
+        sock.close()
     assert split_args(["--port", "1"]) == (["127.0.0.1"], ["--port", "1"])
     assert split_args(["--control-api-address", "10.0.0.1", "--host", "h", "--control-api-address=10.0.0.2"]) == (
         ["10.0.0.1", "10.0.0.2"], ["--host", "h"])

@@ -10,6 +10,17 @@ This entry point starts Flower's own ``flower-superlink`` with one ASGI middlewa
 the Control API (``/v1/control``) or the Runtime API (``/v1/runtime``, the ServerApp's) from any client address
 other than the allowed ones is answered ``403`` before Flower sees it. The Fleet API and ``/health`` are unchanged.
 
+An address is not an identity: every local user reaches 127.0.0.1 (docs/threats.md P35; as the unprivileged user
+``nobody``, ``flwr ls`` listed every run, ``flwr stop`` stopped any, and a submitted app's ServerApp ran as the
+coordinator). Flower 1.42's only Control-API authentication is OIDC account login, which open-source Flower does not
+ship (``flwr.superlink.config_loader.load_control_authn_plugin``: "unavailable in this Flower distribution"). So the
+middleware also asks the kernel who holds the client end of the connection: on the coordinator host that socket is
+in ``/proc/net/tcp`` (``tcp6``) with its owner's uid (proc(5)), which a process cannot choose. A Control or Runtime
+API request is answered only when that uid is the coordinator's (the SuperLink's own uid; ``--control-api-uid`` may
+name others): Flower's own ``flwr`` CLI, the SuperLink's executor and the ServerApp it starts all run as the
+coordinator and pass unchanged; any other local user gets ``403`` with the reason, a request from another host
+(no such local socket) too. Reading the table costs well under a millisecond a request.
+
 It also scopes five of Flower's eight app-wide middlewares to the paths they act on (:func:`scope_middlewares`).
 Each is a Starlette ``BaseHTTPMiddleware``, and each layer costs every request an anyio task group, streams and
 events whether it acts or not: on loopback a SuperLink request cost about 11 ms of its CPU, 70 % of it in those
@@ -23,6 +34,9 @@ answered; the node-authentication, protobuf-translation and error-translation la
 from __future__ import annotations
 
 import json
+import os
+import socket
+import struct
 import sys
 from collections.abc import Callable, Iterable
 
@@ -42,18 +56,70 @@ ALLOW_OPTION = "--control-api-address"
 DEFAULT_CONTROL_HOST = "127.0.0.1"
 
 
-class CoordinatorOnly:
-    """ASGI middleware: ``403`` for :data:`COORDINATOR_ONLY` paths unless the client address is in ``allowed``."""
+#: our option naming a further OS user (uid) allowed on the Control and Runtime APIs (the SuperLink's own always is)
+UID_OPTION = "--control-api-uid"
 
-    def __init__(self, app, allowed: Iterable[str]) -> None:
+
+def _proc_address(host: str, port: int) -> tuple[str, str]:
+    """``(file, "HEX:PORT")``: how ``/proc/net/tcp`` (IPv4) or ``tcp6`` writes a socket address (proc(5): the
+    address as the kernel's 32-bit words in host byte order, the port in hex)."""
+    try:
+        packed = socket.inet_pton(socket.AF_INET, host)
+        return "/proc/net/tcp", f"{struct.unpack('=I', packed)[0]:08X}:{port:04X}"
+    except OSError:
+        packed = socket.inet_pton(socket.AF_INET6, host)
+        words = struct.unpack("=4I", packed)
+        return "/proc/net/tcp6", "".join(f"{w:08X}" for w in words) + f":{port:04X}"
+
+
+def socket_owner(client: tuple[str, int], server: tuple[str, int] | None) -> int | None:
+    """The uid owning the local TCP socket at ``client`` connected to ``server`` (the other end of a request this
+    host accepted), or ``None`` when there is none on this host (another host) or it cannot be read."""
+    host, port = str(client[0]), int(client[1])
+    candidates = [host]
+    if host.startswith("::ffff:"):  # an IPv4 client seen on an IPv6 socket: its own socket is IPv4
+        candidates.append(host.removeprefix("::ffff:"))
+    want_remote = None if not server else int(server[1])
+    for h in candidates:
+        try:
+            path, local = _proc_address(h, port)
+            with open(path, encoding="ascii") as f:
+                next(f)
+                for line in f:
+                    fields = line.split()
+                    if fields[1] == local and (want_remote is None or int(fields[2].rsplit(":", 1)[1], 16) == want_remote):
+                        return int(fields[7])
+        except (OSError, ValueError, IndexError, StopIteration):
+            continue
+    return None
+
+
+class CoordinatorOnly:
+    """ASGI middleware: ``403`` for :data:`COORDINATOR_ONLY` paths unless the client address is in ``allowed`` and
+    the client's socket belongs to one of ``uids`` on this host (default: this process's own uid)."""
+
+    def __init__(self, app, allowed: Iterable[str], uids: Iterable[int] | None = None) -> None:
         self.app = app
         self.allowed = frozenset(allowed)
+        self.uids = frozenset(uids) if uids is not None else frozenset({os.getuid()})
+
+    def refusal(self, scope) -> str | None:
+        """Why this request may not reach the Control or Runtime API, or ``None``."""
+        client = scope.get("client")
+        if client is None or client[0] not in self.allowed:
+            return "refused: the Control API answers only the coordinator host"
+        uid = socket_owner(client, scope.get("server"))
+        if uid not in self.uids:
+            who = "an unknown user" if uid is None else f"uid {uid}"
+            return (f"refused: the Control API answers only the coordinator's OS user; this connection belongs to "
+                    f"{who} (docs/threats.md P35)")
+        return None
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope.get("path", "").startswith(COORDINATOR_ONLY):
-            client = scope.get("client")
-            if client is None or client[0] not in self.allowed:
-                body = json.dumps({"detail": "the Control API answers only the coordinator host"}).encode()
+            why = self.refusal(scope)
+            if why is not None:
+                body = json.dumps({"detail": why}).encode()
                 await send({"type": "http.response.start", "status": 403,
                             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
                 await send({"type": "http.response.body", "body": body})
@@ -135,32 +201,41 @@ def scope_middlewares(app) -> list[str]:
 
 def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
     """``(allowed hosts, the rest for flower-superlink)``; :data:`ALLOW_OPTION` may repeat (default 127.0.0.1)."""
-    allowed, rest, i = [], [], 0
+    allowed, rest = _take(argv, ALLOW_OPTION)
+    return allowed or [DEFAULT_CONTROL_HOST], rest
+
+
+def _take(argv: list[str], option: str) -> tuple[list[str], list[str]]:
+    """The values of a repeatable ``option`` (``--opt v`` or ``--opt=v``) and the other arguments."""
+    values, rest, i = [], [], 0
     while i < len(argv):
-        if argv[i] == ALLOW_OPTION and i + 1 < len(argv):
-            allowed.append(argv[i + 1])
+        if argv[i] == option and i + 1 < len(argv):
+            values.append(argv[i + 1])
             i += 2
-        elif argv[i].startswith(ALLOW_OPTION + "="):
-            allowed.append(argv[i].split("=", 1)[1])
+        elif argv[i].startswith(option + "="):
+            values.append(argv[i].split("=", 1)[1])
             i += 1
         else:
             rest.append(argv[i])
             i += 1
-    return allowed or [DEFAULT_CONTROL_HOST], rest
+    return values, rest
 
 
 def main() -> None:
-    """``python -m fcd_secure._flower.superlink_main [--control-api-address HOST] <flower-superlink args>``."""
+    """``python -m fcd_secure._flower.superlink_main [--control-api-address HOST] [--control-api-uid UID]
+    <flower-superlink args>``."""
     import flwr.superlink.main as _main  # noqa: PLC0415 - the coordinator's CLI imports the constants above only
     from flwr.superlink.cli import flower_superlink  # noqa: PLC0415
 
     allowed, rest = split_args(sys.argv[1:])
+    extra_uids, rest = _take(rest, UID_OPTION)
+    uids = {os.getuid(), *(int(u) for u in extra_uids)}
     create_app = _main.create_app
 
     def guarded_app(*args, **kwargs):
         app = create_app(*args, **kwargs)
         scope_middlewares(app)
-        app.add_middleware(CoordinatorOnly, allowed=allowed)
+        app.add_middleware(CoordinatorOnly, allowed=allowed, uids=uids)
         return app
 
     _main.create_app = guarded_app  # flower_superlink imports it when it starts serving

@@ -65,6 +65,27 @@ def roster(co: Coordinator) -> dict[str, dict[str, str]]:
     return read_document(co.roster_path, ROSTER_TYPE, co.fingerprint())["payload"]["sites"]
 
 
+#: where ``fcd consortium init`` writes the CA's private key (``engines.pki.make_tls_dir``)
+CA_KEY_FILE = "ca.key"
+
+
+def check_ca_key_offline(co: Coordinator) -> None:
+    """Refuse to serve while the CA's private key is on the coordinator host (docs/threats.md P35).
+
+    The CA key signs the certificates every site trusts; the SuperLink needs only its own certificate and key. The
+    processes the server starts (the SuperLink, its executor, every ServerApp) run as the coordinator's OS user, so
+    a key in the coordinator's folder is a key they can read: it must be moved offline after provisioning, as
+    ``fcd consortium init`` says.
+
+    Raises:
+        ProvisioningError: ``pki/ca.key`` (or a ``ca.key`` anywhere in the coordinator's folder) exists.
+    """
+    found = sorted(str(p) for p in co.home.rglob(CA_KEY_FILE))
+    if found:
+        raise ProvisioningError(f"{found[0]}: the CA's private key is on the coordinator host (field: file); move it "
+                                "offline (it signs the certificates every site trusts) before fcd server start")
+
+
 def start_server(co: Coordinator, wait_s: float = 60.0, control_api_address: str = DEFAULT_CONTROL_HOST) -> dict[str, Any]:
     """Start the SuperLink and register every enrolled site's SuperNode key.
 
@@ -77,12 +98,14 @@ def start_server(co: Coordinator, wait_s: float = 60.0, control_api_address: str
             (``provisioning.superlink_main``); every other client gets HTTP 403 there.
 
     Raises:
-        ProvisioningError: already running, no site enrolled yet, or ``control_api_address`` is not an IP address.
+        ProvisioningError: already running, the CA's private key still on this host, no site enrolled yet, or
+            ``control_api_address`` is not an IP address.
         RuntimeError: the SuperLink did not start or a registration failed (the message names the log).
     """
     root = _server_root(co)
     if any(p["running"] for p in processes.status(root).values()):
         raise ProvisioningError(f"{root}: the server is running already (fcd server status / stop)")
+    check_ca_key_offline(co)
     sites = co.enrolled()
     if not sites:
         raise ProvisioningError(f"{co.home}: no site enrolled yet (fcd consortium add-site)")

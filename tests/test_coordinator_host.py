@@ -1,0 +1,173 @@
+"""The coordinator host (docs/threats.md P35): only the coordinator's OS user drives the SuperLink, and the server
+does not start with the CA's private key on the host.
+
+The attack, as run against a real deployment: the Control API answered every process on 127.0.0.1 ("an address
+check, not authentication"); as the unprivileged user ``nobody``, ``flwr ls`` listed every run, ``flwr stop`` stopped
+any run and ``flwr run`` started one whose ServerApp ran as the coordinator and read its keys. Here the real
+``fcd server start`` SuperLink entry point (``_flower.superlink_main``) is started by the test process (the
+coordinator), and Flower's own ``flwr`` CLI is run once as the coordinator and once as another local user: a process
+started as root that drops to ``nobody`` (setuid) after importing the CLI — the interpreter of this venv lives under
+``/root``, which ``nobody`` cannot execute, so ``runuser`` cannot start it.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+
+#: Flower's ``flwr`` CLI as another OS user: imported with the coordinator's rights, then the process drops to
+#: ``AS_UID`` (groups, gid, uid) before the command runs, so every socket it opens belongs to that user
+AS_USER = """
+import importlib, os, sys
+import flwr.cli.app as cli_app
+for name in ("flwr.cli.ls", "flwr.cli.stop", "flwr.cli.run", "flwr.cli.run.run", "flwr.cli.build", "httpx", "ssl"):
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        pass
+uid = int(os.environ.pop("AS_UID"))
+os.setgroups([]); os.setgid(uid); os.setuid(uid)
+assert os.getuid() == uid and os.geteuid() == uid
+sys.argv = ["flwr", *sys.argv[1:]]
+cli_app.app()
+"""
+
+
+def _nobody() -> int:
+    if os.getuid() != 0:
+        pytest.skip("switching to another local user needs root; this test process is not root")
+    try:
+        return pwd.getpwnam("nobody").pw_uid
+    except KeyError:
+        pytest.skip("no user 'nobody' on this machine")
+
+
+@pytest.fixture
+def superlink(tmp_path):
+    """``fcd server start``'s SuperLink entry point with TLS on 127.0.0.1 (launching nothing: ``--isolation
+    process``); yields ``(port, ca_cert)``."""
+    from fcd_secure.engines.deployment import FLWR_IN_MEMORY, flower_env, free_port
+    from fcd_secure.engines.pki import make_tls_dir
+
+    pki = make_tls_dir(tmp_path / "pki", ("127.0.0.1", "localhost"))
+    port = free_port()
+    with open(tmp_path / "superlink.log", "wb") as log:
+        p = subprocess.Popen(
+            [sys.executable, "-m", "fcd_secure._flower.superlink_main", "--ssl-ca-certfile", str(pki / "ca.crt"),
+             "--ssl-certfile", str(pki / "server.pem"), "--ssl-keyfile", str(pki / "server.key"), "--host", "127.0.0.1",
+             "--port", str(port), "--database", FLWR_IN_MEMORY, "--isolation", "process"],
+            stdout=log, stderr=subprocess.STDOUT, env=flower_env(tmp_path / "link-home"), start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                assert p.poll() is None, (tmp_path / "superlink.log").read_text()
+                assert time.monotonic() < deadline, "the SuperLink did not open its port"
+                time.sleep(0.2)
+        yield port, pki / "ca.crt"
+    finally:
+        os.killpg(p.pid, 9)
+        p.wait()
+
+
+def _cli_home(folder: Path, port: int, ca: Path, owner: int | None = None) -> Path:
+    import tomli_w
+
+    folder.mkdir(parents=True)
+    shutil.copyfile(ca, folder / "ca.crt")
+    conn = {"address": f"127.0.0.1:{port}", "root-certificates": str(folder / "ca.crt")}
+    (folder / "config.toml").write_text(tomli_w.dumps({"superlink": {"default": "c", "c": conn}}))
+    if owner is not None:
+        for p in (folder, *folder.iterdir()):
+            os.chown(p, owner, owner)
+    return folder
+
+
+def _flwr(home: Path, *args: str, uid: int | None = None) -> tuple[int, str]:
+    from fcd_secure.engines.deployment import _bin, flower_env
+
+    env = flower_env(home)
+    cmd = [_bin("flwr"), *args] if uid is None else [sys.executable, "-c", AS_USER, *args]
+    if uid is not None:
+        env["AS_UID"] = str(uid)
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=home)
+    return r.returncode, " ".join((r.stdout + r.stderr).split())
+
+
+@pytest.mark.deployment
+def test_another_local_user_cannot_list_stop_or_run(tmp_path, superlink):
+    """P35: ``flwr ls``, ``flwr stop`` and ``flwr run`` from another local user fail with the SuperLink's refusal;
+    the coordinator's own ``flwr ls`` still works."""
+    from fcd_secure.engines.deployment import write_app_project
+
+    uid = _nobody()
+    port, ca = superlink
+    code, out = _flwr(_cli_home(tmp_path / "coordinator", port, ca), "ls", "c")
+    assert code == 0 and "Listing all runs" in out and "refused" not in out, out
+
+    # the attacker's own folder, where it can read it (pytest's tmp_path is the coordinator's, mode 0700)
+    base = Path(tempfile.mkdtemp(prefix="fcd-attacker-"))
+    try:
+        base.chmod(0o755)
+        attacker = _cli_home(base / "home", port, ca, owner=uid)
+        app = write_app_project(attacker / "app", "any-consortium")
+        for p in (app, *app.iterdir()):
+            os.chown(p, uid, uid)
+        for args in (("ls", "c"), ("stop", "4242", "c"), ("run", str(app), "c")):
+            code, out = _flwr(attacker, *args, uid=uid)
+            assert code != 0, (args, out)
+            assert "answers only the coordinator's OS user" in out and f"uid {uid}" in out, (args, out)
+    finally:
+        shutil.rmtree(base)
+
+
+def test_the_control_api_asks_the_kernel_who_holds_the_connection():
+    """P35: a request on a real loopback connection passes for the socket's owner and no one else; a client address
+    with no socket on this host (another host) is refused."""
+    from fcd_secure._flower.superlink_main import CoordinatorOnly, socket_owner
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    conn, _ = listener.accept()
+    try:
+        scope = {"type": "http", "path": "/v1/control/list-runs", "client": conn.getpeername(),
+                 "server": conn.getsockname()}
+        assert socket_owner(conn.getpeername(), conn.getsockname()) == os.getuid()
+        assert CoordinatorOnly(None, ["127.0.0.1"]).refusal(scope) is None
+        refused = CoordinatorOnly(None, ["127.0.0.1"], uids=[os.getuid() + 1]).refusal(scope)
+        assert refused is not None and f"uid {os.getuid()}" in refused
+        elsewhere = {**scope, "client": ("10.0.0.7", conn.getpeername()[1])}
+        assert "unknown user" in CoordinatorOnly(None, ["10.0.0.7"]).refusal(elsewhere)
+        assert "coordinator host" in CoordinatorOnly(None, ["127.0.0.1"]).refusal(elsewhere)
+    finally:
+        for s in (conn, client, listener):
+            s.close()
+
+
+def test_server_start_refuses_while_the_ca_key_is_on_the_host(tmp_path):
+    """P35: the processes ``fcd server start`` runs are the coordinator's OS user; the CA key beside them would be
+    theirs to read, so the server does not start until it is moved offline (and starts no process before)."""
+    from test_hospital_install import invoke, make_consortium
+
+    from fcd_secure.cli import server as server_cli
+
+    c = make_consortium(tmp_path, n_sites=1, join=False)
+    assert (c["co"] / "pki" / "ca.key").is_file()  # where fcd consortium init leaves it
+    code, env = invoke(server_cli.app, ["start", "--home", str(c["co"])])
+    assert code == 2 and "ca.key" in env["message"] and "offline" in env["message"], env
+    assert not (c["co"] / "server" / "pids.json").exists() and not list((c["co"] / "server").glob("**/*.pid"))
