@@ -171,3 +171,51 @@ def test_server_start_refuses_while_the_ca_key_is_on_the_host(tmp_path):
     code, env = invoke(server_cli.app, ["start", "--home", str(c["co"])])
     assert code == 2 and "ca.key" in env["message"] and "offline" in env["message"], env
     assert not (c["co"] / "server" / "pids.json").exists() and not list((c["co"] / "server").glob("**/*.pid"))
+
+
+#: a deployed ServerApp's start, in its own process (Landlock cannot be lifted): the restriction, then every read
+SERVERAPP_START = """
+import json, sys
+from pathlib import Path
+from fcd_secure.apps.server_app import keep_to_own_keys
+from fcd_secure.apps.sandbox import SandboxError
+from fcd_secure.config import build_config
+home, out = Path(sys.argv[1]), Path(sys.argv[2])
+cfg = build_config("tiny", {"out": str(out), "state_dir": str(home / "server" / "state")})
+try:
+    keep_to_own_keys(cfg, {"FCD_SERVERAPP_DENY": sys.argv[3]})
+except SandboxError as exc:
+    print(json.dumps({"skip": str(exc)})); sys.exit(0)
+(out / "rounds.csv").write_text("round\\n1\\n")
+seen = {}
+for name in ("coordinator_ed25519.key", "pki/server.key", "pki/ca.crt", "consortium.toml",
+             "server/state/_server/identity_ed25519.key"):
+    try:
+        seen[name] = (home / name).read_bytes().decode()
+    except PermissionError:
+        seen[name] = "denied"
+seen["out"] = (out / "rounds.csv").read_text()
+print(json.dumps(seen))
+"""
+
+
+def test_a_deployed_server_app_cannot_read_the_coordinators_other_keys(tmp_path):
+    """P35: a ServerApp runs as the coordinator's OS user; before it starts it gives up reading the coordinator's
+    signing key and the SuperLink's TLS key (``fcd server start`` names them), and keeps its own ledger key."""
+    import json
+
+    home = tmp_path / "coordinator"
+    for name, text in {"coordinator_ed25519.key": "signing", "pki/server.key": "tls", "pki/ca.crt": "public",
+                       "consortium.toml": "terms", "server/state/_server/identity_ed25519.key": "ledger"}.items():
+        (home / name).parent.mkdir(parents=True, exist_ok=True)
+        (home / name).write_text(text)
+    denied = os.pathsep.join(str(home / n) for n in ("coordinator_ed25519.key", "pki/server.key"))
+    r = subprocess.run([sys.executable, "-c", SERVERAPP_START, str(home), str(tmp_path / "run"), denied],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert r.returncode == 0, r.stderr[-2000:]
+    seen = json.loads(r.stdout.strip().splitlines()[-1])
+    if "skip" in seen:
+        pytest.skip(f"this kernel cannot restrict a process (Landlock): {seen['skip']}")
+    assert seen == {"coordinator_ed25519.key": "denied", "pki/server.key": "denied", "pki/ca.crt": "public",
+                    "consortium.toml": "terms", "server/state/_server/identity_ed25519.key": "ledger",
+                    "out": "round\n1\n"}

@@ -15,11 +15,11 @@ An address is not an identity: every local user reaches 127.0.0.1 (docs/threats.
 coordinator). Flower 1.42's only Control-API authentication is OIDC account login, which open-source Flower does not
 ship (``flwr.superlink.config_loader.load_control_authn_plugin``: "unavailable in this Flower distribution"). So the
 middleware also asks the kernel who holds the client end of the connection: on the coordinator host that socket is
-in ``/proc/net/tcp`` (``tcp6``) with its owner's uid (proc(5)), which a process cannot choose. A Control or Runtime
+the kernel's, with its owner's uid (sock_diag(7), what ``ss -e`` shows), which a process cannot choose. A Control or Runtime
 API request is answered only when that uid is the coordinator's (the SuperLink's own uid; ``--control-api-uid`` may
 name others): Flower's own ``flwr`` CLI, the SuperLink's executor and the ServerApp it starts all run as the
 coordinator and pass unchanged; any other local user gets ``403`` with the reason, a request from another host
-(no such local socket) too. Reading the table costs well under a millisecond a request.
+(no such local socket) too. The kernel's answer costs about 0.07 ms a request.
 
 It also scopes five of Flower's eight app-wide middlewares to the paths they act on (:func:`scope_middlewares`).
 Each is a Starlette ``BaseHTTPMiddleware``, and each layer costs every request an anyio task group, streams and
@@ -60,38 +60,46 @@ DEFAULT_CONTROL_HOST = "127.0.0.1"
 UID_OPTION = "--control-api-uid"
 
 
-def _proc_address(host: str, port: int) -> tuple[str, str]:
-    """``(file, "HEX:PORT")``: how ``/proc/net/tcp`` (IPv4) or ``tcp6`` writes a socket address (proc(5): the
-    address as the kernel's 32-bit words in host byte order, the port in hex)."""
-    try:
-        packed = socket.inet_pton(socket.AF_INET, host)
-        return "/proc/net/tcp", f"{struct.unpack('=I', packed)[0]:08X}:{port:04X}"
-    except OSError:
-        packed = socket.inet_pton(socket.AF_INET6, host)
-        words = struct.unpack("=4I", packed)
-        return "/proc/net/tcp6", "".join(f"{w:08X}" for w in words) + f":{port:04X}"
+#: netlink's socket-diagnostics protocol (linux/sock_diag.h, linux/inet_diag.h): one exact lookup of a TCP socket by
+#: its 4-tuple, answered with its owner's uid (what ``ss -e`` prints)
+NETLINK_SOCK_DIAG, SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, NLMSG_ERROR = 4, 20, 1, 2
+INET_DIAG_NOCOOKIE = 0xFFFFFFFF
+#: where ``inet_diag_msg.idiag_uid`` sits in the reply: after the netlink header (16 bytes), family, state, timer and
+#: retransmits (4), the socket id (48) and expires, rqueue, wqueue (12)
+_UID_OFFSET = 16 + 4 + 48 + 12
+
+
+def _v4(host: str) -> str:
+    return host.removeprefix("::ffff:") if host.startswith("::ffff:") and "." in host else host
 
 
 def socket_owner(client: tuple[str, int], server: tuple[str, int] | None) -> int | None:
-    """The uid owning the local TCP socket at ``client`` connected to ``server`` (the other end of a request this
-    host accepted), or ``None`` when there is none on this host (another host) or it cannot be read."""
-    host, port = str(client[0]), int(client[1])
-    candidates = [host]
-    if host.startswith("::ffff:"):  # an IPv4 client seen on an IPv6 socket: its own socket is IPv4
-        candidates.append(host.removeprefix("::ffff:"))
-    want_remote = None if not server else int(server[1])
-    for h in candidates:
-        try:
-            path, local = _proc_address(h, port)
-            with open(path, encoding="ascii") as f:
-                next(f)
-                for line in f:
-                    fields = line.split()
-                    if fields[1] == local and (want_remote is None or int(fields[2].rsplit(":", 1)[1], 16) == want_remote):
-                        return int(fields[7])
-        except (OSError, ValueError, IndexError, StopIteration):
-            continue
-    return None
+    """The uid owning the local TCP socket at ``client`` connected to ``server`` (the other end of a connection this
+    host accepted), or ``None`` when there is none on this host (another host) or it cannot be asked.
+
+    One ``SOCK_DIAG_BY_FAMILY`` request without ``NLM_F_DUMP`` (sock_diag(7)): the kernel looks the socket up by its
+    4-tuple and answers with its ``idiag_uid``, about 0.07 ms; reading ``/proc/net/tcp`` instead cost about 13 ms a
+    request on a loaded coordinator (the kernel prints every socket).
+    """
+    if not server:
+        return None
+    host, shost = _v4(str(client[0])), _v4(str(server[0]))
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        src, dst = (socket.inet_pton(family, h).ljust(16, b"\0") for h in (host, shost))
+        req = (struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, 0xFFFFFFFF)
+               + struct.pack("!HH16s16s", int(client[1]), int(server[1]), src, dst)
+               + struct.pack("=III", 0, INET_DIAG_NOCOOKIE, INET_DIAG_NOCOOKIE))
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG) as nl:
+            nl.settimeout(1.0)
+            nl.sendto(struct.pack("=LHHLL", 16 + len(req), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, 1, 0) + req, (0, 0))
+            reply = nl.recv(8192)
+        _length, kind = struct.unpack_from("=LH", reply)
+        if kind == NLMSG_ERROR or len(reply) < _UID_OFFSET + 4:
+            return None  # no such socket on this host
+        return int(struct.unpack_from("=I", reply, _UID_OFFSET)[0])
+    except (OSError, ValueError, struct.error):
+        return None  # not Linux, or no netlink: nobody is known, so nobody is let in
 
 
 class CoordinatorOnly:

@@ -444,6 +444,25 @@ def check_signed_run(context: Context, environ: dict[str, str] | None = None) ->
                           consortium_id=env.get(CONSORTIUM_ENV) or None, fab_sha256=None)
 
 
+def keep_to_own_keys(run_cfg: RunConfig, environ: dict[str, str] | None = None) -> None:
+    """A deployed ServerApp gives up reading the coordinator's other keys before it starts (docs/threats.md P35):
+    the files the coordinator's processes name in ``apps.sandbox.DENY_ENV`` (its signing key, the SuperLink's TLS key).
+
+    Raises:
+        fcd_secure.apps.sandbox.SandboxError: files are named and the kernel cannot restrict the process (Landlock,
+            Linux ≥ 5.13); the run does not start without the restriction the coordinator asked for.
+    """
+    from fcd_secure.apps.sandbox import denied_from_env, deny_reading  # noqa: PLC0415
+
+    denied = denied_from_env(environ)
+    if not denied:
+        return
+    made = [Path(p) for p in (run_cfg.out, run_cfg.state_dir) if p]
+    for folder in made:  # created before the restriction: a new file directly in a folder on the way is unreadable
+        folder.mkdir(parents=True, exist_ok=True)
+    deny_reading(denied, also_allow=made)
+
+
 def make_server_app(
     cfg: RunConfig | None = None,
     progress: ProgressHook | None = None,
@@ -463,6 +482,8 @@ def make_server_app(
             shorten_grid_backoff()
             check_signed_run(context)
         run_cfg = config_from_context(context, cfg)
+        if cfg is None:
+            keep_to_own_keys(run_cfg)
         result = run_federation(grid, run_cfg, progress, stop)
         if run_cfg.out:
             write_run_folder(run_cfg.out, run_cfg, result)

@@ -24,8 +24,10 @@ and ``"insecure_dev": true`` in ``summary.json``).
 
 Every process starts in its own session and is stopped by its PID (process group) at the end, on success and on
 failure. The sites share one OS user here, so "no site reads another's keys" holds by configuration: each site's
-processes are given only its own folder. Open-source Flower's Control API is unauthenticated: the SuperLink port
-must stay private (loopback here), and the sites' app pinning is what makes a foreign ``flwr run`` harmless to them.
+processes are given only its own folder. Open-source Flower's Control API is unauthenticated; the SuperLink here
+(``_flower.superlink_main``) answers Control and Runtime API requests only from this OS user on this host, and the
+sites' app pinning and the coordinator's signature on every run start (``federation.run_ticket``) are what make a
+foreign ``flwr run`` harmless to them.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ from fcd_secure.engines.pki import (
     write_node_public,
 )
 from fcd_secure._flower.waits import IDLE_POLL_ENV, idle_poll_s
+from fcd_secure.apps.sandbox import DENY_ENV
 from fcd_secure.federation.records import RUN_CONFIG_KEY
 from fcd_secure.federation.run_ticket import CONSORTIUM_ENV, COORDINATOR_KEY_ENV, RUN_TICKET_KEY, sign_run_ticket
 from fcd_secure.federation.secure.setup import ROSTER_FILE, write_roster
@@ -79,6 +82,9 @@ PUBLISHER = "fcdsecure"
 CONNECTION = "fcd-local"
 INSECURE_MARKER = "INSECURE-DEV"
 EVIDENCE_DIR = "evidence"
+#: the SuperLink: Flower's own, whose Control and Runtime APIs answer only this OS user on this host
+#: (``_flower.superlink_main``, docs/threats.md P35)
+SUPERLINK = (sys.executable, "-m", "fcd_secure._flower.superlink_main")
 #: the site's SuperNode: Flower's own, with its hard-wired idle sleeps capped (``_flower.supernode_main``)
 SUPERNODE = (sys.executable, "-m", "fcd_secure._flower.supernode_main")
 #: the SuperLink's state (runs, messages, objects, registered SuperNode keys) in its memory, Flower's default. With
@@ -385,6 +391,12 @@ class LocalDeployment:
         self._write_cli_config()
         self.prepared = True
 
+    def _serverapp_denied(self) -> list[Path]:
+        """What a ServerApp of this deployment must not read: the coordinator's signing key, the SuperLink's TLS key
+        and every site's folder (one OS user plays every party here)."""
+        tls_key = [self.tls.server_key] if self.tls is not None else []
+        return [self.coordinator_key_path, *tls_key, self.workdir / "sites"]
+
     def _coordinator_public(self) -> str:
         return public_key_bytes(load_or_create_identity_key(self.coordinator_key_path)).hex()
 
@@ -453,12 +465,14 @@ class LocalDeployment:
                      "on the sites; for development only, never with patient data")
         self._spawn(
             "superlink",
-            [_bin("flower-superlink"), *self._link_args(), "--host", "127.0.0.1", "--port", str(self.port),
+            [*SUPERLINK, *self._link_args(), "--host", "127.0.0.1", "--port", str(self.port),
              "--database", FLWR_IN_MEMORY, "--disable-runtime-dependency-installation"],
             self.server_root / "link-home", self.logs / "superlink.log",
             {**flower_env(self.server_root / "link-home", SERVER_TASK_POLL_S),
              # the ServerApp refuses a run this deployment's coordinator did not sign (apps.server_app)
-             COORDINATOR_KEY_ENV: self._coordinator_public(), CONSORTIUM_ENV: str(self.consortium_id)},
+             COORDINATOR_KEY_ENV: self._coordinator_public(), CONSORTIUM_ENV: str(self.consortium_id),
+             # the ServerApp reads no key of the coordinator's or of any site's (apps.sandbox)
+             **({} if self.insecure_dev else {DENY_ENV: os.pathsep.join(str(p) for p in self._serverapp_denied())})},
         )
         self._wait_for_link(wait_s)
         if self.tls is not None:

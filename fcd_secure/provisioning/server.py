@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -34,6 +35,7 @@ from fcd_secure.provisioning.bundle import ROSTER_TYPE
 from fcd_secure.provisioning.consortium import Coordinator, ProvisioningError
 from fcd_secure._flower.superlink_main import DEFAULT_CONTROL_HOST
 from fcd_secure.provisioning.signed import read_document
+from fcd_secure.apps.sandbox import DENY_ENV
 from fcd_secure.federation.run_ticket import CONSORTIUM_ENV, COORDINATOR_KEY_ENV
 from fcd_secure.federation.secure.setup import ROSTER_FILE, write_roster
 from fcd_secure.federation.state import IDENTITY_FILE, SERVER_DIR
@@ -125,7 +127,9 @@ def start_server(co: Coordinator, wait_s: float = 60.0, control_api_address: str
             "--disable-runtime-dependency-installation"]
     env = {**flower_env(root / "link-home", SERVER_TASK_POLL_S),
            # the ServerApp refuses a run the coordinator did not sign for this consortium (apps.server_app, P34)
-           COORDINATOR_KEY_ENV: public_key_bytes(co.key()).hex(), CONSORTIUM_ENV: co.config().consortium_id}
+           COORDINATOR_KEY_ENV: public_key_bytes(co.key()).hex(), CONSORTIUM_ENV: co.config().consortium_id,
+           # a ServerApp reads neither the coordinator's signing key nor the SuperLink's TLS key (apps.sandbox)
+           DENY_ENV: os.pathsep.join(str(p) for p in (co.key_path, co.pki / "server.key"))}
     pid = processes.spawn(root, LINK, args, env)
     processes.wait_for_port(host, port, pid, wait_s, "the SuperLink")
     cli = _cli_home(co)
