@@ -117,11 +117,14 @@ NORM_FACTOR = 10.0
 MIN_NORM_SITES = 3
 
 
-def update_norm(arrays: Arrays, reference: Arrays) -> float:
-    """``‖θ − θ_ref‖₂`` over every tensor, in float64 (a float32 3e38 squares to 9e76, well inside float64)."""
+def update_norm(arrays: Arrays, reference: Arrays | None = None) -> float:
+    """``‖θ − θ_ref‖₂`` over every tensor (``‖θ‖₂`` without a reference), in float64 (a float32 3e38 squares to
+    9e76, well inside float64)."""
     total = 0.0
-    for name in reference:
-        d = np.asarray(arrays[name], np.float64) - np.asarray(reference[name], np.float64)
+    for name in arrays if reference is None else reference:
+        d = np.asarray(arrays[name], np.float64)
+        if reference is not None:
+            d = d - np.asarray(reference[name], np.float64)
         total += float(np.dot(d.ravel(), d.ravel()))
     return float(np.sqrt(total))
 

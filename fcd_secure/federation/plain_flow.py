@@ -117,7 +117,7 @@ class PlainFedAvgFlow(AggregationFlow[PlainReplies]):
     def _screen_norms(self, rnd: Round, got: PlainReplies) -> None:
         """Drop and name the well-formed updates that reach too far from the global model (P32)."""
         norms = [update_norm(u, rnd.global_theta) for u in got.updates]
-        bound = norm_bound(norms, update_norm(rnd.global_theta, {k: 0.0 for k in rnd.global_theta}))
+        bound = norm_bound(norms, update_norm(rnd.global_theta))
         if bound is not None:
             self.last_norm_bound = bound
         else:
