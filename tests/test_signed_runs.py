@@ -112,3 +112,15 @@ def test_every_run_start_has_a_fresh_signed_session_id(consortium):
     assert a and b and a != b and len(bytes.fromhex(a)) == 16
     assert json.loads(first[RUN_TICKET_KEY])["ticket"]["session_id"] == a
     assert ticket_session_id({RUN_CONFIG_KEY: cfg.to_json()}) is None
+
+
+def test_the_sites_replay_session_follows_the_signed_run_start(consortium):
+    """P34 with P30: a site's session (the key of its replay counters) changes with every signed run start and stays
+    the same for a replayed one, even under the same Flower run id and run config."""
+    from fcd_secure.federation.state import run_config_hash, session_id_of
+
+    key, digest, _, cfg = consortium
+    first = signed_run_config(key, CONSORTIUM, digest, cfg.to_json())
+    second = signed_run_config(key, CONSORTIUM, digest, cfg.to_json())
+    assert session_id_of(7, run_config_hash(first)) != session_id_of(7, run_config_hash(second))
+    assert session_id_of(7, run_config_hash(first)) == session_id_of(7, run_config_hash(dict(first)))

@@ -64,9 +64,10 @@ def session_id_of(run_id: int, config_hash: str) -> bytes:
     replayed session) continues its counters, any other run starts fresh. The server never chooses it: it is derived
     on the site from what every message of the run carries.
 
-    This is the one place a site names a session. When the coordinator's *signed* run start (with a fresh session id)
-    reaches the sites (issue 30, item 2), return that id here instead (a signed id is unique per run by construction;
-    the Flower run id is only as unique as the SuperLink makes it) and keep the signature check with the run start.
+    This is the one place a site names a session. In a deployment the run config carries the coordinator's signed run
+    start (``federation.run_ticket``, P34: a fresh random session id, checked by the site's executor before the
+    ClientApp runs), so the hash covers that signed id: every signed run start is a new session, and a replayed one
+    (same ticket, same config, same run) is the same session. ``run_ticket.ticket_session_id`` reads the signed id.
 
     Args:
         run_id: Flower's run id (``Context.run_id``), an unsigned 64-bit integer.
