@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import fcd_secure.aggregation.secagg.client as secagg_client
+from fcd_secure.audit import ServerAudit, load_or_create_identity_key
 import fcd_secure.apps.secure_site as secure_site
 from test_secagg_pipeline import N_SITES, Federation, ToySite
 
@@ -52,7 +53,10 @@ def cheating_federation(tmp_path, monkeypatch):
         def site(self, context):
             return _Cheater(self.root, int(context.node_config["partition-id"]), self.trained)
 
-    return _Fed(tmp_path)
+    fed = _Fed(tmp_path)
+    # the server's signed ledger, as the ServerApp keeps it (receipts ride on the downlinks from here on)
+    fed.comm.audit = ServerAudit(tmp_path / "server_audit", load_or_create_identity_key(tmp_path / "server.key"))
+    return fed
 
 
 def test_a_site_that_breaks_the_bound_is_found_named_and_left_out(cheating_federation):
@@ -77,6 +81,16 @@ def test_a_site_that_breaks_the_bound_is_found_named_and_left_out(cheating_feder
         fed.check_sum(r)  # the honest sites' weighted mean, within the quantisation bound
     # the attacker's site did not even train in the rounds after it was named
     assert not [rnd for s, rnd in fed.trained if s == ATTACKER and rnd > first]
+    # named in the server's signed ledger, and verify says so (a note: the server's word, not a finding)
+    from fcd_secure.audit.entries import ExclusionLine
+    from fcd_secure.audit.verify import verify_path
+
+    fed.comm.audit.close()
+    lines = [e for e in fed.comm.audit.ledger.entries() if isinstance(e, ExclusionLine)]
+    assert [(e.round, e.site_id) for e in lines] == [(first, ATTACKER)]
+    res = verify_path(fed.comm.audit.ledger.path, allow_unpinned=True)
+    notes = [f.message for f in res.findings if f.severity == "note" and "left site-02 out" in f.message]
+    assert notes and f"from round {first}" in notes[0], [f.message for f in res.findings]
 
 
 def test_an_honest_federation_never_searches(tmp_path):

@@ -345,10 +345,21 @@ class InstallLine(LedgerLine):
     facts: dict[str, str]
 
 
+class ExclusionLine(LedgerLine):
+    """A site the server leaves out of every later round of the run, from ``round`` on, and why (docs/threats.md P33:
+    the site whose absence kept a secure sum within the bounds it broke). The server's word, signed: verify lists it
+    as a note, never as a finding against the site."""
+
+    kind: Literal["exclusion"] = "exclusion"
+    round: int
+    site_id: str
+    reason: str
+
+
 AnyLine = Annotated[
     Union[
         OpenLine, ManifestLine, UploadLine, ReceiptLine, ReceivedLine, CheckpointLine, CountersignLine,
-        CountersignatureLine, InstallLine,
+        CountersignatureLine, InstallLine, ExclusionLine,
     ],
     Field(discriminator="kind"),
 ]

@@ -25,7 +25,7 @@ from flwr.app import ConfigRecord, Message, RecordDict
 import logging
 
 from fcd_secure.audit.accounting import round_of
-from fcd_secure.audit.entries import CheckpointLine, CountersignLine, ManifestLine, Receipt
+from fcd_secure.audit.entries import CheckpointLine, CountersignLine, ExclusionLine, ManifestLine, Receipt
 from fcd_secure.audit.ledger import SERVER_LEDGER_FILE, ServerLedger
 from fcd_secure.audit.receipts import (
     HEAD_RECORD,
@@ -126,6 +126,10 @@ class ServerAudit:
         """Record the Θc/Θs layout the server runs with, so an auditor can check each site declared the same one
         (a site cannot hide a Θs name by recording a manifest of its own making)."""
         return self.ledger.record_manifest(manifest)
+
+    def record_exclusion(self, round: int, site_id: str, reason: str) -> ExclusionLine:
+        """Record, signed, that ``site_id`` is left out of every round from ``round`` on, and why (P33)."""
+        return self.ledger.append(ExclusionLine, {"round": int(round), "site_id": str(site_id), "reason": str(reason)})
 
     def checkpoint(self, round: int) -> CheckpointLine | None:
         """Sign the checkpoint closing ``round`` (idempotent)."""

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fcd_secure.audit.entries import CheckpointLine, CountersignLine, ManifestLine, ReceivedLine
+from fcd_secure.audit.entries import CheckpointLine, CountersignLine, ExclusionLine, ManifestLine, ReceivedLine
 from fcd_secure.audit.ledger import SERVER_LEDGER_FILE
 from fcd_secure.audit.verify.chain import EXPECTED_ROLE, Located, read_chain
 from fcd_secure.audit.verify.message_rules import check_message
@@ -73,6 +73,9 @@ def scan_server(paths: list[Path], label: Callable[[Path], str], pinned: set[str
             elif isinstance(e, CountersignLine):
                 scan.countersigns.append((lab, loc))  # type: ignore[arg-type]
                 scan.countersign_hashes.add((e.seq, e.hash))
+            elif isinstance(e, ExclusionLine):  # the server's word on a site it left out (P33): said, not judged
+                res.add("note", lab, e.seq, loc.line,
+                        f"{loc.where}: the server left {e.site_id} out of every round from round {e.round} on: {e.reason}")
         rounds = {loc.entry.round for loc in chain.of_kind(ReceivedLine) if loc.entry.round is not None}
         closed = {loc.entry.round for loc in chain.of_kind(CheckpointLine)}
         for r in sorted(rounds - closed):

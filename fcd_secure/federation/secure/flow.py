@@ -42,7 +42,8 @@ A sum outside what clipped inputs allow (``BoundViolation``, P26) says that some
 (:class:`_CulpritSearch`), each with a fresh training and fresh keys — never the same inputs twice, since two sums of
 one round's inputs over sets that differ by one site would give the server that site's update (the sites refuse it
 anyway, P5). The first retry whose sum is exactly the other sites and stays within the bounds names the site left
-out (``dropped``, in ``rounds.csv``) and the flow leaves it out of every later round. The naming is circumstantial:
+out (``dropped``, in ``rounds.csv``, and an ``exclusion`` line of the server's signed ledger) and the flow leaves
+it out of every later round. The naming is circumstantial:
 a malicious site that behaves exactly when a chosen honest site is left out can shift the name onto it (only
 per-site zero-knowledge range proofs would prevent that); the federation goes on either way. No single site
 explaining the violation (two culprits, or fewer than ``min_sites + 1`` sites) ends the search without a name.
@@ -235,6 +236,8 @@ class SecureAggregationFlow(AggregationFlow[SecureSum]):
         why = (f"round {search.origin}'s secure sum broke a bound with it; the same sites' sum without it (round "
                f"{rnd.server_round}) did not: left out of every later round (P33)")
         self.excluded[search.current] = why
+        if rnd.comm.audit is not None:  # named in the server's signed ledger too, for the auditor (verify: a note)
+            rnd.comm.audit.record_exclusion(rnd.server_round, search.current, why)
         log.warning("round %d: %s named as the culprit of round %d's bound violation", rnd.server_round,
                     search.current, search.origin)
         self._search = None
