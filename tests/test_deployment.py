@@ -226,6 +226,9 @@ def test_secure_deployment_refuses_intruders_and_foreign_apps_and_matches_simula
                            env=flower_env(attacker), timeout=600, check=False)
         assert not (tmp_path / "attacker-out").exists(), "the coordinator's ServerApp ran an unsigned run config"
         assert "coordinator signature" in (tmp_path / "unsigned-run.log").read_text(errors="replace")
+        # the ServerApp the run starts will not read the coordinator's keys, the CA's or any site's folder (P35)
+        denied = dep._serverapp_denied()
+        assert {dep.coordinator_key_path, dep.tls.server_key, dep.workdir / "pki" / "ca.key", work / "sites"} <= set(denied)
 
         # -- the consortium's run -------------------------------------------------------------------------
         t0 = time.monotonic()

@@ -392,10 +392,11 @@ class LocalDeployment:
         self.prepared = True
 
     def _serverapp_denied(self) -> list[Path]:
-        """What a ServerApp of this deployment must not read: the coordinator's signing key, the SuperLink's TLS key
-        and every site's folder (one OS user plays every party here)."""
-        tls_key = [self.tls.server_key] if self.tls is not None else []
-        return [self.coordinator_key_path, *tls_key, self.workdir / "sites"]
+        """What a ServerApp of this deployment must not read: the coordinator's signing key, the SuperLink's TLS key,
+        the CA's key when it is beside the certificate (a local deployment makes its own CA) and every site's folder
+        (one OS user plays every party here)."""
+        keys = [] if self.tls is None else [self.tls.server_key, self.tls.ca_cert.parent / "ca.key"]
+        return [self.coordinator_key_path, *(k for k in keys if k.exists()), self.workdir / "sites"]
 
     def _coordinator_public(self) -> str:
         return public_key_bytes(load_or_create_identity_key(self.coordinator_key_path)).hex()
