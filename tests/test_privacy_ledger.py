@@ -293,7 +293,7 @@ def test_deleting_the_ledger_makes_the_site_refuse_until_an_operator_acknowledge
     res = runner.invoke(app, ["privacy", "acknowledge-reset", str(tmp_path), "--reason", "disk replaced", "--operator", "ops"])
     assert res.exit_code == 0, res.output
     again = new_site(tmp_path)
-    # a new ledger, the old head is on record, and its spend is carried forward (P40): the reset reopens nothing
+    # a new ledger, the old head is on record, and its spend is carried forward (P37): the reset reopens nothing
     assert again.ledger.load().segments == [] and again.spent()[0] == pytest.approx(spent)
     (anchor,) = read_anchors(tmp_path)
     assert anchor.resets == 1 and anchor.last_reset.reason == "disk replaced" and anchor.last_reset.operator == "ops"

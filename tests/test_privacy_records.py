@@ -1,6 +1,6 @@
 """ε per record across every run on a site, resets that keep the spend, and the privacy settings a site pins.
 
-Issue 31 item 3, docs/threats.md P39–P42. Each attack is run with the product's own parts (the DP site, its ledger
+Issue 31 item 3, docs/threats.md P36–P39. Each attack is run with the product's own parts (the DP site, its ledger
 and anchor, the site's signed audit chain, the site policy, the CLI); no mocks. A DP round is reserved in the
 write-ahead ledger and closed with the steps it reserved, which is exactly what the accountant charges for a round
 that trained (the DP-SGD step itself is tested in tests/test_privacy_ledger.py).
@@ -53,9 +53,9 @@ def _per_record(history: dict[bytes, list]) -> list[float]:
     return [epsilon(segs, DELTA, "rdp") for segs in history.values()]
 
 
-# -- P39: the budget split across seeds and fractions -------------------------------------------------------------
+# -- P36: the budget split across seeds and fractions -------------------------------------------------------------
 def test_a_new_split_each_run_never_gives_a_record_more_than_the_cap(tmp_path):
-    """P39: the server changes ``data.test_fraction`` and the seed every run. Each training set then shares fewer than
+    """P36: the server changes ``data.test_fraction`` and the seed every run. Each training set then shares fewer than
     half its records with every earlier one, so a budget kept per "data identity" opened a fresh ε for each run
     (8 of 8 runs trained at ε = 1 while one patient sat in every one). The ledger charges ε to each record, across
     every run on the site: no record ever spends more than the cap, however the split is drawn."""
@@ -83,7 +83,7 @@ def test_a_new_split_each_run_never_gives_a_record_more_than_the_cap(tmp_path):
 
 
 def test_any_sequence_of_splits_seeds_and_restarts_keeps_every_record_within_the_cap(tmp_path_factory):
-    """P39, as a property: whatever fractions, seeds, planned rounds and restarts a server chooses, the largest ε any
+    """P36, as a property: whatever fractions, seeds, planned rounds and restarts a server chooses, the largest ε any
     record composes over all the runs that trained it stays within the cap."""
     from hypothesis import given, settings
     from hypothesis import strategies as st
@@ -108,7 +108,7 @@ def test_any_sequence_of_splits_seeds_and_restarts_keeps_every_record_within_the
 
 
 def test_records_with_budget_left_still_train_and_spent_records_are_refused_before_any_data(tmp_path):
-    """P39: the refusal is per record, not per site: a table of new records trains at once; a table holding one
+    """P36: the refusal is per record, not per site: a table of new records trains at once; a table holding one
     record whose budget is spent is refused whole at reservation (write-ahead: the ledgers are left as they were)."""
     a = tiny_site(n=N, L=4, seed=21)
     assert _train(tmp_path, a, rounds=2) is not None  # spends the cap on every record of a
@@ -127,9 +127,9 @@ def test_records_with_budget_left_still_train_and_spent_records_are_refused_befo
     assert after == before
 
 
-# -- P40: an acknowledged reset carries the spend forward ---------------------------------------------------------
+# -- P37: an acknowledged reset carries the spend forward ---------------------------------------------------------
 def test_an_acknowledged_reset_never_raises_the_remaining_budget(tmp_path):
-    """P40: after ``fcd privacy acknowledge-reset``, the report said ε = 0.455 of 1 although the reset record listed
+    """P37: after ``fcd privacy acknowledge-reset``, the report said ε = 0.455 of 1 although the reset record listed
     0.9998 spent by the same records. The spend before the reset is carried forward: what is spent never goes down,
     what is left never goes up, and the rounds trained after it stay within the cap together with it."""
     ds = tiny_site(n=N, L=4, seed=31)
@@ -165,7 +165,7 @@ def test_an_acknowledged_reset_never_raises_the_remaining_budget(tmp_path):
 
 
 def test_a_restored_older_copy_acknowledged_keeps_the_spend_of_the_lost_rounds(tmp_path):
-    """P40: restoring an older copy of the ledger and acknowledging it gave the lost rounds' ε back."""
+    """P37: restoring an older copy of the ledger and acknowledging it gave the lost rounds' ε back."""
     ds = tiny_site(n=N, L=4, seed=32)
     site = DPSite.for_dataset(tmp_path, ds, cfg(), planned_rounds=3, local_epochs=1, batch_size=B)
     res = site.reserve_round(round_id=1)
@@ -180,9 +180,9 @@ def test_a_restored_older_copy_acknowledged_keeps_the_spend_of_the_lost_rounds(t
     assert again.spent()[0] >= spent - 1e-12
 
 
-# -- P41: ledger and anchor deleted together ----------------------------------------------------------------------
+# -- P38: ledger and anchor deleted together ----------------------------------------------------------------------
 def test_deleting_ledger_and_anchor_together_stops_training_at_start(tmp_path):
-    """P41: with the ledger and ``privacy_anchor.json`` both deleted the site trained again at ε = 0, and only
+    """P38: with the ledger and ``privacy_anchor.json`` both deleted the site trained again at ε = 0, and only
     ``fcd audit verify`` noticed afterwards. The site's own signed audit chain records the heads it uploaded with;
     the DP step reads them at start and refuses until the operator acknowledges a reset, which keeps the spend."""
     from test_audit_support import Server, Site
@@ -220,7 +220,7 @@ def test_deleting_ledger_and_anchor_together_stops_training_at_start(tmp_path):
     assert again.spent()[0] >= spent - 1e-12
 
 
-# -- P42: the privacy settings a site pins ------------------------------------------------------------------------
+# -- P39: the privacy settings a site pins ------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "change, field",
     [
@@ -231,7 +231,7 @@ def test_deleting_ledger_and_anchor_together_stops_training_at_start(tmp_path):
     ids=["delta-0.4", "dp-off", "longer-ope-horizon"],
 )
 def test_the_default_site_policy_refuses_a_server_asking_for_less(change, field):
-    """P42: under the policy ``fcd site init`` writes, the server's δ = 0.4 was accepted (and ε reported at it), the
+    """P39: under the policy ``fcd site init`` writes, the server's δ = 0.4 was accepted (and ε reported at it), the
     server turned DP off, and it chose the OPE horizon. The site pins a δ ceiling (≤ 1/n), DP on, a horizon ceiling."""
     from fcd_secure.config import build_config
     from fcd_secure.federation.site_policy import SitePolicy
@@ -246,7 +246,7 @@ def test_the_default_site_policy_refuses_a_server_asking_for_less(change, field)
 
 
 def test_the_default_site_policy_admits_a_server_asking_for_more():
-    """P42: a smaller δ, a shorter horizon, a smaller ε are more protection: admitted and kept."""
+    """P39: a smaller δ, a shorter horizon, a smaller ε are more protection: admitted and kept."""
     from fcd_secure.config import build_config
     from fcd_secure.federation.site_policy import SitePolicy
 

@@ -1,5 +1,5 @@
 """The site owns its data identity: its train / validation / test cut and its what-if cohorts (issue 31 items 1-2,
-issue 32 item 6; docs/threats.md P43-P46)."""
+issue 32 item 6; docs/threats.md P40-P43)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ def _site_cfg(spec, table, test_fraction: float, seed: int):
                                                         "test_fraction": test_fraction, "n_sites": 4}})
 
 
-def test_P43_no_server_fraction_or_seed_moves_a_deployed_sites_cut(tmp_path, long_case):
-    """P43. The attack: two runs asking a deployed site (its own table, the strict default policy) for test fractions
+def test_P40_no_server_fraction_or_seed_moves_a_deployed_sites_cut(tmp_path, long_case):
+    """P40. The attack: two runs asking a deployed site (its own table, the strict default policy) for test fractions
     0.2 and 0.2035, or for seeds 0 and 1. Before, the site cut its table with the run's values: the round-0 secure
     preprocessing sums (over its training rows) of the two runs differed by exactly one patient's statics, lab sums
     and action counts, and the evaluation cohorts by that patient. Now the cut is the site's (its split secret, its
@@ -72,8 +72,8 @@ def test_P43_no_server_fraction_or_seed_moves_a_deployed_sites_cut(tmp_path, lon
     assert sorted(row_ids(other.data.test)) != first[1]["test"]
 
 
-def test_P43_simulated_sites_cut_from_a_secret_derived_from_the_dataset_seed(long_case):
-    """P43 in simulation: each simulated site's secret comes from the dataset seed and its index, the fractions sit
+def test_P40_simulated_sites_cut_from_a_secret_derived_from_the_dataset_seed(long_case):
+    """P40 in simulation: each simulated site's secret comes from the dataset seed and its index, the fractions sit
     on a 5 % grid, so test fractions 0.2 and 0.2035 are one cut (before: one patient apart at 57 rows), and the cut
     is exactly the keyed order of the entity ids under that secret."""
     from fcd_secure.data.cohorts import row_ids, seeded_secret, split_rows
@@ -93,7 +93,7 @@ def test_P43_simulated_sites_cut_from_a_secret_derived_from_the_dataset_seed(lon
         assert sorted(row_ids(x.validation)) == sorted(everyone[rest[j]] for j in val)
 
 
-# -- what-if questions: budgeted as cohorts (P44), read on the site's grid (P45), in the table's units (P46) -------
+# -- what-if questions: budgeted as cohorts (P41), read on the site's grid (P42), in the table's units (P43) -------
 def _threshold(name: str, value: float, when: str = "above"):
     from fcd_secure.data.policy import Policy
 
@@ -133,8 +133,8 @@ def _labs(data):
     return data.test.A[:, 0, col] * sd + mean
 
 
-def test_P44_a_question_of_thresholds_one_patient_apart_is_refused(mgdl_site):
-    """P44. The attack: one what-if question of 32 threshold policies "insulin when lab > c" with c between
+def test_P41_a_question_of_thresholds_one_patient_apart_is_refused(mgdl_site):
+    """P41. The attack: one what-if question of 32 threshold policies "insulin when lab > c" with c between
     neighbouring patients' first labs. Each neighbouring pair's cohorts differ in one patient, whose logged steps
     stop being consistent with π: the difference of the two answers' OPE sums is that patient's 1/P and action
     (7 questions leaked 10 of 11 patients before). Now the site charges the question against its differencing
@@ -185,8 +185,8 @@ def test_P44_a_question_of_thresholds_one_patient_apart_is_refused(mgdl_site):
     assert (exc.value.rule, exc.value.key) == ("eval_cohort", "answered_cohort")
 
 
-def test_P45_thresholds_are_read_on_the_sites_quantile_grid(mgdl_site):
-    """P45. Thresholds placed between two patients are not the site's cut points: the site reads a threshold on a
+def test_P42_thresholds_are_read_on_the_sites_quantile_grid(mgdl_site):
+    """P42. Thresholds placed between two patients are not the site's cut points: the site reads a threshold on a
     continuous context column at the nearest of its own deciles (computed on its training rows, never sent), and
     one beyond its data becomes ±inf. 29 thresholds between neighbouring test patients become at most 11 rules."""
     from fcd_secure.data.policy import snap_threshold
@@ -206,8 +206,8 @@ def test_P45_thresholds_are_read_on_the_sites_quantile_grid(mgdl_site):
     assert snap_threshold(out, data.train, 10)[0] is out
 
 
-def test_P46_thresholds_are_in_the_tables_units_and_a_silent_one_is_reported(mgdl_site):
-    """P46. ``value = 180`` (mg/dL) on a z-scored lab column was compared with z-scores and never fired, silently.
+def test_P43_thresholds_are_in_the_tables_units_and_a_silent_one_is_reported(mgdl_site):
+    """P43. ``value = 180`` (mg/dL) on a z-scored lab column was compared with z-scores and never fired, silently.
     Now a threshold is in the table's own units (the site's data carry the column's scale), and a threshold that
     fires on none of a site's rows is reported (``whatif.fires.<π>`` = 0 from every site; ``never_fires``)."""
     from fcd_secure.data.policy import bind_policy

@@ -126,7 +126,7 @@ class SiteRuntime:
                 from fcd_secure.data.cohorts import site_secret  # noqa: PLC0415
 
                 spec, table = self.own_table
-                # the cut is the site's: its own secret, its policy's fractions (admit), never the run's seed (P43)
+                # the cut is the site's: its own secret, its policy's fractions (admit), never the run's seed (P40)
                 self._data = learner.load_own_site_data(self.cfg, spec, table, self.site_index, self.statistics,
                                                         secret=site_secret(self.state.dir))
             else:
@@ -192,7 +192,7 @@ class SiteRuntime:
         sums = moment_sums(self.data.train)
         if self.data.validation is not None:
             # the whole training split (validation rows included), as the pooled statistics of a simulation are; the
-            # site's fixed non-test rows, so two runs can never differ by one patient (P43)
+            # site's fixed non-test rows, so two runs can never differ by one patient (P40)
             extra = moment_sums(self.data.validation)
             sums = {k: (np.asarray(v) + np.asarray(extra[k])).tolist() if isinstance(v, list) else v + extra[k]
                     for k, v in sums.items()}

@@ -44,7 +44,7 @@ def whatif_table(result: dict, title: str = "What happens under each policy") ->
         caption += (f"; they omit the simulator's own error, which the doubly robust intervals (below) cover "
                     f"on the {min(support):.0%}–{max(support):.0%} of steps the logged data supports")
     silent = [name for name, d in pols.items() if d.get("never_fires")]
-    if silent:  # P46: a threshold beyond every site's data (in the table's units) is its 'otherwise' action
+    if silent:  # P43: a threshold beyond every site's data (in the table's units) is its 'otherwise' action
         caption = (caption + "; " if caption else "") + (
             f"never fires on any site's data (its threshold lies beyond them): {', '.join(silent)}")
     t = Table(title=title, show_header=True, header_style="bold", caption=caption)
@@ -253,7 +253,7 @@ def register(app: typer.Typer) -> None:
         except (WhatIfError, DataError) as exc:
             raise CliError(str(exc), "RUN_FAILED") from None
         result_file = Path(run_dir) / "whatif" / (request.query_id + ".json")
-        if not res.get("policies"):  # every site declined: say why instead of an empty table (P44)
+        if not res.get("policies"):  # every site declined: say why instead of an empty table (P41)
             declined = res.get("declined_sites") or []
             raise CliError(
                 "no site answered the question" + (

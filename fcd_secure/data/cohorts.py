@@ -4,7 +4,7 @@ A site's test set decides which patients every answer is computed on, and its tr
 secure preprocessing sums (``data.moments``) and the model see. If a value the *server* sends decided the cut (a seed,
 ``data.test_fraction``), two runs with test fractions 0.2 and 0.2035 would put one more patient in the test set, and
 the difference of their round-0 totals, or of their evaluation sums, would be that one patient's values
-(docs/threats.md P43). So the site fixes the assignment itself, once:
+(docs/threats.md P40). So the site fixes the assignment itself, once:
 
 * every entity (a patient, a student: all chunks of it together) gets a key ``HMAC-SHA256(secret, entity id)``
   (Bellare, Canetti & Krawczyk 1996, "Keying hash functions for message authentication", CRYPTO; RFC 2104) under a

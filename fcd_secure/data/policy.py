@@ -229,7 +229,7 @@ class ThresholdRule(_Rule):
     ``otherwise``."""
 
     kind: Literal["threshold"]
-    #: in the table's own units (mg/dL, not z-scores: a standardised column is read back in its units, P46); a site
+    #: in the table's own units (mg/dL, not z-scores: a standardised column is read back in its units, P43); a site
     #: reads a context threshold on its grid of quantiles (:func:`snap_threshold`), ±inf when beyond its data
     value: float
     when: Literal["below", "above"] = "below"
@@ -476,7 +476,7 @@ def context_scales(ds: SiteDataset) -> dict[int, tuple[float, float]]:
 
 
 def snap_threshold(policy: Any, train: SiteDataset, grid: int) -> tuple[Any, dict[str, Any] | None]:
-    """A threshold rule on a continuous context column read on the site's own grid (P45): the threshold's rank among
+    """A threshold rule on a continuous context column read on the site's own grid (P42): the threshold's rank among
     the column's values on the site's training rows (valid steps, the table's units) is rounded to a multiple of
     ``1/grid`` and the threshold becomes that quantile; rank 0 or 1 becomes −inf / +inf (beyond the site's data: the
     rule never fires, or always). 32 nearby thresholds are then at most ``grid + 1`` cut points, none placed between

@@ -49,7 +49,7 @@ def split_validation(train: SiteDataset, fraction: float, secret: bytes) -> tupl
     """``(train, validation)``: the site's next entities in its fixed key order after the test set
     (:func:`fcd_secure.data.cohorts.split_rows` under the site's split secret), about ``fraction`` of the training
     split's rows (on the 5 % grid), held out; ``(train, None)`` at 0 or when the split is too small to spare a row.
-    No seed or server value moves it (docs/threats.md P43)."""
+    No seed or server value moves it (docs/threats.md P40)."""
     from fcd_secure.data.cohorts import row_ids, split_rows  # noqa: PLC0415
 
     if fraction <= 0 or train.n < 4:

@@ -12,18 +12,18 @@ shipped defaults are strict; a missing file means the defaults. Sections:
                        (:class:`~fcd_secure.aggregation.secagg.SecAggPolicy`: minimum sites, threshold rule, clip,
                        fixed-point scale, deadlines; its defaults)
 ``[dp]``               ``required`` DP-SGD or not (default: required), the lifetime ε cap, the largest δ (default
-                       1e-5), the DP ledger folder, the noise seeding (P21, P42)
+                       1e-5), the DP ledger folder, the noise seeding (P21, P39)
 ``[training]``         ``use_propensities``: whether the site's own logged propensities may weight its local training
                        (``model.ipw``; default yes); they never leave either way
 ``[evaluation]``       the smallest evaluation cohort (default 50 rows, or the whole test split when smaller, never
                        fewer than 20), how often the same rows may be evaluated (P22), the longest truncated OPE
-                       horizon (``ope_horizon_max``, default 2; P42)
+                       horizon (``ope_horizon_max``, default 2; P39)
 ``[data]``             where the site's data are; when set, a request naming other data is refused
 ``[split]``            the site's own test / validation fractions (on a 5 % grid): the cut itself is made from the
                        site's split secret (``data.cohorts``); the request's ``data.test_fraction``,
-                       ``data.validation_fraction`` and seed never move it (P43)
+                       ``data.validation_fraction`` and seed never move it (P40)
 ``[questions]``        the what-if budget: the fewest entities by which any two answered policies' cohorts may
-                       differ, and the grid of the site's own quantiles that threshold rules are read on (P44, P45)
+                       differ, and the grid of the site's own quantiles that threshold rules are read on (P41, P42)
 ``[app]``              the SHA-256 of every Flower app bundle (FAB) the site runs (deployment, P27)
 =====================  ===========================================================================================
 
@@ -89,7 +89,7 @@ RULE_DELTA_MAX = 0.1
 
 
 class DPPolicy(_Section):
-    """What the site pins about DP (P21, P42): DP on, the lifetime ε cap (per record, across every run on the site:
+    """What the site pins about DP (P21, P39): DP on, the lifetime ε cap (per record, across every run on the site:
     ``privacy.spend``), the δ ceiling, the ledger folder and secret noise. A run may ask for less ε or δ, never more."""
 
     required: bool = Field(True, description="train only with DP-SGD (the strict default: the server cannot turn it off)")
@@ -172,7 +172,7 @@ MIN_QUESTION_DIFFERENCE = 20
 
 
 class QuestionPolicy(_Section):
-    """The differencing budget of what-if questions (``queries.whatif``, docs/threats.md P44/P45)."""
+    """The differencing budget of what-if questions (``queries.whatif``, docs/threats.md P41/P42)."""
 
     min_difference: int = Field(
         MIN_QUESTION_DIFFERENCE, ge=MIN_QUESTION_DIFFERENCE,
@@ -359,7 +359,7 @@ class SitePolicy(_Section):
             }
         )
         # the split fractions are the site's, whatever the request says: not a refusal (a different fraction asks
-        # for no less protection), but never the request's value (P43)
+        # for no less protection), but never the request's value (P40)
         eff_data = data.model_copy(update={**{k: v for k, v in pinned.items() if v is not None},
                                            "test_fraction": self.split.test_fraction,
                                            "validation_fraction": self.split.validation_fraction})

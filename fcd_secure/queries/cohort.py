@@ -39,7 +39,7 @@ def split_fingerprint(ds, site_id: str) -> str:
     """SHA-256 of a test split's entities (their ids, :func:`fcd_secure.data.cohorts.row_ids`), its logged actions,
     outcomes and mask, and the site id: the key of its record and the seed of its permutation. The covariates and
     contexts are left out on purpose: they are z-scored with the consortium's statistics, which move whenever any
-    site's data do, and a new scaling of the same patients must not open a fresh record (P43)."""
+    site's data do, and a new scaling of the same patients must not open a fresh record (P40)."""
     from fcd_secure.data.cohorts import row_ids  # noqa: PLC0415
 
     h = hashlib.sha256(b"fcd_secure.eval_cohort/2|" + site_id.encode())

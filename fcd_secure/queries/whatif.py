@@ -40,7 +40,7 @@ On each site (:func:`site_policy_sums`), for every policy π (bound to the site'
 * the per-entity values and contrasts are written to ``<site state>/whatif/<query id>.csv`` on the site's own disk
   (with the request beside it) and nowhere else: in deployment they never leave the site.
 
-Before any of this, a site answers only what its policy's ``[questions]`` allow (docs/threats.md P44-P46): a
+Before any of this, a site answers only what its policy's ``[questions]`` allow (docs/threats.md P41-P43): a
 threshold on a continuous context column is in the table's own units and is read on the site's grid of quantiles of
 its training rows (:func:`~fcd_secure.data.policy.snap_threshold`); the question is charged against the site's
 differencing budget (:func:`admit_question`: any two policies, in this question or answered before, act differently on
@@ -230,7 +230,7 @@ def site_policy_sums(
     contexts: dict[str, list[str]] = {}
     H = sub.L if request.horizon is None else request.horizon
     # the site reads every threshold on its own grid and binds every policy before anything is simulated; the
-    # question is admitted against its differencing budget first (P44, P45)
+    # question is admitted against its differencing budget first (P41, P42)
     bound = []
     grid_notes: dict[str, dict[str, Any]] = {}  # how each threshold was read (kept in the site's per-entity file)
     for raw in request.policies:
@@ -243,7 +243,7 @@ def site_policy_sums(
         admit_question(bound, sub, data.anchors, H, questions.min_difference,
                        None if site_dir is None else Path(site_dir) / "slots" / QUESTION_SLOT)
     for pol in bound:
-        if isinstance(pol.rule, ThresholdRule):  # P46: a threshold that never fires on this site's rows is reported
+        if isinstance(pol.rule, ThresholdRule):  # P43: a threshold that never fires on this site's rows is reported
             out[f"whatif.fires.{pol.name}"] = 1.0 if _fires(pol, sub, a_off, a_on, H) else 0.0
     # the factual rectifier (module docstring): the model's value of the logged actions minus the observed value
     replay = simulate_policy(model, sub, sub.T[:, :H].copy(), None, n_samples, seed, horizon=H)
@@ -315,7 +315,7 @@ def _logged_plan(pol: Policy, sub: SiteDataset, a_off: int, a_on: int, H: int) -
 
 
 def _fires(pol: Policy, sub: SiteDataset, a_off: int, a_on: int, H: int) -> bool:
-    """Whether a threshold rule's condition holds at any valid step of the site's logged rows (P46)."""
+    """Whether a threshold rule's condition holds at any valid step of the site's logged rows (P43)."""
     ctx = (lambda t: sub.A[:, : t + 1]) if pol.needs_context else (lambda t: None)
     for t in range(min(int(H), sub.L)):
         valid = sub.M[:, t] > 0
@@ -346,7 +346,7 @@ def _difference(a: dict[str, str], b: dict[str, str]) -> int:
 
 def admit_question(policies: list[Policy], sub: SiteDataset, anchors: tuple[int, int], H: int, min_difference: int,
                    record: Path | None) -> None:
-    """Charge a question against the site's differencing budget, or refuse it before anything is computed (P44).
+    """Charge a question against the site's differencing budget, or refuse it before anything is computed (P41).
 
     Every policy's cohort (:func:`cohort_signature`) must equal, or differ by at least ``min_difference`` rows from,
     every other policy's in the question and every cohort the site answered before (``record``, kept in the site's
@@ -534,7 +534,7 @@ def merge_policy_sums(s: dict[str, Any], sites: int, request: WhatIfRequest | No
             d["interval"] = interval_from_sums(s, f"whatif.value.{name}", level).to_dict()
         if f"whatif.rectified.{name}.n" in s:
             d["rectified"] = interval_from_sums(s, f"whatif.rectified.{name}", level).to_dict()
-        if f"whatif.fires.{name}" in s:  # a threshold rule: on how many sites it fires at all (P46)
+        if f"whatif.fires.{name}" in s:  # a threshold rule: on how many sites it fires at all (P43)
             d["fires_on_sites"] = int(round(s[f"whatif.fires.{name}"]))
             d["never_fires"] = d["fires_on_sites"] == 0  # its 'otherwise' action everywhere
         # doubly robust only when every site sent it (one without propensities would leave a partial population)
@@ -614,7 +614,7 @@ def whatif_metric_names(policy_names: list[str] | tuple[str, ...]) -> list[str]:
         names += [f"whatif.value.{p}.{f}" for f in ("n", "sum", "sumsq", "mc_var")]
         names += [f"whatif.{kind}.{p}.{f}" for kind in ("rectified", "diff", "drdiff") for f in ("n", "sum", "sumsq")]
         names += [f"whatif.dr.{p}.{f}" for f in ("n", "sum", "sumsq", "support", *UNSEEN_FIELDS)]
-        names.append(f"whatif.fires.{p}")  # threshold rules: 1 where the rule fires on the site's rows (P46)
+        names.append(f"whatif.fires.{p}")  # threshold rules: 1 where the rule fires on the site's rows (P43)
     return names + identified_metric_names(list(policy_names))
 
 
