@@ -16,6 +16,32 @@ from fcd_secure.cli.tables import LEFTOVER_WORDS, SPEC_HELP, TABLE_HELP, spec_an
 app = new_app(help="Validate and describe datasets (schema, DKT-Synth, real datasets).")
 
 
+def absent_actions(ds) -> dict[str, list[str]]:
+    """The actions a table never logs, over the whole table (``"all sites"``) and per site where it has a site
+    column: a policy that takes such an action has no logged support there, so no answer about it is identified by
+    that site's data (``queries.whatif``). Empty lists are left out."""
+    import numpy as np  # noqa: PLC0415
+
+    labels = list(ds.meta.get("action_names") or range(ds.n_actions))
+    valid = ds.M > 0
+
+    def missing(rows) -> list[str]:
+        seen = np.unique(ds.T[rows][valid[rows]])
+        return [str(labels[a]) for a in range(ds.n_actions) if a not in set(seen.tolist())]
+
+    out: dict[str, list[str]] = {}
+    whole = missing(np.arange(ds.n))
+    if whole:
+        out["all sites"] = whole
+    site, names_ = ds.meta.get("site"), ds.meta.get("site_names")
+    if site is not None and names_:
+        for i, name in enumerate(names_):
+            rows = np.flatnonzero(np.asarray(site) == i)
+            if rows.size and (gone := missing(rows)):
+                out[str(name)] = gone
+    return out
+
+
 def _invalid(exc) -> CliError:
     """A ``DataError`` as the command line reports it: exit 1, the file/column/row/field in ``data``."""
     return CliError(str(exc), "DATA_INVALID", data=exc.to_dict(),
@@ -74,6 +100,8 @@ def validate(
         "truncated_entities": ds.meta["truncated_entities"],
         "dropped_steps": ds.meta["dropped_steps"],
         "sites": ds.meta.get("site_names"),
+        # actions never logged (whole table, per site): answers about policies that take them are not identified
+        "actions_absent": absent_actions(ds),
         "written": None if out is None else str(out),
     }
     if as_json:
@@ -90,6 +118,11 @@ def validate(
         v = summary[k]
         t.add_row(k, f"{v:.4f}" if isinstance(v, float) else escape(str(v)))
     con.print(t)
+    for where, acts in summary["actions_absent"].items():
+        who = "no site logs" if where == "all sites" else f"site {escape(where)} never logs"
+        con.print(f"[yellow]warning[/] {who} {escape(', '.join(acts))}: a policy taking "
+                  f"{'it' if len(acts) == 1 else 'them'} has no logged support there (its value is not identified)",
+                  soft_wrap=True)
 
 
 def _fmt_pair(ours: Any, paper: Any) -> str:

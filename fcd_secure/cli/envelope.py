@@ -22,11 +22,14 @@ from fcd_secure.errors import FcdError
 
 SCHEMA_VERSION = "1"
 
-#: Exit codes shared by every command (``fcd audit verify`` adds 1/3/4/6 verdicts, documented with the command).
+#: Exit codes shared by every command (``fcd audit verify`` adds 1/3/4/6 verdicts, documented with the command; 7 is
+#: ``fcd run`` / ``fcd whatif`` answering over fewer sites than asked).
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_DP_BUDGET = 5
+#: a finished run or question whose answers cover fewer sites than it asked (named; ``coverage`` in the JSON)
+EXIT_INCOMPLETE = 7
 EXIT_INTERRUPTED = 130
 
 #: The closed list of error codes the command line reports (``error_code`` of the envelope), with their exit code.
@@ -37,6 +40,7 @@ ERROR_CODES: dict[str, int] = {
     "RUN_FAILED": EXIT_FAILED,  # a run that started and could not finish (the message says where)
     "SITE_FAILED": EXIT_FAILED,  # a site reported an error (a fixed, non-secret reason) or failed its evaluation
     "DP_BUDGET_EXHAUSTED": EXIT_DP_BUDGET,  # a site refused to train: its ε budget is spent
+    "INCOMPLETE_ANSWER": EXIT_INCOMPLETE,  # answers given, but over fewer sites than the run: the others are named
     "INTERRUPTED": EXIT_INTERRUPTED,  # stopped by a signal (Ctrl-C, SIGTERM); the state folder can be resumed
     "INTERNAL": EXIT_FAILED,  # a bug: FCD_DEBUG=1 prints the traceback
 }

@@ -246,7 +246,8 @@ def _budgets(cfg: "RunConfig") -> dict:
 
 def outcome(summary: dict, cfg: "RunConfig") -> CliError | None:
     """What a finished run's exit code must say: a spent DP budget (exit 5), a site that failed its final evaluation
-    or a run with no evaluation at all (exit 1), or nothing (exit 0)."""
+    or a run with no evaluation at all (exit 1), answers over fewer sites than the run because some declined under
+    their cohort rules (exit 7, the sites named), or nothing (exit 0)."""
     errors = summary.get("site_errors") or []
     budgets = {sid: {"epsilon_spent": eps, "epsilon_cap": (summary.get("dp") or {}).get("epsilon_cap")}
                for sid, eps in ((summary.get("dp") or {}).get("epsilon_spent") or {}).items()}
@@ -277,6 +278,16 @@ def outcome(summary: dict, cfg: "RunConfig") -> CliError | None:
             "RUN_FAILED",
             hint="give each site more test rows (more data, fewer sites or a larger data.test_fraction), or ask "
             "well-separated policies",
+            data=summary,
+        )
+    if not failed and declined:
+        cov = summary.get("coverage") or {}
+        return CliError(
+            cov.get("warning") or f"the answers leave out {len(declined)} site(s) that declined under their evaluation "
+            f"cohort rules: {', '.join(declined)}",
+            "INCOMPLETE_ANSWER",
+            hint=f"a site declines with a test split below {MIN_COHORT_FLOOR} rows (or a cohort too close to one "
+            "evaluated before): give it more test rows (data.test_fraction) or fewer sites",
             data=summary,
         )
     if failed:
@@ -391,15 +402,19 @@ def execute_run(cfg: "RunConfig", as_json: bool) -> int:
     if as_json:
         emit(bad.envelope() if bad else ok(summary, f"run finished: {cfg.out}"))
         return bad.exit_code if bad else EXIT_OK
-    from fcd_secure.cli.whatif import anchors_line, print_answers  # noqa: PLC0415
+    from fcd_secure.cli.whatif import anchors_line, coverage_line, print_answers, support_lines  # noqa: PLC0415
 
     con = stdout()
     for table in summary_table(summary, title=f"Fed-CausalDiff on {cfg.data.dataset}"):
         con.print(table)
+    if (cov := coverage_line(summary.get("coverage"))) is not None:
+        con.print(escape(cov), soft_wrap=True)
     if anchors_line(summary.get("anchors")):
         con.print(f"anchors of the paper's policies: {escape(anchors_line(summary['anchors']))}", soft_wrap=True)
     if summary.get("policies"):
         print_answers(con, summary, cfg.data.dataset)
+        for line in support_lines(summary):
+            con.print(escape(line), soft_wrap=True)
     say_identifier(con, "run folder:", str(cfg.out), indent=0)
     if bad:
         raise CliError(bad.message, bad.error_code, hint=bad.hint)
@@ -452,6 +467,8 @@ def register(app: typer.Typer) -> None:
           1    the run failed, or a site failed (its reason is named)
           2    bad input (config, data, folders, state): nothing written
           5    a site's DP budget is exhausted (ε is named)
+          7    the answers cover fewer sites than the run: the sites left
+               out are named (stdout, and coverage in summary.json)
           130  interrupted: continue with --resume RUN_DIR (Ctrl-C or SIGTERM
                stop the run at its next wait; a second one stops it now)
         """

@@ -31,6 +31,40 @@ def anchors_line(anchors: dict | None) -> str | None:
     return ", ".join(f"{k} = {v['id']} ({v['label']})" for k, v in anchors.items())
 
 
+#: the cell of a value or effect the logged data cannot identify (``queries.whatif``: support 0)
+NOT_IDENTIFIED_CELL = "not identified"
+
+
+def support_lines(result: dict) -> list[str]:
+    """One line per policy the logs do not support: not identified at all (its interval is the bounds only), or
+    not followed at some sites (named where the transport shows them; secure aggregation shows how many)."""
+    lines = []
+    for name, d in (result.get("policies") or {}).items():
+        if d.get("supported") is False:
+            lines.append(f"{name}: not identified — no logged step follows it (support 0 %); the interval shown is "
+                         "the bounds over the outcome's range only" if d.get("interval") else
+                         f"{name}: not identified — no logged step follows it (support 0 %); no interval")
+        k = d.get("n_sites_without_support") or 0
+        if k and d.get("supported") is not False:
+            who = d.get("sites_without_support")
+            lines.append(f"{name}: no logged step follows it at {k} site(s)"
+                         + (f": {', '.join(who)}" if who else " (secure aggregation: how many, not which)")
+                         + f"; support {d.get('support', 0):.0%} of steps overall")
+    return lines
+
+
+def coverage_line(cov: dict | None) -> str | None:
+    """``answers cover 4 of 4 sites (site-00, …; 367 test entities)``, or the warning naming the sites left out
+    (``queries.evaluation.coverage``); None when the result has no coverage (an older run folder)."""
+    if not cov:
+        return None
+    if cov.get("warning"):
+        return "WARNING: " + cov["warning"]
+    n = cov.get("n_entities")
+    return (f"answers cover {cov['n_sites_covered']} of {len(cov['sites_asked'])} sites "
+            f"({', '.join(cov['sites_covered'])}" + (f"; {n} test entities)" if n is not None else ")"))
+
+
 def whatif_table(result: dict, title: str = "What happens under each policy") -> Table:
     """The answer as a table: per policy its simulated value and interval, the contrast to the reference and its
     interval, and the truth beside them when the data has an oracle (``summary.json`` / ``fcd whatif --json``)."""
@@ -59,10 +93,12 @@ def whatif_table(result: dict, title: str = "What happens under each policy") ->
         t.add_column("truth", justify="right")
     for name, d in pols.items():
         eff = d.get("effect")
-        row = [escape(name), _fmt(d.get("value_sim")), _iv(d.get("interval"))]
+        unknown = d.get("supported") is False
+        row = [escape(name), NOT_IDENTIFIED_CELL if unknown else _fmt(d.get("value_sim")), _iv(d.get("interval"))]
         if has_truth:
             row.append(_fmt(d.get("value_true")))
-        row += ["ref." if name == ref else _fmt((eff or {}).get("estimate")), "" if name == ref else _iv(eff)]
+        eff_cell = NOT_IDENTIFIED_CELL if (eff or {}).get("supported") is False else _fmt((eff or {}).get("estimate"))
+        row += ["ref." if name == ref else eff_cell, "" if name == ref else _iv(eff)]
         if has_truth:
             row.append("" if name == ref else _fmt((eff or {}).get("true")))
         t.add_row(*row)
@@ -160,7 +196,8 @@ def dr_table(result: dict) -> Group | None:
                    ("policy", "DR value", f"{level:.0%} CI", "with bounds", "support"))
     for name, d in pols.items():
         dr = d["doubly_robust"]
-        values.add_row(escape(name), _fmt(dr.get("estimate")), _iv(dr), _iv(dr.get("bounded")), f"{dr['support']:.0%}")
+        est = NOT_IDENTIFIED_CELL if d.get("supported") is False else _fmt(dr.get("estimate"))
+        values.add_row(escape(name), est, _iv(dr), _iv(dr.get("bounded")), f"{dr['support']:.0%}")
     effects = table(f"Doubly robust effects (vs {escape(str(ref))})", ("policy", "DR effect", f"{level:.0%} CI",
                     "with bounds"), caption="with bounds: the interval widened where the logged sample did not reach "
                     "the policy (it then says so rather than repeat the model); support: share of steps the logged "
@@ -168,7 +205,8 @@ def dr_table(result: dict) -> Group | None:
     for name, d in pols.items():
         eff = ((d.get("effect") or {}).get("doubly_robust")) or {}
         if name != ref and eff:
-            effects.add_row(escape(name), _fmt(eff.get("estimate")), _iv(eff), _iv(eff.get("bounded")))
+            est = NOT_IDENTIFIED_CELL if (d.get("effect") or {}).get("supported") is False else _fmt(eff.get("estimate"))
+            effects.add_row(escape(name), est, _iv(eff), _iv(eff.get("bounded")))
     if not effects.row_count:
         values.caption = effects.caption
         return Group(values)
@@ -209,7 +247,8 @@ def register(app: typer.Typer) -> None:
         sums reach the server.
         The result is also written to RUN_DIR/whatif/<query id>.json.
 
-        Exit codes: 0 done, 2 bad input (run folder, policy files, labels the data does not have), 1 the run failed.
+        Exit codes: 0 done, 2 bad input (run folder, policy files, labels the data does not have), 1 the run failed,
+        7 the answers cover fewer sites than the run (the sites left out are named on stdout and in the JSON).
         """
         import torch  # noqa: PLC0415
 
@@ -262,8 +301,16 @@ def register(app: typer.Typer) -> None:
                     "[questions] min_difference; or a test split too small)" if declined else ""),
                 "RUN_FAILED", hint="ask fewer, well-separated policies (thresholds a decile or more apart)",
                 data=jsonable(res))
+        cov = res.get("coverage") or {}
+        partial = None if cov.get("complete", True) else CliError(
+            cov["warning"], "INCOMPLETE_ANSWER", data=jsonable(res),
+            hint="the sites left out declined under their evaluation cohort rules or failed; the answers describe "
+            "the other sites' entities only",
+        )
         if as_json:
-            emit(ok(jsonable(res), f"answered: {result_file}"))
+            emit(partial.envelope() if partial else ok(jsonable(res), f"answered: {result_file}"))
+            if partial:
+                raise typer.Exit(partial.exit_code)
             return
         con = stdout()
         line = anchors_line(res.get("anchors"))
@@ -274,7 +321,13 @@ def register(app: typer.Typer) -> None:
             c = res["contexts"]
             con.print(f"contexts in the rollouts: {c['generated']} generated (endogenous), {c['replayed']} replayed")
         con.print(f"per-entity effects: on each site, in <state>/<site>/whatif/{request.query_id}.csv", soft_wrap=True)
+        for line in support_lines(res):
+            con.print(escape(line), soft_wrap=True)
+        if (line := coverage_line(cov)) is not None:
+            con.print(escape(line), soft_wrap=True)
         say_identifier(con, "result:", str(result_file), indent=0)
+        if partial:
+            raise partial
 
 
 def cfg_len(cfg) -> int:

@@ -200,6 +200,45 @@ def merge_totals(
     return res
 
 
+def coverage(sites: list[str], failed: list[str], declined: list[str], n_entities: float | None,
+             aborted: bool = False) -> dict[str, Any]:
+    """Which sites and how many entities an evaluation's answers cover, written beside every answer.
+
+    Args:
+        sites: every site of the run the evaluation asked.
+        failed: sites that failed (or did not answer).
+        declined: sites that declined under their cohort rules (a test split below the floor, a repeated cohort).
+        n_entities: the test entities summed over the sites covered (None: no sum was revealed).
+        aborted: no sum was revealed at all (a secure evaluation that could not run).
+
+    Returns:
+        ``{"sites_asked", "sites_covered", "n_sites_covered", "n_entities", "declined", "failed", "complete",
+        "warning"}``: ``complete`` is false, and ``warning`` says so naming the sites left out, whenever an answer
+        covers fewer sites than the run (``fcd run`` / ``fcd whatif`` then exit 7, ``cli.envelope.EXIT_INCOMPLETE``).
+    """
+    out_ = set(failed) | set(declined)
+    covered = [] if aborted or n_entities is None else [s for s in sites if s not in out_]
+    left = [s for s in sites if s not in covered]
+    warning = None
+    if left:
+        why = [f"{s} (declined under its evaluation cohort rules)" for s in declined if s in left]
+        why += [f"{s} (failed or did not answer)" for s in failed if s in left and s not in declined]
+        why += [f"{s} (no sum revealed)" for s in left if s not in out_]
+        warning = (f"the answers cover {len(covered)} of {len(sites)} sites"
+                   + (f" ({int(round(n_entities))} test entities)" if covered and n_entities is not None else "")
+                   + "; left out: " + ", ".join(why))
+    return {
+        "sites_asked": list(sites),
+        "sites_covered": covered,
+        "n_sites_covered": len(covered),
+        "n_entities": None if n_entities is None or not covered else int(round(float(n_entities))),
+        "declined": list(declined),
+        "failed": [s for s in failed if s not in declined],
+        "complete": not left,
+        "warning": warning,
+    }
+
+
 def evaluate_federated(
     comm: Comm,
     node_ids: list[int],
@@ -253,6 +292,7 @@ def evaluate_federated(
         return {"failed_sites": [s for s in failed if s not in declined], "declined_sites": declined}
 
     conf.update(extra or {})
+    everyone = [comm.site_of.get(nid, str(nid)) for nid in node_ids]
     if secure is not None:
         totals, failed, aborted = secure.totals(comm, node_ids, theta, conf, round_id)
         if totals is None:
@@ -261,19 +301,22 @@ def evaluate_federated(
                 # the declines left fewer sites than secure aggregation needs, so no sum could be revealed: the
                 # others did not fail, they were left without a quorum
                 out["failed_sites"] = []
-            return {**out, "secure": True, "aborted": aborted}
+            return {**out, "secure": True, "aborted": aborted,
+                    "coverage": coverage(everyone, out["failed_sites"], out["declined_sites"], None, aborted=True)}
     else:
         content = RecordDict({REC_GLOBAL: global_to_record(theta), REC_CONFIG: ConfigRecord(conf)})
         replies = comm.send(node_ids, EVALUATE_MESSAGE_TYPE, content, cfg.federation.round_timeout_s)
-        parts, failed = [], []
+        parts, failed, named = [], [], []
         for nid in node_ids:
             rep = replies.get(nid)
             if rep is None or rep.has_error():
                 failed.append(comm.site_of.get(nid, str(nid)))
                 continue
             parts.append({k: (list(v) if isinstance(v, list) else v) for k, v in rep.content[REC_EVAL].items()})
+            named.append(comm.site_of.get(nid, str(nid)))
         if not parts:
-            return split(failed)
+            out = split(failed)
+            return {**out, "coverage": coverage(everyone, out["failed_sites"], out["declined_sites"], None)}
         totals = add_sums(parts)
     merged = merge_totals(totals, whatif, None if quick else action_labels(cfg), cfg.model.outcome == "binary")
     if "select.d1.n" in totals:  # a scored round (queries.selection): the consortium's D1 and validation fit
@@ -282,6 +325,14 @@ def evaluate_federated(
     if not quick and "contexts" in merged:
         merged["contexts"].update(context_columns(cfg))
     merged.update(split(failed))
+    merged["coverage"] = coverage(everyone, merged["failed_sites"], merged["declined_sites"], totals.get("n_test"))
+    for name, d in (merged.get("policies") or {}).items():
+        if d.get("n_sites_without_support"):
+            # plain replies show which sites' logs never follow the policy; secure aggregation only how many
+            d["sites_without_support"] = (
+                None if secure is not None else
+                [site for site, p in zip(named, parts) if p.get(f"whatif.support.{name}.none")]
+            )
     if secure is not None:
         merged["secure"] = True
     return merged

@@ -265,6 +265,7 @@ def site_policy_sums(
         mc = per.var(1, ddof=1) / per.shape[1] if per.shape[1] > 1 else None
         out.update(site_sums(f"whatif.value.{pol.name}", v, mc))
         out.update(site_sums(f"whatif.rectified.{pol.name}", v - residual))
+        out.update(support_sums(pol.name, logged_support(pol, sub, a_off, a_on, H)))
         if sub.P is not None:
             drs[pol.name], supports[pol.name], dr_steps[pol.name] = _dr_per_entity(pol, sub, sim, a_off, a_on)
             truths = ({h: oracle.true_policy_value(pol, data.site_index, "test", horizon=h)[0] for h in grid}
@@ -388,6 +389,24 @@ def admit_question(policies: list[Policy], sub: SiteDataset, anchors: tuple[int,
         if len(answered) + len(new) > MAX_ANSWERED_COHORTS:
             raise Refusal(QUESTION_RULE, "config", "question_budget")
         atomic_write_text(record, json.dumps({"cohorts": answered + new}, separators=(",", ":")))
+
+
+def logged_support(pol: Policy, sub: SiteDataset, a_off: int, a_on: int, horizon: int) -> np.ndarray:
+    """Each entity's share of its valid steps within the first ``horizon`` whose logged actions π could have taken
+    at every step so far (π(a_s | h_s) > 0 for all s ≤ t): how much of π the site's logs show, ``[n]``. It needs
+    no propensities (the doubly robust ``support`` is the same share where the weights are positive)."""
+    H = min(int(horizon), sub.L)
+    pi = _target_probs(pol, sub, a_off, a_on)[:, :H]
+    valid = sub.M[:, :H] > 0
+    follows = np.cumprod(np.where(valid, pi > 0, True), axis=1).astype(bool)
+    return (valid & follows).sum(axis=1) / np.maximum(valid.sum(axis=1), 1)
+
+
+def support_sums(name: str, share: np.ndarray) -> dict[str, float]:
+    """One site's support sums of policy ``name``: Σ_i of :func:`logged_support`, and 1 when no logged step of the
+    site follows π at all (a count: under secure aggregation the server learns how many sites, not which)."""
+    total = float(np.asarray(share, dtype=np.float64).sum())
+    return {f"whatif.support.{name}.sum": total, f"whatif.support.{name}.none": 1.0 if total <= 0 else 0.0}
 
 
 def _target_probs(pol: Policy, sub: SiteDataset, a_off: int, a_on: int) -> np.ndarray:
@@ -567,12 +586,23 @@ def merge_policy_sums(s: dict[str, Any], sites: int, request: WhatIfRequest | No
                 warnings.simplefilter("ignore")  # no support is reported in the result's 'warning' field
                 pooled = combine([summed])  # the sums are already pooled over sites: combine finishes them
             d[est] = {"value": pooled.value, "ess": pooled.ess, "n_consistent": pooled.n_consistent, "warning": pooled.warning}
+        d["n"] = int(round(n))
+        d["n_sites"] = int(counts.get(f"policy.{name}.n", sites))
+        if _all_sent(s, counts, sites, f"whatif.support.{name}.sum"):
+            d["support"] = s[f"whatif.support.{name}.sum"] / n
+            d["n_sites_without_support"] = int(round(s[f"whatif.support.{name}.none"]))
+            # logged support at all (queries.targeted's ``identified`` asks more: enough effective entities)
+            d["supported"] = d["support"] > 0
+            if not d["supported"]:
+                _not_identified(d)
         per_policy[name] = d
     if request is not None:
         ref = per_policy.get(request.reference, {})
         for name, d in per_policy.items():
             if "effect" in d and "value_true" in d and "value_true" in ref:
                 d["effect"]["true"] = d["value_true"] - ref["value_true"]
+            if "effect" in d and (d.get("supported") is False or ref.get("supported") is False):
+                _not_identified_effect(d["effect"], name if d.get("supported") is False else request.reference)
     # what the logs identify (queries.targeted): each policy's DR value on its longest supported horizon
     ident = merge_identified(s, list(per_policy), request.reference if request is not None else None, level,
                              binary=binary, all_sent=lambda key: _all_sent(s, counts, sites, key))
@@ -601,9 +631,47 @@ def merge_policy_sums(s: dict[str, Any], sites: int, request: WhatIfRequest | No
     return res
 
 
+NOT_IDENTIFIED = ("not identified: no logged step follows this policy, so the data cannot tell its value; only the "
+                  "bounds over the outcome's range hold (the model's own value is kept under 'model_only')")
+
+
+def _not_identified(d: dict[str, Any]) -> None:
+    """A policy no logged step follows: its value is not identified by the data. The simulated value and every
+    interval around a point (the model's, the rectified, the doubly robust one, which is the model's value again
+    when every weight is zero) move to ``model_only``; what stays is the bounded interval (the unseen-mass bounds,
+    which then span the outcome's range), where the sites' outcomes allow it."""
+    d["model_only"] = {k: d.pop(k) for k in ("value_sim", "interval", "rectified") if k in d}
+    d["value_sim"] = None
+    d.pop("value_error", None)
+    dr = d.get("doubly_robust")
+    d["interval"] = dict(dr["bounded"]) if dr and dr.get("bounded") else None
+    if dr:
+        d["model_only"]["doubly_robust"] = {k: dr[k] for k in ("estimate", "low", "high") if k in dr}
+        dr.update({"estimate": None, "low": None, "high": None})
+    for est, r in d.items():  # the OPE points (ipw, snipw, dr, their truncated forms): no weight reached π
+        if isinstance(r, dict) and "ess" in r and r.get("value") is not None:
+            d["model_only"][est] = r["value"]
+            r["value"] = None
+    d["warning"] = NOT_IDENTIFIED
+
+
+def _not_identified_effect(eff: dict[str, Any], which: str) -> None:
+    """An effect one side of which is not identified: only its bounded interval stays (see :func:`_not_identified`)."""
+    eff["model_only"] = {k: eff.get(k) for k in ("estimate", "low", "high")}
+    eff.update({"estimate": None, "low": None, "high": None, "supported": False,
+                "warning": f"not identified: no logged step follows {which}"})
+    dr = eff.get("doubly_robust")
+    if dr:
+        dr.update({"estimate": None, "low": None, "high": None})
+
+
 #: the scalars of an evaluation reply that do not depend on the policies (anchor ids, context counts, the residual)
 WHATIF_SCALARS = ("anchors.a_off", "anchors.a_on", "anchors.sites", "contexts.generated", "contexts.replayed",
                   "whatif.residual.n", "whatif.residual.sum", "whatif.residual.sumsq")
+
+
+#: the support sums of one policy (:func:`support_sums`): Σ_i the share of steps the logs follow π; sites with none
+SUPPORT_FIELDS = ("sum", "none")
 
 
 def whatif_metric_names(policy_names: list[str] | tuple[str, ...]) -> list[str]:
@@ -615,6 +683,7 @@ def whatif_metric_names(policy_names: list[str] | tuple[str, ...]) -> list[str]:
         names += [f"whatif.{kind}.{p}.{f}" for kind in ("rectified", "diff", "drdiff") for f in ("n", "sum", "sumsq")]
         names += [f"whatif.dr.{p}.{f}" for f in ("n", "sum", "sumsq", "support", *UNSEEN_FIELDS)]
         names.append(f"whatif.fires.{p}")  # threshold rules: 1 where the rule fires on the site's rows (P43)
+        names += [f"whatif.support.{p}.{f}" for f in SUPPORT_FIELDS]
     return names + identified_metric_names(list(policy_names))
 
 
