@@ -30,12 +30,12 @@ SITES = 2
 #: the tests that read the asked question (a module-scoped fixture) run on one xdist worker
 shared_run = pytest.mark.xdist_group("whatif-run")
 ITEM_POLICY = """\
-name = "item3_then_off"
-description = "item 3 (named by its label) for the first 4 steps, then the anchor a_off"
+name = "item30_then_off"
+description = "item 30 (by its label; logged at step 0 on both sites) for the first 4 steps, then the anchor a_off"
 [rule]
 kind = "switch"
 at = 4
-before = "item 3"
+before = "item 30"
 after = "anchor:off"
 """
 
@@ -56,7 +56,7 @@ def asked(tmp_path_factory):
         "out": str(root / "run"),
     })
     run_inprocess(cfg)
-    pol_file = root / "item3.toml"
+    pol_file = root / "item30.toml"
     pol_file.write_text(ITEM_POLICY)
     request = WhatIfRequest(policies=load_policy_refs(["never", "always", str(pol_file)]), reference="never")
     result = run_whatif(root / "run", request)
@@ -85,8 +85,9 @@ def test_run_summary_has_anchors_contexts_and_intervals(asked):
 def test_whatif_answers_label_policies_with_intervals_and_truth(asked):
     run, request, res = asked
     pols = res["policies"]
-    assert list(pols) == ["never", "always", "item3_then_off"]
+    assert list(pols) == ["never", "always", "item30_then_off"]
     for name, d in pols.items():
+        assert d["identified"] and d["support"] > 0 and d["n"] == res["n_test"] and d["n_sites"] == SITES
         assert d["interval"]["low"] <= d["value_sim"] <= d["interval"]["high"]
         assert 0.0 <= d["value_true"] <= 1.0
         # the rectified value: the simulated one minus the factual residual (the model's error on logged actions)
@@ -105,17 +106,17 @@ def test_whatif_answers_label_policies_with_intervals_and_truth(asked):
         assert 0.0 <= b["low"] <= b["high"] <= 1.0  # a value of a binary outcome: the interval stays in [0, 1]
         assert b["unseen_low"] >= 0 and b["unseen_high"] >= 0 and b["unseen_low"] + b["unseen_high"] > 0
         assert "value" in d["dr"]  # the per-decision DR point estimate of the OPE sums stays beside it
-    eff = pols["item3_then_off"]["effect"]
+    eff = pols["item30_then_off"]["effect"]
     b = eff["doubly_robust"]["bounded"]  # a contrast: the policy's room below plus the reference's above
-    assert b["unseen_low"] == pytest.approx(pols["item3_then_off"]["doubly_robust"]["bounded"]["unseen_low"]
+    assert b["unseen_low"] == pytest.approx(pols["item30_then_off"]["doubly_robust"]["bounded"]["unseen_low"]
                                             + pols["never"]["doubly_robust"]["bounded"]["unseen_high"])
     assert eff["doubly_robust"]["estimate"] == pytest.approx(
-        pols["item3_then_off"]["doubly_robust"]["estimate"] - pols["never"]["doubly_robust"]["estimate"])
+        pols["item30_then_off"]["doubly_robust"]["estimate"] - pols["never"]["doubly_robust"]["estimate"])
     assert eff["reference"] == "never" and eff["low"] <= eff["estimate"] <= eff["high"]
-    assert eff["estimate"] == pytest.approx(pols["item3_then_off"]["value_sim"] - pols["never"]["value_sim"], abs=1e-9)
-    assert eff["true"] == pytest.approx(pols["item3_then_off"]["value_true"] - pols["never"]["value_true"])
+    assert eff["estimate"] == pytest.approx(pols["item30_then_off"]["value_sim"] - pols["never"]["value_sim"], abs=1e-9)
+    assert eff["true"] == pytest.approx(pols["item30_then_off"]["value_true"] - pols["never"]["value_true"])
     # the label policy really ran its labelled item: its value differs from both anchor policies
-    assert pols["item3_then_off"]["value_sim"] not in (pols["never"]["value_sim"], pols["always"]["value_sim"])
+    assert pols["item30_then_off"]["value_sim"] not in (pols["never"]["value_sim"], pols["always"]["value_sim"])
     saved = json.loads((run / "whatif" / f"{request.query_id}.json").read_text())
     assert saved["policies"]["always"]["value_sim"] == pytest.approx(pols["always"]["value_sim"])
 
@@ -131,7 +132,7 @@ def test_the_doubly_robust_table_shows_the_interval_widened_by_the_unseen_mass(a
     con.print(dr_table(res))
     text = con.export_text()
     assert max(len(line) for line in text.splitlines()) <= 80
-    for name in ("never", "always", "item3_then_off"):
+    for name in ("never", "always", "item30_then_off"):
         dr = res["policies"][name]["doubly_robust"]
         assert f"{dr['low']:.3f}–{dr['high']:.3f}" in text
         assert f"{dr['bounded']['low']:.3f}–{dr['bounded']['high']:.3f}" in text
@@ -158,8 +159,8 @@ def test_per_entity_effects_stay_on_their_site_and_never_reach_the_server_ledger
         n_rows += len(df)
         steps = [c for c in df.columns if c.startswith("dr_")]  # the unseen-mass bounds' per-step pieces
         assert [c for c in df.columns if c not in steps] == [
-            "entity", "value[never]", "value[always]", "value[item3_then_off]", "effect[always - never]",
-            "effect[item3_then_off - never]", "factual_residual", "dr[never]", "dr[always]", "dr[item3_then_off]"]
+            "entity", "value[never]", "value[always]", "value[item30_then_off]", "effect[always - never]",
+            "effect[item30_then_off - never]", "factual_residual", "dr[never]", "dr[always]", "dr[item30_then_off]"]
         H = sum(c.startswith("dr_scale[") for c in steps)
         assert H >= 1 and len(steps) == H * (1 + 2 * 3) and f"dr_w[always][{H - 1}]" in steps
         # no per-entity value, under any rounding the server side could have printed, and no per-entity key (the
@@ -180,6 +181,8 @@ def test_per_entity_effects_stay_on_their_site_and_never_reach_the_server_ledger
         or re.fullmatch(r"eval/whatif\.dr\.[A-Za-z0-9_-]+\.unseen_(lo|hi)", k)  # the unseen-mass bounds: two more
         # the identified answers (queries.targeted): per horizon the same sums, the weight sums of the ESS, the truth
         or re.fullmatch(r"eval/whatif\.id\.h\d+\.(diff\.)?[A-Za-z0-9_-]+\.(n|sum|sumsq|sw|sww|true_sum)", k)
+        # the logged support: Σ_i a share of steps, and whether the site's logs never follow π (a count)
+        or re.fullmatch(r"eval/whatif\.support\.[A-Za-z0-9_-]+\.(sum|none)", k)
         for k in whatif_keys), sorted(whatif_keys)
     assert any(k.endswith(".unseen_lo") for k in whatif_keys)
     assert any(".drdiff." in k for k in whatif_keys)  # the doubly robust contrasts went as sums too
@@ -213,7 +216,7 @@ def test_bad_questions_exit_2_before_any_engine(asked, tmp_path):
     assert r.exit_code == 2 and "not a label" in said(r) and str(bad) in r.output.replace("\n", "")
     r = CliRunner().invoke(fcd_app, ["whatif", str(run), "--policy", "never", "--reference", "sometimes"])
     assert r.exit_code == 2 and "sometimes: no such policy file" in said(r)
-    assert load_policy(run.parent / "item3.toml").labels == ["item 3"]
+    assert load_policy(run.parent / "item30.toml").labels == ["item 30"]
     assert not np.isnan(asked[2]["policies"]["never"]["value_sim"])
 
 
