@@ -26,6 +26,17 @@ values of a policy, in the order of the per-entity file's ``entity`` column): DK
     .venv/bin/python benchmarks/intervals.py --quick --dataset tumour      # the tumour oracle (Geng et al. 2017)
     .venv/bin/python benchmarks/intervals.py --from-run runs/a runs/b      # score finished runs (no training)
     .venv/bin/python benchmarks/intervals.py --json
+    .venv/bin/python benchmarks/intervals.py --quick --dataset tumour --gamma 10 --horizon 2   # a confounded world
+    .venv/bin/python benchmarks/intervals.py --synthetic                    # no training: seconds (below)
+
+``--synthetic`` measures the bounded doubly robust interval alone, on both oracles (DKT-Synth and the tumour world)
+at γ = 1.5, 4 and 10 (``--gammas``) and horizons 2 and 5 (``--horizons``), with stand-in models in place of a trained
+simulator (as ``benchmarks/dr_tails.py``): ``truth`` (each entity's true per-step value under π), ``flat+0.1`` (the
+population's true per-step mean, 0.1 too high), ``swap`` (each entity's truth under the opposite policy: always ↔
+never, early_on ↔ late_on) and ``inverted`` (1 − the truth: a model that errs most where confounding hides π, the
+failure of issue 32). For each it draws ``--resamples`` cohorts of ``--sizes`` test entities and counts how often
+the bounded interval covers the cohort's true mean — with the unseen share priced at the model's extremes (what
+``fcd_secure.evaluation.intervals`` does) and, for comparison, at its average (what it did before).
 """
 
 from __future__ import annotations
@@ -64,12 +75,131 @@ def tumour_truth(fd: Any, policy: Any, site: int, entities: np.ndarray, horizon:
 ORACLES: dict[str, Callable[..., np.ndarray]] = {"dkt-synth": dkt_synth_truth, "tumour": tumour_truth}
 
 
+#: stand-in models of ``--synthetic``: name -> per-step v̂ from (policy name, its logged arrays, every policy's)
+SYNTHETIC_MODELS: dict[str, Callable[..., np.ndarray]] = {
+    "truth": lambda name, d, data: d["step"],
+    "flat+0.1": lambda name, d, data: np.broadcast_to(
+        np.nanmean(np.where(d["M"] > 0, d["step"], np.nan), axis=0), d["step"].shape) + 0.1,
+    "swap": lambda name, d, data: data[{"never": "always", "always": "never", "early_on": "late_on",
+                                        "late_on": "early_on"}[name]]["step"],
+    "inverted": lambda name, d, data: 1.0 - d["step"],
+}
+
+
+def logged_with_truth(dataset: str, gamma: float, horizon: int, preset: str, sites: int, seed: int
+                      ) -> dict[str, dict[str, np.ndarray]]:
+    """Per default policy, over every site's test entities: logged Y, M, P, π(logged a) over the first ``horizon``
+    steps, each entity's true per-step values under π and its true window value (the oracle's rollouts)."""
+    from fcd_secure.data.policy import bind_policy, default_policies
+    from fcd_secure.data.registry import load_federated
+    from fcd_secure.evaluation.ope import target_probs
+
+    fd = load_federated(dataset, n_sites=sites, preset=preset, seed=seed, world={"gamma": gamma})
+    world = fd.oracle
+    out: dict[str, dict[str, list[np.ndarray]]] = {}
+    for s in range(sites):
+        sub = fd.test[s]
+        ids = world.entity_ids(s, "test")
+        for pol in default_policies():
+            pol = bind_policy(pol, sub)
+            cum = np.stack([world.policy_values_of(pol, ids, horizon=h + 1).mean(0) * (h + 1) for h in range(horizon)],
+                           axis=1)
+            d = out.setdefault(pol.name, {})
+            for k, v in (("Y", sub.Y[:, :horizon]), ("M", sub.M[:, :horizon]), ("P", sub.P[:, :horizon]),
+                         ("pi", target_probs(pol, sub, fd.anchors)[:, :horizon]),
+                         ("step", np.diff(np.concatenate([np.zeros((sub.n, 1)), cum], axis=1), axis=1)),
+                         ("truth", world.policy_values_of(pol, ids, horizon=horizon).mean(0))):
+                d.setdefault(k, []).append(np.asarray(v, dtype=np.float64))
+    return {n: {k: np.concatenate(v) for k, v in d.items()} for n, d in out.items()}
+
+
+def _average_priced(w: np.ndarray, scale: np.ndarray, v: np.ndarray) -> dict[str, float]:
+    """The unseen-mass sums as ``evaluation.intervals`` formed them before issue 32: B_t times the model's average."""
+    from fcd_secure.evaluation.intervals import reached_mass
+
+    valid = scale > 0
+    missed = np.clip(1.0 - reached_mass(w, scale), 0.0, 1.0)
+    return {"q.unseen_lo": float((missed * np.where(valid, scale * v, 0.0).sum(0)).sum()),
+            "q.unseen_hi": float((missed * np.where(valid, scale * (1 - v), 0.0).sum(0)).sum())}
+
+
+def synthetic(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """``--synthetic`` (module docstring): one row per dataset, γ, horizon, cohort size, model and policy."""
+    import warnings
+
+    from fcd_secure.evaluation.intervals import interval_from_sums, site_sums, unseen_bounds, unseen_mass_sums
+    from fcd_secure.evaluation.ope import PerDecisionDR
+
+    rows = []
+    for dataset in args.datasets:
+        for gamma in args.gammas:
+            for horizon in args.horizons:
+                _status(f"{dataset} γ {gamma:g} horizon {horizon}")
+                data = logged_with_truth(dataset, gamma, horizon, args.preset if args.preset != "tiny" else "default",
+                                         args.sites or 3, 0)
+                rng = np.random.default_rng(args.seed if hasattr(args, "seed") else 0)
+                for model, make in SYNTHETIC_MODELS.items():
+                    for name, d in data.items():
+                        v = np.clip(np.where(d["M"] > 0, make(name, d, data), 0.0), 0.0, 1.0)
+                        rtg = np.cumsum(v[:, ::-1], axis=1)[:, ::-1]
+                        est = PerDecisionDR()
+                        with warnings.catch_warnings():
+                            warnings.simplefilter("ignore")
+                            dr, support = est.per_entity(d["Y"], d["M"], d["P"], d["pi"], q_hat=rtg, v_hat=rtg)
+                            w, scale = est.step_weights(d["Y"], d["M"], d["P"], d["pi"])
+                        for m in args.sizes:
+                            if m > len(dr):
+                                continue
+                            hit = {"extremes": 0, "average": 0}
+                            width = []
+                            for _ in range(args.resamples):
+                                idx = rng.choice(len(dr), size=m, replace=False)
+                                truth = float(d["truth"][idx].mean())
+                                base = site_sums("q", dr[idx])
+                                iv = interval_from_sums(base, "q", args.level)
+                                for kind, sums in (("extremes", unseen_mass_sums("q", w[idx], scale[idx], v[idx])),
+                                                   ("average", _average_priced(w[idx], scale[idx], v[idx]))):
+                                    b = unseen_bounds(iv, {**base, **sums}, "q")
+                                    hit[kind] += b["low"] <= truth <= b["high"]
+                                    if kind == "extremes":
+                                        width.append(b["high"] - b["low"])
+                            rows.append({"dataset": dataset, "gamma": gamma, "horizon": horizon, "m": m, "model": model,
+                                         "policy": name, "support": float(support.mean()),
+                                         "coverage": hit["extremes"] / args.resamples,
+                                         "coverage_average_priced": hit["average"] / args.resamples,
+                                         "width": float(np.median(width))})
+    return rows
+
+
+def print_synthetic(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    t = Table(title=f"bounded DR value interval: coverage of the cohort's truth (nominal {args.level:.0%}; mean over "
+                    f"4 models × 4 policies, lowest in brackets; stand-in models, no training)")
+    for c in ("dataset", "γ", "H", "m", "now (extremes)", "before (average)", "median width"):
+        t.add_column(c, justify="left" if c == "dataset" else "right")
+    keys = sorted({(r["dataset"], r["gamma"], r["horizon"], r["m"]) for r in rows})
+    for key in keys:
+        rs = [r for r in rows if (r["dataset"], r["gamma"], r["horizon"], r["m"]) == key]
+        now = [r["coverage"] for r in rs]
+        old = [r["coverage_average_priced"] for r in rs]
+        t.add_row(key[0], f"{key[1]:g}", str(key[2]), str(key[3]), f"{np.mean(now):.1%} ({min(now):.0%})",
+                  f"{np.mean(old):.1%} ({min(old):.0%})", f"{np.mean([r['width'] for r in rs]):.3f}")
+    con.print(t)
+    worst = sorted(rows, key=lambda r: r["coverage"])[:5]
+    for r in worst:
+        con.print(f"  lowest: {r['dataset']} γ {r['gamma']:g} H {r['horizon']} m {r['m']} {r['model']} / {r['policy']}:"
+                  f" {r['coverage']:.0%} (before {r['coverage_average_priced']:.0%}), support {r['support']:.0%}")
+
+
 def _status(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
 def train(preset: str, seed: int, sites: int | None, rounds: int | None, level: float, dataset: str,
-          horizon: int | None = None, test_fraction: float | None = None) -> Path:
+          horizon: int | None = None, test_fraction: float | None = None, gamma: float | None = None) -> Path:
     """One federated run as ``fcd run`` makes it (its final evaluation asks the paper's four policies, over the
     first ``horizon`` steps when given)."""
     from fcd_secure.config import build_config
@@ -86,6 +216,8 @@ def train(preset: str, seed: int, sites: int | None, rounds: int | None, level: 
         over["federation"]["rounds"] = rounds
     if test_fraction:
         over["data"]["test_fraction"] = test_fraction
+    if gamma is not None:
+        over["data"]["gamma"] = gamma
     cfg = build_config(preset, over).model_copy(update={"out": tempfile.mkdtemp(prefix="fcd-intervals-")})
     _status(f"seed {seed}: training ({cfg.data.n_sites} sites, {cfg.federation.rounds} rounds, preset {preset})")
     run_simulated(cfg)
@@ -242,8 +374,26 @@ def main() -> None:
     ap.add_argument("--resamples", type=int, default=200)
     ap.add_argument("--quick", action="store_true",
                     help="tiny preset, 2 seeds, 3 sites, 2 rounds, test fraction 0.4, 100 resamples")
+    ap.add_argument("--gamma", type=float, default=None, help="confounding strength γ of the generated world (data.gamma)")
+    ap.add_argument("--synthetic", action="store_true",
+                    help="no training: the bounded DR interval with stand-in models on both oracles (module docstring)")
+    ap.add_argument("--datasets", nargs="+", default=sorted(ORACLES), help="--synthetic: the oracles")
+    ap.add_argument("--gammas", type=float, nargs="+", default=[1.5, 4.0, 10.0], help="--synthetic: the γ values")
+    ap.add_argument("--horizons", type=int, nargs="+", default=[2, 5], help="--synthetic: the horizons")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+
+    if args.synthetic:
+        if args.sizes == [25, 100]:
+            args.sizes = [100]
+        rows = synthetic(args)
+        machine = f"{platform.node()} · {os.cpu_count()} CPUs · load {os.getloadavg()[0]:.1f}"
+        if args.json:
+            print(json.dumps({"machine": machine, "params": vars(args), "rows": rows}, default=str))
+        else:
+            print_synthetic(rows, args)
+            print(machine)
+        return
 
     import torch
 
@@ -252,7 +402,7 @@ def main() -> None:
         args.preset, args.seeds, args.sites, args.rounds, args.resamples = "tiny", 2, 3, 2, 100
         args.test_fraction = args.test_fraction or 0.4
     runs = args.from_run or [train(args.preset, s, args.sites, args.rounds, args.level, args.dataset, args.horizon,
-                                   args.test_fraction)
+                                   args.test_fraction, args.gamma)
                              for s in range(args.seeds)]
     results = [score(r, args.sizes, args.resamples) for r in runs]
     run_checks = [c for r in results for c in r["run"]]
