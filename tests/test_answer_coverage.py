@@ -1,6 +1,7 @@
-"""Issue 32, items 2 and 3: every answer says which sites and how many entities it covers, names a site that
+"""Issue 32, items 2, 3 and 9: every answer says which sites and how many entities it covers, names a site that
 declined or failed (stdout and JSON, exit 7 when an answer covers fewer sites than the run), and no answer about a
-policy the logs never follow comes out as a point with a narrow interval.
+policy the logs never follow comes out as a point with a narrow interval; `fcd report` writes one self-contained
+HTML report of the run (verdict, sites, bytes, ε and its plot, answers), opened in headless Chromium when present.
 
 One real tiny run (the installed entry point in a fresh process, Flower's simulation engine) on a user's table of
 four hospitals: one has too few patients for its evaluation cohort (it declines), and no hospital ever logs the
@@ -9,10 +10,14 @@ action ``metformin``. Then ``fcd whatif`` asks the same run again. The tests tha
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -115,3 +120,91 @@ def test_coverage_names_every_site_left_out():
     assert "b (declined" in part["warning"] and "c (failed" in part["warning"]
     none = coverage(["a", "b", "c", "d"], [], ["d"], None, aborted=True)
     assert none["sites_covered"] == [] and none["n_entities"] is None and "a (no sum revealed)" in none["warning"]
+
+
+# -- issue 32, item 9: the run's one HTML report (the same run: DP, a declined site, a policy without support) ------
+class _Doc(HTMLParser):
+    """Every tag with its attributes, and the text, of an HTML document."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict]] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+@shared
+def test_the_html_report_is_one_self_contained_file_with_verdict_sites_epsilon_and_answers(asked):
+    base, _, _ = asked
+    res = CliRunner().invoke(app, ["report", str(base / "run"), "--json"])
+    assert res.exit_code == 0, res.output
+    facts = json.loads(res.stdout)["data"]
+    assert facts["verdict"] == "unverified" and facts["dp"] and facts["plot"]
+    html = Path(facts["file"]).read_text()
+    doc = _Doc()
+    doc.feed(html)
+    text = " ".join(" ".join(doc.text).split())
+    tags = doc.tags
+    # self-contained: no script, nothing fetched; the plot is an embedded PNG
+    assert not any(t == "script" for t, _ in tags)
+    assert not any(v and ("http:" in v or "https:" in v or v.startswith("//")) for _, a in tags
+                   for k, v in a.items() if k in ("src", "href"))
+    img = next(a for t, a in tags if t == "img" and a.get("id") == "epsilon-plot")
+    assert base64.b64decode(img["src"].split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+    assert any(t == "meta" and a.get("name") == "viewport" for t, a in tags)  # readable on a phone
+    # the verdict and what could not be checked (no pins given)
+    assert "UNVERIFIED" in text and "No key was pinned" in text and "HTTP framing" in text
+    # who took part, what left each site, ε against the cap, the answers with their support
+    assert all(f"site-0{i}" in text for i in range(4)) and "no: declined" in text
+    assert "Θc parameters" in text and "aggregate sums and counts" in text and "server received" in text
+    assert "ε spent" in text and "consortium (max over sites)" in text
+    assert "metformin_only not identified" in text and "the answers cover 3 of 4 sites" in text
+
+
+@shared
+def test_the_html_report_with_the_operators_pins_says_compliant(asked, tmp_path):
+    base, _, _ = asked
+    pins = tmp_path / "pins.toml"
+    assert CliRunner().invoke(app, ["audit", "fingerprints", str(base / "run"), "--out", str(pins)]).exit_code == 0
+    out = tmp_path / "r.html"
+    res = CliRunner().invoke(app, ["report", str(base / "run"), "--pins", str(pins), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert '<div class="verdict compliant" id="verdict"><strong>COMPLIANT</strong>' in out.read_text()
+    bad = CliRunner().invoke(app, ["report", str(tmp_path), "--json"])
+    assert bad.exit_code == 2 and "no summary.json" in json.loads(bad.stdout)["message"]
+
+
+@shared
+def test_the_html_report_renders_its_verdict_and_plot_in_headless_chromium(asked, tmp_path):
+    """A real browser (Debian's ``chromium``) loads the report with the network off: a copy with one probe script
+    appended puts the verdict's text and the decoded plot's width in the title, which ``--dump-dom`` prints."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("no chromium on PATH (Debian: apt-get install chromium); the plain HTML test still runs")
+    base, _, _ = asked
+    res = CliRunner().invoke(app, ["report", str(base / "run"), "--out", str(tmp_path / "report.html")])
+    assert res.exit_code == 0, res.output
+    probe = tmp_path / "probe.html"
+    probe.write_text((tmp_path / "report.html").read_text().replace(
+        "</body>", "<script>window.onload = () => { const i = document.getElementById('epsilon-plot');"
+        " document.title = 'probe:' + document.getElementById('verdict').innerText.split('\\n')[0] + ':' +"
+        " i.naturalWidth + 'x' + i.naturalHeight; };</script></body>"))
+    run = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--proxy-server=127.0.0.1:9",
+                          "--virtual-time-budget=5000", "--dump-dom", probe.as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    m = re.search(r"<title>probe:([^<]*)</title>", run.stdout)
+    assert m, run.stderr[-2000:]
+    verdict, size = m.group(1).rsplit(":", 1)
+    assert verdict.startswith("UNVERIFIED")
+    w, h = (int(x) for x in size.split("x"))
+    assert w > 300 and h > 200  # the embedded PNG decoded: the plot is drawn
+    shot = tmp_path / "phone.png"  # a phone's width: the page lays out in one column
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--proxy-server=127.0.0.1:9",
+                    "--window-size=412,2400", f"--screenshot={shot}", (tmp_path / "report.html").as_uri()],
+                   capture_output=True, timeout=120)
+    assert shot.is_file() and shot.stat().st_size > 10_000

@@ -42,6 +42,7 @@ SEEDED = {("run",), ("deploy",), ("train",), ("ablate",), ("reproduce",), ("data
 #: privacy report / plan      reads ledgers / computes σ deterministically
 #: privacy acknowledge-reset  records an operator's reason
 #: audit verify/fingerprints  reads ledgers, checks signatures
+#: report                     reads a run folder (summary, ledgers), writes one HTML file
 #: consortium add-site        verifies a request and signs a bundle
 #: site join/preflight/...    verify, check, write a unit, start or stop processes
 #: server start/stop/status   start, stop or look at processes
@@ -57,6 +58,7 @@ NOT_SEEDED = {
     ("privacy", "acknowledge-reset"): "records a reason",
     ("audit", "verify"): "reads ledgers, checks signatures",
     ("audit", "fingerprints"): "reads ledgers",
+    ("report",): "reads a run folder, writes one HTML file",
     ("consortium", "add-site"): "verifies a request, signs a bundle (keys: OS CSPRNG)",
     ("site", "join"): "verifies a bundle",
     ("site", "preflight"): "checks readiness",

@@ -24,6 +24,7 @@ from fcd_secure.cli import consortium as consortium_cli  # noqa: E402
 from fcd_secure.cli import data as data_cli  # noqa: E402
 from fcd_secure.cli import deploy as deploy_cli  # noqa: E402
 from fcd_secure.cli import privacy as privacy_cli  # noqa: E402
+from fcd_secure.cli import report as report_cli  # noqa: E402
 from fcd_secure.cli import reproduce as reproduce_cli  # noqa: E402
 from fcd_secure.cli import run as run_cli  # noqa: E402
 from fcd_secure.cli import server as server_cli  # noqa: E402
@@ -74,6 +75,7 @@ run_cli.register(app)
 deploy_cli.register(app)
 ablate_cli.register(app)
 whatif_cli.register(app)
+report_cli.register(app)
 reproduce_cli.register(app)
 
 
