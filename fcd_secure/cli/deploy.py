@@ -119,6 +119,10 @@ def register(app: typer.Typer) -> None:
         con = stdout()
         for table in summary_table(summary, title="Fed-CausalDiff (deployment engine)"):
             con.print(table)
+        from fcd_secure.cli.whatif import coverage_line  # noqa: PLC0415
+
+        if (cov := coverage_line(summary.get("coverage"))) is not None:
+            con.print(escape(cov), soft_wrap=True)
         say_identifier(con, "run folder:", str(cfg.out), indent=0)
         say_identifier(con, "audit evidence:", evidence, indent=0)
 
