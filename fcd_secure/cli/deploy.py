@@ -122,7 +122,7 @@ def register(app: typer.Typer) -> None:
         from fcd_secure.cli.whatif import coverage_line  # noqa: PLC0415
 
         if (cov := coverage_line(summary.get("coverage"))) is not None:
-            con.print(escape(cov), soft_wrap=True)
+            con.print(escape(cov))
         say_identifier(con, "run folder:", str(cfg.out), indent=0)
         say_identifier(con, "audit evidence:", evidence, indent=0)
 

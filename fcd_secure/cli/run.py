@@ -408,13 +408,13 @@ def execute_run(cfg: "RunConfig", as_json: bool) -> int:
     for table in summary_table(summary, title=f"Fed-CausalDiff on {cfg.data.dataset}"):
         con.print(table)
     if (cov := coverage_line(summary.get("coverage"))) is not None:
-        con.print(escape(cov), soft_wrap=True)
+        con.print(escape(cov))  # plain words: wrapped at the terminal width
     if anchors_line(summary.get("anchors")):
         con.print(f"anchors of the paper's policies: {escape(anchors_line(summary['anchors']))}", soft_wrap=True)
     if summary.get("policies"):
         print_answers(con, summary, cfg.data.dataset)
         for line in support_lines(summary):
-            con.print(escape(line), soft_wrap=True)
+            con.print(escape(line))
     say_identifier(con, "run folder:", str(cfg.out), indent=0)
     if bad:
         raise CliError(bad.message, bad.error_code, hint=bad.hint)

@@ -322,9 +322,9 @@ def register(app: typer.Typer) -> None:
             con.print(f"contexts in the rollouts: {c['generated']} generated (endogenous), {c['replayed']} replayed")
         con.print(f"per-entity effects: on each site, in <state>/<site>/whatif/{request.query_id}.csv", soft_wrap=True)
         for line in support_lines(res):
-            con.print(escape(line), soft_wrap=True)
+            con.print(escape(line))
         if (line := coverage_line(cov)) is not None:
-            con.print(escape(line), soft_wrap=True)
+            con.print(escape(line))
         say_identifier(con, "result:", str(result_file), indent=0)
         if partial:
             raise partial
