@@ -157,7 +157,8 @@ def synthetic(args: argparse.Namespace) -> list[dict[str, Any]]:
                                 truth = float(d["truth"][idx].mean())
                                 base = site_sums("q", dr[idx])
                                 iv = interval_from_sums(base, "q", args.level)
-                                for kind, sums in (("extremes", unseen_mass_sums("q", w[idx], scale[idx], v[idx])),
+                                for kind, sums in (("extremes", unseen_mass_sums("q", w[idx], scale[idx], v[idx],
+                                                                                 dr=dr[idx])),
                                                    ("average", _average_priced(w[idx], scale[idx], v[idx]))):
                                     b = unseen_bounds(iv, {**base, **sums}, "q")
                                     hit[kind] += b["low"] <= truth <= b["high"]
@@ -337,7 +338,8 @@ def score(run: Path, sizes: list[int], resamples: int) -> dict[str, Any]:
                     names = [p.strip() for p in q.split("[", 1)[1].rstrip("]").split(" - ")]
                     total = site_sums("q", x[idx])
                     for k, n in zip(("p", "r"), names):
-                        total.update(unseen_mass_sums(k, steps["w"][n][idx], steps["scale"][idx], steps["v_hat"][n][idx]))
+                        total.update(unseen_mass_sums(k, steps["w"][n][idx], steps["scale"][idx], steps["v_hat"][n][idx],
+                                                      dr=dv[n][idx]))
                     b = unseen_bounds(iv, total, "p", "r" if len(names) == 2 else None)
                     cb = counts.setdefault((q.replace("dr-", "drb-", 1), m), {"truth": 0, "model": 0, "n": 0, "width": []})
                     cb["truth"] += b["low"] <= float(t[idx].mean()) <= b["high"]

@@ -101,8 +101,10 @@ def test_whatif_answers_label_policies_with_intervals_and_truth(asked):
         b = dr["bounded"]
         se = (dr["high"] - dr["low"]) / (2 * 1.6448536269514722)
         assert 1.2815515655446004 <= b["critical"] <= 1.6448536269514722
-        assert b["low"] == pytest.approx(max(0.0, dr["estimate"] - b["unseen_low"] - b["critical"] * se))
-        assert b["high"] == pytest.approx(min(1.0, dr["estimate"] + b["unseen_high"] + b["critical"] * se))
+        # each end with the spread of its own per-entity terms (B_t's sampling error), never below the estimate's
+        assert b["se_low"] >= se * (1 - 1e-9) and b["se_high"] >= se * (1 - 1e-9)
+        assert b["low"] == pytest.approx(max(0.0, dr["estimate"] - b["unseen_low"] - b["critical"] * b["se_low"]))
+        assert b["high"] == pytest.approx(min(1.0, dr["estimate"] + b["unseen_high"] + b["critical"] * b["se_high"]))
         assert 0.0 <= b["low"] <= b["high"] <= 1.0  # a value of a binary outcome: the interval stays in [0, 1]
         assert b["unseen_low"] >= 0 and b["unseen_high"] >= 0 and b["unseen_low"] + b["unseen_high"] > 0
         assert "value" in d["dr"]  # the per-decision DR point estimate of the OPE sums stays beside it
@@ -179,7 +181,8 @@ def test_per_entity_effects_stay_on_their_site_and_never_reach_the_server_ledger
     assert whatif_keys and all(
         re.fullmatch(r"eval/whatif\.((value|diff|rectified|dr|drdiff)\.[A-Za-z0-9_-]+|residual)\.(n|sum|sumsq|mc_var)", k)
         or re.fullmatch(r"eval/whatif\.dr\.[A-Za-z0-9_-]+\.support", k)  # Σ_i of a share of steps: one more sum
-        or re.fullmatch(r"eval/whatif\.dr\.[A-Za-z0-9_-]+\.unseen_(lo|hi)", k)  # the unseen-mass bounds: two more
+        # the unseen-mass bounds: two more, and n, Σ, Σ² of each end's per-entity terms
+        or re.fullmatch(r"eval/whatif\.dr\.[A-Za-z0-9_-]+\.unseen_(lo|hi)(_n|_sum|_sumsq)?", k)
         # the identified answers (queries.targeted): per horizon the same sums, the weight sums of the ESS, the truth
         or re.fullmatch(r"eval/whatif\.id\.h\d+\.(diff\.)?[A-Za-z0-9_-]+\.(n|sum|sumsq|sw|sww|true_sum)", k)
         # the logged support: Σ_i a share of steps, and whether the site's logs never follow π (a count)

@@ -72,13 +72,16 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SUM_FIELDS", "UNSEEN_FIELDS", "Interval", "imbens_manski_critical", "interval_from_sums", "reached_mass",
+__all__ = ["SUM_FIELDS", "UNSEEN_END_FIELDS", "UNSEEN_FIELDS", "Interval", "imbens_manski_critical", "interval_from_sums", "reached_mass",
            "site_sums", "unseen_bounds", "unseen_mass_sums"]
 
 #: the sums one quantity contributes (``<prefix>.<field>``); ``mc_var`` only where the quantity is a Monte-Carlo mean
 SUM_FIELDS = ("n", "sum", "sumsq", "mc_var")
-#: the two sums of the unseen-mass bounds of a doubly robust quantity (``<prefix>.<field>``)
+#: the sums of the unseen-mass bounds of a doubly robust quantity (``<prefix>.<field>``): the rooms below and above,
+#: and n, Σ, Σ² of each end's per-entity terms (the spread of the ends, which prices B_t's own sampling error)
 UNSEEN_FIELDS = ("unseen_lo", "unseen_hi")
+UNSEEN_END_FIELDS = ("unseen_lo_n", "unseen_lo_sum", "unseen_lo_sumsq", "unseen_hi_n", "unseen_hi_sum",
+                     "unseen_hi_sumsq")
 
 
 def site_sums(prefix: str, x: np.ndarray, mc_var: np.ndarray | None = None) -> dict[str, float]:
@@ -175,7 +178,8 @@ def reached_mass(w: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return np.where(n_t > 0, np.where(valid, w, 0.0).sum(axis=0) / np.maximum(n_t, 1), 1.0)
 
 
-def unseen_mass_sums(prefix: str, w: np.ndarray, scale: np.ndarray, v_hat: np.ndarray) -> dict[str, float]:
+def unseen_mass_sums(prefix: str, w: np.ndarray, scale: np.ndarray, v_hat: np.ndarray,
+                     dr: np.ndarray | None = None) -> dict[str, float]:
     """One site's sums of the unseen-mass bounds of a doubly robust value (module docstring).
 
     Args:
@@ -183,6 +187,10 @@ def unseen_mass_sums(prefix: str, w: np.ndarray, scale: np.ndarray, v_hat: np.nd
         w: cumulative importance weights w_{0:t} of a policy with π(a|h) ∈ {0, 1}, ``[n, H]``.
         scale: each step's share of the entity's value, c_i γ^t M_{i,t} (0 on padding), ``[n, H]``.
         v_hat: the model's expected outcome under π at each step, in [0, 1], ``[n, H]``.
+        dr: each entity's doubly robust value ``[n]``: then also the sums of :data:`UNSEEN_END_FIELDS`, the per-entity
+            terms of each end of the set, l_i = DR_i − Σ_t s_it (1 − w_it) max v̂_t (and + (1 − min v̂_t) above) over
+            the steps with B_t > 0, whose spread tells how much the ends move with the sample (B_t comes from the
+            same weights as the estimate); :func:`unseen_bounds` then takes that spread.
 
     Returns:
         ``{prefix.unseen_lo: Σ_t B_t max_i v̂_it Σ_i scale_it, prefix.unseen_hi: Σ_t B_t (1 − min_i v̂_it) Σ_i
@@ -207,8 +215,17 @@ def unseen_mass_sums(prefix: str, w: np.ndarray, scale: np.ndarray, v_hat: np.nd
     s = np.where(valid, scale, 0.0).sum(axis=0)
     v_max = np.where(valid, v, 0.0).max(axis=0, initial=0.0)
     v_min = np.where(valid, v, 1.0).min(axis=0, initial=1.0)
-    return {f"{prefix}.unseen_lo": float((missed * v_max * s).sum()),
-            f"{prefix}.unseen_hi": float((missed * (1.0 - v_min) * s).sum())}
+    out = {f"{prefix}.unseen_lo": float((missed * v_max * s).sum()),
+           f"{prefix}.unseen_hi": float((missed * (1.0 - v_min) * s).sum())}
+    if dr is not None:
+        d = np.asarray(dr, dtype=np.float64)
+        if d.shape != (w.shape[0],) or not np.isfinite(d).all():
+            raise ValueError(f"{prefix}: dr must be [n] finite values, one per row of w")
+        gap = np.where(valid, scale * (1.0 - w), 0.0) * (missed > 0)  # an entity's share of what its step missed
+        for side, end in (("lo", d - (gap * v_max).sum(axis=1)), ("hi", d + (gap * (1.0 - v_min)).sum(axis=1))):
+            out.update({f"{prefix}.unseen_{side}_n": float(d.size), f"{prefix}.unseen_{side}_sum": float(end.sum()),
+                        f"{prefix}.unseen_{side}_sumsq": float((end * end).sum())})
+    return out
 
 
 def imbens_manski_critical(width_over_se: float, level: float) -> float:
@@ -252,8 +269,10 @@ def unseen_bounds(iv: Interval, total: dict[str, Any], plus: str, minus: str | N
         minus: for a contrast v(π) − v(ref), the reference's prefix: its unseen part enters with the opposite sign.
 
     Returns:
-        ``{low, high, unseen_low, unseen_high, critical}``: the interval, how far the set reaches below and above the
-        estimate, and the critical value used.
+        ``{low, high, unseen_low, unseen_high, critical, se_low, se_high}``: the interval, how far the set reaches
+        below and above the estimate, the critical value used and the standard error taken at each end (the spread
+        of the ends' per-entity terms where the sums of :data:`UNSEEN_END_FIELDS` are there, never below the
+        estimate's; a contrast takes the estimate's).
 
     Raises:
         KeyError: a sum is missing.
@@ -265,11 +284,26 @@ def unseen_bounds(iv: Interval, total: dict[str, Any], plus: str, minus: str | N
         down += float(total[f"{minus}.unseen_hi"]) / n
         up += float(total[f"{minus}.unseen_lo"]) / n
     lo_range = 0.0 if minus is None else -1.0
+    # the ends' own spread where the sites sent it (a value, not a contrast): never below the estimate's
+    se_lo = se_hi = iv.se
+    if minus is None and all(f"{plus}.{f}" in total for f in UNSEEN_END_FIELDS):
+        se_lo = max(iv.se, _se_of(total, f"{plus}.unseen_lo"))
+        se_hi = max(iv.se, _se_of(total, f"{plus}.unseen_hi"))
     if not (math.isfinite(iv.se) and iv.se > 0):  # one entity, or no spread: no sampling error to weigh the set by
         low, high, c = iv.low - down, iv.high + up, float("nan")
     else:
-        c = imbens_manski_critical((down + up) / iv.se, iv.level)
-        low, high = iv.estimate - down - c * iv.se, iv.estimate + up + c * iv.se
+        c = imbens_manski_critical((down + up) / max(se_lo, se_hi), iv.level)
+        low, high = iv.estimate - down - c * se_lo, iv.estimate + up + c * se_hi
     # a DR estimate of heavy weights can itself lie outside the range; the cut interval then shrinks to the nearest end
     low, high = min(max(low, lo_range), 1.0), max(min(high, 1.0), lo_range)
-    return {"low": low, "high": high, "unseen_low": down, "unseen_high": up, "critical": c}
+    return {"low": low, "high": high, "unseen_low": down, "unseen_high": up, "critical": c, "se_low": se_lo,
+            "se_high": se_hi}
+
+
+def _se_of(total: dict[str, Any], prefix: str) -> float:
+    """The standard error of the mean of ``prefix``'s per-entity terms from their sums ``_n``, ``_sum``, ``_sumsq``."""
+    n = float(total[f"{prefix}_n"])
+    if n <= 1:
+        return float("nan")
+    mean = float(total[f"{prefix}_sum"]) / n
+    return math.sqrt(max(float(total[f"{prefix}_sumsq"]) - n * mean * mean, 0.0) / (n - 1) / n)

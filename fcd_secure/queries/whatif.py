@@ -76,7 +76,7 @@ from fcd_secure.audit import Refusal
 from fcd_secure.data.cohorts import row_ids
 from fcd_secure.data.policy import Policy, ThresholdRule, anchor_labels, bind_policy, load_policy_refs, snap_threshold
 from fcd_secure.data.schema import SiteDataset
-from fcd_secure.evaluation.intervals import UNSEEN_FIELDS
+from fcd_secure.evaluation.intervals import UNSEEN_END_FIELDS, UNSEEN_FIELDS
 from fcd_secure.queries.targeted import (
     horizon_diff_sums,
     horizon_grid,
@@ -290,7 +290,7 @@ def site_policy_sums(
         out[f"whatif.dr.{name}.support"] = float(supports[name].sum())
         if name in dr_steps:
             st = dr_steps[name]
-            out.update(unseen_mass_sums(f"whatif.dr.{name}", st["w"], st["scale"], st["v_hat"]))
+            out.update(unseen_mass_sums(f"whatif.dr.{name}", st["w"], st["scale"], st["v_hat"], dr=d))
     ref = values[request.reference]
     for name, v in values.items():
         if name != request.reference:
@@ -681,7 +681,7 @@ def whatif_metric_names(policy_names: list[str] | tuple[str, ...]) -> list[str]:
     for p in policy_names:
         names += [f"whatif.value.{p}.{f}" for f in ("n", "sum", "sumsq", "mc_var")]
         names += [f"whatif.{kind}.{p}.{f}" for kind in ("rectified", "diff", "drdiff") for f in ("n", "sum", "sumsq")]
-        names += [f"whatif.dr.{p}.{f}" for f in ("n", "sum", "sumsq", "support", *UNSEEN_FIELDS)]
+        names += [f"whatif.dr.{p}.{f}" for f in ("n", "sum", "sumsq", "support", *UNSEEN_FIELDS, *UNSEEN_END_FIELDS)]
         names.append(f"whatif.fires.{p}")  # threshold rules: 1 where the rule fires on the site's rows (P43)
         names += [f"whatif.support.{p}.{f}" for f in SUPPORT_FIELDS]
     return names + identified_metric_names(list(policy_names))
