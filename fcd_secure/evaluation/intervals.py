@@ -43,7 +43,9 @@ B_t · max_i v̂_it; the outcome there could be anything in its range, so :func:
 (1 − min v̂_t) the model on those steps. (Pricing the share at the model's *average* v̂_t, as this module first did,
 assumed the missed entities are typical ones: under strong confounding they are not — the model errs most where the
 logging policy keeps entities away from π — and the bounded interval covered 53–66 % instead of 90 % on a tumour
-world with γ = 10, issue 32; ``benchmarks/intervals.py --synthetic`` measures it.) These are
+world with γ = 10, issue 32; ``benchmarks/intervals.py --synthetic`` measures it. B_t comes from the same
+weights as the estimate, so the ends move with the sample as well: with ``dr=`` a site also sends n, Σ, Σ² of each
+end's per-entity terms and the interval takes their spread at each end.) These are
 the worst-case bounds of Manski (1990, "Nonparametric bounds on treatment effects", AER 80(2)) applied to the part
 of π that the data did not observe. They need an outcome in [0, 1] (binary outcomes) and the logged propensities
 being right; nothing about the model. Each site forms B_t on its own test entities (a positive part per site,
