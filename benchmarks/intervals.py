@@ -191,7 +191,8 @@ def print_synthetic(rows: list[dict[str, Any]], args: argparse.Namespace) -> Non
     con.print(t)
     worst = sorted(rows, key=lambda r: r["coverage"])[:5]
     for r in worst:
-        con.print(f"  lowest: {r['dataset']} γ {r['gamma']:g} H {r['horizon']} m {r['m']} {r['model']} / {r['policy']}:"
+        con.print(f"  lowest: {r['dataset']} γ {r['gamma']:g} H {r['horizon']} m {r['m']} {r['model']} / "
+                  f"{r['policy']}:"
                   f" {r['coverage']:.0%} (before {r['coverage_average_priced']:.0%}), support {r['support']:.0%}")
 
 
@@ -338,8 +339,8 @@ def score(run: Path, sizes: list[int], resamples: int) -> dict[str, Any]:
                     names = [p.strip() for p in q.split("[", 1)[1].rstrip("]").split(" - ")]
                     total = site_sums("q", x[idx])
                     for k, n in zip(("p", "r"), names):
-                        total.update(unseen_mass_sums(k, steps["w"][n][idx], steps["scale"][idx], steps["v_hat"][n][idx],
-                                                      dr=dv[n][idx]))
+                        total.update(unseen_mass_sums(k, steps["w"][n][idx], steps["scale"][idx],
+                                                      steps["v_hat"][n][idx], dr=dv[n][idx]))
                     b = unseen_bounds(iv, total, "p", "r" if len(names) == 2 else None)
                     cb = counts.setdefault((q.replace("dr-", "drb-", 1), m), {"truth": 0, "model": 0, "n": 0, "width": []})
                     cb["truth"] += b["low"] <= float(t[idx].mean()) <= b["high"]
