@@ -81,7 +81,7 @@ def test_a_run_that_leaves_a_site_out_names_it_and_exits_7(asked):
 def test_a_policy_no_logged_step_follows_is_not_identified(asked):
     base, run, _ = asked
     d = json.loads((base / "run" / "summary.json").read_text())["policies"]["metformin_only"]
-    assert d["identified"] is False and d["support"] == 0.0 and d["value_sim"] is None
+    assert d["supported"] is False and d["support"] == 0.0 and d["value_sim"] is None
     assert d["n_sites_without_support"] == 3 and d["sites_without_support"] == ["site-00", "site-01", "site-02"]
     # what is left is the bounds over the outcome's range, never a point with a narrow interval
     assert (d["interval"]["low"], d["interval"]["high"]) == (0.0, 1.0)
@@ -100,7 +100,7 @@ def test_whatif_says_what_it_covers_too(asked):
     env = json.loads(what.stdout)
     assert (env["exit_code"], env["error_code"]) == (7, "INCOMPLETE_ANSWER")
     assert "site-03" in env["message"] and env["data"]["coverage"]["declined"] == ["site-03"]
-    assert env["data"]["policies"]["metformin_only"]["identified"] is False
+    assert env["data"]["policies"]["metformin_only"]["supported"] is False
 
 
 def test_data_validate_reports_actions_a_site_never_logs(tmp_path):

@@ -87,7 +87,7 @@ def test_whatif_answers_label_policies_with_intervals_and_truth(asked):
     pols = res["policies"]
     assert list(pols) == ["never", "always", "item30_then_off"]
     for name, d in pols.items():
-        assert d["identified"] and d["support"] > 0 and d["n"] == res["n_test"] and d["n_sites"] == SITES
+        assert d["supported"] and d["support"] > 0 and d["n"] == res["n_test"] and d["n_sites"] == SITES
         assert d["interval"]["low"] <= d["value_sim"] <= d["interval"]["high"]
         assert 0.0 <= d["value_true"] <= 1.0
         # the rectified value: the simulated one minus the factual residual (the model's error on logged actions)

@@ -306,7 +306,7 @@ def build_report_html(run_dir: str | Path, *, site_keys: list[str] | None = None
             drs = "n/a" if dr.get("low") is None else f"{dr['low']:.3f}–{dr['high']:.3f}"
             b = dr.get("bounded") or {}
             bs = "n/a" if b.get("low") is None else f"{b['low']:.3f}–{b['high']:.3f}"
-            value = ('<span class="warn">not identified</span>' if d.get("identified") is False
+            value = ('<span class="warn">not identified</span>' if d.get("supported") is False
                      else _fmt(d.get("value_sim")))
             none_at = d.get("sites_without_support")
             k = d.get("n_sites_without_support") or 0

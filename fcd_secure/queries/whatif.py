@@ -681,7 +681,8 @@ def whatif_metric_names(policy_names: list[str] | tuple[str, ...]) -> list[str]:
     for p in policy_names:
         names += [f"whatif.value.{p}.{f}" for f in ("n", "sum", "sumsq", "mc_var")]
         names += [f"whatif.{kind}.{p}.{f}" for kind in ("rectified", "diff", "drdiff") for f in ("n", "sum", "sumsq")]
-        names += [f"whatif.dr.{p}.{f}" for f in ("n", "sum", "sumsq", "support", *UNSEEN_FIELDS, *UNSEEN_END_FIELDS)]
+        names += [f"whatif.dr.{p}.{f}"
+                  for f in ("n", "sum", "sumsq", "support", *UNSEEN_FIELDS, *UNSEEN_END_FIELDS)]
         names.append(f"whatif.fires.{p}")  # threshold rules: 1 where the rule fires on the site's rows (P43)
         names += [f"whatif.support.{p}.{f}" for f in SUPPORT_FIELDS]
     return names + identified_metric_names(list(policy_names))
