@@ -88,8 +88,8 @@ def test_a_policy_no_logged_step_follows_is_not_identified(asked):
     assert d["doubly_robust"]["estimate"] is None and d["effect"]["estimate"] is None
     assert all(r["value"] is None for k, r in d.items() if isinstance(r, dict) and "ess" in r)
     assert "value_sim" in d["model_only"]  # the model's extrapolation is kept, labelled as the model's only
-    line = next(x for x in run.stdout.splitlines() if x.strip().startswith("│ metformin_only"))
-    assert "not identified" in line and "0.000–1.000" in line
+    # the simulator's table: "not identified" with the bounds only (the identified answers' table says so too)
+    assert any("metformin_only" in x and "not identified" in x and "0.000–1.000" in x for x in run.stdout.splitlines())
     assert "metformin_only: not identified" in " ".join(run.stdout.split())
 
 
