@@ -166,6 +166,8 @@ def test_the_html_report_is_one_self_contained_file_with_verdict_sites_epsilon_a
     assert "Θc parameters" in text and "aggregate sums and counts" in text and "server received" in text
     assert "ε spent" in text and "consortium (max over sites)" in text
     assert "metformin_only not identified" in text and "the answers cover 3 of 4 sites" in text
+    # the headline is what the logs identify, apart from the simulator's extrapolation, and the selected round
+    assert "What the logs identify" in text and "Extrapolation: the simulator" in text and "Answers from round" in text
 
 
 @shared

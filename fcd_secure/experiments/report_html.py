@@ -296,8 +296,38 @@ def build_report_html(run_dir: str | Path, *, site_keys: list[str] | None = None
     if rows:
         h.append(_table(["metric", "value"], rows, {1}))
     pols = summary.get("policies") or {}
+    level = (summary.get("whatif") or {}).get("level", 0.9)
+    sel = summary.get("selection") or {}
+    if sel:
+        h.append(f'<p id="selection">Answers from round {escape(str(sel.get("round")))} '
+                 f'({escape(str(sel.get("rule")))}, criterion {escape(str(sel.get("coverage")))}): '
+                 f'{escape(str(sel.get("reason")))}</p>')
+    ident = {n: d["identified"] for n, d in pols.items() if d.get("identified")}
+    one = summary.get("one_step_effect")
+    if ident or one:
+        h.append("<h3>What the logs identify (doubly robust)</h3>")
+    if one:
+        truth = f"; truth {one['true']:+.3f}" if one.get("true") is not None else ""
+        h.append(f'<p id="one-step">One-step effect of a_on vs a_off at every decision step: {one["estimate"]:+.3f} '
+                 f'({one["level"]:.0%} interval {one["low"]:+.3f} to {one["high"]:+.3f}; {one["steps"]} steps of '
+                 f'{one["entities"]} entities); the simulator alone says {one["model"]:+.3f}{truth}.</p>')
+    if ident:
+        rows = []
+        for name, d in ident.items():
+            a = d.get("answer")
+            if a is None:
+                rows.append([escape(name), "–", '<span class="warn">not identified</span>', "", "", ""])
+                continue
+            e = d.get("effect") or {}
+            eff = "ref." if not e and name == (summary.get("whatif") or {}).get("reference") else (
+                f"{e['estimate']:+.3f} ({e['low']:+.3f} to {e['high']:+.3f}, h {e['horizon']})" if e else "not identified")
+            rows.append([escape(name), str(a["horizon"]), _fmt(a["estimate"]), f"{a['low']:.3f}–{a['high']:.3f}",
+                         f"{a['ess']:.0f}", escape(eff)])
+        h.append(_table(["policy", "h", "DR value", f"{level:.0%} interval", "ESS", "effect"], rows, {1, 2, 3, 4}))
+        h.append('<p class="muted">h: the longest horizon whose weight products keep an effective sample size of at '
+                 "least 20. Rank policies on these numbers only; the table below is the simulator's extrapolation.</p>")
     if pols:
-        level = (summary.get("whatif") or {}).get("level", 0.9)
+        h.append("<h3>Extrapolation: the simulator over whole trajectories</h3>")
         rows = []
         for name, d in pols.items():
             iv = d.get("interval") or {}
