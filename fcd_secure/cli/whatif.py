@@ -174,11 +174,14 @@ def identified_table(result: dict) -> Group | None:
     return Group(values, effects)
 
 
-def dr_table(result: dict) -> Group | None:
+def dr_table(result: dict, bounds_only: bool = False) -> Group | None:
     """The doubly robust answer (sites with logged propensities) as two tables, or None: per policy the DR value, its
     interval, the interval with the unseen-mass bounds (the share of π the logged sample did not reach times the
     outcome's range; ``fcd_secure.evaluation.intervals``) and the share of supported steps; then the same for each
-    effect. Two tables, so that every interval stays on one line in 80 columns."""
+    effect. Two tables, so that every interval stays on one line in 80 columns.
+
+    ``bounds_only``: the identified answers are printed above, so over whole trajectories only the bounded interval
+    and the support are shown (one DR value per policy per output: the identified one)."""
     pols = {k: d for k, d in (result.get("policies") or {}).items() if d.get("doubly_robust")}
     if not pols:
         return None
@@ -192,21 +195,37 @@ def dr_table(result: dict) -> Group | None:
                          no_wrap=col != "policy")
         return t
 
-    values = table("Doubly robust values (the model corrected by its weighted error on the logged steps)",
-                   ("policy", "DR value", f"{level:.0%} CI", "with bounds", "support"))
-    for name, d in pols.items():
-        dr = d["doubly_robust"]
-        est = NOT_IDENTIFIED_CELL if d.get("supported") is False else _fmt(dr.get("estimate"))
-        values.add_row(escape(name), est, _iv(dr), _iv(dr.get("bounded")), f"{dr['support']:.0%}")
-    effects = table(f"Doubly robust effects (vs {escape(str(ref))})", ("policy", "DR effect", f"{level:.0%} CI",
-                    "with bounds"), caption="with bounds: the interval widened where the logged sample did not reach "
-                    "the policy (it then says so rather than repeat the model); support: share of steps the logged "
-                    "data follows")
-    for name, d in pols.items():
-        eff = ((d.get("effect") or {}).get("doubly_robust")) or {}
-        if name != ref and eff:
-            est = NOT_IDENTIFIED_CELL if (d.get("effect") or {}).get("supported") is False else _fmt(eff.get("estimate"))
-            effects.add_row(escape(name), est, _iv(eff), _iv(eff.get("bounded")))
+    if bounds_only:
+        values = table("Whole trajectories: what the logs bound (the simulator corrected where they reach, the "
+                       "outcome's range where they do not)", ("policy", "bounded interval", "support"))
+        for name, d in pols.items():
+            dr = d["doubly_robust"]
+            values.add_row(escape(name), _iv(dr.get("bounded")), f"{dr['support']:.0%}")
+        effects = table(f"Whole-trajectory effects (vs {escape(str(ref))}): bounded", ("policy", "bounded interval"),
+                        caption="bounded: the doubly robust interval widened by the share of the policy the logged "
+                        "sample did not reach times the outcome's range there; support: share of steps the logged "
+                        "data follows")
+        for name, d in pols.items():
+            eff = ((d.get("effect") or {}).get("doubly_robust")) or {}
+            if name != ref and eff:
+                effects.add_row(escape(name), _iv(eff.get("bounded")))
+    else:
+        values = table("Doubly robust values (the model corrected by its weighted error on the logged steps)",
+                       ("policy", "DR value", f"{level:.0%} CI", "with bounds", "support"))
+        for name, d in pols.items():
+            dr = d["doubly_robust"]
+            est = NOT_IDENTIFIED_CELL if d.get("supported") is False else _fmt(dr.get("estimate"))
+            values.add_row(escape(name), est, _iv(dr), _iv(dr.get("bounded")), f"{dr['support']:.0%}")
+        effects = table(f"Doubly robust effects (vs {escape(str(ref))})", ("policy", "DR effect", f"{level:.0%} CI",
+                        "with bounds"), caption="with bounds: the interval widened where the logged sample did not "
+                        "reach the policy (it then says so rather than repeat the model); support: share of steps "
+                        "the logged data follows")
+        for name, d in pols.items():
+            eff = ((d.get("effect") or {}).get("doubly_robust")) or {}
+            if name != ref and eff:
+                est = (NOT_IDENTIFIED_CELL if (d.get("effect") or {}).get("supported") is False
+                       else _fmt(eff.get("estimate")))
+                effects.add_row(escape(name), est, _iv(eff), _iv(eff.get("bounded")))
     if not effects.row_count:
         values.caption = effects.caption
         return Group(values)
@@ -224,7 +243,7 @@ def print_answers(con, res: dict, dataset: str) -> None:
     title = (f"Extrapolation ({dataset}): the simulator over whole trajectories, beyond what the logs identify; "
              "not ranked" if ident is not None else f"What happens under each policy ({dataset})")
     con.print(whatif_table(res, title=title))
-    if (drt := dr_table(res)) is not None:
+    if (drt := dr_table(res, bounds_only=ident is not None)) is not None:
         con.print(drt)
 
 

@@ -115,7 +115,7 @@ def merge_one_step(s: dict[str, Any], level: float, binary: bool) -> dict[str, A
     out = {"estimand": "one-step effect of a_on vs a_off at every decision step (identified)",
            "steps": int(m), "entities": int(n), "level": level, "se": se,
            "model": s["onestep.sim"] / m, "clipped_share": s.get("onestep.clipped", 0.0) / m,
-           **_in_range(theta, theta - z * se, theta + z * se, -1.0 if binary else None, 1.0 if binary else None)}
+           **in_range(theta, theta - z * se, theta + z * se, -1.0 if binary else None, 1.0 if binary else None)}
     sn = _self_normalised(s, z, binary)
     if sn is not None:
         out["aipw"] = {k: out[k] for k in ("estimate", "low", "high", "se")}
@@ -156,11 +156,11 @@ def _self_normalised(s: dict[str, Any], z: float, binary: bool) -> dict[str, Any
         var += c if k == l else 2 * c
     n = float(s["onestep.n"])
     se = math.sqrt(max(var, 0.0) * n / max(n - 1, 1.0))
-    return {"se": se, **_in_range(theta, theta - z * se, theta + z * se, -1.0 if binary else None,
+    return {"se": se, **in_range(theta, theta - z * se, theta + z * se, -1.0 if binary else None,
                                    1.0 if binary else None)}
 
 
-def _in_range(est: float, low: float, high: float, lo: float | None, hi: float | None) -> dict[str, Any]:
+def in_range(est: float, low: float, high: float, lo: float | None, hi: float | None) -> dict[str, Any]:
     """``estimate`` / ``low`` / ``high`` kept within [lo, hi], and ``out_of_range`` (the raw estimate) when it was not."""
     out: dict[str, Any] = {"estimate": est, "low": low, "high": high}
     if lo is None or hi is None or not math.isfinite(est):
@@ -253,7 +253,7 @@ def merge_identified(s: dict[str, Any], names: list[str], reference: str | None,
             iv = interval_from_sums(s, key, level)
             ess = _ess(s, key)
             row = {"horizon": h, "ess": ess, "supported": ess >= MIN_SUPPORT_ESS, "se": iv.se, "n": iv.n,
-                   **_in_range(iv.estimate, iv.low, iv.high, 0.0 if binary else None, 1.0 if binary else None)}
+                   **in_range(iv.estimate, iv.low, iv.high, 0.0 if binary else None, 1.0 if binary else None)}
             if all_sent(f"{key}.true_sum"):
                 row["true"] = s[f"{key}.true_sum"] / iv.n
             rows.append(row)
@@ -275,7 +275,7 @@ def merge_identified(s: dict[str, Any], names: list[str], reference: str | None,
                 continue
             iv = interval_from_sums(s, key, level)
             eff = {"horizon": ok[-1], "reference": reference, "se": iv.se, "n": iv.n,
-                   **_in_range(iv.estimate, iv.low, iv.high, -1.0 if binary else None, 1.0 if binary else None)}
+                   **in_range(iv.estimate, iv.low, iv.high, -1.0 if binary else None, 1.0 if binary else None)}
             t_name = f"whatif.id.h{ok[-1]}.{name}.true_sum"
             t_ref = f"whatif.id.h{ok[-1]}.{reference}.true_sum"
             if all_sent(t_name) and all_sent(t_ref):

@@ -82,6 +82,7 @@ from fcd_secure.queries.targeted import (
     horizon_grid,
     horizon_sums,
     identified_metric_names,
+    in_range,
     merge_identified,
 )
 
@@ -512,6 +513,17 @@ def _all_sent(s: dict[str, Any], counts: dict[str, int], sites: int, key: str) -
     return key in s and counts.get(key, sites) == sites
 
 
+def _keep_in_range(iv: dict[str, Any], binary: bool, lo: float) -> None:
+    """A doubly robust value (``lo`` = 0) or effect (``lo`` = −1) of a binary outcome kept within [lo, 1]; a raw
+    estimate outside is named in ``out_of_range`` (``queries.targeted``'s rule for every printed estimate)."""
+    if not binary:
+        return
+    est, low, high = iv.get("estimate"), iv.get("low"), iv.get("high")
+    if est is None or not math.isfinite(est):
+        return
+    iv.update(in_range(est, low, high, lo, 1.0))
+
+
 def merge_policy_sums(s: dict[str, Any], sites: int, request: WhatIfRequest | None,
                       action_names: list[str] | None = None, binary: bool = True) -> dict[str, Any]:
     """Per-policy results from consortium totals ``s`` (each key summed over the ``sites`` that reported it; per-key
@@ -563,6 +575,7 @@ def merge_policy_sums(s: dict[str, Any], sites: int, request: WhatIfRequest | No
             d["doubly_robust"] = {**iv.to_dict(), "support": s[f"whatif.dr.{name}.support"] / s[f"whatif.dr.{name}.n"]}
             if _all_sent(s, counts, sites, f"whatif.dr.{name}.unseen_lo"):
                 d["doubly_robust"]["bounded"] = unseen_bounds(iv, s, f"whatif.dr.{name}")
+            _keep_in_range(d["doubly_robust"], binary, 0.0)
         if f"whatif.diff.{name}.n" in s and request is not None:
             d["effect"] = {"reference": request.reference, **interval_from_sums(s, f"whatif.diff.{name}", level).to_dict()}
             if f"whatif.drdiff.{name}.n" in s and dr_all:
@@ -571,6 +584,7 @@ def merge_policy_sums(s: dict[str, Any], sites: int, request: WhatIfRequest | No
                 ref_key = f"whatif.dr.{request.reference}"
                 if all(_all_sent(s, counts, sites, f"{k}.unseen_lo") for k in (f"whatif.dr.{name}", ref_key)):
                     d["effect"]["doubly_robust"]["bounded"] = unseen_bounds(iv, s, f"whatif.dr.{name}", ref_key)
+                _keep_in_range(d["effect"]["doubly_robust"], binary, -1.0)
         ests = sorted({k.split(".")[2] for k in s if k.startswith(f"ope.{name}.")}, key=lambda e: (len(e), e))
         for est in ests:  # ipw, snipw, dr, then their truncated-horizon forms (ipw_h2, ...)
             key = f"ope.{name}.{est}"
@@ -586,6 +600,9 @@ def merge_policy_sums(s: dict[str, Any], sites: int, request: WhatIfRequest | No
                 warnings.simplefilter("ignore")  # no support is reported in the result's 'warning' field
                 pooled = combine([summed])  # the sums are already pooled over sites: combine finishes them
             d[est] = {"value": pooled.value, "ess": pooled.ess, "n_consistent": pooled.n_consistent, "warning": pooled.warning}
+            if binary and math.isfinite(pooled.value) and not 0.0 <= pooled.value <= 1.0:
+                # a diagnostic estimator (IPW weights are unbounded): flagged, not clipped, never the answer
+                d[est]["out_of_range"] = "outside the binary outcome's [0, 1]: unbounded importance weights"
         d["n"] = int(round(n))
         d["n_sites"] = int(counts.get(f"policy.{name}.n", sites))
         if _all_sent(s, counts, sites, f"whatif.support.{name}.sum"):
