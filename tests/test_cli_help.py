@@ -27,7 +27,8 @@ ROOT_CMD = get_command(app)
 
 #: commands where randomness enters, and so take --seed (a split, an initialisation, sampling, training, rollouts);
 #: test_the_seed_reaches_the_computation checks that each one's --seed gets where it is used
-SEEDED = {("run",), ("deploy",), ("train",), ("ablate",), ("reproduce",), ("data", "describe"), ("server", "run")}
+SEEDED = {("run",), ("deploy",), ("train",), ("ablate",), ("reproduce",), ("data", "describe"), ("data", "export"),
+          ("server", "run")}
 #: every other command, and why it takes no seed (test_every_command_is_in_the_seed_table keeps the two complete):
 #:
 #: =========================  ============================================================================================
@@ -201,12 +202,14 @@ def _seed_cases(tmp: Path, monkeypatch) -> tuple[dict, dict[tuple[str, ...], tup
     real_load = registry.load_federated
 
     def load_federated(name, **kw):  # `fcd data describe` draws here; a run's preflight loads its data here too
-        if any(frame.function == "describe" for frame in inspect.stack()):
-            catch("describe", [kw["seed"]])
+        for command in ("describe", "export"):
+            if any(frame.function == command for frame in inspect.stack()):
+                catch(command, [kw["seed"]])
         return real_load(name, **kw)
 
     monkeypatch.setattr(registry, "load_federated", load_federated)
     monkeypatch.setattr(server_cli, "_co", lambda home: object())
+    monkeypatch.setattr(server_cli, "_refuse_below_minimum", lambda co, out, **kw: None)
     monkeypatch.setattr(provisioning_server, "run_federation", lambda co, out, **kw: catch("server", [kw["seed"]]))
     tiny = ["--preset", "tiny", "--rounds", "1", "--sites", "4"]
     return seen, {
@@ -217,6 +220,7 @@ def _seed_cases(tmp: Path, monkeypatch) -> tuple[dict, dict[tuple[str, ...], tup
         ("reproduce",): (["reproduce", "--preset", "tiny", "--seed", "7", "--seeds", "2", "--datasets", "dkt-synth",
                           "--out", str(tmp / "repro")], "reproduce", [7, 8]),
         ("data", "describe"): (["data", "describe", "--dataset", "dkt-synth", "--seed", "7"], "describe", [7]),
+        ("data", "export"): (["data", "export", "--out", str(tmp / "tables"), "--seed", "7"], "export", [7]),
         ("server", "run"): (["server", "run", "--home", str(tmp), "--out", str(tmp / "srv"), "--seed", "7"], "server",
                             [7]),
     }

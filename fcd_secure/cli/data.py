@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 import typer
 
-from fcd_secure.cli.app import emit, new_app, stderr, stdout
+from fcd_secure.cli.app import done, emit, new_app, stderr, stdout
 from fcd_secure.data import names
 from fcd_secure.cli.envelope import CliError, ok
 from fcd_secure.cli.tables import LEFTOVER_WORDS, SPEC_HELP, TABLE_HELP, spec_and_table
@@ -279,3 +279,50 @@ def _print_tables(results: dict[str, Any]) -> None:
                       f"{escape(', '.join(c['exogenous']) or '-')}", highlight=False, soft_wrap=True)
         for note in d.get("notes", []):
             con.print(f"  [dim]- {escape(note)}[/]")
+
+
+@app.command("export", short_help="Write a dataset as one long table per site plus its spec (a hospital's input).")
+def export(
+    out: Path = typer.Option(..., "--out", "-o", file_okay=False,
+                             help="Folder for spec.toml and site0.csv, site1.csv, … (created; files are replaced)."),
+    dataset: str = typer.Option(names.DEFAULT, "--dataset", "-d", help=f"{names.choices(', ')}."),
+    n_sites: int = typer.Option(4, "--sites", min=1, help="Sites of the Dirichlet split: one table each."),
+    alpha: float = typer.Option(10.0, "--alpha", min=1e-6, help="Dirichlet concentration (paper: 10)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the world and the split (same seed, same tables)."),
+    preset: str = typer.Option(
+        "small", "--preset", help="Size, as for `fcd data describe`. DKT-Synth: tiny | small | default | paper "
+        "(tiny gives sites below the consortium's default 50 trajectories)."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Folder holding the real datasets "
+                                            "(default: $FCD_DATA_DIR, then ../shared/data next to the project)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope."),
+) -> None:
+    """Write DATASET's sites as what a hospital holds: one long-format table per site (one row per step, values
+    in the dataset's own units, each site's train and test rows together) and the spec that reads them. This is
+    how to try the hospital path without tables of your own: OUT/spec.toml is the consortium's spec (`fcd
+    consortium init`), OUT/site<i>.csv the table of hospital i (`fcd site init`); `fcd data validate` checks one."""
+    from fcd_secure.data.long_tables import long_table, spec_text  # noqa: PLC0415
+    from fcd_secure.data.registry import DATASETS, load_federated  # noqa: PLC0415
+    from fcd_secure.data.spec import DataError  # noqa: PLC0415
+
+    if dataset not in DATASETS:
+        raise CliError(f"--dataset {dataset!r}: choose one of {', '.join(DATASETS)}", "USAGE")
+    try:
+        fd = load_federated(dataset, n_sites=n_sites, alpha=alpha, seed=seed, preset=preset, data_dir=data_dir,
+                            standardize=False)
+    except (DataError, ValueError, RuntimeError, OSError) as exc:
+        raise CliError(f"{dataset}: {exc}", "DATA_INVALID", hint="see `fcd data describe --dataset "
+                       f"{dataset}`") from None
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        spec = out / "spec.toml"
+        spec.write_text(spec_text(fd.train[0], f"{dataset}-long"))
+        tables = []
+        for i, (tr, te) in enumerate(zip(fd.train, fd.test)):
+            path = out / f"site{i}.csv"
+            long_table([tr, te], f"site{i}").to_csv(path, index=False)
+            tables.append({"table": str(path), "trajectories": int(tr.n + te.n)})
+    except OSError as exc:
+        raise CliError(f"{out}: cannot write: {exc.strerror or exc}", "USAGE") from None
+    done(as_json, {"spec": str(spec), "sites": tables},
+         f"{len(tables)} site table(s) of {dataset} ({', '.join(str(t['trajectories']) for t in tables)} "
+         "trajectories)", [("spec", str(spec))] + [(f"site{i}", t["table"]) for i, t in enumerate(tables)])

@@ -8,9 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from fcd_secure.cli._provisioning import bad_input
-from fcd_secure.cli.app import done, emit, new_app, say_status, say_stopped, stdout
+from fcd_secure.cli.app import done, emit, new_app, say_status, say_stopped, stderr, stdout
 from fcd_secure.cli.envelope import CliError, ok
 
 app = new_app(help="The coordinator's SuperLink: start, stop, status, run.")
@@ -24,6 +25,58 @@ def _co(home: Path):
     co = Coordinator(home)
     co.config()
     return co
+
+
+def run_warnings(summary: dict, home: Path) -> list[str]:
+    """What a finished deployment run's summary says that its one-line "run finished" would hide: a run resumed
+    from the coordinator's checkpoint instead of trained, sites that failed during training, a final evaluation that
+    was aborted or that some sites did not answer (the answers then cover the other sites only, or none)."""
+    out: list[str] = []
+    k = summary.get("resumed_from_round") or 0
+    if k:
+        out.append(f"resumed from round {k} of the checkpoint in {home / 'server' / 'state'} (a run with the same "
+                   "training settings continues it; rounds beyond it trained now)")
+    failed: dict[str, list[int]] = {}
+    for e in summary.get("site_errors") or []:
+        failed.setdefault(str(e.get("site_id")), []).append(int(e.get("round", 0)))
+    for site, rounds in sorted(failed.items()):
+        out.append(f"site {site} failed in round(s) {', '.join(map(str, sorted(set(rounds))))}; rounds.csv "
+                   "and summary.json (site_errors) say what it missed")
+    if summary.get("final_eval_aborted"):
+        out.append(f"final evaluation aborted: {summary['final_eval_aborted']}; no answer is reported. Restart the "
+                   "missing site(s) (fcd site start) and run the same command again: it resumes from the checkpoint "
+                   "and evaluates")
+    else:
+        for key, what in (("failed_sites_final_eval", "failed"), ("declined_sites_final_eval", "declined")):
+            if summary.get(key):
+                out.append(f"the answers leave out site(s) {', '.join(map(str, summary[key]))}: they {what} the "
+                           "final evaluation")
+    return out
+
+
+#: what to change when the consortium's minimum site policy refuses a run, by the refused config field
+_POLICY_HINTS = {
+    "dp.enabled": "leave out --no-dp: the consortium's sites train only with DP-SGD (their policy's [dp] required)",
+}
+
+
+def _refuse_below_minimum(co, out: Path, **settings) -> None:
+    """Exit 2 before anything is submitted when the run asks for less than the consortium's minimum site policy.
+
+    Every enrolled site holds at least that policy (``fcd site join`` refuses a weaker one) and refuses such a run
+    at its first message; the ServerApp then fails, and the coordinator would only learn it from ``flwr log``. A
+    site may be stricter than the minimum: that refusal still comes from the site, mid-run.
+    """
+    from fcd_secure.provisioning.server import run_config_for  # noqa: PLC0415
+
+    if not co.enrolled():
+        raise CliError(f"{co.home}: no site enrolled yet", "USAGE", hint="fcd consortium add-site, then fcd server start")
+    _, refusal = co.config().site_policy.admit(run_config_for(co, out, **settings))
+    if refusal is not None:
+        raise CliError(
+            f"{refusal.key}: the consortium's minimum site policy ({co.config_path}, [site_policy]) refuses this run; "
+            "every site would refuse it before any training", "USAGE",
+            hint=_POLICY_HINTS.get(refusal.key, f"change the run's {refusal.key} to what [site_policy] allows"))
 
 
 @app.command("start", short_help="Start the SuperLink (TLS, SuperNode auth) and register the enrolled sites.")
@@ -93,11 +146,16 @@ def run(
         raise CliError(f"--preset {preset!r}: expected tiny, default or paper", "USAGE")
     with bad_input("fcd server start --home HOME first"):
         co = _co(home)
+        _refuse_below_minimum(co, out, rounds=rounds, dp=dp, preset=preset, seed=seed)
         try:
             summary = run_federation(co, out, rounds=rounds, dp=dp, preset=preset, seed=seed, timeout_s=timeout)
         except RuntimeError as exc:
             raise CliError(str(exc), "RUN_FAILED") from None
     data = {k: summary.get(k) for k in ("rounds", "pehe", "ate_error", "factual_auc", "wall_s", "evidence",
-                                        "secure_aggregation", "standardization")}
+                                        "secure_aggregation", "standardization", "resumed_from_round")}
+    data["warnings"] = run_warnings(summary, co.home)
+    if not as_json:
+        for w in data["warnings"]:
+            stderr().print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
     done(as_json, data, f"run finished; evidence in {summary['evidence']}" if as_json
          else f"run finished in {summary.get('wall_s', 0):.1f} s", [("evidence", summary["evidence"])])

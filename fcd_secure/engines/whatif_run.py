@@ -113,7 +113,9 @@ def open_run(run_dir: str | Path) -> tuple[RunConfig, dict[str, np.ndarray]]:
     state = next((c for c in candidates if (c / default_site_id(0)).is_dir()), None)
     if state is None:
         raise WhatIfError(f"{run_dir}: the sites' state (Θs) is not in {' or '.join(map(str, candidates))}; a run "
-                          "deployed with `fcd deploy` keeps it on each site")
+                          "of `fcd deploy` or `fcd server run` keeps each site's Θs on that site, so `fcd whatif` "
+                          "cannot ask it: the run's own answers (its [evaluation] policies) are in "
+                          f"{run_dir / 'summary.json'} (policies, identified)")
     cfg = cfg.model_copy(update={"state_dir": str(state.resolve()), "out": str(run_dir.resolve())})
     return cfg, read_npz(run_dir / "theta_c.npz")
 
