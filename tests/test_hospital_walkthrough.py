@@ -27,6 +27,7 @@ from fcd_secure.cli import server as server_cli
 from fcd_secure.cli import site as site_cli
 from fcd_secure.cli.main import app as main_app
 from fcd_secure.config import build_config
+from fcd_secure.federation.state import ServerCheckpoint
 
 runner = CliRunner()
 
@@ -94,6 +95,12 @@ def test_server_run_below_the_consortium_minimum_is_refused_before_submitting(ex
     # the run the minimum allows passes the check and stops only at the missing SuperLink (no server started)
     code, env = invoke(server_cli.app, ["run", "--home", str(co), "--out", str(run), "--dp"])
     assert code == 2 and "server is not running" in env["message"], env
+    # measured: a second `server run` with another --seed was submitted, the ServerApp failed at once on the shared
+    # checkpoint ("belongs to a different training configuration") and the command waited out --timeout
+    ServerCheckpoint(co / "server" / "state").save(3, {}, {}, "another-training")
+    code, env = invoke(server_cli.app, ["run", "--home", str(co), "--out", str(run), "--dp", "--seed", "1"])
+    assert code == 2 and "checkpoint (round 3)" in env["message"] and "move the checkpoint aside" in env["hint"], env
+    assert not run.exists()
 
 
 def test_whatif_on_a_deployed_run_says_where_its_answers_are(tmp_path):
@@ -127,3 +134,17 @@ def test_server_run_states_what_its_one_line_would_hide(tmp_path):
     w = run_warnings({"resumed_from_round": 3, "declined_sites_final_eval": ["hospital1"]}, tmp_path)
     assert w[0].startswith("resumed from round 3") and str(tmp_path / "server" / "state") in w[0]
     assert w[1] == "the answers leave out site(s) hospital1: they declined the final evaluation"
+    w = run_warnings({"rounds": 1, "rounds_aborted": 1, "resumed_from_round": 1}, tmp_path)
+    assert w[1].startswith("1 of 1 round(s) aborted")
+
+
+def test_privacy_report_on_a_consortium_run_folder_says_the_ledgers_are_on_the_sites(tmp_path):
+    """Measured: `fcd privacy report runs/dp` on a `fcd server run` folder said only "no privacy ledger found"."""
+    run = tmp_path / "run"
+    (run / "evidence").mkdir(parents=True)
+    (run / "evidence" / "fingerprints.json").write_text("{}")
+    (run / "config.json").write_text(json.dumps({"dp": {"enabled": True}}))
+    res = runner.invoke(main_app, ["privacy", "report", str(run), "--json"])
+    env = json.loads(res.stdout)
+    assert res.exit_code == 2, env
+    assert "each site keeps its own" in env["message"] and "SITE_HOME/state" in env["message"]

@@ -36,6 +36,10 @@ def run_warnings(summary: dict, home: Path) -> list[str]:
     if k:
         out.append(f"resumed from round {k} of the checkpoint in {home / 'server' / 'state'} (a run with the same "
                    "training settings continues it; rounds beyond it trained now)")
+    aborted = summary.get("rounds_aborted") or 0
+    if aborted:
+        out.append(f"{aborted} of {summary.get('rounds')} round(s) aborted (Θc unchanged in them): rounds.csv "
+                   "(aborted_reason) says why")
     failed: dict[str, list[int]] = {}
     for e in summary.get("site_errors") or []:
         failed.setdefault(str(e.get("site_id")), []).append(int(e.get("round", 0)))
@@ -71,12 +75,26 @@ def _refuse_below_minimum(co, out: Path, **settings) -> None:
 
     if not co.enrolled():
         raise CliError(f"{co.home}: no site enrolled yet", "USAGE", hint="fcd consortium add-site, then fcd server start")
-    _, refusal = co.config().site_policy.admit(run_config_for(co, out, **settings))
+    from fcd_secure.federation.state import ServerCheckpoint  # noqa: PLC0415
+
+    cfg = run_config_for(co, out, **settings)
+    _, refusal = co.config().site_policy.admit(cfg)
     if refusal is not None:
         raise CliError(
             f"{refusal.key}: the consortium's minimum site policy ({co.config_path}, [site_policy]) refuses this run; "
             "every site would refuse it before any training", "USAGE",
             hint=_POLICY_HINTS.get(refusal.key, f"change the run's {refusal.key} to what [site_policy] allows"))
+    # every `fcd server run` of a consortium shares one server state folder: a checkpoint there continues a run with
+    # the same training settings (rounds may grow) and makes the ServerApp fail at once on any other
+    ckpt = ServerCheckpoint(cfg.state_dir)
+    if ckpt.exists():
+        last, _, _, trained, _ = ckpt.load()
+        if trained != cfg.training_hash():
+            raise CliError(
+                f"{ckpt.path}: the checkpoint (round {last}) is of a run with other training settings (--seed, "
+                "--preset or --dp); a run on it would fail at once", "USAGE",
+                hint="repeat that run's settings to continue it, or move the checkpoint aside to train anew (the "
+                "earlier run folder keeps its results; the sites' DP budgets are what they are)")
 
 
 @app.command("start", short_help="Start the SuperLink (TLS, SuperNode auth) and register the enrolled sites.")

@@ -424,6 +424,10 @@ def build_report(path: str | Path) -> dict[str, Any]:
     run_sites = _run_sites(path, files) if path.is_dir() else []
     if not ledgers and isinstance(run_dp, dict) and run_dp.get("enabled") is False:
         return no_dp_report(path, run_sites)
+    if not ledgers and (path / "evidence" / "fingerprints.json").is_file():
+        # a run of `fcd server run`: each hospital's ledger stays on its own machine, never with the coordinator
+        raise PrivacyLedgerError(f"{path}: a consortium's run folder holds no privacy ledger: each site keeps its own; "
+                                 "run `fcd privacy report SITE_HOME/state` on each site")
     if not ledgers:
         raise PrivacyLedgerError(f"{path}: no privacy ledger found (expected <site>/privacy/ledger-<fingerprint>.json)")
     anchors = find_anchors(path)
