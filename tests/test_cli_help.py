@@ -239,9 +239,10 @@ def test_the_seed_reaches_the_computation(path, tmp_path, monkeypatch):
     assert seen[key] == expected, (argv, seen)
 
 
-def _readme_invocations() -> list[list[str]]:
-    """Every ``fcd …`` in the README: the lines of its bash blocks, and its inline code spans (`fcd run --gamma 0`)."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+def _readme_invocations(doc: str = "README.md") -> list[list[str]]:
+    """Every ``fcd …`` in the README (or ``doc``): the lines of its bash blocks, and its inline code spans
+    (`fcd run --gamma 0`)."""
+    text = (ROOT / doc).read_text(encoding="utf-8")
     out = []
     for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
         for line in block.splitlines():
@@ -261,9 +262,11 @@ def _readme_invocations() -> list[list[str]]:
 ROOT_OPTIONS = {"--help", "--version", "--install-completion", "--show-completion"}
 
 
-def test_every_readme_invocation_names_a_command_and_its_options():
-    calls = _readme_invocations()
-    assert len(calls) >= 40
+@pytest.mark.parametrize("doc, least", [("README.md", 40), ("docs/hospital.md", 20)])
+def test_every_readme_invocation_names_a_command_and_its_options(doc, least):
+    """The README's commands, and the hospital path's (an operator follows docs/hospital.md to the letter)."""
+    calls = _readme_invocations(doc)
+    assert len(calls) >= least
     problems = []
     for words in calls:
         if words and (words[0] in ROOT_OPTIONS or words[0].startswith("<")):  # fcd --version; fcd <command> --help
