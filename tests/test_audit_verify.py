@@ -679,3 +679,31 @@ def test_the_privacy_heads_the_gate_records_are_the_privacy_layers_anchors():
     assert entries.PrivacyAnchor is anchor.PrivacyAnchor is anchor_records.PrivacyAnchor
     assert anchor.ResetRecord is anchor_records.ResetRecord
     assert anchor.LedgerHead is anchor_records.LedgerHead
+
+
+def test_an_error_reply_the_superlink_built_for_a_silent_site_is_a_note(run):
+    """A site killed mid-run (docs/hospital.md, "Walkthrough, measured": the verdict was TAMPERED): the SuperLink
+    answers the messages it cannot deliver itself, with Flower's own node-unavailable error reply from source node
+    SUPERLINK_NODE_ID, which no site can send from. The server ledger records those replies and no site ledger can:
+    a note, the verdict stays compliant. The same empty error reply from a site's node is still tampered (the
+    Flower runtime of a live site builds those outside its gate, with exception text)."""
+    from flwr.common import Error, Message
+    from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
+    from flwr.server.superlink.linkstate.utils import create_message_error_unavailable_res_message
+
+    from fcd_secure.audit.verify.reconcile import SUPERLINK_NODE_ID as OURS
+
+    assert OURS == SUPERLINK_NODE_ID
+    root, sites, server = run
+    site_fp, server_fp = fingerprints(sites, server)
+    lost = instruction("train", 4, 101)
+    server.ledger.accept(create_message_error_unavailable_res_message(lost.metadata, "node_unavail"), "site-01")
+    res = verify_path(root, site_keys=site_fp, server_keys=server_fp)
+    assert res.exit_code == 0, [f.message for f in res.findings if f.severity != "note"]
+    notes = [f.message for f in res.findings if f.severity == "note" and "SuperLink answered" in f.message]
+    assert len(notes) == 1 and "site-01" in notes[0]
+    from_site = Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="Error: Node Unavailable"),
+                        reply_to=instruction("train", 4, 100))
+    server.ledger.accept(from_site, "site-00")
+    res = verify_path(root, site_keys=site_fp, server_keys=server_fp)
+    assert res.exit_code == 6 and any("gate never saw" in f.message for f in _tampered(res))

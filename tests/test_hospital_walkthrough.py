@@ -148,3 +148,28 @@ def test_privacy_report_on_a_consortium_run_folder_says_the_ledgers_are_on_the_s
     env = json.loads(res.stdout)
     assert res.exit_code == 2, env
     assert "each site keeps its own" in env["message"] and "SITE_HOME/state" in env["message"]
+
+
+def test_a_run_that_ended_without_results_is_reported_with_its_reason(monkeypatch, tmp_path):
+    """Measured: a ServerApp that raised (every site refused) left `fcd server run` waiting out --timeout. It now
+    asks the SuperLink every RUN_STATUS_POLL_S for the run's status and reports Flower's status and the ServerApp's
+    exception. The `flwr` answers below are the ones the walkthrough's SuperLink gave (flwr 1.42 `ls --format json`
+    and `log --show`); starting a SuperLink for this is tests/test_hospital_deployment.py's cost, not this file's."""
+    import fcd_secure.provisioning.server as srv
+
+    answers = {
+        "ls": json.dumps({"success": True, "runs": [{"run-id": 8655400194198733930, "status": "finished:failed"}]}),
+        "log": "12/04/2026 06:52:30:ERROR:ServerApp raised an exception\nTraceback (most recent call last):\n"
+               "  File \"/x/fcd_secure/apps/server_app.py\", line 166, in hello\n    raise FederationError(\n"
+               "fcd_secure.apps.server_app.FederationError: site-00, site-01, site-02, site-03: refused by the site's "
+               "policy (at hello, before any training)\n\x1b[91mERROR \x1b[0m:     Exit Code: 201\n",
+    }
+    monkeypatch.setattr(srv, "_flwr", lambda co, *args: answers[args[0]])
+    assert srv._run_status(None, 8655400194198733930) == "finished:failed"
+    assert srv._run_status(None, 1) is None
+    assert srv._run_error(None, 8655400194198733930) == (
+        "fcd_secure.apps.server_app.FederationError: site-00, site-01, site-02, site-03: refused by the site's policy "
+        "(at hello, before any training)")
+    monkeypatch.setattr(srv, "_flwr", lambda co, *args: None)  # the SuperLink did not answer: keep waiting
+    assert srv._run_status(None, 1) is None
+    assert srv._run_error(None, 1) == "the ServerApp's log names no exception"

@@ -111,7 +111,7 @@ def start(
     Control API requests (flwr run, supernode register) from any address but --control-api-address get HTTP 403."""
     from fcd_secure.provisioning.server import start_server  # noqa: PLC0415
 
-    with bad_input("fcd consortium init / add-site first"):
+    with bad_input("the message says what to do (fcd consortium init, add-site, ca.key offline: docs/hospital.md)"):
         co = _co(home)
         try:
             res = start_server(co, control_api_address=control_api_address)

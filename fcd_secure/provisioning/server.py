@@ -17,6 +17,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -169,6 +170,38 @@ def run_config_for(co: Coordinator, out: Path, *, rounds: int, dp: bool, preset:
     })
 
 
+#: how often a waiting ``fcd server run`` asks the SuperLink whether its run ended without results (each ask is a
+#: ``flwr ls`` process: about a second of CPU)
+RUN_STATUS_POLL_S = 10.0
+
+
+def _flwr(co: Coordinator, *args: str) -> str | None:
+    """Stdout of one ``flwr`` call on the coordinator's connection, or None when it fails or hangs."""
+    try:
+        res = subprocess.run([_bin("flwr"), *args], capture_output=True, env=flower_env(_cli_home(co)),
+                             cwd=_server_root(co), timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return res.stdout.decode("utf-8", "replace") if res.returncode == 0 else None
+
+
+def _run_status(co: Coordinator, run_id: int) -> str | None:
+    """Flower's status of ``run_id`` (``finished:completed``, ``finished:failed``, ``running``, ...), or None."""
+    text = _flwr(co, "ls", CONNECTION, "--run-id", str(run_id), "--format", "json")
+    try:
+        runs = json.loads(text or "")["runs"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return next((str(r.get("status")) for r in runs if str(r.get("run-id")) == str(run_id)), None)
+
+
+def _run_error(co: Coordinator, run_id: int) -> str:
+    """The ServerApp's last exception line in the run's log (e.g. which sites refused, and at which step)."""
+    text = _flwr(co, "log", str(run_id), CONNECTION, "--show") or ""
+    lines = re.findall(r"^[\w.]+(?:Error|Exception): .+$", text, flags=re.M)
+    return lines[-1][:800] if lines else "the ServerApp's log names no exception"
+
+
 def run_federation(co: Coordinator, out: str | Path, *, rounds: int = 1, dp: bool = True, preset: str = "tiny",
                    seed: int = 0, timeout_s: float = 1800.0) -> dict[str, Any]:
     """Submit the pinned app to the running SuperLink, wait for the run folder, collect the evidence.
@@ -199,6 +232,7 @@ def run_federation(co: Coordinator, out: str | Path, *, rounds: int = 1, dp: boo
         summary_path.unlink()
     log = processes.run_dir(root) / "logs" / "flwr-run.log"
     t0 = time.monotonic()
+    logged = log.stat().st_size if log.exists() else 0
     # submit without --stream: the log stream is one more long request on the SuperLink's database, and a broken
     # stream says nothing about the run; the run folder's summary.json (written last) is what says it finished
     with open(log, "ab") as f:
@@ -207,12 +241,24 @@ def run_federation(co: Coordinator, out: str | Path, *, rounds: int = 1, dp: boo
                             timeout=300).returncode
     if rc != 0:
         raise RuntimeError(f"flwr run failed (exit {rc}); see {log}")
+    started = re.findall(rb"started run (\d+)", log.read_bytes()[logged:])
+    run_id = int(started[-1]) if started else None
     deadline = t0 + timeout_s
+    next_status = time.monotonic() + RUN_STATUS_POLL_S
     while not summary_path.exists():
         if time.monotonic() > deadline:
             raise RuntimeError(f"the run did not finish within {timeout_s:.0f} s; see {log} and `flwr log` on the SuperLink")
         if not any(p["running"] for p in processes.status(root).values()):
             raise RuntimeError(f"the SuperLink stopped during the run; see {processes.run_dir(root) / 'logs'}")
+        if run_id is not None and time.monotonic() >= next_status:
+            # a ServerApp that raised (every site refused, a checkpoint of other settings, ...) writes no
+            # summary.json: ask the SuperLink, or the command would wait out the whole timeout (issue 32 item 10)
+            status = _run_status(co, run_id)
+            if status is not None and status.startswith("finished:") and status != "finished:completed" \
+                    and not summary_path.exists():
+                raise RuntimeError(f"run {run_id} ended {status} without results: {_run_error(co, run_id)} (the "
+                                   f"whole log: FLWR_HOME={_cli_home(co)} flwr log {run_id} {CONNECTION} --show)")
+            next_status = time.monotonic() + RUN_STATUS_POLL_S
         time.sleep(0.5)
     summary = json.loads(summary_path.read_text())
     ev = out / "evidence"

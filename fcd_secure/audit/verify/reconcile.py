@@ -22,7 +22,9 @@ For every site ledger (when a server ledger is under the verified path):
 
 And the other way: every ``received`` line must have its site upload (else an upload was hidden, or the Flower
 runtime answered for the site outside its gate; the site's ``apps.client_app.SiteClientApp`` passes every message
-type through its gate, so an honest site's refusal of a type it does not handle is in its ledger, P28).
+type through its gate, so an honest site's refusal of a type it does not handle is in its ledger, P28). The one
+exception is an empty error reply from source node :data:`SUPERLINK_NODE_ID`: the SuperLink's own answer for a site
+that did not reply (a site that died mid-run), which no site can send; it is a note.
 
 A refusal or error (no content) that the server ledger records but never receipted is a note, not partial evidence:
 the server's own line is its acknowledgement, and withholding the receipt must not frame an honest site (P28).
@@ -171,6 +173,11 @@ def _receipt(
             bad(f"names server ledger entry {rec.server_seq}, which the server ledger does not hold")
     return anchored
 
+#: the node id Flower's SuperLink gives its own messages (``flwr.common.constant.SUPERLINK_NODE_ID`` in flwr 1.42; a
+#: literal here because the audit layer imports no Flower code; tests/test_audit_verify.py checks it):
+#: the source of the error replies it builds for a node that did not answer, a node id it never allocates to a site
+SUPERLINK_NODE_ID = 1
+
 
 def _unrecorded_by_sites(server: ServerScan, sites: list[SiteScan], res: VerifyResult) -> None:
     site_mids = {loc.entry.message_id for site in sites for loc in site.uploads}
@@ -178,6 +185,14 @@ def _unrecorded_by_sites(server: ServerScan, sites: list[SiteScan], res: VerifyR
         if mid in site_mids:
             continue
         srv = loc.entry
+        if srv.is_error and srv.node_id == SUPERLINK_NODE_ID and srv.payload_bytes == 0 and not srv.records:
+            # the SuperLink's own answer for a site that did not reply (its node unavailable, the message expired):
+            # Flower builds it with source node SUPERLINK_NODE_ID and a fixed reason, and refuses any site reply
+            # whose source is not the node the message went to, so no site can send one (a site killed mid-run)
+            res.add("note", lab, srv.seq, loc.line,
+                    f"{loc.where}: the SuperLink answered message {mid[:16]} for site {srv.site_id or '?'}, which did "
+                    f"not reply (source node {SUPERLINK_NODE_ID}: built by the SuperLink, no site content)")
+            continue
         why = "(an upload was hidden or a site entry deleted)"
         if srv.is_error:
             why = ("(an error reply the site's gate never saw: the Flower runtime builds these before dispatch, "
