@@ -1,7 +1,8 @@
 """The hospital path end to end on 127.0.0.1, with real Flower processes: a coordinator and four hospitals (the
 secure-aggregation minimum), each in its own home folder with its own CSV (DKT-Synth written out as long tables,
 one per site). Enrolment with fingerprints given out of band, join, preflight green, ``server start``,
-``site start`` ×4, ``server run`` with secure aggregation and DP (statistics from the secure round 0), then
+``site start`` ×4, a run every site refuses (reported with the ServerApp's reason within a status poll, not at the
+end of the timeout), ``server run`` with secure aggregation and DP (statistics from the secure round 0), then
 ``fcd audit verify`` of the collected evidence with the pinned fingerprints: exit 0 and the installation records
 present. Every process is stopped by PID, in a ``finally``.
 """
@@ -13,6 +14,7 @@ import json
 import shutil
 import socket
 import ssl
+import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +24,9 @@ from fcd_secure.cli import audit as audit_cli
 from fcd_secure.cli import consortium as consortium_cli
 from fcd_secure.cli import server as server_cli
 from fcd_secure.cli import site as site_cli
+from fcd_secure.provisioning.consortium import Coordinator
 from fcd_secure.provisioning.processes import alive, read_pids
+from fcd_secure.provisioning.server import run_federation
 
 pytestmark = pytest.mark.deployment
 runner = CliRunner()
@@ -103,6 +107,13 @@ def test_hospital_path_end_to_end(tmp_path, one_torch_thread):
             code, env = invoke(site_cli.app, ["start", "--home", str(home)])
             assert code == 0, env
             started.append(home)
+        # a run every site refuses (no DP under the default policy), submitted below the CLI's own check: the
+        # ServerApp fails at hello and the coordinator learns it from the SuperLink within a status poll, not at
+        # the end of --timeout (docs/hospital.md, friction 3)
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match="ended finished:failed without results: .*refused by the site's policy"):
+            run_federation(Coordinator(co), tmp_path / "refused", rounds=1, dp=False, timeout_s=300)
+        assert time.monotonic() - t0 < 120
         out = tmp_path / "run"
         code, env = invoke(server_cli.app, ["run", "--home", str(co), "--out", str(out), "--rounds", "1", "--dp",
                                             "--timeout", "900"])
