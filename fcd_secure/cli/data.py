@@ -284,7 +284,7 @@ def _print_tables(results: dict[str, Any]) -> None:
 @app.command("export", short_help="Write a dataset as one long table per site plus its spec (a hospital's input).")
 def export(
     out: Path = typer.Option(..., "--out", "-o", file_okay=False,
-                             help="Folder for spec.toml and site0.csv, site1.csv, … (created; files are replaced)."),
+                             help="Folder for spec.toml and site0.csv, site1.csv and so on (created; files are replaced)."),
     dataset: str = typer.Option(names.DEFAULT, "--dataset", "-d", help=f"{names.choices(', ')}."),
     n_sites: int = typer.Option(4, "--sites", min=1, help="Sites of the Dirichlet split: one table each."),
     alpha: float = typer.Option(10.0, "--alpha", min=1e-6, help="Dirichlet concentration (paper: 10)."),
