@@ -35,6 +35,22 @@ _USAGE_HINT = (
 )
 
 
+def pinned_keys(site_key: list[str] | None, server_key: list[str] | None, pins: Path | None) -> tuple[list[str], list[str]]:
+    """The site and server key fingerprints given on the command line plus those of the pin file ``pins``.
+
+    Raises:
+        PinFileError: the pin file cannot be read.
+    """
+    from fcd_secure.audit.pins import read_pins  # noqa: PLC0415 (keep --help fast)
+
+    sites, servers = list(site_key or []), list(server_key or [])
+    if pins is not None:
+        pin_sites, pin_servers = read_pins(pins)
+        sites += pin_sites
+        servers += pin_servers
+    return sites, servers
+
+
 @app.command("verify", short_help="Verify ledgers offline against pinned keys (exit code = verdict).")
 def verify(
     path: Path = typer.Argument(
@@ -90,16 +106,12 @@ def verify(
                      ledger), or uploads without a server receipt
       6  tampered    evidence tampered with or inconsistent
     """
-    from fcd_secure.audit.pins import PinFileError, read_pins  # noqa: PLC0415 (keep --help fast)
+    from fcd_secure.audit.pins import PinFileError  # noqa: PLC0415 (keep --help fast)
     from fcd_secure.audit.report import markdown, verdict  # noqa: PLC0415
     from fcd_secure.audit.verify import UsageError, verify_path  # noqa: PLC0415
 
-    sites, servers = list(site_key or []), list(server_key or [])
     try:
-        if pins is not None:
-            pin_sites, pin_servers = read_pins(pins)
-            sites += pin_sites
-            servers += pin_servers
+        sites, servers = pinned_keys(site_key, server_key, pins)
         result = verify_path(path, site_keys=sites or None, server_keys=servers or None, allow_unpinned=allow_unpinned)
     except (UsageError, PinFileError) as exc:
         raise CliError(str(exc), "USAGE", hint=_USAGE_HINT, exit_code=EXIT_USAGE) from None

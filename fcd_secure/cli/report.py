@@ -33,16 +33,13 @@ def register(app: typer.Typer) -> None:
         Exit codes: 0 written (whatever the verdict: `fcd audit verify` exits with it), 2 bad input (not a finished
         run folder, a malformed pin file or fingerprint).
         """
-        from fcd_secure.audit.pins import PinFileError, read_pins  # noqa: PLC0415
+        from fcd_secure.audit.pins import PinFileError  # noqa: PLC0415
+        from fcd_secure.cli.audit import pinned_keys  # noqa: PLC0415
         from fcd_secure.audit.verify import UsageError  # noqa: PLC0415
         from fcd_secure.experiments.report_html import ReportError, write_report_html  # noqa: PLC0415
 
-        sites, servers = list(site_key or []), list(server_key or [])
         try:
-            if pins is not None:
-                pin_sites, pin_servers = read_pins(pins)
-                sites += pin_sites
-                servers += pin_servers
+            sites, servers = pinned_keys(site_key, server_key, pins)
             path, facts = write_report_html(run_dir, out, site_keys=sites or None, server_keys=servers or None)
         except (ReportError, PinFileError, UsageError) as exc:
             raise CliError(str(exc), "USAGE", exit_code=EXIT_USAGE,

@@ -91,6 +91,14 @@ def find_ledgers(path: str | Path) -> list[Path]:
     return sorted(found)
 
 
+def _anchor_files(path: str | Path) -> list[Path]:
+    """The site anchor files under ``path`` (the folders :func:`find_ledgers` searches), or beside a ledger file."""
+    path = Path(path)
+    if path.is_file():
+        return [path.parent.parent / ANCHOR_FILE]
+    return sorted({f.resolve() for root in _roots(path)[0] if root.exists() for f in root.rglob(ANCHOR_FILE)})
+
+
 def find_anchors(path: str | Path) -> dict[str, list[AnchorEntry]]:
     """Every site anchor entry under ``path`` (the same folders :func:`find_ledgers` searches), by the ledger file
     each one anchors (resolved path).
@@ -98,11 +106,7 @@ def find_anchors(path: str | Path) -> dict[str, list[AnchorEntry]]:
     Raises:
         PrivacyLedgerError: an anchor file cannot be read.
     """
-    path = Path(path)
-    if path.is_file():
-        files = [path.parent.parent / ANCHOR_FILE]
-    else:
-        files = sorted({f.resolve() for root in _roots(path)[0] if root.exists() for f in root.rglob(ANCHOR_FILE)})
+    files = _anchor_files(path)
     out: dict[str, list[AnchorEntry]] = {}
     for f in files:
         if f.exists():
@@ -117,11 +121,7 @@ def find_carried(path: str | Path) -> dict[str, float]:
     Raises:
         PrivacyLedgerError: an anchor file cannot be read.
     """
-    path = Path(path)
-    if path.is_file():
-        files = [path.parent.parent / ANCHOR_FILE]
-    else:
-        files = sorted({f.resolve() for root in _roots(path)[0] if root.exists() for f in root.rglob(ANCHOR_FILE)})
+    files = _anchor_files(path)
     out: dict[str, float] = {}
     for f in files:
         if f.exists():
