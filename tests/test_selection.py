@@ -203,4 +203,71 @@ def test_a_secure_run_scores_every_round_answers_with_the_chosen_one_and_no_sele
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["selection"]["round"] == sel["round"]
     csv = (tmp_path / "run" / "rounds.csv").read_text().splitlines()
-    assert csv[0].endswith("d1,d1_se,d1_alarm,validation_fit,selected")
+    assert csv[0].endswith("d1,d1_se,d1_alarm,validation_fit,dh,dh_se,dh_ess,selected")
+
+
+# -- D_h: the multi-step discrepancy with its support check ----------------------------------------------------------
+def _two_step_world(n: int, seed: int):
+    """Two steps, a confounder X ∈ {0, 1} that raises both the chance of a_on (0.2 → 0.8) and the outcome; the true
+    per-step value of "a_on at every step" is 0.3 + 0.2X + 0.2 at t = 0 and + 0.3 at t = 1 (the action at t − 1 adds
+    0.1), of "a_off at every step" 0.3 + 0.2X at both steps. Returns the logs and both regimes' true step values."""
+    from fcd_secure.evaluation.discrepancy import horizon_dr_terms  # noqa: F401 - the function under test
+
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 2, n).astype(float)
+    p_on = 0.2 + 0.6 * x
+    T = (rng.random((n, 2)) < p_on[:, None]).astype(np.int64)  # 1 = a_on, 0 = a_off
+    P = np.where(T == 1, p_on[:, None], 1 - p_on[:, None])
+    prev = np.concatenate([np.zeros((n, 1)), T[:, :1]], axis=1)
+    Y = (rng.random((n, 2)) < 0.3 + 0.2 * x[:, None] + 0.2 * T + 0.1 * prev).astype(float)
+    v_on = np.stack([0.5 + 0.2 * x, 0.6 + 0.2 * x], axis=1)
+    v_off = np.stack([0.3 + 0.2 * x, 0.3 + 0.2 * x], axis=1)
+    return Y, np.ones((n, 2)), T, P, v_on, v_off
+
+
+def test_dh_of_the_true_model_is_zero_and_of_a_biased_model_its_bias_with_true_propensities():
+    from fcd_secure.evaluation.discrepancy import HorizonDiscrepancySums, horizon_dr_terms
+
+    Y, M, T, P, v_on, v_off = _two_step_world(40_000, seed=3)
+    psi, w_on, w_off = horizon_dr_terms(Y, M, T, P, v_on, v_off, a_on=1, a_off=0, h=2)
+    d = HorizonDiscrepancySums.from_terms(psi, w_on, w_off).discrepancy()
+    assert abs(d.mean()) < 4 * d.se()  # the right model: nothing left to correct
+    # a model whose "always a_on" is 0.1 too high at both steps: the correction says the true contrast is 0.1 lower
+    psi_b, _, _ = horizon_dr_terms(Y, M, T, P, v_on + 0.1, v_off, a_on=1, a_off=0, h=2)
+    db = HorizonDiscrepancySums.from_terms(psi_b, w_on, w_off).discrepancy()
+    assert abs(db.mean() + 0.1) < 4 * db.se() and db.d1() > 5 * db.se()
+    # the naive contrast of the logs is confounded by X: the discrepancy of a model that copies it is far from zero
+    naive_on = np.full_like(v_on, Y[T[:, 0] == 1, 0].mean())
+    naive_off = np.full_like(v_off, Y[T[:, 0] == 0, 0].mean())
+    dn = HorizonDiscrepancySums.from_terms(*horizon_dr_terms(Y, M, T, P, naive_on, naive_off, 1, 0, 2)).discrepancy()
+    assert dn.d1() > 5 * dn.se()
+
+
+def test_dh_sums_merge_to_the_pooled_figures_and_the_ess_is_each_regimes_kish_size():
+    from fcd_secure.evaluation.discrepancy import HorizonDiscrepancySums, horizon_dr_terms
+
+    Y, M, T, P, v_on, v_off = _two_step_world(3_000, seed=4)
+    psi, w_on, w_off = horizon_dr_terms(Y, M, T, P, v_on, v_off, 1, 0, 2)
+    parts = [HorizonDiscrepancySums.from_terms(psi[i::3], w_on[i::3], w_off[i::3]) for i in range(3)]
+    merged, pooled = HorizonDiscrepancySums.merge_all(parts), HorizonDiscrepancySums.from_terms(psi, w_on, w_off)
+    assert merged.n == pooled.n and math.isclose(merged.s, pooled.s, rel_tol=1e-9, abs_tol=1e-9)
+    kish = min(w_on.sum() ** 2 / (w_on ** 2).sum(), w_off.sum() ** 2 / (w_off ** 2).sum())
+    assert math.isclose(merged.ess(), kish, rel_tol=1e-9)
+    # an entity that left "a_on at every step" at either step carries weight 0 in that regime
+    assert (w_on[(T == 0).any(axis=1)] == 0).all() and (w_off[(T == 1).any(axis=1)] == 0).all()
+
+
+def test_a_supported_dh_narrows_the_candidates_and_an_unsupported_one_is_left_out():
+    def sc(rnd, d1, fit, dh, ess):
+        return RoundScore(round=rnd, d1=d1, se=0.02, mean=-d1, n=400, clipped_share=0.0, fit=fit, sites_scoring=4,
+                          sites=4, dh=dh, dh_se=0.02, dh_ess=ess)
+
+    # rounds 2 and 3 are within one SE on D1; round 3 fits better but its D2 is far off: round 2 is answered with
+    scores = [sc(1, 0.30, 0.6, 0.30, 80), sc(2, 0.05, 0.7, 0.04, 80), sc(3, 0.06, 0.65, 0.20, 80)]
+    got = choose_round(scores, 3)
+    assert got["rule"] == "d1-and-dh-one-se-then-fit" and got["round"] == 2 and got["candidates"] == [2]
+    # the same D2 figures with 5 effective followers of a regime: not supported, D1's rule alone (round 3)
+    weak = [sc(1, 0.30, 0.6, 0.30, 5), sc(2, 0.05, 0.7, 0.04, 5), sc(3, 0.06, 0.65, 0.20, 5)]
+    got = choose_round(weak, 3)
+    assert got["rule"] == "d1-one-se-then-fit" and got["round"] == 3 and "not supported" in got["reason"]
+    assert got["scores"][0]["dh_supported"] is False

@@ -351,7 +351,8 @@ def run_federation(
             sel = quick.get("selection")
             if sel:
                 row["selection"] = sel
-                row.update(d1=sel["d1"], d1_se=sel["d1_se"], d1_alarm=sel["alarm"], validation_fit=sel["validation_fit"])
+                row.update(d1=sel["d1"], d1_se=sel["d1_se"], d1_alarm=sel["alarm"], validation_fit=sel["validation_fit"],
+                           dh=sel.get("dh"), dh_se=sel.get("dh_se"), dh_ess=sel.get("dh_ess"))
         history.append(row)
         ckpt.save(rnd, theta, sampler.get_state(), cfg.training_hash(),
                   extra={"history": history, **({STATISTICS_KEY: statistics} if statistics is not None else {})})
@@ -408,7 +409,7 @@ def select_round(cfg: RunConfig, history: list[dict]) -> dict:
     """The evaluated round the run answers with (``federation.select``; ``queries.selection.choose_round``), marked
     ``selected`` in ``history``'s rows."""
     last = int(history[-1]["round"]) if history else cfg.federation.rounds
-    scores = [RoundScore(**{k: (math.nan if r["selection"][c] is None else r["selection"][c]) for k, c in _SCORE_FIELDS})
+    scores = [RoundScore(**{k: (math.nan if r["selection"].get(c) is None else r["selection"][c]) for k, c in _SCORE_FIELDS})
               for r in history if r.get("selection")]
     if cfg.federation.select == "last":
         choice = {**choose_round(scores, last), "rule": "last", "round": last,
@@ -422,7 +423,7 @@ def select_round(cfg: RunConfig, history: list[dict]) -> dict:
 
 _SCORE_FIELDS = (("round", "round"), ("d1", "d1"), ("se", "d1_se"), ("mean", "d1_mean"), ("n", "d1_steps"),
                  ("clipped_share", "d1_clipped_share"), ("fit", "validation_fit"), ("sites_scoring", "sites_scoring"),
-                 ("sites", "sites"))
+                 ("sites", "sites"), ("dh", "dh"), ("dh_se", "dh_se"), ("dh_ess", "dh_ess"))
 
 
 def check_signed_run(context: Context, environ: dict[str, str] | None = None) -> None:

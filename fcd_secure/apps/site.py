@@ -340,5 +340,6 @@ class SiteRuntime:
             snap = self.state.load()
             KeptParams(self.state.slot("selection_theta_s")).keep(int(keep), None if snap is None else snap.theta_s)
             # the validation split is scored whole, so the floor is the one a whole test split must reach (P22)
-            out.update(site_selection_sums(model, self.data, self.cfg.model.outcome == "binary", MIN_COHORT_FLOOR))
+            out.update(site_selection_sums(model, self.data, self.cfg.model.outcome == "binary", MIN_COHORT_FLOOR,
+                                           seed=int(self.cfg.seed)))
         return out

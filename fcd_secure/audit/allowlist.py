@@ -46,7 +46,8 @@ ONE_STEP_SCALARS = (tuple(f"onestep.{f}" for f in ("n", "s", "m", "ss", "mm", "s
                     + tuple(f"onestep.sn.{k}.{l}" for i, k in enumerate(_SN) for l in _SN[i:]))
 #: The truth-free selection sums a site adds to a scored evaluation (``queries.selection.KEYS``; a test holds them equal).
 SELECTION_SCALARS = ("select.d1.n", "select.d1.s", "select.d1.ss", "select.d1.clipped", "select.fit.n", "select.fit.s",
-                     "select.sites")
+                     "select.sites") + tuple(f"select.dh.{f}" for f in ("n", "s", "ss", "clipped", "sw_on", "sww_on",
+                                                                         "sw_off", "sww_off"))
 POLICY_FIELDS = ("n", "sim_sum", "true_sum")
 OPE_FIELDS = ("n", "sum_value", "sum_weight", "sum_weight_sq", "n_consistent", "finite")
 #: ``hello/dim-<d>`` of the hello reply (``learner.dims_of``).

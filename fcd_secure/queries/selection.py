@@ -7,7 +7,12 @@ model on its **validation rows** (``SiteData.validation``: a share of its traini
 * the one-step doubly robust discrepancy D₁ (``evaluation.discrepancy``): the AIPW correction of the model's one-step
   contrast of the anchor actions with the site's logged propensities, whose mean is, without any truth, the model's
   one-step effect error (Robins, Rotnitzky & Zhao 1994; the "learned confounding" alarm of the run table);
-* the validation fit: the mean factual log-loss (binary outcomes) or squared error (continuous), the tie-breaker.
+* the validation fit: the mean factual log-loss (binary outcomes) or squared error (continuous), the tie-breaker;
+* over :data:`DH_HORIZON` steps, the same correction of the model's contrast of the anchor regimes from t = 0, D_h
+  (``evaluation.discrepancy.horizon_dr_terms``), with its support check: the smaller per-arm effective sample size of
+  the weight products. D_h takes part in the rule only where every scored round's is supported (ESS ≥
+  ``queries.targeted.MIN_SUPPORT_ESS``); on logs that rarely repeat an action (DKT-Synth: a two-step regime has a few
+  followers) it is printed as unsupported and left out.
 
 A site sends only additive sums (``select.*``, :data:`KEYS`) in its evaluation reply, so they take the evaluation's
 transport (secure aggregation in secure mode): never a per-step term, a prediction or a propensity. A site that logs
@@ -16,7 +21,9 @@ no propensities, or whose validation rows are fewer than its evaluation cohort f
 
 The rule (:func:`choose_round`, stated in ``summary.json``): among the evaluated rounds whose D₁ is within one
 standard error of the smallest D₁ (the one-SE rule of Breiman et al. 1984, applied to a discrepancy instead of a
-prediction error), the one with the best validation fit; with no D₁ anywhere, the last round, and the output says
+prediction error) — and, where D_h is supported in every scored round, whose D_h is within one SE of the smallest
+D_h too (when no round is within both, D₁'s candidates, and the output says so) — the one with the best validation
+fit; with no D₁ anywhere, the last round, and the output says
 why. Every site then answers with its own Θs of the chosen round (kept on the site, :class:`KeptParams`).
 """
 
@@ -30,11 +37,22 @@ from typing import Any
 import numpy as np
 
 from fcd_secure._io import atomic_write_bytes, npz_bytes
-from fcd_secure.evaluation.discrepancy import DiscrepancySums, one_step_dr_terms
+from fcd_secure.evaluation.discrepancy import (
+    DiscrepancySums,
+    HorizonDiscrepancySums,
+    horizon_dr_terms,
+    one_step_dr_terms,
+)
 
+#: the horizon of the multi-step discrepancy D_h (module docstring)
+DH_HORIZON = 2
+#: simulated futures per validation entity for D_h's outcome model (its mean is the model's expected outcome)
+DH_SAMPLES = 4
+#: the sums of D_h (``select.dh.<field>``, fields of ``evaluation.discrepancy.HorizonDiscrepancySums``)
+DH_FIELDS = ("n", "s", "ss", "clipped", "sw_on", "sww_on", "sw_off", "sww_off")
 #: the keys a site adds to its evaluation sums
 KEYS = ("select.d1.n", "select.d1.s", "select.d1.ss", "select.d1.clipped", "select.fit.n", "select.fit.s",
-        "select.sites")
+        "select.sites") + tuple(f"select.dh.{f}" for f in DH_FIELDS)
 #: the round a final evaluation answers with (its Θc is the server's copy, its Θs each site's own copy)
 RESTORE_KEY = "restore-round"
 #: the round whose Θs a site keeps when it scores it
@@ -48,7 +66,7 @@ def _entities(ds) -> int:
     return int(len(np.unique(ent))) if isinstance(ent, np.ndarray) and ent.shape == (ds.n,) else int(ds.n)
 
 
-def site_selection_sums(model, data, binary: bool, floor: int) -> dict[str, float]:
+def site_selection_sums(model, data, binary: bool, floor: int, seed: int = 0) -> dict[str, float]:
     """A site's ``select.*`` sums over its validation rows (module docstring); zeros when it cannot score.
 
     Args:
@@ -56,6 +74,7 @@ def site_selection_sums(model, data, binary: bool, floor: int) -> dict[str, floa
         data: the site's ``SiteData`` (its ``validation`` rows, its anchors).
         binary: the outcome is binary (log-loss) or continuous (squared error).
         floor: the site's evaluation cohort floor: fewer validation entities send nothing (P22).
+        seed: the seed of D_h's simulated futures (the same in every round: common random numbers across rounds).
     """
     from fcd_secure.model.baselines import as_simulator  # noqa: PLC0415
 
@@ -82,7 +101,27 @@ def site_selection_sums(model, data, binary: bool, floor: int) -> dict[str, floa
     d = DiscrepancySums.from_terms(terms)
     out.update({"select.d1.n": float(d.n), "select.d1.s": d.s, "select.d1.ss": d.ss,
                 "select.d1.clipped": float(d.clipped), "select.sites": 1.0})
+    out.update(_dh_sums(sim, val, (a_off, a_on), seed))
     return out
+
+
+def _dh_sums(sim, val, anchors: tuple[int, int], seed: int) -> dict[str, float]:
+    """The ``select.dh.*`` sums of one site's validation rows (module docstring); zeros where a weight product
+    overflows (it then sends no D_h, and the merged D_h counts as unavailable only if no site sent one)."""
+    from fcd_secure.data.policy import default_policies  # noqa: PLC0415
+    from fcd_secure.model.simulate import simulate_policy  # noqa: PLC0415
+
+    a_off, a_on = anchors
+    h = min(DH_HORIZON, val.L)
+    pols = {p.name: p for p in default_policies()}
+    v = {name: np.asarray(simulate_policy(sim, val, pols[name], anchors, DH_SAMPLES, seed, horizon=h).probs,
+                          dtype=np.float64).mean(1) for name in ("always", "never")}
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        psi, w_on, w_off = horizon_dr_terms(val.Y, val.M, val.T, val.P, v["always"], v["never"], a_on, a_off, h)
+    if not (np.isfinite(psi).all() and np.isfinite(w_on).all() and np.isfinite(w_off).all()):
+        return {f"select.dh.{f}": 0.0 for f in DH_FIELDS}
+    sums = HorizonDiscrepancySums.from_terms(psi, w_on, w_off)
+    return {f"select.dh.{f}": float(getattr(sums, f)) for f in DH_FIELDS}
 
 
 @dataclass(frozen=True)
@@ -98,6 +137,9 @@ class RoundScore:
     fit: float
     sites_scoring: int
     sites: int
+    dh: float = math.nan
+    dh_se: float = math.nan
+    dh_ess: float = 0.0
 
     @classmethod
     def from_totals(cls, rnd: int, totals: dict[str, Any], sites: int) -> "RoundScore | None":
@@ -106,9 +148,23 @@ class RoundScore:
         d = DiscrepancySums(n=int(round(totals["select.d1.n"])), s=float(totals["select.d1.s"]),
                             ss=float(totals["select.d1.ss"]), clipped=int(round(totals["select.d1.clipped"])))
         n_fit = float(totals.get("select.fit.n", 0.0))
+        dh = dh_se = math.nan
+        dh_ess = 0.0
+        if all(f"select.dh.{f}" in totals for f in DH_FIELDS):
+            hs = HorizonDiscrepancySums(**{f: (int(round(totals[f"select.dh.{f}"])) if f in ("n", "clipped")
+                                              else float(totals[f"select.dh.{f}"])) for f in DH_FIELDS})
+            dh, dh_se, dh_ess = hs.discrepancy().d1(), hs.discrepancy().se(), hs.ess()
         return cls(round=int(rnd), d1=d.d1(), se=d.se(), mean=d.mean(), n=d.n, clipped_share=d.clipped_share(),
                    fit=float(totals["select.fit.s"]) / n_fit if n_fit else math.nan,
-                   sites_scoring=int(round(totals.get("select.sites", 0.0))), sites=int(sites))
+                   sites_scoring=int(round(totals.get("select.sites", 0.0))), sites=int(sites),
+                   dh=dh, dh_se=dh_se, dh_ess=dh_ess)
+
+    @property
+    def dh_supported(self) -> bool:
+        """D_h has a value and both anchor regimes keep ``queries.targeted.MIN_SUPPORT_ESS`` effective entities."""
+        from fcd_secure.queries.targeted import MIN_SUPPORT_ESS  # noqa: PLC0415
+
+        return bool(math.isfinite(self.dh) and math.isfinite(self.dh_se) and self.dh_ess >= MIN_SUPPORT_ESS)
 
     @property
     def alarm(self) -> bool:
@@ -127,7 +183,8 @@ class RoundScore:
         return {"round": self.round, "d1": _f(self.d1), "d1_se": _f(self.se), "d1_mean": _f(self.mean),
                 "d1_steps": self.n, "d1_clipped_share": _f(self.clipped_share), "validation_fit": _f(self.fit),
                 "sites_scoring": self.sites_scoring, "sites": self.sites, "coverage": self.coverage,
-                "alarm": self.alarm}
+                "alarm": self.alarm, "dh": _f(self.dh), "dh_se": _f(self.dh_se), "dh_ess": _f(self.dh_ess),
+                "dh_horizon": DH_HORIZON, "dh_supported": self.dh_supported}
 
 
 def _f(x: float) -> float | None:
@@ -147,16 +204,33 @@ def choose_round(scores: list[RoundScore], last_round: int) -> dict[str, Any]:
                 "reason": "no evaluated round had a D1 (no site could score: validation entities below its cohort floor, or "
                           "no logged propensities): "
                           "the last round is kept", "scores": rows}
-    best = min(usable, key=lambda s: (s.d1, -s.round))
-    bound = best.d1 + (best.se if math.isfinite(best.se) else 0.0)
-    cands = [s for s in usable if s.d1 <= bound]
+    cands, best = _one_se(usable, "d1", "se")
+    rule, dh_note = "d1-one-se-then-fit", ""
+    if all(s.dh_supported for s in usable):  # D_h joins only where every round's is supported (module docstring)
+        dh_cands, dh_best = _one_se(usable, "dh", "dh_se")
+        both = [s for s in cands if s in dh_cands]
+        if both:
+            cands, rule = both, "d1-and-dh-one-se-then-fit"
+            dh_note = f"; D{DH_HORIZON} {dh_best.dh:.4f} smallest at round {dh_best.round}, also within one SE"
+        else:
+            dh_note = f"; no round within one SE of both D1 and D{DH_HORIZON}: D1's candidates kept"
+    elif any(s.dh_supported for s in usable) or any(math.isfinite(s.dh) for s in usable):
+        dh_note = f"; D{DH_HORIZON} left out: not supported in every round (an anchor regime's ESS below 20)"
     pick = min(cands, key=lambda s: (s.fit if math.isfinite(s.fit) else math.inf, -s.round))
     coverage = "full" if all(s.coverage == "full" for s in usable) else "partial"
-    return {"rule": "d1-one-se-then-fit", "round": pick.round, "coverage": coverage,
+    return {"rule": rule, "round": pick.round, "coverage": coverage,
             "candidates": [s.round for s in cands],
             "reason": f"D1 {pick.d1:.4f} ± {pick.se:.4f} (smallest {best.d1:.4f} at round {best.round}); "
-                      f"best validation fit {pick.fit:.4f} among {len(cands)} round(s) within one SE",
+                      f"best validation fit {pick.fit:.4f} among {len(cands)} round(s) within one SE" + dh_note,
             "scores": rows}
+
+
+def _one_se(scores: list[RoundScore], value: str, se: str) -> tuple[list[RoundScore], RoundScore]:
+    """The rounds whose ``value`` is within one ``se`` of the smallest (ties to the later round), and that round."""
+    best = min(scores, key=lambda s: (getattr(s, value), -s.round))
+    width = getattr(best, se)
+    bound = getattr(best, value) + (width if math.isfinite(width) else 0.0)
+    return [s for s in scores if getattr(s, value) <= bound], best
 
 
 class KeptParams:
