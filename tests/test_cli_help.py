@@ -60,6 +60,7 @@ NOT_SEEDED = {
     ("audit", "verify"): "reads ledgers, checks signatures",
     ("audit", "fingerprints"): "reads ledgers",
     ("report",): "reads a run folder, writes one HTML file",
+    ("select",): "reads finished run folders, trains and samples nothing",
     ("consortium", "add-site"): "verifies a request, signs a bundle (keys: OS CSPRNG)",
     ("site", "join"): "verifies a bundle",
     ("site", "preflight"): "checks readiness",

@@ -24,7 +24,6 @@ live there. A run without such a root is refused; it never runs without its ledg
 from __future__ import annotations
 
 import json
-import math
 import os
 import threading
 import time
@@ -409,8 +408,7 @@ def select_round(cfg: RunConfig, history: list[dict]) -> dict:
     """The evaluated round the run answers with (``federation.select``; ``queries.selection.choose_round``), marked
     ``selected`` in ``history``'s rows."""
     last = int(history[-1]["round"]) if history else cfg.federation.rounds
-    scores = [RoundScore(**{k: (math.nan if r["selection"].get(c) is None else r["selection"][c]) for k, c in _SCORE_FIELDS})
-              for r in history if r.get("selection")]
+    scores = [RoundScore.from_row(r["selection"]) for r in history if r.get("selection")]
     if cfg.federation.select == "last":
         choice = {**choose_round(scores, last), "rule": "last", "round": last,
                   "reason": "federation.select = 'last': the last round is kept"}
@@ -419,11 +417,6 @@ def select_round(cfg: RunConfig, history: list[dict]) -> dict:
     for r in history:
         r["selected"] = r["round"] == choice["round"]
     return choice
-
-
-_SCORE_FIELDS = (("round", "round"), ("d1", "d1"), ("se", "d1_se"), ("mean", "d1_mean"), ("n", "d1_steps"),
-                 ("clipped_share", "d1_clipped_share"), ("fit", "validation_fit"), ("sites_scoring", "sites_scoring"),
-                 ("sites", "sites"), ("dh", "dh"), ("dh_se", "dh_se"), ("dh_ess", "dh_ess"))
 
 
 def check_signed_run(context: Context, environ: dict[str, str] | None = None) -> None:

@@ -27,6 +27,7 @@ from fcd_secure.cli import privacy as privacy_cli  # noqa: E402
 from fcd_secure.cli import report as report_cli  # noqa: E402
 from fcd_secure.cli import reproduce as reproduce_cli  # noqa: E402
 from fcd_secure.cli import run as run_cli  # noqa: E402
+from fcd_secure.cli import select as select_cli  # noqa: E402
 from fcd_secure.cli import server as server_cli  # noqa: E402
 from fcd_secure.cli import site as site_cli  # noqa: E402
 from fcd_secure.cli import train as train_cli  # noqa: E402
@@ -75,6 +76,7 @@ run_cli.register(app)
 deploy_cli.register(app)
 ablate_cli.register(app)
 whatif_cli.register(app)
+select_cli.register(app)
 report_cli.register(app)
 reproduce_cli.register(app)
 

@@ -159,6 +159,19 @@ class RoundScore:
                    sites_scoring=int(round(totals.get("select.sites", 0.0))), sites=int(sites),
                    dh=dh, dh_se=dh_se, dh_ess=dh_ess)
 
+    @classmethod
+    def from_row(cls, row: dict[str, Any], rnd: int | None = None) -> "RoundScore":
+        """The score of a round from its :meth:`as_row` dict (``rounds.json``'s ``selection``), the round id
+        replaced by ``rnd`` when given; a missing or null figure reads NaN (0 for the D_h ESS)."""
+        def get(key: str, default: float = math.nan) -> Any:
+            v = row.get(key)
+            return default if v is None else v
+
+        return cls(round=int(row["round"] if rnd is None else rnd), d1=get("d1"), se=get("d1_se"),
+                   mean=get("d1_mean"), n=int(get("d1_steps", 0)), clipped_share=get("d1_clipped_share"),
+                   fit=get("validation_fit"), sites_scoring=int(get("sites_scoring", 0)), sites=int(get("sites", 0)),
+                   dh=get("dh"), dh_se=get("dh_se"), dh_ess=get("dh_ess", 0.0))
+
     @property
     def dh_supported(self) -> bool:
         """D_h has a value and both anchor regimes keep ``queries.targeted.MIN_SUPPORT_ESS`` effective entities."""
@@ -231,6 +244,29 @@ def _one_se(scores: list[RoundScore], value: str, se: str) -> tuple[list[RoundSc
     width = getattr(best, se)
     bound = getattr(best, value) + (width if math.isfinite(width) else 0.0)
     return [s for s in scores if getattr(s, value) <= bound], best
+
+
+def choose_run(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Which of several finished runs on the same data and seed (hence the same validation rows) to answer with:
+    :func:`choose_round`'s rule over each run's selected round, so that outcome-model variants (the diffusion
+    transition, the deterministic one, another simulator, another recipe) are chosen by the same truth-free criterion
+    as a run's rounds (issue 29 item 2).
+
+    Args:
+        rows: each run's selected round as :meth:`RoundScore.as_row` gives it (``rounds.json``'s ``selection``).
+
+    Returns:
+        ``{"rule", "run": index or None, "candidates": [indices], "coverage", "reason"}``; ``run`` is None when no
+        run has a D₁ (no site could score): the criterion cannot choose, and the reason says so.
+    """
+    scores = [RoundScore.from_row(r, i) for i, r in enumerate(rows)]
+    got = choose_round(scores, len(rows) - 1)
+    if got["rule"] == "last":
+        return {"rule": "unavailable", "run": None, "candidates": [], "coverage": "unavailable",
+                "reason": "no run has a D1 (no site scored its validation rows: no logged propensities, or fewer "
+                          "validation entities than a site's cohort floor): the criterion cannot choose"}
+    return {"rule": got["rule"], "run": got["round"], "candidates": got["candidates"], "coverage": got["coverage"],
+            "reason": got["reason"].replace("round(s)", "run(s)").replace("at round", "in run")}
 
 
 class KeptParams:

@@ -1,0 +1,89 @@
+"""`fcd select`: outcome-model variants chosen by the truth-free criterion (issue 29 item 2, ``queries.selection.
+choose_run``): two real runs on the same data and seed (the diffusion transition and the deterministic one), the
+rule applied across their selected rounds, runs on different data refused, no D1 anywhere reported as such."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+from typer.testing import CliRunner
+
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+
+from fcd_secure.cli.main import app  # noqa: E402
+from fcd_secure.config import build_config  # noqa: E402
+from fcd_secure.queries.selection import RoundScore, choose_run  # noqa: E402
+
+runner = CliRunner()
+#: small DKT-Synth on 4 even sites (every site has ≥ 20 validation students: each round is scored), 2 rounds
+SCORED = {"seed": 0, "data": {"preset": "small", "n_sites": 4, "alpha": 1000.0},
+          "federation": {"clients_per_round": 4, "rounds": 2, "eval_every": 1}}
+
+
+def _row(d1, se, fit, sites_scoring=4):
+    return RoundScore(round=0, d1=d1, se=se, mean=-d1, n=400, clipped_share=0.0, fit=fit, sites=4,
+                      sites_scoring=sites_scoring).as_row()
+
+
+def test_choose_run_takes_the_best_fit_within_one_se_of_the_smallest_d1_and_says_when_it_cannot_choose():
+    got = choose_run([_row(0.30, 0.02, 0.50), _row(0.05, 0.02, 0.70), _row(0.06, 0.02, 0.65)])
+    # the best fit (run 0) is the most confounded; runs 1 and 2 are within one SE, run 2 fits better
+    assert got["run"] == 2 and got["candidates"] == [1, 2] and "run(s)" in got["reason"]
+    none = choose_run([_row(math.nan, math.nan, 0.5, 0), _row(math.nan, math.nan, 0.4, 0)])
+    assert none["run"] is None and none["rule"] == "unavailable" and "cannot choose" in none["reason"]
+
+
+@pytest.fixture(scope="module")
+def two_variants(tmp_path_factory):
+    """Fed-CausalDiff with the diffusion transition and with the deterministic one, same data and seed."""
+    from fcd_secure.engines.inprocess import run_inprocess
+
+    root = tmp_path_factory.mktemp("variants")
+    out = []
+    for transition in ("diffusion", "deterministic"):
+        cfg = build_config("tiny", {**SCORED, "model": {"transition": transition},
+                                    "state_dir": str(root / transition / "state"), "out": str(root / transition / "run")})
+        run_inprocess(cfg)
+        out.append(root / transition / "run")
+    return out
+
+
+@pytest.mark.slow
+def test_fcd_select_chooses_between_the_diffusion_and_the_deterministic_transition_by_the_rule(two_variants):
+    res = runner.invoke(app, ["select", *map(str, two_variants), "--json"])
+    assert res.exit_code == 0, res.stdout
+    data = json.loads(res.stdout)["data"]
+    runs = data["runs"]
+    assert [r["model"].split(", ")[1] for r in runs] == ["transition diffusion", "transition deterministic"]
+    # recomputed from each run's own files: the selected round's D1, then the one-SE rule and the fit
+    rows = []
+    for d in two_variants:
+        summary = json.loads((d / "summary.json").read_text())
+        rnd = summary["selection"]["round"]
+        rows.append(next(r for r in json.loads((d / "rounds.json").read_text()) if r["round"] == rnd)["selection"])
+    assert all(r["d1"] is not None and r["d1_se"] > 0 for r in rows)
+    best = min(range(2), key=lambda i: rows[i]["d1"])
+    cands = [i for i in range(2) if rows[i]["d1"] <= rows[best]["d1"] + rows[best]["d1_se"]]
+    pick = min(cands, key=lambda i: rows[i]["validation_fit"])
+    assert data["chosen"] == str(two_variants[pick]) and [r["chosen"] for r in runs] == [i == pick for i in range(2)]
+    table = runner.invoke(app, ["select", *map(str, two_variants)])
+    assert table.exit_code == 0 and "not by fit" in table.stdout and "chosen:" in table.stdout
+
+
+@pytest.mark.slow
+def test_fcd_select_refuses_runs_on_different_data_or_a_single_run(two_variants, tmp_path):
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(two_variants[1], other, ignore=shutil.ignore_patterns("state"))
+    cfg_text = (other / "config.toml").read_text()
+    (other / "config.toml").write_text(cfg_text.replace("seed = 0", "seed = 1", 1))
+    res = runner.invoke(app, ["select", str(two_variants[0]), str(other), "--json"])
+    assert res.exit_code == 2 and "seed" in json.loads(res.stdout)["message"]
+    one = runner.invoke(app, ["select", str(two_variants[0]), "--json"])
+    assert one.exit_code == 2 and "at least two" in json.loads(one.stdout)["message"]
+    missing = runner.invoke(app, ["select", str(two_variants[0]), str(tmp_path / "nope"), "--json"])
+    assert missing.exit_code == 2 and "not a finished run folder" in json.loads(missing.stdout)["message"]
