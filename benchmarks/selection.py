@@ -17,6 +17,11 @@ cost of the selection sums against a round's wall time.
     .venv/bin/python benchmarks/selection.py                 # small world, 4 sites, 8 rounds, 3 lrs × 2 recipes, seeds 0-2
     .venv/bin/python benchmarks/selection.py --quick         # seconds-to-minutes: checks the script
     .venv/bin/python benchmarks/selection.py --json
+    .venv/bin/python benchmarks/selection.py --recipes ours,g-formula --lrs 1e-3   # outcome-model variants (fcd select)
+
+With more than one recipe the script also chooses between the recipes as ``fcd select`` does between finished runs
+(``queries.selection.choose_run``): each (recipe, lr) run answers with the round its own rule picked, and the rule is
+applied across those runs; printed beside the true error of each run's answer.
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ err = Console(stderr=True)
 RECIPES: dict[str, dict[str, Any]] = {
     "ours": {},
     "paper": {"transition_given_y": False, "ipw": "off", "rollout": "latent"},
+    # the other outcome-model variant: the same network with a deterministic transition (the g-formula row)
+    "g-formula": {"transition": "deterministic"},
 }
 
 
@@ -144,6 +151,7 @@ def main(
     lrs: str = typer.Option("3e-4,1e-3,3e-3", help="learning-rate grid"),
     data_preset: str = typer.Option("small", help="DKT-Synth preset"),
     sites: int = typer.Option(4, help="sites"),
+    recipes: str = typer.Option("ours,paper", help=f"comma-separated recipes of {sorted(RECIPES)}"),
     quick: bool = typer.Option(False, help="2 rounds, 2 lrs, seed 0: checks the script"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object on stdout"),
 ) -> None:
@@ -152,11 +160,15 @@ def main(
     lr_list = [float(x) for x in lrs.split(",")]
     if quick:
         seed_list, rounds, lr_list = seed_list[:1], 2, lr_list[-2:]
-    from fcd_secure.queries.selection import RoundScore, choose_round
+    from fcd_secure.queries.selection import RoundScore, choose_round, choose_run
 
+    recipe_list = [r.strip() for r in recipes.split(",") if r.strip()]
+    unknown = [r for r in recipe_list if r not in RECIPES]
+    if unknown:
+        raise typer.BadParameter(f"unknown recipe(s) {unknown}; known: {sorted(RECIPES)}", param_hint="--recipes")
     rows: list[dict] = []
     for seed in seed_list:
-        for recipe in RECIPES:
+        for recipe in recipe_list:
             for lr in lr_list:
                 err.print(f"seed {seed} · {recipe} · lr {lr:g} · {rounds} rounds …")
                 rows += one_run(seed, recipe, lr, rounds, data_preset, sites)
@@ -169,6 +181,18 @@ def main(
         fit_pick = min(c, key=lambda r: r["fit"])
         best = min(c, key=lambda r: r["true_error"])
         late_paper = [r for r in c if r["recipe"] == "paper" and r["round"] > 2]
+        # the variants as `fcd select` sees them: each run's own chosen round, then the rule across the runs
+        answers = []
+        for recipe in recipe_list:
+            for lr in lr_list:
+                run = [r for r in c if r["recipe"] == recipe and r["lr"] == lr]
+                if run:
+                    own = choose_round([RoundScore(round=r["round"], d1=r["d1"], se=r["se"], mean=math.nan, n=1,
+                                                   clipped_share=0.0, fit=r["fit"], sites_scoring=sites, sites=sites)
+                                        for r in run], run[-1]["round"])
+                    answers.append(next(r for r in run if r["round"] == own["round"]))
+        run_pick = choose_run([RoundScore(round=0, d1=r["d1"], se=r["se"], mean=math.nan, n=1, clipped_share=0.0,
+                                          fit=r["fit"], sites_scoring=sites, sites=sites).as_row() for r in answers])
         results.append({
             "seed": seed, "candidates": len(c),
             "spearman_d1": spearman([r["d1"] for r in c], [r["true_error"] for r in c]),
@@ -177,9 +201,11 @@ def main(
             "fit_pick": {k: fit_pick[k] for k in ("recipe", "lr", "round", "true_error")},
             "best": {k: best[k] for k in ("recipe", "lr", "round", "true_error")},
             "paper_rounds_after_2_flagged": (sum(r["alarm"] for r in late_paper), len(late_paper)),
+            "runs": [{k: r[k] for k in ("recipe", "lr", "round", "d1", "se", "fit", "true_error")} for r in answers],
+            "run_pick": run_pick["run"],
         })
     cost = selection_cost(data_preset, sites, seed_list[0])
-    out = {"machine": machine(), "params": {"seeds": seed_list, "rounds": rounds, "lrs": lr_list,
+    out = {"machine": machine(), "params": {"seeds": seed_list, "rounds": rounds, "lrs": lr_list, "recipes": recipe_list,
                                             "data_preset": data_preset, "sites": sites},
            "results": results, "cost": cost, "candidates": rows}
     if as_json:
@@ -199,6 +225,15 @@ def main(
     for r in results:
         con.print(f"seed {r['seed']}: rule pick " + ", ".join(f"{k} {r['rule_pick'][k]}" for k in ("recipe", "lr", "round"))
                   + "; fit pick " + ", ".join(f"{k} {r['fit_pick'][k]}" for k in ("recipe", "lr", "round")))
+    if len(recipe_list) > 1:
+        v = Table(title="Outcome-model variants: each run's answer, and the one `fcd select` takes")
+        for col in ("seed", "recipe", "lr", "round", "D1 ± SE", "val. fit", "true one-step err", ""):
+            v.add_column(col, justify="right")
+        for r in results:
+            for i, a in enumerate(r["runs"]):
+                v.add_row(str(r["seed"]), a["recipe"], f"{a['lr']:g}", str(a["round"]), f"{a['d1']:.4f} ± {a['se']:.4f}",
+                          f"{a['fit']:.4f}", f"{a['true_error']:.3f}", "chosen" if i == r["run_pick"] else "")
+        con.print(v)
     con.print(f"cost: selection sums {cost['selection_s']:.3f} s per site-evaluation against a local training round of "
               f"{cost['train_round_s']:.3f} s ({100 * cost['selection_s'] / cost['train_round_s']:.1f} %)")
 
