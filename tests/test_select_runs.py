@@ -18,6 +18,8 @@ from fcd_secure.config import build_config  # noqa: E402
 from fcd_secure.queries.selection import RoundScore, choose_run  # noqa: E402
 
 runner = CliRunner()
+#: the two runs are one module fixture: both tests that read them run on one xdist worker (``--dist loadgroup``)
+shared = pytest.mark.xdist_group("select-runs")
 #: small DKT-Synth on 4 even sites (every site has ≥ 20 validation students: each round is scored), 2 rounds
 SCORED = {"seed": 0, "data": {"preset": "small", "n_sites": 4, "alpha": 1000.0},
           "federation": {"clients_per_round": 4, "rounds": 2, "eval_every": 1}}
@@ -51,6 +53,7 @@ def two_variants(tmp_path_factory):
     return out
 
 
+@shared
 @pytest.mark.slow
 def test_fcd_select_chooses_between_the_diffusion_and_the_deterministic_transition_by_the_rule(two_variants):
     res = runner.invoke(app, ["select", *map(str, two_variants), "--json"])
@@ -73,6 +76,7 @@ def test_fcd_select_chooses_between_the_diffusion_and_the_deterministic_transiti
     assert table.exit_code == 0 and "not by fit" in table.stdout and "chosen:" in table.stdout
 
 
+@shared
 @pytest.mark.slow
 def test_fcd_select_refuses_runs_on_different_data_or_a_single_run(two_variants, tmp_path):
     import shutil
