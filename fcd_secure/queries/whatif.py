@@ -77,6 +77,7 @@ from fcd_secure.data.cohorts import row_ids
 from fcd_secure.data.policy import Policy, ThresholdRule, anchor_labels, bind_policy, load_policy_refs, snap_threshold
 from fcd_secure.data.schema import SiteDataset
 from fcd_secure.evaluation.intervals import UNSEEN_END_FIELDS, UNSEEN_FIELDS
+from fcd_secure.queries.incremental import PIK_FIELDS, attach_behaviour, incremental_target_probs, pik_sums
 from fcd_secure.queries.targeted import (
     horizon_diff_sums,
     horizon_grid,
@@ -240,6 +241,7 @@ def site_policy_sums(
             if note is not None:
                 grid_notes[raw.name] = note
         bound.append(bind_policy(raw, sub))
+    bound = attach_behaviour(bound, data.train, seed)  # incremental policies act through the site's own π̂
     if questions is not None:
         admit_question(bound, sub, data.anchors, H, questions.min_difference,
                        None if site_dir is None else Path(site_dir) / "slots" / QUESTION_SLOT)
@@ -267,6 +269,8 @@ def site_policy_sums(
         out.update(site_sums(f"whatif.value.{pol.name}", v, mc))
         out.update(site_sums(f"whatif.rectified.{pol.name}", v - residual))
         out.update(support_sums(pol.name, logged_support(pol, sub, a_off, a_on, H)))
+        if sub.P is not None and pol.stochastic:
+            out.update(pik_sums(pol.name, incremental_target_probs(pol, sub, data.anchors)[1]))
         if sub.P is not None:
             drs[pol.name], supports[pol.name], dr_steps[pol.name] = _dr_per_entity(pol, sub, sim, a_off, a_on)
             truths = ({h: oracle.true_policy_value(pol, data.site_index, "test", horizon=h)[0] for h in grid}
@@ -312,6 +316,9 @@ def _logged_plan(pol: Policy, sub: SiteDataset, a_off: int, a_on: int, H: int) -
     padding): what decides which of the row's logged steps are consistent with π, so which rows its OPE and DR sums
     read."""
     H = min(int(H), sub.L)
+    if pol.stochastic:  # it weighs every row, by its weights: its cohort differs from another policy's on every row
+        code = np.round(_target_probs(pol, sub, a_off, a_on)[:, :H] * 1e6) if sub.P is not None else 0
+        return np.where(sub.M[:, :H] > 0, code, -1).astype(np.int64)
     plan = pol.plan(sub.Y[:, :H], sub.lengths, a_off, a_on, A=sub.A[:, :H] if pol.needs_context else None)
     return np.where(sub.M[:, :H] > 0, plan, -1).astype(np.int64)
 
@@ -411,7 +418,10 @@ def support_sums(name: str, share: np.ndarray) -> dict[str, float]:
 
 
 def _target_probs(pol: Policy, sub: SiteDataset, a_off: int, a_on: int) -> np.ndarray:
-    """π(logged a_t | logged history) at every step of the site's rows, ``[n, L]``."""
+    """π(logged a_t | logged history) at every step of the site's rows, ``[n, L]`` (an incremental policy's from the
+    logged propensities, :func:`~fcd_secure.queries.incremental.incremental_target_probs`)."""
+    if pol.stochastic:
+        return incremental_target_probs(pol, sub, (a_off, a_on))[0]
     lengths = sub.lengths
     ctx = (lambda t: {"context": sub.A[:, : t + 1]}) if pol.needs_context else (lambda t: {})
     return np.stack([pol.prob(t, sub.Y[:, :t], lengths, a_off, a_on, sub.T[:, t], **ctx(t)) for t in range(sub.L)],
@@ -626,6 +636,11 @@ def merge_policy_sums(s: dict[str, Any], sites: int, request: WhatIfRequest | No
     for name, d in per_policy.items():
         if ident.get(name, {}).get("horizons"):
             d["identified"] = ident[name]
+            src = {f: s[f"whatif.pik.{name}.{f}"] for f in PIK_FIELDS
+                   if _all_sent(s, counts, sites, f"whatif.pik.{name}.{f}")}
+            if len(src) == len(PIK_FIELDS) and sum(src.values()) > 0:  # an incremental policy: where π_k came from
+                d["identified"]["pi_k"] = {"logged_share": src["logged"] / sum(src.values()),
+                                           "steps": int(sum(src.values()))}
     res: dict[str, Any] = {}
     if "whatif.residual.n" in s:
         res["factual_residual"] = interval_from_sums(s, "whatif.residual", level).to_dict()
@@ -702,6 +717,7 @@ def whatif_metric_names(policy_names: list[str] | tuple[str, ...]) -> list[str]:
                   for f in ("n", "sum", "sumsq", "support", *UNSEEN_FIELDS, *UNSEEN_END_FIELDS)]
         names.append(f"whatif.fires.{p}")  # threshold rules: 1 where the rule fires on the site's rows (P43)
         names += [f"whatif.support.{p}.{f}" for f in SUPPORT_FIELDS]
+        names += [f"whatif.pik.{p}.{f}" for f in PIK_FIELDS]  # incremental policies: where π_k came from
     return names + identified_metric_names(list(policy_names))
 
 
