@@ -252,3 +252,26 @@ def test_a_what_if_question_answers_an_incremental_policy_on_more_horizons_than_
     ok = lambda d: [r["horizon"] for r in d["horizons"] if r["supported"]]  # noqa: E731
     assert ok(inc) == [1, 2, 3, 5] and len(ok(alw)) < len(ok(inc))
     assert all(r["ess"] > 0.5 * data.test.n for r in inc["horizons"])
+
+
+def test_P41_a_rare_action_cannot_single_out_the_one_patient_who_received_it():
+    """The differencing budget reads an incremental policy's cohort as the rows whose weights it changes materially:
+    "multiply the odds of the action only patient 0 got by 10" against δ = 1 moves one row's weight (by ×3.6) and
+    every other row's by 0.2 %, so the pair is a one-patient difference and the site refuses it (the attack of two
+    thresholds one patient apart, P41, with odds instead of thresholds)."""
+    from fcd_secure.audit import Refusal  # noqa: PLC0415
+    from fcd_secure.queries.whatif import admit_question  # noqa: PLC0415
+
+    train, test = two_step_world(2000, 11), two_step_world(300, 12)
+    for ds in (train, test):  # action 2 exists in the vocabulary, but only patient 0 of the test rows received it
+        moved = ds.T == 2
+        ds.T[moved], ds.P[moved] = 0, 0.5
+    test.T[0, 0], test.P[0, 0] = 2, 0.2
+    pair = attach_behaviour([incremental(1.0, action=2, name="as_logged"), incremental(10.0, action=2, name="rare")],
+                            train, seed=0)
+    with pytest.raises(Refusal) as exc:
+        admit_question(pair, test, (0, K_ON), 2, min_difference=10, record=None)
+    assert exc.value.key == "policy_difference"
+    # a real question about a common action changes the weights of every row: admitted
+    common = attach_behaviour([incremental(1.0, name="as_logged"), incremental(2.0, name="twice")], train, seed=0)
+    admit_question(common, test, (0, K_ON), 2, min_difference=10, record=None)

@@ -107,6 +107,8 @@ MAX_POLICIES = 32
 QUESTION_SLOT = "whatif_cohorts.json"
 #: the most distinct cohorts a site answers over its lifetime: then its question budget is spent
 MAX_ANSWERED_COHORTS = 5000
+#: an incremental policy's weights are compared on a grid of 1/WEIGHT_GRID in log(q/P) (:func:`_logged_plan`)
+WEIGHT_GRID = 10.0
 #: the refusal rule of a question the budget refuses (``audit.rules.REFUSAL_RULES``)
 QUESTION_RULE = "eval_cohort"
 
@@ -316,8 +318,14 @@ def _logged_plan(pol: Policy, sub: SiteDataset, a_off: int, a_on: int, H: int) -
     padding): what decides which of the row's logged steps are consistent with π, so which rows its OPE and DR sums
     read."""
     H = min(int(H), sub.L)
-    if pol.stochastic:  # it weighs every row, by its weights: its cohort differs from another policy's on every row
-        code = np.round(_target_probs(pol, sub, a_off, a_on)[:, :H] * 1e6) if sub.P is not None else 0
+    if pol.stochastic:
+        # an incremental policy weighs every logged step; what sets its rows apart is how much it moves each weight,
+        # so its "actions" are the weights on a grid of ~10 % (a row whose weight moves less reads as unchanged: the
+        # odds of an action one patient received cannot single that patient out, P41)
+        if sub.P is None:
+            return np.where(sub.M[:, :H] > 0, 0, -1).astype(np.int64)
+        ratio = _target_probs(pol, sub, a_off, a_on)[:, :H] / np.where(sub.M[:, :H] > 0, sub.P[:, :H], 1.0)
+        code = np.round(WEIGHT_GRID * np.log(np.maximum(ratio, 1e-300)))
         return np.where(sub.M[:, :H] > 0, code, -1).astype(np.int64)
     plan = pol.plan(sub.Y[:, :H], sub.lengths, a_off, a_on, A=sub.A[:, :H] if pol.needs_context else None)
     return np.where(sub.M[:, :H] > 0, plan, -1).astype(np.int64)
