@@ -10,7 +10,7 @@ probabilities; the sites weigh with the logged propensity where a_t = a_on and t
 
     .venv/bin/python benchmarks/incremental.py                      # DKT-Synth tiny and small, seed 0
     .venv/bin/python benchmarks/incremental.py --presets small --seeds 0,1,2
-    .venv/bin/python benchmarks/incremental.py --json
+    .venv/bin/python benchmarks/incremental.py --quick --json
 """
 
 from __future__ import annotations
@@ -82,9 +82,12 @@ def main(
     presets: str = typer.Option("tiny,small", help="DKT-Synth presets"),
     rounds: int = typer.Option(8, help="rounds per run"),
     sites: int = typer.Option(4, help="sites"),
+    quick: bool = typer.Option(False, help="tiny, seed 0, 2 rounds: checks the script"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object on stdout"),
 ) -> None:
     torch.set_num_threads(1)
+    if quick:
+        seeds, presets, rounds = seeds.split(",")[0], "tiny", 2
     results = []
     for preset in presets.split(","):
         for seed in (int(s) for s in seeds.split(",")):

@@ -253,6 +253,11 @@ def test_a_what_if_question_answers_an_incremental_policy_on_more_horizons_than_
     assert ok(inc) == [1, 2, 3, 5] and len(ok(alw)) < len(ok(inc))
     assert all(r["ess"] > 0.5 * data.test.n for r in inc["horizons"])
 
+    blind = site_policy_sums(model, data.test.without_propensities(), data, cfg, req, seed=3, n_samples=1,
+                             all_rows=False, site_dir=None)
+    assert not any(k.startswith(("whatif.pik.", "whatif.id.")) for k in blind)  # no weights without propensities
+    assert blind["whatif.support.incremental_on_x2.sum"] == data.test.n
+
 
 def test_P41_a_rare_action_cannot_single_out_the_one_patient_who_received_it():
     """The differencing budget reads an incremental policy's cohort as the rows whose weights it changes materially:

@@ -56,7 +56,9 @@ interval, each contrast and its interval, the truth beside them where the data h
 The model side of DR: V̂_t is the model's return-to-go under π from a do-simulation started at t = 0 and Q̂_t = V̂_t.
 For the deterministic policies evaluated here Q̂_t only enters the per-decision DR sum multiplied by the weight
 w_{0:t}, which is zero unless the logged action equals π's action, so setting Q̂ = V̂ is the model's estimate of
-exactly the needed quantity (up to V̂ not being re-conditioned on the logged history at t).
+exactly the needed quantity (up to V̂ not being re-conditioned on the logged history at t). For a stochastic
+(incremental) policy Q̂ = V̂ does not depend on the action, so V̂ = Σ_a π(a | h) Q̂ holds and the per-decision DR
+stays unbiased with the logged propensities whatever the rollout (``queries.incremental``).
 """
 
 from __future__ import annotations
@@ -412,8 +414,10 @@ def logged_support(pol: Policy, sub: SiteDataset, a_off: int, a_on: int, horizon
     at every step so far (π(a_s | h_s) > 0 for all s ≤ t): how much of π the site's logs show, ``[n]``. It needs
     no propensities (the doubly robust ``support`` is the same share where the weights are positive)."""
     H = min(int(horizon), sub.L)
-    pi = _target_probs(pol, sub, a_off, a_on)[:, :H]
     valid = sub.M[:, :H] > 0
+    if pol.stochastic:  # an incremental policy could have taken every logged action (q > 0 wherever π_b > 0)
+        return (valid.sum(axis=1) > 0).astype(np.float64)
+    pi = _target_probs(pol, sub, a_off, a_on)[:, :H]
     follows = np.cumprod(np.where(valid, pi > 0, True), axis=1).astype(bool)
     return (valid & follows).sum(axis=1) / np.maximum(valid.sum(axis=1), 1)
 
