@@ -20,6 +20,15 @@ doubly robust value stays consistent when that model is wrong as long as the wei
 are right; at a_t ≠ k the weight rests on π̂_k, so an error there is a bias the interval does not show (stated in
 the output as the share of steps whose π_k was modelled). An oracle (DKT-Synth, tumour) rolls the policy out on the
 world's *true* logging probabilities for its truth.
+
+**Measured limit** (``benchmarks/incremental.py``, DKT-Synth ``small``): where the logging policy reads what the
+record does not hold (DKT-Synth's tutor reads a student's hidden readiness and mastery), π̂_k(h) is the population's
+level, not the entity's, and the weights over-weight the entities that take k often: every incremental effect
+against the logging policy comes out with the right sign but 2-5× too large (δ = 2 on 10-20 steps: +0.05 to +0.09
+against +0.01), and the intervals miss. With the world's true π_k at the same steps the same code covers (24 of
+24 effect intervals, 2 seeds, h ∈ {1, 3, 5, 10}), so the gap is π̂_k's alone; adding the entity's own logged
+k-history (its earlier P at a_s = k) to the model did not narrow it. On data whose logging policy reads only the
+record the weights are right (the known-answer tests).
 """
 
 from __future__ import annotations
