@@ -25,8 +25,8 @@ world's *true* logging probabilities for its truth.
 record does not hold (DKT-Synth's tutor reads a student's hidden readiness and mastery), π̂_k(h) is the population's
 level, not the entity's, and the weights over-weight the entities that take k often: every incremental effect
 against the logging policy comes out with the right sign but 2-5× too large (δ = 2 on 10-20 steps: +0.05 to +0.09
-against +0.01), and the intervals miss. With the world's true π_k at the same steps the same code covers (24 of
-24 effect intervals, 2 seeds, h ∈ {1, 3, 5, 10}), so the gap is π̂_k's alone; adding the entity's own logged
+against +0.01), and the intervals miss (13 of 24 90 % effect intervals cover, δ ∈ {0.5, 2, 5}, h ∈ {1, 3, 5, 10}, 2
+worlds). With the world's true π_k at the same steps the same code covers 22 of 24, so the gap is π̂_k's alone; adding the entity's own logged
 k-history (its earlier P at a_s = k) to the model did not narrow it. On data whose logging policy reads only the
 record the weights are right (the known-answer tests).
 """
