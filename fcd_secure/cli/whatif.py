@@ -120,6 +120,17 @@ def one_step_line(result: dict) -> str | None:
     return line
 
 
+def pi_k_lines(result: dict) -> list[str]:
+    """For each incremental policy (``queries.incremental``): where its weights' π_k came from."""
+    out = []
+    for name, d in (result.get("policies") or {}).items():
+        src = (d.get("identified") or {}).get("pi_k")
+        if src:
+            out.append(f"{name}: incremental; π_k(h) from the logged propensity at {src['logged_share']:.0%} of "
+                       f"{src['steps']} steps, from the sites' own propensity models at the rest")
+    return out
+
+
 def identified_table(result: dict) -> Group | None:
     """The headline answer, as two tables that fit 80 columns: per policy its doubly robust value over the first h
     steps, h the longest horizon the logs support (``queries.targeted``: ESS of the weight products ≥ 20), with its
@@ -238,6 +249,8 @@ def print_answers(con, res: dict, dataset: str) -> None:
     ident = identified_table(res)
     if ident is not None:
         con.print(ident)
+    for line in pi_k_lines(res):
+        con.print(escape(line))
     if (line := one_step_line(res)) is not None:
         con.print(escape(line))  # wrapped to the terminal: the line is long
     title = (f"Extrapolation ({dataset}): the simulator over whole trajectories, beyond what the logs identify; "

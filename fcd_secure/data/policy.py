@@ -14,7 +14,12 @@ its ``otherwise`` action elsewhere:
   z-scored context column is read back in its units, :func:`context_scales`), else ``otherwise``. The signal is
   ``"outcome"`` (outcomes before t) or ``"context:<column>"`` (a context column up to and including t: A_t is known
   at decision time); ``initial`` decides a step without any outcome history yet (t = 0);
-- ``kind = "constant"``: the paper's shorthand over the two anchors, ``on = true`` (a_on) or ``false`` (a_off).
+- ``kind = "constant"``: the paper's shorthand over the two anchors, ``on = true`` (a_on) or ``false`` (a_off);
+- ``kind = "incremental"``: a *stochastic* policy, the incremental propensity intervention of Kennedy (2019,
+  "Nonparametric causal effects based on incremental propensity score interventions", JASA 114:645-656): the
+  logging policy with the odds of ``action`` multiplied by ``delta`` at every step (:func:`incremental_probs`).
+  δ = 1 is the logging policy itself. It needs the logging policy's probabilities on the history it acts on
+  (``behaviour=`` of :meth:`Policy.actions`, or a site-local model bound by :meth:`Policy.with_behaviour`).
 
 An action is named by its **label** (a string: the spec's ``actions`` / ``action_labels``, ``meta['action_names']``),
 its integer **id**, or an **anchor**: ``"anchor:off"`` / ``"anchor:on"``, the two actions with the most logged
@@ -27,7 +32,10 @@ A policy that names labels or reads a context column is *bound* to a dataset's v
 Runtime contract (other layers code against it): :class:`PolicyLike`, the one protocol of a target policy
 (``name``, ``actions(t, y_hist, lengths, a_off, a_on) -> int64 [B]``, ``prob(...) -> float64 [B]``), which
 :class:`Policy` implements. A policy whose ``needs_context`` is true also takes ``context=`` ([B, h, da], the contexts
-up to and including t); callers pass it only then, so a policy written in Python keeps the five-argument form.
+up to and including t); callers pass it only then, so a policy written in Python keeps the five-argument form. A
+policy whose ``needs_behaviour`` is true (``incremental``) draws its action and may be passed ``behaviour=`` ([B, K],
+the logging policy's probabilities on the histories, by a rollout that knows them: an oracle); without it, it acts
+through the model bound by :meth:`Policy.with_behaviour`.
 """
 
 from __future__ import annotations
@@ -47,7 +55,7 @@ from fcd_secure.data.spec import ANCHOR_PREFIX, DataError, field_path
 __all__ = [
     "ANCHOR_OFF", "ANCHOR_ON", "DEFAULT_POLICY_NAMES", "Policy", "PolicyLike", "anchor_actions", "anchor_labels", "anchors_from_counts",
     "bind_policy", "context_scales", "default_policies", "snap_threshold", "load_policies", "load_policy", "load_policy_refs", "policy_dir", "regime_support",
-    "anchor_regime_support",
+    "anchor_regime_support", "incremental_probs", "incremental_ratio",
 ]
 
 DEFAULT_POLICY_NAMES = ("never", "always", "early_on", "late_on")
@@ -281,14 +289,45 @@ class ThresholdRule(_Rule):
         return self.context_column is None and (t == 0 or np.asarray(y_hist).reshape(np.shape(y_hist)[0], -1).shape[1] == 0)
 
 
+class IncrementalRule(_Rule):
+    """The logging policy with the odds of ``action`` multiplied by ``delta`` (Kennedy 2019; module docstring)."""
+
+    kind: Literal["incremental"]
+    #: the odds multiplier δ > 0 (δ = 1: the logging policy; δ > 1 favours ``action``, δ < 1 avoids it)
+    delta: float = Field(gt=0.0, allow_inf_nan=False)
+    action: ActionRef = ANCHOR_ON
+
+    def refs(self) -> dict[str, Any]:
+        return {"action": self.action}
+
+
+def incremental_ratio(delta: float, pi_k: np.ndarray, is_k: np.ndarray) -> np.ndarray:
+    """q(a | h) / π(a | h) of the incremental intervention: δ / (δπ_k + 1 − π_k) where a = k, 1 / (δπ_k + 1 − π_k)
+    elsewhere (Kennedy 2019, eq. 2). Only π_k(h) enters, so the importance weight of a logged action a_t ≠ k needs
+    π_k at that history, not the logged propensity of a_t."""
+    pi_k = np.asarray(pi_k, dtype=np.float64)
+    denom = delta * pi_k + 1.0 - pi_k
+    return np.where(np.asarray(is_k, dtype=bool), delta, 1.0) / denom
+
+
+def incremental_probs(behaviour: np.ndarray, k: int, delta: float) -> np.ndarray:
+    """q(· | h) over the actions, ``[B, K]``, from the logging policy's ``behaviour`` ``[B, K]``:
+    q_k = δπ_k / (δπ_k + 1 − π_k) and q_j = π_j / (δπ_k + 1 − π_k) for j ≠ k (each row sums to 1 when ``behaviour``'s
+    does)."""
+    b = np.asarray(behaviour, dtype=np.float64)
+    is_k = np.arange(b.shape[1])[None, :] == int(k)
+    return b * incremental_ratio(delta, b[:, [int(k)]], is_k)
+
+
 Rule = Annotated[
-    Union[StaticRule, SwitchRule, WindowRule, ThresholdRule, ConstantRule], Field(discriminator="kind")
+    Union[StaticRule, SwitchRule, WindowRule, ThresholdRule, ConstantRule, IncrementalRule],
+    Field(discriminator="kind"),
 ]
-RULE_KINDS = ("static", "switch", "window", "threshold", "constant")
+RULE_KINDS = ("static", "switch", "window", "threshold", "constant", "incremental")
 
 
 class Policy(BaseModel):
-    """A deterministic policy over a dataset's actions (module docstring)."""
+    """A policy over a dataset's actions (module docstring): deterministic, or stochastic (``incremental``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -302,6 +341,10 @@ class Policy(BaseModel):
     _column: int | None = PrivateAttr(default=None)
     _scale: tuple[float, float] | None = PrivateAttr(default=None)
     _source: str | None = PrivateAttr(default=None)
+    #: an incremental rule's logging-policy model ``fn(t, y_hist, lengths, context) -> [B, K]`` and its sampler seed
+    _behaviour: Any = PrivateAttr(default=None)
+    _seed: int = PrivateAttr(default=0)
+    _rng: Any = PrivateAttr(default=None)
 
     # -- vocabulary ------------------------------------------------------------------------------------------
     @property
@@ -312,7 +355,37 @@ class Policy(BaseModel):
     @property
     def needs_context(self) -> bool:
         """Whether the policy reads a context column (callers then pass ``context=``)."""
+        if self.stochastic:
+            return True  # the logging-policy model it acts through reads the context at t
         return isinstance(self.rule, ThresholdRule) and self.rule.context_column is not None
+
+    @property
+    def stochastic(self) -> bool:
+        """Whether the policy draws its action (``incremental``): π(a | h) is then in (0, 1), not 0 or 1."""
+        return isinstance(self.rule, IncrementalRule)
+
+    #: a rollout that knows the logging policy's true probabilities passes them as ``behaviour=`` (an oracle)
+    needs_behaviour = stochastic
+
+    def incremental_action(self, a_off: int, a_on: int) -> int:
+        """The action k whose odds an incremental policy multiplies."""
+        if not isinstance(self.rule, IncrementalRule):
+            raise ValueError(f"policy {self.name!r} is not incremental")
+        return self._id(self.rule.action, a_off, a_on)
+
+    @property
+    def behaviour(self) -> Any:
+        """The logging-policy model bound by :meth:`with_behaviour` (None when unbound)."""
+        return self._behaviour
+
+    def with_behaviour(self, behaviour: Any, seed: int) -> "Policy":
+        """A copy that acts through ``behaviour(t, y_hist, lengths, context) -> [B, K]``, a model of the logging
+        policy (a site's own, fit on its training rows; it never leaves the site), drawing its actions with a
+        generator seeded by ``seed`` (restarted by every :meth:`bind`, so each rollout draws the same way)."""
+        out = self.model_copy()
+        out._source, out._behaviour, out._seed = self._source, behaviour, int(seed)
+        out._rng = np.random.default_rng(out._seed)
+        return out
 
     @property
     def uses_anchors(self) -> bool:
@@ -345,6 +418,7 @@ class Policy(BaseModel):
         """
         out = self.model_copy()
         out._source = self._source
+        out._rng = np.random.default_rng(self._seed)
         names = None if action_names is None else [str(a) for a in action_names]
         size = n_actions if n_actions is not None else (None if names is None else len(names))
         labels = None if names is None else {a: i for i, a in enumerate(names)}
@@ -401,6 +475,8 @@ class Policy(BaseModel):
         """
         lengths = np.asarray(lengths)
         r = self.rule
+        if isinstance(r, IncrementalRule):
+            raise ValueError(f"policy {self.name!r} is stochastic: it has no condition (use actions or action_probs)")
         if isinstance(r, ThresholdRule) and r.without_history(t, y_hist):
             init = r.initial
             if isinstance(init, bool):
@@ -410,17 +486,43 @@ class Policy(BaseModel):
             return np.asarray(r.condition(t, y_hist, lengths, context, self._column, self._scale), dtype=bool)
         return np.asarray(r.condition(t, y_hist, lengths, context, self._column), dtype=bool)
 
+    def action_probs(self, t: int, y_hist: np.ndarray, lengths: np.ndarray, a_off: int, a_on: int,
+                     context: np.ndarray | None = None, behaviour: np.ndarray | None = None) -> np.ndarray:
+        """An incremental policy's q(· | h_t), ``[B, K]``: :func:`incremental_probs` of ``behaviour`` (the logging
+        policy's probabilities on these histories, when the caller knows them) or of the bound model's.
+
+        Raises:
+            ValueError: not an incremental policy, or no ``behaviour`` and no bound model.
+        """
+        r = self.rule
+        if not isinstance(r, IncrementalRule):
+            raise ValueError(f"policy {self.name!r} is deterministic: use actions()")
+        if behaviour is None:
+            if self._behaviour is None:
+                raise ValueError(f"policy {self.name!r} multiplies the logging policy's odds: it needs the logging "
+                                 "policy's probabilities (behaviour=) or a model of them (Policy.with_behaviour)")
+            behaviour = self._behaviour(t, y_hist, lengths, context)
+        return incremental_probs(behaviour, self._id(r.action, a_off, a_on), r.delta)
+
     def actions(
-        self, t: int, y_hist: np.ndarray, lengths: np.ndarray, a_off: int, a_on: int, context: np.ndarray | None = None
+        self, t: int, y_hist: np.ndarray, lengths: np.ndarray, a_off: int, a_on: int, context: np.ndarray | None = None,
+        behaviour: np.ndarray | None = None,
     ) -> np.ndarray:
         """The action id at step ``t`` for each of B trajectories: int64 [B] (``then`` where :meth:`on`, else
-        ``otherwise``; anchors resolve to ``a_off`` / ``a_on``).
+        ``otherwise``; anchors resolve to ``a_off`` / ``a_on``). An incremental policy draws it from
+        :meth:`action_probs` with its seeded generator.
 
         Raises:
             ValueError: a label of an unbound policy, or a context rule without ``context``.
         """
         lengths = np.asarray(lengths)
         r = self.rule
+        if isinstance(r, IncrementalRule):
+            q = self.action_probs(t, y_hist, lengths, a_off, a_on, context, behaviour)
+            if self._rng is None:
+                self._rng = np.random.default_rng(self._seed)
+            u = self._rng.random(len(lengths))
+            return np.minimum((np.cumsum(q, axis=1) < u[:, None]).sum(1), q.shape[1] - 1).astype(np.int64)
         if isinstance(r, ThresholdRule) and r.without_history(t, y_hist) and not isinstance(r.initial, bool):
             return np.full(len(lengths), self._id(r.initial, a_off, a_on), dtype=np.int64)
         cond = self.on(t, y_hist, lengths, context)
@@ -429,9 +531,14 @@ class Policy(BaseModel):
 
     def prob(
         self, t: int, y_hist: np.ndarray, lengths: np.ndarray, a_off: int, a_on: int, logged: np.ndarray,
-        context: np.ndarray | None = None,
+        context: np.ndarray | None = None, behaviour: np.ndarray | None = None,
     ) -> np.ndarray:
-        """π(logged action | history): 1.0 where the logged action equals the policy's, else 0.0 (float64 [B])."""
+        """π(logged action | history): 1.0 where the logged action equals the policy's, else 0.0 (float64 [B]); an
+        incremental policy's q(logged | h) from :meth:`action_probs`. (Off-policy estimates of an incremental policy
+        take the logged propensities instead: ``queries.incremental``.)"""
+        if self.stochastic:
+            q = self.action_probs(t, y_hist, lengths, a_off, a_on, context, behaviour)
+            return q[np.arange(len(q)), np.asarray(logged, dtype=np.int64)]
         return (self.actions(t, y_hist, lengths, a_off, a_on, context) == np.asarray(logged)).astype(np.float64)
 
     def plan(self, Y: np.ndarray, lengths: np.ndarray, a_off: int, a_on: int, A: np.ndarray | None = None) -> np.ndarray:

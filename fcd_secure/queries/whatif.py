@@ -56,7 +56,9 @@ interval, each contrast and its interval, the truth beside them where the data h
 The model side of DR: V̂_t is the model's return-to-go under π from a do-simulation started at t = 0 and Q̂_t = V̂_t.
 For the deterministic policies evaluated here Q̂_t only enters the per-decision DR sum multiplied by the weight
 w_{0:t}, which is zero unless the logged action equals π's action, so setting Q̂ = V̂ is the model's estimate of
-exactly the needed quantity (up to V̂ not being re-conditioned on the logged history at t).
+exactly the needed quantity (up to V̂ not being re-conditioned on the logged history at t). For a stochastic
+(incremental) policy Q̂ = V̂ does not depend on the action, so V̂ = Σ_a π(a | h) Q̂ holds and the per-decision DR
+stays unbiased with the logged propensities whatever the rollout (``queries.incremental``).
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ from fcd_secure.data.cohorts import row_ids
 from fcd_secure.data.policy import Policy, ThresholdRule, anchor_labels, bind_policy, load_policy_refs, snap_threshold
 from fcd_secure.data.schema import SiteDataset
 from fcd_secure.evaluation.intervals import UNSEEN_END_FIELDS, UNSEEN_FIELDS
+from fcd_secure.queries.incremental import PIK_FIELDS, attach_behaviour, incremental_target_probs, pik_sums
 from fcd_secure.queries.targeted import (
     horizon_diff_sums,
     horizon_grid,
@@ -106,6 +109,8 @@ MAX_POLICIES = 32
 QUESTION_SLOT = "whatif_cohorts.json"
 #: the most distinct cohorts a site answers over its lifetime: then its question budget is spent
 MAX_ANSWERED_COHORTS = 5000
+#: an incremental policy's weights are compared on a grid of 1/WEIGHT_GRID in log(q/P) (:func:`_logged_plan`)
+WEIGHT_GRID = 10.0
 #: the refusal rule of a question the budget refuses (``audit.rules.REFUSAL_RULES``)
 QUESTION_RULE = "eval_cohort"
 
@@ -240,6 +245,7 @@ def site_policy_sums(
             if note is not None:
                 grid_notes[raw.name] = note
         bound.append(bind_policy(raw, sub))
+    bound = attach_behaviour(bound, data.train, seed)  # incremental policies act through the site's own π̂
     if questions is not None:
         admit_question(bound, sub, data.anchors, H, questions.min_difference,
                        None if site_dir is None else Path(site_dir) / "slots" / QUESTION_SLOT)
@@ -267,6 +273,8 @@ def site_policy_sums(
         out.update(site_sums(f"whatif.value.{pol.name}", v, mc))
         out.update(site_sums(f"whatif.rectified.{pol.name}", v - residual))
         out.update(support_sums(pol.name, logged_support(pol, sub, a_off, a_on, H)))
+        if sub.P is not None and pol.stochastic:
+            out.update(pik_sums(pol.name, incremental_target_probs(pol, sub, data.anchors)[1]))
         if sub.P is not None:
             drs[pol.name], supports[pol.name], dr_steps[pol.name] = _dr_per_entity(pol, sub, sim, a_off, a_on)
             truths = ({h: oracle.true_policy_value(pol, data.site_index, "test", horizon=h)[0] for h in grid}
@@ -312,6 +320,15 @@ def _logged_plan(pol: Policy, sub: SiteDataset, a_off: int, a_on: int, H: int) -
     padding): what decides which of the row's logged steps are consistent with π, so which rows its OPE and DR sums
     read."""
     H = min(int(H), sub.L)
+    if pol.stochastic:
+        # an incremental policy weighs every logged step; what sets its rows apart is how much it moves each weight,
+        # so its "actions" are the weights on a grid of ~10 % (a row whose weight moves less reads as unchanged: the
+        # odds of an action one patient received cannot single that patient out, P41)
+        if sub.P is None:
+            return np.where(sub.M[:, :H] > 0, 0, -1).astype(np.int64)
+        ratio = _target_probs(pol, sub, a_off, a_on)[:, :H] / np.where(sub.M[:, :H] > 0, sub.P[:, :H], 1.0)
+        code = np.round(WEIGHT_GRID * np.log(np.maximum(ratio, 1e-300)))
+        return np.where(sub.M[:, :H] > 0, code, -1).astype(np.int64)
     plan = pol.plan(sub.Y[:, :H], sub.lengths, a_off, a_on, A=sub.A[:, :H] if pol.needs_context else None)
     return np.where(sub.M[:, :H] > 0, plan, -1).astype(np.int64)
 
@@ -397,8 +414,10 @@ def logged_support(pol: Policy, sub: SiteDataset, a_off: int, a_on: int, horizon
     at every step so far (π(a_s | h_s) > 0 for all s ≤ t): how much of π the site's logs show, ``[n]``. It needs
     no propensities (the doubly robust ``support`` is the same share where the weights are positive)."""
     H = min(int(horizon), sub.L)
-    pi = _target_probs(pol, sub, a_off, a_on)[:, :H]
     valid = sub.M[:, :H] > 0
+    if pol.stochastic:  # an incremental policy could have taken every logged action (q > 0 wherever π_b > 0)
+        return (valid.sum(axis=1) > 0).astype(np.float64)
+    pi = _target_probs(pol, sub, a_off, a_on)[:, :H]
     follows = np.cumprod(np.where(valid, pi > 0, True), axis=1).astype(bool)
     return (valid & follows).sum(axis=1) / np.maximum(valid.sum(axis=1), 1)
 
@@ -411,7 +430,10 @@ def support_sums(name: str, share: np.ndarray) -> dict[str, float]:
 
 
 def _target_probs(pol: Policy, sub: SiteDataset, a_off: int, a_on: int) -> np.ndarray:
-    """π(logged a_t | logged history) at every step of the site's rows, ``[n, L]``."""
+    """π(logged a_t | logged history) at every step of the site's rows, ``[n, L]`` (an incremental policy's from the
+    logged propensities, :func:`~fcd_secure.queries.incremental.incremental_target_probs`)."""
+    if pol.stochastic:
+        return incremental_target_probs(pol, sub, (a_off, a_on))[0]
     lengths = sub.lengths
     ctx = (lambda t: {"context": sub.A[:, : t + 1]}) if pol.needs_context else (lambda t: {})
     return np.stack([pol.prob(t, sub.Y[:, :t], lengths, a_off, a_on, sub.T[:, t], **ctx(t)) for t in range(sub.L)],
@@ -626,6 +648,11 @@ def merge_policy_sums(s: dict[str, Any], sites: int, request: WhatIfRequest | No
     for name, d in per_policy.items():
         if ident.get(name, {}).get("horizons"):
             d["identified"] = ident[name]
+            src = {f: s[f"whatif.pik.{name}.{f}"] for f in PIK_FIELDS
+                   if _all_sent(s, counts, sites, f"whatif.pik.{name}.{f}")}
+            if len(src) == len(PIK_FIELDS) and sum(src.values()) > 0:  # an incremental policy: where π_k came from
+                d["identified"]["pi_k"] = {"logged_share": src["logged"] / sum(src.values()),
+                                           "steps": int(sum(src.values()))}
     res: dict[str, Any] = {}
     if "whatif.residual.n" in s:
         res["factual_residual"] = interval_from_sums(s, "whatif.residual", level).to_dict()
@@ -702,6 +729,7 @@ def whatif_metric_names(policy_names: list[str] | tuple[str, ...]) -> list[str]:
                   for f in ("n", "sum", "sumsq", "support", *UNSEEN_FIELDS, *UNSEEN_END_FIELDS)]
         names.append(f"whatif.fires.{p}")  # threshold rules: 1 where the rule fires on the site's rows (P43)
         names += [f"whatif.support.{p}.{f}" for f in SUPPORT_FIELDS]
+        names += [f"whatif.pik.{p}.{f}" for f in PIK_FIELDS]  # incremental policies: where π_k came from
     return names + identified_metric_names(list(policy_names))
 
 

@@ -107,6 +107,7 @@ def policy_values(
     anchors: tuple[int, int],
     horizon: int | None = None,
     contexts: np.ndarray | None = None,
+    behaviour=None,
 ) -> np.ndarray:
     """Per-student value ``(1/H_i) Σ_{t<H_i} E[Y^π_it]`` of ``policy`` from t = 0 (H_i = min(L_i, horizon)), one
     per rollout.
@@ -124,6 +125,8 @@ def policy_values(
         anchors: ``(a_off, a_on)``.
         horizon: Steps from t = 0 that the value averages (None: every valid step).
         contexts: The contexts ``[n, L, da]`` a context-reading policy sees (exogenous here: replayed).
+        behaviour: ``behaviour(z) -> [B, K]``, the tutor's true item probabilities from the oracle's logits, passed
+            as ``behaviour=`` to a policy whose ``needs_behaviour`` is true (an incremental intervention).
 
     Returns:
         float64 ``[R, n]``.
@@ -151,6 +154,8 @@ def policy_values(
     with torch.no_grad():
         for t in range(H):
             kw = {} if ctx is None else {"context": ctx[:, : t + 1]}
+            if behaviour is not None and getattr(policy, "needs_behaviour", False):
+                kw["behaviour"] = behaviour(oracle.logits(state))
             a_np = np.asarray(policy.actions(t, y_hist[:, :t], lengths_b, a_off, a_on, **kw), dtype=np.int64)
             if a_np.shape != (RN,) or ((a_np < 0) | (a_np >= N_ITEMS)).any():
                 raise ValueError(f"policy {getattr(policy, 'name', policy)!r} returned bad actions at t={t}")

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from fcd_secure.data.dkt_synth import truth
-from fcd_secure.data.dkt_synth.behaviour import logging_probs_along
+from fcd_secure.data.dkt_synth.behaviour import behaviour_probs, logging_probs_along
 from fcd_secure.data.dkt_synth.config import DKTSynthConfig
 from fcd_secure.data.dkt_synth.noise import rollout_noise
 from fcd_secure.data.dkt_synth.oracle import DKTOracle
@@ -82,9 +82,19 @@ class DKTSynthWorld(OracleWorld):
         return truth.regime_probs(self.oracle, state, self._offset(ids), plan, noise)
 
     def _policy_values(self, policy: PolicyLike, ids: np.ndarray, noise: np.ndarray, horizon: int | None) -> np.ndarray:
-        """Per-step success from t = 0; a context-reading policy sees the clock (exogenous: replayed as logged)."""
+        """Per-step success from t = 0; a context-reading policy sees the clock (exogenous: replayed as logged), an
+        incremental one the tutor's true item probabilities on the simulated history."""
+        R = noise.shape[0] // max(len(ids), 1)
+        tile = (lambda x: torch.from_numpy(np.tile(x, (R,) + (1,) * (x.ndim - 1)))) if len(ids) else None
+        theta, u = tile(self.theta[ids]), tile(self.u[ids])
+        const = tile(self.site_params["item_const"][self.site_of[ids]])
+        d = torch.from_numpy(self.profile["difficulty"])
+
+        def behaviour(z: torch.Tensor) -> np.ndarray:
+            return behaviour_probs(self.cfg, z, theta, u, const, d, self.site_params["logit_ref"]).numpy()
+
         return truth.policy_values(self.oracle, policy, self._offset(ids), self.lengths[ids], noise, self.anchors,
-                                   horizon=horizon, contexts=clock_context(self._valid(ids)))
+                                   horizon=horizon, contexts=clock_context(self._valid(ids)), behaviour=behaviour)
 
     def _replay(self, ids: np.ndarray) -> np.ndarray:
         return truth.replay(self.oracle, self.T_all[ids], self.U[ids], self._offset(ids))

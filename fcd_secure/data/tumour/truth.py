@@ -66,13 +66,16 @@ def policy_values(
     noise_sd: float,
     v_response: float,
     horizon: int | None = None,
+    behaviour=None,
 ) -> np.ndarray:
     """Per-patient value ``(1/H_i) Σ_{t<H_i} E[Y^π_it]`` of ``policy`` from day 0 (H_i = min(L_i, horizon)), one per
     rollout.
 
     The policy sees ``(t, y_hist[B, t], lengths[B], a_off, a_on)`` with B = patients × rollouts (rollout-major), and
     ``context=`` the *simulated* contexts up to and including day t ``[B, t+1, 2]`` when its ``needs_context`` is
-    true (the volume and diameter are endogenous: under π they are π's, never the logged ones).
+    true (the volume and diameter are endogenous: under π they are π's, never the logged ones). A policy whose
+    ``needs_behaviour`` is true (an incremental intervention) is passed ``behaviour=behaviour(V_hist)``, the true
+    logging probabilities ``[B, 4]`` from the simulated volumes up to and including day t ``[B, t+1]``.
 
     Returns:
         float64 ``[R, n]``.
@@ -93,11 +96,16 @@ def policy_values(
     ctx = np.zeros((RN, L, 2), dtype=np.float32) if reads_context else None
     a_off, a_on = anchors
     total = np.zeros(RN)
+    wants_behaviour = behaviour is not None and getattr(policy, "needs_behaviour", False)
+    V_hist = np.zeros((RN, L)) if wants_behaviour else None
     for t in range(H):
         kw = {}
         if ctx is not None:
             ctx[:, t] = observed_contexts(V)
             kw = {"context": ctx[:, : t + 1]}
+        if V_hist is not None:
+            V_hist[:, t] = V
+            kw["behaviour"] = behaviour(V_hist[:, : t + 1])
         a = np.asarray(policy.actions(t, y_hist[:, :t], lengths_b, a_off, a_on, **kw), dtype=np.int64)
         if a.shape != (RN,) or ((a < 0) | (a >= N_ACTIONS)).any():
             raise ValueError(f"policy {getattr(policy, 'name', policy)!r} returned bad actions at t={t}")

@@ -100,9 +100,18 @@ class TumourWorld(OracleWorld):
 
     def _policy_values(self, policy: PolicyLike, ids: np.ndarray, noise: np.ndarray, horizon: int | None) -> np.ndarray:
         """The share of days the tumour is within the response size; a policy that reads a context sees the volumes
-        and diameters simulated under itself (endogenous)."""
+        and diameters simulated under itself (endogenous), an incremental one the true logging probabilities on
+        them."""
+        R = noise.shape[0] // max(len(ids), 1)
+        sp = self.site_params
+        chemo, radio = (np.tile(sp[k][self.site_of[ids]], R) for k in ("chemo_shift", "radio_shift"))
+
+        def behaviour(V_hist: np.ndarray) -> np.ndarray:  # the logging policy on the simulated diameters
+            return action_probs(self.cfg, recent_mean(diameter_of(V_hist), self.cfg.window), chemo, radio)
+
         return truth.policy_values(self.params.take(ids), self.V_all[ids, 0], policy, self.lengths[ids], noise,
-                                   self.anchors, self.cfg.noise_sd, self.v_response, horizon=horizon)
+                                   self.anchors, self.cfg.noise_sd, self.v_response, horizon=horizon,
+                                   behaviour=behaviour)
 
     def _replay(self, ids: np.ndarray) -> np.ndarray:
         Y, _ = truth.replay(self.params.take(ids), self.V_all[ids, 0], self.T_all[ids], self.Z[ids],

@@ -1,0 +1,115 @@
+"""A site's own model of its logging policy, π̂(a | h_t): what an incremental propensity intervention acts through
+where the logs do not give the logging probability it needs.
+
+An incremental policy (``data.policy``, ``kind = "incremental"``; Kennedy 2019, JASA 114:645-656) multiplies the
+odds of one action k by δ. Its importance weight at a logged step needs π_k(h_t), the logging probability of k at that
+history: the logged propensity P_t gives it exactly where a_t = k (and, with two actions, 1 − P_t elsewhere); at a
+logged a_t ≠ k among more actions, and on every *simulated* history of a rollout, it has to be modelled.
+
+:class:`HistoryPropensity` is a multinomial logistic regression over the actions on a few features of the history
+known at decision time (:func:`history_features`: t, the last outcome, the mean of the last three and of all outcomes
+so far, and the contexts at t), with an L2 penalty, fit by L-BFGS on the valid steps of the site's training rows. The
+problem is convex and starts at zero, so the fit is deterministic. It is fit and used on the site: its coefficients,
+like the propensities it is fit on, never leave it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.optimize import minimize
+from scipy.special import log_softmax
+
+from fcd_secure.data.schema import SiteDataset
+
+__all__ = ["HistoryPropensity", "history_features"]
+
+#: steps per unit of the time feature (t / T_SCALE): keeps it on the scale of the outcome features
+T_SCALE = 20.0
+
+
+def history_features(t: int, y_hist: np.ndarray, lengths: np.ndarray, context: np.ndarray | None,
+                     da: int) -> np.ndarray:
+    """The features of the histories of B rows at step ``t``, ``[B, 5 + da]``: t / 20, whether any outcome is known,
+    the last outcome, the mean of the last three and of all outcomes before t (0 without history), and the contexts
+    at t (``context[:, -1]``; zeros without). ``y_hist`` holds the outcomes before t, most recent last (a rollout's
+    simulated ones, or the logged ``Y[:, :t]``)."""
+    B = len(lengths)
+    y = np.asarray(y_hist, dtype=np.float64).reshape(B, -1)
+    has = y.shape[1] > 0
+    last = y[:, -1] if has else np.zeros(B)
+    recent = y[:, -3:].mean(1) if has else np.zeros(B)
+    mean = y.mean(1) if has else np.zeros(B)
+    ctx = (np.asarray(context, dtype=np.float64).reshape(B, -1, da)[:, -1] if context is not None and da
+           else np.zeros((B, da)))
+    base = np.stack([np.full(B, t / T_SCALE), np.full(B, float(has)), last, recent, mean], axis=1)
+    return np.concatenate([base, ctx], axis=1)
+
+
+class HistoryPropensity:
+    """π̂(a | h_t): multinomial logistic regression on :func:`history_features` (module docstring).
+
+    Args:
+        n_actions: K, the size of the action set.
+        da: context columns.
+        l2: the penalty on the coefficients (not on the intercepts), per training step.
+    """
+
+    def __init__(self, n_actions: int, da: int, l2: float = 1e-3) -> None:
+        self.n_actions, self.da, self.l2 = int(n_actions), int(da), float(l2)
+        self.coef: np.ndarray | None = None  # [F + 1, K], the first row the intercepts
+        self.mean: np.ndarray | None = None
+        self.scale: np.ndarray | None = None
+
+    def _design(self, F: np.ndarray) -> np.ndarray:
+        return np.concatenate([np.ones((len(F), 1)), (F - self.mean) / self.scale], axis=1)
+
+    def fit(self, ds: SiteDataset) -> "HistoryPropensity":
+        """Fit on every valid step of ``ds`` (the site's training rows).
+
+        Raises:
+            ValueError: ``ds`` has no valid step, or its dimensions differ from the model's.
+        """
+        if ds.n_actions != self.n_actions or ds.da != self.da:
+            raise ValueError(f"{ds.name}: {ds.n_actions} actions and {ds.da} contexts, the model has "
+                             f"{self.n_actions} and {self.da}")
+        feats, acts = [], []
+        for t in range(ds.L):
+            v = ds.M[:, t] > 0
+            if v.any():
+                feats.append(history_features(t, ds.Y[v, :t], ds.lengths[v], ds.A[v, : t + 1], self.da))
+                acts.append(ds.T[v, t])
+        if not feats:
+            raise ValueError(f"{ds.name}: no valid step to fit a propensity model on")
+        F, a = np.concatenate(feats), np.concatenate(acts).astype(np.int64)
+        self.mean, sd = F.mean(0), F.std(0)
+        self.scale = np.where(sd > 1e-9, sd, 1.0)
+        X = self._design(F)
+        n, d, K = len(X), X.shape[1], self.n_actions
+        onehot = np.zeros((n, K))
+        onehot[np.arange(n), a] = 1.0
+        pen = np.ones((d, 1))
+        pen[0] = 0.0
+
+        def loss(w: np.ndarray) -> tuple[float, np.ndarray]:
+            W = w.reshape(d, K)
+            lp = log_softmax(X @ W, axis=1)
+            nll = -(onehot * lp).sum() / n + 0.5 * self.l2 * (pen * W * W).sum()
+            grad = X.T @ (np.exp(lp) - onehot) / n + self.l2 * pen * W
+            return float(nll), grad.ravel()
+
+        res = minimize(loss, np.zeros(d * K), jac=True, method="L-BFGS-B", options={"maxiter": 500})
+        self.coef = res.x.reshape(d, K)
+        return self
+
+    def probs(self, t: int, y_hist: np.ndarray, lengths: np.ndarray, context: np.ndarray | None) -> np.ndarray:
+        """π̂(· | h_t) of B rows, ``[B, K]`` (the signature a bound incremental policy calls).
+
+        Raises:
+            RuntimeError: before :meth:`fit`.
+        """
+        if self.coef is None:
+            raise RuntimeError("HistoryPropensity.probs before fit")
+        X = self._design(history_features(t, y_hist, lengths, context, self.da))
+        return np.exp(log_softmax(X @ self.coef, axis=1))
+
+    __call__ = probs
