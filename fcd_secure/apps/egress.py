@@ -38,6 +38,7 @@ from fcd_secure.apps.secure_site import secure_reply_check
 from fcd_secure.federation.records import REC_CONFIG, REC_EVAL, REC_HELLO, REC_METRICS, REC_NUM
 from fcd_secure.queries.eval_vector import max_words
 from fcd_secure.apps.site import SiteRuntime
+from fcd_secure.queries.dr_learner import metric_names as dr_learner_metric_names
 from fcd_secure.queries.whatif import evaluated_policy_names, whatif_metric_names
 from fcd_secure.privacy.anchor import read_anchors
 from fcd_secure.privacy.ledger import privacy_ledger_hash
@@ -69,6 +70,7 @@ def federation_policy(
         **fields,
     )
     whatif = {f"{REC_EVAL}/{k}" for k in whatif_metric_names(list(policy_names))}
+    whatif |= {f"{REC_EVAL}/{k}" for k in dr_learner_metric_names()}  # the DR-learner's sums (queries.dr_learner)
     # round 0 of a secure-standardisation run announces the names of its moment sums (``queries.secure_stats``)
     moments = {f"{REC_EVAL}/{k}" for k in MOMENT_KEYS if k.endswith(".n")}
     moment_lists = {f"{REC_EVAL}/{k}": MAX_MOMENT_COLUMNS for k in MOMENT_KEYS if not k.endswith(".n")}

@@ -52,6 +52,7 @@ from fcd_secure.apps.outputs import RoundsLog, write_config, write_run_folder
 from fcd_secure.federation.records import HELLO_MESSAGE_TYPE, REC_HELLO, config_from_context
 from fcd_secure.federation.run_ticket import CONSORTIUM_ENV, COORDINATOR_KEY_ENV, verify_run_ticket
 from fcd_secure.federation.sampler import ClientSampler
+from fcd_secure.queries import dr_learner
 from fcd_secure.queries.secure_evaluation import secure_evaluation_for
 from fcd_secure.queries.selection import KEEP_KEY, RESTORE_KEY, KeptParams, RoundScore, choose_round
 from fcd_secure.queries.secure_stats import STATISTICS_KEY, secure_statistics
@@ -352,6 +353,8 @@ def run_federation(
                 row["selection"] = sel
                 row.update(d1=sel["d1"], d1_se=sel["d1_se"], d1_alarm=sel["alarm"], validation_fit=sel["validation_fit"],
                            dh=sel.get("dh"), dh_se=sel.get("dh_se"), dh_ess=sel.get("dh_ess"))
+            if quick.get("dr_learner_fit"):
+                row["dr_learner_fit"] = quick["dr_learner_fit"]  # consortium totals only (queries.dr_learner)
         history.append(row)
         ckpt.save(rnd, theta, sampler.get_state(), cfg.training_hash(),
                   extra={"history": history, **({STATISTICS_KEY: statistics} if statistics is not None else {})})
@@ -376,6 +379,10 @@ def run_federation(
     if selection["round"] != fed.rounds and selection["rule"] != "last":
         theta = kept.load(selection["round"])  # the chosen round's Θc; each site restores its own Θs of that round
         final_conf[RESTORE_KEY] = selection["round"]
+    # the DR-learner of the chosen round: β from the consortium's validation sums, predicted on each site's test rows
+    dr_fit = dr_learner.solve(next((r.get("dr_learner_fit") for r in history if r["round"] == selection["round"]), None),
+                              n_sites)
+    final_conf.update(dr_learner.request_field(dr_fit))
     say("selected", selection)
     say("evaluating", {})
     n_err = len(comm.site_errors)
@@ -383,6 +390,7 @@ def run_federation(
         comm, order, theta, cfg, part, quick=False, sites=sites, secure=secure_eval, round_id=fed.rounds + 1,
         extra=final_conf,
     )
+    final_eval["dr_learner"] = {**dr_fit, "round": selection["round"], **(final_eval.get("dr_learner") or {})}
     for e in _error_rows(comm, n_err):
         say("site_error", e)
     # close the sites' ledgers: the receipts still owed, in one last message each

@@ -30,6 +30,7 @@ from fcd_secure.federation import learner
 from fcd_secure.federation.learner import SiteData
 from fcd_secure.federation.messaging import Comm
 from fcd_secure.federation.records import EVALUATE_MESSAGE_TYPE, REC_CONFIG, REC_EVAL, REC_GLOBAL, global_to_record
+from fcd_secure.queries.dr_learner import beta_from_config, fit_totals, merge_effects, site_effect_sums
 from fcd_secure.queries.selection import RoundScore
 from fcd_secure.queries.targeted import merge_one_step, one_step_sums, one_step_truth
 from fcd_secure.queries.whatif import (
@@ -115,8 +116,12 @@ def site_metrics(
         return out
 
     # the identified one-step effect at every decision step (queries.targeted), on the same rows
-    truth = one_step_truth(oracle, data.site_index, rows, sub.L, data.anchors) if oracle is not None and sub.P is not None else None
+    beta = beta_from_config(eval_config)  # the DR-learner fitted on the sites' validation rows (queries.dr_learner)
+    truth = (one_step_truth(oracle, data.site_index, rows, sub.L, data.anchors)
+             if oracle is not None and (sub.P is not None or beta is not None) else None)
     out.update(one_step_sums(model, sub, data.anchors, truth))
+    if beta is not None:
+        out.update(site_effect_sums(model, sub, data.anchors, beta, truth))
     raw = eval_config.get(WHATIF_KEY)
     request = WhatIfRequest.from_json(str(raw)) if raw else request_from_config(cfg)
     out.update(site_policy_sums(model, sub, data, cfg, request, seed, n_samples, len(rows) == test.n, site_dir,
@@ -197,6 +202,9 @@ def merge_totals(
     one_step = merge_one_step(s, request.level if request is not None else 0.9, binary)
     if one_step is not None:
         res["one_step_effect"] = one_step
+    dr = merge_effects(s)
+    if dr is not None:
+        res["dr_learner"] = dr
     return res
 
 
@@ -322,6 +330,7 @@ def evaluate_federated(
     if "select.d1.n" in totals:  # a scored round (queries.selection): the consortium's D1 and validation fit
         score = RoundScore.from_totals(round_id, totals, int(totals["_sites"]))
         merged["selection"] = score.as_row() if score is not None else None
+        merged["dr_learner_fit"] = fit_totals(totals)  # the DR-learner's sums of this round (queries.dr_learner)
     if not quick and "contexts" in merged:
         merged["contexts"].update(context_columns(cfg))
     merged.update(split(failed))

@@ -1,0 +1,285 @@
+"""Per-entity effects with skill: a federated DR-learner of the one-step effect at every decision step (issue 29 item 4).
+
+The simulator's own one-step contrast μ̂_on − μ̂_off has, on DKT-Synth, no per-entity skill (corr with the truth near
+0). The DR-learner (Kennedy 2023, "Towards optimal doubly robust estimation of heterogeneous causal effects", EJS; over
+time: Frauen, Hess & Feuerriegel, ICLR 2025) regresses the doubly robust pseudo-outcome of every decision step::
+
+    φ_t = μ̂_on(H_t) − μ̂_off(H_t) + 1{T_t = a_on}(Y_t − μ̂_on)/P_t − 1{T_t = a_off}(Y_t − μ̂_off)/P_t
+
+(``queries.targeted``; terms clipped at ±50, ``evaluation.discrepancy``) on features x_t of the history H_t. Since
+E[φ_t | H_t] is the true one-step effect τ(H_t) whenever P_t is the logging probability (whatever μ̂ is), the
+regression's fit τ̂(H_t) = βᵀx_t targets the per-entity effect, not the model's confounded contrast.
+
+**Cross-fitting.** The outcome model μ̂ was trained on a site's training rows; the pseudo-outcomes are formed on its
+*validation* rows (``SiteData.validation``, never trained on), so no row's pseudo-outcome uses a model trained on it
+(Kennedy 2023 §3: sample splitting); the effects are then predicted on the test rows.
+
+**Features** (:data:`FEATURES`, fixed so that the egress allow-list is exact): an intercept, the simulator's own
+contrast and level, and a few summaries of the anchor actions' history: how often each anchor was given before t and
+how often it was answered correctly, the previous step's action and outcome, the running outcome mean and the step
+position. Measured on DKT-Synth ``small`` (one-epoch-per-site model, 4 sites, test steps): the oracle's best linear fit
+of τ on these reaches R² 0.32, on the model's contrast, level and the first 8 dims of its encoder state only 0.05 —
+so the encoder state is not used (the ``Simulator`` protocol does not expose it either).
+
+**Federated fit in closed form.** At every scored round a site sends, beside its selection sums, only the additive
+sums of a weighted ridge regression over its validation steps (``drl.fit.*``: n, Σw, Σwφ², XᵀWX, XᵀWφ), in its
+evaluation reply (secure aggregation in secure mode). The server takes those of the round the selection chose
+(:func:`solve`): slopes are penalised on the features' pooled standard deviations (read from XᵀWX itself, the
+intercept column gives the means), λ by generalised cross-validation (Golub, Heath & Wahba 1979) computed from the same
+sums — no truth. β travels in the final evaluation's request (:data:`BETA_KEY`); each site predicts τ̂_t = βᵀx_t on
+its test steps and sends ``drl.effect.*`` (``EffectStats`` against the oracle's one-step truth when there is one, and
+Στ̂) and ``drl.model.*`` (the simulator's own contrast against the same truth). τ̂ per entity stays on the site.
+
+**Weights.** w_t = 1 (ordinary least squares). Inverse-variance weights of the pseudo-outcome (Frauen et al.'s
+IVW-learner) need the propensities of *both* anchors at every step (a weight must be a function of H_t alone, or the
+regression no longer targets τ(H_t)); a site logs only the propensity of the action it took. Weighting by the logged
+P_t (a function of T_t too) is biased, and measured far worse (skill −5.7 against −0.16 at one setting).
+
+A site without logged propensities (or with fewer validation entities than its cohort floor) sends n = 0; the output
+says ``partial`` or ``unavailable``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+
+from fcd_secure.evaluation.discrepancy import DEFAULT_CLIP, one_step_dr_terms
+
+#: the features x_t of the history H_t, in order (feature 0 is the intercept)
+FEATURES = ("intercept", "model_contrast", "model_level", "log_past_on", "log_past_off", "log_past_on_correct",
+            "log_past_off_correct", "last_on", "last_off", "last_outcome", "past_outcome_mean", "step_fraction")
+K = len(FEATURES)
+#: the pairs (i ≤ j) of XᵀWX a site sends
+PAIRS = tuple((i, j) for i in range(K) for j in range(i, K))
+#: the fit sums' scalars besides XᵀWX and XᵀWφ
+FIT_SCALARS = ("n", "sw", "syy", "sites")
+#: the request field carrying the fitted coefficients to the final evaluation
+BETA_KEY = "dr-learner"
+#: the ridge grid (penalty per unit weight on standardised slopes); λ is chosen on it by GCV
+LAMBDAS = (0.0, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
+EFFECT_SUMS = ("n", "sse", "sum_hat", "sum_true", "sum_true_sq", "sum_hat_sq", "sum_cross")
+
+
+def metric_names() -> list[str]:
+    """Every key a site may add to an evaluation reply for the DR-learner (the egress gate's exact allow-list)."""
+    names = [f"drl.fit.{f}" for f in FIT_SCALARS]
+    names += [f"drl.fit.xx.{i}.{j}" for i, j in PAIRS] + [f"drl.fit.xy.{i}" for i in range(K)]
+    names += [f"drl.{part}.{f}" for part in ("effect", "model") for f in EFFECT_SUMS]
+    return names
+
+
+# -- a site: features, pseudo-outcomes, sums --------------------------------------------------------------------------
+def history_features(ds, mu_on: np.ndarray, mu_off: np.ndarray, anchors: tuple[int, int]) -> np.ndarray:
+    """x_t of every step, ``[n, L, K]`` (:data:`FEATURES`); only the history before t and the model's μ̂(H_t) enter.
+
+    Args:
+        ds: the rows (``SiteDataset``).
+        mu_on, mu_off: the model's one-step probabilities of the anchors, ``[n, L]``.
+        anchors: ``(a_off, a_on)``.
+    """
+    a_off, a_on = (int(a) for a in anchors)
+    n, L = ds.Y.shape
+    valid = (ds.M > 0).astype(np.float64)
+    Y = np.asarray(ds.Y, dtype=np.float64) * valid
+    on, off = (ds.T == a_on) * valid, (ds.T == a_off) * valid
+
+    def before(x: np.ndarray) -> np.ndarray:  # Σ_{s<t} x_s
+        return np.cumsum(x, 1) - x
+
+    def previous(x: np.ndarray, first: float) -> np.ndarray:
+        return np.concatenate([np.full((n, 1), first), x[:, :-1]], 1)
+
+    t = np.broadcast_to(np.arange(L, dtype=np.float64), (n, L))
+    cols = [np.ones((n, L)), mu_on - mu_off, (mu_on + mu_off) / 2, np.log1p(before(on)), np.log1p(before(off)),
+            np.log1p(before(on * Y)), np.log1p(before(off * Y)), previous(on, 0.0), previous(off, 0.0),
+            previous(Y, 0.5), np.where(t > 0, before(Y) / np.maximum(t, 1.0), 0.5), t / max(L, 1)]
+    return np.stack(cols, -1)
+
+
+def pseudo_outcomes(ds, mu_on: np.ndarray, mu_off: np.ndarray, anchors: tuple[int, int],
+                    clip: float = DEFAULT_CLIP) -> np.ndarray:
+    """φ_t of every valid step (module docstring), flat in the order of ``ds.M > 0``."""
+    a_off, a_on = (int(a) for a in anchors)
+    valid = ds.M > 0
+    psi = np.clip(one_step_dr_terms(ds.Y, ds.M, ds.T, ds.P, mu_on, mu_off, a_on, a_off), -clip, clip)
+    return (mu_on - mu_off)[valid] + psi
+
+
+def ridge_sums(X: np.ndarray, phi: np.ndarray, w: np.ndarray | None = None) -> dict[str, float]:
+    """The additive sums of a weighted ridge regression of ``phi`` on the rows of ``X`` (``drl.fit.*``)."""
+    X = np.asarray(X, dtype=np.float64)
+    phi = np.asarray(phi, dtype=np.float64)
+    w = np.ones(len(phi)) if w is None else np.asarray(w, dtype=np.float64)
+    A = (X * w[:, None]).T @ X
+    b = (X * w[:, None]).T @ phi
+    out = {"drl.fit.n": float(len(phi)), "drl.fit.sw": float(w.sum()), "drl.fit.syy": float((w * phi * phi).sum()),
+           "drl.fit.sites": 1.0}
+    out.update({f"drl.fit.xx.{i}.{j}": float(A[i, j]) for i, j in PAIRS})
+    out.update({f"drl.fit.xy.{i}": float(b[i]) for i in range(K)})
+    return out
+
+
+def empty_fit_sums() -> dict[str, float]:
+    """What a site that cannot fit sends: zeros (n = 0, not counted in ``sites``)."""
+    return {k: 0.0 for k in metric_names() if k.startswith("drl.fit.")}
+
+
+def site_fit_sums(model, data, floor: int) -> dict[str, float]:
+    """A site's ``drl.fit.*`` over its validation rows (cross-fitting: the model never trained on them).
+
+    Args:
+        model: the simulator of the scored round (global Θc with the site's Θs).
+        data: the site's ``SiteData``.
+        floor: the site's cohort floor: fewer validation entities send n = 0 (as ``queries.selection``, P22).
+    """
+    from fcd_secure.model.baselines import as_simulator  # noqa: PLC0415
+    from fcd_secure.queries.selection import _entities  # noqa: PLC0415
+
+    val = data.validation
+    if val is None or val.P is None or _entities(val) < floor:
+        return empty_fit_sums()
+    sim = as_simulator(model)
+    a_off, a_on = (int(a) for a in data.anchors)
+    mu_on, mu_off = sim.one_step_probs(val, a_on), sim.one_step_probs(val, a_off)
+    X = history_features(val, mu_on, mu_off, data.anchors)[val.M > 0]
+    return ridge_sums(X, pseudo_outcomes(val, mu_on, mu_off, data.anchors))
+
+
+def site_effect_sums(model, sub, anchors: tuple[int, int], beta: np.ndarray,
+                     truth: np.ndarray | None) -> dict[str, float]:
+    """A site's ``drl.effect.*`` and ``drl.model.*`` on its test rows ``sub``: τ̂_t = βᵀx_t and the simulator's own
+    contrast, each as ``EffectStats`` against ``truth`` (the oracle's one-step contrast ``[n, L]``), or only n and
+    Στ̂ without a truth. Nothing per entity leaves."""
+    from fcd_secure.evaluation.metrics import EffectStats  # noqa: PLC0415
+    from fcd_secure.model.baselines import as_simulator  # noqa: PLC0415
+
+    beta = np.asarray(beta, dtype=np.float64)
+    if sub.n == 0 or beta.shape != (K,):
+        return {}
+    sim = as_simulator(model)
+    a_off, a_on = (int(a) for a in anchors)
+    mu_on, mu_off = sim.one_step_probs(sub, a_on), sim.one_step_probs(sub, a_off)
+    valid = sub.M > 0
+    tau_hat = history_features(sub, mu_on, mu_off, anchors)[valid] @ beta
+    own = (mu_on - mu_off)[valid]
+    if truth is None:
+        return {"drl.effect.n": float(tau_hat.size), "drl.effect.sum_hat": float(tau_hat.sum()),
+                "drl.model.n": float(own.size), "drl.model.sum_hat": float(own.sum())}
+    tau = np.asarray(truth, dtype=np.float64)[valid]
+    out = {f"drl.effect.{k}": float(v) for k, v in EffectStats.from_arrays(tau_hat, tau).to_dict().items()}
+    out.update({f"drl.model.{k}": float(v) for k, v in EffectStats.from_arrays(own, tau).to_dict().items()})
+    return out
+
+
+# -- the server: solve, request, merge --------------------------------------------------------------------------------
+def fit_totals(totals: dict[str, Any]) -> dict[str, float] | None:
+    """The ``drl.fit.*`` of the consortium's totals (None when absent), as stored with a scored round."""
+    keys = [k for k in metric_names() if k.startswith("drl.fit.")]
+    if not all(k in totals for k in keys):
+        return None
+    return {k: float(totals[k]) for k in keys}
+
+
+def _matrices(s: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
+    A = np.zeros((K, K))
+    for i, j in PAIRS:
+        A[i, j] = A[j, i] = float(s[f"drl.fit.xx.{i}.{j}"])
+    return A, np.array([float(s[f"drl.fit.xy.{i}"]) for i in range(K)])
+
+
+def ridge_penalty(A: np.ndarray, sw: float, lam: float) -> np.ndarray:
+    """The diagonal of the ridge penalty: λ Σw s_j² for the slopes, s_j the pooled weighted s.d. of feature j (from
+    XᵀWX: the intercept column gives the means), 0 for the intercept. A feature constant everywhere (or λ = 0 on a
+    rank-deficient design) gets a vanishing ridge so that the system stays solvable."""
+    mean = A[0] / sw
+    var = np.clip(np.diag(A) / sw - mean ** 2, 0.0, None)
+    pen = np.maximum(lam * sw * var, 1e-9 * sw)
+    pen[0] = 0.0
+    return pen
+
+
+def ridge_solution(A: np.ndarray, b: np.ndarray, sw: float, lam: float) -> np.ndarray:
+    """β minimising Σ w(φ − xβ)² + Σ_j pen_j β_j² (:func:`ridge_penalty`) from the sums XᵀWX = ``A``, XᵀWφ = ``b``."""
+    return np.linalg.solve(A + np.diag(ridge_penalty(A, sw, lam)), b)
+
+
+def solve(s: dict[str, float] | None, sites: int, lambdas: tuple[float, ...] = LAMBDAS) -> dict[str, Any]:
+    """β from the consortium's fit sums with λ chosen by GCV on :data:`LAMBDAS` (module docstring).
+
+    GCV(λ) = n · RSS(λ) / (n − df(λ))², RSS = Σwφ² − 2βᵀXᵀWφ + βᵀXᵀWXβ and df = tr((XᵀWX + Λ)⁻¹ XᵀWX): all from
+    the sums.
+
+    Returns:
+        ``{"coverage", "features", "n", "sites_scoring", "sites", "lambda", "df", "gcv", "beta"}``; ``beta`` is None
+        (with ``why``) when no site could fit.
+    """
+    base: dict[str, Any] = {"features": list(FEATURES), "sites": int(sites), "weights": "unit",
+                            "lambda_rule": "GCV over " + ", ".join(f"{x:g}" for x in lambdas)}
+    n = 0.0 if s is None else float(s["drl.fit.n"])
+    scoring = 0 if s is None else int(round(s["drl.fit.sites"]))
+    base.update(n=int(n), sites_scoring=scoring)
+    if s is None or n <= K or scoring == 0:
+        return {**base, "coverage": "unavailable", "beta": None,
+                "why": "no site sent validation pseudo-outcomes (no logged propensities, validation rows below the "
+                       "cohort floor, or no scored round)"}
+    A, b = _matrices(s)
+    sw, syy = float(s["drl.fit.sw"]), float(s["drl.fit.syy"])
+    best = None
+    for lam in lambdas:
+        try:
+            lhs = A + np.diag(ridge_penalty(A, sw, lam))
+            beta = np.linalg.solve(lhs, b)
+            df = float(np.trace(np.linalg.solve(lhs, A)))
+        except np.linalg.LinAlgError:
+            continue
+        rss = syy - 2 * beta @ b + beta @ A @ beta
+        gcv = n * max(rss, 0.0) / max(n - df, 1.0) ** 2
+        if best is None or gcv < best[0] - 1e-15:
+            best = (gcv, lam, df, beta)
+    if best is None:
+        return {**base, "coverage": "unavailable", "beta": None, "why": "the ridge system could not be solved"}
+    gcv, lam, df, beta = best
+    return {**base, "coverage": "full" if scoring >= sites else "partial", "lambda": lam, "df": df, "gcv": gcv,
+            "beta": [float(x) for x in beta]}
+
+
+def request_field(fit: dict[str, Any]) -> dict[str, str]:
+    """The final evaluation's request field carrying β (empty without a fit)."""
+    return {BETA_KEY: json.dumps({"beta": fit["beta"]})} if fit.get("beta") is not None else {}
+
+
+def beta_from_config(eval_config: dict[str, Any]) -> np.ndarray | None:
+    """β of a final evaluation's request, or None (a malformed field is ignored: no DR-learner answer, never a crash
+    on a server's value)."""
+    raw = eval_config.get(BETA_KEY)
+    if not raw:
+        return None
+    try:
+        beta = np.asarray(json.loads(str(raw))["beta"], dtype=np.float64)
+    except (ValueError, KeyError, TypeError):
+        return None
+    return beta if beta.shape == (K,) and np.isfinite(beta).all() else None
+
+
+def merge_effects(s: dict[str, Any]) -> dict[str, Any] | None:
+    """The DR-learner's and the simulator's one-step effect figures from the consortium's totals (PEHE, PEHE₀, sd τ,
+    corr, skill against the constant true ATE; only the mean τ̂ without a truth)."""
+    from fcd_secure.evaluation.metrics import EffectStats  # noqa: PLC0415
+
+    if not s.get("drl.effect.n"):
+        return None
+    out: dict[str, Any] = {"steps": int(round(float(s["drl.effect.n"])))}
+    for part, name in (("effect", "dr_learner"), ("model", "simulator")):
+        es = EffectStats.from_sums(s, prefix=f"drl.{part}.")
+        if es.n == 0:
+            continue
+        fig: dict[str, Any] = {"mean_tau_hat": es.sum_hat / es.n}
+        if math.isfinite(es.sse):
+            fig.update(es.skill_figures())
+            fig["mean_tau"] = es.sum_true / es.n
+        out[name] = fig
+    return out

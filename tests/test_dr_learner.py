@@ -1,0 +1,179 @@
+"""The federated DR-learner of per-entity one-step effects (issue 29 item 4, ``queries.dr_learner``): the merged sums
+solve to the pooled ridge, β recovers a known heterogeneous effect, pseudo-outcomes come from the validation rows only,
+a site without propensities sends n = 0, and no ``drl.*`` sum reaches the server in clear in secure mode."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+
+from fcd_secure.config import build_config  # noqa: E402
+from fcd_secure.data.schema import SiteDataset  # noqa: E402
+from fcd_secure.evaluation.metrics import EffectStats  # noqa: E402
+from fcd_secure.federation import learner  # noqa: E402
+from fcd_secure.queries import dr_learner as drl  # noqa: E402
+from fcd_secure.queries.evaluation import add_sums  # noqa: E402
+
+#: small DKT-Synth (1,500 students) on 4 even sites: every site has ≥ 20 validation and test students
+SMALL = {"seed": 0, "data": {"preset": "small", "n_sites": 4, "alpha": 1000.0},
+         "federation": {"clients_per_round": 4, "rounds": 2, "eval_every": 1}}
+
+
+def _pooled_ridge(X, y, w, lam):
+    """The weighted ridge in plain numpy on the pooled rows: slopes penalised by λ Σw var_w(x_j), intercept free."""
+    sw = w.sum()
+    mean = (w[:, None] * X).sum(0) / sw
+    var = (w[:, None] * (X - mean) ** 2).sum(0) / sw
+    pen = np.maximum(lam * sw * var, 1e-9 * sw)
+    pen[0] = 0.0
+    lhs = X.T @ (w[:, None] * X) + np.diag(pen)
+    beta = np.linalg.solve(lhs, X.T @ (w * y))
+    hat_trace = np.trace(np.linalg.solve(lhs, X.T @ (w[:, None] * X)))
+    rss = float((w * (y - X @ beta) ** 2).sum())
+    return beta, len(y) * rss / (len(y) - hat_trace) ** 2
+
+
+def test_merged_site_sums_solve_to_the_pooled_weighted_ridge():
+    rng = np.random.default_rng(3)
+    parts, rows = [], []
+    for n in (150, 90, 260):
+        X = np.c_[np.ones(n), rng.normal(size=(n, drl.K - 1)) * rng.uniform(0.1, 5, drl.K - 1) + rng.normal(size=drl.K - 1)]
+        y = X @ rng.normal(size=drl.K) + rng.normal(size=n) * 2
+        w = rng.uniform(0.2, 3.0, n)
+        parts.append(drl.ridge_sums(X, y, w))
+        rows.append((X, y, w))
+    totals = add_sums(parts)
+    X, y, w = (np.concatenate([r[i] for r in rows]) for i in range(3))
+    fit = drl.solve(drl.fit_totals(totals), sites=3)
+    assert fit["coverage"] == "full" and fit["n"] == 500 and fit["sites_scoring"] == 3
+    gcvs = {lam: _pooled_ridge(X, y, w, lam)[1] for lam in drl.LAMBDAS}
+    assert fit["lambda"] == min(gcvs, key=gcvs.get)  # GCV from the sums picks the pooled GCV's λ
+    beta, gcv = _pooled_ridge(X, y, w, fit["lambda"])
+    np.testing.assert_allclose(fit["beta"], beta, rtol=1e-9, atol=1e-9)
+    assert fit["gcv"] == pytest.approx(gcv, rel=1e-9)
+    for lam in (0.0, 1.0):
+        A, b = drl._matrices(drl.fit_totals(totals))
+        np.testing.assert_allclose(drl.ridge_solution(A, b, float(w.sum()), lam), _pooled_ridge(X, y, w, lam)[0],
+                                   rtol=1e-9, atol=1e-9)
+
+
+def _known_world(n=3000, L=8, seed=0):
+    """Two actions logged at random (P = 0.5); the effect of a_on = 1 over a_off = 0 at step t is 0.1 + 0.3 Y_{t−1}
+    (Y_{−1} := 0.5): it depends on the history feature ``last_outcome`` only."""
+    rng = np.random.default_rng(seed)
+    T = rng.integers(0, 2, size=(n, L))
+    Y = np.zeros((n, L))
+    tau = np.zeros((n, L))
+    prev = np.full(n, 0.5)
+    for t in range(L):
+        tau[:, t] = 0.1 + 0.3 * prev
+        p = 0.3 + T[:, t] * tau[:, t]
+        Y[:, t] = (rng.uniform(size=n) < p).astype(float)
+        prev = Y[:, t]
+    ds = SiteDataset(X=np.zeros((n, 1)), A=np.zeros((n, L, 1)), T=T.astype(np.int64), Y=Y, M=np.ones((n, L)),
+                     n_actions=2, P=np.full((n, L), 0.5))
+    return ds, tau
+
+
+def test_on_a_known_answer_world_beta_recovers_the_effect_despite_a_wrong_outcome_model():
+    ds, tau = _known_world()
+    anchors = (0, 1)
+    mu = np.full(ds.Y.shape, 0.5)  # a wrong outcome model: no effect at all; the pseudo-outcomes correct it
+    X = drl.history_features(ds, mu, mu, anchors)[ds.M > 0]
+    phi = drl.pseudo_outcomes(ds, mu, mu, anchors)
+    assert phi.mean() == pytest.approx(tau.mean(), abs=0.03)
+    fit = drl.solve(drl.fit_totals(drl.ridge_sums(X, phi)), sites=1, lambdas=(0.0,))
+    beta = np.asarray(fit["beta"])
+    tau_hat = X @ beta
+    es = EffectStats.from_arrays(tau_hat, tau[ds.M > 0])
+    assert es.corr() > 0.9 and es.skill() > 0.7
+    assert beta[drl.FEATURES.index("last_outcome")] == pytest.approx(0.3, abs=0.08)
+
+
+@pytest.fixture(scope="module")
+def small():
+    cfg = build_config("tiny", SMALL)
+    data = [learner.load_site_data(cfg, i) for i in range(4)]
+    model = learner.build_model(cfg, learner.dims_of(data[0].train, 4))
+    return cfg, data, model
+
+
+def test_pseudo_outcomes_come_from_the_validation_rows_only(small):
+    _, data, model = small
+    d = data[0]
+    got = drl.site_fit_sums(model, d, floor=20)
+    assert got["drl.fit.sites"] == 1.0 and got["drl.fit.n"] == float((d.validation.M > 0).sum())
+    # other training or test rows change nothing: only the validation rows enter
+    swapped = dataclasses.replace(d, train=data[1].train, test=data[2].test)
+    assert drl.site_fit_sums(model, swapped, floor=20) == got
+    # and the sums are exactly those of the validation rows' features and pseudo-outcomes
+    from fcd_secure.model.baselines import as_simulator
+
+    sim = as_simulator(model)
+    a_off, a_on = d.anchors
+    mu_on, mu_off = sim.one_step_probs(d.validation, a_on), sim.one_step_probs(d.validation, a_off)
+    X = drl.history_features(d.validation, mu_on, mu_off, d.anchors)[d.validation.M > 0]
+    assert got == drl.ridge_sums(X, drl.pseudo_outcomes(d.validation, mu_on, mu_off, d.anchors))
+
+
+def test_a_site_without_propensities_or_below_its_floor_sends_n_zero_and_the_fit_says_so(small):
+    _, data, model = small
+    d = data[0]
+    none = dataclasses.replace(d, validation=d.validation.without_propensities())
+    assert drl.site_fit_sums(model, none, floor=20) == drl.empty_fit_sums()
+    assert drl.site_fit_sums(model, d, floor=10_000)["drl.fit.n"] == 0.0
+    parts = [drl.site_fit_sums(model, x, floor=20) for x in data[1:]] + [drl.empty_fit_sums()]
+    fit = drl.solve(drl.fit_totals(add_sums(parts)), sites=4)
+    assert fit["coverage"] == "partial" and fit["sites_scoring"] == 3 and fit["beta"] is not None
+    nothing = drl.solve(drl.fit_totals(add_sums([drl.empty_fit_sums()] * 4)), sites=4)
+    assert nothing["coverage"] == "unavailable" and nothing["beta"] is None and "no site" in nothing["why"]
+    assert drl.request_field(nothing) == {}
+
+
+def test_every_key_a_site_sends_is_allow_listed_and_a_bad_beta_is_ignored(small):
+    from fcd_secure.apps.egress import FEDERATION_POLICY
+
+    _, data, model = small
+    d = data[0]
+    sent = drl.site_fit_sums(model, d, floor=20)
+    beta = np.linspace(-0.1, 0.1, drl.K)
+    truth = np.zeros(d.test.Y.shape)
+    sent.update(drl.site_effect_sums(model, d.test, d.anchors, beta, truth))
+    assert set(sent) <= set(drl.metric_names())
+    assert {f"eval/{k}" for k in drl.metric_names()} <= FEDERATION_POLICY.allowed_metrics
+    assert drl.beta_from_config(drl.request_field({"beta": list(beta)})).tolist() == beta.tolist()
+    for bad in ("{", json.dumps({"beta": [1.0, 2.0]}), json.dumps({"beta": [float("nan")] * drl.K}), ""):
+        assert drl.beta_from_config({drl.BETA_KEY: bad}) is None
+
+
+@pytest.mark.slow
+def test_a_secure_run_fits_on_the_chosen_round_and_no_dr_learner_sum_arrives_in_clear(tmp_path):
+    from fcd_secure.audit.ledger import SERVER_LEDGER_FILE
+    from fcd_secure.engines.inprocess import run_inprocess
+
+    state = tmp_path / "state"
+    cfg = build_config("tiny", {**SMALL, "state_dir": str(state), "out": str(tmp_path / "run")})
+    assert cfg.federation.secure_aggregation
+    res = run_inprocess(cfg)
+    rows = [r for r in res.history if r.get("dr_learner_fit")]
+    assert [r["round"] for r in rows] == [1, 2]
+    out = res.final_eval["dr_learner"]
+    assert out["round"] == res.extra["selection"]["round"] and out["coverage"] == "full"
+    chosen = next(r for r in rows if r["round"] == out["round"])["dr_learner_fit"]
+    assert out["beta"] == drl.solve(chosen, sites=4)["beta"]  # β is the chosen round's
+    for name in ("dr_learner", "simulator"):
+        fig = out[name]
+        assert fig["sd_tau"] > 0 and -1 <= fig["corr"] <= 1 and np.isfinite(fig["skill"])
+    assert out["steps"] == res.final_eval["one_step_effect"]["steps"]
+    received = [json.loads(x) for x in (state / "_server" / "audit" / SERVER_LEDGER_FILE).read_text().splitlines()
+                if x.strip()]
+    received = [r for r in received if r["kind"] == "received"]
+    assert received and not any(r["metrics"] or r["metric_lists"] or r["tensors"] for r in received)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["dr_learner"]["dr_learner"]["pehe"] == pytest.approx(out["dr_learner"]["pehe"])
