@@ -177,3 +177,30 @@ def test_a_secure_run_fits_on_the_chosen_round_and_no_dr_learner_sum_arrives_in_
     assert received and not any(r["metrics"] or r["metric_lists"] or r["tensors"] for r in received)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["dr_learner"]["dr_learner"]["pehe"] == pytest.approx(out["dr_learner"]["pehe"])
+
+
+def test_the_run_table_prints_the_dr_learner_beside_the_simulator_within_80_columns():
+    from rich.console import Console
+
+    from fcd_secure.cli.run import summary_table
+
+    base = {"uplink_bytes": 1, "uplink_formula_bytes": 1, "downlink_bytes": 1, "wall_s": 1.0, "rounds": 2}
+    fig = {"pehe": 0.15, "corr": 0.41, "skill": 0.05, "sd_tau": 0.151}
+    cases = {
+        "full": {"beta": [0.0] * drl.K, "coverage": "full", "dr_learner": fig,
+                 "simulator": {**fig, "corr": -0.14, "skill": -0.01, "pehe": 0.152}},
+        "partial": {"beta": [0.0] * drl.K, "coverage": "partial", "dr_learner": {"mean_tau_hat": -0.07},
+                    "simulator": {"mean_tau_hat": -0.03}},
+        "none": {"beta": None, "coverage": "unavailable"},
+    }
+    text = {}
+    for k, d in cases.items():
+        con = Console(width=80, record=True, file=open(os.devnull, "w"))
+        for t in summary_table({**base, "dr_learner": d}):
+            con.print(t)
+        text[k] = con.export_text()
+        assert all(len(line) <= 80 for line in text[k].splitlines())
+    assert "corr +0.410 · skill +0.050" in text["full"] and "corr -0.140 · skill -0.010" in text["full"]
+    assert "0.1500 / 0.1520 / 0.1510" in text["full"]
+    assert "mean τ̂ -0.0700 (no truth, partial)" in text["partial"] and "mean τ̂ -0.0300 (no truth)" in text["partial"]
+    assert "unavailable" in text["none"]

@@ -91,6 +91,32 @@ def skill_rows(sk: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def dr_learner_rows(d: dict | None) -> list[tuple[str, str]]:
+    """The per-entity one-step effect of the federated DR-learner beside the simulator's own contrast
+    (``queries.dr_learner``): corr and skill against the oracle's truth, or what stands in their place."""
+    if not d:
+        return []
+    label = "one-step τ per entity: DR-learner"
+    if d.get("beta") is None:
+        return [(label, "unavailable (no validation pseudo-outcomes)")]
+    rows = []
+    for name, lab in (("dr_learner", label), ("simulator", "  the simulator's own contrast")):
+        f = d.get(name) or {}
+        notes = ["partial"] if name == "dr_learner" and d.get("coverage") == "partial" else []
+        if f.get("corr") is not None or f.get("skill") is not None:
+            value = f"corr {_fmt(f.get('corr'), '+.3f')} · skill {_fmt(f.get('skill'), '+.3f')}"
+        elif f:
+            value, notes = f"mean τ̂ {_fmt(f.get('mean_tau_hat'), '+.4f')}", ["no truth", *notes]
+        else:
+            continue
+        rows.append((lab, value + (f" ({', '.join(notes)})" if notes else "")))
+    dr, sim = d.get("dr_learner") or {}, d.get("simulator") or {}
+    if dr.get("pehe") is not None and sim.get("pehe") is not None:
+        rows.append(("  PEHE: DR-learner / simulator / sd τ",
+                     f"{dr['pehe']:.4f} / {sim['pehe']:.4f} / {_fmt(dr.get('sd_tau'))}"))
+    return rows
+
+
 def summary_table(summary: dict, title: str = "Fed-CausalDiff") -> list["Table"]:
     """The result tables (each fits 80 columns): metrics, DP and ε, policy values."""
     from rich import box  # noqa: PLC0415
@@ -114,6 +140,8 @@ def summary_table(summary: dict, title: str = "Fed-CausalDiff") -> list["Table"]
         if key == "pehe" and summary.get("effect_skill"):
             for row in skill_rows(summary["effect_skill"]):
                 t.add_row(*row)
+    for row in dr_learner_rows(summary.get("dr_learner")):
+        t.add_row(*row)
     sup = summary.get("effect_support") or {}
     if sup:
         t.add_row("anchor regimes followed (a_off / a_on)",
