@@ -80,7 +80,7 @@ def main(
     if as_json:
         print(json.dumps(out, indent=1, default=float))
         return
-    con = Console()
+    con = Console(width=150)  # 13 columns side by side, also when piped
     con.print(json.dumps(out["machine"]))
     t = Table(title="DKT-Synth: one-step effect per decision step, DR-learner (DR) vs the simulator's contrast (sim)")
     for c in ("seed", "corr DR", "corr sim", "skill DR", "skill sim", "PEHE DR", "PEHE sim", "sd τ", "PEHE₀",

@@ -98,7 +98,7 @@ def dr_learner_rows(d: dict | None) -> list[tuple[str, str]]:
         return []
     label = "one-step τ per entity: DR-learner"
     if d.get("beta") is None:
-        return [(label, "unavailable (no validation pseudo-outcomes)")]
+        return [(label, "unavailable (no data)")]
     rows = []
     for name, lab in (("dr_learner", label), ("simulator", "  the simulator's own contrast")):
         f = d.get(name) or {}
