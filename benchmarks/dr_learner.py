@@ -95,7 +95,8 @@ def main(
     con.print(t)
     if ok:
         con.print("mean over seeds: " + ", ".join(
-            f"{k} DR {np.mean([r['dr_learner'][k] for r in ok]):+.3f} / sim {np.mean([r['simulator'][k] for r in ok]):+.3f}"
+            f"{k} DR {np.mean([r['dr_learner'][k] for r in ok]):+.3f} / "
+            f"sim {np.mean([r['simulator'][k] for r in ok]):+.3f}"
             for k in ("corr", "skill")) + " (targets: corr ≥ 0.3, skill > 0)")
     for r in results:
         if r not in ok:

@@ -43,7 +43,8 @@ def test_merged_site_sums_solve_to_the_pooled_weighted_ridge():
     rng = np.random.default_rng(3)
     parts, rows = [], []
     for n in (150, 90, 260):
-        X = np.c_[np.ones(n), rng.normal(size=(n, drl.K - 1)) * rng.uniform(0.1, 5, drl.K - 1) + rng.normal(size=drl.K - 1)]
+        scale, shift = rng.uniform(0.1, 5, drl.K - 1), rng.normal(size=drl.K - 1)
+        X = np.c_[np.ones(n), rng.normal(size=(n, drl.K - 1)) * scale + shift]
         y = X @ rng.normal(size=drl.K) + rng.normal(size=n) * 2
         w = rng.uniform(0.2, 3.0, n)
         parts.append(drl.ridge_sums(X, y, w))
