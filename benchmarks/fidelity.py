@@ -40,7 +40,6 @@ import os
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 import json  # noqa: E402
-import platform  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -50,6 +49,7 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
+from _machine import machine  # noqa: E402
 import torch  # noqa: E402
 import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
@@ -70,16 +70,6 @@ CAUSE_WORLDS: dict[str, dict[str, Any]] = {
     "one step": {"effect_horizon": 1},
     "γ = 0, one step": {"gamma": 0.0, "effect_horizon": 1},
 }
-
-
-def machine() -> dict:
-    import flwr
-
-    return {
-        "cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
-        "torch": torch.__version__, "flwr": flwr.__version__, "numpy": np.__version__, "threads": torch.get_num_threads(),
-        "argv": " ".join(sys.argv),
-    }
 
 
 def per_student_effects(cfg, sims) -> tuple[np.ndarray, np.ndarray]:

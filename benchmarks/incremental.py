@@ -20,13 +20,12 @@ import os
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 import json  # noqa: E402
-import platform  # noqa: E402
-import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
+from _machine import machine  # noqa: E402
 import torch  # noqa: E402
 import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
@@ -37,14 +36,6 @@ DELTAS = (0.5, 1.0, 2.0, 5.0)
 #: δ = 1 is the logging policy itself: the reference of the effects (its DR value is the observed mean, so an
 #: effect against it cancels the test sample's own luck, which every policy's value shares)
 REFERENCE = "incremental_x1"
-
-
-def machine() -> dict:
-    import flwr
-
-    return {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-            "python": platform.python_version(), "torch": torch.__version__, "flwr": flwr.__version__,
-            "numpy": np.__version__, "argv": " ".join(sys.argv)}
 
 
 def policy_files(folder: Path) -> list[str]:

@@ -16,28 +16,17 @@ import os
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 import json  # noqa: E402
-import platform  # noqa: E402
 import statistics  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
+from _machine import machine  # noqa: E402
 import torch  # noqa: E402
 import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 err = Console(stderr=True)
-
-
-def machine() -> dict:
-    import flwr
-
-    return {
-        "cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
-        "torch": torch.__version__, "flwr": flwr.__version__, "numpy": np.__version__, "threads": torch.get_num_threads(),
-        "argv": " ".join(sys.argv),
-    }
 
 
 def main(

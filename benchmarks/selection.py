@@ -32,14 +32,13 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 import json  # noqa: E402
 import math  # noqa: E402
-import platform  # noqa: E402
-import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
+from _machine import machine  # noqa: E402
 import torch  # noqa: E402
 import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
@@ -53,14 +52,6 @@ RECIPES: dict[str, dict[str, Any]] = {
     # the other outcome-model variant: the same network with a deterministic transition (the g-formula row)
     "g-formula": {"transition": "deterministic"},
 }
-
-
-def machine() -> dict:
-    import flwr
-
-    return {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-            "python": platform.python_version(), "torch": torch.__version__, "flwr": flwr.__version__,
-            "numpy": np.__version__, "argv": " ".join(sys.argv)}
 
 
 def spearman(a, b) -> float:
