@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import sys
@@ -194,6 +195,18 @@ def print_synthetic(rows: list[dict[str, Any]], args: argparse.Namespace) -> Non
         con.print(f"  lowest: {r['dataset']} γ {r['gamma']:g} H {r['horizon']} m {r['m']} {r['model']} / "
                   f"{r['policy']}:"
                   f" {r['coverage']:.0%} (before {r['coverage_average_priced']:.0%}), support {r['support']:.0%}")
+
+
+def wilson(p: float, n: int, level: float) -> tuple[float, float]:
+    """Wilson's (1927) score interval of a proportion ``p`` observed over ``n`` independent trials ((0, 1) for n = 0)."""
+    from statistics import NormalDist
+
+    if n <= 0:
+        return 0.0, 1.0
+    z = NormalDist().inv_cdf(1 - (1 - level) / 2)
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def _status(msg: str) -> None:
@@ -430,6 +443,13 @@ def main() -> None:
                                                 "min": float(np.min([x["truth"] for x in rows])),
                                                 "width": (float(np.mean([x["width"] for x in rows]))
                                                           if rows[0].get("width") is not None else None)}
+    # cohorts drawn from one test set overlap: the coverage over many resamples of m from n is a mean over about
+    # n // m independent trials per seed, not over the resamples (cohorts of 100 from 120 entities are one trial each)
+    independent = {m: sum(r["n_test"] // m for r in results) for m in by_m}
+    for m, per in by_m.items():
+        for c in per.values():
+            c["independent_cohorts"] = independent[m]
+            c["wilson90"] = wilson(c["truth"], independent[m], 0.9)
     run_by_kind = {kind: float(np.mean([c["covered"] for c in run_checks if c["quantity"].startswith(kind)]))
                    for kind in kinds if any(c["quantity"].startswith(kind) for c in run_checks)}
     datasets = ", ".join(sorted({r["dataset"] for r in results}))
@@ -459,8 +479,16 @@ def main() -> None:
     for m, per in by_m.items():
         for kind, c in per.items():
             width = f", median width {c['width']:.3f}" if c.get("width") is not None else ""
+            lo, hi = c["wilson90"]
             con.print(f"cohorts of {m}, {kind}: coverage of the truth {c['truth']:.1%} (lowest quantity "
-                      f"{c['min']:.1%}), of the model's own mean {c['model']:.1%}{width}")
+                      f"{c['min']:.1%}; ≈ {c['independent_cohorts']} independent cohorts, 90 % Wilson interval "
+                      f"{lo:.0%}–{hi:.0%}), of the model's own mean {c['model']:.1%}{width}")
+    for m in by_m:
+        if any(m > r["n_test"] / 4 for r in results):
+            con.print(f"[bold]note[/bold]: cohorts of {m} are drawn from test sets of "
+                      f"{', '.join(str(r['n_test']) for r in results)} entities: they overlap, so their coverage rests "
+                      f"on about {independent[m]} independent cohorts, not {args.resamples} per seed (use a larger "
+                      "--test-fraction or preset, or smaller --sizes)")
     for kind, cov in run_by_kind.items():
         con.print(f"whole test sets (the server's intervals), {kind}: coverage of the truth {cov:.1%}")
     for r in results:
