@@ -139,10 +139,10 @@ def site_fit_sums(model, data, floor: int) -> dict[str, float]:
         floor: the site's cohort floor: fewer validation entities send n = 0 (as ``queries.selection``, P22).
     """
     from fcd_secure.model.baselines import as_simulator  # noqa: PLC0415
-    from fcd_secure.queries.selection import _entities  # noqa: PLC0415
+    from fcd_secure.queries.selection import entity_count  # noqa: PLC0415
 
     val = data.validation
-    if val is None or val.P is None or _entities(val) < floor:
+    if val is None or val.P is None or entity_count(val) < floor:
         return empty_fit_sums()
     sim = as_simulator(model)
     a_off, a_on = (int(a) for a in data.anchors)

@@ -61,7 +61,8 @@ KEEP_KEY = "keep-round"
 ALARM_SE = 3.0
 
 
-def _entities(ds) -> int:
+def entity_count(ds) -> int:
+    """How many entities (patients, students) the rows of ``ds`` hold: its ``entity`` ids, else one per row."""
     ent = ds.meta.get("entity")
     return int(len(np.unique(ent))) if isinstance(ent, np.ndarray) and ent.shape == (ds.n,) else int(ds.n)
 
@@ -80,7 +81,7 @@ def site_selection_sums(model, data, binary: bool, floor: int, seed: int = 0) ->
 
     out = dict.fromkeys(KEYS, 0.0)
     val = data.validation
-    if val is None or _entities(val) < floor:
+    if val is None or entity_count(val) < floor:
         return out
     sim = as_simulator(model)
     valid = val.M > 0
