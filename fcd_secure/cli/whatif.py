@@ -266,7 +266,7 @@ def register(app: typer.Typer) -> None:
     @app.command("whatif", short_help="Ask a finished run what happens under policies (values, effects, intervals).")
     def whatif(
         run_dir: Path = typer.Argument(..., help="A finished run folder of `fcd run` (with config.toml, theta_c.npz and its state/)."),
-        policy: Optional[list[str]] = typer.Option(None, "--policy", "-p", help="A policy file (.toml) or the name of a shipped policy (never, always, early_on, late_on); repeat for several. Default: the run's [evaluation] policies."),
+        policy: Optional[list[str]] = typer.Option(None, "--policy", "-p", help="A policy file (.toml) or the name of a shipped policy (never, always, early_on, late_on, incremental_on_x2); repeat for several. Default: the run's [evaluation] policies."),
         reference: Optional[str] = typer.Option(None, "--reference", "-r", help="The policy every other one is contrasted with: a file or shipped name (added if not among --policy), or the name of a given policy. Default: the first policy."),
         horizon: Optional[int] = typer.Option(None, "--horizon", min=1, help="Average each value over the first H steps from t = 0 (default: the run's setting, else whole trajectories)."),
         level: Optional[float] = typer.Option(None, "--level", min=0.5, max=0.999, help="Nominal coverage of the intervals (default: the run's, 0.9)."),
