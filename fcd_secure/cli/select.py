@@ -17,7 +17,7 @@ from typing import Any
 
 import typer
 
-from fcd_secure.cli.app import emit, stdout
+from fcd_secure.cli.app import emit, say_identifier, stdout
 from fcd_secure.cli.envelope import EXIT_USAGE, CliError, ok
 
 #: the model settings a run's label shows (what makes two runs on the same data different outcome models)
@@ -55,9 +55,16 @@ def _differences(cfgs: list[Any]) -> list[str]:
     return out
 
 
-def _variant(cfg: Any) -> str:
+def _variant(cfg: Any, keys: tuple[str, ...] = VARIANT_KEYS) -> str:
     m = cfg.model.model_dump()
-    return ", ".join(f"{k} {m[k]}" for k in VARIANT_KEYS if k in m)
+    return ", ".join(f"{k} {m[k]}" for k in keys if k in m)
+
+
+def _differing(cfgs: list[Any]) -> tuple[str, ...]:
+    """The model settings of :data:`VARIANT_KEYS` in which the runs differ (all of them when none differs)."""
+    dumps = [c.model.model_dump() for c in cfgs]
+    keys = tuple(k for k in VARIANT_KEYS if len({repr(d.get(k)) for d in dumps}) > 1)
+    return keys or VARIANT_KEYS
 
 
 def _fmt(x: Any, spec: str = ".4f") -> str:
@@ -111,15 +118,18 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table  # noqa: PLC0415
 
         t = Table(title="Outcome models, chosen by the causal criterion (not by fit)")
-        for col in ("run", "model", "round", "D1 ± SE", f"D{DH_HORIZON} (ESS)", "val. fit", ""):
+        shown = _differing([c for c, _, _ in loaded])
+        for col in ("#", "model", "round", "D1 ± SE", f"D{DH_HORIZON} (ESS)", "val. fit", ""):
             t.add_column(col, overflow="fold")
-        for r in runs:
+        for i, (r, (cfg, _, _)) in enumerate(zip(runs, loaded), start=1):
             dh = (f"{_fmt(r['dh'])} ({_fmt(r['dh_ess'], '.0f')})" + ("" if r["dh_supported"] else " unsupported")
                   if r["dh"] is not None else "—")
-            t.add_row(Path(r["run"]).name, r["model"], str(r["round"]),
+            t.add_row(str(i), _variant(cfg, shown), str(r["round"]),
                       f"{_fmt(r['d1'])} ± {_fmt(r['d1_se'])}" + (" ALARM" if r["alarm"] else ""), dh,
                       _fmt(r["validation_fit"]), "chosen" if r["chosen"] else "")
         con = stdout()
         con.print(t)
+        for i, r in enumerate(runs, start=1):
+            say_identifier(con, f"#{i}", r["run"])
         con.print(f"chosen: {data['chosen']} ({choice['rule']}, coverage {choice['coverage']}): {choice['reason']}",
                   soft_wrap=True)

@@ -257,17 +257,20 @@ def choose_run(rows: list[dict[str, Any]]) -> dict[str, Any]:
         rows: each run's selected round as :meth:`RoundScore.as_row` gives it (``rounds.json``'s ``selection``).
 
     Returns:
-        ``{"rule", "run": index or None, "candidates": [indices], "coverage", "reason"}``; ``run`` is None when no
-        run has a D₁ (no site could score): the criterion cannot choose, and the reason says so.
+        ``{"rule", "run": index or None, "candidates": [indices], "coverage", "reason"}`` (indices from 0; the reason
+        numbers the runs #1..#n); ``run`` is None when no run has a D₁ (no site could score): the criterion cannot
+        choose, and the reason says so.
     """
-    scores = [RoundScore.from_row(r, i) for i, r in enumerate(rows)]
-    got = choose_round(scores, len(rows) - 1)
+    scores = [RoundScore.from_row(r, i + 1) for i, r in enumerate(rows)]  # runs #1..#n in the reason
+    got = choose_round(scores, len(rows))
     if got["rule"] == "last":
         return {"rule": "unavailable", "run": None, "candidates": [], "coverage": "unavailable",
                 "reason": "no run has a D1 (no site scored its validation rows: no logged propensities, or fewer "
                           "validation entities than a site's cohort floor): the criterion cannot choose"}
-    return {"rule": got["rule"], "run": got["round"], "candidates": got["candidates"], "coverage": got["coverage"],
-            "reason": got["reason"].replace("round(s)", "run(s)").replace("at round", "in run")}
+    return {"rule": got["rule"], "run": got["round"] - 1, "candidates": [c - 1 for c in got["candidates"]],
+            "coverage": got["coverage"],
+            "reason": (got["reason"].replace("round(s)", "run(s)").replace("at round ", "in run #")
+                       .replace("every round", "every run").replace("no round", "no run"))}
 
 
 class KeptParams:
