@@ -115,10 +115,11 @@ def one_run(seed: int, recipe: str, lr: float, rounds: int, data_preset: str, n_
 
 
 def selection_cost(data_preset: str, n_sites: int, seed: int) -> dict:
-    """Seconds of one site's selection sums (validation rows) against that site's local training round."""
+    """Seconds of one site's scored-round sums (selection and DR-learner fit, validation rows) against that site's
+    local training round."""
     from fcd_secure.config import build_config
     from fcd_secure.federation import learner
-    from fcd_secure.queries.selection import site_selection_sums
+    from fcd_secure.queries.selection import scored_round_sums
 
     cfg = build_config("tiny", {"seed": seed, "data": {"preset": data_preset, "n_sites": n_sites, "alpha": 1000.0}})
     d = learner.load_site_data(cfg, 0)
@@ -127,11 +128,11 @@ def selection_cost(data_preset: str, n_sites: int, seed: int) -> dict:
     t0 = time.perf_counter()
     learner.train_local(model, d.train, cfg, 0, n_sites, 1, seed, opt)
     train_s = time.perf_counter() - t0
-    site_selection_sums(model, d, True, 20)  # warm-up
+    scored_round_sums(model, d, True, 20)  # warm-up
     times = []
     for _ in range(5):
         t0 = time.perf_counter()
-        site_selection_sums(model, d, True, 20)
+        scored_round_sums(model, d, True, 20)
         times.append(time.perf_counter() - t0)
     return {"train_round_s": train_s, "selection_s": float(np.median(times))}
 

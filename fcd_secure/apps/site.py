@@ -326,8 +326,7 @@ class SiteRuntime:
         """
         from fcd_secure.queries.evaluation import site_metrics  # noqa: PLC0415
 
-        from fcd_secure.queries.selection import KEEP_KEY, RESTORE_KEY, KeptParams, site_selection_sums  # noqa: PLC0415
-        from fcd_secure.queries.dr_learner import site_fit_sums  # noqa: PLC0415
+        from fcd_secure.queries.selection import KEEP_KEY, RESTORE_KEY, KeptParams, scored_round_sums  # noqa: PLC0415
 
         self.adopt_statistics(eval_config)
         rows = self.evaluation_rows(eval_config)
@@ -341,7 +340,7 @@ class SiteRuntime:
             snap = self.state.load()
             KeptParams(self.state.slot("selection_theta_s")).keep(int(keep), None if snap is None else snap.theta_s)
             # the validation split is scored whole, so the floor is the one a whole test split must reach (P22)
-            out.update(site_selection_sums(model, self.data, self.cfg.model.outcome == "binary", MIN_COHORT_FLOOR,
-                                           seed=int(self.cfg.seed)))
-            out.update(site_fit_sums(model, self.data, MIN_COHORT_FLOOR))  # the DR-learner's (queries.dr_learner)
+            # (and the DR-learner's fit sums, queries.dr_learner)
+            out.update(scored_round_sums(model, self.data, self.cfg.model.outcome == "binary", MIN_COHORT_FLOOR,
+                                         seed=int(self.cfg.seed)))
         return out

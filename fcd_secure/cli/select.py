@@ -24,8 +24,8 @@ from fcd_secure.cli.envelope import EXIT_USAGE, CliError, ok
 VARIANT_KEYS = ("simulator", "transition", "ipw", "lr")
 
 
-def _load(run_dir: Path) -> tuple[Any, dict[str, Any], dict[str, Any]]:
-    """(config, summary, the selected round's selection row) of a finished run folder."""
+def _load(run_dir: Path) -> tuple[Any, dict[str, Any]]:
+    """(config, the selected round's selection row) of a finished run folder."""
     from fcd_secure.config import RunConfig  # noqa: PLC0415
 
     for name in ("config.toml", "summary.json", "rounds.json"):
@@ -41,7 +41,7 @@ def _load(run_dir: Path) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     row = next((r for r in rounds if r.get("round") == chosen and r.get("selection")), None)
     if row is None:  # a run that scored no round (federation.eval_every = 0, or an older run folder)
         row = {"selection": {"round": chosen, "sites": 0, "sites_scoring": 0, "coverage": "unavailable"}}
-    return cfg, summary, {**row["selection"], "round": chosen}
+    return cfg, {**row["selection"], "round": chosen}
 
 
 def _differences(cfgs: list[Any]) -> list[str]:
@@ -96,17 +96,17 @@ def register(app: typer.Typer) -> None:
             raise CliError("give at least two run folders to choose between", "USAGE", exit_code=EXIT_USAGE,
                            hint="train each variant with `fcd run --config variant.toml` on the same data and seed")
         loaded = [_load(Path(d)) for d in run_dirs]
-        diff = _differences([c for c, _, _ in loaded])
+        diff = _differences([c for c, _ in loaded])
         if diff:
             raise CliError(f"the runs differ in {', '.join(diff)}: their validation rows differ, so their D1 cannot be "
                            "compared", "BAD_INPUT", hint="train every variant with the same data settings and --seed")
-        choice = choose_run([row for _, _, row in loaded])
+        choice = choose_run([row for _, row in loaded])
         runs = [{"run": str(d), "model": _variant(cfg), "round": row.get("round"), "d1": row.get("d1"),
                  "d1_se": row.get("d1_se"), "alarm": row.get("alarm"), "dh": row.get("dh"), "dh_se": row.get("dh_se"),
                  "dh_ess": row.get("dh_ess"), "dh_supported": row.get("dh_supported"),
                  "validation_fit": row.get("validation_fit"), "coverage": row.get("coverage"),
                  "chosen": choice["run"] == i}
-                for i, (d, (cfg, _, row)) in enumerate(zip(run_dirs, loaded))]
+                for i, (d, (cfg, row)) in enumerate(zip(run_dirs, loaded))]
         data = {**{k: v for k, v in choice.items() if k != "run"},
                 "chosen": None if choice["run"] is None else str(run_dirs[choice["run"]]), "runs": runs}
         if choice["run"] is None:
@@ -118,10 +118,10 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table  # noqa: PLC0415
 
         t = Table(title="Outcome models, chosen by the causal criterion (not by fit)")
-        shown = _differing([c for c, _, _ in loaded])
+        shown = _differing([c for c, _ in loaded])
         for col in ("#", "model", "round", "D1 ± SE", f"D{DH_HORIZON} (ESS)", "val. fit", ""):
             t.add_column(col, overflow="fold")
-        for i, (r, (cfg, _, _)) in enumerate(zip(runs, loaded), start=1):
+        for i, (r, (cfg, _)) in enumerate(zip(runs, loaded), start=1):
             dh = (f"{_fmt(r['dh'])} ({_fmt(r['dh_ess'], '.0f')})" + ("" if r["dh_supported"] else " unsupported")
                   if r["dh"] is not None else "—")
             t.add_row(str(i), _variant(cfg, shown), str(r["round"]),

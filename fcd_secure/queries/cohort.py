@@ -35,6 +35,12 @@ COHORT_SLOT = "eval_cohorts.json"
 RULE = "eval_cohort"
 
 
+def entity_count(ds) -> int:
+    """How many entities (patients, students) the rows of ``ds`` hold: its ``entity`` ids, else one per row."""
+    ent = ds.meta.get("entity")
+    return int(len(np.unique(ent))) if isinstance(ent, np.ndarray) and ent.shape == (ds.n,) else int(ds.n)
+
+
 def split_fingerprint(ds, site_id: str) -> str:
     """SHA-256 of a test split's entities (their ids, :func:`fcd_secure.data.cohorts.row_ids`), its logged actions,
     outcomes and mask, and the site id: the key of its record and the seed of its permutation. The covariates and

@@ -130,41 +130,38 @@ def empty_fit_sums() -> dict[str, float]:
     return {k: 0.0 for k in metric_names() if k.startswith("drl.fit.")}
 
 
-def site_fit_sums(model, data, floor: int) -> dict[str, float]:
+def site_fit_sums(model, data, floor: int, pair: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, float]:
     """A site's ``drl.fit.*`` over its validation rows (cross-fitting: the model never trained on them).
 
     Args:
         model: the simulator of the scored round (global Θc with the site's Θs).
         data: the site's ``SiteData``.
         floor: the site's cohort floor: fewer validation entities send n = 0 (as ``queries.selection``, P22).
+        pair: ``queries.targeted.one_step_pair`` of the validation rows when the caller has it already.
     """
-    from fcd_secure.model.baselines import as_simulator  # noqa: PLC0415
-    from fcd_secure.queries.selection import entity_count  # noqa: PLC0415
+    from fcd_secure.queries.cohort import entity_count  # noqa: PLC0415
+    from fcd_secure.queries.targeted import one_step_pair  # noqa: PLC0415
 
     val = data.validation
     if val is None or val.P is None or entity_count(val) < floor:
         return empty_fit_sums()
-    sim = as_simulator(model)
-    a_off, a_on = (int(a) for a in data.anchors)
-    mu_on, mu_off = sim.one_step_probs(val, a_on), sim.one_step_probs(val, a_off)
+    mu_on, mu_off = pair if pair is not None else one_step_pair(model, val, data.anchors)
     X = history_features(val, mu_on, mu_off, data.anchors)[val.M > 0]
     return ridge_sums(X, pseudo_outcomes(val, mu_on, mu_off, data.anchors))
 
 
 def site_effect_sums(model, sub, anchors: tuple[int, int], beta: np.ndarray,
-                     truth: np.ndarray | None) -> dict[str, float]:
+                     truth: np.ndarray | None, pair: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, float]:
     """A site's ``drl.effect.*`` and ``drl.model.*`` on its test rows ``sub``: τ̂_t = βᵀx_t and the simulator's own
     contrast, each as ``EffectStats`` against ``truth`` (the oracle's one-step contrast ``[n, L]``), or only n and
     Στ̂ without a truth. Nothing per entity leaves."""
     from fcd_secure.evaluation.metrics import EffectStats  # noqa: PLC0415
-    from fcd_secure.model.baselines import as_simulator  # noqa: PLC0415
+    from fcd_secure.queries.targeted import one_step_pair  # noqa: PLC0415
 
     beta = np.asarray(beta, dtype=np.float64)
     if sub.n == 0 or beta.shape != (K,):
         return {}
-    sim = as_simulator(model)
-    a_off, a_on = (int(a) for a in anchors)
-    mu_on, mu_off = sim.one_step_probs(sub, a_on), sim.one_step_probs(sub, a_off)
+    mu_on, mu_off = pair if pair is not None else one_step_pair(model, sub, anchors)
     valid = sub.M > 0
     tau_hat = history_features(sub, mu_on, mu_off, anchors)[valid] @ beta
     own = (mu_on - mu_off)[valid]

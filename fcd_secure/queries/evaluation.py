@@ -32,7 +32,7 @@ from fcd_secure.federation.messaging import Comm
 from fcd_secure.federation.records import EVALUATE_MESSAGE_TYPE, REC_CONFIG, REC_EVAL, REC_GLOBAL, global_to_record
 from fcd_secure.queries.dr_learner import beta_from_config, fit_totals, merge_effects, site_effect_sums
 from fcd_secure.queries.selection import RoundScore
-from fcd_secure.queries.targeted import merge_one_step, one_step_sums, one_step_truth
+from fcd_secure.queries.targeted import merge_one_step, one_step_pair, one_step_sums, one_step_truth
 from fcd_secure.queries.whatif import (
     WHATIF_KEY,
     WhatIfRequest,
@@ -119,9 +119,11 @@ def site_metrics(
     beta = beta_from_config(eval_config)  # the DR-learner fitted on the sites' validation rows (queries.dr_learner)
     truth = (one_step_truth(oracle, data.site_index, rows, sub.L, data.anchors)
              if oracle is not None and (sub.P is not None or beta is not None) else None)
-    out.update(one_step_sums(model, sub, data.anchors, truth))
+    # one pass of the model's one-step predictions on the test rows serves both answers
+    pair = one_step_pair(model, sub, data.anchors) if sub.n and (sub.P is not None or beta is not None) else None
+    out.update(one_step_sums(model, sub, data.anchors, truth, pair))
     if beta is not None:
-        out.update(site_effect_sums(model, sub, data.anchors, beta, truth))
+        out.update(site_effect_sums(model, sub, data.anchors, beta, truth, pair))
     raw = eval_config.get(WHATIF_KEY)
     request = WhatIfRequest.from_json(str(raw)) if raw else request_from_config(cfg)
     out.update(site_policy_sums(model, sub, data, cfg, request, seed, n_samples, len(rows) == test.n, site_dir,

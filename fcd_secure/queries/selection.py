@@ -43,6 +43,7 @@ from fcd_secure.evaluation.discrepancy import (
     horizon_dr_terms,
     one_step_dr_terms,
 )
+from fcd_secure.queries.cohort import entity_count
 
 #: the horizon of the multi-step discrepancy D_h (module docstring)
 DH_HORIZON = 2
@@ -61,13 +62,21 @@ KEEP_KEY = "keep-round"
 ALARM_SE = 3.0
 
 
-def entity_count(ds) -> int:
-    """How many entities (patients, students) the rows of ``ds`` hold: its ``entity`` ids, else one per row."""
-    ent = ds.meta.get("entity")
-    return int(len(np.unique(ent))) if isinstance(ent, np.ndarray) and ent.shape == (ds.n,) else int(ds.n)
+def scored_round_sums(model, data, binary: bool, floor: int, seed: int = 0) -> dict[str, float]:
+    """Everything a site adds to a scored round from its validation rows: the ``select.*`` sums
+    (:func:`site_selection_sums`) and the DR-learner's ``drl.fit.*`` (``queries.dr_learner.site_fit_sums``), with the
+    model's one-step predictions on those rows computed once for both."""
+    from fcd_secure.queries.dr_learner import site_fit_sums  # noqa: PLC0415
+    from fcd_secure.queries.targeted import one_step_pair  # noqa: PLC0415
+
+    val = data.validation
+    scored = val is not None and val.P is not None and entity_count(val) >= floor
+    pair = one_step_pair(model, val, data.anchors) if scored else None
+    return {**site_selection_sums(model, data, binary, floor, seed, pair), **site_fit_sums(model, data, floor, pair)}
 
 
-def site_selection_sums(model, data, binary: bool, floor: int, seed: int = 0) -> dict[str, float]:
+def site_selection_sums(model, data, binary: bool, floor: int, seed: int = 0,
+                        pair: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, float]:
     """A site's ``select.*`` sums over its validation rows (module docstring); zeros when it cannot score.
 
     Args:
@@ -76,6 +85,7 @@ def site_selection_sums(model, data, binary: bool, floor: int, seed: int = 0) ->
         binary: the outcome is binary (log-loss) or continuous (squared error).
         floor: the site's evaluation cohort floor: fewer validation entities send nothing (P22).
         seed: the seed of D_h's simulated futures (the same in every round: common random numbers across rounds).
+        pair: ``queries.targeted.one_step_pair`` of the validation rows when the caller has it already.
     """
     from fcd_secure.model.baselines import as_simulator  # noqa: PLC0415
 
@@ -96,9 +106,11 @@ def site_selection_sums(model, data, binary: bool, floor: int, seed: int = 0) ->
     out["select.fit.s"] = float(fit.sum())
     if val.P is None:
         return out
+    from fcd_secure.queries.targeted import one_step_pair  # noqa: PLC0415
+
     a_off, a_on = (int(a) for a in data.anchors)
-    terms = one_step_dr_terms(val.Y, val.M, val.T, val.P, sim.one_step_probs(val, a_on), sim.one_step_probs(val, a_off),
-                              a_on, a_off)
+    mu_on, mu_off = pair if pair is not None else one_step_pair(model, val, data.anchors)
+    terms = one_step_dr_terms(val.Y, val.M, val.T, val.P, mu_on, mu_off, a_on, a_off)
     d = DiscrepancySums.from_terms(terms)
     out.update({"select.d1.n": float(d.n), "select.d1.s": d.s, "select.d1.ss": d.ss,
                 "select.d1.clipped": float(d.clipped), "select.sites": 1.0})
@@ -205,11 +217,13 @@ def _f(x: float) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
 
 
-def choose_round(scores: list[RoundScore], last_round: int) -> dict[str, Any]:
+def choose_round(scores: list[RoundScore], last_round: int, unit: str = "round",
+                 name: str = "round {}") -> dict[str, Any]:
     """The round the run answers with, under the rule of the module docstring, and why.
 
     Returns:
-        ``{"rule", "round", "reason", "coverage", "candidates": [rounds within one SE], "scores": [rows]}``.
+        ``{"rule", "round", "reason", "coverage", "candidates": [rounds within one SE], "scores": [rows]}``; the
+        reason calls the candidates ``unit`` and names one with ``name`` (:func:`choose_run`: runs #1..#n).
     """
     rows = [s.as_row() for s in scores]
     usable = [s for s in scores if s.coverage != "unavailable" and math.isfinite(s.d1)]
@@ -225,17 +239,17 @@ def choose_round(scores: list[RoundScore], last_round: int) -> dict[str, Any]:
         both = [s for s in cands if s in dh_cands]
         if both:
             cands, rule = both, "d1-and-dh-one-se-then-fit"
-            dh_note = f"; D{DH_HORIZON} {dh_best.dh:.4f} smallest at round {dh_best.round}, also within one SE"
+            dh_note = f"; D{DH_HORIZON} {dh_best.dh:.4f} smallest at {name.format(dh_best.round)}, also within one SE"
         else:
-            dh_note = f"; no round within one SE of both D1 and D{DH_HORIZON}: D1's candidates kept"
+            dh_note = f"; no {unit} within one SE of both D1 and D{DH_HORIZON}: D1's candidates kept"
     elif any(s.dh_supported for s in usable) or any(math.isfinite(s.dh) for s in usable):
-        dh_note = f"; D{DH_HORIZON} left out: not supported in every round (an anchor regime's ESS below 20)"
+        dh_note = f"; D{DH_HORIZON} left out: not supported in every {unit} (an anchor regime's ESS below 20)"
     pick = min(cands, key=lambda s: (s.fit if math.isfinite(s.fit) else math.inf, -s.round))
     coverage = "full" if all(s.coverage == "full" for s in usable) else "partial"
     return {"rule": rule, "round": pick.round, "coverage": coverage,
             "candidates": [s.round for s in cands],
-            "reason": f"D1 {pick.d1:.4f} ± {pick.se:.4f} (smallest {best.d1:.4f} at round {best.round}); "
-                      f"best validation fit {pick.fit:.4f} among {len(cands)} round(s) within one SE" + dh_note,
+            "reason": f"D1 {pick.d1:.4f} ± {pick.se:.4f} (smallest {best.d1:.4f} at {name.format(best.round)}); "
+                      f"best validation fit {pick.fit:.4f} among {len(cands)} {unit}(s) within one SE" + dh_note,
             "scores": rows}
 
 
@@ -262,15 +276,14 @@ def choose_run(rows: list[dict[str, Any]]) -> dict[str, Any]:
         choose, and the reason says so.
     """
     scores = [RoundScore.from_row(r, i + 1) for i, r in enumerate(rows)]  # runs #1..#n in the reason
-    got = choose_round(scores, len(rows))
+    got = choose_round(scores, len(rows), unit="run", name="run #{}")
     if got["rule"] == "last":
         return {"rule": "unavailable", "run": None, "candidates": [], "coverage": "unavailable",
                 "reason": "no run has a D1 (no site scored its validation rows: no logged propensities, or fewer "
                           "validation entities than a site's cohort floor): the criterion cannot choose"}
     return {"rule": got["rule"], "run": got["round"] - 1, "candidates": [c - 1 for c in got["candidates"]],
             "coverage": got["coverage"],
-            "reason": (got["reason"].replace("round(s)", "run(s)").replace("at round ", "in run #")
-                       .replace("every round", "every run").replace("no round", "no run"))}
+            "reason": got["reason"]}
 
 
 class KeptParams:

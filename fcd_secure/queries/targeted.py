@@ -56,7 +56,19 @@ def horizon_grid(max_h: int) -> list[int]:
 
 
 # -- 1. the one-step effect at every decision step --------------------------------------------------------------------
-def one_step_sums(model, sub, anchors: tuple[int, int], truth: np.ndarray | None = None) -> dict[str, float]:
+def one_step_pair(model, ds, anchors: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """The model's one-step predictions (μ̂_on, μ̂_off) = E[Y_t | H_t, do(a_on / a_off)] at every step of ``ds``,
+    ``[n, L]`` each: computed once per set of rows and shared by everything that corrects them (the identified
+    effect, the selection's D₁, the DR-learner)."""
+    from fcd_secure.model.baselines import as_simulator  # noqa: PLC0415
+
+    sim = as_simulator(model)
+    a_off, a_on = (int(a) for a in anchors)
+    return sim.one_step_probs(ds, a_on), sim.one_step_probs(ds, a_off)
+
+
+def one_step_sums(model, sub, anchors: tuple[int, int], truth: np.ndarray | None = None,
+                  pair: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, float]:
     """A site's sums of θ̂₁ over its test rows ``sub`` (module docstring); empty without logged propensities.
 
     Args:
@@ -64,14 +76,12 @@ def one_step_sums(model, sub, anchors: tuple[int, int], truth: np.ndarray | None
         sub: the test rows.
         anchors: ``(a_off, a_on)``.
         truth: the oracle's true one-step contrast per step ``[n, L]`` (NaN on padding), or None.
+        pair: :func:`one_step_pair` of ``sub`` when the caller has it already.
     """
-    from fcd_secure.model.baselines import as_simulator  # noqa: PLC0415
-
     if sub.P is None or sub.n == 0:
         return {}
-    sim = as_simulator(model)
     a_off, a_on = (int(a) for a in anchors)
-    mu_on, mu_off = sim.one_step_probs(sub, a_on), sim.one_step_probs(sub, a_off)
+    mu_on, mu_off = pair if pair is not None else one_step_pair(model, sub, anchors)
     valid = sub.M > 0
     psi = np.zeros(sub.Y.shape)
     raw = one_step_dr_terms(sub.Y, sub.M, sub.T, sub.P, mu_on, mu_off, a_on, a_off)
