@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import sys
@@ -55,6 +54,7 @@ from typing import Any
 os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
 
 import numpy as np  # noqa: E402
+from _coverage import wilson  # noqa: E402
 
 
 def dkt_synth_truth(fd: Any, policy: Any, site: int, entities: np.ndarray, horizon: int | None) -> np.ndarray:
@@ -195,18 +195,6 @@ def print_synthetic(rows: list[dict[str, Any]], args: argparse.Namespace) -> Non
         con.print(f"  lowest: {r['dataset']} γ {r['gamma']:g} H {r['horizon']} m {r['m']} {r['model']} / "
                   f"{r['policy']}:"
                   f" {r['coverage']:.0%} (before {r['coverage_average_priced']:.0%}), support {r['support']:.0%}")
-
-
-def wilson(p: float, n: int, level: float) -> tuple[float, float]:
-    """Wilson's (1927) score interval of a proportion ``p`` observed over ``n`` independent trials ((0, 1) for n = 0)."""
-    from statistics import NormalDist
-
-    if n <= 0:
-        return 0.0, 1.0
-    z = NormalDist().inv_cdf(1 - (1 - level) / 2)
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def _status(msg: str) -> None:

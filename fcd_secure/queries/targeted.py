@@ -142,9 +142,12 @@ def merge_one_step(s: dict[str, Any], level: float, binary: bool) -> dict[str, A
     return out
 
 
-#: which form of the one-step effect the answer gives: "self_normalised" (each arm's correction divided by its own sum
-#: of weights, Hajek-style; chosen by benchmarks/targeted.py) or "aipw"
-HEADLINE = "self_normalised"
+#: which form of the one-step effect the answer gives: "aipw" or "self_normalised" (each arm's correction divided by its
+#: own sum of weights, Hajek-style); both are computed and returned. Chosen by ``benchmarks/targeted.py --seeds 0-19``
+#: (DKT-Synth small, 4 sites, secure aggregation, 20 independent worlds): AIPW RMSE 0.032, largest miss 0.050, 90 %
+#: interval covers 20 of 20, median width 0.109; self-normalised RMSE 0.033, largest miss 0.092, covers 19 of 20,
+#: median width 0.131 (on 3 seeds the self-normalised form had looked better; the tumour world ties)
+HEADLINE = "aipw"
 
 
 def _self_normalised(s: dict[str, Any], z: float, binary: bool) -> dict[str, Any] | None:
