@@ -93,6 +93,9 @@ def one_seed(seed: int, dataset: str, data_preset: str, rounds: int | None, site
             effs.append({"policy": name, "h": e["horizon"], "err": abs(e["estimate"] - e["true"]),
                          "covered": e["low"] <= e["true"] <= e["high"]})
     rows["values"], rows["effects"] = vals, effs
+    drl = fe.get("dr_learner") or {}  # per-entity one-step effects (queries.dr_learner): skill against the truth
+    rows["dr_learner"] = {k: {f: (drl.get(k) or {}).get(f) for f in ("corr", "skill")}
+                          for k in ("dr_learner", "simulator") if "corr" in (drl.get(k) or {})}
     rows["not_identified"] = [n for n, d in (fe.get("policies") or {}).items()
                               if not (d.get("identified") or {}).get("answer")]
     return rows
@@ -190,6 +193,12 @@ def report(out: dict) -> None:
         con.print(f"identified effects: {len(effs)}; mean |error| {np.mean([v['err'] for v in effs]):.3f}, coverage "
                   f"{coverage_line([v['covered'] for v in effs])} (a seed's policies share their data: not "
                   "independent)")
+    drl = [r for r in results if {"dr_learner", "simulator"} <= set(r.get("dr_learner") or {})]
+    if drl:
+        con.print("per-entity one-step effects, corr(τ̂, τ) / skill: " + "; ".join(
+            f"seed {r['seed']} DR-learner {r['dr_learner']['dr_learner']['corr']:+.2f} / "
+            f"{r['dr_learner']['dr_learner']['skill']:+.2f}, simulator {r['dr_learner']['simulator']['corr']:+.2f} / "
+            f"{r['dr_learner']['simulator']['skill']:+.2f}" for r in drl) + " (targets: corr ≥ 0.3, skill > 0)")
     con.print("not identified (no horizon with ESS ≥ 20): "
               + "; ".join(f"seed {r['seed']}: {', '.join(r['not_identified']) or 'none'}" for r in results))
 
