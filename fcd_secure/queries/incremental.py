@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fcd_secure.data.policy import Policy, incremental_ratio
+from fcd_secure.data.policy import Policy
 from fcd_secure.data.schema import SiteDataset
 
 __all__ = ["PIK_FIELDS", "attach_behaviour", "incremental_target_probs", "pik_sums"]
@@ -47,8 +47,9 @@ PI_FLOOR = 1e-6
 
 
 def attach_behaviour(policies: list, train: SiteDataset, seed: int) -> list:
-    """``policies`` with every incremental one bound to the site's logging-policy model (fit once, on ``train``, only
-    when some policy needs it); the others as they are."""
+    """``policies`` with every stochastic one (``incremental``, ``share``) bound to the site's logging-policy model
+    (fit once, on ``train``, only when some policy needs it: their rollouts act through it); the others as they
+    are."""
     from fcd_secure.evaluation.propensity import HistoryPropensity  # noqa: PLC0415
 
     if not any(isinstance(p, Policy) and p.stochastic for p in policies):
@@ -59,23 +60,28 @@ def attach_behaviour(policies: list, train: SiteDataset, seed: int) -> list:
 
 def incremental_target_probs(pol: Policy, sub: SiteDataset, anchors: tuple[int, int]
                              ) -> tuple[np.ndarray, dict[str, float]]:
-    """q(logged a_t | h_t) at every step of ``sub`` as P_t times the incremental ratio (module docstring), ``[n, L]``
-    (0 on padding), so that the estimators' weight q / P is the ratio itself; and the counts of valid steps whose
-    π_k was logged or modelled.
+    """q(logged a_t | h_t) of a stochastic policy (``incremental`` or ``share``) at every step of ``sub`` as P_t times
+    the rule's ratio q / π (module docstring), ``[n, L]`` (0 on padding), so that the estimators' weight q / P is the
+    ratio itself; and the counts of valid steps whose π_k was logged or modelled (a share policy needs no π_k: every
+    step counts as logged, its weight being read off the logged P of the logged action).
 
     Raises:
         ValueError: ``sub`` has no logged propensities, or π_k must be modelled and the policy has no model bound.
     """
     if sub.P is None:
-        raise ValueError(f"{sub.name}: an incremental policy's weights need the logged propensities")
+        raise ValueError(f"{sub.name}: a stochastic policy's weights need the logged propensities")
     a_off, a_on = anchors
-    k = pol.incremental_action(a_off, a_on)
+    k = pol.shifted_action(a_off, a_on)
+    rule = pol.rule
     valid = sub.M > 0
     P = np.where(valid, np.asarray(sub.P, dtype=np.float64), 1.0)
     is_k = sub.T == k
-    if sub.n_actions == 2:
+    pi_k = None
+    modelled = np.zeros_like(valid)
+    if not rule.needs_pi_k:
+        pass  # the share policy: q / P = 1 − s + s / P_t or 1 − s, from the log alone
+    elif sub.n_actions == 2:
         pi_k = np.where(is_k, P, 1.0 - P)
-        modelled = np.zeros_like(valid)
     else:
         modelled = valid & ~is_k
         pi_k = P.copy()
@@ -87,7 +93,7 @@ def incremental_target_probs(pol: Policy, sub: SiteDataset, anchors: tuple[int, 
                 rows = modelled[:, t]
                 hat = pol.behaviour(int(t), sub.Y[rows, :t], sub.lengths[rows], sub.A[rows, : t + 1])[:, k]
                 pi_k[rows, t] = np.clip(hat, PI_FLOOR, 1.0 - P[rows, t])
-    pi = np.where(valid, P * incremental_ratio(pol.rule.delta, pi_k, is_k), 0.0)
+    pi = np.where(valid, P * rule.ratio(P, pi_k, is_k), 0.0)
     return pi, {"logged": float((valid & ~modelled).sum()), "model": float(modelled.sum())}
 
 

@@ -244,7 +244,7 @@ def merge_identified(s: dict[str, Any], names: list[str], reference: str | None,
                      all_sent) -> dict[str, dict[str, Any]]:
     """Per policy: its DR value on every horizon every site estimated, each horizon's support (ESS) and the answer on
     its longest supported horizon (``None`` with ``why`` when no horizon is); per effect the same on the longest
-    horizon both policies pass.
+    horizon both policies pass (``effect``), and on each horizon both pass (``effect_horizons``).
 
     Args:
         s: consortium totals.
@@ -282,19 +282,27 @@ def merge_identified(s: dict[str, Any], names: list[str], reference: str | None,
             if name == reference:
                 continue
             ok = sorted(ref_ok & {r["horizon"] for r in d["horizons"] if r["supported"]})
-            key = f"whatif.id.h{ok[-1]}.diff.{name}" if ok else None
-            if key is None or not all_sent(f"{key}.n"):
-                d["effect"] = None
-                continue
-            iv = interval_from_sums(s, key, level)
-            eff = {"horizon": ok[-1], "reference": reference, "se": iv.se, "n": iv.n,
-                   **in_range(iv.estimate, iv.low, iv.high, -1.0 if binary else None, 1.0 if binary else None)}
-            t_name = f"whatif.id.h{ok[-1]}.{name}.true_sum"
-            t_ref = f"whatif.id.h{ok[-1]}.{reference}.true_sum"
-            if all_sent(t_name) and all_sent(t_ref):
-                eff["true"] = (s[t_name] - s[t_ref]) / iv.n
-            d["effect"] = eff
+            # the effect on every horizon both pass (``effect_horizons``); the answer is the longest
+            effs = [e for e in (_effect(s, h, name, reference, level, binary, all_sent) for h in ok) if e is not None]
+            d["effect_horizons"] = effs
+            d["effect"] = effs[-1] if effs and effs[-1]["horizon"] == ok[-1] else None
     return out
+
+
+def _effect(s: dict[str, Any], h: int, name: str, reference: str, level: float, binary: bool,
+            all_sent) -> dict[str, Any] | None:
+    """The DR effect of ``name`` against ``reference`` over the first ``h`` steps, with the truth where every site
+    sent it; None when some site did not send its sums."""
+    key = f"whatif.id.h{h}.diff.{name}"
+    if not all_sent(f"{key}.n"):
+        return None
+    iv = interval_from_sums(s, key, level)
+    eff = {"horizon": h, "reference": reference, "se": iv.se, "n": iv.n,
+           **in_range(iv.estimate, iv.low, iv.high, -1.0 if binary else None, 1.0 if binary else None)}
+    t_name, t_ref = f"whatif.id.h{h}.{name}.true_sum", f"whatif.id.h{h}.{reference}.true_sum"
+    if all_sent(t_name) and all_sent(t_ref):
+        eff["true"] = (s[t_name] - s[t_ref]) / iv.n
+    return eff
 
 
 def identified_metric_names(policy_names: list[str] | tuple[str, ...], horizons: tuple[int, ...] = HORIZONS) -> list[str]:
