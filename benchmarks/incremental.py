@@ -14,7 +14,8 @@ of values and effects per family over all runs.
 
     .venv/bin/python benchmarks/incremental.py                      # DKT-Synth tiny and small, seed 0
     .venv/bin/python benchmarks/incremental.py --presets small --seeds 0,1,2
-    .venv/bin/python benchmarks/incremental.py --quick --json
+    .venv/bin/python benchmarks/incremental.py --quick --json > out.json
+    .venv/bin/python benchmarks/incremental.py --replay out.json   # the tables of a saved run
 """
 
 from __future__ import annotations
@@ -97,7 +98,11 @@ def main(
     shares: str = typer.Option(",".join(f"{s:g}" for s in SHARES), help="shares s of the share policies ('' for none)"),
     quick: bool = typer.Option(False, help="tiny, seed 0, 2 rounds: checks the script"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object on stdout"),
+    replay: str = typer.Option("", help="print the tables of a --json output file instead of running"),
 ) -> None:
+    if replay:
+        show(json.loads(Path(replay).read_text()))
+        return
     torch.set_num_threads(1)
     if quick:
         seeds, presets, rounds = seeds.split(",")[0], "tiny", 2
@@ -114,6 +119,12 @@ def main(
     if as_json:
         print(json.dumps(out, indent=1, default=float))
         return
+    show(out)
+
+
+def show(out: dict) -> None:
+    """The tables of one benchmark output (a fresh run's or a ``--json`` file's)."""
+    results = out["results"]
     con = Console()
     con.print(json.dumps(out["machine"]))
     for r in results:
@@ -149,7 +160,7 @@ def main(
                               f"{by[h]['true']:+.3f}" + ("" if by[h]["low"] <= by[h]["true"] <= by[h]["high"] else " ✗")
                               if h in by else "" for h in hs))
         con.print(t)
-    summary = out["pooled"]
+    summary = out.get("pooled") or pooled(results)
     t = Table(title="all runs, per family: identified values and effects vs the logging policy (δ = 1 ≡ share 0)")
     for c in ("family", "values", "mean |DR − truth|", "90 % coverage", "effects", "mean |DR − truth| ",
               "90 % coverage ", "mean ESS at the longest h"):
