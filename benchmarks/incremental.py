@@ -39,6 +39,8 @@ from rich.table import Table  # noqa: E402
 err = Console(stderr=True)
 DELTAS = (0.5, 1.0, 2.0, 5.0)
 SHARES = (0.1, 0.25, 0.5)
+#: a horizon whose entities' mean weight product is at least this reached most of the policy's distribution
+REACHED = 0.9
 #: δ = 1 is the logging policy itself: the reference of the effects (its DR value is the observed mean, so an
 #: effect against it cancels the test sample's own luck, which every policy's value shares)
 REFERENCE = "incremental_x1"
@@ -130,14 +132,15 @@ def show(out: dict) -> None:
     for r in results:
         hs = sorted({h["horizon"] for p in r["policies"].values() for h in p["horizons"]})
         t = Table(title=f"DKT-Synth {r['preset']}, seed {r['seed']} ({r['wall_s']:.0f} s): ESS of the weight "
-                        "products per horizon (* supported: ≥ 20)")
+                        "products per horizon (* supported: ≥ 20) and their mean Σw/n (expected 1)")
         t.add_column("policy")
         for h in hs:
             t.add_column(f"h={h}", justify="right")
         for name, p in r["policies"].items():
             by = {h["horizon"]: h for h in p["horizons"]}
-            t.add_row(name, *(f"{by[h]['ess']:.0f}" + ("*" if by[h]["supported"] else "") if h in by else ""
-                              for h in hs))
+            t.add_row(name, *(f"{by[h]['ess']:.0f}" + ("*" if by[h]["supported"] else "")
+                              + (f" ({by[h]['weight_mean']:.2f})" if by[h].get("weight_mean") is not None else "")
+                              if h in by else "" for h in hs))
         con.print(t)
         t = Table(title="doubly robust value over the first h steps [90 % CI] / oracle truth")
         t.add_column("policy")
@@ -174,23 +177,33 @@ def show(out: dict) -> None:
 
 def pooled(results: list[dict]) -> dict[str, dict]:
     """Per family, over every run, policy and supported horizon with a truth: how many values and effects, their
-    mean |DR − truth|, how many 90 % intervals cover, and the mean ESS on the longest horizon estimated."""
+    mean |DR − truth|, how many 90 % intervals cover, and the mean ESS on the longest horizon estimated; then the same
+    over the horizons whose mean weight product Σw/n (expected 1) is at least :data:`REACHED`, where the sample
+    reached most of the policy's distribution (``queries.targeted._weight_mean``)."""
     out: dict[str, dict] = {}
     for fam in ("odds (δ)", "share (s)"):
-        vals = [h for r in results for n, p in r["policies"].items() if family(n) == fam
-                for h in p["horizons"] if h["supported"] and h.get("true") is not None]
-        effs = [e for r in results for n, p in r["policies"].items() if family(n) == fam
-                for e in p.get("effect_horizons") or [] if e.get("true") is not None]
-        last = [max(p["horizons"], key=lambda h: h["horizon"]) for r in results for n, p in r["policies"].items()
-                if family(n) == fam and p["horizons"]]
-        if not vals:
-            continue
-        out[fam] = {"values": len(vals), "value_err": float(np.mean([abs(h["estimate"] - h["true"]) for h in vals])),
-                    "value_cover": int(sum(h["low"] <= h["true"] <= h["high"] for h in vals)),
-                    "effects": len(effs),
-                    "effect_err": float(np.mean([abs(e["estimate"] - e["true"]) for e in effs])) if effs else float("nan"),
-                    "effect_cover": int(sum(e["low"] <= e["true"] <= e["high"] for e in effs)),
-                    "ess_last": float(np.mean([h["ess"] for h in last])), "h_last": max(h["horizon"] for h in last)}
+        for label, keep in ((fam, lambda wm: True),
+                            (f"{fam}, Σw/n ≥ {REACHED:g}", lambda wm: wm is not None and wm >= REACHED)):
+            vals, effs, last = [], [], []
+            for r in results:
+                for n, p in r["policies"].items():
+                    if family(n) != fam:
+                        continue
+                    by = {h["horizon"]: h for h in p["horizons"]}
+                    vals += [h for h in p["horizons"] if h["supported"] and h.get("true") is not None
+                             and keep(h.get("weight_mean"))]
+                    effs += [e for e in p.get("effect_horizons") or [] if e.get("true") is not None
+                             and keep(by.get(e["horizon"], {}).get("weight_mean"))]
+                    if p["horizons"]:
+                        last.append(max(p["horizons"], key=lambda h: h["horizon"]))
+            if not vals:
+                continue
+            out[label] = {
+                "values": len(vals), "value_err": float(np.mean([abs(h["estimate"] - h["true"]) for h in vals])),
+                "value_cover": int(sum(h["low"] <= h["true"] <= h["high"] for h in vals)), "effects": len(effs),
+                "effect_err": float(np.mean([abs(e["estimate"] - e["true"]) for e in effs])) if effs else float("nan"),
+                "effect_cover": int(sum(e["low"] <= e["true"] <= e["high"] for e in effs)),
+                "ess_last": float(np.mean([h["ess"] for h in last])), "h_last": max(h["horizon"] for h in last)}
     return out
 
 

@@ -235,6 +235,16 @@ def horizon_diff_sums(name: str, per: dict[int, np.ndarray], ref: dict[int, np.n
     return out
 
 
+def _weight_mean(s: dict[str, Any], key: str, n: float) -> float | None:
+    """The entities' mean weight product over the first h steps, Σw / n. Its expectation is 1 under the logging
+    policy for any policy the logs can take (E[Π q/π] = 1), so a mean well below 1 is the share of π's distribution
+    the sample did not reach (histories where the logging policy almost never takes π's action): there the DR value
+    leans on the simulator, however large the ESS of what it did reach (the unseen mass of
+    ``evaluation.intervals``)."""
+    sw = s.get(f"{key}.sw")
+    return float(sw) / n if sw is not None and n > 0 and math.isfinite(float(sw)) else None
+
+
 def _ess(s: dict[str, Any], key: str) -> float:
     sw, sww = float(s.get(f"{key}.sw", 0.0)), float(s.get(f"{key}.sww", 0.0))
     return sw * sw / sww if sww > 0 and math.isfinite(sww) else 0.0
@@ -266,6 +276,7 @@ def merge_identified(s: dict[str, Any], names: list[str], reference: str | None,
             iv = interval_from_sums(s, key, level)
             ess = _ess(s, key)
             row = {"horizon": h, "ess": ess, "supported": ess >= MIN_SUPPORT_ESS, "se": iv.se, "n": iv.n,
+                   "weight_mean": _weight_mean(s, key, iv.n),
                    **in_range(iv.estimate, iv.low, iv.high, 0.0 if binary else None, 1.0 if binary else None)}
             if all_sent(f"{key}.true_sum"):
                 row["true"] = s[f"{key}.true_sum"] / iv.n
