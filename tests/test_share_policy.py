@@ -198,6 +198,22 @@ def test_the_share_dr_value_covers_the_truth_where_the_odds_policy_with_a_modell
     assert covered[o_pol.name] <= 20, covered
 
 
+def test_the_mean_weight_product_shows_the_mass_the_sample_did_not_reach():
+    """Σw/n of an identified horizon is 1 in expectation for exact weights; where the logging policy almost never
+    gives k (DKT-Synth's tutor skips mastered items: π_k = ε there), a share of k puts mass the sample does not reach,
+    and Σw/n falls short by about that mass: a truth-free flag of where the DR value leans on the simulator."""
+    test, U = hidden_world(4000, 21)
+    rows = dr_answer(share(0.3), test)["horizons"]
+    assert [r["weight_mean"] for r in rows] == pytest.approx([1.0, 1.0], abs=0.05)
+    # the U = 0 half of the patients now never receive k in the log (the weights at a_t ≠ k, 1 − s, need no P)
+    blocked = (test.T == K) & (U[:, None] == 0)
+    test.T[blocked], test.P[blocked] = 0, 0.7
+    rows = dr_answer(share(0.3), test)["horizons"]
+    # the U = 0 half loses s = 0.3 of its mass per step: Σw/n ≈ 1 − 0.5·(1 − 0.7^h)
+    assert rows[0]["weight_mean"] == pytest.approx(0.85, abs=0.04)
+    assert rows[1]["weight_mean"] == pytest.approx(0.745, abs=0.05)
+
+
 def test_a_share_of_one_is_supported_where_always_k_is_and_a_share_below_one_everywhere():
     test, _ = hidden_world(300, 4)
     always_k = Policy.model_validate({"name": "always_k", "rule": {"kind": "static", "action": K}})
