@@ -1,5 +1,6 @@
 """Stochastic policies on DKT-Synth: how many steps the logs support them, against the deterministic Always policy,
-and whether their doubly robust values and effects cover the truth (issue 29 item 5; ``fcd_secure.queries.incremental``).
+and whether their doubly robust values and effects cover the truth (issue 29 item 5;
+``fcd_secure.queries.incremental``).
 
 Each seed is one federated run as ``fcd run`` makes it (secure aggregation, the real ServerApp and ClientApps on the
 in-process engine), asked at its end about Always, the incremental policies "multiply the odds of anchor:on by δ"
@@ -159,9 +160,9 @@ def show(out: dict) -> None:
             if name == REFERENCE:
                 continue
             by = {e["horizon"]: e for e in p.get("effect_horizons") or [] if e.get("true") is not None}
+            miss = {h: "" if e["low"] <= e["true"] <= e["high"] else " ✗" for h, e in by.items()}
             t.add_row(name, *(f"{by[h]['estimate']:+.3f} [{by[h]['low']:+.2f},{by[h]['high']:+.2f}] / "
-                              f"{by[h]['true']:+.3f}" + ("" if by[h]["low"] <= by[h]["true"] <= by[h]["high"] else " ✗")
-                              if h in by else "" for h in hs))
+                              f"{by[h]['true']:+.3f}{miss[h]}" if h in by else "" for h in hs))
         con.print(t)
     summary = out.get("pooled") or pooled(results)
     t = Table(title="all runs, per family: identified values and effects vs the logging policy (δ = 1 ≡ share 0)")

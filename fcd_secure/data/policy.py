@@ -46,9 +46,9 @@ Runtime contract (other layers code against it): :class:`PolicyLike`, the one pr
 (``name``, ``actions(t, y_hist, lengths, a_off, a_on) -> int64 [B]``, ``prob(...) -> float64 [B]``), which
 :class:`Policy` implements. A policy whose ``needs_context`` is true also takes ``context=`` ([B, h, da], the contexts
 up to and including t); callers pass it only then, so a policy written in Python keeps the five-argument form. A
-policy whose ``needs_behaviour`` is true (``incremental``, ``share``) draws its action and may be passed ``behaviour=`` ([B, K],
-the logging policy's probabilities on the histories, by a rollout that knows them: an oracle); without it, it acts
-through the model bound by :meth:`Policy.with_behaviour`.
+policy whose ``needs_behaviour`` is true (``incremental``, ``share``) draws its action and may be passed
+``behaviour=`` ([B, K], the logging policy's probabilities on the histories, by a rollout that knows them: an
+oracle); without it, it acts through the model bound by :meth:`Policy.with_behaviour`.
 """
 
 from __future__ import annotations
