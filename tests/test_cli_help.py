@@ -94,6 +94,16 @@ def _help(path: tuple[str, ...]) -> str:
     return res.output
 
 
+@pytest.mark.parametrize("path", [("run",), ("whatif",)], ids=" ".join)
+def test_the_policy_help_names_every_shipped_policy(path):
+    """``--policy`` takes a shipped policy by name; its help lists them, and a new file in ``policies/`` is named."""
+    from fcd_secure.data.policy import policy_dir  # noqa: PLC0415
+
+    words = set(re.findall(r"[\w-]+", _help(path)))
+    missing = sorted(f.stem for f in policy_dir().glob("*.toml") if f.stem not in words)
+    assert not missing, f"fcd {' '.join(path)} --help does not name the shipped {missing}"
+
+
 def _options(path: tuple[str, ...]) -> set[str]:
     """The option names ``--help`` shows for ``path`` (long and short)."""
     return set(re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)", _help(path)))

@@ -121,11 +121,17 @@ def one_step_line(result: dict) -> str | None:
 
 
 def pi_k_lines(result: dict) -> list[str]:
-    """For each incremental policy (``queries.incremental``): where its weights' π_k came from."""
+    """For each stochastic policy (``queries.incremental``): where its weights came from, the logged propensities
+    alone or, at the steps where an incremental policy needs π_k the log does not hold, the sites' models."""
     out = []
     for name, d in (result.get("policies") or {}).items():
         src = (d.get("identified") or {}).get("pi_k")
-        if src:
+        if not src:
+            continue
+        if src["logged_share"] >= 1.0:  # a share policy, or odds on two-action data: no model in the weights
+            out.append(f"{name}: weights from the logged propensities alone at all {src['steps']} steps "
+                       "(no propensity model)")
+        else:
             out.append(f"{name}: incremental; π_k(h) from the logged propensity at {src['logged_share']:.0%} of "
                        f"{src['steps']} steps, from the sites' own propensity models at the rest")
     return out
@@ -266,7 +272,7 @@ def register(app: typer.Typer) -> None:
     @app.command("whatif", short_help="Ask a finished run what happens under policies (values, effects, intervals).")
     def whatif(
         run_dir: Path = typer.Argument(..., help="A finished run folder of `fcd run` (with config.toml, theta_c.npz and its state/)."),
-        policy: Optional[list[str]] = typer.Option(None, "--policy", "-p", help="A policy file (.toml) or the name of a shipped policy (never, always, early_on, late_on, incremental_on_x2); repeat for several. Default: the run's [evaluation] policies."),
+        policy: Optional[list[str]] = typer.Option(None, "--policy", "-p", help="A policy file (.toml) or the name of a shipped policy (never, always, early_on, late_on, incremental_on_x2, share_on_20); repeat for several. Default: the run's [evaluation] policies."),
         reference: Optional[str] = typer.Option(None, "--reference", "-r", help="The policy every other one is contrasted with: a file or shipped name (added if not among --policy), or the name of a given policy. Default: the first policy."),
         horizon: Optional[int] = typer.Option(None, "--horizon", min=1, help="Average each value over the first H steps from t = 0 (default: the run's setting, else whole trajectories)."),
         level: Optional[float] = typer.Option(None, "--level", min=0.5, max=0.999, help="Nominal coverage of the intervals (default: the run's, 0.9)."),

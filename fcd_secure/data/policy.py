@@ -19,7 +19,20 @@ its ``otherwise`` action elsewhere:
   "Nonparametric causal effects based on incremental propensity score interventions", JASA 114:645-656): the
   logging policy with the odds of ``action`` multiplied by ``delta`` at every step (:func:`incremental_probs`).
   δ = 1 is the logging policy itself. It needs the logging policy's probabilities on the history it acts on
-  (``behaviour=`` of :meth:`Policy.actions`, or a site-local model bound by :meth:`Policy.with_behaviour`).
+  (``behaviour=`` of :meth:`Policy.actions`, or a site-local model bound by :meth:`Policy.with_behaviour`);
+- ``kind = "share"``: a *stochastic* policy that gives ``action`` k at a share ``share`` = s of the steps, drawn afresh
+  at every step, and leaves the logging policy's own choice at the others: q(a | h) = (1 − s)·π(a | h) + s·1{a = k}
+  (:func:`share_probs`). It is the longitudinal modified treatment policy that replaces the *natural value* of
+  treatment (what the clinician would have given) by k with probability s: the risk-ratio incremental intervention
+  of Díaz, Williams, Hoffman & Schenck (2023, "Nonparametric causal effects based on longitudinal modified treatment
+  policies", JASA 118:846-857; Wen, Marcus & Young 2023, Statistical Methods in Medical Research, for interventions
+  that depend on the observed treatment process), for binary treatment "multiply the probability of not receiving k
+  by 1 − s", written for any number of actions; a stochastic intervention in the sense of Muñoz & van der Laan (2012,
+  "Population intervention causal effects based on stochastic interventions", Biometrics 68:541-549). Its weight
+  q / π at a logged step is 1 − s + s / P_t where a_t = k and 1 − s elsewhere (:func:`share_ratio`): the logged
+  propensity of the logged action is all it needs, so it stays exact when the logging policy read what the record
+  does not hold (the odds of ``incremental`` need π_k(h) at every step, which the log holds only where a_t = k). Its
+  rollouts act through the logging policy's probabilities like ``incremental``'s.
 
 An action is named by its **label** (a string: the spec's ``actions`` / ``action_labels``, ``meta['action_names']``),
 its integer **id**, or an **anchor**: ``"anchor:off"`` / ``"anchor:on"``, the two actions with the most logged
@@ -33,9 +46,9 @@ Runtime contract (other layers code against it): :class:`PolicyLike`, the one pr
 (``name``, ``actions(t, y_hist, lengths, a_off, a_on) -> int64 [B]``, ``prob(...) -> float64 [B]``), which
 :class:`Policy` implements. A policy whose ``needs_context`` is true also takes ``context=`` ([B, h, da], the contexts
 up to and including t); callers pass it only then, so a policy written in Python keeps the five-argument form. A
-policy whose ``needs_behaviour`` is true (``incremental``) draws its action and may be passed ``behaviour=`` ([B, K],
-the logging policy's probabilities on the histories, by a rollout that knows them: an oracle); without it, it acts
-through the model bound by :meth:`Policy.with_behaviour`.
+policy whose ``needs_behaviour`` is true (``incremental``, ``share``) draws its action and may be passed
+``behaviour=`` ([B, K], the logging policy's probabilities on the histories, by a rollout that knows them: an
+oracle); without it, it acts through the model bound by :meth:`Policy.with_behaviour`.
 """
 
 from __future__ import annotations
@@ -43,7 +56,7 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, Protocol, Union, runtime_checkable
+from typing import Annotated, Any, ClassVar, Literal, Protocol, Union, runtime_checkable
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictInt, ValidationError, model_validator
@@ -55,7 +68,7 @@ from fcd_secure.data.spec import ANCHOR_PREFIX, DataError, field_path
 __all__ = [
     "ANCHOR_OFF", "ANCHOR_ON", "DEFAULT_POLICY_NAMES", "Policy", "PolicyLike", "anchor_actions", "anchor_labels", "anchors_from_counts",
     "bind_policy", "context_scales", "default_policies", "snap_threshold", "load_policies", "load_policy", "load_policy_refs", "policy_dir", "regime_support",
-    "anchor_regime_support", "incremental_probs", "incremental_ratio",
+    "anchor_regime_support", "incremental_probs", "incremental_ratio", "share_probs", "share_ratio",
 ]
 
 DEFAULT_POLICY_NAMES = ("never", "always", "early_on", "late_on")
@@ -289,16 +302,63 @@ class ThresholdRule(_Rule):
         return self.context_column is None and (t == 0 or np.asarray(y_hist).reshape(np.shape(y_hist)[0], -1).shape[1] == 0)
 
 
-class IncrementalRule(_Rule):
+class _StochasticRule(_Rule):
+    """A rule that shifts the logging policy π towards (or away from) one ``action`` k: the policy draws its action
+    from q(· | h), built from π(· | h) by :meth:`probs`; its importance weight at a logged step is :meth:`ratio`."""
+
+    action: ActionRef = ANCHOR_ON
+    #: whether the weight at a logged a_t ≠ k needs π_k(h_t), which the logs do not hold there
+    needs_pi_k: ClassVar[bool] = True
+
+    def refs(self) -> dict[str, Any]:
+        return {"action": self.action}
+
+    def probs(self, behaviour: np.ndarray, k: int) -> np.ndarray:
+        """q(· | h) over the actions, ``[B, K]``, from the logging policy's probabilities ``behaviour`` ``[B, K]``."""
+        raise NotImplementedError
+
+    def ratio(self, P: np.ndarray, pi_k: np.ndarray | None, is_k: np.ndarray) -> np.ndarray:
+        """q(a_t | h_t) / π(a_t | h_t) at logged steps, from the logged propensity ``P`` of the logged action, π_k
+        (None where :attr:`needs_pi_k` is false) and whether the logged action is k."""
+        raise NotImplementedError
+
+    def takes(self, is_k: np.ndarray) -> np.ndarray:
+        """Whether q(a | h) > 0 for a logged action a (π(a | h) > 0), given whether a is k."""
+        return np.ones(np.shape(is_k), dtype=bool)
+
+
+class IncrementalRule(_StochasticRule):
     """The logging policy with the odds of ``action`` multiplied by ``delta`` (Kennedy 2019; module docstring)."""
 
     kind: Literal["incremental"]
     #: the odds multiplier δ > 0 (δ = 1: the logging policy; δ > 1 favours ``action``, δ < 1 avoids it)
     delta: float = Field(gt=0.0, allow_inf_nan=False)
-    action: ActionRef = ANCHOR_ON
 
-    def refs(self) -> dict[str, Any]:
-        return {"action": self.action}
+    def probs(self, behaviour: np.ndarray, k: int) -> np.ndarray:
+        return incremental_probs(behaviour, k, self.delta)
+
+    def ratio(self, P: np.ndarray, pi_k: np.ndarray | None, is_k: np.ndarray) -> np.ndarray:
+        return incremental_ratio(self.delta, pi_k, is_k)
+
+
+class ShareRule(_StochasticRule):
+    """The logging policy's own action, replaced by ``action`` at a share ``share`` of the steps (module docstring)."""
+
+    kind: Literal["share"]
+    #: the share s of the steps, drawn afresh at every step, at which ``action`` is given instead of the logging
+    #: policy's own choice (s = 1: ``action`` at every step, the static policy)
+    share: float = Field(gt=0.0, le=1.0, allow_inf_nan=False)
+    #: q / π at a_t ≠ k is 1 − s whatever π_k is, and at a_t = k it is read off the logged P_t: no π_k needed
+    needs_pi_k: ClassVar[bool] = False
+
+    def probs(self, behaviour: np.ndarray, k: int) -> np.ndarray:
+        return share_probs(behaviour, k, self.share)
+
+    def ratio(self, P: np.ndarray, pi_k: np.ndarray | None, is_k: np.ndarray) -> np.ndarray:
+        return share_ratio(self.share, P, is_k)
+
+    def takes(self, is_k: np.ndarray) -> np.ndarray:
+        return np.asarray(is_k, dtype=bool) | (self.share < 1.0)
 
 
 def incremental_ratio(delta: float, pi_k: np.ndarray, is_k: np.ndarray) -> np.ndarray:
@@ -319,15 +379,31 @@ def incremental_probs(behaviour: np.ndarray, k: int, delta: float) -> np.ndarray
     return b * incremental_ratio(delta, b[:, [int(k)]], is_k)
 
 
+def share_ratio(share: float, P: np.ndarray, is_k: np.ndarray) -> np.ndarray:
+    """q(a | h) / π(a | h) of the share policy q = (1 − s)π + s·1{a = k}: 1 − s + s / π(k | h) where a = k, 1 − s
+    elsewhere. Where a = k, π(k | h) is the logged propensity ``P`` of the logged action itself, so the weight of
+    every logged step is read off the log, for any number of actions and whatever the logging policy read."""
+    P = np.asarray(P, dtype=np.float64)
+    return np.where(np.asarray(is_k, dtype=bool), 1.0 - share + share / P, 1.0 - share)
+
+
+def share_probs(behaviour: np.ndarray, k: int, share: float) -> np.ndarray:
+    """q(· | h) = (1 − s)·π(· | h) + s·1{· = k}, ``[B, K]``, from the logging policy's ``behaviour`` ``[B, K]``."""
+    q = (1.0 - share) * np.asarray(behaviour, dtype=np.float64)
+    q[:, int(k)] += share
+    return q
+
+
 Rule = Annotated[
-    Union[StaticRule, SwitchRule, WindowRule, ThresholdRule, ConstantRule, IncrementalRule],
+    Union[StaticRule, SwitchRule, WindowRule, ThresholdRule, ConstantRule, IncrementalRule, ShareRule],
     Field(discriminator="kind"),
 ]
-RULE_KINDS = ("static", "switch", "window", "threshold", "constant", "incremental")
+RULE_KINDS = ("static", "switch", "window", "threshold", "constant", "incremental", "share")
 
 
 class Policy(BaseModel):
-    """A policy over a dataset's actions (module docstring): deterministic, or stochastic (``incremental``)."""
+    """A policy over a dataset's actions (module docstring): deterministic, or stochastic (``incremental``,
+    ``share``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -341,7 +417,7 @@ class Policy(BaseModel):
     _column: int | None = PrivateAttr(default=None)
     _scale: tuple[float, float] | None = PrivateAttr(default=None)
     _source: str | None = PrivateAttr(default=None)
-    #: an incremental rule's logging-policy model ``fn(t, y_hist, lengths, context) -> [B, K]`` and its sampler seed
+    #: a stochastic rule's logging-policy model ``fn(t, y_hist, lengths, context) -> [B, K]`` and its sampler seed
     _behaviour: Any = PrivateAttr(default=None)
     _seed: int = PrivateAttr(default=0)
     _rng: Any = PrivateAttr(default=None)
@@ -361,16 +437,18 @@ class Policy(BaseModel):
 
     @property
     def stochastic(self) -> bool:
-        """Whether the policy draws its action (``incremental``): π(a | h) is then in (0, 1), not 0 or 1."""
-        return isinstance(self.rule, IncrementalRule)
+        """Whether the policy draws its action from a shift of the logging policy (``incremental``, ``share``):
+        π(a | h) is then a probability built from the logging policy's, not a 0 or 1 of a rule."""
+        return isinstance(self.rule, _StochasticRule)
 
     #: a rollout that knows the logging policy's true probabilities passes them as ``behaviour=`` (an oracle)
     needs_behaviour = stochastic
 
-    def incremental_action(self, a_off: int, a_on: int) -> int:
-        """The action k whose odds an incremental policy multiplies."""
-        if not isinstance(self.rule, IncrementalRule):
-            raise ValueError(f"policy {self.name!r} is not incremental")
+    def shifted_action(self, a_off: int, a_on: int) -> int:
+        """The action k a stochastic policy shifts the logging policy towards (or away from): the one whose odds an
+        incremental policy multiplies, the one a share policy gives at its share of the steps."""
+        if not isinstance(self.rule, _StochasticRule):
+            raise ValueError(f"policy {self.name!r} is not stochastic")
         return self._id(self.rule.action, a_off, a_on)
 
     @property
@@ -475,7 +553,7 @@ class Policy(BaseModel):
         """
         lengths = np.asarray(lengths)
         r = self.rule
-        if isinstance(r, IncrementalRule):
+        if isinstance(r, _StochasticRule):
             raise ValueError(f"policy {self.name!r} is stochastic: it has no condition (use actions or action_probs)")
         if isinstance(r, ThresholdRule) and r.without_history(t, y_hist):
             init = r.initial
@@ -488,28 +566,29 @@ class Policy(BaseModel):
 
     def action_probs(self, t: int, y_hist: np.ndarray, lengths: np.ndarray, a_off: int, a_on: int,
                      context: np.ndarray | None = None, behaviour: np.ndarray | None = None) -> np.ndarray:
-        """An incremental policy's q(· | h_t), ``[B, K]``: :func:`incremental_probs` of ``behaviour`` (the logging
-        policy's probabilities on these histories, when the caller knows them) or of the bound model's.
+        """A stochastic policy's q(· | h_t), ``[B, K]``: the rule's shift (:func:`incremental_probs`,
+        :func:`share_probs`) of ``behaviour`` (the logging policy's probabilities on these histories, when the caller
+        knows them: an oracle) or of the bound model's.
 
         Raises:
-            ValueError: not an incremental policy, or no ``behaviour`` and no bound model.
+            ValueError: not a stochastic policy, or no ``behaviour`` and no bound model.
         """
         r = self.rule
-        if not isinstance(r, IncrementalRule):
+        if not isinstance(r, _StochasticRule):
             raise ValueError(f"policy {self.name!r} is deterministic: use actions()")
         if behaviour is None:
             if self._behaviour is None:
-                raise ValueError(f"policy {self.name!r} multiplies the logging policy's odds: it needs the logging "
+                raise ValueError(f"policy {self.name!r} shifts the logging policy: it needs the logging "
                                  "policy's probabilities (behaviour=) or a model of them (Policy.with_behaviour)")
             behaviour = self._behaviour(t, y_hist, lengths, context)
-        return incremental_probs(behaviour, self._id(r.action, a_off, a_on), r.delta)
+        return r.probs(behaviour, self._id(r.action, a_off, a_on))
 
     def actions(
         self, t: int, y_hist: np.ndarray, lengths: np.ndarray, a_off: int, a_on: int, context: np.ndarray | None = None,
         behaviour: np.ndarray | None = None,
     ) -> np.ndarray:
         """The action id at step ``t`` for each of B trajectories: int64 [B] (``then`` where :meth:`on`, else
-        ``otherwise``; anchors resolve to ``a_off`` / ``a_on``). An incremental policy draws it from
+        ``otherwise``; anchors resolve to ``a_off`` / ``a_on``). A stochastic policy draws it from
         :meth:`action_probs` with its seeded generator.
 
         Raises:
@@ -517,7 +596,7 @@ class Policy(BaseModel):
         """
         lengths = np.asarray(lengths)
         r = self.rule
-        if isinstance(r, IncrementalRule):
+        if isinstance(r, _StochasticRule):
             q = self.action_probs(t, y_hist, lengths, a_off, a_on, context, behaviour)
             if self._rng is None:
                 self._rng = np.random.default_rng(self._seed)
@@ -533,8 +612,8 @@ class Policy(BaseModel):
         self, t: int, y_hist: np.ndarray, lengths: np.ndarray, a_off: int, a_on: int, logged: np.ndarray,
         context: np.ndarray | None = None, behaviour: np.ndarray | None = None,
     ) -> np.ndarray:
-        """π(logged action | history): 1.0 where the logged action equals the policy's, else 0.0 (float64 [B]); an
-        incremental policy's q(logged | h) from :meth:`action_probs`. (Off-policy estimates of an incremental policy
+        """π(logged action | history): 1.0 where the logged action equals the policy's, else 0.0 (float64 [B]); a
+        stochastic policy's q(logged | h) from :meth:`action_probs`. (Off-policy estimates of a stochastic policy
         take the logged propensities instead: ``queries.incremental``.)"""
         if self.stochastic:
             q = self.action_probs(t, y_hist, lengths, a_off, a_on, context, behaviour)

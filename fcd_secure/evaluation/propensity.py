@@ -4,7 +4,9 @@ where the logs do not give the logging probability it needs.
 An incremental policy (``data.policy``, ``kind = "incremental"``; Kennedy 2019, JASA 114:645-656) multiplies the
 odds of one action k by δ. Its importance weight at a logged step needs π_k(h_t), the logging probability of k at that
 history: the logged propensity P_t gives it exactly where a_t = k (and, with two actions, 1 − P_t elsewhere); at a
-logged a_t ≠ k among more actions, and on every *simulated* history of a rollout, it has to be modelled.
+logged a_t ≠ k among more actions, and on every *simulated* history of a rollout, it has to be modelled. A share
+policy (``kind = "share"``) needs it only on the simulated histories: its weights are read off the logged propensity
+of the logged action, so there the model sets the variance of the doubly robust value, not its bias.
 
 :class:`HistoryPropensity` is a multinomial logistic regression over the actions on a few features of the history
 known at decision time (:func:`history_features`: t, the last outcome, the mean of the last three and of all outcomes

@@ -235,6 +235,16 @@ def horizon_diff_sums(name: str, per: dict[int, np.ndarray], ref: dict[int, np.n
     return out
 
 
+def _weight_mean(s: dict[str, Any], key: str, n: float) -> float | None:
+    """The entities' mean weight product over the first h steps, Σw / n. Its expectation is 1 under the logging
+    policy for any policy the logs can take (E[Π q/π] = 1), so a mean well below 1 is the share of π's distribution
+    the sample did not reach (histories where the logging policy almost never takes π's action): there the DR value
+    leans on the simulator, however large the ESS of what it did reach (the unseen mass of
+    ``evaluation.intervals``)."""
+    sw = s.get(f"{key}.sw")
+    return float(sw) / n if sw is not None and n > 0 and math.isfinite(float(sw)) else None
+
+
 def _ess(s: dict[str, Any], key: str) -> float:
     sw, sww = float(s.get(f"{key}.sw", 0.0)), float(s.get(f"{key}.sww", 0.0))
     return sw * sw / sww if sww > 0 and math.isfinite(sww) else 0.0
@@ -244,7 +254,7 @@ def merge_identified(s: dict[str, Any], names: list[str], reference: str | None,
                      all_sent) -> dict[str, dict[str, Any]]:
     """Per policy: its DR value on every horizon every site estimated, each horizon's support (ESS) and the answer on
     its longest supported horizon (``None`` with ``why`` when no horizon is); per effect the same on the longest
-    horizon both policies pass.
+    horizon both policies pass (``effect``), and on each horizon both pass (``effect_horizons``).
 
     Args:
         s: consortium totals.
@@ -266,6 +276,7 @@ def merge_identified(s: dict[str, Any], names: list[str], reference: str | None,
             iv = interval_from_sums(s, key, level)
             ess = _ess(s, key)
             row = {"horizon": h, "ess": ess, "supported": ess >= MIN_SUPPORT_ESS, "se": iv.se, "n": iv.n,
+                   "weight_mean": _weight_mean(s, key, iv.n),
                    **in_range(iv.estimate, iv.low, iv.high, 0.0 if binary else None, 1.0 if binary else None)}
             if all_sent(f"{key}.true_sum"):
                 row["true"] = s[f"{key}.true_sum"] / iv.n
@@ -282,19 +293,27 @@ def merge_identified(s: dict[str, Any], names: list[str], reference: str | None,
             if name == reference:
                 continue
             ok = sorted(ref_ok & {r["horizon"] for r in d["horizons"] if r["supported"]})
-            key = f"whatif.id.h{ok[-1]}.diff.{name}" if ok else None
-            if key is None or not all_sent(f"{key}.n"):
-                d["effect"] = None
-                continue
-            iv = interval_from_sums(s, key, level)
-            eff = {"horizon": ok[-1], "reference": reference, "se": iv.se, "n": iv.n,
-                   **in_range(iv.estimate, iv.low, iv.high, -1.0 if binary else None, 1.0 if binary else None)}
-            t_name = f"whatif.id.h{ok[-1]}.{name}.true_sum"
-            t_ref = f"whatif.id.h{ok[-1]}.{reference}.true_sum"
-            if all_sent(t_name) and all_sent(t_ref):
-                eff["true"] = (s[t_name] - s[t_ref]) / iv.n
-            d["effect"] = eff
+            # the effect on every horizon both pass (``effect_horizons``); the answer is the longest
+            effs = [e for e in (_effect(s, h, name, reference, level, binary, all_sent) for h in ok) if e is not None]
+            d["effect_horizons"] = effs
+            d["effect"] = effs[-1] if effs and effs[-1]["horizon"] == ok[-1] else None
     return out
+
+
+def _effect(s: dict[str, Any], h: int, name: str, reference: str, level: float, binary: bool,
+            all_sent) -> dict[str, Any] | None:
+    """The DR effect of ``name`` against ``reference`` over the first ``h`` steps, with the truth where every site
+    sent it; None when some site did not send its sums."""
+    key = f"whatif.id.h{h}.diff.{name}"
+    if not all_sent(f"{key}.n"):
+        return None
+    iv = interval_from_sums(s, key, level)
+    eff = {"horizon": h, "reference": reference, "se": iv.se, "n": iv.n,
+           **in_range(iv.estimate, iv.low, iv.high, -1.0 if binary else None, 1.0 if binary else None)}
+    t_name, t_ref = f"whatif.id.h{h}.{name}.true_sum", f"whatif.id.h{h}.{reference}.true_sum"
+    if all_sent(t_name) and all_sent(t_ref):
+        eff["true"] = (s[t_name] - s[t_ref]) / iv.n
+    return eff
 
 
 def identified_metric_names(policy_names: list[str] | tuple[str, ...], horizons: tuple[int, ...] = HORIZONS) -> list[str]:

@@ -57,8 +57,11 @@ The model side of DR: V̂_t is the model's return-to-go under π from a do-simul
 For the deterministic policies evaluated here Q̂_t only enters the per-decision DR sum multiplied by the weight
 w_{0:t}, which is zero unless the logged action equals π's action, so setting Q̂ = V̂ is the model's estimate of
 exactly the needed quantity (up to V̂ not being re-conditioned on the logged history at t). For a stochastic
-(incremental) policy Q̂ = V̂ does not depend on the action, so V̂ = Σ_a π(a | h) Q̂ holds and the per-decision DR
-stays unbiased with the logged propensities whatever the rollout (``queries.incremental``).
+(incremental, share) policy Q̂ = V̂ does not depend on the action, so V̂ = Σ_a π(a | h) Q̂ holds and the per-decision
+DR stays unbiased whatever the rollout as long as its weights q / P are exact (each correction term
+w_{0:t−1}(w_t − 1)V̂_t has mean 0 because E[w_t | h_t] = Σ_a q(a | h_t) = 1): the simulator's rollout under q, which
+draws from the site's π̂, sets only the variance. A share policy's weights are exact whenever the logged propensities
+are; an incremental policy's rest on π̂_k at logged a_t ≠ k (``queries.incremental``).
 """
 
 from __future__ import annotations
@@ -109,7 +112,7 @@ MAX_POLICIES = 32
 QUESTION_SLOT = "whatif_cohorts.json"
 #: the most distinct cohorts a site answers over its lifetime: then its question budget is spent
 MAX_ANSWERED_COHORTS = 5000
-#: an incremental policy's weights are compared on a grid of 1/WEIGHT_GRID in log(q/P) (:func:`_logged_plan`)
+#: a stochastic policy's weights are compared on a grid of 1/WEIGHT_GRID in log(q/P) (:func:`_logged_plan`)
 WEIGHT_GRID = 10.0
 #: the refusal rule of a question the budget refuses (``audit.rules.REFUSAL_RULES``)
 QUESTION_RULE = "eval_cohort"
@@ -245,7 +248,7 @@ def site_policy_sums(
             if note is not None:
                 grid_notes[raw.name] = note
         bound.append(bind_policy(raw, sub))
-    bound = attach_behaviour(bound, data.train, seed)  # incremental policies act through the site's own π̂
+    bound = attach_behaviour(bound, data.train, seed)  # stochastic policies act through the site's own π̂
     if questions is not None:
         admit_question(bound, sub, data.anchors, H, questions.min_difference,
                        None if site_dir is None else Path(site_dir) / "slots" / QUESTION_SLOT)
@@ -321,7 +324,7 @@ def _logged_plan(pol: Policy, sub: SiteDataset, a_off: int, a_on: int, H: int) -
     read."""
     H = min(int(H), sub.L)
     if pol.stochastic:
-        # an incremental policy weighs every logged step; what sets its rows apart is how much it moves each weight,
+        # a stochastic policy weighs every logged step; what sets its rows apart is how much it moves each weight,
         # so its "actions" are the weights on a grid of ~10 % (a row whose weight moves less reads as unchanged: the
         # odds of an action one patient received cannot single that patient out, P41)
         if sub.P is None:
@@ -415,10 +418,11 @@ def logged_support(pol: Policy, sub: SiteDataset, a_off: int, a_on: int, horizon
     no propensities (the doubly robust ``support`` is the same share where the weights are positive)."""
     H = min(int(horizon), sub.L)
     valid = sub.M[:, :H] > 0
-    if pol.stochastic:  # an incremental policy could have taken every logged action (q > 0 wherever π_b > 0)
-        return (valid.sum(axis=1) > 0).astype(np.float64)
-    pi = _target_probs(pol, sub, a_off, a_on)[:, :H]
-    follows = np.cumprod(np.where(valid, pi > 0, True), axis=1).astype(bool)
+    if pol.stochastic:  # q > 0 wherever π_b > 0, but for a share of 1 ("always k") at a logged a_t ≠ k
+        takes = pol.rule.takes(sub.T[:, :H] == pol.shifted_action(a_off, a_on))
+    else:
+        takes = _target_probs(pol, sub, a_off, a_on)[:, :H] > 0
+    follows = np.cumprod(np.where(valid, takes, True), axis=1).astype(bool)
     return (valid & follows).sum(axis=1) / np.maximum(valid.sum(axis=1), 1)
 
 
@@ -430,7 +434,7 @@ def support_sums(name: str, share: np.ndarray) -> dict[str, float]:
 
 
 def _target_probs(pol: Policy, sub: SiteDataset, a_off: int, a_on: int) -> np.ndarray:
-    """π(logged a_t | logged history) at every step of the site's rows, ``[n, L]`` (an incremental policy's from the
+    """π(logged a_t | logged history) at every step of the site's rows, ``[n, L]`` (a stochastic policy's from the
     logged propensities, :func:`~fcd_secure.queries.incremental.incremental_target_probs`)."""
     if pol.stochastic:
         return incremental_target_probs(pol, sub, (a_off, a_on))[0]
@@ -650,7 +654,7 @@ def merge_policy_sums(s: dict[str, Any], sites: int, request: WhatIfRequest | No
             d["identified"] = ident[name]
             src = {f: s[f"whatif.pik.{name}.{f}"] for f in PIK_FIELDS
                    if _all_sent(s, counts, sites, f"whatif.pik.{name}.{f}")}
-            if len(src) == len(PIK_FIELDS) and sum(src.values()) > 0:  # an incremental policy: where π_k came from
+            if len(src) == len(PIK_FIELDS) and sum(src.values()) > 0:  # a stochastic policy: where π_k came from
                 d["identified"]["pi_k"] = {"logged_share": src["logged"] / sum(src.values()),
                                            "steps": int(sum(src.values()))}
     res: dict[str, Any] = {}
@@ -729,7 +733,7 @@ def whatif_metric_names(policy_names: list[str] | tuple[str, ...]) -> list[str]:
                   for f in ("n", "sum", "sumsq", "support", *UNSEEN_FIELDS, *UNSEEN_END_FIELDS)]
         names.append(f"whatif.fires.{p}")  # threshold rules: 1 where the rule fires on the site's rows (P43)
         names += [f"whatif.support.{p}.{f}" for f in SUPPORT_FIELDS]
-        names += [f"whatif.pik.{p}.{f}" for f in PIK_FIELDS]  # incremental policies: where π_k came from
+        names += [f"whatif.pik.{p}.{f}" for f in PIK_FIELDS]  # stochastic policies: where π_k came from
     return names + identified_metric_names(list(policy_names))
 
 

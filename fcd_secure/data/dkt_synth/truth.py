@@ -126,7 +126,8 @@ def policy_values(
         horizon: Steps from t = 0 that the value averages (None: every valid step).
         contexts: The contexts ``[n, L, da]`` a context-reading policy sees (exogenous here: replayed).
         behaviour: ``behaviour(z) -> [B, K]``, the tutor's true item probabilities from the oracle's logits, passed
-            as ``behaviour=`` to a policy whose ``needs_behaviour`` is true (an incremental intervention).
+            as ``behaviour=`` to a policy whose ``needs_behaviour`` is true (an incremental or share intervention: it
+            shifts these true probabilities, ``Policy.action_probs``).
 
     Returns:
         float64 ``[R, n]``.

@@ -83,7 +83,7 @@ class DKTSynthWorld(OracleWorld):
 
     def _policy_values(self, policy: PolicyLike, ids: np.ndarray, noise: np.ndarray, horizon: int | None) -> np.ndarray:
         """Per-step success from t = 0; a context-reading policy sees the clock (exogenous: replayed as logged), an
-        incremental one the tutor's true item probabilities on the simulated history."""
+        stochastic one (incremental, share) the tutor's true item probabilities on the simulated history."""
         R = noise.shape[0] // max(len(ids), 1)
         tile = (lambda x: torch.from_numpy(np.tile(x, (R,) + (1,) * (x.ndim - 1)))) if len(ids) else None
         theta, u = tile(self.theta[ids]), tile(self.u[ids])

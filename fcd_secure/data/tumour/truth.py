@@ -74,8 +74,8 @@ def policy_values(
     The policy sees ``(t, y_hist[B, t], lengths[B], a_off, a_on)`` with B = patients × rollouts (rollout-major), and
     ``context=`` the *simulated* contexts up to and including day t ``[B, t+1, 2]`` when its ``needs_context`` is
     true (the volume and diameter are endogenous: under π they are π's, never the logged ones). A policy whose
-    ``needs_behaviour`` is true (an incremental intervention) is passed ``behaviour=behaviour(V_hist)``, the true
-    logging probabilities ``[B, 4]`` from the simulated volumes up to and including day t ``[B, t+1]``.
+    ``needs_behaviour`` is true (an incremental or share intervention) is passed ``behaviour=behaviour(V_hist)``,
+    the true logging probabilities ``[B, 4]`` from the simulated volumes up to and including day t ``[B, t+1]``.
 
     Returns:
         float64 ``[R, n]``.

@@ -100,8 +100,8 @@ class TumourWorld(OracleWorld):
 
     def _policy_values(self, policy: PolicyLike, ids: np.ndarray, noise: np.ndarray, horizon: int | None) -> np.ndarray:
         """The share of days the tumour is within the response size; a policy that reads a context sees the volumes
-        and diameters simulated under itself (endogenous), an incremental one the true logging probabilities on
-        them."""
+        and diameters simulated under itself (endogenous), a stochastic one (incremental, share) the true logging
+        probabilities on them."""
         R = noise.shape[0] // max(len(ids), 1)
         sp = self.site_params
         chemo, radio = (np.tile(sp[k][self.site_of[ids]], R) for k in ("chemo_shift", "radio_shift"))
