@@ -93,6 +93,11 @@ def one_seed(seed: int, dataset: str, data_preset: str, rounds: int | None, site
             effs.append({"policy": name, "h": e["horizon"], "err": abs(e["estimate"] - e["true"]),
                          "covered": e["low"] <= e["true"] <= e["high"]})
     rows["values"], rows["effects"] = vals, effs
+    # every horizon of every policy, supported or not (to judge a support rule against the truth)
+    rows["horizons"] = {name: [{k: r.get(k) for k in ("horizon", "ess", "supported", "weight_mean", "weight_se",
+                                                     "estimate", "low", "high", "true")}
+                               for r in (d.get("identified") or {}).get("horizons", [])]
+                        for name, d in (fe.get("policies") or {}).items()}
     drl = fe.get("dr_learner") or {}  # per-entity one-step effects (queries.dr_learner): skill against the truth
     rows["dr_learner"] = {k: {f: (drl.get(k) or {}).get(f) for f in ("corr", "skill")}
                           for k in ("dr_learner", "simulator") if "corr" in (drl.get(k) or {})}

@@ -245,6 +245,15 @@ def _weight_mean(s: dict[str, Any], key: str, n: float) -> float | None:
     return float(sw) / n if sw is not None and n > 0 and math.isfinite(float(sw)) else None
 
 
+def _weight_se(s: dict[str, Any], key: str, n: float) -> float | None:
+    """The standard error of :func:`_weight_mean` over entities, √((Σw²/n − w̄²) / (n − 1))."""
+    sw, sww = s.get(f"{key}.sw"), s.get(f"{key}.sww")
+    if sw is None or sww is None or n <= 1 or not (math.isfinite(float(sw)) and math.isfinite(float(sww))):
+        return None
+    mean = float(sw) / n
+    return math.sqrt(max(float(sww) / n - mean * mean, 0.0) / (n - 1))
+
+
 def _ess(s: dict[str, Any], key: str) -> float:
     sw, sww = float(s.get(f"{key}.sw", 0.0)), float(s.get(f"{key}.sww", 0.0))
     return sw * sw / sww if sww > 0 and math.isfinite(sww) else 0.0
@@ -276,7 +285,7 @@ def merge_identified(s: dict[str, Any], names: list[str], reference: str | None,
             iv = interval_from_sums(s, key, level)
             ess = _ess(s, key)
             row = {"horizon": h, "ess": ess, "supported": ess >= MIN_SUPPORT_ESS, "se": iv.se, "n": iv.n,
-                   "weight_mean": _weight_mean(s, key, iv.n),
+                   "weight_mean": _weight_mean(s, key, iv.n), "weight_se": _weight_se(s, key, iv.n),
                    **in_range(iv.estimate, iv.low, iv.high, 0.0 if binary else None, 1.0 if binary else None)}
             if all_sent(f"{key}.true_sum"):
                 row["true"] = s[f"{key}.true_sum"] / iv.n
