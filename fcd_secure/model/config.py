@@ -87,6 +87,14 @@ class ModelConfig(BaseModel):
         ),
     )
     lambda_context: float = Field(1.0, ge=0, description="weight of L_context (the endogenous contexts' MSE)")
+    context_head: Literal["affine", "residual", "direct"] = Field(
+        "affine",
+        description=(
+            "form of the context head, (b, m) = g(K_t, A_t, T_t, Y_t): 'affine' Â_{t+1} = A_t·(1 + m) + b, 'residual' "
+            "Â_{t+1} = A_t + b (both start as carry forward: their last layer is zero-initialised), 'direct' "
+            "Â_{t+1} = b (the head before issue 29). Affine by measurement on the tumour oracle (docs/tumour.md)"
+        ),
+    )
 
     cf_horizon: int = Field(3, ge=1, description="rollout length R of L_cf")
     cf_grad_to_encoder: bool = Field(
