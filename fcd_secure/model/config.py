@@ -90,9 +90,10 @@ class ModelConfig(BaseModel):
     context_head: Literal["affine", "residual", "direct"] = Field(
         "affine",
         description=(
-            "form of the context head, (b, m) = g(K_t, A_t, T_t, Y_t): 'affine' Â_{t+1} = A_t·(1 + m) + b, 'residual' "
-            "Â_{t+1} = A_t + b (both start as carry forward: their last layer is zero-initialised), 'direct' "
-            "Â_{t+1} = b (the head before issue 29). Affine by measurement on the tumour oracle (docs/tumour.md)"
+            "form of the context head, (b, m) = g(K_t, T_t, Y_t): 'affine' Â_{t+1} = A_t·(1 + tanh m) + b, "
+            "'residual' Â_{t+1} = A_t + b (both start as carry forward: their last layer is zero-initialised), "
+            "'direct' Â_{t+1} = g(K_t, A_t, T_t, Y_t) (the head before issue 29). Affine by measurement on the tumour "
+            "oracle (docs/tumour.md)"
         ),
     )
 

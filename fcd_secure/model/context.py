@@ -5,10 +5,10 @@ rolled out: replaying the logged A_t would keep the consequences of the logged t
 data layer marks such columns ``endogenous`` and puts them first in A (:func:`fcd_secure.data.spec.context_dynamics`);
 the network then carries this head over its first ``n_endogenous`` columns:
 
-    (b, m) = g(K_t, A_t, emb(T_t), Y_t)
-    Â_{t+1} = A_t[:n_endo] ⊙ (1 + m) + b        ``ModelConfig.context_head = "affine"`` (the default)
-    Â_{t+1} = A_t[:n_endo] + b                  ``"residual"``
-    Â_{t+1} = b                                 ``"direct"`` (the head before issue 29)
+    (b, m) = g(K_t, emb(T_t), Y_t)
+    Â_{t+1} = A_t[:n_endo] ⊙ (1 + tanh m) + b    ``ModelConfig.context_head = "affine"`` (the default)
+    Â_{t+1} = A_t[:n_endo] + b                   ``"residual"``
+    Â_{t+1} = g(K_t, A_t, emb(T_t), Y_t)         ``"direct"`` (the head before issue 29)
 
 (the conditional mean of the next endogenous contexts), trained with the other losses as ``L_context`` = E_t ‖A_{t+1}[:n_endo] − Â_{t+1}‖² over pairs (t, t+1) that are both
 valid (``ModelConfig.use_context`` / ``lambda_context``; per sample, so safe under DP-SGD). In a rollout the
@@ -27,10 +27,14 @@ last layer starts at zero, so the untrained head *is* carry forward and training
 residual block starts as the identity (He et al. 2016, "Deep residual learning for image recognition", CVPR). The
 affine form also lets the change scale with the level (growth and cell kill are proportional to the tumour's volume
 in the PK-PD model of Geng et al. 2017, as in most compartment models) while its additive part covers a context that
-moves by amounts (a standardised one near zero). Measured on the tumour oracle (``benchmarks/tumour.py``, γ = 2,
-1,000 patients, 6 epochs, the g-formula; normalised RMSE % τ = 1 / 5 days ahead; carry forward 1.81 / 3.98): direct
-2.10 / 1.47, residual 1.23 / 2.64, affine 0.74 / 1.07 (``docs/tumour.md``). The form is a model setting: it is in a
-run's training hash, and every site builds the same Θc shapes from it (affine: 2·n_endogenous outputs).
+moves by amounts (a standardised one near zero). The residual forms read A_t only through the skip (K_t summarises
+it): a head whose rate m reads A_t multiplies A_t by a function of itself, and beyond the range it was trained on
+(an untreated tumour simulated for 55 days) that feedback diverged doubly exponentially, to −inf (measured: the
+g-formula, 2,000 patients of 60 days); with m and b functions of the bounded K_t (tanh range), the action and the
+outcome, and the factor 1 + tanh m in (0, 2), a generated context keeps its sign and grows at most geometrically.
+Measured on the tumour oracle (``benchmarks/tumour.py``, ``docs/tumour.md``): the untrained forms beat the direct head
+one day ahead and the affine one at every τ = 1..5. The form is a model setting: it is in a run's training hash, and
+every site builds the same Θc shapes from it.
 """
 
 from __future__ import annotations
@@ -69,24 +73,25 @@ class ContextHead(nn.Module):
         self.n_endogenous = n_endogenous
         self.form = form
         n_out = 2 * n_endogenous if form == "affine" else n_endogenous
+        # the residual forms read A_t only through the skip (module docstring): their change is bounded
+        n_in = k + action_emb + 1 + (da if form == "direct" else 0)
         # one hidden layer, as the other heads of the network (networks.mlp with depth 1)
-        self.net = nn.Sequential(nn.Linear(k + da + action_emb + 1, hidden), nn.SiLU(), nn.Linear(hidden, n_out))
+        self.net = nn.Sequential(nn.Linear(n_in, hidden), nn.SiLU(), nn.Linear(hidden, n_out))
         if form != "direct":
-            # zeroed after the default init (the residual form draws what the direct one draws, so the modules built
-            # after it start the same): the untrained head is carry forward
+            # the untrained head is carry forward
             with torch.no_grad():
                 self.net[-1].weight.zero_()
                 self.net[-1].bias.zero_()
 
     def forward(self, K: torch.Tensor, A: torch.Tensor, T_emb: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
         """Â_{t+1} for inputs that share their leading axes (``Y`` without the feature axis)."""
-        g = self.net(torch.cat([K, A, T_emb, Y.unsqueeze(-1)], dim=-1))
         n = self.n_endogenous
         if self.form == "direct":
-            return g
+            return self.net(torch.cat([K, A, T_emb, Y.unsqueeze(-1)], dim=-1))
+        g = self.net(torch.cat([K, T_emb, Y.unsqueeze(-1)], dim=-1))
         if self.form == "residual":
             return A[..., :n] + g
-        return A[..., :n] * (1.0 + g[..., n:]) + g[..., :n]
+        return A[..., :n] * (1.0 + torch.tanh(g[..., n:])) + g[..., :n]
 
 
 def l_context(model: nn.Module, K: torch.Tensor, batch) -> torch.Tensor:

@@ -25,7 +25,7 @@ eps_s              Θs        ε_s(K^(n)_{t+1}, n, K_t, A_t)  — no T_t: confou
 decoder            Θc        P_φ(Y_t | K_t, A_t, T_t) — by default one read-out per action, the taken one gathered
 site_disc          Θc        site classifier behind the gradient-reversal layer on K^(c) (shared: trap 2)
 parallel_head      Θs        the parallel head on K^(s) (L_dis)
-context_head       Θc        Â_{t+1} = A_t·(1 + m) + b, (b, m) = g(K_t, A_t, T_t, Y_t), of the endogenous contexts
+context_head       Θc        Â_{t+1} = A_t·(1 + tanh m) + b, (b, m) = g(K_t, T_t, Y_t), of the endogenous contexts
                              (``context.py``, ``cfg.context_head``; only when the data has endogenous contexts and
                              ``cfg.use_context``)
 propensity_head    Θs        p̂(T_t | observed history) from the detached trunk state: the site's behaviour policy,
