@@ -2,38 +2,48 @@
 beside the published CRN and Causal Transformer figures, and PEHE / |ATE error| / policy-value error of
 Fed-CausalDiff beside the naive observational model and the g-formula, for confounding strengths γ ∈ {1, 2, 3, 4}.
 
-What it runs, per γ (one seed; ``nice -n 5`` and one torch thread). The default sizes took 38 minutes of wall time
-as two processes (γ 1 2 and γ 3 4) on the shared 2-core machine at load ~20, about 11 % of a core each, so roughly
-10 minutes of CPU in all; Fed-CausalDiff's diffusion sampling in the evaluation rollouts is most of it
-(``docs/tumour.md`` has the figures):
+What it runs, per γ (one seed; ``nice -n 5``, ``--threads`` torch threads, default one; ``--jobs`` γ values in
+parallel processes). The default sizes took 80 s of wall time for γ = 1..4 on the shared 2-core machine (load ~3);
+``docs/tumour.md`` has the figures and the CT-size invocation:
 
-1. a tumour world (:mod:`fcd_secure.data.tumour`) with that γ, ``--patients`` patients over 10 sites (80 % train),
-   at most 30 days each;
-2. three simulators trained on the pooled training sites for ``--epochs`` passes (the centralised reference of
-   :mod:`fcd_secure.experiments.centralised`; the federated path is ``fcd run --dataset tumour``): Fed-CausalDiff,
-   the g-formula (Fed-CausalDiff with a deterministic latent transition) and the naive outcome model;
+1. a tumour world (:mod:`fcd_secure.data.tumour`) with that γ, ``--patients`` patients over 10 sites
+   (``--test-fraction`` of them in the sites' test splits, default 20 %), at most ``--days`` days each (default 30);
+   each site holds out ``--validation-fraction`` of its training split (default 20 %) as its validation rows, cut
+   as a federated run cuts it (:func:`fcd_secure.federation.learner.split_validation` under the site's simulated
+   split secret), never trained on;
+2. three simulators trained on the pooled training rows of the sites for ``--epochs`` passes (the centralised
+   reference of :mod:`fcd_secure.experiments.centralised`; the federated path is ``fcd run --dataset tumour``):
+   Fed-CausalDiff, the g-formula (Fed-CausalDiff with a deterministic latent transition) and the naive outcome model;
 3. each scored on every site's test split exactly as a federated run scores it
    (:func:`fcd_secure.queries.evaluation.site_metrics`, merged): PEHE and |ATE error| of the always-chemo minus
    never effect over days 5-14, and the value error of the paper's four policies (never, always, early_on,
    late_on; anchors none/chemo);
-4. the normalised RMSE of counterfactual tumour volume τ = 1..5 days ahead: from start days 4, 9, 14, 19 and 24
-   of every test patient (the history up to the start is the logged one), one random plan of five actions
-   (uniform over none/chemo/radio/both, CT's "random trajectories" setting); the truth is the oracle's volume under
-   that plan with the patient's own noise (common random numbers, the CRN/CT convention), the prediction the mean
-   of the simulator's generated volume context over ``--samples`` rollouts; RMSE = √mean((V̂ − V)²) / V(13 cm)
-   × 100, as in CT (``get_normalised_masked_rmse``) and CRN (``np.sqrt(np.mean(mse)) / 1150 * 100``). The naive
-   model has no volume model; "carry forward" (the start day's volume for every later day) is the floor any
-   simulator must beat.
+4. the truth-free choice between Fed-CausalDiff and the g-formula (issue 29 item 2): each one's ``select.*`` sums on
+   the validation rows (:func:`fcd_secure.queries.selection.site_selection_sums`: the one-step DR discrepancy D₁,
+   D₂ with its support, the validation log-loss; pooled over the sites, since the benchmark is centralised and the
+   sums are additive), then :func:`fcd_secure.queries.selection.choose_run`, the rule that picks a run's round
+   (within one SE of the smallest D₁, then the best validation fit). Nothing of the test split or the oracle enters
+   the choice; the "selected" row prints the chosen model's volume error;
+5. the normalised RMSE of counterfactual tumour volume τ = 1..5 days ahead: from start days 4, 9, 14, ... (every
+   5 days while the window fits: 5 start days at 30 days, 11 at 60) of every test patient (the history up to the
+   start is the logged one), one random plan of five actions (uniform over none/chemo/radio/both, CT's "random
+   trajectories" setting); the truth is the oracle's volume under that plan with the patient's own noise (common
+   random numbers, the CRN/CT convention), the prediction the mean of the simulator's generated volume context over
+   ``--samples`` rollouts; RMSE = √mean((V̂ − V)²) / V(13 cm) × 100, as in CT (``get_normalised_masked_rmse``)
+   and CRN (``np.sqrt(np.mean(mse)) / 1150 * 100``). The naive model has no volume model; "carry forward" (the start
+   day's volume for every later day) is the floor any simulator must beat.
 
 The published figures (:data:`PUBLISHED`) are from CT's repository README, "Updated results" (Melnychuk et al.
-2022, Tables 9 and 10 after two bug fixes; CRN re-run by the same authors): 10,000 training patients, 60 days,
-death/recovery censoring, the volume as the outcome, five runs. Ours: far fewer patients and days, one run, no
-censoring, and a model trained for a binary response outcome whose volume is a generated context (the data's
-``A_t``), so the comparison places our numbers, it does not rank the methods.
+2022, Tables 9 and 10 after two bug fixes; CRN re-run by the same authors): 10,000 training, 1,000 validation and
+1,000 test patients of at most 60 days (CT's ``config/dataset/cancer_sim.yaml``), death/recovery censoring, the
+volume as the outcome, five runs. ``--ct`` sets those sizes (:data:`CT_SIZES`). Even then: one run, no censoring, and
+a model trained for a binary response outcome whose volume is a generated context (the data's ``A_t``), so the
+comparison places our numbers, it does not rank the methods.
 
     nice -n 5 .venv/bin/python benchmarks/tumour.py                 # the default sizes (module docstring)
-    nice -n 5 .venv/bin/python benchmarks/tumour.py --quick         # γ = 2 only, small sizes (a few minutes)
+    nice -n 5 .venv/bin/python benchmarks/tumour.py --quick         # γ = 2 only, small sizes (seconds)
     nice -n 5 .venv/bin/python benchmarks/tumour.py --model '{"ipw": "off"}'   # the paper's unweighted objective
+    .venv/bin/python benchmarks/tumour.py --ct --jobs 4 --threads 4   # CT's sizes, γ = 1..4 in parallel
     nice -n 5 .venv/bin/python benchmarks/tumour.py --gammas 1 2 --json > a.json   # split over processes,
     nice -n 5 .venv/bin/python benchmarks/tumour.py --gammas 3 4 --json > b.json   # then
     .venv/bin/python benchmarks/tumour.py --merge a.json b.json
@@ -68,9 +78,9 @@ SHORT = {"fed_causaldiff": "F", "gformula": "g"}
 TAU_MAX = 5
 #: first start day and the step between start days of the counterfactual queries (4, 9, ..., while the window fits)
 START_DAY, START_STEP = 4, 5
-#: CT's published data sizes (Melnychuk et al. 2022; CT README): 10,000 training, 1,000 validation and 1,000 test
-#: patients of at most 60 days. Here: 12,000 patients, a test fraction of 1/12 and a validation share of 10 % of the
-#: training split (the split's 5 % grid), so 1,000 test, ~1,100 validation, ~9,900 training patients
+#: CT's published data sizes (Melnychuk et al. 2022; CT's config/dataset/cancer_sim.yaml): 10,000 training, 1,000
+#: validation and 1,000 test patients of at most 60 days. Here: 12,000 patients, a test fraction of 1/12 and a
+#: validation share of 10 % of the training split (the split's 5 % grid); the sites' rounding moves each by a few %
 CT_SIZES = {"patients": 12000, "days": 60, "test_fraction": 1 / 12, "validation_fraction": 0.1}
 
 
@@ -309,9 +319,9 @@ def print_tables(out: dict[str, Any]) -> None:
     con.print(s)
     for r in res:
         c = r["naive_one_day_contrast"]
-        con.print(f"γ={r['gamma']:g}: {r['n_train']} train / {r.get('n_validation', 0)} validation / {r['n_test']} test "
-                  f"patients, at most {r.get('days', '?')} days, {r['cf_cases']} counterfactual cases; one-day chemo − "
-                  f"none contrast on the logged data: naive {c['naive']:+.3f}, true {c['true']:+.3f}; "
+        con.print(f"γ={r['gamma']:g}: {r['n_train']} train / {r.get('n_validation', 0)} validation / {r['n_test']} "
+                  f"test patients, at most {r.get('days', '?')} days, {r['cf_cases']} counterfactual cases; one-day "
+                  f"chemo − none contrast on the logged data: naive {c['naive']:+.3f}, true {c['true']:+.3f}; "
                   f"{_f(r.get('wall_s'), '.0f')} s")
         con.print(f"  selected: {LABELS.get(r['selected']['method'], 'none')} — {r['selected']['reason']}")
     wins = [beats_carry_forward(r) for r in res]

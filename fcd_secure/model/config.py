@@ -87,13 +87,12 @@ class ModelConfig(BaseModel):
         ),
     )
     lambda_context: float = Field(1.0, ge=0, description="weight of L_context (the endogenous contexts' MSE)")
-    context_head: Literal["affine", "residual", "direct"] = Field(
+    context_head: Literal["affine", "direct"] = Field(
         "affine",
         description=(
-            "form of the context head, (b, m) = g(K_t, T_t, Y_t): 'affine' Â_{t+1} = A_t·(1 + tanh m) + b, "
-            "'residual' Â_{t+1} = A_t + b (both start as carry forward: their last layer is zero-initialised), "
-            "'direct' Â_{t+1} = g(K_t, A_t, T_t, Y_t) (the head before issue 29). Affine by measurement on the tumour "
-            "oracle (docs/tumour.md)"
+            "form of the context head: 'affine' Â_{t+1} = A_t·(1 + tanh m) + b with (b, m) = g(K_t, T_t, Y_t), which "
+            "starts as carry forward (its last layer is zero-initialised); 'direct' Â_{t+1} = g(K_t, A_t, T_t, Y_t), "
+            "the head before issue 29. Affine by measurement on the tumour oracle (model/context.py, docs/tumour.md)"
         ),
     )
 
