@@ -79,9 +79,12 @@ TAU_MAX = 5
 #: first start day and the step between start days of the counterfactual queries (4, 9, ..., while the window fits)
 START_DAY, START_STEP = 4, 5
 #: CT's published data sizes (Melnychuk et al. 2022; CT's config/dataset/cancer_sim.yaml): 10,000 training, 1,000
-#: validation and 1,000 test patients of at most 60 days. Here: 12,000 patients, a test fraction of 1/12 and a
-#: validation share of 10 % of the training split (the split's 5 % grid); the sites' rounding moves each by a few %
-CT_SIZES = {"patients": 12000, "days": 60, "test_fraction": 1 / 12, "validation_fraction": 0.1}
+#: validation and 1,000 test patients of at most 60 days. Here: 12,000 patients, 10 % of them test and 10 % of the
+#: training split validation (1/12 is not on the splits' 5 % grid); at seed 0 the sites' whole patients give 9,721
+#: training, 1,078 validation and 1,201 test patients
+#: issue 29's target: the selected model's volume error within this factor of CT's published figures
+CT_FACTOR = 1.3
+CT_SIZES = {"patients": 12000, "days": 60, "test_fraction": 0.1, "validation_fraction": 0.1}
 
 
 def _status(msg: str) -> None:
@@ -330,6 +333,15 @@ def print_tables(out: dict[str, Any]) -> None:
               + ("" if every else " (" + "; ".join(f"γ={r['gamma']:g}: τ " + ",".join(
                   str(i + 1) for i, b in enumerate(w or []) if not b) for r, w in zip(res, wins)
                   if w is None or not all(w)) + ")"))
+    ratios = {(r["gamma"], tau): r["methods"][r["selected"]["method"]]["rmse"][tau - 1]
+              / PUBLISHED["CT"][tau][PUBLISHED_GAMMAS.index(r["gamma"])]
+              for r in res if r["selected"]["method"] and r["gamma"] in PUBLISHED_GAMMAS
+              for tau in range(1, TAU_MAX + 1)}
+    if ratios:
+        over = [f"γ={g:g} τ={t}: {q:.2f}×" for (g, t), q in ratios.items() if not q <= CT_FACTOR]
+        con.print(f"selected model within {CT_FACTOR}× of CT's published figures at every τ and γ: "
+                  f"{'yes' if not over else 'no'} (largest ratio {max(ratios.values()):.2f}×"
+                  + (f"; over: {', '.join(over)}" if over else "") + ")")
 
 
 def _run_one(gamma: float, args: argparse.Namespace) -> dict[str, Any]:
@@ -345,13 +357,13 @@ def main() -> None:
     ap.add_argument("--gammas", type=float, nargs="+", default=list(PUBLISHED_GAMMAS))
     ap.add_argument("--patients", type=int, default=1000, help="patients per world (CT: 12,000)")
     ap.add_argument("--days", type=int, default=30, help="days per patient at most (CT: 60)")
-    ap.add_argument("--test-fraction", type=float, default=0.2, help="patients in the sites' test splits (CT: 1/12)")
+    ap.add_argument("--test-fraction", type=float, default=0.2, help="patients in the sites' test splits (CT: 0.1)")
     ap.add_argument("--validation-fraction", type=float, default=0.2,
                     help="share of each site's training split held out for the truth-free selection, never trained "
                     "on (data.validation_fraction; CT: 0.1)")
     ap.add_argument("--ct", action="store_true",
-                    help="CT's published data sizes: 12,000 patients, 60 days, test fraction 1/12, validation 0.1 "
-                    "(1,000 test, ~1,100 validation, ~9,900 training patients)")
+                    help="CT's published data sizes as near as the splits' 5 %% grid allows: 12,000 patients of 60 "
+                    "days, test and validation fractions 0.1 (9,721 training, 1,078 validation, 1,201 test patients)")
     ap.add_argument("--epochs", type=int, default=6, help="passes over the pooled training data per simulator")
     ap.add_argument("--samples", type=int, default=4, help="rollouts per patient in every simulation")
     ap.add_argument("--seed", type=int, default=0)
