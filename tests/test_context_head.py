@@ -4,6 +4,8 @@ marker grows geometrically, and the form is a model setting (Θc shapes the same
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -113,6 +115,19 @@ def test_the_form_is_a_model_setting_in_the_training_hash():
     assert RunConfig().model.context_head == "affine"
     with pytest.raises(ValueError, match="context_head"):
         ModelConfig(context_head="multiplicative")
+
+
+def test_a_run_folder_written_before_the_key_reads_back_with_the_direct_head(tmp_path):
+    """A run folder's config.toml is a full dump: one without ``model.context_head`` trained the direct head, so its
+    Θc still loads; a hand-written partial model section takes the default."""
+    cfg = RunConfig.model_validate({"model": {"lr": 1e-3}})
+    old = cfg.model_dump(mode="json")
+    del old["model"]["context_head"]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(old))
+    assert RunConfig.load(path).model.context_head == "direct"
+    assert RunConfig.load(path).training_hash() != cfg.training_hash()
+    assert cfg.model.context_head == "affine"
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ ablation is a config diff (switch a loss off, change the transition kind) rather
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -164,6 +164,16 @@ class ModelConfig(BaseModel):
             "fed back through the encoder (a Monte-Carlo g-formula that does not use the transition)"
         ),
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _written_before_context_head(cls, data: Any) -> Any:
+        """A complete model section without ``context_head`` was written before the key existed (a run folder's
+        config.toml is a full dump): its run trained the direct head, so it reads back as ``"direct"`` and its
+        Θc still loads. A partial section (a hand-written config) takes the default."""
+        if isinstance(data, dict) and "context_head" not in data and set(cls.model_fields) - {"context_head"} <= set(data):
+            return {**data, "context_head": "direct"}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":
