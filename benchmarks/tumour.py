@@ -142,6 +142,29 @@ def selection_row(sim: Any, views: list[Any], seed: int) -> dict[str, Any]:
     return RoundScore.from_totals(1, sums, 1).as_row()
 
 
+def factual_volume_rmse(sim: Any, views: list[Any], n_samples: int, seed: int) -> list[float]:
+    """Normalised RMSE (%) τ = 1..τ_max of the generated volume on the pooled validation rows under their *logged*
+    actions, from the same start days as the counterfactual queries: a factual, truth-free check of the context model
+    (the logged volumes are the answer), printed beside the selection figures; not part of the project's rule."""
+    from fcd_secure.data.schema import concat
+
+    val = concat([v.validation for v in views if v.validation is not None])
+    se, n = np.zeros(TAU_MAX), 0
+    for t0 in range(START_DAY, val.L - TAU_MAX, START_STEP):
+        rows = np.nonzero(val.lengths > t0 + TAU_MAX)[0]  # the logged volume is there on every day of the window
+        if not len(rows):
+            continue
+        sub = val.subset(rows)
+        res = sim.simulate(sub, sub.T[:, t0:t0 + TAU_MAX + 1].astype(np.int64), n_samples, seed + t0, start_t=t0,
+                           horizon=TAU_MAX + 1, keep_contexts=True)
+        if res.context_values is None:
+            return [float("nan")] * TAU_MAX
+        pred = res.context_values[:, :, 1:, 0].mean(axis=1)
+        se += ((pred - sub.A[:, t0 + 1:t0 + TAU_MAX + 1, 0]) ** 2).sum(axis=0)
+        n += len(rows)
+    return [float(v) for v in np.sqrt(se / max(n, 1)) * 100.0]
+
+
 def policy_metrics(sim: Any, cfg: Any, views: list[Any]) -> dict[str, Any]:
     """PEHE, |ATE error| and the four policies' value errors, every site scoring its own test split (merged)."""
     from fcd_secure.experiments.evaluate import full_eval_config
@@ -226,6 +249,8 @@ def run_gamma(gamma: float, args: argparse.Namespace) -> dict[str, Any]:
         rmse = cf_rmse(sim, world, queries, args.samples, learner.round_seed(args.seed, 0, 0)) if name != "naive" \
             else [float("nan")] * TAU_MAX
         sel = selection_row(sim, views, args.seed) if name in CANDIDATES else None
+        if sel is not None:
+            sel["val_volume_rmse"] = factual_volume_rmse(sim, views, args.samples, args.seed)
         out["methods"][name] = {
             "pehe": m.get("pehe"), "ate_error": m.get("ate_error"), "ate_hat": m.get("ate_hat"),
             "value_error_mean": m.get("value_error_mean"),
@@ -310,7 +335,7 @@ def print_tables(out: dict[str, Any]) -> None:
     con.print(v)
     s = Table(title="truth-free selection on the validation rows (queries.selection.choose_run)")
     for col in ("γ", "method", "D1 ± SE", f"D{res[0]['methods']['gformula']['selection']['dh_horizon']} ± SE (ESS)",
-                "val. log-loss", "selected"):
+                "val. log-loss", "selected", "val. volume τ=1/5 (logged T)"):
         s.add_column(col, justify="left" if col == "method" else "right")
     for r in res:
         for i, name in enumerate(CANDIDATES):
@@ -318,6 +343,7 @@ def print_tables(out: dict[str, Any]) -> None:
             s.add_row(f"{r['gamma']:g}", LABELS[name], f"{_f(row['d1'], '.4f')} ± {_f(row['d1_se'], '.4f')}",
                       f"{_f(row['dh'], '.4f')} ± {_f(row['dh_se'], '.4f')} ({_f(row['dh_ess'], '.0f')})",
                       _f(row["validation_fit"], ".4f"), "✓" if r["selected"]["method"] == name else "",
+                      " / ".join(_f(v, ".2f") for v in (row.get("val_volume_rmse") or [None] * TAU_MAX)[::TAU_MAX - 1]),
                       end_section=i == len(CANDIDATES) - 1)
     con.print(s)
     for r in res:
