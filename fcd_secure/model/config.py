@@ -171,7 +171,8 @@ class ModelConfig(BaseModel):
         """A complete model section without ``context_head`` was written before the key existed (a run folder's
         config.toml is a full dump): its run trained the direct head, so it reads back as ``"direct"`` and its
         Θc still loads. A partial section (a hand-written config) takes the default."""
-        if isinstance(data, dict) and "context_head" not in data and set(cls.model_fields) - {"context_head"} <= set(data):
+        complete = isinstance(data, dict) and set(cls.model_fields) - {"context_head"} <= set(data)
+        if complete and "context_head" not in data:
             return {**data, "context_head": "direct"}
         return data
 

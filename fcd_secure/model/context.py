@@ -10,10 +10,11 @@ the network then carries this head over its first ``n_endogenous`` columns:
     Â_{t+1} = g(K_t, A_t, emb(T_t), Y_t)         ``"direct"`` (the head before issue 29)
 
 (the conditional mean of the next endogenous contexts), trained with the other losses as ``L_context`` =
-E_t ‖A_{t+1}[:n_endo] − Â_{t+1}‖² over pairs (t, t+1) that are both valid (``ModelConfig.use_context`` / ``lambda_context``; per sample, so safe under DP-SGD). In a rollout the
-generated columns replace the logged ones from the first simulated step after ``start_t`` on (A at ``start_t`` is
-observed before the first intervened decision), and exogenous columns are replayed. The head is shared (Θc): how a
-context responds to treatment is part of the causal mechanism every site has in common.
+E_t ‖A_{t+1}[:n_endo] − Â_{t+1}‖² over pairs (t, t+1) that are both valid (``ModelConfig.use_context`` /
+``lambda_context``; per sample, so safe under DP-SGD). In a rollout the generated columns replace the logged ones
+from the first simulated step after ``start_t`` on (A at ``start_t`` is observed before the first intervened
+decision), and exogenous columns are replayed. The head is shared (Θc): how a context responds to treatment is part
+of the causal mechanism every site has in common.
 
 The head gives the conditional mean, not a draw: for a context that enters the outcome model non-linearly this is
 the plug-in approximation of g-computation (exact for linear dependence); the rollout's randomness still comes from
