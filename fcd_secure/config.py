@@ -213,6 +213,8 @@ class RunConfig(BaseModel):
         if d["data"].get("site_spread") is None:  # unset: the hash of a run from before the key existed, so it resumes
             d["data"].pop("site_spread", None)
         d["secagg"].pop("deadlines", None)  # when a late site is dropped, like round_timeout_s
+        if d["model"].get("context_head") == "direct":  # the head before the key existed: such a run still resumes
+            d["model"].pop("context_head")
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
     def state_root(self) -> Path | None:

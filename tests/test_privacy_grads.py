@@ -94,6 +94,36 @@ def test_per_sample_gradients_equal_a_loop_of_single_record_batches():
     assert (trunk > 0).all()
 
 
+@pytest.mark.parametrize("form", ["affine", "direct"])
+def test_the_context_head_keeps_per_sample_gradients_in_every_form(form):
+    """L_context is per sample in every form of the head (model/context.py): Opacus' rows equal single-record
+    gradients, the head's own parameters included (its last layer set away from the affine form's zero start, so
+    that the first layer gets a gradient too)."""
+    torch.manual_seed(0)
+    cfg = tiny_cfg(transition="deterministic", context_head=form)
+    ds = tiny_site(seed=5)
+    batch = dataset_tensors(ds, site_index=1)
+    model = FedCausalDiff.from_dims(cfg, ds.dx, ds.da, ds.n_actions, N_SITES, n_endogenous=1)
+    with torch.no_grad():
+        model.context_head.net[-1].weight.normal_(0.0, 0.5)
+    ref = copy.deepcopy(model)
+    hooks, _ = hooked(model, batch)
+    loss, parts = batch_loss(model, batch, cfg, N_SITES)
+    assert "context" in parts
+    loss.backward()
+    got = rows(model)
+    hooks.cleanup()
+    names = [n for n, _ in ref.named_parameters()]
+    for i in range(ds.n):
+        li, _ = batch_loss(ref, tuple(t[i : i + 1] for t in batch), cfg, N_SITES)
+        grads = torch.autograd.grad(li, list(ref.parameters()), allow_unused=True)
+        for name, g in zip(names, grads):
+            g = torch.zeros_like(got[name][i]) if g is None else g
+            torch.testing.assert_close(got[name][i], g, rtol=1e-4, atol=1e-6, msg=f"{name}, record {i}")
+    head = got["context_head.net.0.weight"].flatten(1).norm(dim=1)
+    assert (head > 0).any()
+
+
 @pytest.mark.parametrize("align", ["reference", "batch_mmd"])
 def test_one_record_changes_only_its_own_row_under_diffusion(align):
     """With the diffusion transition (random n, ε per row): changing record j leaves every other row unchanged.

@@ -6,7 +6,7 @@ ablation is a config diff (switch a loss off, change the transition kind) rather
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -87,6 +87,14 @@ class ModelConfig(BaseModel):
         ),
     )
     lambda_context: float = Field(1.0, ge=0, description="weight of L_context (the endogenous contexts' MSE)")
+    context_head: Literal["affine", "direct"] = Field(
+        "affine",
+        description=(
+            "form of the context head: 'affine' Â_{t+1} = A_t·(1 + tanh m) + b with (b, m) = g(K_t, T_t, Y_t), which "
+            "starts as carry forward (its last layer is zero-initialised); 'direct' Â_{t+1} = g(K_t, A_t, T_t, Y_t), "
+            "the head before issue 29. Affine by measurement on the tumour oracle (model/context.py, docs/tumour.md)"
+        ),
+    )
 
     cf_horizon: int = Field(3, ge=1, description="rollout length R of L_cf")
     cf_grad_to_encoder: bool = Field(
@@ -156,6 +164,17 @@ class ModelConfig(BaseModel):
             "fed back through the encoder (a Monte-Carlo g-formula that does not use the transition)"
         ),
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _written_before_context_head(cls, data: Any) -> Any:
+        """A complete model section without ``context_head`` was written before the key existed (a run folder's
+        config.toml is a full dump): its run trained the direct head, so it reads back as ``"direct"`` and its
+        Θc still loads. A partial section (a hand-written config) takes the default."""
+        complete = isinstance(data, dict) and set(cls.model_fields) - {"context_head"} <= set(data)
+        if complete and "context_head" not in data:
+            return {**data, "context_head": "direct"}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":

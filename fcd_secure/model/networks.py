@@ -25,8 +25,9 @@ eps_s              Θs        ε_s(K^(n)_{t+1}, n, K_t, A_t)  — no T_t: confou
 decoder            Θc        P_φ(Y_t | K_t, A_t, T_t) — by default one read-out per action, the taken one gathered
 site_disc          Θc        site classifier behind the gradient-reversal layer on K^(c) (shared: trap 2)
 parallel_head      Θs        the parallel head on K^(s) (L_dis)
-context_head       Θc        Â_{t+1} = g(K_t, A_t, T_t, Y_t) of the endogenous contexts (``context.py``; only when
-                             the data has endogenous contexts and ``cfg.use_context``)
+context_head       Θc        Â_{t+1} = A_t·(1 + tanh m) + b, (b, m) = g(K_t, T_t, Y_t), of the endogenous contexts
+                             (``context.py``, ``cfg.context_head``; only when the data has endogenous contexts and
+                             ``cfg.use_context``)
 propensity_head    Θs        p̂(T_t | observed history) from the detached trunk state: the site's behaviour policy,
                              the numerator of the stabilised IPW weights (only when ``cfg.ipw`` is not ``'off'``);
                              site-bound: not sent even under full synchronisation
@@ -124,7 +125,8 @@ class FedCausalDiff(nn.Module):
         n_par = n_actions if cfg.dis_parallel_target == "action" else n_sites
         self.parallel_head = mlp(ks, n_par, H, depth=1)
         self.n_endogenous = n_endogenous if cfg.use_context else 0
-        self.context_head = ContextHead(k, da, E, self.n_endogenous, H) if self.n_endogenous else None
+        self.context_head = (ContextHead(k, da, E, self.n_endogenous, H, form=cfg.context_head)
+                             if self.n_endogenous else None)
         # built last and only when used, so that the other modules' initial values do not depend on the switch
         self.propensity_head = mlp(cfg.hidden, n_actions, H, depth=1) if cfg.ipw != "off" else None
         self.schedule = NoiseSchedule.from_config(cfg)
