@@ -173,14 +173,18 @@ def test_two_action_data_take_every_pi_k_from_the_logs_and_need_no_model():
 def test_the_dr_value_of_an_incremental_policy_covers_the_enumerated_truth(delta):
     truth = true_value(delta)
     assert abs(truth - true_value(1.0)) > 0.01  # the intervention changes the value
-    est, covered = [], 0
+    est, covered, unreached = [], 0, 0
     for rep in range(40):
         (pol,) = attach_behaviour([incremental(delta)], two_step_world(2000, 3000 + rep), seed=rep)
-        a = dr_answer(pol, two_step_world(1000, 1000 + rep))["answer"]
+        a = dr_answer(pol, two_step_world(1000, 1000 + rep))["horizons"][-1]  # h = 2, answered or not
         est.append(a["estimate"])
         covered += a["low"] <= truth <= a["high"]
+        unreached += not a["reached"]
     assert covered >= 30, covered  # nominal 90 % over 40 worlds (P(< 30) ≈ 0.3 % at 90 %)
     assert abs(np.mean(est) - truth) < 0.01, (np.mean(est), truth)
+    # the model can represent this logging policy, so its weights average about 1: the mean-weight check (a 5 %
+    # one-sided test, queries.targeted.reaches_policy) refuses h = 2 only now and then (0 / 4 / 4 of 40 measured)
+    assert unreached <= 6, unreached
 
 
 def test_the_effective_sample_size_grows_as_delta_approaches_one():

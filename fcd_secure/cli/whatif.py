@@ -9,6 +9,7 @@ import typer
 from rich.console import Group
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from fcd_secure.cli.app import emit, say_identifier, stderr, stdout
 from fcd_secure.cli.envelope import CliError, ok
@@ -139,9 +140,10 @@ def pi_k_lines(result: dict) -> list[str]:
 
 def identified_table(result: dict) -> Group | None:
     """The headline answer, as two tables that fit 80 columns: per policy its doubly robust value over the first h
-    steps, h the longest horizon the logs support (``queries.targeted``: ESS of the weight products ≥ 20), with its
-    interval and ESS; then each effect against the reference on the longest horizon both pass. A policy with no
-    supported horizon is "not identified". None when no site logs propensities."""
+    steps, h the longest horizon the logs support (``queries.targeted``: ESS of the weight products ≥ 20 and their
+    mean not significantly below 1), with its interval and ESS; then each effect against the reference on the longest
+    horizon both pass. A policy with no supported horizon is "not identified", with the reason where the logs reach
+    only part of it. None when no site logs propensities."""
     pols = {k: d for k, d in (result.get("policies") or {}).items() if d.get("identified")}
     if not pols:
         return None
@@ -160,14 +162,18 @@ def identified_table(result: dict) -> Group | None:
     effects = table(f"Identified effects (vs {escape(str(ref))}, on the longest h both policies pass)",
                     ["policy", "h", "DR effect", f"{level:.0%} CI"] + (["truth"] if has_truth else []),
                     caption="h: the longest horizon with ≥ 20 effective entities following the policy (ESS of the "
-                            f"weight products); {level:.0%} intervals. Rank policies on these numbers only")
+                            "weight products) whose mean weight product is not significantly below 1 (the logs "
+                            f"reach the whole policy); {level:.0%} intervals. Rank policies on these numbers only")
     flagged = False
+    reasons: list[str] = []
     for name, d in pols.items():
         ident = d["identified"]
         a = ident.get("answer")
         if a is None:
             best = max((r["ess"] for r in ident["horizons"]), default=0.0)
             values.add_row(escape(name), "–", "not identified", "", f"{best:.0f}", *([""] if has_truth else []))
+            if any(not r.get("reached", True) for r in ident["horizons"]) and ident.get("why"):
+                reasons.append(f"{name}: not identified — {ident['why']}")
         else:
             flagged |= bool(a.get("out_of_range"))
             values.add_row(escape(name), str(a["horizon"]), _fmt(a["estimate"]) + ("*" if a.get("out_of_range") else ""),
@@ -185,10 +191,11 @@ def identified_table(result: dict) -> Group | None:
                             "" if same else _iv(eff), *([_fmt(eff.get("true"))] if has_truth else []))
     if flagged:
         effects.caption += "; *: the raw estimate left the outcome's range and is shown at the bound"
+    notes = [Text(line) for line in reasons]
     if not effects.row_count:
         values.caption = effects.caption
-        return Group(values)
-    return Group(values, effects)
+        return Group(values, *notes)
+    return Group(values, effects, *notes)
 
 
 def dr_table(result: dict, bounds_only: bool = False) -> Group | None:
