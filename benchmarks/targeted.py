@@ -204,7 +204,7 @@ def report(out: dict) -> None:
             f"seed {r['seed']} DR-learner {r['dr_learner']['dr_learner']['corr']:+.2f} / "
             f"{r['dr_learner']['dr_learner']['skill']:+.2f}, simulator {r['dr_learner']['simulator']['corr']:+.2f} / "
             f"{r['dr_learner']['simulator']['skill']:+.2f}" for r in drl) + " (targets: corr ≥ 0.3, skill > 0)")
-    con.print("not identified (no horizon with ESS ≥ 20): "
+    con.print("not identified (no horizon with ESS ≥ 20 whose mean weight product reaches 1): "
               + "; ".join(f"seed {r['seed']}: {', '.join(r['not_identified']) or 'none'}" for r in results))
 
 
