@@ -1,4 +1,5 @@
-"""Shared, generic fixtures: small long-format tables and specs written to tmp_path, and the real data folder."""
+"""Shared, generic fixtures: small long-format tables and specs written to tmp_path, the real data folder and a
+tiny DKT-Synth site."""
 
 from __future__ import annotations
 
@@ -172,3 +173,15 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny_dkt_site():
+    """Site 0 of a two-site tiny DKT-Synth world and an untrained tiny model for it: ``(cfg, data, model)``."""
+    from fcd_secure.config import build_config
+    from fcd_secure.federation import learner
+
+    cfg = build_config("tiny", {"seed": 0, "data": {"n_sites": 2, "alpha": 1000.0},
+                                "federation": {"clients_per_round": 2}})
+    data = learner.load_site_data(cfg, 0)
+    return cfg, data, learner.build_model(cfg, learner.dims_of(data.train, 2))

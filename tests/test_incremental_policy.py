@@ -12,7 +12,6 @@ import pytest
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
-from fcd_secure.config import build_config  # noqa: E402
 from fcd_secure.data.policy import (  # noqa: E402
     DEFAULT_POLICY_NAMES,
     Policy,
@@ -24,7 +23,6 @@ from fcd_secure.data.policy import (  # noqa: E402
 from fcd_secure.data.schema import SiteDataset  # noqa: E402
 from fcd_secure.data.spec import DataError  # noqa: E402
 from fcd_secure.evaluation.propensity import HistoryPropensity  # noqa: E402
-from fcd_secure.federation import learner  # noqa: E402
 from fcd_secure.queries.evaluation import add_sums  # noqa: E402
 from fcd_secure.queries.incremental import attach_behaviour, incremental_target_probs  # noqa: E402
 from fcd_secure.queries.targeted import MIN_SUPPORT_ESS, horizon_sums, merge_identified  # noqa: E402
@@ -207,17 +205,8 @@ def test_the_site_propensity_model_recovers_a_logging_policy_it_can_represent():
 
 
 # -- DKT-Synth: the oracle's truth, the site's rollout and the what-if reply ---------------------------------------
-@pytest.fixture(scope="module")
-def site():
-    cfg = build_config("tiny", {"seed": 0, "data": {"n_sites": 2, "alpha": 1000.0},
-                                "federation": {"clients_per_round": 2}})
-    data = learner.load_site_data(cfg, 0)
-    model = learner.build_model(cfg, learner.dims_of(data.train, 2))
-    return cfg, data, model
-
-
-def test_the_oracle_rolls_an_incremental_policy_out_on_its_true_logging_probabilities(site):
-    _, data, _ = site
+def test_the_oracle_rolls_an_incremental_policy_out_on_its_true_logging_probabilities(tiny_dkt_site):
+    _, data, _ = tiny_dkt_site
     world, i = data.oracle, data.site_index
     always = next(p for p in default_policies() if p.name == "always")
     # unbound (no site model): the world passes its own probabilities; a huge δ is "always a_on"
@@ -238,8 +227,8 @@ def test_the_tumour_oracle_rolls_it_out_on_its_true_logging_probabilities_too():
     assert small != pytest.approx(big, abs=0.01)
 
 
-def test_a_what_if_question_answers_an_incremental_policy_on_more_horizons_than_always(site):
-    cfg, data, model = site
+def test_a_what_if_question_answers_an_incremental_policy_on_more_horizons_than_always(tiny_dkt_site):
+    cfg, data, model = tiny_dkt_site
     pols = load_policy_refs(["always", "incremental_on_x2"])
     req = WhatIfRequest(policies=pols, reference="always", horizon=5)
     reply = site_policy_sums(model, data.test, data, cfg, req, seed=3, n_samples=1, all_rows=False, site_dir=None)

@@ -14,7 +14,6 @@ import pytest
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
-from fcd_secure.config import build_config  # noqa: E402
 from fcd_secure.data.policy import (  # noqa: E402
     DEFAULT_POLICY_NAMES,
     Policy,
@@ -26,7 +25,6 @@ from fcd_secure.data.policy import (  # noqa: E402
 )
 from fcd_secure.data.schema import SiteDataset  # noqa: E402
 from fcd_secure.data.spec import DataError  # noqa: E402
-from fcd_secure.federation import learner  # noqa: E402
 from fcd_secure.queries.evaluation import add_sums  # noqa: E402
 from fcd_secure.queries.incremental import attach_behaviour, incremental_target_probs  # noqa: E402
 from fcd_secure.queries.targeted import horizon_sums, merge_identified  # noqa: E402
@@ -250,17 +248,8 @@ def test_P41_a_share_of_a_rare_action_cannot_single_out_the_one_patient_who_rece
 
 
 # -- DKT-Synth and the tumour world: the oracle's truth and the what-if reply ------------------------------------------
-@pytest.fixture(scope="module")
-def site():
-    cfg = build_config("tiny", {"seed": 0, "data": {"n_sites": 2, "alpha": 1000.0},
-                                "federation": {"clients_per_round": 2}})
-    data = learner.load_site_data(cfg, 0)
-    model = learner.build_model(cfg, learner.dims_of(data.train, 2))
-    return cfg, data, model
-
-
-def test_the_oracle_rolls_the_mixture_out_on_its_true_logging_probabilities(site):
-    _, data, _ = site
+def test_the_oracle_rolls_the_mixture_out_on_its_true_logging_probabilities(tiny_dkt_site):
+    _, data, _ = tiny_dkt_site
     world, i = data.oracle, data.site_index
     always = next(p for p in default_policies() if p.name == "always")
     v_always = world.true_policy_value(always, i, "test", n_rollouts=4)[0]
@@ -286,10 +275,10 @@ def test_the_tumour_oracle_rolls_it_out_too():
         pytest.approx(v_log, abs=1e-6)
 
 
-def test_a_what_if_question_weighs_a_share_policy_from_the_logged_propensities_alone(site):
+def test_a_what_if_question_weighs_a_share_policy_from_the_logged_propensities_alone(tiny_dkt_site):
     from fcd_secure.cli.whatif import pi_k_lines  # noqa: PLC0415
 
-    cfg, data, model = site
+    cfg, data, model = tiny_dkt_site
     pols = load_policy_refs(["always", "incremental_on_x2", "share_on_20"])
     req = WhatIfRequest(policies=pols, reference="always", horizon=5)
     reply = site_policy_sums(model, data.test, data, cfg, req, seed=3, n_samples=1, all_rows=False, site_dir=None)
