@@ -4,7 +4,8 @@ item 4; ``fcd_secure.queries.dr_learner``).
 Each seed is one federated run as ``fcd run`` makes it (secure aggregation, the real ServerApp and ClientApps on the
 in-process engine, the truth-free round selection); the DR-learner is fitted on the sites' validation pseudo-outcomes
 of the chosen round and scored on their test steps against the oracle's one-step truth. Printed side by side per seed:
-corr(τ̂, τ), the skill against the constant true ATE (1 − PEHE²/sd²τ), PEHE, sd τ, PEHE₀ and the mean effect.
+corr(τ̂, τ), the skill against the constant true ATE (1 − PEHE²/sd²τ), PEHE, sd τ, PEHE₀, the mean effect and δ,
+the shift of the intercept re-fitted on the validation and test rows' pseudo-outcomes together.
 
     .venv/bin/python benchmarks/dr_learner.py                     # DKT-Synth small, 4 sites, 8 rounds, seeds 0-2
     .venv/bin/python benchmarks/dr_learner.py --data-preset default --sites 10 --rounds 10
@@ -46,7 +47,8 @@ def one_seed(seed: int, data_preset: str, rounds: int, sites: int, run_preset: s
     d = res.final_eval.get("dr_learner") or {}
     return {"seed": seed, "wall_s": time.perf_counter() - t0, "secure": cfg.federation.secure_aggregation,
             "round": d.get("round"), "lambda": d.get("lambda"), "n_fit": d.get("n"), "coverage": d.get("coverage"),
-            "steps": d.get("steps"), "dr_learner": d.get("dr_learner"), "simulator": d.get("simulator")}
+            "steps": d.get("steps"), "dr_learner": d.get("dr_learner"), "simulator": d.get("simulator"),
+            "intercept": d.get("intercept")}
 
 
 def main(
@@ -71,18 +73,19 @@ def main(
     if as_json:
         print(json.dumps(out, indent=1, default=float))
         return
-    con = Console(width=150)  # 13 columns side by side, also when piped
+    con = Console(width=160)  # 14 columns side by side, also when piped
     con.print(json.dumps(out["machine"]))
     t = Table(title="DKT-Synth: one-step effect per decision step, DR-learner (DR) vs the simulator's contrast (sim)")
     for c in ("seed", "corr DR", "corr sim", "skill DR", "skill sim", "PEHE DR", "PEHE sim", "sd τ", "PEHE₀",
-              "mean τ̂ DR", "mean τ", "λ", "round"):
+              "mean τ̂ DR", "mean τ", "δ", "λ", "round"):
         t.add_column(c, justify="right")
     ok = [r for r in results if r["dr_learner"] and r["simulator"] and "corr" in r["dr_learner"]]
     for r in ok:
         a, b = r["dr_learner"], r["simulator"]
         t.add_row(str(r["seed"]), f"{a['corr']:+.3f}", f"{b['corr']:+.3f}", f"{a['skill']:+.3f}", f"{b['skill']:+.3f}",
                   f"{a['pehe']:.4f}", f"{b['pehe']:.4f}", f"{a['sd_tau']:.4f}", f"{a['pehe_zero']:.4f}",
-                  f"{a['mean_tau_hat']:+.4f}", f"{a['mean_tau']:+.4f}", f"{r['lambda']:g}", str(r["round"]))
+                  f"{a['mean_tau_hat']:+.4f}", f"{a['mean_tau']:+.4f}",
+                  f"{(r.get('intercept') or {}).get('shift', float('nan')):+.4f}", f"{r['lambda']:g}", str(r["round"]))
     con.print(t)
     if ok:
         con.print("mean over seeds: " + ", ".join(

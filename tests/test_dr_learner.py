@@ -97,6 +97,64 @@ def test_on_a_known_answer_world_beta_recovers_the_effect_despite_a_wrong_outcom
     assert beta[drl.FEATURES.index("last_outcome")] == pytest.approx(0.3, abs=0.08)
 
 
+def test_a_shift_of_the_estimates_is_read_off_the_sums_exactly():
+    rng = np.random.default_rng(5)
+    tau_hat, tau = rng.normal(0.1, 0.2, 400), rng.normal(-0.05, 0.15, 400)
+    for delta in (-0.3, 0.0, 0.07):
+        got = EffectStats.from_arrays(tau_hat, tau).shifted(delta)
+        want = EffectStats.from_arrays(tau_hat + delta, tau)
+        for k in EffectStats.SUMS:
+            assert getattr(got, k) == pytest.approx(getattr(want, k), rel=1e-9, abs=1e-9)
+
+
+def test_the_intercept_is_refitted_on_the_test_rows_pseudo_outcomes_and_the_slopes_are_kept(small):
+    """The reported effects are βᵀx + δ, δ the mean of φ − βᵀx over the test steps with logged propensities: their
+    mean is then the test rows' mean pseudo-outcome (the one-step targeted effect), their spread and corr β's own."""
+    from fcd_secure.model.baselines import as_simulator
+
+    _, data, model = small
+    sim = as_simulator(model)
+    beta = np.linspace(-0.2, 0.3, drl.K)
+    parts, phis, taus, hats = [], [], [], []
+    for d in data:
+        a_off, a_on = d.anchors
+        mu_on, mu_off = sim.one_step_probs(d.test, a_on), sim.one_step_probs(d.test, a_off)
+        truth = np.random.default_rng(d.site_index).normal(-0.05, 0.1, d.test.Y.shape)
+        parts.append(drl.site_effect_sums(model, d.test, d.anchors, beta, truth))
+        v = d.test.M > 0
+        phis.append(drl.pseudo_outcomes(d.test, mu_on, mu_off, d.anchors))
+        taus.append(truth[v])
+        hats.append(drl.history_features(d.test, mu_on, mu_off, d.anchors)[v] @ beta)
+    phi, tau, hat = (np.concatenate(x) for x in (phis, taus, hats))
+    # alone, the test rows' intercept: the effects average to their mean pseudo-outcome (the one-step targeted effect)
+    out = drl.merge_effects(add_sums(parts))
+    delta = phi.mean() - hat.mean()
+    assert out["intercept"]["shift"] == pytest.approx(delta, rel=1e-9) and out["intercept"]["test_steps"] == phi.size
+    assert out["intercept"]["beta_mean"] == pytest.approx(hat.mean(), rel=1e-9)
+    assert out["dr_learner"]["mean_tau_hat"] == pytest.approx(phi.mean(), rel=1e-9)
+    assert out["dr_learner"]["pehe"] == pytest.approx(EffectStats.from_arrays(hat + delta, tau).pehe(), rel=1e-9)
+    assert out["dr_learner"]["corr"] == pytest.approx(EffectStats.from_arrays(hat, tau).corr(), rel=1e-9)
+    # pooled with the validation steps β was fitted on (whose residuals sum to 0 at β): the shift is shared out
+    pooled = drl.merge_effects(add_sums(parts), fit_steps=3 * phi.size)
+    assert pooled["intercept"]["shift"] == pytest.approx(delta / 4, rel=1e-9)
+    assert pooled["dr_learner"]["skill"] == pytest.approx(EffectStats.from_arrays(hat + delta / 4, tau).skill(),
+                                                          rel=1e-9)
+    # nothing new leaves a site: its residual sums are its one-step sums minus its Στ̂ (both sent already)
+    from fcd_secure.queries.targeted import one_step_sums
+
+    d = data[1]
+    own = one_step_sums(model, d.test, d.anchors)
+    assert parts[1]["drl.effect.resid"] == pytest.approx(own["onestep.s"] - parts[1]["drl.effect.sum_hat"], abs=1e-9)
+    assert parts[1]["drl.effect.resid_n"] == own["onestep.m"]
+    # a test split without logged propensities sends no residual sums: its effects are β's own
+    d = data[0]
+    bare = drl.site_effect_sums(model, d.test.without_propensities(), d.anchors, beta, None)
+    assert not any(k.startswith("drl.effect.resid") for k in bare) and bare["drl.effect.n"] > 0
+    alone = drl.merge_effects(bare)
+    assert "intercept" not in alone and alone["dr_learner"]["mean_tau_hat"] == pytest.approx(
+        bare["drl.effect.sum_hat"] / bare["drl.effect.n"])
+
+
 @pytest.fixture(scope="module")
 def small():
     cfg = build_config("tiny", SMALL)
@@ -172,6 +230,13 @@ def test_a_secure_run_fits_on_the_chosen_round_and_no_dr_learner_sum_arrives_in_
         fig = out[name]
         assert fig["sd_tau"] > 0 and -1 <= fig["corr"] <= 1 and np.isfinite(fig["skill"])
     assert out["steps"] == res.final_eval["one_step_effect"]["steps"]
+    # every site logs propensities: the intercept pools the fit's validation steps with every test step, so the
+    # effects' mean moves from β's own towards the one-step targeted effect on the test rows by their share
+    icpt = out["intercept"]
+    assert icpt["test_steps"] == out["steps"] and icpt["validation_steps"] == out["n"] > 0
+    theta, share = res.final_eval["one_step_effect"]["estimate"], icpt["test_steps"] / (icpt["test_steps"] + out["n"])
+    assert out["dr_learner"]["mean_tau_hat"] == pytest.approx(
+        icpt["beta_mean"] + share * (theta - icpt["beta_mean"]), abs=1e-6)
     received = [json.loads(x) for x in (state / "_server" / "audit" / SERVER_LEDGER_FILE).read_text().splitlines()
                 if x.strip()]
     received = [r for r in received if r["kind"] == "received"]

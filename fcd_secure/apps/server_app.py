@@ -388,7 +388,7 @@ def run_federation(
     n_err = len(comm.site_errors)
     final_eval = evaluate_federated(
         comm, order, theta, cfg, part, quick=False, sites=sites, secure=secure_eval, round_id=fed.rounds + 1,
-        extra=final_conf,
+        extra=final_conf, dr_fit_steps=int(dr_fit.get("n") or 0),
     )
     final_eval["dr_learner"] = {**dr_fit, "round": selection["round"], **(final_eval.get("dr_learner") or {})}
     for e in _error_rows(comm, n_err):

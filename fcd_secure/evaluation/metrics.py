@@ -259,6 +259,16 @@ class EffectStats(AdditiveSums):
         does not order entities better than the constant true ATE)."""
         return effect_flags(self.pehe(), self.pehe_zero(), self.skill())
 
+    def shifted(self, delta: float) -> "EffectStats":
+        """The statistics of τ̂ + δ on the same rows, from the sums alone: Σ(τ̂ + δ − τ)² = sse + 2δ(Σ τ̂ − Σ τ) + nδ²,
+        Σ(τ̂ + δ) = Σ τ̂ + nδ, Σ(τ̂ + δ)² = Σ τ̂² + 2δ Σ τ̂ + nδ², Σ(τ̂ + δ)τ = Σ τ̂τ + δ Σ τ (a model's intercept
+        re-fitted by the server, e.g. ``queries.dr_learner``). Missing sums stay NaN."""
+        d, n = float(delta), self.n
+        return EffectStats(n=n, sse=self.sse + 2 * d * (self.sum_hat - self.sum_true) + n * d * d,
+                           sum_hat=self.sum_hat + n * d, sum_true=self.sum_true, sum_true_sq=self.sum_true_sq,
+                           sum_hat_sq=self.sum_hat_sq + 2 * d * self.sum_hat + n * d * d,
+                           sum_cross=self.sum_cross + d * self.sum_true)
+
     def skill_figures(self) -> dict[str, object]:
         """PEHE with what it means beside it: ``pehe``, ``pehe_zero``, ``sd_tau``, ``sd_tau_hat``, ``corr``,
         ``ate_ratio``, ``skill``, ``flags`` (NaN where a sum is missing)."""

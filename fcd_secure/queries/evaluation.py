@@ -171,7 +171,7 @@ def merge_site_metrics(
 
 def merge_totals(
     s: dict[str, Any], request: WhatIfRequest | None = None, action_names: list[str] | None = None,
-    binary: bool = True,
+    binary: bool = True, dr_fit_steps: int = 0,
 ) -> dict[str, Any]:
     """Pooled metrics from the consortium's totals of the sites' sums.
 
@@ -181,6 +181,8 @@ def merge_totals(
         request: the what-if question asked (its reference policy for the contrasts).
         action_names: the action labels of the run (for the anchors).
         binary: the outcome is binary (identified estimates are kept in [0, 1], effects in [−1, 1]).
+        dr_fit_steps: the validation steps the DR-learner's β was fitted on (``queries.dr_learner.solve``'s ``n``),
+            which its intercept's re-fit pools with the test steps (``queries.dr_learner.merge_effects``).
     """
     from fcd_secure.evaluation.metrics import AUCStats, EffectStats  # noqa: PLC0415
 
@@ -204,7 +206,7 @@ def merge_totals(
     one_step = merge_one_step(s, request.level if request is not None else 0.9, binary)
     if one_step is not None:
         res["one_step_effect"] = one_step
-    dr = merge_effects(s)
+    dr = merge_effects(s, dr_fit_steps)
     if dr is not None:
         res["dr_learner"] = dr
     return res
@@ -262,6 +264,7 @@ def evaluate_federated(
     secure=None,
     round_id: int = 0,
     extra: dict[str, Any] | None = None,
+    dr_fit_steps: int = 0,
 ) -> dict[str, Any]:
     """Ask every site to evaluate ``theta`` (+ its own Θs) and merge the sums; failed sites are listed, not fatal,
     and so are the sites that declined under their cohort rules (``declined_sites``, e.g. a test split smaller than
@@ -283,6 +286,7 @@ def evaluate_federated(
             aggregation and only the consortium's totals reach the server (secure mode).
         round_id: the evaluation's protocol round under ``secure``.
         extra: more request fields (the consortium's standardisation statistics, ``queries.secure_stats``).
+        dr_fit_steps: passed to :func:`merge_totals` (the DR-learner's validation steps).
     """
     ev = cfg.evaluation
     conf = {
@@ -328,7 +332,8 @@ def evaluate_federated(
             out = split(failed)
             return {**out, "coverage": coverage(everyone, out["failed_sites"], out["declined_sites"], None)}
         totals = add_sums(parts)
-    merged = merge_totals(totals, whatif, None if quick else action_labels(cfg), cfg.model.outcome == "binary")
+    merged = merge_totals(totals, whatif, None if quick else action_labels(cfg), cfg.model.outcome == "binary",
+                          dr_fit_steps)
     if "select.d1.n" in totals:  # a scored round (queries.selection): the consortium's D1 and validation fit
         score = RoundScore.from_totals(round_id, totals, int(totals["_sites"]))
         merged["selection"] = score.as_row() if score is not None else None
