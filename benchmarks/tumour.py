@@ -3,8 +3,8 @@ beside the published CRN and Causal Transformer figures, and PEHE / |ATE error| 
 Fed-CausalDiff beside the naive observational model and the g-formula, for confounding strengths γ ∈ {1, 2, 3, 4}.
 
 What it runs, per γ (one seed; ``nice -n 5``, ``--threads`` torch threads, default one; ``--jobs`` γ values in
-parallel processes). The default sizes took 80 s of wall time for γ = 1..4 on the shared 2-core machine (load ~3);
-``docs/tumour.md`` has the figures and the CT-size invocation:
+parallel processes). The default sizes took 38 s of wall time for γ = 1..4 with ``--jobs 2`` on the 2-core machine;
+CT's sizes (``--ct --jobs 2``) 418 s; ``docs/tumour.md`` has the figures:
 
 1. a tumour world (:mod:`fcd_secure.data.tumour`) with that γ, ``--patients`` patients over 10 sites
    (``--test-fraction`` of them in the sites' test splits, default 20 %), at most ``--days`` days each (default 30);
@@ -14,15 +14,18 @@ parallel processes). The default sizes took 80 s of wall time for γ = 1..4 on t
 2. three simulators trained on the pooled training rows of the sites for ``--epochs`` passes (the centralised
    reference of :mod:`fcd_secure.experiments.centralised`; the federated path is ``fcd run --dataset tumour``):
    Fed-CausalDiff, the g-formula (Fed-CausalDiff with a deterministic latent transition) and the naive outcome model;
+   and the trained Fed-CausalDiff rolled out through its encoder ("FCD, encoder rollout", ``model.rollout =
+   "encoder"``: not trained again, :func:`rolled_out_by`);
 3. each scored on every site's test split exactly as a federated run scores it
    (:func:`fcd_secure.queries.evaluation.site_metrics`, merged): PEHE and |ATE error| of the always-chemo minus
    never effect over days 5-14, and the value error of the paper's four policies (never, always, early_on,
    late_on; anchors none/chemo);
-4. the truth-free choice between Fed-CausalDiff and the g-formula (issue 29 item 2): each one's ``select.*`` sums on
-   the validation rows (:func:`fcd_secure.queries.selection.site_selection_sums`: the one-step DR discrepancy D₁,
-   D₂ with its support, the validation log-loss; pooled over the sites, since the benchmark is centralised and the
-   sums are additive), then :func:`fcd_secure.queries.selection.choose_run`, the rule that picks a run's round
-   (within one SE of the smallest D₁, then the best validation fit). Nothing of the test split or the oracle enters
+4. the truth-free choice among the three outcome-model variants (:data:`CANDIDATES`; issue 29 item 2): each one's
+   ``select.*`` sums on the validation rows (:func:`fcd_secure.queries.selection.site_selection_sums`: the one-step
+   DR discrepancy D₁, D₂ with its support, the validation log-loss; pooled over the sites, since the benchmark is
+   centralised and the sums are additive), then :func:`fcd_secure.queries.selection.choose_run`, the rule that picks
+   a run's round (within one SE of the smallest D₁ and, where supported, of the smallest D₂, then the best validation
+   fit; equal fits, as of the two rollouts of one network, go to the smaller supported D₂). Nothing of the test split or the oracle enters
    the choice; the "selected" row prints the chosen model's volume error;
 5. the normalised RMSE of counterfactual tumour volume τ = 1..5 days ahead: from start days 4, 9, 14, ... (every
    5 days while the window fits: 5 start days at 30 days, 11 at 60) of every test patient (the history up to the
@@ -72,9 +75,12 @@ PUBLISHED: dict[str, dict[int, tuple[float, float, float, float]]] = {
            4: (0.777, 0.810, 1.075, 1.302), 5: (0.723, 0.751, 1.036, 1.264)},
 }
 PUBLISHED_GAMMAS = (1.0, 2.0, 3.0, 4.0)
-METHODS = ("fed_causaldiff", "gformula", "naive")
-LABELS = {"fed_causaldiff": "Fed-CausalDiff", "gformula": "g-formula", "naive": "naive"}
-SHORT = {"fed_causaldiff": "F", "gformula": "g"}
+METHODS = ("fed_causaldiff", "fcd_encoder", "gformula", "naive")
+LABELS = {"fed_causaldiff": "Fed-CausalDiff", "fcd_encoder": "FCD, encoder rollout", "gformula": "g-formula",
+          "naive": "naive"}
+SHORT = {"fed_causaldiff": "F", "fcd_encoder": "E", "gformula": "g"}
+#: variants that are another method's trained network rolled out another way (``model.rollout``; not trained again)
+ROLLOUT_TWINS = {"fcd_encoder": ("fed_causaldiff", "encoder")}
 TAU_MAX = 5
 #: first start day and the step between start days of the counterfactual queries (4, 9, ..., while the window fits)
 START_DAY, START_STEP = 4, 5
@@ -214,9 +220,26 @@ def cf_rmse(sim: Any | None, world: Any, queries: list, n_samples: int, seed: in
     return [float(v) for v in np.sqrt(se / n) * 100.0]
 
 
-#: the outcome-model variants the truth-free rule chooses between (issue 29 item 2: diffusion rollout or deterministic
-#: transition); the naive model has no volume model and is not a candidate
-CANDIDATES = ("fed_causaldiff", "gformula")
+#: the outcome-model variants the truth-free rule chooses between (issue 29 item 2: diffusion rollout, the same network
+#: rolled out through its encoder, or a deterministic transition); the naive model has no volume model and is not one
+CANDIDATES = ("fed_causaldiff", "fcd_encoder", "gformula")
+
+
+def rolled_out_by(sim: Any, rollout: str) -> Any:
+    """A copy of the trained ``sim`` whose rollouts use ``model.rollout = rollout`` (:mod:`fcd_secure.model.simulate`:
+    ``"encoder"`` feeds the simulated actions, outcomes and generated contexts back through the encoder, a
+    Monte-Carlo g-formula; ``"latent"`` steps K with the transition). The same weights: the rollout is not trained,
+    so its one-step predictions, D₁ and validation fit equal ``sim``'s, and the selection tells the two apart by
+    D_h (:func:`fcd_secure.queries.selection.choose_round`)."""
+    import copy
+
+    from fcd_secure.model.networks import unwrap
+
+    twin = copy.deepcopy(sim)
+    core = unwrap(twin.module)
+    core.cfg = core.cfg.model_copy(update={"rollout": rollout})
+    twin.config = twin.config.model_copy(update={"rollout": rollout})
+    return twin
 
 
 def run_gamma(gamma: float, args: argparse.Namespace) -> dict[str, Any]:
@@ -241,9 +264,12 @@ def run_gamma(gamma: float, args: argparse.Namespace) -> dict[str, Any]:
                            "naive_one_day_contrast": world.anchor_contrasts("train"),
                            "cf_cases": int(sum(len(q[1]) for q in queries)),
                            "carry_forward_rmse": cf_rmse(None, world, queries, 1, args.seed), "methods": {}}
+    trained: dict[str, Any] = {}
     for name in METHODS:
         t0 = time.perf_counter()
-        sim = train(name, cfg, views, args.epochs)
+        base, rollout = ROLLOUT_TWINS.get(name, (None, None))
+        sim = rolled_out_by(trained[base], rollout) if base else train(name, cfg, views, args.epochs)
+        trained[name] = sim
         t1 = time.perf_counter()
         m = policy_metrics(sim, cfg, views)
         rmse = cf_rmse(sim, world, queries, args.samples, learner.round_seed(args.seed, 0, 0)) if name != "naive" \
@@ -264,9 +290,11 @@ def run_gamma(gamma: float, args: argparse.Namespace) -> dict[str, Any]:
                 f"value err {m.get('value_error_mean'):.3f} RMSE τ=1..5 {np.round(rmse, 2).tolist()}{d1} "
                 f"({t1 - t0:.0f}+{time.perf_counter() - t1:.0f} s)")
     pick = choose_run([out["methods"][n]["selection"] for n in CANDIDATES])
+    reason = pick["reason"]
+    for i, name in enumerate(CANDIDATES):
+        reason = reason.replace(f"run #{i + 1}", LABELS[name])
     out["selected"] = {"method": None if pick["run"] is None else CANDIDATES[pick["run"]], "rule": pick["rule"],
-                       "reason": pick["reason"].replace("run #1", LABELS[CANDIDATES[0]])
-                       .replace("run #2", LABELS[CANDIDATES[1]])}
+                       "reason": reason}
     out["wall_s"] = time.perf_counter() - start
     _status(f"γ={gamma:g} selected: {out['selected']['method']} ({out['selected']['reason']}); "
             f"{out['wall_s']:.0f} s")
@@ -302,7 +330,7 @@ def print_tables(out: dict[str, Any]) -> None:
         for pub, rows in PUBLISHED.items():
             t.add_row(str(tau), f"{pub} (published)",
                       *[_f(rows[tau][PUBLISHED_GAMMAS.index(g)]) if g in PUBLISHED_GAMMAS else "–" for g in gammas])
-        for name in ("fed_causaldiff", "gformula"):
+        for name in [c for c in CANDIDATES if all(c in r["methods"] for r in res)]:
             t.add_row(str(tau), f"{LABELS[name]} (ours)", *[_f(r["methods"][name]["rmse"][tau - 1]) for r in res])
         t.add_row(str(tau), "selected (D1 rule)",
                   *[_f(r["methods"][r["selected"]["method"]]["rmse"][tau - 1]) + f" {SHORT[r['selected']['method']]}"
@@ -314,11 +342,12 @@ def print_tables(out: dict[str, Any]) -> None:
     for col in ("γ", "method", "PEHE", "|ATE err|", "ATE est / true", "mean |value err|", "factual AUC"):
         e.add_column(col, justify="left" if col == "method" else "right")
     for r in res:
-        for i, name in enumerate(METHODS):
+        names = [n for n in METHODS if n in r["methods"]]  # an output from before a method existed lacks it
+        for i, name in enumerate(names):
             m = r["methods"][name]
             e.add_row(f"{r['gamma']:g}", LABELS[name], _f(m["pehe"]), _f(m["ate_error"]),
                       f"{_f(m['ate_hat'])} / {_f(r['true_ate'])}", _f(m["value_error_mean"]), _f(m["factual_auc"]),
-                      end_section=i == len(METHODS) - 1)
+                      end_section=i == len(names) - 1)
     con.print(e)
     v = Table(title="policy values: simulated / true")
     v.add_column("γ", justify="right")
@@ -327,24 +356,26 @@ def print_tables(out: dict[str, Any]) -> None:
     for p in pols:
         v.add_column(p, justify="right")
     for r in res:
-        for i, name in enumerate(METHODS):
+        names = [n for n in METHODS if n in r["methods"]]
+        for i, name in enumerate(names):
             vals = r["methods"][name]["values"]
             v.add_row(f"{r['gamma']:g}", LABELS[name],
                       *[f"{_f(vals[p]['sim'])} / {_f(vals[p]['true'])}" for p in pols],
-                      end_section=i == len(METHODS) - 1)
+                      end_section=i == len(names) - 1)
     con.print(v)
     s = Table(title="truth-free selection on the validation rows (queries.selection.choose_run)")
     for col in ("γ", "method", "D1 ± SE", f"D{res[0]['methods']['gformula']['selection']['dh_horizon']} ± SE (ESS)",
                 "val. log-loss", "selected", "val. volume τ=1/5 (logged T)"):
         s.add_column(col, justify="left" if col == "method" else "right")
     for r in res:
-        for i, name in enumerate(CANDIDATES):
+        names = [n for n in CANDIDATES if n in r["methods"]]
+        for i, name in enumerate(names):
             row = r["methods"][name]["selection"]
             s.add_row(f"{r['gamma']:g}", LABELS[name], f"{_f(row['d1'], '.4f')} ± {_f(row['d1_se'], '.4f')}",
                       f"{_f(row['dh'], '.4f')} ± {_f(row['dh_se'], '.4f')} ({_f(row['dh_ess'], '.0f')})",
                       _f(row["validation_fit"], ".4f"), "✓" if r["selected"]["method"] == name else "",
                       " / ".join(_f(v, ".2f") for v in (row.get("val_volume_rmse") or [None] * TAU_MAX)[::TAU_MAX - 1]),
-                      end_section=i == len(CANDIDATES) - 1)
+                      end_section=i == len(names) - 1)
     con.print(s)
     for r in res:
         c = r["naive_one_day_contrast"]

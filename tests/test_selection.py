@@ -271,3 +271,18 @@ def test_a_supported_dh_narrows_the_candidates_and_an_unsupported_one_is_left_ou
     got = choose_round(weak, 3)
     assert got["rule"] == "d1-one-se-then-fit" and got["round"] == 3 and "not supported" in got["reason"]
     assert got["scores"][0]["dh_supported"] is False
+
+
+def test_candidates_the_fit_cannot_tell_apart_are_told_apart_by_a_supported_dh():
+    """One network rolled out two ways (``model.rollout``): the same one-step predictions, hence the same D1 and
+    validation fit; only the multi-step discrepancy differs, and it decides, not the candidates' order."""
+    def sc(rnd, dh, ess=80, dh_se=0.05):
+        return RoundScore(round=rnd, d1=0.01, se=0.005, mean=-0.01, n=400, clipped_share=0.0, fit=0.5,
+                          sites_scoring=4, sites=4, dh=dh, dh_se=dh_se, dh_ess=ess)
+
+    for order in ((0.03, 0.01), (0.01, 0.03)):  # within one SE of each other on D2 either way
+        got = choose_round([sc(1, order[0]), sc(2, order[1])], 2)
+        assert got["candidates"] == [1, 2] and got["round"] == 1 + order.index(0.01)
+    # unsupported D2 takes no part: the tie goes to the later candidate, as before
+    got = choose_round([sc(1, 0.01, ess=5), sc(2, 0.03, ess=5)], 2)
+    assert got["round"] == 2

@@ -1,11 +1,12 @@
 """`fcd select RUN_DIR RUN_DIR ...`: which finished run to answer with, chosen by the truth-free causal criterion.
 
-Outcome-model variants (the diffusion transition of Fed-CausalDiff, the deterministic g-formula transition, another
-simulator or recipe) are trained as separate runs on the same data and seed, hence on the same validation rows
-(``data.cohorts``: the cut is fixed by the sites). Each run already scored its rounds on those rows and answered with
-the round ``queries.selection.choose_round`` picked; this command applies the same rule across the runs
+Outcome-model variants (the diffusion transition of Fed-CausalDiff, the same network rolled out through its encoder
+(``model.rollout = "encoder"``), the deterministic g-formula transition, another simulator or recipe) are trained as
+separate runs on the same data and seed, hence on the same validation rows (``data.cohorts``: the cut is fixed by
+the sites). Each run already scored its rounds on those rows and answered with the round
+``queries.selection.choose_round`` picked; this command applies the same rule across the runs
 (``queries.selection.choose_run``): the runs whose D₁ at their chosen round is within one SE of the smallest (and D₂
-where every run's is supported), then the best validation fit. It reads only the runs' own files (no site is asked,
+where every run's is supported), then the best validation fit, equal fits going to the smaller supported D₂. It reads only the runs' own files (no site is asked,
 nothing is trained) and never uses a test split or an oracle's truth.
 """
 
@@ -21,7 +22,7 @@ from fcd_secure.cli.app import emit, say_identifier, stdout
 from fcd_secure.cli.envelope import EXIT_USAGE, CliError, ok
 
 #: the model settings a run's label shows (what makes two runs on the same data different outcome models)
-VARIANT_KEYS = ("simulator", "transition", "ipw", "lr")
+VARIANT_KEYS = ("simulator", "transition", "rollout", "ipw", "lr")
 
 
 def _load(run_dir: Path) -> tuple[Any, dict[str, Any]]:

@@ -23,8 +23,8 @@ The rule (:func:`choose_round`, stated in ``summary.json``): among the evaluated
 standard error of the smallest D₁ (the one-SE rule of Breiman et al. 1984, applied to a discrepancy instead of a
 prediction error) — and, where D_h is supported in every scored round, whose D_h is within one SE of the smallest
 D_h too (when no round is within both, D₁'s candidates, and the output says so) — the one with the best validation
-fit; with no D₁ anywhere, the last round, and the output says
-why. Every site then answers with its own Θs of the chosen round (kept on the site, :class:`KeptParams`).
+fit (equal fits, as of one network rolled out two ways, go to the smaller supported D_h, then to the later round);
+with no D₁ anywhere, the last round, and the output says why. Every site then answers with its own Θs of the chosen round (kept on the site, :class:`KeptParams`).
 """
 
 from __future__ import annotations
@@ -234,7 +234,8 @@ def choose_round(scores: list[RoundScore], last_round: int, unit: str = "round",
                           "the last round is kept", "scores": rows}
     cands, best = _one_se(usable, "d1", "se")
     rule, dh_note = "d1-one-se-then-fit", ""
-    if all(s.dh_supported for s in usable):  # D_h joins only where every round's is supported (module docstring)
+    with_dh = all(s.dh_supported for s in usable)
+    if with_dh:  # D_h joins only where every round's is supported (module docstring)
         dh_cands, dh_best = _one_se(usable, "dh", "dh_se")
         both = [s for s in cands if s in dh_cands]
         if both:
@@ -244,7 +245,9 @@ def choose_round(scores: list[RoundScore], last_round: int, unit: str = "round",
             dh_note = f"; no {unit} within one SE of both D1 and D{DH_HORIZON}: D1's candidates kept"
     elif any(s.dh_supported for s in usable) or any(math.isfinite(s.dh) for s in usable):
         dh_note = f"; D{DH_HORIZON} left out: not supported in every {unit} (an anchor regime's ESS below 20)"
-    pick = min(cands, key=lambda s: (s.fit if math.isfinite(s.fit) else math.inf, -s.round))
+    # equal fits (one network rolled out two ways: the same one-step predictions) are told apart by a supported D_h
+    pick = min(cands, key=lambda s: (s.fit if math.isfinite(s.fit) else math.inf,
+                                     s.dh if with_dh and math.isfinite(s.dh) else math.inf, -s.round))
     coverage = "full" if all(s.coverage == "full" for s in usable) else "partial"
     return {"rule": rule, "round": pick.round, "coverage": coverage,
             "candidates": [s.round for s in cands],
