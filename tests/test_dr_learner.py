@@ -107,52 +107,64 @@ def test_a_shift_of_the_estimates_is_read_off_the_sums_exactly():
             assert getattr(got, k) == pytest.approx(getattr(want, k), rel=1e-9, abs=1e-9)
 
 
-def test_the_intercept_is_refitted_on_the_test_rows_pseudo_outcomes_and_the_slopes_are_kept(small):
-    """The reported effects are βᵀx + δ, δ the mean of φ − βᵀx over the test steps with logged propensities: their
-    mean is then the test rows' mean pseudo-outcome (the one-step targeted effect), their spread and corr β's own."""
+def test_the_intercept_is_the_least_squares_one_of_the_validation_and_test_rows_with_the_slopes_held(small):
+    """β is fitted on the validation rows (GCV's λ); the reported effects are βᵀx + δ with δ the intercept that
+    minimises the squared residuals of the validation and the test rows' pseudo-outcomes together, slopes held.
+    Their spread and corr stay β's own; β's own figures are kept beside."""
     from fcd_secure.model.baselines import as_simulator
 
     _, data, model = small
     sim = as_simulator(model)
-    beta = np.linspace(-0.2, 0.3, drl.K)
-    parts, phis, taus, hats = [], [], [], []
+    fit = drl.solve(drl.fit_totals(add_sums([drl.site_fit_sums(model, d, floor=20) for d in data])), sites=4)
+    beta = np.asarray(fit["beta"])
+    parts, resid_val, resid_test, taus, hats = [], [], [], [], []
     for d in data:
         a_off, a_on = d.anchors
-        mu_on, mu_off = sim.one_step_probs(d.test, a_on), sim.one_step_probs(d.test, a_off)
+        for rows, into in ((d.validation, resid_val), (d.test, resid_test)):
+            mu_on, mu_off = sim.one_step_probs(rows, a_on), sim.one_step_probs(rows, a_off)
+            x = drl.history_features(rows, mu_on, mu_off, d.anchors)[rows.M > 0]
+            into.append(drl.pseudo_outcomes(rows, mu_on, mu_off, d.anchors) - x @ beta)
         truth = np.random.default_rng(d.site_index).normal(-0.05, 0.1, d.test.Y.shape)
         parts.append(drl.site_effect_sums(model, d.test, d.anchors, beta, truth))
-        v = d.test.M > 0
-        phis.append(drl.pseudo_outcomes(d.test, mu_on, mu_off, d.anchors))
-        taus.append(truth[v])
-        hats.append(drl.history_features(d.test, mu_on, mu_off, d.anchors)[v] @ beta)
-    phi, tau, hat = (np.concatenate(x) for x in (phis, taus, hats))
-    # alone, the test rows' intercept: the effects average to their mean pseudo-outcome (the one-step targeted effect)
-    out = drl.merge_effects(add_sums(parts))
-    delta = phi.mean() - hat.mean()
-    assert out["intercept"]["shift"] == pytest.approx(delta, rel=1e-9) and out["intercept"]["test_steps"] == phi.size
-    assert out["intercept"]["beta_mean"] == pytest.approx(hat.mean(), rel=1e-9)
-    assert out["dr_learner"]["mean_tau_hat"] == pytest.approx(phi.mean(), rel=1e-9)
-    assert out["dr_learner"]["pehe"] == pytest.approx(EffectStats.from_arrays(hat + delta, tau).pehe(), rel=1e-9)
-    assert out["dr_learner"]["corr"] == pytest.approx(EffectStats.from_arrays(hat, tau).corr(), rel=1e-9)
-    # pooled with the validation steps β was fitted on (whose residuals sum to 0 at β): the shift is shared out
-    pooled = drl.merge_effects(add_sums(parts), fit_steps=3 * phi.size)
-    assert pooled["intercept"]["shift"] == pytest.approx(delta / 4, rel=1e-9)
-    assert pooled["dr_learner"]["skill"] == pytest.approx(EffectStats.from_arrays(hat + delta / 4, tau).skill(),
-                                                          rel=1e-9)
+        taus.append(truth[d.test.M > 0])
+        hats.append(drl.history_features(d.test, *(sim.one_step_probs(d.test, a) for a in (a_on, a_off)),
+                                         d.anchors)[d.test.M > 0] @ beta)
+    r_val, r_test, tau, hat = (np.concatenate(x) for x in (resid_val, resid_test, taus, hats))
+    # what the pooling rests on: the validation residuals sum to 0 at the fitted β (its intercept is not penalised)
+    assert abs(r_val.sum()) < 1e-6 * r_val.size and r_val.size == fit["n"]
+    delta = np.concatenate([r_val, r_test]).mean()  # the least-squares intercept shift of both sets of rows
+    out = drl.merge_effects(add_sums(parts), fit_steps=fit["n"])
+    icpt = out["intercept"]
+    assert icpt["shift"] == pytest.approx(delta, rel=1e-6) and icpt["coverage"] == "full"
+    assert icpt["test_steps"] == r_test.size and icpt["validation_steps"] == fit["n"]
+    assert icpt["beta_mean"] == pytest.approx(hat.mean(), rel=1e-9)
+    want, own = EffectStats.from_arrays(hat + icpt["shift"], tau), EffectStats.from_arrays(hat, tau)
+    assert out["dr_learner"]["pehe"] == pytest.approx(want.pehe(), rel=1e-9)
+    assert out["dr_learner"]["skill"] == pytest.approx(want.skill(), rel=1e-9)
+    assert out["dr_learner"]["corr"] == pytest.approx(own.corr(), rel=1e-9)
+    assert icpt["unshifted"]["skill"] == pytest.approx(own.skill(), rel=1e-9)
     # nothing new leaves a site: its residual sums are its one-step sums minus its Στ̂ (both sent already)
     from fcd_secure.queries.targeted import one_step_sums
 
     d = data[1]
-    own = one_step_sums(model, d.test, d.anchors)
-    assert parts[1]["drl.effect.resid"] == pytest.approx(own["onestep.s"] - parts[1]["drl.effect.sum_hat"], abs=1e-9)
-    assert parts[1]["drl.effect.resid_n"] == own["onestep.m"]
-    # a test split without logged propensities sends no residual sums: its effects are β's own
+    sent = one_step_sums(model, d.test, d.anchors)
+    assert parts[1]["drl.effect.resid"] == pytest.approx(sent["onestep.s"] - parts[1]["drl.effect.sum_hat"], abs=1e-9)
+    assert parts[1]["drl.effect.resid_n"] == sent["onestep.m"]
+    # a test split without logged propensities sends no residual sums: alone, its effects are β's own ...
     d = data[0]
     bare = drl.site_effect_sums(model, d.test.without_propensities(), d.anchors, beta, None)
     assert not any(k.startswith("drl.effect.resid") for k in bare) and bare["drl.effect.n"] > 0
-    alone = drl.merge_effects(bare)
+    alone = drl.merge_effects(bare, fit_steps=fit["n"])
     assert "intercept" not in alone and alone["dr_learner"]["mean_tau_hat"] == pytest.approx(
         bare["drl.effect.sum_hat"] / bare["drl.effect.n"])
+    # ... beside the others, the shift comes from their rows and the output says it is partial
+    mixed = drl.merge_effects(add_sums([bare, *parts[1:]]), fit_steps=fit["n"])
+    assert mixed["intercept"]["coverage"] == "partial"
+    assert mixed["intercept"]["test_steps"] == sum(p["drl.effect.resid_n"] for p in parts[1:])
+    # a residual total that is not finite is said, and β's own intercept kept
+    broken = drl.merge_effects({**add_sums(parts), "drl.effect.resid": float("nan")}, fit_steps=fit["n"])
+    assert broken["intercept"]["shift"] is None and "not finite" in broken["intercept"]["why"]
+    assert broken["dr_learner"]["skill"] == pytest.approx(own.skill(), rel=1e-9)
 
 
 @pytest.fixture(scope="module")
@@ -231,10 +243,12 @@ def test_a_secure_run_fits_on_the_chosen_round_and_no_dr_learner_sum_arrives_in_
         assert fig["sd_tau"] > 0 and -1 <= fig["corr"] <= 1 and np.isfinite(fig["skill"])
     assert out["steps"] == res.final_eval["one_step_effect"]["steps"]
     # every site logs propensities: the intercept pools the fit's validation steps with every test step, so the
-    # effects' mean moves from β's own towards the one-step targeted effect on the test rows by their share
+    # effects' mean moves from β's own towards the test rows' mean pseudo-outcome (the AIPW one-step effect)
     icpt = out["intercept"]
     assert icpt["test_steps"] == out["steps"] and icpt["validation_steps"] == out["n"] > 0
-    theta, share = res.final_eval["one_step_effect"]["estimate"], icpt["test_steps"] / (icpt["test_steps"] + out["n"])
+    assert icpt["coverage"] == "full"
+    theta = res.final_eval["one_step_effect"]["aipw"]["estimate"]
+    share = icpt["test_steps"] / (icpt["test_steps"] + out["n"])
     assert out["dr_learner"]["mean_tau_hat"] == pytest.approx(
         icpt["beta_mean"] + share * (theta - icpt["beta_mean"]), abs=1e-6)
     received = [json.loads(x) for x in (state / "_server" / "audit" / SERVER_LEDGER_FILE).read_text().splitlines()

@@ -4,6 +4,7 @@ no ``select.*`` sum reaching the server in clear in secure mode."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -283,6 +284,13 @@ def test_candidates_the_fit_cannot_tell_apart_are_told_apart_by_a_supported_dh()
     for order in ((0.03, 0.01), (0.01, 0.03)):  # within one SE of each other on D2 either way
         got = choose_round([sc(1, order[0]), sc(2, order[1])], 2)
         assert got["candidates"] == [1, 2] and got["round"] == 1 + order.index(0.01)
+        assert "equal fits: the smaller D2 (0.0100) decided" in got["reason"]
+    # fits equal but for rounding (two runs of one network) tie too; a real difference in fit still decides
+    a, b = sc(1, 0.01), sc(2, 0.03)
+    near = dataclasses.replace(b, fit=b.fit * (1 - 1e-12))
+    assert choose_round([a, near], 2)["round"] == 1
+    better = dataclasses.replace(b, fit=b.fit * (1 - 1e-3))
+    assert choose_round([a, better], 2)["round"] == 2
     # unsupported D2 takes no part: the tie goes to the later candidate, as before
     got = choose_round([sc(1, 0.01, ess=5), sc(2, 0.03, ess=5)], 2)
     assert got["round"] == 2

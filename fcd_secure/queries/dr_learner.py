@@ -46,7 +46,9 @@ less (+0.014 ± 0.020). The worlds still below 0 are mostly those where the slop
 0.2–0.3). Choosing λ by cross-validation over entities (folds of whole entities; steps of one entity share noise,
 which GCV assumes away) instead of GCV, with the same intercept, changed nothing beyond noise: 2 folds +0.006 ±
 0.023, 5 folds −0.005 ± 0.011 over the 38 worlds; not adopted (it would need per-fold sums). δ is computed by the
-server from the sums; a site's transient τ̂_t is βᵀx_t.
+server from the sums; a site's transient τ̂_t is βᵀx_t. The intercept is thus partly fitted on the rows the figures
+are scored on: with their outcomes and logged propensities, never with a truth, so their error against the truth is
+an honest one; ``summary.json``'s ``dr_learner.intercept.unshifted`` keeps β's own figures beside.
 
 **Weights.** w_t = 1 (ordinary least squares). Inverse-variance weights of the pseudo-outcome (Frauen et al.'s
 IVW-learner) need the propensities of *both* anchors at every step (a weight must be a function of H_t alone, or the
@@ -290,21 +292,32 @@ def beta_from_config(eval_config: dict[str, Any]) -> np.ndarray | None:
     return beta if beta.shape == (K,) and np.isfinite(beta).all() else None
 
 
-def intercept_shift(s: dict[str, Any], fit_steps: int = 0) -> tuple[float, int] | None:
-    """δ = Σ_test(φ_t − βᵀx_t) / (test steps + ``fit_steps``): the least-squares intercept of the validation and the
-    test rows' pseudo-outcomes together, the slopes held (the validation residuals sum to 0 at β: its intercept is not
-    penalised), and the test steps; None where no site sent test residuals (no logged propensities)."""
+def intercept_shift(s: dict[str, Any], fit_steps: int) -> dict[str, Any] | None:
+    """The re-fitted intercept's shift δ = Σ_test(φ_t − βᵀx_t) / (test steps + ``fit_steps``): the least-squares
+    intercept of the validation and the test rows' pseudo-outcomes together with the slopes held. The validation
+    residuals sum to 0 at β because its intercept is not penalised and the fit's weights are 1 (w_t = 1, module
+    docstring), so only the test rows' residual sums are needed.
+
+    Returns:
+        None where no site sent test residuals (no logged propensities); else ``{"shift", "test_steps",
+        "validation_steps"}``, with ``shift`` None and ``why`` where the residual total is not finite.
+    """
     n = float(s.get("drl.effect.resid_n") or 0.0)
-    if n <= 0 or not math.isfinite(float(s.get("drl.effect.resid", math.nan))):
+    if n <= 0:
         return None
-    return float(s["drl.effect.resid"]) / (n + max(int(fit_steps), 0)), int(round(n))
+    out: dict[str, Any] = {"test_steps": int(round(n)), "validation_steps": max(int(fit_steps), 0)}
+    total = float(s.get("drl.effect.resid", math.nan))
+    if not math.isfinite(total):
+        return {**out, "shift": None, "why": "the test rows' residual sums are not finite: β's own intercept kept"}
+    return {**out, "shift": total / (n + out["validation_steps"])}
 
 
-def merge_effects(s: dict[str, Any], fit_steps: int = 0) -> dict[str, Any] | None:
+def merge_effects(s: dict[str, Any], fit_steps: int) -> dict[str, Any] | None:
     """The DR-learner's and the simulator's one-step effect figures from the consortium's totals (PEHE, PEHE₀, sd τ,
     corr, skill against the constant true ATE; only the mean τ̂ without a truth). The DR-learner's are those of
     βᵀx_t + δ, its intercept re-fitted on the ``fit_steps`` validation steps β came from and the test steps
-    (:func:`intercept_shift`; module docstring)."""
+    (:func:`intercept_shift`; module docstring); ``intercept`` says how, with β's own figures beside
+    (``unshifted``) and ``coverage`` "partial" where some test steps sent no residuals (no logged propensities)."""
     from fcd_secure.evaluation.metrics import EffectStats  # noqa: PLC0415
 
     if not s.get("drl.effect.n"):
@@ -316,10 +329,14 @@ def merge_effects(s: dict[str, Any], fit_steps: int = 0) -> dict[str, Any] | Non
         if es.n == 0:
             continue
         if part == "effect" and shift is not None:
-            out["intercept"] = {"shift": shift[0], "beta_mean": es.sum_hat / es.n, "test_steps": shift[1],
-                                "validation_steps": max(int(fit_steps), 0),
-                                "rule": "re-fitted on the validation and test rows' pseudo-outcomes, slopes held"}
-            es = es.shifted(shift[0])
+            icpt = {**shift, "beta_mean": es.sum_hat / es.n,
+                    "coverage": "full" if shift["test_steps"] >= es.n else "partial",
+                    "rule": "re-fitted on the validation and test rows' pseudo-outcomes, slopes held"}
+            if math.isfinite(es.sse):
+                icpt["unshifted"] = {k: v for k, v in es.skill_figures().items() if k in ("pehe", "corr", "skill")}
+            if shift["shift"] is not None:
+                es = es.shifted(shift["shift"])
+            out["intercept"] = icpt
         fig: dict[str, Any] = {"mean_tau_hat": es.sum_hat / es.n}
         if math.isfinite(es.sse):
             fig.update(es.skill_figures())

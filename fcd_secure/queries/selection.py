@@ -24,7 +24,8 @@ standard error of the smallest D₁ (the one-SE rule of Breiman et al. 1984, app
 prediction error) — and, where D_h is supported in every scored round, whose D_h is within one SE of the smallest
 D_h too (when no round is within both, D₁'s candidates, and the output says so) — the one with the best validation
 fit (equal fits, as of one network rolled out two ways, go to the smaller supported D_h, then to the later round);
-with no D₁ anywhere, the last round, and the output says why. Every site then answers with its own Θs of the chosen round (kept on the site, :class:`KeptParams`).
+with no D₁ anywhere, the last round, and the output says why. Every site then answers with its own Θs of the chosen
+round (kept on the site, :class:`KeptParams`).
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ RESTORE_KEY = "restore-round"
 KEEP_KEY = "keep-round"
 #: an alarm when a round's D₁ is this many standard errors away from zero
 ALARM_SE = 3.0
+#: validation fits within this relative difference are equal (the rule's D_h tie-break, module docstring)
+FIT_TIE = 1e-9
 
 
 def scored_round_sums(model, data, binary: bool, floor: int, seed: int = 0) -> dict[str, float]:
@@ -245,9 +248,14 @@ def choose_round(scores: list[RoundScore], last_round: int, unit: str = "round",
             dh_note = f"; no {unit} within one SE of both D1 and D{DH_HORIZON}: D1's candidates kept"
     elif any(s.dh_supported for s in usable) or any(math.isfinite(s.dh) for s in usable):
         dh_note = f"; D{DH_HORIZON} left out: not supported in every {unit} (an anchor regime's ESS below 20)"
+    fit = [s.fit if math.isfinite(s.fit) else math.inf for s in cands]
+    top = min(fit)
+    tol = FIT_TIE * max(abs(top), 1.0) if math.isfinite(top) else 0.0
+    tied = [s for s, f in zip(cands, fit) if f == top or f - top <= tol]
     # equal fits (one network rolled out two ways: the same one-step predictions) are told apart by a supported D_h
-    pick = min(cands, key=lambda s: (s.fit if math.isfinite(s.fit) else math.inf,
-                                     s.dh if with_dh and math.isfinite(s.dh) else math.inf, -s.round))
+    pick = min(tied, key=lambda s: (s.dh if with_dh and math.isfinite(s.dh) else math.inf, -s.round))
+    if len(tied) > 1 and with_dh:
+        dh_note += f"; equal fits: the smaller D{DH_HORIZON} ({pick.dh:.4f}) decided"
     coverage = "full" if all(s.coverage == "full" for s in usable) else "partial"
     return {"rule": rule, "round": pick.round, "coverage": coverage,
             "candidates": [s.round for s in cands],
@@ -267,8 +275,9 @@ def _one_se(scores: list[RoundScore], value: str, se: str) -> tuple[list[RoundSc
 def choose_run(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Which of several finished runs on the same data and seed (hence the same validation rows) to answer with:
     :func:`choose_round`'s rule over each run's selected round, so that outcome-model variants (the diffusion
-    transition, the deterministic one, another simulator, another recipe) are chosen by the same truth-free criterion
-    as a run's rounds (issue 29 item 2).
+    transition, the deterministic one, the latent or the encoder rollout, another simulator, another recipe) are
+    chosen by the same truth-free criterion as a run's rounds (issue 29 item 2); two rollouts of one network have
+    equal fits, and a supported D_h tells them apart.
 
     Args:
         rows: each run's selected round as :meth:`RoundScore.as_row` gives it (``rounds.json``'s ``selection``).
