@@ -92,9 +92,9 @@ def test_the_direct_head_does_not_start_as_carry_forward_and_the_earlier_modules
 
 
 def test_a_generated_context_keeps_its_sign_and_grows_at_most_geometrically():
-    """Whatever the head's weights, the affine factor 1 + tanh m lies in (0, 2) ([0, 2] in
-    float32) and the change does not read A: an
-    extreme context one step on is at most 2·A + |b|, with b bounded by the head's bounded inputs."""
+    """Whatever the head's weights, the affine factor 1 + tanh m lies in (0, 2) ([0, 2] in float32) and the change
+    does not read A: an extreme context one step on is at most 2·A + |b|, with b bounded by the head's bounded
+    inputs."""
     model = FedCausalDiff.from_dims(ModelConfig(k_causal=4, k_site=2), 2, 3, 4, 2, 2)
     with torch.no_grad():
         for p in model.context_head.parameters():

@@ -64,6 +64,19 @@ def rows(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.grad_sample.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 
 
+def assert_rows_are_single_record_gradients(got: dict[str, torch.Tensor], ref: torch.nn.Module,
+                                            batch: tuple[torch.Tensor, ...], cfg: ModelConfig) -> None:
+    """Opacus' per-sample rows ``got`` equal the gradient of each record's loss alone, computed on ``ref`` (a copy of
+    the model before hooks): row i = ∇ℓ_i (the batch *mean*'s per-sample parts scaled back by B)."""
+    names = [n for n, _ in ref.named_parameters()]
+    for i in range(len(batch[0])):
+        li, _ = batch_loss(ref, tuple(t[i : i + 1] for t in batch), cfg, N_SITES)
+        grads = torch.autograd.grad(li, list(ref.parameters()), allow_unused=True)
+        for name, g in zip(names, grads):
+            g = torch.zeros_like(got[name][i]) if g is None else g
+            torch.testing.assert_close(got[name][i], g, rtol=1e-4, atol=1e-6, msg=f"{name}, record {i}")
+
+
 def test_per_sample_gradients_equal_a_loop_of_single_record_batches():
     """Every term on (recon, transition, dis with GRL, cf rollout, per-sample align), encoder included."""
     torch.manual_seed(0)
@@ -79,16 +92,8 @@ def test_per_sample_gradients_equal_a_loop_of_single_record_batches():
     loss.backward()
     got = rows(model)
     hooks.cleanup()
-    names = [n for n, _ in ref.named_parameters()]
-    assert set(got) == set(names), "some parameters have no per-sample gradient"
-    for i in range(ds.n):
-        one = tuple(t[i : i + 1] for t in batch)
-        li, _ = batch_loss(ref, one, cfg, N_SITES)
-        grads = torch.autograd.grad(li, list(ref.parameters()), allow_unused=True)
-        for name, g in zip(names, grads):
-            g = torch.zeros_like(got[name][i]) if g is None else g
-            # Opacus' rows are of the batch *mean*'s per-sample parts scaled back by B: row i = ∇ℓ_i
-            torch.testing.assert_close(got[name][i], g, rtol=1e-4, atol=1e-6, msg=f"{name}, record {i}")
+    assert set(got) == {n for n, _ in ref.named_parameters()}, "some parameters have no per-sample gradient"
+    assert_rows_are_single_record_gradients(got, ref, batch, cfg)
     # the encoder (DPGRU trunk) really gets a per-sample gradient from every record, not zeros that match
     trunk = got["trunk.weight_ih_l0"].flatten(1).norm(dim=1)
     assert (trunk > 0).all()
@@ -113,13 +118,7 @@ def test_the_context_head_keeps_per_sample_gradients_in_every_form(form):
     loss.backward()
     got = rows(model)
     hooks.cleanup()
-    names = [n for n, _ in ref.named_parameters()]
-    for i in range(ds.n):
-        li, _ = batch_loss(ref, tuple(t[i : i + 1] for t in batch), cfg, N_SITES)
-        grads = torch.autograd.grad(li, list(ref.parameters()), allow_unused=True)
-        for name, g in zip(names, grads):
-            g = torch.zeros_like(got[name][i]) if g is None else g
-            torch.testing.assert_close(got[name][i], g, rtol=1e-4, atol=1e-6, msg=f"{name}, record {i}")
+    assert_rows_are_single_record_gradients(got, ref, batch, cfg)
     head = got["context_head.net.0.weight"].flatten(1).norm(dim=1)
     assert (head > 0).any()
 

@@ -168,21 +168,24 @@ def test_the_self_normalised_one_step_effect_and_its_variance_equal_the_pooled_c
     assert got["variant"] in ("aipw", "self_normalised") and got["aipw"]["estimate"] != sn["estimate"]
 
 
+def _one_horizon_sums(sw: float, sww: float) -> dict[str, float]:
+    """A policy "p" answered on h = 1 by 100 entities whose weight products sum to ``sw`` (squares ``sww``)."""
+    return {"whatif.id.h1.p.n": 100.0, "whatif.id.h1.p.sum": 50.0, "whatif.id.h1.p.sumsq": 30.0,
+            "whatif.id.h1.p.sw": sw, "whatif.id.h1.p.sww": sww}
+
+
 def test_a_horizon_whose_mean_weight_product_falls_short_of_one_is_not_an_answer():
     """Exact weights average 1 (E[Π q/π] = 1); 100 entities with ESS 50 whose weights average 0.5 ± 0.07 reached
     about half of the policy's distribution: the rest would be the simulator's guess, so the horizon is refused with
     the reason, however large its ESS. The same mean with a standard error of 0.5 is noise, not a shortfall."""
-    def sums(sw, sww):
-        return {"whatif.id.h1.p.n": 100.0, "whatif.id.h1.p.sum": 50.0, "whatif.id.h1.p.sumsq": 30.0,
-                "whatif.id.h1.p.sw": sw, "whatif.id.h1.p.sww": sww}
-
-    s = sums(50.0, 50.0)  # 50 entities of weight 1, 50 of 0: ESS 50, mean 0.5, SE ≈ 0.05
+    s = _one_horizon_sums(50.0, 50.0)  # 50 entities of weight 1, 50 of 0: ESS 50, mean 0.5, SE ≈ 0.05
     got = merge_identified(s, ["p"], None, 0.9, True, lambda k: k in s)["p"]
     row = got["horizons"][0]
     assert row["ess"] == pytest.approx(50.0) and row["weight_mean"] == pytest.approx(0.5)
     assert row["weight_se"] == pytest.approx(0.05025, abs=1e-4) and not row["reached"] and not row["supported"]
     assert got["answer"] is None and "mean weight product is 0.50" in got["why"]
-    s = sums(50.0, 2525.0)  # one entity of weight 50 carries the mean: SE ≈ 0.5, ESS 1 (refused by the ESS floor)
+    # one entity of weight 50 carries the mean: SE ≈ 0.5, ESS 1 (refused by the ESS floor)
+    s = _one_horizon_sums(50.0, 2525.0)
     row = merge_identified(s, ["p"], None, 0.9, True, lambda k: k in s)["p"]["horizons"][0]
     assert row["reached"] and not row["supported"]
 
@@ -194,8 +197,7 @@ def test_the_identified_table_says_why_a_policy_the_logs_reach_only_in_part_is_n
 
     from fcd_secure.cli.whatif import identified_table
 
-    s = {"whatif.id.h1.p.n": 100.0, "whatif.id.h1.p.sum": 50.0, "whatif.id.h1.p.sumsq": 30.0,
-         "whatif.id.h1.p.sw": 50.0, "whatif.id.h1.p.sww": 50.0}
+    s = _one_horizon_sums(50.0, 50.0)  # mean weight product 0.50 ± 0.05
     ident = merge_identified(s, ["p"], None, 0.9, True, lambda k: k in s)["p"]
     con = Console(record=True, width=100)
     con.print(identified_table({"policies": {"p": {"identified": ident}}, "whatif": {"level": 0.9}}))

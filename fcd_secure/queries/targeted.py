@@ -23,10 +23,9 @@ Two estimands are answered where the sites' logged propensities support them (is
    is the simulator's guess however large the ESS of what was reached, and its interval does not know it: measured
    (``benchmarks/targeted.py``, DKT-Synth), the values answered under the ESS check alone covered the truth 16 of
    22 times on the default world (seeds 0-5) and 60 of 68 on small worlds 0-19; with this check 18 of 18 and 50 of
-   56. The
-   answer of a policy is its DR value on its longest supported horizon, an effect is answered on the longest horizon
-   both policies pass. Beyond it the simulator's number is extrapolation: printed as
-   such, with its bounded interval and support, and never ranked.
+   56. The answer of a policy is its DR value on its longest supported horizon, an effect is answered on the longest
+   horizon both policies pass. Beyond it the simulator's number is extrapolation: printed as such, with its bounded
+   interval and support, and never ranked.
 
 Point estimates of a binary outcome are kept in [0, 1] (effects in [−1, 1]): an estimate outside is reported at the
 nearest bound with ``out_of_range`` naming the raw number, never silently.
