@@ -126,7 +126,7 @@ def one_seed(seed: int, dataset: str, data_preset: str, rounds: int | None, site
                                for r in (d.get("identified") or {}).get("horizons", [])]
                         for name, d in (fe.get("policies") or {}).items()}
     drl = fe.get("dr_learner") or {}  # per-entity one-step effects (queries.dr_learner): skill against the truth
-    rows["dr_learner"] = {k: {f: (drl.get(k) or {}).get(f) for f in ("corr", "skill")}
+    rows["dr_learner"] = {k: {f: (drl.get(k) or {}).get(f) for f in ("corr", "skill", "sd_tau", "heldout")}
                           for k in ("dr_learner", "simulator") if "corr" in (drl.get(k) or {})}
     # β's own figures before the intercept's re-fit on the validation and test rows (queries.dr_learner)
     rows["dr_learner_unshifted"] = (drl.get("intercept") or {}).get("unshifted")
@@ -273,6 +273,20 @@ def report(out: dict) -> None:
                       f"own (validation) intercept; mean skill {np.mean([a for a, _ in pairs]):+.3f} against "
                       f"{np.mean([b for _, b in pairs]):+.3f} (paired difference {diff.mean():+.3f} ± "
                       f"{diff.std(ddof=1) / np.sqrt(len(diff)) if len(diff) > 1 else float('nan'):.3f})")
+    checks = [(r["seed"], k, r["dr_learner"][k]["heldout"]) for r in drl for k in ("dr_learner", "simulator")
+              if (r["dr_learner"][k].get("heldout") or {}).get("true_gain") is not None]
+    if checks:
+        for k in ("dr_learner", "simulator"):
+            c = [h for _, kk, h in checks if kk == k]
+            if not c:
+                continue
+            within = sum(abs(h["gain"] - h["true_gain"]) <= 1.645 * h["se"] for h in c)
+            con.print(f"held-out check of the {k.replace('_', '-')}'s per-entity effects (truth-free): shown on "
+                      f"{sum(h['verdict'] == 'shown' for h in c)} of {len(c)} worlds (true gain > 0 on "
+                      f"{sum(h['true_gain'] > 0 for h in c)}; shown where the true gain ≤ 0: "
+                      f"{sum(h['verdict'] == 'shown' and h['true_gain'] <= 0 for h in c)}); estimated gain − true gain "
+                      f"{np.mean([h['gain'] - h['true_gain'] for h in c]):+.4f} on average, within its 90 % interval on "
+                      f"{within} of {len(c)}; mean SE {np.mean([h['se'] for h in c]):.4f}")
     con.print("not identified (no horizon with ESS ≥ 20 whose mean weight product reaches 1): "
               + "; ".join(f"seed {r['seed']}: {', '.join(r['not_identified']) or 'none'}" for r in results))
 

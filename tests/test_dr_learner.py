@@ -167,6 +167,70 @@ def test_the_intercept_is_the_least_squares_one_of_the_validation_and_test_rows_
     assert broken["dr_learner"]["skill"] == pytest.approx(own.skill(), rel=1e-9)
 
 
+def _heldout_world(rng, sites=(40, 25, 60), L=12):
+    """Per site: flat φ = τ + noise (s.d. 2, as DKT-Synth's pseudo-outcomes), τ (s.d. 0.15), each step's entity."""
+    out = []
+    for n in sites:
+        steps = rng.integers(3, L + 1, n)
+        entity = np.repeat(np.arange(n), steps)
+        tau = -0.05 + 0.15 * rng.standard_normal(n)[entity] + 0.05 * rng.standard_normal(entity.size)
+        out.append((tau + 2.0 * rng.standard_normal(entity.size), tau, entity, n))
+    return out
+
+
+def test_the_heldout_check_merged_over_sites_equals_the_pooled_numpy_figures():
+    """The gain Σ(φ − c)² − (φ − τ̂ − δ)² per step with c the mean φ, and its cluster-robust SE over entities."""
+    rng = np.random.default_rng(11)
+    world = _heldout_world(rng)
+    hats = [0.7 * tau + 0.1 * rng.standard_normal(tau.size) for _, tau, _, _ in world]
+    sums = add_sums([drl.check_sums("effect", phi, hat, ent, n) for (phi, _, ent, n), hat in zip(world, hats)])
+    phi = np.concatenate([w[0] for w in world])
+    hat = np.concatenate(hats)
+    ent = np.concatenate([w[2] + 1000 * i for i, w in enumerate(world)])  # entities are per site
+    for delta in (0.0, -0.04):
+        got = drl.heldout_check(sums, "effect", delta)
+        c = phi.mean()
+        g = (phi - c) ** 2 - (phi - hat - delta) ** 2
+        G = np.unique(ent, return_inverse=True)[1]
+        per = np.bincount(G, weights=g)
+        n = per.size
+        se = np.sqrt(n / (n - 1) * ((per - per.mean()) ** 2).sum()) / g.size
+        assert got["entities"] == n == sum(w[3] for w in world) and got["steps"] == g.size
+        assert got["constant"] == pytest.approx(c, rel=1e-12)
+        assert got["gain"] == pytest.approx(g.mean(), rel=1e-9, abs=1e-12)
+        assert got["se"] == pytest.approx(se, rel=1e-9)
+    assert drl.heldout_check({}, "effect") is None  # no logged propensities: no check
+
+
+def test_the_heldout_check_shows_effects_that_beat_the_constant_and_not_those_that_do_not():
+    """Truth-free: with pseudo-outcomes alone the check tells per-entity effects that order entities (τ̂ = τ) from
+    ones that do not (τ̂ = τ of another entity); its true gain is read off the oracle's sums on the same steps."""
+    rng = np.random.default_rng(2)
+    world = _heldout_world(rng, sites=(400, 300, 500), L=20)
+    tau = np.concatenate([w[1] for w in world])
+    verdicts = {}
+    for name, hat in (("right", tau), ("shuffled", rng.permutation(tau))):
+        parts, at = [], 0
+        for phi, t, ent, n in world:
+            parts.append(drl.check_sums("effect", phi, hat[at:at + t.size], ent, n))
+            at += t.size
+        truth = EffectStats.from_arrays(hat, tau)
+        chk = drl.heldout_check(add_sums(parts), "effect", 0.0, truth)
+        c = chk["constant"]
+        assert chk["true_gain"] == pytest.approx(((tau - c) ** 2).mean() - ((tau - hat) ** 2).mean(), rel=1e-9)
+        assert abs(chk["gain"] - chk["true_gain"]) < 3 * chk["se"]
+        verdicts[name] = chk
+    assert verdicts["right"]["verdict"] == "shown" and verdicts["right"]["z"] > drl.CHECK_Z
+    assert verdicts["shuffled"]["verdict"] == "worse than the constant" and verdicts["shuffled"]["z"] < -drl.CHECK_Z
+    # effects that vary a little, not with τ: neither shown nor worse (the loss of a spread k is k², its SE ∝ k)
+    parts, at = [], 0
+    small_hat = tau.mean() + 0.005 * rng.standard_normal(tau.size)
+    for phi, t, ent, n in world:
+        parts.append(drl.check_sums("effect", phi, small_hat[at:at + t.size], ent, n))
+        at += t.size
+    assert drl.heldout_check(add_sums(parts), "effect")["verdict"] == "not shown"
+
+
 @pytest.fixture(scope="module")
 def small():
     cfg = build_config("tiny", SMALL)
@@ -269,7 +333,8 @@ def test_the_run_table_prints_the_dr_learner_beside_the_simulator_within_80_colu
     cases = {
         "full": {"beta": [0.0] * drl.K, "coverage": "full", "dr_learner": fig,
                  "simulator": {**fig, "corr": -0.14, "skill": -0.01, "pehe": 0.152}},
-        "partial": {"beta": [0.0] * drl.K, "coverage": "partial", "dr_learner": {"mean_tau_hat": -0.07},
+        "partial": {"beta": [0.0] * drl.K, "coverage": "partial",
+                    "dr_learner": {"mean_tau_hat": -0.07, "heldout": {"gain": 0.0123, "se": 0.0041, "verdict": "shown"}},
                     "simulator": {"mean_tau_hat": -0.03}},
         "none": {"beta": None, "coverage": "unavailable"},
     }
@@ -283,4 +348,6 @@ def test_the_run_table_prints_the_dr_learner_beside_the_simulator_within_80_colu
     assert "corr +0.410 · skill +0.050" in text["full"] and "corr -0.140 · skill -0.010" in text["full"]
     assert "0.1500 / 0.1520 / 0.1510" in text["full"]
     assert "mean τ̂ -0.0700 (no truth, partial)" in text["partial"] and "mean τ̂ -0.0300 (no truth)" in text["partial"]
+    assert "held-out gain over a constant" in text["partial"] and "+0.0123 ± 0.0041: shown" in text["partial"]
+    assert "held-out" not in text["full"]
     assert "unavailable" in text["none"]

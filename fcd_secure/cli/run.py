@@ -110,6 +110,10 @@ def dr_learner_rows(d: dict | None) -> list[tuple[str, str]]:
         else:
             continue
         rows.append((lab, value + (f" ({', '.join(notes)})" if notes else "")))
+        chk = f.get("heldout")
+        if chk:  # truth-free: do the per-entity differences beat the constant on held-out rows? (queries.dr_learner)
+            rows.append(("    held-out gain over a constant",
+                         f"{chk['gain']:+.4f} ± {chk['se']:.4f}: {chk['verdict']}"))
     dr, sim = d.get("dr_learner") or {}, d.get("simulator") or {}
     if dr.get("pehe") is not None and sim.get("pehe") is not None:
         rows.append(("  PEHE: DR-learner / simulator / sd τ",

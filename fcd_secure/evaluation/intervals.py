@@ -74,8 +74,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SUM_FIELDS", "UNSEEN_END_FIELDS", "UNSEEN_FIELDS", "Interval", "imbens_manski_critical", "interval_from_sums", "reached_mass",
-           "site_sums", "unseen_bounds", "unseen_mass_sums"]
+__all__ = ["SUM_FIELDS", "UNSEEN_END_FIELDS", "UNSEEN_FIELDS", "Interval", "cluster_pair_names", "cluster_sums",
+           "imbens_manski_critical", "interval_from_sums", "linear_cluster_ss", "reached_mass", "site_sums",
+           "unseen_bounds", "unseen_mass_sums"]
 
 #: the sums one quantity contributes (``<prefix>.<field>``); ``mc_var`` only where the quantity is a Monte-Carlo mean
 SUM_FIELDS = ("n", "sum", "sumsq", "mc_var")
@@ -109,6 +110,33 @@ def site_sums(prefix: str, x: np.ndarray, mc_var: np.ndarray | None = None) -> d
     if mc_var is not None:
         out[f"{prefix}.mc_var"] = float(np.asarray(mc_var, dtype=np.float64).sum())
     return out
+
+
+def cluster_pair_names(fields: tuple[str, ...]) -> list[tuple[str, str]]:
+    """The pairs (k, l), k at or before l in ``fields``' order, whose product sums :func:`cluster_sums` sends."""
+    return [(k, l) for i, k in enumerate(fields) for l in fields[i:]]
+
+
+def cluster_sums(prefix: str, X: dict[str, np.ndarray]) -> dict[str, float]:
+    """The additive sums of a few per-entity quantities X_k,i (``[n]`` each, in ``X``'s order): Σ_i X_k,i
+    (``<prefix>.<k>``) and Σ_i X_k,i X_l,i (``<prefix>.<k>.<l>``, :func:`cluster_pair_names`). They are what the
+    linearised (cluster-robust) variance of any statistic linear in the quantities needs (:func:`linear_cluster_ss`):
+    an estimator whose steps within one entity are not independent is linearised over entities (the sandwich
+    variance for clustered data; Liang & Zeger 1986, Biometrika 73:13-22). Nothing per entity leaves."""
+    fields = tuple(X)
+    out = {f"{prefix}.{k}": float(np.sum(X[k])) for k in fields}
+    out.update({f"{prefix}.{k}.{l}": float(np.sum(np.asarray(X[k]) * np.asarray(X[l])))
+                for k, l in cluster_pair_names(fields)})
+    return out
+
+
+def linear_cluster_ss(total: dict[str, Any], prefix: str, fields: tuple[str, ...], coef: dict[str, float]) -> float:
+    """Σ_i (Σ_k c_k X_k,i)² from the totals of :func:`cluster_sums` (``fields`` in the order they were sent)."""
+    ss = 0.0
+    for k, l in cluster_pair_names(fields):
+        c = coef.get(k, 0.0) * coef.get(l, 0.0) * float(total[f"{prefix}.{k}.{l}"])
+        ss += c if k == l else 2 * c
+    return ss
 
 
 @dataclass(frozen=True)

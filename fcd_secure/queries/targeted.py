@@ -44,7 +44,13 @@ from typing import Any
 import numpy as np
 
 from fcd_secure.evaluation.discrepancy import DEFAULT_CLIP, one_step_dr_terms
-from fcd_secure.evaluation.intervals import interval_from_sums, site_sums
+from fcd_secure.evaluation.intervals import (
+    cluster_pair_names,
+    cluster_sums,
+    interval_from_sums,
+    linear_cluster_ss,
+    site_sums,
+)
 
 #: the fewest effective entities (Kish ESS of the weight products) for a horizon to count as supported: the same floor
 #: as an evaluation cohort; below it a normal interval's coverage is not to be trusted
@@ -58,7 +64,7 @@ HORIZONS = (1, 2, 3, 5, 10, 20)
 ONE_STEP_FIELDS = ("n", "s", "m", "ss", "mm", "sm", "sim", "true", "clipped")
 #: the per-entity sums of the self-normalised form and the pairs whose product sums give its variance
 SN_FIELDS = ("D", "m", "A", "Wa", "B", "Wb")
-SN_PAIRS = tuple((k, l) for i, k in enumerate(SN_FIELDS) for l in SN_FIELDS[i:])
+SN_PAIRS = tuple(cluster_pair_names(SN_FIELDS))
 
 
 def horizon_grid(max_h: int) -> list[int]:
@@ -106,8 +112,7 @@ def one_step_sums(model, sub, anchors: tuple[int, int], truth: np.ndarray | None
     X = {"D": contrast.sum(1), "m": m,
          "A": np.where(on, (sub.Y - mu_on) / Pw, 0.0).sum(1), "Wa": np.where(on, 1.0 / Pw, 0.0).sum(1),
          "B": np.where(off, (sub.Y - mu_off) / Pw, 0.0).sum(1), "Wb": np.where(off, 1.0 / Pw, 0.0).sum(1)}
-    sn = {f"onestep.sn.{k}": float(v.sum()) for k, v in X.items()}
-    sn.update({f"onestep.sn.{k}.{l}": float((X[k] * X[l]).sum()) for k, l in SN_PAIRS})
+    sn = cluster_sums("onestep.sn", X)
     out = {**sn, "onestep.n": float(sub.n), "onestep.s": float(S.sum()), "onestep.m": float(m.sum()),
            "onestep.ss": float((S * S).sum()), "onestep.mm": float((m * m).sum()), "onestep.sm": float((S * m).sum()),
            "onestep.sim": float(contrast.sum()), "onestep.clipped": float((np.abs(raw) > DEFAULT_CLIP).sum())}
@@ -174,10 +179,7 @@ def _self_normalised(s: dict[str, Any], z: float, binary: bool) -> dict[str, Any
     theta = dm + ca - cb
     coef = {"D": 1 / tot["m"], "m": -dm / tot["m"], "A": 1 / tot["Wa"], "Wa": -ca / tot["Wa"],
             "B": -1 / tot["Wb"], "Wb": cb / tot["Wb"]}
-    var = 0.0
-    for k, l in SN_PAIRS:
-        c = coef[k] * coef[l] * float(s[f"onestep.sn.{k}.{l}"])
-        var += c if k == l else 2 * c
+    var = linear_cluster_ss(s, "onestep.sn", SN_FIELDS, coef)
     n = float(s["onestep.n"])
     se = math.sqrt(max(var, 0.0) * n / max(n - 1, 1.0))
     return {"se": se, **in_range(theta, theta - z * se, theta + z * se, -1.0 if binary else None,
