@@ -335,7 +335,8 @@ def test_the_run_table_prints_the_dr_learner_beside_the_simulator_within_80_colu
                  "simulator": {**fig, "corr": -0.14, "skill": -0.01, "pehe": 0.152}},
         "partial": {"beta": [0.0] * drl.K, "coverage": "partial",
                     "dr_learner": {"mean_tau_hat": -0.07, "heldout": {"gain": 0.0123, "se": 0.0041, "verdict": "shown"}},
-                    "simulator": {"mean_tau_hat": -0.03}},
+                    "simulator": {"mean_tau_hat": -0.03, "heldout": {"gain": -0.0071, "se": 0.0035,
+                                                                     "verdict": "worse than the constant"}}},
         "none": {"beta": None, "coverage": "unavailable"},
     }
     text = {}
@@ -348,6 +349,7 @@ def test_the_run_table_prints_the_dr_learner_beside_the_simulator_within_80_colu
     assert "corr +0.410 · skill +0.050" in text["full"] and "corr -0.140 · skill -0.010" in text["full"]
     assert "0.1500 / 0.1520 / 0.1510" in text["full"]
     assert "mean τ̂ -0.0700 (no truth, partial)" in text["partial"] and "mean τ̂ -0.0300 (no truth)" in text["partial"]
-    assert "held-out gain over a constant" in text["partial"] and "+0.0123 ± 0.0041: shown" in text["partial"]
+    assert "held-out gain vs a constant" in text["partial"] and "+0.0123 ± 0.0041: shown" in text["partial"]
+    assert "-0.0071 ± 0.0035: worse" in text["partial"]
     assert "held-out" not in text["full"]
     assert "unavailable" in text["none"]

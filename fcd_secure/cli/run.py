@@ -112,8 +112,8 @@ def dr_learner_rows(d: dict | None) -> list[tuple[str, str]]:
         rows.append((lab, value + (f" ({', '.join(notes)})" if notes else "")))
         chk = f.get("heldout")
         if chk:  # truth-free: do the per-entity differences beat the constant on held-out rows? (queries.dr_learner)
-            rows.append(("    held-out gain over a constant",
-                         f"{chk['gain']:+.4f} ± {chk['se']:.4f}: {chk['verdict']}"))
+            short = {"worse than the constant": "worse"}.get(chk["verdict"], chk["verdict"])
+            rows.append(("    held-out gain vs a constant", f"{chk['gain']:+.4f} ± {chk['se']:.4f}: {short}"))
     dr, sim = d.get("dr_learner") or {}, d.get("simulator") or {}
     if dr.get("pehe") is not None and sim.get("pehe") is not None:
         rows.append(("  PEHE: DR-learner / simulator / sd τ",
@@ -127,7 +127,7 @@ def summary_table(summary: dict, title: str = "Fed-CausalDiff") -> list["Table"]
     from rich.table import Table  # noqa: PLC0415
 
     t = Table(title=title, show_header=True, header_style="bold", box=box.SIMPLE_HEAD)
-    t.add_column("metric")
+    t.add_column("metric", no_wrap=True)  # the labels are short and read as one; a long value wraps instead
     t.add_column("value", justify="right")
     for key, label in (
         ("pehe", "PEHE (oracle)"),
