@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -117,8 +118,9 @@ def test_the_intercept_is_the_least_squares_one_of_the_validation_and_test_rows_
     sim = as_simulator(model)
     fit = drl.solve(drl.fit_totals(add_sums([drl.site_fit_sums(model, d, floor=20) for d in data])), sites=4)
     beta = np.asarray(fit["beta"])
-    parts, resid_val, resid_test, taus, hats = [], [], [], [], []
+    parts, resid_val, resid_test, taus, hats, ents = [], [], [], [], [], []
     for d in data:
+        ents.append(np.nonzero(d.test.M > 0)[0] + 10_000 * d.site_index)
         a_off, a_on = d.anchors
         for rows, into in ((d.validation, resid_val), (d.test, resid_test)):
             mu_on, mu_off = sim.one_step_probs(rows, a_on), sim.one_step_probs(rows, a_off)
@@ -143,6 +145,16 @@ def test_the_intercept_is_the_least_squares_one_of_the_validation_and_test_rows_
     assert out["dr_learner"]["skill"] == pytest.approx(want.skill(), rel=1e-9)
     assert out["dr_learner"]["corr"] == pytest.approx(own.corr(), rel=1e-9)
     assert icpt["unshifted"]["skill"] == pytest.approx(own.skill(), rel=1e-9)
+    # the held-out check of the reported effects βᵀx + δ, with δ's share of test steps, in plain numpy
+    phi, ent = r_test + hat, np.unique(np.concatenate(ents), return_inverse=True)[1]
+    c, a, M = phi.mean(), hat + icpt["shift"], phi.size
+    nE = ent.max() + 1
+    var_c = nE / (nE - 1) * (np.bincount(ent, weights=phi - c) ** 2).sum() / M ** 2
+    gain = ((phi - c) ** 2 - (phi - a) ** 2).mean() + var_c * (1 - 2 * M / (M + fit["n"]))
+    chk = out["dr_learner"]["heldout"]
+    assert chk["gain"] == pytest.approx(gain, rel=1e-6) and chk["steps"] == M and chk["entities"] == nE
+    assert chk["true_gain"] == pytest.approx(want.sd_true() ** 2 - want.pehe() ** 2, rel=1e-9)
+    assert out["simulator"]["heldout"]["steps"] == M and "true_gain" in out["simulator"]["heldout"]
     # nothing new leaves a site: its residual sums are its one-step sums minus its Στ̂ (both sent already)
     from fcd_secure.queries.targeted import one_step_sums
 
@@ -160,6 +172,9 @@ def test_the_intercept_is_the_least_squares_one_of_the_validation_and_test_rows_
     # ... beside the others, the shift comes from their rows and the output says it is partial
     mixed = drl.merge_effects(add_sums([bare, *parts[1:]]), fit_steps=fit["n"])
     assert mixed["intercept"]["coverage"] == "partial"
+    # the held-out check covers the sites with propensities only: fewer steps, and no truth on other steps
+    part = mixed["dr_learner"]["heldout"]
+    assert part["steps"] < mixed["steps"] and "true_gain" not in part
     assert mixed["intercept"]["test_steps"] == sum(p["drl.effect.resid_n"] for p in parts[1:])
     # a residual total that is not finite is said, and β's own intercept kept
     broken = drl.merge_effects({**add_sums(parts), "drl.effect.resid": float("nan")}, fit_steps=fit["n"])
@@ -195,10 +210,16 @@ def test_the_heldout_check_merged_over_sites_equals_the_pooled_numpy_figures():
         per = np.bincount(G, weights=g)
         n = per.size
         se = np.sqrt(n / (n - 1) * ((per - per.mean()) ** 2).sum()) / g.size
+        # the constant's own sampling variance (cluster-robust), added back to the gain
+        var_c = n / (n - 1) * ((np.bincount(G, weights=phi - c)) ** 2).sum() / g.size ** 2
         assert got["entities"] == n == sum(w[3] for w in world) and got["steps"] == g.size
         assert got["constant"] == pytest.approx(c, rel=1e-12)
-        assert got["gain"] == pytest.approx(g.mean(), rel=1e-9, abs=1e-12)
-        assert got["se"] == pytest.approx(se, rel=1e-9)
+        assert got["constant_se"] == pytest.approx(np.sqrt(var_c), rel=1e-9)
+        assert got["gain"] == pytest.approx(g.mean() + var_c, rel=1e-9, abs=1e-12)
+        # held fixed, c leaves the SE to first order; its second-order share 2·Var(c)² is added
+        assert got["se"] == pytest.approx(np.sqrt(se ** 2 + 2 * var_c ** 2), rel=1e-9)
+    share = drl.heldout_check(sums, "effect", -0.04, delta_share=0.6)  # δ fitted 60 % on these steps' φ
+    assert share["gain"] == pytest.approx(got["gain"] - 2 * 0.6 * got["constant_se"] ** 2, rel=1e-9)
     assert drl.heldout_check({}, "effect") is None  # no logged propensities: no check
 
 
@@ -215,9 +236,9 @@ def test_the_heldout_check_shows_effects_that_beat_the_constant_and_not_those_th
             parts.append(drl.check_sums("effect", phi, hat[at:at + t.size], ent, n))
             at += t.size
         truth = EffectStats.from_arrays(hat, tau)
-        chk = drl.heldout_check(add_sums(parts), "effect", 0.0, truth)
-        c = chk["constant"]
-        assert chk["true_gain"] == pytest.approx(((tau - c) ** 2).mean() - ((tau - hat) ** 2).mean(), rel=1e-9)
+        chk = drl.heldout_check(add_sums(parts), "effect", truth=truth)
+        assert chk["true_gain"] == pytest.approx(tau.var() - ((tau - hat) ** 2).mean(), rel=1e-9)  # skill · sd²τ
+        assert chk["true_gain"] == pytest.approx(truth.skill() * truth.sd_true() ** 2, rel=1e-9)
         assert abs(chk["gain"] - chk["true_gain"]) < 3 * chk["se"]
         verdicts[name] = chk
     assert verdicts["right"]["verdict"] == "shown" and verdicts["right"]["z"] > drl.CHECK_Z
@@ -229,6 +250,26 @@ def test_the_heldout_check_shows_effects_that_beat_the_constant_and_not_those_th
         parts.append(drl.check_sums("effect", phi, small_hat[at:at + t.size], ent, n))
         at += t.size
     assert drl.heldout_check(add_sums(parts), "effect")["verdict"] == "not shown"
+
+
+def test_a_constant_is_not_shown_better_than_the_constant_over_many_draws():
+    """The gain holds −(c − E c)² (c fitted on the same φ): for a nearly constant τ̂ that is all its spread, and an SE
+    holding c fixed calls it "shown" in about a fifth of the draws. Over fresh noise, a constant τ̂ (at the mean or off
+    it) must be shown in at most 5 % of draws, a τ̂ with half the true spread in most."""
+    rng = np.random.default_rng(4)
+    n, L = 300, 20
+    tau_i = -0.05 + 0.15 * rng.standard_normal(n)
+    tau, ent = np.repeat(tau_i, L), np.repeat(np.arange(n), L)
+    cases = {"at the mean": np.full(tau.size, tau.mean()), "off it": np.full(tau.size, tau.mean() + 0.03),
+             "half the spread": tau.mean() + 0.5 * (tau - tau.mean())}
+    shown = {k: 0 for k in cases}
+    draws = 150
+    for _ in range(draws):
+        phi = tau + 2.5 * rng.standard_normal(tau.size)
+        for k, hat in cases.items():
+            shown[k] += drl.heldout_check(drl.check_sums("model", phi, hat, ent, n), "model")["verdict"] == "shown"
+    assert shown["at the mean"] <= 0.05 * draws and shown["off it"] <= 0.05 * draws
+    assert shown["half the spread"] >= 0.7 * draws
 
 
 @pytest.fixture(scope="module")
@@ -324,6 +365,7 @@ def test_a_secure_run_fits_on_the_chosen_round_and_no_dr_learner_sum_arrives_in_
 
 
 def test_the_run_table_prints_the_dr_learner_beside_the_simulator_within_80_columns():
+    from rich.cells import cell_len
     from rich.console import Console
 
     from fcd_secure.cli.run import summary_table
@@ -334,8 +376,11 @@ def test_the_run_table_prints_the_dr_learner_beside_the_simulator_within_80_colu
         "full": {"beta": [0.0] * drl.K, "coverage": "full", "dr_learner": fig,
                  "simulator": {**fig, "corr": -0.14, "skill": -0.01, "pehe": 0.152}},
         "partial": {"beta": [0.0] * drl.K, "coverage": "partial",
-                    "dr_learner": {"mean_tau_hat": -0.07, "heldout": {"gain": 0.0123, "se": 0.0041, "verdict": "shown"}},
-                    "simulator": {"mean_tau_hat": -0.03, "heldout": {"gain": -0.0071, "se": 0.0035,
+                    "steps": 1000,
+                    "dr_learner": {"mean_tau_hat": -0.07, "heldout": {"gain": 0.0123, "se": 0.0041, "z": 3.0,
+                                                                      "steps": 1000, "verdict": "shown"}},
+                    "simulator": {"mean_tau_hat": -0.03, "heldout": {"gain": -0.0071, "se": 0.0035, "z": -2.03,
+                                                                     "steps": 600,
                                                                      "verdict": "worse than the constant"}}},
         "none": {"beta": None, "coverage": "unavailable"},
     }
@@ -345,11 +390,12 @@ def test_the_run_table_prints_the_dr_learner_beside_the_simulator_within_80_colu
         for t in summary_table({**base, "dr_learner": d}):
             con.print(t)
         text[k] = con.export_text()
-        assert all(len(line) <= 80 for line in text[k].splitlines())
+        # display cells, not code points: τ̂ is τ and a combining circumflex, one cell
+        assert all(cell_len(line) <= 80 for line in text[k].splitlines())
     assert "corr +0.410 · skill +0.050" in text["full"] and "corr -0.140 · skill -0.010" in text["full"]
     assert "0.1500 / 0.1520 / 0.1510" in text["full"]
     assert "mean τ̂ -0.0700 (no truth, partial)" in text["partial"] and "mean τ̂ -0.0300 (no truth)" in text["partial"]
-    assert "held-out gain vs a constant" in text["partial"] and "+0.0123 ± 0.0041: shown" in text["partial"]
-    assert "-0.0071 ± 0.0035: worse" in text["partial"]
+    assert "held-out gain vs a constant" in text["partial"] and "+0.0123 (z +3.0): shown" in text["partial"]
+    assert re.search(r"-0\.0071 \(z -2\.0\): worse\s+\(partial\)", text["partial"])  # 600 of 1,000 steps
     assert "held-out" not in text["full"]
     assert "unavailable" in text["none"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import _thread
 import json
+import math
 import os
 import signal
 import threading
@@ -91,6 +92,17 @@ def skill_rows(sk: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def _heldout_text(chk: dict, steps: int | None) -> str:
+    """One held-out check (``queries.dr_learner.heldout_check``) in a table cell: the gain in squared error per step
+    over the constant, its z (gain / SE), the verdict; "partial" where it covers fewer steps (sites without logged
+    propensities send no check sums)."""
+    if chk.get("verdict") == "unavailable" or not math.isfinite(chk.get("z", math.nan)):
+        return "unavailable"
+    short = {"worse than the constant": "worse"}.get(chk["verdict"], chk["verdict"])
+    part = " (partial)" if steps and chk.get("steps", steps) < steps else ""
+    return f"{chk['gain']:+.4f} (z {chk['z']:+.1f}): {short}{part}"  # z, not ± SE: the verdict is one-sided
+
+
 def dr_learner_rows(d: dict | None) -> list[tuple[str, str]]:
     """The per-entity one-step effect of the federated DR-learner beside the simulator's own contrast
     (``queries.dr_learner``): corr and skill against the oracle's truth, or what stands in their place."""
@@ -111,9 +123,8 @@ def dr_learner_rows(d: dict | None) -> list[tuple[str, str]]:
             continue
         rows.append((lab, value + (f" ({', '.join(notes)})" if notes else "")))
         chk = f.get("heldout")
-        if chk:  # truth-free: do the per-entity differences beat the constant on held-out rows? (queries.dr_learner)
-            short = {"worse than the constant": "worse"}.get(chk["verdict"], chk["verdict"])
-            rows.append(("    held-out gain vs a constant", f"{chk['gain']:+.4f} ± {chk['se']:.4f}: {short}"))
+        if chk:  # truth-free: do these per-entity effects beat one constant on held-out rows? (queries.dr_learner)
+            rows.append(("    held-out gain vs a constant", _heldout_text(chk, d.get("steps"))))
     dr, sim = d.get("dr_learner") or {}, d.get("simulator") or {}
     if dr.get("pehe") is not None and sim.get("pehe") is not None:
         rows.append(("  PEHE: DR-learner / simulator / sd τ",
