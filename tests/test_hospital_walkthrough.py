@@ -67,6 +67,14 @@ def test_export_writes_one_table_per_site_that_validates(exported):
     assert not np.isclose(col.mean(), 0.0, atol=1e-3) or not np.isclose(col.std(), 1.0, atol=1e-3)
 
 
+def test_export_of_the_tumour_world_runs_with_the_default_preset(tmp_path):
+    """`fcd data export --dataset tumour` with no --preset works (its default preset, "small", once did not exist for
+    the tumour world; DKT-Synth's is exercised above)."""
+    code, env = invoke(data_cli.app, ["export", "--out", str(tmp_path / "t"), "--dataset", "tumour", "--json"])
+    assert code == 0, env
+    assert (tmp_path / "t" / "spec.toml").exists() and (tmp_path / "t" / "site0.csv").exists()
+
+
 def test_export_refuses_unknown_dataset(tmp_path):
     code, env = invoke(data_cli.app, ["export", "--out", str(tmp_path / "t"), "--dataset", "nope"])
     assert code == 2 and "--dataset" in env["message"]

@@ -19,6 +19,8 @@ __all__ = ["PRESETS", "Split", "TumourConfig"]
 PRESETS: dict[str, dict[str, Any]] = {
     # tests: generation + ground truth in well under a second
     "tiny": dict(n_patients=300, max_len=12, anchor_step=2, horizon=4, n_rollouts=8),
+    # the default world with half the patients and rollouts (as DKT-Synth's "small"; `fcd data export`'s default)
+    "small": dict(n_patients=1500, max_len=30, anchor_step=5, horizon=10, n_rollouts=16),
     # the main federated run (10 sites): ~2,400 training patients followed for at most 30 days; the 10-day effect
     # window from day 5 is long enough for chemotherapy to bring a 4-7 cm tumour under the response size
     "default": dict(n_patients=3000, max_len=30, anchor_step=5, horizon=10, n_rollouts=32),
