@@ -146,6 +146,22 @@ def test_one_without_the_other_is_refused():
         assert missing in res.output, res.output
 
 
+def test_a_repeated_table_is_refused_not_cut_to_its_last(tmp_path):
+    """`--table a.csv --table b.csv` once kept b.csv alone (click's rule for a repeated option): a run then stopped with
+    "names 1 sites ... run with --no-secure-aggregation", advice to drop a protection for a mistake in the command."""
+    spec = tmp_path / "s.toml"
+    spec.write_text("")
+    tables = []
+    for i in range(2):
+        tables += ["--table", str(tmp_path / f"site{i}.csv")]
+        (tmp_path / f"site{i}.csv").write_text("")
+    for argv in (["run", "--spec", str(spec), *tables], ["data", "validate", "--spec", str(spec), *tables],
+                 ["data", "describe", "--spec", str(spec), *tables], ["deploy", "--spec", str(spec), *tables]):
+        res = CliRunner().invoke(app, argv)
+        assert res.exit_code == 2, (argv, res.output)
+        assert "--table given 2 times" in res.output and "site column" in res.output, res.output
+
+
 @pytest.mark.parametrize("path", sorted(TABLE_READERS))
 def test_the_usage_line_shows_no_hidden_argument(path):
     usage = _help(path).splitlines()[0]

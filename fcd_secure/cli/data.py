@@ -53,7 +53,7 @@ def _invalid(exc) -> CliError:
 def validate(
     ctx: typer.Context,
     spec: Optional[Path] = typer.Option(None, "--spec", metavar="SPEC", dir_okay=False, help=SPEC_HELP),
-    table: Optional[Path] = typer.Option(None, "--table", metavar="TABLE", dir_okay=False, help=TABLE_HELP),
+    table: Optional[list[Path]] = typer.Option(None, "--table", metavar="TABLE", dir_okay=False, help=TABLE_HELP),
     out: Optional[Path] = typer.Option(
         None, "--out", "-o", help="Also write the encoded dataset here (.npz); written only if every check passes."
     ),
@@ -153,7 +153,7 @@ def describe(
     spec: Optional[Path] = typer.Option(
         None, "--spec", metavar="SPEC", dir_okay=False, help=SPEC_HELP + " Describes your own table instead of the "
         "built-in datasets: the same sites, anchors and contexts `fcd run --spec SPEC --table TABLE` would use."),
-    table: Optional[Path] = typer.Option(None, "--table", metavar="TABLE", dir_okay=False, help=TABLE_HELP),
+    table: Optional[list[Path]] = typer.Option(None, "--table", metavar="TABLE", dir_okay=False, help=TABLE_HELP),
 ) -> None:
     """Per dataset and per site: sequences, Lmax, dx, da, |T|, action support and anchors, outcome rate.
 

@@ -47,7 +47,7 @@ def register(app: typer.Typer) -> None:
         seed: Optional[int] = typer.Option(None, "--seed", help="Seed of split, initialisation, sampling and training."),
         dataset: Optional[str] = typer.Option(None, "--dataset", help=names.choices(default=names.DEFAULT) + "."),
         spec: Optional[Path] = typer.Option(None, "--spec", metavar="SPEC", dir_okay=False, help=SPEC_HELP),
-        table: Optional[Path] = typer.Option(None, "--table", metavar="TABLE", dir_okay=False, help=TABLE_HELP),
+        table: Optional[list[Path]] = typer.Option(None, "--table", metavar="TABLE", dir_okay=False, help=TABLE_HELP),
         data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Real datasets root (default $FCD_DATA_DIR, then ../shared/data of a source checkout)."),
         config_file: Optional[Path] = typer.Option(None, "--config", exists=True, dir_okay=False, help="A run config (TOML/JSON, e.g. a run folder's config.toml); options given override only what they name."),
         eval_every: Optional[int] = typer.Option(None, "--eval-every", min=0, help="Federated PEHE every N rounds (0: only at the end)."),

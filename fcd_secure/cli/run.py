@@ -478,7 +478,7 @@ def register(app: typer.Typer) -> None:
         seed: Optional[int] = typer.Option(None, "--seed", help="Seed of split, initialisation, sampling and training."),
         dataset: Optional[str] = typer.Option(None, "--dataset", help=names.choices(default=names.DEFAULT, notes={"tumour": "oracles: truth beside estimates", "obd": "real data: OPE estimates, factual AUC"}) + "."),
         spec: Optional[Path] = typer.Option(None, "--spec", metavar="SPEC", dir_okay=False, help=SPEC_HELP),
-        table: Optional[Path] = typer.Option(None, "--table", metavar="TABLE", dir_okay=False, help=TABLE_HELP),
+        table: Optional[list[Path]] = typer.Option(None, "--table", metavar="TABLE", dir_okay=False, help=TABLE_HELP),
         data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Real datasets root (default $FCD_DATA_DIR, then ../shared/data of a source checkout)."),
         gamma: Optional[float] = typer.Option(None, "--gamma", help=f"Generated worlds ({', '.join(names.GENERATED)}): confounding strength γ of the logging policy (data.gamma; default DKT-Synth 1.5, tumour 2; 0: the logging policy ignores what γ weighs: a student's readiness, a tumour's diameter)."),
         site_spread: Optional[float] = typer.Option(None, "--site-spread", min=0, max=20, help=f"Generated worlds ({', '.join(names.GENERATED)}): how much the sites differ (data.site_spread; multiplies the spread of every site-level parameter: case mix, logging practice; default 1; 0: sites differ in size only)."),

@@ -22,19 +22,28 @@ TABLE_HELP = "Your own data: the long-format table (.csv, .csv.gz or .parquet; o
 LEFTOVER_WORDS = {"allow_extra_args": True}
 
 
-def spec_and_table(spec: Path | None, table: Path | None, extra: list[str] | None = None,
+def spec_and_table(spec: Path | None, table: Path | list[Path] | None, extra: list[str] | None = None,
                    *, required: bool = False) -> tuple[Path, Path] | None:
     """``(spec, table)`` when both are given, ``None`` when neither is (unless ``required``).
 
     Args:
         spec: ``--spec``.
-        table: ``--table``.
+        table: ``--table`` (declared repeatable so that a repeat is refused here, not silently reduced to its last).
         extra: positional words left on the command line (the old ``--spec SPEC TABLE`` form leaves the table there).
         required: the command needs a table.
 
     Raises:
-        CliError: one without the other, or a leftover positional word (exit 2, naming the form to use).
+        CliError: one without the other, ``--table`` given more than once, or a leftover positional word (exit 2,
+            naming the form to use).
     """
+    if isinstance(table, (list, tuple)):
+        if len(table) > 1:
+            # click would keep only the last: one site's table, then a misleading "1 site" error downstream
+            raise CliError(f"--table given {len(table)} times: one table holds every site's rows, told apart by "
+                           "the spec's site column", "USAGE",
+                           hint="join the tables first (their header once), or enrol each hospital's own table "
+                                "with `fcd site init --table`", data={"tables": [str(t) for t in table]})
+        table = table[0] if table else None
     if extra:
         raise CliError(f"unexpected argument {extra[0]!r}: a table is named with --table", "USAGE",
                        hint="use --spec SPEC --table TABLE (two options)")
