@@ -208,7 +208,7 @@ def _same_steps(r: dict) -> dict | None:
 def report(out: dict) -> None:
     """The tables of one benchmark output (``main``'s JSON)."""
     results, dataset = out["results"], out["params"]["dataset"]
-    con = Console()
+    con = Console(width=max(Console().width, 130))  # the one-step table is wider than a pipe's 80 columns
     con.print(json.dumps(out["machine"]))
     t = Table(title=f"{dataset}: one-step effect at every decision step (|error| against the oracle)")
     for c in ("seed", "truth", "AIPW", "covers", "self-norm.", "covers", "AIPW, true μ", "covers", "simulator",
