@@ -40,7 +40,7 @@ from _coverage import coverage_line
 from _machine import machine
 from rich.console import Console
 from rich.table import Table
-from targeted import parse_seeds
+from targeted import oracle_pair, parse_seeds
 
 #: the outcome models: name -> what it is (module docstring)
 MODELS = ("truth", "truth+0.1", "flat")
@@ -51,21 +51,17 @@ def one_world(preset: str, seed: int) -> dict[str, dict]:
     """The merged one-step answer of each model of :data:`MODELS` on a fresh world's test students (all sites)."""
     from fcd_secure.data.dkt_synth.config import DKTSynthConfig
     from fcd_secure.data.dkt_synth.generation import generate
-    from fcd_secure.queries.targeted import merge_one_step, one_step_sums, one_step_truth
+    from fcd_secure.queries.targeted import merge_one_step, one_step_sums
 
     world = generate(DKTSynthConfig.from_preset(preset, seed=seed))
-    a_off, a_on = world.anchors
     tot: dict[str, dict[str, float]] = {m: {} for m in MODELS}
     for i, sub in enumerate(world.test):
         if sub.n == 0:
             continue
-        rows = np.arange(sub.n)
-        mu = {a: np.stack([world.outcome_probs_do(i, "test", rows, t, a) for t in range(sub.L)], 1)
-              for a in (a_off, a_on)}
+        mu_on, mu_off = oracle_pair(world, i, np.arange(sub.n), sub.L, world.anchors)
         flat = np.full(sub.Y.shape, float(sub.Y[sub.M > 0].mean()))
-        pairs = {"truth": (mu[a_on], mu[a_off]), "truth+0.1": (np.clip(mu[a_on] + 0.1, 0.0, 1.0), mu[a_off]),
-                 "flat": (flat, flat)}
-        truth = one_step_truth(world, i, rows, sub.L, world.anchors)
+        pairs = {"truth": (mu_on, mu_off), "truth+0.1": (np.clip(mu_on + 0.1, 0.0, 1.0), mu_off), "flat": (flat, flat)}
+        truth = mu_on - mu_off  # the oracle's one-step contrast (queries.targeted.one_step_truth)
         for m in MODELS:
             for k, v in one_step_sums(None, sub, world.anchors, truth, pairs[m]).items():
                 tot[m][k] = tot[m].get(k, 0.0) + v

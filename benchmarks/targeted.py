@@ -59,6 +59,14 @@ def naive_contrast(cfg) -> float:
     return float(np.concatenate(on).mean() - np.concatenate(off).mean())
 
 
+def oracle_pair(oracle, site: int, rows: np.ndarray, L: int, anchors: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """The oracle's P(Y_t | history, latents, do(a_on / a_off)) at every test step of ``rows``, ``[n, L]`` each (NaN on
+    padding): the true outcome model, whose difference is ``queries.targeted.one_step_truth``."""
+    a_off, a_on = anchors
+    return tuple(np.stack([oracle.outcome_probs_do(site, "test", rows, t, a) for t in range(L)], 1)
+                 for a in (a_on, a_off))
+
+
 def oracle_aipw(cfg) -> dict | None:
     """The same one-step AIPW on the same test steps and logged propensities with the oracle's own outcome
     probabilities as μ (``queries.targeted.one_step_sums`` with ``pair`` given): what the logs' sampling noise alone
@@ -66,19 +74,15 @@ def oracle_aipw(cfg) -> dict | None:
     so the product's error can be read against it world by world (measured on 40 default worlds, seeds 0-39: error
     s.d. 0.0151 against a mean SE of 0.0150, the 90 % interval covers 36 of 40)."""
     from fcd_secure.federation import learner
-    from fcd_secure.queries.targeted import merge_one_step, one_step_sums, one_step_truth
+    from fcd_secure.queries.targeted import merge_one_step, one_step_sums
 
     tot: dict[str, float] = {}
     for i in range(cfg.data.n_sites):
         d = learner.load_site_data(cfg, i)
         if d.oracle is None or d.test.P is None or d.test.n == 0:
             return None
-        rows = np.arange(d.test.n)
-        a_off, a_on = d.anchors
-        mu = {a: np.stack([d.oracle.outcome_probs_do(d.site_index, "test", rows, t, a) for t in range(d.test.L)], 1)
-              for a in (a_off, a_on)}
-        truth = one_step_truth(d.oracle, d.site_index, rows, d.test.L, d.anchors)
-        for k, v in one_step_sums(None, d.test, d.anchors, truth, (mu[a_on], mu[a_off])).items():
+        mu_on, mu_off = oracle_pair(d.oracle, d.site_index, np.arange(d.test.n), d.test.L, d.anchors)
+        for k, v in one_step_sums(None, d.test, d.anchors, mu_on - mu_off, (mu_on, mu_off)).items():
             tot[k] = tot.get(k, 0.0) + v
     o = merge_one_step(tot, 0.9, True)
     return None if o is None else {k: o[k] for k in ("estimate", "low", "high", "se", "true")}

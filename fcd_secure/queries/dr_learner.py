@@ -64,8 +64,8 @@ constant. Its SE is cluster-robust over entities (sites send per-entity Σφτ̂
 ``drl.check.<part>.*``; ``evaluation.intervals.cluster_sums``), c and δ held, plus c's second-order share
 2·Var(c)²: c's error drops out to first order, not to second, and for a nearly constant τ̂ the second order is all
 the gain's spread (without it a constant was "shown" in a fifth of simulated draws). δ's error does not quite drop
-out either, which leaves the SE a little conservative (a simulation of 300 entities: the gain's s.d. 0.0046 against a
-mean SE of 0.0058). τ̂ counts as **shown** better than the constant when the gain is at least
+out either, which leaves the SE a little conservative (``benchmarks/heldout_check.py``: the gain's s.d. 0.0047
+against a mean SE of 0.0053 for a τ̂ with half the true spread, 300 entities). τ̂ counts as **shown** better than the constant when the gain is at least
 :data:`CHECK_Z` SE above 0, **worse than the constant** when as far below, else **not shown**: read τ̂ as the average
 effect. The same check is made of the simulator's own contrast. With a truth, ``true_gain`` (sd²τ − PEHE²) beside
 it. What it costs in power: pseudo-outcomes of s.d. 2-3 against sd τ ≈ 0.15 give an SE near 0.005 per step on the
@@ -286,7 +286,8 @@ def heldout_check(s: dict[str, Any], part: str, delta: float = 0.0, delta_share:
     var_c = max(linear_cluster_ss(s, pre, CHECK_FIELDS, {"v": 1.0, "m": -c}), 0.0) * corr / (m * m)
     # cluster-robust over entities, c and δ held; c's error drops out to first order (∂gain/∂c = 0 at c = mean φ) but
     # not to second: the gain holds −(c − E c)², of variance 2·Var(c)² for a normal c, which is all there is where τ̂
-    # is nearly constant (without it a constant τ̂ was "shown" in 16-23 % of simulated draws, with it in none of 2,000)
+    # is nearly constant (without it a constant τ̂ was "shown" in 16-23 % of draws, with it in none of 2,000:
+    # benchmarks/heldout_check.py)
     var = max(linear_cluster_ss(s, pre, CHECK_FIELDS, coef) - gain_sum * gain_sum / n, 0.0) * corr
     gain = gain_sum / m + var_c * (1.0 - 2.0 * float(delta_share))
     se = math.sqrt(var / (m * m) + 2.0 * var_c * var_c)
@@ -431,6 +432,7 @@ def merge_effects(s: dict[str, Any], fit_steps: int) -> dict[str, Any] | None:
         es = EffectStats.from_sums(s, prefix=f"drl.{part}.")
         if es.n == 0:
             continue
+        delta, share = 0.0, 0.0  # the server's shift of these effects and its share of test rows (heldout_check)
         if part == "effect" and shift is not None:
             icpt = {**shift, "beta_mean": es.sum_hat / es.n,
                     "coverage": "full" if shift["test_steps"] >= es.n else "partial",
@@ -439,15 +441,13 @@ def merge_effects(s: dict[str, Any], fit_steps: int) -> dict[str, Any] | None:
                 icpt["unshifted"] = {k: v for k, v in es.skill_figures().items() if k in ("pehe", "corr", "skill")}
             if shift["shift"] is not None:
                 es = es.shifted(shift["shift"])
+                delta = shift["shift"]
+                share = shift["test_steps"] / max(shift["test_steps"] + shift["validation_steps"], 1)
             out["intercept"] = icpt
         fig: dict[str, Any] = {"mean_tau_hat": es.sum_hat / es.n}
         if math.isfinite(es.sse):
             fig.update(es.skill_figures())
             fig["mean_tau"] = es.sum_true / es.n
-        delta, share = 0.0, 0.0
-        if part == "effect" and shift is not None and shift["shift"] is not None:
-            delta = shift["shift"]
-            share = shift["test_steps"] / max(shift["test_steps"] + shift["validation_steps"], 1)
         check = heldout_check(s, part, delta, share, es if math.isfinite(es.sse) else None)
         if check is not None:
             fig["heldout"] = check
