@@ -1,0 +1,132 @@
+"""The answers of a fixed small run, pinned: ``summary.json``, the run table and ``fcd whatif --json``.
+
+One real run (the installed entry point in a fresh process, Flower's simulation engine, secure aggregation on):
+DKT-Synth's ``small`` world with the tiny model, 4 sites, 3 rounds, every round evaluated (so the truth-free round
+selection has candidates and picks round 1, not the last), then ``fcd whatif`` asks four policies of it (a static
+pair, an incremental policy that needs a propensity model and a share policy). Every answer the run prints or writes
+is compared with ``tests/golden/``: the answers layer may be rebuilt, its answers may not move. Wall times, paths,
+versions and the what-if query id (a hash that includes the run folder) are left out; floats compare to 1e-9
+relative (a changed order of summation moves the last bits, nothing else may).
+
+A deliberate change of an answer regenerates the files: ``FCD_GOLDEN_UPDATE=1 pytest tests/test_golden.py``, and
+the diff of ``tests/golden/`` is reviewed with the change.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = Path(__file__).resolve().parent / "golden"
+UPDATE = os.environ.get("FCD_GOLDEN_UPDATE") == "1"
+POLICIES = ("never", "always", "incremental_on_x2", "share_on_20")
+shared = pytest.mark.xdist_group("golden-run")
+
+#: the run: the tiny model on the ``small`` world (test splits above the cohort floor, so D1, the DR-learner and its
+#: held-out check all answer), every round evaluated
+RUN_ARGS = ("--preset", "tiny", "--rounds", "3", "--sites", "4", "--clients-per-round", "4", "--eval-every", "1",
+            "--seed", "0")
+CONFIG = """\
+[data]
+preset = "small"
+"""
+
+#: keys whose values are the machine's, not the answer's
+VOLATILE = {"wall_s", "versions", "run", "out", "query_id", "message", "downlink_bytes"}
+REL, ABS = 1e-9, 1e-12
+
+
+def fcd(*args, cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": str(PROJECT_ROOT), "COLUMNS": "100"}
+    return subprocess.run([sys.executable, "-m", "fcd_secure.cli.main", *map(str, args)], capture_output=True,
+                          text=True, env=env, timeout=timeout, cwd=cwd)
+
+
+def scrub(value, key: str = ""):
+    """The answer without the machine's values (wall times, paths, versions, query ids)."""
+    if isinstance(value, dict):
+        return {k: scrub(v, k) for k, v in value.items() if k not in VOLATILE}
+    if isinstance(value, list):
+        return [scrub(v, key) for v in value]
+    if isinstance(value, str):
+        return re.sub(r"[0-9a-f]{12}\.csv", "<query>.csv", value)
+    return value
+
+
+def scrub_table(text: str, run_dir: Path) -> str:
+    """The printed table without its wall time, downlink size (it carries the run's path) and run folder."""
+    text = text.replace(str(run_dir), "<run>")
+    text = re.sub(r"(wall time s\s+)[0-9.]+", r"\1<s>", text)
+    return re.sub(r"(downlink MB \(measured\)\s+)[0-9.]+", r"\1<MB>", text)
+
+
+def differences(got, want, path: str = "$") -> list[str]:
+    """Where two scrubbed JSON values differ (floats to REL/ABS), as readable paths."""
+    if isinstance(want, dict) and isinstance(got, dict):
+        out = [f"{path}.{k}: missing" for k in want if k not in got]
+        out += [f"{path}.{k}: not in the golden file" for k in got if k not in want]
+        for k in want:
+            if k in got:
+                out += differences(got[k], want[k], f"{path}.{k}")
+        return out
+    if isinstance(want, list) and isinstance(got, list):
+        if len(got) != len(want):
+            return [f"{path}: length {len(got)} != {len(want)}"]
+        return [d for i, (g, w) in enumerate(zip(got, want)) for d in differences(g, w, f"{path}[{i}]")]
+    if isinstance(want, float) and isinstance(got, (int, float)) and not isinstance(got, bool):
+        if math.isnan(want) and math.isnan(got):
+            return []
+        return [] if math.isclose(got, want, rel_tol=REL, abs_tol=ABS) else [f"{path}: {got!r} != {want!r}"]
+    return [] if got == want else [f"{path}: {got!r} != {want!r}"]
+
+
+@pytest.fixture(scope="module")
+def golden_run(tmp_path_factory):
+    base = tmp_path_factory.mktemp("golden")
+    (base / "small.toml").write_text(CONFIG)
+    run = fcd("run", "--config", "small.toml", *RUN_ARGS, "--out", "run", cwd=base)
+    assert run.returncode == 0, run.stderr[-3000:]
+    args = [a for p in POLICIES for a in ("-p", p)]
+    what = fcd("whatif", "run", *args, "--json", cwd=base)
+    assert what.returncode == 0, what.stderr[-3000:] + what.stdout[-2000:]
+    return base, run, what
+
+
+def _compare_json(name: str, got) -> None:
+    path = GOLDEN / name
+    if UPDATE:
+        GOLDEN.mkdir(exist_ok=True)
+        path.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
+    want = json.loads(path.read_text())
+    diff = differences(got, want)
+    assert not diff, f"{len(diff)} differences from {path.name}:\n" + "\n".join(diff[:40])
+
+
+@shared
+def test_summary_json_is_the_golden_one(golden_run):
+    base, _, _ = golden_run
+    _compare_json("summary.json", scrub(json.loads((base / "run" / "summary.json").read_text())))
+
+
+@shared
+def test_the_run_table_is_the_golden_one(golden_run):
+    base, run, _ = golden_run
+    got = scrub_table(run.stdout, base / "run")
+    path = GOLDEN / "run_table.txt"
+    if UPDATE:
+        path.write_text(got)
+    assert got == path.read_text()
+
+
+@shared
+def test_whatif_json_is_the_golden_one(golden_run):
+    _, _, what = golden_run
+    _compare_json("whatif.json", scrub(json.loads(what.stdout)))
