@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from fcd_secure.config import build_config
+
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).resolve().parent / "golden"
 UPDATE = os.environ.get("FCD_GOLDEN_UPDATE") == "1"
@@ -31,13 +33,8 @@ POLICIES = ("never", "always", "incremental_on_x2", "share_on_20")
 shared = pytest.mark.xdist_group("golden-run")
 
 #: the run: the tiny model on the ``small`` world (test splits above the cohort floor, so D1, the DR-learner and its
-#: held-out check all answer), every round evaluated
-RUN_ARGS = ("--preset", "tiny", "--rounds", "3", "--sites", "4", "--clients-per-round", "4", "--eval-every", "1",
-            "--seed", "0")
-CONFIG = """\
-[data]
-preset = "small"
-"""
+#: held-out check all answer), 4 sites, 3 rounds, every round evaluated, secure aggregation on (the preset's default)
+OVERRIDES = {"data": {"preset": "small"}, "federation": {"rounds": 3, "eval_every": 1}, "seed": 0}
 
 #: keys whose values are the machine's, not the answer's
 VOLATILE = {"wall_s", "versions", "run", "out", "query_id", "message", "downlink_bytes"}
@@ -91,8 +88,8 @@ def differences(got, want, path: str = "$") -> list[str]:
 @pytest.fixture(scope="module")
 def golden_run(tmp_path_factory):
     base = tmp_path_factory.mktemp("golden")
-    (base / "small.toml").write_text(CONFIG)
-    run = fcd("run", "--config", "small.toml", *RUN_ARGS, "--out", "run", cwd=base)
+    (base / "small.toml").write_text(build_config("tiny", OVERRIDES).to_toml())
+    run = fcd("run", "--config", "small.toml", "--out", "run", cwd=base)
     assert run.returncode == 0, run.stderr[-3000:]
     args = [a for p in POLICIES for a in ("-p", p)]
     what = fcd("whatif", "run", *args, "--json", cwd=base)
