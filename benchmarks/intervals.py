@@ -235,7 +235,7 @@ def score(run: Path, sizes: list[int], resamples: int) -> dict[str, Any]:
     from fcd_secure.data.policy import default_policies
     from fcd_secure.evaluation.intervals import interval_from_sums, site_sums, unseen_bounds, unseen_mass_sums
     from fcd_secure.federation import learner
-    from fcd_secure.queries.whatif import request_from_config
+    from fcd_secure.queries.request import request_from_config
 
     cfg = RunConfig.load(run / "config.toml")
     seed, level = cfg.seed, cfg.evaluation.level

@@ -119,7 +119,11 @@ def selection_cost(data_preset: str, n_sites: int, seed: int) -> dict:
     local training round."""
     from fcd_secure.config import build_config
     from fcd_secure.federation import learner
-    from fcd_secure.queries.selection import scored_round_sums
+    from fcd_secure.queries import registry
+    from fcd_secure.queries.base import SiteContext
+    from fcd_secure.queries.dr_learner import DRLearnerFit
+    from fcd_secure.queries.request import EvaluationRequest
+    from fcd_secure.queries.selection import Selection
 
     cfg = build_config("tiny", {"seed": seed, "data": {"preset": data_preset, "n_sites": n_sites, "alpha": 1000.0}})
     d = learner.load_site_data(cfg, 0)
@@ -128,11 +132,16 @@ def selection_cost(data_preset: str, n_sites: int, seed: int) -> dict:
     t0 = time.perf_counter()
     learner.train_local(model, d.train, cfg, 0, n_sites, 1, seed, opt)
     train_s = time.perf_counter() - t0
-    scored_round_sums(model, d, True, 20)  # warm-up
+    def scored_round_sums():  # the two queries of a scored round, on a fresh context (nothing cached between calls)
+        ctx = SiteContext(model=model, data=d, cfg=cfg, request=EvaluationRequest(quick=True, keep_round=1),
+                          rows=np.arange(d.test.n), sub=d.test, seed=0, floor=20)
+        return registry.site_sums(ctx, (Selection(), DRLearnerFit()))
+
+    scored_round_sums()  # warm-up
     times = []
     for _ in range(5):
         t0 = time.perf_counter()
-        scored_round_sums(model, d, True, 20)
+        scored_round_sums()
         times.append(time.perf_counter() - t0)
     return {"train_round_s": train_s, "selection_s": float(np.median(times))}
 

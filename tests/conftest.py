@@ -185,3 +185,24 @@ def tiny_dkt_site():
                                 "federation": {"clients_per_round": 2}})
     data = learner.load_site_data(cfg, 0)
     return cfg, data, learner.build_model(cfg, learner.dims_of(data.train, 2))
+
+
+def ask_policies(model, sub, data, cfg, question, seed: int = 3) -> dict:
+    """The what-if query alone (``queries.registry.POLICY_VALUES``) on the test rows ``sub`` of ``data``'s site, one
+    simulated future per entity, as a site computes it."""
+    from dataclasses import replace
+
+    from fcd_secure.queries.evaluation import site_metrics
+    from fcd_secure.queries.registry import POLICY_VALUES
+    from fcd_secure.queries.request import EvaluationRequest
+
+    return site_metrics(model, replace(data, test=sub), cfg, EvaluationRequest(n_samples=1, whatif=question),
+                        seed=seed, queries=[POLICY_VALUES])
+
+
+def merge_policies(parts: list[dict], question) -> dict:
+    """The server's merge of the what-if query alone over the sites' replies ``parts``."""
+    from fcd_secure.queries.evaluation import merge_site_metrics
+    from fcd_secure.queries.registry import POLICY_VALUES
+
+    return merge_site_metrics(parts, question, queries=[POLICY_VALUES])

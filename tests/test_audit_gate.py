@@ -423,14 +423,15 @@ def test_row_scan_has_no_false_positive_on_fresh_parameters(tmp_path):
 # -- P23: private values in every channel a reply has ----------------------------------------------------------------
 import struct  # noqa: E402
 
-from fcd_secure.audit.allowlist import HELLO_DIMS, eval_metric_names, federation_gate_policy  # noqa: E402
+from fcd_secure.audit.allowlist import HELLO_DIMS, federation_gate_policy  # noqa: E402
+from fcd_secure.queries.registry import metric_lists, metric_names  # noqa: E402
 from fcd_secure.audit.rules import GatePolicy as _Policy  # noqa: E402
 from fcd_secure.data.policy import DEFAULT_POLICY_NAMES  # noqa: E402
 from test_audit_support import MANIFEST as _M  # noqa: E402
 
-FED = federation_gate_policy(policy_names=DEFAULT_POLICY_NAMES, ope_horizons=(2,))
+FED = federation_gate_policy(eval_names=metric_names(DEFAULT_POLICY_NAMES, 2), eval_lists=metric_lists())
 FED_WITH_LOSS = FED.model_copy(update={"allowed_metrics": FED.allowed_metrics | {"metrics/loss"}})
-EVAL_NAMES = eval_metric_names(DEFAULT_POLICY_NAMES, ope_horizons=(2,))
+EVAL_NAMES = metric_names(DEFAULT_POLICY_NAMES, 2)
 
 
 def _informative(values: np.ndarray) -> float:

@@ -19,7 +19,8 @@ from fcd_secure.data.schema import SiteDataset  # noqa: E402
 from fcd_secure.evaluation.metrics import EffectStats  # noqa: E402
 from fcd_secure.federation import learner  # noqa: E402
 from fcd_secure.queries import dr_learner as drl  # noqa: E402
-from fcd_secure.queries.evaluation import add_sums  # noqa: E402
+from fcd_secure.queries.base import Totals  # noqa: E402
+from fcd_secure.queries.request import EvaluationRequest  # noqa: E402
 
 #: small DKT-Synth (1,500 students) on 4 even sites: every site has ≥ 20 validation and test students
 SMALL = {"seed": 0, "data": {"preset": "small", "n_sites": 4, "alpha": 1000.0},
@@ -50,7 +51,7 @@ def test_merged_site_sums_solve_to_the_pooled_weighted_ridge():
         w = rng.uniform(0.2, 3.0, n)
         parts.append(drl.ridge_sums(X, y, w))
         rows.append((X, y, w))
-    totals = add_sums(parts)
+    totals = Totals.of_sites(parts)
     X, y, w = (np.concatenate([r[i] for r in rows]) for i in range(3))
     fit = drl.solve(drl.fit_totals(totals), sites=3)
     assert fit["coverage"] == "full" and fit["n"] == 500 and fit["sites_scoring"] == 3
@@ -116,7 +117,7 @@ def test_the_intercept_is_the_least_squares_one_of_the_validation_and_test_rows_
 
     _, data, model = small
     sim = as_simulator(model)
-    fit = drl.solve(drl.fit_totals(add_sums([drl.site_fit_sums(model, d, floor=20) for d in data])), sites=4)
+    fit = drl.solve(drl.fit_totals(Totals.of_sites([drl.site_fit_sums(model, d, floor=20) for d in data])), sites=4)
     beta = np.asarray(fit["beta"])
     parts, resid_val, resid_test, taus, hats, ents = [], [], [], [], [], []
     for d in data:
@@ -135,7 +136,7 @@ def test_the_intercept_is_the_least_squares_one_of_the_validation_and_test_rows_
     # what the pooling rests on: the validation residuals sum to 0 at the fitted β (its intercept is not penalised)
     assert abs(r_val.sum()) < 1e-6 * r_val.size and r_val.size == fit["n"]
     delta = np.concatenate([r_val, r_test]).mean()  # the least-squares intercept shift of both sets of rows
-    out = drl.merge_effects(add_sums(parts), fit_steps=fit["n"])
+    out = drl.merge_effects(Totals.of_sites(parts), fit_steps=fit["n"])
     icpt = out["intercept"]
     assert icpt["shift"] == pytest.approx(delta, rel=1e-6) and icpt["coverage"] == "full"
     assert icpt["test_steps"] == r_test.size and icpt["validation_steps"] == fit["n"]
@@ -170,14 +171,14 @@ def test_the_intercept_is_the_least_squares_one_of_the_validation_and_test_rows_
     assert "intercept" not in alone and alone["dr_learner"]["mean_tau_hat"] == pytest.approx(
         bare["drl.effect.sum_hat"] / bare["drl.effect.n"])
     # ... beside the others, the shift comes from their rows and the output says it is partial
-    mixed = drl.merge_effects(add_sums([bare, *parts[1:]]), fit_steps=fit["n"])
+    mixed = drl.merge_effects(Totals.of_sites([bare, *parts[1:]]), fit_steps=fit["n"])
     assert mixed["intercept"]["coverage"] == "partial"
     # the held-out check covers the sites with propensities only: fewer steps, and no truth on other steps
     part = mixed["dr_learner"]["heldout"]
     assert part["steps"] < mixed["steps"] and "true_gain" not in part
     assert mixed["intercept"]["test_steps"] == sum(p["drl.effect.resid_n"] for p in parts[1:])
     # a residual total that is not finite is said, and β's own intercept kept
-    broken = drl.merge_effects({**add_sums(parts), "drl.effect.resid": float("nan")}, fit_steps=fit["n"])
+    broken = drl.merge_effects({**Totals.of_sites(parts), "drl.effect.resid": float("nan")}, fit_steps=fit["n"])
     assert broken["intercept"]["shift"] is None and "not finite" in broken["intercept"]["why"]
     assert broken["dr_learner"]["skill"] == pytest.approx(own.skill(), rel=1e-9)
 
@@ -198,7 +199,7 @@ def test_the_heldout_check_merged_over_sites_equals_the_pooled_numpy_figures():
     rng = np.random.default_rng(11)
     world = _heldout_world(rng)
     hats = [0.7 * tau + 0.1 * rng.standard_normal(tau.size) for _, tau, _, _ in world]
-    sums = add_sums([drl.check_sums("effect", phi, hat, ent, n) for (phi, _, ent, n), hat in zip(world, hats)])
+    sums = Totals.of_sites([drl.check_sums("effect", phi, hat, ent, n) for (phi, _, ent, n), hat in zip(world, hats)])
     phi = np.concatenate([w[0] for w in world])
     hat = np.concatenate(hats)
     ent = np.concatenate([w[2] + 1000 * i for i, w in enumerate(world)])  # entities are per site
@@ -236,7 +237,7 @@ def test_the_heldout_check_shows_effects_that_beat_the_constant_and_not_those_th
             parts.append(drl.check_sums("effect", phi, hat[at:at + t.size], ent, n))
             at += t.size
         truth = EffectStats.from_arrays(hat, tau)
-        chk = drl.heldout_check(add_sums(parts), "effect", truth=truth)
+        chk = drl.heldout_check(Totals.of_sites(parts), "effect", truth=truth)
         assert chk["true_gain"] == pytest.approx(tau.var() - ((tau - hat) ** 2).mean(), rel=1e-9)  # skill · sd²τ
         assert chk["true_gain"] == pytest.approx(truth.skill() * truth.sd_true() ** 2, rel=1e-9)
         assert abs(chk["gain"] - chk["true_gain"]) < 3 * chk["se"]
@@ -249,7 +250,7 @@ def test_the_heldout_check_shows_effects_that_beat_the_constant_and_not_those_th
     for phi, t, ent, n in world:
         parts.append(drl.check_sums("effect", phi, small_hat[at:at + t.size], ent, n))
         at += t.size
-    assert drl.heldout_check(add_sums(parts), "effect")["verdict"] == "not shown"
+    assert drl.heldout_check(Totals.of_sites(parts), "effect")["verdict"] == "not shown"
 
 
 def test_a_constant_is_not_shown_better_than_the_constant_over_many_draws():
@@ -305,9 +306,9 @@ def test_a_site_without_propensities_or_below_its_floor_sends_n_zero_and_the_fit
     assert drl.site_fit_sums(model, none, floor=20) == drl.empty_fit_sums()
     assert drl.site_fit_sums(model, d, floor=10_000)["drl.fit.n"] == 0.0
     parts = [drl.site_fit_sums(model, x, floor=20) for x in data[1:]] + [drl.empty_fit_sums()]
-    fit = drl.solve(drl.fit_totals(add_sums(parts)), sites=4)
+    fit = drl.solve(drl.fit_totals(Totals.of_sites(parts)), sites=4)
     assert fit["coverage"] == "partial" and fit["sites_scoring"] == 3 and fit["beta"] is not None
-    nothing = drl.solve(drl.fit_totals(add_sums([drl.empty_fit_sums()] * 4)), sites=4)
+    nothing = drl.solve(drl.fit_totals(Totals.of_sites([drl.empty_fit_sums()] * 4)), sites=4)
     assert nothing["coverage"] == "unavailable" and nothing["beta"] is None and "no site" in nothing["why"]
     assert drl.request_field(nothing) == {}
 
@@ -323,9 +324,12 @@ def test_every_key_a_site_sends_is_allow_listed_and_a_bad_beta_is_ignored(small)
     sent.update(drl.site_effect_sums(model, d.test, d.anchors, beta, truth))
     assert set(sent) <= set(drl.metric_names())
     assert {f"eval/{k}" for k in drl.metric_names()} <= FEDERATION_POLICY.allowed_metrics
-    assert drl.beta_from_config(drl.request_field({"beta": list(beta)})).tolist() == beta.tolist()
-    for bad in ("{", json.dumps({"beta": [1.0, 2.0]}), json.dumps({"beta": [float("nan")] * drl.K}), ""):
-        assert drl.beta_from_config({drl.BETA_KEY: bad}) is None
+    sent_beta = EvaluationRequest.from_config(drl.request_field({"beta": list(beta)})).dr_learner_beta
+    assert sent_beta == beta.tolist()
+    for bad in ("{", json.dumps({"beta": [float("nan")] * drl.K}), ""):
+        assert EvaluationRequest.from_config({"dr-learner": bad}).dr_learner_beta is None
+    # a β of the wrong length reaches the site, which sends no DR-learner sums for it
+    assert drl.site_effect_sums(model, d.test, d.anchors, np.ones(2), truth) == {}
 
 
 @pytest.mark.slow

@@ -23,15 +23,11 @@ from fcd_secure.data.policy import (  # noqa: E402
 from fcd_secure.data.schema import SiteDataset  # noqa: E402
 from fcd_secure.data.spec import DataError  # noqa: E402
 from fcd_secure.evaluation.propensity import HistoryPropensity  # noqa: E402
-from fcd_secure.queries.evaluation import add_sums  # noqa: E402
 from fcd_secure.queries.incremental import attach_behaviour, incremental_target_probs  # noqa: E402
 from fcd_secure.queries.targeted import MIN_SUPPORT_ESS, horizon_sums, merge_identified  # noqa: E402
-from fcd_secure.queries.whatif import (  # noqa: E402
-    WhatIfRequest,
-    merge_policy_sums,
-    site_policy_sums,
-    whatif_metric_names,
-)
+from fcd_secure.queries.registry import metric_names  # noqa: E402
+from fcd_secure.queries.request import WhatIfRequest  # noqa: E402
+from conftest import ask_policies, merge_policies  # noqa: E402
 
 K_ON = 1  # the action whose odds the policies of the known-answer world multiply
 
@@ -231,14 +227,13 @@ def test_a_what_if_question_answers_an_incremental_policy_on_more_horizons_than_
     cfg, data, model = tiny_dkt_site
     pols = load_policy_refs(["always", "incremental_on_x2"])
     req = WhatIfRequest(policies=pols, reference="always", horizon=5)
-    reply = site_policy_sums(model, data.test, data, cfg, req, seed=3, n_samples=1, all_rows=False, site_dir=None)
-    assert set(reply) <= set(whatif_metric_names([p.name for p in pols])) | {k for k in reply if k.startswith(
-        ("policy.", "ope."))}
+    reply = ask_policies(model, data.test, data, cfg, req)
+    assert set(reply) <= set(metric_names([p.name for p in pols], cfg.evaluation.ope_horizon))
     assert reply["whatif.pik.incremental_on_x2.logged"] + reply["whatif.pik.incremental_on_x2.model"] == \
         data.test.M.sum()
-    again = site_policy_sums(model, data.test, data, cfg, req, seed=3, n_samples=1, all_rows=False, site_dir=None)
+    again = ask_policies(model, data.test, data, cfg, req)
     assert again == reply  # seeded: the rollout's draws repeat
-    res = merge_policy_sums(add_sums([reply]), 1, req)
+    res = merge_policies([reply], req)
     inc = res["policies"]["incremental_on_x2"]["identified"]
     alw = res["policies"]["always"]["identified"]
     assert 0 < inc["pi_k"]["logged_share"] < 1
@@ -246,8 +241,7 @@ def test_a_what_if_question_answers_an_incremental_policy_on_more_horizons_than_
     assert ok(inc) == [1, 2, 3, 5] and len(ok(alw)) < len(ok(inc))
     assert all(r["ess"] > 0.5 * data.test.n for r in inc["horizons"])
 
-    blind = site_policy_sums(model, data.test.without_propensities(), data, cfg, req, seed=3, n_samples=1,
-                             all_rows=False, site_dir=None)
+    blind = ask_policies(model, data.test.without_propensities(), data, cfg, req)
     assert not any(k.startswith(("whatif.pik.", "whatif.id.")) for k in blind)  # no weights without propensities
     assert blind["whatif.support.incremental_on_x2.sum"] == data.test.n
 
@@ -258,7 +252,7 @@ def test_P41_a_rare_action_cannot_single_out_the_one_patient_who_received_it():
     every other row's by 0.2 %, so the pair is a one-patient difference and the site refuses it (the attack of two
     thresholds one patient apart, P41, with odds instead of thresholds)."""
     from fcd_secure.audit import Refusal  # noqa: PLC0415
-    from fcd_secure.queries.whatif import admit_question  # noqa: PLC0415
+    from fcd_secure.queries.budget import admit_question  # noqa: PLC0415
 
     train, test = two_step_world(2000, 11), two_step_world(300, 12)
     for ds in (train, test):  # action 2 exists in the vocabulary, but only patient 0 of the test rows received it

@@ -25,15 +25,11 @@ from fcd_secure.data.policy import (  # noqa: E402
 )
 from fcd_secure.data.schema import SiteDataset  # noqa: E402
 from fcd_secure.data.spec import DataError  # noqa: E402
-from fcd_secure.queries.evaluation import add_sums  # noqa: E402
 from fcd_secure.queries.incremental import attach_behaviour, incremental_target_probs  # noqa: E402
 from fcd_secure.queries.targeted import horizon_sums, merge_identified  # noqa: E402
-from fcd_secure.queries.whatif import (  # noqa: E402
-    WhatIfRequest,
-    logged_support,
-    merge_policy_sums,
-    site_policy_sums,
-)
+from fcd_secure.queries.logged import logged_support  # noqa: E402
+from fcd_secure.queries.request import WhatIfRequest  # noqa: E402
+from conftest import ask_policies, merge_policies  # noqa: E402
 
 K = 1  # the action the policies of the known-answer world shift towards
 
@@ -232,7 +228,7 @@ def test_P41_a_share_of_a_rare_action_cannot_single_out_the_one_patient_who_rece
     the difference of the two answers is one patient's: the site refuses the pair. A share of a common action against
     the logging policy moves every row's weight: admitted."""
     from fcd_secure.audit import Refusal  # noqa: PLC0415
-    from fcd_secure.queries.whatif import admit_question  # noqa: PLC0415
+    from fcd_secure.queries.budget import admit_question  # noqa: PLC0415
 
     test, _ = hidden_world(300, 12)
     test = replace(test, n_actions=4)  # action 3 is in the vocabulary; no test row received it
@@ -281,17 +277,16 @@ def test_a_what_if_question_weighs_a_share_policy_from_the_logged_propensities_a
     cfg, data, model = tiny_dkt_site
     pols = load_policy_refs(["always", "incremental_on_x2", "share_on_20"])
     req = WhatIfRequest(policies=pols, reference="always", horizon=5)
-    reply = site_policy_sums(model, data.test, data, cfg, req, seed=3, n_samples=1, all_rows=False, site_dir=None)
+    reply = ask_policies(model, data.test, data, cfg, req)
     assert reply["whatif.pik.share_on_20.model"] == 0.0
     assert reply["whatif.pik.share_on_20.logged"] == data.test.M.sum()
-    res = merge_policy_sums(add_sums([reply]), 1, req)
+    res = merge_policies([reply], req)
     sh = res["policies"]["share_on_20"]["identified"]
     assert sh["pi_k"]["logged_share"] == 1.0 and [r["horizon"] for r in sh["horizons"]] == [1, 2, 3, 5]
     assert all(r["ess"] > 0 for r in sh["horizons"])
     lines = {ln.split(":")[0]: ln for ln in pi_k_lines(res)}
     assert "no propensity model" in lines["share_on_20"] and "propensity models at the rest" in lines[
         "incremental_on_x2"]
-    blind = site_policy_sums(model, data.test.without_propensities(), data, cfg, req, seed=3, n_samples=1,
-                             all_rows=False, site_dir=None)
+    blind = ask_policies(model, data.test.without_propensities(), data, cfg, req)
     assert not any(k.startswith(("whatif.pik.", "whatif.id.")) for k in blind)  # no weights without propensities
     assert blind["whatif.support.share_on_20.sum"] == data.test.n

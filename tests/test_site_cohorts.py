@@ -144,7 +144,8 @@ def test_P41_a_question_of_thresholds_one_patient_apart_is_refused(mgdl_site):
     from fcd_secure.data.policy import bind_policy
     from fcd_secure.federation import learner
     from fcd_secure.manifest import THETA_C
-    from fcd_secure.queries.whatif import QUESTION_SLOT, WhatIfRequest, cohort_signature
+    from fcd_secure.queries.budget import QUESTION_SLOT, cohort_signature
+    from fcd_secure.queries.request import WhatIfRequest
 
     site = mgdl_site()
     data = site.data
@@ -214,7 +215,7 @@ def test_P43_thresholds_are_in_the_tables_units_and_a_silent_one_is_reported(mgd
     from fcd_secure.federation import learner
     from fcd_secure.manifest import THETA_C
     from fcd_secure.queries.evaluation import merge_site_metrics
-    from fcd_secure.queries.whatif import WhatIfRequest
+    from fcd_secure.queries.request import WhatIfRequest
 
     site = mgdl_site("state-p46")
     data = site.data

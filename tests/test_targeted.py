@@ -12,24 +12,23 @@ import pytest
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
-from fcd_secure.audit.allowlist import ONE_STEP_SCALARS, eval_metric_names  # noqa: E402
 from fcd_secure.config import build_config  # noqa: E402
 from fcd_secure.data.policy import bind_policy, load_policy_refs  # noqa: E402
 from fcd_secure.federation import learner  # noqa: E402
-from fcd_secure.queries.evaluation import add_sums  # noqa: E402
+from fcd_secure.queries.base import Totals  # noqa: E402
 from fcd_secure.queries.targeted import (  # noqa: E402
     MIN_SUPPORT_ESS,
     ONE_STEP_FIELDS,
     horizon_diff_sums,
     horizon_grid,
     horizon_sums,
-    identified_metric_names,
     merge_identified,
     merge_one_step,
     one_step_sums,
     one_step_truth,
 )
-from fcd_secure.queries.whatif import _target_probs, whatif_metric_names  # noqa: E402
+from fcd_secure.queries.logged import target_probs  # noqa: E402
+from fcd_secure.queries.registry import metric_names  # noqa: E402
 
 SMALL = {"seed": 0, "data": {"n_sites": 4, "alpha": 1000.0}}  # the tiny preset: 4 sites, 60 % test
 
@@ -43,9 +42,8 @@ def sites():
 
 
 def test_the_gate_allows_every_key_the_targeted_answers_send():
-    assert tuple(identified_metric_names([])) == ONE_STEP_SCALARS
-    assert set(ONE_STEP_SCALARS) <= set(eval_metric_names([]))
-    names = set(whatif_metric_names(["never"]))
+    names = set(metric_names(["never"], 2))
+    assert {f"onestep.{f}" for f in ONE_STEP_FIELDS} <= names
     assert {"whatif.id.h2.never.sw", "whatif.id.h2.never.true_sum", "whatif.id.h5.diff.never.sumsq"} <= names
 
 
@@ -61,7 +59,7 @@ def test_the_one_step_effect_merged_over_sites_is_the_pooled_aipw_mean_with_a_cl
         valid = v.M > 0
         psi = np.where((v.T == a_on) & valid, (v.Y - on) / v.P, 0.0) - np.where((v.T == a_off) & valid, (v.Y - off) / v.P, 0.0)
         phis.append(np.where(valid, on - off + np.clip(psi, -50, 50), np.nan))
-    got = merge_one_step(add_sums(parts), 0.9, binary=True)
+    got = merge_one_step(Totals.of_sites(parts), 0.9, binary=True)
     pooled = np.concatenate(phis)
     theta = np.nanmean(pooled)
     aipw = got["aipw"]
@@ -77,7 +75,7 @@ def test_the_one_step_effect_merged_over_sites_is_the_pooled_aipw_mean_with_a_cl
 def test_a_site_without_propensities_sends_no_one_step_sums(sites):
     _, data, model = sites
     assert one_step_sums(model, data[0].test.without_propensities(), data[0].anchors) == {}
-    assert merge_one_step(add_sums([{"n_test": 3.0}]), 0.9, True) is None
+    assert merge_one_step(Totals.of_sites([{"n_test": 3.0}]), 0.9, True) is None
 
 
 def _identified(data, model, names=("never", "always", "late_on"), ref="never", truths=False):
@@ -92,16 +90,15 @@ def _identified(data, model, names=("never", "always", "late_on"), ref="never", 
             sim = model.simulate_policy(sub, pol, d.anchors, 1, 0)
             tv = ({h: d.oracle.true_policy_value(pol, d.site_index, "test", horizon=h)[0] for h in grid}
                   if truths else None)
-            sums, per[pol.name] = horizon_sums(pol.name, sub, _target_probs(pol, sub, a_off, a_on),
+            sums, per[pol.name] = horizon_sums(pol.name, sub, target_probs(pol, sub, a_off, a_on),
                                                np.asarray(sim.probs, dtype=np.float64).mean(1), grid, tv)
             out.update(sums)
         for name in names:
             if name != ref:
                 out.update(horizon_diff_sums(name, per[name], per[ref]))
         parts.append(out)
-    total = add_sums(parts)
-    counts = total["_counts"]
-    return merge_identified(total, list(names), ref, 0.9, True, lambda k: counts.get(k, 0) == len(parts))
+    total = Totals.of_sites(parts)
+    return merge_identified(total, list(names), ref, 0.9, True, total.all_sent)
 
 
 def test_each_policy_is_answered_on_its_longest_supported_horizon_and_effects_on_the_common_one(sites):
@@ -161,7 +158,7 @@ def test_the_self_normalised_one_step_effect_and_its_variance_equal_the_pooled_c
     psi = ((X[:, 0] - tot[0] / tot[1] * X[:, 1]) / tot[1] + (X[:, 2] - tot[2] / tot[3] * X[:, 3]) / tot[3]
            - (X[:, 4] - tot[4] / tot[5] * X[:, 5]) / tot[5])
     n = len(X)
-    got = merge_one_step(add_sums(parts), 0.9, binary=True)
+    got = merge_one_step(Totals.of_sites(parts), 0.9, binary=True)
     sn = got["self_normalised"]
     assert sn["estimate"] == pytest.approx(theta, abs=1e-7)  # float32 propensities
     assert sn["se"] == pytest.approx(math.sqrt((psi ** 2).sum() * n / (n - 1)), rel=1e-6)

@@ -287,18 +287,18 @@ def test_a_tumour_run_names_its_actions_and_generates_its_contexts():
     """What the server shows for ``fcd run --dataset tumour`` before any site answers, and the label check that
     turns a policy naming an action the tumour world does not have into exit 2 before the engine starts."""
     from fcd_secure.config import build_config
-    from fcd_secure.queries.whatif import action_labels, check_policies, context_columns
+    from fcd_secure.queries.vocabulary import action_labels, bind_policies, context_columns
 
     cfg = build_config("tiny", {"data": {"dataset": "tumour"}})
     assert action_labels(cfg) == ["none", "chemo", "radio", "both"]
     assert context_columns(cfg) == {"generated_columns": ["tumour_volume", "tumour_diameter"], "replayed_columns": []}
     off = build_config("tiny", {"data": {"dataset": "tumour"}, "model": {"use_context": False}})
     assert context_columns(off) == {"generated_columns": [], "replayed_columns": ["tumour_volume", "tumour_diameter"]}
-    check_policies(cfg, [_policy("both_daily", {"kind": "static", "action": "both"}),
+    bind_policies(cfg, [_policy("both_daily", {"kind": "static", "action": "both"}),
                          _policy("treat_large", {"kind": "threshold", "signal": "context:tumour_diameter",
                                                  "when": "above", "value": 0.23, "then": "both", "otherwise": "none"})])
     with pytest.raises(DataError, match="surgery"):
-        check_policies(cfg, [_policy("bad", {"kind": "static", "action": "surgery"})])
+        bind_policies(cfg, [_policy("bad", {"kind": "static", "action": "surgery"})])
 
 
 def test_centralised_simulators_generate_the_tumours_endogenous_contexts(one_torch_thread):

@@ -23,7 +23,7 @@ from typer.testing import CliRunner  # noqa: E402
 from fcd_secure.cli.main import app as fcd_app  # noqa: E402
 from fcd_secure.config import build_config  # noqa: E402
 from fcd_secure.data.policy import load_policy, load_policy_refs  # noqa: E402
-from fcd_secure.queries.whatif import WhatIfRequest  # noqa: E402
+from fcd_secure.queries.request import WhatIfRequest  # noqa: E402
 from fcd_secure.engines.whatif_run import run_whatif  # noqa: E402
 
 SITES = 2
@@ -226,7 +226,7 @@ def test_bad_questions_exit_2_before_any_engine(asked, tmp_path):
 
 def test_the_egress_gate_allows_exactly_the_keys_of_the_question():
     from fcd_secure.apps.egress import federation_policy
-    from fcd_secure.queries.whatif import evaluated_policy_names
+    from fcd_secure.queries.request import evaluated_policy_names
 
     cfg = build_config("tiny", {})
     request = WhatIfRequest(policies=load_policy_refs(["never", "late_on"]), reference="never")

@@ -2,7 +2,7 @@
 
 ``SiteDataset.subset`` once copied the per-row meta unsliced, so a cohort of rows ``[5, 2, 0]`` was labelled with the
 ids of rows 0, 1, 2: per-entity answers were attached to the wrong patients (issue "One room per concern", item 4).
-These tests run the real query (``queries.evaluation.site_metrics`` → ``queries.whatif``) on a real tiny DKT-Synth
+These tests run the real query (``queries.evaluation.site_metrics`` → ``queries.policy_values``) on a real tiny DKT-Synth
 site and a real, untrained Fed-CausalDiff model, and read the file the site writes.
 """
 
@@ -16,7 +16,8 @@ from fcd_secure.config import build_config
 from fcd_secure.data.schema import SiteDataset
 from fcd_secure.federation import learner
 from fcd_secure.queries.evaluation import site_metrics
-from fcd_secure.queries.whatif import WHATIF_DIR
+from fcd_secure.queries.per_entity import WHATIF_DIR
+from fcd_secure.queries.request import EvaluationRequest
 
 
 def test_subset_slices_per_row_meta_with_the_rows():
@@ -47,7 +48,7 @@ def test_the_per_entity_file_of_a_site_carries_that_sites_own_entity_ids(tmp_pat
     assert len(set(ids.tolist())) == data.test.n  # the site's students, one per test row
     rows = np.arange(data.test.n)[::-2][:5]  # a cohort that starts nowhere near row 0, in reverse order
     assert rows[0] != 0 and len(rows) < data.test.n
-    site_metrics(model, data, cfg, {"n-samples": 1}, rows=rows, site_dir=tmp_path)
+    site_metrics(model, data, cfg, EvaluationRequest(n_samples=1), rows=rows, site_dir=tmp_path)
     files = list((tmp_path / WHATIF_DIR).glob("*.csv"))
     assert len(files) == 1
     written = pd.read_csv(files[0], dtype={"entity": str})["entity"].tolist()

@@ -38,8 +38,8 @@ from fcd_secure.apps.secure_site import secure_reply_check
 from fcd_secure.federation.records import REC_CONFIG, REC_EVAL, REC_HELLO, REC_METRICS, REC_NUM
 from fcd_secure.queries.eval_vector import max_words
 from fcd_secure.apps.site import SiteRuntime
-from fcd_secure.queries.dr_learner import metric_names as dr_learner_metric_names
-from fcd_secure.queries.whatif import evaluated_policy_names, whatif_metric_names
+from fcd_secure.queries.registry import metric_lists, metric_names
+from fcd_secure.queries.request import evaluated_policy_names
 from fcd_secure.privacy.anchor import read_anchors
 from fcd_secure.privacy.ledger import privacy_ledger_hash
 from fcd_secure.errors import FcdError
@@ -48,18 +48,20 @@ def federation_policy(
     ope_horizon: int | None = 2, policy_names: tuple[str, ...] | list[str] = DEFAULT_POLICY_NAMES, **fields
 ) -> GatePolicy:
     """What the federation's own messages may carry besides Θc: exact record/key names (``client_app``,
-    ``plain_flow``, ``evaluation``, ``whatif``), built from the evaluated policies and the truncated OPE horizon.
+    ``plain_flow``, and every registered query's sums, ``queries.registry``), built from the evaluated policies and
+    the truncated OPE horizon.
 
     Args:
         ope_horizon: ``evaluation.ope_horizon`` of the site's run (its ``<estimator>_h<H>`` keys), or None.
-        policy_names: the policies the evaluation asks about (``whatif.evaluated_policy_names``); each adds the exact
+        policy_names: the policies the evaluation asks about (``request.evaluated_policy_names``); each adds the exact
             keys of its sums, so a reply's names stay a fixed function of the question (at most
-            ``whatif.MAX_POLICIES`` policies, names of ``[A-Za-z0-9_-]``).
+            ``request.MAX_POLICIES`` policies, names of ``[A-Za-z0-9_-]``).
         **fields: further :class:`~fcd_secure.audit.GatePolicy` fields (e.g. ``allow_theta_s_upload``).
     """
+    # every evaluation sum is declared once, by the query that sends it (queries.registry)
     base = federation_gate_policy(
-        policy_names=tuple(policy_names),
-        ope_horizons=(ope_horizon,) if ope_horizon else (),
+        eval_names=metric_names(policy_names, ope_horizon),
+        eval_lists=metric_lists(),
         # the endogenous contexts' head (model/context.py): its dim in hello, its loss part in a training reply
         dims=HELLO_DIMS + ("n_endogenous",),
         train_metrics=TRAIN_METRICS + ("context",),
@@ -69,13 +71,11 @@ def federation_policy(
         rec_eval=REC_EVAL,
         **fields,
     )
-    whatif = {f"{REC_EVAL}/{k}" for k in whatif_metric_names(list(policy_names))}
-    whatif |= {f"{REC_EVAL}/{k}" for k in dr_learner_metric_names()}  # the DR-learner's sums (queries.dr_learner)
     # round 0 of a secure-standardisation run announces the names of its moment sums (``queries.secure_stats``)
     moments = {f"{REC_EVAL}/{k}" for k in MOMENT_KEYS if k.endswith(".n")}
     moment_lists = {f"{REC_EVAL}/{k}": MAX_MOMENT_COLUMNS for k in MOMENT_KEYS if not k.endswith(".n")}
     return base.model_copy(update={
-        "allowed_metrics": frozenset(base.allowed_metrics | whatif | moments),
+        "allowed_metrics": frozenset(base.allowed_metrics | moments),
         "allowed_metric_lists": {**base.allowed_metric_lists, **moment_lists},
     })
 

@@ -30,7 +30,7 @@ from fcd_secure.queries.cohort import COHORT_SLOT, CohortRecord, select_rows
 from fcd_secure.federation.learner import SiteData
 from fcd_secure.federation.records import EVALUATE_MESSAGE_TYPE, TRAIN_MESSAGE_TYPE
 from fcd_secure.queries.secure_stats import statistics_from_config
-from fcd_secure.federation.site_policy import MIN_COHORT_FLOOR, SitePolicy, load_site_policy
+from fcd_secure.federation.site_policy import SitePolicy, load_site_policy
 from fcd_secure.federation.state import SiteState, StateError
 from fcd_secure.manifest import FULL, THETA_C, THETA_S, Manifest
 
@@ -307,40 +307,35 @@ class SiteRuntime:
         learner.set_params(model, part, global_theta)
         return model
 
-    def evaluation_rows(self, eval_config: dict[str, Any]) -> np.ndarray:
-        """The test rows this site evaluates for ``eval_config`` (its ``max-rows`` is only a request), recorded.
+    def evaluation_rows(self, requested: int | None) -> np.ndarray:
+        """The test rows this site evaluates when ``requested`` rows are asked for (only a request), recorded.
 
         Raises:
             Refusal: rule ``eval_cohort`` (``queries.cohort``).
         """
-        requested = eval_config.get("max-rows")
-        requested = None if requested in (None, 0, -1) else int(requested)
         record = CohortRecord(self.state.slot(COHORT_SLOT))
         return select_rows(self.data.test, self.site_id, requested, self.policy.evaluation, record)
 
     def evaluate(self, global_theta: dict[str, np.ndarray], eval_config: dict[str, Any]) -> dict[str, float]:
-        """Aggregate-only evaluation metrics of this site over the rows it chose (``queries.evaluation``).
+        """Aggregate-only evaluation sums of this site over the rows it chose (``queries.evaluation``).
 
         Raises:
+            EvaluationRequestError: a request field of the wrong type (``queries.request``).
             Refusal: rule ``eval_cohort`` (the cohort rules of ``queries.cohort``).
         """
         from fcd_secure.queries.evaluation import site_metrics  # noqa: PLC0415
+        from fcd_secure.queries.request import EvaluationRequest  # noqa: PLC0415
+        from fcd_secure.queries.selection import KeptParams  # noqa: PLC0415
 
-        from fcd_secure.queries.selection import KEEP_KEY, RESTORE_KEY, KeptParams, scored_round_sums  # noqa: PLC0415
-
+        request = EvaluationRequest.from_config(eval_config)
         self.adopt_statistics(eval_config)
-        rows = self.evaluation_rows(eval_config)
-        restore = eval_config.get(RESTORE_KEY)
-        model = self.load_for_eval(global_theta, str(eval_config.get("part", THETA_C)),
-                                   None if restore is None else int(restore))
-        out = site_metrics(model, self.data, self.cfg, eval_config, rows=rows, site_dir=self.state.dir,
-                           questions=self.policy.questions)
-        keep = eval_config.get(KEEP_KEY)
-        if keep is not None:  # a scored round: keep this Θs for the selection, add the validation sums
+        rows = self.evaluation_rows(request.max_rows)
+        model = self.load_for_eval(global_theta, request.part, request.restore_round)
+        if request.keep_round is not None:  # a scored round: keep this Θs for the selection
             snap = self.state.load()
-            KeptParams(self.state.slot("selection_theta_s")).keep(int(keep), None if snap is None else snap.theta_s)
-            # the validation split is scored whole, so the floor is the one a whole test split must reach (P22)
-            # (and the DR-learner's fit sums, queries.dr_learner)
-            out.update(scored_round_sums(model, self.data, self.cfg.model.outcome == "binary", MIN_COHORT_FLOOR,
-                                         seed=int(self.cfg.seed)))
-        return out
+            KeptParams(self.state.slot("selection_theta_s")).keep(request.keep_round,
+                                                                   None if snap is None else snap.theta_s)
+        # a scored round's validation split is scored whole, so its floor is the one a whole test split must reach
+        # (P22; SiteContext.floor)
+        return site_metrics(model, self.data, self.cfg, request, rows=rows, site_dir=self.state.dir,
+                            questions=self.policy.questions)

@@ -146,10 +146,11 @@ def check_policies(cfg: "RunConfig") -> None:
         CliError: exit 2, naming the policy file and field.
     """
     from fcd_secure.data.spec import DataError  # noqa: PLC0415
-    from fcd_secure.queries.whatif import check_policies as bind_all, request_from_config  # noqa: PLC0415
+    from fcd_secure.queries.request import request_from_config  # noqa: PLC0415
+    from fcd_secure.queries.vocabulary import bind_policies  # noqa: PLC0415
 
     try:
-        bind_all(cfg, request_from_config(cfg).policies)
+        bind_policies(cfg, request_from_config(cfg).policies)
     except DataError as exc:
         raise _data_error(exc, "policies/README.md shows the format of a policy file") from None
 

@@ -32,7 +32,7 @@ def anchors_line(anchors: dict | None) -> str | None:
     return ", ".join(f"{k} = {v['id']} ({v['label']})" for k, v in anchors.items())
 
 
-#: the cell of a value or effect the logged data cannot identify (``queries.whatif``: support 0)
+#: the cell of a value or effect the logged data cannot identify (``queries.policy_values``: support 0)
 NOT_IDENTIFIED_CELL = "not identified"
 
 
@@ -301,7 +301,8 @@ def register(app: typer.Typer) -> None:
         from fcd_secure.data.policy import load_policy_refs  # noqa: PLC0415
         from fcd_secure.data.spec import DataError  # noqa: PLC0415
         from fcd_secure._io import jsonable  # noqa: PLC0415
-        from fcd_secure.queries.whatif import WhatIfRequest, check_policies  # noqa: PLC0415
+        from fcd_secure.queries.request import WhatIfRequest  # noqa: PLC0415
+        from fcd_secure.queries.vocabulary import bind_policies  # noqa: PLC0415
         from fcd_secure.engines.whatif_run import WhatIfError, open_run, run_whatif  # noqa: PLC0415
 
         console = stderr()
@@ -326,7 +327,7 @@ def register(app: typer.Typer) -> None:
             )
             if request.horizon is not None and request.horizon > cfg_len(cfg):
                 raise DataError(f"--horizon {request.horizon} is longer than the data's trajectories ({cfg_len(cfg)} steps)")
-            check_policies(cfg, pols)
+            bind_policies(cfg, pols)
         except (WhatIfError, ConfigError, DataError, ValueError) as exc:
             raise CliError(str(exc), hint="the message names the run folder, policy file or field") from None
         torch.set_num_threads(1)

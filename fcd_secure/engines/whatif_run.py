@@ -2,7 +2,7 @@
 
 :func:`run_whatif` re-opens a run folder — its configuration, the final Θc (``theta_c.npz``) and the sites' state
 folders with each site's own Θs — and runs the simulation engine with :func:`make_whatif_server_app` instead of the
-training federation: the sites are identified, receive Θc with the question (``queries.whatif.WhatIfRequest``)
+training federation: the sites are identified, receive Θc with the question (``queries.request.WhatIfRequest``)
 inside an ordinary evaluation request, and answer with the evaluation sums; nothing is trained. The round continues
 the run's audit ledgers (a fresh round number, receipts, checkpoints), so ``fcd audit verify`` covers the question
 too. The merged answer is also written to ``<run>/whatif/<query id>.json``.
@@ -30,7 +30,8 @@ from fcd_secure.apps.server_app import FederationError, hello, server_audit, wai
 from fcd_secure.engines.simulation import run_simulated
 from fcd_secure.apps.site import default_site_id
 from fcd_secure._io import jsonable
-from fcd_secure.queries.whatif import WHATIF_DIR, WhatIfRequest
+from fcd_secure.queries.per_entity import WHATIF_DIR
+from fcd_secure.queries.request import WhatIfRequest
 from fcd_secure.manifest import FULL, THETA_C
 from fcd_secure.errors import FcdError
 
@@ -127,7 +128,7 @@ def run_whatif(run_dir: str | Path, request: WhatIfRequest, num_cpus: int | None
     Raises:
         WhatIfError: see :func:`open_run`.
         DataError: a policy names a label or context column the run's data does not have (raised on the sites;
-            check first with :func:`fcd_secure.queries.whatif.check_policies`).
+            check first with :func:`fcd_secure.queries.vocabulary.bind_policies`).
     """
     cfg, theta = open_run(run_dir)
 

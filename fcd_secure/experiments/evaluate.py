@@ -12,15 +12,16 @@ from typing import Any
 from fcd_secure.config import RunConfig
 from fcd_secure.federation import learner
 from fcd_secure.queries.evaluation import merge_site_metrics, site_metrics
+from fcd_secure.queries.request import EvaluationRequest
 from fcd_secure.model.simulator import Simulator
 
 __all__ = ["evaluate_on_sites", "full_eval_config"]
 
 
-def full_eval_config(cfg: RunConfig) -> dict[str, Any]:
-    """The final (not quick) evaluation settings of a run, as the server sends them to the sites."""
+def full_eval_config(cfg: RunConfig) -> EvaluationRequest:
+    """The final (not quick) evaluation request of a run, as the server sends it to the sites."""
     ev = cfg.evaluation
-    return {"quick": False, "part": "full", "n-samples": ev.n_samples, "max-rows": ev.max_rows or -1}
+    return EvaluationRequest(quick=False, part="full", n_samples=ev.n_samples, max_rows=ev.max_rows)
 
 
 def evaluate_on_sites(cfg: RunConfig, simulators: Sequence[Simulator]) -> dict[str, Any]:

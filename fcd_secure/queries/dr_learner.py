@@ -1,7 +1,6 @@
-"""Per-entity effects with skill: a federated DR-learner of the one-step effect at each decision step (issue 29 item 4).
+"""Per-entity effects with skill: a federated DR-learner of the one-step effect at each decision step.
 
-The simulator's own one-step contrast μ̂_on − μ̂_off has, on DKT-Synth, no per-entity skill (corr with the truth near
-0). The DR-learner (Kennedy 2023, "Towards optimal doubly robust estimation of heterogeneous causal effects", EJS; over
+The DR-learner (Kennedy 2023, "Towards optimal doubly robust estimation of heterogeneous causal effects", EJS; over
 time: Frauen, Hess & Feuerriegel, ICLR 2025) regresses the doubly robust pseudo-outcome of every decision step::
 
     φ_t = μ̂_on(H_t) − μ̂_off(H_t) + 1{T_t = a_on}(Y_t − μ̂_on)/P_t − 1{T_t = a_off}(Y_t − μ̂_off)/P_t
@@ -10,90 +9,58 @@ time: Frauen, Hess & Feuerriegel, ICLR 2025) regresses the doubly robust pseudo-
 E[φ_t | H_t] is the true one-step effect τ(H_t) whenever P_t is the logging probability (whatever μ̂ is), the
 regression's fit τ̂(H_t) = βᵀx_t targets the per-entity effect, not the model's confounded contrast.
 
-**Cross-fitting.** The outcome model μ̂ was trained on a site's training rows; the pseudo-outcomes are formed on its
-*validation* rows (``SiteData.validation``, never trained on), so no row's pseudo-outcome uses a model trained on it
-(Kennedy 2023 §3: sample splitting); the effects are then predicted on the test rows.
+**Cross-fitting.** μ̂ was trained on a site's training rows; the pseudo-outcomes are formed on its *validation* rows
+(never trained on), so no row's pseudo-outcome uses a model trained on it (Kennedy 2023 §3); the effects are then
+predicted on the test rows.
 
 **Features** (:data:`FEATURES`, fixed so that the egress allow-list is exact): an intercept, the simulator's own
-contrast and level, and a few summaries of the anchor actions' history: how often each anchor was given before t and
-how often it was answered correctly, the previous step's action and outcome, the running outcome mean and the step
-position. Measured on DKT-Synth ``small`` (4 sites, test steps, the ``tiny`` run preset's model after 4 passes): the
-oracle's best linear fit of τ on these reaches R² 0.32, on the model's contrast, level and the first 8 dims of its
-encoder state only 0.05 — so the encoder state is not used (the ``Simulator`` protocol does not expose it either).
+contrast and level, and summaries of the anchor actions' history (how often each anchor was given and answered
+correctly before t, the previous step's action and outcome, the running outcome mean, the step position).
 
-**Federated fit in closed form.** At every scored round a site sends, beside its selection sums, only the additive
-sums of a weighted ridge regression over its validation steps (``drl.fit.*``: n, Σw, Σwφ², XᵀWX, XᵀWφ), in its
-evaluation reply (secure aggregation in secure mode). The server takes those of the round the selection chose
-(:func:`solve`): slopes are penalised on the features' pooled standard deviations (read from XᵀWX itself, the
-intercept column gives the means), λ by generalised cross-validation (Golub, Heath & Wahba 1979) computed from the same
-sums — no truth. β travels in the final evaluation's request (:data:`BETA_KEY`); each site predicts τ̂_t = βᵀx_t on
-its test steps and sends ``drl.effect.*`` (``EffectStats`` against the oracle's one-step truth when there is one,
-Στ̂, and the residual sums of the intercept below) and ``drl.model.*`` (the simulator's own contrast against the same
-truth). τ̂ per entity stays on the site.
+**Federated fit in closed form** (:class:`DRLearnerFit`). At every scored round a site sends only the additive sums
+of a ridge regression over its validation steps (``drl.fit.*``: n, Σw, Σwφ², XᵀWX, XᵀWφ). The server takes those of
+the round the selection chose (:func:`solve`): slopes penalised on the features' pooled standard deviations, λ by
+generalised cross-validation (Golub, Heath & Wahba 1979, Technometrics 21(2)) from the same sums. β travels in the
+final evaluation's request (``EvaluationRequest.dr_learner_beta``); each site predicts τ̂_t = βᵀx_t on its test steps
+and sends ``drl.effect.*`` (:class:`DRLearnerEffects`: ``EffectStats`` against the oracle's one-step truth when there
+is one, Στ̂, the residual sums of the intercept) and ``drl.model.*`` (the simulator's own contrast). τ̂ per entity
+stays on the site.
 
 **Intercept.** The slopes come from the validation rows alone; the intercept is re-fitted on every held-out
-pseudo-outcome: with logged propensities a site also sends Σ(φ_t − βᵀx_t) over its test steps and their count
-(``drl.effect.resid*``; the test rows are held out from μ̂'s training as the validation rows are), and the server
-reports the effects βᵀx_t + δ with δ = Σ_test(φ − βᵀx) / (test steps + validation steps): the least-squares intercept
-of both sets of rows with the slopes held (the validation residuals sum to 0 at β, whose intercept is not
-penalised). Why: an intercept from a few hundred validation entities misses the average effect by 0.05–0.10 on some
-worlds (the pseudo-outcomes' s.d. is 2–3 against sd τ ≈ 0.15), and that miss alone costs (miss / sd τ)² of skill.
-Measured on 38 worlds (the runs of ``benchmarks/targeted.py``, re-scored offline; DKT-Synth default preset seeds 0–5,
-8, 12 and small seeds 20–49): skill > 0 in 26 against 25, mean skill +0.018 against −0.017 (paired difference
-+0.035 ± 0.016; better in 24 worlds, worse in 12); default preset alone 7 of 8 against 5 of 8 (mean +0.085 against
-+0.065). The test rows alone (δ = their mean residual, so the effects average to the one-step targeted effect) gained
-less (+0.014 ± 0.020). The worlds still below 0 are mostly those where the slopes over-fit (sd τ̂ near sd τ at corr
-0.2–0.3). Choosing λ by cross-validation over entities (folds of whole entities; steps of one entity share noise,
-which GCV assumes away) instead of GCV, with the same intercept, changed nothing beyond noise: 2 folds +0.006 ±
-0.023, 5 folds −0.005 ± 0.011 over the 38 worlds; not adopted (it would need per-fold sums). δ is computed by the
-server from the sums; a site's transient τ̂_t is βᵀx_t. The intercept is thus partly fitted on the rows the figures
-are scored on: with their outcomes and logged propensities, never with a truth, so their error against the truth is
-an honest one; ``summary.json``'s ``dr_learner.intercept.unshifted`` keeps β's own figures beside.
+pseudo-outcome: δ = Σ_test(φ − βᵀx) / (test steps + validation steps), the least-squares intercept of both sets of
+rows with the slopes held (the validation residuals sum to 0 at β, whose intercept is not penalised);
+``summary.json``'s ``dr_learner.intercept.unshifted`` keeps β's own figures beside.
 
-**Held-out check** (truth-free; :func:`heldout_check`). Whether per-entity effects are worth reading at all, when
-nobody knows the true τ: on the test steps (held out from μ̂ and β alike) with logged propensities the server compares
-the squared error of τ̂_t + δ against the pseudo-outcomes with that of a constant c, the test steps' mean φ (the
-identified one-step effect): gain = Σ_t [(φ_t − c)² − (φ_t − τ̂_t − δ)²] / #steps + Var(c)·(1 − 2·share), the last
-term undoing what fitting c, and δ's share of test rows, on the same φ would give or take. Since E[φ_t | H_t] = τ(H_t)
-and τ̂_t is a function of H_t, the noise of φ drops out of its expectation: E[gain] = sd²τ − mean (τ − τ̂ − δ)², the
-PEHE² the best constant would have minus τ̂'s, i.e. the skill score against the constant true ATE times sd²τ, whose
-sign it estimates without the truth (the model-free loss comparison of the CATE literature, e.g. Curth & van der
-Schaar 2023, "In search of insights, not magic bullets", ICML; the DR loss of Kennedy 2023). Like the skill score it
-counts τ̂'s level as well as its spread: a τ̂ that orders entities well at the wrong average can lose to the
-constant. Its SE is cluster-robust over entities (sites send per-entity Σφτ̂, Σφ, Στ̂, Στ̂² and steps as cluster sums,
-``drl.check.<part>.*``; ``evaluation.intervals.cluster_sums``), c and δ held, plus c's second-order share
-2·Var(c)²: c's error drops out to first order, not to second, and for a nearly constant τ̂ the second order is all
-the gain's spread (without it a constant was "shown" in a fifth of simulated draws). δ's error does not quite drop
-out either, which leaves the SE a little conservative (``benchmarks/heldout_check.py``: the gain's s.d. 0.0047
-against a mean SE of 0.0053 for a τ̂ with half the true spread, 300 entities). τ̂ counts as **shown** better than the constant when the gain is at least
-:data:`CHECK_Z` SE above 0, **worse than the constant** when as far below, else **not shown**: read τ̂ as the average
-effect. The same check is made of the simulator's own contrast. With a truth, ``true_gain`` (sd²τ − PEHE²) beside
-it. What it costs in power: pseudo-outcomes of s.d. 2-3 against sd τ ≈ 0.15 give an SE near 0.005 per step on the
-default world's 13,500 test steps, against a perfect τ̂'s gain of sd²τ ≈ 0.02 (z 3-5 measured with the oracle's τ)
-and 0.002-0.007 for the DR-learner's skill of 0.1-0.3: on DKT-Synth it mostly says "not shown", which is the truth
-about what these logs can show.
+**Held-out check** (truth-free; :func:`heldout_check`). On the test steps with logged propensities the server compares
+the squared error of τ̂_t + δ against the pseudo-outcomes with that of a constant c, the test steps' mean φ:
+gain = Σ_t [(φ_t − c)² − (φ_t − τ̂_t − δ)²] / #steps + Var(c)·(1 − 2·share), the last term undoing what fitting c, and
+δ's share of test rows, on the same φ would give or take. Since E[φ_t | H_t] = τ(H_t), E[gain] = sd²τ − mean
+(τ − τ̂ − δ)², the skill score against the constant true ATE times sd²τ, estimated without the truth (the DR loss of
+Kennedy 2023; Curth & van der Schaar 2023, "In search of insights, not magic bullets", ICML). Its SE is cluster-robust
+over entities (``drl.check.<part>.*``, ``evaluation.intervals.cluster_sums``) plus c's second-order share 2·Var(c)².
+τ̂ is **shown** better than the constant when the gain is at least :data:`CHECK_Z` SE above 0, **worse than the
+constant** when as far below, else **not shown**. The same check is made of the simulator's own contrast.
 
-**Weights.** w_t = 1 (ordinary least squares). Inverse-variance weights of the pseudo-outcome (Frauen et al.'s
-IVW-learner) need the propensities of *both* anchors at every step (a weight must be a function of H_t alone, or the
-regression no longer targets τ(H_t)); a site logs only the propensity of the action it took. Measured on DKT-Synth
-``small`` (centralised model, 3 seeds, λ = 1): weights from the logged P_t (a function of T_t too) are biased (skill
-−5.7 against −0.16 in one setting); a two-pass 1/v̂(H_t), v̂ a first regression of φ² on x_t, moved the skill from
-0.146 / 0.036 / 0.059 to 0.069 / 0.217 / 0.079 (mixed per seed) and would need a second message pass: not adopted.
+**Weights.** w_t = 1 (ordinary least squares): inverse-variance weights (Frauen et al.'s IVW-learner) need the
+propensities of both anchors at every step, and a site logs only that of the action it took.
 
 A site without logged propensities (or with fewer validation entities than its cohort floor) sends n = 0; the output
-says ``partial`` or ``unavailable``.
+says ``partial`` or ``unavailable``. Measured figures: ``docs/fidelity.md``.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
 from fcd_secure.evaluation.discrepancy import DEFAULT_CLIP, one_step_dr_terms
 from fcd_secure.evaluation.intervals import cluster_pair_names, cluster_sums, linear_cluster_ss
+from fcd_secure.queries.base import MergeContext, Query, SiteContext, SiteSums, Totals
+from fcd_secure.queries.request import DR_LEARNER_FIELD
 
 #: the features x_t of the history H_t, in order (feature 0 is the intercept)
 FEATURES = ("intercept", "model_contrast", "model_level", "log_past_on", "log_past_off", "log_past_on_correct",
@@ -103,8 +70,6 @@ K = len(FEATURES)
 PAIRS = tuple((i, j) for i in range(K) for j in range(i, K))
 #: the fit sums' scalars besides XᵀWX and XᵀWφ
 FIT_SCALARS = ("n", "sw", "syy", "sites")
-#: the request field carrying the fitted coefficients to the final evaluation
-BETA_KEY = "dr-learner"
 #: the ridge grid (penalty per unit weight on standardised slopes); λ is chosen on it by GCV
 LAMBDAS = (0.0, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 EFFECT_SUMS = ("n", "sse", "sum_hat", "sum_true", "sum_true_sq", "sum_hat_sq", "sum_cross")
@@ -380,20 +345,7 @@ def solve(s: dict[str, float] | None, sites: int, lambdas: tuple[float, ...] = L
 
 def request_field(fit: dict[str, Any]) -> dict[str, str]:
     """The final evaluation's request field carrying β (empty without a fit)."""
-    return {BETA_KEY: json.dumps({"beta": fit["beta"]})} if fit.get("beta") is not None else {}
-
-
-def beta_from_config(eval_config: dict[str, Any]) -> np.ndarray | None:
-    """β of a final evaluation's request, or None (a malformed field is ignored: no DR-learner answer, never a crash
-    on a server's value)."""
-    raw = eval_config.get(BETA_KEY)
-    if not raw:
-        return None
-    try:
-        beta = np.asarray(json.loads(str(raw))["beta"], dtype=np.float64)
-    except (ValueError, KeyError, TypeError):
-        return None
-    return beta if beta.shape == (K,) and np.isfinite(beta).all() else None
+    return {DR_LEARNER_FIELD: json.dumps({"beta": fit["beta"]})} if fit.get("beta") is not None else {}
 
 
 def intercept_shift(s: dict[str, Any], fit_steps: int) -> dict[str, Any] | None:
@@ -453,3 +405,50 @@ def merge_effects(s: dict[str, Any], fit_steps: int) -> dict[str, Any] | None:
             fig["heldout"] = check
         out[name] = fig
     return out
+
+
+# -- the queries ------------------------------------------------------------------------------------------------------
+class DRLearnerFit(Query):
+    """The ridge sums of a scored round's validation rows (module docstring, "Federated fit"): ``drl.fit.*``."""
+
+    name = "drl.fit"
+    quick = True
+
+    def names(self, policy_names: Iterable[str], ope_horizon: int | None) -> list[str]:
+        return [k for k in metric_names() if k.startswith("drl.fit.")]
+
+    def applies(self, ctx: SiteContext) -> bool:
+        return ctx.request.keep_round is not None
+
+    def site_sums(self, ctx: SiteContext) -> SiteSums:
+        from fcd_secure.queries.selection import validation_pair  # noqa: PLC0415
+
+        return site_fit_sums(ctx.model, ctx.data, ctx.floor, validation_pair(ctx))
+
+    def merge(self, totals: Totals, ctx: MergeContext, answer: dict[str, Any]) -> None:
+        if "select.d1.n" in totals:  # a scored round: the sums stored with it (its β is solved once chosen)
+            answer["dr_learner_fit"] = fit_totals(totals)
+
+
+class DRLearnerEffects(Query):
+    """τ̂_t = βᵀx_t on the test rows with the held-out check (module docstring): ``drl.effect|model|check.*``."""
+
+    name = "drl.effect"
+
+    def names(self, policy_names: Iterable[str], ope_horizon: int | None) -> list[str]:
+        return [k for k in metric_names() if not k.startswith("drl.fit.")]
+
+    def applies(self, ctx: SiteContext) -> bool:
+        return not ctx.request.quick and ctx.request.dr_learner_beta is not None
+
+    def site_sums(self, ctx: SiteContext) -> SiteSums:
+        from fcd_secure.queries.targeted import one_step_terms  # noqa: PLC0415
+
+        truth, pair = one_step_terms(ctx) or (None, None)
+        return site_effect_sums(ctx.model, ctx.sub, ctx.data.anchors, np.asarray(ctx.request.dr_learner_beta),
+                                truth, pair)
+
+    def merge(self, totals: Totals, ctx: MergeContext, answer: dict[str, Any]) -> None:
+        dr = merge_effects(totals, ctx.dr_fit_steps)
+        if dr is not None:
+            answer["dr_learner"] = dr

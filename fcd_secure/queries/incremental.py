@@ -1,5 +1,5 @@
 """Stochastic policies on a site: the logging-policy model they act through and their importance weights on the
-logged steps (issue 29 item 5; the rules are ``data.policy``'s ``kind = "incremental"`` and ``kind = "share"``).
+logged steps (the rules are ``data.policy``'s ``kind = "incremental"`` and ``kind = "share"``).
 
 An incremental policy q multiplies the odds of action k by δ (Kennedy 2019, "Nonparametric causal effects based on
 incremental propensity score interventions", JASA 114:645-656). Unlike a deterministic policy it keeps every logged
@@ -21,14 +21,10 @@ are right; at a_t ≠ k the weight rests on π̂_k, so an error there is a bias 
 the output as the share of steps whose π_k was modelled). An oracle (DKT-Synth, tumour) rolls the policy out on the
 world's *true* logging probabilities for its truth.
 
-**Measured limit** (``benchmarks/incremental.py``, DKT-Synth ``small``): where the logging policy reads what the
-record does not hold (DKT-Synth's tutor reads a student's hidden readiness and mastery), π̂_k(h) is the population's
-level, not the entity's, and the weights over-weight the entities that take k often: every incremental effect
-against the logging policy comes out with the right sign but 2-5× too large (δ = 2 on 10-20 steps: +0.05 to +0.09
-against +0.01), and the intervals miss (13 of 24 90 % effect intervals cover, δ ∈ {0.5, 2, 5}, h ∈ {1, 3, 5, 10}, 2
-worlds). With the world's true π_k at the same steps the same code covers 22 of 24, so the gap is π̂_k's alone; adding the entity's own logged
-k-history (its earlier P at a_s = k) to the model did not narrow it. On data whose logging policy reads only the
-record the weights are right (the known-answer tests).
+**Limit**: where the logging policy reads what the record does not hold (DKT-Synth's tutor reads a student's hidden
+readiness), π̂_k(h) is the population's level, not the entity's, and the weights at a_t ≠ k are biased; the intervals
+then miss (measured in ``benchmarks/incremental.py``; figures in ``docs/whatif.md``). On data whose logging policy reads
+only the record the weights are right (the known-answer tests).
 
 **Share policies** (``kind = "share"``; Díaz, Williams, Hoffman & Schenck 2023, JASA 118:846-857: the modified
 treatment policy that replaces the natural value of treatment by k with probability s): q = (1 − s)π + s·1{a = k}.
@@ -36,17 +32,9 @@ The weight at a logged step is 1 − s + s / P_t where a_t = k and 1 − s elsew
 action is all it reads, for any number of actions, so no π_k is modelled (every step counts as ``logged`` in the
 sums, and ``fcd whatif`` says "from the logged propensities alone"). The site's model still drives the simulator's
 rollout under q, the direct-method term, which sets the variance of the doubly robust value, not its bias
-(``queries.whatif``: Q̂ = V̂, E[w_t | h_t] = 1 for exact weights). What it needs instead is positivity of k: where the
+(``queries.doubly_robust``: Q̂ = V̂, E[w_t | h_t] = 1 for exact weights). What it needs instead is positivity of k: where the
 logging policy almost never gives k the share policy still does, the log hardly shows it, and the DR value leans on
-the simulator there; the identified horizons' ``weight_mean`` (Σw/n, 1 in expectation) shows how much of q the
-sample reached. Measured (``benchmarks/incremental.py``, DKT-Synth ``small``, 4 sites, 8 rounds, secure
-aggregation, seeds 0-5, s ∈ {0.1, 0.25, 0.5} beside δ ∈ {0.5, 2, 5}, every supported horizon h ≤ 20): 90 % value
-intervals cover 81 of 96 (mean |DR − truth| 0.027) against 56 of 96 (0.036) for the odds; effects against the
-logging policy cover 78 of 96 (0.016) against 19 of 96 (0.034); on the horizons with Σw/n ≥ 0.9, 54 of 58 values and
-54 of 58 effects (0.008), while the odds stay at 16 of 87 effects there. The misses are where Σw/n falls: DKT-Synth's
-tutor skips items a student has mastered (P = ε = 0.002), so "a_on at 50 % of the steps" reaches histories the log
-never shows (mean Σw/n over the seeds 0.83 at h = 3, 0.44 at h = 10); s = 0.1 keeps it at 0.93 at h = 10 with a
-mean ESS of 161 of 300 there (δ = 2: 128; Always: 0).
+the simulator there; the identified horizons' ``weight_mean`` (Σw/n, 1 in expectation) shows how much of q the sample reached.
 """
 
 from __future__ import annotations
@@ -56,7 +44,7 @@ import numpy as np
 from fcd_secure.data.policy import Policy
 from fcd_secure.data.schema import SiteDataset
 
-__all__ = ["PIK_FIELDS", "attach_behaviour", "incremental_target_probs", "pik_sums"]
+__all__ = ["PIK_FIELDS", "attach_behaviour", "incremental_target_probs"]
 
 #: the sums of where π_k came from: the logged propensity, or the site's model
 PIK_FIELDS = ("logged", "model")
@@ -113,8 +101,3 @@ def incremental_target_probs(pol: Policy, sub: SiteDataset, anchors: tuple[int, 
                 pi_k[rows, t] = np.clip(hat, PI_FLOOR, 1.0 - P[rows, t])
     pi = np.where(valid, P * rule.ratio(P, pi_k, is_k), 0.0)
     return pi, {"logged": float((valid & ~modelled).sum()), "model": float(modelled.sum())}
-
-
-def pik_sums(name: str, counts: dict[str, float]) -> dict[str, float]:
-    """The site's sums of where π_k came from (``whatif.pik.<name>.logged`` / ``.model``)."""
-    return {f"whatif.pik.{name}.{f}": float(counts[f]) for f in PIK_FIELDS}

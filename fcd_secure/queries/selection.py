@@ -31,6 +31,7 @@ round (kept on the site, :class:`KeptParams`).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,9 @@ from fcd_secure.evaluation.discrepancy import (
     horizon_dr_terms,
     one_step_dr_terms,
 )
+from fcd_secure.queries.base import MergeContext, Query, SiteContext, SiteSums, Totals
 from fcd_secure.queries.cohort import entity_count
+from fcd_secure.queries.request import KEEP_FIELD, RESTORE_FIELD
 
 #: the horizon of the multi-step discrepancy D_h (module docstring)
 DH_HORIZON = 2
@@ -55,27 +58,49 @@ DH_FIELDS = ("n", "s", "ss", "clipped", "sw_on", "sww_on", "sw_off", "sww_off")
 #: the keys a site adds to its evaluation sums
 KEYS = ("select.d1.n", "select.d1.s", "select.d1.ss", "select.d1.clipped", "select.fit.n", "select.fit.s",
         "select.sites") + tuple(f"select.dh.{f}" for f in DH_FIELDS)
-#: the round a final evaluation answers with (its Θc is the server's copy, its Θs each site's own copy)
-RESTORE_KEY = "restore-round"
-#: the round whose Θs a site keeps when it scores it
-KEEP_KEY = "keep-round"
+#: the round a final evaluation answers with (its Θc is the server's copy, its Θs each site's own copy), and the round
+#: whose Θs a site keeps when it scores it (``queries.request``)
+RESTORE_KEY, KEEP_KEY = RESTORE_FIELD, KEEP_FIELD
 #: an alarm when a round's D₁ is this many standard errors away from zero
 ALARM_SE = 3.0
 #: validation fits within this relative difference are equal (the rule's D_h tie-break, module docstring)
 FIT_TIE = 1e-9
 
 
-def scored_round_sums(model, data, binary: bool, floor: int, seed: int = 0) -> dict[str, float]:
-    """Everything a site adds to a scored round from its validation rows: the ``select.*`` sums
-    (:func:`site_selection_sums`) and the DR-learner's ``drl.fit.*`` (``queries.dr_learner.site_fit_sums``), with the
-    model's one-step predictions on those rows computed once for both."""
-    from fcd_secure.queries.dr_learner import site_fit_sums  # noqa: PLC0415
+def validation_pair(ctx: SiteContext) -> tuple[np.ndarray, np.ndarray] | None:
+    """The model's one-step predictions on the site's validation rows, computed once for the selection's D₁ and the
+    DR-learner's fit (``queries.dr_learner``); None where the site cannot score them."""
     from fcd_secure.queries.targeted import one_step_pair  # noqa: PLC0415
 
-    val = data.validation
-    scored = val is not None and val.P is not None and entity_count(val) >= floor
-    pair = one_step_pair(model, val, data.anchors) if scored else None
-    return {**site_selection_sums(model, data, binary, floor, seed, pair), **site_fit_sums(model, data, floor, pair)}
+    def make():
+        val = ctx.data.validation
+        scored = val is not None and val.P is not None and entity_count(val) >= ctx.floor
+        return one_step_pair(ctx.model, val, ctx.data.anchors) if scored else None
+
+    return ctx.once("validation.pair", make)
+
+
+class Selection(Query):
+    """The truth-free selection sums of a scored round (module docstring): ``select.*``."""
+
+    name = "select"
+    quick = True
+
+    def names(self, policy_names: Iterable[str], ope_horizon: int | None) -> list[str]:
+        return list(KEYS)
+
+    def applies(self, ctx: SiteContext) -> bool:
+        return ctx.request.keep_round is not None
+
+    def site_sums(self, ctx: SiteContext) -> SiteSums:
+        # D_h's simulated futures take the run's seed: common random numbers across rounds
+        return site_selection_sums(ctx.model, ctx.data, ctx.cfg.model.outcome == "binary", ctx.floor,
+                                   seed=int(ctx.cfg.seed), pair=validation_pair(ctx))
+
+    def merge(self, totals: Totals, ctx: MergeContext, answer: dict[str, Any]) -> None:
+        if "select.d1.n" in totals:
+            score = RoundScore.from_totals(ctx.round_id, totals, totals.sites)
+            answer["selection"] = score.as_row() if score is not None else None
 
 
 def site_selection_sums(model, data, binary: bool, floor: int, seed: int = 0,

@@ -1,6 +1,6 @@
 """Targeted answers: what the logs identify, estimated doubly robustly, apart from what only the simulator says.
 
-Two estimands are answered where the sites' logged propensities support them (issue 29 item 3):
+Two estimands are answered where the sites' logged propensities support them:
 
 1. **The one-step effect at every decision step** (:func:`one_step_sums`): θ₁ = mean over every valid step t of every
    test entity of E[Y_t | H_t, do(a_on)] − E[Y_t | H_t, do(a_off)]. Its augmented IPW estimate (Robins, Rotnitzky &
@@ -20,10 +20,7 @@ Two estimands are answered where the sites' logged propensities support them (is
    inverse-probability weights, Cole & Hernán 2008, Am. J. Epidemiol. 168:656-664); a mean well below 1 is the share
    of the policy's distribution the sample did not reach: histories where the logging policy almost never takes the
    policy's action (DKT-Synth's tutor gives a mastered item with probability 0.002). There the doubly robust value
-   is the simulator's guess however large the ESS of what was reached, and its interval does not know it: measured
-   (``benchmarks/targeted.py``, DKT-Synth), the values answered under the ESS check alone covered the truth 16 of
-   22 times on the default world (seeds 0-5) and 60 of 68 on small worlds 0-19; with this check 18 of 18 and 50 of
-   56. The answer of a policy is its DR value on its longest supported horizon, an effect is answered on the longest
+   is the simulator's guess however large the ESS of what was reached, and its interval does not know it. The answer of a policy is its DR value on its longest supported horizon, an effect is answered on the longest
    horizon both policies pass. Beyond it the simulator's number is extrapolation: printed as such, with its bounded
    interval and support, and never ranked.
 
@@ -38,6 +35,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Iterable, Sequence
 from statistics import NormalDist
 from typing import Any
 
@@ -51,6 +49,8 @@ from fcd_secure.evaluation.intervals import (
     linear_cluster_ss,
     site_sums,
 )
+from fcd_secure.queries.base import MergeContext, Query, SiteContext, SiteSums, Totals
+from fcd_secure.queries.policy_values import PolicyPart
 
 #: the fewest effective entities (Kish ESS of the weight products) for a horizon to count as supported: the same floor
 #: as an evaluation cohort; below it a normal interval's coverage is not to be trusted
@@ -85,7 +85,7 @@ def one_step_pair(model, ds, anchors: tuple[int, int]) -> tuple[np.ndarray, np.n
 
 
 def one_step_sums(model, sub, anchors: tuple[int, int], truth: np.ndarray | None = None,
-                  pair: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, float]:
+                  pair: tuple[np.ndarray, np.ndarray] | None = None) -> SiteSums:
     """A site's sums of θ̂₁ over its test rows ``sub`` (module docstring); empty without logged propensities.
 
     Args:
@@ -352,13 +352,76 @@ def _effect(s: dict[str, Any], h: int, name: str, reference: str, level: float, 
     return eff
 
 
-def identified_metric_names(policy_names: list[str] | tuple[str, ...], horizons: tuple[int, ...] = HORIZONS) -> list[str]:
-    """Every key the identified answers add to an evaluation reply (the egress gate's allow-list)."""
-    names = [f"onestep.{f}" for f in ONE_STEP_FIELDS] + [f"onestep.sn.{k}" for k in SN_FIELDS]
-    names += [f"onestep.sn.{k}.{l}" for k, l in SN_PAIRS]
-    for h in horizons:
-        for p in policy_names:
-            key = f"whatif.id.h{h}.{p}"
-            names += [f"{key}.{f}" for f in ("n", "sum", "sumsq", "sw", "sww", "true_sum")]
-            names += [f"whatif.id.h{h}.diff.{p}.{f}" for f in ("n", "sum", "sumsq")]
-    return names
+class OneStep(Query):
+    """θ̂₁, the identified one-step effect at every decision step (module docstring, 1): ``onestep.*``."""
+
+    name = "onestep"
+
+    def names(self, policy_names: Iterable[str], ope_horizon: int | None) -> list[str]:
+        names = [f"onestep.{f}" for f in ONE_STEP_FIELDS] + [f"onestep.sn.{k}" for k in SN_FIELDS]
+        return names + [f"onestep.sn.{k}.{l}" for k, l in SN_PAIRS]
+
+    def site_sums(self, ctx: SiteContext) -> SiteSums:
+        pair = one_step_terms(ctx)
+        return {} if pair is None else one_step_sums(ctx.model, ctx.sub, ctx.data.anchors, *pair)
+
+    def merge(self, totals: Totals, ctx: MergeContext, answer: dict[str, Any]) -> None:
+        one_step = merge_one_step(totals, ctx.level, ctx.binary)
+        if one_step is not None:
+            answer["one_step_effect"] = one_step
+
+
+def one_step_terms(ctx: SiteContext) -> tuple[np.ndarray | None, tuple[np.ndarray, np.ndarray]] | None:
+    """The oracle's true one-step contrast (or None) and the model's one-step pair on the test rows, computed once
+    for the identified effect and the DR-learner (``queries.dr_learner``); None where neither can use them (no
+    logged propensities and no DR-learner coefficients)."""
+    sub, data = ctx.sub, ctx.data
+
+    def make():
+        if not sub.n or (sub.P is None and ctx.request.dr_learner_beta is None):
+            return None
+        truth = (one_step_truth(data.oracle, data.site_index, ctx.rows, sub.L, data.anchors)
+                 if data.oracle is not None else None)
+        return truth, one_step_pair(ctx.model, sub, data.anchors)
+
+    return ctx.once("onestep.terms", make)
+
+
+class Identified(PolicyPart):
+    """What the logs identify: each policy's DR value over the first h steps (module docstring, 2) and each effect
+    on the horizons both policies pass: ``whatif.id.h<h>.<π>.*`` and ``whatif.id.h<h>.diff.<π>.*``."""
+
+    name = "identified"
+
+    def names(self, policy_names: Sequence[str], ope_horizon: int | None) -> list[str]:
+        names = []
+        for h in HORIZONS:
+            for p in policy_names:
+                names += [f"whatif.id.h{h}.{p}.{f}" for f in ("n", "sum", "sumsq", "sw", "sww", "true_sum")]
+                names += [f"whatif.id.h{h}.diff.{p}.{f}" for f in ("n", "sum", "sumsq")]
+        return names
+
+    def site_sums(self, ctx: SiteContext, terms) -> SiteSums:
+        sub, data = ctx.sub, ctx.data
+        if sub.P is None:
+            return {}
+        grid = horizon_grid(terms.horizon)
+        out: SiteSums = {}
+        per: dict[str, dict[int, np.ndarray]] = {}
+        for r in terms.policies:
+            truths = ({h: data.oracle.true_policy_value(r.policy, data.site_index, "test", horizon=h)[0] for h in grid}
+                      if data.oracle is not None and ctx.all_rows else None)
+            sums, per[r.name] = horizon_sums(r.name, sub, r.pi, r.step_value, grid, truths)
+            out.update(sums)
+        reference = ctx.request.whatif.reference
+        for name in per:
+            if name != reference:
+                out.update(horizon_diff_sums(name, per[name], per[reference]))
+        return out
+
+    def finish(self, s: Totals, ctx: MergeContext, per_policy: dict[str, dict[str, Any]]) -> None:
+        ident = merge_identified(s, list(per_policy), ctx.question.reference if ctx.question is not None else None,
+                                 ctx.level, binary=ctx.binary, all_sent=s.all_sent)
+        for name, d in per_policy.items():
+            if ident.get(name, {}).get("horizons"):
+                d["identified"] = ident[name]
