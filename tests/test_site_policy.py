@@ -14,7 +14,7 @@ from fcd_secure.aggregation.secagg import SecAggPolicy
 from fcd_secure.audit import Refusal
 from fcd_secure.config import build_config
 from fcd_secure.queries.cohort import CohortRecord, cohort_rows, cohort_size, select_rows
-from fcd_secure.queries.eval_vector import (
+from fcd_secure.federation.secure.eval_vector import (
     FRAC_BITS,
     EvalLayout,
     EvalVectorError,

@@ -36,7 +36,7 @@ from fcd_secure.data.policy import DEFAULT_POLICY_NAMES
 from fcd_secure.apps.guard import site_error_of
 from fcd_secure.apps.secure_site import secure_reply_check
 from fcd_secure.federation.records import REC_CONFIG, REC_EVAL, REC_HELLO, REC_METRICS, REC_NUM
-from fcd_secure.queries.eval_vector import max_words
+from fcd_secure.federation.secure.eval_vector import max_words
 from fcd_secure.apps.site import SiteRuntime
 from fcd_secure.queries.dr_learner import metric_names as dr_learner_metric_names
 from fcd_secure.queries.whatif import evaluated_policy_names, whatif_metric_names
@@ -71,7 +71,8 @@ def federation_policy(
     )
     whatif = {f"{REC_EVAL}/{k}" for k in whatif_metric_names(list(policy_names))}
     whatif |= {f"{REC_EVAL}/{k}" for k in dr_learner_metric_names()}  # the DR-learner's sums (queries.dr_learner)
-    # round 0 of a secure-standardisation run announces the names of its moment sums (``queries.secure_stats``)
+    # round 0 of a secure-standardisation run announces the names of its moment sums
+    # (``federation.secure.secure_stats``)
     moments = {f"{REC_EVAL}/{k}" for k in MOMENT_KEYS if k.endswith(".n")}
     moment_lists = {f"{REC_EVAL}/{k}": MAX_MOMENT_COLUMNS for k in MOMENT_KEYS if not k.endswith(".n")}
     return base.model_copy(update={

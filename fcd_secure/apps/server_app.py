@@ -53,9 +53,9 @@ from fcd_secure.federation.records import HELLO_MESSAGE_TYPE, REC_HELLO, config_
 from fcd_secure.federation.run_ticket import CONSORTIUM_ENV, COORDINATOR_KEY_ENV, verify_run_ticket
 from fcd_secure.federation.sampler import ClientSampler
 from fcd_secure.queries import dr_learner
-from fcd_secure.queries.secure_evaluation import secure_evaluation_for
+from fcd_secure.federation.secure.secure_evaluation import secure_evaluation_for
 from fcd_secure.queries.selection import KEEP_KEY, RESTORE_KEY, KeptParams, RoundScore, choose_round
-from fcd_secure.queries.secure_stats import STATISTICS_KEY, secure_statistics
+from fcd_secure.federation.secure.secure_stats import STATISTICS_KEY, secure_statistics
 from fcd_secure.federation.state import SERVER_DIR, ServerCheckpoint, StateError
 from fcd_secure.manifest import FULL, THETA_C, Manifest
 from fcd_secure.errors import FcdError

@@ -29,7 +29,7 @@ from fcd_secure.federation import learner
 from fcd_secure.queries.cohort import COHORT_SLOT, CohortRecord, select_rows
 from fcd_secure.federation.learner import SiteData
 from fcd_secure.federation.records import EVALUATE_MESSAGE_TYPE, TRAIN_MESSAGE_TYPE
-from fcd_secure.queries.secure_stats import statistics_from_config
+from fcd_secure.federation.secure.secure_stats import statistics_from_config
 from fcd_secure.federation.site_policy import MIN_COHORT_FLOOR, SitePolicy, load_site_policy
 from fcd_secure.federation.state import SiteState, StateError
 from fcd_secure.manifest import FULL, THETA_C, THETA_S, Manifest
@@ -180,7 +180,7 @@ class SiteRuntime:
         self._data = None
 
     def preprocessing_sums(self) -> dict[str, Any]:
-        """Round 0: this site's moment sums over its unscaled non-test rows (``queries.secure_stats``).
+        """Round 0: this site's moment sums over its unscaled non-test rows (``federation.secure.secure_stats``).
 
         Raises:
             StateError: the run does not standardise securely (its data are scaled already).

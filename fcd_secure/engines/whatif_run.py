@@ -25,7 +25,7 @@ from fcd_secure.federation import learner
 from fcd_secure.queries.evaluation import evaluate_federated
 from fcd_secure.federation.messaging import Comm
 from fcd_secure.federation.records import config_from_context
-from fcd_secure.queries.secure_evaluation import secure_evaluation_for
+from fcd_secure.federation.secure.secure_evaluation import secure_evaluation_for
 from fcd_secure.apps.server_app import FederationError, hello, server_audit, wait_for_nodes
 from fcd_secure.engines.simulation import run_simulated
 from fcd_secure.apps.site import default_site_id

@@ -112,7 +112,7 @@ def consortium_anchors(statistics: dict[str, list[float]] | None, own: tuple[int
 
 def load_site_data(cfg: RunConfig, site_index: int, statistics: dict[str, list[float]] | None = None) -> SiteData:
     """One site's data. With ``data.standardize = "secure"`` the sites are unscaled until the consortium's
-    statistics (``statistics``: from the secure round 0, ``queries.secure_stats``) are applied here."""
+    statistics (``statistics``: from the secure round 0, ``federation.secure.secure_stats``) are applied here."""
     fd = load_federated(cfg)
     n_sites = len(fd.train)
     if not 0 <= site_index < n_sites:
