@@ -199,7 +199,7 @@ def test_tiny_run_secure_equals_plain_fedavg_within_the_quantisation_bound(tmp_p
     from fcd_secure.federation.sampler import ClientSampler
     from fcd_secure.federation.secure.flow import SecureAggregationFlow
     from fcd_secure.federation.secure.setup import provision_roster
-    from fcd_secure.apps.server_app import hello, wait_for_nodes
+    from fcd_secure.apps.server_loop import hello, wait_for_nodes
     from fcd_secure.engines.simulation import backend_config, quiet_flower_env, write_simulated_policies
     from fcd_secure.apps.site import default_site_id
     from fcd_secure.manifest import THETA_C

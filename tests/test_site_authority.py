@@ -241,7 +241,7 @@ def test_simulated_sites_refuse_a_run_weaker_than_their_policies_and_verify_list
     from typer.testing import CliRunner
 
     from fcd_secure.cli.main import app as fcd_app
-    from fcd_secure.apps.server_app import FederationError
+    from fcd_secure.apps.server_loop import FederationError
     from fcd_secure.engines.inprocess import run_inprocess
     from fcd_secure.engines.simulation import write_simulated_policies
 
