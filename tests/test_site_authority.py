@@ -147,7 +147,7 @@ def _train_content(cfg, round: int = 1) -> RecordDict:
 
     data = learner.load_site_data(cfg, 0)
     model = learner.build_model(cfg, learner.dims_of(data.train, data.n_sites))
-    theta = learner.get_params(model, "theta_c")
+    theta = model.get_params("theta_c")
     return RecordDict({REC_GLOBAL: global_to_record(theta), REC_CONFIG: ConfigRecord({"server-round": round, "part": "theta_c"})})
 
 

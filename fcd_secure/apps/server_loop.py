@@ -44,12 +44,13 @@ from fcd_secure.audit import (
 from fcd_secure.config import RunConfig
 from fcd_secure.errors import FcdError
 from fcd_secure.federation import learner
+from fcd_secure.federation.flows import synchronised_part
 from fcd_secure.federation.messaging import Comm
 from fcd_secure.federation.records import HELLO_MESSAGE_TYPE, REC_HELLO
 from fcd_secure.federation.sampler import ClientSampler
 from fcd_secure.federation.secure.secure_evaluation import SecureEvaluation, secure_evaluation_for
 from fcd_secure.federation.state import SERVER_DIR, ServerCheckpoint, StateError
-from fcd_secure.manifest import FULL, THETA_C, Manifest, Part
+from fcd_secure.manifest import Manifest, Part
 
 ProgressHook = Callable[[str, dict], None]
 Answer = TypeVar("Answer")  # what a loop's run returns
@@ -265,12 +266,12 @@ class ServerLoop(Generic[Answer]):
         self.order = [s.node_id for s in self.sites]
         self.say("connected", {"sites": [s.site_id for s in self.sites]})
         model = learner.build_model(self.cfg, self.sites[0].dims)
-        self.manifest = learner.manifest_of(model)
+        self.manifest = model.manifest()
         if self.manifest.layout_hash != self.sites[0].layout_hash:
             raise FederationError("the server's model layout differs from the sites' (different code or config)")
         self.comm.audit.record_manifest(self.manifest)  # the layout the server runs with, for the auditor
-        self.part = THETA_C if fed.sync == "dss" else FULL
-        self.theta = learner.get_params(model, self.part)
+        self.part = synchronised_part(self.cfg)
+        self.theta = model.get_params(self.part)
         # in secure mode the evaluation sums travel through secure aggregation too: no per-site sum reaches the server
         self.secure_eval = secure_evaluation_for(self.cfg, self.manifest)
 

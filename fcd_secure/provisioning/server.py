@@ -202,8 +202,8 @@ def _run_error(co: Coordinator, run_id: int) -> str:
     return lines[-1][:800] if lines else "the ServerApp's log names no exception"
 
 
-def run_federation(co: Coordinator, out: str | Path, *, rounds: int = 1, dp: bool = True, preset: str = "tiny",
-                   seed: int = 0, timeout_s: float = 1800.0) -> dict[str, Any]:
+def submit_run(co: Coordinator, out: str | Path, *, rounds: int = 1, dp: bool = True, preset: str = "tiny",
+               seed: int = 0, timeout_s: float = 1800.0) -> dict[str, Any]:
     """Submit the pinned app to the running SuperLink, wait for the run folder, collect the evidence.
 
     Returns:
