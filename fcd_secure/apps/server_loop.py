@@ -212,7 +212,7 @@ class ServerLoop(Generic[Answer]):
         self.n_sites = cfg.data.n_sites
         self.say: ProgressHook = progress or (lambda _event, _info: None)
         self.stop = stop
-        self.t0 = time.perf_counter()
+        self.t0: float  # perf_counter at the start of run(): the run's wall time
         self.sampler = ClientSampler(cfg.seed, self.n_sites, self.fed.clients_per_round)
         self.history: list[dict] = []
         self.start = 1
