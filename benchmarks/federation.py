@@ -61,7 +61,7 @@ def deployment_rounds(n_sites: int, rounds: int, preset: str, seed: int, warm: b
     from fcd_secure.provisioning.bundle import add_site
     from fcd_secure.provisioning.consortium import PreflightTerms, init_consortium
     from fcd_secure.provisioning.processes import stop
-    from fcd_secure.provisioning.server import run_federation, start_server
+    from fcd_secure.provisioning.server import start_server, submit_run
     from fcd_secure.provisioning.site_install.home import SiteHome, init_site, join_site
     from fcd_secure.provisioning.site_install.runner import start_site
 
@@ -83,7 +83,7 @@ def deployment_rounds(n_sites: int, rounds: int, preset: str, seed: int, warm: b
             start_site(h, warm=warm)
             started.append(h.root)
         t0 = time.perf_counter()
-        run_federation(co, tmp / "run", rounds=rounds, dp=False, preset=preset, seed=seed, timeout_s=3600)
+        submit_run(co, tmp / "run", rounds=rounds, dp=False, preset=preset, seed=seed, timeout_s=3600)
         wall = time.perf_counter() - t0
         with open(tmp / "run" / "rounds.csv") as f:
             per_round = [float(r["round_s"]) for r in csv.DictReader(f)]

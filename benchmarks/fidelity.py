@@ -126,11 +126,11 @@ def federated_sims(cfg, result) -> list:
     sims = []
     for info in sorted(result.sites, key=lambda s: s.site_index):
         model = learner.build_model(cfg, info.dims)
-        learner.set_params(model, result.part, result.theta)
+        model.set_params(result.part, result.theta)
         if result.part != "full":
             snap = SiteState(cfg.state_root(), info.site_id).load()
             if snap is not None:
-                learner.set_params(model, "theta_s", snap.theta_s)
+                model.set_params("theta_s", snap.theta_s)
         sims.append(as_simulator(model))
     return sims
 

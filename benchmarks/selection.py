@@ -128,7 +128,7 @@ def selection_cost(data_preset: str, n_sites: int, seed: int) -> dict:
     cfg = build_config("tiny", {"seed": seed, "data": {"preset": data_preset, "n_sites": n_sites, "alpha": 1000.0}})
     d = learner.load_site_data(cfg, 0)
     model = learner.build_model(cfg, learner.dims_of(d.train, n_sites))
-    opt = learner.make_optimizer(model, cfg)
+    opt = model.optimizer
     t0 = time.perf_counter()
     learner.train_local(model, d.train, cfg, 0, n_sites, 1, seed, opt)
     train_s = time.perf_counter() - t0

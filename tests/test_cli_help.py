@@ -237,7 +237,7 @@ def _seed_cases(tmp: Path, monkeypatch) -> tuple[dict, dict[tuple[str, ...], tup
     monkeypatch.setattr(registry, "load_federated", load_federated)
     monkeypatch.setattr(server_cli, "_co", lambda home: object())
     monkeypatch.setattr(server_cli, "_refuse_below_minimum", lambda co, out, **kw: None)
-    monkeypatch.setattr(provisioning_server, "run_federation", lambda co, out, **kw: catch("server", [kw["seed"]]))
+    monkeypatch.setattr(provisioning_server, "submit_run", lambda co, out, **kw: catch("server", [kw["seed"]]))
     tiny = ["--preset", "tiny", "--rounds", "1", "--sites", "4"]
     return seen, {
         ("run",): (["run", *tiny, "--seed", "7", "--out", str(tmp / "run")], "run", [7]),

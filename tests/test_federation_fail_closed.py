@@ -103,7 +103,8 @@ def test_a_broken_gate_factory_means_no_clientapp(monkeypatch):
 
 
 def test_the_server_never_runs_without_its_ledger(tmp_path):
-    from fcd_secure.apps.server_app import FederationError, run_federation, server_audit
+    from fcd_secure.apps.server_app import run_federation
+    from fcd_secure.apps.server_loop import FederationError, server_audit
 
     # no state folder: refused before any message is sent (the grid is never touched)
     with pytest.raises(FederationError, match="state folder"):

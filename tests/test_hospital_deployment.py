@@ -26,7 +26,7 @@ from fcd_secure.cli import server as server_cli
 from fcd_secure.cli import site as site_cli
 from fcd_secure.provisioning.consortium import Coordinator
 from fcd_secure.provisioning.processes import alive, read_pids
-from fcd_secure.provisioning.server import run_federation
+from fcd_secure.provisioning.server import submit_run
 
 pytestmark = pytest.mark.deployment
 runner = CliRunner()
@@ -112,7 +112,7 @@ def test_hospital_path_end_to_end(tmp_path, one_torch_thread):
         # the end of --timeout (docs/hospital.md, friction 3)
         t0 = time.monotonic()
         with pytest.raises(RuntimeError, match="ended finished:failed without results: .*refused by the site's policy"):
-            run_federation(Coordinator(co), tmp_path / "refused", rounds=1, dp=False, timeout_s=300)
+            submit_run(Coordinator(co), tmp_path / "refused", rounds=1, dp=False, timeout_s=300)
         assert time.monotonic() - t0 < 120
         out = tmp_path / "run"
         code, env = invoke(server_cli.app, ["run", "--home", str(co), "--out", str(out), "--rounds", "1", "--dp",

@@ -205,7 +205,7 @@ def test_deleting_ledger_and_anchor_together_stops_training_at_start(tmp_path):
 
     run_cfg = build_config("tiny", {"dp": {"enabled": True, "epsilon": CAP, "delta": DELTA, "accountant": "rdp"}})
     model = learner.build_model(run_cfg, learner.dims_of(ds, 4))
-    opt = learner.make_optimizer(model, run_cfg)
+    opt = model.optimizer
     with pytest.raises(LedgerRollback, match="acknowledge-reset"):
         learner.train_local_dp(model, ds, run_cfg, 0, 4, 1, 0, opt, state, 2)
     assert not list((state / "privacy").glob("ledger-*.json"))  # refused before any ledger was written

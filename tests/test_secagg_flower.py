@@ -199,7 +199,7 @@ def test_tiny_run_secure_equals_plain_fedavg_within_the_quantisation_bound(tmp_p
     from fcd_secure.federation.sampler import ClientSampler
     from fcd_secure.federation.secure.flow import SecureAggregationFlow
     from fcd_secure.federation.secure.setup import provision_roster
-    from fcd_secure.apps.server_app import hello, wait_for_nodes
+    from fcd_secure.apps.server_loop import hello, wait_for_nodes
     from fcd_secure.engines.simulation import backend_config, quiet_flower_env, write_simulated_policies
     from fcd_secure.apps.site import default_site_id
     from fcd_secure.manifest import THETA_C
@@ -227,15 +227,15 @@ def test_tiny_run_secure_equals_plain_fedavg_within_the_quantisation_bound(tmp_p
         nodes = wait_for_nodes(grid, cfg.data.n_sites, fed.node_wait_s)
         sites = hello(comm, nodes, fed.round_timeout_s, cfg.data.n_sites)
         model = learner.build_model(cfg, sites[0].dims)
-        theta = learner.get_params(model, THETA_C)
+        theta = model.get_params(THETA_C)
         chosen = ClientSampler(cfg.seed, cfg.data.n_sites, fed.clients_per_round).sample()
         node_ids = [sites[i].node_id for i in chosen]
         round_config = {"part": THETA_C, "local-epochs": fed.local_epochs}
         plain = PlainFedAvgFlow(
-            learner.manifest_of(model).specs(THETA_C), max_count=cfg.secagg.max_weight, timeout_s=fed.round_timeout_s
+            model.manifest().specs(THETA_C), max_count=cfg.secagg.max_weight, timeout_s=fed.round_timeout_s
         )
         sink["plain"] = plain.run_round(comm, node_ids, 1, theta, round_config)
-        secure = SecureAggregationFlow.from_config(cfg, learner.manifest_of(model))
+        secure = SecureAggregationFlow.from_config(cfg, model.manifest())
         sink["secure"] = secure.run_round(comm, node_ids, 1, theta, round_config)
         sink["global"] = theta
 

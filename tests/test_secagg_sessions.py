@@ -19,7 +19,7 @@ from test_secagg_pipeline import MANIFEST, N_SITES, Federation, ToySite
 
 from fcd_secure.aggregation.secagg import AbortRound, SecAggPolicy
 from fcd_secure.aggregation.secagg.client import ReplayGuard
-from fcd_secure.queries.secure_evaluation import SecureEvaluation
+from fcd_secure.federation.secure.secure_evaluation import SecureEvaluation
 
 
 class EvalSite(ToySite):

@@ -94,7 +94,7 @@ def test_sites_with_different_practice_bind_the_policies_to_the_consortiums_anch
     from fcd_secure.data.policy import anchor_actions
     from fcd_secure.data.registry import load_spec_federated
     from fcd_secure.federation.learner import consortium_anchors
-    from fcd_secure.queries.secure_stats import STATISTICS_KEY, statistics_from_config
+    from fcd_secure.federation.secure.secure_stats import STATISTICS_KEY, statistics_from_config
     import json
 
     spec, table = _table(tmp_path)

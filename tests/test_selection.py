@@ -159,7 +159,7 @@ def test_a_site_answers_with_the_theta_s_it_kept_for_the_chosen_round(tmp_path):
 
     cfg = build_config("tiny", {**SCORED, "state_dir": str(tmp_path)})
     rt = SiteRuntime(cfg, "site-00", 0, str(tmp_path))
-    theta = learner.get_params(rt.model, THETA_C)
+    theta = rt.model.get_params(THETA_C)
     conf = {"server-round": 1, "part": THETA_C, "local-epochs": 1}
     theta, _, _ = rt.train_round(theta, conf)
     ev = {"quick": True, "part": THETA_C, "n-samples": 1, "max-rows": -1}
@@ -170,7 +170,7 @@ def test_a_site_answers_with_the_theta_s_it_kept_for_the_chosen_round(tmp_path):
     assert any(not np.array_equal(kept[k], later[k]) for k in kept)
     fresh = SiteRuntime(cfg, "site-00", 0, str(tmp_path))
     model = fresh.load_for_eval(theta, THETA_C, restore_round=1)
-    restored = learner.get_params(model, THETA_S)
+    restored = model.get_params(THETA_S)
     for k in kept:
         np.testing.assert_array_equal(restored[k], kept[k])
     out = fresh.evaluate(theta, {**ev, RESTORE_KEY: 1})

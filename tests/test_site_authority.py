@@ -147,7 +147,7 @@ def _train_content(cfg, round: int = 1) -> RecordDict:
 
     data = learner.load_site_data(cfg, 0)
     model = learner.build_model(cfg, learner.dims_of(data.train, data.n_sites))
-    theta = learner.get_params(model, "theta_c")
+    theta = model.get_params("theta_c")
     return RecordDict({REC_GLOBAL: global_to_record(theta), REC_CONFIG: ConfigRecord({"server-round": round, "part": "theta_c"})})
 
 
@@ -241,7 +241,7 @@ def test_simulated_sites_refuse_a_run_weaker_than_their_policies_and_verify_list
     from typer.testing import CliRunner
 
     from fcd_secure.cli.main import app as fcd_app
-    from fcd_secure.apps.server_app import FederationError
+    from fcd_secure.apps.server_loop import FederationError
     from fcd_secure.engines.inprocess import run_inprocess
     from fcd_secure.engines.simulation import write_simulated_policies
 

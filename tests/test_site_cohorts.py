@@ -142,7 +142,6 @@ def test_P41_a_question_of_thresholds_one_patient_apart_is_refused(mgdl_site):
     is a later question whose cohort is close to one answered before (the record in its state)."""
     from fcd_secure.audit import Refusal
     from fcd_secure.data.policy import bind_policy
-    from fcd_secure.federation import learner
     from fcd_secure.manifest import THETA_C
     from fcd_secure.queries.budget import QUESTION_SLOT, cohort_signature
     from fcd_secure.queries.request import WhatIfRequest
@@ -157,7 +156,7 @@ def test_P41_a_question_of_thresholds_one_patient_apart_is_refused(mgdl_site):
     sig = [cohort_signature(bind_policy(p, data.test), data.test, data.anchors, data.test.L) for p in pols]
     gaps = [sum(a[k] != b[k] for k in a) for a, b in zip(sig, sig[1:])]
     assert min(gaps) == 1
-    theta = learner.get_params(site.model, THETA_C)
+    theta = site.model.get_params(THETA_C)
     question = WhatIfRequest(policies=pols, reference=pols[0].name)
     with pytest.raises(Refusal) as exc:
         site.evaluate(theta, {"whatif": question.to_json(), "n-samples": 1})
@@ -212,7 +211,6 @@ def test_P43_thresholds_are_in_the_tables_units_and_a_silent_one_is_reported(mgd
     Now a threshold is in the table's own units (the site's data carry the column's scale), and a threshold that
     fires on none of a site's rows is reported (``whatif.fires.<π>`` = 0 from every site; ``never_fires``)."""
     from fcd_secure.data.policy import bind_policy
-    from fcd_secure.federation import learner
     from fcd_secure.manifest import THETA_C
     from fcd_secure.queries.evaluation import merge_site_metrics
     from fcd_secure.queries.request import WhatIfRequest
@@ -225,7 +223,7 @@ def test_P43_thresholds_are_in_the_tables_units_and_a_silent_one_is_reported(mgd
     plan = pol.plan(data.test.Y, data.test.lengths, *data.anchors, A=data.test.A)
     insulin = data.test.meta["action_names"].index("insulin")
     np.testing.assert_array_equal(plan[:, 0] == insulin, labs > 180)
-    theta = learner.get_params(site.model, THETA_C)
+    theta = site.model.get_params(THETA_C)
     q = WhatIfRequest(policies=[_threshold("low", -1e9), _threshold("silent", 10_000.0)], reference="low")
     out = site.evaluate(theta, {"whatif": q.to_json(), "n-samples": 1})
     assert out["whatif.fires.silent"] == 0.0 and out["whatif.fires.low"] == 1.0

@@ -21,7 +21,7 @@ from fcd_secure.cli.run import outcome, site_error_message
 from fcd_secure.config import build_config
 from fcd_secure.data.spec import DataError
 from fcd_secure.apps.guard import guard_mod, site_error_of
-from fcd_secure.apps.server_app import _hello_failures, describe_site_error
+from fcd_secure.apps.server_loop import _hello_failures, describe_site_error
 from fcd_secure.privacy.errors import BudgetExceeded
 
 

@@ -14,7 +14,7 @@ from fcd_secure.aggregation.secagg import SecAggPolicy
 from fcd_secure.audit import Refusal
 from fcd_secure.config import build_config
 from fcd_secure.queries.cohort import CohortRecord, cohort_rows, cohort_size, select_rows
-from fcd_secure.queries.eval_vector import (
+from fcd_secure.federation.secure.eval_vector import (
     FRAC_BITS,
     EvalLayout,
     EvalVectorError,
@@ -266,8 +266,7 @@ def test_a_withholding_site_trains_on_the_papers_objective(tmp_path, one_torch_t
     cfg = build_config("tiny", {"data": {"n_sites": 3}, "federation": {"secure_aggregation": False,
                                                                          "clients_per_round": 2}})
     paper = cfg.model_copy(update={"model": cfg.model.model_copy(update={"ipw": "off"})})
-    theta = learner.get_params(learner.build_model(paper, SiteRuntime(paper, "site-00", 0, str(tmp_path / "p")).dims),
-                               THETA_C)
+    theta = learner.build_model(paper, SiteRuntime(paper, "site-00", 0, str(tmp_path / "p")).dims).get_params(THETA_C)
     round_config = {"server-round": 1, "part": THETA_C, "local-epochs": 1}
 
     def update(run_cfg, policy, name):

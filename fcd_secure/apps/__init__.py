@@ -3,8 +3,11 @@
 ==================  =====================================================================================
 module              role
 ==================  =====================================================================================
-``server_app``      ServerApp (``@app.main()``): hello, seeded 5-of-10 sampling, rounds through the aggregation
-                    flow, per-round checkpoint, server audit ledger, federated evaluation, run folder
+``server_loop``     ``ServerLoop``: the server's one loop (hello, model check, audit, checkpoint/resume, rounds,
+                    evaluation, closing receipts) with hooks, as Flower's strategies own theirs
+``server_app``      ServerApp (``@app.main()``): the training loop, seeded 5-of-10 sampling, rounds through the
+                    aggregation flow, round selection, federated evaluation, run folder
+``whatif_app``      the what-if ServerApp: the same loop with no training round and one evaluation with the question
 ``client_app``      ClientApp: ``query.hello``, ``train``, ``query.evaluate``, the secure-aggregation actions and
                     the closing audit receipts, behind the egress gate
 ``site``            ``SiteRuntime``: a site's identity, policy, data, model and on-disk state; ``admit``,

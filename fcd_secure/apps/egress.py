@@ -36,7 +36,7 @@ from fcd_secure.data.policy import DEFAULT_POLICY_NAMES
 from fcd_secure.apps.guard import site_error_of
 from fcd_secure.apps.secure_site import secure_reply_check
 from fcd_secure.federation.records import REC_CONFIG, REC_EVAL, REC_HELLO, REC_METRICS, REC_NUM
-from fcd_secure.queries.eval_vector import max_words
+from fcd_secure.federation.secure.eval_vector import max_words
 from fcd_secure.apps.site import SiteRuntime
 from fcd_secure.queries.registry import metric_lists, metric_names
 from fcd_secure.queries.request import evaluated_policy_names
@@ -71,7 +71,8 @@ def federation_policy(
         rec_eval=REC_EVAL,
         **fields,
     )
-    # round 0 of a secure-standardisation run announces the names of its moment sums (``queries.secure_stats``)
+    # round 0 of a secure-standardisation run announces the names of its moment sums
+    # (``federation.secure.secure_stats``)
     moments = {f"{REC_EVAL}/{k}" for k in MOMENT_KEYS if k.endswith(".n")}
     moment_lists = {f"{REC_EVAL}/{k}": MAX_MOMENT_COLUMNS for k in MOMENT_KEYS if not k.endswith(".n")}
     return base.model_copy(update={

@@ -1,5 +1,5 @@
 """The site side of secure aggregation: the ``train.secagg_*`` ClientApp actions (server side:
-``federation.secure.flow`` and ``queries.secure_evaluation``; protocol: ``fcd_secure.aggregation.secagg``).
+``federation.secure.flow`` and ``federation.secure.secure_evaluation``; protocol: ``fcd_secure.aggregation.secagg``).
 
 A training round (``federation.secure.flow``) trains inside the protocol's own messages. ``secagg_train_advertise``
 trains the site's round, encodes the *update* Θc_i − Θc_global into the fixed-point vector and answers stage 0 of
@@ -12,11 +12,11 @@ masked vector, never sent in clear (P7). A server round is trained once (:data:`
 asks. The next round's client lives in its own node-state record (:data:`NEXT_KEY`), which no evaluation touches.
 
 ``secagg_evaluate`` evaluates the global Θc on the cohort the site chose (``queries.cohort``) (or, in round 0,
-takes the moment sums of its raw training set, ``queries.secure_stats``), keeps the sums in the node state and
-replies with their *schema* only (key names and lengths, never values); the five protocol stages
+takes the moment sums of its raw training set, ``federation.secure.secure_stats``), keeps the sums in the node
+state and replies with their *schema* only (key names and lengths, never values); the five protocol stages
 (``secagg_advertise_keys`` … ``secagg_unmask``) then sum them: the first brings the union of the sites' schemas, and
-the sums are encoded exactly (``queries.eval_vector``). Only an evaluation prepares its input ahead of stage 0; a
-training round's input enters with its training.
+the sums are encoded exactly (``federation.secure.eval_vector``). Only an evaluation prepares its input ahead of
+stage 0; a training round's input enters with its training.
 
 Each protocol stage rebuilds the site's :class:`~fcd_secure.aggregation.secagg.SecAggClient` from the node state,
 answers one server request, and stores the client's state back; the last stage (or any failure) clears it, so no
@@ -47,7 +47,7 @@ from fcd_secure.aggregation.secagg.client import check_reply
 from fcd_secure.aggregation.secagg.messages import MsgType, peek_header
 from fcd_secure.audit.rules import SECAGG_PREFIX, Refusal
 from fcd_secure.aggregation.secagg.server import STAGES
-from fcd_secure.queries.eval_vector import (
+from fcd_secure.federation.secure.eval_vector import (
     EvalLayout,
     encode_sums,
     schema_from_bytes,
@@ -78,7 +78,7 @@ from fcd_secure.federation.secure.setup import (
     site_roster,
     vector_layout,
 )
-from fcd_secure.queries.secure_stats import PURPOSE_KEY, STATS_PURPOSE
+from fcd_secure.federation.secure.secure_stats import PURPOSE_KEY, STATS_PURPOSE
 from fcd_secure.federation.site_policy import MIN_COHORT_FLOOR
 from fcd_secure.federation.state import SiteState, run_config_hash, session_id_of
 from fcd_secure.manifest import Manifest

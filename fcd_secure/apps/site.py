@@ -29,7 +29,7 @@ from fcd_secure.federation import learner
 from fcd_secure.queries.cohort import COHORT_SLOT, CohortRecord, select_rows
 from fcd_secure.federation.learner import SiteData
 from fcd_secure.federation.records import EVALUATE_MESSAGE_TYPE, TRAIN_MESSAGE_TYPE
-from fcd_secure.queries.secure_stats import statistics_from_config
+from fcd_secure.federation.secure.secure_stats import statistics_from_config
 from fcd_secure.federation.site_policy import SitePolicy, load_site_policy
 from fcd_secure.federation.state import SiteState, StateError
 from fcd_secure.manifest import FULL, THETA_C, THETA_S, Manifest
@@ -180,7 +180,7 @@ class SiteRuntime:
         self._data = None
 
     def preprocessing_sums(self) -> dict[str, Any]:
-        """Round 0: this site's moment sums over its unscaled non-test rows (``queries.secure_stats``).
+        """Round 0: this site's moment sums over its unscaled non-test rows (``federation.secure.secure_stats``).
 
         Raises:
             StateError: the run does not standardise securely (its data are scaled already).
@@ -219,7 +219,7 @@ class SiteRuntime:
     @property
     def manifest(self) -> Manifest:
         if self._manifest is None:
-            self._manifest = learner.manifest_of(self.model)
+            self._manifest = self.model.manifest()
         return self._manifest
 
     @property
@@ -255,9 +255,9 @@ class SiteRuntime:
 
         model = self.model
         if snap is not None:
-            learner.set_params(model, THETA_S, snap.theta_s)
-        learner.set_params(model, part, global_theta)  # strict: exactly the part's names and shapes
-        optimizer = learner.make_optimizer(model, self.cfg)
+            model.set_params(THETA_S, snap.theta_s)
+        model.set_params(part, global_theta)  # strict: exactly the part's names and shapes
+        optimizer = model.optimizer
         if snap is not None and snap.optimizer_state is not None:
             optimizer.load_state_dict(torch.load(io.BytesIO(snap.optimizer_state), weights_only=True))
         if snap is not None and snap.rng_state is not None:
@@ -274,8 +274,8 @@ class SiteRuntime:
             metrics = learner.train_local(
                 model, train, self.cfg, self.site_index, self.data.n_sites, epochs=epochs, seed=seed, optimizer=optimizer
             )
-        out = learner.get_params(model, part)
-        theta_s = learner.get_params(model, THETA_S)
+        out = model.get_params(part)
+        theta_s = model.get_params(THETA_S)
         for name, arr in out.items():
             if not np.all(np.isfinite(arr)):
                 raise FloatingPointError(f"local training produced a non-finite parameter ({name})")
@@ -298,13 +298,13 @@ class SiteRuntime:
         if restore_round is not None:
             kept = KeptParams(self.state.slot("selection_theta_s")).load(restore_round)
             if kept is not None:
-                learner.set_params(model, THETA_S, kept)
+                model.set_params(THETA_S, kept)
         else:
             snap = self.state.load()
             if snap is not None:
-                learner.set_params(model, THETA_S, snap.theta_s)
+                model.set_params(THETA_S, snap.theta_s)
         # "w/o DSS" (part = full) synchronises Θs too (not its site-bound part): the global one replaces the local copy
-        learner.set_params(model, part, global_theta)
+        model.set_params(part, global_theta)
         return model
 
     def evaluation_rows(self, requested: int | None) -> np.ndarray:

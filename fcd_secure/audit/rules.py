@@ -466,7 +466,7 @@ def _check_protocol(content: RecordDict, stage: str, manifest: Manifest, policy:
 
 
 def _check_schema(value: object, policy: GatePolicy) -> None:
-    """The evaluation schema a secure evaluation announces (``fcd_secure.queries.eval_vector``: canonical JSON
+    """The evaluation schema a secure evaluation announces (``fcd_secure.federation.secure.eval_vector``: canonical JSON
     ``{"v": 1, "keys": [[name, length], ...]}``, length 0 for a scalar): every name an allow-listed evaluation
     metric, every list within its cap, nothing else."""
     if not isinstance(value, bytes) or len(value) > policy.secagg_schema_max_bytes:

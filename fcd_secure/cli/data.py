@@ -19,7 +19,7 @@ app = new_app(help="Validate and describe datasets (schema, DKT-Synth, real data
 def absent_actions(ds) -> dict[str, list[str]]:
     """The actions a table never logs, over the whole table (``"all sites"``) and per site where it has a site
     column: a policy that takes such an action has no logged support there, so no answer about it is identified by
-    that site's data (``queries.whatif``). Empty lists are left out."""
+    that site's data (``queries.budget``). Empty lists are left out."""
     import numpy as np  # noqa: PLC0415
 
     labels = list(ds.meta.get("action_names") or range(ds.n_actions))

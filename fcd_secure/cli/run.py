@@ -353,7 +353,7 @@ def execute_run(cfg: "RunConfig", as_json: bool) -> int:
     """
     import torch  # noqa: PLC0415
 
-    from fcd_secure.apps.server_app import FederationError  # noqa: PLC0415
+    from fcd_secure.apps.server_loop import FederationError  # noqa: PLC0415
     from fcd_secure.engines.simulation import run_simulated  # noqa: PLC0415
 
     torch.set_num_threads(1)  # the sites share the machine's cores through one Ray actor

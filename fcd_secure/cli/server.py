@@ -158,7 +158,7 @@ def run(
     """Submit the consortium's pinned app: every enrolled site, secure aggregation, statistics from the secure
     round 0, each site on its own table. Writes the run folder and <out>/evidence/ (server ledger, roster, CA,
     fingerprints)."""
-    from fcd_secure.provisioning.server import run_federation  # noqa: PLC0415
+    from fcd_secure.provisioning.server import submit_run  # noqa: PLC0415
 
     if preset not in ("tiny", "default", "paper"):
         raise CliError(f"--preset {preset!r}: expected tiny, default or paper", "USAGE")
@@ -166,7 +166,7 @@ def run(
         co = _co(home)
         _refuse_below_minimum(co, out, rounds=rounds, dp=dp, preset=preset, seed=seed)
         try:
-            summary = run_federation(co, out, rounds=rounds, dp=dp, preset=preset, seed=seed, timeout_s=timeout)
+            summary = submit_run(co, out, rounds=rounds, dp=dp, preset=preset, seed=seed, timeout_s=timeout)
         except RuntimeError as exc:
             raise CliError(str(exc), "RUN_FAILED") from None
     data = {k: summary.get(k) for k in ("rounds", "pehe", "ate_error", "factual_auc", "wall_s", "evidence",

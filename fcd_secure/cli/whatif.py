@@ -303,7 +303,8 @@ def register(app: typer.Typer) -> None:
         from fcd_secure._io import jsonable  # noqa: PLC0415
         from fcd_secure.queries.request import WhatIfRequest  # noqa: PLC0415
         from fcd_secure.queries.vocabulary import bind_policies  # noqa: PLC0415
-        from fcd_secure.engines.whatif_run import WhatIfError, open_run, run_whatif  # noqa: PLC0415
+        from fcd_secure.apps.whatif_app import WhatIfError  # noqa: PLC0415
+        from fcd_secure.engines.whatif_run import open_run, run_whatif  # noqa: PLC0415
 
         console = stderr()
         try:

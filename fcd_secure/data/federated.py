@@ -36,7 +36,7 @@ STANDARDIZATION_NOTE = (
 )
 RAW_NOTE = (
     "sites are unscaled here: z-score statistics come from per-site sums added under secure aggregation "
-    "(fcd_secure.data.moments, fcd_secure.queries.secure_stats)"
+    "(fcd_secure.data.moments, fcd_secure.federation.secure.secure_stats)"
 )
 
 

@@ -4,9 +4,9 @@ The z-scores of :class:`~fcd_secure.data.preprocess.Standardizer` need, per cont
 (population) variance over the training rows of all sites. Both are functions of three sums that add across sites:
 the row count ``n``, ``Σx`` and ``Σx²`` (``mean = Σx / n``, ``var = Σx² / n − mean²``). A site computes its sums with
 :func:`moment_sums`; the sums of all sites, added under secure aggregation so that no site's sums are seen alone
-(``fcd_secure.queries.secure_stats``), give the statistics with :func:`moments_to_statistics`. The result is the
-pooled :meth:`Standardizer.fit` up to floating-point rounding (the columns of X over trajectories, those of A over
-valid steps, ``M = 1``).
+(``fcd_secure.federation.secure.secure_stats``), give the statistics with :func:`moments_to_statistics`. The result
+is the pooled :meth:`Standardizer.fit` up to floating-point rounding (the columns of X over trajectories, those of A
+over valid steps, ``M = 1``).
 
 The same round carries the histogram of logged valid steps per action (``actions.count``): its consortium total fixes
 the anchor actions of the paper's policies (:func:`fcd_secure.data.policy.anchors_from_counts`, paper §IV-A) once

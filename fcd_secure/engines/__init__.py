@@ -8,7 +8,7 @@ module           role
 ``deployment``   ``LocalDeployment``: secure by default (TLS, SuperNode auth, pinned app, secure aggregation),
                  SuperLink + SuperNodes + site executors on 127.0.0.1, ``flwr run``, evidence collection
 ``site_exec``    the site's own SuperExec: runs the site's installed ClientApp only for a pinned FAB hash
-``whatif_run``   one evaluation-only run on a finished run's state (``fcd whatif``)
+``whatif_run``   the what-if ServerApp (``apps.whatif_app``) on a finished run's state (``fcd whatif``)
 ``pki``          CA, SuperLink certificate (SANs), EC P-384 SuperNode keys; checks naming file and field
 ===============  =======================================================================================
 """

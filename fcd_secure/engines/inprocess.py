@@ -33,7 +33,8 @@ from fcd_secure._flower.internals import SUPERLINK_NODE_ID, ErrorCode, TaskIdent
 from fcd_secure.config import RunConfig
 from fcd_secure.apps.client_app import make_client_app
 from fcd_secure.apps.outputs import write_run_folder
-from fcd_secure.apps.server_app import FederationResult, ProgressHook, run_federation
+from fcd_secure.apps.server_app import FederationResult, run_federation
+from fcd_secure.apps.server_loop import ProgressHook
 from fcd_secure.engines.simulation import provision_simulated_roster, write_simulated_policies, quiet_flower_env
 
 __all__ = ["InProcessGrid", "run_inprocess"]

@@ -95,7 +95,7 @@ def run_simulated(
         num_cpus: CPUs of the one Ray actor (default: up to 2).
         stop: set it (e.g. on Ctrl-C) to end the ServerApp's thread at its next wait (``server_app.run_federation``).
         server_app_factory: ``(cfg, sink) -> ServerApp`` for another server job on the same sites (e.g. the
-            evaluation-only round of ``queries.whatif``), which puts its result in ``sink["result"]``; default
+            evaluation-only round of ``apps.whatif_app``), which puts its result in ``sink["result"]``; default
             the training federation (``server_app.make_server_app``).
 
     Returns:

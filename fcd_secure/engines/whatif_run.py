@@ -1,11 +1,10 @@
 """Asking a finished run "what happens under π": one evaluation-only round on the run's state (paper §V).
 
 :func:`run_whatif` re-opens a run folder — its configuration, the final Θc (``theta_c.npz``) and the sites' state
-folders with each site's own Θs — and runs the simulation engine with :func:`make_whatif_server_app` instead of the
-training federation: the sites are identified, receive Θc with the question (``queries.request.WhatIfRequest``)
-inside an ordinary evaluation request, and answer with the evaluation sums; nothing is trained. The round continues
-the run's audit ledgers (a fresh round number, receipts, checkpoints), so ``fcd audit verify`` covers the question
-too. The merged answer is also written to ``<run>/whatif/<query id>.json``.
+folders with each site's own Θs — and runs the simulation engine with the what-if ServerApp
+(``apps.whatif_app.make_whatif_server_app``: the server loop with no training round and one evaluation carrying the
+question) instead of the training federation; nothing is trained. The merged answer is also written to
+``<run>/whatif/<query id>.json``.
 """
 
 from __future__ import annotations
@@ -16,84 +15,15 @@ from typing import Any
 
 import numpy as np
 
-from flwr.serverapp import ServerApp
-
-from fcd_secure._io import atomic_write_text, read_npz
-from fcd_secure.audit import RECEIPTS_MESSAGE_TYPE
-from fcd_secure.config import RunConfig
-from fcd_secure.federation import learner
-from fcd_secure.queries.evaluation import evaluate_federated
-from fcd_secure.federation.messaging import Comm
-from fcd_secure.federation.records import config_from_context
-from fcd_secure.queries.secure_evaluation import secure_evaluation_for
-from fcd_secure.apps.server_app import FederationError, hello, server_audit, wait_for_nodes
-from fcd_secure.engines.simulation import run_simulated
+from fcd_secure._io import atomic_write_text, jsonable, read_npz
 from fcd_secure.apps.site import default_site_id
-from fcd_secure._io import jsonable
+from fcd_secure.apps.whatif_app import WhatIfError, make_whatif_server_app
+from fcd_secure.config import RunConfig
+from fcd_secure.engines.simulation import run_simulated
 from fcd_secure.queries.per_entity import WHATIF_DIR
 from fcd_secure.queries.request import WhatIfRequest
-from fcd_secure.manifest import FULL, THETA_C
-from fcd_secure.errors import FcdError
 
-__all__ = ["WhatIfError", "ask_sites", "make_whatif_server_app", "open_run", "run_whatif"]
-
-
-class WhatIfError(FcdError, RuntimeError):
-    """A run folder that cannot answer a what-if question (unfinished, no site state, another model layout)."""
-
-
-def _next_round(audit) -> int:
-    """The first round number the server ledger has not used (a later session continues the run's chain)."""
-    rounds = [getattr(e, "round", None) for e in audit.ledger.entries()]
-    return max((int(r) for r in rounds if r is not None), default=0) + 1
-
-
-def ask_sites(grid, cfg: RunConfig, theta: dict[str, np.ndarray], request: WhatIfRequest) -> dict[str, Any]:
-    """One evaluation-only round on ``grid``: identify the sites, send Θc with the question, merge their sums, close
-    the sites' and the server's audit ledgers for the round. Nothing is trained.
-
-    Raises:
-        FederationError: sites missing or inconsistent, or a model layout that is not the run's.
-        WhatIfError: ``theta`` does not match the model the sites build.
-    """
-    fed = cfg.federation
-    n_sites = cfg.data.n_sites
-    comm = Comm(grid, poll_s=fed.poll_s, audit=server_audit(cfg))
-    comm.round = _next_round(comm.audit)
-    nodes = wait_for_nodes(grid, n_sites, fed.node_wait_s)
-    sites = hello(comm, nodes[:n_sites] if len(nodes) == n_sites else nodes, fed.round_timeout_s, n_sites)
-    model = learner.build_model(cfg, sites[0].dims)
-    manifest = learner.manifest_of(model)
-    if manifest.layout_hash != sites[0].layout_hash:
-        raise FederationError("the server's model layout differs from the sites' (different code or config)")
-    comm.audit.record_manifest(manifest)
-    part = THETA_C if fed.sync == "dss" else FULL
-    expected = learner.get_params(model, part)
-    bad = sorted(set(expected) ^ set(theta)) or [k for k in expected if np.shape(theta[k]) != expected[k].shape]
-    if bad:
-        raise WhatIfError(f"theta_c.npz does not match the run's model ({bad[0]}); was the code or config changed?")
-    theta = {k: np.asarray(theta[k], dtype=expected[k].dtype) for k in expected}
-    order = [s.node_id for s in sites]
-    # a run in secure mode asks through secure aggregation too: its sites refuse a clear-text evaluation
-    res = evaluate_federated(comm, order, theta, cfg, part, quick=False, sites=sites, whatif=request,
-                             secure=secure_evaluation_for(cfg, manifest), round_id=comm.round)
-    res["round"] = comm.round
-    comm.round += 1
-    comm.send(comm.audit.owed_nodes(), RECEIPTS_MESSAGE_TYPE, comm.audit.final_contents(), fed.round_timeout_s)
-    comm.audit.close()
-    return res
-
-
-def make_whatif_server_app(theta: dict[str, np.ndarray], request: WhatIfRequest, sink: dict,
-                           cfg: RunConfig | None = None):
-    """A ServerApp that asks :func:`ask_sites` once and puts the merged result in ``sink["result"]``."""
-    app = ServerApp()
-
-    @app.main()
-    def main(grid, context) -> None:
-        sink["result"] = ask_sites(grid, config_from_context(context, cfg), theta, request)
-
-    return app
+__all__ = ["open_run", "run_whatif"]
 
 
 def open_run(run_dir: str | Path) -> tuple[RunConfig, dict[str, np.ndarray]]:

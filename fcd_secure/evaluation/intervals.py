@@ -19,12 +19,12 @@ What the interval covers:
   would remove;
 * not the model's own error: a simulator that is biased (e.g. effects attenuated towards zero) gives a tight
   interval around the wrong value. On a dataset with a ground truth ``benchmarks/intervals.py`` measures how often
-  the interval covers the truth, which is where such bias shows. ``queries.whatif`` also reports a *rectified*
+  the interval covers the truth, which is where such bias shows. ``queries.policy_values`` also reports a *rectified*
   value, the mean of v_i(π) − r_i with r_i the simulator's error on entity i's logged actions (prediction-powered
   inference, Angelopoulos et al. 2023, Science 382), whose interval also covers a bias the simulator shows on the
   factual data — under the stated assumption that the bias is the same under π;
 * the model's error under π itself, where sites log propensities: the *doubly robust* value of
-  ``queries.whatif`` (per-decision DR, Jiang & Li 2016, ICML; Thomas & Brunskill 2016, ICML) is, per entity, the
+  ``queries.doubly_robust`` (per-decision DR, Jiang & Li 2016, ICML; Thomas & Brunskill 2016, ICML) is, per entity, the
   simulated value plus the importance-weighted error of the simulator on the logged steps that π could have taken.
   Its mean is unbiased whatever the simulator's bias (the propensities being right), so the same three sums give an
   interval that covers the truth at its nominal level — on the steps where logged data supports π. Where no logged

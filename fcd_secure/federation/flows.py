@@ -5,6 +5,7 @@
   learns the weighted sum.
 
 Both are :class:`~fcd_secure.federation.records.AggregationFlow` subclasses, so the ServerApp has one code path.
+What they synchronise is :func:`synchronised_part`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ from fcd_secure.config import RunConfig
 from fcd_secure.federation.plain_flow import PlainFedAvgFlow
 from fcd_secure.federation.records import AggregationFlow
 from fcd_secure.federation.secure.flow import SecureAggregationFlow
-from fcd_secure.manifest import FULL, THETA_C, Manifest
+from fcd_secure.manifest import FULL, THETA_C, Manifest, Part
+
+
+def synchronised_part(config: RunConfig) -> Part:
+    """The part of the parameters a round synchronises: Θc under DSS (``federation.sync = "dss"``, paper §III-B: the
+    site-specific Θs never leaves a site), else every parameter but the site-bound ones (the "w/o DSS" ablation,
+    ``fcd_secure.manifest.FULL``)."""
+    return THETA_C if config.federation.sync == "dss" else FULL
 
 
 def check_flow(config: RunConfig) -> None:
@@ -39,7 +47,6 @@ def make_flow(config: RunConfig, manifest: Manifest) -> AggregationFlow:
     fed = config.federation
     if fed.secure_aggregation:
         return SecureAggregationFlow.from_config(config, manifest)
-    part = THETA_C if fed.sync == "dss" else FULL
     return PlainFedAvgFlow(
-        manifest.specs(part), max_count=config.secagg.max_weight, timeout_s=fed.round_timeout_s, min_replies=fed.min_replies
+        manifest.specs(synchronised_part(config)), max_count=config.secagg.max_weight, timeout_s=fed.round_timeout_s, min_replies=fed.min_replies
     )

@@ -6,9 +6,9 @@ between layers (docs/architecture.md) are visible in one file:
 * data: ``load_site_data`` (``fcd_secure.data.registry.load_federated`` / ``load_spec_federated``), cached per
   process because a site answers many messages and the split is a pure function of the config and the site's split
   secret (``data.cohorts``: derived from the seed for a simulated site, the site's own for a deployed one);
-* model: ``build_model`` (the run's :class:`~fcd_secure.model.simulator.Simulator`, ``model.simulator``),
-  ``manifest_of``, ``get_params`` / ``set_params`` (manifest names; parts are ``fcd_secure.manifest.THETA_C`` /
-  ``THETA_S`` / ``FULL``), ``train_local``, ``make_optimizer``;
+* model: ``build_model`` (the run's :class:`~fcd_secure.model.simulator.Simulator`, ``model.simulator``, whose own
+  ``manifest()``, ``get_params`` / ``set_params`` (manifest names; parts are ``fcd_secure.manifest.THETA_C`` /
+  ``THETA_S`` / ``FULL``) and ``optimizer`` the callers use directly), ``train_local``, ``train_local_dp``;
 * evaluation: ``effects`` / ``policy_values`` / ``factual`` helpers used by ``queries.evaluation``.
 """
 
@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from fcd_secure.config import RunConfig
 from fcd_secure.data.partition import site_split_seed
 from fcd_secure.data.schema import SiteDataset
-from fcd_secure.manifest import Manifest, Part
+
+if TYPE_CHECKING:
+    from fcd_secure.model.simulator import Simulator
 
 
 @dataclass(frozen=True)
@@ -112,7 +114,7 @@ def consortium_anchors(statistics: dict[str, list[float]] | None, own: tuple[int
 
 def load_site_data(cfg: RunConfig, site_index: int, statistics: dict[str, list[float]] | None = None) -> SiteData:
     """One site's data. With ``data.standardize = "secure"`` the sites are unscaled until the consortium's
-    statistics (``statistics``: from the secure round 0, ``queries.secure_stats``) are applied here."""
+    statistics (``statistics``: from the secure round 0, ``federation.secure.secure_stats``) are applied here."""
     fd = load_federated(cfg)
     n_sites = len(fd.train)
     if not 0 <= site_index < n_sites:
@@ -180,7 +182,7 @@ def model_config(cfg: RunConfig):
     return cfg.model.model_copy(update={"seed": cfg.seed})
 
 
-def build_model(cfg: RunConfig, dims: dict[str, int]):
+def build_model(cfg: RunConfig, dims: dict[str, int]) -> Simulator:
     """The run's simulator (``model.simulator``, a key of ``fcd_secure.model.baselines.SIMULATORS``), initialised
     from the run seed. Every function below takes it; a simulator without a Θs part is synchronised whole.
 
@@ -202,31 +204,6 @@ def dims_of(ds: SiteDataset, n_sites: int) -> dict[str, int]:
             "n_endogenous": n_endogenous(ds.meta, ds.da)}
 
 
-def _simulator(model):
-    from fcd_secure.model.baselines import as_simulator  # noqa: PLC0415
-
-    return as_simulator(model)
-
-
-def manifest_of(model) -> Manifest:
-    """The Θc/Θs manifest of a simulator (or of a bare Fed-CausalDiff network)."""
-    return _simulator(model).manifest()
-
-
-def get_params(model, part: Part) -> dict[str, np.ndarray]:
-    return {k: np.asarray(v) for k, v in _simulator(model).get_params(part).items()}
-
-
-def set_params(model, part: Part, arrays: dict[str, np.ndarray]) -> None:
-    _simulator(model).set_params(part, arrays)
-
-
-def make_optimizer(model, cfg: RunConfig):
-    """The simulator's own optimiser (made on first use, so a freshly built simulator has a fresh one); a site loads
-    its saved state into it and :func:`train_local` steps it."""
-    return model.optimizer
-
-
 def train_local(model, ds: SiteDataset, cfg: RunConfig, site_index: int | None, n_sites: int, epochs: int, seed: int, optimizer) -> dict:
     """One site's local step (``Simulator.train_site``; for Fed-CausalDiff the paper's §III-C local objective).
     Propensities are dropped, except that Fed-CausalDiff's ``model.ipw`` turns them into loss weights on the site
@@ -239,13 +216,13 @@ def train_local(model, ds: SiteDataset, cfg: RunConfig, site_index: int | None, 
     on the site.
 
     Raises:
-        ValueError: if ``optimizer`` is not the simulator's own (:func:`make_optimizer`).
+        ValueError: if ``optimizer`` is not the simulator's own (``Simulator.optimizer``).
     """
     from fcd_secure.audit.allowlist import TRAIN_METRICS  # noqa: PLC0415
     from fcd_secure.model.baselines import FedCausalDiffSimulator  # noqa: PLC0415
 
     if optimizer is not model.optimizer:
-        raise ValueError("train_local: pass the simulator's own optimiser (learner.make_optimizer)")
+        raise ValueError("train_local: pass the simulator's own optimiser (Simulator.optimizer)")
     # Fed-CausalDiff applies training_view itself (P only under model.ipw); any other simulator never gets P
     view = ds if isinstance(model, FedCausalDiffSimulator) else ds.without_propensities()
     fit = model.train_site(view, site_index, n_sites, epochs=epochs, seed=seed)

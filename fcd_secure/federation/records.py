@@ -60,7 +60,8 @@ TRAIN_MESSAGE_TYPE = "train"
 #: Secure-aggregation actions are ``train.secagg_<stage>``; ``<stage>`` is a protocol stage name or one of the
 #: stages below.
 SECAGG_ACTION_PREFIX = SECAGG_PREFIX.removeprefix(f"{TRAIN_MESSAGE_TYPE}.")  # spelled once, in the gate's rules
-#: the secure evaluation's preparation (``queries.secure_evaluation``): evaluate, keep the sums, reply the schema
+#: the secure evaluation's preparation (``federation.secure.secure_evaluation``): evaluate, keep the sums, reply the
+#: schema
 SECAGG_EVALUATE_STAGE = "evaluate"
 #: the combined stages of a training round (``federation.secure.flow``; the egress gate bounds each reply)
 SECAGG_TRAIN_ADVERTISE_STAGE = "train_advertise"

@@ -172,7 +172,7 @@ MIN_QUESTION_DIFFERENCE = 20
 
 
 class QuestionPolicy(_Section):
-    """The differencing budget of what-if questions (``queries.whatif``, docs/threats.md P41/P42)."""
+    """The differencing budget of what-if questions (``queries.budget``, docs/threats.md P41/P42)."""
 
     min_difference: int = Field(
         MIN_QUESTION_DIFFERENCE, ge=MIN_QUESTION_DIFFERENCE,

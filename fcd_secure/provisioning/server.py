@@ -7,9 +7,9 @@ it registers each enrolled site's SuperNode key
 (``flwr supernode register``) at every start, because the SuperLink keeps its state in memory
 (``deployment.FLWR_IN_MEMORY``). ``run`` submits the consortium's pinned app (``flwr run``) with a run config in which
 every site reads its own table (the server names none) and standardises with statistics from the secure round 0
-(``queries.secure_stats``); it waits for the run folder and collects the coordinator's evidence (server ledger,
-signed roster, CA certificate, fingerprints) into ``<out>/evidence/``. The hospitals add their own ledgers there
-for an auditor (``fcd audit verify``).
+(``federation.secure.secure_stats``); it waits for the run folder and collects the coordinator's evidence (server
+ledger, signed roster, CA certificate, fingerprints) into ``<out>/evidence/``. The hospitals add their own ledgers
+there for an auditor (``fcd audit verify``).
 """
 
 from __future__ import annotations
@@ -202,8 +202,8 @@ def _run_error(co: Coordinator, run_id: int) -> str:
     return lines[-1][:800] if lines else "the ServerApp's log names no exception"
 
 
-def run_federation(co: Coordinator, out: str | Path, *, rounds: int = 1, dp: bool = True, preset: str = "tiny",
-                   seed: int = 0, timeout_s: float = 1800.0) -> dict[str, Any]:
+def submit_run(co: Coordinator, out: str | Path, *, rounds: int = 1, dp: bool = True, preset: str = "tiny",
+               seed: int = 0, timeout_s: float = 1800.0) -> dict[str, Any]:
     """Submit the pinned app to the running SuperLink, wait for the run folder, collect the evidence.
 
     Returns:

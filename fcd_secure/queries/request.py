@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fcd_secure.data.policy import Policy, load_policy_refs
 from fcd_secure.errors import FcdError
+from fcd_secure.federation.secure.secure_stats import STATISTICS_KEY
 
 if TYPE_CHECKING:  # pragma: no cover - the run config pulls in torch; the request models must not
     from fcd_secure.config import RunConfig
@@ -131,7 +132,7 @@ class EvaluationRequest(BaseModel):
     keep_round: int | None = Field(default=None, alias=KEEP_FIELD, ge=0)
     restore_round: int | None = Field(default=None, alias=RESTORE_FIELD, ge=0)
     dr_learner_beta: list[float] | None = Field(default=None, alias=DR_LEARNER_FIELD)
-    statistics: str | None = Field(default=None, alias="standardization")
+    statistics: str | None = Field(default=None, alias=STATISTICS_KEY)
 
     @field_validator("max_rows", mode="before")
     @classmethod
@@ -183,7 +184,7 @@ class EvaluationRequest(BaseModel):
         if self.dr_learner_beta is not None:
             out[DR_LEARNER_FIELD] = json.dumps({"beta": self.dr_learner_beta})
         if self.statistics is not None:
-            out["standardization"] = self.statistics
+            out[STATISTICS_KEY] = self.statistics
         return out
 
 

@@ -491,7 +491,7 @@ def secure_sum(
     """Run the five protocol stages among ``node_ids`` (sites that hold an encoded input) and unmask their sum.
 
     The one carrier of every secure sum (Θc updates in :class:`SecureAggregationFlow`, evaluation sums in
-    ``queries.secure_evaluation``).
+    ``federation.secure.secure_evaluation``).
 
     Args:
         comm: the server's door to the sites.

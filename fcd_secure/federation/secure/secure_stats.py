@@ -2,13 +2,13 @@
 
 With ``data.standardize = "secure"`` no process pools raw rows (a deployed site holds only its own table). Before
 the first training round the server runs one secure round of the *evaluation* kind
-(``queries.secure_evaluation``: same protocol, same roster, same replay guard, same exact encoding):
+(``federation.secure.secure_evaluation``: same protocol, same roster, same replay guard, same exact encoding):
 
 1. ``train.secagg_evaluate`` with ``purpose = "stats"``: each site computes, over its own unscaled training set, per
    continuous column the count ``n``, ``Σx`` and ``Σx²`` (:func:`fcd_secure.data.moments.moment_sums`), keeps them
    in node memory and replies with their schema (names and lengths);
-2. the masked vectors are summed; the server decodes the totals (``queries.eval_vector``: each value an exact
-   fixed-point integer with 24 fractional bits in multi-digit words, so a total is exact to
+2. the masked vectors are summed; the server decodes the totals (``federation.secure.eval_vector``: each value an
+   exact fixed-point integer with 24 fractional bits in multi-digit words, so a total is exact to
    ``n_sites · 2**-25`` ≈ 3e-8 per site for any magnitude below 2**70; the resulting means and standard deviations
    equal the pooled ones to about 1e-9 on data of unit scale);
 3. the means and standard deviations (:func:`fcd_secure.data.moments.moments_to_statistics`) go to the sites with
@@ -76,7 +76,7 @@ def secure_statistics(
         SecureStatisticsError: secure aggregation is off, or the round did not include every site.
     """
     from fcd_secure.data.moments import moments_to_statistics  # noqa: PLC0415
-    from fcd_secure.queries.secure_evaluation import secure_evaluation_for  # noqa: PLC0415
+    from fcd_secure.federation.secure.secure_evaluation import secure_evaluation_for  # noqa: PLC0415
 
     secure = secure_evaluation_for(cfg, manifest)
     if secure is None:

@@ -1,6 +1,7 @@
 """Federated evaluation through secure aggregation: the server learns only the consortium's totals (P7, P22).
 
-The same protocol as Θc (``federation.secure.flow.secure_sum``), with a second vector (``queries.eval_vector``):
+The same protocol as Θc (``federation.secure.flow.secure_sum``), with a second vector
+(``federation.secure.eval_vector``):
 
 1. ``train.secagg_evaluate``: the global Θc and the evaluation request go to every site; each evaluates on the cohort
    it chooses (``queries.cohort``), keeps its sums in node memory and replies with their schema (key names and
@@ -25,7 +26,7 @@ import numpy as np
 from flwr.app import ConfigRecord, RecordDict
 
 from fcd_secure.aggregation.secagg import SecAggPolicy
-from fcd_secure.queries.eval_vector import (
+from fcd_secure.federation.secure.eval_vector import (
     TENSOR,
     EvalLayout,
     EvalVectorError,

@@ -1,0 +1,106 @@
+"""The what-if ServerApp: the server loop with no training round and one evaluation that carries the question.
+
+:class:`WhatIfLoop` fills in ``apps.server_loop.ServerLoop``: the sites are identified and the model checked as in
+training, then Θc of the finished run goes to every site with the question (``queries.request.WhatIfRequest``) inside
+an ordinary evaluation request, and the sites answer with the evaluation sums; nothing is trained, and the run's
+checkpoint and ``rounds.csv`` are left as they are. The round continues the run's audit ledgers (the first round
+number the server ledger has not used, the receipts, the checkpoints), so ``fcd audit verify`` covers the question
+too. The engine that re-opens a run folder and runs this app is ``engines.whatif_run``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from fcd_secure.apps.server_loop import ServerLoop
+from fcd_secure.audit import ServerAudit
+from fcd_secure.config import RunConfig
+from fcd_secure.errors import FcdError
+from fcd_secure.federation.records import config_from_context
+from fcd_secure.queries.evaluation import evaluate_federated
+from fcd_secure.queries.request import WhatIfRequest
+
+
+class WhatIfError(FcdError, RuntimeError):
+    """A run folder that cannot answer a what-if question (unfinished, no site state, another model layout)."""
+
+
+def next_round(audit: ServerAudit) -> int:
+    """The first round number the server ledger has not used (a later session continues the run's chain)."""
+    rounds = [getattr(e, "round", None) for e in audit.ledger.entries()]
+    return max((int(r) for r in rounds if r is not None), default=0) + 1
+
+
+class WhatIfLoop(ServerLoop[dict[str, Any]]):
+    """One evaluation-only round: identify the sites, send ``theta`` with ``request``, merge their sums, close the
+    sites' and the server's audit ledgers for the round.
+
+    Args:
+        grid: Flower's Grid of the running ServerApp.
+        cfg: the finished run's config (its state folder).
+        theta: the finished run's global parameters (``theta_c.npz``).
+        request: the question.
+    """
+
+    def __init__(self, grid: Grid, cfg: RunConfig, theta: dict[str, np.ndarray], request: WhatIfRequest) -> None:
+        super().__init__(grid, cfg)
+        self.asked = theta
+        self.request = request
+
+    @property
+    def rounds(self) -> int:
+        return 0
+
+    def opening_round(self) -> int:
+        return next_round(self.comm.audit)
+
+    def on_open(self) -> None:
+        """Take the run's Θc in place of the initial one, once it matches the model the sites build.
+
+        Raises:
+            WhatIfError: ``theta`` does not match the model the sites build.
+        """
+        expected, theta = self.theta, self.asked
+        bad = sorted(set(expected) ^ set(theta)) or [k for k in expected if np.shape(theta[k]) != expected[k].shape]
+        if bad:
+            raise WhatIfError(f"theta_c.npz does not match the run's model ({bad[0]}); was the code or config changed?")
+        self.theta = {k: np.asarray(theta[k], dtype=expected[k].dtype) for k in expected}
+
+    def evaluate(self) -> dict[str, Any]:
+        # a run in secure mode asks through secure aggregation too: its sites refuse a clear-text evaluation
+        res = evaluate_federated(self.comm, self.order, self.theta, self.cfg, self.part, quick=False, sites=self.sites,
+                                 whatif=self.request, secure=self.secure_eval, round_id=self.comm.round)
+        res["round"] = self.comm.round
+        return res
+
+    def closing_round(self) -> int:
+        return self.comm.round + 1
+
+    def result(self, answer: dict[str, Any]) -> dict[str, Any]:
+        return answer
+
+
+def ask_sites(grid: Grid, cfg: RunConfig, theta: dict[str, np.ndarray], request: WhatIfRequest) -> dict[str, Any]:
+    """Ask ``request`` of the sites on ``grid`` once (:class:`WhatIfLoop`); returns the merged answer.
+
+    Raises:
+        FederationError: sites missing or inconsistent, or a model layout that is not the run's.
+        WhatIfError: ``theta`` does not match the model the sites build.
+    """
+    return WhatIfLoop(grid, cfg, theta, request).run()
+
+
+def make_whatif_server_app(theta: dict[str, np.ndarray], request: WhatIfRequest, sink: dict,
+                           cfg: RunConfig | None = None) -> ServerApp:
+    """A ServerApp that asks :func:`ask_sites` once and puts the merged result in ``sink["result"]``."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        sink["result"] = ask_sites(grid, config_from_context(context, cfg), theta, request)
+
+    return app
