@@ -322,8 +322,8 @@ def test_every_key_a_site_sends_is_allow_listed_and_a_bad_beta_is_ignored(small)
     beta = np.linspace(-0.1, 0.1, drl.K)
     truth = np.zeros(d.test.Y.shape)
     sent.update(drl.site_effect_sums(model, d.test, d.anchors, beta, truth))
-    assert set(sent) <= set(drl.metric_names())
-    assert {f"eval/{k}" for k in drl.metric_names()} <= FEDERATION_POLICY.allowed_metrics
+    assert set(sent) <= set(drl.FIT_NAMES) | set(drl.EFFECT_NAMES)
+    assert {f"eval/{k}" for k in (*drl.FIT_NAMES, *drl.EFFECT_NAMES)} <= FEDERATION_POLICY.allowed_metrics
     sent_beta = EvaluationRequest.from_config(drl.request_field({"beta": list(beta)})).dr_learner_beta
     assert sent_beta == beta.tolist()
     for bad in ("{", json.dumps({"beta": [float("nan")] * drl.K}), ""):

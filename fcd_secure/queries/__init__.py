@@ -1,14 +1,33 @@
-"""What runs on a site and returns sums: evaluation and what-if questions.
+"""The answers layer: what runs on a site and returns sums, and how the server merges them.
 
-Each query gathers a site's own rows, calls the pure estimators of ``fcd_secure.evaluation`` and hands back additive
-sums only; the server merges consortium totals (in clear under plain aggregation, through secure aggregation
-otherwise: ``fcd_secure.federation.secure``).
+Every answer is one :class:`~fcd_secure.queries.base.Query` (its site-side sums, the names it sends, its merge),
+registered in :mod:`~fcd_secure.queries.registry`; the egress gate's evaluation allow-list is derived from those
+declarations. A site gathers its own rows and calls the pure estimators of ``fcd_secure.evaluation``; only additive
+sums leave it, through whatever transport the run uses (clear replies, or secure aggregation,
+``federation.secure``).
 
 =====================  ======================================================================================
 module                 role
 =====================  ======================================================================================
-``evaluation``         site-side aggregate sums (PEHE/ATE, policy values, OPE with ESS, AUC histogram) and merge
-``whatif``             simulated policy values with intervals, contrasts, per-entity effects kept on the site
+``base``               ``Query``, ``Totals`` (the consortium's sums), ``SiteContext``, ``MergeContext``
+``registry``           the registered queries in order; site sums, merge, the names and list caps they send
+``request``            ``WhatIfRequest`` (the question) and ``EvaluationRequest`` (validated on the site)
+``evaluation``         a site's evaluation (``site_metrics``), the server's request and merge, coverage
+``effects``            PEHE / skill / |ATE error| against an oracle, the factual AUC
+``targeted``           the identified one-step effect (``OneStep``) and values over the first h steps
+                       (``Identified``)
+``dr_learner``         per-entity effects: the federated DR-learner's fit and effects, its held-out check
+``selection``          the truth-free round selection (D₁, D_h, validation fit) and the Θs kept per round
+``policy_values``      the what-if answer: ``PolicyValues`` and its parts; simulated values, support
+``policy_terms``       the per-policy terms of a question on a site (rollouts, residual), computed once
+``logged``             what a policy does on the logged rows: π(logged a_t | history), logged support
+``doubly_robust``      per-decision doubly robust values and contrasts with unseen-mass bounds
+``off_policy``         IPW / SNIPW / per-decision DR diagnostics per policy
+``pi_source``          where a stochastic policy's π_k came from (logged, or the site's model)
+``incremental``        stochastic policies on a site: the behaviour model they act through, their weights
+``budget``             the site's question budget (differencing, threshold firing; P41-P43)
 ``cohort``             which test rows a site evaluates (its minimum cohort, no differenceable cohorts)
+``per_entity``         the per-entity file a question writes on the site's own disk
+``vocabulary``         the run's action labels and context columns as the server knows them; policy binding
 =====================  ======================================================================================
 """

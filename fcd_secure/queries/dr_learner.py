@@ -84,16 +84,14 @@ CHECK_PARTS = ("effect", "model")
 CHECK_Z = 1.645
 
 
-def metric_names() -> list[str]:
-    """Every key a site may add to an evaluation reply for the DR-learner (the egress gate's exact allow-list)."""
-    names = [f"drl.fit.{f}" for f in FIT_SCALARS]
-    names += [f"drl.fit.xx.{i}.{j}" for i, j in PAIRS] + [f"drl.fit.xy.{i}" for i in range(K)]
-    names += [f"drl.{part}.{f}" for part in ("effect", "model") for f in EFFECT_SUMS]
-    names += [f"drl.effect.{f}" for f in RESID_SUMS]
-    for part in CHECK_PARTS:
-        names += [f"drl.check.{part}.n"] + [f"drl.check.{part}.{f}" for f in CHECK_FIELDS]
-        names += [f"drl.check.{part}.{k}.{l}" for k, l in cluster_pair_names(CHECK_FIELDS)]
-    return names
+#: the ridge sums of a scored round (``drl.fit.*``)
+FIT_NAMES = ([f"drl.fit.{f}" for f in FIT_SCALARS] + [f"drl.fit.xx.{i}.{j}" for i, j in PAIRS]
+             + [f"drl.fit.xy.{i}" for i in range(K)])
+#: the final evaluation's sums: effects, the intercept's residuals and the held-out check's cluster sums
+EFFECT_NAMES = ([f"drl.{part}.{f}" for part in ("effect", "model") for f in EFFECT_SUMS]
+                + [f"drl.effect.{f}" for f in RESID_SUMS]
+                + [f"drl.check.{part}.{f}" for part in CHECK_PARTS
+                   for f in ("n", *CHECK_FIELDS, *(f"{k}.{l}" for k, l in cluster_pair_names(CHECK_FIELDS)))])
 
 
 # -- a site: features, pseudo-outcomes, sums --------------------------------------------------------------------------
@@ -149,7 +147,7 @@ def ridge_sums(X: np.ndarray, phi: np.ndarray, w: np.ndarray | None = None) -> d
 
 def empty_fit_sums() -> dict[str, float]:
     """What a site that cannot fit sends: zeros (n = 0, not counted in ``sites``)."""
-    return {k: 0.0 for k in metric_names() if k.startswith("drl.fit.")}
+    return dict.fromkeys(FIT_NAMES, 0.0)
 
 
 def site_fit_sums(model, data, floor: int, pair: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, float]:
@@ -274,10 +272,9 @@ def heldout_check(s: dict[str, Any], part: str, delta: float = 0.0, delta_share:
 # -- the server: solve, request, merge --------------------------------------------------------------------------------
 def fit_totals(totals: dict[str, Any]) -> dict[str, float] | None:
     """The ``drl.fit.*`` of the consortium's totals (None when absent), as stored with a scored round."""
-    keys = [k for k in metric_names() if k.startswith("drl.fit.")]
-    if not all(k in totals for k in keys):
+    if not all(k in totals for k in FIT_NAMES):
         return None
-    return {k: float(totals[k]) for k in keys}
+    return {k: float(totals[k]) for k in FIT_NAMES}
 
 
 def _matrices(s: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
@@ -407,7 +404,6 @@ def merge_effects(s: dict[str, Any], fit_steps: int) -> dict[str, Any] | None:
     return out
 
 
-# -- the queries ------------------------------------------------------------------------------------------------------
 class DRLearnerFit(Query):
     """The ridge sums of a scored round's validation rows (module docstring, "Federated fit"): ``drl.fit.*``."""
 
@@ -415,7 +411,7 @@ class DRLearnerFit(Query):
     quick = True
 
     def names(self, policy_names: Iterable[str], ope_horizon: int | None) -> list[str]:
-        return [k for k in metric_names() if k.startswith("drl.fit.")]
+        return list(FIT_NAMES)
 
     def applies(self, ctx: SiteContext) -> bool:
         return ctx.request.keep_round is not None
@@ -436,7 +432,7 @@ class DRLearnerEffects(Query):
     name = "drl.effect"
 
     def names(self, policy_names: Iterable[str], ope_horizon: int | None) -> list[str]:
-        return [k for k in metric_names() if not k.startswith("drl.fit.")]
+        return list(EFFECT_NAMES)
 
     def applies(self, ctx: SiteContext) -> bool:
         return not ctx.request.quick and ctx.request.dr_learner_beta is not None

@@ -20,8 +20,9 @@ Two estimands are answered where the sites' logged propensities support them:
    inverse-probability weights, Cole & Hernán 2008, Am. J. Epidemiol. 168:656-664); a mean well below 1 is the share
    of the policy's distribution the sample did not reach: histories where the logging policy almost never takes the
    policy's action (DKT-Synth's tutor gives a mastered item with probability 0.002). There the doubly robust value
-   is the simulator's guess however large the ESS of what was reached, and its interval does not know it. The answer of a policy is its DR value on its longest supported horizon, an effect is answered on the longest
-   horizon both policies pass. Beyond it the simulator's number is extrapolation: printed as such, with its bounded
+   is the simulator's guess however large the ESS of what was reached, and its interval does not know it. The answer
+   of a policy is its DR value on its longest supported horizon, an effect is answered on the longest horizon both
+   policies pass. Beyond it the simulator's number is extrapolation: printed as such, with its bounded
    interval and support, and never ranked.
 
 Point estimates of a binary outcome are kept in [0, 1] (effects in [−1, 1]): an estimate outside is reported at the
