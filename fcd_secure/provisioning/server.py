@@ -2,7 +2,7 @@
 
 ``start`` runs one ``flower-superlink`` with the consortium's TLS certificate and SuperNode authentication on the
 host the consortium names; its Control API (unauthenticated in open-source Flower, and on the same port as the Fleet
-API in flwr 1.42) answers only the coordinator host (``--control-api-address``, ``provisioning.superlink_main``);
+API in the pinned Flower) answers only the coordinator host (``--control-api-address``, ``provisioning.superlink_main``);
 it registers each enrolled site's SuperNode key
 (``flwr supernode register``) at every start, because the SuperLink keeps its state in memory
 (``deployment.FLWR_IN_MEMORY``). ``run`` submits the consortium's pinned app (``flwr run``) with a run config in which
