@@ -92,7 +92,8 @@ class ModelConfig(BaseModel):
         description=(
             "form of the context head: 'affine' Â_{t+1} = A_t·(1 + tanh m) + b with (b, m) = g(K_t, T_t, Y_t), which "
             "starts as carry forward (its last layer is zero-initialised); 'direct' Â_{t+1} = g(K_t, A_t, T_t, Y_t), "
-            "the head before issue 29. Affine by measurement on the tumour oracle (model/context.py, docs/tumour.md)"
+            "a free regression of the next value. Affine by measurement on the tumour oracle "
+            "(model/context.py, docs/tumour.md)"
         ),
     )
 

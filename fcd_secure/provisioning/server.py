@@ -252,7 +252,8 @@ def run_federation(co: Coordinator, out: str | Path, *, rounds: int = 1, dp: boo
             raise RuntimeError(f"the SuperLink stopped during the run; see {processes.run_dir(root) / 'logs'}")
         if run_id is not None and time.monotonic() >= next_status:
             # a ServerApp that raised (every site refused, a checkpoint of other settings, ...) writes no
-            # summary.json: ask the SuperLink, or the command would wait out the whole timeout (issue 32 item 10)
+            # summary.json: ask the SuperLink, or the command would wait out the whole timeout (docs/hospital.md,
+            # "Frictions found", 3)
             status = _run_status(co, run_id)
             if status is not None and status.startswith("finished:") and status != "finished:completed" \
                     and not summary_path.exists():
