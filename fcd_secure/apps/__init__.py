@@ -17,5 +17,6 @@ module              role
 ``guard``           ``guard_mod``: no exception text or traceback leaves a site
 ``mods``            ``client_mods``: [egress gate, guard], the mods of every site's ClientApp
 ``outputs``         the run folder (config, theta_c.npz, rounds, traffic, summary.json, Figs. 3–4)
+``sandbox``         the ServerApp gives up reading the coordinator's signing and TLS keys (Landlock; threats P35)
 ==================  =====================================================================================
 """

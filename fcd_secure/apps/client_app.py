@@ -62,8 +62,8 @@ def _metric(v):
     return [float(x) for x in v] if isinstance(v, (list, tuple)) else float(v)
 
 
-#: Flower's action name of a bare category (``"train"`` is dispatched as ``"train.default"``; flwr 1.42
-#: ``flwr.clientapp.client_app.DEFAULT_ACTION``).
+#: Flower's action name of a bare category (``"train"`` is dispatched as ``"train.default"``; the pinned
+#: Flower's ``flwr.clientapp.client_app.DEFAULT_ACTION``).
 DEFAULT_ACTION = "default"
 
 Handler = Callable[[Message, Context], Message]
@@ -75,8 +75,8 @@ def _refuse_unknown(msg: Message, context: Context) -> Message:
 
 
 def _with_mods(handler: Handler, mods: Sequence) -> Handler:
-    """``handler`` behind ``mods``, the first outermost: the order Flower gives a registered handler (flwr 1.42
-    ``flwr.client.mod.utils.make_ffn``)."""
+    """``handler`` behind ``mods``, the first outermost: the order Flower gives a registered handler (the pinned
+    Flower's ``flwr.client.mod.utils.make_ffn``)."""
 
     def wrap(inner: Handler, mod) -> Handler:  # noqa: ANN001 - a Flower mod
         return lambda msg, ctx: mod(msg, ctx, inner)
@@ -89,7 +89,7 @@ def _with_mods(handler: Handler, mods: Sequence) -> Handler:
 class SiteClientApp(ClientApp):
     """A ``ClientApp`` in which every message passes the site's mods, whatever its type (P28).
 
-    Flower 1.42's ``ClientApp.__call__`` raises ``ValueError("No train function registered …")`` for a type nobody
+    The pinned Flower's ``ClientApp.__call__`` raises ``ValueError("No train function registered …")`` for a type nobody
     registered, *before* any mod runs; the SuperNode's runtime then answers with ``str(exception)``. That reply never
     passed the egress gate: no ledger line records it, and its text is Flower's. Here a type the site does not
     register is dispatched to a handler that refuses it, behind the same mods as every registered one, so the gate

@@ -1,7 +1,7 @@
 """The guard mod: no exception text ever leaves a site.
 
-flwr 1.42 turns an exception in a handler into an error reply that carries ``str(exception)`` and, under
-simulation, the full traceback (Flower 1.42's ClientApp error reply): a ``KeyError`` on a patient id would
+The pinned Flower (``fcd_secure._flower.pins``) turns an exception in a handler into an error reply that carries ``str(exception)`` and, under
+simulation, the full traceback (its ClientApp error reply): a ``KeyError`` on a patient id would
 leave the site. :func:`guard_mod` replaces every exception by a generic error reply with a fixed reason; nothing
 about the exception leaves. ``apps.mods.client_mods`` puts it inside the audit egress gate.
 

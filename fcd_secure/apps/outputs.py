@@ -201,7 +201,8 @@ def build_summary(cfg: RunConfig, result, engine: str) -> dict[str, Any]:
         "resumed_from_round": result.resumed_from,
         "layout_hash": m.layout_hash,
         "standardization": result.extra.get("standardization"),  # consortium-wide, from round 0 (secure_stats)
-        # the evaluated round the answers come from, the truth-free rule that chose it and every round's D1 (issue 29)
+        # the evaluated round the answers come from, the truth-free rule that chose it and every round's D1
+        # (docs/benchmarks.md, "Models are chosen by a causal criterion")
         "selection": {k: v for k, v in (result.extra.get("selection") or {}).items() if k != "scores"} or None,
         "versions": versions(),
     }

@@ -3,7 +3,7 @@
 A site is identified by its *site id* (``node_config["site-id"]`` in deployment, ``site-<partition-id>`` in
 simulation), never by Flower's random node id. Its private state lives on disk (``federation.state``) and is
 loaded for every message, because in deployment every message runs in a fresh ``flwr-clientapp`` process and in
-simulation one Ray actor serves every site (Flower 1.42's simulation engine: module globals leak across
+simulation one Ray actor serves every site (the pinned Flower's simulation engine: module globals leak across
 simulated nodes; ``Context.state`` is lost on restart). The only process-wide cache is the loaded data split,
 which is a pure function of the run config.
 

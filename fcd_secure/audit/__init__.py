@@ -10,7 +10,8 @@
   (:mod:`~fcd_secure.audit.receipts`).
 * :mod:`~fcd_secure.audit.server`: ``ServerAudit``, the server's ledger and the receipts it returns to sites.
 * :mod:`~fcd_secure.audit.verify` / :mod:`~fcd_secure.audit.report`: offline verification for auditors
-  (``fcd audit verify``).
+  (``fcd audit verify``); :mod:`~fcd_secure.audit.pins`: the pin file of key fingerprints the operator hands the
+  auditor out of band (``fcd audit fingerprints --out pins.toml``).
 
 Audit sits above model/ and data/, beside aggregation/ and privacy/, reads the Θc/Θs contract
 (:mod:`fcd_secure.manifest`), and never imports the federation layer above it.

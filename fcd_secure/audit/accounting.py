@@ -2,8 +2,8 @@
 
 The audit reconciles two independent records of every uplink (the site's ledger and the server's), so both sides
 must measure a message by one definition, and the federation's traffic accounting
-(``fcd_secure.federation.messaging``) counts with the same functions. We use Flower's own content addressing (flwr
-1.42 ``flwr.supercore.inflatable``): a message is a Merkle DAG
+(``fcd_secure.federation.messaging``) counts with the same functions. We use Flower's own content addressing (the pinned
+Flower's ``flwr.supercore.inflatable``): a message is a Merkle DAG
 ``Message -> RecordDict -> records -> Array -> ArrayChunk``, every node serialised by ``deflate()`` and named by
 ``object_id = sha256(deflate())``.
 

@@ -1,6 +1,6 @@
 """The egress gate: the Flower mod that decides, on every reply, what may leave a site, and writes down what did.
 
-Put it first in ``ClientApp(mods=[...])``: flwr 1.42 wraps the handler in the mods in reverse order
+Put it first in ``ClientApp(mods=[...])``: the pinned Flower wraps the handler in the mods in reverse order
 (``flwr.client.mod.utils.make_ffn``), so the first mod is outermost and sees every reply, custom actions included;
 nothing a handler or an inner mod builds can pass around it. The rules are :mod:`~fcd_secure.audit.rules`.
 
@@ -16,7 +16,7 @@ nothing a handler or an inner mod builds can pass around it. The rules are :mod:
   own code, a 64-bit value of its choosing, is kept in the site ledger only. A site that cannot even be prepared
   (:class:`~fcd_secure.audit.rules.SiteFailure`) answers with that failure's category.
 * A reply that passes leaves as a message the gate builds itself, ``Message(content, reply_to=msg)``: its metadata
-  (``ttl``, ``created_at``, the task ids, ``delivered_at``, all settable in flwr 1.42) is what Flower derives from
+  (``ttl``, ``created_at``, the task ids, ``delivered_at``, all settable in the pinned Flower) is what Flower derives from
   the instruction and the gate's clock, so no field a handler could set carries bits out.
 * A secure-aggregation reply passes the stage's size bound (:mod:`~fcd_secure.audit.rules`) and then, when the site
   binds one (``SiteAuditContext.protocol_reply``), the protocol's own exact check against the request it answers:

@@ -120,9 +120,9 @@ class SiteFailure(FcdError, Exception):
 #: The rule a private array found by bytes breaks, by its kind.
 _BYTES_RULE = {"theta_s": "theta_s_bytes", "propensity": "propensity"}
 
-#: Reply metadata that must equal what ``Message(content, reply_to=msg)`` sets (flwr 1.42 ``Message.__init__``):
-#: ``(reply field, instruction field)``. ``message_type``, ``group_id`` and ``dst_node_id`` have setters in flwr
-#: 1.42, so a handler or an inner mod can relabel a reply (e.g. as ``train.secagg_*`` to pass ConfigRecord bytes).
+#: Reply metadata that must equal what ``Message(content, reply_to=msg)`` sets (the pinned Flower's ``Message.__init__``):
+#: ``(reply field, instruction field)``. ``message_type``, ``group_id`` and ``dst_node_id`` have setters in the
+#: pinned Flower, so a handler or an inner mod can relabel a reply (e.g. as ``train.secagg_*`` to pass ConfigRecord bytes).
 #: The gate then rebuilds every reply's metadata itself, so fields nobody checks (``ttl``, ``created_at``, the task
 #: ids, ``delivered_at``) carry nothing a handler chose.
 REPLY_BINDING = (

@@ -11,7 +11,14 @@
 - :mod:`.registry`: ``load_federated(name, ...)``, the one entry point from a dataset name to sites;
 - :mod:`.policy`: ``PolicyLike``, the declarative policies of ``policies/`` and the anchor actions;
 - :mod:`.npz`: a built dataset on disk (``save_npz`` / ``load_npz``);
-- :mod:`.dkt_synth`: the DKT-Synth oracle world with ground truth.
+- :mod:`.dkt_synth`: the DKT-Synth oracle world with ground truth;
+- :mod:`.tumour`: the tumour-growth oracle world (Geng et al. 2017) with ground truth;
+- :mod:`.worlds`: what the two generated worlds share (config, common random numbers, sites, ground truth);
+- :mod:`.cohorts`: which entities a site trains, validates and answers on, fixed by a site secret;
+- :mod:`.moments`: standardisation statistics from additive sums (the secure round 0);
+- :mod:`.formats`: readers for on-disk formats several loaders share;
+- :mod:`.long_tables`: a federated dataset written back as one long-format table per site, with its spec
+  (``fcd data export``).
 
 Nothing is re-exported here, so that ``import fcd_secure.data.schema`` stays light (no torch, no loaders).
 """

@@ -4,6 +4,14 @@ the federated run. Pure numpy (+ matplotlib for plots); depends only on ``fcd_se
 
 ``plot_metric_vs_round`` / ``plot_utility_vs_uplink`` are imported lazily so that importing metrics never pulls in
 matplotlib.
+
+- :mod:`.metrics`: PEHE, ATE error, value error, factual AUC, MMD
+- :mod:`.ope`: IPW, SNIPW, PDIS, DM and per-decision DR with support diagnostics
+- :mod:`.discrepancy`: the truth-free one-step doubly robust discrepancy D₁ (model selection)
+- :mod:`.intervals`: intervals for policy values and effects from consortium sums alone
+- :mod:`.propensity`: a site's own model of its logging policy
+- :mod:`.tstr`: TSTR / TRTR utility with one fixed predictor
+- :mod:`.plots`: the paper's figures
 """
 
 from fcd_secure.evaluation.metrics import (

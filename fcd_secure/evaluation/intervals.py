@@ -40,10 +40,10 @@ that the logged sample did not reach. On that share the doubly robust value kept
 entities it cannot name (the sample lacks them), so that fill lies anywhere between B_t · min_i v̂_it and
 B_t · max_i v̂_it; the outcome there could be anything in its range, so :func:`unseen_mass_sums` and
 :func:`unseen_bounds` widen the interval by B_t times the most the truth could lie below (max v̂_t − 0) or above
-(1 − min v̂_t) the model on those steps. (Pricing the share at the model's *average* v̂_t, as this module first did,
-assumed the missed entities are typical ones: under strong confounding they are not — the model errs most where the
-logging policy keeps entities away from π — and the bounded interval covered 53–66 % instead of 90 % on a tumour
-world with γ = 10, issue 32; ``benchmarks/intervals.py --synthetic`` measures it. B_t comes from the same
+(1 − min v̂_t) the model on those steps. (Pricing the share at the model's *average* v̂_t would
+assume the missed entities are typical ones: under strong confounding they are not — the model errs most where the
+logging policy keeps entities away from π; docs/whatif.md, "Strong confounding", and ``benchmarks/intervals.py
+--synthetic`` measure both. B_t comes from the same
 weights as the estimate, so the ends move with the sample as well: with ``dr=`` a site also sends n, Σ, Σ² of each
 end's per-entity terms and the interval takes their spread at each end.) These are
 the worst-case bounds of Manski (1990, "Nonparametric bounds on treatment effects", AER 80(2)) applied to the part
@@ -241,7 +241,8 @@ def unseen_mass_sums(prefix: str, w: np.ndarray, scale: np.ndarray, v_hat: np.nd
     missed = np.clip(1.0 - reached_mass(w, scale), 0.0, 1.0)  # E[w_{0:t}] = 1: what the sample's weights fall short of
     # Who makes up the missed share is unknown (the sample lacks them), so the model's fill there lies anywhere between
     # its lowest and highest prediction at the step, not at its average: under strong confounding the model errs most
-    # on exactly the entities the logging policy keeps away from π (issue 32: the average under-covered, 53-66 %)
+    # on exactly the entities the logging policy keeps away from π (priced at the average, the interval
+    # under-covered: docs/whatif.md)
     s = np.where(valid, scale, 0.0).sum(axis=0)
     v_max = np.where(valid, v, 0.0).max(axis=0, initial=0.0)
     v_min = np.where(valid, v, 1.0).min(axis=0, initial=1.0)

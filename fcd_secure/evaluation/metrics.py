@@ -1,6 +1,6 @@
 """Evaluation metrics of the paper (§IV-C "Metrics", Table III and Table IV), in numpy.
 
-Definitions (research note ``causal-anchors.md`` §5; cfrnet ``cfr/evaluation.py`` convention):
+Definitions (Hill 2011; Shalit et al. 2017 and its cfrnet ``cfr/evaluation.py`` convention):
 
 * **PEHE** = √( (1/|S|) Σ_{s∈S} (τ̂_s − τ_s)² ) — the *square root* of the mean squared individual-effect error
   (Hill 2011 defines ε_PEHE without the root; Shalit et al. and the paper's tables use the root).

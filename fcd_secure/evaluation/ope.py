@@ -1,7 +1,8 @@
-"""Off-policy evaluation (OPE) of a target policy π from logged sequential data (paper §IV-C, Fig. 2; DESIGN trap 5).
+"""Off-policy evaluation (OPE) of a target policy π from logged sequential data (paper §IV-C, Fig. 2).
 
-Re-implemented from the formulas in research note ``causal-anchors.md`` §3 (obp bandit estimators, SCOPE-RL
-sequential estimators; no code copied, no runtime dependency on either). One small class per estimator, obp style.
+Re-implemented from the published formulas (Precup et al. 2000; Jiang & Li 2016; Thomas & Brunskill 2016), in the
+estimator layout of obp (Saito et al. 2021) and SCOPE-RL (Kiyohara et al. 2023); no code copied, no runtime
+dependency on either. One small class per estimator, obp style.
 
 Data, all shaped [n, L] (n logged trajectories, L steps), i.e. exactly the ``SiteDataset`` arrays:
 
@@ -11,7 +12,7 @@ Data, all shaped [n, L] (n logged trajectories, L steps), i.e. exactly the ``Sit
 * ``pi``       π_{i,t} = π(a_{i,t} | h_{i,t})    target probability of the taken action, in [0, 1]
   (0/1 for the deterministic policies Never / Always / Early-on / Late-on);
 * ``q_hat``    Q̂_{i,t} ≈ Q^π(h_t, a_t)  model estimate of the return-to-go E[Σ_{t'≥t} γ^{t'−t} r_{t'}] after taking the
-  logged a_t and following π afterwards (from the model's do-simulation, research note §3.3 "Mapping");
+  logged a_t and following π afterwards (from the model's do-simulation, the Q̂ of Jiang & Li 2016's DR);
 * ``v_hat``    V̂_{i,t} ≈ V^π(h_t) = Σ_a π(a|h_t) Q̂(h_t, a)  model estimate of the return-to-go under π.
 
 Q̂/V̂ are in *un-normalised* reward units over the same horizon and discount as the estimate.
@@ -24,12 +25,12 @@ cumulative weight w_i = w_{0:L_i−1} drives the support diagnostics of every we
 Scale of the value ("normalised per step"): the return of trajectory i is G_i = c_i Σ_t γ^t M_{i,t} r_{i,t} with
 
 * ``normalise="per_step"`` (default): c_i = 1 / Σ_t γ^t M_{i,t}; with γ = 1 this is the per-step average success
-  V(π) = E_i[(1/L_i) Σ_t M_{i,t} Y^π_{i,t}] of research note §5, the scale of the DKT-Synth oracle values. It treats
+  V(π) = E_i[(1/L_i) Σ_t M_{i,t} Y^π_{i,t}] (the paper's §IV-C policy value), the scale of the DKT-Synth oracle values. It treats
   the logged length L_i as exogenous (not changed by π), the usual assumption for fixed-length curricula;
 * ``normalise="horizon"``: c_i = 1 / Σ_{t<H} γ^t, one constant for all i (no assumption on lengths);
 * ``normalise="none"``: c_i = 1, the plain discounted return.
 
-Zero support (research note §3.4; paper: "Always" on Diabetes-130 is NaN): a weighting estimator whose final
+Zero support (the paper reports "Always" on Diabetes-130 as NaN): a weighting estimator whose final
 weights are all zero (or whose ESS is below ``min_ess``) returns ``value = NaN``, sets ``warning`` and emits a
 :class:`SupportWarning` — never a made-up number. :class:`DM` needs no support.
 
@@ -376,7 +377,7 @@ def _finish(
 
 
 class IPW(OPEEstimator):
-    """Trajectory-wise importance sampling (TIS; Precup et al. 2000; research note §3.3).
+    """Trajectory-wise importance sampling (TIS; Precup et al. 2000).
 
     V̂_IPW = (1/n) Σ_i w_{0:L_i−1}^{(i)} · G_i,   G_i = c_i Σ_t γ^t M_{i,t} r_{i,t}.
 
@@ -407,7 +408,7 @@ class SNIPW(OPEEstimator):
 
 
 class PDIS(OPEEstimator):
-    """Per-decision importance sampling (Precup et al. 2000; SCOPE-RL "PDIS", research note §3.3).
+    """Per-decision importance sampling (Precup et al. 2000; SCOPE-RL "PDIS").
 
     V̂_PDIS = (1/n) Σ_i c_i Σ_t γ^t M_{i,t} w_{0:t}^{(i)} r_{i,t}.
     """
@@ -420,7 +421,7 @@ class PDIS(OPEEstimator):
 
 
 class DM(OPEEstimator):
-    """Direct method from the model's value estimate at the first step (research note §3.3 "DM").
+    """Direct method from the model's value estimate at the first step (the "direct method", Dudík et al. 2011).
 
     V̂_DM = (1/n) Σ_i c_i V̂(h_{i,0}),   V̂(h_0) = Σ_a π(a|h_0) Q̂(h_0, a) (the model's do-simulated return under π).
 
@@ -445,7 +446,7 @@ class PerDecisionDR(OPEEstimator):
     * Unbiased whenever μ is correct and V̂(h) = Σ_a π(a|h) Q̂(h, a), whatever Q̂ is (each correction term has mean 0).
     * Exact, trajectory by trajectory, when Q̂ = Q^π and rewards/transitions are deterministic given (h_t, a_t).
     * Under zero support (all w_{0:L_i−1} = 0) the formula would collapse to a DM-like number; we return NaN with a
-      :class:`SupportWarning` instead, as the paper reports for "Always" on Diabetes-130 (DESIGN trap 5).
+      :class:`SupportWarning` instead, as the paper reports for "Always" on Diabetes-130.
     """
 
     name = "dr"

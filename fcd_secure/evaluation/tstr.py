@@ -1,4 +1,4 @@
-"""Train-on-synthetic, test-on-real (TSTR) utility (paper §IV-C "Metrics", Table IV; research note §4).
+"""Train-on-synthetic, test-on-real (TSTR) utility (paper §IV-C "Metrics", Table IV; Esteban et al. 2017).
 
 One *fixed* predictor g is used for every generator, so that TSTR numbers compare generators and not tuning
 effort (RCGAN's protocol, Esteban et al. 2017, paper ref. [32]); TRTR (train-real-test-real) with the same g is the
@@ -19,8 +19,8 @@ form. No randomness is involved: the same data give the same numbers.
 
 The synthetic training set of a simulator is :func:`synthesize`: the real trajectories' X, A, actions and valid-step
 mask, with outcomes drawn by the simulator under the *logged* actions (one draw per trajectory), so that synthetic and
-real sets differ only in how Y was generated (research note §4: "generated under the logged policy from the same X
-distribution", as many as the real training set).
+real sets differ only in how Y was generated (as many as the real training set, from the same X distribution: Esteban et al.
+2017, TSTR; Yoon et al. 2019, TimeGAN).
 
 Reported: ``auc`` (rank AUC of the predicted probability on real binary Y, pooled over valid steps; NaN for
 continuous Y) and ``rmse`` (√ mean (ŷ − y)² over valid steps — the probability RMSE for binary Y).

@@ -9,6 +9,7 @@ module             role
 ``ablation``       Table III variants (DSS, full sync, w/o L_dis, local only, centralised) over seeds
 ``evaluate``       scoring any :class:`~fcd_secure.model.simulator.Simulator` with the federated evaluation
 ``tables``         mean ± s.d. over seeds (the cells of Table III)
+``report_html``    ``fcd report``: one self-contained HTML page of a run for a privacy officer and an auditor
 ``reproduction``   the paper reproduction (``fcd reproduce``): the four baselines and Fed-CausalDiff federated on the
                    four datasets, Tables III–IV and Figs. 2–4 beside the paper's numbers, cached per cell
 =================  ================================================================================================

@@ -1,5 +1,5 @@
 """The centralised reference: one simulator trained on the pooled training data of all sites (the non-private
-yardstick of DESIGN.md "Numbers"), used by ``fcd train --centralised`` and by the ``centralised`` row of
+yardstick a federated result is compared with: docs/fidelity.md, "Targets"), used by ``fcd train --centralised`` and by the ``centralised`` row of
 ``fcd ablate`` (paper Table III), so that both report the same numbers for the same configuration and seed.
 
 One epoch rule, one seed rule:

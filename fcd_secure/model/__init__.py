@@ -5,7 +5,9 @@ Public API (other layers import from here or from the named module):
 
 * ``ModelConfig`` (config.py); ``FedCausalDiff.from_dims(cfg, dx, da, n_actions, n_sites)`` (networks.py)
 * ``build_manifest``, ``get_params``, ``set_params`` (manifest.py; the contract itself is ``fcd_secure.manifest``)
-* ``Batch``, ``make_loader``, ``dataset_tensors`` (batch.py); ``batch_loss``, ``train_local`` (training.py)
+* ``Batch``, ``make_loader``, ``dataset_tensors`` (batch.py); ``batch_loss``, ``train_local`` (training.py); the
+  loss terms (losses.py); the forward schedule and the samplers (schedule.py, samplers.py); the context head that
+  simulates time-varying contexts under an intervention (context.py)
 * ``simulate``, ``simulate_policy``, ``estimate_effects`` (simulate.py, the Fed-CausalDiff rollout)
 * ``Simulator``, ``SimResult`` (simulator.py): the protocol of every causal simulator; its implementations —
   Fed-CausalDiff, the GRU g-formula, the naive model — are ``fcd_secure.model.baselines``

@@ -7,7 +7,7 @@ default collation and the consumer converts with :meth:`Batch.of` — the one pl
 The logged propensities P ride along as the last field, NaN where the dataset carries none — and the
 training entry points give the model a dataset without P (``SiteDataset.without_propensities``) unless
 ``ModelConfig.ipw`` is on. Only the inverse-propensity weights (``losses.ipw_weights``) read P, on the site: no
-network input, output, parameter or reported metric carries it, and it never leaves the site (DESIGN trap 5).
+network input, output, parameter or reported metric carries it, and it never leaves the site (the egress gate refuses it, docs/privacy.md).
 """
 
 from __future__ import annotations

@@ -92,7 +92,8 @@ class ModelConfig(BaseModel):
         description=(
             "form of the context head: 'affine' Â_{t+1} = A_t·(1 + tanh m) + b with (b, m) = g(K_t, T_t, Y_t), which "
             "starts as carry forward (its last layer is zero-initialised); 'direct' Â_{t+1} = g(K_t, A_t, T_t, Y_t), "
-            "the head before issue 29. Affine by measurement on the tumour oracle (model/context.py, docs/tumour.md)"
+            "a free regression of the next value. Affine by measurement on the tumour oracle "
+            "(model/context.py, docs/tumour.md)"
         ),
     )
 
@@ -140,7 +141,7 @@ class ModelConfig(BaseModel):
 
     # -- DP-SGD ------------------------------------------------------------------------------------------
     dp_mode: bool = Field(
-        False, description="train under per-sample DP-SGD: batch-coupled terms are off or replaced (DESIGN trap 4)"
+        False, description="train under per-sample DP-SGD: batch-coupled terms are off or replaced (Opacus: no joint computation over a batch)"
     )
     align_under_dp: Literal["off", "reference"] = Field(
         "off",
@@ -197,7 +198,8 @@ class ModelConfig(BaseModel):
         """How L_align is computed in this configuration.
 
         ``batch_mmd`` couples samples of a batch and is therefore never used under DP-SGD: one record would move
-        every other record's clipped gradient (dp-anchors §2). Under ``dp_mode`` it is ``off`` or ``reference``.
+        every other record's clipped gradient (Opacus ``grad_sample/README.md``: layers that compute jointly over batch
+        samples are not allowed; Kong et al. 2023, arXiv 2310.03104: such a loss's sensitivity grows with the batch). Under ``dp_mode`` it is ``off`` or ``reference``.
         """
         if not self.use_align or self.lambda_align == 0:
             return "off"

@@ -7,7 +7,7 @@ the network then carries this head over its first ``n_endogenous`` columns:
 
     (b, m) = g(K_t, emb(T_t), Y_t)
     Â_{t+1} = A_t[:n_endo] ⊙ (1 + tanh m) + b    ``ModelConfig.context_head = "affine"`` (the default)
-    Â_{t+1} = g(K_t, A_t, emb(T_t), Y_t)         ``"direct"`` (the head before issue 29)
+    Â_{t+1} = g(K_t, A_t, emb(T_t), Y_t)         ``"direct"`` (a free regression of the next value)
 
 (the conditional mean of the next endogenous contexts), trained with the other losses as ``L_context`` =
 E_t ‖A_{t+1}[:n_endo] − Â_{t+1}‖² over pairs (t, t+1) that are both valid (``ModelConfig.use_context`` /
@@ -29,14 +29,12 @@ scales with the level through the rate m (growth and cell kill are proportional 
 model of Geng et al. 2017, as in most compartment models) and moves by amounts through b (a standardised context
 near zero). The head reads A_t only through the skip (K_t summarises it): a rate that reads A_t multiplies A_t by a
 function of itself, and beyond the range it was trained on (an untreated tumour simulated for 55 days) that feedback
-diverged doubly exponentially, to −inf (measured: the g-formula, 2,000 patients of 60 days). With m and b functions
+diverges doubly exponentially, to −inf (docs/tumour.md, "The context head"). With m and b functions
 of the bounded K_t (tanh range), the action and the outcome, and the factor 1 + tanh m in (0, 2), the multiplicative
 part keeps the context's sign and a generated context grows at most geometrically.
 
-Measured on the tumour oracle (``benchmarks/tumour.py``, γ = 2, 1,000 patients, 6 epochs; normalised RMSE (%) of the
-volume τ = 1 / 3 / 5 days ahead; carry forward 1.81 / 3.10 / 3.98): the g-formula with the direct head 2.39 / 2.91
-/ 2.97, with a purely additive residual Â = A_t + b 1.58 / 3.43 / 5.58 (the change learnt too small, its error
-accumulates), with the affine head 0.74 / 0.90 / 1.06 (``docs/tumour.md``). The form is a model setting: it is in a
+How the three forms compare on the tumour oracle (direct, purely additive Â = A_t + b, affine): docs/tumour.md,
+"The context head". The form is a model setting: it is in a
 run's training hash, and every site builds the same Θc shapes from it (the affine head: inputs without A_t, two
 outputs per endogenous column).
 """

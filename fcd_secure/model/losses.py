@@ -4,8 +4,9 @@
 
 Every per-sample term returns a vector ``[B]``: the masked mean over that trajectory's valid steps. Nothing is
 reduced across the batch here except in the batch MMD, which is the only batch-coupled term and is never used
-under DP-SGD (``ModelConfig.align_form``; dp-anchors §2). Per-sample randomness (diffusion steps, noise) is drawn
-per row inside these functions, which is what Opacus' per-sample clipping needs (dp-anchors §1.2).
+under DP-SGD (``ModelConfig.align_form``; Opacus ``grad_sample/README.md``: no joint computation over batch samples;
+Kong et al. 2023, arXiv 2310.03104). Per-sample randomness (diffusion steps, noise) is drawn per row inside these
+functions, so each row's loss, and its clipped gradient, depends on that record alone (Abadi et al. 2016, §3.1).
 
 ``batch`` is a :class:`~fcd_secure.model.batch.Batch` (``X[B,dx], A[B,L,da], T[B,L], Y[B,L], M[B,L], site[B],
 P[B,L]``); P (the logged propensity) is read only by :func:`ipw_weights`. The likelihood terms take optional per-step
@@ -53,8 +54,8 @@ def l_diff(model: FedCausalDiff, K: torch.Tensor, batch: Batch, W: torch.Tensor 
     """L_diff = E_{t,n,ε} ‖ε − (ε_c(K^(n)_{t+1}, n, K_t, A_t, T_t) + ε_s(K^(n)_{t+1}, n, K_t, A_t))‖² (eq. 1).
 
     Over pairs (t, t+1) that are both valid; ``cfg.diff_samples`` diffusion steps n per pair, kept as an extra
-    axis ``[B, L−1, S, k]`` (never folded into the batch axis, which would make Opacus count each copy as a person,
-    dp-anchors §1.3). Target and condition are the encoder's K, detached: the score networks follow the encoder
+    axis ``[B, L−1, S, k]`` (never folded into the batch axis, which would make Opacus count each copy as a person:
+    S clipped gradients per record, sensitivity S·C, ε under-reported). Target and condition are the encoder's K, detached: the score networks follow the encoder
     (latent-diffusion convention) instead of pulling it toward an easy-to-denoise collapse.
 
     For the deterministic g-formula baseline the same slot holds ‖K_{t+1} − f(K_t, A_t, T_t)‖². With
@@ -147,13 +148,13 @@ def l_dis(model: FedCausalDiff, Kc: torch.Tensor, Ks: torch.Tensor, batch: Batch
     """L_dis = CE(D_c(GRL(K^(c)_t)), site) + CE(D_s(K^(s)_t), target), per sample.
 
     * D_c is the site discriminator in Θc behind the gradient-reversal layer: D_c learns to tell sites apart and
-      the reversed gradient pushes K^(c) to hide the site. It MUST be shared (DESIGN trap 2): a site only ever sees
+      the reversed gradient pushes K^(c) to hide the site. It MUST be shared: a site only ever sees
       its own label, so a site-local classifier would learn a constant and give K^(c) no signal; aggregated over
       sites by DSS it becomes a multi-site classifier.
     * D_s is the parallel head on K^(s) (Θs, no reversal), meant to make K^(s) carry the nuisance. By default it
       predicts the logged action T_t — the site's behaviour policy, which the hidden site-local confounder drives
-      and which a site can learn alone (DESIGN trap 2 applies to a site-label head in Θs too: locally it sees one
-      label). ``dis_parallel_target='site'`` predicts the site label (the paper's wording). Measured on DKT-Synth
+      and which a site can learn alone (a site-label head in Θs would learn a constant for the same reason: locally it
+      sees one label). ``dis_parallel_target='site'`` predicts the site label (the paper's wording). Measured on DKT-Synth
       default (3 seeds): 'action' gives better PEHE/ATE, although it drives K^(s) into tanh saturation (near-constant
       K^(s)); 'site' keeps K^(s) alive but its effects were worse.
     """
@@ -171,7 +172,7 @@ def l_cf(model: FedCausalDiff, K: torch.Tensor, batch: Batch, W: torch.Tensor | 
     """L_cf = E_t (1/R) Σ_{r=1..R} −log P_φ(Y_{t+r} | K̂_{t+r}, A_{t+r}, T_{t+r}), K̂_t = K_t,
     K̂_{t+r} = transition(K̂_{t+r−1}, A_{t+r−1}, do(T_{t+r−1} = logged)).
 
-    DESIGN trap 3's reading of counterfactual consistency: when the simulated actions equal the logged ones, a
+    Our reading of the paper's L_cf as counterfactual consistency (Robins 1986; Hernán & Robins 2020, §3.4): when the simulated actions equal the logged ones, a
     multi-step rollout of the transition (not the encoder) must reproduce the logged outcomes — Y(a) = Y when
     a = the factual action. (The paper's literal wording is trivially zero for a left-to-right encoder.) The rollout
     uses the differentiable DDIM sampler with ``cfg.cf_sampler_steps`` steps, so gradients reach ε_c, ε_s and the

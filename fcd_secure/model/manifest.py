@@ -1,15 +1,15 @@
 """Building the Θc / Θs manifest of a simulator's network, and moving parameters in and out by manifest name.
 
 The contract itself (``Manifest``, ``ManifestEntry``, parts) is :mod:`fcd_secure.manifest`, which every other layer
-reads; this module is the only place that knows how the partition maps onto the network (DESIGN.md "Layers";
+reads; this module is the only place that knows how the partition maps onto the network (docs/architecture.md;
 paper §III-A "Θ = Θc ∪ {Θs_i}"). Entries are the trainable parameters by their state_dict names (stable across
 processes: DPGRU keeps nn.GRU's names, and an Opacus ``GradSampleModule`` wrapper's ``_module.`` prefix is stripped).
 
 The partition rule (:func:`part_of`):
 
 * ``theta_c`` — shared causal parameters: action embedding, GRU trunk, K^(c) head, ε_c, decoder, site
-  discriminator (DESIGN trap 1: the trunk producing K^(c) is shared so ε_c acts in one coordinate system; trap 2:
-  the discriminator is shared so it can learn more than one site label);
+  discriminator (the trunk producing K^(c) is shared so ε_c acts in one coordinate system at every site; the
+  discriminator is shared because a site sees only its own label, so a local one learns nothing);
 * ``theta_s`` — site-local: K^(s) head, ε_s, parallel head, behaviour head (:data:`networks.THETA_S_MODULES`);
   the behaviour head is also *site-bound* (:data:`networks.SITE_BOUND_MODULES`): full synchronisation leaves it on
   the site too.

@@ -1,5 +1,5 @@
 """The Fed-CausalDiff network: Phase A encoder, Phase B score networks, Phase C decoder, and the L_dis heads
-(paper §III-A/B, Fig. 1; DESIGN.md "The method" and traps 1–2).
+(paper §III-A/B, Fig. 1; what is shared and why: ``manifest.py``).
 
 Parameter names (state_dict names) are the identity the whole system uses: the manifest, DSS, secure aggregation,
 the egress gate and the audit all key on them. They must not depend on the process, the DP mode or the dataset
@@ -8,7 +8,8 @@ beyond its dims, hence:
 * the trunk is always ``opacus.layers.DPGRU`` (its parameter names equal ``nn.GRU``'s, and it runs under Opacus'
   per-sample hooks without a module swap that would rename things);
 * padding is handled with the mask M, never with ``pack_padded_sequence`` (``enforce_sorted=False`` misaligns
-  Opacus' per-sample rows, dp-anchors §1.5). The GRU is causal and valid steps form a prefix, so outputs at
+  Opacus' per-sample rows: ``DPRNNBase`` un-permutes the returned hidden states but not the activations its
+  hooks captured, so one clipped row mixes two records; read in Opacus 1.6's ``layers/dp_rnn.py``). The GRU is causal and valid steps form a prefix, so outputs at
   valid steps never see padding.
 
 Module → partition (``manifest.py`` reads :data:`THETA_S_MODULES`):

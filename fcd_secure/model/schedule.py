@@ -4,7 +4,7 @@ Kept apart from the networks, diffusers-style: the ε-networks only see ``(K^(n)
 schedule says how ``K^(n)`` is made from ``K_{t+1}`` and is what the samplers walk back.
 
 The schedule is a plain object holding tensors, not an ``nn.Module`` with registered buffers: Opacus refuses
-trainable modules that carry buffers (dp-anchors §1.2), and the schedule has nothing to learn.
+trainable modules that carry buffers (``GradSampleModule``: "Model contains a trainable layer with buffers"), and the schedule has nothing to learn.
 """
 
 from __future__ import annotations

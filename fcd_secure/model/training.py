@@ -4,7 +4,7 @@
   :class:`~fcd_secure.model.batch.Batch` where they are consumed;
 * :func:`site_objective` — ``ipw = 'auto'`` resolved on the site's own data (``'step'`` or ``'off'``);
 * :func:`training_view` — the dataset a site trains on: the logged propensities P dropped unless ``cfg.ipw`` reads
-  them (on the site only, DESIGN trap 5; ``'auto'`` weights only where the site logs them);
+  them (on the site only: propensities never leave it, docs/privacy.md "Audit"; ``'auto'`` weights only where the site logs them);
 * :func:`batch_loss` — the local objective on one batch (paper §III-C), per-sample-safe unless a batch term is on;
 * :func:`train_local` — one call = one local round (``epochs`` passes), returns mean loss parts and n;
 * :func:`run_round` — the loop of that round, which the baselines' ``train_site`` runs too.

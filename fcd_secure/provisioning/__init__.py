@@ -12,5 +12,8 @@ module             role
 ``consortium``     ``consortium init``: id, CA + SuperLink certificate, coordinator key, ``consortium.toml``
 ``enrolment``      a site's enrolment request (its public keys, signed with its identity key) and its checks
 ``bundle``         ``consortium add-site``: the signed roster and the signed bundle each site joins with
+``server``         ``fcd server start|stop|status|run``: the coordinator's processes and runs
+``processes``      long-lived processes (SuperLink, SuperNode, site executor), started detached, stopped by PID
+``site_install``   the hospital's side: ``fcd site init|join|preflight|start|service``
 =================  ================================================================================================
 """

@@ -2,7 +2,7 @@
 
 ``start`` runs one ``flower-superlink`` with the consortium's TLS certificate and SuperNode authentication on the
 host the consortium names; its Control API (unauthenticated in open-source Flower, and on the same port as the Fleet
-API in flwr 1.42) answers only the coordinator host (``--control-api-address``, ``provisioning.superlink_main``);
+API in the pinned Flower) answers only the coordinator host (``--control-api-address``, ``provisioning.superlink_main``);
 it registers each enrolled site's SuperNode key
 (``flwr supernode register``) at every start, because the SuperLink keeps its state in memory
 (``deployment.FLWR_IN_MEMORY``). ``run`` submits the consortium's pinned app (``flwr run``) with a run config in which
@@ -252,7 +252,8 @@ def submit_run(co: Coordinator, out: str | Path, *, rounds: int = 1, dp: bool = 
             raise RuntimeError(f"the SuperLink stopped during the run; see {processes.run_dir(root) / 'logs'}")
         if run_id is not None and time.monotonic() >= next_status:
             # a ServerApp that raised (every site refused, a checkpoint of other settings, ...) writes no
-            # summary.json: ask the SuperLink, or the command would wait out the whole timeout (issue 32 item 10)
+            # summary.json: ask the SuperLink, or the command would wait out the whole timeout (docs/hospital.md,
+            # "Frictions found", 3)
             status = _run_status(co, run_id)
             if status is not None and status.startswith("finished:") and status != "finished:completed" \
                     and not summary_path.exists():

@@ -12,6 +12,7 @@ Pure Python over bytes and numpy: no Flower import anywhere in this package (``f
 - :mod:`.commitments` signed commitments to each secret and share; reconstruction that names a corrupted share
 - :mod:`.messages`  strict versioned byte encodings; parsers raise :class:`ProtocolError`
 - :mod:`.client`, :mod:`.server`  the two state machines
+- :mod:`.errors`    the protocol's errors (:class:`ProtocolError`, :class:`PolicyError`, :class:`AbortRound`)
 """
 
 from .client import ClientStage, ReplayGuard, SecAggClient

@@ -6,7 +6,7 @@ no ``numpy.random`` anywhere on this path. Each key is used for one stream only 
 session, round, pair and purpose), so the all-zero nonce is safe.
 
 The keystream is produced in chunks into one reused buffer and added into (or subtracted from) the
-accumulator in place: allocation, not AES, dominates otherwise (research note §5.1). All the masks of one party
+accumulator in place: allocation, not AES, dominates otherwise (``benchmarks/secagg.py`` prints the client seconds). All the masks of one party
 are applied chunk by chunk (:meth:`MaskStream.apply_all`): each 256 KiB segment of the accumulator stays in cache
 while every keystream is added to it, so the accumulator crosses memory once instead of once per mask.
 """

@@ -2,8 +2,9 @@
 
 Given a run directory (or one site's directory, or one ledger file) and the key fingerprints the auditor pinned out
 of band, verification runs in three steps: scan the server ledger(s) (:mod:`.server_side`), scan every site ledger
-(:mod:`.site_side`), reconcile the two (:mod:`.reconcile`); each ledger's chain is read by :mod:`.chain`. The verdict
-is the first that applies (its exit code is what ``fcd audit verify`` returns):
+(:mod:`.site_side`), reconcile the two (:mod:`.reconcile`); each ledger's chain is read by :mod:`.chain`, every
+recorded message is held to the egress policy by :mod:`.message_rules`, and the findings and verdict are
+:mod:`.result`. The verdict is the first that applies (its exit code is what ``fcd audit verify`` returns):
 
 * **tampered** (exit 6, evidence tampered or inconsistent): a line that does not parse or is not a well-formed
   entry, a hash, ``prev_hash``, ``seq`` or signature that does not check, a ledger signed by a key that is not

@@ -21,7 +21,7 @@ __all__ = ["check_message", "overhead_bound"]
 def overhead_bound(e: MessageLine) -> int:
     """Upper bound on the serialisation overhead of a payload (headers, names, ids), from what the line names.
 
-    Measured in flwr 1.42: ~16 B for an empty RecordDict, ~170 B per record, ~480-650 B per array (npy header
+    Measured in the pinned Flower (``fcd_secure._flower.pins``): ~16 B for an empty RecordDict, ~170 B per record, ~480-650 B per array (npy header
     128 B plus object headers and the name twice), ~100 B extra per 5 MiB chunk. The bound is generous by a
     factor of ~1.5 and linear in what the line declares, so a hidden payload of any size breaks it.
     """

@@ -173,7 +173,7 @@ def _receipt(
             bad(f"names server ledger entry {rec.server_seq}, which the server ledger does not hold")
     return anchored
 
-#: the node id Flower's SuperLink gives its own messages (``flwr.common.constant.SUPERLINK_NODE_ID`` in flwr 1.42; a
+#: the node id Flower's SuperLink gives its own messages (``flwr.common.constant.SUPERLINK_NODE_ID`` in the pinned Flower; a
 #: literal here because the audit layer imports no Flower code; tests/test_audit_verify.py checks it):
 #: the source of the error replies it builds for a node that did not answer, a node id it never allocates to a site
 SUPERLINK_NODE_ID = 1

@@ -5,6 +5,13 @@ Every module declares one ``SOURCE`` (:class:`~fcd_secure.data.sources.base.Pool
 loader and its presets. To add a dataset, write one module like :mod:`.statics2011` and list its ``SOURCE`` in
 :data:`SOURCES` below (a plain import: a broken source is an import error at start, never a silently missing
 dataset).
+
+- :mod:`.base`: what a source declares, and how a pooled dataset becomes federated sites
+- :mod:`.dkt_synth`: DKT-Synth, the semi-synthetic tutoring world with ground truth
+- :mod:`.tumour`: the tumour world (Geng et al. 2017), a PK-PD oracle with ground truth
+- :mod:`.statics2011`, :mod:`.assistments2009`: answer logs, through :mod:`.knowledge_tracing`
+- :mod:`.diabetes130`: Diabetes-130 US hospitals (UCI), readmission
+- :mod:`.obd`: the Open Bandit Dataset, with logged propensities
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ module             role
 ``cells``          one method × dataset × seed: federated training, the shared evaluation, TSTR; cached on disk
 ``outputs``        Tables III–IV and the data of Figs. 2–4 as CSV + JSON, and the PNGs
 ``paper``          the paper's published numbers
+``policy_values``  Fig. 2's policy values: a step-wise doubly robust estimate of each target policy
 ``report``         ``REPORT.md``: ours beside the paper's, cell by cell, and why they differ
 ``run``            the whole reproduction, resumable
 =================  ================================================================================================

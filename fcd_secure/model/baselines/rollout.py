@@ -10,7 +10,7 @@ already repeated ``n_samples`` times, patient-major); the loop asks it, step by 
 and then tells it the sampled outcome (a gaussian outcome, which only the naive model allows, is told as its mean).
 Randomness comes from one generator per row chunk seeded by ``seed`` and the chunk, and every step draws the stepper's
 noise first and then (binary outcomes) one uniform per row, in the same order whatever the plan — so two plans (two
-arms of an effect) share their random numbers (common random numbers, DESIGN trap 6).
+arms of an effect) share their random numbers (common random numbers; Glasserman & Yao 1992, Management Science 38(6)).
 """
 
 from __future__ import annotations

@@ -9,5 +9,6 @@ module         role
 ``preflight``  the readiness checks (data against the pinned spec, keys, certificates, clock, telemetry, disk,
                versions, the SuperLink over TLS): exit 0 ready, 1 not ready
 ``service``    a systemd unit that starts the site (``fcd site service``)
+``runner``     ``fcd site start|stop|status``: the site's SuperNode and its own executor
 =============  ====================================================================================================
 """
