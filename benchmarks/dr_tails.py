@@ -1,7 +1,7 @@
 """Coverage of the doubly robust interval and of its unseen-mass bounds on DKT-Synth's logged data, with synthetic
 models in place of a trained one (no training: seconds).
 
-The doubly robust (DR) value of ``fcd_secure.queries.whatif`` is the model's value plus its importance-weighted
+The doubly robust (DR) value of ``fcd_secure.queries.doubly_robust`` is the model's value plus its importance-weighted
 error on the logged steps a policy could take; its interval is unbiased whatever the model, but with heavy-tailed
 weights (DKT-Synth's tutor gives some items with probability 0.002) a typical sample lacks exactly the entities that
 carry the correction. How badly that shows depends on the model used as the control variate: this script separates
