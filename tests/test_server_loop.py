@@ -20,7 +20,7 @@ from fcd_secure.data.policy import load_policy_refs
 from fcd_secure.engines.inprocess import InProcessGrid, run_inprocess
 from fcd_secure.engines.whatif_run import open_run
 from fcd_secure.federation.records import EVALUATE_MESSAGE_TYPE
-from fcd_secure.queries.whatif import WhatIfRequest
+from fcd_secure.queries.request import WhatIfRequest
 
 SITES = 2
 
