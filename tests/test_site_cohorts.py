@@ -40,7 +40,7 @@ def test_P40_no_server_fraction_or_seed_moves_a_deployed_sites_cut(tmp_path, lon
         assert site.cfg.data.test_fraction == 0.2  # the policy's fraction, not the request's
         sums = site.preprocessing_sums()
         parts = {k: sorted(row_ids(getattr(site.data, k))) for k in ("train", "validation", "test")}
-        rows = site.evaluation_rows({}).tolist()
+        rows = site.evaluation_rows(None).tolist()
         seen.append((sums, parts, rows))
     first = seen[0]
     assert set(first[1]["test"]).isdisjoint(first[1]["train"]) and set(first[1]["validation"]).isdisjoint(

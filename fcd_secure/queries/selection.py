@@ -301,7 +301,7 @@ def choose_run(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Which of several finished runs on the same data and seed (hence the same validation rows) to answer with:
     :func:`choose_round`'s rule over each run's selected round, so that outcome-model variants (the diffusion
     transition, the deterministic one, the latent or the encoder rollout, another simulator, another recipe) are
-    chosen by the same truth-free criterion as a run's rounds (issue 29 item 2); two rollouts of one network have
+    chosen by the same truth-free criterion as a run's rounds; two rollouts of one network have
     equal fits, and a supported D_h tells them apart.
 
     Args:
