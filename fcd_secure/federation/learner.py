@@ -202,23 +202,17 @@ def dims_of(ds: SiteDataset, n_sites: int) -> dict[str, int]:
             "n_endogenous": n_endogenous(ds.meta, ds.da)}
 
 
-def _simulator(model):
-    from fcd_secure.model.baselines import as_simulator  # noqa: PLC0415
-
-    return as_simulator(model)
-
-
 def manifest_of(model) -> Manifest:
-    """The Θc/Θs manifest of a simulator (or of a bare Fed-CausalDiff network)."""
-    return _simulator(model).manifest()
+    """The Θc/Θs manifest of a simulator."""
+    return model.manifest()
 
 
 def get_params(model, part: Part) -> dict[str, np.ndarray]:
-    return {k: np.asarray(v) for k, v in _simulator(model).get_params(part).items()}
+    return {k: np.asarray(v) for k, v in model.get_params(part).items()}
 
 
 def set_params(model, part: Part, arrays: dict[str, np.ndarray]) -> None:
-    _simulator(model).set_params(part, arrays)
+    model.set_params(part, arrays)
 
 
 def make_optimizer(model, cfg: RunConfig):

@@ -54,9 +54,7 @@ def _rows(n: int, max_rows: int | None) -> np.ndarray:
 
 def factual_probs(model, ds) -> np.ndarray:
     """The model's E[Y_t | history before t, A_t, logged T_t], shape [n, L] (``Simulator.factual_probs``)."""
-    from fcd_secure.model.baselines import as_simulator  # noqa: PLC0415
-
-    return as_simulator(model).factual_probs(ds)
+    return model.factual_probs(ds)
 
 
 def site_metrics(
@@ -77,7 +75,6 @@ def site_metrics(
             .admit_question``); None outside a site.
     """
     from fcd_secure.evaluation.metrics import AUCStats, EffectStats  # noqa: PLC0415
-    from fcd_secure.model.simulate import estimate_effects  # noqa: PLC0415
 
     quick = bool(eval_config.get("quick", False))
     n_samples = int(eval_config.get("n-samples", cfg.evaluation.n_samples))
@@ -92,7 +89,7 @@ def site_metrics(
 
     if oracle is not None:
         tau = np.asarray(oracle.true_effects(data.site_index, "test", rows), dtype=np.float64)
-        tau_hat = estimate_effects(model, sub, data.anchors, oracle.anchor_step, oracle.horizon, n_samples, seed)
+        tau_hat = model.estimate_effects(sub, data.anchors, oracle.anchor_step, oracle.horizon, n_samples, seed)
         es = EffectStats.from_arrays(tau_hat, tau)
         out.update({f"effect.{k}": float(v) for k, v in es.to_dict().items()})
         # how many of these entities follow each anchor regime over the effect window: the effect is identified from

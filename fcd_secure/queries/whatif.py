@@ -229,7 +229,6 @@ def site_policy_sums(
         Refusal: ``eval_cohort`` (:func:`admit_question`): two policies' cohorts differ by too few entities.
     """
     from fcd_secure.evaluation.intervals import site_sums, unseen_mass_sums  # noqa: PLC0415
-    from fcd_secure.model.simulate import simulate_policy  # noqa: PLC0415
 
     a_off, a_on = data.anchors
     n = float(sub.n)
@@ -256,7 +255,7 @@ def site_policy_sums(
         if isinstance(pol.rule, ThresholdRule):  # P43: a threshold that never fires on this site's rows is reported
             out[f"whatif.fires.{pol.name}"] = 1.0 if _fires(pol, sub, a_off, a_on, H) else 0.0
     # the factual rectifier (module docstring): the model's value of the logged actions minus the observed value
-    replay = simulate_policy(model, sub, sub.T[:, :H].copy(), None, n_samples, seed, horizon=H)
+    replay = model.simulate_policy(sub, sub.T[:, :H].copy(), None, n_samples, seed, horizon=H)
     observed = (sub.Y[:, :H] * sub.M[:, :H]).sum(1) / np.maximum(sub.M[:, :H].sum(1), 1.0)
     residual = _per_sample_values(replay).mean(1) - observed
     out.update(site_sums("whatif.residual", residual))
@@ -267,7 +266,7 @@ def site_policy_sums(
     grid = horizon_grid(H)
     identified: dict[str, dict[int, np.ndarray]] = {}
     for pol in bound:
-        sim = simulate_policy(model, sub, pol, data.anchors, n_samples, seed, horizon=request.horizon)
+        sim = model.simulate_policy(sub, pol, data.anchors, n_samples, seed, horizon=request.horizon)
         contexts = sim.contexts
         per = _per_sample_values(sim)
         v = per.mean(1)
