@@ -34,26 +34,14 @@ from fcd_secure.data.spec import n_endogenous
 from fcd_secure.model.networks import unwrap
 from fcd_secure.model.simulator import Plan, SimResult, check_window, context_names, plan_fn
 
-__all__ = ["rollout"]
+__all__ = ["network_rollout"]
 
 
 @torch.no_grad()
-def rollout(
-    model: nn.Module,
-    ds: SiteDataset,
-    plan: Plan,
-    n_samples: int,
-    seed: int,
-    start_t: int = 0,
-    horizon: int | None = None,
-    anchors: tuple[int, int] | None = None,
-    sample_y: bool = True,
-    sampler: str | None = None,
-    steps: int | None = None,
-    chunk_rows: int = 512,
-    rollout: str | None = None,
-    keep_contexts: bool = False,
-) -> SimResult:
+def network_rollout(model: nn.Module, ds: SiteDataset, plan: Plan, n_samples: int, seed: int, start_t: int = 0,
+                    horizon: int | None = None, anchors: tuple[int, int] | None = None, *, sample_y: bool = True,
+                    sampler: str | None = None, steps: int | None = None, chunk_rows: int = 512,
+                    rollout: str | None = None, keep_contexts: bool = False) -> SimResult:
     """Roll out ``plan`` for every trajectory of ``ds`` from ``start_t`` for ``horizon`` steps, ``n_samples`` times.
 
     The body of :meth:`~fcd_secure.model.baselines.fed_causaldiff.FedCausalDiffSimulator._simulate`: everything
@@ -62,13 +50,8 @@ def rollout(
 
     Args:
         model: a FedCausalDiff network (bare or wrapped by Opacus).
-        ds: trajectories; the history before ``start_t`` is taken as logged.
-        plan: a policy, a constant action or an action array (:data:`~fcd_secure.model.simulator.Plan`).
-        n_samples: simulated futures per trajectory.
-        seed: seed of all draws (one generator per row chunk).
-        start_t: first simulated step.
-        horizon: steps to simulate (None: to the end).
-        anchors: ``(a_off, a_on)`` for a policy plan.
+        ds, plan, n_samples, seed, start_t, horizon, anchors: as :meth:`Simulator.simulate
+            <fcd_secure.model.simulator.Simulator.simulate>` (one generator per row chunk, seeded by ``seed``).
         sample_y: feed sampled outcomes (True) or their probabilities to the policy's history.
         sampler: 'ddim' or 'ddpm' (default ``cfg.sampler``).
         steps: DDIM steps per transition (default ``cfg.sampler_steps``).
