@@ -76,7 +76,6 @@ def per_student_effects(cfg, sims) -> tuple[np.ndarray, np.ndarray]:
     """(τ̂, τ) over every site's test students, computed exactly as ``queries.evaluation.site_metrics`` does."""
     from fcd_secure.federation import learner
     from fcd_secure.queries.evaluation import EVAL_SALT, _rows
-    from fcd_secure.model.simulate import estimate_effects
 
     hats, trues = [], []
     for i, sim in enumerate(sims):
@@ -86,8 +85,8 @@ def per_student_effects(cfg, sims) -> tuple[np.ndarray, np.ndarray]:
         seed = learner.round_seed(cfg.seed, 0, data.site_index, EVAL_SALT)
         o = data.oracle
         trues.append(np.asarray(o.true_effects(data.site_index, "test", rows), dtype=np.float64))
-        hats.append(np.asarray(estimate_effects(sim, sub, data.anchors, o.anchor_step, o.horizon,
-                                                cfg.evaluation.n_samples, seed), dtype=np.float64))
+        hats.append(np.asarray(sim.estimate_effects(sub, data.anchors, o.anchor_step, o.horizon,
+                                                    cfg.evaluation.n_samples, seed), dtype=np.float64))
     return np.concatenate(hats), np.concatenate(trues)
 
 
@@ -121,7 +120,6 @@ def federated_sims(cfg, result) -> list:
     DSS, the site's own Θs from its state folder — the model each site evaluated with."""
     from fcd_secure.federation import learner
     from fcd_secure.federation.state import SiteState
-    from fcd_secure.model.baselines import as_simulator
 
     sims = []
     for info in sorted(result.sites, key=lambda s: s.site_index):
@@ -131,7 +129,7 @@ def federated_sims(cfg, result) -> list:
             snap = SiteState(cfg.state_root(), info.site_id).load()
             if snap is not None:
                 model.set_params("theta_s", snap.theta_s)
-        sims.append(as_simulator(model))
+        sims.append(model)
     return sims
 
 

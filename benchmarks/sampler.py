@@ -44,7 +44,6 @@ def main(
     from fcd_secure.evaluation.metrics import ate_error, pehe
     from fcd_secure.experiments.centralised import matched_epochs, train_centralised
     from fcd_secure.federation import learner
-    from fcd_secure.model import estimate_effects
     from fcd_secure.model.baselines import FedCausalDiffSimulator
 
     preset = "tiny" if quick else "default"
@@ -58,17 +57,16 @@ def main(
     train, test = concat(list(fd.train)), concat(list(fd.test))
     err.print(f"[dim]training Fed-CausalDiff on DKT-Synth {preset} ({train.n} trajectories, {n_ep} epochs)[/]")
     sim, _ = train_centralised(FedCausalDiffSimulator, run_cfg, n_ep)
-    model = sim.module
     tau = w.true_effects(None, "test")
     settings = [("ddpm", cfg.diffusion_steps)] + [("ddim", s) for s in steps]
     results = []
     for sampler, n_steps in settings:
         kw = dict(sampler=sampler, steps=n_steps)
-        estimate_effects(model, test.subset(np.arange(min(8, test.n))), w.anchors, w.anchor_step, w.horizon, 1, seed, **kw)
+        sim.estimate_effects(test.subset(np.arange(min(8, test.n))), w.anchors, w.anchor_step, w.horizon, 1, seed, **kw)
         times, eff = [], None
         for _ in range(1 if sampler == "ddpm" and not quick else repeats):
             t0 = time.perf_counter()
-            eff = estimate_effects(model, test, w.anchors, w.anchor_step, w.horizon, samples, seed, **kw)
+            eff = sim.estimate_effects(test, w.anchors, w.anchor_step, w.horizon, samples, seed, **kw)
             times.append(time.perf_counter() - t0)
         med = statistics.median(times)
         rollouts = 2 * test.n * samples  # two arms

@@ -68,7 +68,8 @@ def _resign(path, key, edit=None):
     What anyone holding the file and a signing key can do: the key beside the ledger (an insider), or a fresh one."""
     from fcd_secure.audit.entries import parse_line
     from fcd_secure.audit.ledger import checkpoint_fields
-    from fcd_secure.audit.signing import GENESIS, fingerprint, line_hash, private_key, public_key_bytes, sign_hash
+    from fcd_secure.audit.signing import GENESIS, line_hash, private_key, public_key_bytes, sign_hash
+    from fcd_secure.fingerprints import fingerprint
 
     sk = private_key(key)
     out, prev, new_seq = [], GENESIS, {}

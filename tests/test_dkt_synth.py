@@ -88,12 +88,12 @@ def test_roc_auc_matches_pairwise_definition():
 def test_world_layout_and_contract(tiny):
     cfg = tiny.cfg
     assert tiny.n_actions == N_ITEMS and len(tiny.train) == len(tiny.test) == cfg.n_sites == 10
-    ids = np.concatenate([d.meta["student_ids"] for d in tiny.train + tiny.test])
+    ids = np.concatenate([d.meta["entity"] for d in tiny.train + tiny.test])
     assert np.array_equal(np.sort(ids), np.arange(cfg.n_students))  # splits are disjoint and cover everyone
     for s, (tr, te) in enumerate(zip(tiny.train, tiny.test)):
         for ds in (tr, te):
             assert ds.n >= 1 and ds.dx == 4 and ds.da == 1 and ds.L == cfg.max_len and ds.P is not None
-            assert (tiny.site_of[ds.meta["student_ids"]] == s).all()
+            assert (tiny.site_of[ds.meta["entity"]] == s).all()
             lengths = ds.lengths
             assert lengths.min() >= cfg.max_len // 2 and lengths.max() <= cfg.max_len
             valid = ds.M > 0
@@ -120,8 +120,8 @@ def test_sites_splits_and_anchors_follow_the_projects_rules(tiny):
     assert np.array_equal(tiny.site_of, site_of)
     assert np.bincount(site_of).min() >= max(2, int(0.1 * cfg.n_students / cfg.n_sites))  # the project's minimum
     for s, (tr, te) in enumerate(site_splits(site_of, cfg.n_sites, cfg.test_fraction, cfg.seed)):
-        assert np.array_equal(tiny.train[s].meta["student_ids"], tr)
-        assert np.array_equal(tiny.test[s].meta["student_ids"], te)
+        assert np.array_equal(tiny.train[s].meta["entity"], tr)
+        assert np.array_equal(tiny.test[s].meta["entity"], te)
     assert tiny.anchors == anchor_actions(tiny.train)
 
 
@@ -172,7 +172,7 @@ def test_outcome_probs_do_drive_the_logged_outcomes(tiny):
             p = tiny.outcome_probs_do(s, "train", None, t, ds.T[:, t])
             valid = ds.M[:, t] > 0
             assert np.isnan(p[~valid]).all() and ((p[valid] > 0) & (p[valid] < 1)).all()
-            u = tiny.U[ds.meta["student_ids"], t]
+            u = tiny.U[ds.meta["entity"], t]
             assert np.array_equal((u < p)[valid], ds.Y[valid, t] > 0)  # Y_t = 1[U_it < p_t(T_t)]
     a_off, a_on = tiny.anchors
     diff = tiny.outcome_probs_do(0, "test", None, 4, a_on) - tiny.outcome_probs_do(0, "test", None, 4, a_off)

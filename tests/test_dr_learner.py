@@ -88,7 +88,7 @@ def test_on_a_known_answer_world_beta_recovers_the_effect_despite_a_wrong_outcom
     ds, tau = _known_world()
     anchors = (0, 1)
     mu = np.full(ds.Y.shape, 0.5)  # a wrong outcome model: no effect at all; the pseudo-outcomes correct it
-    X = drl.history_features(ds, mu, mu, anchors)[ds.M > 0]
+    X = drl.effect_features(ds, mu, mu, anchors)[ds.M > 0]
     phi = drl.pseudo_outcomes(ds, mu, mu, anchors)
     assert phi.mean() == pytest.approx(tau.mean(), abs=0.03)
     fit = drl.solve(drl.fit_totals(drl.ridge_sums(X, phi)), sites=1, lambdas=(0.0,))
@@ -113,10 +113,7 @@ def test_the_intercept_is_the_least_squares_one_of_the_validation_and_test_rows_
     """β is fitted on the validation rows (GCV's λ); the reported effects are βᵀx + δ with δ the intercept that
     minimises the squared residuals of the validation and the test rows' pseudo-outcomes together, slopes held.
     Their spread and corr stay β's own; β's own figures are kept beside."""
-    from fcd_secure.model.baselines import as_simulator
-
     _, data, model = small
-    sim = as_simulator(model)
     fit = drl.solve(drl.fit_totals(Totals.of_sites([drl.site_fit_sums(model, d, floor=20) for d in data])), sites=4)
     beta = np.asarray(fit["beta"])
     parts, resid_val, resid_test, taus, hats, ents = [], [], [], [], [], []
@@ -124,13 +121,13 @@ def test_the_intercept_is_the_least_squares_one_of_the_validation_and_test_rows_
         ents.append(np.nonzero(d.test.M > 0)[0] + 10_000 * d.site_index)
         a_off, a_on = d.anchors
         for rows, into in ((d.validation, resid_val), (d.test, resid_test)):
-            mu_on, mu_off = sim.one_step_probs(rows, a_on), sim.one_step_probs(rows, a_off)
-            x = drl.history_features(rows, mu_on, mu_off, d.anchors)[rows.M > 0]
+            mu_on, mu_off = model.one_step_probs(rows, a_on), model.one_step_probs(rows, a_off)
+            x = drl.effect_features(rows, mu_on, mu_off, d.anchors)[rows.M > 0]
             into.append(drl.pseudo_outcomes(rows, mu_on, mu_off, d.anchors) - x @ beta)
         truth = np.random.default_rng(d.site_index).normal(-0.05, 0.1, d.test.Y.shape)
         parts.append(drl.site_effect_sums(model, d.test, d.anchors, beta, truth))
         taus.append(truth[d.test.M > 0])
-        hats.append(drl.history_features(d.test, *(sim.one_step_probs(d.test, a) for a in (a_on, a_off)),
+        hats.append(drl.effect_features(d.test, *(model.one_step_probs(d.test, a) for a in (a_on, a_off)),
                                          d.anchors)[d.test.M > 0] @ beta)
     r_val, r_test, tau, hat = (np.concatenate(x) for x in (resid_val, resid_test, taus, hats))
     # what the pooling rests on: the validation residuals sum to 0 at the fitted β (its intercept is not penalised)
@@ -290,12 +287,9 @@ def test_pseudo_outcomes_come_from_the_validation_rows_only(small):
     swapped = dataclasses.replace(d, train=data[1].train, test=data[2].test)
     assert drl.site_fit_sums(model, swapped, floor=20) == got
     # and the sums are exactly those of the validation rows' features and pseudo-outcomes
-    from fcd_secure.model.baselines import as_simulator
-
-    sim = as_simulator(model)
     a_off, a_on = d.anchors
-    mu_on, mu_off = sim.one_step_probs(d.validation, a_on), sim.one_step_probs(d.validation, a_off)
-    X = drl.history_features(d.validation, mu_on, mu_off, d.anchors)[d.validation.M > 0]
+    mu_on, mu_off = model.one_step_probs(d.validation, a_on), model.one_step_probs(d.validation, a_off)
+    X = drl.effect_features(d.validation, mu_on, mu_off, d.anchors)[d.validation.M > 0]
     assert got == drl.ridge_sums(X, drl.pseudo_outcomes(d.validation, mu_on, mu_off, d.anchors))
 
 

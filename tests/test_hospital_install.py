@@ -154,7 +154,7 @@ def test_install_join_preflight_green_and_recorded(tmp_path):
     consortium = tomllib.loads((c["co"] / "consortium.toml").read_text())
     assert policy["app"]["fab_sha256"] == [consortium["app_fab_sha256"]]
     # and who may start it (P34): the coordinator key that signed the bundle, for this consortium only
-    from fcd_secure.audit.signing import fingerprint
+    from fcd_secure.fingerprints import fingerprint
 
     assert fingerprint(bytes.fromhex(policy["app"]["coordinator_key"])) == consortium["coordinator_fingerprint"]
     assert policy["app"]["consortium_id"] == consortium["consortium_id"]

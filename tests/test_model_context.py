@@ -12,7 +12,7 @@ from fcd_secure.data.policy import Policy
 from fcd_secure.data.preprocess import build_dataset
 from fcd_secure.data.spec import DataError, DatasetSpec, context_dynamics
 from fcd_secure.model import FedCausalDiff, ModelConfig, train_local
-from fcd_secure.model.simulate import simulate
+from fcd_secure.model.baselines import FedCausalDiffSimulator
 
 L = 6
 
@@ -69,7 +69,8 @@ def test_the_data_layer_marks_and_orders_contexts():
 def test_endogenous_context_follows_the_intervention_exogenous_is_replayed(trained):
     ds, model, parts = trained
     assert "context" in parts and parts["context"] < 0.2  # the head learned the marker's dynamics
-    sims = {arm: simulate(model, ds, arm, n_samples=2, seed=3, keep_contexts=True) for arm in (0, 1)}
+    sims = {arm: FedCausalDiffSimulator(model).simulate(ds, arm, n_samples=2, seed=3, keep_contexts=True)
+            for arm in (0, 1)}
     for sim in sims.values():
         assert sim.contexts == {"generated": ["marker"], "replayed": ["clock"]}
         # the exogenous clock is the logged one, bit for bit, whatever the policy
@@ -90,7 +91,7 @@ def test_without_the_context_head_every_context_is_replayed(trained):
                       use_context=False)
     plain = FedCausalDiff.from_dims(cfg, ds.dx, ds.da, ds.n_actions, 1, n_endogenous=1)
     assert plain.context_head is None
-    sim = simulate(plain, ds, 1, n_samples=1, seed=0, keep_contexts=True)
+    sim = FedCausalDiffSimulator(plain).simulate(ds, 1, n_samples=1, seed=0, keep_contexts=True)
     assert sim.contexts == {"generated": [], "replayed": ["marker", "clock"]}
     np.testing.assert_array_equal(sim.context_values[:, 0], ds.A)
 
@@ -98,7 +99,7 @@ def test_without_the_context_head_every_context_is_replayed(trained):
 def test_policies_name_actions_by_label_and_read_the_generated_context(trained):
     ds, model, _ = trained
     by_label = Policy.model_validate({"name": "dose_always", "rule": {"kind": "static", "action": "dose"}})
-    sim = simulate(model, ds, by_label, n_samples=1, seed=3, anchors=(0, 1))
+    sim = FedCausalDiffSimulator(model).simulate(ds, by_label, n_samples=1, seed=3, anchors=(0, 1))
     assert (sim.actions == 1).all()  # "dose" is id 1 in the spec's actions
     # dose while the marker is below 2: every trajectory starts dosing (the logged marker at t = 0 is small), the
     # generated marker rises above 2 and the rule rests until it falls again — the decisions track the simulated
@@ -106,10 +107,11 @@ def test_policies_name_actions_by_label_and_read_the_generated_context(trained):
     rule = Policy.model_validate({"name": "titrate", "rule": {
         "kind": "threshold", "signal": "context:marker", "value": 2.0, "when": "below", "then": "dose",
         "otherwise": "rest"}})
-    sim = simulate(model, ds, rule, n_samples=2, seed=3, anchors=(0, 1), keep_contexts=True)
+    sim = FedCausalDiffSimulator(model).simulate(ds, rule, n_samples=2, seed=3, anchors=(0, 1), keep_contexts=True)
     marker = sim.context_values[..., 0]
     np.testing.assert_array_equal(sim.actions, np.where(marker < 2.0, 1, 0))
     assert (sim.actions[:, :, 0] == 1).mean() > 0.9 and (sim.actions[:, :, 1:] == 0).mean() > 0.3
     with pytest.raises(DataError, match="not a label"):
-        simulate(model, ds, Policy.model_validate({"name": "x", "rule": {"kind": "static", "action": "surgery"}}),
-                 n_samples=1, seed=0, anchors=(0, 1))
+        FedCausalDiffSimulator(model).simulate(
+            ds, Policy.model_validate({"name": "x", "rule": {"kind": "static", "action": "surgery"}}),
+            n_samples=1, seed=0, anchors=(0, 1))

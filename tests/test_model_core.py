@@ -16,17 +16,15 @@ from fcd_secure.model import (
     ModelConfig,
     batch_loss,
     build_manifest,
-    estimate_effects,
     get_params,
     make_loader,
     set_params,
     train_local,
 )
-from fcd_secure.model.baselines import GFormulaSimulator, NaiveSimulator
+from fcd_secure.model.baselines import FedCausalDiffSimulator, GFormulaSimulator, NaiveSimulator
 from fcd_secure.model.networks import THETA_S_MODULES
 from fcd_secure.model.samplers import ddim_sample, ddpm_sample
 from fcd_secure.model.schedule import NoiseSchedule
-from fcd_secure.model.simulate import simulate  # the function (the package attribute may be the submodule)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -240,8 +238,9 @@ def _train_and_simulate(seed: int):
     opt = torch.optim.Adam(m.parameters(), lr=TINY.lr)
     for ep in range(2):
         train_local(m, ds, TINY, site_index=1, n_sites=3, epochs=1, seed=seed + ep, optimizer=opt)
-    res = simulate(m, ds, 1, n_samples=3, seed=seed)
-    eff = estimate_effects(m, ds, (0, 1), anchor_step=2, horizon=3, n_samples=3, seed=seed)
+    sim = FedCausalDiffSimulator(m)
+    res = sim.simulate(ds, 1, n_samples=3, seed=seed)
+    eff = sim.estimate_effects(ds, (0, 1), anchor_step=2, horizon=3, n_samples=3, seed=seed)
     return get_params(m, "full"), res, eff
 
 
@@ -257,8 +256,8 @@ def test_same_seed_same_numbers():
 
 def test_simulation_outputs_and_plans():
     ds = make_ds(n=20)
-    m = model_for(ds)
-    res = simulate(m, ds, np.array([1, 2, 0, 1]), n_samples=2, seed=0, start_t=1, horizon=4)
+    sim = FedCausalDiffSimulator(model_for(ds))
+    res = sim.simulate(ds, np.array([1, 2, 0, 1]), n_samples=2, seed=0, start_t=1, horizon=4)
     assert res.probs.shape == (20, 2, 4) and ((res.probs > 0) & (res.probs < 1)).all()
     assert set(np.unique(res.y)) <= {0.0, 1.0}
     assert (res.actions[:, :, 0] == 1).all() and (res.actions[:, :, 1] == 2).all()
@@ -271,15 +270,15 @@ def test_simulation_outputs_and_plans():
             assert y_hist.shape == (len(lengths), t)
             return np.where(y_hist[:, -1] > 0, a_on, a_off) if t else np.full(len(lengths), a_off)
 
-    pol = simulate(m, ds, Flip(), n_samples=2, seed=0, anchors=(0, 2))
+    pol = sim.simulate(ds, Flip(), n_samples=2, seed=0, anchors=(0, 2))
     y_prev = pol.y[:, :, :-1]
     np.testing.assert_array_equal(pol.actions[:, :, 1:], np.where(y_prev > 0, 2, 0))
     with pytest.raises(ValueError, match="horizon"):
-        simulate(m, ds, 1, 1, 0, start_t=5, horizon=10)
+        sim.simulate(ds, 1, 1, 0, start_t=5, horizon=10)
     with pytest.raises(ValueError, match="outside"):
-        simulate(m, ds, 7, 1, 0)
+        sim.simulate(ds, 7, 1, 0)
     # common random numbers: identical plans under one seed give identical draws; effect of a = a is zero
-    same = estimate_effects(m, ds, (1, 1), anchor_step=0, horizon=3, n_samples=2, seed=0)
+    same = sim.estimate_effects(ds, (1, 1), anchor_step=0, horizon=3, n_samples=2, seed=0)
     assert np.array_equal(same, np.zeros(ds.n))
 
 
@@ -310,7 +309,7 @@ def test_encoder_rollout_replays_the_encoder_and_runs():
         for t in range(1, 4):  # feeding the logged (T, Y) step by step reproduces the full-sequence encoder
             K, state = m.encode_step(state, X, A[:, t], T[:, t - 1], Y[:, t - 1])
             torch.testing.assert_close(K, torch.cat([Kc, Ks], -1)[:, t])
-    r = simulate(m, ds, 1, n_samples=2, seed=0, start_t=1, horizon=4, rollout="encoder")
+    r = FedCausalDiffSimulator(m).simulate(ds, 1, n_samples=2, seed=0, start_t=1, horizon=4, rollout="encoder")
     assert r.probs.shape == (10, 2, 4) and np.isfinite(r.probs).all() and r.meta["rollout"] == "encoder"
 
 

@@ -15,7 +15,7 @@ from fcd_secure.data.schema import SiteDataset
 from fcd_secure.model import Batch, FedCausalDiff, ModelConfig, batch_loss, dataset_tensors, make_loader, train_local
 from fcd_secure.model import losses as L
 from fcd_secure.model.manifest import get_params
-from fcd_secure.model.simulate import estimate_effects, simulate
+from fcd_secure.model.baselines import FedCausalDiffSimulator
 from fcd_secure.model.training import site_objective, training_view
 
 #: the paper's objective (``ipw = 'off'``): each test turns on the switch it is about
@@ -113,8 +113,9 @@ def test_transition_given_y_trains_and_rolls_out_deterministically(one_torch_thr
         m = model_for(ds, cfg)
         opt = torch.optim.Adam(m.parameters(), lr=cfg.lr)
         out = train_local(m, ds, cfg, site_index=0, n_sites=2, epochs=2, seed=seed, optimizer=opt)
-        eff = estimate_effects(m, ds, (0, 1), anchor_step=2, horizon=3, n_samples=2, seed=seed)
-        return out, eff, simulate(m, ds, 1, n_samples=2, seed=seed).value
+        sim = FedCausalDiffSimulator(m)
+        eff = sim.estimate_effects(ds, (0, 1), anchor_step=2, horizon=3, n_samples=2, seed=seed)
+        return out, eff, sim.simulate(ds, 1, n_samples=2, seed=seed).value
 
     (o1, e1, v1), (o2, e2, v2) = run(1), run(1)
     assert np.isfinite(o1["total"]) and o1 == o2 and np.array_equal(e1, e2) and v1 == v2

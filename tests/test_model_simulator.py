@@ -10,9 +10,8 @@ import torch
 
 from fcd_secure.manifest import ManifestError
 from fcd_secure.model import Batch, FedCausalDiff, dataset_tensors, make_loader
-from fcd_secure.model.baselines import SIMULATORS, FedCausalDiffSimulator, NaiveSimulator, as_simulator
+from fcd_secure.model.baselines import SIMULATORS, FedCausalDiffSimulator, NaiveSimulator
 from fcd_secure.model.networks import THETA_S_MODULES
-from fcd_secure.model.simulate import estimate_effects, simulate_policy
 from fcd_secure.model.simulator import Simulator, contrast_effects
 from tests.test_model_core import TINY, make_ds
 
@@ -59,9 +58,7 @@ def test_every_simulator_honours_the_protocol(key, one_torch_thread):
     assert p.shape == (ds.n, ds.L) and p.dtype == np.float64 and ((p > 0) & (p < 1)).all()
     eff = sim.estimate_effects(ds, (0, 2), anchor_step=1, horizon=3, n_samples=2, seed=0)
     np.testing.assert_array_equal(eff, contrast_effects(sim.simulate, ds, (0, 2), 1, 3, 2, 0))
-    # the module-level entry points (what federated evaluation calls) take any simulator
-    np.testing.assert_array_equal(estimate_effects(sim, ds, (0, 2), 1, 3, 2, 0), eff)
-    assert simulate_policy(sim, ds, 2, (0, 2), 2, 0).value == sim.simulate(ds, 2, 2, 0).value
+    assert sim.simulate_policy(ds, 2, (0, 2), 2, 0).value == sim.simulate(ds, 2, 2, 0).value
     # common random numbers: the effect of a on itself is exactly zero
     assert np.array_equal(sim.estimate_effects(ds, (1, 1), 0, 3, 2, 0), np.zeros(ds.n))
 
@@ -84,17 +81,16 @@ def test_same_seed_same_numbers_for_every_simulator(key, one_torch_thread):
     assert not np.array_equal(e1, e3)
 
 
-def test_as_simulator_wraps_a_network_and_nothing_else():
+def test_fed_causaldiff_simulator_wraps_a_network_and_nothing_else():
     ds = make_ds(n=10)
     net = FedCausalDiff.from_dims(TINY, ds.dx, ds.da, ds.n_actions, N_SITES)
-    sim = as_simulator(net)
-    assert isinstance(sim, FedCausalDiffSimulator) and sim.module is net
-    assert as_simulator(sim) is sim
+    sim = FedCausalDiffSimulator(net)
+    assert sim.module is net and sim.config == net.cfg
     net.train()
     sim.factual_probs(ds)
     assert net.training  # the training flag survives scoring
     with pytest.raises(TypeError, match="FedCausalDiff"):
-        as_simulator(torch.nn.Linear(2, 2))
+        FedCausalDiffSimulator(torch.nn.Linear(2, 2))
 
 
 def test_naive_simulator_refuses_fed_causaldiff_options():

@@ -79,17 +79,15 @@ def test_a_site_sends_only_declared_names(tiny_dkt_site):
 
 
 def test_a_questions_policies_are_rolled_out_once_each_whatever_reads_them(tiny_dkt_site, monkeypatch):
-    import fcd_secure.model.simulate as simulate
-
     cfg, data, model = tiny_dkt_site
     calls: list[str] = []
-    real = simulate.simulate_policy
+    real = model.simulate_policy
 
-    def counted(model_, ds, policy, *args, **kwargs):
+    def counted(ds, policy, *args, **kwargs):  # the real rollout, counted
         calls.append(getattr(policy, "name", "logged actions"))
-        return real(model_, ds, policy, *args, **kwargs)
+        return real(ds, policy, *args, **kwargs)
 
-    monkeypatch.setattr(simulate, "simulate_policy", counted)
+    monkeypatch.setattr(model, "simulate_policy", counted)
     pols = load_policy_refs(["never", "always", "share_on_20"])
     question = WhatIfRequest(policies=pols, reference="never")
     site_metrics(model, data, cfg, EvaluationRequest(n_samples=1, whatif=question), queries=[registry.POLICY_VALUES])

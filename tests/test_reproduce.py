@@ -120,19 +120,27 @@ def test_selection_takes_the_best_fit_within_one_se_of_the_smallest_d1_and_cache
     assert set(cands) == {1e-4, 2e-2} and all(math.isfinite(c["val_logloss"]) and c["d1_se"] > 0 for c in cands.values())
     best = min(cands.values(), key=lambda c: c["d1"])
     within = [c for c in cands.values() if c["d1"] <= best["d1"] + best["d1_se"]]
-    assert s["lr"] == min(within, key=lambda c: c["val_logloss"])["lr"] and s["selected_on"].startswith("D1")
+    assert s["lr"] == min(within, key=lambda c: c["val_logloss"])["lr"] and s["selected_on"].startswith("d1-")
+    # each candidate is scored as a site scores its validation rows in a round (queries.selection)
+    assert all(c["score"]["d1"] == c["d1"] and c["score"]["validation_fit"] == c["val_logloss"] for c in cands.values())
     assert select_lr(preset, "dkt-synth", "crn", 0, tmp_path) == s  # cached
 
 
 def test_without_propensities_the_learning_rate_is_chosen_by_the_fit_and_says_so():
     from fcd_secure.experiments.reproduction.selection import choose_lr
+    from fcd_secure.queries.selection import RoundScore
 
-    cands = [{"lr": 1e-3, "val_logloss": 0.7, "d1": None, "d1_se": None},
-             {"lr": 3e-3, "val_logloss": 0.6, "d1": None, "d1_se": None}]
-    lr, how = choose_lr(cands)
+    def cand(lr: float, fit: float, d1: float = math.nan, se: float = math.nan) -> dict:
+        scored = math.isfinite(d1)
+        row = RoundScore(round=0, d1=d1, se=se, mean=d1, n=100 if scored else 0, clipped_share=0.0, fit=fit,
+                         sites_scoring=int(scored), sites=1).as_row()
+        return {"lr": lr, "val_logloss": fit, "d1": row["d1"], "d1_se": row["d1_se"], "score": row}
+
+    lr, how = choose_lr([cand(1e-3, 0.7), cand(3e-3, 0.6)])
     assert lr == 3e-3 and "unavailable" in how
-    cands = [{**cands[0], "d1": 0.01, "d1_se": 0.01}, {**cands[1], "d1": 0.2, "d1_se": 0.01}]
-    assert choose_lr(cands)[0] == 1e-3  # the better fit is the confounded one: D1 rules it out
+    lr, how = choose_lr([cand(1e-3, 0.7, 0.01, 0.01), cand(3e-3, 0.6, 0.2, 0.01)])
+    assert lr == 1e-3  # the better fit is the confounded one: D1 rules it out
+    assert how.startswith("d1-one-se-then-fit") and "learning rate #1" in how
 
 
 def test_verdict():

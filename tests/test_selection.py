@@ -77,7 +77,7 @@ def test_validation_rows_are_whole_entities_apart_from_training_and_test(scored)
     cfg, data, _ = scored
     for d in data:
         assert d.validation is not None and d.validation.n >= 20
-        ids = [set(np.asarray(x.meta["student_ids"]).tolist()) for x in (d.train, d.validation, d.test)]
+        ids = [set(np.asarray(x.meta["entity"]).tolist()) for x in (d.train, d.validation, d.test)]
         assert not ids[0] & ids[1] and not ids[0] & ids[2] and not ids[1] & ids[2]
         frac = d.validation.n / (d.validation.n + d.train.n)
         assert abs(frac - cfg.data.validation_fraction) < 0.05

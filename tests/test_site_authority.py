@@ -25,7 +25,8 @@ from test_audit_support import Server, Site, instruction  # noqa: E402
 
 from fcd_secure.audit import GATE_ERROR_CODE, POLICY_ERROR_CODE, POLICY_REASON_PREFIX, RECEIPTS_MESSAGE_TYPE, GatePolicy, Refusal  # noqa: E402
 from fcd_secure.audit.ledger import SITE_LEDGER_FILE  # noqa: E402
-from fcd_secure.audit.signing import fingerprint, public_key_bytes  # noqa: E402
+from fcd_secure.audit.signing import public_key_bytes  # noqa: E402
+from fcd_secure.fingerprints import fingerprint  # noqa: E402
 from fcd_secure.audit.verify import verify_path  # noqa: E402
 from fcd_secure.config import build_config  # noqa: E402
 from fcd_secure.federation.records import REC_CONFIG, REC_GLOBAL, RUN_CONFIG_KEY, global_to_record  # noqa: E402

@@ -25,11 +25,11 @@ def test_subset_slices_per_row_meta_with_the_rows():
     ds = SiteDataset(X=np.arange(n, dtype=np.float32)[:, None], A=np.zeros((n, L, 1), np.float32),
                      T=np.zeros((n, L), np.int64), Y=np.zeros((n, L), np.float32), M=np.ones((n, L), np.float32),
                      n_actions=2, name="s",
-                     meta={"entity": np.array([10, 11, 12, 13]), "student_ids": np.array([7, 8, 9, 6]),
+                     meta={"entity": np.array([10, 11, 12, 13]), "site": np.array([1, 0, 1, 0]),
                            "entity_names": ["a", "b", "c", "d"], "x_names": ["x"]})
     sub = ds.subset([3, 1])
     assert sub.meta["entity"].tolist() == [13, 11]
-    assert sub.meta["student_ids"].tolist() == [6, 8]
+    assert sub.meta["site"].tolist() == [0, 0]
     assert sub.meta["entity_names"] == ["a", "b", "c", "d"]  # a lookup table, not a per-row array: shared
     assert sub.X[:, 0].tolist() == [3.0, 1.0]
     assert ds.meta["entity"].tolist() == [10, 11, 12, 13]  # the original is untouched
@@ -44,7 +44,7 @@ def test_the_per_entity_file_of_a_site_carries_that_sites_own_entity_ids(tmp_pat
                                   "evaluation": {"n_samples": 1}})
     data = learner.load_site_data(cfg, site_index)
     model = learner.build_model(cfg, learner.dims_of(data.train, data.n_sites))
-    ids = np.asarray(data.test.meta["student_ids"])
+    ids = np.asarray(data.test.meta["entity"])
     assert len(set(ids.tolist())) == data.test.n  # the site's students, one per test row
     rows = np.arange(data.test.n)[::-2][:5]  # a cohort that starts nowhere near row 0, in reverse order
     assert rows[0] != 0 and len(rows) < data.test.n
@@ -55,4 +55,4 @@ def test_the_per_entity_file_of_a_site_carries_that_sites_own_entity_ids(tmp_pat
     assert written == [str(int(v)) for v in ids[rows]]
     # and never another site's students
     other = learner.load_site_data(cfg, 1 - site_index)
-    assert not set(written) & {str(int(v)) for v in other.test.meta["student_ids"]}
+    assert not set(written) & {str(int(v)) for v in other.test.meta["entity"]}

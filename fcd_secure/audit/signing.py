@@ -2,8 +2,8 @@
 
 Every ledger line and every server receipt is hashed and signed in one byte form (:func:`canonical`): JSON with
 sorted keys, no spaces, ASCII only. Identities are raw Ed25519 keys (RFC 8032); an auditor pins a writer by the
-fingerprint of its public key (:func:`fingerprint`, ``SHA256:<hex>``, the form NVFLARE uses for its root CA
-fingerprint), exported out of band at provisioning.
+fingerprint of its public key (:func:`fcd_secure.fingerprints.fingerprint` of the raw key, ``SHA256:<hex>``, the
+form NVFLARE uses for its root CA fingerprint), exported out of band at provisioning.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 
 from fcd_secure._io import load_or_create_secret
 from fcd_secure.errors import FcdError
+from fcd_secure.fingerprints import fingerprint, normalise_fingerprint  # noqa: F401 - the audit layer's importers
 
 #: ``prev_hash`` of the first line of every chain.
 GENESIS = "0" * 64
@@ -66,26 +67,6 @@ def load_or_create_identity_key(path: str | Path) -> bytes:
 def public_key_bytes(key: bytes | Ed25519PrivateKey) -> bytes:
     """Raw 32-byte public key of a raw private key."""
     return private_key(key).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-
-
-def fingerprint(public_key: bytes) -> str:
-    """``SHA256:<hex>`` of the raw public key: what an auditor pins out of band."""
-    return "SHA256:" + hashlib.sha256(bytes(public_key)).hexdigest()
-
-
-def normalise_fingerprint(text: str) -> str:
-    """``SHA256:<hex>`` of a fingerprint given as ``SHA256:<hex>`` or bare hex (any case).
-
-    Raises:
-        ValueError: ``text`` is not 64 hex digits, with or without the ``SHA256:`` prefix.
-    """
-    t = text.strip()
-    if t.upper().startswith("SHA256:"):
-        t = t[7:]
-    t = t.lower()
-    if len(t) != 64 or any(c not in "0123456789abcdef" for c in t):
-        raise ValueError(f"not a key fingerprint: {text!r} (expected SHA256:<64 hex digits>)")
-    return "SHA256:" + t
 
 
 # -- canonical form, hashing, signing ------------------------------------------------------------------------------

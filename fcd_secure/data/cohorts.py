@@ -74,16 +74,13 @@ def site_secret(state_dir: str | Path) -> bytes:
 
 
 def row_ids_from_meta(meta: Mapping[str, Any], n: int) -> list[str]:
-    """The entity id of each of ``n`` rows: ``entity_names[entity]``, else the entity code, else ``student_ids``,
-    else the row number (each row its own entity)."""
+    """The entity id of each of ``n`` rows: ``entity_names[entity]``, else the entity code, else the row number (each
+    row its own entity). ``meta['entity']`` is the one key of a row's entity, whatever the world."""
     ent, names = meta.get("entity"), meta.get("entity_names")
     if isinstance(ent, np.ndarray) and ent.shape == (n,):
         if names is not None:
             return [str(names[int(e)]) for e in ent]
         return [f"entity-{int(e)}" for e in ent]
-    sid = meta.get("student_ids")
-    if isinstance(sid, np.ndarray) and sid.shape == (n,):
-        return [str(int(v)) for v in sid]
     return [str(i) for i in range(n)]
 
 

@@ -79,7 +79,7 @@ class SiteDataset:
 
     def subset(self, idx: np.ndarray | list[int], name: str | None = None) -> "SiteDataset":
         """Rows ``idx`` as a new dataset: the arrays and every per-row meta array (a numpy array whose first axis has
-        one entry per row: ``entity``, ``student_ids``, ``site``) sliced with the rows, other meta shared.
+        one entry per row: ``entity``, ``site``) sliced with the rows, other meta shared.
 
         Per-row meta must follow its rows: a cohort of rows ``[7, 2]`` whose meta still began at row 0 labelled the
         per-entity what-if file of a site with the first entities' ids instead of its own.

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-import hashlib
 import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from fcd_secure._io import atomic_write_bytes
 from fcd_secure.errors import FcdError
+from fcd_secure.fingerprints import fingerprint
 
 CA_CERT, SERVER_CERT, SERVER_KEY = "ca.crt", "server.pem", "server.key"
 #: the one curve of SuperNode keys
@@ -134,8 +134,8 @@ class TLSFiles:
 
     @property
     def ca_fingerprint(self) -> str:
-        cert = x509.load_pem_x509_certificate(self.ca_cert.read_bytes())
-        return "SHA256:" + cert.fingerprint(hashes.SHA256()).hex()
+        """The CA's :func:`certificate_fingerprint` (what ``consortium.toml`` pins)."""
+        return certificate_fingerprint(x509.load_pem_x509_certificate(self.ca_cert.read_bytes()))
 
 
 def check_tls_dir(folder: str | Path, hosts: tuple[str, ...] = ("127.0.0.1",), now: dt.datetime | None = None) -> TLSFiles:
@@ -192,10 +192,16 @@ def write_node_public(key: ec.EllipticCurvePrivateKey, public_path: str | Path) 
     return node_key_fingerprint(pub)
 
 
+def certificate_fingerprint(cert: x509.Certificate) -> str:
+    """:func:`~fcd_secure.fingerprints.fingerprint` of a certificate's DER bytes (RFC 5280), the digest
+    ``x509.Certificate.fingerprint(hashes.SHA256())`` computes."""
+    return fingerprint(cert.public_bytes(serialization.Encoding.DER))
+
+
 def node_key_fingerprint(openssh_public: bytes) -> str:
-    """``SHA256:<hex>`` of an OpenSSH public key line's key blob."""
+    """:func:`~fcd_secure.fingerprints.fingerprint` of an OpenSSH public key line's key blob (RFC 4253 §6.6)."""
     parts = openssh_public.split()
-    return "SHA256:" + hashlib.sha256(base64.b64decode(parts[1])).hexdigest()
+    return fingerprint(base64.b64decode(parts[1]))
 
 
 def load_node_key(private_path: str | Path) -> ec.EllipticCurvePrivateKey:

@@ -8,9 +8,9 @@ Public API (other layers import from here or from the named module):
 * ``Batch``, ``make_loader``, ``dataset_tensors`` (batch.py); ``batch_loss``, ``train_local`` (training.py); the
   loss terms (losses.py); the forward schedule and the samplers (schedule.py, samplers.py); the context head that
   simulates time-varying contexts under an intervention (context.py)
-* ``simulate``, ``simulate_policy``, ``estimate_effects`` (simulate.py, the Fed-CausalDiff rollout)
-* ``Simulator``, ``SimResult`` (simulator.py): the protocol of every causal simulator; its implementations —
-  Fed-CausalDiff, the GRU g-formula, the naive model — are ``fcd_secure.model.baselines``
+* ``Simulator``, ``SimResult`` (simulator.py): the protocol of every causal simulator and the one way to ask one
+  a do-question (``simulate``, ``simulate_policy``, ``estimate_effects``); its implementations — Fed-CausalDiff
+  (whose latent rollout is simulate.py), the GRU g-formula, the naive model — are ``fcd_secure.model.baselines``
 """
 
 import sys
@@ -29,9 +29,6 @@ __all__ = [
     "make_loader",
     "batch_loss",
     "train_local",
-    "simulate",
-    "simulate_policy",
-    "estimate_effects",
     "SimResult",
     "Simulator",
 ]
@@ -43,7 +40,6 @@ _LAZY = {
     "batch": ("Batch", "dataset_tensors", "make_loader"),
     "manifest": ("build_manifest", "get_params", "set_params"),
     "networks": ("FedCausalDiff", "unwrap"),
-    "simulate": ("estimate_effects", "simulate", "simulate_policy"),
     "simulator": ("SimResult", "Simulator"),
     "training": ("batch_loss", "train_local"),
 }
@@ -53,9 +49,8 @@ def __getattr__(name: str):
     """The public names beyond ``ModelConfig``, loaded on first use (PEP 562): ``fcd_secure.config``, which needs
     only ``ModelConfig``, and the command line's start-up do not import torch.
 
-    The whole group is bound in the package namespace: the function ``simulate`` must replace the submodule of the
-    same name, which the import system binds there, and ``from fcd_secure.model import simulate`` must not recurse
-    into this hook (a ``from``-import of the package asks ``hasattr`` before it imports a submodule).
+    The whole group is bound in the package namespace, so that ``from fcd_secure.model import X`` finds it there
+    and does not come back to this hook.
     """
     if name in _LAZY["batch"]:
         import fcd_secure.model.batch  # noqa: F401
@@ -63,8 +58,6 @@ def __getattr__(name: str):
         import fcd_secure.model.manifest  # noqa: F401
     elif name in _LAZY["networks"]:
         import fcd_secure.model.networks  # noqa: F401
-    elif name in _LAZY["simulate"]:
-        import fcd_secure.model.simulate  # noqa: F401
     elif name in _LAZY["simulator"]:
         import fcd_secure.model.simulator  # noqa: F401
     elif name in _LAZY["training"]:

@@ -25,10 +25,6 @@ share their random numbers (common random numbers, DESIGN trap 6).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import partial
-from typing import Any
-
 import numpy as np
 import torch
 from torch import nn
@@ -36,47 +32,26 @@ from torch import nn
 from fcd_secure.data.schema import SiteDataset
 from fcd_secure.data.spec import n_endogenous
 from fcd_secure.model.networks import unwrap
-from fcd_secure.model.simulator import (
-    Plan,
-    SimResult,
-    Simulator,
-    check_window,
-    context_names,
-    contrast_effects,
-    plan_fn,
-)
+from fcd_secure.model.simulator import Plan, SimResult, check_window, context_names, plan_fn
 
-__all__ = ["estimate_effects", "simulate", "simulate_policy"]
+__all__ = ["network_rollout"]
 
 
 @torch.no_grad()
-def simulate(
-    model: nn.Module,
-    ds: SiteDataset,
-    plan: Plan,
-    n_samples: int,
-    seed: int,
-    start_t: int = 0,
-    horizon: int | None = None,
-    anchors: tuple[int, int] | None = None,
-    sample_y: bool = True,
-    sampler: str | None = None,
-    steps: int | None = None,
-    chunk_rows: int = 512,
-    rollout: str | None = None,
-    keep_contexts: bool = False,
-) -> SimResult:
+def network_rollout(model: nn.Module, ds: SiteDataset, plan: Plan, n_samples: int, seed: int, start_t: int = 0,
+                    horizon: int | None = None, anchors: tuple[int, int] | None = None, *, sample_y: bool = True,
+                    sampler: str | None = None, steps: int | None = None, chunk_rows: int = 512,
+                    rollout: str | None = None, keep_contexts: bool = False) -> SimResult:
     """Roll out ``plan`` for every trajectory of ``ds`` from ``start_t`` for ``horizon`` steps, ``n_samples`` times.
+
+    The body of :meth:`~fcd_secure.model.baselines.fed_causaldiff.FedCausalDiffSimulator._simulate`: everything
+    else asks the simulator (``Simulator.simulate``, ``simulate_policy``, ``estimate_effects``), never this
+    function, so that a model is rolled out one way.
 
     Args:
         model: a FedCausalDiff network (bare or wrapped by Opacus).
-        ds: trajectories; the history before ``start_t`` is taken as logged.
-        plan: a policy, a constant action or an action array (:data:`~fcd_secure.model.simulator.Plan`).
-        n_samples: simulated futures per trajectory.
-        seed: seed of all draws (one generator per row chunk).
-        start_t: first simulated step.
-        horizon: steps to simulate (None: to the end).
-        anchors: ``(a_off, a_on)`` for a policy plan.
+        ds, plan, n_samples, seed, start_t, horizon, anchors: as :meth:`Simulator.simulate
+            <fcd_secure.model.simulator.Simulator.simulate>` (one generator per row chunk, seeded by ``seed``).
         sample_y: feed sampled outcomes (True) or their probabilities to the policy's history.
         sampler: 'ddim' or 'ddpm' (default ``cfg.sampler``).
         steps: DDIM steps per transition (default ``cfg.sampler_steps``).
@@ -181,39 +156,3 @@ def simulate(
               "transition": core.cfg.transition, "rollout": rollout, "seed": seed},
         contexts={"generated": cols[:n_endo], "replayed": cols[n_endo:]}, context_values=kept,
     )
-
-
-def _rollout_of(model: nn.Module | Simulator) -> Callable[..., SimResult]:
-    """``simulate(ds, plan, n_samples, seed, ...)`` of a Simulator, or :func:`simulate` bound to a network."""
-    return model.simulate if isinstance(model, Simulator) else partial(simulate, model)
-
-
-def simulate_policy(
-    model: nn.Module | Simulator,
-    ds: SiteDataset,
-    policy: Plan,
-    anchors: tuple[int, int],
-    n_samples: int,
-    seed: int,
-    start_t: int = 0,
-    horizon: int | None = None,
-    **kw: Any,
-) -> SimResult:
-    """Simulate ``policy`` (an object with ``.name`` and ``.actions(t, y_hist, lengths, a_off, a_on)``, or any
-    plan :func:`simulate` accepts) on every trajectory of ``ds``; returns outcome trajectories and the value."""
-    return _rollout_of(model)(ds, policy, n_samples, seed, start_t=start_t, horizon=horizon, anchors=anchors, **kw)
-
-
-def estimate_effects(
-    model: nn.Module | Simulator,
-    ds: SiteDataset,
-    anchors: tuple[int, int],
-    anchor_step: int,
-    horizon: int,
-    n_samples: int,
-    seed: int,
-    **kw: Any,
-) -> np.ndarray:
-    """Individual effects τ̂ ``[n]`` of ``model`` (a FedCausalDiff network or any Simulator): always-a_on minus
-    always-a_off from ``anchor_step`` over ``horizon`` (:func:`~fcd_secure.model.simulator.contrast_effects`)."""
-    return contrast_effects(_rollout_of(model), ds, anchors, anchor_step, horizon, n_samples, seed, **kw)

@@ -22,19 +22,21 @@ from __future__ import annotations
 import hashlib
 import tomllib
 from pathlib import Path
+from typing import Annotated
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from fcd_secure._io import atomic_write_text, drop_none
 from fcd_secure.aggregation.secagg.config import SecAggPolicy
-from fcd_secure.audit.signing import canonical, fingerprint, load_or_create_identity_key, public_key_bytes, utc_now
+from fcd_secure.audit.signing import canonical, load_or_create_identity_key, public_key_bytes, utc_now
 from fcd_secure.data.preprocess import layout_digest, spec_layout
 from fcd_secure.data.spec import DatasetSpec, load_spec
 from fcd_secure.engines.pki import DEFAULT_HOSTS, TLSFiles, check_tls_dir, make_tls_dir
 from fcd_secure.provisioning.versions import installed_versions
 from fcd_secure.federation.site_policy import SitePolicy
 from fcd_secure.errors import FcdError
+from fcd_secure.fingerprints import fingerprint, normalise_fingerprint
 
 CONSORTIUM_FILE = "consortium.toml"
 SPEC_FILE = "spec.toml"
@@ -70,6 +72,11 @@ class PreflightTerms(_Section):
     cert_min_days: int = Field(30, ge=0, description="a certificate expiring sooner turns preflight red")
 
 
+#: a pinned key or certificate fingerprint, read as ``SHA256:<hex>`` (bare or upper-case hex in a hand-edited file
+#: reads the same; anything else refuses with the field's name)
+Fingerprint = Annotated[str, AfterValidator(normalise_fingerprint)]
+
+
 class ConsortiumConfig(_Section):
     """``consortium.toml`` (module docstring)."""
 
@@ -77,8 +84,8 @@ class ConsortiumConfig(_Section):
     created: str
     superlink: str
     hosts: list[str]
-    coordinator_fingerprint: str
-    ca_fingerprint: str
+    coordinator_fingerprint: Fingerprint
+    ca_fingerprint: Fingerprint
     app_fab_sha256: str
     data: DataTerms
     secagg: SecAggPolicy = Field(default_factory=SecAggPolicy)

@@ -12,12 +12,13 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from fcd_secure.audit.signing import fingerprint, normalise_fingerprint, public_key_bytes, utc_now
+from fcd_secure.audit.signing import public_key_bytes, utc_now
 from fcd_secure.engines.pki import NODE_CURVE, node_key_fingerprint
 from fcd_secure.provisioning.consortium import ConsortiumConfig, ProvisioningError
 from fcd_secure.provisioning.signed import SignedDocumentError, read_document, sign_document, write_document
 from fcd_secure.provisioning.versions import installed_versions
 from fcd_secure.federation.state import StateError, check_site_id
+from fcd_secure.fingerprints import fingerprint, normalise_fingerprint
 
 REQUEST_TYPE = "enrolment"
 

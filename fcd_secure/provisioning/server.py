@@ -29,7 +29,7 @@ import tomli_w
 
 from fcd_secure._io import atomic_write_bytes, atomic_write_text
 from fcd_secure.audit import SERVER_LEDGER_FILE, load_or_create_identity_key
-from fcd_secure.audit.signing import fingerprint, public_key_bytes
+from fcd_secure.audit.signing import public_key_bytes
 from fcd_secure.engines.deployment import CONNECTION, FLWR_IN_MEMORY, SERVER_TASK_POLL_S, _bin, flower_env, signed_run_config
 from fcd_secure.provisioning import processes
 from fcd_secure.provisioning.bundle import ROSTER_TYPE
@@ -40,6 +40,7 @@ from fcd_secure.apps.sandbox import DENY_ENV
 from fcd_secure.federation.run_ticket import CONSORTIUM_ENV, COORDINATOR_KEY_ENV
 from fcd_secure.federation.secure.setup import ROSTER_FILE, write_roster
 from fcd_secure.federation.state import IDENTITY_FILE, SERVER_DIR
+from fcd_secure.fingerprints import fingerprint
 
 #: what the server's run config names as the table: each site reads its own (node config ``own-table``)
 SITE_OWN_TABLE = "site-own"

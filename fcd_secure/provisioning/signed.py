@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from fcd_secure._io import atomic_write_text
-from fcd_secure.audit.signing import canonical, fingerprint, private_key, public_key_bytes, sign_hash, signature_ok
+from fcd_secure.audit.signing import canonical, private_key, public_key_bytes, sign_hash, signature_ok
 from fcd_secure.errors import FcdError
+from fcd_secure.fingerprints import fingerprint
 
 FORMAT = "fcd-signed/1"
 

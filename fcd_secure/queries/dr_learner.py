@@ -95,7 +95,7 @@ EFFECT_NAMES = ([f"drl.{part}.{f}" for part in ("effect", "model") for f in EFFE
 
 
 # -- a site: features, pseudo-outcomes, sums --------------------------------------------------------------------------
-def history_features(ds, mu_on: np.ndarray, mu_off: np.ndarray, anchors: tuple[int, int]) -> np.ndarray:
+def effect_features(ds, mu_on: np.ndarray, mu_off: np.ndarray, anchors: tuple[int, int]) -> np.ndarray:
     """x_t of every step, ``[n, L, K]`` (:data:`FEATURES`); only the history before t and the model's μ̂(H_t) enter.
 
     Args:
@@ -166,7 +166,7 @@ def site_fit_sums(model, data, floor: int, pair: tuple[np.ndarray, np.ndarray] |
     if val is None or val.P is None or entity_count(val) < floor:
         return empty_fit_sums()
     mu_on, mu_off = pair if pair is not None else one_step_pair(model, val, data.anchors)
-    X = history_features(val, mu_on, mu_off, data.anchors)[val.M > 0]
+    X = effect_features(val, mu_on, mu_off, data.anchors)[val.M > 0]
     return ridge_sums(X, pseudo_outcomes(val, mu_on, mu_off, data.anchors))
 
 
@@ -184,7 +184,7 @@ def site_effect_sums(model, sub, anchors: tuple[int, int], beta: np.ndarray,
         return {}
     mu_on, mu_off = pair if pair is not None else one_step_pair(model, sub, anchors)
     valid = sub.M > 0
-    tau_hat = history_features(sub, mu_on, mu_off, anchors)[valid] @ beta
+    tau_hat = effect_features(sub, mu_on, mu_off, anchors)[valid] @ beta
     own = (mu_on - mu_off)[valid]
     resid = {}
     if sub.P is not None:  # the test rows' pseudo-outcomes: held out from μ̂'s training as the validation rows are

@@ -49,7 +49,6 @@ class OracleEffects(Query):
     def site_sums(self, ctx: SiteContext) -> SiteSums:
         from fcd_secure.data.policy import anchor_regime_support  # noqa: PLC0415
         from fcd_secure.evaluation.metrics import EffectStats  # noqa: PLC0415
-        from fcd_secure.model.simulate import estimate_effects  # noqa: PLC0415
 
         sub, data = ctx.sub, ctx.data
         out: SiteSums = {"n_test": float(sub.n)}
@@ -57,8 +56,8 @@ class OracleEffects(Query):
         if oracle is None:
             return out
         tau = np.asarray(oracle.true_effects(data.site_index, "test", ctx.rows), dtype=np.float64)
-        tau_hat = estimate_effects(ctx.model, sub, data.anchors, oracle.anchor_step, oracle.horizon, ctx.n_samples,
-                                   ctx.seed)
+        tau_hat = ctx.model.estimate_effects(sub, data.anchors, oracle.anchor_step, oracle.horizon, ctx.n_samples,
+                                             ctx.seed)
         out.update({f"effect.{k}": float(v) for k, v in EffectStats.from_arrays(tau_hat, tau).to_dict().items()})
         sup = anchor_regime_support(sub.T, sub.M > 0, data.anchors, oracle.anchor_step, oracle.horizon)
         out["effect.regime_off"] = float(sup["a_off"]["whole"])
@@ -99,10 +98,8 @@ class FactualAUC(Query):
 
     def site_sums(self, ctx: SiteContext) -> SiteSums:
         from fcd_secure.evaluation.metrics import AUCStats  # noqa: PLC0415
-        from fcd_secure.model.baselines import as_simulator  # noqa: PLC0415
-
         sub = ctx.sub
-        p_fact = as_simulator(ctx.model).factual_probs(sub)
+        p_fact = ctx.model.factual_probs(sub)
         try:
             auc = AUCStats.from_scores(sub.Y, np.clip(p_fact, 0.0, 1.0), sub.M, bins=AUC_BINS)
         except ValueError:

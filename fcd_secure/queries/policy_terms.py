@@ -101,7 +101,6 @@ def rollouts(ctx: SiteContext) -> Rollouts:
 
 
 def _build(ctx: SiteContext) -> Rollouts:
-    from fcd_secure.model.simulate import simulate_policy  # noqa: PLC0415
     from fcd_secure.queries.budget import QUESTION_SLOT, admit_question  # noqa: PLC0415
 
     sub, data, question = ctx.sub, ctx.data, ctx.request.whatif
@@ -122,13 +121,13 @@ def _build(ctx: SiteContext) -> Rollouts:
                        None if ctx.site_dir is None else Path(ctx.site_dir) / "slots" / QUESTION_SLOT)
     n_samples = ctx.n_samples
     # the factual rectifier: the model's value of the logged actions minus the observed value
-    replay = simulate_policy(ctx.model, sub, sub.T[:, :H].copy(), None, n_samples, ctx.seed, horizon=H)
+    replay = ctx.model.simulate_policy(sub, sub.T[:, :H].copy(), None, n_samples, ctx.seed, horizon=H)
     observed = (sub.Y[:, :H] * sub.M[:, :H]).sum(1) / np.maximum(sub.M[:, :H].sum(1), 1.0)
     residual = per_sample_values(replay).mean(1) - observed
     out: list[PolicyRollout] = []
     contexts: dict[str, list[str]] = {}
     for pol in bound:
-        sim = simulate_policy(ctx.model, sub, pol, data.anchors, n_samples, ctx.seed, horizon=question.horizon)
+        sim = ctx.model.simulate_policy(sub, pol, data.anchors, n_samples, ctx.seed, horizon=question.horizon)
         contexts = sim.contexts
         out.append(PolicyRollout(pol, sim, per_sample_values(sim), _sub=sub,
                                  _anchors=(int(data.anchors[0]), int(data.anchors[1]))))

@@ -115,15 +115,12 @@ def site_selection_sums(model, data, binary: bool, floor: int, seed: int = 0,
         seed: the seed of D_h's simulated futures (the same in every round: common random numbers across rounds).
         pair: ``queries.targeted.one_step_pair`` of the validation rows when the caller has it already.
     """
-    from fcd_secure.model.baselines import as_simulator  # noqa: PLC0415
-
     out = dict.fromkeys(KEYS, 0.0)
     val = data.validation
     if val is None or entity_count(val) < floor:
         return out
-    sim = as_simulator(model)
     valid = val.M > 0
-    p = sim.factual_probs(val)[valid]
+    p = model.factual_probs(val)[valid]
     y = val.Y[valid].astype(np.float64)
     if binary:
         q = np.clip(p, 1e-6, 1 - 1e-6)
@@ -142,7 +139,7 @@ def site_selection_sums(model, data, binary: bool, floor: int, seed: int = 0,
     d = DiscrepancySums.from_terms(terms)
     out.update({"select.d1.n": float(d.n), "select.d1.s": d.s, "select.d1.ss": d.ss,
                 "select.d1.clipped": float(d.clipped), "select.sites": 1.0})
-    out.update(_dh_sums(sim, val, (a_off, a_on), seed))
+    out.update(_dh_sums(model, val, (a_off, a_on), seed))
     return out
 
 
@@ -150,12 +147,11 @@ def _dh_sums(sim, val, anchors: tuple[int, int], seed: int) -> dict[str, float]:
     """The ``select.dh.*`` sums of one site's validation rows (module docstring); zeros where a weight product
     overflows (it then sends no D_h, and the merged D_h counts as unavailable only if no site sent one)."""
     from fcd_secure.data.policy import default_policies  # noqa: PLC0415
-    from fcd_secure.model.simulate import simulate_policy  # noqa: PLC0415
 
     a_off, a_on = anchors
     h = min(DH_HORIZON, val.L)
     pols = {p.name: p for p in default_policies()}
-    v = {name: np.asarray(simulate_policy(sim, val, pols[name], anchors, DH_SAMPLES, seed, horizon=h).probs,
+    v = {name: np.asarray(sim.simulate_policy(val, pols[name], anchors, DH_SAMPLES, seed, horizon=h).probs,
                           dtype=np.float64).mean(1) for name in ("always", "never")}
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         psi, w_on, w_off = horizon_dr_terms(val.Y, val.M, val.T, val.P, v["always"], v["never"], a_on, a_off, h)

@@ -78,11 +78,8 @@ def one_step_pair(model, ds, anchors: tuple[int, int]) -> tuple[np.ndarray, np.n
     """The model's one-step predictions (μ̂_on, μ̂_off) = E[Y_t | H_t, do(a_on / a_off)] at every step of ``ds``,
     ``[n, L]`` each: computed once per set of rows and shared by everything that corrects them (the identified
     effect, the selection's D₁, the DR-learner)."""
-    from fcd_secure.model.baselines import as_simulator  # noqa: PLC0415
-
-    sim = as_simulator(model)
     a_off, a_on = (int(a) for a in anchors)
-    return sim.one_step_probs(ds, a_on), sim.one_step_probs(ds, a_off)
+    return model.one_step_probs(ds, a_on), model.one_step_probs(ds, a_off)
 
 
 def one_step_sums(model, sub, anchors: tuple[int, int], truth: np.ndarray | None = None,

@@ -13,7 +13,6 @@ object whose repr could leak them, and no function in this package logs a key.
 
 from __future__ import annotations
 
-import hashlib
 import struct
 from collections.abc import Callable
 
@@ -119,7 +118,3 @@ def verify(public_raw: bytes, signature: bytes, message: bytes) -> bool:
         return False
     return True
 
-
-def fingerprint(public_raw: bytes) -> str:
-    """Short public fingerprint, safe to log (a hash of a *public* key)."""
-    return hashlib.sha256(public_raw).hexdigest()[:16]

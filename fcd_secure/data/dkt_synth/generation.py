@@ -128,7 +128,6 @@ def generate(cfg: DKTSynthConfig | None = None) -> DKTSynthWorld:
     # 4. per-site train/test split and the anchors (the project's rules)
     train, test, anchors = sites_and_anchors(
         cfg, site_of, {"X": X, "A": A, "T": T, "Y": Y, "M": M, "P": P}, dataset="dkt_synth", n_actions=K,
-        entity_meta=lambda ids: {"student_ids": ids},
         # the clock is exogenous: no action changes it, so rollouts replay it
         columns={"x_names": FEATURE_NAMES, "a_names": CONTEXT_NAMES, "a_dynamics": ["exogenous"],
                  "action_names": ITEM_LABELS},

@@ -38,10 +38,8 @@ def clock_context(valid: np.ndarray) -> np.ndarray:
 class DKTSynthWorld(OracleWorld):
     """A generated world: per-site datasets plus the structural model to answer do-queries (package docstring).
 
-    Per-student arrays are indexed by the global student id (``meta['student_ids']`` of each site dataset).
+    Per-student arrays are indexed by the global student id (``meta['entity']`` of each site dataset).
     """
-
-    ID_KEY = "student_ids"
 
     cfg: DKTSynthConfig
     oracle: DKTOracle

@@ -142,11 +142,8 @@ def generate(cfg: TumourConfig | None = None) -> TumourWorld:
     X = np.concatenate([np.eye(3)[ptype - 1], (stage / 4.0)[:, None]], axis=1)
 
     # 4. per-site train/test split and the anchors (the project's rules)
-    names = [str(i) for i in range(N)]
     train, test, anchors = sites_and_anchors(
         cfg, site_of, {"X": X, "A": A, "T": T, "Y": Y, "M": M, "P": P}, dataset="tumour", n_actions=N_ACTIONS,
-        # the global patient id of each row (one trajectory per patient); the names are what a per-entity file shows
-        entity_meta=lambda ids: {"entity": ids, "entity_names": names},
         # treatment changes the tumour: rollouts simulate both contexts
         columns={"x_names": FEATURE_NAMES, "a_names": CONTEXT_NAMES, "a_dynamics": ["endogenous", "endogenous"],
                  "action_names": ACTION_LABELS},

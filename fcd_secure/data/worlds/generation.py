@@ -11,7 +11,7 @@ A world's ``generate`` draws, in this order and each from its own stream (so non
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -68,7 +68,6 @@ def sites_and_anchors(
     *,
     dataset: str,
     n_actions: int,
-    entity_meta: Callable[[np.ndarray], dict[str, Any]],
     columns: Mapping[str, Sequence[str]],
     extra_meta: Mapping[str, Any] | None = None,
 ) -> tuple[list[SiteDataset], list[SiteDataset], tuple[int, int]]:
@@ -82,7 +81,6 @@ def sites_and_anchors(
         logged: ``X`` ``[N, dx]``, ``A`` ``[N, L, da]``, ``T``, ``Y``, ``M``, ``P`` ``[N, L]``, indexed by global id.
         dataset: The world's dataset name (``meta['dataset']``, the prefix of each site's name).
         n_actions: |T|.
-        entity_meta: The meta entries that name the rows of a site (global ids, ...) from its ids.
         columns: ``x_names``, ``a_names``, ``a_dynamics`` and ``action_names`` (copied into each site's meta).
         extra_meta: Meta entries after the provenance (``preset``, ``seed``).
 
@@ -90,6 +88,9 @@ def sites_and_anchors(
         ``(train, test, anchors)``.
     """
     X, A, T, Y, M, P = (logged[k] for k in ("X", "A", "T", "Y", "M", "P"))
+    # the global id of each row (one trajectory per entity) is its entity; its name, what a per-entity file shows and
+    # what the site's splits are keyed by (data.cohorts.row_ids), is the id written out
+    names = [str(i) for i in range(len(site_of))]
 
     def site_ds(s: int, ids: np.ndarray, split: str) -> SiteDataset:
         return SiteDataset(
@@ -105,7 +106,8 @@ def sites_and_anchors(
                 "dataset": dataset,
                 "site": s,
                 "split": split,
-                **entity_meta(ids),
+                "entity": ids,
+                "entity_names": names,
                 **{k: list(v) for k, v in columns.items()},
                 "preset": cfg.preset,
                 "seed": cfg.seed,

@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterator
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
@@ -47,13 +47,10 @@ def nanmean_rows(a: np.ndarray) -> np.ndarray:
 class OracleWorld(ABC):
     """A generated world: per-site datasets plus the structural model to answer do-queries (module docstring).
 
-    Per-entity arrays are indexed by the global entity id (``meta[ID_KEY]`` of each site dataset). A world adds its
+    Per-entity arrays are indexed by the global entity id (``meta['entity']`` of each site dataset). A world adds its
     latents and noise as fields and defines the kernels (the abstract methods below: its own mechanism); the queries,
     their validation and batching, and the summaries are this class's.
     """
-
-    #: The meta entry of a site dataset that holds its rows' global entity ids.
-    ID_KEY: ClassVar[str] = "entity"
 
     cfg: WorldConfig
     train: list[SiteDataset]
@@ -134,7 +131,7 @@ class OracleWorld(ABC):
             return np.concatenate([self.entity_ids(s, split) for s in range(self.n_sites)])
         if not 0 <= site < self.n_sites:
             raise ValueError(f"site must be in [0, {self.n_sites}), got {site}")
-        ids = (self.train if split == "train" else self.test)[site].meta[self.ID_KEY]
+        ids = (self.train if split == "train" else self.test)[site].meta["entity"]
         if rows is None:
             return ids
         rows = np.asarray(rows, dtype=np.int64)

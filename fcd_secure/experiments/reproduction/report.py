@@ -275,8 +275,9 @@ def write_report(
         "",
         f"Learning rate from {list(p['lr_grid'])}, each candidate trained for {p['selection_epochs']} passes on 80 % of "
         "the pooled training trajectories and scored on the other 20 % by the truth-free causal rule of a federated "
-        "run: the one-step doubly robust discrepancy D1 with the logged propensities, the candidates within one SE of "
-        "the smallest, then the lowest factual log-loss; by the log-loss alone where no propensities are logged (no "
+        "run (`queries.selection`): the one-step doubly robust discrepancy D1 with the logged propensities, the "
+        "candidates within one SE of the smallest (and of the smallest D2 where it is supported for every candidate), "
+        "then the lowest factual log-loss; by the log-loss alone where no propensities are logged (no "
         "test data, no oracle, no paper number enters the choice; `experiments/reproduction/selection.py`). The "
         "ablations take Fed-CausalDiff's choice.",
         "",

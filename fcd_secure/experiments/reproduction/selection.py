@@ -2,13 +2,17 @@
 
 For each (dataset, method) every learning rate of the preset's ``lr_grid`` is tried: the method is trained on 80 % of
 the pooled *training* trajectories (a seeded split by trajectory, site labels kept) for ``selection_epochs`` passes,
-and scored on the other 20 % by the truth-free rule of ``queries.selection`` that also chooses a federated run's
-round: the one-step doubly robust discrepancy D₁ of the anchor contrast with the logged propensities
-(``evaluation.discrepancy``), the candidates within one SE of the smallest D₁, then the lowest factual log-loss of
-the one-step probabilities. On confounded logs the best fit is the most confounded model, so fit alone never
-chooses where propensities are logged; a dataset without them (Diabetes-130, Statics2011) is chosen by the log-loss
-alone and the choice says so. Nothing of the test split, the DKT-Synth oracle or the paper's numbers enters the
-choice. A grid with one candidate is no selection and trains nothing.
+and the other 20 % are scored and the candidates chosen by the functions that choose a federated run's round
+(``queries.selection``): a candidate's score is the ``select.*`` sums a site sends of its validation rows
+(:func:`~fcd_secure.queries.selection.site_selection_sums`: the one-step doubly robust discrepancy D₁ of the anchor
+contrast with the logged propensities, the validation fit, D_h) read as a
+:class:`~fcd_secure.queries.selection.RoundScore`, and the choice is
+:func:`~fcd_secure.queries.selection.choose_round`'s rule over the candidates: those within one SE of the smallest D₁
+(and of the smallest D_h where it is supported for every candidate), then the best validation fit. On confounded
+logs the best fit is the most confounded model, so fit alone never chooses where propensities are logged; a dataset
+without them (Diabetes-130, Statics2011), where that rule cannot choose, is chosen by the validation fit alone and
+the choice says so. Nothing of the test split, the DKT-Synth oracle or the paper's numbers enters the choice. A grid
+with one candidate is no selection and trains nothing.
 
 Table III's ablations use the learning rate chosen for Fed-CausalDiff (they are Fed-CausalDiff with one part
 switched off). Each choice is cached as JSON under ``<out>/selection/``.
@@ -25,17 +29,18 @@ import numpy as np
 
 from fcd_secure._io import atomic_write_text
 from fcd_secure.data.schema import SiteDataset, concat
-from fcd_secure.evaluation.discrepancy import DiscrepancySums, one_step_dr_terms
 from fcd_secure.experiments.centralised import POOLED_SITE
 from fcd_secure.experiments.reproduction.cells import Cell, cell_config, config_hash, load_cached
 from fcd_secure.experiments.reproduction.presets import ReproPreset
 from fcd_secure.federation import learner
 from fcd_secure.model.baselines import get_simulator
-from fcd_secure.queries.selection import RoundScore, choose_round
+from fcd_secure.queries.selection import RoundScore, choose_round, site_selection_sums
 
-__all__ = ["VALIDATION_FRACTION", "choose_lr", "select_lr", "validation_split", "validation_logloss"]
+__all__ = ["RULE", "VALIDATION_FRACTION", "choose_lr", "select_lr", "validation_split"]
 
 VALIDATION_FRACTION = 0.2
+#: the version of the scoring and choice rule, part of a cached choice's key (a change of rule recomputes it)
+RULE = "queries.selection/2"
 
 
 def validation_split(pooled: SiteDataset, seed: int) -> tuple[SiteDataset, SiteDataset]:
@@ -51,16 +56,9 @@ def validation_split(pooled: SiteDataset, seed: int) -> tuple[SiteDataset, SiteD
     return parts[0], parts[1]
 
 
-def validation_logloss(probs: np.ndarray, ds: SiteDataset) -> float:
-    """Mean binary log-loss of ``probs`` ``[n, L]`` against the valid outcomes of ``ds``."""
-    m = ds.M > 0
-    p = np.clip(probs[m], 1e-6, 1 - 1e-6)
-    y = ds.Y[m].astype(np.float64)
-    return float(-np.mean(y * np.log(p) + (1 - y) * np.log1p(-p)))
-
-
 def _score(preset: ReproPreset, dataset: str, method: str, seed: int, lr: float, data_dir: str | None) -> dict[str, Any]:
-    """The candidate's validation figures: ``val_logloss`` and, with logged propensities, ``d1`` and ``d1_se``."""
+    """The candidate's validation figures: its :class:`RoundScore` row (``score``) and, for the tables,
+    ``val_logloss`` (the validation fit) and, with logged propensities, ``d1`` and ``d1_se``."""
     cfg = cell_config(preset, Cell(dataset, method, seed), lr, data_dir)
     fd = learner.load_federated(cfg)
     train, valid = validation_split(concat(list(fd.train)), seed)
@@ -70,29 +68,27 @@ def _score(preset: ReproPreset, dataset: str, method: str, seed: int, lr: float,
     )
     for e in range(preset.selection_epochs):
         sim.train_site(train, None, n_sites, epochs=1, seed=learner.round_seed(seed, e + 1, POOLED_SITE))
-    loss = validation_logloss(sim.factual_probs(valid), valid)
-    out: dict[str, Any] = {"lr": lr, "val_logloss": loss if math.isfinite(loss) else math.inf, "d1": None, "d1_se": None}
-    if valid.P is not None:
-        a_off, a_on = (int(a) for a in fd.anchors)
-        terms = one_step_dr_terms(valid.Y, valid.M, valid.T, valid.P, sim.one_step_probs(valid, a_on),
-                                  sim.one_step_probs(valid, a_off), a_on, a_off)
-        d = DiscrepancySums.from_terms(terms)
-        if math.isfinite(d.d1()):
-            out.update(d1=d.d1(), d1_se=d.se())
-    return out
+    # the pooled validation rows as one site's: the selection reads only its ``validation`` rows and its anchors
+    # (the test rows are never loaded into it); no cohort floor, as nothing leaves this process
+    rows = learner.SiteData(train=train, test=valid, site_index=POOLED_SITE, n_sites=n_sites, anchors=fd.anchors,
+                            oracle=None, description={}, validation=valid)
+    sums = site_selection_sums(sim, rows, cfg.model.outcome == "binary", floor=0, seed=seed)
+    row = RoundScore.from_totals(0, sums, sites=1).as_row()
+    fit = row["validation_fit"]
+    return {"lr": lr, "val_logloss": math.inf if fit is None else fit, "d1": row["d1"], "d1_se": row["d1_se"],
+            "score": row}
 
 
 def choose_lr(cands: list[dict[str, Any]]) -> tuple[float, str]:
-    """The learning rate by ``queries.selection.choose_round`` over the candidates, and what it was selected on."""
-    scores = [RoundScore(round=i, d1=math.nan if c["d1"] is None else c["d1"],
-                         se=math.nan if c["d1_se"] is None else c["d1_se"], mean=math.nan,
-                         n=0 if c["d1"] is None else 1, clipped_share=0.0, fit=c["val_logloss"],
-                         sites_scoring=0 if c["d1"] is None else 1, sites=1) for i, c in enumerate(cands)]
-    if all(c["d1"] is None for c in cands):
+    """The learning rate by :func:`~fcd_secure.queries.selection.choose_round` over the candidates' scores (candidate
+    i is "learning rate #i+1" in the reason), and what it was selected on; where no candidate has a D₁ (no logged
+    propensities) that rule cannot choose, and the best validation fit does."""
+    scores = [RoundScore.from_row(c["score"], i + 1) for i, c in enumerate(cands)]
+    pick = choose_round(scores, len(cands), unit="learning rate", name="learning rate #{}")
+    if pick["rule"] == "last":
         best = min(range(len(cands)), key=lambda i: cands[i]["val_logloss"])
-        return cands[best]["lr"], "validation log-loss (no logged propensities: the causal criterion is unavailable)"
-    pick = choose_round(scores, len(cands) - 1)
-    return cands[pick["round"]]["lr"], "D1 within one SE of the smallest, then validation log-loss (queries.selection)"
+        return cands[best]["lr"], "validation fit (no logged propensities: the causal criterion is unavailable)"
+    return cands[pick["round"] - 1]["lr"], f"{pick['rule']} (queries.selection): {pick['reason']}"
 
 
 def select_lr(
@@ -105,7 +101,7 @@ def select_lr(
         one candidate the figures are None (nothing trained).
     """
     cfg = cell_config(preset, Cell(dataset, method, seed), preset.lr_grid[0], data_dir)
-    h = config_hash(cfg, preset) + f"-grid{list(preset.lr_grid)}-e{preset.selection_epochs}"
+    h = config_hash(cfg, preset) + f"-grid{list(preset.lr_grid)}-e{preset.selection_epochs}-{RULE}"
     path = root / "selection" / dataset / f"{method}.json"
     cached = load_cached(path, h)
     if cached is not None:

@@ -21,8 +21,6 @@ with ``model.simulator = "<key>"``. :func:`parameter_counts` prints each one's s
 
 from __future__ import annotations
 
-from torch import nn
-
 from fcd_secure.model.baselines.crn import CRNSimulator
 from fcd_secure.model.baselines.fed_causaldiff import FedCausalDiffSimulator
 from fcd_secure.model.baselines.fedcm import FedCMSimulator
@@ -43,7 +41,6 @@ __all__ = [
     "NaiveSimulator",
     "RCGANSimulator",
     "TimeGANSimulator",
-    "as_simulator",
     "gformula_config",
     "get_simulator",
     "parameter_counts",
@@ -79,11 +76,3 @@ def parameter_counts(
         out[name] = {"theta_c": c, "theta_s": s, "total": c + s}
     return out
 
-
-def as_simulator(model: nn.Module | Simulator) -> Simulator:
-    """``model`` itself if it is a Simulator, else a Fed-CausalDiff network (bare or wrapped by Opacus) as one.
-
-    Raises:
-        TypeError: if ``model`` is neither.
-    """
-    return model if isinstance(model, Simulator) else FedCausalDiffSimulator(model)

@@ -15,7 +15,7 @@ from fcd_secure.data.schema import SiteDataset
 from fcd_secure.model.batch import dataset_tensors
 from fcd_secure.model.config import ModelConfig
 from fcd_secure.model.networks import SITE_BOUND_MODULES, THETA_S_MODULES, FedCausalDiff, unwrap
-from fcd_secure.model.simulate import simulate
+from fcd_secure.model.simulate import network_rollout
 from fcd_secure.model.simulator import Plan, SimResult, Simulator
 from fcd_secure.model.training import make_optimizer, site_objective, train_local, training_view
 
@@ -65,9 +65,9 @@ class FedCausalDiffSimulator(Simulator):
 
     def _simulate(self, ds: SiteDataset, plan: Plan, n_samples: int, seed: int, start_t: int, horizon: int | None,
                   anchors: tuple[int, int] | None, **kw: Any) -> SimResult:
-        """The latent do-simulation (:func:`~fcd_secure.model.simulate.simulate`; ``kw``: sampler, steps, rollout,
-        sample_y, chunk_rows)."""
-        return simulate(self.module, ds, plan, n_samples, seed, start_t=start_t, horizon=horizon, anchors=anchors, **kw)
+        """The latent do-simulation (:func:`~fcd_secure.model.simulate.network_rollout`; ``kw``: sampler, steps,
+        rollout, sample_y, chunk_rows, keep_contexts)."""
+        return network_rollout(self.module, ds, plan, n_samples, seed, start_t, horizon, anchors, **kw)
 
     @torch.no_grad()
     def factual_probs(self, ds: SiteDataset) -> np.ndarray:

@@ -27,14 +27,13 @@ from typing import Any
 
 import tomli_w
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes
 
 from fcd_secure._io import atomic_write_text, load_or_create_secret
-from fcd_secure.audit.signing import fingerprint, normalise_fingerprint, public_key_bytes, utc_now
+from fcd_secure.audit.signing import public_key_bytes, utc_now
 from fcd_secure.data.preprocess import build_dataset, read_table
 from fcd_secure.data.spec import load_spec
 from fcd_secure.engines.deployment import SiteFiles
-from fcd_secure.engines.pki import make_node_key, node_key_fingerprint
+from fcd_secure.engines.pki import certificate_fingerprint, make_node_key, node_key_fingerprint
 from fcd_secure.provisioning.bundle import BUNDLE_TYPE
 from fcd_secure.provisioning.consortium import (
     CONSORTIUM_FILE,
@@ -49,6 +48,7 @@ from fcd_secure.federation.secure.setup import ROSTER_FILE, write_roster
 from fcd_secure.provisioning.site_install.records import record_install
 from fcd_secure.federation.site_policy import SitePolicy
 from fcd_secure.federation.state import SiteState, StateError, check_site_id
+from fcd_secure.fingerprints import fingerprint, normalise_fingerprint
 
 SITE_FILE = "site.toml"
 REQUEST_FILE = "enrolment_request.json"
@@ -233,7 +233,7 @@ def join_site(home: str | Path, bundle_path: str | Path, coordinator_fingerprint
     if not isinstance(roster, dict) or roster.get(sid, {}).get("identity_public_key") != mine:
         raise ProvisioningError(f"{where}: field payload.roster: this site's identity key is not in the roster")
     ca = x509.load_pem_x509_certificate(str(p["ca_crt"]).encode("ascii"))
-    if "SHA256:" + ca.fingerprint(hashes.SHA256()).hex() != cfg.ca_fingerprint:
+    if certificate_fingerprint(ca) != cfg.ca_fingerprint:
         raise ProvisioningError(f"{where}: field payload.ca_crt is not the CA named in consortium.toml (ca_fingerprint)")
     if h.joined():
         old = h.consortium()

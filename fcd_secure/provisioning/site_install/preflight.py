@@ -50,7 +50,6 @@ from fcd_secure.data.preprocess import (
     spec_layout,
     undeclared_levels,
 )
-from fcd_secure.audit.signing import fingerprint
 from fcd_secure.data.spec import DataError, DatasetSpec, load_spec
 from fcd_secure.provisioning.bundle import BUNDLE_TYPE
 from fcd_secure.provisioning.consortium import ConsortiumConfig, spec_digest
@@ -59,6 +58,7 @@ from fcd_secure.provisioning.versions import installed_versions
 from fcd_secure.provisioning.site_install.home import SiteHome
 from fcd_secure.provisioning.site_install.records import record_install
 from fcd_secure.federation.site_policy import SitePolicy, SitePolicyError
+from fcd_secure.fingerprints import fingerprint
 
 Status = Literal["ok", "warn", "fail"]
 TELEMETRY_OFF = ("0", "false", "no", "off")
