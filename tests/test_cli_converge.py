@@ -206,6 +206,11 @@ def test_set_comes_after_the_preset_and_the_file_and_before_the_named_options(tm
     assert cfg.model.hidden == 12  # the last of a key set twice
 
 
+def test_set_of_the_run_folder_is_the_run_folder(tmp_path):
+    assert resolve_config(RunOptions(settings=[f"out={tmp_path / 'r'}"])).out == str(tmp_path / "r")
+    assert resolve_config(RunOptions(settings=["out=x"], out=tmp_path / "o")).out == str(tmp_path / "o")
+
+
 def test_set_of_the_number_of_sites_moves_the_sites_per_round_as_sites_does():
     assert resolve_config(RunOptions(settings=["data.n_sites=6"])).federation.clients_per_round == \
         resolve_config(RunOptions(sites=6)).federation.clients_per_round == 4  # the secure minimum, above N/2

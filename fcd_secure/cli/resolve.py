@@ -176,7 +176,7 @@ def resolve_config(opts: RunOptions) -> "RunConfig":
         cfg = build_config(preset, over, base=base)
     except ConfigError as exc:
         raise CliError(str(exc), hint="`fcd config show` lists every key with its description") from None
-    out = opts.out
+    out = opts.out if opts.out is not None else (Path(str(over["out"])) if over.get("out") else None)  # --set out=
     if opts.resume is not None:
         if out is not None and out.resolve() != opts.resume.resolve():
             raise CliError("--resume continues a run in its own folder; leave out --out", "USAGE")
