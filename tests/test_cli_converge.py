@@ -97,7 +97,8 @@ def test_no_option_takes_a_comma_list():
 @pytest.mark.parametrize("path, option", [(("train",), "--method"), (("ablate",), "--variant"),
                                           (("reproduce",), "--dataset"), (("reproduce",), "--method"),
                                           (("run",), "--policy"), (("run",), "--set"), (("deploy",), "--set"),
-                                          (("config", "show"), "--set")], ids=str)
+                                          (("config", "show"), "--set"), (("train",), "--set"),
+                                          (("ablate",), "--set")], ids=str)
 def test_list_options_are_repeatable(path, option):
     assert _visible(COMMANDS[path])[option].multiple
 
@@ -233,8 +234,9 @@ def test_set_refuses_an_unknown_key_naming_it_and_the_closest(setting, named, tm
 @pytest.mark.parametrize("setting, key", [("model.hidden=abc", "model.hidden"), ("federation.rounds=0",
                                           "federation.rounds"), ("federation.sync=half", "federation.sync")])
 def test_set_refuses_a_bad_value_naming_the_key(setting, key, tmp_path):
-    for command in (["run"], ["deploy"]):
-        res = runner.invoke(app, [*command, "--preset", "tiny", "--set", setting, "--out", str(tmp_path / "r")])
+    out = ["--out", str(tmp_path / "r")]
+    for command in (["run", *out], ["deploy", *out], ["train"], ["ablate", *out]):
+        res = runner.invoke(app, [*command, "--preset", "tiny", "--set", setting])
         assert res.exit_code == 2, (command, res.output)
         assert key in res.stderr and "Traceback" not in res.output, res.stderr
         assert not (tmp_path / "r").exists()

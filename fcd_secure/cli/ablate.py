@@ -11,7 +11,7 @@ from rich.markup import escape
 
 from fcd_secure.cli.app import emit, say_identifier, stderr, stdout
 from fcd_secure.cli.envelope import CliError, ok
-from fcd_secure.cli.resolve import PRESET_HELP, RunOptions, resolve_config
+from fcd_secure.cli.resolve import PRESET_HELP, SET_HELP, RunOptions, resolve_config
 
 
 def ablate(
@@ -23,6 +23,7 @@ def ablate(
     sites: Optional[int] = typer.Option(None, "--sites", min=1, help="Number of sites N."),
     variants: Optional[list[str]] = typer.Option(None, "--variant", help="A variant: dss, full_sync, no_ldis, local_only or centralised; repeat for several (default all)."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Real datasets root."),
+    settings: Optional[list[str]] = typer.Option(None, "--set", metavar="KEY=VALUE", help=SET_HELP),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Output folder (default runs/<timestamp>-ablation/)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope (the table in data) on stdout."),
 ) -> None:
@@ -43,7 +44,7 @@ def ablate(
         raise CliError(f"unknown variant(s) {bad}; choose from {list(ALL_VARIANTS)}", "USAGE",
                        hint="one variant per --variant, repeated for several")
     base = resolve_config(RunOptions(
-        preset=preset, rounds=rounds, sites=sites, data_dir=data_dir, secure=False, eval_every=0,
+        preset=preset, rounds=rounds, sites=sites, data_dir=data_dir, secure=False, eval_every=0, settings=settings or [],
         out=out_dir or Path("runs") / f"{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}-ablation",
     ))
     torch.set_num_threads(1)

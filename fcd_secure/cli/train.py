@@ -14,7 +14,7 @@ from rich.markup import escape
 
 from fcd_secure.cli.app import emit, stderr, stdout
 from fcd_secure.cli.envelope import CliError, ok
-from fcd_secure.cli.resolve import PRESET_HELP, RunOptions, resolve_config
+from fcd_secure.cli.resolve import PRESET_HELP, SET_HELP, RunOptions, resolve_config
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.table import Table
@@ -91,6 +91,7 @@ def train(
     sampler: Optional[str] = typer.Option(None, "--sampler", help="Reverse sampler for do-simulation: ddim or ddpm."),
     steps: Optional[int] = typer.Option(None, "--steps", min=1, help="DDIM steps per transition (DDPM uses all N)."),
     methods: Optional[list[str]] = typer.Option(None, "--method", help=METHODS_HELP),
+    settings: Optional[list[str]] = typer.Option(None, "--set", metavar="KEY=VALUE", help=SET_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope on stdout (progress to stderr)."),
 ) -> None:
     """The centralised reference: Fed-CausalDiff trained with every site's training data pooled in this one
@@ -115,7 +116,7 @@ def train(
         raise CliError(f"unknown method(s) {bad}; choose from {', '.join(SIMULATORS)}", "USAGE",
                        hint="one method per --method, repeated for several")
     cfg = resolve_config(RunOptions(preset=preset, rounds=rounds, sites=sites, seed=seed, secure=False, eval_every=0,
-                                    out=Path("runs") / "centralised"))
+                                    out=Path("runs") / "centralised", settings=settings or []))
     raw = cfg.model_dump(mode="json")
     raw["model"].update({k: v for k, v in (("sampler", sampler), ("sampler_steps", steps)) if v is not None})
     if samples is not None:
