@@ -185,7 +185,7 @@ def test_the_old_centralised_flag_is_accepted_and_does_nothing():
 # -- --set KEY=VALUE -------------------------------------------------------------------------------------------------
 def test_set_sets_nested_keys_in_the_resolved_config():
     res = runner.invoke(app, ["config", "show", "--preset", "tiny", "--set", "model.hidden=32",
-                              "--set", "federation.eval_every=2", "--set", "evaluation.policies=[\"never\", \"always\"]",
+                              "--set", "federation.eval_every=2", "--set", 'evaluation.policies=["never", "always"]',
                               "--set", "evaluation.quick_max_rows=null", "--set", "data.dataset=tumour",
                               "--set", "secagg.deadlines.train=30", "--json"])
     assert res.exit_code == 0, res.output

@@ -87,7 +87,8 @@ def test_command_errors_are_envelopes_with_their_exit_code(tmp_path):
 
 
 def test_success_envelopes(tmp_path):
-    res = runner.invoke(app, ["privacy", "plan", "--trajectories", "2048", "--rounds", "20", "--accountant", "rdp", "--json"])
+    res = runner.invoke(app, ["privacy", "plan", "--trajectories", "2048", "--rounds", "20", "--accountant", "rdp",
+                              "--json"])
     env = _envelope(res.stdout)
     assert (env["status"], env["exit_code"], env["error_code"]) == ("ok", 0, None)
     assert env["data"]["steps"] == 640 and "σ =" in env["message"]

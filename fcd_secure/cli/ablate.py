@@ -44,7 +44,8 @@ def ablate(
         raise CliError(f"unknown variant(s) {bad}; choose from {list(ALL_VARIANTS)}", "USAGE",
                        hint="one variant per --variant, repeated for several")
     base = resolve_config(RunOptions(
-        preset=preset, rounds=rounds, sites=sites, data_dir=data_dir, secure=False, eval_every=0, settings=settings or [],
+        preset=preset, rounds=rounds, sites=sites, data_dir=data_dir, secure=False, eval_every=0,
+        settings=settings or [],
         out=out_dir or Path("runs") / f"{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}-ablation",
     ))
     torch.set_num_threads(1)

@@ -89,7 +89,8 @@ def show(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope: the resolved config and every key's description."),
 ) -> None:
     """Print the resolved run configuration, every key with its description (TOML with comments: save it and pass
-    it to `fcd run --config`); --set shows what `fcd run --set` would make of a key. With --markdown, the reference of every key (the content of docs/config.md)."""
+    it to `fcd run --config`); --set shows what `fcd run --set` makes of a key. With --markdown, the reference of
+    every key (the content of docs/config.md)."""
     from fcd_secure.config import describe_fields  # noqa: PLC0415
 
     if markdown:
