@@ -20,9 +20,11 @@ set the data preset, the number of rounds and a model size; explicit options ove
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -366,3 +368,54 @@ def describe_fields(cfg: RunConfig | None = None) -> list[dict[str, Any]]:
 def _type_name(ann: Any) -> str:
     text = getattr(ann, "__name__", None) if isinstance(ann, type) else None
     return text or str(ann).replace("typing.", "")
+
+
+# -- one key at a time (``fcd run --set KEY=VALUE``) ---------------------------------------------------------------
+def parse_value(text: str) -> Any:
+    """The value of ``--set KEY=VALUE``: a JSON value (RFC 8259: ``32``, ``true``, ``null``, ``["never", "always"]``),
+    else a TOML value (TOML v1.0.0: ``'x'``, ``{a = 1}``), else the text itself (``tumour``): a string needs no
+    quotes.
+
+    JSON is tried first for its ``null`` (TOML has none), which unsets a key whose default is a value.
+    """
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def settings_overrides(assignments: Sequence[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` assignments as the nested ``overrides`` of :func:`build_config`; each key is a dotted leaf key of
+    :func:`describe_fields` (as ``fcd config show`` prints it), each value read by :func:`parse_value`.
+
+    The values are validated where every config is, when :func:`build_config` builds the ``RunConfig`` (a bad value
+    is a ``ConfigError`` naming its field); the keys are checked here, against the fields the config has.
+
+    Raises:
+        ConfigError: an assignment without ``=``, or an unknown key (the message names it and the closest key).
+    """
+    keys = [r["key"] for r in describe_fields()]
+    known = set(keys)
+    out: dict[str, Any] = {}
+    for text in assignments:
+        key, eq, value = text.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise ConfigError(f"--set {text!r}: expected KEY=VALUE (e.g. model.hidden=32)")
+        if key not in known:
+            close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+            below = sorted(k for k in keys if k.startswith(f"{key}."))
+            near = (f"; it is a section: set one of its keys, e.g. {below[0]}" if below
+                    else f"; did you mean {close[0]}?" if close else "")
+            raise ConfigError(f"--set {key}: no such config key{near}")
+        *sections, leaf = key.split(".")
+        node = out
+        for name in sections:
+            node = node.setdefault(name, {})
+        node[leaf] = parse_value(value.strip())
+    return out
+

@@ -70,11 +70,11 @@ def test_every_json_command_answers_a_usage_error_with_the_envelope(path):
 def test_command_errors_are_envelopes_with_their_exit_code(tmp_path):
     cases = [
         (["privacy", "report", str(tmp_path / "missing"), "--json"], 2, "BAD_INPUT"),
-        (["privacy", "plan", "--n-site", "10", "--accountant", "gdp", "--json"], 2, "BAD_INPUT"),
+        (["privacy", "plan", "--trajectories", "10", "--accountant", "gdp", "--json"], 2, "BAD_INPUT"),
         (["audit", "fingerprints", str(tmp_path / "missing"), "--json"], 2, "USAGE"),
         (["data", "describe", "-d", "mnist", "--json"], 2, "USAGE"),
         (["run", "--dataset", "mnist", "--json", "--out", str(tmp_path / "r")], 2, "BAD_INPUT"),
-        (["train", "--preset", "tiny", "--json"], 2, "USAGE"),
+        (["train", "--preset", "tiny", "--method", "nope", "--json"], 2, "USAGE"),
         (["config", "show", "--preset", "huge", "--json"], 2, "BAD_INPUT"),
     ]
     for args, code, error_code in cases:
@@ -87,7 +87,8 @@ def test_command_errors_are_envelopes_with_their_exit_code(tmp_path):
 
 
 def test_success_envelopes(tmp_path):
-    res = runner.invoke(app, ["privacy", "plan", "--n-site", "2048", "--rounds", "20", "--accountant", "rdp", "--json"])
+    res = runner.invoke(app, ["privacy", "plan", "--trajectories", "2048", "--rounds", "20", "--accountant", "rdp",
+                              "--json"])
     env = _envelope(res.stdout)
     assert (env["status"], env["exit_code"], env["error_code"]) == ("ok", 0, None)
     assert env["data"]["steps"] == 640 and "σ =" in env["message"]

@@ -52,7 +52,8 @@ def load_theta(path: Path) -> dict[str, np.ndarray]:
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("runs")
     a = fcd("run", "--preset", "tiny", "--rounds", ROUNDS, "--sites", "3", "--clients-per-round", "2",
-            "--no-secure-aggregation", "--eval-every", "2", "--seed", "3", "--out", "A", cwd=base)
+            "--no-secure-aggregation", "--eval-every", "2", "--seed", "3", "--set", "evaluation.level=0.8",
+            "--set", "federation.eval_every=1", "--out", "A", cwd=base)
     assert a.returncode == 0, a.stderr[-3000:]
     before = tree_digest(base / "A")
     b = fcd("run", "--config", base / "A" / "config.toml", "--out", "B", cwd=base)
@@ -114,6 +115,18 @@ def test_a_config_file_reruns_its_run_exactly_and_leaves_the_old_run_alone(runs)
             "uplink_formula_bytes", "cum_uplink_bytes", "pehe", "ate_error", "factual_auc"]
     pd.testing.assert_frame_equal(pd.read_csv(base / "A" / "rounds.csv")[same],
                                   pd.read_csv(base / "B" / "rounds.csv")[same])
+
+
+@shared_runs
+def test_set_reaches_the_run_config_under_the_named_options(runs):
+    """``--set evaluation.level=0.8`` is in the run's config.toml; ``--set federation.eval_every=1`` gave way to
+    ``--eval-every 2`` (named options come after --set)."""
+    import tomllib
+
+    base, _, _, _ = runs
+    written = tomllib.loads((base / "A" / "config.toml").read_text())
+    assert written["evaluation"]["level"] == 0.8 and written["federation"]["eval_every"] == 2
+    assert tomllib.loads((base / "B" / "config.toml").read_text())["evaluation"]["level"] == 0.8
 
 
 @shared_runs

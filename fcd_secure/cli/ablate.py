@@ -11,25 +11,26 @@ from rich.markup import escape
 
 from fcd_secure.cli.app import emit, say_identifier, stderr, stdout
 from fcd_secure.cli.envelope import CliError, ok
-from fcd_secure.cli.resolve import PRESET_HELP, RunOptions, resolve_config
+from fcd_secure.cli.resolve import PRESET_HELP, SET_HELP, RunOptions, resolve_config
 
 
 def ablate(
     preset: str = typer.Option("default", "--preset", help=PRESET_HELP),
     seeds: int = typer.Option(3, "--seeds", min=1, help="Number of seeds from --seed on; mean ± sd is reported."),
-    first_seed: int = typer.Option(0, "--seed", "--first-seed", help="First seed (of the split, initialisation, "
+    first_seed: int = typer.Option(0, "--seed", help="First seed (of the split, initialisation, "
                                    "sampling and training; seeds --seed .. --seed + --seeds - 1)."),
     rounds: Optional[int] = typer.Option(None, "--rounds", min=1, help="Rounds (preset default)."),
     sites: Optional[int] = typer.Option(None, "--sites", min=1, help="Number of sites N."),
-    variants: Optional[str] = typer.Option(None, "--variants", help="Comma list of: dss, full_sync, no_ldis, local_only, centralised (default all)."),
+    variants: Optional[list[str]] = typer.Option(None, "--variant", help="A variant: dss, full_sync, no_ldis, local_only or centralised; repeat for several (default all)."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Real datasets root."),
+    settings: Optional[list[str]] = typer.Option(None, "--set", metavar="KEY=VALUE", help=SET_HELP),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Output folder (default runs/<timestamp>-ablation/)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope (the table in data) on stdout."),
 ) -> None:
     """Table III of the paper on DKT-Synth: Fed-CausalDiff (DSS), w/o DSS (full sync), w/o L_dis, local only and
     centralised, on the same data, split and seeds; PEHE, |ATE error|, |value error| and uplink MB.
 
-    The centralised row is the reference of `fcd train --centralised` (same epochs and seeds, same numbers).
+    The centralised row is the reference of `fcd train` (same epochs and seeds, same numbers).
     Exit codes: 0 done, 2 bad input.
     """
     import torch  # noqa: PLC0415
@@ -37,12 +38,14 @@ def ablate(
 
     from fcd_secure.experiments.ablation import ALL_VARIANTS, run_ablation  # noqa: PLC0415
 
-    chosen = [v.strip() for v in variants.split(",")] if variants else list(ALL_VARIANTS)
+    chosen = list(dict.fromkeys(variants)) if variants else list(ALL_VARIANTS)
     bad = [v for v in chosen if v not in ALL_VARIANTS]
     if bad:
-        raise CliError(f"unknown variant(s) {bad}; choose from {list(ALL_VARIANTS)}", "USAGE")
+        raise CliError(f"unknown variant(s) {bad}; choose from {list(ALL_VARIANTS)}", "USAGE",
+                       hint="one variant per --variant, repeated for several")
     base = resolve_config(RunOptions(
         preset=preset, rounds=rounds, sites=sites, data_dir=data_dir, secure=False, eval_every=0,
+        settings=settings or [],
         out=out_dir or Path("runs") / f"{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}-ablation",
     ))
     torch.set_num_threads(1)

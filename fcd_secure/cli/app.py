@@ -26,6 +26,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from fcd_secure._io import jsonable
 from fcd_secure.cli.envelope import EXIT_INTERRUPTED, CliError, Envelope, ok
+from fcd_secure.cli.renamed import rewrite
 
 #: Set to "1" to let a bug's traceback print instead of the one-line ``INTERNAL`` error.
 DEBUG_ENV = "FCD_DEBUG"
@@ -111,11 +112,24 @@ def _plain_help(text: str) -> str:
     return text.replace("\\[", "[")
 
 
+def command_path(ctx: click.Context) -> tuple[str, ...]:
+    """The path of ``ctx``'s command under ``fcd`` (``("data", "describe")``), whatever the program is called."""
+    names: list[str] = []
+    while ctx.parent is not None:
+        names.insert(0, ctx.info_name or "")
+        ctx = ctx.parent
+    return tuple(names)
+
+
 class FcdCommand(TyperCommand):
-    """A command whose plain help reads as written (see :func:`_plain_help`)."""
+    """A command whose plain help reads as written (see :func:`_plain_help`) and whose old option spellings still
+    work, each with a deprecation note (:mod:`fcd_secure.cli.renamed`)."""
 
     def get_help(self, ctx: click.Context) -> str:
         return _plain_help(super().get_help(ctx))
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, rewrite(command_path(ctx), args, self.params))
 
 
 class FcdGroup(TyperGroup):

@@ -15,7 +15,7 @@ import typer
 
 from fcd_secure.cli.app import emit, new_app
 from fcd_secure.cli.envelope import ok
-from fcd_secure.cli.resolve import PRESET_HELP, RunOptions, resolve_config
+from fcd_secure.cli.resolve import PRESET_HELP, SET_HELP, RunOptions, resolve_config
 
 app = new_app(help="The run configuration: every key, its default and description.")
 
@@ -84,17 +84,19 @@ def reference_markdown() -> str:
 def show(
     preset: Optional[str] = typer.Option(None, "--preset", help=f"{PRESET_HELP}. Default: default, or the --config file's."),
     config_file: Optional[Path] = typer.Option(None, "--config", exists=True, dir_okay=False, help="A run config file to resolve (e.g. a run folder's config.toml)."),
+    settings: Optional[list[str]] = typer.Option(None, "--set", metavar="KEY=VALUE", help=SET_HELP),
     markdown: bool = typer.Option(False, "--markdown", help="Print the reference of every key as Markdown (docs/config.md)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope: the resolved config and every key's description."),
 ) -> None:
     """Print the resolved run configuration, every key with its description (TOML with comments: save it and pass
-    it to `fcd run --config`). With --markdown, the reference of every key (the content of docs/config.md)."""
+    it to `fcd run --config`); --set shows what `fcd run --set` makes of a key. With --markdown, the reference of
+    every key (the content of docs/config.md)."""
     from fcd_secure.config import describe_fields  # noqa: PLC0415
 
     if markdown:
         typer.echo(reference_markdown(), nl=False)
         return
-    cfg = resolve_config(RunOptions(preset=preset, config_file=config_file))
+    cfg = resolve_config(RunOptions(preset=preset, config_file=config_file, settings=settings or []))
     cfg = cfg.model_copy(update={"out": None})
     rows = describe_fields(cfg)
     if as_json:

@@ -141,7 +141,7 @@ def describe(
     ),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Folder holding the datasets "
                                             "(default: $FCD_DATA_DIR, then ../shared/data next to the project)."),
-    n_sites: int = typer.Option(10, "--n-sites", min=1, help="Sites of the Dirichlet split (paper: 10)."),
+    n_sites: int = typer.Option(10, "--sites", min=1, help="Sites of the Dirichlet split (paper: 10)."),
     alpha: float = typer.Option(10.0, "--alpha", min=1e-6, help="Dirichlet concentration (paper: 10)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the split (same seed, same sites)."),
     preset: str = typer.Option(

@@ -18,7 +18,7 @@ from fcd_secure.cli.tables import LEFTOVER_WORDS, SPEC_HELP, TABLE_HELP, spec_an
 from fcd_secure.data import names
 from fcd_secure.cli.app import emit, say_identifier, stderr, stdout
 from fcd_secure.cli.envelope import EXIT_OK, CliError, ok
-from fcd_secure.cli.resolve import PRESET_HELP, RunOptions, resolve_config
+from fcd_secure.cli.resolve import PRESET_HELP, SET_HELP, RunOptions, resolve_config
 from fcd_secure.cli.run import summary_table
 
 __all__ = ["register"]
@@ -64,6 +64,7 @@ def register(app: typer.Typer) -> None:
         site_policies: Optional[Path] = typer.Option(None, "--site-policies", help="The hospitals' own <site-id>.toml policies (default: from this run's options)."),
         insecure_dev: bool = typer.Option(False, "--insecure-dev", help="Development only: no TLS, no SuperNode authentication, any submitted app runs on the sites. Marks the run folder."),
         keep: bool = typer.Option(False, "--keep", help="Leave the SuperLink and SuperNodes running after the run."),
+        settings: Optional[list[str]] = typer.Option(None, "--set", metavar="KEY=VALUE", help=SET_HELP),
         timeout_s: float = typer.Option(1800, "--timeout", help="Give up after this many seconds."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope (summary.json in data) on stdout; progress on stderr."),
     ) -> None:
@@ -89,6 +90,7 @@ def register(app: typer.Typer) -> None:
             clients_per_round=clients_per_round, seed=seed, dataset=dataset, spec=spec, data_dir=data_dir,
             secure=secure, eval_every=eval_every if eval_every is not None else (0 if own else None), out=out_dir,
             dp_epsilon=dp_epsilon, dp_delta=dp_delta, dp_clip=dp_clip, dp_ledger_dir=dp_ledger_dir,
+            settings=settings or [],
         )
         cfg = check_run(resolve_config(opts), opts)
         if clients_per_round is None:  # a deployment samples every site it started, unless told otherwise

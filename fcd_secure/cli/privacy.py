@@ -105,12 +105,12 @@ def _print_sites(con, rep: dict) -> None:
 
 @app.command("plan", short_help="The noise multiplier σ for a planned use of a site's data.")
 def plan(
-    n_site: Annotated[int, typer.Option("--n-site", min=1, help="Trajectories at the site.")],
+    trajectories: Annotated[int, typer.Option("--trajectories", min=1, help="Trajectories at the site (its dataset's N).")],
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Expected Poisson batch size.")] = 64,
     rounds: Annotated[int, typer.Option("--rounds", min=1, help="Planned federated rounds.")] = 20,
     local_epochs: Annotated[int, typer.Option("--local-epochs", min=1, help="Local epochs per round.")] = 1,
-    epsilon: Annotated[float, typer.Option("--epsilon", min=0.01, help="Lifetime ε cap.")] = 8.0,
-    delta: Annotated[Optional[float], typer.Option("--delta", help="δ (default: power of ten ≤ 1/(10·n)).")] = None,
+    epsilon: Annotated[float, typer.Option("--dp-epsilon", min=0.01, help="Lifetime ε cap of the site's dataset.")] = 8.0,
+    delta: Annotated[Optional[float], typer.Option("--dp-delta", help="DP δ (default: a power of ten ≤ 1/(10·N)).")] = None,
     accountant: Annotated[str, typer.Option("--accountant", help="prv or rdp.")] = "prv",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON envelope on stdout.")] = False,
 ) -> None:
@@ -123,9 +123,9 @@ def plan(
 
     try:
         cfg = DPConfig(enabled=True, epsilon=epsilon, delta=delta, accountant=accountant)  # type: ignore[arg-type]
-        d = cfg.resolve_delta(n_site)
-        q = sample_rate(n_site, batch_size)
-        steps = rounds * local_epochs * steps_per_epoch(n_site, batch_size)
+        d = cfg.resolve_delta(trajectories)
+        q = sample_rate(trajectories, batch_size)
+        steps = rounds * local_epochs * steps_per_epoch(trajectories, batch_size)
         sigma = plan_noise_multiplier(epsilon_cap=epsilon, delta=d, q=q, planned_steps=steps, accountant=accountant)
     except (ValidationError, ValueError) as exc:
         raise CliError(str(exc)) from None

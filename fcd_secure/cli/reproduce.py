@@ -16,18 +16,14 @@ from fcd_secure.cli.run import bad_input_errors
 PRESETS_HELP = "tiny (tests) | quick (docs/reproduction; cost per cell measured there) | default | paper (Table I/II sizes)"
 
 
-def _list(value: Optional[str]) -> Optional[list[str]]:
-    return [v.strip() for v in value.split(",") if v.strip()] if value else None
-
-
 def reproduce(
     out: Path = typer.Option(..., "--out", help="Output folder (tables, figures, REPORT.md, cached cells)."),
     preset: str = typer.Option("quick", "--preset", help=PRESETS_HELP),
     seeds: Optional[int] = typer.Option(None, "--seeds", min=1, help="Number of seeds from --seed on (preset default)."),
     seed: int = typer.Option(0, "--seed", min=0, help="First seed of every cell (split, initialisation, sampling, "
                              "training); the cells run seeds --seed .. --seed + --seeds - 1."),
-    datasets: Optional[str] = typer.Option(None, "--datasets", help="Comma list (default: all four)."),
-    methods: Optional[str] = typer.Option(None, "--methods", help="Comma list (default: all five)."),
+    datasets: Optional[list[str]] = typer.Option(None, "--dataset", help="A dataset of the paper; repeat for several (default: all four)."),
+    methods: Optional[list[str]] = typer.Option(None, "--method", help="A method of the paper; repeat for several (default: all five)."),
     ablations: bool = typer.Option(True, "--ablations/--no-ablations", help="Table III's ablations on DKT-Synth."),
     secure: bool = typer.Option(False, "--secure-aggregation/--no-secure-aggregation", help="Secure aggregation."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Real datasets root."),
@@ -48,12 +44,12 @@ def reproduce(
         p = get_preset(preset)
     except ValueError as exc:
         raise CliError(str(exc), "USAGE") from None
-    ds = _list(datasets) or list(DATASETS)
-    ms = _list(methods) or list(METHODS)
+    ds = list(dict.fromkeys(datasets)) if datasets else list(DATASETS)
+    ms = list(dict.fromkeys(methods)) if methods else list(METHODS)
     bad = [d for d in ds if d not in DATASETS] + [m for m in ms if m not in METHODS]
     if bad:
         raise CliError(f"unknown dataset(s) or method(s) {bad}; datasets: {list(DATASETS)}, methods: {list(METHODS)}",
-                       "USAGE")
+                       "USAGE", hint="one value per --dataset or --method, repeated for several")
     torch.set_num_threads(1)
     with Progress(TextColumn("[bold]reproduce[/bold]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.description}"), console=stderr(), transient=False) as bar:

@@ -5,7 +5,13 @@ Layers, later ones winning (:func:`fcd_secure.config.build_config`):
 1. the defaults of ``RunConfig``;
 2. a config file (``--config FILE``, or the run folder's ``config.toml`` with ``--resume RUN_DIR``);
 3. the preset (``--preset``; without a config file its default is ``default``; with one, only when given);
-4. the options given on the command line, and only those: an option left out never overrides the file.
+4. ``--set KEY=VALUE`` (any key, dotted as ``fcd config show`` prints it: ``--set model.hidden=32``), in the order
+   given (a key set twice keeps its last value);
+5. the named options given on the command line (``--rounds``, ``--dp-epsilon``...), and only those: an option left
+   out never overrides the file or a ``--set``, and one given wins over a ``--set`` of the same key.
+
+Every layer is validated once, as one ``RunConfig`` (:func:`fcd_secure.config.build_config`): an unknown ``--set``
+key or a bad value is exit 2, naming the key, before any work starts.
 
 A config file re-runs its run exactly, in a new run folder: its ``out`` and ``state_dir`` belong to the old run and
 are dropped, so nothing is written into the old run's folder. Only ``--resume RUN_DIR`` (or ``--state-dir``
@@ -25,6 +31,9 @@ if TYPE_CHECKING:  # pragma: no cover - fcd_secure.config imports pydantic and t
     from fcd_secure.config import RunConfig
 
 PRESET_HELP = "tiny (4 sites, seconds) | default (README run, ≤ 5 min on 2 cores) | paper (Table II length)"
+SET_HELP = ("KEY=VALUE: set any config key, dotted as `fcd config show` prints it (e.g. model.hidden=32, "
+            "federation.eval_every=2); repeatable. VALUE is JSON or TOML (null unsets), else a plain string. Applied "
+            "after the preset and the config file, before the other options.")
 #: the file of a run folder that re-runs (``--config``) or continues (``--resume``) the run
 RUN_CONFIG_FILE = "config.toml"
 
@@ -56,6 +65,8 @@ class RunOptions:
     dp_ledger_dir: Path | None = None
     policies: list[str] | None = None
     reference: str | None = None
+    #: ``--set KEY=VALUE`` assignments, in command-line order (:func:`fcd_secure.config.settings_overrides`)
+    settings: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -121,10 +132,15 @@ def resolve_config(opts: RunOptions) -> "RunConfig":
     Raises:
         CliError: an unreadable config file, a value that does not validate (named), or conflicting options.
     """
-    from fcd_secure.config import ConfigError, build_config  # noqa: PLC0415
+    from fcd_secure.config import ConfigError, build_config, settings_overrides  # noqa: PLC0415
 
     base = _base(opts)
-    over: dict[str, Any] = {"data": {}, "federation": {}, "evaluation": {}, "model": {}}
+    try:
+        over = settings_overrides(opts.settings)
+    except ConfigError as exc:
+        raise CliError(str(exc), hint="`fcd config show` lists every key with its description") from None
+    for section in ("data", "federation", "evaluation", "model"):
+        over.setdefault(section, {})
     for section, values in opts.extra.items():
         over.setdefault(section, {}).update(values)
     fed, data = over["federation"], over["data"]
@@ -144,14 +160,14 @@ def resolve_config(opts: RunOptions) -> "RunConfig":
     if opts.dp_ledger_dir is not None:
         dp["ledger_dir"] = str(opts.dp_ledger_dir)
     if dp:
-        over["dp"] = dp
+        over.setdefault("dp", {}).update(dp)
     if opts.policies:
         over["evaluation"]["policies"] = [str(p) for p in opts.policies]
     if opts.reference is not None:
         over["evaluation"]["reference"] = opts.reference
     preset = opts.preset if (opts.preset is not None or base is not None) else "default"
     try:
-        if opts.sites is not None and opts.clients_per_round is None:
+        if "n_sites" in data and "clients_per_round" not in fed:
             # the number of sites changed: the sites per round follow it unless given (validated below)
             probe = build_config(preset, {**over, "federation": {**fed, "clients_per_round": 1}}, base=base)
             fed["clients_per_round"] = default_clients_per_round(
@@ -160,7 +176,7 @@ def resolve_config(opts: RunOptions) -> "RunConfig":
         cfg = build_config(preset, over, base=base)
     except ConfigError as exc:
         raise CliError(str(exc), hint="`fcd config show` lists every key with its description") from None
-    out = opts.out
+    out = opts.out if opts.out is not None else (Path(str(over["out"])) if over.get("out") else None)  # --set out=
     if opts.resume is not None:
         if out is not None and out.resolve() != opts.resume.resolve():
             raise CliError("--resume continues a run in its own folder; leave out --out", "USAGE")

@@ -25,7 +25,7 @@ from fcd_secure.cli.tables import LEFTOVER_WORDS, SPEC_HELP, TABLE_HELP, spec_an
 from fcd_secure.data import names
 from fcd_secure.cli.app import DEBUG_ENV, emit, say_identifier, stderr, stdout
 from fcd_secure.cli.envelope import EXIT_OK, CliError, ok
-from fcd_secure.cli.resolve import PRESET_HELP, RunOptions, resolve_config
+from fcd_secure.cli.resolve import PRESET_HELP, SET_HELP, RunOptions, resolve_config
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.table import Table
@@ -496,6 +496,7 @@ def register(app: typer.Typer) -> None:
         dp_ledger_dir: Optional[Path] = typer.Option(None, "--dp-ledger-dir", help="Persistent privacy-ledger folder, so a new run on the same data cannot reset the budget (default: inside --state-dir)."),
         policy: Optional[list[str]] = typer.Option(None, "--policy", "-p", help="A policy to simulate at the end (a .toml file or a shipped name: never, always, early_on, late_on, incremental_on_x2, share_on_20); repeat for several. Default: [evaluation] policies, else the paper's four."),
         reference: Optional[str] = typer.Option(None, "--reference", help="The name of the policy the others are contrasted with (default: the first)."),
+        settings: Optional[list[str]] = typer.Option(None, "--set", metavar="KEY=VALUE", help=SET_HELP),
     ) -> None:
         """Train Fed-CausalDiff across N sites with decoupled synchronisation (only Θc leaves a site) on Flower's
         simulation engine, evaluate it federatedly, and write a run folder (config, rounds.csv appended per round,
@@ -524,7 +525,7 @@ def register(app: typer.Typer) -> None:
             site_spread=site_spread,
             secure=secure, sync=sync, eval_every=eval_every, state_dir=state_dir, out=out_dir,
             dp_epsilon=dp_epsilon, dp_delta=dp_delta, dp_clip=dp_clip, dp_ledger_dir=dp_ledger_dir,
-            policies=policy, reference=reference,
+            policies=policy, reference=reference, settings=settings or [],
         )
         cfg = check_run(resolve_config(opts), opts)
         raise typer.Exit(execute_run(cfg, as_json))

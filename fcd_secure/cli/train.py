@@ -1,6 +1,8 @@
-"""`fcd train --centralised`: the centralised reference (Fed-CausalDiff and two baselines on the pooled DKT-Synth
-training data), scored against the oracle's ground truth. Thin: parse, call
-``fcd_secure.experiments.centralised``, print."""
+"""`fcd train`: the centralised reference (Fed-CausalDiff and two baselines on the pooled DKT-Synth training data),
+scored against the oracle's ground truth. Thin: parse, call ``fcd_secure.experiments.centralised``, print.
+
+Federated training is ``fcd run``; the old ``--centralised`` flag is still accepted and does nothing
+(:mod:`fcd_secure.cli.renamed`)."""
 
 from __future__ import annotations
 
@@ -12,12 +14,14 @@ from rich.markup import escape
 
 from fcd_secure.cli.app import emit, stderr, stdout
 from fcd_secure.cli.envelope import CliError, ok
-from fcd_secure.cli.resolve import PRESET_HELP, RunOptions, resolve_config
+from fcd_secure.cli.resolve import PRESET_HELP, SET_HELP, RunOptions, resolve_config
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.table import Table
 
-METHODS_HELP = "Comma-separated subset of fed_causaldiff, gformula, naive."
+#: the methods of the reference, in the order they are trained and shown
+DEFAULT_METHODS = ("fed_causaldiff", "gformula", "naive")
+METHODS_HELP = f"A method to train: {', '.join(DEFAULT_METHODS)}; repeat for several (default: all three)."
 
 
 def _fmt(v: Any, spec: str = ".4f") -> str:
@@ -74,9 +78,6 @@ def _summary_table(summary: list[dict], seeds: list[int], epochs: int) -> "Table
 
 
 def train(
-    centralised: bool = typer.Option(
-        False, "--centralised", help="Pool every site's training data in one process (the reference path)."
-    ),
     preset: str = typer.Option("default", "--preset", help=PRESET_HELP),
     seed: int = typer.Option(0, "--seed", help="Seed of the data, the initialisation and training."),
     seeds: int = typer.Option(1, "--seeds", min=1, help="Number of seeds from --seed on; mean ± s.d. over them."),
@@ -89,12 +90,14 @@ def train(
     samples: Optional[int] = typer.Option(None, "--samples", min=1, help="Simulated futures per test trajectory (preset default)."),
     sampler: Optional[str] = typer.Option(None, "--sampler", help="Reverse sampler for do-simulation: ddim or ddpm."),
     steps: Optional[int] = typer.Option(None, "--steps", min=1, help="DDIM steps per transition (DDPM uses all N)."),
-    methods: str = typer.Option("fed_causaldiff,gformula,naive", "--methods", help=METHODS_HELP),
+    methods: Optional[list[str]] = typer.Option(None, "--method", help=METHODS_HELP),
+    settings: Optional[list[str]] = typer.Option(None, "--set", metavar="KEY=VALUE", help=SET_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope on stdout (progress to stderr)."),
 ) -> None:
-    """Train Fed-CausalDiff with all sites pooled and report PEHE, |ATE error|, |policy value error| for the four
-    default policies and the factual AUC against DKT-Synth ground truth, next to a deterministic GRU g-formula and
-    a naive observational model trained on the same split with the same seed.
+    """The centralised reference: Fed-CausalDiff trained with every site's training data pooled in this one
+    process, scored against DKT-Synth's ground truth (PEHE, |ATE error|, |policy value error| for the four default
+    policies, factual AUC), next to a deterministic GRU g-formula and a naive observational model trained on the same
+    split with the same seed.
 
     Federated training is `fcd run`; this command is its centralised yardstick, the same reference as the
     `centralised` row of `fcd ablate` (same epochs and seed, same numbers). Exit codes: 0 done, 2 bad input.
@@ -107,14 +110,13 @@ def train(
     from fcd_secure.experiments.centralised import run_centralised_seeds  # noqa: PLC0415
     from fcd_secure.model.baselines import SIMULATORS  # noqa: PLC0415
 
-    if not centralised:
-        raise CliError("only --centralised is available here; federated training is `fcd run`", "USAGE")
-    chosen = tuple(m.strip() for m in methods.split(",") if m.strip())
+    chosen = tuple(dict.fromkeys(methods or DEFAULT_METHODS))
     bad = [m for m in chosen if m not in SIMULATORS]
-    if bad or not chosen:
-        raise CliError(f"unknown method(s) {bad}; choose from {', '.join(SIMULATORS)}", "USAGE")
+    if bad:
+        raise CliError(f"unknown method(s) {bad}; choose from {', '.join(SIMULATORS)}", "USAGE",
+                       hint="one method per --method, repeated for several")
     cfg = resolve_config(RunOptions(preset=preset, rounds=rounds, sites=sites, seed=seed, secure=False, eval_every=0,
-                                    out=Path("runs") / "centralised"))
+                                    out=Path("runs") / "centralised", settings=settings or []))
     raw = cfg.model_dump(mode="json")
     raw["model"].update({k: v for k, v in (("sampler", sampler), ("sampler_steps", steps)) if v is not None})
     if samples is not None:
@@ -149,4 +151,4 @@ def train(
 
 def register(app: typer.Typer) -> None:
     """Attach ``fcd train`` to the root app."""
-    app.command("train", short_help="Centralised reference (sites pooled) and two baselines.")(train)
+    app.command("train", short_help="The centralised reference (sites pooled) and two baselines.")(train)
