@@ -304,7 +304,7 @@ def test_a_site_without_propensities_or_below_its_floor_sends_n_zero_and_the_fit
     assert fit["coverage"] == "partial" and fit["sites_scoring"] == 3 and fit["beta"] is not None
     nothing = drl.solve(drl.fit_totals(Totals.of_sites([drl.empty_fit_sums()] * 4)), sites=4)
     assert nothing["coverage"] == "unavailable" and nothing["beta"] is None and "no site" in nothing["why"]
-    assert drl.request_field(nothing) == {}
+    assert "dr-learner" not in EvaluationRequest(dr_learner_beta=nothing["beta"]).to_config()  # no β sent
 
 
 def test_every_key_a_site_sends_is_allow_listed_and_a_bad_beta_is_ignored(small):
@@ -318,7 +318,7 @@ def test_every_key_a_site_sends_is_allow_listed_and_a_bad_beta_is_ignored(small)
     sent.update(drl.site_effect_sums(model, d.test, d.anchors, beta, truth))
     assert set(sent) <= set(drl.FIT_NAMES) | set(drl.EFFECT_NAMES)
     assert {f"eval/{k}" for k in (*drl.FIT_NAMES, *drl.EFFECT_NAMES)} <= FEDERATION_POLICY.allowed_metrics
-    sent_beta = EvaluationRequest.from_config(drl.request_field({"beta": list(beta)})).dr_learner_beta
+    sent_beta = EvaluationRequest.from_config(EvaluationRequest(dr_learner_beta=list(beta)).to_config()).dr_learner_beta
     assert sent_beta == beta.tolist()
     for bad in ("{", json.dumps({"beta": [float("nan")] * drl.K}), ""):
         assert EvaluationRequest.from_config({"dr-learner": bad}).dr_learner_beta is None

@@ -19,11 +19,10 @@ from fcd_secure.evaluation.discrepancy import DiscrepancySums, one_step_dr_terms
 from fcd_secure.federation import learner  # noqa: E402
 from fcd_secure.manifest import THETA_C, THETA_S  # noqa: E402
 from fcd_secure.queries.base import Totals  # noqa: E402
+from fcd_secure.queries.request import KEEP_FIELD, RESTORE_FIELD  # noqa: E402
 from fcd_secure.queries.registry import metric_names  # noqa: E402
 from fcd_secure.queries.selection import (  # noqa: E402
-    KEEP_KEY,
     KEYS,
-    RESTORE_KEY,
     KeptParams,
     RoundScore,
     choose_round,
@@ -163,7 +162,7 @@ def test_a_site_answers_with_the_theta_s_it_kept_for_the_chosen_round(tmp_path):
     conf = {"server-round": 1, "part": THETA_C, "local-epochs": 1}
     theta, _, _ = rt.train_round(theta, conf)
     ev = {"quick": True, "part": THETA_C, "n-samples": 1, "max-rows": -1}
-    rt.evaluate(theta, {**ev, KEEP_KEY: 1})
+    rt.evaluate(theta, {**ev, KEEP_FIELD: 1})
     kept = {k: v.copy() for k, v in rt.state.load().theta_s.items()}
     rt.train_round(theta, {**conf, "server-round": 2})
     later = rt.state.load().theta_s
@@ -173,7 +172,7 @@ def test_a_site_answers_with_the_theta_s_it_kept_for_the_chosen_round(tmp_path):
     restored = model.get_params(THETA_S)
     for k in kept:
         np.testing.assert_array_equal(restored[k], kept[k])
-    out = fresh.evaluate(theta, {**ev, RESTORE_KEY: 1})
+    out = fresh.evaluate(theta, {**ev, RESTORE_FIELD: 1})
     assert "select.d1.n" not in out  # only a scored round adds the validation sums
 
 

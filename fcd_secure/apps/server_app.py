@@ -56,7 +56,8 @@ from fcd_secure.federation.state import SERVER_DIR
 from fcd_secure.manifest import Manifest
 from fcd_secure.queries import dr_learner
 from fcd_secure.queries.evaluation import evaluate_federated
-from fcd_secure.queries.selection import KEEP_KEY, RESTORE_KEY, KeptParams, RoundScore, choose_round
+from fcd_secure.queries.request import EvaluationRequest
+from fcd_secure.queries.selection import KeptParams, RoundScore, choose_round
 
 class SimulatedCrash(FcdError, RuntimeError):
     """Raised by ``federation.crash_after_round`` (tests of resume after a server crash)."""
@@ -182,10 +183,10 @@ class TrainingLoop(ServerLoop[FederationResult]):
         """A scored round: every site keeps its Θs and adds its validation sums; the server keeps Θc. Returns the
         round's evaluation columns of ``rounds.csv``."""
         self.kept.keep(rnd, self.theta)
-        quick = evaluate_federated(
-            self.comm, self.order, self.theta, self.cfg, self.part, quick=True, sites=self.sites,
-            secure=self.secure_eval, round_id=rnd, extra={**self.stats_conf, KEEP_KEY: rnd},
-        )
+        request = EvaluationRequest.for_run(self.cfg, quick=True, part=self.part, keep_round=rnd,
+                                            statistics=self.stats_conf.get(STATISTICS_KEY))
+        quick = evaluate_federated(self.comm, self.order, self.theta, self.cfg, request, secure=self.secure_eval,
+                                   round_id=rnd)
         cols = {"pehe": quick.get("pehe"), "ate_error": quick.get("ate_error"), "factual_auc": quick.get("factual_auc")}
         sel = quick.get("selection")
         if sel:
@@ -215,23 +216,23 @@ class TrainingLoop(ServerLoop[FederationResult]):
                 errs,
             )
         self.selection = select_round(self.cfg, history)
-        final_conf = dict(self.stats_conf)
+        restore = None
         if self.selection["round"] != fed.rounds and self.selection["rule"] != "last":
             self.theta = self.kept.load(self.selection["round"])  # the chosen round's Θc; each site restores its Θs
-            final_conf[RESTORE_KEY] = self.selection["round"]
+            restore = self.selection["round"]
         # the DR-learner of the chosen round: β from the consortium's validation sums, predicted on each site's test
         # rows
         dr_fit = dr_learner.solve(
             next((r.get("dr_learner_fit") for r in history if r["round"] == self.selection["round"]), None),
             self.n_sites)
-        final_conf.update(dr_learner.request_field(dr_fit))
         self.say("selected", self.selection)
         self.say("evaluating", {})
         n_err = len(self.comm.site_errors)
-        final_eval = evaluate_federated(
-            self.comm, self.order, self.theta, self.cfg, self.part, quick=False, sites=self.sites,
-            secure=self.secure_eval, round_id=fed.rounds + 1, extra=final_conf, dr_fit_steps=int(dr_fit.get("n") or 0),
-        )
+        request = EvaluationRequest.for_run(self.cfg, quick=False, part=self.part, restore_round=restore,
+                                            dr_learner_beta=dr_fit.get("beta"),
+                                            statistics=self.stats_conf.get(STATISTICS_KEY))
+        final_eval = evaluate_federated(self.comm, self.order, self.theta, self.cfg, request, secure=self.secure_eval,
+                                        round_id=fed.rounds + 1, dr_fit_steps=int(dr_fit.get("n") or 0))
         final_eval["dr_learner"] = {**dr_fit, "round": self.selection["round"], **(final_eval.get("dr_learner") or {})}
         for e in error_rows(self.comm, n_err):
             self.say("site_error", e)

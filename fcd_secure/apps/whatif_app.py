@@ -22,7 +22,7 @@ from fcd_secure.config import RunConfig
 from fcd_secure.errors import FcdError
 from fcd_secure.federation.records import config_from_context
 from fcd_secure.queries.evaluation import evaluate_federated
-from fcd_secure.queries.request import WhatIfRequest
+from fcd_secure.queries.request import EvaluationRequest, WhatIfRequest
 
 
 class WhatIfError(FcdError, RuntimeError):
@@ -72,8 +72,9 @@ class WhatIfLoop(ServerLoop[dict[str, Any]]):
 
     def evaluate(self) -> dict[str, Any]:
         # a run in secure mode asks through secure aggregation too: its sites refuse a clear-text evaluation
-        res = evaluate_federated(self.comm, self.order, self.theta, self.cfg, self.part, quick=False, sites=self.sites,
-                                 whatif=self.request, secure=self.secure_eval, round_id=self.comm.round)
+        request = EvaluationRequest.for_run(self.cfg, quick=False, part=self.part, whatif=self.request)
+        res = evaluate_federated(self.comm, self.order, self.theta, self.cfg, request, secure=self.secure_eval,
+                                 round_id=self.comm.round)
         res["round"] = self.comm.round
         return res
 

@@ -50,7 +50,6 @@ says ``partial`` or ``unavailable``. Measured figures: ``docs/fidelity.md``.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable
 from typing import Any
@@ -60,7 +59,6 @@ import numpy as np
 from fcd_secure.evaluation.discrepancy import DEFAULT_CLIP, one_step_dr_terms
 from fcd_secure.evaluation.intervals import cluster_pair_names, cluster_sums, linear_cluster_ss
 from fcd_secure.queries.base import MergeContext, Query, SiteContext, SiteSums, Totals
-from fcd_secure.queries.request import DR_LEARNER_FIELD
 
 #: the features x_t of the history H_t, in order (feature 0 is the intercept)
 FEATURES = ("intercept", "model_contrast", "model_level", "log_past_on", "log_past_off", "log_past_on_correct",
@@ -338,11 +336,6 @@ def solve(s: dict[str, float] | None, sites: int, lambdas: tuple[float, ...] = L
     gcv, lam, df, beta = best
     return {**base, "coverage": "full" if scoring >= sites else "partial", "lambda": lam, "df": df, "gcv": gcv,
             "beta": [float(x) for x in beta]}
-
-
-def request_field(fit: dict[str, Any]) -> dict[str, str]:
-    """The final evaluation's request field carrying β (empty without a fit)."""
-    return {DR_LEARNER_FIELD: json.dumps({"beta": fit["beta"]})} if fit.get("beta") is not None else {}
 
 
 def intercept_shift(s: dict[str, Any], fit_steps: int) -> dict[str, Any] | None:

@@ -119,44 +119,28 @@ def evaluate_federated(
     node_ids: list[int],
     theta: dict[str, np.ndarray],
     cfg: RunConfig,
-    part: str,
+    request: EvaluationRequest,
     *,
-    quick: bool,
-    sites=None,
-    whatif: WhatIfRequest | None = None,
     secure=None,
     round_id: int = 0,
-    extra: dict[str, Any] | None = None,
     dr_fit_steps: int = 0,
 ) -> dict[str, Any]:
-    """Ask every site to evaluate ``theta`` (+ its own Θs) and merge the sums; failed sites are listed, not fatal,
-    and so are the sites that declined under their cohort rules (``declined_sites``, e.g. a test split smaller than
-    the cohort floor of ``federation.site_policy``).
+    """Ask every site to evaluate ``theta`` (+ its own Θs) for ``request`` and merge the sums; failed sites are
+    listed, not fatal, and so are the sites that declined under their cohort rules (``declined_sites``, e.g. a test
+    split smaller than the cohort floor of ``federation.site_policy``).
 
     Args:
         comm: the server's door to the sites.
         node_ids: the sites.
         theta: the global parameters.
-        cfg: the run config (its ``[evaluation]`` section sizes the request; each site chooses its own cohort).
-        part: the synchronised part (``theta_c``, or ``full`` in the w/o-DSS ablation).
-        quick: the cheap evaluation during training (effects and AUC only).
-        sites: unused (kept for callers that pass the site list).
-        whatif: the what-if question of a full evaluation (default: the run's ``[evaluation]`` policies).
+        cfg: the run config.
+        request: what the sites are asked (``EvaluationRequest.for_run``); each site chooses its own cohort.
         secure: a ``SecureEvaluation``: the sums then travel through secure aggregation and only the consortium's
             totals reach the server (secure mode).
         round_id: the evaluation's protocol round under ``secure``.
-        extra: more request fields (``EvaluationRequest`` aliases: the standardisation statistics, the round to keep
-            or restore, the DR-learner's β).
         dr_fit_steps: the DR-learner's validation steps (its intercept's re-fit, ``queries.dr_learner``).
     """
-    ev = cfg.evaluation
-    if not quick:
-        whatif = whatif or request_from_config(cfg)
-    request = EvaluationRequest.model_validate({
-        "quick": quick, "part": part, "n-samples": ev.quick_n_samples if quick else ev.n_samples,
-        "max-rows": (ev.quick_max_rows if quick else ev.max_rows) or -1, "whatif": None if quick else whatif,
-        **(extra or {}),
-    })
+    quick, whatif = request.quick, request.whatif
     conf = request.to_config()
     n_declined = len(comm.declined)
 

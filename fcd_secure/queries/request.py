@@ -157,6 +157,16 @@ class EvaluationRequest(BaseModel):
         return [float(x) for x in beta] if beta.ndim == 1 and np.isfinite(beta).all() else None
 
     @classmethod
+    def for_run(cls, cfg: "RunConfig", *, quick: bool, part: str, **fields: Any) -> "EvaluationRequest":
+        """The request a run's server sends: sized by the run's ``[evaluation]`` section (the cheap form during
+        training), a full one asking the run's own question unless ``fields`` give another (``whatif=...``)."""
+        ev = cfg.evaluation
+        if not quick and fields.get("whatif") is None:
+            fields["whatif"] = request_from_config(cfg)
+        return cls(quick=quick, part=part, n_samples=ev.quick_n_samples if quick else ev.n_samples,
+                   max_rows=(ev.quick_max_rows if quick else ev.max_rows) or None, **fields)
+
+    @classmethod
     def from_config(cls, config: dict[str, Any]) -> "EvaluationRequest":
         """The request as a site reads it from the message's config record.
 

@@ -47,7 +47,6 @@ from fcd_secure.evaluation.discrepancy import (
 )
 from fcd_secure.queries.base import MergeContext, Query, SiteContext, SiteSums, Totals
 from fcd_secure.queries.cohort import entity_count
-from fcd_secure.queries.request import KEEP_FIELD, RESTORE_FIELD
 
 #: the horizon of the multi-step discrepancy D_h (module docstring)
 DH_HORIZON = 2
@@ -58,9 +57,6 @@ DH_FIELDS = ("n", "s", "ss", "clipped", "sw_on", "sww_on", "sw_off", "sww_off")
 #: the keys a site adds to its evaluation sums
 KEYS = ("select.d1.n", "select.d1.s", "select.d1.ss", "select.d1.clipped", "select.fit.n", "select.fit.s",
         "select.sites") + tuple(f"select.dh.{f}" for f in DH_FIELDS)
-#: the round a final evaluation answers with (its Θc is the server's copy, its Θs each site's own copy), and the round
-#: whose Θs a site keeps when it scores it (``queries.request``)
-RESTORE_KEY, KEEP_KEY = RESTORE_FIELD, KEEP_FIELD
 #: an alarm when a round's D₁ is this many standard errors away from zero
 ALARM_SE = 3.0
 #: validation fits within this relative difference are equal (the rule's D_h tie-break, module docstring)
