@@ -1,7 +1,7 @@
 """Sampler benchmark: rollouts per second and PEHE for ancestral DDPM vs few-step DDIM, side by side.
 
 One Fed-CausalDiff is trained centrally on DKT-Synth (the centralised reference of ``fcd_secure.experiments``:
-same epoch and seed rules as ``fcd train --centralised``), then the same effect query (always-a_on minus
+same epoch and seed rules as ``fcd train``), then the same effect query (always-a_on minus
 always-a_off from the anchor step over the horizon, every test trajectory, ``--samples`` futures each) is answered
 with each sampler setting. A "rollout" is one simulated future of one trajectory over the whole horizon.
 

@@ -21,7 +21,6 @@ from typer.main import get_command
 from typer.testing import CliRunner
 
 from fcd_secure.cli.main import app
-from fcd_secure.cli.renamed import RENAMED
 
 ROOT = Path(__file__).resolve().parents[1]
 ROOT_CMD = get_command(app)
@@ -309,8 +308,8 @@ def test_every_readme_invocation_names_a_command_and_its_options(doc, least):
         if path not in COMMANDS:
             problems.append(f"no command: fcd {' '.join(words)}")
             continue
-        # an old spelling still works, with a note (fcd_secure.cli.renamed): a document that uses it is not broken
-        opts = _options(path) | {r.old for r in RENAMED.get(path, ())}
+        # the docs show the current spellings only (an old one still works, with a note: fcd_secure.cli.renamed)
+        opts = _options(path)
         for w in words:
             flag = w.strip("[]").split("=")[0]
             if re.fullmatch(r"--?[a-zA-Z][\w-]*", flag) and flag not in opts:

@@ -113,8 +113,8 @@ def test_cli_report_writes_json_markdown_and_plot(tmp_path):
 
 
 def test_cli_plan_matches_the_planner():
-    res = CliRunner().invoke(app, ["privacy", "plan", "--n-site", "2048", "--batch-size", "64", "--rounds", "20",
-                                   "--epsilon", "8", "--accountant", "rdp", "--json"])
+    res = CliRunner().invoke(app, ["privacy", "plan", "--trajectories", "2048", "--batch-size", "64", "--rounds", "20",
+                                   "--dp-epsilon", "8", "--accountant", "rdp", "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)["data"]
     assert (out["q"], out["steps"], out["delta"]) == (1 / 32, 640, 1e-5)

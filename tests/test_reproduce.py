@@ -20,7 +20,8 @@ METHODS = ("fed_causaldiff", "rcgan")
 POLICIES = {"never", "always", "early_on", "late_on"}
 #: the tests that read the reproduced folder (a module-scoped fixture) run on one xdist worker
 shared_run = pytest.mark.xdist_group("reproduce-tiny")
-ARGS = ["reproduce", "--preset", "tiny", "--datasets", ",".join(DATASETS), "--methods", ",".join(METHODS), "--json"]
+ARGS = ["reproduce", "--preset", "tiny", *(a for d in DATASETS for a in ("--dataset", d)),
+        *(a for m in METHODS for a in ("--method", m)), "--json"]
 
 
 def _run(out, *extra):
@@ -104,7 +105,7 @@ def test_a_second_run_resumes_from_the_cache(reproduced):
 
 def test_bad_input_exits_2(tmp_path):
     runner = CliRunner()
-    for extra in (["--preset", "huge"], ["--datasets", "mnist"], ["--methods", "gpt"]):
+    for extra in (["--preset", "huge"], ["--dataset", "mnist"], ["--method", "gpt"]):
         r = runner.invoke(app, ["reproduce", "--out", str(tmp_path)] + extra)
         assert r.exit_code == 2, (extra, r.output)
         r = runner.invoke(app, ["reproduce", "--out", str(tmp_path), "--json"] + extra)

@@ -63,8 +63,9 @@ def reference_markdown() -> str:
         "",
         "A run is configured by one TOML (or JSON) file: `fcd run --config FILE` re-runs it; every run folder keeps its",
         "own in `config.toml`. Layers, later ones winning: these defaults, the config file, the `--preset` (tiny,",
-        "default, paper), then the options given on the command line (only those). `fcd config show` prints the",
-        "resolved config with these descriptions as comments.",
+        "default, paper), any key set with `--set KEY=VALUE` (e.g. `--set model.hidden=32`; an unknown key or a bad",
+        "value exits 2 naming it), then the named options given on the command line (only those). `fcd config show`",
+        "prints the resolved config with these descriptions as comments.",
     ]
     section = None
     for r in rows:

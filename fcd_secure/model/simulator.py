@@ -233,7 +233,7 @@ class Simulator(ABC):
     :class:`~fcd_secure.model.baselines.rollout.SteppedSimulator`.
 
     Attributes:
-        name: the simulator's key (``fcd train --methods``).
+        name: the simulator's key (``fcd train --method``).
         theta_s_modules: top-level sub-modules whose parameters are site-local (Θs); everything else is Θc.
         site_bound_modules: those of them that not even full synchronisation sends (``fcd_secure.manifest``).
         config: the model configuration it was built with.

@@ -252,8 +252,8 @@ def write_report(
         + (f" (+ Table III ablations {', '.join(_name(a) for a in ABLATIONS)})" if meta.get("ablations") else "") + ".",
         "",
         f"Regenerate (cells already in `cells/` with the same code and configuration are reused): `fcd reproduce "
-        f"--preset {p['name']} --seeds {len(meta['seeds'])} --datasets {','.join(datasets)} --methods "
-        f"{','.join(methods)}{'' if meta.get('ablations') else ' --no-ablations'}"
+        f"--preset {p['name']} --seeds {len(meta['seeds'])} {' '.join(f'--dataset {d}' for d in datasets)} "
+        f"{' '.join(f'--method {m}' for m in methods)}{'' if meta.get('ablations') else ' --no-ablations'}"
         f"{' --secure-aggregation' if meta['secure'] else ''} --workers {meta['workers']} --out <this folder>`.",
         "",
         "Protocol (paper Table II) for every method: "
