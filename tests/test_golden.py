@@ -128,3 +128,16 @@ def test_the_run_table_is_the_golden_one(golden_run):
 def test_whatif_json_is_the_golden_one(golden_run):
     _, _, what = golden_run
     _compare_json("whatif.json", scrub(json.loads(what.stdout)))
+
+
+@shared
+def test_whatif_answers_with_the_runs_selected_round(golden_run):
+    """The run answered with round 1 (not its last): a what-if question of it must use that round's Θc *and* each
+    site's Θs of it, so the figures that do not depend on the question (the oracle's PEHE and ATE error, the factual
+    AUC, on the same rows with the same seed) are the run's own."""
+    base, _, what = golden_run
+    summary = json.loads((base / "run" / "summary.json").read_text())
+    data = json.loads(what.stdout)["data"]
+    assert summary["selection"]["round"] == 1 < summary["rounds"]
+    for key in ("pehe", "ate_error", "factual_auc"):
+        assert math.isclose(data[key], summary[key], rel_tol=1e-12), (key, data[key], summary[key])

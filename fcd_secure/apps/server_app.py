@@ -57,7 +57,7 @@ from fcd_secure.manifest import Manifest
 from fcd_secure.queries import dr_learner
 from fcd_secure.queries.evaluation import evaluate_federated
 from fcd_secure.queries.request import EvaluationRequest
-from fcd_secure.queries.selection import KeptParams, RoundScore, choose_round
+from fcd_secure.queries.selection import KeptParams, RoundScore, choose_round, restored_round
 
 class SimulatedCrash(FcdError, RuntimeError):
     """Raised by ``federation.crash_after_round`` (tests of resume after a server crash)."""
@@ -216,10 +216,9 @@ class TrainingLoop(ServerLoop[FederationResult]):
                 errs,
             )
         self.selection = select_round(self.cfg, history)
-        restore = None
-        if self.selection["round"] != fed.rounds and self.selection["rule"] != "last":
-            self.theta = self.kept.load(self.selection["round"])  # the chosen round's Θc; each site restores its Θs
-            restore = self.selection["round"]
+        restore = restored_round(self.selection, fed.rounds)
+        if restore is not None:
+            self.theta = self.kept.load(restore)  # the chosen round's Θc; each site restores its own Θs of it
         # the DR-learner of the chosen round: β from the consortium's validation sums, predicted on each site's test
         # rows
         dr_fit = dr_learner.solve(

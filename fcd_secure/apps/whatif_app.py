@@ -46,10 +46,12 @@ class WhatIfLoop(ServerLoop[dict[str, Any]]):
         request: the question.
     """
 
-    def __init__(self, grid: Grid, cfg: RunConfig, theta: dict[str, np.ndarray], request: WhatIfRequest) -> None:
+    def __init__(self, grid: Grid, cfg: RunConfig, theta: dict[str, np.ndarray], request: WhatIfRequest,
+                 restore_round: int | None = None) -> None:
         super().__init__(grid, cfg)
         self.asked = theta
         self.request = request
+        self.restore_round = restore_round
 
     @property
     def rounds(self) -> int:
@@ -72,7 +74,9 @@ class WhatIfLoop(ServerLoop[dict[str, Any]]):
 
     def evaluate(self) -> dict[str, Any]:
         # a run in secure mode asks through secure aggregation too: its sites refuse a clear-text evaluation
-        request = EvaluationRequest.for_run(self.cfg, quick=False, part=self.part, whatif=self.request)
+        # the run's answers came from its selected round: Θc of that round (theta_c.npz) with each site's Θs of it
+        request = EvaluationRequest.for_run(self.cfg, quick=False, part=self.part, whatif=self.request,
+                                            restore_round=self.restore_round)
         res = evaluate_federated(self.comm, self.order, self.theta, self.cfg, request, secure=self.secure_eval,
                                  round_id=self.comm.round)
         res["round"] = self.comm.round
@@ -85,23 +89,25 @@ class WhatIfLoop(ServerLoop[dict[str, Any]]):
         return answer
 
 
-def ask_sites(grid: Grid, cfg: RunConfig, theta: dict[str, np.ndarray], request: WhatIfRequest) -> dict[str, Any]:
-    """Ask ``request`` of the sites on ``grid`` once (:class:`WhatIfLoop`); returns the merged answer.
+def ask_sites(grid: Grid, cfg: RunConfig, theta: dict[str, np.ndarray], request: WhatIfRequest,
+              restore_round: int | None = None) -> dict[str, Any]:
+    """Ask ``request`` of the sites on ``grid`` once (:class:`WhatIfLoop`), each site answering with its Θs of
+    ``restore_round`` (the run's selected round; None: its latest); returns the merged answer.
 
     Raises:
         FederationError: sites missing or inconsistent, or a model layout that is not the run's.
         WhatIfError: ``theta`` does not match the model the sites build.
     """
-    return WhatIfLoop(grid, cfg, theta, request).run()
+    return WhatIfLoop(grid, cfg, theta, request, restore_round).run()
 
 
 def make_whatif_server_app(theta: dict[str, np.ndarray], request: WhatIfRequest, sink: dict,
-                           cfg: RunConfig | None = None) -> ServerApp:
+                           cfg: RunConfig | None = None, restore_round: int | None = None) -> ServerApp:
     """A ServerApp that asks :func:`ask_sites` once and puts the merged result in ``sink["result"]``."""
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        sink["result"] = ask_sites(grid, config_from_context(context, cfg), theta, request)
+        sink["result"] = ask_sites(grid, config_from_context(context, cfg), theta, request, restore_round)
 
     return app

@@ -54,7 +54,6 @@ from fcd_secure.audit.signing import (
     GENESIS,
     AuditLedgerError,
     canonical,
-    fingerprint,
     line_hash,
     merkle_root,
     private_key,
@@ -63,6 +62,7 @@ from fcd_secure.audit.signing import (
     signature_ok,
     utc_now,
 )
+from fcd_secure.fingerprints import fingerprint
 from fcd_secure.manifest import Manifest
 
 __all__ = [

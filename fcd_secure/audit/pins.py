@@ -22,7 +22,7 @@ from pathlib import Path
 import tomli_w
 
 from fcd_secure._io import atomic_write_text
-from fcd_secure.audit.signing import normalise_fingerprint
+from fcd_secure.fingerprints import normalise_fingerprint
 from fcd_secure.errors import FcdError
 
 #: role -> the table of the pin file that holds it

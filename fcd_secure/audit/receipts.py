@@ -21,7 +21,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.app import ConfigRecord
 
 from fcd_secure.audit.entries import CheckpointLine, CountersignLine, Receipt
-from fcd_secure.audit.signing import canonical, fingerprint, line_hash, private_key, public_key_bytes, sign_hash, signature_ok
+from fcd_secure.audit.signing import canonical, line_hash, private_key, public_key_bytes, sign_hash, signature_ok
+from fcd_secure.fingerprints import fingerprint
 
 #: ConfigRecord key under which the server returns receipts to a site in a downlink message.
 RECEIPTS_RECORD = "fcd.audit.receipts"

@@ -21,7 +21,6 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 
 from fcd_secure._io import load_or_create_secret
 from fcd_secure.errors import FcdError
-from fcd_secure.fingerprints import fingerprint, normalise_fingerprint  # noqa: F401 - the audit layer's importers
 
 #: ``prev_hash`` of the first line of every chain.
 GENESIS = "0" * 64

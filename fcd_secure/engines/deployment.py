@@ -52,7 +52,8 @@ from fcd_secure._flower.internals import fab_bytes
 from fcd_secure._flower.pins import FLWR_VERSION
 from fcd_secure._io import atomic_write_bytes, atomic_write_text, load_or_create_secret
 from fcd_secure.audit import SERVER_LEDGER_FILE, SITE_LEDGER_FILE, load_or_create_identity_key
-from fcd_secure.audit.signing import fingerprint, public_key_bytes
+from fcd_secure.audit.signing import public_key_bytes
+from fcd_secure.fingerprints import fingerprint
 from fcd_secure.config import RunConfig
 from fcd_secure.engines.pki import (
     CA_CERT,

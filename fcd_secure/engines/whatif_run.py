@@ -22,6 +22,7 @@ from fcd_secure.config import RunConfig
 from fcd_secure.engines.simulation import run_simulated
 from fcd_secure.queries.per_entity import WHATIF_DIR
 from fcd_secure.queries.request import WhatIfRequest
+from fcd_secure.queries.selection import restored_round
 
 __all__ = ["open_run", "run_whatif"]
 
@@ -61,9 +62,12 @@ def run_whatif(run_dir: str | Path, request: WhatIfRequest, num_cpus: int | None
             check first with :func:`fcd_secure.queries.vocabulary.bind_policies`).
     """
     cfg, theta = open_run(run_dir)
+    # the run answered with its selected round: theta_c.npz is that round's Θc, and each site restores its Θs of it
+    summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    restore = restored_round(summary.get("selection"), cfg.federation.rounds)
 
     def factory(c, sink):
-        return make_whatif_server_app(theta, request, sink, c)
+        return make_whatif_server_app(theta, request, sink, c, restore)
 
     res = run_simulated(cfg, server_app_factory=factory, num_cpus=num_cpus)
     out = {"run": str(Path(run_dir)), "query_id": request.query_id, "dataset": cfg.data.dataset, "seed": cfg.seed,

@@ -63,6 +63,14 @@ ALARM_SE = 3.0
 FIT_TIE = 1e-9
 
 
+def restored_round(selection: dict[str, Any] | None, rounds: int) -> int | None:
+    """The round whose Θs the sites restore to answer (``EvaluationRequest.restore_round``): the selected round, or
+    None where the answers come from the last round's parameters (the last round chosen, or ``select = "last"``)."""
+    if not selection or selection.get("rule") == "last" or int(selection["round"]) == int(rounds):
+        return None
+    return int(selection["round"])
+
+
 def validation_pair(ctx: SiteContext) -> tuple[np.ndarray, np.ndarray] | None:
     """The model's one-step predictions on the site's validation rows, computed once for the selection's D₁ and the
     DR-learner's fit (``queries.dr_learner``); None where the site cannot score them."""

@@ -58,7 +58,7 @@ from pydantic import ValidationError
 
 from fcd_secure.audit.entries import OpenLine, parse_line
 from fcd_secure.audit.ledger import SERVER_LEDGER_FILE, SITE_LEDGER_FILE, read_lines
-from fcd_secure.audit.signing import normalise_fingerprint
+from fcd_secure.fingerprints import normalise_fingerprint
 from fcd_secure.audit.verify.chain import discover
 from fcd_secure.audit.verify.reconcile import reconcile
 from fcd_secure.audit.verify.result import (

@@ -18,7 +18,8 @@ from pydantic import ValidationError
 
 from fcd_secure.audit.entries import CheckpointLine, LedgerLine, parse_line
 from fcd_secure.audit.ledger import SERVER_LEDGER_FILE, SITE_LEDGER_FILE, checkpoint_fields, read_lines
-from fcd_secure.audit.signing import GENESIS, fingerprint, line_hash, signature_ok
+from fcd_secure.audit.signing import GENESIS, line_hash, signature_ok
+from fcd_secure.fingerprints import fingerprint
 from fcd_secure.audit.verify.result import VerifyResult
 
 #: which file must hold which writer's ledger

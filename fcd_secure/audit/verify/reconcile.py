@@ -36,7 +36,7 @@ Without any server ledger under the verified path nothing of this can be checked
 from __future__ import annotations
 
 from fcd_secure.audit.entries import MessageLine
-from fcd_secure.audit.signing import fingerprint
+from fcd_secure.fingerprints import fingerprint
 from fcd_secure.audit.verify.result import VerifyResult
 from fcd_secure.audit.verify.server_side import ServerScan
 from fcd_secure.audit.verify.site_side import CheckedReceipt, SiteScan
