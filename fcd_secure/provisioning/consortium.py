@@ -35,7 +35,7 @@ from fcd_secure.data.spec import DatasetSpec, load_spec
 from fcd_secure.engines.pki import DEFAULT_HOSTS, TLSFiles, check_tls_dir, make_tls_dir
 from fcd_secure.provisioning.versions import installed_versions
 from fcd_secure.federation.site_policy import SitePolicy
-from fcd_secure.errors import FcdError
+from fcd_secure.errors import FcdError, first_invalid
 from fcd_secure.fingerprints import fingerprint, normalise_fingerprint
 
 CONSORTIUM_FILE = "consortium.toml"
@@ -108,9 +108,8 @@ class ConsortiumConfig(_Section):
         except tomllib.TOMLDecodeError as exc:
             raise ProvisioningError(f"{where}: not TOML ({exc})") from None
         except ValidationError as exc:
-            err = exc.errors()[0]
-            loc = ".".join(str(p) for p in err["loc"])
-            raise ProvisioningError(f"{where}: field {loc}: {err['msg']}") from None
+            loc, msg = first_invalid(exc)
+            raise ProvisioningError(f"{where}: field {loc}: {msg}") from None
 
 
 class Coordinator:
@@ -245,7 +244,7 @@ def init_consortium(
             preflight=preflight or PreflightTerms(),
         )
     except ValidationError as exc:
-        err = exc.errors()[0]
-        raise ProvisioningError(f"field {'.'.join(str(p) for p in err['loc'])}: {err['msg']}") from None
+        loc, msg = first_invalid(exc)
+        raise ProvisioningError(f"field {loc}: {msg}") from None
     atomic_write_text(co.config_path, cfg.to_toml())
     return co
