@@ -10,6 +10,7 @@ Bottom of the package (no project imports). Three promises the rest of the code 
   process per message);
 * :func:`load_or_create_secret`: key material is created from the OS CSPRNG with ``O_EXCL`` and mode 0600, and a
   file of the wrong size is an error, never silently replaced;
+* :func:`file_sha256`: the one hash of a file's bytes (checksums of shipped weights, a site's table, a bundle);
 * :func:`jsonable`: the one sanitiser of everything the project writes as JSON (``summary.json``, what-if answers,
   the reproduction's tables, the CLI's ``--json`` envelope): NaN and ±inf become ``null``, never a non-standard
   ``NaN`` token.
@@ -17,6 +18,7 @@ Bottom of the package (no project imports). Three promises the rest of the code 
 
 from __future__ import annotations
 
+import hashlib
 import io
 import math
 import os
@@ -36,6 +38,7 @@ __all__ = [
     "file_lock",
     "fsync_dir",
     "drop_none",
+    "file_sha256",
     "jsonable",
     "load_or_create_secret",
     "npz_bytes",
@@ -121,6 +124,13 @@ def load_or_create_secret(
     if len(data) != nbytes:
         raise SecretFileError(f"{path}: expected {nbytes} bytes, found {len(data)}")
     return data
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """Hex SHA-256 of a file's bytes, read in blocks (``hashlib.file_digest``, Python docs: never the whole file in
+    memory)."""
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def npz_bytes(arrays: dict) -> bytes:

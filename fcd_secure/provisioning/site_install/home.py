@@ -17,7 +17,6 @@ No private key is ever written outside this folder, and none is in the request o
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import tomllib
@@ -28,7 +27,7 @@ from typing import Any
 import tomli_w
 from cryptography import x509
 
-from fcd_secure._io import atomic_write_text, load_or_create_secret
+from fcd_secure._io import atomic_write_text, file_sha256, load_or_create_secret
 from fcd_secure.audit.signing import public_key_bytes, utc_now
 from fcd_secure.data.preprocess import build_dataset, read_table
 from fcd_secure.data.spec import load_spec
@@ -54,14 +53,6 @@ SITE_FILE = "site.toml"
 REQUEST_FILE = "enrolment_request.json"
 PINNED_DIR = "consortium"
 BUNDLE_FILE = "bundle.json"
-
-
-def file_sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @dataclass(frozen=True)
