@@ -1,4 +1,4 @@
-"""A local deployment of the app on Flower's Deployment Engine (flwr 1.42), secure unless asked otherwise.
+"""A local deployment of the app on Flower's Deployment Engine (the pinned Flower), secure unless asked otherwise.
 
 ``LocalDeployment`` plays, on one machine (127.0.0.1), the coordinator and every hospital:
 
@@ -221,7 +221,7 @@ def signed_run_config(coordinator_key: bytes, consortium_id: str, app_fab_sha256
 
 
 def fab_sha256(app_dir: Path) -> str:
-    """SHA-256 of the FAB ``flwr run`` builds from ``app_dir`` (flwr 1.42 builds it deterministically)."""
+    """SHA-256 of the FAB ``flwr run`` builds from ``app_dir`` (the pinned Flower builds it deterministically)."""
     return hashlib.sha256(fab_bytes(app_dir)).hexdigest()
 
 
