@@ -126,9 +126,8 @@ def _bin(name: str) -> str:
 #: every message is a task, and Flower's 1 s default adds a second to each
 SITE_TASK_POLL_S = 0.1
 #: the same on the coordinator, where the one task of a run is its ServerApp: Flower's default. Each poll costs the
-#: SuperLink an HTTP request (about 10 ms of its CPU on loopback), so 0.1 s kept a tenth of a core busy for as long
-#: as the SuperLink ran, and took a twelfth of its requests during a 10-site round; the price is up to a second
-#: before a run's ServerApp starts
+#: SuperLink an HTTP request for as long as it runs; the price is up to a second before a run's ServerApp starts
+#: (the measured cost of a faster poll: docs/hospital.md, "the coordinator's SuperExec")
 SERVER_TASK_POLL_S = 1.0
 
 
