@@ -11,6 +11,7 @@ Bottom of the package (no project imports). Three promises the rest of the code 
 * :func:`load_or_create_secret`: key material is created from the OS CSPRNG with ``O_EXCL`` and mode 0600, and a
   file of the wrong size is an error, never silently replaced;
 * :func:`file_sha256`: the one hash of a file's bytes (checksums of shipped weights, a site's table, a bundle);
+* :class:`FolderPath`: a folder layout written as a table (``pinned = FolderPath("root", "consortium")``);
 * :func:`jsonable`: the one sanitiser of everything the project writes as JSON (``summary.json``, what-if answers,
   the reproduction's tables, the CLI's ``--json`` envelope): NaN and ±inf become ``null``, never a non-standard
   ``NaN`` token.
@@ -27,11 +28,13 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, overload
 
 from filelock import FileLock
 from fcd_secure.errors import FcdError
 
 __all__ = [
+    "FolderPath",
     "SecretFileError",
     "atomic_write_bytes",
     "atomic_write_text",
@@ -131,6 +134,25 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
     memory)."""
     with open(path, "rb") as fh:
         return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+class FolderPath:
+    """A path of a folder layout, declared as a class attribute: ``FolderPath("root", "state")`` reads
+    ``Path(obj.root) / "state"`` on an instance, so a layout class is a table of its files rather than one property
+    each (a read-only descriptor, Python docs, "Descriptor Guide"). The base may itself be a ``FolderPath``
+    (``bundle = FolderPath("pinned", "bundle.json")``)."""
+
+    def __init__(self, base: str, *parts: str) -> None:
+        self.base, self.parts = base, parts
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> "FolderPath": ...
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> Path: ...
+    def __get__(self, obj: Any, owner: type | None = None) -> "Path | FolderPath":
+        if obj is None:
+            return self
+        return Path(getattr(obj, self.base)).joinpath(*self.parts)
 
 
 def npz_bytes(arrays: dict) -> bytes:

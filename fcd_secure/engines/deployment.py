@@ -50,7 +50,7 @@ import tomli_w
 
 from fcd_secure._flower.internals import fab_bytes
 from fcd_secure._flower.pins import FLWR_VERSION
-from fcd_secure._io import atomic_write_bytes, atomic_write_text, load_or_create_secret
+from fcd_secure._io import FolderPath, atomic_write_bytes, atomic_write_text, load_or_create_secret
 from fcd_secure.audit import SERVER_LEDGER_FILE, SITE_LEDGER_FILE, load_or_create_identity_key
 from fcd_secure.audit.signing import fingerprint, public_key_bytes
 from fcd_secure.config import RunConfig
@@ -230,25 +230,11 @@ class SiteFiles:
 
     root: Path
 
-    @property
-    def state_root(self) -> Path:
-        return self.root / "state"
-
-    @property
-    def policy(self) -> Path:
-        return self.root / POLICY_FILE
-
-    @property
-    def node_key(self) -> Path:
-        return self.root / NODE_KEY
-
-    @property
-    def node_pub(self) -> Path:
-        return self.root / NODE_PUB
-
-    @property
-    def secret(self) -> Path:
-        return self.root / EXEC_SECRET
+    state_root = FolderPath("root", "state")
+    policy = FolderPath("root", POLICY_FILE)
+    node_key = FolderPath("root", NODE_KEY)
+    node_pub = FolderPath("root", NODE_PUB)
+    secret = FolderPath("root", EXEC_SECRET)
 
 
 @dataclass(frozen=True)
@@ -259,17 +245,9 @@ class SiteFolder(SiteFiles):
     index: int
     root: Path
 
-    @property
-    def roster(self) -> Path:
-        return self.root / ROSTER_FILE
-
-    @property
-    def home(self) -> Path:
-        return self.root / "flwr-home"
-
-    @property
-    def logs(self) -> Path:
-        return self.root / "logs"
+    roster = FolderPath("root", ROSTER_FILE)
+    home = FolderPath("root", "flwr-home")
+    logs = FolderPath("root", "logs")
 
     @property
     def ledger(self) -> Path:

@@ -27,7 +27,7 @@ from typing import Annotated
 import tomli_w
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from fcd_secure._io import atomic_write_text, drop_none
+from fcd_secure._io import FolderPath, atomic_write_text, drop_none
 from fcd_secure.aggregation.secagg.config import SecAggPolicy
 from fcd_secure.audit.signing import canonical, load_or_create_identity_key, public_key_bytes, utc_now
 from fcd_secure.data.preprocess import layout_digest, spec_layout
@@ -118,29 +118,12 @@ class Coordinator:
     def __init__(self, home: str | Path) -> None:
         self.home = Path(home).resolve()
 
-    @property
-    def config_path(self) -> Path:
-        return self.home / CONSORTIUM_FILE
-
-    @property
-    def spec_path(self) -> Path:
-        return self.home / SPEC_FILE
-
-    @property
-    def key_path(self) -> Path:
-        return self.home / COORDINATOR_KEY
-
-    @property
-    def pki(self) -> Path:
-        return self.home / "pki"
-
-    @property
-    def app_dir(self) -> Path:
-        return self.home / "app"
-
-    @property
-    def roster_path(self) -> Path:
-        return self.home / "roster.json"
+    config_path = FolderPath("home", CONSORTIUM_FILE)
+    spec_path = FolderPath("home", SPEC_FILE)
+    key_path = FolderPath("home", COORDINATOR_KEY)
+    pki = FolderPath("home", "pki")
+    app_dir = FolderPath("home", "app")
+    roster_path = FolderPath("home", "roster.json")
 
     def site_dir(self, site_id: str) -> Path:
         return self.home / "sites" / site_id
