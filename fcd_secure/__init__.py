@@ -26,6 +26,7 @@ package / module    role
 ``manifest``        the Θc / Θs contract (paper §III-A, "Θ = Θc ∪ {Θs_i}")
 ``anchor_records``  the privacy-anchor record: where a site's DP ledger stood, and its acknowledged resets
 ``errors``          ``FcdError``, the root of every exception the package raises
+``fingerprints``    key fingerprints as people compare and pin them (``SHA256:<hex>``), one format
 ``_io``             atomic writes, inter-process locks, secrets created once with mode 0600
 ``_versions``       package versions from metadata, nothing imported
 =================== ================================================================================================

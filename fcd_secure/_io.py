@@ -10,6 +10,8 @@ Bottom of the package (no project imports). Three promises the rest of the code 
   process per message);
 * :func:`load_or_create_secret`: key material is created from the OS CSPRNG with ``O_EXCL`` and mode 0600, and a
   file of the wrong size is an error, never silently replaced;
+* :func:`file_sha256`: the one hash of a file's bytes (checksums of shipped weights, a site's table, a bundle);
+* :class:`FolderPath`: a folder layout written as a table (``pinned = FolderPath("root", "consortium")``);
 * :func:`jsonable`: the one sanitiser of everything the project writes as JSON (``summary.json``, what-if answers,
   the reproduction's tables, the CLI's ``--json`` envelope): NaN and ±inf become ``null``, never a non-standard
   ``NaN`` token.
@@ -17,6 +19,7 @@ Bottom of the package (no project imports). Three promises the rest of the code 
 
 from __future__ import annotations
 
+import hashlib
 import io
 import math
 import os
@@ -25,17 +28,20 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, overload
 
 from filelock import FileLock
 from fcd_secure.errors import FcdError
 
 __all__ = [
+    "FolderPath",
     "SecretFileError",
     "atomic_write_bytes",
     "atomic_write_text",
     "file_lock",
     "fsync_dir",
     "drop_none",
+    "file_sha256",
     "jsonable",
     "load_or_create_secret",
     "npz_bytes",
@@ -121,6 +127,32 @@ def load_or_create_secret(
     if len(data) != nbytes:
         raise SecretFileError(f"{path}: expected {nbytes} bytes, found {len(data)}")
     return data
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """Hex SHA-256 of a file's bytes, read in blocks (``hashlib.file_digest``, Python docs: never the whole file in
+    memory)."""
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+class FolderPath:
+    """A path of a folder layout, declared as a class attribute: ``FolderPath("root", "state")`` reads
+    ``Path(obj.root) / "state"`` on an instance, so a layout class is a table of its files rather than one property
+    each (a read-only descriptor, Python docs, "Descriptor Guide"). The base may itself be a ``FolderPath``
+    (``bundle = FolderPath("pinned", "bundle.json")``)."""
+
+    def __init__(self, base: str, *parts: str) -> None:
+        self.base, self.parts = base, parts
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> "FolderPath": ...
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> Path: ...
+    def __get__(self, obj: Any, owner: type | None = None) -> "Path | FolderPath":
+        if obj is None:
+            return self
+        return Path(getattr(obj, self.base)).joinpath(*self.parts)
 
 
 def npz_bytes(arrays: dict) -> bytes:

@@ -35,7 +35,7 @@ from fcd_secure.data import names
 from fcd_secure.aggregation.secagg.config import SecAggPolicy
 from fcd_secure.model.config import ModelConfig
 from fcd_secure.privacy.config import DPConfig
-from fcd_secure.errors import FcdError
+from fcd_secure.errors import FcdError, first_invalid
 
 Preset = Literal["tiny", "default", "paper"]
 #: Data size presets: the run presets and "small" (real data: a 2,000-trajectory subsample; DKT-Synth: 1,500
@@ -46,6 +46,12 @@ DEFAULT_DATASET = names.DEFAULT
 #: options of their generators (``data.sources.base.WORLD_OPTIONS``); a test holds both to the registry.
 GENERATED_WORLDS = names.GENERATED  # data.names: the one registry of dataset names
 WORLD_KEYS = ("gamma", "effect_horizon", "site_spread")
+
+
+def _world_option(ge: float, le: float, what: str) -> Any:
+    """A ``[data]`` key of :data:`WORLD_KEYS`: unset by default (the generator's own value), bounded to [ge, le], its
+    description naming the generated worlds it applies to (``DataSection`` refuses it on any other dataset)."""
+    return Field(None, ge=ge, le=le, description=f"generated worlds ({', '.join(GENERATED_WORLDS)}): {what}")
 
 
 class ConfigError(FcdError, ValueError):
@@ -80,22 +86,22 @@ class DataSection(BaseModel):
         description="z-score statistics: 'pooled' over all sites' training rows (simulation only) or 'secure': "
         "per-site sums added under secure aggregation in a round 0 (needs secure aggregation)",
     )
-    gamma: float | None = Field(
-        None, ge=0, le=100,
-        description="generated worlds (dkt-synth, tumour): confounding strength γ of the logging policy; unset: the "
-        "generator's (DKT-Synth 1.5; tumour 2.0, Geng et al. 2017, CRN's chemo_coeff = radio_coeff); 0: the logging "
-        "policy ignores what γ weighs (a student's readiness, a tumour's diameter)",
+    gamma: float | None = _world_option(
+        0, 100,
+        "confounding strength γ of the logging policy; unset: the generator's (DKT-Synth 1.5; tumour 2.0, Geng et al. "
+        "2017, CRN's chemo_coeff = radio_coeff); 0: the logging policy ignores what γ weighs (a student's readiness, "
+        "a tumour's diameter)",
     )
-    effect_horizon: int | None = Field(
-        None, ge=1, le=1000,
-        description="generated worlds (dkt-synth, tumour): steps from the anchor step that the per-entity effects "
-        "(PEHE, ATE) average over; 1: the one-step effect; unset: the preset's (10 on default)",
+    effect_horizon: int | None = _world_option(
+        1, 1000,
+        "steps from the anchor step that the per-entity effects (PEHE, ATE) average over; 1: the one-step effect; "
+        "unset: the preset's (10 on default)",
     )
-    site_spread: float | None = Field(
-        None, ge=0, le=20,
-        description="generated worlds (dkt-synth, tumour): how much the sites differ; multiplies the spread of every "
-        "site-level parameter (DKT-Synth: the sites' means of ability, confounder and covariate, item biases, anchor "
-        "tilt; tumour: case mix and chemo/radio practice); 0: sites differ in size only; unset: 1",
+    site_spread: float | None = _world_option(
+        0, 20,
+        "how much the sites differ; multiplies the spread of every site-level parameter (DKT-Synth: the sites' means "
+        "of ability, confounder and covariate, item biases, anchor tilt; tumour: case mix and chemo/radio practice); "
+        "0: sites differ in size only; unset: 1",
     )
 
     @model_validator(mode="after")
@@ -264,9 +270,8 @@ def _drop_none(d: Any) -> Any:
 
 
 def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"])
-    msg = str(err["msg"]).removeprefix("Value error, ")
+    loc, msg = first_invalid(exc)
+    msg = msg.removeprefix("Value error, ")
     return f"field {loc}: {msg}" if loc else msg
 
 

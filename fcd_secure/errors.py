@@ -9,8 +9,21 @@ that catch those keep working.
 
 from __future__ import annotations
 
-__all__ = ["FcdError"]
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover - only the annotation; the callers hold the pydantic error
+    from pydantic import ValidationError
+
+__all__ = ["FcdError", "first_invalid"]
 
 
 class FcdError(Exception):
     """An error of fcd_secure (every exception class of the package derives from it)."""
+
+
+def first_invalid(exc: ValidationError, top: str = "") -> tuple[str, str]:
+    """Where and why a pydantic validation failed first: the field's dotted location (``top`` when the error is the
+    document's own, with no location) and pydantic's message, for an error message that names the field
+    (pydantic docs, "Validation Errors": ``ValidationError.errors()`` lists ``loc`` and ``msg`` per error)."""
+    err = exc.errors()[0]
+    return ".".join(str(p) for p in err["loc"]) or top, str(err["msg"])

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fcd_secure._io import atomic_write_bytes, atomic_write_text
+from fcd_secure._io import atomic_write_bytes, atomic_write_text, file_sha256
 from fcd_secure.data.dkt_synth.oracle import (
     N_ITEMS,
     ORACLE_DIR,
@@ -33,7 +33,6 @@ from fcd_secure.data.dkt_synth.oracle import (
     read_assist,
     restrict,
     roc_auc,
-    sha256_file,
     top_items,
 )
 
@@ -134,15 +133,15 @@ def main(argv: list[str] | None = None) -> int:
         staged = Path(tmp) / weights.name
         torch.save(payload, staged)
         atomic_write_bytes(weights, staged.read_bytes())
-    digest = sha256_file(weights)
+    digest = file_sha256(weights)
     atomic_write_text(out / "dkt_oracle.pt.sha256", f"{digest}  dkt_oracle.pt\n")
     card = {
         "name": "DKT-Synth oracle",
         "data": "ASSISTments 2009 skill builder, DKVMN assist2009_updated (../shared/data/assistments2009)",
         "train_file": str(train_path.name),
         "test_file": str(test_path.name),
-        "data_sha256": sha256_file(train_path),
-        "test_data_sha256": sha256_file(test_path),
+        "data_sha256": file_sha256(train_path),
+        "test_data_sha256": file_sha256(test_path),
         "skill_ids": [int(s) for s in skills],
         "n_items": N_ITEMS,
         "emb_dim": args.emb_dim,

@@ -17,7 +17,8 @@ from fcd_secure.data.dkt_synth import (
     generate,
     load_oracle,
 )
-from fcd_secure.data.dkt_synth.oracle import ORACLE_CARD, ORACLE_WEIGHTS, roc_auc, sha256_file
+from fcd_secure._io import file_sha256
+from fcd_secure.data.dkt_synth.oracle import ORACLE_CARD, ORACLE_WEIGHTS, roc_auc
 from fcd_secure.data.dkt_synth.noise import fresh_uniforms
 from fcd_secure.data.partition import dirichlet_assignment, site_splits
 from fcd_secure.data.policy import anchor_actions, default_policies
@@ -48,7 +49,7 @@ def tiny():
 def test_shipped_oracle_is_small_verified_and_carded():
     model, card = load_oracle()
     assert ORACLE_WEIGHTS.stat().st_size < 300_000
-    assert card["weights_sha256"] == sha256_file(ORACLE_WEIGHTS)
+    assert card["weights_sha256"] == file_sha256(ORACLE_WEIGHTS)
     assert card["n_items"] == N_ITEMS == model.n_items and len(card["skill_ids"]) == N_ITEMS
     assert card["test_auc"] > 0.75  # a real knowledge tracer, not noise
     assert len(card["data_sha256"]) == 64 and isinstance(card["seed"], int) and card["epochs"] >= 1
@@ -67,7 +68,7 @@ def test_tampered_oracle_is_refused_with_both_hashes(tmp_path):
     with pytest.raises(OracleChecksumError) as exc:
         load_oracle(bad)
     msg = str(exc.value)
-    assert str(bad) in msg and want in msg and sha256_file(bad) in msg
+    assert str(bad) in msg and want in msg and file_sha256(bad) in msg
     with pytest.raises(OracleChecksumError):
         generate(DKTSynthConfig.from_preset("tiny", oracle_path=str(bad)))
     (tmp_path / "dkt_oracle.pt.sha256").unlink()

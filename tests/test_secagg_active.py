@@ -589,19 +589,20 @@ def test_reconstruction_checks_every_share_and_the_secret(t, extra, secret, data
     m = data.draw(st.integers(t, n))
     responders = data.draw(st.permutations(range(1, n + 1)))[:m]
     shares = {f"r{j:02d}": (j, dealt[j - 1]) for j in responders}
-    kw = dict(session_id=sid, round_id=rnd, owner="dealer", kind=kind, share_commits=share_commits, secret_commit=commit, threshold=t)
-    assert commitments.reconstruct(shares=shares, **kw) == (secret, {})
+    which = commitments.SecretId(sid, rnd, "dealer", kind)
+    kw = dict(share_commits=share_commits, secret_commit=commit, threshold=t)
+    assert commitments.reconstruct(which, shares=shares, **kw) == (secret, {})
 
     victim = data.draw(st.sampled_from(sorted(shares)))
     j, sh = shares[victim]
     pos, xor = data.draw(st.integers(0, 31)), data.draw(st.integers(1, 255))
     corrupted = {**shares, victim: (j, sh[:pos] + bytes([sh[pos] ^ xor]) + sh[pos + 1:])}
     if m - 1 >= t:
-        got, bad = commitments.reconstruct(shares=corrupted, **kw)
+        got, bad = commitments.reconstruct(which, shares=corrupted, **kw)
         assert got == secret and set(bad) == {victim}
     else:
         with pytest.raises(Misbehaviour) as err:
-            commitments.reconstruct(shares=corrupted, **kw)
+            commitments.reconstruct(which, shares=corrupted, **kw)
         assert set(err.value.culprits) == {victim}
 
     # the dealer committed to a share off its polynomial, and that share is among those used
@@ -613,5 +614,5 @@ def test_reconstruction_checks_every_share_and_the_secret(t, extra, secret, data
     (s2 if kind is ShareKind.MASK_KEY else b2)[fj - 1] = fake
     off[first] = (fj, fake)
     with pytest.raises(Misbehaviour) as err:
-        commitments.reconstruct(shares=off, **{**kw, "share_commits": commitments.commit_shares(sid, rnd, "dealer", s2, b2)})
+        commitments.reconstruct(which, shares=off, **{**kw, "share_commits": commitments.commit_shares(sid, rnd, "dealer", s2, b2)})
     assert set(err.value.culprits) == {"dealer"}

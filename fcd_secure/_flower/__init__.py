@@ -15,5 +15,6 @@ module              role
 ``supernode_main``  ``flower-supernode`` with the short waits
 ``superlink_main``  ``flower-superlink`` whose Control API answers only the coordinator host
 ``superexec``       Flower's SuperExec loop, copied so a site's executor runs only its pinned app
+``internals``       the few internals the rest of the package needs (transport copy, serialized bytes, FAB bytes)
 ==================  =====================================================================================
 """

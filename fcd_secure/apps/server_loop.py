@@ -1,6 +1,6 @@
 """The one server loop of every ServerApp of the package: open, the rounds, one evaluation, close.
 
-As in Flower's strategies (``flwr.serverapp.strategy.Strategy.start``, flwr 1.42: the base class owns the loop, a
+As in Flower's strategies (``flwr.serverapp.strategy.Strategy.start`` in the pinned Flower: the base class owns the loop, a
 strategy fills in what a round configures and aggregates), :class:`ServerLoop` owns the order every server run
 follows, and its subclasses fill in the hooks (:meth:`ServerLoop.on_open`, :meth:`ServerLoop.train_round`,
 :meth:`ServerLoop.evaluate`, :meth:`ServerLoop.result`):

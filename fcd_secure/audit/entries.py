@@ -81,8 +81,9 @@ class RefusalRecord(_Record):
     key: str | None
 
 
-class Withheld(_Record):
-    """What a refused reply would have carried, by names and sizes only."""
+class Contents(_Record):
+    """What a message carries, by names and sizes only (never the values): the content fields of every
+    :class:`MessageLine`, and all a :class:`Withheld` records."""
 
     payload_sha256: str | None
     payload_bytes: int
@@ -91,6 +92,10 @@ class Withheld(_Record):
     metrics: tuple[str, ...]
     metric_lists: dict[str, int]
     config_fields: tuple[ConfigField, ...]
+
+
+class Withheld(Contents):
+    """What a refused reply would have carried (:class:`Contents`; the reply that left instead is the line's own)."""
 
 
 class Receipt(_Record):
@@ -213,8 +218,8 @@ class ManifestLine(LedgerLine):
         return out
 
 
-class MessageLine(LedgerLine):
-    """What both ends record about one message: sizes, hashes and the names (never the values) inside.
+class MessageLine(LedgerLine, Contents):
+    """What both ends record about one message: where it belongs, its size, and its :class:`Contents`.
 
     ``payload_bytes`` / ``message_bytes`` / ``payload_sha256`` / ``message_id`` are
     :func:`fcd_secure.audit.accounting.describe_message`'s figures, so the site's and the server's lines reconcile.
@@ -226,14 +231,7 @@ class MessageLine(LedgerLine):
     action: str
     reply_to: str
     message_id: str
-    payload_sha256: str | None
-    payload_bytes: int
     message_bytes: int
-    records: tuple[str, ...]
-    tensors: tuple[TensorRecord, ...]
-    metrics: tuple[str, ...]
-    metric_lists: dict[str, int]
-    config_fields: tuple[ConfigField, ...]
     is_error: bool
 
     @staticmethod

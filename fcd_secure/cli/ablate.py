@@ -11,7 +11,8 @@ from rich.markup import escape
 
 from fcd_secure.cli.app import emit, say_identifier, stderr, stdout
 from fcd_secure.cli.envelope import CliError, ok
-from fcd_secure.cli.resolve import PRESET_HELP, SET_HELP, RunOptions, resolve_config
+from fcd_secure.cli import options
+from fcd_secure.cli.resolve import PRESET_HELP, RunOptions, resolve_config
 
 
 def ablate(
@@ -23,7 +24,7 @@ def ablate(
     sites: Optional[int] = typer.Option(None, "--sites", min=1, help="Number of sites N."),
     variants: Optional[list[str]] = typer.Option(None, "--variant", help="A variant: dss, full_sync, no_ldis, local_only or centralised; repeat for several (default all)."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Real datasets root."),
-    settings: Optional[list[str]] = typer.Option(None, "--set", metavar="KEY=VALUE", help=SET_HELP),
+    settings: Optional[list[str]] = options.SETTINGS,
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Output folder (default runs/<timestamp>-ablation/)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope (the table in data) on stdout."),
 ) -> None:

@@ -15,7 +15,8 @@ import typer
 
 from fcd_secure.cli.app import emit, new_app
 from fcd_secure.cli.envelope import ok
-from fcd_secure.cli.resolve import PRESET_HELP, SET_HELP, RunOptions, resolve_config
+from fcd_secure.cli import options
+from fcd_secure.cli.resolve import PRESET_HELP, RunOptions, resolve_config
 
 app = new_app(help="The run configuration: every key, its default and description.")
 
@@ -85,7 +86,7 @@ def reference_markdown() -> str:
 def show(
     preset: Optional[str] = typer.Option(None, "--preset", help=f"{PRESET_HELP}. Default: default, or the --config file's."),
     config_file: Optional[Path] = typer.Option(None, "--config", exists=True, dir_okay=False, help="A run config file to resolve (e.g. a run folder's config.toml)."),
-    settings: Optional[list[str]] = typer.Option(None, "--set", metavar="KEY=VALUE", help=SET_HELP),
+    settings: Optional[list[str]] = options.SETTINGS,
     markdown: bool = typer.Option(False, "--markdown", help="Print the reference of every key as Markdown (docs/config.md)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope: the resolved config and every key's description."),
 ) -> None:

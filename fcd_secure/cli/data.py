@@ -11,7 +11,8 @@ import typer
 from fcd_secure.cli.app import done, emit, new_app, stderr, stdout
 from fcd_secure.data import names
 from fcd_secure.cli.envelope import CliError, ok
-from fcd_secure.cli.tables import LEFTOVER_WORDS, SPEC_HELP, TABLE_HELP, spec_and_table
+from fcd_secure.cli import options
+from fcd_secure.cli.tables import LEFTOVER_WORDS, SPEC_HELP, spec_and_table
 
 app = new_app(help="Validate and describe datasets (schema, DKT-Synth, real datasets).")
 
@@ -52,8 +53,8 @@ def _invalid(exc) -> CliError:
              context_settings=LEFTOVER_WORDS)
 def validate(
     ctx: typer.Context,
-    spec: Optional[Path] = typer.Option(None, "--spec", metavar="SPEC", dir_okay=False, help=SPEC_HELP),
-    table: Optional[list[Path]] = typer.Option(None, "--table", metavar="TABLE", dir_okay=False, help=TABLE_HELP),
+    spec: Optional[Path] = options.SPEC,
+    table: Optional[list[Path]] = options.TABLE,
     out: Optional[Path] = typer.Option(
         None, "--out", "-o", help="Also write the encoded dataset here (.npz); written only if every check passes."
     ),
@@ -153,7 +154,7 @@ def describe(
     spec: Optional[Path] = typer.Option(
         None, "--spec", metavar="SPEC", dir_okay=False, help=SPEC_HELP + " Describes your own table instead of the "
         "built-in datasets: the same sites, anchors and contexts `fcd run --spec SPEC --table TABLE` would use."),
-    table: Optional[list[Path]] = typer.Option(None, "--table", metavar="TABLE", dir_okay=False, help=TABLE_HELP),
+    table: Optional[list[Path]] = options.TABLE,
 ) -> None:
     """Per dataset and per site: sequences, Lmax, dx, da, |T|, action support and anchors, outcome rate.
 

@@ -14,11 +14,12 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from fcd_secure.cli.tables import LEFTOVER_WORDS, SPEC_HELP, TABLE_HELP, spec_and_table
+from fcd_secure.cli.tables import LEFTOVER_WORDS, spec_and_table
 from fcd_secure.data import names
 from fcd_secure.cli.app import emit, say_identifier, stderr, stdout
 from fcd_secure.cli.envelope import EXIT_OK, CliError, ok
-from fcd_secure.cli.resolve import PRESET_HELP, SET_HELP, RunOptions, resolve_config
+from fcd_secure.cli import options
+from fcd_secure.cli.resolve import PRESET_HELP, RunOptions, resolve_config
 from fcd_secure.cli.run import summary_table
 
 __all__ = ["register"]
@@ -44,17 +45,17 @@ def register(app: typer.Typer) -> None:
         sites: Optional[int] = typer.Option(None, "--sites", min=1, help="SuperNodes (one per site) on 127.0.0.1 (default 4: secure aggregation's minimum; a table's site column decides)."),
         rounds: Optional[int] = typer.Option(None, "--rounds", min=1, help="Rounds (preset default)."),
         clients_per_round: Optional[int] = typer.Option(None, "--clients-per-round", min=1, help="Sites per round (default all)."),
-        seed: Optional[int] = typer.Option(None, "--seed", help="Seed of split, initialisation, sampling and training."),
+        seed: Optional[int] = options.RUN_SEED,
         dataset: Optional[str] = typer.Option(None, "--dataset", help=names.choices(default=names.DEFAULT) + "."),
-        spec: Optional[Path] = typer.Option(None, "--spec", metavar="SPEC", dir_okay=False, help=SPEC_HELP),
-        table: Optional[list[Path]] = typer.Option(None, "--table", metavar="TABLE", dir_okay=False, help=TABLE_HELP),
-        data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Real datasets root (default $FCD_DATA_DIR, then ../shared/data of a source checkout)."),
+        spec: Optional[Path] = options.SPEC,
+        table: Optional[list[Path]] = options.TABLE,
+        data_dir: Optional[Path] = options.DATA_DIR,
         config_file: Optional[Path] = typer.Option(None, "--config", exists=True, dir_okay=False, help="A run config (TOML/JSON, e.g. a run folder's config.toml); options given override only what they name."),
         eval_every: Optional[int] = typer.Option(None, "--eval-every", min=0, help="Federated PEHE every N rounds (0: only at the end)."),
         secure: Optional[bool] = typer.Option(None, "--secure-aggregation/--no-secure-aggregation", help="Secure aggregation (default on; off only with --insecure-dev).", show_default=False),
         dp_epsilon: Optional[float] = typer.Option(None, "--dp-epsilon", min=0.01, help="DP-SGD on every site with this lifetime ε cap per site dataset."),
-        dp_delta: Optional[float] = typer.Option(None, "--dp-delta", help="DP δ (default: a power of ten ≤ 1/(10·n_site))."),
-        dp_clip: Optional[float] = typer.Option(None, "--dp-clip", min=1e-6, help="DP-SGD per-sample clipping norm C (default 1.0)."),
+        dp_delta: Optional[float] = options.DP_DELTA,
+        dp_clip: Optional[float] = options.DP_CLIP,
         dp_ledger_dir: Optional[Path] = typer.Option(None, "--dp-ledger-dir", help="Persistent privacy-ledger folder of the sites."),
         port: int = typer.Option(0, "--port", help="SuperLink port (Fleet + Control APIs; keep it private); 0 picks a free one."),
         workdir: Optional[Path] = typer.Option(None, "--workdir", help="Folder of the coordinator's and the sites' folders, logs and the app (default: a temp dir)."),
@@ -64,7 +65,7 @@ def register(app: typer.Typer) -> None:
         site_policies: Optional[Path] = typer.Option(None, "--site-policies", help="The hospitals' own <site-id>.toml policies (default: from this run's options)."),
         insecure_dev: bool = typer.Option(False, "--insecure-dev", help="Development only: no TLS, no SuperNode authentication, any submitted app runs on the sites. Marks the run folder."),
         keep: bool = typer.Option(False, "--keep", help="Leave the SuperLink and SuperNodes running after the run."),
-        settings: Optional[list[str]] = typer.Option(None, "--set", metavar="KEY=VALUE", help=SET_HELP),
+        settings: Optional[list[str]] = options.SETTINGS,
         timeout_s: float = typer.Option(1800, "--timeout", help="Give up after this many seconds."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope (summary.json in data) on stdout; progress on stderr."),
     ) -> None:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from fcd_secure.cli.envelope import CliError
 from fcd_secure.cli.resolve import RUN_CONFIG_FILE, RunOptions, default_clients_per_round
+from fcd_secure.errors import first_invalid
 
 if TYPE_CHECKING:  # pragma: no cover
     from fcd_secure.config import RunConfig
@@ -238,8 +239,8 @@ def check_run(cfg: "RunConfig", opts: RunOptions) -> "RunConfig":
     try:  # the sites a table decides must still agree with the rest of the config (federation.min_replies, ...)
         cfg = RunConfig.model_validate(cfg.model_dump())
     except ValidationError as exc:
-        err = exc.errors()[0]
-        raise CliError(f"field {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+        loc, msg = first_invalid(exc)
+        raise CliError(f"field {loc}: {msg}") from None
     check_policies(cfg)
     check_flow(cfg)  # too few sites for secure aggregation is its own error, named first
     check_evaluation(cfg)

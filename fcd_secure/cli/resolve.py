@@ -30,7 +30,7 @@ from fcd_secure.cli.envelope import CliError
 if TYPE_CHECKING:  # pragma: no cover - fcd_secure.config imports pydantic and the model's config
     from fcd_secure.config import RunConfig
 
-PRESET_HELP = "tiny (4 sites, seconds) | default (README run, ≤ 5 min on 2 cores) | paper (Table II length)"
+PRESET_HELP = "tiny (4 sites, about 45 s) | default (README run, ≤ 5 min on 2 cores) | paper (Table II length)"
 SET_HELP = ("KEY=VALUE: set any config key, dotted as `fcd config show` prints it (e.g. model.hidden=32, "
             "federation.eval_every=2); repeatable. VALUE is JSON or TOML (null unsets), else a plain string. Applied "
             "after the preset and the config file, before the other options.")

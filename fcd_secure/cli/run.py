@@ -21,11 +21,12 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from fcd_secure.cli.tables import LEFTOVER_WORDS, SPEC_HELP, TABLE_HELP, spec_and_table
+from fcd_secure.cli.tables import LEFTOVER_WORDS, spec_and_table
 from fcd_secure.data import names
 from fcd_secure.cli.app import DEBUG_ENV, emit, say_identifier, stderr, stdout
 from fcd_secure.cli.envelope import EXIT_OK, CliError, ok
-from fcd_secure.cli.resolve import PRESET_HELP, SET_HELP, RunOptions, resolve_config
+from fcd_secure.cli import options
+from fcd_secure.cli.resolve import PRESET_HELP, RunOptions, resolve_config
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.table import Table
@@ -475,11 +476,11 @@ def register(app: typer.Typer) -> None:
         rounds: Optional[int] = typer.Option(None, "--rounds", min=1, help="Global communication rounds (preset default)."),
         sites: Optional[int] = typer.Option(None, "--sites", min=1, help="Number of sites N (paper: 10; a table's site column decides)."),
         clients_per_round: Optional[int] = typer.Option(None, "--clients-per-round", min=1, help="Sites sampled per round (default N/2, at least the secure minimum)."),
-        seed: Optional[int] = typer.Option(None, "--seed", help="Seed of split, initialisation, sampling and training."),
+        seed: Optional[int] = options.RUN_SEED,
         dataset: Optional[str] = typer.Option(None, "--dataset", help=names.choices(default=names.DEFAULT, notes={"tumour": "oracles: truth beside estimates", "obd": "real data: OPE estimates, factual AUC"}) + "."),
-        spec: Optional[Path] = typer.Option(None, "--spec", metavar="SPEC", dir_okay=False, help=SPEC_HELP),
-        table: Optional[list[Path]] = typer.Option(None, "--table", metavar="TABLE", dir_okay=False, help=TABLE_HELP),
-        data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Real datasets root (default $FCD_DATA_DIR, then ../shared/data of a source checkout)."),
+        spec: Optional[Path] = options.SPEC,
+        table: Optional[list[Path]] = options.TABLE,
+        data_dir: Optional[Path] = options.DATA_DIR,
         gamma: Optional[float] = typer.Option(None, "--gamma", help=f"Generated worlds ({', '.join(names.GENERATED)}): confounding strength γ of the logging policy (data.gamma; default DKT-Synth 1.5, tumour 2; 0: the logging policy ignores what γ weighs: a student's readiness, a tumour's diameter)."),
         site_spread: Optional[float] = typer.Option(None, "--site-spread", min=0, max=20, help=f"Generated worlds ({', '.join(names.GENERATED)}): how much the sites differ (data.site_spread; multiplies the spread of every site-level parameter: case mix, logging practice; default 1; 0: sites differ in size only)."),
         secure: Optional[bool] = typer.Option(None, "--secure-aggregation/--no-secure-aggregation", help="Pairwise-masked secure aggregation of Θc (default: on) or plain FedAvg.", show_default=False),
@@ -491,12 +492,12 @@ def register(app: typer.Typer) -> None:
         out_dir: Optional[Path] = typer.Option(None, "--out", help="Run folder (default runs/<timestamp>-<dataset>-seed<seed>/); must not hold another run."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope (summary.json in data) on stdout; progress on stderr."),
         dp_epsilon: Optional[float] = typer.Option(None, "--dp-epsilon", min=0.01, help="DP-SGD (Opacus) on every site, with this lifetime ε cap per site dataset; a round that would exceed it is refused."),
-        dp_delta: Optional[float] = typer.Option(None, "--dp-delta", help="DP δ (default: a power of ten ≤ 1/(10·n_site))."),
-        dp_clip: Optional[float] = typer.Option(None, "--dp-clip", min=1e-6, help="DP-SGD per-sample clipping norm C (default 1.0)."),
+        dp_delta: Optional[float] = options.DP_DELTA,
+        dp_clip: Optional[float] = options.DP_CLIP,
         dp_ledger_dir: Optional[Path] = typer.Option(None, "--dp-ledger-dir", help="Persistent privacy-ledger folder, so a new run on the same data cannot reset the budget (default: inside --state-dir)."),
         policy: Optional[list[str]] = typer.Option(None, "--policy", "-p", help="A policy to simulate at the end (a .toml file or a shipped name: never, always, early_on, late_on, incremental_on_x2, share_on_20); repeat for several. Default: [evaluation] policies, else the paper's four."),
         reference: Optional[str] = typer.Option(None, "--reference", help="The name of the policy the others are contrasted with (default: the first)."),
-        settings: Optional[list[str]] = typer.Option(None, "--set", metavar="KEY=VALUE", help=SET_HELP),
+        settings: Optional[list[str]] = options.SETTINGS,
     ) -> None:
         """Train Fed-CausalDiff across N sites with decoupled synchronisation (only Θc leaves a site) on Flower's
         simulation engine, evaluate it federatedly, and write a run folder (config, rounds.csv appended per round,

@@ -4,6 +4,7 @@
 - :mod:`.spec` / :mod:`.preprocess`: ``DatasetSpec`` for a user's long-format table, the preprocessing pipeline,
   ``DataError``;
 - :mod:`.paths`: ``default_data_dir``, the one rule for where the real datasets are read from;
+- :mod:`.names`: the one registry of dataset names (what ``--dataset`` accepts, which carry ground truth);
 - :mod:`.sources`: one module per dataset (Statics2011, ASSISTments 2009, Diabetes-130, Open Bandit, DKT-Synth),
   each declaring its name, its row of paper Table I, its loader and its presets;
 - :mod:`.partition`: the Dirichlet non-IID split and the per-site train/test split;

@@ -132,22 +132,33 @@ class _Rule(BaseModel):
         return self
 
 
-class StaticRule(_Rule):
+class _FieldRule(_Rule):
+    """A rule whose actions are fields of its own: the field :attr:`THEN` names is the action where the condition
+    holds, the field :attr:`OTHERWISE` names the action elsewhere (one field may be both)."""
+
+    THEN: ClassVar[str]
+    OTHERWISE: ClassVar[str]
+
+    def refs(self) -> dict[str, Any]:
+        # in the order the rule declares them, so a file's first wrong action is the one reported
+        return {f: getattr(self, f) for f in type(self).model_fields if f in (self.THEN, self.OTHERWISE)}
+
+    @property
+    def then(self) -> Any:
+        return getattr(self, self.THEN)
+
+    @property
+    def otherwise(self) -> Any:
+        return getattr(self, self.OTHERWISE)
+
+
+class StaticRule(_FieldRule):
     """``action`` at every step."""
 
     kind: Literal["static"]
     action: ActionRef
 
-    def refs(self) -> dict[str, Any]:
-        return {"action": self.action}
-
-    @property
-    def then(self) -> Any:
-        return self.action
-
-    @property
-    def otherwise(self) -> Any:
-        return self.action
+    THEN = OTHERWISE = "action"
 
     def condition(self, t, y_hist, lengths, context, column):
         return np.ones(len(lengths), dtype=bool)
@@ -174,7 +185,7 @@ class ConstantRule(_Rule):
         return np.full(len(lengths), self.on, dtype=bool)
 
 
-class WindowRule(_Rule):
+class WindowRule(_FieldRule):
     """``inside`` for ``start <= t < stop`` (fractions of each trajectory's length, or step indices), else ``outside``."""
 
     kind: Literal["window"]
@@ -185,6 +196,8 @@ class WindowRule(_Rule):
     inside: ActionRef = ANCHOR_ON
     outside: ActionRef = ANCHOR_OFF
 
+    THEN, OTHERWISE = "inside", "outside"
+
     @model_validator(mode="after")
     def _order(self) -> "WindowRule":
         if self.stop is not None and self.stop <= self.start:
@@ -192,17 +205,6 @@ class WindowRule(_Rule):
         if self.unit == "fraction" and (self.start > 1.0 or (self.stop is not None and self.stop > 1.0)):
             raise ValueError("with unit = 'fraction', start and stop must lie in [0, 1]")
         return self
-
-    def refs(self) -> dict[str, Any]:
-        return {"inside": self.inside, "outside": self.outside}
-
-    @property
-    def then(self) -> Any:
-        return self.inside
-
-    @property
-    def otherwise(self) -> Any:
-        return self.outside
 
     def condition(self, t, y_hist, lengths, context, column):
         lengths = np.asarray(lengths)
@@ -213,7 +215,7 @@ class WindowRule(_Rule):
         return (t >= lo) & (t < hi)
 
 
-class SwitchRule(_Rule):
+class SwitchRule(_FieldRule):
     """``before`` for t < ``at``, ``after`` from ``at`` on (a step index, or a fraction of each trajectory's length)."""
 
     kind: Literal["switch"]
@@ -222,22 +224,13 @@ class SwitchRule(_Rule):
     before: ActionRef
     after: ActionRef
 
+    THEN, OTHERWISE = "after", "before"
+
     @model_validator(mode="after")
     def _at(self) -> "SwitchRule":
         if self.unit == "fraction" and self.at > 1.0:
             raise ValueError("with unit = 'fraction', at must lie in [0, 1]")
         return self
-
-    def refs(self) -> dict[str, Any]:
-        return {"before": self.before, "after": self.after}
-
-    @property
-    def then(self) -> Any:
-        return self.after
-
-    @property
-    def otherwise(self) -> Any:
-        return self.before
 
     def condition(self, t, y_hist, lengths, context, column):
         lengths = np.asarray(lengths)

@@ -1,4 +1,4 @@
-"""A local deployment of the app on Flower's Deployment Engine (flwr 1.42), secure unless asked otherwise.
+"""A local deployment of the app on Flower's Deployment Engine (the pinned Flower), secure unless asked otherwise.
 
 ``LocalDeployment`` plays, on one machine (127.0.0.1), the coordinator and every hospital:
 
@@ -50,7 +50,7 @@ import tomli_w
 
 from fcd_secure._flower.internals import fab_bytes
 from fcd_secure._flower.pins import FLWR_VERSION
-from fcd_secure._io import atomic_write_bytes, atomic_write_text, load_or_create_secret
+from fcd_secure._io import FolderPath, atomic_write_bytes, atomic_write_text, load_or_create_secret
 from fcd_secure.audit import SERVER_LEDGER_FILE, SITE_LEDGER_FILE, load_or_create_identity_key
 from fcd_secure.audit.signing import public_key_bytes
 from fcd_secure.fingerprints import fingerprint
@@ -127,9 +127,8 @@ def _bin(name: str) -> str:
 #: every message is a task, and Flower's 1 s default adds a second to each
 SITE_TASK_POLL_S = 0.1
 #: the same on the coordinator, where the one task of a run is its ServerApp: Flower's default. Each poll costs the
-#: SuperLink an HTTP request (about 10 ms of its CPU on loopback), so 0.1 s kept a tenth of a core busy for as long
-#: as the SuperLink ran, and took a twelfth of its requests during a 10-site round; the price is up to a second
-#: before a run's ServerApp starts
+#: SuperLink an HTTP request for as long as it runs; the price is up to a second before a run's ServerApp starts
+#: (the measured cost of a faster poll: docs/hospital.md, "the coordinator's SuperExec")
 SERVER_TASK_POLL_S = 1.0
 
 
@@ -222,7 +221,7 @@ def signed_run_config(coordinator_key: bytes, consortium_id: str, app_fab_sha256
 
 
 def fab_sha256(app_dir: Path) -> str:
-    """SHA-256 of the FAB ``flwr run`` builds from ``app_dir`` (flwr 1.42 builds it deterministically)."""
+    """SHA-256 of the FAB ``flwr run`` builds from ``app_dir`` (the pinned Flower builds it deterministically)."""
     return hashlib.sha256(fab_bytes(app_dir)).hexdigest()
 
 
@@ -232,25 +231,11 @@ class SiteFiles:
 
     root: Path
 
-    @property
-    def state_root(self) -> Path:
-        return self.root / "state"
-
-    @property
-    def policy(self) -> Path:
-        return self.root / POLICY_FILE
-
-    @property
-    def node_key(self) -> Path:
-        return self.root / NODE_KEY
-
-    @property
-    def node_pub(self) -> Path:
-        return self.root / NODE_PUB
-
-    @property
-    def secret(self) -> Path:
-        return self.root / EXEC_SECRET
+    state_root = FolderPath("root", "state")
+    policy = FolderPath("root", POLICY_FILE)
+    node_key = FolderPath("root", NODE_KEY)
+    node_pub = FolderPath("root", NODE_PUB)
+    secret = FolderPath("root", EXEC_SECRET)
 
 
 @dataclass(frozen=True)
@@ -261,17 +246,9 @@ class SiteFolder(SiteFiles):
     index: int
     root: Path
 
-    @property
-    def roster(self) -> Path:
-        return self.root / ROSTER_FILE
-
-    @property
-    def home(self) -> Path:
-        return self.root / "flwr-home"
-
-    @property
-    def logs(self) -> Path:
-        return self.root / "logs"
+    roster = FolderPath("root", ROSTER_FILE)
+    home = FolderPath("root", "flwr-home")
+    logs = FolderPath("root", "logs")
 
     @property
     def ledger(self) -> Path:

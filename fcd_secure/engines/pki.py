@@ -1,6 +1,7 @@
 """Certificates and SuperNode keys of a deployment, made and checked with ``cryptography``.
 
-What flwr 1.42 needs for TLS and SuperNode authentication (Flower 1.42 documentation, "Enable TLS connections" and "Authenticate SuperNodes"):
+What the pinned Flower (:data:`fcd_secure._flower.pins.FLWR_VERSION`) needs for TLS and SuperNode authentication (its
+documentation, "Enable TLS connections" and "Authenticate SuperNodes"):
 
 * a CA certificate (``ca.crt``) that every SuperNode and the ``flwr`` CLI trust;
 * the SuperLink's certificate (``server.pem``, ``server.key``) signed by that CA, with the host names it is reached

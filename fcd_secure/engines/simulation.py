@@ -1,7 +1,7 @@
 """Run the Flower app on Flower's simulation engine, in-process (the ``fcd run`` default).
 
-``flwr.simulation.run_simulation`` is deprecated in 1.42 but is the only fully in-process path
-(Flower 1.42, ``flwr.simulation.run_simulation``). Settings that matter on a 2-core machine: one Ray actor
+``flwr.simulation.run_simulation`` is deprecated in the pinned Flower (:data:`fcd_secure._flower.pins.FLWR_VERSION`)
+but is its only fully in-process path. Settings that matter on a 2-core machine: one Ray actor
 (``client_resources.num_cpus = 2``), no dashboard, quiet logs, telemetry off. The ServerApp and ClientApp are the
 same objects the deployment engine loads; only the config travels in their closures here.
 

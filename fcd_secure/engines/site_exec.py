@@ -1,13 +1,13 @@
 """The site's own SuperExec: only the consortium's pinned app ever runs on a site (docs/threats.md P27).
 
-Open-source Flower 1.42 lets anyone who reaches the SuperLink submit an app (``flwr run``; the Control API is
-unauthenticated), and a SuperNode then runs that app's ClientApp code. Its FAB verification
-(``--trusted-entities``) accepts only FABs signed through Flower Hub (Flower 1.42's
-``flwr-supernode --trusted-entities``). So the site takes the launch itself:
+Open-source Flower (the pinned version, :data:`fcd_secure._flower.pins.FLWR_VERSION`) lets anyone who reaches the
+SuperLink submit an app (``flwr run``; the Control API is unauthenticated), and a SuperNode then runs that app's
+ClientApp code. Its FAB verification (``--trusted-entities``) accepts only FABs signed through Flower Hub (the
+pinned Flower's ``flwr-supernode --trusted-entities``). So the site takes the launch itself:
 
 * the SuperNode runs with ``--isolation process`` (it launches nothing) and ``--superexec-auth-secret-file``, so
-  only a process holding the site's secret can acquire its tasks on the SuperNode's Runtime API (flwr 1.42
-  ``Runtime/AcquireTask`` under ``SuperExecAuthHttpInterceptor``);
+  only a process holding the site's secret can acquire its tasks on the SuperNode's Runtime API (the pinned
+  Flower's ``Runtime/AcquireTask`` under ``SuperExecAuthHttpInterceptor``);
 * :func:`serve` is that process (``python -m fcd_secure.engines.site_exec serve``): it acquires each ClientApp
   task and starts :func:`run_task` for it in a fresh process, as Flower's own SuperExec does;
 * :func:`run_task` pulls the task's message, context and FAB from the SuperNode and computes SHA-256 of the FAB's
@@ -167,7 +167,7 @@ def serve(address: str, secret_file: str, parent_pid: int | None = None, warm: b
     sites is the same; the tasks run one at a time.
 
     The executor also keeps each acquired task's heartbeat going until its process exits: a task token lapses when no
-    heartbeat arrives for two heartbeat intervals (flwr 1.42), and a cold process on a loaded machine can take that
+    heartbeat arrives for two heartbeat intervals (the pinned Flower), and a cold process on a loaded machine can take that
     long to import before its own heartbeat starts.
 
     With ``wake_pipe`` the executor asks for a task when the SuperNode wakes it through that pipe and otherwise

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
 
@@ -286,21 +286,9 @@ class OPEEstimator:
         Raises:
             ValueError: a missing input this estimator needs, or an input of the wrong shape or range.
         """
-        given = {"mu": mu, "pi": pi, "q_hat": q_hat, "v_hat": v_hat}
-        missing = [k for k in self.needs if given[k] is None]
-        if missing:
-            raise ValueError(f"{self.name} needs {', '.join(missing)}")
-        p = _prepare(
-            rewards,
-            mask,
-            mu if "mu" in self.needs else None,
-            pi if "pi" in self.needs else None,
-            q_hat if "q_hat" in self.needs else None,
-            v_hat if "v_hat" in self.needs else None,
-            self.horizon if horizon is None else horizon,
-            self.discount if discount is None else float(discount),
-            self.normalise,
-        )
+        p = self._prepared(rewards, mask, {"mu": mu, "pi": pi, "q_hat": q_hat, "v_hat": v_hat},
+                           self.horizon if horizon is None else horizon,
+                           self.discount if discount is None else float(discount))
         terms = self._terms(p)
         if p.w_final is not None:
             w = p.w_final
@@ -331,18 +319,29 @@ class OPEEstimator:
         """
         if self.self_normalised:
             raise ValueError(f"{self.name} is self-normalised: its trajectories have no additive terms")
-        given = {"mu": mu, "pi": pi, "q_hat": q_hat, "v_hat": v_hat}
-        missing = [k for k in self.needs if given[k] is None]
-        if missing:
-            raise ValueError(f"{self.name} needs {', '.join(missing)}")
-        p = _prepare(rewards, mask, *(given[k] if k in self.needs else None for k in ("mu", "pi", "q_hat", "v_hat")),
-                     self.horizon, self.discount, self.normalise)
+        p = self._prepared(rewards, mask, {"mu": mu, "pi": pi, "q_hat": q_hat, "v_hat": v_hat},
+                           self.horizon, self.discount)
         valid = p.gm > 0
         if p.w_cum is None:
             support = np.ones(p.n)
         else:
             support = (valid & (p.w_cum > 0)).sum(axis=1) / valid.sum(axis=1)
         return self._terms(p), support
+
+    def _prepared(
+        self, rewards: object, mask: object, given: Mapping[str, object | None], horizon: int | None, discount: float
+    ) -> _Prepared:
+        """The checked arrays of one call: every input in :attr:`needs` must be given; the others are ignored (not
+        even validated), so a caller may pass a full set of arrays to any estimator.
+
+        Raises:
+            ValueError: a missing input this estimator needs, or an input of the wrong shape or range.
+        """
+        missing = [k for k in self.needs if given[k] is None]
+        if missing:
+            raise ValueError(f"{self.name} needs {', '.join(missing)}")
+        used = (given[k] if k in self.needs else None for k in ("mu", "pi", "q_hat", "v_hat"))
+        return _prepare(rewards, mask, *used, horizon, discount, self.normalise)
 
     def _terms(self, p: _Prepared) -> np.ndarray:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -19,6 +19,7 @@ module             role
 ``site_policy``    ``SitePolicy``: the site's own TOML policy; a server request may ask for more, never less
 ``state``          per-site state directory (Θs, optimiser, RNG, identity key; atomic) and the server checkpoint
 ``sampler``        seeded client sampling with a checkpointable RNG
+``run_ticket``     the coordinator's signed run ticket: sites check who started the run and with which config
 =================  ==========================================================================================
 
 Every privacy component (egress gate, secure aggregation, server ledger) is a direct import: a missing module stops

@@ -3,7 +3,7 @@
 Paper Table II states communication as "uplink/downlink = selected clients × synchronised parameter size". We
 measure it instead, from the serialized Flower messages, with the audit's one definition of a message's bytes
 (``fcd_secure.audit.payload_bytes`` / ``message_bytes``: the ``deflate()`` bytes of Flower's content-addressed
-objects, Flower 1.42's ``flwr.common.inflatable``), so the run's accounting and the audit ledgers agree byte for
+objects, the pinned Flower's ``flwr.common.inflatable``), so the run's accounting and the audit ledgers agree byte for
 byte. Two figures are kept per message:
 
 * ``payload_bytes``: the serialized ``RecordDict`` content (records, arrays, chunks). Deterministic for a seed,

@@ -21,7 +21,7 @@ message type                        content (request → reply)
 ==================================  =================================================================================
 
 :class:`AggregationFlow` is the server side of one synchronisation round (paper §III-B, Table II: the sampled sites
-train locally and only Θc is aggregated with sample-size-weighted FedAvg). It follows the shape of Flower 1.42's
+train locally and only Θc is aggregated with sample-size-weighted FedAvg). It follows the shape of the pinned Flower's
 ``flwr.serverapp.strategy.Strategy``: a base class whose hooks (:meth:`~AggregationFlow.check_sample`,
 :meth:`~AggregationFlow.configure`, :meth:`~AggregationFlow.collect`, :meth:`~AggregationFlow.aggregate`) a
 subclass fills in, and one template (:meth:`~AggregationFlow.run_round`) that owns the steps every flow shares:

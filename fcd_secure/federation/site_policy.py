@@ -47,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from fcd_secure._io import atomic_write_text, drop_none
 from fcd_secure.aggregation.secagg import SecAggPolicy
 from fcd_secure.audit import Refusal
-from fcd_secure.errors import FcdError
+from fcd_secure.errors import FcdError, first_invalid
 
 if TYPE_CHECKING:  # pragma: no cover - fcd_secure.config pulls in torch; the site executor reads policies without it
     from fcd_secure.config import RunConfig
@@ -252,9 +252,8 @@ class SitePolicy(_Section):
         try:
             return cls.model_validate(raw)
         except ValidationError as exc:
-            err = exc.errors()[0]
-            loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-            raise SitePolicyError(f"{path}: field {loc}: {err['msg']}") from None
+            loc, msg = first_invalid(exc, "(top level)")
+            raise SitePolicyError(f"{path}: field {loc}: {msg}") from None
 
     def to_toml(self) -> str:
         return tomli_w.dumps(drop_none(self.model_dump(mode="json")))

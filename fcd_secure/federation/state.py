@@ -1,7 +1,7 @@
 """Persistent state on disk: one directory per site, keyed by the site's identity, and the server checkpoint.
 
 Flower keeps ``Context.state`` only in SuperNode memory and loses it on a restart; node ids are random per run
-(Flower 1.42's ``Context.state``). Everything a site must not lose therefore lives here, under
+(the pinned Flower's ``Context.state``, :data:`fcd_secure._flower.pins.FLWR_VERSION`). Everything a site must not lose therefore lives here, under
 ``<state_root>/<site_id>/``, written atomically (``fcd_secure._io.atomic_write_bytes``: temp file, ``fsync``,
 ``os.replace``) so a kill at any moment leaves either the old or the new file, never half of one:
 

@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fcd_secure._io import atomic_write_text, file_lock
 from fcd_secure.anchor_records import LedgerHead, PrivacyAnchor, ResetRecord
+from fcd_secure.errors import first_invalid
 from fcd_secure.privacy.errors import PrivacyLedgerError, LedgerRollback
 from fcd_secure.privacy.identity import DatasetIdentity, same_data
 
@@ -156,9 +157,8 @@ class AnchorStore:
         try:
             return AnchorFile.model_validate_json(text)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "file"
-            raise PrivacyLedgerError(f"{self.path}: invalid privacy anchor at '{where}': {first['msg']}; refusing to train") from None
+            where, msg = first_invalid(exc, "file")
+            raise PrivacyLedgerError(f"{self.path}: invalid privacy anchor at '{where}': {msg}; refusing to train") from None
 
     def _save(self, anchors: AnchorFile) -> None:
         atomic_write_text(self.path, anchors.model_dump_json(indent=1), mode=0o600)

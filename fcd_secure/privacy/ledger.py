@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from fcd_secure._io import atomic_write_text, file_lock
 from fcd_secure.anchor_records import LedgerHead
 from fcd_secure.data.schema import SiteDataset
+from fcd_secure.errors import first_invalid
 from fcd_secure.privacy.anchor import AnchorStore, LedgerView, ResetRecord, segment_chain, views_of
 from fcd_secure.privacy.errors import BudgetExceeded, PrivacyLedgerError, LedgerRollback
 from fcd_secure.privacy.identity import SAME_DATA, DatasetIdentity, dataset_identity, same_data, shared_fraction
@@ -208,9 +209,8 @@ class Ledger:
         try:
             state = LedgerState.model_validate(raw)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise PrivacyLedgerError(f"{self.path}: invalid privacy ledger at field '{where}': {first['msg']}") from exc
+            where, msg = first_invalid(exc)
+            raise PrivacyLedgerError(f"{self.path}: invalid privacy ledger at field '{where}': {msg}") from exc
         if not self.path.name.startswith(f"ledger-{state.fingerprint[:32]}"):
             raise PrivacyLedgerError(f"{self.path}: ledger is for dataset {state.fingerprint[:16]}…, not this file name")
         seqs = [s.seq for s in state.segments]

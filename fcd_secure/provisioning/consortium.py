@@ -27,7 +27,7 @@ from typing import Annotated
 import tomli_w
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from fcd_secure._io import atomic_write_text, drop_none
+from fcd_secure._io import FolderPath, atomic_write_text, drop_none
 from fcd_secure.aggregation.secagg.config import SecAggPolicy
 from fcd_secure.audit.signing import canonical, load_or_create_identity_key, public_key_bytes, utc_now
 from fcd_secure.data.preprocess import layout_digest, spec_layout
@@ -35,7 +35,7 @@ from fcd_secure.data.spec import DatasetSpec, load_spec
 from fcd_secure.engines.pki import DEFAULT_HOSTS, TLSFiles, check_tls_dir, make_tls_dir
 from fcd_secure.provisioning.versions import installed_versions
 from fcd_secure.federation.site_policy import SitePolicy
-from fcd_secure.errors import FcdError
+from fcd_secure.errors import FcdError, first_invalid
 from fcd_secure.fingerprints import fingerprint, normalise_fingerprint
 
 CONSORTIUM_FILE = "consortium.toml"
@@ -108,9 +108,8 @@ class ConsortiumConfig(_Section):
         except tomllib.TOMLDecodeError as exc:
             raise ProvisioningError(f"{where}: not TOML ({exc})") from None
         except ValidationError as exc:
-            err = exc.errors()[0]
-            loc = ".".join(str(p) for p in err["loc"])
-            raise ProvisioningError(f"{where}: field {loc}: {err['msg']}") from None
+            loc, msg = first_invalid(exc)
+            raise ProvisioningError(f"{where}: field {loc}: {msg}") from None
 
 
 class Coordinator:
@@ -119,29 +118,12 @@ class Coordinator:
     def __init__(self, home: str | Path) -> None:
         self.home = Path(home).resolve()
 
-    @property
-    def config_path(self) -> Path:
-        return self.home / CONSORTIUM_FILE
-
-    @property
-    def spec_path(self) -> Path:
-        return self.home / SPEC_FILE
-
-    @property
-    def key_path(self) -> Path:
-        return self.home / COORDINATOR_KEY
-
-    @property
-    def pki(self) -> Path:
-        return self.home / "pki"
-
-    @property
-    def app_dir(self) -> Path:
-        return self.home / "app"
-
-    @property
-    def roster_path(self) -> Path:
-        return self.home / "roster.json"
+    config_path = FolderPath("home", CONSORTIUM_FILE)
+    spec_path = FolderPath("home", SPEC_FILE)
+    key_path = FolderPath("home", COORDINATOR_KEY)
+    pki = FolderPath("home", "pki")
+    app_dir = FolderPath("home", "app")
+    roster_path = FolderPath("home", "roster.json")
 
     def site_dir(self, site_id: str) -> Path:
         return self.home / "sites" / site_id
@@ -245,7 +227,7 @@ def init_consortium(
             preflight=preflight or PreflightTerms(),
         )
     except ValidationError as exc:
-        err = exc.errors()[0]
-        raise ProvisioningError(f"field {'.'.join(str(p) for p in err['loc'])}: {err['msg']}") from None
+        loc, msg = first_invalid(exc)
+        raise ProvisioningError(f"field {loc}: {msg}") from None
     atomic_write_text(co.config_path, cfg.to_toml())
     return co

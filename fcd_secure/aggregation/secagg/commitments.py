@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from . import shamir
 from .errors import AbortRound, Misbehaviour
@@ -68,74 +69,72 @@ def commit_shares(
     )
 
 
-def _what(kind: ShareKind) -> str:
-    return "mask key s_sk" if kind is ShareKind.MASK_KEY else "self-mask seed b"
+@dataclass(frozen=True)
+class SecretId:
+    """Which committed secret: one of ``owner``'s two secrets (``kind``) in one round of one session. Its commitment
+    and every commitment to its shares are bound to exactly these four (:func:`secret_commitment`,
+    :func:`share_commitment`)."""
+
+    session_id: bytes
+    round_id: int
+    owner: str
+    kind: ShareKind
+
+    @property
+    def what(self) -> str:
+        return "mask key s_sk" if self.kind is ShareKind.MASK_KEY else "self-mask seed b"
 
 
 def sort_shares(
-    *,
-    session_id: bytes,
-    round_id: int,
-    owner: str,
-    kind: ShareKind,
-    shares: Mapping[str, tuple[int, bytes]],
-    share_commits: tuple[tuple[bytes, bytes], ...],
+    secret: SecretId, *, shares: Mapping[str, tuple[int, bytes]], share_commits: tuple[tuple[bytes, bytes], ...]
 ) -> tuple[list[tuple[int, bytes]], dict[str, str]]:
-    """Split revealed shares into those that match ``owner``'s commitments and the responders of the others.
+    """Split revealed shares into those that match the owner's commitments and the responders of the others.
 
     Returns:
         ``(index, share)`` of the correct shares in responder order, and ``{responder: reason}`` for the rest.
     """
-    col = 0 if kind is ShareKind.MASK_KEY else 1
+    col = 0 if secret.kind is ShareKind.MASK_KEY else 1
     good: list[tuple[int, bytes]] = []
     bad: dict[str, str] = {}
+    owner = secret.owner
     for responder in sorted(shares):
         index, share = shares[responder]
         ok = 1 <= index <= len(share_commits) and len(share) == shamir.SHARE_BYTES and (
-            share_commitment(session_id, round_id, owner, index, kind, share) == share_commits[index - 1][col]
+            share_commitment(secret.session_id, secret.round_id, owner, index, secret.kind, share)
+            == share_commits[index - 1][col]
         )
         if ok:
             good.append((index, share))
         else:
-            bad[responder] = f"revealed a share of {owner!r}'s {_what(kind)} that does not match {owner!r}'s commitment"
+            bad[responder] = f"revealed a share of {owner!r}'s {secret.what} that does not match {owner!r}'s commitment"
     return good, bad
 
 
 def check_secret(
-    *,
-    session_id: bytes,
-    round_id: int,
-    owner: str,
-    kind: ShareKind,
-    secret: bytes,
-    secret_commit: bytes,
-    also_valid: Callable[[bytes], bool] | None = None,
+    secret: SecretId, *, value: bytes, secret_commit: bytes, also_valid: Callable[[bytes], bool] | None = None
 ) -> None:
-    """Raise :class:`Misbehaviour` naming ``owner`` (the dealer) unless ``secret`` is the one it committed to."""
-    if len(secret_commit) != HASH_BYTES or secret_commitment(session_id, round_id, owner, kind, secret) != secret_commit or (
-        also_valid is not None and not also_valid(secret)
-    ):
-        why = f"dealt shares of its {_what(kind)} that do not rebuild the secret it committed to"
-        raise Misbehaviour(f"{owner!r} dealt inconsistent shares of its {_what(kind)}", {owner: why})
+    """Raise :class:`Misbehaviour` naming the owner (the dealer) unless ``value`` is the secret it committed to."""
+    if len(secret_commit) != HASH_BYTES or secret_commitment(
+        secret.session_id, secret.round_id, secret.owner, secret.kind, value
+    ) != secret_commit or (also_valid is not None and not also_valid(value)):
+        why = f"dealt shares of its {secret.what} that do not rebuild the secret it committed to"
+        raise Misbehaviour(f"{secret.owner!r} dealt inconsistent shares of its {secret.what}", {secret.owner: why})
 
 
-def too_few(owner: str, kind: ShareKind, good: int, bad: Mapping[str, str], threshold: int) -> AbortRound:
+def too_few(secret: SecretId, good: int, bad: Mapping[str, str], threshold: int) -> AbortRound:
     """The error for fewer than ``threshold`` correct shares: :class:`Misbehaviour` naming the senders of wrong ones."""
     if bad:
         return Misbehaviour(
-            f"only {good} correct shares of {owner!r}'s {_what(kind)}, threshold is {threshold}; corrupted by "
+            f"only {good} correct shares of {secret.owner!r}'s {secret.what}, threshold is {threshold}; corrupted by "
             f"{', '.join(repr(s) for s in sorted(bad))}",
             bad,
         )
-    return AbortRound(f"only {good} shares of {owner!r}'s {_what(kind)}, threshold is {threshold}")
+    return AbortRound(f"only {good} shares of {secret.owner!r}'s {secret.what}, threshold is {threshold}")
 
 
 def reconstruct(
+    secret: SecretId,
     *,
-    session_id: bytes,
-    round_id: int,
-    owner: str,
-    kind: ShareKind,
     shares: Mapping[str, tuple[int, bytes]],
     share_commits: tuple[tuple[bytes, bytes], ...],
     secret_commit: bytes,
@@ -145,10 +144,8 @@ def reconstruct(
     """Rebuild one of ``owner``'s secrets from the shares its peers revealed, checking every share and the result.
 
     Args:
-        session_id: The round's session.
-        round_id: The round.
-        owner: The site whose secret is rebuilt (the dealer of the shares).
-        kind: Which secret: ``MASK_KEY`` (s_u^SK) or ``SELF_MASK_SEED`` (b_u).
+        secret: Which secret is rebuilt: its owner (the dealer of the shares), kind (``MASK_KEY``: s_u^SK,
+            ``SELF_MASK_SEED``: b_u), round and session.
         shares: responder -> (share index, share) as revealed in stage 4.
         share_commits: The owner's signed per-index share commitments (stage 0).
         secret_commit: The owner's signed commitment to this secret (stage 0).
@@ -164,13 +161,12 @@ def reconstruct(
             or the correct shares do not rebuild the committed secret (the dealer, ``owner``, is named).
         AbortRound: Fewer than ``threshold`` shares arrived at all and none was wrong.
     """
-    ids = dict(session_id=session_id, round_id=round_id, owner=owner, kind=kind)
-    good, bad = sort_shares(shares=shares, share_commits=share_commits, **ids)
+    good, bad = sort_shares(secret, shares=shares, share_commits=share_commits)
     if len(good) < threshold:
-        raise too_few(owner, kind, len(good), bad, threshold)
-    secret = shamir.combine(good, threshold)
+        raise too_few(secret, len(good), bad, threshold)
+    value = shamir.combine(good, threshold)
     try:
-        check_secret(secret=secret, secret_commit=secret_commit, also_valid=also_valid, **ids)
+        check_secret(secret, value=value, secret_commit=secret_commit, also_valid=also_valid)
     except Misbehaviour as exc:
         raise Misbehaviour(str(exc), {**bad, **exc.culprits}) from None
-    return secret, bad
+    return value, bad

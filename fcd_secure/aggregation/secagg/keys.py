@@ -38,15 +38,28 @@ def _raw_public(key: X25519PublicKey | Ed25519PublicKey) -> bytes:
     return key.public_bytes(Encoding.Raw, PublicFormat.Raw)
 
 
-# -- X25519 ----------------------------------------------------------------------------------------------
-def x25519_keypair() -> tuple[bytes, bytes]:
-    """A fresh (private, public) raw X25519 pair from the OS CSPRNG."""
-    sk = X25519PrivateKey.generate()
+#: the two private-key classes of ``cryptography`` used here; both have ``generate`` and ``from_private_bytes``
+_KeyKind = type[X25519PrivateKey] | type[Ed25519PrivateKey]
+
+
+def _fresh_pair(kind: _KeyKind) -> tuple[bytes, bytes]:
+    """A fresh (private, public) raw pair of ``kind`` from the OS CSPRNG (``generate``)."""
+    sk = kind.generate()
     return _raw_private(sk), _raw_public(sk.public_key())
 
 
+def _public_of(kind: _KeyKind, private_raw: bytes) -> bytes:
+    return _raw_public(kind.from_private_bytes(private_raw).public_key())
+
+
+# -- X25519 ----------------------------------------------------------------------------------------------
+def x25519_keypair() -> tuple[bytes, bytes]:
+    """A fresh (private, public) raw X25519 pair from the OS CSPRNG."""
+    return _fresh_pair(X25519PrivateKey)
+
+
 def x25519_public(private_raw: bytes) -> bytes:
-    return _raw_public(X25519PrivateKey.from_private_bytes(private_raw).public_key())
+    return _public_of(X25519PrivateKey, private_raw)
 
 
 def x25519_agree(private_raw: bytes, peer_public_raw: bytes) -> bytes:
@@ -97,12 +110,12 @@ def pair_key(secret: bytes, session_id: bytes, round_id: int, a: str, b: str, pu
 
 # -- Ed25519 site identity ---------------------------------------------------------------------------------
 def ed25519_keypair() -> tuple[bytes, bytes]:
-    sk = Ed25519PrivateKey.generate()
-    return _raw_private(sk), _raw_public(sk.public_key())
+    """A fresh (private, public) raw Ed25519 pair from the OS CSPRNG."""
+    return _fresh_pair(Ed25519PrivateKey)
 
 
 def ed25519_public(private_raw: bytes) -> bytes:
-    return _raw_public(Ed25519PrivateKey.from_private_bytes(private_raw).public_key())
+    return _public_of(Ed25519PrivateKey, private_raw)
 
 
 def sign(private_raw: bytes, message: bytes) -> bytes:

@@ -28,7 +28,7 @@ import numpy as np
 from . import keys, shamir
 from .bounds import check_aggregate
 from .client import self_mask_key
-from .commitments import check_secret, sort_shares, too_few
+from .commitments import SecretId, check_secret, sort_shares, too_few
 from .config import SecAggPolicy
 from .encoding import Aggregate, VectorLayout, decode
 from .errors import AbortRound, Misbehaviour, ProtocolError, SecAggError
@@ -332,19 +332,19 @@ class SecAggServer:
         """One secret from its revealed shares, every share and the result checked against ``owner``'s commitments
         (:func:`.commitments.reconstruct`, with only the checks counted in ``report.check_seconds``)."""
         adv = self._adverts[owner]
-        ids = dict(session_id=self.params.session_id, round_id=self.params.round_id, owner=owner, kind=kind)
+        which = SecretId(self.params.session_id, self.params.round_id, owner, kind)
         t = time.thread_time()
-        good, bad = sort_shares(shares=shares, share_commits=adv.share_commits, **ids)
+        good, bad = sort_shares(which, shares=shares, share_commits=adv.share_commits)
         for site, why in bad.items():
             self.report.culprits.setdefault(site, why)
         self.report.check_seconds += time.thread_time() - t
         if len(good) < self.threshold:
-            raise too_few(owner, kind, len(good), bad, self.threshold)
+            raise too_few(which, len(good), bad, self.threshold)
         secret = shamir.combine(good, self.threshold)
         t = time.thread_time()
         try:
-            check_secret(secret=secret, secret_commit=adv.commit_s if kind is ShareKind.MASK_KEY else adv.commit_b,
-                         also_valid=also_valid, **ids)
+            commit = adv.commit_s if kind is ShareKind.MASK_KEY else adv.commit_b
+            check_secret(which, value=secret, secret_commit=commit, also_valid=also_valid)
         finally:
             self.report.check_seconds += time.thread_time() - t
         return secret

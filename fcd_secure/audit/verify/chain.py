@@ -21,6 +21,7 @@ from fcd_secure.audit.ledger import SERVER_LEDGER_FILE, SITE_LEDGER_FILE, checkp
 from fcd_secure.audit.signing import GENESIS, line_hash, signature_ok
 from fcd_secure.fingerprints import fingerprint
 from fcd_secure.audit.verify.result import VerifyResult
+from fcd_secure.errors import first_invalid
 
 #: which file must hold which writer's ledger
 EXPECTED_ROLE = {SITE_LEDGER_FILE: "site", SERVER_LEDGER_FILE: "server"}
@@ -126,9 +127,8 @@ def read_chain(path: Path, label: str, pinned: set[str] | None, expected_role: s
         try:
             entry = parse_line(text)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            loc = ".".join(str(p) for p in first["loc"]) or "line"
-            bad(seq, ln, f"{where}: not a well-formed {obj.get('kind')!r} entry ({loc}: {first['msg']})")
+            at, msg = first_invalid(exc, "line")
+            bad(seq, ln, f"{where}: not a well-formed {obj.get('kind')!r} entry ({at}: {msg})")
             continue
         if isinstance(entry, CheckpointLine):
             before = [loc.entry for loc in chain.entries]

@@ -12,23 +12,17 @@ from typing import Any
 from pydantic import Field
 
 from fcd_secure.data.dkt_synth.oracle import N_ITEMS
-from fcd_secure.data.worlds.config import Split, WorldConfig
+from fcd_secure.data.worlds.config import Split, WorldConfig, world_presets
 
 __all__ = ["PRESETS", "DKTSynthConfig", "Split"]
 
-PRESETS: dict[str, dict[str, Any]] = {
-    # tests: generation + ground truth in about a second
-    "tiny": dict(n_students=300, max_len=12, anchor_step=2, horizon=4, n_rollouts=8),
-    # the default world with half the students and rollouts (``fcd reproduce --preset quick``): ~1,200 training
-    # sequences, test splits of ~30 students per site (above the evaluation's cohort floor of 20)
-    "small": dict(n_students=1500, max_len=30, anchor_step=5, horizon=10, n_rollouts=16),
-    # the main federated run (10 sites): ~2,400 training sequences of <= 30 steps. Horizon 10: practising the
-    # harder anchor costs correctness now and pays later, so a 10-step window gives a clearly non-zero ATE whose
-    # sign a one-step model gets wrong (seed 0: one-step a_on - a_off contrast -0.08, 10-step ATE +0.07)
-    "default": dict(n_students=3000, max_len=30, anchor_step=5, horizon=10, n_rollouts=32),
-    # paper Table I: 20,000 sequences, L = 50
-    "paper": dict(n_students=20000, max_len=50, anchor_step=10, horizon=10, n_rollouts=32),
-}
+#: tiny, small and default as every world's (:func:`~fcd_secure.data.worlds.config.world_presets`). Their 10-step
+#: effect window: practising the harder anchor costs correctness now and pays later, so a 10-step window gives a
+#: clearly non-zero ATE whose sign a one-step model gets wrong (seed 0: one-step a_on - a_off contrast -0.08, 10-step
+#: ATE +0.07). ``paper``: Table I's 20,000 sequences, L = 50.
+PRESETS: dict[str, dict[str, Any]] = world_presets(
+    "student", paper=dict(n_students=20000, max_len=50, anchor_step=10, horizon=10, n_rollouts=32)
+)
 
 
 class DKTSynthConfig(WorldConfig):

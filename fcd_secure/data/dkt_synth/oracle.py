@@ -13,7 +13,6 @@ head's bias (the population prior of a fresh student).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fcd_secure._io import file_sha256
 from fcd_secure.data.formats import read_three_line
 from fcd_secure.data.paths import dataset_folder, need_file
 from fcd_secure.errors import FcdError
@@ -79,15 +79,6 @@ class DKTOracle(nn.Module):
         return torch.stack(out, dim=1)
 
 
-def sha256_file(path: str | Path) -> str:
-    """Hex SHA-256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def expected_sha256(weights: Path) -> str:
     """The SHA-256 recorded in ``<weights>.sha256`` (first word, as written by ``sha256sum``).
 
@@ -124,7 +115,7 @@ def load_oracle(weights: str | Path | None = None) -> tuple[DKTOracle, dict]:
     if not path.is_file():
         raise FileNotFoundError(f"DKT oracle weights not found: {path} (train them with scripts/train_dkt_oracle.py)")
     want = expected_sha256(path)
-    got = sha256_file(path)
+    got = file_sha256(path)
     if got != want:
         raise OracleChecksumError(f"{path}: SHA-256 mismatch: expected {want}, file has {got}")
     card_path = path.with_suffix(".json")

@@ -12,21 +12,17 @@ from typing import Any
 from pydantic import Field
 
 from fcd_secure.data.tumour.pkpd import D_MAX, N_ACTIONS
-from fcd_secure.data.worlds.config import Split, WorldConfig
+from fcd_secure.data.worlds.config import Split, WorldConfig, world_presets
 
 __all__ = ["PRESETS", "Split", "TumourConfig"]
 
-PRESETS: dict[str, dict[str, Any]] = {
-    # tests: generation + ground truth in well under a second
-    "tiny": dict(n_patients=300, max_len=12, anchor_step=2, horizon=4, n_rollouts=8),
-    # the default world with half the patients and rollouts (as DKT-Synth's "small"; `fcd data export`'s default)
-    "small": dict(n_patients=1500, max_len=30, anchor_step=5, horizon=10, n_rollouts=16),
-    # the main federated run (10 sites): ~2,400 training patients followed for at most 30 days; the 10-day effect
-    # window from day 5 is long enough for chemotherapy to bring a 4-7 cm tumour under the response size
-    "default": dict(n_patients=3000, max_len=30, anchor_step=5, horizon=10, n_rollouts=32),
-    # the sizes of RMSN/CRN/CT (10,000 training + 1,000 validation + 1,000 test patients, 60 days)
-    "paper": dict(n_patients=12000, max_len=60, anchor_step=10, horizon=10, n_rollouts=32),
-}
+#: tiny, small and default as every world's (:func:`~fcd_secure.data.worlds.config.world_presets`): patients followed
+#: for at most 30 days, and a 10-day effect window from day 5, long enough for chemotherapy to bring a 4-7 cm tumour
+#: under the response size. ``paper``: the sizes of RMSN/CRN/CT (10,000 training + 1,000 validation + 1,000 test
+#: patients, 60 days).
+PRESETS: dict[str, dict[str, Any]] = world_presets(
+    "patient", paper=dict(n_patients=12000, max_len=60, anchor_step=10, horizon=10, n_rollouts=32)
+)
 
 
 class TumourConfig(WorldConfig):

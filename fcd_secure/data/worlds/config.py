@@ -7,14 +7,37 @@ Same config (seed included) → the same entities, logged data and ground truth.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["Split", "WorldConfig"]
+__all__ = ["Split", "WorldConfig", "world_presets"]
 
 #: Which side of a site's train/test split.
 Split = Literal["train", "test"]
+
+
+def world_presets(entity: str, paper: Mapping[str, int]) -> dict[str, dict[str, Any]]:
+    """A generated world's ``PRESETS`` (preset name → field values; :meth:`WorldConfig.from_preset`).
+
+    ``tiny``, ``small`` and ``default`` are the same for every world (entity count, length, effect window, rollouts),
+    so that a preset costs alike whichever world a run picks; ``paper`` is each world's own sizes (``paper``: its
+    ``n_<entity>s``, ``max_len``, ``anchor_step``, ``horizon`` and ``n_rollouts``).
+    """
+    n = f"n_{entity}s"
+    return {
+        # tests: generation + ground truth in about a second
+        "tiny": {n: 300, "max_len": 12, "anchor_step": 2, "horizon": 4, "n_rollouts": 8},
+        # the default world with half the entities and rollouts (``fcd reproduce --preset quick``, ``fcd data
+        # export``'s default): ~1,200 training sequences, test splits of ~30 entities per site (above the
+        # evaluation's cohort floor of 20)
+        "small": {n: 1500, "max_len": 30, "anchor_step": 5, "horizon": 10, "n_rollouts": 16},
+        # the main federated run (10 sites): ~2,400 training sequences of <= 30 steps, a 10-step effect window from
+        # step 5 (each world's config says why 10 steps)
+        "default": {n: 3000, "max_len": 30, "anchor_step": 5, "horizon": 10, "n_rollouts": 32},
+        "paper": dict(paper),
+    }
 
 
 class WorldConfig(BaseModel):

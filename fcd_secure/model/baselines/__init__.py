@@ -15,6 +15,11 @@ key                class                                 what it is
                                                          conditional GANs; outcome mechanism Θc, treatment Θs
 =================  ====================================  ===============================================================
 
+What the baselines share, one module each: ``rollout`` (``SteppedSimulator``, the template that turns a plan into
+actions, draws the outcome noise and builds the ``SimResult``), ``sequence`` (the per-step inputs a causal recurrent
+model reads, the history summary, the straight-through Bernoulli sampler) and ``fitting`` (one Adam over named
+parameter groups, and the step of one group for the adversarial players).
+
 A new simulator is one module here with one ``Simulator`` subclass, added to :data:`SIMULATORS`; a run trains it
 with ``model.simulator = "<key>"``. :func:`parameter_counts` prints each one's size for given data dims.
 """

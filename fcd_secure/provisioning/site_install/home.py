@@ -17,7 +17,6 @@ No private key is ever written outside this folder, and none is in the request o
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import tomllib
@@ -28,7 +27,7 @@ from typing import Any
 import tomli_w
 from cryptography import x509
 
-from fcd_secure._io import atomic_write_text, load_or_create_secret
+from fcd_secure._io import FolderPath, atomic_write_text, file_sha256, load_or_create_secret
 from fcd_secure.audit.signing import public_key_bytes, utc_now
 from fcd_secure.data.preprocess import build_dataset, read_table
 from fcd_secure.data.spec import load_spec
@@ -56,14 +55,6 @@ PINNED_DIR = "consortium"
 BUNDLE_FILE = "bundle.json"
 
 
-def file_sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 @dataclass(frozen=True)
 class SiteHome(SiteFiles):
     """A site's folder (module docstring)."""
@@ -75,41 +66,15 @@ class SiteHome(SiteFiles):
         return cls(Path(home).resolve())
 
     # -- paths
-    @property
-    def site_file(self) -> Path:
-        return self.root / SITE_FILE
-
-    @property
-    def spec(self) -> Path:
-        return self.root / SPEC_FILE
-
-    @property
-    def request(self) -> Path:
-        return self.root / REQUEST_FILE
-
-    @property
-    def pinned(self) -> Path:
-        return self.root / PINNED_DIR
-
-    @property
-    def bundle(self) -> Path:
-        return self.pinned / BUNDLE_FILE
-
-    @property
-    def ca_cert(self) -> Path:
-        return self.pinned / "ca.crt"
-
-    @property
-    def roster(self) -> Path:
-        return self.pinned / ROSTER_FILE
-
-    @property
-    def pinned_spec(self) -> Path:
-        return self.pinned / SPEC_FILE
-
-    @property
-    def pinned_config(self) -> Path:
-        return self.pinned / CONSORTIUM_FILE
+    site_file = FolderPath("root", SITE_FILE)
+    spec = FolderPath("root", SPEC_FILE)
+    request = FolderPath("root", REQUEST_FILE)
+    pinned = FolderPath("root", PINNED_DIR)
+    bundle = FolderPath("pinned", BUNDLE_FILE)
+    ca_cert = FolderPath("pinned", "ca.crt")
+    roster = FolderPath("pinned", ROSTER_FILE)
+    pinned_spec = FolderPath("pinned", SPEC_FILE)
+    pinned_config = FolderPath("pinned", CONSORTIUM_FILE)
 
     # -- contents
     def info(self) -> dict[str, Any]:
