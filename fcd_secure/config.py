@@ -170,6 +170,12 @@ class EvaluationSection(BaseModel):
     reference: str | None = Field(None, description="the policy every other one is contrasted with (default: the first)")
     horizon: int | None = Field(None, ge=1, description="steps from t = 0 a policy value averages (default: whole trajectories)")
     level: float = Field(0.9, gt=0, lt=1, description="nominal coverage of the intervals of policy values and effects")
+    propensities: Literal["auto", "logged", "estimated"] = Field(
+        "auto",
+        description="where the validation and test rows' propensities come from: auto (the table's logged column, "
+        "else each site's own model of its logging policy fitted on its training rows), logged (never a model), "
+        "estimated (the model even where logged, to compare)",
+    )
 
 
 class RunConfig(BaseModel):

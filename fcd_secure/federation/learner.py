@@ -34,7 +34,10 @@ class SiteData:
 
     ``train`` is what the site trains on; ``validation`` (``data.validation_fraction`` of the training split, whole
     entities, never trained on; ``None`` at 0) is what the truth-free model selection scores every evaluated round
-    on (``queries.selection``); ``test`` is what answers are computed on.
+    on (``queries.selection``); ``test`` is what answers are computed on. ``propensities`` says where the
+    propensities of the validation and test rows come from (:func:`with_propensities`): ``logged`` (the table's own
+    column), ``estimated`` (the site's model of its logging policy) or ``none``, with ``propensity_note`` saying why
+    a model could not be fitted.
     """
 
     train: SiteDataset
@@ -45,6 +48,47 @@ class SiteData:
     oracle: Any | None
     description: dict
     validation: SiteDataset | None = None
+    propensities: str = "logged"
+    propensity_note: str | None = None
+
+
+def with_propensities(site: SiteData, mode: str) -> SiteData:
+    """The site's data with the propensities its answers use (``evaluation.propensities``).
+
+    ``auto``: the logged column where the table has one, else the site's own model of its logging policy
+    (``evaluation.propensity.RecordPropensity``) fitted on its training rows and applied to its validation and test
+    rows (never to the rows it was fitted on), floored at ``PROPENSITY_FLOOR`` (the overlap check counts the steps
+    below it); ``estimated``: the model even where the table logs them (to compare); ``logged``: never a model.
+    A model that cannot be fitted (one action only, no valid step) leaves the site without propensities, and
+    ``propensity_note`` says why. Nothing here leaves the site.
+    """
+    from dataclasses import replace  # noqa: PLC0415
+
+    has = site.test.P is not None
+    if mode == "logged" or (mode == "auto" and has):
+        return replace(site, propensities="logged" if has else "none")
+    from fcd_secure.evaluation.propensity import PROPENSITY_FLOOR, RecordPropensity  # noqa: PLC0415
+
+    train = site.train
+    acts = np.unique(train.T[train.M > 0])
+    if acts.size < 2:
+        return replace(site, test=site.test.without_propensities(),
+                       validation=None if site.validation is None else site.validation.without_propensities(),
+                       propensities="none", propensity_note=f"its training rows log {acts.size} action(s): no "
+                       "model of how actions were chosen can be fitted")
+    model = RecordPropensity(train.n_actions, train.da, train.X.reshape(train.n, -1).shape[1]).fit(train)
+
+    def estimate(ds: SiteDataset | None) -> SiteDataset | None:
+        if ds is None:
+            return None
+        raw, valid = model.logged_probs(ds), ds.M > 0
+        # per row, so that they follow a cohort's rows (SiteDataset.subset): the overlap check and the reliability sums
+        below = ((raw < PROPENSITY_FLOOR) & valid).sum(axis=1)
+        p = np.where(valid, np.maximum(raw, PROPENSITY_FLOOR), 1.0)
+        return replace(ds, P=p, meta={**ds.meta, "propensity_below_floor": below,
+                                      "propensity_calibration": model.calibration(ds)})
+
+    return replace(site, test=estimate(site.test), validation=estimate(site.validation), propensities="estimated")
 
 
 def split_validation(train: SiteDataset, fraction: float, secret: bytes) -> tuple[SiteDataset, SiteDataset | None]:
@@ -128,7 +172,7 @@ def load_site_data(cfg: RunConfig, site_index: int, statistics: dict[str, list[f
         # copies: the process-wide cache stays unscaled
         train, test = std.apply(train), std.apply(test)
         validation = None if validation is None else std.apply(validation)
-    return SiteData(
+    return with_propensities(SiteData(
         train=train,
         test=test,
         site_index=site_index,
@@ -137,7 +181,7 @@ def load_site_data(cfg: RunConfig, site_index: int, statistics: dict[str, list[f
         oracle=fd.oracle,
         description=dict(fd.description or {}),
         validation=validation,
-    )
+    ), cfg.evaluation.propensities)
 
 
 @functools.lru_cache(maxsize=2)
@@ -169,9 +213,10 @@ def load_own_site_data(
         std = standardizer_for(train, statistics)
         train, test = std.apply(train), std.apply(test)
         validation = None if validation is None else std.apply(validation)
-    return SiteData(train=train, test=test, site_index=int(site_index), n_sites=cfg.data.n_sites,
-                    anchors=consortium_anchors(statistics, fd.anchors), oracle=None,
-                    description=dict(fd.description or {}), validation=validation)
+    return with_propensities(SiteData(train=train, test=test, site_index=int(site_index), n_sites=cfg.data.n_sites,
+                                      anchors=consortium_anchors(statistics, fd.anchors), oracle=None,
+                                      description=dict(fd.description or {}), validation=validation),
+                             cfg.evaluation.propensities)
 
 
 # -- model ---------------------------------------------------------------------------------------------------

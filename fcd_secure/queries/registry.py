@@ -21,6 +21,7 @@ from fcd_secure.queries.effects import FactualAUC, OracleEffects
 from fcd_secure.queries.off_policy import OffPolicy
 from fcd_secure.queries.pi_source import PiSource
 from fcd_secure.queries.policy_values import LoggedSupport, PolicyValues, SimulatedValues
+from fcd_secure.queries.propensities import PropensitySource
 from fcd_secure.queries.selection import Selection
 from fcd_secure.queries.targeted import Identified, OneStep
 
@@ -36,6 +37,7 @@ QUERIES: tuple[Query, ...] = (
     OneStep(),
     DRLearnerEffects(),
     POLICY_VALUES,
+    PropensitySource(),
     Selection(),
     DRLearnerFit(),
 )

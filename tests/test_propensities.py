@@ -1,0 +1,91 @@
+"""Hospital logs without propensities (``evaluation.propensity.RecordPropensity``, ``federation.learner
+.with_propensities``, ``queries.propensities``): each site models its own logging policy on its training rows, its
+validation and test rows carry the estimates, every weighted answer runs on them, and the answer says where its
+propensities came from, how far they overlap and how well the sites' models are calibrated."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+
+from fcd_secure.data.schema import SiteDataset  # noqa: E402
+from fcd_secure.evaluation.propensity import PROPENSITY_FLOOR, RecordPropensity  # noqa: E402
+from fcd_secure.federation.learner import with_propensities  # noqa: E402
+from fcd_secure.queries.evaluation import merge_site_metrics, site_metrics  # noqa: E402
+from fcd_secure.queries.propensities import PropensitySource  # noqa: E402
+from fcd_secure.queries.registry import metric_names  # noqa: E402
+from fcd_secure.queries.request import EvaluationRequest  # noqa: E402
+
+
+def recorded_world(n: int, seed: int, L: int = 6) -> SiteDataset:
+    """Orders that read only the record: P(a_t = 1) = σ(−1 + 2·y_{t−1} + 1.5·x + 1{a_{t−1} = 1}), logged exactly."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=n)
+    T, Y, P = np.zeros((n, L), np.int64), np.zeros((n, L), np.float32), np.ones((n, L), np.float64)
+    for t in range(L):
+        prev_y = Y[:, t - 1] if t else np.zeros(n)
+        prev_a = T[:, t - 1] if t else np.zeros(n)
+        p1 = 1 / (1 + np.exp(-(-1 + 2 * prev_y + 1.5 * x + (prev_a == 1))))
+        T[:, t] = rng.random(n) < p1
+        P[:, t] = np.where(T[:, t] == 1, p1, 1 - p1)
+        Y[:, t] = rng.random(n) < 0.3 + 0.3 * T[:, t]
+    return SiteDataset(X=x[:, None].astype(np.float32), A=np.zeros((n, L, 1), np.float32), T=T, Y=Y,
+                       M=np.ones((n, L), np.float32), n_actions=2, P=P, name=f"recorded_{seed}")
+
+
+def test_a_site_model_of_a_logging_policy_that_reads_the_record_recovers_its_propensities():
+    train, test = recorded_world(3000, 1), recorded_world(1000, 2)
+    model = RecordPropensity(2, 1, 1).fit(train.without_propensities())
+    err = np.abs(model.logged_probs(test) - test.P)[test.M > 0]
+    assert err.mean() < 0.02 and err.max() < 0.1
+    cal = model.calibration(test).sum(axis=0)  # [n, Σp, Σy] per decile: predicted ≈ observed where calibrated
+    ok = cal[0] > 200
+    assert np.all(np.abs(cal[1][ok] - cal[2][ok]) / cal[0][ok] < 0.05)
+
+
+def test_without_a_propensity_column_the_sites_estimate_them_and_the_answers_say_so(tiny_dkt_site):
+    cfg, data, model = tiny_dkt_site
+    blind = replace(data, train=data.train.without_propensities(), test=data.test.without_propensities(),
+                    validation=None if data.validation is None else data.validation.without_propensities())
+    assert with_propensities(blind, "logged").propensities == "none"
+    site = with_propensities(blind, "auto")
+    assert site.propensities == "estimated" and site.train.P is None  # never on the rows the model was fitted on
+    valid = site.test.M > 0
+    assert (site.test.P[valid] >= PROPENSITY_FLOOR).all() and (site.test.P[valid] <= 1).all()
+    assert with_propensities(data, "auto").propensities == "logged"  # a logged column is used as it is
+
+    sums = site_metrics(model, site, cfg, EvaluationRequest(n_samples=1))
+    assert set(sums) <= set(metric_names(["never", "always", "early_on", "late_on"], cfg.evaluation.ope_horizon)) | {
+        "auc.pos", "auc.neg"}
+    answer = merge_site_metrics([sums], None)
+    prop = answer["propensities"]
+    assert prop["source"] == "estimated" and prop["sites"] == {"logged": 0, "estimated": 1, "none": 0}
+    assert 0 <= prop["below_floor_share"] < 1 and prop["calibration"] and prop["calibration_error"] is not None
+    assert "sequential exchangeability given the recorded history" in prop["assumptions"]
+    assert "one_step_effect" in answer  # the weighted answers run on the estimates
+
+    logged = merge_site_metrics([site_metrics(model, data, cfg, EvaluationRequest(n_samples=1),
+                                              queries=[PropensitySource()])], None)["propensities"]
+    assert logged["source"] == "logged" and "calibration" not in logged
+
+
+def test_a_site_that_logs_one_action_only_has_no_propensities_and_says_why(tiny_dkt_site):
+    _, data, _ = tiny_dkt_site
+    one = replace(data.train, T=np.zeros_like(data.train.T), P=None)
+    site = with_propensities(replace(data, train=one, test=data.test.without_propensities()), "auto")
+    assert site.propensities == "none" and site.test.P is None and "1 action" in site.propensity_note
+
+
+def test_two_sites_one_logged_one_estimated_are_a_mixed_answer():
+    parts = [{"propensity.logged": 1.0, "propensity.estimated": 0.0, "propensity.none": 0.0, "propensity.steps": 10.0,
+              "propensity.below_floor": 0.0},
+             {"propensity.logged": 0.0, "propensity.estimated": 1.0, "propensity.none": 0.0, "propensity.steps": 30.0,
+              "propensity.below_floor": 3.0}]
+    got = merge_site_metrics(parts, None, queries=[PropensitySource()])["propensities"]
+    assert got["source"] == "mixed" and got["below_floor_share"] == pytest.approx(3 / 40)
+    assert "calibration" not in got  # one site sent no reliability sums: a partial table is not shown
