@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fcd_secure"
 #: layer -> the layers it may import (its own layer is always allowed)
 ALLOWED: dict[str, set[str]] = {
     "base": set(),  # fcd_secure/__init__.py, manifest.py, _io.py, _versions.py, errors.py, anchor_records.py,
-    # fingerprints.py
+    # fingerprints.py, _format.py
     "_flower": {"base"},  # every use of Flower internals, pinned to one version (docs/architecture.md)
     "data": {"base"},
     "model": {"base", "data"},
@@ -35,7 +35,7 @@ for _i, _name in enumerate(_STACK):
     ALLOWED[_name] = {"base", "_flower", "data", "model", "evaluation", "aggregation", "privacy", "audit", "config",
                       *_STACK[:_i]}
 BASE_MODULES = {"fcd_secure", "fcd_secure.manifest", "fcd_secure._io", "fcd_secure._versions", "fcd_secure.errors",
-                "fcd_secure.anchor_records", "fcd_secure.fingerprints"}
+                "fcd_secure.anchor_records", "fcd_secure.fingerprints", "fcd_secure._format"}
 
 
 def _module_name(path: Path) -> str:
