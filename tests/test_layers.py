@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fcd_secure"
 #: layer -> the layers it may import (its own layer is always allowed)
 ALLOWED: dict[str, set[str]] = {
     "base": set(),  # fcd_secure/__init__.py, manifest.py, _io.py, _versions.py, errors.py, anchor_records.py,
-    # fingerprints.py, _format.py
+    # fingerprints.py
     "_flower": {"base"},  # every use of Flower internals, pinned to one version (docs/architecture.md)
     "data": {"base"},
     "model": {"base", "data"},
