@@ -26,7 +26,7 @@ from fcd_secure.cli.app import DEBUG_ENV, emit, say_identifier, stderr, stdout
 from fcd_secure.cli.envelope import EXIT_OK, CliError, ok
 from fcd_secure.cli.resolve import PRESET_HELP, SET_HELP, RunOptions, resolve_config
 from fcd_secure._format import fmt
-from fcd_secure.queries.answers import DRLearner, EffectSkill, EvaluationAnswer
+from fcd_secure.queries.answers import Coverage, DRLearner, EffectSkill, EvaluationAnswer
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.table import Table
@@ -305,9 +305,9 @@ def outcome(summary: dict, cfg: "RunConfig") -> CliError | None:
             data=summary,
         )
     if not failed and declined:
-        cov = summary.get("coverage") or {}
+        cov = Coverage.from_json(summary.get("coverage"))
         return CliError(
-            cov.get("warning") or f"the answers leave out {len(declined)} site(s) that declined under their evaluation "
+            (cov and cov.warning) or f"the answers leave out {len(declined)} site(s) that declined under their evaluation "
             f"cohort rules: {', '.join(declined)}",
             "INCOMPLETE_ANSWER",
             hint=f"a site declines with a test split below {MIN_COHORT_FLOOR} rows (or a cohort too close to one "
@@ -431,13 +431,14 @@ def execute_run(cfg: "RunConfig", as_json: bool) -> int:
     con = stdout()
     for table in summary_table(summary, title=f"Fed-CausalDiff on {cfg.data.dataset}"):
         con.print(table)
-    if (cov := coverage_line(summary.get("coverage"))) is not None:
+    ans = EvaluationAnswer.from_json(summary)
+    if (cov := coverage_line(ans.coverage)) is not None:
         con.print(escape(cov))  # plain words: wrapped at the terminal width
     if anchors_line(summary.get("anchors")):
         con.print(f"anchors of the paper's policies: {escape(anchors_line(summary['anchors']))}", soft_wrap=True)
-    if summary.get("policies"):
-        print_answers(con, summary, cfg.data.dataset)
-        for line in support_lines(summary):
+    if ans.policies:
+        print_answers(con, ans, cfg.data.dataset)
+        for line in support_lines(ans):
             con.print(escape(line))
     say_identifier(con, "run folder:", str(cfg.out), indent=0)
     if bad:

@@ -332,9 +332,10 @@ def register(app: typer.Typer) -> None:
                     "[questions] min_difference; or a test split too small)" if declined else ""),
                 "RUN_FAILED", hint="ask fewer, well-separated policies (thresholds a decile or more apart)",
                 data=jsonable(res))
-        cov = res.get("coverage") or {}
-        partial = None if cov.get("complete", True) else CliError(
-            cov["warning"], "INCOMPLETE_ANSWER", data=jsonable(res),
+        ans = EvaluationAnswer.from_json(res)
+        cov = ans.coverage
+        partial = None if cov is None or cov.complete is not False else CliError(
+            cov.warning, "INCOMPLETE_ANSWER", data=jsonable(res),
             hint="the sites left out declined under their evaluation cohort rules or failed; the answers describe "
             "the other sites' entities only",
         )
@@ -347,12 +348,12 @@ def register(app: typer.Typer) -> None:
         line = anchors_line(res.get("anchors"))
         if line:
             con.print(f"anchors: {escape(line)}", soft_wrap=True)
-        print_answers(con, res, cfg.data.dataset)
+        print_answers(con, ans, cfg.data.dataset)
         if res.get("contexts"):
             c = res["contexts"]
             con.print(f"contexts in the rollouts: {c['generated']} generated (endogenous), {c['replayed']} replayed")
         con.print(f"per-entity effects: on each site, in <state>/<site>/whatif/{request.query_id}.csv", soft_wrap=True)
-        for line in support_lines(res):
+        for line in support_lines(ans):
             con.print(escape(line))
         if (line := coverage_line(cov)) is not None:
             con.print(escape(line))
