@@ -15,9 +15,10 @@ The estimands are those of the modules that merge them: simulated values and the
 Brunskill 2016, "Data-efficient off-policy policy evaluation", ICML), IPW / SNIPW / per-decision DR diagnostics
 (``queries.off_policy``, Precup, Sutton & Singh 2000, "Eligibility traces for off-policy policy evaluation", ICML),
 the identified horizons and the one-step effect (``queries.targeted``; AIPW, Robins, Rotnitzky & Zhao 1994,
-"Estimation of regression coefficients when some regressors are not always observed", JASA), the DR-learner (``queries.dr_learner``, Kennedy 2023, "Towards
-optimal doubly robust estimation of heterogeneous causal effects", EJS), the truth-free round selection
-(``queries.selection``) and the coverage of the sites (``queries.evaluation.coverage``).
+"Estimation of regression coefficients when some regressors are not always observed", JASA), the DR-learner
+(``queries.dr_learner``, Kennedy 2023, "Towards optimal doubly robust estimation of heterogeneous causal effects",
+EJS), the truth-free round selection (``queries.selection``) and the coverage of the sites
+(``queries.evaluation.coverage``).
 """
 
 from __future__ import annotations
