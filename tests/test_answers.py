@@ -51,8 +51,8 @@ def contained(part, whole, path: str = "$") -> list[str]:
     if isinstance(part, dict):
         if not isinstance(whole, dict):
             return [f"{path}: not an object"]
-        return [d for k, v in part.items()
-                for d in ([f"{path}.{k}: not in the answer"] if k not in whole else contained(v, whole[k], f"{path}.{k}"))]
+        return [d for k, v in part.items() for d in (
+            [f"{path}.{k}: not in the answer"] if k not in whole else contained(v, whole[k], f"{path}.{k}"))]
     if isinstance(part, list):
         if not isinstance(whole, list) or len(part) != len(whole):
             return [f"{path}: not the answer's list"]

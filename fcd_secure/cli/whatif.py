@@ -164,7 +164,8 @@ def identified_table(result: AnswerLike) -> Group | None:
         ident = d.identified
         a = ident.answer
         if a is None:
-            values.add_row(escape(name), "–", NOT_IDENTIFIED, "", f"{ident.best_ess:.0f}", *([""] if has_truth else []))
+            values.add_row(escape(name), "–", NOT_IDENTIFIED, "", f"{ident.best_ess:.0f}",
+                           *([""] if has_truth else []))
             if ident.reached_in_part and ident.why:
                 reasons.append(f"{name}: {NOT_IDENTIFIED} — {ident.why}")
         else:

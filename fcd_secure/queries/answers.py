@@ -223,7 +223,8 @@ class IdentifiedAnswer(Record):
     def from_json(cls, d: Mapping[str, Any] | None) -> "IdentifiedAnswer | None":
         if not d:
             return None
-        return cls(answer=HorizonAnswer.from_json(_part(d, "answer")), effect=HorizonAnswer.from_json(_part(d, "effect")),
+        return cls(answer=HorizonAnswer.from_json(_part(d, "answer")),
+                   effect=HorizonAnswer.from_json(_part(d, "effect")),
                    horizons=tuple(HorizonAnswer.from_json(r) for r in d.get("horizons") or ()), why=d.get("why"),
                    pi_k=PiSource.from_json(_part(d, "pi_k")))
 
@@ -266,7 +267,8 @@ class PolicyAnswer(Record):
             name=name, value_sim=d.get("value_sim"), interval=Interval.from_json(_part(d, "interval")),
             value_true=d.get("value_true"), value_error=d.get("value_error"),
             rectified=Interval.from_json(_part(d, "rectified")),
-            doubly_robust=DoublyRobust.from_json(_part(d, "doubly_robust")), effect=Effect.from_json(_part(d, "effect")),
+            doubly_robust=DoublyRobust.from_json(_part(d, "doubly_robust")),
+            effect=Effect.from_json(_part(d, "effect")),
             ope={k: OffPolicy.from_json(d[k]) for k in OPE_KEYS if _part(d, k)}, support=d.get("support"),
             supported=d.get("supported"), n=d.get("n"), n_sites=d.get("n_sites"),
             n_sites_without_support=d.get("n_sites_without_support"),
