@@ -35,7 +35,7 @@ for _i, _name in enumerate(_STACK):
     ALLOWED[_name] = {"base", "_flower", "data", "model", "evaluation", "aggregation", "privacy", "audit", "config",
                       *_STACK[:_i]}
 BASE_MODULES = {"fcd_secure", "fcd_secure.manifest", "fcd_secure._io", "fcd_secure._versions", "fcd_secure.errors",
-                "fcd_secure.anchor_records", "fcd_secure.fingerprints"}
+                "fcd_secure.anchor_records", "fcd_secure.fingerprints", "fcd_secure._format"}
 
 
 def _module_name(path: Path) -> str:

@@ -10,6 +10,7 @@ identity".
 
 from __future__ import annotations
 
+from fcd_secure._format import fmt
 from fcd_secure.audit.verify import VerifyResult
 
 _ERROR = {
@@ -62,10 +63,6 @@ def verdict(result: VerifyResult) -> dict:
     }
 
 
-def _fmt(n: int) -> str:
-    return f"{int(n):,}"
-
-
 def markdown(result: VerifyResult) -> str:
     """The auditor's report: verdict, findings, ledgers, uplink bytes per site and round, totals."""
     env = verdict(result)
@@ -114,15 +111,17 @@ def markdown(result: VerifyResult) -> str:
     data = result.to_json()
     for row in data["per_round"]:
         rnd = "-" if row["round"] is None else row["round"]
-        out.append(f"| {row['site_id']} | {rnd} | {row['messages']} | {_fmt(row['payload_bytes'])} | {_fmt(row['message_bytes'])} |")
+        out.append(f"| {row['site_id']} | {rnd} | {row['messages']} | {fmt(row['payload_bytes'], ',')} | "
+                   f"{fmt(row['message_bytes'], ',')} |")
     out += ["", "## Totals", "", "| site | messages | payload bytes | message bytes |", "|---|---|---|---|"]
     for site, v in sorted(data["per_site"].items(), key=lambda kv: str(kv[0])):
-        out.append(f"| {site} | {v['messages']} | {_fmt(v['payload_bytes'])} | {_fmt(v['message_bytes'])} |")
+        out.append(f"| {site} | {v['messages']} | {fmt(v['payload_bytes'], ',')} | {fmt(v['message_bytes'], ',')} |")
     t = data["totals"]
-    out.append(f"| **all sites** | {t['messages']} | {_fmt(t['payload_bytes'])} | {_fmt(t['message_bytes'])} |")
+    out.append(f"| **all sites** | {t['messages']} | {fmt(t['payload_bytes'], ',')} | {fmt(t['message_bytes'], ',')} |")
     if data["server_totals"].get("messages"):
         st = data["server_totals"]
-        out.append(f"| server received | {st['messages']} | {_fmt(st['payload_bytes'])} | {_fmt(st['message_bytes'])} |")
+        out.append(f"| server received | {st['messages']} | {fmt(st['payload_bytes'], ',')} | "
+                   f"{fmt(st['message_bytes'], ',')} |")
     out += [
         "",
         "Payload bytes: Flower's serialized content objects (identical at both ends). Message bytes add the message "

@@ -13,6 +13,7 @@ from fcd_secure.data import names
 from fcd_secure.cli.envelope import CliError, ok
 from fcd_secure.cli import options
 from fcd_secure.cli.tables import LEFTOVER_WORDS, SPEC_HELP, spec_and_table
+from fcd_secure._format import fmt
 
 app = new_app(help="Validate and describe datasets (schema, DKT-Synth, real datasets).")
 
@@ -127,9 +128,11 @@ def validate(
 
 
 def _fmt_pair(ours: Any, paper: Any) -> str:
+    mine = fmt(ours, "")  # a figure as Python prints it, so that ours and the paper's read alike
     if paper is None:
-        return str(ours)
-    return f"{ours} [dim]/ {paper}[/]" if ours == paper else f"[yellow]{ours}[/] [dim]/ {paper}[/]"
+        return mine
+    theirs = fmt(paper, "")
+    return f"{mine} [dim]/ {theirs}[/]" if ours == paper else f"[yellow]{mine}[/] [dim]/ {theirs}[/]"
 
 
 @app.command("describe", short_help="Sizes, actions and sites of each dataset, beside paper Table I.",

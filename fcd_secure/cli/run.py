@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import _thread
 import json
-import math
 import os
 import signal
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.console import Console
@@ -27,6 +26,8 @@ from fcd_secure.cli.app import DEBUG_ENV, emit, say_identifier, stderr, stdout
 from fcd_secure.cli.envelope import EXIT_OK, CliError, ok
 from fcd_secure.cli import options
 from fcd_secure.cli.resolve import PRESET_HELP, RunOptions, resolve_config
+from fcd_secure._format import fmt
+from fcd_secure.queries.answers import Coverage, DRLearner, EffectSkill, EvaluationAnswer
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.table import Table
@@ -71,104 +72,84 @@ def header(cfg: "RunConfig") -> str:
     )
 
 
-def _fmt(v: Any, spec: str = ".4f") -> str:
-    if v is None:
-        return "n/a"
-    if isinstance(v, float):
-        return format(v, spec)
-    return str(v)
-
-
-def skill_rows(sk: dict) -> list[tuple[str, str]]:
+def skill_rows(sk: EffectSkill | None) -> list[tuple[str, str]]:
     """The rows printed beside PEHE (``EffectStats.skill_figures``): without the zero-effect PEHE₀ and the
     constant-effect floor sd τ a PEHE shows no skill; the flags stand where a rank would mislead."""
+    sk = sk or EffectSkill()
     rows = [
-        ("  PEHE₀ (no effect for anyone)", _fmt(sk.get("pehe_zero"))),
-        ("  constant-effect floor sd τ", _fmt(sk.get("sd_tau"))),
-        ("  corr(τ̂, τ)", _fmt(sk.get("corr"), "+.3f")),
-        ("  ATE ratio (mean τ̂ / mean τ)", _fmt(sk.get("ate_ratio"), "+.3f")),
-        ("  skill vs constant true ATE", _fmt(sk.get("skill"), "+.3f")),
+        ("  PEHE₀ (no effect for anyone)", fmt(sk.pehe_zero)),
+        ("  constant-effect floor sd τ", fmt(sk.sd_tau)),
+        ("  corr(τ̂, τ)", fmt(sk.corr, "+.3f")),
+        ("  ATE ratio (mean τ̂ / mean τ)", fmt(sk.ate_ratio, "+.3f")),
+        ("  skill vs constant true ATE", fmt(sk.skill, "+.3f")),
     ]
-    rows += [("  flag", f) for f in sk.get("flags") or []]
+    rows += [("  flag", f) for f in sk.flags]
     return rows
 
 
-def _heldout_text(chk: dict, steps: int | None) -> str:
-    """One held-out check (``queries.dr_learner.heldout_check``) in a table cell: the gain in squared error per step
-    over the constant, its z (gain / SE), the verdict; "partial" where it covers fewer steps (sites without logged
-    propensities send no check sums)."""
-    if chk.get("verdict") == "unavailable" or not math.isfinite(chk.get("z", math.nan)):
-        return "unavailable"
-    short = {"worse than the constant": "worse"}.get(chk["verdict"], chk["verdict"])
-    part = " (partial)" if steps and chk.get("steps", steps) < steps else ""
-    return f"{chk['gain']:+.4f} (z {chk['z']:+.1f}): {short}{part}"  # z, not ± SE: the verdict is one-sided
-
-
-def dr_learner_rows(d: dict | None) -> list[tuple[str, str]]:
+def dr_learner_rows(d: DRLearner | None) -> list[tuple[str, str]]:
     """The per-entity one-step effect of the federated DR-learner beside the simulator's own contrast
     (``queries.dr_learner``): corr and skill against the oracle's truth, or what stands in their place."""
-    if not d:
+    if d is None:
         return []
     label = "one-step τ per entity: DR-learner"
-    if d.get("beta") is None:
+    if not d.fitted:
         return [(label, "unavailable (no data)")]
     rows = []
-    for name, lab in (("dr_learner", label), ("simulator", "  the simulator's own contrast")):
-        f = d.get(name) or {}
-        notes = ["partial"] if name == "dr_learner" and d.get("coverage") == "partial" else []
-        if f.get("corr") is not None or f.get("skill") is not None:
-            value = f"corr {_fmt(f.get('corr'), '+.3f')} · skill {_fmt(f.get('skill'), '+.3f')}"
-        elif f:
-            value, notes = f"mean τ̂ {_fmt(f.get('mean_tau_hat'), '+.4f')}", ["no truth", *notes]
-        else:
+    for f, lab, partial in ((d.dr_learner, label, d.coverage == "partial"),
+                            (d.simulator, "  the simulator's own contrast", False)):
+        notes = ["partial"] if partial else []
+        if f is None:
             continue
+        if f.has_truth:
+            value = f"corr {fmt(f.corr, '+.3f')} · skill {fmt(f.skill, '+.3f')}"
+        else:
+            value, notes = f"mean τ̂ {fmt(f.mean_tau_hat, '+.4f')}", ["no truth", *notes]
         rows.append((lab, value + (f" ({', '.join(notes)})" if notes else "")))
-        chk = f.get("heldout")
-        if chk:  # truth-free: do these per-entity effects beat one constant on held-out rows? (queries.dr_learner)
-            rows.append(("    held-out gain vs a constant", _heldout_text(chk, d.get("steps"))))
-    dr, sim = d.get("dr_learner") or {}, d.get("simulator") or {}
-    if dr.get("pehe") is not None and sim.get("pehe") is not None:
-        rows.append(("  PEHE: DR-learner / simulator / sd τ",
-                     f"{dr['pehe']:.4f} / {sim['pehe']:.4f} / {_fmt(dr.get('sd_tau'))}"))
+        if f.heldout is not None:  # truth-free: do these per-entity effects beat one constant on held-out rows?
+            rows.append(("    held-out gain vs a constant", f.heldout.cell(d.steps)))
+    dr, sim = d.dr_learner, d.simulator
+    if dr is not None and sim is not None and dr.pehe is not None and sim.pehe is not None:
+        rows.append(("  PEHE: DR-learner / simulator / sd τ", f"{dr.pehe:.4f} / {sim.pehe:.4f} / {fmt(dr.sd_tau)}"))
     return rows
 
 
 def summary_table(summary: dict, title: str = "Fed-CausalDiff") -> list["Table"]:
-    """The result tables (each fits 80 columns): metrics, DP and ε, policy values."""
+    """The result tables (each fits 80 columns): metrics, DP and ε, policy values. The answers are read typed
+    (``queries.answers``); the run's own figures (rounds, DP, bytes, wall time) from ``summary.json``."""
     from rich import box  # noqa: PLC0415
     from rich.table import Table  # noqa: PLC0415
 
+    ans = EvaluationAnswer.from_json(summary)
+    sup = ans.effect_support
     t = Table(title=title, show_header=True, header_style="bold", box=box.SIMPLE_HEAD)
     t.add_column("metric", no_wrap=True)  # the labels are short and read as one; a long value wraps instead
     t.add_column("value", justify="right")
-    for key, label in (
-        ("pehe", "PEHE (oracle)"),
-        ("ate_error", "|ATE error| (oracle)"),
-        ("value_error_mean", "|value error|, mean over policies"),
-        ("factual_auc", "factual AUC"),
+    for value, label, anchored, skill_after in (
+        (ans.pehe, "PEHE (oracle)", True, True),
+        (ans.ate_error, "|ATE error| (oracle)", True, False),
+        (ans.value_error_mean, "|value error|, mean over policies", False, False),
+        (ans.factual_auc, "factual AUC", False, False),
     ):
-        if summary.get(key) is not None:
-            sup = summary.get("effect_support") or {}
-            if key in ("pehe", "ate_error") and sup.get("label") == "extrapolation":
+        if value is not None:
+            if anchored and sup is not None and sup.extrapolation:
                 # the paper's anchor figures: printed, labelled, never a ranking (issue 29 item 6)
                 label += " [extrapolation]"
-            t.add_row(label, _fmt(summary[key]))
-        if key == "pehe" and summary.get("effect_skill"):
-            for row in skill_rows(summary["effect_skill"]):
+            t.add_row(label, fmt(value))
+        if skill_after and ans.effect_skill is not None:
+            for row in skill_rows(ans.effect_skill):
                 t.add_row(*row)
-    for row in dr_learner_rows(summary.get("dr_learner")):
+    for row in dr_learner_rows(ans.dr_learner):
         t.add_row(*row)
-    sup = summary.get("effect_support") or {}
-    if sup:
-        t.add_row("anchor regimes followed (a_off / a_on)",
-                  f"{sup['a_off']} / {sup['a_on']} of {sup['n']}: {sup['label']}")
-    t.add_row("rounds", _fmt(summary.get("rounds")))
-    sel = summary.get("selection") or {}
-    if sel:
-        t.add_row("answers from round", f"{sel['round']} ({sel['rule']}, criterion {sel.get('coverage')})")
+    if sup is not None:
+        t.add_row("anchor regimes followed (a_off / a_on)", f"{sup.a_off} / {sup.a_on} of {sup.n}: {sup.label}")
+    t.add_row("rounds", fmt(summary.get("rounds")))
+    sel = ans.selection
+    if sel is not None:
+        t.add_row("answers from round", f"{sel.round} ({sel.rule}, criterion {sel.coverage})")
     dp = summary.get("dp") or {}
     if dp.get("enabled"):
-        t.add_row("DP", f"DP-SGD, ε cap {dp['epsilon_cap']:g} per site, δ {_fmt(dp.get('delta'), '.3g')}")
+        t.add_row("DP", f"DP-SGD, ε cap {dp['epsilon_cap']:g} per site, δ {fmt(dp.get('delta'), '.3g')}")
         if dp.get("consortium_epsilon") is not None:
             t.add_row("ε spent, consortium (max over sites)", f"{dp['consortium_epsilon']:.3f}")
         for sid, eps in sorted((dp.get("epsilon_spent") or {}).items()):
@@ -325,9 +306,9 @@ def outcome(summary: dict, cfg: "RunConfig") -> CliError | None:
             data=summary,
         )
     if not failed and declined:
-        cov = summary.get("coverage") or {}
+        cov = Coverage.from_json(summary.get("coverage"))
         return CliError(
-            cov.get("warning") or f"the answers leave out {len(declined)} site(s) that declined under their evaluation "
+            (cov and cov.warning) or f"the answers leave out {len(declined)} site(s) that declined under their evaluation "
             f"cohort rules: {', '.join(declined)}",
             "INCOMPLETE_ANSWER",
             hint=f"a site declines with a test split below {MIN_COHORT_FLOOR} rows (or a cohort too close to one "
@@ -451,13 +432,14 @@ def execute_run(cfg: "RunConfig", as_json: bool) -> int:
     con = stdout()
     for table in summary_table(summary, title=f"Fed-CausalDiff on {cfg.data.dataset}"):
         con.print(table)
-    if (cov := coverage_line(summary.get("coverage"))) is not None:
+    ans = EvaluationAnswer.from_json(summary)
+    if (cov := coverage_line(ans.coverage)) is not None:
         con.print(escape(cov))  # plain words: wrapped at the terminal width
     if anchors_line(summary.get("anchors")):
         con.print(f"anchors of the paper's policies: {escape(anchors_line(summary['anchors']))}", soft_wrap=True)
-    if summary.get("policies"):
-        print_answers(con, summary, cfg.data.dataset)
-        for line in support_lines(summary):
+    if ans.policies:
+        print_answers(con, ans, cfg.data.dataset)
+        for line in support_lines(ans):
             con.print(escape(line))
     say_identifier(con, "run folder:", str(cfg.out), indent=0)
     if bad:

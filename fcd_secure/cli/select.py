@@ -20,6 +20,7 @@ import typer
 
 from fcd_secure.cli.app import emit, say_identifier, stdout
 from fcd_secure.cli.envelope import EXIT_USAGE, CliError, ok
+from fcd_secure._format import fmt
 
 #: the model settings a run's label shows (what makes two runs on the same data different outcome models)
 VARIANT_KEYS = ("simulator", "transition", "rollout", "ipw", "lr")
@@ -68,8 +69,8 @@ def _differing(cfgs: list[Any]) -> tuple[str, ...]:
     return keys or VARIANT_KEYS
 
 
-def _fmt(x: Any, spec: str = ".4f") -> str:
-    return "—" if x is None else format(x, spec)
+#: the cell of a figure a run does not have (no D_h at all, no validation fit)
+NO_FIGURE = "—"
 
 
 def register(app: typer.Typer) -> None:
@@ -123,11 +124,11 @@ def register(app: typer.Typer) -> None:
         for col in ("#", "model", "round", "D1 ± SE", f"D{DH_HORIZON} (ESS)", "val. fit", ""):
             t.add_column(col, overflow="fold")
         for i, (r, (cfg, _)) in enumerate(zip(runs, loaded), start=1):
-            dh = (f"{_fmt(r['dh'])} ({_fmt(r['dh_ess'], '.0f')})" + ("" if r["dh_supported"] else " unsupported")
-                  if r["dh"] is not None else "—")
-            t.add_row(str(i), _variant(cfg, shown), str(r["round"]),
-                      f"{_fmt(r['d1'])} ± {_fmt(r['d1_se'])}" + (" ALARM" if r["alarm"] else ""), dh,
-                      _fmt(r["validation_fit"]), "chosen" if r["chosen"] else "")
+            dh = (f"{fmt(r['dh'], missing=NO_FIGURE)} ({fmt(r['dh_ess'], '.0f', NO_FIGURE)})"
+                  + ("" if r["dh_supported"] else " unsupported") if r["dh"] is not None else NO_FIGURE)
+            d1 = f"{fmt(r['d1'], missing=NO_FIGURE)} ± {fmt(r['d1_se'], missing=NO_FIGURE)}"
+            t.add_row(str(i), _variant(cfg, shown), str(r["round"]), d1 + (" ALARM" if r["alarm"] else ""), dh,
+                      fmt(r["validation_fit"], missing=NO_FIGURE), "chosen" if r["chosen"] else "")
         con = stdout()
         con.print(t)
         for i, r in enumerate(runs, start=1):

@@ -7,7 +7,7 @@ Federated training is ``fcd run``; the old ``--centralised`` flag is still accep
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.markup import escape
@@ -15,6 +15,7 @@ from rich.markup import escape
 from fcd_secure.cli.app import emit, stderr, stdout
 from fcd_secure.cli.envelope import CliError, ok
 from fcd_secure.cli.resolve import PRESET_HELP, SET_HELP, RunOptions, resolve_config
+from fcd_secure._format import fmt
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.table import Table
@@ -22,10 +23,6 @@ if TYPE_CHECKING:  # pragma: no cover
 #: the methods of the reference, in the order they are trained and shown
 DEFAULT_METHODS = ("fed_causaldiff", "gformula", "naive")
 METHODS_HELP = f"A method to train: {', '.join(DEFAULT_METHODS)}; repeat for several (default: all three)."
-
-
-def _fmt(v: Any, spec: str = ".4f") -> str:
-    return "n/a" if v is None else format(v, spec)
 
 
 def _seed_tables(res: dict) -> list["Table"]:
@@ -45,23 +42,23 @@ def _seed_tables(res: dict) -> list["Table"]:
     for name, m in res["methods"].items():
         ate_true = m.get("ate_true", ate_true)
         sk = m.get("effect_skill") or {}
-        skill = _fmt(sk.get("skill"), "+.3f") + ("" if not sk.get("flags") else " (" + "; ".join(sk["flags"]) + ")")
-        t.add_row(name, _fmt(m.get("pehe")), skill, _fmt(m.get("ate_error")), _fmt(m.get("ate_hat"), "+.4f"),
-                  _fmt(m.get("value_error_mean")), _fmt(m.get("factual_auc"), ".3f"), f"{m['train_seconds']:.0f}")
+        skill = fmt(sk.get("skill"), "+.3f") + ("" if not sk.get("flags") else " (" + "; ".join(sk["flags"]) + ")")
+        t.add_row(name, fmt(m.get("pehe")), skill, fmt(m.get("ate_error")), fmt(m.get("ate_hat"), "+.4f"),
+                  fmt(m.get("value_error_mean")), fmt(m.get("factual_auc"), ".3f"), f"{m['train_seconds']:.0f}")
     sk0 = next((m.get("effect_skill") for m in res["methods"].values() if m.get("effect_skill")), None) or {}
-    t.add_row("oracle", "", "", "", _fmt(ate_true, "+.4f"), "", "", "")
-    t.caption = (f"{t.caption} Beside PEHE: PEHE₀ (no effect for anyone) {_fmt(sk0.get('pehe_zero'))}, constant-effect "
-                 f"floor sd τ {_fmt(sk0.get('sd_tau'))}; skill = 1 − PEHE²/sd²τ (> 0: better than the true ATE for all).")
+    t.add_row("oracle", "", "", "", fmt(ate_true, "+.4f"), "", "", "")
+    t.caption = (f"{t.caption} Beside PEHE: PEHE₀ (no effect for anyone) {fmt(sk0.get('pehe_zero'))}, constant-effect "
+                 f"floor sd τ {fmt(sk0.get('sd_tau'))}; skill = 1 − PEHE²/sd²τ (> 0: better than the true ATE for all).")
     names = sorted({p for m in res["methods"].values() for p in (m.get("policies") or {})})
     v = Table(title="Policy values from t = 0 (estimate / |error|)")
     v.add_column("method")
     for n in names:
         v.add_column(escape(n), justify="right")
     first = next(iter(res["methods"].values()))
-    v.add_row("oracle", *[_fmt((first.get("policies") or {}).get(n, {}).get("value_true"), ".3f") for n in names])
+    v.add_row("oracle", *[fmt((first.get("policies") or {}).get(n, {}).get("value_true"), ".3f") for n in names])
     for name, m in res["methods"].items():
         pol = m.get("policies") or {}
-        v.add_row(name, *[f"{_fmt(pol.get(n, {}).get('value_sim'), '.3f')} / {_fmt(pol.get(n, {}).get('value_error'), '.3f')}"
+        v.add_row(name, *[f"{fmt(pol.get(n, {}).get('value_sim'), '.3f')} / {fmt(pol.get(n, {}).get('value_error'), '.3f')}"
                           for n in names])
     return [t, v]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
@@ -13,16 +14,8 @@ from rich.text import Text
 
 from fcd_secure.cli.app import emit, say_identifier, stderr, stdout
 from fcd_secure.cli.envelope import CliError, ok
-
-
-def _fmt(v: Any, digits: int = 3) -> str:
-    return "n/a" if v is None else (f"{v:.{digits}f}" if isinstance(v, float) else str(v))
-
-
-def _iv(d: dict | None) -> str:
-    if not d or d.get("low") is None:
-        return "n/a"
-    return f"{d['low']:.3f}–{d['high']:.3f}"
+from fcd_secure._format import fmt
+from fcd_secure.queries.answers import NOT_IDENTIFIED, Coverage, EvaluationAnswer, interval_text
 
 
 def anchors_line(anchors: dict | None) -> str | None:
@@ -32,53 +25,57 @@ def anchors_line(anchors: dict | None) -> str | None:
     return ", ".join(f"{k} = {v['id']} ({v['label']})" for k, v in anchors.items())
 
 
-#: the cell of a value or effect the logged data cannot identify (``queries.policy_values``: support 0)
-NOT_IDENTIFIED_CELL = "not identified"
+#: what a renderer is given: the typed answer, or the merged JSON it is read from (``queries.answers``)
+AnswerLike = EvaluationAnswer | Mapping[str, Any]
 
 
-def support_lines(result: dict) -> list[str]:
+def support_lines(result: AnswerLike) -> list[str]:
     """One line per policy the logs do not support: not identified at all (its interval is the bounds only), or
     not followed at some sites (named where the transport shows them; secure aggregation shows how many)."""
     lines = []
-    for name, d in (result.get("policies") or {}).items():
-        if d.get("supported") is False:
-            lines.append(f"{name}: not identified — no logged step follows it (support 0 %); the interval shown is "
-                         "the bounds over the outcome's range only" if d.get("interval") else
-                         f"{name}: not identified — no logged step follows it (support 0 %); no interval")
-        k = d.get("n_sites_without_support") or 0
-        if k and d.get("supported") is not False:
-            who = d.get("sites_without_support")
+    for name, d in EvaluationAnswer.of(result).policies.items():
+        if d.model_only:
+            lines.append(f"{name}: {NOT_IDENTIFIED} — no logged step follows it (support 0 %); the interval shown is "
+                         "the bounds over the outcome's range only" if d.interval is not None else
+                         f"{name}: {NOT_IDENTIFIED} — no logged step follows it (support 0 %); no interval")
+        k = d.n_sites_without_support or 0
+        if k and not d.model_only:
+            who = d.sites_without_support
             lines.append(f"{name}: no logged step follows it at {k} site(s)"
                          + (f": {', '.join(who)}" if who else " (secure aggregation: how many, not which)")
-                         + f"; support {d.get('support', 0):.0%} of steps overall")
+                         + f"; support {d.support or 0:.0%} of steps overall")
     return lines
 
 
-def coverage_line(cov: dict | None) -> str | None:
+def coverage_line(cov: Coverage | Mapping[str, Any] | None) -> str | None:
     """``answers cover 4 of 4 sites (site-00, …; 367 test entities)``, or the warning naming the sites left out
     (``queries.evaluation.coverage``); None when the result has no coverage (an older run folder)."""
-    if not cov:
+    cov = cov if isinstance(cov, Coverage) or cov is None else Coverage.from_json(cov)
+    if cov is None:
         return None
-    if cov.get("warning"):
-        return "WARNING: " + cov["warning"]
-    n = cov.get("n_entities")
-    return (f"answers cover {cov['n_sites_covered']} of {len(cov['sites_asked'])} sites "
-            f"({', '.join(cov['sites_covered'])}" + (f"; {n} test entities)" if n is not None else ")"))
+    if cov.warning:
+        return "WARNING: " + cov.warning
+    n = cov.n_entities
+    return (f"answers cover {cov.n_sites_covered} of {len(cov.sites_asked)} sites "
+            f"({', '.join(cov.sites_covered)}" + (f"; {n} test entities)" if n is not None else ")"))
 
 
-def whatif_table(result: dict, title: str = "What happens under each policy") -> Table:
+def _cell(v: float | None) -> str:
+    return fmt(v, ".3f")
+
+
+def whatif_table(result: AnswerLike, title: str = "What happens under each policy") -> Table:
     """The answer as a table: per policy its simulated value and interval, the contrast to the reference and its
     interval, and the truth beside them when the data has an oracle (``summary.json`` / ``fcd whatif --json``)."""
-    pols = result.get("policies") or {}
-    level = (result.get("whatif") or {}).get("level", 0.9)
-    ref = (result.get("whatif") or {}).get("reference")
-    has_truth = any(d.get("value_true") is not None for d in pols.values())
+    ans = EvaluationAnswer.of(result)
+    pols, level, ref = ans.policies, ans.level, ans.reference
+    has_truth = any(d.value_true is not None for d in pols.values())
     caption = f"effect = value − value of {ref}; {level:.0%} intervals over entities (normal)" if ref else None
-    support = [d["doubly_robust"]["support"] for d in pols.values() if d.get("doubly_robust")]
+    support = [d.doubly_robust.support for d in ans.doubly_robust.values()]
     if caption and support:  # docs/whatif.md: only supported steps give a DR interval that covers the truth
         caption += (f"; they omit the simulator's own error, which the doubly robust intervals (below) cover "
                     f"on the {min(support):.0%}–{max(support):.0%} of steps the logged data supports")
-    silent = [name for name, d in pols.items() if d.get("never_fires")]
+    silent = [name for name, d in pols.items() if d.never_fires]
     if silent:  # P43: a threshold beyond every site's data (in the table's units) is its 'otherwise' action
         caption = (caption + "; " if caption else "") + (
             f"never fires on any site's data (its threshold lies beyond them): {', '.join(silent)}")
@@ -93,102 +90,99 @@ def whatif_table(result: dict, title: str = "What happens under each policy") ->
     if has_truth:
         t.add_column("truth", justify="right")
     for name, d in pols.items():
-        eff = d.get("effect")
-        unknown = d.get("supported") is False
-        row = [escape(name), NOT_IDENTIFIED_CELL if unknown else _fmt(d.get("value_sim")), _iv(d.get("interval"))]
+        eff = d.effect
+        row = [escape(name), d.value_cell, interval_text(d.interval)]
         if has_truth:
-            row.append(_fmt(d.get("value_true")))
-        eff_cell = NOT_IDENTIFIED_CELL if (eff or {}).get("supported") is False else _fmt((eff or {}).get("estimate"))
-        row += ["ref." if name == ref else eff_cell, "" if name == ref else _iv(eff)]
+            row.append(_cell(d.value_true))
+        eff_cell = NOT_IDENTIFIED if eff is not None and eff.not_identified else _cell(eff and eff.estimate)
+        row += ["ref." if name == ref else eff_cell, "" if name == ref else interval_text(eff)]
         if has_truth:
-            row.append("" if name == ref else _fmt((eff or {}).get("true")))
+            row.append("" if name == ref else _cell(eff and eff.true))
         t.add_row(*row)
     return t
 
 
-def one_step_line(result: dict) -> str | None:
+def one_step_line(result: AnswerLike) -> str | None:
     """The identified one-step effect at every decision step (``queries.targeted``), one line, or None."""
-    o = result.get("one_step_effect")
-    if not o:
+    o = EvaluationAnswer.of(result).one_step
+    if o is None:
         return None
-    line = (f"one-step effect of a_on vs a_off at every decision step (identified, doubly robust): "
-            f"{o['estimate']:+.3f} ({o['level']:.0%} CI {o['low']:+.3f} to {o['high']:+.3f}; {o['steps']} steps of "
-            f"{o['entities']} entities); the simulator alone says {o['model']:+.3f}")
-    if o.get("true") is not None:
-        line += f"; truth {o['true']:+.3f}"
-    if o.get("out_of_range"):
-        line += f" [raw estimate {o['out_of_range']['raw']:+.3f} outside the outcome's range]"
+    line = ("one-step effect of a_on vs a_off at every decision step (identified, doubly robust): "
+            + o.sentence("CI"))
+    if o.out_of_range:
+        line += f" [raw estimate {o.out_of_range['raw']:+.3f} outside the outcome's range]"
     return line
 
 
-def pi_k_lines(result: dict) -> list[str]:
+def pi_k_lines(result: AnswerLike) -> list[str]:
     """For each stochastic policy (``queries.incremental``): where its weights came from, the logged propensities
     alone or, at the steps where an incremental policy needs π_k the log does not hold, the sites' models."""
     out = []
-    for name, d in (result.get("policies") or {}).items():
-        src = (d.get("identified") or {}).get("pi_k")
-        if not src:
+    for name, d in EvaluationAnswer.of(result).identified.items():
+        src = d.identified.pi_k
+        if src is None:
             continue
-        if src["logged_share"] >= 1.0:  # a share policy, or odds on two-action data: no model in the weights
-            out.append(f"{name}: weights from the logged propensities alone at all {src['steps']} steps "
+        if src.logged_share >= 1.0:  # a share policy, or odds on two-action data: no model in the weights
+            out.append(f"{name}: weights from the logged propensities alone at all {src.steps} steps "
                        "(no propensity model)")
         else:
-            out.append(f"{name}: incremental; π_k(h) from the logged propensity at {src['logged_share']:.0%} of "
-                       f"{src['steps']} steps, from the sites' own propensity models at the rest")
+            out.append(f"{name}: incremental; π_k(h) from the logged propensity at {src.logged_share:.0%} of "
+                       f"{src.steps} steps, from the sites' own propensity models at the rest")
     return out
 
 
-def identified_table(result: dict) -> Group | None:
+def _table(title: str, cols: list[str] | tuple[str, ...], caption: str | None = None) -> Table:
+    """A table of one line per policy: the policy column folds, every number stays on one line (80 columns)."""
+    t = Table(title=title, show_header=True, header_style="bold", caption=caption)
+    for c in cols:
+        t.add_column(c, justify="left" if c == "policy" else "right", overflow="fold", no_wrap=c != "policy")
+    return t
+
+
+def identified_table(result: AnswerLike) -> Group | None:
     """The headline answer, as two tables that fit 80 columns: per policy its doubly robust value over the first h
     steps, h the longest horizon the logs support (``queries.targeted``: ESS of the weight products ≥ 20 and their
     mean not significantly below 1), with its interval and ESS; then each effect against the reference on the longest
     horizon both pass. A policy with no supported horizon is "not identified", with the reason where the logs reach
     only part of it. None when no site logs propensities."""
-    pols = {k: d for k, d in (result.get("policies") or {}).items() if d.get("identified")}
+    ans = EvaluationAnswer.of(result)
+    pols = ans.identified
     if not pols:
         return None
-    level = (result.get("whatif") or {}).get("level", 0.9)
-    ref = (result.get("whatif") or {}).get("reference")
-    has_truth = any(r.get("true") is not None for d in pols.values() for r in d["identified"]["horizons"])
-
-    def table(title: str, cols: list[str], caption: str | None = None) -> Table:
-        t = Table(title=title, show_header=True, header_style="bold", caption=caption)
-        for c in cols:
-            t.add_column(c, justify="left" if c == "policy" else "right", overflow="fold", no_wrap=c != "policy")
-        return t
-
-    values = table("What the logs identify: doubly robust values over the first h steps",
-                   ["policy", "h", "DR value", f"{level:.0%} CI", "ESS"] + (["truth"] if has_truth else []))
-    effects = table(f"Identified effects (vs {escape(str(ref))}, on the longest h both policies pass)",
-                    ["policy", "h", "DR effect", f"{level:.0%} CI"] + (["truth"] if has_truth else []),
-                    caption="h: the longest horizon with ≥ 20 effective entities following the policy (ESS of the "
-                            "weight products) whose mean weight product is not significantly below 1 (the logs "
-                            f"reach the whole policy); {level:.0%} intervals. Rank policies on these numbers only")
+    level, ref = ans.level, ans.reference
+    has_truth = any(r.true is not None for d in pols.values() for r in d.identified.horizons)
+    values = _table("What the logs identify: doubly robust values over the first h steps",
+                    ["policy", "h", "DR value", f"{level:.0%} CI", "ESS"] + (["truth"] if has_truth else []))
+    effects = _table(f"Identified effects (vs {escape(str(ref))}, on the longest h both policies pass)",
+                     ["policy", "h", "DR effect", f"{level:.0%} CI"] + (["truth"] if has_truth else []),
+                     caption="h: the longest horizon with ≥ 20 effective entities following the policy (ESS of the "
+                             "weight products) whose mean weight product is not significantly below 1 (the logs "
+                             f"reach the whole policy); {level:.0%} intervals. Rank policies on these numbers only")
     flagged = False
     reasons: list[str] = []
     for name, d in pols.items():
-        ident = d["identified"]
-        a = ident.get("answer")
+        ident = d.identified
+        a = ident.answer
         if a is None:
-            best = max((r["ess"] for r in ident["horizons"]), default=0.0)
-            values.add_row(escape(name), "–", "not identified", "", f"{best:.0f}", *([""] if has_truth else []))
-            if any(not r.get("reached", True) for r in ident["horizons"]) and ident.get("why"):
-                reasons.append(f"{name}: not identified — {ident['why']}")
+            values.add_row(escape(name), "–", NOT_IDENTIFIED, "", f"{ident.best_ess:.0f}",
+                           *([""] if has_truth else []))
+            if ident.reached_in_part and ident.why:
+                reasons.append(f"{name}: {NOT_IDENTIFIED} — {ident.why}")
         else:
-            flagged |= bool(a.get("out_of_range"))
-            values.add_row(escape(name), str(a["horizon"]), _fmt(a["estimate"]) + ("*" if a.get("out_of_range") else ""),
-                           _iv(a), f"{a['ess']:.0f}", *([_fmt(a.get("true"))] if has_truth else []))
+            flagged |= bool(a.out_of_range)
+            values.add_row(escape(name), str(a.horizon), _cell(a.estimate) + ("*" if a.out_of_range else ""),
+                           interval_text(a), f"{a.ess:.0f}", *([_cell(a.true)] if has_truth else []))
         if name == ref:
             continue
-        eff = ident.get("effect")
-        if not eff:
-            effects.add_row(escape(name), "–", "not identified", "", *([""] if has_truth else []))
+        eff = ident.effect
+        if eff is None:
+            effects.add_row(escape(name), "–", NOT_IDENTIFIED, "", *([""] if has_truth else []))
         else:
-            flagged |= bool(eff.get("out_of_range"))
-            same = eff["se"] == 0 and eff["estimate"] == 0
-            effects.add_row(escape(name), str(eff["horizon"]),
-                            ("same steps" if same else f"{eff['estimate']:+.3f}") + ("*" if eff.get("out_of_range") else ""),
-                            "" if same else _iv(eff), *([_fmt(eff.get("true"))] if has_truth else []))
+            flagged |= bool(eff.out_of_range)
+            effects.add_row(escape(name), str(eff.horizon),
+                            ("same steps" if eff.same_steps else f"{eff.estimate:+.3f}")
+                            + ("*" if eff.out_of_range else ""),
+                            "" if eff.same_steps else interval_text(eff), *([_cell(eff.true)] if has_truth else []))
     if flagged:
         effects.caption += "; *: the raw estimate left the outcome's range and is shown at the bound"
     notes = [Text(line) for line in reasons]
@@ -198,7 +192,7 @@ def identified_table(result: dict) -> Group | None:
     return Group(values, effects, *notes)
 
 
-def dr_table(result: dict, bounds_only: bool = False) -> Group | None:
+def dr_table(result: AnswerLike, bounds_only: bool = False) -> Group | None:
     """The doubly robust answer (sites with logged propensities) as two tables, or None: per policy the DR value, its
     interval, the interval with the unseen-mass bounds (the share of π the logged sample did not reach times the
     outcome's range; ``fcd_secure.evaluation.intervals``) and the share of supported steps; then the same for each
@@ -206,70 +200,61 @@ def dr_table(result: dict, bounds_only: bool = False) -> Group | None:
 
     ``bounds_only``: the identified answers are printed above, so over whole trajectories only the bounded interval
     and the support are shown (one DR value per policy per output: the identified one)."""
-    pols = {k: d for k, d in (result.get("policies") or {}).items() if d.get("doubly_robust")}
+    ans = EvaluationAnswer.of(result)
+    pols = ans.doubly_robust
     if not pols:
         return None
-    level = (result.get("whatif") or {}).get("level", 0.9)
-    ref = (result.get("whatif") or {}).get("reference")
-
-    def table(title: str, cols: tuple[str, ...], caption: str | None = None) -> Table:
-        t = Table(title=title, show_header=True, header_style="bold", caption=caption)
-        for col in cols:
-            t.add_column(col, justify="left" if col == "policy" else "right", overflow="fold",
-                         no_wrap=col != "policy")
-        return t
-
+    level, ref = ans.level, ans.reference
+    # the effects' doubly robust contrasts, of every policy but the reference
+    effs = {name: d.effect for name, d in pols.items()
+            if name != ref and d.effect is not None and d.effect.doubly_robust is not None}
     if bounds_only:
-        values = table("Whole trajectories: what the logs bound (the simulator corrected where they reach, the "
-                       "outcome's range where they do not)", ("policy", "bounded interval", "support"))
+        values = _table("Whole trajectories: what the logs bound (the simulator corrected where they reach, the "
+                        "outcome's range where they do not)", ("policy", "bounded interval", "support"))
         for name, d in pols.items():
-            dr = d["doubly_robust"]
-            values.add_row(escape(name), _iv(dr.get("bounded")), f"{dr['support']:.0%}")
-        effects = table(f"Whole-trajectory effects (vs {escape(str(ref))}): bounded", ("policy", "bounded interval"),
-                        caption="bounded: the doubly robust interval widened by the share of the policy the logged "
-                        "sample did not reach times the outcome's range there; support: share of steps the logged "
-                        "data follows")
-        for name, d in pols.items():
-            eff = ((d.get("effect") or {}).get("doubly_robust")) or {}
-            if name != ref and eff:
-                effects.add_row(escape(name), _iv(eff.get("bounded")))
+            values.add_row(escape(name), interval_text(d.doubly_robust.bounded), f"{d.doubly_robust.support:.0%}")
+        effects = _table(f"Whole-trajectory effects (vs {escape(str(ref))}): bounded", ("policy", "bounded interval"),
+                         caption="bounded: the doubly robust interval widened by the share of the policy the logged "
+                         "sample did not reach times the outcome's range there; support: share of steps the logged "
+                         "data follows")
+        for name, eff in effs.items():
+            effects.add_row(escape(name), interval_text(eff.doubly_robust.bounded))
     else:
-        values = table("Doubly robust values (the model corrected by its weighted error on the logged steps)",
-                       ("policy", "DR value", f"{level:.0%} CI", "with bounds", "support"))
+        values = _table("Doubly robust values (the model corrected by its weighted error on the logged steps)",
+                        ("policy", "DR value", f"{level:.0%} CI", "with bounds", "support"))
         for name, d in pols.items():
-            dr = d["doubly_robust"]
-            est = NOT_IDENTIFIED_CELL if d.get("supported") is False else _fmt(dr.get("estimate"))
-            values.add_row(escape(name), est, _iv(dr), _iv(dr.get("bounded")), f"{dr['support']:.0%}")
-        effects = table(f"Doubly robust effects (vs {escape(str(ref))})", ("policy", "DR effect", f"{level:.0%} CI",
-                        "with bounds"), caption="with bounds: the interval widened where the logged sample did not "
-                        "reach the policy (it then says so rather than repeat the model); support: share of steps "
-                        "the logged data follows")
-        for name, d in pols.items():
-            eff = ((d.get("effect") or {}).get("doubly_robust")) or {}
-            if name != ref and eff:
-                est = (NOT_IDENTIFIED_CELL if (d.get("effect") or {}).get("supported") is False
-                       else _fmt(eff.get("estimate")))
-                effects.add_row(escape(name), est, _iv(eff), _iv(eff.get("bounded")))
+            dr = d.doubly_robust
+            est = NOT_IDENTIFIED if d.model_only else _cell(dr.estimate)
+            values.add_row(escape(name), est, interval_text(dr), interval_text(dr.bounded), f"{dr.support:.0%}")
+        effects = _table(f"Doubly robust effects (vs {escape(str(ref))})", ("policy", "DR effect", f"{level:.0%} CI",
+                         "with bounds"), caption="with bounds: the interval widened where the logged sample did not "
+                         "reach the policy (it then says so rather than repeat the model); support: share of steps "
+                         "the logged data follows")
+        for name, eff in effs.items():
+            dr = eff.doubly_robust
+            est = NOT_IDENTIFIED if eff.not_identified else _cell(dr.estimate)
+            effects.add_row(escape(name), est, interval_text(dr), interval_text(dr.bounded))
     if not effects.row_count:
         values.caption = effects.caption
         return Group(values)
     return Group(values, effects)
 
 
-def print_answers(con, res: dict, dataset: str) -> None:
+def print_answers(con, res: AnswerLike, dataset: str) -> None:
     """The answer of ``fcd run`` and ``fcd whatif``: first what the logs identify (the headline), then the simulator's
     whole-trajectory numbers labelled as extrapolation, with the doubly robust values and their bounded intervals."""
-    ident = identified_table(res)
+    ans = EvaluationAnswer.of(res)
+    ident = identified_table(ans)
     if ident is not None:
         con.print(ident)
-    for line in pi_k_lines(res):
+    for line in pi_k_lines(ans):
         con.print(escape(line))
-    if (line := one_step_line(res)) is not None:
+    if (line := one_step_line(ans)) is not None:
         con.print(escape(line))  # wrapped to the terminal: the line is long
     title = (f"Extrapolation ({dataset}): the simulator over whole trajectories, beyond what the logs identify; "
              "not ranked" if ident is not None else f"What happens under each policy ({dataset})")
-    con.print(whatif_table(res, title=title))
-    if (drt := dr_table(res, bounds_only=ident is not None)) is not None:
+    con.print(whatif_table(ans, title=title))
+    if (drt := dr_table(ans, bounds_only=ident is not None)) is not None:
         con.print(drt)
 
 
@@ -348,9 +333,10 @@ def register(app: typer.Typer) -> None:
                     "[questions] min_difference; or a test split too small)" if declined else ""),
                 "RUN_FAILED", hint="ask fewer, well-separated policies (thresholds a decile or more apart)",
                 data=jsonable(res))
-        cov = res.get("coverage") or {}
-        partial = None if cov.get("complete", True) else CliError(
-            cov["warning"], "INCOMPLETE_ANSWER", data=jsonable(res),
+        ans = EvaluationAnswer.from_json(res)
+        cov = ans.coverage
+        partial = None if cov is None or cov.complete is not False else CliError(
+            cov.warning, "INCOMPLETE_ANSWER", data=jsonable(res),
             hint="the sites left out declined under their evaluation cohort rules or failed; the answers describe "
             "the other sites' entities only",
         )
@@ -363,12 +349,12 @@ def register(app: typer.Typer) -> None:
         line = anchors_line(res.get("anchors"))
         if line:
             con.print(f"anchors: {escape(line)}", soft_wrap=True)
-        print_answers(con, res, cfg.data.dataset)
+        print_answers(con, ans, cfg.data.dataset)
         if res.get("contexts"):
             c = res["contexts"]
             con.print(f"contexts in the rollouts: {c['generated']} generated (endogenous), {c['replayed']} replayed")
         con.print(f"per-entity effects: on each site, in <state>/<site>/whatif/{request.query_id}.csv", soft_wrap=True)
-        for line in support_lines(res):
+        for line in support_lines(ans):
             con.print(escape(line))
         if (line := coverage_line(cov)) is not None:
             con.print(escape(line))

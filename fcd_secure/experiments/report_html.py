@@ -30,7 +30,9 @@ from typing import Any
 
 __all__ = ["ReportError", "build_report_html", "write_report_html"]
 
+from fcd_secure._format import fmt
 from fcd_secure.errors import FcdError
+from fcd_secure.queries.answers import NOT_IDENTIFIED, EvaluationAnswer, interval_text
 
 #: what no ledger entry can show (the audit's byte definition stops at Flower's serialized content)
 NOT_IN_LEDGERS = (
@@ -63,18 +65,6 @@ ul { padding-left: 1.2em; } li { margin: .2em 0; }
 
 class ReportError(FcdError, ValueError):
     """A folder that is not a finished run folder (no ``summary.json``)."""
-
-
-def _fmt(v: Any, spec: str = ".3f") -> str:
-    if v is None:
-        return "n/a"
-    if isinstance(v, float):
-        return format(v, spec)
-    return str(v)
-
-
-def _bytes(n: Any) -> str:
-    return "n/a" if n is None else f"{int(n):,}"
 
 
 def _table(head: list[str], rows: list[list[str]], numeric: set[int] | None = None) -> str:
@@ -132,6 +122,72 @@ def _kinds(a: dict[str, Any]) -> str:
     if a["errors"]:
         bits.append(f'<span class="warn">{a["errors"]} error replies (a fixed category)</span>')
     return "; ".join(bits) or "nothing but the message envelope"
+
+
+#: the cell of a value the logged data cannot identify, flagged
+_NOT_IDENTIFIED_HTML = f'<span class="warn">{NOT_IDENTIFIED}</span>'
+
+
+def _answers_html(ans: EvaluationAnswer) -> list[str]:
+    """The answers with their support (``queries.answers``): coverage, headline metrics, the round the answers come
+    from, what the logs identify (the one-step effect, the identified horizons), then the simulator's extrapolation
+    with its doubly robust and bounded intervals, support and the sites whose logs never follow a policy."""
+    h: list[str] = []
+    cov = ans.coverage
+    if cov is not None:
+        cls = "ok" if cov.complete else "warn"
+        text = cov.warning or f"The answers cover all {cov.n_sites_covered} sites ({cov.n_entities} test entities)."
+        h.append(f'<p class="{cls}" id="coverage">{escape(text)}</p>')
+    rows = [[escape(label), fmt(value, ".3f")] for value, label in (
+        (ans.pehe, "PEHE (oracle)"), (ans.ate_error, "|ATE error| (oracle)"), (ans.factual_auc, "factual AUC"))
+        if value is not None]
+    if rows:
+        h.append(_table(["metric", "value"], rows, {1}))
+    pols, level = ans.policies, ans.level
+    sel = ans.selection
+    if sel is not None:
+        h.append(f'<p id="selection">Answers from round {escape(str(sel.round))} '
+                 f'({escape(str(sel.rule))}, criterion {escape(str(sel.coverage))}): '
+                 f'{escape(str(sel.reason))}</p>')
+    ident = ans.identified
+    one = ans.one_step
+    if ident or one is not None:
+        h.append("<h3>What the logs identify (doubly robust)</h3>")
+    if one is not None:
+        h.append(f'<p id="one-step">One-step effect of a_on vs a_off at every decision step: '
+                 f'{one.sentence("interval")}.</p>')
+    if ident:
+        rows = []
+        for name, d in ident.items():
+            a = d.identified.answer
+            if a is None:
+                rows.append([escape(name), "–", _NOT_IDENTIFIED_HTML, "", "", ""])
+                continue
+            e = d.identified.effect
+            eff = "ref." if e is None and name == ans.reference else (
+                f"{e.estimate:+.3f} ({e.low:+.3f} to {e.high:+.3f}, h {e.horizon})" if e is not None
+                else NOT_IDENTIFIED)
+            rows.append([escape(name), str(a.horizon), fmt(a.estimate, ".3f"), interval_text(a), f"{a.ess:.0f}",
+                         escape(eff)])
+        h.append(_table(["policy", "h", "DR value", f"{level:.0%} interval", "ESS", "effect"], rows, {1, 2, 3, 4}))
+        h.append('<p class="muted">h: the longest horizon whose weight products keep an effective sample size of at '
+                 "least 20. Rank policies on these numbers only; the table below is the simulator's extrapolation.</p>")
+    if pols:
+        h.append("<h3>Extrapolation: the simulator over whole trajectories</h3>")
+        rows = []
+        for name, d in pols.items():
+            dr = d.doubly_robust
+            value = _NOT_IDENTIFIED_HTML if d.model_only else fmt(d.value_sim, ".3f")
+            k = d.n_sites_without_support or 0
+            where = (escape(", ".join(d.sites_without_support)) if d.sites_without_support
+                     else (f"{k} site(s)" if k else "none"))
+            rows.append([escape(name), value, interval_text(d.interval), interval_text(dr),
+                         interval_text(dr and dr.bounded), fmt(d.support, ".0%"), where, fmt(d.n)])
+        h.append(_table(["policy", "value", f"{level:.0%} interval", "doubly robust", "with bounds", "support",
+                         "sites whose logs never follow it", "entities"], rows, {1, 2, 3, 4, 5, 7}))
+        h.append('<p class="muted">Support: the share of steps the logged actions follow the policy. A policy no '
+                 "logged step follows is not identified: only the bounds over the outcome's range are shown.</p>")
+    return h
 
 
 def build_report_html(run_dir: str | Path, *, site_keys: list[str] | None = None,
@@ -199,7 +255,7 @@ def build_report_html(run_dir: str | Path, *, site_keys: list[str] | None = None
     dp = summary.get("dp") or {}
     h.append(f'<p class="meta">Run folder <code>{escape(str(root))}</code> · {summary.get("rounds")} rounds · '
              f'{len(sites)} sites · {escape(mode)} · sync {escape(str(summary.get("sync")))} · '
-             f'{"DP-SGD, ε cap " + _fmt(dp.get("epsilon_cap"), "g") + " per site" if dp.get("enabled") else "no DP"}'
+             f'{"DP-SGD, ε cap " + fmt(dp.get("epsilon_cap"), "g") + " per site" if dp.get("enabled") else "no DP"}'
              f' · report made {made} by fcd_secure {escape(str((summary.get("versions") or {}).get("fcd_secure")))}</p>')
 
     # 1. verdict
@@ -244,14 +300,14 @@ def build_report_html(run_dir: str | Path, *, site_keys: list[str] | None = None
     for sid in sites or sorted(uploads):
         for action, a in sorted((uploads.get(sid) or {}).items()):
             rows.append([f'<span class="id">{escape(sid)}</span>', f"<code>{escape(action)}</code>",
-                         str(a["messages"]), _bytes(a["payload_bytes"]), _kinds(a)])
+                         str(a["messages"]), fmt(a["payload_bytes"], ","), _kinds(a)])
         tot = (audit.get("per_site") or {}).get(sid)
         if tot:
             rows.append([f'<b class="id">{escape(sid)}</b>', "<b>all</b>", f"<b>{tot['messages']}</b>",
-                         f"<b>{_bytes(tot['payload_bytes'])}</b>", ""])
+                         f"<b>{fmt(tot['payload_bytes'], ',')}</b>", ""])
     st = audit.get("server_totals") or {}
     if st.get("messages"):
-        rows.append(["<b>server received</b>", "", str(st["messages"]), _bytes(st.get("payload_bytes")), ""])
+        rows.append(["<b>server received</b>", "", str(st["messages"]), fmt(st.get("payload_bytes"), ","), ""])
     h.append(_table(["site", "action", "messages", "payload bytes", "what it carried"], rows, {2, 3}))
 
     # 4. privacy
@@ -265,11 +321,11 @@ def build_report_html(run_dir: str | Path, *, site_keys: list[str] | None = None
             spent, cap = s.get("epsilon_spent"), s.get("epsilon_cap")
             over = spent is not None and cap is not None and spent > cap + 1e-9
             cls = "bad" if over else ("warn" if s.get("epsilon_remaining") is not None and s["epsilon_remaining"] <= 1e-3 else "ok")
-            rows.append([f'<span class="id">{escape(str(s["site"]))}</span>', f'<span class="{cls}">{_fmt(spent)}</span>',
-                         _fmt(cap, "g"), _fmt(s.get("epsilon_remaining")), _fmt(s.get("delta"), ".1e"),
+            rows.append([f'<span class="id">{escape(str(s["site"]))}</span>', f'<span class="{cls}">{fmt(spent, ".3f")}</span>',
+                         fmt(cap, "g"), fmt(s.get("epsilon_remaining"), ".3f"), fmt(s.get("delta"), ".1e"),
                          escape(str(s.get("accountant") or "n/a"))])
         con = privacy.get("consortium") or {}
-        rows.append(["<b>consortium</b> (max over sites)", f"<b>{_fmt(con.get('epsilon'))}</b>", "", "", "", ""])
+        rows.append(["<b>consortium</b> (max over sites)", f"<b>{fmt(con.get('epsilon'), '.3f')}</b>", "", "", "", ""])
         h.append(_table(["site", "ε spent", "ε cap", "remaining", "δ", "accountant"], rows, {1, 2, 3, 4}))
         if plot_b64:
             h.append(f'<img id="epsilon-plot" alt="ε spent per site against rounds, with the cap" '
@@ -283,70 +339,7 @@ def build_report_html(run_dir: str | Path, *, site_keys: list[str] | None = None
 
     # 5. the answers
     h.append("<h2>The answers and their support</h2>")
-    if cov:
-        cls = "ok" if cov.get("complete") else "warn"
-        text = cov.get("warning") or (f"The answers cover all {cov.get('n_sites_covered')} sites "
-                                      f"({cov.get('n_entities')} test entities).")
-        h.append(f'<p class="{cls}" id="coverage">{escape(text)}</p>')
-    rows = []
-    for key, label in (("pehe", "PEHE (oracle)"), ("ate_error", "|ATE error| (oracle)"),
-                       ("factual_auc", "factual AUC")):
-        if summary.get(key) is not None:
-            rows.append([escape(label), _fmt(summary[key])])
-    if rows:
-        h.append(_table(["metric", "value"], rows, {1}))
-    pols = summary.get("policies") or {}
-    level = (summary.get("whatif") or {}).get("level", 0.9)
-    sel = summary.get("selection") or {}
-    if sel:
-        h.append(f'<p id="selection">Answers from round {escape(str(sel.get("round")))} '
-                 f'({escape(str(sel.get("rule")))}, criterion {escape(str(sel.get("coverage")))}): '
-                 f'{escape(str(sel.get("reason")))}</p>')
-    ident = {n: d["identified"] for n, d in pols.items() if d.get("identified")}
-    one = summary.get("one_step_effect")
-    if ident or one:
-        h.append("<h3>What the logs identify (doubly robust)</h3>")
-    if one:
-        truth = f"; truth {one['true']:+.3f}" if one.get("true") is not None else ""
-        h.append(f'<p id="one-step">One-step effect of a_on vs a_off at every decision step: {one["estimate"]:+.3f} '
-                 f'({one["level"]:.0%} interval {one["low"]:+.3f} to {one["high"]:+.3f}; {one["steps"]} steps of '
-                 f'{one["entities"]} entities); the simulator alone says {one["model"]:+.3f}{truth}.</p>')
-    if ident:
-        rows = []
-        for name, d in ident.items():
-            a = d.get("answer")
-            if a is None:
-                rows.append([escape(name), "–", '<span class="warn">not identified</span>', "", "", ""])
-                continue
-            e = d.get("effect") or {}
-            eff = "ref." if not e and name == (summary.get("whatif") or {}).get("reference") else (
-                f"{e['estimate']:+.3f} ({e['low']:+.3f} to {e['high']:+.3f}, h {e['horizon']})" if e else "not identified")
-            rows.append([escape(name), str(a["horizon"]), _fmt(a["estimate"]), f"{a['low']:.3f}–{a['high']:.3f}",
-                         f"{a['ess']:.0f}", escape(eff)])
-        h.append(_table(["policy", "h", "DR value", f"{level:.0%} interval", "ESS", "effect"], rows, {1, 2, 3, 4}))
-        h.append('<p class="muted">h: the longest horizon whose weight products keep an effective sample size of at '
-                 "least 20. Rank policies on these numbers only; the table below is the simulator's extrapolation.</p>")
-    if pols:
-        h.append("<h3>Extrapolation: the simulator over whole trajectories</h3>")
-        rows = []
-        for name, d in pols.items():
-            iv = d.get("interval") or {}
-            ivs = "n/a" if iv.get("low") is None else f"{iv['low']:.3f}–{iv['high']:.3f}"
-            dr = d.get("doubly_robust") or {}
-            drs = "n/a" if dr.get("low") is None else f"{dr['low']:.3f}–{dr['high']:.3f}"
-            b = dr.get("bounded") or {}
-            bs = "n/a" if b.get("low") is None else f"{b['low']:.3f}–{b['high']:.3f}"
-            value = ('<span class="warn">not identified</span>' if d.get("supported") is False
-                     else _fmt(d.get("value_sim")))
-            none_at = d.get("sites_without_support")
-            k = d.get("n_sites_without_support") or 0
-            where = (escape(", ".join(none_at)) if none_at else (f"{k} site(s)" if k else "none"))
-            rows.append([escape(name), value, ivs, drs, bs, _fmt(d.get("support"), ".0%") if d.get("support") is not None
-                         else "n/a", where, str(d.get("n", "n/a"))])
-        h.append(_table(["policy", "value", f"{level:.0%} interval", "doubly robust", "with bounds", "support",
-                         "sites whose logs never follow it", "entities"], rows, {1, 2, 3, 4, 5, 7}))
-        h.append('<p class="muted">Support: the share of steps the logged actions follow the policy. A policy no '
-                 "logged step follows is not identified: only the bounds over the outcome's range are shown.</p>")
+    h += _answers_html(EvaluationAnswer.from_json(summary))
     h.append('<p class="meta">Self-contained: this file loads nothing from the network. Sources: summary.json, '
              "rounds.json, the signed site and server ledgers, the sites' privacy ledgers.</p>")
 

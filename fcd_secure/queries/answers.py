@@ -1,0 +1,537 @@
+"""The merged answer read back as typed records: what every renderer (run table, ``fcd whatif``, HTML report) reads.
+
+The queries' merges (``queries.registry``) write the answer as one JSON object: ``summary.json`` and
+``fcd whatif --json``'s ``data``. That JSON is the contract on disk and on the wire and stays as the merges write it;
+this module is its one typed reading. Each record is built from its part with ``from_json`` and is tolerant of absent
+parts (an older run folder, a run on data without an oracle or without logged propensities, a quick evaluation):
+a part that is not there is ``None``, never a ``KeyError`` in a renderer. :meth:`Record.to_json` writes back the keys
+a record reads, under their JSON names, so a test can check that the typed reading loses nothing it declares.
+
+The texts two renderers print alike (an interval ``0.446–0.545``, the "not identified" cell, a held-out verdict, the
+one-step effect's sentence) are written here, once, beside the record they describe.
+
+The estimands are those of the modules that merge them: simulated values and their intervals
+(``queries.policy_values``), the doubly robust values with unseen-mass bounds (``queries.doubly_robust``, Thomas &
+Brunskill 2016, "Data-efficient off-policy policy evaluation", ICML), IPW / SNIPW / per-decision DR diagnostics
+(``queries.off_policy``, Precup, Sutton & Singh 2000, "Eligibility traces for off-policy policy evaluation", ICML),
+the identified horizons and the one-step effect (``queries.targeted``; AIPW, Robins, Rotnitzky & Zhao 1994,
+"Estimation of regression coefficients when some regressors are not always observed", JASA), the DR-learner
+(``queries.dr_learner``, Kennedy 2023, "Towards optimal doubly robust estimation of heterogeneous causal effects",
+EJS), the truth-free round selection (``queries.selection``) and the coverage of the sites
+(``queries.evaluation.coverage``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any
+
+from fcd_secure._format import MISSING, fmt
+
+__all__ = [
+    "NOT_IDENTIFIED", "Coverage", "DoublyRobust", "DRLearner", "DRLearnerFigures", "Effect", "EffectSkill",
+    "EffectSupport", "EvaluationAnswer", "HeldOutCheck", "HorizonAnswer", "IdentifiedAnswer", "Interval", "OffPolicy",
+    "OneStepEffect", "PiSource", "PolicyAnswer", "Record", "Selection", "WhatIfSettings", "interval_text",
+]
+
+#: the cell of a value or effect the logged data cannot identify (``queries.policy_values``: support 0)
+NOT_IDENTIFIED = "not identified"
+#: the off-policy estimators each policy carries (``queries.off_policy``), over whole trajectories and the first 2 steps
+OPE_KEYS = ("ipw", "snipw", "dr", "ipw_h2", "snipw_h2", "dr_h2")
+
+
+def _part(d: Mapping[str, Any] | None, key: str) -> Mapping[str, Any] | None:
+    """``d[key]`` when it is a non-empty object, else None (the part is absent)."""
+    v = (d or {}).get(key)
+    return v if isinstance(v, Mapping) and v else None
+
+
+def _tuple(v: Any) -> tuple | None:
+    return None if v is None else tuple(v)
+
+
+class Record:
+    """A typed part of the answer. Field metadata ``key`` names a JSON key that differs from the field's name;
+    ``json=False`` marks a field that is not a JSON key of its part (a policy's name, the off-policy map, whose
+    entries are the part's own keys)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The keys this record reads, as the answer's JSON spells them (absent parts left out)."""
+        out: dict[str, Any] = {}
+        for f in fields(self):  # type: ignore[arg-type]
+            v = getattr(self, f.name)
+            if v is None or not f.metadata.get("json", True):
+                continue
+            out[f.metadata.get("key", f.name)] = _json(v)
+        return out
+
+
+def _json(v: Any) -> Any:
+    if is_dataclass(v) and isinstance(v, Record):
+        return v.to_json()
+    if isinstance(v, tuple):
+        return [_json(x) for x in v]
+    if isinstance(v, Mapping):
+        return {k: _json(x) for k, x in v.items()}
+    return v
+
+
+def interval_text(iv: "Interval | None") -> str:
+    """``0.446–0.545`` (an en dash, three decimals), or ``n/a`` where the interval is absent."""
+    if iv is None or iv.low is None or iv.high is None:
+        return MISSING
+    return f"{iv.low:.3f}–{iv.high:.3f}"
+
+
+@dataclass(frozen=True)
+class Interval(Record):
+    """An estimate with its interval over entities (``evaluation.intervals``: normal, at ``level``)."""
+
+    estimate: float | None = None
+    low: float | None = None
+    high: float | None = None
+    level: float | None = None
+    se: float | None = None
+    n: int | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> "Interval | None":
+        if not d:
+            return None
+        return cls(**cls._interval(d))
+
+    @staticmethod
+    def _interval(d: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: d.get(k) for k in ("estimate", "low", "high", "level", "se", "n")}
+
+    @property
+    def text(self) -> str:
+        return interval_text(self)
+
+
+@dataclass(frozen=True)
+class DoublyRobust(Interval):
+    """A per-decision doubly robust value or contrast (``queries.doubly_robust``) and its interval widened by the
+    unseen mass (``bounded``); ``support``: the share of steps the logged data follows."""
+
+    support: float | None = None
+    bounded: Interval | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> "DoublyRobust | None":
+        if not d:
+            return None
+        return cls(**cls._interval(d), support=d.get("support"), bounded=Interval.from_json(_part(d, "bounded")))
+
+
+@dataclass(frozen=True)
+class Effect(Interval):
+    """A policy's simulated contrast to the reference (``queries.policy_values``), its truth on an oracle, whether
+    the logs identify it (``supported`` False: not), and its doubly robust contrast."""
+
+    reference: str | None = None
+    true: float | None = None
+    supported: bool | None = None
+    doubly_robust: DoublyRobust | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> "Effect | None":
+        if not d:
+            return None
+        return cls(**cls._interval(d), reference=d.get("reference"), true=d.get("true"), supported=d.get("supported"),
+                   doubly_robust=DoublyRobust.from_json(_part(d, "doubly_robust")))
+
+    @property
+    def not_identified(self) -> bool:
+        return self.supported is False
+
+
+@dataclass(frozen=True)
+class OffPolicy(Record):
+    """One off-policy estimate (``queries.off_policy``): IPW, SNIPW or per-decision DR, with its ESS."""
+
+    value: float | None = None
+    ess: float | None = None
+    n_consistent: int | None = None
+    warning: str | None = None
+    out_of_range: str | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> "OffPolicy | None":
+        if not d:
+            return None
+        return cls(value=d.get("value"), ess=d.get("ess"), n_consistent=d.get("n_consistent"),
+                   warning=d.get("warning"), out_of_range=d.get("out_of_range"))
+
+
+@dataclass(frozen=True)
+class HorizonAnswer(Interval):
+    """A doubly robust value or effect over the first ``horizon`` steps (``queries.targeted``): its ESS, whether the
+    logs reach the whole policy there (``reached``), whether it is identified (``supported``), the raw estimate when
+    it left the outcome's range (``out_of_range``)."""
+
+    horizon: int | None = None
+    ess: float | None = None
+    reached: bool | None = None
+    supported: bool | None = None
+    true: float | None = None
+    reference: str | None = None
+    out_of_range: Mapping[str, Any] | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> "HorizonAnswer | None":
+        if not d:
+            return None
+        return cls(**cls._interval(d), horizon=d.get("horizon"), ess=d.get("ess"), reached=d.get("reached"),
+                   supported=d.get("supported"), true=d.get("true"), reference=d.get("reference"),
+                   out_of_range=d.get("out_of_range"))
+
+    @property
+    def same_steps(self) -> bool:
+        """An effect of two policies that act alike on every step of the horizon (exactly zero, no spread)."""
+        return self.se == 0 and self.estimate == 0
+
+
+@dataclass(frozen=True)
+class PiSource(Record):
+    """Where a stochastic policy's π_k came from (``queries.pi_source``): the share of steps read from the logged
+    propensities (the rest from the sites' own propensity models)."""
+
+    logged_share: float
+    steps: int
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> "PiSource | None":
+        return None if not d else cls(logged_share=d["logged_share"], steps=d["steps"])
+
+
+@dataclass(frozen=True)
+class IdentifiedAnswer(Record):
+    """What the logs identify of a policy (``queries.targeted``): its value on the longest supported horizon
+    (``answer``, None: not identified, ``why``), its effect against the reference on the longest horizon both pass,
+    every horizon tried, and where its π_k came from."""
+
+    answer: HorizonAnswer | None = None
+    effect: HorizonAnswer | None = None
+    horizons: tuple[HorizonAnswer, ...] = ()
+    why: str | None = None
+    pi_k: PiSource | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> "IdentifiedAnswer | None":
+        if not d:
+            return None
+        return cls(answer=HorizonAnswer.from_json(_part(d, "answer")),
+                   effect=HorizonAnswer.from_json(_part(d, "effect")),
+                   horizons=tuple(HorizonAnswer.from_json(r) for r in d.get("horizons") or ()), why=d.get("why"),
+                   pi_k=PiSource.from_json(_part(d, "pi_k")))
+
+    @property
+    def best_ess(self) -> float:
+        """The largest ESS over the horizons tried (what a not-identified policy reached)."""
+        return max((r.ess or 0.0 for r in self.horizons), default=0.0)
+
+    @property
+    def reached_in_part(self) -> bool:
+        """Whether the logs reach only part of the policy at some horizon (the reason it is not identified)."""
+        return any(r.reached is False for r in self.horizons)
+
+
+@dataclass(frozen=True)
+class PolicyAnswer(Record):
+    """One policy's answer to a what-if question (``queries.policy_values`` and its parts)."""
+
+    name: str = field(default="", metadata={"json": False})
+    value_sim: float | None = None
+    interval: Interval | None = None
+    value_true: float | None = None
+    value_error: float | None = None
+    rectified: Interval | None = None
+    doubly_robust: DoublyRobust | None = None
+    effect: Effect | None = None
+    ope: Mapping[str, OffPolicy] = field(default_factory=dict, metadata={"json": False})
+    support: float | None = None
+    supported: bool | None = None
+    n: int | None = None
+    n_sites: int | None = None
+    n_sites_without_support: int | None = None
+    sites_without_support: tuple[str, ...] | None = None
+    never_fires: bool | None = None
+    identified: IdentifiedAnswer | None = None
+
+    @classmethod
+    def from_json(cls, name: str, d: Mapping[str, Any]) -> "PolicyAnswer":
+        return cls(
+            name=name, value_sim=d.get("value_sim"), interval=Interval.from_json(_part(d, "interval")),
+            value_true=d.get("value_true"), value_error=d.get("value_error"),
+            rectified=Interval.from_json(_part(d, "rectified")),
+            doubly_robust=DoublyRobust.from_json(_part(d, "doubly_robust")),
+            effect=Effect.from_json(_part(d, "effect")),
+            ope={k: OffPolicy.from_json(d[k]) for k in OPE_KEYS if _part(d, k)}, support=d.get("support"),
+            supported=d.get("supported"), n=d.get("n"), n_sites=d.get("n_sites"),
+            n_sites_without_support=d.get("n_sites_without_support"),
+            sites_without_support=_tuple(d.get("sites_without_support")), never_fires=d.get("never_fires"),
+            identified=IdentifiedAnswer.from_json(_part(d, "identified")),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), **{k: v.to_json() for k, v in self.ope.items()}}
+
+    @property
+    def model_only(self) -> bool:
+        """No logged step follows the policy (support 0): its value is the model's alone, not identified."""
+        return self.supported is False
+
+    @property
+    def value_cell(self) -> str:
+        """The simulated value, or "not identified" where no logged step follows the policy."""
+        return NOT_IDENTIFIED if self.model_only else fmt(self.value_sim, ".3f")
+
+
+@dataclass(frozen=True)
+class OneStepEffect(Interval):
+    """The identified one-step effect of a_on vs a_off at every decision step (``queries.targeted.OneStep``): the
+    doubly robust estimate, the simulator's own contrast (``model``), the truth on an oracle."""
+
+    model: float | None = None
+    true: float | None = None
+    steps: int | None = None
+    entities: int | None = None
+    out_of_range: Mapping[str, Any] | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> "OneStepEffect | None":
+        if not d:
+            return None
+        return cls(**cls._interval(d), model=d.get("model"), true=d.get("true"), steps=d.get("steps"),
+                   entities=d.get("entities"), out_of_range=d.get("out_of_range"))
+
+    def sentence(self, interval_word: str) -> str:
+        """``-0.088 (90% <interval_word> -0.116 to -0.060; 20379 steps of 900 entities); the simulator alone says
+        -0.007; truth -0.082``: the estimate as the run table, ``fcd whatif`` and the HTML report state it."""
+        text = (f"{self.estimate:+.3f} ({self.level:.0%} {interval_word} {self.low:+.3f} to {self.high:+.3f}; "
+                f"{self.steps} steps of {self.entities} entities); the simulator alone says {self.model:+.3f}")
+        return text + (f"; truth {self.true:+.3f}" if self.true is not None else "")
+
+
+@dataclass(frozen=True)
+class HeldOutCheck(Record):
+    """The DR-learner's truth-free held-out check (``queries.dr_learner.heldout_check``): the gain in squared error
+    per step over one constant, its z (gain / SE), the verdict, the steps it covers."""
+
+    gain: float | None = None
+    se: float | None = None
+    z: float | None = None
+    verdict: str | None = None
+    steps: int | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> "HeldOutCheck | None":
+        if not d:
+            return None
+        return cls(gain=d.get("gain"), se=d.get("se"), z=d.get("z"), verdict=d.get("verdict"), steps=d.get("steps"))
+
+    def cell(self, steps: int | None) -> str:
+        """``-0.0064 (z -2.3): worse``, "(partial)" where it covers fewer than ``steps`` steps (sites without logged
+        propensities send no check sums), or "unavailable"."""
+        if self.verdict == "unavailable" or self.z is None or not math.isfinite(self.z):
+            return "unavailable"
+        short = {"worse than the constant": "worse"}.get(self.verdict or "", self.verdict)
+        part = " (partial)" if steps and (self.steps if self.steps is not None else steps) < steps else ""
+        return f"{self.gain:+.4f} (z {self.z:+.1f}): {short}{part}"  # z, not ± SE: the verdict is one-sided
+
+
+@dataclass(frozen=True)
+class DRLearnerFigures(Record):
+    """One set of per-entity effects (the DR-learner's, or the simulator's own contrast) against the oracle's truth,
+    or its mean where there is no truth, with its held-out check."""
+
+    corr: float | None = None
+    skill: float | None = None
+    pehe: float | None = None
+    sd_tau: float | None = None
+    mean_tau_hat: float | None = None
+    heldout: HeldOutCheck | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> "DRLearnerFigures | None":
+        if not d:
+            return None
+        return cls(corr=d.get("corr"), skill=d.get("skill"), pehe=d.get("pehe"), sd_tau=d.get("sd_tau"),
+                   mean_tau_hat=d.get("mean_tau_hat"), heldout=HeldOutCheck.from_json(_part(d, "heldout")))
+
+    @property
+    def has_truth(self) -> bool:
+        return self.corr is not None or self.skill is not None
+
+
+@dataclass(frozen=True)
+class DRLearner(Record):
+    """The federated DR-learner's per-entity one-step effects (``queries.dr_learner``): whether β was fitted
+    (``fitted``, from ``beta``), the share of sites it covers, the test steps, its figures beside the simulator's."""
+
+    fitted: bool = field(default=False, metadata={"json": False})
+    coverage: str | None = None
+    steps: int | None = None
+    dr_learner: DRLearnerFigures | None = None
+    simulator: DRLearnerFigures | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> "DRLearner | None":
+        if not d:
+            return None
+        return cls(fitted=d.get("beta") is not None, coverage=d.get("coverage"), steps=d.get("steps"),
+                   dr_learner=DRLearnerFigures.from_json(_part(d, "dr_learner")),
+                   simulator=DRLearnerFigures.from_json(_part(d, "simulator")))
+
+
+@dataclass(frozen=True)
+class EffectSkill(Record):
+    """The skill figures beside PEHE (``evaluation.metrics.EffectStats.skill_figures``): the zero-effect PEHE₀, the
+    constant-effect floor sd τ, corr(τ̂, τ), the ATE ratio, the skill against the constant true ATE, flags."""
+
+    pehe_zero: float | None = None
+    sd_tau: float | None = None
+    corr: float | None = None
+    ate_ratio: float | None = None
+    skill: float | None = None
+    flags: tuple[str, ...] = ()
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> "EffectSkill | None":
+        if not d:
+            return None
+        return cls(pehe_zero=d.get("pehe_zero"), sd_tau=d.get("sd_tau"), corr=d.get("corr"),
+                   ate_ratio=d.get("ate_ratio"), skill=d.get("skill"), flags=tuple(d.get("flags") or ()))
+
+
+@dataclass(frozen=True)
+class EffectSupport(Record):
+    """How many entities followed each anchor regime (``queries.effects``): the paper's PEHE and ATE error are
+    extrapolation where the logs barely follow them."""
+
+    a_off: int
+    a_on: int
+    n: int
+    label: str
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> "EffectSupport | None":
+        return None if not d else cls(a_off=d["a_off"], a_on=d["a_on"], n=d["n"], label=d["label"])
+
+    @property
+    def extrapolation(self) -> bool:
+        return self.label == "extrapolation"
+
+
+@dataclass(frozen=True)
+class Selection(Record):
+    """The round the answers come from (``queries.selection``): the round, the rule, its criterion's coverage of the
+    sites, the reason in words."""
+
+    round: int | None = None
+    rule: str | None = None
+    coverage: str | None = None
+    reason: str | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> "Selection | None":
+        if not d:
+            return None
+        return cls(round=d.get("round"), rule=d.get("rule"), coverage=d.get("coverage"), reason=d.get("reason"))
+
+
+@dataclass(frozen=True)
+class Coverage(Record):
+    """Which sites the answers cover (``queries.evaluation.coverage``), and the warning naming those left out."""
+
+    sites_asked: tuple[str, ...] = ()
+    sites_covered: tuple[str, ...] = ()
+    n_sites_covered: int | None = None
+    n_entities: int | None = None
+    declined: tuple[str, ...] = ()
+    failed: tuple[str, ...] = ()
+    complete: bool | None = None
+    warning: str | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> "Coverage | None":
+        if not d:
+            return None
+        return cls(sites_asked=tuple(d.get("sites_asked") or ()), sites_covered=tuple(d.get("sites_covered") or ()),
+                   n_sites_covered=d.get("n_sites_covered"), n_entities=d.get("n_entities"),
+                   declined=tuple(d.get("declined") or ()), failed=tuple(d.get("failed") or ()),
+                   complete=d.get("complete"), warning=d.get("warning"))
+
+
+@dataclass(frozen=True)
+class WhatIfSettings(Record):
+    """The question's settings as the answer echoes them: the level of its intervals, the reference policy, the
+    horizon."""
+
+    level: float = 0.9
+    reference: str | None = None
+    horizon: int | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> "WhatIfSettings":
+        d = d or {}
+        return cls(level=d.get("level", 0.9), reference=d.get("reference"), horizon=d.get("horizon"))
+
+
+@dataclass(frozen=True)
+class EvaluationAnswer(Record):
+    """The merged answer of an evaluation (``queries.registry.merge``): the oracle's effect figures, the factual AUC,
+    the one-step effect, the DR-learner, each policy's answer, the round selection, the coverage."""
+
+    pehe: float | None = None
+    ate_error: float | None = None
+    value_error_mean: float | None = None
+    factual_auc: float | None = None
+    effect_skill: EffectSkill | None = None
+    effect_support: EffectSupport | None = None
+    one_step: OneStepEffect | None = field(default=None, metadata={"key": "one_step_effect"})
+    dr_learner: DRLearner | None = None
+    policies: Mapping[str, PolicyAnswer] = field(default_factory=dict)
+    whatif: WhatIfSettings = field(default_factory=WhatIfSettings)
+    selection: Selection | None = None
+    coverage: Coverage | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> "EvaluationAnswer":
+        d = d or {}
+        return cls(
+            pehe=d.get("pehe"), ate_error=d.get("ate_error"), value_error_mean=d.get("value_error_mean"),
+            factual_auc=d.get("factual_auc"), effect_skill=EffectSkill.from_json(_part(d, "effect_skill")),
+            effect_support=EffectSupport.from_json(_part(d, "effect_support")),
+            one_step=OneStepEffect.from_json(_part(d, "one_step_effect")),
+            dr_learner=DRLearner.from_json(_part(d, "dr_learner")),
+            policies={k: PolicyAnswer.from_json(k, v) for k, v in (d.get("policies") or {}).items()},
+            whatif=WhatIfSettings.from_json(_part(d, "whatif")), selection=Selection.from_json(_part(d, "selection")),
+            coverage=Coverage.from_json(_part(d, "coverage")),
+        )
+
+    @classmethod
+    def of(cls, answer: "EvaluationAnswer | Mapping[str, Any] | None") -> "EvaluationAnswer":
+        """The typed answer, whether given typed or as the merged JSON."""
+        return answer if isinstance(answer, EvaluationAnswer) else cls.from_json(answer)
+
+    @property
+    def level(self) -> float:
+        return self.whatif.level
+
+    @property
+    def reference(self) -> str | None:
+        return self.whatif.reference
+
+    @property
+    def identified(self) -> dict[str, PolicyAnswer]:
+        """The policies with an identified part (sites that log propensities), in the answer's order."""
+        return {k: p for k, p in self.policies.items() if p.identified is not None}
+
+    @property
+    def doubly_robust(self) -> dict[str, PolicyAnswer]:
+        """The policies with a doubly robust value, in the answer's order."""
+        return {k: p for k, p in self.policies.items() if p.doubly_robust is not None}
