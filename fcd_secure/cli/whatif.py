@@ -251,6 +251,8 @@ def print_answers(con, res: AnswerLike, dataset: str) -> None:
         con.print(escape(line))
     if (line := one_step_line(ans)) is not None:
         con.print(escape(line))  # wrapped to the terminal: the line is long
+    if ans.propensities is not None:
+        con.print(escape(ans.propensities.line()))
     title = (f"Extrapolation ({dataset}): the simulator over whole trajectories, beyond what the logs identify; "
              "not ranked" if ident is not None else f"What happens under each policy ({dataset})")
     con.print(whatif_table(ans, title=title))

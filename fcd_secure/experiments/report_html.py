@@ -155,7 +155,9 @@ def _answers_html(ans: EvaluationAnswer) -> list[str]:
         h.append("<h3>What the logs identify (doubly robust)</h3>")
     if one is not None:
         h.append(f'<p id="one-step">One-step effect of a_on vs a_off at every decision step: '
-                 f'{one.sentence("interval")}.</p>')
+                 f'{escape(one.sentence("interval"))}.</p>')
+    if ans.propensities is not None:
+        h.append(f'<p id="propensities">{escape(ans.propensities.line())}.</p>')
     if ident:
         rows = []
         for name, d in ident.items():

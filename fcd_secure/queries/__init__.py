@@ -12,6 +12,7 @@ module                 role
 ``base``               ``Query``, ``Totals`` (the consortium's sums), ``SiteContext``, ``MergeContext``
 ``registry``           the registered queries in order; site sums, merge, the names and list caps they send
 ``request``            ``WhatIfRequest`` (the question) and ``EvaluationRequest`` (validated on the site)
+``answers``            the typed answer records every renderer reads (run table, ``fcd whatif``, HTML report)
 ``evaluation``         a site's evaluation (``site_metrics``), the server's request and merge, coverage
 ``effects``            PEHE / skill / |ATE error| against an oracle, the factual AUC
 ``targeted``           the identified one-step effect (``OneStep``) and values over the first h steps
@@ -24,6 +25,7 @@ module                 role
 ``doubly_robust``      per-decision doubly robust values and contrasts with unseen-mass bounds
 ``off_policy``         IPW / SNIPW / per-decision DR diagnostics per policy
 ``pi_source``          where a stochastic policy's π_k came from (logged, or the site's model)
+``propensities``       where the weighted answers' propensities came from, their overlap and calibration
 ``incremental``        stochastic policies on a site: the behaviour model they act through, their weights
 ``budget``             the site's question budget (differencing, threshold firing; P41-P43)
 ``cohort``             which test rows a site evaluates (its minimum cohort, no differenceable cohorts)

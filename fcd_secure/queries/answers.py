@@ -317,6 +317,44 @@ class OneStepEffect(Interval):
 
 
 @dataclass(frozen=True)
+class Propensities(Record):
+    """Where the weighted answers' propensities came from (``queries.propensities.PropensitySource``): per-site counts
+    of logged / estimated / none, the share of test steps below the floor, the sites' models' calibration error, and
+    the assumptions every weighted answer rests on."""
+
+    source: str = "none"
+    sites: Mapping[str, int] = field(default_factory=dict)
+    floor: float | None = None
+    below_floor_share: float | None = None
+    calibration_error: float | None = None
+    assumptions: tuple[str, ...] = ()
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> "Propensities | None":
+        if not d:
+            return None
+        return cls(source=d.get("source", "none"), sites=dict(d.get("sites") or {}), floor=d.get("floor"),
+                   below_floor_share=d.get("below_floor_share"), calibration_error=d.get("calibration_error"),
+                   assumptions=tuple(d.get("assumptions") or ()))
+
+    def line(self) -> str:
+        """``propensities: logged at 4 of 4 sites; ...``: what the weighted answers stand on, as every renderer says
+        it."""
+        total = sum(self.sites.values())
+        parts = [f"{word} at {self.sites[key]} of {total} sites" for key, word in
+                 (("logged", "logged"), ("estimated", "estimated by the sites' own models"), ("none", "none"))
+                 if self.sites.get(key)]
+        text = "propensities: " + "; ".join(parts)
+        if self.calibration_error is not None:
+            text += f" (calibration error {self.calibration_error:.3f})"
+        if self.below_floor_share is not None and self.floor is not None:
+            text += f"; {self.below_floor_share:.0%} of test steps below {self.floor:g}"
+        if self.assumptions:
+            text += "; the weighted answers assume " + ", ".join(self.assumptions)
+        return text
+
+
+@dataclass(frozen=True)
 class HeldOutCheck(Record):
     """The DR-learner's truth-free held-out check (``queries.dr_learner.heldout_check``): the gain in squared error
     per step over one constant, its z (gain / SE), the verdict, the steps it covers."""
@@ -498,6 +536,7 @@ class EvaluationAnswer(Record):
     whatif: WhatIfSettings = field(default_factory=WhatIfSettings)
     selection: Selection | None = None
     coverage: Coverage | None = None
+    propensities: Propensities | None = None
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> "EvaluationAnswer":
@@ -511,6 +550,7 @@ class EvaluationAnswer(Record):
             policies={k: PolicyAnswer.from_json(k, v) for k, v in (d.get("policies") or {}).items()},
             whatif=WhatIfSettings.from_json(_part(d, "whatif")), selection=Selection.from_json(_part(d, "selection")),
             coverage=Coverage.from_json(_part(d, "coverage")),
+            propensities=Propensities.from_json(_part(d, "propensities")),
         )
 
     @classmethod
