@@ -191,6 +191,8 @@ def build_summary(cfg: RunConfig, result, engine: str) -> dict[str, Any]:
         "factual_residual": fe.get("factual_residual"),
         # which sites and how many entities the answers above cover (queries.evaluation.coverage)
         "coverage": fe.get("coverage"),
+        # where the weighted answers' propensities came from, their overlap and calibration (queries.propensities)
+        "propensities": fe.get("propensities"),
         "failed_sites_final_eval": fe.get("failed_sites", []),
         "declined_sites_final_eval": fe.get("declined_sites", []),
         "final_eval_aborted": fe.get("aborted"),
