@@ -24,8 +24,8 @@ from fcd_secure.cli.run import summary_table
 from fcd_secure.cli.whatif import (anchors_line, coverage_line, dr_table, identified_table, one_step_line,
                                    pi_k_lines, print_answers, support_lines, whatif_table)
 from fcd_secure.experiments.report_html import build_report_html
-from fcd_secure.queries.answers import (NOT_IDENTIFIED, EvaluationAnswer, HeldOutCheck, Interval, PolicyAnswer,
-                                        interval_text)
+from fcd_secure.queries.answers import EvaluationAnswer, HeldOutCheck
+from fcd_secure.queries.policy_answers import NOT_IDENTIFIED, Interval, PolicyAnswer, interval_text
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 #: the golden run's policies in the order it asked them (the reference first)

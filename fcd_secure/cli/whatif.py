@@ -15,7 +15,8 @@ from rich.text import Text
 from fcd_secure.cli.app import emit, say_identifier, stderr, stdout
 from fcd_secure.cli.envelope import CliError, ok
 from fcd_secure._format import fmt
-from fcd_secure.queries.answers import NOT_IDENTIFIED, Coverage, EvaluationAnswer, interval_text
+from fcd_secure.queries.answers import Coverage, EvaluationAnswer
+from fcd_secure.queries.policy_answers import NOT_IDENTIFIED, interval_text
 
 
 def anchors_line(anchors: dict | None) -> str | None:

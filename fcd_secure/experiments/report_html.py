@@ -32,7 +32,8 @@ __all__ = ["ReportError", "build_report_html", "write_report_html"]
 
 from fcd_secure._format import fmt
 from fcd_secure.errors import FcdError
-from fcd_secure.queries.answers import NOT_IDENTIFIED, EvaluationAnswer, interval_text
+from fcd_secure.queries.answers import EvaluationAnswer
+from fcd_secure.queries.policy_answers import NOT_IDENTIFIED, interval_text
 
 #: what no ledger entry can show (the audit's byte definition stops at Flower's serialized content)
 NOT_IN_LEDGERS = (

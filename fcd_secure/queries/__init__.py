@@ -12,7 +12,8 @@ module                 role
 ``base``               ``Query``, ``Totals`` (the consortium's sums), ``SiteContext``, ``MergeContext``
 ``registry``           the registered queries in order; site sums, merge, the names and list caps they send
 ``request``            ``WhatIfRequest`` (the question) and ``EvaluationRequest`` (validated on the site)
-``answers``            the typed answer records every renderer reads (run table, ``fcd whatif``, HTML report)
+``answers``            the typed answer every renderer reads (run table, ``fcd whatif``, HTML report)
+``policy_answers``     the typed records of one policy's answer and the base ``Record``
 ``evaluation``         a site's evaluation (``site_metrics``), the server's request and merge, coverage
 ``effects``            PEHE / skill / |ATE error| against an oracle, the factual AUC
 ``targeted``           the identified one-step effect (``OneStep``) and values over the first h steps
