@@ -193,6 +193,8 @@ def build_summary(cfg: RunConfig, result, engine: str) -> dict[str, Any]:
         "coverage": fe.get("coverage"),
         # where the weighted answers' propensities came from, their overlap and calibration (queries.propensities)
         "propensities": fe.get("propensities"),
+        # every number is the simulator's own: no weighted check reaches any (printed as extrapolation, exit 8)
+        "model_only": fe.get("model_only"),
         "failed_sites_final_eval": fe.get("failed_sites", []),
         "declined_sites_final_eval": fe.get("declined_sites", []),
         "final_eval_aborted": fe.get("aborted"),

@@ -30,6 +30,7 @@ EXIT_USAGE = 2
 EXIT_DP_BUDGET = 5
 #: a finished run or question whose answers cover fewer sites than it asked (named; ``coverage`` in the JSON)
 EXIT_INCOMPLETE = 7
+EXIT_MODEL_ONLY = 8
 EXIT_INTERRUPTED = 130
 
 #: The closed list of error codes the command line reports (``error_code`` of the envelope), with their exit code.
@@ -41,6 +42,7 @@ ERROR_CODES: dict[str, int] = {
     "SITE_FAILED": EXIT_FAILED,  # a site reported an error (a fixed, non-secret reason) or failed its evaluation
     "DP_BUDGET_EXHAUSTED": EXIT_DP_BUDGET,  # a site refused to train: its ε budget is spent
     "INCOMPLETE_ANSWER": EXIT_INCOMPLETE,  # answers given, but over fewer sites than the run: the others are named
+    "MODEL_ONLY_ANSWER": EXIT_MODEL_ONLY,  # answers given, all of them the simulator's: nothing checked by the logs
     "INTERRUPTED": EXIT_INTERRUPTED,  # stopped by a signal (Ctrl-C, SIGTERM); the state folder can be resumed
     "INTERNAL": EXIT_FAILED,  # a bug: FCD_DEBUG=1 prints the traceback
 }

@@ -324,7 +324,20 @@ def outcome(summary: dict, cfg: "RunConfig") -> CliError | None:
             hint="the site's own log says more (FCD_SITE_DEBUG=1 for a site-local traceback)",
             data=summary,
         )
+    if summary.get("model_only"):
+        return model_only_error(summary)
     return None
+
+
+def model_only_error(answer: dict) -> CliError:
+    """Exit 8: every number of the answer is the simulator's own (no site's propensities reach any of them)."""
+    return CliError(
+        "the answer is the simulator's alone: no site logged or could estimate propensities, so no value or effect "
+        "is checked by the logs (printed under the extrapolation label, not ranked)",
+        "MODEL_ONLY_ANSWER", data=answer,
+        hint="give the table a propensity column, or let each site estimate its own (evaluation.propensities = auto, "
+        "the default); a site whose training rows log one action only cannot",
+    )
 
 
 def execute_run(cfg: "RunConfig", as_json: bool) -> int:
@@ -496,6 +509,8 @@ def register(app: typer.Typer) -> None:
           5    a site's DP budget is exhausted (ε is named)
           7    the answers cover fewer sites than the run: the sites left
                out are named (stdout, and coverage in summary.json)
+          8    the answer is the simulator's alone: no site logged or could
+               estimate propensities (printed as extrapolation, not ranked)
           130  interrupted: continue with --resume RUN_DIR (Ctrl-C or SIGTERM
                stop the run at its next wait; a second one stops it now)
         """

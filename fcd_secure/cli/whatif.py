@@ -65,7 +65,14 @@ def _cell(v: float | None) -> str:
     return fmt(v, ".3f")
 
 
-def whatif_table(result: AnswerLike, title: str = "What happens under each policy") -> Table:
+#: the label of the simulator's own numbers wherever they are printed: never a bare table
+EXTRAPOLATION = "Extrapolation: the simulator over whole trajectories, beyond what the logs identify; not ranked"
+#: what a model-only answer adds to it (no site's propensities reach any number)
+MODEL_ONLY = ("model only: no site logged or could estimate propensities, so no number below is checked by the "
+              "logs")
+
+
+def whatif_table(result: AnswerLike, title: str = EXTRAPOLATION) -> Table:
     """The answer as a table: per policy its simulated value and interval, the contrast to the reference and its
     interval, and the truth beside them when the data has an oracle (``summary.json`` / ``fcd whatif --json``)."""
     ans = EvaluationAnswer.of(result)
@@ -254,8 +261,9 @@ def print_answers(con, res: AnswerLike, dataset: str) -> None:
         con.print(escape(line))  # wrapped to the terminal: the line is long
     if ans.propensities is not None:
         con.print(escape(ans.propensities.line()))
-    title = (f"Extrapolation ({dataset}): the simulator over whole trajectories, beyond what the logs identify; "
-             "not ranked" if ident is not None else f"What happens under each policy ({dataset})")
+    title = EXTRAPOLATION.replace("Extrapolation:", f"Extrapolation ({dataset}):")
+    if ans.model_only:
+        title += f" — {MODEL_ONLY}"
     con.print(whatif_table(ans, title=title))
     if (drt := dr_table(ans, bounds_only=ident is not None)) is not None:
         con.print(drt)
@@ -281,7 +289,8 @@ def register(app: typer.Typer) -> None:
         The result is also written to RUN_DIR/whatif/<query id>.json.
 
         Exit codes: 0 done, 2 bad input (run folder, policy files, labels the data does not have), 1 the run failed,
-        7 the answers cover fewer sites than the run (the sites left out are named on stdout and in the JSON).
+        7 the answers cover fewer sites than the run (the sites left out are named on stdout and in the JSON), 8 the
+        answer is the simulator's alone (no site's propensities: printed as extrapolation, not ranked).
         """
         import torch  # noqa: PLC0415
 
@@ -343,6 +352,10 @@ def register(app: typer.Typer) -> None:
             hint="the sites left out declined under their evaluation cohort rules or failed; the answers describe "
             "the other sites' entities only",
         )
+        if partial is None and ans.model_only:
+            from fcd_secure.cli.run import model_only_error  # noqa: PLC0415
+
+            partial = model_only_error(jsonable(res))
         if as_json:
             emit(partial.envelope() if partial else ok(jsonable(res), f"answered: {result_file}"))
             if partial:

@@ -283,6 +283,7 @@ class EvaluationAnswer(Record):
     selection: Selection | None = None
     coverage: Coverage | None = None
     propensities: Propensities | None = None
+    model_only: bool = False
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> "EvaluationAnswer":
@@ -297,6 +298,7 @@ class EvaluationAnswer(Record):
             whatif=WhatIfSettings.from_json(part(d, "whatif")), selection=Selection.from_json(part(d, "selection")),
             coverage=Coverage.from_json(part(d, "coverage")),
             propensities=Propensities.from_json(part(d, "propensities")),
+            model_only=bool(d.get("model_only", False)),
         )
 
     @classmethod

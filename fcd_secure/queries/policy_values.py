@@ -266,6 +266,11 @@ class PolicyValues(Query):
             answer["whatif"] = {"query_id": q.query_id, "reference": q.reference, "horizon": q.horizon,
                                 "level": q.level,
                                 "per_entity_file": f"<site state>/{WHATIF_DIR}/{q.query_id}.csv (on each site only)"}
+        if per_policy:
+            # no weighted check reaches any number: no identified horizon, no doubly robust value, no one-step effect
+            # (no site logged or could estimate propensities). Every figure is the simulator's alone: labelled so.
+            answer["model_only"] = "one_step_effect" not in answer and not any(
+                "identified" in d or "doubly_robust" in d for d in per_policy.values())
         k = s.get("anchors.sites")
         if k:
             anchors = (int(round(s["anchors.a_off"] / k)), int(round(s["anchors.a_on"] / k)))

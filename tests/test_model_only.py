@@ -1,0 +1,77 @@
+"""Never an unlabelled simulated table (issue 43 item 5): where no site logs or estimates propensities, every number is
+the simulator's, and every output path says so — the run's tables, ``summary.json``, ``fcd whatif`` in print and in
+JSON, the HTML report — and the commands exit 8 (``MODEL_ONLY_ANSWER``).
+
+One real tiny run (the installed entry point in a fresh process, Flower's simulation engine) on a user's table of
+three hospitals without a propensity column, with the sites told not to estimate theirs
+(``evaluation.propensities = "logged"``), then ``fcd whatif`` of it twice and ``fcd report``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import GOOD_SPEC, make_long_table
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+shared = pytest.mark.xdist_group("model-only")
+UNLABELLED = "What happens under each policy"
+
+
+def fcd(*args, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": str(PROJECT_ROOT), "COLUMNS": "100"}
+    return subprocess.run([sys.executable, "-m", "fcd_secure.cli.main", *map(str, args)], capture_output=True,
+                          text=True, env=env, timeout=timeout, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def model_only(tmp_path_factory):
+    base = tmp_path_factory.mktemp("model-only")
+    df = make_long_table(n_entities=150, seed=2)
+    df["hospital"] = df["pid"].map({e: f"h{i % 3}" for i, e in enumerate(df["pid"].unique())})
+    (base / "spec.toml").write_text(GOOD_SPEC.replace('propensity = "p"\n', ""))
+    df.drop(columns=["p"]).to_csv(base / "table.csv", index=False)
+    run = fcd("run", "--preset", "tiny", "--rounds", "1", "--spec", "spec.toml", "--table", "table.csv",
+              "--no-secure-aggregation", "--set", "evaluation.propensities=logged", "--out", "run", cwd=base)
+    asked = fcd("whatif", "run", "-p", "never", "-p", "always", "--json", cwd=base)
+    printed = fcd("whatif", "run", "-p", "never", "-p", "always", cwd=base)
+    report = fcd("report", "run", "--json", cwd=base)
+    return base, run, asked, printed, report
+
+
+@shared
+def test_the_run_prints_the_simulator_under_the_extrapolation_label_and_exits_8(model_only):
+    base, run, _, _, _ = model_only
+    assert run.returncode == 8, run.stderr[-3000:]
+    said = " ".join(run.stdout.split())
+    assert "Extrapolation (spec)" in said and "model only: no site logged or could estimate propensities" in said
+    assert UNLABELLED not in said and "What the logs identify" not in said
+    assert "propensities: none at 3 of 3 sites" in said
+    assert "MODEL_ONLY" not in run.stdout and "the simulator's alone" in " ".join(run.stderr.split())
+    summary = json.loads((base / "run" / "summary.json").read_text())
+    assert summary["model_only"] is True and summary["propensities"]["source"] == "none"
+    assert summary["policies"] and not summary.get("one_step_effect")
+
+
+@shared
+def test_whatif_flags_a_model_only_answer_in_json_and_in_print(model_only):
+    _, _, asked, printed, _ = model_only
+    env = json.loads(asked.stdout)
+    assert asked.returncode == 8 and env["error_code"] == "MODEL_ONLY_ANSWER" and env["exit_code"] == 8
+    assert env["data"]["model_only"] is True and env["data"]["policies"]
+    assert printed.returncode == 8
+    said = " ".join(printed.stdout.split())
+    assert "Extrapolation (spec)" in said and "model only" in said and UNLABELLED not in said
+
+
+@shared
+def test_the_report_labels_it_too(model_only):
+    base, _, _, _, report = model_only
+    assert report.returncode == 0, report.stdout[-2000:] + report.stderr[-2000:]
+    html = (base / "run" / "report.html").read_text()
+    assert "Extrapolation" in html and UNLABELLED not in html and "propensities: none at 3 of 3 sites" in html
