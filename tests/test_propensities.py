@@ -82,10 +82,10 @@ def test_a_site_that_logs_one_action_only_has_no_propensities_and_says_why(tiny_
 
 
 def test_two_sites_one_logged_one_estimated_are_a_mixed_answer():
-    parts = [{"propensity.logged": 1.0, "propensity.estimated": 0.0, "propensity.none": 0.0, "propensity.steps": 10.0,
-              "propensity.below_floor": 0.0},
-             {"propensity.logged": 0.0, "propensity.estimated": 1.0, "propensity.none": 0.0, "propensity.steps": 30.0,
-              "propensity.below_floor": 3.0}]
+    parts = [{"overlap.logged": 1.0, "overlap.estimated": 0.0, "overlap.none": 0.0, "overlap.steps": 10.0,
+              "overlap.below_floor": 0.0},
+             {"overlap.logged": 0.0, "overlap.estimated": 1.0, "overlap.none": 0.0, "overlap.steps": 30.0,
+              "overlap.below_floor": 3.0}]
     got = merge_site_metrics(parts, None, queries=[PropensitySource()])["propensities"]
     assert got["source"] == "mixed" and got["below_floor_share"] == pytest.approx(3 / 40)
     assert "calibration" not in got  # one site sent no reliability sums: a partial table is not shown

@@ -121,3 +121,13 @@ def test_totals_know_which_sites_sent_each_sum():
     assert set(t) == {"a", "b", "c"}  # no bookkeeping keys among the sums
     secure = Totals({"a": 3.5}, sites=3)  # secure aggregation reveals totals over every summed site
     assert secure.all_sent("a") and np.isclose(secure["a"], 3.5)
+
+
+def test_no_declared_name_looks_like_a_propensity_to_the_egress_gate():
+    """The gate refuses any key that names a propensity (``audit.rules.PROPENSITY_NAME``: ``propens…``, a ``.p``
+    segment, ...): a query whose sums were named so would have every plain-mode reply refused (the propensities
+    query first named its sums ``propensity.*`` and ``.p``; secure mode hid it, every plain run failed)."""
+    from fcd_secure.audit.rules import PROPENSITY_NAME
+
+    names = [*registry.metric_names(DEFAULT_POLICY_NAMES, 2), *registry.metric_lists()]
+    assert not [n for n in names if PROPENSITY_NAME.search(n)]
