@@ -32,7 +32,7 @@ def fcd(*args, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def model_only(tmp_path_factory):
     base = tmp_path_factory.mktemp("model-only")
-    df = make_long_table(n_entities=150, seed=2)
+    df = make_long_table(n_entities=300, seed=2)
     df["hospital"] = df["pid"].map({e: f"h{i % 3}" for i, e in enumerate(df["pid"].unique())})
     (base / "spec.toml").write_text(GOOD_SPEC.replace('propensity = "p"\n', ""))
     df.drop(columns=["p"]).to_csv(base / "table.csv", index=False)
