@@ -115,7 +115,9 @@ def _fcd_run(data_dir: Path, out: Path) -> subprocess.CompletedProcess:
 def test_fcd_run_reads_the_folder_named_by_FCD_DATA_DIR(data_dirs, tmp_path):
     holding, _ = data_dirs
     res = _fcd_run(holding, tmp_path / "run")
-    assert res.returncode == 0, res.stderr[-3000:]
+    # Statics2011 logs no propensities and too many items for a site's model of them: the answer is the
+    # simulator's alone, which the run says with exit 8 (MODEL_ONLY_ANSWER)
+    assert res.returncode == 8, res.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["dataset"] == "statics2011"
 

@@ -325,19 +325,10 @@ def outcome(summary: dict, cfg: "RunConfig") -> CliError | None:
             data=summary,
         )
     if summary.get("model_only"):
+        from fcd_secure.cli.whatif import model_only_error  # noqa: PLC0415
+
         return model_only_error(summary)
     return None
-
-
-def model_only_error(answer: dict) -> CliError:
-    """Exit 8: every number of the answer is the simulator's own (no site's propensities reach any of them)."""
-    return CliError(
-        "the answer is the simulator's alone: no site logged or could estimate propensities, so no value or effect "
-        "is checked by the logs (printed under the extrapolation label, not ranked)",
-        "MODEL_ONLY_ANSWER", data=answer,
-        hint="give the table a propensity column, or let each site estimate its own (evaluation.propensities = auto, "
-        "the default); a site whose training rows log one action only cannot",
-    )
 
 
 def execute_run(cfg: "RunConfig", as_json: bool) -> int:

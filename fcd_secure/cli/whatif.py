@@ -72,6 +72,17 @@ MODEL_ONLY = ("model only: no site logged or could estimate propensities, so no 
               "logs")
 
 
+def model_only_error(answer: dict) -> CliError:
+    """Exit 8: every number of the answer is the simulator's own (no site's propensities reach any of them)."""
+    return CliError(
+        "the answer is the simulator's alone: no site logged or could estimate propensities, so no value or effect "
+        "is checked by the logs (printed under the extrapolation label, not ranked)",
+        "MODEL_ONLY_ANSWER", data=answer,
+        hint="give the table a propensity column, or let each site estimate its own (evaluation.propensities = auto, "
+        "the default); a site whose training rows log one action only cannot",
+    )
+
+
 def whatif_table(result: AnswerLike, title: str = EXTRAPOLATION) -> Table:
     """The answer as a table: per policy its simulated value and interval, the contrast to the reference and its
     interval, and the truth beside them when the data has an oracle (``summary.json`` / ``fcd whatif --json``)."""
@@ -353,8 +364,6 @@ def register(app: typer.Typer) -> None:
             "the other sites' entities only",
         )
         if partial is None and ans.model_only:
-            from fcd_secure.cli.run import model_only_error  # noqa: PLC0415
-
             partial = model_only_error(jsonable(res))
         if as_json:
             emit(partial.envelope() if partial else ok(jsonable(res), f"answered: {result_file}"))

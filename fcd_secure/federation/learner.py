@@ -52,6 +52,11 @@ class SiteData:
     propensity_note: str | None = None
 
 
+#: the most actions a site's model of its logging policy is fitted for: beyond, a multinomial over a site's rows is
+#: neither affordable (Statics2011's ~1,200 items: L-BFGS over ~10⁵ coefficients per site) nor estimable
+MAX_BEHAVIOUR_ACTIONS = 64
+
+
 def with_propensities(site: SiteData, mode: str) -> SiteData:
     """The site's data with the propensities its answers use (``evaluation.propensities``).
 
@@ -71,6 +76,11 @@ def with_propensities(site: SiteData, mode: str) -> SiteData:
 
     train = site.train
     acts = np.unique(train.T[train.M > 0])
+    if train.n_actions > MAX_BEHAVIOUR_ACTIONS:
+        return replace(site, test=site.test.without_propensities(),
+                       validation=None if site.validation is None else site.validation.without_propensities(),
+                       propensities="none", propensity_note=f"{train.n_actions} actions: a model of how they were "
+                       f"chosen is fitted for at most {MAX_BEHAVIOUR_ACTIONS}")
     if acts.size < 2:
         return replace(site, test=site.test.without_propensities(),
                        validation=None if site.validation is None else site.validation.without_propensities(),
