@@ -145,7 +145,7 @@ def test_without_propensities_the_learning_rate_is_chosen_by_the_fit_and_says_so
     assert lr == 3e-3 and "unavailable" in how
     lr, how = choose_lr([cand(1e-3, 0.7, 0.01, 0.01), cand(3e-3, 0.6, 0.2, 0.01)])
     assert lr == 1e-3  # the better fit is the confounded one: D1 rules it out
-    assert how.startswith("d1-one-se-then-fit") and "learning rate #1" in how
+    assert how.startswith("d1-paired-one-se") and "learning rate #1" in how
 
 
 def test_verdict():

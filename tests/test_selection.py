@@ -43,13 +43,18 @@ def test_the_gate_allows_every_selection_key():
     assert set(KEYS) <= set(metric_names([], None))
 
 
-def test_the_rule_takes_the_best_fit_among_the_rounds_within_one_se_of_the_smallest_d1():
+def test_the_rule_never_lets_the_validation_fit_decide_among_the_rounds_within_one_se_of_the_smallest_d1():
     scores = [_score(1, 0.30, 0.02, 0.60), _score(2, 0.05, 0.02, 0.70), _score(3, 0.06, 0.02, 0.65),
               _score(4, 0.10, 0.02, 0.50)]
     got = choose_round(scores, last_round=4)
-    # round 4 fits best but its D1 is 2.5 SE above the smallest; round 1 is far off; 2 and 3 are within one SE
-    assert got["rule"] == "d1-one-se-then-fit" and got["candidates"] == [2, 3] and got["round"] == 3
+    # round 4 fits best but its D1 is 2.5 SE above the smallest; round 1 is far off; 2 and 3 are within one SE (no
+    # paired sums kept: the marginal SE, and the reason says so); round 3 fits better, the smaller D1 decides
+    assert got["rule"] == "d1-paired-one-se" and got["candidates"] == [2, 3] and got["round"] == 2
+    assert "marginal SE" in got["reason"] and "fit" not in got["reason"]
     assert got["coverage"] == "full"
+    # with a natural-course gap on every candidate, the gap decides (issue 42 item 1)
+    nc = [dataclasses.replace(s, nc=g) for s, g in zip(scores, (0.1, 0.09, 0.02, 0.0))]
+    assert choose_round(nc, 4)["round"] == 3
     assert scores[0].alarm and not scores[1].alarm  # 0.30 > 3 × 0.02: the learned-confounding alarm
 
 
@@ -188,10 +193,13 @@ def test_a_secure_run_scores_every_round_answers_with_the_chosen_one_and_no_sele
     assert [r["round"] for r in rows] == [1, 2, 3]
     assert all(r["selection"]["coverage"] == "full" and r["d1"] is not None and r["d1_se"] > 0 for r in rows)
     sel = res.extra["selection"]
-    assert sel["rule"] == "d1-one-se-then-fit" and sel["round"] in sel["candidates"]
-    best = min(rows, key=lambda r: r["d1"])
-    assert all(next(r for r in rows if r["round"] == c)["d1"] <= best["d1"] + best["d1_se"] + 1e-12
-               for c in sel["candidates"])
+    assert sel["rule"] == "d1-paired-one-se" and sel["round"] in sel["candidates"]
+    assert "marginal SE" not in sel["reason"]  # every site kept its terms: each comparison is paired
+    scores = {r["round"]: RoundScore.from_row(r["selection"]) for r in rows}
+    best = min(scores.values(), key=lambda s: s.d1)
+    assert all(scores[c].d1 <= best.d1 + scores[c].paired_se(best) + 1e-12 for c in sel["candidates"])
+    # the paired SE is the SE of a difference on shared validation steps: far smaller than either round's own
+    assert all(scores[r].paired_se(scores[1]) < scores[r].se for r in (2, 3))
     # the answer's Θc is the chosen round's, kept by the server
     chosen = KeptParams(state / "_server" / "selection").load(sel["round"])
     for k, v in chosen.items():
@@ -265,11 +273,11 @@ def test_a_supported_dh_narrows_the_candidates_and_an_unsupported_one_is_left_ou
     # rounds 2 and 3 are within one SE on D1; round 3 fits better but its D2 is far off: round 2 is answered with
     scores = [sc(1, 0.30, 0.6, 0.30, 80), sc(2, 0.05, 0.7, 0.04, 80), sc(3, 0.06, 0.65, 0.20, 80)]
     got = choose_round(scores, 3)
-    assert got["rule"] == "d1-and-dh-one-se-then-fit" and got["round"] == 2 and got["candidates"] == [2]
+    assert got["rule"] == "d1-paired-and-dh-one-se" and got["round"] == 2 and got["candidates"] == [2]
     # the same D2 figures with 5 effective followers of a regime: not supported, D1's rule alone (round 3)
     weak = [sc(1, 0.30, 0.6, 0.30, 5), sc(2, 0.05, 0.7, 0.04, 5), sc(3, 0.06, 0.65, 0.20, 5)]
     got = choose_round(weak, 3)
-    assert got["rule"] == "d1-one-se-then-fit" and got["round"] == 3 and "not supported" in got["reason"]
+    assert got["rule"] == "d1-paired-one-se" and got["round"] == 2 and "not supported" in got["reason"]
     assert got["scores"][0]["dh_supported"] is False
 
 
@@ -283,13 +291,40 @@ def test_candidates_the_fit_cannot_tell_apart_are_told_apart_by_a_supported_dh()
     for order in ((0.03, 0.01), (0.01, 0.03)):  # within one SE of each other on D2 either way
         got = choose_round([sc(1, order[0]), sc(2, order[1])], 2)
         assert got["candidates"] == [1, 2] and got["round"] == 1 + order.index(0.01)
-        assert "equal fits: the smaller D2 (0.0100) decided" in got["reason"]
-    # fits equal but for rounding (two runs of one network) tie too; a real difference in fit still decides
+        assert "the smallest D2" in got["reason"]
+    # a better validation fit never decides (issue 42 item 5)
     a, b = sc(1, 0.01), sc(2, 0.03)
-    near = dataclasses.replace(b, fit=b.fit * (1 - 1e-12))
-    assert choose_round([a, near], 2)["round"] == 1
-    better = dataclasses.replace(b, fit=b.fit * (1 - 1e-3))
-    assert choose_round([a, better], 2)["round"] == 2
-    # unsupported D2 takes no part: the tie goes to the later candidate, as before
+    better = dataclasses.replace(b, fit=b.fit * (1 - 1e-1))
+    assert choose_round([a, better], 2)["round"] == 1
+    # unsupported D2 takes no part: the tie goes to the later candidate
     got = choose_round([sc(1, 0.01, ess=5), sc(2, 0.03, ess=5)], 2)
     assert got["round"] == 2
+
+
+def test_the_window_is_the_paired_se_of_the_difference_kept_on_the_site(tmp_path):
+    """Issue 42 item 5: candidates share their validation noise, so a window of one marginal SE makes rounds whose D1
+    differ far beyond chance look tied. The site keeps each round's terms and sends paired sums; the server's window
+    is one SE of the difference."""
+    from fcd_secure.queries.selection import PAIR_LISTS, KeptTerms
+
+    rng = np.random.default_rng(0)
+    noise = rng.normal(0, 1.0, 2_000)  # the validation noise every round shares
+    noise -= noise.mean()
+    kept = KeptTerms(tmp_path / "terms")
+    rows = []
+    for rnd, bias in ((1, 0.035), (2, 0.02), (3, 0.03)):
+        terms = noise + bias + rng.normal(0, 0.02, noise.size)
+        sums = kept.paired_sums(rnd, terms)
+        d = DiscrepancySums.from_terms(terms)
+        totals = Totals({"select.d1.n": d.n, "select.d1.s": d.s, "select.d1.ss": d.ss, "select.d1.clipped": 0,
+                         "select.fit.n": 1.0, "select.fit.s": 0.5, "select.sites": 1.0, **sums}, sites=1)
+        rows.append(RoundScore.from_totals(rnd, totals, 1))
+    assert set(PAIR_LISTS) <= set(sums) and sorted(rows[2].pairs) == [1, 2]
+    marginal = choose_round([dataclasses.replace(r, pairs={}) for r in rows], 3)
+    paired = choose_round(rows, 3)
+    # one marginal SE (≈ 0.022) spans all three rounds; the paired SE (≈ 0.0006) separates them
+    assert marginal["candidates"] == [1, 2, 3] and "marginal SE" in marginal["reason"]
+    assert paired["candidates"] == [2] and paired["round"] == 2 and "marginal" not in paired["reason"]
+    assert rows[2].paired_se(rows[1]) < rows[2].se / 10
+    # a round replayed against another split (different step count) keeps no pair
+    assert KeptTerms(tmp_path / "terms").paired_sums(4, noise[:10])["select.pair.n"] == [0.0] * 128

@@ -6,7 +6,7 @@ separate runs on the same data and seed, hence on the same validation rows (``da
 the sites). Each run already scored its rounds on those rows and answered with the round
 ``queries.selection.choose_round`` picked; this command applies the same rule across the runs
 (``queries.selection.choose_run``): the runs whose D₁ at their chosen round is within one SE of the smallest (and D₂
-where every run's is supported), then the best validation fit, equal fits going to the smaller supported D₂. It reads only the runs' own files (no site is asked,
+where every run's is supported), then the smallest natural-course gap, supported D₂ or D₁ (never the validation fit). It reads only the runs' own files (no site is asked,
 nothing is trained) and never uses a test split or an oracle's truth.
 """
 
@@ -83,7 +83,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Say which run to answer with: the truth-free rule that chose each run's round (D1 = the one-step doubly
         robust discrepancy on the sites' validation rows, within one SE of the smallest; D2 too where every run's is
-        supported; then the best validation fit), applied across the runs. Fit alone never chooses: on confounded
+        supported; then the smallest natural-course gap, D₂ or D₁, never the fit), applied across the runs. Fit alone never chooses: on confounded
         logs the best-fitting model is the most confounded one.
 
         The runs must share the data settings and the seed (the same validation rows); otherwise the command

@@ -19,7 +19,7 @@ module                 role
 ``targeted``           the identified one-step effect (``OneStep``) and values over the first h steps
                        (``Identified``)
 ``dr_learner``         per-entity effects: the federated DR-learner's fit and effects, its held-out check
-``selection``          the truth-free round selection (D₁, D_h, validation fit) and the Θs kept per round
+``selection``          the truth-free round selection (D₁ with paired SEs, D_h, natural course) and the Θs kept per round
 ``policy_values``      the what-if answer: ``PolicyValues`` and its parts; simulated values, support
 ``policy_terms``       the per-policy terms of a question on a site (rollouts, residual), computed once
 ``logged``             what a policy does on the logged rows: π(logged a_t | history), logged support

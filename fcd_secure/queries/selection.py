@@ -19,20 +19,30 @@ transport (secure aggregation in secure mode): never a per-step term, a predicti
 no propensities, or whose validation rows are fewer than its evaluation cohort floor, sends n = 0 and counts in
 ``select.sites`` as not scoring; the criterion is then *partial* (some sites) or *unavailable* (none).
 
-The rule (:func:`choose_round`, stated in ``summary.json``): among the evaluated rounds whose D₁ is within one
-standard error of the smallest D₁ (the one-SE rule of Breiman et al. 1984, applied to a discrepancy instead of a
-prediction error) — and, where D_h is supported in every scored round, whose D_h is within one SE of the smallest
-D_h too (when no round is within both, D₁'s candidates, and the output says so) — the one with the best validation
-fit (equal fits, as of one network rolled out two ways, go to the smaller supported D_h, then to the later round);
-with no D₁ anywhere, the last round, and the output says why. Every site then answers with its own Θs of the chosen
-round (kept on the site, :class:`KeptParams`).
+**Paired differences.** Every candidate is scored on the same validation steps, so most of ψ's noise (the outcome
+over the propensity) is common to all of them: the standard error of the *difference* of two rounds' D₁ is far
+smaller than either round's own SE (measured about 10× on the glucose world of issue 42). A site therefore keeps each
+scored round's per-step terms ψ on its own disk (:class:`KeptTerms`, never sent) and, in every scored round r, adds
+the sums of ψ_r − ψ_k over its validation steps for each earlier kept round k (``select.pair.n|s|ss``, lists indexed
+by round, :data:`PAIR_CAP` rounds): the server reads the paired SE of any two rounds without any per-step value.
+
+The rule (:func:`choose_round`, stated in ``summary.json``): the candidates are the evaluated rounds whose D₁ is
+within one standard error **of the paired difference** from the smallest D₁ (the one-SE rule of Breiman et al. 1984,
+applied to a discrepancy instead of a prediction error; the marginal SE where a pair was not kept, and the output
+says so) — and, where D_h is supported in every scored round, whose D_h is within one SE of the smallest D_h too
+(when no round is within both, D₁'s candidates, and the output says so). Among them, the truth-free criterion
+decides, **never the validation fit** (on confounded logs the best fit is the most confounded): the smaller
+whole-horizon natural-course gap where every candidate has one, else the smaller supported D_h, else the smaller D₁;
+exact ties go to the later round. With no D₁ anywhere, the last round, and the output says why. Every site then
+answers with its own Θs of the chosen round (kept on the site, :class:`KeptParams`).
 """
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +50,7 @@ import numpy as np
 
 from fcd_secure._io import atomic_write_bytes, npz_bytes
 from fcd_secure.evaluation.discrepancy import (
+    DEFAULT_CLIP,
     DiscrepancySums,
     HorizonDiscrepancySums,
     horizon_dr_terms,
@@ -59,8 +70,10 @@ KEYS = ("select.d1.n", "select.d1.s", "select.d1.ss", "select.d1.clipped", "sele
         "select.sites") + tuple(f"select.dh.{f}" for f in DH_FIELDS)
 #: an alarm when a round's D₁ is this many standard errors away from zero
 ALARM_SE = 3.0
-#: validation fits within this relative difference are equal (the rule's D_h tie-break, module docstring)
-FIT_TIE = 1e-9
+#: rounds whose paired D₁ sums a site keeps (``select.pair.*`` are lists indexed by round number, round < this)
+PAIR_CAP = 128
+#: the paired sums (module docstring): steps, Σ(ψ_r − ψ_k), Σ(ψ_r − ψ_k)² for every earlier kept round k
+PAIR_LISTS = ("select.pair.n", "select.pair.s", "select.pair.ss")
 
 
 def restored_round(selection: dict[str, Any] | None, rounds: int) -> int | None:
@@ -93,13 +106,18 @@ class Selection(Query):
     def names(self, policy_names: Iterable[str], ope_horizon: int | None) -> list[str]:
         return list(KEYS)
 
+    def lists(self) -> dict[str, int]:
+        return dict.fromkeys(PAIR_LISTS, PAIR_CAP)
+
     def applies(self, ctx: SiteContext) -> bool:
         return ctx.request.keep_round is not None
 
     def site_sums(self, ctx: SiteContext) -> SiteSums:
         # D_h's simulated futures take the run's seed: common random numbers across rounds
+        kept = None if ctx.site_dir is None else KeptTerms(ctx.site_dir / "selection_terms")
         return site_selection_sums(ctx.model, ctx.data, ctx.cfg.model.outcome == "binary", ctx.floor,
-                                   seed=int(ctx.cfg.seed), pair=validation_pair(ctx))
+                                   seed=int(ctx.cfg.seed), pair=validation_pair(ctx), kept=kept,
+                                   round_id=ctx.request.keep_round)
 
     def merge(self, totals: Totals, ctx: MergeContext, answer: dict[str, Any]) -> None:
         if "select.d1.n" in totals:
@@ -108,7 +126,8 @@ class Selection(Query):
 
 
 def site_selection_sums(model, data, binary: bool, floor: int, seed: int = 0,
-                        pair: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, float]:
+                        pair: tuple[np.ndarray, np.ndarray] | None = None, kept: "KeptTerms | None" = None,
+                        round_id: int | None = None) -> dict[str, Any]:
     """A site's ``select.*`` sums over its validation rows (module docstring); zeros when it cannot score.
 
     Args:
@@ -118,6 +137,8 @@ def site_selection_sums(model, data, binary: bool, floor: int, seed: int = 0,
         floor: the site's evaluation cohort floor: fewer validation entities send nothing (P22).
         seed: the seed of D_h's simulated futures (the same in every round: common random numbers across rounds).
         pair: ``queries.targeted.one_step_pair`` of the validation rows when the caller has it already.
+        kept: the site's store of earlier rounds' terms ψ (module docstring); None sends no paired sums.
+        round_id: the scored round (the index of its terms in ``kept``).
     """
     out = dict.fromkeys(KEYS, 0.0)
     val = data.validation
@@ -143,6 +164,8 @@ def site_selection_sums(model, data, binary: bool, floor: int, seed: int = 0,
     d = DiscrepancySums.from_terms(terms)
     out.update({"select.d1.n": float(d.n), "select.d1.s": d.s, "select.d1.ss": d.ss,
                 "select.d1.clipped": float(d.clipped), "select.sites": 1.0})
+    if kept is not None and round_id is not None and 0 <= int(round_id) < PAIR_CAP:
+        out.update(kept.paired_sums(int(round_id), np.clip(terms, -DEFAULT_CLIP, DEFAULT_CLIP)))
     out.update(_dh_sums(model, val, (a_off, a_on), seed))
     return out
 
@@ -181,6 +204,24 @@ class RoundScore:
     dh: float = math.nan
     dh_se: float = math.nan
     dh_ess: float = 0.0
+    #: paired sums against earlier rounds: ``{round k: (n, Σ(ψ_r − ψ_k), Σ(ψ_r − ψ_k)²)}`` (module docstring)
+    pairs: dict[int, tuple[int, float, float]] = field(default_factory=dict)
+    #: the whole-horizon natural-course gap where the run measured it (``queries.natural_course``), else NaN
+    nc: float = math.nan
+
+    def paired_se(self, other: "RoundScore") -> float:
+        """The standard error of D₁(self) − D₁(other) from the paired sums of the later round (NaN where that round
+        kept no pair with the earlier one)."""
+        late, early = (self, other) if self.round >= other.round else (other, self)
+        if late.round == early.round:
+            return 0.0
+        got = late.pairs.get(early.round)
+        if not got or got[0] < 2:
+            return math.nan
+        n, s, ss = got
+        mean = s / n
+        var = max(ss / n - mean * mean, 0.0) * n / (n - 1)
+        return math.sqrt(var / n)
 
     @classmethod
     def from_totals(cls, rnd: int, totals: dict[str, Any], sites: int) -> "RoundScore | None":
@@ -195,10 +236,16 @@ class RoundScore:
             hs = HorizonDiscrepancySums(**{f: (int(round(totals[f"select.dh.{f}"])) if f in ("n", "clipped")
                                               else float(totals[f"select.dh.{f}"])) for f in DH_FIELDS})
             dh, dh_se, dh_ess = hs.discrepancy().d1(), hs.discrepancy().se(), hs.ess()
+        pairs: dict[int, tuple[int, float, float]] = {}
+        if all(k in totals for k in PAIR_LISTS):
+            pn, ps, pss = (np.asarray(totals[k], dtype=np.float64) for k in PAIR_LISTS)
+            # a pair counts only where every scoring site kept it (its steps are then all of D₁'s steps)
+            pairs = {k: (int(round(pn[k])), float(ps[k]), float(pss[k])) for k in range(min(len(pn), PAIR_CAP))
+                     if pn[k] > 0 and int(round(pn[k])) == d.n}
         return cls(round=int(rnd), d1=d.d1(), se=d.se(), mean=d.mean(), n=d.n, clipped_share=d.clipped_share(),
                    fit=float(totals["select.fit.s"]) / n_fit if n_fit else math.nan,
                    sites_scoring=int(round(totals.get("select.sites", 0.0))), sites=int(sites),
-                   dh=dh, dh_se=dh_se, dh_ess=dh_ess)
+                   dh=dh, dh_se=dh_se, dh_ess=dh_ess, pairs=pairs)
 
     @classmethod
     def from_row(cls, row: dict[str, Any], rnd: int | None = None) -> "RoundScore":
@@ -211,7 +258,9 @@ class RoundScore:
         return cls(round=int(row["round"] if rnd is None else rnd), d1=get("d1"), se=get("d1_se"),
                    mean=get("d1_mean"), n=int(get("d1_steps", 0)), clipped_share=get("d1_clipped_share"),
                    fit=get("validation_fit"), sites_scoring=int(get("sites_scoring", 0)), sites=int(get("sites", 0)),
-                   dh=get("dh"), dh_se=get("dh_se"), dh_ess=get("dh_ess", 0.0))
+                   dh=get("dh"), dh_se=get("dh_se"), dh_ess=get("dh_ess", 0.0),
+                   pairs={int(k): (int(v[0]), float(v[1]), float(v[2])) for k, v in (row.get("d1_pairs") or {}).items()},
+                   nc=get("nc_gap"))
 
     @property
     def dh_supported(self) -> bool:
@@ -238,7 +287,9 @@ class RoundScore:
                 "d1_steps": self.n, "d1_clipped_share": _f(self.clipped_share), "validation_fit": _f(self.fit),
                 "sites_scoring": self.sites_scoring, "sites": self.sites, "coverage": self.coverage,
                 "alarm": self.alarm, "dh": _f(self.dh), "dh_se": _f(self.dh_se), "dh_ess": _f(self.dh_ess),
-                "dh_horizon": DH_HORIZON, "dh_supported": self.dh_supported}
+                "dh_horizon": DH_HORIZON, "dh_supported": self.dh_supported,
+                "d1_pairs": {str(k): [n, s, ss] for k, (n, s, ss) in sorted(self.pairs.items())},
+                "nc_gap": _f(self.nc)}
 
 
 def _f(x: float) -> float | None:
@@ -260,33 +311,50 @@ def choose_round(scores: list[RoundScore], last_round: int, unit: str = "round",
                 "reason": "no evaluated round had a D1 (no site could score: validation entities below its cohort floor, or "
                           "no logged propensities): "
                           "the last round is kept", "scores": rows}
-    cands, best = _one_se(usable, "d1", "se")
-    rule, dh_note = "d1-one-se-then-fit", ""
+    cands, best, paired = _d1_window(usable)
+    rule, dh_note = "d1-paired-one-se", ""
+    if not paired:
+        dh_note = "; marginal SE (no paired sums kept for some rounds)"
     with_dh = all(s.dh_supported for s in usable)
     if with_dh:  # D_h joins only where every round's is supported (module docstring)
         dh_cands, dh_best = _one_se(usable, "dh", "dh_se")
         both = [s for s in cands if s in dh_cands]
         if both:
-            cands, rule = both, "d1-and-dh-one-se-then-fit"
-            dh_note = f"; D{DH_HORIZON} {dh_best.dh:.4f} smallest at {name.format(dh_best.round)}, also within one SE"
+            cands, rule = both, "d1-paired-and-dh-one-se"
+            dh_note += f"; D{DH_HORIZON} {dh_best.dh:.4f} smallest at {name.format(dh_best.round)}, also within one SE"
         else:
-            dh_note = f"; no {unit} within one SE of both D1 and D{DH_HORIZON}: D1's candidates kept"
+            dh_note += f"; no {unit} within one SE of both D1 and D{DH_HORIZON}: D1's candidates kept"
     elif any(s.dh_supported for s in usable) or any(math.isfinite(s.dh) for s in usable):
-        dh_note = f"; D{DH_HORIZON} left out: not supported in every {unit} (an anchor regime's ESS below 20)"
-    fit = [s.fit if math.isfinite(s.fit) else math.inf for s in cands]
-    top = min(fit)
-    tol = FIT_TIE * max(abs(top), 1.0) if math.isfinite(top) else 0.0
-    tied = [s for s, f in zip(cands, fit) if f == top or f - top <= tol]
-    # equal fits (one network rolled out two ways: the same one-step predictions) are told apart by a supported D_h
-    pick = min(tied, key=lambda s: (s.dh if with_dh and math.isfinite(s.dh) else math.inf, -s.round))
-    if len(tied) > 1 and with_dh:
-        dh_note += f"; equal fits: the smaller D{DH_HORIZON} ({pick.dh:.4f}) decided"
+        dh_note += f"; D{DH_HORIZON} left out: not supported in every {unit} (an anchor regime's ESS below 20)"
+    # never the validation fit (module docstring): natural course, else a supported D_h, else D1 itself
+    if all(math.isfinite(s.nc) for s in cands):
+        key, by = (lambda s: (s.nc, -s.round)), "the smallest whole-horizon natural-course gap"
+    elif with_dh:
+        key, by = (lambda s: (s.dh, -s.round)), f"the smallest D{DH_HORIZON}"
+    else:
+        key, by = (lambda s: (s.d1, -s.round)), "the smallest D1"
+    pick = min(cands, key=key)
     coverage = "full" if all(s.coverage == "full" for s in usable) else "partial"
     return {"rule": rule, "round": pick.round, "coverage": coverage,
             "candidates": [s.round for s in cands],
             "reason": f"D1 {pick.d1:.4f} ± {pick.se:.4f} (smallest {best.d1:.4f} at {name.format(best.round)}); "
-                      f"best validation fit {pick.fit:.4f} among {len(cands)} {unit}(s) within one SE" + dh_note,
+                      f"{by} among {len(cands)} {unit}(s) within one paired SE" + dh_note,
             "scores": rows}
+
+
+def _d1_window(scores: list[RoundScore]) -> tuple[list[RoundScore], RoundScore, bool]:
+    """The rounds whose D₁ is within one SE of the paired difference from the smallest D₁ (module docstring), that
+    round, and whether every comparison had its paired sums (else that round's marginal SE was used)."""
+    best = min(scores, key=lambda s: (s.d1, -s.round))
+    cands, paired = [], True
+    for s in scores:
+        se = s.paired_se(best)
+        if not math.isfinite(se):
+            paired = False
+            se = best.se if math.isfinite(best.se) else 0.0
+        if s.d1 - best.d1 <= se:
+            cands.append(s)
+    return cands, best, paired
 
 
 def _one_se(scores: list[RoundScore], value: str, se: str) -> tuple[list[RoundScore], RoundScore]:
@@ -321,6 +389,37 @@ def choose_run(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"rule": got["rule"], "run": got["round"] - 1, "candidates": [c - 1 for c in got["candidates"]],
             "coverage": got["coverage"],
             "reason": got["reason"]}
+
+
+class KeptTerms:
+    """A site's per-step D₁ terms ψ of every scored round (``<site state>/selection_terms``; never sent): the paired
+    sums of the module docstring."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.dir = Path(folder)
+
+    def path(self, rnd: int) -> Path:
+        return self.dir / f"round_{int(rnd):06d}.npy"
+
+    def paired_sums(self, rnd: int, terms: np.ndarray) -> dict[str, list[float]]:
+        """Keep round ``rnd``'s clipped ``terms`` and return the ``select.pair.*`` lists: entry k holds the sums of
+        ψ_rnd − ψ_k for every earlier kept round k < ``rnd`` whose terms cover the same steps (zeros elsewhere)."""
+        terms = np.asarray(terms, dtype=np.float64).ravel()
+        n, s, ss = (np.zeros(PAIR_CAP) for _ in range(3))
+        for k in range(min(int(rnd), PAIR_CAP)):
+            p = self.path(k)
+            if not p.exists():
+                continue
+            old = np.load(p)
+            if old.shape != terms.shape:  # another validation split (a new cohort): no pair
+                continue
+            diff = terms - old
+            n[k], s[k], ss[k] = diff.size, diff.sum(), (diff * diff).sum()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        buf = io.BytesIO()
+        np.save(buf, terms)
+        atomic_write_bytes(self.path(rnd), buf.getvalue())
+        return {"select.pair.n": n.tolist(), "select.pair.s": s.tolist(), "select.pair.ss": ss.tolist()}
 
 
 class KeptParams:

@@ -8,7 +8,7 @@ and the other 20 % are scored and the candidates chosen by the functions that ch
 contrast with the logged propensities, the validation fit, D_h) read as a
 :class:`~fcd_secure.queries.selection.RoundScore`, and the choice is
 :func:`~fcd_secure.queries.selection.choose_round`'s rule over the candidates: those within one SE of the smallest D₁
-(and of the smallest D_h where it is supported for every candidate), then the best validation fit. On confounded
+(and of the smallest D_h where it is supported for every candidate), then the smallest D_h or D₁ (never the fit). On confounded
 logs the best fit is the most confounded model, so fit alone never chooses where propensities are logged; a dataset
 without them (Diabetes-130, Statics2011), where that rule cannot choose, is chosen by the validation fit alone and
 the choice says so. Nothing of the test split, the DKT-Synth oracle or the paper's numbers enters the choice. A grid
