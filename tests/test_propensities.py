@@ -89,3 +89,45 @@ def test_two_sites_one_logged_one_estimated_are_a_mixed_answer():
     got = merge_site_metrics(parts, None, queries=[PropensitySource()])["propensities"]
     assert got["source"] == "mixed" and got["below_floor_share"] == pytest.approx(3 / 40)
     assert "calibration" not in got  # one site sent no reliability sums: a partial table is not shown
+
+
+def _logged_table(n_entities: int = 300, seed: int = 1):
+    """A long table whose ``p`` is the true probability of the logged drug (a softmax of the lab value)."""
+    import pandas as pd
+
+    from tests.conftest import make_long_table
+
+    df = make_long_table(n_entities, seed)
+    rng = np.random.default_rng(seed)
+    df["lab"] = df["lab"].fillna(5.0)
+    logits = np.stack([np.zeros(len(df)), 0.3 * (df["lab"] - 5), -0.3 * (df["lab"] - 5)], axis=1)
+    probs = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+    taken = np.array([rng.choice(3, p=q) for q in probs])
+    df["drug"] = np.array(["none", "insulin", "metformin"])[taken]
+    df["p"] = probs[np.arange(len(df)), taken]
+    return pd.DataFrame(df)
+
+
+def test_data_validate_refuses_a_propensity_column_naming_the_rows_issue_43_item_6(long_case):
+    """Issue 43 item 6: values outside (0, 1], missing on some rows, or not the probability of the logged action are
+    refused at ``fcd data validate``, naming the rows (or the action whose weights do not average to one)."""
+    from fcd_secure.data.preprocess import dataset_from_files
+    from fcd_secure.data.spec import DataError
+
+    good = _logged_table()
+    spec, table = long_case(good)
+    _, ds = dataset_from_files(spec, table)  # the true logging probabilities pass
+    assert ds.P is not None
+    for change, needle in (
+        (lambda d: d.assign(p=d["p"].where(d.index != 7)), "propensity is missing on 1 row(s)"),
+        (lambda d: d.assign(p=d["p"].where(d.index != 9, 1.5)), "is outside (0, 1]"),
+        # the probability of "insulin" on every row, whatever was given: the weights of the other drugs are off
+        (lambda d: d.assign(p=np.where(d["drug"] == "insulin", d["p"], 1 - d["p"])), "do not sum sensibly"),
+        (lambda d: d.assign(p=0.97), "do not sum sensibly"),
+    ):
+        spec, table = long_case(change(good.copy()))
+        with pytest.raises(DataError, match=needle.replace("(", r"\(").replace(")", r"\)")) as err:
+            dataset_from_files(spec, table)
+        assert err.value.to_dict().get("column") == "p"
+        if "row" in needle:
+            assert err.value.to_dict().get("row") in (7, 9)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -124,6 +125,39 @@ def pack(
         "entities": int(len(ent_len)),
     }
     return out, info
+
+
+#: |mean of 1{T = a}/P − 1| beyond this many standard errors *and* this share refuses a propensity column
+BALANCE_Z, BALANCE_SHARE = 8.0, 0.5
+
+
+def check_propensity_balance(actions: np.ndarray, p: np.ndarray, action_names: list[str], *,
+                             file: str | Path | None = None, column: str | None = None) -> None:
+    """Refuse a propensity column that cannot be the probability of the logged action.
+
+    If P_t = Pr(T_t = a_t | H_t) is the logging probability of the action taken, then for every action a,
+    E[1{T_t = a} / P_t] = Σ_h Pr(h) Pr(a | h) / Pr(a | h) = 1 (the Horvitz–Thompson balancing identity; Horvitz &
+    Thompson 1952; the "weights average to one" check of Cole & Hernán 2008). A column holding the probability of
+    one fixed action, or of "treated", or a score on another scale, breaks it for some action by far more than
+    chance: the mean's deviation from 1 must exceed both :data:`BALANCE_Z` standard errors and
+    :data:`BALANCE_SHARE` of 1 (a logging policy with rare actions has noisy means, never a refused column).
+
+    Raises:
+        DataError: an action's mean weight is off, naming the action, its mean and the column.
+    """
+    actions = np.asarray(actions)
+    w_all = 1.0 / np.asarray(p, dtype=np.float64)
+    n = actions.size
+    for a, name in enumerate(action_names):
+        w = np.where(actions == a, w_all, 0.0)
+        mean = float(w.mean())
+        se = float(w.std(ddof=1) / np.sqrt(n)) if n > 1 else math.inf
+        if abs(mean - 1.0) > max(BALANCE_Z * se, BALANCE_SHARE):
+            raise DataError(
+                f"the propensities do not sum sensibly per step: over the {n} rows, the mean of 1{{action = "
+                f"{name!r}}}/propensity is {mean:.3f} ± {se:.3f}, where the probability of the logged action gives "
+                "1 for every action; the column must hold the probability of the action each row took (not of one "
+                "fixed action, nor a score)", file=file, column=column)
 
 
 def padded_bytes(n: int, max_len: int, da: int, has_propensity: bool) -> int:
@@ -520,10 +554,17 @@ def build_dataset(spec: DatasetSpec, df: pd.DataFrame, file: str | Path = "<tabl
     p = None
     if spec.propensity:
         p = pd.to_numeric(df[spec.propensity], errors="coerce").to_numpy(dtype=np.float64)
+        missing = df[spec.propensity].isna().to_numpy()
+        if missing.any():
+            r = _first_bad(missing)
+            raise fail(f"propensity is missing on {int(missing.sum())} row(s) (first shown; a logged propensity "
+                       "must be on every row, or drop the column and let the sites estimate it)", spec.propensity, r)
         bad = ~np.isfinite(p) | (p <= 0) | (p > 1)
         if bad.any():
             r = _first_bad(bad)
-            raise fail(f"propensity {df[spec.propensity].iloc[r]!r} is outside (0, 1]", spec.propensity, r)
+            raise fail(f"propensity {df[spec.propensity].iloc[r]!r} is outside (0, 1] ({int(bad.sum())} such "
+                       "row(s), first shown)", spec.propensity, r)
+        check_propensity_balance(ids, p, action_names, file=file, column=spec.propensity)
 
     # site
     site_idx = None
