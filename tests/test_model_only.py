@@ -55,6 +55,10 @@ def test_the_run_prints_the_simulator_under_the_extrapolation_label_and_exits_8(
     assert "MODEL_ONLY" not in run.stdout and "the simulator's alone" in " ".join(run.stderr.split())
     summary = json.loads((base / "run" / "summary.json").read_text())
     assert summary["model_only"] is True and summary["propensities"]["source"] == "none"
+    # issue 43 item 6: the answer names the sites without propensities and why (their hello, not the sums)
+    assert sorted(summary["propensities"]["missing_at"]) == sorted(summary["site_ids"])
+    assert all("evaluation.propensities = 'logged'" in why for why in summary["propensities"]["missing_at"].values())
+    assert f"without propensities: {summary['site_ids'][0]} (none: its table logs none" in said
     assert summary["policies"] and not summary.get("one_step_effect")
 
 

@@ -159,6 +159,8 @@ def make_client_app(cfg: RunConfig | None = None) -> ClientApp:
                 "site-id": rt.site_id,
                 "site-index": rt.site_index,
                 "layout-hash": rt.layout_hash,
+                # its propensity status (a closed vocabulary): the answers name the sites without propensities
+                "behaviour": rt.data.behaviour,
                 **{f"dim-{k}": int(v) for k, v in rt.dims.items()},
             }
         )

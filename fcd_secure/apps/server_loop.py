@@ -76,6 +76,8 @@ class SiteInfo:
     site_index: int
     layout_hash: str
     dims: dict[str, int]
+    #: its propensity status (``federation.learner.BEHAVIOUR_CODES``)
+    behaviour: str = "logged"
 
 
 def describe_site_error(site_id: str, error: str) -> str:
@@ -149,7 +151,11 @@ def hello(comm: Comm, node_ids: list[int], timeout_s: float, n_sites: int) -> li
     for nid in node_ids:
         h = replies[nid].content[REC_HELLO]
         dims = {k[len("dim-"):]: int(v) for k, v in h.items() if k.startswith("dim-")}
-        infos.append(SiteInfo(nid, str(h["site-id"]), int(h["site-index"]), str(h["layout-hash"]), dims))
+        behaviour = str(h.get("behaviour", "logged"))
+        if behaviour not in learner.BEHAVIOUR_CODES:
+            raise FederationError(f"{h['site-id']} says its propensities are {behaviour!r}, not one of "
+                                  f"{sorted(learner.BEHAVIOUR_CODES)}")
+        infos.append(SiteInfo(nid, str(h["site-id"]), int(h["site-index"]), str(h["layout-hash"]), dims, behaviour))
     infos.sort(key=lambda s: s.site_index)
     if [s.site_index for s in infos] != list(range(n_sites)):
         raise FederationError(f"site indices must be 0..{n_sites - 1} exactly once, got {[s.site_index for s in infos]}")
@@ -164,6 +170,14 @@ def hello(comm: Comm, node_ids: list[int], timeout_s: float, n_sites: int) -> li
     for s in infos:
         comm.site_of[s.node_id] = s.site_id
     return infos
+
+
+def name_sites_without_propensities(answer: dict, sites: list[SiteInfo]) -> None:
+    """Issue 43 item 6: the answer names the sites whose propensities were missing, and why (from their hello: the
+    sums of ``queries.propensities`` say how many, under secure aggregation never which)."""
+    missing = {s.site_id: learner.BEHAVIOUR_CODES[s.behaviour] for s in sites if s.behaviour.startswith("none")}
+    if isinstance(answer.get("propensities"), dict):
+        answer["propensities"]["missing_at"] = missing
 
 
 def state_root(cfg: RunConfig) -> Path:
@@ -246,6 +260,7 @@ class ServerLoop(Generic[Answer]):
             self.checkpoint(rnd)
             self.say("round", row)
         answer = self.evaluate()
+        name_sites_without_propensities(answer, self.sites)
         self.close()
         return self.result(answer)
 

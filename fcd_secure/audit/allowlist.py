@@ -62,6 +62,7 @@ def federation_gate_policy(
         f"{rec_hello}/site-id": ConfigFieldRule(type="str", max_len=64),
         f"{rec_hello}/site-index": ConfigFieldRule(type="int", max_abs=2**16),
         f"{rec_hello}/layout-hash": ConfigFieldRule(type="str", max_len=64),
+        f"{rec_hello}/behaviour": ConfigFieldRule(type="str", max_len=16),
         **{f"{rec_hello}/dim-{d}": ConfigFieldRule(type="int", max_abs=2**24) for d in dims},
     }
     return GatePolicy(allowed_metrics=frozenset(scalars), allowed_metric_lists=lists, allowed_config_keys=config, **policy)

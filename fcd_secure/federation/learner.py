@@ -51,10 +51,29 @@ class SiteData:
     propensities: str = "logged"
     propensity_note: str | None = None
 
+    @property
+    def behaviour(self) -> str:
+        """The site's propensity status as it tells the server at hello (:data:`BEHAVIOUR_CODES`: a closed
+        vocabulary, so that nothing but the status leaves the site)."""
+        if self.propensities != "none":
+            return self.propensities
+        note = self.propensity_note or ""
+        return "none-actions" if "at most" in note else "none-one-action" if "action(s)" in note else "none-unlogged"
+
 
 #: the most actions a site's model of its logging policy is fitted for: beyond, a multinomial over a site's rows is
 #: neither affordable (Statics2011's ~1,200 items: L-BFGS over ~10⁵ coefficients per site) nor estimable
 MAX_BEHAVIOUR_ACTIONS = 64
+
+
+#: what a site's hello says of its propensities (``SiteData.behaviour``), and what the answer then says
+BEHAVIOUR_CODES = {
+    "logged": "logged in its table",
+    "estimated": "estimated by its own model of its logging policy",
+    "none-actions": f"none: more than {MAX_BEHAVIOUR_ACTIONS} actions, too many for its behaviour model",
+    "none-one-action": "none: its training rows log one action only, no behaviour model can be fitted",
+    "none-unlogged": "none: its table logs none and evaluation.propensities = 'logged' forbids estimating them",
+}
 
 
 def with_propensities(site: SiteData, mode: str) -> SiteData:

@@ -74,6 +74,8 @@ class Propensities(Record):
     below_floor_share: float | None = None
     calibration_error: float | None = None
     assumptions: tuple[str, ...] = ()
+    #: the sites without propensities and why (their hello; ``apps.server_loop.name_sites_without_propensities``)
+    missing_at: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> "Propensities | None":
@@ -81,7 +83,7 @@ class Propensities(Record):
             return None
         return cls(source=d.get("source", "none"), sites=dict(d.get("sites") or {}), floor=d.get("floor"),
                    below_floor_share=d.get("below_floor_share"), calibration_error=d.get("calibration_error"),
-                   assumptions=tuple(d.get("assumptions") or ()))
+                   assumptions=tuple(d.get("assumptions") or ()), missing_at=dict(d.get("missing_at") or {}))
 
     def line(self) -> str:
         """``propensities: logged at 4 of 4 sites; ...``: what the weighted answers stand on, as every renderer says
@@ -95,6 +97,8 @@ class Propensities(Record):
             text += f" (calibration error {self.calibration_error:.3f})"
         if self.below_floor_share is not None and self.floor is not None:
             text += f"; {self.below_floor_share:.0%} of test steps below {self.floor:g}"
+        if self.missing_at:
+            text += "; without propensities: " + ", ".join(f"{site} ({why})" for site, why in self.missing_at.items())
         if self.assumptions:
             text += "; the weighted answers assume " + ", ".join(self.assumptions)
         return text
