@@ -180,6 +180,8 @@ def build_summary(cfg: RunConfig, result, engine: str) -> dict[str, Any]:
         "ate_error": fe.get("ate_error"),
         # what the logs identify (queries.targeted): the one-step effect at every decision step, doubly robust
         "one_step_effect": fe.get("one_step_effect"),
+        # how far an unrecorded confounder could move it (queries.sensitivity)
+        "sensitivity": fe.get("sensitivity"),
         # per-entity one-step effects: the federated DR-learner beside the simulator's own contrast (queries.dr_learner)
         "dr_learner": fe.get("dr_learner"),
         "factual_auc": fe.get("factual_auc"),

@@ -259,6 +259,16 @@ def dr_table(result: AnswerLike, bounds_only: bool = False) -> Group | None:
     return Group(values, effects)
 
 
+def sensitivity_lines(result: AnswerLike) -> list[str]:
+    """How far an unrecorded confounder could move the one-step effect (``queries.sensitivity``): the verdict, then
+    the bounds at each reported Γ."""
+    sens = EvaluationAnswer.of(result).sensitivity
+    if sens is None:
+        return []
+    return [f"sensitivity of the one-step effect to an unrecorded confounder: {sens.verdict()}; {sens.model}"] + [
+        "  " + line for line in sens.lines()]
+
+
 def print_answers(con, res: AnswerLike, dataset: str) -> None:
     """The answer of ``fcd run`` and ``fcd whatif``: first what the logs identify (the headline), then the simulator's
     whole-trajectory numbers labelled as extrapolation, with the doubly robust values and their bounded intervals."""
@@ -270,6 +280,8 @@ def print_answers(con, res: AnswerLike, dataset: str) -> None:
         con.print(escape(line))
     if (line := one_step_line(ans)) is not None:
         con.print(escape(line))  # wrapped to the terminal: the line is long
+    for line in sensitivity_lines(ans):
+        con.print(escape(line))
     if ans.propensities is not None:
         con.print(escape(ans.propensities.line()))
     title = EXTRAPOLATION.replace("Extrapolation:", f"Extrapolation ({dataset}):")

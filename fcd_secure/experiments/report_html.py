@@ -157,6 +157,13 @@ def _answers_html(ans: EvaluationAnswer) -> list[str]:
     if one is not None:
         h.append(f'<p id="one-step">One-step effect of a_on vs a_off at every decision step: '
                  f'{escape(one.sentence("interval"))}.</p>')
+    if ans.sensitivity is not None:
+        sens = ans.sensitivity
+        h.append(f'<p id="sensitivity">Sensitivity to an unrecorded confounder: {escape(sens.verdict())} '
+                 f'({escape(sens.model)}).</p>')
+        h.append(_table(["Γ", "low", "high", "with sampling error"],
+                        [[f"{b['gamma']:g}", f"{b['low']:+.3f}", f"{b['high']:+.3f}",
+                          f"{b['low_ci']:+.3f} to {b['high_ci']:+.3f}"] for b in sens.bounds], {0, 1, 2}))
     if ans.propensities is not None:
         h.append(f'<p id="propensities">{escape(ans.propensities.line())}.</p>')
     if ident:

@@ -105,6 +105,42 @@ class Propensities(Record):
 
 
 @dataclass(frozen=True)
+class Sensitivity(Record):
+    """The one-step effect's bounds under the marginal sensitivity model (``queries.sensitivity``): per Γ the bounds
+    and their interval, the smallest Γ that could reverse the sign."""
+
+    estimand: str = ""
+    model: str = ""
+    bounds: tuple[Mapping[str, float], ...] = ()
+    sign_at_1: int = 0
+    gamma_sign_change: float | None = None
+    gamma_max: float = 10.0
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> "Sensitivity | None":
+        if not d:
+            return None
+        return cls(estimand=d.get("estimand", ""), model=d.get("model", ""), bounds=tuple(d.get("bounds") or ()),
+                   sign_at_1=int(d.get("sign_at_1", 0)), gamma_sign_change=d.get("gamma_sign_change"),
+                   gamma_max=float(d.get("gamma_max", 10.0)))
+
+    def verdict(self) -> str:
+        """``the sign holds up to Γ = 1.75`` (or why not), as every renderer says it."""
+        if self.sign_at_1 == 0:
+            return "its interval already contains 0 at Γ = 1 (no unrecorded confounder needed to reverse it)"
+        if self.gamma_sign_change is None:
+            return f"no unrecorded confounder up to Γ = {self.gamma_max:g} could reverse its sign"
+        return (f"an unrecorded confounder of strength Γ = {self.gamma_sign_change:g} could reverse its sign "
+                "(its bounds' interval then contains 0)")
+
+    def lines(self) -> list[str]:
+        """One line per reported Γ: ``Γ = 1.5: −0.041 to +0.012 (90 % −0.060 to +0.031)``."""
+        return [f"Γ = {b['gamma']:g}: {b['low']:+.3f} to {b['high']:+.3f} (with sampling error {b['low_ci']:+.3f} to "
+                f"{b['high_ci']:+.3f})" + ("  ← no unrecorded confounder" if b["gamma"] == 1 else "")
+                for b in self.bounds]
+
+
+@dataclass(frozen=True)
 class HeldOutCheck(Record):
     """The DR-learner's truth-free held-out check (``queries.dr_learner.heldout_check``): the gain in squared error
     per step over one constant, its z (gain / SE), the verdict, the steps it covers."""
@@ -281,6 +317,7 @@ class EvaluationAnswer(Record):
     effect_skill: EffectSkill | None = None
     effect_support: EffectSupport | None = None
     one_step: OneStepEffect | None = field(default=None, metadata={"key": "one_step_effect"})
+    sensitivity: Sensitivity | None = None
     dr_learner: DRLearner | None = None
     policies: Mapping[str, PolicyAnswer] = field(default_factory=dict)
     whatif: WhatIfSettings = field(default_factory=WhatIfSettings)
@@ -297,6 +334,7 @@ class EvaluationAnswer(Record):
             factual_auc=d.get("factual_auc"), effect_skill=EffectSkill.from_json(part(d, "effect_skill")),
             effect_support=EffectSupport.from_json(part(d, "effect_support")),
             one_step=OneStepEffect.from_json(part(d, "one_step_effect")),
+            sensitivity=Sensitivity.from_json(part(d, "sensitivity")),
             dr_learner=DRLearner.from_json(part(d, "dr_learner")),
             policies={k: PolicyAnswer.from_json(k, v) for k, v in (d.get("policies") or {}).items()},
             whatif=WhatIfSettings.from_json(part(d, "whatif")), selection=Selection.from_json(part(d, "selection")),

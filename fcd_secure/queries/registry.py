@@ -23,6 +23,7 @@ from fcd_secure.queries.pi_source import PiSource
 from fcd_secure.queries.policy_values import LoggedSupport, PolicyValues, SimulatedValues
 from fcd_secure.queries.propensities import PropensitySource
 from fcd_secure.queries.selection import Selection
+from fcd_secure.queries.sensitivity import Sensitivity
 from fcd_secure.queries.targeted import Identified, OneStep
 
 __all__ = ["POLICY_VALUES", "QUERIES", "merge", "metric_lists", "metric_names", "site_sums"]
@@ -35,6 +36,7 @@ QUERIES: tuple[Query, ...] = (
     OracleEffects(),
     FactualAUC(),
     OneStep(),
+    Sensitivity(),
     DRLearnerEffects(),
     POLICY_VALUES,
     PropensitySource(),
