@@ -75,7 +75,7 @@ class Propensities(Record):
     calibration_error: float | None = None
     assumptions: tuple[str, ...] = ()
     #: the sites without propensities and why (their hello; ``apps.server_loop.name_sites_without_propensities``)
-    missing_at: Mapping[str, str] = field(default_factory=dict)
+    missing_at: Mapping[str, str] | None = None
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> "Propensities | None":
@@ -83,7 +83,7 @@ class Propensities(Record):
             return None
         return cls(source=d.get("source", "none"), sites=dict(d.get("sites") or {}), floor=d.get("floor"),
                    below_floor_share=d.get("below_floor_share"), calibration_error=d.get("calibration_error"),
-                   assumptions=tuple(d.get("assumptions") or ()), missing_at=dict(d.get("missing_at") or {}))
+                   assumptions=tuple(d.get("assumptions") or ()), missing_at=dict(d["missing_at"]) if d.get("missing_at") is not None else None)
 
     def line(self) -> str:
         """``propensities: logged at 4 of 4 sites; ...``: what the weighted answers stand on, as every renderer says
