@@ -182,6 +182,8 @@ def build_summary(cfg: RunConfig, result, engine: str) -> dict[str, Any]:
         "one_step_effect": fe.get("one_step_effect"),
         # how far an unrecorded confounder could move it (queries.sensitivity)
         "sensitivity": fe.get("sensitivity"),
+        # what kind each answer is and what it rests on (queries.kinds)
+        "kinds": fe.get("kinds"),
         # per-entity one-step effects: the federated DR-learner beside the simulator's own contrast (queries.dr_learner)
         "dr_learner": fe.get("dr_learner"),
         "factual_auc": fe.get("factual_auc"),

@@ -16,6 +16,7 @@ from fcd_secure.cli.app import emit, say_identifier, stderr, stdout
 from fcd_secure.cli.envelope import CliError, ok
 from fcd_secure._format import fmt
 from fcd_secure.queries.answers import Coverage, EvaluationAnswer
+from fcd_secure.queries.kinds import kind_lines
 from fcd_secure.queries.policy_answers import NOT_IDENTIFIED, interval_text
 
 
@@ -170,13 +171,14 @@ def identified_table(result: AnswerLike) -> Group | None:
         return None
     level, ref = ans.level, ans.reference
     has_truth = any(r.true is not None for d in pols.values() for r in d.identified.horizons)
-    values = _table("What the logs identify: doubly robust values over the first h steps",
+    values = _table(f"What the logs identify: doubly robust values over the first h steps (horizon asked: "
+                    f"{ans.horizon_asked})",
                     ["policy", "h", "DR value", f"{level:.0%} CI", "ESS"] + (["truth"] if has_truth else []))
     effects = _table(f"Identified effects (vs {escape(str(ref))}, on the longest h both policies pass)",
                      ["policy", "h", "DR effect", f"{level:.0%} CI"] + (["truth"] if has_truth else []),
                      caption="h: the longest horizon with ≥ 20 effective entities following the policy (ESS of the "
                              "weight products) whose mean weight product is not significantly below 1 (the logs "
-                             f"reach the whole policy); {level:.0%} intervals. Rank policies on these numbers only")
+                             f"reach the whole policy); {level:.0%} intervals. {ans.horizon_caption()}")
     flagged = False
     reasons: list[str] = []
     for name, d in pols.items():
@@ -284,6 +286,8 @@ def print_answers(con, res: AnswerLike, dataset: str) -> None:
         con.print(escape(line))
     if ans.propensities is not None:
         con.print(escape(ans.propensities.line()))
+    for line in kind_lines(ans.kinds):
+        con.print(escape("kind of answer: " + line))
     title = EXTRAPOLATION.replace("Extrapolation:", f"Extrapolation ({dataset}):")
     if ans.model_only:
         title += f" — {MODEL_ONLY}"

@@ -318,6 +318,8 @@ class EvaluationAnswer(Record):
     effect_support: EffectSupport | None = None
     one_step: OneStepEffect | None = field(default=None, metadata={"key": "one_step_effect"})
     sensitivity: Sensitivity | None = None
+    #: what kind each answer is and what it rests on (``queries.kinds``)
+    kinds: Mapping[str, Mapping[str, Any]] | None = None
     dr_learner: DRLearner | None = None
     policies: Mapping[str, PolicyAnswer] = field(default_factory=dict)
     whatif: WhatIfSettings = field(default_factory=WhatIfSettings)
@@ -335,6 +337,7 @@ class EvaluationAnswer(Record):
             effect_support=EffectSupport.from_json(part(d, "effect_support")),
             one_step=OneStepEffect.from_json(part(d, "one_step_effect")),
             sensitivity=Sensitivity.from_json(part(d, "sensitivity")),
+            kinds=d.get("kinds"),
             dr_learner=DRLearner.from_json(part(d, "dr_learner")),
             policies={k: PolicyAnswer.from_json(k, v) for k, v in (d.get("policies") or {}).items()},
             whatif=WhatIfSettings.from_json(part(d, "whatif")), selection=Selection.from_json(part(d, "selection")),
@@ -355,6 +358,29 @@ class EvaluationAnswer(Record):
     @property
     def reference(self) -> str | None:
         return self.whatif.reference
+
+    @property
+    def horizon_asked(self) -> int | None:
+        """The horizon the question asked (the identified answers' longest horizon tried: the whole trajectory unless
+        the question set one), or None without identified answers."""
+        return max((r.horizon for p in self.identified.values() for r in p.identified.horizons
+                    if r.horizon is not None), default=None)
+
+    @property
+    def ranked_at_asked(self) -> bool:
+        """Whether the identified values may be ranked: every policy is answered at the horizon asked (a ranking is
+        printed only there; issue 42 item 4)."""
+        asked = self.horizon_asked
+        answers = [p.identified.answer for p in self.identified.values()]
+        return asked is not None and bool(answers) and all(a is not None and a.horizon == asked for a in answers)
+
+    def horizon_caption(self) -> str:
+        """Whether the identified table answers the question at its horizon, as every renderer says it."""
+        asked = self.horizon_asked
+        if self.ranked_at_asked:
+            return f"every policy answered at the horizon asked (h = {asked}): these values can be ranked"
+        return (f"h below {asked} is a shorter question than the one asked (the first h of {asked} steps): not a "
+                f"ranking at the horizon asked; policies are ranked only where every one is answered at h = {asked}")
 
     @property
     def identified(self) -> dict[str, PolicyAnswer]:

@@ -18,6 +18,7 @@ from fcd_secure.queries.base import MergeContext, Query, SiteContext, SiteSums, 
 from fcd_secure.queries.doubly_robust import DoublyRobust
 from fcd_secure.queries.dr_learner import DRLearnerEffects, DRLearnerFit
 from fcd_secure.queries.effects import FactualAUC, OracleEffects
+from fcd_secure.queries.kinds import AnswerKinds
 from fcd_secure.queries.off_policy import OffPolicy
 from fcd_secure.queries.pi_source import PiSource
 from fcd_secure.queries.policy_values import LoggedSupport, PolicyValues, SimulatedValues
@@ -42,6 +43,7 @@ QUERIES: tuple[Query, ...] = (
     PropensitySource(),
     Selection(),
     DRLearnerFit(),
+    AnswerKinds(),
 )
 
 

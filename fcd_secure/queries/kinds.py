@@ -1,0 +1,93 @@
+"""What kind each answer is, and what it rests on (issue 42 item 4, issue 43 item 4), stated once for every renderer.
+
+Three kinds, each with its assumptions (Robins 1986; Hernán & Robins 2020, "Causal Inference: What If", ch. 3, 12,
+19-21):
+
+* **checked by weighting** — the doubly robust values and effects over the horizons the logs reach
+  (``queries.targeted``) and the one-step effect: they rest on sequential exchangeability given the recorded history
+  (the propensities are the true assignment probabilities: logged, or the sites' models of their logging policies),
+  positivity (measured: the ESS of the weight products and the overlap check) and consistency; how far an unrecorded
+  confounder could move them is the Γ of ``queries.sensitivity``;
+* **g-computation by the simulator** — where the confounders are recorded, the simulator is a g-formula (Robins
+  1986) and its whole-trajectory numbers are identified under the same assumptions, *checked without the truth* by
+  the natural-course comparison and sequential doubly robust estimates where the run computed them;
+* **extrapolation** — the simulator's numbers where nothing checks them: they rest on the model being right where
+  the logs do not reach, and are never ranked.
+
+``kinds`` has no sums: its merge reads what the earlier queries put into the answer (it is registered last).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from fcd_secure.queries.base import MergeContext, Query, SiteContext, SiteSums, Totals
+
+__all__ = ["AnswerKinds", "CHECKED", "EXTRAPOLATION", "G_COMPUTATION"]
+
+CHECKED, G_COMPUTATION, EXTRAPOLATION = "checked by weighting", "g-computation by the simulator", "extrapolation"
+#: the identifying assumptions of every causal answer here
+IDENTIFYING = ("sequential exchangeability given the recorded history", "positivity", "consistency")
+
+
+class AnswerKinds(Query):
+    """``answer["kinds"]``: per kind of answer present, its assumptions and what was measured of them."""
+
+    name = "kinds"
+
+    def names(self, policy_names: Iterable[str], ope_horizon: int | None) -> list[str]:
+        return []
+
+    def applies(self, ctx: SiteContext) -> bool:
+        return False
+
+    def site_sums(self, ctx: SiteContext) -> SiteSums:
+        return {}
+
+    def merge(self, totals: Totals, ctx: MergeContext, answer: dict[str, Any]) -> None:
+        props = answer.get("propensities") or {}
+        source = {"logged": "logged in the sites' tables", "estimated": "estimated by each site's own model of its "
+                  "logging policy", "mixed": "logged at some sites, estimated at others"}.get(props.get("source"))
+        kinds: dict[str, Any] = {}
+        weighted = answer.get("one_step_effect") is not None or any(
+            (p or {}).get("identified", {}).get("answer") for p in (answer.get("policies") or {}).values())
+        if weighted and source is not None:
+            sens = answer.get("sensitivity") or {}
+            flip = sens.get("gamma_sign_change")
+            gamma = (None if not sens else "its sign already uncertain at Γ = 1" if sens.get("sign_at_1") == 0
+                     else f"sign robust up to Γ < {flip:g}" if flip is not None
+                     else f"sign robust beyond Γ = {sens.get('gamma_max', 10):g}")
+            share = props.get("below_floor_share")
+            kinds[CHECKED] = {
+                "assumptions": list(IDENTIFYING), "propensities": source,
+                "positivity": ("ESS of the weight products ≥ 20 on the horizons answered"
+                               + (f"; {share:.0%} of test steps below the propensity floor" if share is not None
+                                  else "")),
+                "unrecorded_confounding": gamma or "not measured",
+            }
+        nc = answer.get("natural_course")
+        if nc is not None:
+            kinds[G_COMPUTATION] = {"assumptions": list(IDENTIFYING) + ["the confounders are recorded"],
+                                    "checked_by": "natural course" + (" and sequential DR"
+                                                                     if answer.get("sequential_dr") else "")}
+        if answer.get("policies"):
+            kinds[EXTRAPOLATION] = {"assumptions": ["the simulator is right where the logs do not reach"],
+                                    "ranked": False}
+        if kinds:
+            answer["kinds"] = kinds
+
+
+def kind_lines(kinds: dict[str, Any] | None) -> list[str]:
+    """One line per kind: ``checked by weighting — rests on ...; propensities ...; ...``."""
+    out = []
+    for kind, d in (kinds or {}).items():
+        parts = ["rests on " + ", ".join(d.get("assumptions", ()))]
+        for key, word in (("propensities", "propensities"), ("positivity", "positivity measured"),
+                          ("unrecorded_confounding", "unrecorded confounding"), ("checked_by", "checked by")):
+            if d.get(key):
+                parts.append(f"{word}: {d[key]}")
+        if d.get("ranked") is False:
+            parts.append("never ranked")
+        out.append(f"{kind} — " + "; ".join(parts))
+    return out
