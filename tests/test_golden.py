@@ -142,3 +142,19 @@ def test_whatif_answers_with_the_runs_selected_round(golden_run):
     assert 1 <= summary["selection"]["round"] <= summary["rounds"]
     for key in ("pehe", "ate_error", "factual_auc"):
         assert math.isclose(data[key], summary[key], rel_tol=1e-12), (key, data[key], summary[key])
+
+
+@shared
+def test_the_sensitivity_bounds_at_gamma_one_are_the_one_step_effect(golden_run):
+    """At Γ = 1 (no unrecorded confounder) the bounds of ``queries.sensitivity`` are the product's own one-step
+    estimate, with the same cluster-robust sampling error; they widen with Γ (issue 43 item 3)."""
+    base, _, _ = golden_run
+    summary = json.loads((base / "run" / "summary.json").read_text())
+    one, sens = summary["one_step_effect"], summary["sensitivity"]
+    at1 = sens["grid"][0]
+    assert at1["gamma"] == 1.0 and math.isclose(at1["low"], one["aipw"]["estimate"], rel_tol=1e-9, abs_tol=1e-12)
+    assert math.isclose(at1["high"], one["aipw"]["estimate"], rel_tol=1e-9, abs_tol=1e-12)
+    assert math.isclose(at1["high_ci"] - at1["high"], one["aipw"]["high"] - one["aipw"]["estimate"], rel_tol=1e-6)
+    widths = [r["high"] - r["low"] for r in sens["grid"]]
+    assert widths == sorted(widths)
+    assert (sens["sign_at_1"] != 0) == (one["aipw"]["low"] > 0 or one["aipw"]["high"] < 0)

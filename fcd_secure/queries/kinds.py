@@ -72,7 +72,7 @@ class AnswerKinds(Query):
                                     "checked_by": "natural course" + (" and sequential DR"
                                                                      if answer.get("sequential_dr") else "")}
         if answer.get("policies"):
-            kinds[EXTRAPOLATION] = {"assumptions": ["the simulator is right where the logs do not reach"],
+            kinds[EXTRAPOLATION] = {"assumptions": ["a simulator that is right where the logs do not reach"],
                                     "ranked": False}
         if kinds:
             answer["kinds"] = kinds

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from fcd_secure.evaluation.discrepancy import DEFAULT_CLIP
 from fcd_secure.queries.base import MergeContext, Query, SiteContext, SiteSums, Totals
 
 __all__ = ["GAMMAS", "REPORTED", "Sensitivity", "box_bound_terms"]
@@ -50,9 +51,11 @@ MODEL = ("marginal sensitivity model (Tan 2006): an unrecorded confounder moves 
          "by at most Γ; Horvitz–Thompson box bounds of the one-step AIPW effect (valid, conservative)")
 
 
-def box_bound_terms(Y, M, T, P, mu_on, mu_off, a_on: int, a_off: int, gamma: float) -> tuple[np.ndarray, np.ndarray]:
+def box_bound_terms(Y, M, T, P, mu_on, mu_off, a_on: int, a_off: int, gamma: float,
+                    clip: float = DEFAULT_CLIP) -> tuple[np.ndarray, np.ndarray]:
     """Per step ``[n, L]``: the largest and smallest one-step AIPW term over every weight in [A_t, B_t] (module
-    docstring); zero on padding.
+    docstring); zero on padding. Each weighted residual is clipped at ±``clip``·Γ, so that at Γ = 1 the bounds are
+    the product's own clipped estimate (``queries.targeted``: ±50).
 
     Raises:
         ValueError: Γ < 1, or a valid step's propensity outside (0, 1].
@@ -70,6 +73,8 @@ def box_bound_terms(Y, M, T, P, mu_on, mu_off, a_on: int, a_off: int, gamma: flo
     # + w r_on on the a_on arm, − w r_off on the a_off arm: the extreme weight is the one that pushes the term
     up_on, dn_on = np.maximum(lo_w * r_on, hi_w * r_on), np.minimum(lo_w * r_on, hi_w * r_on)
     up_off, dn_off = np.maximum(-lo_w * r_off, -hi_w * r_off), np.minimum(-lo_w * r_off, -hi_w * r_off)
+    c = clip * gamma
+    up_on, dn_on, up_off, dn_off = (np.clip(x, -c, c) for x in (up_on, dn_on, up_off, dn_off))
     contrast = np.where(valid, mu_on - mu_off, 0.0)
     hi = contrast + np.where(on, up_on, 0.0) + np.where(off, up_off, 0.0)
     lo = contrast + np.where(on, dn_on, 0.0) + np.where(off, dn_off, 0.0)
