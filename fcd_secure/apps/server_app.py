@@ -49,7 +49,13 @@ from fcd_secure.config import RunConfig
 from fcd_secure.errors import FcdError
 from fcd_secure.federation.flows import make_flow
 from fcd_secure.federation.records import AggregationFlow, config_from_context
-from fcd_secure.federation.run_ticket import CONSORTIUM_ENV, COORDINATOR_KEY_ENV, verify_run_ticket
+from fcd_secure.federation.run_ticket import (
+    CONSORTIUM_ENV,
+    COORDINATOR_KEY_ENV,
+    AcceptedRuns,
+    RunTicket,
+    verify_run_ticket,
+)
 from fcd_secure.federation.sampler import ClientSampler
 from fcd_secure.federation.secure.secure_stats import STATISTICS_KEY, secure_statistics
 from fcd_secure.federation.state import SERVER_DIR
@@ -293,7 +299,7 @@ def select_round(cfg: RunConfig, history: list[dict]) -> dict:
     return choice
 
 
-def check_signed_run(context: Context, environ: dict[str, str] | None = None) -> None:
+def check_signed_run(context: Context, environ: dict[str, str] | None = None) -> RunTicket | None:
     """Refuse, before anything runs, a deployed run the coordinator did not sign (docs/threats.md P34).
 
     The coordinator's processes pin its public key and the consortium in the environment they give the SuperLink
@@ -301,15 +307,32 @@ def check_signed_run(context: Context, environ: dict[str, str] | None = None) ->
     by anyone else who reaches the Control API — even with the consortium's own app — writes no file and sends no
     message as the coordinator.
 
+    Returns:
+        the verified ticket, or ``None`` when the coordinator pinned no key (a local development deployment).
+
     Raises:
         fcd_secure.federation.run_ticket.RunTicketError: the coordinator pinned a key and the run is not signed by
             it for this consortium and exactly this run config.
     """
     env = os.environ if environ is None else environ
     key = env.get(COORDINATOR_KEY_ENV)
-    if key:
-        verify_run_ticket(dict(context.run_config or {}), coordinator_public_key=key,
-                          consortium_id=env.get(CONSORTIUM_ENV) or None, fab_sha256=None)
+    if not key:
+        return None
+    return verify_run_ticket(dict(context.run_config or {}), coordinator_public_key=key,
+                             consortium_id=env.get(CONSORTIUM_ENV) or None, fab_sha256=None)
+
+
+def accept_run_start(ticket: RunTicket, run_id: int, run_cfg: RunConfig) -> None:
+    """The server uses a signed run start once (docs/threats.md P55): recorded in the server's own state
+    (``<state root>/_server/accepted_runs.json``), a ticket already run under another Flower run id, or first seen
+    after its expiry, is refused before the run folder is touched (a replay would overwrite it).
+
+    Raises:
+        fcd_secure.federation.run_ticket.RunTicketError: a replayed or expired run start.
+    """
+    root = run_cfg.state_root()
+    if root is not None:  # a run that keeps no state writes no folder a replay could overwrite
+        AcceptedRuns(root / SERVER_DIR).accept(ticket, run_id)
 
 
 def keep_to_own_keys(run_cfg: RunConfig, environ: dict[str, str] | None = None) -> None:
@@ -346,10 +369,13 @@ def make_server_app(
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
+        ticket = None
         if cfg is None:  # the Deployment Engine's grid: replies are pulled with Flower's 1 s-doubling backoff
             shorten_grid_backoff()
-            check_signed_run(context)
+            ticket = check_signed_run(context)
         run_cfg = config_from_context(context, cfg)
+        if ticket is not None:
+            accept_run_start(ticket, int(context.run_id), run_cfg)
         if cfg is None:
             keep_to_own_keys(run_cfg)
         result = run_federation(grid, run_cfg, progress, stop)
