@@ -54,6 +54,7 @@ import socket
 import struct
 import sys
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import flwr.superlink.main
 import flwr.superlink.routers.control.middlewares
@@ -81,7 +82,7 @@ UID_OPTION = "--control-api-uid"
 NETLINK_SOCK_DIAG, SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, NLMSG_ERROR = 4, 20, 1, 2
 INET_DIAG_NOCOOKIE = 0xFFFFFFFF
 #: where ``inet_diag_msg.idiag_uid`` sits in the reply: after the netlink header (16 bytes), family, state, timer and
-#: retransmits (4), the socket id (48) and expires, rqueue, wqueue (12)
+#: retransmits (4), the socket id (48) and expires, rqueue, wqueue (12); ``idiag_inode`` follows it
 _UID_OFFSET = 16 + 4 + 48 + 12
 
 
@@ -91,7 +92,15 @@ def _v4(host: str) -> str:
 
 def socket_owner(client: tuple[str, int], server: tuple[str, int] | None) -> int | None:
     """The uid owning the local TCP socket at ``client`` connected to ``server`` (the other end of a connection this
-    host accepted), or ``None`` when there is none on this host (another host) or it cannot be asked.
+    host accepted), or ``None`` when there is none on this host (another host) or it cannot be asked
+    (:func:`socket_identity`)."""
+    found = socket_identity(client, server)
+    return None if found is None else found[0]
+
+
+def socket_identity(client: tuple[str, int], server: tuple[str, int] | None) -> tuple[int, int] | None:
+    """``(uid, inode)`` of the local TCP socket at ``client`` connected to ``server``, or ``None`` when there is
+    none on this host (another host) or it cannot be asked.
 
     One ``SOCK_DIAG_BY_FAMILY`` request without ``NLM_F_DUMP`` (sock_diag(7)): the kernel looks the socket up by its
     4-tuple and answers with its ``idiag_uid``, about 0.07 ms; reading ``/proc/net/tcp`` instead cost about 13 ms a
@@ -113,30 +122,97 @@ def socket_owner(client: tuple[str, int], server: tuple[str, int] | None) -> int
         _length, kind = struct.unpack_from("=LH", reply)
         if kind == NLMSG_ERROR or len(reply) < _UID_OFFSET + 4:
             return None  # no such socket on this host
-        return int(struct.unpack_from("=I", reply, _UID_OFFSET)[0])
+        uid, inode = struct.unpack_from("=II", reply, _UID_OFFSET)
+        return int(uid), int(inode)
     except (OSError, ValueError, struct.error):
         return None  # not Linux, or no netlink: nobody is known, so nobody is let in
 
 
+def socket_holders(inode: int, uid: int, proc: Path = Path("/proc")) -> list[int]:
+    """The pids of ``uid``'s processes that hold the socket ``inode`` open (``/proc/<pid>/fd``, proc(5))."""
+    target, out = f"socket:[{inode}]", []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != uid:
+                continue
+            fds = entry / "fd"
+            if any(os.readlink(fds / fd) == target for fd in os.listdir(fds)):
+                out.append(int(entry.name))
+        except OSError:
+            continue  # exited, or not ours to look at
+    return out
+
+
+def _status(pid: int | str) -> dict[str, str]:
+    """``/proc/<pid>/status`` as ``{field: value}`` (proc(5))."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return {}
+    return {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    seen = set()
+    while pid > 1 and pid not in seen:
+        if pid == ancestor:
+            return True
+        seen.add(pid)
+        try:
+            pid = int(_status(pid).get("PPid", "0"))
+        except ValueError:
+            return False
+    return False
+
+
 class CoordinatorOnly:
     """ASGI middleware: ``403`` for :data:`COORDINATOR_ONLY` paths unless the client address is in ``allowed`` and
-    the client's socket belongs to one of ``uids`` on this host (default: this process's own uid)."""
+    the client's socket belongs to one of ``uids`` on this host (default: this process's own uid); on the Control
+    API also unless the process holding it is neither a confined ServerApp nor started by this SuperLink
+    (:meth:`confined_refusal`, docs/threats.md P53)."""
 
     def __init__(self, app, allowed: Iterable[str], uids: Iterable[int] | None = None) -> None:
         self.app = app
         self.allowed = frozenset(allowed)
         self.uids = frozenset(uids) if uids is not None else frozenset({os.getuid()})
+        #: no_new_privs marks a confined ServerApp only where this SuperLink runs without it (prctl(2): it is
+        #: inherited and cannot be unset)
+        self.nnp_marks = _status("self").get("NoNewPrivs") == "0"
 
     def refusal(self, scope) -> str | None:
         """Why this request may not reach the Control or Runtime API, or ``None``."""
         client = scope.get("client")
         if client is None or client[0] not in self.allowed:
             return "refused: the Control API answers only the coordinator host"
-        uid = socket_owner(client, scope.get("server"))
+        found = socket_identity(client, scope.get("server"))
+        uid = None if found is None else found[0]
         if uid not in self.uids:
             who = "an unknown user" if uid is None else f"uid {uid}"
             return (f"refused: the Control API answers only the coordinator's OS user; this connection belongs to "
                     f"{who} (docs/threats.md P35)")
+        if scope.get("path", "").startswith(CONTROL_PREFIX.rstrip("/")):
+            return self.confined_refusal(*found)
+        return None
+
+    def confined_refusal(self, uid: int, inode: int) -> str | None:
+        """Why the process holding the socket ``inode`` may not call the Control API, or ``None``.
+
+        A ServerApp runs as the coordinator's OS user and needs the Runtime API on this port, so the uid cannot keep
+        it from ``flwr ls``, ``flwr run`` or ``flwr stop`` (P53). It is told apart by what it cannot shed: it was
+        started by this SuperLink (its executor starts every ServerApp) and, once confined (``apps.sandbox``), it
+        carries ``no_new_privs``, which survives a fork that leaves the SuperLink's process tree. A connection whose
+        holder cannot be found is refused too.
+        """
+        holders = socket_holders(inode, uid)
+        if not holders:
+            return "refused: the Control API cannot tell which process holds this connection (docs/threats.md P53)"
+        me = os.getpid()
+        for pid in holders:
+            if _descends_from(pid, me) or (self.nnp_marks and _status(pid).get("NoNewPrivs") == "1"):
+                return (f"refused: the Control API does not answer a ServerApp or another process this SuperLink "
+                        f"started, or a confined process (pid {pid}, docs/threats.md P53)")
         return None
 
     async def __call__(self, scope, receive, send) -> None:

@@ -336,22 +336,31 @@ def accept_run_start(ticket: RunTicket, run_id: int, run_cfg: RunConfig) -> None
 
 
 def keep_to_own_keys(run_cfg: RunConfig, environ: dict[str, str] | None = None) -> None:
-    """A deployed ServerApp gives up reading the coordinator's other keys before it starts (docs/threats.md P35):
-    the files the coordinator's processes name in ``apps.sandbox.DENY_ENV`` (its signing key, the SuperLink's TLS key).
+    """A deployed ServerApp gives up, before it starts, reading the coordinator's other keys (docs/threats.md P35):
+    the files the coordinator's processes name in ``apps.sandbox.DENY_ENV`` (its signing key, the SuperLink's TLS
+    key); and writing anywhere but beneath its run folder, the run's state root and a private temporary folder in
+    the server state (P53: no ``.pth`` in site-packages, no renamed signing key).
 
     Raises:
         fcd_secure.apps.sandbox.SandboxError: files are named and the kernel cannot restrict the process (Landlock,
             Linux ≥ 5.13); the run does not start without the restriction the coordinator asked for.
     """
-    from fcd_secure.apps.sandbox import denied_from_env, deny_reading  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    from fcd_secure.apps.sandbox import confine, denied_from_env  # noqa: PLC0415
 
     denied = denied_from_env(environ)
     if not denied:
         return
-    made = [Path(p) for p in (run_cfg.out, run_cfg.state_dir) if p]
-    for folder in made:  # created before the restriction: a new file directly in a folder on the way is unreadable
+    made = [Path(p) for p in (run_cfg.out, run_cfg.state_root()) if p]
+    root = run_cfg.state_root()
+    scratch = (root / SERVER_DIR / "tmp") if root is not None else None
+    for folder in [*made, *([scratch] if scratch else [])]:
+        # created before the restriction: a new file directly in a folder on the way is unreadable
         folder.mkdir(parents=True, exist_ok=True)
-    deny_reading(denied, also_allow=made)
+    if scratch is not None:  # tempfile (and matplotlib's fallback config folder) writes here, not in /tmp
+        os.environ["TMPDIR"] = tempfile.tempdir = str(scratch)
+    confine(denied, writable=made, also_allow=made)
 
 
 def make_server_app(
