@@ -136,6 +136,12 @@ def test_P54_a_peer_without_a_node_key_is_refused_before_its_body_is_read(superl
     stranger = ec.generate_private_key(ec.SECP384R1())
     status, resp = _ask(port, ca, "POST", "/v1/fleet/push-object", {**big, **_signed_headers(stranger)})
     assert status == 401 and "not a registered SuperNode" in _detail(resp), (status, resp[:300])
+    # the two routes Flower answers for an unknown key (it says why) take a key's own signature and a small body
+    for route in ("/v1/fleet/register-node", "/v1/fleet/activate-node"):
+        status, resp = _ask(port, ca, "POST", route, big)
+        assert status == 401, (route, status, resp[:300])
+        status, resp = _ask(port, ca, "POST", route, {**big, **_signed_headers(stranger)})
+        assert status == 413 and "65536 bytes" in _detail(resp), (route, status, resp[:300])
 
 
 @pytest.mark.deployment

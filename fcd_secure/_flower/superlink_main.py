@@ -37,8 +37,9 @@ Two more guards run before any of Flower's layers (docs/threats.md P54, P56):
   node-authentication middleware looks at the signed headers, so a peer without a node key could make the SuperLink
   hold any body it sent (a 300 MB body took it from 144 MB to 691 MB resident, never returned). The gate answers
   ``411`` to a body without ``Content-Length``, ``413`` to one over ``--max-request-bytes`` (default
-  :data:`DEFAULT_MAX_BODY`), and ``401`` to a Fleet request whose signed timestamp does not verify under a
-  registered SuperNode key (Flower's own header check, ``flwr.superlink.routers.fleet.node_auth.authenticate_node``,
+  :data:`DEFAULT_MAX_BODY`; :data:`ENROL_MAX_BODY` on the two routes a SuperNode calls before its key is known,
+  :data:`ENROL_ROUTES`), and ``401`` to a Fleet request whose signed timestamp does not verify under a
+  registered SuperNode key (on :data:`ENROL_ROUTES`: under the key it sends) (Flower's own header check, ``flwr.superlink.routers.fleet.node_auth.authenticate_node``,
   without the part that needs the body), all before the body is received, and closes the connection; uvicorn stops
   reading a connection whose body the application has not asked for (its flow-control high-water mark), so each
   connection holds at most the headers (h11's 16 KiB limit) plus one bounded body.
@@ -301,6 +302,12 @@ BODY_OPTION = "--max-request-bytes"
 #: 64 MiB: far above a message of this package's models (a few MB of float32 parameters) and a FAB, far below what
 #: makes a coordinator host swap
 DEFAULT_MAX_BODY = 64 * 2**20
+#: the Fleet routes a SuperNode calls before the SuperLink may know its key (flwr 1.42 fleet router): Flower itself
+#: answers why an unregistered key is refused there ("must be registered", "Failed to activate SuperNode"). Their
+#: bodies hold a public key and little else, so they get a signature over the timestamp (the sender holds the key),
+#: no registry check, and a small body limit
+ENROL_ROUTES = frozenset({"/v1/fleet/register-node", "/v1/fleet/activate-node"})
+ENROL_MAX_BODY = 64 * 1024
 #: the routes FastAPI adds to describe the API (flwr 1.42 ``create_app``: ``docs_url="/docs"``, ``redoc_url=None``)
 DESCRIPTION_ROUTES = frozenset({"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 
@@ -375,6 +382,7 @@ class RequestGate:
 
     def refusal(self, scope) -> tuple[int, str] | None:
         """``(status, reason)`` for a request whose body may not be read, from its head alone, or ``None``."""
+        limit = ENROL_MAX_BODY if scope.get("path") in ENROL_ROUTES else self.max_body
         headers = _headers(scope)
         length = headers.get("content-length")
         if "transfer-encoding" in headers or (length is None and scope.get("method") in ("POST", "PUT", "PATCH")):
@@ -382,9 +390,9 @@ class RequestGate:
         if length is not None:
             if not length.isdigit():
                 return 400, "refused: Content-Length is not a number"
-            if int(length) > self.max_body:
+            if int(length) > limit:
                 return 413, (f"refused: a request body of {int(length)} bytes is over the SuperLink's limit of "
-                             f"{self.max_body} bytes ({BODY_OPTION}, docs/threats.md P54)")
+                             f"{limit} bytes for {scope.get('path')} ({BODY_OPTION}, docs/threats.md P54)")
         return None
 
     @staticmethod
@@ -394,8 +402,11 @@ class RequestGate:
         app = scope.get("app")
         if app is None or not getattr(app.state, "enable_supernode_auth", False):
             return None
-        state = app.state.linkstate_factory.state()
-        why = node_refusal(_headers(scope), lambda key: state.get_node_id_by_public_key(key) is not None)
+        if scope.get("path") in ENROL_ROUTES:
+            why = node_refusal(_headers(scope), lambda _key: True)
+        else:
+            state = app.state.linkstate_factory.state()
+            why = node_refusal(_headers(scope), lambda key: state.get_node_id_by_public_key(key) is not None)
         return None if why is None else f"refused: {why} (docs/threats.md P54)"
 
     async def __call__(self, scope, receive, send) -> None:
