@@ -328,7 +328,10 @@ def test_control_api_answers_only_the_coordinator_host():
     assert status("/v1/runtime/acquire-task", "127.0.0.2") == 403
     assert status("/v1/control/start-run", None) == 403
     assert seen == []
-    assert status("/v1/control/start-run", "127.0.0.1") == 200
+    # the Runtime API: the Control API also refuses a connection this process holds, as it refuses its own process
+    # tree's (P53; the coordinator's own flwr passes in tests/test_coordinator_host.py, against a real SuperLink)
+    assert status("/v1/runtime/acquire-task", "127.0.0.1") == 200
+    assert status("/v1/control/start-run", "127.0.0.1") == 403 and seen == ["/v1/runtime/acquire-task"]
     assert status("/v1/fleet/pull-messages", "10.0.0.7") == 200
     assert status("/health", "10.0.0.7") == 200
     for sock in (conn, peer, listener):
