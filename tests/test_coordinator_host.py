@@ -145,7 +145,8 @@ def test_the_control_api_asks_the_kernel_who_holds_the_connection():
     client = socket.create_connection(listener.getsockname())
     conn, _ = listener.accept()
     try:
-        scope = {"type": "http", "path": "/v1/control/list-runs", "client": conn.getpeername(),
+        # the Runtime API: the Control API also refuses a connection held by the SuperLink's own process tree (P53)
+        scope = {"type": "http", "path": "/v1/runtime/pull-messages", "client": conn.getpeername(),
                  "server": conn.getsockname()}
         assert socket_owner(conn.getpeername(), conn.getsockname()) == os.getuid()
         assert CoordinatorOnly(None, ["127.0.0.1"]).refusal(scope) is None
@@ -219,3 +220,77 @@ def test_a_deployed_server_app_cannot_read_the_coordinators_other_keys(tmp_path)
     assert seen == {"coordinator_ed25519.key": "denied", "pki/server.key": "denied", "pki/ca.crt": "public",
                     "consortium.toml": "terms", "server/state/_server/identity_ed25519.key": "ledger",
                     "out": "round\n1\n"}
+
+
+#: a deployed ServerApp, confined as it confines itself (``keep_to_own_keys``), then every write the finding made and
+#: Flower's own ``flwr ls`` against the real SuperLink, from the confined process
+SERVERAPP_WRITES = """
+import json, os, subprocess, sys, sysconfig, tempfile
+from pathlib import Path
+from fcd_secure.apps.server_app import keep_to_own_keys
+from fcd_secure.apps.sandbox import SandboxError
+from fcd_secure.config import build_config
+from fcd_secure.engines.deployment import _bin, flower_env
+home, out, cli = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[4])
+cfg = build_config("tiny", {"out": str(out), "state_dir": str(home / "server" / "state")})
+try:
+    keep_to_own_keys(cfg, {"FCD_SERVERAPP_DENY": sys.argv[3]})
+except SandboxError as exc:
+    print(json.dumps({"skip": str(exc)})); sys.exit(0)
+
+def attempt(write):
+    try:
+        write()
+        return "written"
+    except PermissionError:
+        return "denied"
+
+probe = Path(sysconfig.get_paths()["purelib"]) / f"fcd-landlock-probe-{os.getpid()}.txt"
+seen = {"site-packages": attempt(lambda: probe.write_text("planted"))}
+if seen["site-packages"] == "written":
+    probe.unlink()  # the shared environment is left as it was
+seen["rename signing key"] = attempt(lambda: (home / "coordinator_ed25519.key").rename(home / "moved.key"))
+seen["coordinator folder"] = attempt(lambda: (home / "consortium.toml").write_text("changed"))
+seen["plant in coordinator folder"] = attempt(lambda: (home / "sitecustomize.py").write_text("x"))
+seen["run folder"] = attempt(lambda: (out / "rounds.csv").write_text("round"))
+seen["server state"] = attempt(lambda: (home / "server" / "state" / "_server" / "checkpoint.npz").write_bytes(b"x"))
+seen["temporary file"] = attempt(lambda: tempfile.NamedTemporaryFile().close())
+r = subprocess.run([_bin("flwr"), "ls", "c"], env=flower_env(cli), cwd=cli, capture_output=True, text=True,
+                   timeout=300)
+seen["flwr ls"] = " ".join((r.stdout + r.stderr).split())
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.deployment
+def test_P53_a_deployed_server_app_writes_only_its_run_and_cannot_call_the_control_api(tmp_path, superlink):
+    """P53: from inside a deployed ServerApp, writes to the environment's site-packages and the coordinator's folder
+    succeeded, the signing key could be renamed and ``flwr ls`` answered. Confined as a deployed ServerApp confines
+    itself, each write outside its run folder and the server state is denied, and the real SuperLink refuses its
+    Control API call; the coordinator's own ``flwr ls`` still works."""
+    import json
+
+    port, ca = superlink
+    home = tmp_path / "coordinator"
+    for name, text in {"coordinator_ed25519.key": "signing", "pki/server.key": "tls", "consortium.toml": "terms",
+                       "server/state/_server/identity_ed25519.key": "ledger"}.items():
+        (home / name).parent.mkdir(parents=True, exist_ok=True)
+        (home / name).write_text(text)
+    out = tmp_path / "run"
+    cli = _cli_home(out / "cli", port, ca)  # beneath the run folder: Flower's CLI may write its own home
+    denied = os.pathsep.join(str(home / n) for n in ("coordinator_ed25519.key", "pki/server.key"))
+    r = subprocess.run([sys.executable, "-c", SERVERAPP_WRITES, str(home), str(out), denied, str(cli)],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert r.returncode == 0, r.stderr[-2000:]
+    seen = json.loads(r.stdout.strip().splitlines()[-1])
+    if "skip" in seen:
+        pytest.skip(f"this kernel cannot restrict a process (Landlock): {seen['skip']}")
+    flwr_ls = seen.pop("flwr ls")
+    assert seen == {"site-packages": "denied", "rename signing key": "denied", "coordinator folder": "denied",
+                    "plant in coordinator folder": "denied", "run folder": "written", "server state": "written",
+                    "temporary file": "written"}, seen
+    said = " ".join(flwr_ls.replace("│", " ").split())  # rich's error box, unwrapped
+    assert "refused: the Control API does not answer a ServerApp" in said and "Run ID" not in said, flwr_ls
+    assert (home / "coordinator_ed25519.key").read_text() == "signing"
+    code, mine = _flwr(_cli_home(tmp_path / "coordinator-cli", port, ca), "ls", "c")
+    assert code == 0 and "Listing all runs" in mine, mine

@@ -234,6 +234,17 @@ def test_secure_deployment_refuses_intruders_and_foreign_apps_and_matches_simula
         t0 = time.monotonic()
         summary = dep.run(timeout_s=3000)
         times["run"] = time.monotonic() - t0
+
+        # -- the signed run config resubmitted under a new Flower run id, without the key (P55) ---------------
+        summary_file = tmp_path / "dep-run" / "summary.json"
+        stamp = summary_file.stat().st_mtime_ns
+        with open(tmp_path / "replayed-run.log", "wb") as fh:
+            subprocess.run([_bin("flwr"), "run", str(dep.app_dir), CONNECTION, "--run-config",
+                            str(work / "run-config.toml"), "--stream"], stdout=fh, stderr=subprocess.STDOUT,
+                           env=flower_env(attacker), timeout=600, check=False)
+        replayed = " ".join((tmp_path / "replayed-run.log").read_text(errors="replace").split())
+        assert "signed run start was already used by run" in replayed, replayed[-2000:]
+        assert summary_file.stat().st_mtime_ns == stamp, "a replayed run start rewrote the run folder"
     finally:
         dep.stop()
     _all_gone(dep, work)

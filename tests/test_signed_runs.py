@@ -124,3 +124,53 @@ def test_the_sites_replay_session_follows_the_signed_run_start(consortium):
     second = signed_run_config(key, CONSORTIUM, digest, cfg.to_json())
     assert session_id_of(7, run_config_hash(first)) != session_id_of(7, run_config_hash(second))
     assert session_id_of(7, run_config_hash(first)) == session_id_of(7, run_config_hash(dict(first)))
+
+
+def test_P55_a_site_runs_a_signed_run_start_once(tmp_path, consortium):
+    """P55: the signed run config resubmitted under a new Flower run id (no key needed) ran as a fresh run at every
+    site. A site now keeps the run starts it accepted in its state folder: the same run's later tasks pass, the same
+    ticket under another run id is refused (also after the executor restarts), and a ticket first seen after its
+    expiry is refused."""
+    from fcd_secure.engines.site_exec import task_refusal
+    from fcd_secure.federation.run_ticket import RUN_TICKET_KEY, AcceptedRuns, sign_run_ticket
+    from fcd_secure.federation.state import SiteState
+
+    key, digest, policy, cfg = consortium
+    site = SiteState(tmp_path / "state", "h0")
+    signed = signed_run_config(key, CONSORTIUM, digest, cfg.to_json())
+    assert task_refusal(policy, digest, signed, accepted=AcceptedRuns(site.dir), run_id=7) == (None, "")
+    assert task_refusal(policy, digest, signed, accepted=AcceptedRuns(site.dir), run_id=7) == (None, "")  # round 2
+    for executor in (AcceptedRuns(site.dir), AcceptedRuns(SiteState(tmp_path / "state", "h0").dir)):
+        refusal, why = task_refusal(policy, digest, dict(signed), accepted=executor, run_id=8)
+        assert refusal is not None and refusal.rule == "run_replayed" and "already used by run 7" in why, why
+    fresh = signed_run_config(key, CONSORTIUM, digest, cfg.to_json())  # the coordinator's next run start
+    assert task_refusal(policy, digest, fresh, accepted=AcceptedRuns(site.dir), run_id=8) == (None, "")
+
+    stale = {RUN_CONFIG_KEY: cfg.to_json(),
+             RUN_TICKET_KEY: sign_run_ticket(key, consortium_id=CONSORTIUM, app_fab_sha256=digest,
+                                             run_config_text=cfg.to_json(), valid_s=-1.0)}
+    assert task_refusal(policy, digest, stale) == (None, "")  # the signature itself is good
+    refusal, why = task_refusal(policy, digest, stale, accepted=AcceptedRuns(site.dir), run_id=9)
+    assert refusal is not None and refusal.rule == "run_replayed" and "expired" in why, why
+    assert set(json.loads((site.dir / "accepted_runs.json").read_text())) == {
+        json.loads(signed[RUN_TICKET_KEY])["ticket"]["session_id"], json.loads(fresh[RUN_TICKET_KEY])["ticket"]["session_id"]}
+
+
+def test_P55_the_server_app_refuses_a_replayed_run_start(tmp_path, consortium):
+    """P55: the coordinator's ServerApp records each signed run start it ran in the server state; the same signed
+    config under a new Flower run id is refused before the run folder is touched (a replay overwrote it)."""
+    from fcd_secure.apps.server_app import accept_run_start, check_signed_run
+    from fcd_secure.federation.run_ticket import CONSORTIUM_ENV, COORDINATOR_KEY_ENV, RunTicketError
+
+    key, digest, _, cfg = consortium
+    env = {COORDINATOR_KEY_ENV: public_key_bytes(key).hex(), CONSORTIUM_ENV: CONSORTIUM}
+    signed = signed_run_config(key, CONSORTIUM, digest, cfg.to_json())
+
+    def start(run_id: int) -> None:
+        context = Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(), run_config=dict(signed))
+        accept_run_start(check_signed_run(context, env), run_id, cfg)
+
+    start(11)
+    with pytest.raises(RunTicketError, match="already used by run 11"):
+        start(12)
+    assert (cfg.state_root() / "_server" / "accepted_runs.json").is_file()

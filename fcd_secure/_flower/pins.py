@@ -46,6 +46,8 @@ SOURCES: dict[str, tuple[str, str]] = {
     "flwr.superlink.routers.control.middlewares:ControlLicenseMiddleware": ("0f57194171e921a3d5cbea4f1d59d8313c386c3b8a66ee79dfed6f845b0a15dc", "superlink_main"),
     "flwr.superlink.routers.control.middlewares:ControlEventLogMiddleware": ("d8db2d506ca7d0c5bc27c81bb5c1eebd6c41fc27e758e3ad47c687b0ee002636", "superlink_main"),
     "flwr.superlink.routers.fleet.middlewares:FleetEventLogMiddleware": ("4466ecde96fb2315fe44027e038b8ac693b49dc65c7a3810c2b2c5844305ae76", "superlink_main"),
+    # superlink_main: RequestGate runs the header part of Flower's SuperNode check before the body is read
+    "flwr.superlink.routers.fleet.node_auth:authenticate_node": ("f8e66372d61b3653fc6ee3f9772cc89f805a01bed65e6ce55e4b5fb3a6ad3a17", "superlink_main"),
     # superexec: pull_task_input is copied (short backoff); run_clientapp and run_superexec are what the site's
     # executor mirrors (acquire a task, pull its input, push the reply and the task output)
     "flwr.supernode.runtime.run_clientapp:pull_task_input": ("5607a23e1673ee876930c1b35685b8dfdfd8b3776a436560b0467042e15fc695", "superexec"),

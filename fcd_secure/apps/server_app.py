@@ -49,7 +49,13 @@ from fcd_secure.config import RunConfig
 from fcd_secure.errors import FcdError
 from fcd_secure.federation.flows import make_flow
 from fcd_secure.federation.records import AggregationFlow, config_from_context
-from fcd_secure.federation.run_ticket import CONSORTIUM_ENV, COORDINATOR_KEY_ENV, verify_run_ticket
+from fcd_secure.federation.run_ticket import (
+    CONSORTIUM_ENV,
+    COORDINATOR_KEY_ENV,
+    AcceptedRuns,
+    RunTicket,
+    verify_run_ticket,
+)
 from fcd_secure.federation.sampler import ClientSampler
 from fcd_secure.federation.secure.secure_stats import STATISTICS_KEY, secure_statistics
 from fcd_secure.federation.state import SERVER_DIR
@@ -293,7 +299,7 @@ def select_round(cfg: RunConfig, history: list[dict]) -> dict:
     return choice
 
 
-def check_signed_run(context: Context, environ: dict[str, str] | None = None) -> None:
+def check_signed_run(context: Context, environ: dict[str, str] | None = None) -> RunTicket | None:
     """Refuse, before anything runs, a deployed run the coordinator did not sign (docs/threats.md P34).
 
     The coordinator's processes pin its public key and the consortium in the environment they give the SuperLink
@@ -301,34 +307,60 @@ def check_signed_run(context: Context, environ: dict[str, str] | None = None) ->
     by anyone else who reaches the Control API — even with the consortium's own app — writes no file and sends no
     message as the coordinator.
 
+    Returns:
+        the verified ticket, or ``None`` when the coordinator pinned no key (a local development deployment).
+
     Raises:
         fcd_secure.federation.run_ticket.RunTicketError: the coordinator pinned a key and the run is not signed by
             it for this consortium and exactly this run config.
     """
     env = os.environ if environ is None else environ
     key = env.get(COORDINATOR_KEY_ENV)
-    if key:
-        verify_run_ticket(dict(context.run_config or {}), coordinator_public_key=key,
-                          consortium_id=env.get(CONSORTIUM_ENV) or None, fab_sha256=None)
+    if not key:
+        return None
+    return verify_run_ticket(dict(context.run_config or {}), coordinator_public_key=key,
+                             consortium_id=env.get(CONSORTIUM_ENV) or None, fab_sha256=None)
+
+
+def accept_run_start(ticket: RunTicket, run_id: int, run_cfg: RunConfig) -> None:
+    """The server uses a signed run start once (docs/threats.md P55): recorded in the server's own state
+    (``<state root>/_server/accepted_runs.json``), a ticket already run under another Flower run id, or first seen
+    after its expiry, is refused before the run folder is touched (a replay would overwrite it).
+
+    Raises:
+        fcd_secure.federation.run_ticket.RunTicketError: a replayed or expired run start.
+    """
+    root = run_cfg.state_root()
+    if root is not None:  # a run that keeps no state writes no folder a replay could overwrite
+        AcceptedRuns(root / SERVER_DIR).accept(ticket, run_id)
 
 
 def keep_to_own_keys(run_cfg: RunConfig, environ: dict[str, str] | None = None) -> None:
-    """A deployed ServerApp gives up reading the coordinator's other keys before it starts (docs/threats.md P35):
-    the files the coordinator's processes name in ``apps.sandbox.DENY_ENV`` (its signing key, the SuperLink's TLS key).
+    """A deployed ServerApp gives up, before it starts, reading the coordinator's other keys (docs/threats.md P35):
+    the files the coordinator's processes name in ``apps.sandbox.DENY_ENV`` (its signing key, the SuperLink's TLS
+    key); and writing anywhere but beneath its run folder, the run's state root and a private temporary folder in
+    the server state (P53: no ``.pth`` in site-packages, no renamed signing key).
 
     Raises:
         fcd_secure.apps.sandbox.SandboxError: files are named and the kernel cannot restrict the process (Landlock,
             Linux ≥ 5.13); the run does not start without the restriction the coordinator asked for.
     """
-    from fcd_secure.apps.sandbox import denied_from_env, deny_reading  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    from fcd_secure.apps.sandbox import confine, denied_from_env  # noqa: PLC0415
 
     denied = denied_from_env(environ)
     if not denied:
         return
-    made = [Path(p) for p in (run_cfg.out, run_cfg.state_dir) if p]
-    for folder in made:  # created before the restriction: a new file directly in a folder on the way is unreadable
+    made = [Path(p) for p in (run_cfg.out, run_cfg.state_root()) if p]
+    root = run_cfg.state_root()
+    scratch = (root / SERVER_DIR / "tmp") if root is not None else None
+    for folder in [*made, *([scratch] if scratch else [])]:
+        # created before the restriction: a new file directly in a folder on the way is unreadable
         folder.mkdir(parents=True, exist_ok=True)
-    deny_reading(denied, also_allow=made)
+    if scratch is not None:  # tempfile (and matplotlib's fallback config folder) writes here, not in /tmp
+        os.environ["TMPDIR"] = tempfile.tempdir = str(scratch)
+    confine(denied, writable=made, also_allow=made)
 
 
 def make_server_app(
@@ -346,10 +378,13 @@ def make_server_app(
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
+        ticket = None
         if cfg is None:  # the Deployment Engine's grid: replies are pulled with Flower's 1 s-doubling backoff
             shorten_grid_backoff()
-            check_signed_run(context)
+            ticket = check_signed_run(context)
         run_cfg = config_from_context(context, cfg)
+        if ticket is not None:
+            accept_run_start(ticket, int(context.run_id), run_cfg)
         if cfg is None:
             keep_to_own_keys(run_cfg)
         result = run_federation(grid, run_cfg, progress, stop)

@@ -76,6 +76,8 @@ REFUSAL_RULES = {
     "unknown_message_type": "a message type the site's app does not handle (no handler ran; P28)",
     "run_not_signed": "a run start the consortium's coordinator did not sign for this consortium, app and run config "
     "(its code never ran)",
+    "run_replayed": "a signed run start already used by another Flower run, or first seen after its expiry (its code "
+    "never ran; P55)",
 }
 #: The rule of a message type the site's app does not handle (P28): ``apps.client_app.SiteClientApp`` raises it,
 #: verify names the type in a note.

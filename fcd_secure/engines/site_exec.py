@@ -19,7 +19,10 @@ pinned Flower's ``flwr-supernode --trusted-entities``). So the site takes the la
   submit the pinned app with a config of their own): the run config must carry the coordinator's signature over the
   consortium id, the app hash, a fresh session id and the exact run config (``federation.run_ticket``), checked
   against the coordinator key and consortium the site pinned at join (``[app] coordinator_key``,
-  ``consortium_id``). A run that fails it is refused the same way (rule ``run_not_signed``, docs/threats.md P34).
+  ``consortium_id``). A run that fails it is refused the same way (rule ``run_not_signed``, docs/threats.md P34);
+* a signed run start is used once: the site keeps the run starts it accepted (session id -> Flower run id,
+  ``federation.run_ticket.AcceptedRuns`` in its state folder) and refuses one resubmitted under another run id, or
+  first seen after its expiry (rule ``run_replayed``, docs/threats.md P55).
 
 This is the narrowest seam that the site controls: Flower's own task plumbing (messages, context, heartbeats) is
 used unchanged, and the decision is taken on the bytes the site received, before anything from them runs. It can
@@ -54,11 +57,23 @@ def fab_digest(content: bytes) -> str:
     return hashlib.sha256(content).hexdigest()
 
 
-def task_refusal(policy, digest: str, run_config: dict):  # noqa: ANN001, ANN201 - SitePolicy, (Refusal | None, str)
+def task_refusal(policy, digest: str, run_config: dict, *, accepted=None, run_id: int = 0):  # noqa: ANN001, ANN201
     """Why the site refuses a task of the app with FAB hash ``digest`` and this run config, or ``(None, "")``.
 
     The app must be pinned (``[app] fab_sha256``, P27), and the run signed by the coordinator the site pinned, for
-    the site's consortium, this app and exactly this run config (``federation.run_ticket``, P34).
+    the site's consortium, this app and exactly this run config (``federation.run_ticket``, P34). With ``accepted``
+    (the site's ``federation.run_ticket.AcceptedRuns``) the signed run start must also be new or already this
+    Flower run ``run_id``'s, and unexpired when first seen (P55).
+
+    Args:
+        policy: the site's ``SitePolicy``.
+        digest: SHA-256 of the FAB the site received.
+        run_config: the run's ``Context.run_config``.
+        accepted: the record of the run starts the site accepted (``None``: single use not checked).
+        run_id: the task's Flower run id (``Context.run_id``).
+
+    Returns:
+        ``(Refusal, why)`` or ``(None, "")``.
     """
     from fcd_secure.audit import Refusal  # noqa: PLC0415
     from fcd_secure.federation.run_ticket import RunTicketError, verify_run_ticket  # noqa: PLC0415
@@ -68,10 +83,15 @@ def task_refusal(policy, digest: str, run_config: dict):  # noqa: ANN001, ANN201
     try:
         if policy.app.coordinator_key is None:
             raise RunTicketError("the site policy pins no coordinator key ([app] coordinator_key)")
-        verify_run_ticket(run_config, coordinator_public_key=policy.app.coordinator_key,
-                          consortium_id=policy.app.consortium_id, fab_sha256=digest)
+        ticket = verify_run_ticket(run_config, coordinator_public_key=policy.app.coordinator_key,
+                                   consortium_id=policy.app.consortium_id, fab_sha256=digest)
     except RunTicketError as exc:
         return Refusal("run_not_signed", "run_config", digest[:16]), f"the run is not signed: {exc}"
+    if accepted is not None:
+        try:
+            accepted.accept(ticket, run_id)
+        except RunTicketError as exc:
+            return Refusal("run_replayed", "run_config", ticket.session_id[:16]), f"the run start is not new: {exc}"
     return None, ""
 
 
@@ -97,6 +117,7 @@ def run_task(address: str, token: str) -> int:
     from fcd_secure.audit import GENERIC_ERROR_REASON, GATE_ERROR_CODE, SiteLedger, record_site_refusal  # noqa: PLC0415
     from fcd_secure.audit.ledger import SITE_LEDGER_FILE  # noqa: PLC0415
     from fcd_secure.federation.site_policy import load_site_policy  # noqa: PLC0415
+    from fcd_secure.federation.run_ticket import AcceptedRuns  # noqa: PLC0415
     from fcd_secure.federation.state import SiteState  # noqa: PLC0415
     from fcd_secure.privacy.anchor import read_anchors  # noqa: PLC0415
     from fcd_secure.privacy.ledger import privacy_ledger_hash  # noqa: PLC0415
@@ -115,9 +136,10 @@ def run_task(address: str, token: str) -> int:
         site_id, state_root = str(nc["site-id"]), str(nc["state-dir"])
         policy = load_site_policy(nc, state_root, site_id)
         digest = fab_digest(fab.content)
-        refusal, why = task_refusal(policy, digest, dict(context.run_config))
+        state = SiteState(state_root, site_id)
+        refusal, why = task_refusal(policy, digest, dict(context.run_config), accepted=AcceptedRuns(state.dir),
+                                    run_id=int(context.run_id))
         if refusal is not None:
-            state = SiteState(state_root, site_id)
             ledger = SiteLedger(state.slot(SITE_LEDGER_FILE), state.identity_private_key(), writer_id=site_id)
             reply = record_site_refusal(
                 ledger, message, refusal,

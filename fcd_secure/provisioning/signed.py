@@ -25,6 +25,14 @@ from fcd_secure.fingerprints import fingerprint
 
 FORMAT = "fcd-signed/1"
 
+#: what a reader is told when the signer is not the key it holds: the expected fingerprint and how to check it out of
+#: band, never the fingerprint the document carries (docs/threats.md P57)
+MISMATCH_HINT = (
+    "signed, but not by the expected key {expected}. Do not copy a fingerprint from this file: ask the signer's operator "
+    "to read theirs to you out of band, over a channel you already trust (phone, in person; `fcd consortium init` prints the "
+    "coordinator's, `fcd site init` a site's), compare it with {expected}, and ask for a new file if they differ"
+)
+
 
 class SignedDocumentError(FcdError, ValueError):
     """A signed document that cannot be trusted or read; the message names the file and the field."""
@@ -81,9 +89,9 @@ def read_document(path: str | Path, doc_type: str, expected_fingerprint: str | N
         raise SignedDocumentError(f"{path}: field signer is not a hex public key") from None
     fp = fingerprint(signer)
     if expected_fingerprint is not None and fp != expected_fingerprint:
-        raise SignedDocumentError(
-            f"{path}: field signer: signed by {fp}, not by the expected key {expected_fingerprint}"
-        )
+        # the signer's own fingerprint is not printed: an operator could paste it back as the expected one and so
+        # skip the out-of-band check that is the only thing tying the key to its holder (docs/threats.md P57)
+        raise SignedDocumentError(f"{path}: field signer: {MISMATCH_HINT.format(expected=expected_fingerprint)}")
     if not isinstance(doc["payload"], dict) or not signature_ok(signer, _digest(doc), str(doc["sig"])):
         raise SignedDocumentError(f"{path}: field sig: the signature does not verify (the document was changed after signing)")
     return {"payload": doc["payload"], "signer": signer, "fingerprint": fp}
