@@ -27,6 +27,26 @@ def _co(home: Path):
     return co
 
 
+def missed_steps(summary: dict) -> dict[str, list[str]]:
+    """Per site (by name), the steps of the run it failed or did not answer in, in words: ``round(s) 2, 3``, ``the
+    setup (round 0)``, ``the final evaluation``. Protocol round ``rounds + 1`` is the final evaluation and its closing
+    receipts (``apps.server_app.TrainingLoop.closing_round``), never a training round."""
+    last = int(summary.get("rounds") or 0)
+    by_site: dict[str, set[int]] = {}
+    for e in summary.get("site_errors") or []:
+        by_site.setdefault(str(e.get("site_id")), set()).add(int(e.get("round", 0)))
+    out: dict[str, list[str]] = {}
+    for site, rounds in by_site.items():
+        trained = sorted(r for r in rounds if 0 < r <= last or not last)
+        steps = ["the setup (round 0)"] if 0 in rounds and last else []
+        if trained:
+            steps.append(f"round(s) {', '.join(map(str, trained))}")
+        if last and any(r > last for r in rounds):
+            steps.append("the final evaluation")
+        out[site] = steps
+    return out
+
+
 def run_warnings(summary: dict, home: Path) -> list[str]:
     """What a finished deployment run's summary says that its one-line "run finished" would hide: a run resumed
     from the coordinator's checkpoint instead of trained, sites that failed during training, a final evaluation that
@@ -40,12 +60,9 @@ def run_warnings(summary: dict, home: Path) -> list[str]:
     if aborted:
         out.append(f"{aborted} of {summary.get('rounds')} round(s) aborted (Θc unchanged in them): rounds.csv "
                    "(aborted_reason) says why")
-    failed: dict[str, list[int]] = {}
-    for e in summary.get("site_errors") or []:
-        failed.setdefault(str(e.get("site_id")), []).append(int(e.get("round", 0)))
-    for site, rounds in sorted(failed.items()):
-        out.append(f"site {site} failed in round(s) {', '.join(map(str, sorted(set(rounds))))}; rounds.csv "
-                   "and summary.json (site_errors) say what it missed")
+    for site, steps in sorted(missed_steps(summary).items()):
+        out.append(f"site {site} failed in {', '.join(steps)}; rounds.csv and summary.json (site_errors) say what "
+                   "it missed")
     if summary.get("final_eval_aborted"):
         out.append(f"final evaluation aborted: {summary['final_eval_aborted']}; no answer is reported. Restart the "
                    "missing site(s) (fcd site start) and run the same command again: it resumes from the checkpoint "
