@@ -26,6 +26,7 @@ from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
 from fcd_secure.audit import POLICY_REASON_PREFIX, ServerAudit, message_bytes, payload_bytes, site_error_name
+from fcd_secure.audit.entries import UNNAMED_NODE_PREFIX
 from fcd_secure._flower.waits import grid_poll_s
 from fcd_secure.errors import FcdError
 
@@ -142,7 +143,7 @@ class Comm:
         self.declined: list[SiteErrorRecord] = []
 
     def _site(self, node_id: int) -> str:
-        return self.site_of.get(node_id, f"node:{node_id}")
+        return self.site_of.get(node_id, f"{UNNAMED_NODE_PREFIX}{node_id}")
 
     def send(
         self,

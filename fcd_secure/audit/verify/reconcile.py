@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from fcd_secure.audit.entries import MessageLine
+from fcd_secure.audit.entries import UNNAMED_NODE_PREFIX, MessageLine
 from fcd_secure.fingerprints import fingerprint
 from fcd_secure.audit.verify.result import VerifyResult
 from fcd_secure.audit.verify.server_side import ServerScan
@@ -203,9 +203,17 @@ def _stale(site: SiteScan, run_id: int, after: str) -> bool:
 _RECOLLECT = "collect the sites' current evidence (fcd audit collect) and verify again"
 
 
+def _site_names(server: ServerScan) -> dict[tuple[int, int], str]:
+    """``(run id, node id) -> site id`` from the server's received lines that name the site: a reply recorded before
+    the server knew the node (its ``hello``, :data:`UNNAMED_NODE_PREFIX`) is named by the others of that node."""
+    return {(loc.entry.run_id, loc.entry.node_id): loc.entry.site_id for _lab, loc in server.received.values()
+            if loc.entry.site_id and not loc.entry.site_id.startswith(UNNAMED_NODE_PREFIX)}
+
+
 def _unrecorded_by_sites(server: ServerScan, sites: list[SiteScan], res: VerifyResult) -> None:
     site_mids = {loc.entry.message_id for site in sites for loc in site.uploads}
     by_writer = {site.chain.writer_id: site for site in sites}
+    names = _site_names(server)
     for mid, (lab, loc) in server.received.items():
         if mid in site_mids:
             continue
@@ -218,13 +226,15 @@ def _unrecorded_by_sites(server: ServerScan, sites: list[SiteScan], res: VerifyR
                     f"{loc.where}: the SuperLink answered message {mid[:16]} for site {srv.site_id or '?'}, which did "
                     f"not reply (source node {SUPERLINK_NODE_ID}: built by the SuperLink, no site content)")
             continue
-        who = f"site {srv.site_id}" if srv.site_id else f"node {srv.node_id} (a site the server never named)"
-        own = by_writer.get(srv.site_id) if srv.site_id else None
-        if srv.site_id and own is None:
+        site_id = names.get((srv.run_id, srv.node_id), srv.site_id)
+        named = bool(site_id) and not site_id.startswith(UNNAMED_NODE_PREFIX)
+        who = f"site {site_id}" if named else f"node {srv.node_id} (a site the server never named)"
+        own = by_writer.get(site_id) if named else None
+        if named and own is None:
             # the evidence lacks that site's ledger altogether: incomplete, not inconsistent
             res.add("partial", lab, srv.seq, loc.line,
                     f"{loc.where}: the server received message {mid[:16]} from {who} (round {srv.round}), and no "
-                    f"ledger of {srv.site_id} is under this path: {_RECOLLECT}")
+                    f"ledger of {site_id} is under this path: {_RECOLLECT}")
             continue
         if own is not None and _stale(own, srv.run_id, srv.time):
             # the site's ledger ends before the server received this: a copy taken before that run (stale), which
