@@ -222,6 +222,8 @@ class RunConfig(BaseModel):
         for k in ("rounds", "round_timeout_s", "eval_every", "poll_s", "node_wait_s", "crash_after_round", "site_threads",
                   "select"):
             d["federation"].pop(k, None)
+        if d["dp"].get("run_epsilon") is None:  # unset: the hash of a run from before the key existed, so it resumes
+            d["dp"].pop("run_epsilon", None)
         d["data"].pop("data_dir", None)
         d["data"].pop("effect_horizon", None)  # which truth the run is scored on; the world and training are the same
         if d["data"].get("site_spread") is None:  # unset: the hash of a run from before the key existed, so it resumes

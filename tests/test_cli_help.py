@@ -58,6 +58,7 @@ NOT_SEEDED = {
     ("privacy", "plan"): "computes sigma deterministically",
     ("privacy", "acknowledge-reset"): "records a reason",
     ("audit", "verify"): "reads ledgers, checks signatures",
+    ("audit", "collect"): "copies the sites' current evidence files; nothing is drawn",
     ("audit", "fingerprints"): "reads ledgers",
     ("report",): "reads a run folder, writes one HTML file",
     ("select",): "reads finished run folders, trains and samples nothing",

@@ -181,3 +181,36 @@ def test_a_run_that_ended_without_results_is_reported_with_its_reason(monkeypatc
     monkeypatch.setattr(srv, "_flwr", lambda co, *args: None)  # the SuperLink did not answer: keep waiting
     assert srv._run_status(None, 1) is None
     assert srv._run_error(None, 1) == "the ServerApp's log names no exception"
+
+
+def test_server_run_takes_a_run_share_of_epsilon_and_any_other_key_but_not_the_consortiums(exported, tmp_path):
+    """Issue 45 item 5: `fcd server run --dp-epsilon` (a share of each site's lifetime cap) and `--set KEY=VALUE`;
+    what no site can have left, and the keys a consortium run fixes, are refused before anything is submitted."""
+    out, _ = exported
+    co = tmp_path / "coord"
+    code, env = invoke(consortium_cli.app, ["init", "--home", str(co), "--id", "walk", "--spec", str(out / "spec.toml"),
+                                            "--port", "9"])
+    assert code == 0, env
+    code, env = invoke(site_cli.app, ["init", "--spec", str(out / "spec.toml"), "--table", str(out / "site0.csv"),
+                                      "--home", str(tmp_path / "site0"), "--site-id", "hospital0"])
+    code, env = invoke(consortium_cli.app, ["add-site", str(tmp_path / "site0" / "enrolment_request.json"), "--home",
+                                            str(co), "--fingerprint", env["data"]["identity_fingerprint"]])
+    assert code == 0, env
+    run = tmp_path / "run"
+    code, env = invoke(server_cli.app, ["run", "--home", str(co), "--out", str(run), "--dp-epsilon", "50"])
+    assert code == 2 and "--dp-epsilon 50" in env["message"] and "lifetime cap" in env["message"], env
+    code, env = invoke(server_cli.app, ["run", "--home", str(co), "--out", str(run), "--set", "data.table=/x.csv"])
+    assert code == 2 and "--set data.table: a consortium run fixes it" in env["message"], env
+    code, env = invoke(server_cli.app, ["run", "--home", str(co), "--out", str(run), "--set", "model.hiden=3"])
+    assert code == 2 and "did you mean model.hidden" in env["message"], env
+    assert not run.exists()
+    # what passes the checks reaches the submission (no server started here) with the share in its config
+    from fcd_secure.provisioning.consortium import Coordinator
+    from fcd_secure.provisioning.server import run_config_for
+
+    cfg = run_config_for(Coordinator(co), run, rounds=2, dp=True, preset="tiny", seed=0, dp_epsilon=1.5,
+                         settings=["model.hidden=24"])
+    assert cfg.dp.run_epsilon == 1.5 and cfg.model.hidden == 24 and cfg.data.table == "site-own"
+    code, env = invoke(server_cli.app, ["run", "--home", str(co), "--out", str(run), "--dp-epsilon", "1.5",
+                                        "--set", "model.hidden=24"])
+    assert code == 2 and "server is not running" in env["message"], env

@@ -12,7 +12,7 @@ module              role
 ``pins``            the supported Flower version (one constant) and the source hashes of what we patch or copy
 ``waits``           Flower's hard-wired sleeps and backoffs, capped (SuperNode loop, object pulls, HTTP grid)
 ``wake``            the SuperNode wakes the site's executor through a pipe instead of being polled
-``supernode_main``  ``flower-supernode`` with the short waits
+``supernode_main``  ``flower-supernode`` with the short waits, under a supervisor that restarts it
 ``superlink_main``  ``flower-superlink`` whose Control API answers only the coordinator host
 ``superexec``       Flower's SuperExec loop, copied so a site's executor runs only its pinned app
 ``internals``       the few internals the rest of the package needs (transport copy, serialized bytes, FAB bytes)

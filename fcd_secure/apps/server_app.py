@@ -65,6 +65,10 @@ from fcd_secure.queries.evaluation import evaluate_federated
 from fcd_secure.queries.request import EvaluationRequest
 from fcd_secure.queries.selection import KeptParams, RoundScore, choose_round, restored_round
 
+#: the checkpoint's field of the run's site errors so far (:meth:`TrainingLoop.checkpoint_state`)
+SITE_ERRORS_KEY = "site_errors"
+
+
 class SimulatedCrash(FcdError, RuntimeError):
     """Raised by ``federation.crash_after_round`` (tests of resume after a server crash)."""
 
@@ -133,6 +137,15 @@ class TrainingLoop(ServerLoop[FederationResult]):
 
     def checkpoint_extra(self) -> dict:
         return {STATISTICS_KEY: self.statistics} if self.statistics is not None else {}
+
+    def checkpoint_state(self) -> dict:
+        # the sites' errors so far, the earlier processes' included: a resumed run's records keep every round a
+        # site missed (rounds.csv alone kept them, summary.json and the report forgot them)
+        return {**self.checkpoint_extra(), SITE_ERRORS_KEY: self.all_site_errors()}
+
+    def all_site_errors(self) -> list[dict]:
+        """Every site error of the run: those of the processes it resumed from, then this process's."""
+        return [*self.saved.get(SITE_ERRORS_KEY, []), *error_rows(self.comm)]
 
     def train_round(self, rnd: int) -> dict:
         """Sample k of N sites (seeded), one round of the aggregation flow, a cheap federated evaluation when the
@@ -257,7 +270,7 @@ class TrainingLoop(ServerLoop[FederationResult]):
             traffic_rows=self.comm.ledger.to_rows(),
             wall_s=time.perf_counter() - self.t0,
             resumed_from=self.resumed_from,
-            site_errors=error_rows(self.comm),
+            site_errors=self.all_site_errors(),
             extra={"selection": self.selection, **self.checkpoint_extra()},
         )
 

@@ -45,7 +45,7 @@ from fcd_secure.config import RunConfig
 from fcd_secure.errors import FcdError
 from fcd_secure.federation import learner
 from fcd_secure.federation.flows import synchronised_part
-from fcd_secure.federation.messaging import Comm
+from fcd_secure.federation.messaging import NO_REPLY, Comm
 from fcd_secure.federation.records import HELLO_MESSAGE_TYPE, REC_HELLO
 from fcd_secure.federation.sampler import ClientSampler
 from fcd_secure.federation.secure.secure_evaluation import SecureEvaluation, secure_evaluation_for
@@ -81,15 +81,18 @@ class SiteInfo:
 
 
 def describe_site_error(site_id: str, error: str) -> str:
-    """``site-03: data does not match the spec`` (the reason of the audit's closed vocabulary)."""
+    """``site-03: data does not match the spec`` (the reason of the audit's closed vocabulary, or no reply)."""
+    if error == NO_REPLY:
+        return f"{site_id}: did not answer in time"
     return f"{site_id}: {SITE_ERRORS.get(error, SITE_ERRORS['internal'])[1]}"
 
 
 def error_rows(comm: Comm, since: int = 0) -> list[dict]:
     """The sites' error reports from the ``since``-th on, as ``summary.json`` and :class:`FederationError` give
-    them."""
+    them, each by the site's name once ``hello`` has named its node (Flower's node ids are no identity)."""
     return [
-        {"round": e.round, "action": e.action, "site_id": e.site_id, "error": e.error} for e in comm.site_errors[since:]
+        {"round": e.round, "action": e.action, "site_id": comm.site_of.get(e.node_id, e.site_id), "error": e.error}
+        for e in comm.site_errors[since:]
     ]
 
 
@@ -320,7 +323,7 @@ class ServerLoop(Generic[Answer]):
         """Round ``rnd`` is done: the checkpoint, the server ledger's signed checkpoint, its line in ``rounds.csv``."""
         assert self._checkpoint is not None  # resume() made it: a loop with rounds resumes first
         self._checkpoint.save(rnd, self.theta, self.sampler.get_state(), self.cfg.training_hash(),
-                              extra={"history": self.history, **self.checkpoint_extra()})
+                              extra={"history": self.history, **self.checkpoint_state()})
         self.comm.audit.checkpoint(rnd)  # signs the server ledger's checkpoint closing this round
         if self._rounds_log is not None:
             self._rounds_log.append(self.history[-1])
@@ -348,6 +351,11 @@ class ServerLoop(Generic[Answer]):
     def checkpoint_extra(self) -> dict:
         """Fields the checkpoint keeps besides the history (a resumed run finds them in ``self.saved``)."""
         return {}
+
+    def checkpoint_state(self) -> dict:
+        """What the checkpoint keeps besides the history: :meth:`checkpoint_extra` and what the loop itself
+        carries across a resume."""
+        return self.checkpoint_extra()
 
     def evaluate(self) -> dict:
         """The run's one evaluation after the rounds: the merged answer of the sites."""

@@ -280,6 +280,11 @@ class UploadLine(MessageLine):
     omit_if_none: ClassVar[tuple[str, ...]] = ("refusal", "withheld", "handler_error_code", "privacy_anchors")
 
 
+#: how the server names a node it has not identified yet (its ``hello`` reply is recorded before it says which site
+#: it is): ``node:<Flower node id>``; ``federation.messaging.Comm`` writes it, verification resolves it
+UNNAMED_NODE_PREFIX = "node:"
+
+
 class ReceivedLine(MessageLine):
     """One reply the server received (content, refusal or error alike)."""
 

@@ -62,6 +62,16 @@ def read_pins(path: str | Path) -> tuple[list[str], list[str]]:
     Raises:
         PinFileError: unreadable, not TOML, an unknown table, or a value that is not a fingerprint.
     """
+    table = read_pin_table(path)
+    return list(table["sites"].values()), list(table["server"].values())
+
+
+def read_pin_table(path: str | Path) -> dict[str, dict[str, str]]:
+    """The pin file's tables: ``{"sites": {writer id: fingerprint}, "server": {...}}``, fingerprints normalised.
+
+    Raises:
+        PinFileError: unreadable, not TOML, an unknown table, or a value that is not a fingerprint.
+    """
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -69,13 +79,13 @@ def read_pins(path: str | Path) -> tuple[list[str], list[str]]:
         raise PinFileError(f"{path}: cannot read the pin file ({exc.strerror})") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise PinFileError(f"{path}: not a TOML pin file ({exc})") from None
-    out: dict[str, list[str]] = {t: [] for t in ROLE_TABLES.values()}
+    out: dict[str, dict[str, str]] = {t: {} for t in ROLE_TABLES.values()}
     for table, entries in raw.items():
         if table not in out or not isinstance(entries, dict):
             raise PinFileError(f"{path}: unknown table [{table}]; a pin file has [server] and [sites]")
         for writer, fp in entries.items():
             try:
-                out[table].append(normalise_fingerprint(str(fp)))
+                out[table][str(writer)] = normalise_fingerprint(str(fp))
             except ValueError as exc:
                 raise PinFileError(f"{path}: [{table}] {writer}: {exc}") from None
-    return out["sites"], out["server"]
+    return out

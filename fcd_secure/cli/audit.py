@@ -110,9 +110,13 @@ def verify(
     from fcd_secure.audit.report import markdown, verdict  # noqa: PLC0415
     from fcd_secure.audit.verify import UsageError, verify_path  # noqa: PLC0415
 
+    from fcd_secure.audit.pins import read_pin_table  # noqa: PLC0415
+
     try:
         sites, servers = pinned_keys(site_key, server_key, pins)
-        result = verify_path(path, site_keys=sites or None, server_keys=servers or None, allow_unpinned=allow_unpinned)
+        by_writer = read_pin_table(pins)["sites"] if pins is not None else None
+        result = verify_path(path, site_keys=sites or None, server_keys=servers or None, allow_unpinned=allow_unpinned,
+                             site_pins_by_writer=by_writer)
     except (UsageError, PinFileError) as exc:
         raise CliError(str(exc), "USAGE", hint=_USAGE_HINT, exit_code=EXIT_USAGE) from None
     if as_json:
@@ -160,3 +164,23 @@ def fingerprints(
         say_identifier(con, "ledger", str(r["ledger"]))
     if written is not None:
         say_identifier(con, "pins written to", str(written), indent=0)
+
+
+@app.command("collect", short_help="Gather each site's current ledger and DP records into a run's evidence folder.")
+def collect(
+    evidence: Path = typer.Argument(..., metavar="EVIDENCE_DIR", help="The run's evidence folder (<run>/evidence)."),
+    site_home: list[Path] = typer.Option(
+        ..., "--site-home", metavar="SITE_HOME", help="A site's home folder (fcd site init --home); repeatable."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope on stdout."),
+) -> None:
+    """Copy each site's current site ledger, DP ledgers and privacy anchor into EVIDENCE_DIR/sites/<site-id>/,
+    replacing an earlier copy, and record the copies' SHA-256 in EVIDENCE_DIR/collected.json. Run it after every
+    run, before `fcd audit verify`: a ledger copied before the last run is stale (verify reads it as partial)."""
+    from fcd_secure.cli._provisioning import bad_input  # noqa: PLC0415
+    from fcd_secure.cli.app import done  # noqa: PLC0415
+    from fcd_secure.provisioning.evidence import collect_site_evidence  # noqa: PLC0415
+
+    with bad_input("EVIDENCE_DIR is <run>/evidence as fcd server run wrote it; --site-home is each site's home"):
+        rows = collect_site_evidence(evidence, site_home)
+    done(as_json, {"evidence": str(evidence), "sites": rows},
+         f"collected {len(rows)} site(s): {', '.join(r['site_id'] for r in rows)}", [("evidence", str(evidence))])

@@ -6,6 +6,7 @@ Thin: the work is in ``fcd_secure.provisioning.server``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
 from rich.markup import escape
@@ -13,6 +14,7 @@ from rich.markup import escape
 from fcd_secure.cli._provisioning import bad_input
 from fcd_secure.cli.app import done, emit, new_app, say_status, say_stopped, stderr, stdout
 from fcd_secure.cli.envelope import CliError, ok
+from fcd_secure.cli.options import SETTINGS
 
 app = new_app(help="The coordinator's SuperLink: start, stop, status, run.")
 
@@ -25,6 +27,26 @@ def _co(home: Path):
     co = Coordinator(home)
     co.config()
     return co
+
+
+def missed_steps(summary: dict) -> dict[str, list[str]]:
+    """Per site (by name), the steps of the run it failed or did not answer in, in words: ``round(s) 2, 3``, ``the
+    setup (round 0)``, ``the final evaluation``. Protocol round ``rounds + 1`` is the final evaluation and its closing
+    receipts (``apps.server_app.TrainingLoop.closing_round``), never a training round."""
+    last = int(summary.get("rounds") or 0)
+    by_site: dict[str, set[int]] = {}
+    for e in summary.get("site_errors") or []:
+        by_site.setdefault(str(e.get("site_id")), set()).add(int(e.get("round", 0)))
+    out: dict[str, list[str]] = {}
+    for site, rounds in by_site.items():
+        trained = sorted(r for r in rounds if 0 < r <= last or not last)
+        steps = ["the setup (round 0)"] if 0 in rounds and last else []
+        if trained:
+            steps.append(f"round(s) {', '.join(map(str, trained))}")
+        if last and any(r > last for r in rounds):
+            steps.append("the final evaluation")
+        out[site] = steps
+    return out
 
 
 def run_warnings(summary: dict, home: Path) -> list[str]:
@@ -40,12 +62,9 @@ def run_warnings(summary: dict, home: Path) -> list[str]:
     if aborted:
         out.append(f"{aborted} of {summary.get('rounds')} round(s) aborted (Θc unchanged in them): rounds.csv "
                    "(aborted_reason) says why")
-    failed: dict[str, list[int]] = {}
-    for e in summary.get("site_errors") or []:
-        failed.setdefault(str(e.get("site_id")), []).append(int(e.get("round", 0)))
-    for site, rounds in sorted(failed.items()):
-        out.append(f"site {site} failed in round(s) {', '.join(map(str, sorted(set(rounds))))}; rounds.csv "
-                   "and summary.json (site_errors) say what it missed")
+    for site, steps in sorted(missed_steps(summary).items()):
+        out.append(f"site {site} failed in {', '.join(steps)}; rounds.csv and summary.json (site_errors) say what "
+                   "it missed")
     if summary.get("final_eval_aborted"):
         out.append(f"final evaluation aborted: {summary['final_eval_aborted']}; no answer is reported. Restart the "
                    "missing site(s) (fcd site start) and run the same command again: it resumes from the checkpoint "
@@ -77,8 +96,21 @@ def _refuse_below_minimum(co, out: Path, **settings) -> None:
         raise CliError(f"{co.home}: no site enrolled yet", "USAGE", hint="fcd consortium add-site, then fcd server start")
     from fcd_secure.federation.state import ServerCheckpoint  # noqa: PLC0415
 
-    cfg = run_config_for(co, out, **settings)
-    _, refusal = co.config().site_policy.admit(cfg)
+    from fcd_secure.config import ConfigError  # noqa: PLC0415
+
+    try:
+        cfg = run_config_for(co, out, **settings)
+    except ConfigError as exc:
+        raise CliError(str(exc), "USAGE", hint="fcd config show lists every key; the consortium fixes the data, "
+                       "the sites, secure aggregation and the folders") from None
+    minimum = co.config().site_policy
+    share = cfg.dp.run_epsilon
+    if share is not None and share > minimum.dp.epsilon_cap:
+        raise CliError(f"--dp-epsilon {share:g}: above every site's lifetime cap under the consortium's minimum "
+                       f"policy (ε {minimum.dp.epsilon_cap:g}); no site can have that much left", "USAGE",
+                       hint="ask for a share of the cap; each site refuses a share above what it has left "
+                       "(fcd privacy report at the site says how much)")
+    _, refusal = minimum.admit(cfg)
     if refusal is not None:
         raise CliError(
             f"{refusal.key}: the consortium's minimum site policy ({co.config_path}, [site_policy]) refuses this run; "
@@ -152,21 +184,30 @@ def run(
     dp: bool = typer.Option(True, "--dp/--no-dp", help="DP-SGD on the sites (their policies cap ε)."),
     preset: str = typer.Option("tiny", "--preset", help="Model size preset: tiny | default | paper."),
     seed: int = typer.Option(0, "--seed", help="The run's seed."),
+    dp_epsilon: Optional[float] = typer.Option(
+        None, "--dp-epsilon", min=1e-6,
+        help="The ε this run may add to each site's spend: a share of each site's lifetime cap. A site with less "
+        "left refuses the run (exit 5). Default: up to each site's cap (one run may spend it all).",
+    ),
+    settings: Optional[list[str]] = SETTINGS,
     timeout: float = typer.Option(1800.0, "--timeout", min=1.0, help="Seconds to wait for the run."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope."),
 ) -> None:
     """Submit the consortium's pinned app: every enrolled site, secure aggregation, statistics from the secure
     round 0, each site on its own table. Writes the run folder and <out>/evidence/ (server ledger, roster, CA,
-    fingerprints)."""
-    from fcd_secure.provisioning.server import submit_run  # noqa: PLC0415
+    fingerprints). Exits as `fcd run` does when the run has no answer: 5 when a site's DP budget stopped it, 1 when
+    the final evaluation failed or did not run."""
+    from fcd_secure.provisioning.server import run_config_for, submit_run  # noqa: PLC0415
 
     if preset not in ("tiny", "default", "paper"):
         raise CliError(f"--preset {preset!r}: expected tiny, default or paper", "USAGE")
+    run_settings = dict(rounds=rounds, dp=dp, preset=preset, seed=seed, dp_epsilon=dp_epsilon,
+                        settings=list(settings or []))
     with bad_input("fcd server start --home HOME first"):
         co = _co(home)
-        _refuse_below_minimum(co, out, rounds=rounds, dp=dp, preset=preset, seed=seed)
+        _refuse_below_minimum(co, out, **run_settings)
         try:
-            summary = submit_run(co, out, rounds=rounds, dp=dp, preset=preset, seed=seed, timeout_s=timeout)
+            summary = submit_run(co, out, timeout_s=timeout, **run_settings)
         except RuntimeError as exc:
             raise CliError(str(exc), "RUN_FAILED") from None
     data = {k: summary.get(k) for k in ("rounds", "pehe", "ate_error", "factual_auc", "wall_s", "evidence",
@@ -175,5 +216,11 @@ def run(
     if not as_json:
         for w in data["warnings"]:
             stderr().print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
+    from fcd_secure.cli.run import outcome  # noqa: PLC0415
+
+    failed = outcome(summary, run_config_for(co, out, **run_settings))
+    if failed is not None:  # no answer (or none from some sites): the exit code says so, as fcd run's does
+        failed.data = {**summary, **data}
+        raise failed
     done(as_json, data, f"run finished; evidence in {summary['evidence']}" if as_json
          else f"run finished in {summary.get('wall_s', 0):.1f} s", [("evidence", summary["evidence"])])

@@ -86,7 +86,8 @@ EVIDENCE_DIR = "evidence"
 #: the SuperLink: Flower's own, whose Control and Runtime APIs answer only this OS user on this host
 #: (``_flower.superlink_main``, docs/threats.md P35)
 SUPERLINK = (sys.executable, "-m", "fcd_secure._flower.superlink_main")
-#: the site's SuperNode: Flower's own, with its hard-wired idle sleeps capped (``_flower.supernode_main``)
+#: the site's SuperNode: Flower's own, with its hard-wired idle sleeps capped, started again when it exits
+#: (a restarted SuperLink; ``_flower.supernode_main``)
 SUPERNODE = (sys.executable, "-m", "fcd_secure._flower.supernode_main")
 #: the SuperLink's state (runs, messages, objects, registered SuperNode keys) in its memory, Flower's default. With
 #: a SQLite file every Fleet API request ran SQL on disk: with ten idle sites the SuperLink used 0.7 of a core, three

@@ -26,6 +26,7 @@ from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
 from fcd_secure.audit import POLICY_REASON_PREFIX, ServerAudit, message_bytes, payload_bytes, site_error_name
+from fcd_secure.audit.entries import UNNAMED_NODE_PREFIX
 from fcd_secure._flower.waits import grid_poll_s
 from fcd_secure.errors import FcdError
 
@@ -59,10 +60,16 @@ def declined_evaluation(reply: Message) -> bool:
     )
 
 
+#: the category of a :class:`SiteErrorRecord` for a site that sent no reply before the deadline (the server's own
+#: observation, beside the categories a site's error reply carries, ``fcd_secure.audit.SITE_ERRORS``)
+NO_REPLY = "no_reply"
+
+
 @dataclass(frozen=True)
 class SiteErrorRecord:
     """An error reply as the server saw it: which site, when, and the category of the site's closed vocabulary
-    (``fcd_secure.audit.SITE_ERRORS``: ``data_mismatch``, ``budget_exhausted``, ``policy_refusal``, ``internal``)."""
+    (``fcd_secure.audit.SITE_ERRORS``: ``data_mismatch``, ``budget_exhausted``, ``policy_refusal``, ``internal``), or
+    :data:`NO_REPLY` when the site sent nothing before the deadline."""
 
     round: int
     action: str
@@ -136,7 +143,7 @@ class Comm:
         self.declined: list[SiteErrorRecord] = []
 
     def _site(self, node_id: int) -> str:
-        return self.site_of.get(node_id, f"node:{node_id}")
+        return self.site_of.get(node_id, f"{UNNAMED_NODE_PREFIX}{node_id}")
 
     def send(
         self,
@@ -196,4 +203,8 @@ class Comm:
                 replies[nid] = reply
             if waiting:
                 time.sleep(self.poll_s)
+        # a site that never answered missed this step as surely as one that answered with an error: recorded too, so
+        # that the run's records (summary.json, rounds.csv) name every round a site missed
+        for nid in waiting.values():
+            self.site_errors.append(SiteErrorRecord(rnd, message_type, nid, self._site(nid), NO_REPLY))
         return replies

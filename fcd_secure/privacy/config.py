@@ -43,6 +43,14 @@ class DPConfig(BaseModel):
 
     enabled: bool = Field(False, description="Train every site's local step with DP-SGD (Opacus).")
     epsilon: float = Field(8.0, gt=0, le=100, description="Lifetime ε cap of each site's dataset.")
+    run_epsilon: float | None = Field(
+        None,
+        gt=0,
+        le=100,
+        description="The ε this run may add to each site's spend, a share of its lifetime cap: σ is planned so that "
+        "the site's worst record ends the run at most this much above what it had spent. A site with less left "
+        "refuses the run (the server may ask for less, never more than a site has left). None: up to the cap.",
+    )
     delta: float | None = Field(
         None,
         gt=0,

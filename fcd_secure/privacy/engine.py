@@ -255,7 +255,16 @@ class DPSite:
         if budget <= 0:
             raise ValueError(f"the budget is already spent: {self.carried:.3f} carried by acknowledged resets")
         gs = self.ledger.record_groups(state, self.records)
-        _, target = worst_group(gs, state.accountant)
+        spent, target = worst_group(gs, state.accountant)
+        share = self.cfg.run_epsilon
+        if share is not None:
+            # the run's share of the lifetime cap: the plan ends the run at most `share` above the worst record's
+            # spend; the site, not the server, decides whether that much is left
+            left = budget - spent
+            if share > left + 1e-9:
+                raise ValueError(f"the run asks for ε {share:g} and the site has ε {max(left, 0.0):.3f} left of its "
+                                 f"cap {state.epsilon_cap:g}: the site refuses (ask for at most what is left)")
+            budget = spent + share
         sigma = 0.0
         for _ in range(len(gs) + 1):
             if target is None:  # no record to plan for (cannot happen: a table has at least one record)

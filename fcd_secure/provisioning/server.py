@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -155,20 +156,49 @@ def stop_server(co: Coordinator) -> dict[str, int]:
     return processes.stop(_server_root(co))
 
 
-def run_config_for(co: Coordinator, out: Path, *, rounds: int, dp: bool, preset: str, seed: int):
-    """The run config the coordinator submits: every enrolled site, secure aggregation, secure standardisation."""
-    from fcd_secure.config import build_config  # noqa: PLC0415
+#: config keys a consortium run fixes (every enrolled site on its own table, secure aggregation and standardisation,
+#: the coordinator's run and state folders): ``fcd server run --set`` may not change them
+FIXED_KEYS = ("seed", "data.dataset", "data.spec", "data.table", "data.n_sites", "data.standardize",
+              "federation.rounds", "federation.clients_per_round", "federation.secure_aggregation", "dp.enabled",
+              "dp.run_epsilon", "out", "state_dir")
 
+
+def run_config_for(co: Coordinator, out: Path, *, rounds: int, dp: bool, preset: str, seed: int,
+                   dp_epsilon: float | None = None, settings: Sequence[str] = ()):
+    """The run config the coordinator submits: every enrolled site, secure aggregation, secure standardisation.
+
+    Args:
+        dp_epsilon: the ε this run may add to each site's spend (``dp.run_epsilon``: a share of each site's
+            lifetime cap, which every site checks against what it has left); None: up to each site's cap.
+        settings: ``KEY=VALUE`` assignments of any other config key (``fcd run --set``).
+
+    Raises:
+        fcd_secure.config.ConfigError: an unknown key or bad value, or a key in :data:`FIXED_KEYS`.
+    """
+    from fcd_secure.config import ConfigError, build_config, settings_overrides  # noqa: PLC0415
+
+    over = settings_overrides(settings)
+    for text in settings:
+        key = text.partition("=")[0].strip()
+        if key in FIXED_KEYS:
+            raise ConfigError(f"--set {key}: a consortium run fixes it (its own option, or the consortium's: "
+                              f"{', '.join(FIXED_KEYS)})")
     n = len(co.enrolled())
-    return build_config(preset, {
+    fixed = {
         "seed": seed,
         "data": {"dataset": "spec", "spec": str(co.spec_path), "table": SITE_OWN_TABLE, "n_sites": n,
                  "standardize": "secure"},
         "federation": {"rounds": rounds, "clients_per_round": n, "secure_aggregation": True},
-        "dp": {"enabled": dp},
+        "dp": {"enabled": dp, **({"run_epsilon": dp_epsilon} if dp_epsilon is not None else {})},
         "out": str(out.resolve()),
         "state_dir": str((_server_root(co) / "state").resolve()),
-    })
+    }
+    for key, value in fixed.items():
+        if isinstance(value, dict):
+            over.setdefault(key, {}).update(value)
+        else:
+            over[key] = value
+    return build_config(preset, over)
 
 
 #: how often a waiting ``fcd server run`` asks the SuperLink whether its run ended without results (each ask is a
@@ -204,7 +234,8 @@ def _run_error(co: Coordinator, run_id: int) -> str:
 
 
 def submit_run(co: Coordinator, out: str | Path, *, rounds: int = 1, dp: bool = True, preset: str = "tiny",
-               seed: int = 0, timeout_s: float = 1800.0) -> dict[str, Any]:
+               seed: int = 0, timeout_s: float = 1800.0, dp_epsilon: float | None = None,
+               settings: Sequence[str] = ()) -> dict[str, Any]:
     """Submit the pinned app to the running SuperLink, wait for the run folder, collect the evidence.
 
     Returns:
@@ -218,7 +249,8 @@ def submit_run(co: Coordinator, out: str | Path, *, rounds: int = 1, dp: bool = 
     if not any(p["running"] for p in processes.status(root).values()):
         raise ProvisioningError(f"{root}: the server is not running (fcd server start --home {co.home})")
     out = Path(out)
-    cfg = run_config_for(co, out, rounds=rounds, dp=dp, preset=preset, seed=seed)
+    cfg = run_config_for(co, out, rounds=rounds, dp=dp, preset=preset, seed=seed, dp_epsilon=dp_epsilon,
+                         settings=settings)
     state = Path(cfg.state_dir)
     sites = roster(co)
     write_roster(state / ROSTER_FILE, {s: bytes.fromhex(r["identity_public_key"]) for s, r in sites.items()})

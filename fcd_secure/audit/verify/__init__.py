@@ -141,6 +141,7 @@ def verify_path(
     site_keys: list[str] | None = None,
     server_keys: list[str] | None = None,
     allow_unpinned: bool = False,
+    site_pins_by_writer: dict[str, str] | None = None,
 ) -> VerifyResult:
     """Verify every ledger under ``path``.
 
@@ -151,6 +152,9 @@ def verify_path(
             prove only that one key wrote each chain, so the verdict is at best "unverified".
         allow_unpinned: exit 0 instead of 3 when unpinned keys are the only shortfall (the verdict stays
             "unverified").
+        site_pins_by_writer: the pin file's ``[sites]`` table (writer id -> fingerprint), when the site pins came
+            from one: a pin that contradicts both the site's ledger and the server's countersignatures of it is the
+            pin file's error (:func:`_check_pins_against_evidence`), not the evidence's.
 
     Returns:
         The findings, per-ledger summaries, uplink totals and the verdict with its exit code.
@@ -178,6 +182,7 @@ def verify_path(
     server = scan_server(server_paths, label, pin_server, res)
     sites = [scan_site(p, label(p), pin_site, res) for p in site_paths]
     reconcile(server, sites, pin_server, res)
+    _check_pins_against_evidence(site_pins_by_writer or {}, pin_site, pin_server, sites, server)
     for s in res.ledgers:
         if not s.key_pinned:
             flag = "--server-key" if s.role == "server" else "--site-key"
@@ -185,6 +190,34 @@ def verify_path(
                     f"{s.role} key {s.key_fingerprint} was not pinned ({flag}): the signatures prove one writer, not "
                     "which; a ledger rebuilt and re-signed with a fresh key would verify the same")
     return res
+
+
+def _check_pins_against_evidence(by_writer: dict[str, str], pinned: set[str] | None, server_pins: set[str] | None,
+                                 sites, server) -> None:
+    """Refuse a pin file whose pin for a site is neither that site's ledger key nor the key the server countersigned
+    that ledger's heads with.
+
+    Two witnesses agree on the key (the site's chain, and the server ledger, itself pinned and checked, which
+    countersigned the site's heads naming the key it saw) and the pin file alone says otherwise: the pin is what is
+    wrong (a mistyped digit), and a verdict of TAMPERED would blame the evidence for the auditor's own file. Where the
+    server's countersignatures name another key, or there are none, the ledger stays what the scan found.
+
+    Raises:
+        UsageError: such a pin.
+    """
+    if not by_writer or not server.present or (server_pins is not None and not server.keys <= server_pins):
+        return  # no server ledger, or one whose own key is not pinned: no second witness
+    cosigned = {(loc.entry.writer_id, loc.entry.site_key_fingerprint) for _lab, loc in server.countersigns}
+    for site in sites:
+        writer, key = site.chain.writer_id, site.chain.key_fingerprint
+        pin = by_writer.get(writer or "")
+        if pin is None or key is None or pin == key or (pinned is not None and key in pinned):
+            continue
+        if (writer, key) in cosigned:
+            raise UsageError(
+                f"the pin file's [sites] {writer} = {pin} is not the key of {site.label} ({key}), which is the key "
+                f"the server countersigned {writer}'s ledger with: the pin file is wrong (a mistyped fingerprint?); "
+                "check it against the fingerprint the site gave out of band")
 
 
 def ledger_identities(path: str | Path) -> list[dict[str, str | None]]:

@@ -35,7 +35,9 @@ Without any server ledger under the verified path nothing of this can be checked
 
 from __future__ import annotations
 
-from fcd_secure.audit.entries import MessageLine
+from datetime import datetime, timezone
+
+from fcd_secure.audit.entries import UNNAMED_NODE_PREFIX, MessageLine
 from fcd_secure.fingerprints import fingerprint
 from fcd_secure.audit.verify.result import VerifyResult
 from fcd_secure.audit.verify.server_side import ServerScan
@@ -179,8 +181,39 @@ def _receipt(
 SUPERLINK_NODE_ID = 1
 
 
+def _time(text: str) -> datetime | None:
+    try:
+        t = datetime.fromisoformat(text)
+    except (TypeError, ValueError):
+        return None
+    return t if t.tzinfo is not None else t.replace(tzinfo=timezone.utc)
+
+
+def _stale(site: SiteScan, run_id: int, after: str) -> bool:
+    """Whether ``site``'s ledger is a copy taken before run ``run_id``: it records nothing of that run and ends
+    before the time ``after`` (the server's record). A ledger cut inside a run it records is not stale: its other
+    uploads of the run show that the copy was taken later."""
+    if any(u.entry.run_id == run_id for u in site.uploads):
+        return False
+    last, at = (site.chain.entries[-1].entry.time if site.chain.entries else None), _time(after)
+    end = _time(last) if last else None
+    return end is not None and at is not None and end < at
+
+
+_RECOLLECT = "collect the sites' current evidence (fcd audit collect) and verify again"
+
+
+def _site_names(server: ServerScan) -> dict[tuple[int, int], str]:
+    """``(run id, node id) -> site id`` from the server's received lines that name the site: a reply recorded before
+    the server knew the node (its ``hello``, :data:`UNNAMED_NODE_PREFIX`) is named by the others of that node."""
+    return {(loc.entry.run_id, loc.entry.node_id): loc.entry.site_id for _lab, loc in server.received.values()
+            if loc.entry.site_id and not loc.entry.site_id.startswith(UNNAMED_NODE_PREFIX)}
+
+
 def _unrecorded_by_sites(server: ServerScan, sites: list[SiteScan], res: VerifyResult) -> None:
     site_mids = {loc.entry.message_id for site in sites for loc in site.uploads}
+    by_writer = {site.chain.writer_id: site for site in sites}
+    names = _site_names(server)
     for mid, (lab, loc) in server.received.items():
         if mid in site_mids:
             continue
@@ -193,13 +226,29 @@ def _unrecorded_by_sites(server: ServerScan, sites: list[SiteScan], res: VerifyR
                     f"{loc.where}: the SuperLink answered message {mid[:16]} for site {srv.site_id or '?'}, which did "
                     f"not reply (source node {SUPERLINK_NODE_ID}: built by the SuperLink, no site content)")
             continue
+        site_id = names.get((srv.run_id, srv.node_id), srv.site_id)
+        named = bool(site_id) and not site_id.startswith(UNNAMED_NODE_PREFIX)
+        who = f"site {site_id}" if named else f"node {srv.node_id} (a site the server never named)"
+        own = by_writer.get(site_id) if named else None
+        if named and own is None:
+            # the evidence lacks that site's ledger altogether: incomplete, not inconsistent
+            res.add("partial", lab, srv.seq, loc.line,
+                    f"{loc.where}: the server received message {mid[:16]} from {who} (round {srv.round}), and no "
+                    f"ledger of {site_id} is under this path: {_RECOLLECT}")
+            continue
+        if own is not None and _stale(own, srv.run_id, srv.time):
+            # the site's ledger ends before the server received this: a copy taken before that run (stale), which
+            # cannot show the upload; the site's current ledger can (a cut ledger reads the same: never compliant)
+            res.add("partial", lab, srv.seq, loc.line,
+                    f"{loc.where}: the server received message {mid[:16]} from {who} at {srv.time} (round "
+                    f"{srv.round}), after {own.label} ends: stale evidence, {_RECOLLECT}")
+            continue
         why = "(an upload was hidden or a site entry deleted)"
         if srv.is_error:
             why = ("(an error reply the site's gate never saw: the Flower runtime builds these before dispatch, "
                    "e.g. for an unregistered message type, and they carry exception text)")
         res.add("tampered", lab, srv.seq, loc.line,
-                f"{loc.where}: the server received message {mid[:16]} from node {srv.node_id} which no site ledger "
-                f"records {why}")
+                f"{loc.where}: the server received message {mid[:16]} from {who} which no site ledger records {why}")
 
 
 def _key_anchored(server: ServerScan, signer: str, server_pins: set[str] | None, bad) -> bool:
@@ -245,6 +294,15 @@ def _countersigned_heads(server: ServerScan, sites: list[SiteScan], res: VerifyR
             if site.chain.writer_id != cs.writer_id and (cs.run_id, cs.node_id) not in nodes:
                 continue
             own = next((x for x in site.chain.entries if x.entry.seq == cp.seq), None)
+            last = site.chain.entries[-1].entry.seq if site.chain.entries else -1
+            if (own is None and cp.seq > last and site.chain.key_fingerprint == cs.site_key_fingerprint
+                    and _stale(site, cs.run_id, cs.time)):
+                # the ledger ends before the head the server signed: a copy older than the server's record (stale)
+                res.add("partial", site.label, None, None,
+                        f"{site.label} ends at seq {last}; the server countersigned {cs.writer_id}'s head of round "
+                        f"{cp.round} at seq {cp.seq} (server ledger {lab} entry seq {cs.seq}): stale evidence, "
+                        f"{_RECOLLECT}")
+                break
             if own is None or own.entry.hash != cp.hash or site.chain.key_fingerprint != cs.site_key_fingerprint:
                 res.add("tampered", site.label, cp.seq, own.line if own is not None else None,
                         f"the server countersigned this ledger's checkpoint of round {cp.round} (seq {cp.seq}, hash "
