@@ -175,3 +175,38 @@ def test_P45_a_lost_record_secret_refuses_rather_than_starting_fresh_budgets(tmp
     secret.unlink()
     with pytest.raises(PrivacyLedgerError, match=RECORD_SECRET_FILE):
         DPSite.for_dataset(tmp_path, ds, dp, planned_rounds=1, local_epochs=1, batch_size=10)
+
+
+def test_P46_a_second_site_home_on_the_same_table_is_refused_naming_the_first(tmp_path, long_case):
+    """P46. The attack (or a careless second consortium): ``fcd site init`` a second home on a table another home on
+    this host trains on. Its ledgers, record secret and anchor start empty, so every patient of the table started
+    again at ε 0 without a warning. Now init claims the table in the host's registry of site homes and refuses,
+    naming the other home, whether the table is named by the same path or is a copy elsewhere; once the first home
+    is gone the table may be installed again."""
+    import shutil
+
+    from fcd_secure.cli import site as site_cli
+
+    spec, table = long_case(make_long_table(20), SPEC_ONE_SITE)
+
+    def init(home, tbl, sid="h0"):
+        return CliRunner().invoke(site_cli.app, ["init", "--spec", str(spec), "--table", str(tbl), "--home",
+                                                 str(home), "--site-id", sid, "--json"])
+
+    first = tmp_path / "consortium-a"
+    assert init(first, table).exit_code == 0
+    copy = tmp_path / "elsewhere" / "copy.csv"
+    copy.parent.mkdir()
+    shutil.copyfile(table, copy)
+    for tbl in (table, copy):
+        res = init(tmp_path / "consortium-b", tbl, "h1")
+        assert res.exit_code == 2, res.output
+        env = json.loads(res.stdout)
+        assert str(first.resolve()) in env["message"] and "ε" in env["message"]
+        assert not (tmp_path / "consortium-b").exists()
+    # another table is another budget; the first home removed, its table may be installed again
+    other = tmp_path / "other.csv"
+    make_long_table(21, seed=3).to_csv(other, index=False)
+    assert init(tmp_path / "consortium-c", other, "h2").exit_code == 0
+    shutil.rmtree(first)
+    assert init(tmp_path / "consortium-b", table, "h1").exit_code == 0
