@@ -32,7 +32,8 @@ _TAG = b"fcd_secure.raw-record/1"
 
 def raw_record_digests(ds: SiteDataset) -> np.ndarray:
     """The sha256 of each trajectory's current values (module docstring), ``S32`` ``[n]``, in row order."""
-    header = _TAG + f"|{int(ds.n_actions)}|{ds.X.dtype.str}|{ds.A.dtype.str}|{ds.T.dtype.str}|{ds.Y.dtype.str}|".encode()
+    dtypes = "|".join(a.dtype.str for a in (ds.X, ds.A, ds.T, ds.Y))
+    header = _TAG + f"|{int(ds.n_actions)}|{dtypes}|".encode()
     X, A, T, Y = (np.ascontiguousarray(a) for a in (ds.X, ds.A, ds.T, ds.Y))
     valid = np.asarray(ds.M) > 0
     out = np.empty(ds.n, dtype="S32")

@@ -1,4 +1,4 @@
-"""A site's question budget: which what-if questions it answers at all (docs/threats.md P41-P43).
+"""A site's question budget: which what-if questions it answers at all (docs/threats.md P41-P44).
 
 A threshold on a continuous context column is in the table's own units and is read on the site's grid of quantiles of
 its training rows (``data.policy.snap_threshold``, in ``queries.policy_terms``); the question is charged against the
@@ -154,8 +154,8 @@ def admit_question(policies: list[Policy], sub: SiteDataset, anchors: tuple[int,
     Every policy's cohort (:func:`cohort_signature`) must equal, or differ by at least ``min_difference`` entities
     (:func:`cohort_difference`: for a stochastic policy, by the sizes of its exact weights' moves, never on a grid)
     from, every other policy's in the question and every cohort the site answered before (``record``, kept in the
-    site's state; an identical cohort is free; docs/threats.md P44). The admitted cohorts are recorded before the answer leaves; after
-    :data:`MAX_ANSWERED_COHORTS` distinct ones the site answers no new cohort.
+    site's state; an identical cohort is free; docs/threats.md P44). The admitted cohorts are recorded before the
+    answer leaves; after :data:`MAX_ANSWERED_COHORTS` distinct ones the site answers no new cohort.
 
     What it bounds: the difference of any two answers is a sum over at least ``min_difference`` entities, never one
     patient's 1/P and logged action (the attack of 32 thresholds one patient apart). What it does not bound: a
