@@ -64,8 +64,11 @@ def deployment_rounds(n_sites: int, rounds: int, preset: str, seed: int, warm: b
     from fcd_secure.provisioning.server import start_server, submit_run
     from fcd_secure.provisioning.site_install.home import SiteHome, init_site, join_site
     from fcd_secure.provisioning.site_install.runner import start_site
+    from fcd_secure.provisioning.site_install.tables import REGISTRY_ENV
 
     tmp = Path(tempfile.mkdtemp(prefix="fcd-bench-deploy-"))
+    # a throwaway deployment: its own registry of site homes (the same tables each run would be refused, P46)
+    os.environ[REGISTRY_ENV] = str(tmp / "site_tables.json")
     fd = load_federated("dkt-synth", n_sites=n_sites, preset=preset, seed=seed)
     spec, tables = write_site_tables(fd.train, fd.test, tmp / "data", "dkt-synth-long")
     co = init_consortium(tmp / "co", "bench", spec, port=_free_port(), preflight=PreflightTerms(min_trajectories=1))

@@ -206,3 +206,10 @@ def merge_policies(parts: list[dict], question) -> dict:
     from fcd_secure.queries.registry import POLICY_VALUES
 
     return merge_site_metrics(parts, question, queries=[POLICY_VALUES])
+
+
+@pytest.fixture(autouse=True)
+def _site_registry(tmp_path_factory, monkeypatch):
+    """Each test its own registry of this host's site homes (``provisioning.site_install.tables``): tests init sites
+    on tables of equal content, which one host would rightly refuse as one table held by two homes."""
+    monkeypatch.setenv("FCD_SITE_REGISTRY", str(tmp_path_factory.mktemp("registry") / "site_tables.json"))

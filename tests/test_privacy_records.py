@@ -68,7 +68,7 @@ def test_a_new_split_each_run_never_gives_a_record_more_than_the_cap(tmp_path):
         if segs is None:
             continue
         trained += 1
-        for rid in record_ids(train):
+        for rid in record_ids(train, b"key"):
             history.setdefault(rid, []).extend(segs)
     assert trained >= 1
     spent = _per_record(history)
@@ -99,7 +99,7 @@ def test_any_sequence_of_splits_seeds_and_restarts_keeps_every_record_within_the
         for fraction, seed, rounds in plan:
             train, _ = train_test_split(site_table, fraction, seed=seed)
             segs = _train(state, train, rounds=rounds)  # a fresh DPSite each run: a restart between runs
-            for rid in record_ids(train):
+            for rid in record_ids(train, b"key"):
                 history.setdefault(rid, []).extend(segs or [])
         spent = [e for e in _per_record(history) if e > 0]
         assert not spent or max(spent) <= CAP + 1e-9

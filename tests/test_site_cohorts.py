@@ -143,7 +143,7 @@ def test_P41_a_question_of_thresholds_one_patient_apart_is_refused(mgdl_site):
     from fcd_secure.audit import Refusal
     from fcd_secure.data.policy import bind_policy
     from fcd_secure.manifest import THETA_C
-    from fcd_secure.queries.budget import QUESTION_SLOT, cohort_signature
+    from fcd_secure.queries.budget import QUESTION_SLOT, cohort_difference, cohort_signature
     from fcd_secure.queries.request import WhatIfRequest
 
     site = mgdl_site()
@@ -154,7 +154,7 @@ def test_P41_a_question_of_thresholds_one_patient_apart_is_refused(mgdl_site):
     pols = [_threshold(f"lab_above_{i}", c) for i, c in enumerate(cuts[:29])]
     # the mechanism: neighbouring thresholds touch cohorts one patient apart
     sig = [cohort_signature(bind_policy(p, data.test), data.test, data.anchors, data.test.L) for p in pols]
-    gaps = [sum(a[k] != b[k] for k in a) for a, b in zip(sig, sig[1:])]
+    gaps = [cohort_difference(a, b) for a, b in zip(sig, sig[1:])]
     assert min(gaps) == 1
     theta = site.model.get_params(THETA_C)
     question = WhatIfRequest(policies=pols, reference=pols[0].name)
@@ -176,7 +176,7 @@ def test_P41_a_question_of_thresholds_one_patient_apart_is_refused(mgdl_site):
     def gap(value):
         snapped = bind_policy(snap_threshold(_threshold("t", value), data.train, 10)[0], data.test)
         s = cohort_signature(snapped, data.test, data.anchors, data.test.L)
-        return sum(s[k] != never[k] for k in s)
+        return cohort_difference(s, never)
 
     few = _threshold("few", next(c for c in cuts[::-1] if 0 < gap(c) < 20))
     alone = WhatIfRequest(policies=[few], reference=few.name)

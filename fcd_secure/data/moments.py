@@ -28,6 +28,11 @@ from fcd_secure.data.schema import SiteDataset
 KEYS = ("x.n", "x.sum", "x.sumsq", "a.n", "a.sum", "a.sumsq", "actions.count")
 #: the most continuous columns one part (X or A) may have: the cap of the sums' lengths in a schema
 MAX_MOMENT_COLUMNS = 4096
+#: a consortium's mean may lie at most this many standard deviations (the larger of the site's and the
+#: consortium's) from the site's own mean of a column (:func:`check_statistics`)
+MEAN_TOLERANCE_SD = 10.0
+#: a consortium's standard deviation may be at most this factor smaller or larger than the site's own
+SD_TOLERANCE_RATIO = 100.0
 
 
 def continuous_columns(ds: SiteDataset) -> tuple[list[int], list[int]]:
@@ -80,11 +85,43 @@ def moments_to_statistics(totals: Mapping[str, object]) -> dict[str, list[float]
     return out
 
 
-def standardizer_for(ds: SiteDataset, statistics: Mapping[str, list[float]]) -> Standardizer:
-    """The :class:`Standardizer` of ``ds``'s continuous columns with the consortium's ``statistics``.
+def check_statistics(ds: SiteDataset, statistics: Mapping[str, list[float]]) -> None:
+    """Refuse consortium statistics that the site's own (raw) rows make implausible, column by column: a mean more
+    than :data:`MEAN_TOLERANCE_SD` standard deviations from the site's own mean, or a standard deviation more than
+    :data:`SD_TOLERANCE_RATIO` times smaller or larger than the site's own (a column constant on the site is checked
+    for its mean only). A site contributed its sums to these statistics (:func:`moment_sums`); a coordinator that
+    sends others can at most shift and scale the site's z-scores within these bounds, and never its records' ids,
+    which are taken over raw values (``data.records``, docs/threats.md P45).
 
     Raises:
-        ValueError: the statistics have another number of columns than ``ds`` (another spec).
+        ValueError: naming the part, the column and the values.
+    """
+    xc, ac = continuous_columns(ds)
+    parts = {"x": ds.X[:, xc].astype(np.float64), "a": ds.A[ds.M > 0][:, ac].astype(np.float64)}
+    for part, rows in parts.items():
+        if rows.shape[0] == 0:
+            continue
+        own_mean, own_sd = rows.mean(axis=0), rows.std(axis=0)
+        for j, (mu, sd) in enumerate(zip(statistics[f"{part}_mean"], statistics[f"{part}_std"])):
+            mu, sd, m_own, spread = float(mu), float(sd), float(own_mean[j]), float(own_sd[j])
+            if not (np.isfinite(mu) and np.isfinite(sd) and sd > 0):
+                raise ValueError(f"{ds.name}: standardisation statistics {part}[{j}]: mean {mu!r}, sd {sd!r}")
+            spread = spread if spread > 1e-12 else 0.0
+            if abs(mu - m_own) > MEAN_TOLERANCE_SD * max(sd, spread):
+                raise ValueError(f"{ds.name}: the consortium's mean of {part}[{j}] ({mu:.6g}) lies more than "
+                                 f"{MEAN_TOLERANCE_SD:g} sd from this site's own ({m_own:.6g}); refused")
+            if spread > 0 and not spread / SD_TOLERANCE_RATIO <= sd <= spread * SD_TOLERANCE_RATIO:
+                raise ValueError(f"{ds.name}: the consortium's sd of {part}[{j}] ({sd:.6g}) is more than "
+                                 f"{SD_TOLERANCE_RATIO:g} times off this site's own ({spread:.6g}); refused")
+
+
+def standardizer_for(ds: SiteDataset, statistics: Mapping[str, list[float]]) -> Standardizer:
+    """The :class:`Standardizer` of ``ds``'s (raw) continuous columns with the consortium's ``statistics``, after
+    :func:`check_statistics`.
+
+    Raises:
+        ValueError: the statistics have another number of columns than ``ds`` (another spec), or are implausible
+            against the site's own rows (:func:`check_statistics`).
     """
     xc, ac = continuous_columns(ds)
     if len(statistics["x_mean"]) != len(xc) or len(statistics["a_mean"]) != len(ac):
@@ -92,5 +129,6 @@ def standardizer_for(ds: SiteDataset, statistics: Mapping[str, list[float]]) -> 
             f"{ds.name}: standardisation statistics for {len(statistics['x_mean'])}+{len(statistics['a_mean'])} "
             f"columns, the data has {len(xc)}+{len(ac)} continuous columns"
         )
+    check_statistics(ds, statistics)
     return Standardizer(x_cols=xc, x_mean=list(statistics["x_mean"]), x_std=list(statistics["x_std"]),
                         a_cols=ac, a_mean=list(statistics["a_mean"]), a_std=list(statistics["a_std"]))

@@ -28,6 +28,7 @@ truncated_entities     entities longer than Lmax; ``dropped_steps``: steps cut o
 notes                  list of modelling choices, in words
 entity                 int64 [n]: entity index of each trajectory (chunks of one entity share it)
 standardization        set by :meth:`Standardizer.apply`: the statistics used
+raw_record             S32 [n], set by :meth:`Standardizer.apply`: each row's raw-content digest (``data.records``)
 =====================  ====================================================================================
 """
 
@@ -45,6 +46,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel
 
+from fcd_secure.data.records import RAW_RECORD_KEY, raw_records
 from fcd_secure.data.schema import SiteDataset
 from fcd_secure.data.spec import DYNAMICS_META_KEY, ColumnSpec, DataError, DatasetSpec, load_spec
 
@@ -702,6 +704,9 @@ class Standardizer(BaseModel):
         that own the arrays: it spares a copy of A, which is hundreds of MB for Diabetes-130)."""
         if ds.meta.get("standardization") is not None:
             raise DataError(f"{ds.name}: dataset is already standardised")
+        # each row's raw-content digest, before the raw values are overwritten: a record's identity for the ε
+        # account must not move with the statistics (data.records, docs/threats.md P45)
+        digests = raw_records(ds)
         X, A = (ds.X.copy(), ds.A.copy()) if copy else (ds.X, ds.A)
         if self.x_cols:
             X[:, self.x_cols] = (X[:, self.x_cols] - np.float32(self.x_mean)) / np.float32(self.x_std)
@@ -710,5 +715,6 @@ class Standardizer(BaseModel):
             A[:, :, self.a_cols] = z * ds.M[:, :, None]
         meta = dict(ds.meta)
         meta["standardization"] = self.model_dump()
+        meta[RAW_RECORD_KEY] = digests
         return replace(ds, X=X, A=A, meta=meta)
 

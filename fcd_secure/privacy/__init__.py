@@ -5,7 +5,7 @@ a round that would overspend it for any record. One concept per module:
 
 * ``config.DPConfig``   — the ``[dp]`` table (ε cap, δ rule, C, accountant, Poisson, hooks, L_align under DP).
 * ``planner``           — ε of a history of ``(σ, q, steps)`` segments; σ planned once for a whole planned use.
-* ``identity``          — which records a budget belongs to: content record ids, the order-free fingerprint,
+* ``identity``          — which records a budget belongs to: record ids keyed on raw values, the order-free fingerprint,
                           "the same data" by bottom-k sketch (a reordered table or a record dropped keeps its budget).
 * ``ledger``            — the per-dataset write-ahead ledger on disk (``dataset_fingerprint``, ``find_ledger``,
                           ``acknowledge_reset``); each lists the records it charges.

@@ -44,7 +44,7 @@ from fcd_secure._io import SecretFileError, load_or_create_secret
 from fcd_secure.anchor_records import LedgerHead
 from fcd_secure.privacy.anchor import AnchorStore
 from fcd_secure.privacy.config import DPConfig
-from fcd_secure.privacy.identity import DatasetIdentity, dataset_identity, record_keys
+from fcd_secure.privacy.identity import DatasetIdentity, dataset_identity, record_keys, record_secret
 from fcd_secure.privacy.ledger import (
     BudgetExceeded,
     Ledger,
@@ -65,6 +65,7 @@ __all__ = [
     "Reservation",
     "dataset_fingerprint",
     "dataset_identity",
+    "ledger_folder",
     "train_round_private",
 ]
 
@@ -79,6 +80,11 @@ class Reservation:
     q: float
     epsilon_projected: float
     round_id: int | None = None
+
+
+def ledger_folder(state_dir: str | Path, dp_cfg: DPConfig) -> Path:
+    """The folder of a site's ledgers: ``dp.ledger_dir`` when configured, else ``<state_dir>/privacy``."""
+    return Path(dp_cfg.ledger_dir) if dp_cfg.ledger_dir is not None else Path(state_dir) / "privacy"
 
 
 class _StepGuard:
@@ -173,7 +179,7 @@ class DPSite:
         self.records = sorted(set(records)) if records is not None else None
         #: ε carried forward by acknowledged resets, charged to every record of the site
         self.carried = anchor.carried()
-        folder = Path(dp_cfg.ledger_dir) if dp_cfg.ledger_dir is not None else self.state_dir / "privacy"
+        folder = ledger_folder(self.state_dir, dp_cfg)
         self.ledger = Ledger(find_ledger(folder, identity, anchor), anchor=anchor)
         self.ledger.open_or_create(
             identity=identity,
@@ -210,9 +216,16 @@ class DPSite:
 
         The same records in another row order, or with a record dropped or added, keep their ledger
         (:mod:`fcd_secure.privacy.identity`), and every record's spend is accounted across all the site's ledgers.
+        A record's id is its raw values under the record secret of the ledgers' folder, so no standardisation the
+        coordinator sends moves it (docs/threats.md P45).
+
+        Raises:
+            PrivacyLedgerError: the folder's ledgers list records but its record secret is gone.
+            DataError: ``ds`` is standardised without the digests of its raw records.
         """
-        return cls(state_dir, dataset_identity(ds), dp_cfg, ds.n, planned_rounds, local_epochs, batch_size,
-                   run_id=run_id, records=record_keys(ds), witnessed=witnessed)
+        secret = record_secret(ledger_folder(state_dir, dp_cfg))
+        return cls(state_dir, dataset_identity(ds, secret), dp_cfg, ds.n, planned_rounds, local_epochs, batch_size,
+                   run_id=run_id, records=record_keys(ds, secret), witnessed=witnessed)
 
     # -- planning ------------------------------------------------------------------------------------
     @property

@@ -3,11 +3,13 @@
 DP-SGD's guarantee is per record (one trajectory, add/remove adjacency; Abadi et al. 2016), so a site's ε budget
 belongs to its *records*, not to one byte layout of its training table. What counts as the same data here:
 
-* **A record is identified by its content**: the sha256 of one trajectory's valid steps (X, and A, T, Y at the
-  steps its mask M marks valid, with their step indices and dtypes; :func:`record_ids`). Padding is left out, so a
-  table padded to another length (e.g. after its longest trajectory was dropped) keeps its record ids. The data
-  carry no stable entity ids (students are record positions, Diabetes-130's ``patient_nbr`` is factorised), so the
-  content is the only identity that survives a reload.
+* **A record is identified by its raw rows, under the site's secret**: HMAC-SHA256 (RFC 2104; Bellare, Canetti &
+  Krawczyk 1996) of the entity id (where the table names its entities) and the digest of the trajectory's *raw*
+  values (``fcd_secure.data.records``: taken before the standardiser overwrites them, padding left out), keyed with
+  the record secret of the folder that holds the site's ledgers (:func:`record_secret`; :func:`record_ids`). No value
+  the coordinator sends enters it: standardisation statistics nudged by 1e-6, or moved by a site joining or one
+  patient added anywhere, leave every record's id, so its history, as it was (docs/threats.md P45). Keyed, a ledger's
+  list of records does not let someone holding a patient's values confirm that the patient is in it.
 * **The fingerprint** (:attr:`DatasetIdentity.fingerprint`) hashes the sorted multiset of record ids: row order
   does not change it, any change of a record's content does.
 * **The same data** (:func:`same_data`): two tables whose shared records make up at least :data:`SAME_DATA` of the
@@ -24,20 +26,29 @@ although their shared records compose across both.
 from __future__ import annotations
 
 import hashlib
+import hmac
+import json
+from pathlib import Path
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from fcd_secure._io import load_or_create_secret
+from fcd_secure.data.cohorts import row_ids
+from fcd_secure.data.records import raw_records
 from fcd_secure.data.schema import SiteDataset
+from fcd_secure.privacy.errors import PrivacyLedgerError
 
 __all__ = [
     "RECORD_KEY_HEX",
+    "RECORD_SECRET_FILE",
     "SAME_DATA",
     "SKETCH_SIZE",
     "DatasetIdentity",
     "dataset_identity",
     "record_ids",
     "record_keys",
+    "record_secret",
     "same_data",
     "shared_fraction",
 ]
@@ -48,8 +59,10 @@ SKETCH_SIZE = 256
 SAME_DATA = 0.5
 #: Hex digits of a record id kept as the key of its ε account (128 bits: no collision among 2^40 records).
 RECORD_KEY_HEX = 32
-_RECORD_TAG = b"fcd_secure.record/1"
-_DATASET_TAG = b"fcd_secure.dataset/2"
+#: the record secret's file in the folder of the site's ledgers (created on first use, mode 0600)
+RECORD_SECRET_FILE = "record_secret.key"
+_RECORD_TAG = b"fcd_secure.record/2|"
+_DATASET_TAG = b"fcd_secure.dataset/3"
 
 
 class DatasetIdentity(BaseModel):
@@ -65,34 +78,58 @@ class DatasetIdentity(BaseModel):
     sketch: tuple[str, ...] = Field(default=(), description="the smallest distinct record ids (hex), sorted")
 
 
-def record_ids(ds: SiteDataset) -> list[bytes]:
-    """The sha256 of each trajectory's content, in row order (see the module docstring for what is hashed)."""
-    header = _RECORD_TAG + f"|{int(ds.n_actions)}|{ds.X.dtype.str}|{ds.A.dtype.str}|{ds.T.dtype.str}|{ds.Y.dtype.str}|".encode()
-    X, A, T, Y = (np.ascontiguousarray(a) for a in (ds.X, ds.A, ds.T, ds.Y))
-    valid = np.asarray(ds.M) > 0
-    out = []
-    for i in range(ds.n):
-        steps = np.flatnonzero(valid[i])
-        h = hashlib.sha256(header)
-        h.update(steps.astype("<i8").tobytes())
-        h.update(X[i].tobytes())
-        h.update(np.ascontiguousarray(A[i, steps]).tobytes())
-        h.update(np.ascontiguousarray(T[i, steps]).tobytes())
-        h.update(np.ascontiguousarray(Y[i, steps]).tobytes())
-        out.append(h.digest())
-    return out
+def record_secret(folder: str | Path) -> bytes:
+    """The key of the record ids of the ledgers in ``folder`` (``record_secret.key``, 32 bytes, mode 0600), created
+    with the folder's first ledger.
+
+    Raises:
+        PrivacyLedgerError: the folder holds ledgers that list records but the secret is gone (a new secret would
+            give every record a fresh budget: restore the file from backup).
+    """
+    folder = Path(folder)
+    path = folder / RECORD_SECRET_FILE
+    if not path.exists() and any(_lists_records(p) for p in folder.glob("ledger-*.json")):
+        raise PrivacyLedgerError(
+            f"{folder} holds ledgers of records but no {RECORD_SECRET_FILE}: every record would start a fresh "
+            "budget under a new secret; restore the file from backup (the site refuses to train until then)"
+        )
+    return load_or_create_secret(path, 32)
 
 
-def record_keys(ds: SiteDataset) -> list[str]:
+def _lists_records(ledger: Path) -> bool:
+    try:
+        return bool(json.loads(ledger.read_text()).get("records"))
+    except (OSError, ValueError):
+        return True  # unreadable: assume it does (fail closed; the ledger itself refuses to open)
+
+
+def record_ids(ds: SiteDataset, secret: bytes) -> list[bytes]:
+    """Each trajectory's id, in row order: HMAC-SHA256(``secret``, entity id | raw-content digest) (module
+    docstring). The entity id enters only where the table names its entities (``meta['entity_names']``); a bare row
+    number would move when a row is added before it.
+
+    Raises:
+        DataError: ``ds`` is standardised without the digests of its raw records (``data.records.raw_records``).
+    """
+    digests = raw_records(ds)
+    named = ds.meta.get("entity_names") is not None and isinstance(ds.meta.get("entity"), np.ndarray)
+    ents = row_ids(ds) if named else [""] * ds.n
+    header = _RECORD_TAG + f"{int(ds.n_actions)}|".encode()
+    return [hmac.new(secret, header + e.encode() + b"|" + bytes(d), hashlib.sha256).digest()
+            for e, d in zip(ents, digests)]
+
+
+def record_keys(ds: SiteDataset, secret: bytes) -> list[str]:
     """The keys of the table's records in the per-record ε account (:mod:`fcd_secure.privacy.spend`): the first
     :data:`RECORD_KEY_HEX` hex digits of each record id, sorted, without repeats (two equal trajectories are one
     record for the account, so they share one budget: conservative)."""
-    return sorted({rid.hex()[:RECORD_KEY_HEX] for rid in record_ids(ds)})
+    return sorted({rid.hex()[:RECORD_KEY_HEX] for rid in record_ids(ds, secret)})
 
 
-def dataset_identity(ds: SiteDataset) -> DatasetIdentity:
-    """The privacy identity of a site's training table (the propensities P, its name and meta are left out)."""
-    ids = sorted(record_ids(ds))
+def dataset_identity(ds: SiteDataset, secret: bytes) -> DatasetIdentity:
+    """The privacy identity of a site's training table under the record ``secret`` (the propensities P, its name and
+    the standardisation are left out)."""
+    ids = sorted(record_ids(ds, secret))
     h = hashlib.sha256(_DATASET_TAG + f"|{int(ds.n_actions)}|{len(ids)}|".encode())
     for rid in ids:
         h.update(rid)

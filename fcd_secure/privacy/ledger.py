@@ -65,13 +65,16 @@ __all__ = [
 LEDGER_FORMAT = "fcd_secure.privacy.ledger/1"
 
 
-def dataset_fingerprint(ds: SiteDataset) -> str:
-    """SHA-256 (hex, 64 chars) of the sorted ids of the records DP-SGD trains on (X, A, T, Y at valid steps).
+def dataset_fingerprint(ds: SiteDataset, secret: bytes = b"") -> str:
+    """SHA-256 (hex, 64 chars) of the sorted ids of the records DP-SGD trains on (raw X, A, T, Y at valid steps,
+    keyed with ``secret``).
 
-    Row order, padding, the name, meta and the propensities P (which the model never sees) are left out: the budget
-    belongs to the records (:mod:`fcd_secure.privacy.identity`, :func:`~fcd_secure.privacy.identity.dataset_identity`).
+    Row order, padding, the name, the standardisation and the propensities P (which the model never sees) are left
+    out: the budget belongs to the records (:mod:`fcd_secure.privacy.identity`,
+    :func:`~fcd_secure.privacy.identity.dataset_identity`). ``DPSite.for_dataset`` keys them with the ledger folder's
+    record secret; the empty key names a table by its content alone, for a ledger opened by a bare fingerprint.
     """
-    return dataset_identity(ds).fingerprint
+    return dataset_identity(ds, secret).fingerprint
 
 
 def ledger_path(state_dir: str | Path, fingerprint: str, ledger_dir: str | Path | None = None) -> Path:

@@ -6,8 +6,8 @@ and a server that changes the seed or ``data.test_fraction`` every run makes eve
 half its records with the earlier ones, so each run opens its own ledger. The cap must therefore bound the
 composition over *every* ledger that holds the record, not the ledger of one table. Here:
 
-* every ledger lists the records it charges (:attr:`Holding.records`: the first 128 bits of each record's content
-  hash, :func:`~fcd_secure.privacy.identity.record_keys`), and charges its whole history to each of them (a ledger
+* every ledger lists the records it charges (:attr:`Holding.records`: the first 128 bits of each record's keyed
+  raw-content hash, :func:`~fcd_secure.privacy.identity.record_keys`), and charges its whole history to each of them (a ledger
   trains tables that share at least half their records, so a record of one of them is charged the others' rounds
   too: conservative);
 * the records of a table are grouped by the set of ledgers that hold them; each group's history is the

@@ -45,6 +45,7 @@ from fcd_secure.provisioning.enrolment import write_request
 from fcd_secure.provisioning.signed import SignedDocumentError, read_document
 from fcd_secure.federation.secure.setup import ROSTER_FILE, write_roster
 from fcd_secure.provisioning.site_install.records import record_install
+from fcd_secure.provisioning.site_install.tables import claim_table
 from fcd_secure.federation.site_policy import SitePolicy
 from fcd_secure.federation.state import SiteState, StateError, check_site_id
 from fcd_secure.fingerprints import fingerprint, normalise_fingerprint
@@ -135,7 +136,8 @@ def init_site(home: str | Path, spec_path: str | Path, table_path: str | Path, s
         to the coordinator out of band, with the request file.
 
     Raises:
-        ProvisioningError: the folder holds a site already, or the site id is invalid.
+        ProvisioningError: the folder holds a site already, the site id is invalid, or another home on this host
+            holds the table (``site_install.tables``).
         fcd_secure.data.spec.DataError: the spec or the table cannot be read, or the table does not match the spec.
     """
     h = SiteHome.at(home)
@@ -148,6 +150,8 @@ def init_site(home: str | Path, spec_path: str | Path, table_path: str | Path, s
     spec = load_spec(spec_path)
     table = Path(table_path).resolve()
     build_dataset(spec, read_table(table), table)  # the table must be readable with the spec before anything is made
+    table_sha256 = file_sha256(table)
+    claim_table(h.root, table, table_sha256)  # one home per table on this host: one ε budget (P46)
     h.root.mkdir(parents=True, exist_ok=True)
     os.chmod(h.root, 0o700)
     atomic_write_text(h.spec, Path(spec_path).read_text())
@@ -161,7 +165,7 @@ def init_site(home: str | Path, spec_path: str | Path, table_path: str | Path, s
     id_fp = fingerprint(public_key_bytes(key))
     record_install(h.state_root, site_id, "init", {
         "identity_fingerprint": id_fp, "node_fingerprint": node_fp, "spec_sha256": digest,
-        "table_sha256": file_sha256(table),
+        "table_sha256": table_sha256,
     })
     return {"site_id": site_id, "identity_fingerprint": id_fp, "node_fingerprint": node_fp, "spec_sha256": digest,
             "request": str(h.request)}
