@@ -1,6 +1,7 @@
 """One self-contained HTML report of a run, for a privacy officer and an auditor (``fcd report RUN_DIR``).
 
-It gathers in one file what a run folder already holds, each from its one source:
+It gathers in one file what a run folder already holds, each from its one source, the privacy officer's summary
+first (the verdict, DP and ε per site against its cap, who took part), then the details:
 
 * **the audit verdict** (:func:`fcd_secure.audit.verify.verify_path`, with the pins the reader gives) and what could
   not be checked: the findings that keep the verdict from "compliant" (keys not pinned, evidence partial) and the
@@ -9,14 +10,18 @@ It gathers in one file what a run folder already holds, each from its one source
   its data is in the answers (``coverage``, ``queries.evaluation.coverage``);
 * **what left each site**: every upload of the site's own signed ledger, by action, with its payload bytes and what
   it carried (Θc tensors, aggregate sums, protocol and audit fields), and the totals the server received;
-* **ε per site against its cap** (:func:`fcd_secure.privacy.report.build_report`, recomputed from each site's
-  write-ahead ledger; per record: the unit of privacy is one trajectory), with the plot of ε over rounds
+* **ε per site against its cap** (:func:`fcd_secure.experiments.privacy_evidence.run_privacy_report`: recomputed
+  from each site's ledger where the folder holds it, else from the sites' signed privacy records in the evidence;
+  per record: the unit of privacy is one trajectory), with the plot of ε over rounds
   (:func:`fcd_secure.privacy.report.plot_epsilon`) embedded as a base64 PNG;
 * **the answers with their support**: the headline metrics, each policy's value and interval, its logged support,
   whether the data identifies it and the sites whose logs never follow it, and the coverage line.
 
-Self-contained: inline CSS, the plot as a ``data:`` URI, no script, no font, nothing fetched; readable on a phone
-(a viewport meta tag, one column, tables that scroll sideways inside their own box, identifiers that wrap).
+The run folder is written by the server being audited, so nothing in it is trusted as markup: the fields read are
+type-checked (:class:`ReportSummary`), every value is escaped where it is placed, and the page's CSP (:data:`CSP`)
+forbids every script and every load but the embedded plot (docs/threats.md P50). Self-contained: inline CSS, the
+plot as a ``data:`` URI, no script, no font, nothing fetched; readable on a phone (a viewport meta tag, one column,
+tables whose rows stack with their cells labelled, identifiers that never break inside).
 """
 
 from __future__ import annotations
@@ -75,6 +80,7 @@ ul { padding-left: 1.2em; } li { margin: .2em 0; }
   tr { border-bottom: 1px solid #8886; padding: .3em 0; }
   td, td.n { border: 0; padding: .1em 0; text-align: left; white-space: normal; }
   td[data-label]::before { content: attr(data-label) ": "; color: var(--muted); font-size: .85em; }
+  td:empty { display: none; }
   .id { white-space: normal; overflow-wrap: break-word; }
 }
 """
