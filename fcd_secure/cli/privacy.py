@@ -23,7 +23,10 @@ _REPORT_HELP = (
     "PATH is a run folder (every site of the run is listed; a site never sampled for a DP round has ε = 0), a sites' "
     "state root, one site's state directory, a ledger folder, or one ledger file. ε is recomputed from each site's "
     "write-ahead ledger, never taken from a cached number. A run trained without DP gets a report saying it has no "
-    "DP guarantee (exit 0). Exit code 2 when PATH does not exist or holds no ledger."
+    "DP guarantee (exit 0). A run folder without ledgers whose settings say DP was on (a deployment: each ledger "
+    "stays on its site) is reported from the sites' signed privacy records in its evidence (the ledger heads each "
+    "site's audit chain carries, chain and signatures checked); a site without one is 'unverified'. Exit code 2 "
+    "when PATH does not exist or holds neither a ledger nor a site's signed record."
 )
 
 
@@ -42,14 +45,16 @@ def report(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON envelope on stdout.")] = False,
     no_files: Annotated[bool, typer.Option("--no-files", help="Print only; write no report files.")] = False,
+    site_key: Annotated[Optional[list[str]], typer.Option("--site-key", metavar="FINGERPRINT", help="A pinned site key fingerprint (SHA256:<hex>) for the signed records; repeatable.")] = None,
 ) -> None:
     """The privacy budget report (help text: ``_REPORT_HELP``)."""
+    from fcd_secure.experiments.privacy_evidence import run_privacy_report  # noqa: PLC0415
     from fcd_secure.privacy.errors import PrivacyLedgerError  # noqa: PLC0415
-    from fcd_secure.privacy.report import build_report, write_report  # noqa: PLC0415
+    from fcd_secure.privacy.report import write_report  # noqa: PLC0415
 
     try:
-        rep = build_report(path)
-    except (FileNotFoundError, PrivacyLedgerError) as exc:
+        rep = run_privacy_report(path, site_keys=site_key or None)
+    except (FileNotFoundError, PrivacyLedgerError, ValueError) as exc:
         raise CliError(str(exc), hint="give a run folder, a state folder or a privacy ledger file") from None
     written = {}
     if not no_files:
@@ -62,6 +67,8 @@ def report(
     if not rep.get("dp", True):
         con.print(f"[bold]No DP guarantee.[/] {rep['message']}.")
         con.print("sites: " + ", ".join(s["site"] for s in rep["sites"]))
+    elif rep.get("basis"):
+        _print_signed(con, rep)
     else:
         _print_sites(con, rep)
     for kind, p in written.items():
@@ -101,6 +108,27 @@ def _print_sites(con, rep: dict) -> None:
     never = [s["site"] for s in rep["sites"] if s.get("ledger") is None]
     if never:
         con.print(f"Never trained under DP (ε = 0): {', '.join(never)}")
+
+
+def _print_signed(con, rep: dict) -> None:
+    """The report of a run whose ledgers stay on the sites: ε per site as each site signed it."""
+    from rich.table import Table  # noqa: PLC0415
+
+    table = Table(title="Privacy budget from the sites' signed records (record level: one trajectory)")
+    for col in ("site", "ε spent", "any record ≤", "cap", "left", "record"):
+        table.add_column(col, justify="left" if col in ("site", "record") else "right", no_wrap=col == "site")
+    for s in rep["sites"]:
+        known = s["epsilon_spent"] is not None
+        table.add_row(s["site"], f"{s['epsilon_spent']:.3f}" if known else "–",
+                      f"{s['epsilon_any_record']:.3f}" if known else "–",
+                      "" if s["epsilon_cap"] is None else f"{s['epsilon_cap']:g}",
+                      f"{s['epsilon_remaining']:.3f}" if known and s["epsilon_remaining"] is not None else "–",
+                      s["status"])
+    con.print(table)
+    con.print(f"Basis: {rep['basis_note']}.", soft_wrap=True)
+    if rep["unverified"]:
+        con.print(f"[bold]unverified[/]: {', '.join(rep['unverified'])}: DP was on, but no intact signed privacy "
+                  "record of theirs is here (run `fcd privacy report SITE_STATE` at each)", soft_wrap=True)
 
 
 @app.command("plan", short_help="The noise multiplier σ for a planned use of a site's data.")

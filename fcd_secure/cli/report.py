@@ -30,8 +30,12 @@ def register(app: typer.Typer) -> None:
         caps with the plot embedded, the audit verdict of `fcd audit verify` with what could not be checked, and the
         answers with their support. It loads nothing from the network (the plot is embedded).
 
+        Every value from the run folder is escaped and the page forbids scripts (its Content-Security-Policy): the
+        folder is written by the server being audited. For a deployment, whose privacy ledgers stay on the sites, ε
+        comes from the sites' signed privacy records in RUN_DIR/evidence/; a site without one is 'unverified'.
+
         Exit codes: 0 written (whatever the verdict: `fcd audit verify` exits with it), 2 bad input (not a finished
-        run folder, a malformed pin file or fingerprint).
+        run folder, a summary.json field of the wrong type, a malformed pin file or fingerprint).
         """
         from fcd_secure.audit.pins import PinFileError  # noqa: PLC0415
         from fcd_secure.cli.audit import pinned_keys  # noqa: PLC0415
@@ -50,6 +54,9 @@ def register(app: typer.Typer) -> None:
             emit(ok(facts, f"report written: {path}"))
             return
         con = stdout()
-        con.print(f"audit verdict: {facts['verdict'].upper()}; "
-                  + ("ε plot embedded" if facts["plot"] else "no DP in this run (said so in the report)"), soft_wrap=True)
+        dp = ("ε plot embedded" if facts["plot"] else
+              "DP on, ε unverified (no signed privacy record)" if facts["dp"] else "no DP in this run (said so in the report)")
+        if facts["dp_unverified"] and facts["plot"]:
+            dp += f"; unverified: {', '.join(facts['dp_unverified'])}"
+        con.print(f"audit verdict: {facts['verdict'].upper()}; {dp}", soft_wrap=True)
         say_identifier(con, "report:", str(path), indent=0)

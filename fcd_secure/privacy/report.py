@@ -557,6 +557,8 @@ def render_markdown(report: dict[str, Any], plot_name: str | None) -> str:
                  f"**No DP guarantee.** {report['message']}.", "", "| site | ε |", "|---|---|"]
         lines += [f"| {s['site']} | none (no DP) |" for s in report["sites"]]
         return "\n".join(lines) + "\n"
+    if report.get("basis"):
+        return _render_signed(report, plot_name)
     c, common = report["consortium"], report["common"]
     lines = [
         "# Privacy budget report",
@@ -655,6 +657,26 @@ def render_markdown(report: dict[str, Any], plot_name: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _render_signed(report: dict[str, Any], plot_name: str | None) -> str:
+    """The Markdown of a report built from the sites' signed records (``experiments.privacy_evidence``)."""
+    def num(x: float | None, spec: str = ".3f") -> str:
+        return "–" if x is None else format(x, spec)
+
+    lines = ["# Privacy budget report", "", f"Source: `{report['source']}`", "",
+             f"DP-SGD was on. Basis: {report['basis_note']}.", "", f"Unit of privacy: {report['unit_of_privacy']}.", ""]
+    if plot_name:
+        lines += [f"![ε over rounds]({plot_name})", ""]
+    lines += ["| site | ε spent | any record ≤ | cap | remaining | record |", "|---|---|---|---|---|---|"]
+    for s in report["sites"]:
+        lines.append(f"| {s['site']} | {num(s['epsilon_spent'])} | {num(s['epsilon_any_record'])} | "
+                     f"{num(s['epsilon_cap'], 'g')} | {num(s['epsilon_remaining'])} | {s['status']}"
+                     + (f": {s['why']}" if s.get("why") else "") + " |")
+    if report["unverified"]:
+        lines += ["", f"**Unverified**: {', '.join(report['unverified'])}: no intact signed privacy record; run "
+                  "`fcd privacy report SITE_STATE` at each of them."]
+    return "\n".join(lines) + "\n"
+
+
 def write_report(report: dict[str, Any], out_dir: str | Path) -> dict[str, Path]:
     """Write ``privacy_report.json``, ``privacy_report.md`` and ``privacy_epsilon.png`` into ``out_dir``.
 
@@ -666,8 +688,9 @@ def write_report(report: dict[str, Any], out_dir: str | Path) -> dict[str, Path]
     """
     out_dir = Path(out_dir)
     names = {"json": "privacy_report.json", "markdown": "privacy_report.md", "plot": "privacy_epsilon.png"}
-    has_dp = report.get("dp", True)
-    png = plot_epsilon(report) if has_dp else None
+    known = [s for s in report.get("sites") or [] if s.get("epsilon_spent") is not None]
+    has_dp = report.get("dp", True) and bool(known)
+    png = plot_epsilon({**report, "sites": known}) if has_dp else None
     texts = {
         "json": json.dumps(report, indent=2) + "\n",
         "markdown": render_markdown(report, names["plot"] if has_dp else None),
