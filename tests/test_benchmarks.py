@@ -45,8 +45,10 @@ class Quick:
 
 
 QUICK = (
-    Quick("cli_startup.py", ("--quick",), ("fcd  --help", "fcd run --help", "bad-input run (exit 2)", "wall s", "CPU s")),
-    Quick("dp.py", ("--quick",), ("step time", "DP / non-DP (same objective)", "utility vs ε", "PEHE at ε = 8 / non-DP")),
+    Quick("cli_startup.py", ("--quick",),
+          ("fcd  --help", "fcd run --help", "bad-input run (exit 2)", "wall s", "CPU s")),
+    Quick("dp.py", ("--quick",),
+          ("step time", "DP / non-DP (same objective)", "utility vs ε", "PEHE at ε = 8 / non-DP")),
     Quick("dr_learner.py", ("--quick",), ("corr DR", "skill DR", "PEHE DR", "mean over seeds")),
     Quick("dr_tails.py", ("--quick",), ("DR + unseen-mass bounds", "median width DR", "mean weight per step")),
     Quick("heldout_check.py", ("--quick",), ("true gain", "shown", "worse", "s.d. gain", "mean SE")),
@@ -54,15 +56,18 @@ QUICK = (
     Quick("onestep_noise.py", ("--quick",), ("interval covers", "mean error", "mean SE", "|error| ≤ 0.05")),
     Quick("sampler.py", ("--quick",), ("steps / transition", "rollouts / second", "PEHE")),
     Quick("secagg.py", ("--quick", "--repeats", "1"), ("client s", "server s", "B/param", "faster than Flower")),
-    Quick("selection.py", ("--quick",), ("Spearman",)),
-    Quick("targeted.py", ("--quick",), ("one-step",)),
-    Quick("tumour.py", ("--quick",), ("PEHE",)),
+    Quick("selection.py", ("--quick",),
+          ("ρ D1 (≥0.8)", "ρ fit", "rule pick", "true one-step err", "cost: selection sums")),
+    Quick("targeted.py", ("--quick",), ("one-step effect at every decision step", "AIPW", "self-norm.", "naive")),
+    Quick("tumour.py", ("--quick",), ("normalised RMSE (%)", "PEHE", "|ATE err|", "truth-free selection")),
     Quick("federation.py", ("--superlink-requests", "--quick"), ("SuperLink ms CPU / request", "scoped / Flower")),
     Quick("federation.py", ("--quick",), ("seconds / round", "MB uplink (measured)"), flower=True),
     Quick("federation.py", ("--deployment", "--quick"),
           ("simulation s / round", "deployment (warm) s / round", "deployment (warm) / simulation"), flower=True),
-    Quick("fidelity.py", ("--quick",), ("PEHE",), flower=True),
-    Quick("intervals.py", ("--quick",), ("cover",), flower=True),
+    Quick("fidelity.py", ("--quick",), ("Effect fidelity", "PEHE", "|ATE err|", "corr(τ̂, τ)", "Targets"),
+          flower=True),
+    Quick("intervals.py", ("--quick",), ("interval coverage", "coverage of the truth", "whole test sets"),
+          flower=True),
 )
 
 
@@ -95,7 +100,8 @@ def test_quick_form_runs_and_prints_its_figures(q: Quick, monkeypatch, capsys, o
     except SystemExit as exc:  # typer and argparse scripts end with sys.exit
         assert exc.code in (0, None), f"{q.id} exited {exc.code}:\n{capsys.readouterr().err[-3000:]}"
     finally:  # the scripts' sibling modules (imported by bare name) are not left for the next test
-        for name in [n for n, m in sys.modules.items() if Path(getattr(m, "__file__", None) or "/").parent == BENCHMARKS]:
+        siblings = [n for n, m in sys.modules.items() if Path(getattr(m, "__file__", None) or "/").parent == BENCHMARKS]
+        for name in siblings:
             del sys.modules[name]
     _check_figures(q, capsys.readouterr().out)
 
