@@ -108,7 +108,10 @@ def test_quick_form_runs_and_prints_its_figures(q: Quick, monkeypatch, capsys, o
 
 @pytest.mark.slow
 @pytest.mark.xdist_group(FLOWER_PROCESSES)
-@pytest.mark.parametrize("q", [q for q in QUICK if q.flower], ids=lambda q: q.id)
+@pytest.mark.parametrize("q", [
+    # the Deployment Engine's form starts SuperLink and SuperNode processes: marked as every such test is
+    pytest.param(q, id=q.id, marks=[pytest.mark.deployment] if "--deployment" in q.args else [])
+    for q in QUICK if q.flower])
 def test_quick_form_that_starts_flower_runs_and_prints_its_figures(q: Quick, tmp_path):
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     # its own session: on a timeout the whole group goes, the SuperLink and SuperNodes it started included
