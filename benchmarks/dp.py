@@ -18,6 +18,7 @@ DESIGN "Numbers": "DP: step time with and without DP-SGD; ε per site after a ru
    C. (Exempting parameters from DP-SGD is not a lever: every released parameter is covered, dp-anchors §9.)
 
 Run: ``.venv/bin/python benchmarks/dp.py [--preset default] [--epochs 4] [--json]``. Prints figures; asserts nothing.
+``--quick`` (seconds; checks the script end to end): the tiny preset, 3 timing rounds, one epoch at ε ∈ {8, ∞}.
 """
 
 from __future__ import annotations
@@ -189,7 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-timing", action="store_true")
     ap.add_argument("--json", action="store_true", help="print one JSON object at the end")
     ap.add_argument("--out", type=Path, help="also write the JSON here")
+    ap.add_argument("--quick", action="store_true", help="tiny preset, 3 timing rounds, 1 epoch at ε ∈ {8, inf}")
     a = ap.parse_args(argv)
+    if a.quick:
+        a.preset, a.timing_rounds, a.epochs, a.eps = "tiny", 3, 1, "8,inf"
     torch.set_num_threads(a.threads)
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if a.json else (lambda m: print(m, flush=True))
     out: dict = {}

@@ -19,6 +19,7 @@ the DR interval, and the DR interval widened by the unseen-mass bounds (``fcd_se
 
     .venv/bin/python benchmarks/dr_tails.py                          # default preset, 3 sites, horizon 2
     .venv/bin/python benchmarks/dr_tails.py --horizon 12 --json      # longer windows
+    .venv/bin/python benchmarks/dr_tails.py --quick                  # tiny preset, cohorts of 25, 20 resamples
 """
 
 from __future__ import annotations
@@ -70,7 +71,10 @@ def main() -> None:
     ap.add_argument("--level", type=float, default=0.9)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="tiny preset, cohorts of 25, 20 resamples: checks the script")
     args = ap.parse_args()
+    if args.quick:
+        args.preset, args.sizes, args.resamples = "tiny", [25], 20
 
     from fcd_secure.evaluation.intervals import (
         interval_from_sums, reached_mass, site_sums, unseen_bounds, unseen_mass_sums,

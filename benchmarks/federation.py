@@ -8,12 +8,17 @@ whole run's wall time, the uplink MB measured from the serialized Flower message
     .venv/bin/python benchmarks/federation.py --preset default # the README run's sizes
     .venv/bin/python benchmarks/federation.py --json
     .venv/bin/python benchmarks/federation.py --deployment --sites 4 10   # Deployment Engine vs simulation
+    .venv/bin/python benchmarks/federation.py --deployment --quick        # 4 sites, 2 rounds, warm executors
     .venv/bin/python benchmarks/federation.py --superlink-requests  # SuperLink CPU per request, middlewares scoped or not
+    .venv/bin/python benchmarks/federation.py --superlink-requests --quick   # 200 requests instead of 2,000
 
 ``--deployment`` prints, per number of sites, the secure-aggregation round's seconds on the simulation engine and
 on the Deployment Engine over loopback (the hospital path: consortium, one home per site with its own DKT-Synth
-table, TLS and SuperNode authentication, secure round 0), with the site executor warm (one ClientApp process per
-site) and cold (a fresh process per message), side by side in one run (3 rounds unless ``--rounds``). The figure
+table, the CA's private key moved out of the coordinator's folder before the server starts, TLS and SuperNode
+authentication, secure round 0), with the site executor warm (one ClientApp process per site) and cold (a fresh
+process per message), side by side in one run (3 rounds unless ``--rounds``). DP-SGD is off in both engines, which
+each site's own policy then allows (``[dp] required = false``, and the consortium's minimum alike); ``--dp`` keeps
+the strict default policies and trains with DP-SGD in both engines. The figure
 per engine is the median round from round 2 on (a round whose protocol keys were set up during the round before:
 three round trips); round 1 (five) is printed beside it.
 """
@@ -24,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import tempfile
 import time
@@ -39,29 +45,34 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def simulation_rounds(n_sites: int, rounds: int, preset: str, seed: int) -> list[float]:
-    """Seconds per secure round on the simulation engine (DKT-Synth, every site every round)."""
+def simulation_rounds(n_sites: int, rounds: int, preset: str, seed: int, dp: bool = False) -> list[float]:
+    """Seconds per secure round on the simulation engine (DKT-Synth, every site every round; DP-SGD when ``dp``)."""
     from fcd_secure.config import build_config
     from fcd_secure.engines.simulation import run_simulated
 
-    cfg = build_config(preset, {"seed": seed, "data": {"n_sites": n_sites},
+    cfg = build_config(preset, {"seed": seed, "data": {"n_sites": n_sites}, "dp": {"enabled": dp},
                                 "federation": {"rounds": rounds, "clients_per_round": n_sites, "secure_aggregation": True,
                                                "eval_every": 0}})
     res = run_simulated(cfg.model_copy(update={"out": tempfile.mkdtemp(prefix="fcd-bench-")}))
     return [h["round_s"] for h in res.history]
 
 
-def deployment_rounds(n_sites: int, rounds: int, preset: str, seed: int, warm: bool) -> tuple[list[float], float]:
-    """Seconds per secure round on the Deployment Engine over loopback (module docstring), and the run's wall."""
+def deployment_rounds(n_sites: int, rounds: int, preset: str, seed: int, warm: bool,
+                      dp: bool = False) -> tuple[list[float], float]:
+    """Seconds per secure round on the Deployment Engine over loopback (module docstring), and the run's wall.
+
+    Without ``dp`` the consortium's minimum policy and every site's own ``site_policy.toml`` say ``[dp] required =
+    false`` (a hospital's explicit choice in its policy file; the strict default refuses a run without DP-SGD)."""
     import csv
     from pathlib import Path
 
     from fcd_secure.data.long_tables import write_site_tables
     from fcd_secure.data.registry import load_federated
+    from fcd_secure.federation.site_policy import SitePolicy
     from fcd_secure.provisioning.bundle import add_site
     from fcd_secure.provisioning.consortium import PreflightTerms, init_consortium
     from fcd_secure.provisioning.processes import stop
-    from fcd_secure.provisioning.server import start_server, submit_run
+    from fcd_secure.provisioning.server import CA_KEY_FILE, start_server, submit_run
     from fcd_secure.provisioning.site_install.home import SiteHome, init_site, join_site
     from fcd_secure.provisioning.site_install.runner import start_site
     from fcd_secure.provisioning.site_install.tables import REGISTRY_ENV
@@ -71,12 +82,22 @@ def deployment_rounds(n_sites: int, rounds: int, preset: str, seed: int, warm: b
     os.environ[REGISTRY_ENV] = str(tmp / "site_tables.json")
     fd = load_federated("dkt-synth", n_sites=n_sites, preset=preset, seed=seed)
     spec, tables = write_site_tables(fd.train, fd.test, tmp / "data", "dkt-synth-long")
-    co = init_consortium(tmp / "co", "bench", spec, port=_free_port(), preflight=PreflightTerms(min_trajectories=1))
+    def policy(p: SitePolicy) -> SitePolicy:
+        return p if dp else p.model_copy(update={"dp": p.dp.model_copy(update={"required": False})})
+
+    co = init_consortium(tmp / "co", "bench", spec, port=_free_port(), preflight=PreflightTerms(min_trajectories=1),
+                         site_policy=policy(SitePolicy()))
     homes = []
     for i in range(n_sites):
         r = init_site(tmp / f"site{i}", spec, tables[i], f"site{i}")
         add_site(co, tmp / f"site{i}" / "enrolment_request.json", r["identity_fingerprint"])
         homes.append(SiteHome.at(tmp / f"site{i}"))
+        policy(SitePolicy.load(homes[-1].policy)).write(homes[-1].policy)
+    # every site is enrolled: the CA's private key leaves the coordinator's folder before the server starts, as a
+    # hospital consortium's operator moves it (docs/hospital.md; start_server refuses while it is there, P35)
+    offline = tmp / "offline"
+    offline.mkdir()
+    shutil.move(co.pki / CA_KEY_FILE, offline / CA_KEY_FILE)
     started = []
     try:
         start_server(co)
@@ -86,7 +107,7 @@ def deployment_rounds(n_sites: int, rounds: int, preset: str, seed: int, warm: b
             start_site(h, warm=warm)
             started.append(h.root)
         t0 = time.perf_counter()
-        submit_run(co, tmp / "run", rounds=rounds, dp=False, preset=preset, seed=seed, timeout_s=3600)
+        submit_run(co, tmp / "run", rounds=rounds, dp=dp, preset=preset, seed=seed, timeout_s=3600)
         wall = time.perf_counter() - t0
         with open(tmp / "run" / "rounds.csv") as f:
             per_round = [float(r["round_s"]) for r in csv.DictReader(f)]
@@ -103,13 +124,13 @@ def _steady(per_round: list[float]) -> float:
 
 
 def compare_engines(sites: list[int], rounds: int, preset: str, seed: int, as_json: bool,
-                    executors: tuple[str, ...] = ("warm", "cold")) -> None:
+                    executors: tuple[str, ...] = ("warm", "cold"), dp: bool = False) -> None:
     rows = []
     for n in sites:
-        sim = simulation_rounds(n, rounds, preset, seed)
+        sim = simulation_rounds(n, rounds, preset, seed, dp)
         row = {"sites": n, "simulation s / round": _steady(sim), "simulation round 1 s": sim[0]}
         for warm in (e == "warm" for e in executors):
-            dep, wall = deployment_rounds(n, rounds, preset, seed, warm)
+            dep, wall = deployment_rounds(n, rounds, preset, seed, warm, dp)
             label = "warm" if warm else "cold"
             row[f"deployment ({label}) s / round"] = _steady(dep)
             row[f"deployment ({label}) / simulation"] = _steady(dep) / row["simulation s / round"]
@@ -119,7 +140,8 @@ def compare_engines(sites: list[int], rounds: int, preset: str, seed: int, as_js
         row["load"] = os.getloadavg()[0]
         rows.append(row)
         print(json.dumps(row), flush=True)
-    machine = f"{platform.node()} · {os.cpu_count()} CPUs · load {os.getloadavg()[0]:.1f} · preset {preset} · {rounds} rounds"
+    machine = (f"{platform.node()} · {os.cpu_count()} CPUs · load {os.getloadavg()[0]:.1f} · preset {preset} · "
+               f"{rounds} rounds · DP-SGD {'on' if dp else 'off'}")
     if as_json:
         print(json.dumps({"machine": machine, "rows": rows}))
         return
@@ -183,25 +205,31 @@ def main() -> None:
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--quick", action="store_true", help="tiny preset, 3 rounds")
+    ap.add_argument("--quick", action="store_true",
+                    help="tiny preset, 3 rounds; with --deployment: 4 sites, 2 rounds, warm executors; with "
+                         "--superlink-requests: 200 requests")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--deployment", action="store_true", help="Deployment Engine vs simulation (module docstring)")
-    ap.add_argument("--sites", type=int, nargs="+", default=[4, 10], help="with --deployment: numbers of sites")
-    ap.add_argument("--executors", nargs="+", choices=["warm", "cold"], default=["warm", "cold"],
-                    help="with --deployment: the site executor modes to measure")
+    ap.add_argument("--sites", type=int, nargs="+", default=None,
+                    help="with --deployment: numbers of sites (default 4 10; --quick: 4)")
+    ap.add_argument("--executors", nargs="+", choices=["warm", "cold"], default=None,
+                    help="with --deployment: the site executor modes to measure (default warm cold; --quick: warm)")
+    ap.add_argument("--dp", action="store_true",
+                    help="with --deployment: DP-SGD on in both engines (the sites' strict default policy)")
     ap.add_argument("--superlink-requests", action="store_true",
                     help="the SuperLink app's CPU per request, Flower's middlewares vs scoped (superlink_request_cpu)")
     args = ap.parse_args()
     if args.superlink_requests:
-        print(json.dumps(superlink_request_cpu()))
+        print(json.dumps(superlink_request_cpu(200 if args.quick else 2000)))
         return
 
     import torch
 
     torch.set_num_threads(1)
     if args.deployment:
-        compare_engines(args.sites, args.rounds or 3, "tiny" if args.quick else args.preset, args.seed, args.json,
-                        tuple(args.executors))
+        compare_engines(args.sites or ([4] if args.quick else [4, 10]), args.rounds or (2 if args.quick else 3),
+                        "tiny" if args.quick else args.preset, args.seed, args.json,
+                        tuple(args.executors or (["warm"] if args.quick else ["warm", "cold"])), args.dp)
         return
     from fcd_secure.config import build_config
     from fcd_secure.engines.simulation import run_simulated

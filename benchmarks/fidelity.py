@@ -10,7 +10,7 @@ site's Θs), so they are the effects the PEHE was computed from.
 
     .venv/bin/python benchmarks/fidelity.py                           # default preset, 3 seeds, 40 rounds
     .venv/bin/python benchmarks/fidelity.py --seeds 0 --rounds 10     # what fits a shared 2-core machine
-    .venv/bin/python benchmarks/fidelity.py --quick                   # tiny preset, seconds: checks the script
+    .venv/bin/python benchmarks/fidelity.py --quick                   # tiny, seed 0, ours vs naive: checks the script
     .venv/bin/python benchmarks/fidelity.py --recipe paper            # the paper's recipe as the main row
     nice -n 5 .venv/bin/python benchmarks/fidelity.py --rows centralised --epochs 10 --seeds 0 --no-tiny \
         --no-ceiling --recipe paper                                   # the centralised overshoot of docs/fidelity.md §3
@@ -75,12 +75,14 @@ CAUSE_WORLDS: dict[str, dict[str, Any]] = {
 def per_student_effects(cfg, sims) -> tuple[np.ndarray, np.ndarray]:
     """(τ̂, τ) over every site's test students, computed exactly as ``queries.evaluation.site_metrics`` does."""
     from fcd_secure.federation import learner
-    from fcd_secure.queries.evaluation import EVAL_SALT, _rows
+    from fcd_secure.queries.evaluation import EVAL_SALT
 
     hats, trues = [], []
+    cap = cfg.evaluation.max_rows
     for i, sim in enumerate(sims):
         data = learner.load_site_data(cfg, i)
-        rows = _rows(data.test.n, cfg.evaluation.max_rows)
+        # the rows site_metrics scores when evaluate_on_sites passes none: the first max_rows of the test split
+        rows = np.arange(data.test.n if cap is None else min(data.test.n, cap), dtype=np.int64)
         sub = data.test if len(rows) == data.test.n else data.test.subset(rows)
         seed = learner.round_seed(cfg.seed, 0, data.site_index, EVAL_SALT)
         o = data.oracle
@@ -309,7 +311,8 @@ def _f(v: Any, fmt: str = ".4f") -> str:
 
 
 def main(
-    quick: bool = typer.Option(False, "--quick", help="Tiny preset, its 2 rounds: checks the script runs."),
+    quick: bool = typer.Option(False, "--quick", help="Tiny preset, its 2 rounds, seed 0, ours vs naive: checks the "
+                               "script runs."),
     seeds: str = typer.Option("0,1,2", "--seeds", help="Comma-separated seeds."),
     rounds: int = typer.Option(0, "--rounds", help="Global rounds (0: the preset's); centralised rows match them."),
     rows: str = typer.Option(ROWS_DEFAULT, "--rows", help="Rows to run."),
@@ -350,6 +353,9 @@ def main(
     if all(getattr(base.model, k) == v for k, v in PAPER_RECIPE.items()) and "paper" in wanted:
         wanted.remove("paper")  # the default recipe is the paper's: the 'ours' row is that row
     seed_list = [int(s) for s in seeds.split(",") if s.strip()]
+    if quick:  # the tiny comparison of a full run: ours (federated, secure) vs naive, first seed
+        seed_list = seed_list[:1]
+        wanted = [r for r in wanted if r in ("ours", "naive")] if rows != ROWS_DEFAULT else ["ours", "naive"]
     t_start = time.perf_counter()
     if causes:
         causes_main(preset, rounds, recipe, wanted, seed_list, epochs, jobs, as_json)

@@ -16,6 +16,7 @@ in every kind (0.0047 against 0.0053 for the half-spread τ̂).
 
     .venv/bin/python benchmarks/heldout_check.py
     .venv/bin/python benchmarks/heldout_check.py --draws 300 --entities 600
+    .venv/bin/python benchmarks/heldout_check.py --quick            # 50 draws: checks the script
 """
 
 from __future__ import annotations
@@ -33,9 +34,12 @@ def main(
     entities: int = typer.Option(300, help="entities"),
     steps: int = typer.Option(20, help="steps per entity"),
     seed: int = typer.Option(1, help="seed of τ, the estimates and the noise"),
+    quick: bool = typer.Option(False, help="50 draws: checks the script"),
 ) -> None:
     from fcd_secure.queries import dr_learner as drl
 
+    if quick:
+        draws = 50
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
     tau_i = -0.05 + 0.15 * rng.standard_normal(entities)

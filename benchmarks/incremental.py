@@ -99,7 +99,7 @@ def main(
     deltas: str = typer.Option(",".join(f"{d:g}" for d in DELTAS), help="odds multipliers δ (1 is added: the "
                                "reference)"),
     shares: str = typer.Option(",".join(f"{s:g}" for s in SHARES), help="shares s of the share policies ('' for none)"),
-    quick: bool = typer.Option(False, help="tiny, seed 0, 2 rounds: checks the script"),
+    quick: bool = typer.Option(False, help="tiny, seed 0, 2 rounds, δ = 2 and s = 0.1: checks the script"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object on stdout"),
     replay: str = typer.Option("", help="print the tables of a --json output file instead of running"),
 ) -> None:
@@ -107,8 +107,8 @@ def main(
         show(json.loads(Path(replay).read_text()))
         return
     torch.set_num_threads(1)
-    if quick:
-        seeds, presets, rounds = seeds.split(",")[0], "tiny", 2
+    if quick:  # one policy of each family beside Always and the reference
+        seeds, presets, rounds, deltas, shares = seeds.split(",")[0], "tiny", 2, "2", "0.1"
     ds = tuple(sorted({1.0, *(float(d) for d in deltas.split(",") if d)}))
     ss = tuple(float(s) for s in shares.split(",") if s)
     results = []

@@ -27,6 +27,7 @@ move the answer 2-3 SE.
     .venv/bin/python benchmarks/onestep_noise.py                        # default preset, seeds 0-39
     .venv/bin/python benchmarks/onestep_noise.py --seeds 0-4 --show 5   # the README run's worlds
     .venv/bin/python benchmarks/onestep_noise.py --preset small --json
+    .venv/bin/python benchmarks/onestep_noise.py --quick                # the tiny preset, seeds 0-1: checks the script
 """
 
 from __future__ import annotations
@@ -77,10 +78,13 @@ def main(
     preset: str = typer.Option("default", help="the DKT-Synth data preset (default: the README run's world)"),
     show: int = typer.Option(0, help="also list this many worlds with the largest oracle-model |error|"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object on stdout"),
+    quick: bool = typer.Option(False, help="the tiny preset, seeds 0-1: checks the script"),
 ) -> None:
     import torch  # noqa: PLC0415
 
     torch.set_num_threads(1)  # fair to a shared machine (benchmarks/README.md)
+    if quick:
+        seeds, preset = "0-1", "tiny"
     err = Console(stderr=True)
     seed_list = parse_seeds(seeds)
     t0 = time.perf_counter()

@@ -153,14 +153,14 @@ def main(
     data_preset: str = typer.Option("small", help="DKT-Synth preset"),
     sites: int = typer.Option(4, help="sites"),
     recipes: str = typer.Option("ours,paper", help=f"comma-separated recipes of {sorted(RECIPES)}"),
-    quick: bool = typer.Option(False, help="2 rounds, 2 lrs, seed 0: checks the script"),
+    quick: bool = typer.Option(False, help="2 rounds, the last lr, seed 0: checks the script"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object on stdout"),
 ) -> None:
     torch.set_num_threads(1)
     seed_list = [int(s) for s in seeds.split(",")]
     lr_list = [float(x) for x in lrs.split(",")]
     if quick:
-        seed_list, rounds, lr_list = seed_list[:1], 2, lr_list[-2:]
+        seed_list, rounds, lr_list = seed_list[:1], 2, lr_list[-1:]
     from fcd_secure.queries.selection import RoundScore, choose_round, choose_run
 
     recipe_list = [r.strip() for r in recipes.split(",") if r.strip()]
