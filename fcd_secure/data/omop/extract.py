@@ -134,9 +134,22 @@ def check_database(db: Database, cohort: CohortSpec) -> dict[str, int]:
 # ---------------------------------------------------------------------------------------------------------------
 
 
+#: rows fetched per batch: each batch becomes numpy columns at once, so the Python rows of a 10-million-row result
+#: never all exist together (psycopg streams them from a server-side cursor: SQLAlchemy's ``yield_per``)
+BATCH_ROWS = 200_000
+
+
 def _frame(conn: sa.Connection, stmt: sa.Select) -> pd.DataFrame:
-    res = conn.execute(stmt)
-    return pd.DataFrame(res.fetchall(), columns=list(res.keys()))
+    """The result of ``stmt`` as columns, fetched in batches of :data:`BATCH_ROWS` and built from the transposed
+    rows (pandas' row-wise constructor probes every SQLAlchemy ``Row`` for attributes, twenty times slower)."""
+    res = conn.execution_options(yield_per=BATCH_ROWS).execute(stmt)
+    keys = list(res.keys())
+    parts: list[list[np.ndarray]] = []
+    for rows in res.partitions():
+        parts.append([np.asarray(c) for c in zip(*rows)])
+    if not parts:
+        return pd.DataFrame({k: pd.Series([], dtype=object) for k in keys})
+    return pd.DataFrame({k: np.concatenate([p[j] for p in parts]) for j, k in enumerate(keys)})
 
 
 def _entities_subquery(cohort: CohortSpec, t: dict[str, sa.Table]) -> sa.Subquery:
