@@ -1,7 +1,8 @@
 """``CohortSpec``: how an OMOP CDM v5.4 database becomes a site's trajectories (issue 46).
 
 A cohort spec is a TOML file with ``cdm = "OMOP 5.4"`` at its top (that key tells it from a
-:class:`~fcd_secure.data.spec.DatasetSpec`), e.g. the tumour instance ``fcd data export --format omop`` writes::
+:class:`~fcd_secure.data.spec.DatasetSpec`), e.g. (abridged, shaped like the tumour instance ``fcd data export
+--format omop`` writes; docs/omop.md has that one)::
 
     cdm = "OMOP 5.4"
     name = "tumour-omop"
