@@ -5,7 +5,7 @@ measurement rows per person), a drug given on about a third of the days, a condi
 observation and one from a condition before the index. The same rows are written as a CSV long table, a DuckDB CDM
 file and (where the PostgreSQL server binaries are installed) a CDM schema of a PostgreSQL server this script starts
 in a temporary folder (``tests/pg_server.py``). Each read runs in a fresh process, which reports its wall time and
-its peak resident memory (``ru_maxrss``) beside the memory it held before reading (the imports):
+its peak resident memory (``VmHWM``) beside the memory it held before reading (the imports):
 
 - ``csv``: :func:`fcd_secure.data.preprocess.read_table` of the CSV;
 - ``duckdb`` / ``postgresql``: :func:`fcd_secure.data.inputs.read_input`, i.e. the checks of the tables, columns,
@@ -73,6 +73,15 @@ def build(n: int, folder: Path, pg_url: str | None) -> dict[str, str]:
     return forms
 
 
+def peak_mb() -> float:
+    """This process's peak resident memory (``VmHWM``, https://man7.org/linux/man-pages/man5/proc_pid_status.5.html).
+    Not ``ru_maxrss``: Linux carries the parent's peak into a child across fork and exec."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # no /proc (not Linux): the best there is
+
+
 def child(form: str, cohort: str, table: str) -> None:
     """One read in this process: print ``{seconds, rows, peak_mb, base_mb}``."""
     from fcd_secure.data.inputs import read_input  # noqa: PLC0415
@@ -80,11 +89,11 @@ def child(form: str, cohort: str, table: str) -> None:
 
     import fcd_secure.data.omop.extract  # noqa: F401, PLC0415 - imported before the baseline, as read_table's pandas
 
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    base = peak_mb()
     t0 = time.perf_counter()
     df = read_table(table) if form == "csv" else read_input(cohort, table)[1]
     secs = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = peak_mb()
     print(json.dumps({"seconds": secs, "rows": len(df), "peak_mb": peak, "base_mb": base}))
 
 

@@ -15,7 +15,8 @@ How a long table becomes CDM rows (every concept is a site-local one, in the OMO
   ``observation`` value on the index day;
 - a context is one ``measurement`` per step, in its own unit concept;
 - an action is the set of treatments it gives (the tumour world: chemotherapy a ``drug_exposure``, radiotherapy a
-  ``procedure_occurrence``, both both), one row per step it is given;
+  ``procedure_occurrence``, both both; any other world, DKT-Synth's items, one ``drug_exposure`` concept per
+  action), one row per step it is given;
 - a binary outcome is a ``condition_occurrence`` on each day it is 1.
 """
 
@@ -80,12 +81,11 @@ class Vocabulary:
 
 
 def _plan(spec: DatasetSpec, labels: list[str]) -> tuple[dict[str, str], dict[str, list[str]]]:
-    """Treatments and the treatments each action gives: the tumour world's when its labels are, else one drug per
-    action other than the first (the first is no treatment)."""
+    """Treatments and the treatments each action gives: the tumour world's when its labels are, else one
+    ``drug_exposure`` concept per action (DKT-Synth's items: every step gives exactly one)."""
     if labels == list(TUMOUR_ACTIONS):
         return dict(TUMOUR_TREATMENTS), {k: list(v) for k, v in TUMOUR_ACTIONS.items()}
-    treatments = {f"action_{a}": "drug_exposure" for a in labels[1:]}
-    return treatments, {labels[0]: [], **{a: [f"action_{a}"] for a in labels[1:]}}
+    return {f"action {a}": "drug_exposure" for a in labels}, {a: [f"action {a}"] for a in labels}
 
 
 def _static_kinds(spec: DatasetSpec) -> dict[str, str]:
