@@ -277,3 +277,10 @@ def test_dkt_synth_exports_as_omop_and_reads_back(tmp_path):
     want["action"] = np.asarray(spec.actions, dtype=object)[want["action"].to_numpy()]
     pd.testing.assert_frame_equal(got, want, check_dtype=False)
     assert [c.dynamics for c in spec.context] == ["exogenous"] and len(spec.actions) > 4
+
+
+def test_an_entity_id_that_is_not_unique_is_refused(exported, tmp_path):
+    cohort, db = _variant(exported, tmp_path, "update person set person_source_value = 'twin' where person_id <= 2")
+    with pytest.raises(DataError, match="person_source_value 'twin' names 2 entities") as err:
+        read_input(cohort, db)
+    assert err.value.field == "entity.id"

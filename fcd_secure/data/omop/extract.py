@@ -100,7 +100,8 @@ def check_database(db: Database, cohort: CohortSpec) -> dict[str, int]:
             have.setdefault(str(table).lower(), set()).add(str(column).lower())
         for table, cols in need.items():
             if table not in have:
-                raise DataError(f"CDM table '{table}' is missing from {where}", file=db.label, field="schema")
+                raise DataError(f"CDM table '{table}' is missing from {where} (or this role may not read it: "
+                                "docs/omop.md has the grants)", file=db.label, field="schema")
             missing = [c for c in cols if c not in have[table]]
             if missing:
                 raise DataError(f"CDM table '{table}' has no column '{missing[0]}'", file=db.label,
@@ -297,6 +298,10 @@ def extract(db: Database, cohort: CohortSpec) -> pd.DataFrame:
         if ents["ident"].isna().any():
             raise DataError(f"{int(ents['ident'].isna().sum())} entities have no {cohort.entity.id}", file=db.label,
                             field="entity.id")
+        twice = ents["ident"][ents["ident"].duplicated()]
+        if len(twice):  # two trajectories under one id would be read as one entity's
+            raise DataError(f"{cohort.entity.id} {twice.iloc[0]!r} names {int((ents['ident'] == twice.iloc[0]).sum())} "
+                            f"entities; the entity id must be unique", file=db.label, field="entity.id")
         end = ents["span"].to_numpy(np.float64)
         death = ents["death_day"].to_numpy(np.float64)
         end = np.where(np.isnan(death), end, np.minimum(end, death))
