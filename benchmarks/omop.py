@@ -125,27 +125,28 @@ def main() -> None:
         srv.psql("grant connect on database cdm to fcd_reader")
         os.environ["PGPASSWORD"] = env["PGPASSWORD"] = srv.admin_password  # the loader here, the readers below
     rows: list[dict] = []
+    note = None if srv else "PostgreSQL server binaries not found: postgresql not measured"
+    if not args.json:  # each figure as soon as it is measured: the 100,000-person size takes a while
+        print(f"{len(sizes)} size(s), {STEPS} daily steps, ~{2 * STEPS} measurement rows per person; "
+              f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs")
+        print(f"{'persons':>9} {'form':<11} {'rows':>10} {'seconds':>9} {'peak MB':>9} {'+MB':>7}", flush=True)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for n in sizes:
                 folder = Path(tmp)
                 forms = build(n, folder, srv.url("fcd_admin") if srv else None)
                 for form, table in forms.items():
-                    rows.append({"persons": n, "form": form, **measure(form, folder / "cohort.toml", table, env)})
+                    r = {"persons": n, "form": form, **measure(form, folder / "cohort.toml", table, env)}
+                    rows.append(r)
+                    if not args.json:
+                        print(f"{r['persons']:>9} {r['form']:<11} {r['rows']:>10} {r['seconds']:>9.2f} "
+                              f"{r['peak_mb']:>9.0f} {r['peak_mb'] - r['base_mb']:>7.0f}", flush=True)
     finally:
         if srv is not None:
             stop(srv)
-    note = None if srv else "PostgreSQL server binaries not found: postgresql not measured"
     if args.json:
         print(json.dumps({"rows": rows, "note": note, "load": os.getloadavg()[0]}))
-        return
-    print(f"{len(sizes)} size(s), {STEPS} daily steps, ~{2 * STEPS} measurement rows per person; "
-          f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs")
-    print(f"{'persons':>9} {'form':<11} {'rows':>10} {'seconds':>9} {'peak MB':>9} {'+MB':>7}")
-    for r in rows:
-        print(f"{r['persons']:>9} {r['form']:<11} {r['rows']:>10} {r['seconds']:>9.2f} {r['peak_mb']:>9.0f} "
-              f"{r['peak_mb'] - r['base_mb']:>7.0f}")
-    if note:
+    elif note:
         print(note)
 
 
