@@ -55,7 +55,7 @@ def _invalid(exc) -> CliError:
 def validate(
     ctx: typer.Context,
     spec: Optional[Path] = options.SPEC,
-    table: Optional[list[Path]] = options.TABLE,
+    table: Optional[list[str]] = options.TABLE,
     out: Optional[Path] = typer.Option(
         None, "--out", "-o", help="Also write the encoded dataset here (.npz); written only if every check passes."
     ),
@@ -69,11 +69,11 @@ def validate(
     """
     spec, table = spec_and_table(spec, table, ctx.args, required=True)
     from fcd_secure.data.npz import save_npz  # noqa: PLC0415 - pandas and the loaders only when used
-    from fcd_secure.data.preprocess import dataset_from_files  # noqa: PLC0415
+    from fcd_secure.data.inputs import dataset_from_input  # noqa: PLC0415
     from fcd_secure.data.spec import DataError  # noqa: PLC0415
 
     try:
-        sp, ds = dataset_from_files(spec, table)
+        sp, ds = dataset_from_input(spec, table)
         if out is not None:
             if out.suffix != ".npz":
                 raise DataError("output must end in .npz", file=out)
@@ -157,7 +157,7 @@ def describe(
     spec: Optional[Path] = typer.Option(
         None, "--spec", metavar="SPEC", dir_okay=False, help=SPEC_HELP + " Describes your own table instead of the "
         "built-in datasets: the same sites, anchors and contexts `fcd run --spec SPEC --table TABLE` would use."),
-    table: Optional[list[Path]] = options.TABLE,
+    table: Optional[list[str]] = options.TABLE,
 ) -> None:
     """Per dataset and per site: sequences, Lmax, dx, da, |T|, action support and anchors, outcome rate.
 
@@ -298,6 +298,11 @@ def export(
         "(tiny gives sites below the consortium's default 50 trajectories)."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Folder holding the real datasets "
                                             "(default: $FCD_DATA_DIR, then ../shared/data next to the project)."),
+    fmt_: str = typer.Option("csv", "--format", help="csv: spec.toml and site<i>.csv | omop: cohort.toml and "
+                             "site<i>.duckdb, one OMOP CDM v5.4 database per site (docs/omop.md)."),
+    postgres: Optional[str] = typer.Option(
+        None, "--postgres", metavar="URL", help="With --format omop: also load site i into schema site<i> of this "
+        "PostgreSQL database (postgresql://[user@]host[:port]/db; the password from PGPASSWORD or ~/.pgpass)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope."),
 ) -> None:
     """Write DATASET's sites as what a hospital holds: one long-format table per site (one row per step, values
@@ -310,12 +315,19 @@ def export(
 
     if dataset not in DATASETS:
         raise CliError(f"--dataset {dataset!r}: choose one of {', '.join(DATASETS)}", "USAGE")
+    if fmt_ not in ("csv", "omop"):
+        raise CliError(f"--format {fmt_!r}: choose csv or omop", "USAGE")
+    if postgres is not None and fmt_ != "omop":
+        raise CliError("--postgres loads an OMOP instance: give --format omop too", "USAGE")
     try:
         fd = load_federated(dataset, n_sites=n_sites, alpha=alpha, seed=seed, preset=preset, data_dir=data_dir,
                             standardize=False)
     except (DataError, ValueError, RuntimeError, OSError) as exc:
         raise CliError(f"{dataset}: {exc}", "DATA_INVALID", hint="see `fcd data describe --dataset "
                        f"{dataset}`") from None
+    if fmt_ == "omop":
+        _export_omop(fd, out, dataset, postgres, as_json)
+        return
     try:
         out.mkdir(parents=True, exist_ok=True)
         spec = out / "spec.toml"
@@ -330,3 +342,44 @@ def export(
     done(as_json, {"spec": str(spec), "sites": tables},
          f"{len(tables)} site table(s) of {dataset} ({', '.join(str(t['trajectories']) for t in tables)} "
          "trajectories)", [("spec", str(spec))] + [(f"site{i}", t["table"]) for i, t in enumerate(tables)])
+
+
+def _export_omop(fd, out: Path, dataset: str, postgres: str | None, as_json: bool) -> None:
+    """``fcd data export --format omop``: each site's long table (its values exactly as the CSV export writes them)
+    as an OMOP CDM instance, and the cohort spec that reads them all (``fcd_secure.data.omop.synth``)."""
+    import io  # noqa: PLC0415
+
+    import pandas as pd  # noqa: PLC0415
+
+    from fcd_secure.data.long_tables import long_table, spec_text  # noqa: PLC0415
+    from fcd_secure.data.omop.synth import Vocabulary, cdm_instance, cohort_text, write_duckdb, write_postgres  # noqa: PLC0415
+    from fcd_secure.data.spec import DataError, DatasetSpec  # noqa: PLC0415
+    import tomllib  # noqa: PLC0415
+
+    spec = DatasetSpec.model_validate(tomllib.loads(spec_text(fd.train[0], f"{dataset}-long")))
+    labels = [str(a) for a in fd.train[0].meta.get("action_names") or range(fd.train[0].n_actions)]
+    voc = Vocabulary()
+    # the CSV's text read back: the CDM holds the very values a hospital's CSV would
+    instances = [cdm_instance(pd.read_csv(io.StringIO(long_table([tr, te], f"site{i}").to_csv(index=False))),
+                              spec, labels, voc) for i, (tr, te) in enumerate(zip(fd.train, fd.test))]
+    sites = []
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for i, (inst, tr, te) in enumerate(zip(instances, fd.train, fd.test)):
+            inst.frames["concept"] = voc.frame()  # every site's vocabulary holds every concept of the export
+            path = write_duckdb(inst, out / f"site{i}.duckdb")
+            entry = {"table": str(path), "trajectories": int(tr.n + te.n)}
+            if postgres is not None:
+                write_postgres(inst, postgres, f"site{i}")
+                entry["postgres_schema"] = f"site{i}"
+            sites.append(entry)
+        cohort = out / "cohort.toml"
+        cohort.write_text(cohort_text(spec, labels, voc.ids, f"{dataset}-omop"))
+    except OSError as exc:
+        raise CliError(f"{out}: cannot write: {exc.strerror or exc}", "USAGE") from None
+    except DataError as exc:
+        raise CliError(str(exc), "BAD_INPUT", data=exc.to_dict()) from None
+    done(as_json, {"cohort": str(cohort), "sites": sites},
+         f"{len(sites)} OMOP CDM site database(s) of {dataset} "
+         f"({', '.join(str(t['trajectories']) for t in sites)} trajectories)",
+         [("cohort", str(cohort))] + [(f"site{i}", t["table"]) for i, t in enumerate(sites)])

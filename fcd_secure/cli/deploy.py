@@ -48,7 +48,7 @@ def register(app: typer.Typer) -> None:
         seed: Optional[int] = options.RUN_SEED,
         dataset: Optional[str] = typer.Option(None, "--dataset", help=names.choices(default=names.DEFAULT) + "."),
         spec: Optional[Path] = options.SPEC,
-        table: Optional[list[Path]] = options.TABLE,
+        table: Optional[list[str]] = options.TABLE,
         data_dir: Optional[Path] = options.DATA_DIR,
         config_file: Optional[Path] = typer.Option(None, "--config", exists=True, dir_okay=False, help="A run config (TOML/JSON, e.g. a run folder's config.toml); options given override only what they name."),
         eval_every: Optional[int] = typer.Option(None, "--eval-every", min=0, help="Federated PEHE every N rounds (0: only at the end)."),

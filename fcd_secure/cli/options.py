@@ -19,7 +19,7 @@ __all__ = ["DATA_DIR", "DP_CLIP", "DP_DELTA", "RUN_SEED", "SETTINGS", "SPEC", "T
 #: ``--spec`` of a command that reads the user's own data (with :data:`TABLE`; :func:`.tables.spec_and_table`)
 SPEC = typer.Option(None, "--spec", metavar="SPEC", dir_okay=False, help=SPEC_HELP)
 #: ``--table``, repeatable: the user's own long-format table(s) that ``--spec`` describes
-TABLE = typer.Option(None, "--table", metavar="TABLE", dir_okay=False, help=TABLE_HELP)
+TABLE = typer.Option(None, "--table", metavar="TABLE", help=TABLE_HELP)
 #: ``--set KEY=VALUE``, repeatable: any run-config key (:mod:`fcd_secure.cli.resolve`, layer 4)
 SETTINGS = typer.Option(None, "--set", metavar="KEY=VALUE", help=SET_HELP)
 #: ``--seed`` of one federated run (unset: the preset's or the config file's)

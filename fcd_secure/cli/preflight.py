@@ -48,7 +48,8 @@ def check_data(cfg: "RunConfig", opts: RunOptions) -> "RunConfig":
         CliError: exit 2, naming the file and the column, row or field.
     """
     from fcd_secure.data import registry  # noqa: PLC0415
-    from fcd_secure.data.spec import DataError, load_spec  # noqa: PLC0415
+    from fcd_secure.data.inputs import load_dataset_spec  # noqa: PLC0415
+    from fcd_secure.data.spec import DataError  # noqa: PLC0415
 
     d = cfg.data
     if d.dataset != "spec":
@@ -65,7 +66,7 @@ def check_data(cfg: "RunConfig", opts: RunOptions) -> "RunConfig":
         return cfg
     hint = f"`fcd data validate --spec {d.spec} --table {d.table}` checks the table alone"
     try:
-        spec = load_spec(d.spec)
+        spec = load_dataset_spec(d.spec)
         fd = registry.load_spec_federated(
             d.spec, d.table, n_sites=d.n_sites, alpha=d.alpha, seed=cfg.seed, test_fraction=d.test_fraction
         )

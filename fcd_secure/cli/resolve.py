@@ -50,7 +50,7 @@ class RunOptions:
     clients_per_round: int | None = None
     seed: int | None = None
     dataset: str | None = None
-    spec: tuple[Path, Path] | None = None
+    spec: tuple[Path, Path | str] | None = None  # (spec, table file or database URL)
     data_dir: Path | None = None
     gamma: float | None = None
     site_spread: float | None = None

@@ -465,7 +465,7 @@ def register(app: typer.Typer) -> None:
         seed: Optional[int] = options.RUN_SEED,
         dataset: Optional[str] = typer.Option(None, "--dataset", help=names.choices(default=names.DEFAULT, notes={"tumour": "oracles: truth beside estimates", "obd": "real data: OPE estimates, factual AUC"}) + "."),
         spec: Optional[Path] = options.SPEC,
-        table: Optional[list[Path]] = options.TABLE,
+        table: Optional[list[str]] = options.TABLE,
         data_dir: Optional[Path] = options.DATA_DIR,
         gamma: Optional[float] = typer.Option(None, "--gamma", help=f"Generated worlds ({', '.join(names.GENERATED)}): confounding strength γ of the logging policy (data.gamma; default DKT-Synth 1.5, tumour 2; 0: the logging policy ignores what γ weighs: a student's readiness, a tumour's diameter)."),
         site_spread: Optional[float] = typer.Option(None, "--site-spread", min=0, max=20, help=f"Generated worlds ({', '.join(names.GENERATED)}): how much the sites differ (data.site_spread; multiplies the spread of every site-level parameter: case mix, logging practice; default 1; 0: sites differ in size only)."),

@@ -26,8 +26,11 @@ _HOME = typer.Option(..., "--home", help="The site's folder.")
 
 @app.command("init", short_help="Install the site: check its table, make its keys and enrolment request.")
 def init(
-    spec: Path = typer.Option(..., "--spec", exists=True, dir_okay=False, help="The consortium's data spec."),
-    table: Path = typer.Option(..., "--table", exists=True, dir_okay=False, help="The site's own long-format table."),
+    spec: Path = typer.Option(..., "--spec", exists=True, dir_okay=False,
+                              help="The consortium's data spec (or OMOP cohort spec, docs/omop.md)."),
+    table: str = typer.Option(..., "--table", help="The site's own long-format table, or its OMOP CDM database "
+                              "(a .duckdb file or postgresql://[user@]host[:port]/db; the password from PGPASSWORD "
+                              "or ~/.pgpass)."),
     home: Path = _HOME,
     site_id: str = typer.Option(..., "--site-id", help="The site's id in the consortium ([A-Za-z0-9._-])."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope."),
@@ -36,6 +39,9 @@ def init(
     them out of band (they type it into `fcd consortium add-site`)."""
     from fcd_secure.provisioning.site_install.home import init_site  # noqa: PLC0415
 
+    from fcd_secure.cli.tables import spec_and_table  # noqa: PLC0415
+
+    spec, table = spec_and_table(spec, table, required=True)
     with bad_input("fcd data validate --spec SPEC --table TABLE shows what the table lacks"):
         res = init_site(home, spec, table, site_id)
     done(as_json, res, f"site {site_id} installed" + (f" in {home}" if as_json else ""),

@@ -15,20 +15,24 @@ from fcd_secure.cli.envelope import CliError
 __all__ = ["LEFTOVER_WORDS", "SPEC_HELP", "TABLE_HELP", "spec_and_table"]
 
 SPEC_HELP = "Your own data: the dataset spec (.toml/.yaml) that describes --table."
-TABLE_HELP = "Your own data: the long-format table (.csv, .csv.gz or .parquet; one row per step), described by --spec."
+TABLE_HELP = ("Your own data: the long-format table (.csv, .csv.gz or .parquet; one row per step) described by "
+              "--spec, or an OMOP CDM database (a .duckdb file or postgresql://[user@]host[:port]/db; no password "
+              "in it) read with a cohort spec (docs/omop.md).")
+
 #: the context setting of a command with --spec/--table: positional words left over (the old ``--spec SPEC TABLE``
 #: leaves TABLE there) reach :func:`spec_and_table` as ``ctx.args``, which names the new form; click alone would say
 #: only "unexpected extra argument", and a hidden argument would still show as ``[EXTRA]...`` in the usage line
 LEFTOVER_WORDS = {"allow_extra_args": True}
 
 
-def spec_and_table(spec: Path | None, table: Path | list[Path] | None, extra: list[str] | None = None,
-                   *, required: bool = False) -> tuple[Path, Path] | None:
+def spec_and_table(spec: Path | None, table: str | Path | list[str] | list[Path] | None,
+                   extra: list[str] | None = None, *, required: bool = False) -> tuple[Path, Path | str] | None:
     """``(spec, table)`` when both are given, ``None`` when neither is (unless ``required``).
 
     Args:
         spec: ``--spec``.
-        table: ``--table`` (declared repeatable so that a repeat is refused here, not silently reduced to its last).
+        table: ``--table`` (declared repeatable so that a repeat is refused here, not silently reduced to its last):
+            a file, or a ``postgresql://`` URL, returned as text.
         extra: positional words left on the command line (the old ``--spec SPEC TABLE`` form leaves the table there).
         required: the command needs a table.
 
@@ -54,6 +58,12 @@ def spec_and_table(spec: Path | None, table: Path | list[Path] | None, extra: li
                        hint="e.g. --spec my_spec.toml --table my_table.csv")
     if spec is None or table is None:
         return None
+    from fcd_secure.data.omop.connect import is_server_url  # noqa: PLC0415 - SQLAlchemy only when a table is named
+
+    if is_server_url(table):  # a server, kept as text (a path would fold its //): reached when the data are read
+        if not Path(spec).is_file():
+            raise CliError(f"--spec {spec}: no such file", "BAD_INPUT", data={"file": str(spec)})
+        return Path(spec), str(table)
     for flag, path in (("--spec", spec), ("--table", table)):
         if not Path(path).is_file():
             raise CliError(f"{flag} {path}: no such file", "BAD_INPUT", data={"file": str(path)})

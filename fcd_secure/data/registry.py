@@ -14,7 +14,7 @@ from pathlib import Path
 
 from fcd_secure.data.federated import FederatedData, split_into_sites
 from fcd_secure.data.partition import site_assignment
-from fcd_secure.data.preprocess import dataset_from_files
+from fcd_secure.data.inputs import dataset_from_input
 from fcd_secure.data.schema import SiteDataset
 from fcd_secure.data import names
 from fcd_secure.data.sources import SOURCES, DatasetSource, GeneratedSource
@@ -180,7 +180,7 @@ def load_spec_federated(
     Raises:
         DataError: Every error names the file and the column/row or spec field.
     """
-    spec, pooled = dataset_from_files(spec_path, table_path)
+    spec, pooled = dataset_from_input(spec_path, table_path)
     names: list[str] | None = None
     if spec.site:
         site_of = pooled.meta["site"]

@@ -31,7 +31,8 @@ from fcd_secure._io import FolderPath, atomic_write_text, drop_none
 from fcd_secure.aggregation.secagg.config import SecAggPolicy
 from fcd_secure.audit.signing import canonical, load_or_create_identity_key, public_key_bytes, utc_now
 from fcd_secure.data.preprocess import layout_digest, spec_layout
-from fcd_secure.data.spec import DatasetSpec, load_spec
+from fcd_secure.data.inputs import load_dataset_spec
+from fcd_secure.data.spec import DatasetSpec
 from fcd_secure.engines.pki import DEFAULT_HOSTS, TLSFiles, check_tls_dir, make_tls_dir
 from fcd_secure.provisioning.versions import installed_versions
 from fcd_secure.federation.site_policy import SitePolicy
@@ -196,7 +197,7 @@ def init_consortium(
         raise ProvisioningError(f"{co.config_path}: a consortium already exists here; choose another --home")
     if not hosts:
         raise ProvisioningError("--host: name at least one host the SuperLink is reached by")
-    spec = load_spec(spec_path)
+    spec = load_dataset_spec(spec_path)
     layout = spec_layout(spec)
     co.home.mkdir(parents=True, exist_ok=True)
     co.home.chmod(0o700)

@@ -17,11 +17,11 @@ def action_labels(cfg: "RunConfig") -> list[str] | None:
     """The action labels of the run's data as the server may know them without any site's data: a spec's labels
     (``actions`` / ``action_labels``), DKT-Synth's item names, the tumour world's four actions; None otherwise
     (anchors are then shown by id)."""
-    from fcd_secure.data.spec import load_spec  # noqa: PLC0415
+    from fcd_secure.data.inputs import load_dataset_spec  # noqa: PLC0415
 
     d = cfg.data
     if d.dataset == "spec" and d.spec:
-        spec = load_spec(d.spec)
+        spec = load_dataset_spec(d.spec)
         return list(spec.actions or spec.action_labels or []) or None
     if d.dataset == "dkt-synth":
         from fcd_secure.data.dkt_synth.generation import ITEM_LABELS  # noqa: PLC0415
@@ -38,11 +38,11 @@ def context_columns(cfg: "RunConfig") -> dict[str, list[str]]:
     """The context columns by how a rollout treats them, as the server may know them without any site's data: a
     spec's ``[[context]]`` columns by ``dynamics``, DKT-Synth's clock, the tumour's volume and diameter; empty
     otherwise (the counts remain)."""
-    from fcd_secure.data.spec import load_spec  # noqa: PLC0415
+    from fcd_secure.data.inputs import load_dataset_spec  # noqa: PLC0415
 
     d = cfg.data
     if d.dataset == "spec" and d.spec:
-        spec = load_spec(d.spec)
+        spec = load_dataset_spec(d.spec)
         gen = [c.name for c in spec.context if c.dynamics == "endogenous"] if cfg.model.use_context else []
         return {"generated_columns": gen, "replayed_columns": [c.name for c in spec.context if c.name not in gen]}
     if d.dataset == "dkt-synth":

@@ -29,8 +29,7 @@ from cryptography import x509
 
 from fcd_secure._io import FolderPath, atomic_write_text, file_sha256, load_or_create_secret
 from fcd_secure.audit.signing import public_key_bytes, utc_now
-from fcd_secure.data.preprocess import build_dataset, read_table
-from fcd_secure.data.spec import load_spec
+from fcd_secure.data.inputs import TableRef, dataset_from_input, input_digest, load_dataset_spec, table_ref
 from fcd_secure.engines.deployment import SiteFiles
 from fcd_secure.engines.pki import certificate_fingerprint, make_node_key, node_key_fingerprint
 from fcd_secure.provisioning.bundle import BUNDLE_TYPE
@@ -93,8 +92,9 @@ class SiteHome(SiteFiles):
         return str(self.info()["site_id"])
 
     @property
-    def table(self) -> Path:
-        return Path(self.info()["table"])
+    def table(self) -> TableRef:
+        """The site's table: a file, a DuckDB file, or a PostgreSQL URL (``fcd_secure.data.inputs``)."""
+        return table_ref(self.info()["table"])
 
     def state(self) -> SiteState:
         return SiteState(self.state_root, self.site_id)
@@ -147,11 +147,11 @@ def init_site(home: str | Path, spec_path: str | Path, table_path: str | Path, s
         check_site_id(site_id)
     except StateError as exc:
         raise ProvisioningError(f"--site-id: {exc}") from None
-    spec = load_spec(spec_path)
-    table = Path(table_path).resolve()
-    build_dataset(spec, read_table(table), table)  # the table must be readable with the spec before anything is made
-    table_sha256 = file_sha256(table)
-    claim_table(h.root, table, table_sha256)  # one home per table on this host: one ε budget (P46)
+    table = table_ref(table_path)
+    table = table.resolve() if isinstance(table, Path) else table
+    spec, _ = dataset_from_input(spec_path, table)  # the table must be readable with the spec before anything is made
+    table_sha256 = input_digest(table)
+    claim_table(h.root, table, table_sha256)  # one home per table (or database) on this host: one ε budget (P46)
     h.root.mkdir(parents=True, exist_ok=True)
     os.chmod(h.root, 0o700)
     atomic_write_text(h.spec, Path(spec_path).read_text())

@@ -46,11 +46,11 @@ from fcd_secure.data.preprocess import (
     build_dataset,
     encoded_layout,
     layout_digest,
-    read_table,
     spec_layout,
     undeclared_levels,
 )
-from fcd_secure.data.spec import DataError, DatasetSpec, load_spec
+from fcd_secure.data.inputs import check_input, load_dataset_spec, read_input
+from fcd_secure.data.spec import DataError, DatasetSpec
 from fcd_secure.provisioning.bundle import BUNDLE_TYPE
 from fcd_secure.provisioning.consortium import ConsortiumConfig, spec_digest
 from fcd_secure.provisioning.signed import SignedDocumentError, read_document
@@ -113,7 +113,7 @@ def _check_keys(h: SiteHome) -> Check:
 
 def _check_table(h: SiteHome, cfg: ConsortiumConfig) -> tuple[list[Check], int | None]:
     out: list[Check] = []
-    site_spec = load_spec(h.spec)
+    site_spec = load_dataset_spec(h.spec)
     digest = spec_digest(site_spec)
     if digest != cfg.data.spec_sha256:
         out.append(Check("spec", "fail",
@@ -122,11 +122,18 @@ def _check_table(h: SiteHome, cfg: ConsortiumConfig) -> tuple[list[Check], int |
                          f"spec ({h.pinned_spec})"))
     else:
         out.append(Check("spec", "ok", f"data spec {cfg.data.spec_name!r} = the consortium's ({digest[:16]}…)"))
-    spec = load_spec(h.pinned_spec)
+    spec = load_dataset_spec(h.pinned_spec)
     table = h.table
     try:
-        df = read_table(table)
-        ds = build_dataset(spec, df, table)
+        # a CDM database first: the connection, its tables and columns, the cohort's concept ids and units
+        if (found := check_input(h.pinned_spec, table)) is not None:
+            out.append(Check("database", "ok", found))
+    except DataError as exc:
+        out.append(Check("database", "fail", str(exc)))
+        return out, None
+    try:
+        spec, df = read_input(h.pinned_spec, table)
+        ds = build_dataset(spec, df, str(table))
     except DataError as exc:
         out.append(Check("table", "fail", f"the table does not match the consortium's spec: {exc}"))
         return out, None

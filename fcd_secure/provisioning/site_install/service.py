@@ -27,6 +27,8 @@ def hidden_paths(h: SiteHome) -> list[str]:
     """The site's paths the unit's sandbox hides (under a folder ``PrivateTmp=yes`` replaces), each with why."""
     out = []
     for what, path in (("site home", h.root), ("table", h.table)):
+        if isinstance(path, str):  # a database server's URL: nothing on this disk to hide
+            continue
         resolved = Path(path).resolve()
         for tmp in PRIVATE_TMP:
             if resolved == tmp or tmp in resolved.parents:

@@ -36,8 +36,8 @@ def registry_path() -> Path:
     return Path(base) / "fcd_secure" / "site_tables.json"
 
 
-def claim_table(home: Path, table: Path, sha256: str) -> None:
-    """Record that ``home`` holds ``table`` (resolved path, its bytes' ``sha256``), or refuse.
+def claim_table(home: Path, table: "Path | str", sha256: str | None) -> None:
+    """Record that ``home`` holds ``table`` (resolved path, its bytes' ``sha256``; a database URL, None), or refuse.
 
     Raises:
         ProvisioningError: another home that still holds a site has this table (naming it), or the registry cannot
@@ -53,7 +53,7 @@ def claim_table(home: Path, table: Path, sha256: str) -> None:
         live = [e for e in entries if isinstance(e, dict) and e.get("home") != str(home)
                 and (Path(str(e.get("home"))) / _SITE_FILE).is_file()]
         for e in live:
-            if e.get("table") == str(table) or e.get("sha256") == sha256:
+            if e.get("table") == str(table) or (sha256 is not None and e.get("sha256") == sha256):
                 raise ProvisioningError(
                     f"{table}: the site home {e['home']} holds this table already (field: --table); its patients' "
                     "ε budget lives there, and a second home would start them at ε 0. Use that home, or remove it "
