@@ -47,7 +47,7 @@ ROUND_COLUMNS = (
     "round", "sites", "participants", "failures", "aborted", "aborted_reason", "site_errors", "dropped", "n_total",
     "train_loss", "uplink_bytes", "downlink_bytes", "uplink_message_bytes", "uplink_formula_bytes",
     "cum_uplink_bytes", "cum_downlink_bytes", "round_s", "pehe", "ate_error", "factual_auc",
-    "d1", "d1_se", "d1_alarm", "validation_fit", "dh", "dh_se", "dh_ess", "selected",
+    "d1", "d1_se", "d1_alarm", "validation_fit", "dh", "dh_se", "dh_ess", "selected", "nc_max_z", "nc_gap",
 )
 
 

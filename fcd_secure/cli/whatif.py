@@ -259,6 +259,25 @@ def dr_table(result: AnswerLike, bounds_only: bool = False) -> Group | None:
     return Group(values, effects)
 
 
+def sequential_dr_table(result: AnswerLike) -> Table | None:
+    """The sequential doubly robust values (``queries.sequential_dr``: the simulator's Q̂ rolled out from every logged
+    history, corrected step by step with the propensities), or None where no site sent them."""
+    ans = EvaluationAnswer.of(result)
+    pols = {k: p for k, p in ans.policies.items() if p.sequential_dr is not None}
+    if not pols:
+        return None
+    has_truth = any(p.value_true is not None for p in pols.values())
+    t = _table("Sequential doubly robust values (Q̂ from each logged history, whole trajectories)",
+               ["policy", "SDR value", f"{ans.level:.0%} CI"] + (["truth"] if has_truth else []),
+               caption="covers the value if either the simulator's Q̂ or the propensities are right; its width "
+                       "shows how far the logs reach the policy")
+    for name, d in pols.items():
+        sdr = d.sequential_dr
+        est = NOT_IDENTIFIED if d.model_only else _cell(sdr.estimate)
+        t.add_row(escape(name), est, interval_text(sdr), *([_cell(d.value_true)] if has_truth else []))
+    return t
+
+
 def print_answers(con, res: AnswerLike, dataset: str) -> None:
     """The answer of ``fcd run`` and ``fcd whatif``: first what the logs identify (the headline), then the simulator's
     whole-trajectory numbers labelled as extrapolation, with the doubly robust values and their bounded intervals."""
@@ -278,6 +297,11 @@ def print_answers(con, res: AnswerLike, dataset: str) -> None:
     con.print(whatif_table(ans, title=title))
     if (drt := dr_table(ans, bounds_only=ident is not None)) is not None:
         con.print(drt)
+    if (sdr := sequential_dr_table(ans)) is not None:
+        con.print(sdr)
+    if ans.natural_course is not None:
+        con.print(escape("natural course (the simulator under the logging policy vs the logs): "
+                         + ans.natural_course.cell()))
 
 
 def register(app: typer.Typer) -> None:
