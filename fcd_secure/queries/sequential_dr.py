@@ -41,65 +41,86 @@ import numpy as np
 from fcd_secure.evaluation.intervals import interval_from_sums, site_sums
 from fcd_secure.queries.base import MergeContext, SiteContext, SiteSums, Totals
 from fcd_secure.queries.doubly_robust import keep_in_range
-from fcd_secure.queries.policy_terms import PolicyRollout, Rollouts
+from fcd_secure.queries.policy_terms import Rollouts
 from fcd_secure.queries.policy_values import SUM_FIELDS, PolicyPart
 
 __all__ = ["SDR_SAMPLES", "SequentialDR", "history_q", "sequential_dr_per_entity"]
 
 #: simulated futures per entity and history of the history-conditioned rollouts
 SDR_SAMPLES = 2
+#: steps simulated from each logged history h_t; beyond them Q̂'s return-to-go is the rollout's from t = 0
+#: (None: to the horizon)
+SDR_LOOKAHEAD: int | None = None
 
 
-def history_q(model, sub, policy, anchors: tuple[int, int], pi: np.ndarray, H: int, n_samples: int, seed: int,
-              v0: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Q̂(h_t, a_t) and V̂(h_t) of the simulator at every logged history of ``sub`` within the first ``H`` steps
-    (module docstring), both ``[n, L]`` return-to-go over the logged valid steps up to H; 0 where not needed (the
-    entity stopped following π, or the step is padding).
+def history_q(model, sub, policies: Sequence[Any], pis: Sequence[np.ndarray], anchors: tuple[int, int], H: int,
+              n_samples: int, seed: int, v0: Sequence[np.ndarray] | None = None, lookahead: int | None = None
+              ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Q̂(h_t, a_t) and V̂(h_t) of the simulator at every logged history of ``sub`` within the first ``H`` steps, for
+    each policy (module docstring): ``[(q_hat, v_hat)]``, each ``[n, L]`` return-to-go over the logged valid steps up
+    to H; 0 where not needed (the entity stopped following π, or the step is padding). The rollouts of every policy
+    from one step t are one call of the simulator (``model.simulator.ByRow``): its cost is the number of steps
+    simulated, Σ_t min(lookahead, H − t), not the number of policies or rows.
 
     Args:
         model: the simulator.
         sub: the site's rows (with its propensities ``P``).
-        policy: the bound policy π.
+        policies: the bound policies π.
+        pis: π(logged a_t | logged h_t) of each, ``[n, L]``.
         anchors: ``(a_off, a_on)``.
-        pi: π(logged a_t | logged h_t), ``[n, L]``.
         H: the horizon.
         n_samples: simulated futures per entity and history.
         seed: the rollouts' seed.
-        v0: the model's expected outcome per step from t = 0 under π, ``[n, ≥H]``, when the caller has it.
+        v0: each policy's expected outcome per step from t = 0, ``[n, ≥H]``, when the caller has it (then V̂(h_0)
+            is read from it, and the steps beyond ``lookahead`` too).
+        lookahead: simulate at most this many steps from each h_t; the rest of the return-to-go is v0's (needs v0).
     """
-    from fcd_secure.model.simulator import FirstThen  # noqa: PLC0415
+    from fcd_secure.model.simulator import ByRow, FirstThen  # noqa: PLC0415
 
     n, L = sub.n, sub.L
     valid = sub.M[:, :H] > 0
     P = np.where(sub.M > 0, np.asarray(sub.P, np.float64), 1.0)[:, :H]
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        w = np.cumprod(np.where(valid, pi[:, :H] / P, 1.0), axis=1)
-    w_prev = np.concatenate([np.ones((n, 1)), w[:, :-1]], axis=1)
-    q_hat, v_hat = np.zeros((n, L)), np.zeros((n, L))
-    stochastic = bool(getattr(policy, "stochastic", False))
+    w_prev = []
+    for pi in pis:
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            w = np.cumprod(np.where(valid, pi[:, :H] / P, 1.0), axis=1)
+        w_prev.append(np.concatenate([np.ones((n, 1)), w[:, :-1]], axis=1))
+    out = [(np.zeros((n, L)), np.zeros((n, L))) for _ in policies]
+    stochastic = [bool(getattr(p, "stochastic", False)) for p in policies]
+    steps = H if lookahead is None or v0 is None else max(int(lookahead), 1)
+    M = sub.M[:, :H].astype(np.float64)
+    tails = [np.asarray(v, np.float64)[:, :H] * M for v in v0] if v0 is not None else None
 
-    def to_go(probs: np.ndarray, rows: np.ndarray, t: int) -> np.ndarray:
-        return (np.asarray(probs, np.float64).mean(1) * sub.M[rows, t:H]).sum(1)
+    def to_go(probs: np.ndarray, rows: np.ndarray, t: int, k: int) -> np.ndarray:
+        h = probs.shape[-1]
+        got = (np.asarray(probs, np.float64).mean(1) * M[rows, t:t + h]).sum(1)
+        return got if tails is None else got + tails[k][rows, t + h:].sum(1)
 
     for t in range(H):
-        rows = np.flatnonzero(valid[:, t] & (w_prev[:, t] > 0))
-        if not rows.size:
-            continue
+        rows_of = [np.flatnonzero(valid[:, t] & (wp[:, t] > 0)) for wp in w_prev]
+        # what each policy needs simulated from h_t: V̂ (π from t; from v0 at t = 0) and, for a stochastic π, Q̂
+        # (the logged a_t, then π); a deterministic π's Q̂(h_t, a_t) is V̂(h_t) wherever ρ_{0:t} > 0
+        jobs = [(k, "v", rows) for k, rows in enumerate(rows_of) if rows.size and not (t == 0 and v0 is not None)]
+        jobs += [(k, "q", rows) for k, rows in enumerate(rows_of) if rows.size and stochastic[k]]
         if t == 0 and v0 is not None:
-            v = (np.asarray(v0, np.float64)[:, :H] * sub.M[:, :H]).sum(1)[rows]
-        else:
-            part = sub.subset(rows)
-            v = to_go(model.simulate_policy(part, policy, anchors, n_samples, seed, start_t=t, horizon=H - t).probs,
-                      rows, t)
-        v_hat[rows, t] = v
-        if stochastic:
-            part = sub.subset(rows)
-            sim = model.simulate(part, FirstThen(part.T[:, t], policy), n_samples, seed, start_t=t, horizon=H - t,
-                                 anchors=anchors)
-            q_hat[rows, t] = to_go(sim.probs, rows, t)
-        else:
-            q_hat[rows, t] = v  # Q̂(h_t, a_t) = V̂(h_t) where a_t = π(h_t); elsewhere ρ_{0:t} = 0
-    return q_hat, v_hat
+            for k, rows in enumerate(rows_of):
+                out[k][1][rows, 0] = tails[k][rows].sum(1)
+        if jobs:
+            stacked = sub.subset(np.concatenate([rows for _, _, rows in jobs]))
+            first = stacked.T[:, t]
+            plans = tuple(policies[k] if kind == "v" else FirstThen(first, policies[k]) for k, kind, _ in jobs)
+            which = np.repeat(np.arange(len(jobs)), [rows.size for _, _, rows in jobs])
+            sim = model.simulate(stacked, ByRow(plans, which), n_samples, seed, start_t=t,
+                                 horizon=min(steps, H - t), anchors=anchors)
+            at = 0
+            for k, kind, rows in jobs:
+                got = to_go(sim.probs[at:at + rows.size], rows, t, k)
+                at += rows.size
+                out[k][0 if kind == "q" else 1][rows, t] = got
+        for k, rows in enumerate(rows_of):
+            if not stochastic[k]:
+                out[k][0][rows, t] = out[k][1][rows, t]  # Q̂(h_t, a_t) = V̂(h_t) where a_t = π(h_t)
+    return out
 
 
 def sequential_dr_per_entity(Y: np.ndarray, M: np.ndarray, P: np.ndarray, pi: np.ndarray, q_hat: np.ndarray,
@@ -128,20 +149,16 @@ class SequentialDR(PolicyPart):
             return {}
         H = min(terms.horizon, sub.L)
         anchors = (int(ctx.data.anchors[0]), int(ctx.data.anchors[1]))
+        pols = terms.policies
+        qv = history_q(ctx.model, sub, [r.policy for r in pols], [r.pi for r in pols], anchors, H, SDR_SAMPLES,
+                       ctx.seed, v0=[r.step_value for r in pols], lookahead=SDR_LOOKAHEAD)
         out: SiteSums = {}
-        for r in terms.policies:
-            dr = self.per_entity(ctx, r, H, anchors)
+        for r, (q_hat, v_hat) in zip(pols, qv):
+            dr = sequential_dr_per_entity(sub.Y, sub.M, sub.P, r.pi, q_hat, v_hat, H)
             if not np.isfinite(dr).all():
                 return {}  # weights past float64: no sequential DR at all
             out.update(site_sums(f"whatif.sdr.{r.name}", dr))
         return out
-
-    @staticmethod
-    def per_entity(ctx: SiteContext, r: PolicyRollout, H: int, anchors: tuple[int, int]) -> np.ndarray:
-        sub = ctx.sub
-        q_hat, v_hat = history_q(ctx.model, sub, r.policy, anchors, r.pi, H, SDR_SAMPLES, ctx.seed,
-                                 v0=r.step_value)
-        return sequential_dr_per_entity(sub.Y, sub.M, sub.P, r.pi, q_hat, v_hat, H)
 
     def merge_policy(self, s: Totals, ctx: MergeContext, name: str, d: dict[str, Any]) -> None:
         if not s.all_sent(f"whatif.sdr.{name}.n"):
