@@ -10,8 +10,9 @@ check of the whole-trajectory values that needs no propensities.
 
 **The logging policy on simulated histories.** A log holds the logging probability of the logged action only
 (``P``), not the logging policy's distribution on a history the simulator made up; so the rollout acts through the
-site's own model of its logging policy (``evaluation.propensity.HistoryPropensity``, fit on its training rows, as the
-stochastic policies' rollouts do, ``queries.incremental``), whether the table logs propensities or not. A gap is then
+site's own model of its logging policy (``evaluation.propensity.HistoryPropensity``, fit on its first training
+entities up to :data:`NC_FIT_STEPS` logged steps, as the stochastic policies' rollouts do on all of them,
+``queries.incremental``), whether the table logs propensities or not. A gap is then
 the simulator's error *or* that model's; a site whose model cannot be fitted (one action, more than
 ``federation.learner.MAX_BEHAVIOUR_ACTIONS`` actions, no valid step) sends nothing and the answer says on how many
 sites the check ran.
@@ -41,6 +42,10 @@ NC_SAMPLES = 4
 NC_MAX_STEPS = 256
 #: the most endogenous context columns compared
 NC_MAX_CONTEXTS = 64
+#: the logged training steps the model of the logging policy is fit on (at most; whole entities, the first ones)
+NC_FIT_STEPS = 1000
+#: its penalty (``evaluation.propensity.RecordPropensity``'s: fewer steps than the history model's usual fit)
+NC_L2 = 1e-2
 #: which rows the check ran on: a scored round's validation rows or the full evaluation's test cohort
 ROWS_KEY = "natcourse.rows_test"
 
@@ -76,10 +81,13 @@ def behaviour_model(ctx: SiteContext):
 
     def make():
         train = ctx.data.train
-        acts = np.unique(train.T[train.M > 0])
+        # the first training entities up to NC_FIT_STEPS logged steps: the fit's cost grows with the steps
+        k = int(np.searchsorted(np.cumsum(train.M.sum(1)), NC_FIT_STEPS)) + 1
+        rows = train if k >= train.n else train.subset(np.arange(k))
+        acts = np.unique(rows.T[rows.M > 0])
         if acts.size < 2 or train.n_actions > MAX_BEHAVIOUR_ACTIONS:
             return None
-        return HistoryPropensity(train.n_actions, train.da).fit(train)
+        return HistoryPropensity(train.n_actions, train.da, l2=NC_L2).fit(rows)
 
     return ctx.once("natural_course.behaviour", make)
 
