@@ -195,6 +195,8 @@ def build_summary(cfg: RunConfig, result, engine: str) -> dict[str, Any]:
         "propensities": fe.get("propensities"),
         # every number is the simulator's own: no weighted check reaches any (printed as extrapolation, exit 8)
         "model_only": fe.get("model_only"),
+        # the simulator under the logging policy against the logs, per step (queries.natural_course)
+        "natural_course": fe.get("natural_course"),
         "failed_sites_final_eval": fe.get("failed_sites", []),
         "declined_sites_final_eval": fe.get("declined_sites", []),
         "final_eval_aborted": fe.get("aborted"),

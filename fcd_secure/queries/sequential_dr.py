@@ -24,10 +24,13 @@ for the policy's value, and the interval is the normal one over entities from th
 error is that of the influence function DR_i − V (``tests/test_sequential_dr.py`` shows both sides on a world whose
 Q is exact).
 
-**Cost.** A rollout is made from h_t only for the entities still following π (ρ_{0:t−1} > 0, all of them for a
-stochastic π), with :data:`SDR_SAMPLES` futures each; the rollout from h_0 is the question's own
-(``queries.policy_terms``). ``whatif.sdr.<π>.*`` (n, Σ, Σ²) are its sums, on sites that log or estimate propensities
-(every site must send them, or the value is left out: a partial population).
+**Cost.** A rollout is made from h_t only for the entities still following π (ρ_{0:t−1} > 0; all of them for a
+stochastic π), with :data:`SDR_SAMPLES` futures each, and the rollouts of every policy from one step are one call of
+the simulator (``model.simulator.ByRow``), so the check costs about Σ_t (H − t) simulated steps whatever the number
+of policies; the rollout from h_0 is the question's own (``queries.policy_terms``). :data:`SDR_LOOKAHEAD` can cap the
+steps simulated from each h_t (the rest of Q̂'s return-to-go is then the rollout's from t = 0: still a Q̂, so the
+estimator stays consistent with right propensities). ``whatif.sdr.<π>.*`` (n, Σ, Σ²) are its sums, on sites that
+log or estimate propensities (every site must send them, or the value is left out: a partial population).
 """
 
 from __future__ import annotations
