@@ -268,13 +268,15 @@ def sequential_dr_table(result: AnswerLike) -> Table | None:
         return None
     has_truth = any(p.value_true is not None for p in pols.values())
     t = _table("Sequential doubly robust values (Q̂ from each logged history, whole trajectories)",
-               ["policy", "SDR value", f"{ans.level:.0%} CI"] + (["truth"] if has_truth else []),
-               caption="covers the value if either the simulator's Q̂ or the propensities are right; its width "
-                       "shows how far the logs reach the policy")
+               ["policy", "SDR value", f"{ans.level:.0%} CI", "support"] + (["truth"] if has_truth else []),
+               caption="covers the value if either the simulator's Q̂ or the propensities are right; where few "
+                       "logged steps follow the policy (support) the weights are mostly 0, the value is the "
+                       "simulator's and the interval too narrow")
     for name, d in pols.items():
         sdr = d.sequential_dr
         est = NOT_IDENTIFIED if d.model_only else _cell(sdr.estimate)
-        t.add_row(escape(name), est, interval_text(sdr), *([_cell(d.value_true)] if has_truth else []))
+        t.add_row(escape(name), est, interval_text(sdr), fmt(d.support, ".0%"),
+                  *([_cell(d.value_true)] if has_truth else []))
     return t
 
 

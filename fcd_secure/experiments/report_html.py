@@ -193,9 +193,13 @@ def _answers_html(ans: EvaluationAnswer) -> list[str]:
     sdr = {k: p for k, p in pols.items() if p.sequential_dr is not None}
     if sdr:
         h.append("<h3>Sequential doubly robust values (Q̂ from each logged history)</h3>")
-        h.append(_table(["policy", "SDR value", f"{level:.0%} interval"],
+        h.append(_table(["policy", "SDR value", f"{level:.0%} interval", "support"],
                         [[escape(k), _NOT_IDENTIFIED_HTML if p.model_only else fmt(p.sequential_dr.estimate, ".3f"),
-                          interval_text(p.sequential_dr)] for k, p in sdr.items()], {1, 2}))
+                          interval_text(p.sequential_dr), fmt(p.support, ".0%")] for k, p in sdr.items()],
+                        {1, 2, 3}))
+        h.append('<p class="muted">Covers the value if either the simulator\'s Q̂ or the propensities are right; '
+                 "where few logged steps follow the policy the value is the simulator's and the interval too "
+                 "narrow.</p>")
     if ans.natural_course is not None:
         h.append(f'<p id="natural-course">Natural course (the simulator under the logging policy vs the logs): '
                  f"{escape(ans.natural_course.cell())}.</p>")

@@ -263,6 +263,15 @@ class NaturalCourse(Record):
                      + ("consistent" if self.passes else "MISFIT"))
         return text + f" ({self.rows} rows, {self.sites} of {self.sites_of} sites)"
 
+    def short(self) -> str:
+        """``0.044, 1.35 (crit 2.61): consistent``: the run table's cell (the whole sentence is :meth:`cell`)."""
+        if self.mean_abs_gap is None:
+            return MISSING
+        if self.max_abs_z is None:
+            return f"{self.mean_abs_gap:.3f}"
+        return (f"{self.mean_abs_gap:.3f}, {self.max_abs_z:.2f} (crit {self.z_crit:.2f}): "
+                + ("consistent" if self.passes else "MISFIT"))
+
 
 @dataclass(frozen=True)
 class Coverage(Record):
