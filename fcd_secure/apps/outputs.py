@@ -47,7 +47,7 @@ ROUND_COLUMNS = (
     "round", "sites", "participants", "failures", "aborted", "aborted_reason", "site_errors", "dropped", "n_total",
     "train_loss", "uplink_bytes", "downlink_bytes", "uplink_message_bytes", "uplink_formula_bytes",
     "cum_uplink_bytes", "cum_downlink_bytes", "round_s", "pehe", "ate_error", "factual_auc",
-    "d1", "d1_se", "d1_alarm", "validation_fit", "dh", "dh_se", "dh_ess", "selected",
+    "d1", "d1_se", "d1_alarm", "validation_fit", "dh", "dh_se", "dh_ess", "selected", "nc_max_z", "nc_gap",
 )
 
 
@@ -199,6 +199,8 @@ def build_summary(cfg: RunConfig, result, engine: str) -> dict[str, Any]:
         "propensities": fe.get("propensities"),
         # every number is the simulator's own: no weighted check reaches any (printed as extrapolation, exit 8)
         "model_only": fe.get("model_only"),
+        # the simulator under the logging policy against the logs, per step (queries.natural_course)
+        "natural_course": fe.get("natural_course"),
         "failed_sites_final_eval": fe.get("failed_sites", []),
         "declined_sites_final_eval": fe.get("declined_sites", []),
         "final_eval_aborted": fe.get("aborted"),

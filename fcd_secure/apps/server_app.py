@@ -212,6 +212,10 @@ class TrainingLoop(ServerLoop[FederationResult]):
             cols["selection"] = sel
             cols.update(d1=sel["d1"], d1_se=sel["d1_se"], d1_alarm=sel["alarm"], validation_fit=sel["validation_fit"],
                         dh=sel.get("dh"), dh_se=sel.get("dh_se"), dh_ess=sel.get("dh_ess"))
+        nc = quick.get("natural_course")
+        if nc:  # the natural-course check of this candidate round, beside D₁ (queries.natural_course)
+            cols["natural_course"] = {k: v for k, v in nc.items() if k != "steps"}
+            cols.update(nc_max_z=nc.get("max_abs_z"), nc_gap=nc.get("mean_abs_gap"))
         if quick.get("dr_learner_fit"):
             cols["dr_learner_fit"] = quick["dr_learner_fit"]  # consortium totals only (queries.dr_learner)
         return cols

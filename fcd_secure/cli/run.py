@@ -147,6 +147,8 @@ def summary_table(summary: dict, title: str = "Fed-CausalDiff") -> list["Table"]
     sel = ans.selection
     if sel is not None:
         t.add_row("answers from round", f"{sel.round} ({sel.rule}, criterion {sel.coverage})")
+    if ans.natural_course is not None:  # the simulator under the logging policy against the logs
+        t.add_row("natural course: mean |gap|, max |z|", ans.natural_course.short())
     dp = summary.get("dp") or {}
     if dp.get("enabled"):
         t.add_row("DP", f"DP-SGD, ε cap {dp['epsilon_cap']:g} per site, δ {fmt(dp.get('delta'), '.3g')}")
@@ -225,6 +227,8 @@ class RunProgress:
                 se = info.get("d1_se")
                 bits.append(f"D1 {info['d1']:.3f}" + (f" ± {se:.3f}" if se is not None else "")
                             + (" ALARM" if info.get("d1_alarm") else ""))
+            if info.get("nc_max_z") is not None:  # the natural-course check of the candidate round
+                bits.append(f"NC |z| {info['nc_max_z']:.2f}")
             if info.get("aborted"):
                 bits.append(f"ABORTED: {info.get('aborted_reason')}")
             if self.bar is not None:

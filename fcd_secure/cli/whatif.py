@@ -269,6 +269,25 @@ def sensitivity_lines(result: AnswerLike) -> list[str]:
         return []
     return [f"sensitivity of the one-step effect to an unrecorded confounder: {sens.verdict()}; {sens.model}"] + [
         "  " + line for line in sens.lines()]
+def sequential_dr_table(result: AnswerLike) -> Table | None:
+    """The sequential doubly robust values (``queries.sequential_dr``: the simulator's Q̂ rolled out from every logged
+    history, corrected step by step with the propensities), or None where no site sent them."""
+    ans = EvaluationAnswer.of(result)
+    pols = {k: p for k, p in ans.policies.items() if p.sequential_dr is not None}
+    if not pols:
+        return None
+    has_truth = any(p.value_true is not None for p in pols.values())
+    t = _table("Sequential doubly robust values (Q̂ from each logged history, whole trajectories)",
+               ["policy", "SDR value", f"{ans.level:.0%} CI", "support"] + (["truth"] if has_truth else []),
+               caption="covers the value if either the simulator's Q̂ or the propensities are right; where few "
+                       "logged steps follow the policy (support) the weights are mostly 0, the value is the "
+                       "simulator's and the interval too narrow")
+    for name, d in pols.items():
+        sdr = d.sequential_dr
+        est = NOT_IDENTIFIED if d.model_only else _cell(sdr.estimate)
+        t.add_row(escape(name), est, interval_text(sdr), fmt(d.support, ".0%"),
+                  *([_cell(d.value_true)] if has_truth else []))
+    return t
 
 
 def print_answers(con, res: AnswerLike, dataset: str) -> None:
@@ -294,6 +313,11 @@ def print_answers(con, res: AnswerLike, dataset: str) -> None:
     con.print(whatif_table(ans, title=title))
     if (drt := dr_table(ans, bounds_only=ident is not None)) is not None:
         con.print(drt)
+    if (sdr := sequential_dr_table(ans)) is not None:
+        con.print(sdr)
+    if ans.natural_course is not None:
+        con.print(escape("natural course (the simulator under the logging policy vs the logs): "
+                         + ans.natural_course.cell()))
 
 
 def register(app: typer.Typer) -> None:

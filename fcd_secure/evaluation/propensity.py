@@ -56,10 +56,12 @@ class HistoryPropensity:
         n_actions: K, the size of the action set.
         da: context columns.
         l2: the penalty on the coefficients (not on the intercepts), per training step.
+        max_iter: the most L-BFGS iterations of :meth:`fit`.
     """
 
-    def __init__(self, n_actions: int, da: int, l2: float = 1e-3) -> None:
+    def __init__(self, n_actions: int, da: int, l2: float = 1e-3, max_iter: int = 500) -> None:
         self.n_actions, self.da, self.l2 = int(n_actions), int(da), float(l2)
+        self.max_iter = int(max_iter)  # L-BFGS iterations at most (fewer: a cheaper, more shrunk fit)
         self.coef: np.ndarray | None = None  # [F + 1, K], the first row the intercepts
         self.mean: np.ndarray | None = None
         self.scale: np.ndarray | None = None
@@ -101,7 +103,7 @@ class HistoryPropensity:
             grad = X.T @ (np.exp(lp) - onehot) / n + self.l2 * pen * W
             return float(nll), grad.ravel()
 
-        res = minimize(loss, np.zeros(d * K), jac=True, method="L-BFGS-B", options={"maxiter": 500})
+        res = minimize(loss, np.zeros(d * K), jac=True, method="L-BFGS-B", options={"maxiter": self.max_iter})
         self.coef = res.x.reshape(d, K)
         return self
 

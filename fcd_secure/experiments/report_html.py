@@ -320,6 +320,19 @@ def _answers_html(ans: EvaluationAnswer) -> list[str]:
                          "sites whose logs never follow it", "entities"], rows, {1, 2, 3, 4, 5, 7}))
         h.append('<p class="muted">Support: the share of steps the logged actions follow the policy. A policy no '
                  "logged step follows is not identified: only the bounds over the outcome's range are shown.</p>")
+    sdr = {k: p for k, p in pols.items() if p.sequential_dr is not None}
+    if sdr:
+        h.append("<h3>Sequential doubly robust values (Q̂ from each logged history)</h3>")
+        h.append(_table(["policy", "SDR value", f"{level:.0%} interval", "support"],
+                        [[escape(k), _NOT_IDENTIFIED_HTML if p.model_only else fmt(p.sequential_dr.estimate, ".3f"),
+                          interval_text(p.sequential_dr), fmt(p.support, ".0%")] for k, p in sdr.items()],
+                        {1, 2, 3}))
+        h.append('<p class="muted">Covers the value if either the simulator\'s Q̂ or the propensities are right; '
+                 "where few logged steps follow the policy the value is the simulator's and the interval too "
+                 "narrow.</p>")
+    if ans.natural_course is not None:
+        h.append(f'<p id="natural-course">Natural course (the simulator under the logging policy vs the logs): '
+                 f"{escape(ans.natural_course.cell())}.</p>")
     return h
 
 

@@ -36,13 +36,57 @@ if TYPE_CHECKING:  # pragma: no cover
     from fcd_secure.data.policy import PolicyLike
 
 __all__ = [
-    "Plan", "PlanFn", "SimResult", "Simulator", "check_window", "context_names", "contrast_effects",
+    "ByRow", "FirstThen", "Plan", "PlanFn", "SimResult", "Simulator", "check_window", "context_names", "contrast_effects",
     "effect_window_mask", "plan_fn", "replayed_contexts",
 ]
 
 #: A plan: a policy (``.name`` and ``.actions(t, y_hist, lengths, a_off, a_on)``), a constant action, actions
-#: ``[H]`` or ``[n, H]``, or ``fn(t, y_hist, lengths) -> int64[B]``.
-Plan = Union["PolicyLike", int, np.ndarray, Callable[[int, np.ndarray, np.ndarray], np.ndarray]]
+#: ``[H]`` or ``[n, H]``, ``fn(t, y_hist, lengths) -> int64[B]``, a :class:`FirstThen` or a :class:`ByRow`.
+Plan = Union["PolicyLike", int, np.ndarray, Callable[[int, np.ndarray, np.ndarray], np.ndarray], "FirstThen", "ByRow"]
+
+
+@dataclass(frozen=True)
+class FirstThen:
+    """A plan that gives each row its own action at the first simulated step and follows ``then`` afterwards: the
+    rollout of Q(h_t, a_t) = E[Σ_{s≥t} Y_s | h_t, do(a_t), then π] from a logged history h_t and its logged action
+    (the outcome regression of the sequential doubly robust estimator, Bang & Robins 2005, Biometrics 61:962-973).
+
+    Attributes:
+        first: the action of each row of the simulated dataset at the first simulated step, int ``[n]``.
+        then: the plan from the second step on (a policy, a constant action, ...; not another ``FirstThen``).
+    """
+
+    first: np.ndarray
+    then: Any
+
+    @property
+    def name(self) -> str:
+        return f"first_then_{getattr(self.then, 'name', 'plan')}"
+
+    @property
+    def needs_context(self) -> bool:
+        return bool(getattr(self.then, "needs_context", False))
+
+
+@dataclass(frozen=True)
+class ByRow:
+    """Several plans in one rollout: row i of the simulated dataset follows ``plans[which[i]]``, so that the
+    rollouts of several policies from one start step share the simulator's steps (a rollout's cost is its steps, not
+    its rows).
+
+    Attributes:
+        plans: the plans (policies, :class:`FirstThen`, ...; not another ``ByRow``).
+        which: the plan of each row, int ``[n]``.
+    """
+
+    plans: tuple
+    which: np.ndarray
+
+    name = "by_row"
+
+    @property
+    def needs_context(self) -> bool:
+        return any(bool(getattr(p, "needs_context", False)) for p in self.plans)
 #: A plan normalised by :func:`plan_fn`: ``fn(h, t, y_hist, lengths, rows, context) -> int64[B]``, ``context`` the
 #: contexts up to and including t ``[B, h', da]`` (read only by a policy whose ``needs_context`` is true).
 PlanFn = Callable[..., np.ndarray]
@@ -64,6 +108,26 @@ def plan_fn(plan: Plan, anchors: tuple[int, int] | None, ds: SiteDataset | None 
         DataError: a policy naming a label or context column the dataset does not have.
         TypeError: anything else.
     """
+    if isinstance(plan, FirstThen):
+        first = np.asarray(plan.first, dtype=np.int64)
+        then, _ = plan_fn(plan.then, anchors, ds)
+
+        def fn(h, t, yh, ln, rows, context=None):
+            return first[rows] if h == 0 else then(h, t, yh, ln, rows, context)
+        return fn, plan.name
+    if isinstance(plan, ByRow):
+        which = np.asarray(plan.which, dtype=np.int64)
+        fns = [plan_fn(p, anchors, ds)[0] for p in plan.plans]
+
+        def by_row(h, t, yh, ln, rows, context=None):
+            out = np.zeros(len(rows), dtype=np.int64)
+            k = which[rows]
+            for j, f in enumerate(fns):
+                sel = np.flatnonzero(k == j)
+                if sel.size:
+                    out[sel] = f(h, t, yh[sel], ln[sel], rows[sel], None if context is None else context[sel])
+            return out
+        return by_row, plan.name
     if hasattr(plan, "actions") and callable(plan.actions):
         if anchors is None:
             raise ValueError("a policy needs anchors=(a_off, a_on)")

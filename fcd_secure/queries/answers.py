@@ -28,11 +28,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fcd_secure._format import MISSING
 from fcd_secure.queries.policy_answers import Interval, PolicyAnswer, Record, part
 
 __all__ = [
     "Coverage", "DRLearner", "DRLearnerFigures", "EffectSkill", "EffectSupport", "EvaluationAnswer", "HeldOutCheck",
-    "OneStepEffect", "Propensities", "Selection", "WhatIfSettings",
+    "NaturalCourse", "OneStepEffect", "Propensities", "Selection", "WhatIfSettings",
 ]
 
 
@@ -268,6 +269,51 @@ class Selection(Record):
 
 
 @dataclass(frozen=True)
+class NaturalCourse(Record):
+    """The simulator under the logging policy against the logs (``queries.natural_course``): the largest per-step
+    |z| of the outcome gap and its Bonferroni critical value, the chi-square over the steps, the mean absolute gap,
+    which rows (``validation`` in a scored round, ``test`` in the full evaluation) and on how many sites."""
+
+    max_abs_z: float | None = None
+    z_crit: float | None = None
+    chi2: float | None = None
+    df: int | None = None
+    p_value: float | None = None
+    mean_abs_gap: float | None = None
+    n_steps: int | None = None
+    passes: bool | None = None
+    rows: str | None = None
+    sites: int | None = None
+    sites_of: int | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> "NaturalCourse | None":
+        if not d:
+            return None
+        return cls(**{f: d.get(f) for f in ("max_abs_z", "z_crit", "chi2", "df", "p_value", "mean_abs_gap", "n_steps",
+                                             "passes", "rows", "sites", "sites_of")})
+
+    def cell(self) -> str:
+        """``gap 0.044, max |z| 1.35 (crit 2.61), χ² 7.0/11: consistent (test rows, 4 of 4 sites)``."""
+        if self.mean_abs_gap is None:
+            return MISSING
+        text = f"gap {self.mean_abs_gap:.3f}"
+        if self.max_abs_z is not None:
+            text += (f", max |z| {self.max_abs_z:.2f} (crit {self.z_crit:.2f}), χ² {self.chi2:.1f}/{self.df}: "
+                     + ("consistent" if self.passes else "MISFIT"))
+        return text + f" ({self.rows} rows, {self.sites} of {self.sites_of} sites)"
+
+    def short(self) -> str:
+        """``0.044, 1.35 (crit 2.61): consistent``: the run table's cell (the whole sentence is :meth:`cell`)."""
+        if self.mean_abs_gap is None:
+            return MISSING
+        if self.max_abs_z is None:
+            return f"{self.mean_abs_gap:.3f}"
+        return (f"{self.mean_abs_gap:.3f}, {self.max_abs_z:.2f} (crit {self.z_crit:.2f}): "
+                + ("consistent" if self.passes else "MISFIT"))
+
+
+@dataclass(frozen=True)
 class Coverage(Record):
     """Which sites the answers cover (``queries.evaluation.coverage``), and the warning naming those left out."""
 
@@ -327,6 +373,7 @@ class EvaluationAnswer(Record):
     coverage: Coverage | None = None
     propensities: Propensities | None = None
     model_only: bool = False
+    natural_course: NaturalCourse | None = None
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> "EvaluationAnswer":
@@ -344,6 +391,7 @@ class EvaluationAnswer(Record):
             coverage=Coverage.from_json(part(d, "coverage")),
             propensities=Propensities.from_json(part(d, "propensities")),
             model_only=bool(d.get("model_only", False)),
+            natural_course=NaturalCourse.from_json(part(d, "natural_course")),
         )
 
     @classmethod

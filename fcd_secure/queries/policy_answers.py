@@ -242,6 +242,7 @@ class PolicyAnswer(Record):
     sites_without_support: tuple[str, ...] | None = None
     never_fires: bool | None = None
     identified: IdentifiedAnswer | None = None
+    sequential_dr: Interval | None = None
 
     @classmethod
     def from_json(cls, name: str, d: Mapping[str, Any]) -> "PolicyAnswer":
@@ -256,6 +257,7 @@ class PolicyAnswer(Record):
             n_sites_without_support=d.get("n_sites_without_support"),
             sites_without_support=_tuple(d.get("sites_without_support")), never_fires=d.get("never_fires"),
             identified=IdentifiedAnswer.from_json(part(d, "identified")),
+            sequential_dr=Interval.from_json(part(d, "sequential_dr")),
         )
 
     def to_json(self) -> dict[str, Any]:

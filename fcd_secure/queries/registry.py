@@ -19,19 +19,21 @@ from fcd_secure.queries.doubly_robust import DoublyRobust
 from fcd_secure.queries.dr_learner import DRLearnerEffects, DRLearnerFit
 from fcd_secure.queries.effects import FactualAUC, OracleEffects
 from fcd_secure.queries.kinds import AnswerKinds
+from fcd_secure.queries.natural_course import NaturalCourse
 from fcd_secure.queries.off_policy import OffPolicy
 from fcd_secure.queries.pi_source import PiSource
 from fcd_secure.queries.policy_values import LoggedSupport, PolicyValues, SimulatedValues
 from fcd_secure.queries.propensities import PropensitySource
 from fcd_secure.queries.selection import Selection
 from fcd_secure.queries.sensitivity import Sensitivity
+from fcd_secure.queries.sequential_dr import SequentialDR
 from fcd_secure.queries.targeted import Identified, OneStep
 
 __all__ = ["POLICY_VALUES", "QUERIES", "merge", "metric_lists", "metric_names", "site_sums"]
 
 #: the what-if answer and its parts, in merge order (``queries.policy_values``)
 POLICY_VALUES = PolicyValues(parts=(SimulatedValues(), DoublyRobust(), OffPolicy(), LoggedSupport(), Identified(),
-                                    PiSource()))
+                                    PiSource(), SequentialDR()))
 #: every answer of an evaluation (module docstring)
 QUERIES: tuple[Query, ...] = (
     OracleEffects(),
@@ -41,6 +43,7 @@ QUERIES: tuple[Query, ...] = (
     DRLearnerEffects(),
     POLICY_VALUES,
     PropensitySource(),
+    NaturalCourse(),  # before the selection: a scored round's natural-course gap takes part in its rule
     Selection(),
     DRLearnerFit(),
     AnswerKinds(),

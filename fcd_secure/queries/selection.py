@@ -39,6 +39,7 @@ answers with its own Θs of the chosen round (kept on the site, :class:`KeptPara
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 from collections.abc import Iterable
@@ -122,6 +123,9 @@ class Selection(Query):
     def merge(self, totals: Totals, ctx: MergeContext, answer: dict[str, Any]) -> None:
         if "select.d1.n" in totals:
             score = RoundScore.from_totals(ctx.round_id, totals, totals.sites)
+            nc = (answer.get("natural_course") or {}).get("mean_abs_gap")
+            if score is not None and nc is not None:  # merged just before (queries.natural_course)
+                score = dataclasses.replace(score, nc=float(nc))
             answer["selection"] = score.as_row() if score is not None else None
 
 

@@ -1,0 +1,165 @@
+"""The natural-course check of the simulator (``evaluation.natural_course``), as the consortium's sums.
+
+Each site rolls its entities out from their start (t = 0, only X and A_0 known) under its **logging policy**, as the
+simulator would under any target policy, and sends per step the sums of the gap between the simulated and the
+observed outcome (``natcourse.y.<field>``, lists over the steps, :data:`~fcd_secure.evaluation.natural_course.STEP_FIELDS`)
+and, where the simulator generates endogenous contexts, per column the same sums pooled over the steps
+(``natcourse.a.<field>``). The server merges them into the per-step gaps with standard errors, the largest |z| and a
+chi-square, and the mean absolute gap: the parametric g-formula's standard validation (Taubman et al. 2009), the one
+check of the whole-trajectory values that needs no propensities.
+
+**The logging policy on simulated histories.** A log holds the logging probability of the logged action only
+(``P``), not the logging policy's distribution on a history the simulator made up; so the rollout acts through the
+site's own model of its logging policy (``evaluation.propensity.HistoryPropensity``, fit on its first training
+entities up to :data:`NC_FIT_STEPS` logged steps, as the stochastic policies' rollouts do on all of them,
+``queries.incremental``), whether the table logs propensities or not. A gap is then
+the simulator's error *or* that model's; a site whose model cannot be fitted (one action, more than
+``federation.learner.MAX_BEHAVIOUR_ACTIONS`` actions, no valid step) sends nothing and the answer says on how many
+sites the check ran.
+
+**Where it runs.** In a scored round (the round selection's quick evaluation, ``queries.selection``) on the site's
+validation rows, so that it is reported per candidate round beside D₁ without reading the test rows; in the full
+evaluation on the site's test cohort. The rollout takes :data:`NC_SAMPLES` futures per entity and the evaluation seed
+(common random numbers across rounds). A step logged for fewer entities than the site's cohort floor sends zeros.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from fcd_secure.evaluation.natural_course import STEP_FIELDS, natural_course_summary, step_gap_sums
+from fcd_secure.queries.base import MergeContext, Query, SiteContext, SiteSums, Totals
+from fcd_secure.queries.cohort import entity_count
+
+__all__ = ["NC_SAMPLES", "LoggingPolicyPlan", "NaturalCourse"]
+
+#: simulated futures per entity of the natural-course rollout
+NC_SAMPLES = 4
+#: the longest horizon whose steps are sent (list caps of the egress gate)
+NC_MAX_STEPS = 256
+#: the most endogenous context columns compared
+NC_MAX_CONTEXTS = 64
+#: the logged training steps the model of the logging policy is fit on (at most; whole entities, the first ones)
+NC_FIT_STEPS = 1000
+#: its penalty (``evaluation.propensity.RecordPropensity``'s: fewer steps than the history model's usual fit)
+NC_L2 = 1e-2
+#: its L-BFGS iterations at most: the fit was the check's main cost (DKT-Synth tiny, 50 actions: 1.1 s CPU a site at
+#: 500, 0.15 s at 25, with a lower held-out log-loss, 3.28 against 4.44: fewer iterations shrink an over-fit on a few
+#: entities; on the default preset's 4343 steps the held-out log-loss is the same, 2.533, at 25 and 500)
+NC_FIT_ITER = 25
+#: which rows the check ran on: a scored round's validation rows or the full evaluation's test cohort
+ROWS_KEY = "natcourse.rows_test"
+
+
+class LoggingPolicyPlan:
+    """The site's logging policy as a rollout plan: at each step it draws a_t ~ π̂_b(· | simulated history) from the
+    site's model of its logging policy with its own seeded generator (the same draws in every rollout of one seed).
+
+    Args:
+        behaviour: ``fn(t, y_hist, lengths, context) -> [B, K]``, the logging policy's probabilities on histories.
+        seed: the seed of the draws.
+    """
+
+    name = "natural_course"
+    needs_context = True  # the model of the logging policy reads the contexts at t
+
+    def __init__(self, behaviour: Any, seed: int) -> None:
+        self.behaviour = behaviour
+        self.rng = np.random.default_rng(int(seed))
+
+    def actions(self, t: int, y_hist: np.ndarray, lengths: np.ndarray, a_off: int, a_on: int,
+                context: np.ndarray | None = None) -> np.ndarray:
+        q = np.asarray(self.behaviour(t, y_hist, lengths, context), dtype=np.float64)
+        u = self.rng.random(len(lengths))
+        return np.minimum((np.cumsum(q, axis=1) < u[:, None]).sum(1), q.shape[1] - 1).astype(np.int64)
+
+
+def behaviour_model(ctx: SiteContext):
+    """The site's model of its logging policy fit on its training rows (once per evaluation), or None where it cannot
+    be fitted (module docstring)."""
+    from fcd_secure.evaluation.propensity import HistoryPropensity  # noqa: PLC0415
+    from fcd_secure.federation.learner import MAX_BEHAVIOUR_ACTIONS  # noqa: PLC0415
+
+    def make():
+        train = ctx.data.train
+        # the first training entities up to NC_FIT_STEPS logged steps: the fit's cost grows with the steps
+        k = int(np.searchsorted(np.cumsum(train.M.sum(1)), NC_FIT_STEPS)) + 1
+        rows = train if k >= train.n else train.subset(np.arange(k))
+        acts = np.unique(rows.T[rows.M > 0])
+        if acts.size < 2 or train.n_actions > MAX_BEHAVIOUR_ACTIONS:
+            return None
+        return HistoryPropensity(train.n_actions, train.da, l2=NC_L2, max_iter=NC_FIT_ITER).fit(rows)
+
+    return ctx.once("natural_course.behaviour", make)
+
+
+def _generates_contexts(model, ds) -> int:
+    """How many leading context columns the simulator generates in a rollout (0: every column replayed)."""
+    from fcd_secure.data.spec import n_endogenous  # noqa: PLC0415
+    from fcd_secure.model.baselines.fed_causaldiff import FedCausalDiffSimulator  # noqa: PLC0415
+
+    return n_endogenous(ds.meta, ds.da) if isinstance(model, FedCausalDiffSimulator) else 0
+
+
+class NaturalCourse(Query):
+    """The simulator under the logging policy against the logs, per step (module docstring): ``natcourse.*``."""
+
+    name = "natural_course"
+    quick = True
+
+    def names(self, policy_names: Iterable[str], ope_horizon: int | None) -> list[str]:
+        return ["natcourse.sites", ROWS_KEY]
+
+    def lists(self) -> dict[str, int]:
+        out = {f"natcourse.y.{f}": NC_MAX_STEPS for f in STEP_FIELDS}
+        out.update({f"natcourse.a.{f}": NC_MAX_CONTEXTS for f in STEP_FIELDS})
+        return out
+
+    def applies(self, ctx: SiteContext) -> bool:
+        # a scored round (beside D₁) or the full evaluation; not the plain quick evaluations of training
+        return ctx.request.keep_round is not None or not ctx.request.quick
+
+    def site_sums(self, ctx: SiteContext) -> SiteSums:
+        scored = ctx.request.keep_round is not None
+        ds = ctx.data.validation if scored else ctx.sub
+        if ds is None or entity_count(ds) < ctx.floor:
+            return {}
+        behaviour = behaviour_model(ctx)
+        if behaviour is None:
+            return {}
+        H = min(ds.L, NC_MAX_STEPS)
+        n_gen = min(_generates_contexts(ctx.model, ds), NC_MAX_CONTEXTS)
+        seed = int(ctx.cfg.seed) if scored else ctx.seed  # scored rounds: common random numbers across rounds
+        kw = {"keep_contexts": True} if n_gen else {}
+        sim = ctx.model.simulate_policy(ds, LoggingPolicyPlan(behaviour, seed), ctx.data.anchors, NC_SAMPLES, seed,
+                                        horizon=H, **kw)
+        y = step_gap_sums(np.asarray(sim.probs, np.float64).mean(1), ds.Y[:, :H], ds.M[:, :H], ctx.floor)
+        out: SiteSums = {f"natcourse.y.{k}": v.tolist() for k, v in y.items()}
+        if n_gen:
+            # the contexts the rollout used at t ≥ 1 (at t = 0 they are the logged ones), column by column
+            gen = np.asarray(sim.context_values, np.float64).mean(1)[:, 1:H, :n_gen]  # [n, H-1, n_gen]
+            obs = ds.A[:, 1:H, :n_gen].astype(np.float64)
+            m = np.repeat(ds.M[:, 1:H, None], n_gen, axis=2)
+            per = [step_gap_sums(gen[:, :, j], obs[:, :, j], m[:, :, j], ctx.floor) for j in range(n_gen)]
+            out.update({f"natcourse.a.{k}": [float(p[k].sum()) for p in per] for k in STEP_FIELDS})
+        out["natcourse.sites"] = 1.0
+        out[ROWS_KEY] = 0.0 if scored else 1.0
+        return out
+
+    def merge(self, totals: Totals, ctx: MergeContext, answer: dict[str, Any]) -> None:
+        if "natcourse.y.n" not in totals:
+            return
+        y = {k: np.asarray(totals[f"natcourse.y.{k}"], np.float64) for k in STEP_FIELDS}
+        out = natural_course_summary(y["n"], y["s"], y["ss"], y["sim"], y["obs"], ctx.level)
+        sites = int(round(totals["natcourse.sites"]))
+        out.update(rows="test" if totals.get(ROWS_KEY, 0.0) > 0 else "validation", sites=sites, sites_of=totals.sites,
+                   samples=NC_SAMPLES)
+        if "natcourse.a.n" in totals:
+            a = {k: np.asarray(totals[f"natcourse.a.{k}"], np.float64) for k in STEP_FIELDS}
+            cols = natural_course_summary(a["n"], a["s"], a["ss"], a["sim"], a["obs"], ctx.level)
+            out["contexts"] = {"columns": [{**r, "column": r.pop("t")} for r in cols["steps"]],
+                               "max_abs_z": cols["max_abs_z"], "mean_abs_gap": cols["mean_abs_gap"]}
+        answer["natural_course"] = out

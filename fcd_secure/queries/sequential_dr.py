@@ -1,0 +1,176 @@
+"""The sequential doubly robust value of each policy: the simulator's Q̂ conditioned on every logged history, corrected
+step by step with the propensities.
+
+The per-decision doubly robust estimator (Jiang & Li 2016, "Doubly robust off-policy value evaluation for
+reinforcement learning", ICML; Thomas & Brunskill 2016, "Data-efficient off-policy policy evaluation for
+reinforcement learning", ICML), here with the outcome regressions of the sequential doubly robust estimator (Bang &
+Robins 2005, "Doubly robust estimation in missing data and causal inference models", Biometrics 61:962-973; the
+iterated conditional expectations of LTMLE, van der Laan & Gruber 2012, Int. J. Biostat. 8(1)), per entity::
+
+    DR_i = c_i [ V̂(h_0) + Σ_t ρ_{0:t} (y_t − Q̂(h_t, a_t) + V̂(h_{t+1})) ],   ρ_{0:t} = Π_{s≤t} π(a_s | h_s) / P_s,
+
+c_i = 1 / (valid steps of i) (the project's per-step value), V̂(h_T) = 0. Unlike ``queries.doubly_robust``, whose
+control variate is the simulator's rollout from t = 0 whatever happened since, here
+
+* V̂(h_t) = E_sim[Σ_{s≥t} M_s Y_s | logged h_t, π from t]: the simulator rolled out under π from each logged history
+  h_t (the encoder reads the logged steps before t, ``Simulator.simulate(start_t=t)``);
+* Q̂(h_t, a_t) = the same rollout with the logged a_t at t and π after (``model.simulator.FirstThen``); for a
+  deterministic π, Q̂(h_t, a_t) enters only where a_t = π(h_t), where it equals V̂(h_t), so no second rollout is made.
+
+**Double robustness.** With the right propensities every correction term has mean zero, whatever Q̂ (the weights
+make the logged steps the policy's); with the right Q̂ (the true iterated conditional expectations) every
+y_t − Q̂(h_t, a_t) + V̂(h_{t+1}) has mean zero given (h_t, a_t), whatever the weights. Either makes DR_i unbiased
+for the policy's value, and the interval is the normal one over entities from the sums of DR_i, DR_i²: its standard
+error is that of the influence function DR_i − V (``tests/test_sequential_dr.py`` shows both sides on a world whose
+Q is exact).
+
+**Cost.** A rollout is made from h_t only for the entities still following π (ρ_{0:t−1} > 0; all of them for a
+stochastic π), with :data:`SDR_SAMPLES` futures each, and the rollouts of every policy from one step are one call of
+the simulator (``model.simulator.ByRow``), so the check costs about Σ_t (H − t) simulated steps whatever the number
+of policies; the rollout from h_0 is the question's own (``queries.policy_terms``). :data:`SDR_LOOKAHEAD` can cap the
+steps simulated from each h_t (the rest of Q̂'s return-to-go is then the rollout's from t = 0: still a Q̂, so the
+estimator stays consistent with right propensities). ``whatif.sdr.<π>.*`` (n, Σ, Σ²) are its sums, on sites that
+log or estimate propensities (every site must send them, or the value is left out: a partial population).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from fcd_secure.evaluation.intervals import interval_from_sums, site_sums
+from fcd_secure.queries.base import MergeContext, SiteContext, SiteSums, Totals
+from fcd_secure.queries.doubly_robust import keep_in_range
+from fcd_secure.queries.policy_terms import Rollouts
+from fcd_secure.queries.policy_values import SUM_FIELDS, PolicyPart
+
+__all__ = ["SDR_SAMPLES", "SequentialDR", "history_q", "sequential_dr_per_entity"]
+
+#: simulated futures per entity and history of the history-conditioned rollouts
+SDR_SAMPLES = 2
+#: steps simulated from each logged history h_t; beyond them Q̂'s return-to-go is the rollout's from t = 0
+#: (None: to the horizon)
+SDR_LOOKAHEAD: int | None = None
+
+
+def history_q(model, sub, policies: Sequence[Any], pis: Sequence[np.ndarray], anchors: tuple[int, int], H: int,
+              n_samples: int, seed: int, v0: Sequence[np.ndarray] | None = None, lookahead: int | None = None
+              ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Q̂(h_t, a_t) and V̂(h_t) of the simulator at every logged history of ``sub`` within the first ``H`` steps, for
+    each policy (module docstring): ``[(q_hat, v_hat)]``, each ``[n, L]`` return-to-go over the logged valid steps up
+    to H; 0 where not needed (the entity stopped following π, or the step is padding). The rollouts of every policy
+    from one step t are one call of the simulator (``model.simulator.ByRow``): its cost is the number of steps
+    simulated, Σ_t min(lookahead, H − t), not the number of policies or rows.
+
+    Args:
+        model: the simulator.
+        sub: the site's rows (with its propensities ``P``).
+        policies: the bound policies π.
+        pis: π(logged a_t | logged h_t) of each, ``[n, L]``.
+        anchors: ``(a_off, a_on)``.
+        H: the horizon.
+        n_samples: simulated futures per entity and history.
+        seed: the rollouts' seed.
+        v0: each policy's expected outcome per step from t = 0, ``[n, ≥H]``, when the caller has it (then V̂(h_0)
+            is read from it, and the steps beyond ``lookahead`` too).
+        lookahead: simulate at most this many steps from each h_t; the rest of the return-to-go is v0's (needs v0).
+    """
+    from fcd_secure.model.simulator import ByRow, FirstThen  # noqa: PLC0415
+
+    n, L = sub.n, sub.L
+    valid = sub.M[:, :H] > 0
+    P = np.where(sub.M > 0, np.asarray(sub.P, np.float64), 1.0)[:, :H]
+    w_prev = []
+    for pi in pis:
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            w = np.cumprod(np.where(valid, pi[:, :H] / P, 1.0), axis=1)
+        w_prev.append(np.concatenate([np.ones((n, 1)), w[:, :-1]], axis=1))
+    out = [(np.zeros((n, L)), np.zeros((n, L))) for _ in policies]
+    stochastic = [bool(getattr(p, "stochastic", False)) for p in policies]
+    steps = H if lookahead is None or v0 is None else max(int(lookahead), 1)
+    M = sub.M[:, :H].astype(np.float64)
+    tails = [np.asarray(v, np.float64)[:, :H] * M for v in v0] if v0 is not None else None
+
+    def to_go(probs: np.ndarray, rows: np.ndarray, t: int, k: int) -> np.ndarray:
+        h = probs.shape[-1]
+        got = (np.asarray(probs, np.float64).mean(1) * M[rows, t:t + h]).sum(1)
+        return got if tails is None else got + tails[k][rows, t + h:].sum(1)
+
+    for t in range(H):
+        rows_of = [np.flatnonzero(valid[:, t] & (wp[:, t] > 0)) for wp in w_prev]
+        # what each policy needs simulated from h_t: V̂ (π from t; from v0 at t = 0) and, for a stochastic π, Q̂
+        # (the logged a_t, then π); a deterministic π's Q̂(h_t, a_t) is V̂(h_t) wherever ρ_{0:t} > 0
+        jobs = [(k, "v", rows) for k, rows in enumerate(rows_of) if rows.size and not (t == 0 and v0 is not None)]
+        jobs += [(k, "q", rows) for k, rows in enumerate(rows_of) if rows.size and stochastic[k]]
+        if t == 0 and v0 is not None:
+            for k, rows in enumerate(rows_of):
+                out[k][1][rows, 0] = tails[k][rows].sum(1)
+        if jobs:
+            stacked = sub.subset(np.concatenate([rows for _, _, rows in jobs]))
+            first = stacked.T[:, t]
+            plans = tuple(policies[k] if kind == "v" else FirstThen(first, policies[k]) for k, kind, _ in jobs)
+            which = np.repeat(np.arange(len(jobs)), [rows.size for _, _, rows in jobs])
+            sim = model.simulate(stacked, ByRow(plans, which), n_samples, seed, start_t=t,
+                                 horizon=min(steps, H - t), anchors=anchors)
+            at = 0
+            for k, kind, rows in jobs:
+                got = to_go(sim.probs[at:at + rows.size], rows, t, k)
+                at += rows.size
+                out[k][0 if kind == "q" else 1][rows, t] = got
+        for k, rows in enumerate(rows_of):
+            if not stochastic[k]:
+                out[k][0][rows, t] = out[k][1][rows, t]  # Q̂(h_t, a_t) = V̂(h_t) where a_t = π(h_t)
+    return out
+
+
+def sequential_dr_per_entity(Y: np.ndarray, M: np.ndarray, P: np.ndarray, pi: np.ndarray, q_hat: np.ndarray,
+                             v_hat: np.ndarray, horizon: int) -> np.ndarray:
+    """DR_i of the module docstring over the first ``horizon`` steps, ``[n]`` (the per-decision doubly robust
+    estimator of ``evaluation.ope`` with history-conditioned Q̂ and V̂)."""
+    from fcd_secure.evaluation.ope import PerDecisionDR  # noqa: PLC0415
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # overflowing weights give non-finite terms: the caller then sends nothing
+        dr, _support = PerDecisionDR(horizon=horizon).per_entity(Y, M, P, pi, q_hat=q_hat, v_hat=v_hat)
+    return dr
+
+
+class SequentialDR(PolicyPart):
+    """The sequential doubly robust value of each policy (module docstring): ``whatif.sdr.<π>.*``."""
+
+    name = "sequential_dr"
+
+    def names(self, policy_names: Sequence[str], ope_horizon: int | None) -> list[str]:
+        return [f"whatif.sdr.{p}.{f}" for p in policy_names for f in SUM_FIELDS]
+
+    def site_sums(self, ctx: SiteContext, terms: Rollouts) -> SiteSums:
+        sub = ctx.sub
+        if sub.P is None:
+            return {}
+        H = min(terms.horizon, sub.L)
+        anchors = (int(ctx.data.anchors[0]), int(ctx.data.anchors[1]))
+        pols = terms.policies
+        qv = history_q(ctx.model, sub, [r.policy for r in pols], [r.pi for r in pols], anchors, H, SDR_SAMPLES,
+                       ctx.seed, v0=[r.step_value for r in pols], lookahead=SDR_LOOKAHEAD)
+        out: SiteSums = {}
+        for r, (q_hat, v_hat) in zip(pols, qv):
+            dr = sequential_dr_per_entity(sub.Y, sub.M, sub.P, r.pi, q_hat, v_hat, H)
+            if not np.isfinite(dr).all():
+                return {}  # weights past float64: no sequential DR at all
+            out.update(site_sums(f"whatif.sdr.{r.name}", dr))
+        return out
+
+    def merge_policy(self, s: Totals, ctx: MergeContext, name: str, d: dict[str, Any]) -> None:
+        if not s.all_sent(f"whatif.sdr.{name}.n"):
+            return
+        sdr = interval_from_sums(s, f"whatif.sdr.{name}", ctx.level).to_dict()
+        keep_in_range(sdr, ctx.binary, 0.0)
+        if d.get("supported") is False:
+            # no logged step follows π: every weight is 0 and DR_i is the simulator's V̂(h_0) again
+            # (``queries.policy_values.not_identified``)
+            d.setdefault("model_only", {})["sequential_dr"] = {k: sdr[k] for k in ("estimate", "low", "high")}
+            sdr.update({"estimate": None, "low": None, "high": None})
+        d["sequential_dr"] = sdr
