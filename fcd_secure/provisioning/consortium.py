@@ -108,7 +108,7 @@ class ConsortiumConfig(_Section):
         except tomllib.TOMLDecodeError as exc:
             raise ProvisioningError(f"{where}: not TOML ({exc})") from None
         except ValidationError as exc:
-            loc, msg = first_invalid(exc)
+            loc, msg = first_invalid(exc, model=cls)
             raise ProvisioningError(f"{where}: field {loc}: {msg}") from None
 
 
