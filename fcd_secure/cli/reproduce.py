@@ -50,7 +50,7 @@ def reproduce(
                        "USAGE", hint="one value per --dataset or --method, repeated for several")
     import torch  # noqa: PLC0415 (after the arguments are checked: a typo is refused before torch loads)
 
-    from fcd_secure.experiments.reproduction.run import run_reproduction  # noqa: PLC0415
+    from fcd_secure.experiments.reproduction import run_reproduction  # noqa: PLC0415
 
     torch.set_num_threads(1)
     with Progress(TextColumn("[bold]reproduce[/bold]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
