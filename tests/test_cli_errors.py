@@ -98,3 +98,62 @@ def test_simulator_keys_are_the_simulators():
 
     assert list(SIMULATOR_KEYS) == list(SIMULATORS)
     assert SIMULATOR_KEYS == {k: issubclass(c, FedCausalDiffSimulator) for k, c in SIMULATORS.items()}
+
+
+# -- the consortium's trajectory floor, where the site's table is first read -----------------------------------------
+@pytest.fixture
+def small_site(tmp_path):
+    """``(spec, table)``: a valid table of 10 trajectories (the consortium default floor is 50)."""
+    from conftest import GOOD_SPEC, make_long_table
+
+    spec, table = tmp_path / "spec.toml", tmp_path / "small.csv"
+    spec.write_text(GOOD_SPEC)
+    make_long_table(10).to_csv(table, index=False)
+    return spec, table
+
+
+def test_data_validate_counts_each_site_against_the_floor(small_site, tmp_path):
+    spec, table = small_site
+    res, _, _ = fcd("data", "validate", "--spec", spec, "--table", table)
+    assert res.returncode == 0, res.stdout + res.stderr  # a table for `fcd run` may be small: a warning
+    assert "warning" in res.stdout and "the consortium needs at least 50 per site" in res.stdout, res.stdout
+    res, _, _ = fcd("data", "validate", "--spec", spec, "--table", table, "--min-trajectories", "4", "--json")
+    assert res.returncode == 1, res.stdout
+    env = json.loads(res.stdout)
+    assert "trajectories; the consortium needs at least 4 per site" in env["message"], env
+    assert env["message"].startswith(f"{table}: site h"), env["message"]  # names the file and the site
+    res, _, _ = fcd("data", "validate", "--spec", spec, "--table", table, "--min-trajectories", "2", "--json")
+    env = json.loads(res.stdout)
+    assert res.returncode == 0 and env["data"]["below_floor"] == {}, env
+    assert sum(env["data"]["trajectories"].values()) == 10
+
+
+def test_site_init_refuses_a_table_below_the_floor_before_making_keys(small_site, tmp_path):
+    spec, table = small_site
+    home = tmp_path / "site"
+    res, _, _ = fcd("site", "init", "--spec", spec, "--table", table, "--home", home, "--site-id", "h0", "--json")
+    assert res.returncode == 2, res.stdout + res.stderr
+    msg = json.loads(res.stdout)["message"]
+    assert "10 trajectories; the consortium needs at least 50 per site" in msg and str(table) in msg, msg
+    assert "--min-trajectories" in json.loads(res.stdout)["hint"]
+    assert not home.exists(), "nothing is made for a refused table"
+
+
+def test_add_site_refuses_a_request_below_the_consortium_floor(small_site, tmp_path):
+    spec, table = small_site
+    co, home = tmp_path / "co", tmp_path / "site"
+    res, _, _ = fcd("consortium", "init", "--home", co, "--id", "demo", "--spec", spec, "--port", "9",
+                    "--min-trajectories", "50", "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    # the site's operator passed a lower floor than the consortium's: the coordinator's check is the one that counts
+    res, _, _ = fcd("site", "init", "--spec", spec, "--table", table, "--home", home, "--site-id", "h0",
+                    "--min-trajectories", "5", "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    fp = json.loads(res.stdout)["data"]["identity_fingerprint"]
+    assert json.loads(res.stdout)["data"]["trajectories"] == 10
+    res, _, _ = fcd("consortium", "add-site", home / "enrolment_request.json", "--home", co, "--fingerprint", fp,
+                    "--json")
+    assert res.returncode == 2, res.stdout + res.stderr
+    msg = json.loads(res.stdout)["message"]
+    assert "site 'h0' brings 10 trajectories; the consortium needs at least 50 per site" in msg, msg
+    assert not (co / "bundles" / "h0.json").exists()
