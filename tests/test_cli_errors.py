@@ -157,3 +157,64 @@ def test_add_site_refuses_a_request_below_the_consortium_floor(small_site, tmp_p
     msg = json.loads(res.stdout)["message"]
     assert "site 'h0' brings 10 trajectories; the consortium needs at least 50 per site" in msg, msg
     assert not (co / "bundles" / "h0.json").exists()
+
+
+# -- a second coordinator on a port in use ---------------------------------------------------------------------------
+@pytest.fixture
+def other_superlink(tmp_path):
+    """Another consortium's SuperLink (the entry point ``fcd server start`` runs, with its own TLS) on 127.0.0.1;
+    yields its port."""
+    import signal
+    import socket
+
+    from fcd_secure.engines.deployment import FLWR_IN_MEMORY, flower_env, free_port
+    from fcd_secure.engines.pki import make_tls_dir
+
+    pki = make_tls_dir(tmp_path / "other-pki", ("127.0.0.1", "localhost"))
+    port = free_port()
+    log = tmp_path / "other-superlink.log"
+    with open(log, "wb") as f:
+        p = subprocess.Popen(
+            [sys.executable, "-m", "fcd_secure._flower.superlink_main", "--ssl-ca-certfile", str(pki / "ca.crt"),
+             "--ssl-certfile", str(pki / "server.pem"), "--ssl-keyfile", str(pki / "server.key"), "--host",
+             "127.0.0.1", "--port", str(port), "--database", FLWR_IN_MEMORY, "--isolation", "process"],
+            stdout=f, stderr=subprocess.STDOUT, env=flower_env(tmp_path / "other-link-home"), start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                assert p.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, "the other SuperLink did not open its port"
+                time.sleep(0.2)
+        yield port
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+@pytest.mark.deployment
+def test_server_start_on_a_port_in_use_names_the_port_before_registering(small_site, other_superlink, tmp_path):
+    spec, table = small_site
+    port = other_superlink
+    co, home = tmp_path / "co", tmp_path / "site"
+    res, _, _ = fcd("consortium", "init", "--home", co, "--id", "second", "--spec", spec, "--port", port,
+                    "--min-trajectories", "5", "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    res, _, _ = fcd("site", "init", "--spec", spec, "--table", table, "--home", home, "--site-id", "h0",
+                    "--min-trajectories", "5", "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    fp = json.loads(res.stdout)["data"]["identity_fingerprint"]
+    res, _, _ = fcd("consortium", "add-site", home / "enrolment_request.json", "--home", co, "--fingerprint", fp)
+    assert res.returncode == 0, res.stdout + res.stderr
+    (co / "pki" / "ca.key").rename(tmp_path / "ca.key.offline")
+    res, _, wall = fcd("server", "start", "--home", co, "--json")
+    assert res.returncode == 2, res.stdout + res.stderr
+    env = json.loads(res.stdout)
+    assert f"127.0.0.1:{port}: port {port} is in use by another process" in env["message"], env
+    assert "no site was registered" in env["message"] and "registration" not in env["message"]
+    assert not (co / "server" / "run" / "logs" / "register.log").exists(), "a key was sent to the other SuperLink"
+    assert not (co / "server" / "run" / "pids.json").exists(), "a SuperLink was started"
+    print(f"port in use refused in {wall:.1f} s")
