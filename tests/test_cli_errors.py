@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_coordinator_host import superlink  # noqa: F401 - a real SuperLink on 127.0.0.1 (the P35 tests' fixture)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 #: the modules whose import is the "heavy work" a typo must not wait for
@@ -139,18 +140,23 @@ def test_site_init_refuses_a_table_below_the_floor_before_making_keys(small_site
     assert not home.exists(), "nothing is made for a refused table"
 
 
-def test_add_site_refuses_a_request_below_the_consortium_floor(small_site, tmp_path):
-    spec, table = small_site
-    co, home = tmp_path / "co", tmp_path / "site"
-    res, _, _ = fcd("consortium", "init", "--home", co, "--id", "demo", "--spec", spec, "--port", "9",
-                    "--min-trajectories", "50", "--json")
+def _consortium_and_site(spec: Path, table: Path, root: Path, port: object, floor: int) -> tuple[Path, Path, str]:
+    """``fcd consortium init`` (trajectory floor ``floor``) and ``fcd site init`` (its floor 5) in ``root``; returns
+    the coordinator's home, the site's home and its identity fingerprint."""
+    co, home = root / "co", root / "site"
+    res, _, _ = fcd("consortium", "init", "--home", co, "--id", "demo", "--spec", spec, "--port", port,
+                    "--min-trajectories", floor, "--json")
     assert res.returncode == 0, res.stdout + res.stderr
-    # the site's operator passed a lower floor than the consortium's: the coordinator's check is the one that counts
     res, _, _ = fcd("site", "init", "--spec", spec, "--table", table, "--home", home, "--site-id", "h0",
                     "--min-trajectories", "5", "--json")
     assert res.returncode == 0, res.stdout + res.stderr
-    fp = json.loads(res.stdout)["data"]["identity_fingerprint"]
     assert json.loads(res.stdout)["data"]["trajectories"] == 10
+    return co, home, json.loads(res.stdout)["data"]["identity_fingerprint"]
+
+
+def test_add_site_refuses_a_request_below_the_consortium_floor(small_site, tmp_path):
+    # the site's operator passed a lower floor than the consortium's: the coordinator's check is the one that counts
+    co, home, fp = _consortium_and_site(*small_site, tmp_path, 9, 50)
     res, _, _ = fcd("consortium", "add-site", home / "enrolment_request.json", "--home", co, "--fingerprint", fp,
                     "--json")
     assert res.returncode == 2, res.stdout + res.stderr
@@ -160,53 +166,12 @@ def test_add_site_refuses_a_request_below_the_consortium_floor(small_site, tmp_p
 
 
 # -- a second coordinator on a port in use ---------------------------------------------------------------------------
-@pytest.fixture
-def other_superlink(tmp_path):
-    """Another consortium's SuperLink (the entry point ``fcd server start`` runs, with its own TLS) on 127.0.0.1;
-    yields its port."""
-    import signal
-    import socket
-
-    from fcd_secure.engines.deployment import FLWR_IN_MEMORY, flower_env, free_port
-    from fcd_secure.engines.pki import make_tls_dir
-
-    pki = make_tls_dir(tmp_path / "other-pki", ("127.0.0.1", "localhost"))
-    port = free_port()
-    log = tmp_path / "other-superlink.log"
-    with open(log, "wb") as f:
-        p = subprocess.Popen(
-            [sys.executable, "-m", "fcd_secure._flower.superlink_main", "--ssl-ca-certfile", str(pki / "ca.crt"),
-             "--ssl-certfile", str(pki / "server.pem"), "--ssl-keyfile", str(pki / "server.key"), "--host",
-             "127.0.0.1", "--port", str(port), "--database", FLWR_IN_MEMORY, "--isolation", "process"],
-            stdout=f, stderr=subprocess.STDOUT, env=flower_env(tmp_path / "other-link-home"), start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                assert p.poll() is None, log.read_text()
-                assert time.monotonic() < deadline, "the other SuperLink did not open its port"
-                time.sleep(0.2)
-        yield port
-    finally:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait()
-
-
 @pytest.mark.deployment
-def test_server_start_on_a_port_in_use_names_the_port_before_registering(small_site, other_superlink, tmp_path):
-    spec, table = small_site
-    port = other_superlink
-    co, home = tmp_path / "co", tmp_path / "site"
-    res, _, _ = fcd("consortium", "init", "--home", co, "--id", "second", "--spec", spec, "--port", port,
-                    "--min-trajectories", "5", "--json")
-    assert res.returncode == 0, res.stdout + res.stderr
-    res, _, _ = fcd("site", "init", "--spec", spec, "--table", table, "--home", home, "--site-id", "h0",
-                    "--min-trajectories", "5", "--json")
-    assert res.returncode == 0, res.stdout + res.stderr
-    fp = json.loads(res.stdout)["data"]["identity_fingerprint"]
+def test_server_start_on_a_port_in_use_names_the_port_before_registering(small_site, superlink, tmp_path):  # noqa: F811
+    """Another consortium's SuperLink (the entry point `fcd server start` runs, its own TLS) holds 127.0.0.1:PORT;
+    a second consortium on that port is refused naming it, before any process starts or any key is registered."""
+    port, _ca = superlink
+    co, home, fp = _consortium_and_site(*small_site, tmp_path, port, 5)
     res, _, _ = fcd("consortium", "add-site", home / "enrolment_request.json", "--home", co, "--fingerprint", fp)
     assert res.returncode == 0, res.stdout + res.stderr
     (co / "pki" / "ca.key").rename(tmp_path / "ca.key.offline")
