@@ -92,6 +92,14 @@ def test_typos_are_refused_before_torch_or_flower_is_imported(tmp_path, args, wo
     print(f"{' '.join(args)} refused in {wall:.1f} s")
 
 
+def test_a_policy_typo_in_a_whatif_is_refused_before_torch_or_flower_is_imported(tmp_path):
+    pol = _policy(tmp_path, 'name = "p"\n[rule]\nkind = "static"\nacton = "anchor:on"\n')
+    res, imported, _ = fcd("whatif", tmp_path / "some-run", "--policy", pol, "--json")
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "unknown key 'acton'; did you mean 'action'?" in json.loads(res.stdout)["message"]
+    assert not imported & set(HEAVY), f"imported before the typo was refused: {sorted(imported & set(HEAVY))}"
+
+
 def test_simulator_keys_are_the_simulators():
     """The torch-free table the config validates against is exactly the simulator classes, DP flag included."""
     from fcd_secure.model.baselines import SIMULATORS, FedCausalDiffSimulator

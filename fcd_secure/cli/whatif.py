@@ -303,11 +303,17 @@ def register(app: typer.Typer) -> None:
         7 the answers cover fewer sites than the run (the sites left out are named on stdout and in the JSON), 8 the
         answer is the simulator's alone (no site's propensities: printed as extrapolation, not ranked).
         """
+        from fcd_secure.data.policy import load_policy_refs  # noqa: PLC0415
+        from fcd_secure.data.spec import DataError  # noqa: PLC0415
+
+        hint = "the message names the run folder, policy file or field"
+        try:  # the policy files first: a typo in one is refused before torch and Flower load
+            given = load_policy_refs(policy) if policy else None
+        except DataError as exc:
+            raise CliError(str(exc), hint=hint) from None
         import torch  # noqa: PLC0415
 
         from fcd_secure.config import ConfigError  # noqa: PLC0415
-        from fcd_secure.data.policy import load_policy_refs  # noqa: PLC0415
-        from fcd_secure.data.spec import DataError  # noqa: PLC0415
         from fcd_secure._io import jsonable  # noqa: PLC0415
         from fcd_secure.queries.request import WhatIfRequest  # noqa: PLC0415
         from fcd_secure.queries.vocabulary import bind_policies  # noqa: PLC0415
@@ -317,7 +323,7 @@ def register(app: typer.Typer) -> None:
         console = stderr()
         try:
             cfg, _theta = open_run(run_dir)
-            pols = load_policy_refs(policy or cfg.evaluation.policies)
+            pols = given if given is not None else load_policy_refs(cfg.evaluation.policies)
             ref_name = None
             if reference is not None:
                 by_name = {p.name: p for p in pols}
@@ -338,7 +344,7 @@ def register(app: typer.Typer) -> None:
                 raise DataError(f"--horizon {request.horizon} is longer than the data's trajectories ({cfg_len(cfg)} steps)")
             bind_policies(cfg, pols)
         except (WhatIfError, ConfigError, DataError, ValueError) as exc:
-            raise CliError(str(exc), hint="the message names the run folder, policy file or field") from None
+            raise CliError(str(exc), hint=hint) from None
         torch.set_num_threads(1)
         console.print(f"[bold]fcd whatif[/bold] {escape(str(run_dir))}: {len(request.policies)} policies, reference "
                       f"{escape(request.reference)}, query {request.query_id}", soft_wrap=True)
