@@ -191,3 +191,41 @@ def test_server_start_on_a_port_in_use_names_the_port_before_registering(small_s
     assert not (co / "server" / "run" / "logs" / "register.log").exists(), "a key was sent to the other SuperLink"
     assert not (co / "server" / "run" / "pids.json").exists(), "a SuperLink was started"
     print(f"port in use refused in {wall:.1f} s")
+
+
+# -- a question every site declines ----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A finished tiny run of 2 sites, 1 round (trained on the in-process engine, so that the one Ray cluster of
+    this test is the `fcd whatif` process's own)."""
+    import torch
+
+    from fcd_secure.config import build_config
+    from fcd_secure.engines.inprocess import run_inprocess
+
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("declined") / "run"
+    run_inprocess(build_config("tiny", {
+        "data": {"n_sites": 2, "test_fraction": 0.2},
+        "federation": {"clients_per_round": 2, "rounds": 1, "eval_every": 0, "secure_aggregation": False},
+        "evaluation": {"n_samples": 2, "max_rows": None},
+        "out": str(out),
+    }))
+    return out
+
+
+@pytest.mark.slow
+def test_a_declined_question_names_the_sites_and_the_rule(trained_run, tmp_path):
+    """A question every site declines names each site and the rule; a question without threshold policies gets no
+    hint about thresholds. `always` against `always` but a_off from step 11: the two differ only on the test rows
+    12 steps long (6 on site-00, 5 on site-01), fewer than the sites' min_difference (20), so both decline (P41)."""
+    pol = _policy(tmp_path, 'name = "on_until_11"\n[rule]\nkind = "switch"\nat = 11\nbefore = "anchor:on"\n'
+                  'after = "anchor:off"\n')
+    res, _, wall = fcd("whatif", trained_run, "--policy", "always", "--policy", pol, "--json", timeout=900)
+    assert res.returncode == 1, res.stdout + res.stderr[-3000:]
+    env = json.loads(res.stdout)
+    assert env["error_code"] == "RUN_FAILED"
+    assert ("no site answered the question: site-00, site-01 declined it under rule 'eval_cohort' (an evaluation "
+            "the site's cohort rules refuse") in env["message"], env
+    assert "threshold" not in env["hint"] and "ledger" in env["hint"], env["hint"]
+    print(f"declined question answered in {wall:.1f} s")
