@@ -242,4 +242,3 @@ def test_the_egress_gate_allows_exactly_the_keys_of_the_question():
     assert "eval/whatif.value.always.sum" not in pol.allowed_metrics  # not asked, so not allowed
     assert "eval/whatif.value.late_on.entity" not in pol.allowed_metrics
     assert "hello/dim-n_endogenous" in pol.allowed_config_keys and "metrics/context" in pol.allowed_metrics
-

@@ -32,7 +32,7 @@ def init(
     site_id: str = typer.Option(..., "--site-id", help="The site's id in the consortium ([A-Za-z0-9._-])."),
     min_trajectories: Optional[int] = typer.Option(
         None, "--min-trajectories", min=1, help="The consortium's floor of trajectories per site (its "
-        "`fcd consortium init --min-trajectories`; ask the coordinator). Default: that command's default."),
+        "`fcd consortium init --min-trajectories`; ask the coordinator). Default: the default there."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope."),
 ) -> None:
     """Install a site in HOME. Send the enrolment request to the coordinator and read the identity fingerprint to
