@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from fcd_secure.data import names
 from fcd_secure.aggregation.secagg.config import SecAggPolicy
-from fcd_secure.model.config import ModelConfig
+from fcd_secure.model.config import SIMULATOR_KEYS, ModelConfig
 from fcd_secure.privacy.config import DPConfig
 from fcd_secure.errors import FcdError, first_invalid
 
@@ -106,6 +106,11 @@ class DataSection(BaseModel):
 
     @model_validator(mode="after")
     def _spec_pair(self) -> "DataSection":
+        if self.dataset not in (*names.DATASETS, names.SPEC):  # named here, before the loaders (torch) are imported
+            close = difflib.get_close_matches(self.dataset, names.DATASETS, n=1, cutoff=0.6)
+            raise ValueError(f"unknown dataset {self.dataset!r}; "
+                             + (f"did you mean {close[0]!r}? " if close else "")
+                             + f"choose one of {', '.join(names.DATASETS)}")
         if self.dataset == "spec" and not (self.spec and self.table):
             raise ValueError("data.dataset = 'spec' needs both data.spec and data.table")
         for name in WORLD_KEYS:
@@ -203,10 +208,10 @@ class RunConfig(BaseModel):
             raise ValueError(
                 f"federation.min_replies ({fed.min_replies}) > federation.clients_per_round ({fed.clients_per_round})"
             )
-        from fcd_secure.model.baselines import FedCausalDiffSimulator, get_simulator  # noqa: PLC0415 (torch)
-
-        simulator = get_simulator(self.model.simulator)
-        if self.dp.enabled and not issubclass(simulator, FedCausalDiffSimulator):
+        name = self.model.simulator
+        if name not in SIMULATOR_KEYS:
+            raise ValueError(f"model.simulator = {name!r} is not a simulator; choose one of {list(SIMULATOR_KEYS)}")
+        if self.dp.enabled and not SIMULATOR_KEYS[name]:
             raise ValueError(f"dp.enabled: DP-SGD trains Fed-CausalDiff's local objective (privacy.engine); "
                              f"model.simulator = {self.model.simulator!r} has none")
         return self
@@ -278,7 +283,7 @@ def _drop_none(d: Any) -> Any:
 
 
 def _first_error(exc: ValidationError) -> str:
-    loc, msg = first_invalid(exc)
+    loc, msg = first_invalid(exc, model=RunConfig)
     msg = msg.removeprefix("Value error, ")
     return f"field {loc}: {msg}" if loc else msg
 

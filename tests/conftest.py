@@ -81,7 +81,19 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=_schedule_rank)
 
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+def real_data() -> Path:
+    """The data folder the loaders read (``fcd_secure.data.paths.default_data_dir``: ``$FCD_DATA_DIR``, else
+    ``../shared/data`` of the checkout), or a skip that names why there is none. Every test that reads a real dataset
+    goes through here, so on a machine without the data folder they skip with the reason instead of erroring;
+    ``FCD_DATA_DIR=/nonexistent`` hides the folder to check it."""
+    from fcd_secure.data.paths import default_data_dir
+    from fcd_secure.data.spec import DataError
+
+    try:
+        return default_data_dir()
+    except DataError as exc:
+        pytest.skip(f"real datasets not present: {exc}")
+
 
 GOOD_SPEC = """\
 name = "toy"
@@ -159,9 +171,8 @@ def long_case(tmp_path):
 
 @pytest.fixture
 def shared_data() -> Path:
-    if not SHARED_DATA.is_dir():
-        pytest.skip(f"real datasets not present at {SHARED_DATA}")
-    return SHARED_DATA
+    """The real data folder (:func:`real_data`), or a skip naming why there is none."""
+    return real_data()
 
 
 @pytest.fixture

@@ -85,7 +85,7 @@ def _consortium(tmp: Path, spec_text: str) -> tuple[Path, Path, int]:
     df[(df["hospital"] == "h0") & (df["ward"] != "c")].to_csv(table, index=False)
     home = tmp / "site"
     code, env = invoke(site_cli.app, ["init", "--spec", str(tmp / "spec.toml"), "--table", str(table), "--home",
-                                      str(home), "--site-id", "h0"])
+                                      str(home), "--site-id", "h0", "--min-trajectories", "3"])
     assert code == 0, env
     code, added = invoke(consortium_cli.app, ["add-site", str(home / "enrolment_request.json"), "--home",
                                               str(tmp / "co"), "--fingerprint", env["data"]["identity_fingerprint"]])

@@ -73,11 +73,9 @@ def test_open_bandit(shared_data):
 
 @pytest.fixture(scope="module")
 def diabetes(request):
-    from conftest import SHARED_DATA
+    from conftest import real_data
 
-    if not SHARED_DATA.is_dir():
-        pytest.skip("real datasets not present")
-    return load_diabetes130(SHARED_DATA)
+    return load_diabetes130(real_data())
 
 
 def test_diabetes130_shapes_and_counts(diabetes):

@@ -172,7 +172,8 @@ def test_spec_that_does_not_parse(long_case, tmp_path):
     [
         (lambda s: s.replace("max_len = 4", "max_len = 0"), "max_len"),
         (lambda s: s.replace('kind = "categorical"', 'kind = "ordinal"'), "context[1].kind"),
-        (lambda s: s.replace('outcome = "y"', 'outcme = "y"'), "outcome"),
+        # a key typo names the bad key, with the valid key it is closest to in the message
+        (lambda s: s.replace('outcome = "y"', 'outcme = "y"'), "outcme"),
     ],
 )
 def test_invalid_spec_names_field(long_case, tmp_path, edit, field):
@@ -183,6 +184,8 @@ def test_invalid_spec_names_field(long_case, tmp_path, edit, field):
     err = env["data"]
     assert env["status"] == "error" and err["file"] == str(spec)
     assert err["field"] == field or err["field"].startswith(field)
+    if field == "outcme":
+        assert "unknown key 'outcme'; did you mean 'outcome'?" in env["message"], env["message"]
     assert not (tmp_path / "o.npz").exists()
 
 

@@ -83,7 +83,7 @@ def test_hospital_path_end_to_end(tmp_path, one_torch_thread):
     site_fps = []
     for i, home in enumerate(homes):
         code, env = invoke(site_cli.app, ["init", "--spec", str(spec), "--table", str(tables[i]), "--home", str(home),
-                                          "--site-id", f"site{i}"])
+                                          "--site-id", f"site{i}", "--min-trajectories", "20"])
         assert code == 0, env
         site_fps.append(env["data"]["identity_fingerprint"])
         code, env = invoke(consortium_cli.app, ["add-site", str(home / "enrolment_request.json"), "--home", str(co),

@@ -85,13 +85,14 @@ def test_server_run_below_the_consortium_minimum_is_refused_before_submitting(ex
     out, _ = exported
     co = tmp_path / "coord"
     code, env = invoke(consortium_cli.app, ["init", "--home", str(co), "--id", "walk", "--spec", str(out / "spec.toml"),
-                                            "--port", "9"])
+                                            "--port", "9", "--min-trajectories", "5"])
     assert code == 0, env
     run = tmp_path / "run"
     code, env = invoke(server_cli.app, ["run", "--home", str(co), "--out", str(run), "--no-dp"])
     assert code == 2 and "no site enrolled" in env["message"], env
     code, env = invoke(site_cli.app, ["init", "--spec", str(out / "spec.toml"), "--table", str(out / "site0.csv"),
-                                      "--home", str(tmp_path / "site0"), "--site-id", "hospital0"])
+                                      "--home", str(tmp_path / "site0"), "--site-id", "hospital0",
+                                      "--min-trajectories", "5"])
     assert code == 0, env
     code, env = invoke(consortium_cli.app, ["add-site", str(tmp_path / "site0" / "enrolment_request.json"), "--home",
                                             str(co), "--fingerprint", env["data"]["identity_fingerprint"]])

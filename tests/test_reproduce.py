@@ -34,10 +34,9 @@ def _run(out, *extra):
 
 @pytest.fixture(scope="module")
 def reproduced(tmp_path_factory):
-    from conftest import SHARED_DATA
+    from conftest import real_data
 
-    if not SHARED_DATA.is_dir():  # OBD is a real dataset: no data folder, nothing to reproduce it from
-        pytest.skip(f"real datasets not present at {SHARED_DATA} (the reproduction reads OBD)")
+    real_data()  # OBD is a real dataset: without the data folder there is nothing to reproduce it from (a skip)
     out = tmp_path_factory.mktemp("repro")
     return out, _run(out)
 

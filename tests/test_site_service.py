@@ -18,7 +18,7 @@ def _site(root: Path, name: str = "s") -> Path:
     make_long_table(20, seed=1).to_csv(table, index=False)
     spec.write_text(GOOD_SPEC)
     res = CliRunner().invoke(site_cli.app, ["init", "--spec", str(spec), "--table", str(table), "--home", str(home),
-                                            "--site-id", "h0", "--json"])
+                                            "--site-id", "h0", "--min-trajectories", "5", "--json"])
     assert res.exit_code == 0, res.output
     return home
 

@@ -32,6 +32,10 @@ records the most specific reason.
 A reply must also answer the instruction it is for (:func:`check_reply_binding`); what may pass is decided by the
 *instruction's* type, never by the reply's own label. Inside secure aggregation the masked vector is opaque: keeping
 Θs out of it is the secure-aggregation module's job.
+
+The scans find private values as they are, not transforms of them (1 − P, float16, a multiple, compressed bytes in
+exact-length masked words): that residual is covered by the site running only code it pins, not by this module
+(docs/threats.md P62).
 """
 
 from __future__ import annotations

@@ -34,10 +34,9 @@ def ablate(
     The centralised row is the reference of `fcd train` (same epochs and seeds, same numbers).
     Exit codes: 0 done, 2 bad input.
     """
-    import torch  # noqa: PLC0415
     from rich.table import Table  # noqa: PLC0415
 
-    from fcd_secure.experiments.ablation import ALL_VARIANTS, run_ablation  # noqa: PLC0415
+    from fcd_secure.experiments.variants import ALL_VARIANTS  # noqa: PLC0415
 
     chosen = list(dict.fromkeys(variants)) if variants else list(ALL_VARIANTS)
     bad = [v for v in chosen if v not in ALL_VARIANTS]
@@ -49,6 +48,10 @@ def ablate(
         settings=settings or [],
         out=out_dir or Path("runs") / f"{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}-ablation",
     ))
+    import torch  # noqa: PLC0415 (after the arguments are checked: a typo is refused before torch loads)
+
+    from fcd_secure.experiments.ablation import run_ablation  # noqa: PLC0415
+
     torch.set_num_threads(1)
     seeds_list = list(range(first_seed, first_seed + seeds))
     console = stderr() if as_json else stdout()

@@ -44,6 +44,18 @@ def absent_actions(ds) -> dict[str, list[str]]:
     return out
 
 
+def trajectories_per_site(ds) -> dict[str, int]:
+    """The trajectories (sequences) of each site of a table, by site name; a table without a site column is one
+    site, named ``"table"``. The count ``fcd site preflight`` checks against the consortium's floor."""
+    import numpy as np  # noqa: PLC0415
+
+    site, names_ = ds.meta.get("site"), ds.meta.get("site_names")
+    if site is None or not names_:
+        return {"table": int(ds.n)}
+    counts = np.bincount(np.asarray(site, dtype=np.int64), minlength=len(names_))
+    return {str(name): int(counts[i]) for i, name in enumerate(names_)}
+
+
 def _invalid(exc) -> CliError:
     """A ``DataError`` as the command line reports it: exit 1, the file/column/row/field in ``data``."""
     return CliError(str(exc), "DATA_INVALID", data=exc.to_dict(),
@@ -59,21 +71,33 @@ def validate(
     out: Optional[Path] = typer.Option(
         None, "--out", "-o", help="Also write the encoded dataset here (.npz); written only if every check passes."
     ),
+    min_trajectories: Optional[int] = typer.Option(
+        None, "--min-trajectories", min=1, help="A consortium's floor of trajectories per site: a site below it "
+        "makes the table invalid (exit 1). Without it, a site below the consortium default is a warning."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Check TABLE against SPEC and build the unified (X, A, T, Y, M[, P]) dataset.
 
     Exit 0 with a short summary when the table is valid; exit 1 with a message naming the file, column and row
     (or the spec field) when it is not, writing nothing; exit 2 on a usage error. `fcd run --spec SPEC --table
-    TABLE` runs the same checks before it starts (and exits 2 there: bad input of a run).
+    TABLE` runs the same checks before it starts (and exits 2 there: bad input of a run). Each site's trajectories
+    are counted against a consortium's floor (--min-trajectories; `fcd site init` and `fcd consortium add-site`
+    refuse a site below it).
     """
     spec, table = spec_and_table(spec, table, ctx.args, required=True)
     from fcd_secure.data.npz import save_npz  # noqa: PLC0415 - pandas and the loaders only when used
     from fcd_secure.data.inputs import dataset_from_input  # noqa: PLC0415
     from fcd_secure.data.spec import DataError  # noqa: PLC0415
 
+    from fcd_secure.provisioning.consortium import DEFAULT_MIN_TRAJECTORIES, below_floor  # noqa: PLC0415
+
     try:
         sp, ds = dataset_from_input(spec, table)
+        per_site = trajectories_per_site(ds)
+        short = {site: why for site, n in per_site.items()
+                 if (why := below_floor(n, min_trajectories or DEFAULT_MIN_TRAJECTORIES))}
+        if short and min_trajectories is not None:
+            raise DataError("; ".join(f"site {site}: {why}" for site, why in short.items()), file=table)
         if out is not None:
             if out.suffix != ".npz":
                 raise DataError("output must end in .npz", file=out)
@@ -104,6 +128,8 @@ def validate(
         "sites": ds.meta.get("site_names"),
         # actions never logged (whole table, per site): answers about policies that take them are not identified
         "actions_absent": absent_actions(ds),
+        "trajectories": per_site,
+        "below_floor": short,
         "written": None if out is None else str(out),
     }
     if as_json:
@@ -120,6 +146,9 @@ def validate(
         v = summary[k]
         t.add_row(k, f"{v:.4f}" if isinstance(v, float) else escape(str(v)))
     con.print(t)
+    for site, why in short.items():
+        con.print(f"[yellow]warning[/] site {escape(site)}: {escape(why)}; `fcd site init` refuses it unless the "
+                  "consortium's floor is lower (--min-trajectories)", soft_wrap=True)
     for where, acts in summary["actions_absent"].items():
         who = "no site logs" if where == "all sites" else f"site {escape(where)} never logs"
         con.print(f"[yellow]warning[/] {who} {escape(', '.join(acts))}: a policy taking "

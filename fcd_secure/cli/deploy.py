@@ -81,7 +81,6 @@ def register(app: typer.Typer) -> None:
           2    bad input (config, data, certificates, keys, policies): nothing started
         """
         from fcd_secure.cli.preflight import check_run  # noqa: PLC0415
-        from fcd_secure.engines.deployment import DeploymentError, LocalDeployment  # noqa: PLC0415
 
         spec = spec_and_table(spec, table, ctx.args)
         own = config_file is None  # without a config file, deploy's own defaults: tiny, 4 sites, PEHE at the end
@@ -94,6 +93,9 @@ def register(app: typer.Typer) -> None:
             settings=settings or [],
         )
         cfg = check_run(resolve_config(opts), opts)
+        # Flower and the deployment engine load after the arguments are checked: a typo is refused before them
+        from fcd_secure.engines.deployment import DeploymentError, LocalDeployment  # noqa: PLC0415
+
         if clients_per_round is None:  # a deployment samples every site it started, unless told otherwise
             cfg = cfg.model_copy(update={"federation": cfg.federation.model_copy(update={"clients_per_round": cfg.data.n_sites})})
         cfg = cfg.model_copy(update={"out": str(Path(str(cfg.out)).resolve())})

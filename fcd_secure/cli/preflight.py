@@ -32,6 +32,7 @@ from fcd_secure.errors import first_invalid
 
 if TYPE_CHECKING:  # pragma: no cover
     from fcd_secure.config import RunConfig
+    from fcd_secure.data.policy import Policy
 
 #: What marks a folder as holding a run (written by ``fcd run``).
 RUN_MARKERS = (RUN_CONFIG_FILE, "summary.json", "rounds.csv", "state")
@@ -140,21 +141,40 @@ def check_evaluation(cfg: "RunConfig") -> None:
     )
 
 
-def check_policies(cfg: "RunConfig") -> None:
+#: the hint of every refused policy file
+POLICY_HINT = "policies/README.md shows the format of a policy file"
+
+
+def check_policy_files(cfg: "RunConfig") -> "list[Policy]":
     """The target policies the final evaluation reads (``--policy``, ``[evaluation] policies``, else the paper's
-    four) load, validate, name a reference among them, and use only the data's action labels and context columns.
+    four) load and validate, and name a reference among them. Reads only the policy files (no data, no torch), so a
+    typo in one is refused first.
 
     Raises:
         CliError: exit 2, naming the policy file and field.
     """
     from fcd_secure.data.spec import DataError  # noqa: PLC0415
     from fcd_secure.queries.request import request_from_config  # noqa: PLC0415
+
+    try:
+        return request_from_config(cfg).policies
+    except DataError as exc:
+        raise _data_error(exc, POLICY_HINT) from None
+
+
+def check_policies(cfg: "RunConfig", policies: "list[Policy]") -> None:
+    """The policies of :func:`check_policy_files` use only the data's action labels and context columns.
+
+    Raises:
+        CliError: exit 2, naming the policy file and field.
+    """
+    from fcd_secure.data.spec import DataError  # noqa: PLC0415
     from fcd_secure.queries.vocabulary import bind_policies  # noqa: PLC0415
 
     try:
-        bind_policies(cfg, request_from_config(cfg).policies)
+        bind_policies(cfg, policies)
     except DataError as exc:
-        raise _data_error(exc, "policies/README.md shows the format of a policy file") from None
+        raise _data_error(exc, POLICY_HINT) from None
 
 
 def check_flow(cfg: "RunConfig") -> None:
@@ -236,13 +256,14 @@ def check_run(cfg: "RunConfig", opts: RunOptions) -> "RunConfig":
     from pydantic import ValidationError  # noqa: PLC0415
 
     check_folders(cfg, opts)  # the cheapest first: a wrong --out fails before any data is read
+    policies = check_policy_files(cfg)  # a typo in a policy file is refused before the data (and torch) load
     cfg = check_data(cfg, opts)
     try:  # the sites a table decides must still agree with the rest of the config (federation.min_replies, ...)
         cfg = RunConfig.model_validate(cfg.model_dump())
     except ValidationError as exc:
         loc, msg = first_invalid(exc)
         raise CliError(f"field {loc}: {msg}") from None
-    check_policies(cfg)
+    check_policies(cfg, policies)
     check_flow(cfg)  # too few sites for secure aggregation is its own error, named first
     check_evaluation(cfg)
     return cfg

@@ -36,9 +36,7 @@ def reproduce(
 
     Exit codes: 0 done, 2 bad input.
     """
-    import torch  # noqa: PLC0415
-
-    from fcd_secure.experiments.reproduction import DATASETS, METHODS, get_preset, run_reproduction  # noqa: PLC0415
+    from fcd_secure.experiments.reproduction.presets import DATASETS, METHODS, get_preset  # noqa: PLC0415
 
     try:
         p = get_preset(preset)
@@ -50,6 +48,10 @@ def reproduce(
     if bad:
         raise CliError(f"unknown dataset(s) or method(s) {bad}; datasets: {list(DATASETS)}, methods: {list(METHODS)}",
                        "USAGE", hint="one value per --dataset or --method, repeated for several")
+    import torch  # noqa: PLC0415 (after the arguments are checked: a typo is refused before torch loads)
+
+    from fcd_secure.experiments.reproduction import run_reproduction  # noqa: PLC0415
+
     torch.set_num_threads(1)
     with Progress(TextColumn("[bold]reproduce[/bold]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.description}"), console=stderr(), transient=False) as bar:

@@ -298,7 +298,7 @@ def outcome(summary: dict, cfg: "RunConfig") -> CliError | None:
     if not failed and not evaluated:
         return CliError(
             "the run trained but could not evaluate: "
-            + (f"{len(declined)} site(s) declined under their evaluation cohort rules (a test split below "
+            + (f"{', '.join(map(str, declined))} declined under their evaluation cohort rules (a test split below "
                f"{MIN_COHORT_FLOOR} rows, a cohort too close to one evaluated before, or policies that act "
                "differently on fewer of a site's patients than its [questions] min_difference)" if declined
                else "no site's evaluation reached the server")

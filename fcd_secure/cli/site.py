@@ -33,17 +33,26 @@ def init(
                               "or ~/.pgpass)."),
     home: Path = _HOME,
     site_id: str = typer.Option(..., "--site-id", help="The site's id in the consortium ([A-Za-z0-9._-])."),
+    min_trajectories: Optional[int] = typer.Option(
+        None, "--min-trajectories", min=1, help="The consortium's floor of trajectories per site (its "
+        "`fcd consortium init --min-trajectories`; ask the coordinator). Default: the default there."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope."),
 ) -> None:
     """Install a site in HOME. Send the enrolment request to the coordinator and read the identity fingerprint to
-    them out of band (they type it into `fcd consortium add-site`)."""
+    them out of band (they type it into `fcd consortium add-site`).
+
+    A table with fewer trajectories than the consortium's floor is refused here (exit 2), before any key is made:
+    the coordinator's add-site and the site's preflight would refuse it too."""
+    from fcd_secure.provisioning.consortium import DEFAULT_MIN_TRAJECTORIES  # noqa: PLC0415
     from fcd_secure.provisioning.site_install.home import init_site  # noqa: PLC0415
 
     from fcd_secure.cli.tables import spec_and_table  # noqa: PLC0415
 
     spec, table = spec_and_table(spec, table, required=True)
-    with bad_input("fcd data validate --spec SPEC --table TABLE shows what the table lacks"):
-        res = init_site(home, spec, table, site_id)
+    floor = DEFAULT_MIN_TRAJECTORIES if min_trajectories is None else min_trajectories
+    with bad_input("fcd data validate --spec SPEC --table TABLE shows what the table lacks; a consortium with a "
+                   "lower floor: pass it as --min-trajectories"):
+        res = init_site(home, spec, table, site_id, min_trajectories=floor)
     done(as_json, res, f"site {site_id} installed" + (f" in {home}" if as_json else ""),
          [("enrolment request (send to the coordinator)", res["request"]),
           ("identity fingerprint (read to the coordinator out of band)", res["identity_fingerprint"]),

@@ -99,18 +99,16 @@ def train(
     Federated training is `fcd run`; this command is its centralised yardstick, the same reference as the
     `centralised` row of `fcd ablate` (same epochs and seed, same numbers). Exit codes: 0 done, 2 bad input.
     """
-    import torch  # noqa: PLC0415
     from pydantic import ValidationError  # noqa: PLC0415
 
     from fcd_secure.cli.run import bad_input_errors  # noqa: PLC0415
     from fcd_secure.config import RunConfig  # noqa: PLC0415
-    from fcd_secure.experiments.centralised import run_centralised_seeds  # noqa: PLC0415
-    from fcd_secure.model.baselines import SIMULATORS  # noqa: PLC0415
+    from fcd_secure.model.config import SIMULATOR_KEYS  # noqa: PLC0415
 
     chosen = tuple(dict.fromkeys(methods or DEFAULT_METHODS))
-    bad = [m for m in chosen if m not in SIMULATORS]
+    bad = [m for m in chosen if m not in SIMULATOR_KEYS]
     if bad:
-        raise CliError(f"unknown method(s) {bad}; choose from {', '.join(SIMULATORS)}", "USAGE",
+        raise CliError(f"unknown method(s) {bad}; choose from {', '.join(SIMULATOR_KEYS)}", "USAGE",
                        hint="one method per --method, repeated for several")
     cfg = resolve_config(RunOptions(preset=preset, rounds=rounds, sites=sites, seed=seed, secure=False, eval_every=0,
                                     out=Path("runs") / "centralised", settings=settings or []))
@@ -123,6 +121,10 @@ def train(
     except ValidationError as exc:
         e = exc.errors()[0]
         raise CliError(f"field {'.'.join(map(str, e['loc']))}: {e['msg']}") from None
+    import torch  # noqa: PLC0415 (after the arguments are checked: a typo is refused before torch loads)
+
+    from fcd_secure.experiments.centralised import run_centralised_seeds  # noqa: PLC0415
+
     torch.set_num_threads(1)
 
     def progress(msg: str) -> None:

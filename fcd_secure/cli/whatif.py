@@ -343,11 +343,17 @@ def register(app: typer.Typer) -> None:
         7 the answers cover fewer sites than the run (the sites left out are named on stdout and in the JSON), 8 the
         answer is the simulator's alone (no site's propensities: printed as extrapolation, not ranked).
         """
+        from fcd_secure.data.policy import load_policy_refs  # noqa: PLC0415
+        from fcd_secure.data.spec import DataError  # noqa: PLC0415
+
+        hint = "the message names the run folder, policy file or field"
+        try:  # the policy files first: a typo in one is refused before torch and Flower load
+            given = load_policy_refs(policy) if policy else None
+        except DataError as exc:
+            raise CliError(str(exc), hint=hint) from None
         import torch  # noqa: PLC0415
 
         from fcd_secure.config import ConfigError  # noqa: PLC0415
-        from fcd_secure.data.policy import load_policy_refs  # noqa: PLC0415
-        from fcd_secure.data.spec import DataError  # noqa: PLC0415
         from fcd_secure._io import jsonable  # noqa: PLC0415
         from fcd_secure.queries.request import WhatIfRequest  # noqa: PLC0415
         from fcd_secure.queries.vocabulary import bind_policies  # noqa: PLC0415
@@ -357,7 +363,7 @@ def register(app: typer.Typer) -> None:
         console = stderr()
         try:
             cfg, _theta = open_run(run_dir)
-            pols = load_policy_refs(policy or cfg.evaluation.policies)
+            pols = given if given is not None else load_policy_refs(cfg.evaluation.policies)
             ref_name = None
             if reference is not None:
                 by_name = {p.name: p for p in pols}
@@ -378,7 +384,7 @@ def register(app: typer.Typer) -> None:
                 raise DataError(f"--horizon {request.horizon} is longer than the data's trajectories ({cfg_len(cfg)} steps)")
             bind_policies(cfg, pols)
         except (WhatIfError, ConfigError, DataError, ValueError) as exc:
-            raise CliError(str(exc), hint="the message names the run folder, policy file or field") from None
+            raise CliError(str(exc), hint=hint) from None
         torch.set_num_threads(1)
         console.print(f"[bold]fcd whatif[/bold] {escape(str(run_dir))}: {len(request.policies)} policies, reference "
                       f"{escape(request.reference)}, query {request.query_id}", soft_wrap=True)
@@ -387,15 +393,8 @@ def register(app: typer.Typer) -> None:
         except (WhatIfError, DataError) as exc:
             raise CliError(str(exc), "RUN_FAILED") from None
         result_file = Path(run_dir) / "whatif" / (request.query_id + ".json")
-        if not res.get("policies"):  # every site declined: say why instead of an empty table (P41)
-            declined = res.get("declined_sites") or []
-            raise CliError(
-                "no site answered the question" + (
-                    f": {len(declined)} site(s) declined it under their cohort rules (two of its policies, or one of "
-                    "them and a question the site answered before, act differently on fewer of its patients than its "
-                    "[questions] min_difference; or a test split too small)" if declined else ""),
-                "RUN_FAILED", hint="ask fewer, well-separated policies (thresholds a decile or more apart)",
-                data=jsonable(res))
+        if not res.get("policies"):  # every site declined: say who and under which rule instead of an empty table
+            raise unanswered_error(jsonable(res), request)
         ans = EvaluationAnswer.from_json(res)
         cov = ans.coverage
         partial = None if cov is None or cov.complete is not False else CliError(
@@ -426,6 +425,34 @@ def register(app: typer.Typer) -> None:
         say_identifier(con, "result:", str(result_file), indent=0)
         if partial:
             raise partial
+
+
+def unanswered_error(res: dict, request) -> CliError:
+    """A question no site answered (exit 1), naming each site that declined it and the rule it declined under.
+
+    A declining site replies with the rule's name only (``audit.gate.POLICY_REASON_PREFIX``: by design the server
+    learns nothing else, P41), so which of the rule's checks fired is named by the site's own ledger, not here. The
+    hint names only the changes that can help this question: separating its policies needs two of them, and
+    thresholds a decile apart only applies to threshold policies.
+    """
+    from fcd_secure.audit import REFUSAL_RULES  # noqa: PLC0415
+    from fcd_secure.queries.cohort import RULE  # noqa: PLC0415
+
+    declined = [str(s) for s in res.get("declined_sites") or []]
+    failed = [str(s) for s in res.get("failed_sites") or [] if s not in declined]
+    if not declined:
+        return CliError("no site answered the question" + (f": {', '.join(failed)} failed" if failed else ""),
+                        "RUN_FAILED", hint="the sites' own logs say more (FCD_SITE_DEBUG=1)", data=res)
+    msg = (f"no site answered the question: {', '.join(declined)} declined it under rule '{RULE}' "
+           f"({REFUSAL_RULES[RULE]})" + (f"; {', '.join(failed)} failed" if failed else ""))
+    fix = ""
+    if len(request.policies) > 1:
+        thresholds = any(p.rule.kind == "threshold" for p in request.policies)
+        fix = ("if two of its policies act alike on most patients, ask policies that differ on more of them"
+               + (" (thresholds a decile or more apart)" if thresholds else "") + "; ")
+    return CliError(msg, "RUN_FAILED", hint=fix + "which of the rule's checks fired is recorded only in each "
+                    "declining site's own ledger: ask its operator (the server learns the rule's name, nothing more)",
+                    data=res)
 
 
 def cfg_len(cfg) -> int:

@@ -64,6 +64,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, Stri
 from fcd_secure.data.paths import policy_dir
 from fcd_secure.data.schema import SiteDataset
 from fcd_secure.data.spec import ANCHOR_PREFIX, DataError, field_path
+from fcd_secure.errors import invalid_field
 
 __all__ = [
     "ANCHOR_OFF", "ANCHOR_ON", "DEFAULT_POLICY_NAMES", "Policy", "PolicyLike", "anchor_actions", "anchor_labels", "anchors_from_counts",
@@ -794,14 +795,13 @@ def load_policy(path: str | Path) -> Policy:
     try:
         pol = Policy.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
+        at, msg = invalid_field(exc, Policy)
         # drop the tags pydantic inserts (rule.window.start -> rule.start, rule.static.action.str -> rule.action) so
         # the field reads like the file
-        loc = tuple(p for i, p in enumerate(first["loc"])
-                    if not (i == 1 and first["loc"][0] == "rule" and p in RULE_KINDS)
+        loc = tuple(p for i, p in enumerate(at)
+                    if not (i == 1 and at[0] == "rule" and p in RULE_KINDS)
                     and p not in ("int", "str", "bool"))
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise DataError(f"{first['msg']}{more}", file=path, field=field_path(loc)) from None
+        raise DataError(msg, file=path, field=field_path(loc)) from None
     pol._source = str(path)
     return pol
 

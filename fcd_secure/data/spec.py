@@ -61,7 +61,7 @@ from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from fcd_secure.errors import FcdError
+from fcd_secure.errors import FcdError, invalid_field
 
 
 class DataError(FcdError, ValueError):
@@ -292,7 +292,5 @@ def load_spec(path: str | Path) -> DatasetSpec:
     try:
         return DatasetSpec.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = field_path(tuple(first["loc"]))
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise DataError(f"{first['msg']}{more}", file=path, field=field) from None
+        loc, msg = invalid_field(exc, DatasetSpec)
+        raise DataError(msg, file=path, field=field_path(loc)) from None

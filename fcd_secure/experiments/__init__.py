@@ -17,7 +17,18 @@ module             role
 Figures come from :mod:`fcd_secure.evaluation.plots`.
 """
 
-from fcd_secure.experiments.centralised import matched_epochs, run_centralised, run_centralised_seeds
-from fcd_secure.experiments.tables import mean_sd_table
-
 __all__ = ["matched_epochs", "mean_sd_table", "run_centralised", "run_centralised_seeds"]
+
+
+def __getattr__(name: str):
+    """The public names, loaded on first use (PEP 562): a command that checks its arguments against a light
+    submodule (``variants``, ``reproduction.presets``) does not import torch by importing this package first."""
+    if name in ("matched_epochs", "run_centralised", "run_centralised_seeds"):
+        from fcd_secure.experiments import centralised  # noqa: PLC0415
+
+        return getattr(centralised, name)
+    if name == "mean_sd_table":
+        from fcd_secure.experiments.tables import mean_sd_table  # noqa: PLC0415
+
+        return mean_sd_table
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

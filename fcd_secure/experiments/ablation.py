@@ -34,20 +34,13 @@ from fcd_secure.evaluation.plots import plot_utility_vs_uplink
 from fcd_secure.experiments.centralised import matched_epochs, run_centralised
 from fcd_secure.experiments.evaluate import evaluate_on_sites
 from fcd_secure.experiments.tables import mean_sd_table, skill_flags
+from fcd_secure.experiments.variants import ALL_VARIANTS, LABELS
 from fcd_secure.federation import learner
 from fcd_secure.engines.simulation import run_simulated
 from fcd_secure.model.baselines import FedCausalDiffSimulator
 
 __all__ = ["ALL_VARIANTS", "LABELS", "run_ablation", "run_centralised_row", "run_local_only", "variant_config"]
 
-ALL_VARIANTS = ("dss", "full_sync", "no_ldis", "local_only", "centralised")
-LABELS = {
-    "dss": "Fed-CausalDiff (DSS)",
-    "full_sync": "w/o DSS (full sync)",
-    "no_ldis": "w/o L_dis",
-    "local_only": "local only",
-    "centralised": "centralised (pooled)",
-}
 #: Table III columns: output name → per-seed column.
 TABLE_METRICS = {"pehe": "pehe", "pehe0": "pehe0", "sd_tau": "sd_tau", "skill": "skill", "ate": "ate_error",
                  "value": "value_error", "auc": "factual_auc", "uplink_mb": "uplink_mb"}

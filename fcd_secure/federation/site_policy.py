@@ -252,7 +252,7 @@ class SitePolicy(_Section):
         try:
             return cls.model_validate(raw)
         except ValidationError as exc:
-            loc, msg = first_invalid(exc, "(top level)")
+            loc, msg = first_invalid(exc, "(top level)", model=cls)
             raise SitePolicyError(f"{path}: field {loc}: {msg}") from None
 
     def to_toml(self) -> str:

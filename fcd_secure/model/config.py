@@ -10,6 +10,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+#: Every key of ``fcd_secure.model.baselines.SIMULATORS`` and whether that simulator trains Fed-CausalDiff's local
+#: objective (so DP-SGD, ``privacy.engine``, applies to it). Kept here, without torch, so that a config is validated
+#: before any heavy import (a typo is refused in well under a second); ``tests/test_cli_errors.py`` holds it equal
+#: to the classes.
+SIMULATOR_KEYS: dict[str, bool] = {
+    "fed_causaldiff": True, "gformula": True, "naive": False, "crn": False, "rcgan": False, "timegan": False,
+    "fedcm": False,
+}
+
 
 class ModelConfig(BaseModel):
     """Dimensions, diffusion schedule, loss weights and switches of Fed-CausalDiff.

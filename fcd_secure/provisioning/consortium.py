@@ -66,8 +66,21 @@ class DataTerms(_Section):
     layout_sha256: str | None = None
 
 
+#: the fewest trajectories a site's table may have unless ``fcd consortium init --min-trajectories`` says otherwise
+DEFAULT_MIN_TRAJECTORIES = 50
+
+
+def below_floor(n: int, need: int) -> str | None:
+    """Why a site table of ``n`` trajectories is refused under a floor of ``need`` (``None`` when it is not): the one
+    wording of ``fcd data validate``, ``fcd site init``, ``fcd consortium add-site`` and ``fcd site preflight``."""
+    if n >= need:
+        return None
+    return (f"{n} trajectories; the consortium needs at least {need} per site (its secure-aggregation and DP-SGD "
+            f"settings are sized for it: consortium.toml [preflight] min_trajectories)")
+
+
 class PreflightTerms(_Section):
-    min_trajectories: int = Field(50, ge=1, description="fewest trajectories a site's table may have")
+    min_trajectories: int = Field(DEFAULT_MIN_TRAJECTORIES, ge=1, description="fewest trajectories a site's table may have")
     max_clock_skew_s: float = Field(30.0, gt=0, description="largest clock difference to the coordinator allowed")
     min_free_disk_mb: int = Field(512, ge=0, description="free space a site's home needs")
     cert_min_days: int = Field(30, ge=0, description="a certificate expiring sooner turns preflight red")
@@ -109,7 +122,7 @@ class ConsortiumConfig(_Section):
         except tomllib.TOMLDecodeError as exc:
             raise ProvisioningError(f"{where}: not TOML ({exc})") from None
         except ValidationError as exc:
-            loc, msg = first_invalid(exc)
+            loc, msg = first_invalid(exc, model=cls)
             raise ProvisioningError(f"{where}: field {loc}: {msg}") from None
 
 

@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from fcd_secure.audit.signing import public_key_bytes, utc_now
 from fcd_secure.engines.pki import NODE_CURVE, node_key_fingerprint
-from fcd_secure.provisioning.consortium import ConsortiumConfig, ProvisioningError
+from fcd_secure.provisioning.consortium import ConsortiumConfig, ProvisioningError, below_floor
 from fcd_secure.provisioning.signed import SignedDocumentError, read_document, sign_document, write_document
 from fcd_secure.provisioning.versions import installed_versions
 from fcd_secure.federation.state import StateError, check_site_id
@@ -24,11 +24,13 @@ REQUEST_TYPE = "enrolment"
 
 
 def write_request(
-    path: str | Path, site_id: str, identity_key: bytes, node_public: bytes, spec_sha256: str
+    path: str | Path, site_id: str, identity_key: bytes, node_public: bytes, spec_sha256: str, trajectories: int
 ) -> dict[str, Any]:
-    """Write the signed enrolment request of a site; returns its payload."""
+    """Write the signed enrolment request of a site; returns its payload. ``trajectories`` is the size of the site's
+    table, which the coordinator checks against the consortium's floor before it enrols the site."""
     payload = {
         "site_id": site_id,
+        "trajectories": int(trajectories),
         "identity_public_key": public_key_bytes(identity_key).hex(),
         "identity_fingerprint": fingerprint(public_key_bytes(identity_key)),
         "node_public_key": node_public.decode("ascii").strip(),
@@ -52,7 +54,8 @@ def check_request(path: str | Path, cfg: ConsortiumConfig, expected_fingerprint:
 
     Raises:
         ProvisioningError: unreadable or changed, self-signature wrong, a fingerprint other than the one given, a
-            data spec other than the consortium's, or a SuperNode key of another curve (each named).
+            table below the consortium's trajectory floor, a data spec other than the consortium's, or a SuperNode
+            key of another curve (each named).
     """
     path = Path(path)
     try:
@@ -74,6 +77,12 @@ def check_request(path: str | Path, cfg: ConsortiumConfig, expected_fingerprint:
         check_site_id(p["site_id"])
     except StateError as exc:
         raise ProvisioningError(f"{path}: field payload.site_id: {exc}") from None
+    n = p.get("trajectories")
+    if not isinstance(n, int) or isinstance(n, bool):
+        raise ProvisioningError(f"{path}: field payload.trajectories is missing (the site's table size: run "
+                                "fcd site init again with this version)")
+    if short := below_floor(n, cfg.preflight.min_trajectories):
+        raise ProvisioningError(f"{path}: field payload.trajectories: site {p['site_id']!r} brings {short}")
     if p["spec_sha256"] != cfg.data.spec_sha256:
         raise ProvisioningError(
             f"{path}: field payload.spec_sha256: site {p['site_id']!r} reads its table with another data spec "

@@ -7,6 +7,7 @@ period) and never any process by name.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -114,6 +115,24 @@ def stop(home: Path, grace_s: float = 10.0) -> dict[str, int]:
     _signal([p for p in tree if alive(p)], signal.SIGKILL)
     _write_pids(home, {})
     return {n: int(v["pid"]) for n, v in pids.items()}
+
+
+def port_taken(host: str, port: int) -> str | None:
+    """``address:port`` of ``host`` where another process listens already, or ``None`` when the port is free there.
+
+    A bind with ``SO_REUSEADDR`` fails with ``EADDRINUSE`` only while a socket listens on the address, not for
+    connections left in TIME_WAIT (Linux socket(7), ``SO_REUSEADDR``); the probe socket is closed at once. An
+    address that is not this host's (``EADDRNOTAVAIL``) is left to the server to refuse.
+    """
+    for family, kind, proto, _name, addr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(addr)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    return f"{addr[0]}:{addr[1]}"
+    return None
 
 
 def wait_for_port(host: str, port: int, pid: int, wait_s: float, what: str) -> None:

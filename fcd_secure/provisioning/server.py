@@ -103,8 +103,9 @@ def start_server(co: Coordinator, wait_s: float = 60.0, control_api_address: str
             (``provisioning.superlink_main``); every other client gets HTTP 403 there.
 
     Raises:
-        ProvisioningError: already running, the CA's private key still on this host, no site enrolled yet, or
-            ``control_api_address`` is not an IP address.
+        ProvisioningError: already running, the CA's private key still on this host, no site enrolled yet,
+            ``control_api_address`` is not an IP address, or another process listens on the consortium's port
+            (named, before anything starts or any key is registered).
         RuntimeError: the SuperLink did not start or a registration failed (the message names the log).
     """
     root = _server_root(co)
@@ -120,6 +121,14 @@ def start_server(co: Coordinator, wait_s: float = 60.0, control_api_address: str
         raise ProvisioningError(f"--control-api-address {control_api_address!r}: expected the coordinator host's IP "
                                 "address (the client address its flwr calls come from)") from None
     host, port = _address(co)
+    # a port another process listens on would be "open" at once below, and every site's key would be registered with
+    # that process (another consortium's SuperLink) while this SuperLink fails in its log with "address in use"
+    taken = processes.port_taken(host, port)
+    if taken:
+        raise ProvisioningError(
+            f"{taken}: port {port} is in use by another process (another consortium's SuperLink, or one started "
+            f"outside fcd server start); nothing was started and no site was registered: stop that process, or "
+            f"give this consortium another port (consortium.toml superlink = {co.config().superlink!r})")
     own = sorted({info[4][0] for info in socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)} - {control})
     root.mkdir(parents=True, exist_ok=True)
     args = [sys.executable, "-m", "fcd_secure._flower.superlink_main",
@@ -135,6 +144,8 @@ def start_server(co: Coordinator, wait_s: float = 60.0, control_api_address: str
            DENY_ENV: os.pathsep.join(str(p) for p in (co.key_path, co.pki / "server.key"))}
     pid = processes.spawn(root, LINK, args, env)
     processes.wait_for_port(host, port, pid, wait_s, "the SuperLink")
+    if not processes.alive(pid):  # the port was taken between the check and the bind: what answered is not ours
+        raise RuntimeError(f"the SuperLink (PID {pid}) exited; see {processes.run_dir(root) / 'logs' / (LINK + '.log')}")
     cli = _cli_home(co)
     log = processes.run_dir(root) / "logs" / "register.log"
     for sid in sites:  # every start: the SuperLink's state lives in its memory (module docstring)

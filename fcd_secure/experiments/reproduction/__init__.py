@@ -15,11 +15,23 @@ module             role
 =================  ================================================================================================
 """
 
-from fcd_secure.experiments.reproduction.cells import ABLATIONS, METHODS, Cell, run_cell
-from fcd_secure.experiments.reproduction.presets import DATASETS, PRESETS, ReproPreset, get_preset
-from fcd_secure.experiments.reproduction.run import plan_cells, run_reproduction
+from fcd_secure.experiments.reproduction.presets import ABLATIONS, DATASETS, METHODS, PRESETS, ReproPreset, get_preset
 
 __all__ = [
     "ABLATIONS", "DATASETS", "METHODS", "PRESETS", "Cell", "ReproPreset", "get_preset", "plan_cells", "run_cell",
     "run_reproduction",
 ]
+
+
+def __getattr__(name: str):
+    """The running parts (torch, Flower), loaded on first use (PEP 562): ``fcd reproduce`` checks its preset,
+    datasets and methods against ``presets`` before they are imported."""
+    if name in ("Cell", "run_cell"):
+        from fcd_secure.experiments.reproduction import cells  # noqa: PLC0415
+
+        return getattr(cells, name)
+    if name in ("plan_cells", "run_reproduction"):
+        from fcd_secure.experiments.reproduction import run  # noqa: PLC0415
+
+        return getattr(run, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -40,7 +40,7 @@ from fcd_secure.data.policy import default_policies
 from fcd_secure.data.schema import concat
 from fcd_secure.evaluation.tstr import synthesize, trtr, tstr
 from fcd_secure.experiments.reproduction.policy_values import stepwise_dr_sums
-from fcd_secure.experiments.reproduction.presets import ReproPreset
+from fcd_secure.experiments.reproduction.presets import ABLATIONS, METHODS, ReproPreset
 from fcd_secure.federation import learner
 from fcd_secure.engines.inprocess import run_inprocess
 from fcd_secure.apps.site import SiteRuntime, default_site_id
@@ -50,10 +50,6 @@ __all__ = [
     "ABLATIONS", "METHODS", "Cell", "cell_config", "cell_path", "config_hash", "load_cached", "run_cell", "run_trtr",
 ]
 
-#: The compared methods (paper §IV-B), in the order of the report.
-METHODS: tuple[str, ...] = ("fed_causaldiff", "crn", "rcgan", "timegan", "fedcm")
-#: Table III's ablations of Fed-CausalDiff (DKT-Synth only): "w/o DSS" (full sync) and "w/o L_dis".
-ABLATIONS: tuple[str, ...] = ("full_sync", "no_ldis")
 #: The seed streams (``round_seed`` salts) of the TSTR draws and of the step-wise DR's one-step rollouts.
 TSTR_SALT = 0x75E5
 DR_SALT = 0xD12

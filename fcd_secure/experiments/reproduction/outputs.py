@@ -32,7 +32,7 @@ import pandas as pd
 from fcd_secure._io import atomic_write_text, jsonable
 from fcd_secure.evaluation.metrics import summarise
 from fcd_secure.evaluation.plots import plot_metric_vs_round, plot_policy_values, plot_utility_vs_uplink
-from fcd_secure.experiments.reproduction.cells import ABLATIONS
+from fcd_secure.experiments.reproduction.presets import ABLATIONS
 from fcd_secure.data.names import LABELS
 from fcd_secure.experiments.reproduction.paper import PAPER_METHOD, TABLE_III, TABLE_IV
 from fcd_secure.experiments.tables import mean_sd_table, skill_flags

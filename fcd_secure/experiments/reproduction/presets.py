@@ -34,10 +34,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fcd_secure.data.names import PAPER_DATASETS
 
-__all__ = ["DATASETS", "PRESETS", "ReproPreset", "get_preset"]
+__all__ = ["ABLATIONS", "DATASETS", "METHODS", "PRESETS", "ReproPreset", "get_preset"]
 
 #: The four datasets of paper Table I, in the order the report lists them (``data.names.PAPER_DATASETS``).
 DATASETS: tuple[str, ...] = PAPER_DATASETS
+#: The compared methods (paper §IV-B), in the order of the report.
+METHODS: tuple[str, ...] = ("fed_causaldiff", "crn", "rcgan", "timegan", "fedcm")
+#: Table III's ablations of Fed-CausalDiff (DKT-Synth only): "w/o DSS" (full sync) and "w/o L_dis".
+ABLATIONS: tuple[str, ...] = ("full_sync", "no_ldis")
 
 
 class ReproPreset(BaseModel):

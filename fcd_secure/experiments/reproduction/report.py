@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fcd_secure._io import atomic_write_text
-from fcd_secure.experiments.reproduction.cells import ABLATIONS
+from fcd_secure.experiments.reproduction.presets import ABLATIONS
 from fcd_secure.experiments.reproduction.outputs import DATASET_LABELS, POLICIES
 from fcd_secure.experiments.reproduction.paper import FIG2_TEXT, FIGURE_CLAIMS, PAPER_METHOD, TABLE_III, TABLE_IV
 

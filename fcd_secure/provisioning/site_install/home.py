@@ -35,9 +35,11 @@ from fcd_secure.engines.pki import certificate_fingerprint, make_node_key, node_
 from fcd_secure.provisioning.bundle import BUNDLE_TYPE
 from fcd_secure.provisioning.consortium import (
     CONSORTIUM_FILE,
+    DEFAULT_MIN_TRAJECTORIES,
     SPEC_FILE,
     ConsortiumConfig,
     ProvisioningError,
+    below_floor,
     spec_digest,
 )
 from fcd_secure.provisioning.enrolment import write_request
@@ -122,22 +124,26 @@ class SiteHome(SiteFiles):
         return [self.state().path("identity_ed25519.key"), self.node_key, self.secret]
 
 
-def init_site(home: str | Path, spec_path: str | Path, table_path: str | Path, site_id: str) -> dict[str, Any]:
-    """Install a site: check its table against its spec, make its keys, policy and enrolment request.
+def init_site(home: str | Path, spec_path: str | Path, table_path: str | Path, site_id: str,
+              min_trajectories: int = DEFAULT_MIN_TRAJECTORIES) -> dict[str, Any]:
+    """Install a site: check its table against its spec and the consortium's trajectory floor, make its keys,
+    policy and enrolment request (which carries the table's size, so that the coordinator checks the floor too).
 
     Args:
         home: the site's folder (created, mode 0700; must not hold a site yet).
         spec_path: the data spec (the consortium's, as the hospital received it).
         table_path: the site's own long-format table (stays where it is; only its path and digest are recorded).
         site_id: the site's id in the consortium.
+        min_trajectories: the consortium's floor (``consortium.toml [preflight] min_trajectories``, which the site
+            has not seen yet: the coordinator says it, else its default).
 
     Returns:
-        ``{"site_id", "identity_fingerprint", "node_fingerprint", "spec_sha256", "request"}``: the fingerprints go
-        to the coordinator out of band, with the request file.
+        ``{"site_id", "identity_fingerprint", "node_fingerprint", "spec_sha256", "trajectories", "request"}``: the
+        fingerprints go to the coordinator out of band, with the request file.
 
     Raises:
-        ProvisioningError: the folder holds a site already, the site id is invalid, or another home on this host
-            holds the table (``site_install.tables``).
+        ProvisioningError: the folder holds a site already, the site id is invalid, another home on this host
+            holds the table (``site_install.tables``), or the table has fewer trajectories than ``min_trajectories``.
         fcd_secure.data.spec.DataError: the spec or the table cannot be read, or the table does not match the spec.
     """
     h = SiteHome.at(home)
@@ -149,7 +155,12 @@ def init_site(home: str | Path, spec_path: str | Path, table_path: str | Path, s
         raise ProvisioningError(f"--site-id: {exc}") from None
     table = table_ref(table_path)
     table = table.resolve() if isinstance(table, Path) else table
-    spec, _ = dataset_from_input(spec_path, table)  # the table must be readable with the spec before anything is made
+    # the table must be readable with the spec, and big enough, before anything is made
+    spec, ds = dataset_from_input(spec_path, table)
+    n = int(ds.n)
+    if short := below_floor(n, min_trajectories):
+        raise ProvisioningError(f"{table}: {short}; a table this small is refused at enrolment (fcd consortium "
+                                "add-site) and by fcd site preflight")
     table_sha256 = input_digest(table)
     claim_table(h.root, table, table_sha256)  # one home per table (or database) on this host: one ε budget (P46)
     h.root.mkdir(parents=True, exist_ok=True)
@@ -161,14 +172,14 @@ def init_site(home: str | Path, spec_path: str | Path, table_path: str | Path, s
     load_or_create_secret(h.secret)
     key = SiteState(h.state_root, site_id).identity_private_key()
     digest = spec_digest(spec)
-    write_request(h.request, site_id, key, h.node_pub.read_bytes(), digest)
+    write_request(h.request, site_id, key, h.node_pub.read_bytes(), digest, n)
     id_fp = fingerprint(public_key_bytes(key))
     record_install(h.state_root, site_id, "init", {
         "identity_fingerprint": id_fp, "node_fingerprint": node_fp, "spec_sha256": digest,
         "table_sha256": table_sha256,
     })
     return {"site_id": site_id, "identity_fingerprint": id_fp, "node_fingerprint": node_fp, "spec_sha256": digest,
-            "request": str(h.request)}
+            "trajectories": n, "request": str(h.request)}
 
 
 def join_site(home: str | Path, bundle_path: str | Path, coordinator_fingerprint: str) -> dict[str, Any]:

@@ -52,7 +52,7 @@ from fcd_secure.data.preprocess import (
 from fcd_secure.data.inputs import check_input, load_dataset_spec, read_input
 from fcd_secure.data.spec import DataError, DatasetSpec
 from fcd_secure.provisioning.bundle import BUNDLE_TYPE
-from fcd_secure.provisioning.consortium import ConsortiumConfig, spec_digest
+from fcd_secure.provisioning.consortium import ConsortiumConfig, below_floor, spec_digest
 from fcd_secure.provisioning.signed import SignedDocumentError, read_document
 from fcd_secure.provisioning.versions import installed_versions
 from fcd_secure.provisioning.site_install.home import SiteHome
@@ -270,10 +270,8 @@ def run_preflight(home: str | Path, *, timeout_s: float = 5.0, record: bool = Tr
     table_checks, n = _check_table(h, cfg)
     checks += table_checks
     if n is not None:
-        need = cfg.preflight.min_trajectories
-        checks.append(Check("rows", "ok" if n >= need else "fail",
-                            f"{n} trajectories" + ("" if n >= need else
-                            f"; the consortium needs at least {need} per site (secure aggregation and DP-SGD settings)")))
+        short = below_floor(n, cfg.preflight.min_trajectories)
+        checks.append(Check("rows", "fail", short) if short else Check("rows", "ok", f"{n} trajectories"))
     try:
         policy = SitePolicy.load(h.policy)
         policy.check_meets(cfg.site_policy, str(h.policy))
