@@ -145,7 +145,7 @@ def test_the_control_api_asks_the_kernel_who_holds_the_connection():
     client = socket.create_connection(listener.getsockname())
     conn, _ = listener.accept()
     try:
-        # the Runtime API: the Control API also refuses a connection held by the SuperLink's own process tree (P53)
+        # the Runtime API: the Control API also refuses a connection held by the SuperLink's own process tree (P50)
         scope = {"type": "http", "path": "/v1/runtime/pull-messages", "client": conn.getpeername(),
                  "server": conn.getsockname()}
         assert socket_owner(conn.getpeername(), conn.getsockname()) == os.getuid()
@@ -264,7 +264,7 @@ print(json.dumps(seen))
 
 @pytest.mark.deployment
 def test_P53_a_deployed_server_app_writes_only_its_run_and_cannot_call_the_control_api(tmp_path, superlink):
-    """P53: from inside a deployed ServerApp, writes to the environment's site-packages and the coordinator's folder
+    """P50: from inside a deployed ServerApp, writes to the environment's site-packages and the coordinator's folder
     succeeded, the signing key could be renamed and ``flwr ls`` answered. Confined as a deployed ServerApp confines
     itself, each write outside its run folder and the server state is denied, and the real SuperLink refuses its
     Control API call; the coordinator's own ``flwr ls`` still works."""

@@ -235,7 +235,7 @@ def test_secure_deployment_refuses_intruders_and_foreign_apps_and_matches_simula
         summary = dep.run(timeout_s=3000)
         times["run"] = time.monotonic() - t0
 
-        # -- the signed run config resubmitted under a new Flower run id, without the key (P55) ---------------
+        # -- the signed run config resubmitted under a new Flower run id, without the key (P52) ---------------
         summary_file = tmp_path / "dep-run" / "summary.json"
         stamp = summary_file.stat().st_mtime_ns
         with open(tmp_path / "replayed-run.log", "wb") as fh:

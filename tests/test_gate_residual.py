@@ -1,4 +1,4 @@
-"""P62: what the egress gate catches, and the residual that site-code integrity must cover (issue 44 item 9).
+"""P58: what the egress gate catches, and the residual that site-code integrity must cover (issue 44 item 9).
 
 The gate refuses a reply that carries a Θs tensor or the propensities *as they are*: whole, one row or column, in
 float32, float64 or integer views, in any tensor, bytes field or list of numbers, the secure-aggregation bytes
@@ -7,7 +7,7 @@ invertible transform (1 − P, Θs·2), a lower precision (float16), or compress
 exactly the layout's length (P29 pins the length and the header, not the words, which are random-looking by design).
 No gate can: the Θc update and the masked words are the site's own numbers by construction, and an honest update is
 indistinguishable from one that encodes private values. These tests pin both sides, so that a change to either is
-seen; docs/threats.md P62 states the residual and what covers it (the site runs only code it pins).
+seen; docs/threats.md P58 states the residual and what covers it (the site runs only code it pins).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def test_P62_exact_private_values_are_refused_in_a_theta_c_tensor_and_a_metric_l
 def test_P62_a_transformed_private_value_passes_the_gate_the_residual(tmp_path, transform):
     """The residual, pinned: each of these carries a Θs tensor or a propensity row out, invertibly, under a Θc
     name and shape; the gate lets it pass. What keeps it from happening is that the site runs only the app and the
-    package versions it pins (docs/threats.md P62), not the gate."""
+    package versions it pins (docs/threats.md P58), not the gate."""
     s = Site(tmp_path)
     theta_s, P = s.theta_s["eps_s.weight"], s.P
     values = {"one_minus": (1.0 - P[3]).astype(np.float32),

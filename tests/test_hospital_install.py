@@ -199,7 +199,7 @@ def test_tampered_bundle_and_wrong_fingerprint_refused(tmp_path):
     code, env = invoke(site_cli.app, ["join", str(bundle), "--home", str(s["home"]), "--coordinator-fingerprint",
                                       "SHA256:" + "ab" * 32])
     assert code == 2 and "not by the expected key SHA256:" + "ab" * 32 in env["message"], env
-    # P57: the signer's real fingerprint is not printed (it could be pasted back, skipping the out-of-band check)
+    # P54: the signer's real fingerprint is not printed (it could be pasted back, skipping the out-of-band check)
     assert c["cfp"] not in json.dumps(env) and "out of band" in env["message"], env
     assert not (s["home"] / "consortium").exists()  # nothing pinned from a refused bundle
     code, env = invoke(site_cli.app, ["join", str(bundle), "--home", str(s["home"]), "--coordinator-fingerprint", c["cfp"]])
@@ -222,7 +222,7 @@ def test_add_site_refuses_foreign_spec_and_wrong_fingerprint(tmp_path):
                                             "--home", str(c["co"]), "--fingerprint", env["data"]["identity_fingerprint"]])
     assert code == 2 and "not by the expected key " + env["data"]["identity_fingerprint"] in out["message"], out
     real = json.loads((c["sites"][0]["home"] / "enrolment_request.json").read_text())["payload"]["identity_fingerprint"]
-    assert real not in json.dumps(out) and "out of band" in out["message"], out  # P57: only the expected value
+    assert real not in json.dumps(out) and "out of band" in out["message"], out  # P54: only the expected value
 
 
 def test_site_init_refuses_a_table_that_does_not_match_its_spec(tmp_path):
@@ -329,7 +329,7 @@ def test_control_api_answers_only_the_coordinator_host():
     assert status("/v1/control/start-run", None) == 403
     assert seen == []
     # the Runtime API: the Control API also refuses a connection this process holds, as it refuses its own process
-    # tree's (P53; the coordinator's own flwr passes in tests/test_coordinator_host.py, against a real SuperLink)
+    # tree's (P50; the coordinator's own flwr passes in tests/test_coordinator_host.py, against a real SuperLink)
     assert status("/v1/runtime/acquire-task", "127.0.0.1") == 200
     assert status("/v1/control/start-run", "127.0.0.1") == 403 and seen == ["/v1/runtime/acquire-task"]
     assert status("/v1/fleet/pull-messages", "10.0.0.7") == 200

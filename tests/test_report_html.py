@@ -1,6 +1,6 @@
-"""`fcd report`: a run folder cannot script the auditor's page (issue 44 finding 4, docs/threats.md P50), a deployed
-DP run's report states ε per site from the sites' signed privacy records (issue 45 item 1, P51), and the page reads
-on a phone with the privacy officer's summary first (issue 45 item 8, P52).
+"""`fcd report`: a run folder cannot script the auditor's page (issue 44 finding 4, docs/threats.md P47), a deployed
+DP run's report states ε per site from the sites' signed privacy records (issue 45 item 1, P48), and the page reads
+on a phone with the privacy officer's summary first (issue 45 item 8, P49).
 
 The run folders are built from real parts: ``tests/golden/summary.json`` (a real run's answers), site ledgers written
 by the real egress gate with real Ed25519 keys, and DP ledgers of the real privacy engine (``DPSite``). The page is
@@ -81,7 +81,7 @@ def _injected(golden: dict, tmp: Path) -> tuple[str, list[tuple], list[tuple]]:
 
 @needs_browser
 def test_a_script_in_every_summary_field_is_refused_or_inert_in_chromium(tmp_path):
-    """P50: the payload in each field of summary.json in turn. A field of the wrong type (a script where a number
+    """P47: the payload in each field of summary.json in turn. A field of the wrong type (a script where a number
     belongs) is refused; a text field is printed as text. With the payload in every accepted field at once, no tag
     of it reaches the page, and Chromium runs none of it: the title is the report's, there is no script element and
     no element with an event handler."""
@@ -104,7 +104,7 @@ def test_a_script_in_every_summary_field_is_refused_or_inert_in_chromium(tmp_pat
 
 
 def test_a_summary_of_the_wrong_types_is_refused_with_exit_2(tmp_path):
-    """P50: a script where a number belongs (``rounds``, the ε cap, a metric) never reaches the page: exit 2 and the
+    """P47: a script where a number belongs (``rounds``, the ε cap, a metric) never reaches the page: exit 2 and the
     field named."""
     for field, value in (("rounds", PAYLOAD), ("dp", {"enabled": True, "epsilon_cap": PAYLOAD}), ("pehe", PAYLOAD),
                          ("site_ids", [PAYLOAD, 3])):
@@ -123,7 +123,7 @@ def test_a_summary_of_the_wrong_types_is_refused_with_exit_2(tmp_path):
 
 @needs_browser
 def test_the_pages_content_security_policy_runs_no_script_and_loads_nothing(tmp_path):
-    """P50: the CSP is the second wall. A copy of the report with a script and a remote image added by hand (what a
+    """P47: the CSP is the second wall. A copy of the report with a script and a remote image added by hand (what a
     missed escape would let in) runs nothing in Chromium and fetches nothing; the page's own style still applies."""
     doc, _ = build_report_html(_folder(tmp_path / "run", json.loads(GOLDEN.read_text())))
     assert "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src &#x27;none&#x27;; img-src data:;" in doc
@@ -138,7 +138,7 @@ def test_the_pages_content_security_policy_runs_no_script_and_loads_nothing(tmp_
         assert b.js("getComputedStyle(document.getElementById('verdict')).borderLeftStyle") == "solid"
 
 
-# -- P51: a deployed DP run: ε per site from the sites' signed privacy records --------------------------------------
+# -- P48: a deployed DP run: ε per site from the sites' signed privacy records --------------------------------------
 def _deployed_dp_run(tmp_path: Path, with_records=("site-00", "site-01")) -> tuple[Path, dict, list[str]]:
     """A deployed run folder as the evidence collection leaves it: summary.json (DP on, cap 8), and in evidence/
     the site ledgers of the sites in ``with_records`` (real gates whose uploads carry the heads of real DP ledgers),
@@ -186,7 +186,7 @@ def _deployed_dp_run(tmp_path: Path, with_records=("site-00", "site-01")) -> tup
 
 
 def test_a_deployed_dp_runs_report_states_epsilon_per_site_from_the_signed_records(tmp_path):
-    """P51: measured, the deployed DP run's report said "This run has no DP guarantee" under "DP-SGD, ε cap 8 per
+    """P48: measured, the deployed DP run's report said "This run has no DP guarantee" under "DP-SGD, ε cap 8 per
     site". It now states DP and each site's ε against the cap, as the sites signed it, equal to what each site's own
     ledger gives; a site whose records are absent is "unverified"; the plot is embedded."""
     run, spent, site_fps = _deployed_dp_run(tmp_path)
@@ -213,7 +213,7 @@ def test_a_deployed_dp_runs_report_states_epsilon_per_site_from_the_signed_recor
 
 
 def test_a_tampered_or_missing_privacy_record_is_unverified_never_no_dp(tmp_path):
-    """P51: a site ledger edited after the fact is not read (its ε is not stated: "unverified"); with no site
+    """P48: a site ledger edited after the fact is not read (its ε is not stated: "unverified"); with no site
     ledger collected at all the report still says DP was on and every site unverified."""
     run, spent, _ = _deployed_dp_run(tmp_path)
     led = run / "evidence" / "sites" / "site-01" / "site_ledger.jsonl"
@@ -229,11 +229,11 @@ def test_a_tampered_or_missing_privacy_record_is_unverified_never_no_dp(tmp_path
     assert "DP-SGD was on." in doc and "no DP guarantee" not in doc and not facts["plot"]
 
 
-# -- P52: the phone ---------------------------------------------------------------------------------------------
+# -- P49: the phone ---------------------------------------------------------------------------------------------
 @needs_browser
 @pytest.mark.parametrize("width", [390, 1280])
 def test_the_report_fits_a_phone_and_a_desktop_with_the_officers_summary_first(tmp_path, width):
-    """P52: measured at 390 px, the "what it carried" column was off-screen and ids broke mid-word, and the page
+    """P49: measured at 390 px, the "what it carried" column was off-screen and ids broke mid-word, and the page
     opened with raw ledger notes. At 390 and 1280 CSS px in Chromium: no element reaches past the viewport's right
     edge and the page does not scroll sideways; every site id is on one line; the first section after the title is
     the privacy officer's summary (verdict, ε per site against the cap, who took part), before the notes."""

@@ -127,7 +127,7 @@ def test_the_sites_replay_session_follows_the_signed_run_start(consortium):
 
 
 def test_P55_a_site_runs_a_signed_run_start_once(tmp_path, consortium):
-    """P55: the signed run config resubmitted under a new Flower run id (no key needed) ran as a fresh run at every
+    """P52: the signed run config resubmitted under a new Flower run id (no key needed) ran as a fresh run at every
     site. A site now keeps the run starts it accepted in its state folder: the same run's later tasks pass, the same
     ticket under another run id is refused (also after the executor restarts), and a ticket first seen after its
     expiry is refused."""
@@ -157,7 +157,7 @@ def test_P55_a_site_runs_a_signed_run_start_once(tmp_path, consortium):
 
 
 def test_P55_the_server_app_refuses_a_replayed_run_start(tmp_path, consortium):
-    """P55: the coordinator's ServerApp records each signed run start it ran in the server state; the same signed
+    """P52: the coordinator's ServerApp records each signed run start it ran in the server state; the same signed
     config under a new Flower run id is refused before the run folder is touched (a replay overwrote it)."""
     from fcd_secure.apps.server_app import accept_run_start, check_signed_run
     from fcd_secure.federation.run_ticket import CONSORTIUM_ENV, COORDINATOR_KEY_ENV, RunTicketError

@@ -1,4 +1,4 @@
-"""The SuperLink's Fleet port before authentication (docs/threats.md P54, P56), against the real ``fcd server start``
+"""The SuperLink's Fleet port before authentication (docs/threats.md P51, P53), against the real ``fcd server start``
 entry point (``_flower.superlink_main``) with TLS and SuperNode authentication on 127.0.0.1.
 
 The attacks, as run against a deployment: a peer without a node key sent one 300 MB body to a Fleet route and the
@@ -124,7 +124,7 @@ PROTOBUF = {"Content-Type": "application/protobuf"}
 
 @pytest.mark.deployment
 def test_P54_a_peer_without_a_node_key_is_refused_before_its_body_is_read(superlink):
-    """P54: a 300 MB body announced by a peer without a node key, or with a key the SuperLink never registered, is
+    """P51: a 300 MB body announced by a peer without a node key, or with a key the SuperLink never registered, is
     refused from the head alone (the body is never sent, and the answer still comes)."""
     from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -146,7 +146,7 @@ def test_P54_a_peer_without_a_node_key_is_refused_before_its_body_is_read(superl
 
 @pytest.mark.deployment
 def test_P54_a_registered_node_gets_a_bounded_body_and_a_length_first(superlink):
-    """P54: even a registered SuperNode's body is bounded (413 before it is read) and must say its length first
+    """P51: even a registered SuperNode's body is bounded (413 before it is read) and must say its length first
     (411 for a chunked body); a small signed request still reaches Flower (which checks the node id in the body)."""
     port, ca, key = superlink
     status, resp = _ask(port, ca, "POST", "/v1/fleet/push-object", {**PROTOBUF, "Content-Length": str(BIG),
@@ -157,12 +157,12 @@ def test_P54_a_registered_node_gets_a_bounded_body_and_a_length_first(superlink)
     assert status == 411, (status, resp[:300])
     status, resp = _ask(port, ca, "POST", "/v1/fleet/send-node-heartbeat", {**PROTOBUF, "Content-Length": "0",
                                                                             **_signed_headers(key)})
-    assert status is not None and b"docs/threats.md P54" not in resp, (status, resp[:300])  # Flower's own answer
+    assert status is not None and b"docs/threats.md P51" not in resp, (status, resp[:300])  # Flower's own answer
 
 
 @pytest.mark.deployment
 def test_P56_the_api_description_is_not_served(superlink):
-    """P56: ``/docs``, ``/openapi.json`` and the OAuth2 redirect answer 404 without any authentication, with
+    """P53: ``/docs``, ``/openapi.json`` and the OAuth2 redirect answer 404 without any authentication, with
     neither routes nor Flower's version; ``/health`` still answers."""
     import flwr
 

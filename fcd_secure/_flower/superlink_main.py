@@ -30,7 +30,7 @@ event-log middleware does the same outside ``/v1/fleet/`` and whenever no event-
 Flower loads none). Skipping a layer exactly where it would pass the request through changes nothing that is
 answered; the node-authentication, protobuf-translation and error-translation layers still see every request.
 
-Two more guards run before any of Flower's layers (docs/threats.md P54, P56):
+Two more guards run before any of Flower's layers (docs/threats.md P51, P53):
 
 * :class:`RequestGate` reads no request body before it knows the body's size and, on the Fleet API, who sends it.
   Flower 1.42's protobuf-translation middleware reads the whole body (``await request.body()``) before its
@@ -172,7 +172,7 @@ class CoordinatorOnly:
     """ASGI middleware: ``403`` for :data:`COORDINATOR_ONLY` paths unless the client address is in ``allowed`` and
     the client's socket belongs to one of ``uids`` on this host (default: this process's own uid); on the Control
     API also unless the process holding it is neither a confined ServerApp nor started by this SuperLink
-    (:meth:`confined_refusal`, docs/threats.md P53)."""
+    (:meth:`confined_refusal`, docs/threats.md P50)."""
 
     def __init__(self, app, allowed: Iterable[str], uids: Iterable[int] | None = None) -> None:
         self.app = app
@@ -201,19 +201,19 @@ class CoordinatorOnly:
         """Why the process holding the socket ``inode`` may not call the Control API, or ``None``.
 
         A ServerApp runs as the coordinator's OS user and needs the Runtime API on this port, so the uid cannot keep
-        it from ``flwr ls``, ``flwr run`` or ``flwr stop`` (P53). It is told apart by what it cannot shed: it was
+        it from ``flwr ls``, ``flwr run`` or ``flwr stop`` (P50). It is told apart by what it cannot shed: it was
         started by this SuperLink (its executor starts every ServerApp) and, once confined (``apps.sandbox``), it
         carries ``no_new_privs``, which survives a fork that leaves the SuperLink's process tree. A connection whose
         holder cannot be found is refused too.
         """
         holders = socket_holders(inode, uid)
         if not holders:
-            return "refused: the Control API cannot tell which process holds this connection (docs/threats.md P53)"
+            return "refused: the Control API cannot tell which process holds this connection (docs/threats.md P50)"
         me = os.getpid()
         for pid in holders:
             if _descends_from(pid, me) or (self.nnp_marks and _status(pid).get("NoNewPrivs") == "1"):
                 return (f"refused: the Control API does not answer a ServerApp or another process this SuperLink "
-                        f"started, or a confined process (pid {pid}, docs/threats.md P53)")
+                        f"started, or a confined process (pid {pid}, docs/threats.md P50)")
         return None
 
     async def __call__(self, scope, receive, send) -> None:
@@ -392,13 +392,13 @@ class RequestGate:
         headers = _headers(scope)
         length = headers.get("content-length")
         if "transfer-encoding" in headers or (length is None and scope.get("method") in ("POST", "PUT", "PATCH")):
-            return 411, "refused: a request body needs a Content-Length (docs/threats.md P54)"
+            return 411, "refused: a request body needs a Content-Length (docs/threats.md P51)"
         if length is not None:
             if not length.isdigit():
                 return 400, "refused: Content-Length is not a number"
             if int(length) > limit:
                 return 413, (f"refused: a request body of {int(length)} bytes is over the SuperLink's limit of "
-                             f"{limit} bytes for {scope.get('path')} ({BODY_OPTION}, docs/threats.md P54)")
+                             f"{limit} bytes for {scope.get('path')} ({BODY_OPTION}, docs/threats.md P51)")
         return None
 
     @staticmethod
@@ -413,7 +413,7 @@ class RequestGate:
         else:
             state = app.state.linkstate_factory.state()
             why = node_refusal(_headers(scope), lambda key: state.get_node_id_by_public_key(key) is not None)
-        return None if why is None else f"refused: {why} (docs/threats.md P54)"
+        return None if why is None else f"refused: {why} (docs/threats.md P51)"
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":

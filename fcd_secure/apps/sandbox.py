@@ -1,5 +1,5 @@
 """The ServerApp reads only the keys it needs and writes only beneath its run folder and state (docs/threats.md
-P35, P53).
+P35, P50).
 
 The coordinator's processes — the SuperLink, its executor and every ServerApp it starts — run as the coordinator's OS
 user, so file permissions cannot keep a ServerApp from the coordinator's other keys: its signing key (which signs
@@ -14,7 +14,7 @@ everything else: each sibling of each folder on the way from ``/`` down to a den
 (:func:`_allowed_roots`). A file created later directly in one of those folders (not beneath a granted sibling)
 cannot be read back, so the run folder is created, and granted, before the restriction starts.
 
-Writing is restricted the other way round (P53): every right that changes the file system — writing or truncating a
+Writing is restricted the other way round (P50): every right that changes the file system — writing or truncating a
 file, creating, removing, renaming or linking anything (landlock(7): ``WRITE_FILE``, ``REMOVE_*``, ``MAKE_*``,
 ``REFER``, ``TRUNCATE``) — is granted only beneath the folders the ServerApp writes (its run folder, the server state,
 a private temporary folder) and on ``/dev/null``. Without it, a ServerApp could write the environment's

@@ -340,7 +340,7 @@ def check_signed_run(context: Context, environ: dict[str, str] | None = None) ->
 
 
 def accept_run_start(ticket: RunTicket, run_id: int, run_cfg: RunConfig) -> None:
-    """The server uses a signed run start once (docs/threats.md P55): recorded in the server's own state
+    """The server uses a signed run start once (docs/threats.md P52): recorded in the server's own state
     (``<state root>/_server/accepted_runs.json``), a ticket already run under another Flower run id, or first seen
     after its expiry, is refused before the run folder is touched (a replay would overwrite it).
 
@@ -356,7 +356,7 @@ def keep_to_own_keys(run_cfg: RunConfig, environ: dict[str, str] | None = None) 
     """A deployed ServerApp gives up, before it starts, reading the coordinator's other keys (docs/threats.md P35):
     the files the coordinator's processes name in ``apps.sandbox.DENY_ENV`` (its signing key, the SuperLink's TLS
     key); and writing anywhere but beneath its run folder, the run's state root and a private temporary folder in
-    the server state (P53: no ``.pth`` in site-packages, no renamed signing key).
+    the server state (P50: no ``.pth`` in site-packages, no renamed signing key).
 
     Raises:
         fcd_secure.apps.sandbox.SandboxError: files are named and the kernel cannot restrict the process (Landlock,

@@ -35,7 +35,7 @@ A reply must also answer the instruction it is for (:func:`check_reply_binding`)
 
 The scans find private values as they are, not transforms of them (1 − P, float16, a multiple, compressed bytes in
 exact-length masked words): that residual is covered by the site running only code it pins, not by this module
-(docs/threats.md P62).
+(docs/threats.md P58).
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ REFUSAL_RULES = {
     "run_not_signed": "a run start the consortium's coordinator did not sign for this consortium, app and run config "
     "(its code never ran)",
     "run_replayed": "a signed run start already used by another Flower run, or first seen after its expiry (its code "
-    "never ran; P55)",
+    "never ran; P52)",
 }
 #: The rule of a message type the site's app does not handle (P28): ``apps.client_app.SiteClientApp`` raises it,
 #: verify names the type in a note.

@@ -22,7 +22,7 @@ pinned Flower's ``flwr-supernode --trusted-entities``). So the site takes the la
   ``consortium_id``). A run that fails it is refused the same way (rule ``run_not_signed``, docs/threats.md P34);
 * a signed run start is used once: the site keeps the run starts it accepted (session id -> Flower run id,
   ``federation.run_ticket.AcceptedRuns`` in its state folder) and refuses one resubmitted under another run id, or
-  first seen after its expiry (rule ``run_replayed``, docs/threats.md P55).
+  first seen after its expiry (rule ``run_replayed``, docs/threats.md P52).
 
 This is the narrowest seam that the site controls: Flower's own task plumbing (messages, context, heartbeats) is
 used unchanged, and the decision is taken on the bytes the site received, before anything from them runs. It can
@@ -63,7 +63,7 @@ def task_refusal(policy, digest: str, run_config: dict, *, accepted=None, run_id
     The app must be pinned (``[app] fab_sha256``, P27), and the run signed by the coordinator the site pinned, for
     the site's consortium, this app and exactly this run config (``federation.run_ticket``, P34). With ``accepted``
     (the site's ``federation.run_ticket.AcceptedRuns``) the signed run start must also be new or already this
-    Flower run ``run_id``'s, and unexpired when first seen (P55).
+    Flower run ``run_id``'s, and unexpired when first seen (P52).
 
     Args:
         policy: the site's ``SitePolicy``.

@@ -19,7 +19,7 @@ first (the verdict, DP and ε per site against its cap, who took part), then the
 
 The run folder is written by the server being audited, so nothing in it is trusted as markup: the fields read are
 type-checked (:class:`ReportSummary`), every value is escaped where it is placed, and the page's CSP (:data:`CSP`)
-forbids every script and every load but the embedded plot (docs/threats.md P50). Self-contained: inline CSS, the
+forbids every script and every load but the embedded plot (docs/threats.md P47). Self-contained: inline CSS, the
 plot as a ``data:`` URI, no script, no font, nothing fetched; readable on a phone (a viewport meta tag, one column,
 tables whose rows stack with their cells labelled, identifiers that never break inside).
 """
@@ -399,7 +399,7 @@ def build_report_html(run_dir: str | Path, *, site_keys: list[str] | None = None
 
     Every value from the run folder is escaped where it is placed (:func:`_e`, :func:`_table`), and the page carries
     a Content-Security-Policy (:data:`CSP`) under which no script runs and nothing loads: the folder is written by
-    the server being audited, and must not be able to script the auditor's page (docs/threats.md P50).
+    the server being audited, and must not be able to script the auditor's page (docs/threats.md P47).
 
     Args:
         run_dir: a finished run folder (``summary.json``; its ``state/`` or ``evidence/`` holds the ledgers).

@@ -18,7 +18,7 @@ config (entry :data:`RUN_TICKET_KEY`), signed with the coordinator's Ed25519 key
 * ``issued``, ``expires`` — UTC times (ISO 8601); a party first accepts a run start only before ``expires``
   (:data:`RUN_START_VALID_S` after signing by default).
 
-A signed run start is used once (docs/threats.md P55): a signature says who started the run and with what, not under
+A signed run start is used once (docs/threats.md P52): a signature says who started the run and with what, not under
 which Flower run id, so anyone who reached the Control API could resubmit a signed run config under a new run id and
 every site ran it again as a fresh run (and the ServerApp overwrote the old run folder). So each party keeps the run
 starts it accepted, session id -> Flower run id (:class:`AcceptedRuns`, a file in its own state): a session id seen
@@ -50,7 +50,7 @@ from fcd_secure.federation.records import RUN_CONFIG_KEY
 
 #: The run-config entry that carries the ticket (the app project declares it, empty, next to ``fcd-config``).
 RUN_TICKET_KEY = "fcd-run-ticket"
-TICKET_FORMAT = "fcd-run/2"  # 2: issued/expires, single use (P55)
+TICKET_FORMAT = "fcd-run/2"  # 2: issued/expires, single use (P52)
 #: how long after signing a run start may first be accepted: the sites' executors receive its first task within
 #: seconds of ``flwr run``; an hour leaves room for a slow start and a coordinator clock a little ahead
 RUN_START_VALID_S = 3600.0
@@ -176,7 +176,7 @@ def verify_run_ticket(run_config: Mapping[str, object], *, coordinator_public_ke
 
 
 class AcceptedRuns:
-    """The signed run starts one party accepted (module docstring, P55): ``session id -> Flower run id`` in
+    """The signed run starts one party accepted (module docstring, P52): ``session id -> Flower run id`` in
     ``<state folder>/accepted_runs.json``, read and written under an exclusive ``flock`` (a site's tasks run in
     separate processes)."""
 

@@ -26,7 +26,7 @@ from fcd_secure.fingerprints import fingerprint
 FORMAT = "fcd-signed/1"
 
 #: what a reader is told when the signer is not the key it holds: the expected fingerprint and how to check it out of
-#: band, never the fingerprint the document carries (docs/threats.md P57)
+#: band, never the fingerprint the document carries (docs/threats.md P54)
 MISMATCH_HINT = (
     "signed, but not by the expected key {expected}. Do not copy a fingerprint from this file: ask the signer's operator "
     "to read theirs to you out of band, over a channel you already trust (phone, in person; `fcd consortium init` prints the "
@@ -90,7 +90,7 @@ def read_document(path: str | Path, doc_type: str, expected_fingerprint: str | N
     fp = fingerprint(signer)
     if expected_fingerprint is not None and fp != expected_fingerprint:
         # the signer's own fingerprint is not printed: an operator could paste it back as the expected one and so
-        # skip the out-of-band check that is the only thing tying the key to its holder (docs/threats.md P57)
+        # skip the out-of-band check that is the only thing tying the key to its holder (docs/threats.md P54)
         raise SignedDocumentError(f"{path}: field signer: {MISMATCH_HINT.format(expected=expected_fingerprint)}")
     if not isinstance(doc["payload"], dict) or not signature_ok(signer, _digest(doc), str(doc["sig"])):
         raise SignedDocumentError(f"{path}: field sig: the signature does not verify (the document was changed after signing)")
