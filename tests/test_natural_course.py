@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 
 import numpy as np
-import pytest
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 

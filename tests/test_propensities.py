@@ -18,7 +18,7 @@ from fcd_secure.evaluation.propensity import PROPENSITY_FLOOR, RecordPropensity 
 from fcd_secure.federation.learner import with_propensities  # noqa: E402
 from fcd_secure.queries.evaluation import merge_site_metrics, site_metrics  # noqa: E402
 from fcd_secure.queries.propensities import PropensitySource  # noqa: E402
-from fcd_secure.queries.registry import metric_names  # noqa: E402
+from fcd_secure.queries.registry import metric_lists, metric_names  # noqa: E402
 from fcd_secure.queries.request import EvaluationRequest  # noqa: E402
 
 
@@ -60,8 +60,8 @@ def test_without_a_propensity_column_the_sites_estimate_them_and_the_answers_say
     assert with_propensities(data, "auto").propensities == "logged"  # a logged column is used as it is
 
     sums = site_metrics(model, site, cfg, EvaluationRequest(n_samples=1))
-    assert set(sums) <= set(metric_names(["never", "always", "early_on", "late_on"], cfg.evaluation.ope_horizon)) | {
-        "auc.pos", "auc.neg"}
+    assert set(sums) <= set(metric_names(["never", "always", "early_on", "late_on"], cfg.evaluation.ope_horizon)) | set(
+        metric_lists())
     answer = merge_site_metrics([sums], None)
     prop = answer["propensities"]
     assert prop["source"] == "estimated" and prop["sites"] == {"logged": 0, "estimated": 1, "none": 0}
