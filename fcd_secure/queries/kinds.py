@@ -67,13 +67,19 @@ class AnswerKinds(Query):
                 "unrecorded_confounding": gamma or "not measured",
             }
         nc = answer.get("natural_course")
-        if nc is not None:
+        # the simulator's whole-trajectory numbers count as g-computation only where its natural course matches the
+        # logs; a misfit leaves them extrapolation, and the line says why
+        if nc is not None and nc.get("passes"):
             kinds[G_COMPUTATION] = {"assumptions": list(IDENTIFYING) + ["the confounders are recorded"],
-                                    "checked_by": "natural course" + (" and sequential DR"
-                                                                     if answer.get("sequential_dr") else "")}
+                                    "checked_by": f"natural course (mean |gap| {nc.get('mean_abs_gap', 0.0):.3f}, "
+                                                  "consistent with the logs)"}
         if answer.get("policies"):
             kinds[EXTRAPOLATION] = {"assumptions": ["a simulator that is right where the logs do not reach"],
                                     "ranked": False}
+            if nc is not None and not nc.get("passes"):
+                kinds[EXTRAPOLATION]["checked_by"] = (
+                    f"natural course MISFIT (mean |gap| {nc.get('mean_abs_gap', 0.0):.3f}): the simulator under the "
+                    "logging policy departs from the logs, so its whole-trajectory numbers are not g-computation")
         if kinds:
             answer["kinds"] = kinds
 
