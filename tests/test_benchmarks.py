@@ -96,7 +96,8 @@ def _heavy(q: Quick) -> None:
 
 
 def _check_figures(q: Quick, out: str) -> None:
-    missing = [f for f in q.figures if f not in out]
+    flat = " ".join(out.split())  # a narrow console wraps a figure's name over lines
+    missing = [f for f in q.figures if " ".join(f.split()) not in flat]
     assert not missing, f"{q.id}: finished but printed none of {missing}:\n{out[-3000:]}"
 
 

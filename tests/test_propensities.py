@@ -109,25 +109,29 @@ def _logged_table(n_entities: int = 300, seed: int = 1):
 
 
 def test_data_validate_refuses_a_propensity_column_naming_the_rows_issue_43_item_6(long_case):
-    """Issue 43 item 6: values outside (0, 1], missing on some rows, or not the probability of the logged action are
-    refused at ``fcd data validate``, naming the rows (or the action whose weights do not average to one)."""
-    from fcd_secure.data.preprocess import dataset_from_files
+    """Issue 43 item 6: values outside (0, 1] or missing on some rows are refused, naming the rows; a column that is
+    not the probability of the logged action (its weights do not average to one per action) is named with the action
+    by ``fcd data validate`` (a warning: the column may be the probability of a coarser action than the spec's)."""
+    from fcd_secure.data.preprocess import dataset_from_files, propensity_balance_warnings
     from fcd_secure.data.spec import DataError
 
     good = _logged_table()
     spec, table = long_case(good)
     _, ds = dataset_from_files(spec, table)  # the true logging probabilities pass
-    assert ds.P is not None
+    names = list(ds.meta["action_names"])
+    assert ds.P is not None and propensity_balance_warnings(ds.T, ds.P, ds.M, names, "p") == []
     for change, needle in (
         (lambda d: d.assign(p=d["p"].where(d.index != 7)), "propensity is missing on 1 row(s)"),
         (lambda d: d.assign(p=d["p"].where(d.index != 9, 1.5)), "is outside (0, 1]"),
-        # the probability of "insulin" on every row, whatever was given: the weights of the other drugs are off
-        (lambda d: d.assign(p=np.where(d["drug"] == "insulin", d["p"], 1 - d["p"])), "do not sum sensibly"),
-        (lambda d: d.assign(p=0.97), "do not sum sensibly"),
     ):
         spec, table = long_case(change(good.copy()))
         with pytest.raises(DataError, match=needle.replace("(", r"\(").replace(")", r"\)")) as err:
             dataset_from_files(spec, table)
-        assert err.value.to_dict().get("column") == "p"
-        if "row" in needle:
-            assert err.value.to_dict().get("row") in (7, 9)
+        assert err.value.to_dict().get("column") == "p" and err.value.to_dict().get("row") in (7, 9)
+    # the probability of "insulin" on every row, whatever was given; a constant: the other drugs' weights are off
+    for change in (lambda d: d.assign(p=np.where(d["drug"] == "insulin", d["p"], 1 - d["p"])),
+                   lambda d: d.assign(p=0.97)):
+        spec, table = long_case(change(good.copy()))
+        _, bad = dataset_from_files(spec, table)
+        said = propensity_balance_warnings(bad.T, bad.P, bad.M, names, "p")
+        assert said and all("do not sum sensibly" in line and "column 'p'" in line for line in said)

@@ -30,10 +30,11 @@ def _row(d1, se, fit, sites_scoring=4):
                       sites_scoring=sites_scoring).as_row()
 
 
-def test_choose_run_takes_the_best_fit_within_one_se_of_the_smallest_d1_and_says_when_it_cannot_choose():
+def test_choose_run_never_lets_the_fit_decide_among_the_runs_within_one_se_and_says_when_it_cannot_choose():
     got = choose_run([_row(0.30, 0.02, 0.50), _row(0.05, 0.02, 0.70), _row(0.06, 0.02, 0.65)])
-    # the best fit (run 0) is the most confounded; runs 1 and 2 are within one SE, run 2 fits better
-    assert got["run"] == 2 and got["candidates"] == [1, 2] and "run(s)" in got["reason"]
+    # the best fit (run 0) is the most confounded; runs 1 and 2 are within one SE, run 2 fits better, but the fit
+    # never decides (issue 42 item 5): the smaller D1, run 1
+    assert got["run"] == 1 and got["candidates"] == [1, 2] and "run(s)" in got["reason"]
     none = choose_run([_row(math.nan, math.nan, 0.5, 0), _row(math.nan, math.nan, 0.4, 0)])
     assert none["run"] is None and none["rule"] == "unavailable" and "cannot choose" in none["reason"]
 

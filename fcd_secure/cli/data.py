@@ -87,6 +87,7 @@ def validate(
     spec, table = spec_and_table(spec, table, ctx.args, required=True)
     from fcd_secure.data.npz import save_npz  # noqa: PLC0415 - pandas and the loaders only when used
     from fcd_secure.data.inputs import dataset_from_input  # noqa: PLC0415
+    from fcd_secure.data.preprocess import propensity_balance_warnings  # noqa: PLC0415
     from fcd_secure.data.spec import DataError  # noqa: PLC0415
 
     from fcd_secure.provisioning.consortium import DEFAULT_MIN_TRAJECTORIES, below_floor  # noqa: PLC0415
@@ -127,6 +128,9 @@ def validate(
         "dropped_steps": ds.meta["dropped_steps"],
         "sites": ds.meta.get("site_names"),
         # actions never logged (whole table, per site): answers about policies that take them are not identified
+        # a propensity column that cannot be the probability of the logged action (data.preprocess)
+        "propensity_warnings": ([] if ds.P is None else propensity_balance_warnings(
+            ds.T, ds.P, ds.M, list(ds.meta["action_names"]), str(getattr(sp, "propensity", None) or "propensity"))),
         "actions_absent": absent_actions(ds),
         "trajectories": per_site,
         "below_floor": short,
@@ -149,6 +153,8 @@ def validate(
     for site, why in short.items():
         con.print(f"[yellow]warning[/] site {escape(site)}: {escape(why)}; `fcd site init` refuses it unless the "
                   "consortium's floor is lower (--min-trajectories)", soft_wrap=True)
+    for line in summary["propensity_warnings"]:
+        con.print(f"[yellow]warning[/] {escape(line)}", soft_wrap=True)
     for where, acts in summary["actions_absent"].items():
         who = "no site logs" if where == "all sites" else f"site {escape(where)} never logs"
         con.print(f"[yellow]warning[/] {who} {escape(', '.join(acts))}: a policy taking "

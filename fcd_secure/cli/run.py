@@ -148,7 +148,7 @@ def summary_table(summary: dict, title: str = "Fed-CausalDiff") -> list["Table"]
     if sel is not None:
         t.add_row("answers from round", f"{sel.round} ({sel.rule}, criterion {sel.coverage})")
     if ans.natural_course is not None:  # the simulator under the logging policy against the logs
-        t.add_row("natural course: mean |gap|, max |z|", ans.natural_course.short())
+        t.add_row("natural course: |gap|, max |z|", ans.natural_course.short())
     dp = summary.get("dp") or {}
     if dp.get("enabled"):
         t.add_row("DP", f"DP-SGD, ε cap {dp['epsilon_cap']:g} per site, δ {fmt(dp.get('delta'), '.3g')}")

@@ -16,7 +16,6 @@ from fcd_secure.cli.app import emit, say_identifier, stderr, stdout
 from fcd_secure.cli.envelope import CliError, ok
 from fcd_secure._format import fmt
 from fcd_secure.queries.answers import Coverage, EvaluationAnswer
-from fcd_secure.queries.kinds import kind_lines
 from fcd_secure.queries.policy_answers import NOT_IDENTIFIED, interval_text
 
 
@@ -305,7 +304,7 @@ def print_answers(con, res: AnswerLike, dataset: str) -> None:
         con.print(escape(line))
     if ans.propensities is not None:
         con.print(escape(ans.propensities.line()))
-    for line in kind_lines(ans.kinds):
+    for line in ans.kind_lines():
         con.print(escape("kind of answer: " + line))
     title = EXTRAPOLATION.replace("Extrapolation:", f"Extrapolation ({dataset}):")
     if ans.model_only:

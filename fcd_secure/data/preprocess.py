@@ -133,33 +133,38 @@ def pack(
 BALANCE_Z, BALANCE_SHARE = 8.0, 0.5
 
 
-def check_propensity_balance(actions: np.ndarray, p: np.ndarray, action_names: list[str], *,
-                             file: str | Path | None = None, column: str | None = None) -> None:
-    """Refuse a propensity column that cannot be the probability of the logged action.
+def propensity_balance_warnings(actions: np.ndarray, p: np.ndarray, M: np.ndarray, action_names: list[str],
+                                column: str) -> list[str]:
+    """Why a propensity column may not be the probability of the logged action (``fcd data validate`` prints it).
 
     If P_t = Pr(T_t = a_t | H_t) is the logging probability of the action taken, then for every action a,
     E[1{T_t = a} / P_t] = Σ_h Pr(h) Pr(a | h) / Pr(a | h) = 1 (the Horvitz–Thompson balancing identity; Horvitz &
     Thompson 1952; the "weights average to one" check of Cole & Hernán 2008). A column holding the probability of
     one fixed action, or of "treated", or a score on another scale, breaks it for some action by far more than
     chance: the mean's deviation from 1 must exceed both :data:`BALANCE_Z` standard errors and
-    :data:`BALANCE_SHARE` of 1 (a logging policy with rare actions has noisy means, never a refused column).
+    :data:`BALANCE_SHARE` of 1 (a logging policy with rare actions has noisy means). A warning, not a refusal: a
+    table's column may be the probability of a coarser action than the spec's (OBD's item at a position), and the
+    sites' answers then say what they assume.
 
-    Raises:
-        DataError: an action's mean weight is off, naming the action, its mean and the column.
+    Returns:
+        One line per action whose mean weight is off, naming the action, its mean and the column.
     """
-    actions = np.asarray(actions)
-    w_all = 1.0 / np.asarray(p, dtype=np.float64)
+    valid = np.asarray(M) > 0
+    actions = np.asarray(actions)[valid]
+    w_all = 1.0 / np.asarray(p, dtype=np.float64)[valid]
     n = actions.size
+    out = []
     for a, name in enumerate(action_names):
         w = np.where(actions == a, w_all, 0.0)
         mean = float(w.mean())
         se = float(w.std(ddof=1) / np.sqrt(n)) if n > 1 else math.inf
         if abs(mean - 1.0) > max(BALANCE_Z * se, BALANCE_SHARE):
-            raise DataError(
-                f"the propensities do not sum sensibly per step: over the {n} rows, the mean of 1{{action = "
-                f"{name!r}}}/propensity is {mean:.3f} ± {se:.3f}, where the probability of the logged action gives "
-                "1 for every action; the column must hold the probability of the action each row took (not of one "
-                "fixed action, nor a score)", file=file, column=column)
+            out.append(
+                f"column {column!r}: the propensities do not sum sensibly per step: over the {n} steps, the mean of "
+                f"1{{action = {name!r}}}/propensity is {mean:.3f} ± {se:.3f}, where the probability of the logged "
+                "action gives 1 for every action; the column must hold the probability of the action each row took "
+                "(not of one fixed action, nor a score)")
+    return out
 
 
 def padded_bytes(n: int, max_len: int, da: int, has_propensity: bool) -> int:
@@ -566,7 +571,6 @@ def build_dataset(spec: DatasetSpec, df: pd.DataFrame, file: str | Path = "<tabl
             r = _first_bad(bad)
             raise fail(f"propensity {df[spec.propensity].iloc[r]!r} is outside (0, 1] ({int(bad.sum())} such "
                        "row(s), first shown)", spec.propensity, r)
-        check_propensity_balance(ids, p, action_names, file=file, column=spec.propensity)
 
     # site
     site_idx = None

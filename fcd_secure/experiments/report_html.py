@@ -42,7 +42,6 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 from fcd_secure._format import fmt
 from fcd_secure.errors import FcdError, first_invalid
 from fcd_secure.queries.answers import EvaluationAnswer
-from fcd_secure.queries.kinds import kind_lines
 from fcd_secure.queries.policy_answers import NOT_IDENTIFIED, interval_text
 
 #: what no ledger entry can show (the audit's byte definition stops at Flower's serialized content)
@@ -303,7 +302,7 @@ def _answers_html(ans: EvaluationAnswer) -> list[str]:
         h.append(_table(["policy", "h", "DR value", f"{level:.0%} interval", "ESS", "effect"], rows, {1, 2, 3, 4}))
         h.append('<p class="muted">h: the longest horizon whose weight products keep an effective sample size of at '
                  f"least 20. {escape(ans.horizon_caption())}; the table below is the simulator's extrapolation.</p>")
-    for line in kind_lines(ans.kinds):
+    for line in ans.kind_lines():
         h.append(f'<p class="kind">Kind of answer: {escape(line)}</p>')
     if pols:
         h.append("<h3>Extrapolation: the simulator over whole trajectories</h3>")

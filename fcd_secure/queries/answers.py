@@ -309,7 +309,7 @@ class NaturalCourse(Record):
             return MISSING
         if self.max_abs_z is None:
             return f"{self.mean_abs_gap:.3f}"
-        return (f"{self.mean_abs_gap:.3f}, {self.max_abs_z:.2f} (crit {self.z_crit:.2f}): "
+        return (f"{self.mean_abs_gap:.3f}, {self.max_abs_z:.1f} (crit {self.z_crit:.1f}): "
                 + ("consistent" if self.passes else "MISFIT"))
 
 
@@ -406,6 +406,20 @@ class EvaluationAnswer(Record):
     @property
     def reference(self) -> str | None:
         return self.whatif.reference
+
+    def kind_lines(self) -> list[str]:
+        """One line per kind of answer (``queries.kinds``): ``checked by weighting — rests on ...; propensities ...``."""
+        out = []
+        for kind, d in (self.kinds or {}).items():
+            parts = ["rests on " + ", ".join(d.get("assumptions", ()))]
+            for key, word in (("propensities", "propensities"), ("positivity", "positivity measured"),
+                              ("unrecorded_confounding", "unrecorded confounding"), ("checked_by", "checked by")):
+                if d.get(key):
+                    parts.append(f"{word}: {d[key]}")
+            if d.get("ranked") is False:
+                parts.append("never ranked")
+            out.append(f"{kind} — " + "; ".join(parts))
+        return out
 
     @property
     def horizon_asked(self) -> int | None:

@@ -26,6 +26,8 @@ from fcd_secure.queries.base import MergeContext, Query, SiteContext, SiteSums, 
 
 __all__ = ["AnswerKinds", "CHECKED", "EXTRAPOLATION", "G_COMPUTATION"]
 
+# its lines, as every renderer prints them: queries.answers.EvaluationAnswer.kind_lines (no heavy import for the CLI)
+
 CHECKED, G_COMPUTATION, EXTRAPOLATION = "checked by weighting", "g-computation by the simulator", "extrapolation"
 #: the identifying assumptions of every causal answer here
 IDENTIFYING = ("sequential exchangeability given the recorded history", "positivity", "consistency")
@@ -83,17 +85,3 @@ class AnswerKinds(Query):
         if kinds:
             answer["kinds"] = kinds
 
-
-def kind_lines(kinds: dict[str, Any] | None) -> list[str]:
-    """One line per kind: ``checked by weighting — rests on ...; propensities ...; ...``."""
-    out = []
-    for kind, d in (kinds or {}).items():
-        parts = ["rests on " + ", ".join(d.get("assumptions", ()))]
-        for key, word in (("propensities", "propensities"), ("positivity", "positivity measured"),
-                          ("unrecorded_confounding", "unrecorded confounding"), ("checked_by", "checked by")):
-            if d.get(key):
-                parts.append(f"{word}: {d[key]}")
-        if d.get("ranked") is False:
-            parts.append("never ranked")
-        out.append(f"{kind} — " + "; ".join(parts))
-    return out
