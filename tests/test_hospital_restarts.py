@@ -77,7 +77,7 @@ def test_sites_survive_a_coordinator_restart_and_the_evidence_stays_honest(tmp_p
     site_fps = []
     for i, home in enumerate(homes):
         code, env = invoke(site_cli.app, ["init", "--spec", str(spec), "--table", str(tables[i]), "--home", str(home),
-                                          "--site-id", f"site{i}"])
+                                          "--site-id", f"site{i}", "--min-trajectories", "20"])
         assert code == 0, env
         site_fps.append(env["data"]["identity_fingerprint"])
         code, env = invoke(consortium_cli.app, ["add-site", str(home / "enrolment_request.json"), "--home", str(co),

@@ -190,10 +190,11 @@ def test_server_run_takes_a_run_share_of_epsilon_and_any_other_key_but_not_the_c
     out, _ = exported
     co = tmp_path / "coord"
     code, env = invoke(consortium_cli.app, ["init", "--home", str(co), "--id", "walk", "--spec", str(out / "spec.toml"),
-                                            "--port", "9"])
+                                            "--port", "9", "--min-trajectories", "5"])
     assert code == 0, env
     code, env = invoke(site_cli.app, ["init", "--spec", str(out / "spec.toml"), "--table", str(out / "site0.csv"),
-                                      "--home", str(tmp_path / "site0"), "--site-id", "hospital0"])
+                                      "--home", str(tmp_path / "site0"), "--site-id", "hospital0",
+                                      "--min-trajectories", "5"])
     code, env = invoke(consortium_cli.app, ["add-site", str(tmp_path / "site0" / "enrolment_request.json"), "--home",
                                             str(co), "--fingerprint", env["data"]["identity_fingerprint"]])
     assert code == 0, env

@@ -191,7 +191,7 @@ def test_P46_a_second_site_home_on_the_same_table_is_refused_naming_the_first(tm
 
     def init(home, tbl, sid="h0"):
         return CliRunner().invoke(site_cli.app, ["init", "--spec", str(spec), "--table", str(tbl), "--home",
-                                                 str(home), "--site-id", sid, "--json"])
+                                                 str(home), "--site-id", sid, "--min-trajectories", "10", "--json"])
 
     first = tmp_path / "consortium-a"
     assert init(first, table).exit_code == 0
