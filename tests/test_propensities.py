@@ -15,7 +15,7 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 from fcd_secure.data.schema import SiteDataset  # noqa: E402
 from fcd_secure.evaluation.propensity import PROPENSITY_FLOOR, RecordPropensity  # noqa: E402
-from fcd_secure.federation.learner import with_propensities  # noqa: E402
+from fcd_secure.federation.learner import BEHAVIOUR_CODES, with_propensities  # noqa: E402
 from fcd_secure.queries.evaluation import merge_site_metrics, site_metrics  # noqa: E402
 from fcd_secure.queries.propensities import PropensitySource  # noqa: E402
 from fcd_secure.queries.registry import metric_lists, metric_names  # noqa: E402
@@ -79,6 +79,11 @@ def test_a_site_that_logs_one_action_only_has_no_propensities_and_says_why(tiny_
     one = replace(data.train, T=np.zeros_like(data.train.T), P=None)
     site = with_propensities(replace(data, train=one, test=data.test.without_propensities()), "auto")
     assert site.propensities == "none" and site.test.P is None and "1 action" in site.propensity_note
+    # what its hello tells the server is the status decided here, not a reading of the note's wording
+    assert site.behaviour == "none-one-action" and BEHAVIOUR_CODES[site.behaviour].startswith("none: its training")
+    blind = replace(data, test=data.test.without_propensities())
+    assert with_propensities(blind, "logged").behaviour == "none-unlogged"
+    assert with_propensities(data, "auto").behaviour == "logged"
 
 
 def test_two_sites_one_logged_one_estimated_are_a_mixed_answer():

@@ -50,15 +50,15 @@ class SiteData:
     validation: SiteDataset | None = None
     propensities: str = "logged"
     propensity_note: str | None = None
+    #: why a site has no propensities, a key of :data:`BEHAVIOUR_CODES` set where that is decided
+    none_reason: str = "none-unlogged"
 
     @property
     def behaviour(self) -> str:
         """The site's propensity status as it tells the server at hello (:data:`BEHAVIOUR_CODES`: a closed
-        vocabulary, so that nothing but the status leaves the site)."""
-        if self.propensities != "none":
-            return self.propensities
-        note = self.propensity_note or ""
-        return "none-actions" if "at most" in note else "none-one-action" if "action(s)" in note else "none-unlogged"
+        vocabulary, so that nothing but the status leaves the site): ``propensities`` where the site has them, else
+        why not, as :func:`with_propensities` decided it (``none_reason``)."""
+        return self.propensities if self.propensities != "none" else self.none_reason
 
 
 #: the most actions a site's model of its logging policy is fitted for: beyond, a multinomial over a site's rows is
@@ -98,12 +98,14 @@ def with_propensities(site: SiteData, mode: str) -> SiteData:
     if train.n_actions > MAX_BEHAVIOUR_ACTIONS:
         return replace(site, test=site.test.without_propensities(),
                        validation=None if site.validation is None else site.validation.without_propensities(),
-                       propensities="none", propensity_note=f"{train.n_actions} actions: a model of how they were "
+                       propensities="none", none_reason="none-actions",
+                       propensity_note=f"{train.n_actions} actions: a model of how they were "
                        f"chosen is fitted for at most {MAX_BEHAVIOUR_ACTIONS}")
     if acts.size < 2:
         return replace(site, test=site.test.without_propensities(),
                        validation=None if site.validation is None else site.validation.without_propensities(),
-                       propensities="none", propensity_note=f"its training rows log {acts.size} action(s): no "
+                       propensities="none", none_reason="none-one-action",
+                       propensity_note=f"its training rows log {acts.size} action(s): no "
                        "model of how actions were chosen can be fitted")
     model = RecordPropensity(train.n_actions, train.da, train.X.reshape(train.n, -1).shape[1]).fit(train)
 
