@@ -116,6 +116,20 @@ class ModelConfig(BaseModel):
         ),
     )
     cf_sampler_steps: int = Field(2, ge=1, description="DDIM steps per transition inside L_cf (differentiable)")
+    free_running_steps: int = Field(
+        0,
+        ge=0,
+        description=(
+            "k of the free-running loss L_free (model/free_running.py): from every logged history the simulator is "
+            "rolled k steps forward under the logged actions on its own generated contexts and scored against the "
+            "logged outcomes and endogenous contexts (multi-step training, Venkatraman et al. 2015; the natural-course "
+            "check as a loss). 0 switches it off (one-step training only)"
+        ),
+    )
+    lambda_free_running: float = Field(1.0, ge=0, description="weight of L_free")
+    free_running_discount: float = Field(
+        1.0, gt=0, description="per-step weights of L_free: w_r ∝ discount^(r−1), r = 1..k, normalised to sum to 1"
+    )
     align_bandwidth: float = Field(1.0, gt=0, description="RBF bandwidth of the MMD in L_align")
     align_max_points: int = Field(256, ge=4, description="valid steps subsampled per batch for the batch MMD")
     dis_parallel_target: Literal["action", "site"] = Field(

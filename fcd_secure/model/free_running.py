@@ -1,0 +1,92 @@
+"""The free-running loss: the simulator rolled forward k steps from every logged history under the logged actions,
+feeding back its own contexts, and scored against what the log then shows (``ModelConfig.free_running_steps``).
+
+Why. The other terms train the simulator one step ahead from the encoder's state of the *logged* history (teacher
+forcing): L_recon, L_diff and L_context each see the true A_t, and L_cf (``losses.l_cf``) rolls the latent state
+forward but reads the logged contexts at every step. A rollout under a policy instead feeds the simulator its own
+generated endogenous contexts (``model.simulate``), so a small one-step error of the context head compounds over a
+30-step horizon, which no training term measured: whole-trajectory values were off by 0.1-0.4 on 30-step worlds while
+every one-step figure looked fine (issue 42). Training on the model's own predictions over several steps is the
+remedy of Venkatraman, Hebert & Bagnell 2015 ("Improving multi-step prediction of learned time series models",
+AAAI; DAgger for simulators), of scheduled sampling (Bengio, Vinyals, Jaitly & Shazeer 2015, NeurIPS) and of
+professor forcing (Lamb et al. 2016, NeurIPS); under the logged actions the simulated and the observed trajectories
+estimate the same distribution, which is the natural-course check of the parametric g-formula (Taubman et al. 2009;
+``evaluation.natural_course``) made into a training loss.
+
+What. From every valid start step t (all in parallel on the ``[B, L]`` grid, as L_cf), K̂_t = K_t (the encoder's),
+Â_t = A_t (logged), and for r = 1 … k::
+
+    K̂_{t+r} = transition(K̂_{t+r−1}, Â_{t+r−1}, do(T_{t+r−1} = logged))      (differentiable DDIM, cf_sampler_steps)
+    Â_{t+r} = [next_context(K̂_{t+r−1}, Â_{t+r−1}, T_{t+r−1}, Y_{t+r−1}),  A_{t+r}[n_endo:] replayed]
+    ℓ_r     = −log P_φ(Y_{t+r} | K̂_{t+r}, Â_{t+r}, T_{t+r})  +  ‖Â_{t+r}[:n_endo] − A_{t+r}[:n_endo]‖² / n_endo
+
+over the pairs where both t and t+r are logged; L_free = Σ_r w_r ℓ_r with w_r ∝ ``free_running_discount``^(r−1),
+normalised to sum to one (the per-step weights; a discount below 1 weights the near steps more). The outcomes fed to
+the transition (``transition_given_y``) and to the context head are the logged ones: under the logged actions they are
+draws of the same distribution the simulator samples from, and they keep the loss's gradient free of sampling noise
+(scheduled sampling of the outcome is left out on purpose: a sampled binary outcome carries no gradient). The
+contexts are the simulator's own, so the gradient of step r reaches the context head through every earlier step.
+
+Privacy. Every operation is per row (the start steps are an axis of the record, never folded into the batch axis),
+so each record's loss, and Opacus' clipped per-sample gradient, depends on that record alone (Abadi et al. 2016,
+§3.1); nothing new leaves a site: it trains the same Θc and Θs. IPW weights (``ModelConfig.ipw``) weight step t+r as
+in L_cf.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fcd_secure.model.batch import Batch
+from fcd_secure.model.losses import masked_mean, outcome_nll
+from fcd_secure.model.networks import FedCausalDiff
+
+__all__ = ["l_free_running", "step_weights"]
+
+
+def step_weights(k: int, discount: float) -> torch.Tensor:
+    """w_r ∝ discount^(r−1), r = 1 … k, summing to one."""
+    w = torch.tensor([float(discount) ** r for r in range(k)])
+    return w / w.sum()
+
+
+def l_free_running(model: FedCausalDiff, K: torch.Tensor, batch: Batch, W: torch.Tensor | None = None
+                   ) -> torch.Tensor:
+    """L_free per sample ``[B]`` (module docstring); zero with a graph when the trajectories have one step."""
+    A, T, Y, M = batch.A, batch.T, batch.Y, batch.M
+    cfg = model.cfg
+    B, L, k_dim = K.shape
+    k = min(cfg.free_running_steps, L - 1)
+    if k < 1:
+        return K.sum((1, 2)) * 0.0
+    n_endo = model.n_endogenous
+    Lp = L - 1  # start steps t = 0 .. L-2
+
+    def pad(x: torch.Tensor) -> torch.Tensor:
+        z = torch.zeros((B, k) + tuple(x.shape[2:]), dtype=x.dtype)
+        return torch.cat([x, z], 1)
+
+    Ap, Tp, Yp, Mp = pad(A), pad(T), pad(Y), pad(M)
+    Wp = None if W is None else pad(W)
+    w = step_weights(k, cfg.free_running_discount)
+    Kh = K[:, :Lp]
+    Ah = A[:, :Lp]
+    total = torch.zeros(B)
+    for r in range(1, k + 1):
+        sl = slice(r - 1, r - 1 + Lp)
+        T_prev, Y_prev = Tp[:, sl], Yp[:, sl]
+        K_next = model.transition(Kh, Ah, T_prev, sampler="ddim", steps=cfg.cf_sampler_steps, y=Y_prev)
+        A_next = Ap[:, r : r + Lp]
+        if n_endo:
+            gen = model.next_context(Kh, Ah, T_prev, Y_prev)
+            ctx_err = ((gen - A_next[..., :n_endo]) ** 2).mean(-1)
+            A_next = torch.cat([gen, A_next[..., n_endo:]], -1)
+        Kh, Ah = K_next, A_next
+        m = Mp[:, r : r + Lp] * M[:, :Lp]
+        step = outcome_nll(model, Kh, Ah, Tp[:, r : r + Lp], Yp[:, r : r + Lp])
+        if n_endo:
+            step = step + ctx_err
+        if Wp is not None:
+            step = step * Wp[:, r : r + Lp]
+        total = total + w[r - 1] * masked_mean(step, m)
+    return total
