@@ -64,12 +64,13 @@ def free_and_context(model: FedCausalDiff, ds: SiteDataset) -> tuple[float, floa
         return float(l_free_running(model, K, batch).mean()), float(l_context(model, K, batch).mean())
 
 
+@pytest.mark.parametrize("stride", [1, 2])
 @pytest.mark.parametrize(("discount", "factor"), [(1.0, (1 + 4 + 9) / 3), (0.5, (4 * 1 + 2 * 4 + 1 * 9) / 7)])
-def test_a_one_step_context_error_compounds_in_the_free_running_loss(discount, factor):
+def test_a_one_step_context_error_compounds_in_the_free_running_loss(discount, factor, stride):
     """A head that drifts by δ per step is off by rδ after r steps of its own contexts: L_free (k = 3) grows by
-    Σ_r w_r (rδ)², the one-step L_context by δ² only."""
+    Σ_r w_r (rδ)², the one-step L_context by δ² only (from every start step, or every second one)."""
     ds = constant_context_site()
-    cfg = cfg_of(free_running_steps=3, free_running_discount=discount)
+    cfg = cfg_of(free_running_steps=3, free_running_discount=discount, free_running_stride=stride)
     delta = 0.1
     free0, ctx0 = free_and_context(drifting_model(cfg, ds, 0.0), ds)
     free1, ctx1 = free_and_context(drifting_model(cfg, ds, delta), ds)

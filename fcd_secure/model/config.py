@@ -127,6 +127,9 @@ class ModelConfig(BaseModel):
         ),
     )
     lambda_free_running: float = Field(1.0, ge=0, description="weight of L_free")
+    free_running_stride: int = Field(
+        1, ge=1, description="L_free rolls out from every stride-th logged step (t = 0, s, 2s, ...): its cost ∝ k / s"
+    )
     free_running_discount: float = Field(
         1.0, gt=0, description="per-step weights of L_free: w_r ∝ discount^(r−1), r = 1..k, normalised to sum to 1"
     )
