@@ -54,23 +54,26 @@ def drifting_model(cfg: ModelConfig, ds: SiteDataset, drift: float) -> FedCausal
         model.decoder[0].weight[:, k:k + da] = 0.0  # decoder input [K, A]
         for net in (model.eps_c, model.eps_s):  # deterministic transition input [x_n, K, A, ...]
             net[0].weight[:, 2 * k:2 * k + da] = 0.0
+        model.trunk.weight_ih_l0[:, ds.dx:ds.dx + da] = 0.0  # encoder input [X, A_t, emb(T_{t-1}), Y_{t-1}, 1{t=0}]
     return model
 
 
 def free_and_context(model: FedCausalDiff, ds: SiteDataset) -> tuple[float, float]:
     batch = Batch.of(dataset_tensors(ds, site_index=0))
     with torch.no_grad():
-        K = torch.cat(model.encode(batch.X, batch.A, batch.T, batch.Y), -1)
-        return float(l_free_running(model, K, batch).mean()), float(l_context(model, K, batch).mean())
+        Kc, Ks, h = model.encode_states(batch.X, batch.A, batch.T, batch.Y)
+        K = torch.cat([Kc, Ks], -1)
+        return float(l_free_running(model, K, h, batch).mean()), float(l_context(model, K, batch).mean())
 
 
-@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize(("rollout", "stride"), [("latent", 1), ("latent", 2), ("encoder", 1)])
 @pytest.mark.parametrize(("discount", "factor"), [(1.0, (1 + 4 + 9) / 3), (0.5, (4 * 1 + 2 * 4 + 1 * 9) / 7)])
-def test_a_one_step_context_error_compounds_in_the_free_running_loss(discount, factor, stride):
+def test_a_one_step_context_error_compounds_in_the_free_running_loss(discount, factor, rollout, stride):
     """A head that drifts by δ per step is off by rδ after r steps of its own contexts: L_free (k = 3) grows by
-    Σ_r w_r (rδ)², the one-step L_context by δ² only (from every start step, or every second one)."""
+    Σ_r w_r (rδ)², the one-step L_context by δ² only (from every start step, every second one, or through the
+    encoder from t = 0)."""
     ds = constant_context_site()
-    cfg = cfg_of(free_running_steps=3, free_running_discount=discount, free_running_stride=stride)
+    cfg = cfg_of(free_running_steps=3, free_running_discount=discount, free_running_stride=stride, rollout=rollout)
     delta = 0.1
     free0, ctx0 = free_and_context(drifting_model(cfg, ds, 0.0), ds)
     free1, ctx1 = free_and_context(drifting_model(cfg, ds, delta), ds)

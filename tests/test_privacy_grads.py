@@ -123,11 +123,13 @@ def test_the_context_head_keeps_per_sample_gradients_in_every_form(form):
     assert (head > 0).any()
 
 
-def test_the_free_running_loss_keeps_per_sample_gradients():
-    """L_free (model/free_running.py) rolls every start step forward on the record's own axis: Opacus' rows equal
-    single-record gradients with the loss on, the context head fed back through its own outputs included."""
+@pytest.mark.parametrize("rollout", ["latent", "encoder"])
+def test_the_free_running_loss_keeps_per_sample_gradients(rollout):
+    """L_free (model/free_running.py) rolls every start step forward on the record's own axis, or the encoder one
+    step at a time: Opacus' rows equal single-record gradients with the loss on, the context head fed back through
+    its own outputs and the encoder's repeated steps included."""
     torch.manual_seed(0)
-    cfg = tiny_cfg(transition="deterministic", free_running_steps=3)
+    cfg = tiny_cfg(transition="deterministic", free_running_steps=3, rollout=rollout)
     ds = tiny_site(seed=7)
     batch = dataset_tensors(ds, site_index=1)
     model = FedCausalDiff.from_dims(cfg, ds.dx, ds.da, ds.n_actions, N_SITES, n_endogenous=1)

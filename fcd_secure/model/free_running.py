@@ -31,6 +31,17 @@ work on the simulator's own contexts without the outcome's gradient bending the 
 contexts (measured on the tumour world, seed 10: with that gradient the natural-course gap of the generated volume
 grew ninefold, 0.010 → 0.089).
 
+With ``model.rollout = "encoder"`` the simulator does not step K with the transition but feeds the simulated step
+back through the encoder (``model.simulate``); the loss then rolls the way the simulator is run: from t = 0 only
+(the natural course itself; the recurrent encoder runs one step at a time, so further start steps would each cost a
+pass of the encoder), K̃_0 = K_0 and for r = 1 … k::
+
+    Â_r = [next_context(K̃_{r−1}, Â_{r−1}, T_{r−1}, Y_{r−1}),  A_r[n_endo:] replayed]
+    K̃_r = encoder step(K̃_{r−1}'s state; X, Â_r, T_{r−1}, Y_{r−1})
+    ℓ_r = −log P_φ(Y_r | K̃_r, Â_r, T_r) + ‖Â_r[:n_endo] − A_r[:n_endo]‖² / n_endo
+
+with the same weights and the same detaching of the contexts where the encoder and the decoder read them.
+
 Privacy. Every operation is per row (the start steps are an axis of the record, never folded into the batch axis),
 so each record's loss, and Opacus' clipped per-sample gradient, depends on that record alone (Abadi et al. 2016,
 §3.1); nothing new leaves a site: it trains the same Θc and Θs. IPW weights (``ModelConfig.ipw``) weight step t+r as
@@ -54,15 +65,25 @@ def step_weights(k: int, discount: float) -> torch.Tensor:
     return w / w.sum()
 
 
-def l_free_running(model: FedCausalDiff, K: torch.Tensor, batch: Batch, W: torch.Tensor | None = None
-                   ) -> torch.Tensor:
-    """L_free per sample ``[B]`` (module docstring); zero with a graph when the trajectories have one step."""
+def l_free_running(model: FedCausalDiff, K: torch.Tensor, h: torch.Tensor, batch: Batch,
+                   W: torch.Tensor | None = None) -> torch.Tensor:
+    """L_free per sample ``[B]`` (module docstring); zero with a graph when the trajectories have one step.
+
+    Args:
+        model: the bare network.
+        K: the encoder's K_t of the logged history, ``[B, L, k]``.
+        h: the encoder's trunk states, ``[B, L, hidden]`` (the state an encoder rollout starts from).
+        batch: the batch.
+        W: per-step IPW weights ``[B, L]`` or None.
+    """
     A, T, Y, M = batch.A, batch.T, batch.Y, batch.M
     cfg = model.cfg
     B, L, _ = K.shape
     k = min(cfg.free_running_steps, L - 1)
     if k < 1:
         return K.sum((1, 2)) * 0.0
+    if cfg.rollout == "encoder":
+        return _through_encoder(model, K, h, batch, k, W)
     n_endo = model.n_endogenous
     start = torch.arange(0, L - 1, cfg.free_running_stride)  # start steps t (the last step has no successor)
 
@@ -96,3 +117,32 @@ def l_free_running(model: FedCausalDiff, K: torch.Tensor, batch: Batch, W: torch
             step = step * Wp[:, cur]
         total = total + w[r - 1] * masked_mean(step, Mp[:, cur] * m0)
     return total
+
+
+def _through_encoder(model: FedCausalDiff, K: torch.Tensor, h: torch.Tensor, batch: Batch, k: int,
+                     W: torch.Tensor | None) -> torch.Tensor:
+    """L_free of an encoder rollout from t = 0 (module docstring)."""
+    A, T, Y, M = batch.A, batch.T, batch.Y, batch.M
+    n_endo = model.n_endogenous
+    w = step_weights(k, model.cfg.free_running_discount)
+    Kh, Ah, state = K[:, 0], A[:, 0], h[:, 0].unsqueeze(0)
+    total = torch.zeros(K.shape[0])
+    for r in range(1, k + 1):
+        A_next = A[:, r]
+        ctx_err = None
+        if n_endo:
+            gen = model.next_context(Kh, Ah, T[:, r - 1], Y[:, r - 1])
+            ctx_err = ((gen - A_next[..., :n_endo]) ** 2).mean(-1)
+            A_next = torch.cat([gen, A_next[..., n_endo:]], -1)
+        Kh, state = model.encode_step(state, batch.X, A_next.detach(), T[:, r - 1], Y[:, r - 1])
+        Ah = A_next
+        step = outcome_nll(model, Kh, Ah.detach(), T[:, r], Y[:, r])
+        if ctx_err is not None:
+            step = step + ctx_err
+        if W is not None:
+            step = step * W[:, r]
+        m = M[:, r] * M[:, 0]
+        total = total + w[r - 1] * step * m
+    # the per-step weights over the steps each row has (a short row's mean over its own steps, as masked_mean)
+    seen = (w[:, None] * M[:, 1:k + 1].T).sum(0)
+    return total / seen.clamp(min=1e-12)

@@ -109,7 +109,7 @@ def batch_loss(
     # the endogenous contexts' head (context.py): present only when the data marks contexts endogenous
     add("context", core.context_head is not None, cfg.lambda_context, lambda: l_context(core, K, batch))
     # multi-step free-running rollout under the logged actions (free_running.py): off unless free_running_steps > 0
-    add("free", cfg.free_running_steps > 0, cfg.lambda_free_running, lambda: l_free_running(core, K, batch, W))
+    add("free", cfg.free_running_steps > 0, cfg.lambda_free_running, lambda: l_free_running(core, K, h, batch, W))
     if cfg.align_form == "reference":
         add("align", True, cfg.lambda_align, lambda: L.l_align_reference(core, Kc, batch))
     loss = per.sum() / max(B, 1)
