@@ -73,7 +73,10 @@ def scored(sim: Any, cfg: Any, views: list[Any]) -> dict[str, Any]:
     nc = m.get("natural_course") or {}
     return {"value_error": float(np.mean(errs)) if errs else None, "effect_error": eff, "values": pol,
             "nc_gap": nc.get("mean_abs_gap"), "nc_z": nc.get("max_abs_z"),
-            "nc_ctx": (nc.get("contexts") or {}).get("mean_abs_gap"), "pehe": m.get("pehe")}
+            "nc_ctx": (nc.get("contexts") or {}).get("mean_abs_gap"), "pehe": m.get("pehe"),
+            # the per-step gaps (simulated − observed outcome mean): whether the gap grows with t (compounding) or
+            # is there from the first steps
+            "nc_steps": [row["gap"] for row in nc.get("steps") or []]}
 
 
 def run_world(world_name: str, seed: int, args: argparse.Namespace) -> list[dict[str, Any]]:

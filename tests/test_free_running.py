@@ -110,3 +110,15 @@ def test_a_horizon_longer_than_the_trajectories_is_cut_to_them():
     model = drifting_model(cfg, ds, 0.1)
     free, _ = free_and_context(model, ds)
     assert np.isfinite(free)
+
+
+def test_through_the_encoder_without_endogenous_contexts_the_loss_is_zero():
+    """Every context replayed: an encoder rollout under the logged actions re-reads the logged history (L_recon
+    again), so L_free adds nothing there."""
+    ds = constant_context_site()
+    cfg = cfg_of(free_running_steps=3, rollout="encoder")
+    torch.manual_seed(0)
+    model = FedCausalDiff.from_dims(cfg, ds.dx, ds.da, ds.n_actions, N_SITES, n_endogenous=0)
+    batch = Batch.of(dataset_tensors(ds, site_index=0))
+    Kc, Ks, h = model.encode_states(batch.X, batch.A, batch.T, batch.Y)
+    assert float(l_free_running(model, torch.cat([Kc, Ks], -1), h, batch).abs().sum()) == 0.0

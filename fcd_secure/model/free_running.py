@@ -40,7 +40,9 @@ pass of the encoder), K̃_0 = K_0 and for r = 1 … k::
     K̃_r = encoder step(K̃_{r−1}'s state; X, Â_r, T_{r−1}, Y_{r−1})
     ℓ_r = −log P_φ(Y_r | K̃_r, Â_r, T_r) + ‖Â_r[:n_endo] − A_r[:n_endo]‖² / n_endo
 
-with the same weights and the same detaching of the contexts where the encoder and the decoder read them.
+with the same weights and the same detaching of the contexts where the encoder and the decoder read them. Where the
+data has no endogenous context the encoder would re-read the logged history exactly (L_recon again), so the loss is
+zero there.
 
 Privacy. Every operation is per row (the start steps are an axis of the record, never folded into the batch axis),
 so each record's loss, and Opacus' clipped per-sample gradient, depends on that record alone (Abadi et al. 2016,
@@ -124,21 +126,17 @@ def _through_encoder(model: FedCausalDiff, K: torch.Tensor, h: torch.Tensor, bat
     """L_free of an encoder rollout from t = 0 (module docstring)."""
     A, T, Y, M = batch.A, batch.T, batch.Y, batch.M
     n_endo = model.n_endogenous
+    if not n_endo:  # every context replayed: the encoder would re-read the logged history, L_recon once more
+        return K.sum((1, 2)) * 0.0
     w = step_weights(k, model.cfg.free_running_discount)
     Kh, Ah, state = K[:, 0], A[:, 0], h[:, 0].unsqueeze(0)
     total = torch.zeros(K.shape[0])
     for r in range(1, k + 1):
-        A_next = A[:, r]
-        ctx_err = None
-        if n_endo:
-            gen = model.next_context(Kh, Ah, T[:, r - 1], Y[:, r - 1])
-            ctx_err = ((gen - A_next[..., :n_endo]) ** 2).mean(-1)
-            A_next = torch.cat([gen, A_next[..., n_endo:]], -1)
-        Kh, state = model.encode_step(state, batch.X, A_next.detach(), T[:, r - 1], Y[:, r - 1])
-        Ah = A_next
-        step = outcome_nll(model, Kh, Ah.detach(), T[:, r], Y[:, r])
-        if ctx_err is not None:
-            step = step + ctx_err
+        gen = model.next_context(Kh, Ah, T[:, r - 1], Y[:, r - 1])
+        ctx_err = ((gen - A[:, r, :n_endo]) ** 2).mean(-1)
+        Ah = torch.cat([gen, A[:, r, n_endo:]], -1)
+        Kh, state = model.encode_step(state, batch.X, Ah.detach(), T[:, r - 1], Y[:, r - 1])
+        step = outcome_nll(model, Kh, Ah.detach(), T[:, r], Y[:, r]) + ctx_err
         if W is not None:
             step = step * W[:, r]
         m = M[:, r] * M[:, 0]
