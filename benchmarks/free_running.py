@@ -20,7 +20,10 @@ Worlds: the tumour world (``--gamma``, seeds ``--seeds``; 10-12 by default: seed
 benchmark and are not tuned on) and DKT-Synth (``--dkt``; its confounder is hidden, so its whole-trajectory values
 are not identified by g-computation; they are printed as a check that the loss does no harm, not as a target).
 
+The figures and what they say: ``docs/tumour.md``, "Training over the whole horizon".
+
     nice -n 10 .venv/bin/python benchmarks/free_running.py                       # tumour γ = 2, seeds 10-12, k = 0, 5
+    nice -n 10 .venv/bin/python benchmarks/free_running.py --steps 29 --model '{"rollout": "encoder"}'  # encoder loss
     nice -n 10 .venv/bin/python benchmarks/free_running.py --steps 0 3 5 10 --dkt
     nice -n 10 .venv/bin/python benchmarks/free_running.py --quick               # 300 patients, 1 epoch, one seed
 """

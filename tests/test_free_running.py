@@ -122,3 +122,20 @@ def test_through_the_encoder_without_endogenous_contexts_the_loss_is_zero():
     batch = Batch.of(dataset_tensors(ds, site_index=0))
     Kc, Ks, h = model.encode_states(batch.X, batch.A, batch.T, batch.Y)
     assert float(l_free_running(model, torch.cat([Kc, Ks], -1), h, batch).abs().sum()) == 0.0
+
+
+def test_a_run_from_before_the_keys_resumes_and_the_loss_is_in_the_training_hash():
+    """Off, the loss's keys leave the training hash as it was before they existed (such a run's checkpoint resumes);
+    on, every one of them changes it. A full model dump without them (and without ``context_head``) still reads
+    back as a run from before ``context_head`` existed."""
+    from fcd_secure.config import RunConfig
+    from fcd_secure.model.config import FREE_RUNNING_KEYS
+
+    base = RunConfig.model_validate({})
+    off = RunConfig.model_validate({"model": {"free_running_discount": 0.5, "free_running_stride": 3}})
+    assert off.training_hash() == base.training_hash()
+    on = {RunConfig.model_validate({"model": {"free_running_steps": 5, **kw}}).training_hash()
+          for kw in ({}, {"free_running_discount": 0.5}, {"free_running_stride": 2}, {"lambda_free_running": 2.0})}
+    assert len(on) == 4 and base.training_hash() not in on
+    old = {k: v for k, v in ModelConfig().model_dump().items() if k not in {"context_head", *FREE_RUNNING_KEYS}}
+    assert ModelConfig.model_validate(old).context_head == "direct"
