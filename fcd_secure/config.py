@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from fcd_secure.data import names
 from fcd_secure.aggregation.secagg.config import SecAggPolicy
-from fcd_secure.model.config import SIMULATOR_KEYS, ModelConfig
+from fcd_secure.model.config import FREE_RUNNING_KEYS, SIMULATOR_KEYS, ModelConfig
 from fcd_secure.privacy.config import DPConfig
 from fcd_secure.errors import FcdError, first_invalid
 
@@ -236,6 +236,9 @@ class RunConfig(BaseModel):
         d["secagg"].pop("deadlines", None)  # when a late site is dropped, like round_timeout_s
         if d["model"].get("context_head") == "direct":  # the head before the key existed: such a run still resumes
             d["model"].pop("context_head")
+        if d["model"].get("free_running_steps") == 0:  # L_free off: its keys change nothing, and a run from before
+            for k in FREE_RUNNING_KEYS:                  # they existed still resumes
+                d["model"].pop(k, None)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
     def state_root(self) -> Path | None:

@@ -123,6 +123,28 @@ def test_the_context_head_keeps_per_sample_gradients_in_every_form(form):
     assert (head > 0).any()
 
 
+@pytest.mark.parametrize("rollout", ["latent", "encoder"])
+def test_the_free_running_loss_keeps_per_sample_gradients(rollout):
+    """L_free (model/free_running.py) rolls every start step forward on the record's own axis, or the encoder one
+    step at a time: Opacus' rows equal single-record gradients with the loss on, the context head fed back through
+    its own outputs and the encoder's repeated steps included."""
+    torch.manual_seed(0)
+    cfg = tiny_cfg(transition="deterministic", free_running_steps=3, rollout=rollout)
+    ds = tiny_site(seed=7)
+    batch = dataset_tensors(ds, site_index=1)
+    model = FedCausalDiff.from_dims(cfg, ds.dx, ds.da, ds.n_actions, N_SITES, n_endogenous=1)
+    with torch.no_grad():
+        model.context_head.net[-1].weight.normal_(0.0, 0.5)
+    ref = copy.deepcopy(model)
+    hooks, _ = hooked(model, batch)
+    loss, parts = batch_loss(model, batch, cfg, N_SITES)
+    assert "free" in parts
+    loss.backward()
+    got = rows(model)
+    hooks.cleanup()
+    assert_rows_are_single_record_gradients(got, ref, batch, cfg)
+
+
 @pytest.mark.parametrize("align", ["reference", "batch_mmd"])
 def test_one_record_changes_only_its_own_row_under_diffusion(align):
     """With the diffusion transition (random n, ε per row): changing record j leaves every other row unchanged.

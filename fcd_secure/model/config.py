@@ -19,6 +19,10 @@ SIMULATOR_KEYS: dict[str, bool] = {
     "fedcm": False,
 }
 
+#: the keys of the free-running loss (model/free_running.py), added after ``context_head``: a run folder's full dump
+#: from before they existed lacks them (read back as the loss off)
+FREE_RUNNING_KEYS = ("free_running_steps", "lambda_free_running", "free_running_stride", "free_running_discount")
+
 
 class ModelConfig(BaseModel):
     """Dimensions, diffusion schedule, loss weights and switches of Fed-CausalDiff.
@@ -116,6 +120,24 @@ class ModelConfig(BaseModel):
         ),
     )
     cf_sampler_steps: int = Field(2, ge=1, description="DDIM steps per transition inside L_cf (differentiable)")
+    free_running_steps: int = Field(
+        0,
+        ge=0,
+        description=(
+            "k of the free-running loss L_free (model/free_running.py): the simulator rolled k steps forward under "
+            "the logged actions on its own generated contexts and scored against the logged outcomes and endogenous "
+            "contexts (multi-step training, Venkatraman et al. 2015; the natural-course check as a loss), the way "
+            "``rollout`` runs it: 'latent' from every free_running_stride-th logged step, 'encoder' from t = 0 (k ≥ "
+            "L − 1: the whole horizon). 0 (the default) switches it off; measured in docs/tumour.md"
+        ),
+    )
+    lambda_free_running: float = Field(1.0, ge=0, description="weight of L_free")
+    free_running_stride: int = Field(
+        1, ge=1, description="L_free rolls out from every stride-th logged step (t = 0, s, 2s, ...): its cost ∝ k / s"
+    )
+    free_running_discount: float = Field(
+        1.0, gt=0, description="per-step weights of L_free: w_r ∝ discount^(r−1), r = 1..k, normalised to sum to 1"
+    )
     align_bandwidth: float = Field(1.0, gt=0, description="RBF bandwidth of the MMD in L_align")
     align_max_points: int = Field(256, ge=4, description="valid steps subsampled per batch for the batch MMD")
     dis_parallel_target: Literal["action", "site"] = Field(
@@ -181,7 +203,7 @@ class ModelConfig(BaseModel):
         """A complete model section without ``context_head`` was written before the key existed (a run folder's
         config.toml is a full dump): its run trained the direct head, so it reads back as ``"direct"`` and its
         Θc still loads. A partial section (a hand-written config) takes the default."""
-        complete = isinstance(data, dict) and set(cls.model_fields) - {"context_head"} <= set(data)
+        complete = isinstance(data, dict) and set(cls.model_fields) - {"context_head", *FREE_RUNNING_KEYS} <= set(data)
         if complete and "context_head" not in data:
             return {**data, "context_head": "direct"}
         return data

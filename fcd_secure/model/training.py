@@ -27,6 +27,7 @@ from fcd_secure.model import losses as L
 from fcd_secure.model.batch import Batch, dataset_tensors, make_loader
 from fcd_secure.model.config import ModelConfig
 from fcd_secure.model.context import l_context
+from fcd_secure.model.free_running import l_free_running
 from fcd_secure.model.networks import unwrap
 
 __all__ = ["Batch", "batch_loss", "dataset_tensors", "make_loader", "make_optimizer", "run_round", "site_objective",
@@ -61,7 +62,8 @@ def training_view(ds: SiteDataset, cfg: ModelConfig) -> SiteDataset:
 def batch_loss(
     model: nn.Module, batch: Sequence[torch.Tensor], cfg: ModelConfig, n_sites: int
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """L = L_recon + λ_diff L_diff + λ1 L_align + λ2 L_dis + λ3 L_cf on one batch (paper §III-C).
+    """L = L_recon + λ_diff L_diff + λ1 L_align + λ2 L_dis + λ3 L_cf on one batch (paper §III-C), plus λ_context
+    L_context where the data has endogenous contexts and λ_free L_free when ``cfg.free_running_steps`` > 0.
 
     The scalar is (1/B)·Σ_i ℓ_i of per-sample losses ℓ_i, plus λ1·MMD only when ``cfg.align_form == 'batch_mmd'``
     (never under ``dp_mode``). An empty (Poisson) batch gives a zero loss that still has a graph.
@@ -106,6 +108,8 @@ def batch_loss(
         per = per + L.l_propensity(core, h, batch)
     # the endogenous contexts' head (context.py): present only when the data marks contexts endogenous
     add("context", core.context_head is not None, cfg.lambda_context, lambda: l_context(core, K, batch))
+    # multi-step free-running rollout under the logged actions (free_running.py): off unless free_running_steps > 0
+    add("free", cfg.free_running_steps > 0, cfg.lambda_free_running, lambda: l_free_running(core, K, h, batch, W))
     if cfg.align_form == "reference":
         add("align", True, cfg.lambda_align, lambda: L.l_align_reference(core, Kc, batch))
     loss = per.sum() / max(B, 1)
