@@ -6,7 +6,8 @@ The first part attacks the site's side of this channel without Flower (docs/thre
 than the signed one, another Θc than the run's, a run the site never answered, a run whose Θs it deleted, a question
 run that trains or asks for the round-0 sums, a signed question start replayed under another run id. The last test
 runs the real deployment (SuperLink, SuperNodes, site executors on 127.0.0.1): a coordinator and four hospitals, a DP
-run, one question answered, the same question declined by the site whose budget refuses it (named, with its rule),
+run, one question answered, the same question declined by the site whose budget refuses it (named, with its rule;
+the other three are then below secure aggregation's minimum, so nothing is revealed),
 a question about a run no site answered (declined by every site, named), a replayed question start (refused) and
 the refusal, before any work, when the coordinator is not running.
 """
@@ -201,6 +202,9 @@ def test_a_declined_question_names_each_site_and_its_rule():
                             "declined_rules": {"h0": "whatif_run", "h1": "eval_cohort"}}, q)
     assert "h0 declined it under rule 'whatif_run'" in err.message
     assert "h1 declined it under rule 'eval_cohort'" in err.message
+    err = unanswered_error({"declined_sites": ["h3"], "failed_sites": [], "declined_rules": {"h3": "eval_cohort"},
+                            "coverage": {"sites_asked": ["h0", "h1", "h2", "h3"]}}, q)
+    assert err.message.endswith("; the 3 other site(s) were too few for secure aggregation to reveal a sum")
     from fcd_secure.queries.evaluation import coverage
 
     cov = coverage(["h0", "h1", "h2"], [], ["h0"], 30.0, rules={"h0": "whatif_run"})
@@ -297,9 +301,11 @@ def test_whatif_on_a_deployed_run_through_the_superlink(tmp_path, one_torch_thre
         _set_policy(homes[3], questions={"min_difference": 100_000})
         res = runner.invoke(main_app, ask)
         env = json.loads(res.stdout)
-        assert res.exit_code == 7, (env["message"], env.get("hint"))
+        # four sites are secure aggregation's minimum here: the other three are too few to reveal a sum
+        assert res.exit_code == 1, (env["message"], env.get("hint"))
         assert env["data"]["declined_rules"] == {"h3": "eval_cohort"}
-        assert "h3 (declined under its evaluation cohort rules)" in env["message"]
+        assert env["message"].startswith("no site answered the question: h3 declined it under rule 'eval_cohort'")
+        assert "3 other site(s) were too few for secure aggregation" in env["message"], env["message"]
 
         # 3. a question naming a run no site answered: every site declines, each named with the rule
         (run / RUN_START_FILE).write_text(json.dumps({**start, "session_id": OTHER}))

@@ -471,6 +471,9 @@ def unanswered_error(res: dict, request) -> CliError:
     msg = "no site answered the question: " + "; ".join(
         f"{', '.join(sites)} declined it under rule '{rule}' ({REFUSAL_RULES.get(rule, '')})"
         for rule, sites in by_rule.items()) + (f"; {', '.join(failed)} failed" if failed else "")
+    others = [s for s in (res.get("coverage") or {}).get("sites_asked") or [] if s not in declined and s not in failed]
+    if others:  # they answered, but secure aggregation reveals no sum of fewer sites than its minimum
+        msg += f"; the {len(others)} other site(s) were too few for secure aggregation to reveal a sum"
     fix = ""
     if RULE not in by_rule:  # a question about a run the sites do not hold as asked: no other question helps
         return CliError(msg, "RUN_FAILED", data=res, hint="ask about a run the sites answered, with its own "
