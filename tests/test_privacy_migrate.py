@@ -57,3 +57,43 @@ def test_a_folder_without_ledgers_of_records_has_nothing_to_migrate(tmp_path):
     (tmp_path / "privacy").mkdir()
     with pytest.raises(PrivacyLedgerError, match="no ledger that lists records"):
         migrate_to_record_secret(tmp_path / "privacy", [tiny_site(n=20, L=3, seed=1)])
+
+
+def test_fcd_site_migrate_charges_the_records_the_site_trains_on(tmp_path, long_case):
+    """`fcd site migrate` on a site home: the record ids it charges are those the site's DP training keys its ledger
+    by (its own table read with its spec, cut by its split secret), so the training split's records keep their
+    spend; a home with its secret has nothing to migrate (exit 2)."""
+    from typer.testing import CliRunner
+
+    from conftest import GOOD_SPEC, make_long_table
+    from fcd_secure.apps.site import SiteRuntime
+    from fcd_secure.cli import site as site_cli
+    from fcd_secure.config import build_config
+    from fcd_secure.federation.site_policy import SitePolicy
+
+    spec, table = long_case(make_long_table(96, seed=2), spec=GOOD_SPEC.replace('site = "hospital"\n', ""))
+    home = tmp_path / "home"
+    runner = CliRunner()
+    res = runner.invoke(site_cli.app, ["init", "--spec", str(spec), "--table", str(table), "--home", str(home),
+                                       "--site-id", "h0", "--min-trajectories", "5", "--json"])
+    assert res.exit_code == 0, res.stdout
+    cfg = build_config("tiny", {"data": {"dataset": "spec", "spec": str(home / "spec.toml"), "table": str(table)},
+                                "dp": {"enabled": True}})
+    rt = SiteRuntime(cfg, "h0", 0, str(home / "state"), policy=SitePolicy(), own_table=(str(home / "spec.toml"),
+                                                                                           str(table)))
+    train = rt.data.train
+    _train(rt.state.dir, train, rounds=2)
+    folder = rt.state.dir / "privacy"
+    worst = max(e for e, _ in site_spend(site_holdings(folder), DP.accountant))
+    (folder / RECORD_SECRET_FILE).unlink()
+    res = runner.invoke(site_cli.app, ["migrate", "--home", str(home), "--json"])
+    assert res.exit_code == 0, res.stdout
+    assert json.loads(res.stdout)["data"]["records_charged"] >= train.n
+    secret = (folder / RECORD_SECRET_FILE).read_bytes()
+    charged = set().union(*(h.records for h in site_holdings(folder)))
+    assert set(record_keys(train, secret)) <= charged  # the training split's records, as training keys them
+    after = site_spend(site_holdings(folder), DP.accountant)
+    assert min(e for e, _ in after) >= worst - 1e-9
+    DPSite.for_dataset(rt.state.dir, train, DP, planned_rounds=1, local_epochs=1, batch_size=10)
+    res = runner.invoke(site_cli.app, ["migrate", "--home", str(home), "--json"])
+    assert res.exit_code == 2 and "nothing to migrate" in json.loads(res.stdout)["message"]
