@@ -214,8 +214,9 @@ def config_from_context(context: Context, fallback: RunConfig | None) -> RunConf
 
     raw = context.run_config.get(RUN_CONFIG_KEY) if context.run_config else None
     if raw:
+        fields, question = split_config_text(str(raw))
         # a question run's text carries the question beside the config (``federation.asked_runs``)
-        return RunConfig.model_validate(split_config_text(str(raw))[0])
+        return RunConfig.from_json(str(raw) if question is None else json.dumps(fields))
     if fallback is None:
         raise RuntimeError(f"no run configuration: the run config has no {RUN_CONFIG_KEY!r} entry")
     return fallback
