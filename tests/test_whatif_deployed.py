@@ -213,14 +213,6 @@ def test_a_declined_question_names_each_site_and_its_rule():
 
 # -- the real deployment ---------------------------------------------------------------------------------------------
 
-def _invoke(app, args: list[str]) -> tuple[int, dict]:
-    res = runner.invoke(app, [*args, "--json"])
-    try:
-        return res.exit_code, json.loads(res.stdout)
-    except json.JSONDecodeError:
-        raise AssertionError(f"{args}: {res.stdout!r} {res.exception!r}") from None
-
-
 def _set_policy(home: Path, **sections) -> None:
     """Change the site's own policy file (the site is the authority: it is read for every message)."""
     from fcd_secure.federation.site_policy import SitePolicy
@@ -245,6 +237,7 @@ def test_whatif_on_a_deployed_run_through_the_superlink(tmp_path, one_torch_thre
     from fcd_secure.provisioning.processes import alive, read_pids
     from fcd_secure.provisioning.server import RUN_START_FILE, _server_root, _submit_and_wait
     from test_hospital_deployment import N_SITES, free_port
+    from test_hospital_deployment import invoke as _invoke
 
     fd = load_federated("dkt-synth", n_sites=N_SITES, preset="tiny", seed=0)
     spec, tables = write_site_tables(fd.train, fd.test, tmp_path / "data", "dkt-synth-long")
