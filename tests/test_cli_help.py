@@ -68,6 +68,7 @@ NOT_SEEDED = {
     ("site", "service"): "writes a systemd unit",
     ("site", "start"): "starts processes",
     ("site", "stop"): "stops processes",
+    ("site", "migrate"): "re-keys privacy ledgers with a fresh random secret; no training or sampling",
     ("site", "status"): "looks at processes",
     ("server", "start"): "starts the SuperLink",
     ("server", "stop"): "stops processes",

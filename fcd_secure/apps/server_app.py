@@ -48,7 +48,8 @@ from fcd_secure.apps.server_loop import (
 from fcd_secure.config import RunConfig
 from fcd_secure.errors import FcdError
 from fcd_secure.federation.flows import make_flow
-from fcd_secure.federation.records import AggregationFlow, config_from_context
+from fcd_secure.federation.asked_runs import question_start_of
+from fcd_secure.federation.records import RUN_CONFIG_KEY, AggregationFlow, config_from_context
 from fcd_secure.federation.run_ticket import (
     CONSORTIUM_ENV,
     COORDINATOR_KEY_ENV,
@@ -389,7 +390,9 @@ def make_server_app(
     """A ServerApp bound to ``cfg`` (simulation) or reading ``fcd-config`` from the run config (deployment).
 
     The run folder is written inside the ServerApp, so both engines produce the same files; ``sink`` (if given)
-    also receives the ``FederationResult`` for in-process callers; ``stop`` is :func:`run_federation`'s.
+    also receives the ``FederationResult`` for in-process callers; ``stop`` is :func:`run_federation`'s. A deployed
+    run start that carries a signed question (``federation.asked_runs``) asks it of a finished run instead
+    (``apps.whatif_app.answer_question``): no training, the answer under ``<out>/whatif/``.
     """
     app = ServerApp()
 
@@ -404,6 +407,14 @@ def make_server_app(
             accept_run_start(ticket, int(context.run_id), run_cfg)
         if cfg is None:
             keep_to_own_keys(run_cfg)
+            question = question_start_of(context.run_config, RUN_CONFIG_KEY)
+            if question is not None:  # the coordinator's signed question about a finished run: nothing is trained
+                from fcd_secure.apps.whatif_app import answer_question  # noqa: PLC0415 - it builds on this module's loop
+
+                answer = answer_question(grid, run_cfg, question)
+                if sink is not None:
+                    sink["result"] = answer
+                return
         result = run_federation(grid, run_cfg, progress, stop)
         if run_cfg.out:
             write_run_folder(run_cfg.out, run_cfg, result)

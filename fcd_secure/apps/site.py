@@ -28,8 +28,19 @@ from fcd_secure.config import RunConfig
 from fcd_secure.federation import learner
 from fcd_secure.queries.cohort import COHORT_SLOT, CohortRecord, select_rows
 from fcd_secure.federation.learner import SiteData
-from fcd_secure.federation.records import EVALUATE_MESSAGE_TYPE, TRAIN_MESSAGE_TYPE
-from fcd_secure.federation.secure.secure_stats import statistics_from_config
+from fcd_secure.federation.asked_runs import (
+    ANSWERED_SLOT,
+    WHATIF_RULE,
+    AnsweredRun,
+    AnsweredRuns,
+    QuestionStart,
+    check_question,
+    question_start_of,
+    theta_digest,
+)
+from fcd_secure.federation.records import EVALUATE_MESSAGE_TYPE, RUN_CONFIG_KEY, TRAIN_MESSAGE_TYPE
+from fcd_secure.federation.run_ticket import ticket_session_id
+from fcd_secure.federation.secure.secure_stats import STATISTICS_KEY, statistics_from_config
 from fcd_secure.federation.site_policy import SitePolicy, load_site_policy
 from fcd_secure.federation.state import SiteState, StateError
 from fcd_secure.manifest import FULL, THETA_C, THETA_S, Manifest
@@ -74,6 +85,10 @@ class SiteRuntime:
         self.cfg, self.refusal = self.policy.admit(cfg)
         if torch.get_num_threads() != self.cfg.federation.site_threads:
             torch.set_num_threads(self.cfg.federation.site_threads)
+        #: the signed session id of the deployed run this message belongs to (``from_context``; None: simulation)
+        self.run_session: str | None = None
+        #: the signed question of a question run about an earlier deployed run (``federation.asked_runs``)
+        self.question: QuestionStart | None = None
         self._data: SiteData | None = None
         #: the consortium's standardisation statistics of this request (``data.standardize = "secure"``)
         self.statistics: dict[str, list[float]] | None = None
@@ -103,7 +118,11 @@ class SiteRuntime:
         if not state_root:
             raise StateError("no state directory: set node_config 'state-dir' (a server never chooses it)")
         own = (str(nc["own-spec"]), str(nc["own-table"])) if nc.get("own-spec") and nc.get("own-table") else None
-        return cls(cfg, site_id, index, state_root, load_site_policy(nc, state_root, site_id), own_table=own)
+        rt = cls(cfg, site_id, index, state_root, load_site_policy(nc, state_root, site_id), own_table=own)
+        if not own_config:  # a deployed run: its executor verified the coordinator's signed run start (P34)
+            rt.run_session = ticket_session_id(context.run_config)
+            rt.question = question_start_of(context.run_config, RUN_CONFIG_KEY)
+        return rt
 
     # -- admission -----------------------------------------------------------------------------------------
     def admit(self, message_type: str) -> None:
@@ -117,6 +136,16 @@ class SiteRuntime:
             raise self.refusal
         if self.cfg.federation.secure_aggregation and message_type in PLAIN_MESSAGE_TYPES:
             raise Refusal("downgrade", "message", message_type)
+
+    def refuse_in_question_run(self, what: str) -> None:
+        """A question run answers its one signed question, nothing else: no training round (its DP spend, its
+        updates) and no round-0 moment sums (P64).
+
+        Raises:
+            Refusal: rule ``whatif_run``, key ``what``.
+        """
+        if self.question is not None:
+            raise Refusal(WHATIF_RULE, "message", what)
 
     # -- lazily built parts ------------------------------------------------------------------------------
     @property
@@ -187,6 +216,7 @@ class SiteRuntime:
         """
         from fcd_secure.data.moments import moment_sums  # noqa: PLC0415
 
+        self.refuse_in_question_run("moment_sums")
         if not self.secure_statistics or self.statistics is not None:
             raise StateError("moment sums are only taken in a secure-standardisation run, over unscaled data")
         sums = moment_sums(self.data.train)
@@ -244,6 +274,7 @@ class SiteRuntime:
         """
         import torch  # noqa: PLC0415
 
+        self.refuse_in_question_run("training")
         server_round = int(round_config["server-round"])
         self.adopt_statistics(round_config)
         part = str(round_config.get("part", THETA_C))
@@ -292,20 +323,37 @@ class SiteRuntime:
     def load_for_eval(self, global_theta: dict[str, np.ndarray], part: str = THETA_C, restore_round: int | None = None):
         """The site's model with the given global parameters and its own latest Θs, or the Θs it kept when it scored
         ``restore_round`` (the round the run's selection chose, ``queries.selection``); nothing is written."""
+        return self._model_with(self._theta_s_of(restore_round), global_theta, part)
+
+    def _theta_s_of(self, restore_round: int | None) -> dict[str, np.ndarray] | None:
+        """The site's Θs kept when it scored ``restore_round``, else its latest (None: the initial Θs)."""
         from fcd_secure.queries.selection import KeptParams  # noqa: PLC0415
 
-        model = self.model
         if restore_round is not None:
-            kept = KeptParams(self.state.slot("selection_theta_s")).load(restore_round)
-            if kept is not None:
-                model.set_params(THETA_S, kept)
-        else:
-            snap = self.state.load()
-            if snap is not None:
-                model.set_params(THETA_S, snap.theta_s)
+            return KeptParams(self.state.slot("selection_theta_s")).load(restore_round)
+        snap = self.state.load()
+        return None if snap is None else snap.theta_s
+
+    def _model_with(self, theta_s: dict[str, np.ndarray] | None, global_theta: dict[str, np.ndarray], part: str):
+        model = self.model
+        if theta_s is not None:
+            model.set_params(THETA_S, theta_s)
         # "w/o DSS" (part = full) synchronises Θs too (not its site-bound part): the global one replaces the local copy
         model.set_params(part, global_theta)
         return model
+
+    def answered_run(self, global_theta: dict[str, np.ndarray], request) -> AnsweredRun:  # noqa: ANN001
+        """What this site answered the run a question run asks about (its own record, never the server's say-so),
+        once the message's Θc and question are that run's and the coordinator's as signed (P61-P63).
+
+        Raises:
+            Refusal: rule ``whatif_run`` (``federation.asked_runs``).
+        """
+        assert self.question is not None
+        answered = AnsweredRuns(self.state.slot(ANSWERED_SLOT)).load(self.question.run_session)
+        check_question(self.question, None if request.whatif is None else request.whatif.to_json(), answered,
+                       global_theta)
+        return answered
 
     def evaluation_rows(self, requested: int | None) -> np.ndarray:
         """The test rows this site evaluates when ``requested`` rows are asked for (only a request), recorded.
@@ -328,9 +376,23 @@ class SiteRuntime:
         from fcd_secure.queries.selection import KeptParams  # noqa: PLC0415
 
         request = EvaluationRequest.from_config(eval_config)
+        if self.question is not None:  # a question about an earlier deployed run: its model from the site's record
+            answered = self.answered_run(global_theta, request)
+            # the scale the site answered the run with, from its record (the request's own is not read)
+            self.adopt_statistics({STATISTICS_KEY: answered.statistics} if answered.statistics else {})
+            rows = self.evaluation_rows(request.max_rows)
+            model = self._model_with(answered.theta_s, global_theta, request.part)
+            return site_metrics(model, self.data, self.cfg, request, rows=rows, site_dir=self.state.dir,
+                                questions=self.policy.questions)
         self.adopt_statistics(eval_config)
+        theta_s = self._theta_s_of(request.restore_round)
+        if self.run_session is not None and not request.quick:
+            # the deployed run's answer: what it is answered with is kept under the run's signed session id, before
+            # the cohort rules may decline it, so a later question about the run is answered with exactly this
+            AnsweredRuns(self.state.slot(ANSWERED_SLOT)).record(self.run_session, theta_s, theta_digest(global_theta),
+                                                                 request.statistics)
         rows = self.evaluation_rows(request.max_rows)
-        model = self.load_for_eval(global_theta, request.part, request.restore_round)
+        model = self._model_with(theta_s, global_theta, request.part)
         if request.keep_round is not None:  # a scored round: keep this Θs for the selection
             snap = self.state.load()
             KeptParams(self.state.slot("selection_theta_s")).keep(request.keep_round,

@@ -5,24 +5,32 @@ training, then Θc of the finished run goes to every site with the question (``q
 an ordinary evaluation request, and the sites answer with the evaluation sums; nothing is trained, and the run's
 checkpoint and ``rounds.csv`` are left as they are. The round continues the run's audit ledgers (the first round
 number the server ledger has not used, the receipts, the checkpoints), so ``fcd audit verify`` covers the question
-too. The engine that re-opens a run folder and runs this app is ``engines.whatif_run``.
+too. The engine that re-opens a run folder and runs this app is ``engines.whatif_run``; on a deployed run the
+coordinator's signed question run reaches :func:`answer_question` through the deployed ServerApp
+(``apps.server_app``, ``federation.asked_runs``).
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from fcd_secure._io import atomic_write_text, jsonable, read_npz
 from fcd_secure.apps.server_loop import ServerLoop
 from fcd_secure.audit import ServerAudit
 from fcd_secure.config import RunConfig
 from fcd_secure.errors import FcdError
+from fcd_secure.federation.asked_runs import QuestionStart
 from fcd_secure.federation.records import config_from_context
 from fcd_secure.queries.evaluation import evaluate_federated
+from fcd_secure.queries.per_entity import WHATIF_DIR
 from fcd_secure.queries.request import EvaluationRequest, WhatIfRequest
+from fcd_secure.queries.selection import restored_round
 
 
 class WhatIfError(FcdError, RuntimeError):
@@ -99,6 +107,38 @@ def ask_sites(grid: Grid, cfg: RunConfig, theta: dict[str, np.ndarray], request:
         WhatIfError: ``theta`` does not match the model the sites build.
     """
     return WhatIfLoop(grid, cfg, theta, request, restore_round).run()
+
+
+def selected_round(run_dir: str | Path, cfg: RunConfig) -> int | None:
+    """The round a finished run answered with (its ``summary.json`` selection; None: the last round's parameters)."""
+    summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    return restored_round(summary.get("selection"), cfg.federation.rounds)
+
+
+def write_answer(run_dir: str | Path, cfg: RunConfig, request: WhatIfRequest, res: dict[str, Any]) -> dict[str, Any]:
+    """The answer as ``fcd whatif`` keeps it, written to ``<run_dir>/whatif/<query id>.json``; returns it."""
+    out = {"run": str(Path(run_dir)), "query_id": request.query_id, "dataset": cfg.data.dataset, "seed": cfg.seed,
+           **res}
+    atomic_write_text(Path(run_dir) / WHATIF_DIR / f"{request.query_id}.json", json.dumps(jsonable(out), indent=2))
+    return out
+
+
+def answer_question(grid: Grid, cfg: RunConfig, start: QuestionStart) -> dict[str, Any]:
+    """The deployed what-if (``federation.asked_runs``): the signed question asked of the sites once with the run's
+    Θc (``<out>/theta_c.npz``, the selected round's), answered under ``<out>/whatif/``. The sites answer with what
+    they recorded for the run, not with anything this app says beyond the Θc and the question they check.
+
+    Raises:
+        WhatIfError: the run folder has no Θc, or ``theta_c.npz`` does not match the model the sites build.
+        FederationError: sites missing or inconsistent.
+    """
+    run_dir = Path(cfg.out or "")
+    theta_path = run_dir / "theta_c.npz"
+    if not cfg.out or not theta_path.is_file() or not (run_dir / "summary.json").is_file():
+        raise WhatIfError(f"{run_dir}: not a finished run folder (theta_c.npz, summary.json)")
+    request = WhatIfRequest.from_json(start.question)
+    res = ask_sites(grid, cfg, read_npz(theta_path), request, selected_round(run_dir, cfg))
+    return write_answer(run_dir, cfg, request, res)
 
 
 def make_whatif_server_app(theta: dict[str, np.ndarray], request: WhatIfRequest, sink: dict,

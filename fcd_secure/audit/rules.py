@@ -82,6 +82,8 @@ REFUSAL_RULES = {
     "(its code never ran)",
     "run_replayed": "a signed run start already used by another Flower run, or first seen after its expiry (its code "
     "never ran; P52)",
+    "whatif_run": "a question about a deployed run the site has no record of answering, or whose Θs it deleted, or "
+    "one whose Θc or question is not the run's and the coordinator's as signed (P61-P63)",
 }
 #: The rule of a message type the site's app does not handle (P28): ``apps.client_app.SiteClientApp`` raises it,
 #: verify names the type in a note.

@@ -196,3 +196,16 @@ def status(home: Path = _HOME, as_json: bool = typer.Option(False, "--json", hel
     with bad_input("--home must be a site's folder"):
         res = site_status(SiteHome.at(home))
     say_status(as_json, res)
+
+
+@app.command("migrate", short_help="Give DP ledgers older than the record secret one, keeping every record's ε.")
+def migrate(home: Path = _HOME, as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope.")) -> None:
+    """A site whose DP ledgers were written before `record_secret.key` existed refuses to train. This makes the
+    secret and charges every record of the site's table every old ledger (each record keeps at least what it spent;
+    a note beside the ledgers says what was done). Run it with the site stopped."""
+    from fcd_secure.provisioning.site_install.home import SiteHome, migrate_privacy  # noqa: PLC0415
+
+    with bad_input("--home must be a site's folder whose ledgers predate its record secret"):
+        res = migrate_privacy(SiteHome.at(home))
+    done(as_json, res, f"migrated {len(res['ledgers'])} ledger(s) in {res['folder']}: {res['records_charged']} "
+         "records each charged every one of them", [("note", str(Path(res["folder"]) / "record_secret.migration.json"))])

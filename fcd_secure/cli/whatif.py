@@ -330,6 +330,8 @@ def register(app: typer.Typer) -> None:
         horizon: Optional[int] = typer.Option(None, "--horizon", min=1, help="Average each value over the first H steps from t = 0 (default: the run's setting, else whole trajectories)."),
         level: Optional[float] = typer.Option(None, "--level", min=0.5, max=0.999, help="Nominal coverage of the intervals (default: the run's, 0.9)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope (the result in data) on stdout."),
+        home: Optional[Path] = typer.Option(None, "--home", help="A run of `fcd server run`: the coordinator's folder it is asked through (default: the one whose server state the run names). The server must be running."),
+        timeout: float = typer.Option(1800.0, "--timeout", min=1.0, help="A run of `fcd server run`: seconds to wait for the sites' answer."),
     ) -> None:
         """Simulate each POLICY on the run's trained model (Θc from theta_c.npz, each site's own Θs from its state)
         in one evaluation-only round on the simulation engine: its value with an interval, the difference to the
@@ -337,6 +339,10 @@ def register(app: typer.Typer) -> None:
         effects are written on each site, into that site's own state folder (whatif/<query id>.csv); only consortium
         sums reach the server.
         The result is also written to RUN_DIR/whatif/<query id>.json.
+
+        A run of `fcd server run` is asked through the coordinator's SuperLink as a new run the coordinator signs:
+        each site answers with the Θs it recorded when it answered that run, under its own question budget, through
+        secure aggregation; a site that declines is named with its rule.
 
         Exit codes: 0 done, 2 bad input (run folder, policy files, labels the data does not have), 1 the run failed,
         7 the answers cover fewer sites than the run (the sites left out are named on stdout and in the JSON), 8 the
@@ -352,16 +358,26 @@ def register(app: typer.Typer) -> None:
             raise CliError(str(exc), hint=hint) from None
         import torch  # noqa: PLC0415
 
-        from fcd_secure.config import ConfigError  # noqa: PLC0415
+        from fcd_secure.config import ConfigError, RunConfig  # noqa: PLC0415
         from fcd_secure._io import jsonable  # noqa: PLC0415
         from fcd_secure.queries.request import WhatIfRequest  # noqa: PLC0415
         from fcd_secure.queries.vocabulary import bind_policies  # noqa: PLC0415
         from fcd_secure.apps.whatif_app import WhatIfError  # noqa: PLC0415
         from fcd_secure.engines.whatif_run import open_run, run_whatif  # noqa: PLC0415
+        from fcd_secure.provisioning.consortium import ProvisioningError  # noqa: PLC0415
+        from fcd_secure.provisioning.server import ask_deployed, question_coordinator  # noqa: PLC0415
 
         console = stderr()
+        try:  # a run of `fcd server run` is asked through its coordinator: refused here if it cannot be
+            co = question_coordinator(run_dir, home)
+        except ProvisioningError as exc:
+            raise CliError(str(exc), hint="the coordinator's folder (--home) and a finished run folder of `fcd server "
+                           "run`; fcd server start --home HOME first") from None
         try:
-            cfg, _theta = open_run(run_dir)
+            if co is not None:  # the data is on the sites: they bind the policies' labels and check the horizon
+                cfg = RunConfig.load(Path(run_dir) / "config.toml")
+            else:
+                cfg, _theta = open_run(run_dir)
             pols = given if given is not None else load_policy_refs(cfg.evaluation.policies)
             ref_name = None
             if reference is not None:
@@ -379,17 +395,23 @@ def register(app: typer.Typer) -> None:
                 horizon=horizon if horizon is not None else ev.horizon,
                 level=level or ev.level,
             )
-            if request.horizon is not None and request.horizon > cfg_len(cfg):
+            if co is None and request.horizon is not None and request.horizon > cfg_len(cfg):
                 raise DataError(f"--horizon {request.horizon} is longer than the data's trajectories ({cfg_len(cfg)} steps)")
-            bind_policies(cfg, pols)
+            if co is None:
+                bind_policies(cfg, pols)
         except (WhatIfError, ConfigError, DataError, ValueError) as exc:
             raise CliError(str(exc), hint=hint) from None
         torch.set_num_threads(1)
         console.print(f"[bold]fcd whatif[/bold] {escape(str(run_dir))}: {len(request.policies)} policies, reference "
                       f"{escape(request.reference)}, query {request.query_id}", soft_wrap=True)
         try:
-            res = run_whatif(run_dir, request)
-        except (WhatIfError, DataError) as exc:
+            if co is not None:
+                res = ask_deployed(co, run_dir, request.to_json(), request.query_id, timeout_s=timeout)
+            else:
+                res = run_whatif(run_dir, request)
+        except ProvisioningError as exc:  # before anything was submitted (the server is not running, ...)
+            raise CliError(str(exc), hint="fcd server start --home HOME, then ask again") from None
+        except (WhatIfError, DataError, RuntimeError) as exc:
             raise CliError(str(exc), "RUN_FAILED") from None
         result_file = Path(run_dir) / "whatif" / (request.query_id + ".json")
         if not res.get("policies"):  # every site declined: say who and under which rule instead of an empty table
@@ -442,9 +464,20 @@ def unanswered_error(res: dict, request) -> CliError:
     if not declined:
         return CliError("no site answered the question" + (f": {', '.join(failed)} failed" if failed else ""),
                         "RUN_FAILED", hint="the sites' own logs say more (FCD_SITE_DEBUG=1)", data=res)
-    msg = (f"no site answered the question: {', '.join(declined)} declined it under rule '{RULE}' "
-           f"({REFUSAL_RULES[RULE]})" + (f"; {', '.join(failed)} failed" if failed else ""))
+    rules = {str(k): str(v) for k, v in (res.get("declined_rules") or {}).items() if v}
+    by_rule: dict[str, list[str]] = {}
+    for site in declined:
+        by_rule.setdefault(rules.get(site, RULE), []).append(site)
+    msg = "no site answered the question: " + "; ".join(
+        f"{', '.join(sites)} declined it under rule '{rule}' ({REFUSAL_RULES.get(rule, '')})"
+        for rule, sites in by_rule.items()) + (f"; {', '.join(failed)} failed" if failed else "")
+    others = [s for s in (res.get("coverage") or {}).get("sites_asked") or [] if s not in declined and s not in failed]
+    if others:  # they answered, but secure aggregation reveals no sum of fewer sites than its minimum
+        msg += f"; the {len(others)} other site(s) were too few for secure aggregation to reveal a sum"
     fix = ""
+    if RULE not in by_rule:  # a question about a run the sites do not hold as asked: no other question helps
+        return CliError(msg, "RUN_FAILED", data=res, hint="ask about a run the sites answered, with its own "
+                        "theta_c.npz; each declining site's ledger names which check fired")
     if len(request.policies) > 1:
         thresholds = any(p.rule.kind == "threshold" for p in request.policies)
         fix = ("if two of its policies act alike on most patients, ask policies that differ on more of them"

@@ -9,20 +9,17 @@ question) instead of the training federation; nothing is trained. The merged ans
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fcd_secure._io import atomic_write_text, jsonable, read_npz
+from fcd_secure._io import read_npz
 from fcd_secure.apps.site import default_site_id
-from fcd_secure.apps.whatif_app import WhatIfError, make_whatif_server_app
+from fcd_secure.apps.whatif_app import WhatIfError, make_whatif_server_app, selected_round, write_answer
 from fcd_secure.config import RunConfig
 from fcd_secure.engines.simulation import run_simulated
-from fcd_secure.queries.per_entity import WHATIF_DIR
 from fcd_secure.queries.request import WhatIfRequest
-from fcd_secure.queries.selection import restored_round
 
 __all__ = ["open_run", "run_whatif"]
 
@@ -45,8 +42,9 @@ def open_run(run_dir: str | Path) -> tuple[RunConfig, dict[str, np.ndarray]]:
     state = next((c for c in candidates if (c / default_site_id(0)).is_dir()), None)
     if state is None:
         raise WhatIfError(f"{run_dir}: the sites' state (Θs) is not in {' or '.join(map(str, candidates))}; a run "
-                          "of `fcd deploy` or `fcd server run` keeps each site's Θs on that site, so `fcd whatif` "
-                          "cannot ask it: the run's own answers (its [evaluation] policies) are in "
+                          "of `fcd deploy` keeps each site's Θs on that site, so `fcd whatif` cannot ask it here (a "
+                          "run of `fcd server run` is asked through its coordinator's SuperLink: its run folder has "
+                          "run_start.json): the run's own answers (its [evaluation] policies) are in "
                           f"{run_dir / 'summary.json'} (policies, identified)")
     cfg = cfg.model_copy(update={"state_dir": str(state.resolve()), "out": str(run_dir.resolve())})
     return cfg, read_npz(run_dir / "theta_c.npz")
@@ -63,14 +61,10 @@ def run_whatif(run_dir: str | Path, request: WhatIfRequest, num_cpus: int | None
     """
     cfg, theta = open_run(run_dir)
     # the run answered with its selected round: theta_c.npz is that round's Θc, and each site restores its Θs of it
-    summary = json.loads((Path(run_dir) / "summary.json").read_text())
-    restore = restored_round(summary.get("selection"), cfg.federation.rounds)
+    restore = selected_round(run_dir, cfg)
 
     def factory(c, sink):
         return make_whatif_server_app(theta, request, sink, c, restore)
 
     res = run_simulated(cfg, server_app_factory=factory, num_cpus=num_cpus)
-    out = {"run": str(Path(run_dir)), "query_id": request.query_id, "dataset": cfg.data.dataset, "seed": cfg.seed,
-           **res}
-    atomic_write_text(Path(run_dir) / WHATIF_DIR / f"{request.query_id}.json", json.dumps(jsonable(out), indent=2))
-    return out
+    return write_answer(run_dir, cfg, request, res)

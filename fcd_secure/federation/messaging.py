@@ -29,6 +29,7 @@ from fcd_secure.audit import POLICY_REASON_PREFIX, ServerAudit, message_bytes, p
 from fcd_secure.audit.entries import UNNAMED_NODE_PREFIX
 from fcd_secure._flower.waits import grid_poll_s
 from fcd_secure.errors import FcdError
+from fcd_secure.federation.asked_runs import WHATIF_RULE
 
 
 @dataclass(frozen=True)
@@ -49,15 +50,25 @@ class RunStopped(FcdError, RuntimeError):
     """The operator stopped the run (``Comm.stop`` was set); the state on disk is that of the last finished round."""
 
 
+#: the rules under which a site *declines* an evaluation (its policy at work, not a failure): its cohort rules, and
+#: a question about a deployed run it has no record of answering as asked (``federation.asked_runs``)
+DECLINING_RULES = ("eval_cohort", WHATIF_RULE)
+
+
+def declined_rule(reply: Message) -> str | None:
+    """The rule under which ``reply`` declines an evaluation (:data:`DECLINING_RULES`: a test split smaller than the
+    cohort floor, a cohort too close to an earlier one, the same rows evaluated too often, a question about a run
+    the site did not answer), or None: the ``policy_refusal`` category with such a rule. The evaluation then merges
+    the other sites' sums; nothing failed. The rule's name is all a declining site says (P41)."""
+    if not reply.has_error() or site_error_name(reply.error.code) != "policy_refusal":
+        return None
+    reason = str(reply.error.reason)
+    return next((r for r in DECLINING_RULES if reason == POLICY_REASON_PREFIX + r), None)
+
+
 def declined_evaluation(reply: Message) -> bool:
-    """Whether ``reply`` is a site declining an evaluation under its cohort rules (a test split smaller than the
-    cohort floor, a cohort too close to an earlier one, the same rows evaluated too often): the ``policy_refusal``
-    category with the ``eval_cohort`` rule. The evaluation then merges the other sites' sums; nothing failed."""
-    return (
-        reply.has_error()
-        and site_error_name(reply.error.code) == "policy_refusal"
-        and str(reply.error.reason) == POLICY_REASON_PREFIX + "eval_cohort"
-    )
+    """Whether ``reply`` declines an evaluation under one of :data:`DECLINING_RULES` (:func:`declined_rule`)."""
+    return declined_rule(reply) is not None
 
 
 #: the category of a :class:`SiteErrorRecord` for a site that sent no reply before the deadline (the server's own
@@ -76,6 +87,8 @@ class SiteErrorRecord:
     node_id: int
     site_id: str
     error: str
+    #: the rule a declining site named (:func:`declined_rule`); None for any other error
+    rule: str | None = None
 
 
 class TrafficLedger:
@@ -191,8 +204,10 @@ class Comm:
                     continue  # a reply to something we no longer wait for
                 ok = not reply.has_error()
                 if not ok:
-                    record = SiteErrorRecord(rnd, message_type, nid, self._site(nid), site_error_name(reply.error.code))
-                    (self.declined if declined_evaluation(reply) else self.site_errors).append(record)
+                    rule = declined_rule(reply)
+                    record = SiteErrorRecord(rnd, message_type, nid, self._site(nid), site_error_name(reply.error.code),
+                                             rule)
+                    (self.declined if rule is not None else self.site_errors).append(record)
                 if self.audit is not None:
                     self.audit.on_reply(reply, self._site(nid))
                 self.ledger.add(

@@ -202,16 +202,21 @@ def config_record(round_config: dict) -> ConfigRecord:
 
 
 def config_from_context(context: Context, fallback: RunConfig | None) -> RunConfig:
-    """The run config: the ``fcd-config`` run-config entry (deployment), else ``fallback`` (simulation).
+    """The run config: the ``fcd-config`` run-config entry (deployment; a question run's question is read by
+    ``federation.asked_runs.question_start_of``), else ``fallback`` (simulation).
 
     Raises:
         RuntimeError: neither is there.
     """
     from fcd_secure.config import RunConfig  # noqa: PLC0415 - see the TYPE_CHECKING import above
 
+    from fcd_secure.federation.asked_runs import split_config_text  # noqa: PLC0415 - it imports nothing of this module
+
     raw = context.run_config.get(RUN_CONFIG_KEY) if context.run_config else None
     if raw:
-        return RunConfig.from_json(str(raw))
+        fields, question = split_config_text(str(raw))
+        # a question run's text carries the question beside the config (``federation.asked_runs``)
+        return RunConfig.from_json(str(raw) if question is None else json.dumps(fields))
     if fallback is None:
         raise RuntimeError(f"no run configuration: the run config has no {RUN_CONFIG_KEY!r} entry")
     return fallback

@@ -91,7 +91,9 @@ def record_secret(folder: str | Path) -> bytes:
     if not path.exists() and any(_lists_records(p) for p in folder.glob("ledger-*.json")):
         raise PrivacyLedgerError(
             f"{folder} holds ledgers of records but no {RECORD_SECRET_FILE}: every record would start a fresh "
-            "budget under a new secret; restore the file from backup (the site refuses to train until then)"
+            "budget under a new secret; restore the file from backup, or, for ledgers written before the secret "
+            "existed, migrate them (fcd site migrate: every record keeps its spend; the site refuses to train "
+            "until then)"
         )
     return load_or_create_secret(path, 32)
 

@@ -58,6 +58,7 @@ __all__ = [
     "dataset_fingerprint",
     "find_ledger",
     "ledger_path",
+    "migrate_to_record_secret",
     "privacy_ledger_hash",
     "site_holdings",
 ]
@@ -548,3 +549,53 @@ def privacy_ledger_hash(state_dir: Path, ledger_dir: str | Path | None = None) -
     for f in files:
         h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()
+
+
+#: the note a record-secret migration leaves beside the ledgers it re-keyed (:func:`migrate_to_record_secret`)
+MIGRATION_NOTE = "record_secret.migration.json"
+
+
+def migrate_to_record_secret(folder: str | Path, tables: Sequence[SiteDataset]) -> dict[str, Any]:
+    """Give a folder of ledgers that predates its record secret one, keeping every record's spent ε (P45).
+
+    Ledgers written before ``record_secret.key`` list their records under keys no secret reproduces, and the site
+    refuses to train on them (:func:`fcd_secure.privacy.identity.record_secret`). Here every such ledger is charged
+    to *every* record of the site's ``tables`` (its table as it is now: pass every split) under a fresh secret: each
+    record then composes the whole history of every old ledger, at least what it had spent in any of them
+    (conservative: a record that was in one ledger only is charged all of them). The new secret is written last, so
+    a migration stopped midway runs again from the start (its ledgers still list records and no secret is there).
+    A note beside the ledgers (:data:`MIGRATION_NOTE`) records when, which ledgers, their ε and the records charged.
+
+    What it cannot keep: the spend of a record no longer in ``tables`` (its key under the new secret is unknown); such
+    a record, added back later, starts from the ledgers that charge it then.
+
+    Raises:
+        PrivacyLedgerError: the folder has its record secret already, or no ledger that lists records.
+    """
+    import datetime  # noqa: PLC0415
+    import secrets  # noqa: PLC0415
+
+    from fcd_secure._io import atomic_write_bytes  # noqa: PLC0415
+    from fcd_secure.privacy.identity import RECORD_SECRET_FILE, record_keys  # noqa: PLC0415
+
+    folder = Path(folder)
+    if (folder / RECORD_SECRET_FILE).exists():
+        raise PrivacyLedgerError(f"{folder / RECORD_SECRET_FILE}: the ledgers have their record secret; nothing to "
+                                 "migrate")
+    old = [Ledger(p) for p in sorted(folder.glob("ledger-*.json")) if Ledger(p).load().records]
+    if not old:
+        raise PrivacyLedgerError(f"{folder}: no ledger that lists records; nothing to migrate")
+    secret = secrets.token_bytes(32)
+    keys = sorted(set().union(*(record_keys(t, secret) for t in tables)))
+    migrated = []
+    for ledger in old:
+        with ledger.locked():
+            state = ledger.load()
+            migrated.append({"ledger": ledger.path.name, "epsilon": state.epsilon(), "records_before": len(state.records)})
+            state.records = keys
+            ledger._save(state)
+    note = {"migrated": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "records_charged": len(keys),
+            "ledgers": migrated, "rule": "every record of the site's table is charged every ledger listed here"}
+    atomic_write_text(folder / MIGRATION_NOTE, json.dumps(note, indent=1) + "\n")
+    atomic_write_bytes(folder / RECORD_SECRET_FILE, secret, mode=0o600)
+    return note

@@ -38,7 +38,8 @@ from fcd_secure.provisioning.consortium import Coordinator, ProvisioningError
 from fcd_secure._flower.superlink_main import DEFAULT_CONTROL_HOST
 from fcd_secure.provisioning.signed import read_document
 from fcd_secure.apps.sandbox import DENY_ENV
-from fcd_secure.federation.run_ticket import CONSORTIUM_ENV, COORDINATOR_KEY_ENV
+from fcd_secure.federation.asked_runs import QuestionStart, config_text
+from fcd_secure.federation.run_ticket import CONSORTIUM_ENV, COORDINATOR_KEY_ENV, ticket_session_id
 from fcd_secure.federation.secure.setup import ROSTER_FILE, write_roster
 from fcd_secure.federation.state import IDENTITY_FILE, SERVER_DIR
 from fcd_secure.fingerprints import fingerprint
@@ -46,6 +47,8 @@ from fcd_secure.fingerprints import fingerprint
 #: what the server's run config names as the table: each site reads its own (node config ``own-table``)
 SITE_OWN_TABLE = "site-own"
 LINK = "superlink"
+#: the file of a deployed run folder naming the signed session of the run start that answered it
+RUN_START_FILE = "run_start.json"
 
 
 def _server_root(co: Coordinator) -> Path:
@@ -244,6 +247,63 @@ def _run_error(co: Coordinator, run_id: int) -> str:
     return lines[-1][:800] if lines else "the ServerApp's log names no exception"
 
 
+def _running(co: Coordinator) -> bool:
+    return any(p["running"] for p in processes.status(_server_root(co)).values())
+
+
+def _signed(co: Coordinator, config_text_: str) -> dict[str, str]:
+    """The run config of a run start signed by the coordinator (P34) for its consortium and pinned app."""
+    terms = co.config()
+    return signed_run_config(co.key(), terms.consortium_id, terms.app_fab_sha256, config_text_)
+
+
+def _submit_and_wait(co: Coordinator, run_config_doc: dict[str, str], done: Path, timeout_s: float) -> int | None:
+    """``flwr run`` the consortium's app with ``run_config_doc`` and wait until the ServerApp writes ``done`` (its
+    last file); returns Flower's run id (None when the log does not name it).
+
+    Raises:
+        RuntimeError: ``flwr run`` failed, the run did not finish in time, the SuperLink stopped, or the run ended
+            without ``done`` (the ServerApp's exception named, from the SuperLink's log).
+    """
+    root = _server_root(co)
+    run_config = root / "run-config.toml"
+    atomic_write_text(run_config, tomli_w.dumps(run_config_doc), mode=0o600)
+    if done.exists():
+        done.unlink()
+    log = processes.run_dir(root) / "logs" / "flwr-run.log"
+    t0 = time.monotonic()
+    logged = log.stat().st_size if log.exists() else 0
+    # submit without --stream: the log stream is one more long request on the SuperLink's database, and a broken
+    # stream says nothing about the run; the file the ServerApp writes last is what says it finished
+    with open(log, "ab") as f:
+        rc = subprocess.run([_bin("flwr"), "run", str(co.app_dir), CONNECTION, "--run-config", str(run_config)],
+                            stdout=f, stderr=subprocess.STDOUT, env=flower_env(_cli_home(co)), cwd=root,
+                            timeout=300).returncode
+    if rc != 0:
+        raise RuntimeError(f"flwr run failed (exit {rc}); see {log}")
+    started = re.findall(rb"started run (\d+)", log.read_bytes()[logged:])
+    run_id = int(started[-1]) if started else None
+    deadline = t0 + timeout_s
+    next_status = time.monotonic() + RUN_STATUS_POLL_S
+    while not done.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the run did not finish within {timeout_s:.0f} s; see {log} and `flwr log` on the SuperLink")
+        if not _running(co):
+            raise RuntimeError(f"the SuperLink stopped during the run; see {processes.run_dir(root) / 'logs'}")
+        if run_id is not None and time.monotonic() >= next_status:
+            # a ServerApp that raised (every site refused, a checkpoint of other settings, ...) writes no
+            # result: ask the SuperLink, or the command would wait out the whole timeout (docs/hospital.md,
+            # "Frictions found", 3)
+            status = _run_status(co, run_id)
+            if status is not None and status.startswith("finished:") and status != "finished:completed" \
+                    and not done.exists():
+                raise RuntimeError(f"run {run_id} ended {status} without results: {_run_error(co, run_id)} (the "
+                                   f"whole log: FLWR_HOME={_cli_home(co)} flwr log {run_id} {CONNECTION} --show)")
+            next_status = time.monotonic() + RUN_STATUS_POLL_S
+        time.sleep(0.5)
+    return run_id
+
+
 def submit_run(co: Coordinator, out: str | Path, *, rounds: int = 1, dp: bool = True, preset: str = "tiny",
                seed: int = 0, timeout_s: float = 1800.0, dp_epsilon: float | None = None,
                settings: Sequence[str] = ()) -> dict[str, Any]:
@@ -257,7 +317,7 @@ def submit_run(co: Coordinator, out: str | Path, *, rounds: int = 1, dp: bool = 
         RuntimeError: the run did not finish in time (the message names the log).
     """
     root = _server_root(co)
-    if not any(p["running"] for p in processes.status(root).values()):
+    if not _running(co):
         raise ProvisioningError(f"{root}: the server is not running (fcd server start --home {co.home})")
     out = Path(out)
     cfg = run_config_for(co, out, rounds=rounds, dp=dp, preset=preset, seed=seed, dp_epsilon=dp_epsilon,
@@ -266,45 +326,13 @@ def submit_run(co: Coordinator, out: str | Path, *, rounds: int = 1, dp: bool = 
     sites = roster(co)
     write_roster(state / ROSTER_FILE, {s: bytes.fromhex(r["identity_public_key"]) for s, r in sites.items()})
     server_key = load_or_create_identity_key(state / SERVER_DIR / IDENTITY_FILE)
-    run_config = root / "run-config.toml"
-    terms = co.config()
-    # the coordinator's signature over this run start: the sites and the ServerApp refuse a run without it (P34)
-    atomic_write_text(run_config, tomli_w.dumps(signed_run_config(co.key(), terms.consortium_id, terms.app_fab_sha256,
-                                                                  cfg.to_json())), mode=0o600)
     summary_path = out / "summary.json"
-    if summary_path.exists():
-        summary_path.unlink()
-    log = processes.run_dir(root) / "logs" / "flwr-run.log"
-    t0 = time.monotonic()
-    logged = log.stat().st_size if log.exists() else 0
-    # submit without --stream: the log stream is one more long request on the SuperLink's database, and a broken
-    # stream says nothing about the run; the run folder's summary.json (written last) is what says it finished
-    with open(log, "ab") as f:
-        rc = subprocess.run([_bin("flwr"), "run", str(co.app_dir), CONNECTION, "--run-config", str(run_config)],
-                            stdout=f, stderr=subprocess.STDOUT, env=flower_env(_cli_home(co)), cwd=root,
-                            timeout=300).returncode
-    if rc != 0:
-        raise RuntimeError(f"flwr run failed (exit {rc}); see {log}")
-    started = re.findall(rb"started run (\d+)", log.read_bytes()[logged:])
-    run_id = int(started[-1]) if started else None
-    deadline = t0 + timeout_s
-    next_status = time.monotonic() + RUN_STATUS_POLL_S
-    while not summary_path.exists():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the run did not finish within {timeout_s:.0f} s; see {log} and `flwr log` on the SuperLink")
-        if not any(p["running"] for p in processes.status(root).values()):
-            raise RuntimeError(f"the SuperLink stopped during the run; see {processes.run_dir(root) / 'logs'}")
-        if run_id is not None and time.monotonic() >= next_status:
-            # a ServerApp that raised (every site refused, a checkpoint of other settings, ...) writes no
-            # summary.json: ask the SuperLink, or the command would wait out the whole timeout (docs/hospital.md,
-            # "Frictions found", 3)
-            status = _run_status(co, run_id)
-            if status is not None and status.startswith("finished:") and status != "finished:completed" \
-                    and not summary_path.exists():
-                raise RuntimeError(f"run {run_id} ended {status} without results: {_run_error(co, run_id)} (the "
-                                   f"whole log: FLWR_HOME={_cli_home(co)} flwr log {run_id} {CONNECTION} --show)")
-            next_status = time.monotonic() + RUN_STATUS_POLL_S
-        time.sleep(0.5)
+    doc = _signed(co, cfg.to_json())
+    run_id = _submit_and_wait(co, doc, summary_path, timeout_s)
+    # the signed session of the run start whose final evaluation answered the run: what a later question names
+    # (``federation.asked_runs``; each site keeps what it answered under it)
+    atomic_write_text(out / RUN_START_FILE, json.dumps({"session_id": ticket_session_id(doc), "flower_run_id": run_id,
+                                                        "consortium_id": co.config().consortium_id}, indent=2))
     summary = json.loads(summary_path.read_text())
     ev = out / "evidence"
     ledger = state / SERVER_DIR / "audit" / SERVER_LEDGER_FILE
@@ -318,3 +346,72 @@ def submit_run(co: Coordinator, out: str | Path, *, rounds: int = 1, dp: bool = 
     atomic_write_text(ev / "fingerprints.json", json.dumps(fps, indent=2))
     summary["evidence"] = str(ev)
     return summary
+
+
+def question_coordinator(run_dir: str | Path, home: Path | None = None) -> Coordinator | None:
+    """The coordinator a finished run folder of ``fcd server run`` is asked through (``home``, else the one whose
+    server state the run names), or None for a run of another engine (``fcd run``: asked on its own state).
+
+    Raises:
+        ProvisioningError: the folder is not a finished consortium run (its file named), or ``home`` (given or
+            found) is not a consortium folder, or the run is not this coordinator's (its state folder is another's).
+    """
+    from fcd_secure.config import ConfigError, RunConfig  # noqa: PLC0415
+
+    run_dir = Path(run_dir)
+    try:
+        cfg = RunConfig.load(run_dir / "config.toml") if (run_dir / "config.toml").is_file() else None
+    except ConfigError as exc:
+        raise ProvisioningError(f"{run_dir / 'config.toml'}: {exc}") from None
+    if cfg is None or cfg.data.table != SITE_OWN_TABLE:
+        return None
+    for name in ("summary.json", "theta_c.npz", RUN_START_FILE):
+        if not (run_dir / name).is_file():
+            raise ProvisioningError(
+                f"{run_dir / name}: missing (field: file); a run of fcd server run that finished"
+                + (" and was started by this version (it records the signed run start the sites answered)"
+                   if name == RUN_START_FILE else "") + " is needed to ask it a question")
+    if home is None:
+        if not cfg.state_dir:
+            raise ProvisioningError(f"{run_dir / 'config.toml'}: field state_dir: none recorded; give --home")
+        home = Path(cfg.state_dir).parent.parent  # <home>/server/state (run_config_for)
+    co = Coordinator(home)
+    co.config()
+    own = (_server_root(co) / "state").resolve()
+    if Path(str(cfg.state_dir)).resolve() != own:
+        raise ProvisioningError(f"{run_dir / 'config.toml'}: field state_dir: the run kept its state in "
+                                f"{cfg.state_dir}, not in this coordinator's {own} (a run of another consortium)")
+    return co
+
+
+def ask_deployed(co: Coordinator, run_dir: str | Path, question_json: str, query_id: str,
+                 timeout_s: float = 1800.0) -> dict[str, Any]:
+    """Ask a question of a finished run of ``fcd server run`` as a new, signed run through the SuperLink
+    (``federation.asked_runs``): each site answers with what it recorded for that run, under its own question budget,
+    through secure aggregation. Returns the answer the ServerApp wrote to ``<run>/whatif/<query id>.json``.
+
+    Args:
+        co: the run's coordinator (:func:`question_coordinator`).
+        run_dir: the run folder.
+        question_json: the question (``WhatIfRequest.to_json()``).
+        query_id: its id (``WhatIfRequest.query_id``): the answer's file name.
+
+    Raises:
+        ProvisioningError: the server is not running, or the run folder names no signed run start.
+        RuntimeError: the question run failed or timed out (the ServerApp's exception named).
+    """
+    from fcd_secure.config import RunConfig  # noqa: PLC0415
+
+    run_dir = Path(run_dir)
+    if not _running(co):
+        raise ProvisioningError(f"{_server_root(co)}: the server is not running (fcd server start --home {co.home})")
+    try:
+        session = str(json.loads((run_dir / RUN_START_FILE).read_text())["session_id"])
+        start = QuestionStart(session, question_json)
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ProvisioningError(f"{run_dir / RUN_START_FILE}: field session_id: not the signed run start's session "
+                                "id") from None
+    cfg = RunConfig.load(run_dir / "config.toml")
+    answer = run_dir / "whatif" / f"{query_id}.json"
+    _submit_and_wait(co, _signed(co, config_text(cfg.to_json(), start)), answer, timeout_s)
+    return json.loads(answer.read_text())

@@ -10,13 +10,14 @@ answer says which sites and entities it covers (:func:`coverage`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from flwr.app import ConfigRecord, RecordDict
 
+from fcd_secure.audit.rules import REFUSAL_RULES
 from fcd_secure.config import RunConfig
 from fcd_secure.federation import learner
 from fcd_secure.federation.learner import SiteData
@@ -76,7 +77,7 @@ def merge_totals(totals: Totals, ctx: MergeContext) -> dict[str, Any]:
 
 
 def coverage(sites: list[str], failed: list[str], declined: list[str], n_entities: float | None,
-             aborted: bool = False) -> dict[str, Any]:
+             aborted: bool = False, rules: Mapping[str, str | None] | None = None) -> dict[str, Any]:
     """Which sites and how many entities an evaluation's answers cover, written beside every answer.
 
     Args:
@@ -85,6 +86,7 @@ def coverage(sites: list[str], failed: list[str], declined: list[str], n_entitie
         declined: sites that declined under their cohort rules (a test split below the floor, a repeated cohort).
         n_entities: the test entities summed over the sites covered (None: no sum was revealed).
         aborted: no sum was revealed at all (a secure evaluation that could not run).
+        rules: the rule each declining site named (``federation.messaging.declined_rule``; default: the cohort rules).
 
     Returns:
         ``{"sites_asked", "sites_covered", "n_sites_covered", "n_entities", "declined", "failed", "complete",
@@ -96,7 +98,13 @@ def coverage(sites: list[str], failed: list[str], declined: list[str], n_entitie
     left = [s for s in sites if s not in covered]
     warning = None
     if left:
-        why = [f"{s} (declined under its evaluation cohort rules)" for s in declined if s in left]
+        def declined_why(site: str) -> str:
+            rule = (rules or {}).get(site)
+            if rule in (None, "eval_cohort"):
+                return f"{site} (declined under its evaluation cohort rules)"
+            return f"{site} (declined under rule '{rule}': {REFUSAL_RULES.get(str(rule), '')})"
+
+        why = [declined_why(s) for s in declined if s in left]
         why += [f"{s} (failed or did not answer)" for s in failed if s in left and s not in declined]
         why += [f"{s} (no sum revealed)" for s in left if s not in out_]
         warning = (f"the answers cover {len(covered)} of {len(sites)} sites"
@@ -146,8 +154,12 @@ def evaluate_federated(
 
     def split(failed: list[str]) -> dict[str, list[str]]:
         # a site that declined under its cohort rules did not fail: its policy kept it out of the sums
-        declined = [r.site_id for r in comm.declined[n_declined:]]
-        return {"failed_sites": [s for s in failed if s not in declined], "declined_sites": declined}
+        recs = comm.declined[n_declined:]
+        declined = [r.site_id for r in recs]
+        out = {"failed_sites": [s for s in failed if s not in declined], "declined_sites": declined}
+        if recs:  # the rule each declining site named (all it says): the operator learns who and under which rule
+            out["declined_rules"] = {r.site_id: r.rule for r in recs}
+        return out
 
     everyone = [comm.site_of.get(nid, str(nid)) for nid in node_ids]
     parts: list[SiteSums] = []
@@ -161,7 +173,8 @@ def evaluate_federated(
                 # others did not fail, they were left without a quorum
                 out["failed_sites"] = []
             return {**out, "secure": True, "aborted": aborted,
-                    "coverage": coverage(everyone, out["failed_sites"], out["declined_sites"], None, aborted=True)}
+                    "coverage": coverage(everyone, out["failed_sites"], out["declined_sites"], None, aborted=True,
+                                         rules=out.get("declined_rules"))}
         if not isinstance(totals, Totals):
             totals = Totals({k: v for k, v in totals.items() if k not in ("_sites", "_counts")},
                             int(totals["_sites"]), totals.get("_counts"))
@@ -178,14 +191,16 @@ def evaluate_federated(
             named.append(comm.site_of.get(nid, str(nid)))
         if not parts:
             out = split(failed)
-            return {**out, "coverage": coverage(everyone, out["failed_sites"], out["declined_sites"], None)}
+            return {**out, "coverage": coverage(everyone, out["failed_sites"], out["declined_sites"], None,
+                                                rules=out.get("declined_rules"))}
         totals = Totals.of_sites(parts)
     merged = merge_totals(totals, MergeContext(whatif, None if quick else action_labels(cfg),
                                                cfg.model.outcome == "binary", dr_fit_steps, round_id))
     if not quick and "contexts" in merged:
         merged["contexts"].update(context_columns(cfg))
     merged.update(split(failed))
-    merged["coverage"] = coverage(everyone, merged["failed_sites"], merged["declined_sites"], totals.get("n_test"))
+    merged["coverage"] = coverage(everyone, merged["failed_sites"], merged["declined_sites"], totals.get("n_test"),
+                                  rules=merged.get("declined_rules"))
     for name, d in (merged.get("policies") or {}).items():
         if d.get("n_sites_without_support"):
             # plain replies show which sites' logs never follow the policy; secure aggregation only how many

@@ -241,3 +241,27 @@ def join_site(home: str | Path, bundle_path: str | Path, coordinator_fingerprint
 
 def site_node_fingerprint(h: SiteHome) -> str:
     return node_key_fingerprint(h.node_pub.read_bytes())
+
+
+def migrate_privacy(h: SiteHome) -> dict[str, Any]:
+    """``fcd site migrate``: give the site's DP ledgers that predate ``record_secret.key`` a record secret, charging
+    every record of the site's whole table (every split) every old ledger, so each keeps at least what it spent
+    (``privacy.ledger.migrate_to_record_secret``, docs/threats.md P45).
+
+    Raises:
+        ProvisioningError: not a site home; nothing to migrate (the secret is there, or no ledger lists records).
+        DataError: the site's table no longer reads with its spec.
+    """
+    from fcd_secure.data.inputs import dataset_from_input  # noqa: PLC0415
+    from fcd_secure.privacy.errors import PrivacyLedgerError  # noqa: PLC0415
+    from fcd_secure.privacy.ledger import migrate_to_record_secret  # noqa: PLC0415
+
+    policy = SitePolicy.load(h.policy)
+    # the folder the site's DP training keeps its ledgers in (privacy.engine.ledger_folder under the site's policy)
+    folder = Path(policy.dp.ledger_dir) if policy.dp.ledger_dir else h.state().dir / "privacy"
+    _, table = dataset_from_input(h.spec, h.table)
+    try:
+        note = migrate_to_record_secret(folder, [table])
+    except PrivacyLedgerError as exc:
+        raise ProvisioningError(str(exc)) from None
+    return {"folder": str(folder), **note}
