@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from fcd_secure.evaluation.discrepancy import DEFAULT_CLIP
+from fcd_secure.evaluation.intervals import cluster_ratio
 from fcd_secure.queries.base import MergeContext, Query, SiteContext, SiteSums, Totals
 
 __all__ = ["GAMMAS", "REPORTED", "Sensitivity", "box_bound_terms"]
@@ -116,10 +117,8 @@ class Sensitivity(Query):
 
 
 def _ratio(s: Totals, key: str, n: float, m: float, mm: float) -> tuple[float, float]:
-    """ΣS/Σm and its linearised cluster SE (as ``queries.targeted.merge_one_step``)."""
-    theta = s[f"{key}.s"] / m
-    resid = s[f"{key}.ss"] - 2 * theta * s[f"{key}.sm"] + theta * theta * mm
-    return theta, math.sqrt(max(resid, 0.0) * n / max(n - 1, 1.0)) / m
+    """ΣS/Σm of ``key``'s sums and its cluster SE (``evaluation.intervals.cluster_ratio``)."""
+    return cluster_ratio(float(s[f"{key}.s"]), float(s[f"{key}.ss"]), float(s[f"{key}.sm"]), n, m, mm)
 
 
 def merge_sensitivity(s: Totals, level: float, binary: bool, gammas: tuple[float, ...] = GAMMAS) -> dict[str, Any]:

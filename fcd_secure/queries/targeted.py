@@ -45,6 +45,7 @@ import numpy as np
 from fcd_secure.evaluation.discrepancy import DEFAULT_CLIP, one_step_dr_terms
 from fcd_secure.evaluation.intervals import (
     cluster_pair_names,
+    cluster_ratio,
     cluster_sums,
     interval_from_sums,
     linear_cluster_ss,
@@ -131,10 +132,8 @@ def merge_one_step(s: dict[str, Any], level: float, binary: bool) -> dict[str, A
     if not s.get("onestep.m"):
         return None
     n, m = float(s["onestep.n"]), float(s["onestep.m"])
-    theta = s["onestep.s"] / m
-    # linearised variance of a ratio of cluster sums: Σ_i (S_i − θ m_i)² / (Σ m_i)², with the n/(n−1) correction
-    resid = s["onestep.ss"] - 2 * theta * s["onestep.sm"] + theta * theta * s["onestep.mm"]
-    se = math.sqrt(max(resid, 0.0) * n / max(n - 1, 1.0)) / m
+    theta, se = cluster_ratio(float(s["onestep.s"]), float(s["onestep.ss"]), float(s["onestep.sm"]), n, m,
+                              float(s["onestep.mm"]))
     z = NormalDist().inv_cdf(1 - (1 - level) / 2)
     out = {"estimand": "one-step effect of a_on vs a_off at every decision step (identified)",
            "steps": int(m), "entities": int(n), "level": level, "se": se,
