@@ -33,6 +33,7 @@ from fcd_secure.queries.policy_answers import Interval, PolicyAnswer, Record, pa
 
 __all__ = [
     "Coverage", "DRLearner", "DRLearnerFigures", "EffectSkill", "EffectSupport", "EvaluationAnswer", "HeldOutCheck",
+    "HorizonBounds",
     "NaturalCourse", "OneStepEffect", "Propensities", "Selection", "WhatIfSettings",
 ]
 
@@ -139,6 +140,79 @@ class Sensitivity(Record):
         return [f"Γ = {b['gamma']:g}: {b['low']:+.3f} to {b['high']:+.3f} (with sampling error {b['low_ci']:+.3f} to "
                 f"{b['high_ci']:+.3f})" + ("  ← no unrecorded confounder" if b["gamma"] == 1 else "")
                 for b in self.bounds]
+
+
+def _gamma_cell(b: Mapping[str, Any]) -> str:
+    """``0.412–0.655``: the bounds with their sampling error at one Γ (``unbounded``: the weights overflowed)."""
+    return "unbounded" if b.get("unbounded") else f"{b['low_ci']:.3f}–{b['high_ci']:.3f}"
+
+
+@dataclass(frozen=True)
+class HorizonBounds(Record):
+    """The policy values' and effects' bounds at the horizon asked under the marginal sensitivity model at every step
+    (``queries.sensitivity.HorizonSensitivity``): per policy and per effect the bounds at each reported Γ, each
+    effect's smallest Γ that could reverse its sign, the ranking at Γ = 1 and the smallest Γ that could change it."""
+
+    estimand: str = ""
+    model: str = ""
+    level: float = 0.9
+    horizon: int | None = None
+    values: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    effects: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    ranking: tuple[str, ...] = ()
+    ranking_tied_at_1: bool = False
+    gamma_ranking_change: float | None = None
+    gamma_max: float = 10.0
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> "HorizonBounds | None":
+        if not d:
+            return None
+        return cls(estimand=d.get("estimand", ""), model=d.get("model", ""), level=d.get("level", 0.9),
+                   horizon=d.get("horizon"), values=dict(d.get("values") or {}), effects=dict(d.get("effects") or {}),
+                   ranking=tuple(d.get("ranking") or ()), ranking_tied_at_1=bool(d.get("ranking_tied_at_1", False)),
+                   gamma_ranking_change=d.get("gamma_ranking_change"), gamma_max=float(d.get("gamma_max", 10.0)))
+
+    @property
+    def horizon_text(self) -> str:
+        return "whole trajectories" if self.horizon is None else f"the first {self.horizon} steps"
+
+    def ranking_verdict(self) -> str:
+        """``the ranking a > b > c holds up to Γ < 1.5`` (or why not), as every renderer says it."""
+        order = " > ".join(self.ranking)
+        if self.ranking_tied_at_1:
+            return f"the ranking {order} is not settled even at Γ = 1 (two policies' intervals meet)"
+        if self.gamma_ranking_change is None:
+            return f"the ranking {order} holds for every Γ up to {self.gamma_max:g}"
+        return f"the ranking {order} could change at Γ = {self.gamma_ranking_change:g}"
+
+    def effect_verdict(self, name: str) -> str:
+        """The smallest Γ that could reverse the sign of ``name``'s effect against the reference."""
+        e = self.effects.get(name) or {}
+        if e.get("sign_at_1", 0) == 0:
+            return "sign open at Γ = 1"
+        flip = e.get("gamma_sign_change")
+        return f"sign holds for every Γ up to {self.gamma_max:g}" if flip is None else f"sign could reverse at Γ = {flip:g}"
+
+    @property
+    def gammas(self) -> list[float]:
+        """The reported Γ values, in order."""
+        first = next(iter(self.values.values()), {})
+        return [b["gamma"] for b in first.get("bounds", ())]
+
+    def rows(self) -> list[tuple[str, list[str], str]]:
+        """One row per value and per effect: its label, its bounds' cell at each reported Γ, its verdict."""
+        out = [(f"value {name}", [_gamma_cell(b) for b in v.get("bounds", ())], "") for name, v in self.values.items()]
+        for name, e in self.effects.items():
+            out.append((f"{name} − {e.get('reference')}", [_gamma_cell(b) for b in e.get("bounds", ())],
+                        self.effect_verdict(name)))
+        return out
+
+    def lines(self) -> list[str]:
+        """The rows as lines: ``value never: Γ = 1: 0.487–0.574; Γ = 1.25: ...``, then the ranking's verdict."""
+        out = [f"{label}: " + "; ".join(f"Γ = {g:g}: {c}" for g, c in zip(self.gammas, cells))
+               + (f" ({verdict})" if verdict else "") for label, cells, verdict in self.rows()]
+        return out + [f"ranking over {self.horizon_text}: {self.ranking_verdict()}"]
 
 
 @dataclass(frozen=True)
@@ -364,6 +438,8 @@ class EvaluationAnswer(Record):
     effect_support: EffectSupport | None = None
     one_step: OneStepEffect | None = field(default=None, metadata={"key": "one_step_effect"})
     sensitivity: Sensitivity | None = None
+    #: the bounds of the values and effects at the horizon asked (``queries.sensitivity.HorizonSensitivity``)
+    sensitivity_horizon: HorizonBounds | None = None
     #: what kind each answer is and what it rests on (``queries.kinds``)
     kinds: Mapping[str, Mapping[str, Any]] | None = None
     dr_learner: DRLearner | None = None
@@ -384,6 +460,7 @@ class EvaluationAnswer(Record):
             effect_support=EffectSupport.from_json(part(d, "effect_support")),
             one_step=OneStepEffect.from_json(part(d, "one_step_effect")),
             sensitivity=Sensitivity.from_json(part(d, "sensitivity")),
+            sensitivity_horizon=HorizonBounds.from_json(part(d, "sensitivity_horizon")),
             kinds=d.get("kinds"),
             dr_learner=DRLearner.from_json(part(d, "dr_learner")),
             policies={k: PolicyAnswer.from_json(k, v) for k, v in (d.get("policies") or {}).items()},

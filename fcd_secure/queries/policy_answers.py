@@ -15,7 +15,7 @@ from fcd_secure._format import MISSING, fmt
 
 __all__ = [
     "NOT_IDENTIFIED", "DoublyRobust", "Effect", "HorizonAnswer", "IdentifiedAnswer", "Interval", "OffPolicy",
-    "PiSource", "PolicyAnswer", "Record", "interval_text", "part",
+    "PiSource", "PolicyAnswer", "Record", "SequentialDR", "interval_text", "part",
 ]
 
 #: the cell of a value or effect the logged data cannot identify (``queries.policy_values``: support 0)
@@ -222,6 +222,32 @@ class IdentifiedAnswer(Record):
 
 
 @dataclass(frozen=True)
+class SequentialDR(Interval):
+    """A policy's sequential doubly robust value (``queries.sequential_dr``) and its support: the Kish ESS and mean of
+    the weight products through the horizon, whether the rule shows the value (``supported``; False: the estimate
+    is withheld and ``why`` says why)."""
+
+    horizon: int | None = None
+    ess: float | None = None
+    weight_mean: float | None = None
+    reached: bool | None = None
+    supported: bool | None = None
+    why: str | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> "SequentialDR | None":
+        if not d:
+            return None
+        return cls(**cls._interval(d), horizon=d.get("horizon"), ess=d.get("ess"), weight_mean=d.get("weight_mean"),
+                   reached=d.get("reached"), supported=d.get("supported"), why=d.get("why"))
+
+    @property
+    def withheld(self) -> bool:
+        """The value is not shown (too little support, or the answer's declared confounding)."""
+        return self.estimate is None
+
+
+@dataclass(frozen=True)
 class PolicyAnswer(Record):
     """One policy's answer to a what-if question (``queries.policy_values`` and its parts)."""
 
@@ -242,7 +268,7 @@ class PolicyAnswer(Record):
     sites_without_support: tuple[str, ...] | None = None
     never_fires: bool | None = None
     identified: IdentifiedAnswer | None = None
-    sequential_dr: Interval | None = None
+    sequential_dr: SequentialDR | None = None
 
     @classmethod
     def from_json(cls, name: str, d: Mapping[str, Any]) -> "PolicyAnswer":
@@ -257,7 +283,7 @@ class PolicyAnswer(Record):
             n_sites_without_support=d.get("n_sites_without_support"),
             sites_without_support=_tuple(d.get("sites_without_support")), never_fires=d.get("never_fires"),
             identified=IdentifiedAnswer.from_json(part(d, "identified")),
-            sequential_dr=Interval.from_json(part(d, "sequential_dr")),
+            sequential_dr=SequentialDR.from_json(part(d, "sequential_dr")),
         )
 
     def to_json(self) -> dict[str, Any]:
