@@ -126,6 +126,9 @@ def one_step_line(result: AnswerLike) -> str | None:
     o = EvaluationAnswer.of(result).one_step
     if o is None:
         return None
+    if o.not_identified:
+        return (f"one-step effect of a_on vs a_off at every decision step: {o.not_identified}; its bounds under an "
+                "unrecorded confounder of strength Γ follow")
     line = ("one-step effect of a_on vs a_off at every decision step (identified, doubly robust): "
             + o.sentence("CI"))
     if o.out_of_range:
@@ -285,10 +288,12 @@ def sequential_dr_table(result: AnswerLike) -> Group | None:
     notes = []
     for name, d in pols.items():
         sdr = d.sequential_dr
-        est = NOT_IDENTIFIED if d.model_only else "withheld" if sdr.withheld else _cell(sdr.estimate)
-        t.add_row(escape(name), est, interval_text(sdr), fmt(sdr.ess, ".0f"), fmt(d.support, ".0%"),
+        est = (NOT_IDENTIFIED if d.model_only or sdr.not_identified else "withheld" if sdr.withheld
+               else _cell(sdr.estimate))
+        t.add_row(escape(name), est, "" if sdr.withheld else interval_text(sdr), fmt(sdr.ess, ".0f"),
+                  fmt(d.support, ".0%"),
                   *([_cell(d.value_true)] if has_truth else []))
-        if sdr.withheld and sdr.why and not d.model_only:
+        if sdr.withheld and sdr.why and not d.model_only and not sdr.not_identified:
             notes.append(Text(f"{name}: sequential DR withheld — {sdr.why}"))
     return Group(t, *notes)
 
@@ -313,7 +318,9 @@ def print_answers(con, res: AnswerLike, dataset: str) -> None:
     whole-trajectory numbers labelled as extrapolation, with the doubly robust values and their bounded intervals."""
     ans = EvaluationAnswer.of(res)
     ident = identified_table(ans)
-    if ident is not None:
+    if ans.unrecorded_confounding is not None:
+        con.print(escape(ans.unrecorded_confounding.line()))  # the identified table would rank what is not identified
+    elif ident is not None:
         con.print(ident)
     for line in pi_k_lines(ans):
         con.print(escape(line))

@@ -274,7 +274,13 @@ def _answers_html(ans: EvaluationAnswer) -> list[str]:
     one = ans.one_step
     if ident or one is not None:
         h.append("<h3>What the logs identify (doubly robust)</h3>")
-    if one is not None:
+    decl = ans.unrecorded_confounding
+    if decl is not None:
+        h.append(f'<p class="warn" id="unrecorded-confounding">{escape(decl.line())}.</p>')
+    if one is not None and one.not_identified:
+        h.append(f'<p id="one-step">One-step effect of a_on vs a_off at every decision step: '
+                 f"{escape(one.not_identified)}; its bounds under an unrecorded confounder follow.</p>")
+    elif one is not None:
         h.append(f'<p id="one-step">One-step effect of a_on vs a_off at every decision step: '
                  f'{escape(one.sentence("interval"))}.</p>')
     if ans.sensitivity is not None:
@@ -286,7 +292,7 @@ def _answers_html(ans: EvaluationAnswer) -> list[str]:
                           f"{b['low_ci']:+.3f} to {b['high_ci']:+.3f}"] for b in sens.bounds], {0, 1, 2}))
     if ans.propensities is not None:
         h.append(f'<p id="propensities">{escape(ans.propensities.line())}.</p>')
-    if ident:
+    if ident and decl is None:
         rows = []
         for name, d in ident.items():
             a = d.identified.answer
@@ -323,12 +329,13 @@ def _answers_html(ans: EvaluationAnswer) -> list[str]:
     if sdr:
         h.append("<h3>Sequential doubly robust values (Q̂ from each logged history)</h3>")
         h.append(_table(["policy", "SDR value", f"{level:.0%} interval", "ESS", "support"],
-                        [[escape(k), _NOT_IDENTIFIED_HTML if p.model_only else
+                        [[escape(k), _NOT_IDENTIFIED_HTML if p.model_only or p.sequential_dr.not_identified else
                           _cls("withheld", "warn") if p.sequential_dr.withheld else fmt(p.sequential_dr.estimate, ".3f"),
-                          interval_text(p.sequential_dr), fmt(p.sequential_dr.ess, ".0f"), fmt(p.support, ".0%")]
+                          "" if p.sequential_dr.withheld else interval_text(p.sequential_dr),
+                          fmt(p.sequential_dr.ess, ".0f"), fmt(p.support, ".0%")]
                          for k, p in sdr.items()], {1, 2, 3, 4}))
         for k, p in sdr.items():
-            if p.sequential_dr.withheld and p.sequential_dr.why and not p.model_only:
+            if p.sequential_dr.withheld and p.sequential_dr.why and not p.model_only and not p.sequential_dr.not_identified:
                 h.append(f'<p class="warn">{escape(k)}: sequential DR withheld — {escape(p.sequential_dr.why)}.</p>')
         h.append('<p class="muted">Covers the value if either the simulator\'s Q̂ or the propensities are right; '
                  "shown only where at least 20 effective entities (Kish ESS of the weight products) follow the policy "

@@ -33,7 +33,7 @@ from fcd_secure.queries.policy_answers import Interval, PolicyAnswer, Record, pa
 
 __all__ = [
     "Coverage", "DRLearner", "DRLearnerFigures", "EffectSkill", "EffectSupport", "EvaluationAnswer", "HeldOutCheck",
-    "HorizonBounds",
+    "HorizonBounds", "UnrecordedConfounding",
     "NaturalCourse", "OneStepEffect", "Propensities", "Selection", "WhatIfSettings",
 ]
 
@@ -48,13 +48,16 @@ class OneStepEffect(Interval):
     steps: int | None = None
     entities: int | None = None
     out_of_range: Mapping[str, Any] | None = None
+    #: the declared unrecorded confounding's mark (``queries.declared``): the estimate is not an answer then
+    not_identified: str | None = None
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> "OneStepEffect | None":
         if not d:
             return None
         return cls(**cls._interval(d), model=d.get("model"), true=d.get("true"), steps=d.get("steps"),
-                   entities=d.get("entities"), out_of_range=d.get("out_of_range"))
+                   entities=d.get("entities"), out_of_range=d.get("out_of_range"),
+                   not_identified=d.get("not_identified"))
 
     def sentence(self, interval_word: str) -> str:
         """``-0.088 (90% <interval_word> -0.116 to -0.060; 20379 steps of 900 entities); the simulator alone says
@@ -62,6 +65,29 @@ class OneStepEffect(Interval):
         text = (f"{self.estimate:+.3f} ({self.level:.0%} {interval_word} {self.low:+.3f} to {self.high:+.3f}; "
                 f"{self.steps} steps of {self.entities} entities); the simulator alone says {self.model:+.3f}")
         return text + (f"; truth {self.true:+.3f}" if self.true is not None else "")
+
+
+@dataclass(frozen=True)
+class UnrecordedConfounding(Record):
+    """The unrecorded confounding the user declared (``queries.declared``): the words, where they were declared, the
+    mark every weighted answer carries and what is shown instead."""
+
+    declared: str = ""
+    by: str = ""
+    not_identified: str = ""
+    shown: str = ""
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> "UnrecordedConfounding | None":
+        if not d:
+            return None
+        return cls(declared=d.get("declared", ""), by=d.get("by", ""), not_identified=d.get("not_identified", ""),
+                   shown=d.get("shown", ""))
+
+    def line(self) -> str:
+        """What the weighted answers are, as every renderer says it."""
+        return (f"what the logs would identify: {self.not_identified}, declared by {self.by}; they rest on no "
+                f"unrecorded confounder, so nothing is ranked; shown instead: {self.shown}")
 
 
 @dataclass(frozen=True)
@@ -450,6 +476,7 @@ class EvaluationAnswer(Record):
     propensities: Propensities | None = None
     model_only: bool = False
     natural_course: NaturalCourse | None = None
+    unrecorded_confounding: UnrecordedConfounding | None = None
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> "EvaluationAnswer":
@@ -469,6 +496,7 @@ class EvaluationAnswer(Record):
             propensities=Propensities.from_json(part(d, "propensities")),
             model_only=bool(d.get("model_only", False)),
             natural_course=NaturalCourse.from_json(part(d, "natural_course")),
+            unrecorded_confounding=UnrecordedConfounding.from_json(part(d, "unrecorded_confounding")),
         )
 
     @classmethod
@@ -488,9 +516,11 @@ class EvaluationAnswer(Record):
         """One line per kind of answer (``queries.kinds``): ``checked by weighting — rests on ...; propensities ...``."""
         out = []
         for kind, d in (self.kinds or {}).items():
-            parts = ["rests on " + ", ".join(d.get("assumptions", ()))]
+            parts = ([d["identified"]] if d.get("identified") else []) + [
+                "rests on " + ", ".join(d.get("assumptions", ()))]
             for key, word in (("propensities", "propensities"), ("positivity", "positivity measured"),
-                              ("unrecorded_confounding", "unrecorded confounding"), ("checked_by", "checked by")):
+                              ("unrecorded_confounding", "unrecorded confounding"), ("checked_by", "checked by"),
+                              ("shown", "shown instead")):
                 if d.get(key):
                     parts.append(f"{word}: {d[key]}")
             if d.get("ranked") is False:
@@ -511,11 +541,13 @@ class EvaluationAnswer(Record):
         printed only there; issue 42 item 4)."""
         asked = self.horizon_asked
         answers = [p.identified.answer for p in self.identified.values()]
-        return asked is not None and bool(answers) and all(a is not None and a.horizon == asked for a in answers)
+        return self.unrecorded_confounding is None and asked is not None and bool(answers) and all(a is not None and a.horizon == asked for a in answers)
 
     def horizon_caption(self) -> str:
         """Whether the identified table answers the question at its horizon, as every renderer says it."""
         asked = self.horizon_asked
+        if self.unrecorded_confounding is not None:
+            return f"{self.unrecorded_confounding.not_identified}: no policy is ranked on these numbers"
         if self.ranked_at_asked:
             return f"every policy answered at the horizon asked (h = {asked}): these values can be ranked"
         return (f"h below {asked} is a shorter question than the one asked (the first h of {asked} steps): not a "

@@ -148,6 +148,8 @@ class MergeContext:
         binary: the outcome is binary (estimates are kept in its range).
         dr_fit_steps: the validation steps the DR-learner's β was fitted on (its intercept's re-fit).
         round_id: the evaluated round (a scored round's selection row).
+        unrecorded_confounding: the run's declared unrecorded confounding (``queries.declared``:
+            ``{"declared", "by"}``), None where none is declared.
     """
 
     question: "WhatIfRequest | None" = None
@@ -155,6 +157,7 @@ class MergeContext:
     binary: bool = True
     dr_fit_steps: int = 0
     round_id: int = 0
+    unrecorded_confounding: Mapping[str, str] | None = None
 
     @property
     def level(self) -> float:

@@ -14,6 +14,10 @@ Three kinds, each with its assumptions (Robins 1986; Hernán & Robins 2020, "Cau
 * **extrapolation** — the simulator's numbers where nothing checks them: they rest on the model being right where
   the logs do not reach, and are never ranked.
 
+Where the user declares an unrecorded confounder (``queries.declared``) the first two kinds keep their names and say
+**not identified (declared unrecorded confounding: …)**: never ranked, and what is shown is the Γ-bounds of
+``queries.sensitivity``; the simulator's numbers stay extrapolation.
+
 ``kinds`` has no sums: its merge reads what the earlier queries put into the answer (it is registered last).
 """
 
@@ -82,6 +86,12 @@ class AnswerKinds(Query):
                 kinds[EXTRAPOLATION]["checked_by"] = (
                     f"natural course MISFIT (mean |gap| {nc.get('mean_abs_gap', 0.0):.3f}): the simulator under the "
                     "logging policy departs from the logs, so its whole-trajectory numbers are not g-computation")
+        decl = answer.get("unrecorded_confounding")
+        if decl:
+            shown = "the Γ-bounds under the marginal sensitivity model (one-step effect; values at the horizon asked)"
+            for kind in (CHECKED, G_COMPUTATION):
+                if kind in kinds:
+                    kinds[kind].update({"identified": decl["not_identified"], "ranked": False, "shown": shown})
         if kinds:
             answer["kinds"] = kinds
 

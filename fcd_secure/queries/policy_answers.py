@@ -200,6 +200,8 @@ class IdentifiedAnswer(Record):
     horizons: tuple[HorizonAnswer, ...] = ()
     why: str | None = None
     pi_k: PiSource | None = None
+    #: the declared unrecorded confounding's mark (``queries.declared``): no horizon is identified then
+    not_identified: str | None = None
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> "IdentifiedAnswer | None":
@@ -208,7 +210,7 @@ class IdentifiedAnswer(Record):
         return cls(answer=HorizonAnswer.from_json(part(d, "answer")),
                    effect=HorizonAnswer.from_json(part(d, "effect")),
                    horizons=tuple(HorizonAnswer.from_json(r) for r in d.get("horizons") or ()), why=d.get("why"),
-                   pi_k=PiSource.from_json(part(d, "pi_k")))
+                   pi_k=PiSource.from_json(part(d, "pi_k")), not_identified=d.get("not_identified"))
 
     @property
     def best_ess(self) -> float:
@@ -233,18 +235,21 @@ class SequentialDR(Interval):
     reached: bool | None = None
     supported: bool | None = None
     why: str | None = None
+    #: the declared unrecorded confounding's mark (``queries.declared``)
+    not_identified: str | None = None
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> "SequentialDR | None":
         if not d:
             return None
         return cls(**cls._interval(d), horizon=d.get("horizon"), ess=d.get("ess"), weight_mean=d.get("weight_mean"),
-                   reached=d.get("reached"), supported=d.get("supported"), why=d.get("why"))
+                   reached=d.get("reached"), supported=d.get("supported"), why=d.get("why"),
+                   not_identified=d.get("not_identified"))
 
     @property
     def withheld(self) -> bool:
-        """The value is not shown (too little support, or the answer's declared confounding)."""
-        return self.estimate is None
+        """The value is not shown as an answer: too little support (``why``) or a declared unrecorded confounder."""
+        return self.estimate is None or self.not_identified is not None
 
 
 @dataclass(frozen=True)

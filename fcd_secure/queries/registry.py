@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from fcd_secure.queries.base import MergeContext, Query, SiteContext, SiteSums, Totals
+from fcd_secure.queries.declared import DeclaredConfounding
 from fcd_secure.queries.doubly_robust import DoublyRobust
 from fcd_secure.queries.dr_learner import DRLearnerEffects, DRLearnerFit
 from fcd_secure.queries.effects import FactualAUC, OracleEffects
@@ -47,6 +48,7 @@ QUERIES: tuple[Query, ...] = (
     NaturalCourse(),  # before the selection: a scored round's natural-course gap takes part in its rule
     Selection(),
     DRLearnerFit(),
+    DeclaredConfounding(),  # marks the weighted answers above: after them, before the kinds
     AnswerKinds(),
 )
 
