@@ -24,11 +24,10 @@ bounds, never the number as an answer, and never ranks (``queries.answers``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fcd_secure.queries.base import MergeContext, Query, SiteContext, SiteSums, Totals
+from fcd_secure.queries.base import MergeContext, MergeOnly, Totals
 
 if TYPE_CHECKING:  # pragma: no cover - the run config pulls in torch
     from fcd_secure.config import RunConfig
@@ -67,20 +66,11 @@ def declared_confounding(cfg: "RunConfig") -> dict[str, str] | None:
     return None
 
 
-class DeclaredConfounding(Query):
+class DeclaredConfounding(MergeOnly):
     """Marks every weighted and g-computation answer not identified under a declared unrecorded confounder (module
     docstring): ``answer["unrecorded_confounding"]`` and ``not_identified`` on each answer."""
 
     name = "declared"
-
-    def names(self, policy_names: Iterable[str], ope_horizon: int | None) -> list[str]:
-        return []
-
-    def applies(self, ctx: SiteContext) -> bool:
-        return False
-
-    def site_sums(self, ctx: SiteContext) -> SiteSums:
-        return {}
 
     def merge(self, totals: Totals, ctx: MergeContext, answer: dict[str, Any]) -> None:
         decl = ctx.unrecorded_confounding

@@ -23,10 +23,9 @@ Where the user declares an unrecorded confounder (``queries.declared``) the firs
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
-from fcd_secure.queries.base import MergeContext, Query, SiteContext, SiteSums, Totals
+from fcd_secure.queries.base import MergeContext, MergeOnly, Totals
 
 __all__ = ["AnswerKinds", "CHECKED", "EXTRAPOLATION", "G_COMPUTATION"]
 
@@ -37,19 +36,10 @@ CHECKED, G_COMPUTATION, EXTRAPOLATION = "checked by weighting", "g-computation b
 IDENTIFYING = ("sequential exchangeability given the recorded history", "positivity", "consistency")
 
 
-class AnswerKinds(Query):
+class AnswerKinds(MergeOnly):
     """``answer["kinds"]``: per kind of answer present, its assumptions and what was measured of them."""
 
     name = "kinds"
-
-    def names(self, policy_names: Iterable[str], ope_horizon: int | None) -> list[str]:
-        return []
-
-    def applies(self, ctx: SiteContext) -> bool:
-        return False
-
-    def site_sums(self, ctx: SiteContext) -> SiteSums:
-        return {}
 
     def merge(self, totals: Totals, ctx: MergeContext, answer: dict[str, Any]) -> None:
         props = answer.get("propensities") or {}
