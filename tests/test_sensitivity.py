@@ -171,6 +171,13 @@ def test_horizon_sensitivity_from_site_sums_reads_sign_and_ranking_changes_and_t
     rec = EvaluationAnswer.from_json({"sensitivity_horizon": got}).sensitivity_horizon
     text = "\n".join(rec.lines())
     assert "Γ = 1:" in text and "incremental_on_x2" in text and "ranking" in text
+    # a value the sequential DR withholds (too little support) has no bounds, nor its effects, nor the ranking
+    cut = merge_horizon_sensitivity(Totals.of_sites(parts), names, "always", 0.9, binary=True,
+                                    withheld={"always": "only 3 effective entities"})
+    assert cut["values"]["always"] == {"withheld": "only 3 effective entities"} and cut["values"]["incremental_on_x2"]
+    assert cut["effects"]["incremental_on_x2"]["withheld"] and cut["ranking_withheld"] == ["always"]
+    rec = EvaluationAnswer.from_json({"sensitivity_horizon": cut}).sensitivity_horizon
+    assert "no ranking" in rec.ranking_verdict() and ["withheld"] * len(REPORTED) in [c for _, c, _ in rec.rows()]
     sent = HorizonSensitivity().names(names, None)
     assert not [k for k in sent if PROPENSITY_NAME.search(k)] and set(parts[0]) <= set(sent)
     assert set(sent) <= set(metric_names(names, None))

@@ -304,6 +304,8 @@ def horizon_sensitivity_table(result: AnswerLike) -> Group | None:
     hb = EvaluationAnswer.of(result).sensitivity_horizon
     if hb is None:
         return None
+    if not hb.gammas:  # every value withheld: nothing to bound
+        return Group(Text(f"sensitivity over {hb.horizon_text}: {hb.ranking_verdict()}"))
     t = _table(f"Sensitivity over {hb.horizon_text}: bounds with sampling error at each Γ",
                ["policy"] + [f"Γ = {g:g}" for g in hb.gammas],
                caption=f"{hb.model}; Γ = 1: no unrecorded confounder (the sequential DR value)")

@@ -341,7 +341,10 @@ def _answers_html(ans: EvaluationAnswer) -> list[str]:
                  "shown only where at least 20 effective entities (Kish ESS of the weight products) follow the policy "
                  "through the horizon and the mean weight product is not significantly below 1.</p>")
     hb = ans.sensitivity_horizon
-    if hb is not None:
+    if hb is not None and not hb.gammas:  # every value withheld: nothing to bound
+        h.append(f'<p id="sensitivity-horizon">Sensitivity over {escape(hb.horizon_text)}: '
+                 f"{escape(hb.ranking_verdict())}.</p>")
+    elif hb is not None:
         h.append(f"<h3>Sensitivity over {escape(hb.horizon_text)} to an unrecorded confounder</h3>")
         h.append(_table(["policy"] + [f"Γ = {g:g}" for g in hb.gammas],
                         [[escape(label), *cells] for label, cells, _v in hb.rows()], set(range(1, len(hb.gammas) + 1))))

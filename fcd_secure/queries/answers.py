@@ -173,6 +173,10 @@ def _gamma_cell(b: Mapping[str, Any]) -> str:
     return "unbounded" if b.get("unbounded") else f"{b['low_ci']:.3f}–{b['high_ci']:.3f}"
 
 
+def _tuple_or_none(v: Any) -> tuple | None:
+    return None if v is None else tuple(v)
+
+
 @dataclass(frozen=True)
 class HorizonBounds(Record):
     """The policy values' and effects' bounds at the horizon asked under the marginal sensitivity model at every step
@@ -187,6 +191,8 @@ class HorizonBounds(Record):
     effects: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     ranking: tuple[str, ...] = ()
     ranking_tied_at_1: bool = False
+    #: the policies whose values are withheld (too little support): no ranking then
+    ranking_withheld: tuple[str, ...] | None = None
     gamma_ranking_change: float | None = None
     gamma_max: float = 10.0
 
@@ -197,6 +203,7 @@ class HorizonBounds(Record):
         return cls(estimand=d.get("estimand", ""), model=d.get("model", ""), level=d.get("level", 0.9),
                    horizon=d.get("horizon"), values=dict(d.get("values") or {}), effects=dict(d.get("effects") or {}),
                    ranking=tuple(d.get("ranking") or ()), ranking_tied_at_1=bool(d.get("ranking_tied_at_1", False)),
+                   ranking_withheld=_tuple_or_none(d.get("ranking_withheld")),
                    gamma_ranking_change=d.get("gamma_ranking_change"), gamma_max=float(d.get("gamma_max", 10.0)))
 
     @property
@@ -205,6 +212,9 @@ class HorizonBounds(Record):
 
     def ranking_verdict(self) -> str:
         """``the ranking a > b > c holds up to Γ < 1.5`` (or why not), as every renderer says it."""
+        if self.ranking_withheld:
+            return (f"no ranking: the values of {', '.join(self.ranking_withheld)} are withheld (too few logged "
+                    "entities follow them through the horizon)")
         order = " > ".join(self.ranking)
         if self.ranking_tied_at_1:
             return f"the ranking {order} is not settled even at Γ = 1 (two policies' intervals meet)"
@@ -215,6 +225,8 @@ class HorizonBounds(Record):
     def effect_verdict(self, name: str) -> str:
         """The smallest Γ that could reverse the sign of ``name``'s effect against the reference."""
         e = self.effects.get(name) or {}
+        if e.get("withheld"):
+            return "withheld: " + e["withheld"]
         if e.get("sign_at_1", 0) == 0:
             return "sign open at Γ = 1"
         flip = e.get("gamma_sign_change")
@@ -223,15 +235,18 @@ class HorizonBounds(Record):
     @property
     def gammas(self) -> list[float]:
         """The reported Γ values, in order."""
-        first = next(iter(self.values.values()), {})
+        first = next((v for v in self.values.values() if v.get("bounds")), {})
         return [b["gamma"] for b in first.get("bounds", ())]
 
     def rows(self) -> list[tuple[str, list[str], str]]:
-        """One row per value and per effect: its label, its bounds' cell at each reported Γ, its verdict."""
-        out = [(f"value {name}", [_gamma_cell(b) for b in v.get("bounds", ())], "") for name, v in self.values.items()]
+        """One row per value and per effect: its label, its bounds' cell at each reported Γ ("withheld" where the
+        value is), its verdict."""
+        def cells(d: Mapping[str, Any]) -> list[str]:
+            return ["withheld"] * len(self.gammas) if d.get("withheld") else [_gamma_cell(b) for b in d.get("bounds", ())]
+
+        out = [(f"value {name}", cells(v), "") for name, v in self.values.items()]
         for name, e in self.effects.items():
-            out.append((f"{name} − {e.get('reference')}", [_gamma_cell(b) for b in e.get("bounds", ())],
-                        self.effect_verdict(name)))
+            out.append((f"{name} − {e.get('reference')}", cells(e), self.effect_verdict(name)))
         return out
 
     def lines(self) -> list[str]:

@@ -48,7 +48,9 @@ arXiv 2302.00662, tighten it with a fitted-Q recursion no secure sum carries). A
 DR value itself. A site sends per policy and Γ the n, Σ, Σ² of each end (``hsens.<π>.g<k>.hi|lo.sum|sumsq``) and of
 the ends of the contrast with the reference (``hsens.<π>.g<k>.dhi|dlo.sumsq``: the bound of a contrast is the
 difference of the bounds, hi(π) − lo(ref) and lo(π) − hi(ref), so only its spread needs a sum); a Γ whose weights
-overflow float64 on a site is flagged (``hsens.<π>.g<k>.over``) and read as the outcome's whole range. The answer
+overflow float64 on a site is flagged (``hsens.<π>.g<k>.over``) and read as the outcome's whole range. A value whose
+sequential DR is withheld for want of support has no bounds either (their Γ = 1 end is that number), nor its effects,
+nor the ranking. The answer
 (``sensitivity_horizon``) gives each value's and each effect's bounds at :data:`REPORTED`, each effect's smallest Γ
 that could reverse its sign, and the smallest Γ at which **the ranking** at the horizon asked could change: the first
 Γ at which the bounds' intervals of some two policies, the lower one ranked above at Γ = 1, meet (the interval of a
@@ -258,8 +260,13 @@ class HorizonSensitivity(Query):
         names = [p for p in (q.names if q is not None else []) if totals.all_sent(f"hsens.{p}.n")]
         if not names:
             return
+        # a value the sequential DR withholds (too little support, ``queries.sequential_dr``) has no bounds either:
+        # their Γ = 1 end would be the withheld number
+        pols = answer.get("policies") or {}
+        withheld = {p: (pols.get(p) or {}).get("sequential_dr", {}).get("why") or "withheld"
+                    for p in names if (pols.get(p) or {}).get("sequential_dr", {}).get("supported") is False}
         answer["sensitivity_horizon"] = merge_horizon_sensitivity(
-            totals, names, q.reference, ctx.level, ctx.binary, horizon=q.horizon)
+            totals, names, q.reference, ctx.level, ctx.binary, horizon=q.horizon, withheld=withheld)
 
 
 def _mean_se(n: float, total: float, sumsq: float) -> tuple[float, float]:
@@ -268,9 +275,12 @@ def _mean_se(n: float, total: float, sumsq: float) -> tuple[float, float]:
 
 
 def merge_horizon_sensitivity(s: Totals, names: list[str], reference: str | None, level: float, binary: bool,
-                              horizon: int | None = None, gammas: tuple[float, ...] = GAMMAS) -> dict[str, Any]:
+                              horizon: int | None = None, gammas: tuple[float, ...] = GAMMAS,
+                              withheld: dict[str, str] | None = None) -> dict[str, Any]:
     """Per policy the bounds of its value per Γ, per effect against ``reference`` its bounds and the smallest Γ that
-    could reverse its sign, and the smallest Γ that could change the ranking (module docstring)."""
+    could reverse its sign, and the smallest Γ that could change the ranking (module docstring). ``withheld``: the
+    policies whose sequential DR value is withheld, with why: they, their effects and the ranking get no bounds."""
+    withheld = withheld or {}
     z = NormalDist().inv_cdf(1 - (1 - level) / 2)
     v_lim = (0.0, 1.0) if binary else (-math.inf, math.inf)
     e_lim = (-1.0, 1.0) if binary else (-math.inf, math.inf)
@@ -304,6 +314,9 @@ def merge_horizon_sensitivity(s: Totals, names: list[str], reference: str | None
         for p in names:
             if p == reference:
                 continue
+            if p in withheld or reference in withheld:
+                effects[p] = {"reference": reference, "withheld": withheld.get(p) or withheld[reference]}
+                continue
             n = float(s[f"hsens.{p}.n"])
             rows = []
             for k, g in enumerate(gammas):
@@ -328,7 +341,7 @@ def merge_horizon_sensitivity(s: Totals, names: list[str], reference: str | None
     # the ranking at Γ = 1 (the estimates), and the first Γ at which two policies' bounds could swap them
     order = sorted(names, key=lambda p: -raw[p][0][2] if not raw[p][0][4] else math.inf)
     ranking_flip, tied_at_1 = None, False
-    for k, g in enumerate(gammas):
+    for k, g in enumerate(gammas if not withheld else ()):
         swap = False
         for i, upper in enumerate(order):
             for lower in order[i + 1:]:
@@ -341,7 +354,9 @@ def merge_horizon_sensitivity(s: Totals, names: list[str], reference: str | None
             ranking_flip, tied_at_1 = g, k == 0
             break
     return {"estimand": "sequential doubly robust policy values over the horizon asked", "model": HORIZON_MODEL,
-            "level": level, "horizon": horizon, "values": {p: {"bounds": [r for r in values[p] if r["gamma"] in REPORTED],
-                                                               "grid": values[p]} for p in names},
-            "effects": effects, "ranking": order, "ranking_tied_at_1": tied_at_1,
+            "level": level, "horizon": horizon,
+            "values": {p: {"withheld": withheld[p]} if p in withheld else
+                       {"bounds": [r for r in values[p] if r["gamma"] in REPORTED], "grid": values[p]} for p in names},
+            "effects": effects, "ranking": [] if withheld else order, "ranking_tied_at_1": tied_at_1,
+            "ranking_withheld": sorted(withheld) or None,
             "gamma_ranking_change": ranking_flip, "gamma_max": gammas[-1]}
