@@ -181,6 +181,13 @@ class EvaluationSection(BaseModel):
         "else each site's own model of its logging policy fitted on its training rows), logged (never a model), "
         "estimated (the model even where logged, to compare)",
     )
+    unrecorded_confounding: str | None = Field(
+        None,
+        description="a confounder the logs do not record, declared in words (e.g. \"readiness affects both the "
+        "tutor's choice and the outcome\"): the weighting and g-computation answers are then not identified, never "
+        "ranked, and the sensitivity bounds are shown; unset: the table spec's or the world's declaration; \"\": "
+        "none declared (overrides them)",
+    )
 
 
 class RunConfig(BaseModel):

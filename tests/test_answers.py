@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import re
+from html import escape
 from pathlib import Path
 
 import numpy as np
@@ -163,7 +164,28 @@ def test_whatif_renders_the_same_from_the_typed_answer_and_from_its_json(whatif)
         assert f"{d['value_sim']:.3f}" in table
 
 
+def _undeclared(summary: dict) -> dict:
+    """The golden answer as a world without a declared unrecorded confounder would have it (``queries.declared``
+    only adds the marks): no declaration, no mark."""
+    plain = json.loads(json.dumps(summary))
+    plain.pop("unrecorded_confounding", None)
+    plain["one_step_effect"].pop("not_identified", None)
+    for p in plain["policies"].values():
+        for key in ("identified", "sequential_dr"):
+            (p.get(key) or {}).pop("not_identified", None)
+    return plain
+
+
 def test_the_html_report_states_the_answers_as_fcd_whatif_does(summary, tmp_path):
+    # DKT-Synth declares its hidden readiness: the report and fcd whatif say the one-step effect is not identified,
+    # and print neither its estimate nor the identified table
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    doc, _facts = build_report_html(tmp_path)
+    declared = EvaluationAnswer.from_json(summary)
+    mark = declared.one_step.not_identified
+    assert mark and escape(mark) in doc and mark in one_step_line(declared)
+    assert declared.one_step.sentence("interval") not in doc and 'id="unrecorded-confounding"' in doc
+    summary = _undeclared(summary)
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     doc, _facts = build_report_html(tmp_path)
     ans = EvaluationAnswer.from_json(summary)

@@ -260,3 +260,18 @@ def test_unseen_bounds_vanish_where_the_sample_reaches_all_of_pi_and_a_contrast_
         unseen_mass_sums("e", -w, scale, v)
     with pytest.raises(ValueError, match="shape"):
         unseen_mass_sums("e", w[:, :1], scale, v)
+
+
+def test_cluster_ratio_is_the_sandwich_over_entities_of_a_ratio_of_cluster_sums():
+    """cluster_ratio from five sums equals Σ S_i / Σ m_i and √(Σ (S_i − θ m_i)² · n/(n−1)) / Σ m_i computed per entity,
+    and refuses a set without steps."""
+    from fcd_secure.evaluation.intervals import cluster_ratio
+
+    rng = np.random.default_rng(4)
+    m = rng.integers(1, 9, size=50).astype(float)
+    S = rng.normal(size=50) * m + 0.3 * m
+    theta, se = cluster_ratio(S.sum(), (S * S).sum(), (S * m).sum(), 50.0, m.sum(), (m * m).sum())
+    assert theta == pytest.approx(S.sum() / m.sum())
+    assert se == pytest.approx(np.sqrt(((S - theta * m) ** 2).sum() * 50 / 49) / m.sum())
+    with pytest.raises(ValueError, match="no step"):
+        cluster_ratio(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)

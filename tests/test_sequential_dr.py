@@ -164,3 +164,34 @@ def test_q_hat_is_conditioned_on_the_logged_history(world):
     one = World().simulate(ds, FirstThen(ds.T[:, 1], pol), 1, 0, start_t=1, horizon=1, anchors=ANCHORS)
     np.testing.assert_allclose(one.probs[:, 0, 0], OUTCOME[ds.Y[:, 0].astype(int), ds.T[:, 1]])
     assert (v_hat[:, 0] > 0).all() and (v_hat[:, 2:] == 0).all()
+
+
+def test_the_value_is_withheld_with_its_reason_where_few_entities_follow_the_policy(world):
+    """The support rule (``queries.sequential_dr``): on 6000 entities "late_on" has an ESS in the hundreds over four
+    steps and its value is shown; on 40 of them fewer than 20 effective entities follow it and the value is withheld,
+    with the reason and the ESS, never printed as an answer."""
+    from fcd_secure.queries.answers import EvaluationAnswer  # noqa: PLC0415
+    from fcd_secure.queries.base import MergeContext, Totals  # noqa: PLC0415
+    from fcd_secure.queries.sequential_dr import SequentialDR  # noqa: PLC0415
+    from fcd_secure.queries.targeted import MIN_SUPPORT_ESS, final_weights  # noqa: PLC0415
+
+    def merged(ds):
+        pol = policy("late_on", ds)
+        pi = target_probs(pol, ds, *ANCHORS)
+        (q_hat, v_hat), = history_q(World(), ds, [pol], [pi], ANCHORS, L, n_samples=2, seed=11)
+        dr = sequential_dr_per_entity(ds.Y, ds.M, ds.P, pi, q_hat, v_hat, L)
+        wf = final_weights(ds, pi, L)
+        sums = {**site_sums("whatif.sdr.late_on", dr), "whatif.sdr.late_on.sw": wf.sum(),
+                "whatif.sdr.late_on.sww": (wf * wf).sum()}
+        d: dict = {}
+        SequentialDR().merge_policy(Totals(sums, 1), MergeContext(), "late_on", d)
+        return d["sequential_dr"]
+
+    big = merged(world)
+    assert big["supported"] and big["ess"] >= MIN_SUPPORT_ESS and big["estimate"] is not None
+    small = merged(world.subset(np.arange(40)))
+    assert small["ess"] < MIN_SUPPORT_ESS and not small["supported"]
+    assert small["estimate"] is None and small["withheld"]["estimate"] is not None
+    assert "effective entities" in small["why"]
+    rec = EvaluationAnswer.from_json({"policies": {"late_on": {"sequential_dr": small}}}).policies["late_on"]
+    assert rec.sequential_dr.withheld and rec.sequential_dr.ess == small["ess"]

@@ -182,6 +182,10 @@ def build_summary(cfg: RunConfig, result, engine: str) -> dict[str, Any]:
         "one_step_effect": fe.get("one_step_effect"),
         # how far an unrecorded confounder could move it (queries.sensitivity)
         "sensitivity": fe.get("sensitivity"),
+        # and the policy values and effects at the horizon asked, with the Γ that could change the ranking
+        "sensitivity_horizon": fe.get("sensitivity_horizon"),
+        # the unrecorded confounding the user declared ([evaluation] / the table spec / the world): not identified
+        "unrecorded_confounding": fe.get("unrecorded_confounding"),
         # what kind each answer is and what it rests on (queries.kinds)
         "kinds": fe.get("kinds"),
         # per-entity one-step effects: the federated DR-learner beside the simulator's own contrast (queries.dr_learner)

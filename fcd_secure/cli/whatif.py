@@ -126,6 +126,9 @@ def one_step_line(result: AnswerLike) -> str | None:
     o = EvaluationAnswer.of(result).one_step
     if o is None:
         return None
+    if o.not_identified:
+        return (f"one-step effect of a_on vs a_off at every decision step: {o.not_identified}; its bounds under an "
+                "unrecorded confounder of strength Γ follow")
     line = ("one-step effect of a_on vs a_off at every decision step (identified, doubly robust): "
             + o.sentence("CI"))
     if o.out_of_range:
@@ -268,25 +271,48 @@ def sensitivity_lines(result: AnswerLike) -> list[str]:
         return []
     return [f"sensitivity of the one-step effect to an unrecorded confounder: {sens.verdict()}; {sens.model}"] + [
         "  " + line for line in sens.lines()]
-def sequential_dr_table(result: AnswerLike) -> Table | None:
+def sequential_dr_table(result: AnswerLike) -> Group | None:
     """The sequential doubly robust values (``queries.sequential_dr``: the simulator's Q̂ rolled out from every logged
-    history, corrected step by step with the propensities), or None where no site sent them."""
+    history, corrected step by step with the propensities), or None where no site sent them; a value whose weight
+    products have too little support is withheld, with the reason under the table."""
     ans = EvaluationAnswer.of(result)
     pols = {k: p for k, p in ans.policies.items() if p.sequential_dr is not None}
     if not pols:
         return None
     has_truth = any(p.value_true is not None for p in pols.values())
     t = _table("Sequential doubly robust values (Q̂ from each logged history, whole trajectories)",
-               ["policy", "SDR value", f"{ans.level:.0%} CI", "support"] + (["truth"] if has_truth else []),
-               caption="covers the value if either the simulator's Q̂ or the propensities are right; where few "
-                       "logged steps follow the policy (support) the weights are mostly 0, the value is the "
-                       "simulator's and the interval too narrow")
+               ["policy", "SDR value", f"{ans.level:.0%} CI", "ESS", "support"] + (["truth"] if has_truth else []),
+               caption="covers the value if either the simulator's Q̂ or the propensities are right; shown only where "
+                       "at least 20 effective entities (Kish ESS of the weight products) follow the policy through "
+                       "the horizon and the mean weight product is not significantly below 1")
+    notes = []
     for name, d in pols.items():
         sdr = d.sequential_dr
-        est = NOT_IDENTIFIED if d.model_only else _cell(sdr.estimate)
-        t.add_row(escape(name), est, interval_text(sdr), fmt(d.support, ".0%"),
+        est = (NOT_IDENTIFIED if d.model_only or sdr.not_identified else "withheld" if sdr.withheld
+               else _cell(sdr.estimate))
+        t.add_row(escape(name), est, "" if sdr.withheld else interval_text(sdr), fmt(sdr.ess, ".0f"),
+                  fmt(d.support, ".0%"),
                   *([_cell(d.value_true)] if has_truth else []))
-    return t
+        if sdr.withheld and sdr.why and not d.model_only and not sdr.not_identified:
+            notes.append(Text(f"{name}: sequential DR withheld — {sdr.why}"))
+    return Group(t, *notes)
+
+
+def horizon_sensitivity_table(result: AnswerLike) -> Group | None:
+    """The values' and effects' bounds at the horizon asked under an unrecorded confounder of strength Γ at every step
+    (``queries.sensitivity.HorizonSensitivity``), with each effect's and the ranking's verdict; None without them."""
+    hb = EvaluationAnswer.of(result).sensitivity_horizon
+    if hb is None:
+        return None
+    if not hb.gammas:  # every value withheld: nothing to bound
+        return Group(Text(f"sensitivity over {hb.horizon_text}: {hb.ranking_verdict()}"))
+    t = _table(f"Sensitivity over {hb.horizon_text}: bounds with sampling error at each Γ",
+               ["policy"] + [f"Γ = {g:g}" for g in hb.gammas],
+               caption=f"{hb.model}; Γ = 1: no unrecorded confounder (the sequential DR value)")
+    for label, cells, _verdict in hb.rows():
+        t.add_row(escape(label), *cells)
+    notes = [Text(f"{name} − {e.get('reference')}: {hb.effect_verdict(name)}") for name, e in hb.effects.items()]
+    return Group(t, *notes, Text(f"ranking over {hb.horizon_text}: {hb.ranking_verdict()}"))
 
 
 def print_answers(con, res: AnswerLike, dataset: str) -> None:
@@ -294,7 +320,9 @@ def print_answers(con, res: AnswerLike, dataset: str) -> None:
     whole-trajectory numbers labelled as extrapolation, with the doubly robust values and their bounded intervals."""
     ans = EvaluationAnswer.of(res)
     ident = identified_table(ans)
-    if ident is not None:
+    if ans.unrecorded_confounding is not None:
+        con.print(escape(ans.unrecorded_confounding.line()))  # the identified table would rank what is not identified
+    elif ident is not None:
         con.print(ident)
     for line in pi_k_lines(ans):
         con.print(escape(line))
@@ -314,6 +342,8 @@ def print_answers(con, res: AnswerLike, dataset: str) -> None:
         con.print(drt)
     if (sdr := sequential_dr_table(ans)) is not None:
         con.print(sdr)
+    if (hs := horizon_sensitivity_table(ans)) is not None:
+        con.print(hs)
     if ans.natural_course is not None:
         con.print(escape("natural course (the simulator under the logging policy vs the logs): "
                          + ans.natural_course.cell()))

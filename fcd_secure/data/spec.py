@@ -205,6 +205,9 @@ class DatasetSpec(BaseModel):
     one_hot_max: int = Field(default=10, ge=1)
     #: optional declared site names; a declared site without rows is an error ("empty site")
     sites: list[str] | None = None
+    #: a confounder the table does not record, declared in words: the weighted answers are then not identified
+    #: (``queries.declared``); the run's ``[evaluation] unrecorded_confounding`` overrides it
+    unrecorded_confounding: str | None = Field(default=None, min_length=1)
 
     @field_validator("actions", "action_labels")
     @classmethod

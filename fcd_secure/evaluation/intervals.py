@@ -74,7 +74,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SUM_FIELDS", "UNSEEN_END_FIELDS", "UNSEEN_FIELDS", "Interval", "cluster_pair_names", "cluster_sums",
+__all__ = ["SUM_FIELDS", "UNSEEN_END_FIELDS", "UNSEEN_FIELDS", "Interval", "cluster_pair_names", "cluster_ratio",
+           "cluster_sums",
            "imbens_manski_critical", "interval_from_sums", "linear_cluster_ss", "reached_mass", "site_sums",
            "unseen_bounds", "unseen_mass_sums"]
 
@@ -128,6 +129,26 @@ def cluster_sums(prefix: str, X: dict[str, np.ndarray]) -> dict[str, float]:
     out.update({f"{prefix}.{k}.{l}": float(np.sum(np.asarray(X[k]) * np.asarray(X[l])))
                 for k, l in cluster_pair_names(fields)})
     return out
+
+
+def cluster_ratio(s: float, ss: float, sm: float, n: float, m: float, mm: float) -> tuple[float, float]:
+    """θ = ΣS_i / Σm_i and its linearised cluster-robust standard error, from the sums over entities i of S_i (an
+    entity's summed per-step terms), S_i², S_i m_i, m_i (its steps) and m_i²: the variance of a ratio of cluster sums
+    Σ_i (S_i − θ m_i)² / (Σ m_i)² with the n/(n−1) small-sample factor (the sandwich over entities, Liang & Zeger 1986,
+    Biometrika 73:13-22; the delta method for a ratio estimator, Cochran 1977, "Sampling Techniques", §6.4).
+
+    Args:
+        s, ss, sm: ΣS_i, ΣS_i², ΣS_i m_i.
+        n, m, mm: the entities, Σm_i and Σm_i².
+
+    Raises:
+        ValueError: no step (m ≤ 0).
+    """
+    if m <= 0:
+        raise ValueError("cluster_ratio: no step to average over")
+    theta = s / m
+    resid = ss - 2 * theta * sm + theta * theta * mm
+    return theta, math.sqrt(max(resid, 0.0) * n / max(n - 1, 1.0)) / m
 
 
 def linear_cluster_ss(total: dict[str, Any], prefix: str, fields: tuple[str, ...], coef: dict[str, float]) -> float:

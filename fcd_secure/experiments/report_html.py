@@ -274,7 +274,13 @@ def _answers_html(ans: EvaluationAnswer) -> list[str]:
     one = ans.one_step
     if ident or one is not None:
         h.append("<h3>What the logs identify (doubly robust)</h3>")
-    if one is not None:
+    decl = ans.unrecorded_confounding
+    if decl is not None:
+        h.append(f'<p class="warn" id="unrecorded-confounding">{escape(decl.line())}.</p>')
+    if one is not None and one.not_identified:
+        h.append(f'<p id="one-step">One-step effect of a_on vs a_off at every decision step: '
+                 f"{escape(one.not_identified)}; its bounds under an unrecorded confounder follow.</p>")
+    elif one is not None:
         h.append(f'<p id="one-step">One-step effect of a_on vs a_off at every decision step: '
                  f'{escape(one.sentence("interval"))}.</p>')
     if ans.sensitivity is not None:
@@ -286,7 +292,7 @@ def _answers_html(ans: EvaluationAnswer) -> list[str]:
                           f"{b['low_ci']:+.3f} to {b['high_ci']:+.3f}"] for b in sens.bounds], {0, 1, 2}))
     if ans.propensities is not None:
         h.append(f'<p id="propensities">{escape(ans.propensities.line())}.</p>')
-    if ident:
+    if ident and decl is None:
         rows = []
         for name, d in ident.items():
             a = d.identified.answer
@@ -322,13 +328,31 @@ def _answers_html(ans: EvaluationAnswer) -> list[str]:
     sdr = {k: p for k, p in pols.items() if p.sequential_dr is not None}
     if sdr:
         h.append("<h3>Sequential doubly robust values (Q̂ from each logged history)</h3>")
-        h.append(_table(["policy", "SDR value", f"{level:.0%} interval", "support"],
-                        [[escape(k), _NOT_IDENTIFIED_HTML if p.model_only else fmt(p.sequential_dr.estimate, ".3f"),
-                          interval_text(p.sequential_dr), fmt(p.support, ".0%")] for k, p in sdr.items()],
-                        {1, 2, 3}))
+        h.append(_table(["policy", "SDR value", f"{level:.0%} interval", "ESS", "support"],
+                        [[escape(k), _NOT_IDENTIFIED_HTML if p.model_only or p.sequential_dr.not_identified else
+                          _cls("withheld", "warn") if p.sequential_dr.withheld else fmt(p.sequential_dr.estimate, ".3f"),
+                          "" if p.sequential_dr.withheld else interval_text(p.sequential_dr),
+                          fmt(p.sequential_dr.ess, ".0f"), fmt(p.support, ".0%")]
+                         for k, p in sdr.items()], {1, 2, 3, 4}))
+        for k, p in sdr.items():
+            if p.sequential_dr.withheld and p.sequential_dr.why and not p.model_only and not p.sequential_dr.not_identified:
+                h.append(f'<p class="warn">{escape(k)}: sequential DR withheld — {escape(p.sequential_dr.why)}.</p>')
         h.append('<p class="muted">Covers the value if either the simulator\'s Q̂ or the propensities are right; '
-                 "where few logged steps follow the policy the value is the simulator's and the interval too "
-                 "narrow.</p>")
+                 "shown only where at least 20 effective entities (Kish ESS of the weight products) follow the policy "
+                 "through the horizon and the mean weight product is not significantly below 1.</p>")
+    hb = ans.sensitivity_horizon
+    if hb is not None and not hb.gammas:  # every value withheld: nothing to bound
+        h.append(f'<p id="sensitivity-horizon">Sensitivity over {escape(hb.horizon_text)}: '
+                 f"{escape(hb.ranking_verdict())}.</p>")
+    elif hb is not None:
+        h.append(f"<h3>Sensitivity over {escape(hb.horizon_text)} to an unrecorded confounder</h3>")
+        h.append(_table(["policy"] + [f"Γ = {g:g}" for g in hb.gammas],
+                        [[escape(label), *cells] for label, cells, _v in hb.rows()], set(range(1, len(hb.gammas) + 1))))
+        for name, e in hb.effects.items():
+            h.append(f'<p class="muted">{escape(name)} − {escape(str(e.get("reference")))}: '
+                     f"{escape(hb.effect_verdict(name))}.</p>")
+        h.append(f'<p id="sensitivity-horizon">Ranking over {escape(hb.horizon_text)}: '
+                 f"{escape(hb.ranking_verdict())} ({escape(hb.model)}; Γ = 1: no unrecorded confounder).</p>")
     if ans.natural_course is not None:
         h.append(f'<p id="natural-course">Natural course (the simulator under the logging policy vs the logs): '
                  f"{escape(ans.natural_course.cell())}.</p>")

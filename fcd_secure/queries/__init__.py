@@ -27,6 +27,10 @@ module                 role
 ``off_policy``         IPW / SNIPW / per-decision DR diagnostics per policy
 ``pi_source``          where a stochastic policy's π_k came from (logged, or the site's model)
 ``propensities``       where the weighted answers' propensities came from, their overlap and calibration
+``sequential_dr``      sequential doubly robust values (Q̂ from each logged history), withheld below their support
+``sensitivity``        Γ-bounds under the marginal sensitivity model: the one-step effect, the values at the horizon
+``declared``           the user's declared unrecorded confounding: the weighted answers marked not identified
+``kinds``              what kind each answer is (checked by weighting, g-computation, extrapolation) and its assumptions
 ``incremental``        stochastic policies on a site: the behaviour model they act through, their weights
 ``budget``             the site's question budget (differencing, threshold firing; P41-P43)
 ``cohort``             which test rows a site evaluates (its minimum cohort, no differenceable cohorts)

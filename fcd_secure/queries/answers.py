@@ -33,6 +33,7 @@ from fcd_secure.queries.policy_answers import Interval, PolicyAnswer, Record, pa
 
 __all__ = [
     "Coverage", "DRLearner", "DRLearnerFigures", "EffectSkill", "EffectSupport", "EvaluationAnswer", "HeldOutCheck",
+    "HorizonBounds", "UnrecordedConfounding",
     "NaturalCourse", "OneStepEffect", "Propensities", "Selection", "WhatIfSettings",
 ]
 
@@ -47,13 +48,16 @@ class OneStepEffect(Interval):
     steps: int | None = None
     entities: int | None = None
     out_of_range: Mapping[str, Any] | None = None
+    #: the declared unrecorded confounding's mark (``queries.declared``): the estimate is not an answer then
+    not_identified: str | None = None
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> "OneStepEffect | None":
         if not d:
             return None
         return cls(**cls._interval(d), model=d.get("model"), true=d.get("true"), steps=d.get("steps"),
-                   entities=d.get("entities"), out_of_range=d.get("out_of_range"))
+                   entities=d.get("entities"), out_of_range=d.get("out_of_range"),
+                   not_identified=d.get("not_identified"))
 
     def sentence(self, interval_word: str) -> str:
         """``-0.088 (90% <interval_word> -0.116 to -0.060; 20379 steps of 900 entities); the simulator alone says
@@ -61,6 +65,29 @@ class OneStepEffect(Interval):
         text = (f"{self.estimate:+.3f} ({self.level:.0%} {interval_word} {self.low:+.3f} to {self.high:+.3f}; "
                 f"{self.steps} steps of {self.entities} entities); the simulator alone says {self.model:+.3f}")
         return text + (f"; truth {self.true:+.3f}" if self.true is not None else "")
+
+
+@dataclass(frozen=True)
+class UnrecordedConfounding(Record):
+    """The unrecorded confounding the user declared (``queries.declared``): the words, where they were declared, the
+    mark every weighted answer carries and what is shown instead."""
+
+    declared: str = ""
+    by: str = ""
+    not_identified: str = ""
+    shown: str = ""
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> "UnrecordedConfounding | None":
+        if not d:
+            return None
+        return cls(declared=d.get("declared", ""), by=d.get("by", ""), not_identified=d.get("not_identified", ""),
+                   shown=d.get("shown", ""))
+
+    def line(self) -> str:
+        """What the weighted answers are, as every renderer says it."""
+        return (f"what the logs would identify: {self.not_identified}, declared by {self.by}; they rest on no "
+                f"unrecorded confounder, so nothing is ranked; shown instead: {self.shown}")
 
 
 @dataclass(frozen=True)
@@ -139,6 +166,94 @@ class Sensitivity(Record):
         return [f"Γ = {b['gamma']:g}: {b['low']:+.3f} to {b['high']:+.3f} (with sampling error {b['low_ci']:+.3f} to "
                 f"{b['high_ci']:+.3f})" + ("  ← no unrecorded confounder" if b["gamma"] == 1 else "")
                 for b in self.bounds]
+
+
+def _gamma_cell(b: Mapping[str, Any]) -> str:
+    """``0.412–0.655``: the bounds with their sampling error at one Γ (``unbounded``: the weights overflowed)."""
+    return "unbounded" if b.get("unbounded") else f"{b['low_ci']:.3f}–{b['high_ci']:.3f}"
+
+
+def _tuple_or_none(v: Any) -> tuple | None:
+    return None if v is None else tuple(v)
+
+
+@dataclass(frozen=True)
+class HorizonBounds(Record):
+    """The policy values' and effects' bounds at the horizon asked under the marginal sensitivity model at every step
+    (``queries.sensitivity.HorizonSensitivity``): per policy and per effect the bounds at each reported Γ, each
+    effect's smallest Γ that could reverse its sign, the ranking at Γ = 1 and the smallest Γ that could change it."""
+
+    estimand: str = ""
+    model: str = ""
+    level: float = 0.9
+    horizon: int | None = None
+    values: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    effects: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    ranking: tuple[str, ...] = ()
+    ranking_tied_at_1: bool = False
+    #: the policies whose values are withheld (too little support): no ranking then
+    ranking_withheld: tuple[str, ...] | None = None
+    gamma_ranking_change: float | None = None
+    gamma_max: float = 10.0
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> "HorizonBounds | None":
+        if not d:
+            return None
+        return cls(estimand=d.get("estimand", ""), model=d.get("model", ""), level=d.get("level", 0.9),
+                   horizon=d.get("horizon"), values=dict(d.get("values") or {}), effects=dict(d.get("effects") or {}),
+                   ranking=tuple(d.get("ranking") or ()), ranking_tied_at_1=bool(d.get("ranking_tied_at_1", False)),
+                   ranking_withheld=_tuple_or_none(d.get("ranking_withheld")),
+                   gamma_ranking_change=d.get("gamma_ranking_change"), gamma_max=float(d.get("gamma_max", 10.0)))
+
+    @property
+    def horizon_text(self) -> str:
+        return "whole trajectories" if self.horizon is None else f"the first {self.horizon} steps"
+
+    def ranking_verdict(self) -> str:
+        """``the ranking a > b > c holds up to Γ < 1.5`` (or why not), as every renderer says it."""
+        if self.ranking_withheld:
+            return (f"no ranking: the values of {', '.join(self.ranking_withheld)} are withheld (too few logged "
+                    "entities follow them through the horizon)")
+        order = " > ".join(self.ranking)
+        if self.ranking_tied_at_1:
+            return f"the ranking {order} is not settled even at Γ = 1 (two policies' intervals meet)"
+        if self.gamma_ranking_change is None:
+            return f"the ranking {order} holds for every Γ up to {self.gamma_max:g}"
+        return f"the ranking {order} could change at Γ = {self.gamma_ranking_change:g}"
+
+    def effect_verdict(self, name: str) -> str:
+        """The smallest Γ that could reverse the sign of ``name``'s effect against the reference."""
+        e = self.effects.get(name) or {}
+        if e.get("withheld"):
+            return "withheld: " + e["withheld"]
+        if e.get("sign_at_1", 0) == 0:
+            return "sign open at Γ = 1"
+        flip = e.get("gamma_sign_change")
+        return f"sign holds for every Γ up to {self.gamma_max:g}" if flip is None else f"sign could reverse at Γ = {flip:g}"
+
+    @property
+    def gammas(self) -> list[float]:
+        """The reported Γ values, in order."""
+        first = next((v for v in self.values.values() if v.get("bounds")), {})
+        return [b["gamma"] for b in first.get("bounds", ())]
+
+    def rows(self) -> list[tuple[str, list[str], str]]:
+        """One row per value and per effect: its label, its bounds' cell at each reported Γ ("withheld" where the
+        value is), its verdict."""
+        def cells(d: Mapping[str, Any]) -> list[str]:
+            return ["withheld"] * len(self.gammas) if d.get("withheld") else [_gamma_cell(b) for b in d.get("bounds", ())]
+
+        out = [(f"value {name}", cells(v), "") for name, v in self.values.items()]
+        for name, e in self.effects.items():
+            out.append((f"{name} − {e.get('reference')}", cells(e), self.effect_verdict(name)))
+        return out
+
+    def lines(self) -> list[str]:
+        """The rows as lines: ``value never: Γ = 1: 0.487–0.574; Γ = 1.25: ...``, then the ranking's verdict."""
+        out = [f"{label}: " + "; ".join(f"Γ = {g:g}: {c}" for g, c in zip(self.gammas, cells))
+               + (f" ({verdict})" if verdict else "") for label, cells, verdict in self.rows()]
+        return out + [f"ranking over {self.horizon_text}: {self.ranking_verdict()}"]
 
 
 @dataclass(frozen=True)
@@ -364,6 +479,8 @@ class EvaluationAnswer(Record):
     effect_support: EffectSupport | None = None
     one_step: OneStepEffect | None = field(default=None, metadata={"key": "one_step_effect"})
     sensitivity: Sensitivity | None = None
+    #: the bounds of the values and effects at the horizon asked (``queries.sensitivity.HorizonSensitivity``)
+    sensitivity_horizon: HorizonBounds | None = None
     #: what kind each answer is and what it rests on (``queries.kinds``)
     kinds: Mapping[str, Mapping[str, Any]] | None = None
     dr_learner: DRLearner | None = None
@@ -374,6 +491,7 @@ class EvaluationAnswer(Record):
     propensities: Propensities | None = None
     model_only: bool = False
     natural_course: NaturalCourse | None = None
+    unrecorded_confounding: UnrecordedConfounding | None = None
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> "EvaluationAnswer":
@@ -384,6 +502,7 @@ class EvaluationAnswer(Record):
             effect_support=EffectSupport.from_json(part(d, "effect_support")),
             one_step=OneStepEffect.from_json(part(d, "one_step_effect")),
             sensitivity=Sensitivity.from_json(part(d, "sensitivity")),
+            sensitivity_horizon=HorizonBounds.from_json(part(d, "sensitivity_horizon")),
             kinds=d.get("kinds"),
             dr_learner=DRLearner.from_json(part(d, "dr_learner")),
             policies={k: PolicyAnswer.from_json(k, v) for k, v in (d.get("policies") or {}).items()},
@@ -392,6 +511,7 @@ class EvaluationAnswer(Record):
             propensities=Propensities.from_json(part(d, "propensities")),
             model_only=bool(d.get("model_only", False)),
             natural_course=NaturalCourse.from_json(part(d, "natural_course")),
+            unrecorded_confounding=UnrecordedConfounding.from_json(part(d, "unrecorded_confounding")),
         )
 
     @classmethod
@@ -411,9 +531,11 @@ class EvaluationAnswer(Record):
         """One line per kind of answer (``queries.kinds``): ``checked by weighting — rests on ...; propensities ...``."""
         out = []
         for kind, d in (self.kinds or {}).items():
-            parts = ["rests on " + ", ".join(d.get("assumptions", ()))]
+            parts = ([d["identified"]] if d.get("identified") else []) + [
+                "rests on " + ", ".join(d.get("assumptions", ()))]
             for key, word in (("propensities", "propensities"), ("positivity", "positivity measured"),
-                              ("unrecorded_confounding", "unrecorded confounding"), ("checked_by", "checked by")):
+                              ("unrecorded_confounding", "unrecorded confounding"), ("checked_by", "checked by"),
+                              ("shown", "shown instead")):
                 if d.get(key):
                     parts.append(f"{word}: {d[key]}")
             if d.get("ranked") is False:
@@ -434,11 +556,13 @@ class EvaluationAnswer(Record):
         printed only there; issue 42 item 4)."""
         asked = self.horizon_asked
         answers = [p.identified.answer for p in self.identified.values()]
-        return asked is not None and bool(answers) and all(a is not None and a.horizon == asked for a in answers)
+        return self.unrecorded_confounding is None and asked is not None and bool(answers) and all(a is not None and a.horizon == asked for a in answers)
 
     def horizon_caption(self) -> str:
         """Whether the identified table answers the question at its horizon, as every renderer says it."""
         asked = self.horizon_asked
+        if self.unrecorded_confounding is not None:
+            return f"{self.unrecorded_confounding.not_identified}: no policy is ranked on these numbers"
         if self.ranked_at_asked:
             return f"every policy answered at the horizon asked (h = {asked}): these values can be ranked"
         return (f"h below {asked} is a shorter question than the one asked (the first h of {asked} steps): not a "

@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # pragma: no cover - the run config pulls in torch
     from fcd_secure.federation.site_policy import QuestionPolicy
     from fcd_secure.queries.request import EvaluationRequest, WhatIfRequest
 
-__all__ = ["MergeContext", "Query", "SiteContext", "SiteSums", "Totals"]
+__all__ = ["MergeContext", "MergeOnly", "Query", "SiteContext", "SiteSums", "Totals"]
 
 #: one site's reply: additive sums, each a float or an equal-length list of floats
 SiteSums = dict[str, Any]
@@ -148,6 +148,8 @@ class MergeContext:
         binary: the outcome is binary (estimates are kept in its range).
         dr_fit_steps: the validation steps the DR-learner's β was fitted on (its intercept's re-fit).
         round_id: the evaluated round (a scored round's selection row).
+        unrecorded_confounding: the run's declared unrecorded confounding (``queries.declared``:
+            ``{"declared", "by"}``), None where none is declared.
     """
 
     question: "WhatIfRequest | None" = None
@@ -155,6 +157,7 @@ class MergeContext:
     binary: bool = True
     dr_fit_steps: int = 0
     round_id: int = 0
+    unrecorded_confounding: Mapping[str, str] | None = None
 
     @property
     def level(self) -> float:
@@ -191,3 +194,17 @@ class Query(ABC):
     @abstractmethod
     def merge(self, totals: Totals, ctx: MergeContext, answer: dict[str, Any]) -> None:
         """Add this query's part of the answer, from the consortium's totals, to ``answer``."""
+
+
+class MergeOnly(Query):
+    """A query with no sums of its own: its merge reads what the earlier queries put into the answer (the kinds, the
+    declared confounding). It sends nothing and never runs on a site."""
+
+    def names(self, policy_names: Iterable[str], ope_horizon: int | None) -> list[str]:
+        return []
+
+    def applies(self, ctx: SiteContext) -> bool:
+        return False
+
+    def site_sums(self, ctx: SiteContext) -> SiteSums:
+        return {}

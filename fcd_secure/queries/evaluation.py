@@ -25,6 +25,7 @@ from fcd_secure.federation.messaging import Comm
 from fcd_secure.federation.records import EVALUATE_MESSAGE_TYPE, REC_CONFIG, REC_EVAL, REC_GLOBAL, global_to_record
 from fcd_secure.queries import registry
 from fcd_secure.queries.base import MergeContext, Query, SiteContext, SiteSums, Totals
+from fcd_secure.queries.declared import declared_confounding
 from fcd_secure.queries.request import EvaluationRequest, WhatIfRequest, request_from_config
 from fcd_secure.queries.vocabulary import action_labels, context_columns
 
@@ -66,9 +67,12 @@ def site_metrics(
 
 def merge_site_metrics(parts: list[SiteSums], request: WhatIfRequest | None = None,
                        action_names: list[str] | None = None, binary: bool = True,
-                       queries: Iterable[Query] = registry.QUERIES) -> dict[str, Any]:
-    """Pooled metrics from per-site sums (exact: the numbers equal those of the concatenated test sets)."""
-    return registry.merge(Totals.of_sites(parts), MergeContext(request, action_names, binary), queries)
+                       queries: Iterable[Query] = registry.QUERIES,
+                       unrecorded_confounding: dict[str, str] | None = None) -> dict[str, Any]:
+    """Pooled metrics from per-site sums (exact: the numbers equal those of the concatenated test sets);
+    ``unrecorded_confounding``: the run's declaration (``queries.declared.declared_confounding``)."""
+    return registry.merge(Totals.of_sites(parts), MergeContext(request, action_names, binary,
+                                                               unrecorded_confounding=unrecorded_confounding), queries)
 
 
 def merge_totals(totals: Totals, ctx: MergeContext) -> dict[str, Any]:
@@ -195,7 +199,8 @@ def evaluate_federated(
                                                 rules=out.get("declined_rules"))}
         totals = Totals.of_sites(parts)
     merged = merge_totals(totals, MergeContext(whatif, None if quick else action_labels(cfg),
-                                               cfg.model.outcome == "binary", dr_fit_steps, round_id))
+                                               cfg.model.outcome == "binary", dr_fit_steps, round_id,
+                                               None if quick else declared_confounding(cfg)))
     if not quick and "contexts" in merged:
         merged["contexts"].update(context_columns(cfg))
     merged.update(split(failed))

@@ -14,15 +14,18 @@ Three kinds, each with its assumptions (Robins 1986; Hernán & Robins 2020, "Cau
 * **extrapolation** — the simulator's numbers where nothing checks them: they rest on the model being right where
   the logs do not reach, and are never ranked.
 
+Where the user declares an unrecorded confounder (``queries.declared``) the first two kinds keep their names and say
+**not identified (declared unrecorded confounding: …)**: never ranked, and what is shown is the Γ-bounds of
+``queries.sensitivity``; the simulator's numbers stay extrapolation.
+
 ``kinds`` has no sums: its merge reads what the earlier queries put into the answer (it is registered last).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
-from fcd_secure.queries.base import MergeContext, Query, SiteContext, SiteSums, Totals
+from fcd_secure.queries.base import MergeContext, MergeOnly, Totals
 
 __all__ = ["AnswerKinds", "CHECKED", "EXTRAPOLATION", "G_COMPUTATION"]
 
@@ -33,19 +36,10 @@ CHECKED, G_COMPUTATION, EXTRAPOLATION = "checked by weighting", "g-computation b
 IDENTIFYING = ("sequential exchangeability given the recorded history", "positivity", "consistency")
 
 
-class AnswerKinds(Query):
+class AnswerKinds(MergeOnly):
     """``answer["kinds"]``: per kind of answer present, its assumptions and what was measured of them."""
 
     name = "kinds"
-
-    def names(self, policy_names: Iterable[str], ope_horizon: int | None) -> list[str]:
-        return []
-
-    def applies(self, ctx: SiteContext) -> bool:
-        return False
-
-    def site_sums(self, ctx: SiteContext) -> SiteSums:
-        return {}
 
     def merge(self, totals: Totals, ctx: MergeContext, answer: dict[str, Any]) -> None:
         props = answer.get("propensities") or {}
@@ -82,6 +76,12 @@ class AnswerKinds(Query):
                 kinds[EXTRAPOLATION]["checked_by"] = (
                     f"natural course MISFIT (mean |gap| {nc.get('mean_abs_gap', 0.0):.3f}): the simulator under the "
                     "logging policy departs from the logs, so its whole-trajectory numbers are not g-computation")
+        decl = answer.get("unrecorded_confounding")
+        if decl:
+            shown = "the Γ-bounds under the marginal sensitivity model (one-step effect; values at the horizon asked)"
+            for kind in (CHECKED, G_COMPUTATION):
+                if kind in kinds:
+                    kinds[kind].update({"identified": decl["not_identified"], "ranked": False, "shown": shown})
         if kinds:
             answer["kinds"] = kinds
 

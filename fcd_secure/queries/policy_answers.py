@@ -15,7 +15,7 @@ from fcd_secure._format import MISSING, fmt
 
 __all__ = [
     "NOT_IDENTIFIED", "DoublyRobust", "Effect", "HorizonAnswer", "IdentifiedAnswer", "Interval", "OffPolicy",
-    "PiSource", "PolicyAnswer", "Record", "interval_text", "part",
+    "PiSource", "PolicyAnswer", "Record", "SequentialDR", "interval_text", "part",
 ]
 
 #: the cell of a value or effect the logged data cannot identify (``queries.policy_values``: support 0)
@@ -200,6 +200,8 @@ class IdentifiedAnswer(Record):
     horizons: tuple[HorizonAnswer, ...] = ()
     why: str | None = None
     pi_k: PiSource | None = None
+    #: the declared unrecorded confounding's mark (``queries.declared``): no horizon is identified then
+    not_identified: str | None = None
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> "IdentifiedAnswer | None":
@@ -208,7 +210,7 @@ class IdentifiedAnswer(Record):
         return cls(answer=HorizonAnswer.from_json(part(d, "answer")),
                    effect=HorizonAnswer.from_json(part(d, "effect")),
                    horizons=tuple(HorizonAnswer.from_json(r) for r in d.get("horizons") or ()), why=d.get("why"),
-                   pi_k=PiSource.from_json(part(d, "pi_k")))
+                   pi_k=PiSource.from_json(part(d, "pi_k")), not_identified=d.get("not_identified"))
 
     @property
     def best_ess(self) -> float:
@@ -219,6 +221,35 @@ class IdentifiedAnswer(Record):
     def reached_in_part(self) -> bool:
         """Whether the logs reach only part of the policy at some horizon (the reason it is not identified)."""
         return any(r.reached is False for r in self.horizons)
+
+
+@dataclass(frozen=True)
+class SequentialDR(Interval):
+    """A policy's sequential doubly robust value (``queries.sequential_dr``) and its support: the Kish ESS and mean of
+    the weight products through the horizon, whether the rule shows the value (``supported``; False: the estimate
+    is withheld and ``why`` says why)."""
+
+    horizon: int | None = None
+    ess: float | None = None
+    weight_mean: float | None = None
+    reached: bool | None = None
+    supported: bool | None = None
+    why: str | None = None
+    #: the declared unrecorded confounding's mark (``queries.declared``)
+    not_identified: str | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> "SequentialDR | None":
+        if not d:
+            return None
+        return cls(**cls._interval(d), horizon=d.get("horizon"), ess=d.get("ess"), weight_mean=d.get("weight_mean"),
+                   reached=d.get("reached"), supported=d.get("supported"), why=d.get("why"),
+                   not_identified=d.get("not_identified"))
+
+    @property
+    def withheld(self) -> bool:
+        """The value is not shown as an answer: too little support (``why``) or a declared unrecorded confounder."""
+        return self.estimate is None or self.not_identified is not None
 
 
 @dataclass(frozen=True)
@@ -242,7 +273,7 @@ class PolicyAnswer(Record):
     sites_without_support: tuple[str, ...] | None = None
     never_fires: bool | None = None
     identified: IdentifiedAnswer | None = None
-    sequential_dr: Interval | None = None
+    sequential_dr: SequentialDR | None = None
 
     @classmethod
     def from_json(cls, name: str, d: Mapping[str, Any]) -> "PolicyAnswer":
@@ -257,7 +288,7 @@ class PolicyAnswer(Record):
             n_sites_without_support=d.get("n_sites_without_support"),
             sites_without_support=_tuple(d.get("sites_without_support")), never_fires=d.get("never_fires"),
             identified=IdentifiedAnswer.from_json(part(d, "identified")),
-            sequential_dr=Interval.from_json(part(d, "sequential_dr")),
+            sequential_dr=SequentialDR.from_json(part(d, "sequential_dr")),
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from fcd_secure.queries.base import MergeContext, Query, SiteContext, SiteSums, Totals
+from fcd_secure.queries.declared import DeclaredConfounding
 from fcd_secure.queries.doubly_robust import DoublyRobust
 from fcd_secure.queries.dr_learner import DRLearnerEffects, DRLearnerFit
 from fcd_secure.queries.effects import FactualAUC, OracleEffects
@@ -25,7 +26,7 @@ from fcd_secure.queries.pi_source import PiSource
 from fcd_secure.queries.policy_values import LoggedSupport, PolicyValues, SimulatedValues
 from fcd_secure.queries.propensities import PropensitySource
 from fcd_secure.queries.selection import Selection
-from fcd_secure.queries.sensitivity import Sensitivity
+from fcd_secure.queries.sensitivity import HorizonSensitivity, Sensitivity
 from fcd_secure.queries.sequential_dr import SequentialDR
 from fcd_secure.queries.targeted import Identified, OneStep
 
@@ -42,10 +43,12 @@ QUERIES: tuple[Query, ...] = (
     Sensitivity(),
     DRLearnerEffects(),
     POLICY_VALUES,
+    HorizonSensitivity(),  # reads the sequential DR's Q̂ of the policy values: after them
     PropensitySource(),
     NaturalCourse(),  # before the selection: a scored round's natural-course gap takes part in its rule
     Selection(),
     DRLearnerFit(),
+    DeclaredConfounding(),  # marks the weighted answers above: after them, before the kinds
     AnswerKinds(),
 )
 

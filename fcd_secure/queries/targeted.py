@@ -45,6 +45,7 @@ import numpy as np
 from fcd_secure.evaluation.discrepancy import DEFAULT_CLIP, one_step_dr_terms
 from fcd_secure.evaluation.intervals import (
     cluster_pair_names,
+    cluster_ratio,
     cluster_sums,
     interval_from_sums,
     linear_cluster_ss,
@@ -131,10 +132,8 @@ def merge_one_step(s: dict[str, Any], level: float, binary: bool) -> dict[str, A
     if not s.get("onestep.m"):
         return None
     n, m = float(s["onestep.n"]), float(s["onestep.m"])
-    theta = s["onestep.s"] / m
-    # linearised variance of a ratio of cluster sums: Σ_i (S_i − θ m_i)² / (Σ m_i)², with the n/(n−1) correction
-    resid = s["onestep.ss"] - 2 * theta * s["onestep.sm"] + theta * theta * s["onestep.mm"]
-    se = math.sqrt(max(resid, 0.0) * n / max(n - 1, 1.0)) / m
+    theta, se = cluster_ratio(float(s["onestep.s"]), float(s["onestep.ss"]), float(s["onestep.sm"]), n, m,
+                              float(s["onestep.mm"]))
     z = NormalDist().inv_cdf(1 - (1 - level) / 2)
     out = {"estimand": "one-step effect of a_on vs a_off at every decision step (identified)",
            "steps": int(m), "entities": int(n), "level": level, "se": se,
@@ -223,9 +222,7 @@ def horizon_sums(name: str, sub, pi: np.ndarray, step_v: np.ndarray, horizons: l
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             dr, _support = est.per_entity(sub.Y, sub.M, sub.P, pi, q_hat=v_hat, v_hat=v_hat)
-            w, _scale = est.step_weights(sub.Y, sub.M, sub.P, pi)
-        last = np.clip(np.minimum(sub.lengths, Hh) - 1, 0, None)
-        wf = w[np.arange(sub.n), last]
+        wf = final_weights(sub, pi, Hh)
         if not (np.isfinite(dr).all() and np.isfinite(wf).all()):
             continue  # weights past float64: this horizon is not estimable here (the merge needs every site)
         per[h] = dr
@@ -236,6 +233,28 @@ def horizon_sums(name: str, sub, pi: np.ndarray, step_v: np.ndarray, horizons: l
         if true_values is not None and h in true_values:
             out[f"{key}.true_sum"] = float(true_values[h]) * sub.n
     return out, per
+
+
+def final_weights(sub, pi: np.ndarray, horizon: int) -> np.ndarray:
+    """Each entity's weight product w = Π_{t<h} π/P up to its last valid step within the first ``horizon`` steps,
+    ``[n]`` (non-finite where it overflows): what the support rule reads (Kish ESS and mean, module docstring)."""
+    from fcd_secure.evaluation.ope import PerDecisionDR  # noqa: PLC0415
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        w, _scale = PerDecisionDR(horizon=horizon).step_weights(sub.Y, sub.M, sub.P, pi)
+    last = np.clip(np.minimum(sub.lengths, horizon) - 1, 0, None)
+    return w[np.arange(sub.n), last]
+
+
+def support_of(s: dict[str, Any], key: str, n: float) -> dict[str, Any]:
+    """The support rule of a weighted value (module docstring) from ``<key>.sw`` / ``<key>.sww``: its Kish ESS, mean
+    weight product and SE, whether the sample reached the policy, and whether it is ``supported`` (ESS at least
+    :data:`MIN_SUPPORT_ESS` and reached)."""
+    ess, wm, wse = _weight_stats(s, key, n)
+    reached = reaches_policy(wm, wse)
+    return {"ess": ess, "weight_mean": wm, "weight_se": wse, "reached": reached,
+            "supported": ess >= MIN_SUPPORT_ESS and reached}
 
 
 def horizon_diff_sums(name: str, per: dict[int, np.ndarray], ref: dict[int, np.ndarray]) -> dict[str, float]:
@@ -310,10 +329,9 @@ def merge_identified(s: dict[str, Any], names: list[str], reference: str | None,
             if not all_sent(f"{key}.n"):
                 continue
             iv = interval_from_sums(s, key, level)
-            ess, wm, wse = _weight_stats(s, key, iv.n)
-            reached = reaches_policy(wm, wse)
-            row = {"horizon": h, "ess": ess, "reached": reached, "supported": ess >= MIN_SUPPORT_ESS and reached,
-                   "se": iv.se, "n": iv.n, "weight_mean": wm, "weight_se": wse,
+            sup = support_of(s, key, iv.n)
+            row = {"horizon": h, "ess": sup["ess"], "reached": sup["reached"], "supported": sup["supported"],
+                   "se": iv.se, "n": iv.n, "weight_mean": sup["weight_mean"], "weight_se": sup["weight_se"],
                    **in_range(iv.estimate, iv.low, iv.high, 0.0 if binary else None, 1.0 if binary else None)}
             if all_sent(f"{key}.true_sum"):
                 row["true"] = s[f"{key}.true_sum"] / iv.n

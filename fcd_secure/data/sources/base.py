@@ -135,6 +135,8 @@ class GeneratedSource:
         presets: The preset names ``configure`` accepts.
         options: The generator options a run may set beyond its preset (``DataSection.world_options``), each
             mapped to the generator config's field it sets (``effect_horizon`` → ``horizon``).
+        unrecorded_confounding: The world's hidden confounder in words, where its logging policy reads something
+            its logs do not record (a run with γ = 0 removes it: the logging policy then ignores it).
     """
 
     name: str
@@ -143,6 +145,7 @@ class GeneratedSource:
     table_i: Mapping[str, int] | None = None
     presets: tuple[str, ...] = ()
     options: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    unrecorded_confounding: str | None = None
 
     def check(self, data_dir: str | Path | None = None) -> Path | None:
         """Nothing to check: a generated dataset reads no data folder (None)."""

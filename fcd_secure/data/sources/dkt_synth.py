@@ -23,4 +23,6 @@ def build_dkt_synth(cfg: DKTSynthConfig) -> FederatedData:
 
 
 SOURCE = GeneratedSource(name="dkt-synth", configure=DKTSynthConfig.from_preset, build=build_dkt_synth, table_i=TABLE_I,
-                         presets=tuple(PRESETS), options=WORLD_OPTIONS)
+                         presets=tuple(PRESETS), options=WORLD_OPTIONS,
+                         unrecorded_confounding="a student's readiness (hidden motivation and mastery, not logged) "
+                         "drives both the tutor's choice of item and the student's answer")
