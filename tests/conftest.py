@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import pandas as pd
 import pytest
+
+if TYPE_CHECKING:  # the fixtures import the package when they run, not at collection
+    from fcd_secure.config import RunConfig
+    from fcd_secure.apps.server_app import FederationResult
 
 # every Flower engine the tests start (in process or as a child) inherits this: tests never send telemetry
 os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
@@ -136,6 +141,34 @@ def superlink(tmp_path_factory):
     finally:
         os.killpg(p.pid, signal.SIGKILL)  # its own session: the SuperLink and anything it started
         p.wait()
+
+
+#: small DKT-Synth (1,500 students) on 4 even sites, 2 rounds, every round scored (every site has ≥ 20 validation
+#: and test students), secure aggregation (the default): the config of :func:`small_scored_run`
+SMALL_SCORED = {"seed": 0, "data": {"preset": "small", "n_sites": 4, "alpha": 1000.0},
+                "federation": {"clients_per_round": 4, "rounds": 2, "eval_every": 1}}
+#: the xdist group of every test that reads :func:`small_scored_run`: the run is made once, on one worker
+SMALL_SCORED_RUN = "small-scored-run"
+
+
+class ScoredRun(NamedTuple):
+    cfg: RunConfig
+    result: FederationResult
+    state: Path
+    out: Path
+
+
+@pytest.fixture(scope="session")
+def small_scored_run(tmp_path_factory) -> ScoredRun:
+    """One in-process run of :data:`SMALL_SCORED` (Fed-CausalDiff's diffusion transition, the default), shared by the
+    tests that read a scored secure run without changing it (``fcd select``'s diffusion variant, the DR-learner's
+    secure fit): ``(cfg, result, state_dir, run_dir)``."""
+    from fcd_secure.config import build_config
+    from fcd_secure.engines.inprocess import run_inprocess
+
+    root = tmp_path_factory.mktemp("small-scored")
+    cfg = build_config("tiny", {**SMALL_SCORED, "state_dir": str(root / "state"), "out": str(root / "run")})
+    return ScoredRun(cfg, run_inprocess(cfg), root / "state", root / "run")
 
 
 def real_data() -> Path:
