@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import pandas as pd
 import pytest
+
+if TYPE_CHECKING:  # the fixtures import the package when they run, not at collection
+    from fcd_secure.config import RunConfig
+    from fcd_secure.apps.server_app import FederationResult
 
 # every Flower engine the tests start (in process or as a child) inherits this: tests never send telemetry
 os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
@@ -17,6 +22,9 @@ os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
 
 #: the xdist group of every test that starts real Flower SuperLink/SuperNode processes
 FLOWER_PROCESSES = "flower-processes"
+#: the xdist group of the tests that use the one shared SuperLink (:func:`superlink`) and start no SuperNode: light
+#: enough to run beside a full deployment, so not in :data:`FLOWER_PROCESSES`
+FLOWER_SUPERLINK = "flower-superlink"
 
 
 def pytest_configure(config):
@@ -32,8 +40,9 @@ def pytest_configure(config):
 
 def _schedule_rank(item) -> int:
     """0: the Flower-process group (the longest serial unit), 1: a module sharing one expensive run (its own
-    ``xdist_group``), 2: another end-to-end test marked ``slow``, 3: the rest (seconds or less each)."""
-    if item.get_closest_marker("deployment") is not None:
+    ``xdist_group``) or the shared SuperLink, 2: another end-to-end test marked ``slow``, 3: the rest (seconds or
+    less each)."""
+    if item.get_closest_marker("deployment") is not None and "superlink" not in item.fixturenames:
         return 0
     if item.get_closest_marker("xdist_group") is not None:
         return 1
@@ -67,10 +76,15 @@ def pytest_collection_modifyitems(config, items):
 
     On an xdist worker under ``--dist loadgroup`` each grouped item's node id carries its group
     (:func:`_tag_with_group`), and the items are ordered by :func:`_schedule_rank` (stable: each module keeps its
-    order), the order the controller hands them out in (``pytest_configure``). A serial run keeps the file order."""
+    order), the order the controller hands them out in (``pytest_configure``). A serial run keeps the file order.
+
+    A ``deployment`` test whose only Flower process is the session's shared SuperLink (it asks for the
+    :func:`superlink` fixture) goes to :data:`FLOWER_SUPERLINK` instead: one SuperLink and a few ``flwr`` commands
+    beside a full deployment starve nobody, and the fixture is made once, on one worker."""
     for item in items:
         if item.get_closest_marker("deployment") is not None:
-            item.add_marker(pytest.mark.xdist_group(FLOWER_PROCESSES))
+            shared_link = "superlink" in item.fixturenames
+            item.add_marker(pytest.mark.xdist_group(FLOWER_SUPERLINK if shared_link else FLOWER_PROCESSES))
     if not hasattr(config, "workerinput"):
         return
     if config.getvalue("loadgroup"):
@@ -79,6 +93,82 @@ def pytest_collection_modifyitems(config, items):
             if group and not item.nodeid.endswith(f"@{group}"):
                 _tag_with_group(item, group)
     items.sort(key=_schedule_rank)
+
+
+@pytest.fixture(scope="session")
+def superlink(tmp_path_factory):
+    """``fcd server start``'s SuperLink entry point (``_flower.superlink_main``) with TLS and
+    ``--enable-supernode-auth`` on 127.0.0.1, launching nothing (``--isolation process``), one SuperNode key
+    registered with Flower's own ``flwr supernode register``; yields ``(port, ca_cert, node_key)``. One per session:
+    the tests that use it (P35, P51, P53, a port in use) only send it requests, none changes it."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from cryptography.hazmat.primitives import serialization
+    from test_coordinator_host import _cli_home, _flwr
+
+    from fcd_secure.engines.deployment import FLWR_IN_MEMORY, flower_env, free_port
+    from fcd_secure.engines.pki import make_node_key, make_tls_dir
+
+    tmp = tmp_path_factory.mktemp("superlink")
+    pki = make_tls_dir(tmp / "pki", ("127.0.0.1", "localhost"))
+    port = free_port()
+    with open(tmp / "superlink.log", "wb") as log:
+        p = subprocess.Popen(
+            [sys.executable, "-m", "fcd_secure._flower.superlink_main", "--ssl-ca-certfile", str(pki / "ca.crt"),
+             "--ssl-certfile", str(pki / "server.pem"), "--ssl-keyfile", str(pki / "server.key"), "--host", "127.0.0.1",
+             "--port", str(port), "--database", FLWR_IN_MEMORY, "--isolation", "process", "--enable-supernode-auth"],
+            stdout=log, stderr=subprocess.STDOUT, env=flower_env(tmp / "link-home"), start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                assert p.poll() is None, (tmp / "superlink.log").read_text()
+                assert time.monotonic() < deadline, "the SuperLink did not open its port"
+                time.sleep(0.2)
+        make_node_key(tmp / "node.key", tmp / "node.pub")
+        code, out = _flwr(_cli_home(tmp / "cli", port, pki / "ca.crt"), "supernode", "register", str(tmp / "node.pub"), "c")
+        assert code == 0, out
+        key = serialization.load_ssh_private_key((tmp / "node.key").read_bytes(), password=None)
+        yield port, pki / "ca.crt", key
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)  # its own session: the SuperLink and anything it started
+        p.wait()
+
+
+#: small DKT-Synth (1,500 students) on 4 even sites, 2 rounds, every round scored (every site has ≥ 20 validation
+#: and test students), secure aggregation (the default): the config of :func:`small_scored_run`
+SMALL_SCORED = {"seed": 0, "data": {"preset": "small", "n_sites": 4, "alpha": 1000.0},
+                "federation": {"clients_per_round": 4, "rounds": 2, "eval_every": 1}}
+#: the xdist group of every test that reads :func:`small_scored_run`: the run is made once, on one worker
+SMALL_SCORED_RUN = "small-scored-run"
+
+
+class ScoredRun(NamedTuple):
+    cfg: RunConfig
+    result: FederationResult
+    state: Path
+    out: Path
+
+
+@pytest.fixture(scope="session")
+def small_scored_run(tmp_path_factory) -> ScoredRun:
+    """One in-process run of :data:`SMALL_SCORED` (Fed-CausalDiff's diffusion transition, the default), shared by the
+    tests that read a scored secure run without changing it (``fcd select``'s diffusion variant, the DR-learner's
+    secure fit): ``(cfg, result, state_dir, run_dir)``."""
+    from fcd_secure.config import build_config
+    from fcd_secure.engines.inprocess import run_inprocess
+
+    root = tmp_path_factory.mktemp("small-scored")
+    cfg = build_config("tiny", {**SMALL_SCORED, "state_dir": str(root / "state"), "out": str(root / "run")})
+    return ScoredRun(cfg, run_inprocess(cfg), root / "state", root / "run")
 
 
 def real_data() -> Path:

@@ -11,7 +11,7 @@ TAMPERED (exit 6), naming a Flower node number; a typo in the auditor's own pin 
   evidence folder, replacing an earlier copy, and records what it copied.
 
 The ledgers are written by the real gate and server audit (``test_audit_support``); the deployment run that
-collects and verifies its own evidence is ``tests/test_hospital_restarts.py``.
+collects and verifies its own evidence is ``tests/test_hospital_deployment.py``.
 """
 
 from __future__ import annotations

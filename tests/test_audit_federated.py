@@ -1,5 +1,8 @@
-"""End to end on Flower's simulation engine: a federated run's site ledgers verify clean, and the bytes they record
-equal the run's own communication accounting (``Comm``'s traffic rows), site by site."""
+"""End to end on the in-process engine (``engines.inprocess``: Flower's ServerApp and ClientApp and its Message API
+without Ray, pinned to the simulation engine bit for bit in ``test_federation_inprocess.py``): a federated run's site
+ledgers verify clean, and the bytes they record equal the run's own communication accounting (``Comm``'s traffic
+rows), site by site. The claim is about the ledgers and the accounting, not the engine, so it does not pay a Ray
+start; the messages still cross the grid as transport copies (deflated and inflated), as on Flower's engines."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from collections import defaultdict
 import pytest
 
 
-from fcd_secure.engines import simulation  # noqa: E402
+from fcd_secure.engines.inprocess import run_inprocess  # noqa: E402
 from fcd_secure.manifest import THETA_C  # noqa: E402
 
 
@@ -30,7 +33,7 @@ def federated_run(tmp_path_factory):
             "state_dir": str(root / "state"),
         },
     )
-    result = simulation.run_simulated(cfg)
+    result = run_inprocess(cfg)
     return root / "state", result
 
 

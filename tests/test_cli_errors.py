@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-from test_coordinator_host import superlink  # noqa: F401 - a real SuperLink on 127.0.0.1 (the P35 tests' fixture)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 #: the modules whose import is the "heavy work" a typo must not wait for
@@ -177,10 +176,10 @@ def test_add_site_refuses_a_request_below_the_consortium_floor(small_site, tmp_p
 
 # -- a second coordinator on a port in use ---------------------------------------------------------------------------
 @pytest.mark.deployment
-def test_server_start_on_a_port_in_use_names_the_port_before_registering(small_site, superlink, tmp_path):  # noqa: F811
+def test_server_start_on_a_port_in_use_names_the_port_before_registering(small_site, superlink, tmp_path):
     """Another consortium's SuperLink (the entry point `fcd server start` runs, its own TLS) holds 127.0.0.1:PORT;
     a second consortium on that port is refused naming it, before any process starts or any key is registered."""
-    port, _ca = superlink
+    port, _ca, _key = superlink  # the session's shared SuperLink (conftest)
     co, home, fp = _consortium_and_site(*small_site, tmp_path, port, 5)
     res, _, _ = fcd("consortium", "add-site", home / "enrolment_request.json", "--home", co, "--fingerprint", fp)
     assert res.returncode == 0, res.stdout + res.stderr

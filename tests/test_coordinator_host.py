@@ -19,7 +19,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -53,38 +52,6 @@ def _nobody() -> int:
         pytest.skip("no user 'nobody' on this machine")
 
 
-@pytest.fixture
-def superlink(tmp_path):
-    """``fcd server start``'s SuperLink entry point with TLS on 127.0.0.1 (launching nothing: ``--isolation
-    process``); yields ``(port, ca_cert)``."""
-    from fcd_secure.engines.deployment import FLWR_IN_MEMORY, flower_env, free_port
-    from fcd_secure.engines.pki import make_tls_dir
-
-    pki = make_tls_dir(tmp_path / "pki", ("127.0.0.1", "localhost"))
-    port = free_port()
-    with open(tmp_path / "superlink.log", "wb") as log:
-        p = subprocess.Popen(
-            [sys.executable, "-m", "fcd_secure._flower.superlink_main", "--ssl-ca-certfile", str(pki / "ca.crt"),
-             "--ssl-certfile", str(pki / "server.pem"), "--ssl-keyfile", str(pki / "server.key"), "--host", "127.0.0.1",
-             "--port", str(port), "--database", FLWR_IN_MEMORY, "--isolation", "process"],
-            stdout=log, stderr=subprocess.STDOUT, env=flower_env(tmp_path / "link-home"), start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                assert p.poll() is None, (tmp_path / "superlink.log").read_text()
-                assert time.monotonic() < deadline, "the SuperLink did not open its port"
-                time.sleep(0.2)
-        yield port, pki / "ca.crt"
-    finally:
-        os.killpg(p.pid, 9)
-        p.wait()
-
-
 def _cli_home(folder: Path, port: int, ca: Path, owner: int | None = None) -> Path:
     import tomli_w
 
@@ -116,7 +83,7 @@ def test_another_local_user_cannot_list_stop_or_run(tmp_path, superlink):
     from fcd_secure.engines.deployment import write_app_project
 
     uid = _nobody()
-    port, ca = superlink
+    port, ca, _key = superlink  # the session's shared SuperLink (conftest)
     code, out = _flwr(_cli_home(tmp_path / "coordinator", port, ca), "ls", "c")
     assert code == 0 and "Listing all runs" in out and "refused" not in out, out
 
@@ -270,7 +237,7 @@ def test_P53_a_deployed_server_app_writes_only_its_run_and_cannot_call_the_contr
     Control API call; the coordinator's own ``flwr ls`` still works."""
     import json
 
-    port, ca = superlink
+    port, ca, _key = superlink  # the session's shared SuperLink (conftest)
     home = tmp_path / "coordinator"
     for name, text in {"coordinator_ed25519.key": "signing", "pki/server.key": "tls", "consortium.toml": "terms",
                        "server/state/_server/identity_ed25519.key": "ledger"}.items():

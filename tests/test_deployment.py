@@ -10,8 +10,10 @@ aggregation, 4 sites) is shared by the attacks and the run, in this order:
   of the collected evidence with the pinned keys exits 0; no private key is in the run folder.
 
 ``--insecure-dev`` (today's development mode) is checked apart: plain FedAvg equals the simulation engine and the
-run folder is marked. Every process is stopped by PID (process group) in a ``finally``; ports are chosen at run
-time. A cold ClientApp process per message makes these tests slow (minutes).
+run folder is marked. The reference of both comparisons is the in-process engine (``engines.inprocess``), which
+``test_federation_inprocess.py`` pins to Flower's simulation engine bit for bit, with and without secure aggregation:
+it spares each test a Ray start. Every process is stopped by PID (process group) in a ``finally``; ports are chosen
+at run time. A cold ClientApp process per message makes these tests slow (minutes).
 """
 
 from __future__ import annotations
@@ -173,7 +175,7 @@ def test_secure_deployment_refuses_intruders_and_foreign_apps_and_matches_simula
     from fcd_secure.audit.verify import verify_path
     from fcd_secure.engines.deployment import CONNECTION, LocalDeployment, _bin, flower_env
     from fcd_secure.engines.pki import make_node_key
-    from fcd_secure.engines.simulation import run_simulated
+    from fcd_secure.engines.inprocess import run_inprocess
 
     work = tmp_path / "dep"
     dep = LocalDeployment(_cfg(tmp_path / "dep-run", secure=True, sites=4), workdir=work)
@@ -266,9 +268,10 @@ def test_secure_deployment_refuses_intruders_and_foreign_apps_and_matches_simula
     assert res.exit_code == 0 and res.status == "compliant", [f.message for f in res.findings if f.severity != "note"]
     assert {r.rule for r in res.refusals} >= {"app_not_pinned"}
 
-    # Θc equals the simulation engine's within the fixed-point bound of secure aggregation
+    # Θc equals the in-process engine's (the simulation engine's, bit for bit: test_federation_inprocess.py) within
+    # the fixed-point bound of secure aggregation
     t0 = time.monotonic()
-    run_simulated(_cfg(tmp_path / "sim-run", secure=True, sites=4))
+    run_inprocess(_cfg(tmp_path / "sim-run", secure=True, sites=4))
     times["simulation"] = time.monotonic() - t0
     got, want = _theta(out / "theta_c.npz"), _theta(tmp_path / "sim-run" / "theta_c.npz")
     from fcd_secure.aggregation.secagg import SecAggPolicy, quantisation_bound
@@ -284,7 +287,7 @@ def test_secure_deployment_refuses_intruders_and_foreign_apps_and_matches_simula
 
 def test_insecure_dev_deployment_matches_simulation_and_is_marked(tmp_path):
     from fcd_secure.engines.deployment import LocalDeployment
-    from fcd_secure.engines.simulation import run_simulated
+    from fcd_secure.engines.inprocess import run_inprocess
 
     work = tmp_path / "dep"
     cfg = _cfg(tmp_path / "dep-run", secure=False, sites=3)
@@ -307,7 +310,7 @@ def test_insecure_dev_deployment_matches_simulation_and_is_marked(tmp_path):
     assert sorted(p.name for p in (work / "sites").iterdir()) == ["site-00", "site-01", "site-02"]
     assert all((work / "sites" / s / "site_policy.toml").is_file() for s in ("site-00", "site-01", "site-02"))
     sim_cfg = cfg.model_copy(update={"out": str(tmp_path / "sim-run")})
-    run_simulated(sim_cfg)
+    run_inprocess(sim_cfg)
     got, want = _theta(out / "theta_c.npz"), _theta(tmp_path / "sim-run" / "theta_c.npz")
     assert set(got) == set(want)
     for name in want:

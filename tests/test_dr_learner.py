@@ -21,10 +21,10 @@ from fcd_secure.federation import learner  # noqa: E402
 from fcd_secure.queries import dr_learner as drl  # noqa: E402
 from fcd_secure.queries.base import Totals  # noqa: E402
 from fcd_secure.queries.request import EvaluationRequest  # noqa: E402
+from conftest import SMALL_SCORED, SMALL_SCORED_RUN  # noqa: E402
 
 #: small DKT-Synth (1,500 students) on 4 even sites: every site has ≥ 20 validation and test students
-SMALL = {"seed": 0, "data": {"preset": "small", "n_sites": 4, "alpha": 1000.0},
-         "federation": {"clients_per_round": 4, "rounds": 2, "eval_every": 1}}
+SMALL = SMALL_SCORED
 
 
 def _pooled_ridge(X, y, w, lam):
@@ -327,14 +327,13 @@ def test_every_key_a_site_sends_is_allow_listed_and_a_bad_beta_is_ignored(small)
 
 
 @pytest.mark.slow
-def test_a_secure_run_fits_on_the_chosen_round_and_no_dr_learner_sum_arrives_in_clear(tmp_path):
+@pytest.mark.xdist_group(SMALL_SCORED_RUN)
+def test_a_secure_run_fits_on_the_chosen_round_and_no_dr_learner_sum_arrives_in_clear(small_scored_run):
     from fcd_secure.audit.ledger import SERVER_LEDGER_FILE
-    from fcd_secure.engines.inprocess import run_inprocess
 
-    state = tmp_path / "state"
-    cfg = build_config("tiny", {**SMALL, "state_dir": str(state), "out": str(tmp_path / "run")})
+    # the session's run of SMALL (conftest.small_scored_run), also one of `fcd select`'s variants in test_select_runs
+    cfg, res, state, _ = small_scored_run
     assert cfg.federation.secure_aggregation
-    res = run_inprocess(cfg)
     rows = [r for r in res.history if r.get("dr_learner_fit")]
     assert [r["round"] for r in rows] == [1, 2]
     out = res.final_eval["dr_learner"]
@@ -358,7 +357,7 @@ def test_a_secure_run_fits_on_the_chosen_round_and_no_dr_learner_sum_arrives_in_
                 if x.strip()]
     received = [r for r in received if r["kind"] == "received"]
     assert received and not any(r["metrics"] or r["metric_lists"] or r["tensors"] for r in received)
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    summary = json.loads((small_scored_run.out / "summary.json").read_text())
     assert summary["dr_learner"]["dr_learner"]["pehe"] == pytest.approx(out["dr_learner"]["pehe"])
 
 

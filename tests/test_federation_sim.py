@@ -1,10 +1,11 @@
 """End-to-end federation on Flower's simulation engine (real Ray, real ClientApp/ServerApp, real model and data).
 
-Ray start-up costs 10-50 s on two busy cores, so the engine's runs are few and shared: one ``fcd run`` (3 rounds, via
-the CLI) and one run that crashes after round 3 and its resume; the tests that use them form one xdist group, so they
-run once, on one worker. Two claims that are about the round's accounting, not the engine, run on the in-process
-engine (``engines.inprocess``: the same ServerApp and ClientApp, pinned to this engine bit for bit in
-``test_federation_inprocess.py``): the DSS/full-sync uplink comparison (two 1-round runs) and the DP-SGD seam.
+Ray start-up costs 10-50 s on two busy cores, so the engine's run is one and shared: one ``fcd run`` (3 rounds, via
+the CLI); the tests that use it form one xdist group, so they run once, on one worker. The claims that are about the
+round's accounting or the sites' state, not the engine, run on the in-process engine (``engines.inprocess``: the same
+ServerApp and ClientApp, pinned to this engine bit for bit in ``test_federation_inprocess.py``): the run that crashes
+after round 3 and its resume (compared with the Ray run, so across engines; a resume on Ray is
+``test_cli_run.py``'s killed run), the DSS/full-sync uplink comparison (two 1-round runs) and the DP-SGD seam.
 """
 
 from __future__ import annotations
@@ -105,15 +106,15 @@ def test_uplink_bytes_equal_the_per_round_and_per_message_accounting(cli_run):
 
 @pytest.fixture(scope="module")
 def crashed_and_resumed(tmp_path_factory):
-    from fcd_secure.engines.simulation import run_simulated
+    from fcd_secure.engines.inprocess import run_inprocess
 
     base = tmp_path_factory.mktemp("resume")
     state = base / "state"
     crash_cfg = tiny_cfg(federation={"crash_after_round": ROUNDS}, state_dir=str(state), out=str(base / "crashed"))
     with pytest.raises(Exception, match="simulated server crash after round 3"):
-        run_simulated(crash_cfg)
+        run_inprocess(crash_cfg)
     committed = {p.name: SiteState(state, p.name).last_round for p in state.iterdir() if p.name.startswith("site-")}
-    resumed = run_simulated(tiny_cfg(state_dir=str(state), out=str(base / "resumed")))
+    resumed = run_inprocess(tiny_cfg(state_dir=str(state), out=str(base / "resumed")))
     return committed, resumed, base
 
 
@@ -133,8 +134,8 @@ def test_resume_after_a_server_crash_equals_an_uninterrupted_run(cli_run, crashe
 
 @shared_runs
 def test_same_seed_same_theta_and_a_different_seed_differs(cli_run, crashed_and_resumed):
-    # two independent processes' worth of Ray actors produced the first 2 rounds identically (above); here the
-    # per-round history of both runs (sampled sites, sample counts, losses) must match too
+    # the Ray run and the in-process crash-and-resume produced the same Θc (above); here the per-round history of
+    # both runs (sampled sites, sample counts, losses) must match too
     _, resumed, _ = crashed_and_resumed
     rounds = pd.read_csv(cli_run[0] / "rounds.csv")
     assert rounds["sites"].tolist() == [r["sites"] for r in resumed.history]

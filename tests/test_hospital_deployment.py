@@ -1,21 +1,40 @@
 """The hospital path end to end on 127.0.0.1, with real Flower processes: a coordinator and four hospitals (the
 secure-aggregation minimum), each in its own home folder with its own CSV (DKT-Synth written out as long tables,
-one per site). Enrolment with fingerprints given out of band, join, preflight green, ``server start``,
-``site start`` ×4, a run every site refuses (reported with the ServerApp's reason within a status poll, not at the
-end of the timeout), ``server run`` with secure aggregation and DP (statistics from the secure round 0; exit 1: the tiny world's sites
-decline the final evaluation, so the run has no answer), then
-``fcd audit verify`` of the collected evidence with the pinned fingerprints: exit 0 and the installation records
-present. Every process is stopped by PID, in a ``finally``.
+one per site). One consortium is shared by the module's two tests (starting it is most of their cost): enrolment
+with fingerprints given out of band, join, preflight green, ``server start``, ``site start`` ×4; then
+
+* a run every site refuses (reported with the ServerApp's reason within a status poll, not at the end of the
+  timeout);
+* the first run, ``fcd server run --dp --dp-epsilon 1`` (one round, secure aggregation, DP, statistics from the secure
+  round 0): it trains, and exits 1 because every site declines the final evaluation of the tiny world (test splits
+  below the cohort floor): no answer, said by the exit code;
+* :func:`test_hospital_path_end_to_end`: the Control API answers only the coordinator's address; the first run's
+  evidence with each hospital's ledger handed over by hand: ``fcd audit verify`` with the pinned fingerprints exits 0
+  and the installation records are present;
+* :func:`test_sites_survive_a_coordinator_restart_and_the_evidence_stays_honest` (issue 45 items 2, 3, 4 and 5).
+  Measured before: restarting the coordinator took every site down (the SuperNodes got HTTP 401 on their heartbeat
+  and exited, their executors with them; every hospital had to run ``fcd site start`` again); a run spent each
+  site's whole lifetime ε; ledgers copied by hand and not again after the next run read as TAMPERED, naming node
+  numbers. Here: ``fcd audit collect`` gathers the first run's ledgers and DP records and ``fcd audit verify`` says
+  compliant, each site spent at most the run's ε share; ``fcd server stop`` and ``start`` (no site is restarted by
+  hand: their supervisors start each SuperNode again, which re-activates its key under the new SuperLink); ``fcd
+  server run`` with two rounds resumes from round 1 of the checkpoint (``--set`` reaching the run's config); the first
+  run's copies of the site ledgers beside the second run's server ledger read partial ("stale evidence"), never
+  tampered, and ``fcd audit collect`` again makes them compliant.
+
+Every process is stopped by PID when the module's tests are done, and none may survive its ``stop``.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import re
 import shutil
 import socket
 import ssl
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -67,19 +86,56 @@ def assert_control_api_only_from_coordinator(ca: Path, port: int) -> None:
     assert _status(ca, port, "/health", other) == 200  # the sites' side stays open
 
 
-def test_hospital_path_end_to_end(tmp_path, one_torch_thread):
+@dataclass(frozen=True)
+class Consortium:
+    """A started consortium: the coordinator's home, the hospitals' homes, their pinned fingerprints, the site
+    processes recorded right after ``fcd site start`` and what ``fcd server start`` answered."""
+
+    root: Path
+    co: Path
+    port: int
+    homes: list[Path]
+    site_fps: list[str]
+    site_pids: dict[Path, dict[str, int]]
+    server_start: dict
+
+    @property
+    def site_args(self) -> list[str]:
+        return [a for h in self.homes for a in ("--site-home", str(h))]
+
+
+@dataclass(frozen=True)
+class FirstRun:
+    """``fcd server run --dp --dp-epsilon 1``'s exit code and envelope, its run folder, and a copy of its evidence to
+    which each hospital added its ledger by hand right after the run."""
+
+    code: int
+    env: dict
+    out: Path
+    handed: Path
+
+
+@pytest.fixture(scope="module")
+def consortium(tmp_path_factory):
+    """Enrol, join, preflight and start a coordinator and :data:`N_SITES` hospitals; at the end stop each by its
+    own ``stop`` command and check that none of its recorded processes survived."""
+    import torch
+
     from fcd_secure.data.long_tables import write_site_tables
     from fcd_secure.data.registry import load_federated
 
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the in-process commands gain nothing from two threads on two shared cores
+    root = tmp_path_factory.mktemp("hospitals")
     fd = load_federated("dkt-synth", n_sites=N_SITES, preset="tiny", seed=0)
-    spec, tables = write_site_tables(fd.train, fd.test, tmp_path / "data", "dkt-synth-long")
-    co = tmp_path / "coordinator"
+    spec, tables = write_site_tables(fd.train, fd.test, root / "data", "dkt-synth-long")
+    co = root / "coordinator"
     port = free_port()
     code, env = invoke(consortium_cli.app, ["init", "--home", str(co), "--id", "e2e", "--spec", str(spec),
                                             "--port", str(port), "--min-trajectories", "20"])
     assert code == 0, env
     coordinator_fp = env["data"]["coordinator_fingerprint"]
-    homes = [tmp_path / f"hospital{i}" for i in range(N_SITES)]
+    homes = [root / f"hospital{i}" for i in range(N_SITES)]
     site_fps = []
     for i, home in enumerate(homes):
         code, env = invoke(site_cli.app, ["init", "--spec", str(spec), "--table", str(tables[i]), "--home", str(home),
@@ -90,15 +146,13 @@ def test_hospital_path_end_to_end(tmp_path, one_torch_thread):
                                                 "--fingerprint", site_fps[-1]])
         assert code == 0, env
     # the CA's private key goes offline before the server starts (fcd server start refuses otherwise, P35)
-    (tmp_path / "offline").mkdir()
-    shutil.move(co / "pki" / "ca.key", tmp_path / "offline" / "ca.key")
+    (root / "offline").mkdir()
+    shutil.move(co / "pki" / "ca.key", root / "offline" / "ca.key")
     started: list[Path] = []
     try:
-        code, env = invoke(server_cli.app, ["start", "--home", str(co)])
-        assert code == 0, env
+        code, server_start = invoke(server_cli.app, ["start", "--home", str(co)])
+        assert code == 0, server_start
         started.append(co / "server")
-        assert env["data"]["control_api_address"] == "127.0.0.1"
-        assert_control_api_only_from_coordinator(co / "pki" / "ca.crt", port)
         for i, home in enumerate(homes):
             code, env = invoke(site_cli.app, ["join", str(co / "bundles" / f"site{i}.json"), "--home", str(home),
                                               "--coordinator-fingerprint", coordinator_fp])
@@ -108,27 +162,10 @@ def test_hospital_path_end_to_end(tmp_path, one_torch_thread):
             code, env = invoke(site_cli.app, ["start", "--home", str(home)])
             assert code == 0, env
             started.append(home)
-        # a run every site refuses (no DP under the default policy), submitted below the CLI's own check: the
-        # ServerApp fails at hello and the coordinator learns it from the SuperLink within a status poll, not at
-        # the end of --timeout (docs/hospital.md, friction 3)
-        t0 = time.monotonic()
-        with pytest.raises(RuntimeError, match="ended finished:failed without results: .*refused by the site's policy"):
-            submit_run(Coordinator(co), tmp_path / "refused", rounds=1, dp=False, timeout_s=300)
-        assert time.monotonic() - t0 < 120
-        out = tmp_path / "run"
-        code, env = invoke(server_cli.app, ["run", "--home", str(co), "--out", str(out), "--rounds", "1", "--dp",
-                                            "--timeout", "900"])
-        # the run trains; the tiny world's test splits are below the sites' cohort floor, so every site declines the
-        # final evaluation: no answer, and the exit code says so (issue 45 item 5)
-        assert code == 1 and "could not evaluate" in env["message"], (env["message"], env.get("hint"))
-        assert env["data"]["secure_aggregation"] is True
-        assert env["data"]["standardization"] is not None  # round 0 ran
-        assert (out / "summary.json").is_file() and (out / "theta_c.npz").is_file()
-        # the wall time of a deployment round, for the README's deployment section (printed with -s)
-        rounds = json.loads((out / "rounds.json").read_text())
-        print(f"\n[hospital deployment] round_s {[r['round_s'] for r in rounds]}, "
-              f"round_seconds {env['data'].get('round_seconds')}")
+        site_pids = {h: {n: int(v["pid"]) for n, v in read_pids(h).items()} for h in homes}
+        yield Consortium(root, co, port, homes, site_fps, site_pids, server_start)
     finally:
+        torch.set_num_threads(threads)
         for folder in reversed(started):
             pids = [int(v["pid"]) for v in read_pids(folder).values()]
             if folder.name == "server":
@@ -136,17 +173,126 @@ def test_hospital_path_end_to_end(tmp_path, one_torch_thread):
             else:
                 invoke(site_cli.app, ["stop", "--home", str(folder)])
             assert not any(alive(p) for p in pids), f"a process of {folder} survived stop"
-    # each hospital hands its ledger to the auditor beside the coordinator's evidence
-    ev = out / "evidence"
-    for i, home in enumerate(homes):
-        ledger = home / "state" / f"site{i}" / "slots" / "site_ledger.jsonl"
-        (ev / "sites" / f"site{i}").mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(ledger, ev / "sites" / f"site{i}" / "site_ledger.jsonl")
-    fps = json.loads((ev / "fingerprints.json").read_text())
-    args = ["verify", str(ev), "--server-key", fps["server"]]
-    for fp in site_fps:
-        args += ["--site-key", fp]
-    code, env = invoke(audit_cli.app, args)
+
+
+@pytest.fixture(scope="module")
+def refused_run(consortium) -> tuple[RuntimeError | None, float]:
+    """A run every site refuses (no DP under the default policy), submitted below the CLI's own check, before the
+    first run: what it raised and how long it took."""
+    t0 = time.monotonic()
+    try:
+        submit_run(Coordinator(consortium.co), consortium.root / "refused", rounds=1, dp=False, timeout_s=300)
+    except RuntimeError as exc:
+        return exc, time.monotonic() - t0
+    return None, time.monotonic() - t0
+
+
+@pytest.fixture(scope="module")
+def first_run(consortium, refused_run) -> FirstRun:
+    out = consortium.root / "run1"
+    code, env = invoke(server_cli.app, ["run", "--home", str(consortium.co), "--out", str(out), "--rounds", "1",
+                                        "--dp", "--dp-epsilon", "1", "--timeout", "900"])
+    # each hospital hands its ledger to the auditor beside the coordinator's evidence, by hand
+    handed = consortium.root / "handed-evidence"
+    if (out / "evidence").is_dir():
+        shutil.copytree(out / "evidence", handed)
+        for i, home in enumerate(consortium.homes):
+            ledger = home / "state" / f"site{i}" / "slots" / "site_ledger.jsonl"
+            (handed / "sites" / f"site{i}").mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(ledger, handed / "sites" / f"site{i}" / "site_ledger.jsonl")
+    return FirstRun(code, env, out, handed)
+
+
+def _verify(ev: Path, fps: list[str]) -> tuple[int, dict]:
+    fp = json.loads((ev / "fingerprints.json").read_text())
+    args = ["verify", str(ev), "--server-key", fp["server"]]
+    for f in fps:
+        args += ["--site-key", f]
+    return invoke(audit_cli.app, args)
+
+
+def _bad(env: dict) -> list[str]:
+    return [f["message"] for f in (env.get("data") or {}).get("findings", []) if f["severity"] != "note"]
+
+
+def test_hospital_path_end_to_end(consortium, refused_run, first_run):
+    assert consortium.server_start["data"]["control_api_address"] == "127.0.0.1"
+    assert_control_api_only_from_coordinator(consortium.co / "pki" / "ca.crt", consortium.port)
+    # the refused run: the ServerApp fails at hello and the coordinator learns it from the SuperLink within a status
+    # poll, not at the end of --timeout (docs/hospital.md, friction 3)
+    exc, seconds = refused_run
+    assert exc is not None and re.search("ended finished:failed without results: .*refused by the site's policy",
+                                         str(exc)), exc
+    assert seconds < 120
+    # the first run trains; the tiny world's test splits are below the sites' cohort floor, so every site declines
+    # the final evaluation: no answer, and the exit code says so (issue 45 item 5)
+    code, env, out = first_run.code, first_run.env, first_run.out
+    assert code == 1 and "could not evaluate" in env["message"], (env["message"], env.get("hint"))
+    assert env["data"]["secure_aggregation"] is True
+    assert env["data"]["standardization"] is not None  # round 0 ran
+    assert (out / "summary.json").is_file() and (out / "theta_c.npz").is_file()
+    # the wall time of a deployment round, for the README's deployment section (printed with -s)
+    rounds = json.loads((out / "rounds.json").read_text())
+    print(f"\n[hospital deployment] round_s {[r['round_s'] for r in rounds]}, "
+          f"round_seconds {env['data'].get('round_seconds')}")
+    code, env = _verify(first_run.handed, consortium.site_fps)
     assert code == 0, [f for f in env["data"]["findings"] if f["severity"] != "note"] if env.get("data") else env
     events = {(i["site"], i["event"]) for i in env["data"]["installation"]}
     assert {(f"site{i}", e) for i in range(N_SITES) for e in ("init", "join", "preflight")} <= events
+
+
+def test_sites_survive_a_coordinator_restart_and_the_evidence_stays_honest(consortium, first_run, one_torch_thread):
+    co, homes, site_fps, site_args = consortium.co, consortium.homes, consortium.site_fps, consortium.site_args
+
+    # 1. a run that spends a share of each site's lifetime cap, its evidence collected and verified
+    first, code, env = first_run.out, first_run.code, first_run.env
+    # the tiny world's test splits are below the sites' cohort floor: every site declines the final evaluation,
+    # the run trained and has no answer, and the command says so by its exit code (issue 45 item 5)
+    assert code == 1 and env["error_code"] == "RUN_FAILED", (env["message"], env.get("hint"))
+    assert "could not evaluate" in env["message"] and "declined" in env["message"], env["message"]
+    summary = json.loads((first / "summary.json").read_text())
+    assert summary["site_errors"] == [] and summary["secure_aggregation"] is True
+    code, env = invoke(audit_cli.app, ["collect", str(first / "evidence"), *site_args])
+    assert code == 0, env
+    assert {(first / "evidence" / "sites" / f"site{i}" / "site_ledger.jsonl").is_file() for i in range(N_SITES)} == {True}
+    assert list((first / "evidence" / "sites" / "site0" / "privacy").glob("ledger-*.json"))  # the DP records too
+    code, env = _verify(first / "evidence", site_fps)
+    assert code == 0, _bad(env)
+    from fcd_secure.privacy.report import site_budgets  # noqa: PLC0415
+
+    spent = {sid: b["epsilon_spent"] for sid, b in site_budgets([h / "state" for h in homes]).items()}
+    assert len(spent) == N_SITES and all(0 < e <= 1.0 + 1e-6 for e in spent.values()), spent  # not the cap of 8
+
+    # 2. the coordinator restarted; no hospital touches its processes
+    code, env = invoke(server_cli.app, ["stop", "--home", str(co)])
+    assert code == 0, env
+    time.sleep(3)  # the SuperNodes notice the SuperLink is gone
+    code, env = invoke(server_cli.app, ["start", "--home", str(co)])
+    assert code == 0, env
+    for h in homes:  # the site's recorded processes (supervisor, executor) never stopped
+        assert all(alive(p) for p in consortium.site_pids[h].values()), (h, read_pids(h))
+
+    # 3. the next run resumes from the checkpoint on the same sites
+    second = consortium.root / "run2"
+    code, env = invoke(server_cli.app, ["run", "--home", str(co), "--out", str(second), "--rounds", "2", "--dp",
+                                        "--dp-epsilon", "1", "--set", "federation.node_wait_s=300",
+                                        "--timeout", "900"])
+    assert code == 1 and "could not evaluate" in env["message"], (env["message"], env.get("hint"))
+    summary = json.loads((second / "summary.json").read_text())
+    assert summary["resumed_from_round"] == 1 and summary["rounds"] == 2
+    assert json.loads((second / "config.json").read_text())["federation"]["node_wait_s"] == 300
+    supernode_logs = [(h / "run" / "logs" / "supernode.log") for h in homes]
+    assert any("starting it again" in p.read_text() for p in supernode_logs if p.exists())
+
+    # 4. the first run's copies of the site ledgers are stale beside the second run's server ledger
+    ev = second / "evidence"
+    shutil.copytree(first / "evidence" / "sites", ev / "sites")
+    code, env = _verify(ev, site_fps)
+    assert code == 4 and env["status"] == "partial", _bad(env)
+    partial = _bad(env)
+    assert partial and all("stale evidence" in m for m in partial), partial
+    assert not any("node " in m.split("stale")[0] for m in partial), partial  # sites by name, not node numbers
+    code, env = invoke(audit_cli.app, ["collect", str(ev), *site_args])
+    assert code == 0, env
+    code, env = _verify(ev, site_fps)
+    assert code == 0, _bad(env)

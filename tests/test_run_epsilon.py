@@ -4,7 +4,7 @@ Measured on the hospital deployment: ``fcd server run`` had no way to ask for le
 cap, so the first run spent it all. ``dp.run_epsilon`` (``fcd server run --dp-epsilon``) is the ε the run may add
 to each site's spend: the site plans σ for its spend so far plus that share, within its cap, and refuses a share
 above what it has left (the site decides; the server may ask for less, never more). Here on a site's real DP-SGD
-rounds (Opacus) and the real ledger; the deployed run is ``tests/test_hospital_restarts.py``.
+rounds (Opacus) and the real ledger; the deployed run is ``tests/test_hospital_deployment.py``.
 """
 
 from __future__ import annotations

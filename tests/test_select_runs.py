@@ -13,16 +13,18 @@ from typer.testing import CliRunner
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
+from conftest import SMALL_SCORED, SMALL_SCORED_RUN  # noqa: E402
+
 from fcd_secure.cli.main import app  # noqa: E402
 from fcd_secure.config import build_config  # noqa: E402
 from fcd_secure.queries.selection import RoundScore, choose_run  # noqa: E402
 
 runner = CliRunner()
-#: the two runs are one module fixture: both tests that read them run on one xdist worker (``--dist loadgroup``)
-shared = pytest.mark.xdist_group("select-runs")
+#: the two runs are one module fixture, the diffusion one the session's small scored run (conftest): the tests that
+#: read them run on one xdist worker (``--dist loadgroup``)
+shared = pytest.mark.xdist_group(SMALL_SCORED_RUN)
 #: small DKT-Synth on 4 even sites (every site has ≥ 20 validation students: each round is scored), 2 rounds
-SCORED = {"seed": 0, "data": {"preset": "small", "n_sites": 4, "alpha": 1000.0},
-          "federation": {"clients_per_round": 4, "rounds": 2, "eval_every": 1}}
+SCORED = SMALL_SCORED
 
 
 def _row(d1, se, fit, sites_scoring=4):
@@ -40,18 +42,18 @@ def test_choose_run_never_lets_the_fit_decide_among_the_runs_within_one_se_and_s
 
 
 @pytest.fixture(scope="module")
-def two_variants(tmp_path_factory):
-    """Fed-CausalDiff with the diffusion transition and with the deterministic one, same data and seed."""
+def two_variants(tmp_path_factory, small_scored_run):
+    """Fed-CausalDiff with the diffusion transition (the default: the session's small scored run) and with the
+    deterministic one, same data and seed."""
     from fcd_secure.engines.inprocess import run_inprocess
 
+    assert small_scored_run.cfg.model.transition == "diffusion"
     root = tmp_path_factory.mktemp("variants")
-    out = []
-    for transition in ("diffusion", "deterministic"):
-        cfg = build_config("tiny", {**SCORED, "model": {"transition": transition},
-                                    "state_dir": str(root / transition / "state"), "out": str(root / transition / "run")})
-        run_inprocess(cfg)
-        out.append(root / transition / "run")
-    return out
+    cfg = build_config("tiny", {**SCORED, "model": {"transition": "deterministic"},
+                                "state_dir": str(root / "deterministic" / "state"),
+                                "out": str(root / "deterministic" / "run")})
+    run_inprocess(cfg)
+    return [small_scored_run.out, root / "deterministic" / "run"]
 
 
 @shared

@@ -17,9 +17,6 @@ import json
 import os
 import socket
 import ssl
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -28,46 +25,6 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 #: what the attacker announced: 300 MB, the body of the finding
 BIG = 300 * 10**6
-
-
-@pytest.fixture(scope="module")
-def superlink(tmp_path_factory):
-    """``fcd server start``'s SuperLink entry point with TLS and ``--enable-supernode-auth`` on 127.0.0.1, one
-    SuperNode key registered with Flower's own ``flwr supernode register``; yields ``(port, ca_cert, node_key)``."""
-    from cryptography.hazmat.primitives import serialization
-    from test_coordinator_host import _cli_home, _flwr
-
-    from fcd_secure.engines.deployment import FLWR_IN_MEMORY, flower_env, free_port
-    from fcd_secure.engines.pki import make_node_key, make_tls_dir
-
-    tmp = tmp_path_factory.mktemp("gate")
-    pki = make_tls_dir(tmp / "pki", ("127.0.0.1", "localhost"))
-    port = free_port()
-    with open(tmp / "superlink.log", "wb") as log:
-        p = subprocess.Popen(
-            [sys.executable, "-m", "fcd_secure._flower.superlink_main", "--ssl-ca-certfile", str(pki / "ca.crt"),
-             "--ssl-certfile", str(pki / "server.pem"), "--ssl-keyfile", str(pki / "server.key"), "--host", "127.0.0.1",
-             "--port", str(port), "--database", FLWR_IN_MEMORY, "--isolation", "process", "--enable-supernode-auth"],
-            stdout=log, stderr=subprocess.STDOUT, env=flower_env(tmp / "link-home"), start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                assert p.poll() is None, (tmp / "superlink.log").read_text()
-                assert time.monotonic() < deadline, "the SuperLink did not open its port"
-                time.sleep(0.2)
-        make_node_key(tmp / "node.key", tmp / "node.pub")
-        code, out = _flwr(_cli_home(tmp / "cli", port, pki / "ca.crt"), "supernode", "register", str(tmp / "node.pub"), "c")
-        assert code == 0, out
-        key = serialization.load_ssh_private_key((tmp / "node.key").read_bytes(), password=None)
-        yield port, pki / "ca.crt", key
-    finally:
-        os.killpg(p.pid, 9)
-        p.wait()
 
 
 def _signed_headers(key) -> dict[str, str]:
