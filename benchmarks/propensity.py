@@ -34,7 +34,7 @@ The toy world of ``tests/test_sensitivity.py`` (one step, a binary hidden U of k
 the true outcome model) gives the figure docs/whatif.md quotes: the bounds at its true Γ cover the truth while the
 Γ = 1 estimate misses it, per seed (``--toy-seeds``; no training, a second).
 
-    .venv/bin/python benchmarks/propensity.py                # DKT-Synth and tumour, small worlds, 4 sites, 8 rounds, seeds 0-4
+    .venv/bin/python benchmarks/propensity.py                # DKT-Synth and tumour, small worlds, 4 sites, 4 rounds, seeds 0-4
     .venv/bin/python benchmarks/propensity.py --quick        # DKT-Synth, seed 0, 2 rounds: checks the script
     .venv/bin/python benchmarks/propensity.py --json > out.json
     .venv/bin/python benchmarks/propensity.py --load out.json  # the tables of a saved --json output
@@ -101,7 +101,7 @@ def run_table(spec: Path, table: Path, seed: int, rounds: int, sites: int, folde
 
     cfg = build_config("tiny", {
         "seed": seed, "data": {"dataset": "spec", "spec": str(spec), "table": str(table), "test_fraction": 0.2},
-        "federation": {"clients_per_round": sites, "rounds": rounds, "eval_every": 2 if rounds > 2 else 1},
+        "federation": {"clients_per_round": sites, "rounds": rounds, "eval_every": 1},
         "model": {"ipw": "off"}, "state_dir": str(folder / "state"), "out": str(folder / "run"),
     })
     return cfg, run_inprocess(cfg)
@@ -261,11 +261,13 @@ def main(
     seeds: str = typer.Option("0-4", help="seeds: comma-separated, or a range such as 0-4"),
     datasets: str = typer.Option("dkt-synth,tumour", help="comma-separated worlds: dkt-synth, tumour"),
     data_preset: str = typer.Option("small", help="the worlds' preset (fcd data export --preset)"),
-    rounds: int = typer.Option(8, help="rounds per run"),
+    rounds: int = typer.Option(4, help="rounds per run (every one scored: the selection's candidates)"),
     sites: int = typer.Option(4, help="sites"),
     toy_seeds: str = typer.Option("0-4", help="seeds of the toy world's sensitivity check"),
     quick: bool = typer.Option(False, help="DKT-Synth, seed 0, 2 rounds: checks the script"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object on stdout"),
+    save: Path = typer.Option(None, help="also write the JSON output here after every seed (a partial run keeps "
+                              "what it finished: --load prints it)"),
     load: Path = typer.Option(None, help="print the tables of a saved --json output instead of running"),
 ) -> None:
     if load is not None:
@@ -278,14 +280,15 @@ def main(
     if quick:
         seed_list, world_list, rounds = seed_list[:1], world_list[:1], 2
     t0 = time.perf_counter()
-    results = []
-    for world in world_list:
-        for seed in seed_list:
-            results.append(one_seed(world, data_preset, seed, rounds, sites))
-            err.print(json.dumps(results[-1], default=float)[:400])
     out = {"machine": machine(), "params": {"seeds": seed_list, "datasets": world_list, "data_preset": data_preset,
                                             "rounds": rounds, "sites": sites},
-           "wall_s": time.perf_counter() - t0, "results": results, "toy": toy_sensitivity(parse_seeds(toy_seeds))}
+           "results": [], "toy": toy_sensitivity(parse_seeds(toy_seeds))}
+    for world in world_list:
+        for seed in seed_list:
+            out["results"].append(one_seed(world, data_preset, seed, rounds, sites))
+            out["wall_s"] = time.perf_counter() - t0
+            if save is not None:
+                save.write_text(json.dumps(out, indent=1, default=float))
     if as_json:
         print(json.dumps(out, indent=1, default=float))
         return
@@ -302,6 +305,8 @@ def report(out: dict) -> None:
     con.print(json.dumps(out["machine"]))
     for world in out["params"]["datasets"]:
         rows = [r for r in out["results"] if r["dataset"] == world]
+        if not rows:
+            continue
         t = Table(title=f"{world}: one-step effect, |error| against the oracle (P̂: the sites' models; P: logged)")
         for c in ("seed", "truth", "AIPW P", "covers", "AIPW P̂", "covers", "ratio (≤1.5)", "IPW P̂", "IPW P",
                   "g-formula", "pick P (round)", "pick P̂ (round)", "P̂ no worse", "ECE P̂", "< floor"):
@@ -370,7 +375,7 @@ def report(out: dict) -> None:
                   f"bounds at the true Γ ({min(x['gamma'] for x in toy):.2f}–{max(x['gamma'] for x in toy):.2f}) "
                   f"include the truth on {sum(x['bounds_include'] for x in toy)} of {len(toy)} seeds; the Γ = 1 "
                   f"estimate's interval misses it on {sum(x['gamma1_misses'] for x in toy)} of {len(toy)}")
-    con.print(f"wall {out['wall_s']:.0f} s")
+    con.print(f"wall {out.get('wall_s', 0.0):.0f} s")
 
 
 if __name__ == "__main__":
