@@ -62,6 +62,7 @@ import torch  # noqa: E402
 import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
+from targeted import parse_seeds  # noqa: E402 - one reading of "0-4,9" for every script
 
 err = Console(stderr=True)
 ROOT = Path(__file__).resolve().parents[1]
@@ -246,15 +247,6 @@ def toy_sensitivity(seeds: list[int]) -> list[dict]:
                     "gamma1_misses": not one["low_ci"] <= truth <= one["high_ci"],
                     "bounds_include": at["low_ci"] <= truth <= at["high_ci"], "low_ci": at["low_ci"],
                     "high_ci": at["high_ci"]})
-    return out
-
-
-def parse_seeds(text: str) -> list[int]:
-    """``"0,1,2"`` or ``"0-4"`` (or a mix)."""
-    out: list[int] = []
-    for part in text.split(","):
-        a, _, b = part.partition("-")
-        out += list(range(int(a), int(b) + 1)) if b else [int(a)]
     return out
 
 
