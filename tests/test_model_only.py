@@ -23,6 +23,15 @@ shared = pytest.mark.xdist_group("model-only")
 UNLABELLED = "What happens under each policy"
 
 
+def _only_extrapolation(answer: dict) -> None:
+    """The JSON of a model-only answer labels the simulator's numbers as extrapolation, unranked, and claims no answer
+    checked by weighting (``queries.kinds``)."""
+    from fcd_secure.queries.kinds import CHECKED, EXTRAPOLATION
+
+    kinds = answer["kinds"]
+    assert kinds[EXTRAPOLATION]["ranked"] is False and CHECKED not in kinds, kinds
+
+
 def fcd(*args, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": str(PROJECT_ROOT), "COLUMNS": "100"}
     return subprocess.run([sys.executable, "-m", "fcd_secure.cli.main", *map(str, args)], capture_output=True,
@@ -60,17 +69,26 @@ def test_the_run_prints_the_simulator_under_the_extrapolation_label_and_exits_8(
     assert all("evaluation.propensities = 'logged'" in why for why in summary["propensities"]["missing_at"].values())
     assert f"without propensities: {summary['site_ids'][0]} (none: its table logs none" in said
     assert summary["policies"] and not summary.get("one_step_effect")
+    _only_extrapolation(summary)
 
 
 @shared
 def test_whatif_flags_a_model_only_answer_in_json_and_in_print(model_only):
-    _, _, asked, printed, _ = model_only
+    base, _, asked, printed, _ = model_only
     env = json.loads(asked.stdout)
     assert asked.returncode == 8 and env["error_code"] == "MODEL_ONLY_ANSWER" and env["exit_code"] == 8
     assert env["data"]["model_only"] is True and env["data"]["policies"]
+    _only_extrapolation(env["data"])
     assert printed.returncode == 8
     said = " ".join(printed.stdout.split())
     assert "Extrapolation (spec)" in said and "model only" in said and UNLABELLED not in said
+    # the answers fcd whatif keeps in the run folder (runs/<run>/whatif/<query>.json) say so too
+    kept = sorted((base / "run" / "whatif").glob("*.json"))
+    assert kept
+    for path in kept:
+        doc = json.loads(path.read_text())
+        assert doc["model_only"] is True, path
+        _only_extrapolation(doc)
 
 
 @shared

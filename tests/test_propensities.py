@@ -48,6 +48,20 @@ def test_a_site_model_of_a_logging_policy_that_reads_the_record_recovers_its_pro
     assert np.all(np.abs(cal[1][ok] - cal[2][ok]) / cal[0][ok] < 0.05)
 
 
+def test_a_site_fits_its_behaviour_model_once_per_training_rows():
+    """A site reloads its data on every request that brings the consortium's statistics: the same training rows give
+    the same fitted model (the fit is deterministic), other rows a new one."""
+    from fcd_secure.federation.learner import _behaviour_model
+
+    train = recorded_world(400, 3).without_propensities()
+    first = _behaviour_model(train)
+    assert _behaviour_model(replace(train, name="reloaded")) is first
+    assert _behaviour_model(recorded_world(400, 4).without_propensities()) is not first
+    fresh = RecordPropensity(2, 1, 1).fit(train)
+    test = recorded_world(200, 5)
+    assert np.array_equal(first.logged_probs(test), fresh.logged_probs(test))
+
+
 def test_without_a_propensity_column_the_sites_estimate_them_and_the_answers_say_so(tiny_dkt_site):
     cfg, data, model = tiny_dkt_site
     blind = replace(data, train=data.train.without_propensities(), test=data.test.without_propensities(),

@@ -91,7 +91,7 @@ def with_propensities(site: SiteData, mode: str) -> SiteData:
     has = site.test.P is not None
     if mode == "logged" or (mode == "auto" and has):
         return replace(site, propensities="logged" if has else "none")
-    from fcd_secure.evaluation.propensity import PROPENSITY_FLOOR, RecordPropensity  # noqa: PLC0415
+    from fcd_secure.evaluation.propensity import PROPENSITY_FLOOR  # noqa: PLC0415
 
     train = site.train
     acts = np.unique(train.T[train.M > 0])
@@ -107,7 +107,7 @@ def with_propensities(site: SiteData, mode: str) -> SiteData:
                        propensities="none", none_reason="none-one-action",
                        propensity_note=f"its training rows log {acts.size} action(s): no "
                        "model of how actions were chosen can be fitted")
-    model = RecordPropensity(train.n_actions, train.da, train.X.reshape(train.n, -1).shape[1]).fit(train)
+    model = _behaviour_model(train)
 
     def estimate(ds: SiteDataset | None) -> SiteDataset | None:
         if ds is None:
@@ -120,6 +120,33 @@ def with_propensities(site: SiteData, mode: str) -> SiteData:
                                       "propensity_calibration": model.calibration(ds)})
 
     return replace(site, test=estimate(site.test), validation=estimate(site.validation), propensities="estimated")
+
+
+#: the sites' fitted behaviour models by the digest of their training rows (:func:`_behaviour_model`)
+_BEHAVIOUR_FITS: dict[str, Any] = {}
+_BEHAVIOUR_FITS_MAX = 32
+
+
+def _behaviour_model(train: SiteDataset):
+    """The site's ``RecordPropensity`` fitted on ``train``, fitted once per content of its training rows: a site
+    reloads its data on every request that brings the consortium's statistics (``apps.site.SiteRuntime``), and the
+    fit is deterministic (a convex problem started at zero), so the same rows give the same model; refitting it on
+    every message cost minutes per round with 50 actions."""
+    import hashlib  # noqa: PLC0415
+
+    from fcd_secure.evaluation.propensity import RecordPropensity  # noqa: PLC0415
+
+    h = hashlib.sha256(repr((train.n_actions, train.da, train.X.shape, train.T.shape)).encode())
+    for a in (train.T, train.Y, train.M, train.X, train.A):
+        h.update(np.ascontiguousarray(a).tobytes())
+    key = h.hexdigest()
+    model = _BEHAVIOUR_FITS.get(key)
+    if model is None:
+        model = RecordPropensity(train.n_actions, train.da, train.X.reshape(train.n, -1).shape[1]).fit(train)
+        if len(_BEHAVIOUR_FITS) >= _BEHAVIOUR_FITS_MAX:
+            _BEHAVIOUR_FITS.pop(next(iter(_BEHAVIOUR_FITS)))
+        _BEHAVIOUR_FITS[key] = model
+    return model
 
 
 def split_validation(train: SiteDataset, fraction: float, secret: bytes) -> tuple[SiteDataset, SiteDataset | None]:
