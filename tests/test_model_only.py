@@ -26,10 +26,13 @@ UNLABELLED = "What happens under each policy"
 def _only_extrapolation(answer: dict) -> None:
     """The JSON of a model-only answer labels the simulator's numbers as extrapolation, unranked, and claims no answer
     checked by weighting (``queries.kinds``)."""
-    from fcd_secure.queries.kinds import CHECKED, EXTRAPOLATION
+    from fcd_secure.queries.kinds import CHECKED, EXTRAPOLATION, G_COMPUTATION
 
     kinds = answer["kinds"]
     assert kinds[EXTRAPOLATION]["ranked"] is False and CHECKED not in kinds, kinds
+    # a natural course that matches the logs does not make a model-only answer g-computation: nothing weighted checks
+    # it, and the printed table says extrapolation (the JSON must not say more)
+    assert G_COMPUTATION not in kinds, kinds
 
 
 def fcd(*args, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -97,3 +100,20 @@ def test_the_report_labels_it_too(model_only):
     assert report.returncode == 0, report.stdout[-2000:] + report.stderr[-2000:]
     html = (base / "run" / "report.html").read_text()
     assert "Extrapolation" in html and UNLABELLED not in html and "propensities: none at 3 of 3 sites" in html
+
+
+def test_a_natural_course_that_passes_makes_g_computation_only_where_the_sites_have_propensities():
+    """``queries.kinds``: the simulator's numbers are g-computation where the natural course matches the logs *and*
+    the sites have propensities; without them (a model-only answer, issue 43 item 5) they stay extrapolation, and
+    the line says the natural course matched."""
+    from fcd_secure.queries.kinds import EXTRAPOLATION, G_COMPUTATION, AnswerKinds
+
+    def kinds(source):
+        answer = {"policies": {"always": {}}, "natural_course": {"passes": True, "mean_abs_gap": 0.01},
+                  "propensities": {"source": source} if source else {}}
+        AnswerKinds().merge({}, None, answer)
+        return answer["kinds"]
+
+    assert G_COMPUTATION in kinds("estimated") and G_COMPUTATION in kinds("logged")
+    alone = kinds(None)
+    assert G_COMPUTATION not in alone and "no propensities" in alone[EXTRAPOLATION]["checked_by"]

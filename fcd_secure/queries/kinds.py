@@ -65,13 +65,19 @@ class AnswerKinds(MergeOnly):
         nc = answer.get("natural_course")
         # the simulator's whole-trajectory numbers count as g-computation only where its natural course matches the
         # logs; a misfit leaves them extrapolation, and the line says why
-        if nc is not None and nc.get("passes"):
+        # ... and only where the sites have propensities (logged or their own models): without them nothing else
+        # checks the simulator (no sequential DR, no weighted answer) and the answer is model-only (issue 43 item 5)
+        if nc is not None and nc.get("passes") and source is not None:
             kinds[G_COMPUTATION] = {"assumptions": list(IDENTIFYING) + ["the confounders are recorded"],
                                     "checked_by": f"natural course (mean |gap| {nc.get('mean_abs_gap', 0.0):.3f}, "
                                                   "consistent with the logs)"}
         if answer.get("policies"):
             kinds[EXTRAPOLATION] = {"assumptions": ["a simulator that is right where the logs do not reach"],
                                     "ranked": False}
+            if nc is not None and nc.get("passes") and source is None:
+                kinds[EXTRAPOLATION]["checked_by"] = (
+                    f"natural course consistent with the logs (mean |gap| {nc.get('mean_abs_gap', 0.0):.3f}), but the "
+                    "sites have no propensities: a model-only answer, nothing weighted checks it")
             if nc is not None and not nc.get("passes"):
                 kinds[EXTRAPOLATION]["checked_by"] = (
                     f"natural course MISFIT (mean |gap| {nc.get('mean_abs_gap', 0.0):.3f}): the simulator under the "
