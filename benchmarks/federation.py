@@ -89,7 +89,7 @@ def deployment_rounds(n_sites: int, rounds: int, preset: str, seed: int, warm: b
                          site_policy=policy(SitePolicy()))
     homes = []
     for i in range(n_sites):
-        r = init_site(tmp / f"site{i}", spec, tables[i], f"site{i}")
+        r = init_site(tmp / f"site{i}", spec, tables[i], f"site{i}", min_trajectories=1)  # the consortium's floor
         add_site(co, tmp / f"site{i}" / "enrolment_request.json", r["identity_fingerprint"])
         homes.append(SiteHome.at(tmp / f"site{i}"))
         policy(SitePolicy.load(homes[-1].policy)).write(homes[-1].policy)
