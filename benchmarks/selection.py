@@ -15,7 +15,7 @@ log-loss pick and the best candidate; the share of paper-recipe rounds after the
 cost of the selection sums against a round's wall time.
 
     .venv/bin/python benchmarks/selection.py                 # small world, 4 sites, 8 rounds, 3 lrs × 2 recipes, seeds 0-2
-    .venv/bin/python benchmarks/selection.py --quick         # seconds-to-minutes: checks the script
+    .venv/bin/python benchmarks/selection.py --quick         # tiny world, 2 rounds, 1 lr, seed 0: checks the script
     .venv/bin/python benchmarks/selection.py --json
     .venv/bin/python benchmarks/selection.py --recipes ours,g-formula --lrs 1e-3   # outcome-model variants (fcd select)
 

@@ -44,7 +44,7 @@ a model trained for a binary response outcome whose volume is a generated contex
 comparison places our numbers, it does not rank the methods.
 
     nice -n 5 .venv/bin/python benchmarks/tumour.py                 # the default sizes (module docstring)
-    nice -n 5 .venv/bin/python benchmarks/tumour.py --quick         # γ = 2 only, small sizes (seconds)
+    nice -n 5 .venv/bin/python benchmarks/tumour.py --quick         # γ = 2 only, the tiny world and model
     nice -n 5 .venv/bin/python benchmarks/tumour.py --model '{"ipw": "off"}'   # the paper's unweighted objective
     .venv/bin/python benchmarks/tumour.py --ct --jobs 4 --threads 4   # CT's sizes, γ = 1..4 in parallel
     nice -n 5 .venv/bin/python benchmarks/tumour.py --gammas 1 2 --json > a.json   # split over processes,
