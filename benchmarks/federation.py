@@ -4,7 +4,7 @@ Prints, per configuration, the median seconds per round (rounds 2..R; round 1 in
 whole run's wall time, the uplink MB measured from the serialized Flower messages and the paper's formula
 (participating sites × synchronised parameter bytes, Table II) beside it.
 
-    .venv/bin/python benchmarks/federation.py --quick          # tiny preset, 3 rounds (about a minute)
+    .venv/bin/python benchmarks/federation.py --quick          # tiny preset, 2 rounds, DSS secure vs full sync
     .venv/bin/python benchmarks/federation.py --preset default # the README run's sizes
     .venv/bin/python benchmarks/federation.py --json
     .venv/bin/python benchmarks/federation.py --deployment --sites 4 10   # Deployment Engine vs simulation
@@ -31,6 +31,7 @@ import os
 import platform
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 
@@ -53,7 +54,7 @@ def simulation_rounds(n_sites: int, rounds: int, preset: str, seed: int, dp: boo
     cfg = build_config(preset, {"seed": seed, "data": {"n_sites": n_sites}, "dp": {"enabled": dp},
                                 "federation": {"rounds": rounds, "clients_per_round": n_sites, "secure_aggregation": True,
                                                "eval_every": 0}})
-    res = run_simulated(cfg.model_copy(update={"out": tempfile.mkdtemp(prefix="fcd-bench-")}))
+    res = run_simulated(cfg)  # no run folder: the figure is the rounds' own seconds
     return [h["round_s"] for h in res.history]
 
 
@@ -77,6 +78,7 @@ def deployment_rounds(n_sites: int, rounds: int, preset: str, seed: int, warm: b
     from fcd_secure.provisioning.site_install.runner import start_site
     from fcd_secure.provisioning.site_install.tables import REGISTRY_ENV
 
+    t_start = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="fcd-bench-deploy-"))
     # a throwaway deployment: its own registry of site homes (the same tables each run would be refused, P46)
     os.environ[REGISTRY_ENV] = str(tmp / "site_tables.json")
@@ -89,7 +91,7 @@ def deployment_rounds(n_sites: int, rounds: int, preset: str, seed: int, warm: b
                          site_policy=policy(SitePolicy()))
     homes = []
     for i in range(n_sites):
-        r = init_site(tmp / f"site{i}", spec, tables[i], f"site{i}")
+        r = init_site(tmp / f"site{i}", spec, tables[i], f"site{i}", min_trajectories=1)  # the consortium's floor
         add_site(co, tmp / f"site{i}" / "enrolment_request.json", r["identity_fingerprint"])
         homes.append(SiteHome.at(tmp / f"site{i}"))
         policy(SitePolicy.load(homes[-1].policy)).write(homes[-1].policy)
@@ -99,6 +101,7 @@ def deployment_rounds(n_sites: int, rounds: int, preset: str, seed: int, warm: b
     offline.mkdir()
     shutil.move(co.pki / CA_KEY_FILE, offline / CA_KEY_FILE)
     started = []
+    t_provisioned = time.perf_counter()
     try:
         start_server(co)
         started.append(co.home / "server")
@@ -109,6 +112,9 @@ def deployment_rounds(n_sites: int, rounds: int, preset: str, seed: int, warm: b
         t0 = time.perf_counter()
         submit_run(co, tmp / "run", rounds=rounds, dp=dp, preset=preset, seed=seed, timeout_s=3600)
         wall = time.perf_counter() - t0
+        # where a deployment's minutes go besides its rounds (stderr: the figures stay on stdout)
+        print(f"[deployment, {n_sites} sites, {'warm' if warm else 'cold'}] provisioning {t_provisioned - t_start:.1f} s, "
+              f"SuperLink and sites started {t0 - t_provisioned:.1f} s, run {wall:.1f} s", file=sys.stderr, flush=True)
         with open(tmp / "run" / "rounds.csv") as f:
             per_round = [float(r["round_s"]) for r in csv.DictReader(f)]
     finally:
@@ -206,8 +212,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true",
-                    help="tiny preset, 3 rounds; with --deployment: 4 sites, 2 rounds, warm executors; with "
-                         "--superlink-requests: 200 requests")
+                    help="tiny preset, 2 rounds, DSS secure aggregation vs full sync (one Ray start each); with "
+                         "--deployment: 4 sites, 2 rounds, warm executors; with --superlink-requests: 200 requests")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--deployment", action="store_true", help="Deployment Engine vs simulation (module docstring)")
     ap.add_argument("--sites", type=int, nargs="+", default=None,
@@ -235,14 +241,18 @@ def main() -> None:
     from fcd_secure.engines.simulation import run_simulated
 
     preset = "tiny" if args.quick else args.preset
-    rounds = 3 if args.quick else args.rounds
+    # two rounds: the figure is the median round from round 2 on (round 1 carries Ray's and the data's start-up)
+    rounds = 2 if args.quick else args.rounds
     configs = [("DSS plain FedAvg", {"sync": "dss", "secure_aggregation": False}),
                ("DSS secure aggregation", {"sync": "dss", "secure_aggregation": True}),
                ("full sync (w/o DSS)", {"sync": "full", "secure_aggregation": False})]
+    if args.quick:  # each configuration is a Ray start: the two ends of the table (secure DSS, plain full sync)
+        configs = configs[1:]
     rows = []
     for label, fed in configs:
         over = {"seed": args.seed, "federation": {**fed, "eval_every": 0, **({"rounds": rounds} if rounds else {})}}
-        cfg = build_config(preset, over).model_copy(update={"out": tempfile.mkdtemp(prefix="fcd-bench-")})
+        # no run folder: the figures are the result's history (a run folder adds its plots and files to the wall)
+        cfg = build_config(preset, over)
         t0 = time.perf_counter()
         res = run_simulated(cfg)
         wall = time.perf_counter() - t0

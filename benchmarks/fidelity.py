@@ -191,13 +191,24 @@ def run_row_isolated(preset: str, rounds: int, recipe: str, row: str, seed: int,
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+#: the rows trained without Flower (``experiments.centralised``): they need no interpreter of their own
+POOLED_ROWS = ("centralised", "naive")
+
+
 def run_rows(calls: list[tuple], jobs: int) -> list[dict[str, Any]]:
-    """:func:`run_row_isolated` of each ``(preset, rounds, recipe, row, seed, epochs, world)``, ``jobs`` at once, in
-    order; their run folders live in one temporary folder."""
-    with tempfile.TemporaryDirectory(prefix="fcd-fidelity-") as tmp, ThreadPoolExecutor(jobs) as pool:
-        futures = [pool.submit(run_row_isolated, p, r, rec, row, seed, Path(tmp), ep, wo)
-                   for p, r, rec, row, seed, ep, wo in calls]
-        return [f.result() for f in futures]
+    """:func:`run_row` of each ``(preset, rounds, recipe, row, seed, epochs, world)``, ``jobs`` at once, in order;
+    their run folders live in one temporary folder. Each row runs in a fresh interpreter
+    (:func:`run_row_isolated`), except one after another (``jobs`` = 1) with at most one federated row: then every
+    row runs in this process, which starts Flower's simulation engine at most once and imports torch and Flower once
+    (the quick form's two rows)."""
+    with tempfile.TemporaryDirectory(prefix="fcd-fidelity-") as tmp:
+        if jobs == 1 and sum(c[3] not in POOLED_ROWS for c in calls) <= 1:
+            return [json.loads(json.dumps(run_row(base_config(p, r, rec, wo), row, seed, Path(tmp), ep), default=float))
+                    for p, r, rec, row, seed, ep, wo in calls]
+        with ThreadPoolExecutor(jobs) as pool:
+            futures = [pool.submit(run_row_isolated, p, r, rec, row, seed, Path(tmp), ep, wo)
+                       for p, r, rec, row, seed, ep, wo in calls]
+            return [f.result() for f in futures]
 
 
 def base_config(preset: str, rounds: int, recipe: str, world: dict[str, Any] | None = None):

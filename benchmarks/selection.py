@@ -15,7 +15,7 @@ log-loss pick and the best candidate; the share of paper-recipe rounds after the
 cost of the selection sums against a round's wall time.
 
     .venv/bin/python benchmarks/selection.py                 # small world, 4 sites, 8 rounds, 3 lrs × 2 recipes, seeds 0-2
-    .venv/bin/python benchmarks/selection.py --quick         # seconds-to-minutes: checks the script
+    .venv/bin/python benchmarks/selection.py --quick         # tiny world, 2 rounds, 1 lr, seed 0: checks the script
     .venv/bin/python benchmarks/selection.py --json
     .venv/bin/python benchmarks/selection.py --recipes ours,g-formula --lrs 1e-3   # outcome-model variants (fcd select)
 
@@ -88,14 +88,16 @@ def true_one_step_error(cfg, state: Path, rnd: int) -> float:
     return float(abs(hat.mean() - np.nanmean(true)))
 
 
-def one_run(seed: int, recipe: str, lr: float, rounds: int, data_preset: str, n_sites: int) -> list[dict]:
+def one_run(seed: int, recipe: str, lr: float, rounds: int, data_preset: str, n_sites: int,
+            test_fraction: float = 0.2, validation_fraction: float = 0.2) -> list[dict]:
     from fcd_secure.config import build_config
     from fcd_secure.engines.inprocess import run_inprocess
 
     tmp = Path(tempfile.mkdtemp(prefix="fcd-select-"))
     cfg = build_config("tiny", {
         "seed": seed,
-        "data": {"preset": data_preset, "n_sites": n_sites, "alpha": 1000.0, "test_fraction": 0.2},
+        "data": {"preset": data_preset, "n_sites": n_sites, "alpha": 1000.0,
+                 "test_fraction": test_fraction, "validation_fraction": validation_fraction},
         "federation": {"clients_per_round": n_sites, "rounds": rounds, "eval_every": 1, "select": "last"},
         "model": {**RECIPES[recipe], "lr": lr},
         "state_dir": str(tmp / "state"), "out": str(tmp / "run"),
@@ -114,7 +116,8 @@ def one_run(seed: int, recipe: str, lr: float, rounds: int, data_preset: str, n_
     return out
 
 
-def selection_cost(data_preset: str, n_sites: int, seed: int) -> dict:
+def selection_cost(data_preset: str, n_sites: int, seed: int, test_fraction: float = 0.2,
+                   validation_fraction: float = 0.2) -> dict:
     """Seconds of one site's scored-round sums (selection and DR-learner fit, validation rows) against that site's
     local training round."""
     from fcd_secure.config import build_config
@@ -125,7 +128,10 @@ def selection_cost(data_preset: str, n_sites: int, seed: int) -> dict:
     from fcd_secure.queries.request import EvaluationRequest
     from fcd_secure.queries.selection import Selection
 
-    cfg = build_config("tiny", {"seed": seed, "data": {"preset": data_preset, "n_sites": n_sites, "alpha": 1000.0}})
+    # the runs' own splits: the scored rows reach the cohort floor exactly where the runs' do
+    cfg = build_config("tiny", {"seed": seed, "data": {"preset": data_preset, "n_sites": n_sites, "alpha": 1000.0,
+                                                       "test_fraction": test_fraction,
+                                                       "validation_fraction": validation_fraction}})
     d = learner.load_site_data(cfg, 0)
     model = learner.build_model(cfg, learner.dims_of(d.train, n_sites))
     opt = model.optimizer
@@ -153,14 +159,18 @@ def main(
     data_preset: str = typer.Option("small", help="DKT-Synth preset"),
     sites: int = typer.Option(4, help="sites"),
     recipes: str = typer.Option("ours,paper", help=f"comma-separated recipes of {sorted(RECIPES)}"),
-    quick: bool = typer.Option(False, help="2 rounds, the last lr, seed 0: checks the script"),
+    quick: bool = typer.Option(False, help="2 rounds, the last lr, seed 0, the tiny world (test fraction 0.4 and "
+                               "validation fraction 0.5, so that each site's test and validation rows reach the "
+                               "cohort floor of 20): checks the script"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object on stdout"),
 ) -> None:
     torch.set_num_threads(1)
     seed_list = [int(s) for s in seeds.split(",")]
     lr_list = [float(x) for x in lrs.split(",")]
+    test_fraction, validation_fraction = 0.2, 0.2
     if quick:
         seed_list, rounds, lr_list = seed_list[:1], 2, lr_list[-1:]
+        data_preset, test_fraction, validation_fraction = "tiny", 0.4, 0.5
     from fcd_secure.queries.selection import RoundScore, choose_round, choose_run
 
     recipe_list = [r.strip() for r in recipes.split(",") if r.strip()]
@@ -172,7 +182,8 @@ def main(
         for recipe in recipe_list:
             for lr in lr_list:
                 err.print(f"seed {seed} · {recipe} · lr {lr:g} · {rounds} rounds …")
-                rows += one_run(seed, recipe, lr, rounds, data_preset, sites)
+                rows += one_run(seed, recipe, lr, rounds, data_preset, sites, test_fraction,
+                                validation_fraction)
     results = []
     for seed in seed_list:
         c = [r for r in rows if r["seed"] == seed]
@@ -205,7 +216,7 @@ def main(
             "runs": [{k: r[k] for k in ("recipe", "lr", "round", "d1", "se", "fit", "true_error")} for r in answers],
             "run_pick": run_pick["run"],
         })
-    cost = selection_cost(data_preset, sites, seed_list[0])
+    cost = selection_cost(data_preset, sites, seed_list[0], test_fraction, validation_fraction)
     out = {"machine": machine(), "params": {"seeds": seed_list, "rounds": rounds, "lrs": lr_list, "recipes": recipe_list,
                                             "data_preset": data_preset, "sites": sites},
            "results": results, "cost": cost, "candidates": rows}

@@ -44,7 +44,7 @@ a model trained for a binary response outcome whose volume is a generated contex
 comparison places our numbers, it does not rank the methods.
 
     nice -n 5 .venv/bin/python benchmarks/tumour.py                 # the default sizes (module docstring)
-    nice -n 5 .venv/bin/python benchmarks/tumour.py --quick         # γ = 2 only, small sizes (seconds)
+    nice -n 5 .venv/bin/python benchmarks/tumour.py --quick         # γ = 2 only, the tiny world and model
     nice -n 5 .venv/bin/python benchmarks/tumour.py --model '{"ipw": "off"}'   # the paper's unweighted objective
     .venv/bin/python benchmarks/tumour.py --ct --jobs 4 --threads 4   # CT's sizes, γ = 1..4 in parallel
     nice -n 5 .venv/bin/python benchmarks/tumour.py --gammas 1 2 --json > a.json   # split over processes,
@@ -250,8 +250,9 @@ def run_gamma(gamma: float, args: argparse.Namespace) -> dict[str, Any]:
     from fcd_secure.queries.selection import choose_run
 
     start = time.perf_counter()
-    world = generate(TumourConfig.from_preset("default", gamma=gamma, seed=args.seed, n_patients=args.patients,
-                                              max_len=args.days, test_fraction=args.test_fraction))
+    world = generate(TumourConfig.from_preset(args.world_preset, gamma=gamma, seed=args.seed,
+                                              n_patients=args.patients, max_len=args.days,
+                                              test_fraction=args.test_fraction))
     cfg = build_config("default", {"seed": args.seed, "data": {"dataset": "tumour"}, "model": args.model,
                                    "evaluation": {"n_samples": args.samples}})
     views = site_views(world, cfg, args.validation_fraction)
@@ -426,7 +427,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
     ap.add_argument("--jobs", type=int, default=1, help="γ values run in parallel, one process each")
-    ap.add_argument("--quick", action="store_true", help="γ = 2, 300 patients, 1 epoch, 2 rollouts")
+    ap.add_argument("--quick", action="store_true",
+                    help="γ = 2, 200 patients of at most 12 days, the tiny world and model sizes, 1 epoch, 2 rollouts")
     ap.add_argument("--model", type=json.loads, default={}, metavar="JSON",
                     help='model keys for Fed-CausalDiff and the g-formula, e.g. \'{"ipw": "off"}\' (the paper\'s '
                     "objective; the default model.ipw = 'auto' weights by the tumour world's logged propensities)")
@@ -439,8 +441,13 @@ def main() -> None:
         results = sorted((r for p in parts for r in p["results"]), key=lambda r: r["gamma"])
         print_tables({"machine": "\n".join(p["machine"] for p in parts), "results": results})
         return
-    if args.quick:
-        args.gammas, args.patients, args.epochs, args.samples = [2.0], 300, 1, 2
+    # the world's preset: its effect window and the oracle's rollouts per truth (the tiny one's are shorter and fewer)
+    args.world_preset = "default"
+    if args.quick:  # every step of the full form on the smallest world and model that still reach each of them
+        from fcd_secure.config import PRESETS
+
+        args.gammas, args.patients, args.days, args.epochs, args.samples = [2.0], 200, 12, 1, 2
+        args.world_preset, args.model = "tiny", {**PRESETS["tiny"]["model"], **args.model}
     if args.ct:
         args.patients, args.days = CT_SIZES["patients"], CT_SIZES["days"]
         args.test_fraction, args.validation_fraction = CT_SIZES["test_fraction"], CT_SIZES["validation_fraction"]

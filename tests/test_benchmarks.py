@@ -85,17 +85,6 @@ def test_every_benchmark_has_a_quick_form_here_and_a_line_in_the_readme():
         assert f"`{name}`" in readme, f"benchmarks/README.md has no line for {name}"
 
 
-#: the quick forms that cost most on CI's two cores (measured at load 15-30: deployment ~700 s, federation 375 s,
-#: selection 287 s, fidelity 236 s): run where FCD_BENCH_ALL=1, else skipped with that reason, so that the README's
-#: test command stays within its time budget (issue 47 asks for +10 %)
-HEAVY = {"federation.py --deployment --quick", "federation.py --quick", "selection.py --quick", "fidelity.py --quick"}
-
-
-def _heavy(q: Quick) -> None:
-    if q.id in HEAVY and os.environ.get("FCD_BENCH_ALL") != "1":
-        pytest.skip(f"{q.id}: one of the costliest quick forms; FCD_BENCH_ALL=1 runs it")
-
-
 def _check_figures(q: Quick, out: str) -> None:
     flat = " ".join(out.split())  # a narrow console wraps a figure's name over lines
     missing = [f for f in q.figures if " ".join(f.split()) not in flat]
@@ -105,7 +94,6 @@ def _check_figures(q: Quick, out: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("q", [q for q in QUICK if not q.flower], ids=lambda q: q.id)
 def test_quick_form_runs_and_prints_its_figures(q: Quick, monkeypatch, capsys, one_torch_thread):
-    _heavy(q)
     monkeypatch.setenv("COLUMNS", "200")  # rich tables keep their column names on one line
     monkeypatch.syspath_prepend(str(BENCHMARKS))  # the scripts import their helpers (_machine, targeted) by name
     monkeypatch.setattr(sys, "argv", [str(BENCHMARKS / q.script), *q.args])
@@ -127,7 +115,6 @@ def test_quick_form_runs_and_prints_its_figures(q: Quick, monkeypatch, capsys, o
     pytest.param(q, id=q.id, marks=[pytest.mark.deployment] if "--deployment" in q.args else [])
     for q in QUICK if q.flower])
 def test_quick_form_that_starts_flower_runs_and_prints_its_figures(q: Quick, tmp_path):
-    _heavy(q)
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     # its own session: on a timeout the whole group goes, the SuperLink and SuperNodes it started included
     proc = subprocess.Popen([sys.executable, str(BENCHMARKS / q.script), *q.args], cwd=tmp_path, env=env, text=True,
