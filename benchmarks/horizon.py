@@ -23,7 +23,8 @@ Per world and seed (``--worlds``, ``--seeds``; the run preset ``--preset``, defa
    set to carry forward (the affine head's last layer zeroed: every generated context stays at its value on the
    start step, :func:`frozen_contexts`), checked on the same test rows.
 
-Figures per method: the mean |value error| over the four regimens, the |error| of the always − never contrast, and
+Figures per method: the mean |value error| over the regimens it answers (IPW answers none where no logged trajectory
+follows the regimen to its end: every weight product is then 0, shown "–"), the |error| of the always − never contrast, and
 whether the four estimates are in the true order. Sequential DR coverage is pooled over regimens, seeds and worlds
 (``_coverage.coverage_line``); both worlds floor every action's propensity (tumour 1 %, carry-over 2 %), so per-step
 positivity holds for every regimen. Issue 42's targets are printed beside the figures (:data:`TARGETS`); nothing here
