@@ -95,6 +95,27 @@ def federated(cfg) -> tuple[dict[str, Any], list[Any]]:
     return summary, federated_sims(cfg, result)
 
 
+def reopened(run_dir: Path) -> tuple[Any, dict[str, Any], list[Any]]:
+    """A finished run folder of :func:`federated` (``--reuse``): its config, its ``summary.json`` and each site's
+    model (the folder's Θc, ``theta_c.npz``, and the site's Θs from its state), as ``fcd whatif`` reopens a run."""
+    from fcd_secure.apps.site import default_site_id
+    from fcd_secure.engines.whatif_run import open_run
+    from fcd_secure.federation import learner
+    from fcd_secure.federation.state import SiteState
+
+    cfg, theta = open_run(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    sims = []
+    for i in range(cfg.data.n_sites):
+        model = learner.build_model(cfg, learner.dims_of(learner.load_site_data(cfg, i).train, cfg.data.n_sites))
+        model.set_params("theta_c", theta)
+        snap = SiteState(cfg.state_root(), default_site_id(i)).load()
+        if snap is not None:
+            model.set_params("theta_s", snap.theta_s)
+        sims.append(model)
+    return cfg, summary, sims
+
+
 def centralised(name: str, cfg, epochs: int | None) -> tuple[dict[str, Any], int]:
     """``name`` (a key of ``model.baselines.SIMULATORS``) trained on the pooled training rows and scored by the
     federated evaluation; returns the merged metrics and the epochs."""
@@ -195,8 +216,12 @@ def sdr_hits(policies: dict[str, Any], true: dict[str, float]) -> list[bool]:
 def run_one(world: str, seed: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     """Everything the module docstring lists for one world and seed."""
     t0 = time.perf_counter()
-    cfg = run_config(world, args.preset, seed, args.rounds, root / f"{world}-seed{seed}")
-    summary, sims = federated(cfg)
+    folder = root / f"{world}-seed{seed}"
+    if args.reuse and (folder / "summary.json").is_file():
+        cfg, summary, sims = reopened(folder)
+    else:
+        cfg = run_config(world, args.preset, seed, args.rounds, folder)
+        summary, sims = federated(cfg)
     evaluated = "the run's final evaluation (secure sums)"
     if not all(n in (summary.get("policies") or {}) for n in REGIMENS):
         # the run's final secure evaluation did not answer (on a loaded host the sites can miss its round timeout):
@@ -308,6 +333,9 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=None,
                     help="epochs of the centralised models (default: matched to the run, experiments.centralised)")
     ap.add_argument("--out", type=Path, default=None, help="folder of the runs (default: a temporary one)")
+    ap.add_argument("--reuse", action="store_true",
+                    help="take the federated run from --out where its folder is finished (scored in process where "
+                    "its final evaluation did not answer)")
     ap.add_argument("--quick", action="store_true", help="tiny preset, 1 round, seed 0, 1 centralised epoch")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     args = ap.parse_args()
