@@ -69,6 +69,7 @@ QUICK = (
           flower=True),
     Quick("intervals.py", ("--quick",), ("interval coverage", "coverage of the truth", "whole test sets"),
           flower=True),
+    Quick("horizon.py", ("--quick",), ("whole-trajectory values", "natural course", "sequential DR"), flower=True),
 )
 
 

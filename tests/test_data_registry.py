@@ -110,7 +110,7 @@ def test_preset_small_reaches_the_cohort_floor_at_nearly_every_site(shared_data,
 
 def test_one_source_per_dataset_declares_name_table_and_presets():
     assert DATASETS == tuple(src.name for src in SOURCES) == ("dkt-synth", "statics2011", "assistments2009",
-                                                              "diabetes130", "obd", "tumour")
+                                                              "diabetes130", "obd", "tumour", "carryover")
     assert set(PAPER_TABLE_I) == {"dkt-synth", "statics2011", "diabetes130", "obd"}  # ASSISTments is not in Table I
     for src in SOURCES:
         assert get_source(src.name.upper()) is src and "tiny" in src.presets and "default" in src.presets
@@ -149,7 +149,7 @@ def test_describe_json_covers_every_dataset(shared_data):
     assert out["statics2011"]["n_actions"] == 1224 and out["statics2011"]["Lmax"] == 200
     assert out["obd"]["has_propensity"] is True and out["diabetes130"]["has_propensity"] is False
     assert out["dkt-synth"]["n_actions"] == 50 and out["dkt-synth"]["has_propensity"] is True
-    for world in ("dkt-synth", "tumour"):  # the generated worlds add their truth figures, regime support included
+    for world in ("dkt-synth", "tumour", "carryover"):  # the generated worlds add their truth figures, regime support included
         sup = out[world]["oracle"]["regime_support_train"]
         assert set(sup) == {"a_off", "a_on"} and all(v["n"] > 0 for v in sup.values())
 
@@ -252,7 +252,7 @@ def test_the_config_knows_the_generated_worlds_and_their_options_as_the_registry
     assert set(WORLD_KEYS) == set(WORLD_OPTIONS) and all(set(s.options) == set(WORLD_KEYS) for s in generated.values())
 
 
-@pytest.mark.parametrize("dataset", ["dkt-synth", "tumour"])
+@pytest.mark.parametrize("dataset", ["dkt-synth", "tumour", "carryover"])
 def test_site_spread_of_the_run_config_scales_how_much_the_sites_differ(dataset):
     """``data.site_spread`` (``fcd run --site-spread``) multiplies every site-level spread of a generated world: 1 is the
     world as before (the same logged data), 0 makes the sites alike but for their size, 3 makes them three times as
@@ -290,7 +290,7 @@ def test_site_spread_of_the_run_config_scales_how_much_the_sites_differ(dataset)
 def test_a_bad_world_option_names_itself(world, field):
     from fcd_secure.data.registry import check_world
 
-    for name in ("dkt-synth", "tumour"):
+    for name in ("dkt-synth", "tumour", "carryover"):
         with pytest.raises(DataError) as err:
             check_world(name, world, preset="tiny")
         assert err.value.field == field and f"{field} = " in str(err.value)

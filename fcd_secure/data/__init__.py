@@ -14,7 +14,8 @@
 - :mod:`.npz`: a built dataset on disk (``save_npz`` / ``load_npz``);
 - :mod:`.dkt_synth`: the DKT-Synth oracle world with ground truth;
 - :mod:`.tumour`: the tumour-growth oracle world (Geng et al. 2017) with ground truth;
-- :mod:`.worlds`: what the two generated worlds share (config, common random numbers, sites, ground truth);
+- :mod:`.carryover`: the carry-over oracle world (treatment that helps at first and harms when held) with ground truth;
+- :mod:`.worlds`: what the generated worlds share (config, common random numbers, sites, ground truth);
 - :mod:`.cohorts`: which entities a site trains, validates and answers on, fixed by a site secret;
 - :mod:`.moments`: standardisation statistics from additive sums (the secure round 0);
 - :mod:`.formats`: readers for on-disk formats several loaders share;

@@ -20,15 +20,16 @@ LABELS = MappingProxyType({
     "diabetes130": "Diabetes-130",
     "obd": "OpenBandit",
     "tumour": "Tumour growth",
+    "carryover": "Carry-over",
 })
 DATASETS: tuple[str, ...] = tuple(LABELS)
 #: the dataset a run uses when none is named (``config.DEFAULT_DATASET``)
 DEFAULT = "dkt-synth"
 #: generated worlds with ground truth for any treatment sequence (oracle PEHE, true policy values): the sources that
 #: are a ``GeneratedSource`` (``data.registry`` checks it)
-GENERATED: tuple[str, ...] = ("dkt-synth", "tumour")
+GENERATED: tuple[str, ...] = ("dkt-synth", "tumour", "carryover")
 #: the four datasets of the paper's Table I that ``fcd reproduce`` runs, in the order its report lists them: the
-#: sources with a Table I row (``data.registry`` checks it; the paper has no tumour world, and reports ASSISTments
+#: sources with a Table I row (``data.registry`` checks it; the paper has no tumour or carry-over world, and reports ASSISTments
 #: 2009 only as the DKT oracle's training data). A literal, not a filter, because this module may not import the
 #: sources (torch) and because the order is the paper's, not the registry's
 PAPER_DATASETS: tuple[str, ...] = ("dkt-synth", "diabetes130", "obd", "statics2011")

@@ -15,8 +15,8 @@ __all__ = ["action_labels", "bind_policies", "context_columns"]
 
 def action_labels(cfg: "RunConfig") -> list[str] | None:
     """The action labels of the run's data as the server may know them without any site's data: a spec's labels
-    (``actions`` / ``action_labels``), DKT-Synth's item names, the tumour world's four actions; None otherwise
-    (anchors are then shown by id)."""
+    (``actions`` / ``action_labels``), DKT-Synth's item names, the tumour world's four actions, the carry-over
+    world's two; None otherwise (anchors are then shown by id)."""
     from fcd_secure.data.inputs import load_dataset_spec  # noqa: PLC0415
 
     d = cfg.data
@@ -31,13 +31,17 @@ def action_labels(cfg: "RunConfig") -> list[str] | None:
         from fcd_secure.data.tumour import ACTION_LABELS  # noqa: PLC0415
 
         return list(ACTION_LABELS)
+    if d.dataset == "carryover":
+        from fcd_secure.data.carryover import ACTION_LABELS as CARRYOVER_ACTIONS  # noqa: PLC0415
+
+        return list(CARRYOVER_ACTIONS)
     return None
 
 
 def context_columns(cfg: "RunConfig") -> dict[str, list[str]]:
     """The context columns by how a rollout treats them, as the server may know them without any site's data: a
-    spec's ``[[context]]`` columns by ``dynamics``, DKT-Synth's clock, the tumour's volume and diameter; empty
-    otherwise (the counts remain)."""
+    spec's ``[[context]]`` columns by ``dynamics``, DKT-Synth's clock, the tumour's volume and diameter, the
+    carry-over world's severity and toxicity; empty otherwise (the counts remain)."""
     from fcd_secure.data.inputs import load_dataset_spec  # noqa: PLC0415
 
     d = cfg.data
@@ -54,6 +58,11 @@ def context_columns(cfg: "RunConfig") -> dict[str, list[str]]:
 
         gen = list(TUMOUR_CONTEXTS) if cfg.model.use_context else []  # both endogenous (data/tumour/pkpd.py)
         return {"generated_columns": gen, "replayed_columns": [c for c in TUMOUR_CONTEXTS if c not in gen]}
+    if d.dataset == "carryover":
+        from fcd_secure.data.carryover import CONTEXT_NAMES as CARRYOVER_CONTEXTS  # noqa: PLC0415
+
+        gen = list(CARRYOVER_CONTEXTS) if cfg.model.use_context else []  # both endogenous (data/carryover/model.py)
+        return {"generated_columns": gen, "replayed_columns": [c for c in CARRYOVER_CONTEXTS if c not in gen]}
     return {}
 
 

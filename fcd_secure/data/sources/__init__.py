@@ -9,6 +9,7 @@ dataset).
 - :mod:`.base`: what a source declares, and how a pooled dataset becomes federated sites
 - :mod:`.dkt_synth`: DKT-Synth, the semi-synthetic tutoring world with ground truth
 - :mod:`.tumour`: the tumour world (Geng et al. 2017), a PK-PD oracle with ground truth
+- :mod:`.carryover`: the carry-over world (issue 42), an oracle whose regimens change order with the horizon
 - :mod:`.statics2011`, :mod:`.assistments2009`: answer logs, through :mod:`.knowledge_tracing`
 - :mod:`.diabetes130`: Diabetes-130 US hospitals (UCI), readmission
 - :mod:`.obd`: the Open Bandit Dataset, with logged propensities
@@ -16,7 +17,7 @@ dataset).
 
 from __future__ import annotations
 
-from fcd_secure.data.sources import assistments2009, diabetes130, dkt_synth, obd, statics2011, tumour
+from fcd_secure.data.sources import assistments2009, carryover, diabetes130, dkt_synth, obd, statics2011, tumour
 from fcd_secure.data.sources.base import DatasetSource, GeneratedSource, PooledSource
 
 __all__ = ["SOURCES", "DatasetSource", "GeneratedSource", "PooledSource"]
@@ -29,4 +30,5 @@ SOURCES: tuple[DatasetSource, ...] = (
     diabetes130.SOURCE,
     obd.SOURCE,
     tumour.SOURCE,
+    carryover.SOURCE,
 )

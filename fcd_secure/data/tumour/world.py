@@ -150,13 +150,7 @@ class TumourWorld(OracleWorld):
         return self._describe(n_rollouts, policy_values)
 
     def _describe_actions(self, T: np.ndarray, valid: np.ndarray) -> dict[str, Any]:
-        a_off, a_on = self.anchors
-        return {
-            "action_labels": list(ACTION_LABELS),
-            "anchors": {"a_off": a_off, "a_on": a_on, "a_off_label": ACTION_LABELS[a_off],
-                        "a_on_label": ACTION_LABELS[a_on]},
-            "action_share_train": {k: float((T[valid] == i).mean()) for i, k in enumerate(ACTION_LABELS)},
-        }
+        return self._labelled_actions(T, valid, ACTION_LABELS)
 
     def _describe_outcomes(self, ids: np.ndarray, valid: np.ndarray) -> dict[str, Any]:
         return {

@@ -411,6 +411,16 @@ class OracleWorld(ABC):
             **extra,
         }
 
+    def _labelled_actions(self, T: np.ndarray, valid: np.ndarray, labels: tuple[str, ...]) -> dict[str, Any]:
+        """:meth:`_describe_actions` of a world whose every action has a label (``labels``, by id): the labels, the
+        anchors by id and label, and each action's share of the logged valid steps."""
+        a_off, a_on = self.anchors
+        return {
+            "action_labels": list(labels),
+            "anchors": {"a_off": a_off, "a_on": a_on, "a_off_label": labels[a_off], "a_on_label": labels[a_on]},
+            "action_share_train": {k: float((T[valid] == i).mean()) for i, k in enumerate(labels)},
+        }
+
     def _support_figures(self, pi: np.ndarray) -> dict[str, float]:
         """How much logged support an anchor has: the 1st percentile and the median of its propensity (NaN-padded)."""
         return {"p01": float(np.nanquantile(pi, 0.01)), "median": float(np.nanmedian(pi))}
