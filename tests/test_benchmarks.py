@@ -60,6 +60,7 @@ QUICK = (
           ("ρ D1 (≥0.8)", "ρ fit", "rule pick", "true one-step err", "cost: selection sums")),
     Quick("targeted.py", ("--quick",), ("one-step effect at every decision step", "AIPW", "self-norm.", "naive")),
     Quick("propensity.py", ("--quick",), ("AIPW P̂", "IPW P̂", "g-formula", "pick P̂", "true Γ", "toy world")),
+    Quick("free_running.py", ("--quick",), ("whole-trajectory fidelity", "value err", "NC gap", "mean over seeds")),
     Quick("tumour.py", ("--quick",), ("normalised RMSE (%)", "PEHE", "|ATE err|", "truth-free selection")),
     Quick("federation.py", ("--superlink-requests", "--quick"), ("SuperLink ms CPU / request", "scoped / Flower")),
     Quick("federation.py", ("--quick",), ("seconds / round", "MB uplink (measured)"), flower=True),

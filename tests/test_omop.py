@@ -284,3 +284,15 @@ def test_an_entity_id_that_is_not_unique_is_refused(exported, tmp_path):
     with pytest.raises(DataError, match="person_source_value 'twin' names 2 entities") as err:
         read_input(cohort, db)
     assert err.value.field == "entity.id"
+
+
+def test_a_run_over_a_cohort_spec_reads_its_declaration_of_unrecorded_confounding_from_the_spec_it_implies(exported):
+    """``queries.declared`` reads a run's spec the way the run does (``data.inputs.load_dataset_spec``): an OMOP
+    cohort spec is not a table spec, and the evaluation must not refuse it as one (the CI failure of this stop:
+    "field 'static[0].source': unknown key 'source'" after the run had trained)."""
+    from fcd_secure.config import build_config
+    from fcd_secure.queries.declared import declared_confounding
+
+    cfg = build_config("tiny", {"data": {"dataset": "spec", "spec": str(exported / "omop" / "cohort.toml"),
+                                         "table": str(exported / "omop" / "site0.duckdb")}})
+    assert declared_confounding(cfg) is None  # the cohort declares none; reading it raises nothing

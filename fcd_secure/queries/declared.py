@@ -49,7 +49,7 @@ def declared_confounding(cfg: "RunConfig") -> dict[str, str] | None:
     from fcd_secure.data import names  # noqa: PLC0415
     from fcd_secure.data.registry import get_source  # noqa: PLC0415 - the sources import the worlds
     from fcd_secure.data.sources.base import GeneratedSource  # noqa: PLC0415
-    from fcd_secure.data.spec import load_spec  # noqa: PLC0415
+    from fcd_secure.data.inputs import load_dataset_spec  # noqa: PLC0415
 
     own = cfg.evaluation.unrecorded_confounding
     if own is not None:
@@ -58,7 +58,8 @@ def declared_confounding(cfg: "RunConfig") -> dict[str, str] | None:
     if data.dataset == names.SPEC:
         if data.spec is None or not Path(data.spec).is_file():
             return None  # a deployed server without the sites' spec: the run's own setting is the declaration
-        words = load_spec(data.spec).unrecorded_confounding
+        # a dataset spec, or the spec an OMOP cohort spec implies (data.inputs: the one reader of either)
+        words = load_dataset_spec(data.spec).unrecorded_confounding
         return {"declared": words, "by": "the table spec"} if words else None
     src = get_source(data.dataset)
     if isinstance(src, GeneratedSource) and src.unrecorded_confounding and data.gamma != 0:
