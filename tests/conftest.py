@@ -309,6 +309,16 @@ def merge_policies(parts: list[dict], question) -> dict:
     return merge_site_metrics(parts, question, queries=[POLICY_VALUES])
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _module_site_registry(tmp_path_factory):
+    """Each test module its own registry too, set before any module-scoped fixture runs (a module's consortium of
+    site homes is made before the per-test registry below exists; with the host's own registry, an earlier run's
+    homes left in pytest's temp folders held the same tables and ``fcd site init`` rightly refused them)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FCD_SITE_REGISTRY", str(tmp_path_factory.mktemp("module_registry") / "site_tables.json"))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _site_registry(tmp_path_factory, monkeypatch):
     """Each test its own registry of this host's site homes (``provisioning.site_install.tables``): tests init sites
