@@ -215,9 +215,12 @@ def run_config_for(co: Coordinator, out: Path, *, rounds: int, dp: bool, preset:
     return build_config(preset, over)
 
 
-#: how often a waiting ``fcd server run`` asks the SuperLink whether its run ended without results (each ask is a
-#: ``flwr ls`` process: about a second of CPU)
+#: how often, at most, a waiting ``fcd server run`` asks the SuperLink whether its run ended without results (each
+#: ask is a ``flwr ls`` process: about a second of CPU); the first ask comes after :data:`RUN_STATUS_FIRST_POLL_S`
+#: and the interval doubles up to this, so a run refused at its first message is reported in seconds and a long
+#: run costs one ``flwr ls`` per 10 s
 RUN_STATUS_POLL_S = 10.0
+RUN_STATUS_FIRST_POLL_S = 1.0
 
 
 def _flwr(co: Coordinator, *args: str) -> str | None:
@@ -284,7 +287,8 @@ def _submit_and_wait(co: Coordinator, run_config_doc: dict[str, str], done: Path
     started = re.findall(rb"started run (\d+)", log.read_bytes()[logged:])
     run_id = int(started[-1]) if started else None
     deadline = t0 + timeout_s
-    next_status = time.monotonic() + RUN_STATUS_POLL_S
+    interval = RUN_STATUS_FIRST_POLL_S
+    next_status = time.monotonic() + interval
     while not done.exists():
         if time.monotonic() > deadline:
             raise RuntimeError(f"the run did not finish within {timeout_s:.0f} s; see {log} and `flwr log` on the SuperLink")
@@ -299,7 +303,8 @@ def _submit_and_wait(co: Coordinator, run_config_doc: dict[str, str], done: Path
                     and not done.exists():
                 raise RuntimeError(f"run {run_id} ended {status} without results: {_run_error(co, run_id)} (the "
                                    f"whole log: FLWR_HOME={_cli_home(co)} flwr log {run_id} {CONNECTION} --show)")
-            next_status = time.monotonic() + RUN_STATUS_POLL_S
+            interval = min(2 * interval, RUN_STATUS_POLL_S)
+            next_status = time.monotonic() + interval
         time.sleep(0.5)
     return run_id
 
