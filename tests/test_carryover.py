@@ -10,7 +10,8 @@ import json
 import numpy as np
 import pytest
 from pydantic import ValidationError
-from world_cases import Recorder, policy, tiny_world
+from policy_cases import policy
+from world_cases import Recorder, tiny_world
 
 from fcd_secure.data.carryover import CarryoverConfig, generate
 from fcd_secure.data.carryover import truth as truth_mod

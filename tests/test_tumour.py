@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from world_cases import Recorder, policy, tiny_world
+from policy_cases import policy
+from world_cases import Recorder, tiny_world
 
 from fcd_secure.data.policy import default_policies
 from fcd_secure.data.registry import load_federated

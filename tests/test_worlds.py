@@ -12,7 +12,8 @@ import json
 import numpy as np
 import pytest
 from pydantic import ValidationError
-from world_cases import ENDOGENOUS, WORLDS, Recorder, WorldCase, policy, tiny_world
+from policy_cases import policy
+from world_cases import ENDOGENOUS, WORLDS, Recorder, WorldCase, tiny_world
 
 from fcd_secure.data.partition import dirichlet_assignment, site_splits
 from fcd_secure.data.policy import anchor_actions, default_policies

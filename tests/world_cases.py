@@ -18,12 +18,11 @@ from fcd_secure.data import carryover, dkt_synth, tumour
 from fcd_secure.data.carryover import truth as carryover_truth
 from fcd_secure.data.dkt_synth import truth as dkt_synth_truth
 from fcd_secure.data.dkt_synth.generation import ITEM_LABELS
-from fcd_secure.data.policy import Policy
 from fcd_secure.data.tumour import truth as tumour_truth
 from fcd_secure.data.worlds.config import WorldConfig
 from fcd_secure.data.worlds.world import OracleWorld
 
-__all__ = ["ENDOGENOUS", "WORLDS", "Recorder", "WorldCase", "policy", "tiny_world"]
+__all__ = ["ENDOGENOUS", "WORLDS", "Recorder", "WorldCase", "tiny_world"]
 
 
 @dataclass(frozen=True)
@@ -97,8 +96,3 @@ class Recorder:
         if isinstance(self.plan, int):
             return np.full(len(lengths), self.plan, dtype=np.int64)
         return np.tile(self.plan[:, t], len(lengths) // len(self.plan))
-
-
-def policy(name: str, rule: dict) -> Policy:
-    """A policy from its rule, as a policy file states it (``fcd_secure.data.policy``)."""
-    return Policy.model_validate({"name": name, "rule": rule})
