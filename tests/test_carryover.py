@@ -1,6 +1,7 @@
-"""The carry-over world (issue 42 item 6): the generator's contract, replay of the logs bit for bit, confounding
-through the recorded history only, per-step positivity, sites that are a cause, the regimens' order flipping with
-the horizon in the truth, and the registered dataset."""
+"""The carry-over world (issue 42 item 6): its logged columns, the truth's replay of the states, confounding through
+the recorded history only, the propensity floor on any history, sites that are a cause, the regimens' order flipping
+with the horizon in the truth, and `fcd data describe`. The contract every generated world keeps (layout, replay,
+propensities, seeds, batching, config errors, the registered dataset) is in ``test_worlds.py``."""
 
 from __future__ import annotations
 
@@ -9,75 +10,34 @@ import json
 import numpy as np
 import pytest
 from pydantic import ValidationError
+from policy_cases import policy
+from world_cases import Recorder, tiny_world
 
-from fcd_secure.data.carryover import ACTION_LABELS, CONTEXT_NAMES, CarryoverConfig, generate
+from fcd_secure.data.carryover import CarryoverConfig, generate
 from fcd_secure.data.carryover import truth as truth_mod
 from fcd_secure.data.carryover.behaviour import action_probs
 from fcd_secure.data.carryover.model import PatientParams, good_step_prob, step
-from fcd_secure.data.partition import dirichlet_assignment, site_splits
-from fcd_secure.data.policy import Policy, anchor_actions, default_policies
-from fcd_secure.data.registry import load_federated
-from fcd_secure.data.spec import DataError, context_dynamics
-
-
-class Recorder:
-    """Replays a plan (or one action) on every rollout row and records what the rollout shows the policy."""
-
-    needs_context = True
-
-    def __init__(self, plan: np.ndarray | int, name: str = "recorder") -> None:
-        self.plan, self.name = plan, name
-        self.y: np.ndarray | None = None
-        self.ctx: np.ndarray | None = None
-
-    def actions(self, t, y_hist, lengths, a_off, a_on, context=None):
-        self.y, self.ctx = y_hist.copy(), context.copy()
-        if isinstance(self.plan, int):
-            return np.full(len(lengths), self.plan, dtype=np.int64)
-        return np.tile(self.plan[:, t], len(lengths) // len(self.plan))
-
-
-def _policy(name: str, rule: dict) -> Policy:
-    return Policy.model_validate({"name": name, "rule": rule})
+from fcd_secure.data.policy import default_policies
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    return generate(CarryoverConfig.from_preset("tiny"))
+    return tiny_world("carryover")
 
 
 # -- generator contract --------------------------------------------------------------------------------------
-def test_world_layout_and_contract(tiny):
+def test_the_logs_record_severity_toxicity_and_the_patients_covariates(tiny):
+    """The carry-over world's own columns (the contract every world keeps: ``test_worlds.py``)."""
     cfg = tiny.cfg
-    assert tiny.n_actions == 2 and len(tiny.train) == len(tiny.test) == cfg.n_sites == 10
-    ids = np.concatenate([d.meta["entity"] for d in tiny.train + tiny.test])
-    assert np.array_equal(np.sort(ids), np.arange(cfg.n_patients))  # splits are disjoint and cover everyone
-    for s, (tr, te) in enumerate(zip(tiny.train, tiny.test)):
-        for ds in (tr, te):
-            pid = ds.meta["entity"]
-            assert ds.dx == 2 and ds.da == 2 and ds.L == cfg.max_len and ds.P is not None
-            assert ds.meta["action_names"] == list(ACTION_LABELS) and ds.meta["a_names"] == list(CONTEXT_NAMES)
-            assert context_dynamics(ds.meta, ds.da) == ["endogenous", "endogenous"]
-            assert (tiny.site_of[pid] == s).all()
-            valid = ds.M > 0
-            assert ds.lengths.min() >= cfg.max_len // 2 and ds.lengths.max() <= cfg.max_len
-            # A is the recorded severity and toxicity of each morning; X the recorded frailty and response marker
-            assert np.array_equal(ds.A[..., 0][valid], tiny.S_all[pid, : cfg.max_len][valid].astype(np.float32))
-            assert np.array_equal(ds.A[..., 1][valid], tiny.K_all[pid, : cfg.max_len][valid].astype(np.float32))
-            assert np.array_equal(ds.X, tiny.X_all[pid].astype(np.float32))
-            assert (ds.A[~valid] == 0).all() and (ds.Y[~valid] == 0).all() and (ds.T[~valid] == 0).all()
-            assert set(np.unique(ds.Y)) <= {0.0, 1.0}
+    for ds in tiny.train + tiny.test:
+        pid = ds.meta["entity"]
+        valid = ds.M > 0
+        # A is the recorded severity and toxicity of each morning; X the recorded frailty and response marker
+        assert np.array_equal(ds.A[..., 0][valid], tiny.S_all[pid, : cfg.max_len][valid].astype(np.float32))
+        assert np.array_equal(ds.A[..., 1][valid], tiny.K_all[pid, : cfg.max_len][valid].astype(np.float32))
+        assert np.array_equal(ds.X, tiny.X_all[pid].astype(np.float32))
     # anchors: the project's rule picks "none" (most logged) and "treat"
-    assert tiny.anchors == anchor_actions(tiny.train) == (0, 1)
-
-
-def test_sites_and_splits_follow_the_projects_rules(tiny):
-    cfg = tiny.cfg
-    site_of = dirichlet_assignment(np.zeros(cfg.n_patients, dtype=np.int64), cfg.n_sites, cfg.dirichlet_alpha, cfg.seed)
-    assert np.array_equal(tiny.site_of, site_of)
-    for s, (tr, te) in enumerate(site_splits(site_of, cfg.n_sites, cfg.test_fraction, cfg.seed)):
-        assert np.array_equal(tiny.train[s].meta["entity"], tr)
-        assert np.array_equal(tiny.test[s].meta["entity"], te)
+    assert tiny.anchors == (0, 1)
 
 
 def test_sites_are_a_cause_of_case_mix_and_practice():
@@ -95,10 +55,9 @@ def test_sites_are_a_cause_of_case_mix_and_practice():
 
 
 # -- common random numbers -----------------------------------------------------------------------------------
-def test_replaying_the_logged_actions_reproduces_the_logs_bit_for_bit(tiny):
-    for s in range(tiny.n_sites):
-        for split, sets in (("train", tiny.train), ("test", tiny.test)):
-            assert np.array_equal(tiny.replay_logged(s, split), sets[s].Y)
+def test_the_truths_replay_gives_back_the_logged_severity_and_toxicity(tiny):
+    """The truth's own replay of the logged actions reproduces the logged states bit for bit, not only the outcomes
+    (``test_worlds.py``)."""
     ids = tiny.patient_ids(None, "train")
     Y, S, K = truth_mod.replay(tiny.cfg, tiny.params.take(ids), tiny.S_all[ids, 0], tiny.K_all[ids, 0],
                                tiny.T_all[ids], tiny.U[ids])
@@ -107,39 +66,19 @@ def test_replaying_the_logged_actions_reproduces_the_logs_bit_for_bit(tiny):
     assert np.array_equal(K[:, :-1][valid], tiny.K_all[ids, :-1][valid])
 
 
-def test_rollout_zero_replays_the_log_and_contexts_follow_the_policy(tiny):
+def test_the_contexts_follow_the_policy(tiny):
+    """Under another policy than the logged one the contexts are that policy's: treating every step builds toxicity
+    and lowers severity rollout by rollout (same noise), against never treating (rollout 0 under the logged actions
+    replays the logs: ``test_worlds.py``)."""
     ids = tiny.patient_ids(None, "test")
-    logged = Recorder(tiny.T_all[ids])
-    tiny.policy_values_of(logged, ids, n_rollouts=1)
     M = tiny._valid(ids)
-    L = tiny.L
-    assert np.array_equal(logged.y[:, : L - 1][M[:, :-1]], tiny.Y_all[ids][:, :-1][M[:, :-1]])
     A = np.concatenate([d.A for d in tiny.test])
-    assert np.array_equal(logged.ctx[M], A[M])
-    # under another policy the contexts are that policy's: treating every step builds toxicity and lowers severity
-    # rollout by rollout (same noise), against never treating
     treat, none = Recorder(1), Recorder(0)
     tiny.policy_values_of(treat, ids, n_rollouts=4)
     tiny.policy_values_of(none, ids, n_rollouts=4)
     assert (treat.ctx[..., 1] >= none.ctx[..., 1]).all() and (treat.ctx[..., 1] > none.ctx[..., 1]).any()
     assert (treat.ctx[..., 0] <= none.ctx[..., 0]).all() and (treat.ctx[..., 0] < none.ctx[..., 0]).any()
     assert not np.array_equal(none.ctx[: len(ids)][M], A[M])  # not the logged contexts
-
-
-def test_same_seed_same_data_and_truth_and_batching_changes_nothing(tiny, monkeypatch):
-    again = generate(CarryoverConfig.from_preset("tiny"))
-    other = generate(CarryoverConfig.from_preset("tiny", seed=1))
-    for a, b in zip(tiny.train + tiny.test, again.train + again.test):
-        for key in ("X", "A", "T", "Y", "M", "P"):
-            assert np.array_equal(getattr(a, key), getattr(b, key)), key
-    assert not np.array_equal(tiny.T_all, other.T_all)
-    tau = tiny.true_effects(None, "test")
-    early = default_policies()[2]
-    whole = tiny.policy_value_per_rollout(early)
-    assert np.array_equal(tau, again.true_effects(None, "test"))
-    monkeypatch.setattr(truth_mod, "MAX_BATCH_ROWS", 40)  # counter-based noise: batches change no number
-    assert np.allclose(tiny.true_effects(None, "test"), tau, atol=1e-12)
-    assert np.allclose(tiny.policy_value_per_rollout(early), whole, atol=1e-12)
 
 
 # -- the logging policy: recorded history only, per-step positivity -----------------------------------------
@@ -156,21 +95,13 @@ def test_the_logged_propensity_is_a_function_of_the_recorded_history_only(tiny):
         assert np.allclose(taken[valid], ds.P[valid], rtol=1e-5, atol=1e-6), s
 
 
-def test_every_action_keeps_two_percent_at_every_step(tiny):
-    pi = tiny.logging_propensities(None, "train", actions=[0, 1])
-    ids = tiny.patient_ids(None, "train")
-    valid = tiny._valid(ids)
-    assert np.allclose(pi.sum(-1)[valid], 1.0)
-    assert np.array_equal(np.take_along_axis(pi, tiny.T_all[ids][:, :, None], axis=2)[..., 0][valid],
-                          tiny.P_all[ids][valid])
-    assert np.nanmin(pi) >= 0.02 and tiny.cfg.epsilon == 0.02
-    # on any history, however extreme, not only the logged ones
+def test_every_action_keeps_two_percent_on_any_history(tiny):
+    """The floor holds on the logged histories (``test_worlds.py``) and on any history, however extreme."""
+    assert tiny.cfg.epsilon == 0.02
     S, K = np.array([0.0, 10.0, 0.0, 10.0]), np.array([0.0, 0.0, 10.0, 10.0])
     for prev in (0, 1):
         q = action_probs(tiny.cfg.model_copy(update={"gamma": 8.0}), S, K, np.full(4, prev), np.zeros(4))
         assert q.min() >= 0.02 - 1e-15
-    with pytest.raises(ValidationError, match="epsilon"):
-        CarryoverConfig.from_preset("tiny", epsilon=0.6)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -202,10 +133,6 @@ def test_exact_good_step_probability_matches_the_realised_outcomes(tiny):
         p = good_step_prob(tiny.cfg, prm, S, K, np.full(2, a))
         y = step(tiny.cfg, big, np.repeat(S, n), np.repeat(K, n), np.full(2 * n, a), rng.random((2 * n, 3)))[3]
         assert np.allclose(y.reshape(2, n).mean(1), p, atol=0.005), a
-    t0 = tiny.anchor_step
-    one = tiny.true_effects(2, "test", anchor=t0, horizon=1)
-    exact = tiny.outcome_probs_do(2, "test", None, t0, 1) - tiny.outcome_probs_do(2, "test", None, t0, 0)
-    assert np.allclose(one, exact, atol=1e-12)  # one step needs no Monte Carlo
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -227,36 +154,25 @@ def test_the_regimens_order_at_one_step_is_not_their_order_over_thirty(seed):
 
 
 def test_policies_by_label_and_on_the_simulated_contexts(tiny):
-    treat = tiny.true_policy_value(_policy("treat_all", {"kind": "static", "action": "treat"}))[0]
+    treat = tiny.true_policy_value(policy("treat_all", {"kind": "static", "action": "treat"}))[0]
     assert treat == pytest.approx(tiny.true_policy_value(default_policies()[1])[0], abs=1e-12)
     # a rule on the simulated toxicity: treat while toxicity stays below 0.5
-    rule = _policy("treat_until_toxic", {"kind": "threshold", "signal": "context:toxicity", "when": "below",
-                                         "value": 0.5, "then": "treat", "otherwise": "none"})
+    rule = policy("treat_until_toxic", {"kind": "threshold", "signal": "context:toxicity", "when": "below",
+                                        "value": 0.5, "then": "treat", "otherwise": "none"})
     never = tiny.true_policy_value(default_policies()[0])[0]
     assert tiny.true_policy_value(rule)[0] > max(never, treat) + 0.02
-    with pytest.raises(DataError, match="not a label"):
-        tiny.true_policy_value(_policy("bad", {"kind": "static", "action": "surgery"}))
 
 
-def test_config_errors_name_the_field():
-    with pytest.raises(ValidationError, match="anchor_step"):
-        CarryoverConfig.from_preset("tiny", anchor_step=6)
-    with pytest.raises(ValidationError, match="n_patients"):
-        CarryoverConfig.from_preset("tiny", n_patients=10)
+def test_a_toxicity_that_never_clears_is_refused():
     with pytest.raises(ValidationError, match="toxicity_retention"):
         CarryoverConfig.from_preset("tiny", toxicity_retention=1.0)
-    with pytest.raises(ValueError, match="unknown carryover preset"):
-        CarryoverConfig.from_preset("huge")
 
 
-# -- describe and the registered dataset --------------------------------------------------------------------
+# -- describe ------------------------------------------------------------------------------------------------
 def test_describe_reports_truth_at_both_horizons_and_confounding(tiny):
     d = tiny.describe()
-    json.dumps(d)  # plain JSON-able numbers for `--json` output
     assert d["anchors"] == {"a_off": 0, "a_on": 1, "a_off_label": "none", "a_on_label": "treat"}
-    assert sum(d["n_train"]) + sum(d["n_test"]) == tiny.cfg.n_patients
-    assert set(d["true_policy_values_test"]) == set(d["true_policy_values_first_step_test"]) == {
-        "never", "always", "early_on", "late_on"}
+    assert set(d["true_policy_values_first_step_test"]) == {"never", "always", "early_on", "late_on"}
     assert d["min_logged_propensity"] >= 0.02 and len(d["sites"]) == 10
     c = d["one_step_contrast_train"]
     assert c["naive"] < c["true"] - 0.03 and abs(c["ipw"] - c["true"]) < abs(c["naive"] - c["true"])
@@ -277,22 +193,3 @@ def test_fcd_data_describe_carryover():
     assert text.exit_code == 0 and "carryover" in text.output and "severity, toxicity" in text.output
 
 
-def test_registered_dataset_names_its_actions_and_generates_its_contexts():
-    from fcd_secure.config import build_config
-    from fcd_secure.queries.vocabulary import action_labels, bind_policies, context_columns
-
-    fd = load_federated("carryover", n_sites=4, seed=3, preset="tiny")
-    assert fd.name == "carryover" and fd.n_sites == 4 and fd.anchors == (0, 1)
-    assert fd.oracle.cfg.seed == 3 and fd.description["contexts"] == {"endogenous": ["severity", "toxicity"],
-                                                                       "exogenous": []}
-    cfg = build_config("tiny", {"data": {"dataset": "carryover", "gamma": 0.5}})
-    assert action_labels(cfg) == ["none", "treat"]
-    assert context_columns(cfg) == {"generated_columns": ["severity", "toxicity"], "replayed_columns": []}
-    bind_policies(cfg, [_policy("treat_until_toxic", {"kind": "threshold", "signal": "context:toxicity",
-                                                      "when": "below", "value": 0.5, "then": "treat",
-                                                      "otherwise": "none"})])
-    with pytest.raises(DataError, match="surgery"):
-        bind_policies(cfg, [_policy("bad", {"kind": "static", "action": "surgery"})])
-    from fcd_secure.federation import learner
-
-    assert learner.load_federated(cfg).oracle.cfg.gamma == 0.5  # data.gamma (fcd run --gamma) reaches the generator

@@ -1,4 +1,6 @@
-"""DKT-Synth: oracle integrity, the generator's contract, CRN replay, confounding and the ground-truth API."""
+"""DKT-Synth: oracle integrity, its clock context and anchors, the propensity floor and zero support, the oracle's
+outcomes, confounding, describe, and what a run on it sets. The contract every generated world keeps (layout, replay,
+propensities, seeds, batching, the truth's definition, policy values, config errors) is in ``test_worlds.py``."""
 
 from __future__ import annotations
 
@@ -7,8 +9,7 @@ import shutil
 
 import numpy as np
 import pytest
-import torch
-from pydantic import ValidationError
+from world_cases import tiny_world
 
 from fcd_secure.data.dkt_synth import (
     N_ITEMS,
@@ -20,29 +21,14 @@ from fcd_secure.data.dkt_synth import (
 from fcd_secure._io import file_sha256
 from fcd_secure.data.dkt_synth.oracle import ORACLE_CARD, ORACLE_WEIGHTS, roc_auc
 from fcd_secure.data.dkt_synth.noise import fresh_uniforms
-from fcd_secure.data.partition import dirichlet_assignment, site_splits
-from fcd_secure.data.policy import anchor_actions, default_policies
 from fcd_secure.data.spec import DataError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-class LoggedReplay:
-    """Replays each test student's logged actions (rollout-major rows) and records the y history it is shown."""
-
-    def __init__(self, T: np.ndarray) -> None:
-        self.T = T
-        self.seen: np.ndarray | None = None
-
-    def actions(self, t, y_hist, lengths, a_off, a_on):
-        R = len(lengths) // len(self.T)
-        self.seen = y_hist.copy()
-        return np.tile(self.T[:, t], R)
-
-
 @pytest.fixture(scope="module")
 def tiny():
-    return generate(DKTSynthConfig.from_preset("tiny"))
+    return tiny_world("dkt-synth")
 
 
 # -- oracle -------------------------------------------------------------------------------------------------
@@ -86,50 +72,19 @@ def test_roc_auc_matches_pairwise_definition():
 
 
 # -- generator contract --------------------------------------------------------------------------------------
-def test_world_layout_and_contract(tiny):
-    cfg = tiny.cfg
-    assert tiny.n_actions == N_ITEMS and len(tiny.train) == len(tiny.test) == cfg.n_sites == 10
-    ids = np.concatenate([d.meta["entity"] for d in tiny.train + tiny.test])
-    assert np.array_equal(np.sort(ids), np.arange(cfg.n_students))  # splits are disjoint and cover everyone
-    for s, (tr, te) in enumerate(zip(tiny.train, tiny.test)):
-        for ds in (tr, te):
-            assert ds.n >= 1 and ds.dx == 4 and ds.da == 1 and ds.L == cfg.max_len and ds.P is not None
-            assert (tiny.site_of[ds.meta["entity"]] == s).all()
-            lengths = ds.lengths
-            assert lengths.min() >= cfg.max_len // 2 and lengths.max() <= cfg.max_len
-            valid = ds.M > 0
-            assert (ds.P[valid] >= cfg.epsilon).all() and (ds.P[valid] <= 1).all()
-            # A is the exogenous normalised step index: identical for every row wherever the step is valid
-            steps = np.broadcast_to(np.arange(ds.L) / (ds.L - 1), ds.M.shape)
-            assert np.allclose(ds.A[..., 0][valid], steps[valid])
+def test_the_context_is_the_clock_and_the_anchors_are_the_most_logged_items(tiny):
+    """DKT-Synth's own columns and anchors (the contract every world keeps: ``test_worlds.py``)."""
+    for ds in tiny.train + tiny.test:
+        valid = ds.M > 0
+        # A is the exogenous normalised step index: identical for every row wherever the step is valid
+        steps = np.broadcast_to(np.arange(ds.L) / (ds.L - 1), ds.M.shape)
+        assert np.allclose(ds.A[..., 0][valid], steps[valid])
     # anchors: the two most-logged actions over the training data, a_off the most logged, each well supported
     T = np.concatenate([d.T[d.M > 0] for d in tiny.train])
     counts = np.bincount(T, minlength=N_ITEMS)
     a_off, a_on = tiny.anchors
     assert counts[a_off] == counts.max() and counts[a_on] == np.sort(counts)[-2] and a_off != a_on
     assert counts[a_on] / len(T) > 0.15
-    assert anchor_actions(tiny.train) == tiny.anchors  # the data layer's rule agrees
-    # site sizes vary (Dirichlet) but none is empty
-    sizes = np.array([tr.n + te.n for tr, te in zip(tiny.train, tiny.test)])
-    assert sizes.min() >= 2 and sizes.max() > sizes.min()
-
-
-def test_sites_splits_and_anchors_follow_the_projects_rules(tiny):
-    """One Dirichlet rule, one per-site train/test rule, one anchor rule for every dataset (no private copies)."""
-    cfg = tiny.cfg
-    site_of = dirichlet_assignment(np.zeros(cfg.n_students, dtype=np.int64), cfg.n_sites, cfg.dirichlet_alpha, cfg.seed)
-    assert np.array_equal(tiny.site_of, site_of)
-    assert np.bincount(site_of).min() >= max(2, int(0.1 * cfg.n_students / cfg.n_sites))  # the project's minimum
-    for s, (tr, te) in enumerate(site_splits(site_of, cfg.n_sites, cfg.test_fraction, cfg.seed)):
-        assert np.array_equal(tiny.train[s].meta["entity"], tr)
-        assert np.array_equal(tiny.test[s].meta["entity"], te)
-    assert tiny.anchors == anchor_actions(tiny.train)
-
-
-def test_replay_of_logged_actions_reproduces_logged_outcomes_exactly(tiny):
-    for s in range(tiny.n_sites):
-        for split, sets in (("train", tiny.train), ("test", tiny.test)):
-            assert np.array_equal(tiny.replay_logged(s, split), sets[s].Y)
 
 
 def test_logged_propensities_are_the_policy_probabilities(tiny):
@@ -142,21 +97,9 @@ def test_logged_propensities_are_the_policy_probabilities(tiny):
         assert np.allclose(pi[..., k][taken], P[taken], rtol=0, atol=1e-12)
 
 
-def test_same_seed_same_data_and_truth_different_seed_different_data(tiny):
-    again = generate(DKTSynthConfig.from_preset("tiny"))
-    other = generate(DKTSynthConfig.from_preset("tiny", seed=1))
-    for a, b, c in zip(tiny.train + tiny.test, again.train + again.test, other.train + other.test):
-        for key in ("X", "A", "T", "Y", "M", "P"):
-            assert np.array_equal(getattr(a, key), getattr(b, key)), key
-    assert np.array_equal(tiny.true_effects(None, "test"), again.true_effects(None, "test"))
-    assert not np.array_equal(tiny.train[0].X, other.train[0].X)
-    assert not np.array_equal(tiny.T_all, other.T_all) and not np.array_equal(tiny.Y_all, other.Y_all)
-
-
-def test_epsilon_floor_and_zero_support():
-    floored = generate(DKTSynthConfig.from_preset("tiny"))
-    pi = floored.logging_propensities(None, "train")
-    assert np.nanmin(pi) >= floored.cfg.epsilon
+def test_epsilon_floor_and_zero_support(tiny):
+    pi = tiny.logging_propensities(None, "train")
+    assert np.nanmin(pi) >= tiny.cfg.epsilon
     # with ε = 0 the tutor's "skip mastered items" rule leaves anchors with exactly zero propensity somewhere
     bare = generate(DKTSynthConfig.from_preset("tiny", epsilon=0.0))
     pi0 = bare.logging_propensities(None, "train")
@@ -180,52 +123,12 @@ def test_outcome_probs_do_drive_the_logged_outcomes(tiny):
     assert np.nanstd(diff) > 0.01  # the item effect depends on the student's state
 
 
-def test_true_effects_definition_and_batch_invariance(tiny):
-    a_off, a_on = tiny.anchors
-    t0 = tiny.anchor_step
-    one = tiny.true_effects(2, "test", anchor=t0, horizon=1)
-    exact = tiny.outcome_probs_do(2, "test", None, t0, a_on) - tiny.outcome_probs_do(2, "test", None, t0, a_off)
-    assert np.allclose(one, exact, atol=1e-12)  # one step needs no Monte Carlo
-    tau = tiny.true_effects(None, "test")
-    assert tau.shape == (sum(d.n for d in tiny.test),) and np.isfinite(tau).all()
-    assert tau.std() > 0.02  # heterogeneous
-    # counter-based noise: a row's truth does not depend on which other rows are in the batch
-    site3 = tiny.true_effects(3, "test")
-    start = sum(d.n for d in tiny.test[:3])
-    assert np.allclose(site3, tau[start : start + len(site3)], atol=1e-12)
-    assert np.allclose(tiny.true_effects(3, "test", rows=[1]), site3[1:2], atol=1e-12)
-    # the multi-step effect is not the one-step effect: practice changes future mastery
-    assert not np.allclose(tiny.true_effects(None, "test", horizon=1), tau, atol=1e-3)
-
-
 def test_fresh_noise_is_uniform_and_keyed():
     u = fresh_uniforms(7, np.arange(200), np.arange(1, 9), np.arange(30))
     assert u.shape == (200, 8, 30) and 0 <= u.min() and u.max() < 1
     assert abs(u.mean() - 0.5) < 0.01 and abs(u.var() - 1 / 12) < 0.005
     assert np.array_equal(fresh_uniforms(7, np.array([5]), np.array([3]), np.array([4]))[0, 0, 0], u[5, 2, 4])
     assert not np.array_equal(fresh_uniforms(8, np.arange(200), np.arange(1, 9), np.arange(30)), u)
-
-
-def test_policy_values_crn_replay_and_site_consistency(tiny):
-    ids = tiny.student_ids(None, "test")
-    replay = LoggedReplay(tiny.T_all[ids])
-    per = tiny.policy_value_per_rollout(replay, None, "test", n_rollouts=1)
-    # rollout 0 uses the logged noise, so following the logged actions regenerates the logged outcomes
-    Y = tiny.Y_all[ids]
-    M = np.arange(tiny.L)[None, :] < tiny.lengths[ids][:, None]
-    assert np.array_equal(replay.seen[:, : tiny.L - 1][M[:, :-1]], Y[:, :-1][M[:, :-1]])
-    assert 0 < per[0] < 1
-    policies = {p.name: p for p in default_policies()}
-    assert set(policies) == {"never", "always", "early_on", "late_on"}
-    values = {n: tiny.true_policy_value(p) for n, p in policies.items()}
-    for v, se in values.values():
-        assert 0 < v < 1 and 0 < se < 0.02
-    assert abs(values["always"][0] - values["never"][0]) > 3 * (values["always"][1] + values["never"][1])
-    # per-site values, weighted by site size, add up to the pooled value (noise is keyed per student)
-    pooled = values["early_on"][0]
-    sizes = np.array([d.n for d in tiny.test])
-    by_site = np.array([tiny.true_policy_value(policies["early_on"], site=s)[0] for s in range(tiny.n_sites)])
-    assert (by_site * sizes).sum() / sizes.sum() == pytest.approx(pooled, abs=1e-12)
 
 
 def test_confounding_is_real_and_ipw_with_true_propensities_recovers_the_truth():
@@ -247,39 +150,12 @@ def test_confounding_is_real_and_ipw_with_true_propensities_recovers_the_truth()
     assert abs(flat["naive"] - flat["true"]) < 0.06
 
 
-def test_config_errors_name_the_field():
-    with pytest.raises(ValidationError, match="epsilon"):
-        DKTSynthConfig.from_preset("tiny", epsilon=0.05)
-    with pytest.raises(ValidationError, match="anchor_step"):
-        DKTSynthConfig.from_preset("tiny", anchor_step=6)
-    with pytest.raises(ValidationError, match="n_students"):
-        DKTSynthConfig.from_preset("tiny", n_students=10)
-    with pytest.raises(ValueError, match="unknown DKT-Synth preset"):
-        DKTSynthConfig.from_preset("huge")
-    with pytest.raises(ValidationError):
-        DKTSynthConfig.from_preset("tiny", no_such_field=1)
-
-
-def test_chunked_batches_give_the_same_truth(tiny, monkeypatch):
-    import fcd_secure.data.dkt_synth.truth as truth_mod
-
-    early = [p for p in default_policies() if p.name == "early_on"][0]
-    whole_tau, whole_v = tiny.true_effects(None, "test"), tiny.policy_value_per_rollout(early)
-    monkeypatch.setattr(truth_mod, "MAX_BATCH_ROWS", 40)  # many small LSTM batches
-    assert np.allclose(tiny.true_effects(None, "test"), whole_tau, atol=1e-12)
-    assert np.allclose(tiny.policy_value_per_rollout(early), whole_v, atol=1e-12)
-
-
 def test_describe_reports_support_confounding_and_truth(tiny):
     d = tiny.describe(policy_values=True)
-    json.dumps(d)  # plain JSON-able numbers for `--json` output
     assert d["anchors"] == {"a_off": tiny.anchors[0], "a_on": tiny.anchors[1]}
-    assert sum(d["n_train"]) + sum(d["n_test"]) == tiny.cfg.n_students and len(d["n_train"]) == tiny.n_sites
     assert d["anchor_share_train"]["a_off"] >= d["anchor_share_train"]["a_on"] > 0.15
     assert d["anchor_propensity_train"]["a_on"]["p01"] >= tiny.cfg.epsilon
     assert d["anchor_propensity_train"]["a_on"]["zero_cells"] == 0
-    assert d["true_ate_test"] == pytest.approx(float(np.mean(tiny.true_effects(None, "test"))), abs=1e-12)
-    assert set(d["true_policy_values_test"]) == {"never", "always", "early_on", "late_on"}
     c = d["one_step_contrast_train"]
     assert abs(c["naive"] - c["true"]) > 0.2  # even the tiny preset is visibly confounded
     # how much of each anchor regime the logs show over the effect window: shorter runs than the window's are common,

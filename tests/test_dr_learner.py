@@ -14,14 +14,13 @@ import pytest
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
-from fcd_secure.config import build_config  # noqa: E402
 from fcd_secure.data.schema import SiteDataset  # noqa: E402
 from fcd_secure.evaluation.metrics import EffectStats  # noqa: E402
-from fcd_secure.federation import learner  # noqa: E402
 from fcd_secure.queries import dr_learner as drl  # noqa: E402
 from fcd_secure.queries.base import Totals  # noqa: E402
 from fcd_secure.queries.request import EvaluationRequest  # noqa: E402
 from conftest import SMALL_SCORED, SMALL_SCORED_RUN  # noqa: E402
+from site_cases import sites_and_untrained_model  # noqa: E402
 
 #: small DKT-Synth (1,500 students) on 4 even sites: every site has ≥ 20 validation and test students
 SMALL = SMALL_SCORED
@@ -272,10 +271,7 @@ def test_a_constant_is_not_shown_better_than_the_constant_over_many_draws():
 
 @pytest.fixture(scope="module")
 def small():
-    cfg = build_config("tiny", SMALL)
-    data = [learner.load_site_data(cfg, i) for i in range(4)]
-    model = learner.build_model(cfg, learner.dims_of(data[0].train, 4))
-    return cfg, data, model
+    return sites_and_untrained_model(SMALL)
 
 
 def test_pseudo_outcomes_come_from_the_validation_rows_only(small):

@@ -28,13 +28,13 @@ from fcd_secure.queries.targeted import MIN_SUPPORT_ESS, horizon_sums, merge_ide
 from fcd_secure.queries.registry import metric_names  # noqa: E402
 from fcd_secure.queries.request import WhatIfRequest  # noqa: E402
 from conftest import ask_policies, merge_policies  # noqa: E402
+from policy_cases import assert_rule_refused, policy, rule_file  # noqa: E402
 
 K_ON = 1  # the action whose odds the policies of the known-answer world multiply
 
 
 def incremental(delta: float, action=K_ON, name: str | None = None) -> Policy:
-    return Policy.model_validate({"name": name or f"inc_{delta:g}".replace(".", "_"),
-                                  "rule": {"kind": "incremental", "delta": delta, "action": action}})
+    return policy(name or f"inc_{delta:g}".replace(".", "_"), {"kind": "incremental", "delta": delta, "action": action})
 
 
 # -- the rule ------------------------------------------------------------------------------------------------------
@@ -43,9 +43,7 @@ def test_the_toml_rule_parses_and_the_shipped_example_is_not_a_default(tmp_path)
     assert p.stochastic and p.rule.delta == 2.0 and p.rule.action == "anchor:on" and p.uses_anchors
     assert [q.name for q in default_policies()] == list(DEFAULT_POLICY_NAMES)  # still the paper's four
     assert [q.name for q in load_policy_refs(["incremental_on_x2"])] == ["incremental_on_x2"]
-    f = tmp_path / "x.toml"
-    f.write_text('name = "x"\n[rule]\nkind = "incremental"\ndelta = 0.5\n')
-    assert load_policy(f).rule.action == "anchor:on"  # the default action
+    assert load_policy(rule_file(tmp_path, "incremental", "delta = 0.5")).rule.action == "anchor:on"  # the default
 
 
 @pytest.mark.parametrize("body, field", [
@@ -54,10 +52,7 @@ def test_the_toml_rule_parses_and_the_shipped_example_is_not_a_default(tmp_path)
     ("delta = 2.0\nlookback = 2", "rule.lookback"),
 ])
 def test_a_bad_incremental_rule_is_refused_naming_the_field(tmp_path, body, field):
-    f = tmp_path / "bad.toml"
-    f.write_text(f'name = "bad"\n[rule]\nkind = "incremental"\n{body}\n')
-    with pytest.raises(DataError, match=field.replace(".", r"\.")):
-        load_policy(f)
+    assert_rule_refused(tmp_path, "incremental", body, field)
 
 
 def test_an_action_the_data_does_not_have_is_refused_at_bind():

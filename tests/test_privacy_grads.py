@@ -21,9 +21,8 @@ from fcd_secure.model.training import batch_loss, dataset_tensors
 
 N_SITES = 3
 
-
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 def tiny_site(n: int = 6, L: int = 4, seed: int = 0) -> SiteDataset:
     rng = np.random.default_rng(seed)
@@ -77,23 +76,35 @@ def assert_rows_are_single_record_gradients(got: dict[str, torch.Tensor], ref: t
             torch.testing.assert_close(got[name][i], g, rtol=1e-4, atol=1e-6, msg=f"{name}, record {i}")
 
 
-def test_per_sample_gradients_equal_a_loop_of_single_record_batches():
-    """Every term on (recon, transition, dis with GRL, cf rollout, per-sample align), encoder included."""
+def hooked_rows_are_single_record_gradients(cfg: ModelConfig, ds: SiteDataset, terms: set[str],
+                                            n_endogenous: int = 0) -> dict[str, torch.Tensor]:
+    """Builds the model on ``ds`` (torch seed 0; a context head's last layer set away from the affine form's zero
+    start, so that its first layer gets a gradient too), takes one hooked backward of the batch loss, whose parts
+    must include ``terms``, and asserts that every parameter has per-sample rows and that they equal single-record
+    gradients. Returns the rows, for the caller's own checks on them."""
     torch.manual_seed(0)
-    # the deterministic transition makes the loss a function of the record alone, so B=1 forwards are comparable
-    cfg = tiny_cfg(transition="deterministic")
-    ds = tiny_site()
     batch = dataset_tensors(ds, site_index=1)
-    model = FedCausalDiff.from_dims(cfg, ds.dx, ds.da, ds.n_actions, N_SITES)
+    model = FedCausalDiff.from_dims(cfg, ds.dx, ds.da, ds.n_actions, N_SITES, n_endogenous=n_endogenous)
+    if model.context_head is not None:
+        with torch.no_grad():
+            model.context_head.net[-1].weight.normal_(0.0, 0.5)
     ref = copy.deepcopy(model)
     hooks, _ = hooked(model, batch)
     loss, parts = batch_loss(model, batch, cfg, N_SITES)
-    assert {"recon", "diff", "dis", "cf", "align"} <= set(parts)
+    assert terms <= set(parts)
     loss.backward()
     got = rows(model)
     hooks.cleanup()
     assert set(got) == {n for n, _ in ref.named_parameters()}, "some parameters have no per-sample gradient"
     assert_rows_are_single_record_gradients(got, ref, batch, cfg)
+    return got
+
+
+def test_per_sample_gradients_equal_a_loop_of_single_record_batches():
+    """Every term on (recon, transition, dis with GRL, cf rollout, per-sample align), encoder included."""
+    # the deterministic transition makes the loss a function of the record alone, so B=1 forwards are comparable
+    got = hooked_rows_are_single_record_gradients(tiny_cfg(transition="deterministic"), tiny_site(),
+                                                  {"recon", "diff", "dis", "cf", "align"})
     # the encoder (DPGRU trunk) really gets a per-sample gradient from every record, not zeros that match
     trunk = got["trunk.weight_ih_l0"].flatten(1).norm(dim=1)
     assert (trunk > 0).all()
@@ -102,23 +113,9 @@ def test_per_sample_gradients_equal_a_loop_of_single_record_batches():
 @pytest.mark.parametrize("form", ["affine", "direct"])
 def test_the_context_head_keeps_per_sample_gradients_in_every_form(form):
     """L_context is per sample in every form of the head (model/context.py): Opacus' rows equal single-record
-    gradients, the head's own parameters included (its last layer set away from the affine form's zero start, so
-    that the first layer gets a gradient too)."""
-    torch.manual_seed(0)
-    cfg = tiny_cfg(transition="deterministic", context_head=form)
-    ds = tiny_site(seed=5)
-    batch = dataset_tensors(ds, site_index=1)
-    model = FedCausalDiff.from_dims(cfg, ds.dx, ds.da, ds.n_actions, N_SITES, n_endogenous=1)
-    with torch.no_grad():
-        model.context_head.net[-1].weight.normal_(0.0, 0.5)
-    ref = copy.deepcopy(model)
-    hooks, _ = hooked(model, batch)
-    loss, parts = batch_loss(model, batch, cfg, N_SITES)
-    assert "context" in parts
-    loss.backward()
-    got = rows(model)
-    hooks.cleanup()
-    assert_rows_are_single_record_gradients(got, ref, batch, cfg)
+    gradients, the head's own parameters included."""
+    got = hooked_rows_are_single_record_gradients(tiny_cfg(transition="deterministic", context_head=form),
+                                                  tiny_site(seed=5), {"context"}, n_endogenous=1)
     head = got["context_head.net.0.weight"].flatten(1).norm(dim=1)
     assert (head > 0).any()
 
@@ -128,21 +125,8 @@ def test_the_free_running_loss_keeps_per_sample_gradients(rollout):
     """L_free (model/free_running.py) rolls every start step forward on the record's own axis, or the encoder one
     step at a time: Opacus' rows equal single-record gradients with the loss on, the context head fed back through
     its own outputs and the encoder's repeated steps included."""
-    torch.manual_seed(0)
-    cfg = tiny_cfg(transition="deterministic", free_running_steps=3, rollout=rollout)
-    ds = tiny_site(seed=7)
-    batch = dataset_tensors(ds, site_index=1)
-    model = FedCausalDiff.from_dims(cfg, ds.dx, ds.da, ds.n_actions, N_SITES, n_endogenous=1)
-    with torch.no_grad():
-        model.context_head.net[-1].weight.normal_(0.0, 0.5)
-    ref = copy.deepcopy(model)
-    hooks, _ = hooked(model, batch)
-    loss, parts = batch_loss(model, batch, cfg, N_SITES)
-    assert "free" in parts
-    loss.backward()
-    got = rows(model)
-    hooks.cleanup()
-    assert_rows_are_single_record_gradients(got, ref, batch, cfg)
+    hooked_rows_are_single_record_gradients(tiny_cfg(transition="deterministic", free_running_steps=3, rollout=rollout),
+                                            tiny_site(seed=7), {"free"}, n_endogenous=1)
 
 
 @pytest.mark.parametrize("align", ["reference", "batch_mmd"])

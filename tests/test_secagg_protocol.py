@@ -9,6 +9,7 @@ import dataclasses
 import json
 import logging
 import struct
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -41,7 +42,7 @@ from fcd_secure.aggregation.secagg.messages import (
     peek_header,
 )
 from fcd_secure.manifest import THETA_C
-from secagg_harness import STAGES, RoundLog, make_clients, make_identities, run_round, toy_manifest, toy_round
+from secagg_harness import STAGES, Rewrite, RoundLog, make_clients, make_identities, run_round, toy_manifest, toy_round
 
 
 def _max_err(agg, ref):
@@ -105,28 +106,38 @@ def test_site_listed_as_both_dropped_and_alive_is_refused_by_every_honest_site()
     assert all(peek_header(m).type is not MsgType.UNMASK for msgs in log.uplink.values() for m in msgs)
 
 
+Signatures = tuple[tuple[str, bytes], ...]
+
+
+def split_view(everyone: list[str], target: str, group_b: set[str],
+               signatures: Callable[[Signatures], Signatures] = lambda sigs: sigs) -> Rewrite:
+    """The lying server of the split-view attacks: it tells ``group_b`` that ``target`` dropped (the survivors are
+    ``everyone`` but the target) while the others hear it is alive, then asks group B to unmask the target with the
+    ``signatures(...)`` of the consistency signatures it collected."""
+    without = tuple(s for s in everyone if s != target)
+
+    def evil(stage: str, site: str, req: bytes) -> bytes:
+        if stage == "consistency" and site in group_b:
+            r = SiteList.parse(req)
+            return SiteList(r.session_id, r.round_id, without).to_bytes()
+        if stage == "unmask" and site in group_b:
+            r = UnmaskRequest.parse(req)
+            return UnmaskRequest(r.session_id, r.round_id, without, (target,), signatures(r.signatures)).to_bytes()
+        return req
+
+    return evil
+
+
 def test_split_views_of_the_survivors_reveal_nothing_individual():
     """The server tells {00, 01} that 04 is alive and {02, 03} that 04 dropped, hoping to get 04's self-mask
     seed from one group and its mask key from the other (then y_04 minus all masks = x_04)."""
     t = toy_round(n_sites=5, d=32, seed=5)
     target = "site04"
     group_b = {"site02", "site03"}
-    everyone = tuple(sorted(t.updates))
-    without = tuple(s for s in everyone if s != target)
     log = RoundLog()
-
-    def evil(stage, site, req):
-        if stage == "consistency" and site in group_b:
-            r = SiteList.parse(req)
-            return SiteList(r.session_id, r.round_id, without).to_bytes()
-        if stage == "unmask" and site in group_b:
-            r = UnmaskRequest.parse(req)
-            # the group-B signers signed `without`; the others signed `everyone`; forward all signatures
-            return UnmaskRequest(r.session_id, r.round_id, without, (target,), r.signatures).to_bytes()
-        return req
-
+    # the group-B signers signed the set without the target; the others signed everyone; forward all signatures
     with pytest.raises(AbortRound):
-        run_round(t.server, t.clients, rewrite=evil, log=log)
+        run_round(t.server, t.clients, rewrite=split_view(sorted(t.updates), target, group_b), log=log)
     # the server's own consistency stage saw the two kinds of signatures; group B refuses to unmask
     assert group_b <= set(log.refused)
     assert all("signed a different" in str(log.refused[s]) for s in group_b)
@@ -146,21 +157,10 @@ def test_split_views_with_forged_signature_subset_still_refused():
     """Group B is shown only its own (valid) signatures on the reduced set: fewer than t, so it refuses."""
     t = toy_round(n_sites=5, d=32, seed=6)
     target, group_b = "site04", {"site02", "site03"}
-    without = tuple(s for s in sorted(t.updates) if s != target)
     log = RoundLog()
-
-    def evil(stage, site, req):
-        if stage == "consistency" and site in group_b:
-            r = SiteList.parse(req)
-            return SiteList(r.session_id, r.round_id, without).to_bytes()
-        if stage == "unmask" and site in group_b:
-            r = UnmaskRequest.parse(req)
-            sigs = tuple((s, g) for s, g in r.signatures if s in group_b)
-            return UnmaskRequest(r.session_id, r.round_id, without, (target,), sigs).to_bytes()
-        return req
-
+    own = split_view(sorted(t.updates), target, group_b, lambda sigs: tuple((s, g) for s, g in sigs if s in group_b))
     with pytest.raises(AbortRound):
-        run_round(t.server, t.clients, rewrite=evil, log=log)
+        run_round(t.server, t.clients, rewrite=own, log=log)
     assert group_b <= set(log.refused)
     assert all("only 2 consistency signatures" in str(log.refused[s]) for s in group_b)
 

@@ -16,7 +16,6 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 from fcd_secure.config import build_config  # noqa: E402
 from fcd_secure.evaluation.discrepancy import DiscrepancySums, one_step_dr_terms  # noqa: E402
-from fcd_secure.federation import learner  # noqa: E402
 from fcd_secure.manifest import THETA_C, THETA_S  # noqa: E402
 from fcd_secure.queries.base import Totals  # noqa: E402
 from fcd_secure.queries.request import KEEP_FIELD, RESTORE_FIELD  # noqa: E402
@@ -28,6 +27,7 @@ from fcd_secure.queries.selection import (  # noqa: E402
     choose_round,
     site_selection_sums,
 )
+from site_cases import sites_and_untrained_model  # noqa: E402
 
 #: small DKT-Synth (1,500 students) on 4 even sites: every site has ≥ 20 validation and test students
 SCORED = {"seed": 0, "data": {"preset": "small", "n_sites": 4, "alpha": 1000.0},
@@ -71,10 +71,7 @@ def test_a_criterion_some_sites_could_not_score_is_partial():
 
 @pytest.fixture(scope="module")
 def scored():
-    cfg = build_config("tiny", SCORED)
-    data = [learner.load_site_data(cfg, i) for i in range(4)]
-    model = learner.build_model(cfg, learner.dims_of(data[0].train, 4))
-    return cfg, data, model
+    return sites_and_untrained_model(SCORED)
 
 
 def test_validation_rows_are_whole_entities_apart_from_training_and_test(scored):

@@ -24,24 +24,23 @@ from fcd_secure.data.policy import (  # noqa: E402
     share_probs,
 )
 from fcd_secure.data.schema import SiteDataset  # noqa: E402
-from fcd_secure.data.spec import DataError  # noqa: E402
 from fcd_secure.queries.incremental import attach_behaviour, incremental_target_probs  # noqa: E402
 from fcd_secure.queries.targeted import horizon_sums, merge_identified  # noqa: E402
 from fcd_secure.queries.logged import logged_support  # noqa: E402
 from fcd_secure.queries.request import WhatIfRequest  # noqa: E402
 from conftest import ask_policies, merge_policies  # noqa: E402
+from policy_cases import assert_rule_refused, policy, rule_file  # noqa: E402
 
 K = 1  # the action the policies of the known-answer world shift towards
 
 
 def share(s: float, action=K, name: str | None = None) -> Policy:
-    return Policy.model_validate({"name": name or f"share_{s:g}".replace(".", "_"),
-                                  "rule": {"kind": "share", "share": s, "action": action}})
+    return policy(name or f"share_{s:g}".replace(".", "_"), {"kind": "share", "share": s, "action": action})
 
 
 def odds(delta: float, action=K, name: str | None = None) -> Policy:
-    return Policy.model_validate({"name": name or f"odds_{delta:g}".replace(".", "_"),
-                                  "rule": {"kind": "incremental", "delta": delta, "action": action}})
+    return policy(name or f"odds_{delta:g}".replace(".", "_"),
+                  {"kind": "incremental", "delta": delta, "action": action})
 
 
 # -- the rule ------------------------------------------------------------------------------------------------------
@@ -50,9 +49,8 @@ def test_the_toml_rule_parses_and_the_shipped_example_is_not_a_default(tmp_path)
     assert p.stochastic and p.rule.share == 0.2 and p.rule.action == "anchor:on" and p.uses_anchors
     assert [q.name for q in load_policy_refs(["share_on_20"])] == ["share_on_20"]
     assert [q.name for q in default_policies()] == list(DEFAULT_POLICY_NAMES)
-    f = tmp_path / "x.toml"
-    f.write_text('name = "x"\n[rule]\nkind = "share"\nshare = 1.0\n')
-    assert load_policy(f).rule.action == "anchor:on"  # the default action; a share of 1 is allowed
+    # the default action; a share of 1 is allowed
+    assert load_policy(rule_file(tmp_path, "share", "share = 1.0")).rule.action == "anchor:on"
 
 
 @pytest.mark.parametrize("body, field", [
@@ -61,10 +59,7 @@ def test_the_toml_rule_parses_and_the_shipped_example_is_not_a_default(tmp_path)
     ('share = 0.2\naction = "anchor:mid"', "unknown anchor 'anchor:mid'"),
 ])
 def test_a_bad_share_rule_is_refused_naming_the_field(tmp_path, body, field):
-    f = tmp_path / "bad.toml"
-    f.write_text(f'name = "bad"\n[rule]\nkind = "share"\n{body}\n')
-    with pytest.raises(DataError, match=field.replace(".", r"\.")):
-        load_policy(f)
+    assert_rule_refused(tmp_path, "share", body, field)
 
 
 def test_q_is_the_mixture_and_a_share_of_one_is_always_k():

@@ -12,9 +12,7 @@ import pytest
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
-from fcd_secure.config import build_config  # noqa: E402
 from fcd_secure.data.policy import bind_policy, load_policy_refs  # noqa: E402
-from fcd_secure.federation import learner  # noqa: E402
 from fcd_secure.queries.base import Totals  # noqa: E402
 from fcd_secure.queries.targeted import (  # noqa: E402
     MIN_SUPPORT_ESS,
@@ -29,16 +27,14 @@ from fcd_secure.queries.targeted import (  # noqa: E402
 )
 from fcd_secure.queries.logged import target_probs  # noqa: E402
 from fcd_secure.queries.registry import metric_names  # noqa: E402
+from site_cases import sites_and_untrained_model  # noqa: E402
 
 SMALL = {"seed": 0, "data": {"n_sites": 4, "alpha": 1000.0}}  # the tiny preset: 4 sites, 60 % test
 
 
 @pytest.fixture(scope="module")
 def sites():
-    cfg = build_config("tiny", SMALL)
-    data = [learner.load_site_data(cfg, i) for i in range(4)]
-    model = learner.build_model(cfg, learner.dims_of(data[0].train, 4))
-    return cfg, data, model
+    return sites_and_untrained_model(SMALL)
 
 
 def test_the_gate_allows_every_key_the_targeted_answers_send():

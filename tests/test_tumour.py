@@ -1,86 +1,43 @@
-"""The tumour world (Geng et al. 2017 PK-PD oracle): the generator's contract, CRN replay, confounding, sites that
-differ, and the ground-truth API."""
+"""The tumour world (Geng et al. 2017 PK-PD oracle): its logged columns, the counterfactual arms, confounding, sites
+that differ, the truth's own numbers, and what a run on it shows. The contract every generated world keeps (layout,
+replay, propensities, seeds, batching, config errors, the registered dataset) is in ``test_worlds.py``."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
-from pydantic import ValidationError
+from policy_cases import policy
+from world_cases import Recorder, tiny_world
 
-from fcd_secure.data.partition import dirichlet_assignment, site_splits
-from fcd_secure.data.policy import Policy, anchor_actions, default_policies
+from fcd_secure.data.policy import default_policies
 from fcd_secure.data.registry import load_federated
-from fcd_secure.data.spec import DataError, context_dynamics
+from fcd_secure.data.spec import DataError
 from fcd_secure.data.tumour import ACTION_LABELS, V_DEATH, TumourConfig, generate
 from fcd_secure.data.tumour.pkpd import PatientParams, day, diameter_of, volume_of
 
 
-class Recorder:
-    """Replays a plan (or one action) on every rollout row and records what the rollout shows the policy."""
-
-    needs_context = True
-
-    def __init__(self, plan: np.ndarray | int, name: str = "recorder") -> None:
-        self.plan, self.name = plan, name
-        self.y: np.ndarray | None = None
-        self.ctx: np.ndarray | None = None
-
-    def actions(self, t, y_hist, lengths, a_off, a_on, context=None):
-        self.y, self.ctx = y_hist.copy(), context.copy()
-        if isinstance(self.plan, int):
-            return np.full(len(lengths), self.plan, dtype=np.int64)
-        return np.tile(self.plan[:, t], len(lengths) // len(self.plan))
-
-
-def _policy(name: str, rule: dict) -> Policy:
-    return Policy.model_validate({"name": name, "rule": rule})
-
-
 @pytest.fixture(scope="module")
 def tiny():
-    return generate(TumourConfig.from_preset("tiny"))
+    return tiny_world("tumour")
 
 
 # -- generator contract --------------------------------------------------------------------------------------
-def test_world_layout_and_contract(tiny):
+def test_the_logs_record_the_tumour_its_response_and_the_patients_type(tiny):
+    """The tumour world's own columns (the contract every world keeps: ``test_worlds.py``)."""
     cfg = tiny.cfg
-    assert tiny.n_actions == 4 and len(tiny.train) == len(tiny.test) == cfg.n_sites == 10
-    ids = np.concatenate([d.meta["entity"] for d in tiny.train + tiny.test])
-    assert np.array_equal(np.sort(ids), np.arange(cfg.n_patients))  # splits are disjoint and cover everyone
-    for s, (tr, te) in enumerate(zip(tiny.train, tiny.test)):
-        for ds in (tr, te):
-            assert ds.dx == 4 and ds.da == 2 and ds.L == cfg.max_len and ds.P is not None
-            assert ds.meta["action_names"] == ["none", "chemo", "radio", "both"]
-            assert context_dynamics(ds.meta, ds.da) == ["endogenous", "endogenous"]
-            assert (tiny.site_of[ds.meta["entity"]] == s).all()
-            valid = ds.M > 0
-            assert ds.lengths.min() >= cfg.max_len // 2 and ds.lengths.max() <= cfg.max_len
-            assert (ds.P[valid] >= cfg.epsilon).all() and (ds.P[valid] <= 1).all()
-            # A is the logged tumour on each morning: volume over V(13 cm), diameter over 13 cm
-            V = tiny.V_all[ds.meta["entity"], : cfg.max_len]
-            assert np.allclose(ds.A[..., 0][valid], (V / V_DEATH)[valid], rtol=1e-6)
-            assert np.allclose(ds.A[..., 1][valid], (diameter_of(V) / 13.0)[valid], rtol=1e-6)
-            assert (ds.A[~valid] == 0).all() and (ds.Y[~valid] == 0).all()
-            # Y_t = 1[the next diameter is at most 3 cm]
-            Vn = tiny.V_all[ds.meta["entity"], 1:]
-            assert np.array_equal(ds.Y[valid] > 0, (Vn <= volume_of(3.0))[valid])
-            # X: patient type one-hot and the stage at diagnosis
-            assert np.array_equal(ds.X[:, :3].sum(1), np.ones(ds.n)) and set(np.unique(ds.X[:, 3])) <= {0, .25, .5, .75, 1}
+    for ds in tiny.train + tiny.test:
+        valid = ds.M > 0
+        # A is the logged tumour on each morning: volume over V(13 cm), diameter over 13 cm
+        V = tiny.V_all[ds.meta["entity"], : cfg.max_len]
+        assert np.allclose(ds.A[..., 0][valid], (V / V_DEATH)[valid], rtol=1e-6)
+        assert np.allclose(ds.A[..., 1][valid], (diameter_of(V) / 13.0)[valid], rtol=1e-6)
+        # Y_t = 1[the next diameter is at most 3 cm]
+        Vn = tiny.V_all[ds.meta["entity"], 1:]
+        assert np.array_equal(ds.Y[valid] > 0, (Vn <= volume_of(3.0))[valid])
+        # X: patient type one-hot and the stage at diagnosis
+        assert np.array_equal(ds.X[:, :3].sum(1), np.ones(ds.n)) and set(np.unique(ds.X[:, 3])) <= {0, .25, .5, .75, 1}
     # anchors: the project's rule picks "none" (most logged) and "chemo" (second)
-    assert tiny.anchors == anchor_actions(tiny.train) == (0, 1)
-    sizes = np.array([tr.n + te.n for tr, te in zip(tiny.train, tiny.test)])
-    assert sizes.min() >= 2 and sizes.max() > sizes.min()
-
-
-def test_sites_and_splits_follow_the_projects_rules(tiny):
-    cfg = tiny.cfg
-    site_of = dirichlet_assignment(np.zeros(cfg.n_patients, dtype=np.int64), cfg.n_sites, cfg.dirichlet_alpha, cfg.seed)
-    assert np.array_equal(tiny.site_of, site_of)
-    for s, (tr, te) in enumerate(site_splits(site_of, cfg.n_sites, cfg.test_fraction, cfg.seed)):
-        assert np.array_equal(tiny.train[s].meta["entity"], tr)
-        assert np.array_equal(tiny.test[s].meta["entity"], te)
+    assert tiny.anchors == (0, 1)
 
 
 def test_sites_differ_in_case_mix_and_practice():
@@ -98,12 +55,6 @@ def test_sites_differ_in_case_mix_and_practice():
 
 
 # -- common random numbers -----------------------------------------------------------------------------------
-def test_replay_of_logged_actions_reproduces_logged_outcomes_exactly(tiny):
-    for s in range(tiny.n_sites):
-        for split, sets in (("train", tiny.train), ("test", tiny.test)):
-            assert np.array_equal(tiny.replay_logged(s, split), sets[s].Y)
-
-
 def test_counterfactual_arm_with_the_logged_actions_is_the_factual_arm(tiny):
     ids = tiny.patient_ids(None, "test")
     t0, H = tiny.anchor_step, tiny.L - tiny.anchor_step
@@ -120,47 +71,19 @@ def test_counterfactual_arm_with_the_logged_actions_is_the_factual_arm(tiny):
     assert H == alt.shape[1]
 
 
-def test_same_seed_same_data_and_truth_different_seed_different_data(tiny):
-    again = generate(TumourConfig.from_preset("tiny"))
-    other = generate(TumourConfig.from_preset("tiny", seed=1))
-    for a, b in zip(tiny.train + tiny.test, again.train + again.test):
-        for key in ("X", "A", "T", "Y", "M", "P"):
-            assert np.array_equal(getattr(a, key), getattr(b, key)), key
-    assert np.array_equal(tiny.true_effects(None, "test"), again.true_effects(None, "test"))
-    never = default_policies()[0]
-    assert np.array_equal(tiny.policy_value_per_rollout(never), again.policy_value_per_rollout(never))
-    assert not np.array_equal(tiny.V_all, other.V_all) and not np.array_equal(tiny.T_all, other.T_all)
-
-
-def test_rollout_zero_replays_the_log_and_contexts_follow_the_policy(tiny):
+def test_the_contexts_follow_the_policy(tiny):
+    """Under another policy than the logged one the contexts are that policy's: "both" every day shrinks every tumour
+    at least as much as "none", rollout by rollout (same noise), and strictly for someone (rollout 0 under the logged
+    actions replays the logs: ``test_worlds.py``)."""
     ids = tiny.patient_ids(None, "test")
-    logged = Recorder(tiny.T_all[ids])
-    tiny.policy_values_of(logged, ids, n_rollouts=1)
-    # with the logged actions, rollout 0 regenerates the logged outcomes and the logged (endogenous) contexts
     M = tiny._valid(ids)
-    L = tiny.L
-    assert np.array_equal(logged.y[:, : L - 1][M[:, :-1]], tiny.Y_all[ids][:, :-1][M[:, :-1]])
     A = np.concatenate([d.A for d in tiny.test])
-    assert np.array_equal(logged.ctx[M], A[M])
-    # under another policy the contexts are that policy's: "both" every day shrinks every tumour at least as much as
-    # "none", rollout by rollout (same noise), and strictly for someone
     both, none = Recorder(3), Recorder(0)
     tiny.policy_values_of(both, ids, n_rollouts=4)
     tiny.policy_values_of(none, ids, n_rollouts=4)
     assert (both.ctx[..., 0] <= none.ctx[..., 0]).all() and (both.ctx[..., 0] < none.ctx[..., 0]).any()
     assert (both.y >= none.y).all()
     assert not np.array_equal(none.ctx[: len(ids)][M], A[M])  # not the logged contexts
-
-
-def test_logged_propensities_are_the_policy_probabilities(tiny):
-    pi = tiny.logging_propensities(None, "train", actions=[0, 1, 2, 3])
-    ids = tiny.patient_ids(None, "train")
-    valid = tiny._valid(ids)
-    assert np.allclose(pi.sum(-1)[valid], 1.0)
-    T, P = tiny.T_all[ids], tiny.P_all[ids]
-    taken = np.take_along_axis(pi, T[:, :, None], axis=2)[..., 0]
-    assert np.allclose(taken[valid], P[valid], rtol=0, atol=1e-12)
-    assert np.nanmin(pi) >= tiny.cfg.epsilon
 
 
 # -- ground truth ---------------------------------------------------------------------------------------------
@@ -180,50 +103,18 @@ def test_exact_response_probability_matches_the_realised_dynamics():
         assert np.allclose(y.reshape(3, n).mean(1), p, atol=0.005), a
 
 
-def test_outcome_probs_do_and_true_effects(tiny, monkeypatch):
-    a_off, a_on = tiny.anchors
-    t0 = tiny.anchor_step
-    one = tiny.true_effects(2, "test", anchor=t0, horizon=1)
-    exact = tiny.outcome_probs_do(2, "test", None, t0, a_on) - tiny.outcome_probs_do(2, "test", None, t0, a_off)
-    assert np.allclose(one, exact, atol=1e-12)  # one day needs no Monte Carlo
-    tau = tiny.true_effects(None, "test")
-    assert tau.shape == (sum(d.n for d in tiny.test),) and np.isfinite(tau).all()
-    assert tau.std() > 0.05  # heterogeneous: a small tumour is within T1 anyway, a mid-sized one is brought under
-    assert not np.allclose(tiny.true_effects(None, "test", horizon=1), tau, atol=1e-3)  # multi-day ≠ one-day
-    # counter-based noise: a row's truth does not depend on which other rows are in the batch
-    site3 = tiny.true_effects(3, "test")
-    start = sum(d.n for d in tiny.test[:3])
-    assert np.allclose(site3, tau[start : start + len(site3)], atol=1e-12)
-    assert np.allclose(tiny.true_effects(3, "test", rows=[1]), site3[1:2], atol=1e-12)
-    import fcd_secure.data.tumour.truth as truth_mod
-
-    early = default_policies()[2]
-    whole = tiny.policy_value_per_rollout(early)
-    monkeypatch.setattr(truth_mod, "MAX_BATCH_ROWS", 40)
-    assert np.allclose(tiny.true_effects(None, "test"), tau, atol=1e-12)
-    assert np.allclose(tiny.policy_value_per_rollout(early), whole, atol=1e-12)
-
-
-def test_policy_values_policies_by_label_and_site_consistency(tiny):
+def test_policy_values_by_label_and_on_the_simulated_diameter(tiny):
     policies = {p.name: p for p in default_policies()}
     values = {n: tiny.true_policy_value(p) for n, p in policies.items()}
-    for v, se in values.values():
-        assert 0 < v < 1 and 0 <= se < 0.01
     assert values["always"][0] - values["never"][0] > 0.05  # chemotherapy every day keeps more tumours within T1
     # a policy names an action by its label; "both" every day is at least as good as "chemo" (same noise)
-    both = tiny.true_policy_value(_policy("both_daily", {"kind": "static", "action": "both"}))[0]
-    chemo = tiny.true_policy_value(_policy("chemo_daily", {"kind": "static", "action": "chemo"}))[0]
+    both = tiny.true_policy_value(policy("both_daily", {"kind": "static", "action": "both"}))[0]
+    chemo = tiny.true_policy_value(policy("chemo_daily", {"kind": "static", "action": "chemo"}))[0]
     assert both >= chemo == pytest.approx(values["always"][0], abs=1e-12)
     # a rule on the simulated diameter: treat while the tumour is larger than 3 cm
-    rule = _policy("treat_large", {"kind": "threshold", "signal": "context:tumour_diameter", "when": "above",
-                                   "value": 3.0 / 13.0, "then": "both", "otherwise": "none"})
+    rule = policy("treat_large", {"kind": "threshold", "signal": "context:tumour_diameter", "when": "above",
+                                  "value": 3.0 / 13.0, "then": "both", "otherwise": "none"})
     assert values["never"][0] < tiny.true_policy_value(rule)[0] <= both + 1e-12
-    with pytest.raises(DataError, match="not a label"):
-        tiny.true_policy_value(_policy("bad", {"kind": "static", "action": "surgery"}))
-    # per-site values, weighted by site size, add up to the pooled value (noise is keyed per patient)
-    sizes = np.array([d.n for d in tiny.test])
-    by_site = np.array([tiny.true_policy_value(policies["early_on"], site=s)[0] for s in range(tiny.n_sites)])
-    assert (by_site * sizes).sum() / sizes.sum() == pytest.approx(values["early_on"][0], abs=1e-12)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -245,60 +136,12 @@ def test_confounding_bias_follows_the_behaviour_policy_and_grows_with_gamma(seed
     assert np.all(np.diff(bias) < -0.02)  # and the bias grows with γ
 
 
-def test_config_errors_name_the_field():
-    with pytest.raises(ValidationError, match="epsilon"):
-        TumourConfig.from_preset("tiny", epsilon=0.3)
-    with pytest.raises(ValidationError, match="anchor_step"):
-        TumourConfig.from_preset("tiny", anchor_step=6)
-    with pytest.raises(ValidationError, match="n_patients"):
-        TumourConfig.from_preset("tiny", n_patients=10)
-    with pytest.raises(ValueError, match="unknown tumour preset"):
-        TumourConfig.from_preset("huge")
-    with pytest.raises(ValidationError):
-        TumourConfig.from_preset("tiny", no_such_field=1)
-
-
-def test_describe_reports_truth_case_mix_and_confounding(tiny):
+def test_describe_reports_labels_case_mix_and_confounding(tiny):
     d = tiny.describe()
-    json.dumps(d)  # plain JSON-able numbers for `--json` output
     assert d["anchors"] == {"a_off": 0, "a_on": 1, "a_off_label": "none", "a_on_label": "chemo"}
-    assert sum(d["n_train"]) + sum(d["n_test"]) == tiny.cfg.n_patients
-    assert d["true_ate_test"] == pytest.approx(float(np.mean(tiny.true_effects(None, "test"))), abs=1e-12)
-    assert set(d["true_policy_values_test"]) == {"never", "always", "early_on", "late_on"}
-    assert d["min_logged_propensity"] >= tiny.cfg.epsilon
     assert len(d["sites"]) == 10 and set(d["sites"][0]["action_share"]) == set(ACTION_LABELS)
     c = d["one_step_contrast_train"]
     assert c["naive"] < c["true"] - 0.05  # even the tiny preset at the default γ = 2 is visibly confounded
-
-
-def test_registered_dataset_carries_the_oracle_and_endogenous_contexts():
-    fd = load_federated("tumour", n_sites=4, seed=3, preset="tiny")
-    assert fd.name == "tumour" and fd.n_sites == 4 and fd.anchors == (0, 1)
-    assert fd.oracle.cfg.seed == 3 and fd.oracle.cfg.n_sites == 4
-    assert fd.description["contexts"] == {"endogenous": ["tumour_volume", "tumour_diameter"], "exogenous": []}
-    assert fd.description["oracle"]["true_ate_test"] == pytest.approx(float(fd.oracle.true_effects(None).mean()))
-    with pytest.raises(DataError, match="unknown preset"):
-        load_federated("tumour", preset="huge")
-    with pytest.raises(DataError, match="n_patients"):
-        load_federated("tumour", n_sites=200, preset="tiny")
-
-
-def test_a_tumour_run_names_its_actions_and_generates_its_contexts():
-    """What the server shows for ``fcd run --dataset tumour`` before any site answers, and the label check that
-    turns a policy naming an action the tumour world does not have into exit 2 before the engine starts."""
-    from fcd_secure.config import build_config
-    from fcd_secure.queries.vocabulary import action_labels, bind_policies, context_columns
-
-    cfg = build_config("tiny", {"data": {"dataset": "tumour"}})
-    assert action_labels(cfg) == ["none", "chemo", "radio", "both"]
-    assert context_columns(cfg) == {"generated_columns": ["tumour_volume", "tumour_diameter"], "replayed_columns": []}
-    off = build_config("tiny", {"data": {"dataset": "tumour"}, "model": {"use_context": False}})
-    assert context_columns(off) == {"generated_columns": [], "replayed_columns": ["tumour_volume", "tumour_diameter"]}
-    bind_policies(cfg, [_policy("both_daily", {"kind": "static", "action": "both"}),
-                         _policy("treat_large", {"kind": "threshold", "signal": "context:tumour_diameter",
-                                                 "when": "above", "value": 0.23, "then": "both", "otherwise": "none"})])
-    with pytest.raises(DataError, match="surgery"):
-        bind_policies(cfg, [_policy("bad", {"kind": "static", "action": "surgery"})])
 
 
 def test_centralised_simulators_generate_the_tumours_endogenous_contexts(one_torch_thread):
@@ -318,28 +161,6 @@ def test_centralised_simulators_generate_the_tumours_endogenous_contexts(one_tor
         assert not np.allclose(res.context_values[:, 0, 1:], test.A[:, 3:6]), name
     naive, _ = train_centralised(SIMULATORS["naive"], cfg, epochs=1)
     assert naive.simulate(test, 3, 1, 0, start_t=2, horizon=2).contexts["generated"] == []
-
-
-def test_gamma_of_the_run_config_reaches_the_generator():
-    """``data.gamma`` (``fcd run --gamma``) is the confounding strength the tumour world is generated with: a federated
-    γ sweep runs through ``fcd run``; the default stays the generator's 2."""
-    from fcd_secure.cli.resolve import RunOptions, resolve_config
-    from fcd_secure.config import build_config
-    from fcd_secure.federation import learner
-
-    weak = build_config("tiny", {"data": {"dataset": "tumour", "gamma": 0.0}})
-    default = build_config("tiny", {"data": {"dataset": "tumour"}})
-    fd0, fd2 = learner.load_federated(weak), learner.load_federated(default)
-    assert fd0.oracle.cfg.gamma == 0.0 and fd0.description["oracle"]["gamma"] == 0.0
-    assert fd2.oracle.cfg.gamma == 2.0 and default.data.gamma is None
-    assert not np.array_equal(fd0.train[0].P, fd2.train[0].P)  # the logging policy changed, not just a label
-    assert learner.data_key(weak) != learner.data_key(default)  # no cached γ = 2 world answers a γ = 0 run
-    assert weak.training_hash() != default.training_hash()  # a γ = 2 checkpoint never resumes a γ = 0 run
-    opts = RunOptions(preset="tiny", dataset="tumour", gamma=3.5)
-    assert resolve_config(opts).data.gamma == 3.5
-    c0 = fd0.description["oracle"]["one_step_contrast_train"]
-    assert abs(c0["naive"] - c0["true"]) < abs(fd2.description["oracle"]["one_step_contrast_train"]["naive"]
-                                                - fd2.description["oracle"]["one_step_contrast_train"]["true"])
 
 
 @pytest.mark.parametrize("args, field", [

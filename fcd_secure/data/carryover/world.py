@@ -131,15 +131,6 @@ class CarryoverWorld(OracleWorld):
 
     def _describe_world(self) -> dict[str, Any]:
         """Each site's case mix (over its train and test patients) and practice."""
-        sites = []
-        for s, ds in enumerate(self.train):
-            pid = np.concatenate([ds.meta["entity"], self.test[s].meta["entity"]])
-            tv = ds.T[ds.M > 0]
-            sites.append({
-                "site": s,
-                "mean_untreated_severity": float(self.params.mu[pid].mean()),
-                "action_share": {k: float((tv == i).mean()) for i, k in enumerate(ACTION_LABELS)},
-                "casemix_shift": float(self.site_params["casemix_shift"][s]),
-                "practice_shift": float(self.site_params["practice_shift"][s]),
-            })
-        return {"sites": sites}
+        return self._labelled_sites(ACTION_LABELS, lambda pid: {
+            "mean_untreated_severity": float(self.params.mu[pid].mean()),
+        }, ("casemix_shift", "practice_shift"))

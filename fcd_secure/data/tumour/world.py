@@ -161,16 +161,7 @@ class TumourWorld(OracleWorld):
 
     def _describe_world(self) -> dict[str, Any]:
         """Each site's case mix (over its train and test patients) and practice."""
-        sites = []
-        for s, ds in enumerate(self.train):
-            pid = np.concatenate([ds.meta["entity"], self.test[s].meta["entity"]])
-            tv = ds.T[ds.M > 0]
-            sites.append({
-                "site": s,
-                "stage_share": {k: float((self.stage[pid] == i).mean()) for i, k in enumerate(STAGES)},
-                "mean_initial_diameter_cm": float(diameter_of(self.V_all[pid, 0]).mean()),
-                "action_share": {k: float((tv == i).mean()) for i, k in enumerate(ACTION_LABELS)},
-                "chemo_shift": float(self.site_params["chemo_shift"][s]),
-                "radio_shift": float(self.site_params["radio_shift"][s]),
-            })
-        return {"sites": sites}
+        return self._labelled_sites(ACTION_LABELS, lambda pid: {
+            "stage_share": {k: float((self.stage[pid] == i).mean()) for i, k in enumerate(STAGES)},
+            "mean_initial_diameter_cm": float(diameter_of(self.V_all[pid, 0]).mean()),
+        }, ("chemo_shift", "radio_shift"))

@@ -11,7 +11,7 @@ mechanism (the abstract methods of :class:`OracleWorld`).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
@@ -420,6 +420,23 @@ class OracleWorld(ABC):
             "anchors": {"a_off": a_off, "a_on": a_on, "a_off_label": labels[a_off], "a_on_label": labels[a_on]},
             "action_share_train": {k: float((T[valid] == i).mean()) for i, k in enumerate(labels)},
         }
+
+    def _labelled_sites(self, labels: tuple[str, ...], case_mix: Callable[[np.ndarray], dict[str, Any]],
+                        practice: tuple[str, ...]) -> dict[str, Any]:
+        """:meth:`_describe_world`'s per-site entries of a world whose every action has a label (``labels``, by id):
+        each site's case mix (``case_mix(ids)`` of its train and test entities' global ids), its logged actions'
+        shares, and its practice (the ``site_params`` named in ``practice``), in that order."""
+        sites = []
+        for s, ds in enumerate(self.train):
+            ids = np.concatenate([ds.meta["entity"], self.test[s].meta["entity"]])
+            tv = ds.T[ds.M > 0]
+            sites.append({
+                "site": s,
+                **case_mix(ids),
+                "action_share": {k: float((tv == i).mean()) for i, k in enumerate(labels)},
+                **{name: float(self.site_params[name][s]) for name in practice},
+            })
+        return {"sites": sites}
 
     def _support_figures(self, pi: np.ndarray) -> dict[str, float]:
         """How much logged support an anchor has: the 1st percentile and the median of its propensity (NaN-padded)."""
