@@ -30,7 +30,7 @@ readiness). Printed per world and seed:
   include the truth; whether the Γ = 1 line is labelled as resting on no unrecorded confounder. With the logged P the
   true Γ is 1 (DKT-Synth and the tumour world log e*_t itself).
 
-The toy world of ``tests/test_sensitivity.py`` (one step, a binary hidden U of known strength, the true P(T | X) and
+The toy world of ``data.worlds.hidden_confounder`` (one step, a binary hidden U of known strength, the true P(T | X) and
 the true outcome model) gives the figure docs/whatif.md quotes: the bounds at its true Γ cover the truth while the
 Γ = 1 estimate misses it, per seed (``--toy-seeds``; no training, a second).
 
@@ -48,7 +48,6 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 import json  # noqa: E402
 import re  # noqa: E402
-import runpy  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -231,17 +230,17 @@ def one_seed(dataset: str, preset: str, seed: int, rounds: int, sites: int) -> d
 
 
 def toy_sensitivity(seeds: list[int]) -> list[dict]:
-    """The one-step toy world of ``tests/test_sensitivity.py`` (read from it: one definition), per seed: its true Γ,
-    whether the Γ = 1 interval misses the truth and whether the bounds at the true Γ include it."""
+    """The one-step toy world (``data.worlds.hidden_confounder``, which ``tests/test_sensitivity.py`` checks), per
+    seed: its true Γ, whether the Γ = 1 interval misses the truth and whether the bounds at the true Γ include it."""
+    from fcd_secure.data.worlds.hidden_confounder import one_step_hidden_confounder  # noqa: PLC0415
     from fcd_secure.queries.base import Totals  # noqa: PLC0415
-    from fcd_secure.queries.sensitivity import merge_sensitivity  # noqa: PLC0415
+    from fcd_secure.queries.sensitivity import bound_sums, merge_sensitivity  # noqa: PLC0415
 
-    toy = runpy.run_path(str(ROOT / "tests" / "test_sensitivity.py"))
     out = []
     for seed in seeds:
-        arrays, truth, gamma = toy["_world"](6_000, seed, 1.0)
+        arrays, truth, gamma = one_step_hidden_confounder(6_000, seed, 1.0)
         grid = tuple(sorted({1.0, gamma}))
-        got = merge_sensitivity(Totals(toy["_sums"](arrays, grid), sites=1), 0.9, binary=True, gammas=grid)
+        got = merge_sensitivity(Totals(bound_sums(*arrays, 1, 0, grid), sites=1), 0.9, binary=True, gammas=grid)
         one, at = got["grid"][0], got["grid"][-1]
         out.append({"seed": seed, "truth": truth, "gamma": gamma, "estimate": one["low"],
                     "gamma1_misses": not one["low_ci"] <= truth <= one["high_ci"],
@@ -374,7 +373,7 @@ def report(out: dict) -> None:
                   f"{sum(r['estimated']['gamma1_labelled'] for r in rows)} of {len(rows)}")
     toy = out.get("toy") or []
     if toy:
-        con.print(f"toy world of tests/test_sensitivity.py (6,000 entities, one step, hidden U of strength 1): the "
+        con.print(f"toy world data.worlds.hidden_confounder (6,000 entities, one step, hidden U of strength 1): the "
                   f"bounds at the true Γ ({min(x['gamma'] for x in toy):.2f}–{max(x['gamma'] for x in toy):.2f}) "
                   f"include the truth on {sum(x['bounds_include'] for x in toy)} of {len(toy)} seeds; the Γ = 1 "
                   f"estimate's interval misses it on {sum(x['gamma1_misses'] for x in toy)} of {len(toy)}")
