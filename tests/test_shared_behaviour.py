@@ -171,6 +171,6 @@ def test_the_sites_use_the_shared_model_where_they_used_their_own(world, shared)
 
 
 def test_a_shared_fit_with_too_many_coefficients_is_refused():
-    F, a = np.zeros((5, 40)), np.zeros(5, np.int64)
+    F, a = np.zeros((5, 40)), np.zeros(5, np.int64)  # 41 × 12 coefficients
     with pytest.raises(SharedFitError, match="at most"):
         shared_fit_sums(F, a, 12, SharedFitStep())

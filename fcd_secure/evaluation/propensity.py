@@ -224,14 +224,16 @@ class RecordPropensity(HistoryPropensity):
 SHARED_FIT_SCALARS = ("behaviour_fit.n", "behaviour_fit.loss")
 SHARED_FIT_LISTS = ("behaviour_fit.f1", "behaviour_fit.f2", "behaviour_fit.grad", "behaviour_fit.hess")
 #: the most coefficients ((features + 1) × actions) of a shared fit: the Hessian's upper triangle is one list of
-#: c(c + 1)/2 sums, 80,200 at the cap; beyond it a consortium keeps the sites' own models
-MAX_SHARED_COEFS = 400
+#: c(c + 1)/2 sums, 20,100 at the cap (the egress gate's bound on every masked evaluation vector grows with it);
+#: beyond it a consortium keeps the sites' own models
+MAX_SHARED_COEFS = 200
 
 
 def shared_list_caps() -> dict[str, int]:
     """The longest each list of :data:`SHARED_FIT_LISTS` can be (the egress gate's caps)."""
     return {"behaviour_fit.f1": MAX_SHARED_COEFS, "behaviour_fit.f2": MAX_SHARED_COEFS,
-            "behaviour_fit.grad": MAX_SHARED_COEFS, "behaviour_fit.hess": MAX_SHARED_COEFS * (MAX_SHARED_COEFS + 1) // 2}
+            "behaviour_fit.grad": MAX_SHARED_COEFS,
+            "behaviour_fit.hess": MAX_SHARED_COEFS * (MAX_SHARED_COEFS + 1) // 2}
 
 
 class SharedFitError(ValueError):
