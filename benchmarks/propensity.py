@@ -30,12 +30,12 @@ readiness). Printed per world and seed:
   include the truth; whether the Γ = 1 line is labelled as resting on no unrecorded confounder. With the logged P the
   true Γ is 1 (DKT-Synth and the tumour world log e*_t itself).
 
-The toy world of ``tests/test_sensitivity.py`` (one step, a binary hidden U of known strength, the true P(T | X) and
+The toy world of ``data.worlds.hidden_confounder`` (one step, a binary hidden U of known strength, the true P(T | X) and
 the true outcome model) gives the figure docs/whatif.md quotes: the bounds at its true Γ cover the truth while the
 Γ = 1 estimate misses it, per seed (``--toy-seeds``; no training, a second).
 
     .venv/bin/python benchmarks/propensity.py                # DKT-Synth and tumour, small worlds, 4 sites, 4 rounds, seeds 0-4
-    .venv/bin/python benchmarks/propensity.py --quick        # DKT-Synth, seed 0, 2 rounds: checks the script
+    .venv/bin/python benchmarks/propensity.py --quick        # DKT-Synth tiny, seed 0, 2 rounds: checks the script
     .venv/bin/python benchmarks/propensity.py --json > out.json
     .venv/bin/python benchmarks/propensity.py --load out.json  # the tables of a saved --json output
 """
@@ -48,7 +48,6 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 import json  # noqa: E402
 import re  # noqa: E402
-import runpy  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -70,6 +69,9 @@ ROOT = Path(__file__).resolve().parents[1]
 MAX_ERROR_RATIO, COVERAGE = 1.5, (0.80, 0.95)
 #: the table's propensity column and the spec's line naming it (``data.long_tables.spec_text``)
 P_COLUMN, P_SPEC_LINE = "propensity", 'propensity = "propensity"\n'
+#: the table runs' test fraction; the quick form's tiny world (300 entities over 4 sites) holds out more, so that
+#: every site's test rows stay above the evaluation's cohort floor and the answers are computed as in the full form
+TEST_FRACTION, QUICK_TEST_FRACTION = 0.2, 0.4
 
 
 def export_tables(dataset: str, preset: str, sites: int, seed: int, folder: Path) -> dict[str, tuple[Path, Path]]:
@@ -95,16 +97,25 @@ def export_tables(dataset: str, preset: str, sites: int, seed: int, folder: Path
     return out
 
 
-def run_table(spec: Path, table: Path, seed: int, rounds: int, sites: int, folder: Path):
-    """One ``fcd run --spec SPEC --table TABLE --preset tiny`` (module docstring): the config and its result."""
+def table_config(spec: Path, table: Path, seed: int, rounds: int, sites: int, folder: Path,
+                 test_fraction: float = TEST_FRACTION):
+    """The config of ``fcd run --spec SPEC --table TABLE --preset tiny`` (module docstring)."""
     from fcd_secure.config import build_config  # noqa: PLC0415
-    from fcd_secure.engines.inprocess import run_inprocess  # noqa: PLC0415
 
-    cfg = build_config("tiny", {
-        "seed": seed, "data": {"dataset": "spec", "spec": str(spec), "table": str(table), "test_fraction": 0.2},
+    return build_config("tiny", {
+        "seed": seed,
+        "data": {"dataset": "spec", "spec": str(spec), "table": str(table), "test_fraction": test_fraction},
         "federation": {"clients_per_round": sites, "rounds": rounds, "eval_every": 1},
         "model": {"ipw": "off"}, "state_dir": str(folder / "state"), "out": str(folder / "run"),
     })
+
+
+def run_table(spec: Path, table: Path, seed: int, rounds: int, sites: int, folder: Path,
+              test_fraction: float = TEST_FRACTION):
+    """One ``fcd run --spec SPEC --table TABLE --preset tiny`` (module docstring): the config and its result."""
+    from fcd_secure.engines.inprocess import run_inprocess  # noqa: PLC0415
+
+    cfg = table_config(spec, table, seed, rounds, sites, folder, test_fraction)
     return cfg, run_inprocess(cfg)
 
 
@@ -165,6 +176,46 @@ def ipw_contrast(sites: list[dict]) -> float:
     return s / m
 
 
+def shared_vs_site(per_site: list[dict]) -> dict:
+    """The sites' own behaviour models against one shared by the consortium (``evaluation.propensity.fit_shared``,
+    the pooled Newton fit; its sums are added here in one process, the masked path is
+    ``tests/test_shared_behaviour.py``'s), on the same test rows: plain IPW's |error| on the one-step contrast (the
+    answers' AIPW with the shared model needs the run to fit it, not wired yet) and the mean |P̂ − e*| against the
+    logging policy's true probability of the logged action, over the valid test steps. ``{"refused": why}`` where the
+    model has more coefficients than a shared fit takes (DKT-Synth's 50 actions)."""
+    from fcd_secure.evaluation.propensity import (  # noqa: PLC0415
+        RecordPropensity,
+        SharedFitError,
+        fit_shared,
+        shared_fit_sums,
+    )
+    from fcd_secure.federation.learner import with_propensities  # noqa: PLC0415
+
+    tr = per_site[0]["data"].train
+    model = RecordPropensity(tr.n_actions, tr.da, tr.X.reshape(tr.n, -1).shape[1])
+    designs = [model.training_design(x["data"].train) for x in per_site]
+
+    def ask(step):
+        parts = [shared_fit_sums(F, a, tr.n_actions, step) for F, a in designs]
+        return {k: np.sum([np.asarray(p[k], np.float64) for p in parts], axis=0) for k in parts[0]}
+
+    try:
+        steps = fit_shared(model, designs[0][0].shape[1], ask)
+    except SharedFitError as exc:
+        return {"refused": str(exc)}
+    shared = [{**x, "data": with_propensities(x["data"], "estimated", behaviour=model)} for x in per_site]
+    truth = float(np.concatenate([x["truth"][x["data"].test.M > 0] for x in per_site]).mean())
+
+    def p_error(rows: list[dict]) -> float:
+        return float(np.concatenate([np.abs(x["data"].test.P - x["e_star"])[x["data"].test.M > 0]
+                                     for x in rows]).mean())
+
+    return {"newton_steps": steps, "coefficients": int(model.coef.size), "truth": truth,
+            "ipw_error_site": abs(ipw_contrast(per_site) - truth),
+            "ipw_error_shared": abs(ipw_contrast(shared) - truth),
+            "p_error_site": p_error(per_site), "p_error_shared": p_error(shared)}
+
+
 def true_gamma(sites: list[dict]) -> dict:
     """The world's Γ against the propensities the answer weights by: over the test steps that logged a_on or a_off,
     max of odds(e*)/odds(P) and its inverse (the marginal sensitivity model's bound must hold at every such step);
@@ -190,7 +241,8 @@ def gamma_check(sens: dict | None, gamma: float, truth: float) -> dict | None:
             "includes": bool(row["low_ci"] <= truth <= row["high_ci"])}
 
 
-def one_seed(dataset: str, preset: str, seed: int, rounds: int, sites: int) -> dict:
+def one_seed(dataset: str, preset: str, seed: int, rounds: int, sites: int,
+             test_fraction: float = TEST_FRACTION) -> dict:
     from fcd_secure.data.registry import load_federated  # noqa: PLC0415
     from fcd_secure.queries.answers import EvaluationAnswer  # noqa: PLC0415
 
@@ -202,7 +254,7 @@ def one_seed(dataset: str, preset: str, seed: int, rounds: int, sites: int) -> d
     for source, (spec, table) in tables.items():
         err.print(f"{dataset} seed {seed}: run with {source} propensities …")
         t0 = time.perf_counter()
-        cfg, res = run_table(spec, table, seed, rounds, sites, tmp / source)
+        cfg, res = run_table(spec, table, seed, rounds, sites, tmp / source, test_fraction)
         wall = time.perf_counter() - t0
         fe = res.final_eval
         per_site = truth_on_test(cfg, fd)
@@ -227,21 +279,34 @@ def one_seed(dataset: str, preset: str, seed: int, rounds: int, sites: int) -> d
             "gamma1_labelled": bool(ans.sensitivity and "no unrecorded confounder" in ans.sensitivity.lines()[0]),
             "train_loss": [h.get("train_loss") for h in res.history],
         }
+        if source == "estimated":
+            row[source]["shared"] = shared_vs_site(per_site)
     return row
 
 
-def toy_sensitivity(seeds: list[int]) -> list[dict]:
-    """The one-step toy world of ``tests/test_sensitivity.py`` (read from it: one definition), per seed: its true Γ,
-    whether the Γ = 1 interval misses the truth and whether the bounds at the true Γ include it."""
-    from fcd_secure.queries.base import Totals  # noqa: PLC0415
-    from fcd_secure.queries.sensitivity import merge_sensitivity  # noqa: PLC0415
+def shared_seed(dataset: str, preset: str, seed: int, sites: int) -> dict:
+    """:func:`shared_vs_site` alone (no training: the test rows' propensities and truth need only the data)."""
+    from fcd_secure.data.registry import load_federated  # noqa: PLC0415
 
-    toy = runpy.run_path(str(ROOT / "tests" / "test_sensitivity.py"))
+    tmp = Path(tempfile.mkdtemp(prefix="fcd-pbench-"))
+    spec, table = export_tables(dataset, preset, sites, seed, tmp / "export")["estimated"]
+    cfg = table_config(spec, table, seed, 1, sites, tmp / "estimated")
+    fd = load_federated(dataset, n_sites=sites, alpha=1000.0, seed=seed, preset=preset, standardize=False)
+    return {"dataset": dataset, "seed": seed, **shared_vs_site(truth_on_test(cfg, fd))}
+
+
+def toy_sensitivity(seeds: list[int]) -> list[dict]:
+    """The one-step toy world (``data.worlds.hidden_confounder``, which ``tests/test_sensitivity.py`` checks), per
+    seed: its true Γ, whether the Γ = 1 interval misses the truth and whether the bounds at the true Γ include it."""
+    from fcd_secure.data.worlds.hidden_confounder import one_step_hidden_confounder  # noqa: PLC0415
+    from fcd_secure.queries.base import Totals  # noqa: PLC0415
+    from fcd_secure.queries.sensitivity import bound_sums, merge_sensitivity  # noqa: PLC0415
+
     out = []
     for seed in seeds:
-        arrays, truth, gamma = toy["_world"](6_000, seed, 1.0)
+        arrays, truth, gamma = one_step_hidden_confounder(6_000, seed, 1.0)
         grid = tuple(sorted({1.0, gamma}))
-        got = merge_sensitivity(Totals(toy["_sums"](arrays, grid), sites=1), 0.9, binary=True, gammas=grid)
+        got = merge_sensitivity(Totals(bound_sums(*arrays, 1, 0, grid), sites=1), 0.9, binary=True, gammas=grid)
         one, at = got["grid"][0], got["grid"][-1]
         out.append({"seed": seed, "truth": truth, "gamma": gamma, "estimate": one["low"],
                     "gamma1_misses": not one["low_ci"] <= truth <= one["high_ci"],
@@ -257,28 +322,37 @@ def main(
     rounds: int = typer.Option(4, help="rounds per run (every one scored: the selection's candidates)"),
     sites: int = typer.Option(4, help="sites"),
     toy_seeds: str = typer.Option("0-4", help="seeds of the toy world's sensitivity check"),
-    quick: bool = typer.Option(False, help="DKT-Synth, seed 0, 2 rounds: checks the script"),
+    quick: bool = typer.Option(False, help="DKT-Synth's tiny world, seed 0, 2 rounds: checks the script"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object on stdout"),
     save: Path = typer.Option(None, help="also write the JSON output here after every seed (a partial run keeps "
                               "what it finished: --load prints it)"),
     load: Path = typer.Option(None, help="print the tables of a saved --json output instead of running"),
+    shared_only: bool = typer.Option(False, help="only the sites' own behaviour models against one shared model, "
+                                     "per world and seed (no training)"),
 ) -> None:
     if load is not None:
         return report(json.loads(load.read_text()))
+    if shared_only:
+        rows = [shared_seed(w.strip(), data_preset, s, sites) for w in datasets.split(",") if w.strip()
+                for s in parse_seeds(seeds)]
+        print(json.dumps({"machine": machine(), "shared": rows}, indent=1, default=float))
+        return
     torch.set_num_threads(1)
     seed_list, world_list = parse_seeds(seeds), [d.strip() for d in datasets.split(",") if d.strip()]
     unknown = sorted(set(world_list) - {"dkt-synth", "tumour"})
     if unknown:
         raise typer.BadParameter(f"unknown world(s) {unknown}: dkt-synth, tumour", param_hint="--datasets")
+    test_fraction = TEST_FRACTION
     if quick:
-        seed_list, world_list, rounds = seed_list[:1], world_list[:1], 2
+        seed_list, world_list, rounds, data_preset = seed_list[:1], world_list[:1], 2, "tiny"
+        test_fraction = QUICK_TEST_FRACTION
     t0 = time.perf_counter()
     out = {"machine": machine(), "params": {"seeds": seed_list, "datasets": world_list, "data_preset": data_preset,
-                                            "rounds": rounds, "sites": sites},
+                                            "rounds": rounds, "sites": sites, "test_fraction": test_fraction},
            "results": [], "toy": toy_sensitivity(parse_seeds(toy_seeds))}
     for world in world_list:
         for seed in seed_list:
-            out["results"].append(one_seed(world, data_preset, seed, rounds, sites))
+            out["results"].append(one_seed(world, data_preset, seed, rounds, sites, test_fraction))
             out["wall_s"] = time.perf_counter() - t0
             if save is not None:
                 save.write_text(json.dumps(out, indent=1, default=float))
@@ -322,6 +396,15 @@ def report(out: dict) -> None:
                       "yes" if (es["pick_true_error"] or 0) <= (lg["pick_true_error"] or 0) + 1e-12 else "no",
                       f(es["calibration_error"]), f(es["below_floor_share"], ".1%"))
         con.print(t)
+        for r in rows:
+            sh = r["estimated"].get("shared")
+            if sh and "refused" in sh:
+                con.print(f"{world} seed {r['seed']}: shared behaviour model refused ({sh['refused']})")
+            elif sh:
+                con.print(f"{world} seed {r['seed']}: site vs shared P̂: plain IPW |error| {sh['ipw_error_site']:.3f} / "
+                          f"{sh['ipw_error_shared']:.3f}, mean |P̂ − e*| {sh['p_error_site']:.4f} / "
+                          f"{sh['p_error_shared']:.4f} ({sh['newton_steps']} Newton steps, {sh['coefficients']} "
+                          "coefficients)")
         ok = [r for r in rows if r["logged"]["aipw"] and r["estimated"]["aipw"]]
         if ok:
             el = np.mean([_err(r["logged"]["aipw"], r["logged"]["truth"]) for r in ok])
@@ -374,7 +457,7 @@ def report(out: dict) -> None:
                   f"{sum(r['estimated']['gamma1_labelled'] for r in rows)} of {len(rows)}")
     toy = out.get("toy") or []
     if toy:
-        con.print(f"toy world of tests/test_sensitivity.py (6,000 entities, one step, hidden U of strength 1): the "
+        con.print(f"toy world data.worlds.hidden_confounder (6,000 entities, one step, hidden U of strength 1): the "
                   f"bounds at the true Γ ({min(x['gamma'] for x in toy):.2f}–{max(x['gamma'] for x in toy):.2f}) "
                   f"include the truth on {sum(x['bounds_include'] for x in toy)} of {len(toy)} seeds; the Γ = 1 "
                   f"estimate's interval misses it on {sum(x['gamma1_misses'] for x in toy)} of {len(toy)}")

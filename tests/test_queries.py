@@ -39,12 +39,14 @@ def test_the_gate_allows_exactly_the_declared_evaluation_names():
     one gets exactly its names out (the ``eval/`` names besides the round-0 moment sums)."""
     from fcd_secure.apps.egress import federation_policy
     from fcd_secure.data.moments import KEYS as MOMENT_KEYS
+    from fcd_secure.evaluation.propensity import SHARED_FIT_LISTS, SHARED_FIT_SCALARS
 
     pol = federation_policy(2, DEFAULT_POLICY_NAMES)
     evals = {m for m in pol.allowed_metrics if m.startswith("eval/")}
-    moments = {f"eval/{k}" for k in MOMENT_KEYS if k.endswith(".n")}
+    # and the shared behaviour model's sums (tests/test_shared_behaviour.py)
+    moments = {f"eval/{k}" for k in MOMENT_KEYS if k.endswith(".n")} | {f"eval/{k}" for k in SHARED_FIT_SCALARS}
     assert evals - moments == {f"eval/{n}" for n in registry.metric_names(DEFAULT_POLICY_NAMES, 2)}
-    moment_lists = {f"eval/{k}" for k in MOMENT_KEYS}
+    moment_lists = {f"eval/{k}" for k in MOMENT_KEYS} | {f"eval/{k}" for k in SHARED_FIT_LISTS}
     assert {k: v for k, v in pol.allowed_metric_lists.items() if k.startswith("eval/") and k not in moment_lists} == \
         {f"eval/{k}": v for k, v in registry.metric_lists().items()}
 

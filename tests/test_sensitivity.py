@@ -6,44 +6,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fcd_secure.data.worlds.hidden_confounder import one_step_hidden_confounder
 from fcd_secure.queries.answers import EvaluationAnswer
 from fcd_secure.queries.base import Totals
 from fcd_secure.queries.registry import metric_names
-from fcd_secure.queries.sensitivity import GAMMAS, REPORTED, box_bound_terms, merge_sensitivity
-
-
-def _world(n: int, seed: int, strength: float):
-    """One step per entity: X recorded, U hidden; T ~ Bernoulli(σ(X + strength·U)); Y ~ Bernoulli(σ(−0.5 + 0.8 T +
-    0.5 X + 1.5 U)). P is the true Pr(T = t | X) (U integrated out), μ̂ the true E[Y | X, do(t)]: the only error left
-    is the hidden U. Returns the arrays, the true effect and the world's Γ (the largest odds ratio of e*(t|X,U) to
-    P(t|X) over the sample)."""
-    rng = np.random.default_rng(seed)
-    sig = lambda z: 1 / (1 + np.exp(-z))  # noqa: E731
-    X, U = rng.normal(size=n), rng.choice([-1.0, 1.0], size=n)
-    e_true = sig(X + strength * U)
-    T = (rng.random(n) < e_true).astype(int)
-    Y = (rng.random(n) < sig(-0.5 + 0.8 * T + 0.5 * X + 1.5 * U)).astype(float)
-    e_x = 0.5 * (sig(X + strength) + sig(X - strength))
-    P = np.where(T == 1, e_x, 1 - e_x)
-    e_star = np.where(T == 1, e_true, 1 - e_true)
-    odds = lambda p: p / (1 - p)  # noqa: E731
-    gamma = float(np.max(np.maximum(odds(e_star) / odds(P), odds(P) / odds(e_star))))
-    mu = {t: 0.5 * (sig(-0.5 + 0.8 * t + 0.5 * X + 1.5) + sig(-0.5 + 0.8 * t + 0.5 * X - 1.5)) for t in (0, 1)}
-    truth = float((mu[1] - mu[0]).mean())
-    col = lambda v: np.asarray(v, dtype=np.float64)[:, None]  # noqa: E731
-    return (col(Y), np.ones((n, 1)), T[:, None], col(P), col(mu[1]), col(mu[0])), truth, gamma
+from fcd_secure.queries.sensitivity import GAMMAS, REPORTED, bound_sums, box_bound_terms, merge_sensitivity
 
 
 def _sums(arrays, gammas=GAMMAS):
-    Y, M, T, P, mu_on, mu_off = arrays
-    m = M.sum(1)
-    out = {"sens.n": float(len(Y)), "sens.m": float(m.sum()), "sens.mm": float((m * m).sum())}
-    for k, g in enumerate(gammas):
-        for side, terms in zip(("hi", "lo"), box_bound_terms(Y, M, T, P, mu_on, mu_off, 1, 0, g)):
-            S = terms.sum(1)
-            out.update({f"sens.g{k}.{side}.s": S.sum(), f"sens.g{k}.{side}.ss": (S * S).sum(),
-                        f"sens.g{k}.{side}.sm": (S * m).sum()})
-    return out
+    """The ``sens.*`` sums of the toy world's one site (T = 1 the a_on arm)."""
+    return bound_sums(*arrays, 1, 0, gammas)
 
 
 def test_the_gate_allows_every_sensitivity_sum():
@@ -51,7 +23,7 @@ def test_the_gate_allows_every_sensitivity_sum():
 
 
 def test_at_gamma_one_the_bounds_are_the_aipw_estimate_and_they_widen_with_gamma():
-    arrays, _, _ = _world(4_000, 0, 1.0)
+    arrays, _, _ = one_step_hidden_confounder(4_000, 0, 1.0)
     Y, M, T, P, mu_on, mu_off = arrays
     aipw = float(np.mean(mu_on - mu_off + np.where(T == 1, (Y - mu_on) / P, 0) - np.where(T == 0, (Y - mu_off) / P, 0)))
     got = merge_sensitivity(Totals(_sums(arrays), sites=1), 0.9, binary=True)
@@ -66,7 +38,7 @@ def test_at_gamma_one_the_bounds_are_the_aipw_estimate_and_they_widen_with_gamma
 def test_at_the_worlds_true_gamma_the_bounds_cover_the_truth_that_the_estimate_misses(seed):
     """Issue 43 target: hidden confounding of known strength; the Γ-bounds at the world's true Γ include the truth on
     every seed, while the estimate that assumes no unrecorded confounder (Γ = 1) excludes it."""
-    arrays, truth, gamma = _world(6_000, seed, 1.0)
+    arrays, truth, gamma = one_step_hidden_confounder(6_000, seed, 1.0)
     grid = tuple(sorted({1.0, gamma}))
     got = merge_sensitivity(Totals(_sums(arrays, grid), sites=1), 0.9, binary=True, gammas=grid)
     at_one, at_true = got["grid"][0], got["grid"][-1]
@@ -75,7 +47,7 @@ def test_at_the_worlds_true_gamma_the_bounds_cover_the_truth_that_the_estimate_m
 
 
 def test_the_smallest_gamma_that_reverses_the_sign_is_read_on_the_grid_and_rendered():
-    arrays, _, _ = _world(4_000, 3, 1.0)
+    arrays, _, _ = one_step_hidden_confounder(4_000, 3, 1.0)
     got = merge_sensitivity(Totals(_sums(arrays), sites=1), 0.9, binary=True)
     flip = got["gamma_sign_change"]
     assert got["sign_at_1"] != 0 and flip in GAMMAS and flip > 1
@@ -87,7 +59,7 @@ def test_the_smallest_gamma_that_reverses_the_sign_is_read_on_the_grid_and_rende
 
 
 def test_a_gamma_below_one_is_refused():
-    arrays, _, _ = _world(10, 0, 1.0)
+    arrays, _, _ = one_step_hidden_confounder(10, 0, 1.0)
     with pytest.raises(ValueError, match="at least 1"):
         box_bound_terms(*arrays, 1, 0, 0.9)
 

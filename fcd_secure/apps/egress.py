@@ -33,6 +33,7 @@ from fcd_secure.audit.allowlist import HELLO_DIMS, TRAIN_METRICS
 from fcd_secure.data.moments import KEYS as MOMENT_KEYS
 from fcd_secure.data.moments import MAX_MOMENT_COLUMNS
 from fcd_secure.data.policy import DEFAULT_POLICY_NAMES
+from fcd_secure.evaluation.propensity import SHARED_FIT_SCALARS, shared_list_caps
 from fcd_secure.apps.guard import site_error_of
 from fcd_secure.apps.secure_site import secure_reply_check
 from fcd_secure.federation.records import REC_CONFIG, REC_EVAL, REC_HELLO, REC_METRICS, REC_NUM
@@ -75,9 +76,13 @@ def federation_policy(
     # (``federation.secure.secure_stats``)
     moments = {f"{REC_EVAL}/{k}" for k in MOMENT_KEYS if k.endswith(".n")}
     moment_lists = {f"{REC_EVAL}/{k}": MAX_MOMENT_COLUMNS for k in MOMENT_KEYS if not k.endswith(".n")}
+    # the sums of a consortium's shared behaviour model, by their own names and caps (``evaluation.propensity``,
+    # docs/threats.md P67): nothing else of a site's model of its logging policy may leave
+    behaviour = {f"{REC_EVAL}/{k}" for k in SHARED_FIT_SCALARS}
+    behaviour_lists = {f"{REC_EVAL}/{k}": cap for k, cap in shared_list_caps().items()}
     return base.model_copy(update={
-        "allowed_metrics": frozenset(base.allowed_metrics | moments),
-        "allowed_metric_lists": {**base.allowed_metric_lists, **moment_lists},
+        "allowed_metrics": frozenset(base.allowed_metrics | moments | behaviour),
+        "allowed_metric_lists": {**base.allowed_metric_lists, **moment_lists, **behaviour_lists},
     })
 
 

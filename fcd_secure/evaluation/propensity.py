@@ -13,9 +13,16 @@ known at decision time (:func:`history_features`: t, the last outcome, the mean 
 so far, and the contexts at t), with an L2 penalty, fit by L-BFGS on the valid steps of the site's training rows. The
 problem is convex and starts at zero, so the fit is deterministic. It is fit and used on the site: its coefficients,
 like the propensities it is fit on, never leave it.
+
+A consortium may instead fit one behaviour model together (:func:`fit_shared`, the end of this module): the exact
+pooled fit of the same objective, by Newton's method on per-site sums that travel only through secure aggregation
+(docs/threats.md P67); the sites then use it where they used their own (``federation.learner.with_propensities``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import minimize
@@ -23,7 +30,9 @@ from scipy.special import log_softmax
 
 from fcd_secure.data.schema import SiteDataset
 
-__all__ = ["PROPENSITY_FLOOR", "HistoryPropensity", "RecordPropensity", "history_features"]
+__all__ = ["MAX_SHARED_COEFS", "PROPENSITY_FLOOR", "SHARED_FIT_LISTS", "SHARED_FIT_SCALARS", "HistoryPropensity",
+           "RecordPropensity", "SharedFitError", "SharedFitStep", "fit_shared", "history_features", "shared_fit_sums",
+           "shared_list_caps"]
 
 #: the smallest estimated propensity used as a weight's denominator; steps below it are counted (the overlap check)
 PROPENSITY_FLOOR = 0.005
@@ -69,8 +78,9 @@ class HistoryPropensity:
     def _design(self, F: np.ndarray) -> np.ndarray:
         return np.concatenate([np.ones((len(F), 1)), (F - self.mean) / self.scale], axis=1)
 
-    def fit(self, ds: SiteDataset) -> "HistoryPropensity":
-        """Fit on every valid step of ``ds`` (the site's training rows).
+    def training_design(self, ds: SiteDataset) -> tuple[np.ndarray, np.ndarray]:
+        """The raw features and the logged actions of every valid step of ``ds``, ``([n, F], [n])``: what :meth:`fit`
+        fits on, and what a site's sums for the shared model (:func:`shared_fit_sums`) are taken over.
 
         Raises:
             ValueError: ``ds`` has no valid step, or its dimensions differ from the model's.
@@ -86,7 +96,20 @@ class HistoryPropensity:
                 acts.append(ds.T[v, t])
         if not feats:
             raise ValueError(f"{ds.name}: no valid step to fit a propensity model on")
-        F, a = np.concatenate(feats), np.concatenate(acts).astype(np.int64)
+        return np.concatenate(feats), np.concatenate(acts).astype(np.int64)
+
+    def fit(self, ds: SiteDataset) -> "HistoryPropensity":
+        """Fit on every valid step of ``ds`` (the site's training rows).
+
+        Raises:
+            ValueError: ``ds`` has no valid step, or its dimensions differ from the model's.
+        """
+        return self.fit_design(*self.training_design(ds))
+
+    def fit_design(self, F: np.ndarray, a: np.ndarray, tol: float | None = None) -> "HistoryPropensity":
+        """Fit by L-BFGS on raw features ``F`` and logged actions ``a`` (:meth:`training_design`), z-scored by their
+        own mean and standard deviation; ``tol``, where given, is L-BFGS-B's tolerance on the projected gradient and
+        on the relative decrease (``gtol``, ``ftol``; scipy's defaults 1e-5 and 2.2e-9 otherwise)."""
         self.mean, sd = F.mean(0), F.std(0)
         self.scale = np.where(sd > 1e-9, sd, 1.0)
         X = self._design(F)
@@ -103,7 +126,8 @@ class HistoryPropensity:
             grad = X.T @ (np.exp(lp) - onehot) / n + self.l2 * pen * W
             return float(nll), grad.ravel()
 
-        res = minimize(loss, np.zeros(d * K), jac=True, method="L-BFGS-B", options={"maxiter": self.max_iter})
+        res = minimize(loss, np.zeros(d * K), jac=True, method="L-BFGS-B",
+                       options={"maxiter": self.max_iter, **({} if tol is None else {"gtol": tol, "ftol": tol})})
         self.coef = res.x.reshape(d, K)
         return self
 
@@ -183,3 +207,156 @@ class RecordPropensity(HistoryPropensity):
             for j, w in enumerate((np.ones_like(probs), probs, hit)):
                 np.add.at(out, (np.repeat(v, probs.shape[1]), j, k.ravel()), w.ravel())
         return out
+
+
+# -- a behaviour model shared by the consortium ----------------------------------------------------------------------
+#
+# Where a consortium chooses one behaviour model for all its sites, it is the exact pooled fit of the same penalised
+# multinomial logistic regression: the objective is a sum over the sites' training steps, so its gradient and
+# Hessian at any coefficients are sums of per-site sums, and Newton's method on those sums (Boyd & Vandenberghe 2004,
+# "Convex Optimization", §9.5, with backtracking) reaches the pooled optimum. The server learns only the totals
+# (through secure aggregation) and the coefficients it computes from them (docs/threats.md P67).
+
+#: the sums a site sends for the shared behaviour model, named by what they are (the egress gate admits exactly
+#: these: ``apps.egress``; none names a propensity, ``audit.rules.PROPENSITY_NAME``): the step count and the
+#: features' sums and sums of squares (the pooled z-scoring), then at each Newton step the negative log-likelihood,
+#: its gradient ``[F + 1, K]`` and the upper triangle of its Hessian, all summed over the site's training steps
+SHARED_FIT_SCALARS = ("behaviour_fit.n", "behaviour_fit.loss")
+SHARED_FIT_LISTS = ("behaviour_fit.f1", "behaviour_fit.f2", "behaviour_fit.grad", "behaviour_fit.hess")
+#: the most coefficients ((features + 1) × actions) of a shared fit: the Hessian's upper triangle is one list of
+#: c(c + 1)/2 sums, 20,100 at the cap (the egress gate's bound on every masked evaluation vector grows with it);
+#: beyond it a consortium keeps the sites' own models
+MAX_SHARED_COEFS = 200
+
+
+def shared_list_caps() -> dict[str, int]:
+    """The longest each list of :data:`SHARED_FIT_LISTS` can be (the egress gate's caps)."""
+    return {"behaviour_fit.f1": MAX_SHARED_COEFS, "behaviour_fit.f2": MAX_SHARED_COEFS,
+            "behaviour_fit.grad": MAX_SHARED_COEFS,
+            "behaviour_fit.hess": MAX_SHARED_COEFS * (MAX_SHARED_COEFS + 1) // 2}
+
+
+class SharedFitError(ValueError):
+    """The shared fit cannot run: too many coefficients, or no step at all."""
+
+
+@dataclass(frozen=True)
+class SharedFitStep:
+    """What the server sends the sites at one step of the shared fit: nothing (the moments step), or the pooled
+    z-scoring and the current coefficients ``[F + 1, K]`` (a Newton step)."""
+
+    mean: np.ndarray | None = None
+    scale: np.ndarray | None = None
+    coef: np.ndarray | None = None
+
+    def to_json(self) -> dict[str, list | None]:
+        return {k: None if v is None else np.asarray(v, np.float64).ravel().tolist()
+                for k, v in (("mean", self.mean), ("scale", self.scale), ("coef", self.coef))}
+
+    @classmethod
+    def from_json(cls, doc: dict, n_actions: int) -> "SharedFitStep":
+        def arr(k: str) -> np.ndarray | None:
+            return None if doc.get(k) is None else np.asarray(doc[k], np.float64)
+
+        coef = arr("coef")
+        return cls(arr("mean"), arr("scale"), None if coef is None else coef.reshape(-1, int(n_actions)))
+
+
+def shared_fit_sums(F: np.ndarray, a: np.ndarray, n_actions: int, step: SharedFitStep) -> dict[str, object]:
+    """One site's sums for ``step`` over its training steps (raw features ``F``, logged actions ``a``:
+    :meth:`HistoryPropensity.training_design`): at the moments step the count and the features' Σf and Σf², at a
+    Newton step the negative log-likelihood, its gradient and its Hessian's upper triangle at ``step.coef`` on the
+    features z-scored with the pooled ``step.mean`` / ``step.scale`` (with an intercept column, as the model's own
+    design). Sums only: added over the sites they are the pooled ones."""
+    F = np.asarray(F, np.float64)
+    n, K = len(F), int(n_actions)
+    if (F.shape[1] + 1) * K > MAX_SHARED_COEFS:
+        raise SharedFitError(f"{(F.shape[1] + 1) * K} coefficients; a shared fit has at most {MAX_SHARED_COEFS}")
+    out: dict[str, object] = {"behaviour_fit.n": float(n)}
+    if step.coef is None:
+        out.update({"behaviour_fit.f1": F.sum(0).tolist(), "behaviour_fit.f2": (F * F).sum(0).tolist()})
+        return out
+    X = np.concatenate([np.ones((n, 1)), (F - step.mean) / step.scale], axis=1)
+    W = np.asarray(step.coef, np.float64)
+    lp = log_softmax(X @ W, axis=1)
+    P = np.exp(lp)
+    Y = np.zeros((n, K))
+    Y[np.arange(n), a] = 1.0
+    d = X.shape[1]
+    # H = Σ_i (diag p_i − p_i p_iᵀ) ⊗ x_i x_iᵀ, coefficients flattened as W.ravel() (index j·K + k)
+    Z = (X[:, :, None] * P[:, None, :]).reshape(n, d * K)
+    H = -(Z.T @ Z)
+    for k in range(K):
+        H[k::K, k::K] += X.T @ (X * P[:, k : k + 1])
+    out.update({"behaviour_fit.loss": float(-lp[np.arange(n), a].sum()),
+                "behaviour_fit.grad": (X.T @ (P - Y)).ravel().tolist(),
+                "behaviour_fit.hess": H[np.triu_indices(d * K)].tolist()})
+    return out
+
+
+def fit_shared(model: HistoryPropensity, n_features: int, ask: Callable[[SharedFitStep], Mapping[str, object]],
+               max_iter: int = 50, step_tol: float = 1e-7) -> int:
+    """The pooled fit of ``model``'s penalised objective from the consortium's totals; returns the Newton steps taken.
+
+    ``ask(step)`` returns the totals over the sites of :func:`shared_fit_sums` at ``step`` (through secure
+    aggregation in a run; over one site's rows it is the centralised fit). The moments step gives the pooled
+    z-scoring (the features' pooled mean and standard deviation, as :meth:`HistoryPropensity.fit_design` takes them
+    on one site's rows); Newton's method with backtracking (Armijo, halving) from zero then minimises
+    ``−(1/n) Σ log π(a_i | x_i) + (l2 / 2) ‖W‖²`` (intercepts unpenalised), the model's own objective. The intercepts'
+    common shift leaves the objective unchanged (a softmax): the step is solved in the complement of that direction,
+    so the iterates keep the intercepts summing to zero, as L-BFGS from zero does. Stops when no coefficient would
+    move by more than ``step_tol``: the totals' fixed-point encoding (2⁻²⁵ per site and value) moves the gradient by
+    about sites · 3e-8 / n, and the step by that over the smallest curvature (at least ``l2``), ~1e-8 at 100 steps
+    per site, so a smaller tolerance would chase the encoding's noise.
+
+    Raises:
+        SharedFitError: the totals hold no step, or the model has more than :data:`MAX_SHARED_COEFS` coefficients.
+    """
+    K, d = model.n_actions, int(n_features) + 1
+    if d * K > MAX_SHARED_COEFS:
+        raise SharedFitError(f"{d * K} coefficients; a shared fit has at most {MAX_SHARED_COEFS}")
+    tot = ask(SharedFitStep())
+    n = float(tot["behaviour_fit.n"])
+    if n <= 0:
+        raise SharedFitError("the consortium's training rows hold no valid step")
+    mean = np.asarray(tot["behaviour_fit.f1"], np.float64) / n
+    sd = np.sqrt(np.maximum(np.asarray(tot["behaviour_fit.f2"], np.float64) / n - mean * mean, 0.0))
+    model.mean, model.scale = mean, np.where(sd > 1e-9, sd, 1.0)
+    pen = np.ones((d, K))
+    pen[0] = 0.0
+    pen = pen.ravel()
+    shift = np.zeros((d, K))
+    shift[0] = 1.0 / np.sqrt(K)
+    shift = shift.ravel()  # the intercepts' common shift: a null direction of the objective
+    iu = np.triu_indices(d * K)
+
+    def at(w: np.ndarray) -> tuple[float, dict]:
+        t = ask(SharedFitStep(model.mean, model.scale, w.reshape(d, K)))
+        return float(t["behaviour_fit.loss"]) / n + 0.5 * model.l2 * float((pen * w * w).sum()), t
+
+    w = np.zeros(d * K)
+    f, tot = at(w)
+    steps = 0
+    for steps in range(1, max_iter + 1):
+        g = np.asarray(tot["behaviour_fit.grad"], np.float64) / n + model.l2 * pen * w
+        H = np.zeros((d * K, d * K))
+        H[iu] = np.asarray(tot["behaviour_fit.hess"], np.float64) / n
+        H = H + np.triu(H, 1).T + np.diag(model.l2 * pen) + np.outer(shift, shift)
+        g = g - shift * (shift @ g)
+        delta = -np.linalg.solve(H, g)
+        delta -= shift * (shift @ delta)
+        if np.abs(delta).max() <= step_tol:
+            steps -= 1
+            break
+        decrement = float(-g @ delta)
+        t = 1.0
+        while True:
+            f_new, tot_new = at(w + t * delta)
+            # near the optimum the full step is taken: the totals' fixed-point encoding (±3e-8 per site) is then
+            # larger than the decrease the Armijo test asks for
+            if decrement < 1e-10 or f_new <= f - 1e-4 * t * decrement or t < 1e-6:
+                break
+            t *= 0.5
+        w, f, tot = w + t * delta, f_new, tot_new
+    model.coef = w.reshape(d, K)
+    return steps

@@ -76,8 +76,12 @@ BEHAVIOUR_CODES = {
 }
 
 
-def with_propensities(site: SiteData, mode: str) -> SiteData:
+def with_propensities(site: SiteData, mode: str, behaviour: Any | None = None) -> SiteData:
     """The site's data with the propensities its answers use (``evaluation.propensities``).
+
+    ``behaviour``: the consortium's shared model of the logging policy (a fitted ``RecordPropensity`` of
+    ``evaluation.propensity.fit_shared``), used where the site's own model would be, by the same code; ``None``: the
+    site fits its own.
 
     ``auto``: the logged column where the table has one, else the site's own model of its logging policy
     (``evaluation.propensity.RecordPropensity``) fitted on its training rows and applied to its validation and test
@@ -107,7 +111,7 @@ def with_propensities(site: SiteData, mode: str) -> SiteData:
                        propensities="none", none_reason="none-one-action",
                        propensity_note=f"its training rows log {acts.size} action(s): no "
                        "model of how actions were chosen can be fitted")
-    model = _behaviour_model(train)
+    model = _behaviour_model(train) if behaviour is None else behaviour
 
     def estimate(ds: SiteDataset | None) -> SiteDataset | None:
         if ds is None:

@@ -70,7 +70,8 @@ from fcd_secure.evaluation.discrepancy import DEFAULT_CLIP
 from fcd_secure.evaluation.intervals import cluster_ratio
 from fcd_secure.queries.base import MergeContext, Query, SiteContext, SiteSums, Totals
 
-__all__ = ["GAMMAS", "REPORTED", "HorizonSensitivity", "Sensitivity", "box_bound_terms", "merge_horizon_sensitivity",
+__all__ = ["GAMMAS", "REPORTED", "HorizonSensitivity", "Sensitivity", "bound_sums", "box_bound_terms",
+           "merge_horizon_sensitivity",
            "sequential_box_terms"]
 
 #: the Γ grid the sites compute (the smallest one that reverses the sign is read on it)
@@ -116,6 +117,20 @@ def box_bound_terms(Y, M, T, P, mu_on, mu_off, a_on: int, a_off: int, gamma: flo
     return hi, lo
 
 
+def bound_sums(Y, M, T, P, mu_on, mu_off, a_on: int, a_off: int, gammas: tuple[float, ...] = GAMMAS) -> SiteSums:
+    """One site's ``sens.*`` sums (module docstring) over its rows: per Γ of ``gammas`` (``sens.g<k>``, k its
+    index) and side, the per-entity sums S of :func:`box_bound_terms` (an entity's steps are one cluster) as Σ S, Σ S²
+    and Σ S·m, with the shared ``sens.n|m|mm`` (m: an entity's valid steps)."""
+    m = (M > 0).sum(1).astype(np.float64)
+    out: SiteSums = {"sens.n": float(len(Y)), "sens.m": float(m.sum()), "sens.mm": float((m * m).sum())}
+    for k, g in enumerate(gammas):
+        for side, terms in zip(("hi", "lo"), box_bound_terms(Y, M, T, P, mu_on, mu_off, a_on, a_off, g)):
+            S = terms.sum(1)
+            out.update({f"sens.g{k}.{side}.s": float(S.sum()), f"sens.g{k}.{side}.ss": float((S * S).sum()),
+                        f"sens.g{k}.{side}.sm": float((S * m).sum())})
+    return out
+
+
 class Sensitivity(Query):
     """Γ-bounds of the identified one-step effect (module docstring): ``sens.*``."""
 
@@ -134,15 +149,7 @@ class Sensitivity(Query):
             return {}
         a_off, a_on = (int(a) for a in ctx.data.anchors)
         mu_on, mu_off = pair[1]
-        m = (sub.M > 0).sum(1).astype(np.float64)
-        out: SiteSums = {"sens.n": float(sub.n), "sens.m": float(m.sum()), "sens.mm": float((m * m).sum())}
-        for k, g in enumerate(GAMMAS):
-            for side, terms in zip(("hi", "lo"), box_bound_terms(sub.Y, sub.M, sub.T, sub.P, mu_on, mu_off,
-                                                                 a_on, a_off, g)):
-                S = terms.sum(1)  # per entity: its steps are one cluster
-                out.update({f"sens.g{k}.{side}.s": float(S.sum()), f"sens.g{k}.{side}.ss": float((S * S).sum()),
-                            f"sens.g{k}.{side}.sm": float((S * m).sum())})
-        return out
+        return bound_sums(sub.Y, sub.M, sub.T, sub.P, mu_on, mu_off, a_on, a_off)
 
     def merge(self, totals: Totals, ctx: MergeContext, answer: dict[str, Any]) -> None:
         if not totals.all_sent("sens.m") or not totals["sens.m"]:
