@@ -16,7 +16,9 @@ whole run's wall time, the uplink MB measured from the serialized Flower message
 on the Deployment Engine over loopback (the hospital path: consortium, one home per site with its own DKT-Synth
 table, the CA's private key moved out of the coordinator's folder before the server starts, TLS and SuperNode
 authentication, secure round 0), with the site executor warm (one ClientApp process per site) and cold (a fresh
-process per message), side by side in one run (3 rounds unless ``--rounds``). DP-SGD is off in both engines, which
+process per message), side by side in one run (3 rounds unless ``--rounds``): one row per number of sites and
+executor kind, printed on stdout the moment that deployment finished (progress on stderr; ``--json``: one object at
+the end); a deployment that fails gets a row saying why, the others still run, and the script exits 1. DP-SGD is off in both engines, which
 each site's own policy then allows (``[dp] required = false``, and the consortium's minimum alike); ``--dp`` keeps
 the strict default policies and trains with DP-SGD in both engines. The figure
 per engine is the median round from round 2 on (a round whose protocol keys were set up during the round before:
@@ -113,8 +115,8 @@ def deployment_rounds(n_sites: int, rounds: int, preset: str, seed: int, warm: b
         submit_run(co, tmp / "run", rounds=rounds, dp=dp, preset=preset, seed=seed, timeout_s=3600)
         wall = time.perf_counter() - t0
         # where a deployment's minutes go besides its rounds (stderr: the figures stay on stdout)
-        print(f"[deployment, {n_sites} sites, {'warm' if warm else 'cold'}] provisioning {t_provisioned - t_start:.1f} s, "
-              f"SuperLink and sites started {t0 - t_provisioned:.1f} s, run {wall:.1f} s", file=sys.stderr, flush=True)
+        _progress(f"deployment, {n_sites} sites, {'warm' if warm else 'cold'}: provisioning {t_provisioned - t_start:.1f} s, "
+                  f"SuperLink and sites started {t0 - t_provisioned:.1f} s, run {wall:.1f} s")
         with open(tmp / "run" / "rounds.csv") as f:
             per_round = [float(r["round_s"]) for r in csv.DictReader(f)]
     finally:
@@ -129,37 +131,61 @@ def _steady(per_round: list[float]) -> float:
     return statistics.median(per_round[1:] or per_round)
 
 
+def _progress(msg: str) -> None:
+    """Progress on stderr, the figures stay on stdout (benchmarks/README.md)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _row_line(r: dict) -> str:
+    """One executor kind's figures, printed the moment its deployment finished (a full run takes many minutes)."""
+    if "error" in r:
+        return f"{r['sites']} sites, {r['executor']} executors: deployment failed ({r['error']})"
+    return (f"{r['sites']} sites, {r['executor']} executors: simulation s / round {r['simulation s / round']:.2f} "
+            f"(round 1 {r['simulation round 1 s']:.2f}), deployment s / round {r['deployment s / round']:.2f} "
+            f"(rounds {r['deployment rounds s']}), deployment / simulation {r['deployment / simulation']:.2f}×, "
+            f"run wall s {r['run wall s']:.1f}, load {r['load']:.1f}")
+
+
 def compare_engines(sites: list[int], rounds: int, preset: str, seed: int, as_json: bool,
-                    executors: tuple[str, ...] = ("warm", "cold"), dp: bool = False) -> None:
+                    executors: tuple[str, ...] = ("warm", "cold"), dp: bool = False) -> int:
+    """Each number of sites: the simulation once, then the deployment with each executor kind, each row printed as
+    soon as it is measured (stdout; with ``--json`` the rows come together at the end). Returns the exit status: 1
+    when a deployment failed (its row says so; the other kinds still run)."""
     rows = []
     for n in sites:
+        _progress(f"simulation, {n} sites, {rounds} rounds")
         sim = simulation_rounds(n, rounds, preset, seed, dp)
-        row = {"sites": n, "simulation s / round": _steady(sim), "simulation round 1 s": sim[0]}
-        for warm in (e == "warm" for e in executors):
-            dep, wall = deployment_rounds(n, rounds, preset, seed, warm, dp)
-            label = "warm" if warm else "cold"
-            row[f"deployment ({label}) s / round"] = _steady(dep)
-            row[f"deployment ({label}) / simulation"] = _steady(dep) / row["simulation s / round"]
-            row[f"deployment ({label}) round 1 s"] = dep[0]
-            row[f"deployment ({label}) rounds s"] = " ".join(f"{x:.1f}" for x in dep)
-            row[f"deployment ({label}) run wall s"] = wall
-        row["load"] = os.getloadavg()[0]
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        for kind in executors:
+            _progress(f"deployment, {n} sites, {kind} executors, {rounds} rounds (load {os.getloadavg()[0]:.1f})")
+            row = {"sites": n, "executor": kind, "simulation s / round": _steady(sim), "simulation round 1 s": sim[0]}
+            try:
+                dep, wall = deployment_rounds(n, rounds, preset, seed, kind == "warm", dp)
+            except RuntimeError as exc:  # a failed run (submit_run names its log) ends only its own row
+                row["error"] = str(exc).splitlines()[0][:300]
+            else:
+                row.update({"deployment s / round": _steady(dep), "deployment / simulation": _steady(dep) / _steady(sim),
+                            "deployment round 1 s": dep[0], "deployment rounds s": " ".join(f"{x:.1f}" for x in dep),
+                            "run wall s": wall})
+            row["load"] = os.getloadavg()[0]
+            rows.append(row)
+            (_progress if as_json else print)(_row_line(row))
+            sys.stdout.flush()
     machine = (f"{platform.node()} · {os.cpu_count()} CPUs · load {os.getloadavg()[0]:.1f} · preset {preset} · "
                f"{rounds} rounds · DP-SGD {'on' if dp else 'off'}")
     if as_json:
         print(json.dumps({"machine": machine, "rows": rows}))
-        return
-    from rich.console import Console
-    from rich.table import Table
+    else:
+        from rich.console import Console
+        from rich.table import Table
 
-    t = Table(title=f"deployment vs simulation, secure aggregation ({machine})")
-    for k in rows[0]:
-        t.add_column(k, justify="right")
-    for r in rows:
-        t.add_row(*(f"{v:.2f}" if isinstance(v, float) else str(v) for v in r.values()))
-    Console().print(t)
+        t = Table(title=f"deployment vs simulation, secure aggregation ({machine})")
+        columns = list(dict.fromkeys(k for r in rows for k in r))
+        for k in columns:
+            t.add_column(k, justify="right")
+        for r in rows:
+            t.add_row(*(f"{v:.2f}" if isinstance(v, float) else str(v) for v in (r.get(k, "") for k in columns)))
+        Console().print(t)
+    return 1 if any("error" in r for r in rows) else 0
 
 
 def superlink_request_cpu(requests: int = 2000) -> dict[str, float]:
@@ -233,10 +259,9 @@ def main() -> None:
 
     torch.set_num_threads(1)
     if args.deployment:
-        compare_engines(args.sites or ([4] if args.quick else [4, 10]), args.rounds or (2 if args.quick else 3),
+        sys.exit(compare_engines(args.sites or ([4] if args.quick else [4, 10]), args.rounds or (2 if args.quick else 3),
                         "tiny" if args.quick else args.preset, args.seed, args.json,
-                        tuple(args.executors or (["warm"] if args.quick else ["warm", "cold"])), args.dp)
-        return
+                        tuple(args.executors or (["warm"] if args.quick else ["warm", "cold"])), args.dp))
     from fcd_secure.config import build_config
     from fcd_secure.engines.simulation import run_simulated
 

@@ -65,7 +65,7 @@ QUICK = (
     Quick("federation.py", ("--superlink-requests", "--quick"), ("SuperLink ms CPU / request", "scoped / Flower")),
     Quick("federation.py", ("--quick",), ("seconds / round", "MB uplink (measured)"), flower=True),
     Quick("federation.py", ("--deployment", "--quick"),
-          ("simulation s / round", "deployment (warm) s / round", "deployment (warm) / simulation"), flower=True),
+          ("warm executors", "simulation s / round", "deployment s / round", "deployment / simulation"), flower=True),
     Quick("fidelity.py", ("--quick",), ("Effect fidelity", "PEHE", "|ATE err|", "corr(τ̂, τ)", "Targets"),
           flower=True),
     Quick("intervals.py", ("--quick",), ("interval coverage", "coverage of the truth", "whole test sets"),
