@@ -21,8 +21,8 @@ table, the CA's private key moved out of the coordinator's folder before the ser
 authentication, secure round 0), with the site executor warm (one ClientApp process per site) and cold (a fresh
 process per message), side by side in one run (3 rounds unless ``--rounds``): one row per number of sites and
 executor kind, printed on stdout the moment that deployment finished (progress on stderr; ``--json``: one object at
-the end); a deployment that fails gets a row saying why, the others still run, and the script exits 1. DP-SGD is off in both engines, which
-each site's own policy then allows (``[dp] required = false``, and the consortium's minimum alike); ``--dp`` keeps
+the end); a deployment that fails gets a row saying why, the others still run, and the script exits 1. DP-SGD is
+off in both engines, which each site's own policy then allows (``[dp] required = false``, and the consortium's minimum alike); ``--dp`` keeps
 the strict default policies and trains with DP-SGD in both engines. The figure
 per engine is the median round from round 2 on (a round whose protocol keys were set up during the round before:
 three round trips); round 1 (five) is printed beside it.
@@ -177,8 +177,8 @@ def _row_line(r: dict) -> str:
 def compare_engines(sites: list[int], rounds: int, preset: str, seed: int, as_json: bool,
                     executors: tuple[str, ...] = ("warm", "cold"), dp: bool = False, engine: str = "simulation",
                     evaluation: dict | None = None) -> int:
-    """Each number of sites: the reference run on ``engine`` once, then the deployment with each executor kind, each row printed as
-    soon as it is measured (stdout; with ``--json`` the rows come together at the end). Returns the exit status: 1
+    """Each number of sites: the reference run on ``engine`` once, then the deployment with each executor kind, each
+    row printed as soon as it is measured (stdout; with ``--json`` the rows come together at the end). Returns the exit status: 1
     when a deployment failed (its row says so; the other kinds still run). ``evaluation``: keys of both runs' closing
     evaluation (the quick form's :data:`QUICK_EVALUATION`)."""
     rows = []

@@ -4,8 +4,8 @@ reference, plus the DSS and L_dis ablations and the information ceiling of per-s
 Every federated row runs through the real simulation engine, as ``fcd run`` does (``engines.simulation
 .run_simulated``: Flower's simulation engine, the site ClientApps, pairwise-masked secure aggregation of Θc for the
 main row; the quick form runs it on the in-process engine, ``engines.inprocess``: the same round loop, ClientApps
-and messages without Ray's start); the non-federated rows train for the matched epochs of ``experiments.centralised``. Every row is scored
-by the federated evaluation (``experiments.evaluate.evaluate_on_sites``), and per-student effects for the
+and messages without Ray's start); the non-federated rows train for the matched epochs of
+``experiments.centralised``. Every row is scored by the federated evaluation (``experiments.evaluate.evaluate_on_sites``), and per-student effects for the
 correlation and the ATE ratio are recomputed on each site with the evaluation's own seed and model (Θc + that
 site's Θs), so they are the effects the PEHE was computed from.
 

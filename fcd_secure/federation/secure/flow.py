@@ -33,8 +33,8 @@ Every protocol message is the strict byte encoding of ``fcd_secure.aggregation.s
 ``records.pack_pair``; the audit egress gate lets only bytes and ints through in ``train.secagg_*``, each stage within
 its size bound). Each stage has its own deadline (``SecAggPolicy.deadlines``, P17; a combined message the sum of
 training's and the stage's, or the larger of its two stages'; every message also allows the site's start,
-``StageDeadlines.site_start``: a cold site starts a process per message): a site that has not answered by then is a dropout,
-and anything it sends later is ignored (P9). Fewer survivors than the threshold abort the round and the global model
+``StageDeadlines.site_start``: a cold site starts a process per message): a site that has not answered by then is a
+dropout, and anything it sends later is ignored (P9). Fewer survivors than the threshold abort the round and the global model
 stays unchanged (``RoundOutcome.theta_c is None``); the next round then sets up its own keys.
 
 A sum outside what clipped inputs allow (``BoundViolation``, P26) says that some site of the sum sent an input
