@@ -2,13 +2,16 @@
 
 Prints, per configuration, the median seconds per round (rounds 2..R; round 1 includes Ray and data start-up), the
 whole run's wall time, the uplink MB measured from the serialized Flower messages and the paper's formula
-(participating sites × synchronised parameter bytes, Table II) beside it.
+(participating sites × synchronised parameter bytes, Table II) beside it. The full forms run Flower's simulation
+engine; the quick forms (which check that the script runs end to end and prints its figures) run the in-process
+engine (``engines.inprocess``: the same ServerApp round loop, ClientApp and messages, without Ray's start), so their
+seconds are not the simulation engine's (``--engine`` picks either).
 
-    .venv/bin/python benchmarks/federation.py --quick          # tiny preset, 2 rounds, DSS secure vs full sync
+    .venv/bin/python benchmarks/federation.py --quick          # tiny preset, 2 rounds, in-process engine
     .venv/bin/python benchmarks/federation.py --preset default # the README run's sizes
     .venv/bin/python benchmarks/federation.py --json
     .venv/bin/python benchmarks/federation.py --deployment --sites 4 10   # Deployment Engine vs simulation
-    .venv/bin/python benchmarks/federation.py --deployment --quick        # 4 sites, 2 rounds, warm executors
+    .venv/bin/python benchmarks/federation.py --deployment --quick        # 4 sites, 2 rounds, warm, in-process reference
     .venv/bin/python benchmarks/federation.py --superlink-requests  # SuperLink CPU per request, middlewares scoped or not
     .venv/bin/python benchmarks/federation.py --superlink-requests --quick   # 200 requests instead of 2,000
 
@@ -16,8 +19,10 @@ whole run's wall time, the uplink MB measured from the serialized Flower message
 on the Deployment Engine over loopback (the hospital path: consortium, one home per site with its own DKT-Synth
 table, the CA's private key moved out of the coordinator's folder before the server starts, TLS and SuperNode
 authentication, secure round 0), with the site executor warm (one ClientApp process per site) and cold (a fresh
-process per message), side by side in one run (3 rounds unless ``--rounds``). DP-SGD is off in both engines, which
-each site's own policy then allows (``[dp] required = false``, and the consortium's minimum alike); ``--dp`` keeps
+process per message), side by side in one run (3 rounds unless ``--rounds``): one row per number of sites and
+executor kind, printed on stdout the moment that deployment finished (progress on stderr; ``--json``: one object at
+the end); a deployment that fails gets a row saying why, the others still run, and the script exits 1. DP-SGD is
+off in both engines, which each site's own policy then allows (``[dp] required = false``, and the consortium's minimum alike); ``--dp`` keeps
 the strict default policies and trains with DP-SGD in both engines. The figure
 per engine is the median round from round 2 on (a round whose protocol keys were set up during the round before:
 three round trips); round 1 (five) is printed beside it.
@@ -46,20 +51,44 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def simulation_rounds(n_sites: int, rounds: int, preset: str, seed: int, dp: bool = False) -> list[float]:
-    """Seconds per secure round on the simulation engine (DKT-Synth, every site every round; DP-SGD when ``dp``)."""
+#: the engines a reference run may take: Flower's simulation engine (Ray: the full forms' figures) or the in-process
+#: engine (the same ServerApp round loop, ClientApp and messages without Ray's start; the quick forms, which check
+#: that the script runs and prints, not Ray's cost)
+ENGINES = ("simulation", "in-process")
+
+
+#: the quick forms' closing evaluation (its figures are not this script's): two policies, one rollout each, at most
+#: 32 test rows a site (above the sites' cohort floor of 20); the profile of a tiny 2-round run put 40 % of its CPU
+#: in the paper's four policies' rollouts
+QUICK_EVALUATION = {"policies": ["never", "always"], "n_samples": 1, "max_rows": 32}
+
+
+def run_engine(cfg, engine: str):  # noqa: ANN001, ANN201 - a RunConfig in, a FederationResult out
+    """``cfg`` run on ``engine`` (:data:`ENGINES`)."""
+    if engine == "simulation":
+        from fcd_secure.engines.simulation import run_simulated
+
+        return run_simulated(cfg)
+    from fcd_secure.engines.inprocess import run_inprocess
+
+    return run_inprocess(cfg)
+
+
+def simulation_rounds(n_sites: int, rounds: int, preset: str, seed: int, dp: bool = False,
+                      engine: str = "simulation", evaluation: dict | None = None) -> list[float]:
+    """Seconds per secure round on the reference ``engine`` (DKT-Synth, every site every round; DP-SGD when ``dp``;
+    the closing evaluation's keys ``evaluation`` when given)."""
     from fcd_secure.config import build_config
-    from fcd_secure.engines.simulation import run_simulated
 
     cfg = build_config(preset, {"seed": seed, "data": {"n_sites": n_sites}, "dp": {"enabled": dp},
                                 "federation": {"rounds": rounds, "clients_per_round": n_sites, "secure_aggregation": True,
-                                               "eval_every": 0}})
-    res = run_simulated(cfg)  # no run folder: the figure is the rounds' own seconds
+                                               "eval_every": 0}, **({"evaluation": evaluation} if evaluation else {})})
+    res = run_engine(cfg, engine)  # no run folder: the figure is the rounds' own seconds
     return [h["round_s"] for h in res.history]
 
 
 def deployment_rounds(n_sites: int, rounds: int, preset: str, seed: int, warm: bool,
-                      dp: bool = False) -> tuple[list[float], float]:
+                      dp: bool = False, evaluation: dict | None = None) -> tuple[list[float], float]:
     """Seconds per secure round on the Deployment Engine over loopback (module docstring), and the run's wall.
 
     Without ``dp`` the consortium's minimum policy and every site's own ``site_policy.toml`` say ``[dp] required =
@@ -110,11 +139,12 @@ def deployment_rounds(n_sites: int, rounds: int, preset: str, seed: int, warm: b
             start_site(h, warm=warm)
             started.append(h.root)
         t0 = time.perf_counter()
-        submit_run(co, tmp / "run", rounds=rounds, dp=dp, preset=preset, seed=seed, timeout_s=3600)
+        submit_run(co, tmp / "run", rounds=rounds, dp=dp, preset=preset, seed=seed, timeout_s=3600,
+                   settings=[f"evaluation.{k}={json.dumps(v)}" for k, v in (evaluation or {}).items()])
         wall = time.perf_counter() - t0
         # where a deployment's minutes go besides its rounds (stderr: the figures stay on stdout)
-        print(f"[deployment, {n_sites} sites, {'warm' if warm else 'cold'}] provisioning {t_provisioned - t_start:.1f} s, "
-              f"SuperLink and sites started {t0 - t_provisioned:.1f} s, run {wall:.1f} s", file=sys.stderr, flush=True)
+        _progress(f"deployment, {n_sites} sites, {'warm' if warm else 'cold'}: provisioning {t_provisioned - t_start:.1f} s, "
+                  f"SuperLink and sites started {t0 - t_provisioned:.1f} s, run {wall:.1f} s")
         with open(tmp / "run" / "rounds.csv") as f:
             per_round = [float(r["round_s"]) for r in csv.DictReader(f)]
     finally:
@@ -129,37 +159,64 @@ def _steady(per_round: list[float]) -> float:
     return statistics.median(per_round[1:] or per_round)
 
 
+def _progress(msg: str) -> None:
+    """Progress on stderr, the figures stay on stdout (benchmarks/README.md)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _row_line(r: dict) -> str:
+    """One executor kind's figures, printed the moment its deployment finished (a full run takes many minutes)."""
+    if "error" in r:
+        return f"{r['sites']} sites, {r['executor']} executors: deployment failed ({r['error']})"
+    return (f"{r['sites']} sites, {r['executor']} executors: {r['reference']} s / round {r['reference s / round']:.2f} "
+            f"(round 1 {r['reference round 1 s']:.2f}), deployment s / round {r['deployment s / round']:.2f} "
+            f"(rounds {r['deployment rounds s']}), deployment / reference {r['deployment / reference']:.2f}×, "
+            f"run wall s {r['run wall s']:.1f}, load {r['load']:.1f}")
+
+
 def compare_engines(sites: list[int], rounds: int, preset: str, seed: int, as_json: bool,
-                    executors: tuple[str, ...] = ("warm", "cold"), dp: bool = False) -> None:
+                    executors: tuple[str, ...] = ("warm", "cold"), dp: bool = False, engine: str = "simulation",
+                    evaluation: dict | None = None) -> int:
+    """Each number of sites: the reference run on ``engine`` once, then the deployment with each executor kind, each
+    row printed as soon as it is measured (stdout; with ``--json`` the rows come together at the end). Returns the exit status: 1
+    when a deployment failed (its row says so; the other kinds still run). ``evaluation``: keys of both runs' closing
+    evaluation (the quick form's :data:`QUICK_EVALUATION`)."""
     rows = []
     for n in sites:
-        sim = simulation_rounds(n, rounds, preset, seed, dp)
-        row = {"sites": n, "simulation s / round": _steady(sim), "simulation round 1 s": sim[0]}
-        for warm in (e == "warm" for e in executors):
-            dep, wall = deployment_rounds(n, rounds, preset, seed, warm, dp)
-            label = "warm" if warm else "cold"
-            row[f"deployment ({label}) s / round"] = _steady(dep)
-            row[f"deployment ({label}) / simulation"] = _steady(dep) / row["simulation s / round"]
-            row[f"deployment ({label}) round 1 s"] = dep[0]
-            row[f"deployment ({label}) rounds s"] = " ".join(f"{x:.1f}" for x in dep)
-            row[f"deployment ({label}) run wall s"] = wall
-        row["load"] = os.getloadavg()[0]
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        _progress(f"{engine} engine, {n} sites, {rounds} rounds")
+        sim = simulation_rounds(n, rounds, preset, seed, dp, engine, evaluation)
+        for kind in executors:
+            _progress(f"deployment, {n} sites, {kind} executors, {rounds} rounds (load {os.getloadavg()[0]:.1f})")
+            row = {"sites": n, "executor": kind, "reference": engine, "reference s / round": _steady(sim),
+                   "reference round 1 s": sim[0]}
+            try:
+                dep, wall = deployment_rounds(n, rounds, preset, seed, kind == "warm", dp, evaluation)
+            except RuntimeError as exc:  # a failed run (submit_run names its log) ends only its own row
+                row["error"] = str(exc).splitlines()[0][:300]
+            else:
+                row.update({"deployment s / round": _steady(dep), "deployment / reference": _steady(dep) / _steady(sim),
+                            "deployment round 1 s": dep[0], "deployment rounds s": " ".join(f"{x:.1f}" for x in dep),
+                            "run wall s": wall})
+            row["load"] = os.getloadavg()[0]
+            rows.append(row)
+            (_progress if as_json else print)(_row_line(row))
+            sys.stdout.flush()
     machine = (f"{platform.node()} · {os.cpu_count()} CPUs · load {os.getloadavg()[0]:.1f} · preset {preset} · "
                f"{rounds} rounds · DP-SGD {'on' if dp else 'off'}")
     if as_json:
         print(json.dumps({"machine": machine, "rows": rows}))
-        return
-    from rich.console import Console
-    from rich.table import Table
+    else:
+        from rich.console import Console
+        from rich.table import Table
 
-    t = Table(title=f"deployment vs simulation, secure aggregation ({machine})")
-    for k in rows[0]:
-        t.add_column(k, justify="right")
-    for r in rows:
-        t.add_row(*(f"{v:.2f}" if isinstance(v, float) else str(v) for v in r.values()))
-    Console().print(t)
+        t = Table(title=f"deployment vs the {engine} engine, secure aggregation ({machine})")
+        columns = list(dict.fromkeys(k for r in rows for k in r))
+        for k in columns:
+            t.add_column(k, justify="right")
+        for r in rows:
+            t.add_row(*(f"{v:.2f}" if isinstance(v, float) else str(v) for v in (r.get(k, "") for k in columns)))
+        Console().print(t)
+    return 1 if any("error" in r for r in rows) else 0
 
 
 def superlink_request_cpu(requests: int = 2000) -> dict[str, float]:
@@ -212,8 +269,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true",
-                    help="tiny preset, 2 rounds, DSS secure aggregation vs full sync (one Ray start each); with "
-                         "--deployment: 4 sites, 2 rounds, warm executors; with --superlink-requests: 200 requests")
+                    help="tiny preset, 2 rounds, the in-process engine (no Ray start); with --deployment: 4 sites, "
+                         "2 rounds, warm executors, the in-process engine as reference; with --superlink-requests: "
+                         "200 requests")
+    ap.add_argument("--engine", choices=ENGINES, default=None,
+                    help="the engine of the simulated runs and of --deployment's reference (default simulation; "
+                         "--quick: in-process)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--deployment", action="store_true", help="Deployment Engine vs simulation (module docstring)")
     ap.add_argument("--sites", type=int, nargs="+", default=None,
@@ -232,13 +293,13 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
+    engine = args.engine or ("in-process" if args.quick else "simulation")
     if args.deployment:
-        compare_engines(args.sites or ([4] if args.quick else [4, 10]), args.rounds or (2 if args.quick else 3),
-                        "tiny" if args.quick else args.preset, args.seed, args.json,
-                        tuple(args.executors or (["warm"] if args.quick else ["warm", "cold"])), args.dp)
-        return
+        sys.exit(compare_engines(args.sites or ([4] if args.quick else [4, 10]), args.rounds or (2 if args.quick else 3),
+                                 "tiny" if args.quick else args.preset, args.seed, args.json,
+                                 tuple(args.executors or (["warm"] if args.quick else ["warm", "cold"])), args.dp,
+                                 engine, QUICK_EVALUATION if args.quick else None))
     from fcd_secure.config import build_config
-    from fcd_secure.engines.simulation import run_simulated
 
     preset = "tiny" if args.quick else args.preset
     # two rounds: the figure is the median round from round 2 on (round 1 carries Ray's and the data's start-up)
@@ -246,15 +307,17 @@ def main() -> None:
     configs = [("DSS plain FedAvg", {"sync": "dss", "secure_aggregation": False}),
                ("DSS secure aggregation", {"sync": "dss", "secure_aggregation": True}),
                ("full sync (w/o DSS)", {"sync": "full", "secure_aggregation": False})]
-    if args.quick:  # each configuration is a Ray start: the two ends of the table (secure DSS, plain full sync)
+    if args.quick:  # the two ends of the table (secure DSS, plain full sync)
         configs = configs[1:]
     rows = []
     for label, fed in configs:
         over = {"seed": args.seed, "federation": {**fed, "eval_every": 0, **({"rounds": rounds} if rounds else {})}}
+        if args.quick:  # the run's closing evaluation is no figure here: two policies, one rollout, 32 rows a site
+            over["evaluation"] = QUICK_EVALUATION
         # no run folder: the figures are the result's history (a run folder adds its plots and files to the wall)
         cfg = build_config(preset, over)
         t0 = time.perf_counter()
-        res = run_simulated(cfg)
+        res = run_engine(cfg, engine)
         wall = time.perf_counter() - t0
         per_round = [h["round_s"] for h in res.history]
         rows.append({
@@ -266,7 +329,8 @@ def main() -> None:
             "MB uplink (paper formula)": sum(h["uplink_formula_bytes"] for h in res.history) / 1e6,
             "MB downlink (measured)": sum(h["downlink_bytes"] for h in res.history) / 1e6,
         })
-    machine = f"{platform.node()} · {os.cpu_count()} CPUs · load {os.getloadavg()[0]:.1f} · preset {preset}"
+    machine = (f"{platform.node()} · {os.cpu_count()} CPUs · load {os.getloadavg()[0]:.1f} · preset {preset} · "
+               f"{engine} engine")
     if args.json:
         print(json.dumps({"machine": machine, "rows": rows}))
         return

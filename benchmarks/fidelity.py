@@ -3,14 +3,15 @@ reference, plus the DSS and L_dis ablations and the information ceiling of per-s
 
 Every federated row runs through the real simulation engine, as ``fcd run`` does (``engines.simulation
 .run_simulated``: Flower's simulation engine, the site ClientApps, pairwise-masked secure aggregation of Θc for the
-main row); the non-federated rows train for the matched epochs of ``experiments.centralised``. Every row is scored
-by the federated evaluation (``experiments.evaluate.evaluate_on_sites``), and per-student effects for the
+main row; the quick form runs it on the in-process engine, ``engines.inprocess``: the same round loop, ClientApps
+and messages without Ray's start); the non-federated rows train for the matched epochs of
+``experiments.centralised``. Every row is scored by the federated evaluation (``experiments.evaluate.evaluate_on_sites``), and per-student effects for the
 correlation and the ATE ratio are recomputed on each site with the evaluation's own seed and model (Θc + that
 site's Θs), so they are the effects the PEHE was computed from.
 
     .venv/bin/python benchmarks/fidelity.py                           # default preset, 3 seeds, 40 rounds
     .venv/bin/python benchmarks/fidelity.py --seeds 0 --rounds 10     # what fits a shared 2-core machine
-    .venv/bin/python benchmarks/fidelity.py --quick                   # tiny, seed 0, ours vs naive: checks the script
+    .venv/bin/python benchmarks/fidelity.py --quick                   # tiny, seed 0, ours vs naive, in-process engine
     .venv/bin/python benchmarks/fidelity.py --recipe paper            # the paper's recipe as the main row
     nice -n 5 .venv/bin/python benchmarks/fidelity.py --rows centralised --epochs 10 --seeds 0 --no-tiny \
         --no-ceiling --recipe paper                                   # the centralised overshoot of docs/fidelity.md §3
@@ -135,9 +136,12 @@ def federated_sims(cfg, result) -> list:
     return sims
 
 
-def run_row(base, row: str, seed: int, out: Path, epochs: int = 0) -> dict[str, Any]:
+def run_row(base, row: str, seed: int, out: Path, epochs: int = 0, inprocess: bool = False) -> dict[str, Any]:
+    """One row (module docstring); a federated row on Flower's simulation engine or, with ``inprocess``, on the
+    in-process engine (``engines.inprocess``: the same round loop, ClientApps and messages without Ray's start)."""
     from fcd_secure.experiments.ablation import variant_config
     from fcd_secure.experiments.centralised import matched_epochs, train_centralised
+    from fcd_secure.engines.inprocess import run_inprocess
     from fcd_secure.engines.simulation import run_simulated
     from fcd_secure.model.baselines import SIMULATORS
 
@@ -157,7 +161,7 @@ def run_row(base, row: str, seed: int, out: Path, epochs: int = 0) -> dict[str, 
             cfg = base.model_copy(update={"seed": seed, "model": model, "federation": fed,
                                           "out": str(out / f"{row}-seed{seed}"), "state_dir": None})
         cfg = cfg.model_copy(update={"state_dir": str(Path(cfg.out) / "state")})
-        result = run_simulated(cfg)
+        result = (run_inprocess if inprocess else run_simulated)(cfg)
         res = score(cfg, federated_sims(cfg, result))
     res.update(row=row, seed=seed, seconds=time.perf_counter() - t0, support=support(cfg))
     err.print(f"[dim]{row} seed {seed}: PEHE {res['pehe']:.4f} |ATE| {res['ate_error']:.4f} ratio {res['ate_ratio']:.2f} "
@@ -195,15 +199,17 @@ def run_row_isolated(preset: str, rounds: int, recipe: str, row: str, seed: int,
 POOLED_ROWS = ("centralised", "naive")
 
 
-def run_rows(calls: list[tuple], jobs: int) -> list[dict[str, Any]]:
+def run_rows(calls: list[tuple], jobs: int, inprocess: bool = False) -> list[dict[str, Any]]:
     """:func:`run_row` of each ``(preset, rounds, recipe, row, seed, epochs, world)``, ``jobs`` at once, in order;
     their run folders live in one temporary folder. Each row runs in a fresh interpreter
     (:func:`run_row_isolated`), except one after another (``jobs`` = 1) with at most one federated row: then every
     row runs in this process, which starts Flower's simulation engine at most once and imports torch and Flower once
-    (the quick form's two rows)."""
+    (the quick form's two rows); with ``inprocess`` (the quick form) every federated row runs on the in-process
+    engine, all of them in this process, one after another."""
     with tempfile.TemporaryDirectory(prefix="fcd-fidelity-") as tmp:
-        if jobs == 1 and sum(c[3] not in POOLED_ROWS for c in calls) <= 1:
-            return [json.loads(json.dumps(run_row(base_config(p, r, rec, wo), row, seed, Path(tmp), ep), default=float))
+        if inprocess or (jobs == 1 and sum(c[3] not in POOLED_ROWS for c in calls) <= 1):
+            return [json.loads(json.dumps(run_row(base_config(p, r, rec, wo), row, seed, Path(tmp), ep, inprocess),
+                                          default=float))
                     for p, r, rec, row, seed, ep, wo in calls]
         with ThreadPoolExecutor(jobs) as pool:
             futures = [pool.submit(run_row_isolated, p, r, rec, row, seed, Path(tmp), ep, wo)
@@ -322,8 +328,8 @@ def _f(v: Any, fmt: str = ".4f") -> str:
 
 
 def main(
-    quick: bool = typer.Option(False, "--quick", help="Tiny preset, its 2 rounds, seed 0, ours vs naive: checks the "
-                               "script runs."),
+    quick: bool = typer.Option(False, "--quick", help="Tiny preset, its 2 rounds, seed 0, ours vs naive, the "
+                               "in-process engine (no Ray start): checks the script runs."),
     seeds: str = typer.Option("0,1,2", "--seeds", help="Comma-separated seeds."),
     rounds: int = typer.Option(0, "--rounds", help="Global rounds (0: the preset's); centralised rows match them."),
     rows: str = typer.Option(ROWS_DEFAULT, "--rows", help="Rows to run."),
@@ -376,7 +382,7 @@ def main(
         tasks += [("tiny", 0, row, seed) for seed in seed_list for row in ("ours", "naive")]
     done = [{"preset": p, **r} for (p, _, _, _), r in zip(tasks, run_rows(
         [(p, r, recipe, row, seed, epochs if p == preset else 0, world_opts if p == preset else None)
-         for p, r, row, seed in tasks], jobs))]
+         for p, r, row, seed in tasks], jobs, inprocess=quick))]
     results = [r for r in done if r["preset"] == preset]
     tiny_rows = [r for r in done if r["preset"] == "tiny" and preset != "tiny"]
     ceil = information_ceiling(preset, seed_list[0]) if ceiling and not quick else None

@@ -21,7 +21,7 @@ their median width beside the coverage.
 Nominal 90 %; the target is 85–95 %. The oracle of a dataset is one function in :data:`ORACLES` (per-entity true
 values of a policy, in the order of the per-entity file's ``entity`` column): DKT-Synth and the tumour world.
 
-    .venv/bin/python benchmarks/intervals.py --quick                       # tiny preset, 1 seed, 1 round
+    .venv/bin/python benchmarks/intervals.py --quick                       # tiny, 1 seed, 1 round, in-process engine
     .venv/bin/python benchmarks/intervals.py --preset default --seeds 3    # the README run's sizes
     .venv/bin/python benchmarks/intervals.py --quick --dataset tumour      # the tumour oracle (Geng et al. 2017)
     .venv/bin/python benchmarks/intervals.py --from-run runs/a runs/b      # score finished runs (no training)
@@ -202,10 +202,13 @@ def _status(msg: str) -> None:
 
 
 def train(preset: str, seed: int, sites: int | None, rounds: int | None, level: float, dataset: str,
-          horizon: int | None = None, test_fraction: float | None = None, gamma: float | None = None) -> Path:
+          horizon: int | None = None, test_fraction: float | None = None, gamma: float | None = None,
+          inprocess: bool = False) -> Path:
     """One federated run as ``fcd run`` makes it (its final evaluation asks the paper's four policies, over the
-    first ``horizon`` steps when given)."""
+    first ``horizon`` steps when given), on Flower's simulation engine or, with ``inprocess``, on the in-process
+    engine (``engines.inprocess``: the same round loop, ClientApp and messages without Ray's start; the quick form)."""
     from fcd_secure.config import build_config
+    from fcd_secure.engines.inprocess import run_inprocess
     from fcd_secure.engines.simulation import run_simulated
 
     over: dict[str, Any] = {"seed": seed, "data": {"dataset": dataset}, "federation": {"eval_every": 0},
@@ -223,7 +226,7 @@ def train(preset: str, seed: int, sites: int | None, rounds: int | None, level: 
         over["data"]["gamma"] = gamma
     cfg = build_config(preset, over).model_copy(update={"out": tempfile.mkdtemp(prefix="fcd-intervals-")})
     _status(f"seed {seed}: training ({cfg.data.n_sites} sites, {cfg.federation.rounds} rounds, preset {preset})")
-    run_simulated(cfg)
+    (run_inprocess if inprocess else run_simulated)(cfg)
     return Path(cfg.out)
 
 
@@ -377,7 +380,8 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[25, 100])
     ap.add_argument("--resamples", type=int, default=200)
     ap.add_argument("--quick", action="store_true",
-                    help="tiny preset, 1 seed, 3 sites, 1 round, test fraction 0.4, 100 resamples")
+                    help="tiny preset, 1 seed, 3 sites, 1 round, test fraction 0.4, 100 resamples, the in-process "
+                    "engine (no Ray start)")
     ap.add_argument("--gamma", type=float, default=None, help="confounding strength γ of the generated world (data.gamma)")
     ap.add_argument("--synthetic", action="store_true",
                     help="no training: the bounded DR interval with stand-in models on both oracles (module docstring)")
@@ -407,7 +411,7 @@ def main() -> None:
         args.preset, args.seeds, args.sites, args.rounds, args.resamples = "tiny", 1, 3, 1, 100
         args.test_fraction = args.test_fraction or 0.4
     runs = args.from_run or [train(args.preset, s, args.sites, args.rounds, args.level, args.dataset, args.horizon,
-                                   args.test_fraction, args.gamma)
+                                   args.test_fraction, args.gamma, inprocess=args.quick)
                              for s in range(args.seeds)]
     results = [score(r, args.sizes, args.resamples) for r in runs]
     run_checks = [c for r in results for c in r["run"]]

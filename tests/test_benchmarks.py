@@ -63,13 +63,12 @@ QUICK = (
     Quick("free_running.py", ("--quick",), ("whole-trajectory fidelity", "value err", "NC gap", "mean over seeds")),
     Quick("tumour.py", ("--quick",), ("normalised RMSE (%)", "PEHE", "|ATE err|", "truth-free selection")),
     Quick("federation.py", ("--superlink-requests", "--quick"), ("SuperLink ms CPU / request", "scoped / Flower")),
-    Quick("federation.py", ("--quick",), ("seconds / round", "MB uplink (measured)"), flower=True),
+    # the in-process engine (no Ray start): these run in the test's interpreter, beside the other tests
+    Quick("federation.py", ("--quick",), ("seconds / round", "MB uplink (measured)", "in-process engine")),
     Quick("federation.py", ("--deployment", "--quick"),
-          ("simulation s / round", "deployment (warm) s / round", "deployment (warm) / simulation"), flower=True),
-    Quick("fidelity.py", ("--quick",), ("Effect fidelity", "PEHE", "|ATE err|", "corr(τ̂, τ)", "Targets"),
-          flower=True),
-    Quick("intervals.py", ("--quick",), ("interval coverage", "coverage of the truth", "whole test sets"),
-          flower=True),
+          ("warm executors", "in-process s / round", "deployment s / round", "deployment / reference"), flower=True),
+    Quick("fidelity.py", ("--quick",), ("Effect fidelity", "PEHE", "|ATE err|", "corr(τ̂, τ)", "Targets")),
+    Quick("intervals.py", ("--quick",), ("interval coverage", "coverage of the truth", "whole test sets")),
     Quick("horizon.py", ("--quick",), ("whole-trajectory values", "natural course", "sequential DR"), flower=True),
 )
 

@@ -79,6 +79,8 @@ class LyingComm(Comm):
         super().__init__(grid, poll_s=0.0)
         self.rewrite = rewrite
         self.calls: list[tuple[int, str, dict[str, dict], dict[str, Message]]] = []
+        #: (round, message type, the seconds the server waits for its replies)
+        self.waits: list[tuple[int, str, float]] = []
 
     def send(self, node_ids, message_type, contents, timeout_s, *, round=None):
         node_ids = list(node_ids)
@@ -89,6 +91,7 @@ class LyingComm(Comm):
                     fields = self.rewrite(message_type, self.site_of.get(n), dict(content[REC_SECAGG]))
                     content = RecordDict({**dict(content.items()), REC_SECAGG: ConfigRecord(fields)})
                 per_node[n] = content
+        self.waits.append((self.round if round is None else round, message_type, float(timeout_s)))
         replies = super().send(node_ids, message_type, per_node, timeout_s, round=round)
         sent = {self.site_of.get(n): dict(c[REC_SECAGG]) if REC_SECAGG in c else {} for n, c in per_node.items()}
         self.calls.append((self.round if round is None else round, message_type, sent,
@@ -188,6 +191,24 @@ def test_steady_rounds_take_three_round_trips_and_equal_plain_fedavg(tmp_path):
     for i in range(N_SITES):
         ctx = fed.context_of(f"site-{i:02d}")
         assert not dict(ctx.state[NEXT_KEY]) and "client" not in dict(ctx.state["secagg"])
+
+
+def test_every_protocol_message_waits_for_the_sites_start_beside_its_stages_work(tmp_path):
+    """A site with a cold executor starts a ClientApp process per message (imports of torch and Flower: ~3 s quiet,
+    53 s at load 18): every message's deadline is its stages' work plus ``site_start``, once per message."""
+    d = SecAggPolicy().deadlines
+    waits = {(r, t.removeprefix(PREFIX)): w for r, t, w in Federation(tmp_path).run(range(1, 3)).comm.waits
+             if t.startswith(PREFIX)}
+    assert waits == {
+        (1, "train_advertise"): d.train + d.advertise_keys + d.site_start,
+        (1, "share_keys"): d.share_keys + d.site_start,
+        (1, "masked_input"): d.masked_input + d.site_start,
+        (1, "consistency_next"): max(d.consistency, d.advertise_keys) + d.site_start,
+        (1, "unmask_next"): max(d.unmask, d.share_keys) + d.site_start,
+        (2, "train_masked"): d.train + d.masked_input + d.site_start,
+        (2, "consistency_next"): d.consistency + d.site_start,  # the last round sets nothing up ahead
+        (2, "unmask_next"): d.unmask + d.site_start,
+    }
 
 
 def _unmask_requests(fed: Federation, rnd: int) -> dict[str, UnmaskRequest]:

@@ -312,3 +312,16 @@ def test_stage_deadlines_must_be_positive_and_named():
     assert d.for_stage("unmask") == 5.0
     with pytest.raises(KeyError):
         d.for_stage("nap")
+    with pytest.raises(KeyError):  # the start allowance is no stage
+        d.for_stage("site_start")
+
+
+def test_every_protocol_message_allows_the_sites_start():
+    """A cold site starts a ClientApp process per message (53 s of imports at load 18): a message's deadline is its
+    stages' work plus ``site_start``, so a 30 s stage does not drop every cold site before it has started."""
+    d = StageDeadlines()
+    assert d.site_start >= 60.0
+    assert d.for_message(d.for_stage("advertise_keys")) == d.advertise_keys + d.site_start
+    assert StageDeadlines(site_start=0).for_message(4.0) == 4.0  # warm sites may pin none
+    with pytest.raises(ValidationError):
+        StageDeadlines(site_start=-1)

@@ -49,7 +49,15 @@ MIN_SITES = 4
 
 
 class StageDeadlines(BaseModel):
-    """Per-stage deadlines in seconds (P17). A site that has not answered by then is a dropout."""
+    """Per-stage deadlines in seconds (P17). A site that has not answered by then is a dropout.
+
+    A stage's own field bounds the site's work on it; every protocol message's deadline adds ``site_start``, the
+    time a site takes to take a message up before any work starts (:meth:`for_message`). A site whose executor
+    starts a fresh ClientApp process per message (``fcd site start --cold``, ``engines.site_exec``) imports torch
+    and Flower for every message: about 3 s on a quiet 2-core machine, 53 s at load average 18 (measured,
+    ``benchmarks/federation.py --deployment``), so a 30 s stage deadline alone dropped every such site at
+    ``advertise_keys`` on a loaded host, and a hospital's host can be loaded too.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -59,11 +67,20 @@ class StageDeadlines(BaseModel):
     masked_input: float = Field(120.0, gt=0, description="stage 2: the masked vectors")
     consistency: float = Field(30.0, gt=0, description="stage 3: signatures on the survivor list")
     unmask: float = Field(60.0, gt=0, description="stage 4: the shares that unmask the sum")
+    site_start: float = Field(
+        120.0, ge=0, description="added to every protocol message's deadline: a site's time to take the message up "
+        "(a cold executor starts a ClientApp process per message: ~3 s quiet, ~55 s on a loaded 2-core host)")
 
     def for_stage(self, stage: str) -> float:
-        if stage not in type(self).model_fields:
+        """The site's work on ``stage`` (one of the five stages or ``train``), without its start."""
+        if stage not in type(self).model_fields or stage == "site_start":
             raise KeyError(f"unknown secure-aggregation stage {stage!r}")
         return float(getattr(self, stage))
+
+    def for_message(self, work_s: float) -> float:
+        """The deadline of one message whose stages' work is bounded by ``work_s`` (the stages' own deadlines,
+        summed where the site does them one after the other): that plus ``site_start``."""
+        return float(work_s) + self.site_start
 
 
 class SecAggPolicy(BaseModel):

@@ -32,8 +32,9 @@ Every protocol message is the strict byte encoding of ``fcd_secure.aggregation.s
 ``ConfigRecord`` field ``msg`` (``next`` for the next round's request; a combined reply is the two replies,
 ``records.pack_pair``; the audit egress gate lets only bytes and ints through in ``train.secagg_*``, each stage within
 its size bound). Each stage has its own deadline (``SecAggPolicy.deadlines``, P17; a combined message the sum of
-training's and the stage's, or the larger of its two stages'): a site that has not answered by then is a dropout,
-and anything it sends later is ignored (P9). Fewer survivors than the threshold abort the round and the global model
+training's and the stage's, or the larger of its two stages'; every message also allows the site's start,
+``StageDeadlines.site_start``: a cold site starts a process per message): a site that has not answered by then is a
+dropout, and anything it sends later is ignored (P9). Fewer survivors than the threshold abort the round and the global model
 stays unchanged (``RoundOutcome.theta_c is None``); the next round then sets up its own keys.
 
 A sum outside what clipped inputs allow (``BoundViolation``, P26) says that some site of the sum sent an input
@@ -256,7 +257,7 @@ class SecureAggregationFlow(AggregationFlow[SecureSum]):
         deadlines = self.policy.deadlines
         if ahead is not None and ahead.server_round == rnd.server_round and ahead.sites == frozenset(node_of):
             self._server, requests, stage = ahead.server, ahead.requests, SECAGG_TRAIN_MASKED_STAGE
-            timeout = deadlines.train + deadlines.masked_input
+            timeout = deadlines.for_message(deadlines.train + deadlines.masked_input)
             self.last_report.update(ahead.report, pipelined=True)
         else:
             try:
@@ -267,7 +268,7 @@ class SecureAggregationFlow(AggregationFlow[SecureSum]):
             except SecAggError as exc:
                 raise self._abort(self.last_report, str(exc)) from None
             requests, stage = self._server.start(), SECAGG_TRAIN_ADVERTISE_STAGE
-            timeout = deadlines.train + deadlines.advertise_keys
+            timeout = deadlines.for_message(deadlines.train + deadlines.advertise_keys)
             self.last_report["pipelined"] = False
         contents = {
             node_of[s]: RecordDict({**dict(content.items()), REC_SECAGG: ConfigRecord({SECAGG_FIELD: req})})
@@ -288,7 +289,8 @@ class SecureAggregationFlow(AggregationFlow[SecureSum]):
             stages = STAGES[2:3] if report["pipelined"] else STAGES[:3]
             requests = self._advance(server, stages[0])
             for stage in stages[1:]:
-                got = _send_stage(comm, stage, requests, node_of, self.policy.deadlines.for_stage(stage), rnd.server_round, None)
+                deadline = self.policy.deadlines.for_message(self.policy.deadlines.for_stage(stage))
+                got = _send_stage(comm, stage, requests, node_of, deadline, rnd.server_round, None)
                 _collect(server, got)
                 requests = self._advance(server, stage)
             requests = self._last_stages(rnd, server, requests)
@@ -333,7 +335,8 @@ class SecureAggregationFlow(AggregationFlow[SecureSum]):
         next_report: dict[str, int] = {}
         for stage, next_stage, pair in (("consistency", "advertise_keys", SECAGG_CONSISTENCY_NEXT_STAGE),
                                         ("unmask", "share_keys", SECAGG_UNMASK_NEXT_STAGE)):
-            timeout = max(deadlines.for_stage(stage), deadlines.for_stage(next_stage) if next_requests else 0.0)
+            timeout = deadlines.for_message(max(deadlines.for_stage(stage),
+                                                deadlines.for_stage(next_stage) if next_requests else 0.0))
             got, got_next = _send_pair(comm, pair, requests, next_requests, node_of, timeout, rnd.server_round)
             _collect(server, got)
             if nxt is not None:
@@ -526,7 +529,8 @@ def secure_sum(
     try:
         for i, stage in enumerate(STAGES):
             extra = first_stage_extra if i == 0 else None
-            _collect(server, _send_stage(comm, stage, requests, node_of, policy.deadlines.for_stage(stage), message_round, extra))
+            deadline = policy.deadlines.for_message(policy.deadlines.for_stage(stage))
+            _collect(server, _send_stage(comm, stage, requests, node_of, deadline, message_round, extra))
             requests = server.advance()
             report[stage] = len(server.report.survivors.get(stage, ()))
         agg = server.finish()
