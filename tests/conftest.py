@@ -324,3 +324,15 @@ def _site_registry(tmp_path_factory, monkeypatch):
     """Each test its own registry of this host's site homes (``provisioning.site_install.tables``): tests init sites
     on tables of equal content, which one host would rightly refuse as one table held by two homes."""
     monkeypatch.setenv("FCD_SITE_REGISTRY", str(tmp_path_factory.mktemp("registry") / "site_tables.json"))
+
+
+@pytest.fixture(scope="session")
+def hospitals(tmp_path_factory):
+    """The session's hospital consortium (``tests/_hospital.py``: a coordinator and four hospitals with real Flower
+    processes), shared by the deployment tests that run a consortium's commands, started on first use; a test that
+    changes it closes it, and the next one gets a fresh one. Stopped at the end of the session."""
+    from _hospital import Hospitals
+
+    hospitals = Hospitals(tmp_path_factory)
+    yield hospitals
+    hospitals.close()

@@ -6,6 +6,8 @@ aggregation, 4 sites) is shared by the attacks and the run, in this order:
 * SuperNodes without a key or with an unregistered key are refused by the SuperLink;
 * a second local process submits its own app with ``flwr run`` (the Control API is unauthenticated in open-source
   Flower): every site refuses it, records the refusal, and the app's code never runs (it would copy a site key);
+  at the same time it submits the consortium's own app with a run config the coordinator did not sign: the
+  ServerApp refuses it;
 * the consortium's run: Θc equals the simulation engine's within the quantisation bound, and ``fcd audit verify``
   of the collected evidence with the pinned keys exits 0; no private key is in the run folder.
 
@@ -148,26 +150,33 @@ def _foreign_app(folder: Path, marker: Path) -> Path:
     return folder
 
 
-def _rogue_supernode(dep, tmp_path: Path, name: str, key: Path | None) -> tuple[int, str]:
-    """A SuperNode that tries to join the deployment; returns its exit code and log."""
+def _rogue_supernodes(dep, tmp_path: Path, keys: dict[str, Path | None]) -> dict[str, tuple[int, str]]:
+    """SuperNodes that try to join the deployment, one per ``{name: private key or None}``, all at once (each mostly
+    waits for the SuperLink's answer); returns each one's exit code and log."""
     from fcd_secure.engines.deployment import _bin, flower_env, free_port
 
-    args = [_bin("flower-supernode"), "--root-certificates", str(dep.tls.ca_cert), "--superlink", f"127.0.0.1:{dep.port}",
-            "--host", "127.0.0.1", "--port", str(free_port()), "--max-retries", "1", "--max-wait-time", "60",
-            "--node-config", 'site-id="intruder" site-index=0']
-    if key is not None:
-        args += ["--auth-supernode-private-key", str(key)]
-    log = tmp_path / f"{name}.log"
-    with open(log, "wb") as fh:
-        p = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, env=flower_env(tmp_path / f"{name}-home"),
-                             start_new_session=True)
+    procs = {}
+    for name, key in keys.items():
+        args = [_bin("flower-supernode"), "--root-certificates", str(dep.tls.ca_cert), "--superlink",
+                f"127.0.0.1:{dep.port}", "--host", "127.0.0.1", "--port", str(free_port()), "--max-retries", "1",
+                "--max-wait-time", "60", "--node-config", 'site-id="intruder" site-index=0']
+        if key is not None:
+            args += ["--auth-supernode-private-key", str(key)]
+        with open(tmp_path / f"{name}.log", "wb") as fh:
+            procs[name] = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT,
+                                           env=flower_env(tmp_path / f"{name}-home"), start_new_session=True)
+    deadline = time.monotonic() + 240
+    out = {}
     try:
-        rc = p.wait(timeout=240)
+        for name, p in procs.items():
+            rc = p.wait(timeout=max(1.0, deadline - time.monotonic()))
+            out[name] = rc, (tmp_path / f"{name}.log").read_text(errors="replace")
     finally:
-        if p.poll() is None:
-            os.killpg(p.pid, 9)
-            p.wait()
-    return rc, log.read_text(errors="replace")
+        for p in procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+                p.wait()
+    return out
 
 
 def test_secure_deployment_refuses_intruders_and_foreign_apps_and_matches_simulation(tmp_path):
@@ -189,23 +198,42 @@ def test_secure_deployment_refuses_intruders_and_foreign_apps_and_matches_simula
             assert site.root.stat().st_mode & 0o777 == 0o700
 
         # -- intruding SuperNodes --------------------------------------------------------------------------
-        rc, log = _rogue_supernode(dep, tmp_path, "no-key", None)
-        assert rc != 0 and "must be registered" in log
+        t0 = time.monotonic()
         make_node_key(tmp_path / "other.key", tmp_path / "other.pub")
-        rc, log = _rogue_supernode(dep, tmp_path, "wrong-key", tmp_path / "other.key")
+        rogues = _rogue_supernodes(dep, tmp_path, {"no-key": None, "wrong-key": tmp_path / "other.key"})
+        times["intruders"] = time.monotonic() - t0
+        rc, log = rogues["no-key"]
+        assert rc != 0 and "must be registered" in log
+        rc, log = rogues["wrong-key"]
         assert rc != 0 and "Failed to activate SuperNode" in log
 
-        # -- a foreign app submitted by another local process -------------------------------------------------
+        # -- a foreign app submitted by another local process, and at the same time the consortium's own app
+        # rebuilt and submitted with a run config of the attacker's (P34): two runs the sites must not serve, started
+        # together (each mostly waits for its ServerApp process to start)
+        import tomli_w
+
         t0 = time.monotonic()
         marker = tmp_path / "stolen"
         attacker = tmp_path / "attacker-home"
         attacker.mkdir()
         (attacker / "config.toml").write_text((dep.cli_home / "config.toml").read_text())  # the CA is public
         foreign = _foreign_app(tmp_path / "foreign", marker)
-        with open(tmp_path / "foreign-run.log", "wb") as fh:
-            subprocess.run([_bin("flwr"), "run", str(foreign), CONNECTION, "--stream"], stdout=fh, stderr=subprocess.STDOUT,
-                           env=flower_env(attacker), timeout=1200, check=False)
-        times["foreign_app"] = time.monotonic() - t0
+        evil = dep.cfg.model_copy(update={"out": str(tmp_path / "attacker-out"), "seed": 7})
+        (attacker / "run-config.toml").write_text(tomli_w.dumps({RUN_CONFIG_KEY: evil.to_json()}))
+        with open(tmp_path / "unsigned-run.log", "wb") as fh:
+            unsigned = subprocess.Popen([_bin("flwr"), "run", str(dep.app_dir), CONNECTION, "--run-config",
+                                         str(attacker / "run-config.toml"), "--stream"], stdout=fh,
+                                        stderr=subprocess.STDOUT, env=flower_env(attacker), start_new_session=True)
+        try:
+            with open(tmp_path / "foreign-run.log", "wb") as fh:
+                subprocess.run([_bin("flwr"), "run", str(foreign), CONNECTION, "--stream"], stdout=fh,
+                               stderr=subprocess.STDOUT, env=flower_env(attacker), timeout=1200, check=False)
+            unsigned.wait(timeout=600)
+        finally:
+            if unsigned.poll() is None:
+                os.killpg(unsigned.pid, 9)
+                unsigned.wait()
+        times["foreign_and_unsigned_runs"] = time.monotonic() - t0
         server_view = json.loads(Path(str(marker) + "-server.json").read_text())
         assert server_view["nodes"] == 4 and server_view["replies"] == 4
         assert all(code == POLICY_ERROR_CODE and reason == POLICY_REASON_PREFIX + "app_not_pinned" for code, reason in server_view["errors"])
@@ -216,16 +244,6 @@ def test_secure_deployment_refuses_intruders_and_foreign_apps_and_matches_simula
             lines = [json.loads(l) for l in site.ledger.read_text().splitlines()]
             refused = [l for l in lines if l["kind"] == "upload" and l["status"] == "refused"]
             assert [r["refusal"]["rule"] for r in refused] == ["app_not_pinned"] and refused[0]["payload_bytes"] == 0
-
-        # -- the consortium's own app, rebuilt and submitted with a run config of the attacker's (P34) ----------
-        import tomli_w
-
-        evil = dep.cfg.model_copy(update={"out": str(tmp_path / "attacker-out"), "seed": 7})
-        (attacker / "run-config.toml").write_text(tomli_w.dumps({RUN_CONFIG_KEY: evil.to_json()}))
-        with open(tmp_path / "unsigned-run.log", "wb") as fh:
-            subprocess.run([_bin("flwr"), "run", str(dep.app_dir), CONNECTION, "--run-config",
-                            str(attacker / "run-config.toml"), "--stream"], stdout=fh, stderr=subprocess.STDOUT,
-                           env=flower_env(attacker), timeout=600, check=False)
         assert not (tmp_path / "attacker-out").exists(), "the coordinator's ServerApp ran an unsigned run config"
         assert "coordinator signature" in (tmp_path / "unsigned-run.log").read_text(errors="replace")
         # the ServerApp the run starts will not read the coordinator's keys, the CA's or any site's folder (P35)
@@ -238,12 +256,14 @@ def test_secure_deployment_refuses_intruders_and_foreign_apps_and_matches_simula
         times["run"] = time.monotonic() - t0
 
         # -- the signed run config resubmitted under a new Flower run id, without the key (P52) ---------------
+        t0 = time.monotonic()
         summary_file = tmp_path / "dep-run" / "summary.json"
         stamp = summary_file.stat().st_mtime_ns
         with open(tmp_path / "replayed-run.log", "wb") as fh:
             subprocess.run([_bin("flwr"), "run", str(dep.app_dir), CONNECTION, "--run-config",
                             str(work / "run-config.toml"), "--stream"], stdout=fh, stderr=subprocess.STDOUT,
                            env=flower_env(attacker), timeout=600, check=False)
+        times["replayed_run"] = time.monotonic() - t0
         replayed = " ".join((tmp_path / "replayed-run.log").read_text(errors="replace").split())
         assert "signed run start was already used by run" in replayed, replayed[-2000:]
         assert summary_file.stat().st_mtime_ns == stamp, "a replayed run start rewrote the run folder"

@@ -1,7 +1,9 @@
 """The hospital path end to end on 127.0.0.1, with real Flower processes: a coordinator and four hospitals (the
 secure-aggregation minimum), each in its own home folder with its own CSV (DKT-Synth written out as long tables,
-one per site). One consortium is shared by the module's two tests (starting it is most of their cost): enrolment
-with fingerprints given out of band, join, preflight green, ``server start``, ``site start`` ×4; then
+one per site). The session's consortium (``tests/_hospital.py``: enrolment with fingerprints given out of band,
+join, preflight green, ``server start``, ``site start`` ×4; starting it is most of the cost) is shared by the
+module's two tests, before any run of another module trained on it, and afterwards by ``test_whatif_deployed.py``;
+then
 
 * a run every site refuses (reported with the ServerApp's reason within a status poll, not at the end of the
   timeout);
@@ -22,7 +24,8 @@ with fingerprints given out of band, join, preflight green, ``server start``, ``
   run's copies of the site ledgers beside the second run's server ledger read partial ("stale evidence"), never
   tampered, and ``fcd audit collect`` again makes them compliant.
 
-Every process is stopped by PID when the module's tests are done, and none may survive its ``stop``.
+Every process is stopped by PID when the session's last test of the consortium is done, and none may survive its
+``stop``.
 """
 
 from __future__ import annotations
@@ -31,40 +34,21 @@ import http.client
 import json
 import re
 import shutil
-import socket
 import ssl
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
+from _hospital import N_SITES, Consortium, invoke
 from fcd_secure.cli import audit as audit_cli
-from fcd_secure.cli import consortium as consortium_cli
 from fcd_secure.cli import server as server_cli
-from fcd_secure.cli import site as site_cli
 from fcd_secure.provisioning.consortium import Coordinator
 from fcd_secure.provisioning.processes import alive, read_pids
 from fcd_secure.provisioning.server import submit_run
 
 pytestmark = pytest.mark.deployment
-runner = CliRunner()
-N_SITES = 4
-
-
-def invoke(app, args: list[str]) -> tuple[int, dict]:
-    res = runner.invoke(app, [*args, "--json"])
-    try:
-        return res.exit_code, json.loads(res.stdout)
-    except json.JSONDecodeError:
-        raise AssertionError(f"{args}: {res.stdout!r} {res.exception!r}") from None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _status(ca: Path, port: int, path: str, source: str) -> int:
@@ -87,24 +71,6 @@ def assert_control_api_only_from_coordinator(ca: Path, port: int) -> None:
 
 
 @dataclass(frozen=True)
-class Consortium:
-    """A started consortium: the coordinator's home, the hospitals' homes, their pinned fingerprints, the site
-    processes recorded right after ``fcd site start`` and what ``fcd server start`` answered."""
-
-    root: Path
-    co: Path
-    port: int
-    homes: list[Path]
-    site_fps: list[str]
-    site_pids: dict[Path, dict[str, int]]
-    server_start: dict
-
-    @property
-    def site_args(self) -> list[str]:
-        return [a for h in self.homes for a in ("--site-home", str(h))]
-
-
-@dataclass(frozen=True)
 class FirstRun:
     """``fcd server run --dp --dp-epsilon 1``'s exit code and envelope, its run folder, and a copy of its evidence to
     which each hospital added its ledger by hand right after the run."""
@@ -116,63 +82,10 @@ class FirstRun:
 
 
 @pytest.fixture(scope="module")
-def consortium(tmp_path_factory):
-    """Enrol, join, preflight and start a coordinator and :data:`N_SITES` hospitals; at the end stop each by its
-    own ``stop`` command and check that none of its recorded processes survived."""
-    import torch
-
-    from fcd_secure.data.long_tables import write_site_tables
-    from fcd_secure.data.registry import load_federated
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the in-process commands gain nothing from two threads on two shared cores
-    root = tmp_path_factory.mktemp("hospitals")
-    fd = load_federated("dkt-synth", n_sites=N_SITES, preset="tiny", seed=0)
-    spec, tables = write_site_tables(fd.train, fd.test, root / "data", "dkt-synth-long")
-    co = root / "coordinator"
-    port = free_port()
-    code, env = invoke(consortium_cli.app, ["init", "--home", str(co), "--id", "e2e", "--spec", str(spec),
-                                            "--port", str(port), "--min-trajectories", "20"])
-    assert code == 0, env
-    coordinator_fp = env["data"]["coordinator_fingerprint"]
-    homes = [root / f"hospital{i}" for i in range(N_SITES)]
-    site_fps = []
-    for i, home in enumerate(homes):
-        code, env = invoke(site_cli.app, ["init", "--spec", str(spec), "--table", str(tables[i]), "--home", str(home),
-                                          "--site-id", f"site{i}", "--min-trajectories", "20"])
-        assert code == 0, env
-        site_fps.append(env["data"]["identity_fingerprint"])
-        code, env = invoke(consortium_cli.app, ["add-site", str(home / "enrolment_request.json"), "--home", str(co),
-                                                "--fingerprint", site_fps[-1]])
-        assert code == 0, env
-    # the CA's private key goes offline before the server starts (fcd server start refuses otherwise, P35)
-    (root / "offline").mkdir()
-    shutil.move(co / "pki" / "ca.key", root / "offline" / "ca.key")
-    started: list[Path] = []
-    try:
-        code, server_start = invoke(server_cli.app, ["start", "--home", str(co)])
-        assert code == 0, server_start
-        started.append(co / "server")
-        for i, home in enumerate(homes):
-            code, env = invoke(site_cli.app, ["join", str(co / "bundles" / f"site{i}.json"), "--home", str(home),
-                                              "--coordinator-fingerprint", coordinator_fp])
-            assert code == 0, env
-            code, env = invoke(site_cli.app, ["preflight", "--home", str(home)])
-            assert code == 0, env["data"]["checks"] if env.get("data") else env
-            code, env = invoke(site_cli.app, ["start", "--home", str(home)])
-            assert code == 0, env
-            started.append(home)
-        site_pids = {h: {n: int(v["pid"]) for n, v in read_pids(h).items()} for h in homes}
-        yield Consortium(root, co, port, homes, site_fps, site_pids, server_start)
-    finally:
-        torch.set_num_threads(threads)
-        for folder in reversed(started):
-            pids = [int(v["pid"]) for v in read_pids(folder).values()]
-            if folder.name == "server":
-                invoke(server_cli.app, ["stop", "--home", str(co)])
-            else:
-                invoke(site_cli.app, ["stop", "--home", str(folder)])
-            assert not any(alive(p) for p in pids), f"a process of {folder} survived stop"
+def consortium(hospitals) -> Consortium:
+    """The session's consortium (``tests/_hospital.py``) before any run trained: this module's runs are its
+    first."""
+    return hospitals.consortium(untrained=True)
 
 
 @pytest.fixture(scope="module")
@@ -209,6 +122,17 @@ def _verify(ev: Path, fps: list[str]) -> tuple[int, dict]:
     for f in fps:
         args += ["--site-key", f]
     return invoke(audit_cli.app, args)
+
+
+def _wait_until_logged(logs: list[Path], after: list[int], text: str, wait_s: float = 120.0) -> None:
+    """Poll until each log has ``text`` past its first ``after`` bytes (the SuperNodes log each failed pull)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        missing = [p for p, n in zip(logs, after) if text.encode() not in p.read_bytes()[n:]]
+        if not missing:
+            return
+        assert time.monotonic() < deadline, f"{text!r} not logged within {wait_s:.0f} s in {missing}"
+        time.sleep(0.2)
 
 
 def _bad(env: dict) -> list[str]:
@@ -264,9 +188,11 @@ def test_sites_survive_a_coordinator_restart_and_the_evidence_stays_honest(conso
     assert len(spent) == N_SITES and all(0 < e <= 1.0 + 1e-6 for e in spent.values()), spent  # not the cap of 8
 
     # 2. the coordinator restarted; no hospital touches its processes
+    supernode_logs = [(h / "run" / "logs" / "supernode.log") for h in homes]
+    seen = [p.stat().st_size for p in supernode_logs]
     code, env = invoke(server_cli.app, ["stop", "--home", str(co)])
     assert code == 0, env
-    time.sleep(3)  # the SuperNodes notice the SuperLink is gone
+    _wait_until_logged(supernode_logs, seen, "Connection attempt failed")  # the SuperNodes noticed it is gone
     code, env = invoke(server_cli.app, ["start", "--home", str(co)])
     assert code == 0, env
     for h in homes:  # the site's recorded processes (supervisor, executor) never stopped
@@ -281,7 +207,6 @@ def test_sites_survive_a_coordinator_restart_and_the_evidence_stays_honest(conso
     summary = json.loads((second / "summary.json").read_text())
     assert summary["resumed_from_round"] == 1 and summary["rounds"] == 2
     assert json.loads((second / "config.json").read_text())["federation"]["node_wait_s"] == 300
-    supernode_logs = [(h / "run" / "logs" / "supernode.log") for h in homes]
     assert any("starting it again" in p.read_text() for p in supernode_logs if p.exists())
 
     # 4. the first run's copies of the site ledgers are stale beside the second run's server ledger

@@ -5,17 +5,17 @@ question budget, through secure aggregation (``federation.asked_runs``).
 The first part attacks the site's side of this channel without Flower (docs/threats.md P61-P66): a question other
 than the signed one, another Θc than the run's, a run the site never answered, a run whose Θs it deleted, a question
 run that trains or asks for the round-0 sums, a signed question start replayed under another run id. The last test
-runs the real deployment (SuperLink, SuperNodes, site executors on 127.0.0.1): a coordinator and four hospitals, a DP
-run, one question answered, the same question declined by the site whose budget refuses it (named, with its rule;
-the other three are then below secure aggregation's minimum, so nothing is revealed),
-a question about a run no site answered (declined by every site, named), a replayed question start (refused) and
-the refusal, before any work, when the coordinator is not running.
+runs the real deployment (SuperLink, SuperNodes, site executors on 127.0.0.1): the session's coordinator and four
+hospitals (``tests/_hospital.py``, shared with ``test_hospital_deployment.py``), a DP run, one question answered,
+the same question declined by the site whose budget refuses it (named, with its rule; the other three are then
+below secure aggregation's minimum, so nothing is revealed), a question about a run no site answered (declined by
+every site, named), a replayed question start (refused) and the refusal, before any work, when the coordinator is
+not running.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -226,58 +226,34 @@ def _set_policy(home: Path, **sections) -> None:
 
 
 @pytest.mark.deployment
-def test_whatif_on_a_deployed_run_through_the_superlink(tmp_path, one_torch_thread):
-    from fcd_secure.cli import consortium as consortium_cli
-    from fcd_secure.cli import server as server_cli
-    from fcd_secure.cli import site as site_cli
-    from fcd_secure.cli.main import app as main_app
-    from fcd_secure.data.long_tables import write_site_tables
-    from fcd_secure.data.registry import load_federated
-    from fcd_secure.provisioning.consortium import Coordinator
-    from fcd_secure.provisioning.processes import alive, read_pids
-    from fcd_secure.provisioning.server import RUN_START_FILE, _server_root, _submit_and_wait
-    from test_hospital_deployment import N_SITES, free_port
-    from test_hospital_deployment import invoke as _invoke
+def test_whatif_on_a_deployed_run_through_the_superlink(hospitals, one_torch_thread):
+    """On the session's consortium (``tests/_hospital.py``; after ``test_hospital_deployment.py``'s runs when the
+    session has them, then this run resumes their checkpoint): its sites' policies change here, so it is closed at
+    the end and a later test gets a fresh one."""
+    from _hospital import N_SITES, invoke
 
-    fd = load_federated("dkt-synth", n_sites=N_SITES, preset="tiny", seed=0)
-    spec, tables = write_site_tables(fd.train, fd.test, tmp_path / "data", "dkt-synth-long")
-    co = tmp_path / "coordinator"
-    code, env = _invoke(consortium_cli.app, ["init", "--home", str(co), "--id", "asked", "--spec", str(spec),
-                                             "--port", str(free_port()), "--min-trajectories", "20"])
-    assert code == 0, env
-    coordinator_fp = env["data"]["coordinator_fingerprint"]
-    homes = [tmp_path / f"hospital{i}" for i in range(N_SITES)]
-    for i, home in enumerate(homes):
-        code, env = _invoke(site_cli.app, ["init", "--spec", str(spec), "--table", str(tables[i]), "--home",
-                                           str(home), "--site-id", f"h{i}", "--min-trajectories", "20"])
-        assert code == 0, env
-        code, env = _invoke(consortium_cli.app, ["add-site", str(home / "enrolment_request.json"), "--home", str(co),
-                                                 "--fingerprint", env["data"]["identity_fingerprint"]])
-        assert code == 0, env
-    (tmp_path / "offline").mkdir()
-    shutil.move(co / "pki" / "ca.key", tmp_path / "offline" / "ca.key")
-    run = tmp_path / "run"
-    started: list[Path] = []
+    from fcd_secure.cli import server as server_cli
+    from fcd_secure.cli.main import app as main_app
+    from fcd_secure.provisioning.consortium import Coordinator
+    from fcd_secure.provisioning.server import RUN_START_FILE, _server_root, _submit_and_wait
+
+    c = hospitals.consortium()
+    co, homes = c.co, c.homes
+    run = c.root / "asked-run"
     try:
-        code, env = _invoke(server_cli.app, ["start", "--home", str(co)])
-        assert code == 0, env
-        started.append(co / "server")
-        for i, home in enumerate(homes):
-            code, env = _invoke(site_cli.app, ["join", str(co / "bundles" / f"h{i}.json"), "--home", str(home),
-                                               "--coordinator-fingerprint", coordinator_fp])
-            assert code == 0, env
+        for home in homes:
             # each hospital tests on half of its patients: the tiny world's test splits then reach the cohort floor
             _set_policy(home, split={"test_fraction": 0.5})
-            code, env = _invoke(site_cli.app, ["start", "--home", str(home)])
-            assert code == 0, env
-            started.append(home)
-        code, env = _invoke(server_cli.app, ["run", "--home", str(co), "--out", str(run), "--rounds", "1", "--dp",
-                                             "--timeout", "900"])
+        # one round more than the checkpoint holds (the same training settings as the other module's runs)
+        rounds = c.trained_rounds() + 1
+        code, env = invoke(server_cli.app, ["run", "--home", str(co), "--out", str(run), "--rounds", str(rounds),
+                                            "--dp", "--dp-epsilon", "1", "--timeout", "900"])
         assert code in (0, 8), (env["message"], env.get("hint"))  # 8: the answer is the simulator's alone
+        assert json.loads((run / "summary.json").read_text())["rounds"] == rounds
         start = json.loads((run / RUN_START_FILE).read_text())
         assert len(start["session_id"]) == 32
         for i, home in enumerate(homes):  # each site recorded what it answered the run with, under its session
-            assert (home / "state" / f"h{i}" / "slots" / ANSWERED_SLOT / f"{start['session_id']}.npz").is_file()
+            assert (home / "state" / f"site{i}" / "slots" / ANSWERED_SLOT / f"{start['session_id']}.npz").is_file()
 
         # 1. one question, answered by every site through the SuperLink
         ask = ["whatif", str(run), "-p", "never", "-p", "always", "--timeout", "600", "--json"]
@@ -296,8 +272,8 @@ def test_whatif_on_a_deployed_run_through_the_superlink(tmp_path, one_torch_thre
         env = json.loads(res.stdout)
         # four sites are secure aggregation's minimum here: the other three are too few to reveal a sum
         assert res.exit_code == 1, (env["message"], env.get("hint"))
-        assert env["data"]["declined_rules"] == {"h3": "eval_cohort"}
-        assert env["message"].startswith("no site answered the question: h3 declined it under rule 'eval_cohort'")
+        assert env["data"]["declined_rules"] == {"site3": "eval_cohort"}
+        assert env["message"].startswith("no site answered the question: site3 declined it under rule 'eval_cohort'")
         assert "3 other site(s) were too few for secure aggregation" in env["message"], env["message"]
 
         # 3. a question naming a run no site answered: every site declines, each named with the rule
@@ -305,7 +281,7 @@ def test_whatif_on_a_deployed_run_through_the_superlink(tmp_path, one_torch_thre
         res = runner.invoke(main_app, ask)
         env = json.loads(res.stdout)
         assert res.exit_code == 1, env
-        assert "declined it under rule 'whatif_run'" in env["message"] and "h0" in env["message"], env["message"]
+        assert "declined it under rule 'whatif_run'" in env["message"] and "site0" in env["message"], env["message"]
         (run / RUN_START_FILE).write_text(json.dumps(start))
 
         # 4. the last signed question start, replayed under a new Flower run id: refused, nothing answered
@@ -316,13 +292,7 @@ def test_whatif_on_a_deployed_run_through_the_superlink(tmp_path, one_torch_thre
         with pytest.raises(RuntimeError, match="ended finished:failed"):
             _submit_and_wait(Coordinator(co), replay, run / "whatif" / "replayed.json", 300)
     finally:
-        for folder in reversed(started):
-            pids = [int(v["pid"]) for v in read_pids(folder).values()]
-            if folder.name == "server":
-                _invoke(server_cli.app, ["stop", "--home", str(co)])
-            else:
-                _invoke(site_cli.app, ["stop", "--home", str(folder)])
-            assert not any(alive(p) for p in pids), f"a process of {folder} survived stop"
+        hospitals.close()  # every process stopped by its own stop command; none survived it
     # 5. refused before any work when the coordinator is not running
     res = runner.invoke(main_app, ["whatif", str(run), "-p", "never", "-p", "always", "--json"])
     env = json.loads(res.stdout)
