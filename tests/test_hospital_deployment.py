@@ -143,11 +143,11 @@ def test_hospital_path_end_to_end(consortium, refused_run, first_run):
     assert consortium.server_start["data"]["control_api_address"] == "127.0.0.1"
     assert_control_api_only_from_coordinator(consortium.co / "pki" / "ca.crt", consortium.port)
     # the refused run: the ServerApp fails at hello and the coordinator learns it from the SuperLink within a status
-    # poll, not at the end of --timeout (docs/hospital.md, friction 3)
-    exc, seconds = refused_run
+    # poll, not at the end of --timeout (docs/hospital.md, friction 3): only the status poll raises "ended
+    # finished:failed" (the timeout raises "did not finish within"); no wall-time bound (a loaded host misses any)
+    exc, _ = refused_run
     assert exc is not None and re.search("ended finished:failed without results: .*refused by the site's policy",
                                          str(exc)), exc
-    assert seconds < 120
     # the first run trains; the tiny world's test splits are below the sites' cohort floor, so every site declines
     # the final evaluation: no answer, and the exit code says so (issue 45 item 5)
     code, env, out = first_run.code, first_run.env, first_run.out
