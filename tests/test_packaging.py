@@ -83,8 +83,9 @@ def test_wheel_installs_outside_the_tree_and_runs(tmp_path):
 
     fcd = venv / "bin" / "fcd"
     assert _sh([fcd, "--version"], env=env, cwd=where).stdout.strip().startswith("fcd ")
+    # the in-process engine: the claim is the installed package (its entry point, policies, data rule), not Ray's start
     run = _sh([fcd, "run", "--preset", "tiny", "--rounds", "1", "--sites", "3", "--no-secure-aggregation",
-               "--eval-every", "0", "--out", "run", "--json"], env=env, cwd=where, timeout=1200)
+               "--eval-every", "0", "--engine", "inprocess", "--out", "run", "--json"], env=env, cwd=where, timeout=1200)
     assert run.returncode == 0, run.stderr[-3000:]
     env_json = json.loads(run.stdout)
     summary = env_json["data"]

@@ -1,12 +1,13 @@
-"""`fcd whatif` end to end on Flower's simulation engine (real Ray, real ClientApp/ServerApp, real model and data):
-a finished tiny run is asked about policies that name actions by label; values and effects come with intervals and
-the DKT-Synth truth; per-entity effects stay in each site's own folder and never reach the server's ledger; the
-evaluation-only round keeps the audit evidence verifiable.
+"""`fcd whatif` end to end (real ClientApp/ServerApp, real model and data): a finished tiny run is asked about
+policies that name actions by label; values and effects come with intervals and the DKT-Synth truth; per-entity
+effects stay in each site's own folder and never reach the server's ledger; the evaluation-only round keeps the audit
+evidence verifiable.
 
-The finished run the question is asked of is trained on the in-process engine (``engines.inprocess``: the same
-ServerApp and ClientApp, pinned to the simulation engine in ``test_federation_inprocess.py``); the question itself,
-what this file is about, runs on the simulation engine. The tests that read them form one xdist group, so both runs
-happen once, on one worker."""
+The finished run is trained on the in-process engine (``engines.inprocess``: the same ServerApp, ClientApp and
+messages as Flower's simulation engine, pinned to it bit for bit in ``test_federation_inprocess.py``), and the
+question runs on the engine the run recorded (``engines.whatif_run.recorded_engine``), so in process too: the claims
+here are the question's, not the engine's. The tests that read them form one xdist group, so both runs happen once,
+on one worker."""
 
 from __future__ import annotations
 
