@@ -228,6 +228,29 @@ def test_bad_questions_exit_2_before_any_engine(asked, tmp_path):
     assert not np.isnan(asked[2]["policies"]["never"]["value_sim"])
 
 
+@shared_run
+def test_the_question_runs_on_the_runs_recorded_engine_and_an_unknown_one_exits_2(asked, tmp_path):
+    """``fcd whatif`` asks a run on the engine its summary.json records (this run's: in process); a run folder that
+    names an engine no local engine records is refused before any engine starts, naming the engine."""
+    import shutil
+
+    from fcd_secure.engines.choice import Engine
+    from fcd_secure.engines.whatif_run import recorded_engine
+
+    run = asked[0]
+    assert recorded_engine(run) is Engine.INPROCESS
+    assert Engine.of_summary(Engine.SIMULATION.summary_name) is Engine.SIMULATION
+    other = tmp_path / "run"
+    shutil.copytree(run, other, ignore=shutil.ignore_patterns("state"))
+    (other / "state").symlink_to(run / "state", target_is_directory=True)
+    summary = json.loads((other / "summary.json").read_text())
+    (other / "summary.json").write_text(json.dumps({**summary, "engine": "ray-cluster"}))
+    r = CliRunner().invoke(fcd_app, ["whatif", str(other), "--policy", "never", "--json"])
+    env = json.loads(r.stdout)
+    assert r.exit_code == 2 and env["error_code"] == "BAD_INPUT" and "'ray-cluster'" in env["message"], r.output
+    assert not (other / "whatif").exists()
+
+
 def test_the_egress_gate_allows_exactly_the_keys_of_the_question():
     from fcd_secure.apps.egress import federation_policy
     from fcd_secure.queries.request import evaluated_policy_names
