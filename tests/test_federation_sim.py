@@ -134,7 +134,7 @@ def test_resume_after_a_server_crash_equals_an_uninterrupted_run(cli_run, crashe
 
 @shared_runs
 def test_same_seed_same_theta_and_a_different_seed_differs(cli_run, crashed_and_resumed):
-    # the Ray run and the in-process crash-and-resume produced the same Θc (above); here the per-round history of
+    # the uninterrupted CLI run and the crash-and-resume produced the same Θc (above); here the per-round history of
     # both runs (sampled sites, sample counts, losses) must match too
     _, resumed, _ = crashed_and_resumed
     rounds = pd.read_csv(cli_run[0] / "rounds.csv")
