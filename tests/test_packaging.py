@@ -1,9 +1,9 @@
 """The wheel a user installs works outside the source tree: it carries the policies and the DKT oracle, its ``fcd``
 runs a tiny federation from a fresh virtual environment, and it has no default data folder inside that environment.
 
-One test (it builds a wheel and runs one tiny round in process: about a minute). The fresh environment sees the project's
-virtual environment's packages through a ``.pth`` file (the equivalent of ``--system-site-packages`` on top of
-it), so nothing is downloaded; the wheel itself is installed with ``--no-deps``.
+One test (it builds a wheel and runs one tiny round in process: about a minute). The fresh environment sees the
+project's virtual environment's packages through a ``.pth`` file (the equivalent of ``--system-site-packages`` on top
+of it), so nothing is downloaded; the wheel itself is installed with ``--no-deps``.
 """
 
 from __future__ import annotations

@@ -406,9 +406,9 @@ def register(app: typer.Typer) -> None:
             raise CliError(str(exc), hint="the coordinator's folder (--home) and a finished run folder of `fcd server "
                            "run`; fcd server start --home HOME first") from None
         if co is not None and engine is not None:
-            raise CliError(f"--engine {engine.value}: {run_dir} is a run of `fcd server run`, asked on its sites through "
-                           "the coordinator's SuperLink; --engine chooses only where a run of `fcd run` is asked",
-                           hint="leave out --engine")
+            raise CliError(f"--engine {engine.value}: {run_dir} is a run of `fcd server run`, asked on its sites "
+                           "through the coordinator's SuperLink; --engine chooses only where a run of `fcd run` is "
+                           "asked", hint="leave out --engine")
         try:
             if co is not None:  # the data is on the sites: they bind the policies' labels and check the horizon
                 cfg = RunConfig.load(Path(run_dir) / "config.toml")
