@@ -241,7 +241,7 @@ def test_the_question_runs_on_the_runs_recorded_engine_and_an_unknown_one_exits_
     assert recorded_engine(run) is Engine.INPROCESS
     assert Engine.of_summary(Engine.SIMULATION.summary_name) is Engine.SIMULATION
     other = tmp_path / "run"
-    shutil.copytree(run, other, ignore=shutil.ignore_patterns("state"))
+    shutil.copytree(run, other, ignore=shutil.ignore_patterns("state", "whatif"))  # without the answers given
     (other / "state").symlink_to(run / "state", target_is_directory=True)
     summary = json.loads((other / "summary.json").read_text())
     (other / "summary.json").write_text(json.dumps({**summary, "engine": "ray-cluster"}))
