@@ -4,8 +4,8 @@ policy the logs never follow comes out as a point with a narrow interval; `fcd r
 HTML report of the run (verdict, sites, bytes, ε and its plot, answers), opened in headless Chromium when present
 (driven over CDP, tests/browser.py).
 
-One real tiny run (the installed entry point in a fresh process, Flower's simulation engine) on a user's table of
-four hospitals: one has too few patients for its evaluation cohort (it declines), and no hospital ever logs the
+One real tiny run (the installed entry point in a fresh process, on the in-process engine: the claims are the
+answers' coverage, not the engine) on a user's table of four hospitals: one has too few patients for its evaluation cohort (it declines), and no hospital ever logs the
 action ``metformin``. Then ``fcd whatif`` asks the same run again. The tests that read them form one xdist group.
 """
 
@@ -56,7 +56,7 @@ def asked(tmp_path_factory):
     spec, table = write_table(base)
     (base / "metformin.toml").write_text(METFORMIN)
     run = fcd("run", "--preset", "tiny", "--rounds", "1", "--spec", spec, "--table", table, "--no-secure-aggregation",
-              "--dp-epsilon", "8", "-p", "never", "-p", "metformin.toml", "--out", "run", cwd=base)
+              "--dp-epsilon", "8", "-p", "never", "-p", "metformin.toml", "--engine", "inprocess", "--out", "run", cwd=base)
     what = fcd("whatif", "run", "-p", "never", "-p", "metformin.toml", "--json", cwd=base)
     return base, run, what
 

@@ -197,8 +197,8 @@ def test_server_start_on_a_port_in_use_names_the_port_before_registering(small_s
 # -- a question every site declines ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
-    """A finished tiny run of 2 sites, 1 round (trained on the in-process engine, so that the one Ray cluster of
-    this test is the `fcd whatif` process's own)."""
+    """A finished tiny run of 2 sites, 1 round, on the in-process engine (``summary.json`` records it, so the `fcd
+    whatif` of this test asks it in process too: the claim is the declined sites' names, not the engine)."""
     import torch
 
     from fcd_secure.config import build_config

@@ -222,7 +222,7 @@ def _seed_cases(tmp: Path, monkeypatch) -> tuple[dict, dict[tuple[str, ...], tup
     import fcd_secure.experiments.reproduction as reproduction
     import fcd_secure.provisioning.server as provisioning_server
 
-    monkeypatch.setattr(run_cli, "execute_run", lambda cfg, as_json: catch("run", [cfg.seed]))
+    monkeypatch.setattr(run_cli, "execute_run", lambda cfg, as_json, *engine: catch("run", [cfg.seed]))
     monkeypatch.setattr(deployment, "LocalDeployment", lambda cfg, **kw: catch("deploy", [cfg.seed]))
     monkeypatch.setattr(centralised, "run_centralised_seeds",
                         lambda cfg, seeds, *a, **kw: catch("train", [cfg.seed, *seeds]))

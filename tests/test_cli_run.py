@@ -1,10 +1,12 @@
 """`fcd run` as a user runs it: the installed entry point in a fresh process, output piped at 80 columns.
 
-Two real tiny runs on Flower's simulation engine, shared by every test here (Ray start-up costs seconds each): run A
-from options, and run B from A's ``config.toml`` alone. They show that progress survives a pipe (one line per round,
-no carriage returns), that ``rounds.csv`` is written as rounds end, that the header, the table and ``summary.json``
-carry the DP setting, that the tables fit 80 columns, and that a config re-runs its run exactly without touching the
-old run's folder. The tests that read runs A and B form one xdist group: the two runs happen once, on one worker.
+Two real tiny runs, shared by every test here: run A from options on Flower's simulation engine (the README's
+command as a user types it), and run B from A's ``config.toml`` alone on the in-process engine (``--engine
+inprocess``: no second Ray start; the engine is not in the config, and B must still equal A bit for bit). They show
+that progress survives a pipe (one line per round, no carriage returns), that ``rounds.csv`` is written as rounds end,
+that the header, the table and ``summary.json`` carry the DP setting, that the tables fit 80 columns, and that a
+config re-runs its run exactly, on either engine, without touching the old run's folder. The tests that read runs A
+and B form one xdist group: the two runs happen once, on one worker.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def runs(tmp_path_factory):
             "--set", "federation.eval_every=1", "--out", "A", cwd=base)
     assert a.returncode == 0, a.stderr[-3000:]
     before = tree_digest(base / "A")
-    b = fcd("run", "--config", base / "A" / "config.toml", "--out", "B", cwd=base)
+    b = fcd("run", "--config", base / "A" / "config.toml", "--engine", "inprocess", "--out", "B", cwd=base)
     assert b.returncode == 0, b.stderr[-3000:]
     return base, a, b, before
 
@@ -104,6 +106,7 @@ def test_a_config_file_reruns_its_run_exactly_and_leaves_the_old_run_alone(runs)
     a_sum = json.loads((base / "A" / "summary.json").read_text())
     b_sum = json.loads((base / "B" / "summary.json").read_text())
     assert b_sum["rounds"] == ROUNDS and b_sum["seed"] == 3 and b_sum["n_sites"] == 3
+    assert (a_sum["engine"], b_sum["engine"]) == ("flower", "flower-inprocess")
     for key in ("pehe", "ate_error", "factual_auc", "value_error_mean", "uplink_bytes"):
         assert b_sum[key] == a_sum[key], key
     theta_a, theta_b = load_theta(base / "A" / "theta_c.npz"), load_theta(base / "B" / "theta_c.npz")
@@ -150,9 +153,10 @@ def test_options_given_with_a_config_override_only_what_they_name(runs, tmp_path
 
 @pytest.mark.slow
 def test_a_killed_run_stops_cleanly_and_resumes_from_its_last_round(tmp_path):
-    """`kill PID` (SIGTERM) during a long run: rounds.csv already holds the finished rounds (it is appended as each
-    ends), the run stops at its next wait and exits 130 saying how to continue, without a traceback; --resume
-    continues from that round."""
+    """`kill PID` (SIGTERM) during a long run on the simulation engine (where Ray takes the signal handler): rounds.csv
+    already holds the finished rounds (it is appended as each ends), the run stops at its next wait and exits 130
+    saying how to continue, without a traceback; --resume continues from that round (on the in-process engine: the
+    state on disk is the engine's neither, and a second Ray start would add nothing to the claim)."""
     import signal
     import time
 
@@ -185,7 +189,7 @@ def test_a_killed_run_stops_cleanly_and_resumes_from_its_last_round(tmp_path):
     assert "interrupted after round" in err and "fcd run --resume K" in err
     assert "Traceback" not in err and out == ""
     last = int(pd.read_csv(csv)["round"].max())
-    res = fcd("run", "--resume", "K", "--rounds", last + 1, cwd=tmp_path)
+    res = fcd("run", "--resume", "K", "--rounds", last + 1, "--engine", "inprocess", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"resuming from round {last}" in res.stderr
     assert pd.read_csv(csv)["round"].tolist() == list(range(1, last + 2))

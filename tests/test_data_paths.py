@@ -87,7 +87,8 @@ def test_load_federated_and_check_follow_the_environment(data_dirs, monkeypatch)
 
 
 def _fcd_run(data_dir: Path, out: Path) -> subprocess.CompletedProcess:
-    """`fcd run` on Statics2011 (tiny, one round, 3 sites) with $FCD_DATA_DIR = data_dir.
+    """`fcd run` on Statics2011 (tiny, one round, 3 sites, the in-process engine: the claim is where the data is read
+    from) with $FCD_DATA_DIR = data_dir.
 
     It runs a copy of this checkout's package in ``out.parent/project``, which has no ``../shared/data`` next to it,
     so the run can only find the data through $FCD_DATA_DIR."""
@@ -107,7 +108,7 @@ def _fcd_run(data_dir: Path, out: Path) -> subprocess.CompletedProcess:
         DATA_DIR_ENV: str(data_dir),
     }
     args = ["run", "--dataset", "statics2011", "--preset", "tiny", "--rounds", "1", "--no-secure-aggregation",
-            "--sites", "3", "--out", str(out), "--json"]
+            "--sites", "3", "--engine", "inprocess", "--out", str(out), "--json"]
     return subprocess.run([str(fcd), *args], capture_output=True, text=True, env=env, timeout=600, cwd=out.parent)
 
 

@@ -1,11 +1,11 @@
-"""End-to-end federation on Flower's simulation engine (real Ray, real ClientApp/ServerApp, real model and data).
+"""End-to-end federation (real ClientApp/ServerApp, real model and data) through ``fcd run``: the run folder, the
+round's accounting, the sites' state across a crash and resume, DSS against full sync, the DP-SGD seam.
 
-Ray start-up costs 10-50 s on two busy cores, so the engine's run is one and shared: one ``fcd run`` (3 rounds, via
-the CLI); the tests that use it form one xdist group, so they run once, on one worker. The claims that are about the
-round's accounting or the sites' state, not the engine, run on the in-process engine (``engines.inprocess``: the same
-ServerApp and ClientApp, pinned to this engine bit for bit in ``test_federation_inprocess.py``): the run that crashes
-after round 3 and its resume (compared with the Ray run, so across engines; a resume on Ray is
-``test_cli_run.py``'s killed run), the DSS/full-sync uplink comparison (two 1-round runs) and the DP-SGD seam.
+These claims are the federation's, not the engine's, so every run here is on the in-process engine
+(``fcd run --engine inprocess``, ``engines.inprocess``: the same ServerApp, ClientApp and messages, pinned to Flower's
+simulation engine bit for bit in ``test_federation_inprocess.py``; ``fcd run`` on the simulation engine itself is
+``test_cli_run.py``'s). The shared run is one ``fcd run`` (3 rounds, via the CLI); the tests that use it form one
+xdist group, so they run once, on one worker.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def cli_run(tmp_path_factory):
     res = CliRunner().invoke(
         fcd_app,
         ["run", "--preset", "tiny", "--sites", str(SITES), "--rounds", str(ROUNDS), "--seed", str(SEED),
-         "--eval-every", "2", "--no-secure-aggregation", "--out", str(out), "--json"],
+         "--eval-every", "2", "--no-secure-aggregation", "--engine", "inprocess", "--out", str(out), "--json"],
     )
     assert res.exit_code == 0, res.output
     env = json.loads(res.stdout.strip().splitlines()[-1])
@@ -134,7 +134,7 @@ def test_resume_after_a_server_crash_equals_an_uninterrupted_run(cli_run, crashe
 
 @shared_runs
 def test_same_seed_same_theta_and_a_different_seed_differs(cli_run, crashed_and_resumed):
-    # the Ray run and the in-process crash-and-resume produced the same Θc (above); here the per-round history of
+    # the uninterrupted CLI run and the crash-and-resume produced the same Θc (above); here the per-round history of
     # both runs (sampled sites, sample counts, losses) must match too
     _, resumed, _ = crashed_and_resumed
     rounds = pd.read_csv(cli_run[0] / "rounds.csv")
@@ -144,25 +144,27 @@ def test_same_seed_same_theta_and_a_different_seed_differs(cli_run, crashed_and_
     assert other != tiny_cfg().training_hash()
 
 
-def test_dss_uplink_is_smaller_than_full_sync_by_the_theta_s_share(tmp_path):
+@shared_runs
+def test_dss_uplink_is_smaller_than_full_sync_by_the_theta_s_share(cli_run, tmp_path):
+    """Round 1 of the shared DSS run (same seed, so the same sampled sites) against one round of full sync."""
     from fcd_secure.engines.inprocess import run_inprocess
 
-    dss = run_inprocess(tiny_cfg(federation={"rounds": 1}, out=str(tmp_path / "dss")))
+    dss = pd.read_csv(cli_run[0] / "rounds.csv").iloc[0]
     full = run_inprocess(tiny_cfg(federation={"sync": "full", "rounds": 1}, out=str(tmp_path / "full")))
-    dss_up = int(dss.history[0]["uplink_bytes"])  # same seed, so the same sampled sites
+    dss_up = int(dss["uplink_bytes"])
     full_up = int(full.history[0]["uplink_bytes"])
     m = full.manifest
     # full synchronisation sends Θs but its site-bound part: the behaviour head of the default IPW weighting
     sent_s = [e for e in m.entries if e.part == THETA_S and not e.site_bound]
     assert any(e.site_bound for e in m.entries) and set(m.names(FULL)) == set(m.names(THETA_C)) | {e.name for e in sent_s}
     theta_s_bytes = sum(e.nbytes for e in sent_s)
-    assert full.history[0]["sites"] == dss.history[0]["sites"]
+    assert full.history[0]["sites"] == dss["sites"]
     assert dss_up < full_up
     extra_per_site = (full_up - dss_up) / K
     # the difference is that Θs: its raw bytes plus Flower's per-array framing (a few hundred bytes per tensor)
     assert theta_s_bytes <= extra_per_site <= theta_s_bytes + 600 * len(sent_s)
     assert full.history[0]["uplink_formula_bytes"] == K * m.nbytes(FULL)
-    assert dss.history[0]["uplink_formula_bytes"] == K * m.nbytes(THETA_C)
+    assert dss["uplink_formula_bytes"] == K * m.nbytes(THETA_C)
     summary = json.loads((tmp_path / "full" / "summary.json").read_text())
     assert summary["synchronised_part"] == FULL
 

@@ -1,12 +1,15 @@
 """The answers of a fixed small run, pinned: ``summary.json``, the run table and ``fcd whatif --json``.
 
-One real run (the installed entry point in a fresh process, Flower's simulation engine, secure aggregation on):
+One real run (the installed entry point in a fresh process, the in-process engine, secure aggregation on):
 DKT-Synth's ``small`` world with the tiny model, 4 sites, 3 rounds, every round evaluated (so the truth-free round
 selection has candidates and picks round 1, not the last), then ``fcd whatif`` asks four policies of it (a static
 pair, an incremental policy that needs a propensity model and a share policy). Every answer the run prints or writes
 is compared with ``tests/golden/``: the answers layer may be rebuilt, its answers may not move. Wall times, paths,
 versions and the what-if query id (a hash that includes the run folder) are left out; floats compare to 1e-9
-relative (a changed order of summation moves the last bits, nothing else may).
+relative (a changed order of summation moves the last bits, nothing else may). The run and its question run on the
+in-process engine (``fcd run --engine inprocess``; ``fcd whatif`` follows the run's engine): the same ServerApp,
+ClientApp and messages as Flower's simulation engine without Ray's start, bit-identical
+(``test_federation_inprocess.py``), so these files are the simulation engine's answers but for ``engine``.
 
 A deliberate change of an answer regenerates the files: ``FCD_GOLDEN_UPDATE=1 pytest tests/test_golden.py``, and
 the diff of ``tests/golden/`` is reviewed with the change.
@@ -90,7 +93,7 @@ def differences(got, want, path: str = "$") -> list[str]:
 def golden_run(tmp_path_factory):
     base = tmp_path_factory.mktemp("golden")
     (base / "small.toml").write_text(build_config("tiny", OVERRIDES).to_toml())
-    run = fcd("run", "--config", "small.toml", "--out", "run", cwd=base)
+    run = fcd("run", "--config", "small.toml", "--engine", "inprocess", "--out", "run", cwd=base)
     assert run.returncode == 0, run.stderr[-3000:]
     args = [a for p in POLICIES for a in ("-p", p)]
     what = fcd("whatif", "run", *args, "--json", cwd=base)

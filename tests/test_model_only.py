@@ -2,9 +2,10 @@
 the simulator's, and every output path says so — the run's tables, ``summary.json``, ``fcd whatif`` in print and in
 JSON, the HTML report — and the commands exit 8 (``MODEL_ONLY_ANSWER``).
 
-One real tiny run (the installed entry point in a fresh process, Flower's simulation engine) on a user's table of
-three hospitals without a propensity column, with the sites told not to estimate theirs
-(``evaluation.propensities = "logged"``), then ``fcd whatif`` of it twice and ``fcd report``.
+One real tiny run (the installed entry point in a fresh process, on the in-process engine: the claim is the labels,
+not the engine) on a user's table of three hospitals without a propensity column, with the sites told not to
+estimate theirs (``evaluation.propensities = "logged"``), then ``fcd whatif`` of it twice (on the run's engine) and
+``fcd report``.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def model_only(tmp_path_factory):
     (base / "spec.toml").write_text(GOOD_SPEC.replace('propensity = "p"\n', ""))
     df.drop(columns=["p"]).to_csv(base / "table.csv", index=False)
     run = fcd("run", "--preset", "tiny", "--rounds", "1", "--spec", "spec.toml", "--table", "table.csv",
-              "--no-secure-aggregation", "--set", "evaluation.propensities=logged", "--out", "run", cwd=base)
+              "--no-secure-aggregation", "--set", "evaluation.propensities=logged", "--engine", "inprocess", "--out", "run", cwd=base)
     asked = fcd("whatif", "run", "-p", "never", "-p", "always", "--json", cwd=base)
     printed = fcd("whatif", "run", "-p", "never", "-p", "always", cwd=base)
     report = fcd("report", "run", "--json", cwd=base)

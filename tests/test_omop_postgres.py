@@ -119,7 +119,8 @@ def _files_holding(folder: Path, secret: str) -> list[str]:
 
 @pytest.mark.slow
 def test_a_run_over_the_cdm_answers_as_the_csv_run_and_writes_no_password(pg, exported, tmp_path, monkeypatch):
-    """The four sites in one CDM (one care site each) and in one CSV table: the same federated run over both."""
+    """The four sites in one CDM (one care site each) and in one CSV table: the same federated run over both (on the
+    in-process engine: the claim is the data path, not the engine)."""
     csvs = [pd.read_csv(exported / "csv" / f"site{i}.csv") for i in range(4)]
     pooled = pd.concat(csvs, ignore_index=True)
     spec_doc = tomllib.loads((exported / "csv" / "spec.toml").read_text())
@@ -140,7 +141,7 @@ def test_a_run_over_the_cdm_answers_as_the_csv_run_and_writes_no_password(pg, ex
     cohort = tmp_path / "cohort.toml"
     cohort.write_text(cohort_text(spec, LABELS, voc.ids, "tumour-omop"))
     args = ("--preset", "tiny", "--rounds", "1", "--seed", "0", "--no-secure-aggregation", "-p", "never", "-p",
-            "always")
+            "always", "--engine", "inprocess")
     env = {"PGPASSWORD": pg.reader_password}
     omop = fcd("run", *args, "--spec", cohort, "--table", pg.url(READER, schema="pooled"), "--out", "omop-run",
                cwd=tmp_path, env=env)

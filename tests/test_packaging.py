@@ -1,9 +1,9 @@
 """The wheel a user installs works outside the source tree: it carries the policies and the DKT oracle, its ``fcd``
 runs a tiny federation from a fresh virtual environment, and it has no default data folder inside that environment.
 
-One test (it builds a wheel and runs Ray once: about a minute or two). The fresh environment sees the project's
-virtual environment's packages through a ``.pth`` file (the equivalent of ``--system-site-packages`` on top of
-it), so nothing is downloaded; the wheel itself is installed with ``--no-deps``.
+One test (it builds a wheel and runs one tiny round in process: about a minute). The fresh environment sees the
+project's virtual environment's packages through a ``.pth`` file (the equivalent of ``--system-site-packages`` on top
+of it), so nothing is downloaded; the wheel itself is installed with ``--no-deps``.
 """
 
 from __future__ import annotations
@@ -83,8 +83,9 @@ def test_wheel_installs_outside_the_tree_and_runs(tmp_path):
 
     fcd = venv / "bin" / "fcd"
     assert _sh([fcd, "--version"], env=env, cwd=where).stdout.strip().startswith("fcd ")
+    # the in-process engine: the claim is the installed package (its entry point, policies, data rule), not Ray's start
     run = _sh([fcd, "run", "--preset", "tiny", "--rounds", "1", "--sites", "3", "--no-secure-aggregation",
-               "--eval-every", "0", "--out", "run", "--json"], env=env, cwd=where, timeout=1200)
+               "--eval-every", "0", "--engine", "inprocess", "--out", "run", "--json"], env=env, cwd=where, timeout=1200)
     assert run.returncode == 0, run.stderr[-3000:]
     env_json = json.loads(run.stdout)
     summary = env_json["data"]

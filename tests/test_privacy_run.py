@@ -1,4 +1,6 @@
-"""DP-SGD composes with secure aggregation in one real ``fcd run --preset tiny --dp-epsilon 8`` (Flower simulation).
+"""DP-SGD composes with secure aggregation in one real ``fcd run --preset tiny --dp-epsilon 8`` (on the in-process
+engine: the same ServerApp, ClientApp and secure aggregation as Flower's simulation engine, pinned to it bit for bit
+in ``test_federation_inprocess.py``; the claim here is DP's, not the engine's).
 
 Every participating site trains through its write-ahead ledger; the masked vectors carry DP-trained updates; the
 report read from the run folder equals the accountant on the ledgers; DP is visible in the run header, the result
@@ -32,7 +34,7 @@ def dp_run(tmp_path_factory):
     res = CliRunner().invoke(
         app,
         ["run", "--config", str(conf), "--preset", "tiny", "--dp-epsilon", "8", "--sites", str(SITES),
-         "--clients-per-round", str(SITES), "--eval-every", "0", "--out", str(out)],
+         "--clients-per-round", str(SITES), "--eval-every", "0", "--engine", "inprocess", "--out", str(out)],
         env={"COLUMNS": "80", "FLWR_TELEMETRY_ENABLED": "0"},
     )
     return out, res
@@ -79,7 +81,7 @@ def test_an_exhausted_budget_stops_the_run_naming_epsilon(dp_run):
     out, first = dp_run
     assert first.exit_code == 0, first.output[-3000:]
     ledgers_before = {p: p.read_text() for p in out.rglob("ledger-*.json")}
-    res = CliRunner().invoke(app, ["run", "--resume", str(out), "--rounds", "3", "--json"],
+    res = CliRunner().invoke(app, ["run", "--resume", str(out), "--rounds", "3", "--engine", "inprocess", "--json"],
                              env={"FLWR_TELEMETRY_ENABLED": "0"})
     assert res.exit_code == 5, res.output[-3000:]
     env = json.loads(res.stdout)

@@ -1,6 +1,6 @@
 """Round 0: standardisation statistics from per-site sums under secure aggregation, through the real ServerApp and
 ClientApp on the in-process engine (``engines.inprocess``, pinned to Flower's simulation engine bit for bit in
-``test_federation_inprocess.py``; secure aggregation on the simulation engine itself is ``test_privacy_run.py``).
+``test_federation_inprocess.py``; secure aggregation on the simulation engine itself is that file's equality proof).
 
 The consortium's means and standard deviations equal the pooled ones (``Standardizer.fit`` over all sites' raw
 training rows) within 1e-6, and no file the server writes (ledger, checkpoint, run folder) holds a site's own sums.

@@ -1,12 +1,13 @@
-"""`fcd whatif` end to end on Flower's simulation engine (real Ray, real ClientApp/ServerApp, real model and data):
-a finished tiny run is asked about policies that name actions by label; values and effects come with intervals and
-the DKT-Synth truth; per-entity effects stay in each site's own folder and never reach the server's ledger; the
-evaluation-only round keeps the audit evidence verifiable.
+"""`fcd whatif` end to end (real ClientApp/ServerApp, real model and data): a finished tiny run is asked about
+policies that name actions by label; values and effects come with intervals and the DKT-Synth truth; per-entity
+effects stay in each site's own folder and never reach the server's ledger; the evaluation-only round keeps the audit
+evidence verifiable.
 
-The finished run the question is asked of is trained on the in-process engine (``engines.inprocess``: the same
-ServerApp and ClientApp, pinned to the simulation engine in ``test_federation_inprocess.py``); the question itself,
-what this file is about, runs on the simulation engine. The tests that read them form one xdist group, so both runs
-happen once, on one worker."""
+The finished run is trained on the in-process engine (``engines.inprocess``: the same ServerApp, ClientApp and
+messages as Flower's simulation engine, pinned to it bit for bit in ``test_federation_inprocess.py``), and the
+question runs on the engine the run recorded (``engines.whatif_run.recorded_engine``), so in process too: the claims
+here are the question's, not the engine's. The tests that read them form one xdist group, so both runs happen once,
+on one worker."""
 
 from __future__ import annotations
 
@@ -225,6 +226,29 @@ def test_bad_questions_exit_2_before_any_engine(asked, tmp_path):
     assert r.exit_code == 2 and "sometimes: no such policy file" in said(r)
     assert load_policy(run.parent / "item30.toml").labels == ["item 30"]
     assert not np.isnan(asked[2]["policies"]["never"]["value_sim"])
+
+
+@shared_run
+def test_the_question_runs_on_the_runs_recorded_engine_and_an_unknown_one_exits_2(asked, tmp_path):
+    """``fcd whatif`` asks a run on the engine its summary.json records (this run's: in process); a run folder that
+    names an engine no local engine records is refused before any engine starts, naming the engine."""
+    import shutil
+
+    from fcd_secure.engines.choice import Engine
+    from fcd_secure.engines.whatif_run import recorded_engine
+
+    run = asked[0]
+    assert recorded_engine(run) is Engine.INPROCESS
+    assert Engine.of_summary(Engine.SIMULATION.summary_name) is Engine.SIMULATION
+    other = tmp_path / "run"
+    shutil.copytree(run, other, ignore=shutil.ignore_patterns("state", "whatif"))  # without the answers given
+    (other / "state").symlink_to(run / "state", target_is_directory=True)
+    summary = json.loads((other / "summary.json").read_text())
+    (other / "summary.json").write_text(json.dumps({**summary, "engine": "ray-cluster"}))
+    r = CliRunner().invoke(fcd_app, ["whatif", str(other), "--policy", "never", "--json"])
+    env = json.loads(r.stdout)
+    assert r.exit_code == 2 and env["error_code"] == "BAD_INPUT" and "'ray-cluster'" in env["message"], r.output
+    assert not (other / "whatif").exists()
 
 
 def test_the_egress_gate_allows_exactly_the_keys_of_the_question():

@@ -26,6 +26,7 @@ from fcd_secure.cli.app import DEBUG_ENV, emit, say_identifier, stderr, stdout
 from fcd_secure.cli.envelope import EXIT_OK, CliError, ok
 from fcd_secure.cli import options
 from fcd_secure.cli.resolve import PRESET_HELP, RunOptions, resolve_config
+from fcd_secure.engines.choice import Engine
 from fcd_secure._format import fmt
 from fcd_secure.queries.answers import Coverage, DRLearner, EffectSkill, EvaluationAnswer
 
@@ -335,8 +336,8 @@ def outcome(summary: dict, cfg: "RunConfig") -> CliError | None:
     return None
 
 
-def execute_run(cfg: "RunConfig", as_json: bool) -> int:
-    """Run ``cfg`` on the simulation engine and print the outcome; returns the exit code.
+def execute_run(cfg: "RunConfig", as_json: bool, engine: Engine = Engine.SIMULATION) -> int:
+    """Run ``cfg`` on ``engine`` (``engines.choice``) and print the outcome; returns the exit code.
 
     Raises:
         CliError: the run could not start or finish (exit 1/2/5/130; the message says why).
@@ -344,9 +345,9 @@ def execute_run(cfg: "RunConfig", as_json: bool) -> int:
     import torch  # noqa: PLC0415
 
     from fcd_secure.apps.server_loop import FederationError  # noqa: PLC0415
-    from fcd_secure.engines.simulation import run_simulated  # noqa: PLC0415
+    from fcd_secure.engines.local import run_on  # noqa: PLC0415
 
-    torch.set_num_threads(1)  # the sites share the machine's cores through one Ray actor
+    torch.set_num_threads(1)  # the sites share the machine's cores through one Ray actor (or this one process)
     if os.environ.get(DEBUG_ENV) != "1":
         # every site error and failure is reported by this command, by name; Flower's own error logs (tracebacks of
         # its worker threads, e.g. when a signal stops the engine) are for debugging: FCD_DEBUG=1 shows them
@@ -377,7 +378,7 @@ def execute_run(cfg: "RunConfig", as_json: bool) -> int:
 
     def progress(event: str, info: dict) -> None:
         prog(event, info)
-        if event == "connected" and hasattr(signal, "SIGUSR1"):
+        if event == "connected" and engine is Engine.SIMULATION and hasattr(signal, "SIGUSR1"):
             # ray.init, in the engine's start-up, replaced our SIGTERM handler with its own exit: the sites are
             # connected, so Ray is up; have the main thread take SIGTERM back
             os.kill(os.getpid(), signal.SIGUSR1)
@@ -396,7 +397,7 @@ def execute_run(cfg: "RunConfig", as_json: bool) -> int:
     )}
     try:
         with prog:
-            run_simulated(cfg, progress=progress, stop=stop)
+            run_on(engine, cfg, progress=progress, stop=stop)
     except (KeyboardInterrupt, SystemExit):  # Ctrl-C; SIGTERM (ours, or Ray's handler once Ray has started: exit)
         raise interrupted() from None
     except bad_input_errors() as exc:
@@ -458,7 +459,7 @@ def execute_run(cfg: "RunConfig", as_json: bool) -> int:
 def register(app: typer.Typer) -> None:
     """Attach ``fcd run`` to the root app."""
 
-    @app.command("run", short_help="Train across sites (simulation engine); write a run folder.",
+    @app.command("run", short_help="Train across sites (simulation or in-process engine); write a run folder.",
                  context_settings=LEFTOVER_WORDS)
     def run(
         ctx: typer.Context,
@@ -488,10 +489,11 @@ def register(app: typer.Typer) -> None:
         policy: Optional[list[str]] = typer.Option(None, "--policy", "-p", help="A policy to simulate at the end (a .toml file or a shipped name: never, always, early_on, late_on, incremental_on_x2, share_on_20); repeat for several. Default: [evaluation] policies, else the paper's four."),
         reference: Optional[str] = typer.Option(None, "--reference", help="The name of the policy the others are contrasted with (default: the first)."),
         settings: Optional[list[str]] = options.SETTINGS,
+        engine: Engine = typer.Option(Engine.SIMULATION, "--engine", case_sensitive=False, help="simulation: Flower's simulation engine (Ray; a fixed 20-50 s start). inprocess: the same ServerApp, ClientApp and messages in this one process without Ray, bit-identical answers; for studies of many small runs and for CI. Recorded in summary.json (engine); `fcd whatif` asks the run on it."),
     ) -> None:
         """Train Fed-CausalDiff across N sites with decoupled synchronisation (only Θc leaves a site) on Flower's
-        simulation engine, evaluate it federatedly, and write a run folder (config, rounds.csv appended per round,
-        theta_c.npz, summary.json with DP and ε per site, Figs. 3–4).
+        simulation engine (or in this process: --engine inprocess), evaluate it federatedly, and write a run folder
+        (config, rounds.csv appended per round, theta_c.npz, summary.json with DP and ε per site, Figs. 3–4).
 
         Everything is checked before the engine starts: the dataset or your spec and table (as `fcd data validate`
         does), the sites, the policies, the folders; bad input writes nothing.
@@ -521,4 +523,4 @@ def register(app: typer.Typer) -> None:
             policies=policy, reference=reference, settings=settings or [],
         )
         cfg = check_run(resolve_config(opts), opts)
-        raise typer.Exit(execute_run(cfg, as_json))
+        raise typer.Exit(execute_run(cfg, as_json, engine))

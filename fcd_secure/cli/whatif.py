@@ -14,6 +14,7 @@ from rich.text import Text
 
 from fcd_secure.cli.app import emit, say_identifier, stderr, stdout
 from fcd_secure.cli.envelope import CliError, ok
+from fcd_secure.engines.choice import Engine
 from fcd_secure._format import fmt
 from fcd_secure.queries.answers import Coverage, EvaluationAnswer
 from fcd_secure.queries.policy_answers import NOT_IDENTIFIED, interval_text
@@ -362,9 +363,10 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print one JSON envelope (the result in data) on stdout."),
         home: Optional[Path] = typer.Option(None, "--home", help="A run of `fcd server run`: the coordinator's folder it is asked through (default: the one whose server state the run names). The server must be running."),
         timeout: float = typer.Option(1800.0, "--timeout", min=1.0, help="A run of `fcd server run`: seconds to wait for the sites' answer."),
+        engine: Optional[Engine] = typer.Option(None, "--engine", case_sensitive=False, help="A run of `fcd run`: the engine of the evaluation round (simulation: Flower's, with Ray; inprocess: the same apps and messages in this process, the same answer). Default: the run's own (summary.json's engine)."),
     ) -> None:
         """Simulate each POLICY on the run's trained model (Θc from theta_c.npz, each site's own Θs from its state)
-        in one evaluation-only round on the simulation engine: its value with an interval, the difference to the
+        in one evaluation-only round on the run's engine (--engine): its value with an interval, the difference to the
         reference policy with an interval, and the truth beside them on an oracle (dkt-synth, tumour). Per-entity
         effects are written on each site, into that site's own state folder (whatif/<query id>.csv); only consortium
         sums reach the server.
@@ -393,7 +395,7 @@ def register(app: typer.Typer) -> None:
         from fcd_secure.queries.request import WhatIfRequest  # noqa: PLC0415
         from fcd_secure.queries.vocabulary import bind_policies  # noqa: PLC0415
         from fcd_secure.apps.whatif_app import WhatIfError  # noqa: PLC0415
-        from fcd_secure.engines.whatif_run import open_run, run_whatif  # noqa: PLC0415
+        from fcd_secure.engines.whatif_run import open_run, recorded_engine, run_whatif  # noqa: PLC0415
         from fcd_secure.provisioning.consortium import ProvisioningError  # noqa: PLC0415
         from fcd_secure.provisioning.server import ask_deployed, question_coordinator  # noqa: PLC0415
 
@@ -403,11 +405,16 @@ def register(app: typer.Typer) -> None:
         except ProvisioningError as exc:
             raise CliError(str(exc), hint="the coordinator's folder (--home) and a finished run folder of `fcd server "
                            "run`; fcd server start --home HOME first") from None
+        if co is not None and engine is not None:
+            raise CliError(f"--engine {engine.value}: {run_dir} is a run of `fcd server run`, asked on its sites "
+                           "through the coordinator's SuperLink; --engine chooses only where a run of `fcd run` is "
+                           "asked", hint="leave out --engine")
         try:
             if co is not None:  # the data is on the sites: they bind the policies' labels and check the horizon
                 cfg = RunConfig.load(Path(run_dir) / "config.toml")
             else:
                 cfg, _theta = open_run(run_dir)
+                engine = engine or recorded_engine(run_dir)
             pols = given if given is not None else load_policy_refs(cfg.evaluation.policies)
             ref_name = None
             if reference is not None:
@@ -438,7 +445,7 @@ def register(app: typer.Typer) -> None:
             if co is not None:
                 res = ask_deployed(co, run_dir, request.to_json(), request.query_id, timeout_s=timeout)
             else:
-                res = run_whatif(run_dir, request)
+                res = run_whatif(run_dir, request, engine)
         except ProvisioningError as exc:  # before anything was submitted (the server is not running, ...)
             raise CliError(str(exc), hint="fcd server start --home HOME, then ask again") from None
         except (WhatIfError, DataError, RuntimeError) as exc:

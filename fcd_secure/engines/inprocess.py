@@ -20,14 +20,15 @@ from __future__ import annotations
 import logging
 import secrets
 import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.serverapp import Grid
+from flwr.serverapp import Grid, ServerApp
 
 from fcd_secure._flower.internals import SUPERLINK_NODE_ID, ErrorCode, TaskIdentity, transport_copy
 from fcd_secure.config import RunConfig
@@ -35,6 +36,7 @@ from fcd_secure.apps.client_app import make_client_app
 from fcd_secure.apps.outputs import write_run_folder
 from fcd_secure.apps.server_app import FederationResult, run_federation
 from fcd_secure.apps.server_loop import ProgressHook
+from fcd_secure.engines.choice import Engine
 from fcd_secure.engines.simulation import provision_simulated_roster, write_simulated_policies, quiet_flower_env
 
 __all__ = ["InProcessGrid", "run_inprocess"]
@@ -42,7 +44,7 @@ __all__ = ["InProcessGrid", "run_inprocess"]
 log = logging.getLogger("fcd_secure.federation")
 
 #: ``summary.json``'s engine name of a run folder written by :func:`run_inprocess`.
-ENGINE = "flower-inprocess"
+ENGINE = Engine.INPROCESS.summary_name
 
 
 class InProcessGrid(Grid):
@@ -121,16 +123,31 @@ class InProcessGrid(Grid):
         return self.pull_messages(self.push_messages(messages))
 
 
-def run_inprocess(cfg: RunConfig, progress: ProgressHook | None = None) -> FederationResult:
+def run_inprocess(
+    cfg: RunConfig,
+    progress: ProgressHook | None = None,
+    stop: threading.Event | None = None,
+    server_app_factory: Callable[[RunConfig, dict], ServerApp] | None = None,
+) -> FederationResult:
     """Run the whole federation of ``cfg`` in this process (same arguments and result as
     :func:`~fcd_secure.engines.simulation.run_simulated`).
 
     Args:
         cfg: the resolved run config; its state root defaults to ``<out>/state`` (a temp dir without an out folder).
         progress: the ServerApp's progress hook.
+        stop: set it (a signal handler of this process) to end the run at its next wait for replies
+            (``server_app.run_federation``): here the check after each round's messages, since a site answers
+            while the message is pushed.
+        server_app_factory: ``(cfg, sink) -> ServerApp`` for another server job on the same sites (e.g.
+            ``apps.whatif_app.make_whatif_server_app``), called with this grid and a server context as Flower's
+            engines call a ServerApp; its result is ``sink["result"]``. Default: the training federation.
 
     Returns:
-        The ``FederationResult``; the run folder is written when ``cfg.out`` is set.
+        The ``FederationResult`` (or the other job's result); the run folder is written when ``cfg.out`` is set and
+        the job is training.
+
+    Raises:
+        RuntimeError: the other job ended without a result.
     """
     quiet_flower_env()
     root = cfg.state_root() or Path(tempfile.mkdtemp(prefix="fcd-state-"))
@@ -142,8 +159,16 @@ def run_inprocess(cfg: RunConfig, progress: ProgressHook | None = None) -> Feder
     grid = InProcessGrid(make_client_app(cfg), cfg.data.n_sites)
     # the server's task identity, which Flower's Message constructor reads (run_simulation sets it the same way)
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, grid.run_id, SUPERLINK_NODE_ID
+    if server_app_factory is not None:
+        sink: dict = {}
+        context = Context(run_id=grid.run_id, node_id=SUPERLINK_NODE_ID, node_config={}, state=RecordDict(),
+                          run_config={})
+        server_app_factory(cfg, sink)(grid, context)
+        if "result" not in sink:
+            raise RuntimeError("the server job ended without a result (see the log above)")
+        return sink["result"]
     t0 = time.perf_counter()
-    result = run_federation(grid, cfg, progress)
+    result = run_federation(grid, cfg, progress, stop)
     result.extra["engine"] = ENGINE
     result.extra["engine_s"] = time.perf_counter() - t0
     if cfg.out:

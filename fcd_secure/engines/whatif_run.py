@@ -4,7 +4,9 @@
 folders with each site's own Θs — and runs the simulation engine with the what-if ServerApp
 (``apps.whatif_app.make_whatif_server_app``: the server loop with no training round and one evaluation carrying the
 question) instead of the training federation; nothing is trained. The merged answer is also written to
-``<run>/whatif/<query id>.json``.
+``<run>/whatif/<query id>.json``. The question runs on the engine the run recorded (``summary.json``'s ``engine``,
+:func:`recorded_engine`) unless the caller names one: both local engines give the same answer
+(``engines.choice``).
 """
 
 from __future__ import annotations
@@ -12,16 +14,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import json
+
 import numpy as np
 
 from fcd_secure._io import read_npz
 from fcd_secure.apps.site import default_site_id
 from fcd_secure.apps.whatif_app import WhatIfError, make_whatif_server_app, selected_round, write_answer
 from fcd_secure.config import RunConfig
-from fcd_secure.engines.simulation import run_simulated
+from fcd_secure.engines.choice import Engine
+from fcd_secure.engines.local import run_on
 from fcd_secure.queries.request import WhatIfRequest
 
-__all__ = ["open_run", "run_whatif"]
+__all__ = ["open_run", "recorded_engine", "run_whatif"]
 
 
 def open_run(run_dir: str | Path) -> tuple[RunConfig, dict[str, np.ndarray]]:
@@ -50,9 +55,24 @@ def open_run(run_dir: str | Path) -> tuple[RunConfig, dict[str, np.ndarray]]:
     return cfg, read_npz(run_dir / "theta_c.npz")
 
 
-def run_whatif(run_dir: str | Path, request: WhatIfRequest, num_cpus: int | None = None) -> dict[str, Any]:
-    """Ask ``request`` of a finished run on the simulation engine; the result is also written to
-    ``<run_dir>/whatif/<query id>.json``.
+def recorded_engine(run_dir: str | Path) -> Engine:
+    """The local engine a finished run folder's ``summary.json`` names.
+
+    Raises:
+        WhatIfError: no summary.json, or an engine name no local engine records.
+    """
+    path = Path(run_dir) / "summary.json"
+    if not path.is_file():
+        raise WhatIfError(f"{run_dir}: no summary.json (not a finished run folder of `fcd run`)")
+    try:
+        return Engine.of_summary(json.loads(path.read_text()).get("engine", Engine.SIMULATION.summary_name))
+    except ValueError as exc:
+        raise WhatIfError(f"{path}: {exc}") from None
+
+
+def run_whatif(run_dir: str | Path, request: WhatIfRequest, engine: Engine | None = None) -> dict[str, Any]:
+    """Ask ``request`` of a finished run on ``engine`` (default: the run's own, :func:`recorded_engine`); the result is
+    also written to ``<run_dir>/whatif/<query id>.json``.
 
     Raises:
         WhatIfError: see :func:`open_run`.
@@ -66,5 +86,5 @@ def run_whatif(run_dir: str | Path, request: WhatIfRequest, num_cpus: int | None
     def factory(c, sink):
         return make_whatif_server_app(theta, request, sink, c, restore)
 
-    res = run_simulated(cfg, server_app_factory=factory, num_cpus=num_cpus)
+    res = run_on(engine or recorded_engine(run_dir), cfg, server_app_factory=factory)
     return write_answer(run_dir, cfg, request, res)
