@@ -6,22 +6,29 @@ broken one.
 
 Per world and seed (``--worlds``, ``--seeds``; the run preset ``--preset``, default ``default``):
 
-1. a federated run exactly as ``fcd run --dataset <world> --preset <preset> --seed <seed>`` makes it
-   (``engines.simulation.run_simulated``: Flower's simulation engine, the site ClientApps, pairwise-masked secure
-   aggregation of Θc, DSS, the product's round selection), read back from its ``summary.json``:
+1. a federated run per latent transition (``--transitions``, default both: ``model.transition = "diffusion"``, the
+   paper's, and ``"deterministic"``, the GRU g-formula's, ``model.baselines.gformula``), each exactly as ``fcd run
+   --dataset <world> --preset <preset> --seed <seed>`` with that ``[model] transition`` makes it (the ServerApp, the
+   site ClientApps, pairwise-masked secure aggregation of Θc, DSS, the product's round selection; on
+   ``engines.inprocess`` by default, the same apps without starting Ray, ``--engine simulation`` for Flower's
+   simulation engine); then the rule of ``fcd select`` across those runs, by the command's own code
+   (``cli.select.choose_among``: D₁ at each run's selected round within one SE of the smallest, then the smallest
+   natural-course gap; never the validation fit, never the truth). Each run's figures, read back from its
+   ``summary.json``, are printed with the one the rule chose; the chosen one's are scored against the targets:
    the simulator's whole-trajectory value of each of the paper's four regimens (``policies.<π>.value_sim``) against
    the truth (``value_true``, the oracle's, every valid step from t = 0), IPW with the logged propensities over the
    whole trajectory (``policies.<π>.ipw``, the same P every weighting estimator uses), the sequential doubly robust
    value with its 90 % interval (``policies.<π>.sequential_dr``, ``queries.sequential_dr``) and the natural-course
    check (``natural_course``, ``queries.natural_course``: the simulator under the logging policy against the logs,
    outcome and generated contexts, max |z|);
-2. the centralised g-formula (``model.simulator = "gformula"``: Fed-CausalDiff with a deterministic latent
-   transition, as ``benchmarks/tumour.py`` trains it) and the naive observational model, trained on the pooled
+2. (unless ``--no-centralised``) the centralised g-formula (``model.simulator = "gformula"``: Fed-CausalDiff with
+   a deterministic latent transition, as ``benchmarks/tumour.py`` trains it) and the naive observational model,
+   trained on the pooled
    training rows for the epochs matched to the run (``experiments.centralised.matched_epochs``) and scored by the
    same federated evaluation (``experiments.evaluate.evaluate_on_sites``);
-3. the natural-course check of a deliberately broken simulator: each site's federated model with its context head
-   set to carry forward (the affine head's last layer zeroed: every generated context stays at its value on the
-   start step, :func:`frozen_contexts`), checked on the same test rows.
+3. the natural-course check of a deliberately broken simulator: each site's federated model (the chosen run's) with
+   its context head set to carry forward (the affine head's last layer zeroed: every generated context stays at its
+   value on the start step, :func:`frozen_contexts`), checked on the same test rows.
 
 Figures per method: the mean |value error| over the regimens it answers (IPW answers none where no logged trajectory
 follows the regimen to its end: every weight product is then 0, shown "–"), the |error| of the always − never contrast, and
@@ -32,7 +39,8 @@ was tuned on the seeds it reports (the script has no tuned constant: every setti
 
     nice -n 10 .venv/bin/python benchmarks/horizon.py                     # default preset, seeds 0-2, both worlds
     nice -n 10 .venv/bin/python benchmarks/horizon.py --seeds 0 --worlds carryover
-    .venv/bin/python benchmarks/horizon.py --quick                        # tiny preset, 1 round, seed 0
+    nice -n 10 .venv/bin/python benchmarks/horizon.py --rounds 10 --no-centralised --out runs/h --json h.json
+    .venv/bin/python benchmarks/horizon.py --quick      # tiny, 1 round, tumour, seed 0, never/always, 2 transitions
     .venv/bin/python benchmarks/horizon.py --json out.json                # the figures as JSON as well
 """
 
@@ -60,6 +68,8 @@ WORLDS = ("tumour", "carryover")
 TRANSITIONS = ("diffusion", "deterministic")
 #: the paper's four regimens, in the order the tables list them
 REGIMENS = ("never", "always", "early_on", "late_on")
+#: ``--quick``: the fewest regimens that still give a value error, the always − never contrast and an order
+QUICK_REGIMENS = ("never", "always")
 #: issue 42's targets
 TARGETS = {"value error (mean over regimens)": "≤ 0.05", "always − never effect error": "≤ 0.05",
            "ranked in the true order": "every seed", "sequential DR coverage": "85-95 %",
@@ -75,18 +85,22 @@ def _status(msg: str) -> None:
 
 
 def run_config(world: str, preset: str, seed: int, rounds: int | None, out: Path, transition: str = "diffusion",
-               data_preset: str | None = None):
+               quick: bool = False):
     """The config of ``fcd run --dataset <world> --preset <preset> --seed <seed>`` with ``[model] transition =
     <transition>``, secure aggregation and DSS (the defaults, named so that a changed default cannot silently change
-    this benchmark), its folder ``out``; ``data_preset`` replaces the preset's world size (``--quick``)."""
+    this benchmark), its folder ``out``. ``quick``: the run evaluated once, at its end, on the regimens of
+    :data:`QUICK_REGIMENS` only (every test row: the oracle's truth is reported only over all of them)."""
     from fcd_secure.config import build_config
 
     fed: dict[str, Any] = {"secure_aggregation": True, "sync": "dss"}
     if rounds:
         fed["rounds"] = rounds
-    data: dict[str, Any] = {"dataset": world, **({"preset": data_preset} if data_preset else {})}
-    cfg = build_config(preset, {"seed": seed, "data": data, "federation": fed, "model": {"transition": transition},
-                                "out": str(out)})
+    evaluation: dict[str, Any] = {}
+    if quick:
+        fed["eval_every"] = 0
+        evaluation = {"policies": list(QUICK_REGIMENS)}
+    cfg = build_config(preset, {"seed": seed, "data": {"dataset": world}, "federation": fed,
+                                "model": {"transition": transition}, "evaluation": evaluation, "out": str(out)})
     return cfg.model_copy(update={"state_dir": str(out / "state")})
 
 
@@ -185,10 +199,15 @@ def nc_figures(nc: dict[str, Any] | None) -> dict[str, Any]:
             "passes": nc.get("passes")}
 
 
+def asked(policies: dict[str, Any]) -> tuple[str, ...]:
+    """The regimens of :data:`REGIMENS` an evaluation answered (all four; ``--quick``: :data:`QUICK_REGIMENS`)."""
+    return tuple(n for n in REGIMENS if n in policies)
+
+
 def estimates(policies: dict[str, Any], method: str) -> dict[str, float | None]:
     """Each regimen's whole-trajectory value by ``method`` from an evaluation's ``policies``."""
     out: dict[str, float | None] = {}
-    for name in REGIMENS:
+    for name in asked(policies):
         p = policies.get(name) or {}
         if method == "ipw":
             v = (p.get("ipw") or {}).get("value")
@@ -203,19 +222,20 @@ def estimates(policies: dict[str, Any], method: str) -> dict[str, float | None]:
 def scores(est: dict[str, float | None], true: dict[str, float]) -> dict[str, Any]:
     """Mean |value error| over the regimens estimated, the |error| of always − never, and whether the four
     estimates are in the true order (None where a regimen has no estimate)."""
-    have = [n for n in REGIMENS if est.get(n) is not None]
+    names = list(true)
+    have = [n for n in names if est.get(n) is not None]
     value_error = float(np.mean([abs(est[n] - true[n]) for n in have])) if have else None
     effect_error = (abs((est["always"] - est["never"]) - (true["always"] - true["never"]))
                     if est.get("always") is not None and est.get("never") is not None else None)
-    ranked = (sorted(REGIMENS, key=lambda n: -est[n]) == sorted(REGIMENS, key=lambda n: -true[n])
-              if len(have) == len(REGIMENS) else None)
+    ranked = (sorted(names, key=lambda n: -est[n]) == sorted(names, key=lambda n: -true[n])
+              if len(have) == len(names) else None)
     return {"values": est, "value_error": value_error, "effect_error": effect_error, "ranked": ranked}
 
 
 def sdr_hits(policies: dict[str, Any], true: dict[str, float]) -> list[bool]:
     """Whether each regimen's sequential DR interval covers its truth (regimens with an interval only)."""
     hits = []
-    for name in REGIMENS:
+    for name in true:
         sd = (policies.get(name) or {}).get("sequential_dr") or {}
         if sd.get("low") is not None and sd.get("high") is not None:
             hits.append(bool(sd["low"] <= true[name] <= sd["high"]))
@@ -230,10 +250,10 @@ def transition_run(world: str, seed: int, transition: str, args: argparse.Namesp
     if args.reuse and (folder / "summary.json").is_file():
         cfg, summary, sims = reopened(folder)
     else:
-        cfg = run_config(world, args.preset, seed, args.rounds, folder, transition, args.data_preset)
+        cfg = run_config(world, args.preset, seed, args.rounds, folder, transition, args.quick)
         summary, sims = federated(cfg, args.engine)
     evaluated = "the run's final evaluation (secure sums)"
-    if not all(n in (summary.get("policies") or {}) for n in REGIMENS):
+    if not all(n in (summary.get("policies") or {}) for n in args.regimens):
         # the run's final secure evaluation did not answer (on a loaded host the sites can miss its round timeout):
         # the same evaluation of the same per-site models, in process
         from fcd_secure.experiments.evaluate import evaluate_on_sites
@@ -261,7 +281,7 @@ def run_one(world: str, seed: int, args: argparse.Namespace, root: Path) -> dict
         t_run = time.perf_counter()
         folder, cfg, summary, sims, evaluated = transition_run(world, seed, tr, args, root)
         pol = summary.get("policies") or {}
-        true = {n: float(pol[n]["value_true"]) for n in REGIMENS}
+        true = {n: float(pol[n]["value_true"]) for n in asked(pol)}
         runs[tr] = {"folder": folder, "cfg": cfg, "sims": sims, "rounds": summary.get("rounds"),
                     "selected_round": (summary.get("selection") or {}).get("round"), "evaluated": evaluated,
                     "federated": scores(estimates(pol, "federated"), true),
@@ -296,7 +316,7 @@ def run_one(world: str, seed: int, args: argparse.Namespace, root: Path) -> dict
     if args.centralised:
         for name in ("gformula", "naive"):
             metrics, epochs = centralised(name, pick["cfg"], args.epochs)
-            truth_c = {n: float(metrics["policies"][n]["value_true"]) for n in REGIMENS}
+            truth_c = {n: float(metrics["policies"][n]["value_true"]) for n in asked(metrics["policies"])}
             out["methods"][name] = scores(estimates(metrics.get("policies") or {}, name), truth_c)
             out["methods"][name]["epochs"] = epochs
             if name == "gformula":
@@ -336,15 +356,14 @@ def print_tables(out: dict[str, Any]) -> None:
         for col in ("seed", "method", "mean |value err|", "always − never err", "ranked", *REGIMENS):
             t.add_column(col, justify="left" if col == "method" else "right")
         for r in rows:
-            t.add_row(str(r["seed"]), "truth", "", "", "", *[_f(r["truth"][n]) for n in REGIMENS])
-            lines = [(f"{LABELS['federated']}, {tr} transition" + (" ← chosen" if tr == r.get("chosen") else ""),
-                      f["federated"]) for tr, f in (r.get("transitions") or {}).items()]
-            lines += [(f"{LABELS['sequential_dr']}, {tr}", f["sequential_dr"])
-                      for tr, f in (r.get("transitions") or {}).items()]
+            t.add_row(str(r["seed"]), "truth", "", "", "", *[_f(r["truth"].get(n)) for n in REGIMENS])
+            lines = [(f"federated, {tr}" + (" (chosen)" if tr == r.get("chosen") else ""), f["federated"])
+                     for tr, f in (r.get("transitions") or {}).items()]
+            lines += [(f"seq. DR, {tr} Q̂", f["sequential_dr"]) for tr, f in (r.get("transitions") or {}).items()]
             lines += [(LABELS[m], r["methods"][m]) for m in ("ipw", "gformula", "naive") if m in r["methods"]]
             for i, (label, s) in enumerate(lines):
                 t.add_row("", label, _f(s["value_error"]), _f(s["effect_error"]), _yes(s["ranked"]),
-                          *[_f(s["values"][n]) for n in REGIMENS], end_section=i == len(lines) - 1)
+                          *[_f(s["values"].get(n)) for n in REGIMENS], end_section=i == len(lines) - 1)
         con.print(t)
         c = Table(title=f"{world}: the transition `fcd select`'s rule chose (cli.select.choose_among), and why")
         for col in ("seed", "transition", "round", "D1 ± SE", "D2 (supported)", "NC gap", "val. fit", "NC passes"):
@@ -418,13 +437,15 @@ def main() -> None:
     ap.add_argument("--no-centralised", dest="centralised", action="store_false",
                     help="skip the centralised g-formula and naive models")
     ap.add_argument("--quick", action="store_true",
-                    help="tiny preset on the tiny world, 1 round, seed 0, 1 centralised epoch")
+                    help="tiny preset, 1 round evaluated at its end only, the first world, seed 0, never and always "
+                    "only, 1 centralised epoch")
     ap.add_argument("--json", type=Path, default=None,
                     help="also write the figures to this file (rewritten after every world and seed)")
     args = ap.parse_args()
-    args.data_preset = None
+    args.regimens = REGIMENS
     if args.quick:
         args.preset, args.rounds, args.seeds, args.epochs = "tiny", 1, [0], 1
+        args.worlds, args.regimens = args.worlds[:1], QUICK_REGIMENS
     start = time.perf_counter()
     results: list[dict[str, Any]] = []
 
