@@ -374,7 +374,8 @@ def choose_run(rows: list[dict[str, Any]]) -> dict[str, Any]:
     :func:`choose_round`'s rule over each run's selected round, so that outcome-model variants (the diffusion
     transition, the deterministic one, the latent or the encoder rollout, another simulator, another recipe) are
     chosen by the same truth-free criterion as a run's rounds; two rollouts of one network have
-    equal fits, and a supported D_h tells them apart.
+    equal fits, and a supported D_h tells them apart. A site keeps its D₁ terms per run, so no pair spans two runs:
+    the window across runs takes the marginal SE, and the reason says so.
 
     Args:
         rows: each run's selected round as :meth:`RoundScore.as_row` gives it (``rounds.json``'s ``selection``).
