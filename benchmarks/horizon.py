@@ -6,22 +6,29 @@ broken one.
 
 Per world and seed (``--worlds``, ``--seeds``; the run preset ``--preset``, default ``default``):
 
-1. a federated run exactly as ``fcd run --dataset <world> --preset <preset> --seed <seed>`` makes it
-   (``engines.simulation.run_simulated``: Flower's simulation engine, the site ClientApps, pairwise-masked secure
-   aggregation of Θc, DSS, the product's round selection), read back from its ``summary.json``:
+1. a federated run per latent transition (``--transitions``, default both: ``model.transition = "diffusion"``, the
+   paper's, and ``"deterministic"``, the GRU g-formula's, ``model.baselines.gformula``), each exactly as ``fcd run
+   --dataset <world> --preset <preset> --seed <seed>`` with that ``[model] transition`` makes it (the ServerApp, the
+   site ClientApps, pairwise-masked secure aggregation of Θc, DSS, the product's round selection; on
+   ``engines.inprocess`` by default, the same apps without starting Ray, ``--engine simulation`` for Flower's
+   simulation engine); then the rule of ``fcd select`` across those runs, by the command's own code
+   (``cli.select.choose_among``: D₁ at each run's selected round within one SE of the smallest, then the smallest
+   natural-course gap; never the validation fit, never the truth). Each run's figures, read back from its
+   ``summary.json``, are printed with the one the rule chose; the chosen one's are scored against the targets:
    the simulator's whole-trajectory value of each of the paper's four regimens (``policies.<π>.value_sim``) against
    the truth (``value_true``, the oracle's, every valid step from t = 0), IPW with the logged propensities over the
    whole trajectory (``policies.<π>.ipw``, the same P every weighting estimator uses), the sequential doubly robust
    value with its 90 % interval (``policies.<π>.sequential_dr``, ``queries.sequential_dr``) and the natural-course
    check (``natural_course``, ``queries.natural_course``: the simulator under the logging policy against the logs,
    outcome and generated contexts, max |z|);
-2. the centralised g-formula (``model.simulator = "gformula"``: Fed-CausalDiff with a deterministic latent
-   transition, as ``benchmarks/tumour.py`` trains it) and the naive observational model, trained on the pooled
+2. (unless ``--no-centralised``) the centralised g-formula (``model.simulator = "gformula"``: Fed-CausalDiff with
+   a deterministic latent transition, as ``benchmarks/tumour.py`` trains it) and the naive observational model,
+   trained on the pooled
    training rows for the epochs matched to the run (``experiments.centralised.matched_epochs``) and scored by the
    same federated evaluation (``experiments.evaluate.evaluate_on_sites``);
-3. the natural-course check of a deliberately broken simulator: each site's federated model with its context head
-   set to carry forward (the affine head's last layer zeroed: every generated context stays at its value on the
-   start step, :func:`frozen_contexts`), checked on the same test rows.
+3. the natural-course check of a deliberately broken simulator: each site's federated model (the chosen run's) with
+   its context head set to carry forward (the affine head's last layer zeroed: every generated context stays at its
+   value on the start step, :func:`frozen_contexts`), checked on the same test rows.
 
 Figures per method: the mean |value error| over the regimens it answers (IPW answers none where no logged trajectory
 follows the regimen to its end: every weight product is then 0, shown "–"), the |error| of the always − never contrast, and
@@ -32,7 +39,8 @@ was tuned on the seeds it reports (the script has no tuned constant: every setti
 
     nice -n 10 .venv/bin/python benchmarks/horizon.py                     # default preset, seeds 0-2, both worlds
     nice -n 10 .venv/bin/python benchmarks/horizon.py --seeds 0 --worlds carryover
-    .venv/bin/python benchmarks/horizon.py --quick                        # tiny preset, 1 round, seed 0
+    nice -n 10 .venv/bin/python benchmarks/horizon.py --rounds 10 --no-centralised --out runs/h --json h.json
+    .venv/bin/python benchmarks/horizon.py --quick      # tiny, 1 round, tumour, seed 0, never/always, 2 transitions
     .venv/bin/python benchmarks/horizon.py --json out.json                # the figures as JSON as well
 """
 
@@ -56,41 +64,54 @@ from _coverage import coverage_line  # noqa: E402
 from _machine import machine  # noqa: E402
 
 WORLDS = ("tumour", "carryover")
+#: the latent transitions compared (``model.transition``): the paper's diffusion and the deterministic g-formula one
+TRANSITIONS = ("diffusion", "deterministic")
 #: the paper's four regimens, in the order the tables list them
 REGIMENS = ("never", "always", "early_on", "late_on")
+#: ``--quick``: the fewest regimens that still give a value error, the always − never contrast and an order
+QUICK_REGIMENS = ("never", "always")
 #: issue 42's targets
 TARGETS = {"value error (mean over regimens)": "≤ 0.05", "always − never effect error": "≤ 0.05",
            "ranked in the true order": "every seed", "sequential DR coverage": "85-95 %",
            "natural course flags the broken simulator": "max |z| ≥ 3"}
-#: the methods of the value tables, in print order
-METHODS = ("federated", "gformula", "naive", "ipw", "sequential_dr")
-LABELS = {"federated": "Fed-CausalDiff (federated, secure)", "gformula": "g-formula (centralised)",
-          "naive": "naive (centralised)", "ipw": "IPW (logged P)", "sequential_dr": "sequential DR (federated Q̂)"}
+#: the row labels of the single-model methods (the transitions' rows are labelled by their transition)
+LABELS = {"gformula": "g-formula (centralised)", "naive": "naive (centralised)", "ipw": "IPW (logged P)"}
 
 
 def _status(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def run_config(world: str, preset: str, seed: int, rounds: int | None, out: Path):
-    """The config of ``fcd run --dataset <world> --preset <preset> --seed <seed>`` with secure aggregation and DSS
-    (the defaults, named so that a changed default cannot silently change this benchmark), its folder ``out``."""
+def run_config(world: str, preset: str, seed: int, rounds: int | None, out: Path, transition: str = "diffusion",
+               quick: bool = False):
+    """The config of ``fcd run --dataset <world> --preset <preset> --seed <seed>`` with ``[model] transition =
+    <transition>``, secure aggregation and DSS (the defaults, named so that a changed default cannot silently change
+    this benchmark), its folder ``out``. ``quick``: the run evaluated once, at its end, on the regimens of
+    :data:`QUICK_REGIMENS` only (every test row: the oracle's truth is reported only over all of them)."""
     from fcd_secure.config import build_config
 
     fed: dict[str, Any] = {"secure_aggregation": True, "sync": "dss"}
     if rounds:
         fed["rounds"] = rounds
-    cfg = build_config(preset, {"seed": seed, "data": {"dataset": world}, "federation": fed, "out": str(out)})
+    evaluation: dict[str, Any] = {}
+    if quick:
+        fed["eval_every"] = 0
+        evaluation = {"policies": list(QUICK_REGIMENS)}
+    cfg = build_config(preset, {"seed": seed, "data": {"dataset": world}, "federation": fed,
+                                "model": {"transition": transition}, "evaluation": evaluation, "out": str(out)})
     return cfg.model_copy(update={"state_dir": str(out / "state")})
 
 
-def federated(cfg) -> tuple[dict[str, Any], list[Any]]:
-    """The run of ``cfg`` on the simulation engine: its ``summary.json`` and each site's model (Θc and its Θs)."""
+def federated(cfg, engine: str = "inprocess") -> tuple[dict[str, Any], list[Any]]:
+    """The run of ``cfg`` on ``engine`` (``inprocess``: the same ServerApp and ClientApps without Ray,
+    ``engines.inprocess``; ``simulation``: Flower's simulation engine): its ``summary.json`` and each site's model
+    (Θc and its Θs)."""
     from fidelity import federated_sims
 
+    from fcd_secure.engines.inprocess import run_inprocess
     from fcd_secure.engines.simulation import run_simulated
 
-    result = run_simulated(cfg)
+    result = (run_inprocess if engine == "inprocess" else run_simulated)(cfg)
     summary = json.loads((Path(cfg.out) / "summary.json").read_text(encoding="utf-8"))
     return summary, federated_sims(cfg, result)
 
@@ -176,10 +197,15 @@ def nc_figures(nc: dict[str, Any] | None) -> dict[str, Any]:
             "passes": nc.get("passes")}
 
 
+def asked(policies: dict[str, Any]) -> tuple[str, ...]:
+    """The regimens of :data:`REGIMENS` an evaluation answered (all four; ``--quick``: :data:`QUICK_REGIMENS`)."""
+    return tuple(n for n in REGIMENS if n in policies)
+
+
 def estimates(policies: dict[str, Any], method: str) -> dict[str, float | None]:
     """Each regimen's whole-trajectory value by ``method`` from an evaluation's ``policies``."""
     out: dict[str, float | None] = {}
-    for name in REGIMENS:
+    for name in asked(policies):
         p = policies.get(name) or {}
         if method == "ipw":
             v = (p.get("ipw") or {}).get("value")
@@ -194,68 +220,117 @@ def estimates(policies: dict[str, Any], method: str) -> dict[str, float | None]:
 def scores(est: dict[str, float | None], true: dict[str, float]) -> dict[str, Any]:
     """Mean |value error| over the regimens estimated, the |error| of always − never, and whether the four
     estimates are in the true order (None where a regimen has no estimate)."""
-    have = [n for n in REGIMENS if est.get(n) is not None]
+    names = list(true)
+    have = [n for n in names if est.get(n) is not None]
     value_error = float(np.mean([abs(est[n] - true[n]) for n in have])) if have else None
     effect_error = (abs((est["always"] - est["never"]) - (true["always"] - true["never"]))
                     if est.get("always") is not None and est.get("never") is not None else None)
-    ranked = (sorted(REGIMENS, key=lambda n: -est[n]) == sorted(REGIMENS, key=lambda n: -true[n])
-              if len(have) == len(REGIMENS) else None)
+    ranked = (sorted(names, key=lambda n: -est[n]) == sorted(names, key=lambda n: -true[n])
+              if len(have) == len(names) else None)
     return {"values": est, "value_error": value_error, "effect_error": effect_error, "ranked": ranked}
 
 
 def sdr_hits(policies: dict[str, Any], true: dict[str, float]) -> list[bool]:
     """Whether each regimen's sequential DR interval covers its truth (regimens with an interval only)."""
     hits = []
-    for name in REGIMENS:
+    for name in true:
         sd = (policies.get(name) or {}).get("sequential_dr") or {}
         if sd.get("low") is not None and sd.get("high") is not None:
             hits.append(bool(sd["low"] <= true[name] <= sd["high"]))
     return hits
 
 
-def run_one(world: str, seed: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
-    """Everything the module docstring lists for one world and seed."""
-    t0 = time.perf_counter()
-    folder = root / f"{world}-seed{seed}"
+def transition_run(world: str, seed: int, transition: str, args: argparse.Namespace,
+                   root: Path) -> tuple[Path, Any, dict[str, Any], list[Any], str]:
+    """The federated run of one transition (its folder, config, summary, per-site models, and how its final
+    evaluation was made), reopened where ``--reuse`` finds it finished."""
+    folder = root / f"{world}-seed{seed}-{transition}"
     if args.reuse and (folder / "summary.json").is_file():
         cfg, summary, sims = reopened(folder)
     else:
-        cfg = run_config(world, args.preset, seed, args.rounds, folder)
-        summary, sims = federated(cfg)
+        cfg = run_config(world, args.preset, seed, args.rounds, folder, transition, args.quick)
+        summary, sims = federated(cfg, args.engine)
     evaluated = "the run's final evaluation (secure sums)"
-    if not all(n in (summary.get("policies") or {}) for n in REGIMENS):
+    if not all(n in (summary.get("policies") or {}) for n in args.regimens):
         # the run's final secure evaluation did not answer (on a loaded host the sites can miss its round timeout):
         # the same evaluation of the same per-site models, in process
         from fcd_secure.experiments.evaluate import evaluate_on_sites
 
         evaluated = f"in process (the run's final evaluation: {summary.get('final_eval_aborted') or 'no answer'})"
         summary = {**summary, **evaluate_on_sites(cfg, sims)}
-    pol = summary.get("policies") or {}
-    true = {n: float(pol[n]["value_true"]) for n in REGIMENS}
-    out: dict[str, Any] = {"world": world, "seed": seed, "truth": true, "rounds": summary.get("rounds"),
-                           "selected_round": (summary.get("selection") or {}).get("round"), "evaluated": evaluated,
-                           "methods": {}}
-    out["methods"]["federated"] = scores(estimates(pol, "federated"), true)
-    out["methods"]["ipw"] = scores(estimates(pol, "ipw"), true)
-    out["methods"]["sequential_dr"] = scores(estimates(pol, "sequential_dr"), true)
-    out["sdr_hits"] = sdr_hits(pol, true)
-    out["natural_course"] = {"federated": nc_figures(summary.get("natural_course"))}
+    return folder, cfg, summary, sims, evaluated
+
+
+def selection_figures(row: dict[str, Any]) -> dict[str, Any]:
+    """The selected round's truth-free figures that ``fcd select`` compares (``rounds.json``'s ``selection``)."""
+    return {k: row.get(k) for k in ("round", "d1", "d1_se", "dh", "dh_se", "dh_supported", "nc_gap",
+                                    "validation_fit", "coverage")}
+
+
+def run_one(world: str, seed: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """Everything the module docstring lists for one world and seed: a federated run per transition, the rule of
+    ``fcd select`` across them (``cli.select.choose_among``), the chosen run's figures."""
+    from fcd_secure.cli.select import choose_among
+
+    t0 = time.perf_counter()
+    runs: dict[str, Any] = {}
+    true: dict[str, float] = {}
+    for tr in args.transitions:
+        t_run = time.perf_counter()
+        folder, cfg, summary, sims, evaluated = transition_run(world, seed, tr, args, root)
+        pol = summary.get("policies") or {}
+        true = {n: float(pol[n]["value_true"]) for n in asked(pol)}
+        runs[tr] = {"folder": folder, "cfg": cfg, "sims": sims, "rounds": summary.get("rounds"),
+                    "selected_round": (summary.get("selection") or {}).get("round"), "evaluated": evaluated,
+                    "federated": scores(estimates(pol, "federated"), true),
+                    "ipw": scores(estimates(pol, "ipw"), true),
+                    "sequential_dr": scores(estimates(pol, "sequential_dr"), true),
+                    "sdr_hits": sdr_hits(pol, true),
+                    "natural_course": nc_figures(summary.get("natural_course")),
+                    "seconds": time.perf_counter() - t_run}
+        _status(f"{world} seed {seed} {tr}: federated run {runs[tr]['seconds']:.0f} s; value error "
+                f"{_f(runs[tr]['federated']['value_error'])}")
+    if len(runs) > 1:
+        choice, loaded = choose_among([r["folder"] for r in runs.values()])
+        for (tr, r), (_, row) in zip(runs.items(), loaded):
+            r["selection"] = selection_figures(row)
+        chosen = list(runs)[choice["run"]] if choice["run"] is not None else None
+        choice = {k: v for k, v in choice.items() if k != "run"}
+    else:  # one transition: nothing to choose
+        chosen, choice = next(iter(runs)), {"rule": "only run", "reason": "one transition run", "candidates": [0]}
+    pick = runs[chosen or next(iter(runs))]
+    out: dict[str, Any] = {"world": world, "seed": seed, "truth": true, "rounds": pick["rounds"],
+                           "selected_round": pick["selected_round"], "evaluated": pick["evaluated"],
+                           "chosen": chosen, "choice": choice, "methods": {}, "transitions": {}}
+    for tr, r in runs.items():
+        out["transitions"][tr] = {k: v for k, v in r.items() if k not in ("folder", "cfg", "sims")}
+        out["transitions"][tr]["folder"] = str(r["folder"])
+    out["methods"]["federated"] = pick["federated"]
+    out["methods"]["ipw"] = pick["ipw"]
+    out["methods"]["sequential_dr"] = pick["sequential_dr"]
+    out["sdr_hits"] = pick["sdr_hits"]
+    out["natural_course"] = {"federated": pick["natural_course"]}
     t1 = time.perf_counter()
-    _status(f"{world} seed {seed}: federated run {t1 - t0:.0f} s; value error "
-            f"{_f(out['methods']['federated']['value_error'])}")
-    for name in ("gformula", "naive"):
-        metrics, epochs = centralised(name, cfg, args.epochs)
-        truth_c = {n: float(metrics["policies"][n]["value_true"]) for n in REGIMENS}
-        out["methods"][name] = scores(estimates(metrics.get("policies") or {}, name), truth_c)
-        out["methods"][name]["epochs"] = epochs
-        if name == "gformula":
-            out["natural_course"]["gformula"] = nc_figures(metrics.get("natural_course"))
-            out["sdr_hits_gformula"] = sdr_hits(metrics.get("policies") or {}, truth_c)
+    if args.centralised:
+        for name in ("gformula", "naive"):
+            metrics, epochs = centralised(name, pick["cfg"], args.epochs)
+            truth_c = {n: float(metrics["policies"][n]["value_true"]) for n in asked(metrics["policies"])}
+            out["methods"][name] = scores(estimates(metrics.get("policies") or {}, name), truth_c)
+            out["methods"][name]["epochs"] = epochs
+            if name == "gformula":
+                out["natural_course"]["gformula"] = nc_figures(metrics.get("natural_course"))
+                out["sdr_hits_gformula"] = sdr_hits(metrics.get("policies") or {}, truth_c)
     t2 = time.perf_counter()
-    out["natural_course"]["broken"] = nc_figures(natural_course(cfg, [frozen_contexts(s) for s in sims]))
+    out["natural_course"]["broken"] = nc_figures(natural_course(pick["cfg"],
+                                                                [frozen_contexts(s) for s in pick["sims"]]))
     out["seconds"] = {"federated": t1 - t0, "centralised": t2 - t1, "broken": time.perf_counter() - t2}
-    _status(f"{world} seed {seed}: done in {time.perf_counter() - t0:.0f} s")
+    _status(f"{world} seed {seed}: chosen {chosen} ({choice.get('rule')}); done in {time.perf_counter() - t0:.0f} s")
     return out
+
+
+def _plain(v: Any) -> Any:
+    """JSON for numpy scalars (their Python value) and paths (their text)."""
+    return v.item() if hasattr(v, "item") else str(v)
 
 
 def _f(v: Any, fmt: str = ".3f") -> str:
@@ -275,37 +350,53 @@ def print_tables(out: dict[str, Any]) -> None:
     res = out["results"]
     for world in dict.fromkeys(r["world"] for r in res):
         rows = [r for r in res if r["world"] == world]
-        t = Table(title=f"{world}: whole-trajectory values (the four regimens, every valid step from t = 0)")
+        t = Table(title=f"{world}: whole-trajectory values (the regimens asked, every valid step from t = 0)")
         for col in ("seed", "method", "mean |value err|", "always − never err", "ranked", *REGIMENS):
             t.add_column(col, justify="left" if col == "method" else "right")
         for r in rows:
-            t.add_row(str(r["seed"]), "truth", "", "", "", *[_f(r["truth"][n]) for n in REGIMENS])
-            for i, m in enumerate(METHODS):
-                s = r["methods"].get(m)
-                if s is None:
-                    continue
-                t.add_row("", LABELS[m], _f(s["value_error"]), _f(s["effect_error"]), _yes(s["ranked"]),
-                          *[_f(s["values"][n]) for n in REGIMENS], end_section=i == len(METHODS) - 1)
+            t.add_row(str(r["seed"]), "truth", "", "", "", *[_f(r["truth"].get(n)) for n in REGIMENS])
+            lines = [(f"federated, {tr}" + (" (chosen)" if tr == r.get("chosen") else ""), f["federated"])
+                     for tr, f in (r.get("transitions") or {}).items()]
+            lines += [(f"seq. DR, {tr} Q̂", f["sequential_dr"]) for tr, f in (r.get("transitions") or {}).items()]
+            lines += [(LABELS[m], r["methods"][m]) for m in ("ipw", "gformula", "naive") if m in r["methods"]]
+            for i, (label, s) in enumerate(lines):
+                t.add_row("", label, _f(s["value_error"]), _f(s["effect_error"]), _yes(s["ranked"]),
+                          *[_f(s["values"].get(n)) for n in REGIMENS], end_section=i == len(lines) - 1)
         con.print(t)
+        c = Table(title=f"{world}: the transition `fcd select`'s rule chose (cli.select.choose_among), and why")
+        for col in ("seed", "transition", "round", "D1 ± SE", "D2 (supported)", "NC gap", "val. fit", "NC passes"):
+            c.add_column(col, justify="left" if col == "transition" else "right")
+        for r in rows:
+            for i, (tr, f) in enumerate((r.get("transitions") or {}).items()):
+                sel = f.get("selection") or {}
+                c.add_row(str(r["seed"]) if i == 0 else "", tr + (" ← chosen" if tr == r.get("chosen") else ""),
+                          str(sel.get("round", f.get("selected_round"))),
+                          f"{_f(sel.get('d1'), '.4f')} ± {_f(sel.get('d1_se'), '.4f')}",
+                          f"{_f(sel.get('dh'), '.4f')} ({_yes(sel.get('dh_supported'))})", _f(sel.get("nc_gap"), ".4f"),
+                          _f(sel.get("validation_fit"), ".4f"), _yes((f.get("natural_course") or {}).get("passes")))
+        con.print(c)
+        for r in rows:
+            con.print(f"{world} seed {r['seed']}: chosen {r.get('chosen')} — {(r.get('choice') or {}).get('rule')}: "
+                      f"{(r.get('choice') or {}).get('reason')}", soft_wrap=True)
         n = Table(title=f"{world}: natural course (simulator under the logging policy vs the logs, test rows)")
         for col in ("seed", "simulator", "max |z| outcome", "max |z| contexts", "mean |gap| outcome", "passes"):
             n.add_column(col, justify="left" if col == "simulator" else "right")
         for r in rows:
-            for i, (k, label) in enumerate((("federated", "trained (federated)"), ("gformula", "g-formula"),
+            for i, (k, label) in enumerate((("federated", "trained (federated, chosen)"), ("gformula", "g-formula"),
                                             ("broken", "broken: contexts frozen at A_0"))):
                 f = r["natural_course"].get(k) or {}
                 n.add_row(str(r["seed"]) if i == 0 else "", label, _f(f.get("y_z"), ".2f"), _f(f.get("a_z"), ".2f"),
                           _f(f.get("gap")), _yes(f.get("passes")), end_section=i == 2)
         con.print(n)
         for r in rows:
-            con.print(f"{world} seed {r['seed']}: {r.get('rounds')} rounds, selected round {r.get('selected_round')}; "
-                      f"federated model scored by {r.get('evaluated', 'the run')}")
+            con.print(f"{world} seed {r['seed']}: {r.get('rounds')} rounds, the chosen run's selected round "
+                      f"{r.get('selected_round')}; federated model scored by {r.get('evaluated', 'the run')}")
         con.print(f"{world}: sequential DR 90 % intervals cover the truth: "
                   f"{coverage_line([h for r in rows for h in r['sdr_hits']])} (federated Q̂); "
                   f"{coverage_line([h for r in rows for h in r.get('sdr_hits_gformula', [])])} (g-formula Q̂)")
     hits = [h for r in res for h in r["sdr_hits"]]
     con.print(f"sequential DR coverage over every world, seed and regimen: {coverage_line(hits)}")
-    tg = Table(title="issue 42's targets (federated simulator, every world and seed)")
+    tg = Table(title="issue 42's targets (the federated simulator `fcd select` chose, every world and seed)")
     for col in ("target", "wanted", "met"):
         tg.add_column(col)
     fed = [r["methods"]["federated"] for r in res]
@@ -336,20 +427,40 @@ def main() -> None:
     ap.add_argument("--reuse", action="store_true",
                     help="take the federated run from --out where its folder is finished (scored in process where "
                     "its final evaluation did not answer)")
-    ap.add_argument("--quick", action="store_true", help="tiny preset, 1 round, seed 0, 1 centralised epoch")
-    ap.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
+    ap.add_argument("--transitions", nargs="+", default=list(TRANSITIONS), choices=TRANSITIONS,
+                    help="a federated run per latent transition ([model] transition); with two, `fcd select`'s rule "
+                    "chooses between them")
+    ap.add_argument("--engine", default="inprocess", choices=("inprocess", "simulation"),
+                    help="inprocess: the same apps without Ray (engines.inprocess); simulation: Flower's engine")
+    ap.add_argument("--no-centralised", dest="centralised", action="store_false",
+                    help="skip the centralised g-formula and naive models")
+    ap.add_argument("--quick", action="store_true",
+                    help="tiny preset, 1 round evaluated at its end only, the first world, seed 0, never and always "
+                    "only, 1 centralised epoch")
+    ap.add_argument("--json", type=Path, default=None,
+                    help="also write the figures to this file (rewritten after every world and seed)")
     args = ap.parse_args()
+    args.regimens = REGIMENS
     if args.quick:
         args.preset, args.rounds, args.seeds, args.epochs = "tiny", 1, [0], 1
+        args.worlds, args.regimens = args.worlds[:1], QUICK_REGIMENS
     start = time.perf_counter()
+    results: list[dict[str, Any]] = []
+
+    def report() -> dict[str, Any]:
+        out = {"machine": machine(), "params": {k: str(v) for k, v in vars(args).items()}, "results": results,
+               "wall_s": time.perf_counter() - start}
+        if args.json:
+            args.json.write_text(json.dumps(out, indent=1, default=_plain), encoding="utf-8")
+        return out
+
     with tempfile.TemporaryDirectory(prefix="fcd-horizon-") as tmp:
         root = args.out or Path(tmp)
-        results = [run_one(w, s, args, root) for w in args.worlds for s in args.seeds]
-    out = {"machine": machine(), "params": {k: str(v) for k, v in vars(args).items()}, "results": results,
-           "wall_s": time.perf_counter() - start}
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=1, default=float), encoding="utf-8")
-    print_tables(out)
+        for w in args.worlds:
+            for seed in args.seeds:
+                results.append(run_one(w, seed, args, root))
+                report()
+    print_tables(report())
 
 
 if __name__ == "__main__":

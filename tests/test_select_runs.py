@@ -41,6 +41,18 @@ def test_choose_run_never_lets_the_fit_decide_among_the_runs_within_one_se_and_s
     assert none["run"] is None and none["rule"] == "unavailable" and "cannot choose" in none["reason"]
 
 
+def test_choose_run_never_reads_a_runs_own_paired_sums_as_a_pair_with_another_run():
+    # each run's selected round keeps paired sums against the earlier rounds of its own run: run #2's pair keyed 1
+    # is its own round 1, not run #1, so across runs the window is the marginal SE (0.02: both runs are candidates,
+    # the smaller natural-course gap decides)
+    own = RoundScore(round=0, d1=0.06, se=0.02, mean=-0.06, n=400, clipped_share=0.0, fit=0.6, sites=4,
+                     sites_scoring=4, pairs={1: (400, 0.4, 0.0004001)}, nc=0.01).as_row()
+    first = RoundScore(round=0, d1=0.05, se=0.02, mean=-0.05, n=400, clipped_share=0.0, fit=0.7, sites=4,
+                       sites_scoring=4, nc=0.03).as_row()
+    got = choose_run([first, own])
+    assert got["candidates"] == [0, 1] and "marginal SE" in got["reason"] and got["run"] == 1
+
+
 @pytest.fixture(scope="module")
 def two_variants(tmp_path_factory, small_scored_run):
     """Fed-CausalDiff with the diffusion transition (the default: the session's small scored run) and with the

@@ -69,6 +69,23 @@ def _differing(cfgs: list[Any]) -> tuple[str, ...]:
     return keys or VARIANT_KEYS
 
 
+def choose_among(run_dirs: list[Path]) -> tuple[dict[str, Any], list[tuple[Any, dict[str, Any]]]]:
+    """The rule of ``fcd select`` over finished run folders (``queries.selection.choose_run`` on each run's selected
+    round), and each run's (config, selection row); benchmarks call this to choose as the command does.
+
+    Raises:
+        CliError: A folder is not a finished run, or the runs differ in their data settings or seed.
+    """
+    from fcd_secure.queries.selection import choose_run  # noqa: PLC0415
+
+    loaded = [_load(d) for d in run_dirs]
+    diff = _differences([c for c, _ in loaded])
+    if diff:
+        raise CliError(f"the runs differ in {', '.join(diff)}: their validation rows differ, so their D1 cannot be "
+                       "compared", "BAD_INPUT", hint="train every variant with the same data settings and --seed")
+    return choose_run([row for _, row in loaded]), loaded
+
+
 #: the cell of a figure a run does not have (no D_h at all, no validation fit)
 NO_FIGURE = "—"
 
@@ -92,17 +109,12 @@ def register(app: typer.Typer) -> None:
         Exit codes: 0 a run was chosen, 2 bad input (fewer than two runs, not a run folder, runs on different data),
         7 no run has a D1 (no site could score: no logged propensities): the criterion cannot choose.
         """
-        from fcd_secure.queries.selection import DH_HORIZON, choose_run  # noqa: PLC0415
+        from fcd_secure.queries.selection import DH_HORIZON  # noqa: PLC0415
 
         if len(run_dirs) < 2:
             raise CliError("give at least two run folders to choose between", "USAGE", exit_code=EXIT_USAGE,
                            hint="train each variant with `fcd run --config variant.toml` on the same data and seed")
-        loaded = [_load(Path(d)) for d in run_dirs]
-        diff = _differences([c for c, _ in loaded])
-        if diff:
-            raise CliError(f"the runs differ in {', '.join(diff)}: their validation rows differ, so their D1 cannot be "
-                           "compared", "BAD_INPUT", hint="train every variant with the same data settings and --seed")
-        choice = choose_run([row for _, row in loaded])
+        choice, loaded = choose_among([Path(d) for d in run_dirs])
         runs = [{"run": str(d), "model": _variant(cfg), "round": row.get("round"), "d1": row.get("d1"),
                  "d1_se": row.get("d1_se"), "alarm": row.get("alarm"), "dh": row.get("dh"), "dh_se": row.get("dh_se"),
                  "dh_ess": row.get("dh_ess"), "dh_supported": row.get("dh_supported"),

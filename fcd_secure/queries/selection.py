@@ -318,7 +318,7 @@ def choose_round(scores: list[RoundScore], last_round: int, unit: str = "round",
     cands, best, paired = _d1_window(usable)
     rule, dh_note = "d1-paired-one-se", ""
     if not paired:
-        dh_note = "; marginal SE (no paired sums kept for some rounds)"
+        dh_note = f"; marginal SE (no paired sums kept for some {unit}s)"
     with_dh = all(s.dh_supported for s in usable)
     if with_dh:  # D_h joins only where every round's is supported (module docstring)
         dh_cands, dh_best = _one_se(usable, "dh", "dh_se")
@@ -374,7 +374,8 @@ def choose_run(rows: list[dict[str, Any]]) -> dict[str, Any]:
     :func:`choose_round`'s rule over each run's selected round, so that outcome-model variants (the diffusion
     transition, the deterministic one, the latent or the encoder rollout, another simulator, another recipe) are
     chosen by the same truth-free criterion as a run's rounds; two rollouts of one network have
-    equal fits, and a supported D_h tells them apart.
+    equal fits, and a supported D_h tells them apart. A site keeps its D₁ terms per run, so no pair spans two runs:
+    the window across runs takes the marginal SE, and the reason says so.
 
     Args:
         rows: each run's selected round as :meth:`RoundScore.as_row` gives it (``rounds.json``'s ``selection``).
@@ -384,7 +385,9 @@ def choose_run(rows: list[dict[str, Any]]) -> dict[str, Any]:
         numbers the runs #1..#n); ``run`` is None when no run has a D₁ (no site could score): the criterion cannot
         choose, and the reason says so.
     """
-    scores = [RoundScore.from_row(r, i + 1) for i, r in enumerate(rows)]  # runs #1..#n in the reason
+    # runs #1..#n in the reason; a row's paired sums are against the earlier rounds of its own run (keyed by that
+    # run's round numbers), never against another run, so across runs the window takes the marginal SE
+    scores = [dataclasses.replace(RoundScore.from_row(r, i + 1), pairs={}) for i, r in enumerate(rows)]
     got = choose_round(scores, len(rows), unit="run", name="run #{}")
     if got["rule"] == "last":
         return {"rule": "unavailable", "run": None, "candidates": [], "coverage": "unavailable",
