@@ -29,6 +29,7 @@ from scipy.optimize import minimize
 from scipy.special import log_softmax
 
 from fcd_secure.data.schema import SiteDataset
+from fcd_secure.errors import FcdError
 
 __all__ = ["MAX_SHARED_COEFS", "PROPENSITY_FLOOR", "SHARED_FIT_LISTS", "SHARED_FIT_SCALARS", "HistoryPropensity",
            "RecordPropensity", "SharedFitError", "SharedFitStep", "fit_shared", "history_features", "shared_fit_sums",
@@ -236,7 +237,7 @@ def shared_list_caps() -> dict[str, int]:
             "behaviour_fit.hess": MAX_SHARED_COEFS * (MAX_SHARED_COEFS + 1) // 2}
 
 
-class SharedFitError(ValueError):
+class SharedFitError(FcdError, ValueError):
     """The shared fit cannot run: too many coefficients, or no step at all."""
 
 
