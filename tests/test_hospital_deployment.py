@@ -196,6 +196,7 @@ def test_sites_survive_a_coordinator_restart_and_the_evidence_stays_honest(conso
     summary = json.loads((second / "summary.json").read_text())
     assert summary["resumed_from_round"] == 1 and summary["rounds"] == 2
     assert json.loads((second / "config.json").read_text())["federation"]["node_wait_s"] == 300
+    supernode_logs = [(h / "run" / "logs" / "supernode.log") for h in homes]
     assert any("starting it again" in p.read_text() for p in supernode_logs if p.exists())
 
     # 4. the first run's copies of the site ledgers are stale beside the second run's server ledger
