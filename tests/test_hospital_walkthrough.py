@@ -19,7 +19,6 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from typer.testing import CliRunner
 
 from fcd_secure.cli import consortium as consortium_cli
 from fcd_secure.cli import data as data_cli
@@ -29,15 +28,7 @@ from fcd_secure.cli.main import app as main_app
 from fcd_secure.config import build_config
 from fcd_secure.federation.state import ServerCheckpoint
 
-runner = CliRunner()
-
-
-def invoke(app, args: list[str]) -> tuple[int, dict]:
-    res = runner.invoke(app, [*args, "--json"])
-    try:
-        return res.exit_code, json.loads(res.stdout)
-    except json.JSONDecodeError:
-        raise AssertionError(f"{args}: {res.stdout!r} {res.exception!r}") from None
+from _hospital import invoke, runner
 
 
 @pytest.fixture(scope="module")
