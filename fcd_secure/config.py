@@ -181,6 +181,13 @@ class EvaluationSection(BaseModel):
         "else each site's own model of its logging policy fitted on its training rows), logged (never a model), "
         "estimated (the model even where logged, to compare)",
     )
+    behaviour_model: Literal["site", "shared"] = Field(
+        "site",
+        description="where estimated propensities come from: site (each site's own model of its logging policy, "
+        "which never leaves it) or shared (one model fitted by the consortium: the pooled Newton fit from the sites' "
+        "gradient and Hessian sums through secure aggregation, before training; needs secure aggregation, "
+        "propensities auto or estimated, and every site's policy [behaviour] shared_fit = true)",
+    )
     unrecorded_confounding: str | None = Field(
         None,
         description="a confounder the logs do not record, declared in words (e.g. \"readiness affects both the "
@@ -215,6 +222,16 @@ class RunConfig(BaseModel):
             raise ValueError(
                 f"federation.min_replies ({fed.min_replies}) > federation.clients_per_round ({fed.clients_per_round})"
             )
+        if self.evaluation.behaviour_model == "shared":
+            # refused before any work: the fit's sums may travel only masked, and logged propensities use no model
+            if not fed.secure_aggregation:
+                raise ValueError("evaluation.behaviour_model = 'shared' needs secure aggregation (its sums travel "
+                                 "only masked, docs/threats.md P67); set federation.secure_aggregation = true or "
+                                 "behaviour_model = 'site'")
+            if self.evaluation.propensities == "logged":
+                raise ValueError("evaluation.behaviour_model = 'shared' fits a behaviour model, which "
+                                 "evaluation.propensities = 'logged' never uses; set propensities = 'auto' or "
+                                 "'estimated', or behaviour_model = 'site'")
         name = self.model.simulator
         if name not in SIMULATOR_KEYS:
             raise ValueError(f"model.simulator = {name!r} is not a simulator; choose one of {list(SIMULATOR_KEYS)}")

@@ -78,6 +78,7 @@ from fcd_secure.federation.secure.setup import (
     site_roster,
     vector_layout,
 )
+from fcd_secure.federation.secure.secure_behaviour import BEHAVIOUR_PURPOSE, MAX_FIT_ROUNDS
 from fcd_secure.federation.secure.secure_stats import PURPOSE_KEY, STATS_PURPOSE
 from fcd_secure.federation.site_policy import MIN_COHORT_FLOOR
 from fcd_secure.federation.state import SiteState, run_config_hash, session_id_of
@@ -94,6 +95,10 @@ NEXT_KEY = "secagg_next"
 #: The site-state slots of the cross-session replay guards (training rounds, evaluation rounds).
 REPLAY_SLOT = "secagg_rounds.json"
 EVAL_REPLAY_SLOT = "secagg_eval_rounds.json"
+#: The site-state slot of the replay guard of the shared behaviour model's steps (``federation.secure
+#: .secure_behaviour``): rounds of the evaluation kind, counted from 1 apart from the evaluation rounds, since the fit
+#: runs between round 0's statistics and the first scored round
+BEHAVIOUR_REPLAY_SLOT = "secagg_behaviour_rounds.json"
 #: The site-state slot of the server rounds this site has trained: each is trained once, whichever way it came, in
 #: any session (the unnamed session of :class:`ReplayGuard`: a site state's training rounds only go forward, as
 #: ``federation.state.SiteState``'s do).
@@ -120,6 +125,8 @@ class SecureSite(Protocol):
 
     def preprocessing_sums(self) -> dict[str, Any]: ...
 
+    def behaviour_fit_sums(self, config: dict[str, Any]) -> dict[str, Any]: ...
+
 
 RuntimeGetter = Callable[[Message, Context], SecureSite]
 
@@ -142,7 +149,7 @@ def _state_set(context: Context, record: str = STATE_KEY, **values: Any) -> None
 
 def _clear_round(context: Context) -> None:
     # an aborted or finished round leaves no secret (and no evaluation sum) behind in the node state
-    _state_set(context, client=None, global_hash=None, round=None, purpose=None, sums=None, schema=None)
+    _state_set(context, client=None, global_hash=None, round=None, purpose=None, sums=None, schema=None, slot=None)
 
 
 def _clear_next(context: Context) -> None:
@@ -157,6 +164,8 @@ def _session(context: Context) -> bytes:
 def _guard(rt: SecureSite, context: Context, slot: str) -> ReplayGuard:
     """The replay counters of one kind of protocol round (:data:`REPLAY_SLOT`, :data:`EVAL_REPLAY_SLOT`) in the session
     of ``context`` (P5, P30)."""
+    if slot == BEHAVIOUR_REPLAY_SLOT:  # a run asks the fit's sums at most MAX_FIT_ROUNDS times (P68)
+        return ReplayGuard(rt.state.slot(slot), session=_session(context), max_round=MAX_FIT_ROUNDS)
     return ReplayGuard(rt.state.slot(slot), session=_session(context))
 
 
@@ -216,9 +225,13 @@ def _evaluate_handler(get_runtime: RuntimeGetter) -> Callable[[Message, Context]
         eval_config = dict(msg.content[REC_CONFIG])
         global_theta = record_to_global(msg.content[REC_GLOBAL])
         round_id = int(eval_config["eval-round"])
-        _guard(rt, context, EVAL_REPLAY_SLOT).check_fresh(round_id)
-        if eval_config.get(PURPOSE_KEY) == STATS_PURPOSE:  # round 0: moment sums of the raw training set
+        purpose = eval_config.get(PURPOSE_KEY)
+        slot = BEHAVIOUR_REPLAY_SLOT if purpose == BEHAVIOUR_PURPOSE else EVAL_REPLAY_SLOT
+        _guard(rt, context, slot).check_fresh(round_id)
+        if purpose == STATS_PURPOSE:  # round 0: moment sums of the raw training set
             sums = rt.preprocessing_sums()
+        elif purpose == BEHAVIOUR_PURPOSE:  # a step of the shared behaviour model: sums over the training rows
+            sums = rt.behaviour_fit_sums(eval_config)
         else:
             sums = rt.evaluate(global_theta, eval_config)  # on the cohort the site chose (refusals propagate)
         schema = schema_of(sums)
@@ -230,6 +243,7 @@ def _evaluate_handler(get_runtime: RuntimeGetter) -> Callable[[Message, Context]
             global_hash=theta_hash(vector_layout(rt.manifest), global_theta),
             round=round_id,
             purpose=EVALUATION,
+            slot=slot,
         )
         # names and lengths only: the values stay in node memory until they are masked
         return Message(RecordDict({REC_SECAGG: ConfigRecord({SECAGG_FIELD: schema_to_bytes(schema)})}), reply_to=msg)
@@ -274,7 +288,8 @@ def _stage_handler(stage: str, get_runtime: RuntimeGetter) -> Callable[[Message,
                 site_roster(context, rt.site_id, Path(rt.state.dir).parent),
                 rt.secagg_policy,
                 layout,
-                replay_guard=_guard(rt, context, EVAL_REPLAY_SLOT if evaluation else REPLAY_SLOT),
+                replay_guard=_guard(rt, context, (_state_get(context, "slot") or EVAL_REPLAY_SLOT) if evaluation
+                                    else REPLAY_SLOT),
             )
             if stage == STAGES[0]:
                 # only an evaluation prepares its input ahead (``secagg_evaluate``); a training round's input enters

@@ -6,6 +6,8 @@
 close the ledgers):
 
 1. round 0 (``data.standardize = "secure"``): the consortium's standardisation statistics under secure aggregation;
+   then (``evaluation.behaviour_model = "shared"``) the consortium's shared behaviour model, one secure round per
+   step of its Newton fit (``federation.secure.secure_behaviour``), sent with every evaluation request;
 2. per round: sample k of N sites (seeded, ``ClientSampler``), ``flow.run_round`` (the aggregation flow,
    ``flows.make_flow``), a cheap federated PEHE every ``eval_every`` rounds (the round is then scored for the
    truth-free selection, ``queries.selection``);
@@ -58,6 +60,7 @@ from fcd_secure.federation.run_ticket import (
     verify_run_ticket,
 )
 from fcd_secure.federation.sampler import ClientSampler
+from fcd_secure.federation.secure.secure_behaviour import BEHAVIOUR_MODEL_KEY, secure_behaviour_model
 from fcd_secure.federation.secure.secure_stats import STATISTICS_KEY, secure_statistics
 from fcd_secure.federation.state import SERVER_DIR
 from fcd_secure.manifest import Manifest
@@ -110,6 +113,7 @@ class TrainingLoop(ServerLoop[FederationResult]):
     flow: AggregationFlow
     statistics: dict[str, list[float]] | None  # round 0's standardisation statistics (data.standardize = "secure")
     stats_conf: dict[str, str]  # the statistics as every request to the sites carries them
+    behaviour: str | None  # the shared behaviour model (JSON) every evaluation request carries, None: the sites' own
     sync_bytes: int  # the synchronised part's size (the uplink formula of rounds.csv)
     cum_up: int
     cum_down: int
@@ -132,12 +136,20 @@ class TrainingLoop(ServerLoop[FederationResult]):
             self.statistics = secure_statistics(self.comm, self.order, self.theta, cfg, self.manifest)
             self.say("statistics", {"columns": len(self.statistics["x_mean"]) + len(self.statistics["a_mean"])})
         self.stats_conf = {STATISTICS_KEY: json.dumps(self.statistics)} if self.statistics is not None else {}
+        # before training (the scored rounds' selection weights by it): the shared behaviour model, when the run asks
+        self.behaviour = self.saved.get(BEHAVIOUR_MODEL_KEY) if self.start > 1 else None
+        if cfg.evaluation.behaviour_model == "shared" and self.behaviour is None:
+            step, steps = secure_behaviour_model(self.comm, self.order, self.theta, cfg, self.manifest,
+                                                 self.sites[0].dims)
+            self.behaviour = json.dumps(step.to_json())
+            self.say("behaviour_model", {"newton_steps": steps, "coefficients": int(step.coef.size)})
         self.sync_bytes = int(self.manifest.nbytes(self.part))
         self.cum_up = int(sum(r["uplink_bytes"] for r in self.history))
         self.cum_down = int(sum(r["downlink_bytes"] for r in self.history))
 
     def checkpoint_extra(self) -> dict:
-        return {STATISTICS_KEY: self.statistics} if self.statistics is not None else {}
+        return {**({STATISTICS_KEY: self.statistics} if self.statistics is not None else {}),
+                **({BEHAVIOUR_MODEL_KEY: self.behaviour} if self.behaviour is not None else {})}
 
     def checkpoint_state(self) -> dict:
         # the sites' errors so far, the earlier processes' included: a resumed run's records keep every round a
@@ -204,7 +216,7 @@ class TrainingLoop(ServerLoop[FederationResult]):
         round's evaluation columns of ``rounds.csv``."""
         self.kept.keep(rnd, self.theta)
         request = EvaluationRequest.for_run(self.cfg, quick=True, part=self.part, keep_round=rnd,
-                                            statistics=self.stats_conf.get(STATISTICS_KEY))
+                                            statistics=self.stats_conf.get(STATISTICS_KEY), behaviour=self.behaviour)
         quick = evaluate_federated(self.comm, self.order, self.theta, self.cfg, request, secure=self.secure_eval,
                                    round_id=rnd)
         cols = {"pehe": quick.get("pehe"), "ate_error": quick.get("ate_error"), "factual_auc": quick.get("factual_auc")}
@@ -253,7 +265,7 @@ class TrainingLoop(ServerLoop[FederationResult]):
         n_err = len(self.comm.site_errors)
         request = EvaluationRequest.for_run(self.cfg, quick=False, part=self.part, restore_round=restore,
                                             dr_learner_beta=dr_fit.get("beta"),
-                                            statistics=self.stats_conf.get(STATISTICS_KEY))
+                                            statistics=self.stats_conf.get(STATISTICS_KEY), behaviour=self.behaviour)
         final_eval = evaluate_federated(self.comm, self.order, self.theta, self.cfg, request, secure=self.secure_eval,
                                         round_id=fed.rounds + 1, dr_fit_steps=int(dr_fit.get("n") or 0))
         final_eval["dr_learner"] = {**dr_fit, "round": self.selection["round"], **(final_eval.get("dr_learner") or {})}

@@ -92,6 +92,8 @@ class SiteRuntime:
         self._data: SiteData | None = None
         #: the consortium's standardisation statistics of this request (``data.standardize = "secure"``)
         self.statistics: dict[str, list[float]] | None = None
+        #: the consortium's shared behaviour model of this request (``evaluation.behaviour_model = "shared"``)
+        self.behaviour = None
         self._model = None
         self._manifest = None
 
@@ -157,9 +159,9 @@ class SiteRuntime:
                 spec, table = self.own_table
                 # the cut is the site's: its own secret, its policy's fractions (admit), never the run's seed (P40)
                 self._data = learner.load_own_site_data(self.cfg, spec, table, self.site_index, self.statistics,
-                                                        secret=site_secret(self.state.dir))
+                                                        self.behaviour, secret=site_secret(self.state.dir))
             else:
-                self._data = learner.load_site_data(self.cfg, self.site_index, self.statistics)
+                self._data = learner.load_site_data(self.cfg, self.site_index, self.statistics, self.behaviour)
             self._record_split(self._data)
         return self._data
 
@@ -207,6 +209,45 @@ class SiteRuntime:
             raise StateError("data.standardize = 'secure' and the request carries no standardisation statistics")
         self.statistics = stats
         self._data = None
+
+    def adopt_behaviour(self, config: dict[str, Any]) -> None:
+        """Take the consortium's shared behaviour model from an evaluation request (``evaluation.behaviour_model =
+        "shared"``): the site's validation and test rows are then weighted by it, never by a model of its own.
+
+        Raises:
+            StateError: the run shares the behaviour model and the request carries none (the site would answer
+                without the propensities the run asked for).
+            SharedFitError: the model does not fit the site's dimensions.
+        """
+        from fcd_secure.federation.secure.secure_behaviour import BEHAVIOUR_MODEL_KEY, step_from_config  # noqa: PLC0415
+
+        if self.cfg.evaluation.behaviour_model != "shared":
+            return
+        step = step_from_config(config, BEHAVIOUR_MODEL_KEY, self.dims["n_actions"])
+        if step is None:
+            raise StateError("evaluation.behaviour_model = 'shared' and the request carries no shared behaviour model")
+        self.behaviour = learner.shared_behaviour_model(self.dims, step)
+        self._data = None
+
+    def behaviour_fit_sums(self, config: dict[str, Any]) -> dict[str, Any]:
+        """One step of the consortium's shared behaviour model: this site's sums over its training rows as loaded
+        (``federation.learner.behaviour_fit_sums``; ``federation.secure.secure_behaviour``).
+
+        Raises:
+            StateError: the run does not share the behaviour model (the site's own never leaves it), or the request
+                carries no step.
+            SharedFitError: more coefficients than a shared fit takes.
+        """
+        from fcd_secure.federation.secure.secure_behaviour import BEHAVIOUR_STEP_KEY, step_from_config  # noqa: PLC0415
+
+        self.refuse_in_question_run("behaviour_fit")
+        if self.cfg.evaluation.behaviour_model != "shared" or self.statistics is not None:
+            raise StateError("behaviour-model sums are only taken in a run with evaluation.behaviour_model = "
+                             "'shared', over the rows as loaded")
+        step = step_from_config(config, BEHAVIOUR_STEP_KEY, self.dims["n_actions"])
+        if step is None:
+            raise StateError(f"a behaviour-model step without its {BEHAVIOUR_STEP_KEY!r}")
+        return learner.behaviour_fit_sums(self.data, step)
 
     def preprocessing_sums(self) -> dict[str, Any]:
         """Round 0: this site's moment sums over its unscaled non-test rows (``federation.secure.secure_stats``).
@@ -385,6 +426,7 @@ class SiteRuntime:
             return site_metrics(model, self.data, self.cfg, request, rows=rows, site_dir=self.state.dir,
                                 questions=self.policy.questions)
         self.adopt_statistics(eval_config)
+        self.adopt_behaviour(eval_config)
         theta_s = self._theta_s_of(request.restore_round)
         if self.run_session is not None and not request.quick:
             # the deployed run's answer: what it is answered with is kept under the run's signed session id, before

@@ -266,4 +266,25 @@ def check_run(cfg: "RunConfig", opts: RunOptions) -> "RunConfig":
     check_policies(cfg, policies)
     check_flow(cfg)  # too few sites for secure aggregation is its own error, named first
     check_evaluation(cfg)
+    check_behaviour_model(cfg)
     return cfg
+
+
+def check_behaviour_model(cfg: "RunConfig") -> None:
+    """A shared behaviour model (``evaluation.behaviour_model = "shared"``) fits the data: its coefficients are at
+    most ``evaluation.propensity.MAX_SHARED_COEFS`` (the egress gate's cap on the Hessian's sums).
+
+    Raises:
+        CliError: exit 2, naming the setting and the count.
+    """
+    if cfg.evaluation.behaviour_model != "shared":
+        return
+    from fcd_secure.evaluation.propensity import SharedFitError, check_shared_size  # noqa: PLC0415
+    from fcd_secure.federation import learner  # noqa: PLC0415
+
+    ds = learner.load_federated(cfg).train[0]
+    try:
+        check_shared_size(ds.n_actions, ds.da, ds.dx)
+    except SharedFitError as exc:
+        raise CliError(f"evaluation.behaviour_model = 'shared': {exc}",
+                       hint="set evaluation.behaviour_model = 'site' (each site's own model)") from None

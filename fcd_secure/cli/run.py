@@ -49,9 +49,11 @@ def bad_input_errors() -> tuple[type[BaseException], ...]:
     from fcd_secure.data.schema import SchemaError  # noqa: PLC0415
     from fcd_secure.data.spec import DataError  # noqa: PLC0415
     from fcd_secure.federation.secure.setup import SecureAggregationConfigError  # noqa: PLC0415
+    from fcd_secure.evaluation.propensity import SharedFitError  # noqa: PLC0415
     from fcd_secure.federation.state import StateError  # noqa: PLC0415
 
-    return (ConfigError, SchemaError, DataError, StateError, SecureAggregationConfigError, ValidationError)
+    return (ConfigError, SchemaError, DataError, StateError, SecureAggregationConfigError, ValidationError,
+            SharedFitError)
 
 
 # -- what the run prints -------------------------------------------------------------------------------------------
@@ -236,6 +238,9 @@ class RunProgress:
                 self.bar.update(self.task, completed=info["round"], info=" · ".join(bits))
             else:
                 self.line(f"round {info['round']}/{self.rounds} · " + " · ".join(bits))
+        elif event == "behaviour_model":
+            self.line(f"shared behaviour model: {info['coefficients']} coefficients, {info['newton_steps']} Newton "
+                      "steps on the sites' secure sums")
         elif event == "selected":
             self.line(selection_line(info, self.rounds))
         elif event == "evaluating":

@@ -32,8 +32,8 @@ from fcd_secure.data.schema import SiteDataset
 from fcd_secure.errors import FcdError
 
 __all__ = ["MAX_SHARED_COEFS", "PROPENSITY_FLOOR", "SHARED_FIT_LISTS", "SHARED_FIT_SCALARS", "HistoryPropensity",
-           "RecordPropensity", "SharedFitError", "SharedFitStep", "fit_shared", "history_features", "shared_fit_sums",
-           "shared_list_caps"]
+           "RecordPropensity", "SharedFitError", "SharedFitStep", "check_shared_size", "fit_shared", "history_features",
+           "shared_fit_sums", "shared_list_caps"]
 
 #: the smallest estimated propensity used as a weight's denominator; steps below it are counted (the overlap check)
 PROPENSITY_FLOOR = 0.005
@@ -178,6 +178,32 @@ class RecordPropensity(HistoryPropensity):
         X = np.asarray(ds.X[rows], dtype=np.float64).reshape(len(prev), -1)
         return np.concatenate([super()._step_features(ds, rows, t), X, prev], axis=1)
 
+    @staticmethod
+    def n_features(n_actions: int, da: int, dx: int) -> int:
+        """The features of a step (:meth:`_step_features`): the history's 5 + ``da``, the statics, the previous
+        action one-hot."""
+        return 5 + int(da) + int(dx) + int(n_actions)
+
+    @classmethod
+    def from_shared(cls, n_actions: int, da: int, dx: int, step: "SharedFitStep") -> "RecordPropensity":
+        """The consortium's shared model (:func:`fit_shared`) as a site uses it: the pooled z-scoring and the
+        coefficients of ``step``.
+
+        Raises:
+            SharedFitError: ``step`` carries no coefficients, or their shape is not this model's.
+        """
+        model = cls(n_actions, da, dx)
+        d = cls.n_features(n_actions, da, dx)
+        if step.coef is None or step.mean is None or step.scale is None:
+            raise SharedFitError("the shared behaviour model carries no coefficients")
+        if step.coef.shape != (d + 1, int(n_actions)) or step.mean.shape != (d,) or step.scale.shape != (d,):
+            raise SharedFitError(f"the shared behaviour model has {step.coef.shape} coefficients, a site of "
+                                 f"{n_actions} actions and {d} features needs {(d + 1, int(n_actions))}")
+        if not (np.isfinite(step.coef).all() and np.isfinite(step.mean).all() and (step.scale > 0).all()):
+            raise SharedFitError("the shared behaviour model is not finite")
+        model.mean, model.scale, model.coef = step.mean, step.scale, step.coef
+        return model
+
     def logged_probs(self, ds: SiteDataset) -> np.ndarray:
         """P̂(logged a_t | recorded history) at every step of ``ds``, ``[n, L]`` (1 on padding, as logged P)."""
         if self.coef is None:
@@ -239,6 +265,19 @@ def shared_list_caps() -> dict[str, int]:
 
 class SharedFitError(FcdError, ValueError):
     """The shared fit cannot run: too many coefficients, or no step at all."""
+
+
+def check_shared_size(n_actions: int, da: int, dx: int) -> int:
+    """The coefficients of a shared :class:`RecordPropensity` of these dimensions; returns their number.
+
+    Raises:
+        SharedFitError: more than :data:`MAX_SHARED_COEFS`.
+    """
+    c = (RecordPropensity.n_features(n_actions, da, dx) + 1) * int(n_actions)
+    if c > MAX_SHARED_COEFS:
+        raise SharedFitError(f"{c} coefficients ({n_actions} actions); a shared behaviour model has at most "
+                             f"{MAX_SHARED_COEFS}")
+    return c
 
 
 @dataclass(frozen=True)

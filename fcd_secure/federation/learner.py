@@ -76,12 +76,14 @@ BEHAVIOUR_CODES = {
 }
 
 
-def with_propensities(site: SiteData, mode: str, behaviour: Any | None = None) -> SiteData:
+def with_propensities(site: SiteData, mode: str, behaviour: Any | None = None, *, shared: bool = False) -> SiteData:
     """The site's data with the propensities its answers use (``evaluation.propensities``).
 
     ``behaviour``: the consortium's shared model of the logging policy (a fitted ``RecordPropensity`` of
     ``evaluation.propensity.fit_shared``), used where the site's own model would be, by the same code; ``None``: the
-    site fits its own.
+    site fits its own, unless ``shared`` (``evaluation.behaviour_model = "shared"``) says the run uses the
+    consortium's, not known yet (hello, the fit's own rounds, training): the validation and test rows then carry no
+    estimate, and an evaluation is refused without the model (``apps.site.SiteRuntime.evaluate``).
 
     ``auto``: the logged column where the table has one, else the site's own model of its logging policy
     (``evaluation.propensity.RecordPropensity``) fitted on its training rows and applied to its validation and test
@@ -111,6 +113,11 @@ def with_propensities(site: SiteData, mode: str, behaviour: Any | None = None) -
                        propensities="none", none_reason="none-one-action",
                        propensity_note=f"its training rows log {acts.size} action(s): no "
                        "model of how actions were chosen can be fitted")
+    if behaviour is None and shared:
+        return replace(site, test=site.test.without_propensities(),
+                       validation=None if site.validation is None else site.validation.without_propensities(),
+                       propensities="estimated",
+                       propensity_note="the consortium's shared behaviour model is not fitted yet")
     model = _behaviour_model(train) if behaviour is None else behaviour
 
     def estimate(ds: SiteDataset | None) -> SiteDataset | None:
@@ -151,6 +158,37 @@ def _behaviour_model(train: SiteDataset):
             _BEHAVIOUR_FITS.pop(next(iter(_BEHAVIOUR_FITS)))
         _BEHAVIOUR_FITS[key] = model
     return model
+
+
+def behaviour_fit_sums(site: SiteData, step) -> dict[str, object]:
+    """The site's sums for one step of the consortium's shared behaviour model (``evaluation.propensity
+    .shared_fit_sums``, a ``SharedFitStep``) over its training rows as loaded (never z-scored with the consortium's
+    statistics: the fit z-scores its features with their pooled moments, and the sites apply it to the rows as
+    loaded, :func:`load_site_data`).
+
+    Raises:
+        SharedFitError: more coefficients than a shared fit takes.
+        ValueError: the training rows hold no valid step.
+    """
+    from fcd_secure.evaluation.propensity import shared_fit_sums  # noqa: PLC0415
+
+    train = site.train
+    F, a = shared_behaviour_model(dims_of(train, site.n_sites)).training_design(train)
+    return shared_fit_sums(F, a, train.n_actions, step)
+
+
+def shared_behaviour_model(dims: dict[str, int], step=None):
+    """The consortium's shared behaviour model of sites of ``dims`` (:func:`dims_of`): unfitted, or fitted with the
+    pooled z-scoring and coefficients of ``step`` (a ``SharedFitStep``, as the server sends it).
+
+    Raises:
+        SharedFitError: more coefficients than a shared fit takes, or ``step`` does not fit these dims.
+    """
+    from fcd_secure.evaluation.propensity import RecordPropensity, check_shared_size  # noqa: PLC0415
+
+    K, da, dx = int(dims["n_actions"]), int(dims["da"]), int(dims["dx"])
+    check_shared_size(K, da, dx)
+    return RecordPropensity(K, da, dx) if step is None else RecordPropensity.from_shared(K, da, dx, step)
 
 
 def split_validation(train: SiteDataset, fraction: float, secret: bytes) -> tuple[SiteDataset, SiteDataset | None]:
@@ -218,23 +256,19 @@ def consortium_anchors(statistics: dict[str, list[float]] | None, own: tuple[int
     return int(own[0]), int(own[1])
 
 
-def load_site_data(cfg: RunConfig, site_index: int, statistics: dict[str, list[float]] | None = None) -> SiteData:
+def load_site_data(cfg: RunConfig, site_index: int, statistics: dict[str, list[float]] | None = None,
+                   behaviour: Any | None = None) -> SiteData:
     """One site's data. With ``data.standardize = "secure"`` the sites are unscaled until the consortium's
-    statistics (``statistics``: from the secure round 0, ``federation.secure.secure_stats``) are applied here."""
+    statistics (``statistics``: from the secure round 0, ``federation.secure.secure_stats``) are applied here;
+    ``behaviour``: the consortium's shared behaviour model (:func:`with_propensities`), applied to the rows as loaded,
+    as it was fitted on them (:func:`behaviour_fit_sums`)."""
     fd = load_federated(cfg)
     n_sites = len(fd.train)
     if not 0 <= site_index < n_sites:
         raise ValueError(f"site index {site_index} is outside the {n_sites} sites of {cfg.data.dataset!r}")
     train, test = fd.train[site_index], fd.test[site_index]
     train, validation = split_validation(train, cfg.data.validation_fraction, simulated_secret(cfg, site_index))
-    if statistics is not None:
-        from fcd_secure.data.moments import standardizer_for  # noqa: PLC0415
-
-        std = standardizer_for(train, statistics)
-        # copies: the process-wide cache stays unscaled
-        train, test = std.apply(train), std.apply(test)
-        validation = None if validation is None else std.apply(validation)
-    return with_propensities(SiteData(
+    return _scaled(with_propensities(SiteData(
         train=train,
         test=test,
         site_index=site_index,
@@ -243,7 +277,25 @@ def load_site_data(cfg: RunConfig, site_index: int, statistics: dict[str, list[f
         oracle=fd.oracle,
         description=dict(fd.description or {}),
         validation=validation,
-    ), cfg.evaluation.propensities)
+    ), cfg.evaluation.propensities, behaviour, shared=cfg.evaluation.behaviour_model == "shared"), statistics)
+
+
+def _scaled(site: SiteData, statistics: dict[str, list[float]] | None) -> SiteData:
+    """``site`` z-scored with the consortium's ``statistics`` (secure round 0; ``None``: as loaded), its propensities
+    kept. The propensities are estimated before (:func:`with_propensities` on the rows as loaded): the behaviour model
+    z-scores its own features, so the same rows give the same model with or without the statistics, and a site that
+    loads its rows unscaled at hello and scaled on every later request fits it once per run
+    (:func:`_behaviour_model`'s cache is keyed by the rows)."""
+    if statistics is None:
+        return site
+    from dataclasses import replace  # noqa: PLC0415
+
+    from fcd_secure.data.moments import standardizer_for  # noqa: PLC0415
+
+    std = standardizer_for(site.train, statistics)
+    # copies: the process-wide cache stays unscaled
+    return replace(site, train=std.apply(site.train), test=std.apply(site.test),
+                   validation=None if site.validation is None else std.apply(site.validation))
 
 
 @functools.lru_cache(maxsize=2)
@@ -259,8 +311,8 @@ def _own_table_cached(spec: str, table: str, secret: bytes, test_fraction: float
 
 
 def load_own_site_data(
-    cfg: RunConfig, spec: str, table: str, site_index: int, statistics: dict[str, list[float]] | None = None, *,
-    secret: bytes,
+    cfg: RunConfig, spec: str, table: str, site_index: int, statistics: dict[str, list[float]] | None = None,
+    behaviour: Any | None = None, *, secret: bytes,
 ) -> SiteData:
     """A deployed site's data: its own table read with the spec (unscaled until ``statistics`` of the secure round 0
     are given), cut into test / validation / train by the site's own split secret (``data.cohorts``) at the fractions
@@ -269,16 +321,12 @@ def load_own_site_data(
     fd = _own_table_cached(str(spec), str(table), bytes(secret), cfg.data.test_fraction)
     train, test = fd.train[0], fd.test[0]
     train, validation = split_validation(train, cfg.data.validation_fraction, secret)
-    if statistics is not None:
-        from fcd_secure.data.moments import standardizer_for  # noqa: PLC0415
-
-        std = standardizer_for(train, statistics)
-        train, test = std.apply(train), std.apply(test)
-        validation = None if validation is None else std.apply(validation)
-    return with_propensities(SiteData(train=train, test=test, site_index=int(site_index), n_sites=cfg.data.n_sites,
-                                      anchors=consortium_anchors(statistics, fd.anchors), oracle=None,
-                                      description=dict(fd.description or {}), validation=validation),
-                             cfg.evaluation.propensities)
+    return _scaled(with_propensities(SiteData(train=train, test=test, site_index=int(site_index),
+                                              n_sites=cfg.data.n_sites,
+                                              anchors=consortium_anchors(statistics, fd.anchors), oracle=None,
+                                              description=dict(fd.description or {}), validation=validation),
+                                     cfg.evaluation.propensities, behaviour,
+                                     shared=cfg.evaluation.behaviour_model == "shared"), statistics)
 
 
 # -- model ---------------------------------------------------------------------------------------------------

@@ -18,6 +18,9 @@ shipped defaults are strict; a missing file means the defaults. Sections:
 ``[evaluation]``       the smallest evaluation cohort (default 50 rows, or the whole test split when smaller, never
                        fewer than 20), how often the same rows may be evaluated (P22), the longest truncated OPE
                        horizon (``ope_horizon_max``, default 2; P39)
+``[behaviour]``        ``shared_fit``: whether the site adds its training rows' gradient and Hessian sums to a
+                       consortium's shared behaviour model (``evaluation.behaviour_model = "shared"``, docs/threats.md
+                       P67, P68; default no: its own model, which never leaves it)
 ``[data]``             where the site's data are; when set, a request naming other data is refused
 ``[split]``            the site's own test / validation fractions (on a 5 % grid): the cut itself is made from the
                        site's split secret (``data.cohorts``); the request's ``data.test_fraction``,
@@ -130,6 +133,16 @@ class EvaluationPolicy(_Section):
     )
 
 
+class BehaviourPolicy(_Section):
+    shared_fit: bool = Field(
+        False,
+        description="take part in a consortium's shared behaviour model (evaluation.behaviour_model = 'shared'): "
+        "the sums of the site's training steps (count, features' sums and squares, the multinomial logistic "
+        "regression's loss, gradient and Hessian at each Newton step) leave inside secure aggregation, which the "
+        "site's own model never sends; false: a run asking for it is refused at hello",
+    )
+
+
 class DataPolicy(_Section):
     """Where the site's data are. Every field left ``None`` is taken from the request (simulated splits)."""
 
@@ -229,6 +242,7 @@ class SitePolicy(_Section):
     dp: DPPolicy = Field(default_factory=DPPolicy)
     training: TrainingPolicy = Field(default_factory=TrainingPolicy)
     evaluation: EvaluationPolicy = Field(default_factory=EvaluationPolicy)
+    behaviour: BehaviourPolicy = Field(default_factory=BehaviourPolicy)
     data: DataPolicy = Field(default_factory=DataPolicy)
     split: SplitPolicy = Field(default_factory=SplitPolicy)
     questions: QuestionPolicy = Field(default_factory=QuestionPolicy)
@@ -285,6 +299,7 @@ class SitePolicy(_Section):
                 n_sites=d.n_sites, alpha=d.alpha,
             ),
             evaluation=EvaluationPolicy(ope_horizon_max=cfg.evaluation.ope_horizon or 1),
+            behaviour=BehaviourPolicy(shared_fit=cfg.evaluation.behaviour_model == "shared"),
             split=SplitPolicy(test_fraction=grid_fraction(d.test_fraction),
                               validation_fraction=grid_fraction(d.validation_fraction, lo=0.0)),
             app=AppPolicy(fab_sha256=fab_sha256),
@@ -328,6 +343,8 @@ class SitePolicy(_Section):
         ope_h = request.evaluation.ope_horizon
         if ope_h is not None and ope_h > self.evaluation.ope_horizon_max:
             weaker.append("evaluation.ope_horizon")
+        if request.evaluation.behaviour_model == "shared" and not self.behaviour.shared_fit:
+            weaker.append("evaluation.behaviour_model")
         if dp.ledger_dir is not None and dp.ledger_dir != self.dp.ledger_dir:
             weaker.append("dp.ledger_dir")
         if dp.enabled and self.dp.noise_seed_from_site_secret and dp.noise_seed != "site_secret":
@@ -399,6 +416,7 @@ class SitePolicy(_Section):
                 self.dp.delta_max is None or self.dp.delta_max > minimum.dp.delta_max)),
             ("dp.noise_seed_from_site_secret", minimum.dp.noise_seed_from_site_secret and not self.dp.noise_seed_from_site_secret),
             ("training.use_propensities", self.training.use_propensities and not minimum.training.use_propensities),
+            ("behaviour.shared_fit", self.behaviour.shared_fit and not minimum.behaviour.shared_fit),
             ("evaluation.min_cohort", self.evaluation.min_cohort < minimum.evaluation.min_cohort),
             ("evaluation.max_repeats", self.evaluation.max_repeats > minimum.evaluation.max_repeats),
             ("evaluation.ope_horizon_max", self.evaluation.ope_horizon_max > minimum.evaluation.ope_horizon_max),

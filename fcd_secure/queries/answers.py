@@ -90,6 +90,11 @@ class UnrecordedConfounding(Record):
                 f"unrecorded confounder, so nothing is ranked; shown instead: {self.shown}")
 
 
+#: ``answer["propensities"]["model"]`` where the sites' estimates are the consortium's shared behaviour model
+#: (``evaluation.behaviour_model = "shared"``), and how every renderer names that source
+SHARED_MODEL, SHARED_SOURCE = "shared", "estimated (one shared model, secure sums)"
+
+
 @dataclass(frozen=True)
 class Propensities(Record):
     """Where the weighted answers' propensities came from (``queries.propensities.PropensitySource``): per-site counts
@@ -104,6 +109,8 @@ class Propensities(Record):
     assumptions: tuple[str, ...] = ()
     #: the sites without propensities and why (their hello; ``apps.server_loop.name_sites_without_propensities``)
     missing_at: Mapping[str, str] | None = None
+    #: :data:`SHARED_MODEL` where the estimating sites used the consortium's shared behaviour model, else None
+    model: str | None = None
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> "Propensities | None":
@@ -111,14 +118,16 @@ class Propensities(Record):
             return None
         return cls(source=d.get("source", "none"), sites=dict(d.get("sites") or {}), floor=d.get("floor"),
                    below_floor_share=d.get("below_floor_share"), calibration_error=d.get("calibration_error"),
-                   assumptions=tuple(d.get("assumptions") or ()), missing_at=dict(d["missing_at"]) if d.get("missing_at") is not None else None)
+                   assumptions=tuple(d.get("assumptions") or ()), missing_at=dict(d["missing_at"]) if d.get("missing_at") is not None else None,
+                   model=d.get("model"))
 
     def line(self) -> str:
         """``propensities: logged at 4 of 4 sites; ...``: what the weighted answers stand on, as every renderer says
         it."""
         total = sum(self.sites.values())
+        estimated = SHARED_SOURCE if self.model == SHARED_MODEL else "estimated by the sites' own models"
         parts = [f"{word} at {self.sites[key]} of {total} sites" for key, word in
-                 (("logged", "logged"), ("estimated", "estimated by the sites' own models"), ("none", "none"))
+                 (("logged", "logged"), ("estimated", estimated), ("none", "none"))
                  if self.sites.get(key)]
         text = "propensities: " + "; ".join(parts)
         if self.calibration_error is not None:

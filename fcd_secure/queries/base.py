@@ -150,6 +150,8 @@ class MergeContext:
         round_id: the evaluated round (a scored round's selection row).
         unrecorded_confounding: the run's declared unrecorded confounding (``queries.declared``:
             ``{"declared", "by"}``), None where none is declared.
+        behaviour_model: where the sites' estimated propensities come from (``evaluation.behaviour_model``:
+            ``site``, each site's own model; ``shared``, the consortium's, fitted through secure sums).
     """
 
     question: "WhatIfRequest | None" = None
@@ -158,6 +160,7 @@ class MergeContext:
     dr_fit_steps: int = 0
     round_id: int = 0
     unrecorded_confounding: Mapping[str, str] | None = None
+    behaviour_model: str = "site"
 
     @property
     def level(self) -> float:

@@ -200,7 +200,8 @@ def evaluate_federated(
         totals = Totals.of_sites(parts)
     merged = merge_totals(totals, MergeContext(whatif, None if quick else action_labels(cfg),
                                                cfg.model.outcome == "binary", dr_fit_steps, round_id,
-                                               None if quick else declared_confounding(cfg)))
+                                               None if quick else declared_confounding(cfg),
+                                               cfg.evaluation.behaviour_model))
     if not quick and "contexts" in merged:
         merged["contexts"].update(context_columns(cfg))
     merged.update(split(failed))

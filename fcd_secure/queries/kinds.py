@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fcd_secure.queries.answers import SHARED_MODEL, SHARED_SOURCE
 from fcd_secure.queries.base import MergeContext, MergeOnly, Totals
 
 __all__ = ["AnswerKinds", "CHECKED", "EXTRAPOLATION", "G_COMPUTATION"]
@@ -43,8 +44,10 @@ class AnswerKinds(MergeOnly):
 
     def merge(self, totals: Totals, ctx: MergeContext, answer: dict[str, Any]) -> None:
         props = answer.get("propensities") or {}
-        source = {"logged": "logged in the sites' tables", "estimated": "estimated by each site's own model of its "
-                  "logging policy", "mixed": "logged at some sites, estimated at others"}.get(props.get("source"))
+        estimated = (SHARED_SOURCE if props.get("model") == SHARED_MODEL
+                     else "estimated by each site's own model of its logging policy")
+        source = {"logged": "logged in the sites' tables", "estimated": estimated,
+                  "mixed": "logged at some sites, estimated at others"}.get(props.get("source"))
         kinds: dict[str, Any] = {}
         weighted = answer.get("one_step_effect") is not None or any(
             (p or {}).get("identified", {}).get("answer") for p in (answer.get("policies") or {}).values())

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fcd_secure.data.policy import Policy, load_policy_refs
 from fcd_secure.errors import FcdError
+from fcd_secure.federation.secure.secure_behaviour import BEHAVIOUR_MODEL_KEY
 from fcd_secure.federation.secure.secure_stats import STATISTICS_KEY
 
 if TYPE_CHECKING:  # pragma: no cover - the run config pulls in torch; the request models must not
@@ -120,6 +121,8 @@ class EvaluationRequest(BaseModel):
         restore_round: the round whose Θs the site answers with (the selected round).
         dr_learner_beta: the DR-learner's coefficients fitted on the consortium's validation sums.
         statistics: the consortium's standardisation statistics (JSON; secure standardisation).
+        behaviour: the consortium's shared behaviour model (JSON of ``evaluation.propensity.SharedFitStep``;
+            ``evaluation.behaviour_model = "shared"``, ``federation.secure.secure_behaviour``).
     """
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
@@ -133,6 +136,7 @@ class EvaluationRequest(BaseModel):
     restore_round: int | None = Field(default=None, alias=RESTORE_FIELD, ge=0)
     dr_learner_beta: list[float] | None = Field(default=None, alias=DR_LEARNER_FIELD)
     statistics: str | None = Field(default=None, alias=STATISTICS_KEY)
+    behaviour: str | None = Field(default=None, alias=BEHAVIOUR_MODEL_KEY)
 
     @field_validator("max_rows", mode="before")
     @classmethod
@@ -195,6 +199,8 @@ class EvaluationRequest(BaseModel):
             out[DR_LEARNER_FIELD] = json.dumps({"beta": self.dr_learner_beta})
         if self.statistics is not None:
             out[STATISTICS_KEY] = self.statistics
+        if self.behaviour is not None:
+            out[BEHAVIOUR_MODEL_KEY] = self.behaviour
         return out
 
 

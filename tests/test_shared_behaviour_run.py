@@ -1,0 +1,179 @@
+"""The behaviour model in a run (issue 43 item 1), through the real ServerApp and ClientApps on the in-process engine
+(``engines.inprocess``): each site fits its own model once per run, and a consortium that chooses one shared model
+(``evaluation.behaviour_model = "shared"``) fits it by the secure Newton rounds of ``federation.secure
+.secure_behaviour``, whose coefficients are the pooled centralised fit's; a site whose policy does not allow it
+declines the run at hello; no site's sums reach the server in clear (docs/threats.md P67, P68).
+
+A small table of 4 hospitals (``conftest.make_long_table``) with secure standardisation, so that every site loads its
+rows unscaled at hello and z-scored after round 0; its logged propensity column is set aside
+(``evaluation.propensities = "estimated"``) so that every site needs a behaviour model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+from conftest import GOOD_SPEC, make_long_table
+
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+
+from fcd_secure.config import ConfigError, build_config  # noqa: E402
+from fcd_secure.evaluation.propensity import (  # noqa: E402
+    SharedFitError,
+    SharedFitStep,
+    check_shared_size,
+    fit_shared,
+    shared_fit_sums,
+)
+from fcd_secure.federation import learner  # noqa: E402
+from fcd_secure.federation.secure.secure_behaviour import BEHAVIOUR_MODEL_KEY  # noqa: E402
+
+SITES = 4
+
+
+def _config(tmp_path, behaviour_model: str = "site", **evaluation):
+    df = make_long_table(320, seed=5)
+    df["hospital"] = [f"h{int(p[1:]) % SITES}" for p in df["pid"]]
+    spec, table = tmp_path / "spec.toml", tmp_path / "table.csv"
+    spec.write_text(GOOD_SPEC)
+    df.to_csv(table, index=False)
+    return build_config("tiny", {
+        "data": {"dataset": "spec", "spec": str(spec), "table": str(table), "n_sites": SITES, "standardize": "secure",
+                 "test_fraction": 0.5},
+        "federation": {"rounds": 1, "clients_per_round": SITES, "eval_every": 0},
+        "evaluation": {"propensities": "estimated", "behaviour_model": behaviour_model, **evaluation},
+        "out": str(tmp_path / "run"), "state_dir": str(tmp_path / "state"),
+    })
+
+
+def test_each_site_fits_its_own_behaviour_model_once_per_run(tmp_path, one_torch_thread):
+    """The same training rows arrive unscaled at hello and z-scored after round 0: the model is fitted on the rows as
+    loaded (it z-scores its own features), so each site fits once (``federation.learner._behaviour_model``'s cache
+    holds one entry per fit)."""
+    from fcd_secure.engines.inprocess import run_inprocess
+
+    cfg = _config(tmp_path)
+    learner._BEHAVIOUR_FITS.clear()
+    res = run_inprocess(cfg)
+    assert res.extra["standardization"] and not res.history[0]["aborted"]  # the rows were rescaled mid-run
+    assert len(learner._BEHAVIOUR_FITS) == SITES
+    props = res.final_eval["propensities"]
+    assert props["source"] == "estimated" and "model" not in props
+
+
+@pytest.fixture(scope="module")
+def shared_run(tmp_path_factory, one_torch_thread_module):
+    from fcd_secure.engines.inprocess import run_inprocess
+
+    tmp = tmp_path_factory.mktemp("shared")
+    cfg = _config(tmp, "shared")
+    learner._BEHAVIOUR_FITS.clear()
+    res = run_inprocess(cfg)
+    return cfg, res, tmp
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread_module():
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _designs(cfg):
+    """Each site's training design as the site computes its sums (its rows as loaded, the run's split)."""
+    out = []
+    for i in range(SITES):
+        train = learner.load_site_data(cfg, i).train
+        out.append(learner.shared_behaviour_model(learner.dims_of(train, SITES)).training_design(train))
+    return out
+
+
+def test_the_runs_shared_model_is_the_pooled_centralised_fit_and_the_answers_say_so(shared_run):
+    """docs/threats.md P68: the coefficients the run sent its sites equal the centralised fit on every site's
+    training rows in one place; no site fitted a model of its own; the answers name the source."""
+    from fcd_secure.queries.answers import SHARED_SOURCE, EvaluationAnswer
+
+    cfg, res, tmp = shared_run
+    assert not learner._BEHAVIOUR_FITS  # every site used the consortium's model, none its own
+    got = SharedFitStep.from_json(json.loads(res.extra[BEHAVIOUR_MODEL_KEY]), 3)
+    designs = _designs(cfg)
+    F, a = np.concatenate([d[0] for d in designs]), np.concatenate([d[1] for d in designs])
+    central = learner.shared_behaviour_model(learner.dims_of(learner.load_site_data(cfg, 0).train, SITES))
+    fit_shared(central, F.shape[1], lambda step: shared_fit_sums(F, a, 3, step))
+    np.testing.assert_allclose(got.mean, central.mean, atol=1e-9)
+    np.testing.assert_allclose(got.scale, central.scale, atol=1e-9)
+    np.testing.assert_allclose(got.coef, central.coef, atol=1e-6, rtol=0)
+    props = res.final_eval["propensities"]
+    assert props["source"] == "estimated" and props["model"] == "shared" and props["sites"]["estimated"] == SITES
+    assert SHARED_SOURCE in EvaluationAnswer.from_json(res.final_eval).propensities.line()
+    summary = json.loads((tmp / "run" / "summary.json").read_text())
+    assert summary["propensities"]["model"] == "shared"
+
+
+def test_no_behaviour_fit_sum_reaches_the_server_in_clear(shared_run):
+    """docs/threats.md P68: the server received the fit's rounds as the protocol's opaque fields only, and no site's
+    own sums (its step count, its features' sums) appear in anything the server wrote."""
+    from fcd_secure.audit.ledger import SERVER_LEDGER_FILE
+
+    cfg, _, tmp = shared_run
+    ledger = tmp / "state" / "_server" / "audit" / SERVER_LEDGER_FILE
+    received = [json.loads(x) for x in ledger.read_text().splitlines() if x.strip()]
+    received = [x for x in received if x["kind"] == "received"]
+    assert {x["action"] for x in received} >= {"train.secagg_evaluate", "train.secagg_masked_input"}
+    assert not any(x["tensors"] or x["metrics"] or x["metric_lists"] for x in received)
+    site_values = []
+    for F, _ in _designs(cfg):
+        site_values += [float(len(F)), *F.sum(0)[:4], *(F * F).sum(0)[:4]]
+    blobs = [f.read_text("utf-8", "replace") for root in (tmp / "run", tmp / "state" / "_server")
+             for f in root.rglob("*") if f.is_file() and f.suffix in (".json", ".jsonl", ".csv", ".txt", "")]
+    text = "\n".join(blobs)
+    for v in site_values:
+        if abs(v) < 1e-6 or float(v).is_integer() and abs(v) < 1000:
+            continue  # a zero column, or a small count: digits that occur anywhere
+        for form in (f"{v:.6g}", f"{v:.9g}", repr(float(v))):
+            assert not re.search(rf"(?<![0-9.]){re.escape(form)}(?![0-9])", text), (form, "a site's sum at the server")
+
+
+def test_a_site_whose_policy_does_not_allow_the_shared_model_declines_at_hello(tmp_path):
+    """The site is the authority (its policy file's ``[behaviour] shared_fit``, default false): it refuses the run at
+    hello, before any sum is taken, the server names it, and its ledger names the field."""
+    from fcd_secure.apps.server_loop import FederationError
+    from fcd_secure.audit.ledger import SITE_LEDGER_FILE
+    from fcd_secure.engines.inprocess import run_inprocess
+    from fcd_secure.engines.simulation import write_simulated_policies
+    from fcd_secure.federation.site_policy import POLICY_FILE, BehaviourPolicy, SitePolicy
+
+    cfg = _config(tmp_path, "shared")
+    state = tmp_path / "state"
+    own = SitePolicy.for_run(cfg)
+    assert own.behaviour.shared_fit
+    (state / "site-02").mkdir(parents=True)
+    own.model_copy(update={"behaviour": BehaviourPolicy()}).write(state / "site-02" / POLICY_FILE)
+    write_simulated_policies(cfg)  # the other hospitals choose what the run asks
+    with pytest.raises(FederationError, match=r"site-02: refused by the site.s policy \(at hello") as err:
+        run_inprocess(cfg)
+    assert "site-00" not in str(err.value)
+    path = state / "site-02" / "slots" / SITE_LEDGER_FILE  # the site's own ledger (apps.egress)
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    refused = [x for x in lines if x.get("status") == "refused"]
+    assert refused and {r["refusal"]["key"] for r in refused} == {"evaluation.behaviour_model"}
+
+
+def test_a_shared_model_that_cannot_work_is_refused_before_any_work(tmp_path):
+    """Exit 2 material: the configuration names the setting (secure aggregation off, logged propensities only), and
+    a model with more coefficients than the cap is refused by the size check the preflight and the server use."""
+    with pytest.raises(ConfigError, match="behaviour_model = 'shared' needs secure aggregation"):
+        build_config("tiny", {"evaluation": {"behaviour_model": "shared"},
+                              "federation": {"secure_aggregation": False}})
+    with pytest.raises(ConfigError, match="propensities = 'logged'"):
+        build_config("tiny", {"evaluation": {"behaviour_model": "shared", "propensities": "logged"}})
+    assert check_shared_size(3, 2, 3) == (5 + 2 + 3 + 3 + 1) * 3
+    with pytest.raises(SharedFitError, match="at most 200"):
+        check_shared_size(50, 1, 2)  # DKT-Synth's 50 actions
