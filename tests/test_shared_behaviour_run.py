@@ -1,5 +1,5 @@
-"""The behaviour model in a run (issue 43 item 1), through the real ServerApp and ClientApps on the in-process engine
-(``engines.inprocess``): each site fits its own model once per run, and a consortium that chooses one shared model
+"""The behaviour model in a run (issue 43 item 1): each site fits its own model once per run, and, through the real
+ServerApp and ClientApps on the in-process engine (``engines.inprocess``), a consortium that chooses one shared model
 (``evaluation.behaviour_model = "shared"``) fits it by the secure Newton rounds of ``federation.secure
 .secure_behaviour``, whose coefficients are the pooled centralised fit's; a site whose policy does not allow it
 declines the run at hello; no site's sums reach the server in clear (docs/threats.md P67, P68).
@@ -50,19 +50,27 @@ def _config(tmp_path, behaviour_model: str = "site", **evaluation):
     })
 
 
-def test_each_site_fits_its_own_behaviour_model_once_per_run(tmp_path, one_torch_thread):
-    """The same training rows arrive unscaled at hello and z-scored after round 0: the model is fitted on the rows as
-    loaded (it z-scores its own features), so each site fits once (``federation.learner._behaviour_model``'s cache
-    holds one entry per fit)."""
-    from fcd_secure.engines.inprocess import run_inprocess
+def test_each_site_fits_its_own_behaviour_model_once_per_run(tmp_path):
+    """A site loads its rows unscaled at hello and z-scored with round 0's statistics on every later request
+    (``apps.site.SiteRuntime.data``): the model is fitted on the rows as loaded (it z-scores its own features), so
+    each site fits once per run (``federation.learner._behaviour_model``'s cache holds one entry per fit; it held
+    two per site before), and the z-scored rows carry the same estimates."""
+    from fcd_secure.data.moments import moment_sums, moments_to_statistics
 
     cfg = _config(tmp_path)
     learner._BEHAVIOUR_FITS.clear()
-    res = run_inprocess(cfg)
-    assert res.extra["standardization"] and not res.history[0]["aborted"]  # the rows were rescaled mid-run
+    hello = [learner.load_site_data(cfg, i) for i in range(SITES)]
+    totals: dict = {}
+    for d in hello:
+        for k, v in moment_sums(d.train).items():
+            totals[k] = np.asarray(totals.get(k, 0.0)) + np.asarray(v)
+    stats = moments_to_statistics(totals)
+    later = [learner.load_site_data(cfg, i, stats) for i in range(SITES)]
     assert len(learner._BEHAVIOUR_FITS) == SITES
-    props = res.final_eval["propensities"]
-    assert props["source"] == "estimated" and "model" not in props
+    for a, b in zip(hello, later):
+        assert b.test.meta.get("standardization") is not None and a.test.meta.get("standardization") is None
+        assert a.propensities == b.propensities == "estimated"
+        np.testing.assert_array_equal(a.test.P, b.test.P)
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +123,20 @@ def test_the_runs_shared_model_is_the_pooled_centralised_fit_and_the_answers_say
     assert SHARED_SOURCE in EvaluationAnswer.from_json(res.final_eval).propensities.line()
     summary = json.loads((tmp / "run" / "summary.json").read_text())
     assert summary["propensities"]["model"] == "shared"
+    assert summary["behaviour_model"] == json.loads(res.extra[BEHAVIOUR_MODEL_KEY])
+
+
+def test_a_question_about_the_run_is_answered_with_its_shared_model(shared_run):
+    """``fcd whatif`` re-sends the run's shared model (its summary.json) to the sites: each answers with the model the
+    run used, never one of its own, and the answer says so."""
+    from fcd_secure.engines.whatif_run import run_whatif
+    from fcd_secure.queries.request import request_from_config
+
+    cfg, _, tmp = shared_run
+    learner._BEHAVIOUR_FITS.clear()
+    answer = run_whatif(tmp / "run", request_from_config(cfg))
+    assert answer["propensities"]["model"] == "shared" and answer["propensities"]["sites"]["estimated"] == SITES
+    assert not learner._BEHAVIOUR_FITS
 
 
 def test_no_behaviour_fit_sum_reaches_the_server_in_clear(shared_run):

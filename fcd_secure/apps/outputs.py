@@ -33,6 +33,7 @@ import pandas as pd
 from fcd_secure._io import atomic_write_bytes, atomic_write_text, jsonable, npz_bytes
 from fcd_secure._versions import installed_versions
 from fcd_secure.config import RunConfig
+from fcd_secure.federation.secure.secure_behaviour import BEHAVIOUR_MODEL_KEY
 from fcd_secure.manifest import FULL, THETA_C, THETA_S
 
 
@@ -215,6 +216,10 @@ def build_summary(cfg: RunConfig, result, engine: str) -> dict[str, Any]:
         "resumed_from_round": result.resumed_from,
         "layout_hash": m.layout_hash,
         "standardization": result.extra.get("standardization"),  # consortium-wide, from round 0 (secure_stats)
+        # the consortium's shared behaviour model (evaluation.behaviour_model = "shared"; secure_behaviour), which a
+        # later question about the run sends its sites again (apps.whatif_app.shared_behaviour)
+        **({"behaviour_model": json.loads(result.extra[BEHAVIOUR_MODEL_KEY])}
+           if result.extra.get(BEHAVIOUR_MODEL_KEY) else {}),
         # the evaluated round the answers come from, the truth-free rule that chose it and every round's D1
         # (docs/benchmarks.md, "Models are chosen by a causal criterion")
         "selection": {k: v for k, v in (result.extra.get("selection") or {}).items() if k != "scores"} or None,

@@ -52,14 +52,17 @@ class WhatIfLoop(ServerLoop[dict[str, Any]]):
         cfg: the finished run's config (its state folder).
         theta: the finished run's global parameters (``theta_c.npz``).
         request: the question.
+        restore_round: the round whose Θs each site answers with (the run's selected round).
+        recorded: what the run's own evaluations sent its sites besides the question (:func:`recorded_fields`).
     """
 
     def __init__(self, grid: Grid, cfg: RunConfig, theta: dict[str, np.ndarray], request: WhatIfRequest,
-                 restore_round: int | None = None) -> None:
+                 restore_round: int | None = None, recorded: dict[str, str] | None = None) -> None:
         super().__init__(grid, cfg)
         self.asked = theta
         self.request = request
         self.restore_round = restore_round
+        self.recorded = dict(recorded or {})
 
     @property
     def rounds(self) -> int:
@@ -84,7 +87,7 @@ class WhatIfLoop(ServerLoop[dict[str, Any]]):
         # a run in secure mode asks through secure aggregation too: its sites refuse a clear-text evaluation
         # the run's answers came from its selected round: Θc of that round (theta_c.npz) with each site's Θs of it
         request = EvaluationRequest.for_run(self.cfg, quick=False, part=self.part, whatif=self.request,
-                                            restore_round=self.restore_round)
+                                            restore_round=self.restore_round, **self.recorded)
         res = evaluate_federated(self.comm, self.order, self.theta, self.cfg, request, secure=self.secure_eval,
                                  round_id=self.comm.round)
         res["round"] = self.comm.round
@@ -98,21 +101,33 @@ class WhatIfLoop(ServerLoop[dict[str, Any]]):
 
 
 def ask_sites(grid: Grid, cfg: RunConfig, theta: dict[str, np.ndarray], request: WhatIfRequest,
-              restore_round: int | None = None) -> dict[str, Any]:
+              restore_round: int | None = None, recorded: dict[str, str] | None = None) -> dict[str, Any]:
     """Ask ``request`` of the sites on ``grid`` once (:class:`WhatIfLoop`), each site answering with its Θs of
-    ``restore_round`` (the run's selected round; None: its latest); returns the merged answer.
+    ``restore_round`` (the run's selected round; None: its latest) and what the run's evaluations sent it
+    (``recorded``, :func:`recorded_fields`); returns the merged answer.
 
     Raises:
         FederationError: sites missing or inconsistent, or a model layout that is not the run's.
         WhatIfError: ``theta`` does not match the model the sites build.
     """
-    return WhatIfLoop(grid, cfg, theta, request, restore_round).run()
+    return WhatIfLoop(grid, cfg, theta, request, restore_round, recorded).run()
 
 
 def selected_round(run_dir: str | Path, cfg: RunConfig) -> int | None:
     """The round a finished run answered with (its ``summary.json`` selection; None: the last round's parameters)."""
     summary = json.loads((Path(run_dir) / "summary.json").read_text())
     return restored_round(summary.get("selection"), cfg.federation.rounds)
+
+
+def recorded_fields(run_dir: str | Path) -> dict[str, str]:
+    """The :class:`~fcd_secure.queries.request.EvaluationRequest` fields a finished run's evaluations sent its sites
+    besides the question, from its ``summary.json``: the consortium's standardisation statistics
+    (``data.standardize = "secure"``) and its shared behaviour model (``evaluation.behaviour_model = "shared"``), each
+    where the run had one, so that a question is answered on the rows and with the propensities the run used."""
+    summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    return {field: json.dumps(summary[key]) for field, key in (("statistics", "standardization"),
+                                                               ("behaviour", "behaviour_model"))
+            if summary.get(key) is not None}
 
 
 def write_answer(run_dir: str | Path, cfg: RunConfig, request: WhatIfRequest, res: dict[str, Any]) -> dict[str, Any]:
@@ -142,12 +157,13 @@ def answer_question(grid: Grid, cfg: RunConfig, start: QuestionStart) -> dict[st
 
 
 def make_whatif_server_app(theta: dict[str, np.ndarray], request: WhatIfRequest, sink: dict,
-                           cfg: RunConfig | None = None, restore_round: int | None = None) -> ServerApp:
+                           cfg: RunConfig | None = None, restore_round: int | None = None,
+                           recorded: dict[str, str] | None = None) -> ServerApp:
     """A ServerApp that asks :func:`ask_sites` once and puts the merged result in ``sink["result"]``."""
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        sink["result"] = ask_sites(grid, config_from_context(context, cfg), theta, request, restore_round)
+        sink["result"] = ask_sites(grid, config_from_context(context, cfg), theta, request, restore_round, recorded)
 
     return app

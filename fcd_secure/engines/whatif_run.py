@@ -20,7 +20,13 @@ import numpy as np
 
 from fcd_secure._io import read_npz
 from fcd_secure.apps.site import default_site_id
-from fcd_secure.apps.whatif_app import WhatIfError, make_whatif_server_app, selected_round, write_answer
+from fcd_secure.apps.whatif_app import (
+    WhatIfError,
+    make_whatif_server_app,
+    recorded_fields,
+    selected_round,
+    write_answer,
+)
 from fcd_secure.config import RunConfig
 from fcd_secure.engines.choice import Engine
 from fcd_secure.engines.local import run_on
@@ -82,9 +88,10 @@ def run_whatif(run_dir: str | Path, request: WhatIfRequest, engine: Engine | Non
     cfg, theta = open_run(run_dir)
     # the run answered with its selected round: theta_c.npz is that round's Θc, and each site restores its Θs of it
     restore = selected_round(run_dir, cfg)
+    recorded = recorded_fields(run_dir)  # the run's statistics and shared behaviour model, where it had them
 
     def factory(c, sink):
-        return make_whatif_server_app(theta, request, sink, c, restore)
+        return make_whatif_server_app(theta, request, sink, c, restore, recorded)
 
     res = run_on(engine or recorded_engine(run_dir), cfg, server_app_factory=factory)
     return write_answer(run_dir, cfg, request, res)
