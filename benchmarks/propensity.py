@@ -179,8 +179,10 @@ def ipw_contrast(sites: list[dict]) -> float:
 def shared_vs_site(per_site: list[dict]) -> dict:
     """The sites' own behaviour models against one shared by the consortium (``evaluation.propensity.fit_shared``,
     the pooled Newton fit; its sums are added here in one process, the masked path is
-    ``tests/test_shared_behaviour.py``'s), on the same test rows: plain IPW's |error| on the one-step contrast (the
-    answers' AIPW with the shared model needs the run to fit it, not wired yet) and the mean |P̂ − e*| against the
+    ``tests/test_shared_behaviour.py``'s), and against the shared slopes with each site's own intercepts
+    (``fit_shared(own_intercepts=True)``, ``with_own_intercepts``: a site's own practice is a per-site logit shift),
+    on the same test rows: plain IPW's |error| on the one-step contrast (a run's AIPW with the shared model is
+    ``evaluation.behaviour_model = "shared"``; the intercepts variant is not wired into runs) and the mean |P̂ − e*| against the
     logging policy's true probability of the logged action, over the valid test steps. ``{"refused": why}`` where the
     model has more coefficients than a shared fit takes (DKT-Synth's 50 actions)."""
     from fcd_secure.evaluation.propensity import (  # noqa: PLC0415
@@ -188,6 +190,7 @@ def shared_vs_site(per_site: list[dict]) -> dict:
         SharedFitError,
         fit_shared,
         shared_fit_sums,
+        with_own_intercepts,
     )
     from fcd_secure.federation.learner import with_propensities  # noqa: PLC0415
 
@@ -204,6 +207,10 @@ def shared_vs_site(per_site: list[dict]) -> dict:
     except SharedFitError as exc:
         return {"refused": str(exc)}
     shared = [{**x, "data": with_propensities(x["data"], "estimated", behaviour=model)} for x in per_site]
+    slopes = RecordPropensity(tr.n_actions, tr.da, tr.X.reshape(tr.n, -1).shape[1])
+    steps_own = fit_shared(slopes, designs[0][0].shape[1], ask, own_intercepts=True)
+    own = [{**x, "data": with_propensities(x["data"], "estimated", behaviour=with_own_intercepts(slopes, F, a))}
+           for x, (F, a) in zip(per_site, designs)]
     truth = float(np.concatenate([x["truth"][x["data"].test.M > 0] for x in per_site]).mean())
 
     def p_error(rows: list[dict]) -> float:
@@ -213,7 +220,9 @@ def shared_vs_site(per_site: list[dict]) -> dict:
     return {"newton_steps": steps, "coefficients": int(model.coef.size), "truth": truth,
             "ipw_error_site": abs(ipw_contrast(per_site) - truth),
             "ipw_error_shared": abs(ipw_contrast(shared) - truth),
-            "p_error_site": p_error(per_site), "p_error_shared": p_error(shared)}
+            "p_error_site": p_error(per_site), "p_error_shared": p_error(shared),
+            "newton_steps_own_intercepts": steps_own, "ipw_error_own_intercepts": abs(ipw_contrast(own) - truth),
+            "p_error_own_intercepts": p_error(own)}
 
 
 def true_gamma(sites: list[dict]) -> dict:
@@ -404,7 +413,10 @@ def report(out: dict) -> None:
                 con.print(f"{world} seed {r['seed']}: site vs shared P̂: plain IPW |error| {sh['ipw_error_site']:.3f} / "
                           f"{sh['ipw_error_shared']:.3f}, mean |P̂ − e*| {sh['p_error_site']:.4f} / "
                           f"{sh['p_error_shared']:.4f} ({sh['newton_steps']} Newton steps, {sh['coefficients']} "
-                          "coefficients)")
+                          "coefficients)"
+                          + (f"; shared slopes with each site's own intercepts: {sh['ipw_error_own_intercepts']:.3f}, "
+                             f"{sh['p_error_own_intercepts']:.4f} ({sh['newton_steps_own_intercepts']} steps)"
+                             if "p_error_own_intercepts" in sh else ""))
         ok = [r for r in rows if r["logged"]["aipw"] and r["estimated"]["aipw"]]
         if ok:
             el = np.mean([_err(r["logged"]["aipw"], r["logged"]["truth"]) for r in ok])

@@ -174,3 +174,57 @@ def test_a_shared_fit_with_too_many_coefficients_is_refused():
     F, a = np.zeros((5, 40)), np.zeros(5, np.int64)  # 41 × 12 coefficients
     with pytest.raises(SharedFitError, match="at most"):
         shared_fit_sums(F, a, 12, SharedFitStep())
+
+
+def test_shared_slopes_with_each_sites_own_intercepts_reach_the_joint_optimum(world):
+    """``fit_shared(own_intercepts=True)``: Newton on the slopes of the objective profiled over every site's
+    intercepts (each site fits its own, never sent: their sums arrive as zeros) is the joint optimum over the shared
+    slopes and all the sites' intercepts, found here by L-BFGS over all of them on the pooled rows."""
+    from scipy.optimize import minimize
+
+    from fcd_secure.evaluation.propensity import with_own_intercepts
+
+    _, designs = world
+    sent = []
+
+    def ask(step):
+        parts = [shared_fit_sums(F, a, K, step) for F, a in designs]
+        sent.extend(parts)
+        return {k: np.sum([np.asarray(p[k], np.float64) for p in parts], axis=0) for k in parts[0]}
+
+    model = RecordPropensity(K, DA, DX)
+    steps = fit_shared(model, designs[0][0].shape[1], ask, own_intercepts=True)
+    assert 2 <= steps <= 30 and not np.any(model.coef[0])
+    for p in sent:  # no site's intercept sums leave it
+        if "behaviour_fit.grad" in p:
+            assert not np.any(np.asarray(p["behaviour_fit.grad"]).reshape(-1, K)[0])
+    sites = [with_own_intercepts(model, F, a) for F, a in designs]
+
+    # the joint optimum, every row in one place: [b_1 .. b_S, W], the model's objective with each b_s penalised
+    Xs = [(F - model.mean) / model.scale for F, _ in designs]
+    n, S, Fd = sum(len(x) for x in Xs), len(Xs), Xs[0].shape[1]
+    Ys = []
+    for (F, a) in designs:
+        Y = np.zeros((len(F), K))
+        Y[np.arange(len(F)), a] = 1.0
+        Ys.append(Y)
+
+    def loss(v):
+        b, W = v[: S * K].reshape(S, K), v[S * K:].reshape(Fd, K)
+        f, gb, gW = 0.0, np.zeros((S, K)), np.zeros((Fd, K))
+        for s, (X, Y) in enumerate(zip(Xs, Ys)):
+            lp = log_softmax(X @ W + b[s], axis=1)
+            R = np.exp(lp) - Y
+            f += -(Y * lp).sum() + 0.5 * len(X) * model.l2 * b[s] @ b[s]
+            gb[s] = R.sum(0) + len(X) * model.l2 * b[s]
+            gW += X.T @ R
+        f = f / n + 0.5 * model.l2 * (W * W).sum()
+        return f, np.concatenate([(gb / n).ravel(), (gW / n + model.l2 * W).ravel()])
+
+    res = minimize(loss, np.zeros(S * K + Fd * K), jac=True, method="L-BFGS-B",
+                   options={"maxiter": 20000, "gtol": 1e-13, "ftol": 1e-15})
+    b, W = res.x[: S * K].reshape(S, K), res.x[S * K:].reshape(Fd, K)
+    np.testing.assert_allclose(model.coef[1:], W, atol=1e-5, rtol=0)
+    for s, site in enumerate(sites):
+        np.testing.assert_allclose(site.coef[0], b[s], atol=1e-5, rtol=0)
+        np.testing.assert_array_equal(site.coef[1:], model.coef[1:])

@@ -33,7 +33,7 @@ from fcd_secure.errors import FcdError
 
 __all__ = ["MAX_SHARED_COEFS", "PROPENSITY_FLOOR", "SHARED_FIT_LISTS", "SHARED_FIT_SCALARS", "HistoryPropensity",
            "RecordPropensity", "SharedFitError", "SharedFitStep", "check_shared_size", "fit_shared", "history_features",
-           "shared_fit_sums", "shared_list_caps"]
+           "own_intercepts", "shared_fit_sums", "shared_list_caps", "with_own_intercepts"]
 
 #: the smallest estimated propensity used as a weight's denominator; steps below it are counted (the overlap check)
 PROPENSITY_FLOOR = 0.005
@@ -283,11 +283,15 @@ def check_shared_size(n_actions: int, da: int, dx: int) -> int:
 @dataclass(frozen=True)
 class SharedFitStep:
     """What the server sends the sites at one step of the shared fit: nothing (the moments step), or the pooled
-    z-scoring and the current coefficients ``[F + 1, K]`` (a Newton step)."""
+    z-scoring and the current coefficients ``[F + 1, K]`` (a Newton step). ``own_intercepts``: the shared slopes
+    with each site's own intercepts (:func:`fit_shared`), where the coefficients' first row is unused."""
 
     mean: np.ndarray | None = None
     scale: np.ndarray | None = None
     coef: np.ndarray | None = None
+    own_intercepts: bool = False
+    #: the intercepts' penalty under ``own_intercepts`` (the model's ``l2``)
+    l2: float = 0.0
 
     def to_json(self) -> dict[str, list | None]:
         return {k: None if v is None else np.asarray(v, np.float64).ravel().tolist()
@@ -307,7 +311,13 @@ def shared_fit_sums(F: np.ndarray, a: np.ndarray, n_actions: int, step: SharedFi
     :meth:`HistoryPropensity.training_design`): at the moments step the count and the features' Σf and Σf², at a
     Newton step the negative log-likelihood, its gradient and its Hessian's upper triangle at ``step.coef`` on the
     features z-scored with the pooled ``step.mean`` / ``step.scale`` (with an intercept column, as the model's own
-    design). Sums only: added over the sites they are the pooled ones."""
+    design). Sums only: added over the sites they are the pooled ones.
+
+    With ``step.own_intercepts`` the site first fits its own intercepts to the shared slopes (:func:`own_intercepts`,
+    kept on the site) and sends the sums of the *profiled* objective, min over its intercepts: its loss at them
+    (their penalty included), the slopes' gradient there (the envelope theorem: the intercepts' own gradient is
+    zero at their optimum) and the slopes' Hessian of the profile, the Schur complement
+    ``H_WW − H_Wb H_bb⁻¹ H_bW`` of the site's Hessian; the intercepts' rows and columns are sent as zeros."""
     F = np.asarray(F, np.float64)
     n, K = len(F), int(n_actions)
     if (F.shape[1] + 1) * K > MAX_SHARED_COEFS:
@@ -318,6 +328,11 @@ def shared_fit_sums(F: np.ndarray, a: np.ndarray, n_actions: int, step: SharedFi
         return out
     X = np.concatenate([np.ones((n, 1)), (F - step.mean) / step.scale], axis=1)
     W = np.asarray(step.coef, np.float64)
+    extra = 0.0
+    if step.own_intercepts:
+        b = own_intercepts(X[:, 1:] @ W[1:], a, K, step.l2)
+        W = np.concatenate([b[None, :], W[1:]], axis=0)
+        extra = 0.5 * n * step.l2 * float(b @ b)
     lp = log_softmax(X @ W, axis=1)
     P = np.exp(lp)
     Y = np.zeros((n, K))
@@ -328,14 +343,62 @@ def shared_fit_sums(F: np.ndarray, a: np.ndarray, n_actions: int, step: SharedFi
     H = -(Z.T @ Z)
     for k in range(K):
         H[k::K, k::K] += X.T @ (X * P[:, k : k + 1])
-    out.update({"behaviour_fit.loss": float(-lp[np.arange(n), a].sum()),
-                "behaviour_fit.grad": (X.T @ (P - Y)).ravel().tolist(),
+    grad = (X.T @ (P - Y)).ravel()
+    if step.own_intercepts:  # the profile over the site's intercepts (the first K coefficients); they stay here
+        H[:K, :K] += n * step.l2 * np.eye(K)
+        Hbb, Hbw = H[:K, :K], H[:K, K:]
+        H[K:, K:] -= Hbw.T @ np.linalg.solve(Hbb, Hbw)
+        H[:K, :], H[:, :K], grad[:K] = 0.0, 0.0, 0.0
+    out.update({"behaviour_fit.loss": float(-lp[np.arange(n), a].sum()) + extra,
+                "behaviour_fit.grad": grad.tolist(),
                 "behaviour_fit.hess": H[np.triu_indices(d * K)].tolist()})
     return out
 
 
+def own_intercepts(offsets: np.ndarray, a: np.ndarray, n_actions: int, l2: float, tol: float = 1e-12) -> np.ndarray:
+    """A site's own intercepts ``b`` ``[K]`` to shared slopes: the minimiser of ``Σ_i −log softmax(b + o_i)_{a_i} +
+    (n l2 / 2)‖b‖²`` over its steps (``offsets`` ``[n, K]``: the slopes' logits ``x̃_i W``), by Newton's method with
+    halving; the penalty keeps it finite where the site never logged an action. Deterministic; never sent."""
+    o = np.asarray(offsets, np.float64)
+    n, K = len(o), int(n_actions)
+    Y = np.zeros((n, K))
+    Y[np.arange(n), a] = 1.0
+
+    def f(b: np.ndarray) -> float:
+        return float(-(Y * log_softmax(o + b, axis=1)).sum() + 0.5 * n * l2 * b @ b)
+
+    b = np.zeros(K)
+    fb = f(b)
+    for _ in range(100):
+        P = np.exp(log_softmax(o + b, axis=1))
+        g = (P - Y).sum(0) + n * l2 * b
+        H = np.diag(P.sum(0)) - P.T @ P + n * l2 * np.eye(K)
+        delta = -np.linalg.solve(H, g)
+        t = 1.0
+        while f(b + t * delta) > fb and t > 1e-8:
+            t *= 0.5
+        b = b + t * delta
+        fb = f(b)
+        if np.abs(t * delta).max() <= tol:
+            break
+    return b
+
+
+def with_own_intercepts(model: HistoryPropensity, F: np.ndarray, a: np.ndarray) -> HistoryPropensity:
+    """A site's copy of a shared model fitted with ``own_intercepts`` (:func:`fit_shared`): the shared slopes and
+    z-scoring, and the site's own intercepts fitted to them on its training steps (raw features ``F``, logged actions
+    ``a``; :func:`own_intercepts`). The copy stays on the site."""
+    from copy import copy  # noqa: PLC0415
+
+    X = (np.asarray(F, np.float64) - model.mean) / model.scale
+    site = copy(model)
+    site.coef = np.concatenate([own_intercepts(X @ model.coef[1:], a, model.n_actions, model.l2)[None, :],
+                                model.coef[1:]], axis=0)
+    return site
+
+
 def fit_shared(model: HistoryPropensity, n_features: int, ask: Callable[[SharedFitStep], Mapping[str, object]],
-               max_iter: int = 50, step_tol: float = 1e-7) -> int:
+               max_iter: int = 50, step_tol: float = 1e-7, own_intercepts: bool = False) -> int:
     """The pooled fit of ``model``'s penalised objective from the consortium's totals; returns the Newton steps taken.
 
     ``ask(step)`` returns the totals over the sites of :func:`shared_fit_sums` at ``step`` (through secure
@@ -348,6 +411,13 @@ def fit_shared(model: HistoryPropensity, n_features: int, ask: Callable[[SharedF
     move by more than ``step_tol``: the totals' fixed-point encoding (2⁻²⁵ per site and value) moves the gradient by
     about sites · 3e-8 / n, and the step by that over the smallest curvature (at least ``l2``), ~1e-8 at 100 steps
     per site, so a smaller tolerance would chase the encoding's noise.
+
+    ``own_intercepts``: one set of slopes shared by the consortium and each site's own intercepts (a site's own
+    practice: a per-site logit shift of each action, which one shared model cannot represent), fitted on the site
+    and never sent (:func:`shared_fit_sums`): Newton's method on the slopes of the objective profiled over every
+    site's intercepts, each penalised by ``l2`` as the slopes are, which reaches the joint optimum over the slopes
+    and all the sites' intercepts; the model's intercept row stays zero, and each site completes its own copy with
+    :func:`with_own_intercepts`.
 
     Raises:
         SharedFitError: the totals hold no step, or the model has more than :data:`MAX_SHARED_COEFS` coefficients.
@@ -371,7 +441,7 @@ def fit_shared(model: HistoryPropensity, n_features: int, ask: Callable[[SharedF
     iu = np.triu_indices(d * K)
 
     def at(w: np.ndarray) -> tuple[float, dict]:
-        t = ask(SharedFitStep(model.mean, model.scale, w.reshape(d, K)))
+        t = ask(SharedFitStep(model.mean, model.scale, w.reshape(d, K), own_intercepts, model.l2))
         return float(t["behaviour_fit.loss"]) / n + 0.5 * model.l2 * float((pen * w * w).sum()), t
 
     w = np.zeros(d * K)
@@ -381,10 +451,16 @@ def fit_shared(model: HistoryPropensity, n_features: int, ask: Callable[[SharedF
         g = np.asarray(tot["behaviour_fit.grad"], np.float64) / n + model.l2 * pen * w
         H = np.zeros((d * K, d * K))
         H[iu] = np.asarray(tot["behaviour_fit.hess"], np.float64) / n
-        H = H + np.triu(H, 1).T + np.diag(model.l2 * pen) + np.outer(shift, shift)
-        g = g - shift * (shift @ g)
-        delta = -np.linalg.solve(H, g)
-        delta -= shift * (shift @ delta)
+        H = H + np.triu(H, 1).T + np.diag(model.l2 * pen)
+        if own_intercepts:  # the slopes alone: the intercepts are the sites' (their rows are zeros)
+            slopes = pen > 0
+            delta = np.zeros(d * K)
+            delta[slopes] = -np.linalg.solve(H[np.ix_(slopes, slopes)], g[slopes])
+        else:
+            H = H + np.outer(shift, shift)
+            g = g - shift * (shift @ g)
+            delta = -np.linalg.solve(H, g)
+            delta -= shift * (shift @ delta)
         if np.abs(delta).max() <= step_tol:
             steps -= 1
             break
