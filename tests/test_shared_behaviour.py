@@ -153,6 +153,11 @@ def test_the_gate_admits_exactly_the_shared_fit_sums():
     assert not [k for k in SHARED_FIT_SCALARS + SHARED_FIT_LISTS if PROPENSITY_NAME.search(k)]
     for other in ("behaviour_fit.coef", "propensity_model.grad", "behaviour_prob"):
         assert f"{REC_EVAL}/{other}" not in admitted
+    # a site's gate in a run that does not share the model admits none of them (docs/threats.md P68)
+    from fcd_secure.apps.egress import federation_policy
+
+    own = federation_policy(shared_behaviour=False)
+    assert not [m for m in own.allowed_metrics | set(own.allowed_metric_lists) if "behaviour_fit." in m]
 
 
 def test_the_sites_use_the_shared_model_where_they_used_their_own(world, shared):

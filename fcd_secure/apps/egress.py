@@ -46,7 +46,8 @@ from fcd_secure.privacy.ledger import privacy_ledger_hash
 from fcd_secure.errors import FcdError
 
 def federation_policy(
-    ope_horizon: int | None = 2, policy_names: tuple[str, ...] | list[str] = DEFAULT_POLICY_NAMES, **fields
+    ope_horizon: int | None = 2, policy_names: tuple[str, ...] | list[str] = DEFAULT_POLICY_NAMES,
+    shared_behaviour: bool = True, **fields
 ) -> GatePolicy:
     """What the federation's own messages may carry besides Θc: exact record/key names (``client_app``,
     ``plain_flow``, and every registered query's sums, ``queries.registry``), built from the evaluated policies and
@@ -57,6 +58,9 @@ def federation_policy(
         policy_names: the policies the evaluation asks about (``request.evaluated_policy_names``); each adds the exact
             keys of its sums, so a reply's names stay a fixed function of the question (at most
             ``request.MAX_POLICIES`` policies, names of ``[A-Za-z0-9_-]``).
+        shared_behaviour: admit the shared behaviour model's sums (a run with ``evaluation.behaviour_model =
+            "shared"``, docs/threats.md P68); a site's gate in any other run admits none of them, and its bound on a
+            masked evaluation vector stays without their Hessian's 20,100 sums.
         **fields: further :class:`~fcd_secure.audit.GatePolicy` fields (e.g. ``allow_theta_s_upload``).
     """
     # every evaluation sum is declared once, by the query that sends it (queries.registry)
@@ -78,8 +82,9 @@ def federation_policy(
     moment_lists = {f"{REC_EVAL}/{k}": MAX_MOMENT_COLUMNS for k in MOMENT_KEYS if not k.endswith(".n")}
     # the sums of a consortium's shared behaviour model, by their own names and caps (``evaluation.propensity``,
     # docs/threats.md P67): nothing else of a site's model of its logging policy may leave
-    behaviour = {f"{REC_EVAL}/{k}" for k in SHARED_FIT_SCALARS}
-    behaviour_lists = {f"{REC_EVAL}/{k}": cap for k, cap in shared_list_caps().items()}
+    behaviour = {f"{REC_EVAL}/{k}" for k in SHARED_FIT_SCALARS} if shared_behaviour else set()
+    behaviour_lists = ({f"{REC_EVAL}/{k}": cap for k, cap in shared_list_caps().items()} if shared_behaviour
+                       else {})
     return base.model_copy(update={
         "allowed_metrics": frozenset(base.allowed_metrics | moments | behaviour),
         "allowed_metric_lists": {**base.allowed_metric_lists, **moment_lists, **behaviour_lists},
@@ -184,8 +189,9 @@ def make_egress_gate_mod(runtime_getter: RuntimeGetter | None, policy: GatePolic
                 names = evaluated_policy_names(msg.content.get(REC_CONFIG), rt.cfg)
                 fed = rt.cfg.federation  # the effective settings: the site's policy, never a weaker request
                 pol = federation_policy(
-                    rt.cfg.evaluation.ope_horizon, names, allow_theta_s_upload=fed.sync == "full",
-                    secure_only=fed.secure_aggregation,
+                    rt.cfg.evaluation.ope_horizon, names,
+                    shared_behaviour=rt.cfg.evaluation.behaviour_model == "shared",
+                    allow_theta_s_upload=fed.sync == "full", secure_only=fed.secure_aggregation,
                 )
                 if fed.secure_aggregation:  # a masked evaluation input may be longer than Θc (a small-Θc simulator)
                     pol = pol.model_copy(update={"secagg_max_vector_words": evaluation_vector_bound(pol, rt)})
