@@ -418,6 +418,11 @@ class SiteRuntime:
 
         request = EvaluationRequest.from_config(eval_config)
         if self.question is not None:  # a question about an earlier deployed run: its model from the site's record
+            if self.cfg.evaluation.behaviour_model == "shared":
+                # the site's record of the run keeps no shared behaviour model: refused rather than answered with
+                # propensities the run did not use
+                raise StateError("a question about a run with evaluation.behaviour_model = 'shared' is not answered "
+                                 "on a deployed site (its record of the run keeps no shared model)")
             answered = self.answered_run(global_theta, request)
             # the scale the site answered the run with, from its record (the request's own is not read)
             self.adopt_statistics({STATISTICS_KEY: answered.statistics} if answered.statistics else {})
