@@ -181,12 +181,15 @@ class EvaluationSection(BaseModel):
         "else each site's own model of its logging policy fitted on its training rows), logged (never a model), "
         "estimated (the model even where logged, to compare)",
     )
-    behaviour_model: Literal["site", "shared"] = Field(
+    behaviour_model: Literal["site", "shared", "shared_slopes"] = Field(
         "site",
         description="where estimated propensities come from: site (each site's own model of its logging policy, "
-        "which never leaves it) or shared (one model fitted by the consortium: the pooled Newton fit from the sites' "
-        "gradient and Hessian sums through secure aggregation, before training; needs secure aggregation, "
-        "propensities auto or estimated, and every site's policy [behaviour] shared_fit = true)",
+        "which never leaves it), shared (one model fitted by the consortium: the pooled Newton fit from the sites' "
+        "gradient and Hessian sums through secure aggregation, before training) or shared_slopes (the consortium "
+        "fits the slopes the same way, from the sums of each site's objective profiled over its own intercepts; "
+        "each site's intercepts are fitted and kept on the site, only the slopes' gradient and Hessian sums leave); "
+        "shared and shared_slopes need secure aggregation, propensities auto or estimated, and every site's policy "
+        "[behaviour] shared_fit = true",
     )
     unrecorded_confounding: str | None = Field(
         None,
@@ -195,6 +198,19 @@ class EvaluationSection(BaseModel):
         "ranked, and the sensitivity bounds are shown; unset: the table spec's or the world's declaration; \"\": "
         "none declared (overrides them)",
     )
+
+    @property
+    def shares_behaviour_model(self) -> bool:
+        """The consortium fits the behaviour model together (``shared`` or ``shared_slopes``): the sites' sums for it
+        leave through secure aggregation (docs/threats.md P67, P68), and each site weights by the consortium's model
+        instead of fitting its own."""
+        return self.behaviour_model != "site"
+
+    @property
+    def own_intercepts(self) -> bool:
+        """The shared behaviour model's intercepts are each site's own (``shared_slopes``;
+        ``evaluation.propensity.fit_shared(own_intercepts=True)``): fitted on the site, never sent."""
+        return self.behaviour_model == "shared_slopes"
 
 
 class RunConfig(BaseModel):
@@ -222,14 +238,15 @@ class RunConfig(BaseModel):
             raise ValueError(
                 f"federation.min_replies ({fed.min_replies}) > federation.clients_per_round ({fed.clients_per_round})"
             )
-        if self.evaluation.behaviour_model == "shared":
+        if self.evaluation.shares_behaviour_model:
             # refused before any work: the fit's sums may travel only masked, and logged propensities use no model
+            shared = f"evaluation.behaviour_model = {self.evaluation.behaviour_model!r}"
             if not fed.secure_aggregation:
-                raise ValueError("evaluation.behaviour_model = 'shared' needs secure aggregation (its sums travel "
+                raise ValueError(f"{shared} needs secure aggregation (its sums travel "
                                  "only masked, docs/threats.md P67); set federation.secure_aggregation = true or "
                                  "behaviour_model = 'site'")
             if self.evaluation.propensities == "logged":
-                raise ValueError("evaluation.behaviour_model = 'shared' fits a behaviour model, which "
+                raise ValueError(f"{shared} fits a behaviour model, which "
                                  "evaluation.propensities = 'logged' never uses; set propensities = 'auto' or "
                                  "'estimated', or behaviour_model = 'site'")
         name = self.model.simulator

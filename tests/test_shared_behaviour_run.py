@@ -2,7 +2,9 @@
 ServerApp and ClientApps on the in-process engine (``engines.inprocess``), a consortium that chooses one shared model
 (``evaluation.behaviour_model = "shared"``) fits it by the secure Newton rounds of ``federation.secure
 .secure_behaviour``, whose coefficients are the pooled centralised fit's; a site whose policy does not allow it
-declines the run at hello; no site's sums reach the server in clear (docs/threats.md P67, P68).
+declines the run at hello; no site's sums reach the server in clear (docs/threats.md P67, P68). A consortium that
+shares the slopes only (``"shared_slopes"``) fits them by the same rounds on each site's objective profiled over its
+own intercepts, which stay on the site.
 
 A small table of 4 hospitals (``conftest.make_long_table``) with secure standardisation, so that every site loads its
 rows unscaled at hello and z-scored after round 0; its logged propensity column is set aside
@@ -153,14 +155,89 @@ def test_no_behaviour_fit_sum_reaches_the_server_in_clear(shared_run):
     site_values = []
     for F, _ in _designs(cfg):
         site_values += [float(len(F)), *F.sum(0)[:4], *(F * F).sum(0)[:4]]
-    blobs = [f.read_text("utf-8", "replace") for root in (tmp / "run", tmp / "state" / "_server")
-             for f in root.rglob("*") if f.is_file() and f.suffix in (".json", ".jsonl", ".csv", ".txt", "")]
-    text = "\n".join(blobs)
+    text = _server_text(tmp)
     for v in site_values:
         if abs(v) < 1e-6 or float(v).is_integer() and abs(v) < 1000:
             continue  # a zero column, or a small count: digits that occur anywhere
         for form in (f"{v:.6g}", f"{v:.9g}", repr(float(v))):
             assert not re.search(rf"(?<![0-9.]){re.escape(form)}(?![0-9])", text), (form, "a site's sum at the server")
+
+
+def _server_text(tmp) -> str:
+    """Everything the server wrote: the run folder and the server's state."""
+    return "\n".join(f.read_text("utf-8", "replace") for root in (tmp / "run", tmp / "state" / "_server")
+                     for f in root.rglob("*") if f.is_file() and f.suffix in (".json", ".jsonl", ".csv", ".txt", ""))
+
+
+@pytest.fixture(scope="module")
+def slopes_run(tmp_path_factory, one_torch_thread_module):
+    from fcd_secure.engines.inprocess import run_inprocess
+
+    tmp = tmp_path_factory.mktemp("slopes")
+    cfg = _config(tmp, "shared_slopes")
+    learner._BEHAVIOUR_FITS.clear()
+    res = run_inprocess(cfg)
+    return cfg, res, tmp
+
+
+def test_the_runs_shared_slopes_are_the_pooled_profiled_fit_and_each_site_keeps_its_intercepts(slopes_run):
+    """``evaluation.behaviour_model = "shared_slopes"`` (docs/threats.md P68): the slopes the run sent its sites
+    equal the centralised fit of the objective profiled over each site's own intercepts (every site's sums taken in
+    one place); the model the server holds has no intercepts; each site weighted its rows by the slopes completed
+    with its own intercepts (``federation.learner.with_propensities``), and the answers name that source."""
+    from fcd_secure.evaluation.propensity import RecordPropensity, own_intercepts
+    from fcd_secure.queries.answers import SHARED_SLOPES_SOURCE, EvaluationAnswer
+
+    cfg, res, tmp = slopes_run
+    assert not learner._BEHAVIOUR_FITS  # no site fitted a model of its own
+    doc = json.loads(res.extra[BEHAVIOUR_MODEL_KEY])
+    got = SharedFitStep.from_json(doc, 3)
+    assert got.own_intercepts and got.l2 > 0 and not np.any(got.coef[0])
+    assert SharedFitStep.from_json(got.to_json(), 3).to_json() == doc  # the record keeps what the sites need
+    designs = _designs(cfg)
+    dims = learner.dims_of(learner.load_site_data(cfg, 0).train, SITES)
+    central = learner.shared_behaviour_model(dims)
+
+    def ask(step):
+        parts = [shared_fit_sums(F, a, 3, step) for F, a in designs]
+        return {k: np.sum([np.asarray(p[k], np.float64) for p in parts], axis=0) for k in parts[0]}
+
+    fit_shared(central, designs[0][0].shape[1], ask, own_intercepts=True)
+    np.testing.assert_allclose(got.mean, central.mean, atol=1e-9)
+    np.testing.assert_allclose(got.coef, central.coef, atol=1e-6, rtol=0)
+    props = res.final_eval["propensities"]
+    assert props["model"] == "shared_slopes" and props["sites"]["estimated"] == SITES
+    assert SHARED_SLOPES_SOURCE in EvaluationAnswer.from_json(res.final_eval).propensities.line()
+    # a site's rows are weighted by its own completion of the slopes, not by the zero intercepts the server holds
+    model = learner.shared_behaviour_model(dims, got)
+    site = learner.load_site_data(cfg, 0, behaviour=model)
+    F, a = designs[0]
+    b = own_intercepts(((F - got.mean) / got.scale) @ got.coef[1:], a, 3, got.l2)
+    mine = RecordPropensity.from_shared(3, dims["da"], dims["dx"], SharedFitStep(got.mean, got.scale, np.concatenate(
+        [b[None, :], got.coef[1:]])))
+    np.testing.assert_allclose(site.test.P, np.where(site.test.M > 0, np.maximum(
+        mine.logged_probs(site.test), 0.005), 1.0), atol=1e-12)
+    assert np.abs(b).max() > 1e-3  # the site's intercepts are not the server's zeros
+
+
+def test_no_sites_intercepts_reach_the_server(slopes_run):
+    """docs/threats.md P68: in a shared-slopes run the server received the protocol's opaque fields only, and no
+    site's own intercepts (fitted on it to the run's slopes) appear in anything the server wrote."""
+    from fcd_secure.audit.ledger import SERVER_LEDGER_FILE
+    from fcd_secure.evaluation.propensity import own_intercepts
+
+    cfg, res, tmp = slopes_run
+    ledger = tmp / "state" / "_server" / "audit" / SERVER_LEDGER_FILE
+    received = [json.loads(x) for x in ledger.read_text().splitlines() if x.strip()]
+    received = [x for x in received if x["kind"] == "received"]
+    assert {x["action"] for x in received} >= {"train.secagg_evaluate", "train.secagg_masked_input"}
+    assert not any(x["tensors"] or x["metrics"] or x["metric_lists"] for x in received)
+    got = SharedFitStep.from_json(json.loads(res.extra[BEHAVIOUR_MODEL_KEY]), 3)
+    text = _server_text(tmp)
+    for F, a in _designs(cfg):
+        for v in own_intercepts(((F - got.mean) / got.scale) @ got.coef[1:], a, 3, got.l2):
+            for form in (f"{v:.6g}", f"{v:.9g}", repr(float(v))):
+                assert not re.search(rf"(?<![0-9.]){re.escape(form)}(?![0-9])", text), (form, "an intercept")
 
 
 def test_a_site_whose_policy_does_not_allow_the_shared_model_declines_at_hello(tmp_path):
@@ -191,9 +268,10 @@ def test_a_site_whose_policy_does_not_allow_the_shared_model_declines_at_hello(t
 def test_a_shared_model_that_cannot_work_is_refused_before_any_work(tmp_path):
     """Exit 2 material: the configuration names the setting (secure aggregation off, logged propensities only), and
     a model with more coefficients than the cap is refused by the size check the preflight and the server use."""
-    with pytest.raises(ConfigError, match="behaviour_model = 'shared' needs secure aggregation"):
-        build_config("tiny", {"evaluation": {"behaviour_model": "shared"},
-                              "federation": {"secure_aggregation": False}})
+    for value in ("shared", "shared_slopes"):
+        with pytest.raises(ConfigError, match=f"behaviour_model = '{value}' needs secure aggregation"):
+            build_config("tiny", {"evaluation": {"behaviour_model": value},
+                                  "federation": {"secure_aggregation": False}})
     with pytest.raises(ConfigError, match="propensities = 'logged'"):
         build_config("tiny", {"evaluation": {"behaviour_model": "shared", "propensities": "logged"}})
     assert check_shared_size(3, 2, 3) == (5 + 2 + 3 + 3 + 1) * 3

@@ -58,9 +58,10 @@ def federation_policy(
         policy_names: the policies the evaluation asks about (``request.evaluated_policy_names``); each adds the exact
             keys of its sums, so a reply's names stay a fixed function of the question (at most
             ``request.MAX_POLICIES`` policies, names of ``[A-Za-z0-9_-]``).
-        shared_behaviour: admit the shared behaviour model's sums (a run with ``evaluation.behaviour_model =
-            "shared"``, docs/threats.md P68); a site's gate in any other run admits none of them, and its bound on a
-            masked evaluation vector stays without their Hessian's 20,100 sums.
+        shared_behaviour: admit the shared behaviour model's sums (a run that shares it,
+            ``config.EvaluationSection.shares_behaviour_model``, docs/threats.md P68); a site's gate in any other run
+            admits none of them, and its bound on a masked evaluation vector stays without their Hessian's 20,100
+            sums.
         **fields: further :class:`~fcd_secure.audit.GatePolicy` fields (e.g. ``allow_theta_s_upload``).
     """
     # every evaluation sum is declared once, by the query that sends it (queries.registry)
@@ -190,7 +191,7 @@ def make_egress_gate_mod(runtime_getter: RuntimeGetter | None, policy: GatePolic
                 fed = rt.cfg.federation  # the effective settings: the site's policy, never a weaker request
                 pol = federation_policy(
                     rt.cfg.evaluation.ope_horizon, names,
-                    shared_behaviour=rt.cfg.evaluation.behaviour_model == "shared",
+                    shared_behaviour=rt.cfg.evaluation.shares_behaviour_model,
                     allow_theta_s_upload=fed.sync == "full", secure_only=fed.secure_aggregation,
                 )
                 if fed.secure_aggregation:  # a masked evaluation input may be longer than Θc (a small-Θc simulator)

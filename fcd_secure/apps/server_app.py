@@ -6,8 +6,9 @@
 close the ledgers):
 
 1. round 0 (``data.standardize = "secure"``): the consortium's standardisation statistics under secure aggregation;
-   then (``evaluation.behaviour_model = "shared"``) the consortium's shared behaviour model, one secure round per
-   step of its Newton fit (``federation.secure.secure_behaviour``), sent with every evaluation request;
+   then (``evaluation.behaviour_model = "shared"`` or ``"shared_slopes"``) the consortium's shared behaviour model,
+   one secure round per step of its Newton fit (``federation.secure.secure_behaviour``), sent with every evaluation
+   request;
 2. per round: sample k of N sites (seeded, ``ClientSampler``), ``flow.run_round`` (the aggregation flow,
    ``flows.make_flow``), a cheap federated PEHE every ``eval_every`` rounds (the round is then scored for the
    truth-free selection, ``queries.selection``);
@@ -138,7 +139,7 @@ class TrainingLoop(ServerLoop[FederationResult]):
         self.stats_conf = {STATISTICS_KEY: json.dumps(self.statistics)} if self.statistics is not None else {}
         # before training (the scored rounds' selection weights by it): the shared behaviour model, when the run asks
         self.behaviour = self.saved.get(BEHAVIOUR_MODEL_KEY) if self.start > 1 else None
-        if cfg.evaluation.behaviour_model == "shared" and self.behaviour is None:
+        if cfg.evaluation.shares_behaviour_model and self.behaviour is None:
             step, steps = secure_behaviour_model(self.comm, self.order, self.theta, cfg, self.manifest,
                                                  self.sites[0].dims)
             self.behaviour = json.dumps(step.to_json())

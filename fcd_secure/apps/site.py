@@ -92,7 +92,7 @@ class SiteRuntime:
         self._data: SiteData | None = None
         #: the consortium's standardisation statistics of this request (``data.standardize = "secure"``)
         self.statistics: dict[str, list[float]] | None = None
-        #: the consortium's shared behaviour model of this request (``evaluation.behaviour_model = "shared"``)
+        #: the consortium's shared behaviour model of this request (``config.EvaluationSection.shares_behaviour_model``)
         self.behaviour = None
         self._model = None
         self._manifest = None
@@ -212,20 +212,29 @@ class SiteRuntime:
 
     def adopt_behaviour(self, config: dict[str, Any]) -> None:
         """Take the consortium's shared behaviour model from an evaluation request (``evaluation.behaviour_model =
-        "shared"``): the site's validation and test rows are then weighted by it, never by a model of its own.
+        "shared"`` or ``"shared_slopes"``, completed with the site's own intercepts: ``federation.learner
+        .with_propensities``): the site's validation and test rows are then weighted by it, never by a model of its
+        own.
 
         Raises:
             StateError: the run shares the behaviour model and the request carries none (the site would answer
-                without the propensities the run asked for).
+                without the propensities the run asked for), or one with or without per-site intercepts where the
+                run's setting says otherwise.
             SharedFitError: the model does not fit the site's dimensions.
         """
         from fcd_secure.federation.secure.secure_behaviour import BEHAVIOUR_MODEL_KEY, step_from_config  # noqa: PLC0415
 
-        if self.cfg.evaluation.behaviour_model != "shared":
+        ev = self.cfg.evaluation
+        if not ev.shares_behaviour_model:
             return
         step = step_from_config(config, BEHAVIOUR_MODEL_KEY, self.dims["n_actions"])
         if step is None:
-            raise StateError("evaluation.behaviour_model = 'shared' and the request carries no shared behaviour model")
+            raise StateError(f"evaluation.behaviour_model = {ev.behaviour_model!r} and the request carries no shared "
+                             "behaviour model")
+        if step.own_intercepts != ev.own_intercepts:
+            # the site's own settings say whether it completes the model with its own intercepts, not the server's
+            raise StateError(f"evaluation.behaviour_model = {ev.behaviour_model!r} and the request's shared model "
+                             f"{'has' if step.own_intercepts else 'has no'} per-site intercepts")
         self.behaviour = learner.shared_behaviour_model(self.dims, step)
         self._data = None
 
@@ -234,19 +243,23 @@ class SiteRuntime:
         (``federation.learner.behaviour_fit_sums``; ``federation.secure.secure_behaviour``).
 
         Raises:
-            StateError: the run does not share the behaviour model (the site's own never leaves it), or the request
-                carries no step.
+            StateError: the run does not share the behaviour model (the site's own never leaves it), the request
+                carries no step, or a step with or without per-site intercepts where the run's setting says otherwise.
             SharedFitError: more coefficients than a shared fit takes.
         """
         from fcd_secure.federation.secure.secure_behaviour import BEHAVIOUR_STEP_KEY, step_from_config  # noqa: PLC0415
 
         self.refuse_in_question_run("behaviour_fit")
-        if self.cfg.evaluation.behaviour_model != "shared" or self.statistics is not None:
+        if not self.cfg.evaluation.shares_behaviour_model or self.statistics is not None:
             raise StateError("behaviour-model sums are only taken in a run with evaluation.behaviour_model = "
-                             "'shared', over the rows as loaded")
+                             "'shared' or 'shared_slopes', over the rows as loaded")
         step = step_from_config(config, BEHAVIOUR_STEP_KEY, self.dims["n_actions"])
         if step is None:
             raise StateError(f"a behaviour-model step without its {BEHAVIOUR_STEP_KEY!r}")
+        if step.coef is not None and step.own_intercepts != self.cfg.evaluation.own_intercepts:
+            # the site's settings decide whether its intercepts are profiled out of what it sends
+            raise StateError(f"evaluation.behaviour_model = {self.cfg.evaluation.behaviour_model!r} and a "
+                             f"behaviour-model step {'with' if step.own_intercepts else 'without'} per-site intercepts")
         return learner.behaviour_fit_sums(self.data, step)
 
     def preprocessing_sums(self) -> dict[str, Any]:
@@ -418,10 +431,10 @@ class SiteRuntime:
 
         request = EvaluationRequest.from_config(eval_config)
         if self.question is not None:  # a question about an earlier deployed run: its model from the site's record
-            if self.cfg.evaluation.behaviour_model == "shared":
+            if self.cfg.evaluation.shares_behaviour_model:
                 # the site's record of the run keeps no shared behaviour model: refused rather than answered with
                 # propensities the run did not use
-                raise StateError("a question about a run with evaluation.behaviour_model = 'shared' is not answered "
+                raise StateError("a question about a run with a shared behaviour model is not answered "
                                  "on a deployed site (its record of the run keeps no shared model)")
             answered = self.answered_run(global_theta, request)
             # the scale the site answered the run with, from its record (the request's own is not read)

@@ -271,13 +271,13 @@ def check_run(cfg: "RunConfig", opts: RunOptions) -> "RunConfig":
 
 
 def check_behaviour_model(cfg: "RunConfig") -> None:
-    """A shared behaviour model (``evaluation.behaviour_model = "shared"``) fits the data: its coefficients are at
-    most ``evaluation.propensity.MAX_SHARED_COEFS`` (the egress gate's cap on the Hessian's sums).
+    """A shared behaviour model (``evaluation.behaviour_model = "shared"`` or ``"shared_slopes"``) fits the data: its
+    coefficients are at most ``evaluation.propensity.MAX_SHARED_COEFS`` (the egress gate's cap on the Hessian's sums).
 
     Raises:
         CliError: exit 2, naming the setting and the count.
     """
-    if cfg.evaluation.behaviour_model != "shared":
+    if not cfg.evaluation.shares_behaviour_model:
         return
     from fcd_secure.evaluation.propensity import SharedFitError, check_shared_size  # noqa: PLC0415
     from fcd_secure.federation import learner  # noqa: PLC0415
@@ -286,5 +286,5 @@ def check_behaviour_model(cfg: "RunConfig") -> None:
     try:
         check_shared_size(ds.n_actions, ds.da, ds.dx)
     except SharedFitError as exc:
-        raise CliError(f"evaluation.behaviour_model = 'shared': {exc}",
+        raise CliError(f"evaluation.behaviour_model = {cfg.evaluation.behaviour_model!r}: {exc}",
                        hint="set evaluation.behaviour_model = 'site' (each site's own model)") from None

@@ -202,6 +202,8 @@ class RecordPropensity(HistoryPropensity):
         if not (np.isfinite(step.coef).all() and np.isfinite(step.mean).all() and (step.scale > 0).all()):
             raise SharedFitError("the shared behaviour model is not finite")
         model.mean, model.scale, model.coef = step.mean, step.scale, step.coef
+        if step.own_intercepts:  # the penalty the sites' intercepts were profiled with completes each site's copy
+            model.l2 = step.l2
         return model
 
     def logged_probs(self, ds: SiteDataset) -> np.ndarray:
@@ -293,17 +295,34 @@ class SharedFitStep:
     #: the intercepts' penalty under ``own_intercepts`` (the model's ``l2``)
     l2: float = 0.0
 
-    def to_json(self) -> dict[str, list | None]:
-        return {k: None if v is None else np.asarray(v, np.float64).ravel().tolist()
-                for k, v in (("mean", self.mean), ("scale", self.scale), ("coef", self.coef))}
+    #: the keys of :meth:`to_json`
+    JSON_KEYS = ("mean", "scale", "coef", "own_intercepts", "l2")
+
+    def to_json(self) -> dict[str, object]:
+        doc: dict[str, object] = {k: None if v is None else np.asarray(v, np.float64).ravel().tolist()
+                                  for k, v in (("mean", self.mean), ("scale", self.scale), ("coef", self.coef))}
+        # the site's sums of a profiled step, and its completion of the fitted model, need both
+        return {**doc, "own_intercepts": bool(self.own_intercepts), "l2": float(self.l2)}
 
     @classmethod
     def from_json(cls, doc: dict, n_actions: int) -> "SharedFitStep":
+        """The step of :meth:`to_json` (a document without ``own_intercepts`` / ``l2``: one shared model, no
+        intercept penalty).
+
+        Raises:
+            ValueError: ``own_intercepts`` is not a boolean, or ``l2`` is not a finite number ≥ 0.
+        """
         def arr(k: str) -> np.ndarray | None:
             return None if doc.get(k) is None else np.asarray(doc[k], np.float64)
 
+        own, l2 = doc.get("own_intercepts", False), doc.get("l2", 0.0)
+        if not isinstance(own, bool):
+            raise ValueError(f"own_intercepts: expected true or false, got {own!r}")
+        if isinstance(l2, bool) or not isinstance(l2, (int, float)) or not (np.isfinite(l2) and l2 >= 0):
+            raise ValueError(f"l2: expected a finite number >= 0, got {l2!r}")
         coef = arr("coef")
-        return cls(arr("mean"), arr("scale"), None if coef is None else coef.reshape(-1, int(n_actions)))
+        return cls(arr("mean"), arr("scale"), None if coef is None else coef.reshape(-1, int(n_actions)), own,
+                   float(l2))
 
 
 def shared_fit_sums(F: np.ndarray, a: np.ndarray, n_actions: int, step: SharedFitStep) -> dict[str, object]:

@@ -76,14 +76,18 @@ BEHAVIOUR_CODES = {
 }
 
 
-def with_propensities(site: SiteData, mode: str, behaviour: Any | None = None, *, shared: bool = False) -> SiteData:
+def with_propensities(site: SiteData, mode: str, behaviour: Any | None = None, *, shared: bool = False,
+                      own_intercepts: bool = False) -> SiteData:
     """The site's data with the propensities its answers use (``evaluation.propensities``).
 
     ``behaviour``: the consortium's shared model of the logging policy (a fitted ``RecordPropensity`` of
     ``evaluation.propensity.fit_shared``), used where the site's own model would be, by the same code; ``None``: the
-    site fits its own, unless ``shared`` (``evaluation.behaviour_model = "shared"``) says the run uses the
+    site fits its own, unless ``shared`` (``config.EvaluationSection.shares_behaviour_model``) says the run uses the
     consortium's, not known yet (hello, the fit's own rounds, training): the validation and test rows then carry no
     estimate, and an evaluation is refused without the model (``apps.site.SiteRuntime.evaluate``).
+    ``own_intercepts`` (``evaluation.behaviour_model = "shared_slopes"``): ``behaviour`` holds the consortium's slopes
+    only, and the site completes its copy with its own intercepts fitted on its training rows
+    (``evaluation.propensity.with_own_intercepts``); they stay here with the copy.
 
     ``auto``: the logged column where the table has one, else the site's own model of its logging policy
     (``evaluation.propensity.RecordPropensity``) fitted on its training rows and applied to its validation and test
@@ -118,7 +122,14 @@ def with_propensities(site: SiteData, mode: str, behaviour: Any | None = None, *
                        validation=None if site.validation is None else site.validation.without_propensities(),
                        propensities="estimated",
                        propensity_note="the consortium's shared behaviour model is not fitted yet")
-    model = _behaviour_model(train) if behaviour is None else behaviour
+    if behaviour is None:
+        model = _behaviour_model(train)
+    elif own_intercepts:
+        from fcd_secure.evaluation.propensity import with_own_intercepts  # noqa: PLC0415
+
+        model = with_own_intercepts(behaviour, *behaviour.training_design(train))
+    else:
+        model = behaviour
 
     def estimate(ds: SiteDataset | None) -> SiteDataset | None:
         if ds is None:
@@ -277,7 +288,8 @@ def load_site_data(cfg: RunConfig, site_index: int, statistics: dict[str, list[f
         oracle=fd.oracle,
         description=dict(fd.description or {}),
         validation=validation,
-    ), cfg.evaluation.propensities, behaviour, shared=cfg.evaluation.behaviour_model == "shared"), statistics)
+    ), cfg.evaluation.propensities, behaviour, shared=cfg.evaluation.shares_behaviour_model,
+        own_intercepts=cfg.evaluation.own_intercepts), statistics)
 
 
 def _scaled(site: SiteData, statistics: dict[str, list[float]] | None) -> SiteData:
@@ -326,7 +338,8 @@ def load_own_site_data(
                                               anchors=consortium_anchors(statistics, fd.anchors), oracle=None,
                                               description=dict(fd.description or {}), validation=validation),
                                      cfg.evaluation.propensities, behaviour,
-                                     shared=cfg.evaluation.behaviour_model == "shared"), statistics)
+                                     shared=cfg.evaluation.shares_behaviour_model,
+                                     own_intercepts=cfg.evaluation.own_intercepts), statistics)
 
 
 # -- model ---------------------------------------------------------------------------------------------------

@@ -19,8 +19,9 @@ shipped defaults are strict; a missing file means the defaults. Sections:
                        fewer than 20), how often the same rows may be evaluated (P22), the longest truncated OPE
                        horizon (``ope_horizon_max``, default 2; P39)
 ``[behaviour]``        ``shared_fit``: whether the site adds its training rows' gradient and Hessian sums to a
-                       consortium's shared behaviour model (``evaluation.behaviour_model = "shared"``, docs/threats.md
-                       P67, P68; default no: its own model, which never leaves it)
+                       consortium's shared behaviour model (``evaluation.behaviour_model = "shared"`` or
+                       ``"shared_slopes"``, docs/threats.md P67, P68; default no: its own model, which never leaves
+                       it)
 ``[data]``             where the site's data are; when set, a request naming other data is refused
 ``[split]``            the site's own test / validation fractions (on a 5 % grid): the cut itself is made from the
                        site's split secret (``data.cohorts``); the request's ``data.test_fraction``,
@@ -136,7 +137,8 @@ class EvaluationPolicy(_Section):
 class BehaviourPolicy(_Section):
     shared_fit: bool = Field(
         False,
-        description="take part in a consortium's shared behaviour model (evaluation.behaviour_model = 'shared'): "
+        description="take part in a consortium's shared behaviour model (evaluation.behaviour_model = 'shared' "
+        "or 'shared_slopes'): "
         "the sums of the site's training steps (count, features' sums and squares, the multinomial logistic "
         "regression's loss, gradient and Hessian at each Newton step) leave inside secure aggregation, which the "
         "site's own model never sends; false: a run asking for it is refused at hello",
@@ -299,7 +301,7 @@ class SitePolicy(_Section):
                 n_sites=d.n_sites, alpha=d.alpha,
             ),
             evaluation=EvaluationPolicy(ope_horizon_max=cfg.evaluation.ope_horizon or 1),
-            behaviour=BehaviourPolicy(shared_fit=cfg.evaluation.behaviour_model == "shared"),
+            behaviour=BehaviourPolicy(shared_fit=cfg.evaluation.shares_behaviour_model),
             split=SplitPolicy(test_fraction=grid_fraction(d.test_fraction),
                               validation_fraction=grid_fraction(d.validation_fraction, lo=0.0)),
             app=AppPolicy(fab_sha256=fab_sha256),
@@ -343,7 +345,7 @@ class SitePolicy(_Section):
         ope_h = request.evaluation.ope_horizon
         if ope_h is not None and ope_h > self.evaluation.ope_horizon_max:
             weaker.append("evaluation.ope_horizon")
-        if request.evaluation.behaviour_model == "shared" and not self.behaviour.shared_fit:
+        if request.evaluation.shares_behaviour_model and not self.behaviour.shared_fit:
             weaker.append("evaluation.behaviour_model")
         if dp.ledger_dir is not None and dp.ledger_dir != self.dp.ledger_dir:
             weaker.append("dp.ledger_dir")

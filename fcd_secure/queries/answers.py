@@ -93,6 +93,12 @@ class UnrecordedConfounding(Record):
 #: ``answer["propensities"]["model"]`` where the sites' estimates are the consortium's shared behaviour model
 #: (``evaluation.behaviour_model = "shared"``), and how every renderer names that source
 SHARED_MODEL, SHARED_SOURCE = "shared", "estimated (one shared model, secure sums)"
+#: the same for shared slopes with each site's own intercepts (``evaluation.behaviour_model = "shared_slopes"``)
+SHARED_SLOPES_MODEL = "shared_slopes"
+SHARED_SLOPES_SOURCE = "estimated (shared slopes by secure sums, each site's own intercepts)"
+#: every ``answer["propensities"]["model"]`` (the run's ``evaluation.behaviour_model`` where it is shared) and its
+#: source's words; a model not here is the sites' own
+SHARED_SOURCES = {SHARED_MODEL: SHARED_SOURCE, SHARED_SLOPES_MODEL: SHARED_SLOPES_SOURCE}
 
 
 @dataclass(frozen=True)
@@ -109,7 +115,8 @@ class Propensities(Record):
     assumptions: tuple[str, ...] = ()
     #: the sites without propensities and why (their hello; ``apps.server_loop.name_sites_without_propensities``)
     missing_at: Mapping[str, str] | None = None
-    #: :data:`SHARED_MODEL` where the estimating sites used the consortium's shared behaviour model, else None
+    #: a key of :data:`SHARED_SOURCES` where the estimating sites used the consortium's shared behaviour model, else
+    #: None
     model: str | None = None
 
     @classmethod
@@ -125,7 +132,7 @@ class Propensities(Record):
         """``propensities: logged at 4 of 4 sites; ...``: what the weighted answers stand on, as every renderer says
         it."""
         total = sum(self.sites.values())
-        estimated = SHARED_SOURCE if self.model == SHARED_MODEL else "estimated by the sites' own models"
+        estimated = SHARED_SOURCES.get(self.model or "", "estimated by the sites' own models")
         parts = [f"{word} at {self.sites[key]} of {total} sites" for key, word in
                  (("logged", "logged"), ("estimated", estimated), ("none", "none"))
                  if self.sites.get(key)]

@@ -151,7 +151,8 @@ class MergeContext:
         unrecorded_confounding: the run's declared unrecorded confounding (``queries.declared``:
             ``{"declared", "by"}``), None where none is declared.
         behaviour_model: where the sites' estimated propensities come from (``evaluation.behaviour_model``:
-            ``site``, each site's own model; ``shared``, the consortium's, fitted through secure sums).
+            ``site``, each site's own model; ``shared``, the consortium's, fitted through secure sums;
+            ``shared_slopes``, the consortium's slopes with each site's own intercepts).
     """
 
     question: "WhatIfRequest | None" = None

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fcd_secure.queries.answers import SHARED_MODEL, SHARED_SOURCE
+from fcd_secure.queries.answers import SHARED_SOURCES
 from fcd_secure.queries.base import MergeContext, MergeOnly, Totals
 
 __all__ = ["AnswerKinds", "CHECKED", "EXTRAPOLATION", "G_COMPUTATION"]
@@ -44,8 +44,8 @@ class AnswerKinds(MergeOnly):
 
     def merge(self, totals: Totals, ctx: MergeContext, answer: dict[str, Any]) -> None:
         props = answer.get("propensities") or {}
-        estimated = (SHARED_SOURCE if props.get("model") == SHARED_MODEL
-                     else "estimated by each site's own model of its logging policy")
+        estimated = SHARED_SOURCES.get(props.get("model") or "",
+                                       "estimated by each site's own model of its logging policy")
         source = {"logged": "logged in the sites' tables", "estimated": estimated,
                   "mixed": "logged at some sites, estimated at others"}.get(props.get("source"))
         kinds: dict[str, Any] = {}

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from fcd_secure.evaluation.propensity import PROPENSITY_FLOOR
-from fcd_secure.queries.answers import SHARED_MODEL
+from fcd_secure.queries.answers import SHARED_SOURCES
 from fcd_secure.queries.base import MergeContext, Query, SiteContext, SiteSums, Totals
 
 __all__ = ["ASSUMPTIONS", "BINS", "PropensitySource"]
@@ -84,9 +84,9 @@ class PropensitySource(Query):
             "below_floor_share": (float(totals["overlap.below_floor"]) / steps
                                   if "overlap.below_floor" in totals and steps else None),
         }
-        if ctx.behaviour_model == "shared" and sites["estimated"]:
-            # the estimating sites used the consortium's one model (federation.secure.secure_behaviour), not their own
-            out["model"] = SHARED_MODEL
+        if ctx.behaviour_model in SHARED_SOURCES and sites["estimated"]:
+            # the estimating sites used the consortium's model (federation.secure.secure_behaviour), not their own
+            out["model"] = ctx.behaviour_model
         if totals.all_sent("overlap.cal.0.n"):
             rows = []
             for k in range(BINS):

@@ -1,5 +1,6 @@
-"""The consortium's shared behaviour model through secure aggregation (``evaluation.behaviour_model = "shared"``;
-issue 43 item 1; docs/threats.md P67, P68).
+"""The consortium's shared behaviour model through secure aggregation (``evaluation.behaviour_model = "shared"``, or
+``"shared_slopes"``: shared slopes with each site's own intercepts; ``config.EvaluationSection
+.shares_behaviour_model``; issue 43; docs/threats.md P67, P68).
 
 Before the first training round the server drives the pooled Newton fit of the sites' penalised multinomial logistic
 regression (``evaluation.propensity.fit_shared``): every step of the fit is one secure round of the *evaluation* kind
@@ -18,9 +19,15 @@ once per run and in increasing order (P5). Only the sums named ``behaviour_fit.*
 allow-list, ``apps.egress.federation_policy``). Every site must take part in every step: a step any site misses
 stops the run, as round 0 does (a pooled fit without a hospital is not the consortium's).
 
+With ``shared_slopes`` every step says so (``SharedFitStep.own_intercepts`` and the intercepts' penalty ``l2``):
+each site fits its own intercepts to the step's slopes and sends the sums of its objective profiled over them
+(``evaluation.propensity.shared_fit_sums``), the intercepts' gradient and Hessian entries as zeros; its intercepts
+never leave it, and the fitted model's intercept row is zero.
+
 The fitted model (the pooled z-scoring and coefficients) then goes to the sites with every evaluation request
 (``queries.request.EvaluationRequest.behaviour``); each site applies it where it would apply its own
-(``federation.learner.with_propensities``). A server that sends another model can only mislabel the answers'
+(``federation.learner.with_propensities``), with ``shared_slopes`` after completing its copy with its own
+intercepts on its training rows (``evaluation.propensity.with_own_intercepts``). A server that sends another model can only mislabel the answers'
 weights, as one that sends false statistics can: the model enters a site's computation, never its uplink.
 """
 
@@ -67,8 +74,8 @@ def step_from_config(config: dict[str, Any], key: str, n_actions: int) -> "Share
     if raw in (None, ""):
         return None
     doc = json.loads(str(raw))
-    if not isinstance(doc, dict) or not set(doc) <= {"mean", "scale", "coef"}:
-        raise ValueError(f"request field {key!r}: expected {{mean, scale, coef}}")
+    if not isinstance(doc, dict) or not set(doc) <= set(SharedFitStep.JSON_KEYS):
+        raise ValueError(f"request field {key!r}: expected {{{', '.join(SharedFitStep.JSON_KEYS)}}}")
     return SharedFitStep.from_json(doc, n_actions)
 
 
@@ -91,7 +98,8 @@ def secure_behaviour_model(
     model = shared_behaviour_model(dims)
     secure = secure_evaluation_for(cfg, manifest)
     if secure is None:
-        raise SecureBehaviourError("evaluation.behaviour_model = 'shared' needs secure aggregation "
+        raise SecureBehaviourError(f"evaluation.behaviour_model = {cfg.evaluation.behaviour_model!r} needs secure "
+                                   "aggregation "
                                    "(federation.secure_aggregation)")
     rounds = 0
 
@@ -106,5 +114,6 @@ def secure_behaviour_model(
                 f"({reason or 'sites failed: ' + ', '.join(failed)}); the run stops rather than fit it without them")
         return totals
 
-    steps = fit_shared(model, model.n_features(model.n_actions, model.da, model.dx), ask)
-    return SharedFitStep(model.mean, model.scale, model.coef), steps
+    own = cfg.evaluation.own_intercepts
+    steps = fit_shared(model, model.n_features(model.n_actions, model.da, model.dx), ask, own_intercepts=own)
+    return SharedFitStep(model.mean, model.scale, model.coef, own, model.l2 if own else 0.0), steps
