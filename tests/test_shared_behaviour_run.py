@@ -277,3 +277,63 @@ def test_a_shared_model_that_cannot_work_is_refused_before_any_work(tmp_path):
     assert check_shared_size(3, 2, 3) == (5 + 2 + 3 + 3 + 1) * 3
     with pytest.raises(SharedFitError, match="at most 200"):
         check_shared_size(50, 1, 2)  # DKT-Synth's 50 actions
+
+
+def test_a_deployed_question_about_a_shared_run_uses_the_model_the_site_recorded(tmp_path, one_torch_thread):
+    """Issue 43 item 2, at the site without Flower: a site answering a deployed shared-slopes run's final evaluation
+    records the shared model beside its statistics (``federation.asked_runs.AnsweredRuns``); a question about the run
+    weights by that model (completed with the site's own intercepts), never by one the question's request carries;
+    a record without a model (kept before records had one) is refused; a model whose intercept setting differs from
+    the run's is refused."""
+    from fcd_secure.apps.site import SiteRuntime
+    from fcd_secure.audit import Refusal
+    from fcd_secure.data.policy import load_policy_refs
+    from fcd_secure.federation.asked_runs import ANSWERED_SLOT, AnsweredRuns, QuestionStart, theta_digest
+    from fcd_secure.federation.site_policy import SitePolicy
+    from fcd_secure.federation.state import StateError
+    from fcd_secure.manifest import THETA_C
+    from fcd_secure.queries.request import WHATIF_FIELD, WhatIfRequest
+
+    cfg = _config(tmp_path, "shared_slopes")
+    cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"standardize": "pooled"})})  # no round 0
+    policy, state = SitePolicy.for_run(cfg), str(tmp_path / "state")
+    rt = SiteRuntime(cfg, "site-00", 0, state, policy=policy)
+    model = learner.shared_behaviour_model(rt.dims)  # a one-site consortium's slopes: the site's own sums
+    fit_shared(model, model.n_features(model.n_actions, model.da, model.dx),
+               lambda step: learner.behaviour_fit_sums(rt.data, step), own_intercepts=True)
+    step = SharedFitStep(model.mean, model.scale, model.coef, True, model.l2)
+    recorded = json.dumps(step.to_json())
+    K = rt.dims["n_actions"]
+    pols = load_policy_refs(["never", "always"])
+    question = WhatIfRequest(policies=pols, reference=pols[0].name)
+    ev = {"quick": False, "part": THETA_C, "n-samples": 1, "max-rows": -1, WHATIF_FIELD: question.to_json(),
+          BEHAVIOUR_MODEL_KEY: recorded}
+    theta = rt.model.get_params(THETA_C)
+    rt.run_session = "ab" * 16  # as from_context sets it from the run's verified ticket
+    try:
+        rt.evaluate(theta, ev)
+    except Refusal as exc:  # the tiny world may decline under its cohort rules: the run is recorded before that
+        assert exc.rule == "eval_cohort"
+    assert AnsweredRuns(rt.state.slot(ANSWERED_SLOT)).load(rt.run_session).behaviour == recorded
+    with pytest.raises(StateError, match="per-site intercepts"):  # the site's setting decides, not the server's
+        rt.adopt_behaviour({BEHAVIOUR_MODEL_KEY: json.dumps(SharedFitStep(model.mean, model.scale, model.coef)
+                                                            .to_json())})
+
+    def asking(session: str) -> SiteRuntime:
+        asked = SiteRuntime(cfg, "site-00", 0, state, policy=policy)
+        asked.run_session = "cd" * 16
+        asked.question = QuestionStart(session, question.to_json())
+        return asked
+
+    other = SharedFitStep(model.mean, model.scale, 2 * model.coef, True, model.l2)  # the question's own: not read
+    asked = asking(rt.run_session)
+    try:
+        asked.evaluate(theta, {**ev, BEHAVIOUR_MODEL_KEY: json.dumps(other.to_json())})
+    except Refusal as exc:
+        assert exc.rule == "eval_cohort"
+    np.testing.assert_array_equal(asked.behaviour.coef, SharedFitStep.from_json(json.loads(recorded), K).coef)
+    np.testing.assert_array_equal(asked.data.test.P, rt.data.test.P)  # the run's propensities, own intercepts
+    # a record of a shared run without its model: refused rather than answered with propensities the run did not use
+    AnsweredRuns(rt.state.slot(ANSWERED_SLOT)).record("ef" * 16, None, theta_digest(theta), None)
+    with pytest.raises(StateError, match="keeps no shared model"):
+        asking("ef" * 16).evaluate(theta, ev)

@@ -40,6 +40,7 @@ from fcd_secure.federation.asked_runs import (
 )
 from fcd_secure.federation.records import EVALUATE_MESSAGE_TYPE, RUN_CONFIG_KEY, TRAIN_MESSAGE_TYPE
 from fcd_secure.federation.run_ticket import ticket_session_id
+from fcd_secure.federation.secure.secure_behaviour import BEHAVIOUR_MODEL_KEY
 from fcd_secure.federation.secure.secure_stats import STATISTICS_KEY, statistics_from_config
 from fcd_secure.federation.site_policy import SitePolicy, load_site_policy
 from fcd_secure.federation.state import SiteState, StateError
@@ -222,7 +223,7 @@ class SiteRuntime:
                 run's setting says otherwise.
             SharedFitError: the model does not fit the site's dimensions.
         """
-        from fcd_secure.federation.secure.secure_behaviour import BEHAVIOUR_MODEL_KEY, step_from_config  # noqa: PLC0415
+        from fcd_secure.federation.secure.secure_behaviour import step_from_config  # noqa: PLC0415
 
         ev = self.cfg.evaluation
         if not ev.shares_behaviour_model:
@@ -431,14 +432,15 @@ class SiteRuntime:
 
         request = EvaluationRequest.from_config(eval_config)
         if self.question is not None:  # a question about an earlier deployed run: its model from the site's record
-            if self.cfg.evaluation.shares_behaviour_model:
-                # the site's record of the run keeps no shared behaviour model: refused rather than answered with
-                # propensities the run did not use
-                raise StateError("a question about a run with a shared behaviour model is not answered "
-                                 "on a deployed site (its record of the run keeps no shared model)")
             answered = self.answered_run(global_theta, request)
-            # the scale the site answered the run with, from its record (the request's own is not read)
+            # the scale and the shared behaviour model the site answered the run with, from its record (the
+            # request's own are not read)
             self.adopt_statistics({STATISTICS_KEY: answered.statistics} if answered.statistics else {})
+            if self.cfg.evaluation.shares_behaviour_model and answered.behaviour is None:
+                # refused rather than answered with propensities the run did not use
+                raise StateError("a question about a run with a shared behaviour model, and the site's record of "
+                                 "the run keeps no shared model")
+            self.adopt_behaviour({BEHAVIOUR_MODEL_KEY: answered.behaviour} if answered.behaviour else {})
             rows = self.evaluation_rows(request.max_rows)
             model = self._model_with(answered.theta_s, global_theta, request.part)
             return site_metrics(model, self.data, self.cfg, request, rows=rows, site_dir=self.state.dir,
@@ -450,7 +452,9 @@ class SiteRuntime:
             # the deployed run's answer: what it is answered with is kept under the run's signed session id, before
             # the cohort rules may decline it, so a later question about the run is answered with exactly this
             AnsweredRuns(self.state.slot(ANSWERED_SLOT)).record(self.run_session, theta_s, theta_digest(global_theta),
-                                                                 request.statistics)
+                                                                 request.statistics,
+                                                                 request.behaviour if self.behaviour is not None
+                                                                 else None)
         rows = self.evaluation_rows(request.max_rows)
         model = self._model_with(theta_s, global_theta, request.part)
         if request.keep_round is not None:  # a scored round: keep this Θs for the selection

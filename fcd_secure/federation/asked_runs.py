@@ -10,8 +10,10 @@ coordinator's, as signed.
 
 What the question is answered *with* comes from the site's own files, never from the server's say-so: when a site
 answers a deployed run's final evaluation it records, under that run's signed session id (:class:`AnsweredRuns`, in
-its state folder), the Θs it answered with, the SHA-256 of the Θc it received (:func:`theta_digest`) and the
-standardisation statistics it used. A question is answered only with that record: about a run the site has no
+its state folder), the Θs it answered with, the SHA-256 of the Θc it received (:func:`theta_digest`), the
+standardisation statistics it used and the consortium's shared behaviour model it weighted by (a run with
+``evaluation.behaviour_model = "shared"`` or ``"shared_slopes"``; the slopes only in the latter: the site completes
+them with its own intercepts again from its training rows). A question is answered only with that record: about a run the site has no
 record of (it never answered it, P62) or whose Θs it deleted (P63), with another Θc than that run's, or with
 another question in the message than the signed one (P61), the site declines under rule :data:`WHATIF_RULE`.
 """
@@ -108,11 +110,13 @@ def theta_digest(theta: Mapping[str, np.ndarray]) -> str:
 @dataclass(frozen=True)
 class AnsweredRun:
     """What a site answered one deployed run with: its Θs (None: it had not trained, the initial Θs), the digest of
-    the Θc it received and the standardisation statistics (JSON text; None: the run standardised none)."""
+    the Θc it received, the standardisation statistics (JSON text; None: the run standardised none) and the shared
+    behaviour model (``SharedFitStep.to_json`` as JSON text; None: the run shared none, or the record predates it)."""
 
     theta_s: dict[str, np.ndarray] | None
     theta_c_sha256: str
     statistics: str | None
+    behaviour: str | None = None
 
 
 class AnsweredRuns:
@@ -144,7 +148,7 @@ class AnsweredRuns:
         return doc
 
     def record(self, session: str, theta_s: Mapping[str, np.ndarray] | None, theta_c_sha256: str,
-               statistics: str | None) -> None:
+               statistics: str | None, behaviour: str | None = None) -> None:
         """Keep what the site answers run ``session`` with (again: the last answer of the run's session wins)."""
         if not _SESSION_RE.match(session):
             raise ValueError(f"not a session id: {session!r}")
@@ -154,7 +158,8 @@ class AnsweredRuns:
             index = self._index()
             atomic_write_bytes(self.path(session), npz_bytes(arrays), mode=0o600)
             index[session] = {"recorded": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                              "theta_c_sha256": theta_c_sha256, "statistics": statistics}
+                              "theta_c_sha256": theta_c_sha256, "statistics": statistics,
+                              **({"behaviour": behaviour} if behaviour is not None else {})}
             atomic_write_text(self.dir / _INDEX, json.dumps(index, indent=1, sort_keys=True) + "\n")
 
     def load(self, session: str) -> AnsweredRun:
@@ -176,7 +181,7 @@ class AnsweredRuns:
             raise Refusal(WHATIF_RULE, "record", "unreadable") from None
         theta_s = None if bool(arrays["__initial__"][0]) else {
             k[len("theta_s/"):]: v for k, v in arrays.items() if k.startswith("theta_s/")}
-        return AnsweredRun(theta_s, str(entry["theta_c_sha256"]), entry.get("statistics"))
+        return AnsweredRun(theta_s, str(entry["theta_c_sha256"]), entry.get("statistics"), entry.get("behaviour"))
 
 
 def check_question(start: QuestionStart, asked: str | None, answered: AnsweredRun, global_theta: Mapping[str, np.ndarray]) -> None:
