@@ -75,15 +75,19 @@ def test_each_site_fits_its_own_behaviour_model_once_per_run(tmp_path):
         np.testing.assert_array_equal(a.test.P, b.test.P)
 
 
-@pytest.fixture(scope="module")
-def shared_run(tmp_path_factory, one_torch_thread_module):
+def _run(tmp_path_factory, behaviour_model: str):
+    """One tiny in-process run of the 4-hospital table with ``behaviour_model``: ``(cfg, result, folder)``."""
     from fcd_secure.engines.inprocess import run_inprocess
 
-    tmp = tmp_path_factory.mktemp("shared")
-    cfg = _config(tmp, "shared")
+    tmp = tmp_path_factory.mktemp(behaviour_model)
+    cfg = _config(tmp, behaviour_model)
     learner._BEHAVIOUR_FITS.clear()
-    res = run_inprocess(cfg)
-    return cfg, res, tmp
+    return cfg, run_inprocess(cfg), tmp
+
+
+@pytest.fixture(scope="module")
+def shared_run(tmp_path_factory, one_torch_thread_module):
+    return _run(tmp_path_factory, "shared")
 
 
 @pytest.fixture(scope="module")
@@ -144,14 +148,8 @@ def test_a_question_about_the_run_is_answered_with_its_shared_model(shared_run):
 def test_no_behaviour_fit_sum_reaches_the_server_in_clear(shared_run):
     """docs/threats.md P68: the server received the fit's rounds as the protocol's opaque fields only, and no site's
     own sums (its step count, its features' sums) appear in anything the server wrote."""
-    from fcd_secure.audit.ledger import SERVER_LEDGER_FILE
-
     cfg, _, tmp = shared_run
-    ledger = tmp / "state" / "_server" / "audit" / SERVER_LEDGER_FILE
-    received = [json.loads(x) for x in ledger.read_text().splitlines() if x.strip()]
-    received = [x for x in received if x["kind"] == "received"]
-    assert {x["action"] for x in received} >= {"train.secagg_evaluate", "train.secagg_masked_input"}
-    assert not any(x["tensors"] or x["metrics"] or x["metric_lists"] for x in received)
+    _assert_the_server_received_masked_bytes_only(tmp)
     site_values = []
     for F, _ in _designs(cfg):
         site_values += [float(len(F)), *F.sum(0)[:4], *(F * F).sum(0)[:4]]
@@ -163,6 +161,18 @@ def test_no_behaviour_fit_sum_reaches_the_server_in_clear(shared_run):
             assert not re.search(rf"(?<![0-9.]){re.escape(form)}(?![0-9])", text), (form, "a site's sum at the server")
 
 
+def _assert_the_server_received_masked_bytes_only(tmp) -> None:
+    """The server's ledger: the fit's rounds arrived as the protocol's opaque fields only (no tensor, metric or list
+    in clear)."""
+    from fcd_secure.audit.ledger import SERVER_LEDGER_FILE
+
+    ledger = tmp / "state" / "_server" / "audit" / SERVER_LEDGER_FILE
+    received = [json.loads(x) for x in ledger.read_text().splitlines() if x.strip()]
+    received = [x for x in received if x["kind"] == "received"]
+    assert {x["action"] for x in received} >= {"train.secagg_evaluate", "train.secagg_masked_input"}
+    assert not any(x["tensors"] or x["metrics"] or x["metric_lists"] for x in received)
+
+
 def _server_text(tmp) -> str:
     """Everything the server wrote: the run folder and the server's state."""
     return "\n".join(f.read_text("utf-8", "replace") for root in (tmp / "run", tmp / "state" / "_server")
@@ -171,13 +181,7 @@ def _server_text(tmp) -> str:
 
 @pytest.fixture(scope="module")
 def slopes_run(tmp_path_factory, one_torch_thread_module):
-    from fcd_secure.engines.inprocess import run_inprocess
-
-    tmp = tmp_path_factory.mktemp("slopes")
-    cfg = _config(tmp, "shared_slopes")
-    learner._BEHAVIOUR_FITS.clear()
-    res = run_inprocess(cfg)
-    return cfg, res, tmp
+    return _run(tmp_path_factory, "shared_slopes")
 
 
 def test_the_runs_shared_slopes_are_the_pooled_profiled_fit_and_each_site_keeps_its_intercepts(slopes_run):
@@ -223,15 +227,10 @@ def test_the_runs_shared_slopes_are_the_pooled_profiled_fit_and_each_site_keeps_
 def test_no_sites_intercepts_reach_the_server(slopes_run):
     """docs/threats.md P68: in a shared-slopes run the server received the protocol's opaque fields only, and no
     site's own intercepts (fitted on it to the run's slopes) appear in anything the server wrote."""
-    from fcd_secure.audit.ledger import SERVER_LEDGER_FILE
     from fcd_secure.evaluation.propensity import own_intercepts
 
     cfg, res, tmp = slopes_run
-    ledger = tmp / "state" / "_server" / "audit" / SERVER_LEDGER_FILE
-    received = [json.loads(x) for x in ledger.read_text().splitlines() if x.strip()]
-    received = [x for x in received if x["kind"] == "received"]
-    assert {x["action"] for x in received} >= {"train.secagg_evaluate", "train.secagg_masked_input"}
-    assert not any(x["tensors"] or x["metrics"] or x["metric_lists"] for x in received)
+    _assert_the_server_received_masked_bytes_only(tmp)
     got = SharedFitStep.from_json(json.loads(res.extra[BEHAVIOUR_MODEL_KEY]), 3)
     text = _server_text(tmp)
     for F, a in _designs(cfg):

@@ -122,8 +122,9 @@ def selected_round(run_dir: str | Path, cfg: RunConfig) -> int | None:
 def recorded_fields(run_dir: str | Path) -> dict[str, str]:
     """The :class:`~fcd_secure.queries.request.EvaluationRequest` fields a finished run's evaluations sent its sites
     besides the question, from its ``summary.json``: the consortium's standardisation statistics
-    (``data.standardize = "secure"``) and its shared behaviour model (``evaluation.behaviour_model = "shared"``), each
-    where the run had one, so that a question is answered on the rows and with the propensities the run used."""
+    (``data.standardize = "secure"``) and its shared behaviour model (``evaluation.behaviour_model = "shared"`` or
+    ``"shared_slopes"``), each where the run had one, so that a question is answered on the rows and with the
+    propensities the run used."""
     summary = json.loads((Path(run_dir) / "summary.json").read_text())
     return {field: json.dumps(summary[key]) for field, key in (("statistics", "standardization"),
                                                                ("behaviour", "behaviour_model"))

@@ -122,7 +122,7 @@ class EvaluationRequest(BaseModel):
         dr_learner_beta: the DR-learner's coefficients fitted on the consortium's validation sums.
         statistics: the consortium's standardisation statistics (JSON; secure standardisation).
         behaviour: the consortium's shared behaviour model (JSON of ``evaluation.propensity.SharedFitStep``;
-            ``evaluation.behaviour_model = "shared"``, ``federation.secure.secure_behaviour``).
+            ``evaluation.behaviour_model = "shared"`` or ``"shared_slopes"``, ``federation.secure.secure_behaviour``).
     """
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
