@@ -38,6 +38,10 @@ pytestmark = pytest.mark.deployment
 
 #: generous protocol deadlines: on two shared cores one cold ClientApp process can take a minute
 SLOW = {stage: 900.0 for stage in ("train", "advertise_keys", "share_keys", "masked_input", "consistency", "unmask")}
+#: the closing evaluation asks no question these tests assert on (they compare Θc, the evidence and the markers):
+#: two policies, one rollout each, at most 32 test rows a site (above the sites' cohort floor of 20), in the
+#: deployment and in its reference alike
+CHEAP_EVALUATION = {"policies": ["never", "always"], "n_samples": 1, "max_rows": 32}
 
 
 def _cfg(out, *, secure: bool, sites: int):
@@ -49,9 +53,18 @@ def _cfg(out, *, secure: bool, sites: int):
             "federation": {"clients_per_round": sites, "rounds": 1, "eval_every": 0, "secure_aggregation": secure,
                            "round_timeout_s": 900.0, "node_wait_s": 600.0},
             "secagg": {"deadlines": SLOW},
+            "evaluation": CHEAP_EVALUATION,
             "out": str(out),
         },
     )
+
+
+def _reference(cfg, state: Path):
+    """``cfg`` on the in-process engine with its state in ``state`` and no run folder (its Θc and rounds are the
+    result's: the folder's plots and files are no part of the comparison)."""
+    from fcd_secure.engines.inprocess import run_inprocess
+
+    return run_inprocess(cfg.model_copy(update={"out": None, "state_dir": str(state)}))
 
 
 def _alive(pid: int) -> bool:
@@ -150,22 +163,29 @@ def _foreign_app(folder: Path, marker: Path) -> Path:
     return folder
 
 
-def _rogue_supernodes(dep, tmp_path: Path, keys: dict[str, Path | None]) -> dict[str, tuple[int, str]]:
+def _start_rogue_supernodes(dep, tmp_path: Path, keys: dict[str, Path | None]) -> dict[str, subprocess.Popen]:
     """SuperNodes that try to join the deployment, one per ``{name: private key or None}``, all at once (each mostly
-    waits for the SuperLink's answer); returns each one's exit code and log."""
+    waits for the SuperLink's answer), each logging to ``<name>.log``. ``--isolation process``: a refused SuperNode
+    has no use for the SuperExec process Flower's default isolation would start beside it."""
     from fcd_secure.engines.deployment import _bin, flower_env, free_port
 
     procs = {}
     for name, key in keys.items():
         args = [_bin("flower-supernode"), "--root-certificates", str(dep.tls.ca_cert), "--superlink",
                 f"127.0.0.1:{dep.port}", "--host", "127.0.0.1", "--port", str(free_port()), "--max-retries", "1",
-                "--max-wait-time", "60", "--node-config", 'site-id="intruder" site-index=0']
+                "--max-wait-time", "60", "--isolation", "process", "--node-config", 'site-id="intruder" site-index=0']
         if key is not None:
             args += ["--auth-supernode-private-key", str(key)]
         with open(tmp_path / f"{name}.log", "wb") as fh:
             procs[name] = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT,
                                            env=flower_env(tmp_path / f"{name}-home"), start_new_session=True)
-    deadline = time.monotonic() + 240
+    return procs
+
+
+def _rogue_outcomes(procs: dict[str, subprocess.Popen], tmp_path: Path, wait_s: float = 240) -> dict[str, tuple[int, str]]:
+    """Each rogue SuperNode's exit code and log (:func:`_start_rogue_supernodes`); one still running after
+    ``wait_s`` is killed with its process group and fails the wait."""
+    deadline = time.monotonic() + wait_s
     out = {}
     try:
         for name, p in procs.items():
@@ -184,7 +204,6 @@ def test_secure_deployment_refuses_intruders_and_foreign_apps_and_matches_simula
     from fcd_secure.audit.verify import verify_path
     from fcd_secure.engines.deployment import CONNECTION, LocalDeployment, _bin, flower_env
     from fcd_secure.engines.pki import make_node_key
-    from fcd_secure.engines.inprocess import run_inprocess
 
     work = tmp_path / "dep"
     dep = LocalDeployment(_cfg(tmp_path / "dep-run", secure=True, sites=4), workdir=work)
@@ -197,22 +216,17 @@ def test_secure_deployment_refuses_intruders_and_foreign_apps_and_matches_simula
         for site in dep.sites:
             assert site.root.stat().st_mode & 0o777 == 0o700
 
-        # -- intruding SuperNodes --------------------------------------------------------------------------
+        # -- intruding SuperNodes, started beside the attacks below (each mostly waits for the SuperLink's answer;
+        # none is registered, so the consortium's four nodes stay the only ones the runs below see) --------------
         t0 = time.monotonic()
         make_node_key(tmp_path / "other.key", tmp_path / "other.pub")
-        rogues = _rogue_supernodes(dep, tmp_path, {"no-key": None, "wrong-key": tmp_path / "other.key"})
-        times["intruders"] = time.monotonic() - t0
-        rc, log = rogues["no-key"]
-        assert rc != 0 and "must be registered" in log
-        rc, log = rogues["wrong-key"]
-        assert rc != 0 and "Failed to activate SuperNode" in log
+        rogue_procs = _start_rogue_supernodes(dep, tmp_path, {"no-key": None, "wrong-key": tmp_path / "other.key"})
 
         # -- a foreign app submitted by another local process, and at the same time the consortium's own app
         # rebuilt and submitted with a run config of the attacker's (P34): two runs the sites must not serve, started
         # together (each mostly waits for its ServerApp process to start)
         import tomli_w
 
-        t0 = time.monotonic()
         marker = tmp_path / "stolen"
         attacker = tmp_path / "attacker-home"
         attacker.mkdir()
@@ -233,7 +247,12 @@ def test_secure_deployment_refuses_intruders_and_foreign_apps_and_matches_simula
             if unsigned.poll() is None:
                 os.killpg(unsigned.pid, 9)
                 unsigned.wait()
-        times["foreign_and_unsigned_runs"] = time.monotonic() - t0
+        rogues = _rogue_outcomes(rogue_procs, tmp_path)
+        times["intruders_foreign_and_unsigned_runs"] = time.monotonic() - t0
+        rc, log = rogues["no-key"]
+        assert rc != 0 and "must be registered" in log
+        rc, log = rogues["wrong-key"]
+        assert rc != 0 and "Failed to activate SuperNode" in log
         server_view = json.loads(Path(str(marker) + "-server.json").read_text())
         assert server_view["nodes"] == 4 and server_view["replies"] == 4
         assert all(code == POLICY_ERROR_CODE and reason == POLICY_REASON_PREFIX + "app_not_pinned" for code, reason in server_view["errors"])
@@ -291,12 +310,12 @@ def test_secure_deployment_refuses_intruders_and_foreign_apps_and_matches_simula
     # Θc equals the in-process engine's (the simulation engine's, bit for bit: test_federation_inprocess.py) within
     # the fixed-point bound of secure aggregation
     t0 = time.monotonic()
-    run_inprocess(_cfg(tmp_path / "sim-run", secure=True, sites=4))
+    ref = _reference(_cfg(tmp_path / "sim-run", secure=True, sites=4), tmp_path / "sim-state")
     times["simulation"] = time.monotonic() - t0
-    got, want = _theta(out / "theta_c.npz"), _theta(tmp_path / "sim-run" / "theta_c.npz")
+    got, want = _theta(out / "theta_c.npz"), ref.theta
     from fcd_secure.aggregation.secagg import SecAggPolicy, quantisation_bound
 
-    n_total = json.loads((tmp_path / "sim-run" / "rounds.json").read_text())[0]["n_total"]
+    n_total = ref.history[0]["n_total"]
     bound = quantisation_bound(SecAggPolicy(), 4, int(n_total))
     assert set(got) == set(want)
     for name in want:
@@ -307,7 +326,6 @@ def test_secure_deployment_refuses_intruders_and_foreign_apps_and_matches_simula
 
 def test_insecure_dev_deployment_matches_simulation_and_is_marked(tmp_path):
     from fcd_secure.engines.deployment import LocalDeployment
-    from fcd_secure.engines.inprocess import run_inprocess
 
     work = tmp_path / "dep"
     cfg = _cfg(tmp_path / "dep-run", secure=False, sites=3)
@@ -329,9 +347,7 @@ def test_insecure_dev_deployment_matches_simulation_and_is_marked(tmp_path):
     # node config carried each site's identity and its own folder
     assert sorted(p.name for p in (work / "sites").iterdir()) == ["site-00", "site-01", "site-02"]
     assert all((work / "sites" / s / "site_policy.toml").is_file() for s in ("site-00", "site-01", "site-02"))
-    sim_cfg = cfg.model_copy(update={"out": str(tmp_path / "sim-run")})
-    run_inprocess(sim_cfg)
-    got, want = _theta(out / "theta_c.npz"), _theta(tmp_path / "sim-run" / "theta_c.npz")
+    got, want = _theta(out / "theta_c.npz"), _reference(cfg, tmp_path / "sim-state").theta
     assert set(got) == set(want)
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-6, err_msg=name)

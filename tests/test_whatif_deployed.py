@@ -244,10 +244,14 @@ def test_whatif_on_a_deployed_run_through_the_superlink(hospitals, one_torch_thr
         for home in homes:
             # each hospital tests on half of its patients: the tiny world's test splits then reach the cohort floor
             _set_policy(home, split={"test_fraction": 0.5})
-        # one round more than the checkpoint holds (the same training settings as the other module's runs)
+        # one round more than the checkpoint holds (the same training settings as the other module's runs); the
+        # closing evaluation, which the sites answer here, and the questions below (they take the run's evaluation
+        # settings) with one rollout each and the two policies asked: no figure of either is asserted on
         rounds = c.trained_rounds() + 1
         code, env = invoke(server_cli.app, ["run", "--home", str(co), "--out", str(run), "--rounds", str(rounds),
-                                            "--dp", "--dp-epsilon", "1", "--timeout", "900"])
+                                            "--dp", "--dp-epsilon", "1", "--timeout", "900",
+                                            "--set", "evaluation.n_samples=1",
+                                            "--set", 'evaluation.policies=["never", "always"]'])
         assert code in (0, 8), (env["message"], env.get("hint"))  # 8: the answer is the simulator's alone
         assert json.loads((run / "summary.json").read_text())["rounds"] == rounds
         start = json.loads((run / RUN_START_FILE).read_text())

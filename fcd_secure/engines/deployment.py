@@ -148,6 +148,37 @@ def flower_env(home: Path, task_poll_s: float = SITE_TASK_POLL_S) -> dict[str, s
     return env
 
 
+def register_node_keys(keys: dict[str, Path], cli_home: Path, cwd: Path, logfile: Path,
+                       timeout_s: float = 120.0) -> dict[str, int]:
+    """``flwr supernode register`` of each ``{name: public key file}`` on the SuperLink of ``cli_home``'s
+    connection, all at once: the SuperLink then accepts the SuperNode holding each matching private key. Each call is
+    a ``flwr`` process that spends about 1.5 s of CPU importing the CLI and then waits on one request, so the
+    registrations of a consortium take the time of one per core rather than one per site. Their output is appended to
+    ``logfile`` in the order of ``keys``.
+
+    Returns:
+        ``{name: exit code}`` of the registrations that failed (empty when every key is registered); one that ran
+        past ``timeout_s`` is killed and reported with exit code -9.
+    """
+    procs = {name: subprocess.Popen([_bin("flwr"), "supernode", "register", str(key), CONNECTION, "--name", name],
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=flower_env(cli_home),
+                                    cwd=cwd)
+             for name, key in keys.items()}
+    deadline = time.monotonic() + timeout_s
+    failed = {}
+    with open(logfile, "ab") as log:
+        for name, p in procs.items():
+            try:
+                out, _ = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, _ = p.communicate()
+            log.write(out)
+            if p.returncode != 0:
+                failed[name] = p.returncode
+    return failed
+
+
 def supernode_command(superlink: str, runtime_port: int, node_config: str, *, ca_cert: Path | None = None,
                       node_key: Path | None = None, secret: Path | None = None) -> list[str]:
     """A site's SuperNode (``_flower.supernode_main``) connecting to ``superlink``, serving its Runtime API on
@@ -456,8 +487,7 @@ class LocalDeployment:
         )
         self._wait_for_link(wait_s)
         if self.tls is not None:
-            for site in self.sites:
-                self.register(site.node_pub, site.site_id)
+            self.register({site.site_id: site.node_pub for site in self.sites})
         n = len(self.sites)
         for site in self.sites:
             node_config = (
@@ -478,20 +508,18 @@ class LocalDeployment:
         mode = "INSECURE-DEV" if self.insecure_dev else "TLS + SuperNode auth + pinned app"
         self.log(f"[deploy] SuperLink on 127.0.0.1:{self.port} ({mode}), {n} sites; logs in {self.workdir}")
 
-    def register(self, public_key: Path, name: str) -> None:
-        """``flwr supernode register``: the SuperLink then accepts the SuperNode holding the matching private key.
+    def register(self, keys: dict[str, Path]) -> None:
+        """Register each ``{site id: SuperNode public key}`` (:func:`register_node_keys`): the SuperLink then accepts
+        the SuperNode holding the matching private key.
 
         Raises:
-            DeploymentError: the registration failed (the message names the log).
+            DeploymentError: a registration failed (the message names the keys and the log).
         """
         logfile = self.logs / "register.log"
-        with open(logfile, "ab") as logf:
-            rc = subprocess.run(
-                [_bin("flwr"), "supernode", "register", str(public_key), CONNECTION, "--name", name],
-                stdout=logf, stderr=subprocess.STDOUT, env=flower_env(self.cli_home), cwd=self.workdir, timeout=120,
-            ).returncode
-        if rc != 0:
-            raise DeploymentError(f"registering {public_key} failed (exit {rc}); see {logfile}")
+        failed = register_node_keys(keys, self.cli_home, self.workdir, logfile)
+        if failed:
+            raise DeploymentError(f"registering {', '.join(str(keys[n]) for n in failed)} failed (exit "
+                                  f"{', '.join(str(rc) for rc in failed.values())}); see {logfile}")
 
     def _wait_for_link(self, wait_s: float) -> None:
         deadline = time.monotonic() + wait_s

@@ -83,6 +83,19 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def runs_below(pid: int, program: str) -> bool:
+    """Whether a live process below ``pid`` (:func:`descendants`) runs ``program``: the base name of its executable
+    or, for a script run by an interpreter, of the script (the first two words of its command line)."""
+    for child in descendants(pid):
+        try:
+            words = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")[:2]
+        except OSError:
+            continue
+        if any(Path(w.decode(errors="replace")).name == program for w in words) and alive(child):
+            return True
+    return False
+
+
 def _same_command(pid: int, args: list[str]) -> bool:
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")

@@ -31,7 +31,8 @@ import tomli_w
 from fcd_secure._io import atomic_write_bytes, atomic_write_text
 from fcd_secure.audit import SERVER_LEDGER_FILE, load_or_create_identity_key
 from fcd_secure.audit.signing import public_key_bytes
-from fcd_secure.engines.deployment import CONNECTION, FLWR_IN_MEMORY, SERVER_TASK_POLL_S, _bin, flower_env, signed_run_config
+from fcd_secure.engines.deployment import (CONNECTION, FLWR_IN_MEMORY, SERVER_TASK_POLL_S, _bin, flower_env,
+                                           register_node_keys, signed_run_config)
 from fcd_secure.provisioning import processes
 from fcd_secure.provisioning.bundle import ROSTER_TYPE
 from fcd_secure.provisioning.consortium import Coordinator, ProvisioningError
@@ -151,13 +152,11 @@ def start_server(co: Coordinator, wait_s: float = 60.0, control_api_address: str
         raise RuntimeError(f"the SuperLink (PID {pid}) exited; see {processes.run_dir(root) / 'logs' / (LINK + '.log')}")
     cli = _cli_home(co)
     log = processes.run_dir(root) / "logs" / "register.log"
-    for sid in sites:  # every start: the SuperLink's state lives in its memory (module docstring)
-        with open(log, "ab") as f:
-            rc = subprocess.run([_bin("flwr"), "supernode", "register", str(co.site_dir(sid) / "node.pub"), CONNECTION,
-                                 "--name", sid], stdout=f, stderr=subprocess.STDOUT, env=flower_env(cli), cwd=root,
-                                timeout=120).returncode
-        if rc != 0:
-            raise RuntimeError(f"registering site {sid}'s SuperNode key failed (exit {rc}); see {log}")
+    # every start: the SuperLink's state lives in its memory (module docstring)
+    failed = register_node_keys({sid: co.site_dir(sid) / "node.pub" for sid in sites}, cli, root, log)
+    if failed:
+        raise RuntimeError(f"registering the SuperNode key of site(s) {', '.join(failed)} failed (exit "
+                           f"{', '.join(str(rc) for rc in failed.values())}); see {log}")
     return {"pid": pid, "superlink": co.config().superlink, "registered": sorted(sites), "control_api_address": control,
             "control_api_clients": [control, *own]}
 
@@ -216,11 +215,16 @@ def run_config_for(co: Coordinator, out: Path, *, rounds: int, dp: bool, preset:
 
 
 #: how often, at most, a waiting ``fcd server run`` asks the SuperLink whether its run ended without results (each
-#: ask is a ``flwr ls`` process: about a second of CPU); the first ask comes after :data:`RUN_STATUS_FIRST_POLL_S`
-#: and the interval doubles up to this, so a run refused at its first message is reported in seconds and a long
-#: run costs one ``flwr ls`` per 10 s
+#: ask is a ``flwr ls`` process: about 1.5 s of CPU); the first ask comes after :data:`RUN_STATUS_FIRST_POLL_S`
+#: and the interval doubles up to this, so a run refused at its first message is reported in seconds
 RUN_STATUS_POLL_S = 10.0
 RUN_STATUS_FIRST_POLL_S = 1.0
+#: the same while a ServerApp process runs under the coordinator's SuperLink: a run cannot have ended without
+#: results while its ServerApp still runs, and the moment none runs the next ask comes at once. A long run then costs
+#: one ``flwr ls`` per minute instead of one per :data:`RUN_STATUS_POLL_S` (on two cores, 0.15 of a core)
+RUN_STATUS_SERVERAPP_POLL_S = 60.0
+#: the program Flower's SuperExec starts for each run on the coordinator (flwr 1.42, ``flwr.supercore.superexec``)
+SERVERAPP_PROGRAM = "flwr-serverapp"
 
 
 def _flwr(co: Coordinator, *args: str) -> str | None:
@@ -252,6 +256,13 @@ def _run_error(co: Coordinator, run_id: int) -> str:
 
 def _running(co: Coordinator) -> bool:
     return any(p["running"] for p in processes.status(_server_root(co)).values())
+
+
+def _server_app_running(co: Coordinator) -> bool:
+    """Whether a ServerApp process (:data:`SERVERAPP_PROGRAM`) runs under the coordinator's SuperLink (read from
+    ``/proc``, no request to the SuperLink)."""
+    link = processes.read_pids(_server_root(co)).get(LINK)
+    return link is not None and processes.runs_below(int(link["pid"]), SERVERAPP_PROGRAM)
 
 
 def _signed(co: Coordinator, config_text_: str) -> dict[str, str]:
@@ -289,12 +300,19 @@ def _submit_and_wait(co: Coordinator, run_config_doc: dict[str, str], done: Path
     deadline = t0 + timeout_s
     interval = RUN_STATUS_FIRST_POLL_S
     next_status = time.monotonic() + interval
+    app_seen = False
     while not done.exists():
         if time.monotonic() > deadline:
             raise RuntimeError(f"the run did not finish within {timeout_s:.0f} s; see {log} and `flwr log` on the SuperLink")
         if not _running(co):
             raise RuntimeError(f"the SuperLink stopped during the run; see {processes.run_dir(root) / 'logs'}")
-        if run_id is not None and time.monotonic() >= next_status:
+        app_running = _server_app_running(co)
+        if app_running and not app_seen:
+            next_status = time.monotonic() + RUN_STATUS_SERVERAPP_POLL_S
+        elif app_seen and not app_running:  # the ServerApp just ended: without results? (ask now, not in a while)
+            next_status = time.monotonic()
+        app_seen = app_running
+        if run_id is not None and time.monotonic() >= next_status and not done.exists():
             # a ServerApp that raised (every site refused, a checkpoint of other settings, ...) writes no
             # result: ask the SuperLink, or the command would wait out the whole timeout (docs/hospital.md,
             # "Frictions found", 3)
@@ -304,7 +322,7 @@ def _submit_and_wait(co: Coordinator, run_config_doc: dict[str, str], done: Path
                 raise RuntimeError(f"run {run_id} ended {status} without results: {_run_error(co, run_id)} (the "
                                    f"whole log: FLWR_HOME={_cli_home(co)} flwr log {run_id} {CONNECTION} --show)")
             interval = min(2 * interval, RUN_STATUS_POLL_S)
-            next_status = time.monotonic() + interval
+            next_status = time.monotonic() + (RUN_STATUS_SERVERAPP_POLL_S if app_running else interval)
         time.sleep(0.5)
     return run_id
 
