@@ -178,6 +178,18 @@ def test_policy_values_add_up_over_sites_and_name_actions_by_label(case: WorldCa
 
 
 @every_world
+def test_do_probabilities_along_the_history_are_the_step_by_step_ones_bit_for_bit(case: WorldCase):
+    """``outcome_probs_do_along`` (the one-step truth of ``queries.targeted``) walks each history once; every step's
+    number is :meth:`outcome_probs_do`'s at that step, NaN on padding."""
+    world = tiny_world(case.name)
+    a_off, a_on = world.anchors
+    along = world.outcome_probs_do_along(2, "test", [0, 2, 3], (a_off, a_on))
+    assert along.shape == (3, world.L, 2)
+    for t in range(world.L):
+        for k, a in enumerate((a_off, a_on)):
+            assert np.array_equal(along[:, t, k], world.outcome_probs_do(2, "test", [0, 2, 3], t, a), equal_nan=True)
+    with pytest.raises(ValueError, match="out of range"):
+        world.outcome_probs_do_along(2, "test", None, (world.n_actions,))@every_world
 def test_policy_values_at_several_horizons_are_each_horizons_own_rollout_bit_for_bit(case: WorldCase):
     """One rollout of the longest horizon answers every shorter one (``OracleWorld.true_policy_values_at``, what the
     queries ask): the same additions in the same order as a rollout per horizon, for a deterministic policy and a

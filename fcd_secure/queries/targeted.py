@@ -116,9 +116,8 @@ def one_step_sums(model, sub, anchors: tuple[int, int], truth: np.ndarray | None
 
 def one_step_truth(oracle, site_index: int, rows: np.ndarray, L: int, anchors: tuple[int, int]) -> np.ndarray:
     """The oracle's P(Y_t | history, do(a_on)) − P(Y_t | history, do(a_off)) at every step of the test ``rows``."""
-    a_off, a_on = anchors
-    return np.stack([oracle.outcome_probs_do(site_index, "test", rows, t, a_on)
-                     - oracle.outcome_probs_do(site_index, "test", rows, t, a_off) for t in range(L)], axis=1)
+    probs = oracle.outcome_probs_do_along(site_index, "test", rows, anchors)  # [n, L, (a_off, a_on)]
+    return probs[:, :L, 1] - probs[:, :L, 0]
 
 
 def merge_one_step(s: dict[str, Any], level: float, binary: bool) -> dict[str, Any] | None:

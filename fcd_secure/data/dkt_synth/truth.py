@@ -20,7 +20,7 @@ from fcd_secure.data.dkt_synth.oracle import N_ITEMS, DKTOracle
 from fcd_secure.data.policy import PolicyLike
 from fcd_secure.data.worlds.horizons import HorizonSums
 
-__all__ = ["MAX_BATCH_ROWS", "factual_probs", "factual_state", "policy_values", "regime_probs", "replay"]
+__all__ = ["MAX_BATCH_ROWS", "do_probs", "do_probs_along", "factual_probs", "factual_state", "policy_values", "regime_probs", "replay"]
 
 State = tuple[torch.Tensor, torch.Tensor]
 
@@ -44,6 +44,41 @@ def factual_state(oracle: DKTOracle, T: np.ndarray, Y: np.ndarray, t: int) -> St
         for s in range(t):
             state = oracle.step(state, T_t[:, s], Y_t[:, s])
     return state
+
+
+def do_probs(oracle: DKTOracle, state: State, offset: torch.Tensor, a: np.ndarray) -> np.ndarray:
+    """``σ(z[a] + βθ θ + βu u)`` per student at ``state``: P(Y = 1 | the history ``state`` holds, do(T = a)).
+
+    Args:
+        oracle: The frozen oracle.
+        state: Oracle state of the n students.
+        offset: ``βθ θ + βu u`` per student ``[n]``.
+        a: One action per student, int64 ``[n]``.
+    """
+    with torch.no_grad():
+        z = oracle.logits(state).gather(1, torch.from_numpy(a.copy())[:, None])[:, 0]
+        return torch.sigmoid(z + offset).numpy()
+
+
+def do_probs_along(oracle: DKTOracle, T: np.ndarray, Y: np.ndarray, offset: torch.Tensor,
+                   actions: list[int]) -> np.ndarray:
+    """:func:`do_probs` of each of ``actions`` at every step along the logged history, from one walk of it (a
+    :func:`factual_state` per step would walk ``t`` steps for each ``t``); the same numbers as step by step.
+
+    Returns:
+        float64 ``[n, L, len(actions)]`` (padding steps are computed too; the caller masks them).
+    """
+    n, L = T.shape
+    out = np.empty((n, L, len(actions)))
+    T_t = torch.from_numpy(T)
+    Y_t = torch.from_numpy(Y.astype(np.int64))
+    state = oracle.init_state(n)
+    with torch.no_grad():
+        for t in range(L):
+            for k, a in enumerate(actions):
+                out[:, t, k] = do_probs(oracle, state, offset, np.full(n, a, dtype=np.int64))
+            state = oracle.step(state, T_t[:, t], Y_t[:, t])
+    return out
 
 
 def factual_probs(

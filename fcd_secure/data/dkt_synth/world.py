@@ -68,9 +68,11 @@ class DKTSynthWorld(OracleWorld):
     def _do_probs(self, ids: np.ndarray, t: int, a: np.ndarray) -> np.ndarray:
         """``σ(z_t[a] + βθ θ_i + βu u_i)`` after the logged history before ``t``."""
         state = truth.factual_state(self.oracle, self.T_all[ids], self.Y_all[ids], t)
-        with torch.no_grad():
-            z = self.oracle.logits(state).gather(1, torch.from_numpy(a.copy())[:, None])[:, 0]
-            return torch.sigmoid(z + self._offset(ids)).numpy()
+        return truth.do_probs(self.oracle, state, self._offset(ids), a)
+
+    def _do_probs_along(self, ids: np.ndarray, actions: list[int]) -> np.ndarray:
+        """One walk along the logged history (the LSTM state at ``t`` needs every step before it)."""
+        return truth.do_probs_along(self.oracle, self.T_all[ids], self.Y_all[ids], self._offset(ids), actions)
 
     def _rollout_noise(self, ids: np.ndarray, n_rollouts: int, start: int, stop: int) -> np.ndarray:
         """The outcome uniforms of steps ``[start, stop)``: the logged ``U`` in rollout 0, fresh after."""

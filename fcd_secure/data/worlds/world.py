@@ -201,6 +201,28 @@ class OracleWorld(ABC):
             raise ValueError(f"action out of range [0, {self.n_actions})")
         return np.where(t < self.lengths[ids], self._do_probs(ids, t, a_arr), np.nan)
 
+    def outcome_probs_do_along(
+        self, site: int, split: Split, rows: np.ndarray | list[int] | None, actions: Sequence[int]
+    ) -> np.ndarray:
+        """:meth:`outcome_probs_do` at every step ``t < L`` for each of ``actions``: float64 ``[n, L, len(actions)]``,
+        NaN on padding. Exact; the same numbers as :meth:`outcome_probs_do` step by step, from one pass along each
+        history where the world walks one (:meth:`_do_probs_along`).
+
+        Raises:
+            ValueError: an action or the rows are out of range.
+        """
+        ids = self.entity_ids(site, split, rows)
+        acts = [int(a) for a in actions]
+        if any(not 0 <= a < self.n_actions for a in acts):
+            raise ValueError(f"action out of range [0, {self.n_actions})")
+        return np.where(self._valid(ids)[:, :, None], self._do_probs_along(ids, acts), np.nan)
+
+    def _do_probs_along(self, ids: np.ndarray, actions: list[int]) -> np.ndarray:
+        """:meth:`_do_probs` at every step for each action, ``[n, L, len(actions)]`` (padding included); a world
+        whose state at ``t`` is walked from the start overrides this to walk once."""
+        return np.stack([np.stack([self._do_probs(ids, t, np.full(len(ids), a, dtype=np.int64)) for a in actions],
+                                  axis=-1) for t in range(self.L)], axis=1)
+
     def regime_outcome_probs(
         self,
         site: int | None,
