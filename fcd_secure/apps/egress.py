@@ -11,7 +11,6 @@ whose egress cannot be checked must not send anything.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -58,19 +57,8 @@ def federation_policy(
         policy_names: the policies the evaluation asks about (``request.evaluated_policy_names``); each adds the exact
             keys of its sums, so a reply's names stay a fixed function of the question (at most
             ``request.MAX_POLICIES`` policies, names of ``[A-Za-z0-9_-]``).
-        **fields: further :class:`~fcd_secure.audit.GatePolicy` fields (e.g. ``allow_theta_s_upload``), hashable.
-
-    The gate asks for it on every message; the policy is a pure function of the arguments (and frozen), so it is
-    built once per distinct question (:func:`_federation_policy`).
+        **fields: further :class:`~fcd_secure.audit.GatePolicy` fields (e.g. ``allow_theta_s_upload``).
     """
-    return _federation_policy(ope_horizon, tuple(policy_names), tuple(sorted(fields.items())))
-
-
-@functools.lru_cache(maxsize=32)
-def _federation_policy(ope_horizon: int | None, policy_names: tuple[str, ...],
-                       fields: tuple[tuple[str, object], ...]) -> GatePolicy:
-    """:func:`federation_policy`'s body, memoised on its (hashable) arguments."""
-    fields = dict(fields)
     # every evaluation sum is declared once, by the query that sends it (queries.registry)
     base = federation_gate_policy(
         eval_names=metric_names(policy_names, ope_horizon),
