@@ -162,7 +162,7 @@ class ScoredRun(NamedTuple):
 def small_scored_run(tmp_path_factory) -> ScoredRun:
     """One in-process run of :data:`SMALL_SCORED` (Fed-CausalDiff's diffusion transition, the default), shared by the
     tests that read a scored secure run without changing it (``fcd select``'s diffusion variant, the DR-learner's
-    secure fit): ``(cfg, result, state_dir, run_dir)``."""
+    secure fit, the selection's secure run in ``test_selection.py``): ``(cfg, result, state_dir, run_dir)``."""
     from fcd_secure.config import build_config
     from fcd_secure.engines.inprocess import run_inprocess
 

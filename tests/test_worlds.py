@@ -16,7 +16,7 @@ from policy_cases import policy
 from world_cases import ENDOGENOUS, WORLDS, Recorder, WorldCase, tiny_world
 
 from fcd_secure.data.partition import dirichlet_assignment, site_splits
-from fcd_secure.data.policy import anchor_actions, default_policies
+from fcd_secure.data.policy import ANCHOR_ON, anchor_actions, default_policies
 from fcd_secure.data.registry import load_federated
 from fcd_secure.data.sources import SOURCES, GeneratedSource
 from fcd_secure.data.spec import DataError, context_dynamics
@@ -175,6 +175,35 @@ def test_policy_values_add_up_over_sites_and_name_actions_by_label(case: WorldCa
     assert (by_site * sizes).sum() / sizes.sum() == pytest.approx(values["early_on"][0], abs=1e-12)
     with pytest.raises(DataError, match="not a label"):
         world.true_policy_value(policy("bad", {"kind": "static", "action": "surgery"}))
+
+
+@every_world
+def test_do_probabilities_along_the_history_are_the_step_by_step_ones_bit_for_bit(case: WorldCase):
+    """``outcome_probs_do_along`` (the one-step truth of ``queries.targeted``) walks each history once; every step's
+    number is :meth:`outcome_probs_do`'s at that step, NaN on padding."""
+    world = tiny_world(case.name)
+    a_off, a_on = world.anchors
+    along = world.outcome_probs_do_along(2, "test", [0, 2, 3], (a_off, a_on))
+    assert along.shape == (3, world.L, 2)
+    for t in range(world.L):
+        for k, a in enumerate((a_off, a_on)):
+            assert np.array_equal(along[:, t, k], world.outcome_probs_do(2, "test", [0, 2, 3], t, a), equal_nan=True)
+    with pytest.raises(ValueError, match="out of range"):
+        world.outcome_probs_do_along(2, "test", None, (world.n_actions,))@every_world
+def test_policy_values_at_several_horizons_are_each_horizons_own_rollout_bit_for_bit(case: WorldCase):
+    """One rollout of the longest horizon answers every shorter one (``OracleWorld.true_policy_values_at``, what the
+    queries ask): the same additions in the same order as a rollout per horizon, for a deterministic policy and a
+    stochastic one (its generator restarts at every bind, so it draws the same way in both)."""
+    world = tiny_world(case.name)
+    ids = world.entity_ids(1, "test")
+    horizons = (None, 1, 3, world.L + 5)
+    stochastic = policy("inc", {"kind": "incremental", "delta": 2.0, "action": ANCHOR_ON}).with_behaviour(None, seed=7)
+    for pol in (default_policies()[2], stochastic):
+        together = world.policy_values_over(pol, ids, 4, horizons)
+        assert together.shape == (len(horizons), 4, len(ids))
+        for k, h in enumerate(horizons):
+            assert np.array_equal(together[k], world.policy_values_of(pol, ids, 4, horizon=h))
+        assert world.true_policy_values_at(pol, 1, "test", horizons)[1] == world.true_policy_value(pol, 1, horizon=1)
 
 
 # -- config, describe and the registered dataset -----------------------------------------------------------------

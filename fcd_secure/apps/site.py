@@ -4,8 +4,9 @@ A site is identified by its *site id* (``node_config["site-id"]`` in deployment,
 simulation), never by Flower's random node id. Its private state lives on disk (``federation.state``) and is
 loaded for every message, because in deployment every message runs in a fresh ``flwr-clientapp`` process and in
 simulation one Ray actor serves every site (the pinned Flower's simulation engine: module globals leak across
-simulated nodes; ``Context.state`` is lost on restart). The only process-wide cache is the loaded data split,
-which is a pure function of the run config.
+simulated nodes; ``Context.state`` is lost on restart). The only process-wide caches are the loaded data split,
+which is a pure function of the run config, and the manifest, a pure function of the model config and the data's
+dims.
 
 Paper §III "Decoupled synchronisation": ``train_round`` loads Θs_i from disk, sets the global Θc, trains one local
 epoch on the site's own data and returns only Θc (or every parameter but the site-bound ones in the "w/o DSS"
@@ -54,6 +55,12 @@ PLAIN_MESSAGE_TYPES = (TRAIN_MESSAGE_TYPE, EVALUATE_MESSAGE_TYPE)
 
 def default_site_id(site_index: int) -> str:
     return f"site-{int(site_index):02d}"
+
+
+#: each (model config, data dims)'s Θc/Θs manifest: a pure function of the two (``learner.build_model``), read by the
+#: egress gate on every message; building a model to read it costs more than the rest of the gate's context
+_MANIFESTS: dict[tuple[str, tuple[tuple[str, int], ...]], Manifest] = {}
+_MANIFESTS_KEPT = 16
 
 
 class SiteRuntime:
@@ -304,7 +311,12 @@ class SiteRuntime:
     @property
     def manifest(self) -> Manifest:
         if self._manifest is None:
-            self._manifest = self.model.manifest()
+            key = (learner.model_config(self.cfg).model_dump_json(), tuple(sorted(self.dims.items())))
+            if key not in _MANIFESTS:
+                if len(_MANIFESTS) >= _MANIFESTS_KEPT:
+                    _MANIFESTS.clear()
+                _MANIFESTS[key] = self.model.manifest()
+            self._manifest = _MANIFESTS[key]
         return self._manifest
 
     @property

@@ -30,7 +30,15 @@ from fcd_secure.queries.base import SiteContext
 from fcd_secure.queries.incremental import attach_behaviour
 from fcd_secure.queries.logged import target_probs
 
-__all__ = ["PolicyRollout", "Rollouts", "per_sample_values", "rollouts"]
+__all__ = ["HORIZONS", "PolicyRollout", "Rollouts", "horizon_grid", "per_sample_values", "rollouts", "true_values"]
+
+#: the horizons a policy value is estimated on (those ≤ the question's horizon and the data's length)
+HORIZONS = (1, 2, 3, 5, 10, 20)
+
+
+def horizon_grid(max_h: int) -> list[int]:
+    """The horizons of :data:`HORIZONS` up to ``max_h``."""
+    return [h for h in HORIZONS if h <= int(max_h)]
 
 
 def per_sample_values(sim) -> np.ndarray:
@@ -132,3 +140,21 @@ def _build(ctx: SiteContext) -> Rollouts:
         out.append(PolicyRollout(pol, sim, per_sample_values(sim), _sub=sub,
                                  _anchors=(int(data.anchors[0]), int(data.anchors[1]))))
     return Rollouts(out, residual, H, grid_notes, contexts)
+
+
+def true_values(ctx: SiteContext, terms: Rollouts, r: PolicyRollout) -> dict[int | None, float]:
+    """The oracle's value of ``r``'s policy on the site's whole test split (the caller checks there is an oracle and
+    the rows are all of it), keyed by horizon: the question's own (``question.horizon``, None for every valid step)
+    and each of :func:`horizon_grid` up to ``terms.horizon``.
+
+    The simulated values' truth and the identified horizons' truths ask the same policy at these horizons; one rollout
+    of the longest answers them all (``OracleWorld.true_policy_values_at``, bit for bit the values of a rollout per
+    horizon), once per evaluation (``ctx.once``)."""
+    data = ctx.data
+    horizons = (ctx.request.whatif.horizon, *horizon_grid(terms.horizon))
+
+    def make() -> dict[int | None, float]:
+        values = data.oracle.true_policy_values_at(r.policy, data.site_index, "test", horizons)
+        return {h: v for h, (v, _se) in zip(horizons, values)}
+
+    return ctx.once(f"policy.truth.{r.name}", make)

@@ -39,7 +39,7 @@ from fcd_secure.queries.base import MergeContext, Query, SiteContext, SiteSums, 
 from fcd_secure.queries.budget import fires
 from fcd_secure.queries.per_entity import WHATIF_DIR, write_per_entity
 from fcd_secure.queries.logged import logged_support
-from fcd_secure.queries.policy_terms import Rollouts, rollouts
+from fcd_secure.queries.policy_terms import Rollouts, rollouts, true_values
 
 __all__ = ["NOT_IDENTIFIED", "LoggedSupport", "PolicyPart", "PolicyValues", "SimulatedValues"]
 
@@ -104,9 +104,7 @@ class SimulatedValues(PolicyPart):
             out[f"policy.{r.name}.n"] = n
             out[f"policy.{r.name}.sim_sum"] = float(v.sum())  # in float64 like the interval's sums
             if data.oracle is not None and ctx.all_rows:
-                v_true, _se = data.oracle.true_policy_value(r.policy, data.site_index, "test",
-                                                            horizon=question.horizon)
-                out[f"policy.{r.name}.true_sum"] = float(v_true) * n
+                out[f"policy.{r.name}.true_sum"] = float(true_values(ctx, terms, r)[question.horizon]) * n
             if r.name != question.reference:
                 out.update(site_sums(f"whatif.diff.{r.name}", v - ref))
         out["contexts.generated"] = float(len(terms.contexts.get("generated", [])))

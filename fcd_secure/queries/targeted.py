@@ -52,6 +52,7 @@ from fcd_secure.evaluation.intervals import (
     site_sums,
 )
 from fcd_secure.queries.base import MergeContext, Query, SiteContext, SiteSums, Totals
+from fcd_secure.queries.policy_terms import HORIZONS, horizon_grid, true_values
 from fcd_secure.queries.policy_values import PolicyPart
 
 #: the fewest effective entities (Kish ESS of the weight products) for a horizon to count as supported: the same floor
@@ -60,18 +61,11 @@ MIN_SUPPORT_ESS = 20.0
 #: how many standard errors the mean weight product may fall short of 1 before a horizon counts as unreached (a
 #: one-sided 5 % test: exact weights average 1, so a larger shortfall is mass the sample did not reach)
 WEIGHT_MEAN_Z = 1.645
-#: the horizons a policy value is estimated on (those ≤ the question's horizon and the data's length)
-HORIZONS = (1, 2, 3, 5, 10, 20)
 #: the cluster sums of the one-step effect
 ONE_STEP_FIELDS = ("n", "s", "m", "ss", "mm", "sm", "sim", "true", "clipped")
 #: the per-entity sums of the self-normalised form and the pairs whose product sums give its variance
 SN_FIELDS = ("D", "m", "A", "Wa", "B", "Wb")
 SN_PAIRS = tuple(cluster_pair_names(SN_FIELDS))
-
-
-def horizon_grid(max_h: int) -> list[int]:
-    """The horizons of :data:`HORIZONS` up to ``max_h``."""
-    return [h for h in HORIZONS if h <= int(max_h)]
 
 
 # -- 1. the one-step effect at every decision step --------------------------------------------------------------------
@@ -122,9 +116,8 @@ def one_step_sums(model, sub, anchors: tuple[int, int], truth: np.ndarray | None
 
 def one_step_truth(oracle, site_index: int, rows: np.ndarray, L: int, anchors: tuple[int, int]) -> np.ndarray:
     """The oracle's P(Y_t | history, do(a_on)) − P(Y_t | history, do(a_off)) at every step of the test ``rows``."""
-    a_off, a_on = anchors
-    return np.stack([oracle.outcome_probs_do(site_index, "test", rows, t, a_on)
-                     - oracle.outcome_probs_do(site_index, "test", rows, t, a_off) for t in range(L)], axis=1)
+    probs = oracle.outcome_probs_do_along(site_index, "test", rows, anchors)  # [n, L, (a_off, a_on)]
+    return probs[:, :L, 1] - probs[:, :L, 0]
 
 
 def merge_one_step(s: dict[str, Any], level: float, binary: bool) -> dict[str, Any] | None:
@@ -425,7 +418,7 @@ class Identified(PolicyPart):
         out: SiteSums = {}
         per: dict[str, dict[int, np.ndarray]] = {}
         for r in terms.policies:
-            truths = ({h: data.oracle.true_policy_value(r.policy, data.site_index, "test", horizon=h)[0] for h in grid}
+            truths = ({h: true_values(ctx, terms, r)[h] for h in grid}
                       if data.oracle is not None and ctx.all_rows else None)
             sums, per[r.name] = horizon_sums(r.name, sub, r.pi, r.step_value, grid, truths)
             out.update(sums)

@@ -11,13 +11,14 @@ rollout's uniforms.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from fcd_secure.data.carryover.config import CarryoverConfig
 from fcd_secure.data.carryover.model import N_ACTIONS, PatientParams, step
 from fcd_secure.data.policy import PolicyLike
+from fcd_secure.data.worlds.horizons import HorizonSums
 
 __all__ = ["MAX_BATCH_ROWS", "policy_values", "regime", "replay"]
 
@@ -50,11 +51,12 @@ def policy_values(
     lengths: np.ndarray,
     u: np.ndarray,
     anchors: tuple[int, int],
-    horizon: int | None,
+    horizons: Sequence[int | None],
     behaviour: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray],
 ) -> np.ndarray:
     """Per-patient value ``(1/H_i) Σ_{t<H_i} E[Y^π_it]`` of ``policy`` from step 0 (H_i = min(L_i, horizon)), one per
-    rollout, float64 ``[R, n]``.
+    rollout, at each of ``horizons`` from one rollout (:class:`~fcd_secure.data.worlds.horizons.HorizonSums`),
+    float64 ``[len(horizons), R, n]``.
 
     The policy sees ``(t, y_hist[B, t], lengths[B], a_off, a_on)`` with B = patients × rollouts (rollout-major), and
     ``context=`` the *simulated* severity and toxicity up to and including step t ``[B, t+1, 2]`` when its
@@ -71,15 +73,13 @@ def policy_values(
     pb = prm.tile(R)
     lengths_b = np.tile(lengths, R)
     S, K = np.tile(S0, R), np.tile(K0, R)
-    H = L if horizon is None else min(int(horizon), L)
-    steps_b = np.minimum(lengths_b, H)
+    sums = HorizonSums(lengths_b, horizons, L)
     y_hist = np.zeros((RN, L), dtype=np.float32)
     ctx = np.zeros((RN, L, 2), dtype=np.float32) if getattr(policy, "needs_context", False) else None
     wants_behaviour = bool(getattr(policy, "needs_behaviour", False))
     prev = np.zeros(RN, dtype=np.int64)
     a_off, a_on = anchors
-    total = np.zeros(RN)
-    for t in range(H):
+    for t in range(sums.steps):
         kw = {}
         if ctx is not None:
             ctx[:, t, 0], ctx[:, t, 1] = S, K
@@ -90,10 +90,10 @@ def policy_values(
         if a.shape != (RN,) or ((a < 0) | (a >= N_ACTIONS)).any():
             raise ValueError(f"policy {getattr(policy, 'name', policy)!r} returned bad actions at t={t}")
         S, K, p, y = step(cfg, pb, S, K, a, u[:, t])
-        total += np.where(t < steps_b, p, 0.0)
+        sums.add(t, p)
         y_hist[:, t] = y
         prev = a
-    return (total / steps_b).reshape(R, n)
+    return sums.values(R, n)
 
 
 def replay(cfg: CarryoverConfig, prm: PatientParams, S0: np.ndarray, K0: np.ndarray, T: np.ndarray, u: np.ndarray

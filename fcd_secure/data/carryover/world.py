@@ -9,6 +9,7 @@ the kernels of :mod:`.truth` and the clinic's propensities (:mod:`.behaviour`), 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,7 +66,8 @@ class CarryoverWorld(OracleWorld):
         return truth.regime(self.cfg, self.params.take(ids), self.S_all[ids, start], self.K_all[ids, start], plan,
                             noise)
 
-    def _policy_values(self, policy: PolicyLike, ids: np.ndarray, noise: np.ndarray, horizon: int | None) -> np.ndarray:
+    def _policy_values(self, policy: PolicyLike, ids: np.ndarray, noise: np.ndarray,
+                       horizons: Sequence[int | None]) -> np.ndarray:
         """The share of good steps; a policy that reads a context sees the severity and toxicity simulated under
         itself (endogenous), a stochastic one (incremental, share) the true logging probabilities on them."""
         R = noise.shape[0] // max(len(ids), 1)
@@ -75,7 +77,7 @@ class CarryoverWorld(OracleWorld):
             return action_probs(self.cfg, S, K, prev, practice)
 
         return truth.policy_values(self.cfg, self.params.take(ids), self.S_all[ids, 0], self.K_all[ids, 0], policy,
-                                   self.lengths[ids], noise, self.anchors, horizon, behaviour)
+                                   self.lengths[ids], noise, self.anchors, horizons, behaviour)
 
     def _replay(self, ids: np.ndarray) -> np.ndarray:
         Y, _, _ = truth.replay(self.cfg, self.params.take(ids), self.S_all[ids, 0], self.K_all[ids, 0],

@@ -11,13 +11,16 @@ Batches of rollouts are laid out rollout-major: row ``b = r * n + i`` (:func:`~.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
 from fcd_secure.data.dkt_synth.oracle import N_ITEMS, DKTOracle
 from fcd_secure.data.policy import PolicyLike
+from fcd_secure.data.worlds.horizons import HorizonSums
 
-__all__ = ["MAX_BATCH_ROWS", "factual_probs", "factual_state", "policy_values", "regime_probs", "replay"]
+__all__ = ["MAX_BATCH_ROWS", "do_probs", "do_probs_along", "factual_probs", "factual_state", "policy_values", "regime_probs", "replay"]
 
 State = tuple[torch.Tensor, torch.Tensor]
 
@@ -41,6 +44,41 @@ def factual_state(oracle: DKTOracle, T: np.ndarray, Y: np.ndarray, t: int) -> St
         for s in range(t):
             state = oracle.step(state, T_t[:, s], Y_t[:, s])
     return state
+
+
+def do_probs(oracle: DKTOracle, state: State, offset: torch.Tensor, a: np.ndarray) -> np.ndarray:
+    """``σ(z[a] + βθ θ + βu u)`` per student at ``state``: P(Y = 1 | the history ``state`` holds, do(T = a)).
+
+    Args:
+        oracle: The frozen oracle.
+        state: Oracle state of the n students.
+        offset: ``βθ θ + βu u`` per student ``[n]``.
+        a: One action per student, int64 ``[n]``.
+    """
+    with torch.no_grad():
+        z = oracle.logits(state).gather(1, torch.from_numpy(a.copy())[:, None])[:, 0]
+        return torch.sigmoid(z + offset).numpy()
+
+
+def do_probs_along(oracle: DKTOracle, T: np.ndarray, Y: np.ndarray, offset: torch.Tensor,
+                   actions: list[int]) -> np.ndarray:
+    """:func:`do_probs` of each of ``actions`` at every step along the logged history, from one walk of it (a
+    :func:`factual_state` per step would walk ``t`` steps for each ``t``); the same numbers as step by step.
+
+    Returns:
+        float64 ``[n, L, len(actions)]`` (padding steps are computed too; the caller masks them).
+    """
+    n, L = T.shape
+    out = np.empty((n, L, len(actions)))
+    T_t = torch.from_numpy(T)
+    Y_t = torch.from_numpy(Y.astype(np.int64))
+    state = oracle.init_state(n)
+    with torch.no_grad():
+        for t in range(L):
+            for k, a in enumerate(actions):
+                out[:, t, k] = do_probs(oracle, state, offset, np.full(n, a, dtype=np.int64))
+            state = oracle.step(state, T_t[:, t], Y_t[:, t])
+    return out
 
 
 def factual_probs(
@@ -105,12 +143,12 @@ def policy_values(
     lengths: np.ndarray,
     noise: np.ndarray,
     anchors: tuple[int, int],
-    horizon: int | None = None,
+    horizons: Sequence[int | None] = (None,),
     contexts: np.ndarray | None = None,
     behaviour=None,
 ) -> np.ndarray:
     """Per-student value ``(1/H_i) Σ_{t<H_i} E[Y^π_it]`` of ``policy`` from t = 0 (H_i = min(L_i, horizon)), one
-    per rollout.
+    per rollout, at each of ``horizons`` from one rollout (:class:`~fcd_secure.data.worlds.horizons.HorizonSums`).
 
     The policy sees ``(t, y_hist[B, t], lengths[B], a_off, a_on)`` with B = students × rollouts (rollout-major), and
     ``context=contexts[:, :t+1]`` when its ``needs_context`` is true; outcomes are sampled with ``noise``, the value
@@ -123,14 +161,14 @@ def policy_values(
         lengths: Valid length per student ``[n]``.
         noise: Outcome noise ``[R * n, L]``, rollout-major.
         anchors: ``(a_off, a_on)``.
-        horizon: Steps from t = 0 that the value averages (None: every valid step).
+        horizons: Steps from t = 0 that each value averages (None: every valid step).
         contexts: The contexts ``[n, L, da]`` a context-reading policy sees (exogenous here: replayed).
         behaviour: ``behaviour(z) -> [B, K]``, the tutor's true item probabilities from the oracle's logits, passed
             as ``behaviour=`` to a policy whose ``needs_behaviour`` is true (an incremental or share intervention: it
             shifts these true probabilities, ``Policy.action_probs``).
 
     Returns:
-        float64 ``[R, n]``.
+        float64 ``[len(horizons), R, n]``.
 
     Raises:
         ValueError: The policy returned a wrong shape or an action outside ``[0, K)``.
@@ -144,16 +182,14 @@ def policy_values(
     state = oracle.init_state(RN)
     y_hist = np.zeros((RN, L), dtype=np.float32)
     a_off, a_on = anchors
-    total = np.zeros(RN)
-    H = L if horizon is None else min(int(horizon), L)
-    steps_b = np.minimum(lengths_b, H)
+    sums = HorizonSums(lengths_b, horizons, L)
     ctx = None
     if getattr(policy, "needs_context", False):
         if contexts is None:
             raise ValueError(f"policy {getattr(policy, 'name', policy)!r} reads a context column: pass contexts")
         ctx = np.tile(np.asarray(contexts, dtype=np.float32), (R, 1, 1))
     with torch.no_grad():
-        for t in range(H):
+        for t in range(sums.steps):
             kw = {} if ctx is None else {"context": ctx[:, : t + 1]}
             if behaviour is not None and getattr(policy, "needs_behaviour", False):
                 kw["behaviour"] = behaviour(oracle.logits(state))
@@ -162,11 +198,11 @@ def policy_values(
                 raise ValueError(f"policy {getattr(policy, 'name', policy)!r} returned bad actions at t={t}")
             a = torch.from_numpy(np.array(a_np))
             p = torch.sigmoid(oracle.logits(state).gather(1, a[:, None])[:, 0] + off)
-            total += np.where(t < steps_b, p.numpy(), 0.0)
+            sums.add(t, p.numpy())
             y = (noise_b[:, t] < p).long()
             y_hist[:, t] = y.numpy()
             state = oracle.step(state, a, y)
-    return (total / steps_b).reshape(R, n)
+    return sums.values(R, n)
 
 
 def replay(oracle: DKTOracle, T: np.ndarray, U: np.ndarray, offset: torch.Tensor) -> np.ndarray:

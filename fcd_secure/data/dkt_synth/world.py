@@ -10,6 +10,7 @@ kernels of :mod:`.truth` (outcome model) and :mod:`.behaviour` (logging propensi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,9 +68,11 @@ class DKTSynthWorld(OracleWorld):
     def _do_probs(self, ids: np.ndarray, t: int, a: np.ndarray) -> np.ndarray:
         """``σ(z_t[a] + βθ θ_i + βu u_i)`` after the logged history before ``t``."""
         state = truth.factual_state(self.oracle, self.T_all[ids], self.Y_all[ids], t)
-        with torch.no_grad():
-            z = self.oracle.logits(state).gather(1, torch.from_numpy(a.copy())[:, None])[:, 0]
-            return torch.sigmoid(z + self._offset(ids)).numpy()
+        return truth.do_probs(self.oracle, state, self._offset(ids), a)
+
+    def _do_probs_along(self, ids: np.ndarray, actions: list[int]) -> np.ndarray:
+        """One walk along the logged history (the LSTM state at ``t`` needs every step before it)."""
+        return truth.do_probs_along(self.oracle, self.T_all[ids], self.Y_all[ids], self._offset(ids), actions)
 
     def _rollout_noise(self, ids: np.ndarray, n_rollouts: int, start: int, stop: int) -> np.ndarray:
         """The outcome uniforms of steps ``[start, stop)``: the logged ``U`` in rollout 0, fresh after."""
@@ -79,7 +82,8 @@ class DKTSynthWorld(OracleWorld):
         state = truth.factual_state(self.oracle, self.T_all[ids], self.Y_all[ids], start)
         return truth.regime_probs(self.oracle, state, self._offset(ids), plan, noise)
 
-    def _policy_values(self, policy: PolicyLike, ids: np.ndarray, noise: np.ndarray, horizon: int | None) -> np.ndarray:
+    def _policy_values(self, policy: PolicyLike, ids: np.ndarray, noise: np.ndarray,
+                       horizons: Sequence[int | None]) -> np.ndarray:
         """Per-step success from t = 0; a context-reading policy sees the clock (exogenous: replayed as logged), an
         stochastic one (incremental, share) the tutor's true item probabilities on the simulated history."""
         R = noise.shape[0] // max(len(ids), 1)
@@ -92,7 +96,7 @@ class DKTSynthWorld(OracleWorld):
             return behaviour_probs(self.cfg, z, theta, u, const, d, self.site_params["logit_ref"]).numpy()
 
         return truth.policy_values(self.oracle, policy, self._offset(ids), self.lengths[ids], noise, self.anchors,
-                                   horizon=horizon, contexts=clock_context(self._valid(ids)), behaviour=behaviour)
+                                   horizons=horizons, contexts=clock_context(self._valid(ids)), behaviour=behaviour)
 
     def _replay(self, ids: np.ndarray) -> np.ndarray:
         return truth.replay(self.oracle, self.T_all[ids], self.U[ids], self._offset(ids))

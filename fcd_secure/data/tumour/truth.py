@@ -11,10 +11,13 @@ realised with the rollout's noise.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from fcd_secure.data.policy import PolicyLike
 from fcd_secure.data.tumour.pkpd import N_ACTIONS, PatientParams, day, observed_contexts
+from fcd_secure.data.worlds.horizons import HorizonSums
 
 __all__ = ["MAX_BATCH_ROWS", "policy_values", "regime", "replay"]
 
@@ -65,11 +68,11 @@ def policy_values(
     anchors: tuple[int, int],
     noise_sd: float,
     v_response: float,
-    horizon: int | None = None,
+    horizons: Sequence[int | None] = (None,),
     behaviour=None,
 ) -> np.ndarray:
     """Per-patient value ``(1/H_i) Σ_{t<H_i} E[Y^π_it]`` of ``policy`` from day 0 (H_i = min(L_i, horizon)), one per
-    rollout.
+    rollout, at each of ``horizons`` from one rollout (:class:`~fcd_secure.data.worlds.horizons.HorizonSums`).
 
     The policy sees ``(t, y_hist[B, t], lengths[B], a_off, a_on)`` with B = patients × rollouts (rollout-major), and
     ``context=`` the *simulated* contexts up to and including day t ``[B, t+1, 2]`` when its ``needs_context`` is
@@ -78,7 +81,7 @@ def policy_values(
     the true logging probabilities ``[B, 4]`` from the simulated volumes up to and including day t ``[B, t+1]``.
 
     Returns:
-        float64 ``[R, n]``.
+        float64 ``[len(horizons), R, n]``.
 
     Raises:
         ValueError: The policy returned a wrong shape or an action outside ``[0, 4)``.
@@ -89,16 +92,14 @@ def policy_values(
     pb = params.tile(R)
     lengths_b = np.tile(lengths, R)
     V, C = np.tile(V0, R), np.zeros(RN)
-    H = L if horizon is None else min(int(horizon), L)
-    steps_b = np.minimum(lengths_b, H)
+    sums = HorizonSums(lengths_b, horizons, L)
     y_hist = np.zeros((RN, L), dtype=np.float32)
     reads_context = bool(getattr(policy, "needs_context", False))
     ctx = np.zeros((RN, L, 2), dtype=np.float32) if reads_context else None
     a_off, a_on = anchors
-    total = np.zeros(RN)
     wants_behaviour = behaviour is not None and getattr(policy, "needs_behaviour", False)
     V_hist = np.zeros((RN, L)) if wants_behaviour else None
-    for t in range(H):
+    for t in range(sums.steps):
         kw = {}
         if ctx is not None:
             ctx[:, t] = observed_contexts(V)
@@ -110,9 +111,9 @@ def policy_values(
         if a.shape != (RN,) or ((a < 0) | (a >= N_ACTIONS)).any():
             raise ValueError(f"policy {getattr(policy, 'name', policy)!r} returned bad actions at t={t}")
         V, C, p, y = day(pb, V, C, a, noise[:, t], noise_sd, v_response)
-        total += np.where(t < steps_b, p, 0.0)
+        sums.add(t, p)
         y_hist[:, t] = y
-    return (total / steps_b).reshape(R, n)
+    return sums.values(R, n)
 
 
 def replay(

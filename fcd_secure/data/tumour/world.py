@@ -10,6 +10,7 @@ the kernels of :mod:`.truth` and the clinic's propensities (:mod:`.behaviour`), 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,7 +99,8 @@ class TumourWorld(OracleWorld):
         V, C = self._state(ids, start)
         return truth.regime(self.params.take(ids), V, C, plan, noise, self.cfg.noise_sd, self.v_response)[0]
 
-    def _policy_values(self, policy: PolicyLike, ids: np.ndarray, noise: np.ndarray, horizon: int | None) -> np.ndarray:
+    def _policy_values(self, policy: PolicyLike, ids: np.ndarray, noise: np.ndarray,
+                       horizons: Sequence[int | None]) -> np.ndarray:
         """The share of days the tumour is within the response size; a policy that reads a context sees the volumes
         and diameters simulated under itself (endogenous), a stochastic one (incremental, share) the true logging
         probabilities on them."""
@@ -110,7 +112,7 @@ class TumourWorld(OracleWorld):
             return action_probs(self.cfg, recent_mean(diameter_of(V_hist), self.cfg.window), chemo, radio)
 
         return truth.policy_values(self.params.take(ids), self.V_all[ids, 0], policy, self.lengths[ids], noise,
-                                   self.anchors, self.cfg.noise_sd, self.v_response, horizon=horizon,
+                                   self.anchors, self.cfg.noise_sd, self.v_response, horizons=horizons,
                                    behaviour=behaviour)
 
     def _replay(self, ids: np.ndarray) -> np.ndarray:

@@ -14,5 +14,6 @@ its clinic); everything else is written once here:
   datasets and anchors by the project's rules;
 - :mod:`.world`: ``OracleWorld``, the ground-truth interface the rest of the code uses (``true_effects``,
   ``true_policy_value``, ``replay_logged``, ``logging_propensities``, ``anchor_contrasts``, ``describe``), with the
-  validation, batching and bookkeeping of those queries; a world supplies the kernels.
+  validation, batching and bookkeeping of those queries; a world supplies the kernels;
+- :mod:`.horizons`: ``HorizonSums``, a policy rollout's value at several horizons from one pass (the kernels').
 """

@@ -11,7 +11,7 @@ mechanism (the abstract methods of :class:`OracleWorld`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
@@ -92,8 +92,10 @@ class OracleWorld(ABC):
         of ``noise``."""
 
     @abstractmethod
-    def _policy_values(self, policy: PolicyLike, ids: np.ndarray, noise: np.ndarray, horizon: int | None) -> np.ndarray:
-        """Each entity's value of the bound ``policy`` from t = 0 per rollout of ``noise`` (all L steps), ``[R, n]``."""
+    def _policy_values(self, policy: PolicyLike, ids: np.ndarray, noise: np.ndarray,
+                       horizons: Sequence[int | None]) -> np.ndarray:
+        """Each entity's value of the bound ``policy`` from t = 0 per rollout of ``noise`` at each of ``horizons``
+        (None: all L steps), from one rollout, ``[len(horizons), R, n]``."""
 
     @abstractmethod
     def _replay(self, ids: np.ndarray) -> np.ndarray:
@@ -199,6 +201,28 @@ class OracleWorld(ABC):
             raise ValueError(f"action out of range [0, {self.n_actions})")
         return np.where(t < self.lengths[ids], self._do_probs(ids, t, a_arr), np.nan)
 
+    def outcome_probs_do_along(
+        self, site: int, split: Split, rows: np.ndarray | list[int] | None, actions: Sequence[int]
+    ) -> np.ndarray:
+        """:meth:`outcome_probs_do` at every step ``t < L`` for each of ``actions``: float64 ``[n, L, len(actions)]``,
+        NaN on padding. Exact; the same numbers as :meth:`outcome_probs_do` step by step, from one pass along each
+        history where the world walks one (:meth:`_do_probs_along`).
+
+        Raises:
+            ValueError: an action or the rows are out of range.
+        """
+        ids = self.entity_ids(site, split, rows)
+        acts = [int(a) for a in actions]
+        if any(not 0 <= a < self.n_actions for a in acts):
+            raise ValueError(f"action out of range [0, {self.n_actions})")
+        return np.where(self._valid(ids)[:, :, None], self._do_probs_along(ids, acts), np.nan)
+
+    def _do_probs_along(self, ids: np.ndarray, actions: list[int]) -> np.ndarray:
+        """:meth:`_do_probs` at every step for each action, ``[n, L, len(actions)]`` (padding included); a world
+        whose state at ``t`` is walked from the start overrides this to walk once."""
+        return np.stack([np.stack([self._do_probs(ids, t, np.full(len(ids), a, dtype=np.int64)) for a in actions],
+                                  axis=-1) for t in range(self.L)], axis=1)
+
     def regime_outcome_probs(
         self,
         site: int | None,
@@ -291,10 +315,24 @@ class OracleWorld(ABC):
         Returns:
             ``(value, standard error across rollouts)``; the SE is NaN with one rollout.
         """
-        per = self.policy_value_per_rollout(policy, site, split, n_rollouts, horizon)
-        value = float(per.mean())
-        se = float(per.std(ddof=1) / math.sqrt(len(per))) if len(per) > 1 else float("nan")
-        return value, se
+        return self.true_policy_values_at(policy, site, split, (horizon,), n_rollouts)[0]
+
+    def true_policy_values_at(
+        self,
+        policy: PolicyLike,
+        site: int | None,
+        split: Split,
+        horizons: Sequence[int | None],
+        n_rollouts: int | None = None,
+    ) -> list[tuple[float, float]]:
+        """:meth:`true_policy_value` at each of ``horizons``, from one rollout of the longest
+        (:class:`~.horizons.HorizonSums`: each value is the one a rollout of its own horizon gives, bit for bit)."""
+        out = []
+        for values in self.policy_values_over(policy, self.entity_ids(site, split), n_rollouts, horizons):
+            per = values.mean(axis=1)
+            se = float(per.std(ddof=1) / math.sqrt(len(per))) if len(per) > 1 else float("nan")
+            out.append((float(per.mean()), se))
+        return out
 
     def policy_value_per_rollout(
         self, policy: PolicyLike, site: int | None = None, split: Split = "test", n_rollouts: int | None = None,
@@ -315,12 +353,19 @@ class OracleWorld(ABC):
         self, policy: PolicyLike, ids: np.ndarray, n_rollouts: int | None = None, horizon: int | None = None
     ) -> np.ndarray:
         """:meth:`policy_values_per_entity` of the entities with global ids ``ids``, float64 ``[R, n]``."""
+        return self.policy_values_over(policy, ids, n_rollouts, (horizon,))[0]
+
+    def policy_values_over(
+        self, policy: PolicyLike, ids: np.ndarray, n_rollouts: int | None, horizons: Sequence[int | None]
+    ) -> np.ndarray:
+        """:meth:`policy_values_of` at each of ``horizons`` from one rollout per batch, float64
+        ``[len(horizons), R, n]``."""
         ids = self._ids(ids)
         R = int(n_rollouts or self.cfg.n_rollouts)
         policy = bind_policy(policy, self.train[0])
-        parts = [self._policy_values(policy, c, self._rollout_noise(c, R, 0, self.L), horizon)
+        parts = [self._policy_values(policy, c, self._rollout_noise(c, R, 0, self.L), horizons)
                  for _, c in chunks(ids, R, self._max_batch_rows)]
-        return np.concatenate(parts, axis=1) if parts else np.empty((R, 0))
+        return np.concatenate(parts, axis=2) if parts else np.empty((len(horizons), R, 0))
 
     def replay_logged(self, site: int, split: Split) -> np.ndarray:
         """Outcomes from re-simulating the logged actions with the stored noise ([n, L], 0 on padding)."""
