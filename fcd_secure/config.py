@@ -135,7 +135,8 @@ class FederationSection(BaseModel):
         0, ge=0,
         description="the fewest optimiser steps a site's local round makes: a site whose rows fill fewer batches in "
         "local_epochs passes makes whole passes until it reaches them (federation.learner.round_epochs; FedAvg's "
-        "local updates per round u = E·n_k/B, McMahan et al. 2017); 0: local_epochs passes only (Table II)",
+        "local updates per round u = E·n_k/B, McMahan et al. 2017); the default preset sets 32; 0 (tiny, paper): "
+        "local_epochs passes only (Table II)",
     )
     sync: Literal["dss", "full"] = Field("dss", description="'dss': only Θc leaves a site; 'full': every parameter but the site-bound behaviour head (w/o DSS)")
     secure_aggregation: bool = Field(True, description="pairwise-masked secure aggregation of Θc (on unless a run asks for plain FedAvg)")
