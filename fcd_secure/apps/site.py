@@ -270,7 +270,8 @@ class SiteRuntime:
         """Train one round from the global parameters; returns ``(synchronised params, n_train, metrics)``.
 
         ``round_config``: ``server-round`` (int), ``part`` (``THETA_C`` for DSS, ``FULL`` for the w/o-DSS
-        ablation), ``local-epochs``, ``min-local-steps`` (the round's passes: ``learner.round_epochs``). The returned arrays are exactly the manifest entries of ``part``.
+        ablation), ``local-epochs``, ``min-local-steps`` (the round's passes: ``learner.round_epochs``). The returned
+        arrays are exactly the manifest entries of ``part``.
         """
         import torch  # noqa: PLC0415
 
