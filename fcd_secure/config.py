@@ -131,6 +131,13 @@ class FederationSection(BaseModel):
     rounds: int = Field(40, ge=1, le=100_000, description="global communication rounds")
     clients_per_round: int = Field(5, ge=1, description="sites sampled per round (Table II: 5 of 10)")
     local_epochs: int = Field(1, ge=1, description="local epochs per round (Table II: 1)")
+    min_local_steps: int = Field(
+        0, ge=0,
+        description="the fewest optimiser steps a site's local round makes: a site whose rows fill fewer batches in "
+        "local_epochs passes makes whole passes until it reaches them (federation.learner.round_epochs; FedAvg's "
+        "local updates per round u = E·n_k/B, McMahan et al. 2017); the default preset sets 32; 0 (tiny, paper): "
+        "local_epochs passes only (Table II)",
+    )
     sync: Literal["dss", "full"] = Field("dss", description="'dss': only Θc leaves a site; 'full': every parameter but the site-bound behaviour head (w/o DSS)")
     secure_aggregation: bool = Field(True, description="pairwise-masked secure aggregation of Θc (on unless a run asks for plain FedAvg)")
     round_timeout_s: float = Field(600.0, gt=0, description="how long the server waits for a round's replies")
@@ -270,6 +277,8 @@ class RunConfig(BaseModel):
             d["federation"].pop(k, None)
         if d["dp"].get("run_epsilon") is None:  # unset: the hash of a run from before the key existed, so it resumes
             d["dp"].pop("run_epsilon", None)
+        if d["federation"].get("min_local_steps") == 0:  # off: the hash of a run from before the key existed
+            d["federation"].pop("min_local_steps", None)
         d["data"].pop("data_dir", None)
         d["data"].pop("effect_horizon", None)  # which truth the run is scored on; the world and training are the same
         if d["data"].get("site_spread") is None:  # unset: the hash of a run from before the key existed, so it resumes
@@ -346,7 +355,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     "default": {
         "data": {"preset": "default"},
-        "federation": {"rounds": 40, "eval_every": 5},
+        # ~190 training rows a site, 3 batches a pass: 32 steps a round (issue 42, docs/benchmarks.md)
+        "federation": {"rounds": 40, "eval_every": 5, "min_local_steps": 32},
         "model": {},
         "evaluation": {"n_samples": 8, "quick_n_samples": 2, "max_rows": None, "quick_max_rows": 64},
     },

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from fcd_secure.config import build_config
 from fcd_secure.experiments import matched_epochs, mean_sd_table, run_centralised
 from fcd_secure.experiments.centralised import train_centralised
+from fcd_secure.federation import learner
 from fcd_secure.model.baselines import SIMULATORS
 
 SITES = 3
@@ -60,6 +61,11 @@ def test_matched_epochs_rule(cfg):
     assert matched_epochs(cfg) == 1  # 2 rounds × 1 of 3 sites → 0.67 passes, at least 1
     more = cfg.model_copy(update={"federation": cfg.federation.model_copy(update={"rounds": 9, "local_epochs": 2})})
     assert matched_epochs(more) == 6
+    # a floor of local steps raises each site's passes (learner.round_epochs); the reference follows their mean
+    floor = more.model_copy(update={"federation": more.federation.model_copy(update={"min_local_steps": 10})})
+    passes = [learner.round_epochs(2, 10, learner.load_site_data(cfg, i).train.n, cfg.model.batch_size)
+              for i in range(SITES)]
+    assert max(passes) > 2 and matched_epochs(floor) == max(1, round(9 / SITES * sum(passes) / SITES))
 
 
 def test_centralised_tiny_end_to_end_finite(cfg, one_torch_thread):

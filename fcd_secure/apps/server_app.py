@@ -171,7 +171,8 @@ class TrainingLoop(ServerLoop[FederationResult]):
         n_rec = len(comm.ledger.records)
         n_err = len(comm.site_errors)
         outcome = self.flow.run_round(
-            comm, node_ids, rnd, self.theta, {"part": self.part, "local-epochs": fed.local_epochs, **self.stats_conf},
+            comm, node_ids, rnd, self.theta, {"part": self.part, "local-epochs": fed.local_epochs,
+                                            "min-local-steps": fed.min_local_steps, **self.stats_conf},
             next_node_ids=_peek_next(self.sampler, self.order) if rnd < fed.rounds else None)
         round_errors = error_rows(comm, n_err)
         for e in round_errors:

@@ -337,7 +337,8 @@ class SiteRuntime:
         """Train one round from the global parameters; returns ``(synchronised params, n_train, metrics)``.
 
         ``round_config``: ``server-round`` (int), ``part`` (``THETA_C`` for DSS, ``FULL`` for the w/o-DSS
-        ablation), ``local-epochs``. The returned arrays are exactly the manifest entries of ``part``.
+        ablation), ``local-epochs``, ``min-local-steps`` (the round's passes: ``learner.round_epochs``). The returned
+        arrays are exactly the manifest entries of ``part``.
         """
         import torch  # noqa: PLC0415
 
@@ -347,7 +348,10 @@ class SiteRuntime:
         part = str(round_config.get("part", THETA_C))
         if part not in (THETA_C, FULL):
             raise ValueError(f"round config 'part' must be {THETA_C!r} or {FULL!r}, got {part!r}")
-        epochs = int(round_config.get("local-epochs", self.cfg.federation.local_epochs))
+        train = self.policy.training_data(self.data.train)  # the site decides whether its propensities weight training
+        epochs = learner.round_epochs(int(round_config.get("local-epochs", self.cfg.federation.local_epochs)),
+                                      int(round_config.get("min-local-steps", self.cfg.federation.min_local_steps)),
+                                      train.n, self.cfg.model.batch_size)
         self.state.check_layout(self.layout_hash)
         snap = self.state.begin_round(server_round)
 
@@ -362,7 +366,6 @@ class SiteRuntime:
             torch.set_rng_state(torch.load(io.BytesIO(snap.rng_state), weights_only=True))
 
         seed = learner.round_seed(self.cfg.seed, server_round, self.site_index)
-        train = self.policy.training_data(self.data.train)  # the site decides whether its propensities weight training
         if self.cfg.dp.enabled:  # === the DP-SGD seam: the privacy layer wraps model, optimiser and loader ===
             metrics = learner.train_local_dp(
                 model, train, self.cfg, self.site_index, self.data.n_sites, epochs, seed, optimizer,

@@ -5,7 +5,8 @@ yardstick a federated result is compared with: docs/fidelity.md, "Targets"), use
 One epoch rule, one seed rule:
 
 * **epochs** — :func:`matched_epochs`: as many passes over the data as a federated site makes on average,
-  ``rounds × clients_per_round / n_sites × local_epochs`` (rounded, at least 1), so the reference sees no more data
+  ``rounds × clients_per_round / n_sites × local_epochs`` (the site's passes of a round where
+  ``min_local_steps`` raises them; rounded, at least 1), so the reference sees no more data
   than a federated site; an explicit ``epochs`` overrides it.
 * **seeds** — the parameters are initialised from the run seed (every simulator's ``from_dims``); pass ``e`` (from 1)
   uses ``round_seed(seed, e, POOLED_SITE)``, the per-(run, round, site) stream of the federation with the pooled
@@ -39,10 +40,15 @@ SUMMARY_METRICS = {"pehe": "pehe", "ate": "ate_error", "value": "value_error_mea
 
 
 def matched_epochs(cfg: RunConfig) -> int:
-    """Passes over the data that match a federated site's average: rounds × clients_per_round / n_sites × local
-    epochs, rounded, at least 1."""
+    """Passes over the data that match a federated site's average: rounds × clients_per_round / n_sites × the local
+    round's passes (``local_epochs``, or more on a site that needs them for ``min_local_steps``:
+    ``learner.round_epochs``, averaged over the sites), rounded, at least 1."""
     f = cfg.federation
-    return max(1, int(round(f.rounds * f.clients_per_round / cfg.data.n_sites * f.local_epochs)))
+    passes = float(f.local_epochs)
+    if f.min_local_steps:
+        passes = sum(learner.round_epochs(f.local_epochs, f.min_local_steps, learner.load_site_data(cfg, i).train.n,
+                                          cfg.model.batch_size) for i in range(cfg.data.n_sites)) / cfg.data.n_sites
+    return max(1, int(round(f.rounds * f.clients_per_round / cfg.data.n_sites * passes)))
 
 
 def train_centralised(
