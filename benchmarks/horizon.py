@@ -83,7 +83,7 @@ def _status(msg: str) -> None:
 
 
 def run_config(world: str, preset: str, seed: int, rounds: int | None, out: Path, transition: str = "diffusion",
-               quick: bool = False):
+               quick: bool = False, min_local_steps: int = 0):
     """The config of ``fcd run --dataset <world> --preset <preset> --seed <seed>`` with ``[model] transition =
     <transition>``, secure aggregation and DSS (the defaults, named so that a changed default cannot silently change
     this benchmark), its folder ``out``. ``quick``: the run evaluated once, at its end, on the regimens of
@@ -93,6 +93,8 @@ def run_config(world: str, preset: str, seed: int, rounds: int | None, out: Path
     fed: dict[str, Any] = {"secure_aggregation": True, "sync": "dss"}
     if rounds:
         fed["rounds"] = rounds
+    if min_local_steps:
+        fed["min_local_steps"] = min_local_steps
     evaluation: dict[str, Any] = {}
     if quick:
         fed["eval_every"] = 0
@@ -248,7 +250,7 @@ def transition_run(world: str, seed: int, transition: str, args: argparse.Namesp
     if args.reuse and (folder / "summary.json").is_file():
         cfg, summary, sims = reopened(folder)
     else:
-        cfg = run_config(world, args.preset, seed, args.rounds, folder, transition, args.quick)
+        cfg = run_config(world, args.preset, seed, args.rounds, folder, transition, args.quick, args.min_local_steps)
         summary, sims = federated(cfg, args.engine)
     evaluated = "the run's final evaluation (secure sums)"
     if not all(n in (summary.get("policies") or {}) for n in args.regimens):
@@ -421,6 +423,10 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--preset", default="default", help="the run preset (tiny | default | paper)")
     ap.add_argument("--rounds", type=int, default=None, help="federated rounds (default: the preset's)")
+    ap.add_argument("--min-local-steps", type=int, default=32,
+                    help="federation.min_local_steps of every federated run (default 32: the setting the issue-42 "
+                    "figures of docs/benchmarks.md were measured with, ~11 passes a round on a 190-row site; 0: the "
+                    "preset's one pass, Table II)")
     ap.add_argument("--epochs", type=int, default=None,
                     help="epochs of the centralised models (default: matched to the run, experiments.centralised)")
     ap.add_argument("--out", type=Path, default=None, help="folder of the runs (default: a temporary one)")
@@ -442,7 +448,7 @@ def main() -> None:
     args = ap.parse_args()
     args.regimens = REGIMENS
     if args.quick:
-        args.preset, args.rounds, args.seeds, args.epochs = "tiny", 1, [0], 1
+        args.preset, args.rounds, args.seeds, args.epochs, args.min_local_steps = "tiny", 1, [0], 1, 0
         args.worlds, args.regimens = args.worlds[:1], QUICK_REGIMENS
     start = time.perf_counter()
     results: list[dict[str, Any]] = []
