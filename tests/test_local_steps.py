@@ -89,3 +89,29 @@ def test_the_federated_simulator_learns_a_large_effect_only_when_the_local_round
     enough = _federated_effect(20)  # 20 steps a round: 0.61
     assert abs(few - truth) > 0.3
     assert abs(enough - truth) < 0.15
+
+
+def test_P69_a_server_cannot_make_a_site_train_more_passes_a_round_than_its_policy_allows(tmp_path):
+    """docs/threats.md P69: the round's ``local-epochs`` and ``min-local-steps`` come in the server's message; the
+    site's ``[training] max_local_passes`` caps the passes, refused before any training, naming the setting."""
+    from fcd_secure.apps.site import SiteRuntime
+    from fcd_secure.audit import Refusal
+    from fcd_secure.federation.site_policy import SitePolicy, TrainingPolicy
+
+    cfg = build_config("tiny", {"state_dir": str(tmp_path)})
+    policy = SitePolicy.for_run(cfg).model_copy(update={"training": TrainingPolicy(max_local_passes=2)})
+    rt = SiteRuntime(cfg, "site-00", 0, str(tmp_path), policy)
+    theta = rt.model.get_params(THETA_C)
+    per_pass = -(-rt.data.train.n // min(cfg.model.batch_size, rt.data.train.n))
+    conf = {"server-round": 1, "part": THETA_C, "local-epochs": 1}
+    for asked, key in (({"min-local-steps": 2 * per_pass + 1}, "federation.min_local_steps"),
+                       ({"local-epochs": 3}, "federation.local_epochs")):
+        with pytest.raises(Refusal) as got:
+            rt.train_round(theta, {**conf, **asked})
+        assert (got.value.rule, got.value.key) == ("site_policy", key)
+    # within the cap the same round trains, and its passes are the ones asked for
+    _, _, ok = rt.train_round(theta, {**conf, "min-local-steps": 2 * per_pass})
+    assert ok["epochs"] == 2 and ok["steps"] == 2 * per_pass
+    # a run whose own config asks for more passes is refused before any work, naming the field
+    more = build_config("tiny", {"federation": {"local_epochs": 3}})
+    assert policy.admit(more)[1].key == "federation.local_epochs"

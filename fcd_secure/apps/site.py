@@ -349,9 +349,11 @@ class SiteRuntime:
         if part not in (THETA_C, FULL):
             raise ValueError(f"round config 'part' must be {THETA_C!r} or {FULL!r}, got {part!r}")
         train = self.policy.training_data(self.data.train)  # the site decides whether its propensities weight training
-        epochs = learner.round_epochs(int(round_config.get("local-epochs", self.cfg.federation.local_epochs)),
+        local_epochs = int(round_config.get("local-epochs", self.cfg.federation.local_epochs))
+        epochs = learner.round_epochs(local_epochs,
                                       int(round_config.get("min-local-steps", self.cfg.federation.min_local_steps)),
                                       train.n, self.cfg.model.batch_size)
+        self.policy.check_local_passes(epochs, local_epochs)  # the site caps a round's work, not the server (P69)
         self.state.check_layout(self.layout_hash)
         snap = self.state.begin_round(server_round)
 

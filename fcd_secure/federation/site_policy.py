@@ -112,7 +112,18 @@ class DPPolicy(_Section):
     )
 
 
+#: the default cap on one local round's passes over a site's training rows (P69): Table II's round is one pass;
+#: ``federation.min_local_steps`` = 32 on a 190-row site is 11
+DEFAULT_MAX_LOCAL_PASSES = 50
+
+
 class TrainingPolicy(_Section):
+    max_local_passes: int = Field(
+        DEFAULT_MAX_LOCAL_PASSES, ge=1,
+        description="the most passes over the site's training rows one local round may make (the round's "
+        "local-epochs, raised by its min-local-steps: federation.learner.round_epochs); a round asking for more is "
+        "refused before any training (P69)",
+    )
     use_propensities: bool = Field(
         True,
         description="let the site's logged propensities weight its own training (model.ipw 'auto', 'step', "
@@ -327,6 +338,8 @@ class SitePolicy(_Section):
             weaker.append("federation.sync")
         if self.secure.required and not fed.secure_aggregation:
             weaker.append("federation.secure_aggregation")
+        if fed.local_epochs > self.training.max_local_passes:  # P69; min_local_steps' passes: at each round
+            weaker.append("federation.local_epochs")
         if request.secagg.min_sites < self.secagg.min_sites:
             weaker.append("secagg.min_sites")
         if any(
@@ -391,6 +404,19 @@ class SitePolicy(_Section):
         refusal = Refusal(RULE, "config", weaker[0]) if weaker else None
         return effective, refusal
 
+    def check_local_passes(self, passes: int, local_epochs: int) -> None:
+        """Refuse a training round that would make more than ``[training] max_local_passes`` passes over the site's
+        rows (P69: the server sets a round's ``local-epochs`` and ``min-local-steps`` in its message, so without a
+        cap it decides how much of the site's compute, and under DP how many noisy steps, one round takes).
+
+        Raises:
+            Refusal: rule ``site_policy``, key the round setting that asked for the passes.
+        """
+        if passes > self.training.max_local_passes:
+            key = "federation.local_epochs" if local_epochs > self.training.max_local_passes \
+                else "federation.min_local_steps"
+            raise Refusal(RULE, "config", key)
+
     def training_data(self, ds: "SiteDataset") -> "SiteDataset":
         """The site's training data as its policy lets training read them: without the logged propensities when
         ``[training] use_propensities`` is false (``model.ipw = 'auto'`` then trains unweighted; the site's own
@@ -413,6 +439,7 @@ class SitePolicy(_Section):
                 for n in range(minimum.secagg.min_sites, minimum.secagg.max_sites + 1)
             )),
             ("dp.required", minimum.dp.required and not self.dp.required),
+            ("training.max_local_passes", self.training.max_local_passes > minimum.training.max_local_passes),
             ("dp.epsilon_cap", minimum.dp.required and self.dp.epsilon_cap > minimum.dp.epsilon_cap),
             ("dp.delta_max", minimum.dp.delta_max is not None and (
                 self.dp.delta_max is None or self.dp.delta_max > minimum.dp.delta_max)),
