@@ -189,7 +189,10 @@ def test_do_probabilities_along_the_history_are_the_step_by_step_ones_bit_for_bi
         for k, a in enumerate((a_off, a_on)):
             assert np.array_equal(along[:, t, k], world.outcome_probs_do(2, "test", [0, 2, 3], t, a), equal_nan=True)
     with pytest.raises(ValueError, match="out of range"):
-        world.outcome_probs_do_along(2, "test", None, (world.n_actions,))@every_world
+        world.outcome_probs_do_along(2, "test", None, (world.n_actions,))
+
+
+@every_world
 def test_policy_values_at_several_horizons_are_each_horizons_own_rollout_bit_for_bit(case: WorldCase):
     """One rollout of the longest horizon answers every shorter one (``OracleWorld.true_policy_values_at``, what the
     queries ask): the same additions in the same order as a rollout per horizon, for a deterministic policy and a
