@@ -121,6 +121,25 @@ def test_cli_plan_matches_the_planner():
     assert out["sigma"] == pytest.approx(0.8508, abs=0.005)  # dp-anchors §3.2, cross-checked with dp-accounting
 
 
+def test_cli_plan_counts_the_passes_min_local_steps_adds():
+    """A run with ``federation.min_local_steps`` makes more passes a round (``learner.round_epochs``); a plan that
+    ignored them would print a σ below the one the site uses, i.e. promise an ε the run would exceed."""
+    from fcd_secure.federation.learner import round_epochs
+    from fcd_secure.privacy.planner import plan_noise_multiplier
+
+    args = ["privacy", "plan", "--trajectories", "190", "--rounds", "10", "--accountant", "rdp", "--json"]
+    plain = json.loads(CliRunner().invoke(app, args).stdout)["data"]
+    res = CliRunner().invoke(app, [*args, "--min-local-steps", "32"])
+    assert res.exit_code == 0, res.output
+    floor = json.loads(res.stdout)["data"]
+    passes = round_epochs(1, 32, 190, 64)
+    assert (plain["passes_per_round"], floor["passes_per_round"]) == (1, passes) and passes == 11
+    assert floor["steps"] == 10 * passes * 3 == 11 * plain["steps"]
+    assert floor["sigma"] == pytest.approx(plan_noise_multiplier(epsilon_cap=8.0, delta=floor["delta"], q=floor["q"],
+                                                                 planned_steps=floor["steps"], accountant="rdp"))
+    assert floor["sigma"] > plain["sigma"]
+
+
 def test_an_empty_poisson_batch_still_takes_a_noisy_accounted_step(tmp_path):
     """Skipping the noise when Poisson sampling draws nobody would reveal the empty batch (add/remove adjacency)."""
     from fcd_secure.model.training import batch_loss, dataset_tensors, make_loader, make_optimizer

@@ -137,14 +137,22 @@ def plan(
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Expected Poisson batch size.")] = 64,
     rounds: Annotated[int, typer.Option("--rounds", min=1, help="Planned federated rounds.")] = 20,
     local_epochs: Annotated[int, typer.Option("--local-epochs", min=1, help="Local epochs per round.")] = 1,
+    min_local_steps: Annotated[
+        int,
+        typer.Option("--min-local-steps", min=0, help="The run's federation.min_local_steps: a round makes whole "
+                     "passes until it has made this many steps, so the plan counts those passes (0: off)."),
+    ] = 0,
     epsilon: Annotated[float, typer.Option("--dp-epsilon", min=0.01, help="Lifetime ε cap of the site's dataset.")] = 8.0,
     delta: Annotated[Optional[float], typer.Option("--dp-delta", help="DP δ (default: a power of ten ≤ 1/(10·N)).")] = None,
     accountant: Annotated[str, typer.Option("--accountant", help="prv or rdp.")] = "prv",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON envelope on stdout.")] = False,
 ) -> None:
-    """The noise multiplier σ a site would use for a planned use (rounds × local epochs × ⌈N/B⌉ Poisson steps),
-    planned once for the whole use as the sites do (never per round)."""
+    """The noise multiplier σ a site would use for a planned use (rounds × a round's passes × ⌈N/B⌉ Poisson steps,
+    the passes being ``federation.learner.round_epochs`` of the local epochs and ``--min-local-steps``, as the site
+    plans them), planned once for the whole use as the sites do (never per round)."""
     from pydantic import ValidationError  # noqa: PLC0415
+
+    from fcd_secure.federation.learner import round_epochs  # noqa: PLC0415
 
     from fcd_secure.privacy.config import DPConfig  # noqa: PLC0415
     from fcd_secure.privacy.planner import plan_noise_multiplier, sample_rate, steps_per_epoch  # noqa: PLC0415
@@ -153,12 +161,14 @@ def plan(
         cfg = DPConfig(enabled=True, epsilon=epsilon, delta=delta, accountant=accountant)  # type: ignore[arg-type]
         d = cfg.resolve_delta(trajectories)
         q = sample_rate(trajectories, batch_size)
-        steps = rounds * local_epochs * steps_per_epoch(trajectories, batch_size)
+        passes = round_epochs(local_epochs, min_local_steps, trajectories, batch_size)
+        steps = rounds * passes * steps_per_epoch(trajectories, batch_size)
         sigma = plan_noise_multiplier(epsilon_cap=epsilon, delta=d, q=q, planned_steps=steps, accountant=accountant)
     except (ValidationError, ValueError) as exc:
         raise CliError(str(exc)) from None
-    result = {"sigma": sigma, "q": q, "steps": steps, "delta": d, "epsilon_cap": epsilon, "accountant": accountant}
-    text = f"σ = {sigma:.4f} for ε ≤ {epsilon:g} at δ = {d:.3g} over {steps} Poisson steps (q = {q:.4g}, {accountant})"
+    result = {"sigma": sigma, "q": q, "steps": steps, "passes_per_round": passes, "delta": d, "epsilon_cap": epsilon, "accountant": accountant}
+    text = (f"σ = {sigma:.4f} for ε ≤ {epsilon:g} at δ = {d:.3g} over {steps} Poisson steps ({rounds} rounds × "
+            f"{passes} pass(es) × {steps_per_epoch(trajectories, batch_size)}; q = {q:.4g}, {accountant})")
     if as_json:
         emit(ok(result, text))
     else:
