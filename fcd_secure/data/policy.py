@@ -355,6 +355,13 @@ class ShareRule(_StochasticRule):
         return np.asarray(is_k, dtype=bool) | (self.share < 1.0)
 
 
+def draw_actions(q: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """One action per row of the probabilities ``q`` (rows × actions) by the inverse CDF of the row's uniform ``u``:
+    the first action whose cumulative probability exceeds ``u``, the last where rounding leaves the sum below it
+    (Devroye 1986, *Non-Uniform Random Variate Generation*, §III.2.1)."""
+    return np.minimum((np.cumsum(q, axis=1) < u[:, None]).sum(1), q.shape[1] - 1).astype(np.int64)
+
+
 def incremental_ratio(delta: float, pi_k: np.ndarray, is_k: np.ndarray) -> np.ndarray:
     """q(a | h) / π(a | h) of the incremental intervention: δ / (δπ_k + 1 − π_k) where a = k, 1 / (δπ_k + 1 − π_k)
     elsewhere (Kennedy 2019, eq. 2). Only π_k(h) enters, so the importance weight of a logged action a_t ≠ k needs
@@ -594,8 +601,7 @@ class Policy(BaseModel):
             q = self.action_probs(t, y_hist, lengths, a_off, a_on, context, behaviour)
             if self._rng is None:
                 self._rng = np.random.default_rng(self._seed)
-            u = self._rng.random(len(lengths))
-            return np.minimum((np.cumsum(q, axis=1) < u[:, None]).sum(1), q.shape[1] - 1).astype(np.int64)
+            return draw_actions(q, self._rng.random(len(lengths)))
         if isinstance(r, ThresholdRule) and r.without_history(t, y_hist) and not isinstance(r.initial, bool):
             return np.full(len(lengths), self._id(r.initial, a_off, a_on), dtype=np.int64)
         cond = self.on(t, y_hist, lengths, context)

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from fcd_secure.data.policy import draw_actions
 from fcd_secure.evaluation.natural_course import STEP_FIELDS, natural_course_summary, step_gap_sums
 from fcd_secure.queries.base import MergeContext, Query, SiteContext, SiteSums, Totals
 from fcd_secure.queries.cohort import entity_count
@@ -73,8 +74,7 @@ class LoggingPolicyPlan:
     def actions(self, t: int, y_hist: np.ndarray, lengths: np.ndarray, a_off: int, a_on: int,
                 context: np.ndarray | None = None) -> np.ndarray:
         q = np.asarray(self.behaviour(t, y_hist, lengths, context), dtype=np.float64)
-        u = self.rng.random(len(lengths))
-        return np.minimum((np.cumsum(q, axis=1) < u[:, None]).sum(1), q.shape[1] - 1).astype(np.int64)
+        return draw_actions(q, self.rng.random(len(lengths)))
 
 
 def behaviour_model(ctx: SiteContext):
