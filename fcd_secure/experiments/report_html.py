@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import hashlib
 import json
 from datetime import datetime, timezone
@@ -159,6 +160,13 @@ class ReportSummary(_Strict):
     site_errors: list[_SiteError] = []
 
 
+@functools.cache
+def _answers_adapter() -> TypeAdapter[EvaluationAnswer]:
+    """The answers' validator, built once per process: building pydantic's schema of the nested answer records costs
+    about a second, and a report (or the P47 test's thousand summaries) reads many summaries."""
+    return TypeAdapter(EvaluationAnswer)
+
+
 def read_summary(path: Path) -> tuple[ReportSummary, EvaluationAnswer]:
     """``summary.json`` of a run folder, its fields type-checked, and its answers as typed records.
 
@@ -174,7 +182,7 @@ def read_summary(path: Path) -> tuple[ReportSummary, EvaluationAnswer]:
     try:
         summary = ReportSummary.model_validate(raw)
         loose = EvaluationAnswer.from_json(raw)
-        answers = TypeAdapter(EvaluationAnswer).validate_python(dataclasses.asdict(loose))
+        answers = _answers_adapter().validate_python(dataclasses.asdict(loose))
     except ValidationError as exc:
         where, why = first_invalid(exc, "summary")
         raise ReportError(f"{path}: summary.json field {where} has the wrong type ({why})") from None
