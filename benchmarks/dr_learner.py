@@ -9,7 +9,7 @@ the shift of the intercept re-fitted on the validation and test rows' pseudo-out
 
     .venv/bin/python benchmarks/dr_learner.py                     # DKT-Synth small, 4 sites, 8 rounds, seeds 0-2
     .venv/bin/python benchmarks/dr_learner.py --data-preset default --sites 10 --rounds 10
-    .venv/bin/python benchmarks/dr_learner.py --quick --json
+    .venv/bin/python benchmarks/dr_learner.py --quick --json   # tiny world, 1 round, seed 0: checks the script
 """
 
 from __future__ import annotations
@@ -33,12 +33,14 @@ from rich.table import Table  # noqa: E402
 err = Console(stderr=True)
 
 
-def one_seed(seed: int, data_preset: str, rounds: int, sites: int, run_preset: str) -> dict:
+def one_seed(seed: int, data_preset: str, rounds: int, sites: int, run_preset: str, test_fraction: float = 0.2,
+             validation_fraction: float = 0.2) -> dict:
     from fcd_secure.config import build_config
     from fcd_secure.engines.inprocess import run_inprocess
 
     tmp = Path(tempfile.mkdtemp(prefix="fcd-drl-"))
-    data = {"dataset": "dkt-synth", "preset": data_preset, "n_sites": sites, "alpha": 1000.0, "test_fraction": 0.2}
+    data = {"dataset": "dkt-synth", "preset": data_preset, "n_sites": sites, "alpha": 1000.0,
+            "test_fraction": test_fraction, "validation_fraction": validation_fraction}
     cfg = build_config(run_preset, {"seed": seed, "data": data,
                                     "federation": {"clients_per_round": sites, "rounds": rounds, "eval_every": 2},
                                     "state_dir": str(tmp / "state"), "out": str(tmp / "run")})
@@ -57,19 +59,24 @@ def main(
     run_preset: str = typer.Option("tiny", help="the run preset (model size)"),
     rounds: int = typer.Option(8, help="rounds per run"),
     sites: int = typer.Option(4, help="sites"),
-    quick: bool = typer.Option(False, help="seed 0, 2 rounds: checks the script"),
+    quick: bool = typer.Option(False, help="seed 0, 1 round, the tiny world (test fraction 0.4 and validation "
+                               "fraction 0.5, so that each site's test and validation rows reach the cohort floor of "
+                               "20): checks the script"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object on stdout"),
 ) -> None:
     torch.set_num_threads(1)
     seed_list = [int(s) for s in seeds.split(",")]
-    if quick:
-        seed_list, rounds = seed_list[:1], 2
+    test_fraction, validation_fraction = 0.2, 0.2
+    if quick:  # the same run, fit and scores on a fifth of the rows and one round (the last round is always scored)
+        seed_list, rounds, data_preset = seed_list[:1], 1, "tiny"
+        test_fraction, validation_fraction = 0.4, 0.5
     results = []
     for seed in seed_list:
         err.print(f"DKT-Synth {data_preset} seed {seed}: {rounds} rounds, {sites} sites …")
-        results.append(one_seed(seed, data_preset, rounds, sites, run_preset))
+        results.append(one_seed(seed, data_preset, rounds, sites, run_preset, test_fraction, validation_fraction))
     out = {"machine": machine(), "params": {"seeds": seed_list, "data_preset": data_preset, "run_preset": run_preset,
-                                            "rounds": rounds, "sites": sites}, "results": results}
+                                            "rounds": rounds, "sites": sites, "test_fraction": test_fraction,
+                                            "validation_fraction": validation_fraction}, "results": results}
     if as_json:
         print(json.dumps(out, indent=1, default=float))
         return

@@ -1,12 +1,16 @@
 """`fcd run` as a user runs it: the installed entry point in a fresh process, output piped at 80 columns.
 
-Two real tiny runs, shared by every test here: run A from options on Flower's simulation engine (the README's
-command as a user types it), and run B from A's ``config.toml`` alone on the in-process engine (``--engine
-inprocess``: no second Ray start; the engine is not in the config, and B must still equal A bit for bit). They show
-that progress survives a pipe (one line per round, no carriage returns), that ``rounds.csv`` is written as rounds end,
-that the header, the table and ``summary.json`` carry the DP setting, that the tables fit 80 columns, and that a
-config re-runs its run exactly, on either engine, without touching the old run's folder. The tests that read runs A
-and B form one xdist group: the two runs happen once, on one worker.
+Two real tiny runs, shared by every test here: run A from options, and run B from A's ``config.toml`` alone (the
+engine is not in the config, and B must still equal A bit for bit). Both are on the in-process engine (``--engine
+inprocess``): the same ServerApp, ClientApp and messages as Flower's simulation engine, bit for bit
+(``test_federation_inprocess.py`` pins the two engines' parameters, with and without secure aggregation), without a
+Ray start per run. They show that progress survives a pipe (one line per round, no carriage returns), that
+``rounds.csv`` is written as rounds end, that the header, the table and ``summary.json`` carry the DP setting, that
+the tables fit 80 columns, and that a config re-runs its run exactly without touching the old run's folder. The
+README's command on Flower's simulation engine (Ray) is run from the command line once in the suite, by
+:func:`test_a_killed_run_stops_cleanly_and_resumes_from_its_last_round`: its progress on a pipe under Ray's logging,
+its signal handling and its resume on the other engine. The tests that read runs A and B form one xdist group: the
+two runs happen once, on one worker.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("runs")
     a = fcd("run", "--preset", "tiny", "--rounds", ROUNDS, "--sites", "3", "--clients-per-round", "2",
             "--no-secure-aggregation", "--eval-every", "2", "--seed", "3", "--set", "evaluation.level=0.8",
-            "--set", "federation.eval_every=1", "--out", "A", cwd=base)
+            "--set", "federation.eval_every=1", "--engine", "inprocess", "--out", "A", cwd=base)
     assert a.returncode == 0, a.stderr[-3000:]
     before = tree_digest(base / "A")
     b = fcd("run", "--config", base / "A" / "config.toml", "--engine", "inprocess", "--out", "B", cwd=base)
@@ -106,7 +110,8 @@ def test_a_config_file_reruns_its_run_exactly_and_leaves_the_old_run_alone(runs)
     a_sum = json.loads((base / "A" / "summary.json").read_text())
     b_sum = json.loads((base / "B" / "summary.json").read_text())
     assert b_sum["rounds"] == ROUNDS and b_sum["seed"] == 3 and b_sum["n_sites"] == 3
-    assert (a_sum["engine"], b_sum["engine"]) == ("flower", "flower-inprocess")
+    assert (a_sum["engine"], b_sum["engine"]) == ("flower-inprocess", "flower-inprocess")
+    assert "engine" not in (base / "A" / "config.toml").read_text()  # B's engine came from its own command line
     for key in ("pehe", "ate_error", "factual_auc", "value_error_mean", "uplink_bytes"):
         assert b_sum[key] == a_sum[key], key
     theta_a, theta_b = load_theta(base / "A" / "theta_c.npz"), load_theta(base / "B" / "theta_c.npz")
@@ -153,7 +158,9 @@ def test_options_given_with_a_config_override_only_what_they_name(runs, tmp_path
 
 @pytest.mark.slow
 def test_a_killed_run_stops_cleanly_and_resumes_from_its_last_round(tmp_path):
-    """`kill PID` (SIGTERM) during a long run on the simulation engine (where Ray takes the signal handler): rounds.csv
+    """`kill PID` (SIGTERM) during a long run on the simulation engine (where Ray takes the signal handler), the
+    README's command as a user types it, piped (the suite's one ``fcd run`` on Ray): progress is one line per round
+    with no carriage returns or colours, rounds.csv
     already holds the finished rounds (it is appended as each ends), the run stops at its next wait and exits 130
     saying how to continue, without a traceback; --resume continues from that round (on the in-process engine: the
     state on disk is the engine's neither, and a second Ray start would add nothing to the claim)."""
@@ -188,7 +195,14 @@ def test_a_killed_run_stops_cleanly_and_resumes_from_its_last_round(tmp_path):
     assert "stopping after the tasks in hand" in err
     assert "interrupted after round" in err and "fcd run --resume K" in err
     assert "Traceback" not in err and out == ""
+    # the README's command on Ray, piped: one progress line per finished round, no carriage-return redraws and no
+    # colours from Ray's or Flower's logging
+    assert "\r" not in err and "\x1b[" not in err
+    lines = err.splitlines()
+    assert lines[0].startswith("fcd run dkt-synth (tiny): 3 sites, 2/round, 60 rounds") and "DP off" in lines[0]
     last = int(pd.read_csv(csv)["round"].max())
+    per_round = [ln.split(" ")[1] for ln in lines if ln.startswith("round ")]
+    assert per_round == [f"{r}/60" for r in range(1, last + 1)], per_round
     res = fcd("run", "--resume", "K", "--rounds", last + 1, "--engine", "inprocess", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"resuming from round {last}" in res.stderr

@@ -1,8 +1,8 @@
 """The answers of a fixed small run, pinned: ``summary.json``, the run table and ``fcd whatif --json``.
 
 One real run (the installed entry point in a fresh process, the in-process engine, secure aggregation on):
-DKT-Synth's ``small`` world with the tiny model, 4 sites, 3 rounds, every round evaluated (so the truth-free round
-selection has candidates and picks round 1, not the last), then ``fcd whatif`` asks four policies of it (a static
+DKT-Synth's ``small`` world with the tiny model, 4 sites, 2 rounds, every round evaluated (so the truth-free round
+selection has two candidates to choose from), then ``fcd whatif`` asks four policies of it (a static
 pair, an incremental policy that needs a propensity model and a share policy). Every answer the run prints or writes
 is compared with ``tests/golden/``: the answers layer may be rebuilt, its answers may not move. Wall times, paths,
 versions and the what-if query id (a hash that includes the run folder) are left out; floats compare to 1e-9
@@ -36,8 +36,10 @@ POLICIES = ("never", "always", "incremental_on_x2", "share_on_20")
 shared = pytest.mark.xdist_group("golden-run")
 
 #: the run: the tiny model on the ``small`` world (test splits above the cohort floor, so D1, the DR-learner and its
-#: held-out check all answer), 4 sites, 3 rounds, every round evaluated, secure aggregation on (the preset's default)
-OVERRIDES = {"data": {"preset": "small"}, "federation": {"rounds": 3, "eval_every": 1}, "seed": 0}
+#: held-out check all answer), 4 sites, 2 rounds (two candidates for the round selection), every round evaluated,
+#: secure aggregation on (the preset's default); 2 rollouts per entity (the preset's), so the what-if answers carry
+#: their Monte-Carlo variance
+OVERRIDES = {"data": {"preset": "small"}, "federation": {"rounds": 2, "eval_every": 1}, "seed": 0}
 
 #: keys whose values are the machine's, not the answer's
 VOLATILE = {"wall_s", "versions", "run", "out", "query_id", "message", "downlink_bytes"}
