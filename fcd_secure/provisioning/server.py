@@ -220,8 +220,8 @@ def run_config_for(co: Coordinator, out: Path, *, rounds: int, dp: bool, preset:
 #: starts is reported in seconds too
 RUN_STATUS_POLL_S = 10.0
 #: a run's ServerApp process shows under the SuperLink one SuperExec poll (``SERVER_TASK_POLL_S``) and a process
-#: start after the submission, and once it showed it is asked about the moment it ends: an ask at 1 s could only find
-#: the run not started yet, and cost a ``flwr ls`` that the wait blocks on
+#: start after the submission (up to a second and more), and once it showed it is asked about the moment it ends: an
+#: ask at 1 s often came before it and found the run not started yet, for a ``flwr ls`` that the wait blocks on
 RUN_STATUS_FIRST_POLL_S = 5.0
 #: the same while a ServerApp process runs under the coordinator's SuperLink: a run cannot have ended without
 #: results while its ServerApp still runs, and the moment none runs the next ask comes at once. A long run then costs
