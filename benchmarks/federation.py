@@ -83,6 +83,10 @@ def simulation_rounds(n_sites: int, rounds: int, preset: str, seed: int, dp: boo
     cfg = build_config(preset, {"seed": seed, "data": {"n_sites": n_sites}, "dp": {"enabled": dp},
                                 "federation": {"rounds": rounds, "clients_per_round": n_sites, "secure_aggregation": True,
                                                "eval_every": 0}, **({"evaluation": evaluation} if evaluation else {})})
+    if engine == "in-process":  # the rounds alone: the figure is their own seconds (no closing evaluation)
+        from fcd_secure.engines.inprocess import run_rounds
+
+        return [r["round_s"] for r in run_rounds(cfg)[1]]
     res = run_engine(cfg, engine)  # no run folder: the figure is the rounds' own seconds
     return [h["round_s"] for h in res.history]
 
@@ -180,7 +184,8 @@ def compare_engines(sites: list[int], rounds: int, preset: str, seed: int, as_js
     """Each number of sites: the reference run on ``engine`` once, then the deployment with each executor kind, each
     row printed as soon as it is measured (stdout; with ``--json`` the rows come together at the end). Returns the exit status: 1
     when a deployment failed (its row says so; the other kinds still run). ``evaluation``: keys of both runs' closing
-    evaluation (the quick form's :data:`QUICK_EVALUATION`)."""
+    evaluation (the quick form's :data:`QUICK_EVALUATION`; the in-process reference runs its rounds alone,
+    ``engines.inprocess.run_rounds``)."""
     rows = []
     for n in sites:
         _progress(f"{engine} engine, {n} sites, {rounds} rounds")

@@ -60,11 +60,12 @@ def _cfg(out, *, secure: bool, sites: int):
 
 
 def _reference(cfg, state: Path):
-    """``cfg`` on the in-process engine with its state in ``state`` and no run folder (its Θc and rounds are the
-    result's: the folder's plots and files are no part of the comparison)."""
-    from fcd_secure.engines.inprocess import run_inprocess
+    """``cfg``'s rounds on the in-process engine with their state in ``state``: ``(Θc after the last round, the
+    rounds' rows)`` (``engines.inprocess.run_rounds``: the run folder and the closing evaluation are no part of the
+    comparison; with one round, that Θc is the run's)."""
+    from fcd_secure.engines.inprocess import run_rounds
 
-    return run_inprocess(cfg.model_copy(update={"out": None, "state_dir": str(state)}))
+    return run_rounds(cfg.model_copy(update={"state_dir": str(state)}))
 
 
 def _alive(pid: int) -> bool:
@@ -310,12 +311,12 @@ def test_secure_deployment_refuses_intruders_and_foreign_apps_and_matches_simula
     # Θc equals the in-process engine's (the simulation engine's, bit for bit: test_federation_inprocess.py) within
     # the fixed-point bound of secure aggregation
     t0 = time.monotonic()
-    ref = _reference(_cfg(tmp_path / "sim-run", secure=True, sites=4), tmp_path / "sim-state")
+    want, ref_rounds = _reference(_cfg(tmp_path / "sim-run", secure=True, sites=4), tmp_path / "sim-state")
     times["simulation"] = time.monotonic() - t0
-    got, want = _theta(out / "theta_c.npz"), ref.theta
+    got = _theta(out / "theta_c.npz")
     from fcd_secure.aggregation.secagg import SecAggPolicy, quantisation_bound
 
-    n_total = ref.history[0]["n_total"]
+    n_total = ref_rounds[0]["n_total"]
     bound = quantisation_bound(SecAggPolicy(), 4, int(n_total))
     assert set(got) == set(want)
     for name in want:
@@ -347,7 +348,7 @@ def test_insecure_dev_deployment_matches_simulation_and_is_marked(tmp_path):
     # node config carried each site's identity and its own folder
     assert sorted(p.name for p in (work / "sites").iterdir()) == ["site-00", "site-01", "site-02"]
     assert all((work / "sites" / s / "site_policy.toml").is_file() for s in ("site-00", "site-01", "site-02"))
-    got, want = _theta(out / "theta_c.npz"), _reference(cfg, tmp_path / "sim-state").theta
+    got, (want, _) = _theta(out / "theta_c.npz"), _reference(cfg, tmp_path / "sim-state")
     assert set(got) == set(want)
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-6, err_msg=name)

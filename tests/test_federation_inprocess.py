@@ -12,7 +12,7 @@ from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.supercore.task_identity import TaskIdentity
 
 from fcd_secure.config import build_config
-from fcd_secure.engines.inprocess import InProcessGrid, run_inprocess
+from fcd_secure.engines.inprocess import InProcessGrid, run_inprocess, run_rounds
 from fcd_secure.engines.simulation import run_simulated
 
 
@@ -55,6 +55,11 @@ def test_same_numbers_as_flowers_simulation_engine_with_secure_aggregation(tmp_p
     assert all(np.array_equal(a.theta[k], b.theta[k]) for k in a.theta)
     (ra,), (rb,) = a.history, b.history
     assert ra["sites"] == rb["sites"] and ra["n_total"] == rb["n_total"] and ra["uplink_bytes"] == rb["uplink_bytes"]
+    # the rounds alone (the deployment tests' reference): the same Θc and round, no closing evaluation, no run folder
+    theta, (rc,) = run_rounds(cfg(tmp_path / "rounds"))
+    assert sorted(theta) == sorted(a.theta) and all(np.array_equal(theta[k], a.theta[k]) for k in a.theta)
+    assert rc["sites"] == ra["sites"] and rc["n_total"] == ra["n_total"]
+    assert not (tmp_path / "rounds").exists()
 
 
 def _grid(handler) -> InProcessGrid:

@@ -152,7 +152,8 @@ def test_privacy_report_on_a_consortium_run_folder_says_the_ledgers_are_on_the_s
 
 def test_a_run_that_ended_without_results_is_reported_with_its_reason(monkeypatch, tmp_path):
     """Measured: a ServerApp that raised (every site refused) left `fcd server run` waiting out --timeout. It now
-    asks the SuperLink (after 1 s, then doubling up to RUN_STATUS_POLL_S) for the run's status and reports Flower's status and the ServerApp's
+    asks the SuperLink (at once when its ServerApp ended; while none showed, after RUN_STATUS_FIRST_POLL_S, then
+    doubling up to RUN_STATUS_POLL_S) for the run's status and reports Flower's status and the ServerApp's
     exception. The `flwr` answers below are the ones the walkthrough's SuperLink gave (flwr 1.42 `ls --format json`
     and `log --show`); starting a SuperLink for this is tests/test_hospital_deployment.py's cost, not this file's."""
     import fcd_secure.provisioning.server as srv

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from fcd_secure.provisioning.processes import alive, descendants, runs_below
+from fcd_secure.provisioning.processes import alive, descendants, find_below, runs_below
 
 #: a parent that starts ``argv[1]`` with this interpreter (as Flower's SuperExec starts ``flwr-serverapp``: a script
 #: run by the venv's python) and waits for it
@@ -34,6 +34,7 @@ def test_a_program_below_a_process_is_found_by_its_script_name_and_not_once_it_e
         _wait_for(lambda: runs_below(parent.pid, "flwr-serverapp"), "the child never showed under its parent")
         assert not runs_below(parent.pid, "flwr-clientapp")  # another program's name
         (child,) = descendants(parent.pid)
+        assert find_below(parent.pid, "flwr-serverapp") == child  # the PID a waiting run then checks alone
         os.kill(child, signal.SIGKILL)
         _wait_for(lambda: not runs_below(parent.pid, "flwr-serverapp"), "the ended child still counted")
     finally:

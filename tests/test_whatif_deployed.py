@@ -244,10 +244,12 @@ def test_whatif_on_a_deployed_run_through_the_superlink(hospitals, one_torch_thr
         for home in homes:
             # each hospital tests on half of its patients: the tiny world's test splits then reach the cohort floor
             _set_policy(home, split={"test_fraction": 0.5})
-        # one round more than the checkpoint holds (the same training settings as the other module's runs); the
-        # closing evaluation, which the sites answer here, and the questions below (they take the run's evaluation
-        # settings) with one rollout each and the two policies asked: no figure of either is asserted on
-        rounds = c.trained_rounds() + 1
+        # the rounds the checkpoint holds (the same training settings as the other module's runs): the run resumes
+        # after its last round and goes straight to its closing evaluation, which the sites answer here (the
+        # questions are about that answer, not about training; a fresh consortium trains one round); the closing
+        # evaluation and the questions below (they take the run's evaluation settings) with one rollout each and the
+        # two policies asked: no figure of either is asserted on
+        rounds = max(c.trained_rounds(), 1)
         code, env = invoke(server_cli.app, ["run", "--home", str(co), "--out", str(run), "--rounds", str(rounds),
                                             "--dp", "--dp-epsilon", "1", "--timeout", "900",
                                             "--set", "evaluation.n_samples=1",

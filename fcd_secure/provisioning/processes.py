@@ -83,17 +83,23 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def runs_below(pid: int, program: str) -> bool:
-    """Whether a live process below ``pid`` (:func:`descendants`) runs ``program``: the base name of its executable
-    or, for a script run by an interpreter, of the script (the first two words of its command line)."""
+def find_below(pid: int, program: str) -> int | None:
+    """The PID of a live process below ``pid`` (:func:`descendants`) that runs ``program`` (the base name of its
+    executable or, for a script run by an interpreter, of the script: the first two words of its command line), or
+    None. Each call reads all of ``/proc``: a caller that waits on the process found checks it with :func:`alive`."""
     for child in descendants(pid):
         try:
             words = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")[:2]
         except OSError:
             continue
         if any(Path(w.decode(errors="replace")).name == program for w in words) and alive(child):
-            return True
-    return False
+            return child
+    return None
+
+
+def runs_below(pid: int, program: str) -> bool:
+    """Whether a live process below ``pid`` runs ``program`` (:func:`find_below`)."""
+    return find_below(pid, program) is not None
 
 
 def _same_command(pid: int, args: list[str]) -> bool:

@@ -215,10 +215,14 @@ def run_config_for(co: Coordinator, out: Path, *, rounds: int, dp: bool, preset:
 
 
 #: how often, at most, a waiting ``fcd server run`` asks the SuperLink whether its run ended without results (each
-#: ask is a ``flwr ls`` process: about 1.5 s of CPU); the first ask comes after :data:`RUN_STATUS_FIRST_POLL_S`
-#: and the interval doubles up to this, so a run refused at its first message is reported in seconds
+#: ask is a ``flwr ls`` process: about 1.5 s of CPU); while no ServerApp has shown, the first ask comes after
+#: :data:`RUN_STATUS_FIRST_POLL_S` and the interval doubles up to this, so a run that fails before its ServerApp
+#: starts is reported in seconds too
 RUN_STATUS_POLL_S = 10.0
-RUN_STATUS_FIRST_POLL_S = 1.0
+#: a run's ServerApp process shows under the SuperLink one SuperExec poll (``SERVER_TASK_POLL_S``) and a process
+#: start after the submission (up to a second and more), and once it showed it is asked about the moment it ends: an
+#: ask at 1 s often came before it and found the run not started yet, for a ``flwr ls`` that the wait blocks on
+RUN_STATUS_FIRST_POLL_S = 5.0
 #: the same while a ServerApp process runs under the coordinator's SuperLink: a run cannot have ended without
 #: results while its ServerApp still runs, and the moment none runs the next ask comes at once. A long run then costs
 #: one ``flwr ls`` per minute instead of one per :data:`RUN_STATUS_POLL_S` (on two cores, 0.15 of a core)
@@ -258,11 +262,11 @@ def _running(co: Coordinator) -> bool:
     return any(p["running"] for p in processes.status(_server_root(co)).values())
 
 
-def _server_app_running(co: Coordinator) -> bool:
-    """Whether a ServerApp process (:data:`SERVERAPP_PROGRAM`) runs under the coordinator's SuperLink (read from
-    ``/proc``, no request to the SuperLink)."""
+def _server_app_pid(co: Coordinator) -> int | None:
+    """The PID of a ServerApp process (:data:`SERVERAPP_PROGRAM`) under the coordinator's SuperLink, or None (read
+    from ``/proc``, no request to the SuperLink)."""
     link = processes.read_pids(_server_root(co)).get(LINK)
-    return link is not None and processes.runs_below(int(link["pid"]), SERVERAPP_PROGRAM)
+    return None if link is None else processes.find_below(int(link["pid"]), SERVERAPP_PROGRAM)
 
 
 def _signed(co: Coordinator, config_text_: str) -> dict[str, str]:
@@ -300,18 +304,20 @@ def _submit_and_wait(co: Coordinator, run_config_doc: dict[str, str], done: Path
     deadline = t0 + timeout_s
     interval = RUN_STATUS_FIRST_POLL_S
     next_status = time.monotonic() + interval
-    app_seen = False
+    app_pid: int | None = None  # the run's ServerApp process once it showed: then only its PID is checked
     while not done.exists():
         if time.monotonic() > deadline:
             raise RuntimeError(f"the run did not finish within {timeout_s:.0f} s; see {log} and `flwr log` on the SuperLink")
         if not _running(co):
             raise RuntimeError(f"the SuperLink stopped during the run; see {processes.run_dir(root) / 'logs'}")
-        app_running = _server_app_running(co)
-        if app_running and not app_seen:
-            next_status = time.monotonic() + RUN_STATUS_SERVERAPP_POLL_S
-        elif app_seen and not app_running:  # the ServerApp just ended: without results? (ask now, not in a while)
+        if app_pid is None:
+            app_pid = _server_app_pid(co)
+            if app_pid is not None:
+                next_status = time.monotonic() + RUN_STATUS_SERVERAPP_POLL_S
+        elif not processes.alive(app_pid):  # the ServerApp just ended: without results? (ask now, not in a while)
+            app_pid = None
             next_status = time.monotonic()
-        app_seen = app_running
+        app_running = app_pid is not None
         if run_id is not None and time.monotonic() >= next_status and not done.exists():
             # a ServerApp that raised (every site refused, a checkpoint of other settings, ...) writes no
             # result: ask the SuperLink, or the command would wait out the whole timeout (docs/hospital.md,
