@@ -1,0 +1,34 @@
+"""The per-process caches on a small run's hot path never serve stale answers (cheap units, no Flower start).
+
+Each cache here keys on what its value depends on; these tests change that input between two calls in one process
+and check the second call sees the change: the egress gate's policy (``apps.egress.federation_policy``) follows a
+rewritten site policy file.
+"""
+
+from __future__ import annotations
+
+from fcd_secure.apps.egress import federation_policy, site_gate_policy
+from fcd_secure.apps.site import SiteRuntime
+from fcd_secure.config import build_config
+from fcd_secure.federation.site_policy import SitePolicy
+
+
+def test_the_gate_policy_follows_a_rewritten_site_policy_file(tmp_path):
+    """A site whose policy file allows full sync lets Θs out in a full-sync run; after the file is rewritten to
+    forbid it, the next message's gate (a fresh runtime, as every message builds) lets none out, though the
+    memoised policy of the first message is still cached."""
+    cfg = build_config("tiny", {"data": {"n_sites": 2}, "federation": {"clients_per_round": 2, "sync": "full",
+                                                                       "secure_aggregation": False}})
+    path = tmp_path / "site-00" / "site_policy.toml"
+    base = SitePolicy.for_run(cfg)
+    base.model_copy(update={"egress": base.egress.model_copy(update={"allow_full_sync": True})}).write(path)
+    allowed = site_gate_policy(SiteRuntime(cfg, "site-00", 0, str(tmp_path)), None)
+    assert allowed.allow_theta_s_upload
+    base.model_copy(update={"egress": base.egress.model_copy(update={"allow_full_sync": False})}).write(path)
+    after = SiteRuntime(cfg, "site-00", 0, str(tmp_path))
+    assert after.cfg.federation.sync == "dss"
+    assert not site_gate_policy(after, None).allow_theta_s_upload
+    # the same question is one frozen policy; another question another one
+    assert federation_policy(2, ("never", "always")) is federation_policy(2, ["never", "always"])
+    assert federation_policy(2, ("never",)) != federation_policy(2, ("never", "always"))
+    assert federation_policy(3, ("never",)) != federation_policy(2, ("never",))
