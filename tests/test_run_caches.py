@@ -2,13 +2,17 @@
 
 Each cache here keys on what its value depends on; these tests change that input between two calls in one process
 and check the second call sees the change: the egress gate's policy (``apps.egress.federation_policy``) follows a
-rewritten site policy file.
+rewritten site policy file; the gate's fingerprints of private arrays (``audit.scanner.fingerprint_private``) follow
+arrays changed in place.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from fcd_secure.apps.egress import federation_policy, site_gate_policy
 from fcd_secure.apps.site import SiteRuntime
+from fcd_secure.audit.scanner import find_private, fingerprint_private
 from fcd_secure.config import build_config
 from fcd_secure.federation.site_policy import SitePolicy
 
@@ -32,3 +36,22 @@ def test_the_gate_policy_follows_a_rewritten_site_policy_file(tmp_path):
     assert federation_policy(2, ("never", "always")) is federation_policy(2, ["never", "always"])
     assert federation_policy(2, ("never",)) != federation_policy(2, ("never", "always"))
     assert federation_policy(3, ("never",)) != federation_policy(2, ("never",))
+
+
+def test_the_gates_fingerprints_follow_arrays_changed_in_place():
+    """The same propensity and Θs objects with new numbers (a new round's Θs committed into the same buffer, another
+    table's propensities): the next message's fingerprints are of the new numbers, not the memoised old ones."""
+    rng = np.random.default_rng(0)
+    P = rng.uniform(0.05, 0.95, size=(30, 6))
+    theta = {"site_emb": rng.normal(size=(4, 8)).astype(np.float32)}
+    first = fingerprint_private(theta, P, 8)
+    assert find_private(P[3].tobytes(), first) == "propensity"
+    assert find_private(theta["site_emb"][1].tobytes(), first) == "theta_s"
+    assert fingerprint_private(theta, P, 8)[1] is first[1]  # the same numbers: the built group is reused
+    P[:] = rng.uniform(0.05, 0.95, size=P.shape)
+    theta["site_emb"][:] = rng.normal(size=(4, 8)).astype(np.float32)
+    after = fingerprint_private(theta, P, 8)
+    assert find_private(P[3].tobytes(), after) == "propensity"
+    assert find_private(np.ascontiguousarray(P[:, 2]).astype(np.float32).tobytes(), after) == "propensity"
+    assert find_private(theta["site_emb"][1].tobytes(), after) == "theta_s"
+    assert find_private(theta["site_emb"][1].tobytes(), first) is None  # what the old fingerprints would miss
