@@ -2,7 +2,8 @@
 
 Each cache here keys on what its value depends on; these tests change that input between two calls in one process
 and check the second call sees the change: the egress gate's policy (``apps.egress.federation_policy``) follows a
-rewritten site policy file; the gate's fingerprints of private arrays (``audit.scanner.fingerprint_private``) follow
+rewritten site policy file; a site's loaded data and its cut (``federation.learner.load_site_data`` /
+``load_own_site_data``) follow a rewritten table; the gate's fingerprints of private arrays (``audit.scanner.fingerprint_private``) follow
 arrays changed in place.
 """
 
@@ -11,9 +12,13 @@ from __future__ import annotations
 import numpy as np
 
 from fcd_secure.apps.egress import federation_policy, site_gate_policy
+from conftest import GOOD_SPEC, make_long_table
+
 from fcd_secure.apps.site import SiteRuntime
 from fcd_secure.audit.scanner import find_private, fingerprint_private
 from fcd_secure.config import build_config
+from fcd_secure.data.cohorts import row_ids
+from fcd_secure.federation import learner
 from fcd_secure.federation.site_policy import SitePolicy
 
 
@@ -55,3 +60,25 @@ def test_the_gates_fingerprints_follow_arrays_changed_in_place():
     assert find_private(np.ascontiguousarray(P[:, 2]).astype(np.float32).tobytes(), after) == "propensity"
     assert find_private(theta["site_emb"][1].tobytes(), after) == "theta_s"
     assert find_private(theta["site_emb"][1].tobytes(), first) is None  # what the old fingerprints would miss
+
+
+def test_a_sites_data_is_read_again_when_its_table_file_changes(long_case):
+    """The site stays the authority over its data: the per-process caches of the loaded table and of each site's
+    cut key on the files' identity, so after the table is rewritten (another patient set) the next message's data
+    are the new table's, in simulation and for a deployed site's own table; the same file serves the cached cut."""
+    spec, table = long_case(make_long_table(60, seed=0), GOOD_SPEC.replace('site = "hospital"\n', ""))
+    cfg = build_config("tiny", {"seed": 0, "data": {"dataset": "spec", "spec": str(spec), "table": str(table),
+                                                    "n_sites": 2}, "federation": {"clients_per_round": 2}})
+    first = learner.load_site_data(cfg, 0)
+    again = learner.load_site_data(cfg, 0)
+    assert again.train is first.train and again.validation is first.validation  # one cut per process
+    own = learner.load_own_site_data(cfg, spec, table, 0, secret=b"k" * 32)
+    assert learner.load_own_site_data(cfg, spec, table, 0, secret=b"k" * 32).train is own.train
+    df = make_long_table(60, seed=1)
+    df["pid"] = "q" + df["pid"]  # other patients, other numbers
+    df.to_csv(table, index=False)
+    after = learner.load_site_data(cfg, 0)
+    assert not set(row_ids(after.train)) & set(row_ids(first.train))
+    assert all(r.startswith("q") for r in row_ids(after.train) + row_ids(after.test))
+    own_after = learner.load_own_site_data(cfg, spec, table, 0, secret=b"k" * 32)
+    assert all(r.startswith("q") for r in row_ids(own_after.train) + row_ids(own_after.test))
