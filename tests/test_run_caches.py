@@ -3,8 +3,8 @@
 Each cache here keys on what its value depends on; these tests change that input between two calls in one process
 and check the second call sees the change: the egress gate's policy (``apps.egress.federation_policy``) follows a
 rewritten site policy file; a site's loaded data and its cut (``federation.learner.load_site_data`` /
-``load_own_site_data``) follow a rewritten table; the gate's fingerprints of private arrays (``audit.scanner.fingerprint_private``) follow
-arrays changed in place.
+``load_own_site_data``) follow a rewritten table; the gate's fingerprints of private arrays (``audit.scanner.fingerprint_private``) and a site's fitted
+behaviour models (``evaluation.propensity.HistoryPropensity.fit_design``) follow arrays changed in place.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from fcd_secure.apps.site import SiteRuntime
 from fcd_secure.audit.scanner import find_private, fingerprint_private
 from fcd_secure.config import build_config
 from fcd_secure.data.cohorts import row_ids
+from fcd_secure.evaluation import propensity
 from fcd_secure.federation import learner
 from fcd_secure.federation.site_policy import SitePolicy
 
@@ -82,3 +83,23 @@ def test_a_sites_data_is_read_again_when_its_table_file_changes(long_case):
     assert all(r.startswith("q") for r in row_ids(after.train) + row_ids(after.test))
     own_after = learner.load_own_site_data(cfg, spec, table, 0, secret=b"k" * 32)
     assert all(r.startswith("q") for r in row_ids(own_after.train) + row_ids(own_after.test))
+
+
+def test_a_behaviour_fit_is_kept_only_for_the_same_rows_and_settings():
+    """The kept fit is bit for bit the fit itself; rows changed in place, or another penalty, fit again."""
+    rng = np.random.default_rng(1)
+    F, a = rng.normal(size=(200, 4)), rng.integers(0, 3, size=200)
+
+    def fit(F, a, l2=1e-3):
+        return propensity.HistoryPropensity(3, 0, l2=l2).fit_design(F, a)
+
+    first = fit(F, a)
+    assert np.array_equal(fit(F, a).coef, first.coef)
+    propensity._FITS.clear()
+    assert np.array_equal(fit(F, a).coef, first.coef)  # the memoised coefficients are the L-BFGS fit's own
+    F[:, 0] += 2.0 * a  # the same objects, other rows
+    moved = fit(F, a)
+    assert not np.allclose(moved.coef, first.coef)
+    propensity._FITS.clear()
+    assert np.array_equal(fit(F, a).coef, moved.coef)
+    assert not np.allclose(fit(F, a, l2=1.0).coef, moved.coef)
