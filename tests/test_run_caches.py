@@ -4,7 +4,8 @@ Each cache here keys on what its value depends on; these tests change that input
 and check the second call sees the change: the egress gate's policy (``apps.egress.federation_policy``) follows a
 rewritten site policy file; a site's loaded data and its cut (``federation.learner.load_site_data`` /
 ``load_own_site_data``) follow a rewritten table; the gate's fingerprints of private arrays (``audit.scanner.fingerprint_private``) and a site's fitted
-behaviour models (``evaluation.propensity.HistoryPropensity.fit_design``) follow arrays changed in place.
+behaviour models (``evaluation.propensity.HistoryPropensity.fit_design``) follow arrays changed in place; a
+world's true effects (``OracleWorld.effects_of``) are the computed ones.
 """
 
 from __future__ import annotations
@@ -103,3 +104,18 @@ def test_a_behaviour_fit_is_kept_only_for_the_same_rows_and_settings():
     propensity._FITS.clear()
     assert np.array_equal(fit(F, a).coef, moved.coef)
     assert not np.allclose(fit(F, a, l2=1.0).coef, moved.coef)
+
+
+def test_a_worlds_true_effects_are_kept_per_question_and_are_the_computed_ones(tiny_dkt_site):
+    """The true effects a run asks at every evaluated round: the kept answer is the computed one, a copy (a caller
+    writing into it changes nothing kept), and another window or rows is computed anew."""
+    world = tiny_dkt_site[1].oracle
+    first = world.true_effects(0, "test")
+    kept = first.copy()
+    first[:] = 99.0
+    again = world.true_effects(0, "test")
+    assert np.array_equal(again, kept, equal_nan=True)
+    world.__dict__.pop("_effects_memo")
+    assert np.array_equal(again, world.true_effects(0, "test"), equal_nan=True)
+    assert not np.array_equal(world.true_effects(0, "test", horizon=1), again, equal_nan=True)
+    assert world.true_effects(0, "test", rows=[0, 1]).shape == (2,)
