@@ -119,3 +119,28 @@ def test_a_worlds_true_effects_are_kept_per_question_and_are_the_computed_ones(t
     assert np.array_equal(again, world.true_effects(0, "test"), equal_nan=True)
     assert not np.array_equal(world.true_effects(0, "test", horizon=1), again, equal_nan=True)
     assert world.true_effects(0, "test", rows=[0, 1]).shape == (2,)
+
+
+def test_the_gate_flushes_a_messages_ledger_lines_once_before_the_reply_leaves(tmp_path, monkeypatch):
+    """Closing round 1 on a round-2 message writes a checkpoint and the upload line: both are on disk when the reply
+    comes back from the gate, by one fsync of the ledger file (``SiteLedger.deferred_sync``), not one per line."""
+    import os
+
+    from test_audit_support import Site, instruction
+
+    site = Site(tmp_path)
+    path = os.path.realpath(site.ledger.path)
+    real_fsync, flushed = os.fsync, []
+
+    def fsync(fd):  # the real flush, counted per file
+        flushed.append(os.path.realpath(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    assert not site.send(instruction("train", round=1)).has_error()
+    before, flushed[:] = len(site.ledger.lines()), []
+    reply = site.send(instruction("train", round=2))
+    assert not reply.has_error()
+    kinds = [line["kind"] for line in site.ledger.lines()[before:]]
+    assert "checkpoint" in kinds and kinds[-1] == "upload" and len(kinds) >= 2
+    assert flushed.count(path) == 1
