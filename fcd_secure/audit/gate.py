@@ -150,14 +150,8 @@ def make_egress_gate(get_site: Callable[..., SiteAuditContext]) -> Callable[[Mes
     def egress_gate(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
         try:
             ctx = get_site(msg, context) if takes_msg else get_site(context)
-        except SiteFailure as failure:  # the site knows why it cannot answer: say which category, nothing more
-            log.error("egress gate could not prepare (%s); replying with that error", failure.error)
-            _debug_trace()
-            return _site_error_reply(msg, failure.error)
         except Exception as exc:  # noqa: BLE001 - fail closed: without a working ledger nothing with content leaves
-            log.error("egress gate could not prepare (%s); replying with a generic error", type(exc).__name__)
-            _debug_trace()
-            return _error_reply(msg, GENERIC_ERROR_REASON)
+            return _unprepared(msg, exc)
         try:
             # every line this message adds (receipts, checkpoints, the upload line) is on disk, by one fsync at the
             # block's end, before the reply is returned to leave
@@ -188,14 +182,8 @@ def _gate(msg: Message, context: Context, call_next: Callable[[Message, Context]
             return reply
         if rnd is not None:
             _close_rounds(ctx, rnd)
-    except SiteFailure as failure:  # the site knows why it cannot answer: say which category, nothing more
-        log.error("egress gate could not prepare (%s); replying with that error", failure.error)
-        _debug_trace()
-        return _site_error_reply(msg, failure.error)
     except Exception as exc:  # noqa: BLE001 - fail closed: without a working ledger nothing with content leaves
-        log.error("egress gate could not prepare (%s); replying with a generic error", type(exc).__name__)
-        _debug_trace()
-        return _error_reply(msg, GENERIC_ERROR_REASON)
+        return _unprepared(msg, exc)
 
     try:
         reply = call_next(msg, context)
@@ -217,6 +205,18 @@ def _gate(msg: Message, context: Context, call_next: Callable[[Message, Context]
         log.error("egress gate failed while checking or recording (%s); replying with a generic error", type(exc).__name__)
         _debug_trace()
         return _error_reply(msg, GENERIC_ERROR_REASON)
+
+
+def _unprepared(msg: Message, exc: Exception) -> Message:
+    """The reply when the gate cannot find the site or prepare its ledger for ``msg``: a :class:`SiteFailure`'s
+    category (the site knows why it cannot answer: that, nothing more), else a generic error."""
+    if isinstance(exc, SiteFailure):
+        log.error("egress gate could not prepare (%s); replying with that error", exc.error)
+        _debug_trace()
+        return _site_error_reply(msg, exc.error)
+    log.error("egress gate could not prepare (%s); replying with a generic error", type(exc).__name__)
+    _debug_trace()
+    return _error_reply(msg, GENERIC_ERROR_REASON)
 
 
 def _checked(msg: Message, reply: Message | None, ctx: SiteAuditContext) -> Message:
