@@ -136,6 +136,21 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
+def file_identity(path: str | os.PathLike[str]) -> tuple[str, int, int, int, int, int]:
+    """``(resolved path, device, inode, size, mtime_ns, ctime_ns)`` of a file (``os.stat``, Python docs): what a
+    per-process cache of something read from the file keys on, so a file replaced (new inode), rewritten (new size,
+    modification and change times) or moved to the path is read again. Cheaper than hashing the bytes; like
+    ``make`` and Python's bytecode cache it cannot see a same-size rewrite within the file system's timestamp
+    granularity that also keeps the inode.
+
+    Raises:
+        OSError: the file cannot be stat'ed (missing: ``FileNotFoundError``).
+    """
+    resolved = Path(path).resolve()
+    st = resolved.stat()
+    return str(resolved), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
 class FolderPath:
     """A path of a folder layout, declared as a class attribute: ``FolderPath("root", "state")`` reads
     ``Path(obj.root) / "state"`` on an instance, so a layout class is a table of its files rather than one property

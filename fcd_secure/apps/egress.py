@@ -11,6 +11,7 @@ whose egress cannot be checked must not send anything.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -62,8 +63,22 @@ def federation_policy(
             ``config.EvaluationSection.shares_behaviour_model``, docs/threats.md P68); a site's gate in any other run
             admits none of them, and its bound on a masked evaluation vector stays without their Hessian's 20,100
             sums.
-        **fields: further :class:`~fcd_secure.audit.GatePolicy` fields (e.g. ``allow_theta_s_upload``).
+        **fields: further :class:`~fcd_secure.audit.GatePolicy` fields (e.g. ``allow_theta_s_upload``), hashable.
+
+    The gate asks for it on every message (``make_egress_gate_mod``); the policy is a pure function of these
+    arguments, all read from the site's effective settings of that message, and frozen, so it is built once per
+    distinct argument tuple (:func:`_federation_policy`, a ``functools.lru_cache``): a changed site policy changes
+    the arguments and so the key, never an entry.
     """
+    return _federation_policy(None if ope_horizon is None else int(ope_horizon), tuple(policy_names),
+                              bool(shared_behaviour), tuple(sorted(fields.items())))
+
+
+@functools.lru_cache(maxsize=32)
+def _federation_policy(ope_horizon: int | None, policy_names: tuple[str, ...], shared_behaviour: bool,
+                       field_items: tuple[tuple[str, object], ...]) -> GatePolicy:
+    """:func:`federation_policy`'s body, memoised on its hashable arguments."""
+    fields = dict(field_items)
     # every evaluation sum is declared once, by the query that sends it (queries.registry)
     base = federation_gate_policy(
         eval_names=metric_names(policy_names, ope_horizon),
@@ -101,6 +116,24 @@ def evaluation_vector_bound(policy: GatePolicy, rt: SiteRuntime) -> int:
     scalars = sum(1 for m in policy.allowed_metrics if m.startswith(prefix))
     lists = [n for m, n in policy.allowed_metric_lists.items() if m.startswith(prefix)]
     return max_words(scalars, lists, rt.secagg_policy)
+
+
+def site_gate_policy(rt: SiteRuntime, request_config) -> GatePolicy:
+    """What may leave ``rt`` in answer to a message whose config record is ``request_config``: :func:`federation_policy`
+    of the site's effective settings (``rt.cfg``: its policy, never a weaker request) and the evaluated policies the
+    request names, with Θs uploads only under ``federation.sync = "full"`` and, in secure mode, the longest masked
+    evaluation vector those names allow (a masked evaluation input may be longer than Θc: a small-Θc simulator)."""
+    names = evaluated_policy_names(request_config, rt.cfg)
+    fed = rt.cfg.federation
+    pol = federation_policy(
+        rt.cfg.evaluation.ope_horizon, names,
+        shared_behaviour=rt.cfg.evaluation.shares_behaviour_model,
+        allow_theta_s_upload=fed.sync == "full", secure_only=fed.secure_aggregation,
+    )
+    if fed.secure_aggregation:
+        pol = pol.model_copy(update={"secagg_max_vector_words": evaluation_vector_bound(pol, rt)})
+    return pol
+
 
 RuntimeGetter = Callable[[Message, Context], SiteRuntime]
 
@@ -185,17 +218,7 @@ def make_egress_gate_mod(runtime_getter: RuntimeGetter | None, policy: GatePolic
             raise NoSiteRuntime("egress gate built without a site runtime getter")
         try:
             rt = runtime_getter(msg, context)
-            pol = policy
-            if pol is None:
-                names = evaluated_policy_names(msg.content.get(REC_CONFIG), rt.cfg)
-                fed = rt.cfg.federation  # the effective settings: the site's policy, never a weaker request
-                pol = federation_policy(
-                    rt.cfg.evaluation.ope_horizon, names,
-                    shared_behaviour=rt.cfg.evaluation.shares_behaviour_model,
-                    allow_theta_s_upload=fed.sync == "full", secure_only=fed.secure_aggregation,
-                )
-                if fed.secure_aggregation:  # a masked evaluation input may be longer than Θc (a small-Θc simulator)
-                    pol = pol.model_copy(update={"secagg_max_vector_words": evaluation_vector_bound(pol, rt)})
+            pol = policy if policy is not None else site_gate_policy(rt, msg.content.get(REC_CONFIG))
             return site_audit_context(rt, pol, context=context)
         except Exception as exc:  # noqa: BLE001 - reported by category only (e.g. data that fails its spec)
             error = site_error_of(exc)

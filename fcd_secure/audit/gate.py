@@ -150,50 +150,73 @@ def make_egress_gate(get_site: Callable[..., SiteAuditContext]) -> Callable[[Mes
     def egress_gate(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
         try:
             ctx = get_site(msg, context) if takes_msg else get_site(context)
-            ctx.ledger.record_manifest(ctx.manifest)
-            rnd = round_of(msg)
-            _take_receipts(msg, ctx)
-            if msg.metadata.message_type == RECEIPTS_MESSAGE_TYPE:
-                # the dedicated receipts message after the last round: store, close every open round, and ack with
-                # the last checkpoint so the server countersigns the final head too
-                _close_rounds(ctx, None)
-                reply = Message(_with_head(RecordDict(), ctx), reply_to=msg)
-                _record(ctx, reply, "sent")
-                return reply
-            if rnd is not None:
-                _close_rounds(ctx, rnd)
-        except SiteFailure as failure:  # the site knows why it cannot answer: say which category, nothing more
-            log.error("egress gate could not prepare (%s); replying with that error", failure.error)
-            _debug_trace()
-            return _site_error_reply(msg, failure.error)
         except Exception as exc:  # noqa: BLE001 - fail closed: without a working ledger nothing with content leaves
-            log.error("egress gate could not prepare (%s); replying with a generic error", type(exc).__name__)
-            _debug_trace()
-            return _error_reply(msg, GENERIC_ERROR_REASON)
-
+            return _unprepared(msg, exc)
         try:
-            reply = call_next(msg, context)
-        except Refusal as refusal:  # the site's policy refused the request before anything was computed
-            try:
-                out = _policy_refusal(msg, refusal)
-                _record(ctx, out, "refused", refusal=refusal.to_record())
-                return out
-            except Exception as exc:  # noqa: BLE001
-                log.error("egress gate could not record a refusal (%s); replying with a generic error", type(exc).__name__)
-                return _error_reply(msg, GENERIC_ERROR_REASON)
-        except Exception as exc:  # noqa: BLE001 - exception text must never leave the site
-            log.warning("handler for %s raised %s; replying with a generic error", msg.metadata.message_type, type(exc).__name__)
-            reply = None
-
-        try:
-            return _checked(msg, reply, ctx)
-        except Exception as exc:  # noqa: BLE001
-            log.error("egress gate failed while checking or recording (%s); replying with a generic error", type(exc).__name__)
+            # every line this message adds (receipts, checkpoints, the upload line) is on disk, by one fsync at the
+            # block's end, before the reply is returned to leave
+            with ctx.ledger.deferred_sync():
+                return _gate(msg, context, call_next, ctx)
+        except Exception as exc:  # noqa: BLE001 - a ledger that cannot be flushed: nothing with content leaves
+            log.error("egress gate could not flush its ledger (%s); replying with a generic error", type(exc).__name__)
             _debug_trace()
             return _error_reply(msg, GENERIC_ERROR_REASON)
 
     egress_gate.__name__ = "egress_gate"
     return egress_gate
+
+
+def _gate(msg: Message, context: Context, call_next: Callable[[Message, Context], Message],
+          ctx: SiteAuditContext) -> Message:
+    """:func:`make_egress_gate`'s mod for the site ``ctx``: the reply that may leave for ``msg``, recorded."""
+    try:
+        ctx.ledger.record_manifest(ctx.manifest)
+        rnd = round_of(msg)
+        _take_receipts(msg, ctx)
+        if msg.metadata.message_type == RECEIPTS_MESSAGE_TYPE:
+            # the dedicated receipts message after the last round: store, close every open round, and ack with
+            # the last checkpoint so the server countersigns the final head too
+            _close_rounds(ctx, None)
+            reply = Message(_with_head(RecordDict(), ctx), reply_to=msg)
+            _record(ctx, reply, "sent")
+            return reply
+        if rnd is not None:
+            _close_rounds(ctx, rnd)
+    except Exception as exc:  # noqa: BLE001 - fail closed: without a working ledger nothing with content leaves
+        return _unprepared(msg, exc)
+
+    try:
+        reply = call_next(msg, context)
+    except Refusal as refusal:  # the site's policy refused the request before anything was computed
+        try:
+            out = _policy_refusal(msg, refusal)
+            _record(ctx, out, "refused", refusal=refusal.to_record())
+            return out
+        except Exception as exc:  # noqa: BLE001
+            log.error("egress gate could not record a refusal (%s); replying with a generic error", type(exc).__name__)
+            return _error_reply(msg, GENERIC_ERROR_REASON)
+    except Exception as exc:  # noqa: BLE001 - exception text must never leave the site
+        log.warning("handler for %s raised %s; replying with a generic error", msg.metadata.message_type, type(exc).__name__)
+        reply = None
+
+    try:
+        return _checked(msg, reply, ctx)
+    except Exception as exc:  # noqa: BLE001
+        log.error("egress gate failed while checking or recording (%s); replying with a generic error", type(exc).__name__)
+        _debug_trace()
+        return _error_reply(msg, GENERIC_ERROR_REASON)
+
+
+def _unprepared(msg: Message, exc: Exception) -> Message:
+    """The reply when the gate cannot find the site or prepare its ledger for ``msg``: a :class:`SiteFailure`'s
+    category (the site knows why it cannot answer: that, nothing more), else a generic error."""
+    if isinstance(exc, SiteFailure):
+        log.error("egress gate could not prepare (%s); replying with that error", exc.error)
+        _debug_trace()
+        return _site_error_reply(msg, exc.error)
+    log.error("egress gate could not prepare (%s); replying with a generic error", type(exc).__name__)
+    _debug_trace()
+    return _error_reply(msg, GENERIC_ERROR_REASON)
 
 
 def _checked(msg: Message, reply: Message | None, ctx: SiteAuditContext) -> Message:

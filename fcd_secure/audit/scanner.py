@@ -153,22 +153,53 @@ def fingerprint_private(
     """Fingerprints of the Θs tensors (current and earlier rounds) and of the propensity array (as stored, float32
     and float64), each with its rows and, for matrices, its columns.
 
+    Each group is built once per content (:func:`_fingerprints`): the gate checks every message of a round against
+    the same Θs versions and the same propensities, and a group is a pure function of its arrays' bytes.
+
     Args:
         theta_s: the site's current Θs tensors by name.
         propensities: the site's logged propensities ``[n, L]``, or ``None``.
         min_len: arrays (and rows) shorter than this many bytes are too little to fingerprint.
         theta_s_history: Θs of earlier rounds (most recent first): a reply must not carry last round's Θs either.
     """
-    theta = PrivateArrays("theta_s")
-    for version in [theta_s or {}, *theta_s_history]:
-        for arr in version.values():
-            _with_columns(theta, np.asarray(arr), min_len)
-    prop = PrivateArrays("propensity")
-    if propensities is not None:
-        a = np.ascontiguousarray(np.asarray(propensities))
-        for cand in {a.dtype: a, np.dtype(np.float32): a.astype(np.float32), np.dtype(np.float64): a.astype(np.float64)}.values():
-            _with_columns(prop, cand, min_len)
-    return [theta, prop]
+    theta = [np.asarray(arr) for version in [theta_s or {}, *theta_s_history] for arr in version.values()]
+    props = [] if propensities is None else [np.ascontiguousarray(np.asarray(propensities))]
+    return [_fingerprints("theta_s", theta, min_len), _fingerprints("propensity", props, min_len)]
+
+
+#: built fingerprint groups by the digest of their arrays' contents (:func:`_fingerprints`), oldest first
+_GROUPS: dict[str, PrivateArrays] = {}
+#: groups kept: a simulated run's sites each hold their Θs versions and propensities in one process
+_GROUPS_KEPT = 16
+
+
+def _fingerprints(kind: PrivateKind, arrays: list[np.ndarray], min_len: int) -> PrivateArrays:
+    """The :class:`PrivateArrays` of ``arrays`` (a propensity array also as float32 and float64), each with its
+    columns; kept by a SHA-256 of ``kind``, ``min_len`` and every array's dtype, shape and bytes, so an entry is only
+    ever served for the same numbers (the digest reads each byte once; the row hashes and bitmaps it saves cost tens
+    of times more). The group is read-only once built (:meth:`PrivateArrays.found_in`)."""
+    h = hashlib.sha256(f"{kind}:{int(min_len)}".encode())
+    for arr in arrays:
+        a = np.ascontiguousarray(arr)
+        h.update(f"|{a.dtype.str}{a.shape}|".encode())
+        h.update(a.tobytes())
+    key = h.hexdigest()
+    group = _GROUPS.get(key)
+    if group is not None:
+        return group
+    group = PrivateArrays(kind)
+    for arr in arrays:
+        if kind == "propensity":
+            variants = {arr.dtype: arr, np.dtype(np.float32): arr.astype(np.float32),
+                        np.dtype(np.float64): arr.astype(np.float64)}.values()
+        else:
+            variants = (arr,)
+        for cand in variants:
+            _with_columns(group, cand, min_len)
+    if len(_GROUPS) >= _GROUPS_KEPT:
+        _GROUPS.pop(next(iter(_GROUPS)))
+    _GROUPS[key] = group
+    return group
 
 
 #: A float32 bit pattern is informative when it is a normal number with a set bit among the low 12 of its mantissa

@@ -4,8 +4,9 @@ Everything the ServerApp / ClientApp / ablations need from below goes through th
 between layers (docs/architecture.md) are visible in one file:
 
 * data: ``load_site_data`` (``fcd_secure.data.registry.load_federated`` / ``load_spec_federated``), cached per
-  process because a site answers many messages and the split is a pure function of the config and the site's split
-  secret (``data.cohorts``: derived from the seed for a simulated site, the site's own for a deployed one);
+  process because a site answers many messages and the split is a pure function of the config, the table's files
+  (their identity is in the key, :func:`data_key`) and the site's split secret (``data.cohorts``: derived from the
+  seed for a simulated site, the site's own for a deployed one); each site's validation cut too (:func:`_site_split`);
 * model: ``build_model`` (the run's :class:`~fcd_secure.model.simulator.Simulator`, ``model.simulator``, whose own
   ``manifest()``, ``get_params`` / ``set_params`` (manifest names; parts are ``fcd_secure.manifest.THETA_C`` /
   ``THETA_S`` / ``FULL``) and ``optimizer`` the callers use directly), ``round_epochs`` (a local round's passes),
@@ -248,15 +249,57 @@ def _load_federated_cached(key: str, cfg_json: str):
 
 
 def data_key(cfg: RunConfig) -> str:
+    """What a run's loaded data is a function of: its data settings and seed and, for a table read with a spec,
+    the spec's and the table's file identities (:func:`source_files`), so that a process-wide cache reads a changed
+    file again instead of serving the rows it read before."""
     d = cfg.data
+    files = source_files(d.spec, d.table) if d.dataset == "spec" else ()
     return repr((d.dataset, d.preset, d.n_sites, d.alpha, d.test_fraction, d.data_dir, d.spec, d.table, d.standardize,
-                 sorted(d.world_options().items()), cfg.seed))
+                 sorted(d.world_options().items()), cfg.seed, files))
+
+
+def source_files(*paths) -> tuple:
+    """``fcd_secure._io.file_identity`` of each of ``paths`` (None for a path that is not a readable file: the
+    loader then raises its own error naming it)."""
+    from fcd_secure._io import file_identity  # noqa: PLC0415
+
+    out = []
+    for path in paths:
+        try:
+            out.append(None if path is None else file_identity(path))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
+#: each site's (train, validation) cut by (its loaded data's key, site, validation fraction, split secret), oldest
+#: first (:func:`_site_split`)
+_SPLITS: dict[tuple, tuple[SiteDataset, SiteDataset | None]] = {}
+_SPLITS_KEPT = 64
+
+
+def _site_split(key: tuple, train: SiteDataset, fraction: float, secret: bytes) -> tuple[SiteDataset, SiteDataset | None]:
+    """:func:`split_validation` of ``train``, once per process for each ``key`` (which names the loaded data ``train``
+    comes from and the site: every input of the cut is in the key). A site answers every message from its data
+    (``apps.site.SiteRuntime.data``): the cut is the same each time, so it is made once."""
+    k = (key, float(fraction), bytes(secret))
+    hit = _SPLITS.get(k)
+    if hit is None:
+        hit = split_validation(train, fraction, secret)
+        if len(_SPLITS) >= _SPLITS_KEPT:
+            _SPLITS.pop(next(iter(_SPLITS)))
+        _SPLITS[k] = hit
+    return hit
 
 
 def load_federated(cfg: RunConfig):
     """The whole ``FederatedData`` of a run (simulation and ablations; a deployed site only keeps its own part)."""
+    return _load_federated_cached(data_key(cfg), _data_json(cfg))
+
+
+def _data_json(cfg: RunConfig) -> str:
     only_data = cfg.model_copy(update={"federation": cfg.federation.model_copy(), "out": None, "state_dir": None})
-    return _load_federated_cached(data_key(cfg), only_data.to_json())
+    return only_data.to_json()
 
 
 def consortium_anchors(statistics: dict[str, list[float]] | None, own: tuple[int, int] | list[int]) -> tuple[int, int]:
@@ -274,12 +317,14 @@ def load_site_data(cfg: RunConfig, site_index: int, statistics: dict[str, list[f
     statistics (``statistics``: from the secure round 0, ``federation.secure.secure_stats``) are applied here;
     ``behaviour``: the consortium's shared behaviour model (:func:`with_propensities`), applied to the rows as loaded,
     as it was fitted on them (:func:`behaviour_fit_sums`)."""
-    fd = load_federated(cfg)
+    key = data_key(cfg)
+    fd = _load_federated_cached(key, _data_json(cfg))
     n_sites = len(fd.train)
     if not 0 <= site_index < n_sites:
         raise ValueError(f"site index {site_index} is outside the {n_sites} sites of {cfg.data.dataset!r}")
     train, test = fd.train[site_index], fd.test[site_index]
-    train, validation = split_validation(train, cfg.data.validation_fraction, simulated_secret(cfg, site_index))
+    train, validation = _site_split(("federated", key, int(site_index)), train, cfg.data.validation_fraction,
+                                    simulated_secret(cfg, site_index))
     return _scaled(with_propensities(SiteData(
         train=train,
         test=test,
@@ -312,7 +357,9 @@ def _scaled(site: SiteData, statistics: dict[str, list[float]] | None) -> SiteDa
 
 
 @functools.lru_cache(maxsize=2)
-def _own_table_cached(spec: str, table: str, secret: bytes, test_fraction: float):
+def _own_table_cached(spec: str, table: str, secret: bytes, test_fraction: float, files: tuple):
+    """The site's own table cut by its secret; ``files``: the spec's and the table's identities
+    (:func:`source_files`), in the key only, so that a table the site rewrites is read again."""
     from fcd_secure.data import registry  # noqa: PLC0415
 
     # seed 0: with one site nothing is drawn; the cut is the site's secret's (data.cohorts), never the run's seed
@@ -331,9 +378,10 @@ def load_own_site_data(
     are given), cut into test / validation / train by the site's own split secret (``data.cohorts``) at the fractions
     of ``cfg.data`` (the site's policy's: ``SitePolicy.admit`` put them there; the run's seed plays no part); the
     site's index and the number of sites are the consortium's."""
-    fd = _own_table_cached(str(spec), str(table), bytes(secret), cfg.data.test_fraction)
+    key = (str(spec), str(table), bytes(secret), cfg.data.test_fraction, source_files(spec, table))
+    fd = _own_table_cached(*key)
     train, test = fd.train[0], fd.test[0]
-    train, validation = split_validation(train, cfg.data.validation_fraction, secret)
+    train, validation = _site_split(("own",) + key, train, cfg.data.validation_fraction, secret)
     return _scaled(with_propensities(SiteData(train=train, test=test, site_index=int(site_index),
                                               n_sites=cfg.data.n_sites,
                                               anchors=consortium_anchors(statistics, fd.anchors), oracle=None,

@@ -24,6 +24,9 @@ from fcd_secure.data.worlds.config import Split, WorldConfig
 
 __all__ = ["OracleWorld", "chunks", "nanmean_rows"]
 
+#: true effects kept per world (:meth:`OracleWorld.effects_of`): a few sites' test rows, a few windows
+_EFFECTS_KEPT = 64
+
 
 def chunks(ids: np.ndarray, n_rollouts: int, max_rows: int) -> Iterator[tuple[slice, np.ndarray]]:
     """``(slice, ids[slice])`` pieces with ``len(piece) * n_rollouts <= max_rows`` (at least one entity each).
@@ -288,13 +291,25 @@ class OracleWorld(ABC):
     def effects_of(
         self, ids: np.ndarray, anchor: int | None = None, horizon: int | None = None, n_rollouts: int | None = None
     ) -> np.ndarray:
-        """:meth:`true_effects` of the entities with global ids ``ids``."""
+        """:meth:`true_effects` of the entities with global ids ``ids``.
+
+        Computed once per process for each (entities, anchor step, horizon, rollouts, anchors): the truth is a fixed
+        function of the world (its latents and counter-based noise, :mod:`.noise`) and these, and a run asks it of
+        the same test rows at every evaluated round; each call gets its own copy."""
+        ids = self._ids(ids)
         t0 = self.anchor_step if anchor is None else int(anchor)
         H = self.horizon if horizon is None else int(horizon)
+        R = int(n_rollouts or self.cfg.n_rollouts)
         a_off, a_on = self.anchors
-        on = self.regime_outcome_probs_of(ids, t0, np.full(H, a_on), n_rollouts)
-        off = self.regime_outcome_probs_of(ids, t0, np.full(H, a_off), n_rollouts)
-        return nanmean_rows(on - off)
+        memo = self.__dict__.setdefault("_effects_memo", {})
+        key = (ids.tobytes(), t0, H, R, int(a_off), int(a_on))
+        if key not in memo:
+            on = self.regime_outcome_probs_of(ids, t0, np.full(H, a_on), R)
+            off = self.regime_outcome_probs_of(ids, t0, np.full(H, a_off), R)
+            if len(memo) >= _EFFECTS_KEPT:
+                memo.pop(next(iter(memo)))
+            memo[key] = nanmean_rows(on - off)
+        return memo[key].copy()
 
     def true_policy_value(
         self,
