@@ -36,8 +36,11 @@ shift || true
 case "$cmd" in
   run)  exec "$venv/bin/fcd" run "$@" ;;
   # two workers (one per core of the CI machine); the tests that start Flower processes share one worker; no test
-  # may hang the run (a per-test limit, generous for a loaded 2-core machine); the slowest tests are listed at the end
-  test) exec "$venv/bin/python" -m pytest -n "${FCD_TEST_WORKERS:-2}" --dist loadgroup --durations=25 \
+  # may hang the run (a per-test limit, generous for a loaded 2-core machine); the slowest tests are listed at the end.
+  # One BLAS/OpenMP thread per process: two workers already fill the two cores, and OpenBLAS' extra threads spin
+  # while they wait (a numpy matrix loop: 1.7 s CPU with one thread, 3.6-4.1 s with two, and slower in wall time)
+  test) exec env OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}" \
+          "$venv/bin/python" -m pytest -n "${FCD_TEST_WORKERS:-2}" --dist loadgroup --durations=25 \
           --timeout="${FCD_TEST_TIMEOUT:-900}" "$@" ;;
   setup) echo "[setup] done: $venv/bin/fcd" ;;
   *) echo "usage: bash scripts/bootstrap.sh {run|test|setup} [args...]" >&2; exit 2 ;;

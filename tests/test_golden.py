@@ -47,7 +47,10 @@ REL, ABS = 1e-9, 1e-12
 
 
 def fcd(*args, cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
-    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": str(PROJECT_ROOT), "COLUMNS": "100"}
+    # one BLAS thread: OpenBLAS splits a product's sums by its thread count, so the behaviour models' L-BFGS fits
+    # (and the incremental policies' answers) moved in the 9th digit between a 1- and a 2-core machine
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": str(PROJECT_ROOT), "COLUMNS": "100",
+           "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", "fcd_secure.cli.main", *map(str, args)], capture_output=True,
                           text=True, env=env, timeout=timeout, cwd=cwd)
 
