@@ -494,7 +494,8 @@ def sdr_coverage_table(results: list[dict[str, Any]], horizons: tuple[int, ...])
     for r in results:
         for name in REGIMENS:
             for h in horizons:
-                truth = r["truth"][name][h]
+                by_h = r["truth"][name]
+                truth = by_h[h] if h in by_h else by_h[str(h)]  # JSON keys (--reuse) are text
                 sup = r["support"][f"{name}@{h}"]
                 # two regimens that act alike over the first h steps (always and early_on at h = 1, ...) are one
                 # trial: the same truth and the same intervals, counted once
@@ -528,7 +529,30 @@ def sdr_coverage_table(results: list[dict[str, Any]], horizons: tuple[int, ...])
 SPEARMAN_BOOT, SPEARMAN_LEVEL = 2000, 0.9
 
 
-def candidates_of(run_dirs: list[Path]) -> list[dict[str, Any]]:
+def scored_rounds(run_dir: Path) -> tuple[Any, list[dict[str, Any]]]:
+    """The config of a run folder and its scored rounds so far (``rounds.json`` of a finished run, else the
+    ``rounds.csv`` it appends each round to: a run still training can be scored round by round)."""
+    import csv
+
+    from fcd_secure.config import RunConfig
+
+    if (run_dir / "summary.json").is_file():
+        from fcd_secure.engines.whatif_run import open_run
+
+        cfg, _theta = open_run(run_dir)
+        rows = json.loads((run_dir / "rounds.json").read_text(encoding="utf-8"))
+    else:
+        cfg = RunConfig.load(run_dir / "config.toml")
+        with open(run_dir / "rounds.csv", encoding="utf-8", newline="") as fh:
+            rows = [{k: (float(v) if k in ("nc_gap", "nc_max_z", "d1") and v not in ("", None) else v)
+                     for k, v in r.items()} for r in csv.DictReader(fh)]
+    for r in rows:
+        r["round"] = int(r["round"])
+    return cfg, [r for r in rows if r.get("nc_gap") not in (None, "")]
+
+
+def candidates_of(run_dirs: list[Path], done: dict[tuple[str, int], dict[str, Any]] | None = None
+                  ) -> list[dict[str, Any]]:
     """Every scored round of the finished runs ``run_dirs`` (one world, one seed: the same test rows) as a
     candidate: the natural-course figures the run printed for it (``rounds.json``: ``nc_gap``, the whole-horizon
     gap the round rule reads, and ``nc_max_z``) and its true whole-trajectory error: the mean over the four regimens
@@ -542,19 +566,19 @@ def candidates_of(run_dirs: list[Path]) -> list[dict[str, Any]]:
     from fcd_secure.queries.policy_values import PolicyValues, SimulatedValues
     from fcd_secure.queries.request import request_from_config
     from fcd_secure.queries.selection import KeptParams
-    from fcd_secure.engines.whatif_run import open_run
 
     out: list[dict[str, Any]] = []
     for run_dir in run_dirs:
-        cfg, _theta = open_run(run_dir)
-        state = Path(cfg.state_dir)
-        rows = [r for r in json.loads((run_dir / "rounds.json").read_text(encoding="utf-8")) if r.get("nc_gap")
-                is not None]
+        cfg, rows = scored_rounds(run_dir)
+        state = Path(cfg.state_root())
         sites = [SiteRuntime(cfg, default_site_id(i), i, str(state)) for i in range(cfg.data.n_sites)]
         queries = (PolicyValues(parts=(SimulatedValues(),)),)
         for row in sorted(rows, key=lambda r: r["round"]):  # rising: a site not yet trained keeps its initial Θs
             t0 = time.perf_counter()
             rnd = int(row["round"])
+            if done and (run_dir.name, rnd) in done:  # scored by an earlier call (--reuse)
+                out.append(done[(run_dir.name, rnd)])
+                continue
             theta = KeptParams(state / "_server" / "selection").load(rnd)
             parts = [site_metrics(rt.load_for_eval(theta, "theta_c", restore_round=rnd), rt.data, cfg,
                                   full_eval_config(cfg), queries=queries) for rt in sites]
@@ -837,7 +861,9 @@ def main() -> None:
             args.json.write_text(json.dumps({**report(), "cost": res}, indent=1, default=_plain), encoding="utf-8")
         return
     if args.spearman:
-        cands = candidates_of(args.spearman)
+        done = ({(c["run"], int(c["round"])): c for c in json.loads(args.json.read_text(encoding="utf-8"))["candidates"]}
+                if args.reuse and args.json and args.json.is_file() else None)
+        cands = candidates_of(args.spearman, done)
         rho = spearman_table(cands)
         if args.json:
             args.json.write_text(json.dumps({**report(), "candidates": cands, "spearman": rho}, indent=1,
@@ -847,9 +873,14 @@ def main() -> None:
         horizons = tuple(args.sdr_horizons or SDR_HORIZONS)
         if args.out is None:
             ap.error("--sdr-horizons scores the finished runs of --out")
+        prior = ({r["run"]: r for r in json.loads(args.json.read_text(encoding="utf-8"))["results"]}
+                 if args.reuse and args.json and args.json.is_file() else {})
         for w in args.worlds:
             for seed in args.seeds:
                 folder = args.out / f"{w}-seed{seed}-{args.transitions[0]}"
+                if folder.name in prior:  # scored by an earlier call (--reuse)
+                    results.append(prior[folder.name])
+                    continue
                 if not (folder / "summary.json").is_file():
                     _status(f"{folder}: no finished run, skipped")
                     continue
