@@ -551,18 +551,22 @@ def scored_rounds(run_dir: Path) -> tuple[Any, list[dict[str, Any]]]:
     return cfg, [r for r in rows if r.get("nc_gap") not in (None, "")]
 
 
-def candidates_of(run_dirs: list[Path], done: dict[tuple[str, int], dict[str, Any]] | None = None
-                  ) -> list[dict[str, Any]]:
+def candidates_of(run_dirs: list[Path], done: dict[tuple[str, int], dict[str, Any]] | None = None,
+                  frozen: bool = False) -> list[dict[str, Any]]:
     """Every scored round of the finished runs ``run_dirs`` (one world, one seed: the same test rows) as a
     candidate: the natural-course figures the run printed for it (``rounds.json``: ``nc_gap``, the whole-horizon
     gap the round rule reads, and ``nc_max_z``) and its true whole-trajectory error: the mean over the four regimens
     of |simulated − true value| over every valid step from t = 0 on every test row, each site answering with the
     round's kept Θc and its own Θs kept at that round (``SiteRuntime.load_for_eval``, as ``fcd whatif`` restores a
-    round), scored by the product's simulated values (``queries.policy_values.SimulatedValues``)."""
+    round), scored by the product's simulated values (``queries.policy_values.SimulatedValues``). ``frozen``: each
+    round's models with their contexts frozen (:func:`frozen_contexts`) are a candidate too, their natural-course
+    gap computed as a scored round computes it (``queries.natural_course.NaturalCourse`` on the sites' validation
+    rows, the run's seed), keyed ``"<run>+frozen"``."""
     from fcd_secure.apps.site import SiteRuntime
     from fcd_secure.apps.site import default_site_id
     from fcd_secure.experiments.evaluate import full_eval_config
     from fcd_secure.queries.evaluation import merge_site_metrics, site_metrics
+    from fcd_secure.queries.natural_course import NaturalCourse
     from fcd_secure.queries.policy_values import PolicyValues, SimulatedValues
     from fcd_secure.queries.request import request_from_config
     from fcd_secure.queries.selection import KeptParams
@@ -576,18 +580,36 @@ def candidates_of(run_dirs: list[Path], done: dict[tuple[str, int], dict[str, An
         for row in sorted(rows, key=lambda r: r["round"]):  # rising: a site not yet trained keeps its initial Θs
             t0 = time.perf_counter()
             rnd = int(row["round"])
-            if done and (run_dir.name, rnd) in done:  # scored by an earlier call (--reuse)
-                out.append(done[(run_dir.name, rnd)])
-                continue
+            done = done or {}
             theta = KeptParams(state / "_server" / "selection").load(rnd)
-            parts = [site_metrics(rt.load_for_eval(theta, "theta_c", restore_round=rnd), rt.data, cfg,
-                                  full_eval_config(cfg), queries=queries) for rt in sites]
-            pol = merge_site_metrics(parts, request=request_from_config(cfg), queries=queries).get("policies") or {}
-            errs = [abs(pol[n]["value_sim"] - pol[n]["value_true"]) for n in REGIMENS]
-            out.append({"run": run_dir.name, "round": rnd, "nc_gap": row["nc_gap"], "nc_max_z": row.get("nc_max_z"),
-                        "d1": row.get("d1"), "true_error": float(np.mean(errs)),
-                        "values": {n: pol[n]["value_sim"] for n in REGIMENS},
-                        "truth": {n: pol[n]["value_true"] for n in REGIMENS}})
+            if (run_dir.name, rnd) in done:  # scored by an earlier call (--reuse)
+                out.append(done[(run_dir.name, rnd)])
+            else:
+                parts = [site_metrics(rt.load_for_eval(theta, "theta_c", restore_round=rnd), rt.data, cfg,
+                                      full_eval_config(cfg), queries=queries) for rt in sites]
+                pol = merge_site_metrics(parts, request=request_from_config(cfg), queries=queries).get("policies") or {}
+                errs = [abs(pol[n]["value_sim"] - pol[n]["value_true"]) for n in REGIMENS]
+                out.append({"run": run_dir.name, "round": rnd, "nc_gap": row["nc_gap"],
+                            "nc_max_z": row.get("nc_max_z"), "d1": row.get("d1"), "true_error": float(np.mean(errs)),
+                            "values": {n: pol[n]["value_sim"] for n in REGIMENS},
+                            "truth": {n: pol[n]["value_true"] for n in REGIMENS}})
+            if frozen and (run_dir.name + "+frozen", rnd) in done:
+                out.append(done[(run_dir.name + "+frozen", rnd)])
+            elif frozen:
+                sims = [frozen_contexts(rt.load_for_eval(theta, "theta_c", restore_round=rnd)) for rt in sites]
+                scored = full_eval_config(cfg).model_copy(update={"quick": True, "keep_round": rnd})
+                nc_q = (NaturalCourse(),)
+                nc = merge_site_metrics([site_metrics(m, rt.data, cfg, scored, queries=nc_q)
+                                         for m, rt in zip(sims, sites)], queries=nc_q).get("natural_course") or {}
+                pol = merge_site_metrics([site_metrics(m, rt.data, cfg, full_eval_config(cfg), queries=queries)
+                                          for m, rt in zip(sims, sites)], request=request_from_config(cfg),
+                                         queries=queries).get("policies") or {}
+                out.append({"run": run_dir.name + "+frozen", "round": rnd, "nc_gap": nc.get("mean_abs_gap"),
+                            "nc_max_z": nc.get("max_abs_z"), "d1": None,
+                            "true_error": float(np.mean([abs(pol[n]["value_sim"] - pol[n]["value_true"])
+                                                         for n in REGIMENS])),
+                            "values": {n: pol[n]["value_sim"] for n in REGIMENS},
+                            "truth": {n: pol[n]["value_true"] for n in REGIMENS}})
             _status(f"{run_dir.name} round {rnd}: NC gap {row['nc_gap']:.4f}, true error {out[-1]['true_error']:.4f} "
                     f"({time.perf_counter() - t0:.0f} s)")
     return out
@@ -833,6 +855,8 @@ def main() -> None:
                     help="rank the scored rounds of these finished run folders (one world and seed; run with "
                     "--eval-every 1 to score every round) by their natural-course gap against their true "
                     "whole-trajectory error: the table candidate by candidate and Spearman's ρ with its bootstrap CI")
+    ap.add_argument("--spearman-frozen", action="store_true",
+                    help="with --spearman: each round's contexts-frozen copy is a candidate too")
     ap.add_argument("--cost", type=int, default=None, metavar="ROUNDS",
                     help="time issue 42's checks inside the README's main job (fcd run --engine inprocess, DKT-Synth, "
                     "default preset) of this many rounds, in --out")
@@ -863,8 +887,10 @@ def main() -> None:
     if args.spearman:
         done = ({(c["run"], int(c["round"])): c for c in json.loads(args.json.read_text(encoding="utf-8"))["candidates"]}
                 if args.reuse and args.json and args.json.is_file() else None)
-        cands = candidates_of(args.spearman, done)
-        rho = spearman_table(cands)
+        cands = candidates_of(args.spearman, done, args.spearman_frozen)
+        rho = {"all": spearman_table(cands)}
+        if args.spearman_frozen:  # the rounds alone too: the frozen copies are far off on both counts
+            rho["rounds"] = spearman_table([c for c in cands if not c["run"].endswith("+frozen")])
         if args.json:
             args.json.write_text(json.dumps({**report(), "candidates": cands, "spearman": rho}, indent=1,
                                             default=_plain), encoding="utf-8")
