@@ -495,6 +495,8 @@ def sdr_coverage_table(results: list[dict[str, Any]], horizons: tuple[int, ...])
         for name in REGIMENS:
             for h in horizons:
                 by_h = r["truth"][name]
+                if h not in by_h and str(h) not in by_h:
+                    continue  # a run scored at fewer horizons
                 truth = by_h[h] if h in by_h else by_h[str(h)]  # JSON keys (--reuse) are text
                 sup = r["support"][f"{name}@{h}"]
                 # two regimens that act alike over the first h steps (always and early_on at h = 1, ...) are one
