@@ -83,7 +83,7 @@ def _status(msg: str) -> None:
 
 
 def run_config(world: str, preset: str, seed: int, rounds: int | None, out: Path, transition: str = "diffusion",
-               quick: bool = False, min_local_steps: int = 0):
+               quick: bool = False, min_local_steps: int = 0, eval_every: int | None = None):
     """The config of ``fcd run --dataset <world> --preset <preset> --seed <seed>`` with ``[model] transition =
     <transition>``, secure aggregation and DSS (the defaults, named so that a changed default cannot silently change
     this benchmark), its folder ``out``. ``quick``: the run evaluated once, at its end, on the regimens of
@@ -95,6 +95,8 @@ def run_config(world: str, preset: str, seed: int, rounds: int | None, out: Path
         fed["rounds"] = rounds
     if min_local_steps:
         fed["min_local_steps"] = min_local_steps
+    if eval_every is not None:
+        fed["eval_every"] = eval_every
     evaluation: dict[str, Any] = {}
     if quick:
         fed["eval_every"] = 0
@@ -250,7 +252,8 @@ def transition_run(world: str, seed: int, transition: str, args: argparse.Namesp
     if args.reuse and (folder / "summary.json").is_file():
         cfg, summary, sims = reopened(folder)
     else:
-        cfg = run_config(world, args.preset, seed, args.rounds, folder, transition, args.quick, args.min_local_steps)
+        cfg = run_config(world, args.preset, seed, args.rounds, folder, transition, args.quick, args.min_local_steps,
+                         args.eval_every)
         summary, sims = federated(cfg, args.engine)
     evaluated = "the run's final evaluation (secure sums)"
     if not all(n in (summary.get("policies") or {}) for n in args.regimens):
@@ -330,6 +333,405 @@ def run_one(world: str, seed: int, args: argparse.Namespace, root: Path) -> dict
     return out
 
 
+#: ``--sdr-horizons``: the horizons (steps from t = 0) at which the sequential DR value is asked and scored
+SDR_HORIZONS = (1, 2, 3, 5, 10)
+#: rollouts of the oracle per logged history for its Q̂ (Monte-Carlo SE of a step's expected outcome ≤ 0.5/√64)
+ORACLE_Q_ROLLOUTS = 64
+#: the misspecification cases of issue 42 (Deliver 2): (Q̂, P) per case; "model" is the run's federated simulator
+SDR_CASES = {"model Q̂, logged P": ("model", "logged"), "oracle Q̂, logged P": ("oracle", "logged"),
+             "constant Q̂, logged P": ("constant", "logged"), "oracle Q̂, constant P": ("oracle", "constant"),
+             "constant Q̂, constant P": ("constant", "constant")}
+#: the wrong Q̂ (every step's expected outcome) and the wrong P (every logged action's propensity) of those cases
+WRONG_Q, WRONG_P = 0.5, 0.5
+
+
+def at_horizon(cfg, horizon: int):
+    """``cfg`` asking its policies at ``horizon`` steps from t = 0 (``[evaluation] horizon``, what ``fcd whatif
+    --horizon`` asks)."""
+    return cfg.model_copy(update={"evaluation": cfg.evaluation.model_copy(update={"horizon": int(horizon)})})
+
+
+def product_policies(cfg, sims: list[Any], horizon: int) -> dict[str, Any]:
+    """The product's what-if answer (``queries.registry.POLICY_VALUES``: the simulated values, their truth, the
+    sequential DR value with its support rule) of one model per site at ``horizon``, merged as a run merges it."""
+    from fcd_secure.experiments.evaluate import full_eval_config
+    from fcd_secure.federation import learner
+    from fcd_secure.queries.evaluation import merge_site_metrics, site_metrics
+    from fcd_secure.queries.registry import POLICY_VALUES
+    from fcd_secure.queries.request import request_from_config
+
+    c = at_horizon(cfg, horizon)
+    queries = (POLICY_VALUES,)
+    parts = [site_metrics(sim, learner.load_site_data(c, i), c, full_eval_config(c), queries=queries)
+             for i, sim in enumerate(sims)]
+    return merge_site_metrics(parts, request=request_from_config(c), queries=queries).get("policies") or {}
+
+
+def regimen_plan(pol: Any, sub: Any, a_off: int, a_on: int) -> np.ndarray:
+    """The action a deterministic regimen takes at every step of every logged row, ``[n, L]`` (a_on where it gives
+    a_on probability 1, else a_off: the paper's regimens take only the two anchors)."""
+    n = sub.n
+    on = np.full(n, a_on, dtype=np.int64)
+    return np.stack([np.where(pol.prob(t, sub.Y[:, :t], sub.lengths, a_off, a_on, on) > 0.5, a_on, a_off)
+                     for t in range(sub.L)], axis=1)
+
+
+def oracle_step_values(oracle: Any, ids: np.ndarray, plan: np.ndarray, horizon: int, n_rollouts: int) -> np.ndarray:
+    """The oracle's E[Y_s | logged history before t, the regimen from t on] for every start t < ``horizon`` and step
+    t ≤ s < ``horizon``, ``[n, horizon (t), horizon (s)]`` (0 where s < t or s is padding). The oracle conditions on
+    each entity's hidden parameters as well as its recorded history (``OracleWorld.regime_outcome_probs_of``): the
+    iterated conditional expectation given a finer history, for which every correction term of the sequential DR
+    still has mean zero whatever the weights (Bang & Robins 2005), so it is a right Q̂."""
+    n = len(ids)
+    H = min(int(horizon), plan.shape[1])
+    out = np.zeros((n, H, H))
+    for t in range(H):
+        probs = oracle.regime_outcome_probs_of(ids, t, plan[:, t:H], n_rollouts)
+        out[:, t, t:] = np.nan_to_num(probs, nan=0.0)
+    return out
+
+
+def case_return_to_go(kind: str, M: np.ndarray, oracle_eq: np.ndarray | None, horizon: int) -> np.ndarray:
+    """V̂(h_t) = Q̂(h_t, π(h_t)) over the first ``horizon`` steps, ``[n, L]``, of a deterministic regimen: the oracle's
+    (``oracle``) or :data:`WRONG_Q` at every remaining valid step (``constant``)."""
+    n, L = M.shape
+    H = min(int(horizon), L)
+    v = np.zeros((n, L))
+    Mh = M[:, :H].astype(np.float64)
+    for t in range(H):
+        if kind == "oracle":
+            v[:, t] = (oracle_eq[:, t, t:H] * Mh[:, t:H]).sum(1)
+        else:
+            v[:, t] = WRONG_Q * Mh[:, t:H].sum(1)
+    return v
+
+
+def sdr_cases(cfg, horizons: tuple[int, ...], n_rollouts: int = ORACLE_Q_ROLLOUTS) -> dict[str, Any]:
+    """The sequential DR value (``queries.sequential_dr.sequential_dr_per_entity``, the product's estimator) of each
+    regimen at each horizon on every site's test rows, pooled, under the (Q̂, P) cases of :data:`SDR_CASES` other
+    than the run's own Q̂: ``{(case, regimen, horizon): {estimate, low, high}}``, with the truth and the product's
+    support rule (Kish ESS and mean of the logged-P weight products, ``queries.targeted.support_of``) per
+    (regimen, horizon)."""
+    from fcd_secure.data.policy import bind_policy, load_policy_refs
+    from fcd_secure.evaluation.intervals import interval_from_sums, site_sums
+    from fcd_secure.federation import learner
+    from fcd_secure.queries.logged import target_probs
+    from fcd_secure.queries.sequential_dr import sequential_dr_per_entity
+    from fcd_secure.queries.targeted import final_weights, support_of
+
+    Hmax = max(horizons)
+    per: dict[tuple[str, str, int], list[np.ndarray]] = {}
+    weights: dict[tuple[str, int], list[np.ndarray]] = {}
+    oracle = None
+    for i in range(cfg.data.n_sites):
+        data = learner.load_site_data(cfg, i)
+        sub, oracle = data.test, data.oracle
+        ids = oracle.entity_ids(i, "test")
+        a_off, a_on = int(data.anchors[0]), int(data.anchors[1])
+        P_right = np.where(sub.M > 0, np.asarray(sub.P, np.float64), 1.0)
+        P_wrong = np.where(sub.M > 0, WRONG_P, 1.0)
+        for name in REGIMENS:
+            pol = bind_policy(load_policy_refs([name])[0], sub)
+            pi = target_probs(pol, sub, a_off, a_on)
+            eq = oracle_step_values(oracle, ids, regimen_plan(pol, sub, a_off, a_on), Hmax, n_rollouts)
+            for h in horizons:
+                weights.setdefault((name, h), []).append(final_weights(sub, pi, h))
+                for case, (qk, pk) in SDR_CASES.items():
+                    if qk == "model":
+                        continue
+                    v = case_return_to_go(qk, sub.M, eq, h)
+                    P = P_right if pk == "logged" else P_wrong
+                    per.setdefault((case, name, h), []).append(
+                        sequential_dr_per_entity(sub.Y, sub.M, P, pi, v, v, h))
+    truth = {name: dict(zip(horizons, (v for v, _se in oracle.true_policy_values_at(
+        bind_policy(load_policy_refs([name])[0], learner.load_site_data(cfg, 0).test), None, "test", horizons))))
+        for name in REGIMENS}
+    out: dict[str, Any] = {"truth": truth, "support": {}, "cases": {}}
+    for (name, h), ws in weights.items():
+        w = np.concatenate(ws)
+        out["support"][f"{name}@{h}"] = support_of({"w.sw": float(w.sum()), "w.sww": float((w * w).sum())}, "w",
+                                                   float(len(w)))
+    for (case, name, h), drs in per.items():
+        iv = interval_from_sums(site_sums("sdr", np.concatenate(drs)), "sdr", cfg.evaluation.level)
+        out["cases"][f"{case}|{name}@{h}"] = {"estimate": iv.estimate, "low": iv.low, "high": iv.high}
+    return out
+
+
+def sdr_coverage_one(run_dir: Path, horizons: tuple[int, ...]) -> dict[str, Any]:
+    """One finished run (``--reuse``d, never retrained) scored at each horizon: the product's sequential DR with its
+    federated Q̂ (shown or withheld by its support rule) and the oracle/constant cases of :func:`sdr_cases`."""
+    cfg, summary, sims = reopened(run_dir)
+    res = sdr_cases(cfg, horizons)
+    for h in horizons:
+        t0 = time.perf_counter()
+        pol = product_policies(cfg, sims, h)
+        for name in REGIMENS:
+            sd = (pol.get(name) or {}).get("sequential_dr") or {}
+            shown = sd.get("estimate") is not None
+            iv = sd if shown else (sd.get("withheld") or {})
+            res["cases"][f"model Q̂, logged P|{name}@{h}"] = {
+                "estimate": iv.get("estimate"), "low": iv.get("low"), "high": iv.get("high"), "shown": shown,
+                "value_true": (pol.get(name) or {}).get("value_true"), "ess": sd.get("ess")}
+        _status(f"{run_dir.name} h={h}: product's evaluation {time.perf_counter() - t0:.0f} s")
+    res["run"] = run_dir.name
+    res["world"], res["seed"] = cfg.data.dataset, cfg.seed
+    return res
+
+
+def sdr_coverage_table(results: list[dict[str, Any]], horizons: tuple[int, ...]) -> dict[str, Any]:
+    """Coverage of each case's 90 % intervals over runs × horizons × regimens (all, and where the product's
+    support rule shows the value), per horizon and pooled, printed; returns the hits."""
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(width=200)
+    hits: dict[str, dict[str, list[bool]]] = {case: {"all": [], "shown": [], **{f"h{h}": [] for h in horizons}}
+                                              for case in SDR_CASES}
+    detail = Table(title="sequential DR at each horizon: truth, the product's value (federated Q̂) and the cases")
+    for col in ("run", "regimen", "h", "truth", "ESS", "shown", *SDR_CASES):
+        detail.add_column(col, justify="right")
+    seen: set[tuple[Any, ...]] = set()
+    for r in results:
+        for name in REGIMENS:
+            for h in horizons:
+                by_h = r["truth"][name]
+                if h not in by_h and str(h) not in by_h:
+                    continue  # a run scored at fewer horizons
+                truth = by_h[h] if h in by_h else by_h[str(h)]  # JSON keys (--reuse) are text
+                sup = r["support"][f"{name}@{h}"]
+                # two regimens that act alike over the first h steps (always and early_on at h = 1, ...) are one
+                # trial: the same truth and the same intervals, counted once
+                key = (r["run"], h, truth, r["cases"][f"oracle Q̂, logged P|{name}@{h}"]["estimate"])
+                if key in seen:
+                    continue
+                seen.add(key)
+                cells = []
+                for case in SDR_CASES:
+                    c = r["cases"][f"{case}|{name}@{h}"]
+                    ok = c["low"] is not None and c["low"] <= truth <= c["high"]
+                    hits[case]["all"].append(ok)
+                    hits[case][f"h{h}"].append(ok)
+                    if sup["supported"]:
+                        hits[case]["shown"].append(ok)
+                    cells.append(f"{_f(c['estimate'])} [{_f(c['low'])}, {_f(c['high'])}]" + ("" if ok else " ✗"))
+                detail.add_row(r["run"], name, str(h), _f(truth), _f(sup["ess"], ".0f"), _yes(sup["supported"]),
+                               *cells)
+    con.print(detail)
+    t = Table(title="coverage of the 90 % sequential DR intervals (target 85-95 %; Wilson 90 % CI)")
+    for col in ("case", "where the product shows it", "every horizon", *[f"h = {h}" for h in horizons]):
+        t.add_column(col)
+    for case, hh in hits.items():
+        t.add_row(case, coverage_line(hh["shown"]), coverage_line(hh["all"]),
+                  *[coverage_line(hh[f"h{h}"]) for h in horizons])
+    con.print(t)
+    return hits
+
+
+#: ``--spearman``: resamples of the percentile bootstrap of Spearman's ρ over the candidates, and its level
+SPEARMAN_BOOT, SPEARMAN_LEVEL = 2000, 0.9
+
+
+def scored_rounds(run_dir: Path) -> tuple[Any, list[dict[str, Any]]]:
+    """The config of a run folder and its scored rounds so far (``rounds.json`` of a finished run, else the
+    ``rounds.csv`` it appends each round to: a run still training can be scored round by round)."""
+    import csv
+
+    from fcd_secure.config import RunConfig
+
+    if (run_dir / "summary.json").is_file():
+        from fcd_secure.engines.whatif_run import open_run
+
+        cfg, _theta = open_run(run_dir)
+        rows = json.loads((run_dir / "rounds.json").read_text(encoding="utf-8"))
+    else:
+        cfg = RunConfig.load(run_dir / "config.toml")
+        with open(run_dir / "rounds.csv", encoding="utf-8", newline="") as fh:
+            rows = [{k: (float(v) if k in ("nc_gap", "nc_max_z", "d1") and v not in ("", None) else v)
+                     for k, v in r.items()} for r in csv.DictReader(fh)]
+    for r in rows:
+        r["round"] = int(r["round"])
+    return cfg, [r for r in rows if r.get("nc_gap") not in (None, "")]
+
+
+def candidates_of(run_dirs: list[Path], done: dict[tuple[str, int], dict[str, Any]] | None = None,
+                  frozen: bool = False) -> list[dict[str, Any]]:
+    """Every scored round of the finished runs ``run_dirs`` (one world, one seed: the same test rows) as a
+    candidate: the natural-course figures the run printed for it (``rounds.json``: ``nc_gap``, the whole-horizon
+    gap the round rule reads, and ``nc_max_z``) and its true whole-trajectory error: the mean over the four regimens
+    of |simulated − true value| over every valid step from t = 0 on every test row, each site answering with the
+    round's kept Θc and its own Θs kept at that round (``SiteRuntime.load_for_eval``, as ``fcd whatif`` restores a
+    round), scored by the product's simulated values (``queries.policy_values.SimulatedValues``). ``frozen``: each
+    round's models with their contexts frozen (:func:`frozen_contexts`) are a candidate too, their natural-course
+    gap computed as a scored round computes it (``queries.natural_course.NaturalCourse`` on the sites' validation
+    rows, the run's seed), keyed ``"<run>+frozen"``."""
+    from fcd_secure.apps.site import SiteRuntime
+    from fcd_secure.apps.site import default_site_id
+    from fcd_secure.experiments.evaluate import full_eval_config
+    from fcd_secure.queries.evaluation import merge_site_metrics, site_metrics
+    from fcd_secure.queries.natural_course import NaturalCourse
+    from fcd_secure.queries.policy_values import PolicyValues, SimulatedValues
+    from fcd_secure.queries.request import request_from_config
+    from fcd_secure.queries.selection import KeptParams
+
+    out: list[dict[str, Any]] = []
+    for run_dir in run_dirs:
+        cfg, rows = scored_rounds(run_dir)
+        state = Path(cfg.state_root())
+        sites = [SiteRuntime(cfg, default_site_id(i), i, str(state)) for i in range(cfg.data.n_sites)]
+        queries = (PolicyValues(parts=(SimulatedValues(),)),)
+        for row in sorted(rows, key=lambda r: r["round"]):  # rising: a site not yet trained keeps its initial Θs
+            t0 = time.perf_counter()
+            rnd = int(row["round"])
+            done = done or {}
+            theta = KeptParams(state / "_server" / "selection").load(rnd)
+            if (run_dir.name, rnd) in done:  # scored by an earlier call (--reuse)
+                out.append(done[(run_dir.name, rnd)])
+            else:
+                parts = [site_metrics(rt.load_for_eval(theta, "theta_c", restore_round=rnd), rt.data, cfg,
+                                      full_eval_config(cfg), queries=queries) for rt in sites]
+                pol = merge_site_metrics(parts, request=request_from_config(cfg), queries=queries).get("policies") or {}
+                errs = [abs(pol[n]["value_sim"] - pol[n]["value_true"]) for n in REGIMENS]
+                out.append({"run": run_dir.name, "round": rnd, "nc_gap": row["nc_gap"],
+                            "nc_max_z": row.get("nc_max_z"), "d1": row.get("d1"), "true_error": float(np.mean(errs)),
+                            "values": {n: pol[n]["value_sim"] for n in REGIMENS},
+                            "truth": {n: pol[n]["value_true"] for n in REGIMENS}})
+            if frozen and (run_dir.name + "+frozen", rnd) in done:
+                out.append(done[(run_dir.name + "+frozen", rnd)])
+            elif frozen:
+                sims = [frozen_contexts(rt.load_for_eval(theta, "theta_c", restore_round=rnd)) for rt in sites]
+                scored = full_eval_config(cfg).model_copy(update={"quick": True, "keep_round": rnd})
+                nc_q = (NaturalCourse(),)
+                nc = merge_site_metrics([site_metrics(m, rt.data, cfg, scored, queries=nc_q)
+                                         for m, rt in zip(sims, sites)], queries=nc_q).get("natural_course") or {}
+                pol = merge_site_metrics([site_metrics(m, rt.data, cfg, full_eval_config(cfg), queries=queries)
+                                          for m, rt in zip(sims, sites)], request=request_from_config(cfg),
+                                         queries=queries).get("policies") or {}
+                out.append({"run": run_dir.name + "+frozen", "round": rnd, "nc_gap": nc.get("mean_abs_gap"),
+                            "nc_max_z": nc.get("max_abs_z"), "d1": None,
+                            "true_error": float(np.mean([abs(pol[n]["value_sim"] - pol[n]["value_true"])
+                                                         for n in REGIMENS])),
+                            "values": {n: pol[n]["value_sim"] for n in REGIMENS},
+                            "truth": {n: pol[n]["value_true"] for n in REGIMENS}})
+            _status(f"{run_dir.name} round {rnd}: NC gap {row['nc_gap']:.4f}, true error {out[-1]['true_error']:.4f} "
+                    f"({time.perf_counter() - t0:.0f} s)")
+    return out
+
+
+def spearman_ci(a: list[float], b: list[float], seed: int = 0) -> tuple[float, float, float]:
+    """Spearman's ρ of ``a`` and ``b`` (``benchmarks/selection.py``'s) and its percentile bootstrap interval over
+    the candidates (:data:`SPEARMAN_BOOT` resamples, level :data:`SPEARMAN_LEVEL`; Efron & Tibshirani 1993, ch. 13)."""
+    from selection import spearman
+
+    a_, b_ = np.asarray(a, float), np.asarray(b, float)
+    rho = spearman(a_, b_)
+    rng = np.random.default_rng(seed)
+    boots = [spearman(a_[i], b_[i]) for i in (rng.integers(0, len(a_), len(a_)) for _ in range(SPEARMAN_BOOT))]
+    lo, hi = np.nanquantile(boots, [(1 - SPEARMAN_LEVEL) / 2, (1 + SPEARMAN_LEVEL) / 2])
+    return rho, float(lo), float(hi)
+
+
+def spearman_table(cands: list[dict[str, Any]]) -> dict[str, Any]:
+    """The candidates one by one and the Spearman ρ of the natural-course gap (and of D1, beside it) against the
+    true whole-trajectory error, printed (target: ρ ≥ 0.8 over ≥ 20 candidates)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(width=200)
+    t = Table(title="natural course against the truth, candidate by candidate (whole trajectory, test rows)")
+    for col in ("run", "round", "NC gap", "NC max |z|", "D1", "true error", *REGIMENS):
+        t.add_column(col, justify="right")
+    for c in sorted(cands, key=lambda c: c["nc_gap"]):
+        t.add_row(c["run"], str(c["round"]), _f(c["nc_gap"], ".4f"), _f(c["nc_max_z"], ".2f"), _f(c["d1"], ".4f"),
+                  _f(c["true_error"], ".4f"), *[_f(c["values"][n]) for n in REGIMENS])
+    con.print(t)
+    truth = [c["true_error"] for c in cands]
+    out = {"n": len(cands)}
+    for key in ("nc_gap", "nc_max_z", "d1"):
+        rho, lo, hi = spearman_ci([np.nan if c[key] is None else c[key] for c in cands], truth)
+        out[key] = {"rho": rho, "low": lo, "high": hi}
+        con.print(f"Spearman({key}, true whole-trajectory error) over {len(cands)} candidates: {rho:+.3f} "
+                  f"({SPEARMAN_LEVEL:.0%} bootstrap CI {lo:+.3f} to {hi:+.3f})")
+    met = len(cands) >= 20 and out["nc_gap"]["rho"] >= 0.8
+    con.print(f"target (ρ of the NC gap ≥ 0.8 over ≥ 20 candidates): {'met' if met else 'missed'}")
+    return out
+
+
+def cost_run(rounds: int, out: Path) -> dict[str, Any]:
+    """The README's main job (``fcd run --engine inprocess``: DKT-Synth, the default preset, 10 sites, secure
+    aggregation) for ``rounds`` rounds, with the wall and thread-CPU seconds of each of issue 42's checks on the
+    sites: the natural course (``queries.natural_course.NaturalCourse``), the sequential DR (``SequentialDR``, its
+    history-conditioned rollouts included) and the horizon bounds that read its Q̂ (``HorizonSensitivity``), beside
+    the whole-trajectory rollouts of the asked regimens (``SimulatedValues``) and each kind of evaluation as a whole
+    (``queries.registry.site_sums``: plain quick, scored round, full). There is no setting that turns the checks
+    off (the round rule reads the natural course), so their share is measured in the run: each ``site_sums`` is
+    timed around the real call (the engine handles one message at a time, so the wall seconds add up)."""
+    from fcd_secure.config import build_config
+    from fcd_secure.engines.inprocess import run_inprocess
+    from fcd_secure.queries import registry
+    from fcd_secure.queries.natural_course import NaturalCourse
+    from fcd_secure.queries.policy_values import SimulatedValues
+    from fcd_secure.queries.sensitivity import HorizonSensitivity
+    from fcd_secure.queries.sequential_dr import SequentialDR
+
+    acc: dict[str, list[float]] = {}
+
+    def timed(owner: Any, attr: str, label: Any) -> None:
+        inner = getattr(owner, attr)
+
+        def wrapper(*a: Any, **k: Any) -> Any:
+            t0, c0 = time.perf_counter(), time.thread_time()
+            try:
+                return inner(*a, **k)
+            finally:
+                key = label(*a) if callable(label) else label
+                got = acc.setdefault(key, [0.0, 0.0, 0])
+                got[0] += time.perf_counter() - t0
+                got[1] += time.thread_time() - c0
+                got[2] += 1
+
+        setattr(owner, attr, wrapper)
+
+    for cls, label in ((NaturalCourse, "natural course"), (SequentialDR, "sequential DR"),
+                       (HorizonSensitivity, "horizon bounds (SDR's Q̂)"),
+                       (SimulatedValues, "whole-trajectory rollouts of the regimens")):
+        timed(cls, "site_sums", label)
+
+    def kind(ctx: Any, *_: Any) -> str:
+        r = ctx.request
+        return ("evaluation: full" if not r.quick else
+                "evaluation: scored round" if r.keep_round is not None else "evaluation: plain quick")
+
+    timed(registry, "site_sums", kind)
+    cfg = build_config("default", {"seed": 0, "federation": {"rounds": rounds}, "out": str(out)})
+    cfg = cfg.model_copy(update={"state_dir": str(out / "state")})
+    t0, c0 = time.perf_counter(), time.process_time()
+    run_inprocess(cfg)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {"rounds": rounds, "dataset": cfg.data.dataset, "eval_every": cfg.federation.eval_every, "wall_s": wall,
+            "process_cpu_s": cpu, "parts": {k: {"wall_s": v[0], "thread_cpu_s": v[1], "calls": v[2]}
+                                            for k, v in acc.items()}}
+
+
+def cost_table(res: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(width=200)
+    t = Table(title=f"cost of the checks in the README's main job ({res['dataset']}, default preset, "
+                    f"{res['rounds']} rounds, eval every {res['eval_every']}): wall {res['wall_s']:.0f} s, "
+                    f"process CPU {res['process_cpu_s']:.0f} s")
+    for col in ("part", "calls", "wall s", "share of the run's wall", "thread CPU s"):
+        t.add_column(col, justify="right")
+    for k, v in sorted(res["parts"].items()):
+        t.add_row(k, str(v["calls"]), f"{v['wall_s']:.1f}", f"{v['wall_s'] / res['wall_s']:.1%}",
+                  f"{v['thread_cpu_s']:.1f}")
+    con.print(t)
+    checks = sum(res["parts"].get(k, {}).get("wall_s", 0.0)
+                 for k in ("natural course", "sequential DR", "horizon bounds (SDR's Q̂)"))
+    con.print(f"issue 42's checks (natural course, sequential DR, its horizon bounds): {checks:.1f} s, "
+              f"{checks / max(res['wall_s'] - checks, 1e-9):.1%} added to the run without them (target ≤ 25 %)")
+
+
 def _plain(v: Any) -> Any:
     """JSON for numpy scalars (their Python value) and paths (their text)."""
     return v.item() if hasattr(v, "item") else str(v)
@@ -347,7 +749,7 @@ def print_tables(out: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    con = Console(width=200)
     con.print(json.dumps(out["machine"]))
     res = out["results"]
     for world in dict.fromkeys(r["world"] for r in res):
@@ -427,6 +829,9 @@ def main() -> None:
                     help="federation.min_local_steps of every federated run (default 32: the setting the issue-42 "
                     "figures of docs/benchmarks.md were measured with, ~11 passes a round on a 190-row site; 0: the "
                     "preset's one pass, Table II)")
+    ap.add_argument("--eval-every", type=int, default=None,
+                    help="federation.eval_every of every federated run (default: the preset's; 1: every round is a "
+                    "scored candidate, kept for --spearman)")
     ap.add_argument("--epochs", type=int, default=None,
                     help="epochs of the centralised models (default: matched to the run, experiments.centralised)")
     ap.add_argument("--out", type=Path, default=None, help="folder of the runs (default: a temporary one)")
@@ -443,6 +848,20 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true",
                     help="tiny preset, 1 round evaluated at its end only, the first world, seed 0, never and always "
                     "only, 1 centralised epoch")
+    ap.add_argument("--sdr-horizons", type=int, nargs="*", default=None,
+                    help="score finished runs of --out (the first of --transitions, never retrained) at these "
+                    f"horizons (none given: {' '.join(map(str, SDR_HORIZONS))}): the product's sequential DR with the "
+                    "run's Q̂, and with the oracle's or a constant Q̂ and the logged or a constant P; coverage over "
+                    "runs x horizons x regimens with its Wilson interval")
+    ap.add_argument("--spearman", type=Path, nargs="+", default=None, metavar="RUN",
+                    help="rank the scored rounds of these finished run folders (one world and seed; run with "
+                    "--eval-every 1 to score every round) by their natural-course gap against their true "
+                    "whole-trajectory error: the table candidate by candidate and Spearman's ρ with its bootstrap CI")
+    ap.add_argument("--spearman-frozen", action="store_true",
+                    help="with --spearman: each round's contexts-frozen copy is a candidate too")
+    ap.add_argument("--cost", type=int, default=None, metavar="ROUNDS",
+                    help="time issue 42's checks inside the README's main job (fcd run --engine inprocess, DKT-Synth, "
+                    "default preset) of this many rounds, in --out")
     ap.add_argument("--json", type=Path, default=None,
                     help="also write the figures to this file (rewritten after every world and seed)")
     args = ap.parse_args()
@@ -460,6 +879,46 @@ def main() -> None:
             args.json.write_text(json.dumps(out, indent=1, default=_plain), encoding="utf-8")
         return out
 
+    if args.cost:
+        with tempfile.TemporaryDirectory(prefix="fcd-horizon-cost-") as tmp:
+            res = cost_run(args.cost, (args.out or Path(tmp)) / "main-job")
+        cost_table(res)
+        if args.json:
+            args.json.write_text(json.dumps({**report(), "cost": res}, indent=1, default=_plain), encoding="utf-8")
+        return
+    if args.spearman:
+        done = ({(c["run"], int(c["round"])): c for c in json.loads(args.json.read_text(encoding="utf-8"))["candidates"]}
+                if args.reuse and args.json and args.json.is_file() else None)
+        cands = candidates_of(args.spearman, done, args.spearman_frozen)
+        rho = {"all": spearman_table(cands)}
+        if args.spearman_frozen:  # the rounds alone too: the frozen copies are far off on both counts
+            rho["rounds"] = spearman_table([c for c in cands if not c["run"].endswith("+frozen")])
+        if args.json:
+            args.json.write_text(json.dumps({**report(), "candidates": cands, "spearman": rho}, indent=1,
+                                            default=_plain), encoding="utf-8")
+        return
+    if args.sdr_horizons is not None:
+        horizons = tuple(args.sdr_horizons or SDR_HORIZONS)
+        if args.out is None:
+            ap.error("--sdr-horizons scores the finished runs of --out")
+        prior = ({r["run"]: r for r in json.loads(args.json.read_text(encoding="utf-8"))["results"]}
+                 if args.reuse and args.json and args.json.is_file() else {})
+        for w in args.worlds:
+            for seed in args.seeds:
+                folder = args.out / f"{w}-seed{seed}-{args.transitions[0]}"
+                if folder.name in prior:  # scored by an earlier call (--reuse)
+                    results.append(prior[folder.name])
+                    continue
+                if not (folder / "summary.json").is_file():
+                    _status(f"{folder}: no finished run, skipped")
+                    continue
+                results.append(sdr_coverage_one(folder, horizons))
+                report()
+        hits = sdr_coverage_table(results, horizons)
+        if args.json:
+            args.json.write_text(json.dumps({**report(), "coverage": hits}, indent=1, default=_plain),
+                                 encoding="utf-8")
+        return
     with tempfile.TemporaryDirectory(prefix="fcd-horizon-") as tmp:
         root = args.out or Path(tmp)
         for w in args.worlds:
