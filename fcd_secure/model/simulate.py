@@ -16,9 +16,9 @@ Taubman et al. 2009, Int J Epidemiol 38:1599; McGrath et al. 2020, Patterns 1:10
 was the worse of the two for the diffusion transition. The deterministic transition (``model.baselines.gformula``)
 rolls out through the encoder by default (``ModelConfig.rollout_kind``): its K_{t+1} = f(K_t, A_t, a_t) is one path
 that no drawn outcome moves, so a latent rollout propagates a mean state, and with outcomes and contexts that depend
-on the state non-linearly the mean path is not the mean outcome (Jensen): on the tumour and carry-over worlds it
-under-stated the regimens' long-run contrasts (docs/benchmarks.md, issue 42, "the deterministic transition's
-rollout").
+on the state non-linearly the mean path is not the mean outcome (Jensen). What it changes on the tumour and
+carry-over worlds, seed by seed: docs/benchmarks.md, issue 42, "The deterministic transition's rollout was a mean
+path".
 
 Contexts under intervention (g-computation): exogenous context columns are replayed from the logged trajectory;
 endogenous ones (the leading ``n_endogenous`` columns, marked by the data: :func:`fcd_secure.data.spec.context_dynamics`)
