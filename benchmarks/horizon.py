@@ -120,15 +120,19 @@ def federated(cfg, engine: str = "inprocess") -> tuple[dict[str, Any], list[Any]
     return summary, federated_sims(cfg, result)
 
 
-def reopened(run_dir: Path) -> tuple[Any, dict[str, Any], list[Any]]:
+def reopened(run_dir: Path, rollout: str | None = None) -> tuple[Any, dict[str, Any], list[Any]]:
     """A finished run folder of :func:`federated` (``--reuse``): its config, its ``summary.json`` and each site's
-    model (the folder's Θc, ``theta_c.npz``, and the site's Θs from its state), as ``fcd whatif`` reopens a run."""
+    model (the folder's Θc, ``theta_c.npz``, and the site's Θs from its state), as ``fcd whatif`` reopens a run.
+    ``rollout``: the models' ``[model] rollout`` set to this (``--rescore``: a rollout setting does not change the
+    trained numbers, ``model.simulate``), else the run's own."""
     from fcd_secure.apps.site import default_site_id
     from fcd_secure.engines.whatif_run import open_run
     from fcd_secure.federation import learner
     from fcd_secure.federation.state import SiteState
 
     cfg, theta = open_run(run_dir)
+    if rollout is not None:
+        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"rollout": rollout})})
     summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
     sims = []
     for i in range(cfg.data.n_sites):
@@ -249,14 +253,24 @@ def transition_run(world: str, seed: int, transition: str, args: argparse.Namesp
     """The federated run of one transition (its folder, config, summary, per-site models, and how its final
     evaluation was made), reopened where ``--reuse`` finds it finished."""
     folder = root / f"{world}-seed{seed}-{transition}"
+    from fcd_secure.model.config import ModelConfig
+
+    rescore = False
     if args.reuse and (folder / "summary.json").is_file():
-        cfg, summary, sims = reopened(folder)
+        rescore = args.rescore
+        cfg, summary, sims = reopened(folder, ModelConfig.model_fields["rollout"].default if rescore else None)
     else:
         cfg = run_config(world, args.preset, seed, args.rounds, folder, transition, args.quick, args.min_local_steps,
                          args.eval_every)
         summary, sims = federated(cfg, args.engine)
     evaluated = "the run's final evaluation (secure sums)"
-    if not all(n in (summary.get("policies") or {}) for n in args.regimens):
+    if rescore:
+        # the run's trained models (its selected round's Θc, each site's Θs) evaluated by this code's rollout
+        from fcd_secure.experiments.evaluate import evaluate_on_sites
+
+        evaluated = f"in process, rescored with [model] rollout = {cfg.model.rollout!r} (the run's trained models)"
+        summary = {**summary, **evaluate_on_sites(cfg, sims)}
+    elif not all(n in (summary.get("policies") or {}) for n in args.regimens):
         # the run's final secure evaluation did not answer (on a loaded host the sites can miss its round timeout):
         # the same evaluation of the same per-site models, in process
         from fcd_secure.experiments.evaluate import evaluate_on_sites
@@ -838,6 +852,10 @@ def main() -> None:
     ap.add_argument("--reuse", action="store_true",
                     help="take the federated run from --out where its folder is finished (scored in process where "
                     "its final evaluation did not answer)")
+    ap.add_argument("--rescore", action="store_true",
+                    help="with --reuse: evaluate a finished run's trained models again, in process, with the current "
+                    "default [model] rollout (a run trained before model.rollout = 'auto' keeps 'latent' in its "
+                    "config); the run's round selection is kept as it was")
     ap.add_argument("--transitions", nargs="+", default=list(TRANSITIONS), choices=TRANSITIONS,
                     help="a federated run per latent transition ([model] transition); with two, `fcd select`'s rule "
                     "chooses between them")

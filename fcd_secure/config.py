@@ -286,6 +286,9 @@ class RunConfig(BaseModel):
         d["secagg"].pop("deadlines", None)  # when a late site is dropped, like round_timeout_s
         if d["model"].get("context_head") == "direct":  # the head before the key existed: such a run still resumes
             d["model"].pop("context_head")
+        # the rollout that runs, not its spelling: a diffusion run's 'auto' is the 'latent' of a run from before
+        # 'auto' existed, so it still resumes
+        d["model"]["rollout"] = self.model.rollout_kind
         if d["model"].get("free_running_steps") == 0:  # L_free off: its keys change nothing, and a run from before
             for k in FREE_RUNNING_KEYS:                  # they existed still resumes
                 d["model"].pop(k, None)

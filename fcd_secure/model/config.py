@@ -189,11 +189,13 @@ class ModelConfig(BaseModel):
             "3 seeds: 25 steps gave PEHE 0.078 vs 0.124 at 10 steps (benchmarks/sampler.py)"
         ),
     )
-    rollout: Literal["latent", "encoder"] = Field(
-        "latent",
+    rollout: Literal["auto", "latent", "encoder"] = Field(
+        "auto",
         description=(
-            "'latent' (the paper): K_{t+1} drawn by the diffusion transition; 'encoder': the simulated (T_t, Y_t) are "
-            "fed back through the encoder (a Monte-Carlo g-formula that does not use the transition)"
+            "'latent' (the paper): K_{t+1} drawn by the diffusion transition; 'encoder': the simulated (T_t, Y_t) and "
+            "generated contexts are fed back through the encoder (a Monte-Carlo g-formula that does not use the "
+            "transition); 'auto' (the default): 'latent' for the diffusion transition, 'encoder' for the "
+            "deterministic one, whose K_{t+1} cannot condition on the drawn outcomes (model/simulate.py)"
         ),
     )
 
@@ -217,6 +219,18 @@ class ModelConfig(BaseModel):
         if self.cf_sampler_steps > self.diffusion_steps:
             raise ValueError(f"cf_sampler_steps ({self.cf_sampler_steps}) > diffusion_steps ({self.diffusion_steps})")
         return self
+
+    @property
+    def rollout_kind(self) -> Literal["latent", "encoder"]:
+        """The rollout ``rollout`` names, ``'auto'`` resolved by the transition: a deterministic K_{t+1} = f(K_t, A_t,
+        T_t) is one path per patient that no drawn outcome moves, so its latent rollout propagates a mean state where
+        the g-formula must draw each time-varying variable from its distribution given the simulated history
+        (Robins 1986; Taubman et al. 2009, Int J Epidemiol 38:1599) and carry the draw forward; the encoder is the
+        model's filter of a history, so feeding it the drawn step does exactly that (``model.simulate``). The
+        diffusion transition draws K_{t+1} itself and keeps the paper's latent rollout."""
+        if self.rollout != "auto":
+            return self.rollout
+        return "encoder" if self.transition == "deterministic" else "latent"
 
     # -- what the privacy report reads -------------------------------------------------------------------
     @property

@@ -31,7 +31,7 @@ work on the simulator's own contexts without the outcome's gradient bending the 
 contexts (measured on the tumour world, seed 10: with that gradient the natural-course gap of the generated volume
 grew ninefold, 0.010 → 0.089).
 
-With ``model.rollout = "encoder"`` the simulator does not step K with the transition but feeds the simulated step
+With the encoder rollout (``ModelConfig.rollout_kind``) the simulator does not step K with the transition but feeds the simulated step
 back through the encoder (``model.simulate``); the loss then rolls the way the simulator is run: from t = 0 only
 (the natural course itself; the recurrent encoder runs one step at a time, so further start steps would each cost a
 pass of the encoder), K̃_0 = K_0 and for r = 1 … k::
@@ -84,7 +84,7 @@ def l_free_running(model: FedCausalDiff, K: torch.Tensor, h: torch.Tensor, batch
     k = min(cfg.free_running_steps, L - 1)
     if k < 1:
         return K.sum((1, 2)) * 0.0
-    if cfg.rollout == "encoder":
+    if cfg.rollout_kind == "encoder":
         return _through_encoder(model, K, h, batch, k, W)
     n_endo = model.n_endogenous
     start = torch.arange(0, L - 1, cfg.free_running_stride)  # start steps t (the last step has no successor)

@@ -8,9 +8,17 @@ How a rollout works (the paper's reading, in latent space):
 2. for h = 0 … H−1, t = start_t + h: the action a_t = π(t, simulated Y history) (or the fixed plan); the decoder
    gives E[Y_t | K_t, A_t, a_t] (and a sampled Y_t); the diffusion transition draws K_{t+1} ~ p_Θ(·|K_t, A_t, a_t).
 
-Simulated outcomes are NOT fed back through the encoder: the transition carries the state, which is what the
-paper's model is for (and what makes its stochasticity matter). ``rollout='encoder'`` does feed (a_t, Y_t) back
-through the GRU instead — a Monte-Carlo g-formula kept for comparison; on DKT-Synth it was the worse of the two.
+Simulated outcomes are NOT fed back through the encoder: the diffusion transition carries the state, which is what
+the paper's model is for (and what makes its stochasticity matter). ``rollout='encoder'`` does feed (a_t, Y_t) and the
+generated contexts back through the GRU instead: the Monte-Carlo g-formula, in which every time-varying variable is
+drawn from its distribution given the simulated history and the next step conditions on that draw (Robins 1986;
+Taubman et al. 2009, Int J Epidemiol 38:1599; McGrath et al. 2020, Patterns 1:100008, gfoRmula). On DKT-Synth it
+was the worse of the two for the diffusion transition. The deterministic transition (``model.baselines.gformula``)
+rolls out through the encoder by default (``ModelConfig.rollout_kind``): its K_{t+1} = f(K_t, A_t, a_t) is one path
+that no drawn outcome moves, so a latent rollout propagates a mean state, and with outcomes and contexts that depend
+on the state non-linearly the mean path is not the mean outcome (Jensen). What it changes on the tumour and
+carry-over worlds, seed by seed: docs/benchmarks.md, issue 42, "The deterministic transition's rollout was a mean
+path".
 
 Contexts under intervention (g-computation): exogenous context columns are replayed from the logged trajectory;
 endogenous ones (the leading ``n_endogenous`` columns, marked by the data: :func:`fcd_secure.data.spec.context_dynamics`)
@@ -56,8 +64,9 @@ def network_rollout(model: nn.Module, ds: SiteDataset, plan: Plan, n_samples: in
         sampler: 'ddim' or 'ddpm' (default ``cfg.sampler``).
         steps: DDIM steps per transition (default ``cfg.sampler_steps``).
         chunk_rows: rows simulated together.
-        rollout: 'latent' (default ``cfg.rollout``) steps K with the diffusion transition (module docstring);
-            'encoder' feeds the simulated (a_t, Y_t) back through the encoder instead (kept for comparison).
+        rollout: 'latent' steps K with the transition (module docstring); 'encoder' feeds the simulated (a_t, Y_t)
+            and the generated contexts back through the encoder instead; default ``cfg.rollout_kind`` (the
+            deterministic transition's rollout is the encoder's: module docstring).
         keep_contexts: also return the contexts the rollout used (``SimResult.context_values``, [n, S, H, da]).
 
     Returns:
@@ -68,7 +77,7 @@ def network_rollout(model: nn.Module, ds: SiteDataset, plan: Plan, n_samples: in
             or a policy that returns an action outside the action set.
     """
     core = unwrap(model)
-    rollout = rollout or core.cfg.rollout
+    rollout = rollout or core.cfg.rollout_kind
     if rollout not in ("latent", "encoder"):
         raise ValueError(f"unknown rollout {rollout!r}; expected 'latent' or 'encoder'")
     was_training = core.training
