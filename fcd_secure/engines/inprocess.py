@@ -33,6 +33,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fcd_secure._flower.internals import SUPERLINK_NODE_ID, ErrorCode, TaskIdentity, transport_copy
 from fcd_secure.config import RunConfig
+from fcd_secure.errors import FcdError
 from fcd_secure.apps.client_app import make_client_app
 from fcd_secure.apps.outputs import write_run_folder
 from fcd_secure.apps.server_app import FederationResult, run_federation
@@ -178,7 +179,7 @@ def run_inprocess(
     return result
 
 
-class _RoundsDone(Exception):
+class _RoundsDone(FcdError):
     """Raised by :func:`run_rounds`'s progress hook once the rounds are done, before the closing evaluation."""
 
 
