@@ -28,13 +28,15 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, Generic, Hashable, TypeVar, overload
 
 from filelock import FileLock
 from fcd_secure.errors import FcdError
 
 __all__ = [
     "FolderPath",
+    "Kept",
+    "arrays_sha256",
     "SecretFileError",
     "atomic_write_bytes",
     "atomic_write_text",
@@ -149,6 +151,49 @@ def file_identity(path: str | os.PathLike[str]) -> tuple[str, int, int, int, int
     resolved = Path(path).resolve()
     st = resolved.stat()
     return str(resolved), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def arrays_sha256(head: str, arrays) -> str:
+    """SHA-256 of ``head`` and of each array's dtype, shape and bytes (C order): a key that names the numbers
+    themselves, for a per-process cache of what is a pure function of them (:class:`Kept`)."""
+    import numpy as np  # noqa: PLC0415
+
+    h = hashlib.sha256(head.encode())
+    for arr in arrays:
+        a = np.ascontiguousarray(arr)
+        h.update(f"|{a.dtype.str}{a.shape}|".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class Kept(Generic[K, V]):
+    """A per-process memo of at most ``size`` entries, the oldest dropped first: for what a site recomputes on every
+    message although it is a pure function of its key (the key must name every input, so an entry is only ever
+    served for the same inputs)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = int(size)
+        self._entries: dict[K, V] = {}
+
+    def get(self, key: K, make: Callable[[], V]) -> V:
+        """The entry of ``key``, made by ``make()`` and kept where there is none."""
+        if key in self._entries:
+            return self._entries[key]
+        value = make()
+        if len(self._entries) >= self.size:
+            self._entries.pop(next(iter(self._entries)))
+        self._entries[key] = value
+        return value
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
 class FolderPath:

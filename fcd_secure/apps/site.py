@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from fcd_secure._io import Kept
 from fcd_secure.audit import Refusal
 from fcd_secure.config import RunConfig
 from fcd_secure.federation import learner
@@ -59,8 +60,7 @@ def default_site_id(site_index: int) -> str:
 
 #: each (model config, data dims)'s Θc/Θs manifest: a pure function of the two (``learner.build_model``), read by the
 #: egress gate on every message; building a model to read it costs more than the rest of the gate's context
-_MANIFESTS: dict[tuple[str, tuple[tuple[str, int], ...]], Manifest] = {}
-_MANIFESTS_KEPT = 16
+_MANIFESTS: Kept[tuple[str, tuple[tuple[str, int], ...]], Manifest] = Kept(16)
 
 
 class SiteRuntime:
@@ -312,11 +312,7 @@ class SiteRuntime:
     def manifest(self) -> Manifest:
         if self._manifest is None:
             key = (learner.model_config(self.cfg).model_dump_json(), tuple(sorted(self.dims.items())))
-            if key not in _MANIFESTS:
-                if len(_MANIFESTS) >= _MANIFESTS_KEPT:
-                    _MANIFESTS.clear()
-                _MANIFESTS[key] = self.model.manifest()
-            self._manifest = _MANIFESTS[key]
+            self._manifest = _MANIFESTS.get(key, lambda: self.model.manifest())
         return self._manifest
 
     @property

@@ -29,6 +29,8 @@ from typing import Literal
 
 import numpy as np
 
+from fcd_secure._io import Kept, arrays_sha256
+
 PrivateKind = Literal["theta_s", "propensity"]
 
 #: Odd multiplier of the rolling hash (any odd constant is invertible modulo 2**64).
@@ -167,10 +169,9 @@ def fingerprint_private(
     return [_fingerprints("theta_s", theta, min_len), _fingerprints("propensity", props, min_len)]
 
 
-#: built fingerprint groups by the digest of their arrays' contents (:func:`_fingerprints`), oldest first
-_GROUPS: dict[str, PrivateArrays] = {}
-#: groups kept: a simulated run's sites each hold their Θs versions and propensities in one process
-_GROUPS_KEPT = 16
+#: built fingerprint groups by the digest of their arrays' contents (:func:`_fingerprints`); a simulated run's sites
+#: each hold their Θs versions and propensities in one process
+_GROUPS: Kept[str, PrivateArrays] = Kept(16)
 
 
 def _fingerprints(kind: PrivateKind, arrays: list[np.ndarray], min_len: int) -> PrivateArrays:
@@ -178,28 +179,20 @@ def _fingerprints(kind: PrivateKind, arrays: list[np.ndarray], min_len: int) -> 
     columns; kept by a SHA-256 of ``kind``, ``min_len`` and every array's dtype, shape and bytes, so an entry is only
     ever served for the same numbers (the digest reads each byte once; the row hashes and bitmaps it saves cost tens
     of times more). The group is read-only once built (:meth:`PrivateArrays.found_in`)."""
-    h = hashlib.sha256(f"{kind}:{int(min_len)}".encode())
-    for arr in arrays:
-        a = np.ascontiguousarray(arr)
-        h.update(f"|{a.dtype.str}{a.shape}|".encode())
-        h.update(a.tobytes())
-    key = h.hexdigest()
-    group = _GROUPS.get(key)
-    if group is not None:
+
+    def build() -> PrivateArrays:
+        group = PrivateArrays(kind)
+        for arr in arrays:
+            if kind == "propensity":
+                variants = {arr.dtype: arr, np.dtype(np.float32): arr.astype(np.float32),
+                            np.dtype(np.float64): arr.astype(np.float64)}.values()
+            else:
+                variants = (arr,)
+            for cand in variants:
+                _with_columns(group, cand, min_len)
         return group
-    group = PrivateArrays(kind)
-    for arr in arrays:
-        if kind == "propensity":
-            variants = {arr.dtype: arr, np.dtype(np.float32): arr.astype(np.float32),
-                        np.dtype(np.float64): arr.astype(np.float64)}.values()
-        else:
-            variants = (arr,)
-        for cand in variants:
-            _with_columns(group, cand, min_len)
-    if len(_GROUPS) >= _GROUPS_KEPT:
-        _GROUPS.pop(next(iter(_GROUPS)))
-    _GROUPS[key] = group
-    return group
+
+    return _GROUPS.get(arrays_sha256(f"{kind}:{int(min_len)}", arrays), build)
 
 
 #: A float32 bit pattern is informative when it is a normal number with a set bit among the low 12 of its mantissa

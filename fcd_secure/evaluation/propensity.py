@@ -21,7 +21,6 @@ pooled fit of the same objective, by Newton's method on per-site sums that trave
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -29,6 +28,7 @@ import numpy as np
 from scipy.optimize import minimize
 from scipy.special import log_softmax
 
+from fcd_secure._io import Kept, arrays_sha256
 from fcd_secure.data.schema import SiteDataset
 from fcd_secure.errors import FcdError
 
@@ -40,10 +40,9 @@ __all__ = ["MAX_SHARED_COEFS", "PROPENSITY_FLOOR", "SHARED_FIT_LISTS", "SHARED_F
 PROPENSITY_FLOOR = 0.005
 #: steps per unit of the time feature (t / T_SCALE): keeps it on the scale of the outcome features
 T_SCALE = 20.0
-#: fitted ``(mean, scale, coef)`` of :meth:`HistoryPropensity.fit_design` by the digest of its settings and data,
-#: oldest first: the sites of a simulated run share one process, each with a few models
-_FITS: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-_FITS_KEPT = 64
+#: fitted ``(mean, scale, coef)`` of :meth:`HistoryPropensity.fit_design` by the digest of its settings and data:
+#: the sites of a simulated run share one process, each with a few models
+_FITS: Kept[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = Kept(64)
 
 
 def history_features(t: int, y_hist: np.ndarray, lengths: np.ndarray, context: np.ndarray | None,
@@ -123,27 +122,14 @@ class HistoryPropensity:
         ``queries.incremental.attach_behaviour``; the natural course), and each repeat cost a whole L-BFGS run.
         The coefficients are kept by a SHA-256 of the settings and of ``F``'s and ``a``'s dtype, shape and bytes
         (:data:`_FITS`), and each model gets its own copies."""
-        key = self._fit_key(F, a, tol)
-        kept = _FITS.get(key)
-        if kept is not None:
-            self.mean, self.scale, self.coef = (x.copy() for x in kept)
-            return self
-        self._fit_design(F, a, tol)
-        if len(_FITS) >= _FITS_KEPT:
-            _FITS.pop(next(iter(_FITS)))
-        _FITS[key] = (self.mean.copy(), self.scale.copy(), self.coef.copy())
+        settings = repr((type(self).__qualname__, self.n_actions, self.da, self.l2, self.max_iter,
+                         getattr(self, "dx", None), tol))
+        kept = _FITS.get(arrays_sha256(settings, (F, a)), lambda: self._fit_design(F, a, tol))
+        self.mean, self.scale, self.coef = (x.copy() for x in kept)
         return self
 
-    def _fit_key(self, F: np.ndarray, a: np.ndarray, tol: float | None) -> str:
-        h = hashlib.sha256(repr((type(self).__qualname__, self.n_actions, self.da, self.l2, self.max_iter,
-                                 getattr(self, "dx", None), tol)).encode())
-        for arr in (np.ascontiguousarray(F), np.ascontiguousarray(a)):
-            h.update(f"|{arr.dtype.str}{arr.shape}|".encode())
-            h.update(arr.tobytes())
-        return h.hexdigest()
-
-    def _fit_design(self, F: np.ndarray, a: np.ndarray, tol: float | None) -> None:
-        """:meth:`fit_design`'s L-BFGS fit."""
+    def _fit_design(self, F: np.ndarray, a: np.ndarray, tol: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`fit_design`'s L-BFGS fit: ``(mean, scale, coef)``."""
         self.mean, sd = F.mean(0), F.std(0)
         self.scale = np.where(sd > 1e-9, sd, 1.0)
         X = self._design(F)
@@ -163,6 +149,7 @@ class HistoryPropensity:
         res = minimize(loss, np.zeros(d * K), jac=True, method="L-BFGS-B",
                        options={"maxiter": self.max_iter, **({} if tol is None else {"gtol": tol, "ftol": tol})})
         self.coef = res.x.reshape(d, K)
+        return self.mean, self.scale, self.coef
 
     def _step_features(self, ds: SiteDataset, rows: np.ndarray, t: int) -> np.ndarray:
         """The features of ``rows`` of ``ds`` at step ``t`` (:func:`history_features`)."""

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fcd_secure._io import Kept, arrays_sha256, file_identity
 from fcd_secure.config import RunConfig
 from fcd_secure.data.partition import site_split_seed
 from fcd_secure.data.schema import SiteDataset
@@ -147,8 +148,7 @@ def with_propensities(site: SiteData, mode: str, behaviour: Any | None = None, *
 
 
 #: the sites' fitted behaviour models by the digest of their training rows (:func:`_behaviour_model`)
-_BEHAVIOUR_FITS: dict[str, Any] = {}
-_BEHAVIOUR_FITS_MAX = 32
+_BEHAVIOUR_FITS: Kept[str, Any] = Kept(32)
 
 
 def _behaviour_model(train: SiteDataset):
@@ -156,21 +156,11 @@ def _behaviour_model(train: SiteDataset):
     reloads its data on every request that brings the consortium's statistics (``apps.site.SiteRuntime``), and the
     fit is deterministic (a convex problem started at zero), so the same rows give the same model; refitting it on
     every message cost minutes per round with 50 actions."""
-    import hashlib  # noqa: PLC0415
-
     from fcd_secure.evaluation.propensity import RecordPropensity  # noqa: PLC0415
 
-    h = hashlib.sha256(repr((train.n_actions, train.da, train.X.shape, train.T.shape)).encode())
-    for a in (train.T, train.Y, train.M, train.X, train.A):
-        h.update(np.ascontiguousarray(a).tobytes())
-    key = h.hexdigest()
-    model = _BEHAVIOUR_FITS.get(key)
-    if model is None:
-        model = RecordPropensity(train.n_actions, train.da, train.X.reshape(train.n, -1).shape[1]).fit(train)
-        if len(_BEHAVIOUR_FITS) >= _BEHAVIOUR_FITS_MAX:
-            _BEHAVIOUR_FITS.pop(next(iter(_BEHAVIOUR_FITS)))
-        _BEHAVIOUR_FITS[key] = model
-    return model
+    key = arrays_sha256(repr((train.n_actions, train.da)), (train.T, train.Y, train.M, train.X, train.A))
+    return _BEHAVIOUR_FITS.get(key, lambda: RecordPropensity(train.n_actions, train.da,
+                                                            train.X.reshape(train.n, -1).shape[1]).fit(train))
 
 
 def behaviour_fit_sums(site: SiteData, step) -> dict[str, object]:
@@ -261,8 +251,6 @@ def data_key(cfg: RunConfig) -> str:
 def source_files(*paths) -> tuple:
     """``fcd_secure._io.file_identity`` of each of ``paths`` (None for a path that is not a readable file: the
     loader then raises its own error naming it)."""
-    from fcd_secure._io import file_identity  # noqa: PLC0415
-
     out = []
     for path in paths:
         try:
@@ -272,24 +260,16 @@ def source_files(*paths) -> tuple:
     return tuple(out)
 
 
-#: each site's (train, validation) cut by (its loaded data's key, site, validation fraction, split secret), oldest
-#: first (:func:`_site_split`)
-_SPLITS: dict[tuple, tuple[SiteDataset, SiteDataset | None]] = {}
-_SPLITS_KEPT = 64
+#: each site's (train, validation) cut by (its loaded data's key, site, validation fraction, split secret)
+#: (:func:`_site_split`)
+_SPLITS: Kept[tuple, tuple[SiteDataset, SiteDataset | None]] = Kept(64)
 
 
 def _site_split(key: tuple, train: SiteDataset, fraction: float, secret: bytes) -> tuple[SiteDataset, SiteDataset | None]:
     """:func:`split_validation` of ``train``, once per process for each ``key`` (which names the loaded data ``train``
     comes from and the site: every input of the cut is in the key). A site answers every message from its data
     (``apps.site.SiteRuntime.data``): the cut is the same each time, so it is made once."""
-    k = (key, float(fraction), bytes(secret))
-    hit = _SPLITS.get(k)
-    if hit is None:
-        hit = split_validation(train, fraction, secret)
-        if len(_SPLITS) >= _SPLITS_KEPT:
-            _SPLITS.pop(next(iter(_SPLITS)))
-        _SPLITS[k] = hit
-    return hit
+    return _SPLITS.get((key, float(fraction), bytes(secret)), lambda: split_validation(train, fraction, secret))
 
 
 def load_federated(cfg: RunConfig):

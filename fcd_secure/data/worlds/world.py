@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from fcd_secure._io import Kept
 from fcd_secure.data.policy import PolicyLike, anchor_regime_support, bind_policy, default_policies
 from fcd_secure.data.schema import SiteDataset
 from fcd_secure.data.worlds.config import Split, WorldConfig
@@ -301,15 +302,14 @@ class OracleWorld(ABC):
         H = self.horizon if horizon is None else int(horizon)
         R = int(n_rollouts or self.cfg.n_rollouts)
         a_off, a_on = self.anchors
-        memo = self.__dict__.setdefault("_effects_memo", {})
-        key = (ids.tobytes(), t0, H, R, int(a_off), int(a_on))
-        if key not in memo:
+
+        def compute() -> np.ndarray:
             on = self.regime_outcome_probs_of(ids, t0, np.full(H, a_on), R)
             off = self.regime_outcome_probs_of(ids, t0, np.full(H, a_off), R)
-            if len(memo) >= _EFFECTS_KEPT:
-                memo.pop(next(iter(memo)))
-            memo[key] = nanmean_rows(on - off)
-        return memo[key].copy()
+            return nanmean_rows(on - off)
+
+        memo = self.__dict__.setdefault("_effects_memo", Kept(_EFFECTS_KEPT))
+        return memo.get((ids.tobytes(), t0, H, R, int(a_off), int(a_on)), compute).copy()
 
     def true_policy_value(
         self,
