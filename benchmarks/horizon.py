@@ -83,11 +83,13 @@ def _status(msg: str) -> None:
 
 
 def run_config(world: str, preset: str, seed: int, rounds: int | None, out: Path, transition: str = "diffusion",
-               quick: bool = False, min_local_steps: int = 0, eval_every: int | None = None):
+               quick: bool = False, min_local_steps: int = 0, eval_every: int | None = None,
+               model: dict[str, Any] | None = None):
     """The config of ``fcd run --dataset <world> --preset <preset> --seed <seed>`` with ``[model] transition =
     <transition>``, secure aggregation and DSS (the defaults, named so that a changed default cannot silently change
     this benchmark), its folder ``out``. ``quick``: the run evaluated once, at its end, on the regimens of
-    :data:`QUICK_REGIMENS` only (every test row: the oracle's truth is reported only over all of them)."""
+    :data:`QUICK_REGIMENS` only (every test row: the oracle's truth is reported only over all of them). ``model``:
+    further ``[model]`` keys (``--model KEY=VALUE``; the centralised rows train with the same)."""
     from fcd_secure.config import build_config
 
     fed: dict[str, Any] = {"secure_aggregation": True, "sync": "dss"}
@@ -102,7 +104,8 @@ def run_config(world: str, preset: str, seed: int, rounds: int | None, out: Path
         fed["eval_every"] = 0
         evaluation = {"policies": list(QUICK_REGIMENS)}
     cfg = build_config(preset, {"seed": seed, "data": {"dataset": world}, "federation": fed,
-                                "model": {"transition": transition}, "evaluation": evaluation, "out": str(out)})
+                                "model": {**(model or {}), "transition": transition}, "evaluation": evaluation,
+                                "out": str(out)})
     return cfg.model_copy(update={"state_dir": str(out / "state")})
 
 
@@ -261,7 +264,7 @@ def transition_run(world: str, seed: int, transition: str, args: argparse.Namesp
         cfg, summary, sims = reopened(folder, ModelConfig.model_fields["rollout"].default if rescore else None)
     else:
         cfg = run_config(world, args.preset, seed, args.rounds, folder, transition, args.quick, args.min_local_steps,
-                         args.eval_every)
+                         args.eval_every, dict(args.model))
         summary, sims = federated(cfg, args.engine)
     evaluated = "the run's final evaluation (secure sums)"
     if rescore:
@@ -833,6 +836,17 @@ def print_tables(out: dict[str, Any]) -> None:
     con.print(f"wall {out['wall_s']:.0f} s")
 
 
+def _model_key(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` of ``--model``: the value as JSON where it parses (numbers, booleans), else the string."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worlds", nargs="+", default=list(WORLDS), choices=WORLDS)
@@ -846,6 +860,9 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=None,
                     help="federation.eval_every of every federated run (default: the preset's; 1: every round is a "
                     "scored candidate, kept for --spearman)")
+    ap.add_argument("--model", type=_model_key, action="append", default=[], metavar="KEY=VALUE",
+                    help="a [model] key of every federated run (and so of the centralised rows), the value read as "
+                    "JSON where it parses (e.g. --model free_running_steps=29 --model free_running_outcome=drawn)")
     ap.add_argument("--epochs", type=int, default=None,
                     help="epochs of the centralised models (default: matched to the run, experiments.centralised)")
     ap.add_argument("--out", type=Path, default=None, help="folder of the runs (default: a temporary one)")
