@@ -145,8 +145,9 @@ class ModelConfig(BaseModel):
             "the outcome L_free feeds forward from each step (to the context head, the encoder, a transition_given_y "
             "transition): 'logged' the logged Y; 'drawn' a draw of the model's own outcome model there, as a rollout "
             "feeds it (scheduled sampling, Bengio et al. 2015), so that the decoder learns on the simulated history's "
-            "own outcome/context pairs (model/free_running.py; measured on the tumour world's untreated course, "
-            "docs/benchmarks.md issue 42)"
+            "own outcome/context pairs (model/free_running.py). Measured on the tumour world's untreated course "
+            "(docs/benchmarks.md, issue 42): right after 10 pooled epochs, worse than 'logged' at the matched 48 and in "
+            "a 10-round federated run; not a fix"
         ),
     )
     align_bandwidth: float = Field(1.0, gt=0, description="RBF bandwidth of the MMD in L_align")

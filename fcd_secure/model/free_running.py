@@ -33,7 +33,9 @@ which teacher forcing never shows. Where an outcome is a function of the next co
 Y_t = 1[d_{t+1} ≤ 3 cm]) the logged Y_{t−1} and A_t always agree in the logs, a decoder fitted on them can read either,
 and one that reads the outcome history keeps a drawn Y = 1 after the generated tumour has grown past 3 cm (measured:
 docs/benchmarks.md, issue 42, "The untreated course"); trained on drawn outcomes against the logged Y it learns to
-read the context. The contexts are the simulator's own: the context error of step r reaches the context head through every earlier step,
+read the context after 10 pooled epochs, but with more training the untreated course drifts off again and the
+always-vs-never effect comes out worse than with ``'logged'`` (same section): an instrument, off by default, not a
+fix. The contexts are the simulator's own: the context error of step r reaches the context head through every earlier step,
 while the transition and the decoder read the generated contexts as inputs only (detached), so that they learn to
 work on the simulator's own contexts without the outcome's gradient bending the context head away from the logged
 contexts (measured on the tumour world, seed 10: with that gradient the natural-course gap of the generated volume
