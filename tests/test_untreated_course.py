@@ -1,8 +1,8 @@
 """What L_free feeds forward (``model.free_running_outcome``): with ``'drawn'`` the simulator's own outcome draws,
 as a rollout feeds them, so that the decoder is trained on the simulated history's outcome/context pairs. On the
 tumour world a decoder trained on logged outcomes only kept a drawn Y = 1 after the generated tumour had grown past
-the response size, and the untreated course ("never") came out too high (docs/benchmarks.md, issue 42, "The untreated
-course")."""
+the response size, part of why the untreated course ("never") came out too high (docs/benchmarks.md, issue 42, "The
+untreated course"; measured there: not a fix, off by default)."""
 
 from __future__ import annotations
 
