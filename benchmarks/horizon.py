@@ -862,7 +862,7 @@ def main() -> None:
                     "scored candidate, kept for --spearman)")
     ap.add_argument("--model", type=_model_key, action="append", default=[], metavar="KEY=VALUE",
                     help="a [model] key of every federated run (and so of the centralised rows), the value read as "
-                    "JSON where it parses (e.g. --model free_running_steps=29 --model free_running_outcome=drawn)")
+                    "JSON where it parses (e.g. --model free_running_steps=29)")
     ap.add_argument("--epochs", type=int, default=None,
                     help="epochs of the centralised models (default: matched to the run, experiments.centralised)")
     ap.add_argument("--out", type=Path, default=None, help="folder of the runs (default: a temporary one)")

@@ -21,8 +21,7 @@ SIMULATOR_KEYS: dict[str, bool] = {
 
 #: the keys of the free-running loss (model/free_running.py), added after ``context_head``: a run folder's full dump
 #: from before they existed lacks them (read back as the loss off)
-FREE_RUNNING_KEYS = ("free_running_steps", "lambda_free_running", "free_running_stride", "free_running_discount",
-                     "free_running_outcome")
+FREE_RUNNING_KEYS = ("free_running_steps", "lambda_free_running", "free_running_stride", "free_running_discount")
 
 
 class ModelConfig(BaseModel):
@@ -138,17 +137,6 @@ class ModelConfig(BaseModel):
     )
     free_running_discount: float = Field(
         1.0, gt=0, description="per-step weights of L_free: w_r ∝ discount^(r−1), r = 1..k, normalised to sum to 1"
-    )
-    free_running_outcome: Literal["logged", "drawn"] = Field(
-        "logged",
-        description=(
-            "the outcome L_free feeds forward from each step (to the context head, the encoder, a transition_given_y "
-            "transition): 'logged' the logged Y; 'drawn' a draw of the model's own outcome model there, as a rollout "
-            "feeds it (scheduled sampling, Bengio et al. 2015), so that the decoder learns on the simulated history's "
-            "own outcome/context pairs (model/free_running.py). Measured on the tumour world's untreated course "
-            "(docs/benchmarks.md, issue 42): right after 10 pooled epochs, worse than 'logged' at the matched 48 and in "
-            "a 10-round federated run; not a fix"
-        ),
     )
     align_bandwidth: float = Field(1.0, gt=0, description="RBF bandwidth of the MMD in L_align")
     align_max_points: int = Field(256, ge=4, description="valid steps subsampled per batch for the batch MMD")

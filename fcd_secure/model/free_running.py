@@ -21,21 +21,11 @@ K̂_t = K_t (the encoder's), Â_t = A_t (logged), and for r = 1 … k::
     ℓ_r     = −log P_φ(Y_{t+r} | K̂_{t+r}, Â_{t+r}, T_{t+r})  +  ‖Â_{t+r}[:n_endo] − A_{t+r}[:n_endo]‖² / n_endo
 
 over the pairs where both t and t+r are logged; L_free = Σ_r w_r ℓ_r with w_r ∝ ``free_running_discount``^(r−1),
-normalised to sum to one (the per-step weights; a discount below 1 weights the near steps more).
-
-The outcomes fed forward (to the transition with ``transition_given_y``, to the context head and, in the encoder
-form below, to the encoder) are set by ``free_running_outcome``. ``'logged'`` feeds the logged Y_{t+r−1}: under the
-logged actions a draw of the distribution the simulator samples from, without the sampling noise. ``'drawn'`` feeds
-what a rollout feeds, a draw of the simulator's own outcome model at that step, Y ~ P_φ(· | K̂, Â, T) (detached: a
-sampled binary outcome carries no gradient; scheduled sampling, Bengio et al. 2015, at a sampling rate of one): the
-inputs then are the simulated history's, with its own disagreements between a drawn outcome and a generated context,
-which teacher forcing never shows. Where an outcome is a function of the next context (the tumour world's
-Y_t = 1[d_{t+1} ≤ 3 cm]) the logged Y_{t−1} and A_t always agree in the logs, a decoder fitted on them can read either,
-and one that reads the outcome history keeps a drawn Y = 1 after the generated tumour has grown past 3 cm (measured:
-docs/benchmarks.md, issue 42, "The untreated course"); trained on drawn outcomes against the logged Y it learns to
-read the context after 10 pooled epochs, but with more training the untreated course drifts off again and the
-always-vs-never effect comes out worse than with ``'logged'`` (same section): an instrument, off by default, not a
-fix. The contexts are the simulator's own: the context error of step r reaches the context head through every earlier step,
+normalised to sum to one (the per-step weights; a discount below 1 weights the near steps more). The outcomes fed to
+the transition (``transition_given_y``) and to the context head are the logged ones: under the logged actions they are
+draws of the same distribution the simulator samples from, and they keep the loss's gradient free of sampling noise
+(scheduled sampling of the outcome is left out on purpose: a sampled binary outcome carries no gradient). The
+contexts are the simulator's own: the context error of step r reaches the context head through every earlier step,
 while the transition and the decoder read the generated contexts as inputs only (detached), so that they learn to
 work on the simulator's own contexts without the outcome's gradient bending the context head away from the logged
 contexts (measured on the tumour world, seed 10: with that gradient the natural-course gap of the generated volume
@@ -68,22 +58,7 @@ from fcd_secure.model.batch import Batch
 from fcd_secure.model.losses import masked_mean, outcome_nll
 from fcd_secure.model.networks import FedCausalDiff
 
-__all__ = ["fed_outcome", "l_free_running", "step_weights"]
-
-
-@torch.no_grad()
-def fed_outcome(model: FedCausalDiff, K: torch.Tensor, A: torch.Tensor, T: torch.Tensor,
-                logged: torch.Tensor) -> torch.Tensor:
-    """The outcome L_free feeds forward from a step (``ModelConfig.free_running_outcome``): the logged one, or a draw
-    of the model's own P_φ(Y | K, A, T) there as a rollout draws it (``model.simulate``: Bernoulli of the
-    probability, or the Gaussian mean plus σ·N(0, 1)); one draw per row and step from the global generator, which
-    the local round seeds (``training.run_round``). No gradient."""
-    if model.cfg.free_running_outcome == "logged":
-        return logged
-    out = model.decode(K, A.detach(), T)
-    if model.cfg.outcome == "binary":
-        return torch.bernoulli(torch.sigmoid(out[..., 0]))
-    return out[..., 0] + torch.exp(out[..., 1].clamp(-5.0, 5.0)) * torch.randn_like(out[..., 0])
+__all__ = ["l_free_running", "step_weights"]
 
 
 def step_weights(k: int, discount: float) -> torch.Tensor:
@@ -126,8 +101,7 @@ def l_free_running(model: FedCausalDiff, K: torch.Tensor, h: torch.Tensor, batch
     total = torch.zeros(B)
     for r in range(1, k + 1):
         prev, cur = start + (r - 1), start + r
-        T_prev = Tp[:, prev]
-        Y_prev = fed_outcome(model, Kh, Ah, T_prev, Yp[:, prev])
+        T_prev, Y_prev = Tp[:, prev], Yp[:, prev]
         # the generated contexts reach the transition and the decoder as inputs only (detached): the outcome's
         # gradient must not bend the context head away from the logged contexts (its own error term trains it)
         K_next = model.transition(Kh, Ah.detach(), T_prev, sampler="ddim", steps=cfg.cf_sampler_steps, y=Y_prev)
@@ -158,11 +132,10 @@ def _through_encoder(model: FedCausalDiff, K: torch.Tensor, h: torch.Tensor, bat
     Kh, Ah, state = K[:, 0], A[:, 0], h[:, 0].unsqueeze(0)
     total = torch.zeros(K.shape[0])
     for r in range(1, k + 1):
-        y_prev = fed_outcome(model, Kh, Ah, T[:, r - 1], Y[:, r - 1])
-        gen = model.next_context(Kh, Ah, T[:, r - 1], y_prev)
+        gen = model.next_context(Kh, Ah, T[:, r - 1], Y[:, r - 1])
         ctx_err = ((gen - A[:, r, :n_endo]) ** 2).mean(-1)
         Ah = torch.cat([gen, A[:, r, n_endo:]], -1)
-        Kh, state = model.encode_step(state, batch.X, Ah.detach(), T[:, r - 1], y_prev)
+        Kh, state = model.encode_step(state, batch.X, Ah.detach(), T[:, r - 1], Y[:, r - 1])
         step = outcome_nll(model, Kh, Ah.detach(), T[:, r], Y[:, r]) + ctx_err
         if W is not None:
             step = step * W[:, r]
