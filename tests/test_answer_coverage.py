@@ -6,7 +6,8 @@ HTML report of the run (verdict, sites, bytes, ε and its plot, answers), opened
 
 One real tiny run (the installed entry point in a fresh process, on the in-process engine: the claims are the
 answers' coverage, not the engine) on a user's table of four hospitals: one has too few patients for its evaluation cohort (it declines), and no hospital ever logs the
-action ``metformin``. Then ``fcd whatif`` asks the same run again. The tests that read them form one xdist group.
+action ``metformin``. Then ``fcd whatif`` asks the same run again (the same command group in the test's process,
+typer's ``CliRunner``: only the run pays a fresh interpreter's start). The tests that read them form one xdist group.
 """
 
 from __future__ import annotations
@@ -57,7 +58,9 @@ def asked(tmp_path_factory):
     (base / "metformin.toml").write_text(METFORMIN)
     run = fcd("run", "--preset", "tiny", "--rounds", "1", "--spec", spec, "--table", table, "--no-secure-aggregation",
               "--dp-epsilon", "8", "-p", "never", "-p", "metformin.toml", "--engine", "inprocess", "--out", "run", cwd=base)
-    what = fcd("whatif", "run", "-p", "never", "-p", "metformin.toml", "--json", cwd=base)
+    asked = CliRunner(env={"COLUMNS": "80"}).invoke(
+        app, ["whatif", str(base / "run"), "-p", "never", "-p", str(base / "metformin.toml"), "--json"])
+    what = subprocess.CompletedProcess(["whatif"], asked.exit_code, asked.stdout, asked.stderr)
     return base, run, what
 
 

@@ -5,7 +5,8 @@ JSON, the HTML report — and the commands exit 8 (``MODEL_ONLY_ANSWER``).
 One real tiny run (the installed entry point in a fresh process, on the in-process engine: the claim is the labels,
 not the engine) on a user's table of three hospitals without a propensity column, with the sites told not to
 estimate theirs (``evaluation.propensities = "logged"``), then ``fcd whatif`` of it twice (on the run's engine) and
-``fcd report``.
+``fcd report``: these three through the same command group in the test's process (typer's ``CliRunner``: the same
+``FcdGroup.main``, its exit codes and its stdout/stderr), so that only the run pays a fresh interpreter's start.
 """
 
 from __future__ import annotations
@@ -42,6 +43,17 @@ def fcd(*args, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
                           text=True, env=env, timeout=timeout, cwd=cwd)
 
 
+def fcd_here(*args) -> subprocess.CompletedProcess:
+    """``fcd`` in this process (the command group the console script runs, ``fcd_secure.cli.main.app``, through
+    typer's ``CliRunner`` at the same terminal width), answered in the shape of :func:`fcd`'s."""
+    from typer.testing import CliRunner
+
+    from fcd_secure.cli.main import app
+
+    res = CliRunner(env={"COLUMNS": "100"}).invoke(app, [*map(str, args)])
+    return subprocess.CompletedProcess(list(args), res.exit_code, res.stdout, res.stderr)
+
+
 @pytest.fixture(scope="module")
 def model_only(tmp_path_factory):
     base = tmp_path_factory.mktemp("model-only")
@@ -51,9 +63,11 @@ def model_only(tmp_path_factory):
     df.drop(columns=["p"]).to_csv(base / "table.csv", index=False)
     run = fcd("run", "--preset", "tiny", "--rounds", "1", "--spec", "spec.toml", "--table", "table.csv",
               "--no-secure-aggregation", "--set", "evaluation.propensities=logged", "--engine", "inprocess", "--out", "run", cwd=base)
-    asked = fcd("whatif", "run", "-p", "never", "-p", "always", "--json", cwd=base)
-    printed = fcd("whatif", "run", "-p", "never", "-p", "always", cwd=base)
-    report = fcd("report", "run", "--json", cwd=base)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(base)  # the run names its spec and table relative to where it was started, as a user's would
+        asked = fcd_here("whatif", "run", "-p", "never", "-p", "always", "--json")
+        printed = fcd_here("whatif", "run", "-p", "never", "-p", "always")
+        report = fcd_here("report", "run", "--json")
     return base, run, asked, printed, report
 
 

@@ -62,6 +62,22 @@ def test_plan_once_meets_cap_and_make_private_with_epsilon_style_replanning_woul
     assert epsilon(hist + [(sigma_rest, q, 4 * steps)], 1e-3, "rdp") <= 3.0
 
 
+def test_epsilon_is_opacus_accountants_bit_for_bit_on_a_history_of_several_segments():
+    """``planner.epsilon`` composes per-(σ, q) RDP vectors it keeps (``planner._rdp_per_step``): for RDP itself and
+    for the RDP bound of PRV's discretisation domain, instead of Opacus recomputing every segment each time. The ε
+    must be Opacus' accountants' exactly, whether the vectors were already kept or not, whatever the order."""
+    from opacus.accountants import PRVAccountant, RDPAccountant
+
+    hist = [(1.3, 1 / 5, 10), (1.1, 1 / 8, 3), (1.3, 1 / 5, 7)]  # (1.3, 1/5) twice, apart: two segments
+    for history in (hist, hist[::-1]):
+        rdp = RDPAccountant()
+        rdp.history = list(history)
+        assert epsilon(history, 1e-5, "rdp") == rdp.get_epsilon(1e-5), history
+    prv = PRVAccountant()
+    prv.history = hist[:2]
+    assert epsilon(hist[:2], 1e-5, "prv") == prv.get_epsilon(1e-5, eps_error=0.01)
+
+
 def test_sample_rate_is_opacus_q():
     assert sample_rate(60, 12) == 1 / 5
     assert sample_rate(61, 12) == 1 / 6  # Opacus: 1/len(loader), not B/N
