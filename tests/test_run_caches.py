@@ -144,3 +144,46 @@ def test_the_gate_flushes_a_messages_ledger_lines_once_before_the_reply_leaves(t
     kinds = [line["kind"] for line in site.ledger.lines()[before:]]
     assert "checkpoint" in kinds and kinds[-1] == "upload" and len(kinds) >= 2
     assert flushed.count(path) == 1
+
+
+def test_the_server_ledger_flushes_the_lines_of_one_pull_of_replies_once_before_their_receipts_leave(
+        tmp_path, monkeypatch):
+    """Three sites answer one message; the in-process grid hands the server the three replies in one pull: their
+    three received lines are on disk, flushed by one fsync of the server ledger (``ServerAudit.deferred_sync``), and
+    each site's receipt rides on the next message to it."""
+    import os
+
+    from flwr.app import ConfigRecord, Context, Message, RecordDict
+    from flwr.clientapp import ClientApp
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from fcd_secure.audit import ServerAudit, load_or_create_identity_key
+    from fcd_secure.audit.receipts import RECEIPTS_RECORD
+    from fcd_secure.engines.inprocess import InProcessGrid
+    from fcd_secure.federation.messaging import Comm
+
+    app = ClientApp()
+
+    @app.query("hello")
+    def hello(msg: Message, context: Context) -> Message:
+        return Message(RecordDict({"hello": ConfigRecord({"ok": 1})}), reply_to=msg)
+
+    grid = InProcessGrid(app, 3)
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, grid.run_id, SUPERLINK_NODE_ID
+    audit = ServerAudit(tmp_path / "audit", load_or_create_identity_key(tmp_path / "server.key"))
+    path = os.path.realpath(audit.ledger.path)
+    real_fsync, flushed = os.fsync, []
+
+    def fsync(fd):  # the real flush, counted per file
+        flushed.append(os.path.realpath(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    comm = Comm(grid, poll_s=0.0, audit=audit)
+    nodes = list(grid.get_node_ids())
+    replies = comm.send(nodes, "query.hello", RecordDict({"hello": ConfigRecord({})}), 10, round=0)
+    assert sorted(replies) == sorted(nodes)
+    assert [line["kind"] for line in audit.ledger.lines()][1:] == ["received"] * 3
+    assert flushed.count(path) == 1
+    assert all(RECEIPTS_RECORD in audit.attach(n, RecordDict({})) for n in nodes)
