@@ -30,6 +30,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -395,32 +396,28 @@ def keep_to_own_keys(run_cfg: RunConfig, environ: dict[str, str] | None = None) 
     confine(denied, writable=made, also_allow=made)
 
 
-#: what a deployed ServerApp imports only once its first messages are out: the model code with torch and Opacus
-#: (``federation.learner.build_model``, right after the sites' hello), ``scipy.stats`` (the natural-course check of the
-#: closing evaluation, ``evaluation.natural_course``) and matplotlib (the run folder's plots, ``evaluation.plots``)
-LATER_IMPORTS = ("fcd_secure.model.networks", "scipy.stats", "fcd_secure.evaluation.plots")
+def later_imports() -> None:
+    """What a deployed ServerApp imports only once its first messages are out: the model code with torch and Opacus
+    (``federation.learner.build_model``, right after the sites' hello), ``scipy.stats`` (the natural-course check of
+    the closing evaluation, ``evaluation.natural_course``) and matplotlib (the run folder's plots,
+    ``evaluation.plots``)."""
+    import scipy.stats  # noqa: F401, PLC0415
+
+    import fcd_secure.evaluation.plots  # noqa: F401, PLC0415
+    import fcd_secure.model.networks  # noqa: F401, PLC0415
 
 
-def import_in_background(modules: tuple[str, ...] = LATER_IMPORTS) -> threading.Thread:
-    """Import ``modules`` in a daemon thread while the caller goes on (a deployed ServerApp: waiting for its sites'
-    hello, a network round trip of seconds). Measured on one deployed 4-site run (a sampler of the ServerApp's main
-    thread): torch and Opacus took a quarter of its wall time, imported one after the other with the hello wait.
+def import_in_background(load: Callable[[], None] = later_imports) -> threading.Thread:
+    """Run ``load`` (imports) in a daemon thread while the caller goes on (a deployed ServerApp: waiting for its
+    sites' hello, a network round trip of seconds). Measured on one deployed 4-site run (a sampler of the ServerApp's
+    main thread): torch and Opacus took a quarter of its wall time, imported one after the other with the hello wait.
 
     Nothing depends on the thread: the code that needs a module imports it as it always did, and Python's per-module
     import lock makes it wait for an import the thread has under way (importlib, "The import system": a module is
-    initialised once). An import that fails in the thread fails again, with its own error, where the run needs it;
-    the thread keeps quiet about it so that error is reported once, by the run.
+    initialised once). An import that fails in the thread is reported by it (``threading.excepthook``) and fails
+    again, with the same error, where the run needs the module: nothing is skipped.
     """
-    import importlib  # noqa: PLC0415
-
-    def work() -> None:
-        for name in modules:
-            try:
-                importlib.import_module(name)
-            except Exception:  # noqa: BLE001, S112 - raised again by the run's own import (docstring)
-                continue
-
-    thread = threading.Thread(target=work, name="fcd-later-imports", daemon=True)
+    thread = threading.Thread(target=load, name="fcd-later-imports", daemon=True)
     thread.start()
     return thread
 

@@ -85,7 +85,7 @@ def natural_course_summary(n: np.ndarray, s: np.ndarray, ss: np.ndarray, sim: np
     if zs:
         # scipy.stats costs a process about as much to import as the rest of the ServerApp's own modules (python -X
         # importtime): imported where the χ² tail is taken, a deployed ServerApp imports it beside its first
-        # messages (apps.server_app.LATER_IMPORTS) instead of before them
+        # messages (apps.server_app.later_imports) instead of before them
         from scipy.stats import chi2 as chi2_dist  # noqa: PLC0415
 
         z = np.asarray(zs)
