@@ -11,6 +11,7 @@ world's true effects (``OracleWorld.effects_of``) are the computed ones.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from fcd_secure.apps.egress import federation_policy, site_gate_policy
 from conftest import GOOD_SPEC, make_long_table
@@ -121,7 +122,22 @@ def test_a_worlds_true_effects_are_kept_per_question_and_are_the_computed_ones(t
     assert world.true_effects(0, "test", rows=[0, 1]).shape == (2,)
 
 
-def test_the_gate_flushes_a_messages_ledger_lines_once_before_the_reply_leaves(tmp_path, monkeypatch):
+@pytest.fixture
+def flushed(monkeypatch) -> list[str]:
+    """The real path of every file ``os.fsync`` flushes from here on (the real flush, counted)."""
+    import os
+
+    real_fsync, paths = os.fsync, []
+
+    def fsync(fd):
+        paths.append(os.path.realpath(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return paths
+
+
+def test_the_gate_flushes_a_messages_ledger_lines_once_before_the_reply_leaves(tmp_path, flushed):
     """Closing round 1 on a round-2 message writes a checkpoint and the upload line: both are on disk when the reply
     comes back from the gate, by one fsync of the ledger file (``SiteLedger.deferred_sync``), not one per line."""
     import os
@@ -130,13 +146,6 @@ def test_the_gate_flushes_a_messages_ledger_lines_once_before_the_reply_leaves(t
 
     site = Site(tmp_path)
     path = os.path.realpath(site.ledger.path)
-    real_fsync, flushed = os.fsync, []
-
-    def fsync(fd):  # the real flush, counted per file
-        flushed.append(os.path.realpath(f"/proc/self/fd/{fd}"))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
     assert not site.send(instruction("train", round=1)).has_error()
     before, flushed[:] = len(site.ledger.lines()), []
     reply = site.send(instruction("train", round=2))
@@ -144,3 +153,40 @@ def test_the_gate_flushes_a_messages_ledger_lines_once_before_the_reply_leaves(t
     kinds = [line["kind"] for line in site.ledger.lines()[before:]]
     assert "checkpoint" in kinds and kinds[-1] == "upload" and len(kinds) >= 2
     assert flushed.count(path) == 1
+
+
+def test_the_server_ledger_flushes_the_lines_of_one_pull_of_replies_once_before_their_receipts_leave(
+        tmp_path, flushed):
+    """Three sites answer one message; the in-process grid hands the server the three replies in one pull: their
+    three received lines are on disk, flushed by one fsync of the server ledger (``ServerAudit.deferred_sync``), and
+    each site's receipt rides on the next message to it."""
+    import os
+
+    from flwr.app import ConfigRecord, Context, Message, RecordDict
+    from flwr.clientapp import ClientApp
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from fcd_secure.audit import ServerAudit, load_or_create_identity_key
+    from fcd_secure.audit.receipts import RECEIPTS_RECORD
+    from fcd_secure.engines.inprocess import InProcessGrid
+    from fcd_secure.federation.messaging import Comm
+
+    app = ClientApp()
+
+    @app.query("hello")
+    def hello(msg: Message, context: Context) -> Message:
+        return Message(RecordDict({"hello": ConfigRecord({"ok": 1})}), reply_to=msg)
+
+    grid = InProcessGrid(app, 3)
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, grid.run_id, SUPERLINK_NODE_ID
+    audit = ServerAudit(tmp_path / "audit", load_or_create_identity_key(tmp_path / "server.key"))
+    path = os.path.realpath(audit.ledger.path)
+    comm = Comm(grid, poll_s=0.0, audit=audit)
+    nodes = list(grid.get_node_ids())
+    flushed.clear()  # the ledger's open line is flushed by itself
+    replies = comm.send(nodes, "query.hello", RecordDict({"hello": ConfigRecord({})}), 10, round=0)
+    assert sorted(replies) == sorted(nodes)
+    assert [line["kind"] for line in audit.ledger.lines()][1:] == ["received"] * 3
+    assert flushed.count(path) == 1
+    assert all(RECEIPTS_RECORD in audit.attach(n, RecordDict({})) for n in nodes)

@@ -1,7 +1,7 @@
 """What ``fcd server run`` watches while it waits for a run (``provisioning.server._submit_and_wait``): whether a
 ServerApp process runs under the coordinator's SuperLink, read from ``/proc`` (``provisioning.processes.runs_below``),
 so that the SuperLink is asked for the run's status (a ``flwr ls`` process each time) only when none does; and the
-SuperNode keys a consortium's start registers all at once (``engines.deployment.register_node_keys``)."""
+SuperNode keys a consortium's start registers in one process (``engines.deployment.register_node_keys``)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,8 @@ def test_a_program_below_a_process_is_found_by_its_script_name_and_not_once_it_e
 
 def test_registrations_that_fail_are_each_named_with_their_exit_code_and_logged_in_order(tmp_path):
     """No SuperLink is needed to fail: ``flwr supernode register`` refuses a key file that is not there before it
-    connects. Both calls run at once; the log holds each one's output in the order the keys were given."""
+    connects. Both run in one process, one after the other; the log holds each one's output in the order the keys
+    were given."""
     from fcd_secure.engines.deployment import register_node_keys
 
     log = tmp_path / "register.log"

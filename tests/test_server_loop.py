@@ -77,3 +77,35 @@ def test_a_theta_that_is_not_the_models_is_refused_before_a_question_is_sent(fin
         WhatIfLoop(_grid(cfg), cfg, wrong, request).run()
     asked = [e for e in server_audit(cfg).ledger.entries() if getattr(e, "round", None) == before]
     assert not any(getattr(e, "action", None) == EVALUATE_MESSAGE_TYPE for e in asked)
+
+
+def test_a_deployed_serverapps_later_imports_run_beside_it_and_a_failing_one_fails_the_runs_own_import(
+        tmp_path, monkeypatch):
+    """``apps.server_app.import_in_background``: the imports run in a thread the caller need not wait for; one that
+    fails is reported by the thread, leaves nothing behind, and the run's own import of it raises the same error."""
+    import importlib
+    import sys
+    import threading
+
+    from fcd_secure.apps.server_app import import_in_background, later_imports
+
+    later_imports()  # every module it names exists
+    (tmp_path / "fcd_later_probe.py").write_text("import time\ntime.sleep(0.2)\nLOADED = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "fcd_later_probe", raising=False)
+    reported = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: reported.append(args.exc_type))
+
+    def load() -> None:
+        import fcd_later_probe  # noqa: F401
+        import fcd_later_missing_module  # noqa: F401
+
+    thread = import_in_background(load)
+    assert thread.daemon
+    assert importlib.import_module("fcd_later_probe").LOADED  # waits for the thread's import under way, or does it
+    thread.join(60)
+    assert not thread.is_alive() and reported == [ModuleNotFoundError]
+    assert "fcd_later_missing_module" not in sys.modules
+    with pytest.raises(ModuleNotFoundError, match="fcd_later_missing_module"):
+        importlib.import_module("fcd_later_missing_module")
+    monkeypatch.delitem(sys.modules, "fcd_later_probe")

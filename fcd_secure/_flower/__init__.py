@@ -15,6 +15,7 @@ module              role
 ``supernode_main``  ``flower-supernode`` with the short waits, under a supervisor that restarts it
 ``superlink_main``  ``flower-superlink`` whose Control API answers only the coordinator host
 ``superexec``       Flower's SuperExec loop, copied so a site's executor runs only its pinned app
+``register``        ``flwr supernode register`` of several keys in one process (the CLI imported once)
 ``internals``       the few internals the rest of the package needs (transport copy, serialized bytes, FAB bytes)
 ==================  =====================================================================================
 """

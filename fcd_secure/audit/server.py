@@ -18,6 +18,7 @@ message loop:
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from flwr.app import ConfigRecord, Message, RecordDict
@@ -102,6 +103,13 @@ class ServerAudit:
         if line is not None:
             self._countersigned.setdefault(int(reply.metadata.src_node_id), []).append(line)
         return line
+
+    def deferred_sync(self) -> AbstractContextManager[None]:
+        """The server ledger's :meth:`~fcd_secure.audit.ledger.ServerLedger.deferred_sync`: the lines recorded inside
+        the block (a batch of replies pulled at once: their received lines, checkpoints and countersignatures) reach
+        the disk by one ``fsync`` when it ends. Their receipts leave only with a later downlink (:meth:`attach`), so
+        none leaves before its line is durable."""
+        return self.ledger.deferred_sync()
 
     def attach(self, node_id: int, content: RecordDict) -> RecordDict:
         """``content`` plus the receipts and countersignatures owed to ``node_id`` (a new RecordDict; records are

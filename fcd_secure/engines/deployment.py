@@ -151,32 +151,37 @@ def flower_env(home: Path, task_poll_s: float = SITE_TASK_POLL_S) -> dict[str, s
 def register_node_keys(keys: dict[str, Path], cli_home: Path, cwd: Path, logfile: Path,
                        timeout_s: float = 120.0) -> dict[str, int]:
     """``flwr supernode register`` of each ``{name: public key file}`` on the SuperLink of ``cli_home``'s
-    connection, all at once: the SuperLink then accepts the SuperNode holding each matching private key. Each call is
-    a ``flwr`` process that spends about 1.5 s of CPU importing the CLI and then waits on one request, so the
-    registrations of a consortium take the time of one per core rather than one per site. Their output is appended to
-    ``logfile`` in the order of ``keys``.
+    connection: the SuperLink then accepts the SuperNode holding each matching private key. The registrations run
+    one after another in one process (``_flower.register``: the ``flwr`` command itself, its CLI imported once, where
+    a process per key paid about 1.1 s of CPU each for the import alone); their output is appended to ``logfile`` in
+    the order of ``keys``.
 
     Returns:
-        ``{name: exit code}`` of the registrations that failed (empty when every key is registered); one that ran
-        past ``timeout_s`` is killed and reported with exit code -9.
+        ``{name: exit code}`` of the registrations that failed (empty when every key is registered); one that had not
+        ended when the process ended is reported with the process's exit code (-9: it ran past ``timeout_s`` and was
+        killed).
     """
-    procs = {name: subprocess.Popen([_bin("flwr"), "supernode", "register", str(key), CONNECTION, "--name", name],
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=flower_env(cli_home),
-                                    cwd=cwd)
-             for name, key in keys.items()}
-    deadline = time.monotonic() + timeout_s
-    failed = {}
-    with open(logfile, "ab") as log:
-        for name, p in procs.items():
+    logfile.parent.mkdir(parents=True, exist_ok=True)
+    fd, result = tempfile.mkstemp(prefix="register-", suffix=".jsonl", dir=logfile.parent)
+    os.close(fd)
+    try:
+        with open(logfile, "ab") as log:
+            p = subprocess.Popen([sys.executable, "-m", "fcd_secure._flower.register", "--connection", CONNECTION,
+                                  "--result", result, *(f"{name}={key}" for name, key in keys.items())],
+                                 stdout=log, stderr=subprocess.STDOUT, env=flower_env(cli_home), cwd=cwd)
             try:
-                out, _ = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+                p.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 p.kill()
-                out, _ = p.communicate()
-            log.write(out)
-            if p.returncode != 0:
-                failed[name] = p.returncode
-    return failed
+                p.wait()
+        ended = {}
+        for line in Path(result).read_text().splitlines():
+            row = json.loads(line)
+            ended[row["name"]] = int(row["exit_code"])
+    finally:
+        os.unlink(result)
+    codes = {name: ended.get(name, p.returncode or 1) for name in keys}
+    return {name: code for name, code in codes.items() if code != 0}
 
 
 def supernode_command(superlink: str, runtime_port: int, node_config: str, *, ca_cert: Path | None = None,

@@ -28,7 +28,6 @@ import math
 from statistics import NormalDist
 
 import numpy as np
-from scipy.stats import chi2 as chi2_dist
 
 __all__ = ["STEP_FIELDS", "natural_course_summary", "step_gap_sums"]
 
@@ -84,6 +83,11 @@ def natural_course_summary(n: np.ndarray, s: np.ndarray, ss: np.ndarray, sim: np
                  "mean_abs_gap": float(np.mean(gaps)) if gaps else None,
                  "max_abs_z": None, "z_crit": None, "chi2": None, "df": 0, "p_value": None, "passes": None}
     if zs:
+        # scipy.stats costs a process about as much to import as the rest of the ServerApp's own modules (python -X
+        # importtime): imported where the χ² tail is taken, a deployed ServerApp imports it beside its first
+        # messages (apps.server_app.later_imports) instead of before them
+        from scipy.stats import chi2 as chi2_dist  # noqa: PLC0415
+
         z = np.asarray(zs)
         crit = NormalDist().inv_cdf(1 - (1 - level) / (2 * len(zs)))  # Bonferroni over the steps
         chi = float((z * z).sum())

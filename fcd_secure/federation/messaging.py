@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable, Mapping
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
 from flwr.app import Message, RecordDict
@@ -197,25 +198,27 @@ class Comm:
         while waiting and time.monotonic() < deadline:
             if self.stop is not None and self.stop.is_set():
                 raise RunStopped("the run was stopped while waiting for the sites' replies")
-            for reply in self.grid.pull_messages(list(waiting)):
-                mid = reply.metadata.reply_to_message_id
-                nid = waiting.pop(mid, None)
-                if nid is None:
-                    continue  # a reply to something we no longer wait for
-                ok = not reply.has_error()
-                if not ok:
-                    rule = declined_rule(reply)
-                    record = SiteErrorRecord(rnd, message_type, nid, self._site(nid), site_error_name(reply.error.code),
-                                             rule)
-                    (self.declined if rule is not None else self.site_errors).append(record)
-                if self.audit is not None:
-                    self.audit.on_reply(reply, self._site(nid))
-                self.ledger.add(
-                    TrafficRecord(
-                        rnd, message_type, nid, self._site(nid), "up", payload_bytes(reply), message_bytes(reply), ok
+            # the server ledger's lines of one pull's replies reach the disk by one fsync (ServerAudit.deferred_sync)
+            with self.audit.deferred_sync() if self.audit is not None else nullcontext():
+                for reply in self.grid.pull_messages(list(waiting)):
+                    mid = reply.metadata.reply_to_message_id
+                    nid = waiting.pop(mid, None)
+                    if nid is None:
+                        continue  # a reply to something we no longer wait for
+                    ok = not reply.has_error()
+                    if not ok:
+                        rule = declined_rule(reply)
+                        record = SiteErrorRecord(rnd, message_type, nid, self._site(nid),
+                                                 site_error_name(reply.error.code), rule)
+                        (self.declined if rule is not None else self.site_errors).append(record)
+                    if self.audit is not None:
+                        self.audit.on_reply(reply, self._site(nid))
+                    self.ledger.add(
+                        TrafficRecord(
+                            rnd, message_type, nid, self._site(nid), "up", payload_bytes(reply), message_bytes(reply), ok
+                        )
                     )
-                )
-                replies[nid] = reply
+                    replies[nid] = reply
             if waiting:
                 time.sleep(self.poll_s)
         # a site that never answered missed this step as surely as one that answered with an error: recorded too, so
