@@ -112,39 +112,35 @@ def run_config(world: str, preset: str, seed: int, rounds: int | None, out: Path
 def federated(cfg, engine: str = "inprocess") -> tuple[dict[str, Any], list[Any]]:
     """The run of ``cfg`` on ``engine`` (``inprocess``: the same ServerApp and ClientApps without Ray,
     ``engines.inprocess``; ``simulation``: Flower's simulation engine): its ``summary.json`` and each site's model
-    (Θc and its Θs)."""
-    from fidelity import federated_sims
-
+    as the run answered with it (:func:`reopened`: the selected round's Θc and Θs)."""
     from fcd_secure.engines.inprocess import run_inprocess
     from fcd_secure.engines.simulation import run_simulated
 
-    result = (run_inprocess if engine == "inprocess" else run_simulated)(cfg)
-    summary = json.loads((Path(cfg.out) / "summary.json").read_text(encoding="utf-8"))
-    return summary, federated_sims(cfg, result)
+    (run_inprocess if engine == "inprocess" else run_simulated)(cfg)
+    _, summary, sims = reopened(Path(cfg.out))
+    return summary, sims
 
 
 def reopened(run_dir: Path, rollout: str | None = None) -> tuple[Any, dict[str, Any], list[Any]]:
     """A finished run folder of :func:`federated` (``--reuse``): its config, its ``summary.json`` and each site's
-    model (the folder's Θc, ``theta_c.npz``, and the site's Θs from its state), as ``fcd whatif`` reopens a run.
+    model as ``fcd whatif`` reopens a run (``engines.whatif_run``): the folder's Θc, ``theta_c.npz`` (the selected
+    round's), and each site's Θs **of that round** (``SiteRuntime.load_for_eval``), not its latest: where the round
+    rule chose an earlier round, the last round's Θs beside the chosen round's Θc is a model no round trained.
     ``rollout``: the models' ``[model] rollout`` set to this (``--rescore``: a rollout setting does not change the
     trained numbers, ``model.simulate``), else the run's own."""
-    from fcd_secure.apps.site import default_site_id
+    from fcd_secure.apps.site import SiteRuntime, default_site_id
+    from fcd_secure.apps.whatif_app import selected_round
     from fcd_secure.engines.whatif_run import open_run
-    from fcd_secure.federation import learner
-    from fcd_secure.federation.state import SiteState
+    from fcd_secure.manifest import FULL, THETA_C
 
     cfg, theta = open_run(run_dir)
     if rollout is not None:
         cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"rollout": rollout})})
     summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
-    sims = []
-    for i in range(cfg.data.n_sites):
-        model = learner.build_model(cfg, learner.dims_of(learner.load_site_data(cfg, i).train, cfg.data.n_sites))
-        model.set_params("theta_c", theta)
-        snap = SiteState(cfg.state_root(), default_site_id(i)).load()
-        if snap is not None:
-            model.set_params("theta_s", snap.theta_s)
-        sims.append(model)
+    restore = selected_round(run_dir, cfg)
+    part = THETA_C if cfg.federation.sync == "dss" else FULL
+    sims = [SiteRuntime(cfg, default_site_id(i), i, cfg.state_root()).load_for_eval(theta, part, restore_round=restore)
+            for i in range(cfg.data.n_sites)]
     return cfg, summary, sims
 
 
