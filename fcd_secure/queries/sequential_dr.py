@@ -53,7 +53,7 @@ does not vary with a_t, so V̂ = E_π Q̂ still holds and, with the right propen
 mean zero (the estimator and its interval stay consistent, as for :data:`SDR_LOOKAHEAD`; only the double robustness
 against a wrong P is lost on that site). The site says so (``whatif.sdr.<π>.q0`` = 1). Such a site adds 0 to Σw,
 so the consortium's value is shown only where the other sites' entities carry the support alone; where every site
-skips (DKT-Synth over the whole trajectory: Σw = 0 on every site, 57 % of the checks' CPU was these rollouts,
+skips (DKT-Synth over the whole trajectory: Σw = 0 on every site, 55 % of the checks' CPU was these rollouts,
 docs/benchmarks.md) the value is withheld whatever Q̂ would say. A withheld value whose Q̂ was the rollout from t = 0
 on any site keeps no ``withheld`` estimate, SE or SD: with every weight product 0 it is the simulator's own
 extrapolation (issue 42: "extrapolation, never ranked"), which the simulated values already report.
