@@ -195,3 +195,60 @@ def test_the_value_is_withheld_with_its_reason_where_few_entities_follow_the_pol
     assert "effective entities" in small["why"]
     rec = EvaluationAnswer.from_json({"policies": {"late_on": {"sequential_dr": small}}}).policies["late_on"]
     assert rec.sequential_dr.withheld and rec.sequential_dr.ess == small["ess"]
+
+
+class Counting(World):
+    """The exact world, counting the rows it simulates from each start step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[tuple[int, int]] = []
+
+    def simulate(self, ds, plan, n_samples, seed, start_t=0, horizon=None, anchors=None):
+        self.rows.append((start_t, ds.n))
+        return super().simulate(ds, plan, n_samples, seed, start_t=start_t, horizon=horizon, anchors=anchors)
+
+
+def test_a_policy_no_entity_follows_through_the_horizon_runs_no_history_rollout(world):
+    """The support first (``queries.sequential_dr``): on rows whose last logged action is 0, no entity follows
+    "always" through the horizon (every weight product 0), so its Q̂ is the rollout from t = 0 and nothing is
+    simulated for it, while "never" (followed) gets its history rollouts as before. A consortium where every site
+    skips withholds the value and keeps no withheld estimate; one where another site carries the support shows it
+    and says how many sites took the rollout from t = 0."""
+    from fcd_secure.queries.base import MergeContext, Totals  # noqa: PLC0415
+    from fcd_secure.queries.sequential_dr import SequentialDR, start_q, support_first_q  # noqa: PLC0415
+    from fcd_secure.queries.targeted import final_weights  # noqa: PLC0415
+
+    ds = world.subset(np.flatnonzero(world.T[:, L - 1] == 0)[:300])
+    pols = [policy(p, ds) for p in ("always", "never")]
+    pis = [target_probs(p, ds, *ANCHORS) for p in pols]
+    assert final_weights(ds, pis[0], L).sum() == 0 and final_weights(ds, pis[1], L).sum() > 0
+    v0 = [World().simulate_policy(ds, p, ANCHORS, 2, seed=11, horizon=L).probs.mean(1) for p in pols]
+    sim = Counting()
+    got = support_first_q(sim, ds, pols, pis, ANCHORS, L, 2, 11, v0=v0)
+    assert got.from_start == [True, False]
+    never_only = Counting()
+    expected = history_q(never_only, ds, pols[1:], pis[1:], ANCHORS, L, 2, 11, v0=v0[1:])[0]
+    assert sim.rows == never_only.rows and sim.rows  # only never's followers were simulated, from t = 1 on
+    np.testing.assert_allclose(got.qv[1][0], expected[0])
+    q0, v0_hat = start_q(v0[0], ds.M, L, ds.L)
+    np.testing.assert_allclose(got.qv[0][1], v0_hat)
+    np.testing.assert_allclose(v0_hat[:, 0], v0[0].sum(1))  # V̂(h_0) is the question's own rollout
+    np.testing.assert_allclose(v0_hat[:, L - 1], v0[0][:, L - 1])
+    dr = sequential_dr_per_entity(ds.Y, ds.M, ds.P, pis[0], *got.qv[0], L)
+
+    def merged(sums: dict, sites: int) -> dict:
+        d: dict = {}
+        SequentialDR().merge_policy(Totals(sums, sites), MergeContext(), "always", d)
+        return d["sequential_dr"]
+
+    skipped = {**site_sums("whatif.sdr.always", dr), "whatif.sdr.always.sw": 0.0, "whatif.sdr.always.sww": 0.0,
+               "whatif.sdr.always.q0": 1.0}
+    alone = merged(skipped, 1)
+    assert alone["supported"] is False and alone["estimate"] is None and alone["withheld"] is None
+    assert alone["se"] is None and alone["q_from_start_sites"] == 1 and "not run" in alone["why"]
+    # a second site whose 400 entities carry the support: weight products averaging 1 over both sites' 700, ESS 245
+    other = {**site_sums("whatif.sdr.always", np.full(400, 0.6)), "whatif.sdr.always.sw": 700.0,
+             "whatif.sdr.always.sww": 2000.0, "whatif.sdr.always.q0": 0.0}
+    both = merged({k: skipped[k] + other[k] for k in skipped}, 2)
+    assert both["supported"] and both["estimate"] is not None and both["q_from_start_sites"] == 1

@@ -189,8 +189,9 @@ def test_per_entity_effects_stay_on_their_site_and_never_reach_the_server_ledger
         # the logged support: Σ_i a share of steps, and whether the site's logs never follow π (a count)
         or re.fullmatch(r"eval/whatif\.support\.[A-Za-z0-9_-]+\.(sum|none)", k)
         # the sequential doubly robust value (queries.sequential_dr): n, Σ, Σ² of the per-entity terms, and the
-        # sums of the weight products through the horizon (its support rule: Kish ESS and mean)
-        or re.fullmatch(r"eval/whatif\.sdr\.[A-Za-z0-9_-]+\.(n|sum|sumsq|sw|sww)", k)
+        # sums of the weight products through the horizon (its support rule: Kish ESS and mean), and whether the
+        # site's Q̂ was the rollout from t = 0 (none of its entities follows π through the horizon: a count)
+        or re.fullmatch(r"eval/whatif\.sdr\.[A-Za-z0-9_-]+\.(n|sum|sumsq|sw|sww|q0)", k)
         for k in whatif_keys), sorted(whatif_keys)
     assert any(k.endswith(".unseen_lo") for k in whatif_keys)
     assert any(".drdiff." in k for k in whatif_keys)  # the doubly robust contrasts went as sums too

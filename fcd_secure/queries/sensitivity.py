@@ -242,7 +242,8 @@ class HorizonSensitivity(Query):
         if sub.P is None or not sub.n:
             return {}
         terms = rollouts(ctx)
-        H, qv = sdr_history_q(ctx, terms)
+        got = sdr_history_q(ctx, terms)
+        H, qv = got.horizon, got.qv
         with np.errstate(over="ignore", invalid="ignore"):
             ends = {r.name: [sequential_box_terms(sub.Y, sub.M, sub.P, r.pi, q, v, H, g) for g in GAMMAS]
                     for r, (q, v) in zip(terms.policies, qv)}

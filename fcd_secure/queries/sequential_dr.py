@@ -44,12 +44,26 @@ inverse-probability weights average 1, Cole & Hernán 2008, Am. J. Epidemiol. 16
 of π's distribution no logged entity reached). Elsewhere the answer keeps the support figures and the reason
 (``why``) and withholds the estimate (``withheld``, never printed as an answer): what the logs say there is the
 bounded interval of ``queries.doubly_robust``.
+
+**The support first.** The weight products need only π, the logged actions and ``P``, not the simulator, so a site
+computes them before any history-conditioned rollout. Where none of its entities follows π through the horizon
+(every final weight product 0: the site's Σw = 0) its history rollouts for π are skipped, and its Q̂(h_t, ·) and
+V̂(h_t) are the return-to-go of the rollout from t = 0 (``v0``, the question's own): a function of the history that
+does not vary with a_t, so V̂ = E_π Q̂ still holds and, with the right propensities, every correction term keeps
+mean zero (the estimator and its interval stay consistent, as for :data:`SDR_LOOKAHEAD`; only the double robustness
+against a wrong P is lost on that site). The site says so (``whatif.sdr.<π>.q0`` = 1). Such a site adds 0 to Σw,
+so the consortium's value is shown only where the other sites' entities carry the support alone; where every site
+skips (DKT-Synth over the whole trajectory: Σw = 0 on every site, 55 % of the checks' CPU was these rollouts,
+docs/benchmarks.md) the value is withheld whatever Q̂ would say. A withheld value whose Q̂ was the rollout from t = 0
+on any site keeps no ``withheld`` estimate, SE or SD: with every weight product 0 it is the simulator's own
+extrapolation (issue 42: "extrapolation, never ranked"), which the simulated values already report.
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -61,7 +75,8 @@ from fcd_secure.queries.policy_terms import Rollouts
 from fcd_secure.queries.policy_values import SUM_FIELDS, PolicyPart
 from fcd_secure.queries.targeted import MIN_SUPPORT_ESS, final_weights, support_of
 
-__all__ = ["SDR_SAMPLES", "SequentialDR", "history_q", "sdr_history_q", "sequential_dr_per_entity"]
+__all__ = ["SDR_SAMPLES", "HistoryQ", "SequentialDR", "history_q", "sdr_history_q", "sequential_dr_per_entity",
+           "start_q", "support_first_q"]
 
 #: simulated futures per entity and history of the history-conditioned rollouts
 SDR_SAMPLES = 2
@@ -140,6 +155,50 @@ def history_q(model, sub, policies: Sequence[Any], pis: Sequence[np.ndarray], an
     return out
 
 
+def start_q(v0: np.ndarray, M: np.ndarray, H: int, L: int) -> tuple[np.ndarray, np.ndarray]:
+    """Q̂ and V̂ from the rollout from t = 0 alone (module docstring, "The support first"): at every logged step t < H
+    the return-to-go Σ_{s≥t} M_s v0_s of that rollout, the same for Q̂(h_t, ·) and V̂(h_t), ``[n, L]`` each (0 beyond
+    H)."""
+    m = np.asarray(M, np.float64)[:, :H]
+    tail = np.asarray(v0, np.float64)[:, :H] * m
+    v = np.zeros((m.shape[0], L))
+    v[:, :H] = np.cumsum(tail[:, ::-1], axis=1)[:, ::-1] * (m > 0)
+    return v.copy(), v
+
+
+@dataclass(frozen=True)
+class HistoryQ:
+    """Q̂ and V̂ of every policy of a question on one site (:func:`support_first_q`).
+
+    Attributes:
+        horizon: the horizon H of the question on this site.
+        qv: ``[(q_hat, v_hat)]`` per policy, ``[n, L]`` each.
+        from_start: per policy, whether its Q̂ is the rollout from t = 0 (no entity of the site follows it through H,
+            so its history rollouts were skipped).
+    """
+
+    horizon: int
+    qv: list[tuple[np.ndarray, np.ndarray]]
+    from_start: list[bool]
+
+
+def support_first_q(model, sub, policies: Sequence[Any], pis: Sequence[np.ndarray], anchors: tuple[int, int], H: int,
+                    n_samples: int, seed: int, v0: Sequence[np.ndarray], lookahead: int | None = None) -> HistoryQ:
+    """The weight products first, then :func:`history_q` for the policies some entity of ``sub`` follows through
+    ``H`` steps; :func:`start_q` for the others (module docstring, "The support first"). A non-finite weight product
+    counts as followed (the caller then sends nothing for the policy)."""
+    followed = []
+    for pi in pis:
+        wf = final_weights(sub, pi, H)
+        followed.append(not np.isfinite(wf).all() or float(wf.sum()) > 0.0)
+    keep = [k for k, f in enumerate(followed) if f]
+    got = history_q(model, sub, [policies[k] for k in keep], [pis[k] for k in keep], anchors, H, n_samples, seed,
+                    v0=[v0[k] for k in keep], lookahead=lookahead) if keep else []
+    by_k = dict(zip(keep, got))
+    qv = [by_k[k] if k in by_k else start_q(v0[k], sub.M, H, sub.L) for k in range(len(pis))]
+    return HistoryQ(H, qv, [not f for f in followed])
+
+
 def sequential_dr_per_entity(Y: np.ndarray, M: np.ndarray, P: np.ndarray, pi: np.ndarray, q_hat: np.ndarray,
                              v_hat: np.ndarray, horizon: int) -> np.ndarray:
     """DR_i of the module docstring over the first ``horizon`` steps, ``[n]`` (the per-decision doubly robust
@@ -158,21 +217,23 @@ class SequentialDR(PolicyPart):
     name = "sequential_dr"
 
     def names(self, policy_names: Sequence[str], ope_horizon: int | None) -> list[str]:
-        return [f"whatif.sdr.{p}.{f}" for p in policy_names for f in (*SUM_FIELDS, "sw", "sww")]
+        return [f"whatif.sdr.{p}.{f}" for p in policy_names for f in (*SUM_FIELDS, "sw", "sww", "q0")]
 
     def site_sums(self, ctx: SiteContext, terms: Rollouts) -> SiteSums:
         sub = ctx.sub
         if sub.P is None:
             return {}
-        H, qv = sdr_history_q(ctx, terms)
+        got = sdr_history_q(ctx, terms)
+        H = got.horizon
         out: SiteSums = {}
-        for r, (q_hat, v_hat) in zip(terms.policies, qv):
+        for r, (q_hat, v_hat), q0 in zip(terms.policies, got.qv, got.from_start):
             dr = sequential_dr_per_entity(sub.Y, sub.M, sub.P, r.pi, q_hat, v_hat, H)
             wf = final_weights(sub, r.pi, H)
             if not (np.isfinite(dr).all() and np.isfinite(wf).all()):
                 return {}  # weights past float64: no sequential DR at all
             out.update(site_sums(f"whatif.sdr.{r.name}", dr))
-            out.update({f"whatif.sdr.{r.name}.sw": float(wf.sum()), f"whatif.sdr.{r.name}.sww": float((wf * wf).sum())})
+            out.update({f"whatif.sdr.{r.name}.sw": float(wf.sum()), f"whatif.sdr.{r.name}.sww": float((wf * wf).sum()),
+                        f"whatif.sdr.{r.name}.q0": 1.0 if q0 else 0.0})
         return out
 
     def merge_policy(self, s: Totals, ctx: MergeContext, name: str, d: dict[str, Any]) -> None:
@@ -191,9 +252,19 @@ class SequentialDR(PolicyPart):
         elif s.all_sent(f"{key}.sw"):
             sup = support_of(s, key, sdr["n"])
             sdr.update(sup)
+            q0 = int(round(float(s.get(f"{key}.q0", 0.0))))
+            if q0:
+                sdr["q_from_start_sites"] = q0  # sites whose Q̂ is the rollout from t = 0 (module docstring)
             if not sup["supported"]:
-                sdr["withheld"] = {k: sdr[k] for k in ("estimate", "low", "high")}
-                sdr.update({"estimate": None, "low": None, "high": None, "why": withheld_why(sup)})
+                why = withheld_why(sup)
+                if q0:
+                    # every weight product of those sites is 0: the number would be the simulator's extrapolation
+                    sdr.update({"withheld": None, "se": None, "sd": None})
+                    why += (f"; on {q0} of {s.sites} sites no entity follows it through the horizon, so their "
+                            "history-conditioned rollouts were not run")
+                else:
+                    sdr["withheld"] = {k: sdr[k] for k in ("estimate", "low", "high")}
+                sdr.update({"estimate": None, "low": None, "high": None, "why": why})
         d["sequential_dr"] = sdr
 
 
@@ -206,13 +277,13 @@ def withheld_why(sup: dict[str, Any]) -> str:
             f"{sup['weight_se']:.2f} (1 where every history the policy leads to was logged)")
 
 
-def sdr_history_q(ctx: SiteContext, terms: Rollouts) -> tuple[int, list[tuple[np.ndarray, np.ndarray]]]:
-    """The horizon and :func:`history_q` of every policy of the question on this site, computed once per evaluation
-    (the sequential DR value and its sensitivity bounds, ``queries.sensitivity``, read the same Q̂ and V̂)."""
+def sdr_history_q(ctx: SiteContext, terms: Rollouts) -> HistoryQ:
+    """:func:`support_first_q` of every policy of the question on this site, computed once per evaluation (the
+    sequential DR value and its sensitivity bounds, ``queries.sensitivity``, read the same Q̂ and V̂)."""
     sub = ctx.sub
     H = min(terms.horizon, sub.L)
     anchors = (int(ctx.data.anchors[0]), int(ctx.data.anchors[1]))
     pols = terms.policies
-    return H, ctx.once("sdr.history_q", lambda: history_q(
+    return ctx.once("sdr.history_q", lambda: support_first_q(
         ctx.model, sub, [r.policy for r in pols], [r.pi for r in pols], anchors, H, SDR_SAMPLES, ctx.seed,
         v0=[r.step_value for r in pols], lookahead=SDR_LOOKAHEAD))
