@@ -103,13 +103,16 @@ def test_refuses_at_the_cap_and_never_trains_past_it(tmp_path):
 
 
 def test_restart_and_new_run_on_same_data_do_not_reset_the_budget(tmp_path):
+    # a cap of ε = 0.5 plans σ ≈ 4.4, where Opacus' fractional-order RDP series converge in a few terms: the cold
+    # plan costs 0.39 s of CPU against 0.78-1.0 s at ε = 3 (σ ≈ 1.27); the claim does not depend on the cap
+    c = cfg(epsilon=0.5)
     model = nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    first = new_site(tmp_path)
+    first = new_site(tmp_path, c)
     one_round(first, model, opt, round_id=1)
     spent_1 = first.spent()[0]
     # a restart mid-plan (fresh object, same state dir and data): the same σ, the budget carries on
-    restarted = new_site(tmp_path)
+    restarted = new_site(tmp_path, c)
     assert restarted.noise_multiplier == first.noise_multiplier
     assert restarted.spent()[0] == pytest.approx(spent_1)
     one_round(restarted, model, opt, round_id=2)
@@ -117,17 +120,17 @@ def test_restart_and_new_run_on_same_data_do_not_reset_the_budget(tmp_path):
     spent_3 = restarted.spent()[0]
     assert spent_3 > spent_1
     # a new run with the same plan after it is used up: it cannot restart the count
-    again = new_site(tmp_path)
+    again = new_site(tmp_path, c)
     assert again.spent()[0] == pytest.approx(spent_3)
     with pytest.raises(BudgetExceeded):
         again.reserve_round(round_id=1)
     # a new run with a longer plan gets a σ for what is left (larger), never a fresh budget
-    longer = DPSite(tmp_path, FP, cfg(epsilon=3.0, max_noise_multiplier=1000), N, planned_rounds=2, local_epochs=1, batch_size=B)
+    longer = DPSite(tmp_path, FP, cfg(epsilon=c.epsilon, max_noise_multiplier=1000), N, planned_rounds=2, local_epochs=1, batch_size=B)
     assert longer.noise_multiplier > first.noise_multiplier
     one_round(longer, model, opt)
-    assert spent_3 < longer.spent()[0] <= 3.0
+    assert spent_3 < longer.spent()[0] <= c.epsilon
     # a different dataset has its own ledger
-    other = new_site(tmp_path, fp="f" * 64)
+    other = new_site(tmp_path, c, fp="f" * 64)
     assert other.spent()[0] == 0.0
 
 

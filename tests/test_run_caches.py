@@ -137,6 +137,28 @@ def flushed(monkeypatch) -> list[str]:
     return paths
 
 
+def test_a_worlds_true_policy_values_are_kept_per_policy_and_rows_and_are_the_computed_ones(tiny_dkt_site):
+    """The true policy values a run asks for every policy at every evaluated round: the kept answer is the computed
+    one, and another policy (even under the same name), other rows, rollouts or horizons are computed anew."""
+    from fcd_secure.data.policy import default_policies
+
+    world = tiny_dkt_site[1].oracle
+    pols = {p.name: p for p in default_policies()}
+    never, always = pols["never"], pols["always"]
+    first = world.true_policy_values_at(never, 0, "test", (None, 2), n_rollouts=2)
+    assert len(world.__dict__["_values_memo"]) >= 1
+    assert world.true_policy_values_at(never, 0, "test", (None, 2), n_rollouts=2) == first
+    world.__dict__.pop("_values_memo")
+    assert world.true_policy_values_at(never, 0, "test", (None, 2), n_rollouts=2) == first
+    # the same name with always' rule: keyed by the policy's content, not its name
+    renamed = always.model_copy(update={"name": "never"})
+    assert world.true_policy_values_at(renamed, 0, "test", (None, 2), n_rollouts=2) == \
+        world.true_policy_values_at(always, 0, "test", (None, 2), n_rollouts=2) != first
+    assert world.true_policy_values_at(never, 1, "test", (None, 2), n_rollouts=2) != first  # other rows
+    assert world.true_policy_values_at(never, 0, "test", (None, 1), n_rollouts=2) != first  # another horizon
+    assert world.true_policy_values_at(never, 0, "test", (None, 2), n_rollouts=3) != first  # more rollouts
+
+
 def test_the_gate_flushes_a_messages_ledger_lines_once_before_the_reply_leaves(tmp_path, flushed):
     """Closing round 1 on a round-2 message writes a checkpoint and the upload line: both are on disk when the reply
     comes back from the gate, by one fsync of the ledger file (``SiteLedger.deferred_sync``), not one per line."""

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from fcd_secure._io import Kept
-from fcd_secure.data.policy import PolicyLike, anchor_regime_support, bind_policy, default_policies
+from fcd_secure._io import Kept, arrays_sha256
+from fcd_secure.data.policy import Policy, PolicyLike, anchor_regime_support, bind_policy, default_policies
 from fcd_secure.data.schema import SiteDataset
 from fcd_secure.data.worlds.config import Split, WorldConfig
 
@@ -27,6 +27,8 @@ __all__ = ["OracleWorld", "chunks", "nanmean_rows"]
 
 #: true effects kept per world (:meth:`OracleWorld.effects_of`): a few sites' test rows, a few windows
 _EFFECTS_KEPT = 64
+#: true policy values kept per world (:meth:`OracleWorld.true_policy_values_at`): a few sites × a few policies
+_VALUES_KEPT = 64
 
 
 def chunks(ids: np.ndarray, n_rollouts: int, max_rows: int) -> Iterator[tuple[slice, np.ndarray]]:
@@ -341,13 +343,30 @@ class OracleWorld(ABC):
         n_rollouts: int | None = None,
     ) -> list[tuple[float, float]]:
         """:meth:`true_policy_value` at each of ``horizons``, from one rollout of the longest
-        (:class:`~.horizons.HorizonSums`: each value is the one a rollout of its own horizon gives, bit for bit)."""
-        out = []
-        for values in self.policy_values_over(policy, self.entity_ids(site, split), n_rollouts, horizons):
-            per = values.mean(axis=1)
-            se = float(per.std(ddof=1) / math.sqrt(len(per))) if len(per) > 1 else float("nan")
-            out.append((float(per.mean()), se))
-        return out
+        (:class:`~.horizons.HorizonSums`: each value is the one a rollout of its own horizon gives, bit for bit).
+
+        Computed once per process for each (entities, policy, rollouts, horizons, anchors) when the policy is a
+        deterministic :class:`~fcd_secure.data.policy.Policy`, whose content (its JSON) is all it acts on: a run asks
+        the same truth of the same test rows for every policy at every evaluated round. A stochastic policy acts
+        through a bound logging-policy model and a Python policy through its own code, neither of which has a
+        content key, so those are computed on every call."""
+        ids = self.entity_ids(site, split)
+        R = int(n_rollouts or self.cfg.n_rollouts)
+        hs = tuple(None if h is None else int(h) for h in horizons)
+
+        def compute() -> tuple[tuple[float, float], ...]:
+            out = []
+            for values in self.policy_values_over(policy, ids, R, hs):
+                per = values.mean(axis=1)
+                se = float(per.std(ddof=1) / math.sqrt(len(per))) if len(per) > 1 else float("nan")
+                out.append((float(per.mean()), se))
+            return tuple(out)
+
+        if not isinstance(policy, Policy) or policy.stochastic:
+            return list(compute())
+        memo = self.__dict__.setdefault("_values_memo", Kept(_VALUES_KEPT))
+        key = (arrays_sha256("ids", [ids]), policy.model_dump_json(), R, hs, tuple(int(a) for a in self.anchors))
+        return list(memo.get(key, compute))
 
     def policy_value_per_rollout(
         self, policy: PolicyLike, site: int | None = None, split: Split = "test", n_rollouts: int | None = None,
