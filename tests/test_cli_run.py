@@ -3,7 +3,7 @@
 Two real tiny runs, shared by every test here: run A from options, and run B from A's ``config.toml`` alone (the
 engine is not in the config, and B must still equal A bit for bit). Both are on the in-process engine (``--engine
 inprocess``): the same ServerApp, ClientApp and messages as Flower's simulation engine, bit for bit
-(``test_federation_inprocess.py`` pins the two engines' parameters, with and without secure aggregation), without a
+(``test_federation_inprocess.py`` pins the two engines' parameters on a secure run, whose messages carry every kind a plain run sends), without a
 Ray start per run. They show that progress survives a pipe (one line per round, no carriage returns), that
 ``rounds.csv`` is written as rounds end, that the header, the table and ``summary.json`` carry the DP setting, that
 the tables fit 80 columns, and that a config re-runs its run exactly without touching the old run's folder. The

@@ -13,7 +13,7 @@ aggregation, 4 sites) is shared by the attacks and the run, in this order:
 
 ``--insecure-dev`` (today's development mode) is checked apart: plain FedAvg equals the simulation engine and the
 run folder is marked. The reference of both comparisons is the in-process engine (``engines.inprocess``), which
-``test_federation_inprocess.py`` pins to Flower's simulation engine bit for bit, with and without secure aggregation:
+``test_federation_inprocess.py`` pins to Flower's simulation engine bit for bit on a secure run (whose messages carry every kind a plain run sends):
 it spares each test a Ray start. Every process is stopped by PID (process group) in a ``finally``; ports are chosen
 at run time. A cold ClientApp process per message makes these tests slow (minutes).
 """

@@ -157,3 +157,18 @@ def test_verdict():
     assert verdict(0.01, 0.0, (0.065, None)) == "lower by 0.055"
     assert verdict(None, None, (0.1, None)) == "—" and verdict(0.1, 0.0, None) == "—"
     assert verdict(0.1, 0.0, (math.nan, None)) == "—"
+
+
+def test_the_worker_pool_returns_every_result_in_job_order_from_other_processes():
+    """``--workers N`` (``reproduction.run._run_all``): the jobs run in spawned worker processes (not this one), and
+    their results come back in job order whichever finishes first; the progress line names the first jobs."""
+    import os
+
+    from fcd_secure.experiments.reproduction.run import _run_all
+
+    jobs = [(os.getpid, (), f"job{i}") for i in range(3)]
+    started: list[str] = []
+    pids = list(_run_all(jobs, 2, started.append))
+    assert len(pids) == 3 and os.getpid() not in pids
+    assert started == ["job0, job1"]
+    assert list(_run_all([(divmod, (7, 2), "a"), (divmod, (9, 4), "b")], 1, started.append)) == [(3, 1), (2, 1)]
