@@ -100,13 +100,13 @@ class _KeptRdpPRVAccountant(PRVAccountant):
 @functools.lru_cache(maxsize=4096)
 def _epsilon(history: tuple[Segment, ...], delta: float, accountant: str) -> float:
     # pure function of its arguments; planning and reports ask for the same histories many times
-    acc = _KeptRdpPRVAccountant() if accountant == "prv" else create_accountant(accountant)
-    acc.history = list(history)
     with warnings.catch_warnings():
         # PRV bounds its domain with RDP internally and warns about the optimal RDP order; the ε it returns is PRV's.
         warnings.simplefilter("ignore")
         if accountant == "rdp":
             return _rdp_epsilon(history, delta)
+        acc = _KeptRdpPRVAccountant() if accountant == "prv" else create_accountant(accountant)
+        acc.history = list(history)
         if accountant == "prv":
             return float(acc.get_epsilon(delta, eps_error=PRV_EPS_ERROR))
         return float(acc.get_epsilon(delta))

@@ -173,13 +173,24 @@ class HistoryQ:
     Attributes:
         horizon: the horizon H of the question on this site.
         qv: ``[(q_hat, v_hat)]`` per policy, ``[n, L]`` each.
-        from_start: per policy, whether its Q̂ is the rollout from t = 0 (no entity of the site follows it through H,
-            so its history rollouts were skipped).
+        weights: per policy, each entity's weight product through H (:func:`~fcd_secure.queries.targeted.final_weights`),
+            ``[n]``: computed first, to decide ``from_start``, and read again by the value's support sums.
     """
 
     horizon: int
     qv: list[tuple[np.ndarray, np.ndarray]]
-    from_start: list[bool]
+    weights: list[np.ndarray]
+
+    @property
+    def from_start(self) -> list[bool]:
+        """Per policy, whether its Q̂ is the rollout from t = 0 (:func:`followed_by_none`)."""
+        return [followed_by_none(w) for w in self.weights]
+
+
+def followed_by_none(weights: np.ndarray) -> bool:
+    """No entity follows the policy through the horizon: every weight product is 0 (its history rollouts are
+    skipped, module docstring). A non-finite weight product counts as followed."""
+    return bool(np.isfinite(weights).all() and float(weights.sum()) <= 0.0)
 
 
 def support_first_q(model, sub, policies: Sequence[Any], pis: Sequence[np.ndarray], anchors: tuple[int, int], H: int,
@@ -187,16 +198,13 @@ def support_first_q(model, sub, policies: Sequence[Any], pis: Sequence[np.ndarra
     """The weight products first, then :func:`history_q` for the policies some entity of ``sub`` follows through
     ``H`` steps; :func:`start_q` for the others (module docstring, "The support first"). A non-finite weight product
     counts as followed (the caller then sends nothing for the policy)."""
-    followed = []
-    for pi in pis:
-        wf = final_weights(sub, pi, H)
-        followed.append(not np.isfinite(wf).all() or float(wf.sum()) > 0.0)
-    keep = [k for k, f in enumerate(followed) if f]
+    weights = [final_weights(sub, pi, H) for pi in pis]
+    keep = [k for k, w in enumerate(weights) if not followed_by_none(w)]
     got = history_q(model, sub, [policies[k] for k in keep], [pis[k] for k in keep], anchors, H, n_samples, seed,
                     v0=[v0[k] for k in keep], lookahead=lookahead) if keep else []
     by_k = dict(zip(keep, got))
     qv = [by_k[k] if k in by_k else start_q(v0[k], sub.M, H, sub.L) for k in range(len(pis))]
-    return HistoryQ(H, qv, [not f for f in followed])
+    return HistoryQ(H, qv, weights)
 
 
 def sequential_dr_per_entity(Y: np.ndarray, M: np.ndarray, P: np.ndarray, pi: np.ndarray, q_hat: np.ndarray,
@@ -226,9 +234,8 @@ class SequentialDR(PolicyPart):
         got = sdr_history_q(ctx, terms)
         H = got.horizon
         out: SiteSums = {}
-        for r, (q_hat, v_hat), q0 in zip(terms.policies, got.qv, got.from_start):
+        for r, (q_hat, v_hat), wf, q0 in zip(terms.policies, got.qv, got.weights, got.from_start):
             dr = sequential_dr_per_entity(sub.Y, sub.M, sub.P, r.pi, q_hat, v_hat, H)
-            wf = final_weights(sub, r.pi, H)
             if not (np.isfinite(dr).all() and np.isfinite(wf).all()):
                 return {}  # weights past float64: no sequential DR at all
             out.update(site_sums(f"whatif.sdr.{r.name}", dr))

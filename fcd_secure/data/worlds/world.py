@@ -25,10 +25,9 @@ from fcd_secure.data.worlds.config import Split, WorldConfig
 
 __all__ = ["OracleWorld", "chunks", "nanmean_rows"]
 
-#: true effects kept per world (:meth:`OracleWorld.effects_of`): a few sites' test rows, a few windows
-_EFFECTS_KEPT = 64
-#: true policy values kept per world (:meth:`OracleWorld.true_policy_values_at`): a few sites × a few policies
-_VALUES_KEPT = 64
+#: entries of each per-world memo of the truth (:meth:`OracleWorld.effects_of`: a few sites' test rows × a few
+#: windows; :meth:`OracleWorld.true_policy_values_at`: a few sites × a few policies)
+_KEPT = 64
 
 
 def chunks(ids: np.ndarray, n_rollouts: int, max_rows: int) -> Iterator[tuple[slice, np.ndarray]]:
@@ -310,8 +309,8 @@ class OracleWorld(ABC):
             off = self.regime_outcome_probs_of(ids, t0, np.full(H, a_off), R)
             return nanmean_rows(on - off)
 
-        memo = self.__dict__.setdefault("_effects_memo", Kept(_EFFECTS_KEPT))
-        return memo.get((ids.tobytes(), t0, H, R, int(a_off), int(a_on)), compute).copy()
+        key = (arrays_sha256("ids", [ids]), t0, H, R, int(a_off), int(a_on))
+        return self._kept("_effects_memo").get(key, compute).copy()
 
     def true_policy_value(
         self,
@@ -364,9 +363,13 @@ class OracleWorld(ABC):
 
         if not isinstance(policy, Policy) or policy.stochastic:
             return list(compute())
-        memo = self.__dict__.setdefault("_values_memo", Kept(_VALUES_KEPT))
         key = (arrays_sha256("ids", [ids]), policy.model_dump_json(), R, hs, tuple(int(a) for a in self.anchors))
-        return list(memo.get(key, compute))
+        return list(self._kept("_values_memo").get(key, compute))
+
+    def _kept(self, name: str) -> Kept:
+        """This world's memo ``name`` (:data:`_KEPT` entries), made on first use: the truth is a fixed function of
+        the world, so a memo lives as long as the world object does."""
+        return self.__dict__.setdefault(name, Kept(_KEPT))
 
     def policy_value_per_rollout(
         self, policy: PolicyLike, site: int | None = None, split: Split = "test", n_rollouts: int | None = None,
