@@ -67,7 +67,7 @@ class RegimenScores(Query):
     name = "regimen_scores"
     quick = True
 
-    def __init__(self, centred: bool = False) -> None:
+    def __init__(self, centred: bool = True) -> None:
         #: the returns less their baseline of the entity's start (``evaluation.regimen_scores.centred_returns``)
         self.centred = bool(centred)
 
