@@ -649,7 +649,7 @@ def regimen_checks(cfg: Any, sims: list[Any], sites: list[Any], rnd: int) -> dic
     from fcd_secure.queries.selection import DH_FIELDS, site_selection_sums
 
     scored = full_eval_config(cfg).model_copy(update={"quick": True, "keep_round": rnd})
-    qs = (NaturalCourse(), RegimenScores())
+    qs = (NaturalCourse(keep_scores=True), RegimenScores())
     ans = merge_site_metrics([site_metrics(m, rt.data, cfg, scored, queries=qs) for m, rt in zip(sims, sites)],
                              queries=qs)
     rs = ans.get("regimen_scores") or {}

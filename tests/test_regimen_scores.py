@@ -105,3 +105,27 @@ def test_returns_to_go_the_baseline_and_the_site_sums():
     got = regimen_score_summary(steps, whole)
     assert np.isclose(got["gap"], d.mean()) and np.isclose(got["se"], d.std(ddof=1) / np.sqrt(d.size))
     assert score_gap_sums(sim[:3], obs[:3], mask[:3], min_n=5)[1] == dict.fromkeys(WHOLE_FIELDS, 0.0)
+
+
+def test_the_query_reads_the_natural_course_rollout_and_sends_its_declared_names(tiny_dkt_site):
+    import pytest
+
+    from fcd_secure.queries.evaluation import merge_site_metrics, site_metrics
+    from fcd_secure.queries.natural_course import NaturalCourse
+    from fcd_secure.queries.regimen_scores import RegimenScores
+    from fcd_secure.queries.request import EvaluationRequest
+
+    cfg, data, model = tiny_dkt_site
+    rs = RegimenScores()
+    qs = [NaturalCourse(keep_scores=True), rs]
+    rows = np.arange(min(data.test.n, 24))  # the site's floor (20) and a little more: the check's cost is its rows
+    full = site_metrics(model, data, cfg, EvaluationRequest(n_samples=1), rows=rows, queries=qs)
+    mine = {k for k in full if k.startswith("rscore.")}
+    assert mine and mine <= set(rs.names([], None)) | set(rs.lists())
+    assert len(full["rscore.always.n"]) == data.test.L and full["rscore.always.whole.n"] == len(rows)
+    ans = merge_site_metrics([full, full], None, queries=qs)["regimen_scores"]
+    assert ans["sites"] == 2 and set(ans["regimens"]) == {"never", "always", "early_on", "late_on"}
+    assert ans["regimens"]["always"]["entities"] == 2 * len(rows) and ans["max_abs_z"] is not None
+    # the natural course made its rollout without the scores: the check cannot share it
+    with pytest.raises(ValueError, match="keep_scores"):
+        site_metrics(model, data, cfg, EvaluationRequest(n_samples=1), rows=rows, queries=[NaturalCourse(), rs])

@@ -1,13 +1,20 @@
 """The regimen-directed score check (``evaluation.regimen_scores``) as the consortium's sums.
 
 Each site reads its natural-course rollout (``queries.natural_course.logging_rollout``: the same rows, futures and
-draws, so the check adds no rollout) and, for each deterministic regimen π the rollout kept scores for, sends per step
+draws, so the check adds no rollout; ask ``NaturalCourse(keep_scores=True)`` before it) and, for each deterministic regimen π the rollout kept scores for, sends per step
 the sums of the paired gap between the simulator's and the logs' score·return-to-go (``rscore.<π>.<field>``, lists
 over the steps) and the per-entity whole-trajectory sums (``rscore.<π>.whole.<n|s|ss>``). On the logged side the
 score reads the logging policy's probability of π's action: from the logged propensity where the action is binary
 (P(a_on | h) = P or 1 − P), else from the site's model of its logging policy, the one the rollout draws from. The
 server merges them per regimen into the per-step gaps and the whole-trajectory gap with SE and z, and the check's
-summary figures (:data:`STATISTICS`).
+summary figures: the largest whole-trajectory |z| and the mean |gap| over the regimens, the largest per-step |z| and
+the mean per-step |gap| over regimens and steps. The returns are centred by default (``centred_returns``: the
+baseline of the entity's start, which keeps the means and cut the per-step gaps' noise about threefold on the tumour
+world).
+
+Not registered (``queries.registry``): measured as a round criterion on issue 42's candidates (docs/benchmarks.md,
+"A round criterion that reads the regimens"), it did not rank them by their true whole-trajectory error, so it is
+run by ``benchmarks/horizon.py --spearman`` only.
 """
 
 from __future__ import annotations
@@ -82,7 +89,7 @@ class RegimenScores(Query):
         return ctx.request.keep_round is not None or not ctx.request.quick
 
     def site_sums(self, ctx: SiteContext) -> SiteSums:
-        roll = logging_rollout(ctx)
+        roll = logging_rollout(ctx, keep_scores=True)
         if roll is None or not roll.targets:
             return {}
         from fcd_secure.queries.natural_course import regimens  # noqa: PLC0415
