@@ -625,9 +625,42 @@ def candidates_of(run_dirs: list[Path], done: dict[tuple[str, int], dict[str, An
                                                          for n in REGIMENS])),
                             "values": {n: pol[n]["value_sim"] for n in REGIMENS},
                             "truth": {n: pol[n]["value_true"] for n in REGIMENS}})
+            for cand in out[-2 if frozen else -1:]:  # the truth-free checks read by --spearman, once per candidate
+                if "rs_step_gap" not in cand:
+                    ms = [rt.load_for_eval(theta, "theta_c", restore_round=rnd) for rt in sites]
+                    cand.update(regimen_checks(cfg, [frozen_contexts(m) for m in ms]
+                                               if cand["run"].endswith("+frozen") else ms, sites, rnd))
             _status(f"{run_dir.name} round {rnd}: NC gap {row['nc_gap']:.4f}, true error {out[-1]['true_error']:.4f} "
                     f"({time.perf_counter() - t0:.0f} s)")
     return out
+
+
+def regimen_checks(cfg: Any, sims: list[Any], sites: list[Any], rnd: int) -> dict[str, Any]:
+    """The truth-free checks of one candidate as a scored round computes them (the sites' validation rows, the run's
+    seed): the regimen-directed score check (``queries.regimen_scores``, on the natural course's rollout) and D_h
+    (``queries.selection``, :data:`~fcd_secure.queries.selection.DH_HORIZON` steps), for every candidate alike (the
+    contexts-frozen copies too)."""
+    from fcd_secure.evaluation.discrepancy import HorizonDiscrepancySums
+    from fcd_secure.experiments.evaluate import full_eval_config
+    from fcd_secure.queries.evaluation import merge_site_metrics, site_metrics
+    from fcd_secure.queries.natural_course import NaturalCourse
+    from fcd_secure.queries.regimen_scores import RegimenScores
+    from fcd_secure.federation.site_policy import MIN_COHORT_FLOOR
+    from fcd_secure.queries.selection import DH_FIELDS, site_selection_sums
+
+    scored = full_eval_config(cfg).model_copy(update={"quick": True, "keep_round": rnd})
+    qs = (NaturalCourse(keep_scores=True), RegimenScores())
+    ans = merge_site_metrics([site_metrics(m, rt.data, cfg, scored, queries=qs) for m, rt in zip(sims, sites)],
+                             queries=qs)
+    rs = ans.get("regimen_scores") or {}
+    tot = {f: 0.0 for f in DH_FIELDS}
+    for m, rt in zip(sims, sites):
+        got = site_selection_sums(m, rt.data, cfg.model.outcome == "binary", MIN_COHORT_FLOOR, seed=int(cfg.seed))
+        for f in DH_FIELDS:
+            tot[f] += got[f"select.dh.{f}"]
+    hs = HorizonDiscrepancySums(**{f: (int(round(v)) if f in ("n", "clipped") else v) for f, v in tot.items()})
+    return {"rs_step_gap": rs.get("step_mean_abs_gap"), "rs_gap": rs.get("mean_abs_gap"),
+            "rs_max_z": rs.get("max_abs_z"), "dh_val": hs.discrepancy().d1() if hs.n else None}
 
 
 def spearman_ci(a: list[float], b: list[float], seed: int = 0) -> tuple[float, float, float]:
@@ -644,23 +677,26 @@ def spearman_ci(a: list[float], b: list[float], seed: int = 0) -> tuple[float, f
 
 
 def spearman_table(cands: list[dict[str, Any]]) -> dict[str, Any]:
-    """The candidates one by one and the Spearman ρ of the natural-course gap (and of D1, beside it) against the
+    """The candidates one by one and the Spearman ρ of the natural-course gap (and beside it of D1, of the regimen
+    score check's per-step and whole-trajectory gaps and max |z|, and of D_h, :func:`regimen_checks`) against the
     true whole-trajectory error, printed (target: ρ ≥ 0.8 over ≥ 20 candidates)."""
     from rich.console import Console
     from rich.table import Table
 
     con = Console(width=200)
     t = Table(title="natural course against the truth, candidate by candidate (whole trajectory, test rows)")
-    for col in ("run", "round", "NC gap", "NC max |z|", "D1", "true error", *REGIMENS):
+    for col in ("run", "round", "NC gap", "NC max |z|", "D1", "RS step |gap|", "RS |gap|", "RS max |z|", "D_h",
+                "true error", *REGIMENS):
         t.add_column(col, justify="right")
     for c in sorted(cands, key=lambda c: c["nc_gap"]):
         t.add_row(c["run"], str(c["round"]), _f(c["nc_gap"], ".4f"), _f(c["nc_max_z"], ".2f"), _f(c["d1"], ".4f"),
-                  _f(c["true_error"], ".4f"), *[_f(c["values"][n]) for n in REGIMENS])
+                  _f(c.get("rs_step_gap"), ".4f"), _f(c.get("rs_gap"), ".4f"), _f(c.get("rs_max_z"), ".2f"),
+                  _f(c.get("dh_val"), ".4f"), _f(c["true_error"], ".4f"), *[_f(c["values"][n]) for n in REGIMENS])
     con.print(t)
     truth = [c["true_error"] for c in cands]
     out = {"n": len(cands)}
-    for key in ("nc_gap", "nc_max_z", "d1"):
-        rho, lo, hi = spearman_ci([np.nan if c[key] is None else c[key] for c in cands], truth)
+    for key in ("nc_gap", "nc_max_z", "d1", "rs_step_gap", "rs_gap", "rs_max_z", "dh_val"):
+        rho, lo, hi = spearman_ci([np.nan if c.get(key) is None else c[key] for c in cands], truth)
         out[key] = {"rho": rho, "low": lo, "high": hi}
         con.print(f"Spearman({key}, true whole-trajectory error) over {len(cands)} candidates: {rho:+.3f} "
                   f"({SPEARMAN_LEVEL:.0%} bootstrap CI {lo:+.3f} to {hi:+.3f})")
@@ -888,7 +924,8 @@ def main() -> None:
     ap.add_argument("--spearman", type=Path, nargs="+", default=None, metavar="RUN",
                     help="rank the scored rounds of these finished run folders (one world and seed; run with "
                     "--eval-every 1 to score every round) by their natural-course gap against their true "
-                    "whole-trajectory error: the table candidate by candidate and Spearman's ρ with its bootstrap CI")
+                    "whole-trajectory error: the table candidate by candidate and Spearman's ρ with its bootstrap CI; "
+                    "beside it the same for D1, the regimen-directed score check and D_h (validation rows)")
     ap.add_argument("--spearman-frozen", action="store_true",
                     help="with --spearman: each round's contexts-frozen copy is a candidate too")
     ap.add_argument("--cost", type=int, default=None, metavar="ROUNDS",
