@@ -30,3 +30,11 @@ def loaded_after(code: str, packages: tuple[str, ...]) -> dict[str, bool]:
 def test_supernode_supervisor_imports_no_flower():
     """The supervisor only starts and restarts its SuperNode child: Flower is the child's import."""
     assert loaded_after("import fcd_secure._flower.supernode_main", ("flwr",)) == {"flwr": False}
+
+
+def test_client_app_imports_no_server_or_cli_code():
+    """A site's ClientApp (one process per message under ``--insecure-dev``, one warm executor per site otherwise)
+    loads neither the SuperLink's grid and state code (``_flower.waits``, the ServerApp's) nor Flower's CLI with
+    FastAPI (``_flower.internals.fab_bytes``, the coordinator's): together 1.5 s of CPU per process start."""
+    heavy = ("flwr.superlink.grid.http_grid", "flwr.cli.build", "fastapi", "sqlalchemy")
+    assert loaded_after("import fcd_secure.apps.client_app", heavy) == dict.fromkeys(heavy, False)
