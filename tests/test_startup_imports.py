@@ -38,3 +38,11 @@ def test_client_app_imports_no_server_or_cli_code():
     FastAPI (``_flower.internals.fab_bytes``, the coordinator's): together 1.5 s of CPU per process start."""
     heavy = ("flwr.superlink.grid.http_grid", "flwr.cli.build", "fastapi", "sqlalchemy")
     assert loaded_after("import fcd_secure.apps.client_app", heavy) == dict.fromkeys(heavy, False)
+
+
+def test_server_app_module_leaves_the_heavy_imports_to_its_background_thread():
+    """The ServerApp module imports none of what ``apps.server_app.later_imports`` loads in the background once the
+    first messages are out (torch, Opacus, scipy, matplotlib, pandas): a deployed ServerApp starts, checks the run's
+    signature and sends its hello without them, and a refused run never pays them."""
+    heavy = ("torch", "opacus", "scipy", "matplotlib", "pandas")
+    assert loaded_after("import fcd_secure.apps.server_app", heavy) == dict.fromkeys(heavy, False)
