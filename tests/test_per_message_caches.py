@@ -1,0 +1,31 @@
+"""What a site keeps in memory between messages is what is on disk: its per-process caches re-read a file that
+another process (a fresh ClientApp, another executor) replaced, and nobody can change what a cache holds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fcd_secure._io import atomic_write_bytes, npz_bytes
+from fcd_secure.audit.history import ThetaSHistory
+
+
+def _theta(x: float) -> dict[str, np.ndarray]:
+    return {"head_s.weight": np.full((2, 3), x, dtype=np.float32)}
+
+
+def test_theta_s_history_rereads_a_file_another_process_replaced(tmp_path):
+    path = tmp_path / "theta_s_history.npz"
+    history = ThetaSHistory(path)
+    assert history.observe(_theta(1.0), keep=3) == []
+    earlier = history.observe(_theta(2.0), keep=3)
+    assert [v["head_s.weight"][0, 0] for v in earlier] == [1.0]
+    with pytest.raises(ValueError):  # what the cache holds cannot be changed through what it returns
+        earlier[0]["head_s.weight"][0, 0] = 9.0
+    # another process's gate saw Θs versions 7 and 8 (newest first), replacing the file as every write does
+    atomic_write_bytes(path, npz_bytes({f"{i}/head_s.weight": _theta(x)["head_s.weight"]
+                                        for i, x in enumerate((8.0, 7.0))}), mode=0o600)
+    seen = ThetaSHistory(path).observe(_theta(8.0), keep=3)
+    assert [v["head_s.weight"][0, 0] for v in seen] == [7.0]
+    seen = ThetaSHistory(path).observe(_theta(9.0), keep=1)
+    assert [v["head_s.weight"][0, 0] for v in seen] == [8.0]
