@@ -29,3 +29,20 @@ def test_theta_s_history_rereads_a_file_another_process_replaced(tmp_path):
     assert [v["head_s.weight"][0, 0] for v in seen] == [7.0]
     seen = ThetaSHistory(path).observe(_theta(9.0), keep=1)
     assert [v["head_s.weight"][0, 0] for v in seen] == [8.0]
+
+
+def test_site_state_load_is_the_files_and_the_callers_own(tmp_path):
+    from fcd_secure.federation.state import SiteState
+
+    state = SiteState(tmp_path, "site-00")
+    state.commit(1, "layout", _theta(1.0), b"opt", b"rng")
+    first = state.load()
+    first.theta_s["head_s.weight"][:] = 5.0  # the caller's copy: the next load is the file's
+    assert state.load().theta_s["head_s.weight"][0, 0] == 1.0
+    # another process (a fresh ClientApp of the same site) commits round 2: this process reads it from disk
+    SiteState(tmp_path, "site-00").commit(2, "layout", _theta(2.0), b"opt2", b"rng2")
+    again = state.load()
+    assert (again.last_round, again.theta_s["head_s.weight"][0, 0], again.optimizer_state) == (2, 2.0, b"opt2")
+    state.path("site_state.npz").write_bytes(b"not a state file")  # corrupt in place: refused, not served from memory
+    with pytest.raises(Exception, match="unreadable state file"):
+        state.load()

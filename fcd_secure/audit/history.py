@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fcd_secure._io import Kept, atomic_write_bytes, file_identity, file_lock, npz_bytes, read_npz
+from fcd_secure._io import FileKept, atomic_write_bytes, file_lock, npz_bytes, read_npz
 
 __all__ = ["THETA_S_HISTORY_FILE", "ThetaSHistory"]
 
@@ -27,12 +27,11 @@ THETA_S_HISTORY_FILE = "theta_s_history.npz"
 
 Version = tuple[str, dict[str, np.ndarray]]  # (digest, Θs), read-only arrays
 
-#: each history file's versions as this process last read or wrote them, by the file's identity
-#: (:func:`~fcd_secure._io.file_identity`): the gate consults the history on every message, and reading the ``.npz``
-#: and hashing every version again cost each message of a warm site 18 ms (cProfile of a 4-site in-process run). Every
-#: write replaces the file (a new inode, :func:`~fcd_secure._io.atomic_write_bytes`), so a version another process
-#: wrote is always read from disk.
-_VERSIONS: Kept[tuple, list[Version]] = Kept(16)
+#: each history file's versions as this process last read or wrote them (:class:`~fcd_secure._io.FileKept`): the
+#: gate consults the history on every message, and reading the ``.npz`` and hashing every version again cost each
+#: message of a warm site 17 ms (cProfile of a 4-site in-process run); a version another process wrote is read
+#: from disk
+_VERSIONS: FileKept[list[Version]] = FileKept(16)
 
 
 def _digest(theta: Mapping[str, np.ndarray]) -> str:
@@ -58,7 +57,7 @@ class ThetaSHistory:
         file's lock."""
         if not self.path.exists():
             return []
-        return _VERSIONS.get(file_identity(self.path), self._load)
+        return _VERSIONS.get(self.path, self._load)
 
     def _load(self) -> list[Version]:
         raw = read_npz(self.path)
@@ -94,6 +93,5 @@ class ThetaSHistory:
             if new or len(stored) != before:
                 arrays = {f"{i}/{name}": arr for i, (_, version) in enumerate(stored) for name, arr in version.items()}
                 atomic_write_bytes(self.path, npz_bytes(arrays), mode=0o600)
-                written = stored
-                _VERSIONS.get(file_identity(self.path), lambda: written)
+                _VERSIONS.put(self.path, stored)
         return [v for digest, v in stored if digest != key][:keep]
