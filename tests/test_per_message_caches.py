@@ -46,3 +46,25 @@ def test_site_state_load_is_the_files_and_the_callers_own(tmp_path):
     state.path("site_state.npz").write_bytes(b"not a state file")  # corrupt in place: refused, not served from memory
     with pytest.raises(Exception, match="unreadable state file"):
         state.load()
+
+
+def test_site_ledger_entries_are_the_files_lines_and_an_edit_is_still_refused(tmp_path):
+    """``SiteLedger.entries`` parses only the lines appended since its last parse of a byte-identical prefix: its
+    lines equal a fresh parse of the file after every append, and an edited earlier line is refused by number."""
+    from fcd_secure.audit import SiteLedger
+    from fcd_secure.audit.entries import CheckpointLine, parse_line
+    from fcd_secure.audit.ledger import AuditLedgerError, read_lines
+
+    path = tmp_path / "site_ledger.jsonl"
+    ledger = SiteLedger(path, bytes(range(32)), writer_id="site-00")
+    for rnd in (1, 2, 3):
+        ledger.checkpoint(rnd)
+        assert ledger.entries() == [parse_line(text) for _, text in read_lines(path)]
+    assert [e.round for e in ledger.entries() if isinstance(e, CheckpointLine)] == [1, 2, 3]
+    lines = path.read_bytes().split(b"\n")
+    lines[1] = b"x" * len(lines[1])  # line 2 edited in place, same size
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(AuditLedgerError, match="line 2 is not a ledger line"):
+        ledger.entries()
+    with pytest.raises(AuditLedgerError, match="line 2 is not a ledger line"):
+        SiteLedger(path, bytes(range(32)), writer_id="site-00").checkpoint(4)
