@@ -40,8 +40,9 @@ def serialized_bytes(obj) -> int:
 
 def fab_bytes(app_dir: str | Path) -> bytes:
     """The FAB that ``flwr build`` makes of ``app_dir`` (its SHA-256 is the app hash a site pins)."""
-    # imported here, not with the module: ``flwr.cli`` brings FastAPI and Typer (0.45 s of CPU), which every
-    # ClientApp and ServerApp process would pay through the audit's byte accounting and never use
+    # imported here, not with the module: only the coordinator builds FABs, and ``flwr.cli`` (with FastAPI and
+    # Typer: 0.45 s of CPU on top of ``flwr.app``) would otherwise load in every process that imports the audit's
+    # byte accounting
     from flwr.cli.build import build_fab_from_disk  # noqa: PLC0415
 
     return build_fab_from_disk(Path(app_dir))

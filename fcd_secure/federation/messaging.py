@@ -146,7 +146,9 @@ class Comm:
         #: one; a bare ``Comm`` without it serves protocol tests)
         self.audit = audit
         # the server's import: this module is also imported by every ClientApp (``federation.records`` names
-        # ``Comm``), where ``_flower.waits`` would bring in the SuperLink's grid and state code (1.1 s of CPU)
+        # ``Comm``), where ``_flower.waits`` would bring in the SuperLink's grid and state code (of a bare
+        # ``import fcd_secure.apps.client_app``, 1.1 s of CPU; 0.1-0.3 s in a process that runs Flower's ClientApp
+        # runtime, which imports much of it itself)
         from fcd_secure._flower.waits import grid_poll_s  # noqa: PLC0415
 
         self.poll_s = grid_poll_s(grid, poll_s)
