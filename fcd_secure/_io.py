@@ -196,6 +196,46 @@ class Kept(Generic[K, V]):
         return len(self._entries)
 
 
+class FileKept(Generic[V]):
+    """A per-process memo of what was read from each of at most ``size`` files, served while the file's
+    :func:`file_identity` is the one it had when it was read: for a file a site reads on every message and rewrites
+    only by replacing it (:func:`atomic_write_bytes`: a new inode), so what another process wrote is always read
+    from disk. One entry per path: a replaced file's old content is dropped, not kept beside the new one.
+
+    The identity is taken before ``read`` runs: a file replaced in between is kept under its old identity and read
+    again at the next call.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = int(size)
+        self._entries: dict[str, tuple[tuple, V]] = {}
+
+    def get(self, path: str | os.PathLike[str], read: Callable[[], V]) -> V:
+        """What ``read()`` returned for ``path`` at its current identity, read now where nothing is kept.
+
+        Raises:
+            OSError: ``path`` cannot be stat'ed; whatever ``read`` raises.
+        """
+        identity = file_identity(path)
+        kept = self._entries.get(identity[0])
+        if kept is not None and kept[0] == identity:
+            return kept[1]
+        value = read()
+        self.put(path, value, identity)
+        return value
+
+    def put(self, path: str | os.PathLike[str], value: V, identity: tuple | None = None) -> None:
+        """Keep ``value`` as what ``path`` holds now (its writer, right after the write)."""
+        identity = identity if identity is not None else file_identity(path)
+        self._entries.pop(identity[0], None)
+        if len(self._entries) >= self.size:
+            self._entries.pop(next(iter(self._entries)))
+        self._entries[identity[0]] = (identity, value)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
 class FolderPath:
     """A path of a folder layout, declared as a class attribute: ``FolderPath("root", "state")`` reads
     ``Path(obj.root) / "state"`` on an instance, so a layout class is a table of its files rather than one property

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flwr.cli.build import build_fab_from_disk
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
@@ -41,4 +40,9 @@ def serialized_bytes(obj) -> int:
 
 def fab_bytes(app_dir: str | Path) -> bytes:
     """The FAB that ``flwr build`` makes of ``app_dir`` (its SHA-256 is the app hash a site pins)."""
+    # imported here, not with the module: only the coordinator builds FABs, and ``flwr.cli`` (with FastAPI and
+    # Typer: 0.45 s of CPU on top of ``flwr.app``) would otherwise load in every process that imports the audit's
+    # byte accounting
+    from flwr.cli.build import build_fab_from_disk  # noqa: PLC0415
+
     return build_fab_from_disk(Path(app_dir))

@@ -399,8 +399,10 @@ def keep_to_own_keys(run_cfg: RunConfig, environ: dict[str, str] | None = None) 
 def later_imports() -> None:
     """What a deployed ServerApp imports only once its first messages are out: the model code with torch and Opacus
     (``federation.learner.build_model``, right after the sites' hello), ``scipy.stats`` (the natural-course check of
-    the closing evaluation, ``evaluation.natural_course``) and matplotlib (the run folder's plots,
-    ``evaluation.plots``)."""
+    the closing evaluation, ``evaluation.natural_course``; with it ``scipy.special`` and ``scipy.optimize``, which
+    ``evaluation.propensity`` imports at its first fit), matplotlib (the run folder's plots, ``evaluation.plots``)
+    and pandas (the run folder's traffic table, ``apps.outputs.write_run_folder``)."""
+    import pandas  # noqa: F401, PLC0415
     import scipy.stats  # noqa: F401, PLC0415
 
     import fcd_secure.evaluation.plots  # noqa: F401, PLC0415

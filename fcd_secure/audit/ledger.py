@@ -20,6 +20,7 @@ keys and fingerprints are ever written; private keys never touch a ledger or a l
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from collections.abc import Iterator
@@ -92,6 +93,16 @@ def read_lines(path: Path) -> Iterator[tuple[int, str]]:
                 yield i, text.rstrip("\n")
 
 
+#: each ledger file's bytes (up to its last complete line) and their typed lines as this process last parsed them,
+#: with the number of text lines they span: ``_ChainedLog.entries`` parses only what follows a byte-identical prefix
+#: (an append adds bytes; any other change makes the prefix differ and the whole file is parsed again). A gate parses
+#: the site ledger several times per message (the manifest in force, the pending head, the receipts, the open rounds),
+#: 10 ms a message on a 100-line ledger and growing with the ledger (cProfile of a 4-site in-process run)
+_PARSED: dict[str, tuple[bytes, tuple[LedgerLine, ...], int]] = {}
+#: ledgers whose parse a process keeps at once (the sites of a simulation, the server; the oldest dropped first)
+_PARSED_FILES = 64
+
+
 def _last_text(path: Path) -> bytes | None:
     """The last non-empty line of ``path``, read from the end (ledgers grow; appends must not re-read them)."""
     if not path.exists() or path.stat().st_size == 0:
@@ -151,12 +162,32 @@ class _ChainedLog:
         return [json.loads(text) for _, text in read_lines(self.path)]
 
     def entries(self) -> list[LedgerLine]:
-        """Every line, typed.
+        """Every line, typed. Every byte of the file is read each time; the lines of a prefix this process parsed
+        before, byte for byte, are not parsed again (:data:`_PARSED`).
 
         Raises:
             AuditLedgerError: a line is not a ledger line (the file was edited or is corrupt).
         """
-        return list(self._entries())
+        if not self.path.exists():
+            return []
+        data = self.path.read_bytes()
+        key = str(self.path)
+        prefix, lines, spanned = _PARSED.get(key, (b"", (), 0))
+        if not data.startswith(prefix):
+            prefix, lines, spanned = b"", (), 0
+        new: list[LedgerLine] = []
+        # decoded and split as ``read_lines`` does (text mode: UTF-8, surrogateescape, universal newlines)
+        tail = io.TextIOWrapper(io.BytesIO(data[len(prefix):]), encoding="utf-8", errors="surrogateescape")
+        for spanned, text in enumerate(tail, start=spanned + 1):  # noqa: B020 - the count goes on from the prefix
+            if text.strip():
+                new.append(self._parse(text.rstrip("\n"), spanned))
+        lines += tuple(new)
+        if data.endswith(b"\n"):  # a line being written is parsed again next time
+            _PARSED.pop(key, None)
+            if len(_PARSED) >= _PARSED_FILES:
+                _PARSED.pop(next(iter(_PARSED)))
+            _PARSED[key] = (data, lines, spanned)
+        return list(lines)
 
     def _entries(self) -> Iterator[LedgerLine]:
         if not self.path.exists():

@@ -25,8 +25,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import minimize
-from scipy.special import log_softmax
 
 from fcd_secure._io import Kept, arrays_sha256
 from fcd_secure.data.schema import SiteDataset
@@ -43,6 +41,16 @@ T_SCALE = 20.0
 #: fitted ``(mean, scale, coef)`` of :meth:`HistoryPropensity.fit_design` by the digest of its settings and data:
 #: the sites of a simulated run share one process, each with a few models
 _FITS: Kept[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = Kept(64)
+
+
+def log_softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    """``scipy.special.log_softmax(x, axis=axis)``, imported at the first call: a ServerApp imports this module with
+    the answers' code before its first message and fits nothing until the closing evaluation; the import (with
+    ``scipy.optimize`` in :meth:`HistoryPropensity._fit_design`) cost its start 0.5 s of CPU (``python -X importtime``).
+    """
+    from scipy.special import log_softmax as scipy_log_softmax  # noqa: PLC0415
+
+    return scipy_log_softmax(x, axis=axis)
 
 
 def history_features(t: int, y_hist: np.ndarray, lengths: np.ndarray, context: np.ndarray | None,
@@ -145,6 +153,8 @@ class HistoryPropensity:
             nll = -(onehot * lp).sum() / n + 0.5 * self.l2 * (pen * W * W).sum()
             grad = X.T @ (np.exp(lp) - onehot) / n + self.l2 * pen * W
             return float(nll), grad.ravel()
+
+        from scipy.optimize import minimize  # noqa: PLC0415 - at the first fit (log_softmax)
 
         res = minimize(loss, np.zeros(d * K), jac=True, method="L-BFGS-B",
                        options={"maxiter": self.max_iter, **({} if tol is None else {"gtol": tol, "ftol": tol})})

@@ -24,7 +24,6 @@ import numpy as np
 
 from fcd_secure._io import Kept, arrays_sha256, file_identity
 from fcd_secure.config import RunConfig
-from fcd_secure.data.partition import site_split_seed
 from fcd_secure.data.schema import SiteDataset
 
 if TYPE_CHECKING:
@@ -210,6 +209,9 @@ def split_validation(train: SiteDataset, fraction: float, secret: bytes) -> tupl
 def simulated_secret(cfg: RunConfig, site_index: int) -> bytes:
     """A simulated site's split secret: derived from the dataset's seed and the site's index (``data.cohorts``)."""
     from fcd_secure.data.cohorts import seeded_secret  # noqa: PLC0415
+    # with the site's data code, not with this module: ``data.partition`` imports pandas, which the ServerApp (it
+    # imports this module for ``build_model``) would otherwise pay at its start (``apps.server_app.later_imports``)
+    from fcd_secure.data.partition import site_split_seed  # noqa: PLC0415
 
     return seeded_secret(site_split_seed(cfg.seed, site_index))
 

@@ -28,7 +28,6 @@ from flwr.serverapp import Grid
 
 from fcd_secure.audit import POLICY_REASON_PREFIX, ServerAudit, message_bytes, payload_bytes, site_error_name
 from fcd_secure.audit.entries import UNNAMED_NODE_PREFIX
-from fcd_secure._flower.waits import grid_poll_s
 from fcd_secure.errors import FcdError
 from fcd_secure.federation.asked_runs import WHATIF_RULE
 
@@ -146,6 +145,12 @@ class Comm:
         #: the server's audit ledger: receipts ride on downlinks, every reply is recorded (the ServerApp always sets
         #: one; a bare ``Comm`` without it serves protocol tests)
         self.audit = audit
+        # the server's import: this module is also imported by every ClientApp (``federation.records`` names
+        # ``Comm``), where ``_flower.waits`` would bring in the SuperLink's grid and state code (of a bare
+        # ``import fcd_secure.apps.client_app``, 1.1 s of CPU; 0.1-0.3 s in a process that runs Flower's ClientApp
+        # runtime, which imports much of it itself)
+        from fcd_secure._flower.waits import grid_poll_s  # noqa: PLC0415
+
         self.poll_s = grid_poll_s(grid, poll_s)
         self.ledger = ledger if ledger is not None else TrafficLedger()
         self.site_of: dict[int, str] = {}
