@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_cases import fcd_here
 from conftest import GOOD_SPEC, make_long_table
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -41,17 +42,6 @@ def fcd(*args, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": str(PROJECT_ROOT), "COLUMNS": "100"}
     return subprocess.run([sys.executable, "-m", "fcd_secure.cli.main", *map(str, args)], capture_output=True,
                           text=True, env=env, timeout=timeout, cwd=cwd)
-
-
-def fcd_here(*args) -> subprocess.CompletedProcess:
-    """``fcd`` in this process (the command group the console script runs, ``fcd_secure.cli.main.app``, through
-    typer's ``CliRunner`` at the same terminal width), answered in the shape of :func:`fcd`'s."""
-    from typer.testing import CliRunner
-
-    from fcd_secure.cli.main import app
-
-    res = CliRunner(env={"COLUMNS": "100"}).invoke(app, [*map(str, args)])
-    return subprocess.CompletedProcess(list(args), res.exit_code, res.stdout, res.stderr)
 
 
 @pytest.fixture(scope="module")
