@@ -152,6 +152,11 @@ SMALL_SCORED = {"seed": 0, "data": {"preset": "small", "n_sites": 4, "alpha": 10
                 "evaluation": {"policies": ["never"]}}
 #: the xdist group of every test that reads :func:`small_scored_run`: the run is made once, on one worker
 SMALL_SCORED_RUN = "small-scored-run"
+#: a run's closing evaluation where no assertion reads a policy's value (the tests compare Θc, the run folder, the
+#: evidence, the printed lines): two policies (a reference and one contrast), one rollout each, at most 32 test rows
+#: a site (above the sites' cohort floor of 20). The closing evaluation of the tiny preset's four policies × two
+#: rollouts was 42 of a 3-round run's 65 s of federation (cProfile, tests/test_cli_run.py's run A, loaded machine)
+CHEAP_EVALUATION = {"policies": ["never", "always"], "n_samples": 1, "max_rows": 32}
 
 
 class ScoredRun(NamedTuple):

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from cli_cases import fcd_here
+from conftest import CHEAP_EVALUATION
 
 from fcd_secure.apps.outputs import ROUND_COLUMNS
 
@@ -59,9 +60,12 @@ def load_theta(path: Path) -> dict[str, np.ndarray]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("runs")
+    # the closing evaluation cheap (conftest.CHEAP_EVALUATION): these tests read the CLI's lines, files and Θc, and
+    # B's equality with A, never a policy's value
+    cheap = [a for k, v in CHEAP_EVALUATION.items() for a in ("--set", f"evaluation.{k}={json.dumps(v)}")]
     a = fcd("run", "--preset", "tiny", "--rounds", ROUNDS, "--sites", "3", "--clients-per-round", "2",
             "--no-secure-aggregation", "--eval-every", "2", "--seed", "3", "--set", "evaluation.level=0.8",
-            "--set", "federation.eval_every=1", "--engine", "inprocess", "--out", "A", cwd=base)
+            "--set", "federation.eval_every=1", *cheap, "--engine", "inprocess", "--out", "A", cwd=base)
     assert a.returncode == 0, a.stderr[-3000:]
     before = tree_digest(base / "A")
     # B in this process (the same command group; A's fresh process already showed the entry point): a re-run from a
