@@ -3,7 +3,8 @@
 One real run (the installed entry point in a fresh process, the in-process engine, secure aggregation on):
 DKT-Synth's ``small`` world with the tiny model, 4 sites, 2 rounds, every round evaluated (so the truth-free round
 selection has two candidates to choose from), then ``fcd whatif`` asks four policies of it (a static
-pair, an incremental policy that needs a propensity model and a share policy). Every answer the run prints or writes
+pair, an incremental policy that needs a propensity model and a share policy), through the same command group in the
+test's process (``cli_cases.fcd_here``), with one BLAS and one torch thread as the run had. Every answer the run prints or writes
 is compared with ``tests/golden/``: the answers layer may be rebuilt, its answers may not move. Wall times, paths,
 versions and the what-if query id (a hash that includes the run folder) are left out; floats compare to 1e-9
 relative (a changed order of summation moves the last bits, nothing else may). The run and its question run on the
@@ -26,6 +27,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_cases import fcd_here
 
 from fcd_secure.config import build_config
 
@@ -96,12 +98,25 @@ def differences(got, want, path: str = "$") -> list[str]:
 
 @pytest.fixture(scope="module")
 def golden_run(tmp_path_factory):
+    import torch
+
     base = tmp_path_factory.mktemp("golden")
     (base / "small.toml").write_text(build_config("tiny", OVERRIDES).to_toml())
     run = fcd("run", "--config", "small.toml", "--engine", "inprocess", "--out", "run", cwd=base)
     assert run.returncode == 0, run.stderr[-3000:]
+    # the question in this process (cli_cases.fcd_here: the same command group, without a fresh interpreter's ~7 s
+    # of imports), with the run's one BLAS thread (conftest sets it before numpy loads; OpenBLAS reads it only then)
+    # and one torch thread
+    assert os.environ.get("OPENBLAS_NUM_THREADS") == "1", "the golden answers are those of one BLAS thread"
     args = [a for p in POLICIES for a in ("-p", p)]
-    what = fcd("whatif", "run", *args, "--json", cwd=base)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.chdir(base)  # the question names the run folder as a user in ``base`` would
+            what = fcd_here("whatif", "run", *args, "--json", columns=100)
+    finally:
+        torch.set_num_threads(threads)
     assert what.returncode == 0, what.stderr[-3000:] + what.stdout[-2000:]
     return base, run, what
 
