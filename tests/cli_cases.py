@@ -16,11 +16,12 @@ import subprocess
 __all__ = ["fcd_here"]
 
 
-def fcd_here(*args, columns: int = 100) -> subprocess.CompletedProcess:
-    """``fcd *args`` in this process at a ``columns``-wide terminal: its exit code, stdout and stderr."""
+def fcd_here(*args, columns: int = 100, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``fcd *args`` in this process at a ``columns``-wide terminal, with ``env`` set in ``os.environ`` for the
+    command's duration only: its exit code, stdout and stderr."""
     from typer.testing import CliRunner
 
     from fcd_secure.cli.main import app
 
-    res = CliRunner(env={"COLUMNS": str(columns)}).invoke(app, [*map(str, args)])
+    res = CliRunner(env={"COLUMNS": str(columns), **(env or {})}).invoke(app, [*map(str, args)])
     return subprocess.CompletedProcess(list(args), res.exit_code, res.stdout, res.stderr)
