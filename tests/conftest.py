@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 # one BLAS/OpenMP thread per test process, as the README's test command sets (scripts/bootstrap.sh), also when pytest
 # is started directly: OpenBLAS and torch read these once, when they load, so before numpy's import here. The golden
-# run's question is asked in the test's process (test_golden.py), and two BLAS threads move its answers in the 9th digit
+# run and its question run in the test's process (test_golden.py), and two BLAS threads move its answers (9th digit)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
