@@ -7,9 +7,15 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-import numpy as np
-import pandas as pd
-import pytest
+# one BLAS/OpenMP thread per test process, as the README's test command sets (scripts/bootstrap.sh), also when pytest
+# is started directly: OpenBLAS and torch read these once, when they load, so before numpy's import here. The golden
+# run and its question run in the test's process (test_golden.py), and two BLAS threads move its answers (9th digit)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
 
 if TYPE_CHECKING:  # the fixtures import the package when they run, not at collection
     from fcd_secure.config import RunConfig
@@ -152,6 +158,11 @@ SMALL_SCORED = {"seed": 0, "data": {"preset": "small", "n_sites": 4, "alpha": 10
                 "evaluation": {"policies": ["never"]}}
 #: the xdist group of every test that reads :func:`small_scored_run`: the run is made once, on one worker
 SMALL_SCORED_RUN = "small-scored-run"
+#: a run's closing evaluation where no assertion reads a policy's value (the tests compare Θc, the run folder, the
+#: evidence, the printed lines): two policies (a reference and one contrast), one rollout each, at most 32 test rows
+#: a site (above the sites' cohort floor of 20). The closing evaluation of the tiny preset's four policies × two
+#: rollouts was 42 of a 3-round run's 65 s of federation (cProfile, tests/test_cli_run.py's run A, loaded machine)
+CHEAP_EVALUATION = {"policies": ["never", "always"], "n_samples": 1, "max_rows": 32}
 
 
 class ScoredRun(NamedTuple):

@@ -4,38 +4,31 @@ policy the logs never follow comes out as a point with a narrow interval; `fcd r
 HTML report of the run (verdict, sites, bytes, ε and its plot, answers), opened in headless Chromium when present
 (driven over CDP, tests/browser.py).
 
-One real tiny run (the installed entry point in a fresh process, on the in-process engine: the claims are the
-answers' coverage, not the engine) on a user's table of four hospitals: one has too few patients for its evaluation cohort (it declines), and no hospital ever logs the
-action ``metformin``. Then ``fcd whatif`` asks the same run again (the same command group in the test's process,
-typer's ``CliRunner``: only the run pays a fresh interpreter's start). The tests that read them form one xdist group.
+One real tiny run (on the in-process engine: the claims are the answers' coverage, not the engine) on a user's table
+of four hospitals: one has too few patients for its evaluation cohort (it declines), and no hospital ever logs the
+action ``metformin``. Then ``fcd whatif`` asks the same run again. Both through the same command group in the test's
+process (``cli_cases.fcd_here``, typer's ``CliRunner``: exit codes and streams as the shell sees them, without a fresh
+interpreter's start; ``test_cli_run.py`` runs the entry point in a fresh process). The tests that read them form one
+xdist group.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import os
-import subprocess
-import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from cli_cases import fcd_here
 from conftest import GOOD_SPEC, make_long_table
 from typer.testing import CliRunner
 
 from fcd_secure.cli.main import app
 from fcd_secure.queries.evaluation import coverage
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 shared = pytest.mark.xdist_group("answer-coverage")
 METFORMIN = 'name = "metformin_only"\ndescription = "metformin at every step"\n[rule]\nkind = "static"\naction = "metformin"\n'
-
-
-def fcd(*args, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": str(PROJECT_ROOT), "COLUMNS": "80"}
-    return subprocess.run([sys.executable, "-m", "fcd_secure.cli.main", *map(str, args)], capture_output=True,
-                          text=True, env=env, timeout=timeout, cwd=cwd)
 
 
 def write_table(folder: Path) -> tuple[Path, Path]:
@@ -56,11 +49,12 @@ def asked(tmp_path_factory):
     base = tmp_path_factory.mktemp("coverage")
     spec, table = write_table(base)
     (base / "metformin.toml").write_text(METFORMIN)
-    run = fcd("run", "--preset", "tiny", "--rounds", "1", "--spec", spec, "--table", table, "--no-secure-aggregation",
-              "--dp-epsilon", "8", "-p", "never", "-p", "metformin.toml", "--engine", "inprocess", "--out", "run", cwd=base)
-    asked = CliRunner(env={"COLUMNS": "80"}).invoke(
-        app, ["whatif", str(base / "run"), "-p", "never", "-p", str(base / "metformin.toml"), "--json"])
-    what = subprocess.CompletedProcess(["whatif"], asked.exit_code, asked.stdout, asked.stderr)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(base)  # the run names its policy file relative to where it was started, as a user's would
+        run = fcd_here("run", "--preset", "tiny", "--rounds", "1", "--spec", spec, "--table", table,
+                       "--no-secure-aggregation", "--dp-epsilon", "8", "-p", "never", "-p", "metformin.toml",
+                       "--engine", "inprocess", "--out", "run", columns=80)
+    what = fcd_here("whatif", base / "run", "-p", "never", "-p", base / "metformin.toml", "--json", columns=80)
     return base, run, what
 
 

@@ -69,7 +69,8 @@ QUICK = (
           ("warm executors", "in-process s / round", "deployment s / round", "deployment / reference"), flower=True),
     Quick("fidelity.py", ("--quick",), ("Effect fidelity", "PEHE", "|ATE err|", "corr(τ̂, τ)", "Targets")),
     Quick("intervals.py", ("--quick",), ("interval coverage", "coverage of the truth", "whole test sets")),
-    Quick("horizon.py", ("--quick",), ("whole-trajectory values", "natural course", "sequential DR"), flower=True),
+    # its federated runs on the in-process engine (the script's default): no Flower start, so not in the serial group
+    Quick("horizon.py", ("--quick",), ("whole-trajectory values", "natural course", "sequential DR")),
 )
 
 

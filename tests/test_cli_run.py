@@ -1,9 +1,10 @@
 """`fcd run` as a user runs it: the installed entry point in a fresh process, output piped at 80 columns.
 
-Two real tiny runs, shared by every test here: run A from options, and run B from A's ``config.toml`` alone (the
-engine is not in the config, and B must still equal A bit for bit). Both are on the in-process engine (``--engine
-inprocess``): the same ServerApp, ClientApp and messages as Flower's simulation engine, bit for bit
-(``test_federation_inprocess.py`` pins the two engines' parameters on a secure run, whose messages carry every kind a plain run sends), without a
+Two real tiny runs, shared by every test here: run A from options (a fresh process), and run B from A's
+``config.toml`` alone (the engine is not in the config, and B must still equal A bit for bit), in the test's own
+process through the same command group (``cli_cases.fcd_here``): B's claim is the config's, not the process's. Both
+are on the in-process engine (``--engine inprocess``): the same ServerApp, ClientApp and messages as Flower's
+simulation engine, bit for bit (``test_federation_inprocess.py`` pins the two engines' parameters on a secure run, whose messages carry every kind a plain run sends), without a
 Ray start per run. They show that progress survives a pipe (one line per round, no carriage returns), that
 ``rounds.csv`` is written as rounds end, that the header, the table and ``summary.json`` carry the DP setting, that
 the tables fit 80 columns, and that a config re-runs its run exactly without touching the old run's folder. The
@@ -25,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from cli_cases import fcd_here
+from conftest import CHEAP_EVALUATION
 
 from fcd_secure.apps.outputs import ROUND_COLUMNS
 
@@ -57,12 +60,18 @@ def load_theta(path: Path) -> dict[str, np.ndarray]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("runs")
+    # the closing evaluation cheap (conftest.CHEAP_EVALUATION): these tests read the CLI's lines, files and Θc, and
+    # B's equality with A, never a policy's value
+    cheap = [a for k, v in CHEAP_EVALUATION.items() for a in ("--set", f"evaluation.{k}={json.dumps(v)}")]
     a = fcd("run", "--preset", "tiny", "--rounds", ROUNDS, "--sites", "3", "--clients-per-round", "2",
             "--no-secure-aggregation", "--eval-every", "2", "--seed", "3", "--set", "evaluation.level=0.8",
-            "--set", "federation.eval_every=1", "--engine", "inprocess", "--out", "A", cwd=base)
+            "--set", "federation.eval_every=1", *cheap, "--engine", "inprocess", "--out", "A", cwd=base)
     assert a.returncode == 0, a.stderr[-3000:]
     before = tree_digest(base / "A")
-    b = fcd("run", "--config", base / "A" / "config.toml", "--engine", "inprocess", "--out", "B", cwd=base)
+    # B in this process (the same command group; A's fresh process already showed the entry point): a re-run from a
+    # config is about the config, and a second interpreter would add ~7 s of imports (cli_cases)
+    b = fcd_here("run", "--config", base / "A" / "config.toml", "--engine", "inprocess", "--out", base / "B",
+                 columns=80)
     assert b.returncode == 0, b.stderr[-3000:]
     return base, a, b, before
 
@@ -152,7 +161,7 @@ def test_options_given_with_a_config_override_only_what_they_name(runs, tmp_path
     assert cfg.model.hidden == 16 and cfg.seed == 3  # the file's, not the default preset's
     assert cfg.state_dir is None and cfg.out != str(base / "A")
     # re-running into the old folder is refused before anything starts
-    res = fcd("run", "--config", file, "--out", base / "A", cwd=tmp_path, timeout=300)
+    res = fcd_here("run", "--config", file, "--out", base / "A", columns=80)
     assert res.returncode == 2 and "already holds a run" in res.stderr and "--resume" in res.stderr
 
 
@@ -203,7 +212,8 @@ def test_a_killed_run_stops_cleanly_and_resumes_from_its_last_round(tmp_path):
     last = int(pd.read_csv(csv)["round"].max())
     per_round = [ln.split(" ")[1] for ln in lines if ln.startswith("round ")]
     assert per_round == [f"{r}/60" for r in range(1, last + 1)], per_round
-    res = fcd("run", "--resume", "K", "--rounds", last + 1, "--engine", "inprocess", cwd=tmp_path)
+    # the resume reads only the state on disk: in this process (cli_cases), sparing a fresh interpreter's imports
+    res = fcd_here("run", "--resume", tmp_path / "K", "--rounds", last + 1, "--engine", "inprocess", columns=80)
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"resuming from round {last}" in res.stderr
     assert pd.read_csv(csv)["round"].tolist() == list(range(1, last + 2))

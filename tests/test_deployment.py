@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import CHEAP_EVALUATION  # the closing evaluation: no assertion here reads a policy's value
 
 
 from fcd_secure.audit import POLICY_ERROR_CODE, POLICY_REASON_PREFIX  # noqa: E402
@@ -38,10 +39,6 @@ pytestmark = pytest.mark.deployment
 
 #: generous protocol deadlines: on two shared cores one cold ClientApp process can take a minute
 SLOW = {stage: 900.0 for stage in ("train", "advertise_keys", "share_keys", "masked_input", "consistency", "unmask")}
-#: the closing evaluation asks no question these tests assert on (they compare Θc, the evidence and the markers):
-#: two policies, one rollout each, at most 32 test rows a site (above the sites' cohort floor of 20), in the
-#: deployment and in its reference alike
-CHEAP_EVALUATION = {"policies": ["never", "always"], "n_samples": 1, "max_rows": 32}
 
 
 def _cfg(out, *, secure: bool, sites: int):

@@ -15,7 +15,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-
+from conftest import CHEAP_EVALUATION
 
 from typer.testing import CliRunner  # noqa: E402
 
@@ -32,9 +32,13 @@ FILES = ("config.toml", "config.json", "theta_c.npz", "manifest.json", "rounds.c
 
 
 def tiny_cfg(**over):
+    """The module's in-process runs: their claims are Θc, the rounds' history, the bytes and the ledgers, never a
+    policy's value, so their closing evaluation is :data:`conftest.CHEAP_EVALUATION` (the CLI run keeps the preset's
+    four policies: its summary is checked)."""
     fed = {"clients_per_round": K, "rounds": ROUNDS, "eval_every": 0, "secure_aggregation": False}
     fed.update(over.pop("federation", {}))
-    return build_config("tiny", {"seed": SEED, "data": {"n_sites": SITES}, "federation": fed, **over})
+    return build_config("tiny", {"seed": SEED, "data": {"n_sites": SITES}, "federation": fed,
+                                 "evaluation": CHEAP_EVALUATION, **over})
 
 
 def load_theta(path):

@@ -1,9 +1,11 @@
 """The answers of a fixed small run, pinned: ``summary.json``, the run table and ``fcd whatif --json``.
 
-One real run (the installed entry point in a fresh process, the in-process engine, secure aggregation on):
+One real run (the in-process engine, secure aggregation on):
 DKT-Synth's ``small`` world with the tiny model, 4 sites, 2 rounds, every round evaluated (so the truth-free round
 selection has two candidates to choose from), then ``fcd whatif`` asks four policies of it (a static
-pair, an incremental policy that needs a propensity model and a share policy). Every answer the run prints or writes
+pair, an incremental policy that needs a propensity model and a share policy); both through the same command group
+in the test's process (``cli_cases.fcd_here``: the entry point in a fresh process is ``test_cli_run.py``'s), with one
+BLAS and one torch thread. Every answer the run prints or writes
 is compared with ``tests/golden/``: the answers layer may be rebuilt, its answers may not move. Wall times, paths,
 versions and the what-if query id (a hash that includes the run folder) are left out; floats compare to 1e-9
 relative (a changed order of summation moves the last bits, nothing else may). The run and its question run on the
@@ -21,15 +23,13 @@ import json
 import math
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_cases import fcd_here
 
 from fcd_secure.config import build_config
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).resolve().parent / "golden"
 UPDATE = os.environ.get("FCD_GOLDEN_UPDATE") == "1"
 POLICIES = ("never", "always", "incremental_on_x2", "share_on_20")
@@ -44,15 +44,6 @@ OVERRIDES = {"data": {"preset": "small"}, "federation": {"rounds": 2, "eval_ever
 #: keys whose values are the machine's, not the answer's
 VOLATILE = {"wall_s", "versions", "run", "out", "query_id", "message", "downlink_bytes"}
 REL, ABS = 1e-9, 1e-12
-
-
-def fcd(*args, cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
-    # one BLAS thread: OpenBLAS splits a product's sums by its thread count, so the behaviour models' L-BFGS fits
-    # (and the incremental policies' answers) moved in the 9th digit between a 1- and a 2-core machine
-    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": str(PROJECT_ROOT), "COLUMNS": "100",
-           "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "fcd_secure.cli.main", *map(str, args)], capture_output=True,
-                          text=True, env=env, timeout=timeout, cwd=cwd)
 
 
 def scrub(value, key: str = ""):
@@ -96,12 +87,26 @@ def differences(got, want, path: str = "$") -> list[str]:
 
 @pytest.fixture(scope="module")
 def golden_run(tmp_path_factory):
+    """The run and its question through the command group in this process (``cli_cases.fcd_here``, at a 100-column
+    terminal), in the run's folder, with one BLAS thread (conftest sets it before numpy loads, OpenBLAS reads it only
+    then: two threads split a product's sums differently, and the behaviour models' L-BFGS fits moved the incremental
+    policies' answers in the 9th digit) and one torch thread."""
+    import torch
+
+    assert os.environ.get("OPENBLAS_NUM_THREADS") == "1", "the golden answers are those of one BLAS thread"
     base = tmp_path_factory.mktemp("golden")
     (base / "small.toml").write_text(build_config("tiny", OVERRIDES).to_toml())
-    run = fcd("run", "--config", "small.toml", "--engine", "inprocess", "--out", "run", cwd=base)
-    assert run.returncode == 0, run.stderr[-3000:]
     args = [a for p in POLICIES for a in ("-p", p)]
-    what = fcd("whatif", "run", *args, "--json", cwd=base)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.chdir(base)  # the run and the question name their files as a user in ``base`` would
+            run = fcd_here("run", "--config", "small.toml", "--engine", "inprocess", "--out", "run", columns=100)
+            assert run.returncode == 0, run.stderr[-3000:]
+            what = fcd_here("whatif", "run", *args, "--json", columns=100)
+    finally:
+        torch.set_num_threads(threads)
     assert what.returncode == 0, what.stderr[-3000:] + what.stdout[-2000:]
     return base, run, what
 

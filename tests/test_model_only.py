@@ -2,25 +2,22 @@
 the simulator's, and every output path says so — the run's tables, ``summary.json``, ``fcd whatif`` in print and in
 JSON, the HTML report — and the commands exit 8 (``MODEL_ONLY_ANSWER``).
 
-One real tiny run (the installed entry point in a fresh process, on the in-process engine: the claim is the labels,
-not the engine) on a user's table of three hospitals without a propensity column, with the sites told not to
-estimate theirs (``evaluation.propensities = "logged"``), then ``fcd whatif`` of it twice (on the run's engine) and
-``fcd report``: these three through the same command group in the test's process (typer's ``CliRunner``: the same
-``FcdGroup.main``, its exit codes and its stdout/stderr), so that only the run pays a fresh interpreter's start.
+One real tiny run (on the in-process engine: the claim is the labels, not the engine) on a user's table of three
+hospitals without a propensity column, with the sites told not to estimate theirs (``evaluation.propensities =
+"logged"``), then ``fcd whatif`` of it twice (on the run's engine) and ``fcd report``: all four through the same
+command group in the test's process (``cli_cases.fcd_here``, typer's ``CliRunner``: the same ``FcdGroup.main``, its
+exit codes and its stdout/stderr), so that none pays a fresh interpreter's start (``test_cli_run.py`` runs the entry
+point in a fresh process).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from cli_cases import fcd_here
 from conftest import GOOD_SPEC, make_long_table
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 shared = pytest.mark.xdist_group("model-only")
 UNLABELLED = "What happens under each policy"
 
@@ -37,23 +34,6 @@ def _only_extrapolation(answer: dict) -> None:
     assert G_COMPUTATION not in kinds, kinds
 
 
-def fcd(*args, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": str(PROJECT_ROOT), "COLUMNS": "100"}
-    return subprocess.run([sys.executable, "-m", "fcd_secure.cli.main", *map(str, args)], capture_output=True,
-                          text=True, env=env, timeout=timeout, cwd=cwd)
-
-
-def fcd_here(*args) -> subprocess.CompletedProcess:
-    """``fcd`` in this process (the command group the console script runs, ``fcd_secure.cli.main.app``, through
-    typer's ``CliRunner`` at the same terminal width), answered in the shape of :func:`fcd`'s."""
-    from typer.testing import CliRunner
-
-    from fcd_secure.cli.main import app
-
-    res = CliRunner(env={"COLUMNS": "100"}).invoke(app, [*map(str, args)])
-    return subprocess.CompletedProcess(list(args), res.exit_code, res.stdout, res.stderr)
-
-
 @pytest.fixture(scope="module")
 def model_only(tmp_path_factory):
     base = tmp_path_factory.mktemp("model-only")
@@ -61,10 +41,11 @@ def model_only(tmp_path_factory):
     df["hospital"] = df["pid"].map({e: f"h{i % 3}" for i, e in enumerate(df["pid"].unique())})
     (base / "spec.toml").write_text(GOOD_SPEC.replace('propensity = "p"\n', ""))
     df.drop(columns=["p"]).to_csv(base / "table.csv", index=False)
-    run = fcd("run", "--preset", "tiny", "--rounds", "1", "--spec", "spec.toml", "--table", "table.csv",
-              "--no-secure-aggregation", "--set", "evaluation.propensities=logged", "--engine", "inprocess", "--out", "run", cwd=base)
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(base)  # the run names its spec and table relative to where it was started, as a user's would
+        run = fcd_here("run", "--preset", "tiny", "--rounds", "1", "--spec", "spec.toml", "--table", "table.csv",
+                       "--no-secure-aggregation", "--set", "evaluation.propensities=logged", "--engine", "inprocess",
+                       "--out", "run")
         asked = fcd_here("whatif", "run", "-p", "never", "-p", "always", "--json")
         printed = fcd_here("whatif", "run", "-p", "never", "-p", "always")
         report = fcd_here("report", "run", "--json")

@@ -3,7 +3,8 @@
 The tumour world exported twice with one seed, as CSV tables and as OMOP CDM instances (``fcd data export --format
 omop``), reads back as the same trajectories; each bad input is refused before any work, naming the table, concept
 id or setting; a hand-made CDM checks the time grid (visits, carried values, exposures over several days, measured
-and death outcomes, person statics).
+and death outcomes, person statics). The ``fcd`` commands run in the test's process (``cli_cases.fcd_here``: the same
+command group, exit codes and streams, without a fresh interpreter's imports).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import tomli_w
+from cli_cases import fcd_here
 
 from fcd_secure.data.inputs import dataset_from_input, read_input
 from fcd_secure.data.omop.cdm import TABLES
@@ -32,6 +34,8 @@ LABELS = ["none", "chemo", "radio", "both"]
 
 
 def fcd(*args, cwd: Path, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``fcd`` in a fresh process with ``env`` added (test_omop_postgres.py: a password only in the environment of
+    the process that reads the database); the commands here run in the test's process (``cli_cases.fcd_here``)."""
     full = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": str(PROJECT_ROOT), "COLUMNS": "120",
             **(env or {})}
     return subprocess.run([sys.executable, "-m", "fcd_secure.cli.main", *map(str, args)], capture_output=True,
@@ -49,8 +53,8 @@ def csv_as_extracted(path: Path) -> pd.DataFrame:
 def exported(tmp_path_factory):
     base = tmp_path_factory.mktemp("omop")
     for fmt in ("csv", "omop"):
-        res = fcd("data", "export", "--dataset", "tumour", "--preset", "tiny", "--sites", "2", "--seed", "3",
-                  "--format", fmt, "--out", fmt, "--json", cwd=base)
+        res = fcd_here("data", "export", "--dataset", "tumour", "--preset", "tiny", "--sites", "2", "--seed", "3",
+                       "--format", fmt, "--out", base / fmt, "--json", columns=120)
         assert res.returncode == 0, res.stderr[-3000:]
     return base
 
@@ -77,7 +81,8 @@ def test_omop_export_reads_back_as_the_csv_export(exported):
 
 
 def test_fcd_data_validate_reads_a_duckdb_cdm(exported):
-    res = fcd("data", "validate", "--spec", "omop/cohort.toml", "--table", "omop/site0.duckdb", "--json", cwd=exported)
+    res = fcd_here("data", "validate", "--spec", exported / "omop" / "cohort.toml", "--table",
+                   exported / "omop" / "site0.duckdb", "--json", columns=120)
     assert res.returncode == 0, res.stderr[-3000:]
     assert '"action_names": [\n' in res.stdout or '"action_names": ["none"' in res.stdout.replace("\n", "")
 
@@ -181,8 +186,8 @@ def test_a_bad_cohort_spec_names_its_field(exported, tmp_path):
 
 def test_fcd_run_refuses_a_bad_cohort_with_exit_2_before_it_starts(exported, tmp_path):
     cohort, db = _variant(exported, tmp_path, edit=lambda c: c["context"][1]["concept_ids"].append(2099999998))
-    res = fcd("run", "--preset", "tiny", "--spec", cohort, "--table", db, "--out", tmp_path / "run", "--json",
-              cwd=tmp_path)
+    res = fcd_here("run", "--preset", "tiny", "--spec", cohort, "--table", db, "--out", tmp_path / "run", "--json",
+                   columns=120)
     assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
     assert "concept id 2099999998 has no rows in CDM table 'measurement'" in res.stdout + res.stderr
     assert not (tmp_path / "run" / "summary.json").exists()
@@ -269,8 +274,8 @@ def test_dkt_synth_exports_as_omop_and_reads_back(tmp_path):
     """DKT-Synth's items are one drug concept each (every step gives exactly one), its clock an exogenous
     measurement: the CDM reads back as the CSV export of the same seed."""
     for fmt in ("csv", "omop"):
-        res = fcd("data", "export", "--dataset", "dkt-synth", "--preset", "tiny", "--sites", "2", "--format", fmt,
-                  "--out", fmt, cwd=tmp_path)
+        res = fcd_here("data", "export", "--dataset", "dkt-synth", "--preset", "tiny", "--sites", "2", "--format",
+                       fmt, "--out", tmp_path / fmt, columns=120)
         assert res.returncode == 0, res.stderr[-3000:]
     spec, got = read_input(tmp_path / "omop" / "cohort.toml", tmp_path / "omop" / "site0.duckdb")
     want = pd.read_csv(tmp_path / "csv" / "site0.csv").drop(columns=["propensity"])

@@ -1,7 +1,9 @@
 """Issue 46 against a real PostgreSQL server the test starts (``tests/pg_server.py``): the same cohort read from
 PostgreSQL and DuckDB, a read-only role granted as docs/omop.md tells a DBA, the password only from ``PGPASSWORD``
 or a password file and in no file a run writes, unreachable servers and bad passwords named by host and port, and a
-federated run over the CDM that answers as the run over the CSV export.
+federated run over the CDM that answers as the run over the CSV export. The ``fcd`` commands run in the test's process
+(``cli_cases.fcd_here``, the password in ``os.environ`` for the command's duration only), but the run over the CDM:
+a fresh process, whose whole output is checked for the password.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from fcd_secure.data.inputs import check_input, read_input
 from fcd_secure.data.omop.connect import open_database
 from fcd_secure.data.omop.synth import Vocabulary, cdm_instance, cohort_text, write_duckdb, write_postgres
 from fcd_secure.data.spec import DataError, DatasetSpec
+from cli_cases import fcd_here
 from pg_server import READER, postgres_bin, start, stop
 from test_omop import LABELS, csv_as_extracted, fcd
 
@@ -50,11 +53,12 @@ def exported(pg, tmp_path_factory):
     """The tumour world as CSV and as OMOP (DuckDB files, and site i in schema site<i> of the server), one seed."""
     base = tmp_path_factory.mktemp("omop-pg")
     admin = {"PGPASSWORD": pg.admin_password}
-    res = fcd("data", "export", "--dataset", "tumour", "--preset", "tiny", "--sites", "4", "--seed", "5",
-              "--format", "csv", "--out", "csv", cwd=base)
+    res = fcd_here("data", "export", "--dataset", "tumour", "--preset", "tiny", "--sites", "4", "--seed", "5",
+                   "--format", "csv", "--out", base / "csv", columns=120)
     assert res.returncode == 0, res.stderr[-3000:]
-    res = fcd("data", "export", "--dataset", "tumour", "--preset", "tiny", "--sites", "4", "--seed", "5",
-              "--format", "omop", "--out", "omop", "--postgres", pg.url("fcd_admin"), cwd=base, env=admin)
+    res = fcd_here("data", "export", "--dataset", "tumour", "--preset", "tiny", "--sites", "4", "--seed", "5",
+                   "--format", "omop", "--out", base / "omop", "--postgres", pg.url("fcd_admin"), columns=120,
+                   env=admin)
     assert res.returncode == 0, res.stderr[-3000:]
     for i in range(4):
         grant_reader(pg, f"site{i}")
@@ -118,7 +122,8 @@ def _files_holding(folder: Path, secret: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_a_run_over_the_cdm_answers_as_the_csv_run_and_writes_no_password(pg, exported, tmp_path, monkeypatch):
+def test_a_run_over_the_cdm_answers_as_the_csv_run_and_writes_no_password(pg, exported, tmp_path, monkeypatch,
+                                                                           one_torch_thread):
     """The four sites in one CDM (one care site each) and in one CSV table: the same federated run over both (on the
     in-process engine: the claim is the data path, not the engine)."""
     csvs = [pd.read_csv(exported / "csv" / f"site{i}.csv") for i in range(4)]
@@ -146,7 +151,9 @@ def test_a_run_over_the_cdm_answers_as_the_csv_run_and_writes_no_password(pg, ex
     omop = fcd("run", *args, "--spec", cohort, "--table", pg.url(READER, schema="pooled"), "--out", "omop-run",
                cwd=tmp_path, env=env)
     assert omop.returncode == 0, omop.stdout[-3000:] + omop.stderr[-3000:]
-    plain = fcd("run", *args, "--spec", "spec.toml", "--table", "pooled.csv", "--out", "csv-run", cwd=tmp_path)
+    # the CSV run reads no password: in this process (cli_cases), sparing a fresh interpreter
+    plain = fcd_here("run", *args, "--spec", tmp_path / "spec.toml", "--table", tmp_path / "pooled.csv", "--out",
+                     tmp_path / "csv-run", columns=120)
     assert plain.returncode == 0, plain.stdout[-3000:] + plain.stderr[-3000:]
     a = json.loads((tmp_path / "omop-run" / "summary.json").read_text())
     b = json.loads((tmp_path / "csv-run" / "summary.json").read_text())
@@ -160,14 +167,14 @@ def test_a_run_over_the_cdm_answers_as_the_csv_run_and_writes_no_password(pg, ex
 
 def test_site_init_records_the_database_without_its_password(pg, exported, tmp_path):
     home = tmp_path / "home"
-    res = fcd("site", "init", "--spec", exported / "omop" / "cohort.toml", "--table",
-              pg.url(READER, schema="site0"), "--home", home, "--site-id", "site-0", "--json", cwd=tmp_path,
-              env={"PGPASSWORD": pg.reader_password})
+    res = fcd_here("site", "init", "--spec", exported / "omop" / "cohort.toml", "--table",
+                   pg.url(READER, schema="site0"), "--home", home, "--site-id", "site-0", "--json", columns=120,
+                   env={"PGPASSWORD": pg.reader_password})
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert _files_holding(home, pg.reader_password) == []
     assert pg.url(READER, schema="site0") in (home / "site.toml").read_text()
-    bad = fcd("site", "init", "--spec", exported / "omop" / "cohort.toml", "--table",
-              f"postgresql://{READER}@127.0.0.1:{pg.port}/nodb", "--home", tmp_path / "h2", "--site-id", "site-0",
-              cwd=tmp_path, env={"PGPASSWORD": pg.reader_password})
+    bad = fcd_here("site", "init", "--spec", exported / "omop" / "cohort.toml", "--table",
+                   f"postgresql://{READER}@127.0.0.1:{pg.port}/nodb", "--home", tmp_path / "h2", "--site-id",
+                   "site-0", columns=120, env={"PGPASSWORD": pg.reader_password})
     assert bad.returncode == 2 and f"127.0.0.1:{pg.port}/nodb" in bad.stdout + bad.stderr
     assert not (tmp_path / "h2" / "site.toml").exists()

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 
 import pandas as pd
 import pytest
+from conftest import CHEAP_EVALUATION
 from flwr.app import Message
 
 from fcd_secure._flower.internals import SUPERLINK_NODE_ID, TaskIdentity
@@ -61,7 +62,8 @@ def _run(cfg, silent: int | None):
 @pytest.fixture(scope="module")
 def resumed(tmp_path_factory):
     base = tmp_path_factory.mktemp("resume-records")
-    over = {"seed": 0, "data": {"n_sites": SITES}, "state_dir": str(base / "state"),
+    # the claims are the records of the rounds, not the closing evaluation's answers: that one cheap (conftest)
+    over = {"seed": 0, "data": {"n_sites": SITES}, "state_dir": str(base / "state"), "evaluation": CHEAP_EVALUATION,
             "federation": {"rounds": ROUNDS, "clients_per_round": SITES, "eval_every": 0, "secure_aggregation": False,
                            "round_timeout_s": 3.0, "crash_after_round": ROUNDS}}
     with pytest.raises(Exception, match="simulated server crash after round 3"):
