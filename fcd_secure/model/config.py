@@ -116,8 +116,8 @@ class ModelConfig(BaseModel):
             "truncate each generated endogenous context in a rollout to the range of that column on the site's own "
             "training rows (the parametric g-formula's observed-range restriction: Taubman et al. 2009; McGrath et "
             "al. 2020, gfoRmula): 'range' to [min, max], 'floor' to ≥ min only, 'off' not at all. The bounds are "
-            "computed and kept at the site, never sent (model/context.py ContextBounds); a rollout setting: the "
-            "training is the same"
+            "computed and kept at the site, never sent (model/context.py ContextBounds). Do-simulation only: training, "
+            "L_free's rollouts included, is the same, so it is not in the training hash"
         ),
     )
 
