@@ -286,6 +286,7 @@ class RunConfig(BaseModel):
         d["secagg"].pop("deadlines", None)  # when a late site is dropped, like round_timeout_s
         if d["model"].get("context_head") == "direct":  # the head before the key existed: such a run still resumes
             d["model"].pop("context_head")
+        d["model"].pop("clamp_contexts", None)  # truncates rollouts only (model/context.py): training is the same
         # the rollout that runs, not its spelling: a diffusion run's 'auto' is the 'latent' of a run from before
         # 'auto' existed, so it still resumes
         d["model"]["rollout"] = self.model.rollout_kind

@@ -408,6 +408,8 @@ class SiteRuntime:
             model.set_params(THETA_S, theta_s)
         # "w/o DSS" (part = full) synchronises Θs too (not its site-bound part): the global one replaces the local copy
         model.set_params(part, global_theta)
+        # the range of its own training rows bounds the rollouts (model.clamp_contexts); kept here, never sent
+        model.keep_context_range(self.data.train)
         return model
 
     def answered_run(self, global_theta: dict[str, np.ndarray], request) -> AnsweredRun:  # noqa: ANN001

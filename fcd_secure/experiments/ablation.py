@@ -61,6 +61,7 @@ def run_local_only(cfg: RunConfig) -> dict[str, Any]:
                                                learner.dims_of(d, data.n_sites)["n_endogenous"])
         for e in range(epochs):  # one seed per pass, as a federated site gets one per round
             sim.train_site(d, i, data.n_sites, epochs=1, seed=learner.round_seed(cfg.seed, e + 1, i))
+        sim.keep_context_range(d)  # the site's own rows bound its rollouts (model.clamp_contexts)
         sims.append(sim)
     return {"final_eval": evaluate_on_sites(cfg, sims), "uplink_bytes": 0, "epochs": epochs}
 

@@ -81,6 +81,7 @@ def train_centralised(
         fit = sim.train_site(pooled, None, n_sites, epochs=1, seed=learner.round_seed(cfg.seed, e + 1, POOLED_SITE))
         if progress is not None:
             progress(f"{sim.name} epoch {e + 1}/{epochs}: loss {fit['total']:.4f}")
+    sim.keep_context_range(pooled)  # the rows it trained on bound its rollouts (model.clamp_contexts)
     return sim, fit
 
 

@@ -110,6 +110,17 @@ class ModelConfig(BaseModel):
         ),
     )
 
+    clamp_contexts: Literal["off", "range", "floor"] = Field(
+        "off",
+        description=(
+            "truncate each generated endogenous context in a rollout to the range of that column on the site's own "
+            "training rows (the parametric g-formula's observed-range restriction: Taubman et al. 2009; McGrath et "
+            "al. 2020, gfoRmula): 'range' to [min, max], 'floor' to ≥ min only, 'off' not at all. The bounds are "
+            "computed and kept at the site, never sent (model/context.py ContextBounds). Do-simulation only: training, "
+            "L_free's rollouts included, is the same, so it is not in the training hash"
+        ),
+    )
+
     cf_horizon: int = Field(3, ge=1, description="rollout length R of L_cf")
     cf_grad_to_encoder: bool = Field(
         True,
@@ -205,7 +216,7 @@ class ModelConfig(BaseModel):
         """A complete model section without ``context_head`` was written before the key existed (a run folder's
         config.toml is a full dump): its run trained the direct head, so it reads back as ``"direct"`` and its
         Θc still loads. A partial section (a hand-written config) takes the default."""
-        complete = isinstance(data, dict) and set(cls.model_fields) - {"context_head", *FREE_RUNNING_KEYS} <= set(data)
+        complete = isinstance(data, dict) and set(cls.model_fields) - {"context_head", "clamp_contexts", *FREE_RUNNING_KEYS} <= set(data)
         if complete and "context_head" not in data:
             return {**data, "context_head": "direct"}
         return data

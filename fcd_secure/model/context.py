@@ -33,6 +33,17 @@ diverges doubly exponentially, to −inf (docs/tumour.md, "The context head"). W
 of the bounded K_t (tanh range), the action and the outcome, and the factor 1 + tanh m in (0, 2), the multiplicative
 part keeps the context's sign and a generated context grows at most geometrically.
 
+A generated context can still leave every value a patient ever had: the affine head compounds a cumulative state
+past its logged range and has no floor (on the carry-over world it drove severity below its floor of 0 and
+toxicity to three times its largest logged value; docs/benchmarks.md, issue 42). The parametric g-formula's
+standard guard is to truncate each simulated time-varying covariate to the range observed in the data (Taubman et
+al. 2009, Int J Epidemiol 38:1599; McGrath et al. 2020, Patterns 1:100008, gfoRmula's ``restrictions`` and the
+observed-range truncation of continuous covariates). :class:`ContextBounds` is that range, per endogenous column,
+over one site's own valid training steps (``ModelConfig.clamp_contexts``: ``"range"`` both sides, ``"floor"`` the
+minimum only, ``"off"``). It is a record's value, so it is kept where the rows are: the simulator holds it as a
+plain attribute, never as a parameter or buffer, and so it is in no Θc, Θs, checkpoint or message
+(``Simulator.keep_context_range``).
+
 How the three forms compare on the tumour oracle (direct, purely additive Â = A_t + b, affine): docs/tumour.md,
 "The context head". The form is a model setting: it is in a
 run's training hash, and every site builds the same Θc shapes from it (the affine head: inputs without A_t, two
@@ -41,14 +52,57 @@ outputs per endogenous column).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 from torch import nn
 
+from fcd_secure.data.schema import SiteDataset
 
-__all__ = ["FORMS", "ContextHead", "l_context"]
+__all__ = ["BOUND_KINDS", "FORMS", "ContextBounds", "ContextHead", "l_context"]
 
 #: the forms of the head (``ModelConfig.context_head``; module docstring)
 FORMS = ("affine", "direct")
+#: the truncations of a generated context (``ModelConfig.clamp_contexts`` other than ``"off"``; module docstring)
+BOUND_KINDS = ("range", "floor")
+
+
+@dataclass(frozen=True)
+class ContextBounds:
+    """The observed range of each generated (endogenous) context column over one site's training rows: the
+    g-formula's truncation of a simulated covariate to the range observed in the data (module docstring).
+
+    Attributes:
+        low: the smallest value of each of the leading ``n_endogenous`` context columns over the valid steps, float32.
+        high: the largest (``+inf`` for kind ``"floor"``: a floor only), float32.
+    """
+
+    low: np.ndarray
+    high: np.ndarray
+
+    @classmethod
+    def of(cls, ds: SiteDataset, n_endogenous: int, kind: str) -> "ContextBounds":
+        """The bounds of ``ds``'s leading ``n_endogenous`` context columns over its valid steps (padding excluded).
+
+        Raises:
+            ValueError: an unknown kind, ``n_endogenous`` outside [1, da], or no valid step.
+        """
+        if kind not in BOUND_KINDS:
+            raise ValueError(f"unknown context bounds {kind!r}; expected one of {BOUND_KINDS}")
+        if not 0 < n_endogenous <= ds.da:
+            raise ValueError(f"n_endogenous must be in [1, da={ds.da}], got {n_endogenous}")
+        valid = ds.M.astype(bool)
+        if not valid.any():
+            raise ValueError(f"{ds.name}: no valid step to take the contexts' range from")
+        seen = ds.A[valid][:, :n_endogenous].astype(np.float32)  # [valid steps, n_endogenous]
+        high = seen.max(0) if kind == "range" else np.full(n_endogenous, np.inf, dtype=np.float32)
+        return cls(low=seen.min(0), high=high)
+
+    def clamp(self, A: torch.Tensor) -> torch.Tensor:
+        """``A`` [..., n_endogenous] truncated to [low, high] column by column."""
+        return torch.minimum(torch.maximum(A, torch.as_tensor(self.low, dtype=A.dtype)),
+                             torch.as_tensor(self.high, dtype=A.dtype))
 
 
 class ContextHead(nn.Module):

@@ -39,6 +39,7 @@ from torch import nn
 
 from fcd_secure.data.schema import SiteDataset
 from fcd_secure.data.spec import n_endogenous
+from fcd_secure.model.context import ContextBounds
 from fcd_secure.model.networks import unwrap
 from fcd_secure.model.simulator import Plan, SimResult, check_window, context_names, plan_fn
 
@@ -49,7 +50,8 @@ __all__ = ["network_rollout"]
 def network_rollout(model: nn.Module, ds: SiteDataset, plan: Plan, n_samples: int, seed: int, start_t: int = 0,
                     horizon: int | None = None, anchors: tuple[int, int] | None = None, *, sample_y: bool = True,
                     sampler: str | None = None, steps: int | None = None, chunk_rows: int = 512,
-                    rollout: str | None = None, keep_contexts: bool = False) -> SimResult:
+                    rollout: str | None = None, keep_contexts: bool = False,
+                    bounds: ContextBounds | None = None) -> SimResult:
     """Roll out ``plan`` for every trajectory of ``ds`` from ``start_t`` for ``horizon`` steps, ``n_samples`` times.
 
     The body of :meth:`~fcd_secure.model.baselines.fed_causaldiff.FedCausalDiffSimulator._simulate`: everything
@@ -68,6 +70,8 @@ def network_rollout(model: nn.Module, ds: SiteDataset, plan: Plan, n_samples: in
             and the generated contexts back through the encoder instead; default ``cfg.rollout_kind`` (the
             deterministic transition's rollout is the encoder's: module docstring).
         keep_contexts: also return the contexts the rollout used (``SimResult.context_values``, [n, S, H, da]).
+        bounds: each generated context truncated to this range (the g-formula's observed-range restriction,
+            :class:`~fcd_secure.model.context.ContextBounds`); None: not truncated.
 
     Returns:
         The outcome trajectories, the policy value and which contexts were generated or replayed.
@@ -150,7 +154,10 @@ def network_rollout(model: nn.Module, ds: SiteDataset, plan: Plan, n_samples: in
                 break
             A_next = A_rep[:, t + 1]
             if n_endo:  # g-computation: the endogenous contexts follow the simulated action and outcome
-                A_next = torch.cat([core.next_context(K, A_cur, at, y), A_next[:, n_endo:]], dim=-1)
+                made = core.next_context(K, A_cur, at, y)
+                if bounds is not None:  # never a value outside what the site's patients had (ContextBounds)
+                    made = bounds.clamp(made)
+                A_next = torch.cat([made, A_next[:, n_endo:]], dim=-1)
             if rollout == "latent":
                 K = core.transition(K, A_cur, at, sampler=sampler, steps=steps, generator=g, y=y)
             else:

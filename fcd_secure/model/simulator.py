@@ -30,6 +30,7 @@ from fcd_secure.data.policy import bind_policy
 from fcd_secure.data.schema import SiteDataset
 from fcd_secure.manifest import Manifest, Part
 from fcd_secure.model.config import ModelConfig
+from fcd_secure.model.context import ContextBounds
 from fcd_secure.model.manifest import build_manifest, get_params, set_params
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -311,6 +312,9 @@ class Simulator(ABC):
         self._module = module
         self.config = config
         self._optimizer: torch.optim.Optimizer | None = None
+        #: the range of each generated context on the rows this simulator's owner trained it on
+        #: (:meth:`keep_context_range`); a plain attribute, so in no parameter set, checkpoint or message
+        self.context_bounds: ContextBounds | None = None
 
     # -- building and training -------------------------------------------------------------------------------
     @classmethod
@@ -362,6 +366,20 @@ class Simulator(ABC):
         Returns:
             Mean loss parts (``total`` among them), ``n`` and whatever else the simulator reports.
         """
+
+    def keep_context_range(self, ds: SiteDataset) -> None:
+        """Keep the range of each generated context over ``ds``, the training rows of whoever rolls this simulator
+        out (a site its own, the centralised reference the pooled ones), as ``config.clamp_contexts`` asks
+        (:class:`~fcd_secure.model.context.ContextBounds`); a simulator that generates no context, or
+        ``clamp_contexts = "off"``, keeps none."""
+        kind = self.config.clamp_contexts
+        n_endo = self.generated_contexts
+        self.context_bounds = None if kind == "off" or not n_endo else ContextBounds.of(ds, n_endo, kind)
+
+    @property
+    def generated_contexts(self) -> int:
+        """How many leading context columns this simulator generates in a rollout (0: it replays every one)."""
+        return 0
 
     # -- Θc / Θs ---------------------------------------------------------------------------------------------
     def manifest(self) -> Manifest:

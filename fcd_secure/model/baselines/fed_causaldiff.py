@@ -66,8 +66,23 @@ class FedCausalDiffSimulator(Simulator):
     def _simulate(self, ds: SiteDataset, plan: Plan, n_samples: int, seed: int, start_t: int, horizon: int | None,
                   anchors: tuple[int, int] | None, **kw: Any) -> SimResult:
         """The latent do-simulation (:func:`~fcd_secure.model.simulate.network_rollout`; ``kw``: sampler, steps,
-        rollout, sample_y, chunk_rows, keep_contexts)."""
-        return network_rollout(self.module, ds, plan, n_samples, seed, start_t, horizon, anchors, **kw)
+        rollout, sample_y, chunk_rows, keep_contexts), its generated contexts truncated to
+        :attr:`~fcd_secure.model.simulator.Simulator.context_bounds` where ``config.clamp_contexts`` asks.
+
+        Raises:
+            ValueError: ``clamp_contexts`` is on and no range was kept (:meth:`keep_context_range` not called):
+                the rollout would silently be another model's.
+        """
+        if self.config.clamp_contexts != "off" and self.generated_contexts and self.context_bounds is None:
+            raise ValueError(f"model.clamp_contexts = {self.config.clamp_contexts!r}: the contexts' range on the "
+                             "training rows was not kept (Simulator.keep_context_range)")
+        return network_rollout(self.module, ds, plan, n_samples, seed, start_t, horizon, anchors,
+                               bounds=self.context_bounds, **kw)
+
+    @property
+    def generated_contexts(self) -> int:
+        """The network's endogenous context columns (0 without a context head)."""
+        return unwrap(self.module).n_endogenous
 
     @torch.no_grad()
     def factual_probs(self, ds: SiteDataset) -> np.ndarray:
