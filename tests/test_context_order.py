@@ -18,6 +18,7 @@ from fcd_secure.data.spec import DatasetSpec
 from fcd_secure.model import FedCausalDiff, ModelConfig, train_local
 from fcd_secure.model.baselines import FedCausalDiffSimulator
 from fcd_secure.model.batch import dataset_tensors
+from fcd_secure.model.free_running import l_free_running
 from fcd_secure.model.losses import teacher_contexts
 from tests.test_model_core import TINY, make_ds
 
@@ -124,3 +125,16 @@ def test_a_rollout_draws_the_contexts_first_and_its_outcome_agrees_with_them(tra
     assert 0.2 < above.mean() < 0.8
     agree = (sim.y[:, :, :-1] == above).mean()
     assert agree > 0.9, agree
+
+
+def test_the_free_running_loss_runs_with_the_contexts_first(trained):
+    # L_free's outcome term reads the generated next context (the rollout's order); its gradient reaches the decoder
+    ds, _ = trained
+    cfg = CFG.model_copy(update={"free_running_steps": 3})
+    model = FedCausalDiff.from_dims(cfg, ds.dx, ds.da, ds.n_actions, 1, n_endogenous=1)
+    b = dataset_tensors(ds, 0)
+    Kc, Ks, h = model.encode_states(b.X, b.A, b.T, b.Y)
+    loss = l_free_running(model, torch.cat([Kc, Ks], -1), h, b)
+    assert torch.isfinite(loss).all() and float(loss.detach().sum()) > 0
+    loss.sum().backward()
+    assert model.decoder[0].weight.grad.abs().sum() > 0 and model.context_head.net[-1].weight.grad.abs().sum() > 0
