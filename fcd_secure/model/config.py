@@ -220,7 +220,8 @@ class ModelConfig(BaseModel):
         """A complete model section without ``context_head`` was written before the key existed (a run folder's
         config.toml is a full dump): its run trained the direct head, so it reads back as ``"direct"`` and its
         Θc still loads. A partial section (a hand-written config) takes the default."""
-        complete = isinstance(data, dict) and set(cls.model_fields) - {"context_head", ORDER_KEY, *FREE_RUNNING_KEYS} <= set(data)
+        later = {"context_head", ORDER_KEY, *FREE_RUNNING_KEYS}  # keys added after the head's; their absence is "off"
+        complete = isinstance(data, dict) and set(cls.model_fields) - later <= set(data)
         if complete and "context_head" not in data:
             return {**data, "context_head": "direct"}
         return data

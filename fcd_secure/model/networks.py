@@ -251,7 +251,9 @@ class FedCausalDiff(nn.Module):
         raise ValueError(f"unknown sampler {sampler!r}; expected 'ddpm' or 'ddim'")
 
     # -- Phase C ---------------------------------------------------------------------------------------------
-    def decode(self, K: torch.Tensor, A: torch.Tensor, T: torch.Tensor, A_next: torch.Tensor | None = None) -> torch.Tensor:
+    def decode(
+        self, K: torch.Tensor, A: torch.Tensor, T: torch.Tensor, A_next: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Decoder output [..., 1] (Bernoulli logit) or [..., 2] (Gaussian mean, log σ).
 
         With :attr:`outcome_reads_contexts` the decoder also reads the step's next endogenous contexts ``A_next``
