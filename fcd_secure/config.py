@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from fcd_secure.data import names
 from fcd_secure.aggregation.secagg.config import SecAggPolicy
-from fcd_secure.model.config import FREE_RUNNING_KEYS, SIMULATOR_KEYS, ModelConfig
+from fcd_secure.model.config import FREE_RUNNING_KEYS, ORDER_KEY, SIMULATOR_KEYS, ModelConfig
 from fcd_secure.privacy.config import DPConfig
 from fcd_secure.errors import FcdError, first_invalid
 
@@ -290,6 +290,8 @@ class RunConfig(BaseModel):
         # the rollout that runs, not its spelling: a diffusion run's 'auto' is the 'latent' of a run from before
         # 'auto' existed, so it still resumes
         d["model"]["rollout"] = self.model.rollout_kind
+        if not d["model"].get(ORDER_KEY):  # the outcome first: the model of a run from before the key, which resumes
+            d["model"].pop(ORDER_KEY, None)
         if d["model"].get("free_running_steps") == 0:  # L_free off: its keys change nothing, and a run from before
             for k in FREE_RUNNING_KEYS:                  # they existed still resumes
                 d["model"].pop(k, None)

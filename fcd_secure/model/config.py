@@ -22,6 +22,8 @@ SIMULATOR_KEYS: dict[str, bool] = {
 #: the keys of the free-running loss (model/free_running.py), added after ``context_head``: a run folder's full dump
 #: from before they existed lacks them (read back as the loss off)
 FREE_RUNNING_KEYS = ("free_running_steps", "lambda_free_running", "free_running_stride", "free_running_discount")
+#: a key added after ``context_head`` whose off value (False) is the model from before it existed
+ORDER_KEY = "outcome_reads_contexts"
 
 
 class ModelConfig(BaseModel):
@@ -107,6 +109,19 @@ class ModelConfig(BaseModel):
             "starts as carry forward (its last layer is zero-initialised); 'direct' Â_{t+1} = g(K_t, A_t, T_t, Y_t), "
             "a free regression of the next value. Affine by measurement on the tumour oracle "
             "(model/context.py, docs/tumour.md)"
+        ),
+    )
+
+    outcome_reads_contexts: bool = Field(
+        False,
+        description=(
+            "order of a simulated step where the data has endogenous contexts: draw the step's next contexts first, "
+            "Â_{t+1} ~ p(A_{t+1} | H_t, do(T_t)) (the context head then reads no Y_t), and let the decoder read them, "
+            "Y_t ~ P(Y_t | H_t, do(T_t), Â_{t+1}); trained on the logged A_{t+1} (teacher forcing). Both orders "
+            "factor the same joint (Robins 1986; Taubman et al. 2009); this one keeps an outcome that is a function "
+            "of the next context (the tumour's Y_t = 1[d_{t+1} <= 3 cm]) consistent with it in a rollout "
+            "(model/context.py). False: the outcome first, the context head reading it. No effect without endogenous "
+            "contexts"
         ),
     )
 
@@ -216,7 +231,8 @@ class ModelConfig(BaseModel):
         """A complete model section without ``context_head`` was written before the key existed (a run folder's
         config.toml is a full dump): its run trained the direct head, so it reads back as ``"direct"`` and its
         Θc still loads. A partial section (a hand-written config) takes the default."""
-        complete = isinstance(data, dict) and set(cls.model_fields) - {"context_head", "clamp_contexts", *FREE_RUNNING_KEYS} <= set(data)
+        later = {"context_head", "clamp_contexts", ORDER_KEY, *FREE_RUNNING_KEYS}  # keys added after the head's; absent is "off"
+        complete = isinstance(data, dict) and set(cls.model_fields) - later <= set(data)
         if complete and "context_head" not in data:
             return {**data, "context_head": "direct"}
         return data

@@ -16,6 +16,19 @@ from the first simulated step after ``start_t`` on (A at ``start_t`` is observed
 decision), and exogenous columns are replayed. The head is shared (Θc): how a context responds to treatment is part
 of the causal mechanism every site has in common.
 
+The order of a simulated step (``ModelConfig.outcome_reads_contexts``). The joint p(Y_t, A_{t+1} | H_t, do(T_t)) of
+the step's outcome and next endogenous contexts may be factored either way (Robins 1986's g-formula holds for any
+order of the time-varying variables that follows T_t; the parametric g-formula simulates them in a fixed temporal
+order, Taubman et al. 2009, Int J Epidemiol 38:1599; McGrath et al. 2020, gfoRmula). The default draws Y_t first and
+this head reads it, (b, m) = g(K_t, emb(T_t), Y_t). With ``outcome_reads_contexts`` the head draws A_{t+1} first,
+(b, m) = g(K_t, emb(T_t)), and the decoder reads it: P_φ(Y_t | K_t, A_t, Â_{t+1}[:n_endo], T_t)
+(``FedCausalDiff.decode``), trained on the logged A_{t+1} (teacher forcing) wherever the log has step t+1 and on the
+head's own (detached) Â_{t+1} where it has not (a trajectory's last step). Where the world makes Y_t a function of
+A_{t+1} (the tumour's Y_t = 1[d_{t+1} <= 3 cm], docs/tumour.md) the drawn outcome then agrees with the drawn context
+by construction, where the outcome-first order let the decoder read its own last outcome Y_{t−1} against a generated
+diameter that contradicts it (docs/benchmarks.md, issue 42, "The untreated course"). The one-step
+E[Y_t | H_t, do(a)] (D₁, the factual AUC, the natural course) is then read at the head's Â_{t+1}.
+
 The head gives the conditional mean, not a draw: for a context that enters the outcome model non-linearly this is
 the plug-in approximation of g-computation (exact for linear dependence); the rollout's randomness still comes from
 the diffusion transition and the sampled outcomes it conditions on. Integer-id categorical columns are regressed as
@@ -115,12 +128,15 @@ class ContextHead(nn.Module):
         n_endogenous: leading context columns to generate.
         hidden: MLP width.
         form: ``"affine"`` or ``"direct"`` (module docstring).
+        reads_outcome: read the step's outcome Y_t (the outcome drawn first); False draws the contexts before the
+            outcome, from (K_t, A_t, emb(T_t)) alone (``ModelConfig.outcome_reads_contexts``, module docstring).
 
     Raises:
         ValueError: ``n_endogenous`` outside [1, da], or an unknown form.
     """
 
-    def __init__(self, k: int, da: int, action_emb: int, n_endogenous: int, hidden: int, form: str = "affine") -> None:
+    def __init__(self, k: int, da: int, action_emb: int, n_endogenous: int, hidden: int, form: str = "affine",
+                 reads_outcome: bool = True) -> None:
         super().__init__()
         if not 0 < n_endogenous <= da:
             raise ValueError(f"n_endogenous must be in [1, da={da}], got {n_endogenous}")
@@ -128,9 +144,10 @@ class ContextHead(nn.Module):
             raise ValueError(f"unknown context head form {form!r}; expected one of {FORMS}")
         self.n_endogenous = n_endogenous
         self.form = form
+        self.reads_outcome = reads_outcome
         affine = form == "affine"
         # the affine head reads A_t only through the skip (module docstring): its change is bounded
-        n_in = k + action_emb + 1 + (0 if affine else da)
+        n_in = k + action_emb + int(reads_outcome) + (0 if affine else da)
         # one hidden layer, as the other heads of the network (networks.mlp with depth 1)
         n_out = 2 * n_endogenous if affine else n_endogenous  # the affine head's (b, m)
         self.net = nn.Sequential(nn.Linear(n_in, hidden), nn.SiLU(), nn.Linear(hidden, n_out))
@@ -140,12 +157,22 @@ class ContextHead(nn.Module):
                 self.net[-1].weight.zero_()
                 self.net[-1].bias.zero_()
 
-    def forward(self, K: torch.Tensor, A: torch.Tensor, T_emb: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
-        """Â_{t+1} for inputs that share their leading axes (``Y`` without the feature axis)."""
+    def forward(self, K: torch.Tensor, A: torch.Tensor, T_emb: torch.Tensor, Y: torch.Tensor | None) -> torch.Tensor:
+        """Â_{t+1} for inputs that share their leading axes (``Y`` without the feature axis; read only by a head that
+        ``reads_outcome``, which requires it).
+
+        Raises:
+            ValueError: a head that reads the outcome was given none.
+        """
         n = self.n_endogenous
+        parts = [K, T_emb]
+        if self.reads_outcome:
+            if Y is None:
+                raise ValueError("this context head reads the step's outcome Y_t: give it")
+            parts.append(Y.unsqueeze(-1))
         if self.form == "direct":
-            return self.net(torch.cat([K, A, T_emb, Y.unsqueeze(-1)], dim=-1))
-        g = self.net(torch.cat([K, T_emb, Y.unsqueeze(-1)], dim=-1))
+            return self.net(torch.cat([K, A, *parts[1:]], dim=-1))
+        g = self.net(torch.cat(parts, dim=-1))
         return A[..., :n] * (1.0 + torch.tanh(g[..., n:])) + g[..., :n]
 
 

@@ -28,13 +28,31 @@ def masked_mean(v: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     return (v * m).sum(1) / m.sum(1).clamp(min=1.0)
 
 
-def outcome_nll(model: FedCausalDiff, K: torch.Tensor, A: torch.Tensor, T: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
-    """−log P_φ(Y_t | K_t, A_t, T_t) per step: Bernoulli(logit) or N(mean, σ²) with learned log σ."""
-    out = model.decode(K, A, T)
+def outcome_nll(model: FedCausalDiff, K: torch.Tensor, A: torch.Tensor, T: torch.Tensor, Y: torch.Tensor,
+                A_next: torch.Tensor | None = None) -> torch.Tensor:
+    """−log P_φ(Y_t | K_t, A_t, T_t) per step: Bernoulli(logit) or N(mean, σ²) with learned log σ. ``A_next``: the
+    step's next endogenous contexts where the decoder reads them (``FedCausalDiff.decode``)."""
+    out = model.decode(K, A, T, A_next)
     if model.cfg.outcome == "binary":
         return F.binary_cross_entropy_with_logits(out[..., 0], Y, reduction="none")
     mean, log_sigma = out[..., 0], out[..., 1].clamp(-5.0, 5.0)
     return 0.5 * ((Y - mean) * torch.exp(-log_sigma)) ** 2 + log_sigma
+
+
+def teacher_contexts(model: FedCausalDiff, K: torch.Tensor, A: torch.Tensor, T: torch.Tensor, A_after: torch.Tensor,
+                     logged: torch.Tensor) -> torch.Tensor | None:
+    """The next endogenous contexts the decoder reads in training (``ModelConfig.outcome_reads_contexts``): the logged
+    A_{t+1}[:n_endo] (``A_after``, aligned with step t) where ``logged`` [..] is 1 (teacher forcing), the context
+    head's detached Â_{t+1} where the log has no step t+1; None where the decoder reads no contexts."""
+    if not model.outcome_reads_contexts:
+        return None
+    gen = model.next_context(K, A, T, None).detach()
+    return torch.where(logged.unsqueeze(-1) > 0, A_after[..., : model.n_endogenous], gen)
+
+
+def _after(x: torch.Tensor) -> torch.Tensor:
+    """x shifted one step back along axis 1 (x_{t+1} at t), zero-padded at the end."""
+    return torch.cat([x[:, 1:], torch.zeros_like(x[:, :1])], 1)
 
 
 def _w(v: torch.Tensor, W: torch.Tensor | None) -> torch.Tensor:
@@ -47,7 +65,9 @@ def l_recon(model: FedCausalDiff, K: torch.Tensor, batch: Batch, W: torch.Tensor
     Our reading: the encoder's K_t (history before T_t) must let the decoder reproduce the factual outcome; the
     next-step inputs are not reconstructed separately (K_{t+1} is the diffusion's target, which covers it).
     """
-    return masked_mean(_w(outcome_nll(model, K, batch.A, batch.T, batch.Y), W), batch.M)
+    A, T, M = batch.A, batch.T, batch.M
+    nxt = teacher_contexts(model, K, A, T, _after(A), M * _after(M))
+    return masked_mean(_w(outcome_nll(model, K, A, T, batch.Y, nxt), W), M)
 
 
 def l_diff(model: FedCausalDiff, K: torch.Tensor, batch: Batch, W: torch.Tensor | None = None) -> torch.Tensor:
@@ -193,6 +213,7 @@ def l_cf(model: FedCausalDiff, K: torch.Tensor, batch: Batch, W: torch.Tensor | 
         return torch.cat([x, z], 1)
 
     Ap, Tp, Yp, Mp = pad(A), pad(T), pad(Y), pad(M)
+    Ap1, Mp1 = _after(Ap), Mp * _after(Mp)  # the logged next contexts, where the decoder reads them
     Wp = None if W is None else pad(W)
     # by default the gradient also shapes the encoder's K_t so that the transition can carry it forward; the
     # detached variant only fits the transition and decoder to a fixed encoder (worse effects on DKT-Synth)
@@ -203,7 +224,9 @@ def l_cf(model: FedCausalDiff, K: torch.Tensor, batch: Batch, W: torch.Tensor | 
         Kh = model.transition(Kh, Ap[:, r - 1 : r - 1 + Lp], Tp[:, r - 1 : r - 1 + Lp], sampler="ddim",
                               steps=cfg.cf_sampler_steps, y=y_prev)
         m = Mp[:, r : r + Lp] * M[:, :Lp]
-        nll = outcome_nll(model, Kh, Ap[:, r : r + Lp], Tp[:, r : r + Lp], Yp[:, r : r + Lp])
+        sl = slice(r, r + Lp)
+        nxt = teacher_contexts(model, Kh, Ap[:, sl], Tp[:, sl], Ap1[:, sl], Mp1[:, sl])
+        nll = outcome_nll(model, Kh, Ap[:, sl], Tp[:, sl], Yp[:, sl], nxt)
         total = total + masked_mean(_w(nll, None if Wp is None else Wp[:, r : r + Lp]), m)
     return total / R
 

@@ -23,7 +23,8 @@ head_c             Θc        h_t → K^(c)_t
 head_s             Θs        h_t → K^(s)_t (site-local confounding latent)
 eps_c              Θc        ε_c(K^(n)_{t+1}, n, K_t, A_t, T_t)
 eps_s              Θs        ε_s(K^(n)_{t+1}, n, K_t, A_t)  — no T_t: confounding is not an effect of the action
-decoder            Θc        P_φ(Y_t | K_t, A_t, T_t) — by default one read-out per action, the taken one gathered
+decoder            Θc        P_φ(Y_t | K_t, A_t, T_t) — by default one read-out per action, the taken one gathered;
+                             with ``cfg.outcome_reads_contexts`` it also reads Â_{t+1}[:n_endo] (``context.py``)
 site_disc          Θc        site classifier behind the gradient-reversal layer on K^(c) (shared: trap 2)
 parallel_head      Θs        the parallel head on K^(s) (L_dis)
 context_head       Θc        Â_{t+1} = A_t·(1 + tanh m) + b, (b, m) = g(K_t, T_t, Y_t), of the endogenous contexts
@@ -117,16 +118,21 @@ class FedCausalDiff(nn.Module):
         self.eps_c = mlp(k + temb + k + da + dy + E, k, H)
         self.eps_s = mlp(k + temb + k + da + dy, k, H)
         self.n_out = 2 if cfg.outcome == "gaussian" else 1
+        n_endo = n_endogenous if cfg.use_context else 0
+        #: the decoder reads the step's next endogenous contexts Â_{t+1} (``cfg.outcome_reads_contexts``; context.py)
+        self.outcome_reads_contexts = bool(cfg.outcome_reads_contexts and n_endo)
+        d_dec = k + da + (n_endo if self.outcome_reads_contexts else 0)
         if cfg.decoder_head == "per_action":
             # DKT-style read-out: one output per action from (K_t, A_t), the taken one gathered
-            self.decoder = mlp(k + da, n_actions * self.n_out, H)
+            self.decoder = mlp(d_dec, n_actions * self.n_out, H)
         else:
-            self.decoder = mlp(k + da + E, self.n_out, H)
+            self.decoder = mlp(d_dec + E, self.n_out, H)
         self.site_disc = mlp(kc, n_sites, H, depth=1)
         n_par = n_actions if cfg.dis_parallel_target == "action" else n_sites
         self.parallel_head = mlp(ks, n_par, H, depth=1)
-        self.n_endogenous = n_endogenous if cfg.use_context else 0
-        self.context_head = (ContextHead(k, da, E, self.n_endogenous, H, form=cfg.context_head)
+        self.n_endogenous = n_endo
+        self.context_head = (ContextHead(k, da, E, self.n_endogenous, H, form=cfg.context_head,
+                                         reads_outcome=not self.outcome_reads_contexts)
                              if self.n_endogenous else None)
         # built last and only when used, so that the other modules' initial values do not depend on the switch
         self.propensity_head = mlp(cfg.hidden, n_actions, H, depth=1) if cfg.ipw != "off" else None
@@ -245,22 +251,35 @@ class FedCausalDiff(nn.Module):
         raise ValueError(f"unknown sampler {sampler!r}; expected 'ddpm' or 'ddim'")
 
     # -- Phase C ---------------------------------------------------------------------------------------------
-    def decode(self, K: torch.Tensor, A: torch.Tensor, T: torch.Tensor) -> torch.Tensor:
-        """Decoder output [..., 1] (Bernoulli logit) or [..., 2] (Gaussian mean, log σ)."""
+    def decode(
+        self, K: torch.Tensor, A: torch.Tensor, T: torch.Tensor, A_next: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Decoder output [..., 1] (Bernoulli logit) or [..., 2] (Gaussian mean, log σ).
+
+        With :attr:`outcome_reads_contexts` the decoder also reads the step's next endogenous contexts ``A_next``
+        ``[..., n_endogenous]`` (a rollout's drawn Â_{t+1}, the logged A_{t+1} in training); ``None`` reads the context
+        head's Â_{t+1} given (K_t, A_t, T_t), detached, so that the outcome's loss never bends the head (the one-step
+        E[Y_t | H_t, do(T_t)] at the head's conditional mean; ``context.py``). Without it ``A_next`` is ignored.
+        """
+        parts = [K, A]
+        if self.outcome_reads_contexts:
+            parts.append(self.next_context(K, A, T, None).detach() if A_next is None else A_next)
         if self.cfg.decoder_head == "per_action":
-            out = self.decoder(torch.cat([K, A], dim=-1))
+            out = self.decoder(torch.cat(parts, dim=-1))
             out = out.view(*out.shape[:-1], self.n_actions, self.n_out)
             idx = T.unsqueeze(-1).unsqueeze(-1).expand(*T.shape, 1, self.n_out)
             return out.gather(-2, idx).squeeze(-2)
-        return self.decoder(torch.cat([K, A, self.action_emb(T)], dim=-1))
+        return self.decoder(torch.cat([*parts, self.action_emb(T)], dim=-1))
 
     def outcome_mean(self, K: torch.Tensor, A: torch.Tensor, T: torch.Tensor) -> torch.Tensor:
-        """E[Y_t | K_t, A_t, T_t]: a probability for binary Y, the Gaussian mean otherwise."""
+        """E[Y_t | K_t, A_t, T_t]: a probability for binary Y, the Gaussian mean otherwise (with
+        :attr:`outcome_reads_contexts`, at the context head's Â_{t+1}: :meth:`decode`)."""
         out = self.decode(K, A, T)
         return torch.sigmoid(out[..., 0]) if self.cfg.outcome == "binary" else out[..., 0]
 
-    def next_context(self, K: torch.Tensor, A: torch.Tensor, T: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
-        """Â_{t+1}: the generated endogenous contexts [..., n_endogenous] after (K_t, A_t, T_t, Y_t) (``context.py``).
+    def next_context(self, K: torch.Tensor, A: torch.Tensor, T: torch.Tensor, Y: torch.Tensor | None) -> torch.Tensor:
+        """Â_{t+1}: the generated endogenous contexts [..., n_endogenous] after (K_t, A_t, T_t, Y_t) (``context.py``);
+        with :attr:`outcome_reads_contexts` the head is drawn before the outcome and reads no ``Y`` (None allowed).
 
         Raises:
             RuntimeError: the network has no context head (no endogenous contexts, or ``use_context`` off).
