@@ -53,6 +53,7 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 import argparse  # noqa: E402
 import copy  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -719,11 +720,27 @@ def tilt_checks(cfg: Any, sims: list[Any], sites: list[Any], rnd: int) -> dict[s
         per[name] = {"sim": float(sim.mean()), "dr": iv.estimate, "dr_se": iv.se, "gap": pair.estimate,
                      "pair_se": pair.se, "z_dr": pair.estimate / iv.se, "z_pair": pair.estimate / pair.se,
                      "ess": float(ess)}
+    return {"tilts": per, **tilt_summaries(per)}
+
+
+#: the tilts paired into a contrast towards a_on against away from it (:func:`tilt_summaries`)
+TILT_PAIRS = (("inc_on_x2", "inc_on_x0_5"), ("share_on_20", "share_off_20"))
+
+
+def tilt_summaries(per: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The finite-tilt check's summaries from its per-tilt figures (:func:`tilt_checks`): max and mean |z| over the
+    tilts (z by the DR's SE, and by the paired SE: ``zp``), the mean |gap|, and for each pair of :data:`TILT_PAIRS`
+    the gap of the contrast (simulated − DR of the tilt towards a_on less that of the tilt away from it: the level
+    gap the natural course already reads cancels, the slope towards the regimens stays), its mean |·| over the pairs
+    and max |z| by the conservative SE √(SE_on² + SE_off²) of the two paired SEs (their positive covariance over
+    the shared rows is ignored)."""
     z_dr = [abs(p["z_dr"]) for p in per.values()]
     z_pair = [abs(p["z_pair"]) for p in per.values()]
-    return {"tilts": per, "tilt_max_z": max(z_dr), "tilt_mean_z": float(np.mean(z_dr)),
-            "tilt_max_zp": max(z_pair), "tilt_mean_zp": float(np.mean(z_pair)),
-            "tilt_gap": float(np.mean([abs(p["gap"]) for p in per.values()]))}
+    con = [(per[a]["gap"] - per[b]["gap"], math.hypot(per[a]["pair_se"], per[b]["pair_se"])) for a, b in TILT_PAIRS]
+    return {"tilt_max_z": max(z_dr), "tilt_mean_z": float(np.mean(z_dr)), "tilt_max_zp": max(z_pair),
+            "tilt_mean_zp": float(np.mean(z_pair)), "tilt_gap": float(np.mean([abs(p["gap"]) for p in per.values()])),
+            "tilt_contrast_gap": float(np.mean([abs(g) for g, _ in con])),
+            "tilt_contrast_z": max(abs(g) / se for g, se in con)}
 
 
 def spearman_ci(a: list[float], b: list[float], seed: int = 0) -> tuple[float, float, float]:
@@ -740,7 +757,8 @@ def spearman_ci(a: list[float], b: list[float], seed: int = 0) -> tuple[float, f
 
 
 #: the finite-tilt check's summaries (:func:`tilt_checks`) that ``--spearman`` ranks the candidates by
-TILT_KEYS = ("tilt_max_z", "tilt_mean_z", "tilt_max_zp", "tilt_mean_zp", "tilt_gap")
+TILT_KEYS = ("tilt_max_z", "tilt_mean_z", "tilt_max_zp", "tilt_mean_zp", "tilt_gap", "tilt_contrast_gap",
+             "tilt_contrast_z")
 
 
 def spearman_table(cands: list[dict[str, Any]]) -> dict[str, Any]:
