@@ -53,6 +53,7 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 import argparse  # noqa: E402
 import copy  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -626,10 +627,13 @@ def candidates_of(run_dirs: list[Path], done: dict[tuple[str, int], dict[str, An
                             "values": {n: pol[n]["value_sim"] for n in REGIMENS},
                             "truth": {n: pol[n]["value_true"] for n in REGIMENS}})
             for cand in out[-2 if frozen else -1:]:  # the truth-free checks read by --spearman, once per candidate
-                if "rs_step_gap" not in cand:
+                missing = [f for f, key in ((regimen_checks, "rs_step_gap"), (tilt_checks, "tilt_max_z"))
+                           if key not in cand]
+                if missing:
                     ms = [rt.load_for_eval(theta, "theta_c", restore_round=rnd) for rt in sites]
-                    cand.update(regimen_checks(cfg, [frozen_contexts(m) for m in ms]
-                                               if cand["run"].endswith("+frozen") else ms, sites, rnd))
+                    ms = [frozen_contexts(m) for m in ms] if cand["run"].endswith("+frozen") else ms
+                    for check in missing:
+                        cand.update(check(cfg, ms, sites, rnd))
             _status(f"{run_dir.name} round {rnd}: NC gap {row['nc_gap']:.4f}, true error {out[-1]['true_error']:.4f} "
                     f"({time.perf_counter() - t0:.0f} s)")
     return out
@@ -663,6 +667,82 @@ def regimen_checks(cfg: Any, sims: list[Any], sites: list[Any], rnd: int) -> dic
             "rs_max_z": rs.get("max_abs_z"), "dh_val": hs.discrepancy().d1() if hs.n else None}
 
 
+#: ``--spearman``: the finite tilts of the logging policy towards each anchor whose simulated whole-trajectory value
+#: is compared with its sequential DR value on the validation rows (:func:`tilt_checks`): Kennedy's (2019)
+#: incremental interventions, odds of a_on × 2 and × ½, and Díaz et al.'s (2023) share policies, a_on or a_off at
+#: 20 % of the steps
+TILTS = (("inc_on_x2", {"kind": "incremental", "delta": 2.0, "action": "anchor:on"}),
+         ("inc_on_x0_5", {"kind": "incremental", "delta": 0.5, "action": "anchor:on"}),
+         ("share_on_20", {"kind": "share", "share": 0.2, "action": "anchor:on"}),
+         ("share_off_20", {"kind": "share", "share": 0.2, "action": "anchor:off"}))
+
+
+def tilt_checks(cfg: Any, sims: list[Any], sites: list[Any], rnd: int) -> dict[str, Any]:
+    """The finite-tilt check of one candidate on the sites' validation rows (the run's evaluation seed): for each
+    policy of :data:`TILTS` over the whole trajectory, the simulator's plug-in value (``queries.policy_terms``' rollout
+    from t = 0, the product's simulated value) against its sequential doubly robust value (``queries.sequential_dr``:
+    the same simulator's history-conditioned Q̂ corrected with the logged propensities; Bang & Robins 2005). With the
+    right propensities the DR value is consistent whatever the simulator, and a tilt's weights are ratios near 1, so
+    its effective sample survives 30 steps (Kennedy 2019): the gap tests the simulator away from the logging policy,
+    in the regimens' direction. Per tilt the gap, the DR value's SE, and the SE of the paired per-entity difference
+    (simulated − DR: the noise both share drops out); summaries max and mean |z| over the tilts for each SE, and the
+    mean |gap|. ``rnd`` is unused (the signature of :func:`regimen_checks`)."""
+    from fcd_secure.data.policy import Policy
+    from fcd_secure.evaluation.intervals import interval_from_sums, site_sums
+    from fcd_secure.experiments.evaluate import full_eval_config
+    from fcd_secure.federation import learner
+    from fcd_secure.queries.base import SiteContext
+    from fcd_secure.queries.evaluation import EVAL_SALT
+    from fcd_secure.queries.policy_terms import rollouts
+    from fcd_secure.queries.request import WhatIfRequest
+    from fcd_secure.queries.sequential_dr import sdr_history_q, sequential_dr_per_entity
+    from fcd_secure.queries.targeted import support_of
+
+    pols = [Policy.model_validate({"name": n, "rule": rule}) for n, rule in TILTS]
+    request = full_eval_config(cfg).model_copy(update={"whatif": WhatIfRequest(policies=pols, reference=pols[0].name)})
+    got: dict[str, dict[str, list[np.ndarray]]] = {n: {"sim": [], "dr": [], "w": []} for n, _ in TILTS}
+    for m, rt in zip(sims, sites):
+        val = rt.data.validation
+        ctx = SiteContext(model=m, data=rt.data, cfg=cfg, request=request, rows=np.arange(val.n), sub=val,
+                          seed=learner.round_seed(cfg.seed, 0, rt.data.site_index, EVAL_SALT))
+        terms = rollouts(ctx)
+        hq = sdr_history_q(ctx, terms)
+        for r, (q_hat, v_hat), w in zip(terms.policies, hq.qv, hq.weights):
+            got[r.name]["sim"].append(r.value)
+            got[r.name]["dr"].append(sequential_dr_per_entity(val.Y, val.M, val.P, r.pi, q_hat, v_hat, hq.horizon))
+            got[r.name]["w"].append(w)
+    per: dict[str, dict[str, float]] = {}
+    for name, g in got.items():
+        sim, dr, w = (np.concatenate(g[k]) for k in ("sim", "dr", "w"))
+        iv = interval_from_sums(site_sums("dr", dr), "dr")
+        pair = interval_from_sums(site_sums("d", sim - dr), "d")
+        ess = support_of({"w.sw": float(w.sum()), "w.sww": float((w * w).sum())}, "w", float(len(w)))["ess"]
+        per[name] = {"sim": float(sim.mean()), "dr": iv.estimate, "dr_se": iv.se, "gap": pair.estimate,
+                     "pair_se": pair.se, "z_dr": pair.estimate / iv.se, "z_pair": pair.estimate / pair.se,
+                     "ess": float(ess)}
+    return {"tilts": per, **tilt_summaries(per)}
+
+
+#: the tilts paired into a contrast towards a_on against away from it (:func:`tilt_summaries`)
+TILT_PAIRS = (("inc_on_x2", "inc_on_x0_5"), ("share_on_20", "share_off_20"))
+
+
+def tilt_summaries(per: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The finite-tilt check's summaries from its per-tilt figures (:func:`tilt_checks`): max and mean |z| over the
+    tilts (z by the DR's SE, and by the paired SE: ``zp``), the mean |gap|, and for each pair of :data:`TILT_PAIRS`
+    the gap of the contrast (simulated − DR of the tilt towards a_on less that of the tilt away from it: the level
+    gap the natural course already reads cancels, the slope towards the regimens stays), its mean |·| over the pairs
+    and max |z| by the conservative SE √(SE_on² + SE_off²) of the two paired SEs (their positive covariance over
+    the shared rows is ignored)."""
+    z_dr = [abs(p["z_dr"]) for p in per.values()]
+    z_pair = [abs(p["z_pair"]) for p in per.values()]
+    con = [(per[a]["gap"] - per[b]["gap"], math.hypot(per[a]["pair_se"], per[b]["pair_se"])) for a, b in TILT_PAIRS]
+    return {"tilt_max_z": max(z_dr), "tilt_mean_z": float(np.mean(z_dr)), "tilt_max_zp": max(z_pair),
+            "tilt_mean_zp": float(np.mean(z_pair)), "tilt_gap": float(np.mean([abs(p["gap"]) for p in per.values()])),
+            "tilt_contrast_gap": float(np.mean([abs(g) for g, _ in con])),
+            "tilt_contrast_z": max(abs(g) / se for g, se in con)}
+
+
 def spearman_ci(a: list[float], b: list[float], seed: int = 0) -> tuple[float, float, float]:
     """Spearman's ρ of ``a`` and ``b`` (``benchmarks/selection.py``'s) and its percentile bootstrap interval over
     the candidates (:data:`SPEARMAN_BOOT` resamples, level :data:`SPEARMAN_LEVEL`; Efron & Tibshirani 1993, ch. 13)."""
@@ -676,6 +756,11 @@ def spearman_ci(a: list[float], b: list[float], seed: int = 0) -> tuple[float, f
     return rho, float(lo), float(hi)
 
 
+#: the finite-tilt check's summaries (:func:`tilt_checks`) that ``--spearman`` ranks the candidates by
+TILT_KEYS = ("tilt_max_z", "tilt_mean_z", "tilt_max_zp", "tilt_mean_zp", "tilt_gap", "tilt_contrast_gap",
+             "tilt_contrast_z")
+
+
 def spearman_table(cands: list[dict[str, Any]]) -> dict[str, Any]:
     """The candidates one by one and the Spearman ρ of the natural-course gap (and beside it of D1, of the regimen
     score check's per-step and whole-trajectory gaps and max |z|, and of D_h, :func:`regimen_checks`) against the
@@ -686,16 +771,17 @@ def spearman_table(cands: list[dict[str, Any]]) -> dict[str, Any]:
     con = Console(width=200)
     t = Table(title="natural course against the truth, candidate by candidate (whole trajectory, test rows)")
     for col in ("run", "round", "NC gap", "NC max |z|", "D1", "RS step |gap|", "RS |gap|", "RS max |z|", "D_h",
-                "true error", *REGIMENS):
+                "tilt max |z|", "tilt mean |z| (paired)", "true error", *REGIMENS):
         t.add_column(col, justify="right")
     for c in sorted(cands, key=lambda c: c["nc_gap"]):
         t.add_row(c["run"], str(c["round"]), _f(c["nc_gap"], ".4f"), _f(c["nc_max_z"], ".2f"), _f(c["d1"], ".4f"),
                   _f(c.get("rs_step_gap"), ".4f"), _f(c.get("rs_gap"), ".4f"), _f(c.get("rs_max_z"), ".2f"),
-                  _f(c.get("dh_val"), ".4f"), _f(c["true_error"], ".4f"), *[_f(c["values"][n]) for n in REGIMENS])
+                  _f(c.get("dh_val"), ".4f"), _f(c.get("tilt_max_z"), ".2f"), _f(c.get("tilt_mean_zp"), ".2f"),
+                  _f(c["true_error"], ".4f"), *[_f(c["values"][n]) for n in REGIMENS])
     con.print(t)
     truth = [c["true_error"] for c in cands]
     out = {"n": len(cands)}
-    for key in ("nc_gap", "nc_max_z", "d1", "rs_step_gap", "rs_gap", "rs_max_z", "dh_val"):
+    for key in ("nc_gap", "nc_max_z", "d1", "rs_step_gap", "rs_gap", "rs_max_z", "dh_val", *TILT_KEYS):
         rho, lo, hi = spearman_ci([np.nan if c.get(key) is None else c[key] for c in cands], truth)
         out[key] = {"rho": rho, "low": lo, "high": hi}
         con.print(f"Spearman({key}, true whole-trajectory error) over {len(cands)} candidates: {rho:+.3f} "
@@ -925,7 +1011,8 @@ def main() -> None:
                     help="rank the scored rounds of these finished run folders (one world and seed; run with "
                     "--eval-every 1 to score every round) by their natural-course gap against their true "
                     "whole-trajectory error: the table candidate by candidate and Spearman's ρ with its bootstrap CI; "
-                    "beside it the same for D1, the regimen-directed score check and D_h (validation rows)")
+                    "beside it the same for D1, the regimen-directed score check, D_h and the finite-tilt check "
+                    "(validation rows)")
     ap.add_argument("--spearman-frozen", action="store_true",
                     help="with --spearman: each round's contexts-frozen copy is a candidate too")
     ap.add_argument("--cost", type=int, default=None, metavar="ROUNDS",
