@@ -262,11 +262,6 @@ class RunConfig(BaseModel):
         if self.dp.enabled and not SIMULATOR_KEYS[name]:
             raise ValueError(f"dp.enabled: DP-SGD trains Fed-CausalDiff's local objective (privacy.engine); "
                              f"model.simulator = {self.model.simulator!r} has none")
-        if self.dp.enabled and self.model.outcome_reads_contexts:
-            # refused before any work: Opacus' hooks give the context head drawn before the outcome no per-sample
-            # gradient, so the first DP step would fail mid-run (privacy.engine refuses it on a site as well)
-            raise ValueError("model.outcome_reads_contexts = true does not run under DP-SGD yet (dp.enabled): the context "
-                             "head drawn before the outcome gets no per-sample gradient; set one of them false")
         return self
 
     # -- identity ------------------------------------------------------------------------------------

@@ -139,10 +139,3 @@ def test_the_free_running_loss_runs_with_the_contexts_first(trained):
     loss.sum().backward()
     assert model.decoder[0].weight.grad.abs().sum() > 0 and model.context_head.net[-1].weight.grad.abs().sum() > 0
 
-
-def test_the_contexts_first_order_is_refused_under_dp_before_any_work():
-    # Opacus' hooks give the context head drawn first no per-sample gradient (grad_sample None for the head and the
-    # action embedding), so a DP run would fail at its first step: the configuration is refused up front instead
-    with pytest.raises(Exception, match="outcome_reads_contexts"):
-        build_config("tiny", {"dp": {"enabled": True}, "model": {"outcome_reads_contexts": True}})
-    build_config("tiny", {"dp": {"enabled": True}})  # the default order still runs under DP

@@ -110,23 +110,26 @@ def test_per_sample_gradients_equal_a_loop_of_single_record_batches():
     assert (trunk > 0).all()
 
 
+@pytest.mark.parametrize("first", [False, True], ids=["outcome-first", "contexts-first"])
 @pytest.mark.parametrize("form", ["affine", "direct"])
-def test_the_context_head_keeps_per_sample_gradients_in_every_form(form):
-    """L_context is per sample in every form of the head (model/context.py): Opacus' rows equal single-record
-    gradients, the head's own parameters included."""
-    got = hooked_rows_are_single_record_gradients(tiny_cfg(transition="deterministic", context_head=form),
-                                                  tiny_site(seed=5), {"context"}, n_endogenous=1)
+def test_the_context_head_keeps_per_sample_gradients_in_every_form(form, first):
+    """L_context is per sample in every form of the head (model/context.py) and in either order of a step
+    (``outcome_reads_contexts``: the decoder then reads the logged or the head's detached contexts): Opacus' rows
+    equal single-record gradients, the head's own parameters included."""
+    cfg = tiny_cfg(transition="deterministic", context_head=form, outcome_reads_contexts=first)
+    got = hooked_rows_are_single_record_gradients(cfg, tiny_site(seed=5), {"context"}, n_endogenous=1)
     head = got["context_head.net.0.weight"].flatten(1).norm(dim=1)
     assert (head > 0).any()
 
 
+@pytest.mark.parametrize("first", [False, True], ids=["outcome-first", "contexts-first"])
 @pytest.mark.parametrize("rollout", ["latent", "encoder"])
-def test_the_free_running_loss_keeps_per_sample_gradients(rollout):
+def test_the_free_running_loss_keeps_per_sample_gradients(rollout, first):
     """L_free (model/free_running.py) rolls every start step forward on the record's own axis, or the encoder one
     step at a time: Opacus' rows equal single-record gradients with the loss on, the context head fed back through
     its own outputs and the encoder's repeated steps included."""
-    hooked_rows_are_single_record_gradients(tiny_cfg(transition="deterministic", free_running_steps=3, rollout=rollout),
-                                            tiny_site(seed=7), {"free"}, n_endogenous=1)
+    cfg = tiny_cfg(transition="deterministic", free_running_steps=3, rollout=rollout, outcome_reads_contexts=first)
+    hooked_rows_are_single_record_gradients(cfg, tiny_site(seed=7), {"free"}, n_endogenous=1)
 
 
 @pytest.mark.parametrize("align", ["reference", "batch_mmd"])

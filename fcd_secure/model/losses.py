@@ -46,7 +46,8 @@ def teacher_contexts(model: FedCausalDiff, K: torch.Tensor, A: torch.Tensor, T: 
     head's detached Â_{t+1} where the log has no step t+1; None where the decoder reads no contexts."""
     if not model.outcome_reads_contexts:
         return None
-    gen = model.next_context(K, A, T, None).detach()
+    with torch.no_grad():  # detached: and no activation kept for Opacus' hooks, whose backward would pop it
+        gen = model.next_context(K, A, T, None)
     return torch.where(logged.unsqueeze(-1) > 0, A_after[..., : model.n_endogenous], gen)
 
 

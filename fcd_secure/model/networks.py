@@ -263,7 +263,10 @@ class FedCausalDiff(nn.Module):
         """
         parts = [K, A]
         if self.outcome_reads_contexts:
-            parts.append(self.next_context(K, A, T, None).detach() if A_next is None else A_next)
+            if A_next is None:  # no_grad, not only detach: Opacus' hooks keep no activation of a call no loss reads
+                with torch.no_grad():
+                    A_next = self.next_context(K, A, T, None)
+            parts.append(A_next)
         if self.cfg.decoder_head == "per_action":
             out = self.decoder(torch.cat(parts, dim=-1))
             out = out.view(*out.shape[:-1], self.n_actions, self.n_out)

@@ -496,9 +496,6 @@ def train_round_private(
     cfg = model_cfg.model_copy(update={"dp_mode": True, "align_under_dp": site.cfg.align_under_dp})
     if not cfg.per_sample_safe:
         raise ValueError(f"dp: batch-coupled loss terms {cfg.batch_coupled_terms} cannot run under DP-SGD")
-    if cfg.outcome_reads_contexts:  # before the budget is touched: Opacus gives that head no per-sample gradient
-        raise ValueError("dp: model.outcome_reads_contexts = true cannot run under DP-SGD yet (the context head drawn "
-                         "before the outcome gets no per-sample gradient from Opacus' hooks)")
     reservation = site.reserve_round(epochs * steps_per_epoch(site.n_site, site.batch_size), round_id=round_id)
     steps_taken = 0
     frozen = _unused_parameters(model, ds, cfg, site_index, n_sites)
