@@ -70,7 +70,7 @@ def test_an_untrained_affine_head_carries_every_context_forward_exactly():
 
 
 def test_the_direct_head_does_not_start_as_carry_forward_and_the_earlier_modules_do_not_see_the_form():
-    built = {f: FedCausalDiff.from_dims(ModelConfig(k_causal=4, k_site=2, context_head=f), 2, 3, 4, 2, 2)
+    built = {f: FedCausalDiff.from_dims(ModelConfig(k_causal=4, k_site=2, context_head=f, outcome_reads_contexts=False), 2, 3, 4, 2, 2)
              for f in FORMS}
     K, A, T, Y = head_inputs()
     with torch.no_grad():
@@ -85,8 +85,11 @@ def test_the_direct_head_does_not_start_as_carry_forward_and_the_earlier_modules
     # manifest says so to every site
     shapes = {f: {e.name: e.shape for e in build_manifest(m).entries} for f, m in built.items()}
     H, k, E = ModelConfig().mlp_hidden, 6, ModelConfig().action_emb
+    # (the outcome first: the head reads Y_t, the last input column; drawn before the outcome it reads no Y_t)
     assert shapes["direct"]["context_head.net.0.weight"] == (H, k + 3 + E + 1)
     assert shapes["affine"]["context_head.net.0.weight"] == (H, k + E + 1)
+    first = FedCausalDiff.from_dims(ModelConfig(k_causal=4, k_site=2, context_head="affine"), 2, 3, 4, 2, 2)
+    assert {e.name: e.shape for e in build_manifest(first).entries}["context_head.net.0.weight"] == (H, k + E)
     assert shapes["affine"]["context_head.net.2.weight"] == (4, H)
     assert shapes["direct"]["context_head.net.2.weight"] == (2, H)
 

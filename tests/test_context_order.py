@@ -69,14 +69,24 @@ def trained():
 def test_the_setting_changes_nothing_without_endogenous_contexts_and_off_keeps_the_hash():
     ds = make_ds(n=8, L=4)  # no endogenous context (DKT-Synth's case)
     on = FedCausalDiff.from_dims(TINY.model_copy(update={"outcome_reads_contexts": True}), ds.dx, ds.da, ds.n_actions, 3)
-    off = FedCausalDiff.from_dims(TINY, ds.dx, ds.da, ds.n_actions, 3)
+    off = FedCausalDiff.from_dims(TINY.model_copy(update={"outcome_reads_contexts": False}), ds.dx, ds.da, ds.n_actions, 3)
     assert not on.outcome_reads_contexts
     a, b = on.state_dict(), off.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    # off is the model from before the key: its runs keep their training hash; on trains another model
+    # on is the default; off is the model from before the key, whose runs keep their training hash: another model
     base = build_config("tiny")
-    assert build_config("tiny", {"model": {"outcome_reads_contexts": False}}).training_hash() == base.training_hash()
-    assert build_config("tiny", {"model": {"outcome_reads_contexts": True}}).training_hash() != base.training_hash()
+    assert base.model.outcome_reads_contexts
+    assert build_config("tiny", {"model": {"outcome_reads_contexts": True}}).training_hash() == base.training_hash()
+    assert build_config("tiny", {"model": {"outcome_reads_contexts": False}}).training_hash() != base.training_hash()
+
+
+def test_a_run_folder_written_before_the_key_reads_back_with_the_outcome_first():
+    # a run folder's config.toml is a complete dump: one written before the key trained the outcome first and must
+    # resume as that model, while a hand-written partial section takes the default
+    dump = build_config("tiny").model.model_dump()
+    dump.pop("outcome_reads_contexts")
+    assert ModelConfig.model_validate(dump).outcome_reads_contexts is False
+    assert ModelConfig.model_validate({"hidden": 16}).outcome_reads_contexts is True
 
 
 def test_training_feeds_the_decoder_the_logged_next_context(trained):

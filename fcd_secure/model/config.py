@@ -113,15 +113,17 @@ class ModelConfig(BaseModel):
     )
 
     outcome_reads_contexts: bool = Field(
-        False,
+        True,
         description=(
             "order of a simulated step where the data has endogenous contexts: draw the step's next contexts first, "
             "Â_{t+1} ~ p(A_{t+1} | H_t, do(T_t)) (the context head then reads no Y_t), and let the decoder read them, "
             "Y_t ~ P(Y_t | H_t, do(T_t), Â_{t+1}); trained on the logged A_{t+1} (teacher forcing). Both orders "
             "factor the same joint (Robins 1986; Taubman et al. 2009); this one keeps an outcome that is a function "
             "of the next context (the tumour's Y_t = 1[d_{t+1} <= 3 cm]) consistent with it in a rollout "
-            "(model/context.py). False: the outcome first, the context head reading it. No effect without endogenous "
-            "contexts"
+            "(model/context.py). On by measurement (issue 42, docs/benchmarks.md): tumour's always − never error "
+            "0.045 / 0.074 / 0.091 -> 0.005 / 0.050 / 0.046 on seeds 0-2, carry-over's 0.050 / 0.128 / 0.034 -> 0.004 / "
+            "0.022 / 0.042 (with clamp_contexts = 'floor'). False: the outcome first, the context head reading it (the "
+            "model of a run folder written before the key). No effect without endogenous contexts"
         ),
     )
 
@@ -230,12 +232,14 @@ class ModelConfig(BaseModel):
     def _written_before_context_head(cls, data: Any) -> Any:
         """A complete model section without ``context_head`` was written before the key existed (a run folder's
         config.toml is a full dump): its run trained the direct head, so it reads back as ``"direct"`` and its
-        Θc still loads. A partial section (a hand-written config) takes the default."""
+        Θc still loads; likewise a complete section without ``outcome_reads_contexts`` trained the outcome first and
+        reads back as False. A partial section (a hand-written config) takes the defaults."""
         later = {"context_head", "clamp_contexts", ORDER_KEY, *FREE_RUNNING_KEYS}  # keys added after the head's; absent is "off"
         complete = isinstance(data, dict) and set(cls.model_fields) - later <= set(data)
-        if complete and "context_head" not in data:
-            return {**data, "context_head": "direct"}
-        return data
+        if not complete:
+            return data
+        before = {"context_head": "direct", ORDER_KEY: False}
+        return {**{k: v for k, v in before.items() if k not in data}, **data}
 
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":
