@@ -17,7 +17,7 @@ from fcd_secure.data.spec import DatasetSpec
 from fcd_secure.model import FedCausalDiff, ModelConfig, train_local
 from fcd_secure.model.context import FORMS
 from fcd_secure.model.manifest import build_manifest
-from fcd_secure.model.baselines import FedCausalDiffSimulator
+from tests.test_model_context import kept_range
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -163,8 +163,8 @@ def test_a_trained_affine_head_beats_carry_forward_one_step_ahead(growth):
 def test_a_trained_affine_head_beats_carry_forward_over_a_rollout(growth):
     test, model = growth
     # the logged actions as the plan: the logged marker is the truth (its noise is 1 % of a step's change)
-    sim = FedCausalDiffSimulator(model).simulate(test, test.T.astype(np.int64), n_samples=2, seed=0, horizon=L,
-                                                 keep_contexts=True)
+    sim = kept_range(model, test).simulate(test, test.T.astype(np.int64), n_samples=2, seed=0, horizon=L,
+                                           keep_contexts=True)
     gen = sim.context_values[..., 0].mean(axis=1)  # [n, L]
     ok = test.M[:, -1] > 0
     truth = test.A[ok, -1, 0]

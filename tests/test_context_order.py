@@ -16,10 +16,10 @@ from fcd_secure.config import build_config
 from fcd_secure.data.preprocess import build_dataset
 from fcd_secure.data.spec import DatasetSpec
 from fcd_secure.model import FedCausalDiff, ModelConfig, train_local
-from fcd_secure.model.baselines import FedCausalDiffSimulator
 from fcd_secure.model.batch import dataset_tensors
 from fcd_secure.model.free_running import l_free_running
 from fcd_secure.model.losses import teacher_contexts
+from tests.test_model_context import kept_range
 from tests.test_model_core import TINY, make_ds
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -117,7 +117,7 @@ def test_a_rollout_draws_the_contexts_first_and_its_outcome_agrees_with_them(tra
     # dose every other step: the marker swings across the threshold (cycle 1.125 / 0.375), so the link is tested
     # on both sides of it
     alternate = np.arange(L) % 2
-    sim = FedCausalDiffSimulator(model).simulate(ds, alternate, n_samples=3, seed=5, keep_contexts=True)
+    sim = kept_range(model, ds).simulate(ds, alternate, n_samples=3, seed=5, keep_contexts=True)
     n, S, H = sim.probs.shape
     drawn = sim.context_values[..., 0]  # [n, S, H]: A_h as the rollout used it (A_0 logged, then generated)
     # each step's probability is the decoder's at the simulated history and the step's drawn Â_{t+1}

@@ -66,10 +66,17 @@ def test_the_data_layer_marks_and_orders_contexts():
         context_dynamics({"a_dynamics": ["exogenous", "endogenous"]}, 2)
 
 
+def kept_range(model: FedCausalDiff, rows) -> FedCausalDiffSimulator:
+    """The simulator of a hand-trained network with the range of ``rows`` kept for its rollouts
+    (``model.clamp_contexts``, 'floor' by default: a site keeps its own training rows' range, apps/site.py)."""
+    sim = FedCausalDiffSimulator(model)
+    sim.keep_context_range(rows)
+    return sim
+
 def test_endogenous_context_follows_the_intervention_exogenous_is_replayed(trained):
     ds, model, parts = trained
     assert "context" in parts and parts["context"] < 0.2  # the head learned the marker's dynamics
-    sims = {arm: FedCausalDiffSimulator(model).simulate(ds, arm, n_samples=2, seed=3, keep_contexts=True)
+    sims = {arm: kept_range(model, ds).simulate(ds, arm, n_samples=2, seed=3, keep_contexts=True)
             for arm in (0, 1)}
     for sim in sims.values():
         assert sim.contexts == {"generated": ["marker"], "replayed": ["clock"]}
@@ -91,7 +98,7 @@ def test_without_the_context_head_every_context_is_replayed(trained):
                       use_context=False)
     plain = FedCausalDiff.from_dims(cfg, ds.dx, ds.da, ds.n_actions, 1, n_endogenous=1)
     assert plain.context_head is None
-    sim = FedCausalDiffSimulator(plain).simulate(ds, 1, n_samples=1, seed=0, keep_contexts=True)
+    sim = kept_range(plain, ds).simulate(ds, 1, n_samples=1, seed=0, keep_contexts=True)
     assert sim.contexts == {"generated": [], "replayed": ["marker", "clock"]}
     np.testing.assert_array_equal(sim.context_values[:, 0], ds.A)
 
@@ -99,7 +106,7 @@ def test_without_the_context_head_every_context_is_replayed(trained):
 def test_policies_name_actions_by_label_and_read_the_generated_context(trained):
     ds, model, _ = trained
     by_label = Policy.model_validate({"name": "dose_always", "rule": {"kind": "static", "action": "dose"}})
-    sim = FedCausalDiffSimulator(model).simulate(ds, by_label, n_samples=1, seed=3, anchors=(0, 1))
+    sim = kept_range(model, ds).simulate(ds, by_label, n_samples=1, seed=3, anchors=(0, 1))
     assert (sim.actions == 1).all()  # "dose" is id 1 in the spec's actions
     # dose while the marker is below 2: every trajectory starts dosing (the logged marker at t = 0 is small), the
     # generated marker rises above 2 and the rule rests until it falls again — the decisions track the simulated
@@ -107,11 +114,11 @@ def test_policies_name_actions_by_label_and_read_the_generated_context(trained):
     rule = Policy.model_validate({"name": "titrate", "rule": {
         "kind": "threshold", "signal": "context:marker", "value": 2.0, "when": "below", "then": "dose",
         "otherwise": "rest"}})
-    sim = FedCausalDiffSimulator(model).simulate(ds, rule, n_samples=2, seed=3, anchors=(0, 1), keep_contexts=True)
+    sim = kept_range(model, ds).simulate(ds, rule, n_samples=2, seed=3, anchors=(0, 1), keep_contexts=True)
     marker = sim.context_values[..., 0]
     np.testing.assert_array_equal(sim.actions, np.where(marker < 2.0, 1, 0))
     assert (sim.actions[:, :, 0] == 1).mean() > 0.9 and (sim.actions[:, :, 1:] == 0).mean() > 0.3
     with pytest.raises(DataError, match="not a label"):
-        FedCausalDiffSimulator(model).simulate(
+        kept_range(model, ds).simulate(
             ds, Policy.model_validate({"name": "x", "rule": {"kind": "static", "action": "surgery"}}),
             n_samples=1, seed=0, anchors=(0, 1))

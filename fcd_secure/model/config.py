@@ -128,13 +128,15 @@ class ModelConfig(BaseModel):
     )
 
     clamp_contexts: Literal["off", "range", "floor"] = Field(
-        "off",
+        "floor",
         description=(
             "truncate each generated endogenous context in a rollout to the range of that column on the site's own "
             "training rows (the parametric g-formula's observed-range restriction: Taubman et al. 2009; McGrath et "
             "al. 2020, gfoRmula): 'range' to [min, max], 'floor' to ≥ min only, 'off' not at all. The bounds are "
             "computed and kept at the site, never sent (model/context.py ContextBounds). Do-simulation only: training, "
-            "L_free's rollouts included, is the same, so it is not in the training hash"
+            "L_free's rollouts included, is the same, so it is not in the training hash. 'floor' by measurement with "
+            "the contexts drawn first (carry-over, 20 rounds, seeds 0-2: always − never error 0.012 / 0.196 / 0.062 "
+            "-> 0.004 / 0.022 / 0.042, the true order on every seed; tumour unchanged; docs/benchmarks.md, issue 42)"
         ),
     )
 

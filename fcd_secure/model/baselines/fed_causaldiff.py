@@ -60,6 +60,7 @@ class FedCausalDiffSimulator(Simulator):
         ``config.ipw`` weights the likelihood by them (:func:`~fcd_secure.model.training.site_objective`,
         :func:`~fcd_secure.model.training.training_view`)."""
         cfg = site_objective(ds, self.config)
+        self.keep_context_range(ds)  # the rows it trains on bound its rollouts until a site sets its own
         return train_local(self.module, training_view(ds, cfg), cfg, site_index, n_sites, epochs=epochs, seed=seed,
                            optimizer=self.optimizer)
 
