@@ -19,9 +19,9 @@ of the causal mechanism every site has in common.
 The order of a simulated step (``ModelConfig.outcome_reads_contexts``). The joint p(Y_t, A_{t+1} | H_t, do(T_t)) of
 the step's outcome and next endogenous contexts may be factored either way (Robins 1986's g-formula holds for any
 order of the time-varying variables that follows T_t; the parametric g-formula simulates them in a fixed temporal
-order, Taubman et al. 2009, Int J Epidemiol 38:1599; McGrath et al. 2020, gfoRmula). The default draws Y_t first and
-this head reads it, (b, m) = g(K_t, emb(T_t), Y_t). With ``outcome_reads_contexts`` the head draws A_{t+1} first,
-(b, m) = g(K_t, emb(T_t)), and the decoder reads it: P_φ(Y_t | K_t, A_t, Â_{t+1}[:n_endo], T_t)
+order, Taubman et al. 2009, Int J Epidemiol 38:1599; McGrath et al. 2020, gfoRmula). With ``outcome_reads_contexts``
+off, Y_t is drawn first and this head reads it, (b, m) = g(K_t, emb(T_t), Y_t). On (the default) the head draws
+A_{t+1} first, (b, m) = g(K_t, emb(T_t)), and the decoder reads it: P_φ(Y_t | K_t, A_t, Â_{t+1}[:n_endo], T_t)
 (``FedCausalDiff.decode``), trained on the logged A_{t+1} (teacher forcing) wherever the log has step t+1 and on the
 head's own (detached) Â_{t+1} where it has not (a trajectory's last step). Where the world makes Y_t a function of
 A_{t+1} (the tumour's Y_t = 1[d_{t+1} <= 3 cm], docs/tumour.md) the drawn outcome then agrees with the drawn context
@@ -53,7 +53,7 @@ standard guard is to truncate each simulated time-varying covariate to the range
 al. 2009, Int J Epidemiol 38:1599; McGrath et al. 2020, Patterns 1:100008, gfoRmula's ``restrictions`` and the
 observed-range truncation of continuous covariates). :class:`ContextBounds` is that range, per endogenous column,
 over one site's own valid training steps (``ModelConfig.clamp_contexts``: ``"range"`` both sides, ``"floor"`` the
-minimum only, ``"off"``). It is a record's value, so it is kept where the rows are: the simulator holds it as a
+minimum only (the default), ``"off"``). It is a record's value, so it is kept where the rows are: the simulator holds it as a
 plain attribute, never as a parameter or buffer, and so it is in no Θc, Θs, checkpoint or message
 (``Simulator.keep_context_range``).
 
