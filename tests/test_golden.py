@@ -7,8 +7,10 @@ pair, an incremental policy that needs a propensity model and a share policy); b
 in the test's process (``cli_cases.fcd_here``: the entry point in a fresh process is ``test_cli_run.py``'s), with one
 BLAS and one torch thread. Every answer the run prints or writes
 is compared with ``tests/golden/``: the answers layer may be rebuilt, its answers may not move. Wall times, paths,
-versions and the what-if query id (a hash that includes the run folder) are left out; floats compare to 1e-9
-relative (a changed order of summation moves the last bits, nothing else may). The run and its question run on the
+versions and the what-if query id (a hash that includes the run folder) are left out; floats compare to
+:data:`REL` relative: torch's float32 kernels sum in another order on another CPU (the files written on the CI's
+CPU, re-run on an AMD EPYC: 1,054 values moved, the largest by 9.2e-5 relative, an ill-conditioned DR-learner
+coefficient; the rest by under 3.2e-5), and no answer may move by more. The run and its question run on the
 in-process engine (``fcd run --engine inprocess``; ``fcd whatif`` follows the run's engine): the same ServerApp,
 ClientApp and messages as Flower's simulation engine without Ray's start, bit-identical
 (``test_federation_inprocess.py``), so these files are the simulation engine's answers but for ``engine``.
@@ -43,7 +45,9 @@ OVERRIDES = {"data": {"preset": "small"}, "federation": {"rounds": 2, "eval_ever
 
 #: keys whose values are the machine's, not the answer's
 VOLATILE = {"wall_s", "versions", "run", "out", "query_id", "message", "downlink_bytes"}
-REL, ABS = 1e-9, 1e-12
+#: float tolerance: ten times the largest move measured between two CPUs (module docstring); every regression this
+#: file has caught moved an answer by far more (a changed pick, a changed formula)
+REL, ABS = 1e-3, 1e-9
 
 
 def scrub(value, key: str = ""):
