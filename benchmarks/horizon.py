@@ -34,7 +34,10 @@ Figures per method: the mean |value error| over the regimens it answers (IPW ans
 follows the regimen to its end: every weight product is then 0, shown "–"), the |error| of the always − never contrast, and
 whether the four estimates are in the true order. Sequential DR coverage is pooled over regimens, seeds and worlds
 (``_coverage.coverage_line``); both worlds floor every action's propensity (tumour 1 %, carry-over 2 %), so per-step
-positivity holds for every regimen. Issue 42's targets are printed beside the figures (:data:`TARGETS`); nothing here
+positivity holds for every regimen. ``--sdr-horizons`` prints coverage twice: of the test patients' own mean
+value (a sample-average truth, which the interval over-covers, since its SE includes the spread between patients)
+and of the population value, the same regimen over every site's training patients (disjoint from the test rows),
+which is the estimand the interval's SE is for (Imbens 2004, Rev. Econ. Stat. 86:4-29). Issue 42's targets are printed beside the figures (:data:`TARGETS`); nothing here
 was tuned on the seeds it reports (the script has no tuned constant: every setting is the product's default).
 
     nice -n 10 .venv/bin/python benchmarks/horizon.py                     # default preset, seeds 0-2, both worlds
@@ -457,10 +460,16 @@ def sdr_cases(cfg, horizons: tuple[int, ...], n_rollouts: int = ORACLE_Q_ROLLOUT
                     P = P_right if pk == "logged" else P_wrong
                     per.setdefault((case, name, h), []).append(
                         sequential_dr_per_entity(sub.Y, sub.M, P, pi, v, v, h))
-    truth = {name: dict(zip(horizons, (v for v, _se in oracle.true_policy_values_at(
-        bind_policy(load_policy_refs([name])[0], learner.load_site_data(cfg, 0).test), None, "test", horizons))))
-        for name in REGIMENS}
-    out: dict[str, Any] = {"truth": truth, "support": {}, "cases": {}}
+    bound = {name: bind_policy(load_policy_refs([name])[0], learner.load_site_data(cfg, 0).test) for name in REGIMENS}
+    truth = {name: dict(zip(horizons, (v for v, _se in oracle.true_policy_values_at(bound[name], None, "test",
+                                                                                    horizons))))
+             for name in REGIMENS}
+    # the population value the interval's SE is for (a PATE, Imbens 2004): the same regimen over every site's
+    # training entities, patients disjoint from the test rows drawn from the same sites; the test patients' own mean
+    # above is a sample-average truth, which does not vary with the between-patient spread the SE includes
+    population = {name: dict(zip(horizons, oracle.true_policy_values_at(bound[name], None, "train", horizons)))
+                  for name in REGIMENS}
+    out: dict[str, Any] = {"truth": truth, "truth_population": population, "support": {}, "cases": {}}
     for (name, h), ws in weights.items():
         w = np.concatenate(ws)
         out["support"][f"{name}@{h}"] = support_of({"w.sw": float(w.sum()), "w.sww": float((w * w).sum())}, "w",
@@ -492,30 +501,39 @@ def sdr_coverage_one(run_dir: Path, horizons: tuple[int, ...]) -> dict[str, Any]
     return res
 
 
-def sdr_coverage_table(results: list[dict[str, Any]], horizons: tuple[int, ...]) -> dict[str, Any]:
+def sdr_coverage_table(results: list[dict[str, Any]], horizons: tuple[int, ...],
+                       truth_key: str = "truth") -> dict[str, Any]:
     """Coverage of each case's 90 % intervals over runs × horizons × regimens (all, and where the product's
-    support rule shows the value), per horizon and pooled, printed; returns the hits."""
+    support rule shows the value), per horizon and pooled, printed; returns the hits. ``truth_key``: ``"truth"``,
+    the test patients' own mean, or ``"truth_population"``, the population value (:func:`sdr_cases`)."""
     from rich.console import Console
     from rich.table import Table
 
     con = Console(width=200)
     hits: dict[str, dict[str, list[bool]]] = {case: {"all": [], "shown": [], **{f"h{h}": [] for h in horizons}}
                                               for case in SDR_CASES}
-    detail = Table(title="sequential DR at each horizon: truth, the product's value (federated Q̂) and the cases")
+    what = "the population value" if truth_key == "truth_population" else "the test patients' own mean"
+    detail = Table(title=f"sequential DR at each horizon: truth ({what}), the product's value (federated Q̂) and "
+                   "the cases")
     for col in ("run", "regimen", "h", "truth", "ESS", "shown", *SDR_CASES):
         detail.add_column(col, justify="right")
     seen: set[tuple[Any, ...]] = set()
     for r in results:
+        if truth_key not in r:
+            continue  # scored before the population truth was recorded (--reuse)
         for name in REGIMENS:
             for h in horizons:
-                by_h = r["truth"][name]
+                by_h, by_t = r[truth_key][name], r["truth"][name]
                 if h not in by_h and str(h) not in by_h:
                     continue  # a run scored at fewer horizons
                 truth = by_h[h] if h in by_h else by_h[str(h)]  # JSON keys (--reuse) are text
+                if isinstance(truth, list | tuple):
+                    truth = truth[0]  # (value, its Monte Carlo SE)
+                test_truth = by_t[h] if h in by_t else by_t[str(h)]
                 sup = r["support"][f"{name}@{h}"]
                 # two regimens that act alike over the first h steps (always and early_on at h = 1, ...) are one
                 # trial: the same truth and the same intervals, counted once
-                key = (r["run"], h, truth, r["cases"][f"oracle Q̂, logged P|{name}@{h}"]["estimate"])
+                key = (r["run"], h, test_truth, r["cases"][f"oracle Q̂, logged P|{name}@{h}"]["estimate"])
                 if key in seen:
                     continue
                 seen.add(key)
@@ -531,7 +549,7 @@ def sdr_coverage_table(results: list[dict[str, Any]], horizons: tuple[int, ...])
                 detail.add_row(r["run"], name, str(h), _f(truth), _f(sup["ess"], ".0f"), _yes(sup["supported"]),
                                *cells)
     con.print(detail)
-    t = Table(title="coverage of the 90 % sequential DR intervals (target 85-95 %; Wilson 90 % CI)")
+    t = Table(title=f"coverage of the 90 % sequential DR intervals of {what} (target 85-95 %; Wilson 90 % CI)")
     for col in ("case", "where the product shows it", "every horizon", *[f"h = {h}" for h in horizons]):
         t.add_column(col)
     for case, hh in hits.items():
@@ -568,7 +586,7 @@ def scored_rounds(run_dir: Path) -> tuple[Any, list[dict[str, Any]]]:
 
 
 def candidates_of(run_dirs: list[Path], done: dict[tuple[str, int], dict[str, Any]] | None = None,
-                  frozen: bool = False) -> list[dict[str, Any]]:
+                  frozen: bool = False, checks: bool = True) -> list[dict[str, Any]]:
     """Every scored round of the finished runs ``run_dirs`` (one world, one seed: the same test rows) as a
     candidate: the natural-course figures the run printed for it (``rounds.json``: ``nc_gap``, the whole-horizon
     gap the round rule reads, and ``nc_max_z``) and its true whole-trajectory error: the mean over the four regimens
@@ -577,7 +595,8 @@ def candidates_of(run_dirs: list[Path], done: dict[tuple[str, int], dict[str, An
     round), scored by the product's simulated values (``queries.policy_values.SimulatedValues``). ``frozen``: each
     round's models with their contexts frozen (:func:`frozen_contexts`) are a candidate too, their natural-course
     gap computed as a scored round computes it (``queries.natural_course.NaturalCourse`` on the sites' validation
-    rows, the run's seed), keyed ``"<run>+frozen"``."""
+    rows, the run's seed), keyed ``"<run>+frozen"``. ``checks``: also the truth-free checks ``--spearman`` compares
+    (:func:`regimen_checks`, :func:`tilt_checks`); ``--rules`` needs only the truth."""
     from fcd_secure.apps.site import SiteRuntime
     from fcd_secure.apps.site import default_site_id
     from fcd_secure.experiments.evaluate import full_eval_config
@@ -607,6 +626,8 @@ def candidates_of(run_dirs: list[Path], done: dict[tuple[str, int], dict[str, An
                 errs = [abs(pol[n]["value_sim"] - pol[n]["value_true"]) for n in REGIMENS]
                 out.append({"run": run_dir.name, "round": rnd, "nc_gap": row["nc_gap"],
                             "nc_max_z": row.get("nc_max_z"), "d1": row.get("d1"), "true_error": float(np.mean(errs)),
+                            "selection": row.get("selection"),
+                            "nc_passes": (row.get("natural_course") or {}).get("passes"),
                             "values": {n: pol[n]["value_sim"] for n in REGIMENS},
                             "truth": {n: pol[n]["value_true"] for n in REGIMENS}})
             if frozen and (run_dir.name + "+frozen", rnd) in done:
@@ -626,7 +647,7 @@ def candidates_of(run_dirs: list[Path], done: dict[tuple[str, int], dict[str, An
                                                          for n in REGIMENS])),
                             "values": {n: pol[n]["value_sim"] for n in REGIMENS},
                             "truth": {n: pol[n]["value_true"] for n in REGIMENS}})
-            for cand in out[-2 if frozen else -1:]:  # the truth-free checks read by --spearman, once per candidate
+            for cand in out[-2 if frozen else -1:] if checks else ():  # the checks --spearman reads, once each
                 missing = [f for f, key in ((regimen_checks, "rs_step_gap"), (tilt_checks, "tilt_max_z"))
                            if key not in cand]
                 if missing:
@@ -636,6 +657,46 @@ def candidates_of(run_dirs: list[Path], done: dict[tuple[str, int], dict[str, An
                         cand.update(check(cfg, ms, sites, rnd))
             _status(f"{run_dir.name} round {rnd}: NC gap {row['nc_gap']:.4f}, true error {out[-1]['true_error']:.4f} "
                     f"({time.perf_counter() - t0:.0f} s)")
+    return out
+
+
+def rules_table(run_dirs: list[Path]) -> list[dict[str, Any]]:
+    """``--rules``: for each finished run, the round the product's rule picks with and without its natural-course
+    gate (``queries.selection.choose_round``, ``natural_course_gate``), from the truth-free scores the run stored
+    (``rounds.json``: ``selection`` and the scored round's ``natural_course.passes``), and each pick's true
+    whole-trajectory figures (every kept round re-scored as :func:`candidates_of` scores it); printed, returned."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from fcd_secure.queries.selection import RoundScore, choose_round
+
+    con = Console(width=200)
+    t = Table(title="the round rule with and without its natural-course gate: each pick's whole-trajectory figures "
+                    "(value error / always − never error / true order)")
+    for col in ("run", "rounds (NC passes)", "without the gate", "with the gate", "best kept round"):
+        t.add_column(col)
+    out = []
+    for run_dir in run_dirs:
+        cands = candidates_of([run_dir], checks=False)
+        scored = {}
+        for c in cands:
+            sc = scores(c["values"], c["truth"])
+            scored[c["round"]] = {**sc, "nc_passes": c["nc_passes"]}
+        rs = [RoundScore.from_row({**c["selection"], "nc_passes": c["nc_passes"]}, int(c["round"]))
+              for c in cands if c.get("selection")]
+        last = max(scored)
+        picks = {gate: choose_round(rs, last, natural_course_gate=gate)["round"] for gate in (False, True)}
+        best = min(scored, key=lambda r: scored[r]["value_error"])
+
+        def cell(r: int) -> str:
+            s = scored[r]
+            return (f"{r}: {s['value_error']:.4f} / {s['effect_error']:.4f} / {_yes(s['ranked'])}")
+
+        t.add_row(run_dir.name, " ".join(f"{r}({_yes(scored[r]['nc_passes'])})" for r in sorted(scored)),
+                  cell(picks[False]), cell(picks[True]), cell(best))
+        out.append({"run": run_dir.name, "rounds": scored, "pick_without_gate": picks[False],
+                    "pick_with_gate": picks[True], "best": best})
+    con.print(t)
     return out
 
 
@@ -1013,6 +1074,10 @@ def main() -> None:
                     "whole-trajectory error: the table candidate by candidate and Spearman's ρ with its bootstrap CI; "
                     "beside it the same for D1, the regimen-directed score check, D_h and the finite-tilt check "
                     "(validation rows)")
+    ap.add_argument("--rules", type=Path, nargs="+", default=None, metavar="RUN",
+                    help="for each finished run folder: the round the product's rule picks with and without its "
+                    "natural-course gate, from the scores the run stored, and each pick's true whole-trajectory "
+                    "figures (every kept round re-scored on the test rows)")
     ap.add_argument("--spearman-frozen", action="store_true",
                     help="with --spearman: each round's contexts-frozen copy is a candidate too")
     ap.add_argument("--cost", type=int, default=None, metavar="ROUNDS",
@@ -1041,6 +1106,11 @@ def main() -> None:
         cost_table(res)
         if args.json:
             args.json.write_text(json.dumps({**report(), "cost": res}, indent=1, default=_plain), encoding="utf-8")
+        return
+    if args.rules:
+        res = rules_table(args.rules)
+        if args.json:
+            args.json.write_text(json.dumps({**report(), "rules": res}, indent=1, default=_plain), encoding="utf-8")
         return
     if args.spearman:
         done = ({(c["run"], int(c["round"])): c for c in json.loads(args.json.read_text(encoding="utf-8"))["candidates"]}
@@ -1071,9 +1141,10 @@ def main() -> None:
                 results.append(sdr_coverage_one(folder, horizons))
                 report()
         hits = sdr_coverage_table(results, horizons)
+        hits_population = sdr_coverage_table(results, horizons, "truth_population")
         if args.json:
-            args.json.write_text(json.dumps({**report(), "coverage": hits}, indent=1, default=_plain),
-                                 encoding="utf-8")
+            args.json.write_text(json.dumps({**report(), "coverage": hits, "coverage_population": hits_population},
+                                            indent=1, default=_plain), encoding="utf-8")
         return
     with tempfile.TemporaryDirectory(prefix="fcd-horizon-") as tmp:
         root = args.out or Path(tmp)

@@ -146,8 +146,9 @@ class FederationSection(BaseModel):
     select: Literal["d1", "last"] = Field(
         "d1",
         description="which evaluated round's model the run answers with: 'd1' = the truth-free doubly robust rule "
-        "(the rounds within one SE of the smallest one-step DR discrepancy D1 on the sites' validation rows, then the "
-        "smallest natural-course gap, D2 or D1, never the fit; queries.selection), 'last' = the last round",
+        "(the rounds whose natural course passed where any did, then those within one SE of the smallest one-step DR "
+        "discrepancy D1 on the sites' validation rows, then the smallest natural-course gap, D2 or D1, never the fit; "
+        "queries.selection), 'last' = the last round",
     )
     poll_s: float = Field(0.02, gt=0, le=5, description="server pull interval (at least 0.1 s on the Deployment Engine)")
     site_threads: int = Field(

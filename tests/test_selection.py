@@ -59,6 +59,29 @@ def test_the_rule_never_lets_the_validation_fit_decide_among_the_rounds_within_o
     assert scores[0].alarm and not scores[1].alarm  # 0.30 > 3 × 0.02: the learned-confounding alarm
 
 
+def test_a_round_whose_natural_course_failed_is_left_out_where_another_passed():
+    # issue 42 (carry-over seed 1, both defaults): D1's window kept round 5 alone, whose natural course failed
+    # (max |z| 3.06) while rounds 10 and 15 passed; its whole-trajectory value error was 0.119 against 0.057
+    # (an SE of 0.003 stands for the paired one: D1's window is then one round wide)
+    rows = [dataclasses.replace(_score(r, d1, 0.003, 0.6), nc=g, nc_passes=ok)
+            for r, d1, g, ok in ((5, 0.0101, 0.040, False), (10, 0.0250, 0.019, True), (15, 0.0141, 0.027, True),
+                                 (20, 0.0207, 0.033, False))]
+    got = choose_round(rows, 20)
+    assert got["round"] == 15 and 5 not in got["candidates"] and 20 not in got["candidates"]
+    assert "natural course failed: round 5, round 20" in got["reason"]
+    without = choose_round(rows, 20, natural_course_gate=False)
+    assert without["round"] == 5 and "natural course failed" not in without["reason"]
+    # every checked round failed: none is left out, and the reason says so
+    failing = [dataclasses.replace(r, nc_passes=False) for r in rows]
+    got = choose_round(failing, 20)
+    assert got["round"] == without["round"] and "failed in every round checked: none left out" in got["reason"]
+    # no round checked (DKT-Synth's scored rounds before issue 42, a reproduction's learning rates): the rule as before
+    unchecked = [dataclasses.replace(r, nc_passes=None) for r in rows]
+    assert choose_round(unchecked, 20)["round"] == without["round"]
+    # the flag survives rounds.json (as_row / from_row), so `fcd select` applies the same gate across runs
+    assert [RoundScore.from_row(r.as_row()).nc_passes for r in rows] == [False, True, True, False]
+
+
 def test_without_any_d1_the_last_round_is_kept_and_the_output_says_why():
     got = choose_round([_score(1, math.nan, math.nan, 0.6, sites_scoring=0, n=0)], last_round=7)
     assert got["round"] == 7 and got["rule"] == "last" and got["coverage"] == "unavailable"

@@ -26,7 +26,11 @@ scored round's per-step terms ψ on its own disk (:class:`KeptTerms`, never sent
 the sums of ψ_r − ψ_k over its validation steps for each earlier kept round k (``select.pair.n|s|ss``, lists indexed
 by round, :data:`PAIR_CAP` rounds): the server reads the paired SE of any two rounds without any per-step value.
 
-The rule (:func:`choose_round`, stated in ``summary.json``): the candidates are the evaluated rounds whose D₁ is
+The rule (:func:`choose_round`, stated in ``summary.json``): first, where some evaluated round's whole-horizon
+natural course (``queries.natural_course``, on the same validation rows) passed, the rounds whose check failed are
+left out — a model that fails the parametric g-formula's standard validation is not answered with when one that
+passes exists (Taubman et al. 2009; McGrath et al. 2020); where every checked round failed, none is left out and the
+reason says so. Then the candidates are the evaluated rounds whose D₁ is
 within one standard error **of the paired difference** from the smallest D₁ (the one-SE rule of Breiman et al. 1984,
 applied to a discrepancy instead of a prediction error; the marginal SE where a pair was not kept, and the output
 says so) — and, where D_h is supported in every scored round, whose D_h is within one SE of the smallest D_h too
@@ -123,9 +127,9 @@ class Selection(Query):
     def merge(self, totals: Totals, ctx: MergeContext, answer: dict[str, Any]) -> None:
         if "select.d1.n" in totals:
             score = RoundScore.from_totals(ctx.round_id, totals, totals.sites)
-            nc = (answer.get("natural_course") or {}).get("mean_abs_gap")
-            if score is not None and nc is not None:  # merged just before (queries.natural_course)
-                score = dataclasses.replace(score, nc=float(nc))
+            nc = answer.get("natural_course") or {}  # merged just before (queries.natural_course)
+            if score is not None and nc.get("mean_abs_gap") is not None:
+                score = dataclasses.replace(score, nc=float(nc["mean_abs_gap"]), nc_passes=nc.get("passes"))
             answer["selection"] = score.as_row() if score is not None else None
 
 
@@ -212,6 +216,8 @@ class RoundScore:
     pairs: dict[int, tuple[int, float, float]] = field(default_factory=dict)
     #: the whole-horizon natural-course gap where the run measured it (``queries.natural_course``), else NaN
     nc: float = math.nan
+    #: whether that check passed (the outcome's largest |z| within its Bonferroni critical value); None: not measured
+    nc_passes: bool | None = None
 
     def paired_se(self, other: "RoundScore") -> float:
         """The standard error of D₁(self) − D₁(other) from the paired sums of the later round (NaN where that round
@@ -264,7 +270,7 @@ class RoundScore:
                    fit=get("validation_fit"), sites_scoring=int(get("sites_scoring", 0)), sites=int(get("sites", 0)),
                    dh=get("dh"), dh_se=get("dh_se"), dh_ess=get("dh_ess", 0.0),
                    pairs={int(k): (int(v[0]), float(v[1]), float(v[2])) for k, v in (row.get("d1_pairs") or {}).items()},
-                   nc=get("nc_gap"))
+                   nc=get("nc_gap"), nc_passes=row.get("nc_passes"))
 
     @property
     def dh_supported(self) -> bool:
@@ -293,7 +299,7 @@ class RoundScore:
                 "alarm": self.alarm, "dh": _f(self.dh), "dh_se": _f(self.dh_se), "dh_ess": _f(self.dh_ess),
                 "dh_horizon": DH_HORIZON, "dh_supported": self.dh_supported,
                 "d1_pairs": {str(k): [n, s, ss] for k, (n, s, ss) in sorted(self.pairs.items())},
-                "nc_gap": _f(self.nc)}
+                "nc_gap": _f(self.nc), "nc_passes": self.nc_passes}
 
 
 def _f(x: float) -> float | None:
@@ -301,8 +307,12 @@ def _f(x: float) -> float | None:
 
 
 def choose_round(scores: list[RoundScore], last_round: int, unit: str = "round",
-                 name: str = "round {}") -> dict[str, Any]:
+                 name: str = "round {}", natural_course_gate: bool = True) -> dict[str, Any]:
     """The round the run answers with, under the rule of the module docstring, and why.
+
+    Args:
+        natural_course_gate: leave out the rounds whose natural course failed where another's passed (the module
+            docstring's first step); False only to compare the rule without it (``benchmarks/horizon.py``).
 
     Returns:
         ``{"rule", "round", "reason", "coverage", "candidates": [rounds within one SE], "scores": [rows]}``; the
@@ -315,10 +325,13 @@ def choose_round(scores: list[RoundScore], last_round: int, unit: str = "round",
                 "reason": "no evaluated round had a D1 (no site could score: validation entities below its cohort floor, or "
                           "no logged propensities): "
                           "the last round is kept", "scores": rows}
+    gate_note = ""
+    if natural_course_gate:
+        usable, gate_note = _natural_course_gate(usable, unit, name)
     cands, best, paired = _d1_window(usable)
-    rule, dh_note = "d1-paired-one-se", ""
+    rule, dh_note = "d1-paired-one-se", gate_note
     if not paired:
-        dh_note = f"; marginal SE (no paired sums kept for some {unit}s)"
+        dh_note += f"; marginal SE (no paired sums kept for some {unit}s)"
     with_dh = all(s.dh_supported for s in usable)
     if with_dh:  # D_h joins only where every round's is supported (module docstring)
         dh_cands, dh_best = _one_se(usable, "dh", "dh_se")
@@ -344,6 +357,19 @@ def choose_round(scores: list[RoundScore], last_round: int, unit: str = "round",
             "reason": f"D1 {pick.d1:.4f} ± {pick.se:.4f} (smallest {best.d1:.4f} at {name.format(best.round)}); "
                       f"{by} among {len(cands)} {unit}(s) within one paired SE" + dh_note,
             "scores": rows}
+
+
+def _natural_course_gate(scores: list[RoundScore], unit: str, name: str) -> tuple[list[RoundScore], str]:
+    """The rounds whose natural course passed where at least one did (module docstring), and what the reason adds:
+    a model that fails the parametric g-formula's own validation is not the one to answer with when another passes
+    it (Taubman et al. 2009; McGrath et al. 2020, gfoRmula)."""
+    passed = [s for s in scores if s.nc_passes is True]
+    failed = [s for s in scores if s.nc_passes is False]
+    if not failed:
+        return scores, ""
+    if not passed:
+        return scores, f"; the natural course failed in every {unit} checked: none left out"
+    return passed, ("; left out, their natural course failed: " + ", ".join(name.format(s.round) for s in failed))
 
 
 def _d1_window(scores: list[RoundScore]) -> tuple[list[RoundScore], RoundScore, bool]:
