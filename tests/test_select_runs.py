@@ -41,6 +41,16 @@ def test_choose_run_never_lets_the_fit_decide_among_the_runs_within_one_se_and_s
     assert none["run"] is None and none["rule"] == "unavailable" and "cannot choose" in none["reason"]
 
 
+def test_choose_run_leaves_out_a_run_whose_chosen_round_failed_its_natural_course_where_another_passed():
+    failed, passed = ({**_row(d1, 0.005, 0.6), "nc_gap": gap, "nc_passes": ok}
+                      for d1, gap, ok in ((0.01, 0.04, False), (0.03, 0.02, True)))
+    got = choose_run([failed, passed])
+    # run #1 has the smaller D1 (0.02 apart, four SEs), but its natural course failed: run #2 answers
+    assert got["run"] == 1 and "natural course failed: run #1" in got["reason"]
+    # rows written before the flag (no "nc_passes"): the rule as before, the smaller D1
+    assert choose_run([{k: v for k, v in r.items() if k != "nc_passes"} for r in (failed, passed)])["run"] == 0
+
+
 def test_choose_run_never_reads_a_runs_own_paired_sums_as_a_pair_with_another_run():
     # each run's selected round keeps paired sums against the earlier rounds of its own run: run #2's pair keyed 1
     # is its own round 1, not run #1, so across runs the window is the marginal SE (0.02: both runs are candidates,

@@ -5,7 +5,8 @@ Outcome-model variants (the diffusion transition of Fed-CausalDiff, the same net
 separate runs on the same data and seed, hence on the same validation rows (``data.cohorts``: the cut is fixed by
 the sites). Each run already scored its rounds on those rows and answered with the round
 ``queries.selection.choose_round`` picked; this command applies the same rule across the runs
-(``queries.selection.choose_run``): the runs whose D₁ at their chosen round is within one SE of the smallest (and D₂
+(``queries.selection.choose_run``): where some run's chosen round passed its natural course, the runs whose chosen
+round failed it are left out; then the runs whose D₁ at their chosen round is within one SE of the smallest (and D₂
 where every run's is supported), then the smallest natural-course gap, supported D₂ or D₁ (never the validation fit). It reads only the runs' own files (no site is asked,
 nothing is trained) and never uses a test split or an oracle's truth.
 """

@@ -399,7 +399,8 @@ def choose_run(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Which of several finished runs on the same data and seed (hence the same validation rows) to answer with:
     :func:`choose_round`'s rule over each run's selected round, so that outcome-model variants (the diffusion
     transition, the deterministic one, the latent or the encoder rollout, another simulator, another recipe) are
-    chosen by the same truth-free criterion as a run's rounds; two rollouts of one network have
+    chosen by the same truth-free criterion as a run's rounds (the natural-course gate included: a run whose chosen
+    round failed its natural course is left out where another's passed); two rollouts of one network have
     equal fits, and a supported D_h tells them apart. A site keeps its D₁ terms per run, so no pair spans two runs:
     the window across runs takes the marginal SE, and the reason says so.
 
