@@ -75,6 +75,9 @@ def test_a_round_whose_natural_course_failed_is_left_out_where_another_passed():
     failing = [dataclasses.replace(r, nc_passes=False) for r in rows]
     got = choose_round(failing, 20)
     assert got["round"] == without["round"] and "failed in every round checked: none left out" in got["reason"]
+    # a round never checked is not left out with the failed ones
+    mixed = [dataclasses.replace(rows[0], nc_passes=None), *rows[1:]]
+    assert choose_round(mixed, 20)["round"] == 5
     # no round checked (DKT-Synth's scored rounds before issue 42, a reproduction's learning rates): the rule as before
     unchecked = [dataclasses.replace(r, nc_passes=None) for r in rows]
     assert choose_round(unchecked, 20)["round"] == without["round"]

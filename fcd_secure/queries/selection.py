@@ -369,7 +369,8 @@ def _natural_course_gate(scores: list[RoundScore], unit: str, name: str) -> tupl
         return scores, ""
     if not passed:
         return scores, f"; the natural course failed in every {unit} checked: none left out"
-    return passed, ("; left out, their natural course failed: " + ", ".join(name.format(s.round) for s in failed))
+    kept = [s for s in scores if s.nc_passes is not False]  # a round never checked is not one that failed
+    return kept, ("; left out, their natural course failed: " + ", ".join(name.format(s.round) for s in failed))
 
 
 def _d1_window(scores: list[RoundScore]) -> tuple[list[RoundScore], RoundScore, bool]:
