@@ -37,7 +37,8 @@ whether the four estimates are in the true order. Sequential DR coverage is pool
 positivity holds for every regimen. ``--sdr-horizons`` prints coverage twice: of the test patients' own mean
 value (a sample-average truth, which the interval over-covers, since its SE includes the spread between patients)
 and of the population value, the same regimen over every site's training patients (disjoint from the test rows),
-which is the estimand the interval's SE is for (Imbens 2004, Rev. Econ. Stat. 86:4-29). Issue 42's targets are printed beside the figures (:data:`TARGETS`); nothing here
+which is the estimand the interval's SE is for (Imbens 2004, Rev. Econ. Stat. 86:4-29). Issue 42's targets are
+printed beside the figures (:data:`TARGETS`); nothing here
 was tuned on the seeds it reports (the script has no tuned constant: every setting is the product's default).
 
     nice -n 10 .venv/bin/python benchmarks/horizon.py                     # default preset, seeds 0-2, both worlds
@@ -467,7 +468,8 @@ def sdr_cases(cfg, horizons: tuple[int, ...], n_rollouts: int = ORACLE_Q_ROLLOUT
     # the population value the interval's SE is for (a PATE, Imbens 2004): the same regimen over every site's
     # training entities, patients disjoint from the test rows drawn from the same sites; the test patients' own mean
     # above is a sample-average truth, which does not vary with the between-patient spread the SE includes
-    population = {name: dict(zip(horizons, oracle.true_policy_values_at(bound[name], None, "train", horizons)))
+    population = {name: dict(zip(horizons, (v for v, _se in oracle.true_policy_values_at(bound[name], None, "train",
+                                                                                         horizons))))
                   for name in REGIMENS}
     out: dict[str, Any] = {"truth": truth, "truth_population": population, "support": {}, "cases": {}}
     for (name, h), ws in weights.items():
@@ -527,8 +529,6 @@ def sdr_coverage_table(results: list[dict[str, Any]], horizons: tuple[int, ...],
                 if h not in by_h and str(h) not in by_h:
                     continue  # a run scored at fewer horizons
                 truth = by_h[h] if h in by_h else by_h[str(h)]  # JSON keys (--reuse) are text
-                if isinstance(truth, list | tuple):
-                    truth = truth[0]  # (value, its Monte Carlo SE)
                 test_truth = by_t[h] if h in by_t else by_t[str(h)]
                 sup = r["support"][f"{name}@{h}"]
                 # two regimens that act alike over the first h steps (always and early_on at h = 1, ...) are one
@@ -612,7 +612,7 @@ def candidates_of(run_dirs: list[Path], done: dict[tuple[str, int], dict[str, An
     from fcd_secure.queries.natural_course import NaturalCourse
     from fcd_secure.queries.policy_values import PolicyValues, SimulatedValues
     from fcd_secure.queries.request import request_from_config
-    from fcd_secure.queries.selection import KeptParams
+    from fcd_secure.queries.selection import KeptParams, RoundScore
 
     out: list[dict[str, Any]] = []
     for run_dir in run_dirs:
@@ -634,8 +634,7 @@ def candidates_of(run_dirs: list[Path], done: dict[tuple[str, int], dict[str, An
                 errs = [abs(pol[n]["value_sim"] - pol[n]["value_true"]) for n in REGIMENS]
                 out.append({"run": run_dir.name, "round": rnd, "nc_gap": row["nc_gap"],
                             "nc_max_z": row.get("nc_max_z"), "d1": row.get("d1"), "true_error": float(np.mean(errs)),
-                            "selection": row.get("selection"),
-                            "nc_passes": (row.get("natural_course") or {}).get("passes"),
+                            "score": RoundScore.from_round(row).as_row() if row.get("selection") else None,
                             "values": {n: pol[n]["value_sim"] for n in REGIMENS},
                             "truth": {n: pol[n]["value_true"] for n in REGIMENS}})
             if frozen and (run_dir.name + "+frozen", rnd) in done:
@@ -686,19 +685,16 @@ def rules_table(run_dirs: list[Path]) -> list[dict[str, Any]]:
     out = []
     for run_dir in run_dirs:
         cands = candidates_of([run_dir], checks=False)
-        scored = {}
-        for c in cands:
-            sc = scores(c["values"], c["truth"])
-            scored[c["round"]] = {**sc, "nc_passes": c["nc_passes"]}
-        rs = [RoundScore.from_row({**c["selection"], "nc_passes": c["nc_passes"]}, int(c["round"]))
-              for c in cands if c.get("selection")]
+        scored = {c["round"]: {**scores(c["values"], c["truth"]), "nc_passes": (c.get("score") or {}).get("nc_passes")}
+                  for c in cands}
+        rs = [RoundScore.from_row(c["score"]) for c in cands if c.get("score")]
         last = max(scored)
         picks = {gate: choose_round(rs, last, natural_course_gate=gate)["round"] for gate in (False, True)}
         best = min(scored, key=lambda r: scored[r]["value_error"])
 
         def cell(r: int) -> str:
             s = scored[r]
-            return (f"{r}: {s['value_error']:.4f} / {s['effect_error']:.4f} / {_yes(s['ranked'])}")
+            return f"{r}: {s['value_error']:.4f} / {s['effect_error']:.4f} / {_yes(s['ranked'])}"
 
         t.add_row(run_dir.name, " ".join(f"{r}({_yes(scored[r]['nc_passes'])})" for r in sorted(scored)),
                   cell(picks[False]), cell(picks[True]), cell(best))

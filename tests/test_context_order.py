@@ -148,4 +148,3 @@ def test_the_free_running_loss_runs_with_the_contexts_first(trained):
     assert torch.isfinite(loss).all() and float(loss.detach().sum()) > 0
     loss.sum().backward()
     assert model.decoder[0].weight.grad.abs().sum() > 0 and model.context_head.net[-1].weight.grad.abs().sum() > 0
-

@@ -83,6 +83,10 @@ def test_a_round_whose_natural_course_failed_is_left_out_where_another_passed():
     assert choose_round(unchecked, 20)["round"] == without["round"]
     # the flag survives rounds.json (as_row / from_row), so `fcd select` applies the same gate across runs
     assert [RoundScore.from_row(r.as_row()).nc_passes for r in rows] == [False, True, True, False]
+    # a rounds.json row whose selection predates the flag (a resumed run) takes its round's natural_course verdict
+    old = {k: v for k, v in rows[0].as_row().items() if k != "nc_passes"}
+    assert RoundScore.from_round({"selection": old, "natural_course": {"passes": False}}).nc_passes is False
+    assert RoundScore.from_round({"selection": rows[1].as_row(), "natural_course": {"passes": False}}).nc_passes
 
 
 def test_without_any_d1_the_last_round_is_kept_and_the_output_says_why():

@@ -321,10 +321,7 @@ def select_round(cfg: RunConfig, history: list[dict]) -> dict:
     """The evaluated round the run answers with (``federation.select``; ``queries.selection.choose_round``), marked
     ``selected`` in ``history``'s rows."""
     last = int(history[-1]["round"]) if history else cfg.federation.rounds
-    # a round scored before the selection row carried the natural course's verdict (a resumed run) takes it from
-    # the round's own natural_course column
-    scores = [RoundScore.from_row({"nc_passes": (r.get("natural_course") or {}).get("passes"), **r["selection"]})
-              for r in history if r.get("selection")]
+    scores = [RoundScore.from_round(r) for r in history if r.get("selection")]
     if cfg.federation.select == "last":
         choice = {**choose_round(scores, last), "rule": "last", "round": last,
                   "reason": "federation.select = 'last': the last round is kept"}

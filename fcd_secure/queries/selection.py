@@ -272,6 +272,15 @@ class RoundScore:
                    pairs={int(k): (int(v[0]), float(v[1]), float(v[2])) for k, v in (row.get("d1_pairs") or {}).items()},
                    nc=get("nc_gap"), nc_passes=row.get("nc_passes"))
 
+    @classmethod
+    def from_round(cls, row: dict[str, Any]) -> "RoundScore":
+        """The score of a scored round from its ``rounds.json`` row: its ``selection``, with the verdict of the
+        round's own ``natural_course`` where that selection row predates the flag (a run resumed across versions)."""
+        sel = row["selection"]
+        if sel.get("nc_passes") is None:
+            sel = {**sel, "nc_passes": (row.get("natural_course") or {}).get("passes")}
+        return cls.from_row(sel)
+
     @property
     def dh_supported(self) -> bool:
         """D_h has a value and both anchor regimes keep ``queries.targeted.MIN_SUPPORT_ESS`` effective entities."""
