@@ -100,8 +100,7 @@ def run_config(world: str, preset: str, seed: int, rounds: int | None, out: Path
     fed: dict[str, Any] = {"secure_aggregation": True, "sync": "dss"}
     if rounds:
         fed["rounds"] = rounds
-    if min_local_steps:
-        fed["min_local_steps"] = min_local_steps
+    fed["min_local_steps"] = min_local_steps  # named, 0 included: the worlds' own default is 32 (config.WORLD_DEFAULTS)
     if eval_every is not None:
         fed["eval_every"] = eval_every
     evaluation: dict[str, Any] = {}
@@ -1039,8 +1038,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=None, help="federated rounds (default: the preset's)")
     ap.add_argument("--min-local-steps", type=int, default=32,
                     help="federation.min_local_steps of every federated run (default 32: the setting the issue-42 "
-                    "figures of docs/benchmarks.md were measured with, ~11 passes a round on a 190-row site; 0: the "
-                    "preset's one pass, Table II)")
+                    "figures of docs/benchmarks.md were measured with, ~11 passes a round on a 190-row site, and the "
+                    "tumour and carry-over worlds' default since; 0: Table II's one pass)")
     ap.add_argument("--eval-every", type=int, default=None,
                     help="federation.eval_every of every federated run (default: the preset's; 1: every round is a "
                     "scored candidate, kept for --spearman)")
