@@ -294,6 +294,8 @@ class RunConfig(BaseModel):
         d["model"]["rollout"] = self.model.rollout_kind
         if not d["model"].get(ORDER_KEY):  # the outcome first: the model of a run from before the key, which resumes
             d["model"].pop(ORDER_KEY, None)
+        if not d["model"].get("exposure_decays"):  # the paper's encoder: a run from before the key still resumes
+            d["model"].pop("exposure_decays", None)
         if d["model"].get("free_running_steps") == 0:  # L_free off: its keys change nothing, and a run from before
             for k in FREE_RUNNING_KEYS:                  # they existed still resumes
                 d["model"].pop(k, None)

@@ -102,6 +102,17 @@ class ModelConfig(BaseModel):
         ),
     )
     lambda_context: float = Field(1.0, ge=0, description="weight of L_context (the endogenous contexts' MSE)")
+    exposure_decays: tuple[float, ...] = Field(
+        (),
+        description=(
+            "the encoder also reads, per action a and decay λ here, the decayed count of the actions taken before "
+            "t, e_t(a) = Σ_{s<t} λ^(t−1−s)·1[T_s = a] (λ = 1: the cumulative count): the lagged and cumulative "
+            "treatment history a parametric g-formula's models condition on (Taubman et al. 2009; gfoRmula's "
+            "'lag' and 'cumavg' histories, McGrath et al. 2020), so that a treatment whose action decays over days "
+            "is a function of the encoder's input, fed back in rollouts, rather than something the GRU must "
+            "carry over untreated courses longer than the logs hold; empty (the default): the paper's encoder"
+        ),
+    )
     context_head: Literal["affine", "direct"] = Field(
         "affine",
         description=(
@@ -236,7 +247,7 @@ class ModelConfig(BaseModel):
         config.toml is a full dump): its run trained the direct head, so it reads back as ``"direct"`` and its
         Θc still loads; likewise a complete section without ``outcome_reads_contexts`` trained the outcome first and
         reads back as False. A partial section (a hand-written config) takes the defaults."""
-        later = {"context_head", "clamp_contexts", ORDER_KEY, *FREE_RUNNING_KEYS}  # keys added after the head's; absent is "off"
+        later = {"context_head", "clamp_contexts", "exposure_decays", ORDER_KEY, *FREE_RUNNING_KEYS}  # keys added after the head's; absent is "off"
         complete = isinstance(data, dict) and set(cls.model_fields) - later <= set(data)
         if not complete:
             return data
@@ -249,6 +260,8 @@ class ModelConfig(BaseModel):
             raise ValueError(f"beta_end ({self.beta_end}) must exceed beta_start ({self.beta_start})")
         if self.sampler_steps > self.diffusion_steps:
             raise ValueError(f"sampler_steps ({self.sampler_steps}) > diffusion_steps ({self.diffusion_steps})")
+        if any(not 0.0 < lam <= 1.0 for lam in self.exposure_decays):
+            raise ValueError(f"exposure_decays {list(self.exposure_decays)}: each decay λ must be in (0, 1]")
         if self.cf_sampler_steps > self.diffusion_steps:
             raise ValueError(f"cf_sampler_steps ({self.cf_sampler_steps}) > diffusion_steps ({self.diffusion_steps})")
         return self

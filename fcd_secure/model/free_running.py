@@ -129,7 +129,7 @@ def _through_encoder(model: FedCausalDiff, K: torch.Tensor, h: torch.Tensor, bat
     if not n_endo:  # every context replayed: the encoder would re-read the logged history, L_recon once more
         return K.sum((1, 2)) * 0.0
     w = step_weights(k, model.cfg.free_running_discount)
-    Kh, Ah, state = K[:, 0], A[:, 0], h[:, 0].unsqueeze(0)
+    Kh, Ah, state = K[:, 0], A[:, 0], model.start_state(h[:, 0])
     total = torch.zeros(K.shape[0])
     for r in range(1, k + 1):
         gen = model.next_context(Kh, Ah, T[:, r - 1], Y[:, r - 1])

@@ -110,7 +110,10 @@ class FedCausalDiff(nn.Module):
         k, kc, ks, H, E = cfg.k, cfg.k_causal, cfg.k_site, cfg.mlp_hidden, cfg.action_emb
         # index n_actions is the "no previous action" token at t = 0
         self.action_emb = nn.Embedding(n_actions + 1, E)
-        self.trunk = DPGRU(dx + da + E + 2, cfg.hidden, batch_first=True)
+        #: the decays of the treatment-history features the encoder reads (cfg.exposure_decays; :meth:`exposures`)
+        self.register_buffer("decays", torch.tensor(cfg.exposure_decays, dtype=torch.float32), persistent=False)
+        self.n_exposure = n_actions * len(cfg.exposure_decays)
+        self.trunk = DPGRU(dx + da + E + 2 + self.n_exposure, cfg.hidden, batch_first=True)
         self.head_c = nn.Linear(cfg.hidden, kc)
         self.head_s = mlp(cfg.hidden, ks, H, depth=1)
         temb = cfg.time_emb if cfg.transition == "diffusion" else 0
@@ -154,17 +157,37 @@ class FedCausalDiff(nn.Module):
                 "n_endogenous": self.n_endogenous}
 
     # -- Phase A ---------------------------------------------------------------------------------------------
+    def exposures(self, T: torch.Tensor) -> torch.Tensor:
+        """The treatment-history features ``[B, L, n_actions·len(decays)]`` (decay-major): at step t, for each decay λ
+        and action a, e_t(a) = Σ_{s<t} λ^(t−1−s)·1[T_s = a], so e_0 = 0 and e_{t+1} = λ·e_t + 1[T_t = a]
+        (:meth:`encode_step` advances it so). Empty (last dim 0) without ``cfg.exposure_decays``."""
+        B, L = T.shape
+        if not self.n_exposure:
+            return torch.zeros(B, L, 0)
+        taken = torch.nn.functional.one_hot(T[:, :-1].clamp(0, self.n_actions - 1), self.n_actions).float()
+        taken = torch.cat([torch.zeros(B, 1, self.n_actions), taken], 1)  # [B, L, a]: 1[T_{t−1} = a], 0 at t = 0
+        lag = torch.arange(L)[:, None] - torch.arange(L)[None, :]  # t − u
+        # W[d, t, u] = λ_d^(t−u) for u ≤ t: e_t = Σ_{u ≤ t} λ^(t−u)·1[T_{u−1} = a]
+        W = torch.where(lag >= 0, self.decays[:, None, None] ** lag.clamp(min=0).float(), torch.zeros(()))
+        return torch.einsum("dtu,bua->btda", W, taken).reshape(B, L, self.n_exposure)
+
     def encoder_inputs(self, X: torch.Tensor, A: torch.Tensor, T: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
-        """Step-t input: [X, A_t, emb(T_{t−1}), Y_{t−1}, 1{t=0}] so that K_t summarises history before T_t, Y_t."""
+        """Step-t input: [X, A_t, emb(T_{t−1}), Y_{t−1}, 1{t=0}, e_t] so that K_t summarises history before T_t, Y_t
+        (e_t: :meth:`exposures`, absent without ``cfg.exposure_decays``)."""
         B, L = T.shape
         prev_t = torch.cat([torch.full((B, 1), self.n_actions, dtype=torch.long, device=T.device), T[:, :-1]], 1)
         prev_y = torch.cat([torch.zeros(B, 1, device=Y.device), Y[:, :-1]], 1)
         first = torch.zeros(B, L, device=Y.device)
         first[:, 0] = 1.0
         return torch.cat(
-            [X.unsqueeze(1).expand(B, L, X.shape[-1]), A, self.action_emb(prev_t), prev_y.unsqueeze(-1), first.unsqueeze(-1)],
+            [X.unsqueeze(1).expand(B, L, X.shape[-1]), A, self.action_emb(prev_t), prev_y.unsqueeze(-1), first.unsqueeze(-1),
+             self.exposures(T)],
             dim=-1,
         )
+
+    def start_state(self, h0: torch.Tensor) -> torch.Tensor:
+        """The rollout state at t = 0 from the trunk's output there, ``h0 [B, hidden]``: no treatment before it."""
+        return torch.cat([h0, torch.zeros(h0.shape[0], self.n_exposure)], -1).unsqueeze(0)
 
     def encode(self, X: torch.Tensor, A: torch.Tensor, T: torch.Tensor, Y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(K^(c), K^(s)), each [B, L, ·] in (−1, 1). K_t depends on (X, A_≤t, T_<t, Y_<t) only."""
@@ -181,20 +204,31 @@ class FedCausalDiff(nn.Module):
     def encode_prefix(
         self, X: torch.Tensor, A: torch.Tensor, T: torch.Tensor, Y: torch.Tensor, t: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(K_t [B, k], GRU state h_t [1, B, hidden]) from the logged history before step t."""
-        h, _ = self.trunk(self.encoder_inputs(X, A, T, Y)[:, : t + 1])
+        """(K_t [B, k], rollout state [1, B, hidden + n_exposure]: the GRU state h_t and the treatment-history
+        features e_t of :meth:`exposures`) from the logged history before step t."""
+        inputs = self.encoder_inputs(X, A, T, Y)[:, : t + 1]
+        h, _ = self.trunk(inputs)
         ht = h[:, -1]
-        return torch.cat([torch.tanh(self.head_c(ht)), torch.tanh(self.head_s(ht))], -1), ht.unsqueeze(0)
+        state = torch.cat([ht, inputs[:, -1, inputs.shape[-1] - self.n_exposure:]], -1)
+        return torch.cat([torch.tanh(self.head_c(ht)), torch.tanh(self.head_s(ht))], -1), state.unsqueeze(0)
 
     def encode_step(
         self, state: torch.Tensor, X: torch.Tensor, A_next: torch.Tensor, a: torch.Tensor, y: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Advance the encoder by one simulated step (T_t = a, Y_t = y) → (K_{t+1}, h_{t+1}). Used by the
-        ``rollout='encoder'`` do-simulation (simulated outcomes fed back through the encoder)."""
-        inp = torch.cat([X, A_next, self.action_emb(a), y.unsqueeze(-1), torch.zeros_like(y).unsqueeze(-1)], -1)
-        h, _ = self.trunk(inp.unsqueeze(1), state)
+        ``rollout='encoder'`` do-simulation (simulated outcomes fed back through the encoder). ``state``: as
+        :meth:`encode_prefix` or :meth:`start_state` give it (the GRU state, then e_t, advanced here by T_t = a)."""
+        hidden = self.cfg.hidden
+        e = state[0, :, hidden:]
+        if self.n_exposure:
+            taken = torch.nn.functional.one_hot(a, self.n_actions).float()  # [B, a]
+            e = (self.decays[:, None, None] * e.view(-1, len(self.decays), self.n_actions).transpose(0, 1)
+                 + taken).transpose(0, 1).reshape(e.shape)
+        inp = torch.cat([X, A_next, self.action_emb(a), y.unsqueeze(-1), torch.zeros_like(y).unsqueeze(-1), e], -1)
+        h, _ = self.trunk(inp.unsqueeze(1), state[..., :hidden].contiguous())
         ht = h[:, -1]
-        return torch.cat([torch.tanh(self.head_c(ht)), torch.tanh(self.head_s(ht))], -1), ht.unsqueeze(0)
+        return (torch.cat([torch.tanh(self.head_c(ht)), torch.tanh(self.head_s(ht))], -1),
+                torch.cat([ht, e], -1).unsqueeze(0))
 
     # -- Phase B ---------------------------------------------------------------------------------------------
     def eps(
