@@ -382,14 +382,17 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 #: Per-world defaults, layered over the size preset for a run of that dataset (and under what the caller names).
-#: The generated worlds with endogenous contexts over 30 steps need a local round of at least 32 optimiser steps on
-#: their ~190-row sites: with Table II's one pass a round, 40 rounds at seeds 0-2 missed always - never on every
-#: tumour seed (errors 0.081-0.126) and carry-over's value error was 0.100-0.139; with 32 they met it (tumour 0.007 /
-#: 0.017 / 0.035; carry-over value 0.033 / 0.057 / 0.0497): docs/benchmarks.md, "The natural-course gate ...".
-#: DKT-Synth and the paper's datasets keep Table II's round (the README's main job and ``fcd reproduce``).
+#: The generated worlds with endogenous contexts over 30 steps (docs/benchmarks.md, "Per-world defaults"):
+#: - a local round of at least 32 optimiser steps on their ~190-row sites: with Table II's one pass a round, 40 rounds
+#:   at seeds 0-2 missed always - never on every tumour seed (errors 0.081-0.126) and carry-over's value error was
+#:   0.100-0.139; with 32 they met it (tumour 0.007 / 0.017 / 0.035; carry-over value 0.033 / 0.057 / 0.0497);
+#: - the deterministic transition (GRU g-formula, rolled out through the encoder): the product's truth-free rule across
+#:   runs (``fcd select``) chose it over the diffusion transition on 3 of 3 tumour seeds and 2 of 3 carry-over seeds.
+#: DKT-Synth and the paper's datasets keep Table II's round and the paper's diffusion transition (the README's main
+#: job and ``fcd reproduce``).
 WORLD_DEFAULTS: dict[str, dict[str, Any]] = {
-    "tumour": {"federation": {"min_local_steps": 32}},
-    "carryover": {"federation": {"min_local_steps": 32}},
+    "tumour": {"federation": {"min_local_steps": 32}, "model": {"transition": "deterministic"}},
+    "carryover": {"federation": {"min_local_steps": 32}, "model": {"transition": "deterministic"}},
 }
 
 

@@ -119,14 +119,19 @@ def test_P69_a_server_cannot_make_a_site_train_more_passes_a_round_than_its_poli
 
 def test_the_generated_worlds_with_long_courses_train_with_their_own_minimum_of_steps(tmp_path):
     """``fcd run --dataset tumour`` (or carry-over) trains as its documented figures were measured: 32 steps a local
-    round (``config.WORLD_DEFAULTS``); DKT-Synth's main job keeps Table II's one pass; what the caller names wins, and
-    a config file read back without a preset re-runs its own value."""
+    round and the deterministic transition (``config.WORLD_DEFAULTS``); DKT-Synth's main job keeps Table II's one pass
+    and the diffusion transition; what the caller names wins, and a config file read back without a preset re-runs
+    its own value."""
     from fcd_secure.cli.resolve import RunOptions, resolve_config
 
     for world in ("tumour", "carryover"):
         assert build_config("default", {"data": {"dataset": world}}).federation.min_local_steps == 32
         assert build_config("tiny", {"data": {"dataset": world}}).federation.min_local_steps == 32
+        assert build_config("default", {"data": {"dataset": world}}).model.transition == "deterministic"
     assert build_config("default").federation.min_local_steps == 0  # the README's main job: DKT-Synth
+    assert build_config("default").model.transition == "diffusion"
+    chosen = build_config("default", {"data": {"dataset": "tumour"}, "model": {"transition": "diffusion"}})
+    assert chosen.model.transition == "diffusion" and chosen.federation.min_local_steps == 32
     assert build_config("paper", {"data": {"dataset": "statics2011"}}).federation.min_local_steps == 0
     named = build_config("default", {"data": {"dataset": "tumour"}, "federation": {"min_local_steps": 0}})
     assert named.federation.min_local_steps == 0

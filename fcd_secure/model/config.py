@@ -66,7 +66,8 @@ class ModelConfig(BaseModel):
     # -- Phase B: transition -----------------------------------------------------------------------------
     transition: Literal["diffusion", "deterministic"] = Field(
         "diffusion",
-        description="'diffusion' is Fed-CausalDiff (eq. 1); 'deterministic' is the GRU g-formula baseline",
+        description="'diffusion' is Fed-CausalDiff (eq. 1); 'deterministic' is the GRU g-formula baseline, and the "
+        "default of the tumour and carry-over worlds (config.WORLD_DEFAULTS: `fcd select` chose it there)",
     )
     transition_given_y: bool = Field(
         False,
