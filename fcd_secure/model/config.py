@@ -111,7 +111,8 @@ class ModelConfig(BaseModel):
             "treatment history a parametric g-formula's models condition on (Taubman et al. 2009; gfoRmula's "
             "'lag' and 'cumavg' histories, McGrath et al. 2020), so that a treatment whose action decays over days "
             "is a function of the encoder's input, fed back in rollouts, rather than something the GRU must "
-            "carry over untreated courses longer than the logs hold; empty (the default): the paper's encoder"
+            "carry over untreated courses longer than the logs hold; empty (the default): the paper's encoder; "
+            "[0.5, 0.9] is the tumour world's default (config.WORLD_DEFAULTS)"
         ),
     )
     context_head: Literal["affine", "direct"] = Field(
