@@ -16,7 +16,8 @@ from fcd_secure.cli.app import emit, say_identifier, stderr, stdout
 from fcd_secure.cli.envelope import CliError, ok
 from fcd_secure.engines.choice import Engine
 from fcd_secure._format import fmt
-from fcd_secure.queries.answers import Coverage, EvaluationAnswer
+from fcd_secure.queries.answers import EXTRAPOLATION as _EXTRAPOLATION_KIND
+from fcd_secure.queries.answers import SIMULATOR_TITLES, Coverage, EvaluationAnswer
 from fcd_secure.queries.policy_answers import NOT_IDENTIFIED, interval_text
 
 
@@ -67,7 +68,7 @@ def _cell(v: float | None) -> str:
 
 
 #: the label of the simulator's own numbers wherever they are printed: never a bare table
-EXTRAPOLATION = "Extrapolation: the simulator over whole trajectories, beyond what the logs identify; not ranked"
+EXTRAPOLATION = SIMULATOR_TITLES[_EXTRAPOLATION_KIND]
 #: what a model-only answer adds to it (no site's propensities reach any number)
 MODEL_ONLY = ("model only: no site logged or could estimate propensities, so no number below is checked by the "
               "logs")
@@ -318,7 +319,8 @@ def horizon_sensitivity_table(result: AnswerLike) -> Group | None:
 
 def print_answers(con, res: AnswerLike, dataset: str) -> None:
     """The answer of ``fcd run`` and ``fcd whatif``: first what the logs identify (the headline), then the simulator's
-    whole-trajectory numbers labelled as extrapolation, with the doubly robust values and their bounded intervals."""
+    whole-trajectory numbers labelled by their kind (g-computation, ranked; or extrapolation, not ranked), with the
+    doubly robust values and their bounded intervals."""
     ans = EvaluationAnswer.of(res)
     ident = identified_table(ans)
     if ans.unrecorded_confounding is not None:
@@ -335,10 +337,12 @@ def print_answers(con, res: AnswerLike, dataset: str) -> None:
         con.print(escape(ans.propensities.line()))
     for line in ans.kind_lines():
         con.print(escape("kind of answer: " + line))
-    title = EXTRAPOLATION.replace("Extrapolation:", f"Extrapolation ({dataset}):")
+    title = ans.simulator_title.replace(":", f" ({dataset}):", 1)
     if ans.model_only:
         title += f" — {MODEL_ONLY}"
     con.print(whatif_table(ans, title=title))
+    if (line := ans.simulated_ranking_line()) is not None:
+        con.print(escape(line))
     if (drt := dr_table(ans, bounds_only=ident is not None)) is not None:
         con.print(drt)
     if (sdr := sequential_dr_table(ans)) is not None:

@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from fcd_secure._format import fmt
 from fcd_secure.errors import FcdError, first_invalid
-from fcd_secure.queries.answers import EvaluationAnswer
+from fcd_secure.queries.answers import G_COMPUTATION, EvaluationAnswer
 from fcd_secure.queries.policy_answers import NOT_IDENTIFIED, interval_text
 
 #: what no ledger entry can show (the audit's byte definition stops at Flower's serialized content)
@@ -315,11 +315,12 @@ def _answers_html(ans: EvaluationAnswer) -> list[str]:
                          eff])
         h.append(_table(["policy", "h", "DR value", f"{level:.0%} interval", "ESS", "effect"], rows, {1, 2, 3, 4}))
         h.append('<p class="muted">h: the longest horizon whose weight products keep an effective sample size of at '
-                 f"least 20. {escape(ans.horizon_caption())}; the table below is the simulator's extrapolation.</p>")
+                 f"least 20. {escape(ans.horizon_caption())}; the table below is the simulator's "
+                 f"{'g-computation' if ans.simulator_kind == G_COMPUTATION else 'extrapolation'}.</p>")
     for line in ans.kind_lines():
         h.append(f'<p class="kind">Kind of answer: {escape(line)}</p>')
     if pols:
-        h.append("<h3>Extrapolation: the simulator over whole trajectories</h3>")
+        h.append(f"<h3>{escape(ans.simulator_title)}</h3>")
         rows = []
         for name, d in pols.items():
             dr = d.doubly_robust
@@ -331,6 +332,8 @@ def _answers_html(ans: EvaluationAnswer) -> list[str]:
                          interval_text(dr and dr.bounded), fmt(d.support, ".0%"), where, fmt(d.n)])
         h.append(_table(["policy", "value", f"{level:.0%} interval", "doubly robust", "with bounds", "support",
                          "sites whose logs never follow it", "entities"], rows, {1, 2, 3, 4, 5, 7}))
+        if (line := ans.simulated_ranking_line()) is not None:
+            h.append(f'<p class="ranking">{escape(line)}</p>')
         h.append('<p class="muted">Support: the share of steps the logged actions follow the policy. A policy no '
                  "logged step follows is not identified: only the bounds over the outcome's range are shown.</p>")
     sdr = {k: p for k, p in pols.items() if p.sequential_dr is not None}

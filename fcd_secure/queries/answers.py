@@ -100,6 +100,14 @@ SHARED_SLOPES_SOURCE = "estimated (shared slopes by secure sums, each site's own
 #: source's words; a model not here is the sites' own
 SHARED_SOURCES = {SHARED_MODEL: SHARED_SOURCE, SHARED_SLOPES_MODEL: SHARED_SLOPES_SOURCE}
 
+#: the three kinds of answer (``queries.kinds``, which decides them; here because the typed answer reads them back)
+CHECKED, G_COMPUTATION, EXTRAPOLATION = "checked by weighting", "g-computation by the simulator", "extrapolation"
+#: the title of the simulator's whole-trajectory numbers wherever they are printed, by their kind: never a bare table
+SIMULATOR_TITLES = {
+    EXTRAPOLATION: "Extrapolation: the simulator over whole trajectories, beyond what the logs identify; not ranked",
+    G_COMPUTATION: "G-computation by the simulator: whole trajectories, checked without the truth by the natural course",
+}
+
 
 @dataclass(frozen=True)
 class Propensities(Record):
@@ -556,8 +564,65 @@ class EvaluationAnswer(Record):
                     parts.append(f"{word}: {d[key]}")
             if d.get("ranked") is False:
                 parts.append("never ranked")
+            elif d.get("ranked") is True:
+                parts.append("ranked at the horizon asked where the logs follow every policy at some step")
             out.append(f"{kind} — " + "; ".join(parts))
         return out
+
+    @property
+    def simulator_kind(self) -> str:
+        """The kind of the simulator's whole-trajectory numbers (``queries.kinds``): g-computation where it decided so
+        (natural course consistent with the logs, the sites' propensities, no unrecorded confounder declared), else
+        extrapolation."""
+        kinds = self.kinds or {}
+        return G_COMPUTATION if G_COMPUTATION in kinds and EXTRAPOLATION not in kinds else EXTRAPOLATION
+
+    @property
+    def simulator_title(self) -> str:
+        """The title of the simulator's whole-trajectory table, by :attr:`simulator_kind`."""
+        return SIMULATOR_TITLES[self.simulator_kind]
+
+    def simulated_ranking_line(self) -> str | None:
+        """The ranking's sentence as every renderer prints it, or why there is none; None where the numbers are
+        extrapolation (nothing to say: the title says "not ranked")."""
+        if self.simulator_kind != G_COMPUTATION:
+            return None
+        ranking = self.simulated_ranking()
+        if ranking is not None:
+            return ("ranking over whole trajectories (g-computation; highest value first; '>' where the two values' "
+                    f"intervals over entities are disjoint, '≈' where they overlap): {ranking}")
+        unseen = [name for name, p in self.policies.items() if p.model_only]
+        return ("no ranking over whole trajectories: " + (
+            f"no logged step follows {', '.join(unseen)}, so its value is not identified" if unseen
+            else "a policy has no simulated value"))
+
+    def simulated_ranking(self) -> str | None:
+        """The policies ordered by the simulator's value, highest first, where those values are g-computation (never
+        where they are extrapolation: issue 42 item 4): ``a 0.85 > b 0.81 ≈ c 0.80``. ``>`` where the pair is
+        apart: for a pair with the reference, the other's effect interval (the paired contrast) excludes 0; for any
+        other pair, the two values' intervals over entities are disjoint (no paired contrast is computed, and
+        disjoint marginal intervals are the conservative test). ``≈`` otherwise. The intervals omit the simulator's
+        own error, which the natural course checks. None where the numbers are extrapolation, a value is missing, or
+        the logs never follow some policy (its value is not identified)."""
+        pols = list(self.policies.items())
+        if self.simulator_kind != G_COMPUTATION or len(pols) < 2 or any(
+                p.value_sim is None or p.model_only for _, p in pols):
+            return None
+        pols.sort(key=lambda kv: -kv[1].value_sim)
+        ref = self.reference
+
+        def apart(hi: tuple[str, PolicyAnswer], lo: tuple[str, PolicyAnswer]) -> bool:
+            (hn, h), (ln, low) = hi, lo
+            e = h.effect if ln == ref else low.effect if hn == ref else None
+            if e is not None and e.low is not None and e.high is not None:
+                return e.low > 0 if ln == ref else e.high < 0
+            return (h.interval is not None and low.interval is not None and h.interval.low is not None
+                    and low.interval.high is not None and low.interval.high < h.interval.low)
+
+        text = f"{pols[0][0]} {pols[0][1].value_sim:.3f}"
+        for a, b in zip(pols, pols[1:]):
+            text += (" > " if apart(a, b) else " ≈ ") + f"{b[0]} {b[1].value_sim:.3f}"
+        return text
 
     @property
     def horizon_asked(self) -> int | None:

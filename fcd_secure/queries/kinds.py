@@ -25,14 +25,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from fcd_secure.queries.answers import SHARED_SOURCES
+from fcd_secure.queries.answers import CHECKED, EXTRAPOLATION, G_COMPUTATION, SHARED_SOURCES
 from fcd_secure.queries.base import MergeContext, MergeOnly, Totals
 
 __all__ = ["AnswerKinds", "CHECKED", "EXTRAPOLATION", "G_COMPUTATION"]
 
-# its lines, as every renderer prints them: queries.answers.EvaluationAnswer.kind_lines (no heavy import for the CLI)
-
-CHECKED, G_COMPUTATION, EXTRAPOLATION = "checked by weighting", "g-computation by the simulator", "extrapolation"
+# its lines, as every renderer prints them: queries.answers.EvaluationAnswer.kind_lines (no heavy import for the CLI);
+# the three names live there, beside the typed answer that reads them back
 #: the identifying assumptions of every causal answer here
 IDENTIFYING = ("sequential exchangeability given the recorded history", "positivity", "consistency")
 
@@ -74,7 +73,12 @@ class AnswerKinds(MergeOnly):
             kinds[G_COMPUTATION] = {"assumptions": list(IDENTIFYING) + ["the confounders are recorded"],
                                     "checked_by": f"natural course (mean |gap| {nc.get('mean_abs_gap', 0.0):.3f}, "
                                                   "consistent with the logs)"}
-        if answer.get("policies"):
+        decl = answer.get("unrecorded_confounding")
+        if G_COMPUTATION in kinds and not decl:
+            # the simulator's whole-trajectory numbers are this kind, not extrapolation: ranked at the horizon asked
+            # (EvaluationAnswer.simulated_ranking), where no policy is one the logs never follow
+            kinds[G_COMPUTATION]["ranked"] = True
+        elif answer.get("policies"):
             kinds[EXTRAPOLATION] = {"assumptions": ["a simulator that is right where the logs do not reach"],
                                     "ranked": False}
             if nc is not None and nc.get("passes") and source is None:
@@ -85,7 +89,6 @@ class AnswerKinds(MergeOnly):
                 kinds[EXTRAPOLATION]["checked_by"] = (
                     f"natural course MISFIT (mean |gap| {nc.get('mean_abs_gap', 0.0):.3f}): the simulator under the "
                     "logging policy departs from the logs, so its whole-trajectory numbers are not g-computation")
-        decl = answer.get("unrecorded_confounding")
         if decl:
             shown = "the Γ-bounds under the marginal sensitivity model (one-step effect; values at the horizon asked)"
             for kind in (CHECKED, G_COMPUTATION):

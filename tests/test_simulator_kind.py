@@ -1,0 +1,79 @@
+"""The simulator's whole-trajectory numbers are printed as the kind they are (issue 42 item 4; ``queries.kinds``):
+g-computation where the natural course matches the logs, the sites have propensities and no unrecorded confounder is
+declared — then ranked at the horizon asked — and extrapolation, never ranked, everywhere else. Before, the table was
+titled "Extrapolation … not ranked" even where the kind lines called the same numbers g-computation."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from fcd_secure.cli.whatif import print_answers
+from fcd_secure.queries.answers import EvaluationAnswer
+from fcd_secure.queries.kinds import EXTRAPOLATION, G_COMPUTATION, AnswerKinds
+
+
+def _answer(passes: bool = True, source: str | None = "logged", declared: bool = False, unseen: bool = False) -> dict:
+    def pol(v, half, supported=True, effect=None):
+        out = {"value_sim": v, "interval": {"estimate": v, "low": v - half, "high": v + half, "level": 0.9},
+               "supported": supported}
+        if effect is not None:  # the paired contrast to the reference, never
+            out["effect"] = {"estimate": effect[0], "low": effect[1], "high": effect[2], "reference": "never"}
+        return out
+    answer = {
+        "policies": {"never": pol(0.583, 0.033), "always": pol(0.847, 0.016, not unseen, (0.263, 0.240, 0.286)),
+                     "early_on": pol(0.811, 0.021, effect=(0.227, 0.204, 0.250)),
+                     "late_on": pol(0.644, 0.029, effect=(0.061, 0.053, 0.068))},
+        "natural_course": {"passes": passes, "mean_abs_gap": 0.011},
+        "propensities": {"source": source} if source else {},
+        "whatif": {"level": 0.9, "reference": "never"},
+    }
+    if declared:
+        answer["unrecorded_confounding"] = {"not_identified": "not identified (declared unrecorded confounding: U)",
+                                            "declared": "U"}
+    AnswerKinds().merge({}, None, answer)
+    return answer
+
+
+def _printed(answer: dict) -> str:
+    buf = io.StringIO()
+    print_answers(Console(file=buf, width=200), answer, "tumour")
+    return " ".join(buf.getvalue().split())
+
+
+def test_checked_simulator_numbers_are_g_computation_and_ranked_at_the_horizon_asked():
+    answer = _answer()
+    assert G_COMPUTATION in answer["kinds"] and EXTRAPOLATION not in answer["kinds"]
+    assert answer["kinds"][G_COMPUTATION]["ranked"] is True
+    ans = EvaluationAnswer.of(answer)
+    assert ans.simulator_kind == G_COMPUTATION
+    # always and early_on's value intervals overlap (0.831-0.863 against 0.790-0.832): a tie, not an order; late_on's
+    # overlap never's too (0.615-0.673 against 0.550-0.616), but their paired contrast (0.053-0.068) excludes 0
+    assert ans.simulated_ranking() == "always 0.847 ≈ early_on 0.811 > late_on 0.644 > never 0.583"
+    said = _printed(answer)
+    assert "G-computation by the simulator (tumour): whole trajectories" in said
+    assert "Extrapolation" not in said and "never ranked" not in said
+    assert "ranking over whole trajectories (g-computation" in said and "always 0.847 ≈ early_on 0.811" in said
+
+
+def test_unchecked_or_declared_simulator_numbers_stay_extrapolation_and_unranked():
+    for answer in (_answer(passes=False), _answer(source=None), _answer(declared=True)):
+        ans = EvaluationAnswer.of(answer)
+        assert EXTRAPOLATION in answer["kinds"] and answer["kinds"][EXTRAPOLATION]["ranked"] is False
+        assert ans.simulator_kind == EXTRAPOLATION and ans.simulated_ranking() is None
+        said = _printed(answer)
+        assert "Extrapolation (tumour): the simulator over whole trajectories" in said and "ranking over" not in said
+
+
+def test_a_policy_no_logged_step_follows_blocks_the_ranking_and_says_so():
+    ans = EvaluationAnswer.of(_answer(unseen=True))
+    assert ans.simulator_kind == G_COMPUTATION and ans.simulated_ranking() is None
+    assert ans.simulated_ranking_line() == ("no ranking over whole trajectories: no logged step follows always, so "
+                                            "its value is not identified")
+
+
+def test_a_contrast_to_the_reference_whose_interval_holds_zero_is_a_tie():
+    answer = _answer()
+    answer["policies"]["late_on"]["effect"].update(low=-0.01, high=0.13)
+    assert EvaluationAnswer.of(answer).simulated_ranking().endswith("late_on 0.644 ≈ never 0.583")
