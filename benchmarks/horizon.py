@@ -11,8 +11,7 @@ Per world and seed (``--worlds``, ``--seeds``; the run preset ``--preset``, defa
    --dataset <world> --preset <preset> --seed <seed>`` with that ``[model] transition`` makes it (the ServerApp, the
    site ClientApps, pairwise-masked secure aggregation of Θc, DSS, the product's round selection; on
    ``engines.inprocess`` by default, the same apps without starting Ray, ``--engine simulation`` for Flower's
-   simulation engine; every other setting is the world's own default, ``config.WORLD_DEFAULTS``: on tumour the
-   encoder reads the treatment history, ``model.exposure_decays``); then the rule of ``fcd select`` across those runs, by the command's own code
+   simulation engine; every other setting is the world's own default, ``config.WORLD_DEFAULTS``); then the rule of ``fcd select`` across those runs, by the command's own code
    (``cli.select.choose_among``: D₁ at each run's selected round within one SE of the smallest, then the smallest
    natural-course gap; never the validation fit, never the truth). Each run's figures, read back from its
    ``summary.json``, are printed with the one the rule chose; the chosen one's are scored against the targets:

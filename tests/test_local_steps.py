@@ -130,8 +130,6 @@ def test_the_generated_worlds_with_long_courses_train_with_their_own_minimum_of_
         assert build_config("default", {"data": {"dataset": world}}).model.transition == "deterministic"
     assert build_config("default").federation.min_local_steps == 0  # the README's main job: DKT-Synth
     assert build_config("default").model.transition == "diffusion"
-    assert build_config("tiny", {"data": {"dataset": "tumour"}}).model.exposure_decays == (0.5, 0.9)
-    assert build_config("tiny", {"data": {"dataset": "carryover"}}).model.exposure_decays == ()
     chosen = build_config("default", {"data": {"dataset": "tumour"}, "model": {"transition": "diffusion"}})
     assert chosen.model.transition == "diffusion" and chosen.federation.min_local_steps == 32
     assert build_config("paper", {"data": {"dataset": "statics2011"}}).federation.min_local_steps == 0

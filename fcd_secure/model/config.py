@@ -111,8 +111,9 @@ class ModelConfig(BaseModel):
             "treatment history a parametric g-formula's models condition on (Taubman et al. 2009; gfoRmula's "
             "'lag' and 'cumavg' histories, McGrath et al. 2020), so that a treatment whose action decays over days "
             "is a function of the encoder's input, fed back in rollouts, rather than something the GRU must "
-            "carry over untreated courses longer than the logs hold; empty (the default): the paper's encoder; "
-            "[0.5, 0.9] is the tumour world's default (config.WORLD_DEFAULTS)"
+            "carry over untreated courses longer than the logs hold; empty (the default): the paper's encoder. "
+            "Measured on the tumour world with [0.5, 0.9]: always − never error 0.067 → 0.044 on seeds 3-8, but "
+            "worse on seeds 0-2 and 9-11, no gain over all 15 runs (docs/benchmarks.md, 'Per-world defaults')"
         ),
     )
     context_head: Literal["affine", "direct"] = Field(
