@@ -57,6 +57,16 @@ def test_checked_simulator_numbers_are_g_computation_and_ranked_at_the_horizon_a
     assert "ranking over whole trajectories (g-computation" in said and "always 0.847 ≈ early_on 0.811" in said
 
 
+def test_the_title_and_the_ranking_carry_the_horizon_asked():
+    answer = _answer()
+    answer["whatif"]["horizon"] = 10
+    ans = EvaluationAnswer.of(answer)
+    assert ans.simulator_title.startswith("G-computation by the simulator: the first 10 steps")
+    assert ans.simulated_ranking_line().startswith("ranking over the first 10 steps (g-computation")
+    said = _printed(answer)
+    assert "the first 10 steps" in said and "whole trajectories" not in said.split("natural course")[0]
+
+
 def test_unchecked_or_declared_simulator_numbers_stay_extrapolation_and_unranked():
     for answer in (_answer(passes=False), _answer(source=None), _answer(declared=True)):
         ans = EvaluationAnswer.of(answer)

@@ -68,7 +68,7 @@ def _cell(v: float | None) -> str:
 
 
 #: the label of the simulator's own numbers wherever they are printed: never a bare table
-EXTRAPOLATION = SIMULATOR_TITLES[_EXTRAPOLATION_KIND]
+EXTRAPOLATION = SIMULATOR_TITLES[_EXTRAPOLATION_KIND].format(horizon="whole trajectories")
 #: what a model-only answer adds to it (no site's propensities reach any number)
 MODEL_ONLY = ("model only: no site logged or could estimate propensities, so no number below is checked by the "
               "logs")

@@ -100,12 +100,18 @@ SHARED_SLOPES_SOURCE = "estimated (shared slopes by secure sums, each site's own
 #: source's words; a model not here is the sites' own
 SHARED_SOURCES = {SHARED_MODEL: SHARED_SOURCE, SHARED_SLOPES_MODEL: SHARED_SLOPES_SOURCE}
 
+def horizon_phrase(horizon: int | None) -> str:
+    """A question's horizon as every headline says it: ``whole trajectories`` or ``the first h steps``."""
+    return "whole trajectories" if horizon is None else f"the first {horizon} steps"
+
+
 #: the three kinds of answer (``queries.kinds``, which decides them; here because the typed answer reads them back)
 CHECKED, G_COMPUTATION, EXTRAPOLATION = "checked by weighting", "g-computation by the simulator", "extrapolation"
 #: the title of the simulator's whole-trajectory numbers wherever they are printed, by their kind: never a bare table
+#: (``{horizon}``: the horizon the question asked, :attr:`EvaluationAnswer.horizon_text`)
 SIMULATOR_TITLES = {
-    EXTRAPOLATION: "Extrapolation: the simulator over whole trajectories, beyond what the logs identify; not ranked",
-    G_COMPUTATION: "G-computation by the simulator: whole trajectories, checked without the truth by the natural course",
+    EXTRAPOLATION: "Extrapolation: the simulator over {horizon}, beyond what the logs identify; not ranked",
+    G_COMPUTATION: "G-computation by the simulator: {horizon}, checked without the truth by the natural course",
 }
 
 
@@ -232,7 +238,7 @@ class HorizonBounds(Record):
 
     @property
     def horizon_text(self) -> str:
-        return "whole trajectories" if self.horizon is None else f"the first {self.horizon} steps"
+        return horizon_phrase(self.horizon)
 
     def ranking_verdict(self) -> str:
         """``the ranking a > b > c holds up to Γ < 1.5`` (or why not), as every renderer says it."""
@@ -578,9 +584,14 @@ class EvaluationAnswer(Record):
         return G_COMPUTATION if G_COMPUTATION in kinds and EXTRAPOLATION not in kinds else EXTRAPOLATION
 
     @property
+    def horizon_text(self) -> str:
+        """The horizon the simulator's values average over, as every headline says it."""
+        return horizon_phrase(self.whatif.horizon)
+
+    @property
     def simulator_title(self) -> str:
-        """The title of the simulator's whole-trajectory table, by :attr:`simulator_kind`."""
-        return SIMULATOR_TITLES[self.simulator_kind]
+        """The title of the simulator's table, by :attr:`simulator_kind`, with its horizon."""
+        return SIMULATOR_TITLES[self.simulator_kind].format(horizon=self.horizon_text)
 
     def simulated_ranking_line(self) -> str | None:
         """The ranking's sentence as every renderer prints it, or why there is none; None where the numbers are
@@ -589,10 +600,10 @@ class EvaluationAnswer(Record):
             return None
         ranking = self.simulated_ranking()
         if ranking is not None:
-            return ("ranking over whole trajectories (g-computation; highest value first; '>' where the two values' "
-                    f"intervals over entities are disjoint, '≈' where they overlap): {ranking}")
+            return (f"ranking over {self.horizon_text} (g-computation; highest value first; '>' where the pair is "
+                    f"apart, '≈' where it is not): {ranking}")
         unseen = [name for name, p in self.policies.items() if p.model_only]
-        return ("no ranking over whole trajectories: " + (
+        return (f"no ranking over {self.horizon_text}: " + (
             f"no logged step follows {', '.join(unseen)}, so its value is not identified" if unseen
             else "a policy has no simulated value"))
 
