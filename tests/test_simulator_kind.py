@@ -87,3 +87,13 @@ def test_a_contrast_to_the_reference_whose_interval_holds_zero_is_a_tie():
     answer = _answer()
     answer["policies"]["late_on"]["effect"].update(low=-0.01, high=0.13)
     assert EvaluationAnswer.of(answer).simulated_ranking().endswith("late_on 0.644 ≈ never 0.583")
+
+
+def test_the_html_report_titles_and_ranks_as_the_terminal_does():
+    from fcd_secure.experiments.report_html import _answers_html
+
+    page = "".join(_answers_html(EvaluationAnswer.of(_answer())))
+    assert "<h3>G-computation by the simulator: whole trajectories" in page
+    assert 'class="ranking"' in page and "always 0.847 ≈ early_on 0.811 &gt; late_on 0.644 &gt; never 0.583" in page
+    page = "".join(_answers_html(EvaluationAnswer.of(_answer(passes=False))))
+    assert "<h3>Extrapolation: the simulator over whole trajectories" in page and 'class="ranking"' not in page
