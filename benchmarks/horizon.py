@@ -11,10 +11,10 @@ Per world and seed (``--worlds``, ``--seeds``; the run preset ``--preset``, defa
    --dataset <world> --preset <preset> --seed <seed>`` with that ``[model] transition`` makes it (the ServerApp, the
    site ClientApps, pairwise-masked secure aggregation of Θc, DSS, the product's round selection; on
    ``engines.inprocess`` by default, the same apps without starting Ray, ``--engine simulation`` for Flower's
-   simulation engine; every other setting is the world's own default, ``config.WORLD_DEFAULTS``); then the rule of ``fcd select`` across those runs, by the command's own code
-   (``cli.select.choose_among``: D₁ at each run's selected round within one SE of the smallest, then the smallest
-   natural-course gap; never the validation fit, never the truth). Each run's figures, read back from its
-   ``summary.json``, are printed with the one the rule chose; the chosen one's are scored against the targets:
+   simulation engine; every other setting is the world's own default, ``config.WORLD_DEFAULTS``); then the rule
+   of ``fcd select`` across those runs, by the command's own code (``cli.select.choose_among``: D₁ at each run's
+   selected round within one SE of the smallest, then the smallest natural-course gap; never the validation fit,
+   never the truth). Each run's figures, read back from its ``summary.json``, are printed with the one the rule chose; the chosen one's are scored against the targets:
    the simulator's whole-trajectory value of each of the paper's four regimens (``policies.<π>.value_sim``) against
    the truth (``value_true``, the oracle's, every valid step from t = 0), IPW with the logged propensities over the
    whole trajectory (``policies.<π>.ipw``, the same P every weighting estimator uses), the sequential doubly robust
@@ -38,8 +38,8 @@ positivity holds for every regimen. ``--sdr-horizons`` prints coverage twice: of
 value (a sample-average truth, which the interval over-covers, since its SE includes the spread between patients)
 and of the population value, the same regimen over every site's training patients (disjoint from the test rows),
 which is the estimand the interval's SE is for (Imbens 2004, Rev. Econ. Stat. 86:4-29). Issue 42's targets are
-printed beside the figures (:data:`TARGETS`); nothing here
-was tuned on the seeds it reports (the script has no tuned constant: every setting is the product's default).
+printed beside the figures (:data:`TARGETS`); nothing here was tuned on the seeds it reports (the script has no
+tuned constant: every setting is the product's default).
 
     nice -n 10 .venv/bin/python benchmarks/horizon.py                     # default preset, seeds 0-2, both worlds
     nice -n 10 .venv/bin/python benchmarks/horizon.py --seeds 0 --worlds carryover

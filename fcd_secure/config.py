@@ -432,7 +432,8 @@ def build_config(
         raw = _merge(raw, PRESETS[preset])
         raw["preset"] = preset
         # the world's own defaults belong to the preset's layer: the dataset as the caller or the file names it
-        dataset = (overrides or {}).get("data", {}).get("dataset") or raw.get("data", {}).get("dataset") or DEFAULT_DATASET
+        dataset = ((overrides or {}).get("data", {}).get("dataset") or raw.get("data", {}).get("dataset")
+                   or DEFAULT_DATASET)
         raw = _merge(raw, WORLD_DEFAULTS.get(dataset, {}))
     raw = _merge(raw, overrides or {})
     try:

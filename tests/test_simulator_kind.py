@@ -1,7 +1,7 @@
 """The simulator's whole-trajectory numbers are printed as the kind they are (issue 42 item 4; ``queries.kinds``):
 g-computation where the natural course matches the logs, the sites have propensities and no unrecorded confounder is
-declared — then ranked at the horizon asked — and extrapolation, never ranked, everywhere else. Before, the table was
-titled "Extrapolation … not ranked" even where the kind lines called the same numbers g-computation."""
+declared — then ranked at the horizon asked — and extrapolation, never ranked, everywhere else. Before, the table
+was titled "Extrapolation … not ranked" even where the kind lines called the same numbers g-computation."""
 
 from __future__ import annotations
 

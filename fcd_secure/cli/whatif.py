@@ -16,8 +16,7 @@ from fcd_secure.cli.app import emit, say_identifier, stderr, stdout
 from fcd_secure.cli.envelope import CliError, ok
 from fcd_secure.engines.choice import Engine
 from fcd_secure._format import fmt
-from fcd_secure.queries.answers import EXTRAPOLATION as _EXTRAPOLATION_KIND
-from fcd_secure.queries.answers import SIMULATOR_TITLES, Coverage, EvaluationAnswer
+from fcd_secure.queries.answers import Coverage, EvaluationAnswer
 from fcd_secure.queries.policy_answers import NOT_IDENTIFIED, interval_text
 
 
@@ -67,8 +66,6 @@ def _cell(v: float | None) -> str:
     return fmt(v, ".3f")
 
 
-#: the label of the simulator's own numbers wherever they are printed: never a bare table
-EXTRAPOLATION = SIMULATOR_TITLES[_EXTRAPOLATION_KIND].format(horizon="whole trajectories")
 #: what a model-only answer adds to it (no site's propensities reach any number)
 MODEL_ONLY = ("model only: no site logged or could estimate propensities, so no number below is checked by the "
               "logs")
@@ -85,10 +82,13 @@ def model_only_error(answer: dict) -> CliError:
     )
 
 
-def whatif_table(result: AnswerLike, title: str = EXTRAPOLATION) -> Table:
+def whatif_table(result: AnswerLike, title: str | None = None) -> Table:
     """The answer as a table: per policy its simulated value and interval, the contrast to the reference and its
-    interval, and the truth beside them when the data has an oracle (``summary.json`` / ``fcd whatif --json``)."""
+    interval, and the truth beside them when the data has an oracle (``summary.json`` / ``fcd whatif --json``).
+    ``title``: by default the answer's own label of the simulator's numbers (``EvaluationAnswer.simulator_title``:
+    never a bare table)."""
     ans = EvaluationAnswer.of(result)
+    title = title if title is not None else ans.simulator_title
     pols, level, ref = ans.policies, ans.level, ans.reference
     has_truth = any(d.value_true is not None for d in pols.values())
     caption = f"effect = value − value of {ref}; {level:.0%} intervals over entities (normal)" if ref else None

@@ -250,7 +250,8 @@ class ModelConfig(BaseModel):
         config.toml is a full dump): its run trained the direct head, so it reads back as ``"direct"`` and its
         Θc still loads; likewise a complete section without ``outcome_reads_contexts`` trained the outcome first and
         reads back as False. A partial section (a hand-written config) takes the defaults."""
-        later = {"context_head", "clamp_contexts", "exposure_decays", ORDER_KEY, *FREE_RUNNING_KEYS}  # keys added after the head's; absent is "off"
+        # keys added after the head's; absent is "off"
+        later = {"context_head", "clamp_contexts", "exposure_decays", ORDER_KEY, *FREE_RUNNING_KEYS}
         complete = isinstance(data, dict) and set(cls.model_fields) - later <= set(data)
         if not complete:
             return data

@@ -220,10 +220,9 @@ class FedCausalDiff(nn.Module):
         :meth:`encode_prefix` or :meth:`start_state` give it (the GRU state, then e_t, advanced here by T_t = a)."""
         hidden = self.cfg.hidden
         e = state[0, :, hidden:]
-        if self.n_exposure:
-            taken = torch.nn.functional.one_hot(a, self.n_actions).float()  # [B, a]
-            e = (self.decays[:, None, None] * e.view(-1, len(self.decays), self.n_actions).transpose(0, 1)
-                 + taken).transpose(0, 1).reshape(e.shape)
+        if self.n_exposure:  # e_{t+1} = λ·e_t + 1[T_t = a], decay-major as exposures() lays it out
+            taken = torch.nn.functional.one_hot(a, self.n_actions).float()[:, None, :]  # [B, 1, a]
+            e = (self.decays[None, :, None] * e.view(-1, len(self.decays), self.n_actions) + taken).reshape(e.shape)
         inp = torch.cat([X, A_next, self.action_emb(a), y.unsqueeze(-1), torch.zeros_like(y).unsqueeze(-1), e], -1)
         h, _ = self.trunk(inp.unsqueeze(1), state[..., :hidden].contiguous())
         ht = h[:, -1]
