@@ -140,6 +140,36 @@ def test_cli_plan_counts_the_passes_min_local_steps_adds():
     assert floor["sigma"] > plain["sigma"]
 
 
+def test_a_plan_for_a_named_run_counts_the_run_s_own_use(tmp_path):
+    """``fcd privacy plan --dataset tumour`` plans the use ``fcd run --dataset tumour`` makes: the preset's rounds and
+    the world's 32 optimiser steps a round (``config.WORLD_DEFAULTS``). Before, the plan knew no run: its defaults
+    counted 20 rounds of one pass, so a privacy officer planning the tumour run was shown a σ ~4x below the one the
+    site then uses. The same from the run's config file; an option given wins over the run's value."""
+    from fcd_secure.config import build_config
+
+    cfg = build_config("default", {"data": {"dataset": "tumour"}})
+    assert cfg.federation.min_local_steps == 32 and cfg.federation.rounds == 40  # the use the plan must count
+    base = ["privacy", "plan", "--trajectories", "190", "--accountant", "rdp", "--json"]
+
+    def data(*extra: str) -> dict:
+        res = CliRunner().invoke(app, [*base, *extra])
+        assert res.exit_code == 0, res.output
+        return json.loads(res.stdout)["data"]
+
+    named = data("--dataset", "tumour")
+    spelled = data("--rounds", "40", "--min-local-steps", "32", "--batch-size", str(cfg.model.batch_size))
+    assert named["use"] == {"rounds": 40, "local_epochs": 1, "min_local_steps": 32, "batch_size": cfg.model.batch_size}
+    assert (named["steps"], named["sigma"]) == (spelled["steps"], spelled["sigma"])
+    assert named["sigma"] > data()["sigma"]  # the plan's own defaults (20 rounds, one pass) under-count this run
+    path = tmp_path / "config.toml"
+    path.write_text(cfg.to_toml())
+    assert data("--config", str(path))["steps"] == named["steps"]
+    fewer = data("--dataset", "tumour", "--rounds", "10")
+    assert fewer["use"]["rounds"] == 10 and fewer["use"]["min_local_steps"] == 32 and fewer["steps"] * 4 == named["steps"]
+    bad = CliRunner().invoke(app, [*base, "--dataset", "tumourr"])
+    assert bad.exit_code == 2 and "did you mean 'tumour'" in bad.output
+
+
 def test_an_empty_poisson_batch_still_takes_a_noisy_accounted_step(tmp_path):
     """Skipping the noise when Poisson sampling draws nobody would reveal the empty batch (add/remove adjacency)."""
     from fcd_secure.model.training import batch_loss, dataset_tensors, make_loader, make_optimizer

@@ -10,6 +10,7 @@ import typer
 
 from fcd_secure.cli.app import emit, new_app, say_identifier, stdout
 from fcd_secure.cli.envelope import CliError, ok
+from fcd_secure.cli.resolve import PRESET_HELP, RunOptions, resolve_config
 
 app = new_app(help="Privacy budget ledgers and reports (DP-SGD).")
 
@@ -131,25 +132,45 @@ def _print_signed(con, rep: dict) -> None:
                   "record of theirs is here (run `fcd privacy report SITE_STATE` at each)", soft_wrap=True)
 
 
-@app.command("plan", short_help="The noise multiplier σ for a planned use of a site's data.")
+_PLAN_HELP = (
+    "The noise multiplier σ a site would use for a planned use of its data: rounds × a round's passes × ⌈N/B⌉ "
+    "Poisson steps, the passes being those `federation.learner.round_epochs` makes of the local epochs and "
+    "`federation.min_local_steps`, as the site counts them; planned once for the whole use, as the sites do (never "
+    "per round).\n\n"
+    "The use is the run's: with --dataset, --preset or --config the rounds, local epochs, minimum local steps and "
+    "batch size are those `fcd run` would train with (the preset, the world's own defaults, the file), so a plan for "
+    "`fcd run --dataset tumour` counts the 32 optimiser steps a round that world trains by default. An option given "
+    "here overrides only what it names. Without any of the three: 20 rounds, 1 local epoch, no minimum, batch 64."
+)
+#: the planned use when the command names no run (the plan's own defaults, kept from before runs could be named)
+_PLAN_DEFAULTS = {"rounds": 20, "local_epochs": 1, "min_local_steps": 0, "batch_size": 64}
+
+
+@app.command("plan", help=_PLAN_HELP, short_help="The noise multiplier σ for a planned use of a site's data.")
 def plan(
     trajectories: Annotated[int, typer.Option("--trajectories", min=1, help="Trajectories at the site (its dataset's N).")],
-    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Expected Poisson batch size.")] = 64,
-    rounds: Annotated[int, typer.Option("--rounds", min=1, help="Planned federated rounds.")] = 20,
-    local_epochs: Annotated[int, typer.Option("--local-epochs", min=1, help="Local epochs per round.")] = 1,
+    batch_size: Annotated[Optional[int], typer.Option(
+        "--batch-size", min=1, help="Expected Poisson batch size (default: the run's model.batch_size, else 64).")] = None,
+    rounds: Annotated[Optional[int], typer.Option(
+        "--rounds", min=1, help="Planned federated rounds (default: the run's, else 20).")] = None,
+    local_epochs: Annotated[Optional[int], typer.Option(
+        "--local-epochs", min=1, help="Local epochs per round (default: the run's, else 1).")] = None,
     min_local_steps: Annotated[
-        int,
+        Optional[int],
         typer.Option("--min-local-steps", min=0, help="The run's federation.min_local_steps: a round makes whole "
-                     "passes until it has made this many steps, so the plan counts those passes (0: off)."),
-    ] = 0,
+                     "passes until it has made this many steps, so the plan counts those passes (default: the "
+                     "run's, e.g. 32 for the tumour and carry-over worlds; else 0: off)."),
+    ] = None,
+    dataset: Annotated[Optional[str], typer.Option(
+        "--dataset", help="Plan the use `fcd run --dataset D` makes (its preset's and world's defaults).")] = None,
+    preset: Annotated[Optional[str], typer.Option("--preset", help=f"Plan a run of this preset: {PRESET_HELP}.")] = None,
+    config_file: Annotated[Optional[Path], typer.Option(
+        "--config", exists=True, dir_okay=False, help="Plan the use of this run config (e.g. a run's config.toml).")] = None,
     epsilon: Annotated[float, typer.Option("--dp-epsilon", min=0.01, help="Lifetime ε cap of the site's dataset.")] = 8.0,
     delta: Annotated[Optional[float], typer.Option("--dp-delta", help="DP δ (default: a power of ten ≤ 1/(10·N)).")] = None,
     accountant: Annotated[str, typer.Option("--accountant", help="prv or rdp.")] = "prv",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON envelope on stdout.")] = False,
 ) -> None:
-    """The noise multiplier σ a site would use for a planned use (rounds × a round's passes × ⌈N/B⌉ Poisson steps,
-    the passes being ``federation.learner.round_epochs`` of the local epochs and ``--min-local-steps``, as the site
-    plans them), planned once for the whole use as the sites do (never per round)."""
     from pydantic import ValidationError  # noqa: PLC0415
 
     from fcd_secure.federation.learner import round_epochs  # noqa: PLC0415
@@ -157,18 +178,32 @@ def plan(
     from fcd_secure.privacy.config import DPConfig  # noqa: PLC0415
     from fcd_secure.privacy.planner import plan_noise_multiplier, sample_rate, steps_per_epoch  # noqa: PLC0415
 
+    use = dict(_PLAN_DEFAULTS)
+    source = "the plan's defaults"
+    if dataset is not None or preset is not None or config_file is not None:
+        cfg = resolve_config(RunOptions(preset=preset, dataset=dataset, config_file=config_file))
+        use = {"rounds": cfg.federation.rounds, "local_epochs": cfg.federation.local_epochs,
+               "min_local_steps": cfg.federation.min_local_steps, "batch_size": cfg.model.batch_size}
+        source = (f"the run's: {cfg.data.dataset}, preset {cfg.preset}" if config_file is None
+                  else f"the run's: {config_file}")
+    given = {"rounds": rounds, "local_epochs": local_epochs, "min_local_steps": min_local_steps,
+             "batch_size": batch_size}
+    use.update({k: v for k, v in given.items() if v is not None})
     try:
-        cfg = DPConfig(enabled=True, epsilon=epsilon, delta=delta, accountant=accountant)  # type: ignore[arg-type]
-        d = cfg.resolve_delta(trajectories)
-        q = sample_rate(trajectories, batch_size)
-        passes = round_epochs(local_epochs, min_local_steps, trajectories, batch_size)
-        steps = rounds * passes * steps_per_epoch(trajectories, batch_size)
+        cfg_dp = DPConfig(enabled=True, epsilon=epsilon, delta=delta, accountant=accountant)  # type: ignore[arg-type]
+        d = cfg_dp.resolve_delta(trajectories)
+        q = sample_rate(trajectories, use["batch_size"])
+        passes = round_epochs(use["local_epochs"], use["min_local_steps"], trajectories, use["batch_size"])
+        per_pass = steps_per_epoch(trajectories, use["batch_size"])
+        steps = use["rounds"] * passes * per_pass
         sigma = plan_noise_multiplier(epsilon_cap=epsilon, delta=d, q=q, planned_steps=steps, accountant=accountant)
     except (ValidationError, ValueError) as exc:
         raise CliError(str(exc)) from None
-    result = {"sigma": sigma, "q": q, "steps": steps, "passes_per_round": passes, "delta": d, "epsilon_cap": epsilon, "accountant": accountant}
-    text = (f"σ = {sigma:.4f} for ε ≤ {epsilon:g} at δ = {d:.3g} over {steps} Poisson steps ({rounds} rounds × "
-            f"{passes} pass(es) × {steps_per_epoch(trajectories, batch_size)}; q = {q:.4g}, {accountant})")
+    result = {"sigma": sigma, "q": q, "steps": steps, "passes_per_round": passes, "delta": d, "epsilon_cap": epsilon,
+              "accountant": accountant, "use": use}
+    text = (f"σ = {sigma:.4f} for ε ≤ {epsilon:g} at δ = {d:.3g} over {steps} Poisson steps ({use['rounds']} rounds × "
+            f"{passes} pass(es) × {per_pass}; q = {q:.4g}, {accountant}); local epochs {use['local_epochs']}, "
+            f"min local steps {use['min_local_steps']}, batch {use['batch_size']} ({source}, options given win)")
     if as_json:
         emit(ok(result, text))
     else:
