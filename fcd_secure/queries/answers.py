@@ -109,6 +109,12 @@ def horizon_phrase(horizon: int | None) -> str:
 CHECKED, G_COMPUTATION, EXTRAPOLATION = "checked by weighting", "g-computation by the simulator", "extrapolation"
 #: the title of the simulator's whole-trajectory numbers wherever they are printed, by their kind: never a bare table
 #: (``{horizon}``: the horizon the question asked, :attr:`EvaluationAnswer.horizon_text`)
+#: a g-computation ranking's '>' needs the pair's simulated difference above this many times the natural course's mean
+#: |gap| (:meth:`EvaluationAnswer.simulated_ranking`). Not tuned: that gap bounds the simulator's value error under the
+#: logging policy (the value is a mean over steps, so its error is at most the mean of the per-step |gaps|), and the
+#: difference of two values can be off by the sum of their two errors. Chosen by a rule fixed before fresh runs
+#: (docs/benchmarks.md, "A ranking that says what the simulator's own error allows").
+RANK_MARGIN_NC = 2.0
 SIMULATOR_TITLES = {
     EXTRAPOLATION: "Extrapolation: the simulator over {horizon}, beyond what the logs identify; not ranked",
     G_COMPUTATION: "G-computation by the simulator: {horizon}, checked without the truth by the natural course",
@@ -601,20 +607,34 @@ class EvaluationAnswer(Record):
         ranking = self.simulated_ranking()
         if ranking is not None:
             return (f"ranking over {self.horizon_text} (g-computation; highest value first; '>' where the pair is "
-                    f"apart, '≈' where it is not): {ranking}")
+                    f"apart by its interval and by more than {RANK_MARGIN_NC:g}× the natural course's mean |gap| "
+                    f"{self.rank_margin / RANK_MARGIN_NC:.3f}, '≈' where it is not): {ranking}")
         unseen = [name for name, p in self.policies.items() if p.model_only]
         return (f"no ranking over {self.horizon_text}: " + (
             f"no logged step follows {', '.join(unseen)}, so its value is not identified" if unseen
             else "a policy has no simulated value"))
 
+    @property
+    def rank_margin(self) -> float:
+        """The least simulated difference a ranking's '>' needs: :data:`RANK_MARGIN_NC` × the natural course's mean
+        |gap| (0 where the answer has none; then it is not g-computation and nothing is ranked)."""
+        gap = self.natural_course.mean_abs_gap if self.natural_course is not None else None
+        return RANK_MARGIN_NC * float(gap or 0.0)
+
     def simulated_ranking(self) -> str | None:
         """The policies ordered by the simulator's value, highest first, where those values are g-computation (never
         where they are extrapolation: issue 42 item 4): ``a 0.85 > b 0.81 ≈ c 0.80``. ``>`` where the pair is
-        apart: for a pair with the reference, the other's effect interval (the paired contrast) excludes 0; for any
-        other pair, the two values' intervals over entities are disjoint (no paired contrast is computed, and
-        disjoint marginal intervals are the conservative test). ``≈`` otherwise. The intervals omit the simulator's
-        own error, which the natural course checks. None where the numbers are extrapolation, a value is missing, or
-        the logs never follow some policy (its value is not identified)."""
+        apart on both counts, ``≈`` otherwise:
+
+        * sampling: for a pair with the reference, the other's effect interval (the paired contrast) excludes 0; for
+          any other pair, the two values' intervals over entities are disjoint (no paired contrast is computed, and
+          disjoint marginal intervals are the conservative test);
+        * the simulator's own error, which those intervals omit: the difference exceeds :attr:`rank_margin`, twice
+          the natural course's mean |gap| (:data:`RANK_MARGIN_NC`). Without it 9 of 111 '>' over 45 answers on issue
+          42's worlds ordered a pair against the truth, all on carry-over; with it 2 of 91 (docs/benchmarks.md).
+
+        None where the numbers are extrapolation, a value is missing, or the logs never follow some policy (its value
+        is not identified)."""
         pols = list(self.policies.items())
         if self.simulator_kind != G_COMPUTATION or len(pols) < 2 or any(
                 p.value_sim is None or p.model_only for _, p in pols):
@@ -625,6 +645,8 @@ class EvaluationAnswer(Record):
         def apart(hi: tuple[str, PolicyAnswer], lo: tuple[str, PolicyAnswer]) -> bool:
             (hn, h), (ln, low) = hi, lo
             e = h.effect if ln == ref else low.effect if hn == ref else None
+            if h.value_sim - low.value_sim <= self.rank_margin:
+                return False
             if e is not None and e.low is not None and e.high is not None:
                 return e.low > 0 if ln == ref else e.high < 0
             return (h.interval is not None and low.interval is not None and h.interval.low is not None
