@@ -95,7 +95,10 @@ def run_world(world_name: str, seed: int, args: argparse.Namespace) -> list[dict
         world = generate(TumourConfig.from_preset("default", gamma=args.gamma, seed=seed, n_patients=args.patients,
                                                   max_len=args.days, test_fraction=0.2))
     for k in args.steps:
-        model = {"free_running_steps": k, "free_running_discount": args.discount, **args.model}
+        # the paper's diffusion transition, with which docs/tumour.md's figures were measured (the tumour world's own
+        # default is the deterministic one, config.WORLD_DEFAULTS); --model '{"transition": ...}' names another
+        model = {"transition": tb.PAPER_TRANSITION, "free_running_steps": k, "free_running_discount": args.discount,
+                 **args.model}
         if world is not None:
             cfg = build_config("default", {"seed": seed, "data": {"dataset": "tumour"}, "model": model,
                                            "evaluation": {"n_samples": args.samples}})

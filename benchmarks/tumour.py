@@ -220,6 +220,8 @@ def cf_rmse(sim: Any | None, world: Any, queries: list, n_samples: int, seed: in
     return [float(v) for v in np.sqrt(se / n) * 100.0]
 
 
+#: Fed-CausalDiff's transition in this benchmark: the paper's (the figures of docs/tumour.md), not the world's default
+PAPER_TRANSITION = "diffusion"
 #: the outcome-model variants the truth-free rule chooses between (issue 29 item 2: diffusion rollout, the same network
 #: rolled out through its encoder, or a deterministic transition); the naive model has no volume model and is not one
 CANDIDATES = ("fed_causaldiff", "fcd_encoder", "gformula")
@@ -253,7 +255,10 @@ def run_gamma(gamma: float, args: argparse.Namespace) -> dict[str, Any]:
     world = generate(TumourConfig.from_preset(args.world_preset, gamma=gamma, seed=args.seed,
                                               n_patients=args.patients, max_len=args.days,
                                               test_fraction=args.test_fraction))
-    cfg = build_config("default", {"seed": args.seed, "data": {"dataset": "tumour"}, "model": args.model,
+    # the paper's diffusion transition for the Fed-CausalDiff arm: the tumour world's own default is the deterministic
+    # one (config.WORLD_DEFAULTS), which would make that arm the g-formula arm's twin (SIMULATORS["gformula"])
+    model = {"transition": PAPER_TRANSITION, **args.model}
+    cfg = build_config("default", {"seed": args.seed, "data": {"dataset": "tumour"}, "model": model,
                                    "evaluation": {"n_samples": args.samples}})
     views = site_views(world, cfg, args.validation_fraction)
     queries = cf_queries(world, args.seed)
@@ -431,7 +436,8 @@ def main() -> None:
                     help="γ = 2, 200 patients of at most 12 days, the tiny world and model sizes, 1 epoch, 2 rollouts")
     ap.add_argument("--model", type=json.loads, default={}, metavar="JSON",
                     help='model keys for Fed-CausalDiff and the g-formula, e.g. \'{"ipw": "off"}\' (the paper\'s '
-                    "objective; the default model.ipw = 'auto' weights by the tumour world's logged propensities)")
+                    "objective; the default model.ipw = 'auto' weights by the tumour world's logged propensities). "
+                    "Fed-CausalDiff keeps the paper's diffusion transition unless a transition is named here.")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                     help="print the tables of earlier --json outputs (e.g. γ values run as separate processes)")
