@@ -238,3 +238,52 @@ def test_P43_thresholds_are_in_the_tables_units_and_a_silent_one_is_reported(mgd
 
     caption = str(whatif_table(merged).caption)
     assert "never fires on any site's data" in caption and "silent" in caption and "low" not in caption.split(":")[-1]
+
+
+def _policy_file(tmp, name: str, value: float):
+    """A policy file "insulin when lab > value" (``[evaluation] policies`` takes paths)."""
+    path = tmp / f"{name}.toml"
+    path.write_text(f'name = "{name}"\n\n[rule]\nkind = "threshold"\nsignal = "context:lab"\nwhen = "above"\n'
+                    f'value = {value!r}\nlookback = 1\nthen = "insulin"\notherwise = "none"\n')
+    return str(path)
+
+
+def test_P70_a_scored_rounds_values_cannot_single_out_a_validation_patient(mgdl_site, tmp_path):
+    """P70. The attack: the coordinator sets the run's ``[evaluation] policies`` to two thresholds between
+    neighbouring validation patients' labs. Every scored round each site sends, per policy, the sum of its simulated
+    values over its validation rows (``queries.round_values``), so the two sums differ by one patient's simulated
+    course: a function of that patient's history and of the site's private Θs. Unprotected (no question policy: the
+    thresholds taken as given, the pair not admitted), the difference is that one patient's. The site reads the
+    thresholds on its own grid and admits the pair as one question (P41, P42): the two then act alike on every
+    patient (a difference of 0) or on at least ``min_difference``, or nothing is sent."""
+    from dataclasses import replace
+
+    from fcd_secure.data.policy import context_scales
+    from fcd_secure.queries.evaluation import site_metrics
+    from fcd_secure.queries.request import EvaluationRequest
+    from fcd_secure.queries.round_values import RoundValues
+
+    site = mgdl_site()
+    data, model = site.data, site.model
+    model.keep_context_range(data.train)  # as the site does before it rolls its simulator out
+    val = data.validation
+    assert val is not None and val.n >= 20
+    col = list(val.meta["a_names"]).index("lab")
+    mean, sd = context_scales(val)[col]
+    labs = np.sort(val.A[:, 0, col] * sd + mean)
+    i = len(labs) // 2
+    lo, hi = (labs[i - 1] + labs[i]) / 2, (labs[i] + labs[i + 1]) / 2  # exactly patient i between them
+    cfg = site.cfg.model_copy(update={"evaluation": site.cfg.evaluation.model_copy(update={
+        "policies": [_policy_file(tmp_path, "below_i", float(lo)), _policy_file(tmp_path, "above_i", float(hi))]})})
+    scored = EvaluationRequest(quick=True, keep_round=1, n_samples=1)
+    data = replace(data, validation=val)
+
+    def sums(questions):
+        return site_metrics(model, data, cfg, scored, questions=questions, queries=[RoundValues()])
+
+    open_ = sums(None)  # the unprotected computation
+    assert open_["rvalue.below_i.n"] == open_["rvalue.above_i.n"] == val.n
+    leak = abs(open_["rvalue.below_i.s"] - open_["rvalue.above_i.s"])
+    assert leak > 0  # one patient's simulated value under "insulin" against "none"
+    guarded = sums(site.policy.questions)
+    assert guarded == {} or guarded["rvalue.below_i.s"] == guarded["rvalue.above_i.s"]

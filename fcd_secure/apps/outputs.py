@@ -204,6 +204,8 @@ def build_summary(cfg: RunConfig, result, engine: str) -> dict[str, Any]:
         "model_only": fe.get("model_only"),
         # the simulator under the logging policy against the logs, per step (queries.natural_course)
         "natural_course": fe.get("natural_course"),
+        # the run's policies' values in each late scored round, on the validation rows (queries.round_values)
+        "round_values": fe.get("round_values"),
         "failed_sites_final_eval": fe.get("failed_sites", []),
         "declined_sites_final_eval": fe.get("declined_sites", []),
         "final_eval_aborted": fe.get("aborted"),

@@ -69,6 +69,7 @@ from fcd_secure.manifest import Manifest
 from fcd_secure.queries import dr_learner
 from fcd_secure.queries.evaluation import evaluate_federated
 from fcd_secure.queries.request import EvaluationRequest
+from fcd_secure.queries.round_values import late_round_values
 from fcd_secure.queries.selection import KeptParams, RoundScore, choose_round, restored_round
 
 #: the checkpoint's field of the run's site errors so far (:meth:`TrainingLoop.checkpoint_state`)
@@ -234,6 +235,8 @@ class TrainingLoop(ServerLoop[FederationResult]):
             cols.update(nc_max_z=nc.get("max_abs_z"), nc_gap=nc.get("mean_abs_gap"))
         if quick.get("dr_learner_fit"):
             cols["dr_learner_fit"] = quick["dr_learner_fit"]  # consortium totals only (queries.dr_learner)
+        if quick.get("round_values"):
+            cols["round_values"] = quick["round_values"]  # the policies' values this round (queries.round_values)
         return cols
 
     def evaluate(self) -> dict:
@@ -272,6 +275,10 @@ class TrainingLoop(ServerLoop[FederationResult]):
         final_eval = evaluate_federated(self.comm, self.order, self.theta, self.cfg, request, secure=self.secure_eval,
                                         round_id=fed.rounds + 1, dr_fit_steps=int(dr_fit.get("n") or 0))
         final_eval["dr_learner"] = {**dr_fit, "round": self.selection["round"], **(final_eval.get("dr_learner") or {})}
+        # the late rounds' values of the run's policies: a ranking's '>' must hold in each (queries.round_values)
+        late = late_round_values(history)
+        final_eval["round_values"] = {"horizon": self.cfg.evaluation.horizon, "rows": "validation",
+                                      "rounds": late} if late else None
         for e in error_rows(self.comm, n_err):
             self.say("site_error", e)
         return final_eval

@@ -135,6 +135,9 @@ def write_answer(run_dir: str | Path, cfg: RunConfig, request: WhatIfRequest, re
     """The answer as ``fcd whatif`` keeps it, written to ``<run_dir>/whatif/<query id>.json``; returns it."""
     out = {"run": str(Path(run_dir)), "query_id": request.query_id, "dataset": cfg.data.dataset, "seed": cfg.seed,
            **res}
+    # the run's late rounds' values of its own policies (queries.round_values): the ranking checks a pair against them
+    # where the question asks them at the run's horizon (EvaluationAnswer.simulated_ranking)
+    out.setdefault("round_values", json.loads((Path(run_dir) / "summary.json").read_text()).get("round_values"))
     atomic_write_text(Path(run_dir) / WHATIF_DIR / f"{request.query_id}.json", json.dumps(jsonable(out), indent=2))
     return out
 

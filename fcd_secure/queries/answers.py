@@ -403,6 +403,33 @@ class EffectSupport(Record):
 
 
 @dataclass(frozen=True)
+class LateRounds(Record):
+    """The run's policies' simulated values in each scored round of its second half, on the sites' validation rows
+    (``queries.round_values``): what a ranking's ``>`` must agree with. ``horizon``: the run's ``[evaluation]
+    horizon`` they were simulated at (None: whole trajectories); ``rounds``: round (a string) → policy → value."""
+
+    horizon: int | None = None
+    rows: str | None = None
+    rounds: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> "LateRounds | None":
+        if not d or not d.get("rounds"):
+            return None
+        return cls(horizon=d.get("horizon"), rows=d.get("rows"),
+                   rounds={str(k): dict(v) for k, v in d["rounds"].items()})
+
+    def agree(self, hi: str, lo: str) -> bool | None:
+        """Whether every late round that valued both policies puts ``hi`` above ``lo``; None where none valued both."""
+        pairs = [(v[hi], v[lo]) for v in self.rounds.values() if hi in v and lo in v]
+        return None if not pairs else all(a > b for a, b in pairs)
+
+    def names(self) -> str:
+        """``rounds 20, 25, 30`` as the ranking line names them."""
+        return "rounds " + ", ".join(sorted(self.rounds, key=int))
+
+
+@dataclass(frozen=True)
 class Selection(Record):
     """The round the answers come from (``queries.selection``): the round, the rule, its criterion's coverage of the
     sites, the reason in words."""
@@ -528,6 +555,8 @@ class EvaluationAnswer(Record):
     model_only: bool = False
     natural_course: NaturalCourse | None = None
     unrecorded_confounding: UnrecordedConfounding | None = None
+    #: the late rounds' values of the run's policies (``queries.round_values``), where the run scored rounds
+    late_rounds: LateRounds | None = field(default=None, metadata={"key": "round_values"})
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> "EvaluationAnswer":
@@ -548,6 +577,7 @@ class EvaluationAnswer(Record):
             model_only=bool(d.get("model_only", False)),
             natural_course=NaturalCourse.from_json(part(d, "natural_course")),
             unrecorded_confounding=UnrecordedConfounding.from_json(part(d, "unrecorded_confounding")),
+            late_rounds=LateRounds.from_json(part(d, "round_values")),
         )
 
     @classmethod
@@ -606,13 +636,24 @@ class EvaluationAnswer(Record):
             return None
         ranking = self.simulated_ranking()
         if ranking is not None:
+            late = self.checked_rounds
+            rounds = (f", and {late.names()} order it alike on the {late.rows or 'validation'} rows"
+                      if late is not None else "")
             return (f"ranking over {self.horizon_text} (g-computation; highest value first; '>' where the pair is "
                     f"apart by its interval and by more than {RANK_MARGIN_NC:g}× the natural course's mean |gap| "
-                    f"{self.rank_margin / RANK_MARGIN_NC:.3f}, '≈' where it is not): {ranking}")
+                    f"{self.rank_margin / RANK_MARGIN_NC:.3f}{rounds}; '≈' where it is not): {ranking}")
         unseen = [name for name, p in self.policies.items() if p.model_only]
         return (f"no ranking over {self.horizon_text}: " + (
             f"no logged step follows {', '.join(unseen)}, so its value is not identified" if unseen
             else "a policy has no simulated value"))
+
+    @property
+    def checked_rounds(self) -> LateRounds | None:
+        """The late rounds a ranking's pairs are checked against (:meth:`simulated_ranking`): the run's, where they
+        were simulated at the horizon this answer asks; None elsewhere (a question at another horizon, a run that
+        scored no round)."""
+        late = self.late_rounds
+        return late if late is not None and late.horizon == self.whatif.horizon else None
 
     @property
     def rank_margin(self) -> float:
@@ -631,7 +672,9 @@ class EvaluationAnswer(Record):
           disjoint marginal intervals are the conservative test);
         * the simulator's own error, which those intervals omit: the difference exceeds :attr:`rank_margin`, twice
           the natural course's mean |gap| (:data:`RANK_MARGIN_NC`). Without it 9 of 111 '>' over 45 answers on issue
-          42's worlds ordered a pair against the truth, all on carry-over; with it 2 of 91 (docs/benchmarks.md).
+          42's worlds ordered a pair against the truth, all on carry-over; with it 2 of 91 (docs/benchmarks.md);
+        * the round that was picked: where the run scored rounds (:attr:`checked_rounds`, ``queries.round_values``),
+          every round of its second half orders the pair the same way on the validation rows.
 
         None where the numbers are extrapolation, a value is missing, or the logs never follow some policy (its value
         is not identified)."""
@@ -641,11 +684,14 @@ class EvaluationAnswer(Record):
             return None
         pols.sort(key=lambda kv: -kv[1].value_sim)
         ref = self.reference
+        late = self.checked_rounds
 
         def apart(hi: tuple[str, PolicyAnswer], lo: tuple[str, PolicyAnswer]) -> bool:
             (hn, h), (ln, low) = hi, lo
             e = h.effect if ln == ref else low.effect if hn == ref else None
             if h.value_sim - low.value_sim <= self.rank_margin:
+                return False
+            if late is not None and late.agree(hn, ln) is False:
                 return False
             if e is not None and e.low is not None and e.high is not None:
                 return e.low > 0 if ln == ref else e.high < 0

@@ -30,7 +30,8 @@ from fcd_secure.queries.base import SiteContext
 from fcd_secure.queries.incremental import attach_behaviour
 from fcd_secure.queries.logged import target_probs
 
-__all__ = ["HORIZONS", "PolicyRollout", "Rollouts", "horizon_grid", "per_sample_values", "rollouts", "true_values"]
+__all__ = ["HORIZONS", "PolicyRollout", "Rollouts", "bind_question", "horizon_grid", "per_sample_values", "rollouts",
+           "true_values"]
 
 #: the horizons a policy value is estimated on (those ≤ the question's horizon and the data's length)
 HORIZONS = (1, 2, 3, 5, 10, 20)
@@ -108,25 +109,41 @@ def rollouts(ctx: SiteContext) -> Rollouts:
     return ctx.once("policy.rollouts", lambda: _build(ctx))
 
 
+def bind_question(ctx: SiteContext, policies: list[Policy], rows: SiteDataset, H: int, seed: int,
+                  record: Path | None) -> tuple[list[Policy], dict[str, dict[str, Any]]]:
+    """The question's policies bound on the site before anything is simulated: every threshold read on the site's own
+    grid (P42), the labels and context columns bound to ``rows``, stochastic policies acting through the site's own
+    π̂, and the question admitted against its differencing budget (P41; ``record``: the site's record of answered
+    cohorts, None to check the question's own policies only). Returns the bound policies and how each threshold was
+    read (kept in the site's per-entity file).
+
+    Raises:
+        DataError: a policy names a label or a context column the site's data does not have.
+        Refusal: ``eval_cohort`` (``queries.budget.admit_question``).
+    """
+    from fcd_secure.queries.budget import admit_question  # noqa: PLC0415
+
+    bound = []
+    grid_notes: dict[str, dict[str, Any]] = {}
+    for raw in policies:
+        if ctx.questions is not None:
+            raw, note = snap_threshold(raw, ctx.data.train, ctx.questions.threshold_grid)
+            if note is not None:
+                grid_notes[raw.name] = note
+        bound.append(bind_policy(raw, rows))
+    bound = attach_behaviour(bound, ctx.data.train, seed)
+    if ctx.questions is not None:
+        admit_question(bound, rows, ctx.data.anchors, H, ctx.questions.min_difference, record)
+    return bound, grid_notes
+
+
 def _build(ctx: SiteContext) -> Rollouts:
-    from fcd_secure.queries.budget import QUESTION_SLOT, admit_question  # noqa: PLC0415
+    from fcd_secure.queries.budget import QUESTION_SLOT  # noqa: PLC0415
 
     sub, data, question = ctx.sub, ctx.data, ctx.request.whatif
     H = sub.L if question.horizon is None else question.horizon
-    # the site reads every threshold on its own grid and binds every policy before anything is simulated; the
-    # question is admitted against its differencing budget first (P41, P42)
-    bound = []
-    grid_notes: dict[str, dict[str, Any]] = {}  # how each threshold was read (kept in the site's per-entity file)
-    for raw in question.policies:
-        if ctx.questions is not None:
-            raw, note = snap_threshold(raw, data.train, ctx.questions.threshold_grid)
-            if note is not None:
-                grid_notes[raw.name] = note
-        bound.append(bind_policy(raw, sub))
-    bound = attach_behaviour(bound, data.train, ctx.seed)  # stochastic policies act through the site's own π̂
-    if ctx.questions is not None:
-        admit_question(bound, sub, data.anchors, H, ctx.questions.min_difference,
-                       None if ctx.site_dir is None else Path(ctx.site_dir) / "slots" / QUESTION_SLOT)
+    record = None if ctx.site_dir is None else Path(ctx.site_dir) / "slots" / QUESTION_SLOT
+    bound, grid_notes = bind_question(ctx, question.policies, sub, H, ctx.seed, record)
     n_samples = ctx.n_samples
     # the factual rectifier: the model's value of the logged actions minus the observed value
     replay = ctx.model.simulate_policy(sub, sub.T[:, :H].copy(), None, n_samples, ctx.seed, horizon=H)

@@ -25,6 +25,7 @@ from fcd_secure.queries.off_policy import OffPolicy
 from fcd_secure.queries.pi_source import PiSource
 from fcd_secure.queries.policy_values import LoggedSupport, PolicyValues, SimulatedValues
 from fcd_secure.queries.propensities import PropensitySource
+from fcd_secure.queries.round_values import RoundValues
 from fcd_secure.queries.selection import Selection
 from fcd_secure.queries.sensitivity import HorizonSensitivity, Sensitivity
 from fcd_secure.queries.sequential_dr import SequentialDR
@@ -47,6 +48,7 @@ QUERIES: tuple[Query, ...] = (
     PropensitySource(),
     NaturalCourse(),  # before the selection: a scored round's natural-course gap takes part in its rule
     Selection(),
+    RoundValues(),  # after the selection and the natural course: its rollouts leave theirs as they were
     DRLearnerFit(),
     DeclaredConfounding(),  # marks the weighted answers above: after them, before the kinds
     AnswerKinds(),

@@ -1,0 +1,93 @@
+"""The run's policies' simulated values in every scored round, as the consortium's sums (``rvalue.*``).
+
+A g-computation answer ranks its policies (``EvaluationAnswer.simulated_ranking``). The intervals of that ranking
+count entities and simulated futures, and its margin (twice the natural course's mean |gap|) counts the simulator's
+error under the logging policy; neither sees how much the simulator's order of two policies owes to the round that
+was picked. A run's late rounds are models of about equal standing (the round rule cannot tell them apart by their true
+error: docs/benchmarks.md, the Spearman sections), and on issue 42's carry-over world they often disagree on a pair
+that the chosen round orders confidently. So every scored round, each site also simulates the run's own policies
+(``[evaluation] policies``, at ``[evaluation] horizon``) on its **validation rows**, with the run's seed (common
+random numbers across rounds, as the natural course), and sends, per policy, the number of entities and the sum of
+their simulated values. The server keeps each round's values (``rounds.json``); the final answer carries those of
+the rounds of the run's second half (:func:`late_round_values`), and a ranking's ``>`` needs every one of them to
+order the pair the same way (snapshot disagreement as a reading of training noise: Huang et al. 2017, "Snapshot
+ensembles", ICLR; Fort, Hu & Lakshminarayanan 2019, "Deep ensembles: a loss landscape perspective").
+
+What leaves a site is what the final evaluation already sends of the same policies on other rows: one count and one
+sum of simulated values per policy, added across sites (secure aggregation in secure mode), never a per-entity
+value. The policies are bound as a question's are (thresholds on the site's grid, labels and contexts on its rows)
+and checked against each other on the validation rows (``queries.budget.admit_question`` without a record: two
+policies whose cohorts differ by fewer than the site's minimum are refused, docs/threats.md P70); a site that
+refuses, or whose validation rows are fewer than its cohort floor, sends nothing for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from fcd_secure.queries.base import MergeContext, Query, SiteContext, SiteSums, Totals
+from fcd_secure.queries.cohort import entity_count
+
+__all__ = ["RoundValues", "late_round_values"]
+
+#: the key that counts the sites that sent their values
+SITES_KEY = "rvalue.sites"
+#: per policy: entities and the sum of their simulated values
+FIELDS = ("n", "s")
+
+
+class RoundValues(Query):
+    """A scored round's simulated values of the run's policies on the validation rows (module docstring)."""
+
+    name = "round_values"
+    quick = True
+
+    def names(self, policy_names: Iterable[str], ope_horizon: int | None) -> list[str]:
+        return [SITES_KEY] + [f"rvalue.{p}.{f}" for p in policy_names for f in FIELDS]
+
+    def applies(self, ctx: SiteContext) -> bool:
+        return ctx.request.keep_round is not None
+
+    def site_sums(self, ctx: SiteContext) -> SiteSums:
+        from fcd_secure.audit import Refusal  # noqa: PLC0415
+        from fcd_secure.queries.policy_terms import bind_question, per_sample_values  # noqa: PLC0415
+        from fcd_secure.queries.request import request_from_config  # noqa: PLC0415
+
+        rows = ctx.data.validation
+        if rows is None or entity_count(rows) < ctx.floor:
+            return {}
+        question = request_from_config(ctx.cfg)
+        H = rows.L if question.horizon is None else min(int(question.horizon), rows.L)
+        seed = int(ctx.cfg.seed)  # common random numbers across rounds: the rounds differ by their model only
+        try:
+            bound, _ = bind_question(ctx, list(question.policies), rows, H, seed, None)
+        except Refusal:
+            return {}  # the final evaluation answers or refuses the same policies itself
+        out: SiteSums = {}
+        for pol in bound:
+            sim = ctx.model.simulate_policy(rows, pol, ctx.data.anchors, ctx.n_samples, seed, horizon=question.horizon)
+            v = per_sample_values(sim).mean(1)
+            out[f"rvalue.{pol.name}.n"] = float(v.size)
+            out[f"rvalue.{pol.name}.s"] = float(v.sum())
+        out[SITES_KEY] = 1.0
+        return out
+
+    def merge(self, totals: Totals, ctx: MergeContext, answer: dict[str, Any]) -> None:
+        if SITES_KEY not in totals:
+            return
+        names = [k[len("rvalue."):-len(".n")] for k in totals if k.startswith("rvalue.") and k.endswith(".n")]
+        values = {p: float(totals[f"rvalue.{p}.s"]) / float(totals[f"rvalue.{p}.n"])
+                  for p in names if float(totals.get(f"rvalue.{p}.n", 0.0)) > 0}
+        if values:
+            answer["round_values"] = values
+
+
+def late_round_values(history: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
+    """The scored rounds' values (:class:`RoundValues`) of the run's second half, keyed by round (as a string, the
+    JSON key): the rounds at or after half the last scored round, the rounds a ranking's ``>`` must agree with."""
+    scored = [r for r in history if r.get("round_values")]
+    if not scored:
+        return {}
+    last = max(int(r["round"]) for r in scored)
+    return {str(int(r["round"])): dict(r["round_values"]) for r in scored if int(r["round"]) >= last / 2}
