@@ -8,7 +8,6 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from conftest import SMALL_SCORED_RUN
 
 
 def test_a_scored_round_sends_each_policys_count_and_value_sum_on_the_validation_rows(tiny_dkt_site):
@@ -19,14 +18,21 @@ def test_a_scored_round_sends_each_policys_count_and_value_sum_on_the_validation
     from fcd_secure.queries.request import EvaluationRequest
     from fcd_secure.queries.round_values import RoundValues
 
-    cfg, data, model = tiny_dkt_site
+    world_cfg, data, model = tiny_dkt_site
     q = RoundValues()
-    scored = EvaluationRequest(quick=True, keep_round=3, n_samples=2)
-    # the tiny site's validation rows are below its cohort floor: nothing is sent; an unscored evaluation runs nothing
-    assert data.validation.n < 20 and site_metrics(model, data, cfg, scored, queries=[q]) == {}
-    assert site_metrics(model, data, cfg, EvaluationRequest(quick=True), queries=[q]) == {}
+    late = EvaluationRequest(quick=True, keep_round=world_cfg.federation.rounds, n_samples=2)
     big = replace(data, validation=replace(data.test, name="validation"))
-    sent = site_metrics(model, big, cfg, scored, queries=[q])
+    # DKT-Synth declares its unrecorded confounder (a student's readiness): nothing there is ranked, nothing is sent
+    assert site_metrics(model, big, world_cfg, late, queries=[q]) == {}
+    cfg = world_cfg.model_copy(update={"evaluation": world_cfg.evaluation.model_copy(
+        update={"unrecorded_confounding": ""})})  # the run declares none
+    # the tiny site's validation rows are below its cohort floor: nothing is sent; an unscored evaluation runs nothing,
+    # and neither does a scored round of the run's first half
+    assert data.validation.n < 20 and site_metrics(model, data, cfg, late, queries=[q]) == {}
+    assert site_metrics(model, big, cfg, EvaluationRequest(quick=True), queries=[q]) == {}
+    early = late.model_copy(update={"keep_round": 0})
+    assert cfg.federation.rounds >= 2 and site_metrics(model, big, cfg, early, queries=[q]) == {}
+    sent = site_metrics(model, big, cfg, late, queries=[q])
     names = [p.name for p in load_policy_refs(cfg.evaluation.policies)]
     assert set(sent) == {"rvalue.sites"} | {f"rvalue.{p}.{f}" for p in names for f in ("n", "s")}
     assert set(sent) <= set(registry.metric_names(names, None))  # the egress gate lets exactly these out
@@ -37,26 +43,49 @@ def test_a_scored_round_sends_each_policys_count_and_value_sum_on_the_validation
         assert sent[f"rvalue.{pol.name}.n"] == rows.n
         assert sent[f"rvalue.{pol.name}.s"] == pytest.approx(float(per_sample_values(sim).mean(1).sum()), rel=1e-9)
     # the same model and rows give the same sums: only the model moves them between rounds
-    assert site_metrics(model, big, cfg, scored.model_copy(update={"keep_round": 4}), queries=[q]) == sent
+    again = site_metrics(model, big, cfg, late.model_copy(update={"keep_round": late.keep_round + 1}), queries=[q])
+    assert again == sent
     merged = merge_site_metrics([sent, sent], None, queries=[q])["round_values"]
     assert merged == pytest.approx({p: sent[f"rvalue.{p}.s"] / sent[f"rvalue.{p}.n"] for p in names})
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group(SMALL_SCORED_RUN)
-def test_a_secure_run_keeps_each_scored_rounds_values_and_answers_with_its_late_ones(small_scored_run):
+def test_a_secure_run_keeps_its_late_rounds_values_and_its_answer_checks_the_ranking_against_them(tmp_path):
+    """A real run (Flower's in-process engine, secure aggregation, three hospitals of a table of one's own): the
+    scored rounds of its second half carry the policies' values in ``rounds.json``, its summary keeps them, and the
+    server received no sum in the clear."""
+    from conftest import GOOD_SPEC, make_long_table
+
+    from fcd_secure.audit.ledger import SERVER_LEDGER_FILE
+    from fcd_secure.config import build_config
+    from fcd_secure.engines.inprocess import run_inprocess
     from fcd_secure.queries.answers import EvaluationAnswer
 
-    cfg, res, _, out = small_scored_run
-    assert cfg.federation.secure_aggregation and cfg.evaluation.policies == ["never"]
+    df = make_long_table(600)
+    df["hospital"] = [f"h{int(p[1:]) % 4}" for p in df["pid"]]  # the tiny preset's four sites, 150 patients each
+    df.to_csv(tmp_path / "table.csv", index=False)
+    (tmp_path / "spec.toml").write_text(GOOD_SPEC)
+    cfg = build_config("tiny", {"seed": 0, "data": {"dataset": "spec", "spec": str(tmp_path / "spec.toml"),
+                                                    "table": str(tmp_path / "table.csv"), "test_fraction": 0.2,
+                                                    "n_sites": 4},
+                                "federation": {"rounds": 4, "eval_every": 1, "clients_per_round": 4},
+                                "evaluation": {"policies": ["never", "always"], "n_samples": 1, "max_rows": 32},
+                                "state_dir": str(tmp_path / "state"), "out": str(tmp_path / "run")})
+    assert cfg.federation.secure_aggregation
+    res = run_inprocess(cfg)
     kept = {r["round"]: r["round_values"] for r in res.history if r.get("round_values")}
-    assert sorted(kept) == [1, 2] and all(0.0 <= v["never"] <= 1.0 for v in kept.values())
+    assert sorted(kept) == [2, 3, 4]  # rounds ≥ rounds / 2
+    assert all(set(v) == {"never", "always"} and all(0.0 <= x <= 1.0 for x in v.values()) for v in kept.values())
+    out = tmp_path / "run"
     rounds = json.loads((out / "rounds.json").read_text())
     assert {r["round"]: r.get("round_values") for r in rounds if r.get("round_values")} == kept
     summary = json.loads((out / "summary.json").read_text())
-    late = summary["round_values"]
-    assert late["horizon"] == cfg.evaluation.horizon and late["rows"] == "validation"
-    assert late["rounds"] == {str(k): v for k, v in kept.items()}  # rounds ≥ half the last scored round: both
+    assert summary["round_values"] == {"horizon": None, "rows": "validation",
+                                       "rounds": {str(k): v for k, v in kept.items()}}
     ans = EvaluationAnswer.of(summary)
-    assert ans.checked_rounds is not None and ans.checked_rounds.names() == "rounds 1, 2"
-    assert np.isfinite(ans.late_rounds.rounds["2"]["never"])
+    assert ans.checked_rounds is not None and ans.checked_rounds.names() == "rounds 2, 3, 4"
+    received = [json.loads(x) for x in (tmp_path / "state" / "_server" / "audit" / SERVER_LEDGER_FILE)
+                .read_text().splitlines() if x.strip()]
+    received = [r for r in received if r["kind"] == "received"]
+    assert received and not any(r["metrics"] or r["metric_lists"] or r["tensors"] for r in received)
+    assert np.isfinite(ans.late_rounds.rounds["4"]["never"])

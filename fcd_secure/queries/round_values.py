@@ -8,7 +8,8 @@ error: docs/benchmarks.md, the Spearman sections), and on issue 42's carry-over 
 that the chosen round orders confidently. So every scored round, each site also simulates the run's own policies
 (``[evaluation] policies``, at ``[evaluation] horizon``) on its **validation rows**, with the run's seed (common
 random numbers across rounds, as the natural course), and sends, per policy, the number of entities and the sum of
-their simulated values. The server keeps each round's values (``rounds.json``); the final answer carries those of
+their simulated values; only in the second half of the run (a scored round ≥ ``federation.rounds`` / 2) and only
+where no unrecorded confounder is declared, the only rounds and runs a ranking reads. The server keeps each round's values (``rounds.json``); the final answer carries those of
 the rounds of the run's second half (:func:`late_round_values`), and a ranking's ``>`` needs every one of them to
 order the pair the same way (snapshot disagreement as a reading of training noise: Huang et al. 2017, "Snapshot
 ensembles", ICLR; Fort, Hu & Lakshminarayanan 2019, "Deep ensembles: a loss landscape perspective").
@@ -47,7 +48,14 @@ class RoundValues(Query):
         return [SITES_KEY] + [f"rvalue.{p}.{f}" for p in policy_names for f in FIELDS]
 
     def applies(self, ctx: SiteContext) -> bool:
-        return ctx.request.keep_round is not None
+        # only what a ranking can read (its cost: 0.6 s a site and scored round on DKT-Synth's diffusion rollouts,
+        # +20 % of the README's main job when every scored round paid it): the rounds of the run's second half, and
+        # never where the run declares an unrecorded confounder (nothing there is ranked: queries.kinds)
+        from fcd_secure.queries.declared import declared_confounding  # noqa: PLC0415
+
+        keep = ctx.request.keep_round
+        return (keep is not None and keep >= ctx.cfg.federation.rounds / 2
+                and ctx.once("round_values.declared", lambda: declared_confounding(ctx.cfg)) is None)
 
     def site_sums(self, ctx: SiteContext) -> SiteSums:
         from fcd_secure.audit import Refusal  # noqa: PLC0415
