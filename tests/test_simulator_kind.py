@@ -117,6 +117,9 @@ def test_a_pair_the_late_rounds_order_the_other_way_is_a_tie():
     assert "rounds 10, 20 order it alike on the validation rows" in ans.simulated_ranking_line()
     late["20"]["late_on"] = 0.62  # now every late round agrees: apart again
     assert EvaluationAnswer.of(answer).simulated_ranking().endswith("late_on 0.644 > never 0.583")
+    # a policy the run's rounds did not value (a later question's own) is not checked, and the line says so
+    del late["10"]["early_on"], late["20"]["early_on"]
+    assert "(early_on: not valued there, not checked)" in EvaluationAnswer.of(answer).simulated_ranking_line()
     # the rounds were simulated over whole trajectories: a question at another horizon is not checked against them
     answer["whatif"]["horizon"] = 10
     late["20"]["late_on"] = 0.57

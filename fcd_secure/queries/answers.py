@@ -637,8 +637,12 @@ class EvaluationAnswer(Record):
         ranking = self.simulated_ranking()
         if ranking is not None:
             late = self.checked_rounds
-            rounds = (f", and {late.names()} order it alike on the {late.rows or 'validation'} rows"
-                      if late is not None else "")
+            rounds = ""
+            if late is not None:
+                valued = {p for v in late.rounds.values() for p in v}
+                unchecked = [p for p in self.policies if p not in valued]
+                rounds = (f", and {late.names()} order it alike on the {late.rows or 'validation'} rows"
+                          + (f" ({', '.join(unchecked)}: not valued there, not checked)" if unchecked else ""))
             return (f"ranking over {self.horizon_text} (g-computation; highest value first; '>' where the pair is "
                     f"apart by its interval and by more than {RANK_MARGIN_NC:g}× the natural course's mean |gap| "
                     f"{self.rank_margin / RANK_MARGIN_NC:.3f}{rounds}; '≈' where it is not): {ranking}")
