@@ -89,3 +89,25 @@ def test_a_secure_run_keeps_its_late_rounds_values_and_its_answer_checks_the_ran
     received = [r for r in received if r["kind"] == "received"]
     assert received and not any(r["metrics"] or r["metric_lists"] or r["tensors"] for r in received)
     assert np.isfinite(ans.late_rounds.rounds["4"]["never"])
+
+
+def test_the_late_rounds_are_the_second_half_at_the_horizon_asked_from_the_best_covered_rounds():
+    from fcd_secure.queries.answers import LateRounds
+    from fcd_secure.queries.round_values import late_round_values
+
+    def row(r, sites=4, horizon=None, v=0.5):
+        return {"round": r, "round_values": {"a": v, "b": 0.4}, "round_values_sites": sites,
+                "round_values_horizon": horizon}
+
+    # 25 rounds scored every 10 (and the last): rounds 20 and 25 are at or after half of 25
+    assert sorted(late_round_values([{"round": 10}, row(20), row(25)], None)) == ["20", "25"]
+    # a round one site left out is not compared with rounds every site answered
+    assert sorted(late_round_values([row(20, sites=3), row(30), row(40)], None)) == ["30", "40"]
+    # a resumed run that changed [evaluation] horizon: only the rounds simulated at the horizon asked
+    assert sorted(late_round_values([row(20, horizon=5), row(30), row(40, horizon=5)], 5)) == ["20", "40"]
+    assert late_round_values([row(20)], 5) == {}
+    # a value that did not survive as a number (a non-finite sum written as null) is not compared, never a crash
+    late = LateRounds.from_json({"rounds": {"20": {"a": None, "b": 0.4}, "30": {"a": float("nan"), "b": 0.4}}})
+    assert late.agree("a", "b") is None
+    late = LateRounds.from_json({"rounds": {"20": {"a": None, "b": 0.4}, "30": {"a": 0.6, "b": 0.4}}})
+    assert late.agree("a", "b") is True and late.agree("b", "a") is False

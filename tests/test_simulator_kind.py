@@ -102,6 +102,8 @@ def test_a_pair_within_twice_the_natural_course_gap_is_a_tie_whatever_its_interv
     assert "more than 2× the natural course's mean |gap| 0.031" in ans.simulated_ranking_line()
     answer["natural_course"]["mean_abs_gap"] = 0.030  # 0.061 > 0.060: apart again
     assert EvaluationAnswer.of(answer).simulated_ranking().endswith("late_on 0.644 > never 0.583")
+    answer["natural_course"]["mean_abs_gap"] = float("nan")  # no measured error: no pair is apart
+    assert " > " not in EvaluationAnswer.of(answer).simulated_ranking()
 
 
 def test_a_pair_the_late_rounds_order_the_other_way_is_a_tie():

@@ -287,3 +287,25 @@ def test_P70_a_scored_rounds_values_cannot_single_out_a_validation_patient(mgdl_
     assert leak > 0  # one patient's simulated value under "insulin" against "none"
     guarded = sums(site.policy.questions)
     assert guarded == {} or guarded["rvalue.below_i.s"] == guarded["rvalue.above_i.s"]
+
+    # across runs: the coordinator asks one threshold in one run and another a few grid steps on in the next, so the
+    # two runs' sums differ by the few validation patients between them. The site keeps a record of the validation
+    # rows' answered cohorts: the second run's policy is refused (nothing sent); without the record it is answered
+    tcol = list(data.train.meta["a_names"]).index("lab")
+    tmean, tsd = context_scales(data.train)[tcol]
+    grid = np.quantile(data.train.A[:, 0, tcol] * tsd + tmean, [0.3, 0.7])
+    site_dir = tmp_path / "site"
+    (site_dir / "slots").mkdir(parents=True)
+
+    def run_of(name, value, record_dir):
+        one = site.cfg.model_copy(update={"evaluation": site.cfg.evaluation.model_copy(update={
+            "policies": [_policy_file(tmp_path, name, float(value))]})})
+        return site_metrics(model, data, one, scored, site_dir=record_dir, questions=site.policy.questions,
+                            queries=[RoundValues()])
+
+    first = run_of("lab_above_q30", grid[0], site_dir)
+    assert first["rvalue.lab_above_q30.n"] == val.n
+    assert run_of("lab_above_q30", grid[0], site_dir) == first  # the same cohort again: free
+    unrecorded = run_of("lab_above_q70", grid[1], None)
+    assert 0 < abs(unrecorded["rvalue.lab_above_q70.s"] - first["rvalue.lab_above_q30.s"])
+    assert run_of("lab_above_q70", grid[1], site_dir) == {}

@@ -236,7 +236,9 @@ class TrainingLoop(ServerLoop[FederationResult]):
         if quick.get("dr_learner_fit"):
             cols["dr_learner_fit"] = quick["dr_learner_fit"]  # consortium totals only (queries.dr_learner)
         if quick.get("round_values"):
-            cols["round_values"] = quick["round_values"]  # the policies' values this round (queries.round_values)
+            # the policies' values this round (queries.round_values), at the horizon and from the sites they came
+            cols.update(round_values=quick["round_values"], round_values_sites=quick.get("round_values_sites"),
+                        round_values_horizon=self.cfg.evaluation.horizon)
         return cols
 
     def evaluate(self) -> dict:
@@ -276,7 +278,7 @@ class TrainingLoop(ServerLoop[FederationResult]):
                                         round_id=fed.rounds + 1, dr_fit_steps=int(dr_fit.get("n") or 0))
         final_eval["dr_learner"] = {**dr_fit, "round": self.selection["round"], **(final_eval.get("dr_learner") or {})}
         # the late rounds' values of the run's policies: a ranking's '>' must hold in each (queries.round_values)
-        late = late_round_values(history)
+        late = late_round_values(history, self.cfg.evaluation.horizon)
         final_eval["round_values"] = {"horizon": self.cfg.evaluation.horizon, "rows": "validation",
                                       "rounds": late} if late else None
         for e in error_rows(self.comm, n_err):

@@ -131,13 +131,27 @@ def recorded_fields(run_dir: str | Path) -> dict[str, str]:
             if summary.get(key) is not None}
 
 
+def run_round_values(run_dir: str | Path, cfg: RunConfig, request: WhatIfRequest) -> dict[str, Any] | None:
+    """The run's late rounds' values (``queries.round_values``, its ``summary.json``) of the question's policies that
+    are the run's own, definition and name alike: the ranking checks a pair against them where the question asks them
+    at the run's horizon (``EvaluationAnswer.checked_rounds``). A question's own policy that only shares a name with
+    one of the run's is left out (its pairs are not checked, and the ranking line says so)."""
+    from fcd_secure.queries.request import request_from_config  # noqa: PLC0415
+
+    late = json.loads((Path(run_dir) / "summary.json").read_text()).get("round_values")
+    if not late:
+        return None
+    own = {p.name: p for p in request_from_config(cfg).policies}
+    same = {p.name for p in request.policies if own.get(p.name) == p}
+    rounds = {r: {k: v for k, v in vals.items() if k in same} for r, vals in (late.get("rounds") or {}).items()}
+    return {**late, "rounds": {r: v for r, v in rounds.items() if v}} if any(rounds.values()) else None
+
+
 def write_answer(run_dir: str | Path, cfg: RunConfig, request: WhatIfRequest, res: dict[str, Any]) -> dict[str, Any]:
     """The answer as ``fcd whatif`` keeps it, written to ``<run_dir>/whatif/<query id>.json``; returns it."""
     out = {"run": str(Path(run_dir)), "query_id": request.query_id, "dataset": cfg.data.dataset, "seed": cfg.seed,
            **res}
-    # the run's late rounds' values of its own policies (queries.round_values): the ranking checks a pair against them
-    # where the question asks them at the run's horizon (EvaluationAnswer.simulated_ranking)
-    out.setdefault("round_values", json.loads((Path(run_dir) / "summary.json").read_text()).get("round_values"))
+    out.setdefault("round_values", run_round_values(run_dir, cfg, request))
     atomic_write_text(Path(run_dir) / WHATIF_DIR / f"{request.query_id}.json", json.dumps(jsonable(out), indent=2))
     return out
 

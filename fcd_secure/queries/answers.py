@@ -421,7 +421,9 @@ class LateRounds(Record):
 
     def agree(self, hi: str, lo: str) -> bool | None:
         """Whether every late round that valued both policies puts ``hi`` above ``lo``; None where none valued both."""
-        pairs = [(v[hi], v[lo]) for v in self.rounds.values() if hi in v and lo in v]
+        pairs = [(v[hi], v[lo]) for v in self.rounds.values()
+                 if isinstance(v.get(hi), (int, float)) and isinstance(v.get(lo), (int, float))
+                 and math.isfinite(v[hi]) and math.isfinite(v[lo])]
         return None if not pairs else all(a > b for a, b in pairs)
 
     def names(self) -> str:
@@ -662,9 +664,11 @@ class EvaluationAnswer(Record):
     @property
     def rank_margin(self) -> float:
         """The least simulated difference a ranking's '>' needs: :data:`RANK_MARGIN_NC` × the natural course's mean
-        |gap| (0 where the answer has none; then it is not g-computation and nothing is ranked)."""
+        |gap| (infinite where the answer has none or it is not finite: then no pair is apart)."""
         gap = self.natural_course.mean_abs_gap if self.natural_course is not None else None
-        return RANK_MARGIN_NC * float(gap or 0.0)
+        if gap is None or not math.isfinite(float(gap)):
+            return math.inf  # no measured error: no pair is apart (and the answer is not g-computation anyway)
+        return RANK_MARGIN_NC * float(gap)
 
     def simulated_ranking(self) -> str | None:
         """The policies ordered by the simulator's value, highest first, where those values are g-computation (never

@@ -24,8 +24,12 @@ refuses, or whose validation rows are fewer than its cohort floor, sends nothing
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from fcd_secure.queries.base import MergeContext, Query, SiteContext, SiteSums, Totals
 from fcd_secure.queries.cohort import entity_count
@@ -36,6 +40,9 @@ __all__ = ["RoundValues", "late_round_values"]
 SITES_KEY = "rvalue.sites"
 #: per policy: entities and the sum of their simulated values
 FIELDS = ("n", "s")
+#: the site's record of the validation rows' answered cohorts (``queries.budget.admit_question``; P70), beside the
+#: test rows' (``queries.budget.QUESTION_SLOT``)
+VALIDATION_SLOT = "round_value_cohorts.json"
 
 
 class RoundValues(Query):
@@ -59,6 +66,7 @@ class RoundValues(Query):
 
     def site_sums(self, ctx: SiteContext) -> SiteSums:
         from fcd_secure.audit import Refusal  # noqa: PLC0415
+        from fcd_secure.data.spec import DataError  # noqa: PLC0415
         from fcd_secure.queries.policy_terms import bind_question, per_sample_values  # noqa: PLC0415
         from fcd_secure.queries.request import request_from_config  # noqa: PLC0415
 
@@ -68,14 +76,22 @@ class RoundValues(Query):
         question = request_from_config(ctx.cfg)
         H = rows.L if question.horizon is None else min(int(question.horizon), rows.L)
         seed = int(ctx.cfg.seed)  # common random numbers across rounds: the rounds differ by their model only
+        # the validation rows' own record of answered cohorts (P70): across rounds the same policies are free, and a
+        # later run's policy a few patients from one answered before is refused, as on the test rows (P41)
+        record = None if ctx.site_dir is None else Path(ctx.site_dir) / "slots" / VALIDATION_SLOT
         try:
-            bound, _ = bind_question(ctx, list(question.policies), rows, H, seed, None)
-        except Refusal:
-            return {}  # the final evaluation answers or refuses the same policies itself
+            bound, _ = bind_question(ctx, list(question.policies), rows, H, seed, record)
+        except (Refusal, DataError):
+            # nothing is sent for a pair the site refuses or a policy its data cannot bind; the round's other sums
+            # (its selection) still count. The final evaluation asks the same policies of the test rows and refuses
+            # there in the open (its refusal is recorded); this one is not recorded (docs/threats.md P70)
+            return {}
         out: SiteSums = {}
         for pol in bound:
             sim = ctx.model.simulate_policy(rows, pol, ctx.data.anchors, ctx.n_samples, seed, horizon=question.horizon)
             v = per_sample_values(sim).mean(1)
+            if not np.isfinite(v).all():
+                return {}
             out[f"rvalue.{pol.name}.n"] = float(v.size)
             out[f"rvalue.{pol.name}.s"] = float(v.sum())
         out[SITES_KEY] = 1.0
@@ -87,15 +103,22 @@ class RoundValues(Query):
         names = [k[len("rvalue."):-len(".n")] for k in totals if k.startswith("rvalue.") and k.endswith(".n")]
         values = {p: float(totals[f"rvalue.{p}.s"]) / float(totals[f"rvalue.{p}.n"])
                   for p in names if float(totals.get(f"rvalue.{p}.n", 0.0)) > 0}
+        values = {p: v for p, v in values.items() if math.isfinite(v)}
         if values:
             answer["round_values"] = values
+            # how many sites sent them: a round some site left out is not compared with one all sites answered
+            answer["round_values_sites"] = int(round(float(totals[SITES_KEY])))
 
 
-def late_round_values(history: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
+def late_round_values(history: Iterable[Mapping[str, Any]], horizon: int | None) -> dict[str, dict[str, float]]:
     """The scored rounds' values (:class:`RoundValues`) of the run's second half, keyed by round (as a string, the
-    JSON key): the rounds at or after half the last scored round, the rounds a ranking's ``>`` must agree with."""
-    scored = [r for r in history if r.get("round_values")]
+    JSON key): the rounds at or after half the last scored round, simulated at ``horizon`` (a resumed run may have
+    changed ``[evaluation] horizon``) and sent by as many sites as the best-covered of them, the rounds a ranking's
+    ``>`` must agree with."""
+    scored = [r for r in history if r.get("round_values") and r.get("round_values_horizon") == horizon]
     if not scored:
         return {}
     last = max(int(r["round"]) for r in scored)
-    return {str(int(r["round"])): dict(r["round_values"]) for r in scored if int(r["round"]) >= last / 2}
+    most = max(int(r.get("round_values_sites") or 0) for r in scored)
+    return {str(int(r["round"])): dict(r["round_values"]) for r in scored
+            if int(r["round"]) >= last / 2 and int(r.get("round_values_sites") or 0) == most}
