@@ -168,6 +168,15 @@ def test_a_plan_for_a_named_run_counts_the_run_s_own_use(tmp_path):
     assert fewer["use"]["rounds"] == 10 and fewer["use"]["min_local_steps"] == 32 and fewer["steps"] * 4 == named["steps"]
     bad = CliRunner().invoke(app, [*base, "--dataset", "tumourr"])
     assert bad.exit_code == 2 and "did you mean 'tumour'" in bad.output
+    spec = CliRunner().invoke(app, [*base, "--dataset", "spec"])
+    assert spec.exit_code == 2 and "--config" in spec.output
+    # the run's own [dp] cap and accountant, unless named here
+    capped = build_config("default", {"data": {"dataset": "tumour"}, "dp": {"enabled": True, "epsilon": 2.0}})
+    path.write_text(capped.to_toml())
+    res = CliRunner().invoke(app, ["privacy", "plan", "--trajectories", "190", "--config", str(path), "--json"])
+    out = json.loads(res.stdout)["data"]
+    assert (out["epsilon_cap"], out["accountant"], out["steps"]) == (2.0, capped.dp.accountant, named["steps"])
+    assert data("--config", str(path))["epsilon_cap"] == 2.0 and data("--config", str(path))["accountant"] == "rdp"
 
 
 def test_an_empty_poisson_batch_still_takes_a_noisy_accounted_step(tmp_path):

@@ -139,8 +139,10 @@ _PLAN_HELP = (
     "per round).\n\n"
     "The use is the run's: with --dataset, --preset or --config the rounds, local epochs, minimum local steps and "
     "batch size are those `fcd run` would train with (the preset, the world's own defaults, the file), so a plan for "
-    "`fcd run --dataset tumour` counts the 32 optimiser steps a round that world trains by default. An option given "
-    "here overrides only what it names. Without any of the three: 20 rounds, 1 local epoch, no minimum, batch 64."
+    "`fcd run --dataset tumour` counts the 32 optimiser steps a round that world trains by default, and ε, δ and the "
+    "accountant are the run's `[dp]` ones. An option given here overrides only what it names. Without any of the "
+    "three: 20 rounds, 1 local epoch, no minimum, batch 64, ε 8, prv. The plan is the whole cap's; a run that asks "
+    "for a share of it (`dp.run_epsilon`) plans that share."
 )
 #: the planned use when the command names no run (the plan's own defaults, kept from before runs could be named)
 _PLAN_DEFAULTS = {"rounds": 20, "local_epochs": 1, "min_local_steps": 0, "batch_size": 64}
@@ -166,9 +168,13 @@ def plan(
     preset: Annotated[Optional[str], typer.Option("--preset", help=f"Plan a run of this preset: {PRESET_HELP}.")] = None,
     config_file: Annotated[Optional[Path], typer.Option(
         "--config", exists=True, dir_okay=False, help="Plan the use of this run config (e.g. a run's config.toml).")] = None,
-    epsilon: Annotated[float, typer.Option("--dp-epsilon", min=0.01, help="Lifetime ε cap of the site's dataset.")] = 8.0,
-    delta: Annotated[Optional[float], typer.Option("--dp-delta", help="DP δ (default: a power of ten ≤ 1/(10·N)).")] = None,
-    accountant: Annotated[str, typer.Option("--accountant", help="prv or rdp.")] = "prv",
+    epsilon: Annotated[Optional[float], typer.Option(
+        "--dp-epsilon", min=0.01, help="Lifetime ε cap of the site's dataset (default: the named run's dp.epsilon, "
+        "else 8).")] = None,
+    delta: Annotated[Optional[float], typer.Option(
+        "--dp-delta", help="DP δ (default: the named run's dp.delta, else a power of ten ≤ 1/(10·N)).")] = None,
+    accountant: Annotated[Optional[str], typer.Option(
+        "--accountant", help="prv or rdp (default: the named run's dp.accountant, else prv).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON envelope on stdout.")] = False,
 ) -> None:
     from pydantic import ValidationError  # noqa: PLC0415
@@ -180,12 +186,20 @@ def plan(
 
     use = dict(_PLAN_DEFAULTS)
     source = "the plan's defaults"
+    dp_eps, dp_delta, dp_acc = 8.0, None, "prv"
     if dataset is not None or preset is not None or config_file is not None:
+        if dataset == "spec":
+            raise CliError("a table of one's own needs its spec and table: name the run with --config "
+                           "(a run's config.toml)", "USAGE")
         cfg = resolve_config(RunOptions(preset=preset, dataset=dataset, config_file=config_file))
         use = {"rounds": cfg.federation.rounds, "local_epochs": cfg.federation.local_epochs,
                "min_local_steps": cfg.federation.min_local_steps, "batch_size": cfg.model.batch_size}
-        source = (f"the run's: {cfg.data.dataset}, preset {cfg.preset}" if config_file is None
-                  else f"the run's: {config_file}")
+        dp_eps, dp_delta, dp_acc = cfg.dp.epsilon, cfg.dp.delta, cfg.dp.accountant
+        source = f"the run's: {cfg.data.dataset}, preset {cfg.preset}" + (
+            f", {config_file}" if config_file is not None else "")
+    epsilon = dp_eps if epsilon is None else epsilon
+    delta = dp_delta if delta is None else delta
+    accountant = dp_acc if accountant is None else accountant
     given = {"rounds": rounds, "local_epochs": local_epochs, "min_local_steps": min_local_steps,
              "batch_size": batch_size}
     use.update({k: v for k, v in given.items() if v is not None})
