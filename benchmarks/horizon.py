@@ -14,7 +14,8 @@ Per world and seed (``--worlds``, ``--seeds``; the run preset ``--preset``, defa
    simulation engine; every other setting is the world's own default, ``config.WORLD_DEFAULTS``); then the rule
    of ``fcd select`` across those runs, by the command's own code (``cli.select.choose_among``: D₁ at each run's
    selected round within one SE of the smallest, then the smallest natural-course gap; never the validation fit,
-   never the truth). Each run's figures, read back from its ``summary.json``, are printed with the one the rule chose; the chosen one's are scored against the targets:
+   never the truth). Each run's figures, read back from its ``summary.json``, are printed with the one the rule
+   chose; the chosen one's are scored against the targets:
    the simulator's whole-trajectory value of each of the paper's four regimens (``policies.<π>.value_sim``) against
    the truth (``value_true``, the oracle's, every valid step from t = 0), IPW with the logged propensities over the
    whole trajectory (``policies.<π>.ipw``, the same P every weighting estimator uses), the sequential doubly robust

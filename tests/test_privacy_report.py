@@ -165,7 +165,8 @@ def test_a_plan_for_a_named_run_counts_the_run_s_own_use(tmp_path):
     path.write_text(cfg.to_toml())
     assert data("--config", str(path))["steps"] == named["steps"]
     fewer = data("--dataset", "tumour", "--rounds", "10")
-    assert fewer["use"]["rounds"] == 10 and fewer["use"]["min_local_steps"] == 32 and fewer["steps"] * 4 == named["steps"]
+    assert fewer["use"]["rounds"] == 10 and fewer["use"]["min_local_steps"] == 32
+    assert fewer["steps"] * 4 == named["steps"]
     bad = CliRunner().invoke(app, [*base, "--dataset", "tumourr"])
     assert bad.exit_code == 2 and "did you mean 'tumour'" in bad.output
     spec = CliRunner().invoke(app, [*base, "--dataset", "spec"])

@@ -109,7 +109,8 @@ def test_a_pair_within_twice_the_natural_course_gap_is_a_tie_whatever_its_interv
 def test_a_pair_the_late_rounds_order_the_other_way_is_a_tie():
     """A run's late rounds are models of about equal standing; where one of them orders a pair the other way on the
     validation rows, the picked round's order of it is the pick's, not the data's (queries.round_values). Fresh
-    carry-over seed 13 printed `always 0.391 > late_on 0.303` with truths 0.349 and 0.463: its rounds 10-20 disagreed."""
+    carry-over seed 13 printed `always 0.391 > late_on 0.303` with truths 0.349 and 0.463: its rounds 10-20
+    disagreed."""
     answer = _answer()
     late = {"10": {"always": 0.84, "early_on": 0.80, "late_on": 0.66, "never": 0.58},
             "20": {"always": 0.85, "early_on": 0.82, "late_on": 0.57, "never": 0.59}}  # round 20: never above late_on

@@ -152,7 +152,8 @@ _PLAN_DEFAULTS = {"rounds": 20, "local_epochs": 1, "min_local_steps": 0, "batch_
 def plan(
     trajectories: Annotated[int, typer.Option("--trajectories", min=1, help="Trajectories at the site (its dataset's N).")],
     batch_size: Annotated[Optional[int], typer.Option(
-        "--batch-size", min=1, help="Expected Poisson batch size (default: the run's model.batch_size, else 64).")] = None,
+        "--batch-size", min=1,
+        help="Expected Poisson batch size (default: the run's model.batch_size, else 64).")] = None,
     rounds: Annotated[Optional[int], typer.Option(
         "--rounds", min=1, help="Planned federated rounds (default: the run's, else 20).")] = None,
     local_epochs: Annotated[Optional[int], typer.Option(
@@ -165,9 +166,11 @@ def plan(
     ] = None,
     dataset: Annotated[Optional[str], typer.Option(
         "--dataset", help="Plan the use `fcd run --dataset D` makes (its preset's and world's defaults).")] = None,
-    preset: Annotated[Optional[str], typer.Option("--preset", help=f"Plan a run of this preset: {PRESET_HELP}.")] = None,
+    preset: Annotated[Optional[str], typer.Option(
+        "--preset", help=f"Plan a run of this preset: {PRESET_HELP}.")] = None,
     config_file: Annotated[Optional[Path], typer.Option(
-        "--config", exists=True, dir_okay=False, help="Plan the use of this run config (e.g. a run's config.toml).")] = None,
+        "--config", exists=True, dir_okay=False,
+        help="Plan the use of this run config (e.g. a run's config.toml).")] = None,
     epsilon: Annotated[Optional[float], typer.Option(
         "--dp-epsilon", min=0.01, help="Lifetime ε cap of the site's dataset (default: the named run's dp.epsilon, "
         "else 8).")] = None,
@@ -215,9 +218,10 @@ def plan(
         raise CliError(str(exc)) from None
     result = {"sigma": sigma, "q": q, "steps": steps, "passes_per_round": passes, "delta": d, "epsilon_cap": epsilon,
               "accountant": accountant, "use": use}
-    text = (f"σ = {sigma:.4f} for ε ≤ {epsilon:g} at δ = {d:.3g} over {steps} Poisson steps ({use['rounds']} rounds × "
-            f"{passes} pass(es) × {per_pass}; q = {q:.4g}, {accountant}); local epochs {use['local_epochs']}, "
-            f"min local steps {use['min_local_steps']}, batch {use['batch_size']} ({source}, options given win)")
+    text = (f"σ = {sigma:.4f} for ε ≤ {epsilon:g} at δ = {d:.3g} over {steps} Poisson steps "
+            f"({use['rounds']} rounds × {passes} pass(es) × {per_pass}; q = {q:.4g}, {accountant}); "
+            f"local epochs {use['local_epochs']}, min local steps {use['min_local_steps']}, "
+            f"batch {use['batch_size']} ({source}, options given win)")
     if as_json:
         emit(ok(result, text))
     else:

@@ -1,25 +1,25 @@
-"""The run's policies' simulated values in every scored round, as the consortium's sums (``rvalue.*``).
+"""The run's policies' simulated values in the late scored rounds, as the consortium's sums (``rvalue.*``).
 
 A g-computation answer ranks its policies (``EvaluationAnswer.simulated_ranking``). The intervals of that ranking
 count entities and simulated futures, and its margin (twice the natural course's mean |gap|) counts the simulator's
 error under the logging policy; neither sees how much the simulator's order of two policies owes to the round that
-was picked. A run's late rounds are models of about equal standing (the round rule cannot tell them apart by their true
-error: docs/benchmarks.md, the Spearman sections), and on issue 42's carry-over world they often disagree on a pair
-that the chosen round orders confidently. So every scored round, each site also simulates the run's own policies
-(``[evaluation] policies``, at ``[evaluation] horizon``) on its **validation rows**, with the run's seed (common
-random numbers across rounds, as the natural course), and sends, per policy, the number of entities and the sum of
-their simulated values; only in the second half of the run (a scored round ≥ ``federation.rounds`` / 2) and only
-where no unrecorded confounder is declared, the only rounds and runs a ranking reads. The server keeps each round's values (``rounds.json``); the final answer carries those of
-the rounds of the run's second half (:func:`late_round_values`), and a ranking's ``>`` needs every one of them to
-order the pair the same way (snapshot disagreement as a reading of training noise: Huang et al. 2017, "Snapshot
-ensembles", ICLR; Fort, Hu & Lakshminarayanan 2019, "Deep ensembles: a loss landscape perspective").
+was picked. A run's late rounds are models of about equal standing (the round rule cannot tell them apart by their
+true error: docs/benchmarks.md, the Spearman sections), and on issue 42's carry-over world they often disagree on a
+pair that the chosen round orders confidently. So in every scored round of the run's second half (round ≥
+``federation.rounds`` / 2), where no unrecorded confounder is declared (nothing is ranked there), each site also
+simulates the run's own policies (``[evaluation] policies``, at ``[evaluation] horizon``) on its **validation rows**,
+with the run's seed (common random numbers across rounds, as the natural course), and sends, per policy, the number
+of entities and the sum of their simulated values. The server keeps each round's values (``rounds.json``); the final
+answer carries those of :func:`late_round_values`, and a ranking's ``>`` needs every one of them to order the pair
+the same way (snapshot disagreement as a reading of training noise: Huang et al. 2017, "Snapshot ensembles", ICLR;
+Fort, Hu & Lakshminarayanan 2019, "Deep ensembles: a loss landscape perspective").
 
 What leaves a site is what the final evaluation already sends of the same policies on other rows: one count and one
 sum of simulated values per policy, added across sites (secure aggregation in secure mode), never a per-entity
 value. The policies are bound as a question's are (thresholds on the site's grid, labels and contexts on its rows)
-and checked against each other on the validation rows (``queries.budget.admit_question`` without a record: two
-policies whose cohorts differ by fewer than the site's minimum are refused, docs/threats.md P70); a site that
-refuses, or whose validation rows are fewer than its cohort floor, sends nothing for them.
+and admitted against the site's minimum difference and its own record of the validation rows' answered cohorts
+(``queries.budget.admit_question`` with :data:`VALIDATION_SLOT`, docs/threats.md P70); a site that refuses, cannot
+bind a policy, or whose validation rows are fewer than its cohort floor sends nothing for them.
 """
 
 from __future__ import annotations
