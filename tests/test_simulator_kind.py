@@ -76,6 +76,20 @@ def test_unchecked_or_declared_simulator_numbers_stay_extrapolation_and_unranked
         assert "Extrapolation (tumour): the simulator over whole trajectories" in said and "ranking over" not in said
 
 
+def test_a_natural_course_without_a_single_standard_error_is_unchecked_not_a_misfit():
+    # every step compared on one entity: no standard error, no verdict (passes None) and, with no step at all, no gap;
+    # the kind line used to format the missing gap and crash, and to call an unchecked simulator a misfit
+    for gap in (None, 0.02):
+        answer = _answer()
+        answer.pop("kinds")
+        answer["natural_course"] = {"passes": None, "mean_abs_gap": gap}
+        AnswerKinds().merge({}, None, answer)
+        line = answer["kinds"][EXTRAPOLATION]["checked_by"]
+        assert "not checkable" in line and "MISFIT" not in line
+        assert ("n/a" in line) == (gap is None)
+        assert EvaluationAnswer.of(answer).simulated_ranking() is None
+
+
 def test_a_policy_no_logged_step_follows_blocks_the_ranking_and_says_so():
     ans = EvaluationAnswer.of(_answer(unseen=True))
     assert ans.simulator_kind == G_COMPUTATION and ans.simulated_ranking() is None

@@ -36,6 +36,12 @@ __all__ = ["AnswerKinds", "CHECKED", "EXTRAPOLATION", "G_COMPUTATION"]
 IDENTIFYING = ("sequential exchangeability given the recorded history", "positivity", "consistency")
 
 
+def _gap(nc: dict[str, Any]) -> str:
+    """The natural course's mean |gap| as the lines print it (``n/a`` where no step was compared)."""
+    gap = nc.get("mean_abs_gap")
+    return "n/a" if gap is None else f"{float(gap):.3f}"
+
+
 class AnswerKinds(MergeOnly):
     """``answer["kinds"]``: per kind of answer present, its assumptions and what was measured of them."""
 
@@ -71,7 +77,7 @@ class AnswerKinds(MergeOnly):
         # checks the simulator (no sequential DR, no weighted answer) and the answer is model-only (issue 43 item 5)
         if nc is not None and nc.get("passes") and source is not None:
             kinds[G_COMPUTATION] = {"assumptions": list(IDENTIFYING) + ["the confounders are recorded"],
-                                    "checked_by": f"natural course (mean |gap| {nc.get('mean_abs_gap', 0.0):.3f}, "
+                                    "checked_by": f"natural course (mean |gap| {_gap(nc)}, "
                                                   "consistent with the logs)"}
         decl = answer.get("unrecorded_confounding")
         if G_COMPUTATION in kinds and not decl:
@@ -83,12 +89,17 @@ class AnswerKinds(MergeOnly):
                                     "ranked": False}
             if nc is not None and nc.get("passes") and source is None:
                 kinds[EXTRAPOLATION]["checked_by"] = (
-                    f"natural course consistent with the logs (mean |gap| {nc.get('mean_abs_gap', 0.0):.3f}), but the "
+                    f"natural course consistent with the logs (mean |gap| {_gap(nc)}), but the "
                     "sites have no propensities: a model-only answer, nothing weighted checks it")
-            if nc is not None and not nc.get("passes"):
+            if nc is not None and nc.get("passes") is False:
                 kinds[EXTRAPOLATION]["checked_by"] = (
-                    f"natural course MISFIT (mean |gap| {nc.get('mean_abs_gap', 0.0):.3f}): the simulator under the "
+                    f"natural course MISFIT (mean |gap| {_gap(nc)}): the simulator under the "
                     "logging policy departs from the logs, so its whole-trajectory numbers are not g-computation")
+            elif nc is not None and nc.get("passes") is None:
+                # no step had a standard error (too few entities a step): unchecked is not a misfit, and not a pass
+                kinds[EXTRAPOLATION]["checked_by"] = (
+                    f"natural course not checkable (mean |gap| {_gap(nc)}, no step with a standard error): nothing "
+                    "checks the simulator's whole-trajectory numbers")
         if decl:
             shown = "the Γ-bounds under the marginal sensitivity model (one-step effect; values at the horizon asked)"
             for kind in (CHECKED, G_COMPUTATION):
