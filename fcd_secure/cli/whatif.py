@@ -371,9 +371,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Simulate each POLICY on the run's trained model (Θc from theta_c.npz, each site's own Θs from its state)
         in one evaluation-only round on the run's engine (--engine): its value with an interval, the difference to the
-        reference policy with an interval, and the truth beside them on an oracle (dkt-synth, tumour). Per-entity
-        effects are written on each site, into that site's own state folder (whatif/<query id>.csv); only consortium
-        sums reach the server.
+        reference policy with an interval, and the truth beside them on an oracle (dkt-synth, tumour, carryover).
+        Each answer says its kind and its horizon: checked by weighting (doubly robust, over the steps the logs
+        reach), g-computation by the simulator (its natural course matches the logs; ranked at the horizon asked
+        only) or extrapolation (never ranked). Per-entity effects are written on each site, into that site's own
+        state folder (whatif/<query id>.csv); only consortium sums reach the server.
         The result is also written to RUN_DIR/whatif/<query id>.json.
 
         A run of `fcd server run` is asked through the coordinator's SuperLink as a new run the coordinator signs:
