@@ -604,3 +604,38 @@ def test_single_theta_s_values_are_found_in_every_number_encoding_and_fresh_valu
         assert not values.found_in([0.0, 1.0, 0.5, 20, 100, True])  # counts, flags, simple fractions
 
     run()
+
+
+def test_a_declined_part_is_written_into_the_replys_line_and_cannot_be_struck_out(tmp_path):
+    """A handler that refuses part of a request and answers the rest (``note_declined``, P70) leaves its reply as
+    built, and the gate writes the refusal into that reply's signed line; a reply with nothing declined has no such
+    field, and a call outside any gate records nothing. An insider who strikes the field out to hide the probe
+    breaks the line's hash chain."""
+    import json
+
+    from fcd_secure.audit import Refusal, note_declined
+
+    note_declined(Refusal("eval_cohort", "config", "answered_cohort"))  # no gate: nowhere to write, nothing fails
+    site = Site(tmp_path)
+    inner = site.train_handler()
+
+    def declining_handler(msg, ctx):
+        note_declined(Refusal("eval_cohort", "config", "answered_cohort"))
+        return inner(msg, ctx)
+
+    plain = site.send(instruction("train", 1))
+    probed = site.send(instruction("train", 2), declining_handler)
+    assert plain.has_content() and probed.has_content()
+    first, second = _uploads(site)
+    assert "declined" not in first and second["status"] == "sent"
+    assert second["declined"] == [{"rule": "eval_cohort", "record": "config", "key": "answered_cohort"}]
+    ledger = tmp_path / site.site_id / "audit" / "site_ledger.jsonl"
+    assert [r for r in verify_path(tmp_path / site.site_id).refusals if r.part]
+    lines = ledger.read_text().splitlines()
+    (i,) = [k for k, x in enumerate(lines) if "declined" in json.loads(x)]
+    line = json.loads(lines[i])
+    del line["declined"]
+    lines[i] = json.dumps(line, separators=(",", ":"), sort_keys=True)
+    ledger.write_text("\n".join(lines) + "\n")
+    res = verify_path(tmp_path / site.site_id)
+    assert res.status == "tampered" and not [r for r in res.refusals if r.part]

@@ -309,3 +309,60 @@ def test_P70_a_scored_rounds_values_cannot_single_out_a_validation_patient(mgdl_
     unrecorded = run_of("lab_above_q70", grid[1], None)
     assert 0 < abs(unrecorded["rvalue.lab_above_q70.s"] - first["rvalue.lab_above_q30.s"])
     assert run_of("lab_above_q70", grid[1], site_dir) == {}
+
+
+def test_P70_a_refused_round_value_is_written_to_the_sites_ledger(mgdl_site, tmp_path):
+    """P70, the audit half. A coordinator probing the validation rows with policies a few patients apart is refused
+    (the test above), but the scored round's reply still leaves with its other sums: before, nothing in the site's
+    ledger showed that the probe happened. Now the egress gate running the round's handler writes the refusal into
+    that reply's line (``declined``, rule ``eval_cohort``), and ``fcd audit verify`` lists it for the privacy officer
+    beside the refused replies; a round with nothing declined has no such field."""
+    from fcd_secure.audit.report import markdown
+    from fcd_secure.audit.verify import verify_path
+    from fcd_secure.data.policy import context_scales
+    from fcd_secure.queries.evaluation import site_metrics
+    from fcd_secure.queries.request import EvaluationRequest
+    from fcd_secure.queries.round_values import RoundValues
+    from test_audit_support import Site, instruction
+
+    site = mgdl_site()
+    data, model = site.data, site.model
+    model.keep_context_range(data.train)
+    scored = EvaluationRequest(quick=True, keep_round=1, n_samples=1)
+    tcol = list(data.train.meta["a_names"]).index("lab")
+    tmean, tsd = context_scales(data.train)[tcol]
+    grid = np.quantile(data.train.A[:, 0, tcol] * tsd + tmean, [0.3, 0.7])
+    record_dir = tmp_path / "site"
+    (record_dir / "slots").mkdir(parents=True)
+    audited = Site(tmp_path / "audit")
+
+    def round_with(name, value):
+        one = site.cfg.model_copy(update={"evaluation": site.cfg.evaluation.model_copy(update={
+            "policies": [_policy_file(tmp_path, name, float(value))]})})
+        inner = audited.train_handler()
+        sent = {}
+
+        def handler(msg, ctx):  # the scored round's sums are computed inside the handler the gate wraps
+            sent.update(site_metrics(model, data, one, scored, site_dir=record_dir, questions=site.policy.questions,
+                                     queries=[RoundValues()]))
+            return inner(msg, ctx)
+
+        reply = audited.send(instruction("train", 1 + len(sent_rounds)), handler)
+        sent_rounds.append(sent)
+        assert reply.has_content() and not reply.has_error()  # the round's reply itself leaves
+        return [l for l in audited.ledger.lines() if l["kind"] == "upload"][-1]
+
+    sent_rounds: list[dict] = []
+    first = round_with("lab_above_q30", grid[0])
+    assert sent_rounds[0]["rvalue.lab_above_q30.n"] > 0 and "declined" not in first
+    probe = round_with("lab_above_q70", grid[1])  # a few validation patients on: refused, nothing of it sent
+    assert sent_rounds[1] == {}
+    assert probe["status"] == "sent"
+    assert probe["declined"] == [{"rule": "eval_cohort", "record": "config", "key": "answered_cohort"}]
+    res = verify_path(tmp_path / "audit")
+    # a site ledger alone (no server receipts, its key unpinned): partial evidence, but neither tampered nor a
+    # violation (a declined part is the site doing its job)
+    assert res.status == "partial" and not [f for f in res.findings if f.severity in ("tampered", "violation")]
+    (listed,) = [r for r in res.refusals if r.part]
+    assert (listed.rule, listed.key, listed.round) == ("eval_cohort", "answered_cohort", 2)
+    assert "part of the request declined, the rest answered" in markdown(res)

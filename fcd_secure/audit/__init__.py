@@ -40,6 +40,7 @@ from fcd_secure.audit.rules import (
     Refusal,
     SecaggReplyRule,
     SiteFailure,
+    note_declined,
     site_error_name,
 )
 from fcd_secure.audit.server import ServerAudit
@@ -73,6 +74,7 @@ __all__ = [
     "load_or_create_identity_key",
     "make_egress_gate",
     "message_bytes",
+    "note_declined",
     "payload_bytes",
     "record_site_refusal",
     "site_error_name",

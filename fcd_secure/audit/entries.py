@@ -261,7 +261,9 @@ class UploadLine(MessageLine):
 
     ``status``: ``sent`` (left as built), ``refused`` (content withheld, an error reply left instead; ``refusal``
     names the rule and ``withheld`` the content by names and sizes), ``error`` (the handler failed; a generic error
-    left; ``handler_error_code`` is the code the handler chose, kept here only).
+    left; ``handler_error_code`` is the code the handler chose, kept here only). ``declined``: the parts of the
+    request the handler refused while it answered the rest (``audit.rules.note_declined``; e.g. a scored round's
+    values of a policy pair the site's cohort rules refuse, P70), each by its rule; absent where none.
     """
 
     kind: Literal["upload"] = "upload"
@@ -273,11 +275,13 @@ class UploadLine(MessageLine):
     refusal: RefusalRecord | None = None
     withheld: Withheld | None = None
     handler_error_code: int | None = None
+    declined: tuple[RefusalRecord, ...] | None = None
     #: the heads of the site's privacy ledgers when the reply left (:mod:`fcd_secure.privacy.anchor`), so verify can
     #: tell a ledger that disappeared or went backwards; ``None`` when the site keeps no privacy anchor
     privacy_anchors: tuple[PrivacyAnchor, ...] | None = None
 
-    omit_if_none: ClassVar[tuple[str, ...]] = ("refusal", "withheld", "handler_error_code", "privacy_anchors")
+    omit_if_none: ClassVar[tuple[str, ...]] = ("refusal", "withheld", "handler_error_code", "declined",
+                                               "privacy_anchors")
 
 
 #: how the server names a node it has not identified yet (its ``hello`` reply is recorded before it says which site

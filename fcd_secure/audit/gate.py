@@ -21,6 +21,9 @@ nothing a handler or an inner mod builds can pass around it. The rules are :mod:
 * A secure-aggregation reply passes the stage's size bound (:mod:`~fcd_secure.audit.rules`) and then, when the site
   binds one (``SiteAuditContext.protocol_reply``), the protocol's own exact check against the request it answers:
   header, length, names (P29).
+* A part of the request the handler declines while it answers the rest (``audit.rules.note_declined``: e.g. a scored
+  round's values of a policy pair the site's cohort rules refuse, P70) is written into the reply's line as
+  ``declined``, by rule, so the ledger shows such a probe as it shows a refused reply.
 * Every reply that leaves (content, refusal error or generic error) is measured by
   :func:`fcd_secure.audit.accounting.describe_message` and written to the site ledger *before* it is returned; if
   the ledger cannot be written, only a generic error leaves. The line records the heads of the site's privacy
@@ -65,6 +68,7 @@ from fcd_secure.audit.rules import (
     SiteFailure,
     check_content,
     check_reply_binding,
+    declining,
     site_error_name,
 )
 from fcd_secure.manifest import Manifest
@@ -185,12 +189,15 @@ def _gate(msg: Message, context: Context, call_next: Callable[[Message, Context]
     except Exception as exc:  # noqa: BLE001 - fail closed: without a working ledger nothing with content leaves
         return _unprepared(msg, exc)
 
+    # what the handler declines while it answers the rest (audit.rules.note_declined) goes into the reply's line
+    declined: list[Refusal] = []
     try:
-        reply = call_next(msg, context)
+        with declining() as declined:
+            reply = call_next(msg, context)
     except Refusal as refusal:  # the site's policy refused the request before anything was computed
         try:
             out = _policy_refusal(msg, refusal)
-            _record(ctx, out, "refused", refusal=refusal.to_record())
+            _record(ctx, out, "refused", refusal=refusal.to_record(), declined=declined)
             return out
         except Exception as exc:  # noqa: BLE001
             log.error("egress gate could not record a refusal (%s); replying with a generic error", type(exc).__name__)
@@ -200,7 +207,7 @@ def _gate(msg: Message, context: Context, call_next: Callable[[Message, Context]
         reply = None
 
     try:
-        return _checked(msg, reply, ctx)
+        return _checked(msg, reply, ctx, declined)
     except Exception as exc:  # noqa: BLE001
         log.error("egress gate failed while checking or recording (%s); replying with a generic error", type(exc).__name__)
         _debug_trace()
@@ -219,17 +226,20 @@ def _unprepared(msg: Message, exc: Exception) -> Message:
     return _error_reply(msg, GENERIC_ERROR_REASON)
 
 
-def _checked(msg: Message, reply: Message | None, ctx: SiteAuditContext) -> Message:
-    """The reply that may leave for ``msg`` (``reply`` itself, or an error the gate builds), recorded."""
+def _checked(
+    msg: Message, reply: Message | None, ctx: SiteAuditContext, declined: Sequence[Refusal] = ()
+) -> Message:
+    """The reply that may leave for ``msg`` (``reply`` itself, or an error the gate builds), recorded with the parts
+    of the request its handler ``declined``."""
     if reply is None or not isinstance(reply, Message):
         out = _error_reply(msg, GENERIC_ERROR_REASON)
-        _record(ctx, out, "error")
+        _record(ctx, out, "error", declined=declined)
         return out
     if reply.has_error():
         # the handler's code and reason are both its choice (a 64-bit integer is a covert channel, the reason may
         # quote an exception): only the category of the closed vocabulary leaves, the original code stays local
         out = _site_error_reply(msg, site_error_name(reply.error.code))
-        _record(ctx, out, "error", handler_error_code=_int_or_none(reply.error.code))
+        _record(ctx, out, "error", handler_error_code=_int_or_none(reply.error.code), declined=declined)
         return out
     try:
         check_reply_binding(reply, msg)
@@ -246,12 +256,12 @@ def _checked(msg: Message, reply: Message | None, ctx: SiteAuditContext) -> Mess
     except Refusal as refusal:
         withheld = describe_message(reply)
         out = _error_reply(msg, f"egress refused by the site gate: {refusal.rule}")
-        _record(ctx, out, "refused", refusal=refusal.to_record(), withheld=withheld)
+        _record(ctx, out, "refused", refusal=refusal.to_record(), withheld=withheld, declined=declined)
         log.warning("egress gate refused a %s reply (rule %s)", reply.metadata.message_type, refusal.rule)
         return out
     # rebuilt: only the checked content travels, under metadata Flower derives from the instruction
     out = Message(_with_head(reply.content, ctx), reply_to=msg)
-    _record(ctx, out, "sent")
+    _record(ctx, out, "sent", declined=declined)
     return out
 
 
@@ -347,7 +357,11 @@ def _record(
     refusal: RefusalRecord | None = None,
     withheld: MessageFacts | None = None,
     handler_error_code: int | None = None,
+    declined: Sequence[Refusal] = (),
 ) -> UploadLine:
+    if declined:
+        log.warning("site handler declined part of a %s request (rules %s)", out.metadata.message_type,
+                    ", ".join(sorted({r.rule for r in declined})))
     return ctx.ledger.record_upload(
         describe_message(out),
         status=status,
@@ -356,6 +370,7 @@ def _record(
         refusal=refusal,
         withheld=withheld,
         handler_error_code=handler_error_code,
+        declined=tuple(r.to_record() for r in declined),
         privacy_anchors=_anchors(ctx),
     )
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import io
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -327,6 +327,7 @@ class SiteLedger(_ChainedLog):
         refusal: RefusalRecord | None = None,
         withheld: MessageFacts | None = None,
         handler_error_code: int | None = None,
+        declined: Sequence[RefusalRecord] = (),
         privacy_anchors: tuple[PrivacyAnchor, ...] | None = None,
     ) -> UploadLine:
         """Record one reply at the gate.
@@ -341,6 +342,8 @@ class SiteLedger(_ChainedLog):
             withheld: the refused content, recorded by names and sizes only.
             handler_error_code: the code the handler chose for its error reply, kept here only (the reply that
                 left carries the gate's fixed code).
+            declined: the parts of the request the handler refused while it answered the rest
+                (:func:`~fcd_secure.audit.rules.note_declined`), recorded only where there are some.
             privacy_anchors: the heads of the site's privacy ledgers
                 (:func:`fcd_secure.privacy.anchor.read_anchors`), or ``None``.
 
@@ -354,6 +357,8 @@ class SiteLedger(_ChainedLog):
             fields["withheld"] = {k: w[k] for k in Withheld.model_fields}
         if handler_error_code is not None:
             fields["handler_error_code"] = int(handler_error_code)
+        if declined:
+            fields["declined"] = tuple(declined)
         if privacy_anchors is not None:
             fields["privacy_anchors"] = tuple(privacy_anchors)
         return self.append(UploadLine, fields)

@@ -42,7 +42,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Literal
 
 import numpy as np
@@ -295,6 +297,35 @@ class Refusal(FcdError, Exception):
     def to_record(self) -> RefusalRecord:
         """The refusal as the site ledger records it."""
         return RefusalRecord(rule=self.rule, record=self.record, key=self.key)
+
+
+#: the parts of the request being answered that the site's handler declined (:func:`note_declined`): one list per
+#: reply, opened by the egress gate around its handler (:func:`declining`); None where no gate runs
+_DECLINED: ContextVar[list[Refusal] | None] = ContextVar("fcd_declined", default=None)
+
+
+def note_declined(refusal: Refusal) -> None:
+    """Record that the site's handler declined ``refusal``'s part of the request while it answers the rest: e.g. a
+    scored round's values of a policy pair the site's cohort rules refuse (``queries.round_values``, docs/threats.md
+    P70), where the round's other sums still leave. The egress gate running the handler writes it into the reply's
+    upload line (``declined``), so the site's ledger shows the probe as it shows a refused reply; a no-op where no
+    gate runs (a handler called directly, as a test or an offline evaluation does)."""
+    bucket = _DECLINED.get()
+    if bucket is not None:
+        bucket.append(refusal)
+
+
+@contextmanager
+def declining() -> Iterator[list[Refusal]]:
+    """The gate's side of :func:`note_declined`: the list the handler run inside the block appends to. The handler
+    runs in the gate's thread (Flower calls a ClientApp's mods and handler in one call chain), so a context variable
+    carries the list without passing it through every layer between them."""
+    bucket: list[Refusal] = []
+    token = _DECLINED.set(bucket)
+    try:
+        yield bucket
+    finally:
+        _DECLINED.reset(token)
 
 
 def _check_name(name: str, theta_s_names: set[str], record: str, key: str | None) -> None:

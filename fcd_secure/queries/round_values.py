@@ -19,7 +19,8 @@ sum of simulated values per policy, added across sites (secure aggregation in se
 value. The policies are bound as a question's are (thresholds on the site's grid, labels and contexts on its rows)
 and admitted against the site's minimum difference and its own record of the validation rows' answered cohorts
 (``queries.budget.admit_question`` with :data:`VALIDATION_SLOT`, docs/threats.md P70); a site that refuses, cannot
-bind a policy, or whose validation rows are fewer than its cohort floor sends nothing for them.
+bind a policy, or whose validation rows are fewer than its cohort floor sends nothing for them, and a refusal is
+written into the round's reply line in the site's ledger (``audit.rules.note_declined``).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class RoundValues(Query):
                 and ctx.once("round_values.declared", lambda: declared_confounding(ctx.cfg)) is None)
 
     def site_sums(self, ctx: SiteContext) -> SiteSums:
-        from fcd_secure.audit import Refusal  # noqa: PLC0415
+        from fcd_secure.audit import Refusal, note_declined  # noqa: PLC0415
         from fcd_secure.data.spec import DataError  # noqa: PLC0415
         from fcd_secure.queries.policy_terms import bind_question, per_sample_values  # noqa: PLC0415
         from fcd_secure.queries.request import request_from_config  # noqa: PLC0415
@@ -81,10 +82,13 @@ class RoundValues(Query):
         record = None if ctx.site_dir is None else Path(ctx.site_dir) / "slots" / VALIDATION_SLOT
         try:
             bound, _ = bind_question(ctx, list(question.policies), rows, H, seed, record)
-        except (Refusal, DataError):
-            # nothing is sent for a pair the site refuses or a policy its data cannot bind; the round's other sums
-            # (its selection) still count. The final evaluation asks the same policies of the test rows and refuses
-            # there in the open (its refusal is recorded); this one is not recorded (docs/threats.md P70)
+        except Refusal as refusal:
+            # nothing is sent for a pair the site refuses; the round's other sums (its selection) still count, and
+            # the egress gate writes the refusal into the round's reply line (``declined``), where the site's
+            # auditor sees the probe (docs/threats.md P70)
+            note_declined(refusal)
+            return {}
+        except DataError:  # a policy the site's data cannot bind: the final evaluation says so in the open
             return {}
         out: SiteSums = {}
         for pol in bound:

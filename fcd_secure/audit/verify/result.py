@@ -62,7 +62,8 @@ class LedgerSummary:
 
 @dataclass
 class RefusalSummary:
-    """One reply a site refused to send (its gate or its policy): not a violation, listed for the auditor."""
+    """One reply a site refused to send (its gate or its policy), or one part of a request its handler declined while
+    it answered the rest (``part``: the line's ``declined``, P70): not a violation, listed for the auditor."""
 
     ledger: str
     site_id: str | None
@@ -72,6 +73,7 @@ class RefusalSummary:
     rule: str | None
     record: str | None
     key: str | None
+    part: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return dict(vars(self))

@@ -107,6 +107,9 @@ def scan_site(path: Path, label: str, pinned: set[str] | None, res: VerifyResult
                             f"{loc.where}: the server sent message type {e.action!r} (round {e.round}), which the site's "
                             "app does not handle: its gate refused it before any handler ran (rule "
                             f"{UNKNOWN_TYPE_RULE}, P28) and recorded the refusal; nothing was computed or sent")
+            for d in e.declined or ():
+                res.refusals.append(RefusalSummary(label, e.site_id or chain.writer_id, e.seq, e.round, e.action,
+                                                   d.rule, d.record, d.key, part=True))
             summary.payload_bytes += e.payload_bytes
             summary.message_bytes += e.message_bytes
             res.count_uplink(e.site_id or chain.writer_id, e.round, e.payload_bytes, e.message_bytes)
