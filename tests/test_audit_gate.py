@@ -623,19 +623,28 @@ def test_a_declined_part_is_written_into_the_replys_line_and_cannot_be_struck_ou
         note_declined(Refusal("eval_cohort", "config", "answered_cohort"))
         return inner(msg, ctx)
 
+    def declining_then_failing(msg, ctx):
+        note_declined(Refusal("eval_cohort", "config", "policy_difference"))
+        raise RuntimeError("the handler fails after declining a part")
+
     plain = site.send(instruction("train", 1))
     probed = site.send(instruction("train", 2), declining_handler)
-    assert plain.has_content() and probed.has_content()
-    first, second = _uploads(site)
-    assert "declined" not in first and second["status"] == "sent"
+    after = site.send(instruction("train", 3))  # the next reply starts with nothing declined
+    failed = site.send(instruction("train", 4), declining_then_failing)
+    assert plain.has_content() and probed.has_content() and after.has_content() and failed.has_error()
+    first, second, third, fourth = _uploads(site)
+    assert "declined" not in first and "declined" not in third and second["status"] == "sent"
     assert second["declined"] == [{"rule": "eval_cohort", "record": "config", "key": "answered_cohort"}]
+    assert fourth["status"] == "error" and fourth["declined"] == [
+        {"rule": "eval_cohort", "record": "config", "key": "policy_difference"}]
     ledger = tmp_path / site.site_id / "audit" / "site_ledger.jsonl"
-    assert [r for r in verify_path(tmp_path / site.site_id).refusals if r.part]
+    listed = [(r.round, r.key) for r in verify_path(tmp_path / site.site_id).refusals if r.part]
+    assert listed == [(2, "answered_cohort"), (4, "policy_difference")]
     lines = ledger.read_text().splitlines()
-    (i,) = [k for k, x in enumerate(lines) if "declined" in json.loads(x)]
+    i = next(k for k, x in enumerate(lines) if "declined" in json.loads(x))
     line = json.loads(lines[i])
     del line["declined"]
     lines[i] = json.dumps(line, separators=(",", ":"), sort_keys=True)
     ledger.write_text("\n".join(lines) + "\n")
     res = verify_path(tmp_path / site.site_id)
-    assert res.status == "tampered" and not [r for r in res.refusals if r.part]
+    assert res.status == "tampered"
