@@ -633,7 +633,8 @@ def candidates_of(run_dirs: list[Path], done: dict[tuple[str, int], dict[str, An
                 pol = merge_site_metrics(parts, request=request_from_config(cfg), queries=queries).get("policies") or {}
                 errs = [abs(pol[n]["value_sim"] - pol[n]["value_true"]) for n in REGIMENS]
                 out.append({"run": run_dir.name, "round": rnd, "nc_gap": row["nc_gap"],
-                            "nc_max_z": row.get("nc_max_z"), "d1": row.get("d1"), "true_error": float(np.mean(errs)),
+                            "nc_max_z": row.get("nc_max_z"), "d1": row.get("d1"), "dh": row.get("dh"),
+                            "true_error": float(np.mean(errs)),
                             "score": RoundScore.from_round(row).as_row() if row.get("selection") else None,
                             "values": {n: pol[n]["value_sim"] for n in REGIMENS},
                             "truth": {n: pol[n]["value_true"] for n in REGIMENS}})
@@ -667,11 +668,18 @@ def candidates_of(run_dirs: list[Path], done: dict[tuple[str, int], dict[str, An
     return out
 
 
-def rules_table(run_dirs: list[Path]) -> list[dict[str, Any]]:
+#: ``--rules``: the truth-free scores each run stored per scored round that the pooled Spearman table ranks by
+STORED_SCORES = ("nc_gap", "nc_max_z", "d1", "dh")
+
+
+def rules_table(run_dirs: list[Path]) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """``--rules``: for each finished run, the round the product's rule picks with and without its natural-course
     gate (``queries.selection.choose_round``, ``natural_course_gate``), from the truth-free scores the run stored
     (``rounds.json``: ``selection`` and the scored round's ``natural_course.passes``), and each pick's true
-    whole-trajectory figures (every kept round re-scored as :func:`candidates_of` scores it); printed, returned."""
+    whole-trajectory figures (every kept round re-scored as :func:`candidates_of` scores it). Then, per world, the
+    Spearman ρ of each stored score (:data:`STORED_SCORES`) against the true whole-trajectory error over every kept
+    round of every run given (each against its own seed's truth): issue 42's ranking target read on the product's
+    own rounds, no check recomputed. Printed; returned as ``(per run, per world)``."""
     from rich.console import Console
     from rich.table import Table
 
@@ -683,8 +691,10 @@ def rules_table(run_dirs: list[Path]) -> list[dict[str, Any]]:
     for col in ("run", "rounds (NC passes)", "without the gate", "with the gate", "best kept round"):
         t.add_column(col)
     out = []
+    pooled: dict[str, list[dict[str, Any]]] = {}
     for run_dir in run_dirs:
         cands = candidates_of([run_dir], checks=False)
+        pooled.setdefault(run_dir.name.split("-seed")[0], []).extend(cands)
         scored = {c["round"]: {**scores(c["values"], c["truth"]), "nc_passes": (c.get("score") or {}).get("nc_passes")}
                   for c in cands}
         rs = [RoundScore.from_row(c["score"]) for c in cands if c.get("score")]
@@ -701,7 +711,17 @@ def rules_table(run_dirs: list[Path]) -> list[dict[str, Any]]:
         out.append({"run": run_dir.name, "rounds": scored, "pick_without_gate": picks[False],
                     "pick_with_gate": picks[True], "best": best})
     con.print(t)
-    return out
+    rho: dict[str, dict[str, Any]] = {}
+    for world, cands in pooled.items():
+        truth = [c["true_error"] for c in cands]
+        rho[world] = {"n": len(cands)}
+        for key in STORED_SCORES:
+            r, lo, hi = spearman_ci([np.nan if c.get(key) is None else c[key] for c in cands], truth)
+            rho[world][key] = {"rho": r, "low": lo, "high": hi}
+            con.print(f"{world}: Spearman({key}, true whole-trajectory error) over the {len(cands)} kept rounds of "
+                      f"{len({c['run'] for c in cands})} runs: {r:+.3f} ({SPEARMAN_LEVEL:.0%} bootstrap CI "
+                      f"{lo:+.3f} to {hi:+.3f})")
+    return out, rho
 
 
 def regimen_checks(cfg: Any, sims: list[Any], sites: list[Any], rnd: int) -> dict[str, Any]:
@@ -1081,7 +1101,8 @@ def main() -> None:
     ap.add_argument("--rules", type=Path, nargs="+", default=None, metavar="RUN",
                     help="for each finished run folder: the round the product's rule picks with and without its "
                     "natural-course gate, from the scores the run stored, and each pick's true whole-trajectory "
-                    "figures (every kept round re-scored on the test rows)")
+                    "figures (every kept round re-scored on the test rows); then, per world, the Spearman rho of "
+                    "the stored NC gap, NC max |z|, D1 and D_h against the true error over all those rounds")
     ap.add_argument("--spearman-frozen", action="store_true",
                     help="with --spearman: each round's contexts-frozen copy is a candidate too")
     ap.add_argument("--cost", type=int, default=None, metavar="ROUNDS",
@@ -1112,9 +1133,10 @@ def main() -> None:
             args.json.write_text(json.dumps({**report(), "cost": res}, indent=1, default=_plain), encoding="utf-8")
         return
     if args.rules:
-        res = rules_table(args.rules)
+        res, rho = rules_table(args.rules)
         if args.json:
-            args.json.write_text(json.dumps({**report(), "rules": res}, indent=1, default=_plain), encoding="utf-8")
+            args.json.write_text(json.dumps({**report(), "rules": res, "rules_spearman": rho}, indent=1,
+                                            default=_plain), encoding="utf-8")
         return
     if args.spearman:
         done = ({(c["run"], int(c["round"])): c for c in json.loads(args.json.read_text(encoding="utf-8"))["candidates"]}

@@ -91,9 +91,10 @@ def markdown(result: VerifyResult) -> str:
         for r in result.refusals:
             where = "/".join(x for x in (r.record, r.key) if x)
             rnd = "" if r.round is None else f" round {r.round}"
-            part = "; part of the request declined, the rest answered" if r.part else ""
-            out.append(f"- `{r.site_id}`{rnd} {r.action}: rule `{r.rule}`" + (f" ({where}{part})" if where else
-                                                                                  f" ({part[2:]})" if part else ""))
+            said = [where] if where else []
+            if r.part:
+                said.append("part of the request declined, the rest answered")
+            out.append(f"- `{r.site_id}`{rnd} {r.action}: rule `{r.rule}`" + (f" ({'; '.join(said)})" if said else ""))
     out += ["", "## Installation", ""]
     if not result.installations:
         out.append("No installation records (sites provisioned by fcd deploy or the simulation).")

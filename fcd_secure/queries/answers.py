@@ -107,14 +107,14 @@ def horizon_phrase(horizon: int | None) -> str:
 
 #: the three kinds of answer (``queries.kinds``, which decides them; here because the typed answer reads them back)
 CHECKED, G_COMPUTATION, EXTRAPOLATION = "checked by weighting", "g-computation by the simulator", "extrapolation"
-#: the title of the simulator's whole-trajectory numbers wherever they are printed, by their kind: never a bare table
-#: (``{horizon}``: the horizon the question asked, :attr:`EvaluationAnswer.horizon_text`)
 #: a g-computation ranking's '>' needs the pair's simulated difference above this many times the natural course's mean
 #: |gap| (:meth:`EvaluationAnswer.simulated_ranking`). Not tuned: that gap bounds the simulator's value error under the
 #: logging policy (the value is a mean over steps, so its error is at most the mean of the per-step |gaps|), and the
 #: difference of two values can be off by the sum of their two errors. Chosen by a rule fixed before fresh runs
 #: (docs/benchmarks.md, "A ranking that says what the simulator's own error allows").
 RANK_MARGIN_NC = 2.0
+#: the title of the simulator's whole-trajectory numbers wherever they are printed, by their kind: never a bare table
+#: (``{horizon}``: the horizon the question asked, :attr:`EvaluationAnswer.horizon_text`)
 SIMULATOR_TITLES = {
     EXTRAPOLATION: "Extrapolation: the simulator over {horizon}, beyond what the logs identify; not ranked",
     G_COMPUTATION: "G-computation by the simulator: {horizon}, checked without the truth by the natural course",
